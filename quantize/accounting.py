@@ -1,0 +1,344 @@
+"""True bits per weight, read from safetensors headers only.
+
+A safetensors file is an 8-byte little-endian header length N, N bytes of JSON
+(name -> dtype, shape, data_offsets), then the tensor bytes. Everything this
+module reports comes from those headers and from config.json: no model is
+loaded and no tensor data is read, so it answers in milliseconds for any size.
+
+    bits per weight = 8 × (bytes of every stored tensor) / (logical parameters)
+
+Logical parameters unpack packed shapes: a 4-bit weight stored as int32 words
+of shape (out, in/8) holds out × in parameters. Scales, zero points, group
+indices and other quantization metadata are bytes but not parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import UsageError
+
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+
+# Bits per element of every dtype safetensors defines.
+DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+LOW_PRECISION_WEIGHT = {"I8", "U8", "F8_E4M3", "F8_E5M2", "F4"}
+
+ROLES = ("payload", "scale", "zero_point", "group_index", "quant_meta",
+         "embedding", "lm_head", "norm", "bias", "linear_kept", "other")
+QUANT_ROLES = ("payload", "scale", "zero_point", "group_index", "quant_meta")
+
+# Tensor-name suffix -> role, first match wins. Covers compressed-tensors
+# (weight_packed, weight_scale, weight_zero_point, weight_g_idx, weight_shape),
+# GPTQ and AWQ formats (qweight, qzeros, scales, g_idx) and FP8 checkpoints.
+ROLE_RULES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in [
+    (r"\.(weight_packed|qweight)$", "payload"),
+    (r"\.(weight_scale|scales|weight_global_scale|weight_scale_inv)$", "scale"),
+    (r"\.(weight_zero_point|qzeros)$", "zero_point"),
+    (r"\.(weight_g_idx|g_idx)$", "group_index"),
+    (r"\.(weight_shape|input_scale|input_zero_point|input_global_scale|output_scale|output_zero_point|k_scale|v_scale)$",
+     "quant_meta"),
+    (r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|embed_positions|tok_embeddings)\.weight$", "embedding"),
+    (r"(^|\.)(lm_head|embed_out|output)\.weight$", "lm_head"),
+    (r"(norm|ln_\w+|ln\d*)[^.]*\.weight$", "norm"),
+    (r"\.bias$", "bias"),
+]]
+# Payload tensors whose last (compressed-tensors, AWQ) or first (GPTQ) axis is packed into int32 words.
+PACKED_AXIS = {"weight_packed": -1, "qweight": 0}
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    file: str
+
+
+@dataclass
+class ModuleRow:
+    module: str
+    format: str
+    bytes: int = 0
+    parameters: int = 0
+    roles: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bits_per_weight(self) -> float | None:
+        return 8 * self.bytes / self.parameters if self.parameters else None
+
+
+@dataclass
+class BitsReport:
+    checkpoint: str
+    format: str
+    files: list[str]
+    file_bytes: int
+    header_bytes_read: int
+    total_bytes: int
+    parameters: int | None
+    bits_per_weight: float | None
+    quantized_linear_bytes: int
+    quantized_linear_parameters: int
+    quantized_linear_bits_per_weight: float | None
+    bytes_by_role: dict[str, int]
+    modules: list[ModuleRow]
+    notes: list[str]
+
+    def to_dict(self, modules: bool = True) -> dict[str, Any]:
+        d = asdict(self)
+        d["modules"] = [dict(asdict(m), bits_per_weight=m.bits_per_weight) for m in self.modules] if modules else None
+        return d
+
+
+# --- the header parser ------------------------------------------------------------------------
+
+def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
+    """Parse and check one safetensors header. Returns tensors, __metadata__, bytes read.
+
+    Enforces safetensors' rules: header length within the file and at most 100 MB,
+    a JSON object, known dtypes, non-negative integer shapes, offsets in bounds,
+    contiguous and non-overlapping, byte size = prod(shape) × dtype size.
+    """
+    size = path.stat().st_size
+
+    def bad(why: str) -> UsageError:
+        return UsageError(f"{path} is not a valid safetensors file: {why}. Re-save or re-download the checkpoint.")
+
+    if size < 8:
+        raise bad(f"it is {size} bytes long, shorter than the 8-byte header length")
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > MAX_HEADER_BYTES:
+            raise bad(f"header length {n} exceeds the 100 MB limit")
+        if n > size - 8:
+            raise bad(f"header length {n} runs past the end of the {size}-byte file")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad(f"header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict):
+        raise bad("__metadata__ is not an object")
+    data_size = size - 8 - n
+    tensors: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            raise bad(f"entry {name!r} must have exactly dtype, shape and data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in DTYPE_BITS:
+            raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise bad(f"tensor {name!r} has shape {shape!r}; a shape is a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+            raise bad(f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
+        begin, end = offsets
+        if not 0 <= begin <= end <= data_size:
+            raise bad(f"tensor {name!r} has data_offsets {offsets} outside the {data_size}-byte data section")
+        nbits = math.prod(shape) * DTYPE_BITS[dtype]
+        if nbits % 8 or nbits // 8 != end - begin:
+            raise bad(f"tensor {name!r}: {dtype} {shape} needs {nbits / 8:g} bytes, its offsets span {end - begin}")
+        tensors[name] = TensorInfo(name, dtype, shape, end - begin, path.name)
+        spans.append((begin, end, name))
+    spans.sort()
+    cursor = 0
+    for begin, end, name in spans:
+        if begin != cursor:
+            why = "overlaps the previous tensor" if begin < cursor else f"leaves a gap of {begin - cursor} bytes before it"
+            raise bad(f"tensor {name!r} at {begin} {why}")
+        cursor = end
+    if cursor != data_size:
+        raise bad(f"tensors end at byte {cursor} of a {data_size}-byte data section")
+    return tensors, {str(k): str(v) for k, v in meta.items()}, 8 + n
+
+
+def safetensors_files(checkpoint: Path) -> list[Path]:
+    """The shards of a checkpoint folder (via its index when sharded), or the file itself."""
+    if checkpoint.is_file():
+        return [checkpoint]
+    if not checkpoint.is_dir():
+        raise UsageError(f"{checkpoint} does not exist; pass a checkpoint folder or a .safetensors file")
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise UsageError(f"{index} is not a valid shard index ({e}); re-save the checkpoint") from None
+        files = [checkpoint / f for f in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise UsageError(f"{index} lists shards that are missing: {', '.join(missing)}")
+        return files
+    files = sorted(checkpoint.glob("*.safetensors"))
+    if not files:
+        found = ", ".join(sorted(p.name for p in checkpoint.iterdir())[:8]) or "nothing"
+        raise UsageError(
+            f"{checkpoint} holds no .safetensors file (found: {found}). quantize reads safetensors only; "
+            "convert .bin/.pt weights with transformers' save_pretrained(safe_serialization=True)"
+        )
+    return files
+
+
+# --- quantization config: what the packed words hold ------------------------------------------
+
+def _quant_config(checkpoint: Path) -> dict[str, Any]:
+    cfg_path = (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "config.json"
+    if not cfg_path.is_file():
+        return {}
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{cfg_path} is not valid JSON ({e}); fix or re-save the checkpoint's config") from None
+    return cfg.get("quantization_config") or cfg.get("compression_config") or {}
+
+
+def _format_name(qc: dict[str, Any]) -> str:
+    if not qc:
+        return "unquantized"
+    method = qc.get("quant_method", "unknown")
+    if method == "compressed-tensors":
+        return f"compressed-tensors {qc.get('format', '?')}"
+    return str(method)
+
+
+def _packed_bits(qc: dict[str, Any]) -> set[int]:
+    """The weight bit widths the config declares for packed tensors."""
+    if qc.get("quant_method") == "compressed-tensors":
+        groups = qc.get("config_groups") or {}
+        return {int(g["weights"]["num_bits"]) for g in groups.values() if (g.get("weights") or {}).get("num_bits")}
+    bits = qc.get("bits") or qc.get("w_bit")
+    return {int(bits)} if bits else set()
+
+
+def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:
+    for pattern, role in ROLE_RULES:
+        if pattern.search(name):
+            return role
+    if name.endswith(".weight"):
+        module = name[: -len(".weight")]
+        if tensor.dtype in LOW_PRECISION_WEIGHT and (f"{module}.weight_scale" in names or f"{module}.weight_scale_inv" in names):
+            return "payload"  # int-quantized / float-quantized: the weight itself is the 8-bit payload
+        return "linear_kept" if len(tensor.shape) == 2 else "other"
+    return "other"
+
+
+def _module_of(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+def bits_report(checkpoint: str | Path) -> BitsReport:
+    """Account for every byte of a checkpoint from its safetensors headers."""
+    ckpt = Path(checkpoint)
+    files = safetensors_files(ckpt)
+    tensors: dict[str, TensorInfo] = {}
+    header_read = 0
+    for f in files:
+        found, _, nread = read_header(f)
+        header_read += nread
+        dup = set(found) & set(tensors)
+        if dup:
+            raise UsageError(f"tensor {sorted(dup)[0]!r} appears in two shards; the checkpoint is inconsistent")
+        tensors.update(found)
+    qc = _quant_config(ckpt)
+    bits = _packed_bits(qc)
+    names = set(tensors)
+    notes: list[str] = []
+    by_role = dict.fromkeys(ROLES, 0)
+    modules: dict[str, ModuleRow] = {}
+    params_known = True
+
+    for name, t in sorted(tensors.items()):
+        role = role_of(name, t, names)
+        by_role[role] += t.nbytes
+        row = modules.setdefault(_module_of(name), ModuleRow(_module_of(name), format="?"))
+        row.bytes += t.nbytes
+        row.roles[role] = row.roles.get(role, 0) + t.nbytes
+        if role in QUANT_ROLES and role != "payload":
+            continue  # metadata: bytes, not parameters
+        n = math.prod(t.shape)
+        suffix = name.rsplit(".", 1)[-1]
+        if role == "payload" and suffix in PACKED_AXIS:
+            if t.dtype != "I32" or len(bits) != 1 or len(t.shape) != 2:
+                params_known = False
+                why = (f"the config declares bit widths {sorted(bits)}" if bits
+                       else "config.json declares no quantization bit width")
+                notes.append(f"cannot unpack {name} ({t.dtype} {t.shape}): {why}; its parameters are not counted")
+                continue
+            (b,) = bits
+            n = n * 32 // b  # each int32 word holds 32/b values along the packed axis
+            row.format = f"int{b}"
+        elif role == "payload":
+            row.format = t.dtype.lower()
+        elif row.format == "?":
+            row.format = t.dtype.lower()
+        row.parameters += n
+
+    for row in modules.values():
+        if "payload" in row.roles:
+            g = _group_size(row, tensors)
+            row.format += f" g{g}" if g else " per-channel"
+    total = sum(t.nbytes for t in tensors.values())
+    qlin = [m for m in modules.values() if "payload" in m.roles]
+    q_bytes = sum(sum(v for r, v in m.roles.items() if r in QUANT_ROLES) for m in qlin)
+    q_params = sum(m.parameters for m in qlin)
+    params = sum(m.parameters for m in modules.values()) if params_known else None
+    unknown = [n for n, t in tensors.items() if role_of(n, t, names) == "other"]
+    if unknown:
+        notes.append(f"{len(unknown)} tensor(s) of unknown role counted as unquantized: {', '.join(unknown[:5])}")
+    return BitsReport(
+        checkpoint=str(ckpt),
+        format=_format_name(qc),
+        files=[f.name for f in files],
+        file_bytes=sum(f.stat().st_size for f in files),
+        header_bytes_read=header_read,
+        total_bytes=total,
+        parameters=params,
+        bits_per_weight=8 * total / params if params else None,
+        quantized_linear_bytes=q_bytes,
+        quantized_linear_parameters=q_params,
+        quantized_linear_bits_per_weight=8 * q_bytes / q_params if q_params else None,
+        bytes_by_role={r: v for r, v in by_role.items() if v},
+        modules=sorted(modules.values(), key=lambda m: _natural_key(m.module)),
+        notes=notes,
+    )
+
+
+def _group_size(row: ModuleRow, tensors: dict[str, TensorInfo]) -> int | None:
+    """Weights per scale along the input axis, from the scale's shape; None for per-channel."""
+    for scale_name, in_axis in ((f"{row.module}.weight_scale", -1), (f"{row.module}.scales", 0)):
+        s = tensors.get(scale_name)
+        if s is None or len(s.shape) != 2:
+            continue
+        groups = s.shape[in_axis]
+        out = s.shape[0] if in_axis == -1 else s.shape[1]
+        if groups > 1 and row.parameters and row.parameters % (out * groups) == 0:
+            return row.parameters // (out * groups)
+    return None
+
+
+def _natural_key(s: str) -> list[Any]:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
+
+
+def parameter_count(checkpoint: str | Path) -> int | None:
+    return bits_report(checkpoint).parameters

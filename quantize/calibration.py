@@ -1,0 +1,125 @@
+"""Calibration data: local text, packed into fixed-length token sequences.
+
+Sources never touch a hub: `builtin:jargon` is the Jargon File 4.4.7 glossary
+(public domain) shipped in quantize/data (its calibration split; the held-out
+split is kept for measuring perplexity), or a local file: .txt with documents
+separated by blank lines, or .jsonl with a "text" field per line.
+
+Documents are shuffled with the recipe's seed, tokenized, joined with EOS and
+cut into `samples` rows of `seq_len` tokens: X is (samples, seq_len) int64.
+The sha256 of X's bytes (int64, little-endian, row-major) identifies the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import UsageError
+from quantize.recipe import Calibration
+
+BUILTIN = {
+    "builtin:jargon": ("jargon-calibration.jsonl", "Jargon File 4.4.7 glossary, calibration split (Debian jargon-text, public domain)"),
+    "builtin:jargon-heldout": ("jargon-heldout.jsonl", "Jargon File 4.4.7 glossary, held-out split (Debian jargon-text, public domain)"),
+}
+
+
+@dataclass
+class CalibrationSet:
+    input_ids: Any  # torch.LongTensor (samples, seq_len)
+    source: str
+    description: str
+    samples: int
+    seq_len: int
+    seed: int
+    documents_used: int
+    token_sha256: str
+
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "description": self.description,
+            "samples": self.samples,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "documents_used": self.documents_used,
+            "tokens": self.samples * self.seq_len,
+            "token_sha256": self.token_sha256,
+        }
+
+
+def source_path(source: str) -> tuple[Path, str]:
+    """Resolve a calibration source to a file, or raise a UsageError that says what to do."""
+    if source.startswith("builtin:"):
+        if source not in BUILTIN:
+            raise UsageError(f"calibration.source = {source!r} is not a built-in source; use one of: {', '.join(BUILTIN)}, or a local .txt/.jsonl path")
+        name, desc = BUILTIN[source]
+        return Path(str(resources.files("quantize") / "data" / name)), desc
+    p = Path(source).expanduser()
+    if not p.is_file():
+        raise UsageError(f"calibration.source = {source!r}: no such file; give a local .txt or .jsonl file, or builtin:jargon")
+    if p.suffix not in (".txt", ".jsonl"):
+        raise UsageError(f"calibration.source = {source!r}: unsupported file type {p.suffix!r}; use .txt (blank-line separated documents) or .jsonl (a 'text' field per line)")
+    return p, f"local file {p}"
+
+
+def read_documents(source: str) -> list[str]:
+    path, _ = source_path(source)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        docs = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                docs.append(json.loads(line)["text"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                raise UsageError(f"{path}:{n} is not a JSON object with a 'text' field; fix that line") from None
+    else:
+        docs = [d.strip() for d in text.split("\n\n")]
+    docs = [d for d in docs if d]
+    if not docs:
+        raise UsageError(f"calibration source {path} holds no text")
+    return docs
+
+
+def build_calibration(tokenizer: Any, cal: Calibration) -> CalibrationSet:
+    """Pack shuffled documents into (samples, seq_len) token ids."""
+    import numpy as np
+    import torch
+
+    _, description = source_path(cal.source)
+    docs = read_documents(cal.source)
+    random.Random(cal.seed).shuffle(docs)
+    need = cal.samples * cal.seq_len
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    used = 0
+    for doc in docs:
+        if len(stream) >= need:
+            break
+        stream.extend(tokenizer(doc, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            stream.append(eos)
+        used += 1
+    if len(stream) < need:
+        raise UsageError(
+            f"calibration source {cal.source} holds {len(stream)} tokens, fewer than samples × seq_len = "
+            f"{cal.samples} × {cal.seq_len} = {need}; lower calibration.samples or calibration.seq_len, or give more text"
+        )
+    x = np.asarray(stream[:need], dtype="<i8").reshape(cal.samples, cal.seq_len)  # (N, T)
+    return CalibrationSet(
+        input_ids=torch.from_numpy(x.copy()),
+        source=cal.source,
+        description=description,
+        samples=cal.samples,
+        seq_len=cal.seq_len,
+        seed=cal.seed,
+        documents_used=used,
+        token_sha256=hashlib.sha256(x.tobytes()).hexdigest(),
+    )

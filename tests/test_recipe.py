@@ -1,0 +1,165 @@
+"""The recipe validator: one test per rule, each asserting the message names the field and what to do."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantize.errors import UsageError
+from quantize.recipe import Indivisible, Method, Scheme, load_recipe, parse_recipe
+
+BASE = {"method": "gptq", "scheme": "W4A16", "group_size": 128}
+
+
+def bad(**changes) -> str:
+    data = {**BASE, **changes}
+    data = {k: v for k, v in data.items() if v is not ...}
+    with pytest.raises(UsageError) as e:
+        parse_recipe(data)
+    return str(e.value)
+
+
+def test_valid_recipe_fills_defaults():
+    r = parse_recipe(BASE)
+    assert r.method is Method.gptq and r.scheme is Scheme.W4A16
+    assert r.indivisible is Indivisible.smaller_group
+    assert r.ignore == ["lm_head"] and r.calibration.samples == 64
+
+
+def test_unknown_key_is_named():
+    assert "unknown key `grup_size`" in bad(grup_size=64)
+
+
+def test_unknown_nested_key_is_named():
+    assert "calibration.sample" in bad(calibration={"sample": 3})
+
+
+def test_wrong_type_names_field_and_value():
+    msg = bad(group_size="big")
+    assert "group_size" in msg and '"big"' in msg
+
+
+@pytest.mark.parametrize("g", [0, 7, -128, 96])
+def test_group_size_must_be_power_of_two(g):
+    msg = bad(group_size=g)
+    assert "power of two" in msg and str(g) in msg
+
+
+def test_unknown_method_lists_choices():
+    msg = bad(method="squeeze")
+    assert "method" in msg and "gptq" in msg
+
+
+def test_method_needs_scheme():
+    assert "scheme is required" in bad(scheme=...)
+
+
+def test_smoothquant_requires_8bit_scheme():
+    msg = bad(method="smoothquant", scheme="W4A16", group_size=...)
+    assert "does not support scheme W4A16" in msg and "W8A8" in msg
+
+
+def test_fp8_with_group_size_is_refused():
+    msg = bad(method="fp8", scheme="FP8_DYNAMIC", group_size=128)
+    assert "group_size must be empty" in msg and "remove group_size" in msg
+
+
+def test_fp8_asymmetric_is_refused():
+    assert "symmetric" in bad(method="fp8", scheme="FP8", group_size=..., symmetric=False)
+
+
+def test_awq_rejects_w8a8():
+    assert "does not support scheme W8A8" in bad(method="awq", scheme="W8A8", group_size=...)
+
+
+def test_smoothing_strength_range():
+    assert "strictly between 0 and 1" in bad(method="smoothquant", scheme="W8A8", group_size=..., smoothing_strength=1.5)
+
+
+def test_smoothing_strength_only_for_smoothquant():
+    assert "SmoothQuant setting" in bad(smoothing_strength=0.5)
+
+
+def test_smoothquant_gets_default_strength():
+    r = parse_recipe({"method": "smoothquant", "scheme": "W8A8"})
+    assert r.smoothing_strength == 0.8
+
+
+def test_act_order_only_for_gptq():
+    assert "GPTQ setting" in bad(method="awq", act_order=True)
+
+
+def test_awq_grid_only_for_awq():
+    assert "AWQ setting" in bad(awq_grid=10)
+
+
+def test_calibration_required_when_method_needs_data():
+    assert "needs calibration data" in bad(calibration=None)
+
+
+def test_data_free_scheme_accepts_no_calibration():
+    r = parse_recipe({"method": "fp8", "scheme": "FP8_DYNAMIC", "calibration": None})
+    assert not r.needs_calibration
+
+
+def test_indivisible_policy_values():
+    assert "indivisible" in bad(indivisible="pad")
+    assert parse_recipe({**BASE, "indivisible": "keep"}).indivisible is Indivisible.keep
+
+
+def test_empty_targets_refused():
+    assert "targets is empty" in bad(targets=[])
+
+
+def test_calibration_samples_positive():
+    assert "calibration.samples" in bad(calibration={"samples": 0})
+
+
+def test_verbatim_needs_stages():
+    assert "needs `stages:`" in bad(method="llmcompressor", scheme=..., group_size=...)
+
+
+def test_verbatim_refuses_scheme_fields():
+    msg = bad(method="llmcompressor", stages={"quant_stage": {}})
+    assert "remove scheme, group_size" in msg
+
+
+def test_stages_only_for_verbatim():
+    assert "only for method llmcompressor" in bad(stages={"x": {}})
+
+
+def test_load_recipe_missing_file(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_load_recipe_invalid_yaml(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("method: [gptq\n")
+    with pytest.raises(UsageError, match="not valid YAML"):
+        load_recipe(p)
+
+
+def test_load_recipe_not_a_mapping(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("- gptq\n")
+    with pytest.raises(UsageError, match="YAML mapping"):
+        load_recipe(p)
+
+
+def test_load_recipe_names_from_file_and_hashes_bytes(tmp_path):
+    p = tmp_path / "my-recipe.yaml"
+    p.write_text("method: rtn\nscheme: W8A16\ncalibration: null\n")
+    r, sha = load_recipe(p)
+    p.write_text("method: rtn\nscheme: W8A16\ncalibration: null\n# changed\n")
+    _, sha2 = load_recipe(p)
+    assert r.name == "my-recipe" and len(sha) == 64 and sha != sha2
+
+
+def test_every_shipped_recipe_is_valid():
+    from pathlib import Path
+
+    recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+    assert len(recipes) == 5
+    for p in recipes:
+        r, _ = load_recipe(p)
+        assert r.output == f"outputs/{p.stem}"
