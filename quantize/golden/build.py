@@ -1,0 +1,280 @@
+"""Build a golden-set version: items (JSONL), lm-eval task configs (YAML) and the MANIFEST.
+
+The builder is deterministic: every random choice comes from random.Random(f"{seed}:{task}"),
+sources are read in file order, and output is written with sorted keys and '\n' line ends, so
+the same sources and seed give byte-identical files.
+
+Tasks of golden/core (each item has an `id` and a `cluster`, the source document or template):
+    core_facts    4-way multiple choice: capitals, elements, collective nouns, young animals, female forms
+    core_cloze    last word of a sentence of held-out prose (Jargon File held-out split, Devil's Dictionary)
+    core_analogy  5-shot word analogies, "a is to b as c is to" -> d
+    core_kv       in-context key-value recall: a list of "key: value" pairs, then one key
+    core_prose    perplexity (loglikelihood_rolling) of held-out prose documents, one score per document
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantize.golden import sources as src
+
+TASK_VERSION = 1.0
+GROUP = "core"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Items per task (upper bounds; a source may hold fewer)."""
+
+    facts: int = 700
+    cloze: int = 500
+    analogy: int = 400
+    kv: int = 250
+    prose: int = 120
+    smoke: int = 8  # fixed ids per task for the tests
+
+
+def _rng(seed: int, task: str) -> random.Random:
+    return random.Random(f"{seed}:{task}")
+
+
+def _id(task: str, i: int) -> str:
+    return f"{task}-{i:05d}"
+
+
+# --- core_facts ------------------------------------------------------------------------------------
+
+# (quiz file, question template, answer field, subject field, cluster)
+FACT_TEMPLATES = [
+    ("africa", "What is the capital of {s}?", 1, 0, "capital-africa"),
+    ("america", "What is the capital of {s}?", 1, 0, "capital-america"),
+    ("asia", "What is the capital of {s}?", 1, 0, "capital-asia"),
+    ("europe", "What is the capital of {s}?", 1, 0, "capital-europe"),
+    ("state", "What is the capital of the US state of {s}?", 1, 0, "capital-us-state"),
+    ("elements", "Which chemical element has the symbol {s}?", 3, 0, "element-symbol"),
+    ("elements", "Which chemical element has atomic number {s}?", 3, 1, "element-number"),
+    ("collectives", "What is the collective noun for a group of {s}?", 1, 0, "collective-noun"),
+    ("babies", "What is a young {s} called?", 0, 1, "young-animal"),
+    ("sexes", "What is the female counterpart of a {s}?", 1, 0, "female-form"),
+]
+
+
+def build_facts(quiz_dir: Path, seed: int, n: int) -> list[dict[str, Any]]:
+    rng = _rng(seed, "core_facts")
+    items = []
+    for fname, template, ans_f, subj_f, cluster in FACT_TEMPLATES:
+        rows = src.quiz_rows(quiz_dir / fname)
+        answers = sorted({r[ans_f][0] for r in rows})
+        for r in rows:
+            answer, accepted = r[ans_f]
+            pool = [a for a in answers if a.lower() not in accepted and a.lower() != answer.lower()]
+            # a distractor must not be a correct answer of this subject (e.g. "kitten" for a young fox)
+            pool = [a for a in pool if not any(a.lower() in rr[ans_f][1] and rr[subj_f][1] & r[subj_f][1] for rr in rows)]
+            if len(pool) < 3:
+                continue
+            choices = rng.sample(pool, 3) + [answer]
+            rng.shuffle(choices)
+            items.append({"question": f"Question: {template.format(s=r[subj_f][0])}\nAnswer:",
+                          "choices": choices, "answer": choices.index(answer), "cluster": cluster})
+    rng.shuffle(items)
+    return [{"id": _id("facts", i), **it} for i, it in enumerate(items[:n])]
+
+
+# --- prose documents: the cloze and perplexity tasks share them, never an item twice ---------------
+
+def prose_documents(jargon_gz: Path, devil_dz: Path) -> list[dict[str, str]]:
+    docs = [{"doc": f"jargon:{h}", "text": t} for h, t in src.jargon_entries(jargon_gz) if src.jargon_split(h) == "heldout"]
+    docs += [{"doc": f"devil:{h}", "text": t.replace(" abcdefghijklmnopqrstuvwxyz", "")} for h, t in src.devil_entries(devil_dz)]
+    return docs
+
+
+SENTENCE_END = re.compile(r"\b([A-Za-z]{4,})([.!?])(?=\s|$)")
+
+
+def build_cloze_and_prose(docs: list[dict[str, str]], seed: int, n_cloze: int, n_prose: int
+                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Perplexity documents first (120-400 words), then cloze items from the other documents."""
+    rng = _rng(seed, "core_prose")
+    order = list(range(len(docs)))
+    rng.shuffle(order)
+    prose, used = [], set()
+    for i in order:
+        words = len(docs[i]["text"].split())
+        if 120 <= words <= 400 and len(prose) < n_prose:
+            prose.append({"id": _id("prose", len(prose)), "text": docs[i]["text"], "cluster": docs[i]["doc"]})
+            used.add(i)
+    rng = _rng(seed, "core_cloze")
+    cloze = []
+    for i in order:
+        if i in used or len(cloze) >= n_cloze:
+            continue
+        text = docs[i]["text"]
+        ends = [m for m in SENTENCE_END.finditer(text) if len(text[: m.start(1)].split()) >= 25]
+        for m in rng.sample(ends, min(2, len(ends))):  # up to two items per document: a real cluster
+            context = " ".join(text[: m.start(1)].split()[-150:])
+            cloze.append({"id": _id("cloze", len(cloze)), "context": context, "target": " " + m.group(1),
+                          "cluster": docs[i]["doc"]})
+    return cloze[:n_cloze], prose
+
+
+# --- core_analogy --------------------------------------------------------------------------------
+
+def build_analogy(path: Path, seed: int, n: int, shots: int = 5) -> list[dict[str, Any]]:
+    rng = _rng(seed, "core_analogy")
+    sections = src.analogies(path)
+    per_section = -(-n // len(sections))
+    items = []
+    for name, rows in sections.items():
+        picks = rng.sample(rows, min(per_section, len(rows)))
+        for a, b, c, d in picks:
+            words = {a, b, c, d}
+            examples = [r for r in rows if not words & set(r)]
+            demo = rng.sample(examples, shots)
+            lines = [f"{x} is to {y} as {z} is to {w}." for x, y, z, w in demo]
+            items.append({"context": "\n".join(lines + [f"{a} is to {b} as {c} is to"]), "target": f" {d}", "cluster": name})
+    rng.shuffle(items)
+    return [{"id": _id("analogy", i), **it} for i, it in enumerate(items[:n])]
+
+
+# --- core_kv -------------------------------------------------------------------------------------
+
+KV_PAIRS = (4, 6, 8)
+
+
+def build_kv(nouns: list[str], seed: int, n: int) -> list[dict[str, Any]]:
+    rng = _rng(seed, "core_kv")
+    items = []
+    for i in range(n):
+        k = KV_PAIRS[i % len(KV_PAIRS)]
+        words = rng.sample(nouns, 2 * k)
+        keys, values = words[:k], words[k:]
+        q = rng.randrange(k)
+        lines = [f"{key}: {value}" for key, value in zip(keys, values)]
+        context = "Here is a list of key: value pairs.\n" + "\n".join(lines) + f"\nThe value of {keys[q]} is"
+        items.append({"id": _id("kv", i), "context": context, "target": f" {values[q]}", "cluster": f"kv-{k}-pairs"})
+    return items
+
+
+# --- task configs --------------------------------------------------------------------------------
+
+def task_configs() -> dict[str, dict[str, Any]]:
+    common = {"dataset_path": "json", "test_split": "test", "metadata": {"version": TASK_VERSION}}
+
+    def data(name: str) -> dict[str, Any]:
+        return {"dataset_kwargs": {"data_files": {"test": f"../data/{name}.jsonl"}}}
+
+    loglik = {"output_type": "loglikelihood", "doc_to_text": "{{context}}", "doc_to_target": "{{target}}",
+              "target_delimiter": "",
+              "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                              {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False}]}
+    return {
+        "core_facts": {"task": "core_facts", **common, **data("facts"), "output_type": "multiple_choice",
+                       "doc_to_text": "question", "doc_to_choice": "choices", "doc_to_target": "answer",
+                       "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]},
+        "core_cloze": {"task": "core_cloze", **common, **data("cloze"), **loglik},
+        "core_analogy": {"task": "core_analogy", **common, **data("analogy"), **loglik},
+        "core_kv": {"task": "core_kv", **common, **data("kv"), **loglik},
+        "core_prose": {"task": "core_prose", **common, **data("prose"), "output_type": "loglikelihood_rolling",
+                       "doc_to_text": "", "doc_to_target": "{{text}}",
+                       "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]},
+    }
+
+
+def group_config(tasks: list[str]) -> dict[str, Any]:
+    return {"group": GROUP, "task": tasks, "metadata": {"version": TASK_VERSION}}
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+def _jsonl(items: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(it, ensure_ascii=False, sort_keys=True) + "\n" for it in items).encode("utf-8")
+
+
+def _yaml(data: dict[str, Any]) -> bytes:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120).encode("utf-8")
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes = Sizes()) -> dict[str, Any]:
+    """Build golden/core/<version> from a folder made by fetch_sources.sh."""
+    meta = json.loads((sources_dir / "sources.json").read_text())
+    x = sources_dir / "x"
+    for s in meta.values():  # the sources must be the ones recorded
+        for f, digest in s["sha256"].items():
+            if sha256((x / f).read_bytes()) != digest:
+                raise ValueError(f"source file {f} does not match the sha256 recorded in sources.json; fetch again")
+    quiz_dir = x / "usr/share/games/bsdgames/quiz"
+    docs = prose_documents(x / meta["jargon"]["files"][0], x / meta["devil"]["files"][0])
+    cloze, prose = build_cloze_and_prose(docs, seed, sizes.cloze, sizes.prose)
+    data = {
+        "facts": build_facts(quiz_dir, seed, sizes.facts),
+        "cloze": cloze,
+        "analogy": build_analogy(x / meta["analogies"]["files"][0], seed, sizes.analogy),
+        "kv": build_kv(src.wordnet_nouns(x / meta["wordnet"]["files"][0]), seed, sizes.kv),
+        "prose": prose,
+    }
+    return write_version(out, data, meta, seed, sizes)
+
+
+def write_version(out: Path, data: dict[str, list[dict[str, Any]]], sources: dict[str, Any], seed: int,
+                  sizes: Sizes) -> dict[str, Any]:
+    files: dict[str, bytes] = {f"data/{name}.jsonl": _jsonl(items) for name, items in data.items()}
+    configs = task_configs()
+    for task, cfg in configs.items():
+        files[f"tasks/{task}.yaml"] = _yaml(cfg)
+    files[f"tasks/{GROUP}.yaml"] = _yaml(group_config(list(configs)))
+    smoke = {f"core_{name}": [it["id"] for it in _rng(seed, f"smoke:{name}").sample(items, min(sizes.smoke, len(items)))]
+             for name, items in data.items()}
+    manifest = {
+        "name": "core",
+        "version": out.name,
+        "group": GROUP,
+        "task_version": TASK_VERSION,
+        "seed": seed,
+        "builder": {"command": "bash golden/core/fetch_sources.sh DIR && python golden/core/build.py --sources DIR "
+                               f"--out golden/core/{shlex.quote(out.name)} --seed {seed}",
+                    "module": "quantize.golden.build"},
+        "sources": sources,
+        "files": {name: {"sha256": sha256(blob), "items": blob.count(b"\n") if name.endswith(".jsonl") else None}
+                  for name, blob in sorted(files.items())},
+        "smoke_ids": smoke,
+        "note": "Public-domain and openly licensed texts the default model may have seen in training: absolute "
+                "perplexity is not held-out; comparisons between checkpoints on the same items are still fair.",
+    }
+    for name, blob in files.items():
+        p = out / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(blob)
+    (out / "MANIFEST.json").write_bytes((json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="Build golden/core/<version> from fetched sources.")
+    ap.add_argument("--sources", required=True, type=Path, help="folder written by golden/core/fetch_sources.sh")
+    ap.add_argument("--out", type=Path, default=Path("golden/core/v1"))
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args(argv)
+    if (args.out / "MANIFEST.json").exists():
+        print(f"{args.out} exists: a golden version is immutable. Build into a new version folder (e.g. --out golden/core/v2).",
+              file=sys.stderr)
+        return 2
+    m = build_core(args.sources, args.out, args.seed)
+    for name, f in m["files"].items():
+        print(f"{name}: {f['items'] if f['items'] is not None else ''} {f['sha256'][:12]}")
+    return 0

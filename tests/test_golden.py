@@ -1,0 +1,177 @@
+"""The golden-set builder (determinism on a small fixture source), the manifest check (a tampered
+byte is caught), and the task YAMLs loading in lm-eval."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from quantize.cli import main
+from quantize.errors import UsageError
+from quantize.golden.build import Sizes, build_core
+from quantize.golden.manifest import lm_eval_tasks, read_items, verify
+
+ROOT = Path(__file__).resolve().parent.parent
+QUIZ = {
+    "africa": "Kenya:Nairobi\nEgypt:Cairo\nGhana:Accra\nMali:Bamako\nChad:N'Djamena\n",
+    "america": "Peru:Lima\nChile:Santiago\nColombia:Bogot'\ba\nCuba:Havana\n",
+    "asia": "Japan:Tokyo\nIndia:New Delhi\nNepal:Kathmandu\nLaos:Vientiane\n",
+    "europe": "France:Paris\nSpain:Madrid\nItaly:Rome\nAustria:Vienna|Wien\n",
+    "state": "Alabama|AL:Montgomery:AL:goldenrod\nAlaska:Juneau:AK:forget{-| }me{-| }not\nOhio:Columbus:OH:carnation\nUtah:Salt Lake City:UT:sego lily\n",
+    "elements": "H:1:1.008:Hydrogen\nHe:2:4.003:Helium\nLi:3:6.94:Lithium\nBe:4:9.01:Beryllium\nB:5:10.8:Boron\n",
+    "collectives": "ants:colony\nbees:swarm|hive\nlions:pride\ncrows:murder\n",
+    "babies": "cub:lion|bear\nkitten:cat|fox\ngosling:goose\npuppy:dog\nfoal:horse\n",
+    "sexes": "abbot:abbess\nactor:actress\nboar:sow\nduke:duchess\n",
+}
+WORDS = ["alpha", "bravo", "candle", "delta", "ember", "fable", "garden", "harbor", "island", "jacket",
+         "kettle", "lemon", "marble", "nectar", "orange", "pepper", "quartz", "ribbon", "saddle", "tunnel"]
+
+
+def prose(i: int, n: int = 160) -> str:
+    words = [WORDS[(i * 7 + k) % len(WORDS)] for k in range(n)]
+    return " ".join(w + ("." if k % 12 == 11 else "") for k, w in enumerate(words))
+
+
+def make_sources(root: Path) -> Path:
+    x = root / "x"
+    files = {}
+    entries = "".join(f"   :term{i}: n.\n\n   {prose(i)}\n\n" for i in range(60))
+    files["usr/share/doc/jargon-text/jargon.txt.gz"] = gzip.compress(("   :abbrev: n.\n   short.\n\n" + entries + "   Part III. Appendices\n").encode(), mtime=0)
+    files["usr/share/dictd/devil.dict.dz"] = "".join(f"WORD{chr(65 + i % 26)}X{i}, n.  {prose(100 + i, 140)}\n\n" for i in range(40)).encode()
+    for name, text in QUIZ.items():
+        files[f"usr/share/games/bsdgames/quiz/{name}"] = text.encode("latin-1")
+    files["usr/share/wordnet/index.noun"] = "".join(f"{w} n 5 1 @ 5 0 00000001\n" for w in WORDS).encode()
+    sections = [": capital-common-countries\n" + "".join(f"{a} {b} {c} {d}\n" for a, b, c, d in
+                [("Athens", "Greece", "Rome", "Italy"), ("Paris", "France", "Tokyo", "Japan"), ("Lima", "Peru", "Cairo", "Egypt"),
+                 ("Oslo", "Norway", "Bern", "Switzerland"), ("Kiev", "Ukraine", "Riga", "Latvia"), ("Baku", "Azerbaijan", "Doha", "Qatar"),
+                 ("Dhaka", "Bangladesh", "Hanoi", "Vietnam"), ("Quito", "Ecuador", "Sofia", "Bulgaria"), ("Accra", "Ghana", "Rabat", "Morocco")])]
+    files["gensim/questions-words.txt"] = "".join(sections).encode()
+    for f, blob in files.items():
+        (x / f).parent.mkdir(parents=True, exist_ok=True)
+        (x / f).write_bytes(blob)
+    groups = {"jargon": ["usr/share/doc/jargon-text/jargon.txt.gz"], "devil": ["usr/share/dictd/devil.dict.dz"],
+              "quiz": [f"usr/share/games/bsdgames/quiz/{n}" for n in QUIZ], "wordnet": ["usr/share/wordnet/index.noun"],
+              "analogies": ["gensim/questions-words.txt"]}
+    meta = {k: {"package": k, "version": "fixture", "licence": "test", "files": v,
+                "sha256": {f: hashlib.sha256(files[f]).hexdigest() for f in v}} for k, v in groups.items()}
+    (root / "sources.json").write_text(json.dumps(meta))
+    return root
+
+
+SMALL = Sizes(facts=30, cloze=20, analogy=6, kv=9, prose=5, smoke=3)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    base = tmp_path_factory.mktemp("golden")
+    src = make_sources(base / "src")
+    build_core(src, base / "v1", seed=7, sizes=SMALL)
+    return src, base / "v1"
+
+
+def tree_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_rebuild_is_byte_identical(built, tmp_path):
+    src, v1 = built
+    build_core(src, tmp_path / "v1", seed=7, sizes=SMALL)
+    assert tree_bytes(tmp_path / "v1") == tree_bytes(v1)
+
+
+def test_another_seed_changes_items(built, tmp_path):
+    src, v1 = built
+    build_core(src, tmp_path / "v1", seed=8, sizes=SMALL)
+    assert (tmp_path / "v1" / "data" / "facts.jsonl").read_bytes() != (v1 / "data" / "facts.jsonl").read_bytes()
+
+
+def test_items_have_id_and_cluster_and_valid_answers(built):
+    _, v1 = built
+    g = verify(v1)
+    assert g.tasks == ["core_analogy", "core_cloze", "core_facts", "core_kv", "core_prose"]
+    for task in g.tasks:
+        items = read_items(g, task)
+        assert items and len({it["id"] for it in items}) == len(items)
+        assert all(it["cluster"] for it in items)
+    for it in read_items(g, "core_facts"):
+        assert len(set(it["choices"])) == 4 and 0 <= it["answer"] < 4
+    assert "\b" not in (v1 / "data" / "facts.jsonl").read_text()
+    young_fox = [it for it in read_items(g, "core_facts") if "young fox" in it["question"]]
+    for it in young_fox:  # "kitten" is right for a fox too, so it is never a distractor there
+        assert it["choices"][it["answer"]] == "kitten"
+
+
+def test_quiz_syntax_is_expanded(built):
+    from quantize.golden.sources import quiz_rows
+
+    rows = {r[0][0]: r for r in quiz_rows(built[0] / "x" / "usr/share/games/bsdgames/quiz/america")}
+    assert rows["Colombia"][1][0] == "Bogota"  # overstruck accent dropped
+    state = {r[0][0]: r for r in quiz_rows(built[0] / "x" / "usr/share/games/bsdgames/quiz/state")}
+    assert state["Alaska"][3][0] == "forget-me-not" and state["Alabama"][0][1] == {"alabama", "al"}
+
+
+def test_cloze_and_prose_never_share_a_document(built):
+    g = verify(built[1])
+    assert not {it["cluster"] for it in read_items(g, "core_cloze")} & {it["cluster"] for it in read_items(g, "core_prose")}
+
+
+def test_tampered_byte_is_caught(built, tmp_path):
+    _, v1 = built
+    copy = tmp_path / "v1"
+    for name, blob in tree_bytes(v1).items():
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        (copy / name).write_bytes(blob)
+    data = bytearray((copy / "data" / "kv.jsonl").read_bytes())
+    data[10] ^= 1
+    (copy / "data" / "kv.jsonl").write_bytes(bytes(data))
+    with pytest.raises(UsageError, match="data/kv.jsonl: sha256 differs"):
+        verify(copy)
+
+
+def test_unlisted_and_missing_files_are_caught(built, tmp_path):
+    _, v1 = built
+    copy = tmp_path / "v1"
+    for name, blob in tree_bytes(v1).items():
+        if name != "data/prose.jsonl":
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            (copy / name).write_bytes(blob)
+    (copy / "data" / "extra.jsonl").write_text("{}\n")
+    with pytest.raises(UsageError) as e:
+        verify(copy)
+    assert "data/prose.jsonl: listed in the manifest but missing" in str(e.value)
+    assert "data/extra.jsonl: not listed" in str(e.value)
+
+
+def test_cli_verify_exit_codes(built, tmp_path, capsys):
+    assert main(["golden", "verify", str(built[1])]) == 0
+    assert main(["golden", "verify", str(tmp_path)]) == 2
+    assert "no MANIFEST.json" in capsys.readouterr().err
+
+
+def test_builder_refuses_to_overwrite_a_version(built):
+    from quantize.golden.build import main as build_main
+
+    assert build_main(["--sources", str(built[0]), "--out", str(built[1])]) == 2
+
+
+def test_task_yamls_load_in_lm_eval(built, tmp_path):
+    from lm_eval.tasks import TaskManager
+
+    g = verify(built[1])
+    inc = lm_eval_tasks(g, tmp_path / "tasks", ids=g.manifest["smoke_ids"])
+    tm = TaskManager(include_path=str(inc), include_defaults=False)
+    assert {"core", *g.tasks} <= set(tm.all_tasks)
+    tasks = tm.load_task_or_group(g.tasks)
+    for name, task in tasks.items():
+        docs = list(task.test_docs())
+        assert len(docs) == len(g.manifest["smoke_ids"][name]) > 0
+        assert task.config.metadata["version"] == 1.0
+
+
+def test_shipped_golden_core_v1_verifies():
+    g = verify(ROOT / "golden" / "core" / "v1")
+    assert g.manifest["version"] == "v1" and len(g.tasks) == 5
