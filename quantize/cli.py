@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 gate rejected, 2 bad input, 3 runtime failure.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -137,6 +138,48 @@ def cmd_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# --- eval ---------------------------------------------------------------------------------------
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from quantize.evaluate.score import score
+
+    with contextlib.redirect_stdout(sys.stderr):  # lm-eval prints to stdout; keep it clean for --json
+        doc = score(args.suite, args.checkpoint, refresh=args.refresh)
+    if args.json:
+        _print_json(doc if args.items else {k: v for k, v in doc.items() if k != "tasks"} | {
+            "tasks": {t: {k: v for k, v in d.items() if k != "items"} for t, d in doc["tasks"].items()}})
+        return EXIT_OK
+    p = doc["provenance"]
+    took = "cached" if doc["cached"] else f"{doc['wall_seconds']:.0f} s"
+    print(f"{p['checkpoint']['path']}  (sha256 {p['checkpoint']['weights_sha256'][:12]}; golden {p['golden']['name']}/"
+          f"{p['golden']['version']}; lm-eval {p['lm_eval_version']}; {took})")
+    rows = []
+    for task, d in doc["tasks"].items():
+        if d["output_type"] == "loglikelihood_rolling":
+            rows.append([task, "bits/byte", f"{d['bits_per_byte']:.4f}", "", d["n"], "", f"v{d['version']}"])
+        else:
+            rows.append([task, "acc", f"{d['acc']:.4f}", f"± {d['acc_se']:.4f}", d["n"], f"{d['chance']:.2f}", f"v{d['version']}"])
+    print(table(rows, ["task", "metric", "value", "SE", "n", "chance", "version"]))
+    return EXIT_OK
+
+
+# --- gate ---------------------------------------------------------------------------------------
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from quantize.gates.gate import write_junit, render_text
+    from quantize.gates.run import run_gate
+
+    with contextlib.redirect_stdout(sys.stderr):
+        v = run_gate(args.policy, args.baseline, args.candidate)
+    if args.junit:
+        write_junit(Path(args.junit), v)
+    if args.json:
+        _print_json(v.to_dict())
+    else:
+        print(render_text(v))
+    return v.exit_code
+
+
 # --- golden -------------------------------------------------------------------------------------
 
 def cmd_golden(args: argparse.Namespace) -> int:
@@ -194,6 +237,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--sweep", action="store_true", help="add the seed's exercise sweeps (α, best γ, slow draft)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_cost)
+
+    e = sub.add_parser("eval", help="score a checkpoint on a golden set (lm-eval), with per-item records, cached")
+    e.add_argument("suite", help="evaluation suite, e.g. evaluate/core.yaml")
+    e.add_argument("checkpoint", help="checkpoint folder")
+    e.add_argument("--refresh", action="store_true", help="score again even when cached")
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--items", action="store_true", help="with --json: include per-item records")
+    e.set_defaults(fn=cmd_eval)
+
+    gt = sub.add_parser("gate", help="pass or reject a candidate against its baseline, with paired statistics",
+                        description="Exit 0: pass; 1: rejected or inconclusive (fails closed by default); 2: bad input; 3: runtime failure.")
+    gt.add_argument("policy", help="gate policy, e.g. gates/ci.yaml")
+    gt.add_argument("--baseline", required=True, help="baseline checkpoint folder (or a score .json)")
+    gt.add_argument("--candidate", required=True, help="candidate checkpoint folder (or a score .json)")
+    gt.add_argument("--json", action="store_true")
+    gt.add_argument("--junit", help="also write JUnit XML here (one test case per rule)")
+    gt.set_defaults(fn=cmd_gate)
 
     g = sub.add_parser("golden", help="verify or build a versioned golden set")
     g.add_argument("action", choices=["verify", "build"])

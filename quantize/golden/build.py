@@ -119,7 +119,7 @@ def build_cloze_and_prose(docs: list[dict[str, str]], seed: int, n_cloze: int, n
         text = docs[i]["text"]
         ends = [m for m in SENTENCE_END.finditer(text) if len(text[: m.start(1)].split()) >= 25]
         for m in rng.sample(ends, min(2, len(ends))):  # up to two items per document: a real cluster
-            context = " ".join(text[: m.start(1)].split()[-150:])
+            context = " ".join(text[: m.start(1)].split()[-60:])  # the last 60 words: enough context, cheap to score
             cloze.append({"id": _id("cloze", len(cloze)), "context": context, "target": " " + m.group(1),
                           "cluster": docs[i]["doc"]})
     return cloze[:n_cloze], prose
@@ -184,7 +184,9 @@ def task_configs() -> dict[str, dict[str, Any]]:
         "core_kv": {"task": "core_kv", **common, **data("kv"), **loglik},
         "core_prose": {"task": "core_prose", **common, **data("prose"), "output_type": "loglikelihood_rolling",
                        "doc_to_text": "", "doc_to_target": "{{text}}",
-                       "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]},
+                       "metric_list": [{"metric": m, "aggregation": agg, "higher_is_better": False} for m, agg in
+                                       (("word_perplexity", "weighted_perplexity"), ("byte_perplexity", "weighted_perplexity"),
+                                        ("bits_per_byte", "bits_per_byte"))]},
     }
 
 

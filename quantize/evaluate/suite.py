@@ -1,0 +1,96 @@
+"""Evaluation suites (evaluate/*.yaml): which golden set, which tasks, how to run lm-eval."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from quantize.errors import UsageError
+
+
+class Backend(str, Enum):
+    hf = "hf"
+    vllm = "vllm"
+
+
+class VLLM(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.8, gt=0, le=1)
+
+
+class Agreement(BaseModel):
+    """Token-distribution agreement with the baseline, on the first `per_task` items of each task."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: list[str] | None = Field(None, description="default: every task of the golden set")
+    per_task: int = Field(40, ge=1)
+    top_k: int = Field(20, ge=1, le=1000)
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    golden: str = Field(description="golden-set version folder, e.g. golden/core/v1 (relative to the suite file's repo)")
+    tasks: list[str] | None = Field(None, description="tasks to score; default: all tasks of the golden set")
+    subset: str | None = Field(None, description="'smoke' scores only the manifest's fixed smoke ids")
+    batch_size: int = Field(16, ge=1, le=4096)
+    seed: int = 0
+    backend: Backend = Backend.hf
+    dtype: str = Field("auto", description="auto: float32 on a CPU, the checkpoint's dtype on an accelerator")
+    device: str = Field("auto", description="auto: cuda when available, else cpu")
+    max_length: int | None = Field(None, ge=16, description="context window; default: the model's")
+    vllm: VLLM | None = None
+    agreement: Agreement = Field(default_factory=Agreement)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Suite":
+        if self.subset not in (None, "smoke"):
+            raise ValueError(f"subset must be empty or 'smoke', got {self.subset!r}")
+        if self.vllm is not None and self.backend is not Backend.vllm:
+            raise ValueError("a `vllm:` section needs `backend: vllm`; remove it or switch the backend")
+        return self
+
+    def settings(self) -> dict[str, Any]:
+        """Everything in the suite that can change a score: part of the cache key and of the provenance."""
+        return self.model_dump(mode="json", exclude={"name", "golden"})  # the golden set is keyed by its manifest hash
+
+
+def load_suite(path: str | Path) -> tuple[Suite, str]:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"suite file {p} does not exist; the shipped suites are in evaluate/*.yaml")
+    raw = p.read_bytes()
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise UsageError(f"{p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{p}: a suite is a YAML mapping, got {type(data).__name__}")
+    try:
+        suite = Suite.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            field = ".".join(str(x) for x in err["loc"]) or "(top level)"
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"unknown key `{field}`" if err["type"] == "extra_forbidden" else f"{field}: {msg}")
+        raise UsageError(f"{p} is not a valid suite:\n" + "\n".join(f"  - {x}" for x in lines)) from None
+    if suite.name is None:
+        suite.name = p.stem
+    golden = Path(suite.golden)
+    if not golden.is_absolute() and not golden.exists():
+        # relative to the repository holding the suite (evaluate/ sits beside golden/)
+        golden = (p.resolve().parent.parent / suite.golden)
+    suite.golden = str(golden)
+    return suite, hashlib.sha256(json.dumps(suite.settings(), sort_keys=True).encode()).hexdigest()

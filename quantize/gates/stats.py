@@ -1,0 +1,157 @@
+"""Paired statistics for the gate: pure functions on per-item scores (DESIGN.md, "The gate").
+
+For items i = 1..n scored by baseline and candidate on the same golden items:
+
+    Dᵢ = s_candᵢ − s_baseᵢ,   Δ = mean(D)
+    paired SE    = sd(D) / √n
+    clustered SE = √( G/(G−1) · (1/n²) · Σ_c (Σ_{i∈c} (Dᵢ − Δ))² )   over G clusters
+    LB = Δ − z₁₋α·SE: pass if LB > −m; regression if Δ + z₁₋α·SE < 0 and Δ < −m; else inconclusive
+    n needed ≈ (z₁₋α + z₁₋β)² · σ_D² / m²
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scipy import stats as sps
+
+
+def z(p: float) -> float:
+    """Standard normal quantile."""
+    return float(sps.norm.ppf(p))
+
+
+def paired_se(d: Sequence[float]) -> float:
+    n = len(d)
+    if n < 2:
+        return math.inf
+    mean = sum(d) / n
+    var = sum((x - mean) ** 2 for x in d) / (n - 1)
+    return math.sqrt(var / n)
+
+
+def agresti_min_se(b: int, c: int, n: int) -> float:
+    """SE of a paired difference of proportions with Agresti & Min's (2005) adjustment: half an item added
+    to each of the four cells. Keeps the SE away from 0 when no item flipped (0 flips in 24 items
+    is not proof of no change)."""
+    b2, c2, n2 = b + 0.5, c + 0.5, n + 2
+    return math.sqrt(max((b2 + c2) - (c2 - b2) ** 2 / n2, 0.0)) / n2
+
+
+def clustered_se(d: Sequence[float], clusters: Sequence[str]) -> float:
+    """Cluster-robust SE of the mean (CR1 small-sample factor G/(G−1))."""
+    n = len(d)
+    assert n == len(clusters)
+    mean = sum(d) / n
+    sums: dict[str, float] = defaultdict(float)
+    for x, c in zip(d, clusters):
+        sums[c] += x - mean
+    g = len(sums)
+    if g < 2:
+        return math.inf
+    return math.sqrt(g / (g - 1) * sum(s * s for s in sums.values()) / n**2)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: b right→wrong, c wrong→right; binomial(b + c, 1/2)."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    return float(min(1.0, 2 * sps.binom.cdf(min(b, c), n, 0.5)))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm step-down adjusted p-values, in the input order."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: pvalues[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def n_required(sd: float, margin: float, alpha: float, power: float) -> int:
+    """Items for a non-inferiority test with margin m to reach the power when the true Δ is 0."""
+    if margin <= 0:
+        return math.inf  # type: ignore[return-value]
+    return math.ceil((z(1 - alpha) + z(power)) ** 2 * sd**2 / margin**2)
+
+
+def min_detectable(sd: float, n: int, alpha: float, power: float) -> float:
+    """The smallest drop this n detects at level α with the given power."""
+    return (z(1 - alpha) + z(power)) * sd / math.sqrt(n) if n > 0 else math.inf
+
+
+@dataclass
+class Comparison:
+    n: int
+    clusters: int
+    delta: float
+    se_paired: float
+    se_clustered: float
+    se: float  # the one used: clustered when items share clusters
+    lower: float
+    upper: float
+    verdict: str  # pass | regression | inconclusive
+    n_needed: int
+    min_detectable: float
+    sd: float
+
+
+def noninferiority(d: Sequence[float], clusters: Sequence[str], margin: float, alpha: float, power: float) -> Comparison:
+    """One-sided non-inferiority of the candidate with absolute margin m (m > 0: a drop of m is tolerated)."""
+    n = len(d)
+    if n == 0:
+        raise ValueError("no paired items to compare")
+    delta = sum(d) / n
+    if all(x in (-1, 0, 1) for x in d):  # right/wrong items: flips b (1→0) and c (0→1)
+        sp = agresti_min_se(sum(x == -1 for x in d), sum(x == 1 for x in d), n)
+    else:
+        sp = paired_se(d)
+    g = len(set(clusters))
+    sc = clustered_se(d, clusters) if g < n else sp
+    se = max(sp, sc) if g < n and math.isfinite(sc) else sp
+    q = z(1 - alpha)
+    lo, hi = delta - q * se, delta + q * se
+    if lo > -margin:
+        verdict = "pass"
+    elif hi < 0 and delta < -margin:
+        verdict = "regression"
+    else:
+        verdict = "inconclusive"
+    sd = se * math.sqrt(n) if math.isfinite(se) else math.inf
+    return Comparison(n=n, clusters=g, delta=delta, se_paired=sp, se_clustered=sc, se=se, lower=lo, upper=hi,
+                      verdict=verdict, n_needed=n_required(sd, margin, alpha, power),
+                      min_detectable=min_detectable(sd, n, alpha, power), sd=sd)
+
+
+def one_sided_p(delta: float, se: float, margin: float) -> float:
+    """p-value of H0: Δ <= −m (inferior) against H1: Δ > −m."""
+    if not math.isfinite(se) or se == 0:
+        return 0.0 if delta > -margin else 1.0
+    return float(sps.norm.sf((delta + margin) / se))
+
+
+def bootstrap_ppl_ratio(nll_base: Sequence[float], nll_cand: Sequence[float], units: Sequence[float],
+                       clusters: Sequence[str], alpha: float, iters: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Perplexity ratio candidate/baseline = exp((ΣNLL_cand − ΣNLL_base) / Σunits), with one-sided α and 1−α
+    percentile bounds from a bootstrap that resamples whole clusters (paired: both models move together)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    keys = sorted(set(clusters))
+    idx = {k: i for i, k in enumerate(keys)}
+    diff = np.zeros(len(keys))  # Σ (NLL_cand − NLL_base) per cluster
+    w = np.zeros(len(keys))
+    for b, c, u, k in zip(nll_base, nll_cand, units, clusters):
+        diff[idx[k]] += c - b
+        w[idx[k]] += u
+    point = float(np.exp(diff.sum() / w.sum()))
+    draws = rng.integers(0, len(keys), size=(iters, len(keys)))
+    ratios = np.exp(diff[draws].sum(1) / w[draws].sum(1))
+    return point, float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1 - alpha))

@@ -1,0 +1,92 @@
+"""The gate's statistics against independent computations (scipy, hand-worked examples)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from scipy import stats as sps
+
+from quantize.gates import stats
+
+
+def test_paired_se_matches_scipy_sem():
+    rng = random.Random(0)
+    d = [rng.choice([-1, 0, 0, 0, 1]) for _ in range(200)]
+    assert stats.paired_se(d) == pytest.approx(float(sps.sem(d)))
+
+
+def test_clustered_se_hand_example():
+    # D = [1, 0, -1, 0, 1, 1], clusters a a b b c c; Δ = 1/3
+    # cluster sums of (D - Δ): a: 1/3, b: -5/3, c: 4/3 -> Σ² = (1 + 25 + 16)/9 = 42/9
+    # SE² = G/(G-1) · Σ² / n² = 3/2 · (42/9) / 36
+    d, c = [1, 0, -1, 0, 1, 1], list("aabbcc")
+    assert stats.clustered_se(d, c) == pytest.approx(math.sqrt(1.5 * (42 / 9) / 36))
+
+
+def test_clustered_equals_plain_scaled_when_each_item_is_its_own_cluster():
+    rng = random.Random(1)
+    d = [rng.gauss(0, 1) for _ in range(50)]
+    # with singleton clusters CR1 = sqrt(n/(n-1) · Σ(D-Δ)²/n²) = sqrt(var/n) = sem
+    assert stats.clustered_se(d, [str(i) for i in range(50)]) == pytest.approx(float(sps.sem(d)))
+
+
+@pytest.mark.parametrize("b,c", [(0, 0), (3, 0), (10, 4), (25, 30), (100, 70)])
+def test_mcnemar_exact_matches_binomtest(b, c):
+    expected = 1.0 if b + c == 0 else sps.binomtest(b, b + c, 0.5).pvalue
+    assert stats.mcnemar_exact(b, c) == pytest.approx(expected)
+
+
+def test_holm_hand_example():
+    # sorted: 0.01·3 = 0.03; 0.03·2 = 0.06; 0.04·1 = 0.04 -> monotone 0.06
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+
+
+def test_n_required_formula():
+    # (z.95 + z.8)² · f / m² with f = 0.1 (flip rate = var of D when Δ ≈ 0), m = 0.02
+    f = 0.1
+    assert stats.n_required(math.sqrt(f), 0.02, 0.05, 0.8) == math.ceil((1.6448536 + 0.8416212) ** 2 * f / 0.0004)
+
+
+def test_noninferiority_pass_regression_inconclusive():
+    rng = random.Random(2)
+    same = [0.0] * 900 + [1.0] * 50 + [-1.0] * 50  # Δ = 0, 10% flips
+    assert stats.noninferiority(same, [str(i) for i in range(1000)], 0.02, 0.05, 0.8).verdict == "pass"
+    drop = [0.0] * 870 + [1.0] * 20 + [-1.0] * 110  # Δ = −0.09
+    r = stats.noninferiority(drop, [str(i) for i in range(1000)], 0.02, 0.05, 0.8)
+    assert r.verdict == "regression" and r.delta == pytest.approx(-0.09)
+    small = [rng.choice([0.0, 0.0, 1.0, -1.0]) for _ in range(30)]
+    r = stats.noninferiority(small, [str(i) for i in range(30)], 0.02, 0.05, 0.8)
+    assert r.verdict == "inconclusive" and r.n_needed > 30
+
+
+def test_no_flips_in_few_items_is_not_certainty():
+    r = stats.noninferiority([0.0] * 24, [str(i) for i in range(24)], 0.05, 0.05, 0.8)
+    assert r.se == pytest.approx(1 / 26) and r.verdict == "inconclusive"
+    r = stats.noninferiority([0.0] * 2000, [str(i) for i in range(2000)], 0.02, 0.05, 0.8)
+    assert r.verdict == "pass"
+
+
+def test_agresti_min_hand_example():
+    # b = 3, c = 1, n = 20: cells + 0.5 -> b' = 3.5, c' = 1.5, n' = 22; var = (5 - (−2)²/22) / 22²
+    assert stats.agresti_min_se(3, 1, 20) == pytest.approx(math.sqrt(5 - 4 / 22) / 22)
+
+
+def test_clustering_widens_the_interval():
+    d = [-1.0, -1.0, -1.0, 0.0, 0.0, 0.0] * 20  # errors come in blocks of a cluster
+    clusters = [f"c{i // 3}" for i in range(len(d))]
+    r = stats.noninferiority(d, clusters, 0.02, 0.05, 0.8)
+    assert r.se_clustered > r.se_paired and r.se == r.se_clustered
+
+
+def test_bootstrap_ppl_ratio():
+    base = [10.0 + i % 3 for i in range(60)]
+    units = [5.0] * 60
+    shifted = [b + 0.25 for b in base]  # +0.25 nats per 5 units on every document: ratio exp(0.05) everywhere
+    point, lo, hi = stats.bootstrap_ppl_ratio(base, shifted, units, [str(i // 2) for i in range(60)], 0.05)
+    assert point == pytest.approx(math.exp(0.05)) and lo == pytest.approx(point) and hi == pytest.approx(point)
+    noisy = [b + (0.5 if i % 2 else -0.3) for i, b in enumerate(base)]
+    point, lo, hi = stats.bootstrap_ppl_ratio(base, noisy, units, [str(i) for i in range(60)], 0.05)
+    assert lo < point < hi and point == pytest.approx(math.exp((30 * 0.5 - 30 * 0.3) / 300))
