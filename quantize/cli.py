@@ -180,6 +180,34 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return v.exit_code
 
 
+# --- report -------------------------------------------------------------------------------------
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from quantize import cost
+    from quantize.report.collect import collect
+    from quantize.report.render import write_report
+
+    if args.hardware not in cost.HARDWARE:
+        raise UsageError(f"--hardware {args.hardware!r} is unknown; choose one of {', '.join(cost.HARDWARE)}")
+    paths: list[Path] = []
+    for c in args.checkpoints:
+        p = Path(c)
+        if p.is_dir() and not (p / "config.json").is_file():
+            found = sorted(d for d in p.iterdir() if (d / "config.json").is_file())
+            if not found:
+                raise UsageError(f"{p} is neither a checkpoint nor a folder of checkpoints")
+            paths += found
+        elif p.is_dir():
+            paths.append(p)
+        else:
+            raise UsageError(f"{p} is not a checkpoint folder")
+    entries = collect(paths, args.suite, Path(args.baseline) if args.baseline else None, args.policy,
+                      cost.HARDWARE[args.hardware])
+    write_report(entries, Path(args.out), args.x, args.suite, args.hardware)
+    print(f"wrote {args.out}/report.md and {args.out}/report.html ({len(entries)} checkpoints)")
+    return EXIT_OK
+
+
 # --- golden -------------------------------------------------------------------------------------
 
 def cmd_golden(args: argparse.Namespace) -> int:
@@ -254,6 +282,16 @@ def build_parser() -> argparse.ArgumentParser:
     gt.add_argument("--json", action="store_true")
     gt.add_argument("--junit", help="also write JUnit XML here (one test case per rule)")
     gt.set_defaults(fn=cmd_gate)
+
+    rp = sub.add_parser("report", help="bytes-versus-accuracy report (Markdown and self-contained HTML, with plots)")
+    rp.add_argument("checkpoints", nargs="+", help="checkpoint folders, or folders of checkpoints")
+    rp.add_argument("--suite", default="evaluate/core.yaml", help="the suite whose cached scores to show")
+    rp.add_argument("--baseline", help="baseline checkpoint (marked; agreement and verdicts are against it)")
+    rp.add_argument("--policy", help="gate policy whose verdicts to show (from cached scores only)")
+    rp.add_argument("--hardware", default="h100-sxm", help="hardware profile for the decode-cost bounds")
+    rp.add_argument("--x", choices=["bytes", "bpw"], default="bytes", help="x axis of the Pareto plots")
+    rp.add_argument("--out", required=True, help="output folder")
+    rp.set_defaults(fn=cmd_report)
 
     g = sub.add_parser("golden", help="verify or build a versioned golden set")
     g.add_argument("action", choices=["verify", "build"])

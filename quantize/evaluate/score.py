@@ -132,6 +132,9 @@ def score(suite_path: str | Path, checkpoint: str | Path, refresh: bool = False)
                 batch_size=suite.batch_size, device=device, log_samples=True,
                 random_seed=suite.seed, numpy_random_seed=suite.seed, torch_random_seed=suite.seed,
                 fewshot_random_seed=suite.seed,
+                # our own statistics come from the per-item records; lm-eval's bootstrap stderr forks a
+                # multiprocessing pool inside a threaded torch process, which can deadlock
+                bootstrap_iters=0,
             )
         except (OSError, ValueError) as e:
             raise RuntimeFailure(f"lm-eval could not score {ckpt}: {e}") from e

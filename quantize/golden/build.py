@@ -158,7 +158,8 @@ def build_kv(nouns: list[str], seed: int, n: int) -> list[dict[str, Any]]:
         keys, values = words[:k], words[k:]
         q = rng.randrange(k)
         lines = [f"{key}: {value}" for key, value in zip(keys, values)]
-        context = "Here is a list of key: value pairs.\n" + "\n".join(lines) + f"\nThe value of {keys[q]} is"
+        # the query repeats a key's own line prefix: recall by copying from context (induction), not by reading an instruction
+        context = "Here is a list of key: value pairs.\n" + "\n".join(lines) + f"\n\nLook up {keys[q]}.\n{keys[q]}:"
         items.append({"id": _id("kv", i), "context": context, "target": f" {values[q]}", "cluster": f"kv-{k}-pairs"})
     return items
 

@@ -1,0 +1,218 @@
+"""The bytes-versus-accuracy report: Pareto plots, bytes by role, the table, decode-cost bounds.
+
+Writes DIR/report.md, DIR/report.html (self-contained: images embedded as base64, no JavaScript,
+no network) and the plots as PNG and SVG.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from quantize.report.collect import Entry
+
+ROLE_ORDER = [("payload", "packed payload"), ("scale", "scales"), ("zero_point", "zero points"),
+              ("group_index", "group indices"), ("quant_meta", "other quant. metadata"), ("embedding", "embeddings"),
+              ("lm_head", "lm_head"), ("linear_kept", "linears kept 16-bit"), ("norm", "norms"), ("bias", "biases"),
+              ("other", "other")]
+
+
+def pareto_front(points: list[tuple[float, float]], higher_is_better: bool = True) -> list[int]:
+    """Indices of the points no other point dominates (fewer or equal bytes and a better or equal score,
+    strictly better in one), ordered by bytes."""
+    sign = 1 if higher_is_better else -1
+    front = []
+    for i, (x, y) in enumerate(points):
+        dominated = any((x2 <= x and sign * y2 >= sign * y) and (x2 < x or sign * y2 > sign * y)
+                        for j, (x2, y2) in enumerate(points) if j != i)
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def metrics(entries: list[Entry]) -> list[tuple[str, str, bool]]:
+    """(key, label, higher is better) of every metric some entry has."""
+    tasks: dict[str, str] = {}
+    for e in entries:
+        for t, d in (e.scores or {}).get("tasks", {}).items():
+            tasks[t] = d["output_type"]
+    out = [(f"{t}:acc", f"{t} accuracy", True) if ot != "loglikelihood_rolling" else (f"{t}:bpb", f"{t} bits per byte", False)
+           for t, ot in sorted(tasks.items())]
+    if any(e.agreement for e in entries):
+        out.append(("agreement:kl", "mean KL vs baseline (lower bound)", False))
+    return out
+
+
+def value(e: Entry, key: str) -> tuple[float, float] | None:
+    """(value, standard error) of a metric for an entry, or None when it was not scored."""
+    kind, _, m = key.partition(":")
+    if kind == "agreement":
+        if e.is_baseline:
+            return (0.0, 0.0)
+        return (e.agreement["kl_mean"], e.agreement["kl_se"]) if e.agreement else None
+    d = ((e.scores or {}).get("tasks") or {}).get(kind)
+    if d is None:
+        return None
+    return (d["acc"], d["acc_se"]) if m == "acc" else (d["bits_per_byte"], 0.0)
+
+
+def x_of(e: Entry, axis: str) -> float:
+    return e.total_bytes / 2**20 if axis == "bytes" else (e.bits_per_weight or 0.0)
+
+
+def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ms = metrics(entries)
+    if not ms:
+        return []
+    cols = min(3, len(ms))
+    rows = -(-len(ms) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
+    xlabel = "total tensor size (MiB)" if axis == "bytes" else "true bits per weight (whole model)"
+    for ax, (key, label, hib) in zip(axes.flat, ms):
+        pts = [(x_of(e, axis), v, e) for e in entries if (v := value(e, key)) is not None]
+        for x, (y, se), e in pts:
+            ax.errorbar(x, y, yerr=se or None, fmt="*" if e.is_baseline else "o", ms=12 if e.is_baseline else 6,
+                        color="black" if e.is_baseline else "tab:blue", capsize=3)
+        front = pareto_front([(x, y) for x, (y, _), _ in pts], hib)
+        if len(front) > 1:
+            ax.plot([pts[i][0] for i in front], [pts[i][1][0] for i in front], "--", color="tab:orange", lw=1, label="Pareto frontier")
+        # labels: alternate above/below along x to keep neighbours apart
+        for k, (x, (y, _), e) in enumerate(sorted(pts, key=lambda p: p[0])):
+            ax.annotate(e.label + (" (baseline)" if e.is_baseline else ""), (x, y), textcoords="offset points",
+                        xytext=(0, 9 if k % 2 == 0 else -15), ha="center", fontsize=7)
+        ax.set_title(label + (" ↑" if hib else " ↓"), fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.15, y=0.2)
+        if len(front) > 1:
+            ax.legend(fontsize=7, loc="best")
+    for ax in list(axes.flat)[len(ms):]:
+        ax.axis("off")
+    fig.suptitle("Quality against size (★ baseline; error bars: ± 1 SE; ↑ higher is better, ↓ lower is better)", fontsize=10)
+    fig.tight_layout()
+    names = []
+    for ext in ("png", "svg"):
+        fig.savefig(out / f"pareto.{ext}", dpi=130)
+        names.append(f"pareto.{ext}")
+    plt.close(fig)
+    return names
+
+
+def plot_bytes(entries: list[Entry], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(entries) + 1.6))
+    labels = [e.label + (" (baseline)" if e.is_baseline else "") for e in entries]
+    left = [0.0] * len(entries)
+    cmap = plt.get_cmap("tab20")
+    for k, (role, name) in enumerate(ROLE_ORDER):
+        widths = [e.bytes_by_role.get(role, 0) / 2**20 for e in entries]
+        if any(widths):
+            ax.barh(labels, widths, left=left, label=name, color=cmap(k))
+            left = [a + b for a, b in zip(left, widths)]
+    for i, e in enumerate(entries):
+        ax.text(left[i], i, f"  {e.total_bytes / 2**20:.1f} MiB, {e.bits_per_weight:.2f} b/w" if e.bits_per_weight else "",
+                va="center", fontsize=7)
+    ax.set_xlabel("MiB of stored tensors")
+    ax.set_title("Where the bytes go", fontsize=10)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(left) * 1.35)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    names = []
+    for ext in ("png", "svg"):
+        fig.savefig(out / f"bytes.{ext}", dpi=130)
+        names.append(f"bytes.{ext}")
+    plt.close(fig)
+    return names
+
+
+def _f(x: Any, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
+    tasks = sorted({t for e in entries for t in ((e.scores or {}).get("tasks") or {})})
+    head = ["recipe", "method", "scheme", "bits/w (model)", "bits/w (q-linears)", "MiB"]
+    head += [t.removeprefix("core_") for t in tasks]
+    head += ["mean KL", "top-1", "α as draft", "gate", "batch-1 bound ms", "batch-32 bound ms", "spec. speedup (γ=4)"]
+    rows = []
+    for e in entries:
+        r = [e.label + (" (baseline)" if e.is_baseline else ""), e.method, e.scheme, _f(e.bits_per_weight, ".3f"),
+             _f(e.qlinear_bits, ".3f"), f"{e.total_bytes / 2**20:.1f}"]
+        for t in tasks:
+            d = ((e.scores or {}).get("tasks") or {}).get(t)
+            if d is None:
+                r.append("not scored")
+            elif d["output_type"] == "loglikelihood_rolling":
+                r.append(f"{d['bits_per_byte']:.4f} bpb")
+            else:
+                delta = ""
+                if e.verdict:
+                    ev = next((x["evidence"] for x in e.verdict["rules"] if x["kind"] == "accuracy" and x["rule"].startswith(t)), None)
+                    if ev:
+                        delta = f" (Δ {ev['delta']:+.3f}, LB {ev['lower_bound']:+.3f})"
+                r.append(f"{d['acc']:.3f} ± {d['acc_se']:.3f}{delta}")
+        a = e.agreement
+        r += [("0" if e.is_baseline else _f(a and a["kl_mean"], ".4f")), ("1" if e.is_baseline else _f(a and a["top1"], ".3f")),
+              ("-" if e.is_baseline else _f(a and a["sum_min"], ".3f")),
+              ("baseline" if e.is_baseline else (e.verdict["verdict"].upper() if e.verdict else "no verdict")),
+              _f(e.decode.get("batch1_ms"), ".3f"), _f(e.decode.get(f"batch{e.decode.get('batch', 32)}_ms"), ".3f"),
+              _f(e.decode.get("speculative_speedup"), ".2f")]
+        rows.append(r)
+    return head, rows
+
+
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def write_report(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    images = plot_pareto(entries, out, axis) + plot_bytes(entries, out)
+    head, rows = table_rows(entries)
+    decode_note = (f"Decode cost: lower bounds on `{hardware}` from each checkpoint's measured bytes (`quantize cost` model, "
+                   "2,048-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) as α, "
+                   "γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification.")
+    missing = [e.label for e in entries if not e.scores]
+    md = [f"# Bytes versus accuracy\n", f"Suite `{suite}`; {len(entries)} checkpoints.", ""]
+    if "pareto.png" in images:
+        md += ["![Pareto plots](pareto.png)", ""]
+    md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows), "", decode_note]
+    if missing:
+        md += ["", f"Not scored (no cached `quantize eval` result for this suite): {', '.join(missing)}."]
+    (out / "report.md").write_text("\n".join(md) + "\n")
+
+    def img(name: str, alt: str) -> str:
+        data = base64.b64encode((out / name).read_bytes()).decode()
+        return f'<img alt="{alt}" src="data:image/png;base64,{data}" style="max-width:100%">'
+
+    cells = lambda r, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in r)  # noqa: E731
+    body = [f"<h1>Bytes versus accuracy</h1><p>Suite <code>{html.escape(suite)}</code>; {len(entries)} checkpoints.</p>"]
+    if "pareto.png" in images:
+        body.append(img("pareto.png", "Pareto plots of quality against size"))
+    body.append(img("bytes.png", "Stacked bars of bytes by role"))
+    body.append("<table><thead><tr>" + cells(head, "th") + "</tr></thead><tbody>"
+                + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows) + "</tbody></table>")
+    body.append(f"<p>{html.escape(decode_note)}</p>")
+    if missing:
+        body.append(f"<p>Not scored: {html.escape(', '.join(missing))}.</p>")
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,th:first-child{text-align:left}")
+    (out / "report.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>quantize report</title>"
+                                     f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+    data = {"table": {"head": head, "rows": rows}, "entries": [e.__dict__ for e in entries], "images": images}
+    (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return data

@@ -1,0 +1,85 @@
+"""The report: Pareto frontier, table values, graceful gaps, and a self-contained HTML page."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quantize.cli import main
+from quantize.evaluate.score import score
+from quantize.golden.build import Sizes, build_core
+from quantize.report.render import pareto_front
+from test_golden import make_sources
+
+
+def test_pareto_front_higher_is_better():
+    pts = [(100, 0.60), (50, 0.58), (60, 0.50), (25, 0.40), (30, 0.39), (100, 0.55)]
+    assert pareto_front(pts) == [3, 1, 0]  # (60, .50) is beaten by (50, .58); (30, .39) by (25, .40)
+
+
+def test_pareto_front_lower_is_better_and_ties():
+    pts = [(10, 2.0), (10, 2.0), (5, 3.0), (20, 1.5), (20, 1.9)]
+    assert pareto_front(pts, higher_is_better=False) == [2, 0, 1, 3]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, tiny_model):
+    base = tmp_path_factory.mktemp("report")
+    build_core(make_sources(base / "src"), base / "golden" / "v1", seed=3, sizes=Sizes(facts=20, cloze=8, analogy=6, kv=6, prose=3, smoke=2))
+    suite = base / "suite.yaml"
+    suite.write_text(f"golden: {base / 'golden' / 'v1'}\nbatch_size: 4\nagreement: {{per_task: 2, top_k: 5}}\n")
+    outs = {}
+    for name, fields in {"w4": {"method": "rtn", "scheme": "W4A16", "group_size": 32},
+                         "fp8": {"method": "fp8", "scheme": "FP8_DYNAMIC"}}.items():
+        r = base / f"{name}.yaml"
+        r.write_text(yaml.safe_dump({**fields, "calibration": None, "model": str(tiny_model), "output": str(base / "out" / name)}))
+        assert main(["run", str(r), "--quiet"]) == 0
+        outs[name] = base / "out" / name
+    return base, suite, outs
+
+
+def test_report_with_a_gap(checkpoints, tiny_model, tmp_path, monkeypatch, capsys):
+    base, suite, outs = checkpoints
+    monkeypatch.setenv("QUANTIZE_CACHE", str(base / "cache"))
+    score(suite, tiny_model)
+    score(suite, outs["w4"])  # fp8 is left unscored on purpose
+    policy = base / "p.yaml"
+    policy.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.2}}\n")
+    out = tmp_path / "rep"
+    code = main(["report", str(base / "out"), "--baseline", str(tiny_model), "--suite", str(suite),
+                 "--policy", str(policy), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads((out / "report.json").read_text())
+    labels = [r[0] for r in data["table"]["rows"]]
+    assert labels == ["tiny-llama (baseline)", "fp8", "w4"]
+    rows = {r[0]: dict(zip(data["table"]["head"], r)) for r in data["table"]["rows"]}
+    assert rows["fp8"]["facts"] == "not scored" and rows["fp8"]["gate"] == "no verdict"
+    assert re.match(r"\d\.\d{3} ± \d\.\d{3}", rows["w4"]["facts"]) and rows["w4"]["gate"] in ("PASS", "INCONCLUSIVE", "REJECTED")
+    w4 = next(e for e in data["entries"] if e["label"] == "w4")
+    assert float(rows["w4"]["MiB"]) == pytest.approx(w4["total_bytes"] / 2**20, abs=0.05)
+    assert float(rows["w4"]["bits/w (model)"]) == pytest.approx(8 * w4["total_bytes"] / w4["parameters"], abs=5e-4)
+    assert float(rows["w4"]["batch-1 bound ms"]) > 0
+    for name in ("pareto.png", "pareto.svg", "bytes.png", "bytes.svg", "report.md", "report.html"):
+        assert (out / name).stat().st_size > 0
+    page = (out / "report.html").read_text()
+    assert "data:image/png;base64," in page and "<script" not in page and "http" not in page.replace("http-equiv", "")
+    for label in ("fp8", "w4", "tiny-llama (baseline)"):
+        assert f"<td>{label}</td>" in page
+    assert "Not scored" in (out / "report.md").read_text()
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="Debian chromium is not installed (apt-get install chromium)")
+def test_report_opens_in_headless_chromium(checkpoints, tmp_path):
+    base, suite, outs = checkpoints
+    out = tmp_path / "rep"
+    assert main(["report", str(outs["w4"]), str(outs["fp8"]), "--suite", str(suite), "--out", str(out)]) == 0
+    proc = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                           "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                           (out / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Bytes versus accuracy" in proc.stdout and "<table>" in proc.stdout
