@@ -14,16 +14,13 @@ bad value and what to do, before any model is loaded. The schema is strict
 
 from __future__ import annotations
 
-import hashlib
-import json
 from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from quantize.errors import UsageError
+from quantize.config import load_yaml, validate
 
 
 class Method(str, Enum):
@@ -185,52 +182,17 @@ class Recipe(BaseModel):
         return 8 if self.scheme is not None else None
 
 
-def _describe(loc: tuple, value: Any) -> str:
-    field = ".".join(str(x) for x in loc) or "(top level)"
-    shown = json.dumps(value, default=str) if not isinstance(value, dict) else "{...}"
-    return f"{field} = {shown[:80]}"
-
-
-def _message(err: dict, data: dict) -> str:
-    loc, kind, msg = err["loc"], err["type"], err["msg"]
-    field = ".".join(str(x) for x in loc) or "(top level)"
-    if kind == "extra_forbidden":
-        return f"unknown key `{field}`: the recipe schema has no such field; check its spelling (see recipes/*.yaml)"
-    if kind == "missing":
-        return f"`{field}` is required"
-    if kind in ("enum", "literal_error"):
-        return f"{_describe(loc, err.get('input'))}: {msg}"
-    if loc:
-        return f"{_describe(loc, err.get('input'))}: {msg.removeprefix('Value error, ')}"
-    return msg.removeprefix("Value error, ")
-
-
 def parse_recipe(data: Any, origin: str = "recipe") -> Recipe:
     """Validate a recipe mapping; raise UsageError listing every problem."""
-    if not isinstance(data, dict):
-        raise UsageError(f"{origin}: a recipe is a YAML mapping of keys to values, got {type(data).__name__}")
-    try:
-        return Recipe.model_validate(data)
-    except ValidationError as e:
-        problems = [_message(err, data) for err in e.errors()]
-        raise UsageError(f"{origin} is not a valid recipe:\n" + "\n".join(f"  - {p}" for p in problems)) from None
+    return validate(Recipe, data, origin, "recipe")
 
 
 def load_recipe(path: str | Path) -> tuple[Recipe, str]:
     """Read and validate a recipe file. Returns the recipe and the sha256 of the file's bytes."""
-    p = Path(path)
-    if not p.is_file():
-        hint = " (it is a folder: pass the .yaml file inside it)" if p.is_dir() else ""
-        raise UsageError(f"recipe file {p} does not exist{hint}; the shipped recipes are in recipes/*.yaml")
-    raw = p.read_bytes()
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        raise UsageError(f"{p} is not valid YAML: {e}") from None
-    recipe = parse_recipe(data, origin=str(p))
+    recipe, sha = load_yaml(path, Recipe, "recipe", "the shipped recipes are in recipes/*.yaml")
     if recipe.name is None:
-        recipe.name = p.stem
-    return recipe, hashlib.sha256(raw).hexdigest()
+        recipe.name = Path(path).stem
+    return recipe, sha
 
 
 def resolved_dict(recipe: Recipe) -> dict[str, Any]:

@@ -8,10 +8,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quantize.errors import UsageError
+from quantize.config import beside_repo, load_yaml
 
 
 class Backend(str, Enum):
@@ -67,30 +66,9 @@ class Suite(BaseModel):
 
 
 def load_suite(path: str | Path) -> tuple[Suite, str]:
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"suite file {p} does not exist; the shipped suites are in evaluate/*.yaml")
-    raw = p.read_bytes()
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        raise UsageError(f"{p} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{p}: a suite is a YAML mapping, got {type(data).__name__}")
-    try:
-        suite = Suite.model_validate(data)
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            field = ".".join(str(x) for x in err["loc"]) or "(top level)"
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"unknown key `{field}`" if err["type"] == "extra_forbidden" else f"{field}: {msg}")
-        raise UsageError(f"{p} is not a valid suite:\n" + "\n".join(f"  - {x}" for x in lines)) from None
+    """Read and validate a suite. Returns it and the hash of its score-changing settings."""
+    suite, _ = load_yaml(path, Suite, "suite", "the shipped suites are in evaluate/*.yaml")
     if suite.name is None:
-        suite.name = p.stem
-    golden = Path(suite.golden)
-    if not golden.is_absolute() and not golden.exists():
-        # relative to the repository holding the suite (evaluate/ sits beside golden/)
-        golden = (p.resolve().parent.parent / suite.golden)
-    suite.golden = str(golden)
+        suite.name = Path(path).stem
+    suite.golden = beside_repo(path, suite.golden)
     return suite, hashlib.sha256(json.dumps(suite.settings(), sort_keys=True).encode()).hexdigest()

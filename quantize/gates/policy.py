@@ -6,10 +6,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from quantize.errors import UsageError
+from quantize.config import beside_repo, load_yaml
 
 
 class _Rule(BaseModel):
@@ -90,27 +89,9 @@ class Policy(BaseModel):
 
 
 def load_policy(path: str | Path) -> Policy:
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"gate policy {p} does not exist; the shipped policies are in gates/*.yaml")
-    try:
-        data = yaml.safe_load(p.read_bytes())
-    except yaml.YAMLError as e:
-        raise UsageError(f"{p} is not valid YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{p}: a policy is a YAML mapping, got {type(data).__name__}")
-    try:
-        policy = Policy.model_validate(data)
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            field = ".".join(str(x) for x in err["loc"] if not str(x) in ("accuracy", "perplexity", "agreement")) or "(top level)"
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"unknown key `{field}`" if err["type"] == "extra_forbidden" else f"{field}: {msg}")
-        raise UsageError(f"{p} is not a valid gate policy:\n" + "\n".join(f"  - {x}" for x in lines)) from None
+    policy, _ = load_yaml(path, Policy, "gate policy", "the shipped policies are in gates/*.yaml",
+                          skip_locs={"accuracy", "perplexity", "agreement"})
     if policy.name is None:
-        policy.name = p.stem
-    suite = Path(policy.suite)
-    if not suite.is_absolute() and not suite.exists():
-        policy.suite = str(p.resolve().parent.parent / policy.suite)
+        policy.name = Path(path).stem
+    policy.suite = beside_repo(path, policy.suite)
     return policy

@@ -61,43 +61,30 @@ def devil_entries(path: Path) -> list[tuple[str, str]]:
     return [(head, _clean(" ".join(body).replace("_", ""))) for head, body in out if body]
 
 
-def _expand(field: str) -> str:
-    """bsd-games quiz syntax -> one canonical answer: first of a|b, optional {x} kept, [a|b] -> a."""
-    def first_alt(s: str) -> str:
-        depth, cur = 0, []
-        for ch in s:
-            if ch in "{[":
-                depth += 1
-            elif ch in "}]":
-                depth -= 1
-            elif ch == "|" and depth == 0:
-                break
-            cur.append(ch)
-        return "".join(cur)
-
-    s = first_alt(field)
-    while True:
-        m = re.search(r"[\[{]([^\[\]{}]*)[\]}]", s)
-        if not m:
-            return _clean(s)
-        s = s[: m.start()] + first_alt(m.group(1)) + s[m.end():]
-
-
-def _alternatives(field: str) -> set[str]:
-    """All top-level alternatives of a field, each expanded: used to keep distractors from being right."""
+def _split_top(field: str) -> list[str]:
+    """Split bsd-games quiz syntax on the '|' that stand outside {} and []."""
     depth, parts, cur = 0, [], []
     for ch in field:
-        if ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
+        depth += (ch in "{[") - (ch in "}]")
         if ch == "|" and depth == 0:
             parts.append("".join(cur))
             cur = []
         else:
             cur.append(ch)
-    parts.append("".join(cur))
-    return {_expand(p).lower() for p in parts}
+    return parts + ["".join(cur)]
+
+
+def _expand(field: str) -> str:
+    """bsd-games quiz syntax -> one canonical answer: first of a|b, optional {x} kept, [a|b] -> a."""
+    s = _split_top(field)[0]
+    while m := re.search(r"[\[{]([^\[\]{}]*)[\]}]", s):
+        s = s[: m.start()] + _split_top(m.group(1))[0] + s[m.end():]
+    return _clean(s)
+
+
+def _alternatives(field: str) -> set[str]:
+    """All top-level alternatives of a field, each expanded: used to keep distractors from being right."""
+    return {_expand(p).lower() for p in _split_top(field)}
 
 
 def quiz_rows(path: Path) -> list[list[tuple[str, set[str]]]]:

@@ -63,6 +63,15 @@ def x_of(e: Entry, axis: str) -> float:
     return e.total_bytes / 2**20 if axis == "bytes" else (e.bits_per_weight or 0.0)
 
 
+def _save(fig: object, out: Path, stem: str) -> list[str]:
+    import matplotlib.pyplot as plt
+
+    for ext in ("png", "svg"):
+        fig.savefig(out / f"{stem}.{ext}", dpi=130)
+    plt.close(fig)
+    return [f"{stem}.png", f"{stem}.svg"]
+
+
 def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
     import matplotlib
 
@@ -99,12 +108,7 @@ def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
         ax.axis("off")
     fig.suptitle("Quality against size (★ baseline; error bars: ± 1 SE; ↑ higher is better, ↓ lower is better)", fontsize=10)
     fig.tight_layout()
-    names = []
-    for ext in ("png", "svg"):
-        fig.savefig(out / f"pareto.{ext}", dpi=130)
-        names.append(f"pareto.{ext}")
-    plt.close(fig)
-    return names
+    return _save(fig, out, "pareto")
 
 
 def plot_bytes(entries: list[Entry], out: Path) -> list[str]:
@@ -131,12 +135,7 @@ def plot_bytes(entries: list[Entry], out: Path) -> list[str]:
     ax.set_xlim(0, max(left) * 1.35)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    names = []
-    for ext in ("png", "svg"):
-        fig.savefig(out / f"bytes.{ext}", dpi=130)
-        names.append(f"bytes.{ext}")
-    plt.close(fig)
-    return names
+    return _save(fig, out, "bytes")
 
 
 def _f(x: Any, spec: str) -> str:

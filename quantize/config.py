@@ -1,0 +1,68 @@
+"""Loading the YAML files users edit (recipes, suites, gate policies) into validated schemas.
+
+Every problem is reported at once, each naming the field, the bad value and what is wrong, as a
+UsageError (exit code 2) before any heavy work starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from quantize.errors import UsageError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _message(err: dict[str, Any], skip: set[str]) -> str:
+    loc = tuple(x for x in err["loc"] if str(x) not in skip)
+    field = ".".join(str(x) for x in loc) or "(top level)"
+    kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
+    if kind == "extra_forbidden":
+        return f"unknown key `{field}`: there is no such field; check its spelling against the shipped examples"
+    if kind == "missing":
+        return f"`{field}` is required"
+    if not loc:
+        return msg
+    value = err.get("input")
+    shown = "{...}" if isinstance(value, dict) else json.dumps(value, default=str)[:80]
+    return f"{field} = {shown}: {msg}"
+
+
+def validate(model: type[M], data: Any, origin: str, what: str, skip_locs: set[str] = frozenset()) -> M:
+    """Validate a parsed mapping; raise one UsageError listing every problem."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{origin}: a {what} is a YAML mapping of keys to values, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        problems = [_message(err, set(skip_locs)) for err in e.errors()]
+        raise UsageError(f"{origin} is not a valid {what}:\n" + "\n".join(f"  - {p}" for p in problems)) from None
+
+
+def load_yaml(path: str | Path, model: type[M], what: str, hint: str, skip_locs: set[str] = frozenset()) -> tuple[M, str]:
+    """Read, parse and validate a YAML file. Returns the model and the sha256 of the file's bytes."""
+    p = Path(path)
+    if not p.is_file():
+        extra = " (it is a folder: pass the .yaml file inside it)" if p.is_dir() else ""
+        raise UsageError(f"{what} file {p} does not exist{extra}; {hint}")
+    raw = p.read_bytes()
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise UsageError(f"{p} is not valid YAML: {e}") from None
+    return validate(model, data, str(p), what, skip_locs), hashlib.sha256(raw).hexdigest()
+
+
+def beside_repo(config_file: str | Path, relative: str) -> str:
+    """A path named inside a YAML file: as given when it exists from here, else relative to the
+    repository holding the file (recipes/, evaluate/ and gates/ sit beside golden/)."""
+    p = Path(relative)
+    if p.is_absolute() or p.exists():
+        return relative
+    return str(Path(config_file).resolve().parent.parent / relative)
