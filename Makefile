@@ -1,7 +1,8 @@
 # quantize: the two commands a newcomer runs (see README).
 #   make demo   set up, prepare the embedded default model, convert it with every recipe in recipes/
 #   make test   set up and run the tests (tiny seeded models, no download; .ci/run calls this)
-# Other targets: test-slow (tests on the default model), bench (README's recipe table), model.
+# Other targets: gate-all (score and gate every output), test-slow (tests on the default model),
+# bench (README's recipe table), model.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -11,7 +12,7 @@ Q := $(VENV)/bin/quantize
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup model demo test test-slow bench clean
+.PHONY: setup model demo gate-all test test-slow bench clean
 
 setup: $(VENV)/.installed
 
@@ -37,7 +38,16 @@ demo: model
 	  else echo "== quantize run $$r"; $(Q) run $$r; fi; \
 	done; \
 	echo; echo "== true bits per weight of every checkpoint (quantize inspect)"; \
-	for d in outputs/*/; do $(Q) inspect $$d | sed -n '1,5p'; done
+	for d in outputs/*/; do [ -f $$d/quantize.json ] && $(Q) inspect $$d | sed -n '1,5p'; done; \
+	echo; $(Q) report outputs --baseline "$$($(Q) model path)" --policy gates/ci.yaml --out outputs/report
+
+# Score the baseline and every converted checkpoint on golden/core/v1 and gate each one (about
+# 13 minutes per checkpoint on a 2-core CPU; scores are cached), then redraw the report.
+gate-all: demo
+	@base="$$($(Q) model path)"; for d in outputs/*/; do [ -f $$d/quantize.json ] || continue; \
+	  echo "== quantize gate gates/ci.yaml --candidate $$d"; \
+	  $(Q) gate gates/ci.yaml --baseline "$$base" --candidate $$d --junit $$d/gate.xml || true; done; \
+	$(Q) report outputs --baseline "$$base" --policy gates/ci.yaml --out outputs/report
 
 test: setup
 	$(PY) -m pytest

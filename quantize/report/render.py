@@ -96,7 +96,7 @@ def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
         # labels: alternate above/below along x to keep neighbours apart
         for k, (x, (y, _), e) in enumerate(sorted(pts, key=lambda p: p[0])):
             ax.annotate(e.label + (" (baseline)" if e.is_baseline else ""), (x, y), textcoords="offset points",
-                        xytext=(0, 9 if k % 2 == 0 else -15), ha="center", fontsize=7)
+                        xytext=(7, 6 if k % 2 == 0 else -11), ha="left", fontsize=7)
         ax.set_title(label + (" ↑" if hib else " ↓"), fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)

@@ -1,0 +1,76 @@
+"""Time to a verdict with a cached baseline, against one plain lm-eval run of the candidate.
+
+    python benchmarks/gate_time.py BASELINE CANDIDATE [--policy gates/ci.yaml] [--suite evaluate/smoke.yaml]
+
+1. Scores the baseline once (cached) and computes its stored top-k distributions (cached).
+2. Times `quantize gate` on the candidate from a cold candidate cache: candidate scoring, agreement, decision.
+3. Times one plain lm-eval `simple_evaluate` run of the candidate on the same tasks (no per-item
+   records kept, no statistics).
+Prints the seconds and the ratio. Uses a private cache folder, so nothing else is disturbed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("baseline")
+    ap.add_argument("candidate")
+    ap.add_argument("--policy", default=str(ROOT / "gates" / "ci.yaml"))
+    ap.add_argument("--suite", default=str(ROOT / "evaluate" / "smoke.yaml"), help="suite to time on (the policy's rules are kept)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["QUANTIZE_CACHE"] = tmp
+        import yaml
+
+        from quantize.evaluate.suite import load_suite
+        from quantize.gates.run import agreement_scores, run_gate
+        from quantize.golden.manifest import lm_eval_tasks, verify
+
+        policy = yaml.safe_load(Path(args.policy).read_text())
+        policy["suite"] = str(Path(args.suite).resolve())
+        pol = Path(tmp) / "policy.yaml"
+        pol.write_text(yaml.safe_dump(policy))
+        from quantize.evaluate.score import score
+
+        t0 = time.perf_counter()
+        score(args.suite, args.baseline)
+        agreement_scores(args.suite, Path(args.baseline), Path(args.baseline))
+        t_base = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        verdict = run_gate(pol, args.baseline, args.candidate)
+        t_gate = time.perf_counter() - t0
+
+        from lm_eval import simple_evaluate
+        from lm_eval.tasks import TaskManager
+
+        suite, _ = load_suite(args.suite)
+        golden = verify(suite.golden)
+        inc = lm_eval_tasks(golden, Path(tmp) / "tasks", ids=golden.manifest["smoke_ids"] if suite.subset == "smoke" else None)
+        t0 = time.perf_counter()
+        simple_evaluate(model="hf", model_args=f"pretrained={args.candidate},dtype=float32", tasks=suite.tasks or golden.tasks,
+                        task_manager=TaskManager(include_path=str(inc), include_defaults=False),
+                        batch_size=suite.batch_size, device="cpu", bootstrap_iters=0)
+        t_plain = time.perf_counter() - t0
+    print(f"suite {args.suite}; verdict {verdict.verdict}")
+    print(f"baseline scoring + top-k (once, then cached): {t_base:8.1f} s")
+    print(f"quantize gate, candidate uncached:           {t_gate:8.1f} s")
+    print(f"plain lm-eval run of the candidate:          {t_plain:8.1f} s")
+    print(f"time to verdict / plain lm-eval run:         {t_gate / t_plain:8.2f}x")
+
+
+if __name__ == "__main__":
+    main()
