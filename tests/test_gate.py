@@ -148,6 +148,7 @@ def test_agreement_rules_are_tolerances(tmp_path):
     harmful = dict(harmless, kl_mean=0.2, kl_se=0.01, top1=0.7)
     v = decide(pol, result(acc, prose), result(acc, prose, sha="b"), harmful)
     assert [r.verdict for r in v.rules] == ["regression", "regression"] and v.exit_code == 1
+    assert all(r.p_regression < 1e-6 and r.p_holm < 1e-6 for r in v.rules)
 
 
 def test_junit_has_one_case_per_rule(policy):

@@ -122,18 +122,18 @@ def agreement_rule(rule: AgreementRule, agreement: dict[str, Any], alpha: float)
     if rule.agreement is AgreementMetric.kl:
         verdict = "pass" if hi <= rule.max else "regression" if lo > rule.max else "inconclusive"
         limit = {"max": rule.max}
-        p_reg = float(stats.sps.norm.cdf((rule.max - value) / se)) if se > 0 else float(value > rule.max)
+        # p-value of H0 "within the limit" (value <= max) against H1 "beyond it"
+        p_reg = float(stats.sps.norm.cdf((rule.max - value) / se)) if se > 0 else float(value <= rule.max)
     else:
         verdict = "pass" if lo >= rule.min else "regression" if hi < rule.min else "inconclusive"
         limit = {"min": rule.min}
-        p_reg = float(stats.sps.norm.cdf((value - rule.min) / se)) if se > 0 else float(value < rule.min)
+        p_reg = float(stats.sps.norm.cdf((value - rule.min) / se)) if se > 0 else float(value >= rule.min)
     ev = {"value": value, "se_clustered": se, "lower_bound": lo, "upper_bound": hi, **limit, "alpha": alpha,
           "positions": agreement["positions"], "items": agreement["items"], "clusters": agreement["clusters"]}
     if rule.agreement is AgreementMetric.kl:
         ev["kl_p99"] = agreement["kl_p99"]
     ev["note"] = agreement["note"]
-    return RuleResult(rule.name or f"agreement {rule.agreement.value}", "agreement", verdict, ev,
-                      p_regression=1 - p_reg)
+    return RuleResult(rule.name or f"agreement {rule.agreement.value}", "agreement", verdict, ev, p_regression=p_reg)
 
 
 def decide(policy: Policy, base: dict[str, Any], cand: dict[str, Any], agreement: dict[str, Any] | None) -> Verdict:
