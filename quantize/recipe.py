@@ -133,7 +133,7 @@ class Recipe(BaseModel):
                 )
             return self
         if self.stages is not None:
-            raise ValueError(f"`stages:` is only for method llmcompressor; remove it, or set method: llmcompressor")
+            raise ValueError("`stages:` is only for method llmcompressor; remove it, or set method: llmcompressor")
         if s is None:
             allowed = ", ".join(x.value for x in sorted(METHOD_SCHEMES[m], key=lambda x: x.value))
             raise ValueError(f"scheme is required for method {m.value}; choose one of: {allowed}")

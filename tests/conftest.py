@@ -22,7 +22,7 @@ TINY = dict(
 def make_tiny_llama(path: Path, seed: int = 0, **overrides) -> Path:
     """A 2-layer Llama with random weights (seeded) and the default model's tokenizer, saved as safetensors."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(**{**TINY, **overrides})

@@ -186,7 +186,7 @@ def write_report(entries: list[Entry], out: Path, axis: str, suite: str, hardwar
                    "2,048-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) as α, "
                    "γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification.")
     missing = [e.label for e in entries if not e.scores]
-    md = [f"# Bytes versus accuracy\n", f"Suite `{suite}`; {len(entries)} checkpoints.", ""]
+    md = ["# Bytes versus accuracy\n", f"Suite `{suite}`; {len(entries)} checkpoints.", ""]
     if "pareto.png" in images:
         md += ["![Pareto plots](pareto.png)", ""]
     md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows), "", decode_note]
