@@ -39,6 +39,10 @@ def cache_key(ckpt_sha: str, suite_hash: str, golden: GoldenSet, tasks: list[str
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def cache_path(key: str) -> Path:
+    return cache_dir() / "scores" / f"{key[:32]}.json"
+
+
 def _device(suite: Suite) -> str:
     import torch
 
@@ -111,7 +115,7 @@ def score(suite_path: str | Path, checkpoint: str | Path, refresh: bool = False)
         raise UsageError(f"suite {suite_path} names tasks the golden set lacks: {', '.join(unknown)}; it has {', '.join(golden.tasks)}")
     ckpt_sha = weights_sha256(ckpt)
     key = cache_key(ckpt_sha, suite_hash, golden, tasks)
-    cached = cache_dir() / "scores" / f"{key[:32]}.json"
+    cached = cache_path(key)
     if cached.is_file() and not refresh:
         doc = json.loads(cached.read_text())
         doc["cached"] = True

@@ -14,7 +14,7 @@ from quantize.gates.gate import Verdict, decide
 from quantize.gates.policy import AgreementRule, load_policy
 from quantize.golden.manifest import verify
 from quantize.io import write_json
-from quantize.models import cache_dir, check_model_dir, weights_sha256
+from quantize.models import check_model_dir, weights_sha256
 
 
 def load_scores(suite_path: str, target: str | Path) -> dict[str, Any]:
@@ -47,15 +47,12 @@ def agreement_scores(suite_path: str, baseline: Path, candidate: Path) -> dict[s
     a = suite.agreement
     tasks = a.tasks or golden.tasks
     reqs = agr.requests(golden, tasks, a.per_task)
-    settings = agr.settings_hash(tasks, a.per_task, a.top_k) + golden.manifest_sha256
     b_sha, c_sha = weights_sha256(baseline), weights_sha256(candidate)
-    folder = cache_dir() / "agreement"
-    cmp_path = folder / f"cmp-{b_sha[:16]}-{c_sha[:16]}-{settings[:16]}.json"
+    base_path, cmp_path = agr.cache_paths(golden, tasks, a.per_task, a.top_k, b_sha, c_sha)
     if cmp_path.is_file():
         return json.loads(cmp_path.read_text())
     device = "cuda" if torch.cuda.is_available() else "cpu"
     max_length = suite.max_length or 2048
-    base_path = folder / f"base-{b_sha[:16]}-{settings[:16]}.npz"
     if base_path.is_file():
         base = agr.load_baseline(base_path)
     else:
@@ -66,7 +63,7 @@ def agreement_scores(suite_path: str, baseline: Path, candidate: Path) -> dict[s
     model, tok = _load(candidate, device)
     result = agr.compare(model, tok, reqs, base, suite.batch_size, max_length)
     result.update(baseline_sha256=b_sha, candidate_sha256=c_sha, top_k=a.top_k, per_task=a.per_task, tasks=tasks)
-    folder.mkdir(parents=True, exist_ok=True)
+    cmp_path.parent.mkdir(parents=True, exist_ok=True)
     write_json(cmp_path, result)
     return result
 

@@ -12,10 +12,10 @@ from typing import Any
 from quantize import cost
 from quantize.accounting import bits_report
 from quantize.evaluate import agreement as agr
-from quantize.evaluate.score import cache_key
+from quantize.evaluate.score import cache_key, cache_path
 from quantize.evaluate.suite import load_suite
 from quantize.golden.manifest import verify
-from quantize.models import cache_dir, weights_sha256
+from quantize.models import weights_sha256
 
 
 @dataclass
@@ -56,7 +56,7 @@ def cached_scores(suite_path: str, entry: Entry) -> dict[str, Any] | None:
     suite, suite_hash = load_suite(suite_path)
     golden = verify(suite.golden)
     key = cache_key(entry.sha256, suite_hash, golden, suite.tasks or golden.tasks)
-    p = cache_dir() / "scores" / f"{key[:32]}.json"
+    p = cache_path(key)
     return json.loads(p.read_text()) if p.is_file() else None
 
 
@@ -64,8 +64,7 @@ def cached_agreement(suite_path: str, base: Entry, entry: Entry) -> dict[str, An
     suite, _ = load_suite(suite_path)
     golden = verify(suite.golden)
     a = suite.agreement
-    settings = agr.settings_hash(a.tasks or golden.tasks, a.per_task, a.top_k) + golden.manifest_sha256
-    p = cache_dir() / "agreement" / f"cmp-{base.sha256[:16]}-{entry.sha256[:16]}-{settings[:16]}.json"
+    _, p = agr.cache_paths(golden, a.tasks or golden.tasks, a.per_task, a.top_k, base.sha256, entry.sha256)
     return json.loads(p.read_text()) if p.is_file() else None
 
 
