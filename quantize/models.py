@@ -54,17 +54,27 @@ def find_gguf() -> Path:
     return path
 
 
+# One gate hashes each checkpoint for scoring, for agreement and for the report: hash a file set
+# once per process. The key holds every file's size, mtime and inode, so a rewritten file is hashed again.
+_HASHED: dict[tuple[tuple[str, int, int, int], ...], str] = {}
+
+
 def weights_sha256(checkpoint: Path) -> str:
     """sha256 over the checkpoint's safetensors files, in name order (names and bytes)."""
     from quantize.accounting import safetensors_files
 
+    files = safetensors_files(checkpoint)
+    key = tuple((str(f.resolve()), (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino) for f in files)
+    if key in _HASHED:
+        return _HASHED[key]
     h = hashlib.sha256()
-    for f in safetensors_files(checkpoint):
+    for f in files:
         h.update(f.name.encode())
         with f.open("rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
-    return h.hexdigest()
+    _HASHED[key] = h.hexdigest()
+    return _HASHED[key]
 
 
 def recorded_weights_sha256(checkpoint: Path) -> str:

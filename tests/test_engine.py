@@ -202,3 +202,23 @@ def test_nonfinite_model_is_refused_with_the_layer_named(tmp_path, tiny_model, c
     err = capsys.readouterr().err
     assert "not finite" in err and "model.layers.1.mlp" in err
     assert not (tmp_path / "out" / "nan").exists()
+
+
+def test_weights_hash_is_hashed_once_and_follows_rewrites(tmp_path, monkeypatch):
+    import hashlib
+
+    from quantize import models
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    f = ckpt / "model.safetensors"
+    f.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    expected = hashlib.sha256(b"model.safetensors" + f.read_bytes()).hexdigest()
+    reads = []
+    real_open = Path.open
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: (reads.append(self.name), real_open(self, *a, **k))[1])
+    assert models.weights_sha256(ckpt) == expected
+    assert models.weights_sha256(ckpt) == expected
+    assert reads.count("model.safetensors") == 1  # the second call is served from the memo
+    f.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}       ")  # rewritten: another size and mtime
+    assert models.weights_sha256(ckpt) == hashlib.sha256(b"model.safetensors" + f.read_bytes()).hexdigest() != expected
