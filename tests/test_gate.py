@@ -9,6 +9,7 @@ import random
 import xml.etree.ElementTree as ET
 
 import pytest
+import scipy.stats as sps
 
 from quantize.cli import main
 from quantize.errors import UsageError
@@ -84,6 +85,8 @@ def test_planted_three_point_drop_is_rejected(policy):
     assert v.rules[0].verdict == "regression" and ev["delta"] == pytest.approx(-0.03)
     assert ev["flips_right_to_wrong"] == 60 and ev["flips_wrong_to_right"] == 0 and ev["mcnemar_p"] < 1e-10
     assert len(ev["examples_right_to_wrong"]) == 5
+    assert v.rules[0].p_regression == pytest.approx(float(sps.norm.cdf(ev["delta"] / ev["se"])))
+    assert v.rules[0].p_regression < policy.alpha  # the verdict's test: significantly below the baseline
     text = render_text(v)
     assert "REJECTED" in text and "McNemar" in text and "Holm-adjusted" in text and "margin −0.02" in text
 

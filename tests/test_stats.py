@@ -44,6 +44,14 @@ def test_holm_hand_example():
     assert stats.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
 
 
+def test_drop_p_is_the_one_sided_normal_p_and_agrees_with_the_bound():
+    assert stats.drop_p(-0.05, 0.02) == pytest.approx(float(sps.norm.cdf(-2.5)))
+    assert stats.drop_p(0.0, 0.0) == 1.0 and stats.drop_p(-0.01, 0.0) == 0.0
+    # upper bound Δ + z.95·SE < 0  <=>  p < 0.05
+    for delta, se in [(-0.04, 0.02), (-0.03, 0.02), (-0.02, 0.02)]:
+        assert (delta + stats.z(0.95) * se < 0) == (stats.drop_p(delta, se) < 0.05)
+
+
 def test_n_required_formula():
     # (z.95 + z.8)² · f / m² with f = 0.1 (flip rate = var of D when Δ ≈ 0), m = 0.02
     f = 0.1

@@ -94,7 +94,7 @@ def accuracy_rule(rule: AccuracyRule, base: dict, cand: dict, alpha: float, powe
         "items_needed": r.n_needed if r.verdict == "inconclusive" else None,
     }
     return RuleResult(rule.name or f"{rule.task} acc", "accuracy", r.verdict, ev,
-                      p_regression=1 - stats.one_sided_p(r.delta, r.se, rule.margin))
+                      p_regression=stats.drop_p(r.delta, r.se))
 
 
 def perplexity_rule(rule: PerplexityRule, base: dict, cand: dict, alpha: float, seed: int) -> RuleResult:
@@ -203,7 +203,8 @@ def render_text(v: Verdict) -> str:
                          f"{e['upper_bound']:.4f}] vs {limit}; {e['positions']} positions, {e['items']} items"
                          + (f"; KL p99 {e['kl_p99']:.4f}" if "kl_p99" in e else ""))
         if r.p_holm is not None and r.verdict == "regression":
-            lines.append(f"    regression p = {r.p_regression:.3g}, Holm-adjusted {r.p_holm:.3g}")
+            h0 = "no drop" if r.kind == "accuracy" else "within the limit"
+            lines.append(f"    p = {r.p_regression:.3g} against H0 '{h0}', Holm-adjusted over {len(v.rules)} rules {r.p_holm:.3g}")
     lines += ["", f"provenance: baseline {p['baseline']['checkpoint']['weights_sha256'][:12]} "
                   f"(batch {p['baseline']['batch_size']}), candidate {p['candidate']['checkpoint']['weights_sha256'][:12]} "
                   f"(batch {p['candidate']['batch_size']}); golden {p['golden']['name']}/{p['golden']['version']} "

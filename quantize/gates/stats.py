@@ -130,11 +130,12 @@ def noninferiority(d: Sequence[float], clusters: Sequence[str], margin: float, a
                       min_detectable=min_detectable(sd, n, alpha, power), sd=sd)
 
 
-def one_sided_p(delta: float, se: float, margin: float) -> float:
-    """p-value of H0: Δ <= −m (inferior) against H1: Δ > −m."""
+def drop_p(delta: float, se: float) -> float:
+    """p-value of H0: Δ >= 0 (no drop) against H1: Δ < 0, the test behind a "regression" verdict
+    (significantly worse, Δ + z·SE < 0, with the estimate beyond the margin)."""
     if not math.isfinite(se) or se == 0:
-        return 0.0 if delta > -margin else 1.0
-    return float(sps.norm.sf((delta + margin) / se))
+        return 0.0 if delta < 0 else 1.0
+    return float(sps.norm.cdf(delta / se))
 
 
 def bootstrap_ppl_ratio(nll_base: Sequence[float], nll_cand: Sequence[float], units: Sequence[float],
