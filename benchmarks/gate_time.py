@@ -6,13 +6,17 @@
 2. Times `quantize gate` on the candidate from a cold candidate cache: candidate scoring, agreement, decision.
 3. Times one plain lm-eval `simple_evaluate` run of the candidate on the same tasks (no per-item
    records kept, no statistics).
-Prints the seconds and the ratio. Uses a private cache folder, so nothing else is disturbed.
+Prints the seconds and the ratio. Uses a private cache folder, so nothing else is disturbed;
+--baseline-cache DIR seeds it with the baseline's entries (scores and top-k) from an existing cache
+(e.g. ~/.cache/quantize), so a full-suite run does not score the baseline again.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -24,15 +28,32 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
+def seed_baseline_cache(src: Path, dst: Path, baseline: Path) -> None:
+    """Copy only the baseline's entries: its score files and its stored top-k, never a candidate's."""
+    from quantize.models import weights_sha256
+
+    sha = weights_sha256(baseline)
+    (dst / "scores").mkdir()
+    (dst / "agreement").mkdir()
+    for f in (src / "scores").glob("*.json"):
+        if json.loads(f.read_text())["provenance"]["checkpoint"]["weights_sha256"] == sha:
+            shutil.copy2(f, dst / "scores" / f.name)
+    for f in (src / "agreement").glob(f"base-{sha[:16]}-*.npz"):
+        shutil.copy2(f, dst / "agreement" / f.name)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("baseline")
     ap.add_argument("candidate")
     ap.add_argument("--policy", default=str(ROOT / "gates" / "ci.yaml"))
     ap.add_argument("--suite", default=str(ROOT / "evaluate" / "smoke.yaml"), help="suite to time on (the policy's rules are kept)")
+    ap.add_argument("--baseline-cache", type=Path, help="copy the baseline's cached scores and top-k from this cache folder")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["QUANTIZE_CACHE"] = tmp
+        if args.baseline_cache:
+            seed_baseline_cache(args.baseline_cache, Path(tmp), Path(args.baseline))
         import yaml
 
         from quantize.evaluate.suite import load_suite
@@ -66,7 +87,8 @@ def main() -> None:
                         batch_size=suite.batch_size, device="cpu", bootstrap_iters=0)
         t_plain = time.perf_counter() - t0
     print(f"suite {args.suite}; verdict {verdict.verdict}")
-    print(f"baseline scoring + top-k (once, then cached): {t_base:8.1f} s")
+    how = f"read from {args.baseline_cache}" if args.baseline_cache else "once, then cached"
+    print(f"baseline scoring + top-k ({how}): {t_base:8.1f} s")
     print(f"quantize gate, candidate uncached:           {t_gate:8.1f} s")
     print(f"plain lm-eval run of the candidate:          {t_plain:8.1f} s")
     print(f"time to verdict / plain lm-eval run:         {t_gate / t_plain:8.2f}x")
