@@ -88,7 +88,7 @@ def test_planted_three_point_drop_is_rejected(policy):
     assert v.rules[0].p_regression == pytest.approx(float(sps.norm.cdf(ev["delta"] / ev["se"])))
     assert v.rules[0].p_regression < policy.alpha  # the verdict's test: significantly below the baseline
     text = render_text(v)
-    assert "REJECTED" in text and "McNemar" in text and "Holm-adjusted over m = 1" in text and "margin −0.02" in text
+    assert "REJECTED" in text and "McNemar" in text and "Holm-adjusted (m = 1)" in text and "margin −0.02" in text
 
 
 def test_too_small_set_is_inconclusive_and_fails_closed(policy):

@@ -204,7 +204,8 @@ def render_text(v: Verdict) -> str:
                          + (f"; KL p99 {e['kl_p99']:.4f}" if "kl_p99" in e else ""))
         if r.p_holm is not None and r.verdict == "regression":
             h0 = "no drop" if r.kind == "accuracy" else "within the limit"
-            lines.append(f"    p = {r.p_regression:.3g} against H0 '{h0}', Holm-adjusted over m = {sum(x.p_regression is not None for x in v.rules)} {r.p_holm:.3g}")
+            m = sum(x.p_regression is not None for x in v.rules)
+            lines.append(f"    p = {r.p_regression:.3g} against H0 '{h0}'; Holm-adjusted (m = {m}): {r.p_holm:.3g}")
     lines += ["", f"provenance: baseline {p['baseline']['checkpoint']['weights_sha256'][:12]} "
                   f"(batch {p['baseline']['batch_size']}), candidate {p['candidate']['checkpoint']['weights_sha256'][:12]} "
                   f"(batch {p['candidate']['batch_size']}); golden {p['golden']['name']}/{p['golden']['version']} "
