@@ -70,6 +70,15 @@ def test_noninferiority_pass_regression_inconclusive():
     assert r.verdict == "inconclusive" and r.n_needed > 30
 
 
+def test_items_needed_at_the_estimate_follows_the_observed_drop():
+    # Δ = −0.01 with margin 0.03: the bound has to clear −0.03 from −0.01, so (z.95 + z.8)² σ² / 0.02² items
+    d = [0.0] * 880 + [1.0] * 55 + [-1.0] * 65
+    r = stats.noninferiority(d, [str(i) for i in range(1000)], 0.03, 0.05, 0.8)
+    assert r.n_needed_at_estimate == stats.n_required(r.sd, 0.03 - 0.01, 0.05, 0.8) > r.n_needed
+    past = stats.noninferiority([0.0] * 20 + [-1.0] * 2, [str(i) for i in range(22)], 0.05, 0.05, 0.8)
+    assert past.delta < -0.05 and past.verdict == "inconclusive" and past.n_needed_at_estimate is None
+
+
 def test_no_flips_in_few_items_is_not_certainty():
     r = stats.noninferiority([0.0] * 24, [str(i) for i in range(24)], 0.05, 0.05, 0.8)
     assert r.se == pytest.approx(1 / 26) and r.verdict == "inconclusive"

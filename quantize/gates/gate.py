@@ -92,6 +92,7 @@ def accuracy_rule(rule: AccuracyRule, base: dict, cand: dict, alpha: float, powe
         "flips_wrong_to_right": len(wrong_right), "mcnemar_p": stats.mcnemar_exact(len(right_wrong), len(wrong_right)),
         "examples_right_to_wrong": right_wrong[:5], "min_detectable_drop": r.min_detectable,
         "items_needed": r.n_needed if r.verdict == "inconclusive" else None,
+        "items_needed_at_estimate": r.n_needed_at_estimate if r.verdict == "inconclusive" else None,
     }
     return RuleResult(rule.name or f"{rule.task} acc", "accuracy", r.verdict, ev,
                       p_regression=stats.drop_p(r.delta, r.se))
@@ -177,6 +178,15 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
     return str(x)
 
 
+def _items_needed_line(e: dict[str, Any]) -> str:
+    """What more items would buy: a pass needs the bound above −m, so the observed Δ matters, not only the variance."""
+    at_zero = f"{e['items_needed']:,} if the true Δ were 0"
+    if e.get("items_needed_at_estimate") is None:
+        return f"    inconclusive: the estimate is past the margin, so more items would settle it as a regression, not a pass ({at_zero})"
+    return (f"    inconclusive: at the estimated Δ a pass needs about {e['items_needed_at_estimate']:,} items "
+            f"({e['n']:,} here; {at_zero}, at this variance)")
+
+
 def render_text(v: Verdict) -> str:
     head = {"pass": "PASS", "rejected": "REJECTED", "inconclusive": "INCONCLUSIVE"}[v.verdict]
     p = v.provenance
@@ -193,7 +203,7 @@ def render_text(v: Verdict) -> str:
                          f"exact McNemar p = {e['mcnemar_p']:.3g}" + (f"; e.g. {', '.join(e['examples_right_to_wrong'][:3])}"
                                                                      if e["examples_right_to_wrong"] else ""))
             if e["items_needed"]:
-                lines.append(f"    inconclusive: about {e['items_needed']} items would be needed at this variance")
+                lines.append(_items_needed_line(e))
         elif r.kind == "perplexity":
             lines.append(f"    perplexity {e['baseline_perplexity']:.3f} -> {e['candidate_perplexity']:.3f}  ratio {e['ratio']:.4f} "
                          f"[{e['lower_bound']:.4f}, {e['upper_bound']:.4f}] vs max {e['max_ratio']}  n = {e['n']} ({e['interval']})")

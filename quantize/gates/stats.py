@@ -98,7 +98,8 @@ class Comparison:
     lower: float
     upper: float
     verdict: str  # pass | regression | inconclusive
-    n_needed: int
+    n_needed: int  # items for the planned power if the true Δ were 0 (DESIGN's formula)
+    n_needed_at_estimate: int | None  # items for a pass if the true Δ equals the estimate; None: past the margin
     min_detectable: float
     sd: float
 
@@ -127,6 +128,7 @@ def noninferiority(d: Sequence[float], clusters: Sequence[str], margin: float, a
     sd = se * math.sqrt(n) if math.isfinite(se) else math.inf
     return Comparison(n=n, clusters=g, delta=delta, se_paired=sp, se_clustered=sc, se=se, lower=lo, upper=hi,
                       verdict=verdict, n_needed=n_required(sd, margin, alpha, power),
+                      n_needed_at_estimate=n_required(sd, margin + min(delta, 0.0), alpha, power) if delta > -margin else None,
                       min_detectable=min_detectable(sd, n, alpha, power), sd=sd)
 
 
