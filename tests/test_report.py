@@ -13,13 +13,29 @@ import yaml
 from quantize.cli import main
 from quantize.evaluate.score import score
 from quantize.golden.build import Sizes, build_core
-from quantize.report.render import pareto_front
+from quantize.report.render import label_positions, pareto_front, spread_labels
 from test_golden import make_sources
 
 
 def test_pareto_front_higher_is_better():
     pts = [(100, 0.60), (50, 0.58), (60, 0.50), (25, 0.40), (30, 0.39), (100, 0.55)]
     assert pareto_front(pts) == [3, 1, 0]  # (60, .50) is beaten by (50, .58); (30, .39) by (25, .40)
+
+
+def test_spread_labels_keeps_order_and_gap_and_moves_no_more_than_needed():
+    assert spread_labels([0.0, 1.0, 2.0], 0.5) == [0.0, 1.0, 2.0]  # already apart: unchanged
+    assert spread_labels([1.0, 1.0], 0.2) == pytest.approx([0.9, 1.1])  # a tie: split symmetrically
+    ys = [0.51, 0.50, 0.52, 0.90]
+    h = spread_labels(ys, 0.05)
+    ranked = sorted(range(4), key=lambda i: ys[i])
+    assert [h[i] for i in ranked] == sorted(h)  # order kept
+    assert all(b - a >= 0.05 - 1e-12 for a, b in zip(sorted(h), sorted(h)[1:]))
+    assert h[3] == 0.90 and sum(h[:3]) == pytest.approx(sum(ys[:3]))  # the far point stays; the cluster is centred
+
+
+def test_label_positions_spread_only_points_at_about_the_same_size():
+    h = label_positions([100.0, 100.5, 200.0], [0.5, 0.5, 0.5], x_near=5.0, gap=0.1)
+    assert h[0] != h[1] and abs(h[0] - h[1]) == pytest.approx(0.1) and h[2] == 0.5
 
 
 def test_pareto_front_lower_is_better_and_ties():

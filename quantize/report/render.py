@@ -33,6 +33,40 @@ def pareto_front(points: list[tuple[float, float]], higher_is_better: bool = Tru
     return sorted(front, key=lambda i: points[i][0])
 
 
+def spread_labels(ys: list[float], gap: float) -> list[float]:
+    """Label heights as close as possible to ys (least squares) with neighbours at least `gap` apart,
+    in the same order: isotonic regression (pool adjacent violators) of y_k − k·gap over the sorted ys."""
+    order = sorted(range(len(ys)), key=lambda i: ys[i])
+    blocks: list[list[float]] = []  # [sum, count] of pooled values
+    for k, i in enumerate(order):
+        blocks.append([ys[i] - k * gap, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    z = [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+    out = [0.0] * len(ys)
+    for k, i in enumerate(order):
+        out[i] = z[k] + k * gap
+    return out
+
+
+def label_positions(xs: list[float], ys: list[float], x_near: float, gap: float) -> list[float]:
+    """Label heights: points closer than x_near in x share a column of labels, spread `gap` apart."""
+    heights = list(ys)
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and xs[i] - xs[groups[-1][-1]] < x_near:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    for g in groups:
+        for i, h in zip(g, spread_labels([ys[i] for i in g], gap)):
+            heights[i] = h
+    return heights
+
+
 def metrics(entries: list[Entry]) -> list[tuple[str, str, bool]]:
     """(key, label, higher is better) of every metric some entry has."""
     tasks: dict[str, str] = {}
@@ -93,10 +127,16 @@ def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
         front = pareto_front([(x, y) for x, (y, _), _ in pts], hib)
         if len(front) > 1:
             ax.plot([pts[i][0] for i in front], [pts[i][1][0] for i in front], "--", color="tab:orange", lw=1, label="Pareto frontier")
-        # labels: alternate above/below along x to keep neighbours apart
-        for k, (x, (y, _), e) in enumerate(sorted(pts, key=lambda p: p[0])):
-            ax.annotate(e.label + (" (baseline)" if e.is_baseline else ""), (x, y), textcoords="offset points",
-                        xytext=(7, 6 if k % 2 == 0 else -11), ha="left", fontsize=7)
+        # labels to the right of their points; labels of points at about the same size are spread apart
+        xs, ys = [p[0] for p in pts], [p[1][0] for p in pts]
+        lo = min(y - se for _, (y, se), _ in pts)
+        hi = max(y + se for _, (y, se), _ in pts)
+        x_span, y_span = (max(xs) - min(xs)) or 1.0, (hi - lo) or 1.0
+        for (x, (y, _), e), h in zip(pts, label_positions(xs, ys, 0.06 * x_span, 0.075 * y_span)):
+            moved = abs(h - y) > 0.01 * y_span
+            ax.annotate(e.label + (" (baseline)" if e.is_baseline else ""), (x, y), xytext=(x + 0.03 * x_span, h),
+                        ha="left", va="center", fontsize=7,
+                        arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"} if moved else None)
         ax.set_title(label + (" ↑" if hib else " ↓"), fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)
