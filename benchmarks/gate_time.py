@@ -2,7 +2,8 @@
 
     python benchmarks/gate_time.py BASELINE CANDIDATE [--policy gates/ci.yaml] [--suite evaluate/smoke.yaml]
 
-1. Scores the baseline once (cached) and computes its stored top-k distributions (cached).
+1. Scores the baseline once (cached), computes its stored top-k distributions (cached) and compares
+   the baseline with itself (an A/A agreement pass, which also checks the set-up).
 2. Times `quantize gate` on the candidate from a cold candidate cache: candidate scoring, agreement, decision.
 3. Times one plain lm-eval `simple_evaluate` run of the candidate on the same tasks (no per-item
    records kept, no statistics).
@@ -87,8 +88,8 @@ def main() -> None:
                         batch_size=suite.batch_size, device="cpu", bootstrap_iters=0)
         t_plain = time.perf_counter() - t0
     print(f"suite {args.suite}; verdict {verdict.verdict}")
-    how = f"read from {args.baseline_cache}" if args.baseline_cache else "once, then cached"
-    print(f"baseline scoring + top-k ({how}): {t_base:8.1f} s")
+    how = f"scores and top-k read from {args.baseline_cache}" if args.baseline_cache else "once, then cached"
+    print(f"baseline, with an A/A agreement pass ({how}): {t_base:8.1f} s")
     print(f"quantize gate, candidate uncached:           {t_gate:8.1f} s")
     print(f"plain lm-eval run of the candidate:          {t_plain:8.1f} s")
     print(f"time to verdict / plain lm-eval run:         {t_gate / t_plain:8.2f}x")
