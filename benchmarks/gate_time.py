@@ -15,7 +15,6 @@ Prints the seconds and the ratio. Uses a private cache folder, so nothing else i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -29,18 +28,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def seed_baseline_cache(src: Path, dst: Path, baseline: Path) -> None:
-    """Copy only the baseline's entries: its score files and its stored top-k, never a candidate's."""
+def seed_baseline_cache(src: Path, dst: Path, suite_path: str, baseline: Path) -> None:
+    """Copy only the baseline's entries, found where score() and the agreement scorer look: its score
+    file and its stored top-k, never a candidate's."""
+    from quantize.evaluate import agreement as agr
+    from quantize.evaluate.score import cache_key, cache_path
+    from quantize.evaluate.suite import load_suite
+    from quantize.golden.manifest import verify
     from quantize.models import weights_sha256
 
+    suite, suite_hash = load_suite(suite_path)
+    golden = verify(suite.golden)
     sha = weights_sha256(baseline)
-    (dst / "scores").mkdir()
-    (dst / "agreement").mkdir()
-    for f in (src / "scores").glob("*.json"):
-        if json.loads(f.read_text())["provenance"]["checkpoint"]["weights_sha256"] == sha:
-            shutil.copy2(f, dst / "scores" / f.name)
-    for f in (src / "agreement").glob(f"base-{sha[:16]}-*.npz"):
-        shutil.copy2(f, dst / "agreement" / f.name)
+    # the paths the private cache (QUANTIZE_CACHE=dst) will look up, and the same entries in src
+    for target in [cache_path(cache_key(sha, suite_hash, golden, suite.tasks or golden.tasks)),
+                   agr.cache_paths(golden, suite.agreement, sha, sha)[0]]:
+        f = src / target.relative_to(dst)
+        if not f.is_file():
+            sys.exit(f"{f} is missing: score the baseline in {src} first, or drop --baseline-cache")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, target)
 
 
 def main() -> None:
@@ -54,7 +61,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["QUANTIZE_CACHE"] = tmp
         if args.baseline_cache:
-            seed_baseline_cache(args.baseline_cache, Path(tmp), Path(args.baseline))
+            seed_baseline_cache(args.baseline_cache.expanduser().resolve(), Path(tmp), args.suite, Path(args.baseline))
         import yaml
 
         from quantize.evaluate.suite import load_suite

@@ -10,6 +10,7 @@ carries Q4_1's rounding; quantizing it again measures the cost of *our* conversi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -54,27 +55,27 @@ def find_gguf() -> Path:
     return path
 
 
-# One gate hashes each checkpoint for scoring, for agreement and for the report: hash a file set
-# once per process. The key holds every file's size, mtime and inode, so a rewritten file is hashed again.
-_HASHED: dict[tuple[tuple[str, int, int, int], ...], str] = {}
-
-
 def weights_sha256(checkpoint: Path) -> str:
-    """sha256 over the checkpoint's safetensors files, in name order (names and bytes)."""
+    """sha256 over the checkpoint's safetensors files, in name order (names and bytes).
+
+    One gate hashes each checkpoint for scoring, for agreement and for the report, so a file set is
+    hashed once per process: the memo key holds every file's size, mtime and inode, and a rewritten
+    file is hashed again."""
     from quantize.accounting import safetensors_files
 
-    files = safetensors_files(checkpoint)
-    key = tuple((str(f.resolve()), (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino) for f in files)
-    if key in _HASHED:
-        return _HASHED[key]
+    return _sha256_of_files(tuple((str(f.resolve()), f.name, (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino)
+                                  for f in safetensors_files(checkpoint)))
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of_files(files: tuple[tuple[str, str, int, int, int], ...]) -> str:
     h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with f.open("rb") as fh:
+    for path, name, *_ in files:
+        h.update(name.encode())
+        with Path(path).open("rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
-    _HASHED[key] = h.hexdigest()
-    return _HASHED[key]
+    return h.hexdigest()
 
 
 def recorded_weights_sha256(checkpoint: Path) -> str:

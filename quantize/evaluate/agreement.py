@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantize.evaluate.suite import Agreement
 from quantize.gates.stats import clustered_se
 from quantize.golden.manifest import GoldenSet, read_items
 
@@ -169,12 +170,13 @@ def load_baseline(path: Path) -> dict[str, Any]:
             "k": int(z["k"]), "top_idx": z["top_idx"], "top_logp": z["top_logp"]}
 
 
-def cache_paths(golden: GoldenSet, tasks: list[str], per_task: int, k: int, base_sha: str, cand_sha: str
-                ) -> tuple[Path, Path]:
+def cache_paths(golden: GoldenSet, settings: Agreement, base_sha: str, cand_sha: str) -> tuple[Path, Path]:
     """Where the baseline's top-k and a candidate's comparison are cached: keyed by both checkpoints,
     the agreement settings and the golden manifest."""
     from quantize.models import cache_dir
 
-    key = hashlib.sha256(json.dumps([sorted(tasks), per_task, k, golden.manifest_sha256]).encode()).hexdigest()[:16]
+    tasks = settings.tasks or golden.tasks
+    key = hashlib.sha256(json.dumps([sorted(tasks), settings.per_task, settings.top_k, golden.manifest_sha256]).encode()
+                         ).hexdigest()[:16]
     folder = cache_dir() / "agreement"
     return folder / f"base-{base_sha[:16]}-{key}.npz", folder / f"cmp-{base_sha[:16]}-{cand_sha[:16]}-{key}.json"

@@ -190,6 +190,7 @@ def _items_needed_line(e: dict[str, Any]) -> str:
 def render_text(v: Verdict) -> str:
     head = {"pass": "PASS", "rejected": "REJECTED", "inconclusive": "INCONCLUSIVE"}[v.verdict]
     p = v.provenance
+    tested = sum(r.p_regression is not None for r in v.rules)  # Holm's m
     lines = [f"gate {v.policy}: {head}" + (" (fails closed)" if v.verdict == "inconclusive" and v.exit_code else ""), ""]
     for r in v.rules:
         e = r.evidence
@@ -214,8 +215,7 @@ def render_text(v: Verdict) -> str:
                          + (f"; KL p99 {e['kl_p99']:.4f}" if "kl_p99" in e else ""))
         if r.p_holm is not None and r.verdict == "regression":
             h0 = "no drop" if r.kind == "accuracy" else "within the limit"
-            m = sum(x.p_regression is not None for x in v.rules)
-            lines.append(f"    p = {r.p_regression:.3g} against H0 '{h0}'; Holm-adjusted (m = {m}): {r.p_holm:.3g}")
+            lines.append(f"    p = {r.p_regression:.3g} against H0 '{h0}'; Holm-adjusted (m = {tested}): {r.p_holm:.3g}")
     lines += ["", f"provenance: baseline {p['baseline']['checkpoint']['weights_sha256'][:12]} "
                   f"(batch {p['baseline']['batch_size']}), candidate {p['candidate']['checkpoint']['weights_sha256'][:12]} "
                   f"(batch {p['candidate']['batch_size']}); golden {p['golden']['name']}/{p['golden']['version']} "

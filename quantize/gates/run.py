@@ -45,12 +45,12 @@ def agreement_scores(suite_path: str, baseline: Path, candidate: Path) -> dict[s
     suite, _ = load_suite(suite_path)
     golden = verify(suite.golden)
     a = suite.agreement
-    tasks = a.tasks or golden.tasks
-    reqs = agr.requests(golden, tasks, a.per_task)
     b_sha, c_sha = weights_sha256(baseline), weights_sha256(candidate)
-    base_path, cmp_path = agr.cache_paths(golden, tasks, a.per_task, a.top_k, b_sha, c_sha)
+    base_path, cmp_path = agr.cache_paths(golden, a, b_sha, c_sha)
     if cmp_path.is_file():
         return json.loads(cmp_path.read_text())
+    tasks = a.tasks or golden.tasks
+    reqs = agr.requests(golden, tasks, a.per_task)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     max_length = suite.max_length or 2048
     if base_path.is_file():

@@ -13,8 +13,8 @@ from quantize import cost
 from quantize.accounting import bits_report
 from quantize.evaluate import agreement as agr
 from quantize.evaluate.score import cache_key, cache_path
-from quantize.evaluate.suite import load_suite
-from quantize.golden.manifest import verify
+from quantize.evaluate.suite import Suite, load_suite
+from quantize.golden.manifest import GoldenSet, verify
 from quantize.models import weights_sha256
 
 
@@ -52,19 +52,13 @@ def _entry(path: Path) -> Entry:
                  r.quantized_linear_bits_per_weight, r.bytes_by_role, sha)
 
 
-def cached_scores(suite_path: str, entry: Entry) -> dict[str, Any] | None:
-    suite, suite_hash = load_suite(suite_path)
-    golden = verify(suite.golden)
-    key = cache_key(entry.sha256, suite_hash, golden, suite.tasks or golden.tasks)
-    p = cache_path(key)
+def cached_scores(suite: Suite, suite_hash: str, golden: GoldenSet, entry: Entry) -> dict[str, Any] | None:
+    p = cache_path(cache_key(entry.sha256, suite_hash, golden, suite.tasks or golden.tasks))
     return json.loads(p.read_text()) if p.is_file() else None
 
 
-def cached_agreement(suite_path: str, base: Entry, entry: Entry) -> dict[str, Any] | None:
-    suite, _ = load_suite(suite_path)
-    golden = verify(suite.golden)
-    a = suite.agreement
-    _, p = agr.cache_paths(golden, a.tasks or golden.tasks, a.per_task, a.top_k, base.sha256, entry.sha256)
+def cached_agreement(suite: Suite, golden: GoldenSet, base: Entry, entry: Entry) -> dict[str, Any] | None:
+    _, p = agr.cache_paths(golden, suite.agreement, base.sha256, entry.sha256)
     return json.loads(p.read_text()) if p.is_file() else None
 
 
@@ -93,12 +87,14 @@ def collect(checkpoints: list[Path], suite_path: str, baseline: Path | None, pol
     if base:
         base.is_baseline = True
     policy = load_policy(policy_path) if policy_path else None
-    base_scores = cached_scores(suite_path, base) if base else None
+    needs_agr = policy is not None and any(isinstance(r, AgreementRule) for r in policy.rules)
+    suite, suite_hash = load_suite(suite_path)
+    golden = verify(suite.golden)
+    base_scores = cached_scores(suite, suite_hash, golden, base) if base else None
     for e in entries:
-        e.scores = cached_scores(suite_path, e)
+        e.scores = cached_scores(suite, suite_hash, golden, e)
         if base and not e.is_baseline:
-            e.agreement = cached_agreement(suite_path, base, e)
-            needs_agr = policy is not None and any(isinstance(r, AgreementRule) for r in policy.rules)
+            e.agreement = cached_agreement(suite, golden, base, e)
             if policy and e.scores and base_scores and (e.agreement or not needs_agr):
                 e.verdict = decide(policy, base_scores, e.scores, e.agreement).to_dict()
         e.decode = decode_bounds(e, base, hardware, batch, context)
