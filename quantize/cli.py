@@ -195,12 +195,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         if p.is_dir() and not (p / "config.json").is_file():
             found = sorted(d for d in p.iterdir() if (d / "config.json").is_file())
             if not found:
-                raise UsageError(f"{p} is neither a checkpoint nor a folder of checkpoints")
+                raise UsageError(f"{p} is neither a checkpoint nor a folder of checkpoints (no config.json in it or in "
+                                 "its subfolders); pass checkpoint folders, or a folder holding them such as outputs")
             paths += found
         elif p.is_dir():
             paths.append(p)
         else:
-            raise UsageError(f"{p} is not a checkpoint folder")
+            raise UsageError(f"{p} is not a checkpoint folder{'' if p.exists() else ' (it does not exist)'}; "
+                             "pass checkpoint folders, or a folder holding them such as outputs")
     entries = collect(paths, args.suite, Path(args.baseline) if args.baseline else None, args.policy,
                       cost.HARDWARE[args.hardware])
     write_report(entries, Path(args.out), args.x, args.suite, args.hardware)

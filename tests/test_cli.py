@@ -101,3 +101,13 @@ def test_console_script_prints_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "group_size" in proc.stderr
     assert proc.stderr.count("\n") <= 4
+
+
+def test_report_names_a_missing_or_empty_folder(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "r")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "neither a checkpoint nor a folder of checkpoints" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()  # nothing written before the input is checked
