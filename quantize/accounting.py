@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantize.checkpoint import read_config, safetensors_files
 from quantize.errors import UsageError
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
@@ -170,43 +171,10 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
     return tensors, {str(k): str(v) for k, v in meta.items()}, 8 + n
 
 
-def safetensors_files(checkpoint: Path) -> list[Path]:
-    """The shards of a checkpoint folder (via its index when sharded), or the file itself."""
-    if checkpoint.is_file():
-        return [checkpoint]
-    if not checkpoint.is_dir():
-        raise UsageError(f"{checkpoint} does not exist; pass a checkpoint folder or a .safetensors file")
-    index = checkpoint / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise UsageError(f"{index} is not a valid shard index ({e}); re-save the checkpoint") from None
-        files = [checkpoint / f for f in sorted(set(weight_map.values()))]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise UsageError(f"{index} lists shards that are missing: {', '.join(missing)}")
-        return files
-    files = sorted(checkpoint.glob("*.safetensors"))
-    if not files:
-        found = ", ".join(sorted(p.name for p in checkpoint.iterdir())[:8]) or "nothing"
-        raise UsageError(
-            f"{checkpoint} holds no .safetensors file (found: {found}). quantize reads safetensors only; "
-            "convert .bin/.pt weights with transformers' save_pretrained(safe_serialization=True)"
-        )
-    return files
-
-
 # --- quantization config: what the packed words hold ------------------------------------------
 
 def _quant_config(checkpoint: Path) -> dict[str, Any]:
-    cfg_path = (checkpoint if checkpoint.is_dir() else checkpoint.parent) / "config.json"
-    if not cfg_path.is_file():
-        return {}
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{cfg_path} is not valid JSON ({e}); fix or re-save the checkpoint's config") from None
+    cfg = read_config(checkpoint, required=False)
     return cfg.get("quantization_config") or cfg.get("compression_config") or {}
 
 

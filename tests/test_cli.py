@@ -28,7 +28,7 @@ def run_cli(tmp_path: Path, recipe_text: str | None, *extra: str, capsys) -> tup
     (GOOD.replace("group_size: 64", "group_size: sixty"), "group_size"),
     (GOOD.replace("group_size: 64", "group_size: 0"), "power of two"),
     (GOOD.replace("group_size: 64", "group_size: 7"), "power of two"),
-    ("method: fp8\nscheme: FP8_DYNAMIC\ngroup_size: 128\ncalibration: null\n", "group_size must be empty"),
+    ("method: fp8\nscheme: FP8_DYNAMIC\ngroup_size: 128\ncalibration: null\n", "`group_size` is not a setting of method fp8"),
     ("method: smoothquant\nscheme: W4A16\n", "does not support scheme W4A16"),
     ("method: [rtn\n", "not valid YAML"),
 ])

@@ -11,7 +11,7 @@ import yaml
 
 from quantize.accounting import bits_report
 from quantize.cli import main
-from quantize.engine import divisor_group, meta_model, plan_layers
+from quantize.plan import divisor_group, meta_model, plan_layers
 from quantize.errors import UsageError
 from quantize.recipe import parse_recipe
 

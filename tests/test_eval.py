@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from quantize.cli import main
+from quantize import cache, records
 from quantize.evaluate.score import score
+from quantize.records import ScoreDoc
+from quantize.suite import open_suite
 from quantize.golden.build import Sizes, build_core
-from test_golden import make_sources
+from conftest import make_sources
 
 SIZES = Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3)
 
@@ -40,19 +43,49 @@ def isolated_cache(tmp_path_factory, monkeypatch):
 
 def test_eval_records_items_and_caches(setup, tiny_model):
     _, suite, _, _ = setup
-    first = score(suite, tiny_model)
-    assert first["cached"] is False
-    tasks = first["tasks"]
+    first, cached = score(open_suite(suite), tiny_model)
+    assert cached is False
+    tasks = first.tasks
     assert set(tasks) == {"core_facts", "core_cloze", "core_analogy", "core_kv", "core_prose"}
     facts = tasks["core_facts"]
-    assert facts["n"] == len(facts["items"]) == 24 and facts["chance"] == pytest.approx(0.25)
-    assert all(len(i["lls"]) == 4 and i["score"] in (0.0, 1.0) for i in facts["items"])
-    assert all(i["ll"] < 0 and i["words"] > 100 for i in tasks["core_prose"]["items"])
-    p = first["provenance"]
-    assert p["golden"]["version"] == "v1" and len(p["golden"]["manifest_sha256"]) == 64
-    assert p["task_versions"] == {t: 1.0 for t in tasks} and p["lm_eval_version"] and p["batch_size"] == 4
-    second = score(suite, tiny_model)
-    assert second["cached"] is True and second["tasks"] == first["tasks"]
+    assert facts.n == len(facts.items) == 24 and facts.chance == pytest.approx(0.25)
+    assert all(len(i.lls) == 4 and i.score in (0.0, 1.0) for i in facts.items)
+    assert all(i.ll < 0 and i.words > 100 for i in tasks["core_prose"].items)
+    p = first.provenance
+    assert p.golden.version == "v1" and len(p.golden.manifest_sha256) == 64
+    assert p.task_versions == {t: 1.0 for t in tasks} and p.lm_eval_version and p.batch_size == 4
+    second, cached = score(open_suite(suite), tiny_model)
+    assert cached is True and second == first
+    # the cached file is the record, and reads back through its model
+    assert records.read(ScoreDoc, cache.score_path(open_suite(suite), p.checkpoint.weights_sha256)) == first
+
+
+def test_eval_json_items_is_a_score_file(setup, tiny_model, capsys):
+    """`quantize eval --json --items` writes what the gate reads: it validates against the record."""
+    _, suite, _, _ = setup
+    assert main(["eval", str(suite), str(tiny_model), "--json", "--items", "--quiet"]) == 0
+    doc = records.parse(ScoreDoc, json.loads(capsys.readouterr().out), "stdout")
+    assert doc.tasks["core_facts"].items[0].lls
+    assert main(["eval", str(suite), str(tiny_model), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert "items" not in summary["tasks"]["core_facts"] and summary["tasks"]["core_facts"]["n"] == 24
+
+
+def test_cached_score_of_another_schema_is_refused_with_the_fix(setup, tiny_model, capsys):
+    _, suite, _, _ = setup
+    s = open_suite(suite)
+    doc, _ = score(s, tiny_model)
+    path = cache.score_path(s, doc.provenance.checkpoint.weights_sha256)
+    saved = path.read_text()
+    try:
+        path.write_text(json.dumps({k: v for k, v in json.loads(saved).items() if k != "schema_version"}))
+        assert main(["eval", str(suite), str(tiny_model)]) == 2
+        err = capsys.readouterr().err
+        assert "no schema_version" in err and "--refresh" in err
+        assert main(["eval", str(suite), str(tiny_model), "--refresh", "--quiet"]) == 0
+        assert records.read(ScoreDoc, path).schema_version == 1
+    finally:
+        path.write_text(saved)
 
 
 def test_eval_refuses_tampered_golden(setup, tiny_model, tmp_path, capsys):
@@ -80,15 +113,15 @@ def test_gate_a_a_passes_with_agreement(setup, tiny_model, capsys):
 
 def test_gate_a_a_at_another_batch_size_passes(setup, tiny_model, capsys):
     _, suite, suite_b2, _ = setup
-    b = score(suite, tiny_model)
-    c = score(suite_b2, tiny_model)
-    assert c["provenance"]["batch_size"] == 2
-    for t in b["tasks"]:
-        for x, y in zip(b["tasks"][t]["items"], c["tasks"][t]["items"]):
-            assert x["ll"] == pytest.approx(y["ll"], abs=1e-3)
+    b, _ = score(open_suite(suite), tiny_model)
+    c, _ = score(open_suite(suite_b2), tiny_model)
+    assert c.provenance.batch_size == 2
+    for t in b.tasks:
+        for x, y in zip(b.tasks[t].items, c.tasks[t].items, strict=True):
+            assert x.ll == pytest.approx(y.ll, abs=1e-3)
     bf, cf = Path(suite).parent / "b.json", Path(suite).parent / "c.json"
-    bf.write_text(json.dumps(b))
-    cf.write_text(json.dumps(c))
+    bf.write_text(records.to_json(b))
+    cf.write_text(records.to_json(c))
     pol = Path(suite).parent / "acc-only.yaml"
     pol.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.1}}\n"
                    "  - {task: core_prose, metric: perplexity, max_ratio: 1.01}\n")

@@ -7,14 +7,19 @@ import copy
 import json
 import random
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import scipy.stats as sps
 
 from quantize.cli import main
 from quantize.errors import UsageError
-from quantize.gates.gate import decide, render_junit, render_text
+from quantize.gates.gate import decide
+from quantize.gates.render import render_junit, render_text
 from quantize.gates.policy import load_policy
+from quantize.records import AgreementResult, ScoreDoc, Verdict, parse
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PROV = {
     "checkpoint": {"path": "x", "weights_sha256": "a" * 64},
@@ -26,13 +31,28 @@ PROV = {
 }
 
 
-def result(acc_scores: list[float], prose_ll: list[float], clusters: int = 50, sha: str = "a") -> dict:
-    prov = copy.deepcopy(PROV)
+def result(acc_scores: list[float], prose_ll: list[float], clusters: int = 50, sha: str = "a",
+           tasks: tuple[str, str] = ("t_acc", "t_prose"), prov: dict | None = None) -> dict:
+    """A score document as `quantize eval --json --items` writes it (a dict, so tests can edit it)."""
+    prov = copy.deepcopy(prov or PROV)
     prov["checkpoint"]["weights_sha256"] = sha * 64
     acc_items = [{"id": f"a{i:05d}", "cluster": f"c{i % clusters}", "score": s, "ll": -1.0} for i, s in enumerate(acc_scores)]
     prose_items = [{"id": f"p{i:04d}", "cluster": f"doc{i}", "score": ll, "ll": ll, "words": 100, "bytes": 600}
                    for i, ll in enumerate(prose_ll)]
-    return {"provenance": prov, "tasks": {"t_acc": {"items": acc_items}, "t_prose": {"items": prose_items}}}
+    acc = sum(acc_scores) / len(acc_scores)
+    return {"schema_version": 1, "key": "k" * 64, "provenance": prov, "created": "2026-11-30T00:00:00+00:00",
+            "wall_seconds": 1.0, "tasks": {
+                tasks[0]: {"output_type": "loglikelihood", "version": 1.0, "n": len(acc_items), "acc": acc, "acc_se": 0.01,
+                           "chance": 0.0, "mean_ll": -1.0, "lm_eval": {}, "items": acc_items},
+                tasks[1]: {"output_type": "loglikelihood_rolling", "version": 1.0, "n": len(prose_items),
+                           "bits_per_byte": 1.0, "word_perplexity": 10.0, "lm_eval": {}, "items": prose_items}}}
+
+
+def judge(policy, base: dict, cand: dict, agreement: dict | None = None):
+    """decide() on score documents given as dicts, read through their record models."""
+    agr = parse(AgreementResult, {"schema_version": 1, "baseline_sha256": "a" * 64, "candidate_sha256": "b" * 64,
+                                  "top_k": 20, "per_task": 40, "tasks": ["t_acc"], **agreement}, "agreement") if agreement else None
+    return decide(policy, parse(ScoreDoc, base, "baseline"), parse(ScoreDoc, cand, "candidate"), agr)
 
 
 def baseline(n: int = 2000, seed: int = 0) -> tuple[list[float], list[float]]:
@@ -52,9 +72,9 @@ def policy(tmp_path):
 
 def test_a_a_passes(policy):
     acc, prose = baseline()
-    v = decide(policy, result(acc, prose), result(acc, prose, sha="b"), None)
+    v = judge(policy, result(acc, prose), result(acc, prose, sha="b"), None)
     assert v.verdict == "pass" and v.exit_code == 0
-    assert v.rules[0].evidence["delta"] == 0 and v.rules[0].evidence["mcnemar_p"] == 1.0
+    assert v.rules[0].evidence.delta == 0 and v.rules[0].evidence.mcnemar_p == 1.0
 
 
 def test_a_a_with_noise_like_another_batch_size_passes(policy):
@@ -68,7 +88,7 @@ def test_a_a_with_noise_like_another_batch_size_passes(policy):
     b, c = result(acc, prose), result(cand_acc, cand_prose, sha="b")
     c["provenance"]["batch_size"] = 4
     c["provenance"]["suite"]["settings"]["batch_size"] = 4
-    v = decide(policy, b, c, None)
+    v = judge(policy, b, c, None)
     assert v.verdict == "pass", render_text(v)
 
 
@@ -79,13 +99,13 @@ def test_planted_three_point_drop_is_rejected(policy):
     cand = list(acc)
     for i in rng.sample(right, 60):  # 60 of 2000 = 3 points
         cand[i] = 0.0
-    v = decide(policy, result(acc, prose), result(cand, prose, sha="b"), None)
+    v = judge(policy, result(acc, prose), result(cand, prose, sha="b"), None)
     assert v.verdict == "rejected" and v.exit_code == 1
     ev = v.rules[0].evidence
-    assert v.rules[0].verdict == "regression" and ev["delta"] == pytest.approx(-0.03)
-    assert ev["flips_right_to_wrong"] == 60 and ev["flips_wrong_to_right"] == 0 and ev["mcnemar_p"] < 1e-10
-    assert len(ev["examples_right_to_wrong"]) == 5
-    assert v.rules[0].p_regression == pytest.approx(float(sps.norm.cdf(ev["delta"] / ev["se"])))
+    assert v.rules[0].verdict == "regression" and ev.delta == pytest.approx(-0.03)
+    assert ev.flips_right_to_wrong == 60 and ev.flips_wrong_to_right == 0 and ev.mcnemar_p < 1e-10
+    assert len(ev.examples_right_to_wrong) == 5
+    assert v.rules[0].p_regression == pytest.approx(float(sps.norm.cdf(ev.delta / ev.se)))
     assert v.rules[0].p_regression < policy.alpha  # the verdict's test: significantly below the baseline
     text = render_text(v)
     assert "REJECTED" in text and "McNemar" in text and "Holm-adjusted (m = 1)" in text and "margin −0.02" in text
@@ -95,9 +115,9 @@ def test_too_small_set_is_inconclusive_and_fails_closed(policy):
     acc, prose = baseline(n=40)
     rng = random.Random(3)
     cand = [1.0 - s if rng.random() < 0.1 else s for s in acc]
-    v = decide(policy, result(acc, prose, clusters=40), result(cand, prose, clusters=40, sha="b"), None)
+    v = judge(policy, result(acc, prose, clusters=40), result(cand, prose, clusters=40, sha="b"), None)
     assert v.rules[0].verdict == "inconclusive" and v.verdict == "inconclusive" and v.exit_code == 1
-    assert v.rules[0].evidence["items_needed"] > 40
+    assert v.rules[0].evidence.items_needed > 40
     text = render_text(v)
     assert "fails closed" in text and ("a pass needs about" in text or "past the margin" in text)
 
@@ -106,15 +126,15 @@ def test_inconclusive_can_be_allowed(policy):
     policy.fail_on_inconclusive = False
     acc, prose = baseline(n=40)
     cand = [1.0 - s if i % 10 == 0 else s for i, s in enumerate(acc)]
-    v = decide(policy, result(acc, prose, clusters=40), result(cand, prose, clusters=40, sha="b"), None)
+    v = judge(policy, result(acc, prose, clusters=40), result(cand, prose, clusters=40, sha="b"), None)
     assert v.verdict == "inconclusive" and v.exit_code == 0
 
 
 def test_perplexity_rule_rejects_a_worse_model(policy):
     acc, prose = baseline()
     worse = [x * 1.2 for x in prose]  # 20% more NLL on every document
-    v = decide(policy, result(acc, prose), result(acc, worse, sha="b"), None)
-    assert v.rules[1].verdict == "regression" and v.rules[1].evidence["lower_bound"] > 1.05
+    v = judge(policy, result(acc, prose), result(acc, worse, sha="b"), None)
+    assert v.rules[1].verdict == "regression" and v.rules[1].evidence.lower_bound > 1.05
 
 
 @pytest.mark.parametrize("field,value", [("lm_eval_version", "0.4.99"), ("task_versions", {"t_acc": 2.0, "t_prose": 1.0}),
@@ -128,7 +148,7 @@ def test_differing_provenance_is_refused(policy, field, value):
         target = target[part]
     target[last] = value
     with pytest.raises(UsageError, match=field.split(".")[-1]):
-        decide(policy, b, c, None)
+        judge(policy, b, c, None)
 
 
 def test_suite_setting_difference_is_refused(policy):
@@ -136,7 +156,7 @@ def test_suite_setting_difference_is_refused(policy):
     b, c = result(acc, prose), result(acc, prose, sha="b")
     c["provenance"]["suite"]["settings"]["subset"] = "smoke"
     with pytest.raises(UsageError, match="suite.settings.subset"):
-        decide(policy, b, c, None)
+        judge(policy, b, c, None)
 
 
 def test_agreement_rules_are_tolerances(tmp_path):
@@ -147,10 +167,10 @@ def test_agreement_rules_are_tolerances(tmp_path):
     acc, prose = baseline(n=100)
     harmless = {"kl_mean": 0.005, "kl_se": 0.001, "kl_p99": 0.05, "top1": 0.97, "top1_se": 0.005, "sum_min": 0.96,
                 "sum_min_se": 0.004, "positions": 5000, "items": 200, "clusters": 150, "note": "lower bound"}
-    v = decide(pol, result(acc, prose), result(acc, prose, sha="b"), harmless)
+    v = judge(pol, result(acc, prose), result(acc, prose, sha="b"), harmless)
     assert v.verdict == "pass"
     harmful = dict(harmless, kl_mean=0.2, kl_se=0.01, top1=0.7)
-    v = decide(pol, result(acc, prose), result(acc, prose, sha="b"), harmful)
+    v = judge(pol, result(acc, prose), result(acc, prose, sha="b"), harmful)
     assert [r.verdict for r in v.rules] == ["regression", "regression"] and v.exit_code == 1
     assert all(r.p_regression < 1e-6 and r.p_holm < 1e-6 for r in v.rules)
 
@@ -158,7 +178,7 @@ def test_agreement_rules_are_tolerances(tmp_path):
 def test_junit_has_one_case_per_rule(policy):
     acc, prose = baseline()
     cand = [0.0 if i < 200 else s for i, s in enumerate(acc)]
-    v = decide(policy, result(acc, prose), result(cand, prose, sha="b"), None)
+    v = judge(policy, result(acc, prose), result(cand, prose, sha="b"), None)
     root = ET.fromstring(render_junit(v))
     assert root.get("tests") == "2" and root.get("failures") == "1"
     cases = root.findall("testcase")
@@ -179,17 +199,78 @@ def test_bad_policy_exits_2(tmp_path, capsys, text, msg):
     assert msg in capsys.readouterr().err
 
 
-def test_gate_on_score_files(tmp_path, policy, capsys, monkeypatch):
-    """End to end through the CLI with saved score files: exit code, JSON and JUnit written."""
-    acc, prose = baseline()
-    cand = [0.0 if i < 200 else s for i, s in enumerate(acc)]
-    (tmp_path / "b.json").write_text(json.dumps(result(acc, prose)))
-    (tmp_path / "c.json").write_text(json.dumps(result(cand, prose, sha="b")))
+def score_file_setup(tmp_path, batch_size: int = 16):
+    """A suite on the shipped golden set with two of its tasks, a policy on it, and the provenance its scores carry."""
+    from quantize.suite import open_suite
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\ntasks: [core_facts, core_prose]\nbatch_size: {batch_size}\n")
+    s = open_suite(suite)
+    prov = copy.deepcopy(PROV) | {"suite": {"path": str(suite), "name": "suite", "sha256": s.sha256, "settings": s.suite.settings()},
+                                  "golden": s.golden.provenance(), "task_versions": {"core_facts": 1.0, "core_prose": 1.0}}
     pol = tmp_path / "gates" / "p.yaml"
     pol.parent.mkdir(exist_ok=True)
-    pol.write_text("suite: evaluate/core.yaml\nrules:\n  - {task: t_acc, metric: acc, margin: 0.02}\n")
+    pol.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.02}}\n")
+    return pol, prov
+
+
+def test_gate_on_score_files(tmp_path, capsys):
+    """End to end through the CLI with saved score files: exit code, JSON and JUnit written."""
+    pol, prov = score_file_setup(tmp_path)
+    acc, prose = baseline()
+    cand = [0.0 if i < 200 else s for i, s in enumerate(acc)]
+    tasks = ("core_facts", "core_prose")
+    (tmp_path / "b.json").write_text(json.dumps(result(acc, prose, tasks=tasks, prov=prov)))
+    (tmp_path / "c.json").write_text(json.dumps(result(cand, prose, sha="b", tasks=tasks, prov=prov)))
     junit = tmp_path / "gate.xml"
     code = main(["gate", str(pol), "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json"),
                  "--json", "--junit", str(junit)])
     out = json.loads(capsys.readouterr().out)
     assert code == 1 and out["verdict"] == "rejected" and junit.is_file()
+    assert parse(Verdict, out, "stdout").rules[0].evidence.flips_right_to_wrong > 0
+
+
+def test_score_files_of_another_suite_are_refused(tmp_path, capsys):
+    """Scores from a suite with other settings (here: a smoke subset) cannot be judged by this policy."""
+    pol, prov = score_file_setup(tmp_path)
+    acc, prose = baseline()
+    other = copy.deepcopy(prov)
+    other["suite"]["settings"]["subset"] = "smoke"
+    tasks = ("core_facts", "core_prose")
+    (tmp_path / "b.json").write_text(json.dumps(result(acc, prose, tasks=tasks, prov=other)))
+    (tmp_path / "c.json").write_text(json.dumps(result(acc, prose, sha="b", tasks=tasks, prov=other)))
+    assert main(["gate", str(pol), "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert "another suite" in err and "subset" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (lambda d: d.pop("schema_version"), "no schema_version"),
+    (lambda d: d.update(schema_version=7), "schema_version 7"),
+    (lambda d: d.update(surprise=1), "unknown key `surprise`"),
+    (lambda d: d["provenance"].pop("golden"), "`provenance.golden` is required"),
+    (lambda d: d["tasks"]["core_facts"]["items"][0].pop("id"), "id"),
+])
+def test_hand_edited_score_file_is_refused_with_exit_2(tmp_path, capsys, edit, msg):
+    pol, prov = score_file_setup(tmp_path)
+    acc, prose = baseline(n=50)
+    tasks = ("core_facts", "core_prose")
+    good = result(acc, prose, tasks=tasks, prov=prov)
+    bad = copy.deepcopy(good)
+    edit(bad)
+    (tmp_path / "b.json").write_text(json.dumps(good))
+    (tmp_path / "c.json").write_text(json.dumps(bad))
+    assert main(["gate", str(pol), "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "quantize eval" in err and "Traceback" not in err
+
+
+def test_a_rule_with_a_custom_name_keeps_its_evidence(tmp_path):
+    """The report finds a rule's evidence by task, not by its label."""
+    p = tmp_path / "gates" / "n.yaml"
+    p.parent.mkdir()
+    p.write_text("suite: evaluate/core.yaml\nrules:\n  - {name: knowledge, task: t_acc, metric: acc, margin: 0.02}\n")
+    acc, prose = baseline(n=200)
+    v = judge(load_policy(p), result(acc, prose), result(acc, prose, sha="b"))
+    assert v.rules[0].rule == "knowledge" and v.accuracy_evidence("t_acc") is v.rules[0].evidence
+    assert v.accuracy_evidence("t_prose") is None

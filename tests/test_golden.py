@@ -3,7 +3,6 @@ byte is caught), and the task YAMLs loading in lm-eval."""
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 from pathlib import Path
@@ -15,51 +14,9 @@ from quantize.errors import UsageError
 from quantize.golden.build import Sizes, build_core
 from quantize.golden.manifest import lm_eval_tasks, read_items, verify
 
+from conftest import make_sources
+
 ROOT = Path(__file__).resolve().parent.parent
-QUIZ = {
-    "africa": "Kenya:Nairobi\nEgypt:Cairo\nGhana:Accra\nMali:Bamako\nChad:N'Djamena\n",
-    "america": "Peru:Lima\nChile:Santiago\nColombia:Bogot'\ba\nCuba:Havana\n",
-    "asia": "Japan:Tokyo\nIndia:New Delhi\nNepal:Kathmandu\nLaos:Vientiane\n",
-    "europe": "France:Paris\nSpain:Madrid\nItaly:Rome\nAustria:Vienna|Wien\n",
-    "state": "Alabama|AL:Montgomery:AL:goldenrod\nAlaska:Juneau:AK:forget{-| }me{-| }not\nOhio:Columbus:OH:carnation\nUtah:Salt Lake City:UT:sego lily\n",
-    "elements": "H:1:1.008:Hydrogen\nHe:2:4.003:Helium\nLi:3:6.94:Lithium\nBe:4:9.01:Beryllium\nB:5:10.8:Boron\n",
-    "collectives": "ants:colony\nbees:swarm|hive\nlions:pride\ncrows:murder\n",
-    "babies": "cub:lion|bear\nkitten:cat|fox\ngosling:goose\npuppy:dog\nfoal:horse\n",
-    "sexes": "abbot:abbess\nactor:actress\nboar:sow\nduke:duchess\n",
-}
-WORDS = ["alpha", "bravo", "candle", "delta", "ember", "fable", "garden", "harbor", "island", "jacket",
-         "kettle", "lemon", "marble", "nectar", "orange", "pepper", "quartz", "ribbon", "saddle", "tunnel"]
-
-
-def prose(i: int, n: int = 160) -> str:
-    words = [WORDS[(i * 7 + k) % len(WORDS)] for k in range(n)]
-    return " ".join(w + ("." if k % 12 == 11 else "") for k, w in enumerate(words))
-
-
-def make_sources(root: Path) -> Path:
-    x = root / "x"
-    files = {}
-    entries = "".join(f"   :term{i}: n.\n\n   {prose(i)}\n\n" for i in range(60))
-    files["usr/share/doc/jargon-text/jargon.txt.gz"] = gzip.compress(("   :abbrev: n.\n   short.\n\n" + entries + "   Part III. Appendices\n").encode(), mtime=0)
-    files["usr/share/dictd/devil.dict.dz"] = "".join(f"WORD{chr(65 + i % 26)}X{i}, n.  {prose(100 + i, 140)}\n\n" for i in range(40)).encode()
-    for name, text in QUIZ.items():
-        files[f"usr/share/games/bsdgames/quiz/{name}"] = text.encode("latin-1")
-    files["usr/share/wordnet/index.noun"] = "".join(f"{w} n 5 1 @ 5 0 00000001\n" for w in WORDS).encode()
-    sections = [": capital-common-countries\n" + "".join(f"{a} {b} {c} {d}\n" for a, b, c, d in
-                [("Athens", "Greece", "Rome", "Italy"), ("Paris", "France", "Tokyo", "Japan"), ("Lima", "Peru", "Cairo", "Egypt"),
-                 ("Oslo", "Norway", "Bern", "Switzerland"), ("Kiev", "Ukraine", "Riga", "Latvia"), ("Baku", "Azerbaijan", "Doha", "Qatar"),
-                 ("Dhaka", "Bangladesh", "Hanoi", "Vietnam"), ("Quito", "Ecuador", "Sofia", "Bulgaria"), ("Accra", "Ghana", "Rabat", "Morocco")])]
-    files["gensim/questions-words.txt"] = "".join(sections).encode()
-    for f, blob in files.items():
-        (x / f).parent.mkdir(parents=True, exist_ok=True)
-        (x / f).write_bytes(blob)
-    groups = {"jargon": ["usr/share/doc/jargon-text/jargon.txt.gz"], "devil": ["usr/share/dictd/devil.dict.dz"],
-              "quiz": [f"usr/share/games/bsdgames/quiz/{n}" for n in QUIZ], "wordnet": ["usr/share/wordnet/index.noun"],
-              "analogies": ["gensim/questions-words.txt"]}
-    meta = {k: {"package": k, "version": "fixture", "licence": "test", "files": v,
-                "sha256": {f: hashlib.sha256(files[f]).hexdigest() for f in v}} for k, v in groups.items()}
-    (root / "sources.json").write_text(json.dumps(meta))
-    return root
 
 
 SMALL = Sizes(facts=30, cloze=20, analogy=6, kv=9, prose=5, smoke=3)

@@ -60,7 +60,26 @@ def test_smoothquant_requires_8bit_scheme():
 
 def test_fp8_with_group_size_is_refused():
     msg = bad(method="fp8", scheme="FP8_DYNAMIC", group_size=128)
+    assert "`group_size` is not a setting of method fp8" in msg and "one scale per output channel" in msg
+
+
+def test_rtn_per_channel_scheme_with_group_size_is_refused():
+    msg = bad(method="rtn", scheme="FP8_DYNAMIC", group_size=128, calibration=None)
     assert "group_size must be empty" in msg and "remove group_size" in msg
+
+
+@pytest.mark.parametrize("method,scheme,setting", [
+    ("awq", "W4A16", {"dampening_frac": 0.05}), ("fp8", "FP8", {"act_order": True}),
+    ("gptq", "W4A16", {"smoothing_strength": 0.5}), ("smoothquant", "W8A8", {"awq_grid": 5}),
+    ("smoothquant", "W8A8", {"indivisible": "keep"}),
+])
+def test_a_setting_of_another_method_is_an_error_naming_it(method, scheme, setting):
+    """A flat schema ignored these; the union per method refuses them, naming the key and its method."""
+    data = {"method": method, "scheme": scheme, **setting}
+    with pytest.raises(UsageError) as e:
+        parse_recipe(data)
+    (key,) = setting
+    assert f"`{key}` is not a setting of method {method}" in str(e.value) and "remove it" in str(e.value)
 
 
 def test_fp8_asymmetric_is_refused():
@@ -120,11 +139,18 @@ def test_verbatim_needs_stages():
 
 def test_verbatim_refuses_scheme_fields():
     msg = bad(method="llmcompressor", stages={"quant_stage": {}})
-    assert "remove scheme, group_size" in msg
+    assert "`scheme` is not a setting of method llmcompressor" in msg and "`group_size` is not a setting" in msg
 
 
 def test_stages_only_for_verbatim():
     assert "only for method llmcompressor" in bad(stages={"x": {}})
+
+
+def test_resolved_recipe_holds_only_its_methods_settings():
+    from quantize.recipe import resolved_dict
+
+    awq = resolved_dict(parse_recipe({"method": "awq", "scheme": "W4A16", "group_size": 64}))
+    assert awq["awq_grid"] == 20 and "dampening_frac" not in awq and "smoothing_strength" not in awq
 
 
 def test_load_recipe_missing_file(tmp_path):

@@ -12,9 +12,10 @@ import yaml
 
 from quantize.cli import main
 from quantize.evaluate.score import score
+from quantize.suite import open_suite
 from quantize.golden.build import Sizes, build_core
 from quantize.report.render import label_positions, pareto_front, spread_labels
-from test_golden import make_sources
+from conftest import make_sources
 
 
 def test_pareto_front_higher_is_better():
@@ -62,8 +63,8 @@ def checkpoints(tmp_path_factory, tiny_model):
 def test_report_with_a_gap(checkpoints, tiny_model, tmp_path, monkeypatch, capsys):
     base, suite, outs = checkpoints
     monkeypatch.setenv("QUANTIZE_CACHE", str(base / "cache"))
-    score(suite, tiny_model)
-    score(suite, outs["w4"])  # fp8 is left unscored on purpose
+    score(open_suite(suite), tiny_model)
+    score(open_suite(suite), outs["w4"])  # fp8 is left unscored on purpose
     policy = base / "p.yaml"
     policy.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.2}}\n")
     out = tmp_path / "rep"

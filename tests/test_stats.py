@@ -8,7 +8,7 @@ import random
 import pytest
 from scipy import stats as sps
 
-from quantize.gates import stats
+from quantize import stats
 
 
 def test_paired_se_matches_scipy_sem():

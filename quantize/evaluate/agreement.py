@@ -12,21 +12,28 @@ r = 1 − Σ p_i. For a candidate with full distribution q at the same positions
 Grouping the tail into one bucket can only lose divergence (log-sum inequality), so KL_topk is a
 LOWER BOUND of the full KL; by the same grouping the Σ min estimate is an UPPER BOUND of the true
 Σ min(p, q), the acceptance rate α this checkpoint would have as a speculative draft for its
-baseline (Leviathan et al. 2023). Prompts are tokenized as lm-eval's HF backend does (context and
-continuation encoded whole, then split; rolling documents prefixed with the BOS/EOS token).
+baseline (Leviathan et al. 2023). Prompts are tokenized by lm-eval's own HF model wrapper
+(`_encode_pair` for context/continuation, the prefix token for rolling documents), so the scored
+positions are the ones lm-eval scores.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantize.evaluate.suite import Agreement
-from quantize.gates.stats import clustered_se
+from quantize import cache
+from quantize.errors import UsageError
 from quantize.golden.manifest import GoldenSet, read_items
+from quantize.models import device, load_model
+from quantize.records import AgreementResult
+from quantize.stats import clustered_se
+from quantize.suite import OpenSuite
+
+BASELINE_SCHEMA_VERSION = 1
+NOTE = ("KL over the baseline's top-k plus one tail bucket: a lower bound of the full KL; "
+        "Σ min(p, q) likewise an upper bound (the acceptance rate as a draft for the baseline)")
 
 
 @dataclass
@@ -52,51 +59,72 @@ def requests(golden: GoldenSet, tasks: list[str], per_task: int) -> list[Request
     return out
 
 
-def encode(tok: Any, req: Request) -> tuple[list[int], int]:
-    """Token ids and the index of the first scored token (lm-eval's _encode_pair / rolling prefix)."""
-    if req.context is None:
-        prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-        return [prefix] + tok.encode(req.continuation, add_special_tokens=False), 1
-    context, continuation = req.context, req.continuation
-    n_spaces = len(context) - len(context.rstrip())
-    if n_spaces:
-        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
-    whole = tok.encode(context + continuation, add_special_tokens=False)
-    n_ctx = len(tok.encode(context, add_special_tokens=False))
-    return whole, n_ctx
+class Scorer:
+    """A loaded model behind lm-eval's HF wrapper: lm-eval's tokenization, our forward passes."""
+
+    def __init__(self, model: Any, tok: Any, batch_size: int, max_length: int) -> None:
+        from lm_eval.models.huggingface import HFLM
+
+        self.lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, max_length=max_length)
+        self.model, self.batch_size, self.max_length = model, batch_size, max_length
+
+    def encode(self, req: Request) -> tuple[list[int], int]:
+        """Token ids and the index of the first scored token."""
+        if req.context is None:
+            return [self.lm.prefix_token_id] + self.lm.tok_encode(req.continuation), 1
+        context, continuation = self.lm._encode_pair(req.context, req.continuation)
+        return context + continuation, len(context)
+
+    def log_probs(self, reqs: list[Request]):
+        """Yield (request, target ids (P,), logp (P, V) float32): log-softmax at each scored position."""
+        import torch
+
+        enc = [self.encode(r) for r in reqs]
+        order = sorted(range(len(reqs)), key=lambda i: -len(enc[i][0]))
+        tok = self.lm.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        for b in range(0, len(order), self.batch_size):
+            idx = order[b:b + self.batch_size]
+            seqs = [enc[i][0][-self.max_length:] for i in idx]
+            starts = [max(1, enc[i][1] - (len(enc[i][0]) - len(seqs[j]))) for j, i in enumerate(idx)]
+            T = max(len(s) for s in seqs)
+            ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+            mask = torch.zeros((len(seqs), T), dtype=torch.long)
+            for j, s in enumerate(seqs):
+                ids[j, : len(s)] = torch.tensor(s)
+                mask[j, : len(s)] = 1
+            ids, mask = ids.to(self.model.device), mask.to(self.model.device)
+            with torch.no_grad():
+                logits = self.model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
+            for j, i in enumerate(idx):
+                # the token at position t is predicted by the logits at t − 1
+                rows = logits[j, starts[j] - 1: len(seqs[j]) - 1].float().cpu()  # (P, V)
+                yield reqs[i], torch.tensor(seqs[j][starts[j]:]), torch.log_softmax(rows, dim=-1)
 
 
-def _log_probs(model: Any, tok: Any, reqs: list[Request], batch_size: int, max_length: int):
-    """Yield (request, logp) with logp (P, V) float32: log-softmax at each scored position."""
+def position_metrics(lp: Any, lq_k: Any, same_top1: Any) -> tuple[Any, Any, Any]:
+    """Per-position KL lower bound, top-1 agreement and Σ min(p, q) from the baseline's top-k.
+
+    lp: (P, k) baseline log-probabilities of its top-k tokens; lq_k: (P, k) the candidate's
+    log-probabilities of the same tokens; same_top1: (P,) whether the candidate's argmax is the
+    baseline's. The tail beyond the top-k is one bucket: r = 1 − Σp, q_rest = 1 − Σq."""
     import torch
 
-    enc = [encode(tok, r) for r in reqs]
-    order = sorted(range(len(reqs)), key=lambda i: -len(enc[i][0]))
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
-        seqs = [enc[i][0][-max_length:] for i in idx]
-        starts = [max(1, enc[i][1] - (len(enc[i][0]) - len(seqs[j]))) for j, i in enumerate(idx)]
-        T = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), T), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), T), dtype=torch.long)
-        for j, s in enumerate(seqs):
-            ids[j, : len(s)] = torch.tensor(s)
-            mask[j, : len(s)] = 1
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
-        for j, i in enumerate(idx):
-            # the token at position t is predicted by the logits at t − 1
-            rows = logits[j, starts[j] - 1: len(seqs[j]) - 1].float()  # (P, V)
-            yield reqs[i], torch.log_softmax(rows, dim=-1)
+    p, q_k = lp.exp(), lq_k.exp()
+    r = (1 - p.sum(-1)).clamp_min(0)  # (P,)
+    q_rest = (1 - q_k.sum(-1)).clamp_min(1e-12)
+    tail = torch.where(r > 0, r * (r.clamp_min(1e-12).log() - q_rest.log()), torch.zeros_like(r))
+    kl = ((p * (lp - lq_k)).sum(-1) + tail).clamp_min(0)
+    smin = torch.minimum(p, q_k).sum(-1) + torch.minimum(r, q_rest)
+    return kl, same_top1.float(), smin
 
 
-def baseline_topk(model: Any, tok: Any, reqs: list[Request], k: int, batch_size: int, max_length: int) -> dict[str, Any]:
+def baseline_topk(scorer: Scorer, reqs: list[Request], k: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
     ids, clusters, counts, top_idx, top_lp = [], [], [], [], []
-    for req, lp in _log_probs(model, tok, reqs, batch_size, max_length):
+    for req, _, lp in scorer.log_probs(reqs):
         v, i = torch.topk(lp, k, dim=-1)  # (P, k)
         ids.append(req.id)
         clusters.append(req.cluster)
@@ -107,48 +135,34 @@ def baseline_topk(model: Any, tok: Any, reqs: list[Request], k: int, batch_size:
             "top_idx": np.concatenate(top_idx), "top_logp": np.concatenate(top_lp)}
 
 
-def compare(model: Any, tok: Any, reqs: list[Request], base: dict[str, Any], batch_size: int, max_length: int
-            ) -> dict[str, Any]:
-    """Per-position KL lower bound, top-1 agreement and Σ min(p, q) against the stored baseline."""
+def compare(scorer: Scorer, reqs: list[Request], base: dict[str, Any]) -> dict[str, Any]:
+    """Mean KL lower bound, top-1 agreement and Σ min(p, q) against the stored baseline, SEs
+    clustered by the items' clusters."""
     import numpy as np
     import torch
 
-    offsets = dict(zip(base["ids"], np.cumsum(np.concatenate([[0], base["counts"][:-1]]))))
-    counts = dict(zip(base["ids"], base["counts"]))
+    offsets = dict(zip(base["ids"], np.cumsum(np.concatenate([[0], base["counts"][:-1]])), strict=True))
+    counts = dict(zip(base["ids"], base["counts"], strict=True))
     kl, top1, smin, clusters, items = [], [], [], [], []
-    for req, lq in _log_probs(model, tok, reqs, batch_size, max_length):
+    for req, _, lq in scorer.log_probs(reqs):
         o, n = int(offsets[req.id]), int(counts[req.id])
         if lq.shape[0] != n:
             raise ValueError(f"item {req.id}: {lq.shape[0]} scored positions, the baseline stored {n}; "
                              "the tokenizers differ, so agreement cannot be computed")
         bi = torch.from_numpy(base["top_idx"][o:o + n].astype(np.int64))  # (P, k)
         lp = torch.from_numpy(base["top_logp"][o:o + n])  # (P, k)
-        p = lp.exp()
-        r = (1 - p.sum(-1)).clamp_min(0)  # (P,)
-        lq_k = lq.gather(-1, bi)  # (P, k)
-        q_k = lq_k.exp()
-        q_rest = (1 - q_k.sum(-1)).clamp_min(1e-12)
-        kl_pos = (p * (lp - lq_k)).sum(-1) + torch.where(r > 0, r * (r.clamp_min(1e-12).log() - q_rest.log()), torch.zeros_like(r))
-        kl.extend(kl_pos.clamp_min(0).tolist())
-        top1.extend((lq.argmax(-1) == bi[:, 0]).float().tolist())
-        smin.extend((torch.minimum(p, q_k).sum(-1) + torch.minimum(r, q_rest)).tolist())
+        k_pos, t_pos, s_pos = position_metrics(lp, lq.gather(-1, bi), lq.argmax(-1) == bi[:, 0])
+        kl.extend(k_pos.tolist())
+        top1.extend(t_pos.tolist())
+        smin.extend(s_pos.tolist())
         clusters.extend([req.cluster] * n)
         items.append(req.id)
     n = len(kl)
-    mean_kl = sum(kl) / n
     return {
-        "positions": n,
-        "items": len(items),
-        "clusters": len(set(clusters)),
-        "kl_mean": mean_kl,
-        "kl_se": clustered_se(kl, clusters),
-        "kl_p99": float(np.quantile(kl, 0.99)),
-        "top1": sum(top1) / n,
-        "top1_se": clustered_se(top1, clusters),
-        "sum_min": sum(smin) / n,
-        "sum_min_se": clustered_se(smin, clusters),
-        "note": "KL over the baseline's top-k plus one tail bucket: a lower bound of the full KL; "
-                "Σ min(p, q) likewise an upper bound (the acceptance rate as a draft for the baseline)",
+        "positions": n, "items": len(items), "clusters": len(set(clusters)),
+        "kl_mean": sum(kl) / n, "kl_se": clustered_se(kl, clusters), "kl_p99": float(np.quantile(kl, 0.99)),
+        "top1": sum(top1) / n, "top1_se": clustered_se(top1, clusters),
+        "sum_min": sum(smin) / n, "sum_min_se": clustered_se(smin, clusters), "note": NOTE,
     }
 
 
@@ -157,26 +171,47 @@ def save_baseline(path: Path, base: dict[str, Any]) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, ids=np.asarray(base["ids"]), clusters=np.asarray(base["clusters"]), counts=base["counts"],
-                        k=np.asarray(base["k"]), top_idx=base["top_idx"], top_logp=base["top_logp"])
+    np.savez_compressed(tmp, schema_version=np.asarray(BASELINE_SCHEMA_VERSION), ids=np.asarray(base["ids"]),
+                        clusters=np.asarray(base["clusters"]), counts=base["counts"], k=np.asarray(base["k"]),
+                        top_idx=base["top_idx"], top_logp=base["top_logp"])
     tmp.replace(path)
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
     import numpy as np
 
-    z = np.load(path)
+    z = np.load(path, allow_pickle=False)
+    version = int(z["schema_version"]) if "schema_version" in z.files else None
+    if version != BASELINE_SCHEMA_VERSION:
+        raise UsageError(f"{path} holds a baseline top-k of schema_version {version}; this quantize reads "
+                         f"{BASELINE_SCHEMA_VERSION}: delete it, and the next `quantize gate` computes it again")
     return {"ids": [str(x) for x in z["ids"]], "clusters": [str(x) for x in z["clusters"]], "counts": z["counts"],
             "k": int(z["k"]), "top_idx": z["top_idx"], "top_logp": z["top_logp"]}
 
 
-def cache_paths(golden: GoldenSet, settings: Agreement, base_sha: str, cand_sha: str) -> tuple[Path, Path]:
-    """Where the baseline's top-k and a candidate's comparison are cached: keyed by both checkpoints,
-    the agreement settings and the golden manifest."""
-    from quantize.models import cache_dir
+def _scorer(suite: OpenSuite, checkpoint: Path) -> Scorer:
+    import torch
 
-    tasks = settings.tasks or golden.tasks
-    key = hashlib.sha256(json.dumps([sorted(tasks), settings.per_task, settings.top_k, golden.manifest_sha256]).encode()
-                         ).hexdigest()[:16]
-    folder = cache_dir() / "agreement"
-    return folder / f"base-{base_sha[:16]}-{key}.npz", folder / f"cmp-{base_sha[:16]}-{cand_sha[:16]}-{key}.json"
+    on = device(suite.suite.device)
+    model, tok = load_model(checkpoint, dtype=torch.float32 if on == "cpu" else "auto", on=on)
+    return Scorer(model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
+
+
+def agreement_scores(suite: OpenSuite, baseline: Path, candidate: Path, base_sha: str, cand_sha: str) -> AgreementResult:
+    """The candidate's agreement with the baseline (cached; the baseline's top-k is cached apart)."""
+    found = cache.lookup_agreement(suite, base_sha, cand_sha)
+    if found is not None:
+        return found
+    a = suite.suite.agreement
+    tasks = suite.agreement_tasks
+    reqs = requests(suite.golden, tasks, a.per_task)
+    base_path = cache.baseline_topk_path(suite, base_sha)
+    if base_path.is_file():
+        base = load_baseline(base_path)
+    else:
+        base = baseline_topk(_scorer(suite, baseline), reqs, a.top_k)
+        save_baseline(base_path, base)
+    result = AgreementResult(**compare(_scorer(suite, candidate), reqs, base), baseline_sha256=base_sha,
+                             candidate_sha256=cand_sha, top_k=a.top_k, per_task=a.per_task, tasks=tasks)
+    cache.store_agreement(suite, result)
+    return result

@@ -1,7 +1,7 @@
 """Score a checkpoint on a golden set with lm-eval, keep per-item records, cache by provenance.
 
-The cache key is (checkpoint weights sha256, suite settings hash, golden manifest sha256,
-lm-eval version, tasks): scoring the same baseline twice costs nothing the second time.
+The cache key (quantize/cache.py) is (checkpoint weights sha256, suite settings hash, golden
+manifest sha256, lm-eval version, tasks): scoring the same baseline twice costs nothing the second time.
 
 Per-item records (for paired comparison in the gate):
     multiple_choice        score = acc (0/1), ll = log p(gold choice | question), lls = every choice
@@ -12,43 +12,36 @@ Per-item records (for paired comparison in the gate):
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 import math
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from quantize.errors import RuntimeFailure, UsageError
-from quantize.evaluate.suite import Backend, Suite, load_suite
-from quantize.golden.manifest import GoldenSet, lm_eval_tasks, verify
-from quantize.io import write_json
-from quantize.models import cache_dir, check_model_dir, weights_sha256
+from pydantic import TypeAdapter
 
-SCHEMA_VERSION = 1
+from quantize import cache
+from quantize.checkpoint import check_model_dir, weights_sha256
+from quantize.errors import RuntimeFailure
+from quantize.golden.manifest import lm_eval_tasks
+from quantize.models import device as pick_device
+from quantize.records import (
+    CheckpointRef,
+    ChoiceItem,
+    DocumentItem,
+    GoldenRef,
+    GreedyItem,
+    ScoreDoc,
+    ScoreProvenance,
+    SuiteRef,
+    TaskScores,
+)
+from quantize.suite import Backend, OpenSuite, Suite
 
 
-def lm_eval_version() -> str:
-    return metadata.version("lm_eval")
-
-
-def cache_key(ckpt_sha: str, suite_hash: str, golden: GoldenSet, tasks: list[str]) -> str:
-    blob = json.dumps([ckpt_sha, suite_hash, golden.manifest_sha256, lm_eval_version(), sorted(tasks)])
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def cache_path(key: str) -> Path:
-    return cache_dir() / "scores" / f"{key[:32]}.json"
-
-
-def _device(suite: Suite) -> str:
-    import torch
-
-    if suite.device != "auto":
-        return suite.device
-    return "cuda" if torch.cuda.is_available() else "cpu"
+class Scored(NamedTuple):
+    doc: ScoreDoc
+    cached: bool
 
 
 def _dtype(suite: Suite, device: str) -> str:
@@ -57,13 +50,14 @@ def _dtype(suite: Suite, device: str) -> str:
     return "float32" if device == "cpu" else "auto"
 
 
-def _model_args(suite: Suite, ckpt: Path, device: str) -> str:
-    args = {"pretrained": str(ckpt), "dtype": _dtype(suite, device), "trust_remote_code": False}
+def model_args(suite: Suite, ckpt: Path, device: str) -> dict[str, Any]:
+    """lm-eval's model arguments, as the dict `simple_evaluate` takes (a path may hold ',' or '=')."""
+    args: dict[str, Any] = {"pretrained": str(ckpt), "dtype": _dtype(suite, device), "trust_remote_code": False}
     if suite.max_length:
         args["max_length"] = suite.max_length
     if suite.backend is Backend.vllm and suite.vllm:
         args.update(suite.vllm.model_dump())
-    return ",".join(f"{k}={v}" for k, v in args.items())
+    return args
 
 
 def item_records(output_type: str, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -88,54 +82,53 @@ def item_records(output_type: str, samples: list[dict[str, Any]]) -> list[dict[s
     return out
 
 
-def _summary(output_type: str, items: list[dict[str, Any]], results: dict[str, Any]) -> dict[str, Any]:
+def task_scores(output_type: str, version: float | str, items: list[dict[str, Any]], results: dict[str, float]
+                ) -> TaskScores:
     """Task-level figures from the items (so cached and fresh results agree) and lm-eval's own."""
     n = len(items)
+    base = {"output_type": output_type, "version": version, "n": n}
     if output_type == "loglikelihood_rolling":
         ll = sum(i["ll"] for i in items)
         nbytes = sum(i["bytes"] for i in items)
         words = sum(i["words"] for i in items)
-        return {"n": n, "bits_per_byte": -ll / nbytes / math.log(2), "word_perplexity": math.exp(-ll / words),
-                "lm_eval": results}
-    acc = sum(i["score"] for i in items) / n
-    chance = (sum(1 / len(i["lls"]) for i in items) / n) if output_type == "multiple_choice" else 0.0
-    return {"n": n, "acc": acc, "acc_se": math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else math.inf,
-            "chance": chance, "mean_ll": sum(i["ll"] for i in items) / n, "lm_eval": results}
+        summary = {"bits_per_byte": -ll / nbytes / math.log(2), "word_perplexity": math.exp(-ll / words)}
+    else:
+        acc = sum(i["score"] for i in items) / n
+        chance = (sum(1 / len(i["lls"]) for i in items) / n) if output_type == "multiple_choice" else 0.0
+        summary = {"acc": acc, "acc_se": math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else math.inf,
+                   "chance": chance, "mean_ll": sum(i["ll"] for i in items) / n}
+    return TypeAdapter(TaskScores).validate_python({**base, **summary, "lm_eval": results, "items": items})
 
 
-def score(suite_path: str | Path, checkpoint: str | Path, refresh: bool = False) -> dict[str, Any]:
-    """Score a checkpoint; returns the result document (from the cache when it is there)."""
-    suite, suite_hash = load_suite(suite_path)
-    golden = verify(suite.golden)
+def score(suite: OpenSuite, checkpoint: str | Path, refresh: bool = False) -> Scored:
+    """Score a checkpoint on an open suite; the result comes from the cache when it is there."""
     ckpt = Path(checkpoint)
     check_model_dir(ckpt)
-    tasks = suite.tasks or golden.tasks
-    unknown = sorted(set(tasks) - set(golden.tasks))
-    if unknown:
-        raise UsageError(f"suite {suite_path} names tasks the golden set lacks: {', '.join(unknown)}; it has {', '.join(golden.tasks)}")
     ckpt_sha = weights_sha256(ckpt)
-    key = cache_key(ckpt_sha, suite_hash, golden, tasks)
-    cached = cache_path(key)
-    if cached.is_file() and not refresh:
-        doc = json.loads(cached.read_text())
-        doc["cached"] = True
-        return doc
+    if not refresh and (found := cache.lookup_scores(suite, ckpt_sha)) is not None:
+        return Scored(found, True)
+    doc = run_lm_eval(suite, ckpt, ckpt_sha)
+    cache.store_scores(suite, doc)
+    return Scored(doc, False)
 
+
+def run_lm_eval(suite: OpenSuite, ckpt: Path, ckpt_sha: str) -> ScoreDoc:
+    """lm-eval on the suite's golden tasks with per-item samples, turned into a ScoreDoc."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    device = _device(suite)
+    s, golden, tasks = suite.suite, suite.golden, suite.tasks
+    device = pick_device(s.device)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
-        ids = golden.manifest["smoke_ids"] if suite.subset == "smoke" else None
+        ids = golden.manifest["smoke_ids"] if s.subset == "smoke" else None
         include = lm_eval_tasks(golden, Path(tmp), ids=ids)
         try:
             r = simple_evaluate(
-                model=suite.backend.value, model_args=_model_args(suite, ckpt, device), tasks=tasks,
+                model=s.backend.value, model_args=model_args(s, ckpt, device), tasks=tasks,
                 task_manager=TaskManager(include_path=str(include), include_defaults=False),
-                batch_size=suite.batch_size, device=device, log_samples=True,
-                random_seed=suite.seed, numpy_random_seed=suite.seed, torch_random_seed=suite.seed,
-                fewshot_random_seed=suite.seed,
+                batch_size=s.batch_size, device=device, log_samples=True,
+                random_seed=s.seed, numpy_random_seed=s.seed, torch_random_seed=s.seed, fewshot_random_seed=s.seed,
                 # our own statistics come from the per-item records; lm-eval's bootstrap stderr forks a
                 # multiprocessing pool inside a threaded torch process, which can deadlock
                 bootstrap_iters=0,
@@ -148,28 +141,18 @@ def score(suite_path: str | Path, checkpoint: str | Path, refresh: bool = False)
         cfg = r["configs"][task]
         items = item_records(cfg["output_type"], r["samples"][task])
         lm_results = {k: v for k, v in r["results"][task].items() if k != "alias" and isinstance(v, (int, float))}
-        task_docs[task] = {"output_type": cfg["output_type"], "version": cfg["metadata"]["version"],
-                           **_summary(cfg["output_type"], items, lm_results), "items": items}
-    doc = {
-        "schema_version": SCHEMA_VERSION,
-        "key": key,
-        "provenance": {
-            "checkpoint": {"path": str(ckpt), "weights_sha256": ckpt_sha},
-            "suite": {"path": str(suite_path), "name": suite.name, "sha256": suite_hash, "settings": suite.settings()},
-            "golden": golden.provenance(),
-            "task_versions": {t: task_docs[t]["version"] for t in tasks},
-            "lm_eval_version": lm_eval_version(),
-            "batch_size": suite.batch_size,
-            "seed": suite.seed,
-            "backend": suite.backend.value,
-            "device": device,
-            "dtype": _dtype(suite, device),
-        },
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "wall_seconds": round(wall, 1),
-        "tasks": task_docs,
-    }
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    write_json(cached, doc)
-    doc["cached"] = False
-    return doc
+        task_docs[task] = task_scores(cfg["output_type"], cfg["metadata"]["version"], items, lm_results)
+    return ScoreDoc(
+        key=cache.score_key(suite, ckpt_sha),
+        provenance=ScoreProvenance(
+            checkpoint=CheckpointRef(path=str(ckpt), weights_sha256=ckpt_sha),
+            suite=SuiteRef(path=suite.path, name=s.name, sha256=suite.sha256, settings=s.settings()),
+            golden=GoldenRef(**golden.provenance()),
+            task_versions={t: task_docs[t].version for t in tasks},
+            lm_eval_version=cache.lm_eval_version(),
+            batch_size=s.batch_size, seed=s.seed, backend=s.backend.value, device=device, dtype=_dtype(s, device),
+        ),
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        wall_seconds=round(wall, 1),
+        tasks=task_docs,
+    )

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from quantize.config import beside_repo, load_yaml
+from quantize.records import AgreementMetric
 
 
 class _Rule(BaseModel):
@@ -33,12 +33,6 @@ class PerplexityRule(_Rule):
     max_ratio: float = Field(gt=1, description="e.g. 1.05: at most 5% higher perplexity")
 
 
-class AgreementMetric(str, Enum):
-    kl = "kl"  # mean KL(baseline ‖ candidate), top-k lower bound
-    top1 = "top1"  # share of positions with the same most likely token
-    sum_min = "sum_min"  # Σ min(p, q): acceptance rate as a draft for the baseline
-
-
 class AgreementRule(_Rule):
     """A tolerance on token-distribution agreement: the confidence bound must sit inside the limit."""
 
@@ -55,12 +49,13 @@ class AgreementRule(_Rule):
         return self
 
 
-def _kind(v: object) -> str:
+def _kind(v: object) -> str | None:
+    """The rule kind of a mapping (or a rule); None for anything else, which pydantic reports as a bad rule."""
     if isinstance(v, dict):
         if "agreement" in v:
             return "agreement"
         return "perplexity" if v.get("metric") == "perplexity" else "accuracy"
-    return {AccuracyRule: "accuracy", PerplexityRule: "perplexity", AgreementRule: "agreement"}[type(v)]
+    return {AccuracyRule: "accuracy", PerplexityRule: "perplexity", AgreementRule: "agreement"}.get(type(v))
 
 
 Rule = Annotated[
@@ -90,7 +85,7 @@ class Policy(BaseModel):
 
 def load_policy(path: str | Path) -> Policy:
     policy, _ = load_yaml(path, Policy, "gate policy", "the shipped policies are in gates/*.yaml",
-                          skip_locs={"accuracy", "perplexity", "agreement"})
+                          skip_locs={"accuracy", "perplexity", "agreement"}, tag_label="an {} rule")
     if policy.name is None:
         policy.name = Path(path).stem
     policy.suite = beside_repo(path, policy.suite)

@@ -12,7 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from quantize.errors import UsageError
+from quantize.io import atomic_dir
+from quantize.records import RollingTask, TaskScores
 from quantize.report.collect import Entry
+from quantize.tables import markdown_table
 
 ROLE_ORDER = [("payload", "packed payload"), ("scale", "scales"), ("zero_point", "zero points"),
               ("group_index", "group indices"), ("quant_meta", "other quant. metadata"), ("embedding", "embeddings"),
@@ -71,13 +75,17 @@ def metrics(entries: list[Entry]) -> list[tuple[str, str, bool]]:
     """(key, label, higher is better) of every metric some entry has."""
     tasks: dict[str, str] = {}
     for e in entries:
-        for t, d in (e.scores or {}).get("tasks", {}).items():
-            tasks[t] = d["output_type"]
+        for t, d in (e.scores.tasks if e.scores else {}).items():
+            tasks[t] = d.output_type
     out = [(f"{t}:acc", f"{t} accuracy", True) if ot != "loglikelihood_rolling" else (f"{t}:bpb", f"{t} bits per byte", False)
            for t, ot in sorted(tasks.items())]
     if any(e.agreement for e in entries):
         out.append(("agreement:kl", "mean KL vs baseline (lower bound)", False))
     return out
+
+
+def task_scores(e: Entry, task: str) -> TaskScores | None:
+    return e.scores.tasks.get(task) if e.scores else None
 
 
 def value(e: Entry, key: str) -> tuple[float, float] | None:
@@ -86,11 +94,11 @@ def value(e: Entry, key: str) -> tuple[float, float] | None:
     if kind == "agreement":
         if e.is_baseline:
             return (0.0, 0.0)
-        return (e.agreement["kl_mean"], e.agreement["kl_se"]) if e.agreement else None
-    d = ((e.scores or {}).get("tasks") or {}).get(kind)
+        return (e.agreement.kl_mean, e.agreement.kl_se) if e.agreement else None
+    d = task_scores(e, kind)
     if d is None:
         return None
-    return (d["acc"], d["acc_se"]) if m == "acc" else (d["bits_per_byte"], 0.0)
+    return (d.bits_per_byte, 0.0) if isinstance(d, RollingTask) else (d.acc, d.acc_se)
 
 
 def x_of(e: Entry, axis: str) -> float:
@@ -183,48 +191,55 @@ def _f(x: Any, spec: str) -> str:
 
 
 def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
-    tasks = sorted({t for e in entries for t in ((e.scores or {}).get("tasks") or {})})
+    tasks = sorted({t for e in entries for t in (e.scores.tasks if e.scores else {})})
+    batch = next((e.decode["batch"] for e in entries if "batch" in e.decode), None)
     head = ["recipe", "method", "scheme", "bits/w (model)", "bits/w (q-linears)", "MiB"]
     head += [t.removeprefix("core_") for t in tasks]
-    head += ["mean KL", "top-1", "α as draft", "gate", "batch-1 bound ms", "batch-32 bound ms", "spec. speedup (γ=4)"]
+    head += ["mean KL", "top-1", "α as draft", "gate", "batch-1 bound ms", f"batch-{batch} bound ms", "spec. speedup (γ=4)"]
     rows = []
     for e in entries:
         r = [e.label + (" (baseline)" if e.is_baseline else ""), e.method, e.scheme, _f(e.bits_per_weight, ".3f"),
              _f(e.qlinear_bits, ".3f"), f"{e.total_bytes / 2**20:.1f}"]
         for t in tasks:
-            d = ((e.scores or {}).get("tasks") or {}).get(t)
+            d = task_scores(e, t)
             if d is None:
                 r.append("not scored")
-            elif d["output_type"] == "loglikelihood_rolling":
-                r.append(f"{d['bits_per_byte']:.4f} bpb")
+            elif isinstance(d, RollingTask):
+                r.append(f"{d.bits_per_byte:.4f} bpb")
             else:
-                delta = ""
-                if e.verdict:
-                    ev = next((x["evidence"] for x in e.verdict["rules"] if x["kind"] == "accuracy" and x["rule"].startswith(t)), None)
-                    if ev:
-                        delta = f" (Δ {ev['delta']:+.3f}, LB {ev['lower_bound']:+.3f})"
-                r.append(f"{d['acc']:.3f} ± {d['acc_se']:.3f}{delta}")
+                ev = e.verdict.accuracy_evidence(t) if e.verdict else None
+                delta = f" (Δ {ev.delta:+.3f}, LB {ev.lower_bound:+.3f})" if ev else ""
+                r.append(f"{d.acc:.3f} ± {d.acc_se:.3f}{delta}")
         a = e.agreement
-        r += [("0" if e.is_baseline else _f(a and a["kl_mean"], ".4f")), ("1" if e.is_baseline else _f(a and a["top1"], ".3f")),
-              ("-" if e.is_baseline else _f(a and a["sum_min"], ".3f")),
-              ("baseline" if e.is_baseline else (e.verdict["verdict"].upper() if e.verdict else "no verdict")),
-              _f(e.decode.get("batch1_ms"), ".3f"), _f(e.decode.get(f"batch{e.decode.get('batch', 32)}_ms"), ".3f"),
+        r += [("0" if e.is_baseline else _f(a and a.kl_mean, ".4f")), ("1" if e.is_baseline else _f(a and a.top1, ".3f")),
+              ("-" if e.is_baseline else _f(a and a.sum_min, ".3f")),
+              ("baseline" if e.is_baseline else (e.verdict.verdict.upper() if e.verdict else "no verdict")),
+              _f(e.decode.get("batch1_ms"), ".3f"), _f(e.decode.get("batch_ms"), ".3f"),
               _f(e.decode.get("speculative_speedup"), ".2f")]
         rows.append(r)
     return head, rows
 
 
-def markdown_table(head: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows])
+def write_report(entries: list[Entry], target: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
+    """Write the report folder atomically; an existing folder is replaced only if it holds an earlier report."""
+    if target.exists() and not (target.is_dir() and ((target / "report.md").is_file() or not any(target.iterdir()))):
+        raise UsageError(f"--out {target} exists and does not hold an earlier report; choose a new folder "
+                         "(an earlier report folder is replaced)")
+    with atomic_dir(target, replace=True) as out:
+        return _write(entries, out, axis, suite, hardware)
 
 
-def write_report(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
-    out.mkdir(parents=True, exist_ok=True)
+def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
     images = plot_pareto(entries, out, axis) + plot_bytes(entries, out)
     head, rows = table_rows(entries)
+    context = next((e.decode["context"] for e in entries if "context" in e.decode), None)
     decode_note = (f"Decode cost: lower bounds on `{hardware}` from each checkpoint's measured bytes (`quantize cost` model, "
-                   "2,048-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) as α, "
-                   "γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification.")
+                   f"{context:,}-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) as α, "
+                   "γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification."
+                   if context else "Decode cost: not computable (no checkpoint's config.json gives its KV layout).")
+    unbounded = [e.label for e in entries if "not_computable" in e.decode]
+    if unbounded and context:
+        decode_note += f" No bounds for {', '.join(unbounded)}: its config.json lacks the KV layout."
     missing = [e.label for e in entries if not e.scores]
     md = ["# Bytes versus accuracy\n", f"Suite `{suite}`; {len(entries)} checkpoints.", ""]
     if "pareto.png" in images:
@@ -252,6 +267,14 @@ def write_report(entries: list[Entry], out: Path, axis: str, suite: str, hardwar
              "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,th:first-child{text-align:left}")
     (out / "report.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>quantize report</title>"
                                      f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
-    data = {"table": {"head": head, "rows": rows}, "entries": [e.__dict__ for e in entries], "images": images}
+    data = {"table": {"head": head, "rows": rows}, "entries": [_entry_json(e) for e in entries], "images": images}
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     return data
+
+
+def _entry_json(e: Entry) -> dict[str, Any]:
+    """An entry for report.json: its records as their own JSON (task summaries without per-item records)."""
+    return {**{k: v for k, v in e.__dict__.items() if k not in ("scores", "agreement", "verdict")},
+            "scores": e.scores.summary() if e.scores else None,
+            "agreement": e.agreement.model_dump() if e.agreement else None,
+            "verdict": e.verdict.model_dump() if e.verdict else None}

@@ -1,16 +1,23 @@
-"""Evaluation suites (evaluate/*.yaml): which golden set, which tasks, how to run lm-eval."""
+"""Evaluation suites (evaluate/*.yaml): which golden set, which tasks, how to run lm-eval.
+
+`open_suite` loads a suite once, verifies its golden set once and checks its tasks: scoring,
+agreement, the gate and the report all take the `OpenSuite` it returns.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import re
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quantize.config import beside_repo, load_yaml
+from quantize.errors import UsageError
+from quantize.golden.manifest import GoldenSet, verify
+from quantize.io import sha256_json
 
 
 class Backend(str, Enum):
@@ -52,6 +59,13 @@ class Suite(BaseModel):
     vllm: VLLM | None = None
     agreement: Agreement = Field(default_factory=Agreement)
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, d: str) -> str:
+        if not re.fullmatch(r"auto|cpu|mps|(cuda|xpu|npu)(:\d+)?", d):
+            raise ValueError(f"device must be auto, cpu, mps, or cuda/xpu/npu with an optional :index, got {d!r}")
+        return d
+
     @model_validator(mode="after")
     def _check(self) -> "Suite":
         if self.subset not in (None, "smoke"):
@@ -71,4 +85,34 @@ def load_suite(path: str | Path) -> tuple[Suite, str]:
     if suite.name is None:
         suite.name = Path(path).stem
     suite.golden = beside_repo(path, suite.golden)
-    return suite, hashlib.sha256(json.dumps(suite.settings(), sort_keys=True).encode()).hexdigest()
+    return suite, sha256_json(suite.settings())
+
+
+@dataclass(frozen=True)
+class OpenSuite:
+    """A validated suite with its verified golden set: what every scorer and reader of scores takes."""
+
+    path: str
+    suite: Suite
+    sha256: str  # of the score-changing settings
+    golden: GoldenSet
+
+    @property
+    def tasks(self) -> list[str]:
+        return self.suite.tasks or self.golden.tasks
+
+    @property
+    def agreement_tasks(self) -> list[str]:
+        return self.suite.agreement.tasks or self.golden.tasks
+
+
+def open_suite(path: str | Path) -> OpenSuite:
+    """Load a suite, verify its golden set and check that the set has the suite's tasks."""
+    suite, sha = load_suite(path)
+    golden = verify(suite.golden)
+    for what, names in (("tasks", suite.tasks), ("agreement.tasks", suite.agreement.tasks)):
+        unknown = sorted(set(names or []) - set(golden.tasks))
+        if unknown:
+            raise UsageError(f"suite {path} names {what} the golden set lacks: {', '.join(unknown)}; "
+                             f"it has {', '.join(golden.tasks)}")
+    return OpenSuite(str(path), suite, sha, golden)

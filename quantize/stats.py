@@ -1,4 +1,5 @@
-"""Paired statistics for the gate: pure functions on per-item scores (DESIGN.md, "The gate").
+"""Paired statistics: pure functions on per-item scores (DESIGN.md, "The gate"), below both the
+evaluation code (agreement SEs) and the gate (decisions).
 
 For items i = 1..n scored by baseline and candidate on the same golden items:
 
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scipy import stats as sps
+
+from quantize.records import RuleOutcome
 
 
 def z(p: float) -> float:
@@ -44,10 +47,9 @@ def agresti_min_se(b: int, c: int, n: int) -> float:
 def clustered_se(d: Sequence[float], clusters: Sequence[str]) -> float:
     """Cluster-robust SE of the mean (CR1 small-sample factor G/(G−1))."""
     n = len(d)
-    assert n == len(clusters)
     mean = sum(d) / n
     sums: dict[str, float] = defaultdict(float)
-    for x, c in zip(d, clusters):
+    for x, c in zip(d, clusters, strict=True):
         sums[c] += x - mean
     g = len(sums)
     if g < 2:
@@ -77,7 +79,7 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 def n_required(sd: float, margin: float, alpha: float, power: float) -> int:
     """Items for a non-inferiority test with margin m to reach the power when the true Δ is 0."""
-    if margin <= 0:
+    if margin <= 0 or not math.isfinite(sd):
         return math.inf  # type: ignore[return-value]
     return math.ceil((z(1 - alpha) + z(power)) ** 2 * sd**2 / margin**2)
 
@@ -97,7 +99,7 @@ class Comparison:
     se: float  # the one used: clustered when items share clusters
     lower: float
     upper: float
-    verdict: str  # pass | regression | inconclusive
+    verdict: RuleOutcome
     n_needed: int  # items for the planned power if the true Δ were 0 (DESIGN's formula)
     n_needed_at_estimate: int | None  # items for a pass if the true Δ equals the estimate; None: past the margin
     min_detectable: float
@@ -119,6 +121,7 @@ def noninferiority(d: Sequence[float], clusters: Sequence[str], margin: float, a
     se = max(sp, sc) if g < n and math.isfinite(sc) else sp
     q = z(1 - alpha)
     lo, hi = delta - q * se, delta + q * se
+    verdict: RuleOutcome
     if lo > -margin:
         verdict = "pass"
     elif hi < 0 and delta < -margin:
@@ -151,7 +154,7 @@ def bootstrap_ppl_ratio(nll_base: Sequence[float], nll_cand: Sequence[float], un
     idx = {k: i for i, k in enumerate(keys)}
     diff = np.zeros(len(keys))  # Σ (NLL_cand − NLL_base) per cluster
     w = np.zeros(len(keys))
-    for b, c, u, k in zip(nll_base, nll_cand, units, clusters):
+    for b, c, u, k in zip(nll_base, nll_cand, units, clusters, strict=True):
         diff[idx[k]] += c - b
         w[idx[k]] += u
     point = float(np.exp(diff.sum() / w.sum()))

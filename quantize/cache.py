@@ -1,0 +1,64 @@
+"""The evaluation cache: where scores and agreement results live, keyed by their provenance.
+
+The one place that builds cache keys and paths. Scorers store through it, the gate and the report
+look up through it; nothing else re-derives a key. Nothing here loads a model.
+
+    scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint, suite settings, golden manifest,
+                                                               lm-eval version, tasks)
+    agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings
+               $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+
+from quantize import records
+from quantize.io import sha256_json
+from quantize.models import cache_dir
+from quantize.records import AgreementResult, ScoreDoc
+from quantize.suite import OpenSuite
+
+
+def lm_eval_version() -> str:
+    return metadata.version("lm_eval")
+
+
+def score_key(suite: OpenSuite, ckpt_sha: str) -> str:
+    return sha256_json([ckpt_sha, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)])
+
+
+def score_path(suite: OpenSuite, ckpt_sha: str) -> Path:
+    return cache_dir() / "scores" / f"{score_key(suite, ckpt_sha)[:32]}.json"
+
+
+def lookup_scores(suite: OpenSuite, ckpt_sha: str) -> ScoreDoc | None:
+    p = score_path(suite, ckpt_sha)
+    return records.read(ScoreDoc, p) if p.is_file() else None
+
+
+def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
+    records.write(score_path(suite, doc.provenance.checkpoint.weights_sha256), doc)
+
+
+def _agreement_key(suite: OpenSuite) -> str:
+    a = suite.suite.agreement
+    return sha256_json([sorted(suite.agreement_tasks), a.per_task, a.top_k, suite.golden.manifest_sha256])[:16]
+
+
+def baseline_topk_path(suite: OpenSuite, base_sha: str) -> Path:
+    return cache_dir() / "agreement" / f"base-{base_sha[:16]}-{_agreement_key(suite)}.npz"
+
+
+def agreement_path(suite: OpenSuite, base_sha: str, cand_sha: str) -> Path:
+    return cache_dir() / "agreement" / f"cmp-{base_sha[:16]}-{cand_sha[:16]}-{_agreement_key(suite)}.json"
+
+
+def lookup_agreement(suite: OpenSuite, base_sha: str, cand_sha: str) -> AgreementResult | None:
+    p = agreement_path(suite, base_sha, cand_sha)
+    return records.read(AgreementResult, p) if p.is_file() else None
+
+
+def store_agreement(suite: OpenSuite, result: AgreementResult) -> None:
+    records.write(agreement_path(suite, result.baseline_sha256, result.candidate_sha256), result)

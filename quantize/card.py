@@ -1,0 +1,48 @@
+"""The model card (README.md) of a quantize output: Hugging Face front matter, so the Hub and its
+tools see a quantized model of its base, and a summary of quantize.json."""
+
+from __future__ import annotations
+
+from quantize.records import RunRecord
+
+
+def model_card(meta: RunRecord, base_model: str | None) -> str:
+    """base_model: the Hub id of the source model when known (the front matter names it)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    b, cal = meta.bits, meta.calibration
+    tags = ["quantized", "compressed-tensors", "llm-compressor", "quantize", meta.method]
+    if meta.scheme:
+        tags.append(meta.scheme.lower())
+    data = ModelCardData(
+        base_model=base_model, base_model_relation="quantized" if base_model else None,
+        library_name="transformers", pipeline_tag="text-generation", tags=tags,
+    )
+    qbits = b.quantized_linear_bits_per_weight
+    lines = [
+        f"# {meta.label}",
+        "",
+        f"Quantized with [quantize](https://pypi.org/project/quantize/) {meta.versions['quantize']} "
+        f"(llm-compressor {meta.versions['llmcompressor']}, compressed-tensors format).",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| method | {meta.method} |",
+        f"| scheme | {meta.scheme or 'from verbatim llm-compressor recipe'} |",
+        f"| true bits per weight (whole model, every stored byte) | {b.bits_per_weight:.3f} |",
+        f"| bits per weight, quantized linear layers | {qbits:.3f} |" if qbits else "| bits per weight, quantized linear layers | none quantized |",
+        f"| total tensor bytes | {b.total_bytes:,} |",
+        f"| source parameters | {b.source_parameters:,} |",
+        f"| source model weights sha256 | `{meta.source_model.weights_sha256}` |",
+        f"| recipe sha256 | `{meta.recipe.sha256}` |",
+        f"| calibration | {cal.samples} × {cal.seq_len} tokens of {cal.description}, seed {cal.seed} |" if cal else "| calibration | none (data-free) |",
+        f"| layers kept at 16 bits | {len(meta.layer_plan.kept_16bit)} |",
+        f"| wall time | {meta.time_seconds['total']:.0f} s |",
+        "",
+        "Bytes by role: " + ", ".join(f"{k} {v:,}" for k, v in b.bytes_by_role.items()),
+        "",
+        "Full provenance is in `quantize.json`. Load with `transformers.AutoModelForCausalLM.from_pretrained` "
+        "(compressed-tensors installed) or serve with vLLM.",
+        "",
+    ]
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))

@@ -1,0 +1,101 @@
+"""A checkpoint folder on disk: its safetensors files, its config.json, its weights hash.
+
+The one reader of `config.json` and the one list of a checkpoint's weight files; nothing here
+imports torch or loads a model.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import UsageError
+from quantize.io import sha256_named_files
+
+CONFIG = "config.json"
+
+
+def safetensors_files(checkpoint: Path) -> list[Path]:
+    """The shards of a checkpoint folder (via its index when sharded), or the file itself."""
+    checkpoint = Path(checkpoint)
+    if checkpoint.is_file():
+        return [checkpoint]
+    if not checkpoint.is_dir():
+        raise UsageError(f"{checkpoint} does not exist; pass a checkpoint folder or a .safetensors file")
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise UsageError(f"{index} is not a valid shard index ({e}); re-save the checkpoint") from None
+        files = [checkpoint / f for f in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise UsageError(f"{index} lists shards that are missing: {', '.join(missing)}")
+        return files
+    files = sorted(checkpoint.glob("*.safetensors"))
+    if not files:
+        found = ", ".join(sorted(p.name for p in checkpoint.iterdir())[:8]) or "nothing"
+        raise UsageError(
+            f"{checkpoint} holds no .safetensors file (found: {found}). quantize reads safetensors only; "
+            "convert .bin/.pt weights with transformers' save_pretrained(safe_serialization=True)"
+        )
+    return files
+
+
+def read_config(checkpoint: Path, required: bool = True) -> dict[str, Any]:
+    """The checkpoint's config.json as a mapping ({} when absent and not required)."""
+    checkpoint = Path(checkpoint)
+    path = (checkpoint if checkpoint.is_dir() else checkpoint.parent) / CONFIG
+    if not path.is_file():
+        if required:
+            raise UsageError(f"{checkpoint} has no {CONFIG}; pass a Hugging Face checkpoint folder")
+        return {}
+    try:
+        cfg = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"{path} is not valid JSON ({e}); fix or re-save the checkpoint's config") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"{path} holds a JSON {type(cfg).__name__}, not an object; re-save the checkpoint's config")
+    return cfg
+
+
+def write_config(checkpoint: Path, cfg: dict[str, Any]) -> None:
+    (Path(checkpoint) / CONFIG).write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def check_model_dir(path: Path) -> None:
+    """A folder a model can be loaded from: config.json and safetensors weights (pickles refused)."""
+    if not path.exists():
+        raise UsageError(f"model folder {path} does not exist; set `model:` to a local checkpoint folder, or remove it to use the default model")
+    if not path.is_dir():
+        raise UsageError(f"model {path} is a file; `model:` takes a checkpoint folder holding config.json and *.safetensors")
+    if not (path / CONFIG).is_file():
+        raise UsageError(
+            f"{path} is not a model: it has no config.json. Point `model:` at a Hugging Face checkpoint folder "
+            "(config.json, *.safetensors, tokenizer files)"
+        )
+    if not list(path.glob("*.safetensors")):
+        bins = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+        why = f" (found {', '.join(bins[:3])}: pickle formats can run code, so quantize refuses them)" if bins else ""
+        raise UsageError(
+            f"{path} holds no .safetensors weights{why}; convert it with transformers' "
+            "save_pretrained(safe_serialization=True)"
+        )
+
+
+def weights_sha256(checkpoint: Path) -> str:
+    """sha256 over the checkpoint's safetensors files, in name order (names and bytes).
+
+    One gate hashes each checkpoint for scoring, for agreement and for the report, so a file set is
+    hashed once per process: the memo key holds every file's size, mtime and inode, and a rewritten
+    file is hashed again."""
+    return _sha256_of_files(tuple((f.name, str(f.resolve()), (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino)
+                                  for f in safetensors_files(checkpoint)))
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of_files(files: tuple[tuple[str, str, int, int, int], ...]) -> str:
+    return sha256_named_files([(name, Path(path)) for name, path, *_ in files])

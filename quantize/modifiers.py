@@ -1,0 +1,59 @@
+"""A recipe and its layer plan compiled to llm-compressor modifiers (architecture-free: the plan
+names the layers, the method names the modifier chain)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from quantize.plan import LayerPlan
+from quantize.recipe import WEIGHT_ONLY_INT, Method, Recipe, Scheme
+
+# Presets of compressed-tensors used as-is (activation settings included).
+PRESET = {Scheme.W8A8: "W8A8", Scheme.FP8: "FP8", Scheme.FP8_DYNAMIC: "FP8_DYNAMIC"}
+
+
+def _scheme(recipe: Recipe, g: int | None, targets: list[str]) -> Any:
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
+
+    s = recipe.scheme
+    if s in PRESET:
+        scheme = preset_name_to_scheme(PRESET[s], targets)
+        if s is Scheme.W8A8:
+            scheme.weights.symmetric = recipe.symmetric
+        return scheme
+    weights = QuantizationArgs(
+        num_bits=WEIGHT_ONLY_INT[s], type="int", symmetric=recipe.symmetric,
+        strategy="group" if g else "channel", group_size=g,
+    )
+    return QuantizationScheme(targets=targets, weights=weights)
+
+
+def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
+    """The llm-compressor recipe for this recipe: modifier objects, or YAML for a verbatim recipe."""
+    if recipe.method is Method.llmcompressor:
+        return yaml.safe_dump(recipe.stages, sort_keys=False)
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
+
+    groups = {f"group_{i}": _scheme(recipe, g, names)
+              for i, (g, names) in enumerate(sorted(plan.groups.items(), key=lambda kv: -(kv[0] or 0)))}
+    ignore = list(recipe.ignore) + sorted(plan.kept)
+    quant = dict(config_groups=groups, ignore=ignore)
+
+    def gptq() -> Any:
+        # act_order: columns in order of decreasing diag(H) with static groups ("weight"): no g_idx is
+        # stored, so the checkpoint keeps the plain layout every W4A16 kernel reads.
+        return GPTQModifier(**quant, dampening_frac=recipe.dampening_frac,
+                            actorder="weight" if getattr(recipe, "act_order", False) else None)
+
+    # Method -> modifier chain: transforms first, then the modifier that sets scales and rounds.
+    chains = {
+        Method.rtn: lambda: [QuantizationModifier(**quant)],
+        Method.fp8: lambda: [QuantizationModifier(**quant)],
+        Method.gptq: lambda: [gptq()],
+        Method.awq: lambda: [AWQModifier(duo_scaling=True, n_grid=recipe.awq_grid), QuantizationModifier(**quant)],
+        Method.smoothquant: lambda: [SmoothQuantModifier(smoothing_strength=recipe.smoothing_strength), gptq()],
+    }
+    return chains[recipe.method]()

@@ -1,0 +1,67 @@
+"""The gate as a command runs it: open the suite once, score both sides (cached), measure agreement
+when the policy asks, then decide. Evaluation (quantize/evaluate) and decisions (quantize/gates)
+meet here and nowhere else: neither imports the other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quantize import records
+from quantize.checkpoint import check_model_dir
+from quantize.errors import UsageError
+from quantize.gates.gate import SUITE_SETTINGS_IGNORED, decide
+from quantize.gates.policy import AgreementRule, Policy, load_policy
+from quantize.records import ScoreDoc, Verdict
+from quantize.suite import OpenSuite, open_suite
+
+
+def check_targets(policy: Policy, baseline: Path, candidate: Path) -> bool:
+    """Both sides exist and are checkpoints or score files; returns whether agreement is needed."""
+    needs_agreement = any(isinstance(r, AgreementRule) for r in policy.rules)
+    for p in (baseline, candidate):
+        if not p.exists():
+            raise UsageError(f"{p} does not exist; pass a checkpoint folder or a score file (.json)")
+        if p.is_dir():
+            check_model_dir(p)
+        elif needs_agreement:
+            raise UsageError(f"policy {policy.name} has agreement rules, which need checkpoints, not score files: {p}")
+        elif p.suffix != ".json":
+            raise UsageError(f"{p} is neither a checkpoint folder nor a score file (.json written by "
+                             "`quantize eval SUITE CKPT --json --items`)")
+    return needs_agreement
+
+
+def load_scores(suite: OpenSuite, target: Path) -> ScoreDoc:
+    """A checkpoint folder is scored (or read from the cache); a .json file is a saved `quantize eval --json --items`,
+    which must come from the policy's suite: same settings, same golden set, same tasks."""
+    if not target.is_file():
+        from quantize.evaluate.score import score
+
+        return score(suite, target).doc
+    doc = records.read(ScoreDoc, target)
+    p = doc.provenance
+    settings = {k: v for k, v in suite.suite.settings().items() if k not in SUITE_SETTINGS_IGNORED}
+    for field, theirs, ours in (("suite settings", {k: v for k, v in p.suite.settings.items() if k not in SUITE_SETTINGS_IGNORED}, settings),
+                                ("golden manifest sha256", p.golden.manifest_sha256, suite.golden.manifest_sha256),
+                                ("tasks", sorted(doc.tasks), sorted(suite.tasks))):
+        if theirs != ours:
+            raise UsageError(f"{target} was scored with another suite than the policy's {suite.path} ({field}: "
+                             f"{theirs} vs {ours}); score it with `quantize eval {suite.path} CHECKPOINT --json --items`")
+    return doc
+
+
+def run_gate(policy_path: str | Path, baseline: str | Path, candidate: str | Path) -> Verdict:
+    policy = load_policy(policy_path)
+    suite = open_suite(policy.suite)  # a bad suite or golden set is a usage error before any scoring
+    base_path, cand_path = Path(baseline), Path(candidate)
+    needs_agreement = check_targets(policy, base_path, cand_path)
+    base = load_scores(suite, base_path)
+    cand = load_scores(suite, cand_path)
+    agreement = None
+    if needs_agreement:
+        from quantize.evaluate.agreement import agreement_scores
+
+        agreement = agreement_scores(suite, base_path, cand_path, base.provenance.checkpoint.weights_sha256,
+                                     cand.provenance.checkpoint.weights_sha256)
+    return decide(policy, base, cand, agreement)

@@ -1,0 +1,88 @@
+"""Which Linear layers get which group size: the recipe's targets and its `indivisible` policy,
+planned on a meta-device model (shapes and names, no weights, no memory)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import UsageError
+from quantize.records import LayerPlanRecord
+from quantize.recipe import MIN_GROUP, Indivisible, Recipe
+
+
+@dataclass
+class LayerPlan:
+    """Target Linear layers by weight group size (None: per channel / per tensor), and layers kept at 16 bits."""
+
+    groups: dict[int | None, list[str]] = field(default_factory=dict)
+    kept: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def quantized(self) -> int:
+        return sum(len(v) for v in self.groups.values())
+
+    def record(self) -> LayerPlanRecord:
+        return LayerPlanRecord(
+            quantized_layers=self.quantized,
+            by_group_size={("per-channel" if g is None else str(g)): len(v) for g, v in self.groups.items()},
+            adjusted={n: g for g, names in self.groups.items() for n in names if g is not None} if len(self.groups) > 1 else {},
+            kept_16bit=self.kept,
+        )
+
+
+def divisor_group(in_features: int, group_size: int) -> int | None:
+    """The largest power-of-two group <= group_size (and >= MIN_GROUP) that divides in_features."""
+    g = group_size
+    while g >= MIN_GROUP:
+        if in_features % g == 0:
+            return g
+        g //= 2
+    return None
+
+
+def meta_model(model_dir: Path, trust_remote_code: bool) -> Any:
+    """The model's module tree on the meta device: shapes and names, no weights, no memory."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(f"{model_dir}/config.json does not describe a causal LM that transformers knows: {e}") from None
+
+
+def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
+    import torch
+    from compressed_tensors.utils.match import match_named_modules
+
+    plan = LayerPlan()
+    layers = [(n, m) for n, m in match_named_modules(model, recipe.targets, recipe.ignore) if isinstance(m, torch.nn.Linear)]
+    if not layers:
+        raise UsageError(
+            f"targets {recipe.targets} minus ignore {recipe.ignore} match no Linear layer of this model; "
+            "check the names (use 'Linear' for all linear layers, or 're:<regex>' on module names)"
+        )
+    g = recipe.weight_group
+    bad = []
+    for name, module in layers:
+        if g is None or module.in_features % g == 0:
+            plan.groups.setdefault(g, []).append(name)
+            continue
+        if recipe.indivisible is Indivisible.error:
+            bad.append(f"{name} (in_features {module.in_features})")
+        elif recipe.indivisible is Indivisible.smaller_group and (g2 := divisor_group(module.in_features, g)):
+            plan.groups.setdefault(g2, []).append(name)
+        else:
+            plan.kept[name] = f"in_features {module.in_features} is not divisible by group_size {g}"
+    if bad:
+        raise UsageError(
+            f"group_size {g} does not divide the input features of {len(bad)} layer(s), e.g. {bad[0]}; "
+            "set `indivisible: smaller-group` (largest group that divides) or `indivisible: keep` (16 bits)"
+        )
+    if not plan.groups:
+        raise UsageError("no layer is left to quantize after the indivisible policy; lower group_size or use indivisible: smaller-group")
+    return plan

@@ -1,0 +1,455 @@
+"""The records the pipeline writes and reads: typed, versioned, one writer and one reader each.
+
+    RunRecord        CHECKPOINT/quantize.json                    written by `quantize run`
+    ScoreDoc         $QUANTIZE_CACHE/scores/*.json, eval --json  written by `quantize eval` (per-item records)
+    AgreementResult  $QUANTIZE_CACHE/agreement/cmp-*.json        written by the agreement scorer
+    Verdict          gate --json                                 written by `quantize gate`
+
+Every record carries `schema_version`; `read` refuses a file of another version, or with an unknown or
+missing key, as a UsageError (exit 2) that names the file and says how to regenerate it. Records are
+plain data (no paths objects, no numpy): `model_dump()` is exactly the JSON that is written.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantize.errors import UsageError
+
+# One vocabulary for outcomes: a rule's, and the policy's as a whole.
+RuleOutcome = Literal["pass", "regression", "inconclusive"]
+GateOutcome = Literal["pass", "rejected", "inconclusive"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Record(_Strict):
+    """A file the pipeline writes. Subclasses pin `schema_version` with a Literal."""
+
+    WHAT: ClassVar[str] = "record"  # what the file is, for messages
+    REGENERATE: ClassVar[str] = ""  # how to make a current one
+
+
+R = TypeVar("R", bound=Record)
+
+
+# --- quantize.json ---------------------------------------------------------------------------------
+
+class RecipeRef(_Strict):
+    path: str
+    sha256: str
+    resolved: dict[str, Any]
+    resolved_sha256: str
+
+
+class SourceModel(_Strict):
+    path: str
+    weights_sha256: str
+    parameters: int | None
+
+
+class CalibrationRecord(_Strict):
+    source: str
+    description: str
+    samples: int
+    seq_len: int
+    seed: int
+    documents_used: int
+    tokens: int
+    token_sha256: str
+
+
+class LayerPlanRecord(_Strict):
+    quantized_layers: int
+    by_group_size: dict[str, int]  # "per-channel" or the group size -> number of layers
+    adjusted: dict[str, int]  # layers given a smaller group than the recipe's -> their group
+    kept_16bit: dict[str, str]  # layer -> why it stayed at 16 bits
+
+
+class EngineRecord(_Strict):
+    backend: str
+    modifiers: str | list[str]  # verbatim YAML, or repr() of each llm-compressor modifier
+    calibration_dtype: str
+    saved_dtype: str
+
+
+class MemoryRecord(_Strict):
+    peak_rss_bytes: int
+    peak_accelerator_bytes: int | None
+
+
+class FiniteCheck(_Strict):
+    stage: str
+    rows: int
+    tokens: int
+    finite: bool
+    max_abs_logit: float
+
+
+class ModuleBits(_Strict):
+    module: str
+    format: str
+    bytes: int
+    parameters: int
+    roles: dict[str, int]
+    bits_per_weight: float | None
+
+
+class BitsRecord(_Strict):
+    total_bytes: int
+    source_parameters: int | None
+    bits_per_weight: float | None  # 8 × total_bytes / source_parameters
+    quantized_linear_bits_per_weight: float | None
+    quantized_linear_parameters: int
+    bytes_by_role: dict[str, int]
+    format: str
+    modules: list[ModuleBits]
+    notes: list[str]
+
+
+class RunRecord(Record):
+    """CHECKPOINT/quantize.json: what was run, on what, with which libraries, and the true bits."""
+
+    WHAT: ClassVar[str] = "quantize.json run record"
+    REGENERATE: ClassVar[str] = ("run `quantize run RECIPE --force` to rewrite the checkpoint")
+
+    schema_version: Literal[1] = 1
+    created: str
+    recipe: RecipeRef
+    method: str
+    scheme: str | None
+    source_model: SourceModel
+    weights_sha256: str
+    calibration: CalibrationRecord | None
+    seed: int
+    layer_plan: LayerPlanRecord
+    engine: EngineRecord
+    versions: dict[str, str | None]
+    time_seconds: dict[str, float]
+    memory: MemoryRecord
+    finite_checks: list[FiniteCheck]
+    bits: BitsRecord
+
+    @property
+    def label(self) -> str:
+        return str(self.recipe.resolved.get("name") or Path(self.source_model.path).name)
+
+
+# --- scores ----------------------------------------------------------------------------------------
+
+class CheckpointRef(_Strict):
+    path: str
+    weights_sha256: str
+
+
+class SuiteRef(_Strict):
+    path: str
+    name: str | None
+    sha256: str  # of the score-changing settings
+    settings: dict[str, Any]
+
+
+class GoldenRef(_Strict):
+    name: str
+    version: str
+    path: str
+    manifest_sha256: str
+    task_version: float | str
+
+
+class ScoreProvenance(_Strict):
+    checkpoint: CheckpointRef
+    suite: SuiteRef
+    golden: GoldenRef
+    task_versions: dict[str, float | str]
+    lm_eval_version: str
+    batch_size: int
+    seed: int
+    backend: str
+    device: str
+    dtype: str
+
+
+class _Item(_Strict):
+    id: str
+    cluster: str
+    score: float  # 0/1 for right/wrong items; the log-likelihood for documents
+    ll: float  # log p(gold | context), or log p(document)
+
+    @property
+    def units(self) -> int:
+        """What a perplexity is per: one target for a context/target item."""
+        return 1
+
+
+class ChoiceItem(_Item):
+    lls: list[float]  # log-likelihood of every choice
+
+
+class GreedyItem(_Item):
+    pass
+
+
+class DocumentItem(_Item):
+    words: int
+    bytes: int
+
+    @property
+    def units(self) -> int:
+        return self.words
+
+
+class _AccuracyTask(_Strict):
+    version: float | str
+    n: int
+    acc: float
+    acc_se: float
+    chance: float
+    mean_ll: float
+    lm_eval: dict[str, float]
+
+
+class ChoiceTask(_AccuracyTask):
+    output_type: Literal["multiple_choice"] = "multiple_choice"
+    items: list[ChoiceItem]
+
+
+class GreedyTask(_AccuracyTask):
+    output_type: Literal["loglikelihood"] = "loglikelihood"
+    items: list[GreedyItem]
+
+
+class RollingTask(_Strict):
+    output_type: Literal["loglikelihood_rolling"] = "loglikelihood_rolling"
+    version: float | str
+    n: int
+    bits_per_byte: float
+    word_perplexity: float
+    lm_eval: dict[str, float]
+    items: list[DocumentItem]
+
+
+TaskScores = Annotated[ChoiceTask | GreedyTask | RollingTask, Field(discriminator="output_type")]
+
+
+class ScoreDoc(Record):
+    """One checkpoint scored on one suite: task summaries, per-item records and the provenance that keys them."""
+
+    WHAT: ClassVar[str] = "score file"
+    REGENERATE: ClassVar[str] = ("write a current one with `quantize eval SUITE CHECKPOINT --json --items` "
+                            "(add --refresh to score again)")
+
+    schema_version: Literal[1] = 1
+    key: str
+    provenance: ScoreProvenance
+    created: str
+    wall_seconds: float
+    tasks: dict[str, TaskScores]
+
+    def summary(self) -> dict[str, Any]:
+        """The document without per-item records (`quantize eval --json` without --items)."""
+        d = self.model_dump()
+        for t in d["tasks"].values():
+            t.pop("items")
+        return d
+
+
+# --- agreement -------------------------------------------------------------------------------------
+
+class AgreementMetric(str, Enum):
+    kl = "kl"  # mean KL(baseline ‖ candidate), top-k lower bound
+    top1 = "top1"  # share of positions with the same most likely token
+    sum_min = "sum_min"  # Σ min(p, q): acceptance rate as a draft for the baseline
+
+
+class AgreementResult(Record):
+    """Token-distribution agreement of a candidate with its baseline's stored top-k."""
+
+    WHAT: ClassVar[str] = "agreement result"
+    REGENERATE: ClassVar[str] = ("delete it; the next `quantize gate` computes it again")
+
+    schema_version: Literal[1] = 1
+    positions: int
+    items: int
+    clusters: int
+    kl_mean: float
+    kl_se: float
+    kl_p99: float
+    top1: float
+    top1_se: float
+    sum_min: float
+    sum_min_se: float
+    note: str
+    baseline_sha256: str
+    candidate_sha256: str
+    top_k: int
+    per_task: int
+    tasks: list[str]
+
+    def estimate(self, metric: AgreementMetric) -> tuple[float, float]:
+        """(value, clustered SE) of one metric."""
+        return {
+            AgreementMetric.kl: (self.kl_mean, self.kl_se),
+            AgreementMetric.top1: (self.top1, self.top1_se),
+            AgreementMetric.sum_min: (self.sum_min, self.sum_min_se),
+        }[metric]
+
+
+# --- verdict ---------------------------------------------------------------------------------------
+
+class AccuracyEvidence(_Strict):
+    n: int
+    clusters: int
+    baseline: float
+    candidate: float
+    delta: float
+    se_paired: float
+    se_clustered: float
+    se: float
+    lower_bound: float
+    upper_bound: float
+    margin: float
+    alpha: float
+    flips_right_to_wrong: int
+    flips_wrong_to_right: int
+    mcnemar_p: float
+    examples_right_to_wrong: list[str]
+    min_detectable_drop: float
+    items_needed: int | float | None  # float only for inf (no variance estimate)
+    items_needed_at_estimate: int | float | None
+
+
+class PerplexityEvidence(_Strict):
+    n: int
+    clusters: int
+    baseline_perplexity: float
+    candidate_perplexity: float
+    ratio: float
+    lower_bound: float
+    upper_bound: float
+    max_ratio: float
+    alpha: float
+    interval: str
+
+
+class AgreementEvidence(_Strict):
+    value: float
+    se_clustered: float
+    lower_bound: float
+    upper_bound: float
+    max: float | None = None
+    min: float | None = None
+    alpha: float
+    positions: int
+    items: int
+    clusters: int
+    kl_p99: float | None = None
+    note: str
+
+
+class _RuleResult(_Strict):
+    rule: str  # its label: the policy's `name:` or "<task> <metric>"
+    verdict: RuleOutcome
+    p_regression: float | None = None
+    p_holm: float | None = None
+
+
+class AccuracyResult(_RuleResult):
+    kind: Literal["accuracy"] = "accuracy"
+    task: str
+    evidence: AccuracyEvidence
+
+
+class PerplexityResult(_RuleResult):
+    kind: Literal["perplexity"] = "perplexity"
+    task: str
+    evidence: PerplexityEvidence
+
+
+class AgreementRuleResult(_RuleResult):
+    kind: Literal["agreement"] = "agreement"
+    metric: AgreementMetric
+    evidence: AgreementEvidence
+
+
+RuleResult = Annotated[AccuracyResult | PerplexityResult | AgreementRuleResult, Field(discriminator="kind")]
+
+
+class SideRef(_Strict):
+    checkpoint: CheckpointRef
+    batch_size: int
+
+
+class VerdictProvenance(_Strict):
+    baseline: SideRef
+    candidate: SideRef
+    golden: GoldenRef
+    task_versions: dict[str, float | str]
+    lm_eval_version: str
+    seed: int
+    suite: str
+
+
+class Verdict(Record):
+    WHAT: ClassVar[str] = "gate verdict"
+    REGENERATE: ClassVar[str] = ("run `quantize gate POLICY --baseline B --candidate C --json` again")
+
+    schema_version: Literal[1] = 1
+    policy: str
+    verdict: GateOutcome
+    exit_code: int
+    rules: list[RuleResult]
+    provenance: VerdictProvenance
+    notes: list[str] = Field(default_factory=list)
+
+    def accuracy_evidence(self, task: str) -> AccuracyEvidence | None:
+        """The evidence of the first accuracy rule on `task`, whatever the rule is named."""
+        return next((r.evidence for r in self.rules if isinstance(r, AccuracyResult) and r.task == task), None)
+
+
+# --- reading and writing ---------------------------------------------------------------------------
+
+def to_json(record: Record) -> str:
+    return json.dumps(record.model_dump(), indent=2, default=str) + "\n"
+
+
+def write(path: Path, record: Record) -> None:
+    """The one writer of every record: JSON through a temporary file and an atomic rename."""
+    from quantize.io import write_text_atomic
+
+    write_text_atomic(Path(path), to_json(record))
+
+
+def parse(model: type[R], data: Any, origin: str) -> R:
+    """Validate parsed JSON as a record; another schema version, or a file from before versions, is refused."""
+    from quantize.config import validate
+
+    what, hint = model.WHAT, model.REGENERATE
+    if not isinstance(data, dict):
+        raise UsageError(f"{origin} is not a {what}: it holds a JSON {type(data).__name__}, not an object; {hint}")
+    version = data.get("schema_version")
+    expected = model.model_fields["schema_version"].default
+    if version != expected:
+        found = "no schema_version (it was written before records were versioned)" if version is None \
+            else f"schema_version {json.dumps(version)[:20]}"
+        raise UsageError(f"{origin} is a {what} with {found}; this quantize reads schema_version {expected}: {hint}")
+    return validate(model, data, origin, what, regenerate=hint)
+
+
+def read(model: type[R], path: Path) -> R:
+    """The one reader of every record."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"{path} is not a {model.WHAT}: not valid JSON ({e}); {model.REGENERATE}") from None
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    return parse(model, data, str(path))
