@@ -27,8 +27,9 @@ DEFAULT = ["benchmarks/references/rtn-w4a16-g128.yaml", "recipes/gptq-w4a16-g128
 
 def main() -> None:
     from quantize.cli import main as cli
-    from quantize.gates.run import agreement_scores
+    from quantize.evaluate.agreement import agreement_scores
     from quantize.models import prepare_default_model
+    from quantize.suite import open_suite
 
     os.chdir(ROOT)  # recipes name their outputs relative to the repository
     base = prepare_default_model(quiet=True)
@@ -39,12 +40,12 @@ def main() -> None:
         out = ROOT / r["output"]
         if not (out / "quantize.json").is_file() and cli(["run", str(ROOT / recipe), "--quiet"]) != 0:
             sys.exit(f"quantize run {recipe} failed")
-        a = agreement_scores(str(ROOT / "evaluate" / "core.yaml"), base, out)
+        a = agreement_scores(open_suite(ROOT / "evaluate" / "core.yaml"), base, out)
         cal = r.get("calibration")
         cal = f"{cal['samples']} × {cal['seq_len']}" if cal else "none"
         grid = "symmetric" if r.get("symmetric", True) else "zero points"
-        print(f"| {r['name']} | {grid} | {cal} | {a['kl_mean']:.3f} ± {a['kl_se']:.3f} | {a['top1']:.3f} ± {a['top1_se']:.3f} "
-              f"| {a['sum_min']:.3f} ± {a['sum_min_se']:.3f} |", flush=True)
+        print(f"| {r['name']} | {grid} | {cal} | {a.kl_mean:.3f} ± {a.kl_se:.3f} | {a.top1:.3f} ± {a.top1_se:.3f} "
+              f"| {a.sum_min:.3f} ± {a.sum_min_se:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -31,18 +31,14 @@ sys.path.insert(0, str(ROOT))
 def seed_baseline_cache(src: Path, dst: Path, suite_path: str, baseline: Path) -> None:
     """Copy only the baseline's entries, found where score() and the agreement scorer look: its score
     file and its stored top-k, never a candidate's."""
-    from quantize.evaluate import agreement as agr
-    from quantize.evaluate.score import cache_key, cache_path
-    from quantize.evaluate.suite import load_suite
-    from quantize.golden.manifest import verify
-    from quantize.models import weights_sha256
+    from quantize import cache
+    from quantize.checkpoint import weights_sha256
+    from quantize.suite import open_suite
 
-    suite, suite_hash = load_suite(suite_path)
-    golden = verify(suite.golden)
+    suite = open_suite(suite_path)
     sha = weights_sha256(baseline)
     # the paths the private cache (QUANTIZE_CACHE=dst) will look up, and the same entries in src
-    for target in [cache_path(cache_key(sha, suite_hash, golden, suite.tasks or golden.tasks)),
-                   agr.cache_paths(golden, suite.agreement, sha, sha)[0]]:
+    for target in [cache.score_path(suite, sha), cache.baseline_topk_path(suite, sha)]:
         f = src / target.relative_to(dst)
         if not f.is_file():
             sys.exit(f"{f} is missing: score the baseline in {src} first, or drop --baseline-cache")
@@ -64,9 +60,10 @@ def main() -> None:
             seed_baseline_cache(args.baseline_cache.expanduser().resolve(), Path(tmp), args.suite, Path(args.baseline))
         import yaml
 
-        from quantize.evaluate.suite import load_suite
-        from quantize.gates.run import agreement_scores, run_gate
-        from quantize.golden.manifest import lm_eval_tasks, verify
+        from quantize.evaluate.agreement import agreement_scores
+        from quantize.golden.manifest import lm_eval_tasks
+        from quantize.pipeline import run_gate
+        from quantize.suite import open_suite
 
         policy = yaml.safe_load(Path(args.policy).read_text())
         policy["suite"] = str(Path(args.suite).resolve())
@@ -74,9 +71,10 @@ def main() -> None:
         pol.write_text(yaml.safe_dump(policy))
         from quantize.evaluate.score import score
 
+        suite = open_suite(args.suite)
         t0 = time.perf_counter()
-        score(args.suite, args.baseline)
-        agreement_scores(args.suite, Path(args.baseline), Path(args.baseline))
+        score(suite, args.baseline)
+        agreement_scores(suite, Path(args.baseline), Path(args.baseline))
         t_base = time.perf_counter() - t0
 
         t0 = time.perf_counter()
@@ -86,13 +84,12 @@ def main() -> None:
         from lm_eval import simple_evaluate
         from lm_eval.tasks import TaskManager
 
-        suite, _ = load_suite(args.suite)
-        golden = verify(suite.golden)
-        inc = lm_eval_tasks(golden, Path(tmp) / "tasks", ids=golden.manifest["smoke_ids"] if suite.subset == "smoke" else None)
+        golden = suite.golden
+        inc = lm_eval_tasks(golden, Path(tmp) / "tasks", ids=golden.manifest["smoke_ids"] if suite.suite.subset == "smoke" else None)
         t0 = time.perf_counter()
-        simple_evaluate(model="hf", model_args=f"pretrained={args.candidate},dtype=float32", tasks=suite.tasks or golden.tasks,
+        simple_evaluate(model="hf", model_args={"pretrained": args.candidate, "dtype": "float32"}, tasks=suite.tasks,
                         task_manager=TaskManager(include_path=str(inc), include_defaults=False),
-                        batch_size=suite.batch_size, device="cpu", bootstrap_iters=0)
+                        batch_size=suite.suite.batch_size, device="cpu", bootstrap_iters=0)
         t_plain = time.perf_counter() - t0
     print(f"suite {args.suite}; verdict {verdict.verdict}")
     how = f"scores and top-k read from {args.baseline_cache}" if args.baseline_cache else "once, then cached"

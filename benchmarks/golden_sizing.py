@@ -23,9 +23,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from quantize import stats  # noqa: E402
+from quantize.evaluate.agreement import agreement_scores  # noqa: E402
 from quantize.evaluate.score import score  # noqa: E402
-from quantize.gates import stats  # noqa: E402
-from quantize.gates.run import agreement_scores  # noqa: E402
+from quantize.records import RollingTask  # noqa: E402
+from quantize.suite import open_suite  # noqa: E402
 
 
 def main() -> None:
@@ -37,23 +39,24 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--power", type=float, default=0.8)
     args = ap.parse_args()
-    base, dmg = score(args.suite, args.baseline), score(args.suite, args.damaged)
-    rows, raw = [], {"baseline_wall_seconds": base["wall_seconds"], "damaged_wall_seconds": dmg["wall_seconds"], "tasks": {}}
-    for task, b in base["tasks"].items():
-        d = dmg["tasks"][task]
-        bi = {i["id"]: i for i in b["items"]}
-        pairs = [(bi[i["id"]], i) for i in d["items"]]
-        if b["output_type"] == "loglikelihood_rolling":
-            w = sum(x["words"] for x, _ in pairs)
-            nbytes = sum(x["bytes"] for x, _ in pairs)
-            ratio, lo, hi = stats.bootstrap_ppl_ratio([-x["ll"] for x, _ in pairs], [-y["ll"] for _, y in pairs],
-                                                      [x["words"] for x, _ in pairs], [x["cluster"] for x, _ in pairs], args.alpha)
-            raw["tasks"][task] = {"n": len(pairs), "bits_per_byte": b["bits_per_byte"], "damaged_bits_per_byte": d["bits_per_byte"],
+    suite = open_suite(args.suite)
+    base, dmg = score(suite, args.baseline).doc, score(suite, args.damaged).doc
+    rows, raw = [], {"baseline_wall_seconds": base.wall_seconds, "damaged_wall_seconds": dmg.wall_seconds, "tasks": {}}
+    for task, b in base.tasks.items():
+        d = dmg.tasks[task]
+        bi = {i.id: i for i in b.items}
+        pairs = [(bi[i.id], i) for i in d.items]
+        if isinstance(b, RollingTask):
+            w = sum(x.words for x, _ in pairs)
+            nbytes = sum(x.bytes for x, _ in pairs)
+            ratio, lo, hi = stats.bootstrap_ppl_ratio([-x.ll for x, _ in pairs], [-y.ll for _, y in pairs],
+                                                      [x.words for x, _ in pairs], [x.cluster for x, _ in pairs], args.alpha)
+            raw["tasks"][task] = {"n": len(pairs), "bits_per_byte": b.bits_per_byte, "damaged_bits_per_byte": d.bits_per_byte,
                                   "word_ppl_ratio": ratio, "ratio_bounds": [lo, hi], "words": w, "bytes": nbytes}
-            rows.append(f"| {task} | {len(pairs)} | bits/byte {b['bits_per_byte']:.3f} | - | {d['bits_per_byte']:.3f} | "
+            rows.append(f"| {task} | {len(pairs)} | bits/byte {b.bits_per_byte:.3f} | - | {d.bits_per_byte:.3f} | "
                         f"word-ppl ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}] | - | - | - |")
             continue
-        diff = [y["score"] - x["score"] for x, y in pairs]
+        diff = [y.score - x.score for x, y in pairs]
         n = len(diff)
         b_flips = sum(v < 0 for v in diff)
         c_flips = sum(v > 0 for v in diff)
@@ -62,22 +65,23 @@ def main() -> None:
         sd = math.sqrt(max(f - delta**2, 1e-12))
         need = stats.n_required(sd, args.margin, args.alpha, args.power)
         mde = stats.min_detectable(sd, n, args.alpha, args.power)
-        raw["tasks"][task] = {"n": n, "acc": b["acc"], "acc_se": b["acc_se"], "chance": b["chance"], "damaged_acc": d["acc"],
+        raw["tasks"][task] = {"n": n, "acc": b.acc, "acc_se": b.acc_se, "chance": b.chance, "damaged_acc": d.acc,
                               "flips_right_to_wrong": b_flips, "flips_wrong_to_right": c_flips, "flip_rate": f,
                               "delta": delta, "n_needed": need, "min_detectable": mde,
                               "mcnemar_p": stats.mcnemar_exact(b_flips, c_flips)}
-        rows.append(f"| {task} | {n} | {b['acc']:.3f} ± {b['acc_se']:.3f} | {b['chance']:.2f} | {d['acc']:.3f} | "
+        rows.append(f"| {task} | {n} | {b.acc:.3f} ± {b.acc_se:.3f} | {b.chance:.2f} | {d.acc:.3f} | "
                     f"{b_flips} → wrong, {c_flips} → right (f = {f:.3f}) | {need:,} | {mde:.3f} | "
                     f"{stats.mcnemar_exact(b_flips, c_flips):.2g} |")
-    agreement = agreement_scores(args.suite, Path(args.baseline), Path(args.damaged))
-    raw["agreement"] = agreement
+    agreement = agreement_scores(suite, Path(args.baseline), Path(args.damaged))
+    raw["agreement"] = agreement.model_dump()
     header = ("| task | n | default model | chance | damaged | flips (rate f) | n for a "
               f"{args.margin:.0%} drop | smallest drop detectable at this n | McNemar p |")
     table = "\n".join([header, "|" + "---|" * 9, *rows])
-    table += (f"\n\nAgreement of the damaged copy with the default model ({agreement['positions']} positions, "
-              f"{agreement['items']} items): mean KL ≥ {agreement['kl_mean']:.4f} ± {agreement['kl_se']:.4f} "
-              f"(p99 {agreement['kl_p99']:.3f}), top-1 {agreement['top1']:.3f}, Σ min(p, q) ≤ {agreement['sum_min']:.3f}.")
-    table += f"\n\nScoring wall time: default model {base['wall_seconds']:.0f} s, damaged copy {dmg['wall_seconds']:.0f} s."
+    a = agreement
+    table += (f"\n\nAgreement of the damaged copy with the default model ({a.positions} positions, "
+              f"{a.items} items): mean KL ≥ {a.kl_mean:.4f} ± {a.kl_se:.4f} "
+              f"(p99 {a.kl_p99:.3f}), top-1 {a.top1:.3f}, Σ min(p, q) ≤ {a.sum_min:.3f}.")
+    table += f"\n\nScoring wall time: default model {base.wall_seconds:.0f} s, damaged copy {dmg.wall_seconds:.0f} s."
     print(table)
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)

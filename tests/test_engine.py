@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from quantize.accounting import bits_report
+from quantize import records
 from quantize.cli import main
+from quantize.records import RunRecord
 from quantize.plan import divisor_group, meta_model, plan_layers
 from quantize.errors import UsageError
 from quantize.recipe import parse_recipe
@@ -26,9 +28,10 @@ def write_recipe(tmp_path: Path, model: Path, name: str, **fields) -> Path:
 
 
 def run_ok(recipe: Path, capsys) -> dict:
+    """Run a recipe; its quantize.json, validated against the RunRecord model, as a dict."""
     assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
     out = Path(yaml.safe_load(recipe.read_text())["output"])
-    return json.loads((out / "quantize.json").read_text())
+    return records.read(RunRecord, out / "quantize.json").model_dump()
 
 
 METHODS = {
@@ -179,9 +182,11 @@ def test_existing_output_refused_then_forced(tmp_path, tiny_model, capsys):
     first = run_ok(recipe, capsys)
     assert main(["run", str(recipe), "--quiet"]) == 2
     assert "already exists" in capsys.readouterr().err
+    recipe.write_text(recipe.read_text() + "description: the second run\n")
     assert main(["run", str(recipe), "--quiet", "--force"]) == 0
-    second = json.loads((tmp_path / "out" / "twice" / "quantize.json").read_text())
-    assert second["created"] >= first["created"]
+    second = records.read(RunRecord, tmp_path / "out" / "twice" / "quantize.json")
+    # the folder now holds the second run: its recipe, not the first one's
+    assert second.recipe.resolved["description"] == "the second run" and second.recipe.sha256 != first["recipe"]["sha256"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["twice"]
 
 

@@ -14,51 +14,13 @@ import scipy.stats as sps
 
 from quantize.cli import main
 from quantize.errors import UsageError
-from quantize.gates.gate import decide
 from quantize.gates.render import render_junit, render_text
 from quantize.gates.policy import load_policy
-from quantize.records import AgreementResult, ScoreDoc, Verdict, parse
+from quantize.records import Verdict, parse
+
+from conftest import PROV, baseline, judge, result
 
 ROOT = Path(__file__).resolve().parent.parent
-
-PROV = {
-    "checkpoint": {"path": "x", "weights_sha256": "a" * 64},
-    "suite": {"path": "evaluate/core.yaml", "name": "core", "sha256": "s" * 64,
-              "settings": {"batch_size": 16, "seed": 0, "tasks": None, "subset": None}},
-    "golden": {"name": "core", "version": "v1", "path": "golden/core/v1", "manifest_sha256": "m" * 64, "task_version": 1.0},
-    "task_versions": {"t_acc": 1.0, "t_prose": 1.0},
-    "lm_eval_version": "0.4.13", "batch_size": 16, "seed": 0, "backend": "hf", "device": "cpu", "dtype": "float32",
-}
-
-
-def result(acc_scores: list[float], prose_ll: list[float], clusters: int = 50, sha: str = "a",
-           tasks: tuple[str, str] = ("t_acc", "t_prose"), prov: dict | None = None) -> dict:
-    """A score document as `quantize eval --json --items` writes it (a dict, so tests can edit it)."""
-    prov = copy.deepcopy(prov or PROV)
-    prov["checkpoint"]["weights_sha256"] = sha * 64
-    acc_items = [{"id": f"a{i:05d}", "cluster": f"c{i % clusters}", "score": s, "ll": -1.0} for i, s in enumerate(acc_scores)]
-    prose_items = [{"id": f"p{i:04d}", "cluster": f"doc{i}", "score": ll, "ll": ll, "words": 100, "bytes": 600}
-                   for i, ll in enumerate(prose_ll)]
-    acc = sum(acc_scores) / len(acc_scores)
-    return {"schema_version": 1, "key": "k" * 64, "provenance": prov, "created": "2026-11-30T00:00:00+00:00",
-            "wall_seconds": 1.0, "tasks": {
-                tasks[0]: {"output_type": "loglikelihood", "version": 1.0, "n": len(acc_items), "acc": acc, "acc_se": 0.01,
-                           "chance": 0.0, "mean_ll": -1.0, "lm_eval": {}, "items": acc_items},
-                tasks[1]: {"output_type": "loglikelihood_rolling", "version": 1.0, "n": len(prose_items),
-                           "bits_per_byte": 1.0, "word_perplexity": 10.0, "lm_eval": {}, "items": prose_items}}}
-
-
-def judge(policy, base: dict, cand: dict, agreement: dict | None = None):
-    """decide() on score documents given as dicts, read through their record models."""
-    agr = parse(AgreementResult, {"schema_version": 1, "baseline_sha256": "a" * 64, "candidate_sha256": "b" * 64,
-                                  "top_k": 20, "per_task": 40, "tasks": ["t_acc"], **agreement}, "agreement") if agreement else None
-    return decide(policy, parse(ScoreDoc, base, "baseline"), parse(ScoreDoc, cand, "candidate"), agr)
-
-
-def baseline(n: int = 2000, seed: int = 0) -> tuple[list[float], list[float]]:
-    rng = random.Random(seed)
-    return [float(rng.random() < 0.6) for _ in range(n)], [-300.0 - 40 * rng.random() for _ in range(100)]
-
 
 @pytest.fixture
 def policy(tmp_path):

@@ -76,7 +76,14 @@ def test_report_with_a_gap(checkpoints, tiny_model, tmp_path, monkeypatch, capsy
     assert labels == ["tiny-llama (baseline)", "fp8", "w4"]
     rows = {r[0]: dict(zip(data["table"]["head"], r)) for r in data["table"]["rows"]}
     assert rows["fp8"]["facts"] == "not scored" and rows["fp8"]["gate"] == "no verdict"
-    assert re.match(r"\d\.\d{3} ± \d\.\d{3}", rows["w4"]["facts"]) and rows["w4"]["gate"] in ("PASS", "INCONCLUSIVE", "REJECTED")
+    # the report's verdict and Δ are the gate's on the same cached scores
+    capsys.readouterr()
+    main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(outs["w4"]), "--json"])
+    gate = json.loads(capsys.readouterr().out)
+    facts = next(r["evidence"] for r in gate["rules"] if r.get("task") == "core_facts")
+    assert rows["w4"]["gate"] == gate["verdict"].upper()
+    assert re.match(r"\d\.\d{3} ± \d\.\d{3}", rows["w4"]["facts"])
+    assert f"(Δ {facts['delta']:+.3f}, LB {facts['lower_bound']:+.3f})" in rows["w4"]["facts"]
     w4 = next(e for e in data["entries"] if e["label"] == "w4")
     assert float(rows["w4"]["MiB"]) == pytest.approx(w4["total_bytes"] / 2**20, abs=0.05)
     assert float(rows["w4"]["bits/w (model)"]) == pytest.approx(8 * w4["total_bytes"] / w4["parameters"], abs=5e-4)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize import cache
+from quantize.checkpoint import weights_sha256
 from quantize.errors import UsageError
 from quantize.golden.manifest import GoldenSet, read_items
 from quantize.models import device, load_model
@@ -197,8 +198,12 @@ def _scorer(suite: OpenSuite, checkpoint: Path) -> Scorer:
     return Scorer(model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
 
 
-def agreement_scores(suite: OpenSuite, baseline: Path, candidate: Path, base_sha: str, cand_sha: str) -> AgreementResult:
-    """The candidate's agreement with the baseline (cached; the baseline's top-k is cached apart)."""
+def agreement_scores(suite: OpenSuite, baseline: Path, candidate: Path, base_sha: str | None = None,
+                     cand_sha: str | None = None) -> AgreementResult:
+    """The candidate's agreement with the baseline (cached; the baseline's top-k is cached apart).
+    The weights hashes are computed when not given (a gate passes the ones its scores carry)."""
+    base_sha = base_sha or weights_sha256(baseline)
+    cand_sha = cand_sha or weights_sha256(candidate)
     found = cache.lookup_agreement(suite, base_sha, cand_sha)
     if found is not None:
         return found

@@ -1,0 +1,90 @@
+"""Every record round-trips through its JSON; a file of another schema version, from before versions,
+or with an unknown key is refused (exit 2 through the CLI) with a message that says how to regenerate it."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from quantize import records
+from quantize.errors import UsageError
+from quantize.records import AgreementResult, RunRecord, ScoreDoc, Verdict
+from conftest import baseline, judge, result
+
+DATA = Path(__file__).parent / "data"
+AGREEMENT = {"schema_version": 1, "positions": 100, "items": 10, "clusters": 8, "kl_mean": 0.02, "kl_se": 0.001,
+             "kl_p99": 0.2, "top1": 0.9, "top1_se": 0.01, "sum_min": 0.95, "sum_min_se": 0.002, "note": "lower bound",
+             "baseline_sha256": "a" * 64, "candidate_sha256": "b" * 64, "top_k": 20, "per_task": 40, "tasks": ["t_acc"]}
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory) -> dict[str, dict]:
+    """One valid JSON document of each record, as the pipeline writes it."""
+    from quantize.gates.policy import load_policy
+
+    p = tmp_path_factory.mktemp("pol") / "p.yaml"
+    p.write_text("suite: evaluate/core.yaml\nrules:\n  - {task: t_acc, metric: acc, margin: 0.02}\n"
+                 "  - {task: t_prose, metric: perplexity, max_ratio: 1.05}\n  - {agreement: kl, max: 0.05}\n")
+    acc, prose = baseline(n=200)
+    verdict = judge(load_policy(p), result(acc, prose), result(acc, prose, sha="b"), AGREEMENT)
+    return {"RunRecord": json.loads((DATA / "quantize-efcadec-awq.json").read_text()), "ScoreDoc": result(acc, prose),
+            "AgreementResult": AGREEMENT, "Verdict": verdict.model_dump()}
+
+
+MODELS = {"RunRecord": RunRecord, "ScoreDoc": ScoreDoc, "AgreementResult": AgreementResult, "Verdict": Verdict}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_round_trip(samples, tmp_path, name):
+    model = MODELS[name]
+    first = records.parse(model, samples[name], name)
+    records.write(tmp_path / "r.json", first)
+    again = records.read(model, tmp_path / "r.json")
+    assert again == first and json.loads((tmp_path / "r.json").read_text()) == first.model_dump()
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("edit,msg", [
+    (lambda d: d.pop("schema_version"), "no schema_version (it was written before records were versioned)"),
+    (lambda d: d.update(schema_version=2), "schema_version 2; this quantize reads schema_version 1"),
+    (lambda d: d.update(extra_field=True), "unknown key `extra_field`"),
+])
+def test_other_versions_and_unknown_keys_are_refused(samples, tmp_path, name, edit, msg):
+    model = MODELS[name]
+    data = copy.deepcopy(samples[name])
+    edit(data)
+    (tmp_path / "r.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError) as e:
+        records.read(model, tmp_path / "r.json")
+    assert msg in str(e.value) and model.REGENERATE.split()[0].lower() in str(e.value).lower()
+
+
+def test_not_json_and_not_an_object(tmp_path):
+    (tmp_path / "a.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(UsageError, match="not valid JSON"):
+        records.read(ScoreDoc, tmp_path / "a.json")
+    (tmp_path / "b.json").write_text("[1, 2]")
+    with pytest.raises(UsageError, match="holds a JSON list"):
+        records.read(ScoreDoc, tmp_path / "b.json")
+
+
+def test_a_quantize_json_written_before_this_change_still_reads():
+    """Outputs of efcadec carry schema_version 1 with the same fields: they read through RunRecord unchanged."""
+    meta = records.read(RunRecord, DATA / "quantize-efcadec-awq.json")
+    assert meta.method == "awq" and meta.bits.bits_per_weight > 4 and meta.layer_plan.quantized_layers == 14
+
+
+def test_an_agreement_result_from_before_versions_is_refused_with_the_fix(tmp_path):
+    old = {k: v for k, v in AGREEMENT.items() if k not in ("schema_version",)}
+    (tmp_path / "cmp.json").write_text(json.dumps(old))
+    with pytest.raises(UsageError, match="delete it; the next `quantize gate` computes it again"):
+        records.read(AgreementResult, tmp_path / "cmp.json")
+
+
+def test_a_verdict_uses_one_vocabulary():
+    with pytest.raises(UsageError, match="verdict"):
+        records.parse(Verdict, {"schema_version": 1, "policy": "p", "verdict": "ok", "exit_code": 0, "rules": [],
+                                "provenance": {}}, "v")
