@@ -1,6 +1,6 @@
 # quantize: the two commands a newcomer runs (see README).
 #   make demo   set up, prepare the embedded default model, convert it with every recipe in recipes/
-#   make test   set up and run the tests (tiny seeded models, no download; .ci/run calls this)
+#   make test   set up, lint (ruff) and run the tests (tiny seeded models, no download; .ci/run calls this)
 # Other targets: gate-all (score and gate every output), test-slow (tests on the default model),
 # bench (README's recipe table), model.
 
@@ -50,6 +50,7 @@ gate-all: demo
 	$(Q) report outputs --baseline "$$base" --policy gates/ci.yaml --out outputs/report
 
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 test-slow: model

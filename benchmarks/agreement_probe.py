@@ -20,9 +20,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-DEFAULT = ["benchmarks/references/rtn-w4a16-g128.yaml", "recipes/gptq-w4a16-g128.yaml",
-           "benchmarks/references/rtn-w4a16-g128-asym.yaml", "benchmarks/references/gptq-w4a16-g128-asym.yaml",
-           "recipes/awq-g128.yaml"]
+DEFAULT = [
+    "benchmarks/references/rtn-w4a16-g128.yaml",
+    "recipes/gptq-w4a16-g128.yaml",
+    "benchmarks/references/rtn-w4a16-g128-asym.yaml",
+    "benchmarks/references/gptq-w4a16-g128-asym.yaml",
+    "recipes/awq-g128.yaml",
+]
 
 
 def main() -> None:
@@ -44,8 +48,11 @@ def main() -> None:
         cal = r.get("calibration")
         cal = f"{cal['samples']} × {cal['seq_len']}" if cal else "none"
         grid = "symmetric" if r.get("symmetric", True) else "zero points"
-        print(f"| {r['name']} | {grid} | {cal} | {a.kl_mean:.3f} ± {a.kl_se:.3f} | {a.top1:.3f} ± {a.top1_se:.3f} "
-              f"| {a.sum_min:.3f} ± {a.sum_min_se:.3f} |", flush=True)
+        print(
+            f"| {r['name']} | {grid} | {cal} | {a.kl_mean:.3f} ± {a.kl_se:.3f} | {a.top1:.3f} ± {a.top1_se:.3f} "
+            f"| {a.sum_min:.3f} ± {a.sum_min_se:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

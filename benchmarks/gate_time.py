@@ -51,8 +51,12 @@ def main() -> None:
     ap.add_argument("baseline")
     ap.add_argument("candidate")
     ap.add_argument("--policy", default=str(ROOT / "gates" / "ci.yaml"))
-    ap.add_argument("--suite", default=str(ROOT / "evaluate" / "smoke.yaml"), help="suite to time on (the policy's rules are kept)")
-    ap.add_argument("--baseline-cache", type=Path, help="copy the baseline's cached scores and top-k from this cache folder")
+    ap.add_argument(
+        "--suite", default=str(ROOT / "evaluate" / "smoke.yaml"), help="suite to time on (the policy's rules are kept)"
+    )
+    ap.add_argument(
+        "--baseline-cache", type=Path, help="copy the baseline's cached scores and top-k from this cache folder"
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["QUANTIZE_CACHE"] = tmp
@@ -85,11 +89,19 @@ def main() -> None:
         from lm_eval.tasks import TaskManager
 
         golden = suite.golden
-        inc = lm_eval_tasks(golden, Path(tmp) / "tasks", ids=golden.manifest["smoke_ids"] if suite.suite.subset == "smoke" else None)
+        inc = lm_eval_tasks(
+            golden, Path(tmp) / "tasks", ids=golden.manifest["smoke_ids"] if suite.suite.subset == "smoke" else None
+        )
         t0 = time.perf_counter()
-        simple_evaluate(model="hf", model_args={"pretrained": args.candidate, "dtype": "float32"}, tasks=suite.tasks,
-                        task_manager=TaskManager(include_path=str(inc), include_defaults=False),
-                        batch_size=suite.suite.batch_size, device="cpu", bootstrap_iters=0)
+        simple_evaluate(
+            model="hf",
+            model_args={"pretrained": args.candidate, "dtype": "float32"},
+            tasks=suite.tasks,
+            task_manager=TaskManager(include_path=str(inc), include_defaults=False),
+            batch_size=suite.suite.batch_size,
+            device="cpu",
+            bootstrap_iters=0,
+        )
         t_plain = time.perf_counter() - t0
     print(f"suite {args.suite}; verdict {verdict.verdict}")
     how = f"scores and top-k read from {args.baseline_cache}" if args.baseline_cache else "once, then cached"

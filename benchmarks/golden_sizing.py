@@ -49,12 +49,26 @@ def main() -> None:
         if isinstance(b, RollingTask):
             w = sum(x.words for x, _ in pairs)
             nbytes = sum(x.bytes for x, _ in pairs)
-            ratio, lo, hi = stats.bootstrap_ppl_ratio([-x.ll for x, _ in pairs], [-y.ll for _, y in pairs],
-                                                      [x.words for x, _ in pairs], [x.cluster for x, _ in pairs], args.alpha)
-            raw["tasks"][task] = {"n": len(pairs), "bits_per_byte": b.bits_per_byte, "damaged_bits_per_byte": d.bits_per_byte,
-                                  "word_ppl_ratio": ratio, "ratio_bounds": [lo, hi], "words": w, "bytes": nbytes}
-            rows.append(f"| {task} | {len(pairs)} | bits/byte {b.bits_per_byte:.3f} | - | {d.bits_per_byte:.3f} | "
-                        f"word-ppl ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}] | - | - | - |")
+            ratio, lo, hi = stats.bootstrap_ppl_ratio(
+                [-x.ll for x, _ in pairs],
+                [-y.ll for _, y in pairs],
+                [x.words for x, _ in pairs],
+                [x.cluster for x, _ in pairs],
+                args.alpha,
+            )
+            raw["tasks"][task] = {
+                "n": len(pairs),
+                "bits_per_byte": b.bits_per_byte,
+                "damaged_bits_per_byte": d.bits_per_byte,
+                "word_ppl_ratio": ratio,
+                "ratio_bounds": [lo, hi],
+                "words": w,
+                "bytes": nbytes,
+            }
+            rows.append(
+                f"| {task} | {len(pairs)} | bits/byte {b.bits_per_byte:.3f} | - | {d.bits_per_byte:.3f} | "
+                f"word-ppl ratio {ratio:.3f} [{lo:.3f}, {hi:.3f}] | - | - | - |"
+            )
             continue
         diff = [y.score - x.score for x, y in pairs]
         n = len(diff)
@@ -65,22 +79,38 @@ def main() -> None:
         sd = math.sqrt(max(f - delta**2, 1e-12))
         need = stats.n_required(sd, args.margin, args.alpha, args.power)
         mde = stats.min_detectable(sd, n, args.alpha, args.power)
-        raw["tasks"][task] = {"n": n, "acc": b.acc, "acc_se": b.acc_se, "chance": b.chance, "damaged_acc": d.acc,
-                              "flips_right_to_wrong": b_flips, "flips_wrong_to_right": c_flips, "flip_rate": f,
-                              "delta": delta, "n_needed": need, "min_detectable": mde,
-                              "mcnemar_p": stats.mcnemar_exact(b_flips, c_flips)}
-        rows.append(f"| {task} | {n} | {b.acc:.3f} ± {b.acc_se:.3f} | {b.chance:.2f} | {d.acc:.3f} | "
-                    f"{b_flips} → wrong, {c_flips} → right (f = {f:.3f}) | {need:,} | {mde:.3f} | "
-                    f"{stats.mcnemar_exact(b_flips, c_flips):.2g} |")
+        raw["tasks"][task] = {
+            "n": n,
+            "acc": b.acc,
+            "acc_se": b.acc_se,
+            "chance": b.chance,
+            "damaged_acc": d.acc,
+            "flips_right_to_wrong": b_flips,
+            "flips_wrong_to_right": c_flips,
+            "flip_rate": f,
+            "delta": delta,
+            "n_needed": need,
+            "min_detectable": mde,
+            "mcnemar_p": stats.mcnemar_exact(b_flips, c_flips),
+        }
+        rows.append(
+            f"| {task} | {n} | {b.acc:.3f} ± {b.acc_se:.3f} | {b.chance:.2f} | {d.acc:.3f} | "
+            f"{b_flips} → wrong, {c_flips} → right (f = {f:.3f}) | {need:,} | {mde:.3f} | "
+            f"{stats.mcnemar_exact(b_flips, c_flips):.2g} |"
+        )
     agreement = agreement_scores(suite, Path(args.baseline), Path(args.damaged))
     raw["agreement"] = agreement.model_dump()
-    header = ("| task | n | default model | chance | damaged | flips (rate f) | n for a "
-              f"{args.margin:.0%} drop | smallest drop detectable at this n | McNemar p |")
+    header = (
+        "| task | n | default model | chance | damaged | flips (rate f) | n for a "
+        f"{args.margin:.0%} drop | smallest drop detectable at this n | McNemar p |"
+    )
     table = "\n".join([header, "|" + "---|" * 9, *rows])
     a = agreement
-    table += (f"\n\nAgreement of the damaged copy with the default model ({a.positions} positions, "
-              f"{a.items} items): mean KL ≥ {a.kl_mean:.4f} ± {a.kl_se:.4f} "
-              f"(p99 {a.kl_p99:.3f}), top-1 {a.top1:.3f}, Σ min(p, q) ≤ {a.sum_min:.3f}.")
+    table += (
+        f"\n\nAgreement of the damaged copy with the default model ({a.positions} positions, "
+        f"{a.items} items): mean KL ≥ {a.kl_mean:.4f} ± {a.kl_se:.4f} "
+        f"(p99 {a.kl_p99:.3f}), top-1 {a.top1:.3f}, Σ min(p, q) ≤ {a.sum_min:.3f}."
+    )
     table += f"\n\nScoring wall time: default model {base.wall_seconds:.0f} s, damaged copy {dmg.wall_seconds:.0f} s."
     print(table)
     out = ROOT / "benchmarks" / "results"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quantize.accounting import bits_report  # noqa: E402
+from quantize.accounting import bits_report
 
 
 def sparse_shard(path: Path, tensors: dict[str, tuple[str, list[int], int]]) -> None:
@@ -39,25 +39,43 @@ def build(folder: Path, layers: int, hidden: int, shards: int) -> None:
         name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         tensors = {}
         for layer in range(s * per, min(layers, (s + 1) * per)):
-            for proj, (o, i) in {"q_proj": (hidden, hidden), "k_proj": (hidden // 8, hidden), "v_proj": (hidden // 8, hidden),
-                                 "o_proj": (hidden, hidden), "gate_proj": (4 * hidden, hidden), "up_proj": (4 * hidden, hidden),
-                                 "down_proj": (hidden, 4 * hidden)}.items():
+            for proj, (o, i) in {
+                "q_proj": (hidden, hidden),
+                "k_proj": (hidden // 8, hidden),
+                "v_proj": (hidden // 8, hidden),
+                "o_proj": (hidden, hidden),
+                "gate_proj": (4 * hidden, hidden),
+                "up_proj": (4 * hidden, hidden),
+                "down_proj": (hidden, 4 * hidden),
+            }.items():
                 base = f"model.layers.{layer}.{proj}"
                 tensors[f"{base}.weight_packed"] = ("I32", [o, i // 8], o * i // 2)
                 tensors[f"{base}.weight_scale"] = ("BF16", [o, i // g], o * (i // g) * 2)
             tensors[f"model.layers.{layer}.input_layernorm.weight"] = ("BF16", [hidden], hidden * 2)
         sparse_shard(folder / name, tensors)
-        weight_map.update({k: name for k in tensors})
+        weight_map.update(dict.fromkeys(tensors, name))
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    (folder / "config.json").write_text(json.dumps({"quantization_config": {
-        "quant_method": "compressed-tensors", "format": "pack-quantized",
-        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "group_size": g}}}}}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "quantization_config": {
+                    "quant_method": "compressed-tensors",
+                    "format": "pack-quantized",
+                    "config_groups": {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "group_size": g}}},
+                }
+            }
+        )
+    )
 
 
 def main() -> None:
     print(f"{'checkpoint':<22}{'file bytes':>20}{'header bytes read':>20}{'read share':>12}{'ms per inspect':>16}")
-    for label, layers, hidden, shards in [("1B-like", 16, 2048, 1), ("8B-like", 32, 4096, 4),
-                                          ("70B-like", 80, 8192, 30), ("405B-like", 126, 16384, 100)]:
+    for label, layers, hidden, shards in [
+        ("1B-like", 16, 2048, 1),
+        ("8B-like", 32, 4096, 4),
+        ("70B-like", 80, 8192, 30),
+        ("405B-like", 126, 16384, 100),
+    ]:
         with tempfile.TemporaryDirectory() as d:
             build(Path(d), layers, hidden, shards)
             bits_report(d)  # warm the page cache for the headers
@@ -66,7 +84,10 @@ def main() -> None:
             for _ in range(n):
                 r = bits_report(d)
             ms = 1000 * (time.perf_counter() - t0) / n
-            print(f"{label:<22}{r.file_bytes:>20,}{r.header_bytes_read:>20,}{r.header_bytes_read / r.file_bytes:>12.2e}{ms:>16.1f}")
+            print(
+                f"{label:<22}{r.file_bytes:>20,}{r.header_bytes_read:>20,}"
+                f"{r.header_bytes_read / r.file_bytes:>12.2e}{ms:>16.1f}"
+            )
 
 
 if __name__ == "__main__":

@@ -41,12 +41,13 @@ def perplexity(checkpoint: Path) -> float:
     tok = AutoTokenizer.from_pretrained(str(checkpoint))
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
     model.eval()
-    x = build_calibration(tok, Calibration(source="builtin:jargon-heldout", samples=HELDOUT_SAMPLES,
-                                           seq_len=HELDOUT_LEN, seed=0)).input_ids  # (N, T)
+    x = build_calibration(
+        tok, Calibration(source="builtin:jargon-heldout", samples=HELDOUT_SAMPLES, seq_len=HELDOUT_LEN, seed=0)
+    ).input_ids  # (N, T)
     nll, n = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(x), 4):
-            batch = x[i:i + 4]
+            batch = x[i : i + 4]
             logits = model(input_ids=batch).logits[:, :-1].float()  # (B, T-1, V)
             if not torch.isfinite(logits).all():
                 return math.nan
@@ -69,45 +70,72 @@ def main() -> None:
     from quantize import records
     from quantize.accounting import bits_report
     from quantize.models import prepare_default_model
-    from quantize.records import RunRecord
     from quantize.provenance import library_versions
+    from quantize.records import RunRecord
 
     source = prepare_default_model()
     rows = []
     src = bits_report(source)
     t0 = time.perf_counter()
-    rows.append({"recipe": "bf16 source", "method": "-", "scheme": "bf16", "wall_s": None, "peak_rss_mib": None,
-                 "bits_per_weight": src.bits_per_weight, "qlinear_bits": None, "mib": src.total_bytes / 2**20,
-                 "ppl": perplexity(source)})
+    rows.append(
+        {
+            "recipe": "bf16 source",
+            "method": "-",
+            "scheme": "bf16",
+            "wall_s": None,
+            "peak_rss_mib": None,
+            "bits_per_weight": src.bits_per_weight,
+            "qlinear_bits": None,
+            "mib": src.total_bytes / 2**20,
+            "ppl": perplexity(source),
+        }
+    )
     print(f"source measured in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     for recipe in args.recipes:
         name = Path(recipe).stem
         out = Path(args.outputs) / name
         if not (out / "quantize.json").is_file():
             print(f"converting {name} ...", file=sys.stderr)
-            subprocess.run([sys.executable, "-m", "quantize.cli", "run", recipe, "--output", str(out), "--quiet"],
-                           check=True, cwd=ROOT)
+            subprocess.run(
+                [sys.executable, "-m", "quantize.cli", "run", recipe, "--output", str(out), "--quiet"],
+                check=True,
+                cwd=ROOT,
+            )
         meta = records.read(RunRecord, out / "quantize.json")
         b = meta.bits
-        rows.append({"recipe": name, "method": meta.method, "scheme": meta.scheme,
-                     "wall_s": meta.time_seconds["total"],
-                     "peak_rss_mib": meta.memory.peak_rss_bytes / 2**20,
-                     "bits_per_weight": b.bits_per_weight, "qlinear_bits": b.quantized_linear_bits_per_weight,
-                     "mib": b.total_bytes / 2**20, "ppl": perplexity(out)})
+        rows.append(
+            {
+                "recipe": name,
+                "method": meta.method,
+                "scheme": meta.scheme,
+                "wall_s": meta.time_seconds["total"],
+                "peak_rss_mib": meta.memory.peak_rss_bytes / 2**20,
+                "bits_per_weight": b.bits_per_weight,
+                "qlinear_bits": b.quantized_linear_bits_per_weight,
+                "mib": b.total_bytes / 2**20,
+                "ppl": perplexity(out),
+            }
+        )
         print(f"measured {name}", file=sys.stderr)
-    header = ("| recipe | method | scheme | wall time (s) | peak RSS (MiB) | bits/weight (whole) | "
-              "bits/weight (quantized linears) | tensor MiB | held-out perplexity |")
+    header = (
+        "| recipe | method | scheme | wall time (s) | peak RSS (MiB) | bits/weight (whole) | "
+        "bits/weight (quantized linears) | tensor MiB | held-out perplexity |"
+    )
     lines = [header, "|" + "---|" * 9]
     for r in rows:
-        lines.append(f"| {r['recipe']} | {r['method']} | {r['scheme']} | {_f(r['wall_s'], '.0f')} | "
-                     f"{_f(r['peak_rss_mib'], ',.0f')} | {r['bits_per_weight']:.3f} | {_f(r['qlinear_bits'], '.3f')} | "
-                     f"{r['mib']:.1f} | {r['ppl']:.3f} |")
+        lines.append(
+            f"| {r['recipe']} | {r['method']} | {r['scheme']} | {_f(r['wall_s'], '.0f')} | "
+            f"{_f(r['peak_rss_mib'], ',.0f')} | {r['bits_per_weight']:.3f} | {_f(r['qlinear_bits'], '.3f')} | "
+            f"{r['mib']:.1f} | {r['ppl']:.3f} |"
+        )
     table = "\n".join(lines)
     print(table)
     results = ROOT / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
-    note = (f"\n\nMeasured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPU cores; perplexity over "
-            f"{HELDOUT_SAMPLES} × {HELDOUT_LEN} held-out Jargon File tokens; versions {library_versions()}\n")
+    note = (
+        f"\n\nMeasured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} CPU cores; perplexity over "
+        f"{HELDOUT_SAMPLES} × {HELDOUT_LEN} held-out Jargon File tokens; versions {library_versions()}\n"
+    )
     (results / "recipes_default_model.md").write_text(table + note)
     (results / "recipes_default_model.json").write_text(json.dumps(rows, indent=2) + "\n")
 

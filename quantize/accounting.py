@@ -29,33 +29,64 @@ MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 
 # Bits per element of every dtype safetensors defines.
 DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
 }
 LOW_PRECISION_WEIGHT = {"I8", "U8", "F8_E4M3", "F8_E5M2", "F4"}
 
-ROLES = ("payload", "scale", "zero_point", "group_index", "quant_meta",
-         "embedding", "lm_head", "norm", "bias", "linear_kept", "other")
+ROLES = (
+    "payload",
+    "scale",
+    "zero_point",
+    "group_index",
+    "quant_meta",
+    "embedding",
+    "lm_head",
+    "norm",
+    "bias",
+    "linear_kept",
+    "other",
+)
 QUANT_ROLES = ("payload", "scale", "zero_point", "group_index", "quant_meta")
 
 # Tensor-name suffix -> role, first match wins. Covers compressed-tensors
 # (weight_packed, weight_scale, weight_zero_point, weight_g_idx, weight_shape),
 # GPTQ and AWQ formats (qweight, qzeros, scales, g_idx) and FP8 checkpoints.
-ROLE_RULES: list[tuple[re.Pattern[str], str]] = [(re.compile(p), r) for p, r in [
-    (r"\.(weight_packed|qweight)$", "payload"),
-    (r"\.(weight_scale|scales|weight_global_scale|weight_scale_inv)$", "scale"),
-    (r"\.(weight_zero_point|qzeros)$", "zero_point"),
-    (r"\.(weight_g_idx|g_idx)$", "group_index"),
-    (r"\.(weight_shape|input_scale|input_zero_point|input_global_scale|output_scale|output_zero_point|k_scale|v_scale)$",
-     "quant_meta"),
-    (r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|embed_positions|tok_embeddings)\.weight$", "embedding"),
-    (r"(^|\.)(lm_head|embed_out|output)\.weight$", "lm_head"),
-    (r"(norm|ln_\w+|ln\d*)[^.]*\.weight$", "norm"),
-    (r"\.bias$", "bias"),
-]]
+ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(p), r)
+    for p, r in [
+        (r"\.(weight_packed|qweight)$", "payload"),
+        (r"\.(weight_scale|scales|weight_global_scale|weight_scale_inv)$", "scale"),
+        (r"\.(weight_zero_point|qzeros)$", "zero_point"),
+        (r"\.(weight_g_idx|g_idx)$", "group_index"),
+        (
+            r"\.(weight_shape|input_scale|input_zero_point|input_global_scale|output_scale|output_zero_point|k_scale|v_scale)$",
+            "quant_meta",
+        ),
+        (r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|embed_positions|tok_embeddings)\.weight$", "embedding"),
+        (r"(^|\.)(lm_head|embed_out|output)\.weight$", "lm_head"),
+        (r"(norm|ln_\w+|ln\d*)[^.]*\.weight$", "norm"),
+        (r"\.bias$", "bias"),
+    ]
+]
 # Payload tensors whose last (compressed-tensors, AWQ) or first (GPTQ) axis is packed into int32 words.
 PACKED_AXIS = {"weight_packed": -1, "qweight": 0}
 
@@ -107,6 +138,7 @@ class BitsReport:
 
 # --- the header parser ------------------------------------------------------------------------
 
+
 def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
     """Parse and check one safetensors header. Returns tensors, __metadata__, bytes read.
 
@@ -146,10 +178,15 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
         if dtype not in DTYPE_BITS:
             raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
             raise bad(f"tensor {name!r} has shape {shape!r}; a shape is a list of non-negative integers")
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+        ):
             raise bad(f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
         begin, end = offsets
         if not 0 <= begin <= end <= data_size:
@@ -163,7 +200,11 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
     cursor = 0
     for begin, end, name in spans:
         if begin != cursor:
-            why = "overlaps the previous tensor" if begin < cursor else f"leaves a gap of {begin - cursor} bytes before it"
+            why = (
+                "overlaps the previous tensor"
+                if begin < cursor
+                else f"leaves a gap of {begin - cursor} bytes before it"
+            )
             raise bad(f"tensor {name!r} at {begin} {why}")
         cursor = end
     if cursor != data_size:
@@ -172,6 +213,7 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
 
 
 # --- quantization config: what the packed words hold ------------------------------------------
+
 
 def _quant_config(checkpoint: Path) -> dict[str, Any]:
     cfg = read_config(checkpoint, required=False)
@@ -202,7 +244,9 @@ def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:
             return role
     if name.endswith(".weight"):
         module = name[: -len(".weight")]
-        if tensor.dtype in LOW_PRECISION_WEIGHT and (f"{module}.weight_scale" in names or f"{module}.weight_scale_inv" in names):
+        if tensor.dtype in LOW_PRECISION_WEIGHT and (
+            f"{module}.weight_scale" in names or f"{module}.weight_scale_inv" in names
+        ):
             return "payload"  # int-quantized / float-quantized: the weight itself is the 8-bit payload
         return "linear_kept" if len(tensor.shape) == 2 else "other"
     return "other"
@@ -213,6 +257,7 @@ def _module_of(name: str) -> str:
 
 
 # --- the report ---------------------------------------------------------------------------------
+
 
 def bits_report(checkpoint: str | Path) -> BitsReport:
     """Account for every byte of a checkpoint from its safetensors headers."""
@@ -248,16 +293,17 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         if role == "payload" and suffix in PACKED_AXIS:
             if t.dtype != "I32" or len(bits) != 1 or len(t.shape) != 2:
                 params_known = False
-                why = (f"the config declares bit widths {sorted(bits)}" if bits
-                       else "config.json declares no quantization bit width")
+                why = (
+                    f"the config declares bit widths {sorted(bits)}"
+                    if bits
+                    else "config.json declares no quantization bit width"
+                )
                 notes.append(f"cannot unpack {name} ({t.dtype} {t.shape}): {why}; its parameters are not counted")
                 continue
             (b,) = bits
             n = n * 32 // b  # each int32 word holds 32/b values along the packed axis
             row.format = f"int{b}"
-        elif role == "payload":
-            row.format = t.dtype.lower()
-        elif row.format == "?":
+        elif role == "payload" or row.format == "?":
             row.format = t.dtype.lower()
         row.parameters += n
 

@@ -24,8 +24,14 @@ from quantize.errors import UsageError
 from quantize.recipe import Calibration
 
 BUILTIN = {
-    "builtin:jargon": ("jargon-calibration.jsonl", "Jargon File 4.4.7 glossary, calibration split (Debian jargon-text, public domain)"),
-    "builtin:jargon-heldout": ("jargon-heldout.jsonl", "Jargon File 4.4.7 glossary, held-out split (Debian jargon-text, public domain)"),
+    "builtin:jargon": (
+        "jargon-calibration.jsonl",
+        "Jargon File 4.4.7 glossary, calibration split (Debian jargon-text, public domain)",
+    ),
+    "builtin:jargon-heldout": (
+        "jargon-heldout.jsonl",
+        "Jargon File 4.4.7 glossary, held-out split (Debian jargon-text, public domain)",
+    ),
 }
 
 
@@ -57,14 +63,22 @@ def source_path(source: str) -> tuple[Path, str]:
     """Resolve a calibration source to a file, or raise a UsageError that says what to do."""
     if source.startswith("builtin:"):
         if source not in BUILTIN:
-            raise UsageError(f"calibration.source = {source!r} is not a built-in source; use one of: {', '.join(BUILTIN)}, or a local .txt/.jsonl path")
+            raise UsageError(
+                f"calibration.source = {source!r} is not a built-in source; use one of: {', '.join(BUILTIN)}, or a "
+                "local .txt/.jsonl path"
+            )
         name, desc = BUILTIN[source]
         return Path(str(resources.files("quantize") / "data" / name)), desc
     p = Path(source).expanduser()
     if not p.is_file():
-        raise UsageError(f"calibration.source = {source!r}: no such file; give a local .txt or .jsonl file, or builtin:jargon")
+        raise UsageError(
+            f"calibration.source = {source!r}: no such file; give a local .txt or .jsonl file, or builtin:jargon"
+        )
     if p.suffix not in (".txt", ".jsonl"):
-        raise UsageError(f"calibration.source = {source!r}: unsupported file type {p.suffix!r}; use .txt (blank-line separated documents) or .jsonl (a 'text' field per line)")
+        raise UsageError(
+            f"calibration.source = {source!r}: unsupported file type {p.suffix!r}; use .txt (blank-line separated "
+            "documents) or .jsonl (a 'text' field per line)"
+        )
     return p, f"local file {p}"
 
 
@@ -110,7 +124,8 @@ def build_calibration(tokenizer: Any, cal: Calibration) -> CalibrationSet:
     if len(stream) < need:
         raise UsageError(
             f"calibration source {cal.source} holds {len(stream)} tokens, fewer than samples × seq_len = "
-            f"{cal.samples} × {cal.seq_len} = {need}; lower calibration.samples or calibration.seq_len, or give more text"
+            f"{cal.samples} × {cal.seq_len} = {need}; lower calibration.samples or calibration.seq_len, or give more "
+            "text"
         )
     x = np.asarray(stream[:need], dtype="<i8").reshape(cal.samples, cal.seq_len)  # (N, T)
     return CalibrationSet(

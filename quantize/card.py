@@ -15,8 +15,11 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
     if meta.scheme:
         tags.append(meta.scheme.lower())
     data = ModelCardData(
-        base_model=base_model, base_model_relation="quantized" if base_model else None,
-        library_name="transformers", pipeline_tag="text-generation", tags=tags,
+        base_model=base_model,
+        base_model_relation="quantized" if base_model else None,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=tags,
     )
     qbits = b.quantized_linear_bits_per_weight
     lines = [
@@ -30,12 +33,16 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
         f"| method | {meta.method} |",
         f"| scheme | {meta.scheme or 'from verbatim llm-compressor recipe'} |",
         f"| true bits per weight (whole model, every stored byte) | {b.bits_per_weight:.3f} |",
-        f"| bits per weight, quantized linear layers | {qbits:.3f} |" if qbits else "| bits per weight, quantized linear layers | none quantized |",
+        f"| bits per weight, quantized linear layers | {qbits:.3f} |"
+        if qbits
+        else "| bits per weight, quantized linear layers | none quantized |",
         f"| total tensor bytes | {b.total_bytes:,} |",
         f"| source parameters | {b.source_parameters:,} |",
         f"| source model weights sha256 | `{meta.source_model.weights_sha256}` |",
         f"| recipe sha256 | `{meta.recipe.sha256}` |",
-        f"| calibration | {cal.samples} × {cal.seq_len} tokens of {cal.description}, seed {cal.seed} |" if cal else "| calibration | none (data-free) |",
+        f"| calibration | {cal.samples} × {cal.seq_len} tokens of {cal.description}, seed {cal.seed} |"
+        if cal
+        else "| calibration | none (data-free) |",
         f"| layers kept at 16 bits | {len(meta.layer_plan.kept_16bit)} |",
         f"| wall time | {meta.time_seconds['total']:.0f} s |",
         "",

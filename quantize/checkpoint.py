@@ -69,9 +69,14 @@ def write_config(checkpoint: Path, cfg: dict[str, Any]) -> None:
 def check_model_dir(path: Path) -> None:
     """A folder a model can be loaded from: config.json and safetensors weights (pickles refused)."""
     if not path.exists():
-        raise UsageError(f"model folder {path} does not exist; set `model:` to a local checkpoint folder, or remove it to use the default model")
+        raise UsageError(
+            f"model folder {path} does not exist; set `model:` to a local checkpoint folder, or remove it to use the "
+            "default model"
+        )
     if not path.is_dir():
-        raise UsageError(f"model {path} is a file; `model:` takes a checkpoint folder holding config.json and *.safetensors")
+        raise UsageError(
+            f"model {path} is a file; `model:` takes a checkpoint folder holding config.json and *.safetensors"
+        )
     if not (path / CONFIG).is_file():
         raise UsageError(
             f"{path} is not a model: it has no config.json. Point `model:` at a Hugging Face checkpoint folder "
@@ -92,8 +97,12 @@ def weights_sha256(checkpoint: Path) -> str:
     One gate hashes each checkpoint for scoring, for agreement and for the report, so a file set is
     hashed once per process: the memo key holds every file's size, mtime and inode, and a rewritten
     file is hashed again."""
-    return _sha256_of_files(tuple((f.name, str(f.resolve()), (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino)
-                                  for f in safetensors_files(checkpoint)))
+    return _sha256_of_files(
+        tuple(
+            (f.name, str(f.resolve()), (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino)
+            for f in safetensors_files(checkpoint)
+        )
+    )
 
 
 @functools.lru_cache(maxsize=64)

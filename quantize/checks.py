@@ -21,6 +21,7 @@ def first_nonfinite_module(model: Any, input_ids: Any) -> str | None:
             t = output[0] if isinstance(output, tuple) else output
             if not found and isinstance(t, torch.Tensor) and t.is_floating_point() and not torch.isfinite(t).all():
                 found.append(name)
+
         return fn
 
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
@@ -47,8 +48,13 @@ def check_finite(model: Any, input_ids: Any, stage: str) -> FiniteCheck:
             f"finite is {layer}. Nothing was saved. Try more calibration samples, a smaller group_size, "
             f"`ignore:` for that layer, or float32 (`dtype: float32`)"
         )
-    return FiniteCheck(stage=stage, rows=int(input_ids.shape[0]), tokens=int(input_ids.numel()), finite=ok,
-                       max_abs_logit=float(logits.abs().max()))
+    return FiniteCheck(
+        stage=stage,
+        rows=int(input_ids.shape[0]),
+        tokens=int(input_ids.numel()),
+        finite=ok,
+        max_abs_logit=float(logits.abs().max()),
+    )
 
 
 def reload_check(path: Path, probe: Any, trust_remote_code: bool) -> FiniteCheck:

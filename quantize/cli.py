@@ -38,6 +38,7 @@ def _mib(n: float) -> str:
 
 # --- run ----------------------------------------------------------------------------------------
 
+
 def cmd_run(args: argparse.Namespace) -> int:
     from quantize.engine import convert, output_dir
     from quantize.recipe import load_recipe
@@ -51,15 +52,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     b, plan = meta.bits, meta.layer_plan
     q = b.quantized_linear_bits_per_weight
     print(f"{recipe.name}: {meta.method} {meta.scheme or ''} -> {out}")
-    print(f"  true bits per weight: {b.bits_per_weight:.3f} whole model"
-          + (f", {q:.3f} quantized linear layers" if q else ""))
-    print(f"  size: {_mib(b.total_bytes)} of tensors; {plan.quantized_layers} layers quantized, "
-          f"{len(plan.kept_16bit)} kept at 16 bits")
+    print(
+        f"  true bits per weight: {b.bits_per_weight:.3f} whole model"
+        + (f", {q:.3f} quantized linear layers" if q else "")
+    )
+    print(
+        f"  size: {_mib(b.total_bytes)} of tensors; {plan.quantized_layers} layers quantized, "
+        f"{len(plan.kept_16bit)} kept at 16 bits"
+    )
     print(f"  wall time {meta.time_seconds['total']:.1f} s, peak memory {_mib(meta.memory.peak_rss_bytes)}")
     return EXIT_OK
 
 
 # --- inspect ------------------------------------------------------------------------------------
+
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from quantize.accounting import bits_report
@@ -69,24 +75,44 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         _print_json(r.to_dict(modules=args.modules))
         return EXIT_OK
     fmt = lambda x: f"{x:.3f}" if x is not None else "unknown"  # noqa: E731
-    print(f"{r.checkpoint}  ({r.format}; {len(r.files)} file(s), {r.header_bytes_read:,} header bytes read of {r.file_bytes:,})")
+    print(
+        f"{r.checkpoint}  ({r.format}; {len(r.files)} file(s), {r.header_bytes_read:,} header bytes read of "
+        f"{r.file_bytes:,})"
+    )
     print(f"  total tensor bytes     {r.total_bytes:,} ({_mib(r.total_bytes)})")
-    print(f"  logical parameters     {r.parameters:,}" if r.parameters is not None else "  logical parameters     unknown")
-    print(f"  bits per weight        {fmt(r.bits_per_weight)}  (8 × all bytes / parameters: embeddings, norms and scales included)")
-    print(f"  quantized linears      {fmt(r.quantized_linear_bits_per_weight)} bits per weight over {r.quantized_linear_parameters:,} parameters")
+    print(
+        f"  logical parameters     {r.parameters:,}" if r.parameters is not None else "  logical parameters     unknown"
+    )
+    print(
+        f"  bits per weight        {fmt(r.bits_per_weight)}  (8 × all bytes / parameters: embeddings, norms and "
+        "scales included)"
+    )
+    print(
+        f"  quantized linears      {fmt(r.quantized_linear_bits_per_weight)} bits per weight over "
+        f"{r.quantized_linear_parameters:,} parameters"
+    )
     print()
-    print(table([[role, f"{n:,}", f"{100 * n / r.total_bytes:.2f}%"] for role, n in r.bytes_by_role.items()],
-                ["bytes by role", "bytes", "share"]))
+    print(
+        table(
+            [[role, f"{n:,}", f"{100 * n / r.total_bytes:.2f}%"] for role, n in r.bytes_by_role.items()],
+            ["bytes by role", "bytes", "share"],
+        )
+    )
     if args.modules:
         print()
-        print(table([[m.module, m.format, f"{m.parameters:,}", f"{m.bytes:,}", fmt(m.bits_per_weight)] for m in r.modules],
-                    ["module", "format", "parameters", "bytes", "bits/weight"]))
+        print(
+            table(
+                [[m.module, m.format, f"{m.parameters:,}", f"{m.bytes:,}", fmt(m.bits_per_weight)] for m in r.modules],
+                ["module", "format", "parameters", "bytes", "bits/weight"],
+            )
+        )
     for note in r.notes:
         print(f"  note: {note}")
     return EXIT_OK
 
 
 # --- cost ---------------------------------------------------------------------------------------
+
 
 def _formats(spec: str) -> dict[str, float]:
     out = {}
@@ -106,12 +132,32 @@ def cmd_cost(args: argparse.Namespace) -> int:
         raise UsageError(f"--hardware {args.hardware!r} is unknown; choose one of {', '.join(cost.HARDWARE)}")
     hw = cost.HARDWARE[args.hardware]
     if args.checkpoint:
-        result = cost.checkpoint_cost(Path(args.checkpoint), hw, args.context, args.batch, args.alpha, args.gamma,
-                                      args.draft_cost, args.plain_step_ms, args.project_params, args.project_share)
+        result = cost.checkpoint_cost(
+            Path(args.checkpoint),
+            hw,
+            args.context,
+            args.batch,
+            args.alpha,
+            args.gamma,
+            args.draft_cost,
+            args.plain_step_ms,
+            args.project_params,
+            args.project_share,
+        )
     else:
         kv = cost.KVLayout(args.layers, args.kv_heads, args.head_dim, args.kv_bytes)
-        result = cost.token_cost(args.params, _formats(args.formats), kv, hw, args.context, args.batch,
-                                 args.alpha, args.gamma, args.draft_cost, args.plain_step_ms)
+        result = cost.token_cost(
+            args.params,
+            _formats(args.formats),
+            kv,
+            hw,
+            args.context,
+            args.batch,
+            args.alpha,
+            args.gamma,
+            args.draft_cost,
+            args.plain_step_ms,
+        )
     if args.sweep:
         result["sweeps"] = cost.exercise_sweeps(args.gamma, args.draft_cost, args.alpha)
     if args.json:
@@ -122,6 +168,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 # --- model --------------------------------------------------------------------------------------
+
 
 def cmd_model(args: argparse.Namespace) -> int:
     from quantize.models import default_model_dir, prepare_default_model
@@ -135,6 +182,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 # --- eval ---------------------------------------------------------------------------------------
+
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from quantize.records import RollingTask, to_json
@@ -151,8 +199,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return EXIT_OK
     p = doc.provenance
     took = "cached" if cached else f"{doc.wall_seconds:.0f} s"
-    print(f"{p.checkpoint.path}  (sha256 {p.checkpoint.weights_sha256[:12]}; golden {p.golden.name}/"
-          f"{p.golden.version}; lm-eval {p.lm_eval_version}; {took})")
+    print(
+        f"{p.checkpoint.path}  (sha256 {p.checkpoint.weights_sha256[:12]}; golden {p.golden.name}/"
+        f"{p.golden.version}; lm-eval {p.lm_eval_version}; {took})"
+    )
     rows = []
     for task, d in doc.tasks.items():
         if isinstance(d, RollingTask):
@@ -164,6 +214,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 # --- gate ---------------------------------------------------------------------------------------
+
 
 def cmd_gate(args: argparse.Namespace) -> int:
     from quantize.gates.render import render_text, write_junit
@@ -181,6 +232,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 # --- report -------------------------------------------------------------------------------------
 
+
 def cmd_report(args: argparse.Namespace) -> int:
     from quantize import cost
     from quantize.report.collect import collect
@@ -194,16 +246,21 @@ def cmd_report(args: argparse.Namespace) -> int:
         if p.is_dir() and not (p / "config.json").is_file():
             found = sorted(d for d in p.iterdir() if (d / "config.json").is_file())
             if not found:
-                raise UsageError(f"{p} is neither a checkpoint nor a folder of checkpoints (no config.json in it or in "
-                                 "its subfolders); pass checkpoint folders, or a folder holding them such as outputs")
+                raise UsageError(
+                    f"{p} is neither a checkpoint nor a folder of checkpoints (no config.json in it or in "
+                    "its subfolders); pass checkpoint folders, or a folder holding them such as outputs"
+                )
             paths += found
         elif p.is_dir():
             paths.append(p)
         else:
-            raise UsageError(f"{p} is not a checkpoint folder{'' if p.exists() else ' (it does not exist)'}; "
-                             "pass checkpoint folders, or a folder holding them such as outputs")
-    entries = collect(paths, args.suite, Path(args.baseline) if args.baseline else None, args.policy,
-                      cost.HARDWARE[args.hardware])
+            raise UsageError(
+                f"{p} is not a checkpoint folder{'' if p.exists() else ' (it does not exist)'}; "
+                "pass checkpoint folders, or a folder holding them such as outputs"
+            )
+    entries = collect(
+        paths, args.suite, Path(args.baseline) if args.baseline else None, args.policy, cost.HARDWARE[args.hardware]
+    )
     data = write_report(entries, Path(args.out), args.x, args.suite, args.hardware)
     if args.json:
         _print_json(data)
@@ -214,13 +271,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 # --- golden -------------------------------------------------------------------------------------
 
+
 def cmd_golden(args: argparse.Namespace) -> int:
     if args.action == "verify":
         from quantize.golden.manifest import verify
 
         g = verify(args.path)
-        counts = ", ".join(f"{Path(n).stem} {f['items']}" for n, f in sorted(g.manifest["files"].items()) if f["items"] is not None)
-        print(f"{g.path}: verified {len(g.manifest['files'])} files ({counts}); manifest sha256 {g.manifest_sha256[:16]}")
+        counts = ", ".join(
+            f"{Path(n).stem} {f['items']}" for n, f in sorted(g.manifest["files"].items()) if f["items"] is not None
+        )
+        print(
+            f"{g.path}: verified {len(g.manifest['files'])} files ({counts}); manifest sha256 {g.manifest_sha256[:16]}"
+        )
         return EXIT_OK
     from quantize.golden.build import main as build_main
 
@@ -230,7 +292,9 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="quantize", description="Recipe-driven LLM quantization with true bits-per-weight accounting.")
+    p = argparse.ArgumentParser(
+        prog="quantize", description="Recipe-driven LLM quantization with true bits-per-weight accounting."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="convert a model as a recipe file says")
@@ -247,9 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.set_defaults(fn=cmd_inspect)
 
-    c = sub.add_parser("cost", help="decode-time lower bounds and speculative-decoding arithmetic",
-                       description="Every time printed is a lower bound from peak figures, not a measurement. "
-                                   "Defaults reproduce the seed worksheet (70B GQA model, hypothetical 3.0 TB/s GPU).")
+    c = sub.add_parser(
+        "cost",
+        help="decode-time lower bounds and speculative-decoding arithmetic",
+        description="Every time printed is a lower bound from peak figures, not a measurement. "
+        "Defaults reproduce the seed worksheet (70B GQA model, hypothetical 3.0 TB/s GPU).",
+    )
     c.add_argument("--checkpoint", help="use a measured checkpoint's bytes and KV layout instead of --params/--formats")
     c.add_argument("--params", type=float, default=70e9, help="parameter count (default 70e9)")
     c.add_argument("--formats", default="bf16=16,fp8_e4m3=8,int4_g128=4.15", help="name=bits pairs")
@@ -263,9 +330,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--alpha", type=float, default=0.8, help="speculative acceptance rate α, 0 <= α < 1")
     c.add_argument("--gamma", type=int, default=4, help="draft length γ >= 1")
     c.add_argument("--draft-cost", type=float, default=0.1, help="draft step time / target step time, c >= 0")
-    c.add_argument("--plain-step-ms", type=float, default=25.0, help="a measured plain decode step, for iteration time and TPOT")
-    c.add_argument("--project-params", type=float, help="with --checkpoint: project onto a larger model of this many parameters")
-    c.add_argument("--project-share", type=float, help="with --project-params: share of its parameters in quantized linears (default: the checkpoint's)")
+    c.add_argument(
+        "--plain-step-ms", type=float, default=25.0, help="a measured plain decode step, for iteration time and TPOT"
+    )
+    c.add_argument(
+        "--project-params", type=float, help="with --checkpoint: project onto a larger model of this many parameters"
+    )
+    c.add_argument(
+        "--project-share",
+        type=float,
+        help="with --project-params: share of its parameters in quantized linears (default: the checkpoint's)",
+    )
     c.add_argument("--sweep", action="store_true", help="add the seed's exercise sweeps (α, best γ, slow draft)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_cost)
@@ -279,8 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--quiet", "-q", action="store_true", help="no progress bars or library logs")
     e.set_defaults(fn=cmd_eval)
 
-    gt = sub.add_parser("gate", help="pass or reject a candidate against its baseline, with paired statistics",
-                        description="Exit 0: pass; 1: rejected or inconclusive (fails closed by default); 2: bad input; 3: runtime failure.")
+    gt = sub.add_parser(
+        "gate",
+        help="pass or reject a candidate against its baseline, with paired statistics",
+        description="Exit 0: pass; 1: rejected or inconclusive (fails closed by default); 2: bad input; "
+        "3: runtime failure.",
+    )
     gt.add_argument("policy", help="gate policy, e.g. gates/ci.yaml")
     gt.add_argument("--baseline", required=True, help="baseline checkpoint folder (or a score .json)")
     gt.add_argument("--candidate", required=True, help="candidate checkpoint folder (or a score .json)")
@@ -296,7 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--policy", help="gate policy whose verdicts to show (from cached scores only)")
     rp.add_argument("--hardware", default="h100-sxm", help="hardware profile for the decode-cost bounds")
     rp.add_argument("--x", choices=["bytes", "bpw"], default="bytes", help="x axis of the Pareto plots")
-    rp.add_argument("--out", required=True, help="output folder (written atomically; an earlier report there is replaced)")
+    rp.add_argument(
+        "--out", required=True, help="output folder (written atomically; an earlier report there is replaced)"
+    )
     rp.add_argument("--json", action="store_true", help="print report.json (the table, entries and image names)")
     rp.set_defaults(fn=cmd_report)
 
@@ -334,8 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # an unexpected failure: short message, traceback on request
         if os.environ.get("QUANTIZE_DEBUG"):
             traceback.print_exc()
-        print(f"quantize {args.command}: failed: {type(e).__name__}: {e}\n"
-              "(set QUANTIZE_DEBUG=1 for the traceback, and report it if the input was valid)", file=sys.stderr)
+        print(
+            f"quantize {args.command}: failed: {type(e).__name__}: {e}\n"
+            "(set QUANTIZE_DEBUG=1 for the traceback, and report it if the input was valid)",
+            file=sys.stderr,
+        )
         return EXIT_RUNTIME
 
 

@@ -37,8 +37,16 @@ def _message(err: dict[str, Any], skip: set[str], tag_label: str, hints: dict[st
     return f"{field} = {shown}: {msg}"
 
 
-def validate(model: type[M] | TypeAdapter, data: Any, origin: str, what: str, skip_locs: set[str] = frozenset(),
-             tag_label: str = "", regenerate: str = "", hints: dict[str, str] | None = None) -> M:
+def validate(
+    model: type[M] | TypeAdapter,
+    data: Any,
+    origin: str,
+    what: str,
+    skip_locs: set[str] = frozenset(),
+    tag_label: str = "",
+    regenerate: str = "",
+    hints: dict[str, str] | None = None,
+) -> M:
     """Validate a parsed mapping against a model (or a TypeAdapter of a union); raise one UsageError
     listing every problem. `skip_locs` are union tags left out of field names; `tag_label` (e.g.
     "method {}") names the tag when a key does not belong to it."""
@@ -50,11 +58,20 @@ def validate(model: type[M] | TypeAdapter, data: Any, origin: str, what: str, sk
     except ValidationError as e:
         problems = [_message(err, set(skip_locs), tag_label, hints or {}) for err in e.errors()]
         tail = f"\n{regenerate[0].upper()}{regenerate[1:]}." if regenerate else ""
-        raise UsageError(f"{origin} is not a valid {what}:\n" + "\n".join(f"  - {p}" for p in problems) + tail) from None
+        raise UsageError(
+            f"{origin} is not a valid {what}:\n" + "\n".join(f"  - {p}" for p in problems) + tail
+        ) from None
 
 
-def load_yaml(path: str | Path, model: type[M] | TypeAdapter, what: str, hint: str, skip_locs: set[str] = frozenset(),
-              tag_label: str = "", hints: dict[str, str] | None = None) -> tuple[M, str]:
+def load_yaml(
+    path: str | Path,
+    model: type[M] | TypeAdapter,
+    what: str,
+    hint: str,
+    skip_locs: set[str] = frozenset(),
+    tag_label: str = "",
+    hints: dict[str, str] | None = None,
+) -> tuple[M, str]:
     """Read, parse and validate a YAML file. Returns the model and the sha256 of the file's bytes."""
     p = Path(path)
     if not p.is_file():

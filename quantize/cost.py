@@ -37,14 +37,32 @@ class Hardware(BaseModel):
 
 
 # Datasheet figures; the 'seed' profile is the tutorial's hypothetical round numbers.
-HARDWARE: dict[str, Hardware] = {h.name: h for h in [
-    Hardware(name="seed", hbm_bytes_per_second=3.0e12, peak_dense_flops=1.0e15, memory_bytes=80 * 2**30,
-             source="hypothetical round numbers from shared/seed 'Making Each Token Cheaper' (80 GiB GPU)"),
-    Hardware(name="h100-sxm", hbm_bytes_per_second=3.35e12, peak_dense_flops=989e12, memory_bytes=80e9,
-             source="NVIDIA H100 datasheet: SXM 80 GB, 3.35 TB/s, BF16 dense 989 TFLOP/s (1,979 is with sparsity)"),
-    Hardware(name="h200", hbm_bytes_per_second=4.8e12, peak_dense_flops=989e12, memory_bytes=141e9,
-             source="NVIDIA H200 datasheet: SXM 141 GB, 4.8 TB/s, BF16 dense 989 TFLOP/s (1,979 is with sparsity)"),
-]}
+HARDWARE: dict[str, Hardware] = {
+    h.name: h
+    for h in [
+        Hardware(
+            name="seed",
+            hbm_bytes_per_second=3.0e12,
+            peak_dense_flops=1.0e15,
+            memory_bytes=80 * 2**30,
+            source="hypothetical round numbers from shared/seed 'Making Each Token Cheaper' (80 GiB GPU)",
+        ),
+        Hardware(
+            name="h100-sxm",
+            hbm_bytes_per_second=3.35e12,
+            peak_dense_flops=989e12,
+            memory_bytes=80e9,
+            source="NVIDIA H100 datasheet: SXM 80 GB, 3.35 TB/s, BF16 dense 989 TFLOP/s (1,979 is with sparsity)",
+        ),
+        Hardware(
+            name="h200",
+            hbm_bytes_per_second=4.8e12,
+            peak_dense_flops=989e12,
+            memory_bytes=141e9,
+            source="NVIDIA H200 datasheet: SXM 141 GB, 4.8 TB/s, BF16 dense 989 TFLOP/s (1,979 is with sparsity)",
+        ),
+    ]
+}
 
 # Bits per weight charged for a format when no checkpoint is measured (the seed's worksheet).
 FORMAT_BITS = {"bf16": 16.0, "fp8_e4m3": 8.0, "int4_g128": 4.15}
@@ -137,8 +155,15 @@ class CostModel:
             b += 1
         return b if b <= limit else None
 
-    def format_row(self, weight_bytes: float, batch: int, gamma: int, alpha: float, draft_cost: float,
-                   bits_per_weight: float | None = None) -> dict[str, Any]:
+    def format_row(
+        self,
+        weight_bytes: float,
+        batch: int,
+        gamma: int,
+        alpha: float,
+        draft_cost: float,
+        bits_per_weight: float | None = None,
+    ) -> dict[str, Any]:
         mem1, comp1 = self.memory_s(weight_bytes, 0), self.compute_s(1, 1)
         memb, compb = self.memory_s(weight_bytes, batch), self.compute_s(batch, 1)
         ratio = self.verify_ratio(weight_bytes, batch, gamma)
@@ -148,7 +173,8 @@ class CostModel:
             "weight_gb": weight_bytes / 1e9,
             "weight_gib": weight_bytes / 2**30,
             "batch1_weight_bound_ms": 1000 * mem1,
-            "batch1_step_bound_ms": 1000 * max(mem1 + self.kv_bytes_per_sequence / self.hardware.hbm_bytes_per_second, comp1),
+            "batch1_step_bound_ms": 1000
+            * max(mem1 + self.kv_bytes_per_sequence / self.hardware.hbm_bytes_per_second, comp1),
             "batch1_compute_ms": 1000 * comp1,
             "batch_step_bound_ms": 1000 * max(memb, compb),
             "batch_memory_ms": 1000 * memb,
@@ -183,9 +209,19 @@ def speculation_summary(alpha: float, gamma: int, draft_cost: float, plain_step_
     }
 
 
-def token_cost(parameters: float, format_bits: dict[str, float], kv: KVLayout, hardware: Hardware,
-               context_tokens: int, batch: int, alpha: float, gamma: int, draft_cost: float,
-               plain_step_ms: float, measured_bytes: dict[str, float] | None = None) -> dict[str, Any]:
+def token_cost(
+    parameters: float,
+    format_bits: dict[str, float],
+    kv: KVLayout,
+    hardware: Hardware,
+    context_tokens: int,
+    batch: int,
+    alpha: float,
+    gamma: int,
+    draft_cost: float,
+    plain_step_ms: float,
+    measured_bytes: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """The calculator: one row per format. measured_bytes replaces bits × parameters / 8 where given."""
     if parameters <= 0:
         raise UsageError(f"parameters must be positive, got {parameters}")
@@ -219,8 +255,14 @@ def exercise_sweeps(gamma: int, draft_cost: float, alpha: float) -> dict[str, An
     gammas = {g: speculative_speedup(alpha, g, draft_cost) for g in range(1, 9)}
     best = max(gammas, key=gammas.get)
     return {
-        "alpha_sweep": [{"alpha": a, "expected_tokens": expected_tokens(a, gamma),
-                         "speedup": speculative_speedup(a, gamma, draft_cost)} for a in alphas],
+        "alpha_sweep": [
+            {
+                "alpha": a,
+                "expected_tokens": expected_tokens(a, gamma),
+                "speedup": speculative_speedup(a, gamma, draft_cost),
+            }
+            for a in alphas
+        ],
         "gamma_sweep": [{"gamma": g, "speedup": s} for g, s in gammas.items()],
         "best_gamma": best,
         "slow_draft": {"draft_cost": 0.5, "speedup": speculative_speedup(alpha, gamma, 0.5)},
@@ -234,13 +276,24 @@ def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float = 2) 
         kv_heads = config.get("num_key_value_heads") or heads
         head_dim = config.get("head_dim") or config["hidden_size"] // heads
     except KeyError as e:
-        raise UsageError(f"config.json lacks {e} needed for the KV layout; pass --layers/--kv-heads/--head-dim instead") from None
+        raise UsageError(
+            f"config.json lacks {e} needed for the KV layout; pass --layers/--kv-heads/--head-dim instead"
+        ) from None
     return KVLayout(layers, kv_heads, head_dim, bytes_per_element)
 
 
-def checkpoint_cost(checkpoint: Any, hardware: Hardware, context_tokens: int, batch: int, alpha: float, gamma: int,
-                    draft_cost: float, plain_step_ms: float, project_params: float | None = None,
-                    project_share: float | None = None) -> dict[str, Any]:
+def checkpoint_cost(
+    checkpoint: Any,
+    hardware: Hardware,
+    context_tokens: int,
+    batch: int,
+    alpha: float,
+    gamma: int,
+    draft_cost: float,
+    plain_step_ms: float,
+    project_params: float | None = None,
+    project_share: float | None = None,
+) -> dict[str, Any]:
     """Bounds from a measured checkpoint's bytes; optionally a labelled projection onto a larger model."""
     import json
     from pathlib import Path
@@ -249,29 +302,64 @@ def checkpoint_cost(checkpoint: Any, hardware: Hardware, context_tokens: int, ba
 
     report = bits_report(checkpoint)
     if not report.parameters:
-        raise UsageError(f"cannot count the parameters of {checkpoint} ({'; '.join(report.notes)}); use --params/--formats")
+        raise UsageError(
+            f"cannot count the parameters of {checkpoint} ({'; '.join(report.notes)}); use --params/--formats"
+        )
     cfg_path = Path(checkpoint) / "config.json"
     if not cfg_path.is_file():
-        raise UsageError(f"{checkpoint} has no config.json, so its KV layout is unknown; use --params and --layers/--kv-heads/--head-dim")
+        raise UsageError(
+            f"{checkpoint} has no config.json, so its KV layout is unknown; use --params and "
+            "--layers/--kv-heads/--head-dim"
+        )
     kv = kv_layout_from_config(json.loads(cfg_path.read_text()))
-    out = token_cost(report.parameters, {"measured": 8 * report.total_bytes / report.parameters}, kv, hardware,
-                     context_tokens, batch, alpha, gamma, draft_cost, plain_step_ms,
-                     measured_bytes={"measured": report.total_bytes})
-    out["checkpoint"] = {"path": str(checkpoint), "total_bytes": report.total_bytes, "parameters": report.parameters,
-                         "bits_per_weight": report.bits_per_weight,
-                         "quantized_linear_bits_per_weight": report.quantized_linear_bits_per_weight}
+    out = token_cost(
+        report.parameters,
+        {"measured": 8 * report.total_bytes / report.parameters},
+        kv,
+        hardware,
+        context_tokens,
+        batch,
+        alpha,
+        gamma,
+        draft_cost,
+        plain_step_ms,
+        measured_bytes={"measured": report.total_bytes},
+    )
+    out["checkpoint"] = {
+        "path": str(checkpoint),
+        "total_bytes": report.total_bytes,
+        "parameters": report.parameters,
+        "bits_per_weight": report.bits_per_weight,
+        "quantized_linear_bits_per_weight": report.quantized_linear_bits_per_weight,
+    }
     if project_params:
         share = project_share if project_share is not None else report.quantized_linear_parameters / report.parameters
         if not 0 <= share <= 1:
             raise UsageError(f"--project-share must lie in [0, 1], got {share}")
         qbits = report.quantized_linear_bits_per_weight or 16.0
         bits = share * qbits + (1 - share) * 16.0
-        proj = token_cost(project_params, {"projected": bits}, kv, hardware, context_tokens, batch,
-                          alpha, gamma, draft_cost, plain_step_ms)
+        proj = token_cost(
+            project_params,
+            {"projected": bits},
+            kv,
+            hardware,
+            context_tokens,
+            batch,
+            alpha,
+            gamma,
+            draft_cost,
+            plain_step_ms,
+        )
         proj["projection"] = (
-            f"PROJECTION, not a measurement: {share:.1%} of {project_params:.3g} parameters at the checkpoint's measured "
+            f"PROJECTION, not a measurement: {share:.1%} of {project_params:.3g} parameters at the checkpoint's "
+            "measured "
             f"{qbits:.3f} quantized-linear bits per weight, the rest at 16 bits; KV layout of the measured checkpoint"
-            + ("" if project_share is not None else " (share taken from the measured checkpoint: larger models of the family usually have a larger linear share; pass --project-share)")
+            + (
+                ""
+                if project_share is not None
+                else " (share taken from the measured checkpoint: larger models of the family usually have a larger "
+                "linear share; pass --project-share)"
+            )
         )
         out["projection"] = proj
     return out
@@ -282,39 +370,52 @@ def render(result: dict[str, Any]) -> str:
     hw = result["hardware"]
     lines = [
         f"Token-cost LOWER BOUNDS ({result['scope']})",
-        f"  hardware {hw['name']}: {hw['hbm_bytes_per_second'] / 1e12:.2f} TB/s, {hw['peak_dense_flops'] / 1e12:,.0f} TFLOP/s dense ({hw['source']})",
-        f"  parameters {result['parameters']:,.0f}; context {result['context_tokens']:,} tokens; batch {result['batch']}; "
+        f"  hardware {hw['name']}: {hw['hbm_bytes_per_second'] / 1e12:.2f} TB/s, "
+        f"{hw['peak_dense_flops'] / 1e12:,.0f} TFLOP/s dense ({hw['source']})",
+        f"  parameters {result['parameters']:,.0f}; context {result['context_tokens']:,} tokens; batch "
+        f"{result['batch']}; "
         f"KV bytes per sequence {result['kv_bytes_per_sequence']:,.0f}",
         "",
-        f"  {'format':<12}{'bits/w':>8}{'GB':>10}{'GiB':>9}{'b1 bound ms':>13}{'bN bound ms':>13}{'binds':>8}{'verify×':>9}{'spec×':>8}{'cb batch':>9}",
+        f"  {'format':<12}{'bits/w':>8}{'GB':>10}{'GiB':>9}{'b1 bound ms':>13}{'bN bound ms':>13}{'binds':>8}"
+        f"{'verify×':>9}{'spec×':>8}{'cb batch':>9}",
     ]
     for name, r in result["formats"].items():
         lines.append(
             f"  {name:<12}{r['bits_per_weight']:>8.3f}{r['weight_gb']:>10.4f}{r['weight_gib']:>9.2f}"
             f"{r['batch1_weight_bound_ms']:>13.3f}{r['batch_step_bound_ms']:>13.3f}{r['batch_binding']:>8}"
-            f"{r['verify_cost_ratio']:>9.4f}{r['speculative_speedup_at_batch']:>8.4f}{str(r['verify_compute_bound_batch']):>9}"
+            f"{r['verify_cost_ratio']:>9.4f}{r['speculative_speedup_at_batch']:>8.4f}{r['verify_compute_bound_batch']!s:>9}"
         )
     s = result["speculation"]
     lines += [
         "",
-        "  b1 = batch-1 weight-read lower bound; bN = batch step lower bound with KV reads; verify× = cost of verifying",
-        "  γ+1 positions relative to a plain step; spec× = speculative speedup with that cost; cb batch = smallest batch",
+        "  b1 = batch-1 weight-read lower bound; bN = batch step lower bound with KV reads; verify× = cost of "
+        "verifying",
+        "  γ+1 positions relative to a plain step; spec× = speculative speedup with that cost; cb batch = smallest "
+        "batch",
         "  at which verification is compute-bound.",
         "",
         f"  speculation (α={s['alpha']}, γ={s['gamma']}, c={s['draft_cost']}; {s['assumptions']}):",
         f"    expected tokens per target step {s['expected_tokens_per_target_step']:.4f}",
-        f"    speedup with free verification  {s['speedup_free_verification']:.4f}×  (break-even α ≈ {s['break_even_alpha']:.3f})",
-        f"    with a {s['plain_step_ms']} ms plain step: iteration {s['iteration_ms']:.1f} ms, average TPOT {s['average_tpot_ms']:.4f} ms (lower bounds)",
+        f"    speedup with free verification  {s['speedup_free_verification']:.4f}×  (break-even α ≈ "
+        f"{s['break_even_alpha']:.3f})",
+        f"    with a {s['plain_step_ms']} ms plain step: iteration {s['iteration_ms']:.1f} ms, average TPOT "
+        f"{s['average_tpot_ms']:.4f} ms (lower bounds)",
     ]
     if "projection" in result:
         p = result["projection"]
         r = p["formats"]["projected"]
-        lines += ["", f"  {p['projection']}",
-                  f"    {r['weight_gb']:.3f} GB; batch-1 bound {r['batch1_weight_bound_ms']:.3f} ms; batch-{p['batch']} bound {r['batch_step_bound_ms']:.3f} ms"]
+        lines += [
+            "",
+            f"  {p['projection']}",
+            f"    {r['weight_gb']:.3f} GB; batch-1 bound {r['batch1_weight_bound_ms']:.3f} ms; batch-{p['batch']} "
+            f"bound {r['batch_step_bound_ms']:.3f} ms",
+        ]
     if "sweeps" in result:
         sw = result["sweeps"]
         lines += ["", "  exercises (free verification):"]
-        lines += [f"    α={a['alpha']}: {a['expected_tokens']:.4f} tokens, {a['speedup']:.4f}×" for a in sw["alpha_sweep"]]
+        lines += [
+            f"    α={a['alpha']}: {a['expected_tokens']:.4f} tokens, {a['speedup']:.4f}×" for a in sw["alpha_sweep"]
+        ]
         lines.append(f"    best γ in 1..8: {sw['best_gamma']} ({max(g['speedup'] for g in sw['gamma_sweep']):.4f}×)")
         lines.append(f"    slow draft c=0.5: {sw['slow_draft']['speedup']:.4f}×")
     return "\n".join(lines)

@@ -37,7 +37,10 @@ def cast_saved_floats(folder: Path, dtype: str) -> None:
     target = getattr(torch, dtype)
     for f in safetensors_files(folder):
         tensors = load_file(str(f))
-        cast = {k: (v.to(target) if v.dtype == torch.float32 and not k.endswith(KEEP_FP32) else v) for k, v in tensors.items()}
+        cast = {
+            k: (v.to(target) if v.dtype == torch.float32 and not k.endswith(KEEP_FP32) else v)
+            for k, v in tensors.items()
+        }
         save_file(cast, str(f), metadata={"format": "pt"})
     cfg = read_config(folder)
     cfg["dtype"] = dtype

@@ -1,9 +1,9 @@
 """The engine: a validated recipe in, a checked compressed-tensors checkpoint with its quantize.json out.
 
-    preflight   everything that can be checked before a model is loaded
-    convert     plan (plan.py) -> modifiers (modifiers.py) -> load -> calibrate and quantize
-                (llm-compressor `oneshot`, runtime.py) -> finite checks (checks.py) -> atomic save,
-                dtype cast (dtypes.py), reload check, accounting -> quantize.json and model card
+preflight   everything that can be checked before a model is loaded
+convert     plan (plan.py) -> modifiers (modifiers.py) -> load -> calibrate and quantize
+            (llm-compressor `oneshot`, runtime.py) -> finite checks (checks.py) -> atomic save,
+            dtype cast (dtypes.py), reload check, accounting -> quantize.json and model card
 """
 
 from __future__ import annotations
@@ -24,8 +24,16 @@ from quantize.models import DEFAULT_MODEL_HUB_ID, load_model, recorded_weights_s
 from quantize.modifiers import compile_modifiers
 from quantize.plan import LayerPlan, meta_model, plan_layers
 from quantize.provenance import Phases, library_versions, memory_record
-from quantize.records import BitsRecord, CalibrationRecord, EngineRecord, MemoryRecord, RecipeRef, RunRecord, SourceModel
 from quantize.recipe import Method, Recipe, resolved_dict
+from quantize.records import (
+    BitsRecord,
+    CalibrationRecord,
+    EngineRecord,
+    MemoryRecord,
+    RecipeRef,
+    RunRecord,
+    SourceModel,
+)
 from quantize.runtime import cpu_safe_calibration, quiet_libraries
 
 
@@ -39,9 +47,13 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
     if recipe.needs_calibration and recipe.calibration is not None:
         source_path(recipe.calibration.source)
     if out.exists() and not force:
-        raise UsageError(f"output {out} already exists; choose another `output:` (or --output), or pass --force to replace it")
+        raise UsageError(
+            f"output {out} already exists; choose another `output:` (or --output), or pass --force to replace it"
+        )
     if out.exists() and not (out / "quantize.json").is_file():
-        raise UsageError(f"output {out} exists and is not a quantize checkpoint; refusing to replace it even with --force")
+        raise UsageError(
+            f"output {out} exists and is not a quantize checkpoint; refusing to replace it even with --force"
+        )
     return model_dir
 
 
@@ -71,7 +83,9 @@ def _oneshot(model: Any, tok: Any, recipe: Recipe, modifiers: Any, calib: Calibr
             ids = calib.input_ids.tolist()
             kwargs = dict(
                 dataset=Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * calib.seq_len] * calib.samples}),
-                num_calibration_samples=calib.samples, max_seq_length=calib.seq_len, shuffle_calibration_samples=False,
+                num_calibration_samples=calib.samples,
+                max_seq_length=calib.seq_len,
+                shuffle_calibration_samples=False,
             )
         try:
             return oneshot(model=model, processor=tok, recipe=modifiers, **kwargs) or model
@@ -81,19 +95,26 @@ def _oneshot(model: Any, tok: Any, recipe: Recipe, modifiers: Any, calib: Calibr
             raise RuntimeFailure(f"llm-compressor failed: {type(e).__name__}: {e}") from e
 
 
-def convert(recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, force: bool = False,
-            quiet: bool = False) -> RunRecord:
+def convert(
+    recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, force: bool = False, quiet: bool = False
+) -> RunRecord:
     import torch
 
     phases = Phases()
-    started = dt.datetime.now(dt.timezone.utc)
+    started = dt.datetime.now(dt.UTC)
     model_dir = preflight(recipe, out, force)
     with phases("plan"):
-        plan = plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe) if recipe.method is not Method.llmcompressor else LayerPlan()
+        plan = (
+            plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe)
+            if recipe.method is not Method.llmcompressor
+            else LayerPlan()
+        )
         modifiers = compile_modifiers(recipe, plan)
     with phases("load"):
         work_dtype = calibration_dtype(recipe)
-        model, tok = load_model(model_dir, recipe.trust_remote_code, dtype="auto" if work_dtype == "auto" else getattr(torch, work_dtype))
+        model, tok = load_model(
+            model_dir, recipe.trust_remote_code, dtype="auto" if work_dtype == "auto" else getattr(torch, work_dtype)
+        )
         save_dtype = source_dtype(model_dir)
         source_hash = recorded_weights_sha256(model_dir)
         source_params = accounting.parameter_count(model_dir)
@@ -105,8 +126,11 @@ def convert(recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, for
     torch.manual_seed(seed)
     with phases("quantize"):
         model = _oneshot(model, tok, recipe, modifiers, calib, quiet)
-    probe = (calib.input_ids[:4, :128] if calib is not None
-             else torch.tensor([tok("The quick brown fox jumps over the lazy dog.")["input_ids"]]))
+    probe = (
+        calib.input_ids[:4, :128]
+        if calib is not None
+        else torch.tensor([tok("The quick brown fox jumps over the lazy dog.")["input_ids"]])
+    )
     with phases("check"):
         finite = [check_finite(model, probe, "after quantization")]
     with atomic_dir(out, replace=force) as tmp:
@@ -123,7 +147,9 @@ def convert(recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, for
         resolved = resolved_dict(recipe)
         meta = RunRecord(
             created=started.isoformat(timespec="seconds"),
-            recipe=RecipeRef(path=recipe_path, sha256=recipe_sha256, resolved=resolved, resolved_sha256=sha256_json(resolved)),
+            recipe=RecipeRef(
+                path=recipe_path, sha256=recipe_sha256, resolved=resolved, resolved_sha256=sha256_json(resolved)
+            ),
             method=recipe.method.value,
             scheme=recipe.scheme_or_none.value if recipe.scheme_or_none else None,
             source_model=SourceModel(path=str(model_dir), weights_sha256=source_hash, parameters=source_params),
@@ -131,9 +157,12 @@ def convert(recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, for
             calibration=CalibrationRecord(**calib.provenance()) if calib else None,
             seed=seed,
             layer_plan=plan.record(),
-            engine=EngineRecord(backend=recipe.backend.value,
-                                modifiers=modifiers if isinstance(modifiers, str) else [repr(m) for m in modifiers],
-                                calibration_dtype=work_dtype, saved_dtype=save_dtype),
+            engine=EngineRecord(
+                backend=recipe.backend.value,
+                modifiers=modifiers if isinstance(modifiers, str) else [repr(m) for m in modifiers],
+                calibration_dtype=work_dtype,
+                saved_dtype=save_dtype,
+            ),
             versions=library_versions(),
             time_seconds=dict(phases.seconds, total=phases.total()),
             memory=MemoryRecord(**memory_record()),

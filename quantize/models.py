@@ -47,7 +47,9 @@ def find_gguf() -> Path:
         ) from None
     path = Path(str(dist.locate_file(GGUF_FILE)))
     if not path.is_file():
-        raise UsageError(f"{GGUF_DIST} is installed but {GGUF_FILE} is missing; reinstall: {INSTALL_COMMAND} --force-reinstall")
+        raise UsageError(
+            f"{GGUF_DIST} is installed but {GGUF_FILE} is missing; reinstall: {INSTALL_COMMAND} --force-reinstall"
+        )
     return path
 
 
@@ -80,11 +82,17 @@ def prepare_default_model(force: bool = False, quiet: bool = False) -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        (tmp / "SOURCE.json").write_text(json.dumps({
-            "source": f"PyPI {GGUF_DIST}=={GGUF_DIST_VERSION}, file {GGUF_FILE} (Q4_1 GGUF)",
-            "gguf_sha256": sha256_file(gguf),
-            "converted_with": "transformers GGUF loader, dequantized to bfloat16",
-        }, indent=2) + "\n")
+        (tmp / "SOURCE.json").write_text(
+            json.dumps(
+                {
+                    "source": f"PyPI {GGUF_DIST}=={GGUF_DIST_VERSION}, file {GGUF_FILE} (Q4_1 GGUF)",
+                    "gguf_sha256": sha256_file(gguf),
+                    "converted_with": "transformers GGUF loader, dequantized to bfloat16",
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         (tmp / WEIGHTS_HASH_FILE).write_text(weights_sha256(tmp) + "\n")
     return target
 
@@ -115,8 +123,9 @@ def device(requested: str = "auto") -> str:
     return torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
 
 
-def load_model(path: Path, trust_remote_code: bool = False, dtype: Any = "auto", on: str | None = None
-               ) -> tuple[Any, Any]:
+def load_model(
+    path: Path, trust_remote_code: bool = False, dtype: Any = "auto", on: str | None = None
+) -> tuple[Any, Any]:
     """The one model loader: a causal LM and its tokenizer from safetensors only, in eval mode.
 
     dtype: a torch dtype or "auto" (the checkpoint's own); on: a device to move the model to
@@ -127,7 +136,9 @@ def load_model(path: Path, trust_remote_code: bool = False, dtype: Any = "auto",
     try:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dtype if dtype is not None else "auto", use_safetensors=True,
+            str(path),
+            dtype=dtype if dtype is not None else "auto",
+            use_safetensors=True,
             trust_remote_code=trust_remote_code,
         )
     except (OSError, ValueError) as e:

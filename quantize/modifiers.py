@@ -24,8 +24,11 @@ def _scheme(recipe: Recipe, g: int | None, targets: list[str]) -> Any:
             scheme.weights.symmetric = recipe.symmetric
         return scheme
     weights = QuantizationArgs(
-        num_bits=WEIGHT_ONLY_INT[s], type="int", symmetric=recipe.symmetric,
-        strategy="group" if g else "channel", group_size=g,
+        num_bits=WEIGHT_ONLY_INT[s],
+        type="int",
+        symmetric=recipe.symmetric,
+        strategy="group" if g else "channel",
+        group_size=g,
     )
     return QuantizationScheme(targets=targets, weights=weights)
 
@@ -37,16 +40,21 @@ def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
 
-    groups = {f"group_{i}": _scheme(recipe, g, names)
-              for i, (g, names) in enumerate(sorted(plan.groups.items(), key=lambda kv: -(kv[0] or 0)))}
+    groups = {
+        f"group_{i}": _scheme(recipe, g, names)
+        for i, (g, names) in enumerate(sorted(plan.groups.items(), key=lambda kv: -(kv[0] or 0)))
+    }
     ignore = list(recipe.ignore) + sorted(plan.kept)
     quant = dict(config_groups=groups, ignore=ignore)
 
     def gptq() -> Any:
         # act_order: columns in order of decreasing diag(H) with static groups ("weight"): no g_idx is
         # stored, so the checkpoint keeps the plain layout every W4A16 kernel reads.
-        return GPTQModifier(**quant, dampening_frac=recipe.dampening_frac,
-                            actorder="weight" if getattr(recipe, "act_order", False) else None)
+        return GPTQModifier(
+            **quant,
+            dampening_frac=recipe.dampening_frac,
+            actorder="weight" if getattr(recipe, "act_order", False) else None,
+        )
 
     # Method -> modifier chain: transforms first, then the modifier that sets scales and rounds.
     chains = {

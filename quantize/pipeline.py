@@ -27,8 +27,10 @@ def check_targets(policy: Policy, baseline: Path, candidate: Path) -> bool:
         elif needs_agreement:
             raise UsageError(f"policy {policy.name} has agreement rules, which need checkpoints, not score files: {p}")
         elif p.suffix != ".json":
-            raise UsageError(f"{p} is neither a checkpoint folder nor a score file (.json written by "
-                             "`quantize eval SUITE CKPT --json --items`)")
+            raise UsageError(
+                f"{p} is neither a checkpoint folder nor a score file (.json written by "
+                "`quantize eval SUITE CKPT --json --items`)"
+            )
     return needs_agreement
 
 
@@ -42,12 +44,16 @@ def load_scores(suite: OpenSuite, target: Path) -> ScoreDoc:
     doc = records.read(ScoreDoc, target)
     p = doc.provenance
     settings = {k: v for k, v in suite.suite.settings().items() if k not in SUITE_SETTINGS_IGNORED}
-    for field, theirs, ours in (("suite settings", {k: v for k, v in p.suite.settings.items() if k not in SUITE_SETTINGS_IGNORED}, settings),
-                                ("golden manifest sha256", p.golden.manifest_sha256, suite.golden.manifest_sha256),
-                                ("tasks", sorted(doc.tasks), sorted(suite.tasks))):
+    for field, theirs, ours in (
+        ("suite settings", {k: v for k, v in p.suite.settings.items() if k not in SUITE_SETTINGS_IGNORED}, settings),
+        ("golden manifest sha256", p.golden.manifest_sha256, suite.golden.manifest_sha256),
+        ("tasks", sorted(doc.tasks), sorted(suite.tasks)),
+    ):
         if theirs != ours:
-            raise UsageError(f"{target} was scored with another suite than the policy's {suite.path} ({field}: "
-                             f"{theirs} vs {ours}); score it with `quantize eval {suite.path} CHECKPOINT --json --items`")
+            raise UsageError(
+                f"{target} was scored with another suite than the policy's {suite.path} ({field}: "
+                f"{theirs} vs {ours}); score it with `quantize eval {suite.path} CHECKPOINT --json --items`"
+            )
     return doc
 
 
@@ -62,6 +68,11 @@ def run_gate(policy_path: str | Path, baseline: str | Path, candidate: str | Pat
     if needs_agreement:
         from quantize.evaluate.agreement import agreement_scores
 
-        agreement = agreement_scores(suite, base_path, cand_path, base.provenance.checkpoint.weights_sha256,
-                                     cand.provenance.checkpoint.weights_sha256)
+        agreement = agreement_scores(
+            suite,
+            base_path,
+            cand_path,
+            base.provenance.checkpoint.weights_sha256,
+            cand.provenance.checkpoint.weights_sha256,
+        )
     return decide(policy, base, cand, agreement)

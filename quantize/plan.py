@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
-from quantize.records import LayerPlanRecord
 from quantize.recipe import MIN_GROUP, Indivisible, Recipe
+from quantize.records import LayerPlanRecord
 
 
 @dataclass
@@ -27,7 +27,9 @@ class LayerPlan:
         return LayerPlanRecord(
             quantized_layers=self.quantized,
             by_group_size={("per-channel" if g is None else str(g)): len(v) for g, v in self.groups.items()},
-            adjusted={n: g for g, names in self.groups.items() for n in names if g is not None} if len(self.groups) > 1 else {},
+            adjusted={n: g for g, names in self.groups.items() for n in names if g is not None}
+            if len(self.groups) > 1
+            else {},
             kept_16bit=self.kept,
         )
 
@@ -52,7 +54,9 @@ def meta_model(model_dir: Path, trust_remote_code: bool) -> Any:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
-        raise UsageError(f"{model_dir}/config.json does not describe a causal LM that transformers knows: {e}") from None
+        raise UsageError(
+            f"{model_dir}/config.json does not describe a causal LM that transformers knows: {e}"
+        ) from None
 
 
 def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
@@ -60,7 +64,9 @@ def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
     from compressed_tensors.utils.match import match_named_modules
 
     plan = LayerPlan()
-    layers = [(n, m) for n, m in match_named_modules(model, recipe.targets, recipe.ignore) if isinstance(m, torch.nn.Linear)]
+    layers = [
+        (n, m) for n, m in match_named_modules(model, recipe.targets, recipe.ignore) if isinstance(m, torch.nn.Linear)
+    ]
     if not layers:
         raise UsageError(
             f"targets {recipe.targets} minus ignore {recipe.ignore} match no Linear layer of this model; "
@@ -84,5 +90,8 @@ def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
             "set `indivisible: smaller-group` (largest group that divides) or `indivisible: keep` (16 bits)"
         )
     if not plan.groups:
-        raise UsageError("no layer is left to quantize after the indivisible policy; lower group_size or use indivisible: smaller-group")
+        raise UsageError(
+            "no layer is left to quantize after the indivisible policy; lower group_size or use indivisible: "
+            "smaller-group"
+        )
     return plan

@@ -71,7 +71,8 @@ class Calibration(BaseModel):
 
     source: str = Field(
         "builtin:jargon",
-        description="builtin:jargon (Jargon File 4.4.7, shipped), or a local .txt (blank-line separated) or .jsonl ({'text': ...}) file",
+        description="builtin:jargon (Jargon File 4.4.7, shipped), or a local .txt (blank-line separated) "
+        "or .jsonl ({'text': ...}) file",
     )
     samples: int = Field(64, ge=1, le=100_000, description="number of packed sequences")
     seq_len: int = Field(256, ge=16, le=131_072, description="tokens per sequence")
@@ -96,8 +97,12 @@ class _Recipe(BaseModel):
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     calibration: Calibration | None = Field(default_factory=Calibration)
     output: str | None = Field(None, description="output folder; default outputs/<name>")
-    dtype: Literal["bfloat16", "float16", "float32"] | None = Field(None, description="dtype to calibrate in; default: float32 on a CPU, the checkpoint's own on an accelerator")
-    trust_remote_code: bool = Field(False, description="run the checkpoint's own Python code at load (only for checkpoints you trust)")
+    dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
+        None, description="dtype to calibrate in; default: float32 on a CPU, the checkpoint's own on an accelerator"
+    )
+    trust_remote_code: bool = Field(
+        False, description="run the checkpoint's own Python code at load (only for checkpoints you trust)"
+    )
 
     @field_validator("targets")
     @classmethod
@@ -131,7 +136,11 @@ class _Recipe(BaseModel):
         if s is None:
             raise ValueError(f"scheme is required for method {m.value}; choose one of: {_allowed(m)}")
         if s not in METHOD_SCHEMES[m]:
-            hint = " (SmoothQuant smooths activations for an 8-bit activation scheme: use W8A8)" if m is Method.smoothquant else ""
+            hint = (
+                " (SmoothQuant smooths activations for an 8-bit activation scheme: use W8A8)"
+                if m is Method.smoothquant
+                else ""
+            )
             raise ValueError(f"method {m.value} does not support scheme {s.value}{hint}; choose one of: {_allowed(m)}")
         if self.calibration is None and (m, s) not in DATA_FREE:
             raise ValueError(
@@ -147,7 +156,7 @@ class _Quantized(_Recipe):
     symmetric: bool = True
 
     @model_validator(mode="after")
-    def _combinations(self) -> "_Quantized":
+    def _combinations(self) -> _Quantized:
         self._check_scheme()
         return self
 
@@ -171,7 +180,7 @@ class _Grouped(_Quantized):
         return g
 
     @model_validator(mode="after")
-    def _groups_only_for_int_weights(self) -> "_Grouped":
+    def _groups_only_for_int_weights(self) -> _Grouped:
         if self.scheme in (Scheme.FP8, Scheme.FP8_DYNAMIC, Scheme.W8A8) and self.group_size is not None:
             raise ValueError(
                 f"scheme {self.scheme.value} uses one scale per output channel, not groups, so group_size must be "
@@ -190,7 +199,10 @@ class RTNRecipe(_Grouped):
 
 class GPTQRecipe(_Grouped):
     method: Literal[Method.gptq]
-    act_order: bool = Field(False, description="quantize columns in order of decreasing Hessian diagonal (static groups: no g_idx is stored)")
+    act_order: bool = Field(
+        False,
+        description="quantize columns in order of decreasing Hessian diagonal (static groups: no g_idx is stored)",
+    )
     dampening_frac: float = Field(0.01, gt=0, lt=1, description="λ added to diag(H) as a fraction of its mean")
 
 
@@ -202,7 +214,9 @@ class AWQRecipe(_Grouped):
 class SmoothQuantRecipe(_Quantized):
     method: Literal[Method.smoothquant]
     smoothing_strength: float = Field(0.8, description="migration strength α in (0, 1)")
-    dampening_frac: float = Field(0.01, gt=0, lt=1, description="the GPTQ step after smoothing: λ as a fraction of mean diag(H)")
+    dampening_frac: float = Field(
+        0.01, gt=0, lt=1, description="the GPTQ step after smoothing: λ as a fraction of mean diag(H)"
+    )
 
     @field_validator("smoothing_strength")
     @classmethod
@@ -219,7 +233,7 @@ class FP8Recipe(_Quantized):
     method: Literal[Method.fp8]
 
     @model_validator(mode="after")
-    def _symmetric(self) -> "FP8Recipe":
+    def _symmetric(self) -> FP8Recipe:
         if not self.symmetric:
             raise ValueError("FP8 scales are symmetric; remove `symmetric: false`")
         return self
@@ -230,7 +244,7 @@ class VerbatimRecipe(_Recipe):
     stages: dict[str, Any] | None = Field(None, description="an llm-compressor recipe section, given verbatim")
 
     @model_validator(mode="after")
-    def _stages(self) -> "VerbatimRecipe":
+    def _stages(self) -> VerbatimRecipe:
         if not self.stages:
             raise ValueError("method llmcompressor needs `stages:`, an llm-compressor recipe section given verbatim")
         return self
@@ -246,21 +260,31 @@ def _method(v: Any) -> str | None:
 
 
 Recipe = Annotated[
-    Annotated[RTNRecipe, Tag("rtn")] | Annotated[GPTQRecipe, Tag("gptq")] | Annotated[AWQRecipe, Tag("awq")]
-    | Annotated[SmoothQuantRecipe, Tag("smoothquant")] | Annotated[FP8Recipe, Tag("fp8")]
+    Annotated[RTNRecipe, Tag("rtn")]
+    | Annotated[GPTQRecipe, Tag("gptq")]
+    | Annotated[AWQRecipe, Tag("awq")]
+    | Annotated[SmoothQuantRecipe, Tag("smoothquant")]
+    | Annotated[FP8Recipe, Tag("fp8")]
     | Annotated[VerbatimRecipe, Tag("llmcompressor")],
-    Discriminator(_method, custom_error_type="invalid_method",
-                  custom_error_message="method is missing or unknown; choose one of: " + ", ".join(m.value for m in Method)),
+    Discriminator(
+        _method,
+        custom_error_type="invalid_method",
+        custom_error_message="method is missing or unknown; choose one of: " + ", ".join(m.value for m in Method),
+    ),
 ]
 RECIPE = TypeAdapter(Recipe)
 # Where a setting belongs, for the message when it is given to another method.
 SETTING_OWNER = {
-    "act_order": "act_order is a GPTQ setting", "dampening_frac": "dampening_frac is a GPTQ and SmoothQuant setting",
-    "awq_grid": "awq_grid is an AWQ setting", "smoothing_strength": "smoothing_strength is a SmoothQuant setting",
+    "act_order": "act_order is a GPTQ setting",
+    "dampening_frac": "dampening_frac is a GPTQ and SmoothQuant setting",
+    "awq_grid": "awq_grid is an AWQ setting",
+    "smoothing_strength": "smoothing_strength is a SmoothQuant setting",
     "stages": "`stages:` is only for method llmcompressor",
-    "group_size": "group_size is for int weight schemes of rtn, gptq and awq; FP8 and W8A8 use one scale per output channel",
+    "group_size": "group_size is for int weight schemes of rtn, gptq and awq; FP8 and W8A8 use one scale per output "
+    "channel",
     "indivisible": "indivisible is for grouped int weight schemes of rtn, gptq and awq",
-    "scheme": "method llmcompressor takes its scheme from `stages:`", "symmetric": "method llmcompressor takes its scheme from `stages:`",
+    "scheme": "method llmcompressor takes its scheme from `stages:`",
+    "symmetric": "method llmcompressor takes its scheme from `stages:`",
 }
 
 
@@ -271,8 +295,15 @@ def parse_recipe(data: Any, origin: str = "recipe") -> Recipe:
 
 def load_recipe(path: str | Path) -> tuple[Recipe, str]:
     """Read and validate a recipe file. Returns the recipe and the sha256 of the file's bytes."""
-    recipe, sha = load_yaml(path, RECIPE, "recipe", "the shipped recipes are in recipes/*.yaml", skip_locs=METHOD_TAGS,
-                            tag_label="method {}", hints=SETTING_OWNER)
+    recipe, sha = load_yaml(
+        path,
+        RECIPE,
+        "recipe",
+        "the shipped recipes are in recipes/*.yaml",
+        skip_locs=METHOD_TAGS,
+        tag_label="method {}",
+        hints=SETTING_OWNER,
+    )
     if recipe.name is None:
         recipe.name = Path(path).stem
     return recipe, sha

@@ -42,6 +42,7 @@ R = TypeVar("R", bound=Record)
 
 # --- quantize.json ---------------------------------------------------------------------------------
 
+
 class RecipeRef(_Strict):
     path: str
     sha256: str
@@ -118,7 +119,7 @@ class RunRecord(Record):
     """CHECKPOINT/quantize.json: what was run, on what, with which libraries, and the true bits."""
 
     WHAT: ClassVar[str] = "quantize.json run record"
-    REGENERATE: ClassVar[str] = ("run `quantize run RECIPE --force` to rewrite the checkpoint")
+    REGENERATE: ClassVar[str] = "run `quantize run RECIPE --force` to rewrite the checkpoint"
 
     schema_version: Literal[1] = 1
     created: str
@@ -143,6 +144,7 @@ class RunRecord(Record):
 
 
 # --- scores ----------------------------------------------------------------------------------------
+
 
 class CheckpointRef(_Strict):
     path: str
@@ -243,8 +245,9 @@ class ScoreDoc(Record):
     """One checkpoint scored on one suite: task summaries, per-item records and the provenance that keys them."""
 
     WHAT: ClassVar[str] = "score file"
-    REGENERATE: ClassVar[str] = ("write a current one with `quantize eval SUITE CHECKPOINT --json --items` "
-                            "(add --refresh to score again)")
+    REGENERATE: ClassVar[str] = (
+        "write a current one with `quantize eval SUITE CHECKPOINT --json --items` (add --refresh to score again)"
+    )
 
     schema_version: Literal[1] = 1
     key: str
@@ -263,6 +266,7 @@ class ScoreDoc(Record):
 
 # --- agreement -------------------------------------------------------------------------------------
 
+
 class AgreementMetric(str, Enum):
     kl = "kl"  # mean KL(baseline ‖ candidate), top-k lower bound
     top1 = "top1"  # share of positions with the same most likely token
@@ -273,7 +277,7 @@ class AgreementResult(Record):
     """Token-distribution agreement of a candidate with its baseline's stored top-k."""
 
     WHAT: ClassVar[str] = "agreement result"
-    REGENERATE: ClassVar[str] = ("delete it; the next `quantize gate` computes it again")
+    REGENERATE: ClassVar[str] = "delete it; the next `quantize gate` computes it again"
 
     schema_version: Literal[1] = 1
     positions: int
@@ -303,6 +307,7 @@ class AgreementResult(Record):
 
 
 # --- verdict ---------------------------------------------------------------------------------------
+
 
 class AccuracyEvidence(_Strict):
     n: int
@@ -399,7 +404,7 @@ class VerdictProvenance(_Strict):
 
 class Verdict(Record):
     WHAT: ClassVar[str] = "gate verdict"
-    REGENERATE: ClassVar[str] = ("run `quantize gate POLICY --baseline B --candidate C --json` again")
+    REGENERATE: ClassVar[str] = "run `quantize gate POLICY --baseline B --candidate C --json` again"
 
     schema_version: Literal[1] = 1
     policy: str
@@ -415,6 +420,7 @@ class Verdict(Record):
 
 
 # --- reading and writing ---------------------------------------------------------------------------
+
 
 def to_json(record: Record) -> str:
     return json.dumps(record.model_dump(), indent=2, default=str) + "\n"
@@ -437,8 +443,11 @@ def parse(model: type[R], data: Any, origin: str) -> R:
     version = data.get("schema_version")
     expected = model.model_fields["schema_version"].default
     if version != expected:
-        found = "no schema_version (it was written before records were versioned)" if version is None \
+        found = (
+            "no schema_version (it was written before records were versioned)"
+            if version is None
             else f"schema_version {json.dumps(version)[:20]}"
+        )
         raise UsageError(f"{origin} is a {what} with {found}; this quantize reads schema_version {expected}: {hint}")
     return validate(model, data, origin, what, regenerate=hint)
 

@@ -106,7 +106,9 @@ class Comparison:
     sd: float
 
 
-def noninferiority(d: Sequence[float], clusters: Sequence[str], margin: float, alpha: float, power: float) -> Comparison:
+def noninferiority(
+    d: Sequence[float], clusters: Sequence[str], margin: float, alpha: float, power: float
+) -> Comparison:
     """One-sided non-inferiority of the candidate with absolute margin m (m > 0: a drop of m is tolerated)."""
     n = len(d)
     if n == 0:
@@ -129,10 +131,21 @@ def noninferiority(d: Sequence[float], clusters: Sequence[str], margin: float, a
     else:
         verdict = "inconclusive"
     sd = se * math.sqrt(n) if math.isfinite(se) else math.inf
-    return Comparison(n=n, clusters=g, delta=delta, se_paired=sp, se_clustered=sc, se=se, lower=lo, upper=hi,
-                      verdict=verdict, n_needed=n_required(sd, margin, alpha, power),
-                      n_needed_at_estimate=n_required(sd, margin + min(delta, 0.0), alpha, power) if delta > -margin else None,
-                      min_detectable=min_detectable(sd, n, alpha, power), sd=sd)
+    return Comparison(
+        n=n,
+        clusters=g,
+        delta=delta,
+        se_paired=sp,
+        se_clustered=sc,
+        se=se,
+        lower=lo,
+        upper=hi,
+        verdict=verdict,
+        n_needed=n_required(sd, margin, alpha, power),
+        n_needed_at_estimate=n_required(sd, margin + min(delta, 0.0), alpha, power) if delta > -margin else None,
+        min_detectable=min_detectable(sd, n, alpha, power),
+        sd=sd,
+    )
 
 
 def drop_p(delta: float, se: float) -> float:
@@ -143,8 +156,15 @@ def drop_p(delta: float, se: float) -> float:
     return float(sps.norm.cdf(delta / se))
 
 
-def bootstrap_ppl_ratio(nll_base: Sequence[float], nll_cand: Sequence[float], units: Sequence[float],
-                       clusters: Sequence[str], alpha: float, iters: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_ppl_ratio(
+    nll_base: Sequence[float],
+    nll_cand: Sequence[float],
+    units: Sequence[float],
+    clusters: Sequence[str],
+    alpha: float,
+    iters: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float, float]:
     """Perplexity ratio candidate/baseline = exp((ΣNLL_cand − ΣNLL_base) / Σunits), with one-sided α and 1−α
     percentile bounds from a bootstrap that resamples whole clusters (paired: both models move together)."""
     import numpy as np

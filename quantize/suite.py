@@ -47,7 +47,9 @@ class Suite(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = None
-    golden: str = Field(description="golden-set version folder, e.g. golden/core/v1 (relative to the suite file's repo)")
+    golden: str = Field(
+        description="golden-set version folder, e.g. golden/core/v1 (relative to the suite file's repo)"
+    )
     tasks: list[str] | None = Field(None, description="tasks to score; default: all tasks of the golden set")
     subset: str | None = Field(None, description="'smoke' scores only the manifest's fixed smoke ids")
     batch_size: int = Field(16, ge=1, le=4096)
@@ -67,7 +69,7 @@ class Suite(BaseModel):
         return d
 
     @model_validator(mode="after")
-    def _check(self) -> "Suite":
+    def _check(self) -> Suite:
         if self.subset not in (None, "smoke"):
             raise ValueError(f"subset must be empty or 'smoke', got {self.subset!r}")
         if self.vllm is not None and self.backend is not Backend.vllm:
@@ -113,6 +115,8 @@ def open_suite(path: str | Path) -> OpenSuite:
     for what, names in (("tasks", suite.tasks), ("agreement.tasks", suite.agreement.tasks)):
         unknown = sorted(set(names or []) - set(golden.tasks))
         if unknown:
-            raise UsageError(f"suite {path} names {what} the golden set lacks: {', '.join(unknown)}; "
-                             f"it has {', '.join(golden.tasks)}")
+            raise UsageError(
+                f"suite {path} names {what} the golden set lacks: {', '.join(unknown)}; "
+                f"it has {', '.join(golden.tasks)}"
+            )
     return OpenSuite(str(path), suite, sha, golden)

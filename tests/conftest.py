@@ -9,19 +9,26 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import copy  # noqa: E402
-import gzip  # noqa: E402
-import random  # noqa: E402
-import hashlib  # noqa: E402
-import json  # noqa: E402
-from pathlib import Path  # noqa: E402
+import copy
+import gzip
+import hashlib
+import json
+import random
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 TINY = dict(
-    vocab_size=2048, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-    tie_word_embeddings=True, rms_norm_eps=1e-5,
+    vocab_size=2048,
+    hidden_size=128,
+    intermediate_size=192,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    rms_norm_eps=1e-5,
 )
 
 
@@ -49,7 +56,9 @@ def tokenizer_for(vocab_size: int):
     from transformers import PreTrainedTokenizerFast
 
     text = (resources.files("quantize") / "data" / "jargon-calibration.jsonl").read_text(encoding="utf-8")
-    words = collections.Counter(w for line in text.splitlines() for w in re.findall(r"\w+|[^\w\s]", json.loads(line)["text"]))
+    words = collections.Counter(
+        w for line in text.splitlines() for w in re.findall(r"\w+|[^\w\s]", json.loads(line)["text"])
+    )
     vocab = {"<unk>": 0, "<eos>": 1} | {w: i + 2 for i, (w, _) in enumerate(words.most_common(vocab_size - 2))}
     t = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     t.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -68,14 +77,35 @@ QUIZ = {
     "america": "Peru:Lima\nChile:Santiago\nColombia:Bogot'\ba\nCuba:Havana\n",
     "asia": "Japan:Tokyo\nIndia:New Delhi\nNepal:Kathmandu\nLaos:Vientiane\n",
     "europe": "France:Paris\nSpain:Madrid\nItaly:Rome\nAustria:Vienna|Wien\n",
-    "state": "Alabama|AL:Montgomery:AL:goldenrod\nAlaska:Juneau:AK:forget{-| }me{-| }not\nOhio:Columbus:OH:carnation\nUtah:Salt Lake City:UT:sego lily\n",
+    "state": "Alabama|AL:Montgomery:AL:goldenrod\nAlaska:Juneau:AK:forget{-| }me{-| }not\n"
+    "Ohio:Columbus:OH:carnation\nUtah:Salt Lake City:UT:sego lily\n",
     "elements": "H:1:1.008:Hydrogen\nHe:2:4.003:Helium\nLi:3:6.94:Lithium\nBe:4:9.01:Beryllium\nB:5:10.8:Boron\n",
     "collectives": "ants:colony\nbees:swarm|hive\nlions:pride\ncrows:murder\n",
     "babies": "cub:lion|bear\nkitten:cat|fox\ngosling:goose\npuppy:dog\nfoal:horse\n",
     "sexes": "abbot:abbess\nactor:actress\nboar:sow\nduke:duchess\n",
 }
-WORDS = ["alpha", "bravo", "candle", "delta", "ember", "fable", "garden", "harbor", "island", "jacket",
-         "kettle", "lemon", "marble", "nectar", "orange", "pepper", "quartz", "ribbon", "saddle", "tunnel"]
+WORDS = [
+    "alpha",
+    "bravo",
+    "candle",
+    "delta",
+    "ember",
+    "fable",
+    "garden",
+    "harbor",
+    "island",
+    "jacket",
+    "kettle",
+    "lemon",
+    "marble",
+    "nectar",
+    "orange",
+    "pepper",
+    "quartz",
+    "ribbon",
+    "saddle",
+    "tunnel",
+]
 
 
 def prose(i: int, n: int = 160) -> str:
@@ -87,24 +117,53 @@ def make_sources(root: Path) -> Path:
     x = root / "x"
     files = {}
     entries = "".join(f"   :term{i}: n.\n\n   {prose(i)}\n\n" for i in range(60))
-    files["usr/share/doc/jargon-text/jargon.txt.gz"] = gzip.compress(("   :abbrev: n.\n   short.\n\n" + entries + "   Part III. Appendices\n").encode(), mtime=0)
-    files["usr/share/dictd/devil.dict.dz"] = "".join(f"WORD{chr(65 + i % 26)}X{i}, n.  {prose(100 + i, 140)}\n\n" for i in range(40)).encode()
+    files["usr/share/doc/jargon-text/jargon.txt.gz"] = gzip.compress(
+        ("   :abbrev: n.\n   short.\n\n" + entries + "   Part III. Appendices\n").encode(), mtime=0
+    )
+    files["usr/share/dictd/devil.dict.dz"] = "".join(
+        f"WORD{chr(65 + i % 26)}X{i}, n.  {prose(100 + i, 140)}\n\n" for i in range(40)
+    ).encode()
     for name, text in QUIZ.items():
         files[f"usr/share/games/bsdgames/quiz/{name}"] = text.encode("latin-1")
     files["usr/share/wordnet/index.noun"] = "".join(f"{w} n 5 1 @ 5 0 00000001\n" for w in WORDS).encode()
-    sections = [": capital-common-countries\n" + "".join(f"{a} {b} {c} {d}\n" for a, b, c, d in
-                [("Athens", "Greece", "Rome", "Italy"), ("Paris", "France", "Tokyo", "Japan"), ("Lima", "Peru", "Cairo", "Egypt"),
-                 ("Oslo", "Norway", "Bern", "Switzerland"), ("Kiev", "Ukraine", "Riga", "Latvia"), ("Baku", "Azerbaijan", "Doha", "Qatar"),
-                 ("Dhaka", "Bangladesh", "Hanoi", "Vietnam"), ("Quito", "Ecuador", "Sofia", "Bulgaria"), ("Accra", "Ghana", "Rabat", "Morocco")])]
+    sections = [
+        ": capital-common-countries\n"
+        + "".join(
+            f"{a} {b} {c} {d}\n"
+            for a, b, c, d in [
+                ("Athens", "Greece", "Rome", "Italy"),
+                ("Paris", "France", "Tokyo", "Japan"),
+                ("Lima", "Peru", "Cairo", "Egypt"),
+                ("Oslo", "Norway", "Bern", "Switzerland"),
+                ("Kiev", "Ukraine", "Riga", "Latvia"),
+                ("Baku", "Azerbaijan", "Doha", "Qatar"),
+                ("Dhaka", "Bangladesh", "Hanoi", "Vietnam"),
+                ("Quito", "Ecuador", "Sofia", "Bulgaria"),
+                ("Accra", "Ghana", "Rabat", "Morocco"),
+            ]
+        )
+    ]
     files["gensim/questions-words.txt"] = "".join(sections).encode()
     for f, blob in files.items():
         (x / f).parent.mkdir(parents=True, exist_ok=True)
         (x / f).write_bytes(blob)
-    groups = {"jargon": ["usr/share/doc/jargon-text/jargon.txt.gz"], "devil": ["usr/share/dictd/devil.dict.dz"],
-              "quiz": [f"usr/share/games/bsdgames/quiz/{n}" for n in QUIZ], "wordnet": ["usr/share/wordnet/index.noun"],
-              "analogies": ["gensim/questions-words.txt"]}
-    meta = {k: {"package": k, "version": "fixture", "licence": "test", "files": v,
-                "sha256": {f: hashlib.sha256(files[f]).hexdigest() for f in v}} for k, v in groups.items()}
+    groups = {
+        "jargon": ["usr/share/doc/jargon-text/jargon.txt.gz"],
+        "devil": ["usr/share/dictd/devil.dict.dz"],
+        "quiz": [f"usr/share/games/bsdgames/quiz/{n}" for n in QUIZ],
+        "wordnet": ["usr/share/wordnet/index.noun"],
+        "analogies": ["gensim/questions-words.txt"],
+    }
+    meta = {
+        k: {
+            "package": k,
+            "version": "fixture",
+            "licence": "test",
+            "files": v,
+            "sha256": {f: hashlib.sha256(files[f]).hexdigest() for f in v},
+        }
+        for k, v in groups.items()
+    }
     (root / "sources.json").write_text(json.dumps(meta))
     return root
 
@@ -113,29 +172,77 @@ def make_sources(root: Path) -> Path:
 
 PROV = {
     "checkpoint": {"path": "x", "weights_sha256": "a" * 64},
-    "suite": {"path": "evaluate/core.yaml", "name": "core", "sha256": "s" * 64,
-              "settings": {"batch_size": 16, "seed": 0, "tasks": None, "subset": None}},
-    "golden": {"name": "core", "version": "v1", "path": "golden/core/v1", "manifest_sha256": "m" * 64, "task_version": 1.0},
+    "suite": {
+        "path": "evaluate/core.yaml",
+        "name": "core",
+        "sha256": "s" * 64,
+        "settings": {"batch_size": 16, "seed": 0, "tasks": None, "subset": None},
+    },
+    "golden": {
+        "name": "core",
+        "version": "v1",
+        "path": "golden/core/v1",
+        "manifest_sha256": "m" * 64,
+        "task_version": 1.0,
+    },
     "task_versions": {"t_acc": 1.0, "t_prose": 1.0},
-    "lm_eval_version": "0.4.13", "batch_size": 16, "seed": 0, "backend": "hf", "device": "cpu", "dtype": "float32",
+    "lm_eval_version": "0.4.13",
+    "batch_size": 16,
+    "seed": 0,
+    "backend": "hf",
+    "device": "cpu",
+    "dtype": "float32",
 }
 
 
-def result(acc_scores: list[float], prose_ll: list[float], clusters: int = 50, sha: str = "a",
-           tasks: tuple[str, str] = ("t_acc", "t_prose"), prov: dict | None = None) -> dict:
+def result(
+    acc_scores: list[float],
+    prose_ll: list[float],
+    clusters: int = 50,
+    sha: str = "a",
+    tasks: tuple[str, str] = ("t_acc", "t_prose"),
+    prov: dict | None = None,
+) -> dict:
     """A score document as `quantize eval --json --items` writes it (a dict, so tests can edit it)."""
     prov = copy.deepcopy(prov or PROV)
     prov["checkpoint"]["weights_sha256"] = sha * 64
-    acc_items = [{"id": f"a{i:05d}", "cluster": f"c{i % clusters}", "score": s, "ll": -1.0} for i, s in enumerate(acc_scores)]
-    prose_items = [{"id": f"p{i:04d}", "cluster": f"doc{i}", "score": ll, "ll": ll, "words": 100, "bytes": 600}
-                   for i, ll in enumerate(prose_ll)]
+    acc_items = [
+        {"id": f"a{i:05d}", "cluster": f"c{i % clusters}", "score": s, "ll": -1.0} for i, s in enumerate(acc_scores)
+    ]
+    prose_items = [
+        {"id": f"p{i:04d}", "cluster": f"doc{i}", "score": ll, "ll": ll, "words": 100, "bytes": 600}
+        for i, ll in enumerate(prose_ll)
+    ]
     acc = sum(acc_scores) / len(acc_scores)
-    return {"schema_version": 1, "key": "k" * 64, "provenance": prov, "created": "2026-11-30T00:00:00+00:00",
-            "wall_seconds": 1.0, "tasks": {
-                tasks[0]: {"output_type": "loglikelihood", "version": 1.0, "n": len(acc_items), "acc": acc, "acc_se": 0.01,
-                           "chance": 0.0, "mean_ll": -1.0, "lm_eval": {}, "items": acc_items},
-                tasks[1]: {"output_type": "loglikelihood_rolling", "version": 1.0, "n": len(prose_items),
-                           "bits_per_byte": 1.0, "word_perplexity": 10.0, "lm_eval": {}, "items": prose_items}}}
+    return {
+        "schema_version": 1,
+        "key": "k" * 64,
+        "provenance": prov,
+        "created": "2026-11-30T00:00:00+00:00",
+        "wall_seconds": 1.0,
+        "tasks": {
+            tasks[0]: {
+                "output_type": "loglikelihood",
+                "version": 1.0,
+                "n": len(acc_items),
+                "acc": acc,
+                "acc_se": 0.01,
+                "chance": 0.0,
+                "mean_ll": -1.0,
+                "lm_eval": {},
+                "items": acc_items,
+            },
+            tasks[1]: {
+                "output_type": "loglikelihood_rolling",
+                "version": 1.0,
+                "n": len(prose_items),
+                "bits_per_byte": 1.0,
+                "word_perplexity": 10.0,
+                "lm_eval": {},
+                "items": prose_items,
+            },
+        },
+    }
 
 
 def judge(policy, base: dict, cand: dict, agreement: dict | None = None):
@@ -143,8 +250,23 @@ def judge(policy, base: dict, cand: dict, agreement: dict | None = None):
     from quantize.gates.gate import decide
     from quantize.records import AgreementResult, ScoreDoc, parse
 
-    agr = parse(AgreementResult, {"schema_version": 1, "baseline_sha256": "a" * 64, "candidate_sha256": "b" * 64,
-                                  "top_k": 20, "per_task": 40, "tasks": ["t_acc"], **agreement}, "agreement") if agreement else None
+    agr = (
+        parse(
+            AgreementResult,
+            {
+                "schema_version": 1,
+                "baseline_sha256": "a" * 64,
+                "candidate_sha256": "b" * 64,
+                "top_k": 20,
+                "per_task": 40,
+                "tasks": ["t_acc"],
+                **agreement,
+            },
+            "agreement",
+        )
+        if agreement
+        else None
+    )
     return decide(policy, parse(ScoreDoc, base, "baseline"), parse(ScoreDoc, cand, "candidate"), agr)
 
 

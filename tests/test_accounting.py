@@ -30,16 +30,30 @@ def write_ckpt(folder: Path, tensors: dict[str, torch.Tensor], quant_config: dic
 
 
 def ct_config(bits: int, fmt: str = "pack-quantized", group: int | None = 128, sym: bool = True) -> dict:
-    return {"quant_method": "compressed-tensors", "format": fmt,
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-                "num_bits": bits, "group_size": group, "symmetric": sym, "strategy": "group" if group else "channel"}}}}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {
+                    "num_bits": bits,
+                    "group_size": group,
+                    "symmetric": sym,
+                    "strategy": "group" if group else "channel",
+                },
+            }
+        },
+    }
 
 
 @pytest.mark.parametrize("g", [32, 64, 128])
 def test_symmetric_int4_matches_closed_form(tmp_path, g):
     """Symmetric int4 with bf16 group scales: 4 + 16/g bits per weight."""
-    t = {"l.weight_packed": torch.zeros(OUT, IN * 4 // 32, dtype=torch.int32),
-         "l.weight_scale": torch.zeros(OUT, IN // g, dtype=torch.bfloat16)}
+    t = {
+        "l.weight_packed": torch.zeros(OUT, IN * 4 // 32, dtype=torch.int32),
+        "l.weight_scale": torch.zeros(OUT, IN // g, dtype=torch.bfloat16),
+    }
     r = bits_report(write_ckpt(tmp_path, t, ct_config(4, group=g)))
     assert r.parameters == OUT * IN
     assert r.quantized_linear_bits_per_weight == pytest.approx(4 + 16 / g, abs=1e-12)
@@ -50,9 +64,11 @@ def test_symmetric_int4_matches_closed_form(tmp_path, g):
 def test_asymmetric_int4_adds_zero_point_bits(tmp_path):
     """Asymmetric int4: 4 + 16/g (scale) + 4/g (packed int4 zero point) bits per weight."""
     g = 128
-    t = {"l.weight_packed": torch.zeros(OUT, IN // 8, dtype=torch.int32),
-         "l.weight_scale": torch.zeros(OUT, IN // g, dtype=torch.bfloat16),
-         "l.weight_zero_point": torch.zeros(OUT // 8, IN // g, dtype=torch.int32)}
+    t = {
+        "l.weight_packed": torch.zeros(OUT, IN // 8, dtype=torch.int32),
+        "l.weight_scale": torch.zeros(OUT, IN // g, dtype=torch.bfloat16),
+        "l.weight_zero_point": torch.zeros(OUT // 8, IN // g, dtype=torch.int32),
+    }
     r = bits_report(write_ckpt(tmp_path, t, ct_config(4, group=g, sym=False)))
     assert r.quantized_linear_bits_per_weight == pytest.approx(4 + 16 / g + 4 / g)
     assert r.bytes_by_role["zero_point"] == OUT // 8 * IN // g * 4
@@ -61,10 +77,12 @@ def test_asymmetric_int4_adds_zero_point_bits(tmp_path):
 def test_unquantized_layers_count_at_their_width(tmp_path):
     """Embeddings and norms kept in bf16 raise whole-model bits above the linear-only figure."""
     g, V = 128, 1000
-    t = {"model.embed_tokens.weight": torch.zeros(V, IN, dtype=torch.bfloat16),
-         "model.norm.weight": torch.zeros(IN, dtype=torch.bfloat16),
-         "model.l.weight_packed": torch.zeros(OUT, IN // 8, dtype=torch.int32),
-         "model.l.weight_scale": torch.zeros(OUT, IN // g, dtype=torch.bfloat16)}
+    t = {
+        "model.embed_tokens.weight": torch.zeros(V, IN, dtype=torch.bfloat16),
+        "model.norm.weight": torch.zeros(IN, dtype=torch.bfloat16),
+        "model.l.weight_packed": torch.zeros(OUT, IN // 8, dtype=torch.int32),
+        "model.l.weight_scale": torch.zeros(OUT, IN // g, dtype=torch.bfloat16),
+    }
     r = bits_report(write_ckpt(tmp_path, t, ct_config(4, group=g)))
     params = V * IN + IN + OUT * IN
     assert r.parameters == params
@@ -82,7 +100,10 @@ def test_plain_bf16_is_16_bits(tmp_path):
 
 def test_int8_channel_quantized(tmp_path):
     """int-quantized W8A8: int8 payload + one bf16 scale per output row: 8 + 16/IN bits."""
-    t = {"l.weight": torch.zeros(OUT, IN, dtype=torch.int8), "l.weight_scale": torch.zeros(OUT, 1, dtype=torch.bfloat16)}
+    t = {
+        "l.weight": torch.zeros(OUT, IN, dtype=torch.int8),
+        "l.weight_scale": torch.zeros(OUT, 1, dtype=torch.bfloat16),
+    }
     r = bits_report(write_ckpt(tmp_path, t, ct_config(8, fmt="int-quantized", group=None)))
     assert r.quantized_linear_bits_per_weight == pytest.approx(8 + 16 / IN)
     assert r.modules[0].format == "i8 per-channel"
@@ -90,8 +111,11 @@ def test_int8_channel_quantized(tmp_path):
 
 def test_fp8_with_weight_scale(tmp_path):
     """FP8 E4M3 per-tensor: 8 bits + one fp32 scale, plus a static input scale counted as metadata."""
-    t = {"l.weight": torch.zeros(OUT, IN, dtype=torch.float8_e4m3fn),
-         "l.weight_scale": torch.zeros(1, dtype=torch.float32), "l.input_scale": torch.zeros(1, dtype=torch.float32)}
+    t = {
+        "l.weight": torch.zeros(OUT, IN, dtype=torch.float8_e4m3fn),
+        "l.weight_scale": torch.zeros(1, dtype=torch.float32),
+        "l.input_scale": torch.zeros(1, dtype=torch.float32),
+    }
     r = bits_report(write_ckpt(tmp_path, t, {"quant_method": "fp8"}))
     assert r.parameters == OUT * IN
     assert r.quantized_linear_bits_per_weight == pytest.approx(8 + 64 / (OUT * IN))
@@ -101,8 +125,12 @@ def test_fp8_with_weight_scale(tmp_path):
 def test_gptq_format(tmp_path):
     """AutoGPTQ layout: qweight (IN/8, OUT), qzeros (IN/g, OUT/8), fp16 scales (IN/g, OUT), g_idx (IN,)."""
     g = 128
-    t = {"l.qweight": torch.zeros(IN // 8, OUT, dtype=torch.int32), "l.qzeros": torch.zeros(IN // g, OUT // 8, dtype=torch.int32),
-         "l.scales": torch.zeros(IN // g, OUT, dtype=torch.float16), "l.g_idx": torch.zeros(IN, dtype=torch.int32)}
+    t = {
+        "l.qweight": torch.zeros(IN // 8, OUT, dtype=torch.int32),
+        "l.qzeros": torch.zeros(IN // g, OUT // 8, dtype=torch.int32),
+        "l.scales": torch.zeros(IN // g, OUT, dtype=torch.float16),
+        "l.g_idx": torch.zeros(IN, dtype=torch.int32),
+    }
     r = bits_report(write_ckpt(tmp_path, t, {"quant_method": "gptq", "bits": 4, "group_size": g}))
     assert r.parameters == OUT * IN
     assert r.quantized_linear_bits_per_weight == pytest.approx(4 + 16 / g + 4 / g + 32 / OUT)
@@ -113,15 +141,21 @@ def test_gptq_format(tmp_path):
 def test_awq_format(tmp_path):
     """AutoAWQ GEMM layout: qweight (IN, OUT/8), qzeros (IN/g, OUT/8), scales (IN/g, OUT)."""
     g = 128
-    t = {"l.qweight": torch.zeros(IN, OUT // 8, dtype=torch.int32), "l.qzeros": torch.zeros(IN // g, OUT // 8, dtype=torch.int32),
-         "l.scales": torch.zeros(IN // g, OUT, dtype=torch.float16)}
+    t = {
+        "l.qweight": torch.zeros(IN, OUT // 8, dtype=torch.int32),
+        "l.qzeros": torch.zeros(IN // g, OUT // 8, dtype=torch.int32),
+        "l.scales": torch.zeros(IN // g, OUT, dtype=torch.float16),
+    }
     r = bits_report(write_ckpt(tmp_path, t, {"quant_method": "awq", "w_bit": 4, "q_group_size": g, "version": "gemm"}))
     assert r.parameters == OUT * IN
     assert r.quantized_linear_bits_per_weight == pytest.approx(4 + 16 / g + 4 / g)
 
 
 def test_packed_without_bit_width_says_so(tmp_path):
-    t = {"l.qweight": torch.zeros(IN // 8, OUT, dtype=torch.int32), "l.scales": torch.zeros(4, OUT, dtype=torch.float16)}
+    t = {
+        "l.qweight": torch.zeros(IN // 8, OUT, dtype=torch.int32),
+        "l.scales": torch.zeros(4, OUT, dtype=torch.float16),
+    }
     r = bits_report(write_ckpt(tmp_path, t))
     assert r.parameters is None and r.bits_per_weight is None
     assert any("cannot unpack l.qweight" in n for n in r.notes)
@@ -131,8 +165,16 @@ def test_sharded_checkpoint_via_index(tmp_path):
     tmp_path.mkdir(exist_ok=True)
     save_file({"a.weight": torch.zeros(4, 8, dtype=torch.bfloat16)}, str(tmp_path / "model-00001-of-00002.safetensors"))
     save_file({"b.weight": torch.zeros(2, 8, dtype=torch.bfloat16)}, str(tmp_path / "model-00002-of-00002.safetensors"))
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors"}}))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "weight_map": {
+                    "a.weight": "model-00001-of-00002.safetensors",
+                    "b.weight": "model-00002-of-00002.safetensors",
+                }
+            }
+        )
+    )
     r = bits_report(tmp_path)
     assert len(r.files) == 2 and r.parameters == 48 and r.total_bytes == 96
 
@@ -151,6 +193,7 @@ def test_folder_without_safetensors(tmp_path):
 
 # --- malformed headers --------------------------------------------------------------------------
 
+
 def raw_file(tmp_path: Path, header: bytes | dict, data: bytes = b"", length: int | None = None) -> Path:
     body = header if isinstance(header, bytes) else json.dumps(header).encode()
     p = tmp_path / "bad.safetensors"
@@ -158,20 +201,30 @@ def raw_file(tmp_path: Path, header: bytes | dict, data: bytes = b"", length: in
     return p
 
 
-@pytest.mark.parametrize("header,data,length,why", [
-    ({}, b"", 5000, "past the end"),
-    ({}, b"", 200_000_000, "100 MB"),
-    (b"{not json", b"", None, "not valid JSON"),
-    (b"[1, 2]", b"", None, "not a JSON object"),
-    ({"t": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 1]}}, b"\0", None, "unknown dtype"),
-    ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, None, "outside"),
-    ({"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, None, "needs 12 bytes"),
-    ({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, None, "non-negative"),
-    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
-      "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None, "overlaps"),
-    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None, "gap"),
-    ({"a": {"dtype": "F32", "shape": [1]}}, b"\0" * 4, None, "exactly dtype, shape and data_offsets"),
-])
+@pytest.mark.parametrize(
+    "header,data,length,why",
+    [
+        ({}, b"", 5000, "past the end"),
+        ({}, b"", 200_000_000, "100 MB"),
+        (b"{not json", b"", None, "not valid JSON"),
+        (b"[1, 2]", b"", None, "not a JSON object"),
+        ({"t": {"dtype": "Q7", "shape": [1], "data_offsets": [0, 1]}}, b"\0", None, "unknown dtype"),
+        ({"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 4, None, "outside"),
+        ({"t": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, None, "needs 12 bytes"),
+        ({"t": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, None, "non-negative"),
+        (
+            {
+                "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]},
+            },
+            b"\0" * 8,
+            None,
+            "overlaps",
+        ),
+        ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None, "gap"),
+        ({"a": {"dtype": "F32", "shape": [1]}}, b"\0" * 4, None, "exactly dtype, shape and data_offsets"),
+    ],
+)
 def test_malformed_header_is_refused(tmp_path, header, data, length, why):
     with pytest.raises(UsageError, match=why):
         read_header(raw_file(tmp_path, header, data, length))
@@ -198,11 +251,20 @@ def test_fuzz_header_never_crashes(tmp_path, blob, length):
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.dictionaries(st.text(max_size=8), st.fixed_dictionaries({
-    "dtype": st.sampled_from(["F32", "BF16", "I8", "X"]),
-    "shape": st.lists(st.integers(-2, 6), max_size=3),
-    "data_offsets": st.lists(st.integers(-4, 64), min_size=0, max_size=3)}), max_size=4),
-    st.integers(0, 64))
+@given(
+    st.dictionaries(
+        st.text(max_size=8),
+        st.fixed_dictionaries(
+            {
+                "dtype": st.sampled_from(["F32", "BF16", "I8", "X"]),
+                "shape": st.lists(st.integers(-2, 6), max_size=3),
+                "data_offsets": st.lists(st.integers(-4, 64), min_size=0, max_size=3),
+            }
+        ),
+        max_size=4,
+    ),
+    st.integers(0, 64),
+)
 def test_fuzz_structured_headers(tmp_path, header, data_len):
     p = raw_file(tmp_path, header, b"\0" * data_len)
     try:

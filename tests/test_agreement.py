@@ -77,10 +77,12 @@ def test_log_likelihoods_equal_lm_evals_for_the_same_requests(scorer):
         ours[req.id] = float(logp.gather(-1, target[:, None]).sum())
     ctx = [r for r in REQUESTS if r.context is not None]
     theirs = scorer.lm.loglikelihood(
-        [Instance("loglikelihood", {}, (r.context, r.continuation), i) for i, r in enumerate(ctx)], disable_tqdm=True)
+        [Instance("loglikelihood", {}, (r.context, r.continuation), i) for i, r in enumerate(ctx)], disable_tqdm=True
+    )
     for r, (ll, _) in zip(ctx, theirs, strict=True):
         assert ours[r.id] == pytest.approx(ll, abs=1e-3), r.id
-    (rolling,) = scorer.lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (REQUESTS[3].continuation,), 0)],
-                                                 disable_tqdm=True)
+    (rolling,) = scorer.lm.loglikelihood_rolling(
+        [Instance("loglikelihood_rolling", {}, (REQUESTS[3].continuation,), 0)], disable_tqdm=True
+    )
     assert ours["d"] == pytest.approx(rolling, abs=1e-3)
     assert len(set(ours.values())) == 4  # four different items, four different values

@@ -22,16 +22,22 @@ def run_cli(tmp_path: Path, recipe_text: str | None, *extra: str, capsys) -> tup
     return code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("text,expected", [
-    (None, "does not exist"),
-    (GOOD + "grup_size: 3\n", "unknown key `grup_size`"),
-    (GOOD.replace("group_size: 64", "group_size: sixty"), "group_size"),
-    (GOOD.replace("group_size: 64", "group_size: 0"), "power of two"),
-    (GOOD.replace("group_size: 64", "group_size: 7"), "power of two"),
-    ("method: fp8\nscheme: FP8_DYNAMIC\ngroup_size: 128\ncalibration: null\n", "`group_size` is not a setting of method fp8"),
-    ("method: smoothquant\nscheme: W4A16\n", "does not support scheme W4A16"),
-    ("method: [rtn\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (None, "does not exist"),
+        (GOOD + "grup_size: 3\n", "unknown key `grup_size`"),
+        (GOOD.replace("group_size: 64", "group_size: sixty"), "group_size"),
+        (GOOD.replace("group_size: 64", "group_size: 0"), "power of two"),
+        (GOOD.replace("group_size: 64", "group_size: 7"), "power of two"),
+        (
+            "method: fp8\nscheme: FP8_DYNAMIC\ngroup_size: 128\ncalibration: null\n",
+            "`group_size` is not a setting of method fp8",
+        ),
+        ("method: smoothquant\nscheme: W4A16\n", "does not support scheme W4A16"),
+        ("method: [rtn\n", "not valid YAML"),
+    ],
+)
 def test_bad_recipe_exits_2(tmp_path, capsys, text, expected):
     code, err = run_cli(tmp_path, text, capsys=capsys)
     assert code == 2
@@ -70,7 +76,10 @@ def test_force_does_not_replace_a_foreign_folder(tmp_path, tiny_model, capsys):
 
 
 def test_missing_calibration_file(tmp_path, tiny_model, capsys):
-    text = f"method: gptq\nscheme: W4A16\ngroup_size: 64\nmodel: {tiny_model}\ncalibration: {{source: {tmp_path}/nope.txt}}\n"
+    text = (
+        f"method: gptq\nscheme: W4A16\ngroup_size: 64\nmodel: {tiny_model}\n"
+        f"calibration: {{source: {tmp_path}/nope.txt}}\n"
+    )
     code, err = run_cli(tmp_path, text, capsys=capsys)
     assert code == 2 and "no such file" in err
 
@@ -97,7 +106,9 @@ def test_console_script_prints_no_traceback(tmp_path):
     """Through the real entry point: one paragraph on stderr, exit 2."""
     p = tmp_path / "r.yaml"
     p.write_text("method: gptq\nscheme: W4A16\ngroup_size: 7\n")
-    proc = subprocess.run([sys.executable, "-m", "quantize.cli", "run", str(p)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "quantize.cli", "run", str(p)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "group_size" in proc.stderr
     assert proc.stderr.count("\n") <= 4

@@ -16,16 +16,28 @@ SEED = cost.HARDWARE["seed"]
 
 @pytest.fixture(scope="module")
 def worksheet():
-    return cost.token_cost(70e9, cost.FORMAT_BITS, KV, SEED, context_tokens=2048, batch=32,
-                           alpha=0.8, gamma=4, draft_cost=0.1, plain_step_ms=25.0)
+    return cost.token_cost(
+        70e9,
+        cost.FORMAT_BITS,
+        KV,
+        SEED,
+        context_tokens=2048,
+        batch=32,
+        alpha=0.8,
+        gamma=4,
+        draft_cost=0.1,
+        plain_step_ms=25.0,
+    )
 
 
 def test_kv_bytes(worksheet):
     assert worksheet["kv_bytes_per_sequence"] == 671_088_640
 
 
-@pytest.mark.parametrize("fmt,gb,b1,b32", [
-    ("bf16", 140.0, 46.667, 53.825), ("fp8_e4m3", 70.0, 23.333, 30.492), ("int4_g128", 36.3125, 12.104, 19.262)])
+@pytest.mark.parametrize(
+    "fmt,gb,b1,b32",
+    [("bf16", 140.0, 46.667, 53.825), ("fp8_e4m3", 70.0, 23.333, 30.492), ("int4_g128", 36.3125, 12.104, 19.262)],
+)
 def test_weight_bytes_and_bounds(worksheet, fmt, gb, b1, b32):
     r = worksheet["formats"][fmt]
     assert r["weight_gb"] == pytest.approx(gb, abs=1e-9)
@@ -34,7 +46,11 @@ def test_weight_bytes_and_bounds(worksheet, fmt, gb, b1, b32):
 
 
 def test_gib_column(worksheet):
-    assert [round(worksheet["formats"][f]["weight_gib"], 2) for f in ("bf16", "fp8_e4m3", "int4_g128")] == [130.39, 65.19, 33.82]
+    assert [round(worksheet["formats"][f]["weight_gib"], 2) for f in ("bf16", "fp8_e4m3", "int4_g128")] == [
+        130.39,
+        65.19,
+        33.82,
+    ]
 
 
 def test_verify_ratios(worksheet):
@@ -70,7 +86,11 @@ def test_slow_speculation_and_break_even():
 
 
 def test_compute_bound_batches(worksheet):
-    assert [worksheet["formats"][f]["verify_compute_bound_batch"] for f in ("bf16", "fp8_e4m3", "int4_g128")] == [98, 49, 26]
+    assert [worksheet["formats"][f]["verify_compute_bound_batch"] for f in ("bf16", "fp8_e4m3", "int4_g128")] == [
+        98,
+        49,
+        26,
+    ]
 
 
 def test_one_byte_kv():
@@ -90,8 +110,15 @@ def test_exercise_sweeps():
     assert round(sw["slow_draft"]["speedup"], 2) == 1.12
 
 
-@pytest.mark.parametrize("alpha,gamma,c,batch,what", [
-    (1.0, 4, 0.1, 32, "alpha"), (0.8, 0, 0.1, 32, "gamma"), (0.8, 4, -0.1, 32, "draft cost"), (0.8, 4, 0.1, 0, "batch")])
+@pytest.mark.parametrize(
+    "alpha,gamma,c,batch,what",
+    [
+        (1.0, 4, 0.1, 32, "alpha"),
+        (0.8, 0, 0.1, 32, "gamma"),
+        (0.8, 4, -0.1, 32, "draft cost"),
+        (0.8, 4, 0.1, 0, "batch"),
+    ],
+)
 def test_bad_inputs(alpha, gamma, c, batch, what):
     with pytest.raises(UsageError, match=what):
         cost.token_cost(70e9, cost.FORMAT_BITS, KV, SEED, 2048, batch, alpha, gamma, c, 25.0)

@@ -13,8 +13,8 @@ import yaml
 
 from quantize import records
 from quantize.cli import main
-from quantize.records import RunRecord
 from quantize.models import default_model_dir
+from quantize.records import RunRecord
 
 RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
 pytestmark = pytest.mark.slow
@@ -58,14 +58,18 @@ def test_gate_on_default_model_rejects_3bit_rtn_and_passes_a_a(tmp_path, capsys,
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))  # scores and agreement start cold
     root = Path(__file__).parent.parent
     (tmp_path / "w3.yaml").write_text(
-        (root / "benchmarks" / "references" / "rtn-w3a16-g128.yaml").read_text().replace(
-            "output: outputs/references/rtn-w3a16-g128", f"output: {tmp_path / 'w3'}\nmodel: {base}"))
+        (root / "benchmarks" / "references" / "rtn-w3a16-g128.yaml")
+        .read_text()
+        .replace("output: outputs/references/rtn-w3a16-g128", f"output: {tmp_path / 'w3'}\nmodel: {base}")
+    )
     assert main(["run", str(tmp_path / "w3.yaml"), "--quiet"]) == 0
     suite = tmp_path / "suite.yaml"
     suite.write_text(f"golden: {root / 'golden' / 'core' / 'v1'}\ntasks: [core_prose, core_kv]\nbatch_size: 16\n")
     policy = tmp_path / "policy.yaml"
-    policy.write_text(f"suite: {suite}\nrules:\n  - {{task: core_kv, metric: acc, margin: 0.1}}\n"
-                      "  - {task: core_prose, metric: perplexity, max_ratio: 1.1}\n  - {agreement: kl, max: 0.1}\n")
+    policy.write_text(
+        f"suite: {suite}\nrules:\n  - {{task: core_kv, metric: acc, margin: 0.1}}\n"
+        "  - {task: core_prose, metric: perplexity, max_ratio: 1.1}\n  - {agreement: kl, max: 0.1}\n"
+    )
     capsys.readouterr()
     assert main(["gate", str(policy), "--baseline", base, "--candidate", str(tmp_path / "w3")]) == 1
     out = capsys.readouterr().out

@@ -3,19 +3,18 @@ indivisible-layer policy, atomic output and the metadata written next to the wei
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from quantize.accounting import bits_report
 from quantize import records
+from quantize.accounting import bits_report
 from quantize.cli import main
-from quantize.records import RunRecord
-from quantize.plan import divisor_group, meta_model, plan_layers
 from quantize.errors import UsageError
+from quantize.plan import divisor_group, meta_model, plan_layers
 from quantize.recipe import parse_recipe
+from quantize.records import RunRecord
 
 CAL = {"source": "builtin:jargon", "samples": 4, "seq_len": 32, "seed": 0}
 
@@ -42,8 +41,14 @@ METHODS = {
     "fp8-dyn": dict(method="fp8", scheme="FP8_DYNAMIC", calibration=None),
     "fp8-static": dict(method="fp8", scheme="FP8", calibration=CAL),
 }
-EXPECTED_FORMAT = {"rtn-w4": "pack-quantized", "gptq-w4": "pack-quantized", "awq-w4": "pack-quantized",
-                   "sq-w8a8": "int-quantized", "fp8-dyn": "float-quantized", "fp8-static": "float-quantized"}
+EXPECTED_FORMAT = {
+    "rtn-w4": "pack-quantized",
+    "gptq-w4": "pack-quantized",
+    "awq-w4": "pack-quantized",
+    "sq-w8a8": "int-quantized",
+    "fp8-dyn": "float-quantized",
+    "fp8-static": "float-quantized",
+}
 
 
 @pytest.mark.parametrize("name", list(METHODS))
@@ -92,7 +97,9 @@ def test_metadata_fields(tmp_path, tiny_model, capsys):
     assert meta["layer_plan"]["by_group_size"] == {"128": 12, "64": 2}
     # act_order uses static groups: columns are processed by decreasing diag(H), no g_idx is stored
     assert "group_index" not in meta["bits"]["bytes_by_role"]
-    assert any("actorder=<ActivationOrdering.WEIGHT" in m or "actorder='weight'" in m for m in meta["engine"]["modifiers"])
+    assert any(
+        "actorder=<ActivationOrdering.WEIGHT" in m or "actorder='weight'" in m for m in meta["engine"]["modifiers"]
+    )
 
 
 def test_calibration_hash_is_deterministic(tmp_path, tiny_model):
@@ -118,10 +125,13 @@ def test_too_little_calibration_text(tmp_path, tiny_model):
     src = tmp_path / "small.txt"
     src.write_text("just a few words\n\nand a few more")
     with pytest.raises(UsageError, match="fewer than samples"):
-        build_calibration(AutoTokenizer.from_pretrained(str(tiny_model)), Calibration(source=str(src), samples=4, seq_len=32))
+        build_calibration(
+            AutoTokenizer.from_pretrained(str(tiny_model)), Calibration(source=str(src), samples=4, seq_len=32)
+        )
 
 
 # --- indivisible policy -------------------------------------------------------------------------
+
 
 def plan(tiny_model, **fields):
     r = parse_recipe({"method": "rtn", "scheme": "W4A16", "group_size": 128, "calibration": None, **fields})
@@ -149,7 +159,10 @@ def test_indivisible_error(tiny_model):
 
 
 def test_kept_layers_are_16_bit_in_the_checkpoint(tmp_path, tiny_model, capsys):
-    meta = run_ok(write_recipe(tmp_path, tiny_model, "keep", **{**METHODS["rtn-w4"], "group_size": 128, "indivisible": "keep"}), capsys)
+    meta = run_ok(
+        write_recipe(tmp_path, tiny_model, "keep", **{**METHODS["rtn-w4"], "group_size": 128, "indivisible": "keep"}),
+        capsys,
+    )
     assert set(meta["layer_plan"]["kept_16bit"]) == {"model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"}
     rows = {m["module"]: m for m in meta["bits"]["modules"]}
     assert rows["model.layers.0.mlp.down_proj"]["format"] == "bf16"
@@ -163,6 +176,7 @@ def test_targets_matching_nothing(tiny_model):
 
 
 # --- atomic output ------------------------------------------------------------------------------
+
 
 def test_failed_run_leaves_nothing(tmp_path, tiny_model, capsys, monkeypatch):
     import quantize.engine as engine
@@ -186,7 +200,9 @@ def test_existing_output_refused_then_forced(tmp_path, tiny_model, capsys):
     assert main(["run", str(recipe), "--quiet", "--force"]) == 0
     second = records.read(RunRecord, tmp_path / "out" / "twice" / "quantize.json")
     # the folder now holds the second run: its recipe, not the first one's
-    assert second.recipe.resolved["description"] == "the second run" and second.recipe.sha256 != first["recipe"]["sha256"]
+    assert (
+        second.recipe.resolved["description"] == "the second run" and second.recipe.sha256 != first["recipe"]["sha256"]
+    )
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["twice"]
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from quantize.cli import main
 from quantize import cache, records
+from quantize.cli import main
 from quantize.evaluate.score import score
+from quantize.golden.build import Sizes, build_core
 from quantize.records import ScoreDoc
 from quantize.suite import open_suite
-from quantize.golden.build import Sizes, build_core
+
 from conftest import make_sources
 
 SIZES = Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3)
@@ -30,9 +31,11 @@ def setup(tmp_path_factory, tiny_model):
     suite_b2 = base / "suite-b2.yaml"
     suite_b2.write_text(f"golden: {base / 'golden' / 'v1'}\nbatch_size: 2\nagreement: {{per_task: 3, top_k: 5}}\n")
     policy = base / "gate.yaml"
-    policy.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.1}}\n"
-                      "  - {task: core_prose, metric: perplexity, max_ratio: 1.5}\n  - {agreement: kl, max: 0.5}\n"
-                      "  - {agreement: top1, min: 0.5}\n")
+    policy.write_text(
+        f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.1}}\n"
+        "  - {task: core_prose, metric: perplexity, max_ratio: 1.5}\n  - {agreement: kl, max: 0.5}\n"
+        "  - {agreement: top1, min: 0.5}\n"
+    )
     return base, suite, suite_b2, policy
 
 
@@ -53,7 +56,7 @@ def test_eval_records_items_and_caches(setup, tiny_model):
     assert all(i.ll < 0 and i.words > 100 for i in tasks["core_prose"].items)
     p = first.provenance
     assert p.golden.version == "v1" and len(p.golden.manifest_sha256) == 64
-    assert p.task_versions == {t: 1.0 for t in tasks} and p.lm_eval_version and p.batch_size == 4
+    assert p.task_versions == dict.fromkeys(tasks, 1.0) and p.lm_eval_version and p.batch_size == 4
     second, cached = score(open_suite(suite), tiny_model)
     assert cached is True and second == first
     # the cached file is the record, and reads back through its model
@@ -123,8 +126,10 @@ def test_gate_a_a_at_another_batch_size_passes(setup, tiny_model, capsys):
     bf.write_text(records.to_json(b))
     cf.write_text(records.to_json(c))
     pol = Path(suite).parent / "acc-only.yaml"
-    pol.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.1}}\n"
-                   "  - {task: core_prose, metric: perplexity, max_ratio: 1.01}\n")
+    pol.write_text(
+        f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.1}}\n"
+        "  - {task: core_prose, metric: perplexity, max_ratio: 1.01}\n"
+    )
     assert main(["gate", str(pol), "--baseline", str(bf), "--candidate", str(cf)]) == 0, capsys.readouterr().out
 
 
@@ -132,9 +137,15 @@ def test_damaged_model_on_a_tiny_set_is_not_a_pass(setup, tiny_model, tmp_path, 
     """3-bit RTN of the tiny model against a 2-point margin: 24 facts items cannot show it, so not a pass."""
     _, suite, _, _ = setup
     policy = tmp_path / "strict.yaml"
-    policy.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.02}}\n  - {{agreement: kl, max: 0.5}}\n")
+    policy.write_text(
+        f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.02}}\n  - "
+        f"{{agreement: kl, max: 0.5}}\n"
+    )
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"method: rtn\nscheme: W3A16\ngroup_size: 32\ncalibration: null\nmodel: {tiny_model}\noutput: {tmp_path / 'w3'}\n")
+    recipe.write_text(
+        f"method: rtn\nscheme: W3A16\ngroup_size: 32\ncalibration: null\nmodel: {tiny_model}\noutput: "
+        f"{tmp_path / 'w3'}\n"
+    )
     assert main(["run", str(recipe), "--quiet"]) == 0
     capsys.readouterr()
     code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(tmp_path / "w3"), "--json"])

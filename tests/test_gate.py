@@ -14,21 +14,24 @@ import scipy.stats as sps
 
 from quantize.cli import main
 from quantize.errors import UsageError
-from quantize.gates.render import render_junit, render_text
 from quantize.gates.policy import load_policy
+from quantize.gates.render import render_junit, render_text
 from quantize.records import Verdict, parse
 
 from conftest import PROV, baseline, judge, result
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
 @pytest.fixture
 def policy(tmp_path):
     p = tmp_path / "gates" / "p.yaml"
     p.parent.mkdir()
-    p.write_text("suite: evaluate/core.yaml\nalpha: 0.05\npower: 0.8\nrules:\n"
-                 "  - {task: t_acc, metric: acc, margin: 0.02}\n"
-                 "  - {task: t_prose, metric: perplexity, max_ratio: 1.05}\n")
+    p.write_text(
+        "suite: evaluate/core.yaml\nalpha: 0.05\npower: 0.8\nrules:\n"
+        "  - {task: t_acc, metric: acc, margin: 0.02}\n"
+        "  - {task: t_prose, metric: perplexity, max_ratio: 1.05}\n"
+    )
     return load_policy(p)
 
 
@@ -99,8 +102,14 @@ def test_perplexity_rule_rejects_a_worse_model(policy):
     assert v.rules[1].verdict == "regression" and v.rules[1].evidence.lower_bound > 1.05
 
 
-@pytest.mark.parametrize("field,value", [("lm_eval_version", "0.4.99"), ("task_versions", {"t_acc": 2.0, "t_prose": 1.0}),
-                                         ("golden.manifest_sha256", "n" * 64)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("lm_eval_version", "0.4.99"),
+        ("task_versions", {"t_acc": 2.0, "t_prose": 1.0}),
+        ("golden.manifest_sha256", "n" * 64),
+    ],
+)
 def test_differing_provenance_is_refused(policy, field, value):
     acc, prose = baseline(n=100)
     b, c = result(acc, prose), result(acc, prose, sha="b")
@@ -127,8 +136,19 @@ def test_agreement_rules_are_tolerances(tmp_path):
     p.write_text("suite: evaluate/core.yaml\nrules:\n  - {agreement: kl, max: 0.05}\n  - {agreement: top1, min: 0.9}\n")
     pol = load_policy(p)
     acc, prose = baseline(n=100)
-    harmless = {"kl_mean": 0.005, "kl_se": 0.001, "kl_p99": 0.05, "top1": 0.97, "top1_se": 0.005, "sum_min": 0.96,
-                "sum_min_se": 0.004, "positions": 5000, "items": 200, "clusters": 150, "note": "lower bound"}
+    harmless = {
+        "kl_mean": 0.005,
+        "kl_se": 0.001,
+        "kl_p99": 0.05,
+        "top1": 0.97,
+        "top1_se": 0.005,
+        "sum_min": 0.96,
+        "sum_min_se": 0.004,
+        "positions": 5000,
+        "items": 200,
+        "clusters": 150,
+        "note": "lower bound",
+    }
     v = judge(pol, result(acc, prose), result(acc, prose, sha="b"), harmless)
     assert v.verdict == "pass"
     harmful = dict(harmless, kl_mean=0.2, kl_se=0.01, top1=0.7)
@@ -147,13 +167,16 @@ def test_junit_has_one_case_per_rule(policy):
     assert cases[0].find("failure") is not None and cases[1].find("failure") is None
 
 
-@pytest.mark.parametrize("text,msg", [
-    ("suite: evaluate/core.yaml\nrules: []\n", "rules"),
-    ("suite: evaluate/core.yaml\nrules:\n  - {task: t, metric: acc, margin: 0}\n", "margin"),
-    ("suite: evaluate/core.yaml\nrules:\n  - {agreement: kl, min: 0.5}\n", "takes `max:`"),
-    ("suite: evaluate/core.yaml\nrules:\n  - {task: t, metric: acc, margin: 0.02, maring: 1}\n", "unknown key"),
-    ("rules:\n  - {task: t, metric: acc, margin: 0.02}\n", "suite"),
-])
+@pytest.mark.parametrize(
+    "text,msg",
+    [
+        ("suite: evaluate/core.yaml\nrules: []\n", "rules"),
+        ("suite: evaluate/core.yaml\nrules:\n  - {task: t, metric: acc, margin: 0}\n", "margin"),
+        ("suite: evaluate/core.yaml\nrules:\n  - {agreement: kl, min: 0.5}\n", "takes `max:`"),
+        ("suite: evaluate/core.yaml\nrules:\n  - {task: t, metric: acc, margin: 0.02, maring: 1}\n", "unknown key"),
+        ("rules:\n  - {task: t, metric: acc, margin: 0.02}\n", "suite"),
+    ],
+)
 def test_bad_policy_exits_2(tmp_path, capsys, text, msg):
     p = tmp_path / "bad.yaml"
     p.write_text(text)
@@ -166,10 +189,15 @@ def score_file_setup(tmp_path, batch_size: int = 16):
     from quantize.suite import open_suite
 
     suite = tmp_path / "suite.yaml"
-    suite.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\ntasks: [core_facts, core_prose]\nbatch_size: {batch_size}\n")
+    suite.write_text(
+        f"golden: {ROOT / 'golden' / 'core' / 'v1'}\ntasks: [core_facts, core_prose]\nbatch_size: {batch_size}\n"
+    )
     s = open_suite(suite)
-    prov = copy.deepcopy(PROV) | {"suite": {"path": str(suite), "name": "suite", "sha256": s.sha256, "settings": s.suite.settings()},
-                                  "golden": s.golden.provenance(), "task_versions": {"core_facts": 1.0, "core_prose": 1.0}}
+    prov = copy.deepcopy(PROV) | {
+        "suite": {"path": str(suite), "name": "suite", "sha256": s.sha256, "settings": s.suite.settings()},
+        "golden": s.golden.provenance(),
+        "task_versions": {"core_facts": 1.0, "core_prose": 1.0},
+    }
     pol = tmp_path / "gates" / "p.yaml"
     pol.parent.mkdir(exist_ok=True)
     pol.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.02}}\n")
@@ -185,8 +213,19 @@ def test_gate_on_score_files(tmp_path, capsys):
     (tmp_path / "b.json").write_text(json.dumps(result(acc, prose, tasks=tasks, prov=prov)))
     (tmp_path / "c.json").write_text(json.dumps(result(cand, prose, sha="b", tasks=tasks, prov=prov)))
     junit = tmp_path / "gate.xml"
-    code = main(["gate", str(pol), "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json"),
-                 "--json", "--junit", str(junit)])
+    code = main(
+        [
+            "gate",
+            str(pol),
+            "--baseline",
+            str(tmp_path / "b.json"),
+            "--candidate",
+            str(tmp_path / "c.json"),
+            "--json",
+            "--junit",
+            str(junit),
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert code == 1 and out["verdict"] == "rejected" and junit.is_file()
     assert parse(Verdict, out, "stdout").rules[0].evidence.flips_right_to_wrong > 0
@@ -201,18 +240,23 @@ def test_score_files_of_another_suite_are_refused(tmp_path, capsys):
     tasks = ("core_facts", "core_prose")
     (tmp_path / "b.json").write_text(json.dumps(result(acc, prose, tasks=tasks, prov=other)))
     (tmp_path / "c.json").write_text(json.dumps(result(acc, prose, sha="b", tasks=tasks, prov=other)))
-    assert main(["gate", str(pol), "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json")]) == 2
+    assert (
+        main(["gate", str(pol), "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json")]) == 2
+    )
     err = capsys.readouterr().err
     assert "another suite" in err and "subset" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("edit,msg", [
-    (lambda d: d.pop("schema_version"), "no schema_version"),
-    (lambda d: d.update(schema_version=7), "schema_version 7"),
-    (lambda d: d.update(surprise=1), "unknown key `surprise`"),
-    (lambda d: d["provenance"].pop("golden"), "`provenance.golden` is required"),
-    (lambda d: d["tasks"]["core_facts"]["items"][0].pop("id"), "id"),
-])
+@pytest.mark.parametrize(
+    "edit,msg",
+    [
+        (lambda d: d.pop("schema_version"), "no schema_version"),
+        (lambda d: d.update(schema_version=7), "schema_version 7"),
+        (lambda d: d.update(surprise=1), "unknown key `surprise`"),
+        (lambda d: d["provenance"].pop("golden"), "`provenance.golden` is required"),
+        (lambda d: d["tasks"]["core_facts"]["items"][0].pop("id"), "id"),
+    ],
+)
 def test_hand_edited_score_file_is_refused_with_exit_2(tmp_path, capsys, edit, msg):
     pol, prov = score_file_setup(tmp_path)
     acc, prose = baseline(n=50)
@@ -222,7 +266,9 @@ def test_hand_edited_score_file_is_refused_with_exit_2(tmp_path, capsys, edit, m
     edit(bad)
     (tmp_path / "b.json").write_text(json.dumps(good))
     (tmp_path / "c.json").write_text(json.dumps(bad))
-    assert main(["gate", str(pol), "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json")]) == 2
+    assert (
+        main(["gate", str(pol), "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json")]) == 2
+    )
     err = capsys.readouterr().err
     assert msg in err and "quantize eval" in err and "Traceback" not in err
 

@@ -3,8 +3,6 @@ byte is caught), and the task YAMLs loading in lm-eval."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -73,7 +71,9 @@ def test_quiz_syntax_is_expanded(built):
 
 def test_cloze_and_prose_never_share_a_document(built):
     g = verify(built[1])
-    assert not {it["cluster"] for it in read_items(g, "core_cloze")} & {it["cluster"] for it in read_items(g, "core_prose")}
+    assert not {it["cluster"] for it in read_items(g, "core_cloze")} & {
+        it["cluster"] for it in read_items(g, "core_prose")
+    }
 
 
 def test_tampered_byte_is_caught(built, tmp_path):

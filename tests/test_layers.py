@@ -9,16 +9,40 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "quantize"
-MODEL_LOADING = ("torch", "transformers", "lm_eval", "llmcompressor", "quantize.models", "quantize.evaluate",
-                 "quantize.engine", "quantize.checks")
+MODEL_LOADING = (
+    "torch",
+    "transformers",
+    "lm_eval",
+    "llmcompressor",
+    "quantize.models",
+    "quantize.evaluate",
+    "quantize.engine",
+    "quantize.checks",
+)
 
 # (package, imports it must never make, why)
 RULES = [
-    ("quantize.evaluate", ("quantize.gates", "quantize.report", "quantize.pipeline"), "evaluation scores; it does not decide"),
-    ("quantize.gates", MODEL_LOADING + ("quantize.report", "quantize.pipeline"), "gates decide from records, never load a model"),
+    (
+        "quantize.evaluate",
+        ("quantize.gates", "quantize.report", "quantize.pipeline"),
+        "evaluation scores; it does not decide",
+    ),
+    (
+        "quantize.gates",
+        MODEL_LOADING + ("quantize.report", "quantize.pipeline"),
+        "gates decide from records, never load a model",
+    ),
     ("quantize.report", MODEL_LOADING + ("quantize.pipeline",), "the report reads records, it scores nothing"),
-    ("quantize.stats", ("quantize.evaluate", "quantize.gates", "quantize.report", "torch", "transformers"), "statistics are pure"),
-    ("quantize.records", ("quantize.evaluate", "quantize.gates", "quantize.report", "torch", "transformers"), "records are plain data"),
+    (
+        "quantize.stats",
+        ("quantize.evaluate", "quantize.gates", "quantize.report", "torch", "transformers"),
+        "statistics are pure",
+    ),
+    (
+        "quantize.records",
+        ("quantize.evaluate", "quantize.gates", "quantize.report", "torch", "transformers"),
+        "records are plain data",
+    ),
     ("quantize.cache", MODEL_LOADING[:4] + ("quantize.evaluate", "quantize.gates"), "the cache only finds files"),
 ]
 
@@ -47,6 +71,7 @@ def imports_of(path: Path) -> set[str]:
 
 def closure(files: dict[str, set[str]]) -> dict[str, set[str]]:
     """Every name a module imports directly or through the quantize modules it imports."""
+
     def own(name: str) -> str | None:  # the quantize module a name lives in
         while name and name not in files:
             name = name.rpartition(".")[0]
@@ -81,12 +106,15 @@ def test_packages_depend_one_way():
     assert violations(files) == []
 
 
-@pytest.mark.parametrize("mod,name", [
-    ("quantize.evaluate.agreement", "quantize.gates.stats"),  # what efcadec did
-    ("quantize.gates.run", "quantize.evaluate.score"),
-    ("quantize.gates.run", "transformers"),
-    ("quantize.report.collect", "quantize.evaluate.score"),
-])
+@pytest.mark.parametrize(
+    "mod,name",
+    [
+        ("quantize.evaluate.agreement", "quantize.gates.stats"),  # what efcadec did
+        ("quantize.gates.run", "quantize.evaluate.score"),
+        ("quantize.gates.run", "transformers"),
+        ("quantize.report.collect", "quantize.evaluate.score"),
+    ],
+)
 def test_the_walk_catches_a_wrong_import(mod, name):
     assert violations({mod: {name}})
 

@@ -68,11 +68,16 @@ def test_rtn_per_channel_scheme_with_group_size_is_refused():
     assert "group_size must be empty" in msg and "remove group_size" in msg
 
 
-@pytest.mark.parametrize("method,scheme,setting", [
-    ("awq", "W4A16", {"dampening_frac": 0.05}), ("fp8", "FP8", {"act_order": True}),
-    ("gptq", "W4A16", {"smoothing_strength": 0.5}), ("smoothquant", "W8A8", {"awq_grid": 5}),
-    ("smoothquant", "W8A8", {"indivisible": "keep"}),
-])
+@pytest.mark.parametrize(
+    "method,scheme,setting",
+    [
+        ("awq", "W4A16", {"dampening_frac": 0.05}),
+        ("fp8", "FP8", {"act_order": True}),
+        ("gptq", "W4A16", {"smoothing_strength": 0.5}),
+        ("smoothquant", "W8A8", {"awq_grid": 5}),
+        ("smoothquant", "W8A8", {"indivisible": "keep"}),
+    ],
+)
 def test_a_setting_of_another_method_is_an_error_naming_it(method, scheme, setting):
     """A flat schema ignored these; the union per method refuses them, naming the key and its method."""
     data = {"method": method, "scheme": scheme, **setting}
@@ -91,7 +96,9 @@ def test_awq_rejects_w8a8():
 
 
 def test_smoothing_strength_range():
-    assert "strictly between 0 and 1" in bad(method="smoothquant", scheme="W8A8", group_size=..., smoothing_strength=1.5)
+    assert "strictly between 0 and 1" in bad(
+        method="smoothquant", scheme="W8A8", group_size=..., smoothing_strength=1.5
+    )
 
 
 def test_smoothing_strength_only_for_smoothquant():

@@ -12,12 +12,29 @@ import pytest
 from quantize import records
 from quantize.errors import UsageError
 from quantize.records import AgreementResult, RunRecord, ScoreDoc, Verdict
+
 from conftest import baseline, judge, result
 
 DATA = Path(__file__).parent / "data"
-AGREEMENT = {"schema_version": 1, "positions": 100, "items": 10, "clusters": 8, "kl_mean": 0.02, "kl_se": 0.001,
-             "kl_p99": 0.2, "top1": 0.9, "top1_se": 0.01, "sum_min": 0.95, "sum_min_se": 0.002, "note": "lower bound",
-             "baseline_sha256": "a" * 64, "candidate_sha256": "b" * 64, "top_k": 20, "per_task": 40, "tasks": ["t_acc"]}
+AGREEMENT = {
+    "schema_version": 1,
+    "positions": 100,
+    "items": 10,
+    "clusters": 8,
+    "kl_mean": 0.02,
+    "kl_se": 0.001,
+    "kl_p99": 0.2,
+    "top1": 0.9,
+    "top1_se": 0.01,
+    "sum_min": 0.95,
+    "sum_min_se": 0.002,
+    "note": "lower bound",
+    "baseline_sha256": "a" * 64,
+    "candidate_sha256": "b" * 64,
+    "top_k": 20,
+    "per_task": 40,
+    "tasks": ["t_acc"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +43,18 @@ def samples(tmp_path_factory) -> dict[str, dict]:
     from quantize.gates.policy import load_policy
 
     p = tmp_path_factory.mktemp("pol") / "p.yaml"
-    p.write_text("suite: evaluate/core.yaml\nrules:\n  - {task: t_acc, metric: acc, margin: 0.02}\n"
-                 "  - {task: t_prose, metric: perplexity, max_ratio: 1.05}\n  - {agreement: kl, max: 0.05}\n")
+    p.write_text(
+        "suite: evaluate/core.yaml\nrules:\n  - {task: t_acc, metric: acc, margin: 0.02}\n"
+        "  - {task: t_prose, metric: perplexity, max_ratio: 1.05}\n  - {agreement: kl, max: 0.05}\n"
+    )
     acc, prose = baseline(n=200)
     verdict = judge(load_policy(p), result(acc, prose), result(acc, prose, sha="b"), AGREEMENT)
-    return {"RunRecord": json.loads((DATA / "quantize-efcadec-awq.json").read_text()), "ScoreDoc": result(acc, prose),
-            "AgreementResult": AGREEMENT, "Verdict": verdict.model_dump()}
+    return {
+        "RunRecord": json.loads((DATA / "quantize-efcadec-awq.json").read_text()),
+        "ScoreDoc": result(acc, prose),
+        "AgreementResult": AGREEMENT,
+        "Verdict": verdict.model_dump(),
+    }
 
 
 MODELS = {"RunRecord": RunRecord, "ScoreDoc": ScoreDoc, "AgreementResult": AgreementResult, "Verdict": Verdict}
@@ -47,11 +70,14 @@ def test_round_trip(samples, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", MODELS)
-@pytest.mark.parametrize("edit,msg", [
-    (lambda d: d.pop("schema_version"), "no schema_version (it was written before records were versioned)"),
-    (lambda d: d.update(schema_version=2), "schema_version 2; this quantize reads schema_version 1"),
-    (lambda d: d.update(extra_field=True), "unknown key `extra_field`"),
-])
+@pytest.mark.parametrize(
+    "edit,msg",
+    [
+        (lambda d: d.pop("schema_version"), "no schema_version (it was written before records were versioned)"),
+        (lambda d: d.update(schema_version=2), "schema_version 2; this quantize reads schema_version 1"),
+        (lambda d: d.update(extra_field=True), "unknown key `extra_field`"),
+    ],
+)
 def test_other_versions_and_unknown_keys_are_refused(samples, tmp_path, name, edit, msg):
     model = MODELS[name]
     data = copy.deepcopy(samples[name])
@@ -86,5 +112,8 @@ def test_an_agreement_result_from_before_versions_is_refused_with_the_fix(tmp_pa
 
 def test_a_verdict_uses_one_vocabulary():
     with pytest.raises(UsageError, match="verdict"):
-        records.parse(Verdict, {"schema_version": 1, "policy": "p", "verdict": "ok", "exit_code": 0, "rules": [],
-                                "provenance": {}}, "v")
+        records.parse(
+            Verdict,
+            {"schema_version": 1, "policy": "p", "verdict": "ok", "exit_code": 0, "rules": [], "provenance": {}},
+            "v",
+        )

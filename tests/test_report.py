@@ -12,9 +12,10 @@ import yaml
 
 from quantize.cli import main
 from quantize.evaluate.score import score
-from quantize.suite import open_suite
 from quantize.golden.build import Sizes, build_core
 from quantize.report.render import label_positions, pareto_front, spread_labels
+from quantize.suite import open_suite
+
 from conftest import make_sources
 
 
@@ -30,7 +31,7 @@ def test_spread_labels_keeps_order_and_gap_and_moves_no_more_than_needed():
     h = spread_labels(ys, 0.05)
     ranked = sorted(range(4), key=lambda i: ys[i])
     assert [h[i] for i in ranked] == sorted(h)  # order kept
-    assert all(b - a >= 0.05 - 1e-12 for a, b in zip(sorted(h), sorted(h)[1:]))
+    assert all(b - a >= 0.05 - 1e-12 for a, b in zip(sorted(h), sorted(h)[1:], strict=False))
     assert h[3] == 0.90 and sum(h[:3]) == pytest.approx(sum(ys[:3]))  # the far point stays; the cluster is centred
 
 
@@ -47,14 +48,25 @@ def test_pareto_front_lower_is_better_and_ties():
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, tiny_model):
     base = tmp_path_factory.mktemp("report")
-    build_core(make_sources(base / "src"), base / "golden" / "v1", seed=3, sizes=Sizes(facts=20, cloze=8, analogy=6, kv=6, prose=3, smoke=2))
+    build_core(
+        make_sources(base / "src"),
+        base / "golden" / "v1",
+        seed=3,
+        sizes=Sizes(facts=20, cloze=8, analogy=6, kv=6, prose=3, smoke=2),
+    )
     suite = base / "suite.yaml"
     suite.write_text(f"golden: {base / 'golden' / 'v1'}\nbatch_size: 4\nagreement: {{per_task: 2, top_k: 5}}\n")
     outs = {}
-    for name, fields in {"w4": {"method": "rtn", "scheme": "W4A16", "group_size": 32},
-                         "fp8": {"method": "fp8", "scheme": "FP8_DYNAMIC"}}.items():
+    for name, fields in {
+        "w4": {"method": "rtn", "scheme": "W4A16", "group_size": 32},
+        "fp8": {"method": "fp8", "scheme": "FP8_DYNAMIC"},
+    }.items():
         r = base / f"{name}.yaml"
-        r.write_text(yaml.safe_dump({**fields, "calibration": None, "model": str(tiny_model), "output": str(base / "out" / name)}))
+        r.write_text(
+            yaml.safe_dump(
+                {**fields, "calibration": None, "model": str(tiny_model), "output": str(base / "out" / name)}
+            )
+        )
         assert main(["run", str(r), "--quiet"]) == 0
         outs[name] = base / "out" / name
     return base, suite, outs
@@ -68,13 +80,25 @@ def test_report_with_a_gap(checkpoints, tiny_model, tmp_path, monkeypatch, capsy
     policy = base / "p.yaml"
     policy.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.2}}\n")
     out = tmp_path / "rep"
-    code = main(["report", str(base / "out"), "--baseline", str(tiny_model), "--suite", str(suite),
-                 "--policy", str(policy), "--out", str(out)])
+    code = main(
+        [
+            "report",
+            str(base / "out"),
+            "--baseline",
+            str(tiny_model),
+            "--suite",
+            str(suite),
+            "--policy",
+            str(policy),
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     data = json.loads((out / "report.json").read_text())
     labels = [r[0] for r in data["table"]["rows"]]
     assert labels == ["tiny-llama (baseline)", "fp8", "w4"]
-    rows = {r[0]: dict(zip(data["table"]["head"], r)) for r in data["table"]["rows"]}
+    rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
     assert rows["fp8"]["facts"] == "not scored" and rows["fp8"]["gate"] == "no verdict"
     # the report's verdict and Δ are the gate's on the same cached scores
     capsys.readouterr()
@@ -99,10 +123,23 @@ def test_report_with_a_gap(checkpoints, tiny_model, tmp_path, monkeypatch, capsy
 
 @pytest.mark.skipif(not shutil.which("chromium"), reason="Debian chromium is not installed (apt-get install chromium)")
 def test_report_opens_in_headless_chromium(checkpoints, tmp_path):
-    base, suite, outs = checkpoints
+    _, suite, outs = checkpoints
     out = tmp_path / "rep"
     assert main(["report", str(outs["w4"]), str(outs["fp8"]), "--suite", str(suite), "--out", str(out)]) == 0
-    proc = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                           "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
-                           (out / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            (out / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and "Bytes versus accuracy" in proc.stdout and "<table>" in proc.stdout

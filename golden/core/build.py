@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from quantize.golden.build import main  # noqa: E402
+from quantize.golden.build import main
 
 if __name__ == "__main__":
     sys.exit(main())

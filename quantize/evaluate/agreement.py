@@ -33,8 +33,10 @@ from quantize.stats import clustered_se
 from quantize.suite import OpenSuite
 
 BASELINE_SCHEMA_VERSION = 1
-NOTE = ("KL over the baseline's top-k plus one tail bucket: a lower bound of the full KL; "
-        "Σ min(p, q) likewise an upper bound (the acceptance rate as a draft for the baseline)")
+NOTE = (
+    "KL over the baseline's top-k plus one tail bucket: a lower bound of the full KL; "
+    "Σ min(p, q) likewise an upper bound (the acceptance rate as a draft for the baseline)"
+)
 
 
 @dataclass
@@ -85,8 +87,8 @@ class Scorer:
         tok = self.lm.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         for b in range(0, len(order), self.batch_size):
-            idx = order[b:b + self.batch_size]
-            seqs = [enc[i][0][-self.max_length:] for i in idx]
+            idx = order[b : b + self.batch_size]
+            seqs = [enc[i][0][-self.max_length :] for i in idx]
             starts = [max(1, enc[i][1] - (len(enc[i][0]) - len(seqs[j]))) for j, i in enumerate(idx)]
             T = max(len(s) for s in seqs)
             ids = torch.full((len(seqs), T), pad, dtype=torch.long)
@@ -99,8 +101,8 @@ class Scorer:
                 logits = self.model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
             for j, i in enumerate(idx):
                 # the token at position t is predicted by the logits at t − 1
-                rows = logits[j, starts[j] - 1: len(seqs[j]) - 1].float().cpu()  # (P, V)
-                yield reqs[i], torch.tensor(seqs[j][starts[j]:]), torch.log_softmax(rows, dim=-1)
+                rows = logits[j, starts[j] - 1 : len(seqs[j]) - 1].float().cpu()  # (P, V)
+                yield reqs[i], torch.tensor(seqs[j][starts[j] :]), torch.log_softmax(rows, dim=-1)
 
 
 def position_metrics(lp: Any, lq_k: Any, same_top1: Any) -> tuple[Any, Any, Any]:
@@ -132,8 +134,14 @@ def baseline_topk(scorer: Scorer, reqs: list[Request], k: int) -> dict[str, Any]
         counts.append(lp.shape[0])
         top_idx.append(i.to(torch.int32).numpy())
         top_lp.append(v.numpy().astype(np.float32))
-    return {"ids": ids, "clusters": clusters, "counts": np.asarray(counts), "k": k,
-            "top_idx": np.concatenate(top_idx), "top_logp": np.concatenate(top_lp)}
+    return {
+        "ids": ids,
+        "clusters": clusters,
+        "counts": np.asarray(counts),
+        "k": k,
+        "top_idx": np.concatenate(top_idx),
+        "top_logp": np.concatenate(top_lp),
+    }
 
 
 def compare(scorer: Scorer, reqs: list[Request], base: dict[str, Any]) -> dict[str, Any]:
@@ -148,10 +156,12 @@ def compare(scorer: Scorer, reqs: list[Request], base: dict[str, Any]) -> dict[s
     for req, _, lq in scorer.log_probs(reqs):
         o, n = int(offsets[req.id]), int(counts[req.id])
         if lq.shape[0] != n:
-            raise ValueError(f"item {req.id}: {lq.shape[0]} scored positions, the baseline stored {n}; "
-                             "the tokenizers differ, so agreement cannot be computed")
-        bi = torch.from_numpy(base["top_idx"][o:o + n].astype(np.int64))  # (P, k)
-        lp = torch.from_numpy(base["top_logp"][o:o + n])  # (P, k)
+            raise ValueError(
+                f"item {req.id}: {lq.shape[0]} scored positions, the baseline stored {n}; "
+                "the tokenizers differ, so agreement cannot be computed"
+            )
+        bi = torch.from_numpy(base["top_idx"][o : o + n].astype(np.int64))  # (P, k)
+        lp = torch.from_numpy(base["top_logp"][o : o + n])  # (P, k)
         k_pos, t_pos, s_pos = position_metrics(lp, lq.gather(-1, bi), lq.argmax(-1) == bi[:, 0])
         kl.extend(k_pos.tolist())
         top1.extend(t_pos.tolist())
@@ -160,10 +170,17 @@ def compare(scorer: Scorer, reqs: list[Request], base: dict[str, Any]) -> dict[s
         items.append(req.id)
     n = len(kl)
     return {
-        "positions": n, "items": len(items), "clusters": len(set(clusters)),
-        "kl_mean": sum(kl) / n, "kl_se": clustered_se(kl, clusters), "kl_p99": float(np.quantile(kl, 0.99)),
-        "top1": sum(top1) / n, "top1_se": clustered_se(top1, clusters),
-        "sum_min": sum(smin) / n, "sum_min_se": clustered_se(smin, clusters), "note": NOTE,
+        "positions": n,
+        "items": len(items),
+        "clusters": len(set(clusters)),
+        "kl_mean": sum(kl) / n,
+        "kl_se": clustered_se(kl, clusters),
+        "kl_p99": float(np.quantile(kl, 0.99)),
+        "top1": sum(top1) / n,
+        "top1_se": clustered_se(top1, clusters),
+        "sum_min": sum(smin) / n,
+        "sum_min_se": clustered_se(smin, clusters),
+        "note": NOTE,
     }
 
 
@@ -172,9 +189,16 @@ def save_baseline(path: Path, base: dict[str, Any]) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(tmp, schema_version=np.asarray(BASELINE_SCHEMA_VERSION), ids=np.asarray(base["ids"]),
-                        clusters=np.asarray(base["clusters"]), counts=base["counts"], k=np.asarray(base["k"]),
-                        top_idx=base["top_idx"], top_logp=base["top_logp"])
+    np.savez_compressed(
+        tmp,
+        schema_version=np.asarray(BASELINE_SCHEMA_VERSION),
+        ids=np.asarray(base["ids"]),
+        clusters=np.asarray(base["clusters"]),
+        counts=base["counts"],
+        k=np.asarray(base["k"]),
+        top_idx=base["top_idx"],
+        top_logp=base["top_logp"],
+    )
     tmp.replace(path)
 
 
@@ -184,10 +208,18 @@ def load_baseline(path: Path) -> dict[str, Any]:
     z = np.load(path, allow_pickle=False)
     version = int(z["schema_version"]) if "schema_version" in z.files else None
     if version != BASELINE_SCHEMA_VERSION:
-        raise UsageError(f"{path} holds a baseline top-k of schema_version {version}; this quantize reads "
-                         f"{BASELINE_SCHEMA_VERSION}: delete it, and the next `quantize gate` computes it again")
-    return {"ids": [str(x) for x in z["ids"]], "clusters": [str(x) for x in z["clusters"]], "counts": z["counts"],
-            "k": int(z["k"]), "top_idx": z["top_idx"], "top_logp": z["top_logp"]}
+        raise UsageError(
+            f"{path} holds a baseline top-k of schema_version {version}; this quantize reads "
+            f"{BASELINE_SCHEMA_VERSION}: delete it, and the next `quantize gate` computes it again"
+        )
+    return {
+        "ids": [str(x) for x in z["ids"]],
+        "clusters": [str(x) for x in z["clusters"]],
+        "counts": z["counts"],
+        "k": int(z["k"]),
+        "top_idx": z["top_idx"],
+        "top_logp": z["top_logp"],
+    }
 
 
 def _scorer(suite: OpenSuite, checkpoint: Path) -> Scorer:
@@ -198,8 +230,9 @@ def _scorer(suite: OpenSuite, checkpoint: Path) -> Scorer:
     return Scorer(model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
 
 
-def agreement_scores(suite: OpenSuite, baseline: Path, candidate: Path, base_sha: str | None = None,
-                     cand_sha: str | None = None) -> AgreementResult:
+def agreement_scores(
+    suite: OpenSuite, baseline: Path, candidate: Path, base_sha: str | None = None, cand_sha: str | None = None
+) -> AgreementResult:
     """The candidate's agreement with the baseline (cached; the baseline's top-k is cached apart).
     The weights hashes are computed when not given (a gate passes the ones its scores carry)."""
     base_sha = base_sha or weights_sha256(baseline)
@@ -216,7 +249,13 @@ def agreement_scores(suite: OpenSuite, baseline: Path, candidate: Path, base_sha
     else:
         base = baseline_topk(_scorer(suite, baseline), reqs, a.top_k)
         save_baseline(base_path, base)
-    result = AgreementResult(**compare(_scorer(suite, candidate), reqs, base), baseline_sha256=base_sha,
-                             candidate_sha256=cand_sha, top_k=a.top_k, per_task=a.per_task, tasks=tasks)
+    result = AgreementResult(
+        **compare(_scorer(suite, candidate), reqs, base),
+        baseline_sha256=base_sha,
+        candidate_sha256=cand_sha,
+        top_k=a.top_k,
+        per_task=a.per_task,
+        tasks=tasks,
+    )
     cache.store_agreement(suite, result)
     return result

@@ -27,10 +27,7 @@ from quantize.golden.manifest import lm_eval_tasks
 from quantize.models import device as pick_device
 from quantize.records import (
     CheckpointRef,
-    ChoiceItem,
-    DocumentItem,
     GoldenRef,
-    GreedyItem,
     ScoreDoc,
     ScoreProvenance,
     SuiteRef,
@@ -82,8 +79,9 @@ def item_records(output_type: str, samples: list[dict[str, Any]]) -> list[dict[s
     return out
 
 
-def task_scores(output_type: str, version: float | str, items: list[dict[str, Any]], results: dict[str, float]
-                ) -> TaskScores:
+def task_scores(
+    output_type: str, version: float | str, items: list[dict[str, Any]], results: dict[str, float]
+) -> TaskScores:
     """Task-level figures from the items (so cached and fresh results agree) and lm-eval's own."""
     n = len(items)
     base = {"output_type": output_type, "version": version, "n": n}
@@ -95,8 +93,12 @@ def task_scores(output_type: str, version: float | str, items: list[dict[str, An
     else:
         acc = sum(i["score"] for i in items) / n
         chance = (sum(1 / len(i["lls"]) for i in items) / n) if output_type == "multiple_choice" else 0.0
-        summary = {"acc": acc, "acc_se": math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else math.inf,
-                   "chance": chance, "mean_ll": sum(i["ll"] for i in items) / n}
+        summary = {
+            "acc": acc,
+            "acc_se": math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else math.inf,
+            "chance": chance,
+            "mean_ll": sum(i["ll"] for i in items) / n,
+        }
     return TypeAdapter(TaskScores).validate_python({**base, **summary, "lm_eval": results, "items": items})
 
 
@@ -125,10 +127,17 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ckpt_sha: str) -> ScoreDoc:
         include = lm_eval_tasks(golden, Path(tmp), ids=ids)
         try:
             r = simple_evaluate(
-                model=s.backend.value, model_args=model_args(s, ckpt, device), tasks=tasks,
+                model=s.backend.value,
+                model_args=model_args(s, ckpt, device),
+                tasks=tasks,
                 task_manager=TaskManager(include_path=str(include), include_defaults=False),
-                batch_size=s.batch_size, device=device, log_samples=True,
-                random_seed=s.seed, numpy_random_seed=s.seed, torch_random_seed=s.seed, fewshot_random_seed=s.seed,
+                batch_size=s.batch_size,
+                device=device,
+                log_samples=True,
+                random_seed=s.seed,
+                numpy_random_seed=s.seed,
+                torch_random_seed=s.seed,
+                fewshot_random_seed=s.seed,
                 # our own statistics come from the per-item records; lm-eval's bootstrap stderr forks a
                 # multiprocessing pool inside a threaded torch process, which can deadlock
                 bootstrap_iters=0,
@@ -150,9 +159,13 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ckpt_sha: str) -> ScoreDoc:
             golden=GoldenRef(**golden.provenance()),
             task_versions={t: task_docs[t].version for t in tasks},
             lm_eval_version=cache.lm_eval_version(),
-            batch_size=s.batch_size, seed=s.seed, backend=s.backend.value, device=device, dtype=_dtype(s, device),
+            batch_size=s.batch_size,
+            seed=s.seed,
+            backend=s.backend.value,
+            device=device,
+            dtype=_dtype(s, device),
         ),
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         wall_seconds=round(wall, 1),
         tasks=task_docs,
     )

@@ -31,8 +31,16 @@ from quantize.records import (
 )
 
 # Provenance fields that must agree before two results are compared.
-MUST_MATCH = ("golden.name", "golden.version", "golden.manifest_sha256", "task_versions", "lm_eval_version",
-              "seed", "backend", "dtype")
+MUST_MATCH = (
+    "golden.name",
+    "golden.version",
+    "golden.manifest_sha256",
+    "task_versions",
+    "lm_eval_version",
+    "seed",
+    "backend",
+    "dtype",
+)
 SUITE_SETTINGS_IGNORED = {"batch_size"}
 
 
@@ -47,11 +55,15 @@ def check_provenance(base: ScoreDoc, cand: ScoreDoc) -> None:
     diffs = [(f, _get(pb, f), _get(pc, f)) for f in MUST_MATCH if _get(pb, f) != _get(pc, f)]
     sb = {k: v for k, v in pb["suite"]["settings"].items() if k not in SUITE_SETTINGS_IGNORED}
     sc = {k: v for k, v in pc["suite"]["settings"].items() if k not in SUITE_SETTINGS_IGNORED}
-    diffs += [(f"suite.settings.{k}", sb.get(k), sc.get(k)) for k in sorted(set(sb) | set(sc)) if sb.get(k) != sc.get(k)]
+    diffs += [
+        (f"suite.settings.{k}", sb.get(k), sc.get(k)) for k in sorted(set(sb) | set(sc)) if sb.get(k) != sc.get(k)
+    ]
     if diffs:
         shown = "; ".join(f"{f}: baseline {b!r} vs candidate {c!r}" for f, b, c in diffs)
-        raise UsageError(f"refusing to compare scores with different provenance ({shown}). "
-                         "Score both with the same suite, golden set and lm-eval version.")
+        raise UsageError(
+            f"refusing to compare scores with different provenance ({shown}). "
+            "Score both with the same suite, golden set and lm-eval version."
+        )
 
 
 def _paired(base: ScoreDoc, cand: ScoreDoc, task: str) -> tuple[list[Any], list[Any]]:
@@ -60,33 +72,50 @@ def _paired(base: ScoreDoc, cand: ScoreDoc, task: str) -> tuple[list[Any], list[
     b = {i.id: i for i in base.tasks[task].items}
     c = {i.id: i for i in cand.tasks[task].items}
     if set(b) != set(c):
-        raise UsageError(f"{task}: baseline and candidate were scored on different items; score both with the same suite")
+        raise UsageError(
+            f"{task}: baseline and candidate were scored on different items; score both with the same suite"
+        )
     ids = sorted(b)
     return [b[i] for i in ids], [c[i] for i in ids]
 
 
-def accuracy_rule(rule: AccuracyRule, label: str, base: ScoreDoc, cand: ScoreDoc, alpha: float, power: float
-                  ) -> AccuracyResult:
+def accuracy_rule(
+    rule: AccuracyRule, label: str, base: ScoreDoc, cand: ScoreDoc, alpha: float, power: float
+) -> AccuracyResult:
     bi, ci = _paired(base, cand, rule.task)
     d = [c.score - b.score for b, c in zip(bi, ci, strict=True)]
     r = stats.noninferiority(d, [b.cluster for b in bi], rule.margin, alpha, power)
     right_wrong = [b.id for b, c in zip(bi, ci, strict=True) if b.score > c.score]
     wrong_right = [b.id for b, c in zip(bi, ci, strict=True) if b.score < c.score]
     ev = AccuracyEvidence(
-        n=r.n, clusters=r.clusters, baseline=sum(b.score for b in bi) / r.n, candidate=sum(c.score for c in ci) / r.n,
-        delta=r.delta, se_paired=r.se_paired, se_clustered=r.se_clustered, se=r.se, lower_bound=r.lower,
-        upper_bound=r.upper, margin=rule.margin, alpha=alpha, flips_right_to_wrong=len(right_wrong),
-        flips_wrong_to_right=len(wrong_right), mcnemar_p=stats.mcnemar_exact(len(right_wrong), len(wrong_right)),
-        examples_right_to_wrong=right_wrong[:5], min_detectable_drop=r.min_detectable,
+        n=r.n,
+        clusters=r.clusters,
+        baseline=sum(b.score for b in bi) / r.n,
+        candidate=sum(c.score for c in ci) / r.n,
+        delta=r.delta,
+        se_paired=r.se_paired,
+        se_clustered=r.se_clustered,
+        se=r.se,
+        lower_bound=r.lower,
+        upper_bound=r.upper,
+        margin=rule.margin,
+        alpha=alpha,
+        flips_right_to_wrong=len(right_wrong),
+        flips_wrong_to_right=len(wrong_right),
+        mcnemar_p=stats.mcnemar_exact(len(right_wrong), len(wrong_right)),
+        examples_right_to_wrong=right_wrong[:5],
+        min_detectable_drop=r.min_detectable,
         items_needed=r.n_needed if r.verdict == "inconclusive" else None,
         items_needed_at_estimate=r.n_needed_at_estimate if r.verdict == "inconclusive" else None,
     )
-    return AccuracyResult(rule=label, task=rule.task, verdict=r.verdict, evidence=ev,
-                          p_regression=stats.drop_p(r.delta, r.se))
+    return AccuracyResult(
+        rule=label, task=rule.task, verdict=r.verdict, evidence=ev, p_regression=stats.drop_p(r.delta, r.se)
+    )
 
 
-def perplexity_rule(rule: PerplexityRule, label: str, base: ScoreDoc, cand: ScoreDoc, alpha: float, seed: int
-                    ) -> PerplexityResult:
+def perplexity_rule(
+    rule: PerplexityRule, label: str, base: ScoreDoc, cand: ScoreDoc, alpha: float, seed: int
+) -> PerplexityResult:
     bi, ci = _paired(base, cand, rule.task)
     # per item: negative log-likelihood and its unit count (words of a document; 1 target otherwise)
     w = [b.units for b in bi]
@@ -95,11 +124,21 @@ def perplexity_rule(rule: PerplexityRule, label: str, base: ScoreDoc, cand: Scor
     clusters = [b.cluster for b in bi]
     ppl_ratio, ppl_lo, ppl_hi = stats.bootstrap_ppl_ratio(nll_b, nll_c, w, clusters, alpha, seed=seed)
     total_w = sum(w)
-    verdict: RuleOutcome = "pass" if ppl_hi <= rule.max_ratio else "regression" if ppl_lo > rule.max_ratio else "inconclusive"
+    verdict: RuleOutcome = (
+        "pass" if ppl_hi <= rule.max_ratio else "regression" if ppl_lo > rule.max_ratio else "inconclusive"
+    )
     ev = PerplexityEvidence(
-        n=len(bi), clusters=len(set(clusters)), baseline_perplexity=math.exp(sum(nll_b) / total_w),
-        candidate_perplexity=math.exp(sum(nll_c) / total_w), ratio=ppl_ratio, lower_bound=ppl_lo, upper_bound=ppl_hi,
-        max_ratio=rule.max_ratio, alpha=alpha, interval="cluster bootstrap percentile, 2000 resamples")
+        n=len(bi),
+        clusters=len(set(clusters)),
+        baseline_perplexity=math.exp(sum(nll_b) / total_w),
+        candidate_perplexity=math.exp(sum(nll_c) / total_w),
+        ratio=ppl_ratio,
+        lower_bound=ppl_lo,
+        upper_bound=ppl_hi,
+        max_ratio=rule.max_ratio,
+        alpha=alpha,
+        interval="cluster bootstrap percentile, 2000 resamples",
+    )
     return PerplexityResult(rule=label, task=rule.task, verdict=verdict, evidence=ev)
 
 
@@ -116,9 +155,19 @@ def agreement_rule(rule: AgreementRule, label: str, agreement: AgreementResult, 
         verdict = "pass" if lo >= rule.min else "regression" if hi < rule.min else "inconclusive"
         p_reg = float(stats.sps.norm.cdf((value - rule.min) / se)) if se > 0 else float(value >= rule.min)
     ev = AgreementEvidence(
-        value=value, se_clustered=se, lower_bound=lo, upper_bound=hi, max=rule.max, min=rule.min, alpha=alpha,
-        positions=agreement.positions, items=agreement.items, clusters=agreement.clusters,
-        kl_p99=agreement.kl_p99 if rule.agreement is AgreementMetric.kl else None, note=agreement.note)
+        value=value,
+        se_clustered=se,
+        lower_bound=lo,
+        upper_bound=hi,
+        max=rule.max,
+        min=rule.min,
+        alpha=alpha,
+        positions=agreement.positions,
+        items=agreement.items,
+        clusters=agreement.clusters,
+        kl_p99=agreement.kl_p99 if rule.agreement is AgreementMetric.kl else None,
+        note=agreement.note,
+    )
     return AgreementRuleResult(rule=label, metric=rule.agreement, verdict=verdict, evidence=ev, p_regression=p_reg)
 
 
@@ -149,7 +198,12 @@ def decide(policy: Policy, base: ScoreDoc, cand: ScoreDoc, agreement: AgreementR
     provenance = VerdictProvenance(
         baseline=SideRef(checkpoint=pb.checkpoint, batch_size=pb.batch_size),
         candidate=SideRef(checkpoint=pc.checkpoint, batch_size=pc.batch_size),
-        golden=pb.golden, task_versions=pb.task_versions, lm_eval_version=pb.lm_eval_version,
-        seed=pb.seed, suite=pb.suite.path,
+        golden=pb.golden,
+        task_versions=pb.task_versions,
+        lm_eval_version=pb.lm_eval_version,
+        seed=pb.seed,
+        suite=pb.suite.path,
     )
-    return Verdict(policy=policy.name or "policy", verdict=verdict, exit_code=code, rules=results, provenance=provenance)
+    return Verdict(
+        policy=policy.name or "policy", verdict=verdict, exit_code=code, rules=results, provenance=provenance
+    )

@@ -41,11 +41,13 @@ class AgreementRule(_Rule):
     min: float | None = Field(None, gt=0, le=1)
 
     @model_validator(mode="after")
-    def _limit(self) -> "AgreementRule":
+    def _limit(self) -> AgreementRule:
         if self.agreement is AgreementMetric.kl and (self.max is None or self.min is not None):
             raise ValueError("an agreement: kl rule takes `max:` (the largest mean KL tolerated) and no `min:`")
         if self.agreement is not AgreementMetric.kl and (self.min is None or self.max is not None):
-            raise ValueError(f"an agreement: {self.agreement.value} rule takes `min:` (the smallest value tolerated) and no `max:`")
+            raise ValueError(
+                f"an agreement: {self.agreement.value} rule takes `min:` (the smallest value tolerated) and no `max:`"
+            )
         return self
 
 
@@ -59,7 +61,9 @@ def _kind(v: object) -> str | None:
 
 
 Rule = Annotated[
-    Annotated[AccuracyRule, Tag("accuracy")] | Annotated[PerplexityRule, Tag("perplexity")] | Annotated[AgreementRule, Tag("agreement")],
+    Annotated[AccuracyRule, Tag("accuracy")]
+    | Annotated[PerplexityRule, Tag("perplexity")]
+    | Annotated[AgreementRule, Tag("agreement")],
     Discriminator(_kind),
 ]
 
@@ -84,8 +88,14 @@ class Policy(BaseModel):
 
 
 def load_policy(path: str | Path) -> Policy:
-    policy, _ = load_yaml(path, Policy, "gate policy", "the shipped policies are in gates/*.yaml",
-                          skip_locs={"accuracy", "perplexity", "agreement"}, tag_label="an {} rule")
+    policy, _ = load_yaml(
+        path,
+        Policy,
+        "gate policy",
+        "the shipped policies are in gates/*.yaml",
+        skip_locs={"accuracy", "perplexity", "agreement"},
+        tag_label="an {} rule",
+    )
     if policy.name is None:
         policy.name = Path(path).stem
     policy.suite = beside_repo(path, policy.suite)

@@ -23,64 +23,95 @@ def _items_needed_line(e: AccuracyEvidence) -> str:
     """What more items would buy: a pass needs the bound above −m, so the observed Δ matters, not only the variance."""
     at_zero = f"{_fmt(e.items_needed, ',')} if the true Δ were 0"
     if e.items_needed_at_estimate is None:
-        return f"    inconclusive: the estimate is past the margin, so more items would settle it as a regression, not a pass ({at_zero})"
-    return (f"    inconclusive: at the estimated Δ a pass needs about {_fmt(e.items_needed_at_estimate, ',')} items "
-            f"({e.n:,} here; {at_zero}, at this variance)")
+        return (
+            "    inconclusive: the estimate is past the margin, so more items would settle it as a regression, "
+            f"not a pass ({at_zero})"
+        )
+    return (
+        f"    inconclusive: at the estimated Δ a pass needs about {_fmt(e.items_needed_at_estimate, ',')} items "
+        f"({e.n:,} here; {at_zero}, at this variance)"
+    )
 
 
 def render_text(v: Verdict) -> str:
     head = {"pass": "PASS", "rejected": "REJECTED", "inconclusive": "INCONCLUSIVE"}[v.verdict]
     p = v.provenance
     tested = sum(r.p_regression is not None for r in v.rules)  # Holm's m
-    lines = [f"gate {v.policy}: {head}" + (" (fails closed)" if v.verdict == "inconclusive" and v.exit_code else ""), ""]
+    lines = [
+        f"gate {v.policy}: {head}" + (" (fails closed)" if v.verdict == "inconclusive" and v.exit_code else ""),
+        "",
+    ]
     for r in v.rules:
         lines.append(f"[{r.verdict.upper():>12}] {r.rule}")
         if isinstance(r, AccuracyResult):
             e = r.evidence
-            lines.append(f"    acc {e.baseline:.4f} -> {e.candidate:.4f}  Δ = {e.delta:+.4f}  SE {e.se:.4f} "
-                         f"(paired {e.se_paired:.4f}, clustered {_fmt(e.se_clustered)})  n = {e.n}, {e.clusters} clusters")
-            lines.append(f"    one-sided {1 - e.alpha:.0%} bounds [{e.lower_bound:+.4f}, {e.upper_bound:+.4f}] vs margin "
-                         f"−{e.margin}; smallest drop this n detects: {e.min_detectable_drop:.4f}")
-            lines.append(f"    flips right→wrong {e.flips_right_to_wrong}, wrong→right {e.flips_wrong_to_right}; "
-                         f"exact McNemar p = {e.mcnemar_p:.3g}" + (f"; e.g. {', '.join(e.examples_right_to_wrong[:3])}"
-                                                                  if e.examples_right_to_wrong else ""))
+            lines.append(
+                f"    acc {e.baseline:.4f} -> {e.candidate:.4f}  Δ = {e.delta:+.4f}  SE {e.se:.4f} "
+                f"(paired {e.se_paired:.4f}, clustered {_fmt(e.se_clustered)})  n = {e.n}, {e.clusters} clusters"
+            )
+            lines.append(
+                f"    one-sided {1 - e.alpha:.0%} bounds [{e.lower_bound:+.4f}, {e.upper_bound:+.4f}] vs margin "
+                f"−{e.margin}; smallest drop this n detects: {e.min_detectable_drop:.4f}"
+            )
+            lines.append(
+                f"    flips right→wrong {e.flips_right_to_wrong}, wrong→right {e.flips_wrong_to_right}; "
+                f"exact McNemar p = {e.mcnemar_p:.3g}"
+                + (f"; e.g. {', '.join(e.examples_right_to_wrong[:3])}" if e.examples_right_to_wrong else "")
+            )
             if e.items_needed:
                 lines.append(_items_needed_line(e))
         elif isinstance(r, PerplexityResult):
             e = r.evidence
-            lines.append(f"    perplexity {e.baseline_perplexity:.3f} -> {e.candidate_perplexity:.3f}  ratio {e.ratio:.4f} "
-                         f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}] vs max {e.max_ratio}  n = {e.n} ({e.interval})")
+            lines.append(
+                f"    perplexity {e.baseline_perplexity:.3f} -> {e.candidate_perplexity:.3f}  ratio {e.ratio:.4f} "
+                f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}] vs max {e.max_ratio}  n = {e.n} ({e.interval})"
+            )
         else:
             e = r.evidence
             limit = f"max {e.max}" if e.max is not None else f"min {e.min}"
-            lines.append(f"    {e.value:.4f} ± {e.se_clustered:.4f} (clustered SE), bounds [{e.lower_bound:.4f}, "
-                         f"{e.upper_bound:.4f}] vs {limit}; {e.positions} positions, {e.items} items"
-                         + (f"; KL p99 {e.kl_p99:.4f}" if e.kl_p99 is not None else ""))
+            lines.append(
+                f"    {e.value:.4f} ± {e.se_clustered:.4f} (clustered SE), bounds [{e.lower_bound:.4f}, "
+                f"{e.upper_bound:.4f}] vs {limit}; {e.positions} positions, {e.items} items"
+                + (f"; KL p99 {e.kl_p99:.4f}" if e.kl_p99 is not None else "")
+            )
         if r.p_holm is not None and r.verdict == "regression":
             h0 = "no drop" if r.kind == "accuracy" else "within the limit"
-            lines.append(f"    p = {r.p_regression:.3g} against H0 '{h0}'; Holm-adjusted (m = {tested}): {r.p_holm:.3g}")
-    lines += ["", f"provenance: baseline {p.baseline.checkpoint.weights_sha256[:12]} "
-                  f"(batch {p.baseline.batch_size}), candidate {p.candidate.checkpoint.weights_sha256[:12]} "
-                  f"(batch {p.candidate.batch_size}); golden {p.golden.name}/{p.golden.version} "
-                  f"({p.golden.manifest_sha256[:12]}); tasks {json.dumps(p.task_versions)}; "
-                  f"lm-eval {p.lm_eval_version}; seed {p.seed}"]
+            lines.append(
+                f"    p = {r.p_regression:.3g} against H0 '{h0}'; Holm-adjusted (m = {tested}): {r.p_holm:.3g}"
+            )
+    lines += [
+        "",
+        f"provenance: baseline {p.baseline.checkpoint.weights_sha256[:12]} "
+        f"(batch {p.baseline.batch_size}), candidate {p.candidate.checkpoint.weights_sha256[:12]} "
+        f"(batch {p.candidate.batch_size}); golden {p.golden.name}/{p.golden.version} "
+        f"({p.golden.manifest_sha256[:12]}); tasks {json.dumps(p.task_versions)}; "
+        f"lm-eval {p.lm_eval_version}; seed {p.seed}",
+    ]
     return "\n".join(lines)
 
 
 def render_junit(v: Verdict) -> str:
     """JUnit XML: a test case per rule; a regression, or an inconclusive rule that fails closed, is a failure."""
+
     def failing(verdict: str) -> bool:
         return verdict == "regression" or (verdict == "inconclusive" and v.exit_code != 0)
 
-    suite = ET.Element("testsuite", name=f"quantize gate {v.policy}", tests=str(len(v.rules)),
-                       failures=str(sum(failing(r.verdict) for r in v.rules)), errors="0")
+    suite = ET.Element(
+        "testsuite",
+        name=f"quantize gate {v.policy}",
+        tests=str(len(v.rules)),
+        failures=str(sum(failing(r.verdict) for r in v.rules)),
+        errors="0",
+    )
     for r in v.rules:
         case = ET.SubElement(suite, "testcase", classname=f"quantize.gate.{v.policy}", name=r.rule)
         body = json.dumps(r.evidence.model_dump(), indent=1, default=str)
         if r.verdict == "regression":
             ET.SubElement(case, "failure", message=f"{r.rule}: regression", type="regression").text = body
         elif failing(r.verdict):
-            ET.SubElement(case, "failure", message=f"{r.rule}: inconclusive (fails closed)", type="inconclusive").text = body
+            ET.SubElement(
+                case, "failure", message=f"{r.rule}: inconclusive (fails closed)", type="inconclusive"
+            ).text = body
         else:
             ET.SubElement(case, "system-out").text = body
     ET.indent(suite, space="  ")

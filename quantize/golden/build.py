@@ -77,30 +77,45 @@ def build_facts(quiz_dir: Path, seed: int, n: int) -> list[dict[str, Any]]:
             answer, accepted = r[ans_f]
             pool = [a for a in answers if a.lower() not in accepted and a.lower() != answer.lower()]
             # a distractor must not be a correct answer of this subject (e.g. "kitten" for a young fox)
-            pool = [a for a in pool if not any(a.lower() in rr[ans_f][1] and rr[subj_f][1] & r[subj_f][1] for rr in rows)]
+            pool = [
+                a for a in pool if not any(a.lower() in rr[ans_f][1] and rr[subj_f][1] & r[subj_f][1] for rr in rows)
+            ]
             if len(pool) < 3:
                 continue
             choices = rng.sample(pool, 3) + [answer]
             rng.shuffle(choices)
-            items.append({"question": f"Question: {template.format(s=r[subj_f][0])}\nAnswer:",
-                          "choices": choices, "answer": choices.index(answer), "cluster": cluster})
+            items.append(
+                {
+                    "question": f"Question: {template.format(s=r[subj_f][0])}\nAnswer:",
+                    "choices": choices,
+                    "answer": choices.index(answer),
+                    "cluster": cluster,
+                }
+            )
     rng.shuffle(items)
     return [{"id": _id("facts", i), **it} for i, it in enumerate(items[:n])]
 
 
 # --- prose documents: the cloze and perplexity tasks share them, never an item twice ---------------
 
+
 def prose_documents(jargon_gz: Path, devil_dz: Path) -> list[dict[str, str]]:
-    docs = [{"doc": f"jargon:{h}", "text": t} for h, t in src.jargon_entries(jargon_gz) if src.jargon_split(h) == "heldout"]
-    docs += [{"doc": f"devil:{h}", "text": t.replace(" abcdefghijklmnopqrstuvwxyz", "")} for h, t in src.devil_entries(devil_dz)]
+    docs = [
+        {"doc": f"jargon:{h}", "text": t} for h, t in src.jargon_entries(jargon_gz) if src.jargon_split(h) == "heldout"
+    ]
+    docs += [
+        {"doc": f"devil:{h}", "text": t.replace(" abcdefghijklmnopqrstuvwxyz", "")}
+        for h, t in src.devil_entries(devil_dz)
+    ]
     return docs
 
 
 SENTENCE_END = re.compile(r"\b([A-Za-z]{4,})([.!?])(?=\s|$)")
 
 
-def build_cloze_and_prose(docs: list[dict[str, str]], seed: int, n_cloze: int, n_prose: int
-                          ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def build_cloze_and_prose(
+    docs: list[dict[str, str]], seed: int, n_cloze: int, n_prose: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Perplexity documents first (120-400 words), then cloze items from the other documents."""
     rng = _rng(seed, "core_prose")
     order = list(range(len(docs)))
@@ -120,12 +135,19 @@ def build_cloze_and_prose(docs: list[dict[str, str]], seed: int, n_cloze: int, n
         ends = [m for m in SENTENCE_END.finditer(text) if len(text[: m.start(1)].split()) >= 25]
         for m in rng.sample(ends, min(2, len(ends))):  # up to two items per document: a real cluster
             context = " ".join(text[: m.start(1)].split()[-60:])  # the last 60 words: enough context, cheap to score
-            cloze.append({"id": _id("cloze", len(cloze)), "context": context, "target": " " + m.group(1),
-                          "cluster": docs[i]["doc"]})
+            cloze.append(
+                {
+                    "id": _id("cloze", len(cloze)),
+                    "context": context,
+                    "target": " " + m.group(1),
+                    "cluster": docs[i]["doc"],
+                }
+            )
     return cloze[:n_cloze], prose
 
 
 # --- core_analogy --------------------------------------------------------------------------------
+
 
 def build_analogy(path: Path, seed: int, n: int, shots: int = 5) -> list[dict[str, Any]]:
     rng = _rng(seed, "core_analogy")
@@ -139,7 +161,9 @@ def build_analogy(path: Path, seed: int, n: int, shots: int = 5) -> list[dict[st
             examples = [r for r in rows if not words & set(r)]
             demo = rng.sample(examples, shots)
             lines = [f"{x} is to {y} as {z} is to {w}." for x, y, z, w in demo]
-            items.append({"context": "\n".join(lines + [f"{a} is to {b} as {c} is to"]), "target": f" {d}", "cluster": name})
+            items.append(
+                {"context": "\n".join(lines + [f"{a} is to {b} as {c} is to"]), "target": f" {d}", "cluster": name}
+            )
     rng.shuffle(items)
     return [{"id": _id("analogy", i), **it} for i, it in enumerate(items[:n])]
 
@@ -157,8 +181,9 @@ def build_kv(nouns: list[str], seed: int, n: int) -> list[dict[str, Any]]:
         words = rng.sample(nouns, 2 * k)
         keys, values = words[:k], words[k:]
         q = rng.randrange(k)
-        lines = [f"{key}: {value}" for key, value in zip(keys, values)]
-        # the query repeats a key's own line prefix: recall by copying from context (induction), not by reading an instruction
+        lines = [f"{key}: {value}" for key, value in zip(keys, values, strict=False)]
+        # the query repeats a key's own line prefix: recall by copying from context (induction),
+        # not by reading an instruction
         context = "Here is a list of key: value pairs.\n" + "\n".join(lines) + f"\n\nLook up {keys[q]}.\n{keys[q]}:"
         items.append({"id": _id("kv", i), "context": context, "target": f" {values[q]}", "cluster": f"kv-{k}-pairs"})
     return items
@@ -166,28 +191,53 @@ def build_kv(nouns: list[str], seed: int, n: int) -> list[dict[str, Any]]:
 
 # --- task configs --------------------------------------------------------------------------------
 
+
 def task_configs() -> dict[str, dict[str, Any]]:
     common = {"dataset_path": "json", "test_split": "test", "metadata": {"version": TASK_VERSION}}
 
     def data(name: str) -> dict[str, Any]:
         return {"dataset_kwargs": {"data_files": {"test": f"../data/{name}.jsonl"}}}
 
-    loglik = {"output_type": "loglikelihood", "doc_to_text": "{{context}}", "doc_to_target": "{{target}}",
-              "target_delimiter": "",
-              "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-                              {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False}]}
+    loglik = {
+        "output_type": "loglikelihood",
+        "doc_to_text": "{{context}}",
+        "doc_to_target": "{{target}}",
+        "target_delimiter": "",
+        "metric_list": [
+            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+            {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
+        ],
+    }
     return {
-        "core_facts": {"task": "core_facts", **common, **data("facts"), "output_type": "multiple_choice",
-                       "doc_to_text": "question", "doc_to_choice": "choices", "doc_to_target": "answer",
-                       "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]},
+        "core_facts": {
+            "task": "core_facts",
+            **common,
+            **data("facts"),
+            "output_type": "multiple_choice",
+            "doc_to_text": "question",
+            "doc_to_choice": "choices",
+            "doc_to_target": "answer",
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
+        },
         "core_cloze": {"task": "core_cloze", **common, **data("cloze"), **loglik},
         "core_analogy": {"task": "core_analogy", **common, **data("analogy"), **loglik},
         "core_kv": {"task": "core_kv", **common, **data("kv"), **loglik},
-        "core_prose": {"task": "core_prose", **common, **data("prose"), "output_type": "loglikelihood_rolling",
-                       "doc_to_text": "", "doc_to_target": "{{text}}",
-                       "metric_list": [{"metric": m, "aggregation": agg, "higher_is_better": False} for m, agg in
-                                       (("word_perplexity", "weighted_perplexity"), ("byte_perplexity", "weighted_perplexity"),
-                                        ("bits_per_byte", "bits_per_byte"))]},
+        "core_prose": {
+            "task": "core_prose",
+            **common,
+            **data("prose"),
+            "output_type": "loglikelihood_rolling",
+            "doc_to_text": "",
+            "doc_to_target": "{{text}}",
+            "metric_list": [
+                {"metric": m, "aggregation": agg, "higher_is_better": False}
+                for m, agg in (
+                    ("word_perplexity", "weighted_perplexity"),
+                    ("byte_perplexity", "weighted_perplexity"),
+                    ("bits_per_byte", "bits_per_byte"),
+                )
+            ],
+        },
     }
 
 
@@ -196,6 +246,7 @@ def group_config(tasks: list[str]) -> dict[str, Any]:
 
 
 # --- writing ------------------------------------------------------------------------------------
+
 
 def _jsonl(items: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(it, ensure_ascii=False, sort_keys=True) + "\n" for it in items).encode("utf-8")
@@ -232,36 +283,45 @@ def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes = Si
     return write_version(out, data, meta, seed, sizes)
 
 
-def write_version(out: Path, data: dict[str, list[dict[str, Any]]], sources: dict[str, Any], seed: int,
-                  sizes: Sizes) -> dict[str, Any]:
+def write_version(
+    out: Path, data: dict[str, list[dict[str, Any]]], sources: dict[str, Any], seed: int, sizes: Sizes
+) -> dict[str, Any]:
     files: dict[str, bytes] = {f"data/{name}.jsonl": _jsonl(items) for name, items in data.items()}
     configs = task_configs()
     for task, cfg in configs.items():
         files[f"tasks/{task}.yaml"] = _yaml(cfg)
     files[f"tasks/{GROUP}.yaml"] = _yaml(group_config(list(configs)))
-    smoke = {f"core_{name}": [it["id"] for it in _rng(seed, f"smoke:{name}").sample(items, min(sizes.smoke, len(items)))]
-             for name, items in data.items()}
+    smoke = {
+        f"core_{name}": [it["id"] for it in _rng(seed, f"smoke:{name}").sample(items, min(sizes.smoke, len(items)))]
+        for name, items in data.items()
+    }
     manifest = {
         "name": "core",
         "version": out.name,
         "group": GROUP,
         "task_version": TASK_VERSION,
         "seed": seed,
-        "builder": {"command": "bash golden/core/fetch_sources.sh DIR && python golden/core/build.py --sources DIR "
-                               f"--out golden/core/{shlex.quote(out.name)} --seed {seed}",
-                    "module": "quantize.golden.build"},
+        "builder": {
+            "command": "bash golden/core/fetch_sources.sh DIR && python golden/core/build.py --sources DIR "
+            f"--out golden/core/{shlex.quote(out.name)} --seed {seed}",
+            "module": "quantize.golden.build",
+        },
         "sources": sources,
-        "files": {name: {"sha256": sha256(blob), "items": blob.count(b"\n") if name.endswith(".jsonl") else None}
-                  for name, blob in sorted(files.items())},
+        "files": {
+            name: {"sha256": sha256(blob), "items": blob.count(b"\n") if name.endswith(".jsonl") else None}
+            for name, blob in sorted(files.items())
+        },
         "smoke_ids": smoke,
         "note": "Public-domain and openly licensed texts the default model may have seen in training: absolute "
-                "perplexity is not held-out; comparisons between checkpoints on the same items are still fair.",
+        "perplexity is not held-out; comparisons between checkpoints on the same items are still fair.",
     }
     for name, blob in files.items():
         p = out / name
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(blob)
-    (out / "MANIFEST.json").write_bytes((json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode())
+    (out / "MANIFEST.json").write_bytes(
+        (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    )
     return manifest
 
 
@@ -274,8 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args(argv)
     if (args.out / "MANIFEST.json").exists():
-        print(f"{args.out} exists: a golden version is immutable. Build into a new version folder (e.g. --out golden/core/v2).",
-              file=sys.stderr)
+        print(
+            f"{args.out} exists: a golden version is immutable. Build into a new version folder (e.g. --out "
+            "golden/core/v2).",
+            file=sys.stderr,
+        )
         return 2
     m = build_core(args.sources, args.out, args.seed)
     for name, f in m["files"].items():

@@ -24,11 +24,20 @@ class GoldenSet:
 
     @property
     def tasks(self) -> list[str]:
-        return sorted(Path(n).stem for n in self.manifest["files"] if n.startswith("tasks/") and Path(n).stem != self.manifest["group"])
+        return sorted(
+            Path(n).stem
+            for n in self.manifest["files"]
+            if n.startswith("tasks/") and Path(n).stem != self.manifest["group"]
+        )
 
     def provenance(self) -> dict[str, Any]:
-        return {"name": self.manifest["name"], "version": self.manifest["version"], "path": str(self.path),
-                "manifest_sha256": self.manifest_sha256, "task_version": self.manifest["task_version"]}
+        return {
+            "name": self.manifest["name"],
+            "version": self.manifest["version"],
+            "path": str(self.path),
+            "manifest_sha256": self.manifest_sha256,
+            "task_version": self.manifest["task_version"],
+        }
 
 
 def verify(path: str | Path) -> GoldenSet:
@@ -60,7 +69,8 @@ def verify(path: str | Path) -> GoldenSet:
                 problems.append(f"{sub}/{p.name}: not listed in the manifest")
     if problems:
         raise UsageError(
-            f"golden set {root} failed verification:\n" + "\n".join(f"  - {p}" for p in problems)
+            f"golden set {root} failed verification:\n"
+            + "\n".join(f"  - {p}" for p in problems)
             + "\nA version is immutable: restore the files from version control, or build a new version folder."
         )
     return GoldenSet(root, manifest, hashlib.sha256(raw).hexdigest())
@@ -68,7 +78,9 @@ def verify(path: str | Path) -> GoldenSet:
 
 def read_items(golden: GoldenSet, task: str) -> list[dict[str, Any]]:
     name = task.removeprefix(f"{golden.manifest['group']}_")
-    return [json.loads(line) for line in (golden.path / "data" / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()]
+    return [
+        json.loads(line) for line in (golden.path / "data" / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
 
 
 def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | None = None) -> Path:
@@ -87,8 +99,14 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
             if ids is not None and cfg["task"] in ids:
                 keep = set(ids[cfg["task"]])
                 subset = into / f"{cfg['task']}.jsonl"
-                subset.write_text("".join(line + "\n" for line in data.read_text(encoding="utf-8").splitlines()
-                                          if json.loads(line)["id"] in keep), encoding="utf-8")
+                subset.write_text(
+                    "".join(
+                        line + "\n"
+                        for line in data.read_text(encoding="utf-8").splitlines()
+                        if json.loads(line)["id"] in keep
+                    ),
+                    encoding="utf-8",
+                )
                 data = subset
             files["test"] = str(data)
         (into / Path(name).name).write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))

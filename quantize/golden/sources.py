@@ -78,7 +78,7 @@ def _expand(field: str) -> str:
     """bsd-games quiz syntax -> one canonical answer: first of a|b, optional {x} kept, [a|b] -> a."""
     s = _split_top(field)[0]
     while m := re.search(r"[\[{]([^\[\]{}]*)[\]}]", s):
-        s = s[: m.start()] + _split_top(m.group(1))[0] + s[m.end():]
+        s = s[: m.start()] + _split_top(m.group(1))[0] + s[m.end() :]
     return _clean(s)
 
 

@@ -46,29 +46,55 @@ def _entry(path: Path) -> Entry:
         params, sha = meta.bits.source_parameters, meta.weights_sha256
     else:
         label, method, scheme, params, sha = path.name, "-", r.format, r.parameters, weights_sha256(path)
-    return Entry(str(path), label, method, scheme, r.total_bytes, params, 8 * r.total_bytes / params if params else None,
-                 r.quantized_linear_bits_per_weight, r.bytes_by_role, sha)
+    return Entry(
+        str(path),
+        label,
+        method,
+        scheme,
+        r.total_bytes,
+        params,
+        8 * r.total_bytes / params if params else None,
+        r.quantized_linear_bits_per_weight,
+        r.bytes_by_role,
+        sha,
+    )
 
 
-def decode_bounds(entry: Entry, baseline: Entry | None, hardware: cost.Hardware, batch: int, context: int,
-                  gamma: int = 4) -> dict[str, Any]:
+def decode_bounds(
+    entry: Entry, baseline: Entry | None, hardware: cost.Hardware, batch: int, context: int, gamma: int = 4
+) -> dict[str, Any]:
     """Decode-cost lower bounds from the entry's bytes; empty, with the reason, when its config lacks the KV layout."""
     try:
         kv = cost.kv_layout_from_config(read_config(Path(entry.path)))
     except UsageError as e:
         return {"not_computable": str(e)}
     m = cost.CostModel(entry.parameters or 1, kv, hardware, context)
-    out = {"batch1_ms": 1000 * m.step_bound_s(entry.total_bytes, 1), "batch_ms": 1000 * m.step_bound_s(entry.total_bytes, batch),
-           "hardware": hardware.name, "context": context, "batch": batch, "scope": cost.SCOPE}
+    out = {
+        "batch1_ms": 1000 * m.step_bound_s(entry.total_bytes, 1),
+        "batch_ms": 1000 * m.step_bound_s(entry.total_bytes, batch),
+        "hardware": hardware.name,
+        "context": context,
+        "batch": batch,
+        "scope": cost.SCOPE,
+    }
     if baseline is not None and entry.agreement is not None and not entry.is_baseline:
         alpha = min(entry.agreement.sum_min, 0.999)
         c = entry.total_bytes / baseline.total_bytes  # a bandwidth-bound draft costs its bytes' share of a target step
-        out.update(alpha=alpha, gamma=gamma, draft_cost=c, speculative_speedup=cost.speculative_speedup(alpha, gamma, c))
+        out.update(
+            alpha=alpha, gamma=gamma, draft_cost=c, speculative_speedup=cost.speculative_speedup(alpha, gamma, c)
+        )
     return out
 
 
-def collect(checkpoints: list[Path], suite_path: str, baseline: Path | None, policy_path: str | None,
-            hardware: cost.Hardware, batch: int = 32, context: int = 2048) -> list[Entry]:
+def collect(
+    checkpoints: list[Path],
+    suite_path: str,
+    baseline: Path | None,
+    policy_path: str | None,
+    hardware: cost.Hardware,
+    batch: int = 32,
+    context: int = 2048,
+) -> list[Entry]:
     paths = list(dict.fromkeys([*(p for p in [baseline] if p), *checkpoints]))
     entries = [_entry(p) for p in paths]
     base = entries[0] if baseline else None

@@ -18,10 +18,19 @@ from quantize.records import RollingTask, TaskScores
 from quantize.report.collect import Entry
 from quantize.tables import markdown_table
 
-ROLE_ORDER = [("payload", "packed payload"), ("scale", "scales"), ("zero_point", "zero points"),
-              ("group_index", "group indices"), ("quant_meta", "other quant. metadata"), ("embedding", "embeddings"),
-              ("lm_head", "lm_head"), ("linear_kept", "linears kept 16-bit"), ("norm", "norms"), ("bias", "biases"),
-              ("other", "other")]
+ROLE_ORDER = [
+    ("payload", "packed payload"),
+    ("scale", "scales"),
+    ("zero_point", "zero points"),
+    ("group_index", "group indices"),
+    ("quant_meta", "other quant. metadata"),
+    ("embedding", "embeddings"),
+    ("lm_head", "lm_head"),
+    ("linear_kept", "linears kept 16-bit"),
+    ("norm", "norms"),
+    ("bias", "biases"),
+    ("other", "other"),
+]
 
 
 def pareto_front(points: list[tuple[float, float]], higher_is_better: bool = True) -> list[int]:
@@ -30,8 +39,11 @@ def pareto_front(points: list[tuple[float, float]], higher_is_better: bool = Tru
     sign = 1 if higher_is_better else -1
     front = []
     for i, (x, y) in enumerate(points):
-        dominated = any((x2 <= x and sign * y2 >= sign * y) and (x2 < x or sign * y2 > sign * y)
-                        for j, (x2, y2) in enumerate(points) if j != i)
+        dominated = any(
+            (x2 <= x and sign * y2 >= sign * y) and (x2 < x or sign * y2 > sign * y)
+            for j, (x2, y2) in enumerate(points)
+            if j != i
+        )
         if not dominated:
             front.append(i)
     return sorted(front, key=lambda i: points[i][0])
@@ -66,7 +78,7 @@ def label_positions(xs: list[float], ys: list[float], x_near: float, gap: float)
         else:
             groups.append([i])
     for g in groups:
-        for i, h in zip(g, spread_labels([ys[i] for i in g], gap)):
+        for i, h in zip(g, spread_labels([ys[i] for i in g], gap), strict=True):
             heights[i] = h
     return heights
 
@@ -77,8 +89,12 @@ def metrics(entries: list[Entry]) -> list[tuple[str, str, bool]]:
     for e in entries:
         for t, d in (e.scores.tasks if e.scores else {}).items():
             tasks[t] = d.output_type
-    out = [(f"{t}:acc", f"{t} accuracy", True) if ot != "loglikelihood_rolling" else (f"{t}:bpb", f"{t} bits per byte", False)
-           for t, ot in sorted(tasks.items())]
+    out = [
+        (f"{t}:acc", f"{t} accuracy", True)
+        if ot != "loglikelihood_rolling"
+        else (f"{t}:bpb", f"{t} bits per byte", False)
+        for t, ot in sorted(tasks.items())
+    ]
     if any(e.agreement for e in entries):
         out.append(("agreement:kl", "mean KL vs baseline (lower bound)", False))
     return out
@@ -90,7 +106,7 @@ def task_scores(e: Entry, task: str) -> TaskScores | None:
 
 def value(e: Entry, key: str) -> tuple[float, float] | None:
     """(value, standard error) of a metric for an entry, or None when it was not scored."""
-    kind, _, m = key.partition(":")
+    kind = key.partition(":")[0]
     if kind == "agreement":
         if e.is_baseline:
             return (0.0, 0.0)
@@ -127,24 +143,44 @@ def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
     rows = -(-len(ms) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
     xlabel = "total tensor size (MiB)" if axis == "bytes" else "true bits per weight (whole model)"
-    for ax, (key, label, hib) in zip(axes.flat, ms):
+    for ax, (key, label, hib) in zip(axes.flat, ms, strict=False):
         pts = [(x_of(e, axis), v, e) for e in entries if (v := value(e, key)) is not None]
         for x, (y, se), e in pts:
-            ax.errorbar(x, y, yerr=se or None, fmt="*" if e.is_baseline else "o", ms=12 if e.is_baseline else 6,
-                        color="black" if e.is_baseline else "tab:blue", capsize=3)
+            ax.errorbar(
+                x,
+                y,
+                yerr=se or None,
+                fmt="*" if e.is_baseline else "o",
+                ms=12 if e.is_baseline else 6,
+                color="black" if e.is_baseline else "tab:blue",
+                capsize=3,
+            )
         front = pareto_front([(x, y) for x, (y, _), _ in pts], hib)
         if len(front) > 1:
-            ax.plot([pts[i][0] for i in front], [pts[i][1][0] for i in front], "--", color="tab:orange", lw=1, label="Pareto frontier")
+            ax.plot(
+                [pts[i][0] for i in front],
+                [pts[i][1][0] for i in front],
+                "--",
+                color="tab:orange",
+                lw=1,
+                label="Pareto frontier",
+            )
         # labels to the right of their points; labels of points at about the same size are spread apart
         xs, ys = [p[0] for p in pts], [p[1][0] for p in pts]
         lo = min(y - se for _, (y, se), _ in pts)
         hi = max(y + se for _, (y, se), _ in pts)
         x_span, y_span = (max(xs) - min(xs)) or 1.0, (hi - lo) or 1.0
-        for (x, (y, _), e), h in zip(pts, label_positions(xs, ys, 0.06 * x_span, 0.075 * y_span)):
+        for (x, (y, _), e), h in zip(pts, label_positions(xs, ys, 0.06 * x_span, 0.075 * y_span), strict=True):
             moved = abs(h - y) > 0.01 * y_span
-            ax.annotate(e.label + (" (baseline)" if e.is_baseline else ""), (x, y), xytext=(x + 0.03 * x_span, h),
-                        ha="left", va="center", fontsize=7,
-                        arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"} if moved else None)
+            ax.annotate(
+                e.label + (" (baseline)" if e.is_baseline else ""),
+                (x, y),
+                xytext=(x + 0.03 * x_span, h),
+                ha="left",
+                va="center",
+                fontsize=7,
+                arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"} if moved else None,
+            )
         ax.set_title(label + (" ↑" if hib else " ↓"), fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)
@@ -152,9 +188,11 @@ def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
         ax.margins(x=0.15, y=0.2)
         if len(front) > 1:
             ax.legend(fontsize=7, loc="best")
-    for ax in list(axes.flat)[len(ms):]:
+    for ax in list(axes.flat)[len(ms) :]:
         ax.axis("off")
-    fig.suptitle("Quality against size (★ baseline; error bars: ± 1 SE; ↑ higher is better, ↓ lower is better)", fontsize=10)
+    fig.suptitle(
+        "Quality against size (★ baseline; error bars: ± 1 SE; ↑ higher is better, ↓ lower is better)", fontsize=10
+    )
     fig.tight_layout()
     return _save(fig, out, "pareto")
 
@@ -173,10 +211,15 @@ def plot_bytes(entries: list[Entry], out: Path) -> list[str]:
         widths = [e.bytes_by_role.get(role, 0) / 2**20 for e in entries]
         if any(widths):
             ax.barh(labels, widths, left=left, label=name, color=cmap(k))
-            left = [a + b for a, b in zip(left, widths)]
+            left = [a + b for a, b in zip(left, widths, strict=True)]
     for i, e in enumerate(entries):
-        ax.text(left[i], i, f"  {e.total_bytes / 2**20:.1f} MiB, {e.bits_per_weight:.2f} b/w" if e.bits_per_weight else "",
-                va="center", fontsize=7)
+        ax.text(
+            left[i],
+            i,
+            f"  {e.total_bytes / 2**20:.1f} MiB, {e.bits_per_weight:.2f} b/w" if e.bits_per_weight else "",
+            va="center",
+            fontsize=7,
+        )
     ax.set_xlabel("MiB of stored tensors")
     ax.set_title("Where the bytes go", fontsize=10)
     ax.invert_yaxis()
@@ -195,11 +238,25 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
     batch = next((e.decode["batch"] for e in entries if "batch" in e.decode), None)
     head = ["recipe", "method", "scheme", "bits/w (model)", "bits/w (q-linears)", "MiB"]
     head += [t.removeprefix("core_") for t in tasks]
-    head += ["mean KL", "top-1", "α as draft", "gate", "batch-1 bound ms", f"batch-{batch} bound ms", "spec. speedup (γ=4)"]
+    head += [
+        "mean KL",
+        "top-1",
+        "α as draft",
+        "gate",
+        "batch-1 bound ms",
+        f"batch-{batch} bound ms",
+        "spec. speedup (γ=4)",
+    ]
     rows = []
     for e in entries:
-        r = [e.label + (" (baseline)" if e.is_baseline else ""), e.method, e.scheme, _f(e.bits_per_weight, ".3f"),
-             _f(e.qlinear_bits, ".3f"), f"{e.total_bytes / 2**20:.1f}"]
+        r = [
+            e.label + (" (baseline)" if e.is_baseline else ""),
+            e.method,
+            e.scheme,
+            _f(e.bits_per_weight, ".3f"),
+            _f(e.qlinear_bits, ".3f"),
+            f"{e.total_bytes / 2**20:.1f}",
+        ]
         for t in tasks:
             d = task_scores(e, t)
             if d is None:
@@ -211,11 +268,15 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
                 delta = f" (Δ {ev.delta:+.3f}, LB {ev.lower_bound:+.3f})" if ev else ""
                 r.append(f"{d.acc:.3f} ± {d.acc_se:.3f}{delta}")
         a = e.agreement
-        r += [("0" if e.is_baseline else _f(a and a.kl_mean, ".4f")), ("1" if e.is_baseline else _f(a and a.top1, ".3f")),
-              ("-" if e.is_baseline else _f(a and a.sum_min, ".3f")),
-              ("baseline" if e.is_baseline else (e.verdict.verdict.upper() if e.verdict else "no verdict")),
-              _f(e.decode.get("batch1_ms"), ".3f"), _f(e.decode.get("batch_ms"), ".3f"),
-              _f(e.decode.get("speculative_speedup"), ".2f")]
+        r += [
+            ("0" if e.is_baseline else _f(a and a.kl_mean, ".4f")),
+            ("1" if e.is_baseline else _f(a and a.top1, ".3f")),
+            ("-" if e.is_baseline else _f(a and a.sum_min, ".3f")),
+            ("baseline" if e.is_baseline else (e.verdict.verdict.upper() if e.verdict else "no verdict")),
+            _f(e.decode.get("batch1_ms"), ".3f"),
+            _f(e.decode.get("batch_ms"), ".3f"),
+            _f(e.decode.get("speculative_speedup"), ".2f"),
+        ]
         rows.append(r)
     return head, rows
 
@@ -223,8 +284,10 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
 def write_report(entries: list[Entry], target: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
     """Write the report folder atomically; an existing folder is replaced only if it holds an earlier report."""
     if target.exists() and not (target.is_dir() and ((target / "report.md").is_file() or not any(target.iterdir()))):
-        raise UsageError(f"--out {target} exists and does not hold an earlier report; choose a new folder "
-                         "(an earlier report folder is replaced)")
+        raise UsageError(
+            f"--out {target} exists and does not hold an earlier report; choose a new folder "
+            "(an earlier report folder is replaced)"
+        )
     with atomic_dir(target, replace=True) as out:
         return _write(entries, out, axis, suite, hardware)
 
@@ -233,10 +296,13 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
     images = plot_pareto(entries, out, axis) + plot_bytes(entries, out)
     head, rows = table_rows(entries)
     context = next((e.decode["context"] for e in entries if "context" in e.decode), None)
-    decode_note = (f"Decode cost: lower bounds on `{hardware}` from each checkpoint's measured bytes (`quantize cost` model, "
-                   f"{context:,}-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) as α, "
-                   "γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification."
-                   if context else "Decode cost: not computable (no checkpoint's config.json gives its KV layout).")
+    decode_note = (
+        f"Decode cost: lower bounds on `{hardware}` from each checkpoint's measured bytes (`quantize cost` model, "
+        f"{context:,}-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) as α, "
+        "γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification."
+        if context
+        else "Decode cost: not computable (no checkpoint's config.json gives its KV layout)."
+    )
     unbounded = [e.label for e in entries if "not_computable" in e.decode]
     if unbounded and context:
         decode_note += f" No bounds for {', '.join(unbounded)}: its config.json lacks the KV layout."
@@ -254,19 +320,30 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         return f'<img alt="{alt}" src="data:image/png;base64,{data}" style="max-width:100%">'
 
     cells = lambda r, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in r)  # noqa: E731
-    body = [f"<h1>Bytes versus accuracy</h1><p>Suite <code>{html.escape(suite)}</code>; {len(entries)} checkpoints.</p>"]
+    body = [
+        f"<h1>Bytes versus accuracy</h1><p>Suite <code>{html.escape(suite)}</code>; {len(entries)} checkpoints.</p>"
+    ]
     if "pareto.png" in images:
         body.append(img("pareto.png", "Pareto plots of quality against size"))
     body.append(img("bytes.png", "Stacked bars of bytes by role"))
-    body.append("<table><thead><tr>" + cells(head, "th") + "</tr></thead><tbody>"
-                + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows) + "</tbody></table>")
+    body.append(
+        "<table><thead><tr>"
+        + cells(head, "th")
+        + "</tr></thead><tbody>"
+        + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows)
+        + "</tbody></table>"
+    )
     body.append(f"<p>{html.escape(decode_note)}</p>")
     if missing:
         body.append(f"<p>Not scored: {html.escape(', '.join(missing))}.</p>")
-    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,th:first-child{text-align:left}")
-    (out / "report.html").write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>quantize report</title>"
-                                     f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+    style = (
+        "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
+        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,th:first-child{text-align:left}"
+    )
+    (out / "report.html").write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>quantize report</title>"
+        f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n"
+    )
     data = {"table": {"head": head, "rows": rows}, "entries": [_entry_json(e) for e in entries], "images": images}
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     return data
@@ -274,7 +351,9 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
 
 def _entry_json(e: Entry) -> dict[str, Any]:
     """An entry for report.json: its records as their own JSON (task summaries without per-item records)."""
-    return {**{k: v for k, v in e.__dict__.items() if k not in ("scores", "agreement", "verdict")},
-            "scores": e.scores.summary() if e.scores else None,
-            "agreement": e.agreement.model_dump() if e.agreement else None,
-            "verdict": e.verdict.model_dump() if e.verdict else None}
+    return {
+        **{k: v for k, v in e.__dict__.items() if k not in ("scores", "agreement", "verdict")},
+        "scores": e.scores.summary() if e.scores else None,
+        "agreement": e.agreement.model_dump() if e.agreement else None,
+        "verdict": e.verdict.model_dump() if e.verdict else None,
+    }
