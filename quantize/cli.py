@@ -163,7 +163,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return EXIT_OK
-    print(cost.render(result))
+    from quantize.cost_text import render
+
+    print(render(result))
     return EXIT_OK
 
 

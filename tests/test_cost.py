@@ -140,3 +140,14 @@ def test_cli_text_labels_every_time_a_lower_bound(capsys):
 def test_cli_bad_alpha_exits_2(capsys):
     assert main(["cost", "--alpha", "1.5"]) == 2
     assert "alpha" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gamma,c,verify", [(4, 0.1, 1.0), (2, 0.3, 1.0), (8, 0.05, 1.4)])
+def test_break_even_alpha_is_where_the_speedup_is_one(gamma, c, verify):
+    a = cost.break_even_alpha(gamma, c, verify)
+    assert 0 < a < 1 and cost.speculative_speedup(a, gamma, c, verify) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_break_even_alpha_at_the_ends_of_its_range():
+    assert cost.break_even_alpha(4, 0.0, 1.0) == 0.0  # a free draft breaks even at α = 0
+    assert cost.break_even_alpha(2, 2.0, 1.0) > 1 - 1e-9  # E[tokens] <= 3 can never pay for 2 slow draft steps
