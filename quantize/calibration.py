@@ -22,6 +22,7 @@ from typing import Any
 
 from quantize.errors import UsageError
 from quantize.recipe import Calibration
+from quantize.records import CalibrationRecord
 
 BUILTIN = {
     "builtin:jargon": (
@@ -37,26 +38,8 @@ BUILTIN = {
 
 @dataclass
 class CalibrationSet:
-    input_ids: Any  # torch.LongTensor (samples, seq_len)
-    source: str
-    description: str
-    samples: int
-    seq_len: int
-    seed: int
-    documents_used: int
-    token_sha256: str
-
-    def provenance(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "description": self.description,
-            "samples": self.samples,
-            "seq_len": self.seq_len,
-            "seed": self.seed,
-            "documents_used": self.documents_used,
-            "tokens": self.samples * self.seq_len,
-            "token_sha256": self.token_sha256,
-        }
+    input_ids: Any  # torch.LongTensor (N, T) = (samples, seq_len)
+    record: CalibrationRecord  # what quantize.json records: the token ids' sha256 stands for them
 
 
 def source_path(source: str) -> tuple[Path, str]:
@@ -128,13 +111,14 @@ def build_calibration(tokenizer: Any, cal: Calibration) -> CalibrationSet:
             "text"
         )
     x = np.asarray(stream[:need], dtype="<i8").reshape(cal.samples, cal.seq_len)  # (N, T)
-    return CalibrationSet(
-        input_ids=torch.from_numpy(x.copy()),
+    record = CalibrationRecord(
         source=cal.source,
         description=description,
         samples=cal.samples,
         seq_len=cal.seq_len,
         seed=cal.seed,
         documents_used=used,
+        tokens=need,
         token_sha256=hashlib.sha256(x.tobytes()).hexdigest(),
     )
+    return CalibrationSet(torch.from_numpy(x.copy()), record)

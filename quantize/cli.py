@@ -131,33 +131,12 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.hardware not in cost.HARDWARE:
         raise UsageError(f"--hardware {args.hardware!r} is unknown; choose one of {', '.join(cost.HARDWARE)}")
     hw = cost.HARDWARE[args.hardware]
+    work = cost.Workload(args.context, args.batch, args.alpha, args.gamma, args.draft_cost, args.plain_step_ms)
     if args.checkpoint:
-        result = cost.checkpoint_cost(
-            Path(args.checkpoint),
-            hw,
-            args.context,
-            args.batch,
-            args.alpha,
-            args.gamma,
-            args.draft_cost,
-            args.plain_step_ms,
-            args.project_params,
-            args.project_share,
-        )
+        result = cost.checkpoint_cost(Path(args.checkpoint), hw, work, args.project_params, args.project_share)
     else:
         kv = cost.KVLayout(args.layers, args.kv_heads, args.head_dim, args.kv_bytes)
-        result = cost.token_cost(
-            args.params,
-            _formats(args.formats),
-            kv,
-            hw,
-            args.context,
-            args.batch,
-            args.alpha,
-            args.gamma,
-            args.draft_cost,
-            args.plain_step_ms,
-        )
+        result = cost.token_cost(args.params, _formats(args.formats), kv, hw, work)
     if args.sweep:
         result["sweeps"] = cost.exercise_sweeps(args.gamma, args.draft_cost, args.alpha)
     if args.json:

@@ -213,42 +213,55 @@ def speculation_summary(alpha: float, gamma: int, draft_cost: float, plain_step_
     }
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What the decode steps serve: tokens of context per sequence, the batch, and the speculation
+    setting (acceptance rate α, draft length γ, draft step cost c, a measured plain step)."""
+
+    context_tokens: int = 2048
+    batch: int = 32
+    alpha: float = 0.8
+    gamma: int = 4
+    draft_cost: float = 0.1
+    plain_step_ms: float = 25.0
+
+    def check(self) -> None:
+        if self.context_tokens < 0:
+            raise UsageError(f"context length must be >= 0, got {self.context_tokens}")
+        check_batch(self.batch)
+        check_speculation(self.alpha, self.gamma, self.draft_cost)
+
+
 def token_cost(
     parameters: float,
     format_bits: dict[str, float],
     kv: KVLayout,
     hardware: Hardware,
-    context_tokens: int,
-    batch: int,
-    alpha: float,
-    gamma: int,
-    draft_cost: float,
-    plain_step_ms: float,
+    work: Workload,
     measured_bytes: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The calculator: one row per format. measured_bytes replaces bits × parameters / 8 where given."""
     if parameters <= 0:
         raise UsageError(f"parameters must be positive, got {parameters}")
-    if context_tokens < 0:
-        raise UsageError(f"context length must be >= 0, got {context_tokens}")
-    check_batch(batch)
-    check_speculation(alpha, gamma, draft_cost)
-    model = CostModel(parameters, kv, hardware, context_tokens)
+    work.check()
+    model = CostModel(parameters, kv, hardware, work.context_tokens)
     measured_bytes = measured_bytes or {}
     formats = {}
     for name, bits in format_bits.items():
         wb = measured_bytes.get(name, parameters * bits / 8)
-        formats[name] = model.format_row(wb, batch, gamma, alpha, draft_cost, bits_per_weight=8 * wb / parameters)
+        formats[name] = model.format_row(
+            wb, work.batch, work.gamma, work.alpha, work.draft_cost, bits_per_weight=8 * wb / parameters
+        )
     return {
         "scope": SCOPE,
         "parameters": parameters,
         "hardware": hardware.model_dump(),
-        "batch": batch,
-        "context_tokens": context_tokens,
+        "batch": work.batch,
+        "context_tokens": work.context_tokens,
         "kv_layout": kv.__dict__,
         "kv_bytes_per_sequence": model.kv_bytes_per_sequence,
         "formats": formats,
-        "speculation": speculation_summary(alpha, gamma, draft_cost, plain_step_ms),
+        "speculation": speculation_summary(work.alpha, work.gamma, work.draft_cost, work.plain_step_ms),
     }
 
 
@@ -289,44 +302,32 @@ def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float = 2) 
 def checkpoint_cost(
     checkpoint: Any,
     hardware: Hardware,
-    context_tokens: int,
-    batch: int,
-    alpha: float,
-    gamma: int,
-    draft_cost: float,
-    plain_step_ms: float,
+    work: Workload,
     project_params: float | None = None,
     project_share: float | None = None,
 ) -> dict[str, Any]:
     """Bounds from a measured checkpoint's bytes; optionally a labelled projection onto a larger model."""
-    import json
-    from pathlib import Path
-
     from quantize.accounting import bits_report
+    from quantize.checkpoint import read_config
 
     report = bits_report(checkpoint)
     if not report.parameters:
         raise UsageError(
             f"cannot count the parameters of {checkpoint} ({'; '.join(report.notes)}); use --params/--formats"
         )
-    cfg_path = Path(checkpoint) / "config.json"
-    if not cfg_path.is_file():
+    try:
+        cfg = read_config(checkpoint)
+    except UsageError as e:
         raise UsageError(
-            f"{checkpoint} has no config.json, so its KV layout is unknown; use --params and "
-            "--layers/--kv-heads/--head-dim"
-        )
-    kv = kv_layout_from_config(json.loads(cfg_path.read_text()))
+            f"{e}; without it the KV layout is unknown: use --params and --layers/--kv-heads/--head-dim"
+        ) from None
+    kv = kv_layout_from_config(cfg)
     out = token_cost(
         report.parameters,
         {"measured": 8 * report.total_bytes / report.parameters},
         kv,
         hardware,
-        context_tokens,
-        batch,
-        alpha,
-        gamma,
-        draft_cost,
-        plain_step_ms,
+        work,
         measured_bytes={"measured": report.total_bytes},
     )
     out["checkpoint"] = {
@@ -342,18 +343,7 @@ def checkpoint_cost(
             raise UsageError(f"--project-share must lie in [0, 1], got {share}")
         qbits = report.quantized_linear_bits_per_weight or 16.0
         bits = share * qbits + (1 - share) * 16.0
-        proj = token_cost(
-            project_params,
-            {"projected": bits},
-            kv,
-            hardware,
-            context_tokens,
-            batch,
-            alpha,
-            gamma,
-            draft_cost,
-            plain_step_ms,
-        )
+        proj = token_cost(project_params, {"projected": bits}, kv, hardware, work)
         proj["projection"] = (
             f"PROJECTION, not a measurement: {share:.1%} of {project_params:.3g} parameters at the checkpoint's "
             "measured "

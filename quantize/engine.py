@@ -27,7 +27,6 @@ from quantize.provenance import Phases, library_versions, memory_record
 from quantize.recipe import Method, Recipe, resolved_dict
 from quantize.records import (
     BitsRecord,
-    CalibrationRecord,
     EngineRecord,
     MemoryRecord,
     RecipeRef,
@@ -82,9 +81,9 @@ def _oneshot(model: Any, tok: Any, recipe: Recipe, modifiers: Any, calib: Calibr
         if calib is not None:
             ids = calib.input_ids.tolist()
             kwargs = dict(
-                dataset=Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * calib.seq_len] * calib.samples}),
-                num_calibration_samples=calib.samples,
-                max_seq_length=calib.seq_len,
+                dataset=Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(ids[0])] * len(ids)}),
+                num_calibration_samples=len(ids),
+                max_seq_length=len(ids[0]),
                 shuffle_calibration_samples=False,
             )
         try:
@@ -154,7 +153,7 @@ def convert(
             scheme=recipe.scheme_or_none.value if recipe.scheme_or_none else None,
             source_model=SourceModel(path=str(model_dir), weights_sha256=source_hash, parameters=source_params),
             weights_sha256=out_hash,
-            calibration=CalibrationRecord(**calib.provenance()) if calib else None,
+            calibration=calib.record if calib else None,
             seed=seed,
             layer_plan=plan.record(),
             engine=EngineRecord(

@@ -16,18 +16,8 @@ SEED = cost.HARDWARE["seed"]
 
 @pytest.fixture(scope="module")
 def worksheet():
-    return cost.token_cost(
-        70e9,
-        cost.FORMAT_BITS,
-        KV,
-        SEED,
-        context_tokens=2048,
-        batch=32,
-        alpha=0.8,
-        gamma=4,
-        draft_cost=0.1,
-        plain_step_ms=25.0,
-    )
+    work = cost.Workload(context_tokens=2048, batch=32, alpha=0.8, gamma=4, draft_cost=0.1, plain_step_ms=25.0)
+    return cost.token_cost(70e9, cost.FORMAT_BITS, KV, SEED, work)
 
 
 def test_kv_bytes(worksheet):
@@ -121,7 +111,7 @@ def test_exercise_sweeps():
 )
 def test_bad_inputs(alpha, gamma, c, batch, what):
     with pytest.raises(UsageError, match=what):
-        cost.token_cost(70e9, cost.FORMAT_BITS, KV, SEED, 2048, batch, alpha, gamma, c, 25.0)
+        cost.token_cost(70e9, cost.FORMAT_BITS, KV, SEED, cost.Workload(2048, batch, alpha, gamma, c, 25.0))
 
 
 def test_cli_json_defaults_reproduce_seed(capsys):

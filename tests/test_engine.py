@@ -112,7 +112,7 @@ def test_calibration_hash_is_deterministic(tmp_path, tiny_model):
     a = build_calibration(tok, Calibration(**CAL))
     b = build_calibration(tok, Calibration(**CAL))
     c = build_calibration(tok, Calibration(**{**CAL, "seed": 1}))
-    assert a.token_sha256 == b.token_sha256 != c.token_sha256
+    assert a.record.token_sha256 == b.record.token_sha256 != c.record.token_sha256
     assert tuple(a.input_ids.shape) == (4, 32)
 
 
