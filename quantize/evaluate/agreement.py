@@ -206,7 +206,8 @@ def load_baseline(path: Path) -> dict[str, Any]:
     import numpy as np
 
     z = np.load(path, allow_pickle=False)
-    version = int(z["schema_version"]) if "schema_version" in z.files else None
+    # efcadec stored the same arrays without a version: read as version 1
+    version = int(z["schema_version"]) if "schema_version" in z.files else BASELINE_SCHEMA_VERSION
     if version != BASELINE_SCHEMA_VERSION:
         raise UsageError(
             f"{path} holds a baseline top-k of schema_version {version}; this quantize reads "
