@@ -14,7 +14,7 @@ from quantize import cache, records
 from quantize.cli import main
 from quantize.evaluate.score import score
 from quantize.golden.build import Sizes, build_core
-from quantize.records import ScoreDoc
+from quantize.records import AgreementResult, ScoreDoc, Verdict
 from quantize.suite import open_suite
 
 from conftest import make_sources
@@ -112,6 +112,11 @@ def test_gate_a_a_passes_with_agreement(setup, tiny_model, capsys):
     assert kl["value"] == pytest.approx(0, abs=1e-5) and kl["positions"] > 0
     top1 = next(r for r in v["rules"] if r["rule"] == "agreement top1")["evidence"]
     assert top1["value"] == 1.0
+    # what the gate wrote: the verdict on stdout and the cached agreement, each valid against its record
+    verdict = records.parse(Verdict, v, "stdout")
+    sha = verdict.provenance.baseline.checkpoint.weights_sha256
+    cached = records.read(AgreementResult, cache.agreement_path(open_suite(setup[1]), sha, sha))
+    assert cached.kl_mean == pytest.approx(kl["value"]) and cached.positions == kl["positions"]
 
 
 def test_gate_a_a_at_another_batch_size_passes(setup, tiny_model, capsys):
