@@ -162,21 +162,26 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
         raw = f.read(n)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise bad(f"header is not valid JSON ({e})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
+        raise bad(f"header is not valid JSON ({str(e)[:200]})") from None
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict):
-        raise bad("__metadata__ is not an object")
+    # the format's rule: __metadata__ maps strings to strings
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise bad("__metadata__ must be an object of string values")
     data_size = size - 8 - n
     tensors: dict[str, TensorInfo] = {}
     spans: list[tuple[int, int, str]] = []
     for name, entry in header.items():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad(f"tensor name {name.encode('utf-8', 'backslashreplace')!r} is not valid Unicode") from None
         if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
             raise bad(f"entry {name!r} must have exactly dtype, shape and data_offsets")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if dtype not in DTYPE_BITS:
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
             raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
         if not isinstance(shape, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
@@ -217,7 +222,24 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
 
 def _quant_config(checkpoint: Path) -> dict[str, Any]:
     cfg = read_config(checkpoint, required=False)
-    return cfg.get("quantization_config") or cfg.get("compression_config") or {}
+    qc = cfg.get("quantization_config") or cfg.get("compression_config") or {}
+    if not isinstance(qc, dict):
+        raise UsageError(
+            f"{checkpoint}: config.json's quantization_config is {_short(qc)}, not an object; "
+            "re-save the checkpoint with the tool that quantized it"
+        )
+    return qc
+
+
+def _short(value: Any) -> str:
+    return json.dumps(value, default=str)[:60] if not isinstance(value, (dict, list)) else type(value).__name__
+
+
+def _bit_width(value: Any, where: str) -> int:
+    """A bit width from a quantization config: an integer from 1 to 64, or a UsageError naming it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or not 1 <= value <= 64:
+        raise UsageError(f"config.json declares {where} = {_short(value)}; a bit width is a whole number from 1 to 64")
+    return int(value)
 
 
 def _format_name(qc: dict[str, Any]) -> str:
@@ -233,9 +255,14 @@ def _packed_bits(qc: dict[str, Any]) -> set[int]:
     """The weight bit widths the config declares for packed tensors."""
     if qc.get("quant_method") == "compressed-tensors":
         groups = qc.get("config_groups") or {}
-        return {int(g["weights"]["num_bits"]) for g in groups.values() if (g.get("weights") or {}).get("num_bits")}
+        if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+            raise UsageError("config.json's quantization_config.config_groups must map group names to objects")
+        weights = [g.get("weights") or {} for g in groups.values()]
+        if not all(isinstance(w, dict) for w in weights):
+            raise UsageError("config.json's quantization_config.config_groups.*.weights must be objects")
+        return {_bit_width(w["num_bits"], "config_groups.*.weights.num_bits") for w in weights if w.get("num_bits")}
     bits = qc.get("bits") or qc.get("w_bit")
-    return {int(bits)} if bits else set()
+    return {_bit_width(bits, "quantization_config.bits")} if bits else set()
 
 
 def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:

@@ -24,18 +24,28 @@ def safetensors_files(checkpoint: Path) -> list[Path]:
         return [checkpoint]
     if not checkpoint.is_dir():
         raise UsageError(f"{checkpoint} does not exist; pass a checkpoint folder or a .safetensors file")
+    refuse_pickles(checkpoint)
     index = checkpoint / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise UsageError(f"{index} is not a valid shard index ({e}); re-save the checkpoint") from None
-        files = [checkpoint / f for f in sorted(set(weight_map.values()))]
+            weight_map = json.loads(index.read_bytes())["weight_map"]
+        except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as e:
+            raise UsageError(f"{index} is not a valid shard index ({str(e)[:200]}); re-save the checkpoint") from None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise UsageError(f"{index}: weight_map must map tensor names to shard file names; re-save the checkpoint")
+        names = sorted(set(weight_map.values()))
+        outside = [n for n in names if Path(n).name != n or not n.endswith(".safetensors")]
+        if outside:
+            raise UsageError(
+                f"{index} names a shard outside the checkpoint folder or not a .safetensors file: "
+                f"{outside[0]!r}; shards are file names in the same folder"
+            )
+        files = [checkpoint / n for n in names]
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise UsageError(f"{index} lists shards that are missing: {', '.join(missing)}")
         return files
-    files = sorted(checkpoint.glob("*.safetensors"))
+    files = sorted(f for f in checkpoint.glob("*.safetensors") if f.is_file())
     if not files:
         found = ", ".join(sorted(p.name for p in checkpoint.iterdir())[:8]) or "nothing"
         raise UsageError(
@@ -43,6 +53,19 @@ def safetensors_files(checkpoint: Path) -> list[Path]:
             "convert .bin/.pt weights with transformers' save_pretrained(safe_serialization=True)"
         )
     return files
+
+
+# Files that unpickle (run code) when loaded: never read, and a folder holding one is refused.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def refuse_pickles(checkpoint: Path) -> None:
+    found = sorted(p.name for p in checkpoint.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
+    if found:
+        raise UsageError(
+            f"{checkpoint} holds pickle files ({', '.join(found[:3])}), which can run code when loaded. quantize reads "
+            "safetensors only: move them out of the folder (or re-save with save_pretrained(safe_serialization=True))"
+        )
 
 
 def read_config(checkpoint: Path, required: bool = True) -> dict[str, Any]:
@@ -55,8 +78,8 @@ def read_config(checkpoint: Path, required: bool = True) -> dict[str, Any]:
         return {}
     try:
         cfg = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"{path} is not valid JSON ({e}); fix or re-save the checkpoint's config") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
+        raise UsageError(f"{path} is not valid JSON ({str(e)[:200]}); fix or re-save the checkpoint's config") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"{path} holds a JSON {type(cfg).__name__}, not an object; re-save the checkpoint's config")
     return cfg
@@ -82,13 +105,14 @@ def check_model_dir(path: Path) -> None:
             f"{path} is not a model: it has no config.json. Point `model:` at a Hugging Face checkpoint folder "
             "(config.json, *.safetensors, tokenizer files)"
         )
-    if not list(path.glob("*.safetensors")):
-        bins = [p.name for p in path.glob("*.bin")] + [p.name for p in path.glob("*.pt")]
+    if not any(p.is_file() for p in path.glob("*.safetensors")):
+        bins = [p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES]
         why = f" (found {', '.join(bins[:3])}: pickle formats can run code, so quantize refuses them)" if bins else ""
         raise UsageError(
             f"{path} holds no .safetensors weights{why}; convert it with transformers' "
             "save_pretrained(safe_serialization=True)"
         )
+    refuse_pickles(path)
 
 
 def weights_sha256(checkpoint: Path) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import signal
@@ -18,6 +19,8 @@ from typing import Any
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE, RuntimeFailure, UsageError
 from quantize.tables import text_table as table
 
+# OS errors that say a path given on the command line or in a file cannot name a file.
+BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR}
 # Commands that write an output folder (atomically): only these can promise to leave nothing half-written.
 WRITES_OUTPUT = {"run", "report", "model"}
 
@@ -389,19 +392,29 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeFailure as e:
         print(f"quantize {args.command}: failed: {e}", file=sys.stderr)
         return EXIT_RUNTIME
+    except OSError as e:
+        if e.errno in BAD_PATH:  # the path the user gave cannot name a file: their input, not our failure
+            print(f"quantize {args.command}: error: {e.strerror}: {e.filename!s:.200}; check the path", file=sys.stderr)
+            return EXIT_USAGE
+        return _unexpected(args.command, e)
     except KeyboardInterrupt:
         left = "; nothing was left at the output path" if args.command in WRITES_OUTPUT else ""
         print(f"quantize {args.command}: interrupted{left}", file=sys.stderr)
         return 130
-    except Exception as e:  # an unexpected failure: short message, traceback on request
-        if os.environ.get("QUANTIZE_DEBUG"):
-            traceback.print_exc()
-        print(
-            f"quantize {args.command}: failed: {type(e).__name__}: {e}\n"
-            "(set QUANTIZE_DEBUG=1 for the traceback, and report it if the input was valid)",
-            file=sys.stderr,
-        )
-        return EXIT_RUNTIME
+    except Exception as e:
+        return _unexpected(args.command, e)
+
+
+def _unexpected(command: str, e: BaseException) -> int:
+    """An unexpected failure: a short message, the traceback on request."""
+    if os.environ.get("QUANTIZE_DEBUG"):
+        traceback.print_exc()
+    print(
+        f"quantize {command}: failed: {type(e).__name__}: {str(e)[:500]}\n"
+        "(set QUANTIZE_DEBUG=1 for the traceback, and report it if the input was valid)",
+        file=sys.stderr,
+    )
+    return EXIT_RUNTIME
 
 
 if __name__ == "__main__":

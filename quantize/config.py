@@ -18,6 +18,42 @@ from quantize.errors import UsageError
 
 M = TypeVar("M", bound=BaseModel)
 
+# Limits on the YAML users edit: a recipe, suite or policy is a few hundred bytes of plain mappings.
+MAX_YAML_BYTES = 1_000_000
+MAX_DEPTH = 32
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without aliases (a few hundred bytes of nested aliases expand to gigabytes) and with
+    a depth limit (deep nesting exhausts the parser's recursion)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise UsageError(f"YAML aliases (*name) are not accepted here (line {mark.line + 1}); write the value out")
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise UsageError(
+                    f"YAML nested deeper than {MAX_DEPTH} levels (line {mark.line + 1}); these files are flat mappings"
+                )
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def parse_yaml(raw: bytes, origin: str) -> Any:
+    """Parse YAML text with the limits above; every failure is a UsageError naming the file."""
+    if len(raw) > MAX_YAML_BYTES:
+        raise UsageError(f"{origin} is {len(raw):,} bytes; a recipe, suite or policy is at most {MAX_YAML_BYTES:,}")
+    try:
+        return yaml.load(raw, Loader=_Loader)
+    except yaml.YAMLError as e:
+        raise UsageError(f"{origin} is not valid YAML: {e}") from None
+    except (ValueError, RecursionError) as e:  # e.g. an integer of more than 4,300 digits
+        raise UsageError(f"{origin} holds a value YAML cannot read: {str(e)[:200]}") from None
+
 
 def _message(err: dict[str, Any], skip: set[str], tag_label: str, hints: dict[str, str]) -> str:
     tags = [str(x) for x in err["loc"] if str(x) in skip]
@@ -32,9 +68,21 @@ def _message(err: dict[str, Any], skip: set[str], tag_label: str, hints: dict[st
         return f"`{field}` is required"
     if not loc:
         return msg
-    value = err.get("input")
-    shown = "{...}" if isinstance(value, dict) else json.dumps(value, default=str)[:80]
+    shown = _shown(err.get("input"))
     return f"{field} = {shown}: {msg}"
+
+
+def _shown(value: Any) -> str:
+    """A value for a message, bounded: containers are not serialised (they may be huge)."""
+    if isinstance(value, dict):
+        return "{...}"
+    if isinstance(value, (list, tuple)):
+        return "[...]"
+    if isinstance(value, str):
+        return json.dumps(value[:80] + ("…" if len(value) > 80 else ""))
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**40:
+        return "a very large integer"
+    return json.dumps(value, default=str)[:80]
 
 
 def validate(
@@ -78,17 +126,19 @@ def load_yaml(
         extra = " (it is a folder: pass the .yaml file inside it)" if p.is_dir() else ""
         raise UsageError(f"{what} file {p} does not exist{extra}; {hint}")
     raw = p.read_bytes()
-    try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as e:
-        raise UsageError(f"{p} is not valid YAML: {e}") from None
+    data = parse_yaml(raw, str(p))
     return validate(model, data, str(p), what, skip_locs, tag_label, hints=hints), hashlib.sha256(raw).hexdigest()
 
 
 def beside_repo(config_file: str | Path, relative: str) -> str:
-    """A path named inside a YAML file: as given when it exists from here, else relative to the
-    repository holding the file (recipes/, evaluate/ and gates/ sit beside golden/)."""
+    """A path named inside a YAML file, resolved against that file's own location only (never the
+    current folder): its folder, then the repository holding it (recipes/, evaluate/ and gates/ sit
+    beside golden/). Absolute paths are kept."""
     p = Path(relative)
-    if p.is_absolute() or p.exists():
+    if p.is_absolute():
         return relative
-    return str(Path(config_file).resolve().parent.parent / relative)
+    here = Path(config_file).resolve().parent
+    for base in (here, here.parent):
+        if (base / p).exists():
+            return str(base / p)
+    return str(here.parent / p)

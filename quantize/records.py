@@ -466,8 +466,8 @@ def read(model: type[R], path: Path) -> R:
     path = Path(path)
     try:
         data = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"{path} is not a {model.WHAT}: not valid JSON ({e}); {model.REGENERATE}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
+        raise UsageError(f"{path} is not a {model.WHAT}: not valid JSON ({str(e)[:200]}); {model.REGENERATE}") from None
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
     return parse(model, data, str(path))

@@ -186,8 +186,16 @@ def test_reads_only_headers(tmp_path):
 
 
 def test_folder_without_safetensors(tmp_path):
-    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(UsageError, match="no .safetensors file"):
+        bits_report(tmp_path)
+
+
+def test_a_pickle_beside_safetensors_is_refused(tmp_path):
+    """A decoy .safetensors next to pytorch_model.bin: the folder is refused, the pickle never read."""
+    write_ckpt(tmp_path, {"w": torch.zeros(2, 2)})
+    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(UsageError, match=r"pickle files \(pytorch_model.bin\)"):
         bits_report(tmp_path)
 
 

@@ -13,7 +13,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from quantize.config import validate
 from quantize.errors import UsageError
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    items: int | None = Field(None, ge=0, description="lines of a .jsonl file; null for other files")
+
+
+class Manifest(BaseModel):
+    """MANIFEST.json of a golden-set version: what `verify` checks every file against."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    version: str
+    group: str
+    task_version: float | str
+    files: dict[str, FileEntry] = Field(min_length=1)
+    smoke_ids: dict[str, list[str]] = Field(default_factory=dict)
+    seed: int | None = None
+    sources: dict[str, Any] = Field(default_factory=dict)
+    builder: dict[str, Any] = Field(default_factory=dict)
+    note: str | None = None
+
+    @field_validator("files")
+    @classmethod
+    def _inside(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        for name in files:
+            parts = Path(name).parts
+            if Path(name).is_absolute() or ".." in parts or not parts or parts[0] not in ("data", "tasks"):
+                raise ValueError(f"file {name!r} is not inside the version folder's data/ or tasks/")
+        return files
 
 
 @dataclass(frozen=True)
@@ -46,11 +82,13 @@ def verify(path: str | Path) -> GoldenSet:
     if not mpath.is_file():
         raise UsageError(f"{root} is not a golden-set version: it has no MANIFEST.json (expected e.g. golden/core/v1)")
     raw = mpath.read_bytes()
+    hint = "restore it from version control"
     try:
-        manifest = json.loads(raw)
-        files = manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise UsageError(f"{mpath} is not a valid manifest ({e}); restore it from version control") from None
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise UsageError(f"{mpath} is not a valid manifest: not JSON ({str(e)[:200]}); {hint}") from None
+    manifest = validate(Manifest, data, str(mpath), "golden-set manifest", regenerate=hint).model_dump()
+    files = manifest["files"]
     problems = []
     for name, entry in sorted(files.items()):
         p = root / name
