@@ -237,7 +237,13 @@ def _short(value: Any) -> str:
 
 def _bit_width(value: Any, where: str) -> int:
     """A bit width from a quantization config: an integer from 1 to 64, or a UsageError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or not 1 <= value <= 64:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value != int(value)
+        or not 1 <= value <= 64
+    ):
         raise UsageError(f"config.json declares {where} = {_short(value)}; a bit width is a whole number from 1 to 64")
     return int(value)
 

@@ -113,6 +113,7 @@ def check_model_dir(path: Path) -> None:
             "save_pretrained(safe_serialization=True)"
         )
     refuse_pickles(path)
+    read_config(path)  # a config.json transformers cannot read is the user's to fix, before any import
 
 
 def weights_sha256(checkpoint: Path) -> str:

@@ -48,6 +48,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     recipe, sha = load_recipe(args.recipe)
     out = output_dir(recipe, args.output)
+    _leftovers(out, args.clean)
+    if recipe.trust_remote_code:
+        print(
+            f"quantize run: warning: trust_remote_code is on: {recipe.model or 'the model'}'s own Python code "
+            "will run at load; use it only for checkpoints you trust",
+            file=sys.stderr,
+        )
     meta = convert(recipe, sha, str(args.recipe), out, force=args.force, quiet=args.quiet or args.json)
     if args.json:
         _print_json({"output": str(out), **meta.model_dump()})
@@ -65,6 +72,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     print(f"  wall time {meta.time_seconds['total']:.1f} s, peak memory {_mib(meta.memory.peak_rss_bytes)}")
     return EXIT_OK
+
+
+def _leftovers(out: Path, clean: bool) -> None:
+    """Report (or, with --clean, remove) what killed runs left beside the output; put back an output
+    that a killed --force had moved aside."""
+    import shutil
+
+    from quantize.io import leftovers, recover
+
+    if (restored := recover(out)) is not None:
+        print(
+            f"quantize run: {out} was missing after an interrupted --force; restored it from {restored.name}",
+            file=sys.stderr,
+        )
+    found = leftovers(out)
+    if found and clean:
+        for p in found:
+            shutil.rmtree(p, ignore_errors=True)
+        print(
+            f"quantize run: removed {len(found)} folder(s) left by killed runs: {', '.join(p.name for p in found)}",
+            file=sys.stderr,
+        )
+    elif found:
+        print(
+            f"quantize run: warning: {len(found)} folder(s) left by killed runs beside {out}: "
+            f"{', '.join(p.name for p in found)}; pass --clean to remove them",
+            file=sys.stderr,
+        )
 
 
 # --- inspect ------------------------------------------------------------------------------------
@@ -286,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", "-o", help="output folder (overrides the recipe's `output:`)")
     r.add_argument("--force", action="store_true", help="replace an existing output folder written by quantize")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress bars or library logs")
+    r.add_argument("--clean", action="store_true", help="remove folders that killed runs left beside the output")
     r.add_argument("--json", action="store_true", help="print quantize.json to stdout")
     r.set_defaults(fn=cmd_run)
 

@@ -9,6 +9,7 @@ convert     plan (plan.py) -> modifiers (modifiers.py) -> load -> calibrate and 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,21 @@ def output_dir(recipe: Recipe, override: str | None) -> Path:
 
 
 def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
-    """Everything that can be checked before a model is loaded."""
+    """Everything that can be checked before torch is imported or a model is loaded: the model
+    folder, the calibration source, and the whole output path."""
     model_dir = resolve_model(recipe.model)
     if recipe.needs_calibration and recipe.calibration is not None:
         source_path(recipe.calibration.source)
+    for parent in [out.parent, *out.parent.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(
+                    f"output {out}: {parent} is a file, so nothing can be written below it; "
+                    "choose another `output:` (or --output)"
+                )
+            if not os.access(parent, os.W_OK):
+                raise UsageError(f"output {out}: {parent} is not writable; choose another `output:` (or --output)")
+            break
     if out.exists() and not force:
         raise UsageError(
             f"output {out} already exists; choose another `output:` (or --output), or pass --force to replace it"
@@ -71,9 +83,9 @@ def bits_record(report: accounting.BitsReport, source_params: int | None) -> Bit
     )
 
 
-def _oneshot(model: Any, tok: Any, recipe: Recipe, modifiers: Any, calib: CalibrationSet | None, quiet: bool) -> Any:
+def _oneshot(model: Any, tok: Any, recipe: Recipe, modifiers: Any, calib: CalibrationSet | None) -> Any:
     """llm-compressor's `oneshot` on our packed calibration tokens (none for data-free schemes)."""
-    with quiet_libraries(quiet), cpu_safe_calibration():
+    with cpu_safe_calibration():
         from datasets import Dataset
         from llmcompressor import oneshot
 
@@ -97,11 +109,20 @@ def _oneshot(model: Any, tok: Any, recipe: Recipe, modifiers: Any, calib: Calibr
 def convert(
     recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, force: bool = False, quiet: bool = False
 ) -> RunRecord:
+    """Check everything checkable (before torch is imported), then convert; `quiet` silences the
+    libraries for the whole run."""
+    model_dir = preflight(recipe, out, force)
+    with quiet_libraries(quiet):
+        return _convert(recipe, recipe_sha256, recipe_path, model_dir, out, force)
+
+
+def _convert(
+    recipe: Recipe, recipe_sha256: str, recipe_path: str, model_dir: Path, out: Path, force: bool
+) -> RunRecord:
     import torch
 
     phases = Phases()
     started = dt.datetime.now(dt.UTC)
-    model_dir = preflight(recipe, out, force)
     with phases("plan"):
         plan = (
             plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe)
@@ -124,7 +145,7 @@ def convert(
     seed = recipe.calibration.seed if recipe.calibration else 0
     torch.manual_seed(seed)
     with phases("quantize"):
-        model = _oneshot(model, tok, recipe, modifiers, calib, quiet)
+        model = _oneshot(model, tok, recipe, modifiers, calib)
     probe = (
         calib.input_ids[:4, :128]
         if calib is not None

@@ -44,6 +44,43 @@ def atomic_dir(target: Path, replace: bool = False) -> Iterator[Path]:
         raise
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def leftovers(target: Path) -> list[Path]:
+    """Folders that killed runs left beside `target`: `.NAME.tmp-PID` (an unfinished output) and
+    `.NAME.old-PID` (a replaced output not yet removed), of processes no longer running."""
+    target = Path(target)
+    if not target.parent.is_dir():
+        return []
+    found = []
+    for kind in ("tmp", "old"):
+        for p in target.parent.glob(f".{target.name}.{kind}-*"):
+            pid = p.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                found.append(p)
+    return sorted(found)
+
+
+def recover(target: Path) -> Path | None:
+    """If a replace was cut between its two renames (target gone, `.NAME.old-PID` left), put the old
+    output back at the target. Returns the folder restored, or None."""
+    target = Path(target)
+    old = [p for p in leftovers(target) if ".old-" in p.name]
+    if target.exists() or not old:
+        return None
+    newest = max(old, key=lambda p: p.stat().st_mtime)
+    newest.rename(target)
+    return newest
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write a file via a temporary file beside it and an atomic rename."""
     path = Path(path)

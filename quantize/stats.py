@@ -114,15 +114,15 @@ def noninferiority(
     if n == 0:
         raise ValueError("no paired items to compare")
     delta = sum(d) / n
-    if all(x in (-1, 0, 1) for x in d):  # right/wrong items: flips b (1→0) and c (0→1)
-        sp = agresti_min_se(sum(x == -1 for x in d), sum(x == 1 for x in d), n)
-    else:
-        sp = paired_se(d)
+    right_wrong = all(x in (-1, 0, 1) for x in d)  # right/wrong items: flips b (1→0) and c (0→1)
+    sp = agresti_min_se(sum(x == -1 for x in d), sum(x == 1 for x in d), n) if right_wrong else paired_se(d)
     g = len(set(clusters))
     sc = clustered_se(d, clusters) if g < n else sp
     se = max(sp, sc) if g < n and math.isfinite(sc) else sp
     q = z(1 - alpha)
     lo, hi = delta - q * se, delta + q * se
+    if right_wrong:  # a difference of two proportions lies in [−1, 1]; so do its bounds
+        lo, hi = max(lo, -1.0), min(hi, 1.0)
     verdict: RuleOutcome
     if lo > -margin:
         verdict = "pass"

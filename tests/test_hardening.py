@@ -1,0 +1,277 @@
+"""Bad input from the hardening review (issue "every bad input is exit 2"): each ended in exit 3, a
+hang or a silent wrong answer on efcadec; each is now exit 2 with one message, quickly, or handled."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from quantize.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+# --- YAML users edit ---------------------------------------------------------------------------------
+
+LAUGHS = "".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 9))
+
+
+@pytest.mark.parametrize(
+    "text,msg",
+    [
+        ("method: rtn\nscheme: W4A16\nl0: &l0 lol\n" + LAUGHS, "aliases"),
+        ("method: " + "[" * 500 + "]" * 500 + "\n", "nested deeper"),
+        ("method: rtn\nscheme: W4A16\ngroup_size: " + "9" * 5000 + "\n", "cannot read"),
+        ("method: rtn\nscheme: W4A16\ngroup_size: !!python/object/apply:os.system ['true']\n", "not valid YAML"),
+    ],
+)
+def test_hostile_recipes_are_refused_quickly(tmp_path, capsys, text, msg):
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    t0 = time.perf_counter()
+    code, err = run(capsys, "run", str(p))
+    assert code == 2 and msg in err and time.perf_counter() - t0 < 2
+    assert len(err) < 2000  # the value is never serialised into the message
+
+
+@pytest.mark.parametrize("rules", ["[5]", "[null]", "[[1, 2]]", "5"])
+def test_gate_rules_that_are_not_mappings(tmp_path, capsys, rules):
+    p = tmp_path / "p.yaml"
+    p.write_text(f"suite: evaluate/core.yaml\nrules: {rules}\n")
+    code, err = run(capsys, "gate", str(p), "--baseline", str(tmp_path), "--candidate", str(tmp_path))
+    assert code == 2 and "rules" in err
+
+
+def test_a_suite_with_an_unknown_device(tmp_path, capsys, tiny_model):
+    s = tmp_path / "s.yaml"
+    s.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\ndevice: banana\n")
+    code, err = run(capsys, "eval", str(s), str(tiny_model))
+    assert code == 2 and "device" in err and "banana" in err
+
+
+def test_a_suites_golden_path_is_resolved_beside_the_suite_not_in_the_current_folder(tmp_path, monkeypatch):
+    """A folder holding another golden/core/v1 must not be scored in place of the suite's own."""
+    from quantize.suite import open_suite
+
+    (tmp_path / "golden" / "core" / "v1").mkdir(parents=True)
+    (tmp_path / "golden" / "core" / "v1" / "MANIFEST.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert open_suite(ROOT / "evaluate" / "core.yaml").golden.path == ROOT / "golden" / "core" / "v1"
+
+
+def test_a_path_component_too_long(capsys):
+    code, err = run(capsys, "inspect", "/tmp/" + "x" * 300)
+    assert code == 2 and "too long" in err
+
+
+# --- golden manifests --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "edit,msg",
+    [
+        (lambda m: m.update(files=[]), "files"),
+        (lambda m: m.update(files={}), "files"),
+        (lambda m: m["files"].update({"data/facts.jsonl": 5}), "files.data/facts.jsonl"),
+        (lambda m: m["files"]["data/facts.jsonl"].pop("sha256"), "sha256` is required"),
+        (lambda m: m["files"].update({"../../etc/passwd": {"sha256": "0" * 64, "items": None}}), "not inside"),
+        (lambda m: m.update(name=None), "name"),
+    ],
+)
+def test_malformed_manifests(tmp_path, capsys, edit, msg):
+    import shutil
+
+    v = tmp_path / "v1"
+    shutil.copytree(ROOT / "golden" / "core" / "v1", v)
+    m = json.loads((v / "MANIFEST.json").read_text())
+    edit(m)
+    (v / "MANIFEST.json").write_text(json.dumps(m))
+    code, err = run(capsys, "golden", "verify", str(v))
+    assert code == 2 and msg in err
+
+
+def test_a_manifest_that_is_not_utf8(tmp_path, capsys):
+    (tmp_path / "MANIFEST.json").write_bytes(b'{"name": "\xff"}')
+    code, err = run(capsys, "golden", "verify", str(tmp_path))
+    assert code == 2 and "not JSON" in err
+
+
+# --- checkpoint folders --------------------------------------------------------------------------------
+
+
+def checkpoint(tmp_path: Path, config: object = None, raw: bytes | None = None) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    d = tmp_path / "ckpt"
+    d.mkdir(exist_ok=True)
+    save_file({"model.layers.0.mlp.down_proj.weight": torch.zeros(4, 8)}, str(d / "model.safetensors"))
+    (d / "config.json").write_bytes(raw if raw is not None else json.dumps(config).encode())
+    return d
+
+
+@pytest.mark.parametrize(
+    "config,raw,msg",
+    [
+        ([1, 2], None, "not an object"),
+        (None, b"\xff\xfe{}", "not valid JSON"),
+        ({"quantization_config": "gptq"}, None, "quantization_config"),
+        ({"quantization_config": {"quant_method": "gptq", "bits": "four"}}, None, "bit width"),
+        (
+            None,
+            b'{"quantization_config": {"quant_method": "compressed-tensors", "config_groups": '
+            b'{"g": {"weights": {"num_bits": 1e400}}}}}',
+            "bit width",
+        ),
+        ({"quantization_config": {"quant_method": "compressed-tensors", "config_groups": [1]}}, None, "config_groups"),
+        (None, b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "not valid JSON"),
+    ],
+)
+def test_checkpoint_configs(tmp_path, capsys, config, raw, msg):
+    code, err = run(capsys, "inspect", str(checkpoint(tmp_path, config, raw)))
+    assert code == 2 and msg in err
+
+
+def test_run_on_a_model_whose_config_is_a_list(tmp_path, capsys):
+    d = checkpoint(tmp_path, [1])
+    r = tmp_path / "r.yaml"
+    r.write_text(f"method: rtn\nscheme: W8A16\ncalibration: null\nmodel: {d}\noutput: {tmp_path / 'out'}\n")
+    code, err = run(capsys, "run", str(r))
+    assert code == 2 and "not an object" in err
+
+
+@pytest.mark.parametrize(
+    "weight_map,msg",
+    [
+        ([1, 2], "weight_map must map"),
+        ({"w": "../../other/model.safetensors"}, "outside the checkpoint folder"),
+        ({"w": "/etc/passwd"}, "outside the checkpoint folder"),
+    ],
+)
+def test_shard_indexes(tmp_path, capsys, weight_map, msg):
+    d = checkpoint(tmp_path, {})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    code, err = run(capsys, "inspect", str(d))
+    assert code == 2 and msg in err
+
+
+def test_a_folder_named_like_a_shard(tmp_path, capsys):
+    d = tmp_path / "ckpt"
+    (d / "x.safetensors").mkdir(parents=True)
+    code, err = run(capsys, "inspect", str(d))
+    assert code == 2 and "no .safetensors file" in err
+
+
+def test_a_symlink_loop(tmp_path, capsys):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    os.symlink(d / "model.safetensors", d / "model.safetensors")
+    code, err = run(capsys, "inspect", str(d / "model.safetensors"))
+    assert code == 2 and "model.safetensors" in err
+
+
+# --- safetensors headers ---------------------------------------------------------------------------------
+
+
+def header_file(tmp_path: Path, header: bytes, data: bytes = b"") -> Path:
+    p = tmp_path / "h.safetensors"
+    p.write_bytes(struct.pack("<Q", len(header)) + header + data)
+    return p
+
+
+@pytest.mark.parametrize(
+    "header,msg",
+    [
+        (b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "not valid JSON"),
+        (b'{"\\ud800": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', "not valid Unicode"),
+        (b'{"w": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}', "unknown dtype"),
+        (b'{"__metadata__": {"a": [1]}, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', "string values"),
+        (b'{"__metadata__": {"a": 1}, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', "string values"),
+        (
+            b'{"__metadata__": {"a": null}, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}',
+            "string values",
+        ),
+        (b'{"w": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 4]}}', "not valid JSON"),
+    ],
+)
+def test_hostile_headers(tmp_path, capsys, header, msg):
+    code, err = run(capsys, "inspect", str(header_file(tmp_path, header, b"\0" * 4)))
+    assert code == 2 and msg in err
+
+
+# --- run: the output path, checked before anything heavy ---------------------------------------------------
+
+
+def recipe(tmp_path: Path, model: Path, out: Path) -> Path:
+    r = tmp_path / "r.yaml"
+    r.write_text(f"method: fp8\nscheme: FP8_DYNAMIC\ncalibration: null\nmodel: {model}\noutput: {out}\n")
+    return r
+
+
+def test_an_output_below_a_file_is_refused_before_converting(tmp_path, capsys, tiny_model):
+    (tmp_path / "afile").write_text("x")
+    t0 = time.perf_counter()
+    code, err = run(capsys, "run", str(recipe(tmp_path, tiny_model, tmp_path / "afile" / "out")))
+    assert code == 2 and "is a file" in err and time.perf_counter() - t0 < 2
+
+
+def test_leftovers_of_killed_runs_are_reported_then_cleaned(tmp_path, capsys, tiny_model):
+    out = tmp_path / "o" / "out"
+    out.parent.mkdir()
+    dead = 2**22 + 12345  # above any pid this machine hands out
+    (out.parent / f".out.tmp-{dead}").mkdir()
+    code, err = run(capsys, "run", str(recipe(tmp_path, tiny_model, out)), "--quiet")
+    assert code == 0 and f".out.tmp-{dead}" in err and "--clean" in err
+    assert (out.parent / f".out.tmp-{dead}").exists()
+    code, err = run(capsys, "run", str(recipe(tmp_path, tiny_model, out)), "--quiet", "--force", "--clean")
+    assert code == 0 and "removed 1 folder" in err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
+
+
+def test_a_force_cut_between_its_renames_is_recovered(tmp_path, capsys, tiny_model):
+    """kill -9 after the old output was moved aside and before the new one took its place: the next run
+    puts the old output back, then replaces it."""
+    out = tmp_path / "o" / "out"
+    assert run(capsys, "run", str(recipe(tmp_path, tiny_model, out)), "--quiet")[0] == 0
+    dead = 2**22 + 54321
+    out.rename(out.parent / f".out.old-{dead}")
+    code, err = run(capsys, "run", str(recipe(tmp_path, tiny_model, out)), "--quiet")
+    assert code == 2 and "restored it" in err and (out / "quantize.json").is_file()  # back, and not overwritten
+    assert run(capsys, "run", str(recipe(tmp_path, tiny_model, out)), "--quiet", "--force")[0] == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
+
+
+# --- the gate's statistics -------------------------------------------------------------------------------
+
+
+def test_accuracy_bounds_stay_within_what_a_difference_of_proportions_can_take():
+    from quantize import stats
+
+    r = stats.noninferiority([-1.0] * 8, [f"c{i}" for i in range(8)], 0.02, 0.05, 0.8)
+    assert -1.0 <= r.lower <= r.upper <= 1.0 and r.verdict == "regression"
+
+
+def test_no_such_model_is_refused_before_torch_is_imported(tmp_path):
+    """efcadec imported torch before looking at the model folder: 5-45 s for a typo."""
+    import subprocess
+    import sys
+
+    r = tmp_path / "r.yaml"
+    r.write_text(f"method: rtn\nscheme: W8A16\ncalibration: null\nmodel: {tmp_path / 'nope'}\n")
+    code = (
+        f"import sys\nfrom quantize.cli import main\nrc = main(['run', {str(r)!r}])\nprint(rc, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["2", "False"] and "does not exist" in out.stderr
