@@ -1,7 +1,7 @@
 # quantize: the two commands a newcomer runs (see README).
 #   make demo   set up, prepare the embedded default model, convert it with every recipe in recipes/
 #   make test   set up, lint (ruff) and run the tests (tiny seeded models, no download; .ci/run calls this)
-# Other targets: gate-all (score and gate every output), test-slow (tests on the default model),
+# Other targets: gate-all (score and gate every output), test-slow (tests on the default model), fuzz,
 # bench (README's recipe table), model.
 
 SHELL := /bin/bash
@@ -12,7 +12,7 @@ Q := $(VENV)/bin/quantize
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup model demo gate-all test test-slow bench clean
+.PHONY: setup model demo gate-all test test-slow fuzz bench clean
 
 setup: $(VENV)/.installed
 
@@ -52,6 +52,11 @@ gate-all: demo
 test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
+
+# The fuzz target: 1,000 cases of each input kind through the CLI (recipes, policies, suites,
+# manifests, score files, checkpoint folders, safetensors headers), with the counts printed.
+fuzz: setup
+	QUANTIZE_FUZZ_EXAMPLES=1000 $(PY) -m pytest tests/test_fuzz.py -o addopts="" -q -s -p no:cacheprovider
 
 test-slow: model
 	$(PY) -m pytest -m slow -o addopts=""

@@ -255,8 +255,11 @@ class VerbatimRecipe(_Recipe):
 
 
 def _method(v: Any) -> str | None:
+    """The union's tag: the method's name when it is one, else None (pydantic reports an unknown method)."""
     m = v.get("method") if isinstance(v, dict) else getattr(v, "method", None)
-    return m.value if isinstance(m, Method) else m if m in {x.value for x in Method} else None
+    if isinstance(m, Method):
+        return m.value
+    return m if isinstance(m, str) and m in {x.value for x in Method} else None
 
 
 Recipe = Annotated[

@@ -449,7 +449,7 @@ def parse(model: type[R], data: Any, origin: str) -> R:
         raise UsageError(f"{origin} is not a {what}: it holds a JSON {type(data).__name__}, not an object; {hint}")
     version = data.get("schema_version")
     expected = model.model_fields["schema_version"].default
-    if version != expected and version in model.MIGRATIONS:
+    if version != expected and (version is None or type(version) is int) and version in model.MIGRATIONS:
         data, version = model.MIGRATIONS[version](data), expected
     if version != expected:
         found = (
