@@ -3,7 +3,7 @@
 The one place that builds cache keys and paths. Scorers store through it, the gate and the report
 look up through it; nothing else re-derives a key. Nothing here loads a model.
 
-    scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint, suite settings, golden manifest,
+    scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint identity, suite settings, golden manifest,
                                                                lm-eval version, tasks)
     agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings
                $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
@@ -30,21 +30,21 @@ def lm_eval_version() -> str:
     return metadata.version("lm_eval")
 
 
-def score_key(suite: OpenSuite, ckpt_sha: str) -> str:
-    return sha256_json([ckpt_sha, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)])
+def score_key(suite: OpenSuite, ckpt_id: str) -> str:
+    return sha256_json([ckpt_id, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)])
 
 
-def score_path(suite: OpenSuite, ckpt_sha: str) -> Path:
-    return cache_dir() / "scores" / f"{score_key(suite, ckpt_sha)[:32]}.json"
+def score_path(suite: OpenSuite, ckpt_id: str) -> Path:
+    return cache_dir() / "scores" / f"{score_key(suite, ckpt_id)[:32]}.json"
 
 
-def lookup_scores(suite: OpenSuite, ckpt_sha: str) -> ScoreDoc | None:
-    p = score_path(suite, ckpt_sha)
+def lookup_scores(suite: OpenSuite, ckpt_id: str) -> ScoreDoc | None:
+    p = score_path(suite, ckpt_id)
     return records.read(ScoreDoc, p) if p.is_file() else None
 
 
 def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
-    records.write(score_path(suite, doc.provenance.checkpoint.weights_sha256), doc)
+    records.write(score_path(suite, doc.provenance.checkpoint.identity_sha256), doc)
 
 
 def _agreement_key(suite: OpenSuite) -> str:
@@ -52,18 +52,18 @@ def _agreement_key(suite: OpenSuite) -> str:
     return sha256_json([sorted(suite.agreement_tasks), a.per_task, a.top_k, suite.golden.manifest_sha256])[:16]
 
 
-def baseline_topk_path(suite: OpenSuite, base_sha: str) -> Path:
-    return cache_dir() / "agreement" / f"base-{base_sha[:16]}-{_agreement_key(suite)}.npz"
+def baseline_topk_path(suite: OpenSuite, base_id: str) -> Path:
+    return cache_dir() / "agreement" / f"base-{base_id[:16]}-{_agreement_key(suite)}.npz"
 
 
-def agreement_path(suite: OpenSuite, base_sha: str, cand_sha: str) -> Path:
-    return cache_dir() / "agreement" / f"cmp-{base_sha[:16]}-{cand_sha[:16]}-{_agreement_key(suite)}.json"
+def agreement_path(suite: OpenSuite, base_id: str, cand_id: str) -> Path:
+    return cache_dir() / "agreement" / f"cmp-{base_id[:16]}-{cand_id[:16]}-{_agreement_key(suite)}.json"
 
 
-def lookup_agreement(suite: OpenSuite, base_sha: str, cand_sha: str) -> AgreementResult | None:
-    p = agreement_path(suite, base_sha, cand_sha)
+def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str) -> AgreementResult | None:
+    p = agreement_path(suite, base_id, cand_id)
     return records.read(AgreementResult, p) if p.is_file() else None
 
 
 def store_agreement(suite: OpenSuite, result: AgreementResult) -> None:
-    records.write(agreement_path(suite, result.baseline_sha256, result.candidate_sha256), result)
+    records.write(agreement_path(suite, result.baseline_identity, result.candidate_identity), result)

@@ -7,12 +7,13 @@ imports torch or loads a model.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
-from quantize.io import sha256_named_files
+from quantize.io import sha256_file, sha256_named_files
 
 CONFIG = "config.json"
 
@@ -114,6 +115,36 @@ def check_model_dir(path: Path) -> None:
         )
     refuse_pickles(path)
     read_config(path)  # a config.json transformers cannot read is the user's to fix, before any import
+
+
+# Files besides the weights that change what a checkpoint computes: its config, tokenizer, chat template
+# and generation defaults.
+IDENTITY_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def identity_sha256(checkpoint: Path) -> str:
+    """The checkpoint's identity: sha256 over its weights hash and every file in IDENTITY_FILES it has.
+    Scores are cached and compared under this hash, so the same weights under another config or
+    tokenizer are another checkpoint."""
+    checkpoint = Path(checkpoint)
+    h = hashlib.sha256(b"weights " + weights_sha256(checkpoint).encode())
+    for name in IDENTITY_FILES:
+        if (f := checkpoint / name).is_file():
+            h.update(f"\n{name} ".encode() + sha256_file(f).encode())
+    return h.hexdigest()
 
 
 def weights_sha256(checkpoint: Path) -> str:

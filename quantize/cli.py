@@ -219,7 +219,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     p = doc.provenance
     took = "cached" if cached else f"{doc.wall_seconds:.0f} s"
     print(
-        f"{p.checkpoint.path}  (sha256 {p.checkpoint.weights_sha256[:12]}; golden {p.golden.name}/"
+        f"{p.checkpoint.path}  (identity {p.checkpoint.identity_sha256[:12]}; golden {p.golden.name}/"
         f"{p.golden.version}; lm-eval {p.lm_eval_version}; {took})"
     )
     rows = []

@@ -72,7 +72,7 @@ def run_gate(policy_path: str | Path, baseline: str | Path, candidate: str | Pat
             suite,
             base_path,
             cand_path,
-            base.provenance.checkpoint.weights_sha256,
-            cand.provenance.checkpoint.weights_sha256,
+            base.provenance.checkpoint.identity_sha256,
+            cand.provenance.checkpoint.identity_sha256,
         )
     return decide(policy, base, cand, agreement)

@@ -152,6 +152,7 @@ class RunRecord(Record):
 class CheckpointRef(_Strict):
     path: str
     weights_sha256: str
+    identity_sha256: str  # weights, config, tokenizer, chat template, generation defaults (checkpoint.py)
 
 
 class SuiteRef(_Strict):
@@ -252,7 +253,9 @@ class ScoreDoc(Record):
         "write a current one with `quantize eval SUITE CHECKPOINT --json --items` (add --refresh to score again)"
     )
 
-    schema_version: Literal[1] = 1
+    # 2: the checkpoint's identity covers its config and tokenizer, not only its weights (version 1
+    # cannot be migrated: the files it was scored with are not recorded)
+    schema_version: Literal[2] = 2
     key: str
     provenance: ScoreProvenance
     created: str
@@ -281,12 +284,10 @@ class AgreementResult(Record):
 
     WHAT: ClassVar[str] = "agreement result"
     REGENERATE: ClassVar[str] = "delete it; the next `quantize gate` computes it again"
-    # efcadec wrote the same fields without a schema_version
-    MIGRATIONS: ClassVar[dict[int | None, Callable[[dict[str, Any]], dict[str, Any]]]] = {
-        None: lambda d: {**d, "schema_version": 1}
-    }
 
-    schema_version: Literal[1] = 1
+    # 2: keyed by checkpoint identities (weights, config, tokenizer); 1 and unversioned files named
+    # weights only, so they cannot be migrated
+    schema_version: Literal[2] = 2
     positions: int
     items: int
     clusters: int
@@ -298,8 +299,8 @@ class AgreementResult(Record):
     sum_min: float
     sum_min_se: float
     note: str
-    baseline_sha256: str
-    candidate_sha256: str
+    baseline_identity: str
+    candidate_identity: str
     top_k: int
     per_task: int
     tasks: list[str]
@@ -413,7 +414,7 @@ class Verdict(Record):
     WHAT: ClassVar[str] = "gate verdict"
     REGENERATE: ClassVar[str] = "run `quantize gate POLICY --baseline B --candidate C --json` again"
 
-    schema_version: Literal[1] = 1
+    schema_version: Literal[2] = 2  # 2: checkpoint identities in the provenance
     policy: str
     verdict: GateOutcome
     exit_code: int

@@ -171,7 +171,7 @@ def make_sources(root: Path) -> Path:
 # --- synthetic score documents for the gate --------------------------------------------------------
 
 PROV = {
-    "checkpoint": {"path": "x", "weights_sha256": "a" * 64},
+    "checkpoint": {"path": "x", "weights_sha256": "a" * 64, "identity_sha256": "i" * 64},
     "suite": {
         "path": "evaluate/core.yaml",
         "name": "core",
@@ -206,6 +206,7 @@ def result(
     """A score document as `quantize eval --json --items` writes it (a dict, so tests can edit it)."""
     prov = copy.deepcopy(prov or PROV)
     prov["checkpoint"]["weights_sha256"] = sha * 64
+    prov["checkpoint"]["identity_sha256"] = sha * 63 + "i"
     acc_items = [
         {"id": f"a{i:05d}", "cluster": f"c{i % clusters}", "score": s, "ll": -1.0} for i, s in enumerate(acc_scores)
     ]
@@ -215,7 +216,7 @@ def result(
     ]
     acc = sum(acc_scores) / len(acc_scores)
     return {
-        "schema_version": 1,
+        "schema_version": 2,
         "key": "k" * 64,
         "provenance": prov,
         "created": "2026-11-30T00:00:00+00:00",
@@ -254,9 +255,9 @@ def judge(policy, base: dict, cand: dict, agreement: dict | None = None):
         parse(
             AgreementResult,
             {
-                "schema_version": 1,
-                "baseline_sha256": "a" * 64,
-                "candidate_sha256": "b" * 64,
+                "schema_version": 2,
+                "baseline_identity": "a" * 64,
+                "candidate_identity": "b" * 64,
                 "top_k": 20,
                 "per_task": 40,
                 "tasks": ["t_acc"],

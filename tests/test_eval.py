@@ -60,7 +60,7 @@ def test_eval_records_items_and_caches(setup, tiny_model):
     second, cached = score(open_suite(suite), tiny_model)
     assert cached is True and second == first
     # the cached file is the record, and reads back through its model
-    assert records.read(ScoreDoc, cache.score_path(open_suite(suite), p.checkpoint.weights_sha256)) == first
+    assert records.read(ScoreDoc, cache.score_path(open_suite(suite), p.checkpoint.identity_sha256)) == first
 
 
 def test_eval_json_items_is_a_score_file(setup, tiny_model, capsys):
@@ -78,7 +78,7 @@ def test_cached_score_of_another_schema_is_refused_with_the_fix(setup, tiny_mode
     _, suite, _, _ = setup
     s = open_suite(suite)
     doc, _ = score(s, tiny_model)
-    path = cache.score_path(s, doc.provenance.checkpoint.weights_sha256)
+    path = cache.score_path(s, doc.provenance.checkpoint.identity_sha256)
     saved = path.read_text()
     try:
         path.write_text(json.dumps({k: v for k, v in json.loads(saved).items() if k != "schema_version"}))
@@ -86,7 +86,7 @@ def test_cached_score_of_another_schema_is_refused_with_the_fix(setup, tiny_mode
         err = capsys.readouterr().err
         assert "no schema_version" in err and "--refresh" in err
         assert main(["eval", str(suite), str(tiny_model), "--refresh", "--quiet"]) == 0
-        assert records.read(ScoreDoc, path).schema_version == 1
+        assert records.read(ScoreDoc, path).schema_version == 2
     finally:
         path.write_text(saved)
 
@@ -114,7 +114,7 @@ def test_gate_a_a_passes_with_agreement(setup, tiny_model, capsys):
     assert top1["value"] == 1.0
     # what the gate wrote: the verdict on stdout and the cached agreement, each valid against its record
     verdict = records.parse(Verdict, v, "stdout")
-    sha = verdict.provenance.baseline.checkpoint.weights_sha256
+    sha = verdict.provenance.baseline.checkpoint.identity_sha256
     cached = records.read(AgreementResult, cache.agreement_path(open_suite(setup[1]), sha, sha))
     assert cached.kl_mean == pytest.approx(kl["value"]) and cached.positions == kl["positions"]
 
@@ -160,3 +160,27 @@ def test_damaged_model_on_a_tiny_set_is_not_a_pass(setup, tiny_model, tmp_path, 
     assert code == 1 and v["verdict"] in ("inconclusive", "rejected")
     facts = next(r for r in v["rules"] if r["rule"] == "core_facts acc")
     assert facts["verdict"] == "inconclusive" and facts["evidence"]["items_needed"] > 24
+
+
+def test_same_weights_under_another_config_are_another_checkpoint(setup, tiny_model, tmp_path):
+    """With a shared cache, efcadec served one checkpoint's scores for another that had the same weights
+    and a different config.json: the identity now covers config and tokenizer files."""
+    from quantize.checkpoint import identity_sha256, weights_sha256
+
+    _, suite, _, _ = setup
+    first, _ = score(open_suite(suite), tiny_model)
+    other = tmp_path / "same-weights"
+    shutil.copytree(tiny_model, other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 0.1}))
+    assert weights_sha256(other) == weights_sha256(tiny_model) and identity_sha256(other) != identity_sha256(tiny_model)
+    doc, cached = score(open_suite(suite), other)
+    assert cached is False and doc.provenance.checkpoint.path == str(other)
+    assert doc.provenance.checkpoint.identity_sha256 != first.provenance.checkpoint.identity_sha256
+    # files that do not change what the checkpoint computes leave the identity alone
+    (other / "README.md").write_text("notes")
+    assert identity_sha256(other) == doc.provenance.checkpoint.identity_sha256
+    (other / "tokenizer_config.json").write_text(
+        (other / "tokenizer_config.json").read_text().replace("}", ', "x": 1}', 1)
+    )
+    assert identity_sha256(other) != doc.provenance.checkpoint.identity_sha256

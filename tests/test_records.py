@@ -17,7 +17,7 @@ from conftest import baseline, judge, result
 
 DATA = Path(__file__).parent / "data"
 AGREEMENT = {
-    "schema_version": 1,
+    "schema_version": 2,
     "positions": 100,
     "items": 10,
     "clusters": 8,
@@ -29,8 +29,8 @@ AGREEMENT = {
     "sum_min": 0.95,
     "sum_min_se": 0.002,
     "note": "lower bound",
-    "baseline_sha256": "a" * 64,
-    "candidate_sha256": "b" * 64,
+    "baseline_identity": "a" * 64,
+    "candidate_identity": "b" * 64,
     "top_k": 20,
     "per_task": 40,
     "tasks": ["t_acc"],
@@ -74,13 +74,11 @@ def test_round_trip(samples, tmp_path, name):
     "edit,msg",
     [
         (lambda d: d.pop("schema_version"), "no schema_version (it was written before records were versioned)"),
-        (lambda d: d.update(schema_version=2), "schema_version 2; this quantize reads schema_version 1"),
+        (lambda d: d.update(schema_version=7), "schema_version 7; this quantize reads schema_version"),
         (lambda d: d.update(extra_field=True), "unknown key `extra_field`"),
     ],
 )
 def test_other_versions_and_unknown_keys_are_refused(samples, tmp_path, name, edit, msg):
-    if name == "AgreementResult" and msg.startswith("no schema_version"):
-        pytest.skip("unversioned agreement results are migrated (test below)")
     model = MODELS[name]
     data = copy.deepcopy(samples[name])
     edit(data)
@@ -88,6 +86,16 @@ def test_other_versions_and_unknown_keys_are_refused(samples, tmp_path, name, ed
     with pytest.raises(UsageError) as e:
         records.read(model, tmp_path / "r.json")
     assert msg in str(e.value) and model.REGENERATE.split()[0].lower() in str(e.value).lower()
+
+
+@pytest.mark.parametrize("name", ["ScoreDoc", "AgreementResult", "Verdict"])
+def test_records_keyed_by_weights_only_are_refused_with_the_fix(samples, tmp_path, name):
+    """Version 1 named a checkpoint by its weights alone; the files it was scored with are unknown, so
+    it is regenerated rather than migrated."""
+    model = MODELS[name]
+    (tmp_path / "r.json").write_text(json.dumps({**samples[name], "schema_version": 1}))
+    with pytest.raises(UsageError, match="schema_version 1; this quantize reads schema_version 2"):
+        records.read(model, tmp_path / "r.json")
 
 
 def test_not_json_and_not_an_object(tmp_path):
@@ -103,18 +111,6 @@ def test_a_quantize_json_written_before_this_change_still_reads():
     """Outputs of efcadec carry schema_version 1 with the same fields: they read through RunRecord unchanged."""
     meta = records.read(RunRecord, DATA / "quantize-efcadec-awq.json")
     assert meta.method == "awq" and meta.bits.bits_per_weight > 4 and meta.layer_plan.quantized_layers == 14
-
-
-def test_an_agreement_result_from_before_versions_is_migrated(tmp_path):
-    """efcadec wrote the same fields without schema_version: read as version 1, values unchanged."""
-    old = {k: v for k, v in AGREEMENT.items() if k != "schema_version"}
-    (tmp_path / "cmp.json").write_text(json.dumps(old))
-    a = records.read(AgreementResult, tmp_path / "cmp.json")
-    assert a.schema_version == 1 and a.model_dump() == AGREEMENT
-    # a file of that era with a field it never had is still refused, with the fix
-    (tmp_path / "cmp.json").write_text(json.dumps({**old, "kl": 1}))
-    with pytest.raises(UsageError, match="(?is)unknown key `kl`.*delete it; the next `quantize gate` computes it"):
-        records.read(AgreementResult, tmp_path / "cmp.json")
 
 
 def test_a_baseline_top_k_from_before_versions_reads_and_a_newer_one_is_refused(tmp_path):
@@ -152,6 +148,6 @@ def test_a_verdict_uses_one_vocabulary():
     with pytest.raises(UsageError, match="verdict"):
         records.parse(
             Verdict,
-            {"schema_version": 1, "policy": "p", "verdict": "ok", "exit_code": 0, "rules": [], "provenance": {}},
+            {"schema_version": 2, "policy": "p", "verdict": "ok", "exit_code": 0, "rules": [], "provenance": {}},
             "v",
         )

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize import cache
-from quantize.checkpoint import weights_sha256
+from quantize.checkpoint import identity_sha256
 from quantize.errors import UsageError
 from quantize.golden.manifest import GoldenSet, read_items
 from quantize.models import device, load_model
@@ -232,12 +232,12 @@ def _scorer(suite: OpenSuite, checkpoint: Path) -> Scorer:
 
 
 def agreement_scores(
-    suite: OpenSuite, baseline: Path, candidate: Path, base_sha: str | None = None, cand_sha: str | None = None
+    suite: OpenSuite, baseline: Path, candidate: Path, base_id: str | None = None, cand_id: str | None = None
 ) -> AgreementResult:
     """The candidate's agreement with the baseline (cached; the baseline's top-k is cached apart).
-    The weights hashes are computed when not given (a gate passes the ones its scores carry)."""
-    base_sha = base_sha or weights_sha256(baseline)
-    cand_sha = cand_sha or weights_sha256(candidate)
+    The checkpoint identities are computed when not given (a gate passes the ones its scores carry)."""
+    base_sha = base_id or identity_sha256(baseline)
+    cand_sha = cand_id or identity_sha256(candidate)
     found = cache.lookup_agreement(suite, base_sha, cand_sha)
     if found is not None:
         return found
@@ -252,8 +252,8 @@ def agreement_scores(
         save_baseline(base_path, base)
     result = AgreementResult(
         **compare(_scorer(suite, candidate), reqs, base),
-        baseline_sha256=base_sha,
-        candidate_sha256=cand_sha,
+        baseline_identity=base_sha,
+        candidate_identity=cand_sha,
         top_k=a.top_k,
         per_task=a.per_task,
         tasks=tasks,

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from pydantic import TypeAdapter
 
 from quantize import cache
-from quantize.checkpoint import check_model_dir, weights_sha256
+from quantize.checkpoint import check_model_dir, identity_sha256, weights_sha256
 from quantize.errors import RuntimeFailure
 from quantize.golden.manifest import lm_eval_tasks
 from quantize.models import device as pick_device
@@ -106,15 +106,15 @@ def score(suite: OpenSuite, checkpoint: str | Path, refresh: bool = False) -> Sc
     """Score a checkpoint on an open suite; the result comes from the cache when it is there."""
     ckpt = Path(checkpoint)
     check_model_dir(ckpt)
-    ckpt_sha = weights_sha256(ckpt)
-    if not refresh and (found := cache.lookup_scores(suite, ckpt_sha)) is not None:
+    ref = CheckpointRef(path=str(ckpt), weights_sha256=weights_sha256(ckpt), identity_sha256=identity_sha256(ckpt))
+    if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256)) is not None:
         return Scored(found, True)
-    doc = run_lm_eval(suite, ckpt, ckpt_sha)
+    doc = run_lm_eval(suite, ckpt, ref)
     cache.store_scores(suite, doc)
     return Scored(doc, False)
 
 
-def run_lm_eval(suite: OpenSuite, ckpt: Path, ckpt_sha: str) -> ScoreDoc:
+def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef) -> ScoreDoc:
     """lm-eval on the suite's golden tasks with per-item samples, turned into a ScoreDoc."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -152,9 +152,9 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ckpt_sha: str) -> ScoreDoc:
         lm_results = {k: v for k, v in r["results"][task].items() if k != "alias" and isinstance(v, (int, float))}
         task_docs[task] = task_scores(cfg["output_type"], cfg["metadata"]["version"], items, lm_results)
     return ScoreDoc(
-        key=cache.score_key(suite, ckpt_sha),
+        key=cache.score_key(suite, ref.identity_sha256),
         provenance=ScoreProvenance(
-            checkpoint=CheckpointRef(path=str(ckpt), weights_sha256=ckpt_sha),
+            checkpoint=ref,
             suite=SuiteRef(path=suite.path, name=s.name, sha256=suite.sha256, settings=s.settings()),
             golden=GoldenRef(**golden.provenance()),
             task_versions={t: task_docs[t].version for t in tasks},

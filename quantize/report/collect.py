@@ -10,7 +10,7 @@ from typing import Any
 
 from quantize import cache, cost, records
 from quantize.accounting import bits_report
-from quantize.checkpoint import read_config, weights_sha256
+from quantize.checkpoint import identity_sha256, read_config
 from quantize.errors import UsageError
 from quantize.gates.gate import decide
 from quantize.gates.policy import AgreementRule, load_policy
@@ -29,7 +29,7 @@ class Entry:
     bits_per_weight: float | None
     qlinear_bits: float | None
     bytes_by_role: dict[str, int]
-    sha256: str
+    sha256: str  # the checkpoint's identity (weights, config, tokenizer): what scores are cached under
     is_baseline: bool = False
     scores: ScoreDoc | None = None
     agreement: AgreementResult | None = None
@@ -42,10 +42,15 @@ def _entry(path: Path) -> Entry:
     r = bits_report(path)
     if meta_path.is_file():
         meta = records.read(RunRecord, meta_path)
-        label, method, scheme = meta.label or path.name, meta.method, meta.scheme or "-"
-        params, sha = meta.bits.source_parameters, meta.weights_sha256
+        label, method, scheme, params = (
+            meta.label or path.name,
+            meta.method,
+            meta.scheme or "-",
+            meta.bits.source_parameters,
+        )
     else:
-        label, method, scheme, params, sha = path.name, "-", r.format, r.parameters, weights_sha256(path)
+        label, method, scheme, params = path.name, "-", r.format, r.parameters
+    sha = identity_sha256(path)
     return Entry(
         str(path),
         label,
