@@ -123,10 +123,33 @@ def device(requested: str = "auto") -> str:
     return torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
 
 
+def check_loading_info(path: Path, info: dict[str, Any]) -> None:
+    """Strict loading: a weight the model expects and the checkpoint lacks would be randomly
+    initialised, and a stored tensor the model does not expect is ignored; either means the weights
+    do not match config.json (typically a quantized checkpoint whose quantization_config is missing)."""
+    missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
+    mismatched = [str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys") or []]
+    if not (missing or unexpected or mismatched):
+        return
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} weight(s) the model expects are missing (e.g. {', '.join(missing[:3])})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} stored tensor(s) are not part of the model (e.g. {', '.join(unexpected[:3])})")
+    if mismatched:
+        parts.append(f"{len(mismatched)} tensor(s) have the wrong shape (e.g. {', '.join(mismatched[:3])})")
+    raise UsageError(
+        f"{path}: the weights do not match config.json: {'; '.join(parts)}. Loaded like this, the model would "
+        "be partly random. If the checkpoint is quantized, its config.json needs the quantization_config of the "
+        "tool that wrote it."
+    )
+
+
 def load_model(
     path: Path, trust_remote_code: bool = False, dtype: Any = "auto", on: str | None = None
 ) -> tuple[Any, Any]:
-    """The one model loader: a causal LM and its tokenizer from safetensors only, in eval mode.
+    """The one model loader: a causal LM and its tokenizer from safetensors only, strictly (a missing
+    or unexpected weight is an error, never a random initialisation), in eval mode.
 
     dtype: a torch dtype or "auto" (the checkpoint's own); on: a device to move the model to
     (None: leave it where transformers put it). Remote code runs only when the caller passes
@@ -135,14 +158,16 @@ def load_model(
 
     try:
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
+        model, info = AutoModelForCausalLM.from_pretrained(
             str(path),
             dtype=dtype if dtype is not None else "auto",
             use_safetensors=True,
             trust_remote_code=trust_remote_code,
+            output_loading_info=True,
         )
     except (OSError, ValueError) as e:
         raise UsageError(f"could not load {path} as a causal LM: {e}") from None
+    check_loading_info(path, info)
     if on is not None:
         model = model.to(on)
     model.eval()

@@ -184,3 +184,57 @@ def test_same_weights_under_another_config_are_another_checkpoint(setup, tiny_mo
         (other / "tokenizer_config.json").read_text().replace("}", ', "x": 1}', 1)
     )
     assert identity_sha256(other) != doc.provenance.checkpoint.identity_sha256
+
+
+def test_scoring_through_our_loader_equals_lm_evals_own_loading(setup, tiny_model, tmp_path):
+    """The HF backend now scores a model our strict loader loaded; per item, the log-likelihoods are
+    the ones lm-eval gets when it loads the same checkpoint by path."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from quantize.evaluate.score import item_records, model_args
+    from quantize.golden.manifest import lm_eval_tasks
+
+    _, suite, _, _ = setup
+    s = open_suite(suite)
+    ours, _ = score(s, tiny_model)
+    include = lm_eval_tasks(s.golden, tmp_path / "tasks")
+    r = simple_evaluate(
+        model="hf",
+        model_args=model_args(s.suite, tiny_model, "cpu"),
+        tasks=s.tasks,
+        task_manager=TaskManager(include_path=str(include), include_defaults=False),
+        batch_size=s.suite.batch_size,
+        device="cpu",
+        log_samples=True,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )
+    for task in s.tasks:
+        theirs = item_records(r["configs"][task]["output_type"], r["samples"][task])
+        mine = [i.model_dump() for i in ours.tasks[task].items]
+        assert [i["id"] for i in mine] == [i["id"] for i in theirs]
+        for a, b in zip(mine, theirs, strict=True):
+            assert a["score"] == b["score"] and a["ll"] == pytest.approx(b["ll"], abs=1e-4), (task, a["id"])
+
+
+def test_weights_that_do_not_match_the_config_are_refused_not_scored(setup, tiny_model, tmp_path, capsys):
+    """A quantized checkpoint whose config.json lost its quantization_config loaded with every projection
+    missing (random) and was scored as if nothing were wrong; now it is exit 2 naming a few keys."""
+    _, suite, _, _ = setup
+    r = tmp_path / "r.yaml"
+    r.write_text(
+        f"method: rtn\nscheme: W4A16\ngroup_size: 32\ncalibration: null\nmodel: {tiny_model}\n"
+        f"output: {tmp_path / 'w4'}\n"
+    )
+    assert main(["run", str(r), "--quiet"]) == 0
+    cfg = json.loads((tmp_path / "w4" / "config.json").read_text())
+    cfg.pop("quantization_config")
+    (tmp_path / "w4" / "config.json").write_text(json.dumps(cfg))
+    capsys.readouterr()
+    assert main(["eval", str(suite), str(tmp_path / "w4"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "do not match config.json" in err and "weight_packed" in err and "quantization_config" in err

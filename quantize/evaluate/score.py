@@ -25,6 +25,7 @@ from quantize.checkpoint import check_model_dir, identity_sha256, weights_sha256
 from quantize.errors import RuntimeFailure
 from quantize.golden.manifest import lm_eval_tasks
 from quantize.models import device as pick_device
+from quantize.models import load_model
 from quantize.records import (
     CheckpointRef,
     GoldenRef,
@@ -55,6 +56,19 @@ def model_args(suite: Suite, ckpt: Path, device: str) -> dict[str, Any]:
     if suite.backend is Backend.vllm and suite.vllm:
         args.update(suite.vllm.model_dump())
     return args
+
+
+def lm_eval_model(suite: Suite, ckpt: Path, device: str) -> dict[str, Any]:
+    """What `simple_evaluate` scores. The HF backend gets a model our loader loaded (safetensors only,
+    strict: lm-eval's own loader would start missing weights from random values); vLLM loads by path."""
+    if suite.backend is Backend.vllm:
+        return {"model": "vllm", "model_args": model_args(suite, ckpt, device)}
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    dtype = _dtype(suite, device)
+    model, tok = load_model(ckpt, dtype="auto" if dtype == "auto" else getattr(torch, dtype), on=device)
+    return {"model": HFLM(pretrained=model, tokenizer=tok, batch_size=suite.batch_size, max_length=suite.max_length)}
 
 
 def item_records(output_type: str, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -122,13 +136,13 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef) -> ScoreDoc:
     s, golden, tasks = suite.suite, suite.golden, suite.tasks
     device = pick_device(s.device)
     t0 = time.perf_counter()
+    model = lm_eval_model(s, ckpt, device)  # a checkpoint that does not load strictly is the user's to fix
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
         ids = golden.manifest["smoke_ids"] if s.subset == "smoke" else None
         include = lm_eval_tasks(golden, Path(tmp), ids=ids)
         try:
             r = simple_evaluate(
-                model=s.backend.value,
-                model_args=model_args(s, ckpt, device),
+                **model,
                 tasks=tasks,
                 task_manager=TaskManager(include_path=str(include), include_defaults=False),
                 batch_size=s.batch_size,
