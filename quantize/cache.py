@@ -12,6 +12,8 @@ look up through it; nothing else re-derives a key. Nothing here loads a model.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
@@ -24,6 +26,21 @@ from quantize.suite import OpenSuite
 def cache_dir() -> Path:
     """$QUANTIZE_CACHE, default ~/.cache/quantize: the default model, scores and agreement results."""
     return Path(os.environ.get("QUANTIZE_CACHE") or Path.home() / ".cache" / "quantize")
+
+
+@contextmanager
+def claimed(entry: Path) -> Iterator[None]:
+    """Hold an exclusive lock on a cache entry while it is computed: a second process scoring the same
+    checkpoint waits here, then finds the first one's result instead of scoring again."""
+    import fcntl
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.with_name(entry.name + ".lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def lm_eval_version() -> str:

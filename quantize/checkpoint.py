@@ -94,8 +94,7 @@ def check_model_dir(path: Path) -> None:
     """A folder a model can be loaded from: config.json and safetensors weights (pickles refused)."""
     if not path.exists():
         raise UsageError(
-            f"model folder {path} does not exist; set `model:` to a local checkpoint folder, or remove it to use the "
-            "default model"
+            f"model folder {path} does not exist; give a local checkpoint folder (config.json and *.safetensors)"
         )
     if not path.is_dir():
         raise UsageError(

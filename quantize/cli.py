@@ -21,6 +21,7 @@ from quantize.tables import text_table as table
 
 # OS errors that say a path given on the command line or in a file cannot name a file.
 BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR}
+TRUST_HELP = "run the checkpoints' own Python code at load (off unless given here: only for checkpoints you trust)"
 # Commands that write an output folder (atomically): only these can promise to leave nothing half-written.
 WRITES_OUTPUT = {"run", "report", "model"}
 
@@ -29,6 +30,14 @@ def _offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _quiet_progress() -> None:
+    """No progress bars: tqdm, datasets and the Hub read these once, when they are first imported,
+    which is after this (the CLI imports them inside the commands)."""
+    for var in ("TQDM_DISABLE", "HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS"):
+        os.environ[var] = "1"
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
 
 
 def _print_json(data: Any) -> None:
@@ -212,7 +221,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from quantize.runtime import quiet_libraries
 
     with contextlib.redirect_stdout(sys.stderr), quiet_libraries(args.quiet):  # lm-eval prints to stdout
-        doc, cached = score(suite, args.checkpoint, refresh=args.refresh)
+        doc, cached = score(suite, args.checkpoint, refresh=args.refresh, trust_remote_code=args.trust_remote_code)
     if args.json:
         print(to_json(doc) if args.items else json.dumps(doc.summary(), indent=2, default=str))
         return EXIT_OK
@@ -242,7 +251,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from quantize.runtime import quiet_libraries
 
     with contextlib.redirect_stdout(sys.stderr), quiet_libraries(args.quiet):
-        v = run_gate(args.policy, args.baseline, args.candidate)
+        v = run_gate(args.policy, args.baseline, args.candidate, trust_remote_code=args.trust_remote_code)
     if args.junit:
         write_junit(Path(args.junit), v)
     print(to_json(v) if args.json else render_text(v))
@@ -372,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
     e.add_argument("--items", action="store_true", help="with --json: include per-item records")
     e.add_argument("--quiet", "-q", action="store_true", help="no progress bars or library logs")
+    e.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     e.set_defaults(fn=cmd_eval)
 
     gt = sub.add_parser(
@@ -386,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     gt.add_argument("--json", action="store_true")
     gt.add_argument("--junit", help="also write JUnit XML here (one test case per rule)")
     gt.add_argument("--quiet", "-q", action="store_true", help="no progress bars or library logs")
+    gt.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     gt.set_defaults(fn=cmd_gate)
 
     rp = sub.add_parser("report", help="bytes-versus-accuracy report (Markdown and self-contained HTML, with plots)")
@@ -420,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so temporary output folders are removed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     args = build_parser().parse_args(argv)
+    if getattr(args, "quiet", False) or getattr(args, "json", False):
+        _quiet_progress()
     try:
         return args.fn(args)
     except UsageError as e:

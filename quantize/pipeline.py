@@ -34,13 +34,13 @@ def check_targets(policy: Policy, baseline: Path, candidate: Path) -> bool:
     return needs_agreement
 
 
-def load_scores(suite: OpenSuite, target: Path) -> ScoreDoc:
+def load_scores(suite: OpenSuite, target: Path, trust_remote_code: bool = False) -> ScoreDoc:
     """A checkpoint folder is scored (or read from the cache); a .json file is a saved `quantize eval --json --items`,
     which must come from the policy's suite: same settings, same golden set, same tasks."""
     if not target.is_file():
         from quantize.evaluate.score import score
 
-        return score(suite, target).doc
+        return score(suite, target, trust_remote_code=trust_remote_code).doc
     doc = records.read(ScoreDoc, target)
     p = doc.provenance
     settings = {k: v for k, v in suite.suite.settings().items() if k not in SUITE_SETTINGS_IGNORED}
@@ -57,13 +57,16 @@ def load_scores(suite: OpenSuite, target: Path) -> ScoreDoc:
     return doc
 
 
-def run_gate(policy_path: str | Path, baseline: str | Path, candidate: str | Path) -> Verdict:
+def run_gate(
+    policy_path: str | Path, baseline: str | Path, candidate: str | Path, trust_remote_code: bool = False
+) -> Verdict:
+    """trust_remote_code: run the checkpoints' own Python at load; only the command line can ask for it."""
     policy = load_policy(policy_path)
     suite = open_suite(policy.suite)  # a bad suite or golden set is a usage error before any scoring
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
-    base = load_scores(suite, base_path)
-    cand = load_scores(suite, cand_path)
+    base = load_scores(suite, base_path, trust_remote_code)
+    cand = load_scores(suite, cand_path, trust_remote_code)
     agreement = None
     if needs_agreement:
         from quantize.evaluate.agreement import agreement_scores
@@ -74,5 +77,6 @@ def run_gate(policy_path: str | Path, baseline: str | Path, candidate: str | Pat
             cand_path,
             base.provenance.checkpoint.identity_sha256,
             cand.provenance.checkpoint.identity_sha256,
+            trust_remote_code,
         )
     return decide(policy, base, cand, agreement)

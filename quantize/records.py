@@ -181,6 +181,7 @@ class ScoreProvenance(_Strict):
     backend: str
     device: str
     dtype: str
+    trust_remote_code: bool = False  # the checkpoint's own code ran at load (asked for on the command line)
 
 
 class _Item(_Strict):

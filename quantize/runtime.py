@@ -3,8 +3,11 @@ quiet progress for `--quiet`. No file on disk is changed; every change is undone
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,28 +37,54 @@ def cpu_safe_calibration() -> Iterator[None]:
 
 
 @contextmanager
+def _silenced_output() -> Iterator[None]:
+    """stdout and stderr to /dev/null, for Python writes and for child processes and C code (file
+    descriptors 1 and 2) alike; restored on the way out."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+@contextmanager
 def quiet_libraries(quiet: bool) -> Iterator[None]:
-    """No progress bars, and only errors from the libraries' loggers, while `quiet`."""
+    """Only errors from the libraries' loggers, no warnings and no transformers progress bars while
+    `quiet` (the CLI turns tqdm's off before any library is imported)."""
     if not quiet:
         yield
         return
     from loguru import logger
+    from transformers.utils import logging as hf_logging
 
     for name in LOGURU:
         logger.disable(name)
     levels = {name: logging.getLogger(name).level for name in LOGGING}
     for name in LOGGING:
         logging.getLogger(name).setLevel(logging.ERROR)
-    old = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     try:
-        yield
+        # progress bars that the libraries create with an explicit disable=False ignore TQDM_DISABLE:
+        # what the libraries write while quiet goes nowhere (quantize's own messages come after)
+        with warnings.catch_warnings(), _silenced_output():
+            warnings.simplefilter("ignore")
+            yield
     finally:
+        if bars:
+            hf_logging.enable_progress_bar()
         for name in LOGURU:
             logger.enable(name)
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
-        if old is None:
-            os.environ.pop("TQDM_DISABLE", None)
-        else:
-            os.environ["TQDM_DISABLE"] = old

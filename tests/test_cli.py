@@ -3,6 +3,7 @@ before any model is loaded, and never a traceback."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from quantize.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 GOOD = "method: rtn\nscheme: W4A16\ngroup_size: 64\ncalibration: null\n"
 
@@ -122,3 +125,26 @@ def test_report_names_a_missing_or_empty_folder(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "neither a checkpoint nor a folder of checkpoints" in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()  # nothing written before the input is checked
+
+
+def test_quiet_runs_print_nothing_but_the_result(tmp_path, tiny_model):
+    """--quiet: no progress bars, library warnings or child-process chatter on stderr; the result on stdout."""
+    env = {**os.environ, "QUANTIZE_CACHE": str(tmp_path / "cache")}
+    r = tmp_path / "r.yaml"
+    r.write_text(
+        f"method: fp8\nscheme: FP8_DYNAMIC\ncalibration: null\nmodel: {tiny_model}\noutput: {tmp_path / 'o'}\n"
+    )
+    for argv in (
+        ["run", str(r), "--quiet"],
+        ["eval", str(ROOT / "evaluate" / "smoke.yaml"), str(tmp_path / "o"), "--quiet"],
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "quantize.cli", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            check=False,
+            timeout=600,
+        )
+        assert p.returncode == 0 and p.stderr == "" and p.stdout.strip(), (argv[0], p.stderr[-500:])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,29 @@ def test_weights_that_do_not_match_the_config_are_refused_not_scored(setup, tiny
     assert main(["eval", str(suite), str(tmp_path / "w4"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "do not match config.json" in err and "weight_packed" in err and "quantization_config" in err
+
+
+def test_two_scorers_of_one_checkpoint_score_it_once(setup, tiny_model, tmp_path, monkeypatch):
+    """Two concurrent evals of the same checkpoint: the second waits on the first's claim and reads its result."""
+    import threading
+
+    from quantize.evaluate import score as score_mod
+
+    _, suite, _, _ = setup
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cold"))
+    real, calls = score_mod.run_lm_eval, []
+
+    def slow(*args):
+        calls.append(1)
+        time.sleep(0.5)  # long enough for the other thread to reach the claim
+        return real(*args)
+
+    monkeypatch.setattr(score_mod, "run_lm_eval", slow)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(score(open_suite(suite), tiny_model))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and sorted(r.cached for r in results) == [False, True]
+    assert results[0].doc == results[1].doc

@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -143,3 +144,20 @@ def test_report_opens_in_headless_chromium(checkpoints, tmp_path):
         timeout=120,
     )
     assert proc.returncode == 0 and "Bytes versus accuracy" in proc.stdout and "<table>" in proc.stdout
+
+
+def test_a_checkpoint_without_a_kv_layout_has_no_decode_bounds_and_the_report_goes_on(tiny_model, tmp_path, capsys):
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    shutil.copytree(tiny_model, tmp_path / "no-heads")
+    (tmp_path / "no-heads" / "config.json").write_text(
+        json.dumps({k: v for k, v in cfg.items() if k != "num_attention_heads"})
+    )
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"golden: {Path(__file__).resolve().parent.parent / 'golden' / 'core' / 'v1'}\n")
+    out = tmp_path / "rep"
+    code = main(["report", str(tmp_path / "no-heads"), str(tiny_model), "--suite", str(suite), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads((out / "report.json").read_text())
+    rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
+    assert rows["no-heads"]["batch-1 bound ms"] == "-" and float(rows["tiny-llama"]["batch-1 bound ms"]) > 0
+    assert "No bounds for no-heads" in (out / "report.md").read_text()

@@ -223,24 +223,37 @@ def load_baseline(path: Path) -> dict[str, Any]:
     }
 
 
-def _scorer(suite: OpenSuite, checkpoint: Path) -> Scorer:
+def _scorer(suite: OpenSuite, checkpoint: Path, trust_remote_code: bool) -> Scorer:
     import torch
 
     on = device(suite.suite.device)
-    model, tok = load_model(checkpoint, dtype=torch.float32 if on == "cpu" else "auto", on=on)
+    model, tok = load_model(checkpoint, trust_remote_code, dtype=torch.float32 if on == "cpu" else "auto", on=on)
     return Scorer(model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
 
 
 def agreement_scores(
-    suite: OpenSuite, baseline: Path, candidate: Path, base_id: str | None = None, cand_id: str | None = None
+    suite: OpenSuite,
+    baseline: Path,
+    candidate: Path,
+    base_id: str | None = None,
+    cand_id: str | None = None,
+    trust_remote_code: bool = False,
 ) -> AgreementResult:
     """The candidate's agreement with the baseline (cached; the baseline's top-k is cached apart).
     The checkpoint identities are computed when not given (a gate passes the ones its scores carry)."""
     base_sha = base_id or identity_sha256(baseline)
     cand_sha = cand_id or identity_sha256(candidate)
-    found = cache.lookup_agreement(suite, base_sha, cand_sha)
-    if found is not None:
+    if (found := cache.lookup_agreement(suite, base_sha, cand_sha)) is not None:
         return found
+    with cache.claimed(cache.agreement_path(suite, base_sha, cand_sha)):
+        if (found := cache.lookup_agreement(suite, base_sha, cand_sha)) is not None:
+            return found
+        return _compute_agreement(suite, baseline, candidate, base_sha, cand_sha, trust_remote_code)
+
+
+def _compute_agreement(
+    suite: OpenSuite, baseline: Path, candidate: Path, base_sha: str, cand_sha: str, trust_remote_code: bool
+) -> AgreementResult:
     a = suite.suite.agreement
     tasks = suite.agreement_tasks
     reqs = requests(suite.golden, tasks, a.per_task)
@@ -248,10 +261,10 @@ def agreement_scores(
     if base_path.is_file():
         base = load_baseline(base_path)
     else:
-        base = baseline_topk(_scorer(suite, baseline), reqs, a.top_k)
+        base = baseline_topk(_scorer(suite, baseline, trust_remote_code), reqs, a.top_k)
         save_baseline(base_path, base)
     result = AgreementResult(
-        **compare(_scorer(suite, candidate), reqs, base),
+        **compare(_scorer(suite, candidate, trust_remote_code), reqs, base),
         baseline_identity=base_sha,
         candidate_identity=cand_sha,
         top_k=a.top_k,

@@ -48,9 +48,13 @@ def _dtype(suite: Suite, device: str) -> str:
     return "float32" if device == "cpu" else "auto"
 
 
-def model_args(suite: Suite, ckpt: Path, device: str) -> dict[str, Any]:
+def model_args(suite: Suite, ckpt: Path, device: str, trust_remote_code: bool = False) -> dict[str, Any]:
     """lm-eval's model arguments, as the dict `simple_evaluate` takes (a path may hold ',' or '=')."""
-    args: dict[str, Any] = {"pretrained": str(ckpt), "dtype": _dtype(suite, device), "trust_remote_code": False}
+    args: dict[str, Any] = {
+        "pretrained": str(ckpt),
+        "dtype": _dtype(suite, device),
+        "trust_remote_code": trust_remote_code,
+    }
     if suite.max_length:
         args["max_length"] = suite.max_length
     if suite.backend is Backend.vllm and suite.vllm:
@@ -58,16 +62,18 @@ def model_args(suite: Suite, ckpt: Path, device: str) -> dict[str, Any]:
     return args
 
 
-def lm_eval_model(suite: Suite, ckpt: Path, device: str) -> dict[str, Any]:
+def lm_eval_model(suite: Suite, ckpt: Path, device: str, trust_remote_code: bool = False) -> dict[str, Any]:
     """What `simple_evaluate` scores. The HF backend gets a model our loader loaded (safetensors only,
     strict: lm-eval's own loader would start missing weights from random values); vLLM loads by path."""
     if suite.backend is Backend.vllm:
-        return {"model": "vllm", "model_args": model_args(suite, ckpt, device)}
+        return {"model": "vllm", "model_args": model_args(suite, ckpt, device, trust_remote_code)}
     import torch
     from lm_eval.models.huggingface import HFLM
 
     dtype = _dtype(suite, device)
-    model, tok = load_model(ckpt, dtype="auto" if dtype == "auto" else getattr(torch, dtype), on=device)
+    model, tok = load_model(
+        ckpt, trust_remote_code, dtype="auto" if dtype == "auto" else getattr(torch, dtype), on=device
+    )
     return {"model": HFLM(pretrained=model, tokenizer=tok, batch_size=suite.batch_size, max_length=suite.max_length)}
 
 
@@ -116,19 +122,23 @@ def task_scores(
     return TypeAdapter(TaskScores).validate_python({**base, **summary, "lm_eval": results, "items": items})
 
 
-def score(suite: OpenSuite, checkpoint: str | Path, refresh: bool = False) -> Scored:
+def score(suite: OpenSuite, checkpoint: str | Path, refresh: bool = False, trust_remote_code: bool = False) -> Scored:
     """Score a checkpoint on an open suite; the result comes from the cache when it is there."""
     ckpt = Path(checkpoint)
     check_model_dir(ckpt)
     ref = CheckpointRef(path=str(ckpt), weights_sha256=weights_sha256(ckpt), identity_sha256=identity_sha256(ckpt))
     if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256)) is not None:
         return Scored(found, True)
-    doc = run_lm_eval(suite, ckpt, ref)
-    cache.store_scores(suite, doc)
+    with cache.claimed(cache.score_path(suite, ref.identity_sha256)):
+        # another process may have scored it while this one waited for the claim
+        if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256)) is not None:
+            return Scored(found, True)
+        doc = run_lm_eval(suite, ckpt, ref, trust_remote_code)
+        cache.store_scores(suite, doc)
     return Scored(doc, False)
 
 
-def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef) -> ScoreDoc:
+def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef, trust_remote_code: bool = False) -> ScoreDoc:
     """lm-eval on the suite's golden tasks with per-item samples, turned into a ScoreDoc."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -136,7 +146,9 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef) -> ScoreDoc:
     s, golden, tasks = suite.suite, suite.golden, suite.tasks
     device = pick_device(s.device)
     t0 = time.perf_counter()
-    model = lm_eval_model(s, ckpt, device)  # a checkpoint that does not load strictly is the user's to fix
+    model = lm_eval_model(
+        s, ckpt, device, trust_remote_code
+    )  # a checkpoint that does not load strictly is the user's to fix
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
         ids = golden.manifest["smoke_ids"] if s.subset == "smoke" else None
         include = lm_eval_tasks(golden, Path(tmp), ids=ids)
@@ -178,6 +190,7 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef) -> ScoreDoc:
             backend=s.backend.value,
             device=device,
             dtype=_dtype(s, device),
+            trust_remote_code=trust_remote_code,
         ),
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         wall_seconds=round(wall, 1),
