@@ -8,6 +8,7 @@ looks complete.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -18,12 +19,32 @@ from pathlib import Path
 from typing import Any
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where the system
+    cannot, so the caller falls back to two renames."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # file system or kernel without exchange
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
 @contextmanager
 def atomic_dir(target: Path, replace: bool = False) -> Iterator[Path]:
     """Yield a temporary folder beside `target`; on success rename it to `target`.
 
-    With replace=True an existing target is moved aside (`.NAME.old-PID`) just before the rename
-    and removed after it, so the target path is without a complete folder only between two renames."""
+    With replace=True an existing target is exchanged with the new folder in one atomic step, then
+    the old one (now under the temporary name) is deleted: at every moment the target path holds a
+    complete folder. Where the exchange is not available, the old target is moved aside
+    (`.NAME.old-PID`) first; a kill between the two renames is repaired by `recover`."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
@@ -31,17 +52,18 @@ def atomic_dir(target: Path, replace: bool = False) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        old = target.parent / f".{target.name}.old-{os.getpid()}"
-        if target.exists():
-            if not replace:
-                raise FileExistsError(f"{target} appeared while this run was writing; the result is left in {tmp}")
-            target.rename(old)
-        tmp.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
+        if target.exists() and not replace:
+            raise FileExistsError(f"{target} appeared while this run was writing; the result is left in {tmp}")
+        if not (target.exists() and _exchange(tmp, target)):  # after an exchange tmp holds the old output
+            old = target.parent / f".{target.name}.old-{os.getpid()}"
+            if target.exists():
+                target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -275,3 +275,46 @@ def test_no_such_model_is_refused_before_torch_is_imported(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.split() == ["2", "False"] and "does not exist" in out.stderr
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_a_replace_swaps_in_one_step_or_falls_back_to_two_renames(tmp_path, monkeypatch, exchange):
+    from quantize import io
+
+    if not exchange:
+        monkeypatch.setattr(io, "_exchange", lambda a, b: False)
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    seen = []
+    real = io._exchange
+
+    def spy(a, b):
+        seen.append((target / "old.txt").exists())  # the target still holds the old output up to the swap
+        return real(a, b)
+
+    if exchange:
+        monkeypatch.setattr(io, "_exchange", spy)
+    with io.atomic_dir(target, replace=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in target.iterdir()) == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert seen == ([True] if exchange else [])
+
+
+def test_a_recipe_that_trusts_remote_code_says_so(tmp_path, capsys, tiny_model):
+    r = tmp_path / "r.yaml"
+    r.write_text(
+        f"method: fp8\nscheme: FP8_DYNAMIC\ncalibration: null\nmodel: {tiny_model}\n"
+        f"output: {tmp_path / 'o'}\ntrust_remote_code: true\n"
+    )
+    code, err = run(capsys, "run", str(r), "--quiet")
+    assert code == 0 and "warning: trust_remote_code is on" in err
+    assert records_trust(tmp_path / "o") is True
+
+
+def records_trust(out: Path) -> bool:
+    from quantize import records
+    from quantize.records import RunRecord
+
+    return records.read(RunRecord, out / "quantize.json").recipe.resolved["trust_remote_code"]
