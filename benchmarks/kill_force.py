@@ -1,4 +1,4 @@
-"""kill -9 at random moments of `quantize run --force` over an existing output (tiny seeded model).
+"""kill -9 at random moments of `quantize run --force` over an existing output (tiny seeded model, GPTQ).
 
 After every kill: the target still holds a complete checkpoint (its quantize.json reads through the
 record model), and no other folder beside it looks complete (a visible name holding quantize.json).
@@ -47,16 +47,26 @@ def main(kills: int = 20, seed: int = 0) -> None:
         t0 = time.perf_counter()
         assert quantize("run", str(recipe), "--quiet", env=env).returncode == 0
         full = time.perf_counter() - t0
-        lines = [f"one complete run: {full:.1f} s; {kills} kills at uniform random times in [0, {full:.1f}] s"]
+        # half the kills anywhere in a run; half while it writes: after its temporary folder appears
+        # (saving, the dtype cast, the reload check, accounting, the swap, removing the old output)
+        plan = [("run", rng.uniform(0, full)) if k % 2 == 0 else ("write", rng.uniform(0, 0.1)) for k in range(kills)]
+        lines = [
+            f"one complete run: {full:.1f} s; {kills} kills: half at a uniform time in [0, {full:.1f}] s of the run, "
+            "half at a uniform time in [0, 0.1] s after its temporary folder appears "
+            "(it lives about 0.09 s on the tiny model: saving, the reload check, the swap)"
+        ]
         ok = True
-        for k in range(kills):
-            at = rng.uniform(0, full)
+        for k, (phase, at) in enumerate(plan):
             p = subprocess.Popen(
                 [sys.executable, "-m", "quantize.cli", "run", str(recipe), "--force", "--quiet"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
+            if phase == "write":
+                tmp_dir = out.parent / f".{out.name}.tmp-{p.pid}"
+                while not tmp_dir.exists() and p.poll() is None:
+                    time.sleep(0.005)
             time.sleep(at)
             finished = p.poll() is not None
             if not finished:
@@ -72,7 +82,8 @@ def main(kills: int = 20, seed: int = 0) -> None:
             good = bool(complete) and not lookalikes
             ok &= good
             lines.append(
-                f"kill {k + 1:2d} at {at:5.2f} s{' (had finished)' if finished else ''}: target "
+                f"kill {k + 1:2d} {at:4.2f} s into {'the run' if phase == 'run' else 'writing'}"
+                f"{' (had finished)' if finished else ''}: target "
                 f"{'complete' if complete else 'MISSING'}; look-alikes {lookalikes or 'none'}; "
                 f"left {left or 'nothing'}"
             )
