@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def safetensors_files(checkpoint: Path) -> list[Path]:
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise UsageError(f"{index} lists shards that are missing: {', '.join(missing)}")
-        return files
+        return contained(checkpoint, files)
     files = sorted(f for f in checkpoint.glob("*.safetensors") if f.is_file())
     if not files:
         found = ", ".join(sorted(p.name for p in checkpoint.iterdir())[:8]) or "nothing"
@@ -53,6 +54,27 @@ def safetensors_files(checkpoint: Path) -> list[Path]:
             f"{checkpoint} holds no .safetensors file (found: {found}). quantize reads safetensors only; "
             "convert .bin/.pt weights with transformers' save_pretrained(safe_serialization=True)"
         )
+    return contained(checkpoint, files)
+
+
+ALLOW_SYMLINKS = "QUANTIZE_ALLOW_SYMLINKS"
+
+
+def contained(checkpoint: Path, files: list[Path]) -> list[Path]:
+    """Weight files must lie inside the checkpoint folder once links are followed. The Hugging Face cache's
+    own layout (snapshots/REV/x -> ../../blobs/SHA, inside one models--ORG--NAME folder) is inside too;
+    anything else needs QUANTIZE_ALLOW_SYMLINKS=1."""
+    if os.environ.get(ALLOW_SYMLINKS) == "1":
+        return files
+    root = checkpoint.resolve()
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):
+        root = root.parent.parent  # a Hugging Face cache snapshot: its blobs are beside its snapshots
+    for f in files:
+        if not f.resolve().is_relative_to(root):
+            raise UsageError(
+                f"{f} links outside the checkpoint folder (to {f.resolve()}); copy the file in, or set "
+                f"{ALLOW_SYMLINKS}=1 if the link is meant"
+            )
     return files
 
 

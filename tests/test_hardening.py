@@ -318,3 +318,34 @@ def records_trust(out: Path) -> bool:
     from quantize.records import RunRecord
 
     return records.read(RunRecord, out / "quantize.json").recipe.resolved["trust_remote_code"]
+
+
+def test_a_weight_file_linking_outside_the_checkpoint_is_refused_unless_allowed(tmp_path, capsys, monkeypatch):
+    import torch
+    from safetensors.torch import save_file
+
+    elsewhere = tmp_path / "elsewhere.safetensors"
+    save_file({"w": torch.zeros(2, 2)}, str(elsewhere))
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    os.symlink(elsewhere, d / "model.safetensors")
+    code, err = run(capsys, "inspect", str(d))
+    assert code == 2 and "links outside the checkpoint folder" in err
+    monkeypatch.setenv("QUANTIZE_ALLOW_SYMLINKS", "1")
+    assert run(capsys, "inspect", str(d))[0] == 0
+
+
+def test_the_hugging_face_cache_layout_is_inside(tmp_path, capsys):
+    """snapshots/REV/model.safetensors -> ../../blobs/SHA: the hub's own links stay inside models--ORG--NAME."""
+    import torch
+    from safetensors.torch import save_file
+
+    repo = tmp_path / "models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    save_file({"w": torch.zeros(2, 2)}, str(repo / "blobs" / "abc"))
+    snap = repo / "snapshots" / "rev1"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    os.symlink("../../blobs/abc", snap / "model.safetensors")
+    assert run(capsys, "inspect", str(snap))[0] == 0
