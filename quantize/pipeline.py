@@ -10,7 +10,7 @@ from pathlib import Path
 from quantize import records
 from quantize.checkpoint import check_model_dir
 from quantize.errors import UsageError
-from quantize.gates.gate import SUITE_SETTINGS_IGNORED, decide
+from quantize.gates.gate import comparable_settings, decide
 from quantize.gates.policy import AgreementRule, Policy, load_policy
 from quantize.records import ScoreDoc, Verdict
 from quantize.suite import OpenSuite, open_suite
@@ -43,9 +43,8 @@ def load_scores(suite: OpenSuite, target: Path, trust_remote_code: bool = False)
         return score(suite, target, trust_remote_code=trust_remote_code).doc
     doc = records.read(ScoreDoc, target)
     p = doc.provenance
-    settings = {k: v for k, v in suite.suite.settings().items() if k not in SUITE_SETTINGS_IGNORED}
     for field, theirs, ours in (
-        ("suite settings", {k: v for k, v in p.suite.settings.items() if k not in SUITE_SETTINGS_IGNORED}, settings),
+        ("suite settings", comparable_settings(p.suite.settings), comparable_settings(suite.suite.settings())),
         ("golden manifest sha256", p.golden.manifest_sha256, suite.golden.manifest_sha256),
         ("tasks", sorted(doc.tasks), sorted(suite.tasks)),
     ):

@@ -44,6 +44,11 @@ MUST_MATCH = (
 SUITE_SETTINGS_IGNORED = {"batch_size"}
 
 
+def comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The suite settings two score documents must share (all but the batch size)."""
+    return {k: v for k, v in settings.items() if k not in SUITE_SETTINGS_IGNORED}
+
+
 def _get(d: dict[str, Any], dotted: str) -> Any:
     for part in dotted.split("."):
         d = d.get(part, {}) if isinstance(d, dict) else {}
@@ -53,8 +58,7 @@ def _get(d: dict[str, Any], dotted: str) -> Any:
 def check_provenance(base: ScoreDoc, cand: ScoreDoc) -> None:
     pb, pc = base.provenance.model_dump(), cand.provenance.model_dump()
     diffs = [(f, _get(pb, f), _get(pc, f)) for f in MUST_MATCH if _get(pb, f) != _get(pc, f)]
-    sb = {k: v for k, v in pb["suite"]["settings"].items() if k not in SUITE_SETTINGS_IGNORED}
-    sc = {k: v for k, v in pc["suite"]["settings"].items() if k not in SUITE_SETTINGS_IGNORED}
+    sb, sc = comparable_settings(pb["suite"]["settings"]), comparable_settings(pc["suite"]["settings"])
     diffs += [
         (f"suite.settings.{k}", sb.get(k), sc.get(k)) for k in sorted(set(sb) | set(sc)) if sb.get(k) != sc.get(k)
     ]
