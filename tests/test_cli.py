@@ -148,3 +148,19 @@ def test_quiet_runs_print_nothing_but_the_result(tmp_path, tiny_model):
             timeout=600,
         )
         assert p.returncode == 0 and p.stderr == "" and p.stdout.strip(), (argv[0], p.stderr[-500:])
+
+
+@pytest.mark.parametrize("command,promise", [("eval", False), ("golden", False), ("run", True)])
+def test_an_interrupt_promises_a_clean_output_path_only_where_there_is_one(monkeypatch, capsys, command, promise):
+    import quantize.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    sub.choices[command].set_defaults(fn=interrupted)
+    argv = {"eval": ["eval", "s.yaml", "c"], "golden": ["golden", "verify", "g"], "run": ["run", "r.yaml"]}[command]
+    assert cli.main(argv) == 130
+    assert ("nothing was left at the output path" in capsys.readouterr().err) is promise
