@@ -1,5 +1,6 @@
 # quantize: the two commands a newcomer runs (see README).
-#   make demo   set up, prepare the embedded default model, convert it with every recipe in recipes/
+#   make demo   set up, prepare the embedded default model, convert it with every recipe in recipes/,
+#               measure each output's agreement with it, draw the report
 #   make test   set up, lint (ruff) and run the tests (tiny seeded models, no download; .ci/run calls this)
 # Other targets: gate-all (score and gate every output), test-slow (tests on the default model), fuzz,
 # bench (README's recipe table), model.
@@ -39,6 +40,8 @@ demo: model
 	done; \
 	echo; echo "== true bits per weight of every checkpoint (quantize inspect)"; \
 	for d in outputs/*/; do [ -f $$d/quantize.json ] && $(Q) inspect $$d | sed -n '1,5p'; done; \
+	echo; echo "== agreement with the default model (quantize agree; cached, about a minute per checkpoint)"; \
+	$(Q) agree evaluate/core.yaml outputs --baseline "$$($(Q) model path)" --quiet; \
 	echo; $(Q) report outputs --baseline "$$($(Q) model path)" --policy gates/ci.yaml --out outputs/report
 
 # Score the baseline and every converted checkpoint on golden/core/v1 and gate each one (about

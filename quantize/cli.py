@@ -261,15 +261,10 @@ def cmd_gate(args: argparse.Namespace) -> int:
 # --- report -------------------------------------------------------------------------------------
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from quantize import cost
-    from quantize.report.collect import collect
-    from quantize.report.render import write_report
-
-    if args.hardware not in cost.HARDWARE:
-        raise UsageError(f"--hardware {args.hardware!r} is unknown; choose one of {', '.join(cost.HARDWARE)}")
+def checkpoint_folders(given: list[str]) -> list[Path]:
+    """Checkpoint folders, each given or found one level below a folder given (such as outputs/)."""
     paths: list[Path] = []
-    for c in args.checkpoints:
+    for c in given:
         p = Path(c)
         if p.is_dir() and not (p / "config.json").is_file():
             found = sorted(d for d in p.iterdir() if (d / "config.json").is_file())
@@ -286,8 +281,66 @@ def cmd_report(args: argparse.Namespace) -> int:
                 f"{p} is not a checkpoint folder{'' if p.exists() else ' (it does not exist)'}; "
                 "pass checkpoint folders, or a folder holding them such as outputs"
             )
+    return list(dict.fromkeys(paths))
+
+
+# --- agree --------------------------------------------------------------------------------------
+
+
+def cmd_agree(args: argparse.Namespace) -> int:
+    """Token-distribution agreement of each candidate with the baseline: a minute or two per checkpoint
+    on a CPU, where accuracy scores take a quarter of an hour. Cached, so the report and the gate reuse it."""
+    from quantize.checkpoint import check_model_dir
+    from quantize.suite import open_suite
+
+    suite = open_suite(args.suite)
+    baseline = Path(args.baseline)
+    check_model_dir(baseline)
+    candidates = [c for c in checkpoint_folders(args.candidates) if c.resolve() != baseline.resolve()]
+    for c in candidates:
+        check_model_dir(c)
+    from quantize.evaluate.agreement import agreement_scores
+    from quantize.runtime import quiet_libraries
+
+    rows, results = [], []
+    for c in candidates:
+        with contextlib.redirect_stdout(sys.stderr), quiet_libraries(args.quiet):
+            a = agreement_scores(suite, baseline, c, trust_remote_code=args.trust_remote_code)
+        results.append((c, a))
+        rows.append(
+            [
+                str(c),
+                f"{a.kl_mean:.4f} ± {a.kl_se:.4f}",
+                f"{a.kl_p99:.3f}",
+                f"{a.top1:.3f}",
+                f"{a.sum_min:.3f}",
+                a.positions,
+            ]
+        )
+    if args.json:
+        _print_json([{"checkpoint": str(c), "agreement": a.model_dump()} for c, a in results])
+        return EXIT_OK
+    print(
+        f"agreement with {baseline} on {suite.golden.path} ({suite.suite.agreement.per_task} items per task; "
+        "KL is a lower bound from the baseline's top-k, Σ min(p, q) the acceptance rate as a draft)"
+    )
+    print(table(rows, ["checkpoint", "mean KL ± SE", "KL p99", "top-1", "Σ min(p, q)", "positions"]))
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from quantize import cost
+    from quantize.report.collect import collect
+    from quantize.report.render import write_report
+
+    if args.hardware not in cost.HARDWARE:
+        raise UsageError(f"--hardware {args.hardware!r} is unknown; choose one of {', '.join(cost.HARDWARE)}")
     entries = collect(
-        paths, args.suite, Path(args.baseline) if args.baseline else None, args.policy, cost.HARDWARE[args.hardware]
+        checkpoint_folders(args.checkpoints),
+        args.suite,
+        Path(args.baseline) if args.baseline else None,
+        args.policy,
+        cost.HARDWARE[args.hardware],
     )
     data = write_report(entries, Path(args.out), args.x, args.suite, args.hardware)
     if args.json:
@@ -398,6 +451,20 @@ def build_parser() -> argparse.ArgumentParser:
     gt.add_argument("--quiet", "-q", action="store_true", help="no progress bars or library logs")
     gt.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
     gt.set_defaults(fn=cmd_gate)
+
+    ag = sub.add_parser(
+        "agree",
+        help="token-distribution agreement of checkpoints with a baseline (mean KL, top-1, Σ min), cached",
+        description="Minutes per checkpoint where scoring takes a quarter of an hour; the report shows it, "
+        "and the gate reuses it.",
+    )
+    ag.add_argument("suite", help="evaluation suite whose agreement settings and golden items to use")
+    ag.add_argument("candidates", nargs="+", help="checkpoint folders, or folders of checkpoints such as outputs")
+    ag.add_argument("--baseline", required=True, help="baseline checkpoint folder")
+    ag.add_argument("--json", action="store_true")
+    ag.add_argument("--quiet", "-q", action="store_true", help="no progress bars or library logs")
+    ag.add_argument("--trust-remote-code", action="store_true", help=TRUST_HELP)
+    ag.set_defaults(fn=cmd_agree)
 
     rp = sub.add_parser("report", help="bytes-versus-accuracy report (Markdown and self-contained HTML, with plots)")
     rp.add_argument("checkpoints", nargs="+", help="checkpoint folders, or folders of checkpoints")

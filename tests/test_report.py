@@ -161,3 +161,25 @@ def test_a_checkpoint_without_a_kv_layout_has_no_decode_bounds_and_the_report_go
     rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
     assert rows["no-heads"]["batch-1 bound ms"] == "-" and float(rows["tiny-llama"]["batch-1 bound ms"]) > 0
     assert "No bounds for no-heads" in (out / "report.md").read_text()
+
+
+def test_agree_gives_the_demo_report_a_measured_quality_figure(checkpoints, tiny_model, tmp_path, monkeypatch, capsys):
+    """`quantize agree` measures agreement without scoring; the report shows it, labelled as such."""
+    from quantize.records import AgreementResult, parse
+
+    base, suite, _ = checkpoints
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))  # nothing scored
+    code = main(["agree", str(suite), str(base / "out"), "--baseline", str(tiny_model), "--json", "--quiet"])
+    got = json.loads(capsys.readouterr().out)
+    assert code == 0 and sorted(Path(g["checkpoint"]).name for g in got) == ["fp8", "w4"]
+    kl = {Path(g["checkpoint"]).name: parse(AgreementResult, g["agreement"], "stdout").kl_mean for g in got}
+    assert 0 < kl["fp8"] < kl["w4"]  # 4-bit round-to-nearest moves the distributions more than FP8
+    out = tmp_path / "rep"
+    assert (
+        main(["report", str(base / "out"), "--baseline", str(tiny_model), "--suite", str(suite), "--out", str(out)])
+        == 0
+    )
+    data = json.loads((out / "report.json").read_text())
+    rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
+    assert float(rows["w4"]["mean KL"]) == pytest.approx(kl["w4"], abs=5e-5) and rows["w4"]["gate"] == "no verdict"
+    assert "Measured without scoring (`quantize agree`)" in (out / "report.md").read_text()

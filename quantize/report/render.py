@@ -306,13 +306,22 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
     unbounded = [e.label for e in entries if "not_computable" in e.decode]
     if unbounded and context:
         decode_note += f" No bounds for {', '.join(unbounded)}: its config.json lacks the KV layout."
-    missing = [e.label for e in entries if not e.scores]
+    notes = [decode_note]
+    if missing := [e.label for e in entries if not e.scores]:
+        notes.append(f"Not scored (no cached `quantize eval` result for this suite): {', '.join(missing)}.")
+    if agreed := [e for e in entries if e.agreement and not e.scores]:
+        notes.append(
+            "Measured without scoring (`quantize agree`): token-distribution agreement with the baseline on "
+            f"{agreed[0].agreement.positions:,} positions of the golden prompts (mean KL, a lower bound; top-1; "
+            f"Σ min(p, q)) for {', '.join(e.label for e in agreed)}. Accuracy, perplexity and the gate's verdict "
+            "need scores: `quantize gate POLICY --baseline B --candidate C` (`make gate-all`)."
+        )
     md = ["# Bytes versus accuracy\n", f"Suite `{suite}`; {len(entries)} checkpoints.", ""]
     if "pareto.png" in images:
         md += ["![Pareto plots](pareto.png)", ""]
-    md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows), "", decode_note]
-    if missing:
-        md += ["", f"Not scored (no cached `quantize eval` result for this suite): {', '.join(missing)}."]
+    md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows)]
+    for note in notes:
+        md += ["", note]
     (out / "report.md").write_text("\n".join(md) + "\n")
 
     def img(name: str, alt: str) -> str:
@@ -333,9 +342,7 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows)
         + "</tbody></table>"
     )
-    body.append(f"<p>{html.escape(decode_note)}</p>")
-    if missing:
-        body.append(f"<p>Not scored: {html.escape(', '.join(missing))}.</p>")
+    body += [f"<p>{html.escape(note)}</p>" for note in notes]
     style = (
         "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
         "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,th:first-child{text-align:left}"
