@@ -191,7 +191,7 @@ def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
     for ax in list(axes.flat)[len(ms) :]:
         ax.axis("off")
     fig.suptitle(
-        "Quality against size (★ baseline; error bars: ± 1 SE; ↑ higher is better, ↓ lower is better)", fontsize=10
+        "Quality against size\n(★ baseline; error bars: ± 1 SE; ↑ higher is better, ↓ lower is better)", fontsize=9
     )
     fig.tight_layout()
     return _save(fig, out, "pareto")
