@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantize.checkpoint import read_config, safetensors_files
+from quantize.checkpoint import read_config, read_json_object, safetensors_files
 from quantize.errors import UsageError
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
@@ -87,6 +87,8 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"\.bias$", "bias"),
     ]
 ]
+# Module names of an output layer that a config can tie to the input embeddings.
+LM_HEADS = ("lm_head", "embed_out", "output")
 # Payload tensors whose last (compressed-tensors, AWQ) or first (GPTQ) axis is packed into int32 words.
 PACKED_AXIS = {"weight_packed": -1, "qweight": 0}
 
@@ -129,9 +131,19 @@ class BitsReport:
     bytes_by_role: dict[str, int]
     modules: list[ModuleRow]
     notes: list[str]
+    # parameters of an lm_head stored although config.json ties it to the embeddings (a copy the model
+    # does not need); bits per source parameter divide every byte by parameters − this
+    tied_copy_parameters: int = 0
+
+    @property
+    def bits_per_source_parameter(self) -> float | None:
+        if not self.parameters or not self.tied_copy_parameters:
+            return None
+        return 8 * self.total_bytes / (self.parameters - self.tied_copy_parameters)
 
     def to_dict(self, modules: bool = True) -> dict[str, Any]:
         d = asdict(self)
+        d["bits_per_source_parameter"] = self.bits_per_source_parameter
         d["modules"] = [dict(asdict(m), bits_per_weight=m.bits_per_weight) for m in self.modules] if modules else None
         return d
 
@@ -220,9 +232,20 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
 # --- quantization config: what the packed words hold ------------------------------------------
 
 
-def _quant_config(checkpoint: Path) -> dict[str, Any]:
-    cfg = read_config(checkpoint, required=False)
+# Pre-integration layouts keep the quantization settings beside config.json: AutoGPTQ in
+# quantize_config.json ({"bits": 4, "group_size": 128, ...}), AutoAWQ in quant_config.json
+# ({"w_bit": 4, "q_group_size": 128, "version": "GEMM", ...}).
+SIDE_CONFIGS = {"quantize_config.json": "gptq", "quant_config.json": "awq"}
+
+
+def _quant_config(checkpoint: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The quantization settings: config.json's quantization_config, else a pre-integration side file."""
     qc = cfg.get("quantization_config") or cfg.get("compression_config") or {}
+    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    for name, method in SIDE_CONFIGS.items():
+        if not qc and (folder / name).is_file():
+            side = read_json_object(folder / name, "re-save the checkpoint with the tool that quantized it")
+            qc = {"quant_method": method, **side, "_from": name}
     if not isinstance(qc, dict):
         raise UsageError(
             f"{checkpoint}: config.json's quantization_config is {_short(qc)}, not an object; "
@@ -254,7 +277,7 @@ def _format_name(qc: dict[str, Any]) -> str:
     method = qc.get("quant_method", "unknown")
     if method == "compressed-tensors":
         return f"compressed-tensors {qc.get('format', '?')}"
-    return str(method)
+    return f"{method} ({qc['_from']})" if "_from" in qc else str(method)
 
 
 def _packed_bits(qc: dict[str, Any]) -> set[int]:
@@ -305,7 +328,8 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         if dup:
             raise UsageError(f"tensor {sorted(dup)[0]!r} appears in two shards; the checkpoint is inconsistent")
         tensors.update(found)
-    qc = _quant_config(ckpt)
+    cfg = read_config(ckpt, required=False)
+    qc = _quant_config(ckpt, cfg)
     bits = _packed_bits(qc)
     names = set(tensors)
     notes: list[str] = []
@@ -352,6 +376,17 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     unknown = [n for n, t in tensors.items() if role_of(n, t, names) == "other"]
     if unknown:
         notes.append(f"{len(unknown)} tensor(s) of unknown role counted as unquantized: {', '.join(unknown[:5])}")
+    tied_copy = 0
+    heads = [m for m in modules.values() if m.module.rsplit(".", 1)[-1] in LM_HEADS]
+    if cfg.get("tie_word_embeddings") is True and heads and by_role["embedding"]:
+        tied_copy = sum(m.parameters for m in heads)
+        notes.append(
+            f"config.json ties the output layer to the embeddings, yet {heads[0].module} is stored too "
+            f"({sum(m.bytes for m in heads):,} bytes, {tied_copy:,} parameters): the copy counts in the total, and "
+            "bits per source parameter leave its parameters out"
+        )
+    if "_from" in qc:
+        notes.append(f"bit width read from {qc['_from']} (config.json has no quantization_config)")
     return BitsReport(
         checkpoint=str(ckpt),
         format=_format_name(qc),
@@ -367,6 +402,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         bytes_by_role={r: v for r, v in by_role.items() if v},
         modules=sorted(modules.values(), key=lambda m: _natural_key(m.module)),
         notes=notes,
+        tied_copy_parameters=tied_copy,
     )
 
 

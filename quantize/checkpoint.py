@@ -99,13 +99,18 @@ def read_config(checkpoint: Path, required: bool = True) -> dict[str, Any]:
         if required:
             raise UsageError(f"{checkpoint} has no {CONFIG}; pass a Hugging Face checkpoint folder")
         return {}
+    return read_json_object(path, "fix or re-save the checkpoint's config")
+
+
+def read_json_object(path: Path, fix: str) -> dict[str, Any]:
+    """A JSON file holding an object, or a UsageError naming the file and `fix`."""
     try:
-        cfg = json.loads(path.read_bytes())
+        data = json.loads(Path(path).read_bytes())
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
-        raise UsageError(f"{path} is not valid JSON ({str(e)[:200]}); fix or re-save the checkpoint's config") from None
-    if not isinstance(cfg, dict):
-        raise UsageError(f"{path} holds a JSON {type(cfg).__name__}, not an object; re-save the checkpoint's config")
-    return cfg
+        raise UsageError(f"{path} is not valid JSON ({str(e)[:200]}); {fix}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} holds a JSON {type(data).__name__}, not an object; {fix}")
+    return data
 
 
 def write_config(checkpoint: Path, cfg: dict[str, Any]) -> None:

@@ -134,6 +134,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         f"  bits per weight        {fmt(r.bits_per_weight)}  (8 × all bytes / parameters: embeddings, norms and "
         "scales included)"
     )
+    if r.bits_per_source_parameter:
+        print(
+            f"  per source parameter   {fmt(r.bits_per_source_parameter)}  (a tied output layer's stored copy left out)"
+        )
     print(
         f"  quantized linears      {fmt(r.quantized_linear_bits_per_weight)} bits per weight over "
         f"{r.quantized_linear_parameters:,} parameters"
@@ -508,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeFailure as e:
         print(f"quantize {args.command}: failed: {e}", file=sys.stderr)
         return EXIT_RUNTIME
+    except BrokenPipeError:  # the reader of our output closed it (`| head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except OSError as e:
         if e.errno in BAD_PATH:  # the path the user gave cannot name a file: their input, not our failure
             print(f"quantize {args.command}: error: {e.strerror}: {e.filename!s:.200}; check the path", file=sys.stderr)

@@ -280,3 +280,46 @@ def test_fuzz_structured_headers(tmp_path, header, data_len):
     except UsageError:
         return
     assert sum(t.nbytes for t in tensors.values()) == data_len
+
+
+@pytest.mark.parametrize(
+    "side,settings,method",
+    [
+        ("quantize_config.json", {"bits": 4, "group_size": 128, "desc_act": False}, "gptq"),
+        ("quant_config.json", {"w_bit": 4, "q_group_size": 128, "zero_point": True, "version": "GEMM"}, "awq"),
+    ],
+)
+def test_pre_integration_layouts_read_the_bit_width_beside_config(tmp_path, side, settings, method):
+    """AutoGPTQ and AutoAWQ kept their settings in a side file; config.json has no quantization_config."""
+    g = 128
+    t = {
+        "l.qweight": torch.zeros(IN // 8, OUT, dtype=torch.int32),
+        "l.scales": torch.zeros(IN // g, OUT, dtype=torch.float16),
+    }
+    d = write_ckpt(tmp_path, t)
+    (d / side).write_text(json.dumps(settings))
+    r = bits_report(d)
+    assert r.parameters == OUT * IN and r.format == f"{method} ({side})"
+    assert r.quantized_linear_bits_per_weight == pytest.approx(4 + 16 / g)
+    assert any(side in n for n in r.notes) and not any("cannot unpack" in n for n in r.notes)
+
+
+def test_a_stored_copy_of_a_tied_output_layer_is_called_out(tmp_path):
+    """AutoGPTQ 0.7.1 stores lm_head although the source model ties it: every byte counts, and bits per
+    source parameter leave the copy's parameters out."""
+    V, H = 64, 32
+    t = {
+        "model.embed_tokens.weight": torch.zeros(V, H, dtype=torch.float16),
+        "lm_head.weight": torch.zeros(V, H, dtype=torch.float16),
+        "model.layers.0.mlp.down_proj.weight": torch.zeros(H, H, dtype=torch.float16),
+    }
+    d = write_ckpt(tmp_path, t)
+    (d / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    r = bits_report(d)
+    total_params = 2 * V * H + H * H
+    assert r.parameters == total_params and r.tied_copy_parameters == V * H
+    assert r.bits_per_weight == pytest.approx(16.0)
+    assert r.bits_per_source_parameter == pytest.approx(8 * r.total_bytes / (total_params - V * H))
+    assert any("ties the output layer" in n for n in r.notes)
+    (d / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
+    assert bits_report(d).tied_copy_parameters == 0 and bits_report(d).bits_per_source_parameter is None

@@ -164,3 +164,14 @@ def test_an_interrupt_promises_a_clean_output_path_only_where_there_is_one(monke
     argv = {"eval": ["eval", "s.yaml", "c"], "golden": ["golden", "verify", "g"], "run": ["run", "r.yaml"]}[command]
     assert cli.main(argv) == 130
     assert ("nothing was left at the output path" in capsys.readouterr().err) is promise
+
+
+def test_a_reader_that_closes_the_pipe_is_not_a_failure(monkeypatch, capsys):
+    """`quantize cost --sweep | head -3` ended in exit 3 with a BrokenPipeError message."""
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone: every write raises BrokenPipeError
+    out = os.fdopen(write, "w", buffering=1)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["cost", "--sweep"]) == 0
+    assert "BrokenPipe" not in capsys.readouterr().err
+    out.close()
