@@ -172,3 +172,24 @@ def load_model(
         model = model.to(on)
     model.eval()
     return model, tok
+
+
+class LastModel:
+    """The one loader behind a memo of the last model it loaded: a gate that scores a checkpoint and
+    then measures its agreement loads it once. One model at a time, so memory never holds two."""
+
+    def __init__(self, trust_remote_code: bool = False) -> None:
+        self.trust_remote_code = trust_remote_code
+        self.loads = 0
+        self._key: tuple[str, str, str | None] | None = None
+        self._loaded: tuple[Any, Any] | None = None
+
+    def get(self, path: Path, dtype: Any = "auto", on: str | None = None) -> tuple[Any, Any]:
+        key = (str(Path(path).resolve()), str(dtype), on)
+        if key != self._key:
+            self._loaded = None  # release the previous model before loading the next
+            self._loaded = load_model(path, self.trust_remote_code, dtype=dtype, on=on)
+            self._key = key
+            self.loads += 1
+        assert self._loaded is not None
+        return self._loaded

@@ -12,6 +12,7 @@ from quantize.checkpoint import check_model_dir
 from quantize.errors import UsageError
 from quantize.gates.gate import comparable_settings, decide
 from quantize.gates.policy import AgreementRule, Policy, load_policy
+from quantize.models import LastModel
 from quantize.records import ScoreDoc, Verdict
 from quantize.suite import OpenSuite, open_suite
 
@@ -34,13 +35,13 @@ def check_targets(policy: Policy, baseline: Path, candidate: Path) -> bool:
     return needs_agreement
 
 
-def load_scores(suite: OpenSuite, target: Path, trust_remote_code: bool = False) -> ScoreDoc:
+def load_scores(suite: OpenSuite, target: Path, models: LastModel) -> ScoreDoc:
     """A checkpoint folder is scored (or read from the cache); a .json file is a saved `quantize eval --json --items`,
     which must come from the policy's suite: same settings, same golden set, same tasks."""
     if not target.is_file():
         from quantize.evaluate.score import score
 
-        return score(suite, target, trust_remote_code=trust_remote_code).doc
+        return score(suite, target, models=models).doc
     doc = records.read(ScoreDoc, target)
     p = doc.provenance
     for field, theirs, ours in (
@@ -64,18 +65,23 @@ def run_gate(
     suite = open_suite(policy.suite)  # a bad suite or golden set is a usage error before any scoring
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
-    base = load_scores(suite, base_path, trust_remote_code)
-    cand = load_scores(suite, cand_path, trust_remote_code)
+    # one load per checkpoint: the baseline's top-k right after its scores, the candidate's agreement
+    # right after its scores, while each is the model in memory
+    models = LastModel(trust_remote_code)
+    base = load_scores(suite, base_path, models)
+    if needs_agreement:
+        from quantize.evaluate.agreement import agreement_scores, baseline_topk_cached
+
+        baseline_topk_cached(suite, base_path, base.provenance.checkpoint.identity_sha256, models)
+    cand = load_scores(suite, cand_path, models)
     agreement = None
     if needs_agreement:
-        from quantize.evaluate.agreement import agreement_scores
-
         agreement = agreement_scores(
             suite,
             base_path,
             cand_path,
             base.provenance.checkpoint.identity_sha256,
             cand.provenance.checkpoint.identity_sha256,
-            trust_remote_code,
+            models=models,
         )
     return decide(policy, base, cand, agreement)

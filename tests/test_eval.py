@@ -265,3 +265,25 @@ def test_two_scorers_of_one_checkpoint_score_it_once(setup, tiny_model, tmp_path
         t.join()
     assert len(calls) == 1 and sorted(r.cached for r in results) == [False, True]
     assert results[0].doc == results[1].doc
+
+
+def test_a_gate_loads_each_checkpoint_once(setup, tiny_model, tmp_path, monkeypatch, capsys):
+    """Scores and agreement from one load each: cold caches, a baseline and a different candidate, the
+    policy with agreement rules. Before, the gate loaded each checkpoint twice (scores, then agreement)."""
+    from quantize import models
+
+    _, _, _, policy = setup
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cold"))
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model, other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 0.01}))  # another checkpoint
+    loaded = []
+    real = models.load_model
+    monkeypatch.setattr(
+        models, "load_model", lambda path, *a, **k: loaded.append(Path(path).name) or real(path, *a, **k)
+    )
+    code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(other), "--json", "--quiet"])
+    v = json.loads(capsys.readouterr().out)
+    assert code in (0, 1) and {r["kind"] for r in v["rules"]} == {"accuracy", "perplexity", "agreement"}
+    assert loaded == [tiny_model.name, "other"]

@@ -27,7 +27,7 @@ from quantize import cache
 from quantize.checkpoint import identity_sha256
 from quantize.errors import UsageError
 from quantize.golden.manifest import GoldenSet, read_items
-from quantize.models import device, load_model
+from quantize.models import LastModel, device
 from quantize.records import AgreementResult
 from quantize.stats import clustered_se
 from quantize.suite import OpenSuite
@@ -223,12 +223,25 @@ def load_baseline(path: Path) -> dict[str, Any]:
     }
 
 
-def _scorer(suite: OpenSuite, checkpoint: Path, trust_remote_code: bool) -> Scorer:
+def _scorer(suite: OpenSuite, checkpoint: Path, models: LastModel) -> Scorer:
     import torch
 
     on = device(suite.suite.device)
-    model, tok = load_model(checkpoint, trust_remote_code, dtype=torch.float32 if on == "cpu" else "auto", on=on)
+    model, tok = models.get(checkpoint, dtype=torch.float32 if on == "cpu" else "auto", on=on)
     return Scorer(model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
+
+
+def baseline_topk_cached(suite: OpenSuite, baseline: Path, base_id: str, models: LastModel) -> dict[str, Any]:
+    """The baseline's top-k at the agreement positions: from the cache, or computed and cached."""
+    path = cache.baseline_topk_path(suite, base_id)
+    if path.is_file():
+        return load_baseline(path)
+    a = suite.suite.agreement
+    base = baseline_topk(
+        _scorer(suite, baseline, models), requests(suite.golden, suite.agreement_tasks, a.per_task), a.top_k
+    )
+    save_baseline(path, base)
+    return base
 
 
 def agreement_scores(
@@ -238,9 +251,12 @@ def agreement_scores(
     base_id: str | None = None,
     cand_id: str | None = None,
     trust_remote_code: bool = False,
+    models: LastModel | None = None,
 ) -> AgreementResult:
     """The candidate's agreement with the baseline (cached; the baseline's top-k is cached apart).
-    The checkpoint identities are computed when not given (a gate passes the ones its scores carry)."""
+    The checkpoint identities are computed when not given (a gate passes the ones its scores carry);
+    `models` reuses a model the caller already loaded (a gate scores the candidate, then measures it)."""
+    models = models or LastModel(trust_remote_code)
     base_sha = base_id or identity_sha256(baseline)
     cand_sha = cand_id or identity_sha256(candidate)
     if (found := cache.lookup_agreement(suite, base_sha, cand_sha)) is not None:
@@ -248,28 +264,16 @@ def agreement_scores(
     with cache.claimed(cache.agreement_path(suite, base_sha, cand_sha)):
         if (found := cache.lookup_agreement(suite, base_sha, cand_sha)) is not None:
             return found
-        return _compute_agreement(suite, baseline, candidate, base_sha, cand_sha, trust_remote_code)
-
-
-def _compute_agreement(
-    suite: OpenSuite, baseline: Path, candidate: Path, base_sha: str, cand_sha: str, trust_remote_code: bool
-) -> AgreementResult:
-    a = suite.suite.agreement
-    tasks = suite.agreement_tasks
-    reqs = requests(suite.golden, tasks, a.per_task)
-    base_path = cache.baseline_topk_path(suite, base_sha)
-    if base_path.is_file():
-        base = load_baseline(base_path)
-    else:
-        base = baseline_topk(_scorer(suite, baseline, trust_remote_code), reqs, a.top_k)
-        save_baseline(base_path, base)
-    result = AgreementResult(
-        **compare(_scorer(suite, candidate, trust_remote_code), reqs, base),
-        baseline_identity=base_sha,
-        candidate_identity=cand_sha,
-        top_k=a.top_k,
-        per_task=a.per_task,
-        tasks=tasks,
-    )
-    cache.store_agreement(suite, result)
-    return result
+        base = baseline_topk_cached(suite, baseline, base_sha, models)
+        a = suite.suite.agreement
+        reqs = requests(suite.golden, suite.agreement_tasks, a.per_task)
+        result = AgreementResult(
+            **compare(_scorer(suite, candidate, models), reqs, base),
+            baseline_identity=base_sha,
+            candidate_identity=cand_sha,
+            top_k=a.top_k,
+            per_task=a.per_task,
+            tasks=suite.agreement_tasks,
+        )
+        cache.store_agreement(suite, result)
+        return result

@@ -24,8 +24,8 @@ from quantize import cache
 from quantize.checkpoint import check_model_dir, identity_sha256, weights_sha256
 from quantize.errors import RuntimeFailure
 from quantize.golden.manifest import lm_eval_tasks
+from quantize.models import LastModel
 from quantize.models import device as pick_device
-from quantize.models import load_model
 from quantize.records import (
     CheckpointRef,
     GoldenRef,
@@ -62,18 +62,16 @@ def model_args(suite: Suite, ckpt: Path, device: str, trust_remote_code: bool = 
     return args
 
 
-def lm_eval_model(suite: Suite, ckpt: Path, device: str, trust_remote_code: bool = False) -> dict[str, Any]:
+def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> dict[str, Any]:
     """What `simple_evaluate` scores. The HF backend gets a model our loader loaded (safetensors only,
     strict: lm-eval's own loader would start missing weights from random values); vLLM loads by path."""
     if suite.backend is Backend.vllm:
-        return {"model": "vllm", "model_args": model_args(suite, ckpt, device, trust_remote_code)}
+        return {"model": "vllm", "model_args": model_args(suite, ckpt, device, models.trust_remote_code)}
     import torch
     from lm_eval.models.huggingface import HFLM
 
     dtype = _dtype(suite, device)
-    model, tok = load_model(
-        ckpt, trust_remote_code, dtype="auto" if dtype == "auto" else getattr(torch, dtype), on=device
-    )
+    model, tok = models.get(ckpt, dtype="auto" if dtype == "auto" else getattr(torch, dtype), on=device)
     return {"model": HFLM(pretrained=model, tokenizer=tok, batch_size=suite.batch_size, max_length=suite.max_length)}
 
 
@@ -122,8 +120,16 @@ def task_scores(
     return TypeAdapter(TaskScores).validate_python({**base, **summary, "lm_eval": results, "items": items})
 
 
-def score(suite: OpenSuite, checkpoint: str | Path, refresh: bool = False, trust_remote_code: bool = False) -> Scored:
-    """Score a checkpoint on an open suite; the result comes from the cache when it is there."""
+def score(
+    suite: OpenSuite,
+    checkpoint: str | Path,
+    refresh: bool = False,
+    trust_remote_code: bool = False,
+    models: LastModel | None = None,
+) -> Scored:
+    """Score a checkpoint on an open suite; the result comes from the cache when it is there. `models`
+    lets a caller that needs the same checkpoint again (agreement) keep it loaded."""
+    models = models or LastModel(trust_remote_code)
     ckpt = Path(checkpoint)
     check_model_dir(ckpt)
     ref = CheckpointRef(path=str(ckpt), weights_sha256=weights_sha256(ckpt), identity_sha256=identity_sha256(ckpt))
@@ -133,12 +139,12 @@ def score(suite: OpenSuite, checkpoint: str | Path, refresh: bool = False, trust
         # another process may have scored it while this one waited for the claim
         if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256)) is not None:
             return Scored(found, True)
-        doc = run_lm_eval(suite, ckpt, ref, trust_remote_code)
+        doc = run_lm_eval(suite, ckpt, ref, models)
         cache.store_scores(suite, doc)
     return Scored(doc, False)
 
 
-def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef, trust_remote_code: bool = False) -> ScoreDoc:
+def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastModel) -> ScoreDoc:
     """lm-eval on the suite's golden tasks with per-item samples, turned into a ScoreDoc."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -146,9 +152,8 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef, trust_remote_c
     s, golden, tasks = suite.suite, suite.golden, suite.tasks
     device = pick_device(s.device)
     t0 = time.perf_counter()
-    model = lm_eval_model(
-        s, ckpt, device, trust_remote_code
-    )  # a checkpoint that does not load strictly is the user's to fix
+    # loaded before lm-eval runs: a checkpoint that does not load strictly is the user's to fix (exit 2)
+    model = lm_eval_model(s, ckpt, device, models)
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
         ids = golden.manifest["smoke_ids"] if s.subset == "smoke" else None
         include = lm_eval_tasks(golden, Path(tmp), ids=ids)
@@ -190,7 +195,7 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef, trust_remote_c
             backend=s.backend.value,
             device=device,
             dtype=_dtype(s, device),
-            trust_remote_code=trust_remote_code,
+            trust_remote_code=models.trust_remote_code,
         ),
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         wall_seconds=round(wall, 1),
