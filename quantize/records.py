@@ -13,7 +13,6 @@ plain data (no paths objects, no numpy): `model_dump()` is exactly the JSON that
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
@@ -36,8 +35,6 @@ class Record(_Strict):
 
     WHAT: ClassVar[str] = "record"  # what the file is, for messages
     REGENERATE: ClassVar[str] = ""  # how to make a current one
-    # Older versions this one reads: the version found (None: no schema_version) -> the data as this version.
-    MIGRATIONS: ClassVar[dict[int | None, Callable[[dict[str, Any]], dict[str, Any]]]] = {}
 
 
 R = TypeVar("R", bound=Record)
@@ -451,8 +448,6 @@ def parse(model: type[R], data: Any, origin: str) -> R:
         raise UsageError(f"{origin} is not a {what}: it holds a JSON {type(data).__name__}, not an object; {hint}")
     version = data.get("schema_version")
     expected = model.model_fields["schema_version"].default
-    if version != expected and (version is None or type(version) is int) and version in model.MIGRATIONS:
-        data, version = model.MIGRATIONS[version](data), expected
     if version != expected:
         found = (
             "no schema_version (it was written before records were versioned)"
