@@ -124,13 +124,6 @@ class _Recipe(BaseModel):
     def needs_calibration(self) -> bool:
         return (self.method, self.scheme_or_none) not in DATA_FREE
 
-    @property
-    def weight_bits(self) -> int | None:
-        s = self.scheme_or_none
-        if s in WEIGHT_ONLY_INT:
-            return WEIGHT_ONLY_INT[s]
-        return 8 if s is not None else None
-
     def _check_scheme(self) -> None:
         m, s = self.method, self.scheme_or_none
         if s is None:
