@@ -6,7 +6,6 @@ Exit codes: 0 ok, 1 gate rejected, 2 bad input, 3 runtime failure.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import json
 import os
@@ -224,7 +223,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from quantize.evaluate.score import score
     from quantize.runtime import quiet_libraries
 
-    with contextlib.redirect_stdout(sys.stderr), quiet_libraries(args.quiet):  # lm-eval prints to stdout
+    with quiet_libraries(args.quiet):
         doc, cached = score(suite, args.checkpoint, refresh=args.refresh, trust_remote_code=args.trust_remote_code)
     if args.json:
         print(to_json(doc) if args.items else json.dumps(doc.summary(), indent=2, default=str))
@@ -254,7 +253,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from quantize.records import to_json
     from quantize.runtime import quiet_libraries
 
-    with contextlib.redirect_stdout(sys.stderr), quiet_libraries(args.quiet):
+    with quiet_libraries(args.quiet):
         v = run_gate(args.policy, args.baseline, args.candidate, trust_remote_code=args.trust_remote_code)
     if args.junit:
         write_junit(Path(args.junit), v)
@@ -308,7 +307,7 @@ def cmd_agree(args: argparse.Namespace) -> int:
 
     rows, results = [], []
     for c in candidates:
-        with contextlib.redirect_stdout(sys.stderr), quiet_libraries(args.quiet):
+        with quiet_libraries(args.quiet):
             a = agreement_scores(suite, baseline, c, trust_remote_code=args.trust_remote_code)
         results.append((c, a))
         rows.append(

@@ -60,10 +60,13 @@ def _silenced_output() -> Iterator[None]:
 
 @contextmanager
 def quiet_libraries(quiet: bool) -> Iterator[None]:
-    """Only errors from the libraries' loggers, no warnings and no transformers progress bars while
-    `quiet` (the CLI turns tqdm's off before any library is imported)."""
+    """While the libraries work: what they print goes to stderr, never into our stdout (which may be
+    --json). When `quiet`, nothing from them at all: loggers at errors only, no warnings, no progress
+    bars, and their remaining stdout/stderr discarded (the CLI turns tqdm's off before any library is
+    imported). quantize's own output is printed after, outside this context."""
     if not quiet:
-        yield
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
         return
     from loguru import logger
     from transformers.utils import logging as hf_logging
