@@ -180,16 +180,19 @@ class LastModel:
 
     def __init__(self, trust_remote_code: bool = False) -> None:
         self.trust_remote_code = trust_remote_code
-        self.loads = 0
         self._key: tuple[str, str, str | None] | None = None
         self._loaded: tuple[Any, Any] | None = None
 
-    def get(self, path: Path, dtype: Any = "auto", on: str | None = None) -> tuple[Any, Any]:
-        key = (str(Path(path).resolve()), str(dtype), on)
+    def get(self, path: Path, dtype: str = "auto", on: str | None = None) -> tuple[Any, Any]:
+        """The model at `path` in dtype `dtype` ("auto", "float32", "bfloat16", ...) on device `on`."""
+        key = (str(Path(path).resolve()), dtype, on)
         if key != self._key:
+            import torch
+
             self._loaded = None  # release the previous model before loading the next
-            self._loaded = load_model(path, self.trust_remote_code, dtype=dtype, on=on)
+            self._loaded = load_model(
+                path, self.trust_remote_code, dtype=dtype if dtype == "auto" else getattr(torch, dtype), on=on
+            )
             self._key = key
-            self.loads += 1
         assert self._loaded is not None
         return self._loaded

@@ -76,6 +76,13 @@ class Suite(BaseModel):
             raise ValueError("a `vllm:` section needs `backend: vllm`; remove it or switch the backend")
         return self
 
+    def model_dtype(self, device: str) -> str:
+        """The dtype a checkpoint is loaded in to be scored or compared: the suite's, or on "auto"
+        float32 on a CPU and the checkpoint's own ("auto") on an accelerator."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "float32" if device == "cpu" else "auto"
+
     def settings(self) -> dict[str, Any]:
         """Everything in the suite that can change a score: part of the cache key and of the provenance."""
         return self.model_dump(mode="json", exclude={"name", "golden"})  # the golden set is keyed by its manifest hash

@@ -267,12 +267,19 @@ def test_two_scorers_of_one_checkpoint_score_it_once(setup, tiny_model, tmp_path
     assert results[0].doc == results[1].doc
 
 
-def test_a_gate_loads_each_checkpoint_once(setup, tiny_model, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
+def test_a_gate_loads_each_checkpoint_once(setup, tiny_model, tmp_path, monkeypatch, capsys, dtype):
     """Scores and agreement from one load each: cold caches, a baseline and a different candidate, the
-    policy with agreement rules. Before, the gate loaded each checkpoint twice (scores, then agreement)."""
+    policy with agreement rules. Before, the gate loaded each checkpoint twice (scores, then agreement);
+    with a suite dtype, agreement also ignored it and compared in float32."""
     from quantize import models
 
-    _, _, _, policy = setup
+    _, suite, _, setup_policy = setup
+    policy = setup_policy
+    if dtype != "auto":
+        (tmp_path / "s.yaml").write_text(suite.read_text() + f"dtype: {dtype}\n")
+        policy = tmp_path / "p.yaml"
+        policy.write_text(setup_policy.read_text().replace(f"suite: {suite}", f"suite: {tmp_path / 's.yaml'}"))
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cold"))
     other = tmp_path / "other"
     shutil.copytree(tiny_model, other)

@@ -224,21 +224,24 @@ def load_baseline(path: Path) -> dict[str, Any]:
 
 
 def _scorer(suite: OpenSuite, checkpoint: Path, models: LastModel) -> Scorer:
-    import torch
-
     on = device(suite.suite.device)
-    model, tok = models.get(checkpoint, dtype=torch.float32 if on == "cpu" else "auto", on=on)
+    model, tok = models.get(checkpoint, dtype=suite.suite.model_dtype(on), on=on)  # as lm-eval scores it
     return Scorer(model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
 
 
-def baseline_topk_cached(suite: OpenSuite, baseline: Path, base_id: str, models: LastModel) -> dict[str, Any]:
+def agreement_requests(suite: OpenSuite) -> list[Request]:
+    return requests(suite.golden, suite.agreement_tasks, suite.suite.agreement.per_task)
+
+
+def baseline_topk_cached(
+    suite: OpenSuite, baseline: Path, base_id: str, models: LastModel, reqs: list[Request] | None = None
+) -> dict[str, Any]:
     """The baseline's top-k at the agreement positions: from the cache, or computed and cached."""
     path = cache.baseline_topk_path(suite, base_id)
     if path.is_file():
         return load_baseline(path)
-    a = suite.suite.agreement
     base = baseline_topk(
-        _scorer(suite, baseline, models), requests(suite.golden, suite.agreement_tasks, a.per_task), a.top_k
+        _scorer(suite, baseline, models), reqs or agreement_requests(suite), suite.suite.agreement.top_k
     )
     save_baseline(path, base)
     return base
@@ -257,20 +260,20 @@ def agreement_scores(
     The checkpoint identities are computed when not given (a gate passes the ones its scores carry);
     `models` reuses a model the caller already loaded (a gate scores the candidate, then measures it)."""
     models = models or LastModel(trust_remote_code)
-    base_sha = base_id or identity_sha256(baseline)
-    cand_sha = cand_id or identity_sha256(candidate)
-    if (found := cache.lookup_agreement(suite, base_sha, cand_sha)) is not None:
+    base_id = base_id or identity_sha256(baseline)
+    cand_id = cand_id or identity_sha256(candidate)
+    if (found := cache.lookup_agreement(suite, base_id, cand_id)) is not None:
         return found
-    with cache.claimed(cache.agreement_path(suite, base_sha, cand_sha)):
-        if (found := cache.lookup_agreement(suite, base_sha, cand_sha)) is not None:
+    with cache.claimed(cache.agreement_path(suite, base_id, cand_id)):
+        if (found := cache.lookup_agreement(suite, base_id, cand_id)) is not None:
             return found
-        base = baseline_topk_cached(suite, baseline, base_sha, models)
+        reqs = agreement_requests(suite)
+        base = baseline_topk_cached(suite, baseline, base_id, models, reqs)
         a = suite.suite.agreement
-        reqs = requests(suite.golden, suite.agreement_tasks, a.per_task)
         result = AgreementResult(
             **compare(_scorer(suite, candidate, models), reqs, base),
-            baseline_identity=base_sha,
-            candidate_identity=cand_sha,
+            baseline_identity=base_id,
+            candidate_identity=cand_id,
             top_k=a.top_k,
             per_task=a.per_task,
             tasks=suite.agreement_tasks,

@@ -42,17 +42,11 @@ class Scored(NamedTuple):
     cached: bool
 
 
-def _dtype(suite: Suite, device: str) -> str:
-    if suite.dtype != "auto":
-        return suite.dtype
-    return "float32" if device == "cpu" else "auto"
-
-
 def model_args(suite: Suite, ckpt: Path, device: str, trust_remote_code: bool = False) -> dict[str, Any]:
     """lm-eval's model arguments, as the dict `simple_evaluate` takes (a path may hold ',' or '=')."""
     args: dict[str, Any] = {
         "pretrained": str(ckpt),
-        "dtype": _dtype(suite, device),
+        "dtype": suite.model_dtype(device),
         "trust_remote_code": trust_remote_code,
     }
     if suite.max_length:
@@ -67,11 +61,9 @@ def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> d
     strict: lm-eval's own loader would start missing weights from random values); vLLM loads by path."""
     if suite.backend is Backend.vllm:
         return {"model": "vllm", "model_args": model_args(suite, ckpt, device, models.trust_remote_code)}
-    import torch
     from lm_eval.models.huggingface import HFLM
 
-    dtype = _dtype(suite, device)
-    model, tok = models.get(ckpt, dtype="auto" if dtype == "auto" else getattr(torch, dtype), on=device)
+    model, tok = models.get(ckpt, dtype=suite.model_dtype(device), on=device)
     return {"model": HFLM(pretrained=model, tokenizer=tok, batch_size=suite.batch_size, max_length=suite.max_length)}
 
 
@@ -194,7 +186,7 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastMo
             seed=s.seed,
             backend=s.backend.value,
             device=device,
-            dtype=_dtype(s, device),
+            dtype=s.model_dtype(device),
             trust_remote_code=models.trust_remote_code,
         ),
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
