@@ -103,13 +103,23 @@ def recover(target: Path) -> Path | None:
     return newest
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file via a temporary file beside it and an atomic rename."""
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path` (same suffix, for writers that insist on one); on success
+    it replaces `path` in one rename, on failure it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        yield tmp
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
 
 
 def sha256_json(data: Any) -> str:

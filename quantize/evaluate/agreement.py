@@ -27,6 +27,7 @@ from quantize import cache
 from quantize.checkpoint import identity_sha256
 from quantize.errors import UsageError
 from quantize.golden.manifest import GoldenSet, read_items
+from quantize.io import atomic_file
 from quantize.models import LastModel, device
 from quantize.records import AgreementResult
 from quantize.stats import clustered_se
@@ -187,19 +188,17 @@ def compare(scorer: Scorer, reqs: list[Request], base: dict[str, Any]) -> dict[s
 def save_baseline(path: Path, base: dict[str, Any]) -> None:
     import numpy as np
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez_compressed(
-        tmp,
-        schema_version=np.asarray(BASELINE_SCHEMA_VERSION),
-        ids=np.asarray(base["ids"]),
-        clusters=np.asarray(base["clusters"]),
-        counts=base["counts"],
-        k=np.asarray(base["k"]),
-        top_idx=base["top_idx"],
-        top_logp=base["top_logp"],
-    )
-    tmp.replace(path)
+    with atomic_file(path) as tmp:
+        np.savez_compressed(
+            tmp,
+            schema_version=np.asarray(BASELINE_SCHEMA_VERSION),
+            ids=np.asarray(base["ids"]),
+            clusters=np.asarray(base["clusters"]),
+            counts=base["counts"],
+            k=np.asarray(base["k"]),
+            top_idx=base["top_idx"],
+            top_logp=base["top_logp"],
+        )
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
