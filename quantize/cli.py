@@ -22,7 +22,7 @@ from quantize.tables import text_table as table
 BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR}
 TRUST_HELP = "run the checkpoints' own Python code at load (off unless given here: only for checkpoints you trust)"
 # Commands that write an output folder (atomically): only these can promise to leave nothing half-written.
-WRITES_OUTPUT = {"run", "report", "model"}
+WRITES_OUTPUT = {"run", "report", "model", "golden new", "golden freeze"}
 
 
 def _offline() -> None:
@@ -216,7 +216,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from quantize.records import RollingTask, to_json
+    from quantize.records import GenerationTask, RollingTask, to_json
     from quantize.suite import open_suite
 
     suite = open_suite(args.suite)
@@ -238,6 +238,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for task, d in doc.tasks.items():
         if isinstance(d, RollingTask):
             rows.append([task, "bits/byte", f"{d.bits_per_byte:.4f}", "", d.n, "", f"v{d.version}"])
+        elif isinstance(d, GenerationTask):
+            em = f"exact_match,{d.filter}"
+            rows.append([task, em, f"{d.acc:.4f}", f"± {d.acc_se:.4f}", d.n, "", f"v{d.version}"])
         else:
             rows.append([task, "acc", f"{d.acc:.4f}", f"± {d.acc_se:.4f}", d.n, f"{d.chance:.2f}", f"v{d.version}"])
     print(table(rows, ["task", "metric", "value", "SE", "n", "chance", "version"]))
@@ -368,11 +371,91 @@ def cmd_golden(args: argparse.Namespace) -> int:
             f"{g.path}: verified {len(g.manifest['files'])} files ({counts}); manifest sha256 {g.manifest_sha256[:16]}"
         )
         return EXIT_OK
+    if args.action in ("new", "freeze"):
+        if args.action == "new":
+            from quantize.golden.new import new_version
+
+            stops = [s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop or []]
+            m = new_version(
+                args.out, Path(args.source), args.type, args.task, args.regex, stops, args.max_gen_toks, args.seed
+            )
+        else:
+            from quantize.golden.freeze import freeze
+            from quantize.runtime import quiet_libraries
+
+            include = Path(args.include_path).expanduser() if args.include_path else None
+            with quiet_libraries(True):
+                m = freeze(args.task, Path(args.out), include, args.id_field, args.cluster_field, args.seed)
+        tasks = ", ".join(
+            f"{t} ({e['output_type']}, {m['files'][e['data']]['items']} items"
+            + (f", {len(e['fewshot_ids'])} few-shot" if e.get("fewshot") else "")
+            + ")"
+            for t, e in m["tasks"].items()
+        )
+        print(f"{args.out}: wrote golden set {m['name']}/{m['version']}: {tasks}")
+        print(f"score it with a suite whose `golden:` is {args.out} (see README, 'Your own golden set')")
+        return EXIT_OK
+    if args.action == "size":
+        from quantize.pipeline import run_sizing
+        from quantize.runtime import quiet_libraries
+
+        with quiet_libraries(args.quiet):
+            report = run_sizing(
+                args.suite, Path(args.baseline), Path(args.candidate), args.margin, args.alpha, args.power
+            )
+        print(json.dumps(report, indent=2) if args.json else sizing_text(report))
+        return EXIT_OK
     from quantize.golden.build import main as build_main
 
     if not args.sources:
         raise UsageError("golden build needs --sources DIR, a folder written by golden/core/fetch_sources.sh")
     return build_main(["--sources", args.sources, "--out", args.path, "--seed", str(args.seed)])
+
+
+def sizing_text(report: dict) -> str:
+    a, pw, m = report["alpha"], report["power"], report["margin"]
+    rows = []
+    for t in report["tasks"]:
+        if t["kind"] == "right/wrong":
+            rows.append(
+                [
+                    t["task"],
+                    t["n"],
+                    t["clusters"],
+                    f"{t['flip_rate']:.3f}",
+                    f"{t['delta']:+.3f}",
+                    f"{t['min_detectable_drop']:.3f}",
+                    t["items_needed"],
+                ]
+            )
+        else:
+            rows.append(
+                [
+                    t["task"],
+                    t["n"],
+                    t["clusters"],
+                    "-",
+                    f"ppl x{t['ratio']:.4f}",
+                    f"±{t['half_width']:.4f} (ratio)",
+                    f"{t['documents_needed']} for ±{report['ppl_half_width']:.0%}",
+                ]
+            )
+    head = [
+        "task",
+        "items",
+        "clusters",
+        "flip rate",
+        "Δ candidate−baseline",
+        "smallest drop detected",
+        f"items for {m:.3f}",
+    ]
+    return (
+        f"sizing {report['golden']} from {report['baseline']} vs {report['candidate']} "
+        f"(one-sided α = {a}, power {pw}, margin {m}):\n"
+        + table(rows, head)
+        + "\nitems needed: to resolve a drop of the margin with this pair's measured flip rate and clustering; "
+        "use a harmless candidate (e.g. 8-bit) to size for passes."
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -482,11 +565,40 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", action="store_true", help="print report.json (the table, entries and image names)")
     rp.set_defaults(fn=cmd_report)
 
-    g = sub.add_parser("golden", help="verify or build a versioned golden set")
-    g.add_argument("action", choices=["verify", "build"])
-    g.add_argument("path", help="a golden version folder, e.g. golden/core/v1")
-    g.add_argument("--sources", help="build: folder written by golden/core/fetch_sources.sh")
-    g.add_argument("--seed", type=int, default=1234)
+    g = sub.add_parser("golden", help="verify, build, freeze or write a versioned golden set; size one")
+    gs = g.add_subparsers(dest="action", required=True)
+    gv = gs.add_parser("verify", help="check every file of a version against its MANIFEST")
+    gv.add_argument("path", help="a golden version folder, e.g. golden/core/v1")
+    gb = gs.add_parser("build", help="build golden/core from fetched sources (golden/core/README.md)")
+    gb.add_argument("path", help="the new version folder, e.g. golden/core/v2")
+    gb.add_argument("--sources", help="folder written by golden/core/fetch_sources.sh")
+    gn = gs.add_parser("new", help="a golden set from your own JSONL items")
+    gn.add_argument("out", help="the new version folder, e.g. golden/faq/v1")
+    gn.add_argument("--from", dest="source", required=True, help="JSONL file, one item per line")
+    gn.add_argument("--type", required=True, choices=["multiple_choice", "greedy", "perplexity", "generate"])
+    gn.add_argument("--task", help="task name (default: <set>_<type>)")
+    gn.add_argument("--regex", help="generate: extract the answer with this regex (its group, if it has one)")
+    gn.add_argument(
+        "--stop", action="append", help="generate: a stop sequence (repeat; default \\n; \\n and \\t understood)"
+    )
+    gn.add_argument("--max-gen-toks", type=int, default=32, help="generate: most tokens per answer (default 32)")
+    gf = gs.add_parser("freeze", help="freeze lm-eval tasks (their documents after filtering) into a golden set")
+    gf.add_argument("--task", action="append", required=True, help="an lm-eval task or group (repeat)")
+    gf.add_argument("--include-path", help="folder of your task YAMLs (default: lm-eval's own tasks)")
+    gf.add_argument("--out", required=True, help="the new version folder, e.g. golden/support/v1")
+    gf.add_argument("--id-field", help="document field holding a stable unique id (default: its index)")
+    gf.add_argument("--cluster-field", help="document field grouping items that are not independent (e.g. subject)")
+    gz = gs.add_parser("size", help="flip rates between two checkpoints and the items a margin needs")
+    gz.add_argument("suite", help="evaluation suite (its golden set and tasks)")
+    gz.add_argument("--baseline", required=True, help="checkpoint folder or score file")
+    gz.add_argument("--candidate", required=True, help="checkpoint folder or score file")
+    gz.add_argument("--margin", type=float, default=0.02, help="accuracy drop to resolve (default 0.02)")
+    gz.add_argument("--alpha", type=float, default=0.05)
+    gz.add_argument("--power", type=float, default=0.8)
+    gz.add_argument("--json", action="store_true")
+    gz.add_argument("--quiet", action="store_true", help="silence library progress bars")
+    for sp in (gb, gn, gf):
+        sp.add_argument("--seed", type=int, default=1234 if sp is gb else 0)
     g.set_defaults(fn=cmd_golden)
 
     m = sub.add_parser("model", help="the embedded default model (SmolLM2-135M-Instruct)")
@@ -520,7 +632,10 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_USAGE
         return _unexpected(args.command, e)
     except KeyboardInterrupt:
-        left = "; nothing was left at the output path" if args.command in WRITES_OUTPUT else ""
+        command = f"{args.command} {getattr(args, 'action', '')}".strip()
+        left = (
+            "; nothing was left at the output path" if command in WRITES_OUTPUT or args.command in WRITES_OUTPUT else ""
+        )
         print(f"quantize {args.command}: interrupted{left}", file=sys.stderr)
         return 130
     except Exception as e:

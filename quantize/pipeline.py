@@ -11,10 +11,36 @@ from quantize import records
 from quantize.checkpoint import check_model_dir
 from quantize.errors import UsageError
 from quantize.gates.gate import comparable_settings, decide
-from quantize.gates.policy import AgreementRule, Policy, load_policy
+from quantize.gates.policy import RULE_OUTPUT_TYPES, AgreementRule, Policy, load_policy
 from quantize.models import LastModel
 from quantize.records import ScoreDoc, Verdict
 from quantize.suite import OpenSuite, open_suite
+
+
+def check_rules(policy: Policy, suite: OpenSuite) -> None:
+    """Every rule names a task the suite scores, of a kind the rule can judge: refused before any scoring."""
+    golden = suite.golden
+    for i, rule in enumerate(policy.rules):
+        if isinstance(rule, AgreementRule):
+            continue
+        if rule.task not in suite.tasks:
+            where = (
+                f"the golden set {golden.path} ({golden.manifest['name']}/{golden.manifest['version']}) has "
+                f"{', '.join(golden.tasks)}"
+            )
+            if rule.task in golden.tasks:
+                where = f"suite {suite.path} scores only {', '.join(suite.tasks)}"
+            raise UsageError(
+                f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) names task {rule.task!r}, which its suite "
+                f"{suite.path} does not score: {where}. Name one of those tasks, or point the policy's `suite:` "
+                "at a suite whose golden set has it"
+            )
+        kind = golden.entry(rule.task).output_type
+        if kind not in RULE_OUTPUT_TYPES[rule.metric]:
+            raise UsageError(
+                f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) asks for {rule.metric} on {rule.task}, a "
+                f"{kind} task; {rule.metric} applies to {' or '.join(RULE_OUTPUT_TYPES[rule.metric])} tasks"
+            )
 
 
 def check_targets(policy: Policy, baseline: Path, candidate: Path) -> bool:
@@ -63,6 +89,7 @@ def run_gate(
     """trust_remote_code: run the checkpoints' own Python at load; only the command line can ask for it."""
     policy = load_policy(policy_path)
     suite = open_suite(policy.suite)  # a bad suite or golden set is a usage error before any scoring
+    check_rules(policy, suite)
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
     # one load per checkpoint: the baseline's top-k right after its scores, the candidate's agreement
@@ -85,3 +112,37 @@ def run_gate(
             models=models,
         )
     return decide(policy, base, cand, agreement)
+
+
+def run_sizing(
+    suite_path: str | Path, baseline: Path, candidate: Path, margin: float, alpha: float, power: float
+) -> dict:
+    """`quantize golden size`: score both sides on the suite (cached), then per task the flip rate and the
+    items a margin needs (gates/sizing.py)."""
+    from quantize.gates.sizing import size_tasks
+
+    if not 0 < margin < 1 or not 0 < alpha < 0.5 or not 0.5 < power < 1:
+        raise UsageError(
+            f"--margin {margin}, --alpha {alpha}, --power {power}: give 0 < margin < 1, 0 < alpha < 0.5, "
+            "0.5 < power < 1"
+        )
+    suite = open_suite(suite_path)
+    for p in (baseline, candidate):
+        if not p.exists():
+            raise UsageError(f"{p} does not exist; pass a checkpoint folder or a score file (.json)")
+    models = LastModel()
+    base = load_scores(suite, baseline, models)
+    cand = load_scores(suite, candidate, models)
+    from quantize.gates.gate import check_provenance
+
+    check_provenance(base, cand)
+    return {
+        "golden": f"{suite.golden.manifest['name']}/{suite.golden.manifest['version']}",
+        "baseline": str(baseline),
+        "candidate": str(candidate),
+        "margin": margin,
+        "alpha": alpha,
+        "power": power,
+        "ppl_half_width": 0.01,
+        "tasks": size_tasks(base, cand, margin, alpha, power),
+    }

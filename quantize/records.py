@@ -210,6 +210,13 @@ class DocumentItem(_Item):
         return self.words
 
 
+class GenerationItem(_Strict):
+    id: str
+    cluster: str
+    score: float  # exact match (0/1) of the filtered response
+    response: str  # the response after the task's filters, cut at 200 characters
+
+
 class _AccuracyTask(_Strict):
     version: float | str
     n: int
@@ -240,7 +247,22 @@ class RollingTask(_Strict):
     items: list[DocumentItem]
 
 
-TaskScores = Annotated[ChoiceTask | GreedyTask | RollingTask, Field(discriminator="output_type")]
+class GenerationTask(_Strict):
+    """A generate_until task: greedy generation, the task's filters, exact match per item."""
+
+    output_type: Literal["generate_until"] = "generate_until"
+    version: float | str
+    n: int
+    acc: float  # exact-match rate
+    acc_se: float
+    filter: str  # the filter pipeline whose output was matched (the task's first)
+    lm_eval: dict[str, float]
+    items: list[GenerationItem]
+
+
+TaskScores = Annotated[ChoiceTask | GreedyTask | RollingTask | GenerationTask, Field(discriminator="output_type")]
+# right/wrong tasks: the gate's accuracy rules apply to these
+RIGHT_WRONG = ("multiple_choice", "loglikelihood", "generate_until")
 
 
 class ScoreDoc(Record):

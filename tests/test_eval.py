@@ -215,7 +215,7 @@ def test_scoring_through_our_loader_equals_lm_evals_own_loading(setup, tiny_mode
         fewshot_random_seed=0,
     )
     for task in s.tasks:
-        theirs = item_records(r["configs"][task]["output_type"], r["samples"][task])
+        theirs, _ = item_records(r["configs"][task]["output_type"], r["samples"][task], s.golden.item_key(task))
         mine = [i.model_dump() for i in ours.tasks[task].items]
         assert [i["id"] for i in mine] == [i["id"] for i in theirs]
         for a, b in zip(mine, theirs, strict=True):

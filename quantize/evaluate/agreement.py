@@ -26,7 +26,8 @@ from typing import Any
 from quantize import cache
 from quantize.checkpoint import identity_sha256
 from quantize.errors import UsageError
-from quantize.golden.manifest import GoldenSet, read_items
+from quantize.golden.manifest import GoldenSet, lm_eval_tasks
+from quantize.golden.manifest import item_id as golden_item_id
 from quantize.io import atomic_file
 from quantize.models import LastModel, device
 from quantize.records import AgreementResult
@@ -50,16 +51,39 @@ class Request:
 
 
 def requests(golden: GoldenSet, tasks: list[str], per_task: int) -> list[Request]:
-    """The first `per_task` items of each task (manifest order is already a seeded shuffle)."""
+    """The first `per_task` items of each task (manifest order is already a seeded shuffle), as lm-eval
+    builds them: its prompt (few-shot examples included) and the gold continuation. A multiple-choice
+    item contributes its gold choice, a generation item its reference answer (teacher-forced), a
+    rolling document every token."""
+    import tempfile
+
+    from lm_eval.tasks import TaskManager, get_task_dict
+
     out = []
-    for task in tasks:
-        for it in read_items(golden, task)[:per_task]:
-            if "choices" in it:
-                out.append(Request(it["id"], task, it["cluster"], it["question"], " " + it["choices"][it["answer"]]))
-            elif "context" in it:
-                out.append(Request(it["id"], task, it["cluster"], it["context"], it["target"]))
-            else:
-                out.append(Request(it["id"], task, it["cluster"], None, it["text"]))
+    with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
+        include = lm_eval_tasks(golden, Path(tmp))
+        loaded = get_task_dict(tasks, TaskManager(include_path=str(include), include_defaults=False))
+        for task in tasks:
+            t = loaded[task]
+            t.build_all_requests(limit=per_task, rank=0, world_size=1)
+            key = golden.item_key(task)
+            for inst in t.instances:
+                item, cluster = golden_item_id(inst.doc, key)
+                if inst.request_type == "loglikelihood_rolling":
+                    out.append(Request(item, task, cluster, None, inst.arguments[0]))
+                    continue
+                if inst.request_type == "generate_until":
+                    target = t.doc_to_target(inst.doc)
+                    target = target[0] if isinstance(target, list) else target
+                    out.append(Request(item, task, cluster, inst.arguments[0], t.config.target_delimiter + str(target)))
+                    continue
+                if t.OUTPUT_TYPE == "multiple_choice":
+                    gold = t.doc_to_target(inst.doc)
+                    if isinstance(gold, str):
+                        gold = t.doc_to_choice(inst.doc).index(gold)
+                    if inst.idx != gold:
+                        continue
+                out.append(Request(item, task, cluster, *inst.arguments[:2]))
     return out
 
 

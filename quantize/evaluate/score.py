@@ -7,6 +7,7 @@ Per-item records (for paired comparison in the gate):
     multiple_choice        score = acc (0/1), ll = log p(gold choice | question), lls = every choice
     loglikelihood          score = acc (1 if the target is the greedy continuation), ll = log p(target | context)
     loglikelihood_rolling  ll = log p(document), with its words and bytes (perplexity is per document)
+    generate_until         score = exact match (0/1) of the greedy response after the task's first filter
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import TypeAdapter
 from quantize import cache
 from quantize.checkpoint import check_model_dir, identity_sha256, weights_sha256
 from quantize.errors import RuntimeFailure
+from quantize.golden.manifest import item_id as golden_item_id
 from quantize.golden.manifest import lm_eval_tasks
 from quantize.models import LastModel
 from quantize.models import device as pick_device
@@ -67,11 +69,20 @@ def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> d
     return {"model": HFLM(pretrained=model, tokenizer=tok, batch_size=suite.batch_size, max_length=suite.max_length)}
 
 
-def item_records(output_type: str, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def item_records(
+    output_type: str, samples: list[dict[str, Any]], key: tuple[str, str | None]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Per-item records from lm-eval's samples, and (generate_until) the filter they were matched after.
+    `key`: the item fields holding the stable id and the cluster (golden.item_key)."""
+    filt = None
+    if output_type == "generate_until":  # one sample per document and filter pipeline: keep the task's first
+        filt = samples[0]["filter"] if samples else None
+        samples = [s for s in samples if s["filter"] == filt]
     out = []
     for s in sorted(samples, key=lambda s: s["doc_id"]):
         doc, resps = s["doc"], s["filtered_resps"]
-        rec: dict[str, Any] = {"id": doc["id"], "cluster": doc["cluster"]}
+        item_id, cluster = golden_item_id(doc, key)
+        rec: dict[str, Any] = {"id": item_id, "cluster": cluster}
         if output_type == "multiple_choice":
             lls = [float(r[0]) for r in resps]
             gold = int(s["target"])
@@ -81,16 +92,23 @@ def item_records(output_type: str, samples: list[dict[str, Any]]) -> list[dict[s
             rec.update(score=float(bool(greedy)), ll=float(ll))
         elif output_type == "loglikelihood_rolling":
             ll = float(resps[0][0] if isinstance(resps[0], (list, tuple)) else resps[0])
-            text = doc["text"]
+            text = s["arguments"][0][0]  # the document lm-eval scored (the task's doc_to_target)
             rec.update(score=ll, ll=ll, words=len(text.split()), bytes=len(text.encode("utf-8")))
+        elif output_type == "generate_until":
+            response = resps if isinstance(resps, str) else resps[0]
+            rec.update(score=float(s["exact_match"]), response=str(response)[:200])
         else:
             raise AssertionError(f"unexpected output type {output_type}")
         out.append(rec)
-    return out
+    return out, filt
 
 
 def task_scores(
-    output_type: str, version: float | str, items: list[dict[str, Any]], results: dict[str, float]
+    output_type: str,
+    version: float | str,
+    items: list[dict[str, Any]],
+    results: dict[str, float],
+    filt: str | None = None,
 ) -> TaskScores:
     """Task-level figures from the items (so cached and fresh results agree) and lm-eval's own."""
     n = len(items)
@@ -102,13 +120,12 @@ def task_scores(
         summary = {"bits_per_byte": -ll / nbytes / math.log(2), "word_perplexity": math.exp(-ll / words)}
     else:
         acc = sum(i["score"] for i in items) / n
-        chance = (sum(1 / len(i["lls"]) for i in items) / n) if output_type == "multiple_choice" else 0.0
-        summary = {
-            "acc": acc,
-            "acc_se": math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else math.inf,
-            "chance": chance,
-            "mean_ll": sum(i["ll"] for i in items) / n,
-        }
+        summary = {"acc": acc, "acc_se": math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else math.inf}
+        if output_type == "generate_until":
+            summary["filter"] = filt
+        else:
+            summary["chance"] = (sum(1 / len(i["lls"]) for i in items) / n) if output_type == "multiple_choice" else 0.0
+            summary["mean_ll"] = sum(i["ll"] for i in items) / n
     return TypeAdapter(TaskScores).validate_python({**base, **summary, "lm_eval": results, "items": items})
 
 
@@ -171,9 +188,9 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastMo
     task_docs = {}
     for task in tasks:
         cfg = r["configs"][task]
-        items = item_records(cfg["output_type"], r["samples"][task])
+        items, filt = item_records(cfg["output_type"], r["samples"][task], golden.item_key(task))
         lm_results = {k: v for k, v in r["results"][task].items() if k != "alias" and isinstance(v, (int, float))}
-        task_docs[task] = task_scores(cfg["output_type"], cfg["metadata"]["version"], items, lm_results)
+        task_docs[task] = task_scores(cfg["output_type"], cfg["metadata"]["version"], items, lm_results, filt)
     return ScoreDoc(
         key=cache.score_key(suite, ref.identity_sha256),
         provenance=ScoreProvenance(

@@ -18,10 +18,11 @@ class _Rule(BaseModel):
 
 
 class AccuracyRule(_Rule):
-    """Non-inferiority of an accuracy-like metric: pass when Δ − z·SE > −margin."""
+    """Non-inferiority of a right/wrong share: pass when Δ − z·SE > −margin. `acc` on multiple-choice and
+    greedy-continuation tasks, `exact_match` (or `acc`) on generation tasks."""
 
     task: str
-    metric: Literal["acc"] = "acc"
+    metric: Literal["acc", "exact_match"] = "acc"
     margin: float = Field(gt=0, lt=1, description="absolute drop tolerated, e.g. 0.02 = two points")
 
 
@@ -58,6 +59,14 @@ def _kind(v: object) -> str | None:
             return "agreement"
         return "perplexity" if v.get("metric") == "perplexity" else "accuracy"
     return {AccuracyRule: "accuracy", PerplexityRule: "perplexity", AgreementRule: "agreement"}.get(type(v))
+
+
+# which task output types each rule kind can judge
+RULE_OUTPUT_TYPES = {
+    "acc": ("multiple_choice", "loglikelihood", "generate_until"),
+    "exact_match": ("generate_until",),
+    "perplexity": ("loglikelihood_rolling", "loglikelihood"),
+}
 
 
 Rule = Annotated[

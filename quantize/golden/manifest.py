@@ -11,9 +11,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quantize.config import validate
 from quantize.errors import UsageError
@@ -24,6 +24,37 @@ class FileEntry(BaseModel):
 
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     items: int | None = Field(None, ge=0, description="lines of a .jsonl file; null for other files")
+
+
+OutputType = Literal["multiple_choice", "loglikelihood", "loglikelihood_rolling", "generate_until"]
+OUTPUT_TYPES: tuple[str, ...] = OutputType.__args__  # type: ignore[attr-defined]
+
+
+def _inside_folder(name: str) -> str:
+    parts = Path(name).parts
+    if Path(name).is_absolute() or ".." in parts or not parts or parts[0] not in ("data", "tasks"):
+        raise ValueError(f"file {name!r} is not inside the version folder's data/ or tasks/")
+    return name
+
+
+class TaskEntry(BaseModel):
+    """One task of a golden set written by `golden new` or `golden freeze`: where its items are, what
+    kind they are, and which item fields hold the stable id and the cluster."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: str = Field(description="the items, e.g. data/faq.jsonl")
+    fewshot: str | None = Field(None, description="the frozen few-shot examples, when the task uses any")
+    fewshot_ids: list[str] = Field(default_factory=list)
+    output_type: OutputType
+    id_field: str = "id"
+    cluster_field: str | None = Field(None, description="null: every item is its own cluster")
+    source: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("data", "fewshot")
+    @classmethod
+    def _inside(cls, v: str | None) -> str | None:
+        return v if v is None else _inside_folder(v)
 
 
 class Manifest(BaseModel):
@@ -37,6 +68,7 @@ class Manifest(BaseModel):
     task_version: float | str
     files: dict[str, FileEntry] = Field(min_length=1)
     smoke_ids: dict[str, list[str]] = Field(default_factory=dict)
+    tasks: dict[str, TaskEntry] | None = Field(None, description="absent in core/v1: tasks follow its file names")
     seed: int | None = None
     sources: dict[str, Any] = Field(default_factory=dict)
     builder: dict[str, Any] = Field(default_factory=dict)
@@ -46,10 +78,16 @@ class Manifest(BaseModel):
     @classmethod
     def _inside(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
         for name in files:
-            parts = Path(name).parts
-            if Path(name).is_absolute() or ".." in parts or not parts or parts[0] not in ("data", "tasks"):
-                raise ValueError(f"file {name!r} is not inside the version folder's data/ or tasks/")
+            _inside_folder(name)
         return files
+
+    @model_validator(mode="after")
+    def _listed(self) -> Manifest:
+        for task, entry in (self.tasks or {}).items():
+            for f in (entry.data, entry.fewshot):
+                if f is not None and f not in self.files:
+                    raise ValueError(f"task {task}: {f} is not listed in files")
+        return self
 
 
 @dataclass(frozen=True)
@@ -60,11 +98,29 @@ class GoldenSet:
 
     @property
     def tasks(self) -> list[str]:
+        if self.manifest.get("tasks"):
+            return sorted(self.manifest["tasks"])
         return sorted(
             Path(n).stem
             for n in self.manifest["files"]
             if n.startswith("tasks/") and Path(n).stem != self.manifest["group"]
         )
+
+    def entry(self, task: str) -> TaskEntry:
+        """Where a task's items are and how they are keyed. core/v1 predates task entries: its items
+        are data/<task without the group prefix>.jsonl with `id` and `cluster` fields."""
+        if self.manifest.get("tasks"):
+            return TaskEntry(**self.manifest["tasks"][task])
+        import yaml
+
+        cfg = yaml.safe_load((self.path / "tasks" / f"{task}.yaml").read_text(encoding="utf-8"))
+        name = task.removeprefix(f"{self.manifest['group']}_")
+        return TaskEntry(data=f"data/{name}.jsonl", output_type=cfg["output_type"], cluster_field="cluster")
+
+    def item_key(self, task: str) -> tuple[str, str | None]:
+        """(id field, cluster field or None) of a task's items."""
+        e = self.entry(task)
+        return e.id_field, e.cluster_field
 
     def provenance(self) -> dict[str, Any]:
         return {
@@ -115,10 +171,15 @@ def verify(path: str | Path) -> GoldenSet:
 
 
 def read_items(golden: GoldenSet, task: str) -> list[dict[str, Any]]:
-    name = task.removeprefix(f"{golden.manifest['group']}_")
     return [
-        json.loads(line) for line in (golden.path / "data" / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+        json.loads(line) for line in (golden.path / golden.entry(task).data).read_text(encoding="utf-8").splitlines()
     ]
+
+
+def item_id(doc: dict[str, Any], key: tuple[str, str | None]) -> tuple[str, str]:
+    """(id, cluster) of an item; an item without a cluster field is its own cluster."""
+    i = str(doc[key[0]])
+    return i, (str(doc[key[1]]) if key[1] else i)
 
 
 def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | None = None) -> Path:
@@ -132,20 +193,21 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
             continue
         cfg = yaml.safe_load((golden.path / name).read_text())
         files = (cfg.get("dataset_kwargs") or {}).get("data_files")
-        if files:
-            data = (golden.path / "tasks" / files["test"]).resolve()
+        if files and "task" in cfg:
+            for split in files:
+                files[split] = str((golden.path / "tasks" / files[split]).resolve())
             if ids is not None and cfg["task"] in ids:
                 keep = set(ids[cfg["task"]])
+                id_field = golden.item_key(cfg["task"])[0]
                 subset = into / f"{cfg['task']}.jsonl"
                 subset.write_text(
                     "".join(
                         line + "\n"
-                        for line in data.read_text(encoding="utf-8").splitlines()
-                        if json.loads(line)["id"] in keep
+                        for line in Path(files["test"]).read_text(encoding="utf-8").splitlines()
+                        if str(json.loads(line)[id_field]) in keep
                     ),
                     encoding="utf-8",
                 )
-                data = subset
-            files["test"] = str(data)
+                files["test"] = str(subset)
         (into / Path(name).name).write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     return into

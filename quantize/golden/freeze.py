@@ -1,0 +1,238 @@
+"""`quantize golden freeze --task T [--include-path DIR] --out OUT`: an lm-eval task, frozen.
+
+lm-eval loads a task's documents when it runs (from a hub, or a local file that may change); a frozen
+golden set holds them. Freezing loads the task through lm-eval once, takes its evaluation documents
+after its own filtering and `process_docs`, and writes them as JSONL beside a task YAML that reads
+only that file, so the set scores the same way offline and forever:
+
+    kept        doc_to_text / doc_to_target / doc_to_choice templates, delimiters, description,
+                num_fewshot, generation_kwargs, filter_list, metric_list, metadata.version
+    replaced    the dataset (dataset_path json, data_files ../data/<task>.jsonl), process_docs (already
+                applied), the few-shot split (frozen into data/<task>.fewshot.jsonl)
+    refused     Python in a template, metric, filter or process_results (a golden set holds data and
+                templates; it never runs code), and few-shot examples drawn from the test documents
+
+Each item gets a stable id (`golden_id`, <task>-<index>, or the field --id-field names) and, with
+--cluster-field, a cluster (e.g. MMLU's subject): items that share one are not independent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import UsageError
+from quantize.golden.manifest import OUTPUT_TYPES
+from quantize.golden.version import TaskFiles, check_new_version, write_version
+
+ID_FIELD = "golden_id"
+# the parts of a task config a frozen task keeps; the dataset part is written anew
+KEEP = (
+    "output_type",
+    "description",
+    "doc_to_text",
+    "doc_to_target",
+    "doc_to_choice",
+    "target_delimiter",
+    "fewshot_delimiter",
+    "gen_prefix",
+    "num_fewshot",
+    "generation_kwargs",
+    "filter_list",
+    "metric_list",
+    "repeats",
+    "multiple_input",
+)
+CODE_HINT = (
+    "a golden set holds data and templates only, so it scores the same forever without running code: write "
+    "the field as a Jinja template over the document's fields (compute new fields in process_docs, which "
+    "freeze runs once)"
+)
+
+
+def _callables(value: Any, where: str) -> list[str]:
+    if callable(value):
+        return [where]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _callables(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _callables(v, f"{where}[{i}]")]
+    return []
+
+
+def load_tasks(names: list[str], include_path: Path | None) -> dict[str, Any]:
+    """lm-eval's task objects, groups expanded to their tasks; an unknown task or a dataset that
+    cannot be read offline is a usage error."""
+    import difflib
+
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    if include_path is not None and not include_path.is_dir():
+        raise UsageError(f"--include-path {include_path} is not a folder of lm-eval task YAMLs")
+    tm = TaskManager(include_path=str(include_path) if include_path else None, include_defaults=include_path is None)
+    for name in names:
+        if name not in tm.all_tasks:
+            close = difflib.get_close_matches(name, tm.all_tasks, n=3)
+            where = f"in {include_path}" if include_path else "among lm-eval's tasks"
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UsageError(
+                f"--task {name}: no such task {where}{hint} (a task YAML's `task:` names it; pass its folder "
+                "with --include-path)"
+            )
+    try:
+        loaded = get_task_dict(names, tm)
+    except (OSError, ValueError, ConnectionError, ImportError, KeyError) as e:
+        raise UsageError(
+            f"lm-eval could not load {', '.join(names)}: {type(e).__name__}: {str(e)[:300]}. Freezing runs offline: "
+            "the task's dataset must be on this machine (a local data_files path, or already in the datasets cache)"
+        ) from None
+    leaves: dict[str, Any] = {}
+
+    def walk(d: dict[Any, Any]) -> None:
+        for v in d.values():
+            if isinstance(v, dict):
+                walk(v)
+            else:
+                leaves[v.config.task] = v
+
+    walk(loaded)
+    return leaves
+
+
+def _plain(doc: Any, where: str) -> dict[str, Any]:
+    import json
+
+    d = dict(doc)
+    try:
+        json.dumps(d, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise UsageError(
+            f"{where} holds a value JSON cannot store ({str(e)[:120]}); only text tasks can be frozen"
+        ) from None
+    return d
+
+
+def freeze_task(task: Any, id_field: str | None, cluster_field: str | None) -> TaskFiles:
+    name = task.config.task
+    cfg = task.config.to_dict(keep_callable=True)
+    kind = cfg.get("output_type")
+    if kind not in OUTPUT_TYPES:
+        raise UsageError(f"task {name} has output_type {kind!r}; the gate scores {', '.join(OUTPUT_TYPES)}")
+    code = [p for k in (*KEEP, "process_results") for p in _callables(cfg.get(k), k)]
+    if code:
+        raise UsageError(f"task {name}: {', '.join(code)} is Python code; {CODE_HINT}")
+    docs = [_plain(d, f"task {name} document {i}") for i, d in enumerate(task.eval_docs)]
+    if not docs:
+        raise UsageError(f"task {name} has no evaluation documents after its filtering")
+    for f, flag in ((id_field, "--id-field"), (cluster_field, "--cluster-field")):
+        if (
+            f is not None
+            and (missing := next((i for i, d in enumerate(docs) if d.get(f) in (None, "")), None)) is not None
+        ):
+            raise UsageError(
+                f"{flag} {f}: document {missing} of task {name} has no {f!r} (fields: {', '.join(docs[missing])})"
+            )
+    if id_field is None:
+        if any(ID_FIELD in d for d in docs):
+            raise UsageError(
+                f"task {name}'s documents already have a field {ID_FIELD!r}; name the id field with --id-field"
+            )
+        docs = [{**d, ID_FIELD: f"{name}-{i:05d}"} for i, d in enumerate(docs)]
+    ids = [str(d[id_field or ID_FIELD]) for d in docs]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise UsageError(f"--id-field {id_field}: the value {dup!r} repeats in task {name}; ids must be unique")
+    fewshot = None
+    shots = cfg.get("num_fewshot") or 0
+    if shots > 0:
+        fs = task.fewshot_cfg
+        if fs.split is None and fs.samples is None and not (task.has_training_docs() or task.has_validation_docs()):
+            raise UsageError(
+                f"task {name} takes {shots} few-shot examples but names no split for them, so lm-eval draws them "
+                "from the test documents themselves; set `fewshot_split:` (e.g. train or validation) or "
+                "`fewshot_config: {samples: [...]}` in its YAML, or `num_fewshot: 0`"
+            )
+        if fs.split is not None and fs.split in (task.config.test_split, None) and task.has_test_docs():
+            raise UsageError(
+                f"task {name} draws its few-shot examples from its test split {fs.split!r}; freeze needs them in "
+                "a split of their own: set `fewshot_split:` to a train or validation split"
+            )
+        fewshot = [_plain(d, f"task {name} few-shot example {i}") for i, d in enumerate(task.fewshot_docs())]
+    kept = {k: cfg[k] for k in KEEP if k in cfg and cfg[k] is not None}
+    sampler = (cfg.get("fewshot_config") or {}).get("sampler")
+    if fewshot is not None and sampler not in (None, "default"):
+        kept["fewshot_config"] = {"sampler": sampler}
+    meta = {k: v for k, v in (cfg.get("metadata") or {}).items() if k != "config_source"}
+    kept["metadata"] = meta | {"version": meta.get("version", 1.0)}
+    return TaskFiles(
+        name=name,
+        output_type=kind,
+        items=docs,
+        config=kept,
+        id_field=id_field or ID_FIELD,
+        cluster_field=cluster_field,
+        fewshot=fewshot,
+        source=_source(task, cfg),
+    )
+
+
+def _source(task: Any, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Where the documents came from: the task (its version and YAML), the dataset, and local files' sha256."""
+    from quantize.cache import lm_eval_version
+
+    src: dict[str, Any] = {
+        "task": cfg.get("task"),
+        "task_version": (cfg.get("metadata") or {}).get("version"),
+        "lm_eval_version": lm_eval_version(),
+        "dataset_path": cfg.get("dataset_path"),
+        "dataset_name": cfg.get("dataset_name"),
+        "split": task.config.test_split or task.config.validation_split,
+    }
+    kwargs = cfg.get("dataset_kwargs") or {}
+    if kwargs.get("revision"):
+        src["revision"] = kwargs["revision"]
+    files = kwargs.get("data_files")
+    if isinstance(files, dict):
+        src["data_files"] = {
+            split: {"path": str(p), "sha256": _sha(Path(p))} for split, p in files.items() if isinstance(p, str)
+        }
+    yaml_path = (cfg.get("metadata") or {}).get("config_source")
+    if yaml_path and Path(yaml_path).is_file():
+        src["task_yaml"] = {"path": str(yaml_path), "sha256": _sha(Path(yaml_path))}
+    return src
+
+
+def _sha(p: Path) -> str | None:
+    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+
+
+def freeze(
+    names: list[str],
+    out: Path,
+    include_path: Path | None = None,
+    id_field: str | None = None,
+    cluster_field: str | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Freeze lm-eval tasks into a new golden version folder. Returns the manifest."""
+    out = Path(out)
+    check_new_version(out)
+    leaves = load_tasks(names, include_path)
+    frozen = [freeze_task(leaves[t], id_field, cluster_field) for t in sorted(leaves)]
+    command = ["quantize", "golden", "freeze", *[a for t in names for a in ("--task", t)], "--out", str(out)]
+    if include_path:
+        command += ["--include-path", str(include_path)]
+    if id_field:
+        command += ["--id-field", id_field]
+    if cluster_field:
+        command += ["--cluster-field", cluster_field]
+    return write_version(
+        out,
+        frozen,
+        sources={t.name: t.source for t in frozen},
+        builder={"command": shlex.join(command), "module": "quantize.golden.freeze"},
+        note="Frozen from lm-eval tasks: the documents after the task's own filtering and process_docs.",
+        seed=seed,
+    )

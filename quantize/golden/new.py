@@ -1,0 +1,252 @@
+"""`quantize golden new OUT --from FILE --type TYPE`: a user's JSONL becomes a golden-set version.
+
+One JSON object per line, of one item type:
+
+    multiple_choice  {"question": str, "choices": [str, ...], "answer": index or the right choice}
+    greedy           {"context": str, "target": str}         right when the target is the greedy continuation
+    perplexity       {"text": str}                            a document, scored token by token
+    generate         {"prompt": str, "answer": str}           greedy generation until a stop sequence,
+                                                              exact match after an optional regex
+and optionally "id" (stable; default: <task>-<line>) and "cluster" (items that share one are not
+independent; default: every item its own). The file is checked whole before anything is written:
+the first bad line (not UTF-8, over 64 KiB, not a JSON object, a missing or empty field, a field of
+another item type, an answer not among the choices, a duplicate id) is one message naming the line,
+exit 2, and no folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import UsageError
+from quantize.golden.version import TaskFiles, check_new_version, write_version
+
+MAX_LINE = 64 * 1024
+MAX_FILE = 256 * 2**20
+
+FIELDS: dict[str, tuple[str, ...]] = {
+    "multiple_choice": ("question", "choices", "answer"),
+    "greedy": ("context", "target"),
+    "perplexity": ("text",),
+    "generate": ("prompt", "answer"),
+}
+OPTIONAL = ("id", "cluster")
+OUTPUT_TYPE = {
+    "multiple_choice": "multiple_choice",
+    "greedy": "loglikelihood",
+    "perplexity": "loglikelihood_rolling",
+    "generate": "generate_until",
+}
+
+
+def task_config(kind: str, regex: str | None, stop: list[str], max_gen_toks: int) -> dict[str, Any]:
+    """The lm-eval task config of an item type (dataset part added by write_version)."""
+    acc = [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]
+    if kind == "multiple_choice":
+        return {
+            "output_type": "multiple_choice",
+            "doc_to_text": "question",
+            "doc_to_choice": "choices",
+            "doc_to_target": "answer",
+            "metric_list": acc,
+        }
+    if kind == "greedy":
+        return {
+            "output_type": "loglikelihood",
+            "doc_to_text": "context",
+            "doc_to_target": "target",
+            "target_delimiter": "",
+            "metric_list": [*acc, {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False}],
+        }
+    if kind == "perplexity":
+        return {
+            "output_type": "loglikelihood_rolling",
+            "doc_to_text": "",
+            "doc_to_target": "text",
+            "metric_list": [
+                {"metric": m, "aggregation": a, "higher_is_better": False}
+                for m, a in (
+                    ("word_perplexity", "weighted_perplexity"),
+                    ("byte_perplexity", "weighted_perplexity"),
+                    ("bits_per_byte", "bits_per_byte"),
+                )
+            ],
+        }
+    steps: list[dict[str, Any]] = []
+    if regex is not None:
+        steps.append({"function": "regex", "regex_pattern": regex, "group_select": 0, "fallback": "[no match]"})
+    steps.append({"function": "take_first"})
+    return {
+        "output_type": "generate_until",
+        "doc_to_text": "prompt",
+        "doc_to_target": "answer",
+        "generation_kwargs": {"until": stop, "do_sample": False, "max_gen_toks": max_gen_toks},
+        "filter_list": [{"name": "regex" if regex is not None else "raw", "filter": steps}],
+        "metric_list": [
+            {
+                "metric": "exact_match",
+                "aggregation": "mean",
+                "higher_is_better": True,
+                "ignore_case": True,
+                "regexes_to_ignore": [r"^\s+", r"\s+$"],
+            }
+        ],
+    }
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str) and v.strip() != ""
+
+
+def check_item(kind: str, obj: Any, where: str) -> dict[str, Any]:
+    """One validated, normalized item (answer as an index; id and cluster as strings)."""
+    if not isinstance(obj, dict):
+        raise UsageError(f"{where} holds a JSON {type(obj).__name__}, not an object with {', '.join(FIELDS[kind])}")
+    keys = set(obj)
+    allowed = set(FIELDS[kind]) | set(OPTIONAL)
+    if extra := sorted(keys - allowed):
+        other = [k for k, f in FIELDS.items() if k != kind and set(extra) & set(f)]
+        what = f"fields of a {other[0]} item ({', '.join(extra)})" if other else f"unknown fields {', '.join(extra)}"
+        raise UsageError(
+            f"{where} has {what} in a {kind} file; every line must be a {kind} item with "
+            f"{', '.join(FIELDS[kind])} (and optionally id, cluster)"
+        )
+    if missing := [f for f in FIELDS[kind] if f not in obj]:
+        raise UsageError(f"{where} lacks {', '.join(missing)}: a {kind} item has {', '.join(FIELDS[kind])}")
+    item: dict[str, Any] = {}
+    for f in OPTIONAL:
+        if f in obj:
+            v = obj[f]
+            if isinstance(v, bool) or not (_text(v) or isinstance(v, int)):
+                raise UsageError(f"{where}: {f} is {json.dumps(v)[:80]}; it must be a non-empty string or an integer")
+            item[f] = str(v)
+    for f in FIELDS[kind]:
+        v = obj[f]
+        if f == "choices":
+            if not isinstance(v, list) or len(v) < 2 or not all(_text(c) for c in v):
+                raise UsageError(f"{where}: choices must be a list of at least two non-empty strings")
+            if len(set(v)) != len(v):
+                raise UsageError(f"{where}: choices repeat a choice ({json.dumps(v)[:120]}); each must be different")
+        elif f == "answer" and kind == "multiple_choice":
+            continue
+        elif not _text(v):
+            raise UsageError(f"{where}: {f} is {json.dumps(v)[:80]}; it must be a non-empty string")
+        item[f] = v
+    if kind == "multiple_choice":
+        a, choices = obj["answer"], obj["choices"]
+        if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < len(choices):
+            item["answer"] = a
+        elif isinstance(a, str) and a in choices:
+            item["answer"] = choices.index(a)
+        else:
+            raise UsageError(
+                f"{where}: answer {json.dumps(a)[:80]} is not among the choices; give the right choice's text or "
+                f"its index 0..{len(choices) - 1}"
+            )
+    return item
+
+
+def read_items(path: Path, kind: str, task: str) -> list[dict[str, Any]]:
+    """Every line of the file as a checked item, with ids and clusters filled in."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE:
+            raise UsageError(f"{path} is {size:,} bytes; a golden set file is at most {MAX_FILE:,} bytes")
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"--from {path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"--from {path} is a folder; give a JSONL file") from None
+    lines = blob.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    items, seen = [], {}
+    for n, raw in enumerate(lines, 1):
+        where = f"{path} line {n}"
+        if len(raw) > MAX_LINE:
+            raise UsageError(f"{where} is {len(raw):,} bytes, over the {MAX_LINE:,}-byte limit per item; shorten it")
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(
+                f"{where} is not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); save the file as UTF-8"
+            ) from None
+        if not line.strip():
+            raise UsageError(f"{where} is empty; remove it (one JSON object per line)")
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError) as e:
+            raise UsageError(f"{where} is not valid JSON ({str(e)[:120]}); one JSON object per line") from None
+        item = check_item(kind, obj, where)
+        item.setdefault("id", f"{task}-{n:05d}")
+        if item["id"] in seen:
+            raise UsageError(
+                f"{where}: id {item['id']!r} is already used on line {seen[item['id']]}; ids must be unique"
+            )
+        seen[item["id"]] = n
+        items.append(item)
+    if not items:
+        raise UsageError(f"{path} has no items; write one JSON object per line")
+    if any("cluster" in it for it in items) and not all("cluster" in it for it in items):
+        first = next(i for i, it in enumerate(items, 1) if "cluster" not in it)
+        raise UsageError(f"{path} line {first} has no cluster while other lines do; give every item one, or none")
+    return items
+
+
+def new_version(
+    out: Path,
+    source: Path,
+    kind: str,
+    task: str | None = None,
+    regex: str | None = None,
+    stop: list[str] | None = None,
+    max_gen_toks: int = 32,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Check the file whole, then write the version folder. Returns the manifest."""
+    import hashlib
+
+    out = Path(out)
+    check_new_version(out)
+    task = task or f"{out.parent.name}_{kind}"
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_\-]{0,63}", task):
+        raise UsageError(f"--task {task!r}: a task name is a letter, then letters, digits, '_' or '-' (at most 64)")
+    if kind != "generate" and (regex is not None or stop):
+        raise UsageError("--regex and --stop apply to --type generate only")
+    if regex is not None:
+        try:
+            if re.compile(regex).groups > 1:
+                raise UsageError(f"--regex {regex!r} has several groups; use one group around the answer, or none")
+        except re.error as e:
+            raise UsageError(f"--regex {regex!r} is not a valid regular expression: {e}") from None
+    if max_gen_toks < 1 or max_gen_toks > 4096:
+        raise UsageError(f"--max-gen-toks {max_gen_toks}: give 1..4096 tokens")
+    items = read_items(Path(source), kind, task)
+    clustered = "cluster" in items[0]
+    tf = TaskFiles(
+        name=task,
+        output_type=OUTPUT_TYPE[kind],
+        items=items,
+        config=task_config(kind, regex, stop or ["\n"], max_gen_toks),
+        id_field="id",
+        cluster_field="cluster" if clustered else None,
+        source={"file": str(source), "sha256": hashlib.sha256(Path(source).read_bytes()).hexdigest()},
+    )
+    command = ["quantize", "golden", "new", str(out), "--from", str(source), "--type", kind, "--task", task]
+    if regex is not None:
+        command += ["--regex", regex]
+    for s in stop or []:
+        command += ["--stop", s]
+    if kind == "generate":
+        command += ["--max-gen-toks", str(max_gen_toks)]
+    return write_version(
+        out,
+        [tf],
+        sources={"file": tf.source},
+        builder={"command": shlex.join(command), "module": "quantize.golden.new"},
+        seed=seed,
+    )

@@ -1,0 +1,136 @@
+"""Write a golden-set version folder for `golden new` and `golden freeze`: items (JSONL), one lm-eval task
+YAML per task that reads only the local files, a group YAML, and the MANIFEST (sha256 and item count of
+every file, task entries, fixed smoke ids, sources). Written into a temporary folder and renamed into
+place (quantize/io.py): a version folder either exists complete or not at all.
+
+    golden/<name>/<version>/
+        MANIFEST.json
+        data/<task>.jsonl            the items, one JSON object per line
+        data/<task>.fewshot.jsonl    frozen few-shot examples, when the task uses any
+        tasks/<task>.yaml            lm-eval task config: dataset_path json, data_files ../data/...
+        tasks/<group>.yaml           the group of every task
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import UsageError
+
+SMOKE = 8  # fixed smoke ids per task
+
+
+@dataclass
+class TaskFiles:
+    """One task of a version: its items, its lm-eval config (without the dataset part) and how items are keyed."""
+
+    name: str
+    output_type: str
+    items: list[dict[str, Any]]
+    config: dict[str, Any]
+    id_field: str = "id"
+    cluster_field: str | None = None
+    fewshot: list[dict[str, Any]] | None = None
+    source: dict[str, Any] = field(default_factory=dict)
+
+
+def jsonl(items: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(it, ensure_ascii=False, sort_keys=True) + "\n" for it in items).encode("utf-8")
+
+
+def yaml_bytes(data: dict[str, Any]) -> bytes:
+    import yaml
+
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120).encode("utf-8")
+
+
+def check_new_version(out: Path) -> None:
+    """A version folder is written once: refuse an existing one before any work."""
+    if out.exists():
+        raise UsageError(
+            f"{out} exists: a golden version is immutable. Write a new version folder (e.g. "
+            f"{out.parent / _next_version(out.name)})"
+        )
+    if not out.parent.name or out.name in ("data", "tasks"):
+        raise UsageError(f"--out {out}: name a version folder inside a set folder, e.g. golden/faq/v1")
+
+
+def _next_version(name: str) -> str:
+    return f"v{int(name[1:]) + 1}" if name.startswith("v") and name[1:].isdigit() else f"{name}-2"
+
+
+def write_version(
+    out: Path,
+    tasks: list[TaskFiles],
+    sources: dict[str, Any],
+    builder: dict[str, Any],
+    note: str | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Write the version folder atomically; returns the manifest."""
+    from quantize.io import atomic_dir
+
+    name = out.parent.name
+    group = name if name not in {t.name for t in tasks} else f"{name}_set"
+    files: dict[str, bytes] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    smoke: dict[str, list[str]] = {}
+    versions = set()
+    for t in tasks:
+        data_files = {"test": f"../data/{t.name}.jsonl"}
+        entry: dict[str, Any] = {
+            "data": f"data/{t.name}.jsonl",
+            "output_type": t.output_type,
+            "id_field": t.id_field,
+            "cluster_field": t.cluster_field,
+            "source": t.source,
+        }
+        files[entry["data"]] = jsonl(t.items)
+        cfg = {"task": t.name, "dataset_path": "json", "dataset_kwargs": {"data_files": data_files}}
+        cfg["test_split"] = "test"
+        if t.fewshot is not None:
+            data_files["fewshot"] = f"../data/{t.name}.fewshot.jsonl"
+            cfg["fewshot_split"] = "fewshot"
+            entry["fewshot"] = f"data/{t.name}.fewshot.jsonl"
+            entry["fewshot_ids"] = [f"{t.name}-fewshot-{i:05d}" for i in range(len(t.fewshot))]
+            files[entry["fewshot"]] = jsonl(t.fewshot)
+        cfg |= t.config
+        cfg.setdefault("metadata", {}).setdefault("version", 1.0)
+        versions.add(cfg["metadata"]["version"])
+        files[f"tasks/{t.name}.yaml"] = yaml_bytes(cfg)
+        entries[t.name] = entry
+        ids = [str(it[t.id_field]) for it in t.items]
+        smoke[t.name] = random.Random(f"{seed}:smoke:{t.name}").sample(ids, min(SMOKE, len(ids)))
+    files[f"tasks/{group}.yaml"] = yaml_bytes(
+        {"group": group, "task": [t.name for t in tasks], "metadata": {"version": 1.0}}
+    )
+    manifest = {
+        "name": name,
+        "version": out.name,
+        "group": group,
+        "task_version": versions.pop() if len(versions) == 1 else "per task (tasks/*.yaml)",
+        "seed": seed,
+        "builder": builder,
+        "sources": sources,
+        "files": {
+            n: {"sha256": hashlib.sha256(b).hexdigest(), "items": b.count(b"\n") if n.endswith(".jsonl") else None}
+            for n, b in sorted(files.items())
+        },
+        "tasks": entries,
+        "smoke_ids": smoke,
+        "note": note,
+    }
+    with atomic_dir(out) as tmp:
+        for n, blob in files.items():
+            p = tmp / n
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(blob)
+        (tmp / "MANIFEST.json").write_text(
+            json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
+    return manifest

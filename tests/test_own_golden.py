@@ -1,0 +1,386 @@
+"""Users' own golden sets: `golden freeze` of lm-eval task YAMLs over a local dataset (every output type the
+gate supports, process_docs, few-shot, a regex filter), `golden new` from a JSONL of each item type with
+every bad input refused, gating on a user set (JSON and JUnit), and `golden size`."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from quantize import records
+from quantize.cli import main
+from quantize.errors import UsageError
+from quantize.evaluate.score import score
+from quantize.golden.freeze import freeze
+from quantize.golden.manifest import verify
+from quantize.records import Verdict
+from quantize.suite import open_suite
+
+from conftest import make_tiny_llama
+
+WORDS = [
+    *("the", "of", "a", "and", "to", "is", "in", "that", "it", "for", "as", "with"),
+    *("on", "was", "be", "are", "this", "by", "or", "from", "at", "an", "not", "which"),
+]
+TASKS = ["u_mc", "u_greedy", "u_rolling", "u_gen"]
+
+
+def _phrase(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def write_user_tasks(root: Path) -> Path:
+    """A user's lm-eval tasks over local JSON files: process_docs filters and adds a field, the
+    multiple-choice task takes 2 few-shot examples from its own train split, the generation task
+    extracts its answer with a regex."""
+    rng = random.Random(7)
+    data = root / "data"
+    data.mkdir(parents=True)
+    rows = []
+    for i in range(30):
+        opts = [_phrase(rng, 2) for _ in range(3)]
+        rows.append(
+            {
+                "q": _phrase(rng, 5),
+                "opts": opts,
+                "label": i % 3,
+                "topic": f"t{i % 4}",
+                "skip": i % 7 == 0,  # filtered out by process_docs
+                "ctx": _phrase(rng, 6),
+                "tgt": " " + _phrase(rng, 2),
+                "body": _phrase(rng, 40),
+                "ans": rng.choice(WORDS),
+            }
+        )
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:24]))
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[24:]))
+    tasks = root / "tasks"
+    tasks.mkdir()
+    (tasks / "utils.py").write_text(
+        "def process(ds):\n"
+        "    ds = ds.filter(lambda d: not d['skip'])\n"
+        "    return ds.map(lambda d: {'prompt': 'Q: ' + d['q'] + '\\nA:'})\n"
+        "def target(doc):\n    return doc['ans']\n"
+    )
+    files = (
+        f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data / 'test.jsonl'}\n"
+        f"    train: {data / 'train.jsonl'}\n"
+    )
+    common = files + "test_split: test\nprocess_docs: !function utils.process\nmetadata: {version: 2.0}\n"
+    (tasks / "u_mc.yaml").write_text(
+        "task: u_mc\n" + common + "output_type: multiple_choice\ndoc_to_text: '{{prompt}}'\n"
+        "doc_to_choice: '{{opts}}'\ndoc_to_target: label\nnum_fewshot: 2\nfewshot_split: train\n"
+        "metric_list:\n  - {metric: acc, aggregation: mean, higher_is_better: true}\n"
+    )
+    (tasks / "u_greedy.yaml").write_text(
+        "task: u_greedy\n" + common + "output_type: loglikelihood\ndoc_to_text: '{{ctx}}'\n"
+        "doc_to_target: '{{tgt}}'\ntarget_delimiter: ''\n"
+        "metric_list:\n  - {metric: acc, aggregation: mean, higher_is_better: true}\n"
+    )
+    (tasks / "u_rolling.yaml").write_text(
+        "task: u_rolling\n" + common + "output_type: loglikelihood_rolling\ndoc_to_text: ''\n"
+        "doc_to_target: '{{body}}'\n"
+        "metric_list:\n  - {metric: word_perplexity, aggregation: weighted_perplexity, higher_is_better: false}\n"
+    )
+    (tasks / "u_gen.yaml").write_text(
+        "task: u_gen\n" + common + "output_type: generate_until\ndoc_to_text: '{{prompt}}'\n"
+        "doc_to_target: '{{ans}}'\ngeneration_kwargs: {until: ['.'], do_sample: false, max_gen_toks: 4}\n"
+        "filter_list:\n  - name: first-word\n    filter:\n"
+        "      - {function: regex, regex_pattern: '(\\w+)', group_select: 0, fallback: '[none]'}\n"
+        "      - {function: take_first}\n"
+        "metric_list:\n  - {metric: exact_match, aggregation: mean, higher_is_better: true}\n"
+    )
+    return tasks
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory):
+    root = tmp_path_factory.mktemp("own")
+    tasks = write_user_tasks(root)
+    out = root / "golden" / "support" / "v1"
+    manifest = freeze(TASKS, out, include_path=tasks, cluster_field="topic")
+    suite = root / "support.yaml"
+    suite.write_text(f"golden: {out}\nbatch_size: 4\nagreement: {{per_task: 4, top_k: 5}}\n")
+    return root, tasks, out, manifest, suite
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path_factory.getbasetemp() / "qcache-own"))
+
+
+def test_freeze_writes_a_verified_set_with_sources_ids_clusters_and_fewshot(user):
+    _, tasks, out, m, _ = user
+    g = verify(out)
+    assert g.tasks == sorted(TASKS)
+    kept = 24 - sum(1 for i in range(24) if i % 7 == 0)  # process_docs dropped every 7th document
+    for t in TASKS:
+        e = g.entry(t)
+        assert m["files"][e.data]["items"] == kept
+        items = [json.loads(x) for x in (out / e.data).read_text().splitlines()]
+        assert [it["golden_id"] for it in items] == [f"{t}-{i:05d}" for i in range(kept)]
+        assert all(it["prompt"].startswith("Q: ") and not it["skip"] for it in items)  # after process_docs
+        assert e.cluster_field == "topic" and e.source["task_version"] == 2.0
+        assert e.source["data_files"]["test"]["sha256"] and e.source["task_yaml"]["path"].endswith(f"{t}.yaml")
+        cfg = (out / "tasks" / f"{t}.yaml").read_text()
+        assert "process_docs" not in cfg and str(tasks) not in cfg and "../data/" in cfg
+    mc = g.entry("u_mc")
+    assert mc.fewshot == "data/u_mc.fewshot.jsonl" and len(mc.fewshot_ids) == 5  # 6 train rows, one filtered
+    assert g.entry("u_greedy").fewshot is None
+    assert all(len(ids) == 8 for ids in m["smoke_ids"].values())
+
+
+def test_frozen_set_scores_item_for_item_like_the_original_task(user, tiny_model):
+    """The same model, the original task (lm-eval loading the user's YAML and data) and the frozen one
+    (ours, offline): equal per-item scores, log-likelihoods and generations."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from quantize.evaluate.score import item_records
+    from quantize.models import LastModel
+
+    _, tasks, _, _, suite = user
+    s = open_suite(suite)
+    ours = score(s, tiny_model).doc
+    model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
+    r = simple_evaluate(
+        model=HFLM(pretrained=model, tokenizer=tok, batch_size=4),
+        tasks=TASKS,
+        task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+        log_samples=True,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )
+    for t in TASKS:
+        # the original documents carry no id: lm-eval's doc_id is the frozen item's index
+        samples = [{**x, "doc": {**x["doc"], "golden_id": f"{t}-{x['doc_id']:05d}"}} for x in r["samples"][t]]
+        theirs, _ = item_records(r["configs"][t]["output_type"], samples, ("golden_id", "topic"))
+        mine = [i.model_dump() for i in ours.tasks[t].items]
+        assert len(mine) == len(theirs) == 20
+        for a, b in zip(mine, theirs, strict=True):
+            assert a["id"] == b["id"] and a["cluster"] == b["cluster"] and a["score"] == b["score"], (t, a["id"])
+            if "ll" in a:
+                assert a["ll"] == pytest.approx(b["ll"], abs=1e-4), (t, a["id"])
+            if "response" in a:
+                assert a["response"] == b["response"]
+    gen = ours.tasks["u_gen"]
+    assert gen.output_type == "generate_until" and gen.filter == "first-word"
+    assert all(" " not in i.response for i in gen.items)  # the regex kept the first word
+
+
+def test_a_one_byte_change_is_refused(user, tmp_path):
+    import shutil
+
+    _, _, out, _, _ = user
+    copy = tmp_path / "support" / "v1"
+    shutil.copytree(out, copy)
+    p = copy / "data" / "u_gen.jsonl"
+    blob = bytearray(p.read_bytes())
+    blob[10] = ord("X") if blob[10] != ord("X") else ord("Y")
+    p.write_bytes(bytes(blob))
+    with pytest.raises(UsageError, match="u_gen.jsonl: sha256 differs"):
+        verify(copy)
+    assert main(["golden", "verify", str(copy)]) == 2
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda t: t.replace("doc_to_target: '{{ans}}'", "doc_to_target: !function utils.target"), "Python code"),
+        (lambda t: t + "num_fewshot: 1\nfewshot_split: test\n", "few-shot examples from its test split"),
+    ],
+)
+def test_freeze_refuses_code_and_fewshot_from_the_test_documents(user, tmp_path, capsys, edit, message):
+    import shutil
+
+    _, tasks, _, _, _ = user
+    mine = tmp_path / "tasks"
+    shutil.copytree(tasks, mine)
+    (mine / "u_gen.yaml").write_text(edit((mine / "u_gen.yaml").read_text()))
+    out = tmp_path / "g" / "v1"
+    assert main(["golden", "freeze", "--task", "u_gen", "--include-path", str(mine), "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "g").exists()  # refused before anything was written
+
+
+def test_freeze_refuses_an_unknown_task_and_an_existing_version(user, capsys):
+    root, tasks, out, _, _ = user
+    assert main(["golden", "freeze", "--task", "u_gne", "--include-path", str(tasks), "--out", str(root / "x/v1")]) == 2
+    assert "did you mean u_gen" in capsys.readouterr().err
+    assert main(["golden", "freeze", "--task", "u_gen", "--include-path", str(tasks), "--out", str(out)]) == 2
+    assert "immutable" in capsys.readouterr().err
+
+
+# --- golden new -------------------------------------------------------------------------------------
+
+GOOD = {
+    "multiple_choice": [
+        {"question": "the of a", "choices": ["and", "to", "is"], "answer": 1},
+        {"question": "in that it", "choices": ["for", "as"], "answer": "as", "id": "q2"},
+    ],
+    "greedy": [{"context": "the of a", "target": " and"}, {"context": "in that", "target": " it"}],
+    "perplexity": [{"text": "the of a and to is in that"}, {"text": "it for as with on was"}],
+    "generate": [{"prompt": "the of a", "answer": "and"}, {"prompt": "in that", "answer": "it"}],
+}
+
+
+def _jsonl(rows) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+@pytest.mark.parametrize("kind", sorted(GOOD))
+def test_golden_new_writes_a_verified_set_of_each_type(tmp_path, kind, capsys):
+    src = tmp_path / "items.jsonl"
+    # ids default to the line number, so repeated rows are distinct items
+    src.write_text(_jsonl(GOOD[kind] * 3 if kind != "multiple_choice" else GOOD[kind]))
+    out = tmp_path / "faq" / "v1"
+    assert main(["golden", "new", str(out), "--from", str(src), "--type", kind]) == 0, capsys.readouterr().err
+    g = verify(out)
+    task = f"faq_{kind}"
+    assert g.tasks == [task]
+    items = [json.loads(x) for x in (out / g.entry(task).data).read_text().splitlines()]
+    if kind == "multiple_choice":
+        assert [it["answer"] for it in items] == [1, 1] and [it["id"] for it in items] == [f"{task}-00001", "q2"]
+    else:
+        assert [it["id"] for it in items] == [f"{task}-{n:05d}" for n in range(1, 7)]
+    assert g.entry(task).cluster_field is None
+
+
+BAD = [
+    ("empty field", '{"question": "", "choices": ["a", "b"], "answer": 0}\n', "line 1: question"),
+    ("answer not a choice", '{"question": "q", "choices": ["a", "b"], "answer": "c"}\n', "not among the choices"),
+    ("answer index out of range", '{"question": "q", "choices": ["a", "b"], "answer": 2}\n', "not among the choices"),
+    (
+        "mixed types",
+        '{"question": "q", "choices": ["a", "b"], "answer": 0}\n{"text": "t"}\n',
+        "line 2 has fields of a perplexity item",
+    ),
+    (
+        "duplicate ids",
+        '{"question": "q", "choices": ["a", "b"], "answer": 0, "id": "x"}\n' * 2,
+        "already used on line 1",
+    ),
+    ("not utf-8", b'{"question": "q\xff", "choices": ["a", "b"], "answer": 0}\n', "line 1 is not UTF-8"),
+    (
+        "oversize line",
+        '{"question": "' + "q" * 70000 + '", "choices": ["a", "b"], "answer": 0}\n',
+        "over the 65,536-byte",
+    ),
+    ("not json", '{"question": "q", \n', "line 1 is not valid JSON"),
+    ("one choice", '{"question": "q", "choices": ["a"], "answer": 0}\n', "at least two"),
+    ("missing field", '{"question": "q", "choices": ["a", "b"]}\n', "lacks answer"),
+    (
+        "blank line",
+        '{"question": "q", "choices": ["a", "b"], "answer": 0}\n\n{"question": "r", "choices": ["a", "b"], '
+        '"answer": 1}\n',
+        "line 2 is empty",
+    ),
+    ("no items", "", "has no items"),
+]
+
+
+@pytest.mark.parametrize("name,content,message", BAD, ids=[b[0] for b in BAD])
+def test_golden_new_refuses_bad_input_with_one_message_and_writes_nothing(tmp_path, capsys, name, content, message):
+    src = tmp_path / "items.jsonl"
+    src.write_bytes(content if isinstance(content, bytes) else content.encode())
+    out = tmp_path / "faq" / "v1"
+    assert main(["golden", "new", str(out), "--from", str(src), "--type", "multiple_choice"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+    assert not out.exists() and not (tmp_path / "faq").exists()
+
+
+def test_golden_new_refuses_a_bad_regex_and_options_of_another_type(tmp_path, capsys):
+    src = tmp_path / "items.jsonl"
+    src.write_text(_jsonl(GOOD["generate"]))
+    out = tmp_path / "g" / "v1"
+    assert main(["golden", "new", str(out), "--from", str(src), "--type", "generate", "--regex", "(a"]) == 2
+    assert "not a valid regular expression" in capsys.readouterr().err
+    assert main(["golden", "new", str(out), "--from", str(src), "--type", "greedy", "--regex", "(a)"]) == 2
+    assert "apply to --type generate only" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# --- gating on a user set ---------------------------------------------------------------------------
+
+
+def test_gate_on_a_user_golden_set_gives_the_same_kinds_of_evidence(user, tiny_model, tmp_path, capsys):
+    suite = user[4]
+    other = make_tiny_llama(tmp_path / "other", seed=5)
+    policy = tmp_path / "support.yaml"
+    policy.write_text(
+        f"suite: {suite}\nfail_on_inconclusive: false\nrules:\n"
+        "  - {task: u_mc, metric: acc, margin: 0.3}\n"
+        "  - {task: u_gen, metric: exact_match, margin: 0.3}\n"
+        "  - {task: u_rolling, metric: perplexity, max_ratio: 1.5}\n"
+        "  - {agreement: kl, max: 1.0}\n"
+    )
+    junit = tmp_path / "gate.xml"
+    argv = ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json"]
+    assert main([*argv, "--junit", str(junit)]) == 0
+    v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    assert v.verdict == "pass" and [r.kind for r in v.rules] == ["accuracy", "accuracy", "perplexity", "agreement"]
+    gen = v.accuracy_evidence("u_gen")
+    assert gen.n == 20 and gen.flips_right_to_wrong == gen.flips_wrong_to_right == 0 and gen.delta == 0
+    assert v.provenance.golden.name == "support" and v.provenance.task_versions["u_gen"] == 2.0
+    assert junit.read_text().count("<testcase") == 4
+    # another model: the generation rule counts its flips from the per-item exact matches
+    assert main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(other), "--json"]) in (0, 1)
+    v2 = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    gen2 = v2.accuracy_evidence("u_gen")
+    b = {i.id: i.score for i in score(open_suite(suite), tiny_model).doc.tasks["u_gen"].items}
+    c = {i.id: i.score for i in score(open_suite(suite), other).doc.tasks["u_gen"].items}
+    assert gen2.flips_right_to_wrong == sum(b[i] > c[i] for i in b)
+    assert gen2.flips_wrong_to_right == sum(b[i] < c[i] for i in b)
+
+
+@pytest.mark.parametrize(
+    "rule,message",
+    [
+        ("{task: core_facts, metric: acc, margin: 0.1}", "names task 'core_facts', which its suite"),
+        ("{task: u_rolling, metric: acc, margin: 0.1}", "acc on u_rolling, a loglikelihood_rolling task"),
+        ("{task: u_mc, metric: exact_match, margin: 0.1}", "exact_match applies to generate_until"),
+    ],
+)
+def test_gate_refuses_a_rule_the_golden_set_cannot_answer_before_scoring(
+    user, tiny_model, tmp_path, capsys, rule, message
+):
+    _, _, out, _, suite = user
+    policy = tmp_path / "p.yaml"
+    policy.write_text(f"suite: {suite}\nrules:\n  - {rule}\n")
+    missing = tmp_path / "never-scored"
+    assert main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    if "core_facts" in rule:
+        assert str(out) in err and "u_gen" in err  # names the set and the tasks it has
+
+
+def test_golden_size_reports_flip_rates_and_items_needed(user, tiny_model, tmp_path, capsys):
+    import math
+
+    from quantize import stats
+
+    _, _, _, _, suite = user
+    other = make_tiny_llama(tmp_path / "other", seed=5)
+    argv = ["golden", "size", str(suite), "--baseline", str(tiny_model), "--candidate", str(other)]
+    assert main([*argv, "--json", "--margin", "0.1"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    rows = {r["task"]: r for r in rep["tasks"]}
+    assert set(rows) == set(TASKS) and rows["u_rolling"]["kind"] == "perplexity"
+    b = score(open_suite(suite), tiny_model).doc.tasks["u_mc"].items
+    c = {i.id: i for i in score(open_suite(suite), other).doc.tasks["u_mc"].items}
+    flips = sum(i.score != c[i.id].score for i in b)
+    mc = rows["u_mc"]
+    assert mc["flip_rate"] == pytest.approx(flips / 20)
+    z = stats.z(0.95) + stats.z(0.8)
+    assert mc["items_needed"] == math.ceil(z**2 * (mc["se"] * math.sqrt(20)) ** 2 / 0.1**2)
+    assert main(argv) == 0
+    assert "flip rate" in capsys.readouterr().out
