@@ -2,8 +2,9 @@
 #   make demo   set up, prepare the embedded default model, convert it with every recipe in recipes/,
 #               measure each output's agreement with it, draw the report
 #   make test   set up, lint (ruff) and run the tests (tiny seeded models, no download; .ci/run calls this)
-# Other targets: gate-all (score and gate every output), test-slow (tests on the default model), fuzz,
-# bench (README's recipe table), model.
+# Other targets: gate-all (score and gate every output), gate-own (FP8 and a planted 3-bit copy on the
+# user-style golden sets), golden-demo (rebuild those sets and compare), test-slow (tests on the default
+# model), fuzz, bench (README's recipe table), model.
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -13,7 +14,7 @@ Q := $(VENV)/bin/quantize
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup model demo gate-all test test-slow fuzz bench clean
+.PHONY: setup model demo gate-all gate-own golden-demo test test-slow fuzz bench clean
 
 setup: $(VENV)/.installed
 
@@ -51,6 +52,29 @@ gate-all: demo
 	  echo "== quantize gate gates/ci.yaml --candidate $$d"; \
 	  $(Q) gate gates/ci.yaml --baseline "$$base" --candidate $$d --junit $$d/gate.xml || true; done; \
 	$(Q) report outputs --baseline "$$base" --policy gates/ci.yaml --out outputs/report
+
+# The two user-style golden sets, rebuilt from their sources into build/ and compared with the committed
+# versions file by file (golden/pydoc: frozen from an lm-eval task; golden/answers: from a JSONL).
+golden-demo: setup
+	rm -rf build/golden-demo && mkdir -p build/golden-demo
+	$(PY) golden/pydoc/source/make_task.py build/golden-demo/pydoc-task
+	$(Q) golden freeze --task pydoc_cloze --task pydoc_prose --include-path build/golden-demo/pydoc-task \
+	  --cluster-field topic --out build/golden-demo/pydoc/v1
+	$(PY) golden/answers/source/make_items.py > build/golden-demo/answers.jsonl
+	$(Q) golden new build/golden-demo/answers/v1 --from build/golden-demo/answers.jsonl --type generate \
+	  --task answers_facts --max-gen-toks 16
+	@for s in pydoc answers; do diff <(cd golden/$$s/v1 && sha256sum data/* tasks/*) \
+	  <(cd build/golden-demo/$$s/v1 && sha256sum data/* tasks/*) && echo "golden/$$s/v1: rebuilt identically"; done
+
+# Gate the FP8 output (harmless) and a planted 3-bit copy (harmful) on the two user-style golden sets
+# (about 2-4 minutes per checkpoint and set on a 2-core CPU; scores cached).
+gate-own: model
+	@[ -f outputs/fp8-e4m3/quantize.json ] || $(Q) run recipes/fp8-e4m3.yaml
+	@[ -f outputs/references/rtn-w3a16-g128/quantize.json ] || $(Q) run benchmarks/references/rtn-w3a16-g128.yaml
+	@base="$$($(Q) model path)"; for p in gates/pydoc.yaml gates/answers.yaml; do \
+	  for c in outputs/fp8-e4m3 outputs/references/rtn-w3a16-g128; do \
+	    echo "== quantize gate $$p --candidate $$c"; $(Q) gate $$p --baseline "$$base" --candidate $$c --quiet || true; \
+	  done; done
 
 test: setup
 	$(VENV)/bin/ruff check .

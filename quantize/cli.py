@@ -436,7 +436,7 @@ def sizing_text(report: dict) -> str:
                     t["clusters"],
                     "-",
                     f"ppl x{t['ratio']:.4f}",
-                    f"±{t['half_width']:.4f} (ratio)",
+                    f"+{t['half_width']:.2%} (upper bound)",
                     f"{t['documents_needed']} for ±{report['ppl_half_width']:.0%}",
                 ]
             )

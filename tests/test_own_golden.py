@@ -382,5 +382,52 @@ def test_golden_size_reports_flip_rates_and_items_needed(user, tiny_model, tmp_p
     assert mc["flip_rate"] == pytest.approx(flips / 20)
     z = stats.z(0.95) + stats.z(0.8)
     assert mc["items_needed"] == math.ceil(z**2 * (mc["se"] * math.sqrt(20)) ** 2 / 0.1**2)
+    ppl = rows["u_rolling"]
+    assert ppl["half_width"] == pytest.approx(ppl["upper_bound"] / ppl["ratio"] - 1)
+    assert ppl["documents_needed"] == math.ceil(20 * (ppl["half_width"] / 0.01) ** 2)
     assert main(argv) == 0
     assert "flip rate" in capsys.readouterr().out
+
+
+# --- the shipped demo sets ----------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rebuilt_equals_committed(out: Path, committed: Path) -> None:
+    mine, theirs = verify(out).manifest, verify(committed).manifest
+    assert mine["files"] == theirs["files"] and mine["tasks"].keys() == theirs["tasks"].keys()
+    assert mine["smoke_ids"] == theirs["smoke_ids"]
+
+
+def test_the_answers_set_is_rebuilt_byte_for_byte_from_its_source(tmp_path):
+    import subprocess
+    import sys
+
+    items = tmp_path / "answers.jsonl"
+    script = ROOT / "golden" / "answers" / "source" / "make_items.py"
+    items.write_bytes(subprocess.run([sys.executable, str(script)], check=True, capture_output=True).stdout)
+    committed = ROOT / "golden" / "answers" / "v1"
+    cmd = verify(committed).manifest["builder"]["command"].split()
+    opts = dict(zip(cmd[4::2], cmd[5::2], strict=True))  # quantize golden new OUT --from F --type T ...
+    out = tmp_path / "answers" / "v1"
+    argv = ["golden", "new", str(out), "--from", str(items), "--type", opts["--type"], "--task", opts["--task"]]
+    assert main([*argv, "--max-gen-toks", opts["--max-gen-toks"]]) == 0
+    _rebuilt_equals_committed(out, committed)
+
+
+def test_the_pydoc_set_is_refrozen_byte_for_byte_from_its_task(tmp_path):
+    import platform
+    import subprocess
+    import sys
+
+    committed = ROOT / "golden" / "pydoc" / "v1"
+    made_on = verify(committed).manifest["sources"]["pydoc_cloze"]["python_version"]
+    if platform.python_version() != made_on:
+        pytest.skip(f"Python's help topics differ between versions: frozen on {made_on}")
+    tasks = tmp_path / "task"
+    subprocess.run([sys.executable, str(ROOT / "golden/pydoc/source/make_task.py"), str(tasks)], check=True)
+    out = tmp_path / "pydoc" / "v1"
+    argv = ["golden", "freeze", "--task", "pydoc_cloze", "--task", "pydoc_prose", "--include-path", str(tasks)]
+    assert main([*argv, "--cluster-field", "topic", "--out", str(out)]) == 0
+    _rebuilt_equals_committed(out, committed)

@@ -7,8 +7,9 @@ For a right/wrong task with n paired items, flips b (right→wrong) and c (wrong
     smallest drop    (z₁₋α + z_power) · σ_D / √n          detected at this n (stats.min_detectable)
     items needed     ⌈(z₁₋α + z_power)² · σ_D² / m²⌉     to resolve a drop of m (stats.n_required)
 
-For a perplexity task (per-document log-likelihoods) the gate's cluster bootstrap gives the ratio's upper
-bound; its half-width shrinks as 1/√n, so documents for a half-width h ≈ n · (half-width / h)².
+For a perplexity task (per-document log-likelihoods) the gate's cluster bootstrap gives the ratio r and its
+upper bound u; the relative half-width u/r − 1 shrinks as 1/√n, so documents for a relative half-width h
+≈ n · ((u/r − 1) / h)².
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def size_tasks(
             ratio, _, hi = stats.bootstrap_ppl_ratio(
                 [-b[i].ll for i in ids], [-c[i].ll for i in ids], w, clusters, alpha, seed=base.provenance.seed
             )
-            half = hi - ratio
+            half = hi / ratio - 1
             rows.append(
                 {
                     "task": task,

@@ -19,6 +19,7 @@ Each item gets a stable id (`golden_id`, <task>-<index>, or the field --id-field
 from __future__ import annotations
 
 import hashlib
+import platform
 import shlex
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,11 @@ def _source(task: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     yaml_path = (cfg.get("metadata") or {}).get("config_source")
     if yaml_path and Path(yaml_path).is_file():
         src["task_yaml"] = {"path": str(yaml_path), "sha256": _sha(Path(yaml_path))}
+        # the Python the freeze ran (process_docs): the task folder's modules, by hash
+        src["task_code"] = {p.name: _sha(p) for p in sorted(Path(yaml_path).parent.glob("*.py"))}
+    if callable(cfg.get("process_docs")):
+        src["process_docs"] = getattr(cfg["process_docs"], "__qualname__", str(cfg["process_docs"]))
+    src["python_version"] = platform.python_version()
     return src
 
 
