@@ -431,3 +431,22 @@ def test_the_pydoc_set_is_refrozen_byte_for_byte_from_its_task(tmp_path):
     argv = ["golden", "freeze", "--task", "pydoc_cloze", "--task", "pydoc_prose", "--include-path", str(tasks)]
     assert main([*argv, "--cluster-field", "topic", "--out", str(out)]) == 0
     _rebuilt_equals_committed(out, committed)
+
+
+def test_a_group_freezes_as_its_tasks_and_a_smoke_suite_scores_the_fixed_ids(user, tiny_model, tmp_path):
+    import shutil
+
+    _, tasks, _, _, _ = user
+    mine = tmp_path / "tasks"
+    shutil.copytree(tasks, mine)
+    (mine / "both.yaml").write_text("group: both\ntask: [u_greedy, u_gen]\n")
+    out = tmp_path / "grp" / "v1"
+    assert main(["golden", "freeze", "--task", "both", "--include-path", str(mine), "--out", str(out)]) == 0
+    g = verify(out)
+    assert g.tasks == ["u_gen", "u_greedy"] and g.entry("u_gen").cluster_field is None
+    suite = tmp_path / "smoke.yaml"
+    suite.write_text(f"golden: {out}\nsubset: smoke\nbatch_size: 4\n")
+    doc = score(open_suite(suite), tiny_model).doc
+    for t in g.tasks:
+        assert sorted(i.id for i in doc.tasks[t].items) == sorted(g.manifest["smoke_ids"][t])
+        assert all(i.cluster == i.id for i in doc.tasks[t].items)  # no cluster field: each item its own
