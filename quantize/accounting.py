@@ -294,6 +294,30 @@ def _packed_bits(qc: dict[str, Any]) -> set[int]:
     return {_bit_width(bits, "quantization_config.bits")} if bits else set()
 
 
+def _bits_by_target(qc: dict[str, Any]) -> list[tuple[str, int]]:
+    """(target, bit width) of each compressed-tensors config group's weights: a mixed-precision checkpoint
+    names its layers (or `re:` patterns) per group."""
+    out = []
+    for g in (qc.get("config_groups") or {}).values() if qc.get("quant_method") == "compressed-tensors" else []:
+        nb = (g.get("weights") or {}).get("num_bits")
+        for t in g.get("targets") or []:
+            if nb and isinstance(t, str):
+                out.append((t, _bit_width(nb, "config_groups.*.weights.num_bits")))
+    return out
+
+
+def module_bits(module: str, targets: list[tuple[str, int]]) -> int | None:
+    """The bit width of the config group whose targets match `module`: its name first, then a `re:`
+    pattern (compressed-tensors' order of precedence); None when no group names it."""
+    for t, b in targets:
+        if t == module:
+            return b
+    for t, b in targets:
+        if t.startswith("re:") and re.match(t[3:], module):
+            return b
+    return None
+
+
 def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:
     for pattern, role in ROLE_RULES:
         if pattern.search(name):
@@ -331,6 +355,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     cfg = read_config(ckpt, required=False)
     qc = _quant_config(ckpt, cfg)
     bits = _packed_bits(qc)
+    by_target = _bits_by_target(qc) if len(bits) > 1 else []
     names = set(tensors)
     notes: list[str] = []
     by_role = dict.fromkeys(ROLES, 0)
@@ -348,7 +373,8 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         n = math.prod(t.shape)
         suffix = name.rsplit(".", 1)[-1]
         if role == "payload" and suffix in PACKED_AXIS:
-            if t.dtype != "I32" or len(bits) != 1 or len(t.shape) != 2:
+            mixed = module_bits(row.module, by_target) if by_target else None
+            if t.dtype != "I32" or (len(bits) != 1 and mixed is None) or len(t.shape) != 2:
                 params_known = False
                 why = (
                     f"the config declares bit widths {sorted(bits)}"
@@ -357,7 +383,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
                 )
                 notes.append(f"cannot unpack {name} ({t.dtype} {t.shape}): {why}; its parameters are not counted")
                 continue
-            (b,) = bits
+            b = mixed or next(iter(bits))
             n = n * 32 // b  # each int32 word holds 32/b values along the packed axis
             row.format = f"int{b}"
         elif role == "payload" or row.format == "?":

@@ -22,7 +22,7 @@ from quantize.tables import text_table as table
 BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR}
 TRUST_HELP = "run the checkpoints' own Python code at load (off unless given here: only for checkpoints you trust)"
 # Commands that write an output folder (atomically): only these can promise to leave nothing half-written.
-WRITES_OUTPUT = {"run", "report", "model", "golden new", "golden freeze"}
+WRITES_OUTPUT = {"run", "report", "model", "golden new", "golden freeze", "search"}
 
 
 def _offline() -> None:
@@ -458,6 +458,74 @@ def sizing_text(report: dict) -> str:
     )
 
 
+# --- search -------------------------------------------------------------------------------------
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from quantize.records import to_json
+    from quantize.search.run import run_search
+
+    report = run_search(args.spec, args.budget, quiet=args.quiet)
+    print(to_json(report) if args.json else search_text(report))
+    return EXIT_OK if report.result else 1
+
+
+def search_text(r: Any) -> str:
+    def opts(a: Any) -> str:
+        return ", ".join(f"{n} {o}" for o, n in sorted(a.options.items()))
+
+    lines = [
+        f"search {r.spec}: {len(r.units)} layer groups, sensitivity on {r.items['sensitivity']} agreement items "
+        f"({r.sensitivity_seconds:.0f} s, cached), checks on {r.items['holdout']} held-out items; smallest model "
+        f"{r.smallest_bits_per_weight:.3f} bits/weight, budget {', '.join(f'{b:g}' for b in r.budgets_bits)}",
+        "",
+        "most sensitive layer groups (mean KL, alone):",
+    ]
+    top = sorted(r.units, key=lambda u: -max(u.kl.values()))[:8]
+    lines.append(
+        table(
+            [[u.name, *[f"{u.kl[o]:.4f}" for o in sorted(u.kl) if o != "keep"]] for u in top],
+            ["layer group", *[o for o in sorted(top[0].kl) if o != "keep"]],
+        )
+    )
+    if r.comparisons:
+        lines += ["", "at equal bytes (held-out mean KL):"]
+        lines.append(
+            table(
+                [
+                    [c.label, f"{c.bits_per_weight:.3f}", f"{c.predicted_kl:.4f}", f"{c.holdout_kl:.4f}", opts(c)]
+                    for c in r.comparisons
+                ],
+                ["allocation", "bits/weight", "predicted KL", "held-out KL", "options"],
+            )
+        )
+    lines += ["", "tried (cheapest first):"]
+    lines.append(
+        table(
+            [
+                [
+                    t.allocation.label,
+                    f"{t.allocation.bits_per_weight:.3f}",
+                    f"{t.allocation.holdout_kl:.4f}",
+                    (t.verdict or "not gated (agreement limits broken on held-out items)").upper()
+                    if t.gated
+                    else "not gated",
+                    ", ".join(t.failed_rules) or "-",
+                ]
+                for t in r.tries
+            ],
+            ["try", "bits/weight", "held-out KL", "verdict", "failed rules"],
+        )
+    )
+    if r.result:
+        lines.append(f"\nresult: {r.result} (quantize.json and search.json there)")
+    else:
+        lines.append(
+            f"\nno allocation within the budget passed; the most damaging layer groups: {', '.join(r.drivers)}"
+        )
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="quantize", description="Recipe-driven LLM quantization with true bits-per-weight accounting."
@@ -600,6 +668,17 @@ def build_parser() -> argparse.ArgumentParser:
     for sp in (gb, gn, gf):
         sp.add_argument("--seed", type=int, default=1234 if sp is gb else 0)
     g.set_defaults(fn=cmd_golden)
+
+    se = sub.add_parser(
+        "search", help="the smallest mixed-precision checkpoint that passes a gate, under a byte budget"
+    )
+    se.add_argument("spec", help="search recipe, e.g. recipes/search-w4-w8.yaml")
+    se.add_argument(
+        "--budget", type=float, action="append", help="bits per weight (repeat for several); overrides the spec"
+    )
+    se.add_argument("--quiet", action="store_true", help="silence library progress bars")
+    se.add_argument("--json", action="store_true", help="print search.json")
+    se.set_defaults(fn=cmd_search)
 
     m = sub.add_parser("model", help="the embedded default model (SmolLM2-135M-Instruct)")
     m.add_argument("action", choices=["prepare", "path"], help="prepare: convert the GGUF once; path: print its folder")

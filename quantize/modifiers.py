@@ -14,10 +14,10 @@ from quantize.recipe import WEIGHT_ONLY_INT, Method, Recipe, Scheme
 PRESET = {Scheme.W8A8: "W8A8", Scheme.FP8: "FP8", Scheme.FP8_DYNAMIC: "FP8_DYNAMIC"}
 
 
-def _scheme(recipe: Recipe, g: int | None, targets: list[str]) -> Any:
+def _scheme(recipe: Recipe, g: int | None, targets: list[str], scheme: Scheme | None = None) -> Any:
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
 
-    s = recipe.scheme
+    s = scheme or recipe.scheme
     if s in PRESET:
         scheme = preset_name_to_scheme(PRESET[s], targets)
         if s is Scheme.W8A8:
@@ -40,10 +40,12 @@ def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
 
-    groups = {
-        f"group_{i}": _scheme(recipe, g, names)
-        for i, (g, names) in enumerate(sorted(plan.groups.items(), key=lambda kv: -(kv[0] or 0)))
-    }
+    # one config group per (scheme, group size): overrides give some layers another weight-only scheme
+    by: dict[tuple[Scheme, int | None], list[str]] = {}
+    for g, names in sorted(plan.groups.items(), key=lambda kv: -(kv[0] or 0)):
+        for n in names:
+            by.setdefault((Scheme(plan.schemes.get(n, recipe.scheme.value)), g), []).append(n)
+    groups = {f"group_{i}": _scheme(recipe, g, names, s) for i, ((s, g), names) in enumerate(by.items())}
     ignore = list(recipe.ignore) + sorted(plan.kept)
     quant = dict(config_groups=groups, ignore=ignore)
 

@@ -3,6 +3,7 @@ planned on a meta-device model (shapes and names, no weights, no memory)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ class LayerPlan:
 
     groups: dict[int | None, list[str]] = field(default_factory=dict)
     kept: dict[str, str] = field(default_factory=dict)
+    schemes: dict[str, str] = field(default_factory=dict)  # layer -> another scheme than the recipe's (overrides)
 
     @property
     def quantized(self) -> int:
@@ -31,6 +33,7 @@ class LayerPlan:
             if len(self.groups) > 1
             else {},
             kept_16bit=self.kept,
+            schemes=dict(Counter(self.schemes.values())),
         )
 
 
@@ -73,8 +76,16 @@ def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
             "check the names (use 'Linear' for all linear layers, or 're:<regex>' on module names)"
         )
     g = recipe.weight_group
+    override = {}
+    for o in reversed(getattr(recipe, "overrides", [])):  # the first matching override wins
+        override |= {n: o.scheme for n, _ in match_named_modules(model, o.targets, recipe.ignore)}
     bad = []
     for name, module in layers:
+        if override.get(name) == "keep":
+            plan.kept[name] = "kept at 16 bits by an override"
+            continue
+        if name in override and override[name] != recipe.scheme:
+            plan.schemes[name] = override[name].value
         if g is None or module.in_features % g == 0:
             plan.groups.setdefault(g, []).append(name)
             continue

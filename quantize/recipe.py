@@ -154,11 +154,43 @@ class _Quantized(_Recipe):
         return self
 
 
+class LayerOverride(BaseModel):
+    """Another weight-only scheme, or 16 bits, for some layers: mixed precision (what `quantize search` writes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    targets: list[str] = Field(min_length=1, description="module names, or 're:<regex>' on module names")
+    scheme: Scheme | Literal["keep"]
+
+
 class _Grouped(_Quantized):
     """Int weight schemes with optional groups along the input axis."""
 
     group_size: int | None = Field(None, description="weights per scale for int weights; null = per channel")
     indivisible: Indivisible = Indivisible.smaller_group
+    overrides: list[LayerOverride] = Field(
+        default_factory=list, description="per-layer schemes (first match wins); weight-only int schemes or keep"
+    )
+
+    @model_validator(mode="after")
+    def _overrides(self) -> _Grouped:
+        if not self.overrides:
+            return self
+        if self.method not in (Method.rtn, Method.gptq):
+            raise ValueError(
+                f"overrides (mixed precision) are supported for methods rtn and gptq, not {self.method.value}"
+            )
+        if self.scheme not in WEIGHT_ONLY_INT:
+            raise ValueError(
+                f"overrides need a weight-only int base scheme (W3A16, W4A16, W8A16), not {self.scheme.value}"
+            )
+        for o in self.overrides:
+            if o.scheme != "keep" and o.scheme not in WEIGHT_ONLY_INT:
+                raise ValueError(
+                    f"an override's scheme must be W3A16, W4A16, W8A16 or keep, not {o.scheme.value}: one checkpoint "
+                    "mixes weight-only int layers only"
+                )
+        return self
 
     @field_validator("group_size")
     @classmethod
@@ -280,6 +312,8 @@ SETTING_OWNER = {
     "channel",
     "indivisible": "indivisible is for grouped int weight schemes of rtn, gptq and awq",
     "scheme": "method llmcompressor takes its scheme from `stages:`",
+    "base": "`base:` belongs to a search recipe: run it with `quantize search FILE`",
+    "budget": "`budget:` belongs to a search recipe: run it with `quantize search FILE`",
     "symmetric": "method llmcompressor takes its scheme from `stages:`",
 }
 

@@ -72,6 +72,7 @@ class LayerPlanRecord(_Strict):
     by_group_size: dict[str, int]  # "per-channel" or the group size -> number of layers
     adjusted: dict[str, int]  # layers given a smaller group than the recipe's -> their group
     kept_16bit: dict[str, str]  # layer -> why it stayed at 16 bits
+    schemes: dict[str, int] = Field(default_factory=dict)  # overrides: scheme -> number of layers given it
 
 
 class EngineRecord(_Strict):
@@ -115,6 +116,17 @@ class BitsRecord(_Strict):
     notes: list[str]
 
 
+class SearchRef(_Strict):
+    """In the quantize.json of a checkpoint `quantize search` chose: where the search is recorded."""
+
+    spec: str  # the search recipe's path
+    spec_sha256: str
+    report: str  # search.json beside quantize.json
+    try_index: int
+    options: dict[str, int]  # option -> layer groups given it
+    holdout_kl: float
+
+
 class RunRecord(Record):
     """CHECKPOINT/quantize.json: what was run, on what, with which libraries, and the true bits."""
 
@@ -137,6 +149,7 @@ class RunRecord(Record):
     memory: MemoryRecord
     finite_checks: list[FiniteCheck]
     bits: BitsRecord
+    search: SearchRef | None = None  # set when `quantize search` chose this checkpoint
 
     @property
     def label(self) -> str:
@@ -445,6 +458,63 @@ class Verdict(Record):
     def accuracy_evidence(self, task: str) -> AccuracyEvidence | None:
         """The evidence of the first accuracy rule on `task`, whatever the rule is named."""
         return next((r.evidence for r in self.rules if isinstance(r, AccuracyResult) and r.task == task), None)
+
+
+# --- search ----------------------------------------------------------------------------------------
+
+
+class UnitRecord(_Strict):
+    name: str
+    parameters: int
+    bytes: dict[str, int]  # option -> true bytes of the unit's weights
+    kl: dict[str, float]  # option -> mean KL with the unit alone quantized so
+
+
+class AllocationRecord(_Strict):
+    label: str  # "searched", "random 1", "first and last blocks at W8A16", "try 2"
+    bytes: int  # predicted true bytes of the whole model
+    bits_per_weight: float
+    predicted_kl: float  # Σ of the units' KL (additive model)
+    holdout_kl: float | None  # measured with every unit quantized so, on held-out agreement items
+    holdout_top1: float | None
+    options: dict[str, int]  # option -> number of units
+    allocation: dict[str, str]  # unit -> option
+
+
+class TryRecord(_Strict):
+    allocation: AllocationRecord
+    gated: bool  # False: the held-out agreement already broke the policy's limits, so it was not gated
+    checkpoint: str | None
+    true_bytes: int | None  # read back from the written checkpoint
+    verdict: GateOutcome | None
+    failed_rules: list[str]
+
+
+class SearchReport(Record):
+    """search.json: what `quantize search` measured, compared and tried."""
+
+    WHAT: ClassVar[str] = "search report"
+    REGENERATE: ClassVar[str] = "run `quantize search SPEC` again (sensitivities are cached)"
+
+    schema_version: Literal[1] = 1
+    created: str
+    spec: str
+    spec_sha256: str
+    resolved: dict[str, Any]
+    model: str
+    policy: str
+    budgets_bits: list[float]
+    source_parameters: int
+    fixed_bytes: int
+    smallest_bits_per_weight: float
+    sensitivity_key: str
+    sensitivity_seconds: float
+    items: dict[str, int]  # "sensitivity" / "holdout" -> agreement items
+    units: list[UnitRecord]
+    comparisons: list[AllocationRecord]
+    tries: list[TryRecord]
+    result: str | None  # the checkpoint that passed, or None
+    drivers: list[str]  # when none passed: the layer groups that damage most at the base option
 
 
 # --- reading and writing ---------------------------------------------------------------------------

@@ -1,0 +1,112 @@
+"""Search recipes (recipes/search-*.yaml): what `quantize search` may choose per layer group, and its budget.
+
+    name: search-w4-w8
+    base:                        # the method every quantized layer group gets (a recipe, inline)
+      method: rtn
+      scheme: W4A16
+      group_size: 128
+      calibration: null
+    options: [W4A16, W8A16, keep]  # per layer group: the base scheme, other weight-only schemes, 16 bits
+    unit: block-part             # layer groups: attention and MLP of each block (or `layer`: every Linear)
+    budget: 7.5                  # bits per weight of the whole model (true bytes × 8 / source parameters)
+    policy: gates/ci.yaml
+    measure: {per_task: 8, holdout_per_task: 24}
+    max_gates: 3
+
+Validated like a recipe (pydantic, `extra="forbid"`): every error names the field and what to do, before
+any model loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from quantize.config import beside_repo, load_yaml
+from quantize.recipe import WEIGHT_ONLY_INT, GPTQRecipe, RTNRecipe, Scheme
+
+
+class Measure(BaseModel):
+    """How much to spend measuring: agreement items per golden task for the sensitivities, and further
+    held-out items per task to check the chosen allocation against random and heuristic ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_task: int = Field(8, ge=1, le=1000)
+    holdout_per_task: int = Field(24, ge=0, le=1000)
+    top_k: int = Field(20, ge=1, le=1000)
+    random_allocations: int = Field(3, ge=0, le=100, description="random allocations of equal bytes to compare")
+
+
+class SearchRecipe(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    description: str | None = None
+    model: str | None = Field(None, description="local checkpoint folder; empty = the embedded default model")
+    base: RTNRecipe | GPTQRecipe = Field(description="the method and settings of every quantized layer group")
+    options: list[Scheme | Literal["keep"]] = Field(
+        default_factory=lambda: [Scheme.W4A16, Scheme.W8A16, "keep"], min_length=2
+    )
+    unit: Literal["block-part", "layer"] = "block-part"
+    budget: float | list[float] = Field(description="bits per weight of the whole model, or a list of budgets")
+    policy: str = Field(description="the gate policy every tried allocation must pass, e.g. gates/ci.yaml")
+    measure: Measure = Field(default_factory=Measure)
+    max_gates: int = Field(3, ge=1, le=50, description="allocations gated at most, cheapest first")
+    output: str | None = Field(None, description="default outputs/<name>")
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, opts: list[Scheme | str]) -> list[Scheme | str]:
+        bad = [o for o in opts if o != "keep" and o not in WEIGHT_ONLY_INT]
+        if bad:
+            raise ValueError(
+                f"options must be weight-only int schemes (W3A16, W4A16, W8A16) or keep; got {bad[0]}: one "
+                "checkpoint mixes weight-only int layers only"
+            )
+        if len(set(opts)) != len(opts):
+            raise ValueError(f"options repeat a choice: {[getattr(o, 'value', o) for o in opts]}")
+        return opts
+
+    @field_validator("budget")
+    @classmethod
+    def _budget(cls, b: float | list[float]) -> float | list[float]:
+        for x in b if isinstance(b, list) else [b]:
+            if not 1 <= x <= 32:
+                raise ValueError(f"budget {x} is not a plausible bits per weight; give e.g. 7.5 (between 1 and 32)")
+        if isinstance(b, list) and not b:
+            raise ValueError("budget is an empty list; give one number or a list of them")
+        return b
+
+    @model_validator(mode="after")
+    def _base(self) -> SearchRecipe:
+        if self.base.scheme not in self.options:
+            raise ValueError(
+                f"the base scheme {self.base.scheme.value} must be one of the options "
+                f"{[getattr(o, 'value', o) for o in self.options]}"
+            )
+        if not self.base.symmetric:
+            raise ValueError("the search counts bytes of symmetric schemes; set base.symmetric: true")
+        if self.base.overrides:
+            raise ValueError("base.overrides is what the search writes; remove it from the search recipe")
+        if self.base.method.value == "gptq":
+            raise ValueError(
+                "the search measures each layer group's damage by quantizing it alone, in place; that is exact "
+                "for rtn (no calibration). For gptq it would take one calibration run per layer group; use "
+                "method rtn in `base:`"
+            )
+        return self
+
+    @property
+    def budgets(self) -> list[float]:
+        return sorted(self.budget) if isinstance(self.budget, list) else [self.budget]
+
+
+def load_search(path: str | Path) -> tuple[SearchRecipe, str]:
+    spec, sha = load_yaml(path, SearchRecipe, "search recipe", "see recipes/search-w4-w8.yaml")
+    if spec.name is None:
+        spec.name = Path(path).stem
+    spec.policy = beside_repo(path, spec.policy)
+    return spec, sha

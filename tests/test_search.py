@@ -1,0 +1,207 @@
+"""`quantize search`: true bytes per option, the knapsack, sensitivity with a planted fragile layer group,
+mixed-precision checkpoints that reload with the planned bits, and the search end to end on a tiny model."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from quantize.cli import main
+from quantize.golden.build import Sizes, build_core
+from quantize.search.allocate import knapsack, random_allocation
+
+from conftest import make_sources, make_tiny_llama
+
+OPTIONS = ["W4A16", "W8A16", "keep"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_model):
+    base = tmp_path_factory.mktemp("search")
+    build_core(make_sources(base / "src"), base / "golden" / "v1", seed=3, sizes=Sizes(6, 6, 4, 6, 3, 3))
+    suite = base / "suite.yaml"
+    suite.write_text(f"golden: {base / 'golden' / 'v1'}\nbatch_size: 4\nagreement: {{per_task: 4, top_k: 5}}\n")
+    policy = base / "gate.yaml"
+    policy.write_text(
+        f"suite: {suite}\nfail_on_inconclusive: false\nrules:\n"
+        "  - {task: core_facts, metric: acc, margin: 0.9}\n  - {agreement: kl, max: 5.0}\n"
+    )
+    return base, suite, policy
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path_factory.getbasetemp() / "qcache-search"))
+
+
+def spec(path: Path, model: Path, policy: Path, out: Path, **extra) -> Path:
+    doc = {
+        "model": str(model),
+        "base": {"method": "rtn", "scheme": "W4A16", "group_size": 64, "calibration": None},
+        "options": OPTIONS,
+        "budget": 13.0,
+        "policy": str(policy),
+        "measure": {"per_task": 2, "holdout_per_task": 2, "top_k": 5, "random_allocations": 2},
+        "max_gates": 1,
+        "output": str(out),
+        **extra,
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+# --- the knapsack -----------------------------------------------------------------------------------
+
+
+def test_knapsack_is_optimal_and_never_over_budget():
+    rng = random.Random(0)
+    for _ in range(30):
+        n = 5
+        by = [{"a": rng.randint(100, 200), "b": rng.randint(300, 500), "c": rng.randint(600, 900)} for _ in range(n)]
+        dmg = [{"a": rng.random(), "b": rng.random() / 4, "c": 0.0} for _ in range(n)]
+        cap = rng.randint(sum(b["a"] for b in by), sum(b["c"] for b in by))
+        got = knapsack(by, dmg, cap, resolution=1)
+        assert sum(by[u][o] for u, o in enumerate(got)) <= cap
+        best = min(
+            (sum(dmg[u][o] for u, o in enumerate(c)), c)
+            for c in itertools.product("abc", repeat=n)
+            if sum(by[u][o] for u, o in enumerate(c)) <= cap
+        )
+        assert sum(dmg[u][o] for u, o in enumerate(got)) == pytest.approx(best[0])
+        coarse = knapsack(by, dmg, cap, resolution=64)  # rounding bytes up: still within the budget
+        assert sum(by[u][o] for u, o in enumerate(coarse)) <= cap
+    assert knapsack([{"a": 10}], [{"a": 0.0}], 9) is None
+
+
+def test_random_allocation_fills_but_never_exceeds():
+    by = [{"W4A16": 10, "W8A16": 20}] * 6
+    a = random_allocation(by, 90, "W4A16", "W8A16", seed=1)
+    assert sum(by[0][o] for o in a) <= 90 and a.count("W8A16") == 3
+
+
+# --- bytes and reload ---------------------------------------------------------------------------------
+
+
+def test_a_mixed_checkpoint_has_the_planned_bytes_and_bits_per_layer(tmp_path, tiny_model, capsys):
+    """The byte model equals the written checkpoint's headers, and `inspect --modules` reads back each
+    layer group's bits."""
+    from quantize.plan import meta_model
+    from quantize.recipe import parse_recipe
+    from quantize.search.units import layout
+
+    base = parse_recipe({"method": "rtn", "scheme": "W4A16", "group_size": 64, "calibration": None})
+    lay = layout(meta_model(tiny_model, False), tiny_model, base, OPTIONS, "block-part")
+    assert [u.name for u in lay.units] == [
+        "model.layers.0.self_attn",
+        "model.layers.0.mlp",
+        "model.layers.1.self_attn",
+        "model.layers.1.mlp",
+    ]
+    alloc = dict(zip([u.name for u in lay.units], ["W8A16", "W4A16", "W4A16", "keep"], strict=True))
+    from quantize.search.run import recipe_for
+    from quantize.search.spec import SearchRecipe
+
+    s = SearchRecipe(base=base, options=OPTIONS, budget=9.0, policy="gates/ci.yaml")
+    out = tmp_path / "mixed"
+    r = recipe_for(s, tiny_model, alloc, lay, out)
+    (tmp_path / "mixed.yaml").write_text(json.dumps(r))
+    assert main(["run", str(tmp_path / "mixed.yaml"), "--quiet"]) == 0
+    capsys.readouterr()
+    meta = json.loads((out / "quantize.json").read_text())
+    assert meta["bits"]["total_bytes"] == lay.total(alloc)
+    assert meta["layer_plan"]["schemes"] == {"W8A16": 4} and len(meta["layer_plan"]["kept_16bit"]) == 3
+    assert main(["inspect", str(out), "--modules", "--json"]) == 0
+    mods = {m["module"]: m for m in json.loads(capsys.readouterr().out)["modules"]}
+    assert round(mods["model.layers.0.self_attn.q_proj"]["bits_per_weight"]) == 8
+    assert round(mods["model.layers.1.self_attn.q_proj"]["bits_per_weight"]) == 4
+    assert mods["model.layers.1.mlp.up_proj"]["bits_per_weight"] == 16
+    from quantize.models import load_model
+
+    model, _ = load_model(out, dtype="float32")  # reloads strictly
+    assert model is not None
+
+
+# --- sensitivity --------------------------------------------------------------------------------------
+
+
+def test_sensitivity_ranks_a_planted_fragile_layer_group_first(world, tmp_path):
+    """Layer 1's MLP reads input channel 0 through a norm weight of 0, so a huge weight in that column changes
+    nothing until it is quantized: with min-max scales per group of 64, every other weight of the group then
+    rounds to 0. The planted group must come out as the most sensitive."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from quantize.evaluate.agreement import Scorer, baseline_topk, requests
+    from quantize.models import load_model
+    from quantize.plan import meta_model
+    from quantize.recipe import parse_recipe
+    from quantize.search.sensitivity import sensitivities
+    from quantize.search.units import layout
+    from quantize.suite import open_suite
+
+    fragile = make_tiny_llama(tmp_path / "fragile", seed=2)
+    f = fragile / "model.safetensors"
+    t = load_file(f)
+    norm = t["model.layers.1.post_attention_layernorm.weight"].clone()
+    norm[0] = 0
+    t["model.layers.1.post_attention_layernorm.weight"] = norm
+    for proj in ("gate_proj", "up_proj"):
+        w = t[f"model.layers.1.mlp.{proj}.weight"].float()
+        w[:, 0] = w.abs().max() * 1000
+        t[f"model.layers.1.mlp.{proj}.weight"] = w.to(torch.bfloat16)
+    # and make the MLP matter: a random tiny model's MLP barely moves the residual stream
+    t["model.layers.1.mlp.down_proj.weight"] = (t["model.layers.1.mlp.down_proj.weight"].float() * 50).to(
+        torch.bfloat16
+    )
+    save_file(t, f, metadata={"format": "pt"})
+    base = parse_recipe({"method": "rtn", "scheme": "W4A16", "group_size": 64, "calibration": None})
+    lay = layout(meta_model(fragile, False), fragile, base, OPTIONS, "block-part")
+    _, suite_path, _ = world
+    suite = open_suite(suite_path)
+    model, tok = load_model(fragile, dtype="float32")
+    scorer = Scorer(model, tok, 4, 512)
+    reqs = requests(suite.golden, suite.golden.tasks, 3)
+    top = baseline_topk(scorer, reqs, 5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    sens = sensitivities(scorer, reqs, top, model, lay.units, OPTIONS, progress=False)
+    assert max(sens, key=lambda u: sens[u]["W4A16"]) == "model.layers.1.mlp", sens
+    assert all(s["W8A16"] < s["W4A16"] and s["keep"] == 0 for s in sens.values())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # weights restored
+
+
+# --- the command ---------------------------------------------------------------------------------------
+
+
+def test_a_budget_below_the_smallest_model_is_refused_before_any_model_loads(
+    world, tiny_model, tmp_path, capsys, monkeypatch
+):
+    import quantize.models
+
+    monkeypatch.setattr(quantize.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    _, _, policy = world
+    s = spec(tmp_path / "s.yaml", tiny_model, policy, tmp_path / "out", budget=1.5)
+    assert main(["search", str(s)]) == 2
+    err = capsys.readouterr().err
+    assert "below the smallest model these options make" in err and not (tmp_path / "out").exists()
+
+
+def test_search_end_to_end_on_a_tiny_model(world, tiny_model, tmp_path, capsys):
+    _, _, policy = world
+    out = tmp_path / "found"
+    s = spec(tmp_path / "s.yaml", tiny_model, policy, out)
+    assert main(["search", str(s), "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["result"] == str(out) and (out / "search.json").is_file()
+    run = json.loads((out / "quantize.json").read_text())
+    assert run["search"]["report"] == "search.json" and run["search"]["try_index"] >= 1
+    passed = next(t for t in report["tries"] if t["checkpoint"] == str(out))
+    assert passed["verdict"] == "pass" and passed["true_bytes"] == passed["allocation"]["bytes"]
+    assert passed["allocation"]["bits_per_weight"] <= 13.0
+    labels = [c["label"] for c in report["comparisons"]]
+    assert labels[0].startswith("heuristic") and "searched (same bytes)" in labels
+    same = {c["bytes"] for c in report["comparisons"][1:]}
+    assert max(same) <= report["comparisons"][0]["bytes"]  # compared at no more bytes than the heuristic
