@@ -465,7 +465,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from quantize.records import to_json
     from quantize.search.run import run_search
 
-    report = run_search(args.spec, args.budget, quiet=args.quiet)
+    report = run_search(args.spec, args.budget, quiet=args.quiet, policy=args.policy)
     print(to_json(report) if args.json else search_text(report))
     return EXIT_OK if report.result else 1
 
@@ -676,6 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument(
         "--budget", type=float, action="append", help="bits per weight (repeat for several); overrides the spec"
     )
+    se.add_argument("--policy", help="the gate policy every tried allocation must pass; overrides the spec's")
     se.add_argument("--quiet", action="store_true", help="silence library progress bars")
     se.add_argument("--json", action="store_true", help="print search.json")
     se.set_defaults(fn=cmd_search)

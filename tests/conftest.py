@@ -274,3 +274,22 @@ def judge(policy, base: dict, cand: dict, agreement: dict | None = None):
 def baseline(n: int = 2000, seed: int = 0) -> tuple[list[float], list[float]]:
     rng = random.Random(seed)
     return [float(rng.random() < 0.6) for _ in range(n)], [-300.0 - 40 * rng.random() for _ in range(100)]
+
+
+def lm_eval_direct(tasks: list[str], include: Path, **model) -> dict:
+    """lm-eval's own `simple_evaluate` on task YAMLs in `include`, seeded as our scorer seeds it: the
+    reference our per-item records are compared with."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    return simple_evaluate(
+        **model,
+        tasks=tasks,
+        task_manager=TaskManager(include_path=str(include), include_defaults=False),
+        log_samples=True,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )

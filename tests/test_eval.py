@@ -18,7 +18,7 @@ from quantize.golden.build import Sizes, build_core
 from quantize.records import AgreementResult, ScoreDoc, Verdict
 from quantize.suite import open_suite
 
-from conftest import make_sources
+from conftest import lm_eval_direct, make_sources
 
 SIZES = Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3)
 
@@ -190,9 +190,6 @@ def test_same_weights_under_another_config_are_another_checkpoint(setup, tiny_mo
 def test_scoring_through_our_loader_equals_lm_evals_own_loading(setup, tiny_model, tmp_path):
     """The HF backend now scores a model our strict loader loaded; per item, the log-likelihoods are
     the ones lm-eval gets when it loads the same checkpoint by path."""
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-
     from quantize.evaluate.score import item_records, model_args
     from quantize.golden.manifest import lm_eval_tasks
 
@@ -200,19 +197,13 @@ def test_scoring_through_our_loader_equals_lm_evals_own_loading(setup, tiny_mode
     s = open_suite(suite)
     ours, _ = score(s, tiny_model)
     include = lm_eval_tasks(s.golden, tmp_path / "tasks")
-    r = simple_evaluate(
+    r = lm_eval_direct(
+        s.tasks,
+        include,
         model="hf",
         model_args=model_args(s.suite, tiny_model, "cpu"),
-        tasks=s.tasks,
-        task_manager=TaskManager(include_path=str(include), include_defaults=False),
         batch_size=s.suite.batch_size,
         device="cpu",
-        log_samples=True,
-        bootstrap_iters=0,
-        random_seed=0,
-        numpy_random_seed=0,
-        torch_random_seed=0,
-        fewshot_random_seed=0,
     )
     for task in s.tasks:
         theirs, _ = item_records(r["configs"][task]["output_type"], r["samples"][task], s.golden.item_key(task))

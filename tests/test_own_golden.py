@@ -19,7 +19,7 @@ from quantize.golden.manifest import verify
 from quantize.records import Verdict
 from quantize.suite import open_suite
 
-from conftest import make_tiny_llama
+from conftest import lm_eval_direct, make_tiny_llama
 
 WORDS = [
     *("the", "of", "a", "and", "to", "is", "in", "that", "it", "for", "as", "with"),
@@ -136,9 +136,7 @@ def test_freeze_writes_a_verified_set_with_sources_ids_clusters_and_fewshot(user
 def test_frozen_set_scores_item_for_item_like_the_original_task(user, tiny_model):
     """The same model, the original task (lm-eval loading the user's YAML and data) and the frozen one
     (ours, offline): equal per-item scores, log-likelihoods and generations."""
-    from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
     from quantize.evaluate.score import item_records
     from quantize.models import LastModel
@@ -147,17 +145,7 @@ def test_frozen_set_scores_item_for_item_like_the_original_task(user, tiny_model
     s = open_suite(suite)
     ours = score(s, tiny_model).doc
     model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
-    r = simple_evaluate(
-        model=HFLM(pretrained=model, tokenizer=tok, batch_size=4),
-        tasks=TASKS,
-        task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
-        log_samples=True,
-        bootstrap_iters=0,
-        random_seed=0,
-        numpy_random_seed=0,
-        torch_random_seed=0,
-        fewshot_random_seed=0,
-    )
+    r = lm_eval_direct(TASKS, tasks, model=HFLM(pretrained=model, tokenizer=tok, batch_size=4))
     for t in TASKS:
         # the original documents carry no id: lm-eval's doc_id is the frozen item's index
         samples = [{**x, "doc": {**x["doc"], "golden_id": f"{t}-{x['doc_id']:05d}"}} for x in r["samples"][t]]

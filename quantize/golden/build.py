@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.golden import sources as src
+from quantize.golden.version import ROLLING_METRICS
 
 TASK_VERSION = 1.0
 GROUP = "core"
@@ -229,14 +230,7 @@ def task_configs() -> dict[str, dict[str, Any]]:
             "output_type": "loglikelihood_rolling",
             "doc_to_text": "",
             "doc_to_target": "{{text}}",
-            "metric_list": [
-                {"metric": m, "aggregation": agg, "higher_is_better": False}
-                for m, agg in (
-                    ("word_perplexity", "weighted_perplexity"),
-                    ("byte_perplexity", "weighted_perplexity"),
-                    ("bits_per_byte", "bits_per_byte"),
-                )
-            ],
+            "metric_list": [dict(m) for m in ROLLING_METRICS],
         },
     }
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
-from quantize.golden.version import TaskFiles, check_new_version, write_version
+from quantize.golden.version import ROLLING_METRICS, TaskFiles, check_new_version, write_version
 
 MAX_LINE = 64 * 1024
 MAX_FILE = 256 * 2**20
@@ -67,14 +67,7 @@ def task_config(kind: str, regex: str | None, stop: list[str], max_gen_toks: int
             "output_type": "loglikelihood_rolling",
             "doc_to_text": "",
             "doc_to_target": "text",
-            "metric_list": [
-                {"metric": m, "aggregation": a, "higher_is_better": False}
-                for m, a in (
-                    ("word_perplexity", "weighted_perplexity"),
-                    ("byte_perplexity", "weighted_perplexity"),
-                    ("bits_per_byte", "bits_per_byte"),
-                )
-            ],
+            "metric_list": [dict(m) for m in ROLLING_METRICS],
         }
     steps: list[dict[str, Any]] = []
     if regex is not None:

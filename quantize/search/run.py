@@ -44,7 +44,7 @@ def _block(name: str) -> int | None:
 
 
 def preflight(
-    spec_path: str, budgets: list[float] | None
+    spec_path: str, budgets: list[float] | None, policy_path: str | None = None
 ) -> tuple[SearchRecipe, str, Any, Any, Path, Layout, list[float]]:
     """Everything checkable before a model loads."""
     from quantize.gates.policy import load_policy
@@ -55,6 +55,8 @@ def preflight(
     from quantize.suite import open_suite
 
     spec, sha = load_search(spec_path)
+    if policy_path:
+        spec.policy = policy_path
     policy = load_policy(spec.policy)
     suite = open_suite(policy.suite)
     check_rules(policy, suite)
@@ -108,16 +110,18 @@ def recipe_for(spec: SearchRecipe, model_dir: Path, alloc: dict[str, str], lay: 
         if opt != option_name(spec.base.scheme):
             by.setdefault(opt, []).extend(lin.name for lin in units[name].linears)
     base["overrides"] = [{"targets": sorted(names), "scheme": opt} for opt, names in sorted(by.items())]
-    return {"name": out.name, "model": str(model_dir), "output": str(out), **base}
+    return {"name": spec.name, "model": str(model_dir), "output": str(out), **base}
 
 
-def run_search(spec_path: str, budgets: list[float] | None = None, quiet: bool = False) -> SearchReport:
+def run_search(
+    spec_path: str, budgets: list[float] | None = None, quiet: bool = False, policy: str | None = None
+) -> SearchReport:
     from quantize.evaluate.agreement import Scorer, baseline_topk, requests
     from quantize.models import LastModel
     from quantize.runtime import quiet_libraries
     from quantize.search.sensitivity import measure, sensitivities
 
-    spec, sha, policy, suite, model_dir, lay, wanted = preflight(spec_path, budgets)
+    spec, sha, policy, suite, model_dir, lay, wanted = preflight(spec_path, budgets, policy)
     options = [option_name(o) for o in spec.options]
     base_opt = option_name(spec.base.scheme)
     ints = [o for o in options if o != "keep"]
