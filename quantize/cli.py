@@ -489,7 +489,9 @@ def search_text(r: Any) -> str:
         )
     )
     if r.comparisons:
-        lines += ["", "at equal bytes (held-out mean KL):"]
+        rand = [c.holdout_kl for c in r.comparisons if c.label.startswith("random") and c.holdout_kl is not None]
+        mean = f"; random allocations: mean {sum(rand) / len(rand):.4f} over {len(rand)}" if rand else ""
+        lines += ["", f"at equal bytes (held-out mean KL{mean}):"]
         lines.append(
             table(
                 [
@@ -499,24 +501,23 @@ def search_text(r: Any) -> str:
                 ["allocation", "bits/weight", "predicted KL", "held-out KL", "options"],
             )
         )
-    lines += ["", "tried (cheapest first):"]
-    lines.append(
-        table(
+    lines += ["", "frontier (cheapest first; gated by bisection, the largest first):"]
+    rows = []
+    for t in r.tries:
+        a = t.allocation
+        top1 = "-" if a.holdout_top1 is None else f"{a.holdout_top1:.3f}"
+        verdict = t.verdict.upper() if t.verdict else t.note
+        rows.append(
             [
-                [
-                    t.allocation.label,
-                    f"{t.allocation.bits_per_weight:.3f}",
-                    f"{t.allocation.holdout_kl:.4f}",
-                    (t.verdict or "not gated (agreement limits broken on held-out items)").upper()
-                    if t.gated
-                    else "not gated",
-                    ", ".join(t.failed_rules) or "-",
-                ]
-                for t in r.tries
-            ],
-            ["try", "bits/weight", "held-out KL", "verdict", "failed rules"],
+                a.label,
+                f"{a.bits_per_weight:.3f}",
+                f"{a.holdout_kl:.4f}",
+                top1,
+                verdict,
+                ", ".join(t.failed_rules) or "-",
+            ]
         )
-    )
+    lines.append(table(rows, ["allocation", "bits/weight", "held-out KL", "top-1", "verdict", "failed rules"]))
     if r.result:
         lines.append(f"\nresult: {r.result} (quantize.json and search.json there)")
     else:

@@ -488,6 +488,7 @@ class TryRecord(_Strict):
     true_bytes: int | None  # read back from the written checkpoint
     verdict: GateOutcome | None
     failed_rules: list[str]
+    note: str = ""  # why it was not gated
 
 
 class SearchReport(Record):

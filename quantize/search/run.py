@@ -62,8 +62,12 @@ def preflight(
     check_rules(policy, suite)
     model_dir = resolve_model(spec.model)
     out = Path(spec.output or f"outputs/{spec.name}")
-    if out.exists():
-        raise UsageError(f"output {out} already exists; remove it or set `output:` in {spec_path}")
+    for p in (out, out.parent / f"{out.name}.tries"):
+        if p.exists():
+            raise UsageError(
+                f"{p} already exists (an earlier search: its search.json records what was tried); remove it or "
+                f"set `output:` in {spec_path}"
+            )
     options = [option_name(o) for o in spec.options]
     lay = layout(meta_model(model_dir, False), model_dir, spec.base, options, spec.unit)
     smallest = lay.bits(lay.fixed_bytes + sum(min(u.bytes.values()) for u in lay.units))
@@ -200,30 +204,43 @@ def run_search(
         )
         kl_max, top1_min = _agreement_limits(policy)
         tries: list[TryRecord] = []
-        result = None
-        gated = 0
-        last: dict[str, str] | None = None
+        frontier: list[tuple[dict[str, str], AllocationRecord]] = []
         for bits in points:
             alloc = best(lay.budget_bytes(bits))
-            if alloc is None or alloc == last:
+            if alloc is None or (frontier and alloc == frontier[-1][0]):
                 continue
-            last = alloc
-            rec = _record(f"try {len(tries) + 1} (budget {bits:.3f})", lay, alloc, sens, held(alloc))
+            rec = _record(f"frontier {len(frontier) + 1} (budget {bits:.3f})", lay, alloc, sens, held(alloc))
             breaks = rec.holdout_kl is not None and (
                 (kl_max is not None and rec.holdout_kl > kl_max)
                 or (top1_min is not None and rec.holdout_top1 is not None and rec.holdout_top1 < top1_min)
             )
-            if breaks or gated >= spec.max_gates:
+            if breaks:  # already outside the policy's agreement limits: not worth a gate
                 tries.append(
                     TryRecord(
-                        allocation=rec, gated=False, checkpoint=None, true_bytes=None, verdict=None, failed_rules=[]
+                        allocation=rec,
+                        gated=False,
+                        checkpoint=None,
+                        true_bytes=None,
+                        verdict=None,
+                        failed_rules=[],
+                        note="outside the policy's agreement limits on held-out items",
                     )
                 )
-                continue
-            gated += 1
-            ckpt = tries_dir / f"try-{len(tries) + 1}"
+            else:
+                frontier.append((alloc, rec))
+        # gate by bisection over the frontier (more bytes, less damage): the largest first, since if it fails
+        # nothing within the budget passes; then the smallest that passes, in at most 1 + log2(n) gates
+        result = None
+        lo, hi = 0, len(frontier) - 1
+        verdicts: dict[int, str] = {}
+        order = [hi] if frontier else []
+        while order and len(verdicts) < spec.max_gates:
+            i = order.pop()
+            alloc, rec = frontier[i]
+            ckpt = tries_dir / f"try-{len(verdicts) + 1}"
             recipe = recipe_for(spec, model_dir, alloc, lay, ckpt)
             true_bytes, verdict = _convert_and_gate(spec, recipe, tries_dir, ckpt, model_dir, quiet)
+            verdicts[i] = verdict.verdict
             failed = [r.rule for r in verdict.rules if r.verdict != "pass"]
             tries.append(
                 TryRecord(
@@ -236,8 +253,27 @@ def run_search(
                 )
             )
             if verdict.verdict == "pass":
-                result = ckpt
-                break
+                result, hi = ckpt, i - 1
+            else:
+                lo = i + 1
+                if result is None and i == len(frontier) - 1:
+                    break  # the largest allocation within the budget fails
+            if lo <= hi:
+                order.append((lo + hi) // 2)
+        for _, rec in frontier:  # the frontier points never gated, for the record
+            if all(t.allocation is not rec for t in tries):
+                tries.append(
+                    TryRecord(
+                        allocation=rec,
+                        gated=False,
+                        checkpoint=None,
+                        true_bytes=None,
+                        verdict=None,
+                        failed_rules=[],
+                        note="not gated: the bisection settled without it",
+                    )
+                )
+        tries.sort(key=lambda t: t.allocation.bytes)
     drivers = []
     if result is None:
         drivers = sorted(names, key=lambda n: -sens[n].get(base_opt, 0.0))[:5]
@@ -262,7 +298,7 @@ def run_search(
         drivers=drivers,
     )
     if result is not None:
-        # the passing try becomes the output: renamed into place, its quantize.json pointing at the search
+        # the smallest passing try becomes the output: renamed into place, its quantize.json pointing at the search
         result.rename(out)
         report.result = str(out)
         for t in report.tries:
