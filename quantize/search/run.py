@@ -205,11 +205,11 @@ def run_search(
         kl_max, top1_min = _agreement_limits(policy)
         tries: list[TryRecord] = []
         frontier: list[tuple[dict[str, str], AllocationRecord]] = []
-        for bits in points:
+        for k, bits in enumerate(points, 1):
             alloc = best(lay.budget_bytes(bits))
             if alloc is None or (frontier and alloc == frontier[-1][0]):
                 continue
-            rec = _record(f"frontier {len(frontier) + 1} (budget {bits:.3f})", lay, alloc, sens, held(alloc))
+            rec = _record(f"point {k} (budget {bits:.3f})", lay, alloc, sens, held(alloc))
             breaks = rec.holdout_kl is not None and (
                 (kl_max is not None and rec.holdout_kl > kl_max)
                 or (top1_min is not None and rec.holdout_top1 is not None and rec.holdout_top1 < top1_min)
