@@ -105,6 +105,12 @@ def _agreement_limits(policy: Any) -> tuple[float | None, float | None]:
     return kl, top1
 
 
+def _not_gated(rec: AllocationRecord, why: str) -> TryRecord:
+    return TryRecord(
+        allocation=rec, gated=False, checkpoint=None, true_bytes=None, verdict=None, failed_rules=[], note=why
+    )
+
+
 def recipe_for(spec: SearchRecipe, model_dir: Path, alloc: dict[str, str], lay: Layout, out: Path) -> dict[str, Any]:
     """A plain rtn recipe: the base settings, with the units given other options as overrides."""
     base = spec.base.model_dump(mode="json", exclude={"overrides", "name", "output", "model"})
@@ -215,17 +221,7 @@ def run_search(
                 or (top1_min is not None and rec.holdout_top1 is not None and rec.holdout_top1 < top1_min)
             )
             if breaks:  # already outside the policy's agreement limits: not worth a gate
-                tries.append(
-                    TryRecord(
-                        allocation=rec,
-                        gated=False,
-                        checkpoint=None,
-                        true_bytes=None,
-                        verdict=None,
-                        failed_rules=[],
-                        note="outside the policy's agreement limits on held-out items",
-                    )
-                )
+                tries.append(_not_gated(rec, "outside the policy's agreement limits on held-out items"))
             else:
                 frontier.append((alloc, rec))
         # gate by bisection over the frontier (more bytes, less damage): the largest first, since if it fails
@@ -262,17 +258,7 @@ def run_search(
                 order.append((lo + hi) // 2)
         for _, rec in frontier:  # the frontier points never gated, for the record
             if all(t.allocation is not rec for t in tries):
-                tries.append(
-                    TryRecord(
-                        allocation=rec,
-                        gated=False,
-                        checkpoint=None,
-                        true_bytes=None,
-                        verdict=None,
-                        failed_rules=[],
-                        note="not gated: the bisection settled without it",
-                    )
-                )
+                tries.append(_not_gated(rec, "not gated: the bisection settled without it"))
         tries.sort(key=lambda t: t.allocation.bytes)
     drivers = []
     if result is None:
