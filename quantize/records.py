@@ -491,6 +491,18 @@ class TryRecord(_Strict):
     note: str = ""  # why it was not gated
 
 
+class SensitivityRecord(Record):
+    """$QUANTIZE_CACHE/search/sens-*.json: each layer group's damage per option, keyed by what changes it."""
+
+    WHAT: ClassVar[str] = "sensitivity cache entry"
+    REGENERATE: ClassVar[str] = "delete it; the next `quantize search` measures again"
+
+    schema_version: Literal[1] = 1
+    key: str
+    kl: dict[str, dict[str, float]]  # layer group -> option -> mean KL with it alone quantized so
+    seconds: float
+
+
 class SearchReport(Record):
     """search.json: what `quantize search` measured, compared and tried."""
 

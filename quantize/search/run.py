@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import json
 import re
 import time
 from collections import Counter
@@ -30,7 +29,14 @@ from quantize import cache, records
 from quantize.errors import UsageError
 from quantize.io import sha256_json
 from quantize.recipe import WEIGHT_ONLY_INT, Scheme
-from quantize.records import AllocationRecord, SearchRef, SearchReport, TryRecord, UnitRecord
+from quantize.records import (
+    AllocationRecord,
+    SearchRef,
+    SearchReport,
+    SensitivityRecord,
+    TryRecord,
+    UnitRecord,
+)
 from quantize.search.allocate import knapsack, random_allocation
 from quantize.search.spec import SearchRecipe, load_search
 from quantize.search.units import Layout, option_name
@@ -166,18 +172,16 @@ def run_search(
                 "top_k": m.top_k,
             }
         )
-        path = cache.cache_dir() / "search" / f"sens-{key[:32]}.json"
+        path = cache.cache_dir() / "search" / f"sensitivity-{key[:32]}.json"
         t0 = time.perf_counter()
         if path.is_file():
-            stored = json.loads(path.read_text())
-            sens, sens_seconds = stored["kl"], stored["seconds"]
+            stored = records.read(SensitivityRecord, path)
+            sens, sens_seconds = stored.kl, stored.seconds
         else:
             sens = sensitivities(scorer, sens_reqs, base_sens, model, lay.units, options, progress=not quiet)
             sens_seconds = round(time.perf_counter() - t0, 1)
-            from quantize.io import write_text_atomic
-
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(path, json.dumps({"kl": sens, "seconds": sens_seconds}))
+            records.write(path, SensitivityRecord(key=key, kl=sens, seconds=sens_seconds))
         names = [u.name for u in lay.units]
 
         def held(alloc: dict[str, str]) -> dict | None:
