@@ -279,8 +279,19 @@ class VerbatimRecipe(_Recipe):
         return True
 
 
+class _SearchRecipeGiven(BaseModel):
+    """A search recipe handed to `quantize run`: one message saying which command takes it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, v: Any) -> Any:
+        raise ValueError("this is a search recipe (it has `base:` and `budget:`); run it with `quantize search FILE`")
+
+
 def _method(v: Any) -> str | None:
     """The union's tag: the method's name when it is one, else None (pydantic reports an unknown method)."""
+    if isinstance(v, dict) and "base" in v and "budget" in v and "method" not in v:
+        return "search"
     m = v.get("method") if isinstance(v, dict) else getattr(v, "method", None)
     if isinstance(m, Method):
         return m.value
@@ -293,7 +304,8 @@ Recipe = Annotated[
     | Annotated[AWQRecipe, Tag("awq")]
     | Annotated[SmoothQuantRecipe, Tag("smoothquant")]
     | Annotated[FP8Recipe, Tag("fp8")]
-    | Annotated[VerbatimRecipe, Tag("llmcompressor")],
+    | Annotated[VerbatimRecipe, Tag("llmcompressor")]
+    | Annotated[_SearchRecipeGiven, Tag("search")],
     Discriminator(
         _method,
         custom_error_type="invalid_method",
@@ -344,4 +356,4 @@ def resolved_dict(recipe: Recipe) -> dict[str, Any]:
     return recipe.model_dump(mode="json")
 
 
-METHOD_TAGS = frozenset(m.value for m in Method)
+METHOD_TAGS = frozenset(m.value for m in Method) | {"search"}

@@ -203,3 +203,13 @@ def test_every_shipped_recipe_is_valid():
             continue
         r, _ = load_recipe(p)
         assert r.output == f"outputs/{p.stem}"
+
+
+def test_a_search_recipe_given_to_run_names_the_command_that_takes_it(capsys):
+    from pathlib import Path
+
+    from quantize.cli import main
+
+    spec = Path(__file__).parent.parent / "recipes" / "search-w4-w8.yaml"
+    assert main(["run", str(spec)]) == 2
+    assert "run it with `quantize search FILE`" in capsys.readouterr().err
