@@ -43,21 +43,28 @@ def check_rules(policy: Policy, suite: OpenSuite) -> None:
             )
 
 
+def check_target(p: Path, checkpoint_only: str | None = None) -> None:
+    """A side of a comparison exists and is a checkpoint folder or a score file; `checkpoint_only`: why
+    a score file will not do."""
+    if not p.exists():
+        raise UsageError(f"{p} does not exist; pass a checkpoint folder or a score file (.json)")
+    if p.is_dir():
+        check_model_dir(p)
+    elif checkpoint_only:
+        raise UsageError(f"{checkpoint_only}: {p}")
+    elif p.suffix != ".json":
+        raise UsageError(
+            f"{p} is neither a checkpoint folder nor a score file (.json written by "
+            "`quantize eval SUITE CKPT --json --items`)"
+        )
+
+
 def check_targets(policy: Policy, baseline: Path, candidate: Path) -> bool:
     """Both sides exist and are checkpoints or score files; returns whether agreement is needed."""
     needs_agreement = any(isinstance(r, AgreementRule) for r in policy.rules)
+    why = f"policy {policy.name} has agreement rules, which need checkpoints, not score files"
     for p in (baseline, candidate):
-        if not p.exists():
-            raise UsageError(f"{p} does not exist; pass a checkpoint folder or a score file (.json)")
-        if p.is_dir():
-            check_model_dir(p)
-        elif needs_agreement:
-            raise UsageError(f"policy {policy.name} has agreement rules, which need checkpoints, not score files: {p}")
-        elif p.suffix != ".json":
-            raise UsageError(
-                f"{p} is neither a checkpoint folder nor a score file (.json written by "
-                "`quantize eval SUITE CKPT --json --items`)"
-            )
+        check_target(p, why if needs_agreement else None)
     return needs_agreement
 
 
@@ -128,8 +135,7 @@ def run_sizing(
         )
     suite = open_suite(suite_path)
     for p in (baseline, candidate):
-        if not p.exists():
-            raise UsageError(f"{p} does not exist; pass a checkpoint folder or a score file (.json)")
+        check_target(p)
     models = LastModel()
     base = load_scores(suite, baseline, models)
     cand = load_scores(suite, candidate, models)

@@ -95,27 +95,14 @@ class GoldenSet:
     path: Path
     manifest: dict[str, Any]
     manifest_sha256: str
+    entries: dict[str, TaskEntry]  # task -> where its items are and how they are keyed (task_entries)
 
     @property
     def tasks(self) -> list[str]:
-        if self.manifest.get("tasks"):
-            return sorted(self.manifest["tasks"])
-        return sorted(
-            Path(n).stem
-            for n in self.manifest["files"]
-            if n.startswith("tasks/") and Path(n).stem != self.manifest["group"]
-        )
+        return sorted(self.entries)
 
     def entry(self, task: str) -> TaskEntry:
-        """Where a task's items are and how they are keyed. core/v1 predates task entries: its items
-        are data/<task without the group prefix>.jsonl with `id` and `cluster` fields."""
-        if self.manifest.get("tasks"):
-            return TaskEntry(**self.manifest["tasks"][task])
-        import yaml
-
-        cfg = yaml.safe_load((self.path / "tasks" / f"{task}.yaml").read_text(encoding="utf-8"))
-        name = task.removeprefix(f"{self.manifest['group']}_")
-        return TaskEntry(data=f"data/{name}.jsonl", output_type=cfg["output_type"], cluster_field="cluster")
+        return self.entries[task]
 
     def item_key(self, task: str) -> tuple[str, str | None]:
         """(id field, cluster field or None) of a task's items."""
@@ -167,7 +154,31 @@ def verify(path: str | Path) -> GoldenSet:
             + "\n".join(f"  - {p}" for p in problems)
             + "\nA version is immutable: restore the files from version control, or build a new version folder."
         )
-    return GoldenSet(root, manifest, hashlib.sha256(raw).hexdigest())
+    return GoldenSet(root, manifest, hashlib.sha256(raw).hexdigest(), task_entries(root, manifest))
+
+
+def task_entries(root: Path, manifest: dict[str, Any]) -> dict[str, TaskEntry]:
+    """Each task's entry, read once. core/v1 predates task entries: its tasks are tasks/*.yaml but the
+    group's, its items data/<task without the group prefix>.jsonl with `id` and `cluster` fields."""
+    if manifest.get("tasks"):
+        return {t: TaskEntry(**e) for t, e in manifest["tasks"].items()}
+    import yaml
+
+    group, out = manifest["group"], {}
+    for n in manifest["files"]:
+        task = Path(n).stem
+        if n.startswith("tasks/") and task != group:
+            try:
+                kind = yaml.safe_load((root / n).read_text(encoding="utf-8"))["output_type"]
+                out[task] = TaskEntry(
+                    data=f"data/{task.removeprefix(f'{group}_')}.jsonl", output_type=kind, cluster_field="cluster"
+                )
+            except (yaml.YAMLError, UnicodeDecodeError, TypeError, KeyError, ValueError) as e:
+                raise UsageError(
+                    f"{root / n} is not an lm-eval task YAML with a supported output_type ({str(e)[:120]}); "
+                    "restore it from version control"
+                ) from None
+    return out
 
 
 def read_items(golden: GoldenSet, task: str) -> list[dict[str, Any]]:

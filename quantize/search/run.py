@@ -8,9 +8,9 @@
 3. comparisons at the bytes of the common heuristic (first and last blocks at the widest option):
    the knapsack's allocation, seeded random ones, the heuristic; each measured on held-out items.
 4. tries: allocations along the frontier (evenly spaced budgets from the smallest model to the
-   budget, or the spec's list), cheapest first; one whose held-out agreement already breaks the
-   policy's agreement limits is not gated; the others are converted (`quantize run` with per-layer
-   overrides) and gated, until one passes or `max_gates` are spent.
+   budget, or the spec's list); one whose held-out agreement already breaks the policy's agreement
+   limits is not gated; the others are converted (`quantize run` with per-layer overrides) and gated
+   by bisection, the largest first, until the smallest that passes is found or `max_gates` are spent.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ def _block(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def output_dir(spec: SearchRecipe) -> Path:
+    return Path(spec.output or f"outputs/{spec.name}")
+
+
 def preflight(
     spec_path: str, budgets: list[float] | None, policy_path: str | None = None
 ) -> tuple[SearchRecipe, str, Any, Any, Path, Layout, list[float]]:
@@ -67,7 +71,7 @@ def preflight(
     suite = open_suite(policy.suite)
     check_rules(policy, suite)
     model_dir = resolve_model(spec.model)
-    out = Path(spec.output or f"outputs/{spec.name}")
+    out = output_dir(spec)
     for p in (out, out.parent / f"{out.name}.tries"):
         if p.exists():
             raise UsageError(
@@ -76,7 +80,7 @@ def preflight(
             )
     options = [option_name(o) for o in spec.options]
     lay = layout(meta_model(model_dir, False), model_dir, spec.base, options, spec.unit)
-    smallest = lay.bits(lay.fixed_bytes + sum(min(u.bytes.values()) for u in lay.units))
+    smallest = lay.bits(lay.smallest_bytes)
     wanted = sorted(budgets) if budgets else spec.budgets
     if wanted[0] < smallest:
         raise UsageError(
@@ -142,7 +146,7 @@ def run_search(
     base_opt = option_name(spec.base.scheme)
     ints = [o for o in options if o != "keep"]
     up = max(ints, key=lambda o: WEIGHT_ONLY_INT[Scheme(o)])
-    out = Path(spec.output or f"outputs/{spec.name}")
+    out = output_dir(spec)
     tries_dir = out.parent / f"{out.name}.tries"
     m = spec.measure
     with quiet_libraries(quiet):
@@ -206,7 +210,7 @@ def run_search(
                 rand = dict(zip(names, ra, strict=True))
                 comparisons.append(_record(f"random {i + 1} (same bytes)", lay, rand, sens, held(rand)))
         # the frontier: cheapest first
-        smallest = lay.bits(lay.fixed_bytes + sum(min(u.bytes.values()) for u in lay.units))
+        smallest = lay.bits(lay.smallest_bytes)
         points = (
             wanted
             if len(wanted) > 1
@@ -232,15 +236,15 @@ def run_search(
         # nothing within the budget passes; then the smallest that passes, in at most 1 + log2(n) gates
         result = None
         lo, hi = 0, len(frontier) - 1
-        verdicts: dict[int, str] = {}
+        gated = 0
         order = [hi] if frontier else []
-        while order and len(verdicts) < spec.max_gates:
+        while order and gated < spec.max_gates:
             i = order.pop()
             alloc, rec = frontier[i]
-            ckpt = tries_dir / f"try-{len(verdicts) + 1}"
+            gated += 1
+            ckpt = tries_dir / f"try-{gated}"
             recipe = recipe_for(spec, model_dir, alloc, lay, ckpt)
             true_bytes, verdict = _convert_and_gate(spec, recipe, tries_dir, ckpt, model_dir, quiet)
-            verdicts[i] = verdict.verdict
             failed = [r.rule for r in verdict.rules if r.verdict != "pass"]
             tries.append(
                 TryRecord(
@@ -290,7 +294,6 @@ def run_search(
     if result is not None:
         # the smallest passing try becomes the output: renamed into place, its quantize.json pointing at the search
         result.rename(out)
-        report.result = str(out)
         for t in report.tries:
             if t.checkpoint == str(result):
                 t.checkpoint = str(out)

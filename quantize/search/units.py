@@ -76,6 +76,11 @@ class Layout:
     def total(self, allocation: dict[str, str]) -> int:
         return self.fixed_bytes + sum(u.bytes[allocation[u.name]] for u in self.units)
 
+    @property
+    def smallest_bytes(self) -> int:
+        """The whole model with every unit at its smallest option."""
+        return self.fixed_bytes + sum(min(u.bytes.values()) for u in self.units)
+
     def budget_bytes(self, bits: float) -> int:
         return math.floor(bits * self.source_parameters / 8)
 
