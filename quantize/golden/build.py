@@ -33,7 +33,7 @@ GROUP = "core"
 
 @dataclass(frozen=True)
 class Sizes:
-    """Items per task (upper bounds; a source may hold fewer)."""
+    """Items per task (upper bounds; a source may hold fewer) and the version's item design."""
 
     facts: int = 700
     cloze: int = 500
@@ -41,6 +41,18 @@ class Sizes:
     kv: int = 250
     prose: int = 120
     smoke: int = 8  # fixed ids per task for the tests
+    reverse_facts: bool = False  # also ask each fact the other way round (capital -> country, name -> symbol)
+    kv_own_clusters: bool = False  # every key-value item its own cluster: the lists are drawn independently
+
+    @classmethod
+    def for_version(cls, version: str) -> Sizes:
+        """v1: sized by the CPU budget. v2: sized from v1's flip rates against FP8 so that each accuracy task
+        resolves a 2-point drop at one-sided alpha 0.05, power 0.8 (n = 6.18 f / m^2, golden/core/README.md):
+        facts 861 (the quiz files hold 629 one way: reversed questions add the rest), cloze 402, analogy 1,276,
+        key-value 1,546; prose documents for a +-1% perplexity-ratio bound."""
+        if version == "v1":
+            return cls()
+        return cls(facts=1000, cloze=500, analogy=1400, kv=1700, prose=200, reverse_facts=True, kv_own_clusters=True)
 
 
 def _rng(seed: int, task: str) -> random.Random:
@@ -66,12 +78,22 @@ FACT_TEMPLATES = [
     ("babies", "What is a young {s} called?", 0, 1, "young-animal"),
     ("sexes", "What is the female counterpart of a {s}?", 1, 0, "female-form"),
 ]
+# v2 onwards: the same facts asked the other way round (answer and subject fields swapped)
+REVERSE_FACT_TEMPLATES = [
+    ("africa", "Which country has {s} as its capital?", 0, 1, "country-africa"),
+    ("america", "Which country has {s} as its capital?", 0, 1, "country-america"),
+    ("asia", "Which country has {s} as its capital?", 0, 1, "country-asia"),
+    ("europe", "Which country has {s} as its capital?", 0, 1, "country-europe"),
+    ("state", "Which US state has {s} as its capital?", 0, 1, "us-state"),
+    ("elements", "What is the chemical symbol of {s}?", 0, 3, "symbol-of-element"),
+    ("elements", "What is the atomic number of {s}?", 1, 3, "number-of-element"),
+]
 
 
-def build_facts(quiz_dir: Path, seed: int, n: int) -> list[dict[str, Any]]:
+def build_facts(quiz_dir: Path, seed: int, n: int, reverse: bool = False) -> list[dict[str, Any]]:
     rng = _rng(seed, "core_facts")
     items = []
-    for fname, template, ans_f, subj_f, cluster in FACT_TEMPLATES:
+    for fname, template, ans_f, subj_f, cluster in FACT_TEMPLATES + (REVERSE_FACT_TEMPLATES if reverse else []):
         rows = src.quiz_rows(quiz_dir / fname)
         answers = sorted({r[ans_f][0] for r in rows})
         for r in rows:
@@ -174,7 +196,7 @@ def build_analogy(path: Path, seed: int, n: int, shots: int = 5) -> list[dict[st
 KV_PAIRS = (4, 6, 8)
 
 
-def build_kv(nouns: list[str], seed: int, n: int) -> list[dict[str, Any]]:
+def build_kv(nouns: list[str], seed: int, n: int, own_clusters: bool = False) -> list[dict[str, Any]]:
     rng = _rng(seed, "core_kv")
     items = []
     for i in range(n):
@@ -186,7 +208,8 @@ def build_kv(nouns: list[str], seed: int, n: int) -> list[dict[str, Any]]:
         # the query repeats a key's own line prefix: recall by copying from context (induction),
         # not by reading an instruction
         context = "Here is a list of key: value pairs.\n" + "\n".join(lines) + f"\n\nLook up {keys[q]}.\n{keys[q]}:"
-        items.append({"id": _id("kv", i), "context": context, "target": f" {values[q]}", "cluster": f"kv-{k}-pairs"})
+        cluster = _id("kv", i) if own_clusters else f"kv-{k}-pairs"
+        items.append({"id": _id("kv", i), "context": context, "target": f" {values[q]}", "cluster": cluster})
     return items
 
 
@@ -256,8 +279,9 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes = Sizes()) -> dict[str, Any]:
-    """Build golden/core/<version> from a folder made by fetch_sources.sh."""
+def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | None = None) -> dict[str, Any]:
+    """Build golden/core/<version> from a folder made by fetch_sources.sh (sizes from the version's name)."""
+    sizes = sizes or Sizes.for_version(out.name)
     meta = json.loads((sources_dir / "sources.json").read_text())
     x = sources_dir / "x"
     for s in meta.values():  # the sources must be the ones recorded
@@ -268,10 +292,10 @@ def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes = Si
     docs = prose_documents(x / meta["jargon"]["files"][0], x / meta["devil"]["files"][0])
     cloze, prose = build_cloze_and_prose(docs, seed, sizes.cloze, sizes.prose)
     data = {
-        "facts": build_facts(quiz_dir, seed, sizes.facts),
+        "facts": build_facts(quiz_dir, seed, sizes.facts, sizes.reverse_facts),
         "cloze": cloze,
         "analogy": build_analogy(x / meta["analogies"]["files"][0], seed, sizes.analogy),
-        "kv": build_kv(src.wordnet_nouns(x / meta["wordnet"]["files"][0]), seed, sizes.kv),
+        "kv": build_kv(src.wordnet_nouns(x / meta["wordnet"]["files"][0]), seed, sizes.kv, sizes.kv_own_clusters),
         "prose": prose,
     }
     return write_version(out, data, meta, seed, sizes)
