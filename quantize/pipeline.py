@@ -107,6 +107,12 @@ def run_gate(
         from quantize.evaluate.agreement import agreement_scores, baseline_topk_cached
 
         baseline_topk_cached(suite, base_path, base.provenance.checkpoint.identity_sha256, models)
+    if (
+        policy.sequential is not None
+        and cand_path.is_dir()
+        and not all(isinstance(r, AgreementRule) for r in policy.rules)
+    ):
+        return run_sequential(policy, suite, base, base_path, cand_path, models, needs_agreement)
     cand = load_scores(suite, cand_path, models)
     agreement = None
     if needs_agreement:
@@ -119,6 +125,44 @@ def run_gate(
             models=models,
         )
     return decide(policy, base, cand, agreement)
+
+
+def run_sequential(
+    policy: Policy,
+    suite: OpenSuite,
+    base: ScoreDoc,
+    base_path: Path,
+    cand_path: Path,
+    models: LastModel,
+    needs_agreement: bool,
+) -> Verdict:
+    """The policy's `sequential:` design (quantize/gates/sequential.py): agreement first (one load of the
+    candidate serves it and every stage), then the candidate's items in stages until the verdict is settled.
+    A candidate whose full scores are cached is read from the cache, look by look, at no cost."""
+    from quantize.evaluate.score import Staged
+    from quantize.gates import sequential as sq
+    from quantize.gates.gate import verdict_of
+
+    assert policy.sequential is not None
+    tasks = sq.rule_tasks(policy)
+    staged = Staged(suite, cand_path, {t: [i.id for i in base.tasks[t].items] for t in tasks}, models)
+    agreement = None
+    if needs_agreement:
+        from quantize.evaluate.agreement import agreement_scores
+
+        agreement = agreement_scores(
+            suite,
+            base_path,
+            cand_path,
+            base.provenance.checkpoint.identity_sha256,
+            staged.ref.identity_sha256,
+            models=models,
+        )
+    results, taken, plans, bounds = sq.run(policy, base, agreement, staged.score)
+    scored = {t: len(v) for t, v in staged.items.items()}
+    seconds = None if staged.cached else round(staged.seconds, 1)
+    cand = staged.score({t: list(v) for t, v in staged.items.items() if v})  # nothing new: the provenance
+    return verdict_of(policy, base, cand, results, sq.record(policy.sequential, bounds, taken, plans, scored, seconds))
 
 
 def run_sizing(

@@ -405,6 +405,7 @@ class _RuleResult(_Strict):
     verdict: RuleOutcome
     p_regression: float | None = None
     p_holm: float | None = None
+    look: int | None = None  # sequential gate: the look (1-based) that decided it, or the last one taken
 
 
 class AccuracyResult(_RuleResult):
@@ -443,6 +444,20 @@ class VerdictProvenance(_Strict):
     suite: str
 
 
+class SequentialRecord(_Strict):
+    """How a sequential gate ran: its schedule and boundaries, how far it went, what it scored."""
+
+    looks: list[float]  # planned cumulative fractions
+    bounds: list[float]  # one-sided critical value at each look (Lan–DeMets O'Brien–Fleming spending)
+    stable_margin: float
+    stable_fraction: float
+    looks_taken: int
+    items_scored: dict[str, int]  # candidate items scored per task
+    items_total: dict[str, int]  # items in the golden set per task
+    strata: dict[str, dict[str, int]]  # per task: items per stratum in the golden set
+    candidate_seconds: float | None = None  # wall time spent scoring the candidate (None: from a cache)
+
+
 class Verdict(Record):
     WHAT: ClassVar[str] = "gate verdict"
     REGENERATE: ClassVar[str] = "run `quantize gate POLICY --baseline B --candidate C --json` again"
@@ -454,6 +469,7 @@ class Verdict(Record):
     rules: list[RuleResult]
     provenance: VerdictProvenance
     notes: list[str] = Field(default_factory=list)
+    sequential: SequentialRecord | None = None  # None: the fixed design (every item scored)
 
     def accuracy_evidence(self, task: str) -> AccuracyEvidence | None:
         """The evidence of the first accuracy rule on `task`, whatever the rule is named."""

@@ -8,6 +8,15 @@ For items i = 1..n scored by baseline and candidate on the same golden items:
     clustered SE = √( G/(G−1) · (1/n²) · Σ_c (Σ_{i∈c} (Dᵢ − Δ))² )   over G clusters
     LB = Δ − z₁₋α·SE: pass if LB > −m; regression if Δ + z₁₋α·SE < 0 and Δ < −m; else inconclusive
     n needed ≈ (z₁₋α + z₁₋β)² · σ_D² / m²
+
+Sequential design (a gate that looks at the evidence after each stage of items):
+    looks at information fractions 0 < t₁ < … < t_K = 1, one-sided level α spent by Lan & DeMets'
+    O'Brien–Fleming-type function α(t) = 2 − 2Φ(z₁₋α/₂ / √t); boundary c_k solves
+    P(Z₁ < c₁, …, Z_{k−1} < c_{k−1}, Z_k ≥ c_k) = α(t_k) − α(t_{k−1}),  corr(Z_i, Z_j) = √(t_i / t_j), i < j.
+    Each one-sided test of a rule (pass: H0 Δ ≤ −m; regression: H0 Δ ≥ 0) uses c_k in place of z₁₋α at look k.
+Stratified sample (items drawn within strata h of the baseline's margin, n_h of N_h, N = Σ N_h):
+    Δ̂ = Σ_h W_h · mean_h(D),  W_h = N_h / N,   SE² = Σ_h W_h² · SE_h²
+    with SE_h the stratum's own SE (Agresti–Min for right/wrong items, clustered when items share clusters).
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 from scipy import stats as sps
 
@@ -106,20 +116,110 @@ class Comparison:
     sd: float
 
 
-def noninferiority(
-    d: Sequence[float], clusters: Sequence[str], margin: float, alpha: float, power: float
-) -> Comparison:
-    """One-sided non-inferiority of the candidate with absolute margin m (m > 0: a drop of m is tolerated)."""
+def _mean_se(d: Sequence[float], clusters: Sequence[str]) -> tuple[float, float, float, float]:
+    """(mean, paired SE, clustered SE, the SE used) of one sample of paired differences: Agresti–Min for
+    right/wrong items, the larger of paired and clustered when items share clusters."""
     n = len(d)
-    if n == 0:
-        raise ValueError("no paired items to compare")
-    delta = sum(d) / n
     right_wrong = all(x in (-1, 0, 1) for x in d)  # right/wrong items: flips b (1→0) and c (0→1)
     sp = agresti_min_se(sum(x == -1 for x in d), sum(x == 1 for x in d), n) if right_wrong else paired_se(d)
     g = len(set(clusters))
     sc = clustered_se(d, clusters) if g < n else sp
     se = max(sp, sc) if g < n and math.isfinite(sc) else sp
-    q = z(1 - alpha)
+    return sum(d) / n, sp, sc, se
+
+
+def stratified(
+    d: Sequence[float], clusters: Sequence[str], strata: Sequence[str], population: dict[str, int]
+) -> tuple[float, float, float, float]:
+    """Design-weighted (mean, paired SE, clustered SE, SE) of a stratified sample: Δ̂ = Σ_h W_h·mean_h,
+    SE² = Σ_h W_h²·SE_h², W_h = N_h/N from `population` (items per stratum in the golden set). Unbiased for the
+    golden set's mean difference whatever the candidate does, when items are drawn at random within strata.
+    With one stratum it is the unstratified sample's (mean, SEs)."""
+    by: dict[str, tuple[list[float], list[str]]] = defaultdict(lambda: ([], []))
+    for x, c, h in zip(d, clusters, strata, strict=True):
+        by[h][0].append(x)
+        by[h][1].append(c)
+    total = sum(population.values())
+    if set(by) - set(population):
+        raise ValueError(f"items from strata {sorted(set(by) - set(population))} outside the population")
+    if set(population) - set(by):  # a stratum with items in the set and none drawn cannot be estimated
+        return math.nan, math.inf, math.inf, math.inf
+    if len(by) == 1:
+        return _mean_se(d, clusters)
+    mean = vp = vc = v = 0.0
+    for h, (dh, ch) in by.items():
+        w = population[h] / total
+        m_h, sp_h, sc_h, se_h = _mean_se(dh, ch)
+        mean += w * m_h
+        vp += (w * sp_h) ** 2
+        vc += (w * sc_h) ** 2
+        v += (w * se_h) ** 2
+    return mean, math.sqrt(vp), math.sqrt(vc), math.sqrt(v)
+
+
+def obf_spending(t: float, alpha: float) -> float:
+    """Lan–DeMets O'Brien–Fleming-type alpha spent by information fraction t: α(t) = 2 − 2Φ(z₁₋α/₂ / √t)."""
+    if t <= 0:
+        return 0.0
+    return float(2 - 2 * sps.norm.cdf(z(1 - alpha / 2) / math.sqrt(min(t, 1.0))))
+
+
+def sequential_bounds(looks: Sequence[float], alpha: float) -> list[float]:
+    """One-sided group-sequential boundaries c_1..c_K for looks at information fractions t_k (increasing,
+    last 1), spending α by obf_spending: P(cross at look k, not before) = α(t_k) − α(t_{k−1}) under H0.
+    One look gives z₁₋α. Joint normal probabilities by scipy's multivariate_normal (Genz), seeded."""
+    import numpy as np
+    from scipy.optimize import brentq
+
+    t = list(looks)
+    if not t or any(b <= a for a, b in pairwise(t)) or t[0] <= 0 or abs(t[-1] - 1) > 1e-12:
+        raise ValueError(f"looks {t}: give increasing information fractions in (0, 1] ending at 1")
+    bounds: list[float] = []
+    spent = 0.0
+    for k, tk in enumerate(t):
+        target = obf_spending(tk, alpha) - spent
+        if k == 0:
+            c = z(1 - target)
+        else:
+            ts = np.asarray(t[: k + 1])
+            cov = np.sqrt(np.minimum.outer(ts, ts) / np.maximum.outer(ts, ts))
+            prev = sps.multivariate_normal(mean=np.zeros(k), cov=cov[:k, :k], seed=0)
+            full = sps.multivariate_normal(mean=np.zeros(k + 1), cov=cov, seed=0)
+            p_prev = float(prev.cdf(np.asarray(bounds))) if k > 1 else float(sps.norm.cdf(bounds[0]))
+
+            def excess(c: float, p_prev: float = p_prev, full=full, target: float = target) -> float:
+                # P(no crossing before k) − P(no crossing through k) = P(first crossing at k)
+                return p_prev - float(full.cdf(np.asarray([*bounds, c]))) - target
+
+            c = brentq(excess, 0.0, 8.0, xtol=1e-6)
+        bounds.append(float(c))
+        spent = obf_spending(tk, alpha)
+    return bounds
+
+
+def noninferiority(
+    d: Sequence[float],
+    clusters: Sequence[str],
+    margin: float,
+    alpha: float,
+    power: float,
+    strata: Sequence[str] | None = None,
+    population: dict[str, int] | None = None,
+    bound: float | None = None,
+) -> Comparison:
+    """One-sided non-inferiority of the candidate with absolute margin m (m > 0: a drop of m is tolerated).
+    `strata`/`population`: a stratified sample (design-weighted Δ̂ and SE); `bound`: the critical value of
+    this look of a sequential design (default z₁₋α, the fixed design)."""
+    n = len(d)
+    if n == 0:
+        raise ValueError("no paired items to compare")
+    right_wrong = all(x in (-1, 0, 1) for x in d)
+    g = len(set(clusters))
+    if strata is not None and population is not None:
+        delta, sp, sc, se = stratified(d, clusters, strata, population)
+    else:
+        delta, sp, sc, se = _mean_se(d, clusters)
+    q = z(1 - alpha) if bound is None else bound
     lo, hi = delta - q * se, delta + q * se
     if right_wrong:  # a difference of two proportions lies in [−1, 1]; so do its bounds
         lo, hi = max(lo, -1.0), min(hi, 1.0)

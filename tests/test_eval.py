@@ -285,3 +285,48 @@ def test_a_gate_loads_each_checkpoint_once(setup, tiny_model, tmp_path, monkeypa
     v = json.loads(capsys.readouterr().out)
     assert code in (0, 1) and {r["kind"] for r in v["rules"]} == {"accuracy", "perplexity", "agreement"}
     assert loaded == [tiny_model.name, "other"]
+
+
+def test_staged_scoring_matches_full_scoring_and_scores_each_item_once(setup, tiny_model, monkeypatch):
+    """The sequential gate's scorer: items scored in two stages (lm-eval `samples=`, one load) equal the same
+    items of a full run, and the second stage scores only the new ones."""
+    from quantize.evaluate import score as score_mod
+    from quantize.models import LastModel
+
+    _, suite_path, _, _ = setup
+    suite = open_suite(suite_path)
+    full, _ = score(suite, tiny_model)
+    order = {t: [i.id for i in full.tasks[t].items] for t in ("core_facts", "core_prose")}
+    monkeypatch.setattr(score_mod.cache, "lookup_scores", lambda *a: None)  # as if never scored
+    calls = []
+    real = score_mod.run_lm_eval
+
+    def counting(*a, samples=None, **k):
+        calls.append({t: list(v) for t, v in samples.items()})
+        return real(*a, samples=samples, **k)
+
+    monkeypatch.setattr(score_mod, "run_lm_eval", counting)
+    staged = score_mod.Staged(suite, tiny_model, order, LastModel())
+    first = staged.score({"core_facts": order["core_facts"][:5], "core_prose": order["core_prose"][:2]})
+    second = staged.score({"core_facts": order["core_facts"][:9]})
+    assert calls == [{"core_facts": [0, 1, 2, 3, 4], "core_prose": [0, 1]}, {"core_facts": [5, 6, 7, 8]}]
+    assert [i.id for i in first.tasks["core_prose"].items] == order["core_prose"][:2]
+    ref = {i.id: i for i in full.tasks["core_facts"].items}
+    assert [i.id for i in second.tasks["core_facts"].items] == order["core_facts"][:9]
+    for i in second.tasks["core_facts"].items:
+        assert i.score == ref[i.id].score and i.ll == pytest.approx(ref[i.id].ll, abs=1e-4)
+
+
+def test_sequential_gate_a_a_on_a_tiny_model(setup, tiny_model, tmp_path, capsys):
+    _, suite, _, _ = setup
+    policy = tmp_path / "seq.yaml"
+    policy.write_text(
+        f"suite: {suite}\nsequential: {{looks: [0.5, 1.0], stable_fraction: 0.5}}\nrules:\n"
+        "  - {task: core_facts, metric: acc, margin: 0.4}\n  - {task: core_prose, metric: perplexity, max_ratio: 1.5}\n"
+        "  - {agreement: kl, max: 0.5}\n"
+    )
+    code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json"])
+    v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    assert code == 0 and v.verdict == "pass" and v.sequential is not None
+    assert all(r.look is not None for r in v.rules)
+    assert v.sequential.items_total["core_facts"] == 24 and 0 < v.sequential.items_scored["core_facts"] <= 24

@@ -153,12 +153,16 @@ def score(
     return Scored(doc, False)
 
 
-def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastModel) -> ScoreDoc:
-    """lm-eval on the suite's golden tasks with per-item samples, turned into a ScoreDoc."""
+def run_lm_eval(
+    suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastModel, samples: dict[str, list[int]] | None = None
+) -> ScoreDoc:
+    """lm-eval on the suite's golden tasks with per-item samples, turned into a ScoreDoc. `samples`: only these
+    documents (indices in the task's document order) of these tasks, lm-eval's `samples=`."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    s, golden, tasks = suite.suite, suite.golden, suite.tasks
+    s, golden = suite.suite, suite.golden
+    tasks = [t for t in suite.tasks if samples is None or samples.get(t)]
     device = pick_device(s.device)
     t0 = time.perf_counter()
     # loaded before lm-eval runs: a checkpoint that does not load strictly is the user's to fix (exit 2)
@@ -170,6 +174,7 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastMo
             r = simple_evaluate(
                 **model,
                 tasks=tasks,
+                samples={t: samples[t] for t in tasks} if samples is not None else None,
                 task_manager=TaskManager(include_path=str(include), include_defaults=False),
                 batch_size=s.batch_size,
                 device=device,
@@ -210,3 +215,55 @@ def run_lm_eval(suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastMo
         wall_seconds=round(wall, 1),
         tasks=task_docs,
     )
+
+
+class Staged:
+    """A checkpoint scored in stages, one load: each call scores only the items not scored before and returns
+    every item scored so far as one ScoreDoc (not cached: it is a sample). A checkpoint whose full scores are
+    cached is read from the cache and costs nothing. `order`: each task's item ids in document order (the
+    baseline's items), which maps an id to the index lm-eval's `samples=` takes."""
+
+    def __init__(self, suite: OpenSuite, checkpoint: Path, order: dict[str, list[str]], models: LastModel) -> None:
+        check_model_dir(checkpoint)
+        self.suite, self.ckpt, self.models = suite, checkpoint, models
+        self.ref = CheckpointRef(
+            path=str(checkpoint), weights_sha256=weights_sha256(checkpoint), identity_sha256=identity_sha256(checkpoint)
+        )
+        self.index = {t: {i: n for n, i in enumerate(ids)} for t, ids in order.items()}
+        self.full = cache.lookup_scores(suite, self.ref.identity_sha256)
+        self.items: dict[str, dict[str, dict[str, Any]]] = {t: {} for t in order}
+        self.meta: dict[str, tuple[str, float | str, str | None]] = {}
+        self._last: ScoreDoc | None = None
+        self.seconds = 0.0
+
+    @property
+    def cached(self) -> bool:
+        return self.full is not None
+
+    def score(self, ids: dict[str, list[str]]) -> ScoreDoc:
+        """Every item of `ids` (task -> item ids) scored; returns all items scored so far of those tasks."""
+        if self.full is not None:
+            self._take(self.full, {t: set(v) for t, v in ids.items()})
+        else:
+            new = {t: sorted(self.index[t][i] for i in v if i not in self.items[t]) for t, v in ids.items()}
+            if any(new.values()):
+                t0 = time.perf_counter()
+                doc = run_lm_eval(self.suite, self.ckpt, self.ref, self.models, samples=new)
+                self.seconds += time.perf_counter() - t0
+                self._take(doc, None)
+        assert self._last is not None, "score() was asked for no items"
+        tasks = {}
+        for t in ids:
+            if self.items[t]:
+                kind, version, filt = self.meta[t]
+                items = sorted(self.items[t].values(), key=lambda i: self.index[t][i["id"]])
+                tasks[t] = task_scores(kind, version, items, {}, filt)  # lm-eval's own figures cover one stage only
+        return self._last.model_copy(update={"tasks": tasks, "wall_seconds": round(self.seconds, 1)})
+
+    def _take(self, doc: ScoreDoc, wanted: dict[str, set[str]] | None) -> None:
+        self._last = doc
+        for t, ts in doc.tasks.items():
+            if wanted is not None and t not in wanted:
+                continue
+            self.items[t].update({i.id: i.model_dump() for i in ts.items if wanted is None or i.id in wanted[t]})
+            self.meta[t] = (ts.output_type, ts.version, getattr(ts, "filter", None))

@@ -8,6 +8,7 @@ the batch size is recorded but may differ (an A/A run at another batch size must
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from quantize import stats
@@ -24,7 +25,9 @@ from quantize.records import (
     PerplexityEvidence,
     PerplexityResult,
     RuleOutcome,
+    RuleResult,
     ScoreDoc,
+    SequentialRecord,
     SideRef,
     Verdict,
     VerdictProvenance,
@@ -70,32 +73,70 @@ def check_provenance(base: ScoreDoc, cand: ScoreDoc) -> None:
         )
 
 
-def _paired(base: ScoreDoc, cand: ScoreDoc, task: str) -> tuple[list[Any], list[Any]]:
+@dataclass(frozen=True)
+class Look:
+    """One look of a sequential gate (quantize/gates/sequential.py): the candidate holds a stratified sample of
+    each task's items, tested against this look's critical value."""
+
+    index: int  # 1-based
+    bound: float  # critical value c_k, used in place of z₁₋α
+    strata: dict[str, dict[str, str]]  # task -> item id -> stratum
+    population: dict[str, dict[str, int]]  # task -> stratum -> items in the golden set
+
+    @property
+    def level(self) -> float:
+        """The nominal one-sided level of the bound, 1 − Φ(c_k) (the bootstrap's quantile)."""
+        return float(stats.sps.norm.sf(self.bound))
+
+
+def _paired(base: ScoreDoc, cand: ScoreDoc, task: str, sample: bool = False) -> tuple[list[Any], list[Any]]:
+    """Baseline and candidate items, paired by id. `sample`: the candidate holds a sample of the baseline's."""
     if task not in base.tasks or task not in cand.tasks:
         raise UsageError(f"rule task {task} was not scored; the suite scores: {', '.join(base.tasks)}")
     b = {i.id: i for i in base.tasks[task].items}
     c = {i.id: i for i in cand.tasks[task].items}
-    if set(b) != set(c):
+    if (set(c) - set(b)) if sample else (set(b) != set(c)):
         raise UsageError(
             f"{task}: baseline and candidate were scored on different items; score both with the same suite"
         )
-    ids = sorted(b)
+    ids = sorted(c)
     return [b[i] for i in ids], [c[i] for i in ids]
 
 
+def _mean(x: list[float], look: Look | None, task: str, items: list[Any]) -> float:
+    """The sample's mean, design-weighted on a sequential look's stratified sample."""
+    if look is None:
+        return sum(x) / len(x)
+    strata = [look.strata[task][i.id] for i in items]
+    return stats.stratified(x, [i.id for i in items], strata, look.population[task])[0]
+
+
 def accuracy_rule(
-    rule: AccuracyRule, label: str, base: ScoreDoc, cand: ScoreDoc, alpha: float, power: float
+    rule: AccuracyRule,
+    label: str,
+    base: ScoreDoc,
+    cand: ScoreDoc,
+    alpha: float,
+    power: float,
+    look: Look | None = None,
 ) -> AccuracyResult:
-    bi, ci = _paired(base, cand, rule.task)
+    bi, ci = _paired(base, cand, rule.task, sample=look is not None)
     d = [c.score - b.score for b, c in zip(bi, ci, strict=True)]
-    r = stats.noninferiority(d, [b.cluster for b in bi], rule.margin, alpha, power)
+    clusters = [b.cluster for b in bi]
+    if look is None:
+        r = stats.noninferiority(d, clusters, rule.margin, alpha, power)
+    else:
+        strata = [look.strata[rule.task][b.id] for b in bi]
+        r = stats.noninferiority(
+            d, clusters, rule.margin, alpha, power, strata, look.population[rule.task], bound=look.bound
+        )
     right_wrong = [b.id for b, c in zip(bi, ci, strict=True) if b.score > c.score]
     wrong_right = [b.id for b, c in zip(bi, ci, strict=True) if b.score < c.score]
     ev = AccuracyEvidence(
         n=r.n,
         clusters=r.clusters,
-        baseline=sum(b.score for b in bi) / r.n,
-        candidate=sum(c.score for c in ci) / r.n,
+        baseline=_mean([b.score for b in bi], look, rule.task, bi),
+        candidate=_mean([c.score for c in ci], look, rule.task, bi),
         delta=r.delta,
         se_paired=r.se_paired,
         se_clustered=r.se_clustered,
@@ -113,20 +154,28 @@ def accuracy_rule(
         items_needed_at_estimate=r.n_needed_at_estimate if r.verdict == "inconclusive" else None,
     )
     return AccuracyResult(
-        rule=label, task=rule.task, verdict=r.verdict, evidence=ev, p_regression=stats.drop_p(r.delta, r.se)
+        rule=label,
+        task=rule.task,
+        verdict=r.verdict,
+        evidence=ev,
+        p_regression=stats.drop_p(r.delta, r.se),
+        look=look.index if look else None,
     )
 
 
 def perplexity_rule(
-    rule: PerplexityRule, label: str, base: ScoreDoc, cand: ScoreDoc, alpha: float, seed: int
+    rule: PerplexityRule, label: str, base: ScoreDoc, cand: ScoreDoc, alpha: float, seed: int, look: Look | None = None
 ) -> PerplexityResult:
-    bi, ci = _paired(base, cand, rule.task)
+    """Documents of a sequential look are a simple random sample of the task's (one stratum); the bootstrap's
+    quantiles are taken at the look's nominal level."""
+    bi, ci = _paired(base, cand, rule.task, sample=look is not None)
     # per item: negative log-likelihood and its unit count (words of a document; 1 target otherwise)
     w = [b.units for b in bi]
     nll_b = [-b.ll for b in bi]
     nll_c = [-c.ll for c in ci]
     clusters = [b.cluster for b in bi]
-    ppl_ratio, ppl_lo, ppl_hi = stats.bootstrap_ppl_ratio(nll_b, nll_c, w, clusters, alpha, seed=seed)
+    level = alpha if look is None else look.level
+    ppl_ratio, ppl_lo, ppl_hi = stats.bootstrap_ppl_ratio(nll_b, nll_c, w, clusters, level, seed=seed)
     total_w = sum(w)
     verdict: RuleOutcome = (
         "pass" if ppl_hi <= rule.max_ratio else "regression" if ppl_lo > rule.max_ratio else "inconclusive"
@@ -143,7 +192,7 @@ def perplexity_rule(
         alpha=alpha,
         interval="cluster bootstrap percentile, 2000 resamples",
     )
-    return PerplexityResult(rule=label, task=rule.task, verdict=verdict, evidence=ev)
+    return PerplexityResult(rule=label, task=rule.task, verdict=verdict, evidence=ev, look=look.index if look else None)
 
 
 def agreement_rule(rule: AgreementRule, label: str, agreement: AgreementResult, alpha: float) -> AgreementRuleResult:
@@ -175,19 +224,38 @@ def agreement_rule(rule: AgreementRule, label: str, agreement: AgreementResult, 
     return AgreementRuleResult(rule=label, metric=rule.agreement, verdict=verdict, evidence=ev, p_regression=p_reg)
 
 
+def rule_result(
+    policy: Policy, i: int, base: ScoreDoc, cand: ScoreDoc, agreement: AgreementResult | None, look: Look | None = None
+) -> RuleResult:
+    """Rule i of the policy on these scores (a sequential look: on the candidate's sample, at its bound)."""
+    rule, label = policy.rules[i], policy.label(i)
+    if isinstance(rule, AccuracyRule):
+        return accuracy_rule(rule, label, base, cand, policy.alpha, policy.power, look)
+    if isinstance(rule, PerplexityRule):
+        return perplexity_rule(rule, label, base, cand, policy.alpha, base.provenance.seed, look)
+    assert agreement is not None, "agreement rules need the agreement scores"
+    result = agreement_rule(rule, label, agreement, policy.alpha)
+    if look is not None:  # measured once, on every agreement item, before the first look
+        result.look = 1
+    return result
+
+
 def decide(policy: Policy, base: ScoreDoc, cand: ScoreDoc, agreement: AgreementResult | None) -> Verdict:
     check_provenance(base, cand)
-    seed = base.provenance.seed
-    results = []
-    for i, rule in enumerate(policy.rules):
-        label = policy.label(i)
-        if isinstance(rule, AccuracyRule):
-            results.append(accuracy_rule(rule, label, base, cand, policy.alpha, policy.power))
-        elif isinstance(rule, PerplexityRule):
-            results.append(perplexity_rule(rule, label, base, cand, policy.alpha, seed))
-        else:
-            assert agreement is not None, "agreement rules need the agreement scores"
-            results.append(agreement_rule(rule, label, agreement, policy.alpha))
+    return verdict_of(
+        policy, base, cand, [rule_result(policy, i, base, cand, agreement) for i in range(len(policy.rules))]
+    )
+
+
+def verdict_of(
+    policy: Policy,
+    base: ScoreDoc,
+    cand: ScoreDoc,
+    results: list[RuleResult],
+    sequential: SequentialRecord | None = None,
+) -> Verdict:
+    """The gate's verdict from its rules' results: any regression rejects; any inconclusive fails closed when
+    the policy says so; Holm-adjusted p-values of regression beside each."""
     with_p = [r for r in results if r.p_regression is not None]
     for r, adj in zip(with_p, stats.holm([r.p_regression for r in with_p]), strict=True):
         r.p_holm = adj
@@ -209,5 +277,10 @@ def decide(policy: Policy, base: ScoreDoc, cand: ScoreDoc, agreement: AgreementR
         suite=pb.suite.path,
     )
     return Verdict(
-        policy=policy.name or "policy", verdict=verdict, exit_code=code, rules=results, provenance=provenance
+        policy=policy.name or "policy",
+        verdict=verdict,
+        exit_code=code,
+        rules=results,
+        provenance=provenance,
+        sequential=sequential,
     )

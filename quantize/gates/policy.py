@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -77,6 +78,44 @@ Rule = Annotated[
 ]
 
 
+class Sequential(BaseModel):
+    """A gate in stages: the candidate is scored on a growing, baseline-stratified sample of each task and every
+    rule is tested after each stage against group-sequential boundaries (quantize/stats.py); it stops once the
+    verdict is settled. Part of the verdict's provenance."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    looks: list[float] = Field(
+        default_factory=lambda: [0.2, 0.5, 1.0],
+        description="cumulative fractions of each stratum's planned items at which the rules are tested; the last is 1",
+    )
+    stable_margin: float = Field(
+        2.0,
+        ge=0,
+        description="an item is 'stable' when the baseline's answer wins (or loses) by at least this many nats: "
+        "log-odds of the gold answer against the best other choice (multiple choice), of the target's probability "
+        "(greedy continuation); 0: one stratum",
+    )
+    stable_fraction: float = Field(
+        0.3, gt=0, le=1, description="share of the stable items drawn by the last look (every at-risk item is drawn)"
+    )
+
+    @model_validator(mode="after")
+    def _schedule(self) -> Sequential:
+        t = self.looks
+        if not 1 <= len(t) <= 10 or any(not 0 < x <= 1 for x in t) or any(b <= a for a, b in pairwise(t)):
+            raise ValueError(
+                f"sequential.looks {t} is not a look schedule: give 1 to 10 increasing fractions in (0, 1], "
+                "e.g. [0.2, 0.5, 1.0]"
+            )
+        if t[-1] != 1:
+            raise ValueError(
+                f"sequential.looks {t} ends at {t[-1]}: the last look must be 1 (every planned item), or the "
+                "alpha the boundaries spend is never fully spent"
+            )
+        return self
+
+
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -86,6 +125,7 @@ class Policy(BaseModel):
     power: float = Field(0.8, gt=0.5, lt=1, description="power used for 'items needed' and the detectable effect")
     fail_on_inconclusive: bool = True
     rules: list[Rule] = Field(min_length=1)
+    sequential: Sequential | None = Field(None, description="stop early in stages; absent: every item is scored")
 
     def label(self, i: int) -> str:
         r = self.rules[i]

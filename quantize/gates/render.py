@@ -41,8 +41,19 @@ def render_text(v: Verdict) -> str:
         f"gate {v.policy}: {head}" + (" (fails closed)" if v.verdict == "inconclusive" and v.exit_code else ""),
         "",
     ]
+    sq = v.sequential
+    if sq is not None:
+        scored, total = sum(sq.items_scored.values()), sum(sq.items_total.values())
+        when = f"; candidate scored in {sq.candidate_seconds:.0f} s" if sq.candidate_seconds is not None else ""
+        lines += [
+            f"sequential: {sq.looks_taken} of {len(sq.looks)} looks (at {', '.join(f'{t:g}' for t in sq.looks)} of "
+            f"the plan; critical values {', '.join(f'{c:.3f}' for c in sq.bounds)}), {scored:,} of {total:,} items "
+            f"scored{when}",
+            "    " + ", ".join(f"{t} {sq.items_scored[t]}/{sq.items_total[t]}" for t in sq.items_total),
+            "",
+        ]
     for r in v.rules:
-        lines.append(f"[{r.verdict.upper():>12}] {r.rule}")
+        lines.append(f"[{r.verdict.upper():>12}] {r.rule}" + (f"  (look {r.look})" if r.look is not None else ""))
         if isinstance(r, AccuracyResult):
             e = r.evidence
             lines.append(
@@ -50,7 +61,12 @@ def render_text(v: Verdict) -> str:
                 f"(paired {e.se_paired:.4f}, clustered {_fmt(e.se_clustered)})  n = {e.n}, {e.clusters} clusters"
             )
             lines.append(
-                f"    one-sided {1 - e.alpha:.0%} bounds [{e.lower_bound:+.4f}, {e.upper_bound:+.4f}] vs margin "
+                (
+                    f"    look {r.look} bounds (critical value {sq.bounds[r.look - 1]:.3f})"
+                    if sq and r.look
+                    else f"    one-sided {1 - e.alpha:.0%} bounds"
+                )
+                + f" [{e.lower_bound:+.4f}, {e.upper_bound:+.4f}] vs margin "
                 f"−{e.margin}; smallest drop this n detects: {e.min_detectable_drop:.4f}"
             )
             lines.append(

@@ -1,0 +1,193 @@
+"""A gate in stages: baseline-informed samples of each task, tested after each stage, stopped once settled.
+
+The baseline is scored on every item once (cached); its per-item log-likelihoods say which items can flip.
+An item is "stable" when the baseline's answer wins or loses by at least τ nats (`stable_margin`):
+
+    multiple choice         margin = ll(gold) − max_{j ≠ gold} ll(j);     stable when |margin| ≥ τ
+    greedy continuation     logit = ll − log(1 − e^ll)  (log-odds of the target's probability p = e^ll);
+                            stable when right and logit ≥ τ, or wrong and logit ≤ −τ
+    documents, generation   one stratum ("all"): no margin to read
+
+Within each task, stratum h holds N_h items in a seeded random order; look k (fraction t_k of the schedule)
+scores the first n_h,k = max(min(2, N_h), ⌈t_k · f_h · N_h⌉) of them, with f_h = 1 for at-risk items and
+`stable_fraction` for stable ones. Items are drawn at random within strata with known inclusion shares n_h/N_h,
+so the design-weighted Δ̂ = Σ_h (N_h/N) mean_h(D) is unbiased for the golden set's mean difference whatever the
+candidate does (quantize/stats.py `stratified`); the strata only decide where the items are spent.
+
+Every rule is tested at each look with the boundary c_k of a Lan–DeMets O'Brien–Fleming alpha-spending design
+(`stats.sequential_bounds`), for both of its one-sided tests (pass and regression). A rule is frozen at the look
+that decides it, and its task is no longer scored once every rule on it is decided; the gate stops at the first
+regression or when every rule has passed. Agreement rules are measured once, on all agreement items, at look 1.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from quantize import stats
+from quantize.gates.gate import Look, check_provenance, rule_result
+from quantize.gates.policy import AgreementRule, Policy, Sequential
+from quantize.records import (
+    AgreementResult,
+    ChoiceItem,
+    GreedyItem,
+    RuleResult,
+    ScoreDoc,
+    SequentialRecord,
+)
+
+STABLE, AT_RISK, ALL = "stable", "at-risk", "all"
+
+
+def stratum(item: object, tau: float) -> str:
+    """The stratum of a baseline item (module docstring); τ = 0 puts every item in one stratum."""
+    if tau <= 0:
+        return ALL
+    if isinstance(item, ChoiceItem):
+        gold = item.lls.index(item.ll)
+        best_other = max((x for j, x in enumerate(item.lls) if j != gold), default=-math.inf)
+        return STABLE if abs(item.ll - best_other) >= tau else AT_RISK
+    if isinstance(item, GreedyItem):
+        logit = math.inf if item.ll >= 0 else item.ll - math.log(-math.expm1(item.ll))
+        right = item.score >= 0.5
+        return STABLE if (right and logit >= tau) or (not right and logit <= -tau) else AT_RISK
+    return ALL
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    strata: dict[str, str]  # item id -> stratum
+    population: dict[str, int]  # stratum -> items in the golden set
+    draws: list[list[str]]  # per look: every item id scored by then (cumulative)
+
+
+def plan(seq: Sequential, base: ScoreDoc, tasks: list[str], seed: int) -> dict[str, TaskPlan]:
+    """Which candidate items each look scores, per task, from the baseline's scores (module docstring)."""
+    plans = {}
+    for task in tasks:
+        items = base.tasks[task].items
+        strata = {i.id: stratum(i, seq.stable_margin) for i in items}
+        members: dict[str, list[str]] = {}
+        for i in items:
+            members.setdefault(strata[i.id], []).append(i.id)
+        for h, ids in members.items():
+            random.Random(f"{seed}:{task}:{h}").shuffle(ids)
+        draws = []
+        for t in seq.looks:
+            ids: list[str] = []
+            for h, hs in sorted(members.items()):
+                f = seq.stable_fraction if h == STABLE else 1.0
+                ids += hs[: max(min(2, len(hs)), math.ceil(t * f * len(hs) - 1e-9))]
+            draws.append(ids)
+        plans[task] = TaskPlan(strata, {h: len(v) for h, v in members.items()}, draws)
+    return plans
+
+
+def look(plans: dict[str, TaskPlan], k: int, bounds: list[float]) -> Look:
+    """Look k (0-based) of the schedule."""
+    return Look(
+        index=k + 1,
+        bound=bounds[k],
+        strata={t: p.strata for t, p in plans.items()},
+        population={t: p.population for t, p in plans.items()},
+    )
+
+
+def rule_tasks(policy: Policy) -> list[str]:
+    """The tasks the policy's score rules read, in rule order."""
+    out: list[str] = []
+    for r in policy.rules:
+        if not isinstance(r, AgreementRule) and r.task not in out:
+            out.append(r.task)
+    return out
+
+
+def open_tasks(policy: Policy, decided: dict[int, RuleResult]) -> list[str]:
+    """Tasks with a rule not yet decided: the ones the next look scores."""
+    out: list[str] = []
+    for i, r in enumerate(policy.rules):
+        if i not in decided and not isinstance(r, AgreementRule) and r.task not in out:
+            out.append(r.task)
+    return out
+
+
+def step(
+    policy: Policy,
+    base: ScoreDoc,
+    cand: ScoreDoc,
+    agreement: AgreementResult | None,
+    at: Look,
+    last: bool,
+    decided: dict[int, RuleResult],
+    latest: dict[int, RuleResult],
+) -> None:
+    """Test every open rule at this look: a pass or regression (or any result at the last look) freezes it;
+    `latest` keeps the newest result of every rule."""
+    for i, r in enumerate(policy.rules):
+        if i in decided:
+            continue
+        if isinstance(r, AgreementRule):
+            if at.index == 1:
+                decided[i] = latest[i] = rule_result(policy, i, base, cand, agreement, at)
+            continue
+        if r.task not in cand.tasks:
+            continue
+        res = rule_result(policy, i, base, cand, agreement, at)
+        latest[i] = res
+        if res.verdict != "inconclusive" or last:
+            decided[i] = res
+
+
+def settled(policy: Policy, decided: dict[int, RuleResult]) -> bool:
+    """The verdict cannot change: a rule found a regression, or every rule is decided."""
+    return any(r.verdict == "regression" for r in decided.values()) or len(decided) == len(policy.rules)
+
+
+def record(
+    seq: Sequential,
+    bounds: list[float],
+    looks_taken: int,
+    plans: dict[str, TaskPlan],
+    scored: dict[str, int],
+    seconds: float | None,
+) -> SequentialRecord:
+    return SequentialRecord(
+        looks=seq.looks,
+        bounds=bounds,
+        stable_margin=seq.stable_margin,
+        stable_fraction=seq.stable_fraction,
+        looks_taken=looks_taken,
+        items_scored={t: scored.get(t, 0) for t in plans},
+        items_total={t: sum(p.population.values()) for t, p in plans.items()},
+        strata={t: dict(sorted(p.population.items())) for t, p in plans.items()},
+        candidate_seconds=seconds,
+    )
+
+
+def run(
+    policy: Policy,
+    base: ScoreDoc,
+    agreement: AgreementResult | None,
+    score: Callable[[dict[str, list[str]]], ScoreDoc],
+) -> tuple[list[RuleResult], int, dict[str, TaskPlan], list[float]]:
+    """The sequential design end to end over a scorer: `score(ids per task)` returns the candidate's items
+    scored so far for those tasks (quantize/evaluate/score.py `Staged`, or a score file's items). Returns the
+    rules' results in policy order, the looks taken, the plans and the boundaries."""
+    seq = policy.sequential
+    assert seq is not None, "a sequential gate needs the policy's `sequential:` section"
+    bounds = stats.sequential_bounds(seq.looks, policy.alpha)
+    plans = plan(seq, base, rule_tasks(policy), base.provenance.seed)
+    decided: dict[int, RuleResult] = {}
+    latest: dict[int, RuleResult] = {}
+    k = 0
+    for k in range(len(seq.looks)):
+        cand = score({t: plans[t].draws[k] for t in open_tasks(policy, decided)})
+        if k == 0:
+            check_provenance(base, cand)
+        step(policy, base, cand, agreement, look(plans, k, bounds), k == len(seq.looks) - 1, decided, latest)
+        if settled(policy, decided):
+            break
+    return [decided.get(i) or latest[i] for i in range(len(policy.rules))], k + 1, plans, bounds

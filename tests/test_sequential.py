@@ -1,0 +1,213 @@
+"""The sequential gate: group-sequential boundaries against published values and a simulation, the stratified
+estimator against a hand-worked example and against the fixed design, the item plan, and whole gates on
+synthetic per-item results (A/A passes, a planted drop is rejected before the last look, a look schedule
+that cannot work is exit 2), then staged scoring on a tiny model."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from quantize import stats
+from quantize.cli import main
+from quantize.gates import sequential as sq
+from quantize.gates.gate import decide, verdict_of
+from quantize.gates.policy import load_policy
+from quantize.records import ChoiceItem, GreedyItem, ScoreDoc, parse
+
+from conftest import result
+
+
+@pytest.mark.parametrize(
+    "looks,alpha,expected",
+    [
+        ([1.0], 0.05, [1.6449]),
+        # Lan–DeMets O'Brien–Fleming spending, two-sided 0.05 (one-sided 0.025): Jennison & Turnbull (2000),
+        # Table 7.6 / gsDesign's sfLDOF bounds
+        ([0.5, 1.0], 0.025, [2.9626, 1.9686]),
+        ([0.2, 0.4, 0.6, 0.8, 1.0], 0.025, [4.8769, 3.3569, 2.6803, 2.2898, 2.0310]),
+    ],
+)
+def test_boundaries_match_published_values(looks, alpha, expected):
+    assert stats.sequential_bounds(looks, alpha) == pytest.approx(expected, abs=2e-3)
+
+
+def test_boundaries_spend_alpha_under_the_null_by_simulation():
+    """Brownian motion under H0 observed at the looks crosses some c_k with probability α, and first at look k
+    with probability α(t_k) − α(t_{k−1})."""
+    looks, alpha = [0.2, 0.5, 1.0], 0.05
+    c = np.asarray(stats.sequential_bounds(looks, alpha))
+    rng = np.random.default_rng(0)
+    t = np.asarray(looks)
+    steps = rng.standard_normal((400_000, 3)) * np.sqrt(np.diff(np.concatenate([[0], t])))
+    z = np.cumsum(steps, axis=1) / np.sqrt(t)
+    crossed = z >= c
+    first = np.where(crossed.any(1), crossed.argmax(1), -1)
+    assert crossed.any(1).mean() == pytest.approx(alpha, abs=3 * math.sqrt(alpha / 400_000))
+    spent = [stats.obf_spending(x, alpha) for x in looks]
+    for k in range(3):
+        assert (first == k).mean() == pytest.approx(spent[k] - (spent[k - 1] if k else 0), abs=1.5e-3)
+
+
+def test_spending_is_increasing_and_spends_alpha_by_the_end():
+    a = [stats.obf_spending(t, 0.05) for t in (0.1, 0.3, 0.6, 1.0)]
+    assert a == sorted(a) and a[-1] == pytest.approx(0.05) and a[0] < 1e-5
+
+
+def test_stratified_estimator_hand_example():
+    # strata a (N=10): D = -1, 0 -> mean -1/2; b (N=30): D = 0, 0, 1 -> mean 1/3; Δ̂ = 1/4·(-1/2) + 3/4·(1/3) = 1/8
+    # Agresti–Min per stratum: a: b=1, c=0, n=2 -> √(2 − 1/4)/4; b: b=0, c=1, n=3 -> √(2 − 1/5)/5
+    d, strata = [-1, 0, 0, 0, 1], ["a", "a", "b", "b", "b"]
+    mean, _, _, se = stats.stratified(d, [str(i) for i in range(5)], strata, {"a": 10, "b": 30})
+    se_a, se_b = math.sqrt(1.75) / 4, math.sqrt(1.8) / 5
+    assert mean == pytest.approx(1 / 8)
+    assert se == pytest.approx(math.sqrt((0.25 * se_a) ** 2 + (0.75 * se_b) ** 2))
+
+
+def test_one_stratum_every_item_one_look_is_the_fixed_design():
+    rng = random.Random(3)
+    d = [rng.choice([-1, 0, 0, 0, 0, 1]) for _ in range(400)]
+    clusters = [f"c{i % 37}" for i in range(400)]
+    fixed = stats.noninferiority(d, clusters, 0.02, 0.05, 0.8)
+    one = stats.noninferiority(
+        d, clusters, 0.02, 0.05, 0.8, ["all"] * 400, {"all": 400}, bound=stats.sequential_bounds([1.0], 0.05)[0]
+    )
+    assert (one.delta, one.se, one.lower, one.upper, one.verdict) == pytest.approx(
+        (fixed.delta, fixed.se, fixed.lower, fixed.upper, fixed.verdict)
+    )
+
+
+def test_design_weighted_estimate_is_unbiased_whatever_the_candidate_does():
+    """Stable items sampled at 20%, at-risk at 100%: the candidate here flips only stable items (the strata
+    guessed wrong), and the average estimate is still the golden set's true Δ."""
+    n_stable, n_risk = 800, 200
+    d = [-1.0 if i % 10 == 0 else 0.0 for i in range(n_stable)] + [0.0] * n_risk  # Δ = -80/1000
+    strata = ["stable"] * n_stable + ["risk"] * n_risk
+    true = sum(d) / len(d)
+    rng = random.Random(0)
+    est = []
+    for _ in range(3000):
+        pick = rng.sample(range(n_stable), 160) + list(range(n_stable, n_stable + n_risk))
+        est.append(
+            stats.stratified(
+                [d[i] for i in pick], [str(i) for i in pick], [strata[i] for i in pick], {"stable": 800, "risk": 200}
+            )[0]
+        )
+    assert np.mean(est) == pytest.approx(true, abs=3 * np.std(est) / math.sqrt(len(est)))
+
+
+def test_strata_from_the_baseline_margin():
+    mc = dict(id="x", cluster="c", score=1.0)
+    assert sq.stratum(ChoiceItem(**mc, ll=-1.0, lls=[-1.0, -4.0, -5.0]), 2.0) == sq.STABLE  # wins by 3 nats
+    assert sq.stratum(ChoiceItem(**mc, ll=-1.0, lls=[-1.0, -1.5, -5.0]), 2.0) == sq.AT_RISK
+    assert sq.stratum(ChoiceItem(id="x", cluster="c", score=0.0, ll=-6.0, lls=[-1.0, -6.0]), 2.0) == sq.STABLE
+    # greedy: p = 0.95 right (logit 2.94) stable; p = 0.6 right at risk; p = 0.01 wrong stable; p = 0.3 wrong at risk
+    g = [(0.95, 1.0, sq.STABLE), (0.6, 1.0, sq.AT_RISK), (0.01, 0.0, sq.STABLE), (0.3, 0.0, sq.AT_RISK)]
+    for p, s, want in g:
+        assert sq.stratum(GreedyItem(id="x", cluster="c", score=s, ll=math.log(p)), 2.0) == want
+    assert sq.stratum(GreedyItem(id="x", cluster="c", score=1.0, ll=math.log(0.95)), 0.0) == sq.ALL
+
+
+def _docs(n=3000, drop=0.0, seed=0, ppl_shift=0.0):
+    """Baseline and candidate score files on a greedy task (varied baseline probabilities) and a prose task.
+    `drop`: the share of all items turned from right to wrong, taken among the at-risk right items."""
+    rng = random.Random(seed)
+    ps = [rng.choice([0.97, 0.99, 0.6, 0.4, 0.02, 0.005]) for _ in range(n)]
+    acc = [float(p > 0.5) for p in ps]
+    prose = [-300.0 - 40 * rng.random() for _ in range(100)]
+    base, cand = result(acc, prose), result(acc, [x - ppl_shift for x in prose], sha="b")
+    for it, p in zip(base["tasks"]["t_acc"]["items"], ps, strict=True):
+        it["ll"] = math.log(p)
+    at_risk_right = [i for i, p in enumerate(ps) if p == 0.6]
+    flips = rng.sample(at_risk_right, round(drop * n))
+    # harmless noise: symmetric flips among at-risk items
+    noise = rng.sample([i for i, p in enumerate(ps) if p in (0.6, 0.4) and i not in flips], 30)
+    for i in flips + noise:
+        cand["tasks"]["t_acc"]["items"][i]["score"] = 1.0 - acc[i]
+    return parse(ScoreDoc, base, "b"), parse(ScoreDoc, cand, "c")
+
+
+def _policy(tmp_path, looks="[0.2, 0.5, 1.0]", extra=""):
+    p = tmp_path / "gates" / "seq.yaml"
+    p.parent.mkdir(exist_ok=True)
+    p.write_text(
+        f"suite: evaluate/core.yaml\nsequential: {{looks: {looks}, stable_margin: 2.0, stable_fraction: 0.3{extra}}}\n"
+        "rules:\n  - {task: t_acc, metric: acc, margin: 0.02}\n"
+        "  - {task: t_prose, metric: perplexity, max_ratio: 1.05}\n"
+    )
+    return load_policy(p)
+
+
+def _from_file(cand: ScoreDoc, asked: list):
+    """A scorer over a complete candidate: returns the asked items, and records what was asked."""
+
+    def score(ids):
+        asked.append({t: len(v) for t, v in ids.items()})
+        want = {t: set(v) for t, v in ids.items()}
+        tasks = {
+            t: ts.model_copy(update={"items": [i for i in ts.items if i.id in want[t]]})
+            for t, ts in cand.tasks.items()
+            if t in want
+        }
+        return cand.model_copy(update={"tasks": tasks})
+
+    return score
+
+
+def test_a_a_passes_and_spends_fewer_items(tmp_path):
+    policy = _policy(tmp_path)
+    base, cand = _docs()
+    asked: list = []
+    results, _, plans, _ = sq.run(policy, base, None, _from_file(cand, asked))
+    assert [r.verdict for r in results] == ["pass", "pass"]
+    assert max(a.get("t_acc", 0) for a in asked) < 0.6 * 3000  # stable items (two thirds here) drawn at 30%
+    assert plans["t_acc"].population == {"at-risk": pytest.approx(1000, abs=80), "stable": pytest.approx(2000, abs=80)}
+
+
+def test_planted_drop_is_rejected_before_the_last_look(tmp_path):
+    policy = _policy(tmp_path)
+    base, cand = _docs(drop=0.06)
+    asked: list = []
+    results, taken, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
+    assert results[0].verdict == "regression" and taken < 3 and results[0].look == taken
+    fixed = decide(policy, base, cand, None)
+    assert fixed.rules[0].verdict == "regression"  # the full design agrees
+
+
+def test_a_rule_decided_early_stops_its_task(tmp_path):
+    """Perplexity far past its limit is decided at look 1; the accuracy rule keeps going, prose is not scored again."""
+    policy = _policy(tmp_path)
+    base, cand = _docs(ppl_shift=-50.0)  # the candidate's documents are far more likely: ratio far below 1.05
+    asked: list = []
+    results, _, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
+    assert results[1].verdict == "pass" and results[1].look == 1
+    assert all("t_prose" not in a for a in asked[1:])
+
+
+def test_sequential_verdict_records_the_design(tmp_path):
+    policy = _policy(tmp_path)
+    base, cand = _docs(drop=0.06)
+    results, taken, plans, bounds = sq.run(policy, base, None, _from_file(cand, []))
+    rec = sq.record(policy.sequential, bounds, taken, plans, {"t_acc": 10, "t_prose": 5}, 1.5)
+    v = verdict_of(policy, base, cand, results, rec)
+    assert v.verdict == "rejected" and v.sequential.looks_taken == taken and v.sequential.bounds == bounds
+    from quantize.gates.render import render_text
+
+    assert f"{taken} of 3 looks" in render_text(v)
+
+
+@pytest.mark.parametrize(
+    "looks,why",
+    [("[0.5, 0.3, 1.0]", "not a look schedule"), ("[0.2, 0.5]", "must be 1"), ("[0, 1.0]", "not a look schedule")],
+)
+def test_impossible_look_schedule_is_exit_2(tmp_path, capsys, looks, why):
+    p = tmp_path / "p.yaml"
+    p.write_text(
+        f"suite: evaluate/core.yaml\nsequential: {{looks: {looks}}}\nrules:\n  - {{task: core_facts, margin: 0.02}}\n"
+    )
+    code = main(["gate", str(p), "--baseline", str(tmp_path), "--candidate", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "sequential.looks" in err and why in err and "Traceback" not in err
