@@ -1,20 +1,24 @@
-"""Time to a verdict with a cached baseline, against one plain lm-eval run of the candidate.
+"""Time to a verdict with a cached baseline, the sequential and the fixed design, against one plain lm-eval run.
 
-    python benchmarks/gate_time.py BASELINE CANDIDATE [--policy gates/ci.yaml] [--suite evaluate/smoke.yaml]
+    python benchmarks/gate_time.py BASELINE CANDIDATE [CANDIDATE ...] [--policy gates/ci.yaml]
+        [--baseline-cache ~/.cache/quantize] [--full-cache ~/.cache/quantize] [--plain C ...]
 
-1. Scores the baseline once (cached), computes its stored top-k distributions (cached) and compares
-   the baseline with itself (an A/A agreement pass, which also checks the set-up).
-2. Times `quantize gate` on the candidate from a cold candidate cache: candidate scoring, agreement, decision.
-3. Times one plain lm-eval `simple_evaluate` run of the candidate on the same tasks (no per-item
-   records kept, no statistics).
-Prints the seconds and the ratio. Uses a private cache folder, so nothing else is disturbed;
---baseline-cache DIR seeds it with the baseline's entries (scores and top-k) from an existing cache
-(e.g. ~/.cache/quantize), so a full-suite run does not score the baseline again.
+For each candidate, in a private cache folder (so the candidate is never cached; the baseline's scores and
+top-k are copied in from --baseline-cache, or computed once):
+1. sequential design: `quantize gate` with the policy as written (its `sequential:` section): agreement, then
+   the candidate's items in stages until the verdict is settled. Timed end to end.
+2. fixed design: the same policy without `sequential:`, every item scored. Timed end to end, unless
+   --full-cache holds the candidate's full scores: then the verdict is decided from them, and the time is
+   their recorded scoring wall time plus the agreement time measured in step 1 (stated as such in the output).
+3. plain lm-eval: one `simple_evaluate` of the candidate on the golden set's tasks, same batch size and device,
+   for the candidates named by --plain.
+Prints one row per candidate and the ratios; --json writes them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -28,87 +32,137 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def seed_baseline_cache(src: Path, dst: Path, suite_path: str, baseline: Path) -> None:
-    """Copy only the baseline's entries, found where score() and the agreement scorer look: its score
-    file and its stored top-k, never a candidate's."""
+def copy_entries(src: Path, dst: Path, suite, baseline: Path) -> None:
+    """Copy only the baseline's cache entries (its score file and stored top-k), never a candidate's."""
     from quantize import cache
-    from quantize.checkpoint import weights_sha256
-    from quantize.suite import open_suite
+    from quantize.checkpoint import identity_sha256
 
-    suite = open_suite(suite_path)
-    sha = weights_sha256(baseline)
-    # the paths the private cache (QUANTIZE_CACHE=dst) will look up, and the same entries in src
+    sha = identity_sha256(baseline)
     for target in [cache.score_path(suite, sha), cache.baseline_topk_path(suite, sha)]:
         f = src / target.relative_to(dst)
         if not f.is_file():
-            sys.exit(f"{f} is missing: score the baseline in {src} first, or drop --baseline-cache")
+            sys.exit(f"{f} is missing: score the baseline in {src} first (`quantize gate`), or drop --baseline-cache")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(f, target)
+
+
+def plain_lm_eval(suite, candidate: str, tmp: Path) -> float:
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from quantize.golden.manifest import lm_eval_tasks
+
+    golden = suite.golden
+    inc = lm_eval_tasks(
+        golden, tmp / "tasks", ids=golden.manifest["smoke_ids"] if suite.suite.subset == "smoke" else None
+    )
+    t0 = time.perf_counter()
+    simple_evaluate(
+        model="hf",
+        model_args={"pretrained": candidate, "dtype": "float32"},
+        tasks=suite.tasks,
+        task_manager=TaskManager(include_path=str(inc), include_defaults=False),
+        batch_size=suite.suite.batch_size,
+        device="cpu",
+        bootstrap_iters=0,
+    )
+    return time.perf_counter() - t0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("baseline")
-    ap.add_argument("candidate")
+    ap.add_argument("candidates", nargs="+")
     ap.add_argument("--policy", default=str(ROOT / "gates" / "ci.yaml"))
-    ap.add_argument(
-        "--suite", default=str(ROOT / "evaluate" / "smoke.yaml"), help="suite to time on (the policy's rules are kept)"
-    )
-    ap.add_argument(
-        "--baseline-cache", type=Path, help="copy the baseline's cached scores and top-k from this cache folder"
-    )
+    ap.add_argument("--baseline-cache", type=Path, help="copy the baseline's cached scores and top-k from here")
+    ap.add_argument("--full-cache", type=Path, help="a cache holding candidates' full scores (the fixed design)")
+    ap.add_argument("--plain", nargs="*", default=[], help="candidates to time one plain lm-eval run of")
+    ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    import yaml
+
+    from quantize import cache
+    from quantize.checkpoint import identity_sha256
+    from quantize.gates.gate import decide
+    from quantize.gates.policy import load_policy
+    from quantize.suite import open_suite
+
+    policy = load_policy(args.policy)
+    if policy.sequential is None:
+        sys.exit(f"{args.policy} has no `sequential:` section: nothing to compare with the fixed design")
+    raw = yaml.safe_load(Path(args.policy).read_text())
+    raw["suite"] = policy.suite
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ["QUANTIZE_CACHE"] = tmp
-        if args.baseline_cache:
-            seed_baseline_cache(args.baseline_cache.expanduser().resolve(), Path(tmp), args.suite, Path(args.baseline))
-        import yaml
-
+        tmp = Path(tmp)
+        seq_pol, fixed_pol = tmp / "seq.yaml", tmp / "fixed.yaml"
+        seq_pol.write_text(yaml.safe_dump(raw))
+        fixed_pol.write_text(yaml.safe_dump({k: v for k, v in raw.items() if k != "sequential"}))
+        suite = open_suite(policy.suite)
+        full = {}
+        if args.full_cache:  # read before QUANTIZE_CACHE points at the private folder
+            os.environ["QUANTIZE_CACHE"] = str(args.full_cache.expanduser())
+            full = {c: cache.lookup_scores(suite, identity_sha256(Path(c))) for c in args.candidates}
+            base_full = cache.lookup_scores(suite, identity_sha256(Path(args.baseline)))
         from quantize.evaluate.agreement import agreement_scores
-        from quantize.golden.manifest import lm_eval_tasks
         from quantize.pipeline import run_gate
-        from quantize.suite import open_suite
 
-        policy = yaml.safe_load(Path(args.policy).read_text())
-        policy["suite"] = str(Path(args.suite).resolve())
-        pol = Path(tmp) / "policy.yaml"
-        pol.write_text(yaml.safe_dump(policy))
-        from quantize.evaluate.score import score
-
-        suite = open_suite(args.suite)
-        t0 = time.perf_counter()
-        score(suite, args.baseline)
-        agreement_scores(suite, Path(args.baseline), Path(args.baseline))
-        t_base = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
-        verdict = run_gate(pol, args.baseline, args.candidate)
-        t_gate = time.perf_counter() - t0
-
-        from lm_eval import simple_evaluate
-        from lm_eval.tasks import TaskManager
-
-        golden = suite.golden
-        inc = lm_eval_tasks(
-            golden, Path(tmp) / "tasks", ids=golden.manifest["smoke_ids"] if suite.suite.subset == "smoke" else None
+        for c in args.candidates:
+            private = tmp / f"cache-{len(rows)}"
+            os.environ["QUANTIZE_CACHE"] = str(private)
+            if args.baseline_cache:
+                copy_entries(args.baseline_cache.expanduser().resolve(), private, suite, Path(args.baseline))
+            t0 = time.perf_counter()
+            agreement = agreement_scores(suite, Path(args.baseline), Path(c))
+            t_agree = time.perf_counter() - t0
+            v = run_gate(seq_pol, args.baseline, c)
+            t_seq = time.perf_counter() - t0
+            row = {
+                "candidate": c,
+                "sequential_seconds": round(t_seq, 1),
+                "agreement_seconds": round(t_agree, 1),
+                "sequential_verdict": v.verdict,
+                "items_scored": sum(v.sequential.items_scored.values()),
+                "items_total": sum(v.sequential.items_total.values()),
+                "looks_taken": v.sequential.looks_taken,
+                "rule_looks": {r.rule: [r.verdict, r.look] for r in v.rules},
+            }
+            if full.get(c) is not None and base_full is not None:
+                fv = decide(load_policy(fixed_pol), base_full, full[c], agreement)
+                row |= {
+                    "fixed_verdict": fv.verdict,
+                    "fixed_seconds": round(full[c].wall_seconds + t_agree, 1),
+                    "fixed_timing": "recorded full-scoring wall time + this run's agreement time",
+                }
+            else:
+                t0 = time.perf_counter()
+                fv = run_gate(fixed_pol, args.baseline, c)
+                row |= {
+                    "fixed_verdict": fv.verdict,
+                    "fixed_seconds": round(time.perf_counter() - t0, 1),
+                    "fixed_timing": "measured in this run",
+                }
+            row["fixed_rules"] = {r.rule: r.verdict for r in fv.rules}
+            if c in args.plain:
+                row["plain_seconds"] = round(plain_lm_eval(suite, c, private), 1)
+                row["sequential_ratio"] = round(row["sequential_seconds"] / row["plain_seconds"], 3)
+                row["fixed_ratio"] = round(row["fixed_seconds"] / row["plain_seconds"], 3)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    print()
+    print(
+        f"{'candidate':<40} {'plain s':>8} {'seq s':>7} {'ratio':>6} {'items':>11} {'looks':>5} {'verdict':>12} "
+        f"{'fixed s':>8} {'ratio':>6} {'verdict':>12}"
+    )
+    for r in rows:
+        print(
+            f"{Path(r['candidate']).name:<40} {r.get('plain_seconds', '-'):>8} {r['sequential_seconds']:>7} "
+            f"{r.get('sequential_ratio', '-'):>6} {r['items_scored']:>5}/{r['items_total']:<5} {r['looks_taken']:>5} "
+            f"{r['sequential_verdict']:>12} {r['fixed_seconds']:>8} {r.get('fixed_ratio', '-'):>6} "
+            f"{r['fixed_verdict']:>12}"
         )
-        t0 = time.perf_counter()
-        simple_evaluate(
-            model="hf",
-            model_args={"pretrained": args.candidate, "dtype": "float32"},
-            tasks=suite.tasks,
-            task_manager=TaskManager(include_path=str(inc), include_defaults=False),
-            batch_size=suite.suite.batch_size,
-            device="cpu",
-            bootstrap_iters=0,
-        )
-        t_plain = time.perf_counter() - t0
-    print(f"suite {args.suite}; verdict {verdict.verdict}")
-    how = f"scores and top-k read from {args.baseline_cache}" if args.baseline_cache else "once, then cached"
-    print(f"baseline, with an A/A agreement pass ({how}): {t_base:8.1f} s")
-    print(f"quantize gate, candidate uncached:           {t_gate:8.1f} s")
-    print(f"plain lm-eval run of the candidate:          {t_plain:8.1f} s")
-    print(f"time to verdict / plain lm-eval run:         {t_gate / t_plain:8.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"policy": str(args.policy), "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

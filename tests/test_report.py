@@ -183,3 +183,16 @@ def test_agree_gives_the_demo_report_a_measured_quality_figure(checkpoints, tiny
     rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
     assert float(rows["w4"]["mean KL"]) == pytest.approx(kl["w4"], abs=5e-5) and rows["w4"]["gate"] == "no verdict"
     assert "Measured without scoring (`quantize agree`)" in (out / "report.md").read_text()
+    # with a policy, the agreement rules alone give a first verdict, labelled as such
+    limit = (kl["fp8"] * kl["w4"]) ** 0.5
+    pol = tmp_path / "agr.yaml"
+    pol.write_text(
+        f"suite: {suite}\nrules:\n  - {{task: core_facts, margin: 0.05}}\n  - {{agreement: kl, max: {limit}}}\n"
+    )
+    out2 = tmp_path / "rep2"
+    args = ["report", str(base / "out"), "--baseline", str(tiny_model), "--suite", str(suite), "--out", str(out2)]
+    assert main([*args, "--policy", str(pol)]) == 0
+    data = json.loads((out2 / "report.json").read_text())
+    rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
+    assert rows["fp8"]["gate"] == "agreement pass; scores pending"
+    assert rows["w4"]["gate"] == "agreement REJECTED; scores pending"

@@ -90,14 +90,14 @@ class Sequential(BaseModel):
         description="cumulative fractions of each stratum's planned items at which the rules are tested; the last is 1",
     )
     stable_margin: float = Field(
-        2.0,
+        3.0,
         ge=0,
         description="an item is 'stable' when the baseline's answer wins (or loses) by at least this many nats: "
         "log-odds of the gold answer against the best other choice (multiple choice), of the target's probability "
         "(greedy continuation); 0: one stratum",
     )
     stable_fraction: float = Field(
-        0.3, gt=0, le=1, description="share of the stable items drawn by the last look (every at-risk item is drawn)"
+        0.5, gt=0, le=1, description="share of the stable items drawn by the last look (every at-risk item is drawn)"
     )
 
     @model_validator(mode="after")

@@ -64,25 +64,33 @@ class TaskPlan:
     draws: list[list[str]]  # per look: every item id scored by then (cumulative)
 
 
+def draws(seq: Sequential, strata: dict[str, str], key: str) -> list[list[str]]:
+    """The item ids each look has scored (cumulative), from every item's stratum: a seeded order within each
+    stratum (`key` seeds it), the first n_h,k of it at look k (module docstring)."""
+    members: dict[str, list[str]] = {}
+    for i, h in strata.items():
+        members.setdefault(h, []).append(i)
+    for h, ids in members.items():
+        random.Random(f"{key}:{h}").shuffle(ids)
+    out = []
+    for t in seq.looks:
+        ids: list[str] = []
+        for h, hs in sorted(members.items()):
+            f = seq.stable_fraction if h == STABLE else 1.0
+            ids += hs[: max(min(2, len(hs)), math.ceil(t * f * len(hs) - 1e-9))]
+        out.append(ids)
+    return out
+
+
 def plan(seq: Sequential, base: ScoreDoc, tasks: list[str], seed: int) -> dict[str, TaskPlan]:
     """Which candidate items each look scores, per task, from the baseline's scores (module docstring)."""
     plans = {}
     for task in tasks:
-        items = base.tasks[task].items
-        strata = {i.id: stratum(i, seq.stable_margin) for i in items}
-        members: dict[str, list[str]] = {}
-        for i in items:
-            members.setdefault(strata[i.id], []).append(i.id)
-        for h, ids in members.items():
-            random.Random(f"{seed}:{task}:{h}").shuffle(ids)
-        draws = []
-        for t in seq.looks:
-            ids: list[str] = []
-            for h, hs in sorted(members.items()):
-                f = seq.stable_fraction if h == STABLE else 1.0
-                ids += hs[: max(min(2, len(hs)), math.ceil(t * f * len(hs) - 1e-9))]
-            draws.append(ids)
-        plans[task] = TaskPlan(strata, {h: len(v) for h, v in members.items()}, draws)
+        strata = {i.id: stratum(i, seq.stable_margin) for i in base.tasks[task].items}
+        population: dict[str, int] = {}
+        for h in strata.values():
+            population[h] = population.get(h, 0) + 1
+        plans[task] = TaskPlan(strata, population, draws(seq, strata, f"{seed}:{task}"))
     return plans
 
 

@@ -12,8 +12,8 @@ from quantize import cache, cost, records
 from quantize.accounting import bits_report
 from quantize.checkpoint import identity_sha256, read_config
 from quantize.errors import UsageError
-from quantize.gates.gate import decide
-from quantize.gates.policy import AgreementRule, load_policy
+from quantize.gates.gate import agreement_rule, decide
+from quantize.gates.policy import AgreementRule, Policy, load_policy
 from quantize.records import AgreementResult, RunRecord, ScoreDoc, Verdict
 from quantize.suite import open_suite
 
@@ -34,6 +34,8 @@ class Entry:
     scores: ScoreDoc | None = None
     agreement: AgreementResult | None = None
     verdict: Verdict | None = None
+    # the policy's agreement rules alone, when there are no scores yet: "pass", "regression" or "inconclusive"
+    agreement_outcome: str | None = None
     decode: dict[str, Any] = field(default_factory=dict)
 
 
@@ -91,6 +93,17 @@ def decode_bounds(
     return out
 
 
+def agreement_outcome(policy: Policy, agreement: AgreementResult) -> str:
+    """The policy's agreement rules on their own (a first picture before any scoring): a regression on any of
+    them settles a rejection already; passes leave the accuracy and perplexity rules to the full gate."""
+    outcomes = [
+        agreement_rule(r, policy.label(i), agreement, policy.alpha).verdict
+        for i, r in enumerate(policy.rules)
+        if isinstance(r, AgreementRule)
+    ]
+    return "regression" if "regression" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
+
+
 def collect(
     checkpoints: list[Path],
     suite_path: str,
@@ -114,5 +127,7 @@ def collect(
             e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256)
             if policy and e.scores and base.scores and (e.agreement or not needs_agr):
                 e.verdict = decide(policy, base.scores, e.scores, e.agreement)
+            elif policy and e.agreement and needs_agr:
+                e.agreement_outcome = agreement_outcome(policy, e.agreement)
         e.decode = decode_bounds(e, base, hardware, batch, context)
     return entries

@@ -229,6 +229,16 @@ def plot_bytes(entries: list[Entry], out: Path) -> list[str]:
     return _save(fig, out, "bytes")
 
 
+def _gate_cell(e: Any) -> str:
+    """The verdict; without scores, the policy's agreement rules alone (labelled so)."""
+    if e.verdict:
+        return e.verdict.verdict.upper()
+    if e.agreement_outcome:
+        word = {"regression": "REJECTED", "pass": "pass", "inconclusive": "inconclusive"}[e.agreement_outcome]
+        return f"agreement {word}; scores pending"
+    return "no verdict"
+
+
 def _f(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
@@ -272,7 +282,7 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
             ("0" if e.is_baseline else _f(a and a.kl_mean, ".4f")),
             ("1" if e.is_baseline else _f(a and a.top1, ".3f")),
             ("-" if e.is_baseline else _f(a and a.sum_min, ".3f")),
-            ("baseline" if e.is_baseline else (e.verdict.verdict.upper() if e.verdict else "no verdict")),
+            ("baseline" if e.is_baseline else _gate_cell(e)),
             _f(e.decode.get("batch1_ms"), ".3f"),
             _f(e.decode.get("batch_ms"), ".3f"),
             _f(e.decode.get("speculative_speedup"), ".2f"),
@@ -314,7 +324,9 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
             "Measured without scoring (`quantize agree`): token-distribution agreement with the baseline on "
             f"{agreed[0].agreement.positions:,} positions of the golden prompts (mean KL, a lower bound; top-1; "
             f"Σ min(p, q)) for {', '.join(e.label for e in agreed)}. Accuracy, perplexity and the gate's verdict "
-            "need scores: `quantize gate POLICY --baseline B --candidate C` (`make gate-all`)."
+            "need scores: `quantize gate POLICY --baseline B --candidate C` (`make gate-all`). Their gate cell is the "
+            "policy's agreement rules alone: 'agreement REJECTED' already settles a rejection; 'agreement pass' "
+            "leaves the accuracy and perplexity rules to the full gate."
         )
     md = ["# Bytes versus accuracy\n", f"Suite `{suite}`; {len(entries)} checkpoints.", ""]
     if "pareto.png" in images:
