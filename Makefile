@@ -42,15 +42,18 @@ demo: model
 	echo; echo "== true bits per weight of every checkpoint (quantize inspect)"; \
 	for d in outputs/*/; do [ -f $$d/quantize.json ] && $(Q) inspect $$d | sed -n '1,5p'; done; \
 	echo; echo "== agreement with the default model (quantize agree; cached, about a minute per checkpoint)"; \
-	$(Q) agree evaluate/core.yaml outputs --baseline "$$($(Q) model path)" --quiet; \
+	$(Q) agree evaluate/core-v2.yaml outputs --baseline "$$($(Q) model path)" --quiet; \
 	echo; $(Q) report outputs --baseline "$$($(Q) model path)" --policy gates/ci.yaml --out outputs/report
 
-# Score the baseline and every converted checkpoint on golden/core/v1 and gate each one (about
-# 13 minutes per checkpoint on a 2-core CPU; scores are cached), then redraw the report.
+# Gate every converted checkpoint with gates/ci.yaml (golden/core/v2, in stages: the candidate is scored until
+# the verdict is settled; the baseline is scored in full once and cached), save each verdict beside its
+# checkpoint (gate.json, gate.xml), then redraw the report with them.
 gate-all: demo
 	@base="$$($(Q) model path)"; for d in outputs/*/; do [ -f $$d/quantize.json ] || continue; \
 	  echo "== quantize gate gates/ci.yaml --candidate $$d"; \
-	  $(Q) gate gates/ci.yaml --baseline "$$base" --candidate $$d --junit $$d/gate.xml || true; done; \
+	  $(Q) gate gates/ci.yaml --baseline "$$base" --candidate $$d --junit $$d/gate.xml --json > $$d/gate.json.tmp; \
+	  mv $$d/gate.json.tmp $$d/gate.json; \
+	  $(PY) -c 'import json, sys; v = json.load(open(sys.argv[1])); print("  ", v["verdict"])' $$d/gate.json; done; \
 	$(Q) report outputs --baseline "$$base" --policy gates/ci.yaml --out outputs/report
 
 # The two user-style golden sets, rebuilt from their sources into build/ and compared with the committed

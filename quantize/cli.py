@@ -334,6 +334,22 @@ def cmd_agree(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def report_suite(suite: str | None, policy: str | None) -> str:
+    """The report's suite: --suite, else the policy's, else evaluate/core.yaml; a policy on another suite than
+    --suite would judge scores of one golden set by rules sized for another, so that is refused."""
+    if policy is None:
+        return suite or "evaluate/core.yaml"
+    from quantize.gates.policy import load_policy
+
+    theirs = load_policy(policy).suite
+    if suite is not None and Path(suite).resolve() != Path(theirs).resolve():
+        raise UsageError(
+            f"--suite {suite} and --policy {policy} (suite {theirs}) name different suites; drop --suite to report "
+            "on the policy's suite, or pass a policy written for this one"
+        )
+    return theirs
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from quantize import cost
     from quantize.report.collect import collect
@@ -341,6 +357,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     if args.hardware not in cost.HARDWARE:
         raise UsageError(f"--hardware {args.hardware!r} is unknown; choose one of {', '.join(cost.HARDWARE)}")
+    args.suite = report_suite(args.suite, args.policy)
     entries = collect(
         checkpoint_folders(args.checkpoints),
         args.suite,
@@ -623,7 +640,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="bytes-versus-accuracy report (Markdown and self-contained HTML, with plots)")
     rp.add_argument("checkpoints", nargs="+", help="checkpoint folders, or folders of checkpoints")
-    rp.add_argument("--suite", default="evaluate/core.yaml", help="the suite whose cached scores to show")
+    rp.add_argument(
+        "--suite", help="the suite whose cached scores to show (default: the policy's, else evaluate/core.yaml)"
+    )
     rp.add_argument("--baseline", help="baseline checkpoint (marked; agreement and verdicts are against it)")
     rp.add_argument("--policy", help="gate policy whose verdicts to show (from cached scores only)")
     rp.add_argument("--hardware", default="h100-sxm", help="hardware profile for the decode-cost bounds")

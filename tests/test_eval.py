@@ -326,7 +326,9 @@ def test_sequential_gate_a_a_on_a_tiny_model(setup, tiny_model, tmp_path, capsys
         "  - {agreement: kl, max: 0.5}\n"
     )
     code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json"])
-    v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    out = capsys.readouterr()
+    assert out.out, out.err
+    v = records.parse(Verdict, json.loads(out.out), "stdout")
     assert code == 0 and v.verdict == "pass" and v.sequential is not None
     assert all(r.look is not None for r in v.rules)
     assert v.sequential.items_total["core_facts"] == 24 and 0 < v.sequential.items_scored["core_facts"] <= 24

@@ -199,7 +199,7 @@ def test_every_shipped_recipe_is_valid():
     for p in recipes:
         if p in searches:
             spec, _ = load_search(p)
-            assert spec.policy.endswith("gates/ci.yaml")
+            assert spec.policy.endswith("gates/ci-v1.yaml")
             continue
         r, _ = load_recipe(p)
         assert r.output == f"outputs/{p.stem}"

@@ -196,3 +196,38 @@ def test_agree_gives_the_demo_report_a_measured_quality_figure(checkpoints, tiny
     rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
     assert rows["fp8"]["gate"] == "agreement pass; scores pending"
     assert rows["w4"]["gate"] == "agreement REJECTED; scores pending"
+
+
+def test_report_reads_a_saved_sequential_verdict_and_refuses_another_suite(
+    checkpoints, tiny_model, tmp_path, monkeypatch, capsys
+):
+    """A sequential gate leaves no full scores: the verdict saved beside the checkpoint (make gate-all) is shown
+    when it is this policy's, on this pair and golden set; a --suite other than the policy's is exit 2."""
+    base, suite, _ = checkpoints
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    pol = tmp_path / "seq.yaml"
+    pol.write_text(
+        f"suite: {suite}\nsequential: {{looks: [0.5, 1.0]}}\nrules:\n  - {{task: core_facts, margin: 0.5}}\n"
+    )
+    fp8 = base / "out" / "fp8"
+    main(["gate", str(pol), "--baseline", str(tiny_model), "--candidate", str(fp8), "--json"])
+    got = capsys.readouterr()
+    assert got.out, got.err
+    saved = json.loads(got.out)
+    (fp8 / "gate.json").write_text(json.dumps(saved))
+    try:
+        out = tmp_path / "rep"
+        assert (
+            main(["report", str(base / "out"), "--baseline", str(tiny_model), "--policy", str(pol), "--out", str(out)])
+            == 0
+        )
+        data = json.loads((out / "report.json").read_text())
+        rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
+        assert rows["fp8"]["gate"] == saved["verdict"].upper() and rows["w4"]["gate"] == "no verdict"
+        other = tmp_path / "other.yaml"
+        other.write_text(f"golden: {Path(suite).parent / 'golden' / 'v1'}\nbatch_size: 2\n")
+        args = ["report", str(base / "out"), "--suite", str(other), "--policy", str(pol), "--out", str(tmp_path / "r2")]
+        assert main(args) == 2
+        assert "name different suites" in capsys.readouterr().err
+    finally:
+        (fp8 / "gate.json").unlink()

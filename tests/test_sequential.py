@@ -211,3 +211,13 @@ def test_impossible_look_schedule_is_exit_2(tmp_path, capsys, looks, why):
     code = main(["gate", str(p), "--baseline", str(tmp_path), "--candidate", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "sequential.looks" in err and why in err and "Traceback" not in err
+
+
+def test_a_sample_of_another_task_version_is_refused(tmp_path):
+    from quantize.errors import UsageError
+
+    policy = _policy(tmp_path)
+    base, cand = _docs()
+    prov = cand.provenance.model_copy(update={"task_versions": {"t_acc": 2.0, "t_prose": 1.0}})
+    with pytest.raises(UsageError, match="task_versions"):
+        sq.run(policy, base, None, _from_file(cand.model_copy(update={"provenance": prov}), []))

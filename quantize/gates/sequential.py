@@ -175,6 +175,12 @@ def record(
     )
 
 
+def _only(doc: ScoreDoc, tasks: dict) -> ScoreDoc:
+    """The document with its provenance's task versions restricted to `tasks`."""
+    versions = {t: v for t, v in doc.provenance.task_versions.items() if t in tasks}
+    return doc.model_copy(update={"provenance": doc.provenance.model_copy(update={"task_versions": versions})})
+
+
 def run(
     policy: Policy,
     base: ScoreDoc,
@@ -193,8 +199,8 @@ def run(
     k = 0
     for k in range(len(seq.looks)):
         cand = score({t: plans[t].draws[k] for t in open_tasks(policy, decided)})
-        if k == 0:
-            check_provenance(base, cand)
+        if k == 0:  # the sample covers the rules' tasks: their versions must match (a full score file has more)
+            check_provenance(_only(base, cand.tasks), _only(cand, cand.tasks))
         step(policy, base, cand, agreement, look(plans, k, bounds), k == len(seq.looks) - 1, decided, latest)
         if settled(policy, decided):
             break

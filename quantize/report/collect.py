@@ -93,6 +93,26 @@ def decode_bounds(
     return out
 
 
+VERDICT_FILE = "gate.json"  # `quantize gate ... --json` saved beside the candidate (make gate-all)
+
+
+def saved_verdict(path: Path, policy: Policy, suite: Any, base_id: str, cand_id: str) -> Verdict | None:
+    """A verdict saved beside the checkpoint, when it is this policy's on this pair and golden set: a sequential
+    gate scores a sample, so there are no full scores to decide from again."""
+    f = path / VERDICT_FILE
+    if not f.is_file():
+        return None
+    v = records.read(Verdict, f)
+    p = v.provenance
+    same = (
+        v.policy == policy.name
+        and p.baseline.checkpoint.identity_sha256 == base_id
+        and p.candidate.checkpoint.identity_sha256 == cand_id
+        and p.golden.manifest_sha256 == suite.golden.manifest_sha256
+    )
+    return v if same else None
+
+
 def agreement_outcome(policy: Policy, agreement: AgreementResult) -> str:
     """The policy's agreement rules on their own (a first picture before any scoring): a regression on any of
     them settles a rejection already; passes leave the accuracy and perplexity rules to the full gate."""
@@ -127,6 +147,8 @@ def collect(
             e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256)
             if policy and e.scores and base.scores and (e.agreement or not needs_agr):
                 e.verdict = decide(policy, base.scores, e.scores, e.agreement)
+            elif policy and (v := saved_verdict(Path(e.path), policy, suite, base.sha256, e.sha256)):
+                e.verdict = v
             elif policy and e.agreement and needs_agr:
                 e.agreement_outcome = agreement_outcome(policy, e.agreement)
         e.decode = decode_bounds(e, base, hardware, batch, context)
