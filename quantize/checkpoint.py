@@ -143,6 +143,32 @@ def check_model_dir(path: Path) -> None:
     read_config(path)  # a config.json transformers cannot read is the user's to fix, before any import
 
 
+# What transformers needs installed to load a checkpoint of each quantization method (its quantizers' own checks:
+# GPTQ through optimum and GPTQModel, AWQ through GPTQModel and accelerate).
+LOADER_PACKAGES = {"gptq": ("optimum", "gptqmodel"), "awq": ("gptqmodel", "accelerate")}
+
+
+def check_loadable(path: Path) -> None:
+    """A quantized checkpoint whose loader packages are not installed is the user's to fix (exit 2), named before
+    any model loads; transformers would stop at the first missing one, so all are named at once. `inspect` needs
+    none of them (it reads headers)."""
+    import importlib.util
+
+    qc = read_config(path).get("quantization_config") or {}
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    need = LOADER_PACKAGES.get(str(method).lower()) if method else None
+    missing = [m for m in need or () if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(
+            f"{path} is a {str(method).upper()} checkpoint (config.json quantization_config.quant_method: {method}); "
+            f"transformers loads it through {' and '.join(need)}, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed here. They are not part of quantize's core "
+            "environment (GPTQModel 7.0-7.6 pins numpy 2.2.6, below quantize's pin; newer releases pull another "
+            "torch): install them into an environment of their own to score this checkpoint. `quantize inspect` "
+            "reads it here without them."
+        )
+
+
 # Files besides the weights that change what a checkpoint computes: its config, tokenizer, chat template
 # and generation defaults.
 IDENTITY_FILES = (

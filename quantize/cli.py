@@ -296,15 +296,17 @@ def checkpoint_folders(given: list[str]) -> list[Path]:
 def cmd_agree(args: argparse.Namespace) -> int:
     """Token-distribution agreement of each candidate with the baseline: a minute or two per checkpoint
     on a CPU, where accuracy scores take a quarter of an hour. Cached, so the report and the gate reuse it."""
-    from quantize.checkpoint import check_model_dir
+    from quantize.checkpoint import check_loadable, check_model_dir
     from quantize.suite import open_suite
 
     suite = open_suite(args.suite)
     baseline = Path(args.baseline)
     check_model_dir(baseline)
+    check_loadable(baseline)
     candidates = [c for c in checkpoint_folders(args.candidates) if c.resolve() != baseline.resolve()]
     for c in candidates:
         check_model_dir(c)
+        check_loadable(c)
     from quantize.evaluate.agreement import agreement_scores
     from quantize.runtime import quiet_libraries
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.cache import cache_dir
-from quantize.checkpoint import check_model_dir, weights_sha256
+from quantize.checkpoint import check_loadable, check_model_dir, weights_sha256
 from quantize.errors import UsageError
 from quantize.io import atomic_dir, sha256_file
 
@@ -154,6 +154,7 @@ def load_model(
     dtype: a torch dtype or "auto" (the checkpoint's own); on: a device to move the model to
     (None: leave it where transformers put it). Remote code runs only when the caller passes
     trust_remote_code=True, which only a recipe or a command-line flag can ask for."""
+    check_loadable(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

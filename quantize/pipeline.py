@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantize import records
-from quantize.checkpoint import check_model_dir
+from quantize.checkpoint import check_loadable, check_model_dir
 from quantize.errors import UsageError
 from quantize.gates.gate import comparable_settings, decide
 from quantize.gates.policy import RULE_OUTPUT_TYPES, AgreementRule, Policy, load_policy
@@ -50,6 +50,7 @@ def check_target(p: Path, checkpoint_only: str | None = None) -> None:
         raise UsageError(f"{p} does not exist; pass a checkpoint folder or a score file (.json)")
     if p.is_dir():
         check_model_dir(p)
+        check_loadable(p)
     elif checkpoint_only:
         raise UsageError(f"{checkpoint_only}: {p}")
     elif p.suffix != ".json":

@@ -349,3 +349,25 @@ def test_the_hugging_face_cache_layout_is_inside(tmp_path, capsys):
     (snap / "config.json").write_text("{}")
     os.symlink("../../blobs/abc", snap / "model.safetensors")
     assert run(capsys, "inspect", str(snap))[0] == 0
+
+
+@pytest.mark.parametrize("method,needs", [("gptq", ["optimum", "gptqmodel"]), ("awq", ["gptqmodel"])])
+def test_a_gptq_or_awq_checkpoint_without_its_loader_packages_is_exit_2_naming_them(
+    tmp_path, capsys, tiny_model, method, needs
+):
+    """transformers would stop at the first missing package with an ImportError (exit 3); every missing one is
+    named at once, before any model loads, with what still works here."""
+    import shutil
+
+    ckpt = tmp_path / f"{method}-ckpt"
+    shutil.copytree(tiny_model, ckpt)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": 64}
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    for argv in (
+        ["eval", "evaluate/smoke.yaml", str(ckpt)],
+        ["agree", "evaluate/smoke.yaml", str(ckpt), "--baseline", str(tiny_model)],
+    ):
+        code, err = run(capsys, *argv)
+        assert code == 2, err
+        assert f"{method.upper()} checkpoint" in err and all(n in err for n in needs) and "quantize inspect" in err

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from pydantic import TypeAdapter
 
 from quantize import cache
-from quantize.checkpoint import check_model_dir, identity_sha256, weights_sha256
+from quantize.checkpoint import check_loadable, check_model_dir, identity_sha256, weights_sha256
 from quantize.errors import RuntimeFailure
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.golden.manifest import lm_eval_tasks
@@ -141,6 +141,7 @@ def score(
     models = models or LastModel(trust_remote_code)
     ckpt = Path(checkpoint)
     check_model_dir(ckpt)
+    check_loadable(ckpt)
     ref = CheckpointRef(path=str(ckpt), weights_sha256=weights_sha256(ckpt), identity_sha256=identity_sha256(ckpt))
     if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256)) is not None:
         return Scored(found, True)
