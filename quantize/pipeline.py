@@ -105,7 +105,7 @@ def run_gate(
     models = LastModel(trust_remote_code)
     base = load_scores(suite, base_path, models)
     if needs_agreement:
-        from quantize.evaluate.agreement import agreement_scores, baseline_topk_cached
+        from quantize.evaluate.agreement import baseline_topk_cached
 
         baseline_topk_cached(suite, base_path, base.provenance.checkpoint.identity_sha256, models)
     if (
@@ -117,15 +117,21 @@ def run_gate(
     cand = load_scores(suite, cand_path, models)
     agreement = None
     if needs_agreement:
-        agreement = agreement_scores(
-            suite,
-            base_path,
-            cand_path,
-            base.provenance.checkpoint.identity_sha256,
-            cand.provenance.checkpoint.identity_sha256,
-            models=models,
+        agreement = candidate_agreement(
+            suite, base, base_path, cand_path, cand.provenance.checkpoint.identity_sha256, models
         )
     return decide(policy, base, cand, agreement)
+
+
+def candidate_agreement(
+    suite: OpenSuite, base: ScoreDoc, base_path: Path, cand_path: Path, cand_id: str, models: LastModel
+) -> records.AgreementResult:
+    """The candidate's agreement with the baseline, through the gate's one loader (cached)."""
+    from quantize.evaluate.agreement import agreement_scores
+
+    return agreement_scores(
+        suite, base_path, cand_path, base.provenance.checkpoint.identity_sha256, cand_id, models=models
+    )
 
 
 def run_sequential(
@@ -149,16 +155,7 @@ def run_sequential(
     staged = Staged(suite, cand_path, {t: [i.id for i in base.tasks[t].items] for t in tasks}, models)
     agreement = None
     if needs_agreement:
-        from quantize.evaluate.agreement import agreement_scores
-
-        agreement = agreement_scores(
-            suite,
-            base_path,
-            cand_path,
-            base.provenance.checkpoint.identity_sha256,
-            staged.ref.identity_sha256,
-            models=models,
-        )
+        agreement = candidate_agreement(suite, base, base_path, cand_path, staged.ref.identity_sha256, models)
     results, taken, plans, bounds = sq.run(policy, base, agreement, staged.score)
     scored = {t: len(v) for t, v in staged.items.items()}
     seconds = None if staged.cached else round(staged.seconds, 1)
