@@ -53,7 +53,8 @@ gate-all: demo
 	  echo "== quantize gate gates/ci.yaml --candidate $$d"; \
 	  $(Q) gate gates/ci.yaml --baseline "$$base" --candidate $$d --junit $$d/gate.xml --json > $$d/gate.json.tmp; \
 	  mv $$d/gate.json.tmp $$d/gate.json; \
-	  $(PY) -c 'import json, sys; v = json.load(open(sys.argv[1])); print("  ", v["verdict"])' $$d/gate.json; done; \
+	  $(PY) -c 'import sys; from quantize.records import Verdict, read; print("  ", read(Verdict, sys.argv[1]).verdict)' \
+	    $$d/gate.json; done; \
 	$(Q) report outputs --baseline "$$base" --policy gates/ci.yaml --out outputs/report
 
 # The two user-style golden sets, rebuilt from their sources into build/ and compared with the committed
