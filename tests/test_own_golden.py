@@ -438,3 +438,29 @@ def test_a_group_freezes_as_its_tasks_and_a_smoke_suite_scores_the_fixed_ids(use
     for t in g.tasks:
         assert sorted(i.id for i in doc.tasks[t].items) == sorted(g.manifest["smoke_ids"][t])
         assert all(i.cluster == i.id for i in doc.tasks[t].items)  # no cluster field: each item its own
+
+
+def test_a_sequential_gate_on_a_user_golden_set_scores_generation_and_documents_in_stages(
+    user, tiny_model, tmp_path, capsys
+):
+    """Another model, uncached: multiple choice, generation and documents scored in stages through lm-eval's
+    `samples=`; each rule's evidence covers exactly the items its task had scored when it was decided."""
+    suite = user[4]
+    other = make_tiny_llama(tmp_path / "other", seed=5)
+    policy = tmp_path / "staged.yaml"
+    policy.write_text(
+        f"suite: {suite}\nfail_on_inconclusive: false\nsequential: {{looks: [0.5, 1.0]}}\nrules:\n"
+        "  - {task: u_mc, metric: acc, margin: 0.3}\n"
+        "  - {task: u_gen, metric: exact_match, margin: 0.3}\n"
+        "  - {task: u_rolling, metric: perplexity, max_ratio: 1.5}\n"
+    )
+    code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(other), "--json"])
+    out = capsys.readouterr()
+    assert code in (0, 1), out.err
+    v = records.parse(Verdict, json.loads(out.out), "stdout")
+    sq = v.sequential
+    assert sq is not None and sq.candidate_seconds is not None and all(r.look is not None for r in v.rules)
+    for task in ("u_mc", "u_gen"):
+        assert v.accuracy_evidence(task).n == sq.items_scored[task] <= sq.items_total[task]
+    ppl = next(r for r in v.rules if r.kind == "perplexity")
+    assert ppl.evidence.n == sq.items_scored["u_rolling"]
