@@ -446,7 +446,7 @@ def test_a_sequential_gate_on_a_user_golden_set_scores_generation_and_documents_
     """Another model, uncached: multiple choice, generation and documents scored in stages through lm-eval's
     `samples=`; each rule's evidence covers exactly the items its task had scored when it was decided."""
     suite = user[4]
-    other = make_tiny_llama(tmp_path / "other", seed=5)
+    other = make_tiny_llama(tmp_path / "other", seed=7)  # a model no other test scores: never cached
     policy = tmp_path / "staged.yaml"
     policy.write_text(
         f"suite: {suite}\nfail_on_inconclusive: false\nsequential: {{looks: [0.5, 1.0]}}\nrules:\n"
