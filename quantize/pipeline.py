@@ -156,10 +156,9 @@ def run_sequential(
     agreement = None
     if needs_agreement:
         agreement = candidate_agreement(suite, base, base_path, cand_path, staged.ref.identity_sha256, models)
-    results, taken, plans, bounds = sq.run(policy, base, agreement, staged.score)
+    results, taken, plans, bounds, cand = sq.run(policy, base, agreement, staged.score)
     scored = {t: len(v) for t, v in staged.items.items()}
     seconds = None if staged.cached else round(staged.seconds, 1)
-    cand = staged.score({t: list(v) for t, v in staged.items.items() if v})  # nothing new: the provenance
     return verdict_of(policy, base, cand, results, sq.record(policy.sequential, bounds, taken, plans, scored, seconds))
 
 

@@ -161,7 +161,7 @@ def test_a_a_passes_and_spends_fewer_items(tmp_path):
     policy = _policy(tmp_path)
     base, cand = _docs()
     asked: list = []
-    results, _, plans, _ = sq.run(policy, base, None, _from_file(cand, asked))
+    results, _, plans, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
     assert [r.verdict for r in results] == ["pass", "pass"]
     assert max(a.get("t_acc", 0) for a in asked) < 0.6 * 3000  # stable items (two thirds here) drawn at 30%
     assert plans["t_acc"].population == {"at-risk": pytest.approx(1000, abs=80), "stable": pytest.approx(2000, abs=80)}
@@ -171,7 +171,7 @@ def test_planted_drop_is_rejected_before_the_last_look(tmp_path):
     policy = _policy(tmp_path)
     base, cand = _docs(drop=0.06)
     asked: list = []
-    results, taken, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
+    results, taken, _, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
     assert results[0].verdict == "regression" and taken < 3 and results[0].look == taken
     fixed = decide(policy, base, cand, None)
     assert fixed.rules[0].verdict == "regression"  # the full design agrees
@@ -182,7 +182,7 @@ def test_a_rule_decided_early_stops_its_task(tmp_path):
     policy = _policy(tmp_path)
     base, cand = _docs(ppl_shift=-50.0)  # the candidate's documents are far more likely: ratio far below 1.05
     asked: list = []
-    results, _, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
+    results, _, _, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
     assert results[1].verdict == "pass" and results[1].look == 1
     assert all("t_prose" not in a for a in asked[1:])
 
@@ -190,7 +190,7 @@ def test_a_rule_decided_early_stops_its_task(tmp_path):
 def test_sequential_verdict_records_the_design(tmp_path):
     policy = _policy(tmp_path)
     base, cand = _docs(drop=0.06)
-    results, taken, plans, bounds = sq.run(policy, base, None, _from_file(cand, []))
+    results, taken, plans, bounds, _ = sq.run(policy, base, None, _from_file(cand, []))
     rec = sq.record(policy.sequential, bounds, taken, plans, {"t_acc": 10, "t_prose": 5}, 1.5)
     v = verdict_of(policy, base, cand, results, rec)
     assert v.verdict == "rejected" and v.sequential.looks_taken == taken and v.sequential.bounds == bounds

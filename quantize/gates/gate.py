@@ -103,14 +103,6 @@ def _paired(base: ScoreDoc, cand: ScoreDoc, task: str, sample: bool = False) -> 
     return [b[i] for i in ids], [c[i] for i in ids]
 
 
-def _mean(x: list[float], look: Look | None, task: str, items: list[Any]) -> float:
-    """The sample's mean, design-weighted on a sequential look's stratified sample."""
-    if look is None:
-        return sum(x) / len(x)
-    strata = [look.strata[task][i.id] for i in items]
-    return stats.stratified(x, [i.id for i in items], strata, look.population[task])[0]
-
-
 def accuracy_rule(
     rule: AccuracyRule,
     label: str,
@@ -123,20 +115,25 @@ def accuracy_rule(
     bi, ci = _paired(base, cand, rule.task, sample=look is not None)
     d = [c.score - b.score for b, c in zip(bi, ci, strict=True)]
     clusters = [b.cluster for b in bi]
-    if look is None:
-        r = stats.noninferiority(d, clusters, rule.margin, alpha, power)
-    else:
-        strata = [look.strata[rule.task][b.id] for b in bi]
-        r = stats.noninferiority(
-            d, clusters, rule.margin, alpha, power, strata, look.population[rule.task], bound=look.bound
-        )
+    # a sequential look's sample is stratified: every mean is design-weighted
+    strata = [look.strata[rule.task][b.id] for b in bi] if look else None
+    population = look.population[rule.task] if look else None
+    r = stats.noninferiority(
+        d, clusters, rule.margin, alpha, power, strata, population, bound=look.bound if look else None
+    )
+
+    def mean(x: list[float]) -> float:
+        if strata is None or population is None:
+            return sum(x) / len(x)
+        return stats.stratified(x, [b.id for b in bi], strata, population)[0]
+
     right_wrong = [b.id for b, c in zip(bi, ci, strict=True) if b.score > c.score]
     wrong_right = [b.id for b, c in zip(bi, ci, strict=True) if b.score < c.score]
     ev = AccuracyEvidence(
         n=r.n,
         clusters=r.clusters,
-        baseline=_mean([b.score for b in bi], look, rule.task, bi),
-        candidate=_mean([c.score for c in ci], look, rule.task, bi),
+        baseline=mean([b.score for b in bi]),
+        candidate=mean([c.score for c in ci]),
         delta=r.delta,
         se_paired=r.se_paired,
         se_clustered=r.se_clustered,

@@ -186,10 +186,10 @@ def run(
     base: ScoreDoc,
     agreement: AgreementResult | None,
     score: Callable[[dict[str, list[str]]], ScoreDoc],
-) -> tuple[list[RuleResult], int, dict[str, TaskPlan], list[float]]:
+) -> tuple[list[RuleResult], int, dict[str, TaskPlan], list[float], ScoreDoc]:
     """The sequential design end to end over a scorer: `score(ids per task)` returns the candidate's items
     scored so far for those tasks (quantize/evaluate/score.py `Staged`, or a score file's items). Returns the
-    rules' results in policy order, the looks taken, the plans and the boundaries."""
+    rules' results in policy order, the looks taken, the plans, the boundaries and the last candidate sample."""
     seq = policy.sequential
     assert seq is not None, "a sequential gate needs the policy's `sequential:` section"
     bounds = stats.sequential_bounds(seq.looks, policy.alpha)
@@ -204,4 +204,4 @@ def run(
         step(policy, base, cand, agreement, look(plans, k, bounds), k == len(seq.looks) - 1, decided, latest)
         if settled(policy, decided):
             break
-    return [decided.get(i) or latest[i] for i in range(len(policy.rules))], k + 1, plans, bounds
+    return [decided.get(i) or latest[i] for i in range(len(policy.rules))], k + 1, plans, bounds, cand
