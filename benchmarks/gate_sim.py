@@ -95,7 +95,7 @@ def accuracy_sims(rule, base_items, cand_items, seq, alpha, power, sims, seed):
             population: dict[str, int] = {}
             for x in h:
                 population[x] = population.get(x, 0) + 1
-            draws = sq.draws(seq, dict(zip(ids, h, strict=True)), f"{seed}:{s}")
+            draws = sq.draws(seq, dict(zip(ids, h, strict=True)), f"{seed}:{s}", seq.fraction(rule.task))
             for look, (drawn, bound) in enumerate(zip(draws, bounds, strict=True)):
                 j = np.asarray([int(x) for x in drawn])
                 r = stats.noninferiority(
@@ -138,7 +138,7 @@ def perplexity_sims(rule, base_items, cand_items, seq, alpha, sims, seed, iters)
             every = np.arange(len(idx))
             tally["fixed"][verdict(every, alpha)] += 1
             tally["fixed"]["items"] += len(idx)
-            draws = sq.draws(seq, {str(k): sq.ALL for k in range(len(idx))}, f"{seed}:{s}")
+            draws = sq.draws(seq, {str(k): sq.ALL for k in range(len(idx))}, f"{seed}:{s}", 1.0)
             look = 0
             for look, (drawn, bound) in enumerate(zip(draws, bounds, strict=True)):  # noqa: B007 - used after
                 j = np.asarray([int(x) for x in drawn])

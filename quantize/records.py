@@ -451,6 +451,7 @@ class SequentialRecord(_Strict):
     bounds: list[float]  # one-sided critical value at each look (Lan–DeMets O'Brien–Fleming spending)
     stable_margin: float
     stable_fraction: float
+    task_stable_fraction: dict[str, float] = Field(default_factory=dict)  # per-task overrides of stable_fraction
     looks_taken: int
     items_scored: dict[str, int]  # candidate items scored per task
     items_total: dict[str, int]  # items in the golden set per task

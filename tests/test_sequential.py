@@ -199,6 +199,34 @@ def test_sequential_verdict_records_the_design(tmp_path):
     assert f"{taken} of 3 looks" in render_text(v)
 
 
+def test_a_task_stable_fraction_draws_that_tasks_stable_items(tmp_path):
+    """task_stable_fraction 1.0: by the last look every item of that task is scored (the fixed design's sample),
+    while the default fraction still samples the stable items of the others."""
+    base, _ = _docs()
+    full = _policy(tmp_path, extra=", task_stable_fraction: {t_acc: 1.0}")
+    half = _policy(tmp_path)
+    assert full.sequential.fraction("t_acc") == 1.0 and full.sequential.fraction("t_prose") == 0.3
+    p_full = sq.plan(full.sequential, base, ["t_acc"], 0)["t_acc"]
+    p_half = sq.plan(half.sequential, base, ["t_acc"], 0)["t_acc"]
+    assert sorted(p_full.draws[-1]) == sorted(i.id for i in base.tasks["t_acc"].items)
+    stable = [i for i, h in p_half.strata.items() if h == sq.STABLE]
+    assert len([i for i in p_half.draws[-1] if p_half.strata[i] == sq.STABLE]) == math.ceil(0.3 * len(stable))
+    # each look's sample is the one before it and more
+    for a, b in zip(p_full.draws, p_full.draws[1:], strict=False):
+        assert set(a) < set(b)
+
+
+def test_a_task_stable_fraction_for_a_task_no_rule_judges_is_exit_2(tmp_path, capsys):
+    p = tmp_path / "p.yaml"
+    p.write_text(
+        "suite: evaluate/core.yaml\nsequential: {task_stable_fraction: {core_kv: 1.0}}\n"
+        "rules:\n  - {task: core_facts, margin: 0.02}\n"
+    )
+    code = main(["gate", str(p), "--baseline", str(tmp_path), "--candidate", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "task_stable_fraction" in err and "core_kv" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize(
     "looks,why",
     [("[0.5, 0.3, 1.0]", "not a look schedule"), ("[0.2, 0.5]", "must be 1"), ("[0, 1.0]", "not a look schedule")],

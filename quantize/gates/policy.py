@@ -99,6 +99,15 @@ class Sequential(BaseModel):
     stable_fraction: float = Field(
         0.5, gt=0, le=1, description="share of the stable items drawn by the last look (every at-risk item is drawn)"
     )
+    task_stable_fraction: dict[str, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict,
+        description="stable_fraction for named tasks, set from their measured flip rates (a task whose stable "
+        "items flip too often to sample them: 1.0)",
+    )
+
+    def fraction(self, task: str) -> float:
+        """The share of `task`'s stable items drawn by the last look."""
+        return self.task_stable_fraction.get(task, self.stable_fraction)
 
     @model_validator(mode="after")
     def _schedule(self) -> Sequential:
@@ -126,6 +135,17 @@ class Policy(BaseModel):
     fail_on_inconclusive: bool = True
     rules: list[Rule] = Field(min_length=1)
     sequential: Sequential | None = Field(None, description="stop early in stages; absent: every item is scored")
+
+    @model_validator(mode="after")
+    def _fraction_tasks(self) -> Policy:
+        tasks = {r.task for r in self.rules if not isinstance(r, AgreementRule)}
+        if self.sequential is not None and set(self.sequential.task_stable_fraction) - tasks:
+            unknown = sorted(set(self.sequential.task_stable_fraction) - tasks)
+            raise ValueError(
+                f"sequential.task_stable_fraction names {', '.join(unknown)}, which no rule of this policy judges "
+                f"(its rules judge {', '.join(sorted(tasks)) or 'no task'}); name a task of a rule, or drop the entry"
+            )
+        return self
 
     def label(self, i: int) -> str:
         r = self.rules[i]

@@ -10,9 +10,10 @@ An item is "stable" when the baseline's answer wins or loses by at least τ nats
 
 Within each task, stratum h holds N_h items in a seeded random order; look k (fraction t_k of the schedule)
 scores the first n_h,k = max(min(2, N_h), ⌈t_k · f_h · N_h⌉) of them, with f_h = 1 for at-risk items and
-`stable_fraction` for stable ones. Items are drawn at random within strata with known inclusion shares n_h/N_h,
-so the design-weighted Δ̂ = Σ_h (N_h/N) mean_h(D) is unbiased for the golden set's mean difference whatever the
-candidate does (quantize/stats.py `stratified`); the strata only decide where the items are spent.
+the task's stable fraction (`stable_fraction`, or its `task_stable_fraction` entry) for stable ones. Items
+are drawn at random within strata with known inclusion shares n_h/N_h, so the design-weighted
+Δ̂ = Σ_h (N_h/N) mean_h(D) is unbiased for the golden set's mean difference whatever the candidate
+does (quantize/stats.py `stratified`); the strata only decide where the items are spent.
 
 Every rule is tested at each look with the boundary c_k of a Lan–DeMets O'Brien–Fleming alpha-spending design
 (`stats.sequential_bounds`), for both of its one-sided tests (pass and regression). A rule is frozen at the look
@@ -64,9 +65,10 @@ class TaskPlan:
     draws: list[list[str]]  # per look: every item id scored by then (cumulative)
 
 
-def draws(seq: Sequential, strata: dict[str, str], key: str) -> list[list[str]]:
+def draws(seq: Sequential, strata: dict[str, str], key: str, fraction: float) -> list[list[str]]:
     """The item ids each look has scored (cumulative), from every item's stratum: a seeded order within each
-    stratum (`key` seeds it), the first n_h,k of it at look k (module docstring)."""
+    stratum (`key` seeds it), the first n_h,k of it at look k, `fraction` of the stable items by the last look
+    (module docstring)."""
     members: dict[str, list[str]] = {}
     for i, h in strata.items():
         members.setdefault(h, []).append(i)
@@ -76,7 +78,7 @@ def draws(seq: Sequential, strata: dict[str, str], key: str) -> list[list[str]]:
     for t in seq.looks:
         ids: list[str] = []
         for h, hs in sorted(members.items()):
-            f = seq.stable_fraction if h == STABLE else 1.0
+            f = fraction if h == STABLE else 1.0
             ids += hs[: max(min(2, len(hs)), math.ceil(t * f * len(hs) - 1e-9))]
         out.append(ids)
     return out
@@ -90,7 +92,7 @@ def plan(seq: Sequential, base: ScoreDoc, tasks: list[str], seed: int) -> dict[s
         population: dict[str, int] = {}
         for h in strata.values():
             population[h] = population.get(h, 0) + 1
-        plans[task] = TaskPlan(strata, population, draws(seq, strata, f"{seed}:{task}"))
+        plans[task] = TaskPlan(strata, population, draws(seq, strata, f"{seed}:{task}", seq.fraction(task)))
     return plans
 
 
@@ -167,6 +169,7 @@ def record(
         bounds=bounds,
         stable_margin=seq.stable_margin,
         stable_fraction=seq.stable_fraction,
+        task_stable_fraction=seq.task_stable_fraction,
         looks_taken=looks_taken,
         items_scored={t: scored.get(t, 0) for t in plans},
         items_total={t: sum(p.population.values()) for t, p in plans.items()},
