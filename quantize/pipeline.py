@@ -144,11 +144,13 @@ def run_sequential(
     needs_agreement: bool,
 ) -> Verdict:
     """The policy's `sequential:` design (quantize/gates/sequential.py): agreement first (one load of the
-    candidate serves it and every stage), then the candidate's items in stages until the verdict is settled.
+    candidate serves it and every stage; a regression there settles the gate before any item is scored), then
+    the candidate's items in stages until the verdict is settled.
     A candidate whose full scores are cached is read from the cache, look by look, at no cost."""
     from quantize.evaluate.score import Staged
     from quantize.gates import sequential as sq
-    from quantize.gates.gate import verdict_of
+    from quantize.gates.gate import side, verdict_of
+    from quantize.records import SideRef
 
     assert policy.sequential is not None
     tasks = sq.rule_tasks(policy)
@@ -159,7 +161,9 @@ def run_sequential(
     results, taken, plans, bounds, cand = sq.run(policy, base, agreement, staged.score)
     scored = {t: len(v) for t, v in staged.items.items()}
     seconds = None if staged.cached else round(staged.seconds, 1)
-    return verdict_of(policy, base, cand, results, sq.record(policy.sequential, bounds, taken, plans, scored, seconds))
+    candidate = side(cand) if cand is not None else SideRef(checkpoint=staged.ref, batch_size=suite.suite.batch_size)
+    record = sq.record(policy.sequential, bounds, taken, plans, scored, seconds)
+    return verdict_of(policy, base, candidate, results, record)
 
 
 def run_sizing(

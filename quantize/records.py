@@ -426,7 +426,24 @@ class AgreementRuleResult(_RuleResult):
     evidence: AgreementEvidence
 
 
-RuleResult = Annotated[AccuracyResult | PerplexityResult | AgreementRuleResult, Field(discriminator="kind")]
+class UntestedResult(_Strict):
+    """A rule a sequential gate never tested: it stopped at a regression found before the rule's task was
+    scored (an agreement rule, measured before the first look). No evidence, no p-value: the verdict is
+    settled by the regression, whatever this rule would have said."""
+
+    kind: Literal["untested"] = "untested"
+    rule: str
+    task: str
+    verdict: Literal["untested"] = "untested"
+    reason: str
+    p_regression: None = None
+    p_holm: None = None
+    look: None = None
+
+
+RuleResult = Annotated[
+    AccuracyResult | PerplexityResult | AgreementRuleResult | UntestedResult, Field(discriminator="kind")
+]
 
 
 class SideRef(_Strict):
@@ -452,7 +469,7 @@ class SequentialRecord(_Strict):
     stable_margin: float
     stable_fraction: float
     task_stable_fraction: dict[str, float] = Field(default_factory=dict)  # per-task overrides of stable_fraction
-    looks_taken: int
+    looks_taken: int  # 0: stopped by an agreement regression before the first look
     items_scored: dict[str, int]  # candidate items scored per task
     items_total: dict[str, int]  # items in the golden set per task
     strata: dict[str, dict[str, int]]  # per task: items per stratum in the golden set

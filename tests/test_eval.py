@@ -330,5 +330,6 @@ def test_sequential_gate_a_a_on_a_tiny_model(setup, tiny_model, tmp_path, capsys
     assert out.out, out.err
     v = records.parse(Verdict, json.loads(out.out), "stdout")
     assert code == 0 and v.verdict == "pass" and v.sequential is not None
-    assert all(r.look is not None for r in v.rules)
+    # score rules carry the look that decided them; agreement is measured once, before the first look
+    assert [r.look is not None for r in v.rules] == [True, True, False]
     assert v.sequential.items_total["core_facts"] == 24 and 0 < v.sequential.items_scored["core_facts"] <= 24

@@ -14,9 +14,9 @@ import pytest
 from quantize import stats
 from quantize.cli import main
 from quantize.gates import sequential as sq
-from quantize.gates.gate import decide, verdict_of
+from quantize.gates.gate import decide, side, verdict_of
 from quantize.gates.policy import load_policy
-from quantize.records import ChoiceItem, GreedyItem, ScoreDoc, parse
+from quantize.records import AgreementResult, ChoiceItem, GreedyItem, ScoreDoc, Verdict, parse
 
 from conftest import result
 
@@ -130,13 +130,13 @@ def _docs(n=3000, drop=0.0, seed=0, ppl_shift=0.0):
     return parse(ScoreDoc, base, "b"), parse(ScoreDoc, cand, "c")
 
 
-def _policy(tmp_path, looks="[0.2, 0.5, 1.0]", extra=""):
+def _policy(tmp_path, looks="[0.2, 0.5, 1.0]", extra="", more_rules=""):
     p = tmp_path / "gates" / "seq.yaml"
     p.parent.mkdir(exist_ok=True)
     p.write_text(
         f"suite: evaluate/core.yaml\nsequential: {{looks: {looks}, stable_margin: 2.0, stable_fraction: 0.3{extra}}}\n"
         "rules:\n  - {task: t_acc, metric: acc, margin: 0.02}\n"
-        "  - {task: t_prose, metric: perplexity, max_ratio: 1.05}\n"
+        "  - {task: t_prose, metric: perplexity, max_ratio: 1.05}\n" + more_rules
     )
     return load_policy(p)
 
@@ -192,7 +192,7 @@ def test_sequential_verdict_records_the_design(tmp_path):
     base, cand = _docs(drop=0.06)
     results, taken, plans, bounds, _ = sq.run(policy, base, None, _from_file(cand, []))
     rec = sq.record(policy.sequential, bounds, taken, plans, {"t_acc": 10, "t_prose": 5}, 1.5)
-    v = verdict_of(policy, base, cand, results, rec)
+    v = verdict_of(policy, base, side(cand), results, rec)
     assert v.verdict == "rejected" and v.sequential.looks_taken == taken and v.sequential.bounds == bounds
     from quantize.gates.render import render_text
 
@@ -225,6 +225,40 @@ def test_a_task_stable_fraction_for_a_task_no_rule_judges_is_exit_2(tmp_path, ca
     code = main(["gate", str(p), "--baseline", str(tmp_path), "--candidate", str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and "task_stable_fraction" in err and "core_kv" in err and "Traceback" not in err
+
+
+def _agreement(kl: float) -> AgreementResult:
+    return AgreementResult(
+        positions=4000, items=200, clusters=200, kl_mean=kl, kl_se=0.01, kl_p99=3 * kl, top1=0.9, top1_se=0.01,
+        sum_min=0.9, sum_min_se=0.01, note="test", baseline_identity="b", candidate_identity="c", top_k=20,
+        per_task=50, tasks=["t_acc"],
+    )  # fmt: skip
+
+
+def test_an_agreement_regression_stops_before_any_item_is_scored(tmp_path):
+    """Agreement is measured before the first look; a regression there settles the gate: nothing is scored,
+    the score rules are recorded as untested, and the verdict (rejected) is the fixed design's."""
+    from quantize.gates.render import render_junit, render_text
+
+    policy = _policy(tmp_path, more_rules="  - {agreement: kl, max: 0.2}\n")
+    base, cand = _docs()
+    asked: list = []
+    results, taken, plans, bounds, last = sq.run(policy, base, _agreement(1.5), _from_file(cand, asked))
+    assert asked == [] and taken == 0 and last is None
+    assert [r.verdict for r in results] == ["untested", "untested", "regression"]
+    assert "agreement kl" in results[0].reason
+    rec = sq.record(policy.sequential, bounds, taken, plans, {}, None)
+    v = verdict_of(policy, base, side(base), results, rec)
+    assert v.verdict == "rejected" and v.exit_code == 1
+    assert v.verdict == decide(policy, base, cand, _agreement(1.5)).verdict
+    assert parse(Verdict, v.model_dump(mode="json"), "verdict") == v  # the record round-trips
+    text = render_text(v)
+    assert "stopped before the first look" in text and "[    UNTESTED] t_acc acc" in text
+    assert render_junit(v).count("<skipped") == 2
+    # agreement within its limit: the looks run as before
+    asked = []
+    results, taken, *_ = sq.run(policy, base, _agreement(0.01), _from_file(cand, asked))
+    assert asked and taken >= 1 and results[2].verdict == "pass" and results[2].look is None
 
 
 @pytest.mark.parametrize(

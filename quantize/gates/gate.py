@@ -231,28 +231,30 @@ def rule_result(
     if isinstance(rule, PerplexityRule):
         return perplexity_rule(rule, label, base, cand, policy.alpha, base.provenance.seed, look)
     assert agreement is not None, "agreement rules need the agreement scores"
-    result = agreement_rule(rule, label, agreement, policy.alpha)
-    if look is not None:  # measured once, on every agreement item, before the first look
-        result.look = 1
-    return result
+    return agreement_rule(rule, label, agreement, policy.alpha)
 
 
 def decide(policy: Policy, base: ScoreDoc, cand: ScoreDoc, agreement: AgreementResult | None) -> Verdict:
     check_provenance(base, cand)
-    return verdict_of(
-        policy, base, cand, [rule_result(policy, i, base, cand, agreement) for i in range(len(policy.rules))]
-    )
+    results = [rule_result(policy, i, base, cand, agreement) for i in range(len(policy.rules))]
+    return verdict_of(policy, base, side(cand), results)
+
+
+def side(doc: ScoreDoc) -> SideRef:
+    """The verdict's reference to one side: its checkpoint identity and the batch size it was scored at."""
+    return SideRef(checkpoint=doc.provenance.checkpoint, batch_size=doc.provenance.batch_size)
 
 
 def verdict_of(
     policy: Policy,
     base: ScoreDoc,
-    cand: ScoreDoc,
+    candidate: SideRef,
     results: list[RuleResult],
     sequential: SequentialRecord | None = None,
 ) -> Verdict:
     """The gate's verdict from its rules' results: any regression rejects; any inconclusive fails closed when
-    the policy says so; Holm-adjusted p-values of regression beside each."""
+    the policy says so; Holm-adjusted p-values of regression beside each. `candidate`: the candidate side (a
+    sequential gate stopped by an agreement regression has scored none of its items)."""
     with_p = [r for r in results if r.p_regression is not None]
     for r, adj in zip(with_p, stats.holm([r.p_regression for r in with_p]), strict=True):
         r.p_holm = adj
@@ -263,10 +265,10 @@ def verdict_of(
         verdict, code = "inconclusive", 1 if policy.fail_on_inconclusive else 0
     else:
         verdict, code = "pass", 0
-    pb, pc = base.provenance, cand.provenance
+    pb = base.provenance
     provenance = VerdictProvenance(
-        baseline=SideRef(checkpoint=pb.checkpoint, batch_size=pb.batch_size),
-        candidate=SideRef(checkpoint=pc.checkpoint, batch_size=pc.batch_size),
+        baseline=side(base),
+        candidate=candidate,
         golden=pb.golden,
         task_versions=pb.task_versions,
         lm_eval_version=pb.lm_eval_version,

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from quantize.records import AccuracyEvidence, AccuracyResult, PerplexityResult, Verdict
+from quantize.records import AccuracyEvidence, AccuracyResult, PerplexityResult, UntestedResult, Verdict
 
 
 def _fmt(x: Any, spec: str = ".4f") -> str:
@@ -45,8 +45,11 @@ def render_text(v: Verdict) -> str:
     if sq is not None:
         scored, total = sum(sq.items_scored.values()), sum(sq.items_total.values())
         when = f"; candidate scored in {sq.candidate_seconds:.0f} s" if sq.candidate_seconds is not None else ""
+        taken = (
+            f"{sq.looks_taken} of {len(sq.looks)} looks" if sq.looks_taken else "stopped by agreement before any look"
+        )
         lines += [
-            f"sequential: {sq.looks_taken} of {len(sq.looks)} looks (at {', '.join(f'{t:g}' for t in sq.looks)} of "
+            f"sequential: {taken} (at {', '.join(f'{t:g}' for t in sq.looks)} of "
             f"the plan; critical values {', '.join(f'{c:.3f}' for c in sq.bounds)}), {scored:,} of {total:,} items "
             f"scored{when}",
             "    " + ", ".join(f"{t} {sq.items_scored[t]}/{sq.items_total[t]}" for t in sq.items_total),
@@ -76,6 +79,8 @@ def render_text(v: Verdict) -> str:
             )
             if e.items_needed:
                 lines.append(_items_needed_line(e))
+        elif isinstance(r, UntestedResult):
+            lines.append(f"    {r.reason}")
         elif isinstance(r, PerplexityResult):
             e = r.evidence
             lines.append(
@@ -121,6 +126,9 @@ def render_junit(v: Verdict) -> str:
     )
     for r in v.rules:
         case = ET.SubElement(suite, "testcase", classname=f"quantize.gate.{v.policy}", name=r.rule)
+        if isinstance(r, UntestedResult):
+            ET.SubElement(case, "skipped", message=r.reason)
+            continue
         body = json.dumps(r.evidence.model_dump(), indent=1, default=str)
         if r.verdict == "regression":
             ET.SubElement(case, "failure", message=f"{r.rule}: regression", type="regression").text = body

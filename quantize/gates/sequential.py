@@ -18,7 +18,9 @@ does (quantize/stats.py `stratified`); the strata only decide where the items ar
 Every rule is tested at each look with the boundary c_k of a Lan–DeMets O'Brien–Fleming alpha-spending design
 (`stats.sequential_bounds`), for both of its one-sided tests (pass and regression). A rule is frozen at the look
 that decides it, and its task is no longer scored once every rule on it is decided; the gate stops at the first
-regression or when every rule has passed. Agreement rules are measured once, on all agreement items, at look 1.
+regression or when every rule has passed. Agreement rules are measured once, on all agreement items, before
+the first look (a single test at level α); an agreement regression stops the gate before any item is scored,
+and the other rules are recorded as untested.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from quantize import stats
-from quantize.gates.gate import Look, check_provenance, rule_result
+from quantize.gates.gate import Look, agreement_rule, check_provenance, rule_result
 from quantize.gates.policy import AgreementRule, Policy, Sequential
 from quantize.records import (
     AgreementResult,
@@ -38,6 +40,7 @@ from quantize.records import (
     RuleResult,
     ScoreDoc,
     SequentialRecord,
+    UntestedResult,
 )
 
 STABLE, AT_RISK, ALL = "stable", "at-risk", "all"
@@ -128,27 +131,44 @@ def step(
     policy: Policy,
     base: ScoreDoc,
     cand: ScoreDoc,
-    agreement: AgreementResult | None,
     at: Look,
     last: bool,
     decided: dict[int, RuleResult],
     latest: dict[int, RuleResult],
 ) -> None:
-    """Test every open rule at this look: a pass or regression (or any result at the last look) freezes it;
+    """Test every open score rule at this look: a pass or regression (or any result at the last look) freezes it;
     `latest` keeps the newest result of every rule."""
     for i, r in enumerate(policy.rules):
-        if i in decided:
-            continue
-        if isinstance(r, AgreementRule):
-            if at.index == 1:
-                decided[i] = latest[i] = rule_result(policy, i, base, cand, agreement, at)
+        if i in decided or isinstance(r, AgreementRule):
             continue
         if r.task not in cand.tasks:
             continue
-        res = rule_result(policy, i, base, cand, agreement, at)
+        res = rule_result(policy, i, base, cand, None, at)
         latest[i] = res
         if res.verdict != "inconclusive" or last:
             decided[i] = res
+
+
+def agreement_first(policy: Policy, agreement: AgreementResult | None) -> dict[int, RuleResult]:
+    """The agreement rules' results: measured once, on every agreement item, before the first look."""
+    out: dict[int, RuleResult] = {}
+    for i, r in enumerate(policy.rules):
+        if isinstance(r, AgreementRule):
+            assert agreement is not None, "agreement rules need the agreement scores"
+            out[i] = agreement_rule(r, policy.label(i), agreement, policy.alpha)
+    return out
+
+
+def untested(policy: Policy, decided: dict[int, RuleResult]) -> list[RuleResult]:
+    """Every rule's result when agreement alone settled the gate: the score rules were never tested."""
+    why = "not scored: the gate stopped before the first look at the regression on " + ", ".join(
+        r.rule for r in decided.values() if r.verdict == "regression"
+    )
+    return [
+        decided[i] if i in decided else UntestedResult(rule=policy.label(i), task=r.task, reason=why)
+        for i, r in enumerate(policy.rules)
+        if i in decided or not isinstance(r, AgreementRule)
+    ]
 
 
 def settled(policy: Policy, decided: dict[int, RuleResult]) -> bool:
@@ -189,22 +209,25 @@ def run(
     base: ScoreDoc,
     agreement: AgreementResult | None,
     score: Callable[[dict[str, list[str]]], ScoreDoc],
-) -> tuple[list[RuleResult], int, dict[str, TaskPlan], list[float], ScoreDoc]:
+) -> tuple[list[RuleResult], int, dict[str, TaskPlan], list[float], ScoreDoc | None]:
     """The sequential design end to end over a scorer: `score(ids per task)` returns the candidate's items
     scored so far for those tasks (quantize/evaluate/score.py `Staged`, or a score file's items). Returns the
-    rules' results in policy order, the looks taken, the plans, the boundaries and the last candidate sample."""
+    rules' results in policy order, the looks taken, the plans, the boundaries and the last candidate sample
+    (None and 0 looks when an agreement regression stopped the gate before the first)."""
     seq = policy.sequential
     assert seq is not None, "a sequential gate needs the policy's `sequential:` section"
     bounds = stats.sequential_bounds(seq.looks, policy.alpha)
     plans = plan(seq, base, rule_tasks(policy), base.provenance.seed)
-    decided: dict[int, RuleResult] = {}
-    latest: dict[int, RuleResult] = {}
+    decided = agreement_first(policy, agreement)
+    latest = dict(decided)
+    if settled(policy, decided):
+        return untested(policy, decided), 0, plans, bounds, None
     k = 0
     for k in range(len(seq.looks)):
         cand = score({t: plans[t].draws[k] for t in open_tasks(policy, decided)})
         if k == 0:  # the sample covers the rules' tasks: their versions must match (a full score file has more)
             check_provenance(_only(base, cand.tasks), _only(cand, cand.tasks))
-        step(policy, base, cand, agreement, look(plans, k, bounds), k == len(seq.looks) - 1, decided, latest)
+        step(policy, base, cand, look(plans, k, bounds), k == len(seq.looks) - 1, decided, latest)
         if settled(policy, decided):
             break
     return [decided.get(i) or latest[i] for i in range(len(policy.rules))], k + 1, plans, bounds, cand
