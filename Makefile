@@ -14,7 +14,7 @@ Q := $(VENV)/bin/quantize
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup model demo gate-all gate-own golden-demo test test-slow fuzz bench clean
+.PHONY: setup model demo gate-all gate-own golden-demo test test-slow test-gpu fuzz bench clean
 
 setup: $(VENV)/.installed
 
@@ -91,6 +91,10 @@ fuzz: setup
 
 test-slow: model
 	$(PY) -m pytest -m slow -o addopts=""
+
+# Needs an accelerator and vLLM in the environment (pip install vllm); skips without them.
+test-gpu: setup
+	$(PY) -m pytest -m gpu -o addopts="" tests/test_vllm.py
 
 bench: model
 	$(PY) benchmarks/recipes_default_model.py

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -181,8 +182,8 @@ class LastModel:
 
     def __init__(self, trust_remote_code: bool = False) -> None:
         self.trust_remote_code = trust_remote_code
-        self._key: tuple[str, str, str | None] | None = None
-        self._loaded: tuple[Any, Any] | None = None
+        self._key: tuple[str, ...] | None = None
+        self._loaded: Any = None
 
     def get(self, path: Path, dtype: str = "auto", on: str | None = None) -> tuple[Any, Any]:
         """The model at `path` in dtype `dtype` ("auto", "float32", "bfloat16", ...) on device `on`."""
@@ -196,4 +197,14 @@ class LastModel:
             )
             self._key = key
         assert self._loaded is not None
+        return self._loaded
+
+    def engine(self, path: Path, kind: str, settings: str, build: Callable[[], Any]) -> Any:
+        """Another engine's model of `path` (e.g. lm-eval's vLLM model, kind "vllm", its arguments as
+        `settings`), built by `build()` behind the same memo: still one model at a time."""
+        key = (str(Path(path).resolve()), kind, settings)
+        if key != self._key:
+            self._loaded = None
+            self._loaded = build()
+            self._key = key
         return self._loaded

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -86,3 +87,91 @@ def test_log_likelihoods_equal_lm_evals_for_the_same_requests(scorer):
     )
     assert ours["d"] == pytest.approx(rolling, abs=1e-3)
     assert len(set(ours.values())) == 4  # four different items, four different values
+
+
+def test_unknown_candidate_tokens_join_the_tail():
+    """vLLM reports only the candidate's own top-k: a baseline top-k token it did not report moves into the tail
+    bucket on both sides. By hand for p = (0.5, 0.3) + 0.2, q = (0.4, ?) + ..., with q's second token unknown:
+    partition {tok 1}, rest: p (0.5, 0.5), q (0.4, 0.6)."""
+    lp, lq = torch.tensor([[0.5, 0.3]]).log(), torch.tensor([[0.4, 0.5]]).log()
+    known = torch.tensor([[True, False]])
+    kl, _, smin = position_metrics(lp, lq, torch.tensor([True]), known)
+    assert float(kl[0]) == pytest.approx(0.5 * math.log(0.5 / 0.4) + 0.5 * math.log(0.5 / 0.6), rel=1e-5)
+    assert float(smin[0]) == pytest.approx(0.4 + 0.5, rel=1e-6)
+    # coarser partition: never more KL, never less Σ min than with every token known
+    kl_all, _, smin_all = position_metrics(lp, lq, torch.tensor([True]), torch.ones_like(known))
+    assert float(kl[0]) <= float(kl_all[0]) and float(smin[0]) >= float(smin_all[0])
+
+
+class FakeVLLM:
+    """lm-eval's vLLM model as VLLMScorer uses it, over an HF model: `_model_generate` returns, per request,
+    prompt_logprobs as vLLM does (None, then per token its top-k log-probabilities plus the token itself, as
+    objects with `.logprob`); tokenization is the HF wrapper's."""
+
+    def __init__(self, scorer: Scorer, k: int) -> None:
+        self.hf, self.k = scorer, k
+        self.prefix_token_id = scorer.lm.prefix_token_id
+        self.tok_encode, self._encode_pair = scorer.lm.tok_encode, scorer.lm._encode_pair
+        self.calls = 0
+
+    def _model_generate(self, requests, generate, sampling_params):
+        from types import SimpleNamespace
+
+        assert generate and sampling_params == "params"
+        self.calls += 1
+        out = []
+        for ids in requests:
+            with torch.no_grad():
+                lp = torch.log_softmax(self.hf.model(input_ids=torch.tensor([ids])).logits[0].float(), -1)
+            rows = [None]
+            for t in range(1, len(ids)):
+                v, i = torch.topk(lp[t - 1], self.k)
+                d = {int(a): SimpleNamespace(logprob=float(b)) for a, b in zip(i, v, strict=True)}
+                d.setdefault(ids[t], SimpleNamespace(logprob=float(lp[t - 1, ids[t]])))
+                rows.append(d)
+            out.append(SimpleNamespace(prompt_logprobs=rows))
+        return out
+
+
+@pytest.fixture(scope="module")
+def other_scorer(tiny_model):
+    """The tiny model with its weights perturbed: a candidate whose distributions differ."""
+    from quantize.models import load_model
+
+    model, tok = load_model(tiny_model, dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(p.std() * torch.randn(p.shape, generator=g))
+    return Scorer(model, tok, batch_size=2, max_length=512)
+
+
+def test_vllm_prompt_logprobs_give_the_hf_baseline_top_k_and_agreement(scorer, other_scorer):
+    """One code path for both engines: the baseline's top-k from vLLM-style prompt log-probabilities equals the
+    HF scorer's; a candidate that reports every token gives the HF agreement exactly, one that reports only its
+    top-k gives a KL no larger, a Σ min no smaller and the same top-1 agreement."""
+    from quantize.evaluate.agreement import VLLMScorer, baseline_topk, compare
+
+    k, vocab = 5, scorer.model.config.vocab_size
+    base_hf = baseline_topk(scorer, REQUESTS, k)
+    base_v = baseline_topk(VLLMScorer(FakeVLLM(scorer, k), k, "params"), REQUESTS, k)
+
+    def by_id(b):  # the HF scorer batches by length, so items come in another order
+        at = dict(zip(b["ids"], np.cumsum([0, *b["counts"][:-1]]), strict=True))
+        n = dict(zip(b["ids"], b["counts"], strict=True))
+        return {i: (b["top_idx"][at[i] : at[i] + n[i]], b["top_logp"][at[i] : at[i] + n[i]]) for i in b["ids"]}
+
+    hf_items, v_items = by_id(base_hf), by_id(base_v)
+    assert sorted(hf_items) == sorted(v_items) == sorted(r.id for r in REQUESTS)
+    for i, (idx, logp) in hf_items.items():
+        assert (v_items[i][0] == idx).mean() > 0.99  # ties may order differently
+        assert v_items[i][1] == pytest.approx(logp, abs=1e-5)
+    hf = compare(other_scorer, REQUESTS, base_hf)
+    full = compare(VLLMScorer(FakeVLLM(other_scorer, vocab), vocab, "params"), REQUESTS, base_hf)
+    for key in ("kl_mean", "top1", "sum_min"):
+        assert full[key] == pytest.approx(hf[key], abs=1e-5), key
+    fake = FakeVLLM(other_scorer, 2)
+    sparse = compare(VLLMScorer(fake, 2, "params"), REQUESTS, base_hf)
+    assert fake.calls == 1  # every request in one engine call
+    assert sparse["kl_mean"] <= hf["kl_mean"] + 1e-9 and sparse["sum_min"] >= hf["sum_min"] - 1e-9
+    assert sparse["top1"] == pytest.approx(hf["top1"]) and 0 < hf["top1"] < 1 and hf["kl_mean"] > 1e-4

@@ -25,14 +25,14 @@ from typing import Any
 
 from quantize import cache
 from quantize.checkpoint import identity_sha256
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 from quantize.golden.manifest import GoldenSet, lm_eval_tasks
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.io import atomic_file
 from quantize.models import LastModel, device
 from quantize.records import AgreementResult
 from quantize.stats import clustered_se
-from quantize.suite import OpenSuite
+from quantize.suite import Backend, OpenSuite
 
 BASELINE_SCHEMA_VERSION = 1
 NOTE = (
@@ -88,7 +88,8 @@ def requests(golden: GoldenSet, tasks: list[str], per_task: int) -> list[Request
 
 
 class Scorer:
-    """A loaded model behind lm-eval's HF wrapper: lm-eval's tokenization, our forward passes."""
+    """A loaded model behind lm-eval's HF wrapper: lm-eval's tokenization, our forward passes. The candidate's
+    full distribution is known, so every baseline top-k token's log-probability is exact."""
 
     def __init__(self, model: Any, tok: Any, batch_size: int, max_length: int) -> None:
         from lm_eval.models.huggingface import HFLM
@@ -98,10 +99,7 @@ class Scorer:
 
     def encode(self, req: Request) -> tuple[list[int], int]:
         """Token ids and the index of the first scored token."""
-        if req.context is None:
-            return [self.lm.prefix_token_id] + self.lm.tok_encode(req.continuation), 1
-        context, continuation = self.lm._encode_pair(req.context, req.continuation)
-        return context + continuation, len(context)
+        return encode(self.lm, req)
 
     def log_probs(self, reqs: list[Request]):
         """Yield (request, target ids (P,), logp (P, V) float32): log-softmax at each scored position."""
@@ -129,34 +127,127 @@ class Scorer:
                 rows = logits[j, starts[j] - 1 : len(seqs[j]) - 1].float().cpu()  # (P, V)
                 yield reqs[i], torch.tensor(seqs[j][starts[j] :]), torch.log_softmax(rows, dim=-1)
 
+    def topk(self, reqs: list[Request], k: int):
+        """Yield (request, token ids (P, k), log-probabilities (P, k)) of the k most likely tokens per position."""
+        import torch
 
-def position_metrics(lp: Any, lq_k: Any, same_top1: Any) -> tuple[Any, Any, Any]:
+        for req, _, lp in self.log_probs(reqs):
+            v, i = torch.topk(lp, k, dim=-1)
+            yield req, i, v
+
+    def at(self, reqs: list[Request], top_idx: dict[str, Any]):
+        """Yield (request, lq_k (P, k), known (P, k), argmax (P,)): the candidate's log-probabilities of the
+        baseline's top-k tokens `top_idx[req.id]` (P, k), all known, and its most likely token per position."""
+        import torch
+
+        for req, _, lq in self.log_probs(reqs):
+            bi = top_idx[req.id]
+            check_positions(req, lq.shape[0], bi.shape[0])
+            yield req, lq.gather(-1, bi), torch.ones_like(bi, dtype=torch.bool), lq.argmax(-1)
+
+
+def encode(lm: Any, req: Request) -> tuple[list[int], int]:
+    """Token ids and the index of the first scored token, by an lm-eval model's own tokenization (any
+    TemplateLM: `_encode_pair` for context/continuation, the prefix token for rolling documents)."""
+    if req.context is None:
+        return [lm.prefix_token_id] + lm.tok_encode(req.continuation), 1
+    context, continuation = lm._encode_pair(req.context, req.continuation)
+    return context + continuation, len(context)
+
+
+def check_positions(req: Request, got: int, stored: int) -> None:
+    if got != stored:
+        raise ValueError(
+            f"item {req.id}: {got} scored positions, the baseline stored {stored}; "
+            "the tokenizers differ, so agreement cannot be computed"
+        )
+
+
+class VLLMScorer:
+    """Agreement through lm-eval's vLLM model (`lm_eval.models.vllm_causallms.VLLM`, the engine the suite's
+    `backend: vllm` scores with; one load serves both). vLLM returns prompt log-probabilities, per position
+    the `k` most likely tokens and the prompt's own token, never the whole distribution:
+
+        baseline top-k     exact (the k most likely of each position)
+        candidate          q_i for the baseline top-k tokens it also returned ("known"); the others fall into
+                           the tail bucket with the mass beyond the top-k (position_metrics), which coarsens the
+                           partition: KL stays a lower bound and Σ min an upper bound (log-sum inequality)
+
+    `sampling_params`: vLLM's SamplingParams for a prompt-only pass (built here when None)."""
+
+    def __init__(self, lm: Any, k: int, sampling_params: Any = None) -> None:
+        if sampling_params is None:
+            from vllm import SamplingParams
+
+            sampling_params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=k, detokenize=False)
+        self.lm, self.k, self.params = lm, k, sampling_params
+
+    def _rows(self, reqs: list[Request]):
+        """Yield (request, per scored position {token id: log-probability})."""
+        enc = [encode(self.lm, r) for r in reqs]
+        outs = self.lm._model_generate([ids for ids, _ in enc], generate=True, sampling_params=self.params)
+        for req, (_, start), out in zip(reqs, enc, outs, strict=True):
+            # prompt_logprobs[t]: the distribution that predicted token t (None for the first token)
+            yield req, [{t: float(getattr(x, "logprob", x)) for t, x in d.items()} for d in out.prompt_logprobs[start:]]
+
+    def topk(self, reqs: list[Request], k: int):
+        import torch
+
+        if k > self.k:
+            raise UsageError(f"agreement top_k {k} is more than the {self.k} log-probabilities asked of vLLM")
+        for req, rows in self._rows(reqs):
+            best = [sorted(r.items(), key=lambda kv: -kv[1])[:k] for r in rows]  # the prompt token may be extra
+            if any(len(b) < k for b in best):
+                raise RuntimeFailure(f"item {req.id}: vLLM returned fewer than {k} log-probabilities at a position")
+            yield (
+                req,
+                torch.tensor([[t for t, _ in b] for b in best], dtype=torch.int64),
+                torch.tensor([[v for _, v in b] for b in best], dtype=torch.float32),
+            )
+
+    def at(self, reqs: list[Request], top_idx: dict[str, Any]):
+        import torch
+
+        for req, rows in self._rows(reqs):
+            bi = top_idx[req.id]
+            check_positions(req, len(rows), bi.shape[0])
+            known = torch.tensor([[int(t) in r for t in b.tolist()] for r, b in zip(rows, bi, strict=True)])
+            lq = torch.tensor([[r.get(int(t), 0.0) for t in b.tolist()] for r, b in zip(rows, bi, strict=True)])
+            top1 = torch.tensor([max(r, key=r.__getitem__) for r in rows], dtype=torch.int64)
+            yield req, lq.float(), known, top1
+
+
+def position_metrics(lp: Any, lq_k: Any, same_top1: Any, known: Any = None) -> tuple[Any, Any, Any]:
     """Per-position KL lower bound, top-1 agreement and Σ min(p, q) from the baseline's top-k.
 
     lp: (P, k) baseline log-probabilities of its top-k tokens; lq_k: (P, k) the candidate's
     log-probabilities of the same tokens; same_top1: (P,) whether the candidate's argmax is the
-    baseline's. The tail beyond the top-k is one bucket: r = 1 − Σp, q_rest = 1 − Σq."""
+    baseline's; known: (P, k) which of lq_k the candidate reported (default all; vLLM reports its own
+    top-k only). The tail is one bucket: every token not both in the top-k and known,
+    r = 1 − Σ_known p, q_rest = 1 − Σ_known q."""
     import torch
 
-    p, q_k = lp.exp(), lq_k.exp()
+    if known is None:
+        known = torch.ones_like(lp, dtype=torch.bool)
+    p = torch.where(known, lp.exp(), torch.zeros_like(lp))
+    q_k = torch.where(known, lq_k.exp(), torch.zeros_like(lq_k))
     r = (1 - p.sum(-1)).clamp_min(0)  # (P,)
     q_rest = (1 - q_k.sum(-1)).clamp_min(1e-12)
     tail = torch.where(r > 0, r * (r.clamp_min(1e-12).log() - q_rest.log()), torch.zeros_like(r))
-    kl = ((p * (lp - lq_k)).sum(-1) + tail).clamp_min(0)
+    kl = (torch.where(known, p * (lp - lq_k), torch.zeros_like(lp)).sum(-1) + tail).clamp_min(0)
     smin = torch.minimum(p, q_k).sum(-1) + torch.minimum(r, q_rest)
     return kl, same_top1.float(), smin
 
 
-def baseline_topk(scorer: Scorer, reqs: list[Request], k: int) -> dict[str, Any]:
+def baseline_topk(scorer: Scorer | VLLMScorer, reqs: list[Request], k: int) -> dict[str, Any]:
     import numpy as np
     import torch
 
     ids, clusters, counts, top_idx, top_lp = [], [], [], [], []
-    for req, _, lp in scorer.log_probs(reqs):
-        v, i = torch.topk(lp, k, dim=-1)  # (P, k)
+    for req, i, v in scorer.topk(reqs, k):  # (P, k) each
         ids.append(req.id)
         clusters.append(req.cluster)
-        counts.append(lp.shape[0])
+        counts.append(v.shape[0])
         top_idx.append(i.to(torch.int32).numpy())
         top_lp.append(v.numpy().astype(np.float32))
     return {
@@ -169,7 +260,7 @@ def baseline_topk(scorer: Scorer, reqs: list[Request], k: int) -> dict[str, Any]
     }
 
 
-def compare(scorer: Scorer, reqs: list[Request], base: dict[str, Any]) -> dict[str, Any]:
+def compare(scorer: Scorer | VLLMScorer, reqs: list[Request], base: dict[str, Any]) -> dict[str, Any]:
     """Mean KL lower bound, top-1 agreement and Σ min(p, q) against the stored baseline, SEs
     clustered by the items' clusters."""
     import numpy as np
@@ -177,17 +268,15 @@ def compare(scorer: Scorer, reqs: list[Request], base: dict[str, Any]) -> dict[s
 
     offsets = dict(zip(base["ids"], np.cumsum(np.concatenate([[0], base["counts"][:-1]])), strict=True))
     counts = dict(zip(base["ids"], base["counts"], strict=True))
+    top_idx = {
+        r.id: torch.from_numpy(base["top_idx"][offsets[r.id] : offsets[r.id] + counts[r.id]].astype(np.int64))
+        for r in reqs
+    }  # (P, k) per item
     kl, top1, smin, clusters, items = [], [], [], [], []
-    for req, _, lq in scorer.log_probs(reqs):
+    for req, lq_k, known, argmax in scorer.at(reqs, top_idx):
         o, n = int(offsets[req.id]), int(counts[req.id])
-        if lq.shape[0] != n:
-            raise ValueError(
-                f"item {req.id}: {lq.shape[0]} scored positions, the baseline stored {n}; "
-                "the tokenizers differ, so agreement cannot be computed"
-            )
-        bi = torch.from_numpy(base["top_idx"][o : o + n].astype(np.int64))  # (P, k)
         lp = torch.from_numpy(base["top_logp"][o : o + n])  # (P, k)
-        k_pos, t_pos, s_pos = position_metrics(lp, lq.gather(-1, bi), lq.argmax(-1) == bi[:, 0])
+        k_pos, t_pos, s_pos = position_metrics(lp, lq_k, argmax == top_idx[req.id][:, 0], known)
         kl.extend(k_pos.tolist())
         top1.extend(t_pos.tolist())
         smin.extend(s_pos.tolist())
@@ -246,10 +335,16 @@ def load_baseline(path: Path) -> dict[str, Any]:
     }
 
 
-def _scorer(suite: OpenSuite, checkpoint: Path, models: LastModel) -> Scorer:
-    on = device(suite.suite.device)
-    model, tok = models.get(checkpoint, dtype=suite.suite.model_dtype(on), on=on)  # as lm-eval scores it
-    return Scorer(model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
+def _scorer(suite: OpenSuite, checkpoint: Path, models: LastModel) -> Scorer | VLLMScorer:
+    """The model lm-eval scores with, as an agreement scorer (the same object: one load per checkpoint)."""
+    s = suite.suite
+    on = device(s.device)
+    if s.backend is Backend.vllm:
+        from quantize.evaluate.score import vllm_lm
+
+        return VLLMScorer(vllm_lm(s, checkpoint, on, models), s.agreement.top_k)
+    model, tok = models.get(checkpoint, dtype=s.model_dtype(on), on=on)  # as lm-eval scores it
+    return Scorer(model, tok, s.batch_size, s.max_length or 2048)
 
 
 def agreement_requests(suite: OpenSuite) -> list[Request]:

@@ -58,11 +58,26 @@ def model_args(suite: Suite, ckpt: Path, device: str, trust_remote_code: bool = 
     return args
 
 
+def vllm_lm(suite: Suite, ckpt: Path, device: str, models: LastModel) -> Any:
+    """lm-eval's vLLM model of the checkpoint (vLLM loads by path), built once and kept by `models`: every
+    stage of a gate and its agreement pass use the same engine."""
+    args = model_args(suite, ckpt, device, models.trust_remote_code)
+
+    def build() -> Any:
+        from lm_eval.models.vllm_causallms import VLLM
+
+        # vLLM returns at most max_logprobs per position: the agreement's top-k must fit
+        return VLLM(**args, batch_size=suite.batch_size, max_logprobs=max(20, suite.agreement.top_k))
+
+    return models.engine(ckpt, "vllm", repr(sorted(args.items())), build)
+
+
 def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> dict[str, Any]:
     """What `simple_evaluate` scores. The HF backend gets a model our loader loaded (safetensors only,
-    strict: lm-eval's own loader would start missing weights from random values); vLLM loads by path."""
+    strict: lm-eval's own loader would start missing weights from random values); vLLM loads by path, once
+    per checkpoint (`vllm_lm`)."""
     if suite.backend is Backend.vllm:
-        return {"model": "vllm", "model_args": model_args(suite, ckpt, device, models.trust_remote_code)}
+        return {"model": vllm_lm(suite, ckpt, device, models)}
     from lm_eval.models.huggingface import HFLM
 
     model, tok = models.get(ckpt, dtype=suite.model_dtype(device), on=device)

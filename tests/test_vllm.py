@@ -1,0 +1,90 @@
+"""The vLLM backend end to end (`backend: vllm`): scores and agreement from one engine per checkpoint, the
+agreement's top-k from vLLM's prompt log-probabilities. Needs an accelerator and vLLM (`make test-gpu`);
+the conversion from prompt log-probabilities is tested without either in tests/test_agreement.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+vllm = pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+from quantize import records  # noqa: E402
+from quantize.cli import main  # noqa: E402
+from quantize.golden.build import Sizes, build_core  # noqa: E402
+from quantize.records import Verdict  # noqa: E402
+
+from conftest import make_sources  # noqa: E402
+
+SIZES = Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3)
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    base = tmp_path_factory.mktemp("vllm")
+    build_core(make_sources(base / "src"), base / "golden" / "v1", seed=3, sizes=SIZES)
+    return base
+
+
+def _suite(base, backend: str):
+    p = base / f"suite-{backend}.yaml"
+    p.write_text(
+        f"golden: {base / 'golden' / 'v1'}\nbatch_size: 4\nbackend: {backend}\nagreement: {{per_task: 3, top_k: 5}}\n"
+        + ("vllm: {gpu_memory_utilization: 0.3}\n" if backend == "vllm" else "")
+    )
+    return p
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
+
+
+def test_sequential_a_a_gate_on_vllm_builds_one_engine_per_checkpoint(golden, tiny_model, capsys, monkeypatch):
+    from lm_eval.models import vllm_causallms
+
+    built = []
+    real = vllm_causallms.VLLM.__init__
+
+    def counting(self, *a, **k):
+        built.append(k.get("pretrained"))
+        real(self, *a, **k)
+
+    monkeypatch.setattr(vllm_causallms.VLLM, "__init__", counting)
+    policy = golden / "seq-vllm.yaml"
+    policy.write_text(
+        f"suite: {_suite(golden, 'vllm')}\nsequential: {{looks: [0.5, 1.0]}}\nrules:\n"
+        "  - {task: core_facts, metric: acc, margin: 0.4}\n  - {task: core_prose, metric: perplexity, max_ratio: 1.5}\n"
+        "  - {agreement: kl, max: 0.05}\n  - {agreement: top1, min: 0.9}\n"
+    )
+    code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json"])
+    v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    assert code == 0 and v.verdict == "pass"
+    kl = next(r for r in v.rules if r.rule == "agreement kl").evidence
+    top1 = next(r for r in v.rules if r.rule == "agreement top1").evidence
+    assert kl.value < 1e-3 and top1.value > 0.99  # the same engine on the same checkpoint
+    assert len(built) == 1  # baseline and candidate are one checkpoint: one engine for scores and agreement
+
+
+def test_vllm_agreement_matches_hf_on_the_same_checkpoint(golden, tiny_model, capsys):
+    """The baseline's top-k from HF on the GPU, the candidate's prompt log-probabilities from vLLM: the same
+    model, two engines; their agreement must be near perfect (kernels differ, numerics nearly not)."""
+    from quantize.evaluate.agreement import VLLMScorer, _scorer, agreement_requests, baseline_topk, compare
+    from quantize.models import LastModel
+    from quantize.suite import open_suite
+
+    hf, vl = open_suite(_suite(golden, "hf")), open_suite(_suite(golden, "vllm"))
+    reqs = agreement_requests(hf)
+    models = LastModel()
+    base = baseline_topk(_scorer(hf, tiny_model, models), reqs, 5)
+    scorer = _scorer(vl, tiny_model, models)
+    assert isinstance(scorer, VLLMScorer)
+    out = compare(scorer, reqs, base)
+    assert out["positions"] == int(base["counts"].sum())
+    assert out["kl_mean"] < 0.01 and out["top1"] > 0.95
