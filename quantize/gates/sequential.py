@@ -164,10 +164,9 @@ def untested(policy: Policy, decided: dict[int, RuleResult]) -> list[RuleResult]
     why = "not scored: the gate stopped before the first look at the regression on " + ", ".join(
         r.rule for r in decided.values() if r.verdict == "regression"
     )
-    return [
-        decided[i] if i in decided else UntestedResult(rule=policy.label(i), task=r.task, reason=why)
+    return [  # every agreement rule is decided; the rest are score rules
+        decided.get(i) or UntestedResult(rule=policy.label(i), task=r.task, reason=why)
         for i, r in enumerate(policy.rules)
-        if i in decided or not isinstance(r, AgreementRule)
     ]
 
 
