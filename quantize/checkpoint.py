@@ -6,10 +6,13 @@ imports torch or loads a model.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +150,38 @@ def check_model_dir(path: Path) -> None:
 # GPTQ through optimum and GPTQModel, AWQ through GPTQModel and accelerate).
 LOADER_PACKAGES = {"gptq": ("optimum", "gptqmodel"), "awq": ("gptqmodel", "accelerate")}
 
+# Pre-integration layouts (AutoGPTQ, AutoAWQ) keep the quantization settings beside config.json, not in it.
+SIDE_CONFIGS = {"quantize_config.json": "gptq", "quant_config.json": "awq"}
+
+
+def side_quantization_config(path: Path) -> tuple[str, dict[str, Any]] | None:
+    """A pre-integration layout's settings as transformers' `quantization_config`, and the file they came from;
+    None when config.json has its own quantization_config or there is no side file.
+
+        AutoGPTQ / GPTQModel  quantize_config.json {"bits", "group_size", "desc_act", "sym", ...}: as written
+        AutoAWQ               quant_config.json {"w_bit", "q_group_size", "zero_point", "version"}: renamed to
+                              AwqConfig's {"bits", "group_size", "zero_point", "version"}"""
+    if read_config(path).get("quantization_config"):
+        return None
+    for name, method in SIDE_CONFIGS.items():
+        if (f := Path(path) / name).is_file():
+            side = read_json_object(f, "re-save the checkpoint with the tool that quantized it")
+            if method == "awq":
+                rename = {"w_bit": "bits", "q_group_size": "group_size"}
+                side = {rename.get(k, k): v for k, v in side.items()}
+                side["version"] = str(side.get("version", "gemm")).lower()
+            return name, {**side, "quant_method": method}
+    return None
+
+
+def quant_method(path: Path) -> str | None:
+    """The checkpoint's quantization method (config.json's quantization_config, else a side file), lower case."""
+    qc = read_config(path).get("quantization_config") or {}
+    if not qc and (side := side_quantization_config(path)) is not None:
+        qc = side[1]
+    method = qc.get("quant_method") if isinstance(qc, dict) else None
+    return str(method).lower() if method else None
+
 
 def check_loadable(path: Path) -> None:
     """A quantized checkpoint whose loader packages are not installed is the user's to fix (exit 2), named before
@@ -154,25 +189,60 @@ def check_loadable(path: Path) -> None:
     none of them (it reads headers)."""
     import importlib.util
 
-    qc = read_config(path).get("quantization_config") or {}
-    method = qc.get("quant_method") if isinstance(qc, dict) else None
-    need = LOADER_PACKAGES.get(str(method).lower()) if method else None
+    method = quant_method(path)
+    need = LOADER_PACKAGES.get(method) if method else None
     missing = [m for m in need or () if importlib.util.find_spec(m) is None]
     if missing:
+        side = side_quantization_config(path)
+        where = f"{side[0]}, quant_method" if side else "config.json quantization_config.quant_method"
         raise UsageError(
-            f"{path} is a {str(method).upper()} checkpoint (config.json quantization_config.quant_method: {method}); "
-            f"transformers loads it through {' and '.join(need)}, and {', '.join(missing)} "
+            f"{path} is a {str(method).upper()} checkpoint ({where}: {method}); "
+            f"transformers loads it through {' and '.join(need or ())}, and {', '.join(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not installed here. They are not part of quantize's core "
             "environment (GPTQModel 7.0-7.6 pins numpy 2.2.6, below quantize's pin; newer releases pull another "
-            "torch): install them into an environment of their own to score this checkpoint. `quantize inspect` "
-            "reads it here without them."
+            "torch): `make gptq-env` builds an environment of its own with them (.venv-gptq), where "
+            "`.venv-gptq/bin/quantize eval|gate` scores this checkpoint. `quantize inspect` reads it here without them."
         )
+
+
+@contextlib.contextmanager
+def loadable_view(path: Path) -> Iterator[Path]:
+    """The folder transformers (or vLLM) should load `path` from. Most checkpoints: `path` itself. A
+    pre-integration layout gets a temporary view beside nothing it could overwrite: every file linked, config.json
+    with the side file's settings as its quantization_config (side_quantization_config), and a single
+    unconventionally named weight file (AutoGPTQ's gptq_model-4bit-128g.safetensors) linked as
+    model.safetensors. The view lives while the model loads; the checkpoint itself is never written."""
+    path = Path(path)
+    side = side_quantization_config(path)
+    weights = [f for f in path.glob("*.safetensors") if f.is_file()]
+    rename = (
+        weights[0]
+        if len(weights) == 1
+        and weights[0].name != "model.safetensors"
+        and not (path / "model.safetensors.index.json").is_file()
+        else None
+    )
+    if side is None and rename is None:
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="quantize-view-") as tmp:
+        view = Path(tmp)
+        for f in path.iterdir():
+            if f.is_file() and f.name != CONFIG:
+                (view / ("model.safetensors" if f == rename else f.name)).symlink_to(f.resolve())
+        cfg = read_config(path)
+        if side is not None:
+            cfg["quantization_config"] = side[1]
+        write_config(view, cfg)
+        yield view
 
 
 # Files besides the weights that change what a checkpoint computes: its config, tokenizer, chat template
 # and generation defaults.
 IDENTITY_FILES = (
     "config.json",
+    "quantize_config.json",  # a pre-integration layout's quantization settings (SIDE_CONFIGS)
+    "quant_config.json",
     "generation_config.json",
     "tokenizer.json",
     "tokenizer_config.json",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.cache import cache_dir
-from quantize.checkpoint import check_loadable, check_model_dir, weights_sha256
+from quantize.checkpoint import check_loadable, check_model_dir, loadable_view, weights_sha256
 from quantize.errors import UsageError
 from quantize.io import atomic_dir, sha256_file
 
@@ -159,14 +159,15 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-        model, info = AutoModelForCausalLM.from_pretrained(
-            str(path),
-            dtype=dtype if dtype is not None else "auto",
-            use_safetensors=True,
-            trust_remote_code=trust_remote_code,
-            output_loading_info=True,
-        )
+        with loadable_view(path) as src:  # a pre-integration GPTQ/AWQ layout, as transformers reads one
+            tok = AutoTokenizer.from_pretrained(str(src), trust_remote_code=trust_remote_code)
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(src),
+                dtype=dtype if dtype is not None else "auto",
+                use_safetensors=True,
+                trust_remote_code=trust_remote_code,
+                output_loading_info=True,
+            )
     except (OSError, ValueError) as e:
         raise UsageError(f"could not load {path} as a causal LM: {e}") from None
     check_loading_info(path, info)

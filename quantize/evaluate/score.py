@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from pydantic import TypeAdapter
 
 from quantize import cache
-from quantize.checkpoint import check_loadable, check_model_dir, identity_sha256, weights_sha256
+from quantize.checkpoint import check_loadable, check_model_dir, identity_sha256, loadable_view, weights_sha256
 from quantize.errors import RuntimeFailure
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.golden.manifest import lm_eval_tasks
@@ -66,8 +66,10 @@ def vllm_lm(suite: Suite, ckpt: Path, device: str, models: LastModel) -> Any:
     def build() -> Any:
         from lm_eval.models.vllm_causallms import VLLM
 
-        # vLLM returns at most max_logprobs per position: the agreement's top-k must fit
-        return VLLM(**args, batch_size=suite.batch_size, max_logprobs=max(20, suite.agreement.top_k))
+        with loadable_view(ckpt) as src:  # vLLM reads every file while the engine starts
+            # vLLM returns at most max_logprobs per position: the agreement's top-k must fit
+            kwargs = {**args, "pretrained": str(src)}
+            return VLLM(**kwargs, batch_size=suite.batch_size, max_logprobs=max(20, suite.agreement.top_k))
 
     return models.engine(ckpt, "vllm", repr(sorted(args.items())), build)
 

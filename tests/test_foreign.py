@@ -1,0 +1,166 @@
+"""Checkpoints other tools wrote: GPTQModel's GPTQ output (tests/data/gptqmodel-tiny, made by
+tests/data/make_gptqmodel_fixture.py) and the pre-integration layout AutoGPTQ writes (the bit width only in
+quantize_config.json, the weights under a legacy file name), derived from it here.
+
+Without the GPTQ loader packages (the core environment): exact bytes from the headers, an exit-2 message naming
+what to install, the view transformers loads a legacy layout through. With them (`make test-gptq` runs these in
+.venv-gptq): the checkpoint reloads, scores on the smoke suite and is gated against the source it was made from.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from quantize.checkpoint import identity_sha256, loadable_view, side_quantization_config
+from quantize.cli import main
+
+FIXTURE = Path(__file__).parent / "data" / "gptqmodel-tiny"
+HAVE_GPTQ = all(importlib.util.find_spec(m) for m in ("gptqmodel", "optimum"))
+
+
+def legacy(tmp_path: Path) -> Path:
+    """The fixture as AutoGPTQ lays a checkpoint out: no quantization_config in config.json, the settings in
+    quantize_config.json, the weights in gptq_model-4bit-64g.safetensors."""
+    out = tmp_path / "legacy"
+    shutil.copytree(FIXTURE, out)
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["quantization_config"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    (out / "model.safetensors").rename(out / "gptq_model-4bit-64g.safetensors")
+    return out
+
+
+def test_inspect_counts_gptqmodel_bytes_exactly(capsys):
+    """Against the safetensors library's own reading of the same file: every tensor's bytes, and the quantized
+    linears' bits per weight over their unpacked parameters (qweight int32 (in/8, out): 8 weights a word)."""
+    from safetensors import safe_open
+
+    assert main(["inspect", str(FIXTURE), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    total = quant_bytes = quant_params = 0
+    with safe_open(FIXTURE / "model.safetensors", "pt") as f:
+        for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
+            t = f.get_tensor(name)
+            nbytes = t.numel() * t.element_size()
+            total += nbytes
+            if name.rsplit(".", 1)[-1] in ("qweight", "qzeros", "scales", "g_idx"):
+                quant_bytes += nbytes
+            if name.endswith(".qweight"):
+                quant_params += t.shape[0] * 8 * t.shape[1]
+    assert got["format"] == "gptq" and got["total_bytes"] == total
+    assert got["quantized_linear_parameters"] == quant_params == 245_760  # 2 layers × (q, k, v, o, gate, up, down)
+    assert got["quantized_linear_bits_per_weight"] == pytest.approx(8 * quant_bytes / quant_params)
+
+
+def test_inspect_reads_the_bit_width_of_a_legacy_layout(tmp_path, capsys):
+    assert main(["inspect", str(legacy(tmp_path)), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["format"] == "gptq (quantize_config.json)"
+    assert got["quantized_linear_bits_per_weight"] == pytest.approx(4.5625)
+
+
+@pytest.mark.skipif(HAVE_GPTQ, reason="the GPTQ loader packages are installed here")
+@pytest.mark.parametrize("layout", ["integrated", "legacy"])
+def test_scoring_without_the_loader_packages_is_exit_2_naming_them(tmp_path, capsys, layout):
+    ckpt = FIXTURE if layout == "integrated" else legacy(tmp_path)
+    code = main(["eval", "evaluate/core.yaml", str(ckpt)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "optimum" in err and "gptqmodel" in err and "make gptq-env" in err
+    assert ("quantize_config.json" in err) == (layout == "legacy")
+
+
+def test_a_legacy_layout_loads_through_a_view(tmp_path):
+    """The view holds what transformers reads: config.json with the side file's settings as quantization_config,
+    the legacy weight file as model.safetensors; the checkpoint is untouched and the view goes away."""
+    ckpt = legacy(tmp_path)
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    with loadable_view(ckpt) as view:
+        assert view != ckpt
+        cfg = json.loads((view / "config.json").read_text())
+        assert cfg["quantization_config"]["bits"] == 4 and cfg["quantization_config"]["quant_method"] == "gptq"
+        assert (view / "model.safetensors").resolve() == (ckpt / "gptq_model-4bit-64g.safetensors").resolve()
+        assert (view / "tokenizer.json").is_file()
+    assert not view.exists() and {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+    with loadable_view(FIXTURE) as view:  # an integrated layout is loaded as it is
+        assert view == FIXTURE
+
+
+def test_autoawq_side_settings_become_transformers_awq_config(tmp_path):
+    d = tmp_path / "awq"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (d / "quant_config.json").write_text(
+        json.dumps({"zero_point": True, "q_group_size": 128, "w_bit": 4, "version": "GEMM"})
+    )
+    name, qc = side_quantization_config(d)
+    assert name == "quant_config.json"
+    assert qc == {"zero_point": True, "group_size": 128, "bits": 4, "version": "gemm", "quant_method": "awq"}
+
+
+def test_the_side_file_is_part_of_the_identity(tmp_path):
+    ckpt = legacy(tmp_path)
+    before = identity_sha256(ckpt)
+    qc = json.loads((ckpt / "quantize_config.json").read_text())
+    (ckpt / "quantize_config.json").write_text(json.dumps({**qc, "group_size": 128}))
+    assert identity_sha256(ckpt) != before  # other settings, other computation: not the same cached scores
+
+
+# --- with the GPTQ loader packages (.venv-gptq) ---------------------------------------------------------------
+
+gptq = pytest.mark.skipif(not HAVE_GPTQ, reason="needs optimum and gptqmodel: make gptq-env, then make test-gptq")
+
+
+@pytest.fixture
+def small_suite(tmp_path, monkeypatch):
+    from quantize.golden.build import Sizes, build_core
+
+    from conftest import make_sources
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
+    build_core(
+        make_sources(tmp_path / "src"),
+        tmp_path / "golden" / "v1",
+        seed=3,
+        sizes=Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3),
+    )
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"golden: {tmp_path / 'golden' / 'v1'}\nbatch_size: 4\nagreement: {{per_task: 3, top_k: 5}}\n")
+    return suite
+
+
+@gptq
+def test_both_layouts_score_the_same(tmp_path, small_suite, capsys):
+    from quantize.records import ScoreDoc, parse
+
+    docs = []
+    for ckpt in (FIXTURE, legacy(tmp_path)):
+        assert main(["eval", str(small_suite), str(ckpt), "--json", "--items"]) == 0
+        docs.append(parse(ScoreDoc, json.loads(capsys.readouterr().out), "stdout"))
+    a, b = ({t: [(i.id, i.score, round(i.ll, 4)) for i in ts.items] for t, ts in d.tasks.items()} for d in docs)
+    assert a == b and sum(len(v) for v in a.values()) == 24 + 12 + 6 + 9 + 4
+
+
+@gptq
+def test_a_gptqmodel_checkpoint_is_gated_against_its_source(tmp_path, small_suite, capsys):
+    from quantize.records import Verdict, parse
+
+    from conftest import make_tiny_llama
+
+    source = make_tiny_llama(tmp_path / "source", seed=0, vocab_size=512)  # what the fixture was quantized from
+    policy = tmp_path / "gate.yaml"
+    policy.write_text(
+        f"suite: {small_suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n"
+        "  - {task: core_prose, metric: perplexity, max_ratio: 2.0}\n  - {agreement: kl, max: 0.5}\n"
+    )
+    code = main(["gate", str(policy), "--baseline", str(source), "--candidate", str(FIXTURE), "--json"])
+    v = parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    assert code == v.exit_code and v.provenance.candidate.checkpoint.identity_sha256 == identity_sha256(FIXTURE)
+    kl = next(r for r in v.rules if r.rule == "agreement kl").evidence
+    ppl = next(r for r in v.rules if r.rule == "core_prose perplexity").evidence
+    assert kl.value > 0 and ppl.ratio != 1.0  # 4-bit weights: the candidate is not its source
