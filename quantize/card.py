@@ -49,7 +49,12 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
         "Bytes by role: " + ", ".join(f"{k} {v:,}" for k, v in b.bytes_by_role.items()),
         "",
         "Full provenance is in `quantize.json`. Load with `transformers.AutoModelForCausalLM.from_pretrained` "
-        "(compressed-tensors installed) or serve with vLLM.",
+        + (
+            "(optimum and gptqmodel installed: GPTQModel's GPTQ format)"
+            if meta.engine.backend == "gptqmodel"
+            else "(compressed-tensors installed)"
+        )
+        + " or serve with vLLM.",
         "",
     ]
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))

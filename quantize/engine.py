@@ -1,9 +1,11 @@
-"""The engine: a validated recipe in, a checked compressed-tensors checkpoint with its quantize.json out.
+"""The engine: a validated recipe in, a checked checkpoint with its quantize.json out.
 
 preflight   everything that can be checked before a model is loaded
 convert     plan (plan.py) -> modifiers (modifiers.py) -> load -> calibrate and quantize
             (llm-compressor `oneshot`, runtime.py) -> finite checks (checks.py) -> atomic save,
             dtype cast (dtypes.py), reload check, accounting -> quantize.json and model card
+            `backend: gptqmodel`: GPTQModel loads, calibrates and writes its native GPTQ format in place of
+            llm-compressor (`_gptqmodel`); the checks, accounting and records are the same
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from quantize.models import DEFAULT_MODEL_HUB_ID, load_model, recorded_weights_s
 from quantize.modifiers import compile_modifiers
 from quantize.plan import LayerPlan, meta_model, plan_layers
 from quantize.provenance import Phases, library_versions, memory_record
-from quantize.recipe import Method, Recipe, resolved_dict
+from quantize.recipe import BACKEND_PACKAGES, Backend, Method, Recipe, resolved_dict
 from quantize.records import (
     BitsRecord,
     EngineRecord,
@@ -42,8 +44,18 @@ def output_dir(recipe: Recipe, override: str | None) -> Path:
 
 
 def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
-    """Everything that can be checked before torch is imported or a model is loaded: the model
-    folder, the calibration source, and the whole output path."""
+    """Everything that can be checked before torch is imported or a model is loaded: the backend's packages,
+    the model folder, the calibration source, and the whole output path."""
+    import importlib.util
+
+    need = BACKEND_PACKAGES.get(recipe.backend.value, ())
+    if missing := [m for m in need if importlib.util.find_spec(m) is None]:
+        raise UsageError(
+            f"backend: {recipe.backend.value} needs {' and '.join(need)}, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed here; they cannot join quantize's core "
+            "environment (GPTQModel 7.0-7.6 pins numpy 2.2.6). `make gptq-env` builds one with them: run the recipe "
+            "with .venv-gptq/bin/quantize run, or use backend: llmcompressor"
+        )
     model_dir = resolve_model(recipe.model)
     if recipe.needs_calibration and recipe.calibration is not None:
         source_path(recipe.calibration.source)
@@ -106,6 +118,40 @@ def _oneshot(model: Any, tok: Any, recipe: Recipe, modifiers: Any, calib: Calibr
             raise RuntimeFailure(f"llm-compressor failed: {type(e).__name__}: {e}") from e
 
 
+def _gptqmodel(model_dir: Path, recipe: Recipe, plan: LayerPlan, dtype: Any, calib: CalibrationSet) -> Any:
+    """GPTQModel's own GPTQ (Frantar et al. 2023) on our calibration tokens: bits from the scheme, `group_size`
+    (per channel: -1), `symmetric` -> sym, `act_order` -> desc_act (GPTQModel stores g_idx), `dampening_frac`
+    -> damp_percent; layers whose input features the group does not divide get the plan's smaller group
+    through GPTQModel's per-module `dynamic` overrides. Returns GPTQModel's model wrapper, quantized."""
+    import re
+
+    from gptqmodel import GPTQModel, QuantizeConfig
+
+    from quantize.recipe import WEIGHT_ONLY_INT
+
+    assert recipe.scheme_or_none is not None and calib is not None
+    group = recipe.weight_group or -1
+    dynamic = {
+        f"+:^{re.escape(name)}$": {"group_size": g}
+        for g, names in plan.groups.items()
+        if g is not None and g != group
+        for name in names
+    }
+    qcfg = QuantizeConfig(
+        bits=WEIGHT_ONLY_INT[recipe.scheme_or_none],
+        group_size=group,
+        sym=getattr(recipe, "symmetric", True),
+        desc_act=getattr(recipe, "act_order", False),
+        damp_percent=getattr(recipe, "dampening_frac", 0.01),
+        dynamic=dynamic or None,
+    )
+    model = GPTQModel.load(str(model_dir), qcfg, **({"dtype": dtype} if dtype is not None else {}))
+    ids = calib.input_ids.tolist()
+    with cpu_safe_calibration():
+        model.quantize([{"input_ids": r, "attention_mask": [1] * len(r)} for r in ids], batch_size=1)
+    return model
+
+
 def convert(
     recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, force: bool = False, quiet: bool = False
 ) -> RunRecord:
@@ -123,18 +169,23 @@ def _convert(
 
     phases = Phases()
     started = dt.datetime.now(dt.UTC)
+    gptqmodel = recipe.backend is Backend.gptqmodel
     with phases("plan"):
         plan = (
             plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe)
             if recipe.method is not Method.llmcompressor
             else LayerPlan()
         )
-        modifiers = compile_modifiers(recipe, plan)
+        modifiers = [] if gptqmodel else compile_modifiers(recipe, plan)
     with phases("load"):
         work_dtype = calibration_dtype(recipe)
-        model, tok = load_model(
-            model_dir, recipe.trust_remote_code, dtype="auto" if work_dtype == "auto" else getattr(torch, work_dtype)
-        )
+        torch_dtype = None if work_dtype == "auto" else getattr(torch, work_dtype)
+        if gptqmodel:  # GPTQModel loads the model itself, at quantize time
+            from transformers import AutoTokenizer
+
+            model, tok = None, AutoTokenizer.from_pretrained(str(model_dir))
+        else:
+            model, tok = load_model(model_dir, recipe.trust_remote_code, dtype=torch_dtype or "auto")
         save_dtype = source_dtype(model_dir)
         source_hash = recorded_weights_sha256(model_dir)
         source_params = accounting.parameter_count(model_dir)
@@ -145,17 +196,24 @@ def _convert(
     seed = recipe.calibration.seed if recipe.calibration else 0
     torch.manual_seed(seed)
     with phases("quantize"):
-        model = _oneshot(model, tok, recipe, modifiers, calib)
+        if gptqmodel:
+            assert calib is not None, "GPTQ needs calibration data (the recipe schema requires it)"
+            model = _gptqmodel(model_dir, recipe, plan, torch_dtype, calib)
+        else:
+            model = _oneshot(model, tok, recipe, modifiers, calib)
     probe = (
         calib.input_ids[:4, :128]
         if calib is not None
         else torch.tensor([tok("The quick brown fox jumps over the lazy dog.")["input_ids"]])
     )
-    with phases("check"):
-        finite = [check_finite(model, probe, "after quantization")]
+    with phases("check"):  # GPTQModel's packed modules are checked after reload, through transformers
+        finite = [] if gptqmodel else [check_finite(model, probe, "after quantization")]
     with atomic_dir(out, replace=force) as tmp:
         with phases("save"):
-            model.save_pretrained(tmp, save_compressed=True)
+            if gptqmodel:
+                model.save(str(tmp))
+            else:
+                model.save_pretrained(tmp, save_compressed=True)
             tok.save_pretrained(tmp)
             if work_dtype != "auto" and save_dtype != work_dtype:
                 cast_saved_floats(tmp, save_dtype)
@@ -179,7 +237,13 @@ def _convert(
             layer_plan=plan.record(),
             engine=EngineRecord(
                 backend=recipe.backend.value,
-                modifiers=modifiers if isinstance(modifiers, str) else [repr(m) for m in modifiers],
+                modifiers=(
+                    [repr(model.quantize_config)]
+                    if gptqmodel
+                    else modifiers
+                    if isinstance(modifiers, str)
+                    else [repr(m) for m in modifiers]
+                ),
                 calibration_dtype=work_dtype,
                 saved_dtype=save_dtype,
             ),

@@ -52,6 +52,13 @@ class Indivisible(str, Enum):
 
 class Backend(str, Enum):
     llmcompressor = "llmcompressor"
+    gptqmodel = "gptqmodel"
+
+
+# What a backend other than llm-compressor runs (method -> schemes), and the packages it needs installed. GPTQModel
+# runs its own GPTQ and writes its native GPTQ format (loaded by transformers through optimum and gptqmodel).
+BACKEND_SCHEMES = {"gptqmodel": {"gptq": {"W4A16", "W3A16", "W8A16"}}}
+BACKEND_PACKAGES = {"gptqmodel": ("gptqmodel", "optimum")}
 
 
 WEIGHT_ONLY_INT = {Scheme.W4A16: 4, Scheme.W3A16: 3, Scheme.W8A16: 8}
@@ -103,6 +110,29 @@ class _Recipe(BaseModel):
     trust_remote_code: bool = Field(
         False, description="run the checkpoint's own Python code at load (only for checkpoints you trust)"
     )
+
+    @model_validator(mode="after")
+    def _backend(self) -> _Recipe:
+        """A backend other than llm-compressor runs only what BACKEND_SCHEMES lists, on every Linear of the
+        decoder blocks (its own module selection), without per-layer overrides."""
+        b = self.backend.value
+        if b not in BACKEND_SCHEMES:
+            return self
+        runs = BACKEND_SCHEMES[b]
+        scheme = self.scheme_or_none.value if self.scheme_or_none else None
+        if self.method.value not in runs or scheme not in runs[self.method.value]:
+            offered = "; ".join(f"method {m} with scheme {', '.join(sorted(s))}" for m, s in runs.items())
+            raise ValueError(
+                f"backend {b} does not run method {self.method.value}"
+                + (f" with scheme {scheme}" if scheme else "")
+                + f"; it runs {offered}. Use backend: llmcompressor for this method and scheme"
+            )
+        if self.targets != ["Linear"] or self.ignore != ["lm_head"] or getattr(self, "overrides", None):
+            raise ValueError(
+                f"backend {b} quantizes every Linear of the decoder blocks and keeps lm_head, its own selection: "
+                "remove targets, ignore and overrides from the recipe, or use backend: llmcompressor"
+            )
+        return self
 
     @field_validator("targets")
     @classmethod

@@ -164,3 +164,66 @@ def test_a_gptqmodel_checkpoint_is_gated_against_its_source(tmp_path, small_suit
     kl = next(r for r in v.rules if r.rule == "agreement kl").evidence
     ppl = next(r for r in v.rules if r.rule == "core_prose perplexity").evidence
     assert kl.value > 0 and ppl.ratio != 1.0  # 4-bit weights: the candidate is not its source
+
+
+# --- producing GPTQModel's format: `backend: gptqmodel` ----------------------------------------------------------
+
+
+def _recipe(tmp_path: Path, source: Path, body: str) -> Path:
+    r = tmp_path / "r.yaml"
+    r.write_text(
+        f"model: {source}\nbackend: gptqmodel\n{body}\n"
+        "calibration: {source: builtin:jargon, samples: 8, seq_len: 64}\n"
+        f"output: {tmp_path / 'out'}\n"
+    )
+    return r
+
+
+@pytest.mark.parametrize(
+    "body,why",
+    [
+        ("method: awq\nscheme: W4A16\ngroup_size: 64", "does not run method awq"),
+        ("method: gptq\nscheme: W8A8", "does not run method gptq with scheme W8A8"),
+        ("method: gptq\nscheme: W4A16\nignore: [lm_head, 're:.*down_proj']", "remove targets, ignore and overrides"),
+    ],
+)
+def test_what_gptqmodel_does_not_run_is_exit_2_before_any_load(tmp_path, capsys, body, why):
+    code = main(["run", str(_recipe(tmp_path, tmp_path / "nowhere", body))])
+    err = capsys.readouterr().err
+    assert code == 2 and why in err and "backend: llmcompressor" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(HAVE_GPTQ, reason="the GPTQ packages are installed here")
+def test_backend_gptqmodel_without_its_packages_is_exit_2(tmp_path, capsys, tiny_model):
+    code = main(["run", str(_recipe(tmp_path, tiny_model, "method: gptq\nscheme: W4A16\ngroup_size: 64"))])
+    err = capsys.readouterr().err
+    assert code == 2 and "make gptq-env" in err and not (tmp_path / "out").exists()
+
+
+@gptq
+def test_backend_gptqmodel_writes_gptq_with_our_records_and_gates(tmp_path, small_suite, capsys):
+    """GPTQModel's GPTQ through a recipe: its native format, quantize.json with true bits read back from the
+    stored tensors, a model card, and a checkpoint that scores and gates like any other."""
+    from quantize import records
+    from quantize.records import RunRecord, Verdict, parse
+
+    from conftest import make_tiny_llama
+
+    source = make_tiny_llama(tmp_path / "source", seed=0, vocab_size=512)
+    recipe = _recipe(tmp_path, source, "method: gptq\nscheme: W4A16\ngroup_size: 64\nsymmetric: false")
+    assert main(["run", str(recipe)]) == 0
+    out = tmp_path / "out"
+    meta = records.read(RunRecord, out / "quantize.json")
+    assert meta.engine.backend == "gptqmodel" and meta.bits.format == "gptq"
+    assert meta.bits.quantized_linear_parameters == 245_760
+    assert meta.bits.quantized_linear_bits_per_weight == pytest.approx(4.5625)  # 4 + fp16 scale, 4-bit zero, g_idx
+    assert "gptqmodel" in (out / "README.md").read_text() and all(c.finite for c in meta.finite_checks)
+    capsys.readouterr()
+    policy = tmp_path / "gate.yaml"
+    policy.write_text(
+        f"suite: {small_suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n"
+        "  - {agreement: kl, max: 0.5}\n"
+    )
+    code = main(["gate", str(policy), "--baseline", str(source), "--candidate", str(out), "--json"])
+    v = parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    assert code == v.exit_code and next(r for r in v.rules if r.rule == "agreement kl").evidence.value > 0
