@@ -118,32 +118,26 @@ def _oneshot(model: Any, tok: Any, recipe: Recipe, modifiers: Any, calib: Calibr
             raise RuntimeFailure(f"llm-compressor failed: {type(e).__name__}: {e}") from e
 
 
-def _gptqmodel(model_dir: Path, recipe: Recipe, plan: LayerPlan, dtype: Any, calib: CalibrationSet) -> Any:
+def _gptqmodel(model_dir: Path, recipe: Recipe, dtype: Any, calib: CalibrationSet) -> Any:
     """GPTQModel's own GPTQ (Frantar et al. 2023) on our calibration tokens: bits from the scheme, `group_size`
     (per channel: -1), `symmetric` -> sym, `act_order` -> desc_act (GPTQModel stores g_idx), `dampening_frac`
-    -> damp_percent; layers whose input features the group does not divide get the plan's smaller group
-    through GPTQModel's per-module `dynamic` overrides. Returns GPTQModel's model wrapper, quantized."""
-    import re
-
+    -> damp_percent. The group divides every layer (checked in `_convert`). Returns GPTQModel's model wrapper,
+    quantized."""
+    # GPTQModel 7.6 sizes its CPU thread pools from this and stops with "requests 2 workers but parent 'cpu'
+    # only has 1" on a 2-core machine without it
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, os.cpu_count() or 2)))
     from gptqmodel import GPTQModel, QuantizeConfig
 
     from quantize.recipe import WEIGHT_ONLY_INT
 
     assert recipe.scheme_or_none is not None and calib is not None
     group = recipe.weight_group or -1
-    dynamic = {
-        f"+:^{re.escape(name)}$": {"group_size": g}
-        for g, names in plan.groups.items()
-        if g is not None and g != group
-        for name in names
-    }
     qcfg = QuantizeConfig(
         bits=WEIGHT_ONLY_INT[recipe.scheme_or_none],
         group_size=group,
         sym=getattr(recipe, "symmetric", True),
         desc_act=getattr(recipe, "act_order", False),
         damp_percent=getattr(recipe, "dampening_frac", 0.01),
-        dynamic=dynamic or None,
     )
     model = GPTQModel.load(str(model_dir), qcfg, **({"dtype": dtype} if dtype is not None else {}))
     ids = calib.input_ids.tolist()
@@ -177,6 +171,17 @@ def _convert(
             else LayerPlan()
         )
         modifiers = [] if gptqmodel else compile_modifiers(recipe, plan)
+        if gptqmodel and (len(plan.groups) > 1 or plan.kept):
+            odd = sorted(
+                {n for g, names in plan.groups.items() if g != recipe.weight_group for n in names} | set(plan.kept)
+            )
+            raise UsageError(
+                f"backend: gptqmodel with group_size {recipe.weight_group}: {len(odd)} layer(s) (e.g. {odd[0]}) have "
+                "input features the group does not divide, and GPTQModel writes their other group size as a per-module "
+                "`dynamic` override, which transformers cannot load (GPTQModel warns so; measured: the reload fails). "
+                "Choose a group_size that divides every layer's input features (64 for SmolLM2's 576), or use "
+                "backend: llmcompressor"
+            )
     with phases("load"):
         work_dtype = calibration_dtype(recipe)
         torch_dtype = None if work_dtype == "auto" else getattr(torch, work_dtype)
@@ -198,7 +203,7 @@ def _convert(
     with phases("quantize"):
         if gptqmodel:
             assert calib is not None, "GPTQ needs calibration data (the recipe schema requires it)"
-            model = _gptqmodel(model_dir, recipe, plan, torch_dtype, calib)
+            model = _gptqmodel(model_dir, recipe, torch_dtype, calib)
         else:
             model = _oneshot(model, tok, recipe, modifiers, calib)
     probe = (

@@ -227,3 +227,18 @@ def test_backend_gptqmodel_writes_gptq_with_our_records_and_gates(tmp_path, smal
     code = main(["gate", str(policy), "--baseline", str(source), "--candidate", str(out), "--json"])
     v = parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
     assert code == v.exit_code and next(r for r in v.rules if r.rule == "agreement kl").evidence.value > 0
+
+
+@gptq
+def test_a_group_that_does_not_divide_every_layer_is_exit_2_before_calibration(tmp_path, capsys):
+    """GPTQModel would write those layers' smaller group as a `dynamic` override that transformers cannot load
+    (measured: the reload check failed after the whole calibration); refused from the layer plan instead."""
+    from conftest import make_tiny_llama
+
+    source = make_tiny_llama(
+        tmp_path / "src", seed=0, vocab_size=512, hidden_size=96, intermediate_size=192,
+        num_attention_heads=3, num_key_value_heads=1, head_dim=32,
+    )  # fmt: skip
+    code = main(["run", str(_recipe(tmp_path, source, "method: gptq\nscheme: W4A16\ngroup_size: 64"))])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not divide" in err and "dynamic" in err and not (tmp_path / "out").exists()

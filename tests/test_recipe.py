@@ -195,7 +195,7 @@ def test_every_shipped_recipe_is_valid():
 
     recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
     searches = [p for p in recipes if p.stem.startswith("search-")]
-    assert len(recipes) == 6 and len(searches) == 1
+    assert len(recipes) == 7 and len(searches) == 1
     for p in recipes:
         if p in searches:
             spec, _ = load_search(p)
