@@ -134,6 +134,19 @@ def small_suite(tmp_path, monkeypatch):
     return suite
 
 
+def _gate(tmp_path: Path, suite: Path, baseline: Path, candidate: Path, capsys):
+    """`quantize gate` with loose limits (a 4-bit tiny model is far from its source): exit code and verdict."""
+    from quantize.records import Verdict, parse
+
+    policy = tmp_path / "gate.yaml"
+    policy.write_text(
+        f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n"
+        "  - {task: core_prose, metric: perplexity, max_ratio: 2.0}\n  - {agreement: kl, max: 0.5}\n"
+    )
+    code = main(["gate", str(policy), "--baseline", str(baseline), "--candidate", str(candidate), "--json"])
+    return code, parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+
+
 @gptq
 def test_both_layouts_score_the_same(tmp_path, small_suite, capsys):
     from quantize.records import ScoreDoc, parse
@@ -148,18 +161,11 @@ def test_both_layouts_score_the_same(tmp_path, small_suite, capsys):
 
 @gptq
 def test_a_gptqmodel_checkpoint_is_gated_against_its_source(tmp_path, small_suite, capsys):
-    from quantize.records import Verdict, parse
 
     from conftest import make_tiny_llama
 
     source = make_tiny_llama(tmp_path / "source", seed=0, vocab_size=512)  # what the fixture was quantized from
-    policy = tmp_path / "gate.yaml"
-    policy.write_text(
-        f"suite: {small_suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n"
-        "  - {task: core_prose, metric: perplexity, max_ratio: 2.0}\n  - {agreement: kl, max: 0.5}\n"
-    )
-    code = main(["gate", str(policy), "--baseline", str(source), "--candidate", str(FIXTURE), "--json"])
-    v = parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    code, v = _gate(tmp_path, small_suite, source, FIXTURE, capsys)
     assert code == v.exit_code and v.provenance.candidate.checkpoint.identity_sha256 == identity_sha256(FIXTURE)
     kl = next(r for r in v.rules if r.rule == "agreement kl").evidence
     ppl = next(r for r in v.rules if r.rule == "core_prose perplexity").evidence
@@ -205,7 +211,7 @@ def test_backend_gptqmodel_writes_gptq_with_our_records_and_gates(tmp_path, smal
     """GPTQModel's GPTQ through a recipe: its native format, quantize.json with true bits read back from the
     stored tensors, a model card, and a checkpoint that scores and gates like any other."""
     from quantize import records
-    from quantize.records import RunRecord, Verdict, parse
+    from quantize.records import RunRecord
 
     from conftest import make_tiny_llama
 
@@ -219,13 +225,7 @@ def test_backend_gptqmodel_writes_gptq_with_our_records_and_gates(tmp_path, smal
     assert meta.bits.quantized_linear_bits_per_weight == pytest.approx(4.5625)  # 4 + fp16 scale, 4-bit zero, g_idx
     assert "gptqmodel" in (out / "README.md").read_text() and all(c.finite for c in meta.finite_checks)
     capsys.readouterr()
-    policy = tmp_path / "gate.yaml"
-    policy.write_text(
-        f"suite: {small_suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n"
-        "  - {agreement: kl, max: 0.5}\n"
-    )
-    code = main(["gate", str(policy), "--baseline", str(source), "--candidate", str(out), "--json"])
-    v = parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    code, v = _gate(tmp_path, small_suite, source, out, capsys)
     assert code == v.exit_code and next(r for r in v.rules if r.rule == "agreement kl").evidence.value > 0
 
 
