@@ -296,17 +296,28 @@ def checkpoint_folders(given: list[str]) -> list[Path]:
 def cmd_agree(args: argparse.Namespace) -> int:
     """Token-distribution agreement of each candidate with the baseline: a minute or two per checkpoint
     on a CPU, where accuracy scores take a quarter of an hour. Cached, so the report and the gate reuse it."""
-    from quantize.checkpoint import check_loadable, check_model_dir
+    from quantize import cache
+    from quantize.checkpoint import check_loadable, check_model_dir, identity_sha256
     from quantize.suite import open_suite
 
     suite = open_suite(args.suite)
     baseline = Path(args.baseline)
     check_model_dir(baseline)
     check_loadable(baseline)
-    candidates = [c for c in checkpoint_folders(args.candidates) if c.resolve() != baseline.resolve()]
-    for c in candidates:
+    found = [c for c in checkpoint_folders(args.candidates) if c.resolve() != baseline.resolve()]
+    candidates, skipped = [], []
+    for c in found:
         check_model_dir(c)
-        check_loadable(c)
+        try:
+            check_loadable(c)
+        except UsageError as e:
+            # one of several (a folder of outputs): measured elsewhere (cached) or skipped, not the whole run
+            if len(found) == 1:
+                raise
+            if cache.lookup_agreement(suite, identity_sha256(baseline), identity_sha256(c)) is None:
+                skipped.append(f"{c}: not measured here: {e}")
+                continue
+        candidates.append(c)
     from quantize.evaluate.agreement import agreement_scores
     from quantize.runtime import quiet_libraries
 
@@ -325,6 +336,8 @@ def cmd_agree(args: argparse.Namespace) -> int:
                 a.positions,
             ]
         )
+    for line in skipped:
+        print(line, file=sys.stderr)
     if args.json:
         _print_json([{"checkpoint": str(c), "agreement": a.model_dump()} for c, a in results])
         return EXIT_OK

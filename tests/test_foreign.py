@@ -242,3 +242,20 @@ def test_a_group_that_does_not_divide_every_layer_is_exit_2_before_calibration(t
     code = main(["run", str(_recipe(tmp_path, source, "method: gptq\nscheme: W4A16\ngroup_size: 64"))])
     err = capsys.readouterr().err
     assert code == 2 and "does not divide" in err and "dynamic" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(HAVE_GPTQ, reason="the GPTQ loader packages are installed here")
+def test_agree_over_a_folder_skips_a_checkpoint_it_cannot_load(tmp_path, capsys, tiny_model, monkeypatch):
+    """`make demo` runs `agree` over outputs/: a GPTQModel output there (made in .venv-gptq) is named and skipped,
+    not the end of the run; asked for alone, it is exit 2 as before."""
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
+    outs = tmp_path / "outputs"
+    outs.mkdir()
+    shutil.copytree(FIXTURE, outs / "gptqmodel-tiny")
+    shutil.copytree(tiny_model, outs / "same")
+    code = main(["agree", "evaluate/core.yaml", str(outs), "--baseline", str(tiny_model), "--json"])
+    out = capsys.readouterr()
+    assert code == 0 and [r["checkpoint"] for r in json.loads(out.out)] == [str(outs / "same")]
+    assert "gptqmodel-tiny: not measured here" in out.err and "make gptq-env" in out.err
+    code = main(["agree", "evaluate/core.yaml", str(outs / "gptqmodel-tiny"), "--baseline", str(tiny_model)])
+    assert code == 2 and "make gptq-env" in capsys.readouterr().err
