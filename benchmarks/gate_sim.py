@@ -171,6 +171,9 @@ def main() -> int:
     ap.add_argument("--ppl-iters", type=int, default=2000, help="bootstrap resamples per perplexity test (gate: 2000)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
+    ap.add_argument(
+        "--tasks", nargs="*", help="simulate only the rules on these tasks (each rule's sims are seeded alike)"
+    )
     args = ap.parse_args()
     policy = load_policy(args.policy)
     seq = policy.sequential or Sequential()
@@ -189,6 +192,8 @@ def main() -> int:
         "rules": {},
     }
     for i, rule in enumerate(policy.rules):
+        if args.tasks and getattr(rule, "task", None) not in args.tasks:
+            continue
         if isinstance(rule, AccuracyRule):
             bi, ci = base.tasks[rule.task].items, cand.tasks[rule.task].items
             res = accuracy_sims(rule, bi, ci, seq, policy.alpha, policy.power, args.sims, args.seed)
