@@ -204,6 +204,7 @@ def _convert(
         if gptqmodel:
             assert calib is not None, "GPTQ needs calibration data (the recipe schema requires it)"
             model = _gptqmodel(model_dir, recipe, torch_dtype, calib)
+            modifiers = [model.quantize_config]  # what ran, recorded like llm-compressor's modifiers
         else:
             model = _oneshot(model, tok, recipe, modifiers, calib)
     probe = (
@@ -242,13 +243,7 @@ def _convert(
             layer_plan=plan.record(),
             engine=EngineRecord(
                 backend=recipe.backend.value,
-                modifiers=(
-                    [repr(model.quantize_config)]
-                    if gptqmodel
-                    else modifiers
-                    if isinstance(modifiers, str)
-                    else [repr(m) for m in modifiers]
-                ),
+                modifiers=modifiers if isinstance(modifiers, str) else [repr(m) for m in modifiers],
                 calibration_dtype=work_dtype,
                 saved_dtype=save_dtype,
             ),

@@ -113,6 +113,25 @@ def prose(i: int, n: int = 160) -> str:
     return " ".join(w + ("." if k % 12 == 11 else "") for k, w in enumerate(words))
 
 
+def small_golden(base: Path, sizes=None) -> Path:
+    """A small golden/core set at base/golden/v1, built from the test sources (make_sources); default sizes
+    24 facts, 12 cloze, 6 analogy, 9 key-value, 4 documents, 3 smoke ids."""
+    from quantize.golden.build import Sizes, build_core
+
+    golden = base / "golden" / "v1"
+    sizes = sizes or Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3)
+    build_core(make_sources(base / "src"), golden, seed=3, sizes=sizes)
+    return golden
+
+
+def suite_file(path: Path, golden: Path, batch_size: int = 4, per_task: int = 3, extra: str = "") -> Path:
+    """A suite on `golden` written to `path`: agreement on `per_task` items per task, top-5."""
+    path.write_text(
+        f"golden: {golden}\nbatch_size: {batch_size}\nagreement: {{per_task: {per_task}, top_k: 5}}\n{extra}"
+    )
+    return path
+
+
 def make_sources(root: Path) -> Path:
     x = root / "x"
     files = {}

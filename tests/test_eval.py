@@ -14,11 +14,11 @@ import pytest
 from quantize import cache, records
 from quantize.cli import main
 from quantize.evaluate.score import score
-from quantize.golden.build import Sizes, build_core
+from quantize.golden.build import Sizes
 from quantize.records import AgreementResult, ScoreDoc, Verdict
 from quantize.suite import open_suite
 
-from conftest import lm_eval_direct, make_sources
+from conftest import lm_eval_direct, small_golden, suite_file
 
 SIZES = Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3)
 
@@ -26,11 +26,9 @@ SIZES = Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3)
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, tiny_model):
     base = tmp_path_factory.mktemp("eval")
-    build_core(make_sources(base / "src"), base / "golden" / "v1", seed=3, sizes=SIZES)
-    suite = base / "suite.yaml"
-    suite.write_text(f"golden: {base / 'golden' / 'v1'}\nbatch_size: 4\nagreement: {{per_task: 3, top_k: 5}}\n")
-    suite_b2 = base / "suite-b2.yaml"
-    suite_b2.write_text(f"golden: {base / 'golden' / 'v1'}\nbatch_size: 2\nagreement: {{per_task: 3, top_k: 5}}\n")
+    golden = small_golden(base, SIZES)
+    suite = suite_file(base / "suite.yaml", golden)
+    suite_b2 = suite_file(base / "suite-b2.yaml", golden, batch_size=2)
     policy = base / "gate.yaml"
     policy.write_text(
         f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.1}}\n"

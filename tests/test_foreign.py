@@ -118,20 +118,10 @@ gptq = pytest.mark.skipif(not HAVE_GPTQ, reason="needs optimum and gptqmodel: ma
 
 @pytest.fixture
 def small_suite(tmp_path, monkeypatch):
-    from quantize.golden.build import Sizes, build_core
-
-    from conftest import make_sources
+    from conftest import small_golden, suite_file
 
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
-    build_core(
-        make_sources(tmp_path / "src"),
-        tmp_path / "golden" / "v1",
-        seed=3,
-        sizes=Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3),
-    )
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(f"golden: {tmp_path / 'golden' / 'v1'}\nbatch_size: 4\nagreement: {{per_task: 3, top_k: 5}}\n")
-    return suite
+    return suite_file(tmp_path / "suite.yaml", small_golden(tmp_path))
 
 
 def _gate(tmp_path: Path, suite: Path, baseline: Path, candidate: Path, capsys):

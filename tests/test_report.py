@@ -13,11 +13,11 @@ import yaml
 
 from quantize.cli import main
 from quantize.evaluate.score import score
-from quantize.golden.build import Sizes, build_core
+from quantize.golden.build import Sizes
 from quantize.report.render import label_positions, pareto_front, spread_labels
 from quantize.suite import open_suite
 
-from conftest import make_sources
+from conftest import small_golden, suite_file
 
 
 def test_pareto_front_higher_is_better():
@@ -49,14 +49,8 @@ def test_pareto_front_lower_is_better_and_ties():
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, tiny_model):
     base = tmp_path_factory.mktemp("report")
-    build_core(
-        make_sources(base / "src"),
-        base / "golden" / "v1",
-        seed=3,
-        sizes=Sizes(facts=20, cloze=8, analogy=6, kv=6, prose=3, smoke=2),
-    )
-    suite = base / "suite.yaml"
-    suite.write_text(f"golden: {base / 'golden' / 'v1'}\nbatch_size: 4\nagreement: {{per_task: 2, top_k: 5}}\n")
+    golden = small_golden(base, Sizes(facts=20, cloze=8, analogy=6, kv=6, prose=3, smoke=2))
+    suite = suite_file(base / "suite.yaml", golden, per_task=2)
     outs = {}
     for name, fields in {
         "w4": {"method": "rtn", "scheme": "W4A16", "group_size": 32},

@@ -17,28 +17,21 @@ if not torch.cuda.is_available():
 
 from quantize import records  # noqa: E402
 from quantize.cli import main  # noqa: E402
-from quantize.golden.build import Sizes, build_core  # noqa: E402
 from quantize.records import Verdict  # noqa: E402
 
-from conftest import make_sources  # noqa: E402
-
-SIZES = Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3)
+from conftest import small_golden, suite_file  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def golden(tmp_path_factory):
     base = tmp_path_factory.mktemp("vllm")
-    build_core(make_sources(base / "src"), base / "golden" / "v1", seed=3, sizes=SIZES)
+    small_golden(base)
     return base
 
 
 def _suite(base, backend: str):
-    p = base / f"suite-{backend}.yaml"
-    p.write_text(
-        f"golden: {base / 'golden' / 'v1'}\nbatch_size: 4\nbackend: {backend}\nagreement: {{per_task: 3, top_k: 5}}\n"
-        + ("vllm: {gpu_memory_utilization: 0.3}\n" if backend == "vllm" else "")
-    )
-    return p
+    extra = f"backend: {backend}\n" + ("vllm: {gpu_memory_utilization: 0.3}\n" if backend == "vllm" else "")
+    return suite_file(base / f"suite-{backend}.yaml", base / "golden" / "v1", extra=extra)
 
 
 @pytest.fixture(autouse=True)
