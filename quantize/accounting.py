@@ -359,6 +359,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     notes: list[str] = []
     by_role = dict.fromkeys(ROLES, 0)
     modules: dict[str, ModuleRow] = {}
+    weights: dict[str, int] = {}  # module -> parameters of its payload (a bias beside it is not a quantized weight)
     params_known = True
 
     for name, t in sorted(tensors.items()):
@@ -388,6 +389,8 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         elif role == "payload" or row.format == "?":
             row.format = t.dtype.lower()
         row.parameters += n
+        if role == "payload":
+            weights[row.module] = weights.get(row.module, 0) + n
 
     for row in modules.values():
         if "payload" in row.roles:
@@ -396,7 +399,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     total = sum(t.nbytes for t in tensors.values())
     qlin = [m for m in modules.values() if "payload" in m.roles]
     q_bytes = sum(sum(v for r, v in m.roles.items() if r in QUANT_ROLES) for m in qlin)
-    q_params = sum(m.parameters for m in qlin)
+    q_params = sum(weights.get(m.module, 0) for m in qlin)
     params = sum(m.parameters for m in modules.values()) if params_known else None
     unknown = [n for n, t in tensors.items() if role_of(n, t, names) == "other"]
     if unknown:

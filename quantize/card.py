@@ -50,7 +50,11 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
         "",
         "Full provenance is in `quantize.json`. Load with `transformers.AutoModelForCausalLM.from_pretrained` "
         + (
-            "(optimum and gptqmodel installed: GPTQModel's GPTQ format)"
+            (
+                "(gptqmodel installed: AutoAWQ's GEMM format, written by GPTQModel)"
+                if meta.method == "awq"
+                else "(optimum and gptqmodel installed: GPTQModel's GPTQ format)"
+            )
             if meta.engine.backend == "gptqmodel"
             else "(compressed-tensors installed)"
         )

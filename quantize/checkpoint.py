@@ -163,6 +163,11 @@ def side_quantization_config(path: Path) -> tuple[str, dict[str, Any]] | None:
                               AwqConfig's {"bits", "group_size", "zero_point", "version"}"""
     if read_config(path).get("quantization_config"):
         return None
+    return _side_file(path)
+
+
+def _side_file(path: Path) -> tuple[str, dict[str, Any]] | None:
+    """side_quantization_config without looking at config.json first."""
     for name, method in SIDE_CONFIGS.items():
         if (f := Path(path) / name).is_file():
             side = read_json_object(f, "re-save the checkpoint with the tool that quantized it")
@@ -177,22 +182,26 @@ def side_quantization_config(path: Path) -> tuple[str, dict[str, Any]] | None:
 def quant_method(path: Path) -> str | None:
     """The checkpoint's quantization method (config.json's quantization_config, else a side file), lower case."""
     qc = read_config(path).get("quantization_config") or {}
-    if not qc and (side := side_quantization_config(path)) is not None:
+    if not qc and (side := _side_file(path)) is not None:
         qc = side[1]
     method = qc.get("quant_method") if isinstance(qc, dict) else None
     return str(method).lower() if method else None
+
+
+def missing_packages(names: tuple[str, ...] | list[str]) -> list[str]:
+    """Those of `names` that cannot be imported here (found without importing them)."""
+    import importlib.util
+
+    return [m for m in names if importlib.util.find_spec(m) is None]
 
 
 def check_loadable(path: Path) -> None:
     """A quantized checkpoint whose loader packages are not installed is the user's to fix (exit 2), named before
     any model loads; transformers would stop at the first missing one, so all are named at once. `inspect` needs
     none of them (it reads headers)."""
-    import importlib.util
-
     method = quant_method(path)
     need = LOADER_PACKAGES.get(method) if method else None
-    missing = [m for m in need or () if importlib.util.find_spec(m) is None]
-    if missing:
+    if missing := missing_packages(need or ()):
         side = side_quantization_config(path)
         where = f"{side[0]}, quant_method" if side else "config.json quantization_config.quant_method"
         raise UsageError(

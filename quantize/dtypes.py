@@ -1,4 +1,5 @@
-"""Which dtype to calibrate in, and casting a float32-calibrated checkpoint back to the source dtype."""
+"""Which dtype to calibrate in (chosen from what the machine does well), and casting a float32-calibrated
+checkpoint back to the source dtype."""
 
 from __future__ import annotations
 
@@ -12,13 +13,63 @@ from quantize.recipe import Recipe
 KEEP_FP32 = (".weight_global_scale", ".input_global_scale")
 
 
-def calibration_dtype(recipe: Recipe) -> str:
-    """float32 on a CPU (bf16 matmuls ran about 6x slower on the CPU this was measured on, and fp32
-    keeps AWQ's grid search finite); the checkpoint's own dtype ("auto") on an accelerator, unless
-    the recipe says."""
+def bf16_speedup(tokens: int = 512, d_in: int = 576, d_out: int = 1536, repeats: int = 20) -> float:
+    """How much faster this CPU multiplies in bfloat16 than in float32: t_fp32 / t_bf16, each the best of three
+    runs of `repeats` products X W^T with X (tokens, d_in) and W (d_out, d_in) (a 135M model's MLP shape;
+    about 0.2 s). Above 1 on CPUs with AVX512-BF16 or AMX (measured 6.3 on a 2-core Xeon with AMX), below on
+    CPUs without (about 1/6 where the float32 default was chosen)."""
+    import time
+
+    import torch
+
+    def best(dtype: torch.dtype) -> float:
+        x, w = torch.randn(tokens, d_in, dtype=dtype), torch.randn(d_out, d_in, dtype=dtype)
+        torch.nn.functional.linear(x, w)  # warm-up: kernel selection
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            for _ in range(repeats):
+                torch.nn.functional.linear(x, w)
+            times.append(time.perf_counter() - t)
+        return min(times)
+
+    return best(torch.float32) / best(torch.bfloat16)
+
+
+# bf16 is chosen on a CPU only when it is clearly faster: the probe is a timing on a shared machine
+BF16_FAST = 1.5
+
+
+def calibration_dtype(recipe: Recipe, model_dir: Path) -> tuple[str, str]:
+    """The dtype to calibrate in ("auto": the checkpoint's own) and why.
+
+    The recipe's `dtype` wins. On an accelerator: the checkpoint's own dtype. On a CPU, for a bf16 checkpoint:
+    its own dtype where bf16 matmuls run at least BF16_FAST× faster than float32 (`bf16_speedup`, measured at
+    the start of each run), as plain llm-compressor would calibrate; float32 elsewhere (the float scales are
+    then cast back to bf16 after the integers are chosen). AWQ calibrates in float32 on a CPU whatever the
+    probe says: its grid search over bf16 activations has produced non-finite losses. GPTQModel's AWQ packs only
+    from float16 or bfloat16 weights (its AwqTorchLinear refuses float32): the checkpoint's own half dtype, else
+    bfloat16."""
+    from quantize.recipe import Backend, Method
+
     if recipe.dtype:
-        return recipe.dtype
-    return "auto" if device() != "cpu" else "float32"
+        return recipe.dtype, "the recipe's dtype"
+    if recipe.backend is Backend.gptqmodel and recipe.method is Method.awq:
+        half = source_dtype(model_dir) in ("float16", "bfloat16")
+        return ("auto" if half else "bfloat16"), "GPTQModel's AWQ packs from float16/bfloat16 weights only"
+    if device() != "cpu":
+        return "auto", "the checkpoint's dtype on an accelerator"
+    src = source_dtype(model_dir)
+    if src == "float32":
+        return "auto", "the checkpoint is float32"
+    if recipe.method is Method.awq:
+        return "float32", "AWQ on a CPU (its grid search keeps finite losses in float32)"
+    if src != "bfloat16":
+        return "float32", f"a {src} checkpoint on a CPU (no fast {src} kernels assumed)"
+    speedup = bf16_speedup()
+    if speedup >= BF16_FAST:
+        return "auto", f"bf16 matmuls {speedup:.1f}x faster than float32 on this CPU (measured)"
+    return "float32", f"bf16 matmuls {speedup:.2f}x the speed of float32 on this CPU (measured; < {BF16_FAST})"
 
 
 def source_dtype(model_dir: Path) -> str:

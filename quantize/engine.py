@@ -18,12 +18,12 @@ from typing import Any
 from quantize import accounting, records
 from quantize.calibration import CalibrationSet, build_calibration, source_path
 from quantize.card import model_card
-from quantize.checkpoint import weights_sha256
+from quantize.checkpoint import missing_packages, weights_sha256
 from quantize.checks import check_finite, reload_check
 from quantize.dtypes import calibration_dtype, cast_saved_floats, source_dtype
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.io import atomic_dir, sha256_json
-from quantize.models import DEFAULT_MODEL_HUB_ID, load_model, recorded_weights_sha256, resolve_model
+from quantize.models import DEFAULT_MODEL_HUB_ID, device, load_model, recorded_weights_sha256, resolve_model
 from quantize.modifiers import compile_modifiers
 from quantize.plan import LayerPlan, meta_model, plan_layers
 from quantize.provenance import Phases, library_versions, memory_record
@@ -46,10 +46,8 @@ def output_dir(recipe: Recipe, override: str | None) -> Path:
 def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
     """Everything that can be checked before torch is imported or a model is loaded: the backend's packages,
     the model folder, the calibration source, and the whole output path."""
-    import importlib.util
-
     need = BACKEND_PACKAGES.get(recipe.backend.value, ())
-    if missing := [m for m in need if importlib.util.find_spec(m) is None]:
+    if missing := missing_packages(need):
         raise UsageError(
             f"backend: {recipe.backend.value} needs {' and '.join(need)}, and {', '.join(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not installed here; they cannot join quantize's core "
@@ -119,30 +117,40 @@ def _oneshot(model: Any, tok: Any, recipe: Recipe, modifiers: Any, calib: Calibr
 
 
 def _gptqmodel(model_dir: Path, recipe: Recipe, dtype: Any, calib: CalibrationSet) -> Any:
-    """GPTQModel's own GPTQ (Frantar et al. 2023) on our calibration tokens: bits from the scheme, `group_size`
-    (per channel: -1), `symmetric` -> sym, `act_order` -> desc_act (GPTQModel stores g_idx), `dampening_frac`
-    -> damp_percent. The group divides every layer (checked in `_convert`). Returns GPTQModel's model wrapper,
-    quantized."""
+    """GPTQModel's own GPTQ (Frantar et al. 2023) or AWQ (Lin et al. 2024) on our calibration tokens: bits from the
+    scheme, `group_size` (per channel: -1), `symmetric` -> sym (AWQ: zero_point = not sym); GPTQ's `act_order` ->
+    desc_act (GPTQModel stores g_idx) and `dampening_frac` -> damp_percent; AWQ in AutoAWQ's GEMM layout, through
+    GPTQModel's torch kernel on a CPU (its default kernel asks for CUDA). The group divides every layer (checked in
+    `_convert`). Returns GPTQModel's model wrapper, quantized."""
     # GPTQModel 7.6 sizes its CPU thread pools from this and stops with "requests 2 workers but parent 'cpu'
     # only has 1" on a 2-core machine without it
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, os.cpu_count() or 2)))
     from gptqmodel import GPTQModel, QuantizeConfig
+    from gptqmodel.quantization import FORMAT, METHOD
+    from gptqmodel.utils.backend import BACKEND
 
     from quantize.recipe import WEIGHT_ONLY_INT
 
     assert recipe.scheme_or_none is not None and calib is not None
-    group = recipe.weight_group or -1
-    qcfg = QuantizeConfig(
+    common = dict(
         bits=WEIGHT_ONLY_INT[recipe.scheme_or_none],
-        group_size=group,
+        group_size=recipe.weight_group or -1,
         sym=getattr(recipe, "symmetric", True),
-        desc_act=getattr(recipe, "act_order", False),
-        damp_percent=getattr(recipe, "dampening_frac", 0.01),
     )
+    if recipe.method is Method.awq:
+        qcfg = QuantizeConfig(**common, desc_act=False, quant_method=METHOD.AWQ, format=FORMAT.GEMM)
+        backend = BACKEND.AWQ_TORCH if device() == "cpu" else BACKEND.AUTO
+    else:
+        qcfg = QuantizeConfig(
+            **common,
+            desc_act=getattr(recipe, "act_order", False),
+            damp_percent=getattr(recipe, "dampening_frac", 0.01),
+        )
+        backend = BACKEND.AUTO
     model = GPTQModel.load(str(model_dir), qcfg, **({"dtype": dtype} if dtype is not None else {}))
     ids = calib.input_ids.tolist()
     with cpu_safe_calibration():
-        model.quantize([{"input_ids": r, "attention_mask": [1] * len(r)} for r in ids], batch_size=1)
+        model.quantize([{"input_ids": r, "attention_mask": [1] * len(r)} for r in ids], batch_size=1, backend=backend)
     return model
 
 
@@ -183,7 +191,7 @@ def _convert(
                 "backend: llmcompressor"
             )
     with phases("load"):
-        work_dtype = calibration_dtype(recipe)
+        work_dtype, dtype_reason = calibration_dtype(recipe, model_dir)
         torch_dtype = None if work_dtype == "auto" else getattr(torch, work_dtype)
         if gptqmodel:  # GPTQModel loads the model itself, at quantize time
             from transformers import AutoTokenizer
@@ -246,6 +254,7 @@ def _convert(
                 modifiers=modifiers if isinstance(modifiers, str) else [repr(m) for m in modifiers],
                 calibration_dtype=work_dtype,
                 saved_dtype=save_dtype,
+                calibration_dtype_reason=dtype_reason,
             ),
             versions=library_versions(),
             time_seconds=dict(phases.seconds, total=phases.total()),

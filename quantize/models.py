@@ -127,8 +127,11 @@ def device(requested: str = "auto") -> str:
 def check_loading_info(path: Path, info: dict[str, Any]) -> None:
     """Strict loading: a weight the model expects and the checkpoint lacks would be randomly
     initialised, and a stored tensor the model does not expect is ignored; either means the weights
-    do not match config.json (typically a quantized checkpoint whose quantization_config is missing)."""
+    do not match config.json (typically a quantized checkpoint whose quantization_config is missing). One
+    exception: a stored bias the model has no place for that is all zeros (AutoGPTQ writes one for every
+    quantized linear) changes nothing, x W^T + 0, and is let go."""
     missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
+    unexpected = [k for k in unexpected if not (k.endswith(".bias") and _stored_zero(path, k))]
     mismatched = [str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys") or []]
     if not (missing or unexpected or mismatched):
         return
@@ -144,6 +147,19 @@ def check_loading_info(path: Path, info: dict[str, Any]) -> None:
         "be partly random. If the checkpoint is quantized, its config.json needs the quantization_config of the "
         "tool that wrote it."
     )
+
+
+def _stored_zero(path: Path, name: str) -> bool:
+    """Whether the checkpoint stores tensor `name` and every element of it is zero."""
+    from safetensors import safe_open
+
+    from quantize.checkpoint import safetensors_files
+
+    for f in safetensors_files(path):
+        with safe_open(str(f), "pt") as st:
+            if name in st.keys():  # noqa: SIM118 - safe_open has keys(), not membership
+                return not st.get_tensor(name).any().item()
+    return False
 
 
 def load_model(

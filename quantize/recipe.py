@@ -56,8 +56,11 @@ class Backend(str, Enum):
 
 
 # What a backend other than llm-compressor runs (method -> schemes), and the packages it needs installed. GPTQModel
-# runs its own GPTQ and writes its native GPTQ format (loaded by transformers through optimum and gptqmodel).
-BACKEND_SCHEMES = {"gptqmodel": {"gptq": {"W4A16", "W3A16", "W8A16"}}}
+# runs its own GPTQ and AWQ and writes their native formats: GPTQ (loaded by transformers through optimum and
+# gptqmodel) and AutoAWQ's GEMM layout (through gptqmodel), 4-bit only for AWQ (the GEMM packing's width).
+BACKEND_SCHEMES = {"gptqmodel": {"gptq": {"W4A16", "W3A16", "W8A16"}, "awq": {"W4A16"}}}
+# GPTQModel's AWQ searches a fixed grid of 20 points per scale (its awq_processor's n_grid)
+GPTQMODEL_AWQ_GRID = 20
 BACKEND_PACKAGES = {"gptqmodel": ("gptqmodel", "optimum")}
 
 
@@ -126,6 +129,17 @@ class _Recipe(BaseModel):
                 f"backend {b} does not run method {self.method.value}"
                 + (f" with scheme {scheme}" if scheme else "")
                 + f"; it runs {offered}. Use backend: llmcompressor for this method and scheme"
+            )
+        if b == "gptqmodel" and getattr(self, "awq_grid", GPTQMODEL_AWQ_GRID) != GPTQMODEL_AWQ_GRID:
+            raise ValueError(
+                f"backend gptqmodel searches AWQ's scales on a fixed grid of {GPTQMODEL_AWQ_GRID} points, so awq_grid "
+                f"{self.awq_grid} cannot be honoured: remove awq_grid, or use backend: llmcompressor"
+            )
+        if b == "gptqmodel" and self.method is Method.awq and self.dtype not in (None, "float16", "bfloat16"):
+            raise ValueError(
+                f"backend gptqmodel packs AWQ weights from float16 or bfloat16 only (its AwqTorchLinear refuses "
+                f"others), so dtype {self.dtype} cannot be used: set dtype to bfloat16 or float16, remove it, or "
+                "use backend: llmcompressor"
             )
         if self.targets != ["Linear"] or self.ignore != ["lm_head"] or getattr(self, "overrides", None):
             raise ValueError(

@@ -80,6 +80,7 @@ class EngineRecord(_Strict):
     modifiers: str | list[str]  # verbatim YAML, or repr() of each llm-compressor modifier
     calibration_dtype: str
     saved_dtype: str
+    calibration_dtype_reason: str = ""  # why that dtype (dtypes.calibration_dtype); empty in older records
 
 
 class MemoryRecord(_Strict):

@@ -243,3 +243,41 @@ def test_weights_hash_is_hashed_once_and_follows_rewrites(tmp_path, monkeypatch)
     assert reads.count("model.safetensors") == 1  # the second call is served from the memo
     f.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}       ")  # rewritten: another size and mtime
     assert models.weights_sha256(ckpt) == hashlib.sha256(b"model.safetensors" + f.read_bytes()).hexdigest() != expected
+
+
+def test_calibration_dtype_follows_what_the_cpu_does_well(tmp_path, monkeypatch):
+    """A bf16 checkpoint on a CPU calibrates in bf16 where the probe measures bf16 matmuls clearly faster (as plain
+    llm-compressor would), in float32 where they are slower; AWQ stays float32 without asking the probe; an
+    accelerator and the recipe's own dtype win over the probe."""
+    from quantize import dtypes
+
+    (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
+    speed = {"x": 6.0}
+    probes = []
+    monkeypatch.setattr(dtypes, "bf16_speedup", lambda: probes.append(1) or speed["x"])
+    monkeypatch.setattr(dtypes, "device", lambda: "cpu")
+
+    def choice(method: str = "gptq-w4", **fields) -> str:
+        recipe = parse_recipe({"name": "r", "model": str(tmp_path), "output": "o", **METHODS[method], **fields})
+        return dtypes.calibration_dtype(recipe, tmp_path)[0]
+
+    assert choice() == "auto"
+    speed["x"] = 0.17
+    assert choice() == "float32"
+    speed["x"] = dtypes.BF16_FAST - 0.01
+    assert choice() == "float32"
+    n = len(probes)
+    assert choice("awq-w4") == "float32" and len(probes) == n
+    assert choice(dtype="bfloat16") == "bfloat16" and len(probes) == n
+    (tmp_path / "config.json").write_text('{"torch_dtype": "float32"}')
+    assert choice() == "auto" and len(probes) == n
+    monkeypatch.setattr(dtypes, "device", lambda: "cuda")
+    (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
+    assert choice() == "auto" and len(probes) == n
+
+
+def test_bf16_probe_is_a_ratio_of_two_timings():
+    from quantize.dtypes import bf16_speedup
+
+    r = bf16_speedup(tokens=16, d_in=32, d_out=32, repeats=2)
+    assert 0.01 < r < 100

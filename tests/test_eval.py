@@ -331,3 +331,27 @@ def test_sequential_gate_a_a_on_a_tiny_model(setup, tiny_model, tmp_path, capsys
     # score rules carry the look that decided them; agreement is measured once, before the first look
     assert [r.look is not None for r in v.rules] == [True, True, False]
     assert v.sequential.items_total["core_facts"] == 24 and 0 < v.sequential.items_scored["core_facts"] <= 24
+
+
+@pytest.mark.parametrize("value", [0.0, 0.5])
+def test_a_stored_bias_the_model_lacks_is_let_go_only_when_zero(tiny_model, tmp_path, value):
+    """AutoGPTQ writes a zero bias for every quantized linear of a bias-free model: x W^T + 0 is x W^T, so the
+    strict load lets it go; any other stored tensor the model has no place for is still refused."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from quantize.errors import UsageError
+    from quantize.models import load_model
+
+    ckpt = tmp_path / "biased"
+    shutil.copytree(tiny_model, ckpt)
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    tensors["model.layers.0.mlp.down_proj.bias"] = torch.full((128,), value, dtype=torch.bfloat16)
+    save_file(tensors, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+    if value == 0.0:
+        load_model(ckpt)
+    else:
+        with pytest.raises(UsageError, match=r"not part of the model \(e.g. model.layers.0.mlp.down_proj.bias"):
+            load_model(ckpt)

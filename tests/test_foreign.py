@@ -1,6 +1,8 @@
-"""Checkpoints other tools wrote: GPTQModel's GPTQ output (tests/data/gptqmodel-tiny, made by
-tests/data/make_gptqmodel_fixture.py) and the pre-integration layout AutoGPTQ writes (the bit width only in
-quantize_config.json, the weights under a legacy file name), derived from it here.
+"""Checkpoints other tools wrote: GPTQModel's GPTQ and AWQ (GEMM) output (tests/data/gptqmodel-tiny and
+gptqmodel-awq-tiny, made by tests/data/make_gptqmodel_fixture.py), AutoGPTQ 0.7.1's output (tests/data/autogptq-tiny,
+made by tests/data/make_autogptq_fixture.py: legacy file name, an untied lm_head copy, zero biases), and the
+pre-integration layout (the bit width only in quantize_config.json), derived from GPTQModel's here. All four were
+quantized from the same tiny seeded model, which the gate tests rebuild as their baseline.
 
 Without the GPTQ loader packages (the core environment): exact bytes from the headers, an exit-2 message naming
 what to install, the view transformers loads a legacy layout through. With them (`make test-gptq` runs these in
@@ -19,7 +21,16 @@ import pytest
 from quantize.checkpoint import identity_sha256, loadable_view, side_quantization_config
 from quantize.cli import main
 
-FIXTURE = Path(__file__).parent / "data" / "gptqmodel-tiny"
+DATA = Path(__file__).parent / "data"
+FIXTURE = DATA / "gptqmodel-tiny"
+AWQ = DATA / "gptqmodel-awq-tiny"
+AUTOGPTQ = DATA / "autogptq-tiny"
+# fixture -> (format inspect names, the weight file, the tensors of a quantized linear)
+FOREIGN = {
+    FIXTURE: ("gptq", "model.safetensors", ("qweight", "qzeros", "scales", "g_idx")),
+    AWQ: ("awq", "model.safetensors", ("qweight", "qzeros", "scales")),
+    AUTOGPTQ: ("gptq", "gptq_model-4bit-64g.safetensors", ("qweight", "qzeros", "scales", "g_idx")),
+}
 HAVE_GPTQ = all(importlib.util.find_spec(m) for m in ("gptqmodel", "optimum"))
 
 
@@ -35,26 +46,42 @@ def legacy(tmp_path: Path) -> Path:
     return out
 
 
-def test_inspect_counts_gptqmodel_bytes_exactly(capsys):
+@pytest.mark.parametrize("ckpt", list(FOREIGN), ids=lambda p: p.name)
+def test_inspect_counts_foreign_bytes_exactly(capsys, ckpt):
     """Against the safetensors library's own reading of the same file: every tensor's bytes, and the quantized
-    linears' bits per weight over their unpacked parameters (qweight int32 (in/8, out): 8 weights a word)."""
+    linears' bits per weight over their unpacked weights (GPTQ qweight int32 (in/8, out), AWQ's GEMM qweight
+    (in, out/8): 8 weights a word either way; AutoGPTQ's zero biases are no quantized weight)."""
     from safetensors import safe_open
 
-    assert main(["inspect", str(FIXTURE), "--json"]) == 0
+    fmt, weights, quant_tensors = FOREIGN[ckpt]
+    assert main(["inspect", str(ckpt), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     total = quant_bytes = quant_params = 0
-    with safe_open(FIXTURE / "model.safetensors", "pt") as f:
+    with safe_open(ckpt / weights, "pt") as f:
         for name in f.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
             t = f.get_tensor(name)
             nbytes = t.numel() * t.element_size()
             total += nbytes
-            if name.rsplit(".", 1)[-1] in ("qweight", "qzeros", "scales", "g_idx"):
+            if name.rsplit(".", 1)[-1] in quant_tensors:
                 quant_bytes += nbytes
             if name.endswith(".qweight"):
                 quant_params += t.shape[0] * 8 * t.shape[1]
-    assert got["format"] == "gptq" and got["total_bytes"] == total
+    assert got["format"] == fmt and got["total_bytes"] == total
     assert got["quantized_linear_parameters"] == quant_params == 245_760  # 2 layers × (q, k, v, o, gate, up, down)
     assert got["quantized_linear_bits_per_weight"] == pytest.approx(8 * quant_bytes / quant_params)
+
+
+def test_inspect_calls_out_an_untied_lm_head_copy(capsys):
+    """AutoGPTQ stores lm_head although config.json ties it to the embeddings: the copy counts in the bytes, and
+    bits per source parameter divide them by the source model's parameters (the copy's left out)."""
+    assert main(["inspect", str(AUTOGPTQ), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    head = 512 * 128  # vocab × hidden of the tiny model
+    assert got["tied_copy_parameters"] == head and got["bytes_by_role"]["lm_head"] == 2 * head  # float16
+    assert got["bits_per_source_parameter"] == pytest.approx(8 * got["total_bytes"] / (got["parameters"] - head))
+    assert any("lm_head is stored too" in n for n in got["notes"])
+    assert main(["inspect", str(FIXTURE), "--json"]) == 0  # GPTQModel keeps the tie: nothing to call out
+    assert json.loads(capsys.readouterr().out)["bits_per_source_parameter"] is None
 
 
 def test_inspect_reads_the_bit_width_of_a_legacy_layout(tmp_path, capsys):
@@ -65,13 +92,14 @@ def test_inspect_reads_the_bit_width_of_a_legacy_layout(tmp_path, capsys):
 
 
 @pytest.mark.skipif(HAVE_GPTQ, reason="the GPTQ loader packages are installed here")
-@pytest.mark.parametrize("layout", ["integrated", "legacy"])
+@pytest.mark.parametrize("layout", ["integrated", "legacy", "autogptq", "awq"])
 def test_scoring_without_the_loader_packages_is_exit_2_naming_them(tmp_path, capsys, layout):
-    ckpt = FIXTURE if layout == "integrated" else legacy(tmp_path)
+    ckpt = {"integrated": FIXTURE, "autogptq": AUTOGPTQ, "awq": AWQ}.get(layout) or legacy(tmp_path)
     code = main(["eval", "evaluate/core.yaml", str(ckpt)])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert "optimum" in err and "gptqmodel" in err and "make gptq-env" in err
+    assert "gptqmodel" in err and "make gptq-env" in err
+    assert ("optimum" in err) == (layout != "awq")  # transformers loads AWQ through gptqmodel alone
     assert ("quantize_config.json" in err) == (layout == "legacy")
 
 
@@ -150,13 +178,13 @@ def test_both_layouts_score_the_same(tmp_path, small_suite, capsys):
 
 
 @gptq
-def test_a_gptqmodel_checkpoint_is_gated_against_its_source(tmp_path, small_suite, capsys):
-
+@pytest.mark.parametrize("ckpt", list(FOREIGN), ids=lambda p: p.name)
+def test_a_foreign_checkpoint_is_gated_against_its_source(tmp_path, small_suite, capsys, ckpt):
     from conftest import make_tiny_llama
 
-    source = make_tiny_llama(tmp_path / "source", seed=0, vocab_size=512)  # what the fixture was quantized from
-    code, v = _gate(tmp_path, small_suite, source, FIXTURE, capsys)
-    assert code == v.exit_code and v.provenance.candidate.checkpoint.identity_sha256 == identity_sha256(FIXTURE)
+    source = make_tiny_llama(tmp_path / "source", seed=0, vocab_size=512)  # what the fixtures were quantized from
+    code, v = _gate(tmp_path, small_suite, source, ckpt, capsys)
+    assert code == v.exit_code and v.provenance.candidate.checkpoint.identity_sha256 == identity_sha256(ckpt)
     kl = next(r for r in v.rules if r.rule == "agreement kl").evidence
     ppl = next(r for r in v.rules if r.rule == "core_prose perplexity").evidence
     assert kl.value > 0 and ppl.ratio != 1.0  # 4-bit weights: the candidate is not its source
@@ -178,7 +206,9 @@ def _recipe(tmp_path: Path, source: Path, body: str) -> Path:
 @pytest.mark.parametrize(
     "body,why",
     [
-        ("method: awq\nscheme: W4A16\ngroup_size: 64", "does not run method awq"),
+        ("method: awq\nscheme: W8A16\ngroup_size: 64", "does not run method awq with scheme W8A16"),
+        ("method: awq\nscheme: W4A16\ngroup_size: 64\nawq_grid: 10", "fixed grid of 20 points"),
+        ("method: awq\nscheme: W4A16\ngroup_size: 64\ndtype: float32", "dtype float32 cannot be used"),
         ("method: gptq\nscheme: W8A8", "does not run method gptq with scheme W8A8"),
         ("method: gptq\nscheme: W4A16\nignore: [lm_head, 're:.*down_proj']", "remove targets, ignore and overrides"),
     ],
@@ -187,6 +217,28 @@ def test_what_gptqmodel_does_not_run_is_exit_2_before_any_load(tmp_path, capsys,
     code = main(["run", str(_recipe(tmp_path, tmp_path / "nowhere", body))])
     err = capsys.readouterr().err
     assert code == 2 and why in err and "backend: llmcompressor" in err and "Traceback" not in err
+
+
+@gptq
+def test_backend_gptqmodel_writes_awq_in_autoawq_gemm_layout(tmp_path, capsys):
+    """GPTQModel's AWQ through a recipe, on a CPU (its default AWQ kernel asks for CUDA): AutoAWQ's GEMM layout,
+    4 + 16/64 + 4/64 bits per weight (float16 scale and 4-bit zero point per group of 64), records and card."""
+    from quantize import records
+    from quantize.records import RunRecord
+
+    from conftest import make_tiny_llama
+
+    source = make_tiny_llama(tmp_path / "source", seed=0, vocab_size=512)
+    assert (
+        main(["run", str(_recipe(tmp_path, source, "method: awq\nscheme: W4A16\ngroup_size: 64\nsymmetric: false"))])
+        == 0
+    )
+    out = tmp_path / "out"
+    meta = records.read(RunRecord, out / "quantize.json")
+    assert meta.engine.backend == "gptqmodel" and meta.bits.format == "awq"
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["zero_point"] is True
+    assert meta.bits.quantized_linear_bits_per_weight == pytest.approx(4 + 16 / 64 + 4 / 64)
+    assert "AutoAWQ's GEMM" in (out / "README.md").read_text() and all(c.finite for c in meta.finite_checks)
 
 
 @pytest.mark.skipif(HAVE_GPTQ, reason="the GPTQ packages are installed here")
