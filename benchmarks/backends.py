@@ -1,0 +1,222 @@
+"""The same conversion through every backend that runs here, side by side, on the embedded default model.
+
+GPTQ W4A16, group 64, symmetric, no act-order, dampening 0.01; AWQ W4A16, group 64, asymmetric, 20 grid points;
+all on the same calibration tokens (builtin:jargon, 32 × 256, seed 0). Group 64 because GPTQModel writes a group
+that does not divide every layer as a `dynamic` override transformers cannot load (576 % 128 != 0 here). Rows:
+
+    plain-oneshot        plain llm-compressor as a user calls it: the model loaded in its stored dtype (bf16), the
+                         same GPTQModifier and tokens, oneshot, save_pretrained(save_compressed=True): nothing else
+    run-gptq             `quantize run`, backend llmcompressor, calibration dtype chosen from the machine
+    run-gptq-fp32        the same recipe with `dtype: float32` (the CPU rule before the machine was asked)
+    run-gptqmodel-gptq   `quantize run`, backend gptqmodel (in .venv-gptq)
+    run-awq              `quantize run`, backend llmcompressor, AWQ (float32 on a CPU)
+    run-gptqmodel-awq    `quantize run`, backend gptqmodel, AWQ (bf16: its AWQ packer refuses float32)
+
+Each conversion runs alone, in its own process, one after the other (wall time and the process's peak RSS from
+wait4); then every output is measured in .venv-gptq (it loads every format): true bits per weight from the headers,
+mean KL and top-1 agreement with the baseline (`quantize agree`, golden/core/v2, top-20 + tail), and the verdict of
+`quantize gate gates/ci.yaml`. AutoAWQ is not a row: see README (its measured cost).
+
+    python benchmarks/backends.py [--rows ROW ...] [--skip-convert]
+
+Writes benchmarks/results/backends.{md,json} after every step (a stopped run keeps what it measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE, GPTQ_ENV = ROOT / ".venv" / "bin", ROOT / ".venv-gptq" / "bin"
+OUT = ROOT / "outputs" / "backends"
+RESULTS = ROOT / "benchmarks" / "results"
+CALIB = {"source": "builtin:jargon", "samples": 32, "seq_len": 256, "seed": 0}
+GPTQ = {"method": "gptq", "scheme": "W4A16", "group_size": 64, "symmetric": True, "act_order": False}
+AWQ = {"method": "awq", "scheme": "W4A16", "group_size": 64, "symmetric": False, "awq_grid": 20}
+# row -> (environment, recipe fields or None for the plain script, what it is)
+ROWS: dict[str, tuple[Path, dict | None, str]] = {
+    "plain-oneshot": (CORE, None, "GPTQ: plain llm-compressor oneshot (bf16, as stored)"),
+    "run-gptq": (CORE, {**GPTQ, "dampening_frac": 0.01}, "GPTQ: quantize run, llmcompressor"),
+    "run-gptq-fp32": (CORE, {**GPTQ, "dampening_frac": 0.01, "dtype": "float32"}, "GPTQ: quantize run, float32"),
+    "run-gptqmodel-gptq": (
+        GPTQ_ENV,
+        {**GPTQ, "dampening_frac": 0.01, "backend": "gptqmodel"},
+        "GPTQ: quantize run, gptqmodel",
+    ),
+    "run-awq": (CORE, AWQ, "AWQ: quantize run, llmcompressor"),
+    "run-gptqmodel-awq": (
+        GPTQ_ENV,
+        {k: v for k, v in AWQ.items() if k != "awq_grid"} | {"backend": "gptqmodel"},
+        "AWQ: quantize run, gptqmodel",
+    ),
+}
+
+
+def plain_oneshot(out: Path) -> None:
+    """What a user of llm-compressor writes: no quantize code but the calibration tokens (the same ids)."""
+    import torch
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantize.calibration import build_calibration
+    from quantize.models import default_model_dir
+    from quantize.recipe import Calibration
+
+    src = default_model_dir()
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype="auto")
+    tok = AutoTokenizer.from_pretrained(str(src))
+    ids = build_calibration(tok, Calibration(**CALIB)).input_ids.tolist()
+    weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=64)
+    modifier = GPTQModifier(
+        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights)},
+        ignore=["lm_head"],
+        dampening_frac=0.01,
+        actorder=None,
+    )
+    ds = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(ids[0])] * len(ids)})
+    torch.manual_seed(0)
+    oneshot(model=model, dataset=ds, recipe=[modifier], num_calibration_samples=len(ids), max_seq_length=len(ids[0]))
+    model.save_pretrained(out, save_compressed=True)
+    tok.save_pretrained(out)
+
+
+def timed(cmd: list[str], log: Path) -> tuple[float, int, int]:
+    """Wall seconds, peak RSS bytes of the process (wait4: this child alone) and its exit code."""
+    t = time.perf_counter()
+    with log.open("w") as f:
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(p.pid, 0)
+    return time.perf_counter() - t, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
+
+
+def convert(row: str) -> dict:
+    env, fields, _ = ROWS[row]
+    out = OUT / row
+    OUT.mkdir(parents=True, exist_ok=True)
+    if fields is None:
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [str(env / "python"), str(Path(__file__).resolve()), "--plain-oneshot", str(out)]
+    else:
+        import yaml
+
+        recipe = OUT / f"{row}.yaml"
+        recipe.write_text(yaml.safe_dump({"name": row, **fields, "calibration": CALIB, "output": str(out)}))
+        cmd = [str(env / "quantize"), "run", str(recipe), "--force", "--quiet"]
+    wall, rss, code = timed(cmd, OUT / f"{row}.convert.log")
+    got = {"wall_s": round(wall, 1), "peak_rss_mib": round(rss / 2**20), "exit": code}
+    if code == 0 and fields is not None:
+        meta = json.loads((out / "quantize.json").read_text())
+        got["calibration_dtype"] = meta["engine"]["calibration_dtype"]
+        got["quantize_phase_s"] = round(meta["time_seconds"]["quantize"], 1)
+    elif code == 0:
+        got["calibration_dtype"] = "bfloat16 (stored)"
+    return got
+
+
+def measure(row: str, baseline: str) -> dict:
+    out = OUT / row
+    got: dict = {}
+    r = subprocess.run([str(CORE / "quantize"), "inspect", str(out), "--json"], capture_output=True, text=True)
+    bits = json.loads(r.stdout)
+    got["bits_per_weight"] = bits["bits_per_weight"]
+    got["quantized_linear_bits"] = bits["quantized_linear_bits_per_weight"]
+    got["format"] = bits["format"]
+    r = subprocess.run(
+        [str(GPTQ_ENV / "quantize"), "agree", "evaluate/core-v2.yaml", str(out), "--baseline", baseline, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    a = json.loads(r.stdout)[0]["agreement"]
+    got |= {"kl_mean": a["kl_mean"], "kl_se": a["kl_se"], "top1": a["top1"], "top1_se": a["top1_se"]}
+    t = time.perf_counter()
+    cmd = ["gate", "gates/ci.yaml", "--baseline", baseline, "--candidate", str(out), "--json"]
+    r = subprocess.run([str(GPTQ_ENV / "quantize"), *cmd], cwd=ROOT, capture_output=True, text=True)
+    got["gate_s"] = round(time.perf_counter() - t, 1)
+    try:
+        v = json.loads(r.stdout)
+        failed = [f"{x['rule']}: {x['verdict']}" for x in v["rules"] if x["verdict"] not in ("pass", "untested")]
+        got["verdict"] = v["verdict"] + (f" ({', '.join(failed)})" if failed and v["verdict"] != "pass" else "")
+    except (json.JSONDecodeError, KeyError):
+        got["verdict"] = f"gate exit {r.returncode}: {r.stderr.strip().splitlines()[-1:] or ''}"
+    return got
+
+
+def table(results: dict) -> str:
+    lines = [
+        "| row | what | calibration dtype | wall (s) | × plain | peak RSS (MiB) | bits/weight (whole) | "
+        "bits/weight (q. linears) | mean KL | top-1 | gate (ci.yaml) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    plain = results.get("plain-oneshot", {}).get("wall_s")
+    for row, r in results.items():
+        if row.startswith("_"):
+            continue
+
+        def f(key: str, fmt: str, r: dict = r) -> str:
+            return format(r[key], fmt) if isinstance(r.get(key), int | float) else "-"
+
+        ratio = f"{r['wall_s'] / plain:.2f}" if plain and r.get("wall_s") and row.startswith("run-gptq") else "-"
+        lines.append(
+            f"| {row} | {ROWS[row][2]} | {r.get('calibration_dtype', '-')} | {f('wall_s', '.0f')} | {ratio} | "
+            f"{f('peak_rss_mib', ',')} | {f('bits_per_weight', '.3f')} | {f('quantized_linear_bits', '.3f')} | "
+            f"{f('kl_mean', '.3f')} ± {f('kl_se', '.3f')} | {f('top1', '.3f')} | {r.get('verdict', '-')} |"
+        )
+    return "\n".join(lines)
+
+
+def save(results: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "backends.json").write_text(json.dumps(results, indent=2) + "\n")
+    (RESULTS / "backends.md").write_text(table(results) + "\n\n" + results["_about"] + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--skip-convert", action="store_true", help="measure the outputs already there")
+    ap.add_argument("--plain-oneshot", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.plain_oneshot:
+        plain_oneshot(args.plain_oneshot)
+        return
+    baseline = subprocess.run([str(CORE / "quantize"), "model", "path"], capture_output=True, text=True).stdout.strip()
+    path = RESULTS / "backends.json"
+    results = json.loads(path.read_text()) if path.is_file() else {}
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    results["_about"] = (
+        f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores of {cpu}; conversions one after the other "
+        "in one run of benchmarks/backends.py (wall time and peak RSS of each process); KL/top-1: quantize agree on "
+        "golden/core/v2 (200 items, top-20 + tail: a lower bound of the full KL); gate: gates/ci.yaml."
+    )
+    for row in args.rows:
+        if not args.skip_convert:
+            print(f"== convert {row}", flush=True)
+            results[row] = convert(row)
+            save(results)
+            print(f"   {results[row]}", flush=True)
+    for row in args.rows:
+        if results.get(row, {}).get("exit") == 0:
+            print(f"== measure {row}", flush=True)
+            results[row] |= measure(row, baseline)
+            save(results)
+            print(f"   {results[row]}", flush=True)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
