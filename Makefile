@@ -4,8 +4,8 @@
 #   make test   set up, lint (ruff) and run the tests (tiny seeded models, no download; .ci/run calls this)
 # Other targets: gate-all (score and gate every output), gate-own (FP8 and a planted 3-bit copy on the
 # user-style golden sets), golden-demo (rebuild those sets and compare), test-slow (tests on the default
-# model), fuzz, bench (README's recipe table), model, gptq-env and test-gptq (GPTQ/AWQ checkpoints of
-# other tools, in an environment of their own).
+# model), fuzz, bench (README's recipe table), bench-backends (README's backends table), model, gptq-env and
+# test-gptq (GPTQ/AWQ checkpoints of other tools, in an environment of their own).
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -15,7 +15,7 @@ Q := $(VENV)/bin/quantize
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup model demo gate-all gate-own golden-demo test test-slow test-gpu gptq-env test-gptq fuzz bench clean
+.PHONY: setup model demo gate-all gate-own golden-demo test test-slow test-gpu gptq-env test-gptq fuzz bench bench-backends clean
 
 setup: $(VENV)/.installed
 
@@ -123,6 +123,11 @@ test-gpu: setup
 bench: model
 	$(PY) benchmarks/recipes_default_model.py
 	$(PY) benchmarks/inspect_speed.py
+
+# The same GPTQ and AWQ conversion through every backend that runs here, then bits, KL/top-1 and the gate
+# (README's backends table; about 20 minutes of conversions, then the gates).
+bench-backends: model gptq-env
+	$(PY) benchmarks/backends.py
 
 clean:
 	rm -rf outputs .pytest_cache .hypothesis

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -170,9 +171,11 @@ def table(results: dict) -> str:
         def f(key: str, fmt: str, r: dict = r) -> str:
             return format(r[key], fmt) if isinstance(r.get(key), int | float) else "-"
 
-        ratio = f"{r['wall_s'] / plain:.2f}" if plain and r.get("wall_s") and row.startswith("run-gptq") else "-"
+        gptq = ROWS[row][1] is None or ROWS[row][1]["method"] == "gptq"
+        ratio = f"{r['wall_s'] / plain:.2f}" if plain and r.get("wall_s") and gptq else "-"
+        dtype = {"auto": "bfloat16 (its own)"}.get(r.get("calibration_dtype", "-"), r.get("calibration_dtype", "-"))
         lines.append(
-            f"| {row} | {ROWS[row][2]} | {r.get('calibration_dtype', '-')} | {f('wall_s', '.0f')} | {ratio} | "
+            f"| {row} | {ROWS[row][2]} | {dtype} | {f('wall_s', '.0f')} | {ratio} | "
             f"{f('peak_rss_mib', ',')} | {f('bits_per_weight', '.3f')} | {f('quantized_linear_bits', '.3f')} | "
             f"{f('kl_mean', '.3f')} ± {f('kl_se', '.3f')} | {f('top1', '.3f')} | {r.get('verdict', '-')} |"
         )
@@ -182,13 +185,27 @@ def table(results: dict) -> str:
 def save(results: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "backends.json").write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / "backends.md").write_text(table(results) + "\n\n" + results["_about"] + "\n")
+    text = table(results) + "\n\n" + results["_about"] + "\n"
+    if pair := results.get("_pair"):
+        text += (
+            f"\nquantize run against plain llm-compressor, GPTQ: median {pair['median_s']['run-gptq']:.1f} s against "
+            f"{pair['median_s']['plain-oneshot']:.1f} s, ratio {pair['ratio']:.3f} ({pair['about']}; walls "
+            f"{pair['walls_s']})\n"
+        )
+    (RESULTS / "backends.md").write_text(text)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
     ap.add_argument("--skip-convert", action="store_true", help="measure the outputs already there")
+    ap.add_argument("--table", action="store_true", help="print and rewrite the table from backends.json only")
+    ap.add_argument(
+        "--pair",
+        type=int,
+        metavar="N",
+        help="time plain-oneshot and run-gptq N times each, alternating, and record the median ratio",
+    )
     ap.add_argument("--plain-oneshot", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plain_oneshot:
@@ -197,12 +214,32 @@ def main() -> None:
     baseline = subprocess.run([str(CORE / "quantize"), "model", "path"], capture_output=True, text=True).stdout.strip()
     path = RESULTS / "backends.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
+    if args.table:
+        save(results)
+        print(table(results))
+        return
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     results["_about"] = (
         f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores of {cpu}; conversions one after the other "
         "in one run of benchmarks/backends.py (wall time and peak RSS of each process); KL/top-1: quantize agree on "
         "golden/core/v2 (200 items, top-20 + tail: a lower bound of the full KL); gate: gates/ci.yaml."
     )
+    if args.pair:
+        walls: dict[str, list[float]] = {"plain-oneshot": [], "run-gptq": []}
+        for i in range(args.pair):
+            for row in walls:
+                walls[row].append(convert(row)["wall_s"])
+                print(f"   pair {i + 1}: {row} {walls[row][-1]} s", flush=True)
+        med = {row: statistics.median(w) for row, w in walls.items()}
+        results["_pair"] = {
+            "walls_s": walls,
+            "median_s": med,
+            "ratio": round(med["run-gptq"] / med["plain-oneshot"], 3),
+            "about": f"{args.pair} alternating runs of each on an otherwise idle machine, {time.strftime('%Y-%m-%d')}",
+        }
+        save(results)
+        print(json.dumps(results["_pair"], indent=2))
+        return
     for row in args.rows:
         if not args.skip_convert:
             print(f"== convert {row}", flush=True)

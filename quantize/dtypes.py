@@ -13,10 +13,10 @@ from quantize.recipe import Recipe
 KEEP_FP32 = (".weight_global_scale", ".input_global_scale")
 
 
-def bf16_speedup(tokens: int = 512, d_in: int = 576, d_out: int = 1536, repeats: int = 20) -> float:
+def bf16_speedup(tokens: int = 512, d_in: int = 576, d_out: int = 1536, repeats: int = 5) -> float:
     """How much faster this CPU multiplies in bfloat16 than in float32: t_fp32 / t_bf16, each the best of three
     runs of `repeats` products X W^T with X (tokens, d_in) and W (d_out, d_in) (a 135M model's MLP shape;
-    about 0.2 s). Above 1 on CPUs with AVX512-BF16 or AMX (measured 6.3 on a 2-core Xeon with AMX), below on
+    about 50 ms). Above 1 on CPUs with AVX512-BF16 or AMX (measured 6.3 on a 2-core Xeon with AMX), below on
     CPUs without (about 1/6 where the float32 default was chosen)."""
     import time
 

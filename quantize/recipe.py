@@ -53,6 +53,26 @@ class Indivisible(str, Enum):
 class Backend(str, Enum):
     llmcompressor = "llmcompressor"
     gptqmodel = "gptqmodel"
+    auto_gptq = "auto-gptq"  # retired upstream: named so that a recipe asking for it gets RETIRED's answer
+    autoawq = "autoawq"
+
+
+# The two backends the model card once named, both retired upstream, and what was measured when each was tried here
+# (2026-12-01): each recipe asking for them is exit 2 with this, pointing at the backend that writes their format.
+RETIRED = {
+    "auto-gptq": (
+        "AutoGPTQ is retired upstream (its README points to GPTQModel, its maintained successor). AutoGPTQ 0.7.1 "
+        "quantizes only on CUDA (from_pretrained refuses without it) and needs transformers 4.x and numpy < 2, "
+        "neither of which can join quantize's environments. GPTQModel writes the same GPTQ format: use backend: "
+        "gptqmodel (in .venv-gptq, `make gptq-env`). Checkpoints AutoGPTQ wrote are read, scored and gated as they are"
+    ),
+    "autoawq": (
+        "AutoAWQ is retired upstream (adopted by llm-compressor). AutoAWQ 0.2.9 needs transformers 4.x, and its AWQ "
+        "search on a CPU runs in float16 (see README, `benchmarks/autoawq_cost.py`, for its measured cost per layer). "
+        "For AWQ use backend: llmcompressor (compressed-tensors format) or backend: gptqmodel (AutoAWQ's own GEMM "
+        "format). Checkpoints AutoAWQ wrote are read, scored and gated as they are"
+    ),
+}
 
 
 # What a backend other than llm-compressor runs (method -> schemes), and the packages it needs installed. GPTQModel
@@ -108,7 +128,9 @@ class _Recipe(BaseModel):
     calibration: Calibration | None = Field(default_factory=Calibration)
     output: str | None = Field(None, description="output folder; default outputs/<name>")
     dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
-        None, description="dtype to calibrate in; default: float32 on a CPU, the checkpoint's own on an accelerator"
+        None,
+        description="dtype to calibrate in; default: the checkpoint's own on an accelerator, and on a CPU where bf16 "
+        "matmuls measure fast (dtypes.calibration_dtype), else float32",
     )
     trust_remote_code: bool = Field(
         False, description="run the checkpoint's own Python code at load (only for checkpoints you trust)"
@@ -119,6 +141,8 @@ class _Recipe(BaseModel):
         """A backend other than llm-compressor runs only what BACKEND_SCHEMES lists, on every Linear of the
         decoder blocks (its own module selection), without per-layer overrides."""
         b = self.backend.value
+        if b in RETIRED:
+            raise ValueError(f"backend {b} is not run by quantize: {RETIRED[b]}")
         if b not in BACKEND_SCHEMES:
             return self
         runs = BACKEND_SCHEMES[b]

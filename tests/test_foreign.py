@@ -219,6 +219,15 @@ def test_what_gptqmodel_does_not_run_is_exit_2_before_any_load(tmp_path, capsys,
     assert code == 2 and why in err and "backend: llmcompressor" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("backend,successor", [("auto-gptq", "gptqmodel"), ("autoawq", "llmcompressor")])
+def test_a_retired_backend_is_exit_2_naming_what_writes_its_format(tmp_path, capsys, backend, successor):
+    r = _recipe(tmp_path, tmp_path / "nowhere", "method: gptq\nscheme: W4A16\ngroup_size: 64")
+    r.write_text(r.read_text().replace("backend: gptqmodel", f"backend: {backend}"))
+    code = main(["run", str(r)])
+    err = capsys.readouterr().err
+    assert code == 2 and "retired upstream" in err and f"backend: {successor}" in err and "Traceback" not in err
+
+
 @gptq
 def test_backend_gptqmodel_writes_awq_in_autoawq_gemm_layout(tmp_path, capsys):
     """GPTQModel's AWQ through a recipe, on a CPU (its default AWQ kernel asks for CUDA): AutoAWQ's GEMM layout,
