@@ -11,11 +11,13 @@ that does not divide every layer as a `dynamic` override transformers cannot loa
     run-gptqmodel-gptq   `quantize run`, backend gptqmodel (in .venv-gptq)
     run-awq              `quantize run`, backend llmcompressor, AWQ (float32 on a CPU)
     run-gptqmodel-awq    `quantize run`, backend gptqmodel, AWQ (bf16: its AWQ packer refuses float32)
+    autoawq              AutoAWQ 0.2.9 as its users call it (benchmarks/autoawq_cost.py --save), in its own
+                         environment: only with --autoawq-python (it cannot live in the project's environments)
 
 Each conversion runs alone, in its own process, one after the other (wall time and the process's peak RSS from
 wait4); then every output is measured in .venv-gptq (it loads every format): true bits per weight from the headers,
 mean KL and top-1 agreement with the baseline (`quantize agree`, golden/core/v2, top-20 + tail), and the verdict of
-`quantize gate gates/ci.yaml`. AutoAWQ is not a row: see README (its measured cost).
+`quantize gate gates/ci.yaml`.
 
     python benchmarks/backends.py [--rows ROW ...] [--skip-convert]
 
@@ -59,6 +61,7 @@ ROWS: dict[str, tuple[Path, dict | None, str]] = {
         {k: v for k, v in AWQ.items() if k != "awq_grid"} | {"backend": "gptqmodel"},
         "AWQ: quantize run, gptqmodel",
     ),
+    "autoawq": (Path("-"), None, "AWQ: AutoAWQ 0.2.9 as its users call it"),
 }
 
 
@@ -102,7 +105,7 @@ def timed(cmd: list[str], log: Path) -> tuple[float, int, int]:
     return time.perf_counter() - t, usage.ru_maxrss * 1024, os.waitstatus_to_exitcode(status)
 
 
-def convert(row: str) -> dict:
+def convert(row: str, autoawq_python: Path | None = None) -> dict:
     env, fields, _ = ROWS[row]
     out = OUT / row
     OUT.mkdir(parents=True, exist_ok=True)
@@ -111,6 +114,11 @@ def convert(row: str) -> dict:
 
         shutil.rmtree(out, ignore_errors=True)
         cmd = [str(env / "python"), str(Path(__file__).resolve()), "--plain-oneshot", str(out)]
+        if row == "autoawq":
+            assert autoawq_python is not None, "the autoawq row needs --autoawq-python"
+            model = subprocess.run([str(CORE / "quantize"), "model", "path"], capture_output=True, text=True)
+            script = Path(__file__).resolve().parent / "autoawq_cost.py"
+            cmd = [str(autoawq_python), str(script), model.stdout.strip(), "--save", str(out)]
     else:
         import yaml
 
@@ -125,6 +133,9 @@ def convert(row: str) -> dict:
         got["quantize_phase_s"] = round(meta["time_seconds"]["quantize"], 1)
     elif code == 0:
         got["calibration_dtype"] = "bfloat16 (stored)"
+        if row == "autoawq":
+            log = (OUT / f"{row}.convert.log").read_text().splitlines()
+            got["layer_s"] = json.loads(next(ln for ln in reversed(log) if ln.startswith("{")))["layer_s"]
     return got
 
 
@@ -171,7 +182,7 @@ def table(results: dict) -> str:
         def f(key: str, fmt: str, r: dict = r) -> str:
             return format(r[key], fmt) if isinstance(r.get(key), int | float) else "-"
 
-        gptq = ROWS[row][1] is None or ROWS[row][1]["method"] == "gptq"
+        gptq = row == "plain-oneshot" or (ROWS[row][1] or {}).get("method") == "gptq"
         ratio = f"{r['wall_s'] / plain:.2f}" if plain and r.get("wall_s") and gptq else "-"
         dtype = {"auto": "bfloat16 (its own)"}.get(r.get("calibration_dtype", "-"), r.get("calibration_dtype", "-"))
         lines.append(
@@ -197,7 +208,8 @@ def save(results: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", nargs="*", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--rows", nargs="*", choices=list(ROWS), help="default: every row (autoawq with --autoawq-python)")
+    ap.add_argument("--autoawq-python", type=Path, help="the python of an environment with autoawq 0.2.9")
     ap.add_argument("--skip-convert", action="store_true", help="measure the outputs already there")
     ap.add_argument("--table", action="store_true", help="print and rewrite the table from backends.json only")
     ap.add_argument(
@@ -211,6 +223,8 @@ def main() -> None:
     if args.plain_oneshot:
         plain_oneshot(args.plain_oneshot)
         return
+    if args.rows is None:
+        args.rows = [r for r in ROWS if r != "autoawq" or args.autoawq_python]
     baseline = subprocess.run([str(CORE / "quantize"), "model", "path"], capture_output=True, text=True).stdout.strip()
     path = RESULTS / "backends.json"
     results = json.loads(path.read_text()) if path.is_file() else {}
@@ -243,7 +257,7 @@ def main() -> None:
     for row in args.rows:
         if not args.skip_convert:
             print(f"== convert {row}", flush=True)
-            results[row] = convert(row)
+            results[row] = convert(row, args.autoawq_python)
             save(results)
             print(f"   {results[row]}", flush=True)
     for row in args.rows:

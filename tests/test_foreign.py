@@ -1,6 +1,8 @@
 """Checkpoints other tools wrote: GPTQModel's GPTQ and AWQ (GEMM) output (tests/data/gptqmodel-tiny and
 gptqmodel-awq-tiny, made by tests/data/make_gptqmodel_fixture.py), AutoGPTQ 0.7.1's output (tests/data/autogptq-tiny,
-made by tests/data/make_autogptq_fixture.py: legacy file name, an untied lm_head copy, zero biases), and the
+made by tests/data/make_autogptq_fixture.py: legacy file name, an untied lm_head copy, zero biases), AutoAWQ
+0.2.9's output (tests/data/autoawq-tiny: `benchmarks/autoawq_cost.py /tmp/tiny-512 --save tests/data/autoawq-tiny`
+in AutoAWQ's environment, from the same tiny model as tests/data/make_autogptq_fixture.py builds), and the
 pre-integration layout (the bit width only in quantize_config.json), derived from GPTQModel's here. All four were
 quantized from the same tiny seeded model, which the gate tests rebuild as their baseline.
 
@@ -25,11 +27,13 @@ DATA = Path(__file__).parent / "data"
 FIXTURE = DATA / "gptqmodel-tiny"
 AWQ = DATA / "gptqmodel-awq-tiny"
 AUTOGPTQ = DATA / "autogptq-tiny"
+AUTOAWQ = DATA / "autoawq-tiny"
 # fixture -> (format inspect names, the weight file, the tensors of a quantized linear)
 FOREIGN = {
     FIXTURE: ("gptq", "model.safetensors", ("qweight", "qzeros", "scales", "g_idx")),
     AWQ: ("awq", "model.safetensors", ("qweight", "qzeros", "scales")),
     AUTOGPTQ: ("gptq", "gptq_model-4bit-64g.safetensors", ("qweight", "qzeros", "scales", "g_idx")),
+    AUTOAWQ: ("awq", "model.safetensors", ("qweight", "qzeros", "scales")),
 }
 HAVE_GPTQ = all(importlib.util.find_spec(m) for m in ("gptqmodel", "optimum"))
 
@@ -92,14 +96,14 @@ def test_inspect_reads_the_bit_width_of_a_legacy_layout(tmp_path, capsys):
 
 
 @pytest.mark.skipif(HAVE_GPTQ, reason="the GPTQ loader packages are installed here")
-@pytest.mark.parametrize("layout", ["integrated", "legacy", "autogptq", "awq"])
+@pytest.mark.parametrize("layout", ["integrated", "legacy", "autogptq", "awq", "autoawq"])
 def test_scoring_without_the_loader_packages_is_exit_2_naming_them(tmp_path, capsys, layout):
-    ckpt = {"integrated": FIXTURE, "autogptq": AUTOGPTQ, "awq": AWQ}.get(layout) or legacy(tmp_path)
+    ckpt = {"integrated": FIXTURE, "autogptq": AUTOGPTQ, "awq": AWQ, "autoawq": AUTOAWQ}.get(layout) or legacy(tmp_path)
     code = main(["eval", "evaluate/core.yaml", str(ckpt)])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert "gptqmodel" in err and "make gptq-env" in err
-    assert ("optimum" in err) == (layout != "awq")  # transformers loads AWQ through gptqmodel alone
+    assert ("optimum" in err) == ("awq" not in layout)  # transformers loads AWQ through gptqmodel alone
     assert ("quantize_config.json" in err) == (layout == "legacy")
 
 
