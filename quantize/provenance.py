@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import quantize
@@ -27,7 +28,15 @@ def library_versions() -> dict[str, str | None]:
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
+    """Peak resident memory of this process. On Linux the address space's high-water mark (VmHWM, KiB), which
+    starts anew at exec: getrusage's ru_maxrss survives execve, so a run started by a large process (a benchmark
+    that had loaded a model) reported that process's peak as its own. Elsewhere ru_maxrss (macOS: bytes)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024
 

@@ -151,3 +151,19 @@ def test_a_verdict_uses_one_vocabulary():
             {"schema_version": 2, "policy": "p", "verdict": "ok", "exit_code": 0, "rules": [], "provenance": {}},
             "v",
         )
+
+
+def test_peak_memory_is_this_process_s_not_the_one_that_started_it():
+    """ru_maxrss survives execve: a run started by a process that had touched 400 MiB reported 400 MiB as its own
+    peak (the recipes benchmark's rows all showed the benchmark's peak). The recorded peak is the run's."""
+    import subprocess
+    import sys
+
+    child = "from quantize.provenance import peak_rss_bytes; print(peak_rss_bytes())"
+    parent = (
+        "import os, sys\n"
+        "held = b'x' * (400 * 2**20)\n"  # touched pages: resident
+        f"os.execv(sys.executable, [sys.executable, '-c', {child!r}])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, check=True).stdout
+    assert 10 * 2**20 < int(out) < 300 * 2**20
