@@ -16,7 +16,10 @@ from quantize.cli import main
 from quantize.models import default_model_dir
 from quantize.records import RunRecord
 
-RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+# the conversion recipes (a search recipe, with `base:`, is `quantize search`'s; test_search covers it)
+RECIPES = sorted(
+    p for p in (Path(__file__).parent.parent / "recipes").glob("*.yaml") if "base" not in yaml.safe_load(p.read_text())
+)
 pytestmark = pytest.mark.slow
 
 
@@ -31,7 +34,12 @@ def test_shipped_recipe_converts_default_model(tmp_path, recipe, capsys):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from quantize.checkpoint import missing_packages
+    from quantize.recipe import BACKEND_PACKAGES
+
     data = yaml.safe_load(recipe.read_text())
+    if missing := missing_packages(BACKEND_PACKAGES.get(data.get("backend", ""), ())):
+        pytest.skip(f"backend {data['backend']} needs {', '.join(missing)}: run it in .venv-gptq (make gptq-env)")
     data["output"] = str(tmp_path / recipe.stem)
     if data.get("calibration"):
         data["calibration"].update(samples=4, seq_len=64)
@@ -43,7 +51,7 @@ def test_shipped_recipe_converts_default_model(tmp_path, recipe, capsys):
     meta = records.read(RunRecord, tmp_path / recipe.stem / "quantize.json")
     assert meta.source_model.parameters == 134_515_008
     assert 4 < meta.bits.bits_per_weight < 16
-    if data["method"] in ("gptq", "awq"):
+    if data["method"] in ("gptq", "awq") and data["group_size"] == 128:
         # 576 input features: group 64 for q/k/v/o/gate/up, 128 for down_proj (1536)
         assert meta.layer_plan.by_group_size == {"128": 30, "64": 180}
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / recipe.stem))
