@@ -128,9 +128,11 @@ def convert(row: str, autoawq_python: Path | None = None) -> dict:
     wall, rss, code = timed(cmd, OUT / f"{row}.convert.log")
     got = {"wall_s": round(wall, 1), "peak_rss_mib": round(rss / 2**20), "exit": code}
     if code == 0 and fields is not None:
-        meta = json.loads((out / "quantize.json").read_text())
-        got["calibration_dtype"] = meta["engine"]["calibration_dtype"]
-        got["quantize_phase_s"] = round(meta["time_seconds"]["quantize"], 1)
+        from quantize.records import RunRecord, read
+
+        meta = read(RunRecord, out / "quantize.json")
+        got["calibration_dtype"] = meta.engine.calibration_dtype
+        got["quantize_phase_s"] = round(meta.time_seconds["quantize"], 1)
     elif code == 0:
         got["calibration_dtype"] = "bfloat16 (stored)"
         if row == "autoawq":
@@ -140,6 +142,10 @@ def convert(row: str, autoawq_python: Path | None = None) -> dict:
 
 
 def measure(row: str, baseline: str) -> dict:
+    """Bits (inspect's JSON), agreement and the verdict, read back through their records."""
+    from quantize.errors import UsageError
+    from quantize.records import AgreementResult, Verdict, parse
+
     out = OUT / row
     got: dict = {}
     r = subprocess.run([str(CORE / "quantize"), "inspect", str(out), "--json"], capture_output=True, text=True)
@@ -153,17 +159,17 @@ def measure(row: str, baseline: str) -> dict:
         capture_output=True,
         text=True,
     )
-    a = json.loads(r.stdout)[0]["agreement"]
-    got |= {"kl_mean": a["kl_mean"], "kl_se": a["kl_se"], "top1": a["top1"], "top1_se": a["top1_se"]}
+    a = parse(AgreementResult, json.loads(r.stdout)[0]["agreement"], "quantize agree --json")
+    got |= {"kl_mean": a.kl_mean, "kl_se": a.kl_se, "top1": a.top1, "top1_se": a.top1_se}
     t = time.perf_counter()
     cmd = ["gate", "gates/ci.yaml", "--baseline", baseline, "--candidate", str(out), "--json"]
     r = subprocess.run([str(GPTQ_ENV / "quantize"), *cmd], cwd=ROOT, capture_output=True, text=True)
     got["gate_s"] = round(time.perf_counter() - t, 1)
     try:
-        v = json.loads(r.stdout)
-        failed = [f"{x['rule']}: {x['verdict']}" for x in v["rules"] if x["verdict"] not in ("pass", "untested")]
-        got["verdict"] = v["verdict"] + (f" ({', '.join(failed)})" if failed and v["verdict"] != "pass" else "")
-    except (json.JSONDecodeError, KeyError):
+        v = parse(Verdict, json.loads(r.stdout), "quantize gate --json")
+        failed = [f"{x.rule}: {x.verdict}" for x in v.rules if x.verdict not in ("pass", "untested")]
+        got["verdict"] = v.verdict + (f" ({', '.join(failed)})" if failed and v.verdict != "pass" else "")
+    except (json.JSONDecodeError, UsageError):
         got["verdict"] = f"gate exit {r.returncode}: {r.stderr.strip().splitlines()[-1:] or ''}"
     return got
 
