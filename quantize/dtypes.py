@@ -54,12 +54,12 @@ def calibration_dtype(recipe: Recipe, model_dir: Path) -> tuple[str, str]:
 
     if recipe.dtype:
         return recipe.dtype, "the recipe's dtype"
+    src = source_dtype(model_dir)
     if recipe.backend is Backend.gptqmodel and recipe.method is Method.awq:
-        half = source_dtype(model_dir) in ("float16", "bfloat16")
+        half = src in ("float16", "bfloat16")
         return ("auto" if half else "bfloat16"), "GPTQModel's AWQ packs from float16/bfloat16 weights only"
     if device() != "cpu":
         return "auto", "the checkpoint's dtype on an accelerator"
-    src = source_dtype(model_dir)
     if src == "float32":
         return "auto", "the checkpoint is float32"
     if recipe.method is Method.awq:

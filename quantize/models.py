@@ -131,7 +131,8 @@ def check_loading_info(path: Path, info: dict[str, Any]) -> None:
     exception: a stored bias the model has no place for that is all zeros (AutoGPTQ writes one for every
     quantized linear) changes nothing, x W^T + 0, and is let go."""
     missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
-    unexpected = [k for k in unexpected if not (k.endswith(".bias") and _stored_zero(path, k))]
+    zero = _stored_zeros(path, [k for k in unexpected if k.endswith(".bias")])
+    unexpected = [k for k in unexpected if k not in zero]
     mismatched = [str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys") or []]
     if not (missing or unexpected or mismatched):
         return
@@ -149,17 +150,19 @@ def check_loading_info(path: Path, info: dict[str, Any]) -> None:
     )
 
 
-def _stored_zero(path: Path, name: str) -> bool:
-    """Whether the checkpoint stores tensor `name` and every element of it is zero."""
+def _stored_zeros(path: Path, names: list[str]) -> set[str]:
+    """Those of `names` the checkpoint stores with every element zero (each weight file opened once)."""
+    if not names:
+        return set()
     from safetensors import safe_open
 
     from quantize.checkpoint import safetensors_files
 
+    zero = set()
     for f in safetensors_files(path):
         with safe_open(str(f), "pt") as st:
-            if name in st.keys():  # noqa: SIM118 - safe_open has keys(), not membership
-                return not st.get_tensor(name).any().item()
-    return False
+            zero |= {n for n in set(names) & set(st.keys()) if not st.get_tensor(n).any().item()}
+    return zero
 
 
 def load_model(
