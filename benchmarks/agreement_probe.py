@@ -30,9 +30,9 @@ DEFAULT = [
 
 
 def main() -> None:
+    from quantize.checkpoint.loader import prepare_default_model
     from quantize.cli import main as cli
     from quantize.evaluate.agreement import agreement_scores
-    from quantize.models import prepare_default_model
     from quantize.suite import open_suite
 
     os.chdir(ROOT)  # recipes name their outputs relative to the repository

@@ -74,9 +74,9 @@ def plain_oneshot(out: Path) -> None:
     from llmcompressor.modifiers.quantization import GPTQModifier
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantize.calibration import build_calibration
-    from quantize.models import default_model_dir
-    from quantize.recipe import Calibration
+    from quantize.checkpoint.loader import default_model_dir
+    from quantize.convert.calibration import build_calibration
+    from quantize.convert.recipe import Calibration
 
     src = default_model_dir()
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype="auto")

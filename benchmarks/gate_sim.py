@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quantize import cache, stats
-from quantize.checkpoint import identity_sha256
+from quantize.checkpoint.files import identity_sha256
 from quantize.gates import sequential as sq
 from quantize.gates.policy import AccuracyRule, PerplexityRule, Sequential, load_policy
 from quantize.suite import open_suite

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 def copy_entries(src: Path, dst: Path, suite, baseline: Path) -> None:
     """Copy only the baseline's cache entries (its score file and stored top-k), never a candidate's."""
     from quantize import cache
-    from quantize.checkpoint import identity_sha256
+    from quantize.checkpoint.files import identity_sha256
 
     sha = identity_sha256(baseline)
     for target in [cache.score_path(suite, sha), cache.baseline_topk_path(suite, sha)]:
@@ -85,7 +85,7 @@ def main() -> None:
     import yaml
 
     from quantize import cache
-    from quantize.checkpoint import identity_sha256
+    from quantize.checkpoint.files import identity_sha256
     from quantize.gates.gate import decide
     from quantize.gates.policy import load_policy
     from quantize.suite import open_suite
@@ -108,7 +108,7 @@ def main() -> None:
             full = {c: cache.lookup_scores(suite, identity_sha256(Path(c))) for c in args.candidates}
             base_full = cache.lookup_scores(suite, identity_sha256(Path(args.baseline)))
         from quantize.evaluate.agreement import agreement_scores
-        from quantize.pipeline import run_gate
+        from quantize.flows.gate import run_gate
 
         for c in args.candidates:
             private = tmp / f"cache-{len(rows)}"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quantize.accounting import bits_report
+from quantize.checkpoint.accounting import bits_report
 
 
 def sparse_shard(path: Path, tensors: dict[str, tuple[str, list[int], int]]) -> None:

@@ -35,8 +35,8 @@ def perplexity(checkpoint: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantize.calibration import build_calibration
-    from quantize.recipe import Calibration
+    from quantize.convert.calibration import build_calibration
+    from quantize.convert.recipe import Calibration
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint))
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
@@ -68,9 +68,9 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
     from quantize import records
-    from quantize.accounting import bits_report
-    from quantize.models import prepare_default_model
-    from quantize.provenance import library_versions
+    from quantize.checkpoint.accounting import bits_report
+    from quantize.checkpoint.loader import prepare_default_model
+    from quantize.convert.provenance import library_versions
     from quantize.records import RunRecord
 
     source = prepare_default_model()

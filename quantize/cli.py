@@ -51,8 +51,8 @@ def _mib(n: float) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from quantize.engine import convert, output_dir
-    from quantize.recipe import load_recipe
+    from quantize.convert.engine import convert, output_dir
+    from quantize.convert.recipe import load_recipe
 
     recipe, sha = load_recipe(args.recipe)
     out = output_dir(recipe, args.output)
@@ -114,7 +114,7 @@ def _leftovers(out: Path, clean: bool) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from quantize.accounting import bits_report
+    from quantize.checkpoint.accounting import bits_report
 
     r = bits_report(args.checkpoint)
     if args.json:
@@ -176,7 +176,7 @@ def _formats(spec: str) -> dict[str, float]:
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    from quantize import cost
+    from quantize.cost import bounds as cost
 
     if args.hardware not in cost.HARDWARE:
         raise UsageError(f"--hardware {args.hardware!r} is unknown; choose one of {', '.join(cost.HARDWARE)}")
@@ -192,7 +192,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(result)
         return EXIT_OK
-    from quantize.cost_text import render
+    from quantize.cost.render import render
 
     print(render(result))
     return EXIT_OK
@@ -202,7 +202,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_model(args: argparse.Namespace) -> int:
-    from quantize.models import default_model_dir, prepare_default_model
+    from quantize.checkpoint.loader import default_model_dir, prepare_default_model
 
     if args.action == "prepare":
         path = prepare_default_model(force=args.force)
@@ -221,7 +221,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     suite = open_suite(args.suite)
     from quantize.evaluate.score import score
-    from quantize.runtime import quiet_libraries
+    from quantize.quiet import quiet_libraries
 
     with quiet_libraries(args.quiet):
         doc, cached = score(suite, args.checkpoint, refresh=args.refresh, trust_remote_code=args.trust_remote_code)
@@ -251,10 +251,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    from quantize.flows.gate import run_gate
     from quantize.gates.render import render_text, write_junit
-    from quantize.pipeline import run_gate
+    from quantize.quiet import quiet_libraries
     from quantize.records import to_json
-    from quantize.runtime import quiet_libraries
 
     with quiet_libraries(args.quiet):
         v = run_gate(args.policy, args.baseline, args.candidate, trust_remote_code=args.trust_remote_code)
@@ -297,7 +297,7 @@ def cmd_agree(args: argparse.Namespace) -> int:
     """Token-distribution agreement of each candidate with the baseline: a minute or two per checkpoint
     on a CPU, where accuracy scores take a quarter of an hour. Cached, so the report and the gate reuse it."""
     from quantize import cache
-    from quantize.checkpoint import check_loadable, check_model_dir, identity_sha256
+    from quantize.checkpoint.files import check_loadable, check_model_dir, identity_sha256
     from quantize.suite import open_suite
 
     suite = open_suite(args.suite)
@@ -319,7 +319,7 @@ def cmd_agree(args: argparse.Namespace) -> int:
                 continue
         candidates.append(c)
     from quantize.evaluate.agreement import agreement_scores
-    from quantize.runtime import quiet_libraries
+    from quantize.quiet import quiet_libraries
 
     rows, results = [], []
     for c in candidates:
@@ -366,7 +366,7 @@ def report_suite(suite: str | None, policy: str | None) -> str:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from quantize import cost
+    from quantize.cost import bounds as cost
     from quantize.report.collect import collect
     from quantize.report.render import write_report
 
@@ -413,7 +413,7 @@ def cmd_golden(args: argparse.Namespace) -> int:
             )
         else:
             from quantize.golden.freeze import freeze
-            from quantize.runtime import quiet_libraries
+            from quantize.quiet import quiet_libraries
 
             include = Path(args.include_path).expanduser() if args.include_path else None
             with quiet_libraries(True):
@@ -428,8 +428,8 @@ def cmd_golden(args: argparse.Namespace) -> int:
         print(f"score it with a suite whose `golden:` is {args.out} (see README, 'Your own golden set')")
         return EXIT_OK
     if args.action == "size":
-        from quantize.pipeline import run_sizing
-        from quantize.runtime import quiet_libraries
+        from quantize.flows.gate import run_sizing
+        from quantize.quiet import quiet_libraries
 
         with quiet_libraries(args.quiet):
             report = run_sizing(

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from quantize.accounting import bits_report, read_header
+from quantize.checkpoint.accounting import bits_report, read_header
 from quantize.errors import UsageError
 
 OUT, IN = 256, 512  # one linear layer W: (OUT, IN)

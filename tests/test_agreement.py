@@ -54,7 +54,7 @@ def test_top_k_kl_is_a_lower_bound_and_sum_min_an_upper_bound():
 
 @pytest.fixture(scope="module")
 def scorer(tiny_model):
-    from quantize.models import load_model
+    from quantize.checkpoint.loader import load_model
 
     model, tok = load_model(tiny_model, dtype=torch.float32)
     return Scorer(model, tok, batch_size=2, max_length=512)
@@ -136,7 +136,7 @@ class FakeVLLM:
 @pytest.fixture(scope="module")
 def other_scorer(tiny_model):
     """The tiny model with its weights perturbed: a candidate whose distributions differ."""
-    from quantize.models import load_model
+    from quantize.checkpoint.loader import load_model
 
     model, tok = load_model(tiny_model, dtype=torch.float32)
     g = torch.Generator().manual_seed(1)

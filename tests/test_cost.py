@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from quantize import cost
 from quantize.cli import main
+from quantize.cost import bounds as cost
 from quantize.errors import UsageError
 
 KV = cost.KVLayout(layers=80, kv_heads=8, head_dim=128, bytes_per_element=2)

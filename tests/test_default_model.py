@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from quantize import records
+from quantize.checkpoint.loader import default_model_dir
 from quantize.cli import main
-from quantize.models import default_model_dir
 from quantize.records import RunRecord
 
 # the conversion recipes (a search recipe, with `base:`, is `quantize search`'s; test_search covers it)
@@ -34,8 +34,8 @@ def test_shipped_recipe_converts_default_model(tmp_path, recipe, capsys):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from quantize.checkpoint import missing_packages
-    from quantize.recipe import BACKEND_PACKAGES
+    from quantize.checkpoint.files import missing_packages
+    from quantize.convert.recipe import BACKEND_PACKAGES
 
     data = yaml.safe_load(recipe.read_text())
     if missing := missing_packages(BACKEND_PACKAGES.get(data.get("backend", ""), ())):

@@ -9,11 +9,11 @@ import pytest
 import yaml
 
 from quantize import records
-from quantize.accounting import bits_report
+from quantize.checkpoint.accounting import bits_report
 from quantize.cli import main
+from quantize.convert.plan import divisor_group, meta_model, plan_layers
+from quantize.convert.recipe import parse_recipe
 from quantize.errors import UsageError
-from quantize.plan import divisor_group, meta_model, plan_layers
-from quantize.recipe import parse_recipe
 from quantize.records import RunRecord
 
 CAL = {"source": "builtin:jargon", "samples": 4, "seq_len": 32, "seed": 0}
@@ -105,8 +105,8 @@ def test_metadata_fields(tmp_path, tiny_model, capsys):
 def test_calibration_hash_is_deterministic(tmp_path, tiny_model):
     from transformers import AutoTokenizer
 
-    from quantize.calibration import build_calibration
-    from quantize.recipe import Calibration
+    from quantize.convert.calibration import build_calibration
+    from quantize.convert.recipe import Calibration
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     a = build_calibration(tok, Calibration(**CAL))
@@ -119,8 +119,8 @@ def test_calibration_hash_is_deterministic(tmp_path, tiny_model):
 def test_too_little_calibration_text(tmp_path, tiny_model):
     from transformers import AutoTokenizer
 
-    from quantize.calibration import build_calibration
-    from quantize.recipe import Calibration
+    from quantize.convert.calibration import build_calibration
+    from quantize.convert.recipe import Calibration
 
     src = tmp_path / "small.txt"
     src.write_text("just a few words\n\nand a few more")
@@ -179,7 +179,7 @@ def test_targets_matching_nothing(tiny_model):
 
 
 def test_failed_run_leaves_nothing(tmp_path, tiny_model, capsys, monkeypatch):
-    import quantize.engine as engine
+    import quantize.convert.engine as engine
 
     def boom(*a, **k):
         raise RuntimeError("disk full (simulated)")
@@ -228,7 +228,7 @@ def test_nonfinite_model_is_refused_with_the_layer_named(tmp_path, tiny_model, c
 def test_weights_hash_is_hashed_once_and_follows_rewrites(tmp_path, monkeypatch):
     import hashlib
 
-    from quantize import models
+    from quantize.checkpoint import loader as models
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
@@ -249,7 +249,7 @@ def test_calibration_dtype_follows_what_the_cpu_does_well(tmp_path, monkeypatch)
     """A bf16 checkpoint on a CPU calibrates in bf16 where the probe measures bf16 matmuls clearly faster (as plain
     llm-compressor would), in float32 where they are slower; AWQ stays float32 without asking the probe; an
     accelerator and the recipe's own dtype win over the probe."""
-    from quantize import dtypes
+    from quantize.convert import dtypes
 
     (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
     speed = {"x": 6.0}
@@ -277,7 +277,7 @@ def test_calibration_dtype_follows_what_the_cpu_does_well(tmp_path, monkeypatch)
 
 
 def test_bf16_probe_is_a_ratio_of_two_timings():
-    from quantize.dtypes import bf16_speedup
+    from quantize.convert.dtypes import bf16_speedup
 
     r = bf16_speedup(tokens=16, d_in=32, d_out=32, repeats=2)
     assert 0.01 < r < 100

@@ -164,7 +164,7 @@ def test_damaged_model_on_a_tiny_set_is_not_a_pass(setup, tiny_model, tmp_path, 
 def test_same_weights_under_another_config_are_another_checkpoint(setup, tiny_model, tmp_path):
     """With a shared cache, efcadec served one checkpoint's scores for another that had the same weights
     and a different config.json: the identity now covers config and tokenizer files."""
-    from quantize.checkpoint import identity_sha256, weights_sha256
+    from quantize.checkpoint.files import identity_sha256, weights_sha256
 
     _, suite, _, _ = setup
     first, _ = score(open_suite(suite), tiny_model)
@@ -261,7 +261,7 @@ def test_a_gate_loads_each_checkpoint_once(setup, tiny_model, tmp_path, monkeypa
     """Scores and agreement from one load each: cold caches, a baseline and a different candidate, the
     policy with agreement rules. Before, the gate loaded each checkpoint twice (scores, then agreement);
     with a suite dtype, agreement also ignored it and compared in float32."""
-    from quantize import models
+    from quantize.checkpoint import loader as models
 
     _, suite, _, setup_policy = setup
     policy = setup_policy
@@ -288,8 +288,8 @@ def test_a_gate_loads_each_checkpoint_once(setup, tiny_model, tmp_path, monkeypa
 def test_staged_scoring_matches_full_scoring_and_scores_each_item_once(setup, tiny_model, monkeypatch):
     """The sequential gate's scorer: items scored in two stages (lm-eval `samples=`, one load) equal the same
     items of a full run, and the second stage scores only the new ones."""
+    from quantize.checkpoint.loader import LastModel
     from quantize.evaluate import score as score_mod
-    from quantize.models import LastModel
 
     _, suite_path, _, _ = setup
     suite = open_suite(suite_path)
@@ -342,8 +342,8 @@ def test_a_stored_bias_the_model_lacks_is_let_go_only_when_zero(tiny_model, tmp_
     import torch
     from safetensors.torch import load_file, save_file
 
+    from quantize.checkpoint.loader import load_model
     from quantize.errors import UsageError
-    from quantize.models import load_model
 
     ckpt = tmp_path / "biased"
     shutil.copytree(tiny_model, ckpt)

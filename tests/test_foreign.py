@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from quantize.checkpoint import identity_sha256, loadable_view, side_quantization_config
+from quantize.checkpoint.files import identity_sha256, loadable_view, side_quantization_config
 from quantize.cli import main
 
 DATA = Path(__file__).parent / "data"

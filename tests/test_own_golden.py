@@ -138,8 +138,8 @@ def test_frozen_set_scores_item_for_item_like_the_original_task(user, tiny_model
     (ours, offline): equal per-item scores, log-likelihoods and generations."""
     from lm_eval.models.huggingface import HFLM
 
+    from quantize.checkpoint.loader import LastModel
     from quantize.evaluate.score import item_records
-    from quantize.models import LastModel
 
     _, tasks, _, _, suite = user
     s = open_suite(suite)

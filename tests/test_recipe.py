@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from quantize.convert.recipe import Indivisible, Method, Scheme, load_recipe, parse_recipe
 from quantize.errors import UsageError
-from quantize.recipe import Indivisible, Method, Scheme, load_recipe, parse_recipe
 
 BASE = {"method": "gptq", "scheme": "W4A16", "group_size": 128}
 
@@ -154,7 +154,7 @@ def test_stages_only_for_verbatim():
 
 
 def test_resolved_recipe_holds_only_its_methods_settings():
-    from quantize.recipe import resolved_dict
+    from quantize.convert.recipe import resolved_dict
 
     awq = resolved_dict(parse_recipe({"method": "awq", "scheme": "W4A16", "group_size": 64}))
     assert awq["awq_grid"] == 20 and "dampening_frac" not in awq and "smoothing_strength" not in awq

@@ -159,7 +159,7 @@ def test_peak_memory_is_this_process_s_not_the_one_that_started_it():
     import subprocess
     import sys
 
-    child = "from quantize.provenance import peak_rss_bytes; print(peak_rss_bytes())"
+    child = "from quantize.convert.provenance import peak_rss_bytes; print(peak_rss_bytes())"
     parent = (
         "import os, sys\n"
         "held = b'x' * (400 * 2**20)\n"  # touched pages: resident

@@ -89,8 +89,8 @@ def test_random_allocation_fills_but_never_exceeds():
 def test_a_mixed_checkpoint_has_the_planned_bytes_and_bits_per_layer(tmp_path, tiny_model, capsys):
     """The byte model equals the written checkpoint's headers, and `inspect --modules` reads back each
     layer group's bits."""
-    from quantize.plan import meta_model
-    from quantize.recipe import parse_recipe
+    from quantize.convert.plan import meta_model
+    from quantize.convert.recipe import parse_recipe
     from quantize.search.units import layout
 
     base = parse_recipe({"method": "rtn", "scheme": "W4A16", "group_size": 64, "calibration": None})
@@ -119,7 +119,7 @@ def test_a_mixed_checkpoint_has_the_planned_bytes_and_bits_per_layer(tmp_path, t
     assert round(mods["model.layers.0.self_attn.q_proj"]["bits_per_weight"]) == 8
     assert round(mods["model.layers.1.self_attn.q_proj"]["bits_per_weight"]) == 4
     assert mods["model.layers.1.mlp.up_proj"]["bits_per_weight"] == 16
-    from quantize.models import load_model
+    from quantize.checkpoint.loader import load_model
 
     model, _ = load_model(out, dtype="float32")  # reloads strictly
     assert model is not None
@@ -135,10 +135,10 @@ def test_sensitivity_ranks_a_planted_fragile_layer_group_first(world, tmp_path):
     import torch
     from safetensors.torch import load_file, save_file
 
+    from quantize.checkpoint.loader import load_model
+    from quantize.convert.plan import meta_model
+    from quantize.convert.recipe import parse_recipe
     from quantize.evaluate.agreement import Scorer, baseline_topk, requests
-    from quantize.models import load_model
-    from quantize.plan import meta_model
-    from quantize.recipe import parse_recipe
     from quantize.search.sensitivity import sensitivities
     from quantize.search.units import layout
     from quantize.suite import open_suite
@@ -179,9 +179,9 @@ def test_sensitivity_ranks_a_planted_fragile_layer_group_first(world, tmp_path):
 def test_a_budget_below_the_smallest_model_is_refused_before_any_model_loads(
     world, tiny_model, tmp_path, capsys, monkeypatch
 ):
-    import quantize.models
+    import quantize.checkpoint.loader
 
-    monkeypatch.setattr(quantize.models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(quantize.checkpoint.loader, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     _, _, policy = world
     s = spec(tmp_path / "s.yaml", tiny_model, policy, tmp_path / "out", budget=1.5)
     assert main(["search", str(s)]) == 2

@@ -68,8 +68,8 @@ def test_sequential_a_a_gate_on_vllm_builds_one_engine_per_checkpoint(golden, ti
 def test_vllm_agreement_matches_hf_on_the_same_checkpoint(golden, tiny_model, capsys):
     """The baseline's top-k from HF on the GPU, the candidate's prompt log-probabilities from vLLM: the same
     model, two engines; their agreement must be near perfect (kernels differ, numerics nearly not)."""
+    from quantize.checkpoint.loader import LastModel
     from quantize.evaluate.agreement import VLLMScorer, _scorer, agreement_requests, baseline_topk, compare
-    from quantize.models import LastModel
     from quantize.suite import open_suite
 
     hf, vl = open_suite(_suite(golden, "hf")), open_suite(_suite(golden, "vllm"))

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from quantize import cache
-from quantize.checkpoint import identity_sha256
+from quantize.checkpoint.files import identity_sha256
+from quantize.checkpoint.loader import LastModel, device
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.golden.manifest import GoldenSet, lm_eval_tasks
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.io import atomic_file
-from quantize.models import LastModel, device
 from quantize.records import AgreementResult
 from quantize.stats import clustered_se
 from quantize.suite import Backend, OpenSuite

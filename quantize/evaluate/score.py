@@ -22,12 +22,12 @@ from typing import Any, NamedTuple
 from pydantic import TypeAdapter
 
 from quantize import cache
-from quantize.checkpoint import check_loadable, check_model_dir, identity_sha256, loadable_view, weights_sha256
+from quantize.checkpoint.files import check_loadable, check_model_dir, identity_sha256, loadable_view, weights_sha256
+from quantize.checkpoint.loader import LastModel
+from quantize.checkpoint.loader import device as pick_device
 from quantize.errors import RuntimeFailure
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.golden.manifest import lm_eval_tasks
-from quantize.models import LastModel
-from quantize.models import device as pick_device
 from quantize.records import (
     CheckpointRef,
     GoldenRef,

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantize import cache, cost, records
-from quantize.accounting import bits_report
-from quantize.checkpoint import identity_sha256, read_config
+from quantize import cache, records
+from quantize.checkpoint.accounting import bits_report
+from quantize.checkpoint.files import identity_sha256, read_config
+from quantize.cost import bounds as cost
 from quantize.errors import UsageError
 from quantize.gates.gate import agreement_rule, decide
 from quantize.gates.policy import AgreementRule, Policy, load_policy

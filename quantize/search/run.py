@@ -26,9 +26,9 @@ from typing import Any
 import yaml
 
 from quantize import cache, records
+from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
 from quantize.errors import UsageError
 from quantize.io import sha256_json
-from quantize.recipe import WEIGHT_ONLY_INT, Scheme
 from quantize.records import (
     AllocationRecord,
     SearchRef,
@@ -57,10 +57,10 @@ def preflight(
     spec_path: str, budgets: list[float] | None, policy_path: str | None = None
 ) -> tuple[SearchRecipe, str, Any, Any, Path, Layout, list[float]]:
     """Everything checkable before a model loads."""
+    from quantize.checkpoint.loader import resolve_model
+    from quantize.convert.plan import meta_model
+    from quantize.flows.gate import check_rules
     from quantize.gates.policy import load_policy
-    from quantize.models import resolve_model
-    from quantize.pipeline import check_rules
-    from quantize.plan import meta_model
     from quantize.search.units import layout
     from quantize.suite import open_suite
 
@@ -136,9 +136,9 @@ def recipe_for(spec: SearchRecipe, model_dir: Path, alloc: dict[str, str], lay: 
 def run_search(
     spec_path: str, budgets: list[float] | None = None, quiet: bool = False, policy: str | None = None
 ) -> SearchReport:
+    from quantize.checkpoint.loader import LastModel
     from quantize.evaluate.agreement import Scorer, baseline_topk, requests
-    from quantize.models import LastModel
-    from quantize.runtime import quiet_libraries
+    from quantize.quiet import quiet_libraries
     from quantize.search.sensitivity import measure, sensitivities
 
     spec, sha, policy, suite, model_dir, lay, wanted = preflight(spec_path, budgets, policy)
@@ -161,7 +161,7 @@ def run_search(
             seen[r.task] += 1
         base_sens = baseline_topk(scorer, sens_reqs, m.top_k)
         base_held = baseline_topk(scorer, held_reqs, m.top_k) if held_reqs else None
-        from quantize.checkpoint import identity_sha256
+        from quantize.checkpoint.files import identity_sha256
 
         key = sha256_json(
             {
@@ -318,11 +318,11 @@ def run_search(
 def _convert_and_gate(
     spec: SearchRecipe, recipe: dict[str, Any], tries_dir: Path, ckpt: Path, model_dir: Path, quiet: bool
 ) -> tuple[int, Any]:
-    from quantize.accounting import bits_report
-    from quantize.engine import convert
+    from quantize.checkpoint.accounting import bits_report
+    from quantize.convert.engine import convert
+    from quantize.convert.recipe import parse_recipe
+    from quantize.flows.gate import run_gate
     from quantize.io import write_text_atomic
-    from quantize.pipeline import run_gate
-    from quantize.recipe import parse_recipe
 
     tries_dir.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(recipe, sort_keys=False)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from quantize.recipe import WEIGHT_ONLY_INT, Scheme
+from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
 from quantize.search.units import Unit
 
 

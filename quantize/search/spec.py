@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quantize.config import beside_repo, load_yaml
-from quantize.recipe import WEIGHT_ONLY_INT, GPTQRecipe, RTNRecipe, Scheme
+from quantize.convert.recipe import WEIGHT_ONLY_INT, GPTQRecipe, RTNRecipe, Scheme
 
 
 class Measure(BaseModel):

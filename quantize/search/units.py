@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantize.convert.plan import divisor_group
+from quantize.convert.recipe import WEIGHT_ONLY_INT, Indivisible, RTNRecipe, Scheme
 from quantize.errors import UsageError
-from quantize.plan import divisor_group
-from quantize.recipe import WEIGHT_ONLY_INT, Indivisible, RTNRecipe, Scheme
 
 
 @dataclass
@@ -90,8 +90,8 @@ def layout(model: Any, model_dir: Path, base: RTNRecipe, options: list[str], uni
     import torch
     from compressed_tensors.utils.match import match_named_modules
 
-    from quantize.accounting import read_header
-    from quantize.checkpoint import safetensors_files
+    from quantize.checkpoint.accounting import read_header
+    from quantize.checkpoint.files import safetensors_files
 
     tensors: dict[str, Any] = {}
     for f in safetensors_files(model_dir):

@@ -307,8 +307,8 @@ def checkpoint_cost(
     project_share: float | None = None,
 ) -> dict[str, Any]:
     """Bounds from a measured checkpoint's bytes; optionally a labelled projection onto a larger model."""
-    from quantize.accounting import bits_report
-    from quantize.checkpoint import read_config
+    from quantize.checkpoint.accounting import bits_report
+    from quantize.checkpoint.files import read_config
 
     report = bits_report(checkpoint)
     if not report.parameters:

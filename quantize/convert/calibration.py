@@ -20,8 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from quantize.convert.recipe import Calibration
 from quantize.errors import UsageError
-from quantize.recipe import Calibration
 from quantize.records import CalibrationRecord
 
 BUILTIN = {

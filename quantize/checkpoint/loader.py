@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.cache import cache_dir
-from quantize.checkpoint import check_loadable, check_model_dir, loadable_view, weights_sha256
+from quantize.checkpoint.files import check_loadable, check_model_dir, loadable_view, weights_sha256
 from quantize.errors import UsageError
 from quantize.io import atomic_dir, sha256_file
 
@@ -156,7 +156,7 @@ def _stored_zeros(path: Path, names: list[str]) -> set[str]:
         return set()
     from safetensors import safe_open
 
-    from quantize.checkpoint import safetensors_files
+    from quantize.checkpoint.files import safetensors_files
 
     zero = set()
     for f in safetensors_files(path):

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantize.checkpoint import SIDE_CONFIGS, read_config, read_json_object, safetensors_files
+from quantize.checkpoint.files import SIDE_CONFIGS, read_config, read_json_object, safetensors_files
 from quantize.errors import UsageError
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit

@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantize import records
-from quantize.checkpoint import check_loadable, check_model_dir
+from quantize.checkpoint.files import check_loadable, check_model_dir
+from quantize.checkpoint.loader import LastModel
 from quantize.errors import UsageError
 from quantize.gates.gate import comparable_settings, decide
 from quantize.gates.policy import RULE_OUTPUT_TYPES, AgreementRule, Policy, load_policy
-from quantize.models import LastModel
 from quantize.records import ScoreDoc, Verdict
 from quantize.suite import OpenSuite, open_suite
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantize.convert.recipe import MIN_GROUP, Indivisible, Recipe
 from quantize.errors import UsageError
-from quantize.recipe import MIN_GROUP, Indivisible, Recipe
 from quantize.records import LayerPlanRecord
 
 

@@ -15,19 +15,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-from quantize import accounting, records
-from quantize.calibration import CalibrationSet, build_calibration, source_path
-from quantize.card import model_card
-from quantize.checkpoint import missing_packages, weights_sha256
-from quantize.checks import reload_check
-from quantize.dtypes import calibration_dtype, cast_saved_floats, source_dtype
+from quantize import records
+from quantize.checkpoint import accounting
+from quantize.checkpoint.files import missing_packages, weights_sha256
+from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, device, load_model, recorded_weights_sha256, resolve_model
+from quantize.convert.calibration import CalibrationSet, build_calibration, source_path
+from quantize.convert.card import model_card
+from quantize.convert.checks import reload_check
+from quantize.convert.dtypes import calibration_dtype, cast_saved_floats, source_dtype
+from quantize.convert.modifiers import compile_modifiers
+from quantize.convert.plan import LayerPlan, meta_model, plan_layers
+from quantize.convert.provenance import Phases, library_versions, memory_record
+from quantize.convert.recipe import BACKEND_PACKAGES, Backend, Method, Recipe, resolved_dict
+from quantize.convert.runtime import cpu_safe_calibration
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.io import atomic_dir, sha256_json
-from quantize.models import DEFAULT_MODEL_HUB_ID, device, load_model, recorded_weights_sha256, resolve_model
-from quantize.modifiers import compile_modifiers
-from quantize.plan import LayerPlan, meta_model, plan_layers
-from quantize.provenance import Phases, library_versions, memory_record
-from quantize.recipe import BACKEND_PACKAGES, Backend, Method, Recipe, resolved_dict
+from quantize.quiet import quiet_libraries
 from quantize.records import (
     BitsRecord,
     EngineRecord,
@@ -36,7 +39,6 @@ from quantize.records import (
     RunRecord,
     SourceModel,
 )
-from quantize.runtime import cpu_safe_calibration, quiet_libraries
 
 
 def output_dir(recipe: Recipe, override: str | None) -> Path:
@@ -129,7 +131,7 @@ def _gptqmodel(model_dir: Path, recipe: Recipe, dtype: Any, calib: CalibrationSe
     from gptqmodel.quantization import FORMAT, METHOD
     from gptqmodel.utils.backend import BACKEND
 
-    from quantize.recipe import WEIGHT_ONLY_INT
+    from quantize.convert.recipe import WEIGHT_ONLY_INT
 
     assert recipe.scheme_or_none is not None and calib is not None
     common = dict(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantize.checkpoint import read_config, safetensors_files, write_config
-from quantize.models import device
-from quantize.recipe import Recipe
+from quantize.checkpoint.files import read_config, safetensors_files, write_config
+from quantize.checkpoint.loader import device
+from quantize.convert.recipe import Recipe
 
 # Float tensors that stay float32 whatever the model's dtype (compressed-tensors' global scales).
 KEEP_FP32 = (".weight_global_scale", ".input_global_scale")
@@ -50,7 +50,7 @@ def calibration_dtype(recipe: Recipe, model_dir: Path) -> tuple[str, str]:
     probe says: its grid search over bf16 activations has produced non-finite losses. GPTQModel's AWQ packs only
     from float16 or bfloat16 weights (its AwqTorchLinear refuses float32): the checkpoint's own half dtype, else
     bfloat16."""
-    from quantize.recipe import Backend, Method
+    from quantize.convert.recipe import Backend, Method
 
     if recipe.dtype:
         return recipe.dtype, "the recipe's dtype"

@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
-from quantize.plan import LayerPlan
-from quantize.recipe import WEIGHT_ONLY_INT, Method, Recipe, Scheme
+from quantize.convert.plan import LayerPlan
+from quantize.convert.recipe import WEIGHT_ONLY_INT, Method, Recipe, Scheme
 
 # Presets of compressed-tensors used as-is (activation settings included).
 PRESET = {Scheme.W8A8: "W8A8", Scheme.FP8: "FP8", Scheme.FP8_DYNAMIC: "FP8_DYNAMIC"}

@@ -1,5 +1,5 @@
-"""What the libraries need around a run: llm-compressor on a torch without an accelerator, and
-quiet progress for `--quiet`. No file on disk is changed; every change is undone on exit."""
+"""Quiet libraries for `--quiet` and `--json`: what they print never reaches our stdout. Every stage uses it;
+it imports the libraries only when quiet is asked for, and undoes every change on exit."""
 
 from __future__ import annotations
 
@@ -11,29 +11,9 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from quantize.models import device
-
 # Loggers the libraries write progress and warnings to (loguru for llm-compressor, logging for the rest).
 LOGURU = ("llmcompressor", "compressed_tensors")
 LOGGING = ("lm-eval", "lm_eval", "transformers", "datasets", "accelerate")
-
-
-@contextmanager
-def cpu_safe_calibration() -> Iterator[None]:
-    """llm-compressor pins cached activations for faster host-to-device copies (AWQ's grid search).
-    On a torch without an accelerator, Tensor.pin_memory() raises; there is no device to copy to,
-    so pinning is skipped for the duration of the run."""
-    from llmcompressor.pipelines.cache import IntermediatesCache
-
-    if device() != "cpu":
-        yield
-        return
-    original = IntermediatesCache.pin_memory
-    IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None
-    try:
-        yield
-    finally:
-        IntermediatesCache.pin_memory = original
 
 
 @contextmanager

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quantize.checkpoint.loader import load_model
 from quantize.errors import RuntimeFailure
-from quantize.models import load_model
 from quantize.records import FiniteCheck
 
 

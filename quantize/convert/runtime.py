@@ -1,0 +1,27 @@
+"""What llm-compressor needs around a conversion on a torch without an accelerator. No file on disk is
+changed; every change is undone on exit."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from quantize.checkpoint.loader import device
+
+
+@contextmanager
+def cpu_safe_calibration() -> Iterator[None]:
+    """llm-compressor pins cached activations for faster host-to-device copies (AWQ's grid search).
+    On a torch without an accelerator, Tensor.pin_memory() raises; there is no device to copy to,
+    so pinning is skipped for the duration of the run."""
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    if device() != "cpu":
+        yield
+        return
+    original = IntermediatesCache.pin_memory
+    IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None
+    try:
+        yield
+    finally:
+        IntermediatesCache.pin_memory = original
