@@ -35,10 +35,10 @@ def test_shipped_recipe_converts_default_model(tmp_path, recipe, capsys):
     from transformers import AutoModelForCausalLM
 
     from quantize.checkpoint.files import missing_packages
-    from quantize.convert.recipe import BACKEND_PACKAGES
+    from quantize.convert.backends import backend_named
 
     data = yaml.safe_load(recipe.read_text())
-    if missing := missing_packages(BACKEND_PACKAGES.get(data.get("backend", ""), ())):
+    if missing := missing_packages(backend_named(data.get("backend", "llmcompressor")).packages):
         pytest.skip(f"backend {data['backend']} needs {', '.join(missing)}: run it in .venv-gptq (make gptq-env)")
     data["output"] = str(tmp_path / recipe.stem)
     if data.get("calibration"):

@@ -3,7 +3,21 @@ tools see a quantized model of its base, and a summary of quantize.json."""
 
 from __future__ import annotations
 
+from quantize.convert.backends import backend_named
 from quantize.records import RunRecord
+
+
+def library_version(dist: str, versions: dict[str, str | None]) -> str:
+    """The version quantize.json recorded for a library (it records the core set), else the installed one: the
+    card is written by the conversion that used it."""
+    from importlib import metadata
+
+    if versions.get(dist):
+        return str(versions[dist])
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 def model_card(meta: RunRecord, base_model: str | None) -> str:
@@ -11,7 +25,8 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
     b, cal = meta.bits, meta.calibration
-    tags = ["quantized", "compressed-tensors", "llm-compressor", "quantize", meta.method]
+    backend = backend_named(meta.engine.backend)
+    tags = ["quantized", *backend.card_tags, "quantize", meta.method]
     if meta.scheme:
         tags.append(meta.scheme.lower())
     data = ModelCardData(
@@ -22,11 +37,12 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
         tags=tags,
     )
     qbits = b.quantized_linear_bits_per_weight
+    written = backend.formats.get(meta.method, backend.formats["*"])
     lines = [
         f"# {meta.label}",
         "",
         f"Quantized with [quantize](https://pypi.org/project/quantize/) {meta.versions['quantize']} "
-        f"(llm-compressor {meta.versions['llmcompressor']}, compressed-tensors format).",
+        f"({backend.credit} {library_version(backend.library, meta.versions)}, {written}).",
         "",
         "| | |",
         "|---|---|",
@@ -49,15 +65,7 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
         "Bytes by role: " + ", ".join(f"{k} {v:,}" for k, v in b.bytes_by_role.items()),
         "",
         "Full provenance is in `quantize.json`. Load with `transformers.AutoModelForCausalLM.from_pretrained` "
-        + (
-            (
-                "(gptqmodel installed: AutoAWQ's GEMM format, written by GPTQModel)"
-                if meta.method == "awq"
-                else "(optimum and gptqmodel installed: GPTQModel's GPTQ format)"
-            )
-            if meta.engine.backend == "gptqmodel"
-            else "(compressed-tensors installed)"
-        )
+        + backend.load_note.get(meta.method, backend.load_note["*"])
         + " or serve with vLLM.",
         "",
     ]

@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from quantize.convert.plan import LayerPlan
-from quantize.convert.recipe import WEIGHT_ONLY_INT, Method, Recipe, Scheme
+from quantize.convert.recipe import WEIGHT_ONLY_INT, GPTQRecipe, Method, Recipe, Scheme
 
 # Presets of compressed-tensors used as-is (activation settings included).
 PRESET = {Scheme.W8A8: "W8A8", Scheme.FP8: "FP8", Scheme.FP8_DYNAMIC: "FP8_DYNAMIC"}
@@ -55,7 +55,7 @@ def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
         return GPTQModifier(
             **quant,
             dampening_frac=recipe.dampening_frac,
-            actorder="weight" if getattr(recipe, "act_order", False) else None,
+            actorder="weight" if isinstance(recipe, GPTQRecipe) and recipe.act_order else None,
         )
 
     # Method -> modifier chain: transforms first, then the modifier that sets scales and rounds.

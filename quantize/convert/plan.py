@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantize.convert.recipe import MIN_GROUP, Indivisible, Recipe
+from quantize.convert.recipe import MIN_GROUP, GroupedRecipe, Indivisible, Recipe
 from quantize.errors import UsageError
 from quantize.records import LayerPlanRecord
 
@@ -77,7 +77,9 @@ def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
         )
     g = recipe.weight_group
     override = {}
-    for o in reversed(getattr(recipe, "overrides", [])):  # the first matching override wins
+    for o in reversed(
+        recipe.overrides if isinstance(recipe, GroupedRecipe) else []
+    ):  # the first matching override wins
         override |= {n: o.scheme for n, _ in match_named_modules(model, o.targets, recipe.ignore)}
     bad = []
     for name, module in layers:

@@ -81,7 +81,6 @@ RETIRED = {
 BACKEND_SCHEMES = {"gptqmodel": {"gptq": {"W4A16", "W3A16", "W8A16"}, "awq": {"W4A16"}}}
 # GPTQModel's AWQ searches a fixed grid of 20 points per scale (its awq_processor's n_grid)
 GPTQMODEL_AWQ_GRID = 20
-BACKEND_PACKAGES = {"gptqmodel": ("gptqmodel", "optimum")}
 
 
 WEIGHT_ONLY_INT = {Scheme.W4A16: 4, Scheme.W3A16: 3, Scheme.W8A16: 8}
@@ -231,7 +230,7 @@ class LayerOverride(BaseModel):
     scheme: Scheme | Literal["keep"]
 
 
-class _Grouped(_Quantized):
+class GroupedRecipe(_Quantized):
     """Int weight schemes with optional groups along the input axis."""
 
     group_size: int | None = Field(None, description="weights per scale for int weights; null = per channel")
@@ -241,7 +240,7 @@ class _Grouped(_Quantized):
     )
 
     @model_validator(mode="after")
-    def _overrides(self) -> _Grouped:
+    def _overrides(self) -> GroupedRecipe:
         if not self.overrides:
             return self
         if self.method not in (Method.rtn, Method.gptq):
@@ -273,7 +272,7 @@ class _Grouped(_Quantized):
         return g
 
     @model_validator(mode="after")
-    def _groups_only_for_int_weights(self) -> _Grouped:
+    def _groups_only_for_int_weights(self) -> GroupedRecipe:
         if self.scheme in (Scheme.FP8, Scheme.FP8_DYNAMIC, Scheme.W8A8) and self.group_size is not None:
             raise ValueError(
                 f"scheme {self.scheme.value} uses one scale per output channel, not groups, so group_size must be "
@@ -286,11 +285,11 @@ class _Grouped(_Quantized):
         return self.group_size if self.scheme in WEIGHT_ONLY_INT else None
 
 
-class RTNRecipe(_Grouped):
+class RTNRecipe(GroupedRecipe):
     method: Literal[Method.rtn]
 
 
-class GPTQRecipe(_Grouped):
+class GPTQRecipe(GroupedRecipe):
     method: Literal[Method.gptq]
     act_order: bool = Field(
         False,
@@ -299,7 +298,7 @@ class GPTQRecipe(_Grouped):
     dampening_frac: float = Field(0.01, gt=0, lt=1, description="λ added to diag(H) as a fraction of its mean")
 
 
-class AWQRecipe(_Grouped):
+class AWQRecipe(GroupedRecipe):
     method: Literal[Method.awq]
     awq_grid: int = Field(20, ge=3, le=100, description="grid points searched per scale (llm-compressor's default 20)")
 

@@ -1,0 +1,91 @@
+"""GPTQModel: its own GPTQ (Frantar et al. 2023) or AWQ (Lin et al. 2024) on our calibration tokens, written in
+GPTQModel's GPTQ format or AutoAWQ's GEMM layout. Needs gptqmodel and optimum (`make gptq-env`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+from quantize.convert.backends import Job
+from quantize.convert.plan import LayerPlan
+from quantize.convert.recipe import WEIGHT_ONLY_INT, AWQRecipe, GPTQRecipe, Recipe
+from quantize.convert.runtime import cpu_safe_calibration
+from quantize.errors import UsageError
+
+
+class GPTQModelBackend:
+    name = "gptqmodel"
+    packages = ("gptqmodel", "optimum")
+    library = "gptqmodel"
+    credit = "GPTQModel"
+    card_tags = ("gptqmodel",)
+    formats: ClassVar[dict[str, str]] = {"awq": "AutoAWQ's GEMM format", "*": "GPTQModel's GPTQ format"}
+    load_note: ClassVar[dict[str, str]] = {
+        "awq": "(gptqmodel installed: AutoAWQ's GEMM format, written by GPTQModel)",
+        "*": "(optimum and gptqmodel installed: GPTQModel's GPTQ format)",
+    }
+
+    def prepare(self, recipe: Recipe, plan: LayerPlan) -> Any:
+        """GPTQModel writes a second group size as a per-module `dynamic` override, which transformers cannot
+        load: the group must divide every layer. It configures itself from the recipe (no modifiers)."""
+        if len(plan.groups) > 1 or plan.kept:
+            g = recipe.weight_group
+            odd = sorted({n for size, names in plan.groups.items() if size != g for n in names} | set(plan.kept))
+            raise UsageError(
+                f"backend: gptqmodel with group_size {g}: {len(odd)} layer(s) (e.g. {odd[0]}) have "
+                "input features the group does not divide, and GPTQModel writes their other group size as a per-module "
+                "`dynamic` override, which transformers cannot load (GPTQModel warns so; measured: the reload fails). "
+                "Choose a group_size that divides every layer's input features (64 for SmolLM2's 576), or use "
+                "backend: llmcompressor"
+            )
+        return None
+
+    def load(self, model_dir: Path, recipe: Recipe, dtype: Any) -> tuple[Any, Any]:
+        """The tokenizer only: GPTQModel loads the model itself, at quantize time."""
+        from transformers import AutoTokenizer
+
+        return None, AutoTokenizer.from_pretrained(str(model_dir))
+
+    def quantize(self, job: Job) -> tuple[Any, Any]:
+        """Bits from the scheme, `group_size` (per channel: -1), `symmetric` -> sym (AWQ: zero_point = not sym);
+        GPTQ's `act_order` -> desc_act (GPTQModel stores g_idx) and `dampening_frac` -> damp_percent; AWQ in
+        AutoAWQ's GEMM layout, through GPTQModel's torch kernel on a CPU (its default kernel asks for CUDA).
+        Returns GPTQModel's model wrapper, quantized, and its QuantizeConfig (what ran)."""
+        # GPTQModel 7.6 sizes its CPU thread pools from this and stops with "requests 2 workers but parent 'cpu'
+        # only has 1" on a 2-core machine without it
+        os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, os.cpu_count() or 2)))
+        from gptqmodel import GPTQModel, QuantizeConfig
+        from gptqmodel.quantization import FORMAT, METHOD
+        from gptqmodel.utils.backend import BACKEND
+
+        from quantize.checkpoint.loader import device
+
+        recipe = job.recipe
+        assert isinstance(recipe, GPTQRecipe | AWQRecipe), "recipe validation admits GPTQ and AWQ only here"
+        assert recipe.scheme_or_none is not None and job.calib is not None
+        common = dict(bits=WEIGHT_ONLY_INT[recipe.scheme_or_none], group_size=recipe.weight_group or -1)
+        if isinstance(recipe, AWQRecipe):
+            qcfg = QuantizeConfig(
+                **common, sym=recipe.symmetric, desc_act=False, quant_method=METHOD.AWQ, format=FORMAT.GEMM
+            )
+            backend = BACKEND.AWQ_TORCH if device() == "cpu" else BACKEND.AUTO
+        else:
+            qcfg = QuantizeConfig(
+                **common, sym=recipe.symmetric, desc_act=recipe.act_order, damp_percent=recipe.dampening_frac
+            )
+            backend = BACKEND.AUTO
+        model = GPTQModel.load(str(job.model_dir), qcfg, **({"dtype": job.dtype} if job.dtype is not None else {}))
+        ids = job.calib.input_ids.tolist()
+        with cpu_safe_calibration():
+            rows = [{"input_ids": r, "attention_mask": [1] * len(r)} for r in ids]
+            model.quantize(rows, batch_size=1, backend=backend)
+        return model, [model.quantize_config]
+
+    def save(self, model: Any, folder: Path) -> None:
+        model.save(str(folder))
+
+    def release(self) -> None:
+        import gc
+
+        gc.collect()

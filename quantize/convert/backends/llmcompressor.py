@@ -1,0 +1,68 @@
+"""llm-compressor: `oneshot` with the modifiers our recipe compiles to (modifiers.py), or a verbatim `stages:`
+section; writes the compressed-tensors format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from quantize.convert.backends import Job
+from quantize.convert.modifiers import compile_modifiers
+from quantize.convert.plan import LayerPlan
+from quantize.convert.recipe import Method, Recipe
+from quantize.convert.runtime import cpu_safe_calibration
+from quantize.errors import RuntimeFailure, UsageError
+
+
+class LLMCompressorBackend:
+    name = "llmcompressor"
+    packages: tuple[str, ...] = ()
+    library = "llmcompressor"
+    credit = "llm-compressor"
+    card_tags = ("compressed-tensors", "llm-compressor")
+    formats: ClassVar[dict[str, str]] = {"*": "compressed-tensors format"}
+    load_note: ClassVar[dict[str, str]] = {"*": "(compressed-tensors installed)"}
+
+    def prepare(self, recipe: Recipe, plan: LayerPlan) -> Any:
+        return compile_modifiers(recipe, plan)
+
+    def load(self, model_dir: Path, recipe: Recipe, dtype: Any) -> tuple[Any, Any]:
+        from quantize.checkpoint.loader import load_model
+
+        return load_model(model_dir, recipe.trust_remote_code, dtype=dtype or "auto")
+
+    def quantize(self, job: Job) -> tuple[Any, Any]:
+        """`oneshot` on our packed calibration tokens (none for data-free schemes)."""
+        recipe, calib = job.recipe, job.calib
+        with cpu_safe_calibration():
+            from datasets import Dataset
+            from llmcompressor import oneshot
+
+            kwargs: dict[str, Any] = {}
+            if calib is not None:
+                ids = calib.input_ids.tolist()
+                kwargs = dict(
+                    dataset=Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * len(ids[0])] * len(ids)}),
+                    num_calibration_samples=len(ids),
+                    max_seq_length=len(ids[0]),
+                    shuffle_calibration_samples=False,
+                )
+            try:
+                ran = oneshot(model=job.model, processor=job.tok, recipe=job.prepared, **kwargs) or job.model
+                return ran, job.prepared
+            except (ValueError, KeyError) as e:
+                if recipe.method is Method.llmcompressor:
+                    raise UsageError(f"llm-compressor rejected the verbatim `stages:` recipe: {e}") from None
+                raise RuntimeFailure(f"llm-compressor failed: {type(e).__name__}: {e}") from e
+
+    def save(self, model: Any, folder: Path) -> None:
+        model.save_pretrained(folder, save_compressed=True)
+
+    def release(self) -> None:
+        """llm-compressor's session holds the quantized model too."""
+        import gc
+
+        from llmcompressor.core import reset_session
+
+        reset_session()
+        gc.collect()
