@@ -6,7 +6,6 @@ UsageError (exit code 2) before any heavy work starts.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +14,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from quantize.errors import UsageError
+from quantize.io import sha256_bytes
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -127,7 +127,7 @@ def load_yaml(
         raise UsageError(f"{what} file {p} does not exist{extra}; {hint}")
     raw = p.read_bytes()
     data = parse_yaml(raw, str(p))
-    return validate(model, data, str(p), what, skip_locs, tag_label, hints=hints), hashlib.sha256(raw).hexdigest()
+    return validate(model, data, str(p), what, skip_locs, tag_label, hints=hints), sha256_bytes(raw)
 
 
 def beside_repo(config_file: str | Path, relative: str) -> str:

@@ -127,6 +127,10 @@ def sha256_json(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def sha256_file(path: Path) -> str:
     with Path(path).open("rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import os
 import tempfile
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
-from quantize.io import sha256_file, sha256_named_files
+from quantize.io import sha256_bytes, sha256_file, sha256_named_files
 
 CONFIG = "config.json"
 
@@ -271,11 +270,11 @@ def identity_sha256(checkpoint: Path) -> str:
     Scores are cached and compared under this hash, so the same weights under another config or
     tokenizer are another checkpoint."""
     checkpoint = Path(checkpoint)
-    h = hashlib.sha256(b"weights " + weights_sha256(checkpoint).encode())
+    parts = [b"weights " + weights_sha256(checkpoint).encode()]
     for name in IDENTITY_FILES:
         if (f := checkpoint / name).is_file():
-            h.update(f"\n{name} ".encode() + sha256_file(f).encode())
-    return h.hexdigest()
+            parts.append(f"\n{name} ".encode() + sha256_file(f).encode())
+    return sha256_bytes(b"".join(parts))
 
 
 def weights_sha256(checkpoint: Path) -> str:

@@ -12,7 +12,6 @@ The sha256 of X's bytes (int64, little-endian, row-major) identifies the data.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 
 from quantize.convert.recipe import Calibration
 from quantize.errors import UsageError
+from quantize.io import sha256_bytes
 from quantize.records import CalibrationRecord
 
 BUILTIN = {
@@ -119,6 +119,6 @@ def build_calibration(tokenizer: Any, cal: Calibration) -> CalibrationSet:
         seed=cal.seed,
         documents_used=used,
         tokens=need,
-        token_sha256=hashlib.sha256(x.tobytes()).hexdigest(),
+        token_sha256=sha256_bytes(x.tobytes()),
     )
     return CalibrationSet(torch.from_numpy(x.copy()), record)

@@ -14,7 +14,6 @@ Tasks of golden/core (each item has an `id` and a `cluster`, the source document
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import re
@@ -24,8 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantize.errors import UsageError
 from quantize.golden import sources as src
-from quantize.golden.version import ROLLING_METRICS
+from quantize.golden.version import ROLLING_METRICS, jsonl, write_files, yaml_bytes
+from quantize.io import sha256_file
 
 TASK_VERSION = 1.0
 GROUP = "core"
@@ -262,23 +263,6 @@ def group_config(tasks: list[str]) -> dict[str, Any]:
     return {"group": GROUP, "task": tasks, "metadata": {"version": TASK_VERSION}}
 
 
-# --- writing ------------------------------------------------------------------------------------
-
-
-def _jsonl(items: list[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(it, ensure_ascii=False, sort_keys=True) + "\n" for it in items).encode("utf-8")
-
-
-def _yaml(data: dict[str, Any]) -> bytes:
-    import yaml
-
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120).encode("utf-8")
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | None = None) -> dict[str, Any]:
     """Build golden/core/<version> from a folder made by fetch_sources.sh (sizes from the version's name)."""
     sizes = sizes or Sizes.for_version(out.name)
@@ -286,8 +270,11 @@ def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | No
     x = sources_dir / "x"
     for s in meta.values():  # the sources must be the ones recorded
         for f, digest in s["sha256"].items():
-            if sha256((x / f).read_bytes()) != digest:
-                raise ValueError(f"source file {f} does not match the sha256 recorded in sources.json; fetch again")
+            if sha256_file(x / f) != digest:
+                raise UsageError(
+                    f"source file {x / f} does not match the sha256 recorded in {sources_dir / 'sources.json'}; "
+                    "fetch the sources again (golden/core/fetch_sources.sh)"
+                )
     quiz_dir = x / "usr/share/games/bsdgames/quiz"
     docs = prose_documents(x / meta["jargon"]["files"][0], x / meta["devil"]["files"][0])
     cloze, prose = build_cloze_and_prose(docs, seed, sizes.cloze, sizes.prose)
@@ -304,16 +291,17 @@ def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | No
 def write_version(
     out: Path, data: dict[str, list[dict[str, Any]]], sources: dict[str, Any], seed: int, sizes: Sizes
 ) -> dict[str, Any]:
-    files: dict[str, bytes] = {f"data/{name}.jsonl": _jsonl(items) for name, items in data.items()}
+    """core's files and manifest fields, written by the one version writer (quantize/golden/version.py)."""
+    files: dict[str, bytes] = {f"data/{name}.jsonl": jsonl(items) for name, items in data.items()}
     configs = task_configs()
     for task, cfg in configs.items():
-        files[f"tasks/{task}.yaml"] = _yaml(cfg)
-    files[f"tasks/{GROUP}.yaml"] = _yaml(group_config(list(configs)))
+        files[f"tasks/{task}.yaml"] = yaml_bytes(cfg)
+    files[f"tasks/{GROUP}.yaml"] = yaml_bytes(group_config(list(configs)))
     smoke = {
         f"core_{name}": [it["id"] for it in _rng(seed, f"smoke:{name}").sample(items, min(sizes.smoke, len(items)))]
         for name, items in data.items()
     }
-    manifest = {
+    fields = {
         "name": "core",
         "version": out.name,
         "group": GROUP,
@@ -325,40 +313,41 @@ def write_version(
             "module": "quantize.golden.build",
         },
         "sources": sources,
-        "files": {
-            name: {"sha256": sha256(blob), "items": blob.count(b"\n") if name.endswith(".jsonl") else None}
-            for name, blob in sorted(files.items())
-        },
         "smoke_ids": smoke,
         "note": "Public-domain and openly licensed texts the default model may have seen in training: absolute "
         "perplexity is not held-out; comparisons between checkpoints on the same items are still fair.",
     }
-    for name, blob in files.items():
-        p = out / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(blob)
-    (out / "MANIFEST.json").write_bytes(
-        (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
-    )
-    return manifest
+    return write_files(out, files, fields)
+
+
+def build(sources_dir: Path, out: Path, seed: int = 1234) -> dict[str, Any]:
+    """`quantize golden build` and golden/core/build.py: refuse an existing version, then build it."""
+    from quantize.golden.version import check_new_version
+
+    check_new_version(out)
+    if not (sources_dir / "sources.json").is_file():
+        raise UsageError(
+            f"--sources {sources_dir}: no sources.json there; fetch the sources with "
+            f"`bash golden/core/fetch_sources.sh {sources_dir}` first"
+        )
+    return build_core(sources_dir, out, seed)
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
+
+    from quantize.errors import EXIT_OK, EXIT_USAGE
 
     ap = argparse.ArgumentParser(description="Build golden/core/<version> from fetched sources.")
     ap.add_argument("--sources", required=True, type=Path, help="folder written by golden/core/fetch_sources.sh")
     ap.add_argument("--out", type=Path, default=Path("golden/core/v1"))
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args(argv)
-    if (args.out / "MANIFEST.json").exists():
-        print(
-            f"{args.out} exists: a golden version is immutable. Build into a new version folder (e.g. --out "
-            "golden/core/v2).",
-            file=sys.stderr,
-        )
-        return 2
-    m = build_core(args.sources, args.out, args.seed)
+    try:
+        m = build(args.sources, args.out, args.seed)
+    except UsageError as e:
+        print(f"golden/core/build.py: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     for name, f in m["files"].items():
         print(f"{name}: {f['items'] if f['items'] is not None else ''} {f['sha256'][:12]}")
-    return 0
+    return EXIT_OK

@@ -18,7 +18,6 @@ Each item gets a stable id (`golden_id`, <task>-<index>, or the field --id-field
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import shlex
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from quantize.errors import UsageError
 from quantize.golden.manifest import OUTPUT_TYPES
 from quantize.golden.version import TaskFiles, check_new_version, write_version
+from quantize.io import sha256_file
 
 ID_FIELD = "golden_id"
 # the parts of a task config a frozen task keeps; the dataset part is written anew
@@ -211,7 +211,7 @@ def _source(task: Any, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _sha(p: Path) -> str | None:
-    return hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+    return sha256_file(p) if p.is_file() else None
 
 
 def freeze(

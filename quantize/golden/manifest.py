@@ -7,7 +7,6 @@ file. Scoring calls `verify` first and refuses an unverified set.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from quantize.config import validate
 from quantize.errors import UsageError
+from quantize.io import sha256_bytes
 
 
 class FileEntry(BaseModel):
@@ -139,7 +139,7 @@ def verify(path: str | Path) -> GoldenSet:
             problems.append(f"{name}: listed in the manifest but missing")
             continue
         blob = p.read_bytes()
-        if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+        if sha256_bytes(blob) != entry["sha256"]:
             problems.append(f"{name}: sha256 differs from the manifest (the file was changed)")
         elif entry.get("items") is not None and (n := blob.count(b"\n")) != entry["items"]:
             problems.append(f"{name}: {n} items, the manifest says {entry['items']}")
@@ -154,7 +154,7 @@ def verify(path: str | Path) -> GoldenSet:
             + "\n".join(f"  - {p}" for p in problems)
             + "\nA version is immutable: restore the files from version control, or build a new version folder."
         )
-    return GoldenSet(root, manifest, hashlib.sha256(raw).hexdigest(), task_entries(root, manifest))
+    return GoldenSet(root, manifest, sha256_bytes(raw), task_entries(root, manifest))
 
 
 def task_entries(root: Path, manifest: dict[str, Any]) -> dict[str, TaskEntry]:

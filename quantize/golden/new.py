@@ -24,6 +24,7 @@ from typing import Any
 
 from quantize.errors import UsageError
 from quantize.golden.version import ROLLING_METRICS, TaskFiles, check_new_version, write_version
+from quantize.io import sha256_file
 
 MAX_LINE = 64 * 1024
 MAX_FILE = 256 * 2**20
@@ -201,8 +202,6 @@ def new_version(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Check the file whole, then write the version folder. Returns the manifest."""
-    import hashlib
-
     out = Path(out)
     check_new_version(out)
     task = task or f"{out.parent.name}_{kind}"
@@ -227,7 +226,7 @@ def new_version(
         config=task_config(kind, regex, stop or ["\n"], max_gen_toks),
         id_field="id",
         cluster_field="cluster" if clustered else None,
-        source={"file": str(source), "sha256": hashlib.sha256(Path(source).read_bytes()).hexdigest()},
+        source={"file": str(source), "sha256": sha256_file(Path(source))},
     )
     command = ["quantize", "golden", "new", str(out), "--from", str(source), "--type", kind, "--task", task]
     if regex is not None:

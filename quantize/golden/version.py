@@ -13,7 +13,6 @@ place (quantize/io.py): a version folder either exists complete or not at all.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from dataclasses import dataclass, field
@@ -81,9 +80,7 @@ def write_version(
     note: str | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Write the version folder atomically; returns the manifest."""
-    from quantize.io import atomic_dir
-
+    """Write the version folder of `golden new` and `golden freeze` (through `write_files`); returns the manifest."""
     name = out.parent.name
     group = name if name not in {t.name for t in tasks} else f"{name}_set"
     files: dict[str, bytes] = {}
@@ -118,7 +115,7 @@ def write_version(
     files[f"tasks/{group}.yaml"] = yaml_bytes(
         {"group": group, "task": [t.name for t in tasks], "metadata": {"version": 1.0}}
     )
-    manifest = {
+    fields = {
         "name": name,
         "version": out.name,
         "group": group,
@@ -126,13 +123,25 @@ def write_version(
         "seed": seed,
         "builder": builder,
         "sources": sources,
-        "files": {
-            n: {"sha256": hashlib.sha256(b).hexdigest(), "items": b.count(b"\n") if n.endswith(".jsonl") else None}
-            for n, b in sorted(files.items())
-        },
         "tasks": entries,
         "smoke_ids": smoke,
         "note": note,
+    }
+    return write_files(out, files, fields)
+
+
+def write_files(out: Path, files: dict[str, bytes], fields: dict[str, Any]) -> dict[str, Any]:
+    """The one writer of a version folder (`golden new`, `golden freeze` and core's builder): every file, and
+    MANIFEST.json = `fields` plus the sha256 and item count (JSONL lines) of each file, written into a temporary
+    folder and renamed into place (quantize/io.py). Returns the manifest."""
+    from quantize.io import atomic_dir, sha256_bytes
+
+    manifest = {
+        **fields,
+        "files": {
+            n: {"sha256": sha256_bytes(b), "items": b.count(b"\n") if n.endswith(".jsonl") else None}
+            for n, b in sorted(files.items())
+        },
     }
     with atomic_dir(out) as tmp:
         for n, blob in files.items():

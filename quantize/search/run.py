@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import re
 import time
 from collections import Counter
@@ -28,7 +27,7 @@ import yaml
 from quantize import cache, records
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
 from quantize.errors import UsageError
-from quantize.io import sha256_json
+from quantize.io import sha256_bytes, sha256_json
 from quantize.records import (
     AllocationRecord,
     SearchRef,
@@ -329,7 +328,7 @@ def _convert_and_gate(
     rpath = tries_dir / f"{ckpt.name}.yaml"
     write_text_atomic(rpath, text)
     r = parse_recipe(recipe, str(rpath))
-    convert(r, hashlib.sha256(text.encode()).hexdigest(), str(rpath), ckpt, force=False, quiet=quiet)
+    convert(r, sha256_bytes(text.encode()), str(rpath), ckpt, force=False, quiet=quiet)
     true_bytes = bits_report(ckpt).total_bytes
     verdict = run_gate(spec.policy, model_dir, ckpt)
     return true_bytes, verdict
