@@ -3,6 +3,7 @@ before any model is loaded, and never a traceback."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -150,7 +151,17 @@ def test_quiet_runs_print_nothing_but_the_result(tmp_path, tiny_model):
         assert p.returncode == 0 and p.stderr == "" and p.stdout.strip(), (argv[0], p.stderr[-500:])
 
 
-@pytest.mark.parametrize("command,promise", [("eval", False), ("golden", False), ("run", True)])
+ARGV = {
+    "eval": ["eval", "s.yaml", "c"],
+    "golden verify": ["golden", "verify", "g"],
+    "golden new": ["golden", "new", "g/v1", "--from", "x.jsonl", "--type", "greedy"],
+    "run": ["run", "r.yaml"],
+}
+
+
+@pytest.mark.parametrize(
+    "command,promise", [("eval", False), ("golden verify", False), ("golden new", True), ("run", True)]
+)
 def test_an_interrupt_promises_a_clean_output_path_only_where_there_is_one(monkeypatch, capsys, command, promise):
     import quantize.cli as cli
 
@@ -158,11 +169,12 @@ def test_an_interrupt_promises_a_clean_output_path_only_where_there_is_one(monke
         raise KeyboardInterrupt
 
     parser = cli.build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
-    sub.choices[command].set_defaults(fn=interrupted)
-    argv = {"eval": ["eval", "s.yaml", "c"], "golden": ["golden", "verify", "g"], "run": ["run", "r.yaml"]}[command]
-    assert cli.main(argv) == 130
+    target = parser
+    for word in command.split():  # the parser of the command (and of its action, for golden)
+        target = next(a for a in target._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+    target.set_defaults(fn=interrupted)
+    assert cli.main(ARGV[command]) == 130
     assert ("nothing was left at the output path" in capsys.readouterr().err) is promise
 
 

@@ -294,3 +294,26 @@ def weights_sha256(checkpoint: Path) -> str:
 @functools.lru_cache(maxsize=64)
 def _sha256_of_files(files: tuple[tuple[str, str, int, int, int], ...]) -> str:
     return sha256_named_files([(name, Path(path)) for name, path, *_ in files])
+
+
+def checkpoint_folders(given: list[str]) -> list[Path]:
+    """Checkpoint folders, each given or found one level below a folder given (such as outputs/)."""
+    paths: list[Path] = []
+    for c in given:
+        p = Path(c)
+        if p.is_dir() and not (p / "config.json").is_file():
+            found = sorted(d for d in p.iterdir() if (d / "config.json").is_file())
+            if not found:
+                raise UsageError(
+                    f"{p} is neither a checkpoint nor a folder of checkpoints (no config.json in it or in "
+                    "its subfolders); pass checkpoint folders, or a folder holding them such as outputs"
+                )
+            paths += found
+        elif p.is_dir():
+            paths.append(p)
+        else:
+            raise UsageError(
+                f"{p} is not a checkpoint folder{'' if p.exists() else ' (it does not exist)'}; "
+                "pass checkpoint folders, or a folder holding them such as outputs"
+            )
+    return list(dict.fromkeys(paths))

@@ -77,6 +77,29 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
     return model_dir
 
 
+def tidy_leftovers(out: Path, clean: bool) -> list[str]:
+    """What killed runs left beside the output: reported, or with `clean` removed; an output that a killed --force
+    had moved aside is put back first. Returns the messages for the user."""
+    import shutil
+
+    from quantize.io import leftovers, recover
+
+    said = []
+    if (restored := recover(out)) is not None:
+        said.append(f"{out} was missing after an interrupted --force; restored it from {restored.name}")
+    found = leftovers(out)
+    if found and clean:
+        for p in found:
+            shutil.rmtree(p, ignore_errors=True)
+        said.append(f"removed {len(found)} folder(s) left by killed runs: {', '.join(p.name for p in found)}")
+    elif found:
+        said.append(
+            f"warning: {len(found)} folder(s) left by killed runs beside {out}: "
+            f"{', '.join(p.name for p in found)}; pass --clean to remove them"
+        )
+    return said
+
+
 def bits_record(report: accounting.BitsReport, source_params: int | None) -> BitsRecord:
     params = source_params or report.parameters
     return BitsRecord(

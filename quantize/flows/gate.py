@@ -1,6 +1,6 @@
 """The gate as a command runs it: open the suite once, score both sides (cached), measure agreement
-when the policy asks, then decide. Evaluation (quantize/evaluate) and decisions (quantize/gates)
-meet here and nowhere else: neither imports the other.
+when the policy asks, then decide. Evaluation (quantize/evaluate) and decisions (quantize/gates) meet in
+this package (quantize/flows) and nowhere else: neither imports the other (tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -164,36 +164,3 @@ def run_sequential(
     candidate = side(cand) if cand is not None else SideRef(checkpoint=staged.ref, batch_size=suite.suite.batch_size)
     record = sq.record(policy.sequential, bounds, taken, plans, scored, seconds)
     return verdict_of(policy, base, candidate, results, record)
-
-
-def run_sizing(
-    suite_path: str | Path, baseline: Path, candidate: Path, margin: float, alpha: float, power: float
-) -> dict:
-    """`quantize golden size`: score both sides on the suite (cached), then per task the flip rate and the
-    items a margin needs (gates/sizing.py)."""
-    from quantize.gates.sizing import size_tasks
-
-    if not 0 < margin < 1 or not 0 < alpha < 0.5 or not 0.5 < power < 1:
-        raise UsageError(
-            f"--margin {margin}, --alpha {alpha}, --power {power}: give 0 < margin < 1, 0 < alpha < 0.5, "
-            "0.5 < power < 1"
-        )
-    suite = open_suite(suite_path)
-    for p in (baseline, candidate):
-        check_target(p)
-    models = LastModel()
-    base = load_scores(suite, baseline, models)
-    cand = load_scores(suite, candidate, models)
-    from quantize.gates.gate import check_provenance
-
-    check_provenance(base, cand)
-    return {
-        "golden": f"{suite.golden.manifest['name']}/{suite.golden.manifest['version']}",
-        "baseline": str(baseline),
-        "candidate": str(candidate),
-        "margin": margin,
-        "alpha": alpha,
-        "power": power,
-        "ppl_half_width": 0.01,
-        "tasks": size_tasks(base, cand, margin, alpha, power),
-    }

@@ -348,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"golden/core/build.py: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    for name, f in m["files"].items():
-        print(f"{name}: {f['items'] if f['items'] is not None else ''} {f['sha256'][:12]}")
+    from quantize.golden.render import built_text
+
+    print(built_text(m))
     return EXIT_OK

@@ -154,3 +154,17 @@ def collect(
                 e.agreement_outcome = agreement_outcome(policy, e.agreement)
         e.decode = decode_bounds(e, base, hardware, batch, context)
     return entries
+
+
+def report_suite(suite: str | None, policy: str | None) -> str:
+    """The report's suite: --suite, else the policy's, else evaluate/core.yaml; a policy on another suite than
+    --suite would judge scores of one golden set by rules sized for another, so that is refused."""
+    if policy is None:
+        return suite or "evaluate/core.yaml"
+    theirs = load_policy(policy).suite
+    if suite is not None and Path(suite).resolve() != Path(theirs).resolve():
+        raise UsageError(
+            f"--suite {suite} and --policy {policy} (suite {theirs}) name different suites; drop --suite to report "
+            "on the policy's suite, or pass a policy written for this one"
+        )
+    return theirs

@@ -1,0 +1,46 @@
+"""`quantize inspect` as text: the true bits of a checkpoint (accounting.BitsReport) for a person."""
+
+from __future__ import annotations
+
+from quantize.checkpoint.accounting import BitsReport
+from quantize.tables import text_table as table
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.2f} MiB"
+
+
+def _fmt(x: float | None) -> str:
+    return f"{x:.3f}" if x is not None else "unknown"
+
+
+def inspect_text(r: BitsReport, modules: bool = False) -> str:
+    lines = [
+        f"{r.checkpoint}  ({r.format}; {len(r.files)} file(s), {r.header_bytes_read:,} header bytes read of "
+        f"{r.file_bytes:,})",
+        f"  total tensor bytes     {r.total_bytes:,} ({mib(r.total_bytes)})",
+        f"  logical parameters     {r.parameters:,}"
+        if r.parameters is not None
+        else "  logical parameters     unknown",
+        f"  bits per weight        {_fmt(r.bits_per_weight)}  (8 × all bytes / parameters: embeddings, norms and "
+        "scales included)",
+    ]
+    if r.bits_per_source_parameter:
+        lines.append(
+            f"  per source parameter   {_fmt(r.bits_per_source_parameter)}  (a tied output layer's stored copy "
+            "left out)"
+        )
+    lines += [
+        f"  quantized linears      {_fmt(r.quantized_linear_bits_per_weight)} bits per weight over "
+        f"{r.quantized_linear_parameters:,} parameters",
+        "",
+        table(
+            [[role, f"{n:,}", f"{100 * n / r.total_bytes:.2f}%"] for role, n in r.bytes_by_role.items()],
+            ["bytes by role", "bytes", "share"],
+        ),
+    ]
+    if modules:
+        rows = [[m.module, m.format, f"{m.parameters:,}", f"{m.bytes:,}", _fmt(m.bits_per_weight)] for m in r.modules]
+        lines += ["", table(rows, ["module", "format", "parameters", "bytes", "bits/weight"])]
+    lines += [f"  note: {note}" for note in r.notes]
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""`quantize agree`: token-distribution agreement of many checkpoints with one baseline (cached), a minute or
+two per checkpoint on a CPU where accuracy scores take a quarter of an hour; the report and the gate reuse it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantize import cache
+from quantize.checkpoint.files import check_loadable, check_model_dir, checkpoint_folders, identity_sha256
+from quantize.errors import UsageError
+from quantize.quiet import quiet_libraries
+from quantize.records import AgreementResult
+from quantize.suite import OpenSuite, open_suite
+
+
+@dataclass(frozen=True)
+class Agreement:
+    suite: OpenSuite
+    baseline: Path
+    results: list[tuple[Path, AgreementResult]]
+    skipped: list[str]  # one line per checkpoint that could not be measured here and had nothing cached
+
+
+def measurable(suite: OpenSuite, baseline: Path, found: list[Path]) -> tuple[list[Path], list[str]]:
+    """The candidates this environment can measure, or whose result is cached; one of several that can be
+    neither is skipped with the reason (a folder of outputs), a lone one is the user's error."""
+    candidates, skipped = [], []
+    for c in found:
+        check_model_dir(c)
+        try:
+            check_loadable(c)
+        except UsageError as e:
+            if len(found) == 1:
+                raise
+            if cache.lookup_agreement(suite, identity_sha256(baseline), identity_sha256(c)) is None:
+                skipped.append(f"{c}: not measured here: {e}")
+                continue
+        candidates.append(c)
+    return candidates, skipped
+
+
+def agree_many(
+    suite_path: str | Path, baseline: Path, given: list[str], trust_remote_code: bool, quiet: bool
+) -> Agreement:
+    from quantize.evaluate.agreement import agreement_scores
+
+    suite = open_suite(suite_path)
+    check_model_dir(baseline)
+    check_loadable(baseline)
+    found = [c for c in checkpoint_folders(given) if c.resolve() != baseline.resolve()]
+    candidates, skipped = measurable(suite, baseline, found)
+    results = []
+    for c in candidates:
+        with quiet_libraries(quiet):
+            results.append((c, agreement_scores(suite, baseline, c, trust_remote_code=trust_remote_code)))
+    return Agreement(suite, baseline, results, skipped)
