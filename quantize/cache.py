@@ -7,6 +7,8 @@ look up through it; nothing else re-derives a key. Nothing here loads a model.
                                                                lm-eval version, tasks)
     agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings
                $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
+    search     $QUANTIZE_CACHE/search/sensitivity-KEY.json  KEY = sha256(model identity, base recipe, options,
+                                                               unit, golden manifest, suite, per_task, top_k)
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from quantize import records
 from quantize.io import sha256_json
-from quantize.records import AgreementResult, ScoreDoc
+from quantize.records import AgreementResult, ScoreDoc, SensitivityRecord
 from quantize.suite import OpenSuite
 
 
@@ -84,3 +86,36 @@ def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str) -> AgreementR
 
 def store_agreement(suite: OpenSuite, result: AgreementResult) -> None:
     records.write(agreement_path(suite, result.baseline_identity, result.candidate_identity), result)
+
+
+def sensitivity_key(
+    suite: OpenSuite, model_id: str, base: dict, options: list[str], unit: str, per_task: int, top_k: int
+) -> str:
+    return sha256_json(
+        {
+            "v": 1,
+            "model": model_id,
+            "base": base,
+            "options": options,
+            "unit": unit,
+            "golden": suite.golden.manifest_sha256,
+            "suite": suite.sha256,
+            "per_task": per_task,
+            "top_k": top_k,
+        }
+    )
+
+
+def sensitivity_path(key: str) -> Path:
+    return cache_dir() / "search" / f"sensitivity-{key[:32]}.json"
+
+
+def lookup_sensitivity(key: str) -> SensitivityRecord | None:
+    p = sensitivity_path(key)
+    return records.read(SensitivityRecord, p) if p.is_file() else None
+
+
+def store_sensitivity(record: SensitivityRecord) -> None:
+    p = sensitivity_path(record.key)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    records.write(p, record)

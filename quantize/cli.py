@@ -213,11 +213,12 @@ def cmd_golden_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_golden_new(args: argparse.Namespace) -> int:
-    from quantize.golden.new import new_version
+    from quantize.golden.new import Generation, new_version
     from quantize.golden.render import written_text
 
-    stops = [s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop or []]
-    m = new_version(args.out, Path(args.source), args.type, args.task, args.regex, stops, args.max_gen_toks, args.seed)
+    stops = tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop or [])
+    gen = Generation(args.regex, stops, args.max_gen_toks)
+    m = new_version(args.out, Path(args.source), args.type, args.task, gen, args.seed)
     print(written_text(args.out, m))
     return EXIT_OK
 

@@ -7,6 +7,7 @@ UsageError (exit code 2) before any heavy work starts.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -85,40 +86,37 @@ def _shown(value: Any) -> str:
     return json.dumps(value, default=str)[:80]
 
 
-def validate(
-    model: type[M] | TypeAdapter,
-    data: Any,
-    origin: str,
-    what: str,
-    skip_locs: set[str] = frozenset(),
-    tag_label: str = "",
-    regenerate: str = "",
-    hints: dict[str, str] | None = None,
-) -> M:
+@dataclass(frozen=True)
+class Wording:
+    """How a schema's errors are worded: `skip_locs` are union tags left out of field names; `tag_label` (e.g.
+    "method {}") names the tag when a key does not belong to it; `regenerate` says how to make a good file;
+    `hints` map a key to the fix when it sits in the wrong place."""
+
+    skip_locs: frozenset[str] = frozenset()
+    tag_label: str = ""
+    regenerate: str = ""
+    hints: dict[str, str] = field(default_factory=dict)
+
+
+def validate(model: type[M] | TypeAdapter, data: Any, origin: str, what: str, wording: Wording = Wording()) -> M:
     """Validate a parsed mapping against a model (or a TypeAdapter of a union); raise one UsageError
-    listing every problem. `skip_locs` are union tags left out of field names; `tag_label` (e.g.
-    "method {}") names the tag when a key does not belong to it."""
+    listing every problem, worded as `wording` says."""
     if not isinstance(data, dict):
         raise UsageError(f"{origin}: a {what} is a YAML mapping of keys to values, got {type(data).__name__}")
     adapter = model if isinstance(model, TypeAdapter) else TypeAdapter(model)
     try:
         return adapter.validate_python(data)
     except ValidationError as e:
-        problems = [_message(err, set(skip_locs), tag_label, hints or {}) for err in e.errors()]
-        tail = f"\n{regenerate[0].upper()}{regenerate[1:]}." if regenerate else ""
+        w = wording
+        problems = [_message(err, set(w.skip_locs), w.tag_label, w.hints) for err in e.errors()]
+        tail = f"\n{w.regenerate[0].upper()}{w.regenerate[1:]}." if w.regenerate else ""
         raise UsageError(
             f"{origin} is not a valid {what}:\n" + "\n".join(f"  - {p}" for p in problems) + tail
         ) from None
 
 
 def load_yaml(
-    path: str | Path,
-    model: type[M] | TypeAdapter,
-    what: str,
-    hint: str,
-    skip_locs: set[str] = frozenset(),
-    tag_label: str = "",
-    hints: dict[str, str] | None = None,
+    path: str | Path, model: type[M] | TypeAdapter, what: str, hint: str, wording: Wording = Wording()
 ) -> tuple[M, str]:
     """Read, parse and validate a YAML file. Returns the model and the sha256 of the file's bytes."""
     p = Path(path)
@@ -127,7 +125,7 @@ def load_yaml(
         raise UsageError(f"{what} file {p} does not exist{extra}; {hint}")
     raw = p.read_bytes()
     data = parse_yaml(raw, str(p))
-    return validate(model, data, str(p), what, skip_locs, tag_label, hints=hints), sha256_bytes(raw)
+    return validate(model, data, str(p), what, wording), sha256_bytes(raw)
 
 
 def beside_repo(config_file: str | Path, relative: str) -> str:

@@ -13,13 +13,14 @@ plain data (no paths objects, no numpy): `model_dump()` is exactly the JSON that
 from __future__ import annotations
 
 import json
+import math
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 
 # One vocabulary for outcomes: a rule's, and the policy's as a whole.
 RuleOutcome = Literal["pass", "regression", "inconclusive"]
@@ -569,7 +570,27 @@ class SearchReport(Record):
 
 
 def to_json(record: Record) -> str:
-    return json.dumps(record.model_dump(), indent=2, default=str) + "\n"
+    """The record as JSON. A non-finite number (NaN, ±inf) cannot be written: JSON has none, and a record
+    holding one would be read back as evidence; it is a RuntimeFailure naming the field (our bug, exit 3)."""
+    data = record.model_dump()
+    try:
+        return json.dumps(data, indent=2, default=str, allow_nan=False) + "\n"
+    except ValueError:
+        raise RuntimeFailure(
+            f"{record.WHAT}: {', '.join(_non_finite(data)) or 'a value'} is not a finite number, which no record "
+            "may hold; report this as a bug with the command that wrote it"
+        ) from None
+
+
+def _non_finite(data: Any, at: str = "") -> list[str]:
+    """Dotted paths of every NaN or infinite float in parsed JSON-like data."""
+    if isinstance(data, float):
+        return [] if math.isfinite(data) else [at or "(the record)"]
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in _non_finite(v, f"{at}.{k}" if at else str(k))]
+    if isinstance(data, list | tuple):
+        return [p for i, v in enumerate(data) for p in _non_finite(v, f"{at}.{i}")]
+    return []
 
 
 def write(path: Path, record: Record) -> None:
@@ -581,7 +602,7 @@ def write(path: Path, record: Record) -> None:
 
 def parse(model: type[R], data: Any, origin: str) -> R:
     """Validate parsed JSON as a record; another schema version, or a file from before versions, is refused."""
-    from quantize.config import validate
+    from quantize.config import Wording, validate
 
     what, hint = model.WHAT, model.REGENERATE
     if not isinstance(data, dict):
@@ -595,7 +616,7 @@ def parse(model: type[R], data: Any, origin: str) -> R:
             else f"schema_version {json.dumps(version)[:20]}"
         )
         raise UsageError(f"{origin} is a {what} with {found}; this quantize reads schema_version {expected}: {hint}")
-    return validate(model, data, origin, what, regenerate=hint)
+    return validate(model, data, origin, what, Wording(regenerate=hint))
 
 
 def read(model: type[R], path: Path) -> R:

@@ -197,7 +197,7 @@ def sequential_bounds(looks: Sequence[float], alpha: float) -> list[float]:
     return bounds
 
 
-def noninferiority(
+def noninferiority(  # noqa: PLR0913 (the formula's inputs: D, clusters, m, α, power, the design h/N_h, its bound)
     d: Sequence[float],
     clusters: Sequence[str],
     margin: float,

@@ -159,10 +159,32 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
     contiguous and non-overlapping, byte size = prod(shape) × dtype size.
     """
     size = path.stat().st_size
+    bad = _Invalid(path)
+    raw = _header_bytes(path, size, bad)
+    header, meta = _header_json(raw, bad)
+    data_size = size - 8 - len(raw)
+    tensors: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        info, begin, end = _tensor_entry(name, entry, data_size, path.name, bad)
+        tensors[name] = info
+        spans.append((begin, end, name))
+    _check_contiguous(spans, data_size, bad)
+    return tensors, meta, 8 + len(raw)
 
-    def bad(why: str) -> UsageError:
-        return UsageError(f"{path} is not a valid safetensors file: {why}. Re-save or re-download the checkpoint.")
 
+class _Invalid:
+    """The one message of a bad header: the file, what is wrong, what to do."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self, why: str) -> UsageError:
+        return UsageError(f"{self.path} is not a valid safetensors file: {why}. Re-save or re-download the checkpoint.")
+
+
+def _header_bytes(path: Path, size: int, bad: _Invalid) -> bytes:
+    """The header: an 8-byte little-endian length n, then n bytes, within the file and at most 100 MB."""
     if size < 8:
         raise bad(f"it is {size} bytes long, shorter than the 8-byte header length")
     with path.open("rb") as f:
@@ -171,7 +193,11 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
             raise bad(f"header length {n} exceeds the 100 MB limit")
         if n > size - 8:
             raise bad(f"header length {n} runs past the end of the {size}-byte file")
-        raw = f.read(n)
+        return f.read(n)
+
+
+def _header_json(raw: bytes, bad: _Invalid) -> tuple[dict[str, Any], dict[str, str]]:
+    """The header's JSON object without __metadata__, and __metadata__ (strings to strings, the format's rule)."""
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
@@ -179,43 +205,44 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
-    # the format's rule: __metadata__ maps strings to strings
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise bad("__metadata__ must be an object of string values")
-    data_size = size - 8 - n
-    tensors: dict[str, TensorInfo] = {}
-    spans: list[tuple[int, int, str]] = []
-    for name, entry in header.items():
-        try:
-            name.encode("utf-8")
-        except UnicodeEncodeError:
-            raise bad(f"tensor name {name.encode('utf-8', 'backslashreplace')!r} is not valid Unicode") from None
-        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-            raise bad(f"entry {name!r} must have exactly dtype, shape and data_offsets")
-        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-            raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise bad(f"tensor {name!r} has shape {shape!r}; a shape is a list of non-negative integers")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-        ):
-            raise bad(f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
-        begin, end = offsets
-        if not 0 <= begin <= end <= data_size:
-            raise bad(f"tensor {name!r} has data_offsets {offsets} outside the {data_size}-byte data section")
-        nbits = math.prod(shape) * DTYPE_BITS[dtype]
-        if nbits % 8 or nbits // 8 != end - begin:
-            raise bad(f"tensor {name!r}: {dtype} {shape} needs {nbits / 8:g} bytes, its offsets span {end - begin}")
-        tensors[name] = TensorInfo(name, dtype, shape, end - begin, path.name)
-        spans.append((begin, end, name))
-    spans.sort()
+    return header, {str(k): str(v) for k, v in meta.items()}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _tensor_entry(name: str, entry: Any, data_size: int, file: str, bad: _Invalid) -> tuple[TensorInfo, int, int]:
+    """One tensor's entry checked: exactly dtype, shape, data_offsets; a known dtype; a shape of non-negative
+    integers; offsets [begin, end] inside the data section spanning prod(shape) × dtype bits / 8 bytes."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"tensor name {name.encode('utf-8', 'backslashreplace')!r} is not valid Unicode") from None
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise bad(f"entry {name!r} must have exactly dtype, shape and data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise bad(f"tensor {name!r} has shape {shape!r}; a shape is a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets):
+        raise bad(f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size:
+        raise bad(f"tensor {name!r} has data_offsets {offsets} outside the {data_size}-byte data section")
+    nbits = math.prod(shape) * DTYPE_BITS[dtype]
+    if nbits % 8 or nbits // 8 != end - begin:
+        raise bad(f"tensor {name!r}: {dtype} {shape} needs {nbits / 8:g} bytes, its offsets span {end - begin}")
+    return TensorInfo(name, dtype, shape, end - begin, file), begin, end
+
+
+def _check_contiguous(spans: list[tuple[int, int, str]], data_size: int, bad: _Invalid) -> None:
+    """The tensors tile the data section exactly: no gap, no overlap, nothing after the last."""
     cursor = 0
-    for begin, end, name in spans:
+    for begin, end, name in sorted(spans):
         if begin != cursor:
             why = (
                 "overlaps the previous tensor"
@@ -226,7 +253,6 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
         cursor = end
     if cursor != data_size:
         raise bad(f"tensors end at byte {cursor} of a {data_size}-byte data section")
-    return tensors, {str(k): str(v) for k, v in meta.items()}, 8 + n
 
 
 # --- quantization config: what the packed words hold ------------------------------------------
@@ -338,60 +364,95 @@ def _module_of(name: str) -> str:
 # --- the report ---------------------------------------------------------------------------------
 
 
-def bits_report(checkpoint: str | Path) -> BitsReport:
-    """Account for every byte of a checkpoint from its safetensors headers."""
-    ckpt = Path(checkpoint)
-    files = safetensors_files(ckpt)
+def _all_tensors(files: list[Path]) -> tuple[dict[str, TensorInfo], int]:
+    """Every shard's tensors (a name in two shards is refused) and the header bytes read."""
     tensors: dict[str, TensorInfo] = {}
     header_read = 0
     for f in files:
         found, _, nread = read_header(f)
         header_read += nread
-        dup = set(found) & set(tensors)
-        if dup:
+        if dup := set(found) & set(tensors):
             raise UsageError(f"tensor {sorted(dup)[0]!r} appears in two shards; the checkpoint is inconsistent")
         tensors.update(found)
-    cfg = read_config(ckpt, required=False)
-    qc = _quant_config(ckpt, cfg)
-    bits = _packed_bits(qc)
-    by_target = _bits_by_target(qc) if len(bits) > 1 else []
-    names = set(tensors)
-    notes: list[str] = []
-    by_role = dict.fromkeys(ROLES, 0)
-    modules: dict[str, ModuleRow] = {}
-    weights: dict[str, int] = {}  # module -> parameters of its payload (a bias beside it is not a quantized weight)
-    params_known = True
+    return tensors, header_read
 
-    for name, t in sorted(tensors.items()):
-        role = role_of(name, t, names)
-        by_role[role] += t.nbytes
-        row = modules.setdefault(_module_of(name), ModuleRow(_module_of(name), format="?"))
+
+class _Count:
+    """Bytes by role and by module, and logical parameters, tensor by tensor."""
+
+    def __init__(self, tensors: dict[str, TensorInfo], bits: set[int]):
+        self.names = set(tensors)
+        self.bits = bits
+        self.by_target: list[tuple[str, int]] = []
+        self.notes: list[str] = []
+        self.by_role = dict.fromkeys(ROLES, 0)
+        self.modules: dict[str, ModuleRow] = {}
+        self.weights: dict[str, int] = {}  # module -> parameters of its payload (a bias is not a quantized weight)
+        self.params_known = True
+
+    def add(self, name: str, t: TensorInfo) -> None:
+        role = role_of(name, t, self.names)
+        self.by_role[role] += t.nbytes
+        row = self.modules.setdefault(_module_of(name), ModuleRow(_module_of(name), format="?"))
         row.bytes += t.nbytes
         row.roles[role] = row.roles.get(role, 0) + t.nbytes
         if role in QUANT_ROLES and role != "payload":
-            continue  # metadata: bytes, not parameters
+            return  # metadata: bytes, not parameters
         n = math.prod(t.shape)
-        suffix = name.rsplit(".", 1)[-1]
-        if role == "payload" and suffix in PACKED_AXIS:
-            mixed = module_bits(row.module, by_target) if by_target else None
-            if t.dtype != "I32" or (len(bits) != 1 and mixed is None) or len(t.shape) != 2:
-                params_known = False
-                why = (
-                    f"the config declares bit widths {sorted(bits)}"
-                    if bits
-                    else "config.json declares no quantization bit width"
-                )
-                notes.append(f"cannot unpack {name} ({t.dtype} {t.shape}): {why}; its parameters are not counted")
-                continue
-            b = mixed or next(iter(bits))
+        if role == "payload" and name.rsplit(".", 1)[-1] in PACKED_AXIS:
+            b = self._packed_width(name, t, row)
+            if b is None:
+                return
             n = n * 32 // b  # each int32 word holds 32/b values along the packed axis
             row.format = f"int{b}"
         elif role == "payload" or row.format == "?":
             row.format = t.dtype.lower()
         row.parameters += n
         if role == "payload":
-            weights[row.module] = weights.get(row.module, 0) + n
+            self.weights[row.module] = self.weights.get(row.module, 0) + n
 
+    def _packed_width(self, name: str, t: TensorInfo, row: ModuleRow) -> int | None:
+        """Bits per value of an int32-packed payload, or None (noted; its parameters uncounted) when unknown."""
+        mixed = module_bits(row.module, self.by_target) if self.by_target else None
+        if t.dtype != "I32" or (len(self.bits) != 1 and mixed is None) or len(t.shape) != 2:
+            self.params_known = False
+            bits = self.bits
+            why = (
+                f"the config declares bit widths {sorted(bits)}"
+                if bits
+                else "config.json declares no quantization bit width"
+            )
+            self.notes.append(f"cannot unpack {name} ({t.dtype} {t.shape}): {why}; its parameters are not counted")
+            return None
+        return mixed or next(iter(self.bits))
+
+
+def _tied_copy(cfg: dict[str, Any], modules: dict[str, ModuleRow], by_role: dict[str, int], notes: list[str]) -> int:
+    """Parameters of an output layer stored although config.json ties it to the embeddings (noted), else 0."""
+    heads = [m for m in modules.values() if m.module.rsplit(".", 1)[-1] in LM_HEADS]
+    if not (cfg.get("tie_word_embeddings") is True and heads and by_role["embedding"]):
+        return 0
+    tied_copy = sum(m.parameters for m in heads)
+    notes.append(
+        f"config.json ties the output layer to the embeddings, yet {heads[0].module} is stored too "
+        f"({sum(m.bytes for m in heads):,} bytes, {tied_copy:,} parameters): the copy counts in the total, and "
+        "bits per source parameter leave its parameters out"
+    )
+    return tied_copy
+
+
+def bits_report(checkpoint: str | Path) -> BitsReport:
+    """Account for every byte of a checkpoint from its safetensors headers."""
+    ckpt = Path(checkpoint)
+    files = safetensors_files(ckpt)
+    tensors, header_read = _all_tensors(files)
+    cfg = read_config(ckpt, required=False)
+    qc = _quant_config(ckpt, cfg)
+    count = _Count(tensors, _packed_bits(qc))
+    count.by_target = _bits_by_target(qc) if len(count.bits) > 1 else []
+    for name, t in sorted(tensors.items()):
+        count.add(name, t)
+    modules, by_role, notes = count.modules, count.by_role, count.notes
     for row in modules.values():
         if "payload" in row.roles:
             g = _group_size(row, tensors)
@@ -399,20 +460,12 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     total = sum(t.nbytes for t in tensors.values())
     qlin = [m for m in modules.values() if "payload" in m.roles]
     q_bytes = sum(sum(v for r, v in m.roles.items() if r in QUANT_ROLES) for m in qlin)
-    q_params = sum(weights.get(m.module, 0) for m in qlin)
-    params = sum(m.parameters for m in modules.values()) if params_known else None
-    unknown = [n for n, t in tensors.items() if role_of(n, t, names) == "other"]
+    q_params = sum(count.weights.get(m.module, 0) for m in qlin)
+    params = sum(m.parameters for m in modules.values()) if count.params_known else None
+    unknown = [n for n, t in tensors.items() if role_of(n, t, count.names) == "other"]
     if unknown:
         notes.append(f"{len(unknown)} tensor(s) of unknown role counted as unquantized: {', '.join(unknown[:5])}")
-    tied_copy = 0
-    heads = [m for m in modules.values() if m.module.rsplit(".", 1)[-1] in LM_HEADS]
-    if cfg.get("tie_word_embeddings") is True and heads and by_role["embedding"]:
-        tied_copy = sum(m.parameters for m in heads)
-        notes.append(
-            f"config.json ties the output layer to the embeddings, yet {heads[0].module} is stored too "
-            f"({sum(m.bytes for m in heads):,} bytes, {tied_copy:,} parameters): the copy counts in the total, and "
-            "bits per source parameter leave its parameters out"
-        )
+    tied_copy = _tied_copy(cfg, modules, by_role, notes)
     if "_from" in qc:
         notes.append(f"bit width read from {qc['_from']} (config.json has no quantization_config)")
     return BitsReport(

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator, model_validator
 
-from quantize.config import load_yaml, validate
+from quantize.config import Wording, load_yaml, validate
 
 
 class Method(str, Enum):
@@ -399,20 +399,12 @@ SETTING_OWNER = {
 
 def parse_recipe(data: Any, origin: str = "recipe") -> Recipe:
     """Validate a recipe mapping; raise UsageError listing every problem."""
-    return validate(RECIPE, data, origin, "recipe", skip_locs=METHOD_TAGS, tag_label="method {}", hints=SETTING_OWNER)
+    return validate(RECIPE, data, origin, "recipe", RECIPE_WORDING)
 
 
 def load_recipe(path: str | Path) -> tuple[Recipe, str]:
     """Read and validate a recipe file. Returns the recipe and the sha256 of the file's bytes."""
-    recipe, sha = load_yaml(
-        path,
-        RECIPE,
-        "recipe",
-        "the shipped recipes are in recipes/*.yaml",
-        skip_locs=METHOD_TAGS,
-        tag_label="method {}",
-        hints=SETTING_OWNER,
-    )
+    recipe, sha = load_yaml(path, RECIPE, "recipe", "the shipped recipes are in recipes/*.yaml", RECIPE_WORDING)
     if recipe.name is None:
         recipe.name = Path(path).stem
     return recipe, sha
@@ -424,3 +416,4 @@ def resolved_dict(recipe: Recipe) -> dict[str, Any]:
 
 
 METHOD_TAGS = frozenset(m.value for m in Method) | {"search"}
+RECIPE_WORDING = Wording(skip_locs=METHOD_TAGS, tag_label="method {}", hints=SETTING_OWNER)

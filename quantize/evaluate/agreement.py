@@ -151,7 +151,8 @@ def encode(lm: Any, req: Request) -> tuple[list[int], int]:
     TemplateLM: `_encode_pair` for context/continuation, the prefix token for rolling documents)."""
     if req.context is None:
         return [lm.prefix_token_id] + lm.tok_encode(req.continuation), 1
-    context, continuation = lm._encode_pair(req.context, req.continuation)
+    # lm-eval has no public call for its own context/continuation split, which must match its scoring exactly
+    context, continuation = lm._encode_pair(req.context, req.continuation)  # noqa: SLF001
     return context + continuation, len(context)
 
 
@@ -185,7 +186,8 @@ class VLLMScorer:
     def _rows(self, reqs: list[Request]):
         """Yield (request, per scored position {token id: log-probability})."""
         enc = [encode(self.lm, r) for r in reqs]
-        outs = self.lm._model_generate([ids for ids, _ in enc], generate=True, sampling_params=self.params)
+        # prompt log-probabilities need vLLM's engine call, which lm-eval's VLLM model keeps private
+        outs = self.lm._model_generate([ids for ids, _ in enc], generate=True, sampling_params=self.params)  # noqa: SLF001
         for req, (_, start), out in zip(reqs, enc, outs, strict=True):
             # prompt_logprobs[t]: the distribution that predicted token t (None for the first token)
             yield req, [{t: float(getattr(x, "logprob", x)) for t, x in d.items()} for d in out.prompt_logprobs[start:]]

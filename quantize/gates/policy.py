@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from quantize.config import beside_repo, load_yaml
+from quantize.config import Wording, beside_repo, load_yaml
 from quantize.records import AgreementMetric
 
 
@@ -162,8 +162,7 @@ def load_policy(path: str | Path) -> Policy:
         Policy,
         "gate policy",
         "the shipped policies are in gates/*.yaml",
-        skip_locs={"accuracy", "perplexity", "agreement"},
-        tag_label="an {} rule",
+        Wording(skip_locs=frozenset({"accuracy", "perplexity", "agreement"}), tag_label="an {} rule"),
     )
     if policy.name is None:
         policy.name = Path(path).stem

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from quantize.config import validate
+from quantize.config import Wording, validate
 from quantize.errors import UsageError
 from quantize.io import sha256_bytes
 
@@ -130,7 +130,7 @@ def verify(path: str | Path) -> GoldenSet:
         data = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise UsageError(f"{mpath} is not a valid manifest: not JSON ({str(e)[:200]}); {hint}") from None
-    manifest = validate(Manifest, data, str(mpath), "golden-set manifest", regenerate=hint).model_dump()
+    manifest = validate(Manifest, data, str(mpath), "golden-set manifest", Wording(regenerate=hint)).model_dump()
     files = manifest["files"]
     problems = []
     for name, entry in sorted(files.items()):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +99,25 @@ def _text(v: Any) -> bool:
 
 def check_item(kind: str, obj: Any, where: str) -> dict[str, Any]:
     """One validated, normalized item (answer as an index; id and cluster as strings)."""
+    _check_keys(kind, obj, where)
+    item = {f: _optional(obj[f], f, where) for f in OPTIONAL if f in obj}
+    for f in FIELDS[kind]:
+        if f == "answer" and kind == "multiple_choice":
+            item[f] = _choice_index(obj["answer"], obj["choices"], where)
+        elif f == "choices":
+            item[f] = _choices(obj[f], where)
+        elif not _text(obj[f]):
+            raise UsageError(f"{where}: {f} is {json.dumps(obj[f])[:80]}; it must be a non-empty string")
+        else:
+            item[f] = obj[f]
+    return item
+
+
+def _check_keys(kind: str, obj: Any, where: str) -> None:
+    """An object with exactly a `kind` item's fields (and optionally id, cluster); another kind's fields named."""
     if not isinstance(obj, dict):
         raise UsageError(f"{where} holds a JSON {type(obj).__name__}, not an object with {', '.join(FIELDS[kind])}")
-    keys = set(obj)
-    allowed = set(FIELDS[kind]) | set(OPTIONAL)
-    if extra := sorted(keys - allowed):
+    if extra := sorted(set(obj) - set(FIELDS[kind]) - set(OPTIONAL)):
         other = [k for k, f in FIELDS.items() if k != kind and set(extra) & set(f)]
         what = f"fields of a {other[0]} item ({', '.join(extra)})" if other else f"unknown fields {', '.join(extra)}"
         raise UsageError(
@@ -111,37 +126,32 @@ def check_item(kind: str, obj: Any, where: str) -> dict[str, Any]:
         )
     if missing := [f for f in FIELDS[kind] if f not in obj]:
         raise UsageError(f"{where} lacks {', '.join(missing)}: a {kind} item has {', '.join(FIELDS[kind])}")
-    item: dict[str, Any] = {}
-    for f in OPTIONAL:
-        if f in obj:
-            v = obj[f]
-            if isinstance(v, bool) or not (_text(v) or isinstance(v, int)):
-                raise UsageError(f"{where}: {f} is {json.dumps(v)[:80]}; it must be a non-empty string or an integer")
-            item[f] = str(v)
-    for f in FIELDS[kind]:
-        v = obj[f]
-        if f == "choices":
-            if not isinstance(v, list) or len(v) < 2 or not all(_text(c) for c in v):
-                raise UsageError(f"{where}: choices must be a list of at least two non-empty strings")
-            if len(set(v)) != len(v):
-                raise UsageError(f"{where}: choices repeat a choice ({json.dumps(v)[:120]}); each must be different")
-        elif f == "answer" and kind == "multiple_choice":
-            continue
-        elif not _text(v):
-            raise UsageError(f"{where}: {f} is {json.dumps(v)[:80]}; it must be a non-empty string")
-        item[f] = v
-    if kind == "multiple_choice":
-        a, choices = obj["answer"], obj["choices"]
-        if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < len(choices):
-            item["answer"] = a
-        elif isinstance(a, str) and a in choices:
-            item["answer"] = choices.index(a)
-        else:
-            raise UsageError(
-                f"{where}: answer {json.dumps(a)[:80]} is not among the choices; give the right choice's text or "
-                f"its index 0..{len(choices) - 1}"
-            )
-    return item
+
+
+def _optional(v: Any, f: str, where: str) -> str:
+    if isinstance(v, bool) or not (_text(v) or isinstance(v, int)):
+        raise UsageError(f"{where}: {f} is {json.dumps(v)[:80]}; it must be a non-empty string or an integer")
+    return str(v)
+
+
+def _choices(v: Any, where: str) -> list[str]:
+    if not isinstance(v, list) or len(v) < 2 or not all(_text(c) for c in v):
+        raise UsageError(f"{where}: choices must be a list of at least two non-empty strings")
+    if len(set(v)) != len(v):
+        raise UsageError(f"{where}: choices repeat a choice ({json.dumps(v)[:120]}); each must be different")
+    return v
+
+
+def _choice_index(a: Any, choices: list[str], where: str) -> int:
+    """A multiple-choice answer as the index of the right choice: given as that index, or as the choice's text."""
+    if isinstance(a, int) and not isinstance(a, bool) and 0 <= a < len(choices):
+        return a
+    if isinstance(a, str) and a in choices:
+        return choices.index(a)
+    raise UsageError(
+        f"{where}: answer {json.dumps(a)[:80]} is not among the choices; give the right choice's text or "
+        f"its index 0..{len(choices) - 1}"
+    )
 
 
 def read_items(path: Path, kind: str, task: str) -> list[dict[str, Any]]:
@@ -191,15 +201,39 @@ def read_items(path: Path, kind: str, task: str) -> list[dict[str, Any]]:
     return items
 
 
+@dataclass(frozen=True)
+class Generation:
+    """How a `generate` item is answered: `regex` extracts the answer (its one group, if it has one), `stop`
+    sequences end it (default a newline), at most `max_gen_toks` tokens."""
+
+    regex: str | None = None
+    stop: tuple[str, ...] = ()
+    max_gen_toks: int = 32
+
+    def check(self, kind: str) -> None:
+        if kind != "generate" and (self.regex is not None or self.stop):
+            raise UsageError("--regex and --stop apply to --type generate only")
+        if self.regex is not None:
+            try:
+                if re.compile(self.regex).groups > 1:
+                    raise UsageError(
+                        f"--regex {self.regex!r} has several groups; use one group around the answer, or none"
+                    )
+            except re.error as e:
+                raise UsageError(f"--regex {self.regex!r} is not a valid regular expression: {e}") from None
+        if self.max_gen_toks < 1 or self.max_gen_toks > 4096:
+            raise UsageError(f"--max-gen-toks {self.max_gen_toks}: give 1..4096 tokens")
+
+    def argv(self, kind: str) -> list[str]:
+        """The flags that rebuild this generation setting (the manifest's builder command)."""
+        out = ["--regex", self.regex] if self.regex is not None else []
+        for s in self.stop:
+            out += ["--stop", s]
+        return out + (["--max-gen-toks", str(self.max_gen_toks)] if kind == "generate" else [])
+
+
 def new_version(
-    out: Path,
-    source: Path,
-    kind: str,
-    task: str | None = None,
-    regex: str | None = None,
-    stop: list[str] | None = None,
-    max_gen_toks: int = 32,
-    seed: int = 0,
+    out: Path, source: Path, kind: str, task: str | None = None, gen: Generation = Generation(), seed: int = 0
 ) -> dict[str, Any]:
     """Check the file whole, then write the version folder. Returns the manifest."""
     out = Path(out)
@@ -207,38 +241,23 @@ def new_version(
     task = task or f"{out.parent.name}_{kind}"
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_\-]{0,63}", task):
         raise UsageError(f"--task {task!r}: a task name is a letter, then letters, digits, '_' or '-' (at most 64)")
-    if kind != "generate" and (regex is not None or stop):
-        raise UsageError("--regex and --stop apply to --type generate only")
-    if regex is not None:
-        try:
-            if re.compile(regex).groups > 1:
-                raise UsageError(f"--regex {regex!r} has several groups; use one group around the answer, or none")
-        except re.error as e:
-            raise UsageError(f"--regex {regex!r} is not a valid regular expression: {e}") from None
-    if max_gen_toks < 1 or max_gen_toks > 4096:
-        raise UsageError(f"--max-gen-toks {max_gen_toks}: give 1..4096 tokens")
+    gen.check(kind)
     items = read_items(Path(source), kind, task)
     clustered = "cluster" in items[0]
     tf = TaskFiles(
         name=task,
         output_type=OUTPUT_TYPE[kind],
         items=items,
-        config=task_config(kind, regex, stop or ["\n"], max_gen_toks),
+        config=task_config(kind, gen.regex, list(gen.stop) or ["\n"], gen.max_gen_toks),
         id_field="id",
         cluster_field="cluster" if clustered else None,
         source={"file": str(source), "sha256": sha256_file(Path(source))},
     )
     command = ["quantize", "golden", "new", str(out), "--from", str(source), "--type", kind, "--task", task]
-    if regex is not None:
-        command += ["--regex", regex]
-    for s in stop or []:
-        command += ["--stop", s]
-    if kind == "generate":
-        command += ["--max-gen-toks", str(max_gen_toks)]
     return write_version(
         out,
         [tf],
         sources={"file": tf.source},
-        builder={"command": shlex.join(command), "module": "quantize.golden.new"},
+        builder={"command": shlex.join(command + gen.argv(kind)), "module": "quantize.golden.new"},
         seed=seed,
     )

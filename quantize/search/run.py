@@ -19,6 +19,7 @@ import datetime as dt
 import re
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import yaml
 from quantize import cache, records
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
 from quantize.errors import UsageError
-from quantize.io import sha256_bytes, sha256_json
+from quantize.io import sha256_bytes
 from quantize.records import (
     AllocationRecord,
     SearchRef,
@@ -132,185 +133,254 @@ def recipe_for(spec: SearchRecipe, model_dir: Path, alloc: dict[str, str], lay: 
     return {"name": spec.name, "model": str(model_dir), "output": str(out), **base}
 
 
+@dataclass
+class Search:
+    """One search's context, filled step by step: what preflight found (no model loaded), then the measured
+    sensitivities and the scorer that measures held-out agreement."""
+
+    spec_path: str
+    spec: SearchRecipe
+    sha: str
+    policy: Any
+    suite: Any
+    model_dir: Path
+    lay: Layout
+    wanted: list[float]
+    options: list[str] = field(default_factory=list)
+    scorer: Any = None
+    model: Any = None
+    sens_reqs: list[Any] = field(default_factory=list)
+    held_reqs: list[Any] = field(default_factory=list)
+    base_held: Any = None
+    key: str = ""
+    sens: dict[str, dict[str, float]] = field(default_factory=dict)
+    sens_seconds: float = 0.0
+
+    @property
+    def out(self) -> Path:
+        return output_dir(self.spec)
+
+    @property
+    def tries_dir(self) -> Path:
+        return self.out.parent / f"{self.out.name}.tries"
+
+    @property
+    def base_opt(self) -> str:
+        return option_name(self.spec.base.scheme)
+
+    @property
+    def up(self) -> str:
+        """The widest integer option: the heuristic's choice for the first and last blocks."""
+        return max((o for o in self.options if o != "keep"), key=lambda o: WEIGHT_ONLY_INT[Scheme(o)])
+
+    @property
+    def names(self) -> list[str]:
+        return [u.name for u in self.lay.units]
+
+    def held(self, alloc: dict[str, str]) -> dict | None:
+        from quantize.search.sensitivity import measure
+
+        if self.base_held is None:
+            return None
+        return measure(self.scorer, self.held_reqs, self.base_held, self.model, self.lay.units, alloc)
+
+    def best(self, capacity_bytes: int) -> dict[str, str] | None:
+        """The knapsack's allocation of the least predicted KL within `capacity_bytes` (None: nothing fits)."""
+        lay = self.lay
+        choice = knapsack(
+            [u.bytes for u in lay.units], [self.sens[n] for n in self.names], capacity_bytes - lay.fixed_bytes
+        )
+        return dict(zip(self.names, choice, strict=True)) if choice else None
+
+    def record(self, label: str, alloc: dict[str, str]) -> AllocationRecord:
+        return _record(label, self.lay, alloc, self.sens, self.held(alloc))
+
+
 def run_search(
     spec_path: str, budgets: list[float] | None = None, quiet: bool = False, policy: str | None = None
 ) -> SearchReport:
     from quantize.checkpoint.loader import LastModel
-    from quantize.evaluate.agreement import Scorer, baseline_topk, requests
     from quantize.quiet import quiet_libraries
-    from quantize.search.sensitivity import measure, sensitivities
 
-    spec, sha, policy, suite, model_dir, lay, wanted = preflight(spec_path, budgets, policy)
-    options = [option_name(o) for o in spec.options]
-    base_opt = option_name(spec.base.scheme)
-    ints = [o for o in options if o != "keep"]
-    up = max(ints, key=lambda o: WEIGHT_ONLY_INT[Scheme(o)])
-    out = output_dir(spec)
-    tries_dir = out.parent / f"{out.name}.tries"
-    m = spec.measure
+    s = Search(spec_path, *preflight(spec_path, budgets, policy))
+    s.options = [option_name(o) for o in s.spec.options]
     with quiet_libraries(quiet):
-        models = LastModel()
-        model, tok = models.get(model_dir, dtype="float32", on="cpu")
-        scorer = Scorer(model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
-        reqs = requests(suite.golden, suite.agreement_tasks, m.per_task + m.holdout_per_task)
-        seen: Counter[str] = Counter()
-        sens_reqs, held_reqs = [], []
-        for r in reqs:
-            (sens_reqs if seen[r.task] < m.per_task else held_reqs).append(r)
-            seen[r.task] += 1
-        base_sens = baseline_topk(scorer, sens_reqs, m.top_k)
-        base_held = baseline_topk(scorer, held_reqs, m.top_k) if held_reqs else None
-        from quantize.checkpoint.files import identity_sha256
-
-        key = sha256_json(
-            {
-                "v": 1,
-                "model": identity_sha256(model_dir),
-                "base": spec.base.model_dump(mode="json", exclude={"name", "output", "model", "description"}),
-                "options": options,
-                "unit": spec.unit,
-                "golden": suite.golden.manifest_sha256,
-                "suite": suite.sha256,
-                "per_task": m.per_task,
-                "top_k": m.top_k,
-            }
-        )
-        path = cache.cache_dir() / "search" / f"sensitivity-{key[:32]}.json"
-        t0 = time.perf_counter()
-        if path.is_file():
-            stored = records.read(SensitivityRecord, path)
-            sens, sens_seconds = stored.kl, stored.seconds
-        else:
-            sens = sensitivities(scorer, sens_reqs, base_sens, model, lay.units, options, progress=not quiet)
-            sens_seconds = round(time.perf_counter() - t0, 1)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            records.write(path, SensitivityRecord(key=key, kl=sens, seconds=sens_seconds))
-        names = [u.name for u in lay.units]
-
-        def held(alloc: dict[str, str]) -> dict | None:
-            return measure(scorer, held_reqs, base_held, model, lay.units, alloc) if base_held else None
-
-        def best(capacity_bytes: int) -> dict[str, str] | None:
-            choice = knapsack([u.bytes for u in lay.units], [sens[n] for n in names], capacity_bytes - lay.fixed_bytes)
-            return dict(zip(names, choice, strict=True)) if choice else None
-
-        # comparisons at the heuristic's bytes: first and last blocks at the widest option
-        comparisons = []
-        blocks = [b for b in (_block(n) for n in names) if b is not None]
-        if blocks and up != base_opt:
-            first, last = min(blocks), max(blocks)
-            heur = {n: (up if _block(n) in (first, last) else base_opt) for n in names}
-            cap = lay.total(heur)
-            comparisons.append(_record(f"heuristic: blocks {first} and {last} at {up}", lay, heur, sens, held(heur)))
-            if (searched := best(cap)) is not None:
-                comparisons.append(_record("searched (same bytes)", lay, searched, sens, held(searched)))
-            for i in range(m.random_allocations):
-                ra = random_allocation([u.bytes for u in lay.units], cap - lay.fixed_bytes, base_opt, up, seed=i)
-                rand = dict(zip(names, ra, strict=True))
-                comparisons.append(_record(f"random {i + 1} (same bytes)", lay, rand, sens, held(rand)))
-        # the frontier: cheapest first
-        smallest = lay.bits(lay.smallest_bytes)
-        points = (
-            wanted
-            if len(wanted) > 1
-            else [smallest + (wanted[0] - smallest) * (i + 1) / FRONTIER_POINTS for i in range(FRONTIER_POINTS)]
-        )
-        kl_max, top1_min = _agreement_limits(policy)
-        tries: list[TryRecord] = []
-        frontier: list[tuple[dict[str, str], AllocationRecord]] = []
-        for k, bits in enumerate(points, 1):
-            alloc = best(lay.budget_bytes(bits))
-            if alloc is None or (frontier and alloc == frontier[-1][0]):
-                continue
-            rec = _record(f"point {k} (budget {bits:.3f})", lay, alloc, sens, held(alloc))
-            breaks = rec.holdout_kl is not None and (
-                (kl_max is not None and rec.holdout_kl > kl_max)
-                or (top1_min is not None and rec.holdout_top1 is not None and rec.holdout_top1 < top1_min)
-            )
-            if breaks:  # already outside the policy's agreement limits: not worth a gate
-                tries.append(_not_gated(rec, "outside the policy's agreement limits on held-out items"))
-            else:
-                frontier.append((alloc, rec))
-        # gate by bisection over the frontier (more bytes, less damage): the largest first, since if it fails
-        # nothing within the budget passes; then the smallest that passes, in at most 1 + log2(n) gates
-        result = None
-        lo, hi = 0, len(frontier) - 1
-        gated = 0
-        order = [hi] if frontier else []
-        while order and gated < spec.max_gates:
-            i = order.pop()
-            alloc, rec = frontier[i]
-            gated += 1
-            ckpt = tries_dir / f"try-{gated}"
-            recipe = recipe_for(spec, model_dir, alloc, lay, ckpt)
-            true_bytes, verdict = _convert_and_gate(spec, recipe, tries_dir, ckpt, model_dir, quiet)
-            failed = [r.rule for r in verdict.rules if r.verdict != "pass"]
-            tries.append(
-                TryRecord(
-                    allocation=rec,
-                    gated=True,
-                    checkpoint=str(ckpt),
-                    true_bytes=true_bytes,
-                    verdict=verdict.verdict,
-                    failed_rules=failed,
-                )
-            )
-            if verdict.verdict == "pass":
-                result, hi = ckpt, i - 1
-            else:
-                lo = i + 1
-                if result is None and i == len(frontier) - 1:
-                    break  # the largest allocation within the budget fails
-            if lo <= hi:
-                order.append((lo + hi) // 2)
+        measure_sensitivity(s, LastModel(), quiet)
+        comparisons = compare_at_equal_bytes(s)
+        frontier, tries = frontier_of(s)
+        result, gated = bisect(s, frontier, quiet)
+        tries += gated
         for _, rec in frontier:  # the frontier points never gated, for the record
             if all(t.allocation is not rec for t in tries):
                 tries.append(_not_gated(rec, "not gated: the bisection settled without it"))
         tries.sort(key=lambda t: t.allocation.bytes)
-    drivers = []
-    if result is None:
-        drivers = sorted(names, key=lambda n: -sens[n].get(base_opt, 0.0))[:5]
-    report = SearchReport(
+    return publish(s, report_of(s, comparisons, tries, result), result)
+
+
+def measure_sensitivity(s: Search, models: Any, quiet: bool) -> None:
+    """Each unit quantized alone, mean KL to the baseline on the sensitivity items (cached); the baseline's
+    top-k on the held-out items for the allocations measured later."""
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.evaluate.agreement import Scorer, baseline_topk, requests
+    from quantize.search.sensitivity import sensitivities
+
+    m, suite = s.spec.measure, s.suite
+    s.model, tok = models.get(s.model_dir, dtype="float32", on="cpu")
+    s.scorer = Scorer(s.model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
+    seen: Counter[str] = Counter()
+    for r in requests(suite.golden, suite.agreement_tasks, m.per_task + m.holdout_per_task):
+        (s.sens_reqs if seen[r.task] < m.per_task else s.held_reqs).append(r)
+        seen[r.task] += 1
+    base_sens = baseline_topk(s.scorer, s.sens_reqs, m.top_k)
+    s.base_held = baseline_topk(s.scorer, s.held_reqs, m.top_k) if s.held_reqs else None
+    base = s.spec.base.model_dump(mode="json", exclude={"name", "output", "model", "description"})
+    s.key = cache.sensitivity_key(
+        suite, identity_sha256(s.model_dir), base, s.options, s.spec.unit, m.per_task, m.top_k
+    )
+    t0 = time.perf_counter()
+    if (stored := cache.lookup_sensitivity(s.key)) is not None:
+        s.sens, s.sens_seconds = stored.kl, stored.seconds
+        return
+    s.sens = sensitivities(s.scorer, s.sens_reqs, base_sens, s.model, s.lay.units, s.options, progress=not quiet)
+    s.sens_seconds = round(time.perf_counter() - t0, 1)
+    cache.store_sensitivity(SensitivityRecord(key=s.key, kl=s.sens, seconds=s.sens_seconds))
+
+
+def compare_at_equal_bytes(s: Search) -> list[AllocationRecord]:
+    """At the bytes of the common heuristic (first and last blocks at the widest option): the heuristic, the
+    knapsack's allocation and seeded random ones, each measured on held-out items."""
+    blocks = [b for b in (_block(n) for n in s.names) if b is not None]
+    if not blocks or s.up == s.base_opt:
+        return []
+    first, last = min(blocks), max(blocks)
+    heur = {n: (s.up if _block(n) in (first, last) else s.base_opt) for n in s.names}
+    cap = s.lay.total(heur)
+    out = [s.record(f"heuristic: blocks {first} and {last} at {s.up}", heur)]
+    if (searched := s.best(cap)) is not None:
+        out.append(s.record("searched (same bytes)", searched))
+    for i in range(s.spec.measure.random_allocations):
+        ra = random_allocation([u.bytes for u in s.lay.units], cap - s.lay.fixed_bytes, s.base_opt, s.up, seed=i)
+        out.append(s.record(f"random {i + 1} (same bytes)", dict(zip(s.names, ra, strict=True))))
+    return out
+
+
+def frontier_of(s: Search) -> tuple[list[tuple[dict[str, str], AllocationRecord]], list[TryRecord]]:
+    """Allocations along the frontier, cheapest first (the spec's budgets, or evenly spaced ones from the
+    smallest model to the budget); those already outside the policy's agreement limits are not worth a gate."""
+    smallest = s.lay.bits(s.lay.smallest_bytes)
+    wanted = s.wanted
+    points = (
+        wanted
+        if len(wanted) > 1
+        else [smallest + (wanted[0] - smallest) * (i + 1) / FRONTIER_POINTS for i in range(FRONTIER_POINTS)]
+    )
+    kl_max, top1_min = _agreement_limits(s.policy)
+    tries: list[TryRecord] = []
+    frontier: list[tuple[dict[str, str], AllocationRecord]] = []
+    for k, bits in enumerate(points, 1):
+        alloc = s.best(s.lay.budget_bytes(bits))
+        if alloc is None or (frontier and alloc == frontier[-1][0]):
+            continue
+        rec = s.record(f"point {k} (budget {bits:.3f})", alloc)
+        breaks = rec.holdout_kl is not None and (
+            (kl_max is not None and rec.holdout_kl > kl_max)
+            or (top1_min is not None and rec.holdout_top1 is not None and rec.holdout_top1 < top1_min)
+        )
+        if breaks:
+            tries.append(_not_gated(rec, "outside the policy's agreement limits on held-out items"))
+        else:
+            frontier.append((alloc, rec))
+    return frontier, tries
+
+
+def bisect(
+    s: Search, frontier: list[tuple[dict[str, str], AllocationRecord]], quiet: bool
+) -> tuple[Path | None, list[TryRecord]]:
+    """Gate by bisection over the frontier (more bytes, less damage): the largest first, since if it fails nothing
+    within the budget passes; then the smallest that passes, in at most 1 + log2(n) gates (and `max_gates`)."""
+    result, tries = None, []
+    lo, hi = 0, len(frontier) - 1
+    order = [hi] if frontier else []
+    while order and len(tries) < s.spec.max_gates:
+        i = order.pop()
+        alloc, rec = frontier[i]
+        ckpt = s.tries_dir / f"try-{len(tries) + 1}"
+        recipe = recipe_for(s.spec, s.model_dir, alloc, s.lay, ckpt)
+        true_bytes, verdict = _convert_and_gate(s.spec, recipe, s.tries_dir, ckpt, s.model_dir, quiet)
+        failed = [r.rule for r in verdict.rules if r.verdict != "pass"]
+        tries.append(
+            TryRecord(
+                allocation=rec,
+                gated=True,
+                checkpoint=str(ckpt),
+                true_bytes=true_bytes,
+                verdict=verdict.verdict,
+                failed_rules=failed,
+            )
+        )
+        if verdict.verdict == "pass":
+            result, hi = ckpt, i - 1
+        else:
+            lo = i + 1
+            if result is None and i == len(frontier) - 1:
+                break  # the largest allocation within the budget fails
+        if lo <= hi:
+            order.append((lo + hi) // 2)
+    return result, tries
+
+
+def report_of(
+    s: Search, comparisons: list[AllocationRecord], tries: list[TryRecord], result: Path | None
+) -> SearchReport:
+    drivers = [] if result is not None else sorted(s.names, key=lambda n: -s.sens[n].get(s.base_opt, 0.0))[:5]
+    lay = s.lay
+    return SearchReport(
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        spec=str(spec_path),
-        spec_sha256=sha,
-        resolved=spec.model_dump(mode="json"),
-        model=str(model_dir),
-        policy=spec.policy,
-        budgets_bits=wanted,
+        spec=str(s.spec_path),
+        spec_sha256=s.sha,
+        resolved=s.spec.model_dump(mode="json"),
+        model=str(s.model_dir),
+        policy=s.spec.policy,
+        budgets_bits=s.wanted,
         source_parameters=lay.source_parameters,
         fixed_bytes=lay.fixed_bytes,
-        smallest_bits_per_weight=smallest,
-        sensitivity_key=key,
-        sensitivity_seconds=sens_seconds,
-        items={"sensitivity": len(sens_reqs), "holdout": len(held_reqs)},
-        units=[UnitRecord(name=u.name, parameters=u.parameters, bytes=u.bytes, kl=sens[u.name]) for u in lay.units],
+        smallest_bits_per_weight=lay.bits(lay.smallest_bytes),
+        sensitivity_key=s.key,
+        sensitivity_seconds=s.sens_seconds,
+        items={"sensitivity": len(s.sens_reqs), "holdout": len(s.held_reqs)},
+        units=[UnitRecord(name=u.name, parameters=u.parameters, bytes=u.bytes, kl=s.sens[u.name]) for u in lay.units],
         comparisons=comparisons,
         tries=tries,
-        result=str(out) if result else None,
+        result=str(s.out) if result else None,
         drivers=drivers,
     )
-    if result is not None:
-        # the smallest passing try becomes the output: renamed into place, its quantize.json pointing at the search
-        result.rename(out)
-        for t in report.tries:
-            if t.checkpoint == str(result):
-                t.checkpoint = str(out)
-        run = records.read(records.RunRecord, out / "quantize.json")
-        t_index = next(i for i, t in enumerate(report.tries) if t.checkpoint == str(out))
-        run.search = SearchRef(
-            spec=str(spec_path),
-            spec_sha256=sha,
-            report="search.json",
-            try_index=t_index + 1,
-            options=report.tries[t_index].allocation.options,
-            holdout_kl=report.tries[t_index].allocation.holdout_kl or 0.0,
-        )
-        records.write(out / "quantize.json", run)
-        records.write(out / "search.json", report)
-    else:
-        tries_dir.mkdir(parents=True, exist_ok=True)
-        records.write(tries_dir / "search.json", report)
+
+
+def publish(s: Search, report: SearchReport, result: Path | None) -> SearchReport:
+    """The smallest passing try becomes the output: renamed into place, its RunRecord read through the model,
+    given the search's reference and written again whole (records.write); search.json beside it. Without a
+    pass, search.json goes beside the tries."""
+    if result is None:
+        s.tries_dir.mkdir(parents=True, exist_ok=True)
+        records.write(s.tries_dir / "search.json", report)
+        return report
+    out = s.out
+    result.rename(out)
+    for t in report.tries:
+        if t.checkpoint == str(result):
+            t.checkpoint = str(out)
+    run = records.read(records.RunRecord, out / "quantize.json")
+    t_index = next(i for i, t in enumerate(report.tries) if t.checkpoint == str(out))
+    run.search = SearchRef(
+        spec=str(s.spec_path),
+        spec_sha256=s.sha,
+        report="search.json",
+        try_index=t_index + 1,
+        options=report.tries[t_index].allocation.options,
+        holdout_kl=report.tries[t_index].allocation.holdout_kl or 0.0,
+    )
+    records.write(out / "quantize.json", run)
+    records.write(out / "search.json", report)
     return report
 
 
