@@ -1,5 +1,6 @@
-"""Packages depend one way (DESIGN.md, "Layers"): a walk over every import in quantize/, function-level
-imports included, so a shortcut added later fails here rather than in review."""
+"""Packages depend one way (docs/design.md, "Layers"): a walk over every import in quantize/, function-level
+imports included, so a shortcut added later fails here rather than in review. Each rule is also shown to
+catch a planted violation, so a rule that cannot fail is found too."""
 
 from __future__ import annotations
 
@@ -19,20 +20,32 @@ MODEL_LOADING = (
     "quantize.convert.engine",
     "quantize.convert.checks",
 )
+STAGES = (
+    "quantize.checkpoint",
+    "quantize.convert",
+    "quantize.evaluate",
+    "quantize.gates",
+    "quantize.flows",
+    "quantize.report",
+    "quantize.search",
+    "quantize.cost",
+    "quantize.cli",
+)
+FOUNDATION = ("errors", "config", "io", "records", "stats", "cache", "suite", "tables", "quiet")
 
-# (package, imports it must never make, why)
+# (package, imports it must never make directly or through the modules it imports, why)
 RULES = [
     (
         "quantize.evaluate",
-        ("quantize.gates", "quantize.report", "quantize.flows.gate"),
+        ("quantize.gates", "quantize.report", "quantize.flows"),
         "evaluation scores; it does not decide",
     ),
     (
         "quantize.gates",
-        MODEL_LOADING + ("quantize.report", "quantize.flows.gate"),
+        (*MODEL_LOADING, "quantize.report", "quantize.flows"),
         "gates decide from records, never load a model",
     ),
-    ("quantize.report", MODEL_LOADING + ("quantize.flows.gate",), "the report reads records, it scores nothing"),
+    ("quantize.report", (*MODEL_LOADING, "quantize.flows"), "the report reads records, it scores nothing"),
     (
         "quantize.stats",
         ("quantize.evaluate", "quantize.gates", "quantize.report", "torch", "transformers"),
@@ -43,8 +56,43 @@ RULES = [
         ("quantize.evaluate", "quantize.gates", "quantize.report", "torch", "transformers"),
         "records are plain data",
     ),
-    ("quantize.cache", MODEL_LOADING[:4] + ("quantize.evaluate", "quantize.gates"), "the cache only finds files"),
+    ("quantize.cache", (*MODEL_LOADING[:4], "quantize.evaluate", "quantize.gates"), "the cache only finds files"),
+    *[(f"quantize.{m}", STAGES, "the foundation sits below every stage") for m in FOUNDATION],
+    (
+        "quantize.checkpoint",
+        ("quantize.convert", "quantize.evaluate", "quantize.gates", "quantize.flows", "quantize.report"),
+        "a checkpoint is read by the stages; it knows none of them",
+    ),
+    (
+        "quantize.convert",
+        ("quantize.evaluate", "quantize.gates", "quantize.flows", "quantize.report", "quantize.search"),
+        "conversion writes checkpoints; it neither scores nor decides",
+    ),
+    (
+        "quantize.golden",
+        ("quantize.convert", "quantize.evaluate", "quantize.gates", "quantize.flows", "quantize.report"),
+        "golden sets are data the stages read",
+    ),
+    ("quantize.cost", (*MODEL_LOADING, "quantize.gates", "quantize.flows"), "cost is arithmetic over bytes"),
 ]
+
+# (what, who may import it directly, why): a name imported, or reached as an attribute of an imported module
+ONLY = [
+    ("hashlib", {"quantize.io"}, "io.py is the one hashing helper"),
+    ("quantize.cache.cache_dir", {"quantize.cache", "quantize.checkpoint.loader"}, "cache.py builds every cache path"),
+    (
+        "quantize.io.sha256_json",
+        {"quantize.cache", "quantize.suite", "quantize.convert.engine"},
+        "cache keys are built in cache.py (the suite hashes its own settings; the engine its resolved recipe)",
+    ),
+]
+ENGINE_NEVER = (
+    "quantize.convert.backends.llmcompressor",
+    "quantize.convert.backends.gptqmodel",
+    "llmcompressor",
+    "gptqmodel",
+    "optimum",
+)
 
 
 def module_name(path: Path) -> str:
@@ -53,20 +101,37 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports_of(path: Path) -> set[str]:
-    """Absolute names of every module a file imports, anywhere in it."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+def imports_of(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Absolute names of every module or name a module's source imports, anywhere in it, and of every attribute
+    it reads from an imported quantize module (`cache.cache_dir` after `from quantize import cache`)."""
+    out, aliases = set(), {}
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
+            aliases |= {a.asname: a.name for a in node.names if a.asname}
         elif isinstance(node, ast.ImportFrom) and node.module:
             base = node.module
             if node.level:  # relative import: resolve against the package
-                pkg = module_name(path).split(".")[: -node.level]
+                pkg = module.split(".")[: len(module.split(".")) - node.level + is_package]
                 base = ".".join([*pkg, node.module])
             out.add(base)
-            out |= {f"{base}.{a.name}" for a in node.names}
+            for a in node.names:
+                out.add(f"{base}.{a.name}")
+                aliases[a.asname or a.name] = f"{base}.{a.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            target = aliases[node.value.id]
+            if target.startswith("quantize."):
+                out.add(f"{target}.{node.attr}")
     return out
+
+
+def package_imports() -> dict[str, set[str]]:
+    return {
+        module_name(p): imports_of(p.read_text(encoding="utf-8"), module_name(p), p.name == "__init__.py")
+        for p in PKG.rglob("*.py")
+    }
 
 
 def closure(files: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -89,34 +154,96 @@ def closure(files: dict[str, set[str]]) -> dict[str, set[str]]:
     return out
 
 
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
 def violations(files: dict[str, set[str]]) -> list[str]:
+    return _package_rules(files) + _only_rules(files) + _joins(files) + _engine(files)
+
+
+def _package_rules(files: dict[str, set[str]]) -> list[str]:
     found = []
-    for pkg, banned, why in RULES:
-        for mod, imported in closure(files).items():
-            if mod == pkg or mod.startswith(pkg + "."):
-                for name in sorted(imported):
-                    if any(name == b or name.startswith(b + ".") for b in banned):
-                        found.append(f"{mod} imports {name} (directly or through a module it imports): {why}")
+    for mod, imported in closure(files).items():
+        for pkg, banned, why in RULES:
+            if _under(mod, pkg):
+                bad = [n for n in sorted(imported) if any(_under(n, b) for b in banned)]
+                found += [f"{mod} imports {n} (directly or through a module it imports): {why}" for n in bad]
     return found
 
 
+def _only_rules(files: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{mod} imports {what}: {why}"
+        for what, allowed, why in ONLY
+        for mod, imported in files.items()
+        if mod not in allowed and any(_under(name, what) for name in imported)
+    ]
+
+
+def _joins(files: dict[str, set[str]]) -> list[str]:
+    """Modules outside flows (and the CLI) that import both evaluation and gates; a stage's renderer (records to
+    text) does not count: importing a stage's text is not where evaluation meets decisions."""
+    found = []
+    for mod, imported in files.items():
+        if _under(mod, "quantize.flows") or mod == "quantize.cli":
+            continue
+        stages = {
+            p
+            for p in ("quantize.evaluate", "quantize.gates")
+            if any(_under(n, p) and not _under(n, p + ".render") for n in imported)
+        }
+        if len(stages) == 2:
+            found.append(f"{mod} imports both quantize.evaluate and quantize.gates: only quantize.flows joins them")
+    return found
+
+
+def _engine(files: dict[str, set[str]]) -> list[str]:
+    return [
+        f"quantize.convert.engine imports {name}: the engine calls the backend protocol, never a backend"
+        for name in sorted(files.get("quantize.convert.engine", set()))
+        if any(_under(name, b) for b in ENGINE_NEVER)
+    ]
+
+
 def test_packages_depend_one_way():
-    files = {module_name(p): imports_of(p) for p in PKG.rglob("*.py")}
-    assert "quantize.gates.gate" in files and "quantize.evaluate.score" in files
+    files = package_imports()
+    assert {"quantize.gates.gate", "quantize.evaluate.score", "quantize.convert.engine", "quantize.flows.gate"} <= set(
+        files
+    )
     assert violations(files) == []
 
 
 @pytest.mark.parametrize(
-    "mod,name",
+    "planted",
     [
-        ("quantize.evaluate.agreement", "quantize.gates.stats"),  # what efcadec did
-        ("quantize.gates.run", "quantize.evaluate.score"),
-        ("quantize.gates.run", "transformers"),
-        ("quantize.report.collect", "quantize.evaluate.score"),
+        {"quantize.evaluate.agreement": {"quantize.gates.stats"}},  # what efcadec did
+        {"quantize.gates.run": {"quantize.evaluate.score"}},
+        {"quantize.gates.run": {"transformers"}},
+        {"quantize.report.collect": {"quantize.evaluate.score"}},
+        {"quantize.records": {"quantize.convert.recipe"}},  # the foundation reaching up into a stage
+        {"quantize.checkpoint.files": {"quantize.convert.plan"}},
+        {"quantize.convert.plan": {"quantize.gates.policy"}},
+        {"quantize.golden.freeze": {"quantize.evaluate.score"}},
+        {"quantize.cost.bounds": {"torch"}},
+        {"quantize.search.run": {"hashlib"}},  # a second hashing helper
+        {"quantize.evaluate.score": {"quantize.cache.cache_dir"}},  # a cache path built outside cache.py
+        {"quantize.search.run": {"quantize.io.sha256_json"}},  # a cache key built outside cache.py
+        {"quantize.search.run": {"quantize.evaluate.agreement", "quantize.gates.policy"}},  # evaluation meets gates
+        {"quantize.convert.engine": {"quantize.convert.backends.gptqmodel"}},  # the engine naming a backend
+        {"quantize.convert.engine": {"llmcompressor"}},
     ],
 )
-def test_the_walk_catches_a_wrong_import(mod, name):
-    assert violations({mod: {name}})
+def test_each_rule_catches_a_planted_violation(planted):
+    files = package_imports() | planted
+    assert violations(files), f"{planted} broke no rule"
+
+
+def test_rendering_both_stages_is_not_joining_them():
+    """A module that imports only the two stages' renderers (as cli does) renders records; it decides nothing."""
+    assert not violations(
+        package_imports() | {"quantize.search.render": {"quantize.evaluate.render", "quantize.gates.render"}}
+    )
 
 
 def test_the_walk_follows_imports_through_other_modules():
@@ -124,10 +251,15 @@ def test_the_walk_follows_imports_through_other_modules():
     assert violations({"quantize.gates.gate": {"quantize.helper"}, "quantize.helper": {"transformers"}})
 
 
-def test_function_level_imports_are_seen(tmp_path):
-    f = PKG / "gates" / "_probe_for_test.py"
-    try:
-        f.write_text("def f():\n    from quantize.evaluate.score import score\n    return score\n")
-        assert "quantize.evaluate.score" in imports_of(f)
-    finally:
-        f.unlink()
+def test_function_level_imports_and_module_attributes_are_seen():
+    src = (
+        "from quantize import cache\n\n"
+        "def f():\n    from quantize.evaluate.score import score\n    return score, cache.cache_dir()\n"
+    )
+    found = imports_of(src, "quantize.gates.probe")
+    assert {"quantize.evaluate.score", "quantize.cache.cache_dir"} <= found
+
+
+def test_relative_imports_resolve_against_the_package():
+    assert "quantize.gates.policy" in imports_of("from .policy import Policy\n", "quantize.gates.gate")
+    assert "quantize.gates.policy" in imports_of("from .policy import Policy\n", "quantize.gates", is_package=True)

@@ -91,13 +91,19 @@ def load_scores(suite: OpenSuite, target: Path, models: LastModel) -> ScoreDoc:
     return doc
 
 
+def open_policy(policy_path: str | Path) -> tuple[Policy, OpenSuite]:
+    """A policy and its suite, opened and checked against each other before any scoring (bad input: exit 2)."""
+    policy = load_policy(policy_path)
+    suite = open_suite(policy.suite)
+    check_rules(policy, suite)
+    return policy, suite
+
+
 def run_gate(
     policy_path: str | Path, baseline: str | Path, candidate: str | Path, trust_remote_code: bool = False
 ) -> Verdict:
     """trust_remote_code: run the checkpoints' own Python at load; only the command line can ask for it."""
-    policy = load_policy(policy_path)
-    suite = open_suite(policy.suite)  # a bad suite or golden set is a usage error before any scoring
-    check_rules(policy, suite)
+    policy, suite = open_policy(policy_path)  # a bad suite or golden set is a usage error before any scoring
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
     # one load per checkpoint: the baseline's top-k right after its scores, the candidate's agreement

@@ -147,6 +147,13 @@ class Policy(BaseModel):
             )
         return self
 
+    def agreement_limits(self) -> tuple[float | None, float | None]:
+        """(the largest mean KL, the smallest top-1 agreement) the policy's agreement rules allow; None: no rule."""
+        agree = [r for r in self.rules if isinstance(r, AgreementRule)]
+        kl = next((r.max for r in agree if r.agreement.value == "kl"), None)
+        top1 = next((r.min for r in agree if r.agreement.value == "top1"), None)
+        return kl, top1
+
     def label(self, i: int) -> str:
         r = self.rules[i]
         if r.name:

@@ -59,17 +59,13 @@ def preflight(
     """Everything checkable before a model loads."""
     from quantize.checkpoint.loader import resolve_model
     from quantize.convert.plan import meta_model
-    from quantize.flows.gate import check_rules
-    from quantize.gates.policy import load_policy
+    from quantize.flows.gate import open_policy
     from quantize.search.units import layout
-    from quantize.suite import open_suite
 
     spec, sha = load_search(spec_path)
     if policy_path:
         spec.policy = policy_path
-    policy = load_policy(spec.policy)
-    suite = open_suite(policy.suite)
-    check_rules(policy, suite)
+    policy, suite = open_policy(spec.policy)
     model_dir = resolve_model(spec.model)
     out = output_dir(spec)
     for p in (out, out.parent / f"{out.name}.tries"):
@@ -105,14 +101,6 @@ def _record(
         options=dict(Counter(alloc.values())),
         allocation=alloc,
     )
-
-
-def _agreement_limits(policy: Any) -> tuple[float | None, float | None]:
-    from quantize.gates.policy import AgreementRule
-
-    kl = next((r.max for r in policy.rules if isinstance(r, AgreementRule) and r.agreement.value == "kl"), None)
-    top1 = next((r.min for r in policy.rules if isinstance(r, AgreementRule) and r.agreement.value == "top1"), None)
-    return kl, top1
 
 
 def _not_gated(rec: AllocationRecord, why: str) -> TryRecord:
@@ -274,7 +262,7 @@ def frontier_of(s: Search) -> tuple[list[tuple[dict[str, str], AllocationRecord]
         if len(wanted) > 1
         else [smallest + (wanted[0] - smallest) * (i + 1) / FRONTIER_POINTS for i in range(FRONTIER_POINTS)]
     )
-    kl_max, top1_min = _agreement_limits(s.policy)
+    kl_max, top1_min = s.policy.agreement_limits()
     tries: list[TryRecord] = []
     frontier: list[tuple[dict[str, str], AllocationRecord]] = []
     for k, bits in enumerate(points, 1):
