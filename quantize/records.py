@@ -236,7 +236,7 @@ class _AccuracyTask(_Strict):
     version: float | str
     n: int
     acc: float
-    acc_se: float
+    acc_se: float | None  # None for a single item: no estimate
     chance: float
     mean_ll: float
     lm_eval: dict[str, float]
@@ -269,15 +269,13 @@ class GenerationTask(_Strict):
     version: float | str
     n: int
     acc: float  # exact-match rate
-    acc_se: float
+    acc_se: float | None
     filter: str  # the filter pipeline whose output was matched (the task's first)
     lm_eval: dict[str, float]
     items: list[GenerationItem]
 
 
 TaskScores = Annotated[ChoiceTask | GreedyTask | RollingTask | GenerationTask, Field(discriminator="output_type")]
-# right/wrong tasks: the gate's accuracy rules apply to these
-RIGHT_WRONG = ("multiple_choice", "loglikelihood", "generate_until")
 
 
 class ScoreDoc(Record):

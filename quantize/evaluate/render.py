@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantize.records import AgreementResult, GenerationTask, RollingTask, ScoreDoc
+from quantize.kinds import kind_of
+from quantize.records import AgreementResult, ScoreDoc
 from quantize.tables import text_table as table
 
 
@@ -13,13 +14,10 @@ def score_text(doc: ScoreDoc, cached: bool) -> str:
     took = "cached" if cached else f"{doc.wall_seconds:.0f} s"
     rows = []
     for task, d in doc.tasks.items():
-        if isinstance(d, RollingTask):
-            rows.append([task, "bits/byte", f"{d.bits_per_byte:.4f}", "", d.n, "", f"v{d.version}"])
-        elif isinstance(d, GenerationTask):
-            em = f"exact_match,{d.filter}"
-            rows.append([task, em, f"{d.acc:.4f}", f"± {d.acc_se:.4f}", d.n, "", f"v{d.version}"])
-        else:
-            rows.append([task, "acc", f"{d.acc:.4f}", f"± {d.acc_se:.4f}", d.n, f"{d.chance:.2f}", f"v{d.version}"])
+        h = kind_of(d).headline(d)
+        se = f"± {h.se:.4f}" if h.se is not None else ("" if not kind_of(d).right_wrong else "± -")
+        chance = f"{d.chance:.2f}" if hasattr(d, "chance") else ""
+        rows.append([task, h.metric, f"{h.value:.4f}", se, d.n, chance, f"v{d.version}"])
     return (
         f"{p.checkpoint.path}  (identity {p.checkpoint.identity_sha256[:12]}; golden {p.golden.name}/"
         f"{p.golden.version}; lm-eval {p.lm_eval_version}; {took})\n"

@@ -3,17 +3,12 @@
 The cache key (quantize/cache.py) is (checkpoint identity: weights, config, tokenizer; suite settings hash, golden
 manifest sha256, lm-eval version, tasks): scoring the same baseline twice costs nothing the second time.
 
-Per-item records (for paired comparison in the gate):
-    multiple_choice        score = acc (0/1), ll = log p(gold choice | question), lls = every choice
-    loglikelihood          score = acc (1 if the target is the greedy continuation), ll = log p(target | context)
-    loglikelihood_rolling  ll = log p(document), with its words and bytes (perplexity is per document)
-    generate_until         score = exact match (0/1) of the greedy response after the task's first filter
+Per-item records (for paired comparison in the gate), one kind per lm-eval output type: quantize/kinds.py.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +23,7 @@ from quantize.checkpoint.loader import device as pick_device
 from quantize.errors import RuntimeFailure
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.golden.manifest import lm_eval_tasks
+from quantize.kinds import KINDS
 from quantize.records import (
     CheckpointRef,
     GoldenRef,
@@ -89,34 +85,18 @@ def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> d
 def item_records(
     output_type: str, samples: list[dict[str, Any]], key: tuple[str, str | None]
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Per-item records from lm-eval's samples, and (generate_until) the filter they were matched after.
+    """Per-item records from lm-eval's samples (the kind's fields, quantize/kinds.py), and the filter they were
+    matched after where lm-eval writes one sample per filter pipeline (the task's first is kept).
     `key`: the item fields holding the stable id and the cluster (golden.item_key)."""
+    kind = KINDS[output_type]
     filt = None
-    if output_type == "generate_until":  # one sample per document and filter pipeline: keep the task's first
+    if kind.one_filter:
         filt = samples[0]["filter"] if samples else None
         samples = [s for s in samples if s["filter"] == filt]
     out = []
     for s in sorted(samples, key=lambda s: s["doc_id"]):
-        doc, resps = s["doc"], s["filtered_resps"]
-        item_id, cluster = golden_item_id(doc, key)
-        rec: dict[str, Any] = {"id": item_id, "cluster": cluster}
-        if output_type == "multiple_choice":
-            lls = [float(r[0]) for r in resps]
-            gold = int(s["target"])
-            rec.update(score=float(s["acc"]), ll=lls[gold], lls=lls)
-        elif output_type == "loglikelihood":
-            ll, greedy = resps[0]
-            rec.update(score=float(bool(greedy)), ll=float(ll))
-        elif output_type == "loglikelihood_rolling":
-            ll = float(resps[0][0] if isinstance(resps[0], (list, tuple)) else resps[0])
-            text = s["arguments"][0][0]  # the document lm-eval scored (the task's doc_to_target)
-            rec.update(score=ll, ll=ll, words=len(text.split()), bytes=len(text.encode("utf-8")))
-        elif output_type == "generate_until":
-            response = resps if isinstance(resps, str) else resps[0]
-            rec.update(score=float(s["exact_match"]), response=str(response)[:200])
-        else:
-            raise AssertionError(f"unexpected output type {output_type}")
-        out.append(rec)
+        item_id, cluster = golden_item_id(s["doc"], key)
+        out.append({"id": item_id, "cluster": cluster, **kind.item(s)})
     return out, filt
 
 
@@ -128,21 +108,8 @@ def task_scores(
     filt: str | None = None,
 ) -> TaskScores:
     """Task-level figures from the items (so cached and fresh results agree) and lm-eval's own."""
-    n = len(items)
-    base = {"output_type": output_type, "version": version, "n": n}
-    if output_type == "loglikelihood_rolling":
-        ll = sum(i["ll"] for i in items)
-        nbytes = sum(i["bytes"] for i in items)
-        words = sum(i["words"] for i in items)
-        summary = {"bits_per_byte": -ll / nbytes / math.log(2), "word_perplexity": math.exp(-ll / words)}
-    else:
-        acc = sum(i["score"] for i in items) / n
-        summary = {"acc": acc, "acc_se": math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else math.inf}
-        if output_type == "generate_until":
-            summary["filter"] = filt
-        else:
-            summary["chance"] = (sum(1 / len(i["lls"]) for i in items) / n) if output_type == "multiple_choice" else 0.0
-            summary["mean_ll"] = sum(i["ll"] for i in items) / n
+    summary = KINDS[output_type].summary(items, filt)
+    base = {"output_type": output_type, "version": version, "n": len(items)}
     return TypeAdapter(TaskScores).validate_python({**base, **summary, "lm_eval": results, "items": items})
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from quantize.config import Wording, beside_repo, load_yaml
+from quantize.kinds import kinds_for
 from quantize.records import AgreementMetric
 
 
@@ -62,12 +63,8 @@ def _kind(v: object) -> str | None:
     return {AccuracyRule: "accuracy", PerplexityRule: "perplexity", AgreementRule: "agreement"}.get(type(v))
 
 
-# which task output types each rule kind can judge
-RULE_OUTPUT_TYPES = {
-    "acc": ("multiple_choice", "loglikelihood", "generate_until"),
-    "exact_match": ("generate_until",),
-    "perplexity": ("loglikelihood_rolling", "loglikelihood"),
-}
+# which task output types each rule metric can judge (the kinds' own metrics, quantize/kinds.py)
+RULE_OUTPUT_TYPES = {m: kinds_for(m) for m in ("acc", "exact_match", "perplexity")}
 
 
 Rule = Annotated[

@@ -33,10 +33,9 @@ from dataclasses import dataclass
 from quantize import stats
 from quantize.gates.gate import Look, agreement_rule, check_provenance, rule_result
 from quantize.gates.policy import AgreementRule, Policy, Sequential
+from quantize.kinds import kind_of_item
 from quantize.records import (
     AgreementResult,
-    ChoiceItem,
-    GreedyItem,
     RuleResult,
     ScoreDoc,
     SequentialRecord,
@@ -48,17 +47,11 @@ STABLE, AT_RISK, ALL = "stable", "at-risk", "all"
 
 def stratum(item: object, tau: float) -> str:
     """The stratum of a baseline item (module docstring); τ = 0 puts every item in one stratum."""
-    if tau <= 0:
+    kind = kind_of_item(item)
+    margin = kind.margin(item) if tau > 0 and kind is not None else None
+    if margin is None:
         return ALL
-    if isinstance(item, ChoiceItem):
-        gold = item.lls.index(item.ll)
-        best_other = max((x for j, x in enumerate(item.lls) if j != gold), default=-math.inf)
-        return STABLE if abs(item.ll - best_other) >= tau else AT_RISK
-    if isinstance(item, GreedyItem):
-        logit = math.inf if item.ll >= 0 else item.ll - math.log(-math.expm1(item.ll))
-        right = item.score >= 0.5
-        return STABLE if (right and logit >= tau) or (not right and logit <= -tau) else AT_RISK
-    return ALL
+    return STABLE if margin >= tau else AT_RISK
 
 
 @dataclass(frozen=True)

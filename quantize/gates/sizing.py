@@ -18,7 +18,8 @@ import math
 from typing import Any
 
 from quantize import stats
-from quantize.records import RIGHT_WRONG, ScoreDoc
+from quantize.kinds import kind_of
+from quantize.records import ScoreDoc
 
 
 def size_tasks(
@@ -30,7 +31,7 @@ def size_tasks(
         c = {i.id: i for i in cand.tasks[task].items}
         ids = sorted(set(b) & set(c))
         clusters = [b[i].cluster for i in ids]
-        if base.tasks[task].output_type in RIGHT_WRONG:
+        if kind_of(base.tasks[task]).right_wrong:
             d = [c[i].score - b[i].score for i in ids]
             r = stats.noninferiority(d, clusters, margin, alpha, power)
             flips = sum(x != 0 for x in d)

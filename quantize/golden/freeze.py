@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
-from quantize.golden.manifest import OUTPUT_TYPES
 from quantize.golden.version import TaskFiles, check_new_version, write_version
 from quantize.io import sha256_file
+from quantize.kinds import OUTPUT_TYPES
 
 ID_FIELD = "golden_id"
 # the parts of a task config a frozen task keeps; the dataset part is written anew

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from quantize.config import Wording, validate
 from quantize.errors import UsageError
 from quantize.io import sha256_bytes
+from quantize.kinds import OUTPUT_TYPES
 
 
 class FileEntry(BaseModel):
@@ -26,8 +27,7 @@ class FileEntry(BaseModel):
     items: int | None = Field(None, ge=0, description="lines of a .jsonl file; null for other files")
 
 
-OutputType = Literal["multiple_choice", "loglikelihood", "loglikelihood_rolling", "generate_until"]
-OUTPUT_TYPES: tuple[str, ...] = OutputType.__args__  # type: ignore[attr-defined]
+OutputType = Literal[OUTPUT_TYPES]  # the registry's kinds (quantize/kinds.py)
 
 
 def _inside_folder(name: str) -> str:

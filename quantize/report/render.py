@@ -14,7 +14,8 @@ from typing import Any
 
 from quantize.errors import UsageError
 from quantize.io import atomic_dir
-from quantize.records import RollingTask, TaskScores
+from quantize.kinds import KINDS, kind_of
+from quantize.records import TaskScores
 from quantize.report.collect import Entry
 from quantize.tables import markdown_table
 
@@ -90,9 +91,7 @@ def metrics(entries: list[Entry]) -> list[tuple[str, str, bool]]:
         for t, d in (e.scores.tasks if e.scores else {}).items():
             tasks[t] = d.output_type
     out = [
-        (f"{t}:acc", f"{t} accuracy", True)
-        if ot != "loglikelihood_rolling"
-        else (f"{t}:bpb", f"{t} bits per byte", False)
+        (f"{t}:acc", f"{t} accuracy", True) if KINDS[ot].right_wrong else (f"{t}:bpb", f"{t} bits per byte", False)
         for t, ot in sorted(tasks.items())
     ]
     if any(e.agreement for e in entries):
@@ -114,7 +113,8 @@ def value(e: Entry, key: str) -> tuple[float, float] | None:
     d = task_scores(e, kind)
     if d is None:
         return None
-    return (d.bits_per_byte, 0.0) if isinstance(d, RollingTask) else (d.acc, d.acc_se)
+    h = kind_of(d).headline(d)
+    return (h.value, h.se or 0.0)
 
 
 def x_of(e: Entry, axis: str) -> float:
@@ -271,12 +271,13 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
             d = task_scores(e, t)
             if d is None:
                 r.append("not scored")
-            elif isinstance(d, RollingTask):
-                r.append(f"{d.bits_per_byte:.4f} bpb")
+            elif not kind_of(d).right_wrong:
+                r.append(f"{kind_of(d).headline(d).value:.4f} bpb")
             else:
                 ev = e.verdict.accuracy_evidence(t) if e.verdict else None
                 delta = f" (Δ {ev.delta:+.3f}, LB {ev.lower_bound:+.3f})" if ev else ""
-                r.append(f"{d.acc:.3f} ± {d.acc_se:.3f}{delta}")
+                se = f" ± {d.acc_se:.3f}" if d.acc_se is not None else ""
+                r.append(f"{d.acc:.3f}{se}{delta}")
         a = e.agreement
         r += [
             ("0" if e.is_baseline else _f(a and a.kl_mean, ".4f")),

@@ -1,0 +1,183 @@
+"""The output kinds a golden-set task can have (lm-eval's `output_type`), in one registry: each kind's
+records, how an item is read from lm-eval's sample, the task summary, the baseline's margin on an item (the
+sequential gate's stratum), the metrics a rule may name, and its headline figure for display. Evaluation,
+gates and the report read what a kind is here; adding a kind touches this module and its records.
+
+    multiple_choice        score = acc (0/1): the gold choice has the highest log-likelihood; lls of every choice
+    loglikelihood          score = 1 if the target is the greedy continuation; ll = log p(target | context)
+    loglikelihood_rolling  ll = log p(document), with its words and bytes (perplexity is per document)
+    generate_until         score = exact match (0/1) of the greedy response after the task's first filter
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from quantize.records import (
+    ChoiceItem,
+    ChoiceTask,
+    DocumentItem,
+    GenerationItem,
+    GenerationTask,
+    GreedyItem,
+    GreedyTask,
+    RollingTask,
+    TaskScores,
+)
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The figure a kind is shown by: its name, value and standard error (None: none is estimated)."""
+
+    metric: str
+    value: float
+    se: float | None
+    higher_is_better: bool
+
+
+@dataclass(frozen=True)
+class Kind:
+    output_type: str
+    task_record: type  # the ScoreDoc task record of this kind
+    item_record: type  # its per-item record
+    right_wrong: bool  # items score 0/1: accuracy rules, flips and McNemar apply
+    metrics: tuple[str, ...]  # what a rule may name on a task of this kind
+    item: Callable[[dict[str, Any]], dict[str, Any]]  # an item's own fields from one lm-eval sample
+    summary: Callable[[list[dict[str, Any]], str | None], dict[str, Any]]  # task figures from its items
+    headline: Callable[[Any], Headline]  # from the task record
+    margin: Callable[[Any], float | None] = lambda item: None  # the baseline's margin on an item (None: no stratum)
+    one_filter: bool = False  # lm-eval writes a sample per filter pipeline: the first pipeline's are kept
+
+
+def _accuracy(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """acc = mean score; its binomial SE √(acc(1 − acc)/(n − 1)), None for a single item (no estimate)."""
+    n = len(items)
+    acc = sum(i["score"] for i in items) / n
+    return {"acc": acc, "acc_se": math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else None}
+
+
+def _choice_item(s: dict[str, Any]) -> dict[str, Any]:
+    lls = [float(r[0]) for r in s["filtered_resps"]]
+    return {"score": float(s["acc"]), "ll": lls[int(s["target"])], "lls": lls}
+
+
+def _choice_summary(items: list[dict[str, Any]], _filt: str | None) -> dict[str, Any]:
+    n = len(items)
+    return _accuracy(items) | {"chance": sum(1 / len(i["lls"]) for i in items) / n, "mean_ll": _mean_ll(items)}
+
+
+def _mean_ll(items: list[dict[str, Any]]) -> float:
+    return sum(i["ll"] for i in items) / len(items)
+
+
+def _choice_margin(item: ChoiceItem) -> float:
+    """ℓ_gold − max_{j ≠ gold} ℓ_j: how far the baseline's right (or wrong) choice is from flipping."""
+    gold = item.lls.index(item.ll)
+    return abs(item.ll - max((x for j, x in enumerate(item.lls) if j != gold), default=-math.inf))
+
+
+def _greedy_item(s: dict[str, Any]) -> dict[str, Any]:
+    ll, greedy = s["filtered_resps"][0]
+    return {"score": float(bool(greedy)), "ll": float(ll)}
+
+
+def _greedy_summary(items: list[dict[str, Any]], _filt: str | None) -> dict[str, Any]:
+    return _accuracy(items) | {"chance": 0.0, "mean_ll": _mean_ll(items)}
+
+
+def _greedy_margin(item: GreedyItem) -> float:
+    """|logit p(target)| signed by the outcome: the target's log-odds, positive when the baseline is right."""
+    logit = math.inf if item.ll >= 0 else item.ll - math.log(-math.expm1(item.ll))
+    return logit if item.score >= 0.5 else -logit
+
+
+def _rolling_item(s: dict[str, Any]) -> dict[str, Any]:
+    r = s["filtered_resps"][0]
+    ll = float(r[0] if isinstance(r, list | tuple) else r)
+    text = s["arguments"][0][0]  # the document lm-eval scored (the task's doc_to_target)
+    return {"score": ll, "ll": ll, "words": len(text.split()), "bytes": len(text.encode("utf-8"))}
+
+
+def _rolling_summary(items: list[dict[str, Any]], _filt: str | None) -> dict[str, Any]:
+    """bits per byte = −Σℓ / (Σ bytes · ln 2); word perplexity = exp(−Σℓ / Σ words)."""
+    ll = sum(i["ll"] for i in items)
+    nbytes, words = sum(i["bytes"] for i in items), sum(i["words"] for i in items)
+    return {"bits_per_byte": -ll / nbytes / math.log(2), "word_perplexity": math.exp(-ll / words)}
+
+
+def _generation_item(s: dict[str, Any]) -> dict[str, Any]:
+    resps = s["filtered_resps"]
+    response = resps if isinstance(resps, str) else resps[0]
+    return {"score": float(s["exact_match"]), "response": str(response)[:200]}
+
+
+def _generation_summary(items: list[dict[str, Any]], filt: str | None) -> dict[str, Any]:
+    return _accuracy(items) | {"filter": filt}
+
+
+KINDS: dict[str, Kind] = {
+    k.output_type: k
+    for k in (
+        Kind(
+            "multiple_choice",
+            ChoiceTask,
+            ChoiceItem,
+            right_wrong=True,
+            metrics=("acc",),
+            item=_choice_item,
+            summary=_choice_summary,
+            headline=lambda d: Headline("acc", d.acc, d.acc_se, True),
+            margin=_choice_margin,
+        ),
+        Kind(
+            "loglikelihood",
+            GreedyTask,
+            GreedyItem,
+            right_wrong=True,
+            metrics=("acc", "perplexity"),
+            item=_greedy_item,
+            summary=_greedy_summary,
+            headline=lambda d: Headline("acc", d.acc, d.acc_se, True),
+            margin=_greedy_margin,
+        ),
+        Kind(
+            "loglikelihood_rolling",
+            RollingTask,
+            DocumentItem,
+            right_wrong=False,
+            metrics=("perplexity",),
+            item=_rolling_item,
+            summary=_rolling_summary,
+            headline=lambda d: Headline("bits/byte", d.bits_per_byte, None, False),
+        ),
+        Kind(
+            "generate_until",
+            GenerationTask,
+            GenerationItem,
+            right_wrong=True,
+            metrics=("acc", "exact_match"),
+            item=_generation_item,
+            summary=_generation_summary,
+            headline=lambda d: Headline(f"exact_match,{d.filter}", d.acc, d.acc_se, True),
+            one_filter=True,
+        ),
+    )
+}
+OUTPUT_TYPES = tuple(KINDS)
+
+
+def kind_of(task: TaskScores) -> Kind:
+    return KINDS[task.output_type]
+
+
+def kind_of_item(item: object) -> Kind | None:
+    return next((k for k in KINDS.values() if type(item) is k.item_record), None)
+
+
+def kinds_for(metric: str) -> tuple[str, ...]:
+    """The output types a rule naming `metric` applies to."""
+    return tuple(t for t, k in KINDS.items() if metric in k.metrics)

@@ -1,0 +1,79 @@
+"""The output-kind registry (quantize/kinds.py): every record type has exactly one kind, the gate's rules and
+the golden manifest read their vocabulary from it, and each kind's summary matches its closed form."""
+
+from __future__ import annotations
+
+import json
+import math
+import typing
+
+import pytest
+
+from quantize import kinds, records
+from quantize.gates.policy import RULE_OUTPUT_TYPES
+from quantize.golden.manifest import OutputType
+from quantize.kinds import KINDS
+
+
+def test_every_task_record_has_one_kind_and_back():
+    union = typing.get_args(typing.get_args(records.TaskScores)[0])
+    assert {k.task_record for k in KINDS.values()} == set(union)
+    for t, k in KINDS.items():
+        assert k.task_record.model_fields["output_type"].default == t
+    assert set(typing.get_args(OutputType)) == set(KINDS)
+
+
+def test_rules_accept_exactly_the_kinds_that_produce_their_metric():
+    assert RULE_OUTPUT_TYPES["exact_match"] == ("generate_until",)
+    assert "loglikelihood_rolling" not in RULE_OUTPUT_TYPES["acc"]
+    assert set(RULE_OUTPUT_TYPES["perplexity"]) == {"loglikelihood", "loglikelihood_rolling"}
+
+
+def _summary(output_type, items, filt=None):
+    from quantize.evaluate.score import task_scores
+
+    return task_scores(output_type, 1.0, items, {}, filt)
+
+
+def test_a_one_item_task_has_no_standard_error_and_is_written():
+    """acc_se was √(acc(1−acc)/(n−1)) = inf for n = 1: a record JSON cannot hold (records refuse non-finite)."""
+    d = _summary("generate_until", [{"id": "a", "cluster": "a", "score": 1.0, "response": "x"}], "strict")
+    assert d.acc == 1.0 and d.acc_se is None
+    assert json.loads(json.dumps(d.model_dump(), allow_nan=False))["acc_se"] is None  # what records.to_json does
+
+
+def test_rolling_summary_is_bits_per_byte_and_word_perplexity():
+    items = [
+        {"id": "a", "cluster": "a", "score": -10.0, "ll": -10.0, "words": 4, "bytes": 20},
+        {"id": "b", "cluster": "b", "score": -6.0, "ll": -6.0, "words": 4, "bytes": 12},
+    ]
+    d = _summary("loglikelihood_rolling", items)
+    assert d.bits_per_byte == pytest.approx(16 / 32 / math.log(2))
+    assert d.word_perplexity == pytest.approx(math.exp(16 / 8))
+    assert kinds.kind_of(d).headline(d).se is None
+
+
+def test_choice_summary_chance_and_accuracy():
+    items = [
+        {"id": "a", "cluster": "a", "score": 1.0, "ll": -1.0, "lls": [-1.0, -2.0]},
+        {"id": "b", "cluster": "b", "score": 0.0, "ll": -3.0, "lls": [-1.0, -3.0, -4.0, -5.0]},
+    ]
+    d = _summary("multiple_choice", items)
+    assert d.chance == pytest.approx((1 / 2 + 1 / 4) / 2) and d.acc == 0.5
+    assert d.acc_se == pytest.approx(math.sqrt(0.25 / 1))
+
+
+@pytest.mark.parametrize(
+    "item,margin",
+    [
+        (records.ChoiceItem(id="a", cluster="a", score=1.0, ll=-1.0, lls=[-1.0, -3.5, -2.0]), 1.0),
+        (records.ChoiceItem(id="a", cluster="a", score=0.0, ll=-2.0, lls=[-1.0, -2.0]), 1.0),
+        # right with p = 0.9: logit ln 9; wrong with p = 0.9 (the target was not the greedy one): −ln 9
+        (records.GreedyItem(id="a", cluster="a", score=1.0, ll=math.log(0.9)), math.log(9)),
+        (records.GreedyItem(id="a", cluster="a", score=0.0, ll=math.log(0.9)), -math.log(9)),
+        (records.DocumentItem(id="a", cluster="a", score=-1.0, ll=-1.0, words=1, bytes=1), None),
+    ],
+)
+def test_the_baseline_margin_of_each_kind(item, margin):
+    got = kinds.kind_of_item(item).margin(item)
+    assert got == (pytest.approx(margin) if margin is not None else None)
