@@ -182,7 +182,7 @@ def main() -> int:
     t0 = time.perf_counter()
     report = {
         "policy": str(args.policy),
-        "golden": suite.golden.manifest["version"],
+        "golden": suite.golden.manifest.version,
         "sims": args.sims,
         "alpha": policy.alpha,
         "sequential": seq.model_dump(),

@@ -53,9 +53,7 @@ def plain_lm_eval(suite, candidate: str, tmp: Path) -> float:
     from quantize.golden.manifest import lm_eval_tasks
 
     golden = suite.golden
-    inc = lm_eval_tasks(
-        golden, tmp / "tasks", ids=golden.manifest["smoke_ids"] if suite.suite.subset == "smoke" else None
-    )
+    inc = lm_eval_tasks(golden, tmp / "tasks", ids=golden.manifest.smoke_ids if suite.suite.subset == "smoke" else None)
     t0 = time.perf_counter()
     simple_evaluate(
         model="hf",

@@ -119,16 +119,16 @@ def test_task_yamls_load_in_lm_eval(built, tmp_path):
     from lm_eval.tasks import TaskManager
 
     g = verify(built[1])
-    inc = lm_eval_tasks(g, tmp_path / "tasks", ids=g.manifest["smoke_ids"])
+    inc = lm_eval_tasks(g, tmp_path / "tasks", ids=g.manifest.smoke_ids)
     tm = TaskManager(include_path=str(inc), include_defaults=False)
     assert {"core", *g.tasks} <= set(tm.all_tasks)
     tasks = tm.load_task_or_group(g.tasks)
     for name, task in tasks.items():
         docs = list(task.test_docs())
-        assert len(docs) == len(g.manifest["smoke_ids"][name]) > 0
+        assert len(docs) == len(g.manifest.smoke_ids[name]) > 0
         assert task.config.metadata["version"] == 1.0
 
 
 def test_shipped_golden_core_v1_verifies():
     g = verify(ROOT / "golden" / "core" / "v1")
-    assert g.manifest["version"] == "v1" and len(g.tasks) == 5
+    assert g.manifest.version == "v1" and len(g.tasks) == 5

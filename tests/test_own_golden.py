@@ -119,7 +119,7 @@ def test_freeze_writes_a_verified_set_with_sources_ids_clusters_and_fewshot(user
     kept = 24 - sum(1 for i in range(24) if i % 7 == 0)  # process_docs dropped every 7th document
     for t in TASKS:
         e = g.entry(t)
-        assert m["files"][e.data]["items"] == kept
+        assert m.files[e.data].items == kept
         items = [json.loads(x) for x in (out / e.data).read_text().splitlines()]
         assert [it["golden_id"] for it in items] == [f"{t}-{i:05d}" for i in range(kept)]
         assert all(it["prompt"].startswith("Q: ") and not it["skip"] for it in items)  # after process_docs
@@ -130,7 +130,7 @@ def test_freeze_writes_a_verified_set_with_sources_ids_clusters_and_fewshot(user
     mc = g.entry("u_mc")
     assert mc.fewshot == "data/u_mc.fewshot.jsonl" and len(mc.fewshot_ids) == 5  # 6 train rows, one filtered
     assert g.entry("u_greedy").fewshot is None
-    assert all(len(ids) == 8 for ids in m["smoke_ids"].values())
+    assert all(len(ids) == 8 for ids in m.smoke_ids.values())
 
 
 def test_frozen_set_scores_item_for_item_like_the_original_task(user, tiny_model):
@@ -384,8 +384,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _rebuilt_equals_committed(out: Path, committed: Path) -> None:
     mine, theirs = verify(out).manifest, verify(committed).manifest
-    assert mine["files"] == theirs["files"] and mine["tasks"].keys() == theirs["tasks"].keys()
-    assert mine["smoke_ids"] == theirs["smoke_ids"]
+    assert mine.files == theirs.files and mine.tasks.keys() == theirs.tasks.keys()
+    assert mine.smoke_ids == theirs.smoke_ids
 
 
 def test_the_answers_set_is_rebuilt_byte_for_byte_from_its_source(tmp_path):
@@ -396,7 +396,7 @@ def test_the_answers_set_is_rebuilt_byte_for_byte_from_its_source(tmp_path):
     script = ROOT / "golden" / "answers" / "source" / "make_items.py"
     items.write_bytes(subprocess.run([sys.executable, str(script)], check=True, capture_output=True).stdout)
     committed = ROOT / "golden" / "answers" / "v1"
-    cmd = verify(committed).manifest["builder"]["command"].split()
+    cmd = verify(committed).manifest.builder["command"].split()
     opts = dict(zip(cmd[4::2], cmd[5::2], strict=True))  # quantize golden new OUT --from F --type T ...
     out = tmp_path / "answers" / "v1"
     argv = ["golden", "new", str(out), "--from", str(items), "--type", opts["--type"], "--task", opts["--task"]]
@@ -410,7 +410,7 @@ def test_the_pydoc_set_is_refrozen_byte_for_byte_from_its_task(tmp_path):
     import sys
 
     committed = ROOT / "golden" / "pydoc" / "v1"
-    made_on = verify(committed).manifest["sources"]["pydoc_cloze"]["python_version"]
+    made_on = verify(committed).manifest.sources["pydoc_cloze"]["python_version"]
     if platform.python_version() != made_on:
         pytest.skip(f"Python's help topics differ between versions: frozen on {made_on}")
     tasks = tmp_path / "task"
@@ -436,7 +436,7 @@ def test_a_group_freezes_as_its_tasks_and_a_smoke_suite_scores_the_fixed_ids(use
     suite.write_text(f"golden: {out}\nsubset: smoke\nbatch_size: 4\n")
     doc = score(open_suite(suite), tiny_model).doc
     for t in g.tasks:
-        assert sorted(i.id for i in doc.tasks[t].items) == sorted(g.manifest["smoke_ids"][t])
+        assert sorted(i.id for i in doc.tasks[t].items) == sorted(g.manifest.smoke_ids[t])
         assert all(i.cluster == i.id for i in doc.tasks[t].items)  # no cluster field: each item its own
 
 

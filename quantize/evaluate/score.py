@@ -153,7 +153,7 @@ def run_lm_eval(
     # loaded before lm-eval runs: a checkpoint that does not load strictly is the user's to fix (exit 2)
     model = lm_eval_model(s, ckpt, device, models)
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
-        ids = golden.manifest["smoke_ids"] if s.subset == "smoke" else None
+        ids = golden.manifest.smoke_ids if s.subset == "smoke" else None
         include = lm_eval_tasks(golden, Path(tmp), ids=ids)
         try:
             r = simple_evaluate(

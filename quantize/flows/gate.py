@@ -25,7 +25,7 @@ def check_rules(policy: Policy, suite: OpenSuite) -> None:
             continue
         if rule.task not in suite.tasks:
             where = (
-                f"the golden set {golden.path} ({golden.manifest['name']}/{golden.manifest['version']}) has "
+                f"the golden set {golden.path} ({golden.manifest.name}/{golden.manifest.version}) has "
                 f"{', '.join(golden.tasks)}"
             )
             if rule.task in golden.tasks:

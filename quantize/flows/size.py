@@ -29,7 +29,7 @@ def run_sizing(
     cand = load_scores(suite, candidate, models)
     check_provenance(base, cand)
     return {
-        "golden": f"{suite.golden.manifest['name']}/{suite.golden.manifest['version']}",
+        "golden": f"{suite.golden.manifest.name}/{suite.golden.manifest.version}",
         "baseline": str(baseline),
         "candidate": str(candidate),
         "margin": margin,

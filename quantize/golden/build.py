@@ -25,6 +25,7 @@ from typing import Any
 
 from quantize.errors import UsageError
 from quantize.golden import sources as src
+from quantize.golden.manifest import Manifest
 from quantize.golden.version import ROLLING_METRICS, jsonl, write_files, yaml_bytes
 from quantize.io import sha256_file
 
@@ -263,7 +264,7 @@ def group_config(tasks: list[str]) -> dict[str, Any]:
     return {"group": GROUP, "task": tasks, "metadata": {"version": TASK_VERSION}}
 
 
-def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | None = None) -> dict[str, Any]:
+def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | None = None) -> Manifest:
     """Build golden/core/<version> from a folder made by fetch_sources.sh (sizes from the version's name)."""
     sizes = sizes or Sizes.for_version(out.name)
     meta = json.loads((sources_dir / "sources.json").read_text())
@@ -290,7 +291,7 @@ def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | No
 
 def write_version(
     out: Path, data: dict[str, list[dict[str, Any]]], sources: dict[str, Any], seed: int, sizes: Sizes
-) -> dict[str, Any]:
+) -> Manifest:
     """core's files and manifest fields, written by the one version writer (quantize/golden/version.py)."""
     files: dict[str, bytes] = {f"data/{name}.jsonl": jsonl(items) for name, items in data.items()}
     configs = task_configs()
@@ -320,7 +321,7 @@ def write_version(
     return write_files(out, files, fields)
 
 
-def build(sources_dir: Path, out: Path, seed: int = 1234) -> dict[str, Any]:
+def build(sources_dir: Path, out: Path, seed: int = 1234) -> Manifest:
     """`quantize golden build` and golden/core/build.py: refuse an existing version, then build it."""
     from quantize.golden.version import check_new_version
 

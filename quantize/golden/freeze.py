@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
+from quantize.golden.manifest import Manifest
 from quantize.golden.version import TaskFiles, check_new_version, write_version
 from quantize.io import sha256_file
 from quantize.kinds import OUTPUT_TYPES
@@ -221,7 +222,7 @@ def freeze(
     id_field: str | None = None,
     cluster_field: str | None = None,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> Manifest:
     """Freeze lm-eval tasks into a new golden version folder. Returns the manifest."""
     out = Path(out)
     check_new_version(out)

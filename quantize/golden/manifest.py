@@ -93,7 +93,7 @@ class Manifest(BaseModel):
 @dataclass(frozen=True)
 class GoldenSet:
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     manifest_sha256: str
     entries: dict[str, TaskEntry]  # task -> where its items are and how they are keyed (task_entries)
 
@@ -111,11 +111,11 @@ class GoldenSet:
 
     def provenance(self) -> dict[str, Any]:
         return {
-            "name": self.manifest["name"],
-            "version": self.manifest["version"],
+            "name": self.manifest.name,
+            "version": self.manifest.version,
             "path": str(self.path),
             "manifest_sha256": self.manifest_sha256,
-            "task_version": self.manifest["task_version"],
+            "task_version": self.manifest.task_version,
         }
 
 
@@ -130,8 +130,8 @@ def verify(path: str | Path) -> GoldenSet:
         data = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise UsageError(f"{mpath} is not a valid manifest: not JSON ({str(e)[:200]}); {hint}") from None
-    manifest = validate(Manifest, data, str(mpath), "golden-set manifest", Wording(regenerate=hint)).model_dump()
-    files = manifest["files"]
+    manifest = validate(Manifest, data, str(mpath), "golden-set manifest", Wording(regenerate=hint))
+    files = manifest.files
     problems = []
     for name, entry in sorted(files.items()):
         p = root / name
@@ -139,10 +139,10 @@ def verify(path: str | Path) -> GoldenSet:
             problems.append(f"{name}: listed in the manifest but missing")
             continue
         blob = p.read_bytes()
-        if sha256_bytes(blob) != entry["sha256"]:
+        if sha256_bytes(blob) != entry.sha256:
             problems.append(f"{name}: sha256 differs from the manifest (the file was changed)")
-        elif entry.get("items") is not None and (n := blob.count(b"\n")) != entry["items"]:
-            problems.append(f"{name}: {n} items, the manifest says {entry['items']}")
+        elif entry.items is not None and (n := blob.count(b"\n")) != entry.items:
+            problems.append(f"{name}: {n} items, the manifest says {entry.items}")
     listed = set(files)
     for sub in ("data", "tasks"):
         for p in sorted((root / sub).glob("*")) if (root / sub).is_dir() else []:
@@ -157,15 +157,15 @@ def verify(path: str | Path) -> GoldenSet:
     return GoldenSet(root, manifest, sha256_bytes(raw), task_entries(root, manifest))
 
 
-def task_entries(root: Path, manifest: dict[str, Any]) -> dict[str, TaskEntry]:
+def task_entries(root: Path, manifest: Manifest) -> dict[str, TaskEntry]:
     """Each task's entry, read once. core/v1 predates task entries: its tasks are tasks/*.yaml but the
     group's, its items data/<task without the group prefix>.jsonl with `id` and `cluster` fields."""
-    if manifest.get("tasks"):
-        return {t: TaskEntry(**e) for t, e in manifest["tasks"].items()}
+    if manifest.tasks:
+        return dict(manifest.tasks)
     import yaml
 
-    group, out = manifest["group"], {}
-    for n in manifest["files"]:
+    group, out = manifest.group, {}
+    for n in manifest.files:
         task = Path(n).stem
         if n.startswith("tasks/") and task != group:
             try:
@@ -199,7 +199,7 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
     import yaml
 
     into.mkdir(parents=True, exist_ok=True)
-    for name in golden.manifest["files"]:
+    for name in golden.manifest.files:
         if not name.startswith("tasks/"):
             continue
         cfg = yaml.safe_load((golden.path / name).read_text())

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
+from quantize.golden.manifest import Manifest
 from quantize.golden.version import ROLLING_METRICS, TaskFiles, check_new_version, write_version
 from quantize.io import sha256_file
 
@@ -234,7 +235,7 @@ class Generation:
 
 def new_version(
     out: Path, source: Path, kind: str, task: str | None = None, gen: Generation = Generation(), seed: int = 0
-) -> dict[str, Any]:
+) -> Manifest:
     """Check the file whole, then write the version folder. Returns the manifest."""
     out = Path(out)
     check_new_version(out)

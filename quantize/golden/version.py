@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
+from quantize.golden.manifest import Manifest
 
 SMOKE = 8  # fixed smoke ids per task
 # lm-eval's metrics of a rolling-perplexity task, as every golden set writes them
@@ -79,7 +80,7 @@ def write_version(
     builder: dict[str, Any],
     note: str | None = None,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> Manifest:
     """Write the version folder of `golden new` and `golden freeze` (through `write_files`); returns the manifest."""
     name = out.parent.name
     group = name if name not in {t.name for t in tasks} else f"{name}_set"
@@ -130,10 +131,10 @@ def write_version(
     return write_files(out, files, fields)
 
 
-def write_files(out: Path, files: dict[str, bytes], fields: dict[str, Any]) -> dict[str, Any]:
+def write_files(out: Path, files: dict[str, bytes], fields: dict[str, Any]) -> Manifest:
     """The one writer of a version folder (`golden new`, `golden freeze` and core's builder): every file, and
     MANIFEST.json = `fields` plus the sha256 and item count (JSONL lines) of each file, written into a temporary
-    folder and renamed into place (quantize/io.py). Returns the manifest."""
+    folder and renamed into place (quantize/io.py). Returns the manifest, validated as every reader validates it."""
     from quantize.io import atomic_dir, sha256_bytes
 
     manifest = {
@@ -143,6 +144,7 @@ def write_files(out: Path, files: dict[str, bytes], fields: dict[str, Any]) -> d
             for n, b in sorted(files.items())
         },
     }
+    checked = Manifest.model_validate(manifest)  # a writer's mistake is found here, before anything is written
     with atomic_dir(out) as tmp:
         for n, blob in files.items():
             p = tmp / n
@@ -151,4 +153,4 @@ def write_files(out: Path, files: dict[str, bytes], fields: dict[str, Any]) -> d
         (tmp / "MANIFEST.json").write_text(
             json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
         )
-    return manifest
+    return checked
