@@ -8,7 +8,8 @@ look up through it; nothing else re-derives a key. Nothing here loads a model.
     agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings
                $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
     search     $QUANTIZE_CACHE/search/sensitivity-KEY.json  KEY = sha256(model identity, base recipe, options,
-                                                               unit, golden manifest, suite, per_task, top_k)
+                                                               unit, golden manifest, suite, per_task, top_k,
+                                                               device kind, dtype)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from quantize import records
 from quantize.io import sha256_json
@@ -88,21 +90,11 @@ def store_agreement(suite: OpenSuite, result: AgreementResult) -> None:
     records.write(agreement_path(suite, result.baseline_identity, result.candidate_identity), result)
 
 
-def sensitivity_key(
-    suite: OpenSuite, model_id: str, base: dict, options: list[str], unit: str, per_task: int, top_k: int
-) -> str:
+def sensitivity_key(suite: OpenSuite, model_id: str, measured: dict[str, Any]) -> str:
+    """`measured`: what the search's sensitivities depend on besides the model and suite (its base recipe,
+    options, unit, items per task, top-k, and the device kind and dtype the model ran in)."""
     return sha256_json(
-        {
-            "v": 1,
-            "model": model_id,
-            "base": base,
-            "options": options,
-            "unit": unit,
-            "golden": suite.golden.manifest_sha256,
-            "suite": suite.sha256,
-            "per_task": per_task,
-            "top_k": top_k,
-        }
+        {"v": 2, "model": model_id, "golden": suite.golden.manifest_sha256, "suite": suite.sha256, **measured}
     )
 
 

@@ -398,7 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", parents=[flags["json"], flags["quiet"]], help="convert a model as a recipe file says")
+    r = sub.add_parser(
+        "run",
+        parents=[flags["json"], flags["quiet"]],
+        help="convert a model as a recipe file says",
+        description="--json prints quantize.json's fields and `output`, the folder written.",
+    )
     r.add_argument("recipe", help="recipe YAML, e.g. recipes/awq-g128.yaml")
     r.add_argument("--output", "-o", help="output folder (overrides the recipe's `output:`)")
     r.add_argument("--force", action="store_true", help="replace an existing output folder written by quantize")

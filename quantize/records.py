@@ -1,9 +1,14 @@
-"""The records the pipeline writes and reads: typed, versioned, one writer and one reader each.
+"""The records the pipeline writes and reads: typed and versioned, each written whole by `write` (never patched
+by key) and read back through its model by `read`.
 
     RunRecord        CHECKPOINT/quantize.json                    written by `quantize run`
     ScoreDoc         $QUANTIZE_CACHE/scores/*.json, eval --json  written by `quantize eval` (per-item records)
     AgreementResult  $QUANTIZE_CACHE/agreement/cmp-*.json        written by the agreement scorer
     Verdict          gate --json                                 written by `quantize gate`
+    SearchReport     OUTPUT/search.json                          written by `quantize search`, which also reads the
+                                                                 winner's RunRecord and writes it again with its
+                                                                 `search` reference
+    SensitivityRecord $QUANTIZE_CACHE/search/sensitivity-*.json  written by `quantize search`
 
 Every record carries `schema_version`; `read` refuses a file of another version, or with an unknown or
 missing key, as a UsageError (exit 2) that names the file and says how to regenerate it. Records are

@@ -56,7 +56,7 @@ class Suite(BaseModel):
     seed: int = 0
     backend: Backend = Backend.hf
     dtype: str = Field("auto", description="auto: float32 on a CPU, the checkpoint's dtype on an accelerator")
-    device: str = Field("auto", description="auto: cuda when available, else cpu")
+    device: str = Field("auto", description="auto: the accelerator torch finds (cuda, xpu, mps, ...), else cpu")
     max_length: int | None = Field(None, ge=16, description="context window; default: the model's")
     vllm: VLLM | None = None
     agreement: Agreement = Field(default_factory=Agreement)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantize.checkpoint.files import SIDE_CONFIGS, read_config, read_json_object, safetensors_files
+from quantize.checkpoint.files import read_config, safetensors_files, side_file
 from quantize.errors import UsageError
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
@@ -258,19 +258,15 @@ def _check_contiguous(spans: list[tuple[int, int, str]], data_size: int, bad: _I
 # --- quantization config: what the packed words hold ------------------------------------------
 
 
-# Pre-integration layouts keep the quantization settings beside config.json (checkpoint.SIDE_CONFIGS): AutoGPTQ
-# in quantize_config.json ({"bits": 4, "group_size": 128, ...}), AutoAWQ in quant_config.json
-# ({"w_bit": 4, "q_group_size": 128, "version": "GEMM", ...}); read here in their own keys.
-
-
 def _quant_config(checkpoint: Path, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The quantization settings: config.json's quantization_config, else a pre-integration side file."""
+    """The quantization settings: config.json's quantization_config, else a pre-integration layout's side file
+    (AutoGPTQ's quantize_config.json, AutoAWQ's quant_config.json), read by the one side-file reader
+    (files.side_file: AutoAWQ's keys renamed to transformers' "bits" and "group_size")."""
     qc = cfg.get("quantization_config") or cfg.get("compression_config") or {}
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
-    for name, method in SIDE_CONFIGS.items():
-        if not qc and (folder / name).is_file():
-            side = read_json_object(folder / name, "re-save the checkpoint with the tool that quantized it")
-            qc = {"quant_method": method, **side, "_from": name}
+    if not qc and (found := side_file(folder)) is not None:
+        name, side = found
+        qc = {**side, "_from": name}
     if not isinstance(qc, dict):
         raise UsageError(
             f"{checkpoint}: config.json's quantization_config is {_short(qc)}, not an object; "
@@ -315,7 +311,7 @@ def _packed_bits(qc: dict[str, Any]) -> set[int]:
         if not all(isinstance(w, dict) for w in weights):
             raise UsageError("config.json's quantization_config.config_groups.*.weights must be objects")
         return {_bit_width(w["num_bits"], "config_groups.*.weights.num_bits") for w in weights if w.get("num_bits")}
-    bits = qc.get("bits") or qc.get("w_bit")
+    bits = qc.get("bits") or qc.get("w_bit")  # AutoAWQ's own key, which some of its versions write in config.json
     return {_bit_width(bits, "quantization_config.bits")} if bits else set()
 
 

@@ -162,11 +162,12 @@ def side_quantization_config(path: Path) -> tuple[str, dict[str, Any]] | None:
                               AwqConfig's {"bits", "group_size", "zero_point", "version"}"""
     if read_config(path).get("quantization_config"):
         return None
-    return _side_file(path)
+    return side_file(path)
 
 
-def _side_file(path: Path) -> tuple[str, dict[str, Any]] | None:
-    """side_quantization_config without looking at config.json first."""
+def side_file(path: Path) -> tuple[str, dict[str, Any]] | None:
+    """The side file's settings as transformers' `quantization_config` (side_quantization_config), without looking
+    at config.json first."""
     for name, method in SIDE_CONFIGS.items():
         if (f := Path(path) / name).is_file():
             side = read_json_object(f, "re-save the checkpoint with the tool that quantized it")
@@ -181,7 +182,7 @@ def _side_file(path: Path) -> tuple[str, dict[str, Any]] | None:
 def quant_method(path: Path) -> str | None:
     """The checkpoint's quantization method (config.json's quantization_config, else a side file), lower case."""
     qc = read_config(path).get("quantization_config") or {}
-    if not qc and (side := _side_file(path)) is not None:
+    if not qc and (side := side_file(path)) is not None:
         qc = side[1]
     method = qc.get("quant_method") if isinstance(qc, dict) else None
     return str(method).lower() if method else None

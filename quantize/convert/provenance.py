@@ -42,11 +42,12 @@ def peak_rss_bytes() -> int:
 
 
 def peak_accelerator_bytes() -> int | None:
+    """Peak memory torch allocated on the accelerator it runs on (CUDA, XPU, ...); None without one."""
     try:
         import torch
     except ImportError:
         return None
-    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+    return int(torch.accelerator.max_memory_allocated()) if torch.accelerator.is_available() else None
 
 
 class Phases:

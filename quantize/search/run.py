@@ -209,11 +209,14 @@ def measure_sensitivity(s: Search, models: Any, quiet: bool) -> None:
     """Each unit quantized alone, mean KL to the baseline on the sensitivity items (cached); the baseline's
     top-k on the held-out items for the allocations measured later."""
     from quantize.checkpoint.files import identity_sha256
+    from quantize.checkpoint.loader import device
     from quantize.evaluate.agreement import Scorer, baseline_topk, requests
     from quantize.search.sensitivity import sensitivities
 
     m, suite = s.spec.measure, s.suite
-    s.model, tok = models.get(s.model_dir, dtype="float32", on="cpu")
+    on = device(suite.suite.device)
+    dtype = suite.suite.model_dtype(on)
+    s.model, tok = models.get(s.model_dir, dtype=dtype, on=on)
     s.scorer = Scorer(s.model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
     seen: Counter[str] = Counter()
     for r in requests(suite.golden, suite.agreement_tasks, m.per_task + m.holdout_per_task):
@@ -222,9 +225,10 @@ def measure_sensitivity(s: Search, models: Any, quiet: bool) -> None:
     base_sens = baseline_topk(s.scorer, s.sens_reqs, m.top_k)
     s.base_held = baseline_topk(s.scorer, s.held_reqs, m.top_k) if s.held_reqs else None
     base = s.spec.base.model_dump(mode="json", exclude={"name", "output", "model", "description"})
-    s.key = cache.sensitivity_key(
-        suite, identity_sha256(s.model_dir), base, s.options, s.spec.unit, m.per_task, m.top_k
+    measured = dict(
+        base=base, options=s.options, unit=s.spec.unit, per_task=m.per_task, top_k=m.top_k, on=[on.split(":")[0], dtype]
     )
+    s.key = cache.sensitivity_key(suite, identity_sha256(s.model_dir), measured)
     t0 = time.perf_counter()
     if (stored := cache.lookup_sensitivity(s.key)) is not None:
         s.sens, s.sens_seconds = stored.kl, stored.seconds
