@@ -323,3 +323,86 @@ def test_a_stored_copy_of_a_tied_output_layer_is_called_out(tmp_path):
     assert any("ties the output layer" in n for n in r.notes)
     (d / "config.json").write_text(json.dumps({"tie_word_embeddings": False}))
     assert bits_report(d).tied_copy_parameters == 0 and bits_report(d).bits_per_source_parameter is None
+
+
+# --- read_header against the safetensors library ---------------------------------------------------------------
+
+DATA = Path(__file__).parent / "data"
+ST_DTYPES = {  # torch dtype -> the safetensors name read_header reports
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.int32: "I32",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.int64: "I64",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.bool: "BOOL",
+}
+
+
+def same_as_safe_open(path: Path) -> int:
+    """read_header's tensors and metadata equal what safetensors' own reader sees in the file; returns the count."""
+    from safetensors import safe_open
+
+    tensors, meta, _ = read_header(path)
+    with safe_open(str(path), framework="numpy") as f:
+        assert set(tensors) == set(f.keys())
+        for name in f.keys():  # noqa: SIM118 (a safe_open handle is no dict)
+            sl = f.get_slice(name)
+            assert (tensors[name].dtype, tensors[name].shape) == (sl.get_dtype(), list(sl.get_shape())), name
+        assert meta == (f.metadata() or {})
+    return len(tensors)
+
+
+@pytest.mark.parametrize("path", sorted(DATA.glob("*/*.safetensors")), ids=lambda p: p.parent.name)
+def test_read_header_agrees_with_safetensors_on_every_fixture(path):
+    assert same_as_safe_open(path) > 0
+
+
+def test_read_header_agrees_with_safetensors_on_our_conversions(tmp_path, tiny_model, capsys):
+    """A tiny conversion of each format we write (packed int4, int8 with activations, FP8)."""
+    import yaml
+
+    from quantize.cli import main
+
+    for name, fields in {
+        "w4": dict(method="rtn", scheme="W4A16", group_size=64),
+        "w8a8": dict(method="rtn", scheme="W8A8"),
+        "fp8": dict(method="fp8", scheme="FP8_DYNAMIC"),
+    }.items():
+        r = tmp_path / f"{name}.yaml"
+        r.write_text(
+            yaml.safe_dump({"model": str(tiny_model), "output": str(tmp_path / name), "calibration": None, **fields})
+        )
+        assert main(["run", str(r), "--quiet"]) == 0, capsys.readouterr().err
+        assert same_as_safe_open(tmp_path / name / "model.safetensors") > 0
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    spec=st.dictionaries(
+        st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12),
+        st.tuples(st.sampled_from(list(ST_DTYPES)), st.lists(st.integers(0, 5), max_size=3)),
+        max_size=6,
+    ),
+    meta=st.one_of(st.none(), st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3)),
+)
+def test_read_header_agrees_with_safetensors_on_generated_files(tmp_path, spec, meta):
+    """What safetensors writes, read both ways: the same tensors, or a refusal from both (safetensors 0.8.0 writes
+    an invalid header for no tensors with empty metadata, and cannot open it either)."""
+    from safetensors import SafetensorError, safe_open
+
+    tensors = {name: torch.zeros(shape, dtype=dtype) for name, (dtype, shape) in spec.items()}
+    path = tmp_path / "g.safetensors"
+    save_file(tensors, str(path), metadata=meta)
+    try:
+        safe_open(str(path), framework="numpy")
+    except SafetensorError:
+        with pytest.raises(UsageError, match="not a valid safetensors file"):
+            read_header(path)
+        return
+    assert same_as_safe_open(path) == len(tensors)
+    found, _, _ = read_header(path)
+    for name, t in tensors.items():
+        assert found[name].dtype == ST_DTYPES[t.dtype] and found[name].nbytes == t.numel() * t.element_size()

@@ -3,6 +3,7 @@ indivisible-layer policy, atomic output and the metadata written next to the wei
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,11 @@ def test_method_end_to_end(tmp_path, tiny_model, capsys, name):
     assert meta["bits"]["bits_per_weight"] == pytest.approx(8 * report.total_bytes / report.parameters)
     assert meta["bits"]["bits_per_weight"] < 16
     assert meta["layer_plan"]["quantized_layers"] == 14  # 7 linears × 2 layers, lm_head ignored
-    assert all(c["finite"] for c in meta["finite_checks"])
+    # the one finiteness check ran on the reloaded checkpoint, over the probe (two calibration rows, or a sentence)
+    [check] = meta["finite_checks"]
+    assert check["stage"].startswith("after reloading the saved checkpoint") and check["finite"]
+    rows = 2 if METHODS[name]["calibration"] else 1
+    assert check["rows"] == rows and check["tokens"] >= rows and 0 < check["max_abs_logit"] < 1e4
     assert (out / "README.md").read_text().count(f"{meta['bits']['bits_per_weight']:.3f}") == 1
 
 
@@ -276,8 +281,51 @@ def test_calibration_dtype_follows_what_the_cpu_does_well(tmp_path, monkeypatch)
     assert choice() == "auto" and len(probes) == n
 
 
-def test_bf16_probe_is_a_ratio_of_two_timings():
+def test_bf16_probe_is_a_ratio_of_two_timings(monkeypatch):
+    """t_fp32 / t_bf16 on a stand-in for the matmul that takes 3 ms in float32 and 1 ms in bfloat16: about 3."""
+    import time
+
+    import torch
+
     from quantize.convert.dtypes import bf16_speedup
 
-    r = bf16_speedup(tokens=16, d_in=32, d_out=32, repeats=2)
-    assert 0.01 < r < 100
+    def timed_linear(x, w):
+        time.sleep(0.003 if x.dtype == torch.float32 else 0.001)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", timed_linear)
+    assert bf16_speedup(tokens=4, d_in=8, d_out=8, repeats=3) == pytest.approx(3.0, rel=0.3)
+
+
+def test_a_float32_calibration_is_saved_in_the_source_dtype(tmp_path, tiny_model, capsys):
+    """`dtype: float32` on a bf16 source: calibrated in float32, then every float tensor cast back to bf16
+    (cast_saved_floats), so the checkpoint has the bytes of a bf16-calibrated one and reloads as bf16."""
+    from quantize.checkpoint.accounting import read_header
+
+    fields = dict(method="rtn", scheme="W4A16", group_size=64, calibration=None)
+    meta32 = run_ok(write_recipe(tmp_path, tiny_model, "fp32", **fields, dtype="float32"), capsys)
+    meta16 = run_ok(write_recipe(tmp_path, tiny_model, "bf16", **fields, dtype="bfloat16"), capsys)
+    assert meta32["engine"]["calibration_dtype"] == "float32" and meta32["engine"]["saved_dtype"] == "bfloat16"
+    tensors, _, _ = read_header(tmp_path / "out" / "fp32" / "model.safetensors")
+    floats = {t.dtype for t in tensors.values() if t.dtype.startswith(("F", "BF"))}
+    assert floats == {"BF16"}, floats  # no float32 scale, norm or embedding left
+    assert meta32["bits"]["total_bytes"] == meta16["bits"]["total_bytes"]
+    assert json.loads((tmp_path / "out" / "fp32" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_the_plan_names_exactly_the_layers_the_checkpoint_quantized(tmp_path, tiny_model, capsys):
+    """The layer plan (compressed-tensors' matcher over targets and ignore, on the meta model) against the saved
+    checkpoint's own payload tensors: regex targets and ignores give the same set on both sides."""
+    fields = dict(
+        method="rtn",
+        scheme="W4A16",
+        group_size=64,
+        calibration=None,
+        targets=["re:.*mlp\\..*_proj$", "re:.*self_attn\\.q_proj$"],
+        ignore=["lm_head", "re:.*layers\\.1\\.mlp\\.down_proj$"],
+    )
+    recipe = write_recipe(tmp_path, tiny_model, "regex", **fields)
+    plan = plan_layers(meta_model(tiny_model, False), parse_recipe(yaml.safe_load(recipe.read_text())))
+    run_ok(recipe, capsys)
+    stored = {m.module for m in bits_report(tmp_path / "out" / "regex").modules if "payload" in m.roles}
+    planned = {n for names in plan.groups.values() for n in names}
+    assert planned == stored and len(stored) == 2 * 4 - 1  # q_proj and three MLP projections per layer, one ignored

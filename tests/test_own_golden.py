@@ -320,8 +320,9 @@ def test_gate_on_a_user_golden_set_gives_the_same_kinds_of_evidence(user, tiny_m
     assert v.provenance.golden.name == "support" and v.provenance.task_versions["u_gen"] == 2.0
     assert junit.read_text().count("<testcase") == 4
     # another model: the generation rule counts its flips from the per-item exact matches
-    assert main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(other), "--json"]) in (0, 1)
+    code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(other), "--json"])
     v2 = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    assert code == v2.exit_code == (0 if v2.verdict == "pass" else 1)
     gen2 = v2.accuracy_evidence("u_gen")
     b = {i.id: i.score for i in score(open_suite(suite), tiny_model).doc.tasks["u_gen"].items}
     c = {i.id: i.score for i in score(open_suite(suite), other).doc.tasks["u_gen"].items}
@@ -456,8 +457,8 @@ def test_a_sequential_gate_on_a_user_golden_set_scores_generation_and_documents_
     )
     code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(other), "--json"])
     out = capsys.readouterr()
-    assert code in (0, 1), out.err
     v = records.parse(Verdict, json.loads(out.out), "stdout")
+    assert code == v.exit_code == (0 if v.verdict == "pass" else 1), out.err
     sq = v.sequential
     assert sq is not None and sq.candidate_seconds is not None and all(r.look is not None for r in v.rules)
     for task in ("u_mc", "u_gen"):

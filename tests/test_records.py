@@ -144,13 +144,12 @@ def test_a_baseline_top_k_from_before_versions_reads_and_a_newer_one_is_refused(
         load_baseline(tmp_path / "future.npz")
 
 
-def test_a_verdict_uses_one_vocabulary():
-    with pytest.raises(UsageError, match="verdict"):
-        records.parse(
-            Verdict,
-            {"schema_version": 2, "policy": "p", "verdict": "ok", "exit_code": 0, "rules": [], "provenance": {}},
-            "v",
-        )
+def test_a_verdict_uses_one_vocabulary(samples):
+    """A valid verdict with another word for its outcome: the one problem named, with the words it may use."""
+    with pytest.raises(UsageError) as e:
+        records.parse(Verdict, {**samples["Verdict"], "verdict": "ok"}, "v")
+    problems = [line for line in str(e.value).splitlines() if line.startswith("  - ")]
+    assert problems == ["  - verdict = \"ok\": Input should be 'pass', 'rejected' or 'inconclusive'"]
 
 
 def test_peak_memory_is_this_process_s_not_the_one_that_started_it():
