@@ -54,7 +54,7 @@ $(GPTQ_VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 test-gptq: gptq-env
-	$(GPTQ_VENV)/bin/python -m pytest tests/test_foreign.py
+	$(GPTQ_VENV)/bin/python -m pytest tests/checkpoint/test_foreign.py
 
 demo: model
 	@set -e; for r in recipes/fp8-e4m3.yaml recipes/fp8-e4m3-static.yaml recipes/smoothquant-w8a8.yaml \
@@ -118,7 +118,7 @@ test-slow: model
 
 # Needs an accelerator and vLLM in the environment (pip install vllm); skips without them.
 test-gpu: setup
-	$(PY) -m pytest -m gpu -o addopts="" tests/test_vllm.py
+	$(PY) -m pytest -m gpu -o addopts="" tests/evaluate/test_vllm.py
 
 bench: model
 	$(PY) benchmarks/recipes_default_model.py

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parent.parent  # the repository
+DATA = ROOT / "tests" / "data"  # checkpoints other tools wrote, and other fixtures
+
 TINY = dict(
     vocab_size=2048,
     hidden_size=128,

@@ -13,7 +13,7 @@ import pytest
 
 from quantize.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
 
 GOOD = "method: rtn\nscheme: W4A16\ngroup_size: 64\ncalibration: null\n"
 

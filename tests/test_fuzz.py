@@ -12,7 +12,6 @@ import resource
 import struct
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import yaml
@@ -21,7 +20,8 @@ from hypothesis import strategies as st
 
 from quantize.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
+
 EXAMPLES = int(os.environ.get("QUANTIZE_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(
     max_examples=EXAMPLES,

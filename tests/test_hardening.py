@@ -13,7 +13,7 @@ import pytest
 
 from quantize.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
 
 
 def run(capsys, *argv: str) -> tuple[int, str]:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "quantize"
+from conftest import ROOT
+
+PKG = ROOT / "quantize"
 MODEL_LOADING = (
     "torch",
     "transformers",

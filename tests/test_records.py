@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
@@ -13,9 +12,8 @@ from quantize import records
 from quantize.errors import UsageError
 from quantize.records import AgreementResult, RunRecord, ScoreDoc, Verdict
 
-from conftest import baseline, judge, result
+from conftest import DATA, baseline, judge, result
 
-DATA = Path(__file__).parent / "data"
 AGREEMENT = {
     "schema_version": 2,
     "positions": 100,

@@ -67,10 +67,10 @@ RETIRED = {
         "gptqmodel (in .venv-gptq, `make gptq-env`). Checkpoints AutoGPTQ wrote are read, scored and gated as they are"
     ),
     "autoawq": (
-        "AutoAWQ is retired upstream (adopted by llm-compressor). AutoAWQ 0.2.9 needs transformers 4.51, and on this "
-        "project's CPU it wrote a checkpoint far from its source (README, the backends table). For AWQ use backend: "
-        "llmcompressor (compressed-tensors format) or backend: gptqmodel (AutoAWQ's own GEMM format). Checkpoints "
-        "AutoAWQ wrote are read, scored and gated as they are"
+        "AutoAWQ is retired upstream (adopted by llm-compressor). AutoAWQ 0.2.9 needs transformers 4.51, and on "
+        "this project's CPU it wrote a checkpoint far from its source (docs/recipes.md, backends table). For AWQ use "
+        "backend: llmcompressor (compressed-tensors format) or backend: gptqmodel (AutoAWQ's own GEMM format). "
+        "Checkpoints AutoAWQ wrote are read, scored and gated as they are"
     ),
 }
 

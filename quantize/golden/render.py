@@ -22,7 +22,7 @@ def written_text(out: str | Path, m: Manifest) -> str:
     )
     return (
         f"{out}: wrote golden set {m.name}/{m.version}: {tasks}\n"
-        f"score it with a suite whose `golden:` is {out} (see README, 'Your own golden set')"
+        f"score it with a suite whose `golden:` is {out} (see docs/golden-sets.md)"
     )
 
 

@@ -1,5 +1,6 @@
 """Writes tests/data/autogptq-tiny/: a GPTQ checkpoint made by AutoGPTQ 0.7.1 (retired upstream; the Hub holds
-many checkpoints it wrote), for tests/test_foreign.py. AutoGPTQ cannot live in any of the project's environments
+many checkpoints it wrote), for tests/checkpoint/test_foreign.py. AutoGPTQ cannot live in any of the
+project's environments
 (it needs transformers 4.x and numpy < 2), so it gets a throwaway one, and the source model comes from the core
 environment (the tests rebuild the same tiny seeded Llama as the gate's baseline):
 

@@ -7,6 +7,8 @@ import pytest
 from quantize.convert.recipe import Indivisible, Method, Scheme, load_recipe, parse_recipe
 from quantize.errors import UsageError
 
+from conftest import ROOT
+
 BASE = {"method": "gptq", "scheme": "W4A16", "group_size": 128}
 
 
@@ -189,11 +191,10 @@ def test_load_recipe_names_from_file_and_hashes_bytes(tmp_path):
 
 
 def test_every_shipped_recipe_is_valid():
-    from pathlib import Path
 
     from quantize.search.spec import load_search
 
-    recipes = sorted((Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+    recipes = sorted((ROOT / "recipes").glob("*.yaml"))
     searches = [p for p in recipes if p.stem.startswith("search-")]
     assert len(recipes) == 7 and len(searches) == 1
     for p in recipes:
@@ -206,10 +207,9 @@ def test_every_shipped_recipe_is_valid():
 
 
 def test_a_search_recipe_given_to_run_names_the_command_that_takes_it(capsys):
-    from pathlib import Path
 
     from quantize.cli import main
 
-    spec = Path(__file__).parent.parent / "recipes" / "search-w4-w8.yaml"
+    spec = ROOT / "recipes" / "search-w4-w8.yaml"
     assert main(["run", str(spec)]) == 2
     assert "run it with `quantize search FILE`" in capsys.readouterr().err

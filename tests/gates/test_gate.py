@@ -7,7 +7,6 @@ import copy
 import json
 import random
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 import scipy.stats as sps
@@ -18,9 +17,7 @@ from quantize.gates.policy import load_policy
 from quantize.gates.render import render_junit, render_text
 from quantize.records import Verdict, parse
 
-from conftest import PROV, baseline, judge, result
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import PROV, ROOT, baseline, judge, result
 
 
 @pytest.fixture

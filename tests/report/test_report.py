@@ -17,7 +17,7 @@ from quantize.golden.build import Sizes
 from quantize.report.render import label_positions, pareto_front, spread_labels
 from quantize.suite import open_suite
 
-from conftest import small_golden, suite_file
+from conftest import ROOT, small_golden, suite_file
 
 
 def test_pareto_front_higher_is_better():
@@ -147,7 +147,7 @@ def test_a_checkpoint_without_a_kv_layout_has_no_decode_bounds_and_the_report_go
         json.dumps({k: v for k, v in cfg.items() if k != "num_attention_heads"})
     )
     suite = tmp_path / "s.yaml"
-    suite.write_text(f"golden: {Path(__file__).resolve().parent.parent / 'golden' / 'core' / 'v1'}\n")
+    suite.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\n")
     out = tmp_path / "rep"
     code = main(["report", str(tmp_path / "no-heads"), str(tiny_model), "--suite", str(suite), "--out", str(out)])
     assert code == 0, capsys.readouterr().err

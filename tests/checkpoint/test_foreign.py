@@ -23,7 +23,8 @@ import pytest
 from quantize.checkpoint.files import identity_sha256, loadable_view, side_quantization_config
 from quantize.cli import main
 
-DATA = Path(__file__).parent / "data"
+from conftest import DATA
+
 FIXTURE = DATA / "gptqmodel-tiny"
 AWQ = DATA / "gptqmodel-awq-tiny"
 AUTOGPTQ = DATA / "autogptq-tiny"

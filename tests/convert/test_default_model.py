@@ -6,8 +6,6 @@ full-size conversions are measured by benchmarks/recipes_default_model.py. Run w
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
@@ -16,10 +14,10 @@ from quantize.checkpoint.loader import default_model_dir
 from quantize.cli import main
 from quantize.records import RunRecord
 
+from conftest import ROOT
+
 # the conversion recipes (a search recipe, with `base:`, is `quantize search`'s; test_search covers it)
-RECIPES = sorted(
-    p for p in (Path(__file__).parent.parent / "recipes").glob("*.yaml") if "base" not in yaml.safe_load(p.read_text())
-)
+RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if "base" not in yaml.safe_load(p.read_text()))
 pytestmark = pytest.mark.slow
 
 
@@ -64,7 +62,7 @@ def test_gate_on_default_model_rejects_3bit_rtn_and_passes_a_a(tmp_path, capsys,
     Scores only core_prose and core_kv (a few minutes); agreement on 40 items per task."""
     base = str(default_model_dir())
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))  # scores and agreement start cold
-    root = Path(__file__).parent.parent
+    root = ROOT
     (tmp_path / "w3.yaml").write_text(
         (root / "benchmarks" / "references" / "rtn-w3a16-g128.yaml")
         .read_text()

@@ -19,7 +19,7 @@ from quantize.golden.manifest import verify
 from quantize.records import Verdict
 from quantize.suite import open_suite
 
-from conftest import lm_eval_direct, make_tiny_llama
+from conftest import ROOT, lm_eval_direct, make_tiny_llama
 
 WORDS = [
     *("the", "of", "a", "and", "to", "is", "in", "that", "it", "for", "as", "with"),
@@ -379,8 +379,6 @@ def test_golden_size_reports_flip_rates_and_items_needed(user, tiny_model, tmp_p
 
 
 # --- the shipped demo sets ----------------------------------------------------------------------------
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _rebuilt_equals_committed(out: Path, committed: Path) -> None:

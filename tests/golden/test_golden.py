@@ -12,10 +12,7 @@ from quantize.errors import UsageError
 from quantize.golden.build import Sizes, build_core
 from quantize.golden.manifest import lm_eval_tasks, read_items, verify
 
-from conftest import make_sources
-
-ROOT = Path(__file__).resolve().parent.parent
-
+from conftest import ROOT, make_sources
 
 SMALL = Sizes(facts=30, cloze=20, analogy=6, kv=9, prose=5, smoke=3)
 

@@ -1,6 +1,6 @@
 """The vLLM backend end to end (`backend: vllm`): scores and agreement from one engine per checkpoint, the
 agreement's top-k from vLLM's prompt log-probabilities. Needs an accelerator and vLLM (`make test-gpu`);
-the conversion from prompt log-probabilities is tested without either in tests/test_agreement.py."""
+the conversion from prompt log-probabilities is tested without either in tests/evaluate/test_agreement.py."""
 
 from __future__ import annotations
 

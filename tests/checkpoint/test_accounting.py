@@ -16,6 +16,8 @@ from safetensors.torch import save_file
 from quantize.checkpoint.accounting import bits_report, read_header
 from quantize.errors import UsageError
 
+from conftest import DATA
+
 OUT, IN = 256, 512  # one linear layer W: (OUT, IN)
 
 
@@ -327,7 +329,6 @@ def test_a_stored_copy_of_a_tied_output_layer_is_called_out(tmp_path):
 
 # --- read_header against the safetensors library ---------------------------------------------------------------
 
-DATA = Path(__file__).parent / "data"
 ST_DTYPES = {  # torch dtype -> the safetensors name read_header reports
     torch.float32: "F32",
     torch.bfloat16: "BF16",
