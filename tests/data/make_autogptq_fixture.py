@@ -1,8 +1,7 @@
 """Writes tests/data/autogptq-tiny/: a GPTQ checkpoint made by AutoGPTQ 0.7.1 (retired upstream; the Hub holds
-many checkpoints it wrote), for tests/checkpoint/test_foreign.py. AutoGPTQ cannot live in any of the
-project's environments
-(it needs transformers 4.x and numpy < 2), so it gets a throwaway one, and the source model comes from the core
-environment (the tests rebuild the same tiny seeded Llama as the gate's baseline):
+many checkpoints it wrote), for tests/checkpoint/test_foreign.py. AutoGPTQ cannot live in any of the project's
+environments (it needs transformers 4.x and numpy < 2), so it gets a throwaway one, and the source model comes
+from the core environment (the tests rebuild the same tiny seeded Llama as the gate's baseline):
 
     .venv/bin/python -c 'import sys; sys.path.insert(0, "tests"); from pathlib import Path; \
         from conftest import make_tiny_llama; make_tiny_llama(Path("/tmp/tiny-512"), seed=0, vocab_size=512)'

@@ -1,7 +1,6 @@
 """Writes tests/data/gptqmodel-tiny/ (GPTQ) and tests/data/gptqmodel-awq-tiny/ (AWQ, GEMM layout): checkpoints made
 by GPTQModel itself, for the tests that consume other tools' formats (tests/checkpoint/test_foreign.py). Run once in
-the GPTQ
-environment (`make gptq-env`):
+the GPTQ environment (`make gptq-env`):
 
     GPTQMODEL_CPU_WORKERS=2 .venv-gptq/bin/python tests/data/make_gptqmodel_fixture.py [NAME ...]
 
