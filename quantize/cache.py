@@ -1,10 +1,13 @@
 """The evaluation cache: where scores and agreement results live, keyed by their provenance.
 
-The one place that builds cache keys and paths. Scorers store through it, the gate and the report
-look up through it; nothing else re-derives a key. Nothing here loads a model.
+The one place that builds cache keys and paths (tests/test_layers.py enforces it). Scorers store through it, the
+gate and the report look up through it. Nothing here loads a model. A cache may be restored from a store other
+people write (CI), so what it serves is checked on every read: a score file must hash to the sha256 beside it,
+carry the key and checkpoint identity it was asked for, and its task summaries must follow from its items.
 
     scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint identity, suite settings, golden manifest,
-                                                               lm-eval version, tasks)
+                                                               lm-eval version, tasks[, trust_remote_code])
+               $QUANTIZE_CACHE/scores/KEY.sha256  the sha256 of KEY.json's bytes, written after it
     agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings
                $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
     search     $QUANTIZE_CACHE/search/sensitivity-KEY.json  KEY = sha256(model identity, base recipe, options,
@@ -14,6 +17,7 @@ look up through it; nothing else re-derives a key. Nothing here loads a model.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from quantize import records
-from quantize.io import sha256_json
+from quantize.errors import UsageError
+from quantize.io import sha256_file, sha256_json, write_text_atomic
+from quantize.kinds import KINDS
 from quantize.records import AgreementResult, ScoreDoc, SensitivityRecord
 from quantize.suite import OpenSuite
 
@@ -51,21 +57,79 @@ def lm_eval_version() -> str:
     return metadata.version("lm_eval")
 
 
-def score_key(suite: OpenSuite, ckpt_id: str) -> str:
-    return sha256_json([ckpt_id, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)])
+def score_key(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = False) -> str:
+    """Scores computed by a checkpoint's own code (--trust-remote-code) are another entry than scores computed
+    without it; the default's key is unchanged from before the flag joined it."""
+    parts = [ckpt_id, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)]
+    return sha256_json([*parts, "trust_remote_code"] if trust_remote_code else parts)
 
 
-def score_path(suite: OpenSuite, ckpt_id: str) -> Path:
-    return cache_dir() / "scores" / f"{score_key(suite, ckpt_id)[:32]}.json"
+def score_path(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = False) -> Path:
+    return cache_dir() / "scores" / f"{score_key(suite, ckpt_id, trust_remote_code)[:32]}.json"
 
 
-def lookup_scores(suite: OpenSuite, ckpt_id: str) -> ScoreDoc | None:
-    p = score_path(suite, ckpt_id)
-    return records.read(ScoreDoc, p) if p.is_file() else None
+def _digest_path(entry: Path) -> Path:
+    return entry.with_suffix(".sha256")
+
+
+def lookup_scores(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = False) -> ScoreDoc | None:
+    """The cached scores of a checkpoint on a suite, checked (module docstring); None when there are none."""
+    p = score_path(suite, ckpt_id, trust_remote_code)
+    if not p.is_file():
+        return None
+    refresh = "score it again with `quantize eval SUITE CHECKPOINT --refresh` (or delete the file)"
+    digest = _digest_path(p)
+    if not digest.is_file():
+        raise UsageError(
+            f"cached score file {p} has no {digest.name} beside it (written before entries were "
+            f"hashed, or copied without it), so it cannot be checked; {refresh}"
+        )
+    if (found := sha256_file(p)) != digest.read_text().strip():
+        raise UsageError(
+            f"cached score file {p} does not hash to the sha256 in {digest.name} (sha256 {found}): it "
+            f"was changed after it was written; {refresh}"
+        )
+    doc = records.read(ScoreDoc, p)
+    key = score_key(suite, ckpt_id, trust_remote_code)
+    if doc.key != key or doc.provenance.checkpoint.identity_sha256 != ckpt_id:
+        raise UsageError(
+            f"cached score file {p} holds another checkpoint's or suite's scores (its key "
+            f"{doc.key[:16]}, identity {doc.provenance.checkpoint.identity_sha256[:16]}; asked for "
+            f"{key[:16]}, {ckpt_id[:16]}); {refresh}"
+        )
+    if wrong := summary_mismatches(doc):
+        raise UsageError(f"cached score file {p} does not add up: {'; '.join(wrong[:3])}; {refresh}")
+    return doc
+
+
+def summary_mismatches(doc: ScoreDoc) -> list[str]:
+    """Task figures that do not follow from the task's items (the kind's own summary, quantize/kinds.py)."""
+    out = []
+    for name, t in doc.tasks.items():
+        items = [i.model_dump() for i in t.items]
+        if t.n != len(items):
+            out.append(f"{name}: n = {t.n} but {len(items)} items")
+            continue
+        for field, derived in KINDS[t.output_type].summary(items, getattr(t, "filter", None)).items():
+            stored = getattr(t, field)
+            same = stored == derived or (
+                isinstance(stored, float) and isinstance(derived, float) and math.isnan(stored) and math.isnan(derived)
+            )
+            if not same:
+                out.append(f"{name}: {field} is {stored} but its items give {derived}")
+    return out
+
+
+def score_file_sha256(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = False) -> str | None:
+    """The sha256 of a checkpoint's cached score file (checked by lookup_scores), or None when there is none."""
+    digest = _digest_path(score_path(suite, ckpt_id, trust_remote_code))
+    return digest.read_text().strip() if digest.is_file() else None
 
 
 def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
-    records.write(score_path(suite, doc.provenance.checkpoint.identity_sha256), doc)
+    p = score_path(suite, doc.provenance.checkpoint.identity_sha256, doc.provenance.trust_remote_code)
+    records.write(p, doc)
+    write_text_atomic(_digest_path(p), sha256_file(p) + "\n")
 
 
 def _agreement_key(suite: OpenSuite) -> str:

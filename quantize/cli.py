@@ -1,7 +1,7 @@
 """The `quantize` command line: parse, call one function of a stage, print what that stage renders, and map
 exceptions to exit codes (quantize/errors.py). No domain logic and no text of a result lives here.
 
-Exit codes: 0 ok, 1 gate rejected, 2 bad input, 3 runtime failure, 130 interrupted.
+Exit codes: 0 ok, 1 gate rejected, 2 bad input, 3 runtime failure, 130 interrupted (143 SIGTERM, 129 SIGHUP).
 """
 
 from __future__ import annotations
@@ -144,13 +144,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from quantize.suite import open_suite
 
     suite = open_suite(args.suite)  # a bad suite is exit 2 before lm-eval is imported
-    from quantize.evaluate.render import score_text
+    from quantize.evaluate.render import non_finite_warnings, score_text
     from quantize.evaluate.score import score
     from quantize.quiet import quiet_libraries
     from quantize.records import to_json
 
     with quiet_libraries(args.quiet):
         doc, cached = score(suite, args.checkpoint, refresh=args.refresh, trust_remote_code=args.trust_remote_code)
+    _warn("eval", non_finite_warnings(doc))
     if args.json:
         print(to_json(doc) if args.items else json.dumps(doc.summary(), indent=2, default=str))
     else:
@@ -161,9 +162,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def cmd_gate(args: argparse.Namespace) -> int:
     from quantize.flows.gate import run_gate
     from quantize.gates.render import render_text, write_junit
+    from quantize.io import check_writable
     from quantize.quiet import quiet_libraries
     from quantize.records import to_json
 
+    if args.junit:  # found before scoring, not after it with the verdict lost
+        check_writable(Path(args.junit), "--junit")
     with quiet_libraries(args.quiet):
         v = run_gate(args.policy, args.baseline, args.candidate, trust_remote_code=args.trust_remote_code)
     if args.junit:
@@ -454,10 +458,23 @@ def build_parser() -> argparse.ArgumentParser:
 # --- exceptions to exit codes --------------------------------------------------------------------------------
 
 
+class Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the program is so that it unwinds like Ctrl-C (temporary output folders
+    are removed on the way out); the exit code is the shell's 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+def _raise_signalled(signum: int, _frame: Any) -> None:
+    raise Signalled(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     _offline()
-    # SIGTERM unwinds like Ctrl-C, so temporary output folders are removed on the way out.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_signalled)
     args = build_parser().parse_args(argv)
     if getattr(args, "quiet", False) or getattr(args, "json", False):
         _quiet_progress()
@@ -474,11 +491,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"quantize {args.command}: error: {e.strerror}: {e.filename!s:.200}; check the path", file=sys.stderr)
             return EXIT_USAGE
         return _unexpected(args.command, e)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         command = f"{args.command} {getattr(args, 'action', '')}".strip()
         left = "; nothing was left at the output path" if {command, args.command} & WRITES_OUTPUT else ""
-        print(f"quantize {args.command}: interrupted{left}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        how = f"stopped by {e.args[0]}" if isinstance(e, Signalled) else "interrupted"
+        print(f"quantize {args.command}: {how}{left}", file=sys.stderr)
+        return e.exit_code if isinstance(e, Signalled) else EXIT_INTERRUPTED
     except Exception as e:
         return _unexpected(args.command, e)
 

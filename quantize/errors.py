@@ -1,7 +1,7 @@
 """Errors a user can cause, and the exit code each one maps to.
 
 Exit codes for every command (docs/design.md): 0 ok/pass, 1 gate rejected, 2 bad input, 3 runtime failure,
-130 interrupted. The CLI maps every exception to one of these here and nowhere else.
+130 interrupted (143 terminated, 129 hung up). The CLI maps every exception to one of these here and nowhere else.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ EXIT_OK = 0
 EXIT_REJECTED = 1
 EXIT_USAGE = 2
 EXIT_RUNTIME = 3
-EXIT_INTERRUPTED = 130  # Ctrl-C, and SIGTERM, which unwinds the same way
+EXIT_INTERRUPTED = 130  # Ctrl-C; a SIGTERM or SIGHUP unwinds the same way and exits 128 + its number (143, 129)
 
 
 class UsageError(ValueError):

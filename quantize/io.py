@@ -3,7 +3,8 @@ place that hashes bytes and JSON.
 
 An output folder is written into a hidden temporary folder beside the target, then renamed: an
 interrupted run leaves at most a `.NAME.tmp-PID` folder, never a folder at the target path that
-looks complete.
+looks complete. Leftovers are found by their exact names (never a pattern built from the output's
+name), links among them are never followed, removed or restored.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from quantize.errors import UsageError
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -53,7 +56,11 @@ def atomic_dir(target: Path, replace: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         if target.exists() and not replace:
-            raise FileExistsError(f"{target} appeared while this run was writing; the result is left in {tmp}")
+            raise UsageError(
+                f"{target} appeared while this run was writing (another run finished it first); this run's result "
+                "was discarded. Use the other run's output, or run again (with --force, where the command has it) "
+                "to replace it"
+            )
         if not (target.exists() and _exchange(tmp, target)):  # after an exchange tmp holds the old output
             old = target.parent / f".{target.name}.old-{os.getpid()}"
             if target.exists():
@@ -78,27 +85,33 @@ def _pid_alive(pid: int) -> bool:
 
 def leftovers(target: Path) -> list[Path]:
     """Folders that killed runs left beside `target`: `.NAME.tmp-PID` (an unfinished output) and
-    `.NAME.old-PID` (a replaced output not yet removed), of processes no longer running."""
+    `.NAME.old-PID` (a replaced output not yet removed), of processes no longer running. Matched by exact
+    name (the prefix, then digits only); a link of that name is not a leftover of ours and is never listed."""
     target = Path(target)
     if not target.parent.is_dir():
         return []
     found = []
-    for kind in ("tmp", "old"):
-        for p in target.parent.glob(f".{target.name}.{kind}-*"):
-            pid = p.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not _pid_alive(int(pid)):
-                found.append(p)
+    with os.scandir(target.parent) as entries:
+        for e in entries:
+            for kind in ("tmp", "old"):
+                prefix = f".{target.name}.{kind}-"
+                pid = e.name[len(prefix) :] if e.name.startswith(prefix) else ""
+                if pid.isdigit() and e.is_dir(follow_symlinks=False) and not _pid_alive(int(pid)):
+                    found.append(Path(e.path))
     return sorted(found)
 
 
-def recover(target: Path) -> Path | None:
-    """If a replace was cut between its two renames (target gone, `.NAME.old-PID` left), put the old
-    output back at the target. Returns the folder restored, or None."""
+def recover(target: Path, complete: Callable[[Path], bool]) -> Path | None:
+    """If a replace was cut between its two renames (target gone, `.NAME.old-PID` left), put the old output
+    back at the target, but only a folder `complete` accepts (the caller knows what a whole output is).
+    Returns the folder restored, or None."""
     target = Path(target)
-    old = [p for p in leftovers(target) if ".old-" in p.name]
-    if target.exists() or not old:
+    if target.exists() or target.is_symlink():
         return None
-    newest = max(old, key=lambda p: p.stat().st_mtime)
+    old = [p for p in leftovers(target) if p.name.startswith(f".{target.name}.old-") and complete(p)]
+    if not old:
+        return None
+    newest = max(old, key=lambda p: p.stat(follow_symlinks=False).st_mtime)
     newest.rename(target)
     return newest
 
@@ -120,6 +133,19 @@ def atomic_file(path: Path) -> Iterator[Path]:
 def write_text_atomic(path: Path, text: str) -> None:
     with atomic_file(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def check_writable(path: Path, what: str) -> None:
+    """Before any work: a file can be written at `path` (its folder exists and is writable, the path is no
+    folder); else a UsageError naming `what` (the flag) and the path."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a folder; give a file path")
+    if not parent.is_dir():
+        raise UsageError(f"{what} {path}: the folder {parent} does not exist; create it, or give another path")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{what} {path} cannot be written (permissions); give another path")
 
 
 def sha256_json(data: Any) -> str:

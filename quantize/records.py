@@ -41,6 +41,9 @@ class Record(_Strict):
 
     WHAT: ClassVar[str] = "record"  # what the file is, for messages
     REGENERATE: ClassVar[str] = ""  # how to make a current one
+    # evidence records (scores, agreement, verdicts) may hold what a broken checkpoint computed: NaN or ±inf,
+    # written as the JSON strings "NaN", "Infinity", "-Infinity" and read back as floats; other records may not
+    EVIDENCE: ClassVar[bool] = False
 
 
 R = TypeVar("R", bound=Record)
@@ -287,6 +290,7 @@ class ScoreDoc(Record):
     """One checkpoint scored on one suite: task summaries, per-item records and the provenance that keys them."""
 
     WHAT: ClassVar[str] = "score file"
+    EVIDENCE: ClassVar[bool] = True
     REGENERATE: ClassVar[str] = (
         "write a current one with `quantize eval SUITE CHECKPOINT --json --items` (add --refresh to score again)"
     )
@@ -301,11 +305,23 @@ class ScoreDoc(Record):
     tasks: dict[str, TaskScores]
 
     def summary(self) -> dict[str, Any]:
-        """The document without per-item records (`quantize eval --json` without --items)."""
+        """The document without per-item records (`quantize eval --json` without --items), with the ids of items
+        whose numbers are not finite per task (`non_finite`)."""
         d = self.model_dump()
-        for t in d["tasks"].values():
+        bad = self.non_finite()
+        for name, t in d["tasks"].items():
             t.pop("items")
+            t["non_finite"] = bad.get(name, [])
         return d
+
+    def non_finite(self) -> dict[str, list[str]]:
+        """task -> ids of the items holding a NaN or infinite score or log-likelihood (a broken checkpoint)."""
+        out = {}
+        for name, t in self.tasks.items():
+            ids = [i.id for i in t.items if non_finite_fields(i.model_dump())]
+            if ids:
+                out[name] = ids
+        return out
 
 
 # --- agreement -------------------------------------------------------------------------------------
@@ -321,6 +337,7 @@ class AgreementResult(Record):
     """Token-distribution agreement of a candidate with its baseline's stored top-k."""
 
     WHAT: ClassVar[str] = "agreement result"
+    EVIDENCE: ClassVar[bool] = True
     REGENERATE: ClassVar[str] = "delete it; the next `quantize gate` computes it again"
 
     # 2: keyed by checkpoint identities (weights, config, tokenizer); 1 and unversioned files named
@@ -411,6 +428,8 @@ class _RuleResult(_Strict):
     p_regression: float | None = None
     p_holm: float | None = None
     look: int | None = None  # sequential gate: the look (1-based) that decided it, or the last one taken
+    # set when the candidate's evidence held NaN or infinity: the rule is a regression whatever its statistics say
+    non_finite: str | None = None
 
 
 class AccuracyResult(_RuleResult):
@@ -464,6 +483,9 @@ class VerdictProvenance(_Strict):
     lm_eval_version: str
     seed: int
     suite: str
+    # sha256 of the score file each side's evidence was read from (a cache entry or a file given on the command
+    # line); None for a side scored here in stages (no file): pin a baseline's with `baseline_scores_sha256:`
+    score_files: dict[str, str | None] = Field(default_factory=dict)
 
 
 class SequentialRecord(_Strict):
@@ -483,6 +505,7 @@ class SequentialRecord(_Strict):
 
 class Verdict(Record):
     WHAT: ClassVar[str] = "gate verdict"
+    EVIDENCE: ClassVar[bool] = True
     REGENERATE: ClassVar[str] = "run `quantize gate POLICY --baseline B --candidate C --json` again"
 
     schema_version: Literal[2] = 2  # 2: checkpoint identities in the provenance
@@ -573,26 +596,40 @@ class SearchReport(Record):
 
 
 def to_json(record: Record) -> str:
-    """The record as JSON. A non-finite number (NaN, ±inf) cannot be written: JSON has none, and a record
-    holding one would be read back as evidence; it is a RuntimeFailure naming the field (our bug, exit 3)."""
+    """The record as JSON. JSON has no NaN or infinity: an evidence record (scores, agreement, a verdict) writes
+    them as the strings "NaN", "Infinity", "-Infinity", which read back as floats; in any other record a
+    non-finite number is a RuntimeFailure naming the field (our bug, exit 3)."""
     data = record.model_dump()
+    if record.EVIDENCE:
+        data = _finite_or_named(data)
     try:
         return json.dumps(data, indent=2, default=str, allow_nan=False) + "\n"
     except ValueError:
         raise RuntimeFailure(
-            f"{record.WHAT}: {', '.join(_non_finite(data)) or 'a value'} is not a finite number, which no record "
+            f"{record.WHAT}: {', '.join(non_finite_fields(data)) or 'a value'} is not a finite number, which no record "
             "may hold; report this as a bug with the command that wrote it"
         ) from None
 
 
-def _non_finite(data: Any, at: str = "") -> list[str]:
+def _finite_or_named(data: Any) -> Any:
+    """JSON-ready data with each non-finite float replaced by its JSON string name."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return "NaN" if math.isnan(data) else ("Infinity" if data > 0 else "-Infinity")
+    if isinstance(data, dict):
+        return {k: _finite_or_named(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite_or_named(v) for v in data]
+    return data
+
+
+def non_finite_fields(data: Any, at: str = "") -> list[str]:
     """Dotted paths of every NaN or infinite float in parsed JSON-like data."""
     if isinstance(data, float):
         return [] if math.isfinite(data) else [at or "(the record)"]
     if isinstance(data, dict):
-        return [p for k, v in data.items() for p in _non_finite(v, f"{at}.{k}" if at else str(k))]
+        return [p for k, v in data.items() for p in non_finite_fields(v, f"{at}.{k}" if at else str(k))]
     if isinstance(data, list | tuple):
-        return [p for i, v in enumerate(data) for p in _non_finite(v, f"{at}.{i}")]
+        return [p for i, v in enumerate(data) for p in non_finite_fields(v, f"{at}.{i}")]
     return []
 
 

@@ -266,6 +266,17 @@ IDENTITY_FILES = (
 )
 
 
+TOKENIZER_FILES = tuple(n for n in IDENTITY_FILES if "token" in n or n in ("vocab.json", "vocab.txt", "merges.txt"))
+ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def architecture(checkpoint: Path) -> dict[str, Any]:
+    """What makes two checkpoints one model at two precisions: config.json's type and shapes."""
+    cfg = read_config(checkpoint, required=False)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    return {k: cfg.get(k, text.get(k)) for k in ARCHITECTURE_KEYS}
+
+
 def identity_sha256(checkpoint: Path) -> str:
     """The checkpoint's identity: sha256 over its weights hash and every file in IDENTITY_FILES it has.
     Scores are cached and compared under this hash, so the same weights under another config or

@@ -10,6 +10,7 @@ carries Q4_1's rounding; quantizing it again measures the cost of *our* conversi
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -18,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from quantize.cache import cache_dir
-from quantize.checkpoint.files import check_loadable, check_model_dir, loadable_view, weights_sha256
+from quantize.checkpoint.files import TOKENIZER_FILES, check_loadable, check_model_dir, loadable_view, weights_sha256
 from quantize.errors import UsageError
-from quantize.io import atomic_dir, sha256_file
+from quantize.io import atomic_dir, sha256_bytes, sha256_file
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the GGUF was made from
@@ -163,6 +164,21 @@ def _stored_zeros(path: Path, names: list[str]) -> set[str]:
         with safe_open(str(f), "pt") as st:
             zero |= {n for n in set(names) & set(st.keys()) if not st.get_tensor(n).any().item()}
     return zero
+
+
+@functools.lru_cache(maxsize=16)
+def _vocabulary(checkpoint: str, files: tuple[tuple[str, str], ...]) -> str:
+    from transformers import AutoTokenizer
+
+    vocab = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=False).get_vocab()
+    return sha256_bytes(json.dumps(sorted(vocab.items())).encode())
+
+
+def vocabulary_sha256(checkpoint: Path) -> str:
+    """sha256 of the tokenizer's vocabulary (token -> id), whatever its files' bytes: a re-saved tokenizer is the
+    same vocabulary. Memoized per the tokenizer files' hashes."""
+    files = tuple((n, sha256_file(checkpoint / n)) for n in TOKENIZER_FILES if (checkpoint / n).is_file())
+    return _vocabulary(str(checkpoint), files)
 
 
 def load_model(

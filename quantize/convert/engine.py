@@ -53,6 +53,11 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
             "environment (GPTQModel 7.0-7.6 pins numpy 2.2.6). `make gptq-env` builds one with them: run the recipe "
             "with .venv-gptq/bin/quantize run, or use backend: llmcompressor"
         )
+    if out.is_symlink() and not out.exists():
+        raise UsageError(
+            f"output {out} is a link to {os.readlink(out)}, which does not exist (or loops); "
+            "remove the link or choose another `output:` (or --output)"
+        )
     model_dir = resolve_model(recipe.model)
     if recipe.needs_calibration and recipe.calibration is not None:
         source_path(recipe.calibration.source)
@@ -77,21 +82,37 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
     return model_dir
 
 
+def complete_output(folder: Path) -> bool:
+    """A whole quantize output: a real folder whose quantize.json reads as a RunRecord and whose weight files
+    hash to the weights_sha256 it records (a folder half deleted, or only its quantize.json, is not)."""
+    from quantize.errors import UsageError as Bad
+
+    if folder.is_symlink() or not (folder / "quantize.json").is_file():
+        return False
+    try:
+        return weights_sha256(folder) == records.read(RunRecord, folder / "quantize.json").weights_sha256
+    except (Bad, OSError):
+        return False
+
+
 def tidy_leftovers(out: Path, clean: bool) -> list[str]:
-    """What killed runs left beside the output: reported, or with `clean` removed; an output that a killed --force
-    had moved aside is put back first. Returns the messages for the user."""
+    """What killed runs left beside the output: reported, or with `clean` removed; a complete output that a killed
+    --force had moved aside is put back first. Returns the messages for the user."""
     import shutil
 
     from quantize.io import leftovers, recover
 
     said = []
-    if (restored := recover(out)) is not None:
+    if (restored := recover(out, complete_output)) is not None:
         said.append(f"{out} was missing after an interrupted --force; restored it from {restored.name}")
     found = leftovers(out)
     if found and clean:
         for p in found:
             shutil.rmtree(p, ignore_errors=True)
-        said.append(f"removed {len(found)} folder(s) left by killed runs: {', '.join(p.name for p in found)}")
+        gone = [p for p in found if not p.exists()]
+        said.append(f"removed {len(gone)} folder(s) left by killed runs: {', '.join(p.name for p in gone)}")
+        if kept := [p for p in found if p.exists()]:
+            said.append(f"warning: could not remove {', '.join(str(p) for p in kept)}; remove it by hand")
     elif found:
         said.append(
             f"warning: {len(found)} folder(s) left by killed runs beside {out}: "

@@ -317,24 +317,42 @@ def save_baseline(path: Path, base: dict[str, Any]) -> None:
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
+    """A cached baseline top-k; a file numpy cannot read, or that lacks an array, is the cache's to rebuild
+    (exit 2 naming the file), never a crash."""
+    import zipfile
+
     import numpy as np
 
-    z = np.load(path, allow_pickle=False)
-    # efcadec stored the same arrays without a version: read as version 1
-    version = int(z["schema_version"]) if "schema_version" in z.files else BASELINE_SCHEMA_VERSION
-    if version != BASELINE_SCHEMA_VERSION:
+    regenerate = "delete it, and the next `quantize gate` (or `quantize agree`) computes it again"
+    try:
+        z = np.load(path, allow_pickle=False)
+        # efcadec stored the same arrays without a version: read as version 1
+        version = int(z["schema_version"]) if "schema_version" in z.files else BASELINE_SCHEMA_VERSION
+        if version != BASELINE_SCHEMA_VERSION:
+            raise UsageError(
+                f"{path} holds a baseline top-k of schema_version {version}; this quantize reads "
+                f"{BASELINE_SCHEMA_VERSION}: {regenerate}"
+            )
+        out = {
+            "ids": [str(x) for x in z["ids"]],
+            "clusters": [str(x) for x in z["clusters"]],
+            "counts": z["counts"],
+            "k": int(z["k"]),
+            "top_idx": z["top_idx"],
+            "top_logp": z["top_logp"],
+        }
+    except UsageError:
+        raise
+    except (zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as e:
         raise UsageError(
-            f"{path} holds a baseline top-k of schema_version {version}; this quantize reads "
-            f"{BASELINE_SCHEMA_VERSION}: delete it, and the next `quantize gate` computes it again"
+            f"cached baseline top-k {path} cannot be read ({type(e).__name__}: {str(e)[:120]}); {regenerate}"
+        ) from None
+    if len(out["ids"]) != len(out["clusters"]) or out["top_idx"].shape != out["top_logp"].shape:
+        raise UsageError(
+            f"cached baseline top-k {path} is inconsistent (ids, clusters or top-k arrays differ "
+            f"in length); {regenerate}"
         )
-    return {
-        "ids": [str(x) for x in z["ids"]],
-        "clusters": [str(x) for x in z["clusters"]],
-        "counts": z["counts"],
-        "k": int(z["k"]),
-        "top_idx": z["top_idx"],
-        "top_logp": z["top_logp"],
-    }
+    return out
 
 
 def _scorer(suite: OpenSuite, checkpoint: Path, models: LastModel) -> Scorer | VLLMScorer:

@@ -25,6 +25,17 @@ def score_text(doc: ScoreDoc, cached: bool) -> str:
     )
 
 
+def non_finite_warnings(doc: ScoreDoc) -> list[str]:
+    """One warning per task whose items hold NaN or infinity: the scores are recorded as computed, and a gate
+    counts them as a regression."""
+    return [
+        f"warning: {task}: {len(ids)} of {doc.tasks[task].n} item(s) scored NaN or infinity "
+        f"(e.g. {', '.join(ids[:3])}); the checkpoint computes non-finite log-likelihoods: recorded as such, "
+        "and a gate counts them as a regression"
+        for task, ids in doc.non_finite().items()
+    ]
+
+
 def agreement_text(baseline: Path, golden: Path, per_task: int, results: list[tuple[Path, AgreementResult]]) -> str:
     rows = [
         [

@@ -127,11 +127,12 @@ def score(
     check_model_dir(ckpt)
     check_loadable(ckpt)
     ref = CheckpointRef(path=str(ckpt), weights_sha256=weights_sha256(ckpt), identity_sha256=identity_sha256(ckpt))
-    if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256)) is not None:
+    trust = models.trust_remote_code
+    if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, trust)) is not None:
         return Scored(found, True)
-    with cache.claimed(cache.score_path(suite, ref.identity_sha256)):
+    with cache.claimed(cache.score_path(suite, ref.identity_sha256, trust)):
         # another process may have scored it while this one waited for the claim
-        if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256)) is not None:
+        if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, trust)) is not None:
             return Scored(found, True)
         doc = run_lm_eval(suite, ckpt, ref, models)
         cache.store_scores(suite, doc)
@@ -182,7 +183,7 @@ def run_lm_eval(
         lm_results = {k: v for k, v in r["results"][task].items() if k != "alias" and isinstance(v, (int, float))}
         task_docs[task] = task_scores(cfg["output_type"], cfg["metadata"]["version"], items, lm_results, filt)
     return ScoreDoc(
-        key=cache.score_key(suite, ref.identity_sha256),
+        key=cache.score_key(suite, ref.identity_sha256, models.trust_remote_code),
         provenance=ScoreProvenance(
             checkpoint=ref,
             suite=SuiteRef(path=suite.path, name=s.name, sha256=suite.sha256, settings=s.settings()),
@@ -215,7 +216,7 @@ class Staged:
             path=str(checkpoint), weights_sha256=weights_sha256(checkpoint), identity_sha256=identity_sha256(checkpoint)
         )
         self.index = {t: {i: n for n, i in enumerate(ids)} for t, ids in order.items()}
-        self.full = cache.lookup_scores(suite, self.ref.identity_sha256)
+        self.full = cache.lookup_scores(suite, self.ref.identity_sha256, models.trust_remote_code)
         self.items: dict[str, dict[str, dict[str, Any]]] = {t: {} for t in order}
         self.meta: dict[str, tuple[str, float | str, str | None]] = {}
         self._last: ScoreDoc | None = None

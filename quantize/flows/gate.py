@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantize import records
-from quantize.checkpoint.files import check_loadable, check_model_dir
+from quantize import cache, records
+from quantize.checkpoint.files import architecture, check_loadable, check_model_dir, identity_sha256
 from quantize.checkpoint.loader import LastModel
 from quantize.errors import UsageError
 from quantize.gates.gate import comparable_settings, decide
 from quantize.gates.policy import RULE_OUTPUT_TYPES, AgreementRule, Policy, load_policy
+from quantize.io import sha256_file
 from quantize.records import ScoreDoc, Verdict
 from quantize.suite import OpenSuite, open_suite
 
@@ -69,6 +70,35 @@ def check_targets(policy: Policy, baseline: Path, candidate: Path) -> bool:
     return needs_agreement
 
 
+def comparison_notes(policy: Policy, baseline: Path, candidate: Path) -> list[str]:
+    """What the gate compares, said in the verdict: one checkpoint on both sides (an A/A check), or two of
+    different architectures. Two vocabularies are refused (agreement and paired items over different
+    tokenizations mean nothing) unless the policy allows it (`allow_different_tokenizer: true`)."""
+    if not (baseline.is_dir() and candidate.is_dir()):
+        return []
+    from quantize.checkpoint.loader import vocabulary_sha256
+
+    notes = []
+    if identity_sha256(baseline) == identity_sha256(candidate):
+        notes.append(
+            f"baseline and candidate are one checkpoint (identity {identity_sha256(baseline)[:12]}): an A/A check, "
+            "which says nothing about a conversion"
+        )
+    a, b = architecture(baseline), architecture(candidate)
+    if a != b:
+        diff = ", ".join(f"{k} {a[k]} vs {b[k]}" for k in a if a[k] != b[k])
+        notes.append(f"baseline and candidate are different architectures ({diff}): not one model at two precisions")
+    if vocabulary_sha256(baseline) != vocabulary_sha256(candidate):
+        if not policy.allow_different_tokenizer:
+            raise UsageError(
+                f"{baseline} and {candidate} have different tokenizers (vocabularies differ): their per-item scores "
+                "and token agreement cannot be paired. Gate a candidate that keeps its baseline's tokenizer, or set "
+                "`allow_different_tokenizer: true` in the policy (agreement rules still need one vocabulary)"
+            )
+        notes.append("baseline and candidate have different tokenizers (allowed by the policy)")
+    return notes
+
+
 def load_scores(suite: OpenSuite, target: Path, models: LastModel) -> ScoreDoc:
     """A checkpoint folder is scored (or read from the cache); a .json file is a saved `quantize eval --json --items`,
     which must come from the policy's suite: same settings, same golden set, same tasks."""
@@ -106,10 +136,19 @@ def run_gate(
     policy, suite = open_policy(policy_path)  # a bad suite or golden set is a usage error before any scoring
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
+    notes = comparison_notes(policy, base_path, cand_path)
     # one load per checkpoint: the baseline's top-k right after its scores, the candidate's agreement
     # right after its scores, while each is the model in memory
     models = LastModel(trust_remote_code)
     base = load_scores(suite, base_path, models)
+    base_file = scores_sha256(suite, base_path, base)
+    if policy.baseline_scores_sha256 is not None and base_file != policy.baseline_scores_sha256:
+        raise UsageError(
+            f"policy {policy.name} pins the baseline's score file to sha256 {policy.baseline_scores_sha256}, and the "
+            f"scores of {base_path} come from {base_file or 'no file (scored here)'}: refusing to gate on other "
+            "evidence. Score the pinned baseline, or update `baseline_scores_sha256:` in the policy after checking "
+            "the new scores"
+        )
     if needs_agreement:
         from quantize.evaluate.agreement import baseline_topk_cached
 
@@ -119,14 +158,34 @@ def run_gate(
         and cand_path.is_dir()
         and not all(isinstance(r, AgreementRule) for r in policy.rules)
     ):
-        return run_sequential(policy, suite, base, base_path, cand_path, models, needs_agreement)
+        v = run_sequential(policy, suite, base, base_path, cand_path, models, needs_agreement)
+        staged_here = v.sequential is not None and v.sequential.candidate_seconds is not None
+        cand_file = (
+            None
+            if staged_here
+            else cache.score_file_sha256(suite, v.provenance.candidate.checkpoint.identity_sha256, trust_remote_code)
+        )
+        v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
+        v.notes += notes
+        return v
     cand = load_scores(suite, cand_path, models)
     agreement = None
     if needs_agreement:
         agreement = candidate_agreement(
             suite, base, base_path, cand_path, cand.provenance.checkpoint.identity_sha256, models
         )
-    return decide(policy, base, cand, agreement)
+    v = decide(policy, base, cand, agreement)
+    v.provenance.score_files = {"baseline": base_file, "candidate": scores_sha256(suite, cand_path, cand)}
+    v.notes += notes
+    return v
+
+
+def scores_sha256(suite: OpenSuite, target: Path, doc: ScoreDoc) -> str | None:
+    """The sha256 of the file a side's scores were read from: the score file given, or its cache entry."""
+    if target.is_file():
+        return sha256_file(target)
+    p = doc.provenance
+    return cache.score_file_sha256(suite, p.checkpoint.identity_sha256, p.trust_remote_code)
 
 
 def candidate_agreement(

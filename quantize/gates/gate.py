@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from quantize import stats
 from quantize.errors import UsageError
@@ -31,7 +31,10 @@ from quantize.records import (
     SideRef,
     Verdict,
     VerdictProvenance,
+    non_finite_fields,
 )
+
+R = TypeVar("R", AccuracyResult, PerplexityResult, AgreementRuleResult)
 
 # Provenance fields that must agree before two results are compared.
 MUST_MATCH = (
@@ -90,9 +93,16 @@ class Look:
 
 
 def _paired(base: ScoreDoc, cand: ScoreDoc, task: str, sample: bool = False) -> tuple[list[Any], list[Any]]:
-    """Baseline and candidate items, paired by id. `sample`: the candidate holds a sample of the baseline's."""
+    """Baseline and candidate items, paired by id. `sample`: the candidate holds a sample of the baseline's.
+    A baseline whose items on the task are not finite is refused: nothing can be judged against it."""
     if task not in base.tasks or task not in cand.tasks:
         raise UsageError(f"rule task {task} was not scored; the suite scores: {', '.join(base.tasks)}")
+    if bad := base.non_finite().get(task):
+        raise UsageError(
+            f"the baseline {base.provenance.checkpoint.path} computes NaN or infinite values on {task} ({len(bad)} "
+            f"item(s), e.g. {', '.join(bad[:3])}): a gate needs a baseline whose log-likelihoods are finite. Check "
+            "the baseline checkpoint (`quantize eval` names the tasks), or gate against another one"
+        )
     b = {i.id: i for i in base.tasks[task].items}
     c = {i.id: i for i in cand.tasks[task].items}
     if (set(c) - set(b)) if sample else (set(b) != set(c)):
@@ -101,6 +111,26 @@ def _paired(base: ScoreDoc, cand: ScoreDoc, task: str, sample: bool = False) -> 
         )
     ids = sorted(c)
     return [b[i] for i in ids], [c[i] for i in ids]
+
+
+def non_finite_is_regression(result: R, candidate_items: list[str] | None = None) -> R:
+    """Non-finite evidence is a regression, never inconclusive (docs/design.md, "The gate"): a candidate whose
+    items on the rule's task hold NaN or infinity (`candidate_items`), or whose evidence is not finite, has no
+    p-value and fails the rule, whatever `fail_on_inconclusive` says."""
+    fields = non_finite_fields(result.evidence.model_dump())
+    if not candidate_items and not fields:
+        return result
+    why = (
+        f"the candidate computes NaN or infinity on {len(candidate_items)} item(s) "
+        f"(e.g. {', '.join(candidate_items[:3])})"
+        if candidate_items
+        else f"the evidence is not finite ({', '.join(fields[:3])})"
+    )
+    return result.model_copy(update={"verdict": "regression", "p_regression": None, "non_finite": why})
+
+
+def _candidate_non_finite(cand: ScoreDoc, task: str) -> list[str]:
+    return cand.non_finite().get(task, [])
 
 
 def accuracy_rule(
@@ -150,7 +180,7 @@ def accuracy_rule(
         items_needed=r.n_needed if r.verdict == "inconclusive" else None,
         items_needed_at_estimate=r.n_needed_at_estimate if r.verdict == "inconclusive" else None,
     )
-    return AccuracyResult(
+    result = AccuracyResult(
         rule=label,
         task=rule.task,
         verdict=r.verdict,
@@ -158,6 +188,7 @@ def accuracy_rule(
         p_regression=stats.drop_p(r.delta, r.se),
         look=look.index if look else None,
     )
+    return non_finite_is_regression(result, _candidate_non_finite(cand, rule.task))
 
 
 def perplexity_rule(
@@ -189,7 +220,10 @@ def perplexity_rule(
         alpha=alpha,
         interval="cluster bootstrap percentile, 2000 resamples",
     )
-    return PerplexityResult(rule=label, task=rule.task, verdict=verdict, evidence=ev, look=look.index if look else None)
+    result = PerplexityResult(
+        rule=label, task=rule.task, verdict=verdict, evidence=ev, look=look.index if look else None
+    )
+    return non_finite_is_regression(result, _candidate_non_finite(cand, rule.task))
 
 
 def agreement_rule(rule: AgreementRule, label: str, agreement: AgreementResult, alpha: float) -> AgreementRuleResult:
@@ -218,7 +252,8 @@ def agreement_rule(rule: AgreementRule, label: str, agreement: AgreementResult, 
         kl_p99=agreement.kl_p99 if rule.agreement is AgreementMetric.kl else None,
         note=agreement.note,
     )
-    return AgreementRuleResult(rule=label, metric=rule.agreement, verdict=verdict, evidence=ev, p_regression=p_reg)
+    result = AgreementRuleResult(rule=label, metric=rule.agreement, verdict=verdict, evidence=ev, p_regression=p_reg)
+    return non_finite_is_regression(result)
 
 
 def rule_result(

@@ -132,6 +132,15 @@ class Policy(BaseModel):
     fail_on_inconclusive: bool = True
     rules: list[Rule] = Field(min_length=1)
     sequential: Sequential | None = Field(None, description="stop early in stages; absent: every item is scored")
+    allow_different_tokenizer: bool = Field(
+        False, description="gate a candidate whose vocabulary differs from the baseline's (accuracy rules only)"
+    )
+    baseline_scores_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the sha256 of the only baseline score file this policy accepts (a verdict's "
+        "provenance.score_files.baseline): a cache restored from a shared store cannot swap the baseline's scores",
+    )
 
     @model_validator(mode="after")
     def _fraction_tasks(self) -> Policy:

@@ -58,6 +58,8 @@ def render_text(v: Verdict) -> str:
         ]
     for r in v.rules:
         lines.append(f"[{r.verdict.upper():>12}] {r.rule}" + (f"  (look {r.look})" if r.look is not None else ""))
+        if getattr(r, "non_finite", None):
+            lines.append(f"    not finite: {r.non_finite}; a regression, whatever the statistics below say")
         if isinstance(r, AccuracyResult):
             e = r.evidence
             lines.append(
@@ -101,11 +103,13 @@ def render_text(v: Verdict) -> str:
             lines.append(
                 f"    p = {r.p_regression:.3g} against H0 '{h0}'; Holm-adjusted (m = {tested}): {r.p_holm:.3g}"
             )
+    lines += [f"note: {n}" for n in v.notes]
+    b, c = p.baseline.checkpoint, p.candidate.checkpoint
     lines += [
         "",
-        f"provenance: baseline {p.baseline.checkpoint.weights_sha256[:12]} "
-        f"(batch {p.baseline.batch_size}), candidate {p.candidate.checkpoint.weights_sha256[:12]} "
-        f"(batch {p.candidate.batch_size}); golden {p.golden.name}/{p.golden.version} "
+        f"provenance: baseline {b.identity_sha256[:12]} (weights {b.weights_sha256[:12]}, "
+        f"batch {p.baseline.batch_size}), candidate {c.identity_sha256[:12]} (weights {c.weights_sha256[:12]}, "
+        f"batch {p.candidate.batch_size}); golden {p.golden.name}/{p.golden.version} "
         f"({p.golden.manifest_sha256[:12]}); tasks {json.dumps(p.task_versions)}; "
         f"lm-eval {p.lm_eval_version}; seed {p.seed}",
     ]
@@ -132,7 +136,8 @@ def render_junit(v: Verdict) -> str:
             continue
         body = json.dumps(r.evidence.model_dump(), indent=1, default=str)
         if r.verdict == "regression":
-            ET.SubElement(case, "failure", message=f"{r.rule}: regression", type="regression").text = body
+            why = f" ({r.non_finite})" if r.non_finite else ""
+            ET.SubElement(case, "failure", message=f"{r.rule}: regression{why}", type="regression").text = body
         elif failing(r.verdict):
             ET.SubElement(
                 case, "failure", message=f"{r.rule}: inconclusive (fails closed)", type="inconclusive"

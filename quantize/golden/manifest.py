@@ -143,6 +143,7 @@ def verify(path: str | Path) -> GoldenSet:
             problems.append(f"{name}: sha256 differs from the manifest (the file was changed)")
         elif entry.items is not None and (n := blob.count(b"\n")) != entry.items:
             problems.append(f"{name}: {n} items, the manifest says {entry.items}")
+    problems += _outside_reads(root, manifest)
     listed = set(files)
     for sub in ("data", "tasks"):
         for p in sorted((root / sub).glob("*")) if (root / sub).is_dir() else []:
@@ -155,6 +156,47 @@ def verify(path: str | Path) -> GoldenSet:
             + "\nA version is immutable: restore the files from version control, or build a new version folder."
         )
     return GoldenSet(root, manifest, sha256_bytes(raw), task_entries(root, manifest))
+
+
+def _outside_reads(root: Path, manifest: Manifest) -> list[str]:
+    """What the task YAMLs would read beyond the version folder: every task reads local JSON (`dataset_path:
+    json`) from `data_files` that resolve inside the folder and are listed in the manifest; no `include:`. A set
+    that verifies therefore holds all its data, and editing a file it reads changes a hash it is checked by."""
+    import yaml
+
+    problems = []
+    for name in sorted(n for n in manifest.files if n.startswith("tasks/")):
+        try:
+            cfg = yaml.safe_load((root / name).read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+            problems.append(f"{name}: not plain YAML a golden set can check ({str(e)[:80]})")
+            continue
+        if isinstance(cfg, dict) and "group" in cfg:
+            members = cfg.get("task") if isinstance(cfg.get("task"), list) else [cfg.get("task")]
+            if not all(isinstance(m, str) for m in members):
+                problems.append(f"{name}: a group that defines tasks inline; a group names the set's task files")
+            continue  # a group file names tasks, it reads no data
+        if not isinstance(cfg, dict) or "task" not in cfg:
+            continue
+        if "include" in cfg:
+            problems.append(f"{name}: `include: {cfg['include']}` pulls in a file the manifest does not check")
+        if cfg.get("dataset_path") != "json":
+            problems.append(f"{name}: dataset_path {cfg.get('dataset_path')!r}; a golden task reads its own JSON")
+        files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+        if not isinstance(files, dict) or not files:
+            problems.append(f"{name}: no dataset_kwargs.data_files naming the set's own data/ files")
+            continue
+        for split, rel in files.items():
+            for r in rel if isinstance(rel, list) else [rel]:
+                where = (root / "tasks" / str(r)).resolve()
+                inside = where.is_relative_to(root.resolve())
+                listed = inside and where.relative_to(root.resolve()).as_posix() in manifest.files
+                if not listed:
+                    problems.append(
+                        f"{name}: split {split} reads {r}, which is "
+                        + ("outside the version folder" if not inside else "not listed in the manifest")
+                    )
+    return problems
 
 
 def task_entries(root: Path, manifest: Manifest) -> dict[str, TaskEntry]:

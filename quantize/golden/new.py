@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,8 +100,15 @@ def _text(v: Any) -> bool:
 
 
 def check_item(kind: str, obj: Any, where: str) -> dict[str, Any]:
-    """One validated, normalized item (answer as an index; id and cluster as strings)."""
+    """One validated, normalized item (answer as an index; id and cluster as NFC strings)."""
     _check_keys(kind, obj, where)
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(
+            f"{where} holds text that is not valid Unicode ({e.reason}, e.g. a lone surrogate "
+            "escape like \\ud800); fix the line"
+        ) from None
     item = {f: _optional(obj[f], f, where) for f in OPTIONAL if f in obj}
     for f in FIELDS[kind]:
         if f == "answer" and kind == "multiple_choice":
@@ -130,9 +138,15 @@ def _check_keys(kind: str, obj: Any, where: str) -> None:
 
 
 def _optional(v: Any, f: str, where: str) -> str:
+    """An id or cluster as its NFC form (two spellings of one name are one id); control and zero-width
+    characters are refused (two ids that look the same must not count as different items)."""
     if isinstance(v, bool) or not (_text(v) or isinstance(v, int)):
         raise UsageError(f"{where}: {f} is {json.dumps(v)[:80]}; it must be a non-empty string or an integer")
-    return str(v)
+    s = unicodedata.normalize("NFC", str(v))
+    if bad := sorted({c for c in s if unicodedata.category(c) in ("Cc", "Cf")}):
+        shown = ", ".join(f"U+{ord(c):04X}" for c in bad)
+        raise UsageError(f"{where}: {f} {s!r} holds control or invisible characters ({shown}); remove them")
+    return s
 
 
 def _choices(v: Any, where: str) -> list[str]:

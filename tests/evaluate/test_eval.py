@@ -15,6 +15,7 @@ from quantize import cache, records
 from quantize.cli import main
 from quantize.evaluate.score import score
 from quantize.golden.build import Sizes
+from quantize.io import sha256_file
 from quantize.records import AgreementResult, ScoreDoc, Verdict
 from quantize.suite import open_suite
 
@@ -78,9 +79,10 @@ def test_cached_score_of_another_schema_is_refused_with_the_fix(setup, tiny_mode
     s = open_suite(suite)
     doc, _ = score(s, tiny_model)
     path = cache.score_path(s, doc.provenance.checkpoint.identity_sha256)
-    saved = path.read_text()
+    saved, digest = path.read_text(), path.with_suffix(".sha256").read_text()
     try:
         path.write_text(json.dumps({k: v for k, v in json.loads(saved).items() if k != "schema_version"}))
+        path.with_suffix(".sha256").write_text(sha256_file(path))  # an entry of the older schema, intact
         assert main(["eval", str(suite), str(tiny_model)]) == 2
         err = capsys.readouterr().err
         assert "no schema_version" in err and "--refresh" in err
@@ -88,6 +90,7 @@ def test_cached_score_of_another_schema_is_refused_with_the_fix(setup, tiny_mode
         assert json.loads(path.read_text())["schema_version"] == 2  # the refused file was scored again and replaced
     finally:
         path.write_text(saved)
+        path.with_suffix(".sha256").write_text(digest)
 
 
 def test_eval_refuses_tampered_golden(setup, tiny_model, tmp_path, capsys):

@@ -1,0 +1,456 @@
+"""Integrity: a verdict nobody can fool by accident or on purpose. Each case was a wrong answer before:
+a NaN candidate passed a policy that did not fail closed, and `eval` printed nan with exit 0 and no word."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from quantize import records
+from quantize.cli import main
+from quantize.records import ScoreDoc, Verdict
+
+from conftest import small_golden, suite_file
+
+SIZES = None
+
+
+def nan_copy(src: Path, dst: Path) -> Path:
+    """The checkpoint with one NaN in a late MLP weight: every logit after it is NaN."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    f = dst / "model.safetensors"
+    t = load_file(str(f))
+    name = next(n for n in sorted(t) if n.endswith("layers.1.mlp.down_proj.weight"))
+    t[name] = t[name].clone()
+    t[name][0, 0] = float("nan")
+    save_file(t, str(f), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_model):
+    base = tmp_path_factory.mktemp("integrity")
+    golden = small_golden(base)
+    suite = suite_file(base / "suite.yaml", golden)
+    lenient = base / "lenient.yaml"  # does not fail closed: only a regression can reject
+    lenient.write_text(
+        f"suite: {suite}\nfail_on_inconclusive: false\nrules:\n"
+        "  - {task: core_prose, metric: perplexity, max_ratio: 1.5}\n  - {agreement: kl, max: 0.5}\n"
+        "  - {task: core_facts, metric: acc, margin: 0.5}\n"
+    )
+    return base, suite, lenient, nan_copy(tiny_model, base / "nan-model")
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path_factory.getbasetemp() / "qcache-integrity"))
+
+
+def test_eval_of_a_nan_checkpoint_warns_and_records_the_values(world, capsys):
+    _, suite, _, bad = world
+    assert main(["eval", str(suite), str(bad), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "core_prose" in err and "NaN or infinity" in err and "regression" in err
+    assert main(["eval", str(suite), str(bad), "--json", "--items", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert '"NaN"' in out  # JSON has no NaN: the value is written by name, and reads back as a float
+    doc = records.parse(ScoreDoc, json.loads(out), "stdout")
+    assert doc.non_finite()["core_prose"] and all(i.ll != i.ll for i in doc.tasks["core_prose"].items)
+    assert main(["eval", str(suite), str(bad), "--json", "--quiet"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert len(summary["tasks"]["core_prose"]["non_finite"]) == summary["tasks"]["core_prose"]["n"]
+
+
+def test_a_nan_candidate_is_a_regression_even_when_inconclusive_would_pass(world, tiny_model, capsys):
+    """It passed before (exit 0): "ratio nan [nan, nan]" and "kl nan ± nan" came out inconclusive."""
+    _, _, lenient, bad = world
+    code = main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(bad), "--json", "--quiet"])
+    v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    assert code == 1 and v.verdict == "rejected"
+    by = {r.rule: r for r in v.rules}
+    for rule in ("core_prose perplexity", "agreement kl", "core_facts acc"):
+        assert by[rule].verdict == "regression" and by[rule].non_finite, rule
+        assert by[rule].p_regression is None  # no test was run on NaN: no p-value to adjust
+    assert main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(bad), "--quiet"]) == 1
+    assert "not finite: the candidate computes NaN or infinity" in capsys.readouterr().out
+
+
+def test_a_nan_baseline_is_the_user_s_input_to_fix(world, tiny_model, capsys):
+    _, _, lenient, bad = world
+    code = main(["gate", str(lenient), "--baseline", str(bad), "--candidate", str(tiny_model), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and str(bad) in err and "baseline" in err and "NaN" in err
+
+
+def test_other_records_still_refuse_non_finite_numbers(tmp_path):
+    from quantize.errors import RuntimeFailure
+    from quantize.records import SensitivityRecord
+
+    rec = SensitivityRecord(key="k", kl={"layer.0": {"W4A16": float("nan")}}, seconds=1.0)
+    with pytest.raises(RuntimeFailure, match=r"kl\.layer\.0\.W4A16"):
+        records.write(tmp_path / "s.json", rec)
+    assert not (tmp_path / "s.json").exists()
+
+
+# --- cleanup touches only its own files ------------------------------------------------------------------------
+
+DEAD = "99999999"  # no such process
+
+
+def _leftover(parent: Path, name: str, kind: str = "tmp") -> Path:
+    p = parent / f".{name}.{kind}-{DEAD}"
+    p.mkdir(parents=True)
+    return p
+
+
+@pytest.mark.parametrize("name", ["o*", "llama-[8b]", "a?c"])
+def test_leftovers_are_matched_by_exact_name_never_as_a_pattern(tmp_path, name):
+    """`.{name}.tmp-*` was globbed with the name unescaped: `o*` and `llama-[8b]` claimed other outputs' folders."""
+    from quantize.io import leftovers
+
+    others = [_leftover(tmp_path, n) for n in ("ox", "llama-8", "abc", "o*x")]
+    mine = _leftover(tmp_path, name)
+    assert leftovers(tmp_path / name) == [mine]
+    assert all(p.exists() for p in others)
+
+
+def test_a_link_named_like_a_leftover_is_never_listed_removed_or_restored(tmp_path):
+    from quantize.convert.engine import tidy_leftovers
+
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "quantize.json").write_text("{}")
+    (tmp_path / f".out.old-{DEAD}").symlink_to(precious)
+    (tmp_path / f".out.tmp-{DEAD}").symlink_to(precious)
+    said = tidy_leftovers(tmp_path / "out", clean=True)
+    assert not (tmp_path / "out").exists() and precious.is_dir() and (precious / "quantize.json").exists()
+    assert not any("removed" in s or "restored" in s for s in said)
+
+
+def test_only_a_complete_output_is_restored(tmp_path, tiny_model, capsys):
+    import yaml
+
+    from quantize.convert.engine import tidy_leftovers
+
+    r = tmp_path / "r.yaml"
+    r.write_text(
+        yaml.safe_dump(
+            {
+                "model": str(tiny_model),
+                "method": "fp8",
+                "scheme": "FP8_DYNAMIC",
+                "calibration": None,
+                "output": str(tmp_path / "done"),
+            }
+        )
+    )
+    assert main(["run", str(r), "--quiet"]) == 0, capsys.readouterr().err
+    half = _leftover(tmp_path, "out", "old")  # only quantize.json left of a half-deleted output
+    shutil.copy(tmp_path / "done" / "quantize.json", half / "quantize.json")
+    assert tidy_leftovers(tmp_path / "out", clean=False)[0].startswith("warning") and not (tmp_path / "out").exists()
+    shutil.rmtree(half)
+    (tmp_path / "done").rename(tmp_path / f".out.old-{DEAD}")  # a whole output moved aside by a killed --force
+    said = tidy_leftovers(tmp_path / "out", clean=False)
+    assert (tmp_path / "out" / "quantize.json").is_file() and "restored" in said[0]
+
+
+def test_a_dangling_output_link_is_refused_before_any_work(tmp_path, tiny_model, capsys):
+    import time
+
+    (tmp_path / "out").symlink_to(tmp_path / "nowhere")
+    r = tmp_path / "r.yaml"
+    r.write_text(
+        f"model: {tiny_model}\nmethod: fp8\nscheme: FP8_DYNAMIC\ncalibration: null\noutput: {tmp_path / 'out'}\n"
+    )
+    t = time.perf_counter()
+    assert main(["run", str(r), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "is a link to" in err and "nowhere" in err and time.perf_counter() - t < 5
+
+
+def test_the_loser_of_a_race_says_what_happened_and_exits_2(tmp_path):
+    from quantize.errors import UsageError
+    from quantize.io import atomic_dir
+
+    target = tmp_path / "conc"
+    with pytest.raises(UsageError, match="discarded") as e, atomic_dir(target) as tmp:
+        (tmp / "w").write_text("mine")
+        target.mkdir()  # the other run finished first
+    assert "left in" not in str(e.value) and not any(p.name.startswith(".conc.tmp-") for p in tmp_path.iterdir())
+
+
+# --- a cache that checks what it serves -----------------------------------------------------------------------
+
+
+def _entry(suite: Path, ckpt: Path, trust: bool = False) -> Path:
+    from quantize import cache
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.suite import open_suite
+
+    return cache.score_path(open_suite(suite), identity_sha256(ckpt), trust)
+
+
+def _rewrite(path: Path, data: dict, digest: bool = True) -> None:
+    from quantize.io import sha256_file
+
+    path.write_text(json.dumps(data))
+    if digest:  # a careful forger keeps the digest in step
+        path.with_suffix(".sha256").write_text(sha256_file(path))
+
+
+def test_a_flipped_item_in_a_cached_score_file_is_refused(world, tiny_model, capsys):
+    """Was served as is: the summary said 0.75 while its items said 7/8."""
+    _, suite, _, _ = world
+    assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
+    p = _entry(suite, tiny_model)
+    saved, digest = p.read_text(), p.with_suffix(".sha256").read_text()
+    try:
+        data = json.loads(saved)
+        item = data["tasks"]["core_facts"]["items"][0]
+        item["score"] = 1.0 - item["score"]
+        _rewrite(p, data, digest=False)
+        assert main(["eval", str(suite), str(tiny_model)]) == 2
+        assert "changed after it was written" in capsys.readouterr().err
+        _rewrite(p, data)
+        assert main(["eval", str(suite), str(tiny_model)]) == 2
+        err = capsys.readouterr().err
+        assert str(p) in err and "core_facts: acc is" in err and "--refresh" in err
+    finally:
+        p.write_text(saved)
+        p.with_suffix(".sha256").write_text(digest)
+
+
+def test_another_checkpoints_scores_under_a_candidates_key_are_refused(world, tiny_model, capsys):
+    """A candidate entry given the baseline's items and numbers made a NaN candidate pass in 2.6 s."""
+    _, suite, lenient, bad = world
+    assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
+    assert main(["eval", str(suite), str(bad), "--quiet"]) == 0
+    capsys.readouterr()
+    good, forged = _entry(suite, tiny_model), _entry(suite, bad)
+    saved = forged.read_text(), forged.with_suffix(".sha256").read_text()
+    try:
+        _rewrite(forged, json.loads(good.read_text()))
+        code = main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(bad), "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2 and "another checkpoint's or suite's scores" in err and str(forged) in err
+    finally:
+        forged.write_text(saved[0])
+        forged.with_suffix(".sha256").write_text(saved[1])
+
+
+def test_an_entry_without_its_digest_is_refused(world, tiny_model, capsys):
+    _, suite, _, _ = world
+    assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
+    digest = _entry(suite, tiny_model).with_suffix(".sha256")
+    kept = digest.read_text()
+    digest.unlink()
+    try:
+        assert main(["eval", str(suite), str(tiny_model)]) == 2
+        assert "cannot be checked" in capsys.readouterr().err
+    finally:
+        digest.write_text(kept)
+
+
+def test_scores_computed_with_remote_code_are_another_entry(world, tiny_model, capsys):
+    """The key left out --trust-remote-code: scores computed by a checkpoint's own code were served without it."""
+    _, suite, _, _ = world
+    assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
+    assert _entry(suite, tiny_model) != _entry(suite, tiny_model, trust=True)
+    assert not _entry(suite, tiny_model, trust=True).exists()
+    capsys.readouterr()
+    assert main(["eval", str(suite), str(tiny_model), "--quiet", "--trust-remote-code", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["provenance"]["trust_remote_code"] is True
+    assert _entry(suite, tiny_model, trust=True).is_file()
+
+
+def test_the_verdict_names_its_score_files_and_a_policy_can_pin_the_baseline(world, tiny_model, tmp_path, capsys):
+    _, suite, lenient, _ = world
+    code = main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json", "-q"])
+    v = json.loads(capsys.readouterr().out)
+    assert code == 0
+    digest = _entry(suite, tiny_model).with_suffix(".sha256").read_text().strip()
+    assert v["provenance"]["score_files"] == {"baseline": digest, "candidate": digest}
+    pinned = tmp_path / "pinned.yaml"
+    for pin, want in (("0" * 64, 2), (digest, 0)):
+        pinned.write_text(lenient.read_text() + f"baseline_scores_sha256: '{pin}'\n")
+        assert main(["gate", str(pinned), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "-q"]) == want
+        if want == 2:
+            assert "pins the baseline's score file" in capsys.readouterr().err
+
+
+def test_a_corrupt_baseline_top_k_is_named_not_a_crash(world, tiny_model, capsys):
+    from quantize import cache
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.suite import open_suite
+
+    _, suite, lenient, _ = world
+    assert main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "-q"]) == 0
+    p = cache.baseline_topk_path(open_suite(suite), identity_sha256(tiny_model))
+    kept = p.read_bytes()
+    try:
+        p.write_bytes(kept[: len(kept) // 2])  # truncated
+        code = main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "-q"])
+        err = capsys.readouterr().err
+        assert code == 2 and str(p) in err and "delete it" in err
+    finally:
+        p.write_bytes(kept)
+
+
+# --- golden sets hold all their data ----------------------------------------------------------------------------
+
+
+def _copy_set(tmp_path: Path) -> Path:
+    from conftest import ROOT
+
+    copy = tmp_path / "g" / "v1"
+    shutil.copytree(ROOT / "golden" / "answers" / "v1", copy)
+    return copy
+
+
+def _retask(copy: Path, edit) -> None:
+    """Edit the task YAML and keep the manifest's hash of it in step (a hand-made set, not a tampered one)."""
+    import hashlib
+
+    import yaml
+
+    t = copy / "tasks" / "answers_facts.yaml"
+    cfg = yaml.safe_load(t.read_text())
+    edit(cfg)
+    t.write_text(yaml.safe_dump(cfg))
+    m = json.loads((copy / "MANIFEST.json").read_text())
+    m["files"]["tasks/answers_facts.yaml"]["sha256"] = hashlib.sha256(t.read_bytes()).hexdigest()
+    (copy / "MANIFEST.json").write_text(json.dumps(m))
+
+
+@pytest.mark.parametrize(
+    "edit,why",
+    [
+        (lambda c: c["dataset_kwargs"]["data_files"].update(test="/etc/hostname"), "outside the version folder"),
+        (lambda c: c["dataset_kwargs"]["data_files"].update(test="../../v1/data/x.jsonl"), "not listed"),
+        (lambda c: c.update(dataset_path="some/hub_dataset"), "dataset_path"),
+        (lambda c: c.update(include="../../../elsewhere.yaml"), "include"),
+    ],
+)
+def test_a_verified_set_reads_nothing_outside_itself(tmp_path, capsys, edit, why):
+    """`golden verify` passed a task whose data_files named an absolute path, and eval scored that file."""
+    copy = _copy_set(tmp_path)
+    _retask(copy, edit)
+    assert main(["golden", "verify", str(copy)]) == 2
+    assert why in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "ident,ok",
+    [("caf\u00e9", True), ("cafe\u0301", True), ("a\u200bb", False), ("a\x07b", False)],
+)
+def test_golden_ids_are_nfc_and_visible(tmp_path, capsys, ident, ok):
+    src = tmp_path / "items.jsonl"
+    src.write_text(json.dumps({"id": ident, "context": "The sky is", "target": " blue"}) + "\n")
+    code = main(["golden", "new", str(tmp_path / "s" / "v1"), "--from", str(src), "--type", "greedy"])
+    if ok:
+        assert code == 0
+        item = json.loads((tmp_path / "s" / "v1" / "data" / "s_greedy.jsonl").read_text())
+        assert item["id"] == "caf\u00e9"  # both spellings are the one NFC id
+    else:
+        assert code == 2 and "invisible" in capsys.readouterr().err
+
+
+def test_a_lone_surrogate_is_the_line_s_fault(tmp_path, capsys):
+    src = tmp_path / "items.jsonl"
+    src.write_text('{"context": "x \\ud800", "target": " y"}\n')
+    assert main(["golden", "new", str(tmp_path / "s" / "v1"), "--from", str(src), "--type", "greedy"]) == 2
+    err = capsys.readouterr().err
+    assert "line 1" in err and "surrogate" in err
+
+
+# --- signals ----------------------------------------------------------------------------------------------------
+
+CHILD = """
+import argparse, sys, time
+from pathlib import Path
+import quantize.cli as cli
+from quantize.io import atomic_dir
+
+def slow(args):
+    with atomic_dir(Path(sys.argv[1])) as tmp:
+        (tmp / "part").write_text("half written")
+        print("ready", flush=True)
+        time.sleep(60)
+    return 0
+
+parser = cli.build_parser()
+cli.build_parser = lambda: parser
+sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["golden"]
+next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices["new"].set_defaults(fn=slow)
+sys.exit(cli.main(["golden", "new", sys.argv[1], "--from", "x.jsonl", "--type", "greedy"]))
+"""
+
+
+@pytest.mark.parametrize("sig,code", [("SIGTERM", 143), ("SIGHUP", 129), ("SIGINT", 130)])
+def test_a_signal_cleans_up_and_exits_with_its_shell_code(tmp_path, sig, code):
+    """SIGTERM exited 130 and SIGHUP left its temporary folder (160 MB for a real conversion)."""
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "set" / "v1"
+    p = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        p.send_signal(getattr(signal, sig))
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == code, err
+    assert "nothing was left at the output path" in err
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+# --- the gate says what it compares; outputs checked before work ----------------------------------------------
+
+
+def test_an_unwritable_junit_path_is_refused_before_any_scoring(world, tiny_model, tmp_path, capsys, monkeypatch):
+    """Was found only after scoring, with the verdict lost."""
+    _, _, lenient, _ = world
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cold"))
+    argv = ["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "-q"]
+    assert main([*argv, "--junit", str(tmp_path / "no-such-dir" / "gate.xml")]) == 2
+    assert "--junit" in capsys.readouterr().err
+    assert not (tmp_path / "cold" / "scores").exists()  # nothing was scored
+
+
+def test_the_verdict_names_an_a_a_check_and_another_architecture(world, tiny_model, tmp_path, capsys):
+    from conftest import make_tiny_llama
+
+    _, _, lenient, _ = world
+    code = main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json", "-q"])
+    v = json.loads(capsys.readouterr().out)
+    assert code == 0 and any("one checkpoint" in n for n in v["notes"])
+    narrow = make_tiny_llama(tmp_path / "narrow", hidden_size=64, head_dim=16)
+    main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(narrow), "--json", "-q"])
+    v = json.loads(capsys.readouterr().out)
+    assert any("different architectures" in n and "hidden_size 128 vs 64" in n for n in v["notes"])
+
+
+def test_another_vocabulary_is_refused_unless_the_policy_allows_it(world, tiny_model, tmp_path, capsys):
+    from conftest import make_tiny_llama
+
+    _, suite, _, _ = world
+    other = make_tiny_llama(tmp_path / "other-vocab", vocab_size=1024)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n")
+    argv = ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(other), "-q"]
+    assert main(argv) == 2
+    assert "different tokenizers" in capsys.readouterr().err
+    policy.write_text(policy.read_text() + "allow_different_tokenizer: true\n")
+    code = main([*argv, "--json"])
+    v = json.loads(capsys.readouterr().out)
+    assert code == v["exit_code"] == (0 if v["verdict"] == "pass" else 1)
+    assert any("different tokenizers" in n for n in v["notes"])
