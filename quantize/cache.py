@@ -73,17 +73,14 @@ def _digest_path(entry: Path) -> Path:
 
 
 def lookup_scores(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = False) -> ScoreDoc | None:
-    """The cached scores of a checkpoint on a suite, checked (module docstring); None when there are none."""
+    """The cached scores of a checkpoint on a suite, checked (module docstring); None when there are none, or when
+    the entry has no digest beside it (written before entries were hashed, or copied without it: nothing vouches for
+    it, so it is scored again and replaced)."""
     p = score_path(suite, ckpt_id, trust_remote_code)
-    if not p.is_file():
+    digest = _digest_path(p)
+    if not p.is_file() or not digest.is_file():
         return None
     refresh = "score it again with `quantize eval SUITE CHECKPOINT --refresh` (or delete the file)"
-    digest = _digest_path(p)
-    if not digest.is_file():
-        raise UsageError(
-            f"cached score file {p} has no {digest.name} beside it (written before entries were "
-            f"hashed, or copied without it), so it cannot be checked; {refresh}"
-        )
     if (found := sha256_file(p)) != digest.read_text().strip():
         raise UsageError(
             f"cached score file {p} does not hash to the sha256 in {digest.name} (sha256 {found}): it "
