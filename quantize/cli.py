@@ -125,9 +125,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
         kv = bounds.KVLayout(args.layers, args.kv_heads, args.head_dim, args.kv_bytes)
         result = bounds.token_cost(args.params, _formats(args.formats), kv, hw, work)
     if args.sweep:
-        result["sweeps"] = bounds.exercise_sweeps(args.gamma, args.draft_cost, args.alpha)
+        result = result.model_copy(update={"sweeps": bounds.exercise_sweeps(args.gamma, args.draft_cost, args.alpha)})
     if args.json:
-        _print_json(result)
+        _print_json(result.to_data())
     else:
         print(render(result))
     return EXIT_OK
@@ -243,10 +243,11 @@ def cmd_golden_size(args: argparse.Namespace) -> int:
     from quantize.flows.size import run_sizing
     from quantize.gates.render import sizing_text
     from quantize.quiet import quiet_libraries
+    from quantize.records import to_json
 
     with quiet_libraries(args.quiet):
         report = run_sizing(args.suite, Path(args.baseline), Path(args.candidate), args.margin, args.alpha, args.power)
-    print(json.dumps(report, indent=2) if args.json else sizing_text(report))
+    print(to_json(report) if args.json else sizing_text(report))
     return EXIT_OK
 
 
@@ -309,8 +310,12 @@ def _cost_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     c.add_argument("--alpha", type=float, default=0.8, help="speculative acceptance rate α, 0 <= α < 1")
     c.add_argument("--gamma", type=int, default=4, help="draft length γ >= 1")
     c.add_argument("--draft-cost", type=float, default=0.1, help="draft step time / target step time, c >= 0")
-    c.add_argument("--plain-step-ms", type=float, default=25.0, help="a measured plain decode step, for TPOT")
-    c.add_argument("--project-params", type=float, help="with --checkpoint: project onto a model of this many params")
+    c.add_argument(
+        "--plain-step-ms", type=float, default=25.0, help="a measured plain decode step, for iteration time and TPOT"
+    )
+    c.add_argument(
+        "--project-params", type=float, help="with --checkpoint: project onto a larger model of this many parameters"
+    )
     c.add_argument(
         "--project-share",
         type=float,
@@ -350,7 +355,9 @@ def _golden_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     gf.add_argument("--seed", type=int, default=0)
     gf.set_defaults(fn=cmd_golden_freeze)
     gz = gs.add_parser(
-        "size", parents=[flags["json"], flags["quiet"]], help="flip rates between two checkpoints and the items needed"
+        "size",
+        parents=[flags["json"], flags["quiet"]],
+        help="flip rates between two checkpoints and the items a margin needs",
     )
     gz.add_argument("suite", help="evaluation suite (its golden set and tasks)")
     gz.add_argument("--baseline", required=True, help="checkpoint folder or score file")
@@ -364,7 +371,9 @@ def _golden_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
 def _evaluation_parsers(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     """eval, gate, agree: the commands that score checkpoints (and may run their code when asked)."""
     scoring = [flags["json"], flags["quiet"], flags["trust"]]
-    e = sub.add_parser("eval", parents=scoring, help="score a checkpoint on a golden set (lm-eval), per item, cached")
+    e = sub.add_parser(
+        "eval", parents=scoring, help="score a checkpoint on a golden set (lm-eval), with per-item records, cached"
+    )
     e.add_argument("suite", help="evaluation suite, e.g. evaluate/core.yaml")
     e.add_argument("checkpoint", help="checkpoint folder")
     e.add_argument("--refresh", action="store_true", help="score again even when cached")
@@ -415,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
 
     i = sub.add_parser(
-        "inspect", parents=[flags["json"]], help="true bits per weight of any safetensors checkpoint, from headers"
+        "inspect", parents=[flags["json"]], help="true bits per weight of any safetensors checkpoint, from headers only"
     )
     i.add_argument("checkpoint", help="checkpoint folder or .safetensors file")
     i.add_argument("--modules", action="store_true", help="per-module table")
@@ -425,15 +434,21 @@ def build_parser() -> argparse.ArgumentParser:
     _evaluation_parsers(sub, flags)
 
     rp = sub.add_parser(
-        "report", parents=[flags["json"]], help="bytes-versus-accuracy report (Markdown and HTML, with plots)"
+        "report",
+        parents=[flags["json"]],
+        help="bytes-versus-accuracy report (Markdown and self-contained HTML, with plots)",
     )
     rp.add_argument("checkpoints", nargs="+", help="checkpoint folders, or folders of checkpoints")
-    rp.add_argument("--suite", help="the suite whose cached scores to show (default: the policy's, else core.yaml)")
+    rp.add_argument(
+        "--suite", help="the suite whose cached scores to show (default: the policy's, else evaluate/core.yaml)"
+    )
     rp.add_argument("--baseline", help="baseline checkpoint (marked; agreement and verdicts are against it)")
     rp.add_argument("--policy", help="gate policy whose verdicts to show (from cached scores only)")
     rp.add_argument("--hardware", default="h100-sxm", help="hardware profile for the decode-cost bounds")
     rp.add_argument("--x", choices=["bytes", "bpw"], default="bytes", help="x axis of the Pareto plots")
-    rp.add_argument("--out", required=True, help="output folder (written atomically; an earlier report is replaced)")
+    rp.add_argument(
+        "--out", required=True, help="output folder (written atomically; an earlier report there is replaced)"
+    )
     rp.set_defaults(fn=cmd_report)
 
     _golden_parser(sub, flags)
@@ -444,7 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the smallest mixed-precision checkpoint that passes a gate, under a byte budget",
     )
     se.add_argument("spec", help="search recipe, e.g. recipes/search-w4-w8.yaml")
-    se.add_argument("--budget", type=float, action="append", help="bits per weight (repeat); overrides the spec")
+    se.add_argument(
+        "--budget", type=float, action="append", help="bits per weight (repeat for several); overrides the spec"
+    )
     se.add_argument("--policy", help="the gate policy every tried allocation must pass; overrides the spec's")
     se.set_defaults(fn=cmd_search)
 

@@ -114,30 +114,26 @@ def test_a_quantize_json_written_before_this_change_still_reads():
 def test_a_baseline_top_k_from_before_versions_reads_and_a_newer_one_is_refused(tmp_path):
     import numpy as np
 
-    from quantize.evaluate.agreement import load_baseline, save_baseline
+    from quantize.evaluate.agreement import BaselineTopK, load_baseline
 
-    base = {
-        "ids": ["a", "b"],
-        "clusters": ["c", "c"],
-        "counts": np.asarray([2, 1]),
-        "k": 2,
-        "top_idx": np.zeros((3, 2), dtype=np.int32),
-        "top_logp": np.full((3, 2), -1.0, dtype=np.float32),
-    }
-    save_baseline(tmp_path / "new.npz", base)
+    base = BaselineTopK(
+        ["a", "b"], ["c", "c"], np.asarray([2, 1]), 2, np.zeros((3, 2), np.int32), np.full((3, 2), -1.0, np.float32)
+    )
+    base.save(tmp_path / "new.npz")
     np.savez_compressed(
         tmp_path / "old.npz",
-        ids=np.asarray(base["ids"]),
-        clusters=np.asarray(base["clusters"]),
-        counts=base["counts"],
+        ids=np.asarray(base.ids),
+        clusters=np.asarray(base.clusters),
+        counts=base.counts,
         k=np.asarray(2),
-        top_idx=base["top_idx"],
-        top_logp=base["top_logp"],
+        top_idx=base.top_idx,
+        top_logp=base.top_logp,
     )
     for f in ("new.npz", "old.npz"):
         got = load_baseline(tmp_path / f)
-        assert got["ids"] == ["a", "b"] and got["k"] == 2 and got["top_logp"].shape == (3, 2)
-    np.savez_compressed(tmp_path / "future.npz", schema_version=np.asarray(9), ids=np.asarray(base["ids"]))
+        assert got.ids == ["a", "b"] and got.k == 2 and got.top_logp.shape == (3, 2)
+        assert got.rows("b") == slice(2, 3) and got.rows("a") == slice(0, 2)
+    np.savez_compressed(tmp_path / "future.npz", schema_version=np.asarray(9), ids=np.asarray(base.ids))
     with pytest.raises(UsageError, match="schema_version 9"):
         load_baseline(tmp_path / "future.npz")
 

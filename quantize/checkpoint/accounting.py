@@ -24,6 +24,7 @@ from typing import Any
 
 from quantize.checkpoint.files import read_config, safetensors_files, side_file
 from quantize.errors import UsageError
+from quantize.records import BitsRecord, ModuleBits
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
 
@@ -115,22 +116,18 @@ class ModuleRow:
         return 8 * self.bytes / self.parameters if self.parameters else None
 
 
-@dataclass
-class BitsReport:
+class BitsReport(BitsRecord):
+    """The one bits type: what quantize.json keeps (BitsRecord), plus what only a read of the files knows (the
+    files, header bytes read, the checkpoint's own logical parameters, a stored copy of a tied output layer).
+    Read alone, a checkpoint is its own source: source_parameters = parameters, and bits per weight divide by
+    them; `as_record` divides by a source model's count instead."""
+
     checkpoint: str
-    format: str
     files: list[str]
     file_bytes: int
     header_bytes_read: int
-    total_bytes: int
     parameters: int | None
-    bits_per_weight: float | None
     quantized_linear_bytes: int
-    quantized_linear_parameters: int
-    quantized_linear_bits_per_weight: float | None
-    bytes_by_role: dict[str, int]
-    modules: list[ModuleRow]
-    notes: list[str]
     # parameters of an lm_head stored although config.json ties it to the embeddings (a copy the model
     # does not need); bits per source parameter divide every byte by parameters − this
     tied_copy_parameters: int = 0
@@ -141,11 +138,43 @@ class BitsReport:
             return None
         return 8 * self.total_bytes / (self.parameters - self.tied_copy_parameters)
 
+    def as_record(self, source_parameters: int | None) -> BitsRecord:
+        """quantize.json's bits: bits per weight = 8 × total bytes / the source model's parameters (this
+        checkpoint's own where the source's are unknown)."""
+        params = source_parameters or self.parameters
+        fields = BitsRecord.model_fields
+        return BitsRecord(
+            **{
+                k: v
+                for k, v in self.__dict__.items()
+                if k in fields and k not in ("source_parameters", "bits_per_weight")
+            },
+            **{"source_parameters": params, "bits_per_weight": 8 * self.total_bytes / params if params else None},
+        )
+
     def to_dict(self, modules: bool = True) -> dict[str, Any]:
-        d = asdict(self)
-        d["bits_per_source_parameter"] = self.bits_per_source_parameter
-        d["modules"] = [dict(asdict(m), bits_per_weight=m.bits_per_weight) for m in self.modules] if modules else None
-        return d
+        """`quantize inspect --json`."""
+        keys = (
+            "checkpoint",
+            "format",
+            "files",
+            "file_bytes",
+            "header_bytes_read",
+            "total_bytes",
+            "parameters",
+            "bits_per_weight",
+            "quantized_linear_bytes",
+            "quantized_linear_parameters",
+            "quantized_linear_bits_per_weight",
+            "bytes_by_role",
+        )
+        return {
+            **{k: getattr(self, k) for k in keys},
+            "modules": [m.model_dump() for m in self.modules] if modules else None,
+            "notes": self.notes,
+            "tied_copy_parameters": self.tied_copy_parameters,
+            "bits_per_source_parameter": self.bits_per_source_parameter,
+        }
 
 
 # --- the header parser ------------------------------------------------------------------------
@@ -472,12 +501,16 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         header_bytes_read=header_read,
         total_bytes=total,
         parameters=params,
+        source_parameters=params,
         bits_per_weight=8 * total / params if params else None,
         quantized_linear_bytes=q_bytes,
         quantized_linear_parameters=q_params,
         quantized_linear_bits_per_weight=8 * q_bytes / q_params if q_params else None,
         bytes_by_role={r: v for r, v in by_role.items() if v},
-        modules=sorted(modules.values(), key=lambda m: _natural_key(m.module)),
+        modules=[
+            ModuleBits(**asdict(m), bits_per_weight=m.bits_per_weight)
+            for m in sorted(modules.values(), key=lambda m: _natural_key(m.module))
+        ],
         notes=notes,
         tied_copy_parameters=tied_copy,
     )

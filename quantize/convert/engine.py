@@ -29,7 +29,6 @@ from quantize.errors import UsageError
 from quantize.io import atomic_dir, sha256_json
 from quantize.quiet import quiet_libraries
 from quantize.records import (
-    BitsRecord,
     EngineRecord,
     MemoryRecord,
     RecipeRef,
@@ -121,21 +120,6 @@ def tidy_leftovers(out: Path, clean: bool) -> list[str]:
     return said
 
 
-def bits_record(report: accounting.BitsReport, source_params: int | None) -> BitsRecord:
-    params = source_params or report.parameters
-    return BitsRecord(
-        total_bytes=report.total_bytes,
-        source_parameters=params,
-        bits_per_weight=8 * report.total_bytes / params if params else None,
-        quantized_linear_bits_per_weight=report.quantized_linear_bits_per_weight,
-        quantized_linear_parameters=report.quantized_linear_parameters,
-        bytes_by_role=report.bytes_by_role,
-        format=report.format,
-        modules=report.to_dict()["modules"],
-        notes=report.notes,
-    )
-
-
 def convert(
     recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, force: bool = False, quiet: bool = False
 ) -> RunRecord:
@@ -220,7 +204,7 @@ def _convert(
             time_seconds=dict(phases.seconds, total=phases.total()),
             memory=MemoryRecord(**memory_record()),
             finite_checks=finite,
-            bits=bits_record(report, source_params),
+            bits=report.as_record(source_params),
         )
         records.write(tmp / "quantize.json", meta)
         (tmp / "README.md").write_text(model_card(meta, DEFAULT_MODEL_HUB_ID if recipe.model is None else None))

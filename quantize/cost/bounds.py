@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -167,7 +167,7 @@ class CostModel:
         alpha: float,
         draft_cost: float,
         bits_per_weight: float | None = None,
-    ) -> dict[str, Any]:
+    ) -> FormatRow:
         mem1, comp1 = self.memory_s(weight_bytes, 0), self.compute_s(1, 1)
         memb, compb = self.memory_s(weight_bytes, batch), self.compute_s(batch, 1)
         ratio = self.verify_ratio(weight_bytes, batch, gamma)
@@ -193,24 +193,126 @@ class CostModel:
             row["fits_weights_only"] = weight_bytes <= self.hardware.memory_bytes
             row["fits_with_batch_kv"] = need <= self.hardware.memory_bytes
             row["memory_needed_gib"] = need / 2**30
-        return row
+        return FormatRow(**row)
 
 
-def speculation_summary(alpha: float, gamma: int, draft_cost: float, plain_step_ms: float) -> dict[str, Any]:
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FormatRow(_Frozen):
+    """One format's bounds (milliseconds are lower bounds): batch 1 and the workload's batch, verification."""
+
+    bits_per_weight: float | None
+    weight_bytes: float
+    weight_gb: float
+    weight_gib: float
+    batch1_weight_bound_ms: float
+    batch1_step_bound_ms: float
+    batch1_compute_ms: float
+    batch_step_bound_ms: float
+    batch_memory_ms: float
+    batch_compute_ms: float
+    batch_binding: Literal["compute", "memory"]
+    verify_cost_ratio: float
+    speculative_speedup_at_batch: float
+    verify_compute_bound_batch: int | None  # None: verification stays memory-bound at any batch
+    fits_weights_only: bool | None = None  # None: the hardware profile names no memory size
+    fits_with_batch_kv: bool | None = None
+    memory_needed_gib: float | None = None
+
+
+class Speculation(_Frozen):
+    alpha: float
+    gamma: int
+    draft_cost: float
+    assumptions: str
+    expected_tokens_per_target_step: float
+    speedup_free_verification: float
+    break_even_alpha: float
+    plain_step_ms: float
+    iteration_ms: float
+    average_tpot_ms: float
+
+
+class AlphaPoint(_Frozen):
+    alpha: float
+    expected_tokens: float
+    speedup: float
+
+
+class GammaPoint(_Frozen):
+    gamma: int
+    speedup: float
+
+
+class SlowDraft(_Frozen):
+    draft_cost: float
+    speedup: float
+
+
+class Sweeps(_Frozen):
+    """The seed's exercises, with free verification."""
+
+    alpha_sweep: list[AlphaPoint]
+    gamma_sweep: list[GammaPoint]
+    best_gamma: int
+    slow_draft: SlowDraft
+
+
+class CheckpointBytes(_Frozen):
+    path: str
+    total_bytes: int
+    parameters: int
+    bits_per_weight: float | None
+    quantized_linear_bits_per_weight: float | None
+
+
+class CostTable(_Frozen):
+    """`quantize cost`: bounds per format for one model, hardware and workload."""
+
+    scope: str
+    parameters: float
+    hardware: Hardware
+    batch: int
+    context_tokens: int
+    kv_layout: dict[str, float]
+    kv_bytes_per_sequence: float
+    formats: dict[str, FormatRow]
+    speculation: Speculation
+
+
+class ProjectedCost(CostTable):
+    projection: str  # what the projection assumes: always printed beside its figures
+
+
+class TokenCost(CostTable):
+    """The whole result: a measured checkpoint's bytes, a labelled projection, the exercises, when asked for."""
+
+    checkpoint: CheckpointBytes | None = None
+    projection: ProjectedCost | None = None
+    sweeps: Sweeps | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        """`quantize cost --json`: the parts not asked for are left out, not written as null."""
+        return self.model_dump(exclude={k for k in ("checkpoint", "projection", "sweeps") if getattr(self, k) is None})
+
+
+def speculation_summary(alpha: float, gamma: int, draft_cost: float, plain_step_ms: float) -> Speculation:
     check_speculation(alpha, gamma, draft_cost)
     s = speculative_speedup(alpha, gamma, draft_cost)
-    return {
-        "alpha": alpha,
-        "gamma": gamma,
-        "draft_cost": draft_cost,
-        "assumptions": "acceptances i.i.d. with rate alpha; gamma+1 target positions verified at the cost of one step",
-        "expected_tokens_per_target_step": expected_tokens(alpha, gamma),
-        "speedup_free_verification": s,
-        "break_even_alpha": break_even_alpha(gamma, draft_cost),
-        "plain_step_ms": plain_step_ms,
-        "iteration_ms": plain_step_ms * (gamma * draft_cost + 1),
-        "average_tpot_ms": plain_step_ms / s,
-    }
+    return Speculation(
+        alpha=alpha,
+        gamma=gamma,
+        draft_cost=draft_cost,
+        assumptions="acceptances i.i.d. with rate alpha; gamma+1 target positions verified at the cost of one step",
+        expected_tokens_per_target_step=expected_tokens(alpha, gamma),
+        speedup_free_verification=s,
+        break_even_alpha=break_even_alpha(gamma, draft_cost),
+        plain_step_ms=plain_step_ms,
+        iteration_ms=plain_step_ms * (gamma * draft_cost + 1),
+        average_tpot_ms=plain_step_ms / s,
+    )
 
 
 @dataclass(frozen=True)
@@ -239,7 +341,7 @@ def token_cost(
     hardware: Hardware,
     work: Workload,
     measured_bytes: dict[str, float] | None = None,
-) -> dict[str, Any]:
+) -> TokenCost:
     """The calculator: one row per format. measured_bytes replaces bits × parameters / 8 where given."""
     if parameters <= 0:
         raise UsageError(f"parameters must be positive, got {parameters}")
@@ -252,38 +354,36 @@ def token_cost(
         formats[name] = model.format_row(
             wb, work.batch, work.gamma, work.alpha, work.draft_cost, bits_per_weight=8 * wb / parameters
         )
-    return {
-        "scope": SCOPE,
-        "parameters": parameters,
-        "hardware": hardware.model_dump(),
-        "batch": work.batch,
-        "context_tokens": work.context_tokens,
-        "kv_layout": kv.__dict__,
-        "kv_bytes_per_sequence": model.kv_bytes_per_sequence,
-        "formats": formats,
-        "speculation": speculation_summary(work.alpha, work.gamma, work.draft_cost, work.plain_step_ms),
-    }
+    return TokenCost(
+        scope=SCOPE,
+        parameters=parameters,
+        hardware=hardware,
+        batch=work.batch,
+        context_tokens=work.context_tokens,
+        kv_layout=kv.__dict__,
+        kv_bytes_per_sequence=model.kv_bytes_per_sequence,
+        formats=formats,
+        speculation=speculation_summary(work.alpha, work.gamma, work.draft_cost, work.plain_step_ms),
+    )
 
 
-def exercise_sweeps(gamma: int, draft_cost: float, alpha: float) -> dict[str, Any]:
+def exercise_sweeps(gamma: int, draft_cost: float, alpha: float) -> Sweeps:
     """The seed's exercises: α sweep, best γ in 1..8, and a slow draft (c = 0.5). Free verification."""
     check_speculation(alpha, gamma, draft_cost)
     alphas = [0.2, 0.3, 0.6, 0.8, 0.9]
     gammas = {g: speculative_speedup(alpha, g, draft_cost) for g in range(1, 9)}
     best = max(gammas, key=gammas.get)
-    return {
-        "alpha_sweep": [
-            {
-                "alpha": a,
-                "expected_tokens": expected_tokens(a, gamma),
-                "speedup": speculative_speedup(a, gamma, draft_cost),
-            }
+    return Sweeps(
+        alpha_sweep=[
+            AlphaPoint(
+                alpha=a, expected_tokens=expected_tokens(a, gamma), speedup=speculative_speedup(a, gamma, draft_cost)
+            )
             for a in alphas
         ],
-        "gamma_sweep": [{"gamma": g, "speedup": s} for g, s in gammas.items()],
-        "best_gamma": best,
-        "slow_draft": {"draft_cost": 0.5, "speedup": speculative_speedup(alpha, gamma, 0.5)},
-    }
+        gamma_sweep=[GammaPoint(gamma=g, speedup=s) for g, s in gammas.items()],
+        best_gamma=best,
+        slow_draft=SlowDraft(draft_cost=0.5, speedup=speculative_speedup(alpha, gamma, 0.5)),
+    )
 
 
 def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float = 2) -> KVLayout:
@@ -305,7 +405,7 @@ def checkpoint_cost(
     work: Workload,
     project_params: float | None = None,
     project_share: float | None = None,
-) -> dict[str, Any]:
+) -> TokenCost:
     """Bounds from a measured checkpoint's bytes; optionally a labelled projection onto a larger model."""
     from quantize.checkpoint.accounting import bits_report
     from quantize.checkpoint.files import read_config
@@ -330,13 +430,13 @@ def checkpoint_cost(
         work,
         measured_bytes={"measured": report.total_bytes},
     )
-    out["checkpoint"] = {
-        "path": str(checkpoint),
-        "total_bytes": report.total_bytes,
-        "parameters": report.parameters,
-        "bits_per_weight": report.bits_per_weight,
-        "quantized_linear_bits_per_weight": report.quantized_linear_bits_per_weight,
-    }
+    measured = CheckpointBytes(
+        path=str(checkpoint),
+        total_bytes=report.total_bytes,
+        parameters=report.parameters,
+        bits_per_weight=report.bits_per_weight,
+        quantized_linear_bits_per_weight=report.quantized_linear_bits_per_weight,
+    )
     if project_params:
         share = project_share if project_share is not None else report.quantized_linear_parameters / report.parameters
         if not 0 <= share <= 1:
@@ -344,7 +444,7 @@ def checkpoint_cost(
         qbits = report.quantized_linear_bits_per_weight or 16.0
         bits = share * qbits + (1 - share) * 16.0
         proj = token_cost(project_params, {"projected": bits}, kv, hardware, work)
-        proj["projection"] = (
+        label = (
             f"PROJECTION, not a measurement: {share:.1%} of {project_params:.3g} parameters at the checkpoint's "
             "measured "
             f"{qbits:.3f} quantized-linear bits per weight, the rest at 16 bits; KV layout of the measured checkpoint"
@@ -355,5 +455,12 @@ def checkpoint_cost(
                 "linear share; pass --project-share)"
             )
         )
-        out["projection"] = proj
-    return out
+        return out.model_copy(
+            update={
+                "checkpoint": measured,
+                "projection": ProjectedCost(
+                    **proj.model_dump(exclude={"checkpoint", "projection", "sweeps"}), projection=label
+                ),
+            }
+        )
+    return out.model_copy(update={"checkpoint": measured})

@@ -2,30 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Any
+from quantize.cost.bounds import TokenCost
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: TokenCost) -> str:
     """Human-readable text; every time carries 'lower bound'."""
-    hw = result["hardware"]
+    hw, s = result.hardware, result.speculation
     lines = [
-        f"Token-cost LOWER BOUNDS ({result['scope']})",
-        f"  hardware {hw['name']}: {hw['hbm_bytes_per_second'] / 1e12:.2f} TB/s, "
-        f"{hw['peak_dense_flops'] / 1e12:,.0f} TFLOP/s dense ({hw['source']})",
-        f"  parameters {result['parameters']:,.0f}; context {result['context_tokens']:,} tokens; batch "
-        f"{result['batch']}; "
-        f"KV bytes per sequence {result['kv_bytes_per_sequence']:,.0f}",
+        f"Token-cost LOWER BOUNDS ({result.scope})",
+        f"  hardware {hw.name}: {hw.hbm_bytes_per_second / 1e12:.2f} TB/s, "
+        f"{hw.peak_dense_flops / 1e12:,.0f} TFLOP/s dense ({hw.source})",
+        f"  parameters {result.parameters:,.0f}; context {result.context_tokens:,} tokens; batch "
+        f"{result.batch}; "
+        f"KV bytes per sequence {result.kv_bytes_per_sequence:,.0f}",
         "",
         f"  {'format':<12}{'bits/w':>8}{'GB':>10}{'GiB':>9}{'b1 bound ms':>13}{'bN bound ms':>13}{'binds':>8}"
         f"{'verify×':>9}{'spec×':>8}{'cb batch':>9}",
     ]
-    for name, r in result["formats"].items():
+    for name, r in result.formats.items():
         lines.append(
-            f"  {name:<12}{r['bits_per_weight']:>8.3f}{r['weight_gb']:>10.4f}{r['weight_gib']:>9.2f}"
-            f"{r['batch1_weight_bound_ms']:>13.3f}{r['batch_step_bound_ms']:>13.3f}{r['batch_binding']:>8}"
-            f"{r['verify_cost_ratio']:>9.4f}{r['speculative_speedup_at_batch']:>8.4f}{r['verify_compute_bound_batch']!s:>9}"
+            f"  {name:<12}{r.bits_per_weight:>8.3f}{r.weight_gb:>10.4f}{r.weight_gib:>9.2f}"
+            f"{r.batch1_weight_bound_ms:>13.3f}{r.batch_step_bound_ms:>13.3f}{r.batch_binding:>8}"
+            f"{r.verify_cost_ratio:>9.4f}{r.speculative_speedup_at_batch:>8.4f}{r.verify_compute_bound_batch!s:>9}"
         )
-    s = result["speculation"]
     lines += [
         "",
         "  b1 = batch-1 weight-read lower bound; bN = batch step lower bound with KV reads; verify× = cost of "
@@ -34,28 +33,24 @@ def render(result: dict[str, Any]) -> str:
         "batch",
         "  at which verification is compute-bound.",
         "",
-        f"  speculation (α={s['alpha']}, γ={s['gamma']}, c={s['draft_cost']}; {s['assumptions']}):",
-        f"    expected tokens per target step {s['expected_tokens_per_target_step']:.4f}",
-        f"    speedup with free verification  {s['speedup_free_verification']:.4f}×  (break-even α ≈ "
-        f"{s['break_even_alpha']:.3f})",
-        f"    with a {s['plain_step_ms']} ms plain step: iteration {s['iteration_ms']:.1f} ms, average TPOT "
-        f"{s['average_tpot_ms']:.4f} ms (lower bounds)",
+        f"  speculation (α={s.alpha}, γ={s.gamma}, c={s.draft_cost}; {s.assumptions}):",
+        f"    expected tokens per target step {s.expected_tokens_per_target_step:.4f}",
+        f"    speedup with free verification  {s.speedup_free_verification:.4f}×  (break-even α ≈ "
+        f"{s.break_even_alpha:.3f})",
+        f"    with a {s.plain_step_ms} ms plain step: iteration {s.iteration_ms:.1f} ms, average TPOT "
+        f"{s.average_tpot_ms:.4f} ms (lower bounds)",
     ]
-    if "projection" in result:
-        p = result["projection"]
-        r = p["formats"]["projected"]
+    if (p := result.projection) is not None:
+        r = p.formats["projected"]
         lines += [
             "",
-            f"  {p['projection']}",
-            f"    {r['weight_gb']:.3f} GB; batch-1 bound {r['batch1_weight_bound_ms']:.3f} ms; batch-{p['batch']} "
-            f"bound {r['batch_step_bound_ms']:.3f} ms",
+            f"  {p.projection}",
+            f"    {r.weight_gb:.3f} GB; batch-1 bound {r.batch1_weight_bound_ms:.3f} ms; batch-{p.batch} "
+            f"bound {r.batch_step_bound_ms:.3f} ms",
         ]
-    if "sweeps" in result:
-        sw = result["sweeps"]
+    if (sw := result.sweeps) is not None:
         lines += ["", "  exercises (free verification):"]
-        lines += [
-            f"    α={a['alpha']}: {a['expected_tokens']:.4f} tokens, {a['speedup']:.4f}×" for a in sw["alpha_sweep"]
-        ]
-        lines.append(f"    best γ in 1..8: {sw['best_gamma']} ({max(g['speedup'] for g in sw['gamma_sweep']):.4f}×)")
-        lines.append(f"    slow draft c=0.5: {sw['slow_draft']['speedup']:.4f}×")
+        lines += [f"    α={a.alpha}: {a.expected_tokens:.4f} tokens, {a.speedup:.4f}×" for a in sw.alpha_sweep]
+        lines.append(f"    best γ in 1..8: {sw.best_gamma} ({max(g.speedup for g in sw.gamma_sweep):.4f}×)")
+        lines.append(f"    slow draft c=0.5: {sw.slow_draft.speedup:.4f}×")
     return "\n".join(lines)

@@ -19,6 +19,7 @@ positions are the ones lm-eval scores.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -241,7 +242,51 @@ def position_metrics(lp: Any, lq_k: Any, same_top1: Any, known: Any = None) -> t
     return kl, same_top1.float(), smin
 
 
-def baseline_topk(scorer: Scorer | VLLMScorer, reqs: list[Request], k: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class BaselineTopK:
+    """The baseline's top-k at every agreement position, item after item: P = Σ counts positions in all.
+
+    ids, clusters   one per item, in the order stored
+    counts          (items,) positions per item
+    top_idx         (P, k) int32 token ids of the k most likely tokens, most likely first
+    top_logp        (P, k) float32 their log-probabilities
+
+    Saved as .npz (arrays, not a JSON record) with its own schema_version; `load` refuses a file it cannot read
+    as a UsageError naming it."""
+
+    ids: list[str]
+    clusters: list[str]
+    counts: Any
+    k: int
+    top_idx: Any
+    top_logp: Any
+
+    @functools.cached_property
+    def _slices(self) -> dict[str, slice]:
+        ends = [int(x) for x in self.counts.cumsum()]
+        return {i: slice(e - int(n), e) for i, n, e in zip(self.ids, self.counts, ends, strict=True)}
+
+    def rows(self, item_id: str) -> slice:
+        """The rows of `top_idx`/`top_logp` that belong to one item."""
+        return self._slices[item_id]
+
+    def save(self, path: Path) -> None:
+        import numpy as np
+
+        with atomic_file(path) as tmp:
+            np.savez_compressed(
+                tmp,
+                schema_version=np.asarray(BASELINE_SCHEMA_VERSION),
+                ids=np.asarray(self.ids),
+                clusters=np.asarray(self.clusters),
+                counts=self.counts,
+                k=np.asarray(self.k),
+                top_idx=self.top_idx,
+                top_logp=self.top_logp,
+            )
+
+
+def baseline_topk(scorer: Scorer | VLLMScorer, reqs: list[Request], k: int) -> BaselineTopK:
     import numpy as np
     import torch
 
@@ -252,37 +297,24 @@ def baseline_topk(scorer: Scorer | VLLMScorer, reqs: list[Request], k: int) -> d
         counts.append(v.shape[0])
         top_idx.append(i.to(torch.int32).numpy())
         top_lp.append(v.numpy().astype(np.float32))
-    return {
-        "ids": ids,
-        "clusters": clusters,
-        "counts": np.asarray(counts),
-        "k": k,
-        "top_idx": np.concatenate(top_idx),
-        "top_logp": np.concatenate(top_lp),
-    }
+    return BaselineTopK(ids, clusters, np.asarray(counts), k, np.concatenate(top_idx), np.concatenate(top_lp))
 
 
-def compare(scorer: Scorer | VLLMScorer, reqs: list[Request], base: dict[str, Any]) -> dict[str, Any]:
+def compare(scorer: Scorer | VLLMScorer, reqs: list[Request], base: BaselineTopK) -> dict[str, Any]:
     """Mean KL lower bound, top-1 agreement and Σ min(p, q) against the stored baseline, SEs
     clustered by the items' clusters."""
     import numpy as np
     import torch
 
-    offsets = dict(zip(base["ids"], np.cumsum(np.concatenate([[0], base["counts"][:-1]])), strict=True))
-    counts = dict(zip(base["ids"], base["counts"], strict=True))
-    top_idx = {
-        r.id: torch.from_numpy(base["top_idx"][offsets[r.id] : offsets[r.id] + counts[r.id]].astype(np.int64))
-        for r in reqs
-    }  # (P, k) per item
+    top_idx = {r.id: torch.from_numpy(base.top_idx[base.rows(r.id)].astype(np.int64)) for r in reqs}  # (P, k) per item
     kl, top1, smin, clusters, items = [], [], [], [], []
     for req, lq_k, known, argmax in scorer.at(reqs, top_idx):
-        o, n = int(offsets[req.id]), int(counts[req.id])
-        lp = torch.from_numpy(base["top_logp"][o : o + n])  # (P, k)
+        lp = torch.from_numpy(base.top_logp[base.rows(req.id)])  # (P, k)
         k_pos, t_pos, s_pos = position_metrics(lp, lq_k, argmax == top_idx[req.id][:, 0], known)
         kl.extend(k_pos.tolist())
         top1.extend(t_pos.tolist())
         smin.extend(s_pos.tolist())
-        clusters.extend([req.cluster] * n)
+        clusters.extend([req.cluster] * lp.shape[0])
         items.append(req.id)
     n = len(kl)
     return {
@@ -300,23 +332,7 @@ def compare(scorer: Scorer | VLLMScorer, reqs: list[Request], base: dict[str, An
     }
 
 
-def save_baseline(path: Path, base: dict[str, Any]) -> None:
-    import numpy as np
-
-    with atomic_file(path) as tmp:
-        np.savez_compressed(
-            tmp,
-            schema_version=np.asarray(BASELINE_SCHEMA_VERSION),
-            ids=np.asarray(base["ids"]),
-            clusters=np.asarray(base["clusters"]),
-            counts=base["counts"],
-            k=np.asarray(base["k"]),
-            top_idx=base["top_idx"],
-            top_logp=base["top_logp"],
-        )
-
-
-def load_baseline(path: Path) -> dict[str, Any]:
+def load_baseline(path: Path) -> BaselineTopK:
     """A cached baseline top-k; a file numpy cannot read, or that lacks an array, is the cache's to rebuild
     (exit 2 naming the file), never a crash."""
     import zipfile
@@ -333,21 +349,21 @@ def load_baseline(path: Path) -> dict[str, Any]:
                 f"{path} holds a baseline top-k of schema_version {version}; this quantize reads "
                 f"{BASELINE_SCHEMA_VERSION}: {regenerate}"
             )
-        out = {
-            "ids": [str(x) for x in z["ids"]],
-            "clusters": [str(x) for x in z["clusters"]],
-            "counts": z["counts"],
-            "k": int(z["k"]),
-            "top_idx": z["top_idx"],
-            "top_logp": z["top_logp"],
-        }
+        out = BaselineTopK(
+            [str(x) for x in z["ids"]],
+            [str(x) for x in z["clusters"]],
+            z["counts"],
+            int(z["k"]),
+            z["top_idx"],
+            z["top_logp"],
+        )
     except UsageError:
         raise
     except (zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as e:
         raise UsageError(
             f"cached baseline top-k {path} cannot be read ({type(e).__name__}: {str(e)[:120]}); {regenerate}"
         ) from None
-    if len(out["ids"]) != len(out["clusters"]) or out["top_idx"].shape != out["top_logp"].shape:
+    if len(out.ids) != len(out.clusters) or out.top_idx.shape != out.top_logp.shape or len(out.ids) != len(out.counts):
         raise UsageError(
             f"cached baseline top-k {path} is inconsistent (ids, clusters or top-k arrays differ "
             f"in length); {regenerate}"
@@ -373,7 +389,7 @@ def agreement_requests(suite: OpenSuite) -> list[Request]:
 
 def baseline_topk_cached(
     suite: OpenSuite, baseline: Path, base_id: str, models: LastModel, reqs: list[Request] | None = None
-) -> dict[str, Any]:
+) -> BaselineTopK:
     """The baseline's top-k at the agreement positions: from the cache, or computed and cached."""
     path = cache.baseline_topk_path(suite, base_id)
     if path.is_file():
@@ -381,7 +397,7 @@ def baseline_topk_cached(
     base = baseline_topk(
         _scorer(suite, baseline, models), reqs or agreement_requests(suite), suite.suite.agreement.top_k
     )
-    save_baseline(path, base)
+    base.save(path)
     return base
 
 

@@ -10,12 +10,13 @@ from quantize.errors import UsageError
 from quantize.flows.gate import check_target, load_scores
 from quantize.gates.gate import check_provenance
 from quantize.gates.sizing import size_tasks
+from quantize.records import SizingReport
 from quantize.suite import open_suite
 
 
 def run_sizing(
     suite_path: str | Path, baseline: Path, candidate: Path, margin: float, alpha: float, power: float
-) -> dict:
+) -> SizingReport:
     if not 0 < margin < 1 or not 0 < alpha < 0.5 or not 0.5 < power < 1:
         raise UsageError(
             f"--margin {margin}, --alpha {alpha}, --power {power}: give 0 < margin < 1, 0 < alpha < 0.5, "
@@ -28,13 +29,13 @@ def run_sizing(
     base = load_scores(suite, baseline, models)
     cand = load_scores(suite, candidate, models)
     check_provenance(base, cand)
-    return {
-        "golden": f"{suite.golden.manifest.name}/{suite.golden.manifest.version}",
-        "baseline": str(baseline),
-        "candidate": str(candidate),
-        "margin": margin,
-        "alpha": alpha,
-        "power": power,
-        "ppl_half_width": 0.01,
-        "tasks": size_tasks(base, cand, margin, alpha, power),
-    }
+    return SizingReport(
+        golden=f"{suite.golden.manifest.name}/{suite.golden.manifest.version}",
+        baseline=str(baseline),
+        candidate=str(candidate),
+        margin=margin,
+        alpha=alpha,
+        power=power,
+        ppl_half_width=0.01,
+        tasks=size_tasks(base, cand, margin, alpha, power),
+    )

@@ -8,6 +8,7 @@ the batch size is recorded but may differ (an A/A run at another batch size must
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from quantize.records import (
     RuleOutcome,
     RuleResult,
     ScoreDoc,
+    ScoreProvenance,
     SequentialRecord,
     SideRef,
     Verdict,
@@ -36,17 +38,17 @@ from quantize.records import (
 
 R = TypeVar("R", AccuracyResult, PerplexityResult, AgreementRuleResult)
 
-# Provenance fields that must agree before two results are compared.
-MUST_MATCH = (
-    "golden.name",
-    "golden.version",
-    "golden.manifest_sha256",
-    "task_versions",
-    "lm_eval_version",
-    "seed",
-    "backend",
-    "dtype",
-)
+# Provenance fields that must agree before two results are compared, by the name the refusal gives them.
+MUST_MATCH: dict[str, Callable[[ScoreProvenance], Any]] = {
+    "golden.name": lambda p: p.golden.name,
+    "golden.version": lambda p: p.golden.version,
+    "golden.manifest_sha256": lambda p: p.golden.manifest_sha256,
+    "task_versions": lambda p: p.task_versions,
+    "lm_eval_version": lambda p: p.lm_eval_version,
+    "seed": lambda p: p.seed,
+    "backend": lambda p: p.backend,
+    "dtype": lambda p: p.dtype,
+}
 SUITE_SETTINGS_IGNORED = {"batch_size"}
 
 
@@ -55,16 +57,10 @@ def comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in SUITE_SETTINGS_IGNORED}
 
 
-def _get(d: dict[str, Any], dotted: str) -> Any:
-    for part in dotted.split("."):
-        d = d.get(part, {}) if isinstance(d, dict) else {}
-    return d
-
-
 def check_provenance(base: ScoreDoc, cand: ScoreDoc) -> None:
-    pb, pc = base.provenance.model_dump(), cand.provenance.model_dump()
-    diffs = [(f, _get(pb, f), _get(pc, f)) for f in MUST_MATCH if _get(pb, f) != _get(pc, f)]
-    sb, sc = comparable_settings(pb["suite"]["settings"]), comparable_settings(pc["suite"]["settings"])
+    pb, pc = base.provenance, cand.provenance
+    diffs = [(f, get(pb), get(pc)) for f, get in MUST_MATCH.items() if get(pb) != get(pc)]
+    sb, sc = comparable_settings(pb.suite.settings), comparable_settings(pc.suite.settings)
     diffs += [
         (f"suite.settings.{k}", sb.get(k), sc.get(k)) for k in sorted(set(sb) | set(sc)) if sb.get(k) != sc.get(k)
     ]

@@ -8,7 +8,15 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from quantize.records import AccuracyEvidence, AccuracyResult, PerplexityResult, UntestedResult, Verdict
+from quantize.records import (
+    AccuracyEvidence,
+    AccuracyResult,
+    AccuracySizing,
+    PerplexityResult,
+    SizingReport,
+    UntestedResult,
+    Verdict,
+)
 from quantize.tables import text_table as table
 
 
@@ -152,34 +160,20 @@ def write_junit(path: Path, v: Verdict) -> None:
     Path(path).write_text(render_junit(v), encoding="utf-8")
 
 
-def sizing_text(report: dict) -> str:
+def sizing_text(report: SizingReport) -> str:
     """`quantize golden size` as text: per task the flip rate and the items a margin needs."""
-    a, pw, m = report["alpha"], report["power"], report["margin"]
-    rows = []
-    for t in report["tasks"]:
-        if t["kind"] == "right/wrong":
+    a, pw, m = report.alpha, report.power, report.margin
+    rows: list[list[Any]] = []
+    for t in report.tasks:
+        if isinstance(t, AccuracySizing):
             rows.append(
-                [
-                    t["task"],
-                    t["n"],
-                    t["clusters"],
-                    f"{t['flip_rate']:.3f}",
-                    f"{t['delta']:+.3f}",
-                    f"{t['min_detectable_drop']:.3f}",
-                    t["items_needed"],
-                ]
+                [t.task, t.n, t.clusters, f"{t.flip_rate:.3f}", f"{t.delta:+.3f}", f"{t.min_detectable_drop:.3f}"]
+                + [t.items_needed]
             )
         else:
             rows.append(
-                [
-                    t["task"],
-                    t["n"],
-                    t["clusters"],
-                    "-",
-                    f"ppl x{t['ratio']:.4f}",
-                    f"+{t['half_width']:.2%} (upper bound)",
-                    f"{t['documents_needed']} for ±{report['ppl_half_width']:.0%}",
-                ]
+                [t.task, t.n, t.clusters, "-", f"ppl x{t.ratio:.4f}", f"+{t.half_width:.2%} (upper bound)"]
+                + [f"{t.documents_needed} for ±{report.ppl_half_width:.0%}"]
             )
     head = [
         "task",
@@ -191,7 +185,7 @@ def sizing_text(report: dict) -> str:
         f"items for {m:.3f}",
     ]
     return (
-        f"sizing {report['golden']} from {report['baseline']} vs {report['candidate']} "
+        f"sizing {report.golden} from {report.baseline} vs {report.candidate} "
         f"(one-sided α = {a}, power {pw}, margin {m}):\n"
         + table(rows, head)
         + "\nitems needed: to resolve a drop of the margin with this pair's measured flip rate and clustering; "

@@ -15,16 +15,15 @@ upper bound u; the relative half-width u/r − 1 shrinks as 1/√n, so documents
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from quantize import stats
 from quantize.kinds import kind_of
-from quantize.records import ScoreDoc
+from quantize.records import AccuracySizing, PerplexitySizing, ScoreDoc
 
 
 def size_tasks(
     base: ScoreDoc, cand: ScoreDoc, margin: float, alpha: float, power: float, ppl_half_width: float = 0.01
-) -> list[dict[str, Any]]:
+) -> list[AccuracySizing | PerplexitySizing]:
     rows = []
     for task in sorted(set(base.tasks) & set(cand.tasks)):
         b = {i.id: i for i in base.tasks[task].items}
@@ -36,19 +35,18 @@ def size_tasks(
             r = stats.noninferiority(d, clusters, margin, alpha, power)
             flips = sum(x != 0 for x in d)
             rows.append(
-                {
-                    "task": task,
-                    "kind": "right/wrong",
-                    "n": r.n,
-                    "clusters": r.clusters,
-                    "flip_rate": flips / r.n,
-                    "right_to_wrong": sum(x < 0 for x in d),
-                    "wrong_to_right": sum(x > 0 for x in d),
-                    "delta": r.delta,
-                    "se": r.se,
-                    "min_detectable_drop": r.min_detectable,
-                    "items_needed": r.n_needed,
-                }
+                AccuracySizing(
+                    task=task,
+                    n=r.n,
+                    clusters=r.clusters,
+                    flip_rate=flips / r.n,
+                    right_to_wrong=sum(x < 0 for x in d),
+                    wrong_to_right=sum(x > 0 for x in d),
+                    delta=r.delta,
+                    se=r.se,
+                    min_detectable_drop=r.min_detectable,
+                    items_needed=r.n_needed,
+                )
             )
         else:
             w = [b[i].units for i in ids]
@@ -57,15 +55,14 @@ def size_tasks(
             )
             half = hi / ratio - 1
             rows.append(
-                {
-                    "task": task,
-                    "kind": "perplexity",
-                    "n": len(ids),
-                    "clusters": len(set(clusters)),
-                    "ratio": ratio,
-                    "upper_bound": hi,
-                    "half_width": half,
-                    "documents_needed": math.ceil(len(ids) * (half / ppl_half_width) ** 2) if half > 0 else len(ids),
-                }
+                PerplexitySizing(
+                    task=task,
+                    n=len(ids),
+                    clusters=len(set(clusters)),
+                    ratio=ratio,
+                    upper_bound=hi,
+                    half_width=half,
+                    documents_needed=math.ceil(len(ids) * (half / ppl_half_width) ** 2) if half > 0 else len(ids),
+                )
             )
     return rows

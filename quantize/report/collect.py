@@ -4,9 +4,11 @@ Nothing here scores a model: a checkpoint without cached scores appears as "not 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from quantize import cache, records
 from quantize.checkpoint.accounting import bits_report
@@ -37,7 +39,7 @@ class Entry:
     verdict: Verdict | None = None
     # the policy's agreement rules alone, when there are no scores yet: "pass", "regression" or "inconclusive"
     agreement_outcome: str | None = None
-    decode: dict[str, Any] = field(default_factory=dict)
+    decode: DecodeBounds | None = None
 
 
 def _entry(path: Path) -> Entry:
@@ -68,29 +70,52 @@ def _entry(path: Path) -> Entry:
     )
 
 
+class DecodeBounds(BaseModel):
+    """An entry's decode-cost lower bounds (milliseconds per step at batch 1 and at the report's batch), and the
+    speculative speedup it would give as a draft for the baseline (α = its measured Σ min(p, q)); or, alone,
+    why none can be computed (`not_computable`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    not_computable: str | None = None
+    batch1_ms: float | None = None
+    batch_ms: float | None = None
+    hardware: str | None = None
+    context: int | None = None
+    batch: int | None = None
+    scope: str | None = None
+    alpha: float | None = None
+    gamma: int | None = None
+    draft_cost: float | None = None
+    speculative_speedup: float | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        """report.json's `decode`: only what was computed."""
+        return self.model_dump(exclude_none=True)
+
+
 def decode_bounds(
     entry: Entry, baseline: Entry | None, hardware: cost.Hardware, batch: int, context: int, gamma: int = 4
-) -> dict[str, Any]:
+) -> DecodeBounds:
     """Decode-cost lower bounds from the entry's bytes; empty, with the reason, when its config lacks the KV layout."""
     try:
         kv = cost.kv_layout_from_config(read_config(Path(entry.path)))
     except UsageError as e:
-        return {"not_computable": str(e)}
+        return DecodeBounds(not_computable=str(e))
     m = cost.CostModel(entry.parameters or 1, kv, hardware, context)
-    out = {
-        "batch1_ms": 1000 * m.step_bound_s(entry.total_bytes, 1),
-        "batch_ms": 1000 * m.step_bound_s(entry.total_bytes, batch),
-        "hardware": hardware.name,
-        "context": context,
-        "batch": batch,
-        "scope": cost.SCOPE,
-    }
+    out = DecodeBounds(
+        batch1_ms=1000 * m.step_bound_s(entry.total_bytes, 1),
+        batch_ms=1000 * m.step_bound_s(entry.total_bytes, batch),
+        hardware=hardware.name,
+        context=context,
+        batch=batch,
+        scope=cost.SCOPE,
+    )
     if baseline is not None and entry.agreement is not None and not entry.is_baseline:
         alpha = min(entry.agreement.sum_min, 0.999)
         c = entry.total_bytes / baseline.total_bytes  # a bandwidth-bound draft costs its bytes' share of a target step
-        out.update(
-            alpha=alpha, gamma=gamma, draft_cost=c, speculative_speedup=cost.speculative_speedup(alpha, gamma, c)
-        )
+        speedup = cost.speculative_speedup(alpha, gamma, c)
+        out = out.model_copy(update=dict(alpha=alpha, gamma=gamma, draft_cost=c, speculative_speedup=speedup))
     return out
 
 

@@ -245,7 +245,7 @@ def _f(x: Any, spec: str) -> str:
 
 def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
     tasks = sorted({t for e in entries for t in (e.scores.tasks if e.scores else {})})
-    batch = next((e.decode["batch"] for e in entries if "batch" in e.decode), None)
+    batch = next((e.decode.batch for e in entries if e.decode and e.decode.batch is not None), None)
     head = ["recipe", "method", "scheme", "bits/w (model)", "bits/w (q-linears)", "MiB"]
     head += [t.removeprefix("core_") for t in tasks]
     head += [
@@ -284,9 +284,9 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
             ("1" if e.is_baseline else _f(a and a.top1, ".3f")),
             ("-" if e.is_baseline else _f(a and a.sum_min, ".3f")),
             ("baseline" if e.is_baseline else _gate_cell(e)),
-            _f(e.decode.get("batch1_ms"), ".3f"),
-            _f(e.decode.get("batch_ms"), ".3f"),
-            _f(e.decode.get("speculative_speedup"), ".2f"),
+            _f(e.decode.batch1_ms if e.decode else None, ".3f"),
+            _f(e.decode.batch_ms if e.decode else None, ".3f"),
+            _f(e.decode.speculative_speedup if e.decode else None, ".2f"),
         ]
         rows.append(r)
     return head, rows
@@ -306,7 +306,7 @@ def write_report(entries: list[Entry], target: Path, axis: str, suite: str, hard
 def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
     images = plot_pareto(entries, out, axis) + plot_bytes(entries, out)
     head, rows = table_rows(entries)
-    context = next((e.decode["context"] for e in entries if "context" in e.decode), None)
+    context = next((e.decode.context for e in entries if e.decode and e.decode.context is not None), None)
     decode_note = (
         f"Decode cost: lower bounds on `{hardware}` from each checkpoint's measured bytes (`quantize cost` model, "
         f"{context:,}-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) as α, "
@@ -314,7 +314,7 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         if context
         else "Decode cost: not computable (no checkpoint's config.json gives its KV layout)."
     )
-    unbounded = [e.label for e in entries if "not_computable" in e.decode]
+    unbounded = [e.label for e in entries if e.decode and e.decode.not_computable]
     if unbounded and context:
         decode_note += f" No bounds for {', '.join(unbounded)}: its config.json lacks the KV layout."
     notes = [decode_note]
@@ -372,7 +372,11 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
 def _entry_json(e: Entry) -> dict[str, Any]:
     """An entry for report.json: its records as their own JSON (task summaries without per-item records)."""
     return {
-        **{k: v for k, v in e.__dict__.items() if k not in ("scores", "agreement", "verdict")},
+        **{
+            k: ((v.to_data() if v else {}) if k == "decode" else v)
+            for k, v in e.__dict__.items()
+            if k not in ("scores", "agreement", "verdict")
+        },
         "scores": e.scores.summary() if e.scores else None,
         "agreement": e.agreement.model_dump() if e.agreement else None,
         "verdict": e.verdict.model_dump() if e.verdict else None,

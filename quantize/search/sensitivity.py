@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
 from quantize.search.units import Unit
+
+if TYPE_CHECKING:
+    from quantize.evaluate.agreement import BaselineTopK
 
 
 def fake_quantize_weight(w: Any, bits: int, group: int | None) -> Any:
@@ -63,7 +66,7 @@ def quantized(model: Any, units: list[Unit], allocation: dict[str, str]) -> Iter
 
 
 def measure(
-    scorer: Any, reqs: list[Any], base_topk: dict[str, Any], model: Any, units: list[Unit], alloc: dict[str, str]
+    scorer: Any, reqs: list[Any], base_topk: BaselineTopK, model: Any, units: list[Unit], alloc: dict[str, str]
 ) -> dict[str, float]:
     """Mean KL (lower bound) and top-1 agreement of the model with `alloc` applied."""
     from quantize.evaluate.agreement import compare
@@ -76,7 +79,7 @@ def measure(
 def sensitivities(
     scorer: Any,
     reqs: list[Any],
-    base_topk: dict[str, Any],
+    base_topk: BaselineTopK,
     model: Any,
     units: list[Unit],
     options: list[str],

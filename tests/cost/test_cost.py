@@ -17,7 +17,7 @@ SEED = cost.HARDWARE["seed"]
 @pytest.fixture(scope="module")
 def worksheet():
     work = cost.Workload(context_tokens=2048, batch=32, alpha=0.8, gamma=4, draft_cost=0.1, plain_step_ms=25.0)
-    return cost.token_cost(70e9, cost.FORMAT_BITS, KV, SEED, work)
+    return cost.token_cost(70e9, cost.FORMAT_BITS, KV, SEED, work).to_data()  # as `quantize cost --json` prints it
 
 
 def test_kv_bytes(worksheet):
@@ -89,7 +89,7 @@ def test_one_byte_kv():
 
 
 def test_exercise_sweeps():
-    sw = cost.exercise_sweeps(gamma=4, draft_cost=0.1, alpha=0.8)
+    sw = cost.exercise_sweeps(gamma=4, draft_cost=0.1, alpha=0.8).model_dump()
     by_alpha = {a["alpha"]: a for a in sw["alpha_sweep"]}
     assert round(by_alpha[0.6]["expected_tokens"], 4) == 2.3056 and round(by_alpha[0.6]["speedup"], 2) == 1.65
     assert round(by_alpha[0.3]["speedup"], 4) == round((1 - 0.3**5) / 0.7 / 1.4, 4)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -157,9 +156,7 @@ def test_vllm_prompt_logprobs_give_the_hf_baseline_top_k_and_agreement(scorer, o
     base_v = baseline_topk(VLLMScorer(FakeVLLM(scorer, k), k, "params"), REQUESTS, k)
 
     def by_id(b):  # the HF scorer batches by length, so items come in another order
-        at = dict(zip(b["ids"], np.cumsum([0, *b["counts"][:-1]]), strict=True))
-        n = dict(zip(b["ids"], b["counts"], strict=True))
-        return {i: (b["top_idx"][at[i] : at[i] + n[i]], b["top_logp"][at[i] : at[i] + n[i]]) for i in b["ids"]}
+        return {i: (b.top_idx[b.rows(i)], b.top_logp[b.rows(i)]) for i in b.ids}
 
     hf_items, v_items = by_id(base_hf), by_id(base_v)
     assert sorted(hf_items) == sorted(v_items) == sorted(r.id for r in REQUESTS)

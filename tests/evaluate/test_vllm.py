@@ -79,5 +79,5 @@ def test_vllm_agreement_matches_hf_on_the_same_checkpoint(golden, tiny_model, ca
     scorer = _scorer(vl, tiny_model, models)
     assert isinstance(scorer, VLLMScorer)
     out = compare(scorer, reqs, base)
-    assert out["positions"] == int(base["counts"].sum())
+    assert out["positions"] == int(base.counts.sum())
     assert out["kl_mean"] < 0.01 and out["top1"] > 0.95
