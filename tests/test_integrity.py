@@ -456,3 +456,51 @@ def test_another_vocabulary_is_refused_unless_the_policy_allows_it(world, tiny_m
     v = json.loads(capsys.readouterr().out)
     assert code == v["exit_code"] == (0 if v["verdict"] == "pass" else 1)
     assert any("different tokenizers" in n for n in v["notes"])
+
+
+# --- checkpoints checked on headers before any allocation ------------------------------------------------------
+
+
+def _with_config(src: Path, dst: Path, **changes) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, **changes}))
+    return dst
+
+
+@pytest.mark.parametrize(
+    "changes,named",
+    [
+        ({"num_hidden_layers": 100_000}, "num_hidden_layers 100000, but the weights hold 2"),
+        ({"vocab_size": 10**9}, "embed_tokens.weight has shape [2048, 128]"),
+        ({"intermediate_size": 256}, "mlp.down_proj.weight has shape [128, 192]"),
+    ],
+)
+def test_a_config_that_does_not_fit_its_weights_is_refused_before_allocation(
+    world, tiny_model, tmp_path, capsys, changes, named
+):
+    """num_hidden_layers 100000 grew to 5.4 GB over 146 s, then exit 3 MemoryError; vocab_size 10**9 ended in
+    exit 3 behind --quiet."""
+    import time
+
+    _, suite, _, _ = world
+    bad = _with_config(tiny_model, tmp_path / "bad", **changes)
+    t = time.perf_counter()
+    assert main(["eval", str(suite), str(bad), "--quiet"]) == 2
+    assert named in capsys.readouterr().err and time.perf_counter() - t < 10
+
+
+def test_integers_where_the_model_holds_floats_are_refused_not_cast(world, tiny_model, tmp_path, capsys):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    _, suite, _, _ = world
+    bad = tmp_path / "int-norm"
+    shutil.copytree(tiny_model, bad)
+    t = load_file(str(bad / "model.safetensors"))
+    name = next(n for n in sorted(t) if n.endswith("input_layernorm.weight"))
+    t[name] = torch.ones_like(t[name], dtype=torch.int32)
+    save_file(t, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    assert main(["eval", str(suite), str(bad), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert name in err and "I32" in err and "does not cast" in err

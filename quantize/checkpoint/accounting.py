@@ -284,6 +284,38 @@ def _check_contiguous(spans: list[tuple[int, int, str]], data_size: int, bad: _I
         raise bad(f"tensors end at byte {cursor} of a {data_size}-byte data section")
 
 
+# --- config.json against the stored tensors, before anything is built ---------------------------
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
+
+
+def config_matches_headers(checkpoint: Path) -> None:
+    """What config.json implies, checked against the safetensors headers before a byte is allocated: the number
+    of decoder layers the weights hold, and the embedding's (vocab_size, hidden_size). A config that promises a
+    100,000-layer model or a 10⁹-token vocabulary over a small file is refused here, in milliseconds, naming
+    the tensor and both shapes, instead of growing to gigabytes in the model's constructor."""
+    cfg = read_config(checkpoint, required=False)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    tensors, _ = all_tensors(safetensors_files(checkpoint))
+    fix = "fix config.json, or the weights that go with it"
+    layers = {int(m.group(1)) for n in tensors if (m := _LAYER.search(n))}
+    want = text.get("num_hidden_layers")
+    if isinstance(want, int) and layers and want != max(layers) + 1:
+        raise UsageError(
+            f"{checkpoint}: config.json says num_hidden_layers {want}, but the weights hold {max(layers) + 1} "
+            f"decoder layers (layers.0 to layers.{max(layers)}); {fix}"
+        )
+    emb = next((t for n, t in sorted(tensors.items()) if n.endswith(EMBEDDINGS)), None)
+    implied = [text.get("vocab_size"), text.get("hidden_size")]
+    if emb is not None and len(emb.shape) == 2 and all(isinstance(x, int) for x in implied) and emb.shape != implied:
+        raise UsageError(
+            f"{checkpoint}: tensor {emb.name} has shape {emb.shape} in {emb.file}, and config.json's vocab_size "
+            f"and hidden_size imply {implied}; {fix}"
+        )
+
+
 # --- quantization config: what the packed words hold ------------------------------------------
 
 
@@ -389,7 +421,7 @@ def _module_of(name: str) -> str:
 # --- the report ---------------------------------------------------------------------------------
 
 
-def _all_tensors(files: list[Path]) -> tuple[dict[str, TensorInfo], int]:
+def all_tensors(files: list[Path]) -> tuple[dict[str, TensorInfo], int]:
     """Every shard's tensors (a name in two shards is refused) and the header bytes read."""
     tensors: dict[str, TensorInfo] = {}
     header_read = 0
@@ -470,7 +502,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     """Account for every byte of a checkpoint from its safetensors headers."""
     ckpt = Path(checkpoint)
     files = safetensors_files(ckpt)
-    tensors, header_read = _all_tensors(files)
+    tensors, header_read = all_tensors(files)
     cfg = read_config(ckpt, required=False)
     qc = _quant_config(ckpt, cfg)
     count = _Count(tensors, _packed_bits(qc))

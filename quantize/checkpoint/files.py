@@ -143,6 +143,9 @@ def check_model_dir(path: Path) -> None:
         )
     refuse_pickles(path)
     read_config(path)  # a config.json transformers cannot read is the user's to fix, before any import
+    from quantize.checkpoint.accounting import config_matches_headers
+
+    config_matches_headers(path)
 
 
 # What transformers needs installed to load a checkpoint of each quantization method (its quantizers' own checks:

@@ -181,6 +181,49 @@ def vocabulary_sha256(checkpoint: Path) -> str:
     return _vocabulary(str(checkpoint), files)
 
 
+def meta_model(model_dir: Path, trust_remote_code: bool) -> Any:
+    """The model's module tree on the meta device: shapes and names, no weights, no memory."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as e:
+        raise UsageError(
+            f"{model_dir}/config.json does not describe a causal LM that transformers knows: {e}"
+        ) from None
+
+
+def check_against_meta(path: Path, trust_remote_code: bool) -> None:
+    """Before any weight is allocated: the model config.json describes, built on the meta device (shapes, no
+    memory), against the safetensors headers, tensor by tensor: a shape that differs, or integers stored where the
+    model holds floating-point weights (a cast would invent values), is refused naming the tensor, the shape in
+    the file and the one the config implies. Quantized checkpoints store other names and dtypes by design (the
+    quantizer maps them); their layer count and embedding are checked in check_model_dir."""
+    from quantize.checkpoint.accounting import all_tensors
+    from quantize.checkpoint.files import read_config, safetensors_files, side_file
+
+    if read_config(path).get("quantization_config") or side_file(path) is not None:
+        return
+    expected = {n: t for n, t in meta_model(path, trust_remote_code).state_dict().items()}
+    tensors, _ = all_tensors(safetensors_files(path))
+    for name, t in sorted(tensors.items()):
+        if (want := expected.get(name)) is None:
+            continue  # an unexpected tensor: the strict load names it (check_loading_info)
+        if t.shape != list(want.shape):
+            raise UsageError(
+                f"{path}: tensor {name} has shape {t.shape} in {t.file}, and config.json implies {list(want.shape)}; "
+                "fix config.json, or the weights that go with it"
+            )
+        if want.dtype.is_floating_point and not t.dtype.startswith(("F", "BF")):
+            raise UsageError(
+                f"{path}: tensor {name} is stored as {t.dtype} (integers) where the model holds floating-point "
+                "weights; quantize does not cast it (that would invent values): re-save the checkpoint in a float dtype"
+            )
+
+
 def load_model(
     path: Path, trust_remote_code: bool = False, dtype: Any = "auto", on: str | None = None
 ) -> tuple[Any, Any]:
@@ -191,6 +234,7 @@ def load_model(
     (None: leave it where transformers put it). Remote code runs only when the caller passes
     trust_remote_code=True, which only a recipe or a command-line flag can ask for."""
     check_loadable(path)
+    check_against_meta(path, trust_remote_code)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

@@ -16,13 +16,13 @@ from pathlib import Path
 from quantize import records
 from quantize.checkpoint import accounting
 from quantize.checkpoint.files import missing_packages, weights_sha256
-from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, recorded_weights_sha256, resolve_model
+from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, recorded_weights_sha256, resolve_model
 from quantize.convert.backends import Job, backend_for
 from quantize.convert.calibration import CalibrationSet, build_calibration, source_path
 from quantize.convert.card import model_card
 from quantize.convert.checks import reload_check
 from quantize.convert.dtypes import calibration_dtype, cast_saved_floats, source_dtype
-from quantize.convert.plan import LayerPlan, meta_model, plan_layers
+from quantize.convert.plan import LayerPlan, plan_layers
 from quantize.convert.provenance import Phases, library_versions, memory_record
 from quantize.convert.recipe import Method, Recipe, resolved_dict
 from quantize.errors import UsageError

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from quantize.convert.recipe import MIN_GROUP, GroupedRecipe, Indivisible, Recipe
@@ -45,21 +44,6 @@ def divisor_group(in_features: int, group_size: int) -> int | None:
             return g
         g //= 2
     return None
-
-
-def meta_model(model_dir: Path, trust_remote_code: bool) -> Any:
-    """The model's module tree on the meta device: shapes and names, no weights, no memory."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
-        with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as e:
-        raise UsageError(
-            f"{model_dir}/config.json does not describe a causal LM that transformers knows: {e}"
-        ) from None
 
 
 def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:

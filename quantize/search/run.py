@@ -57,8 +57,7 @@ def preflight(
     spec_path: str, budgets: list[float] | None, policy_path: str | None = None
 ) -> tuple[SearchRecipe, str, Any, Any, Path, Layout, list[float]]:
     """Everything checkable before a model loads."""
-    from quantize.checkpoint.loader import resolve_model
-    from quantize.convert.plan import meta_model
+    from quantize.checkpoint.loader import meta_model, resolve_model
     from quantize.flows.gate import open_policy
     from quantize.search.units import layout
 

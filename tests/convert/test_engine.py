@@ -11,8 +11,9 @@ import yaml
 
 from quantize import records
 from quantize.checkpoint.accounting import bits_report
+from quantize.checkpoint.loader import meta_model
 from quantize.cli import main
-from quantize.convert.plan import divisor_group, meta_model, plan_layers
+from quantize.convert.plan import divisor_group, plan_layers
 from quantize.convert.recipe import parse_recipe
 from quantize.errors import UsageError
 from quantize.records import RunRecord

@@ -89,7 +89,7 @@ def test_random_allocation_fills_but_never_exceeds():
 def test_a_mixed_checkpoint_has_the_planned_bytes_and_bits_per_layer(tmp_path, tiny_model, capsys):
     """The byte model equals the written checkpoint's headers, and `inspect --modules` reads back each
     layer group's bits."""
-    from quantize.convert.plan import meta_model
+    from quantize.checkpoint.loader import meta_model
     from quantize.convert.recipe import parse_recipe
     from quantize.search.units import layout
 
@@ -135,8 +135,7 @@ def test_sensitivity_ranks_a_planted_fragile_layer_group_first(world, tmp_path):
     import torch
     from safetensors.torch import load_file, save_file
 
-    from quantize.checkpoint.loader import load_model
-    from quantize.convert.plan import meta_model
+    from quantize.checkpoint.loader import load_model, meta_model
     from quantize.convert.recipe import parse_recipe
     from quantize.evaluate.agreement import Scorer, baseline_topk, requests
     from quantize.search.sensitivity import sensitivities
