@@ -9,18 +9,19 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import struct
 import time
 from collections import Counter
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from quantize.cli import main
 
-from conftest import ROOT
+from conftest import ROOT, result
 
 EXAMPLES = int(os.environ.get("QUANTIZE_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(
@@ -251,3 +252,113 @@ def report_counts():
             print(f"  {k:<20} {sum(codes.values()):>6} cases, exits {dict(sorted(codes.items()))}")
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"  peak RSS of the fuzzing process: {rss:.0f} MiB; 0 tracebacks; none over 2 s")
+
+
+# --- integrity classes (#26): each a property over generated cases, counted with the rest -------------------
+
+NAME_CHARS = st.text(alphabet=st.sampled_from(list("ab*?[]-.! ")), min_size=1, max_size=6).filter(
+    lambda s: s not in (".", "..")  # pathlib folds these into the parent: no output is named so
+)
+
+
+@FUZZ
+@given(mine=NAME_CHARS, others=st.lists(NAME_CHARS, max_size=5))
+def test_fuzz_leftover_names(tmp_path_factory, mine, others):
+    """Whatever characters output names hold, a run claims exactly its own leftovers: never a pattern match."""
+    from quantize.io import leftovers
+
+    d = tmp_path_factory.mktemp("left")
+    own = d / f".{mine}.tmp-99999999"
+    own.mkdir()
+    for o in set(others) - {mine}:
+        (d / f".{o}.tmp-99999999").mkdir(exist_ok=True)
+        (d / f".{o}.old-99999999").mkdir(exist_ok=True)
+    assert leftovers(d / mine) == [own]
+    TALLY[("leftover names", 0)] += 1
+
+
+@FUZZ
+@given(where=st.one_of(st.text(max_size=30), st.sampled_from(["/etc/hostname", "../../x", "../data/x.jsonl"])))
+def test_fuzz_task_data_paths(tmp_path_factory, capsys, where):
+    """A task YAML naming any path: the set verifies only when the path is one of its own listed files."""
+    import hashlib
+
+    import yaml
+
+    src = ROOT / "golden" / "answers" / "v1"
+    d = tmp_path_factory.mktemp("g") / "answers" / "v1"
+    shutil.copytree(src, d)
+    t = d / "tasks" / "answers_facts.yaml"
+    cfg = yaml.safe_load(t.read_text())
+    cfg["dataset_kwargs"]["data_files"]["test"] = where
+    t.write_text(yaml.safe_dump(cfg))
+    m = json.loads((d / "MANIFEST.json").read_text())
+    m["files"]["tasks/answers_facts.yaml"]["sha256"] = hashlib.sha256(t.read_bytes()).hexdigest()
+    (d / "MANIFEST.json").write_text(json.dumps(m))
+    try:
+        own = bool(where) and (d / "tasks" / where).resolve() == (d / "data" / "answers_facts.jsonl").resolve()
+    except (ValueError, OSError):  # a path no file system can name (a NUL byte) is not the set's file
+        own = False
+    check("task data path", ["golden", "verify", str(d)], capsys, allowed=(0,) if own else (2,))
+
+
+@FUZZ
+@given(flips=st.lists(st.integers(0, 39), max_size=5), lls=st.lists(st.integers(0, 9), max_size=3))
+def test_fuzz_tampered_score_items(flips, lls):
+    """A score document edited item by item is caught exactly when its summaries no longer follow from its items."""
+    from quantize import records
+    from quantize.cache import summary_mismatches
+    from quantize.evaluate.score import task_scores
+
+    acc = [{"id": f"a{i}", "cluster": "c", "score": float(i % 3 == 0), "ll": -1.0} for i in range(40)]
+    docs = [
+        {"id": f"d{i}", "cluster": f"d{i}", "score": -50.0 - i, "ll": -50.0 - i, "words": 10, "bytes": 60}
+        for i in range(10)
+    ]
+    base = result([0.0], [-1.0])
+    base["tasks"] = {
+        "t_acc": task_scores("loglikelihood", 1.0, acc, {}).model_dump(),
+        "t_prose": task_scores("loglikelihood_rolling", 1.0, docs, {}).model_dump(),
+    }
+    for i in flips:
+        it = base["tasks"]["t_acc"]["items"][i]
+        it["score"] = 1.0 - it["score"]
+    for i in lls:
+        it = base["tasks"]["t_prose"]["items"][i]
+        it["ll"] = it["score"] = it["ll"] - 1.0
+    doc = records.parse(records.ScoreDoc, base, "fuzz")
+    # a tampering that leaves every summary true (a right and a wrong item swapped) is not evidence of one
+    changed_acc = sum(it["score"] for it in base["tasks"]["t_acc"]["items"]) != sum(it["score"] for it in acc)
+    assert bool(summary_mismatches(doc)) == bool(changed_acc or lls)
+    TALLY[("tampered score", 2 if (changed_acc or lls) else 0)] += 1
+
+
+@FUZZ
+@given(layers=st.integers(0, 10**6), vocab=st.integers(1, 10**10), hidden=st.integers(1, 4096))
+@example(layers=2, vocab=32, hidden=8)  # the one config the weights agree with
+def test_fuzz_config_against_headers(tmp_path_factory, layers, vocab, hidden):
+    """Any layer count or embedding shape config.json claims: refused, in milliseconds, unless the weights agree."""
+    import time
+
+    import torch
+    from safetensors.torch import save_file
+
+    from quantize.checkpoint.files import check_model_dir
+    from quantize.errors import UsageError
+
+    d = tmp_path_factory.mktemp("hdr")
+    t = {"model.embed_tokens.weight": torch.zeros(32, 8)}
+    t |= {f"model.layers.{i}.mlp.up_proj.weight": torch.zeros(4, 8) for i in range(2)}
+    save_file(t, str(d / "model.safetensors"))
+    (d / "config.json").write_text(
+        json.dumps({"model_type": "llama", "num_hidden_layers": layers, "vocab_size": vocab, "hidden_size": hidden})
+    )
+    agrees = (layers, vocab, hidden) == (2, 32, 8)
+    t0 = time.perf_counter()
+    try:
+        check_model_dir(d)
+        code = 0
+    except UsageError:
+        code = 2
+    assert code == (0 if agrees else 2) and time.perf_counter() - t0 < 1.0
+    TALLY[("config vs headers", code)] += 1

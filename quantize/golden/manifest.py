@@ -188,7 +188,11 @@ def _outside_reads(root: Path, manifest: Manifest) -> list[str]:
             continue
         for split, rel in files.items():
             for r in rel if isinstance(rel, list) else [rel]:
-                where = (root / "tasks" / str(r)).resolve()
+                try:
+                    where = (root / "tasks" / str(r)).resolve()
+                except (ValueError, OSError):  # a NUL byte, a path too long: no file a set can hold
+                    problems.append(f"{name}: split {split} reads {str(r)[:80]!r}, which names no file")
+                    continue
                 inside = where.is_relative_to(root.resolve())
                 listed = inside and where.relative_to(root.resolve()).as_posix() in manifest.files
                 if not listed:
