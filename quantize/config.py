@@ -120,6 +120,8 @@ def load_yaml(
 ) -> tuple[M, str]:
     """Read, parse and validate a YAML file. Returns the model and the sha256 of the file's bytes."""
     p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():  # a FIFO or a device: reading it could block forever
+        raise UsageError(f"{what} file {p} is not a regular file (a pipe or a device); give the .yaml file; {hint}")
     if not p.is_file():
         extra = " (it is a folder: pass the .yaml file inside it)" if p.is_dir() else ""
         raise UsageError(f"{what} file {p} does not exist{extra}; {hint}")

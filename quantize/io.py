@@ -19,7 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
+
+FULL = {errno.ENOSPC, errno.EDQUOT}  # a full disk, or a full quota
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -67,6 +69,14 @@ def atomic_dir(target: Path, replace: bool = False) -> Iterator[Path]:
                 target.rename(old)
             tmp.rename(target)
             shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno in FULL:
+            raise RuntimeFailure(
+                f"no space left on the device writing {target} (the partial output {tmp.name} was removed): free "
+                f"space on {target.parent} and run again"
+            ) from e
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -126,6 +136,10 @@ def atomic_file(path: Path) -> Iterator[Path]:
     try:
         yield tmp
         tmp.replace(path)
+    except OSError as e:
+        if e.errno in FULL:
+            raise RuntimeFailure(f"no space left on the device writing {path}: free space there and run again") from e
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

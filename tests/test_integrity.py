@@ -504,3 +504,29 @@ def test_integers_where_the_model_holds_floats_are_refused_not_cast(world, tiny_
     assert main(["eval", str(suite), str(bad), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert name in err and "I32" in err and "does not cast" in err
+
+
+def test_a_fifo_given_as_a_recipe_is_named_not_read(tmp_path, capsys):
+    """A FIFO was described as "does not exist" (and reading one blocks)."""
+    import os
+
+    fifo = tmp_path / "r.yaml"
+    os.mkfifo(fifo)
+    assert main(["run", str(fifo)]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+
+
+def test_a_full_disk_names_the_output_and_leaves_nothing(tmp_path):
+    import errno
+
+    from quantize.errors import RuntimeFailure
+    from quantize.io import atomic_dir, atomic_file
+
+    target = tmp_path / "out"
+    with pytest.raises(RuntimeFailure, match=str(target)), atomic_dir(target) as tmp:
+        (tmp / "w").write_text("x")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeFailure, match="f.json"), atomic_file(tmp_path / "f.json"):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert list(tmp_path.iterdir()) == []
