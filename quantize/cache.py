@@ -27,7 +27,7 @@ from typing import Any
 
 from quantize import records
 from quantize.errors import UsageError
-from quantize.io import sha256_file, sha256_json, write_text_atomic
+from quantize.io import sha256_bytes, sha256_json, write_text_atomic
 from quantize.kinds import KINDS
 from quantize.records import AgreementResult, ScoreDoc, SensitivityRecord
 from quantize.suite import OpenSuite
@@ -81,12 +81,13 @@ def lookup_scores(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = Fals
     if not p.is_file() or not digest.is_file():
         return None
     refresh = "score it again with `quantize eval SUITE CHECKPOINT --refresh` (or delete the file)"
-    if (found := sha256_file(p)) != digest.read_text().strip():
+    raw = p.read_bytes()
+    if (found := sha256_bytes(raw)) != digest.read_text().strip():
         raise UsageError(
             f"cached score file {p} does not hash to the sha256 in {digest.name} (sha256 {found}): it "
             f"was changed after it was written; {refresh}"
         )
-    doc = records.read(ScoreDoc, p)
+    doc = records.loads(ScoreDoc, raw, p)
     key = score_key(suite, ckpt_id, trust_remote_code)
     if doc.key != key or doc.provenance.checkpoint.identity_sha256 != ckpt_id:
         raise UsageError(
@@ -125,8 +126,7 @@ def score_file_sha256(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = 
 
 def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
     p = score_path(suite, doc.provenance.checkpoint.identity_sha256, doc.provenance.trust_remote_code)
-    records.write(p, doc)
-    write_text_atomic(_digest_path(p), sha256_file(p) + "\n")
+    write_text_atomic(_digest_path(p), records.write(p, doc) + "\n")
 
 
 def _agreement_key(suite: OpenSuite) -> str:

@@ -100,11 +100,11 @@ def leftovers(target: Path) -> list[Path]:
     target = Path(target)
     if not target.parent.is_dir():
         return []
+    prefixes = [f".{target.name}.{kind}-" for kind in ("tmp", "old")]
     found = []
     with os.scandir(target.parent) as entries:
         for e in entries:
-            for kind in ("tmp", "old"):
-                prefix = f".{target.name}.{kind}-"
+            for prefix in prefixes:
                 pid = e.name[len(prefix) :] if e.name.startswith(prefix) else ""
                 if pid.isdigit() and e.is_dir(follow_symlinks=False) and not _pid_alive(int(pid)):
                     found.append(Path(e.path))

@@ -316,12 +316,12 @@ class ScoreDoc(Record):
 
     def non_finite(self) -> dict[str, list[str]]:
         """task -> ids of the items holding a NaN or infinite score or log-likelihood (a broken checkpoint)."""
-        out = {}
-        for name, t in self.tasks.items():
-            ids = [i.id for i in t.items if non_finite_fields(i.model_dump())]
-            if ids:
-                out[name] = ids
-        return out
+        return {name: ids for name, t in self.tasks.items() if (ids := non_finite_items(t))}
+
+
+def non_finite_items(task: TaskScores) -> list[str]:
+    """Ids of one task's items holding a NaN or infinite number (read from the items' own fields: no dump)."""
+    return [i.id for i in task.items if non_finite_fields(vars(i))]
 
 
 # --- sizing ----------------------------------------------------------------------------------------
@@ -681,11 +681,14 @@ def non_finite_fields(data: Any, at: str = "") -> list[str]:
     return []
 
 
-def write(path: Path, record: Record) -> None:
-    """The one writer of every record: JSON through a temporary file and an atomic rename."""
-    from quantize.io import write_text_atomic
+def write(path: Path, record: Record) -> str:
+    """The one writer of every record: JSON through a temporary file and an atomic rename. Returns the sha256 of
+    the bytes written (a cache entry's digest, without reading the file back)."""
+    from quantize.io import sha256_bytes, write_text_atomic
 
-    write_text_atomic(Path(path), to_json(record))
+    text = to_json(record)
+    write_text_atomic(Path(path), text)
+    return sha256_bytes(text.encode("utf-8"))
 
 
 def parse(model: type[R], data: Any, origin: str) -> R:
@@ -711,9 +714,16 @@ def read(model: type[R], path: Path) -> R:
     """The one reader of every record."""
     path = Path(path)
     try:
-        data = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
-        raise UsageError(f"{path} is not a {model.WHAT}: not valid JSON ({str(e)[:200]}); {model.REGENERATE}") from None
+        raw = path.read_bytes()
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}") from None
+    return loads(model, raw, path)
+
+
+def loads(model: type[R], raw: bytes, path: Path) -> R:
+    """A record from the bytes of its file (for a reader that also hashes them: one read)."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
+        raise UsageError(f"{path} is not a {model.WHAT}: not valid JSON ({str(e)[:200]}); {model.REGENERATE}") from None
     return parse(model, data, str(path))

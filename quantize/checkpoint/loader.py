@@ -174,11 +174,16 @@ def _vocabulary(checkpoint: str, files: tuple[tuple[str, str], ...]) -> str:
     return sha256_bytes(json.dumps(sorted(vocab.items())).encode())
 
 
-def vocabulary_sha256(checkpoint: Path) -> str:
-    """sha256 of the tokenizer's vocabulary (token -> id), whatever its files' bytes: a re-saved tokenizer is the
-    same vocabulary. Memoized per the tokenizer files' hashes."""
-    files = tuple((n, sha256_file(checkpoint / n)) for n in TOKENIZER_FILES if (checkpoint / n).is_file())
-    return _vocabulary(str(checkpoint), files)
+def _tokenizer_files(checkpoint: Path) -> tuple[tuple[str, str], ...]:
+    return tuple((n, sha256_file(checkpoint / n)) for n in TOKENIZER_FILES if (checkpoint / n).is_file())
+
+
+def same_vocabulary(a: Path, b: Path) -> bool:
+    """Whether two checkpoints' tokenizers map the same tokens to the same ids: at once when their tokenizer files
+    are byte-identical, else by loading both (a re-saved tokenizer is the same vocabulary in other bytes).
+    Memoized per the tokenizer files' hashes."""
+    fa, fb = _tokenizer_files(a), _tokenizer_files(b)
+    return fa == fb or _vocabulary(str(a), fa) == _vocabulary(str(b), fb)
 
 
 def meta_model(model_dir: Path, trust_remote_code: bool) -> Any:
@@ -207,7 +212,7 @@ def check_against_meta(path: Path, trust_remote_code: bool) -> None:
 
     if read_config(path).get("quantization_config") or side_file(path) is not None:
         return
-    expected = {n: t for n, t in meta_model(path, trust_remote_code).state_dict().items()}
+    expected = meta_model(path, trust_remote_code).state_dict()
     tensors, _ = all_tensors(safetensors_files(path))
     for name, t in sorted(tensors.items()):
         if (want := expected.get(name)) is None:

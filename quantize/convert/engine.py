@@ -84,13 +84,12 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
 def complete_output(folder: Path) -> bool:
     """A whole quantize output: a real folder whose quantize.json reads as a RunRecord and whose weight files
     hash to the weights_sha256 it records (a folder half deleted, or only its quantize.json, is not)."""
-    from quantize.errors import UsageError as Bad
-
     if folder.is_symlink() or not (folder / "quantize.json").is_file():
         return False
-    try:
-        return weights_sha256(folder) == records.read(RunRecord, folder / "quantize.json").weights_sha256
-    except (Bad, OSError):
+    try:  # the record first: a folder whose quantize.json does not read is not hashed at all
+        recorded = records.read(RunRecord, folder / "quantize.json").weights_sha256
+        return weights_sha256(folder) == recorded
+    except (UsageError, OSError):
         return False
 
 

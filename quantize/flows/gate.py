@@ -76,19 +76,20 @@ def comparison_notes(policy: Policy, baseline: Path, candidate: Path) -> list[st
     tokenizations mean nothing) unless the policy allows it (`allow_different_tokenizer: true`)."""
     if not (baseline.is_dir() and candidate.is_dir()):
         return []
-    from quantize.checkpoint.loader import vocabulary_sha256
+    from quantize.checkpoint.loader import same_vocabulary
 
+    base_id = identity_sha256(baseline)
+    if base_id == identity_sha256(candidate):  # one identity: the same config and tokenizer files too
+        return [
+            f"baseline and candidate are one checkpoint (identity {base_id[:12]}): an A/A check, which says "
+            "nothing about a conversion"
+        ]
     notes = []
-    if identity_sha256(baseline) == identity_sha256(candidate):
-        notes.append(
-            f"baseline and candidate are one checkpoint (identity {identity_sha256(baseline)[:12]}): an A/A check, "
-            "which says nothing about a conversion"
-        )
     a, b = architecture(baseline), architecture(candidate)
     if a != b:
         diff = ", ".join(f"{k} {a[k]} vs {b[k]}" for k in a if a[k] != b[k])
         notes.append(f"baseline and candidate are different architectures ({diff}): not one model at two precisions")
-    if vocabulary_sha256(baseline) != vocabulary_sha256(candidate):
+    if not same_vocabulary(baseline, candidate):
         if not policy.allow_different_tokenizer:
             raise UsageError(
                 f"{baseline} and {candidate} have different tokenizers (vocabularies differ): their per-item scores "
@@ -141,7 +142,7 @@ def run_gate(
     # right after its scores, while each is the model in memory
     models = LastModel(trust_remote_code)
     base = load_scores(suite, base_path, models)
-    base_file = scores_sha256(suite, base_path, base)
+    base_file = scores_sha256(suite, base_path, base.provenance.checkpoint.identity_sha256, trust_remote_code)
     if policy.baseline_scores_sha256 is not None and base_file != policy.baseline_scores_sha256:
         raise UsageError(
             f"policy {policy.name} pins the baseline's score file to sha256 {policy.baseline_scores_sha256}, and the "
@@ -160,11 +161,8 @@ def run_gate(
     ):
         v = run_sequential(policy, suite, base, base_path, cand_path, models, needs_agreement)
         staged_here = v.sequential is not None and v.sequential.candidate_seconds is not None
-        cand_file = (
-            None
-            if staged_here
-            else cache.score_file_sha256(suite, v.provenance.candidate.checkpoint.identity_sha256, trust_remote_code)
-        )
+        cand_id = v.provenance.candidate.checkpoint.identity_sha256
+        cand_file = None if staged_here else scores_sha256(suite, cand_path, cand_id, trust_remote_code)
         v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
         v.notes += notes
         return v
@@ -175,17 +173,17 @@ def run_gate(
             suite, base, base_path, cand_path, cand.provenance.checkpoint.identity_sha256, models
         )
     v = decide(policy, base, cand, agreement)
-    v.provenance.score_files = {"baseline": base_file, "candidate": scores_sha256(suite, cand_path, cand)}
+    cand_file = scores_sha256(suite, cand_path, cand.provenance.checkpoint.identity_sha256, trust_remote_code)
+    v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
     v.notes += notes
     return v
 
 
-def scores_sha256(suite: OpenSuite, target: Path, doc: ScoreDoc) -> str | None:
+def scores_sha256(suite: OpenSuite, target: Path, ckpt_id: str, trust_remote_code: bool) -> str | None:
     """The sha256 of the file a side's scores were read from: the score file given, or its cache entry."""
     if target.is_file():
         return sha256_file(target)
-    p = doc.provenance
-    return cache.score_file_sha256(suite, p.checkpoint.identity_sha256, p.trust_remote_code)
+    return cache.score_file_sha256(suite, ckpt_id, trust_remote_code)
 
 
 def candidate_agreement(

@@ -34,6 +34,7 @@ from quantize.records import (
     Verdict,
     VerdictProvenance,
     non_finite_fields,
+    non_finite_items,
 )
 
 R = TypeVar("R", AccuracyResult, PerplexityResult, AgreementRuleResult)
@@ -93,7 +94,7 @@ def _paired(base: ScoreDoc, cand: ScoreDoc, task: str, sample: bool = False) -> 
     A baseline whose items on the task are not finite is refused: nothing can be judged against it."""
     if task not in base.tasks or task not in cand.tasks:
         raise UsageError(f"rule task {task} was not scored; the suite scores: {', '.join(base.tasks)}")
-    if bad := base.non_finite().get(task):
+    if bad := non_finite_items(base.tasks[task]):
         raise UsageError(
             f"the baseline {base.provenance.checkpoint.path} computes NaN or infinite values on {task} ({len(bad)} "
             f"item(s), e.g. {', '.join(bad[:3])}): a gate needs a baseline whose log-likelihoods are finite. Check "
@@ -123,10 +124,6 @@ def non_finite_is_regression(result: R, candidate_items: list[str] | None = None
         else f"the evidence is not finite ({', '.join(fields[:3])})"
     )
     return result.model_copy(update={"verdict": "regression", "p_regression": None, "non_finite": why})
-
-
-def _candidate_non_finite(cand: ScoreDoc, task: str) -> list[str]:
-    return cand.non_finite().get(task, [])
 
 
 def accuracy_rule(
@@ -184,7 +181,7 @@ def accuracy_rule(
         p_regression=stats.drop_p(r.delta, r.se),
         look=look.index if look else None,
     )
-    return non_finite_is_regression(result, _candidate_non_finite(cand, rule.task))
+    return non_finite_is_regression(result, non_finite_items(cand.tasks[rule.task]))
 
 
 def perplexity_rule(
@@ -219,7 +216,7 @@ def perplexity_rule(
     result = PerplexityResult(
         rule=label, task=rule.task, verdict=verdict, evidence=ev, look=look.index if look else None
     )
-    return non_finite_is_regression(result, _candidate_non_finite(cand, rule.task))
+    return non_finite_is_regression(result, non_finite_items(cand.tasks[rule.task]))
 
 
 def agreement_rule(rule: AgreementRule, label: str, agreement: AgreementResult, alpha: float) -> AgreementRuleResult:
