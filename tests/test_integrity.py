@@ -285,6 +285,17 @@ def test_the_verdict_names_its_score_files_and_a_policy_can_pin_the_baseline(wor
             assert "pins the baseline's score file" in capsys.readouterr().err
 
 
+def test_a_pinned_baseline_without_its_file_is_refused_before_scoring(world, tiny_model, tmp_path, capsys, monkeypatch):
+    """No cache entry matches the pin: the gate stops at once instead of scoring the baseline and then refusing."""
+    _, _, lenient, _ = world
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "empty"))
+    pinned = tmp_path / "pinned.yaml"
+    pinned.write_text(lenient.read_text() + f"baseline_scores_sha256: '{'1' * 64}'\n")
+    assert main(["gate", str(pinned), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "-q"]) == 2
+    assert "would be scored here" in capsys.readouterr().err
+    assert not (tmp_path / "empty" / "scores").exists()
+
+
 def test_a_corrupt_baseline_top_k_is_named_not_a_crash(world, tiny_model, capsys):
     from quantize import cache
     from quantize.checkpoint.files import identity_sha256

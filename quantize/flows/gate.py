@@ -141,15 +141,18 @@ def run_gate(
     # one load per checkpoint: the baseline's top-k right after its scores, the candidate's agreement
     # right after its scores, while each is the model in memory
     models = LastModel(trust_remote_code)
+    base_id = identity_sha256(base_path) if base_path.is_dir() else ""
+    if policy.baseline_scores_sha256 is not None:  # before any scoring: another file is refused, not scored first
+        found = scores_sha256(suite, base_path, base_id, trust_remote_code)
+        if found != policy.baseline_scores_sha256:
+            raise UsageError(
+                f"policy {policy.name} pins the baseline's score file to sha256 {policy.baseline_scores_sha256}, and "
+                f"the scores of {base_path} would come from {found or 'no file (they would be scored here)'}: "
+                "refusing to gate on other evidence. Score the pinned baseline, or update `baseline_scores_sha256:` "
+                "in the policy after checking the new scores"
+            )
     base = load_scores(suite, base_path, models)
     base_file = scores_sha256(suite, base_path, base.provenance.checkpoint.identity_sha256, trust_remote_code)
-    if policy.baseline_scores_sha256 is not None and base_file != policy.baseline_scores_sha256:
-        raise UsageError(
-            f"policy {policy.name} pins the baseline's score file to sha256 {policy.baseline_scores_sha256}, and the "
-            f"scores of {base_path} come from {base_file or 'no file (scored here)'}: refusing to gate on other "
-            "evidence. Score the pinned baseline, or update `baseline_scores_sha256:` in the policy after checking "
-            "the new scores"
-        )
     if needs_agreement:
         from quantize.evaluate.agreement import baseline_topk_cached
 
