@@ -43,7 +43,9 @@ from quantize.suite import open_suite
 
 
 def cached_scores(suite, ckpt: Path):
-    doc = cache.lookup_scores(suite, identity_sha256(ckpt))
+    from quantize.evaluate.score import runtime
+
+    doc = cache.lookup_scores(suite, identity_sha256(ckpt), runtime(suite, False))
     if doc is None:
         sys.exit(f"{ckpt} is not scored on {suite.path}: run `quantize eval {suite.path} {ckpt}` first")
     return doc

@@ -38,7 +38,10 @@ def copy_entries(src: Path, dst: Path, suite, baseline: Path) -> None:
     from quantize.checkpoint.files import identity_sha256
 
     sha = identity_sha256(baseline)
-    for target in [cache.score_path(suite, sha), cache.baseline_topk_path(suite, sha)]:
+    from quantize.evaluate.score import runtime
+
+    run = runtime(suite, False)
+    for target in [cache.score_path(suite, sha, run), cache.baseline_topk_path(suite, sha, run)]:
         f = src / target.relative_to(dst)
         if not f.is_file():
             sys.exit(f"{f} is missing: score the baseline in {src} first (`quantize gate`), or drop --baseline-cache")
@@ -103,8 +106,11 @@ def main() -> None:
         full = {}
         if args.full_cache:  # read before QUANTIZE_CACHE points at the private folder
             os.environ["QUANTIZE_CACHE"] = str(args.full_cache.expanduser())
-            full = {c: cache.lookup_scores(suite, identity_sha256(Path(c))) for c in args.candidates}
-            base_full = cache.lookup_scores(suite, identity_sha256(Path(args.baseline)))
+            from quantize.evaluate.score import runtime
+
+            run = runtime(suite, False)
+            full = {c: cache.lookup_scores(suite, identity_sha256(Path(c)), run) for c in args.candidates}
+            base_full = cache.lookup_scores(suite, identity_sha256(Path(args.baseline)), run)
         from quantize.evaluate.agreement import agreement_scores
         from quantize.flows.gate import run_gate
 

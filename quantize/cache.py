@@ -6,10 +6,15 @@ people write (CI), so what it serves is checked on every read: a score file must
 carry the key and checkpoint identity it was asked for, and its task summaries must follow from its items.
 
     scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint identity, suite settings, golden manifest,
-                                                               lm-eval version, tasks[, trust_remote_code])
+                                                               lm-eval version, tasks, runtime)
                $QUANTIZE_CACHE/scores/KEY.sha256  the sha256 of KEY.json's bytes, written after it
-    agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings
+    agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings, runtime
                $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
+
+The runtime (`Runtime`) is what changes a computed number besides the checkpoint and the suite's text: the device
+kind the model ran on (kernels differ between a CPU and an accelerator), the dtype it was loaded in (the suite's
+"auto" resolves to float32 on a CPU and the checkpoint's own dtype elsewhere), and whether the checkpoint's own
+code ran (--trust-remote-code).
     search     $QUANTIZE_CACHE/search/sensitivity-KEY.json  KEY = sha256(model identity, base recipe, options,
                                                                unit, golden manifest, suite, per_task, top_k,
                                                                device kind, dtype)
@@ -21,6 +26,7 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -30,7 +36,7 @@ from quantize.errors import UsageError
 from quantize.io import sha256_bytes, sha256_json, write_text_atomic
 from quantize.kinds import KINDS
 from quantize.records import AgreementResult, ScoreDoc, SensitivityRecord
-from quantize.suite import OpenSuite
+from quantize.suite import DEVICE_KINDS, OpenSuite
 
 
 def cache_dir() -> Path:
@@ -57,26 +63,50 @@ def lm_eval_version() -> str:
     return metadata.version("lm_eval")
 
 
-def score_key(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = False) -> str:
-    """Scores computed by a checkpoint's own code (--trust-remote-code) are another entry than scores computed
-    without it; the default's key is unchanged from before the flag joined it."""
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how a model computed a cached number (module docstring): part of every score and agreement key."""
+
+    device_kind: str  # cpu, cuda, xpu, npu, mps: the device without its index
+    dtype: str  # the suite's dtype resolved for that device ("auto": the checkpoint's own, fixed by its identity)
+    trust_remote_code: bool = False
+
+    @classmethod
+    def on(cls, suite: OpenSuite, device: str, trust_remote_code: bool = False) -> Runtime:
+        """The runtime of a model run on `device` (a resolved device: "cpu", "cuda:1", ...) under the suite."""
+        kind = device.split(":")[0]
+        return cls(kind, suite.suite.model_dtype(kind), trust_remote_code)
+
+    def key(self) -> list[Any]:
+        return [self.device_kind, self.dtype, *(["trust_remote_code"] if self.trust_remote_code else [])]
+
+
+def runtimes(suite: OpenSuite) -> list[Runtime]:
+    """Every runtime a suite's scores may have been computed under, for a reader that loads no model (the report):
+    the suite's own device, or on "auto" every device kind; without and then with the checkpoint's own code."""
+    device = suite.suite.device
+    kinds = DEVICE_KINDS if device == "auto" else (device.split(":")[0],)
+    return [Runtime.on(suite, k, trust) for trust in (False, True) for k in kinds]
+
+
+def score_key(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str:
     parts = [ckpt_id, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)]
-    return sha256_json([*parts, "trust_remote_code"] if trust_remote_code else parts)
+    return sha256_json([*parts, "runtime", *run.key()])
 
 
-def score_path(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = False) -> Path:
-    return cache_dir() / "scores" / f"{score_key(suite, ckpt_id, trust_remote_code)[:32]}.json"
+def score_path(suite: OpenSuite, ckpt_id: str, run: Runtime) -> Path:
+    return cache_dir() / "scores" / f"{score_key(suite, ckpt_id, run)[:32]}.json"
 
 
 def _digest_path(entry: Path) -> Path:
     return entry.with_suffix(".sha256")
 
 
-def lookup_scores(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = False) -> ScoreDoc | None:
+def lookup_scores(suite: OpenSuite, ckpt_id: str, run: Runtime) -> ScoreDoc | None:
     """The cached scores of a checkpoint on a suite, checked (module docstring); None when there are none, or when
     the entry has no digest beside it (written before entries were hashed, or copied without it: nothing vouches for
     it, so it is scored again and replaced)."""
-    p = score_path(suite, ckpt_id, trust_remote_code)
+    p = score_path(suite, ckpt_id, run)
     digest = _digest_path(p)
     if not p.is_file() or not digest.is_file():
         return None
@@ -88,16 +118,22 @@ def lookup_scores(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = Fals
             f"was changed after it was written; {refresh}"
         )
     doc = records.loads(ScoreDoc, raw, p)
-    key = score_key(suite, ckpt_id, trust_remote_code)
-    if doc.key != key or doc.provenance.checkpoint.identity_sha256 != ckpt_id:
+    key = score_key(suite, ckpt_id, run)
+    if doc.key != key or doc.provenance.checkpoint.identity_sha256 != ckpt_id or ran(doc) != run:
         raise UsageError(
             f"cached score file {p} holds another checkpoint's or suite's scores (its key "
-            f"{doc.key[:16]}, identity {doc.provenance.checkpoint.identity_sha256[:16]}; asked for "
-            f"{key[:16]}, {ckpt_id[:16]}); {refresh}"
+            f"{doc.key[:16]}, identity {doc.provenance.checkpoint.identity_sha256[:16]}, {ran(doc)}; asked for "
+            f"{key[:16]}, {ckpt_id[:16]}, {run}); {refresh}"
         )
     if wrong := summary_mismatches(doc):
         raise UsageError(f"cached score file {p} does not add up: {'; '.join(wrong[:3])}; {refresh}")
     return doc
+
+
+def ran(doc: ScoreDoc) -> Runtime:
+    """The runtime a score document says it was computed under."""
+    p = doc.provenance
+    return Runtime(p.device.split(":")[0], p.dtype, p.trust_remote_code)
 
 
 def summary_mismatches(doc: ScoreDoc) -> list[str]:
@@ -118,37 +154,38 @@ def summary_mismatches(doc: ScoreDoc) -> list[str]:
     return out
 
 
-def score_file_sha256(suite: OpenSuite, ckpt_id: str, trust_remote_code: bool = False) -> str | None:
+def score_file_sha256(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str | None:
     """The sha256 of a checkpoint's cached score file (checked by lookup_scores), or None when there is none."""
-    digest = _digest_path(score_path(suite, ckpt_id, trust_remote_code))
+    digest = _digest_path(score_path(suite, ckpt_id, run))
     return digest.read_text().strip() if digest.is_file() else None
 
 
 def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
-    p = score_path(suite, doc.provenance.checkpoint.identity_sha256, doc.provenance.trust_remote_code)
+    p = score_path(suite, doc.provenance.checkpoint.identity_sha256, ran(doc))
     write_text_atomic(_digest_path(p), records.write(p, doc) + "\n")
 
 
-def _agreement_key(suite: OpenSuite) -> str:
+def _agreement_key(suite: OpenSuite, run: Runtime) -> str:
     a = suite.suite.agreement
-    return sha256_json([sorted(suite.agreement_tasks), a.per_task, a.top_k, suite.golden.manifest_sha256])[:16]
+    parts = [sorted(suite.agreement_tasks), a.per_task, a.top_k, suite.golden.manifest_sha256]
+    return sha256_json([*parts, "runtime", *run.key()])[:16]
 
 
-def baseline_topk_path(suite: OpenSuite, base_id: str) -> Path:
-    return cache_dir() / "agreement" / f"base-{base_id[:16]}-{_agreement_key(suite)}.npz"
+def baseline_topk_path(suite: OpenSuite, base_id: str, run: Runtime) -> Path:
+    return cache_dir() / "agreement" / f"base-{base_id[:16]}-{_agreement_key(suite, run)}.npz"
 
 
-def agreement_path(suite: OpenSuite, base_id: str, cand_id: str) -> Path:
-    return cache_dir() / "agreement" / f"cmp-{base_id[:16]}-{cand_id[:16]}-{_agreement_key(suite)}.json"
+def agreement_path(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime) -> Path:
+    return cache_dir() / "agreement" / f"cmp-{base_id[:16]}-{cand_id[:16]}-{_agreement_key(suite, run)}.json"
 
 
-def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str) -> AgreementResult | None:
-    p = agreement_path(suite, base_id, cand_id)
+def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime) -> AgreementResult | None:
+    p = agreement_path(suite, base_id, cand_id, run)
     return records.read(AgreementResult, p) if p.is_file() else None
 
 
-def store_agreement(suite: OpenSuite, result: AgreementResult) -> None:
-    records.write(agreement_path(suite, result.baseline_identity, result.candidate_identity), result)
+def store_agreement(suite: OpenSuite, result: AgreementResult, run: Runtime) -> None:
+    records.write(agreement_path(suite, result.baseline_identity, result.candidate_identity, run), result)
 
 
 def sensitivity_key(suite: OpenSuite, model_id: str, measured: dict[str, Any]) -> str:

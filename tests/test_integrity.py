@@ -11,6 +11,7 @@ import pytest
 
 from quantize import records
 from quantize.cli import main
+from quantize.errors import UsageError
 from quantize.records import ScoreDoc, Verdict
 
 from conftest import small_golden, suite_file
@@ -190,9 +191,11 @@ def test_the_loser_of_a_race_says_what_happened_and_exits_2(tmp_path):
 def _entry(suite: Path, ckpt: Path, trust: bool = False) -> Path:
     from quantize import cache
     from quantize.checkpoint.files import identity_sha256
+    from quantize.evaluate.score import runtime
     from quantize.suite import open_suite
 
-    return cache.score_path(open_suite(suite), identity_sha256(ckpt), trust)
+    s = open_suite(suite)
+    return cache.score_path(s, identity_sha256(ckpt), runtime(s, trust))
 
 
 def _rewrite(path: Path, data: dict, digest: bool = True) -> None:
@@ -270,6 +273,74 @@ def test_scores_computed_with_remote_code_are_another_entry(world, tiny_model, c
     assert _entry(suite, tiny_model, trust=True).is_file()
 
 
+def test_scores_from_another_device_kind_or_dtype_are_another_entry(world, tiny_model, capsys):
+    """The key left out the device kind and the resolved dtype: a CPU's float32 scores would be served to an
+    accelerator's run (and the reverse), and the report could set one beside the other."""
+    from quantize import cache
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.suite import open_suite
+
+    _, suite, _, _ = world
+    s, ckpt = open_suite(suite), identity_sha256(tiny_model)
+    on_cpu, on_cuda = cache.Runtime.on(s, "cpu"), cache.Runtime.on(s, "cuda:1")
+    assert (on_cpu.device_kind, on_cpu.dtype) == ("cpu", "float32") and (on_cuda.device_kind, on_cuda.dtype) == (
+        "cuda",
+        "auto",  # "auto" on an accelerator: the checkpoint's own dtype
+    )
+    assert cache.Runtime.on(s, "cuda:0") == on_cuda  # the index is not a kind
+    paths = {cache.score_path(s, ckpt, r) for r in cache.runtimes(s)}
+    assert len(paths) == len(cache.runtimes(s)) == 10  # five kinds, with and without remote code
+    assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
+    assert cache.lookup_scores(s, ckpt, on_cpu) is not None and cache.lookup_scores(s, ckpt, on_cuda) is None
+    # a CPU entry copied to the accelerator's path is refused by what it says it ran on, not served
+    src, dst = cache.score_path(s, ckpt, on_cpu), cache.score_path(s, ckpt, on_cuda)
+    try:
+        dst.write_bytes(src.read_bytes())
+        dst.with_suffix(".sha256").write_bytes(src.with_suffix(".sha256").read_bytes())
+        with pytest.raises(UsageError, match="another checkpoint's or suite's scores"):
+            cache.lookup_scores(s, ckpt, on_cuda)
+    finally:
+        dst.unlink(missing_ok=True)
+        dst.with_suffix(".sha256").unlink(missing_ok=True)
+
+
+def test_the_gate_refuses_score_files_from_two_device_kinds(world, tiny_model, tmp_path, capsys):
+    _, suite, _, _ = world
+    assert main(["eval", str(suite), str(tiny_model), "--json", "--items", "--quiet"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    base, cand = tmp_path / "base.json", tmp_path / "cand.json"
+    base.write_text(json.dumps(doc))
+    doc["provenance"]["device"] = "cuda:0"
+    cand.write_text(json.dumps(doc))
+    accuracy = tmp_path / "accuracy.yaml"  # score files need a policy without agreement rules
+    accuracy.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n")
+    assert main(["gate", str(accuracy), "--baseline", str(base), "--candidate", str(base), "-q"]) == 0
+    assert main(["gate", str(accuracy), "--baseline", str(base), "--candidate", str(cand)]) == 2
+    assert "device kind: baseline 'cpu' vs candidate 'cuda'" in capsys.readouterr().err
+
+
+def test_the_report_reads_one_runtime_for_every_entry(world, tiny_model, tmp_path, monkeypatch):
+    """The runtime under which the baseline has scores, whatever the others have."""
+    from types import SimpleNamespace
+
+    from quantize import cache
+    from quantize.report.collect import report_runtime
+    from quantize.suite import open_suite
+
+    _, suite, _, _ = world
+    s = open_suite(suite)
+    on_cuda = cache.Runtime.on(s, "cuda")
+    base, cands = SimpleNamespace(sha256="b" * 64), [SimpleNamespace(sha256=c * 64) for c in "cde"]
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path))
+    assert report_runtime(s, [base]) == cache.runtimes(s)[0] == cache.Runtime.on(s, "cpu")  # nothing: the first
+    for e, run in [(base, on_cuda), *((c, cache.Runtime.on(s, "cpu")) for c in cands)]:
+        digest = cache.score_path(s, e.sha256, run).with_suffix(".sha256")
+        digest.parent.mkdir(parents=True, exist_ok=True)
+        digest.write_text("0" * 64)
+    assert report_runtime(s, [base]) == on_cuda  # the baseline's, though three candidates have CPU scores
+    assert report_runtime(s, cands) == cache.runtimes(s)[0]
+
+
 def test_the_verdict_names_its_score_files_and_a_policy_can_pin_the_baseline(world, tiny_model, tmp_path, capsys):
     _, suite, lenient, _ = world
     code = main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json", "-q"])
@@ -303,7 +374,10 @@ def test_a_corrupt_baseline_top_k_is_named_not_a_crash(world, tiny_model, capsys
 
     _, suite, lenient, _ = world
     assert main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "-q"]) == 0
-    p = cache.baseline_topk_path(open_suite(suite), identity_sha256(tiny_model))
+    from quantize.evaluate.score import runtime
+
+    s = open_suite(suite)
+    p = cache.baseline_topk_path(s, identity_sha256(tiny_model), runtime(s, False))
     kept = p.read_bytes()
     try:
         p.write_bytes(kept[: len(kept) // 2])  # truncated

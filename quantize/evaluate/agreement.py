@@ -28,6 +28,7 @@ from quantize import cache
 from quantize.checkpoint.files import identity_sha256
 from quantize.checkpoint.loader import LastModel, device
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.evaluate.score import runtime
 from quantize.golden.manifest import GoldenSet, lm_eval_tasks
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.io import atomic_file
@@ -391,7 +392,7 @@ def baseline_topk_cached(
     suite: OpenSuite, baseline: Path, base_id: str, models: LastModel, reqs: list[Request] | None = None
 ) -> BaselineTopK:
     """The baseline's top-k at the agreement positions: from the cache, or computed and cached."""
-    path = cache.baseline_topk_path(suite, base_id)
+    path = cache.baseline_topk_path(suite, base_id, runtime(suite, models.trust_remote_code))
     if path.is_file():
         return load_baseline(path)
     base = baseline_topk(
@@ -416,10 +417,11 @@ def agreement_scores(
     models = models or LastModel(trust_remote_code)
     base_id = base_id or identity_sha256(baseline)
     cand_id = cand_id or identity_sha256(candidate)
-    if (found := cache.lookup_agreement(suite, base_id, cand_id)) is not None:
+    run = runtime(suite, models.trust_remote_code)
+    if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
         return found
-    with cache.claimed(cache.agreement_path(suite, base_id, cand_id)):
-        if (found := cache.lookup_agreement(suite, base_id, cand_id)) is not None:
+    with cache.claimed(cache.agreement_path(suite, base_id, cand_id, run)):
+        if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
             return found
         reqs = agreement_requests(suite)
         base = baseline_topk_cached(suite, baseline, base_id, models, reqs)
@@ -432,5 +434,5 @@ def agreement_scores(
             per_task=a.per_task,
             tasks=suite.agreement_tasks,
         )
-        cache.store_agreement(suite, result)
+        cache.store_agreement(suite, result, run)
         return result

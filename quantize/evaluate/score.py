@@ -127,16 +127,21 @@ def score(
     check_model_dir(ckpt)
     check_loadable(ckpt)
     ref = CheckpointRef(path=str(ckpt), weights_sha256=weights_sha256(ckpt), identity_sha256=identity_sha256(ckpt))
-    trust = models.trust_remote_code
-    if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, trust)) is not None:
+    run = runtime(suite, models.trust_remote_code)
+    if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, run)) is not None:
         return Scored(found, True)
-    with cache.claimed(cache.score_path(suite, ref.identity_sha256, trust)):
+    with cache.claimed(cache.score_path(suite, ref.identity_sha256, run)):
         # another process may have scored it while this one waited for the claim
-        if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, trust)) is not None:
+        if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, run)) is not None:
             return Scored(found, True)
         doc = run_lm_eval(suite, ckpt, ref, models)
         cache.store_scores(suite, doc)
     return Scored(doc, False)
+
+
+def runtime(suite: OpenSuite, trust_remote_code: bool) -> cache.Runtime:
+    """The runtime this process scores under (the suite's device resolved here): what keys its cache entries."""
+    return cache.Runtime.on(suite, pick_device(suite.suite.device), trust_remote_code)
 
 
 def run_lm_eval(
@@ -183,7 +188,7 @@ def run_lm_eval(
         lm_results = {k: v for k, v in r["results"][task].items() if k != "alias" and isinstance(v, (int, float))}
         task_docs[task] = task_scores(cfg["output_type"], cfg["metadata"]["version"], items, lm_results, filt)
     return ScoreDoc(
-        key=cache.score_key(suite, ref.identity_sha256, models.trust_remote_code),
+        key=cache.score_key(suite, ref.identity_sha256, cache.Runtime.on(suite, device, models.trust_remote_code)),
         provenance=ScoreProvenance(
             checkpoint=ref,
             suite=SuiteRef(path=suite.path, name=s.name, sha256=suite.sha256, settings=s.settings()),
@@ -216,7 +221,7 @@ class Staged:
             path=str(checkpoint), weights_sha256=weights_sha256(checkpoint), identity_sha256=identity_sha256(checkpoint)
         )
         self.index = {t: {i: n for n, i in enumerate(ids)} for t, ids in order.items()}
-        self.full = cache.lookup_scores(suite, self.ref.identity_sha256, models.trust_remote_code)
+        self.full = cache.lookup_scores(suite, self.ref.identity_sha256, runtime(suite, models.trust_remote_code))
         self.items: dict[str, dict[str, dict[str, Any]]] = {t: {} for t in order}
         self.meta: dict[str, tuple[str, float | str, str | None]] = {}
         self._last: ScoreDoc | None = None

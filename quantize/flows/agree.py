@@ -22,7 +22,7 @@ class Agreement:
     skipped: list[str]  # one line per checkpoint that could not be measured here and had nothing cached
 
 
-def measurable(suite: OpenSuite, baseline: Path, found: list[Path]) -> tuple[list[Path], list[str]]:
+def measurable(suite: OpenSuite, baseline: Path, found: list[Path], run: cache.Runtime) -> tuple[list[Path], list[str]]:
     """The candidates this environment can measure, or whose result is cached; one of several that can be
     neither is skipped with the reason (a folder of outputs), a lone one is the user's error."""
     candidates, skipped = [], []
@@ -33,7 +33,7 @@ def measurable(suite: OpenSuite, baseline: Path, found: list[Path]) -> tuple[lis
         except UsageError as e:
             if len(found) == 1:
                 raise
-            if cache.lookup_agreement(suite, identity_sha256(baseline), identity_sha256(c)) is None:
+            if cache.lookup_agreement(suite, identity_sha256(baseline), identity_sha256(c), run) is None:
                 skipped.append(f"{c}: not measured here: {e}")
                 continue
         candidates.append(c)
@@ -44,12 +44,13 @@ def agree_many(
     suite_path: str | Path, baseline: Path, given: list[str], trust_remote_code: bool, quiet: bool
 ) -> Agreement:
     from quantize.evaluate.agreement import agreement_scores
+    from quantize.evaluate.score import runtime
 
     suite = open_suite(suite_path)
     check_model_dir(baseline)
     check_loadable(baseline)
     found = [c for c in checkpoint_folders(given) if c.resolve() != baseline.resolve()]
-    candidates, skipped = measurable(suite, baseline, found)
+    candidates, skipped = measurable(suite, baseline, found, runtime(suite, trust_remote_code))
     results = []
     for c in candidates:
         with quiet_libraries(quiet):

@@ -140,10 +140,12 @@ def run_gate(
     notes = comparison_notes(policy, base_path, cand_path)
     # one load per checkpoint: the baseline's top-k right after its scores, the candidate's agreement
     # right after its scores, while each is the model in memory
-    models = LastModel(trust_remote_code)
+    from quantize.evaluate.score import runtime
+
+    models, run = LastModel(trust_remote_code), runtime(suite, trust_remote_code)
     base_id = identity_sha256(base_path) if base_path.is_dir() else ""
     if policy.baseline_scores_sha256 is not None:  # before any scoring: another file is refused, not scored first
-        found = scores_sha256(suite, base_path, base_id, trust_remote_code)
+        found = scores_sha256(suite, base_path, base_id, run)
         if found != policy.baseline_scores_sha256:
             raise UsageError(
                 f"policy {policy.name} pins the baseline's score file to sha256 {policy.baseline_scores_sha256}, and "
@@ -152,7 +154,7 @@ def run_gate(
                 "in the policy after checking the new scores"
             )
     base = load_scores(suite, base_path, models)
-    base_file = scores_sha256(suite, base_path, base.provenance.checkpoint.identity_sha256, trust_remote_code)
+    base_file = scores_sha256(suite, base_path, base.provenance.checkpoint.identity_sha256, run)
     if needs_agreement:
         from quantize.evaluate.agreement import baseline_topk_cached
 
@@ -165,7 +167,7 @@ def run_gate(
         v = run_sequential(policy, suite, base, base_path, cand_path, models, needs_agreement)
         staged_here = v.sequential is not None and v.sequential.candidate_seconds is not None
         cand_id = v.provenance.candidate.checkpoint.identity_sha256
-        cand_file = None if staged_here else scores_sha256(suite, cand_path, cand_id, trust_remote_code)
+        cand_file = None if staged_here else scores_sha256(suite, cand_path, cand_id, run)
         v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
         v.notes += notes
         return v
@@ -176,17 +178,17 @@ def run_gate(
             suite, base, base_path, cand_path, cand.provenance.checkpoint.identity_sha256, models
         )
     v = decide(policy, base, cand, agreement)
-    cand_file = scores_sha256(suite, cand_path, cand.provenance.checkpoint.identity_sha256, trust_remote_code)
+    cand_file = scores_sha256(suite, cand_path, cand.provenance.checkpoint.identity_sha256, run)
     v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
     v.notes += notes
     return v
 
 
-def scores_sha256(suite: OpenSuite, target: Path, ckpt_id: str, trust_remote_code: bool) -> str | None:
+def scores_sha256(suite: OpenSuite, target: Path, ckpt_id: str, run: cache.Runtime) -> str | None:
     """The sha256 of the file a side's scores were read from: the score file given, or its cache entry."""
     if target.is_file():
         return sha256_file(target)
-    return cache.score_file_sha256(suite, ckpt_id, trust_remote_code)
+    return cache.score_file_sha256(suite, ckpt_id, run)
 
 
 def candidate_agreement(

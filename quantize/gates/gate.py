@@ -49,6 +49,7 @@ MUST_MATCH: dict[str, Callable[[ScoreProvenance], Any]] = {
     "seed": lambda p: p.seed,
     "backend": lambda p: p.backend,
     "dtype": lambda p: p.dtype,
+    "device kind": lambda p: p.device.split(":")[0],  # kernels differ: a CPU's scores beside an accelerator's
 }
 SUITE_SETTINGS_IGNORED = {"batch_size"}
 

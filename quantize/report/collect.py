@@ -167,10 +167,11 @@ def collect(
     policy = load_policy(policy_path) if policy_path else None
     needs_agr = policy is not None and any(isinstance(r, AgreementRule) for r in policy.rules)
     suite = open_suite(suite_path)
+    run = report_runtime(suite, [base] if base else entries)
     for e in entries:
-        e.scores = cache.lookup_scores(suite, e.sha256)
+        e.scores = cache.lookup_scores(suite, e.sha256, run)
         if base and not e.is_baseline:
-            e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256)
+            e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, run)
             if policy and e.scores and base.scores and (e.agreement or not needs_agr):
                 e.verdict = decide(policy, base.scores, e.scores, e.agreement)
             elif policy and (v := saved_verdict(Path(e.path), policy, suite, base.sha256, e.sha256)):
@@ -179,6 +180,17 @@ def collect(
                 e.agreement_outcome = agreement_outcome(policy, e.agreement)
         e.decode = decode_bounds(e, base, hardware, batch, context)
     return entries
+
+
+def report_runtime(suite: Any, anchors: list[Entry]) -> cache.Runtime:
+    """The one runtime the report reads every entry's scores under, so it never sets numbers computed on a CPU
+    beside numbers from an accelerator: the one under which most of `anchors` (the baseline, else every entry)
+    have scores, the first of `cache.runtimes` on a tie (a CPU without the checkpoints' own code)."""
+    found = [
+        (sum(cache.score_file_sha256(suite, e.sha256, r) is not None for e in anchors), r)
+        for r in cache.runtimes(suite)
+    ]
+    return max(found, key=lambda f: f[0])[1]
 
 
 def report_suite(suite: str | None, policy: str | None) -> str:

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from quantize import cache, records
+from quantize.cache import ran
 from quantize.cli import main
-from quantize.evaluate.score import score
+from quantize.evaluate.score import runtime, score
 from quantize.golden.build import Sizes
 from quantize.io import sha256_file
 from quantize.records import AgreementResult, ScoreDoc, Verdict
@@ -60,7 +61,9 @@ def test_eval_records_items_and_caches(setup, tiny_model):
     second, cached = score(open_suite(suite), tiny_model)
     assert cached is True and second == first
     # the cached file is the record, and reads back through its model
-    assert records.read(ScoreDoc, cache.score_path(open_suite(suite), p.checkpoint.identity_sha256)) == first
+    assert (
+        records.read(ScoreDoc, cache.score_path(open_suite(suite), p.checkpoint.identity_sha256, ran(first))) == first
+    )
 
 
 def test_eval_json_items_is_a_score_file(setup, tiny_model, capsys):
@@ -78,7 +81,7 @@ def test_cached_score_of_another_schema_is_refused_with_the_fix(setup, tiny_mode
     _, suite, _, _ = setup
     s = open_suite(suite)
     doc, _ = score(s, tiny_model)
-    path = cache.score_path(s, doc.provenance.checkpoint.identity_sha256)
+    path = cache.score_path(s, doc.provenance.checkpoint.identity_sha256, ran(doc))
     saved, digest = path.read_text(), path.with_suffix(".sha256").read_text()
     try:
         path.write_text(json.dumps({k: v for k, v in json.loads(saved).items() if k != "schema_version"}))
@@ -117,7 +120,9 @@ def test_gate_a_a_passes_with_agreement(setup, tiny_model, capsys):
     # what the gate wrote: the verdict on stdout and the cached agreement, each valid against its record
     verdict = records.parse(Verdict, v, "stdout")
     sha = verdict.provenance.baseline.checkpoint.identity_sha256
-    cached = records.read(AgreementResult, cache.agreement_path(open_suite(setup[1]), sha, sha))
+    cached = records.read(
+        AgreementResult, cache.agreement_path(open_suite(setup[1]), sha, sha, runtime(open_suite(setup[1]), False))
+    )
     assert cached.kl_mean == pytest.approx(kl["value"]) and cached.positions == kl["positions"]
 
 
