@@ -234,7 +234,7 @@ def cmd_golden_freeze(args: argparse.Namespace) -> int:
 
     include = Path(args.include_path).expanduser() if args.include_path else None
     with quiet_libraries(True):
-        m = freeze(args.task, Path(args.out), include, args.id_field, args.cluster_field, args.seed)
+        m = freeze(args.task, Path(args.out), include, args.id_field, args.cluster_field, args.seed, args.fewshot_seed)
     print(written_text(args.out, m))
     return EXIT_OK
 
@@ -348,11 +348,17 @@ def _golden_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     gn.set_defaults(fn=cmd_golden_new)
     gf = gs.add_parser("freeze", help="freeze lm-eval tasks (their documents after filtering) into a golden set")
     gf.add_argument("--task", action="append", required=True, help="an lm-eval task or group (repeat)")
-    gf.add_argument("--include-path", help="folder of your task YAMLs (default: lm-eval's own tasks)")
+    gf.add_argument("--include-path", help="folder of your task YAMLs, added to lm-eval's own tasks (as lm-eval's is)")
     gf.add_argument("--out", required=True, help="the new version folder, e.g. golden/support/v1")
     gf.add_argument("--id-field", help="document field holding a stable unique id (default: its index)")
     gf.add_argument("--cluster-field", help="document field grouping items that are not independent (e.g. subject)")
-    gf.add_argument("--seed", type=int, default=0)
+    gf.add_argument("--seed", type=int, default=0, help="draws the fixed smoke ids (default 0)")
+    gf.add_argument(
+        "--fewshot-seed",
+        type=int,
+        default=1234,
+        help="lm-eval's few-shot seed the pinned examples are drawn with (default 1234, lm-eval's own)",
+    )
     gf.set_defaults(fn=cmd_golden_freeze)
     gz = gs.add_parser(
         "size",

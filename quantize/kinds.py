@@ -7,6 +7,9 @@ gates and the report read what a kind is here; adding a kind touches this module
     loglikelihood          score = 1 if the target is the greedy continuation; ll = log p(target | context)
     loglikelihood_rolling  ll = log p(document), with its words and bytes (perplexity is per document)
     generate_until         score = exact match (0/1) of the greedy response after the task's first filter
+
+Every item also keeps lm-eval's per-item values of the task's other metrics (`item_metrics`: acc_norm, the exact
+match after each filter pipeline, named as `metric_name` says), and an accuracy rule may name any of them.
 """
 
 from __future__ import annotations
@@ -53,6 +56,31 @@ class Kind:
     one_filter: bool = False  # lm-eval writes a sample per filter pipeline: the first pipeline's are kept
 
 
+def metric_name(metric: str, filt: str) -> str:
+    """A per-item metric as rules name it: lm-eval's metric (`acc_norm`), after a filter pipeline other than
+    lm-eval's default "none" joined to it by @ (`exact_match@strict-match`: lm-eval's "exact_match,strict-match")."""
+    return metric if filt == "none" else f"{metric}@{filt}"
+
+
+def item_metrics(samples: list[dict[str, Any]], own: tuple[str, ...] = ()) -> dict[str, float]:
+    """One document's numeric per-item metric values over all its samples (lm-eval writes one per filter
+    pipeline), but the kind's own metrics (`own`, already the item's score) under the "none" filter."""
+    out = {}
+    for s in samples:
+        for m in s.get("metrics", []):
+            v = s.get(m)
+            if isinstance(v, bool | int | float) and not (s["filter"] == "none" and m in own):
+                out[metric_name(m, s["filter"])] = float(v)
+    return out
+
+
+def _metric_means(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """metrics = the mean of each per-item metric over the items that carry it."""
+    names = sorted({m for i in items for m in i.get("metrics", {})})
+    per = {m: [i["metrics"][m] for i in items if m in i.get("metrics", {})] for m in names}
+    return {"metrics": {m: sum(v) / len(v) for m, v in per.items()}}
+
+
 def _accuracy(items: list[dict[str, Any]]) -> dict[str, Any]:
     """acc = mean score; its binomial SE √(acc(1 − acc)/(n − 1)), None for a single item (no estimate)."""
     n = len(items)
@@ -67,7 +95,8 @@ def _choice_item(s: dict[str, Any]) -> dict[str, Any]:
 
 def _choice_summary(items: list[dict[str, Any]], _filt: str | None) -> dict[str, Any]:
     n = len(items)
-    return _accuracy(items) | {"chance": sum(1 / len(i["lls"]) for i in items) / n, "mean_ll": _mean_ll(items)}
+    chance = sum(1 / len(i["lls"]) for i in items) / n
+    return _accuracy(items) | {"chance": chance, "mean_ll": _mean_ll(items)} | _metric_means(items)
 
 
 def _mean_ll(items: list[dict[str, Any]]) -> float:
@@ -86,7 +115,7 @@ def _greedy_item(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def _greedy_summary(items: list[dict[str, Any]], _filt: str | None) -> dict[str, Any]:
-    return _accuracy(items) | {"chance": 0.0, "mean_ll": _mean_ll(items)}
+    return _accuracy(items) | {"chance": 0.0, "mean_ll": _mean_ll(items)} | _metric_means(items)
 
 
 def _greedy_margin(item: GreedyItem) -> float:
@@ -116,7 +145,7 @@ def _generation_item(s: dict[str, Any]) -> dict[str, Any]:
 
 
 def _generation_summary(items: list[dict[str, Any]], filt: str | None) -> dict[str, Any]:
-    return _accuracy(items) | {"filter": filt}
+    return _accuracy(items) | {"filter": filt} | _metric_means(items)
 
 
 KINDS: dict[str, Kind] = {
@@ -149,7 +178,7 @@ KINDS: dict[str, Kind] = {
             RollingTask,
             DocumentItem,
             right_wrong=False,
-            metrics=("perplexity",),
+            metrics=("perplexity", "word_perplexity", "byte_perplexity"),
             item=_rolling_item,
             summary=_rolling_summary,
             headline=lambda d: Headline("bits/byte", d.bits_per_byte, None, False),

@@ -209,6 +209,10 @@ class _Item(_Strict):
     cluster: str
     score: float  # 0/1 for right/wrong items; the log-likelihood for documents
     ll: float  # log p(gold | context), or log p(document)
+    # lm-eval's per-item values of the task's other metrics, as lm-eval names them: acc_norm; exact_match@FILTER
+    # for each filter pipeline but the "none" one (quantize/kinds.py, item_metrics)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    prompt_sha256: str | None = None  # lm-eval's hash of the item's (first) prompt: both sides must have the same
 
     @property
     def units(self) -> int:
@@ -238,6 +242,8 @@ class GenerationItem(_Strict):
     cluster: str
     score: float  # exact match (0/1) of the filtered response
     response: str  # the response after the task's filters, cut at 200 characters
+    metrics: dict[str, float] = Field(default_factory=dict)  # as _Item's: exact_match@strict-match, ...
+    prompt_sha256: str | None = None
 
 
 class _AccuracyTask(_Strict):
@@ -247,6 +253,7 @@ class _AccuracyTask(_Strict):
     acc_se: float | None  # None for a single item: no estimate
     chance: float
     mean_ll: float
+    metrics: dict[str, float] = Field(default_factory=dict)  # the mean of each per-item metric
     lm_eval: dict[str, float]
 
 
@@ -279,6 +286,7 @@ class GenerationTask(_Strict):
     acc: float  # exact-match rate
     acc_se: float | None
     filter: str  # the filter pipeline whose output was matched (the task's first)
+    metrics: dict[str, float] = Field(default_factory=dict)  # the mean of each per-item metric
     lm_eval: dict[str, float]
     items: list[GenerationItem]
 
@@ -332,6 +340,7 @@ class AccuracySizing(_Strict):
 
     kind: Literal["right/wrong"] = "right/wrong"
     task: str
+    metric: str = "acc"  # the kind's own score, or a per-item metric of the task (acc_norm, exact_match@FILTER)
     n: int
     clusters: int
     flip_rate: float

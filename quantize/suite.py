@@ -41,7 +41,7 @@ class Agreement(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tasks: list[str] | None = Field(None, description="default: every task of the golden set")
+    tasks: list[str] | None = Field(None, description="default: the tasks the suite scores")
     per_task: int = Field(40, ge=1)
     top_k: int = Field(20, ge=1, le=1000)
 
@@ -115,7 +115,8 @@ class OpenSuite:
 
     @property
     def agreement_tasks(self) -> list[str]:
-        return self.suite.agreement.tasks or self.golden.tasks
+        """The tasks agreement is measured on: the suite's `agreement.tasks`, else the tasks it scores."""
+        return self.suite.agreement.tasks or self.tasks
 
 
 def open_suite(path: str | Path) -> OpenSuite:

@@ -299,8 +299,9 @@ def baseline(n: int = 2000, seed: int = 0) -> tuple[list[float], list[float]]:
 
 
 def lm_eval_direct(tasks: list[str], include: Path, **model) -> dict:
-    """lm-eval's own `simple_evaluate` on task YAMLs in `include`, seeded as our scorer seeds it: the
-    reference our per-item records are compared with."""
+    """lm-eval's own `simple_evaluate` on task YAMLs in `include`, seeded as our scorer seeds it except for the
+    few-shot draws, which keep lm-eval's default seed (1234) as a user's run does: the reference our per-item
+    records are compared with (a frozen set pins each item's shots with that seed)."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
@@ -313,5 +314,4 @@ def lm_eval_direct(tasks: list[str], include: Path, **model) -> dict:
         random_seed=0,
         numpy_random_seed=0,
         torch_random_seed=0,
-        fewshot_random_seed=0,
     )

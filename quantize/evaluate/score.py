@@ -23,7 +23,7 @@ from quantize.checkpoint.loader import device as pick_device
 from quantize.errors import RuntimeFailure
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.golden.manifest import lm_eval_tasks
-from quantize.kinds import KINDS
+from quantize.kinds import KINDS, item_metrics
 from quantize.records import (
     CheckpointRef,
     GoldenRef,
@@ -85,18 +85,24 @@ def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> d
 def item_records(
     output_type: str, samples: list[dict[str, Any]], key: tuple[str, str | None]
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Per-item records from lm-eval's samples (the kind's fields, quantize/kinds.py), and the filter they were
-    matched after where lm-eval writes one sample per filter pipeline (the task's first is kept).
+    """Per-item records from lm-eval's samples (the kind's fields, quantize/kinds.py), and the filter the score
+    was matched after where lm-eval writes one sample per filter pipeline (the task's first); every pipeline's
+    per-item metrics are kept in `metrics`, and lm-eval's hash of the prompt in `prompt_sha256`.
     `key`: the item fields holding the stable id and the cluster (golden.item_key)."""
     kind = KINDS[output_type]
     filt = None
+    by_doc: dict[int, list[dict[str, Any]]] = {}
+    for s in samples:
+        by_doc.setdefault(s["doc_id"], []).append(s)
     if kind.one_filter:
         filt = samples[0]["filter"] if samples else None
-        samples = [s for s in samples if s["filter"] == filt]
     out = []
-    for s in sorted(samples, key=lambda s: s["doc_id"]):
+    for doc in sorted(by_doc):
+        group = by_doc[doc]
+        s = next(x for x in group if x["filter"] == filt) if filt is not None else group[0]
         item_id, cluster = golden_item_id(s["doc"], key)
-        out.append({"id": item_id, "cluster": cluster, **kind.item(s)})
+        extra = {"metrics": item_metrics(group, kind.metrics), "prompt_sha256": s.get("prompt_hash")}
+        out.append({"id": item_id, "cluster": cluster, **kind.item(s), **extra})
     return out, filt
 
 

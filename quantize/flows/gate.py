@@ -37,10 +37,18 @@ def check_rules(policy: Policy, suite: OpenSuite) -> None:
                 "at a suite whose golden set has it"
             )
         kind = golden.entry(rule.task).output_type
-        if kind not in RULE_OUTPUT_TYPES[rule.metric]:
+        if rule.metric in RULE_OUTPUT_TYPES and kind not in RULE_OUTPUT_TYPES[rule.metric]:
             raise UsageError(
                 f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) asks for {rule.metric} on {rule.task}, a "
                 f"{kind} task; {rule.metric} applies to {' or '.join(RULE_OUTPUT_TYPES[rule.metric])} tasks"
+            )
+        if rule.metric not in RULE_OUTPUT_TYPES and rule.metric not in golden.item_metrics(rule.task):
+            own = [m for m, kinds in RULE_OUTPUT_TYPES.items() if kind in kinds]
+            theirs = ", ".join([*own, *golden.item_metrics(rule.task)])
+            raise UsageError(
+                f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) asks for {rule.metric} on {rule.task}, which "
+                f"that task does not compute per item; it gives {theirs} (its YAML's metric_list under each "
+                "filter pipeline, as metric@filter)"
             )
 
 

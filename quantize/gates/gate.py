@@ -108,7 +108,37 @@ def _paired(base: ScoreDoc, cand: ScoreDoc, task: str, sample: bool = False) -> 
             f"{task}: baseline and candidate were scored on different items; score both with the same suite"
         )
     ids = sorted(c)
+    other = [
+        i
+        for i in ids
+        if None not in (b[i].prompt_sha256, c[i].prompt_sha256) and b[i].prompt_sha256 != c[i].prompt_sha256
+    ]
+    if other:
+        raise UsageError(
+            f"{task}: baseline and candidate were scored on different prompts for {len(other)} item(s) (e.g. "
+            f"{', '.join(other[:3])}): a paired comparison needs one prompt per item. Score both with the same "
+            "golden set and suite (a set frozen before few-shot prompts were pinned draws them per run: freeze "
+            "it again)"
+        )
     return [b[i] for i in ids], [c[i] for i in ids]
+
+
+def item_value(item: Any, metric: str, task: str) -> float:
+    """An item's value of a rule's metric: its score for the kind's own metric, else the per-item metric
+    lm-eval computed (quantize/kinds.py)."""
+    if metric in ("acc", "exact_match"):
+        return item.score
+    if metric not in item.metrics:
+        raise UsageError(
+            f"{task}: item {item.id} has no per-item {metric} (it has {', '.join(item.metrics) or 'none'}): its scores "
+            "were computed before per-item metrics were kept; score it again with `quantize eval SUITE CKPT --refresh`"
+        )
+    return item.metrics[metric]
+
+
+def units(item: Any, metric: str) -> int:
+    """What a perplexity is per (PerplexityRule): bytes for byte_perplexity, else the item's own unit."""
+    return item.bytes if metric == "byte_perplexity" else item.units
 
 
 def non_finite_is_regression(result: R, candidate_items: list[str] | None = None) -> R:
@@ -137,7 +167,9 @@ def accuracy_rule(
     look: Look | None = None,
 ) -> AccuracyResult:
     bi, ci = _paired(base, cand, rule.task, sample=look is not None)
-    d = [c.score - b.score for b, c in zip(bi, ci, strict=True)]
+    vb = [item_value(b, rule.metric, rule.task) for b in bi]
+    vc = [item_value(c, rule.metric, rule.task) for c in ci]
+    d = [c - b for b, c in zip(vb, vc, strict=True)]
     clusters = [b.cluster for b in bi]
     # a sequential look's sample is stratified: every mean is design-weighted
     strata = [look.strata[rule.task][b.id] for b in bi] if look else None
@@ -151,13 +183,13 @@ def accuracy_rule(
             return sum(x) / len(x)
         return stats.stratified(x, [b.id for b in bi], strata, population)[0]
 
-    right_wrong = [b.id for b, c in zip(bi, ci, strict=True) if b.score > c.score]
-    wrong_right = [b.id for b, c in zip(bi, ci, strict=True) if b.score < c.score]
+    right_wrong = [b.id for b, x, y in zip(bi, vb, vc, strict=True) if x > y]
+    wrong_right = [b.id for b, x, y in zip(bi, vb, vc, strict=True) if x < y]
     ev = AccuracyEvidence(
         n=r.n,
         clusters=r.clusters,
-        baseline=mean([b.score for b in bi]),
-        candidate=mean([c.score for c in ci]),
+        baseline=mean(vb),
+        candidate=mean(vc),
         delta=r.delta,
         se_paired=r.se_paired,
         se_clustered=r.se_clustered,
@@ -191,8 +223,8 @@ def perplexity_rule(
     """Documents of a sequential look are a simple random sample of the task's (one stratum); the bootstrap's
     quantiles are taken at the look's nominal level."""
     bi, ci = _paired(base, cand, rule.task, sample=look is not None)
-    # per item: negative log-likelihood and its unit count (words of a document; 1 target otherwise)
-    w = [b.units for b in bi]
+    # per item: negative log-likelihood and its unit count (words or bytes of a document; 1 target otherwise)
+    w = [units(b, rule.metric) for b in bi]
     nll_b = [-b.ll for b in bi]
     nll_c = [-c.ll for c in ci]
     clusters = [b.cluster for b in bi]

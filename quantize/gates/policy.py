@@ -21,18 +21,25 @@ class _Rule(BaseModel):
 
 class AccuracyRule(_Rule):
     """Non-inferiority of a right/wrong share: pass when Δ − z·SE > −margin. `acc` on multiple-choice and
-    greedy-continuation tasks, `exact_match` (or `acc`) on generation tasks."""
+    greedy-continuation tasks, `exact_match` (or `acc`) on generation tasks (the first filter pipeline's), or any
+    per-item metric the task defines, as lm-eval names it: `acc_norm`, `exact_match@flexible-extract`
+    (checked against the task before any scoring)."""
 
     task: str
-    metric: Literal["acc", "exact_match"] = "acc"
+    metric: str = Field("acc", pattern=r"^[A-Za-z0-9_.]+(@[A-Za-z0-9_.\-]+)?$")
     margin: float = Field(gt=0, lt=1, description="absolute drop tolerated, e.g. 0.02 = two points")
 
 
+PERPLEXITIES = ("perplexity", "word_perplexity", "byte_perplexity")
+
+
 class PerplexityRule(_Rule):
-    """Perplexity ratio candidate/baseline from paired per-document log-likelihoods (cluster bootstrap)."""
+    """Perplexity ratio candidate/baseline from paired per-document log-likelihoods (cluster bootstrap):
+    per target on a loglikelihood task; per word (`perplexity`, `word_perplexity`) or per byte
+    (`byte_perplexity`) on a rolling one."""
 
     task: str
-    metric: Literal["perplexity"] = "perplexity"
+    metric: Literal["perplexity", "word_perplexity", "byte_perplexity"] = "perplexity"
     max_ratio: float = Field(gt=1, description="e.g. 1.05: at most 5% higher perplexity")
 
 
@@ -59,12 +66,13 @@ def _kind(v: object) -> str | None:
     if isinstance(v, dict):
         if "agreement" in v:
             return "agreement"
-        return "perplexity" if v.get("metric") == "perplexity" else "accuracy"
+        return "perplexity" if v.get("metric") in PERPLEXITIES else "accuracy"
     return {AccuracyRule: "accuracy", PerplexityRule: "perplexity", AgreementRule: "agreement"}.get(type(v))
 
 
-# which task output types each rule metric can judge (the kinds' own metrics, quantize/kinds.py)
-RULE_OUTPUT_TYPES = {m: kinds_for(m) for m in ("acc", "exact_match", "perplexity")}
+# which task output types each kind's own metric can judge (quantize/kinds.py); a task's other per-item metrics
+# come from its YAML (GoldenSet.item_metrics)
+RULE_OUTPUT_TYPES = {m: kinds_for(m) for m in ("acc", "exact_match", *PERPLEXITIES)}
 
 
 Rule = Annotated[

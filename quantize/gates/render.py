@@ -166,8 +166,9 @@ def sizing_text(report: SizingReport) -> str:
     rows: list[list[Any]] = []
     for t in report.tasks:
         if isinstance(t, AccuracySizing):
+            name = t.task if t.metric == "acc" else f"{t.task} {t.metric}"
             rows.append(
-                [t.task, t.n, t.clusters, f"{t.flip_rate:.3f}", f"{t.delta:+.3f}", f"{t.min_detectable_drop:.3f}"]
+                [name, t.n, t.clusters, f"{t.flip_rate:.3f}", f"{t.delta:+.3f}", f"{t.min_detectable_drop:.3f}"]
                 + [t.items_needed]
             )
         else:

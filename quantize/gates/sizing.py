@@ -31,23 +31,11 @@ def size_tasks(
         ids = sorted(set(b) & set(c))
         clusters = [b[i].cluster for i in ids]
         if kind_of(base.tasks[task]).right_wrong:
-            d = [c[i].score - b[i].score for i in ids]
-            r = stats.noninferiority(d, clusters, margin, alpha, power)
-            flips = sum(x != 0 for x in d)
-            rows.append(
-                AccuracySizing(
-                    task=task,
-                    n=r.n,
-                    clusters=r.clusters,
-                    flip_rate=flips / r.n,
-                    right_to_wrong=sum(x < 0 for x in d),
-                    wrong_to_right=sum(x > 0 for x in d),
-                    delta=r.delta,
-                    se=r.se,
-                    min_detectable_drop=r.min_detectable,
-                    items_needed=r.n_needed,
-                )
-            )
+            first = b[ids[0]].metrics if ids else {}
+            for metric in ["acc", *(m for m in first if all(m in c[i].metrics for i in ids))]:
+                value = (lambda x: x.score) if metric == "acc" else (lambda x, m=metric: x.metrics[m])
+                d = [value(c[i]) - value(b[i]) for i in ids]
+                rows.append(_accuracy_sizing(task, metric, d, clusters, margin, alpha, power))
         else:
             w = [b[i].units for i in ids]
             ratio, _, hi = stats.bootstrap_ppl_ratio(
@@ -66,3 +54,29 @@ def size_tasks(
                 )
             )
     return rows
+
+
+def _accuracy_sizing(
+    task: str,
+    metric: str,
+    d: list[float],
+    clusters: list[str],
+    margin: float,
+    alpha: float,
+    power: float,
+) -> AccuracySizing:
+    """Dᵢ = s_candᵢ − s_baseᵢ of one metric; the module docstring's figures."""
+    r = stats.noninferiority(d, clusters, margin, alpha, power)
+    return AccuracySizing(
+        task=task,
+        metric=metric,
+        n=r.n,
+        clusters=r.clusters,
+        flip_rate=sum(x != 0 for x in d) / r.n,
+        right_to_wrong=sum(x < 0 for x in d),
+        wrong_to_right=sum(x > 0 for x in d),
+        delta=r.delta,
+        se=r.se,
+        min_detectable_drop=r.min_detectable,
+        items_needed=r.n_needed,
+    )

@@ -25,6 +25,7 @@ from typing import Any
 
 from quantize.errors import UsageError
 from quantize.golden.manifest import Manifest
+from quantize.golden.prompts import CONTEXT_FIELD, LM_EVAL_FEWSHOT_SEED, SHOTS_FIELD, check_prompts, pin_shots, prompts
 from quantize.golden.version import TaskFiles, check_new_version, write_version
 from quantize.io import sha256_file
 from quantize.kinds import OUTPUT_TYPES
@@ -64,20 +65,43 @@ def _callables(value: Any, where: str) -> list[str]:
     return []
 
 
+OFFLINE_ROUTES = (
+    "Freezing runs offline, and datasets reads a hub dataset offline only from its own cache (a `load_dataset` "
+    "run while online), not from a `hf download` snapshot folder. Two routes work: run `load_dataset` for it "
+    "once where the hub is reachable and copy the datasets cache (HF_DATASETS_CACHE), or point the task at local "
+    "files: a YAML in your --include-path folder with `include: <the task's YAML>`, `dataset_path: parquet` "
+    "(or json), `dataset_name: null` and `dataset_kwargs: {data_files: {test: /path/test.parquet, ...}}` "
+    "(a snapshot's parquet files serve as they are)"
+)
+
+
+def _task_manager(names: list[str], include_path: Path | None) -> Any:
+    """lm-eval's task index: the --include-path folder added to lm-eval's own tasks, as lm-eval's own
+    --include_path adds it (a name the folder defines wins). lm-eval's index of its own tasks takes seconds, so
+    it is built only when a name is not in the folder."""
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None:
+        if not include_path.is_dir():
+            raise UsageError(f"--include-path {include_path} is not a folder of lm-eval task YAMLs")
+        tm = TaskManager(include_path=str(include_path), include_defaults=False)
+        if all(n in tm.all_tasks for n in names):
+            return tm
+    return TaskManager(include_path=str(include_path) if include_path else None, include_defaults=True)
+
+
 def load_tasks(names: list[str], include_path: Path | None) -> dict[str, Any]:
     """lm-eval's task objects, groups expanded to their tasks; an unknown task or a dataset that
     cannot be read offline is a usage error."""
     import difflib
 
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import get_task_dict
 
-    if include_path is not None and not include_path.is_dir():
-        raise UsageError(f"--include-path {include_path} is not a folder of lm-eval task YAMLs")
-    tm = TaskManager(include_path=str(include_path) if include_path else None, include_defaults=include_path is None)
+    tm = _task_manager(names, include_path)
     for name in names:
         if name not in tm.all_tasks:
             close = difflib.get_close_matches(name, tm.all_tasks, n=3)
-            where = f"in {include_path}" if include_path else "among lm-eval's tasks"
+            where = f"in {include_path} or among lm-eval's tasks" if include_path else "among lm-eval's tasks"
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise UsageError(
                 f"--task {name}: no such task {where}{hint} (a task YAML's `task:` names it; pass its folder "
@@ -87,8 +111,7 @@ def load_tasks(names: list[str], include_path: Path | None) -> dict[str, Any]:
         loaded = get_task_dict(names, tm)
     except (OSError, ValueError, ConnectionError, ImportError, KeyError) as e:
         raise UsageError(
-            f"lm-eval could not load {', '.join(names)}: {type(e).__name__}: {str(e)[:300]}. Freezing runs offline: "
-            "the task's dataset must be on this machine (a local data_files path, or already in the datasets cache)"
+            f"lm-eval could not load {', '.join(names)}: {type(e).__name__}: {str(e)[:300]}. {OFFLINE_ROUTES}"
         ) from None
     leaves: dict[str, Any] = {}
 
@@ -116,7 +139,10 @@ def _plain(doc: Any, where: str) -> dict[str, Any]:
     return d
 
 
-def freeze_task(task: Any, id_field: str | None, cluster_field: str | None) -> TaskFiles:
+def freeze_task(
+    task: Any, id_field: str | None, cluster_field: str | None, fewshot_seed: int = LM_EVAL_FEWSHOT_SEED
+) -> tuple[TaskFiles, dict[int, list[str]]]:
+    """A task's frozen files, and every document's prompts in the original task's full run (for check_prompts)."""
     name = task.config.task
     cfg = task.config.to_dict(keep_callable=True)
     kind = cfg.get("output_type")
@@ -146,26 +172,34 @@ def freeze_task(task: Any, id_field: str | None, cluster_field: str | None) -> T
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise UsageError(f"--id-field {id_field}: the value {dup!r} repeats in task {name}; ids must be unique")
-    fewshot = None
-    shots = cfg.get("num_fewshot") or 0
-    if shots > 0:
-        fs = task.fewshot_cfg
-        if fs.split is None and fs.samples is None and not (task.has_training_docs() or task.has_validation_docs()):
-            raise UsageError(
-                f"task {name} takes {shots} few-shot examples but names no split for them, so lm-eval draws them "
-                "from the test documents themselves; set `fewshot_split:` (e.g. train or validation) or "
-                "`fewshot_config: {samples: [...]}` in its YAML, or `num_fewshot: 0`"
-            )
-        if fs.split is not None and fs.split in (task.config.test_split, None) and task.has_test_docs():
-            raise UsageError(
-                f"task {name} draws its few-shot examples from its test split {fs.split!r}; freeze needs them in "
-                "a split of their own: set `fewshot_split:` to a train or validation split"
-            )
-        fewshot = [_plain(d, f"task {name} few-shot example {i}") for i, d in enumerate(task.fewshot_docs())]
     kept = {k: cfg[k] for k in KEEP if k in cfg and cfg[k] is not None}
-    sampler = (cfg.get("fewshot_config") or {}).get("sampler")
-    if fewshot is not None and sampler not in (None, "default"):
-        kept["fewshot_config"] = {"sampler": sampler}
+    fewshot, shots = None, cfg.get("num_fewshot") or 0
+    source = _source(task, cfg)
+    if shots > 0:
+        if any(CONTEXT_FIELD in d or SHOTS_FIELD in d for d in docs):
+            raise UsageError(
+                f"task {name}'s documents already have a field {CONTEXT_FIELD!r} or {SHOTS_FIELD!r}, which "
+                "freeze writes the pinned few-shot prompt into; rename it in process_docs"
+            )
+        pinned = pin_shots(task, fewshot_seed)
+        docs = [
+            {**d, CONTEXT_FIELD: c, SHOTS_FIELD: ids}
+            for d, c, ids in zip(docs, pinned.contexts, pinned.shot_ids, strict=True)
+        ]
+        fewshot = [_plain(d, f"task {name} few-shot example {i}") for i, d in enumerate(pinned.shots)]
+        full_run = pinned.full_run
+        # zero-shot over the pinned prefix: lm-eval renders golden_context + the item's question
+        kept |= {"num_fewshot": 0, "description": CONTEXT_FIELD}
+        fs = task.fewshot_cfg
+        source["fewshot"] = {
+            "num_fewshot": shots,
+            "seed": fewshot_seed,
+            "sampler": fs.sampler,
+            "split": fs.split if fs.samples is None or fs.split else "samples (inline in the task YAML)",
+            "pinned": f"{CONTEXT_FIELD} and {SHOTS_FIELD} in each item (quantize/golden/prompts.py)",
+        }
+    else:
+        full_run = prompts(task)
     meta = {k: v for k, v in (cfg.get("metadata") or {}).items() if k != "config_source"}
     kept["metadata"] = meta | {"version": meta.get("version", 1.0)}
     return TaskFiles(
@@ -176,8 +210,8 @@ def freeze_task(task: Any, id_field: str | None, cluster_field: str | None) -> T
         id_field=id_field or ID_FIELD,
         cluster_field=cluster_field,
         fewshot=fewshot,
-        source=_source(task, cfg),
-    )
+        source=source,
+    ), full_run
 
 
 def _source(task: Any, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -195,6 +229,9 @@ def _source(task: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     kwargs = cfg.get("dataset_kwargs") or {}
     if kwargs.get("revision"):
         src["revision"] = kwargs["revision"]
+    cached = getattr((getattr(task, "dataset", None) or {}).get(src["split"]), "cache_files", None) or []
+    if cached:  # datasets caches a hub dataset under the repository commit it read (a local one: its files' hash)
+        src["datasets_cache_hash"] = Path(cached[0]["filename"]).parent.name
     files = kwargs.get("data_files")
     if isinstance(files, dict):
         src["data_files"] = {
@@ -222,12 +259,18 @@ def freeze(
     id_field: str | None = None,
     cluster_field: str | None = None,
     seed: int = 0,
+    fewshot_seed: int = LM_EVAL_FEWSHOT_SEED,
 ) -> Manifest:
-    """Freeze lm-eval tasks into a new golden version folder. Returns the manifest."""
+    """Freeze lm-eval tasks into a new golden version folder, few-shot prompts pinned per item with lm-eval's own
+    draws under `fewshot_seed` (its default, so each prompt is a default `lm_eval` run's). The written set is
+    loaded through lm-eval and every item's prompt compared with the original task's before the folder is
+    renamed into place. Returns the manifest."""
     out = Path(out)
     check_new_version(out)
     leaves = load_tasks(names, include_path)
-    frozen = [freeze_task(leaves[t], id_field, cluster_field) for t in sorted(leaves)]
+    pairs = [freeze_task(leaves[t], id_field, cluster_field, fewshot_seed) for t in sorted(leaves)]
+    frozen = [f for f, _ in pairs]
+    originals = {f.name: run for f, run in pairs}
     command = ["quantize", "golden", "freeze", *[a for t in names for a in ("--task", t)], "--out", str(out)]
     if include_path:
         command += ["--include-path", str(include_path)]
@@ -235,6 +278,9 @@ def freeze(
         command += ["--id-field", id_field]
     if cluster_field:
         command += ["--cluster-field", cluster_field]
+    if fewshot_seed != LM_EVAL_FEWSHOT_SEED:
+        command += ["--fewshot-seed", str(fewshot_seed)]
+    id_fields = {f.name: f.id_field for f in frozen}
     return write_version(
         out,
         frozen,
@@ -242,4 +288,5 @@ def freeze(
         builder={"command": shlex.join(command), "module": "quantize.golden.freeze"},
         note="Frozen from lm-eval tasks: the documents after the task's own filtering and process_docs.",
         seed=seed,
+        check=lambda tmp: check_prompts(tmp, originals, id_fields),
     )

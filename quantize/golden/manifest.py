@@ -17,7 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from quantize.config import Wording, validate
 from quantize.errors import UsageError
 from quantize.io import sha256_bytes
-from quantize.kinds import OUTPUT_TYPES
+from quantize.kinds import KINDS, OUTPUT_TYPES, metric_name
+
+# lm-eval's aggregation of a metric a task lists without one (the rest average per item)
+DEFAULT_AGGREGATION = {
+    "perplexity": "perplexity",
+    "word_perplexity": "weighted_perplexity",
+    "byte_perplexity": "weighted_perplexity",
+    "bits_per_byte": "bits_per_byte",
+}
 
 
 class FileEntry(BaseModel):
@@ -108,6 +116,23 @@ class GoldenSet:
         """(id field, cluster field or None) of a task's items."""
         e = self.entry(task)
         return e.id_field, e.cluster_field
+
+    def item_metrics(self, task: str) -> list[str]:
+        """The per-item metrics lm-eval computes on a task besides its kind's own (quantize/kinds.py): each entry
+        of the task YAML's `metric_list` averaged per item (aggregation mean), under each filter pipeline, named
+        as `kinds.metric_name` names them (acc_norm, exact_match@strict-match)."""
+        import yaml
+
+        cfg = yaml.safe_load((self.path / "tasks" / f"{task}.yaml").read_text(encoding="utf-8")) or {}
+        filters = [f.get("name", "none") for f in cfg.get("filter_list") or []] or ["none"]
+        own = KINDS[self.entry(task).output_type].metrics
+        out = []
+        for m in cfg.get("metric_list") or []:
+            name = m.get("metric")
+            if not isinstance(name, str) or (m.get("aggregation") or DEFAULT_AGGREGATION.get(name, "mean")) != "mean":
+                continue
+            out += [metric_name(name, f) for f in filters if not (f == "none" and name in own)]
+        return out
 
     def provenance(self) -> dict[str, Any]:
         return {

@@ -6,7 +6,7 @@ place (quantize/io.py): a version folder either exists complete or not at all.
     golden/<name>/<version>/
         MANIFEST.json
         data/<task>.jsonl            the items, one JSON object per line
-        data/<task>.fewshot.jsonl    frozen few-shot examples, when the task uses any
+        data/<task>.fewshot.jsonl    the few-shot examples pinned into the items, when the task uses any
         tasks/<task>.yaml            lm-eval task config: dataset_path json, data_files ../data/...
         tasks/<group>.yaml           the group of every task
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,8 +81,10 @@ def write_version(
     builder: dict[str, Any],
     note: str | None = None,
     seed: int = 0,
+    check: Callable[[Path], None] | None = None,
 ) -> Manifest:
-    """Write the version folder of `golden new` and `golden freeze` (through `write_files`); returns the manifest."""
+    """Write the version folder of `golden new` and `golden freeze` (through `write_files`); returns the manifest.
+    `check`: called on the complete temporary folder before it is renamed into place (raising keeps it out)."""
     name = out.parent.name
     group = name if name not in {t.name for t in tasks} else f"{name}_set"
     files: dict[str, bytes] = {}
@@ -100,9 +103,7 @@ def write_version(
         files[entry["data"]] = jsonl(t.items)
         cfg = {"task": t.name, "dataset_path": "json", "dataset_kwargs": {"data_files": data_files}}
         cfg["test_split"] = "test"
-        if t.fewshot is not None:
-            data_files["fewshot"] = f"../data/{t.name}.fewshot.jsonl"
-            cfg["fewshot_split"] = "fewshot"
+        if t.fewshot is not None:  # the pinned examples' own file, read by no task (quantize/golden/prompts.py)
             entry["fewshot"] = f"data/{t.name}.fewshot.jsonl"
             entry["fewshot_ids"] = [f"{t.name}-fewshot-{i:05d}" for i in range(len(t.fewshot))]
             files[entry["fewshot"]] = jsonl(t.fewshot)
@@ -128,10 +129,12 @@ def write_version(
         "smoke_ids": smoke,
         "note": note,
     }
-    return write_files(out, files, fields)
+    return write_files(out, files, fields, check)
 
 
-def write_files(out: Path, files: dict[str, bytes], fields: dict[str, Any]) -> Manifest:
+def write_files(
+    out: Path, files: dict[str, bytes], fields: dict[str, Any], check: Callable[[Path], None] | None = None
+) -> Manifest:
     """The one writer of a version folder (`golden new`, `golden freeze` and core's builder): every file, and
     MANIFEST.json = `fields` plus the sha256 and item count (JSONL lines) of each file, written into a temporary
     folder and renamed into place (quantize/io.py). Returns the manifest, validated as every reader validates it."""
@@ -153,4 +156,6 @@ def write_files(out: Path, files: dict[str, bytes], fields: dict[str, Any]) -> M
         (tmp / "MANIFEST.json").write_text(
             json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8"
         )
+        if check is not None:
+            check(tmp)
     return checked

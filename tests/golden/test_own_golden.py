@@ -178,24 +178,44 @@ def test_a_one_byte_change_is_refused(user, tmp_path):
     assert main(["golden", "verify", str(copy)]) == 2
 
 
-@pytest.mark.parametrize(
-    "edit,message",
-    [
-        (lambda t: t.replace("doc_to_target: '{{ans}}'", "doc_to_target: !function utils.target"), "Python code"),
-        (lambda t: t + "num_fewshot: 1\nfewshot_split: test\n", "few-shot examples from its test split"),
-    ],
-)
-def test_freeze_refuses_code_and_fewshot_from_the_test_documents(user, tmp_path, capsys, edit, message):
+def test_freeze_refuses_code(user, tmp_path, capsys):
     import shutil
 
     _, tasks, _, _, _ = user
     mine = tmp_path / "tasks"
     shutil.copytree(tasks, mine)
-    (mine / "u_gen.yaml").write_text(edit((mine / "u_gen.yaml").read_text()))
+    edited = (
+        (mine / "u_gen.yaml").read_text().replace("doc_to_target: '{{ans}}'", "doc_to_target: !function utils.target")
+    )
+    (mine / "u_gen.yaml").write_text(edited)
     out = tmp_path / "g" / "v1"
     assert main(["golden", "freeze", "--task", "u_gen", "--include-path", str(mine), "--out", str(out)]) == 2
-    assert message in capsys.readouterr().err
+    assert "Python code" in capsys.readouterr().err
     assert not (tmp_path / "g").exists()  # refused before anything was written
+
+
+def test_shots_drawn_from_the_scored_split_are_pinned_as_lm_eval_draws_them(user, tmp_path):
+    """Was refused (and, frozen by hand, drew n shots where lm-eval draws n + 1 and drops the item itself): now
+    each item keeps lm-eval's own draw, and the freeze's prompt check proves every prompt equals the original's."""
+    import shutil
+
+    _, tasks, _, _, _ = user
+    mine = tmp_path / "tasks"
+    shutil.copytree(tasks, mine)
+    (mine / "u_gen.yaml").write_text((mine / "u_gen.yaml").read_text() + "num_fewshot: 2\nfewshot_split: test\n")
+    out = tmp_path / "g" / "v1"
+    assert main(["golden", "freeze", "--task", "u_gen", "--include-path", str(mine), "--out", str(out)]) == 0
+    g = verify(out)
+    items = [json.loads(x) for x in (out / "data" / "u_gen.jsonl").read_text().splitlines()]
+    lines = (out / "data" / "u_gen.fewshot.jsonl").read_text().splitlines()
+    shots = dict(zip(g.entry("u_gen").fewshot_ids, lines, strict=True))
+    assert all(len(it["golden_shots"]) == 2 for it in items)
+    for it in items:  # an item is never its own example
+        own = {k: v for k, v in it.items() if not k.startswith("golden_")}
+        assert all(json.loads(shots[s]) != own for s in it["golden_shots"]), it["golden_id"]
+        assert it["golden_context"].count("Q: ") == 2 and it["prompt"] not in it["golden_context"]
+    cfg = (out / "tasks" / "u_gen.yaml").read_text()
+    assert "num_fewshot: 0" in cfg and "description: golden_context" in cfg and "fewshot_split" not in cfg
 
 
 def test_freeze_refuses_an_unknown_task_and_an_existing_version(user, capsys):
