@@ -91,15 +91,18 @@ golden-demo: setup
 	$(PY) golden/answers/source/make_items.py > build/golden-demo/answers.jsonl
 	$(Q) golden new build/golden-demo/answers/v1 --from build/golden-demo/answers.jsonl --type generate \
 	  --task answers_facts --max-gen-toks 16
-	@for s in pydoc answers; do diff <(cd golden/$$s/v1 && sha256sum data/* tasks/*) \
+	$(PY) golden/std/source/make_data.py build/golden-demo/std-source
+	$(Q) golden freeze --task arc_easy --task hellaswag --task gsm8k --task lambada_openai \
+	  --include-path build/golden-demo/std-source/tasks --out build/golden-demo/std/v1
+	@for s in pydoc answers std; do diff <(cd golden/$$s/v1 && sha256sum data/* tasks/*) \
 	  <(cd build/golden-demo/$$s/v1 && sha256sum data/* tasks/*) && echo "golden/$$s/v1: rebuilt identically"; done
 
-# Gate the FP8 output (harmless) and a planted 3-bit copy (harmful) on the two user-style golden sets
+# Gate the FP8 output (harmless) and a planted 3-bit copy (harmful) on the user-style golden sets and std
 # (about 2-4 minutes per checkpoint and set on a 2-core CPU; scores cached).
 gate-own: model
 	@[ -f outputs/fp8-e4m3/quantize.json ] || $(Q) run recipes/fp8-e4m3.yaml
 	@[ -f outputs/references/rtn-w3a16-g128/quantize.json ] || $(Q) run benchmarks/references/rtn-w3a16-g128.yaml
-	@base="$$($(Q) model path)"; for p in gates/pydoc.yaml gates/answers.yaml; do \
+	@base="$$($(Q) model path)"; for p in gates/pydoc.yaml gates/answers.yaml gates/std.yaml; do \
 	  for c in outputs/fp8-e4m3 outputs/references/rtn-w3a16-g128; do \
 	    echo "== quantize gate $$p --candidate $$c"; $(Q) gate $$p --baseline "$$base" --candidate $$c --quiet || true; \
 	  done; done

@@ -191,7 +191,7 @@ KINDS: dict[str, Kind] = {
             metrics=("acc", "exact_match"),
             item=_generation_item,
             summary=_generation_summary,
-            headline=lambda d: Headline(f"exact_match,{d.filter}", d.acc, d.acc_se, True),
+            headline=lambda d: Headline(metric_name("exact_match", d.filter), d.acc, d.acc_se, True),
             one_filter=True,
         ),
     )

@@ -18,6 +18,8 @@ def score_text(doc: ScoreDoc, cached: bool) -> str:
         se = f"± {h.se:.4f}" if h.se is not None else ("" if not kind_of(d).right_wrong else "± -")
         chance = f"{d.chance:.2f}" if hasattr(d, "chance") else ""
         rows.append([task, h.metric, f"{h.value:.4f}", se, d.n, chance, f"v{d.version}"])
+        for name, value in getattr(d, "metrics", {}).items():  # the task's other per-item metrics (acc_norm, ...)
+            rows.append(["", name, f"{value:.4f}", "", d.n, "", ""])
     return (
         f"{p.checkpoint.path}  (identity {p.checkpoint.identity_sha256[:12]}; golden {p.golden.name}/"
         f"{p.golden.version}; lm-eval {p.lm_eval_version}; {took})\n"

@@ -19,6 +19,7 @@ Each item gets a stable id (`golden_id`, <task>-<index>, or the field --id-field
 from __future__ import annotations
 
 import platform
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from quantize.io import sha256_file
 from quantize.kinds import OUTPUT_TYPES
 
 ID_FIELD = "golden_id"
+LOCAL_BUILDERS = ("json", "parquet", "csv", "text", "arrow")  # datasets' loaders of local files (hashed instead)
 # the parts of a task config a frozen task keeps; the dataset part is written anew
 KEEP = (
     "output_type",
@@ -230,8 +232,9 @@ def _source(task: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     if kwargs.get("revision"):
         src["revision"] = kwargs["revision"]
     cached = getattr((getattr(task, "dataset", None) or {}).get(src["split"]), "cache_files", None) or []
-    if cached:  # datasets caches a hub dataset under the repository commit it read (a local one: its files' hash)
-        src["datasets_cache_hash"] = Path(cached[0]["filename"]).parent.name
+    if cached and src["dataset_path"] not in LOCAL_BUILDERS:
+        # datasets caches a hub dataset under the commit of the repository it read
+        src["dataset_commit"] = Path(cached[0]["filename"]).parent.name
     files = kwargs.get("data_files")
     if isinstance(files, dict):
         src["data_files"] = {
@@ -242,6 +245,12 @@ def _source(task: Any, cfg: dict[str, Any]) -> dict[str, Any]:
         src["task_yaml"] = {"path": str(yaml_path), "sha256": _sha(Path(yaml_path))}
         # the Python the freeze ran (process_docs): the task folder's modules, by hash
         src["task_code"] = {p.name: _sha(p) for p in sorted(Path(yaml_path).parent.glob("*.py"))}
+        # a YAML that includes another (lm-eval's own task, its dataset pointed at local files): that one too
+        found = re.search(r"^\s*\"?include\"?\s*:\s*\"?([^\"\n]+?)\"?\s*,?\s*$", Path(yaml_path).read_text(), re.M)
+        included = Path(yaml_path).parent / found.group(1) if found else None
+        if included is not None and included.is_file():
+            src["task_yaml"]["include"] = {"path": str(included), "sha256": _sha(included)}
+            src["task_code"] |= {p.name: _sha(p) for p in sorted(included.parent.glob("*.py"))}
     if callable(cfg.get("process_docs")):
         src["process_docs"] = getattr(cfg["process_docs"], "__qualname__", str(cfg["process_docs"]))
     src["python_version"] = platform.python_version()

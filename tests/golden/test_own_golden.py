@@ -483,3 +483,21 @@ def test_a_sequential_gate_on_a_user_golden_set_scores_generation_and_documents_
         assert v.accuracy_evidence(task).n == sq.items_scored[task] <= sq.items_total[task]
     ppl = next(r for r in v.rules if r.kind == "perplexity")
     assert ppl.evidence.n == sq.items_scored["u_rolling"]
+
+
+def test_the_std_set_is_refrozen_byte_for_byte_from_lm_evals_own_tasks(tmp_path):
+    """golden/std/v1: lm-eval's own task YAMLs over the items golden/std/source writes; the few-shot pins too."""
+    import platform
+    import subprocess
+    import sys
+
+    committed = ROOT / "golden" / "std" / "v1"
+    made_on = verify(committed).manifest.sources["arc_easy"]["python_version"]
+    if platform.python_version() != made_on:
+        pytest.skip(f"Python's documentation differs between versions: frozen on {made_on}")
+    src = tmp_path / "src"
+    subprocess.run([sys.executable, str(ROOT / "golden/std/source/make_data.py"), str(src)], check=True)
+    out = tmp_path / "std" / "v1"
+    tasks = [a for t in ("arc_easy", "hellaswag", "gsm8k", "lambada_openai") for a in ("--task", t)]
+    assert main(["golden", "freeze", *tasks, "--include-path", str(src / "tasks"), "--out", str(out)]) == 0
+    _rebuilt_equals_committed(out, committed)
