@@ -15,6 +15,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -315,3 +316,15 @@ def lm_eval_direct(tasks: list[str], include: Path, **model) -> dict:
         numpy_random_seed=0,
         torch_random_seed=0,
     )
+
+
+def frozen_set(root: Path, name: str, tasks: Path, names: list[str], **freeze_options) -> tuple[Path, Any, Path]:
+    """`golden freeze` of `names` from the task folder `tasks` into root/golden/NAME/v1, and a suite on it
+    (batch 4, agreement on 4 items per task, top-5). Returns the version folder, its manifest, the suite."""
+    from quantize.golden.freeze import freeze
+
+    out = root / "golden" / name / "v1"
+    manifest = freeze(names, out, include_path=tasks, **freeze_options)
+    suite = root / f"{name}.yaml"
+    suite.write_text(f"golden: {out}\nbatch_size: 4\nagreement: {{per_task: 4, top_k: 5}}\n")
+    return out, manifest, suite

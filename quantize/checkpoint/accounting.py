@@ -59,6 +59,7 @@ ROLES = (
     "zero_point",
     "group_index",
     "quant_meta",
+    "kv_scale",
     "embedding",
     "lm_head",
     "norm",
@@ -67,6 +68,8 @@ ROLES = (
     "other",
 )
 QUANT_ROLES = ("payload", "scale", "zero_point", "group_index", "quant_meta")
+# bytes that are not parameters: the quantized linears' metadata, and a quantized KV cache's scales
+METADATA_ROLES = (*QUANT_ROLES[1:], "kv_scale")
 
 # Tensor-name suffix -> role, first match wins. Covers compressed-tensors
 # (weight_packed, weight_scale, weight_zero_point, weight_g_idx, weight_shape),
@@ -78,8 +81,9 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"\.(weight_scale|scales|weight_global_scale|weight_scale_inv)$", "scale"),
         (r"\.(weight_zero_point|qzeros)$", "zero_point"),
         (r"\.(weight_g_idx|g_idx)$", "group_index"),
+        (r"\.(k_scale|v_scale|k_zero_point|v_zero_point)$", "kv_scale"),  # a quantized KV cache's scales
         (
-            r"\.(weight_shape|input_scale|input_zero_point|input_global_scale|output_scale|output_zero_point|k_scale|v_scale)$",
+            r"\.(weight_shape|input_scale|input_zero_point|input_global_scale|output_scale|output_zero_point)$",
             "quant_meta",
         ),
         (r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|embed_positions|tok_embeddings)\.weight$", "embedding"),
@@ -90,8 +94,10 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
 ]
 # Module names of an output layer that a config can tie to the input embeddings.
 LM_HEADS = ("lm_head", "embed_out", "output")
-# Payload tensors whose last (compressed-tensors, AWQ) or first (GPTQ) axis is packed into int32 words.
+# Payload tensors whose last (compressed-tensors, AWQ) or first (GPTQ) axis is packed: into int32 words (int
+# weights), or two FP4 E2M1 values a byte (uint8: compressed-tensors' nvfp4/mxfp4 pack-quantized)
 PACKED_AXIS = {"weight_packed": -1, "qweight": 0}
+PACKED_CONTAINERS = ("I32", "U8")
 
 
 @dataclass
@@ -441,6 +447,7 @@ class _Count:
         self.names = set(tensors)
         self.bits = bits
         self.by_target: list[tuple[str, int]] = []
+        self.args: list[tuple[str, dict[str, Any]]] = []  # (target, weights arguments) of the config groups
         self.notes: list[str] = []
         self.by_role = dict.fromkeys(ROLES, 0)
         self.modules: dict[str, ModuleRow] = {}
@@ -453,15 +460,15 @@ class _Count:
         row = self.modules.setdefault(_module_of(name), ModuleRow(_module_of(name), format="?"))
         row.bytes += t.nbytes
         row.roles[role] = row.roles.get(role, 0) + t.nbytes
-        if role in QUANT_ROLES and role != "payload":
+        if role in METADATA_ROLES:
             return  # metadata: bytes, not parameters
         n = math.prod(t.shape)
         if role == "payload" and name.rsplit(".", 1)[-1] in PACKED_AXIS:
             b = self._packed_width(name, t, row)
             if b is None:
                 return
-            n = n * 32 // b  # each int32 word holds 32/b values along the packed axis
-            row.format = f"int{b}"
+            n = n * DTYPE_BITS[t.dtype] // b  # each word (int32) or byte (uint8) holds its bits / b values
+            row.format = f"{'fp' if self._float_weights(row) else 'int'}{b}"
         elif role == "payload" or row.format == "?":
             row.format = t.dtype.lower()
         row.parameters += n
@@ -471,7 +478,7 @@ class _Count:
     def _packed_width(self, name: str, t: TensorInfo, row: ModuleRow) -> int | None:
         """Bits per value of an int32-packed payload, or None (noted; its parameters uncounted) when unknown."""
         mixed = module_bits(row.module, self.by_target) if self.by_target else None
-        if t.dtype != "I32" or (len(self.bits) != 1 and mixed is None) or len(t.shape) != 2:
+        if t.dtype not in PACKED_CONTAINERS or (len(self.bits) != 1 and mixed is None) or len(t.shape) != 2:
             self.params_known = False
             bits = self.bits
             why = (
@@ -482,6 +489,25 @@ class _Count:
             self.notes.append(f"cannot unpack {name} ({t.dtype} {t.shape}): {why}; its parameters are not counted")
             return None
         return mixed or next(iter(self.bits))
+
+    def _float_weights(self, row: ModuleRow) -> bool:
+        """Whether the config declares float (FP4) rather than int weights for this module's group."""
+        return {w.get("type") for w in _weight_args(self.args, row.module)} == {"float"}
+
+
+def _config_weights(qc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(target, weights arguments) of each compressed-tensors config group (type, strategy, block_structure)."""
+    out = []
+    for g in (qc.get("config_groups") or {}).values() if qc.get("quant_method") == "compressed-tensors" else []:
+        w = g.get("weights") if isinstance(g, dict) else None
+        out += [(t, w) for t in g.get("targets") or [] if isinstance(t, str) and isinstance(w, dict)]
+    return out
+
+
+def _weight_args(args: list[tuple[str, dict[str, Any]]], module: str) -> list[dict[str, Any]]:
+    """The weights arguments of the groups naming `module` (by name or `re:`), else of every group."""
+    named = [w for t, w in args if t == module or (t.startswith("re:") and re.match(t[3:], module))]
+    return named or [w for _, w in args]
 
 
 def _tied_copy(cfg: dict[str, Any], modules: dict[str, ModuleRow], by_role: dict[str, int], notes: list[str]) -> int:
@@ -507,11 +533,14 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     qc = _quant_config(ckpt, cfg)
     count = _Count(tensors, _packed_bits(qc))
     count.by_target = _bits_by_target(qc) if len(count.bits) > 1 else []
+    count.args = _config_weights(qc)
     for name, t in sorted(tensors.items()):
         count.add(name, t)
     modules, by_role, notes = count.modules, count.by_role, count.notes
     for row in modules.values():
-        if "payload" in row.roles:
+        if "payload" in row.roles and (b := _block(row, count.args)):
+            row.format += f" block {b[0]}x{b[1]}"
+        elif "payload" in row.roles:
             g = _group_size(row, tensors)
             row.format += f" g{g}" if g else " per-channel"
     total = sum(t.nbytes for t in tensors.values())
@@ -549,7 +578,8 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
 
 
 def _group_size(row: ModuleRow, tensors: dict[str, TensorInfo]) -> int | None:
-    """Weights per scale along the input axis, from the scale's shape; None for per-channel."""
+    """Weights per scale along the input axis, from the scale's shape; None for per-channel. A block scale (FP8
+    block: one per rows × cols block, fewer rows than the weight) gives rows × cols."""
     for scale_name, in_axis in ((f"{row.module}.weight_scale", -1), (f"{row.module}.scales", 0)):
         s = tensors.get(scale_name)
         if s is None or len(s.shape) != 2:
@@ -558,6 +588,15 @@ def _group_size(row: ModuleRow, tensors: dict[str, TensorInfo]) -> int | None:
         out = s.shape[0] if in_axis == -1 else s.shape[1]
         if groups > 1 and row.parameters and row.parameters % (out * groups) == 0:
             return row.parameters // (out * groups)
+    return None
+
+
+def _block(row: ModuleRow, args: list[tuple[str, dict[str, Any]]]) -> tuple[int, int] | None:
+    """(rows, cols) of a block-quantized weight's blocks, from its config group (strategy block)."""
+    for w in _weight_args(args, row.module):
+        bs = w.get("block_structure")
+        if w.get("strategy") == "block" and isinstance(bs, list) and len(bs) == 2:
+            return int(bs[0]), int(bs[1])
     return None
 
 

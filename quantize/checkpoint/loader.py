@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from quantize.cache import cache_dir
-from quantize.checkpoint.files import TOKENIZER_FILES, check_loadable, check_model_dir, loadable_view, weights_sha256
+from quantize.checkpoint.files import (
+    TOKENIZER_FILES,
+    check_loadable,
+    check_model_dir,
+    loadable_view,
+    read_config,
+    weights_sha256,
+)
 from quantize.errors import UsageError
 from quantize.io import atomic_dir, sha256_bytes, sha256_file
 
@@ -251,14 +258,46 @@ def load_model(
                 use_safetensors=True,
                 trust_remote_code=trust_remote_code,
                 output_loading_info=True,
+                **_dequantized(path),
             )
     except (OSError, ValueError) as e:
         raise UsageError(f"could not load {path} as a causal LM: {e}") from None
     check_loading_info(path, info)
+    if dtype not in (None, "auto"):
+        _dense_in(model, dtype)
     if on is not None:
         model = model.to(on)
     model.eval()
     return model, tok
+
+
+# compressed-tensors formats whose packed forward decompresses to bf16 whatever the model's dtype: loaded
+# dequantized (dense weights once, at load), then held in the dtype asked for (_dense_in)
+DEQUANTIZED_AT_LOAD = ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
+
+
+def _dequantized(path: Path) -> dict[str, Any]:
+    """from_pretrained's quantization_config for a checkpoint of DEQUANTIZED_AT_LOAD (only its loading
+    attribute `dequantize`: the scheme still comes from config.json), else nothing."""
+    qc = read_config(path, required=False).get("quantization_config")
+    if not (isinstance(qc, dict) and qc.get("format") in DEQUANTIZED_AT_LOAD):
+        return {}
+    from transformers import CompressedTensorsConfig
+
+    return {"quantization_config": CompressedTensorsConfig(dequantize=True)}
+
+
+def _dense_in(model: Any, dtype: Any) -> None:
+    """Dense weights and biases in the dtype asked for. compressed-tensors decompresses an FP4 checkpoint
+    (NVFP4, MXFP4) into bf16 whatever dtype the model was loaded in, and a float32 activation then meets a bf16
+    weight in F.linear ("expected m1 and m2 to have the same dtype"); quantization parameters (scales, 8-bit
+    payloads) keep their own dtypes."""
+    import torch
+
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "float32", as from_pretrained takes it
+    for name, p in model.named_parameters():
+        if name.endswith((".weight", ".bias")) and p.is_floating_point() and p.element_size() >= 2 and p.dtype != dtype:
+            p.data = p.data.to(dtype)
 
 
 class LastModel:

@@ -8,10 +8,10 @@ from typing import Any
 import yaml
 
 from quantize.convert.plan import LayerPlan
-from quantize.convert.recipe import WEIGHT_ONLY_INT, GPTQRecipe, Method, Recipe, Scheme
+from quantize.convert.recipe import FORMATS, WEIGHT_ONLY_INT, GPTQRecipe, KVCacheScheme, Method, Recipe, Scheme
 
-# Presets of compressed-tensors used as-is (activation settings included).
-PRESET = {Scheme.W8A8: "W8A8", Scheme.FP8: "FP8", Scheme.FP8_DYNAMIC: "FP8_DYNAMIC"}
+# Presets of compressed-tensors used as-is (activation settings included); the 2026 formats are all presets.
+PRESET = {Scheme.W8A8: "W8A8", Scheme.FP8: "FP8", Scheme.FP8_DYNAMIC: "FP8_DYNAMIC"} | {s: s.value for s in FORMATS}
 
 
 def _scheme(recipe: Recipe, g: int | None, targets: list[str], scheme: Scheme | None = None) -> Any:
@@ -22,6 +22,8 @@ def _scheme(recipe: Recipe, g: int | None, targets: list[str], scheme: Scheme | 
         scheme = preset_name_to_scheme(PRESET[s], targets)
         if s is Scheme.W8A8:
             scheme.weights.symmetric = recipe.symmetric
+        if s in FORMATS and FORMATS[s].smaller_group and g is not None and g != FORMATS[s].group:
+            scheme.weights.group_size = g  # a layer the format's group does not divide (`indivisible: smaller-group`)
         return scheme
     weights = QuantizationArgs(
         num_bits=WEIGHT_ONLY_INT[s],
@@ -31,6 +33,14 @@ def _scheme(recipe: Recipe, g: int | None, targets: list[str], scheme: Scheme | 
         group_size=g,
     )
     return QuantizationScheme(targets=targets, weights=weights)
+
+
+def kv_cache_args(scheme: KVCacheScheme) -> Any:
+    """compressed-tensors' arguments of a quantized KV cache: E4M3, symmetric, static (calibrated) scales."""
+    from compressed_tensors.quantization import QuantizationArgs
+
+    strategy = "attn_head" if scheme is KVCacheScheme.FP8_PER_HEAD else "tensor"
+    return QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True, dynamic=False)
 
 
 def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
@@ -47,7 +57,9 @@ def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
             by.setdefault((Scheme(plan.schemes.get(n, recipe.scheme.value)), g), []).append(n)
     groups = {f"group_{i}": _scheme(recipe, g, names, s) for i, ((s, g), names) in enumerate(by.items())}
     ignore = list(recipe.ignore) + sorted(plan.kept)
-    quant = dict(config_groups=groups, ignore=ignore)
+    quant: dict[str, Any] = dict(config_groups=groups, ignore=ignore)
+    if (kv := getattr(recipe, "kv_cache", None)) is not None:
+        quant["kv_cache_scheme"] = kv_cache_args(kv.scheme)
 
     def gptq() -> Any:
         # act_order: columns in order of decreasing diag(H) with static groups ("weight"): no g_idx is

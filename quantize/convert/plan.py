@@ -77,10 +77,15 @@ def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
             continue
         if recipe.indivisible is Indivisible.error:
             bad.append(f"{name} (in_features {module.in_features})")
-        elif recipe.indivisible is Indivisible.smaller_group and (g2 := divisor_group(module.in_features, g)):
+        elif (
+            recipe.indivisible is Indivisible.smaller_group
+            and getattr(recipe, "smaller_groups", True)
+            and (g2 := divisor_group(module.in_features, g))
+        ):
             plan.groups.setdefault(g2, []).append(name)
         else:
-            plan.kept[name] = f"in_features {module.in_features} is not divisible by group_size {g}"
+            what = f"group_size {g}" if getattr(recipe, "smaller_groups", True) else f"the format's group of {g}"
+            plan.kept[name] = f"in_features {module.in_features} is not divisible by {what}"
     if bad:
         raise UsageError(
             f"group_size {g} does not divide the input features of {len(bad)} layer(s), e.g. {bad[0]}; "

@@ -7,6 +7,8 @@ method (`dampening_frac` in an AWQ recipe), is an error, not a silently ignored 
 
     method: gptq            # gptq | awq | smoothquant | fp8 | rtn | llmcompressor
     scheme: W4A16           # W4A16 | W3A16 | W8A16 | W8A8 | FP8 | FP8_DYNAMIC
+                            #   | NVFP4 | NVFP4A16 | MXFP4 | MXFP4A16 | FP8_BLOCK | W4AFP8 (rtn; FORMATS)
+    kv_cache: {scheme: FP8} # optional: FP8 | FP8_PER_HEAD, static scales (calibrated)
     group_size: 128         # int weights: weights per scale; null = one scale per output channel
     indivisible: smaller-group
     calibration: {source: builtin:jargon, samples: 64, seq_len: 256, seed: 0}
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator, model_validator
 
@@ -40,6 +42,32 @@ class Scheme(str, Enum):
     W8A8 = "W8A8"  # int8 weights (per channel) and int8 activations (dynamic per token)
     FP8 = "FP8"  # E4M3 weights and activations, static per-tensor scales (needs calibration)
     FP8_DYNAMIC = "FP8_DYNAMIC"  # E4M3 weights per channel, activations dynamic per token
+    # the formats of 2026, each compressed-tensors' own preset (FORMATS below)
+    NVFP4 = "NVFP4"  # FP4 E2M1 weights and activations; an FP8 E4M3 scale per 16, a global FP32 scale (W4A4)
+    NVFP4A16 = "NVFP4A16"  # NVFP4 weights, 16-bit activations
+    MXFP4 = "MXFP4"  # FP4 E2M1 weights and activations (dynamic), a power-of-two E8M0 scale per 32 (OCP MX)
+    MXFP4A16 = "MXFP4A16"  # MXFP4 weights, 16-bit activations
+    FP8_BLOCK = "FP8_BLOCK"  # E4M3 weights, one scale per 128×128 block; activations dynamic per 128 (DeepSeek-V3)
+    W4AFP8 = "W4AFP8"  # int4 weights, a scale per 128; FP8 E4M3 activations dynamic per token
+
+
+class Format(NamedTuple):
+    """A scheme whose layout the format fixes: its weights per scale along the input axis (a block's side for
+    FP8_BLOCK), and whether a layer those cannot divide may take a smaller group (int4's may; FP4's scale
+    granularity is the format itself, so such a layer stays at 16 bits or is refused)."""
+
+    group: int
+    smaller_group: bool
+
+
+FORMATS = {
+    Scheme.NVFP4: Format(16, False),
+    Scheme.NVFP4A16: Format(16, False),
+    Scheme.MXFP4: Format(32, False),
+    Scheme.MXFP4A16: Format(32, False),
+    Scheme.FP8_BLOCK: Format(128, False),
+    Scheme.W4AFP8: Format(128, True),
+}
 
 
 class Indivisible(str, Enum):
@@ -89,9 +117,10 @@ METHOD_SCHEMES: dict[Method, set[Scheme]] = {
     Method.awq: {Scheme.W4A16, Scheme.W3A16, Scheme.W8A16},
     Method.smoothquant: {Scheme.W8A8},
     Method.fp8: {Scheme.FP8, Scheme.FP8_DYNAMIC},
-    Method.rtn: {Scheme.W4A16, Scheme.W3A16, Scheme.W8A16, Scheme.W8A8, Scheme.FP8_DYNAMIC},
+    Method.rtn: {Scheme.W4A16, Scheme.W3A16, Scheme.W8A16, Scheme.W8A8, Scheme.FP8_DYNAMIC, *FORMATS},
 }
-DATA_FREE = {(Method.rtn, s) for s in METHOD_SCHEMES[Method.rtn]} | {(Method.fp8, Scheme.FP8_DYNAMIC)}
+# NVFP4 (W4A4) keeps a static global scale of its activations: it is calibrated; the others compute theirs per token
+DATA_FREE = {(Method.rtn, s) for s in METHOD_SCHEMES[Method.rtn] - {Scheme.NVFP4}} | {(Method.fp8, Scheme.FP8_DYNAMIC)}
 MIN_GROUP = 8
 
 
@@ -209,16 +238,42 @@ class _Recipe(BaseModel):
             )
 
 
+class KVCacheScheme(str, Enum):
+    FP8 = "FP8"  # one static E4M3 scale per K and per V tensor of each layer
+    FP8_PER_HEAD = "FP8_PER_HEAD"  # one static E4M3 scale per attention head (compressed-tensors' attn_head)
+
+
+class KVCache(BaseModel):
+    """A quantized KV cache: llm-compressor's `kv_cache_scheme` (static scales, calibrated; the checkpoint's
+    config carries it, and a serving engine stores K and V in one byte each)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scheme: KVCacheScheme
+
+
 class _Quantized(_Recipe):
     """Settings of every method that chooses a scheme from this schema."""
 
     scheme: Scheme | None = None
     symmetric: bool = True
+    kv_cache: KVCache | None = Field(None, description="quantize the KV cache too, e.g. {scheme: FP8}")
 
     @model_validator(mode="after")
     def _combinations(self) -> _Quantized:
         self._check_scheme()
+        if self.kv_cache is not None and self.calibration is None:
+            raise ValueError(
+                f"kv_cache {self.kv_cache.scheme.value} keeps static scales of K and V, measured on calibration "
+                "data; add a `calibration:` section (for example {source: builtin:jargon, samples: 64, seq_len: 256})"
+            )
+        if self.kv_cache is not None and self.backend is not Backend.llmcompressor:
+            raise ValueError(f"backend {self.backend.value} does not quantize the KV cache; use backend: llmcompressor")
         return self
+
+    @property
+    def needs_calibration(self) -> bool:
+        return (self.method, self.scheme_or_none) not in DATA_FREE or self.kv_cache is not None
 
 
 class LayerOverride(BaseModel):
@@ -278,10 +333,22 @@ class GroupedRecipe(_Quantized):
                 f"scheme {self.scheme.value} uses one scale per output channel, not groups, so group_size must be "
                 f"empty (got {self.group_size}); remove group_size, or use a W4A16 scheme for grouped weights"
             )
+        if self.scheme in FORMATS and self.group_size is not None:
+            raise ValueError(
+                f"scheme {self.scheme.value} fixes its own groups ({FORMATS[self.scheme].group} weights per scale), so "
+                f"group_size must be empty (got {self.group_size}); remove it"
+            )
         return self
 
     @property
+    def smaller_groups(self) -> bool:
+        """Whether a layer the group size cannot divide may take a smaller group (FORMATS fixes it for FP4)."""
+        return self.scheme not in FORMATS or FORMATS[self.scheme].smaller_group
+
+    @property
     def weight_group(self) -> int | None:
+        if self.scheme in FORMATS:
+            return FORMATS[self.scheme].group
         return self.group_size if self.scheme in WEIGHT_ONLY_INT else None
 
 

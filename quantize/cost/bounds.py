@@ -386,7 +386,18 @@ def exercise_sweeps(gamma: int, draft_cost: float, alpha: float) -> Sweeps:
     )
 
 
-def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float = 2) -> KVLayout:
+def kv_bytes(config: dict[str, Any]) -> float:
+    """Bytes per stored K or V element: a quantized KV cache's (`quantization_config.kv_cache_scheme.num_bits`,
+    as llm-compressor writes it: 1 for FP8), else 2 (a 16-bit cache)."""
+    qc = config.get("quantization_config")
+    kv = qc.get("kv_cache_scheme") if isinstance(qc, dict) else None
+    bits = kv.get("num_bits") if isinstance(kv, dict) else None
+    return bits / 8 if isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 16 else 2
+
+
+def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float | None = None) -> KVLayout:
+    """The KV layout config.json describes; bytes per element: given, else the checkpoint's own (kv_bytes)."""
+    bytes_per_element = kv_bytes(config) if bytes_per_element is None else bytes_per_element
     try:
         layers = config["num_hidden_layers"]
         heads = config["num_attention_heads"]

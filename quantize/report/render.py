@@ -25,6 +25,7 @@ ROLE_ORDER = [
     ("zero_point", "zero points"),
     ("group_index", "group indices"),
     ("quant_meta", "other quant. metadata"),
+    ("kv_scale", "KV-cache scales"),
     ("embedding", "embeddings"),
     ("lm_head", "lm_head"),
     ("linear_kept", "linears kept 16-bit"),

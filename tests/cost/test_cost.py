@@ -141,3 +141,15 @@ def test_break_even_alpha_is_where_the_speedup_is_one(gamma, c, verify):
 def test_break_even_alpha_at_the_ends_of_its_range():
     assert cost.break_even_alpha(4, 0.0, 1.0) == 0.0  # a free draft breaks even at α = 0
     assert cost.break_even_alpha(2, 2.0, 1.0) > 1 - 1e-9  # E[tokens] <= 3 can never pay for 2 slow draft steps
+
+
+def test_a_quantized_kv_cache_is_read_from_the_config():
+    """llm-compressor writes kv_cache_scheme into quantization_config: an FP8 cache stores 1 byte per element,
+    which the decode bounds then use (the worksheet's 1-byte KV); no scheme: 2 bytes."""
+    base = {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192}
+    assert cost.kv_layout_from_config(base).bytes_per_element == 2
+    fp8 = {**base, "quantization_config": {"kv_cache_scheme": {"num_bits": 8, "type": "float"}}}
+    assert cost.kv_layout_from_config(fp8) == cost.KVLayout(80, 8, 128, 1)
+    assert cost.kv_layout_from_config(fp8, bytes_per_element=2).bytes_per_element == 2  # an explicit figure wins
+    bad = {**base, "quantization_config": {"kv_cache_scheme": {"num_bits": "8"}}}
+    assert cost.kv_layout_from_config(bad).bytes_per_element == 2

@@ -14,12 +14,11 @@ from quantize import records
 from quantize.cli import main
 from quantize.errors import UsageError
 from quantize.evaluate.score import score
-from quantize.golden.freeze import freeze
 from quantize.golden.manifest import verify
 from quantize.records import Verdict
 from quantize.suite import open_suite
 
-from conftest import ROOT, lm_eval_direct, make_tiny_llama
+from conftest import ROOT, frozen_set, lm_eval_direct, make_tiny_llama
 
 WORDS = [
     *("the", "of", "a", "and", "to", "is", "in", "that", "it", "for", "as", "with"),
@@ -100,10 +99,7 @@ def write_user_tasks(root: Path) -> Path:
 def user(tmp_path_factory):
     root = tmp_path_factory.mktemp("own")
     tasks = write_user_tasks(root)
-    out = root / "golden" / "support" / "v1"
-    manifest = freeze(TASKS, out, include_path=tasks, cluster_field="topic")
-    suite = root / "support.yaml"
-    suite.write_text(f"golden: {out}\nbatch_size: 4\nagreement: {{per_task: 4, top_k: 5}}\n")
+    out, manifest, suite = frozen_set(root, "support", tasks, TASKS, cluster_field="topic")
     return root, tasks, out, manifest, suite
 
 
@@ -423,21 +419,30 @@ def test_the_answers_set_is_rebuilt_byte_for_byte_from_its_source(tmp_path):
     _rebuilt_equals_committed(out, committed)
 
 
-def test_the_pydoc_set_is_refrozen_byte_for_byte_from_its_task(tmp_path):
+def _refrozen_equals_committed(tmp_path: Path, name: str, script: str, tasks: list[str], *extra: str) -> None:
+    """Run a shipped set's source script, freeze its tasks as its builder did, compare with golden/NAME/v1
+    (skipped on another Python: the sets are made of Python's own documentation, which changes between versions)."""
     import platform
     import subprocess
     import sys
 
-    committed = ROOT / "golden" / "pydoc" / "v1"
-    made_on = verify(committed).manifest.sources["pydoc_cloze"]["python_version"]
+    committed = ROOT / "golden" / name / "v1"
+    made_on = verify(committed).manifest.sources[tasks[0]]["python_version"]
     if platform.python_version() != made_on:
-        pytest.skip(f"Python's help topics differ between versions: frozen on {made_on}")
-    tasks = tmp_path / "task"
-    subprocess.run([sys.executable, str(ROOT / "golden/pydoc/source/make_task.py"), str(tasks)], check=True)
-    out = tmp_path / "pydoc" / "v1"
-    argv = ["golden", "freeze", "--task", "pydoc_cloze", "--task", "pydoc_prose", "--include-path", str(tasks)]
-    assert main([*argv, "--cluster-field", "topic", "--out", str(out)]) == 0
+        pytest.skip(f"Python's documentation differs between versions: frozen on {made_on}")
+    src = tmp_path / "src"
+    subprocess.run([sys.executable, str(ROOT / "golden" / name / "source" / script), str(src)], check=True)
+    include = src / "tasks" if (src / "tasks").is_dir() else src
+    out = tmp_path / name / "v1"
+    argv = ["golden", "freeze", *(a for t in tasks for a in ("--task", t)), "--include-path", str(include)]
+    assert main([*argv, *extra, "--out", str(out)]) == 0
     _rebuilt_equals_committed(out, committed)
+
+
+def test_the_pydoc_set_is_refrozen_byte_for_byte_from_its_task(tmp_path):
+    _refrozen_equals_committed(
+        tmp_path, "pydoc", "make_task.py", ["pydoc_cloze", "pydoc_prose"], "--cluster-field", "topic"
+    )
 
 
 def test_a_group_freezes_as_its_tasks_and_a_smoke_suite_scores_the_fixed_ids(user, tiny_model, tmp_path):
@@ -487,17 +492,4 @@ def test_a_sequential_gate_on_a_user_golden_set_scores_generation_and_documents_
 
 def test_the_std_set_is_refrozen_byte_for_byte_from_lm_evals_own_tasks(tmp_path):
     """golden/std/v1: lm-eval's own task YAMLs over the items golden/std/source writes; the few-shot pins too."""
-    import platform
-    import subprocess
-    import sys
-
-    committed = ROOT / "golden" / "std" / "v1"
-    made_on = verify(committed).manifest.sources["arc_easy"]["python_version"]
-    if platform.python_version() != made_on:
-        pytest.skip(f"Python's documentation differs between versions: frozen on {made_on}")
-    src = tmp_path / "src"
-    subprocess.run([sys.executable, str(ROOT / "golden/std/source/make_data.py"), str(src)], check=True)
-    out = tmp_path / "std" / "v1"
-    tasks = [a for t in ("arc_easy", "hellaswag", "gsm8k", "lambada_openai") for a in ("--task", t)]
-    assert main(["golden", "freeze", *tasks, "--include-path", str(src / "tasks"), "--out", str(out)]) == 0
-    _rebuilt_equals_committed(out, committed)
+    _refrozen_equals_committed(tmp_path, "std", "make_data.py", ["arc_easy", "hellaswag", "gsm8k", "lambada_openai"])

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 
 from quantize.cli import main
-from quantize.golden.freeze import freeze
 from quantize.golden.manifest import verify
 from quantize.suite import open_suite
 
-from conftest import lm_eval_direct
+from conftest import frozen_set, lm_eval_direct
 
 WORDS = [
     "the",
@@ -155,10 +154,7 @@ def write_standard_tasks(root: Path) -> Path:
 def std(tmp_path_factory):
     root = tmp_path_factory.mktemp("std")
     tasks = write_standard_tasks(root)
-    out = root / "golden" / "std" / "v1"
-    manifest = freeze(TASKS, out, include_path=tasks)
-    suite = root / "std.yaml"
-    suite.write_text(f"golden: {out}\nbatch_size: 4\nagreement: {{per_task: 4, top_k: 5}}\n")
+    out, manifest, suite = frozen_set(root, "std", tasks, TASKS)
     return root, tasks, out, manifest, suite
 
 
@@ -283,3 +279,36 @@ def test_agreement_runs_over_the_suites_tasks_unless_it_names_its_own(std, tmp_p
         suite = tmp_path / "s.yaml"
         suite.write_text(f"golden: {out}\n{extra}")
         assert open_suite(suite).agreement_tasks == want
+
+
+def test_a_users_folder_adds_to_lm_evals_own_tasks(std):
+    """--include-path turned lm-eval's own tasks off; lm-eval's flag adds to them, and so does ours now."""
+    from quantize.golden.freeze import _task_manager
+
+    _, tasks, _, _, _ = std
+    alone = set(_task_manager(["hellaswag"], tasks).all_tasks)  # every name in the folder: the folder's index
+    assert set(TASKS) <= alone and "mmlu" not in alone
+    mixed = _task_manager(["hellaswag", "arc_challenge"], tasks)
+    assert {"arc_challenge", "mmlu", "hellaswag"} <= set(mixed.all_tasks)
+
+
+def test_a_dataset_this_machine_cannot_read_offline_names_the_two_routes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    mine = tmp_path / "tasks"
+    mine.mkdir()
+    cfg = {
+        "task": "hub_only",
+        "dataset_path": "someone/not-in-any-cache",
+        "output_type": "multiple_choice",
+        "test_split": "test",
+        "doc_to_text": "{{q}}",
+        "doc_to_choice": "{{c}}",
+        "doc_to_target": 0,
+    }
+    (mine / "hub_only.yaml").write_text(json.dumps(cfg))
+    out = tmp_path / "g" / "v1"
+    assert main(["golden", "freeze", "--task", "hub_only", "--include-path", str(mine), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "hf download" in err and "dataset_path: parquet" in err and "HF_DATASETS_CACHE" in err
+    assert not out.exists()

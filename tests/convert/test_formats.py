@@ -1,0 +1,201 @@
+"""The formats of 2026 (NVFP4, MXFP4, FP8 block, W4A8 and an FP8 KV cache), each through compressed-tensors' own
+preset on a tiny seeded Llama: the recipe layer's checks, the layer plan where the format's group cannot divide
+a layer, true bits read from the headers alone against the closed forms (and every byte against the
+safetensors library), and the checkpoint reloading to finite logits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from convert.test_engine import CAL, plan, run_ok, write_recipe
+
+from quantize.checkpoint.accounting import bits_report
+from quantize.cli import main
+from quantize.convert.recipe import FORMATS, Scheme, parse_recipe
+from quantize.errors import UsageError
+
+# tiny Llama: hidden 128, intermediate 192, 4 heads of 32, 2 KV heads; 7 linears × 2 layers
+FORMAT_RUNS = {
+    "NVFP4A16": dict(method="rtn", scheme="NVFP4A16", calibration=None),
+    "NVFP4": dict(method="rtn", scheme="NVFP4", calibration=CAL),
+    "MXFP4A16": dict(method="rtn", scheme="MXFP4A16", calibration=None),
+    "MXFP4": dict(method="rtn", scheme="MXFP4", calibration=None),
+    "FP8_BLOCK": dict(method="rtn", scheme="FP8_BLOCK", calibration=None),
+    "W4AFP8": dict(method="rtn", scheme="W4AFP8", calibration=None),
+}
+
+
+def _closed_form(scheme: str, out: int, inp: int) -> float:
+    """Bits per weight of one quantized linear, from the format's definition:
+    NVFP4   4 (E2M1) + 8/16 (an E4M3 scale per 16) + 32/(out·in) (one FP32 global scale)
+    MXFP4   4 + 8/32 (an E8M0 scale per 32)
+    FP8 blk 8 + 16·⌈out/128⌉·⌈in/128⌉/(out·in) (a scale per 128×128 block, partial blocks rounded up, stored in
+            the 16-bit dtype the conversion ran in: 8 + 16/16384 where 128 divides both sides; 32/16384 in float32)
+    W4AFP8  8 + 16/g: int4 values that compressed-tensors 0.19 stores one a byte (int-quantized: it packs int4
+            only for weight-only schemes), a 16-bit scale per group g (128, or 64 where 128 does not divide)"""
+    n = out * inp
+    if scheme.startswith("NVFP4"):
+        return 4 + 8 / 16 + 32 / n
+    if scheme.startswith("MXFP4"):
+        return 4 + 8 / 32
+    if scheme == "FP8_BLOCK":
+        return 8 + 16 * math.ceil(out / 128) * math.ceil(inp / 128) / n
+    g = 128 if inp % 128 == 0 else 64
+    return 8 + 16 / g
+
+
+SHAPES = {  # (out, in) of each linear of the tiny model
+    "q_proj": (128, 128),
+    "k_proj": (64, 128),
+    "v_proj": (64, 128),
+    "o_proj": (128, 128),
+    "gate_proj": (192, 128),
+    "up_proj": (192, 128),
+    "down_proj": (128, 192),
+}
+
+
+@pytest.mark.parametrize("scheme", list(FORMAT_RUNS))
+def test_each_format_converts_reloads_and_has_its_closed_form_bits(tmp_path, tiny_model, capsys, scheme):
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from quantize.checkpoint.loader import LastModel
+
+    meta = run_ok(write_recipe(tmp_path, tiny_model, scheme.lower(), **FORMAT_RUNS[scheme]), capsys)
+    out = tmp_path / "out" / scheme.lower()
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    assert torch.isfinite(model(input_ids=torch.tensor([[1, 5, 9, 2]])).logits).all()
+    # as the scorer loads it on a CPU: float32 (FP4 decompresses to bf16, which once met float32 in F.linear)
+    scored, _ = LastModel().get(out, dtype="float32", on="cpu")
+    assert torch.isfinite(scored(input_ids=torch.tensor([[1, 5, 9, 2]])).logits).all()
+    report = bits_report(out)
+    assert report.parameters == bits_report(tiny_model).parameters  # packed FP4 unpacked to the source's count
+    with safe_open(str(out / "model.safetensors"), "pt") as f:  # every byte as the safetensors library reads it
+        stored = sum(t.numel() * t.element_size() for t in (f.get_tensor(k) for k in f.keys()))  # noqa: SIM118
+    assert report.total_bytes == stored
+    rows = {m.module.rsplit(".", 1)[-1]: m for m in report.modules if m.module.startswith("model.layers.0.")}
+    kept = {"down_proj"} if scheme == "FP8_BLOCK" else set()  # 192 input features: no 128-wide block fits
+    for name, (o, i) in SHAPES.items():
+        m = rows[name]
+        if name in kept:
+            assert m.format == "bf16" or "payload" not in m.roles, m
+            continue
+        meta_bytes = m.roles.get("quant_meta", 0)  # input scales, weight_shape: the layer's metadata, not weight bits
+        got = 8 * (m.bytes - meta_bytes) / m.parameters
+        assert got == pytest.approx(_closed_form(scheme, o, i), rel=1e-9), (name, m.format, m.roles)
+    assert meta["layer_plan"]["quantized_layers"] == 14 - 2 * len(kept)
+
+
+def test_nvfp4_and_mxfp4_layouts_are_named(tmp_path, tiny_model, capsys):
+    run_ok(write_recipe(tmp_path, tiny_model, "nv", **FORMAT_RUNS["NVFP4A16"]), capsys)
+    run_ok(write_recipe(tmp_path, tiny_model, "mx", **FORMAT_RUNS["MXFP4A16"]), capsys)
+    nv, mx = bits_report(tmp_path / "out" / "nv"), bits_report(tmp_path / "out" / "mx")
+    q = next(m for m in nv.modules if m.module.endswith("layers.0.self_attn.q_proj"))
+    assert q.format == "fp4 g16" and q.roles["payload"] == 128 * 128 // 2  # two E2M1 values a byte
+    assert q.roles["scale"] == 128 * 128 // 16 + 4  # an E4M3 scale per 16, one FP32 global scale
+    q = next(m for m in mx.modules if m.module.endswith("layers.0.self_attn.q_proj"))
+    assert q.format == "fp4 g32" and q.roles["scale"] == 128 * 128 // 32  # an E8M0 byte per 32
+    assert nv.quantized_linear_bits_per_weight == pytest.approx(4.5, abs=0.01)
+    assert mx.quantized_linear_bits_per_weight == pytest.approx(4.25, abs=1e-9)
+
+
+def test_fp8_block_names_its_blocks(tmp_path, tiny_model, capsys):
+    run_ok(write_recipe(tmp_path, tiny_model, "blk", **FORMAT_RUNS["FP8_BLOCK"]), capsys)
+    report = bits_report(tmp_path / "out" / "blk")
+    mods = {m.module.rsplit(".", 1)[-1]: m for m in report.modules if ".layers.0." in m.module}
+    assert mods["q_proj"].format == "f8_e4m3 block 128x128" and mods["gate_proj"].format == "f8_e4m3 block 128x128"
+    assert "payload" not in mods["down_proj"].roles
+
+
+def test_a_quantized_kv_cache_is_recorded_and_its_scales_have_their_own_role(tmp_path, tiny_model, capsys):
+    fields = dict(method="fp8", scheme="FP8_DYNAMIC", calibration=CAL, kv_cache={"scheme": "FP8"})
+    meta = run_ok(write_recipe(tmp_path, tiny_model, "kv", **fields), capsys)
+    import json
+
+    qc = json.loads((tmp_path / "out" / "kv" / "config.json").read_text())["quantization_config"]
+    assert qc["kv_cache_scheme"]["num_bits"] == 8 and qc["kv_cache_scheme"]["type"] == "float"
+    assert meta["recipe"]["resolved"]["kv_cache"] == {"scheme": "FP8"}
+    from safetensors import safe_open
+
+    report = bits_report(tmp_path / "out" / "kv")
+    with safe_open(str(tmp_path / "out" / "kv" / "model.safetensors"), "pt") as f:
+        kv = [f.get_tensor(k) for k in f.keys() if k.endswith(("k_scale", "v_scale"))]  # noqa: SIM118
+    assert len(kv) == 2 * 2  # a k_scale and a v_scale per layer
+    assert report.bytes_by_role["kv_scale"] == sum(t.numel() * t.element_size() for t in kv)
+    assert report.parameters == bits_report(tiny_model).parameters
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(method="rtn", scheme="NVFP4", calibration=None), "needs calibration data"),
+        (dict(method="rtn", scheme="MXFP4A16", group_size=64, calibration=None), "fixes its own groups (32"),
+        (dict(method="fp8", scheme="NVFP4A16"), "does not support scheme NVFP4A16"),
+        (dict(method="fp8", scheme="FP8_DYNAMIC", calibration=None, kv_cache={"scheme": "FP8"}), "static scales"),
+        (dict(method="rtn", scheme="W4A16", kv_cache={"scheme": "NVFP4"}), "kv_cache.scheme"),
+    ],
+)
+def test_format_recipes_refused_with_what_to_do(tmp_path, tiny_model, capsys, fields, message):
+    assert main(["run", str(write_recipe(tmp_path, tiny_model, "bad", **fields))]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_format_fixes_fp4_groups_and_int4_takes_a_smaller_one(tiny_model):
+    """192 input features: W4AFP8's 128 becomes 64 (smaller-group); FP4's 16 and 32 divide; FP8 block's 128 does
+    not divide down_proj, which a block format keeps at 16 bits rather than change the format."""
+    w4 = plan(tiny_model, method="rtn", scheme="W4AFP8", group_size=None)
+    assert {g: len(v) for g, v in w4.groups.items()} == {128: 12, 64: 2}
+    nv = plan(tiny_model, method="rtn", scheme="NVFP4A16", group_size=None)
+    assert list(nv.groups) == [16] and not nv.kept
+    blk = plan(tiny_model, method="rtn", scheme="FP8_BLOCK", group_size=None)
+    assert all("the format's group of 128" in why for why in blk.kept.values()) and len(blk.kept) == 2
+    assert all(n.endswith("down_proj") for n in blk.kept)
+    assert set(FORMATS) == {Scheme(s) for s in FORMAT_RUNS}
+    with pytest.raises(UsageError, match="group_size"):
+        parse_recipe({"method": "rtn", "scheme": "NVFP4", "group_size": 16})
+
+
+def test_the_scorer_runs_the_quantized_kv_cache(tmp_path, tiny_model, capsys):
+    """Same weights (FP8 dynamic is data-free and deterministic), one with an FP8 KV cache: the loaded model
+    quantizes K and V in attention (compressed-tensors' hook), so its logits differ and a gate sees the cache."""
+    import torch
+    from safetensors.torch import load_file
+
+    from quantize.checkpoint.loader import LastModel
+
+    logits = {}
+    for name, extra in (("dyn", {}), ("kv", {"kv_cache": {"scheme": "FP8"}})):
+        run_ok(
+            write_recipe(tmp_path, tiny_model, name, method="fp8", scheme="FP8_DYNAMIC", calibration=CAL, **extra),
+            capsys,
+        )
+        model, _ = LastModel().get(tmp_path / "out" / name, dtype="float32", on="cpu")
+        logits[name] = model(input_ids=torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4] * 4])).logits
+    a, b = (load_file(str(tmp_path / "out" / n / "model.safetensors")) for n in ("dyn", "kv"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the weights are the same
+    assert set(b) - set(a) == {f"model.layers.{i}.self_attn.{s}" for i in range(2) for s in ("k_scale", "v_scale")}
+    assert (logits["kv"] - logits["dyn"]).abs().max() > 1e-3
+
+
+def test_the_scorer_fake_quantizes_w4a4_activations(tmp_path, tiny_model, capsys):
+    """NVFP4 and NVFP4A16 store the same FP4 weights; loaded as the scorer loads them (dequantized at load, in
+    float32), only NVFP4 quantizes its activations, so the two give different logits: a W4A4 candidate is
+    scored with the activation rounding it ships with, not as a weight-only model."""
+    import torch
+    from safetensors.torch import load_file
+
+    from quantize.checkpoint.loader import LastModel
+
+    logits, stored = {}, {}
+    for scheme in ("NVFP4A16", "NVFP4"):
+        run_ok(write_recipe(tmp_path, tiny_model, scheme.lower(), **FORMAT_RUNS[scheme]), capsys)
+        out = tmp_path / "out" / scheme.lower()
+        stored[scheme] = load_file(str(out / "model.safetensors"))
+        model, _ = LastModel().get(out, dtype="float32", on="cpu")
+        logits[scheme] = model(input_ids=torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4] * 4])).logits
+    packed = [k for k in stored["NVFP4"] if k.endswith("weight_packed")]
+    assert packed and all(torch.equal(stored["NVFP4"][k], stored["NVFP4A16"][k]) for k in packed)
+    assert (logits["NVFP4"] - logits["NVFP4A16"]).abs().max() > 1e-2
