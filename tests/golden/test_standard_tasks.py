@@ -312,3 +312,18 @@ def test_a_dataset_this_machine_cannot_read_offline_names_the_two_routes(tmp_pat
     err = capsys.readouterr().err
     assert "hf download" in err and "dataset_path: parquet" in err and "HF_DATASETS_CACHE" in err
     assert not out.exists()
+
+
+def test_the_freezes_prompt_check_names_an_item_whose_prompt_differs(std):
+    """check_prompts is what every freeze runs on the temporary folder: a prompt that is not the original
+    task's is an error naming the task and the item (and the folder is never renamed into place)."""
+    from quantize.errors import UsageError
+    from quantize.golden.freeze import load_tasks
+    from quantize.golden.prompts import check_prompts, prompts
+
+    _, tasks, out, _, _ = std
+    original = prompts(load_tasks(["arc_easy"], tasks)["arc_easy"])
+    check_prompts(out, {"arc_easy": original}, {"arc_easy": "golden_id"})  # the frozen set as written: no error
+    original[3] = [c.replace("Question:", "Q:") for c in original[3]]
+    with pytest.raises(UsageError, match="arc_easy: the frozen item arc_easy-00003 would be scored on another prompt"):
+        check_prompts(out, {"arc_easy": original}, {"arc_easy": "golden_id"})
