@@ -6,6 +6,7 @@ safetensors library), and the checkpoint reloading to finite logits."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from convert.test_engine import CAL, plan, run_ok, write_recipe
@@ -199,3 +200,54 @@ def test_the_scorer_fake_quantizes_w4a4_activations(tmp_path, tiny_model, capsys
     packed = [k for k in stored["NVFP4"] if k.endswith("weight_packed")]
     assert packed and all(torch.equal(stored["NVFP4"][k], stored["NVFP4A16"][k]) for k in packed)
     assert (logits["NVFP4"] - logits["NVFP4A16"]).abs().max() > 1e-2
+
+
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # FP4 E2M1 magnitudes by the low three bits; bit 3 is the sign
+
+
+def _fp4_reference(stored: dict, prefix: str, scheme: str) -> Any:
+    """A linear's weight dequantized from its stored tensors by the formats' definitions, written here and not
+    taken from compressed-tensors: two E2M1 values a byte (low nibble first), times the group scale, which is
+    2^(e − 127) for MXFP4's E8M0 byte and the E4M3 scale over the FP32 global scale for NVFP4."""
+    import torch
+
+    packed = stored[prefix + "weight_packed"]
+    nibbles = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+    magnitude = torch.tensor(E2M1)[(nibbles & 7).long()]
+    values = torch.where((nibbles & 8) > 0, -magnitude, magnitude)
+    s = stored[prefix + "weight_scale"]
+    if scheme.startswith("MXFP4"):
+        scale = torch.pow(2.0, s.float() - 127)
+    else:
+        scale = s.float() / stored[prefix + "weight_global_scale"].float()
+    return values * scale.repeat_interleave(values.shape[1] // s.shape[1], dim=1)
+
+
+@pytest.mark.parametrize("scheme", ["NVFP4A16", "MXFP4A16"])
+def test_scored_fp4_logits_equal_a_reference_fake_quantization(tmp_path, tiny_model, capsys, scheme):
+    """The scorer's model (dequantized at load, float32) holds the reference weights: exactly for MXFP4, to bf16
+    rounding for NVFP4 (compressed-tensors dequantizes in bf16). Its logits equal the source model's with those
+    weights in place: nothing but the weights changes a weight-only format's forward."""
+    import torch
+    from safetensors.torch import load_file
+
+    from quantize.checkpoint.loader import LastModel, load_model
+
+    run_ok(write_recipe(tmp_path, tiny_model, scheme.lower(), **FORMAT_RUNS[scheme]), capsys)
+    out = tmp_path / "out" / scheme.lower()
+    stored = load_file(str(out / "model.safetensors"))
+    scored, _ = LastModel().get(out, dtype="float32", on="cpu")
+    reference, _ = load_model(tiny_model, dtype=torch.float32)
+    linears = sorted(k.removesuffix("weight_packed") for k in stored if k.endswith("weight_packed"))
+    assert len(linears) == 14
+    with torch.no_grad():
+        for prefix in linears:
+            want = _fp4_reference(stored, prefix, scheme)
+            got = scored.get_parameter(prefix + "weight").float()
+            if scheme.startswith("MXFP4"):  # power-of-two scales: every product is exact in bf16
+                assert torch.equal(got, want), prefix
+            else:  # compressed-tensors dequantizes in bf16: equal to bf16 rounding (2⁻⁸ relative)
+                torch.testing.assert_close(got, want, rtol=2**-8, atol=0, msg=prefix)
+            reference.get_parameter(prefix + "weight").copy_(got)
+        ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4] * 4])
+        torch.testing.assert_close(scored(input_ids=ids).logits, reference(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
