@@ -36,7 +36,7 @@ from quantize.errors import UsageError
 from quantize.io import sha256_bytes, sha256_json, write_text_atomic
 from quantize.kinds import KINDS
 from quantize.records import AgreementResult, ScoreDoc, SensitivityRecord
-from quantize.suite import DEVICE_KINDS, OpenSuite
+from quantize.suite import DEVICE_KINDS, OpenSuite, device_kind
 
 
 def cache_dir() -> Path:
@@ -74,7 +74,7 @@ class Runtime:
     @classmethod
     def on(cls, suite: OpenSuite, device: str, trust_remote_code: bool = False) -> Runtime:
         """The runtime of a model run on `device` (a resolved device: "cpu", "cuda:1", ...) under the suite."""
-        kind = device.split(":")[0]
+        kind = device_kind(device)
         return cls(kind, suite.suite.model_dtype(kind), trust_remote_code)
 
     def key(self) -> list[Any]:
@@ -85,7 +85,7 @@ def runtimes(suite: OpenSuite) -> list[Runtime]:
     """Every runtime a suite's scores may have been computed under, for a reader that loads no model (the report):
     the suite's own device, or on "auto" every device kind; without and then with the checkpoint's own code."""
     device = suite.suite.device
-    kinds = DEVICE_KINDS if device == "auto" else (device.split(":")[0],)
+    kinds = DEVICE_KINDS if device == "auto" else (device_kind(device),)
     return [Runtime.on(suite, k, trust) for trust in (False, True) for k in kinds]
 
 
@@ -133,7 +133,7 @@ def lookup_scores(suite: OpenSuite, ckpt_id: str, run: Runtime) -> ScoreDoc | No
 def ran(doc: ScoreDoc) -> Runtime:
     """The runtime a score document says it was computed under."""
     p = doc.provenance
-    return Runtime(p.device.split(":")[0], p.dtype, p.trust_remote_code)
+    return Runtime(device_kind(p.device), p.dtype, p.trust_remote_code)
 
 
 def summary_mismatches(doc: ScoreDoc) -> list[str]:

@@ -23,6 +23,11 @@ from quantize.io import sha256_json
 DEVICE_KINDS = ("cpu", "cuda", "xpu", "npu", "mps")
 
 
+def device_kind(device: str) -> str:
+    """A device without its index: "cuda:1" -> "cuda"."""
+    return device.split(":")[0]
+
+
 class Backend(str, Enum):
     hf = "hf"
     vllm = "vllm"

@@ -578,8 +578,8 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
 
 
 def _group_size(row: ModuleRow, tensors: dict[str, TensorInfo]) -> int | None:
-    """Weights per scale along the input axis, from the scale's shape; None for per-channel. A block scale (FP8
-    block: one per rows × cols block, fewer rows than the weight) gives rows × cols."""
+    """Weights per scale along the input axis, from the scale's shape; None for per-channel (a block format's
+    layout comes from its config group instead: _block)."""
     for scale_name, in_axis in ((f"{row.module}.weight_scale", -1), (f"{row.module}.scales", 0)):
         s = tensors.get(scale_name)
         if s is None or len(s.shape) != 2:

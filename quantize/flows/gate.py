@@ -42,9 +42,9 @@ def check_rules(policy: Policy, suite: OpenSuite) -> None:
                 f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) asks for {rule.metric} on {rule.task}, a "
                 f"{kind} task; {rule.metric} applies to {' or '.join(RULE_OUTPUT_TYPES[rule.metric])} tasks"
             )
-        if rule.metric not in RULE_OUTPUT_TYPES and rule.metric not in golden.item_metrics(rule.task):
+        if rule.metric not in RULE_OUTPUT_TYPES and rule.metric not in (defined := golden.item_metrics(rule.task)):
             own = [m for m, kinds in RULE_OUTPUT_TYPES.items() if kind in kinds]
-            theirs = ", ".join([*own, *golden.item_metrics(rule.task)])
+            theirs = ", ".join([*own, *defined])
             raise UsageError(
                 f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) asks for {rule.metric} on {rule.task}, which "
                 f"that task does not compute per item; it gives {theirs} (its YAML's metric_list under each "
@@ -148,9 +148,11 @@ def run_gate(
     notes = comparison_notes(policy, base_path, cand_path)
     # one load per checkpoint: the baseline's top-k right after its scores, the candidate's agreement
     # right after its scores, while each is the model in memory
-    from quantize.evaluate.score import runtime
+    models, run = LastModel(trust_remote_code), None
+    if base_path.is_dir() or cand_path.is_dir():  # only a checkpoint is scored or read from the cache (its runtime)
+        from quantize.evaluate.score import runtime
 
-    models, run = LastModel(trust_remote_code), runtime(suite, trust_remote_code)
+        run = runtime(suite, trust_remote_code)
     base_id = identity_sha256(base_path) if base_path.is_dir() else ""
     if policy.baseline_scores_sha256 is not None:  # before any scoring: another file is refused, not scored first
         found = scores_sha256(suite, base_path, base_id, run)
@@ -192,10 +194,12 @@ def run_gate(
     return v
 
 
-def scores_sha256(suite: OpenSuite, target: Path, ckpt_id: str, run: cache.Runtime) -> str | None:
-    """The sha256 of the file a side's scores were read from: the score file given, or its cache entry."""
+def scores_sha256(suite: OpenSuite, target: Path, ckpt_id: str, run: cache.Runtime | None) -> str | None:
+    """The sha256 of the file a side's scores were read from: the score file given, or its cache entry (under
+    `run`, which a checkpoint side always has)."""
     if target.is_file():
         return sha256_file(target)
+    assert run is not None, "a checkpoint side is read from the cache under this process's runtime"
     return cache.score_file_sha256(suite, ckpt_id, run)
 
 

@@ -36,6 +36,7 @@ from quantize.records import (
     non_finite_fields,
     non_finite_items,
 )
+from quantize.suite import device_kind
 
 R = TypeVar("R", AccuracyResult, PerplexityResult, AgreementRuleResult)
 
@@ -49,7 +50,7 @@ MUST_MATCH: dict[str, Callable[[ScoreProvenance], Any]] = {
     "seed": lambda p: p.seed,
     "backend": lambda p: p.backend,
     "dtype": lambda p: p.dtype,
-    "device kind": lambda p: p.device.split(":")[0],  # kernels differ: a CPU's scores beside an accelerator's
+    "device kind": lambda p: device_kind(p.device),  # kernels differ: a CPU's scores beside an accelerator's
 }
 SUITE_SETTINGS_IGNORED = {"batch_size"}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from quantize import stats
+from quantize.gates.gate import item_value
 from quantize.kinds import kind_of
 from quantize.records import AccuracySizing, PerplexitySizing, ScoreDoc
 
@@ -33,8 +34,7 @@ def size_tasks(
         if kind_of(base.tasks[task]).right_wrong:
             first = b[ids[0]].metrics if ids else {}
             for metric in ["acc", *(m for m in first if all(m in c[i].metrics for i in ids))]:
-                value = (lambda x: x.score) if metric == "acc" else (lambda x, m=metric: x.metrics[m])
-                d = [value(c[i]) - value(b[i]) for i in ids]
+                d = [item_value(c[i], metric, task) - item_value(b[i], metric, task) for i in ids]
                 rows.append(_accuracy_sizing(task, metric, d, clusters, margin, alpha, power))
         else:
             w = [b[i].units for i in ids]

@@ -6,11 +6,16 @@ after its own filtering and `process_docs`, and writes them as JSONL beside a ta
 only that file, so the set scores the same way offline and forever:
 
     kept        doc_to_text / doc_to_target / doc_to_choice templates, delimiters, description,
-                num_fewshot, generation_kwargs, filter_list, metric_list, metadata.version
+                generation_kwargs, filter_list, metric_list, metadata.version
     replaced    the dataset (dataset_path json, data_files ../data/<task>.jsonl), process_docs (already
-                applied), the few-shot split (frozen into data/<task>.fewshot.jsonl)
+                applied), few-shot sampling: each item's prompt prefix as lm-eval's own full run drew it is
+                pinned into the item (quantize/golden/prompts.py), the examples kept in
+                data/<task>.fewshot.jsonl, and the task frozen zero-shot over that prefix
     refused     Python in a template, metric, filter or process_results (a golden set holds data and
-                templates; it never runs code), and few-shot examples drawn from the test documents
+                templates; it never runs code)
+
+Every freeze ends by loading the written set through lm-eval and comparing each item's prompt with the
+original task's, before the folder is renamed into place.
 
 Each item gets a stable id (`golden_id`, <task>-<index>, or the field --id-field names) and, with
 --cluster-field, a cluster (e.g. MMLU's subject): items that share one are not independent.
