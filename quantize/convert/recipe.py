@@ -7,7 +7,7 @@ method (`dampening_frac` in an AWQ recipe), is an error, not a silently ignored 
 
     method: gptq            # gptq | awq | smoothquant | fp8 | rtn | llmcompressor
     scheme: W4A16           # W4A16 | W3A16 | W8A16 | W8A8 | FP8 | FP8_DYNAMIC
-                            #   | NVFP4 | NVFP4A16 | MXFP4 | MXFP4A16 | FP8_BLOCK | W4AFP8 (rtn; FORMATS)
+                            #   | NVFP4 | NVFP4A16 | MXFP4 | MXFP4A16 | FP8_BLOCK | W4AFP8 (rtn; FORMATS; gptq: *A16)
     kv_cache: {scheme: FP8} # optional: FP8 | FP8_PER_HEAD, static scales (calibrated)
     group_size: 128         # int weights: weights per scale; null = one scale per output channel
     indivisible: smaller-group
@@ -113,7 +113,8 @@ GPTQMODEL_AWQ_GRID = 20
 
 WEIGHT_ONLY_INT = {Scheme.W4A16: 4, Scheme.W3A16: 3, Scheme.W8A16: 8}
 METHOD_SCHEMES: dict[Method, set[Scheme]] = {
-    Method.gptq: {Scheme.W4A16, Scheme.W3A16, Scheme.W8A16, Scheme.W8A8},
+    # GPTQ rounds the weight-only FP4 forms too (its block update takes their group and global scales)
+    Method.gptq: {Scheme.W4A16, Scheme.W3A16, Scheme.W8A16, Scheme.W8A8, Scheme.NVFP4A16, Scheme.MXFP4A16},
     Method.awq: {Scheme.W4A16, Scheme.W3A16, Scheme.W8A16},
     Method.smoothquant: {Scheme.W8A8},
     Method.fp8: {Scheme.FP8, Scheme.FP8_DYNAMIC},
@@ -250,6 +251,17 @@ class KVCache(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     scheme: KVCacheScheme
+
+    @field_validator("scheme", mode="before")
+    @classmethod
+    def _not_yet(cls, v: Any) -> Any:
+        if v == "NVFP4":  # tried: QuantizationArgs(4, float, tensor_group, group_size=16) as kv_cache_scheme
+            raise ValueError(
+                "an NVFP4 KV cache groups K and V by 16 along head_dim, and compressed-tensors 0.19 refuses group "
+                'quantization of attention ("Group quantization cannot be applied to attention"); use FP8 (per '
+                "tensor) or FP8_PER_HEAD"
+            )
+        return v
 
 
 class _Quantized(_Recipe):

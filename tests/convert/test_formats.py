@@ -136,7 +136,9 @@ def test_a_quantized_kv_cache_is_recorded_and_its_scales_have_their_own_role(tmp
         (dict(method="rtn", scheme="MXFP4A16", group_size=64, calibration=None), "fixes its own groups (32"),
         (dict(method="fp8", scheme="NVFP4A16"), "does not support scheme NVFP4A16"),
         (dict(method="fp8", scheme="FP8_DYNAMIC", calibration=None, kv_cache={"scheme": "FP8"}), "static scales"),
-        (dict(method="rtn", scheme="W4A16", kv_cache={"scheme": "NVFP4"}), "kv_cache.scheme"),
+        (dict(method="rtn", scheme="W4A16", kv_cache={"scheme": "NVFP4"}), "refuses group quantization of attention"),
+        (dict(method="rtn", scheme="W4A16", kv_cache={"scheme": "INT8"}), "kv_cache.scheme"),
+        (dict(method="gptq", scheme="MXFP4", calibration=CAL), "does not support scheme MXFP4"),
     ],
 )
 def test_format_recipes_refused_with_what_to_do(tmp_path, tiny_model, capsys, fields, message):
@@ -179,27 +181,6 @@ def test_the_scorer_runs_the_quantized_kv_cache(tmp_path, tiny_model, capsys):
     assert all(torch.equal(a[k], b[k]) for k in a)  # the weights are the same
     assert set(b) - set(a) == {f"model.layers.{i}.self_attn.{s}" for i in range(2) for s in ("k_scale", "v_scale")}
     assert (logits["kv"] - logits["dyn"]).abs().max() > 1e-3
-
-
-def test_the_scorer_fake_quantizes_w4a4_activations(tmp_path, tiny_model, capsys):
-    """NVFP4 and NVFP4A16 store the same FP4 weights; loaded as the scorer loads them (dequantized at load, in
-    float32), only NVFP4 quantizes its activations, so the two give different logits: a W4A4 candidate is
-    scored with the activation rounding it ships with, not as a weight-only model."""
-    import torch
-    from safetensors.torch import load_file
-
-    from quantize.checkpoint.loader import LastModel
-
-    logits, stored = {}, {}
-    for scheme in ("NVFP4A16", "NVFP4"):
-        run_ok(write_recipe(tmp_path, tiny_model, scheme.lower(), **FORMAT_RUNS[scheme]), capsys)
-        out = tmp_path / "out" / scheme.lower()
-        stored[scheme] = load_file(str(out / "model.safetensors"))
-        model, _ = LastModel().get(out, dtype="float32", on="cpu")
-        logits[scheme] = model(input_ids=torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4] * 4])).logits
-    packed = [k for k in stored["NVFP4"] if k.endswith("weight_packed")]
-    assert packed and all(torch.equal(stored["NVFP4"][k], stored["NVFP4A16"][k]) for k in packed)
-    assert (logits["NVFP4"] - logits["NVFP4A16"]).abs().max() > 1e-2
 
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # FP4 E2M1 magnitudes by the low three bits; bit 3 is the sign
@@ -251,3 +232,125 @@ def test_scored_fp4_logits_equal_a_reference_fake_quantization(tmp_path, tiny_mo
             reference.get_parameter(prefix + "weight").copy_(got)
         ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4] * 4])
         torch.testing.assert_close(scored(input_ids=ids).logits, reference(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def _fp4(x: Any) -> Any:
+    """x rounded to the nearest E2M1 value (magnitudes clamped at 6; the first, smaller one at a tie)."""
+    import torch
+
+    grid = torch.tensor(E2M1)
+    return torch.sign(x) * grid[(x.abs().clamp(max=6.0).unsqueeze(-1) - grid).abs().argmin(-1)]
+
+
+def _act_reference(scheme: str, x: Any, stored: dict, prefix: str) -> Any:
+    """A linear's input x (…, in) fake-quantized by the format's definition of its activations, per group of the
+    last axis (amax = max |x| of the group):
+    NVFP4    groups of 16: s = E4M3(g · amax / 6) with the stored static global scale g (input_global_scale);
+             x̂ = E2M1(x · g / s) · s / g
+    MXFP4    groups of 32: a power-of-two scale 2^(e − 2), e = ⌊log2 amax⌋, one power up where amax ≥ 1.75 · 2^e
+             (vLLM's reference MXFP4 rounding, which compressed-tensors follows); x̂ = E2M1(x / 2^(e−2)) · 2^(e−2)
+    FP8_BLOCK groups of 128, W4AFP8 one group per token: s = amax / 448; x̂ = E4M3(x / s) · s"""
+    import torch
+
+    n = {"NVFP4": 16, "MXFP4": 32, "FP8_BLOCK": 128, "W4AFP8": x.shape[-1]}[scheme]
+    grp = x.reshape(*x.shape[:-1], -1, n)
+    amax = grp.abs().amax(-1, keepdim=True)
+    if scheme == "NVFP4":
+        g = stored[prefix + "input_global_scale"].float()
+        scale = (g * amax / 6.0).to(torch.float8_e4m3fn).float() / g
+        q = _fp4(grp / scale) * scale
+    elif scheme == "MXFP4":
+        m, e = torch.frexp(amax)  # amax = m · 2^e, m in [0.5, 1)
+        scale = torch.pow(2.0, (e - 1 + (m >= 0.875).int() - 2).float())
+        q = _fp4(grp / scale) * scale
+    else:
+        scale = amax / 448.0
+        q = (grp / scale).to(torch.float8_e4m3fn).float() * scale
+    return q.reshape(x.shape)
+
+
+def _weight_reference(scheme: str, stored: dict, prefix: str) -> Any:
+    """A linear's weight from its stored tensors: FP4 as _fp4_reference; FP8 block and W4AFP8 as the stored
+    E4M3 or int values times their scale (one per 128 × 128 block, or per group of the input axis)."""
+    if scheme in ("NVFP4", "MXFP4"):
+        return _fp4_reference(stored, prefix, scheme)
+    q, s = stored[prefix + "weight"].float(), stored[prefix + "weight_scale"].float()
+    if scheme == "FP8_BLOCK":
+        s = s.repeat_interleave(128, 0)[: q.shape[0]].repeat_interleave(128, 1)[:, : q.shape[1]]
+    else:
+        s = s.repeat_interleave(q.shape[1] // s.shape[1], 1)
+    return q * s
+
+
+def _quantized_input(scheme: str, stored: dict, prefix: str) -> Any:
+    """A forward pre-hook replacing a linear's input by _act_reference's."""
+    return lambda _module, args: (_act_reference(scheme, args[0], stored, prefix),)
+
+
+@pytest.mark.parametrize("scheme", ["NVFP4", "MXFP4", "FP8_BLOCK", "W4AFP8"])
+def test_scored_quantized_activation_forms_equal_a_reference_fake_quantization(tmp_path, tiny_model, capsys, scheme):
+    """A form that quantizes activations is scored with them quantized: the scorer's logits (loaded as a gate
+    loads it, float32 on the CPU) equal the source model's with the reference weights in place and every
+    quantized linear's input fake-quantized by _act_reference. NVFP4's weights are the scorer's own (equal to the
+    reference to bf16 rounding, test above: compressed-tensors dequantizes them in bf16)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from quantize.checkpoint.loader import LastModel, load_model
+
+    run_ok(write_recipe(tmp_path, tiny_model, scheme.lower(), **FORMAT_RUNS[scheme]), capsys)
+    out = tmp_path / "out" / scheme.lower()
+    stored = load_file(str(out / "model.safetensors"))
+    scored, _ = LastModel().get(out, dtype="float32", on="cpu")
+    reference, _ = load_model(tiny_model, dtype=torch.float32)
+    linears = sorted(k.removesuffix("weight_scale") for k in stored if k.endswith("weight_scale"))
+    assert len(linears) == (12 if scheme == "FP8_BLOCK" else 14)  # FP8 block keeps down_proj (192 inputs)
+    hooks = []
+    with torch.no_grad():
+        for prefix in linears:
+            want = _weight_reference(scheme, stored, prefix)
+            if scheme == "NVFP4":
+                got = scored.get_parameter(prefix + "weight").float()
+                torch.testing.assert_close(got, want, rtol=2**-8, atol=0, msg=prefix)
+                want = got
+            reference.get_parameter(prefix + "weight").copy_(want)
+            linear = reference.get_submodule(prefix.rstrip("."))
+            hooks.append(linear.register_forward_pre_hook(_quantized_input(scheme, stored, prefix)))
+        ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4] * 4])
+        torch.testing.assert_close(scored(input_ids=ids).logits, reference(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+        for h in hooks:
+            h.remove()
+        # without the activation rounding the logits move: the check above is not the weights' alone
+        assert (scored(input_ids=ids).logits - reference(input_ids=ids).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("scheme", ["NVFP4A16", "MXFP4A16"])
+def test_gptq_rounds_the_weight_only_fp4_forms(tmp_path, tiny_model, capsys, scheme):
+    """GPTQ on an FP4 format stores the same layout (same bits) as round-to-nearest, with other values: on the
+    calibration activations X of layer 0's q, k and v (X = RMSNorm(embed(ids)), which no quantization upstream
+    changes), its output error ‖X Ŵᵀ − X Wᵀ‖² is below RTN's, the objective GPTQ minimizes (Frantar et al. 2023)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from quantize.checkpoint.loader import LastModel, load_model
+    from quantize.convert.calibration import build_calibration
+    from quantize.convert.recipe import Calibration
+
+    meta, weights = {}, {}
+    for method in ("rtn", "gptq"):
+        fields = dict(method=method, scheme=scheme, calibration=CAL if method == "gptq" else None)
+        meta[method] = run_ok(write_recipe(tmp_path, tiny_model, method, **fields), capsys)
+        weights[method], _ = LastModel().get(tmp_path / "out" / method, dtype="float32", on="cpu")
+    assert meta["gptq"]["bits"] == meta["rtn"]["bits"]
+    a, b = (load_file(str(tmp_path / "out" / m / "model.safetensors")) for m in ("rtn", "gptq"))
+    assert set(a) == set(b) and not torch.equal(a[k := next(k for k in a if k.endswith("weight_packed"))], b[k])
+    source, tok = load_model(tiny_model, dtype=torch.float32)
+    ids = build_calibration(tok, Calibration(**CAL)).input_ids
+    layer = source.model.layers[0]
+    with torch.no_grad():
+        x = layer.input_layernorm(source.model.embed_tokens(ids)).reshape(-1, 128)  # (N·T, hidden)
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            name = f"model.layers.0.self_attn.{proj}.weight"
+            w = source.get_parameter(name)
+            err = {m: ((x @ (weights[m].get_parameter(name).float() - w).T) ** 2).sum().item() for m in weights}
+            assert err["gptq"] < err["rtn"], (proj, err)
