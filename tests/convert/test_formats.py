@@ -161,26 +161,47 @@ def test_the_format_fixes_fp4_groups_and_int4_takes_a_smaller_one(tiny_model):
         parse_recipe({"method": "rtn", "scheme": "NVFP4", "group_size": 16})
 
 
-def test_the_scorer_runs_the_quantized_kv_cache(tmp_path, tiny_model, capsys):
-    """Same weights (FP8 dynamic is data-free and deterministic), one with an FP8 KV cache: the loaded model
-    quantizes K and V in attention (compressed-tensors' hook), so its logits differ and a gate sees the cache."""
+@pytest.mark.parametrize("kv", ["FP8", "FP8_PER_HEAD"])
+def test_the_scorer_runs_the_quantized_kv_cache(tmp_path, tiny_model, capsys, kv):
+    """Same weights (FP8 dynamic is data-free and deterministic), one with a quantized KV cache: the scorer's
+    model quantizes K and V in attention (compressed-tensors' hook) with the stored static scales, so its logits
+    equal the plain checkpoint's with a reference attention that first rounds K and V (after RoPE, before the
+    GQA repeat) by the definition, K̂ = E4M3(K / s_k) · s_k and V̂ likewise, s one per tensor or per KV head;
+    and they differ from the plain checkpoint's by that rounding."""
     import torch
     from safetensors.torch import load_file
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from quantize.checkpoint.loader import LastModel
 
-    logits = {}
-    for name, extra in (("dyn", {}), ("kv", {"kv_cache": {"scheme": "FP8"}})):
-        run_ok(
-            write_recipe(tmp_path, tiny_model, name, method="fp8", scheme="FP8_DYNAMIC", calibration=CAL, **extra),
-            capsys,
-        )
-        model, _ = LastModel().get(tmp_path / "out" / name, dtype="float32", on="cpu")
-        logits[name] = model(input_ids=torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4] * 4])).logits
-    a, b = (load_file(str(tmp_path / "out" / n / "model.safetensors")) for n in ("dyn", "kv"))
+    names = {"dyn": {}, "kv": {"kv_cache": {"scheme": kv}}}
+    for name, extra in names.items():
+        recipe = write_recipe(tmp_path, tiny_model, name, method="fp8", scheme="FP8_DYNAMIC", calibration=CAL, **extra)
+        run_ok(recipe, capsys)
+    a, b = (load_file(str(tmp_path / "out" / n / "model.safetensors")) for n in names)
     assert all(torch.equal(a[k], b[k]) for k in a)  # the weights are the same
     assert set(b) - set(a) == {f"model.layers.{i}.self_attn.{s}" for i in range(2) for s in ("k_scale", "v_scale")}
-    assert (logits["kv"] - logits["dyn"]).abs().max() > 1e-3
+    assert b["model.layers.0.self_attn.k_scale"].numel() == (2 if kv == "FP8_PER_HEAD" else 1)  # 2 KV heads
+
+    def rounded(x: Any, s: Any) -> Any:  # x (batch, kv_heads, T, head_dim), s one or one per KV head
+        s = s.float().reshape(1, -1, 1, 1)
+        return (x / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s
+
+    def reference_attention(module: Any, q: Any, k: Any, v: Any, mask: Any, **kw: Any) -> Any:
+        at = f"model.layers.{module.layer_idx}.self_attn."
+        k, v = rounded(k, b[at + "k_scale"]), rounded(v, b[at + "v_scale"])
+        return sdpa_attention_forward(module, q, k, v, mask, **kw)
+
+    AttentionInterface.register("kv_reference", reference_attention)
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4] * 4])
+    with torch.no_grad():
+        scored = LastModel().get(tmp_path / "out" / "kv", dtype="float32", on="cpu")[0](input_ids=ids).logits
+        plain, _ = LastModel().get(tmp_path / "out" / "dyn", dtype="float32", on="cpu")
+        without = plain(input_ids=ids).logits
+        plain.set_attn_implementation("kv_reference")
+        torch.testing.assert_close(scored, plain(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+    assert (scored - without).abs().max() > 1e-3
 
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # FP4 E2M1 magnitudes by the low three bits; bit 3 is the sign
