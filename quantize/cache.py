@@ -63,6 +63,31 @@ def lm_eval_version() -> str:
     return metadata.version("lm_eval")
 
 
+# The installed packages whose versions can change a score: this one (its scoring code), the scorer, the model
+# code and its kernels, the formats' decompression, the datasets reader. Pinned in pyproject.toml.
+SCORING_DISTRIBUTIONS = ("quantize", "lm_eval", "torch", "transformers", "compressed-tensors", "datasets")
+
+
+def restore_key_parts(suite: OpenSuite) -> dict[str, Any]:
+    """What a CI cache of a suite's scores is saved and restored under (`quantize cache-key POLICY`): everything
+    that keys its score and agreement entries except the checkpoints and the runtime (module docstring), and the
+    installed versions of SCORING_DISTRIBUTIONS. A policy's own rules key nothing: two policies on one suite
+    share their scores. The runtime is the runner's (device kind, dtype): where runners differ, the action's
+    `cache-key-extra` tells them apart."""
+    a = suite.suite.agreement
+    return {
+        "suite_settings_sha256": suite.sha256,
+        "golden_manifest_sha256": suite.golden.manifest_sha256,
+        "tasks": sorted(suite.tasks),
+        "agreement": [sorted(suite.agreement_tasks), a.per_task, a.top_k],
+        "versions": {d: metadata.version(d) for d in SCORING_DISTRIBUTIONS},
+    }
+
+
+def restore_key(suite: OpenSuite) -> str:
+    return f"quantize-scores-{sha256_json(restore_key_parts(suite))[:32]}"
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Where and how a model computed a cached number (module docstring): part of every score and agreement key."""

@@ -168,12 +168,41 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
     if args.junit:  # found before scoring, not after it with the verdict lost
         check_writable(Path(args.junit), "--junit")
+    if args.card and not Path(args.candidate).is_dir():
+        raise UsageError(f"--card writes the candidate's model card, and {args.candidate} is no checkpoint folder")
     with quiet_libraries(args.quiet):
         v = run_gate(args.policy, args.baseline, args.candidate, trust_remote_code=args.trust_remote_code)
     if args.junit:
         write_junit(Path(args.junit), v)
+    if args.card:
+        from quantize.report.card import add_verdict
+
+        add_verdict(Path(args.candidate), v)
     print(to_json(v) if args.json else render_text(v))
     return v.exit_code
+
+
+def cmd_card(args: argparse.Namespace) -> int:
+    from quantize import records
+    from quantize.records import Verdict
+    from quantize.report.card import add_verdict
+
+    path = add_verdict(Path(args.checkpoint), records.read(Verdict, args.verdict), args.verdict)
+    print(f"wrote the verdict into {path} (model-index results and a section)")
+    return EXIT_OK
+
+
+def cmd_cache_key(args: argparse.Namespace) -> int:
+    from quantize import cache
+    from quantize.flows.gate import open_policy
+
+    _, suite = open_policy(args.policy)
+    key = cache.restore_key(suite)
+    if args.json:
+        _print_json({"key": key, "parts": cache.restore_key_parts(suite)})
+    else:
+        print(key)
+    return EXIT_OK
 
 
 def cmd_agree(args: argparse.Namespace) -> int:
@@ -286,6 +315,12 @@ def _flag_parents() -> dict[str, argparse.ArgumentParser]:
         action="store_true",
         help="run the checkpoints' own Python code at load (off unless given here: only for checkpoints you trust)",
     )
+    trust.add_argument(
+        "--reread-weights",
+        action="store_true",
+        help="read a Hugging Face cache's weight blobs and check them against their sha256 names instead of "
+        "trusting the names (the checkpoint's identity is the same either way)",
+    )
     return {"json": json_p, "quiet": quiet, "trust": trust}
 
 
@@ -396,7 +431,29 @@ def _evaluation_parsers(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> 
     gt.add_argument("--baseline", required=True, help="baseline checkpoint folder (or a score .json)")
     gt.add_argument("--candidate", required=True, help="candidate checkpoint folder (or a score .json)")
     gt.add_argument("--junit", help="also write JUnit XML here (one test case per rule)")
+    gt.add_argument(
+        "--card", action="store_true", help="also write the verdict into the candidate's model card (README.md)"
+    )
     gt.set_defaults(fn=cmd_gate)
+    cd = sub.add_parser(
+        "card",
+        help="write a gate's verdict into a checkpoint's model card: model-index results and a verdict section",
+        description="The checkpoint must be the verdict's candidate (its identity is checked). Rewrites README.md "
+        "atomically; a verdict written before is replaced.",
+    )
+    cd.add_argument("checkpoint", help="the gated candidate's folder")
+    cd.add_argument("--verdict", required=True, help="the verdict, as `quantize gate --json` printed it")
+    cd.set_defaults(fn=cmd_card)
+    ck = sub.add_parser(
+        "cache-key",
+        parents=[flags["json"]],
+        help="the key a CI cache of a policy's scores is saved under (its suite, golden set and pinned versions)",
+        description="Changes when and only when what keys the policy's scores changes: the suite's score-changing "
+        "settings, its golden set's manifest, its tasks and agreement settings, or the installed versions of the "
+        "scoring packages. The reusable action (action.yml) restores and saves the score cache under it.",
+    )
+    ck.add_argument("policy", help="gate policy, e.g. gates/ci.yaml")
+    ck.set_defaults(fn=cmd_cache_key)
     ag = sub.add_parser(
         "agree",
         parents=scoring,
@@ -501,6 +558,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "quiet", False) or getattr(args, "json", False):
         _quiet_progress()
+    if getattr(args, "reread_weights", False):
+        from quantize.checkpoint.files import REREAD
+
+        os.environ[REREAD] = "1"
     try:
         return args.fn(args)
     except (UsageError, RuntimeFailure) as e:

@@ -492,12 +492,14 @@ class _RuleResult(_Strict):
 class AccuracyResult(_RuleResult):
     kind: Literal["accuracy"] = "accuracy"
     task: str
+    metric: str | None = None  # the per-item metric compared (acc, acc_norm, exact_match@FILTER); None: written before
     evidence: AccuracyEvidence
 
 
 class PerplexityResult(_RuleResult):
     kind: Literal["perplexity"] = "perplexity"
     task: str
+    metric: str | None = None  # perplexity, word_perplexity, byte_perplexity; None: written before
     evidence: PerplexityEvidence
 
 

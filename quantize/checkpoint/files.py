@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -292,17 +293,49 @@ def identity_sha256(checkpoint: Path) -> str:
     return sha256_bytes(b"".join(parts))
 
 
+HUB_BLOB = re.compile(r"^[0-9a-f]{64}$")
+REREAD = "QUANTIZE_REREAD_WEIGHTS"  # "1": read Hub blobs and check them against their names (--reread-weights)
+
+
+def hub_blob_sha256(f: Path) -> str | None:
+    """The sha256 a Hugging Face cache names a weight file's blob by, where `f` links into one
+    (models--ORG--NAME/blobs/<64 hex>, as snapshot_download leaves an LFS file), else None."""
+    if not f.is_symlink():
+        return None
+    target = f.resolve()
+    blobs = target.parent
+    if blobs.name == "blobs" and blobs.parent.name.startswith("models--") and HUB_BLOB.match(target.name):
+        return target.name
+    return None
+
+
 def weights_sha256(checkpoint: Path) -> str:
-    """sha256 over the checkpoint's safetensors files, in name order (names and bytes).
+    """sha256 over the checkpoint's safetensors files, in name order.
+
+    A folder of files: over each file's name and bytes, streamed. A Hugging Face cache snapshot whose every
+    weight file links to a blob named by a sha256: over the lines "NAME SHA256\n", the names taken from the blobs
+    without reading a byte (a 140 GB baseline is identified in milliseconds on a runner that restored the Hub
+    cache). That trusts the name: the sha256 the Hub's metadata gave for the file, which huggingface_hub 1.33 does
+    not recompute on download (it checks the size); with QUANTIZE_REREAD_WEIGHTS=1 (`--reread-weights`) every
+    blob is read and must hash to its name, and the identity is the same. The same bytes in the two layouts have
+    two identities: a cache miss (scored again), never another checkpoint's scores.
 
     One gate hashes each checkpoint for scoring, for agreement and for the report, so a file set is
     hashed once per process: the memo key holds every file's size, mtime and inode, and a rewritten
     file is hashed again."""
+    files = safetensors_files(checkpoint)
+    blobs = [hub_blob_sha256(f) for f in files]
+    if files and all(blobs):
+        if os.environ.get(REREAD) == "1":
+            for f, name in zip(files, blobs, strict=True):
+                if sha256_file(f) != name:
+                    raise UsageError(
+                        f"{f} links to the Hub cache blob {f.resolve()}, whose bytes do not hash to its name: the "
+                        "cache was altered or damaged after the download. Delete that blob and download the model again"
+                    )
+        return sha256_bytes("".join(f"{f.name} {name}\n" for f, name in zip(files, blobs, strict=True)).encode())
     return _sha256_of_files(
-        tuple(
-            (f.name, str(f.resolve()), (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino)
-            for f in safetensors_files(checkpoint)
-        )
+        tuple((f.name, str(f.resolve()), (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino) for f in files)
     )
 
 

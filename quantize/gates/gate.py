@@ -210,6 +210,7 @@ def accuracy_rule(
     result = AccuracyResult(
         rule=label,
         task=rule.task,
+        metric=rule.metric,
         verdict=r.verdict,
         evidence=ev,
         p_regression=stats.drop_p(r.delta, r.se),
@@ -248,7 +249,7 @@ def perplexity_rule(
         interval="cluster bootstrap percentile, 2000 resamples",
     )
     result = PerplexityResult(
-        rule=label, task=rule.task, verdict=verdict, evidence=ev, look=look.index if look else None
+        rule=label, task=rule.task, metric=rule.metric, verdict=verdict, evidence=ev, look=look.index if look else None
     )
     return non_finite_is_regression(result, non_finite_items(cand.tasks[rule.task]))
 

@@ -192,3 +192,50 @@ def sizing_text(report: SizingReport) -> str:
         + "\nitems needed: to resolve a drop of the margin with this pair's measured flip rate and clustering; "
         "use a harmless candidate (e.g. 8-bit) to size for passes."
     )
+
+
+HEADLINE = {"pass": "✅ PASS", "rejected": "❌ REJECTED", "inconclusive": "⚠️ INCONCLUSIVE"}
+
+
+def _md_row(r: Any) -> list[str]:
+    """One rule as a Markdown table row: rule, verdict, baseline, candidate, change, bounds, limit."""
+    verdict = r.verdict + (f" ({r.non_finite})" if getattr(r, "non_finite", None) else "")
+    if isinstance(r, UntestedResult):
+        return [r.rule, "untested", "-", "-", "-", "-", r.reason]
+    e = r.evidence
+    if isinstance(r, AccuracyResult):
+        bounds = f"[{e.lower_bound:+.4f}, {e.upper_bound:+.4f}]"
+        base, cand = f"{e.baseline:.4f}", f"{e.candidate:.4f}"
+        return [r.rule, verdict, base, cand, f"{e.delta:+.4f}", bounds, f"Δ ≥ −{e.margin}"]
+    if isinstance(r, PerplexityResult):
+        bounds = f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}]"
+        base, cand = f"{e.baseline_perplexity:.3f}", f"{e.candidate_perplexity:.3f}"
+        return [r.rule, verdict, base, cand, f"×{e.ratio:.4f}", bounds, f"ratio ≤ {e.max_ratio}"]
+    limit = f"≤ {e.max}" if e.max is not None else f"≥ {e.min}"
+    return [r.rule, verdict, "-", f"{e.value:.4f}", "-", f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}]", limit]
+
+
+def render_markdown(v: Verdict) -> str:
+    """The verdict for a CI job summary or a model card: the headline, a table of rules, how far a sequential
+    gate went, the notes and the provenance (identities, golden set, versions)."""
+    p = v.provenance
+    closed = " (fails closed)" if v.verdict == "inconclusive" and v.exit_code else ""
+    lines = [f"### quantize gate `{v.policy}`: {HEADLINE[v.verdict]}{closed}", ""]
+    head = ["rule", "verdict", "baseline", "candidate", "change", "one-sided bounds", "passes when"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _md_row(r)) + " |" for r in v.rules]
+    sq = v.sequential
+    if sq is not None:
+        scored, total = sum(sq.items_scored.values()), sum(sq.items_total.values())
+        taken = f"{sq.looks_taken} of {len(sq.looks)} looks"
+        lines += ["", f"Sequential: {taken}, {scored:,} of {total:,} candidate items scored."]
+    if v.notes:
+        lines += [""] + [f"- note: {n}" for n in v.notes]
+    b, c = p.baseline.checkpoint, p.candidate.checkpoint
+    lines += [
+        "",
+        f"Baseline `{b.identity_sha256[:12]}`, candidate `{c.identity_sha256[:12]}` (checkpoint identities over "
+        f"weights, config and tokenizer); golden set {p.golden.name}/{p.golden.version} "
+        f"(`{p.golden.manifest_sha256[:12]}`), suite `{p.suite}`, lm-eval {p.lm_eval_version}, seed {p.seed}.",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,294 @@
+"""The reusable GitHub Action: its gate step (quantize/flows/action.py) run with a fake GitHub environment on the
+tiny models (summary, outputs, JUnit, exit codes), Hub model ids resolved from a Hub cache built here (weights
+identified by their blob names, not read), the cache key the action saves scores under, and action.yml itself
+checked against the schema of a composite action's metadata."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from quantize import cache, records
+from quantize.checkpoint import files
+from quantize.cli import main as cli
+from quantize.errors import UsageError
+from quantize.flows import action
+from quantize.flows.gate import open_policy
+from quantize.golden.build import Sizes
+from quantize.io import sha256_file
+from quantize.records import Verdict
+
+from conftest import ROOT, small_golden, suite_file
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    base = tmp_path_factory.mktemp("action")
+    small_golden(base)
+    return base
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path_factory.getbasetemp() / "qcache-action"))
+
+
+def _policy(base: Path, name: str, kl_max: float, batch_size: int = 4) -> Path:
+    suite = suite_file(base / f"suite-{batch_size}.yaml", base / "golden" / "v1", batch_size=batch_size)
+    p = base / f"{name}.yaml"
+    p.write_text(
+        f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n"
+        f"  - {{task: core_prose, metric: perplexity, max_ratio: 2.0}}\n  - {{agreement: kl, max: {kl_max}}}\n"
+    )
+    return p
+
+
+def _env(tmp_path: Path, policy: Path, baseline: str, candidate: str, **extra: str) -> dict[str, str]:
+    (tmp_path / "summary.md").write_text("earlier step\n")
+    return {
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+        "GITHUB_OUTPUT": str(tmp_path / "output.txt"),
+        "QUANTIZE_POLICY": str(policy),
+        "QUANTIZE_BASELINE": baseline,
+        "QUANTIZE_CANDIDATE": candidate,
+        "QUANTIZE_JUNIT": str(tmp_path / "gate.xml"),
+        "QUANTIZE_VERDICT": str(tmp_path / "gate.json"),
+        **extra,
+    }
+
+
+def _outputs(tmp_path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in (tmp_path / "output.txt").read_text().splitlines())
+
+
+def test_a_pass_writes_summary_outputs_junit_and_verdict(golden, tiny_model, tmp_path):
+    env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), str(tiny_model))
+    assert action.main(env) == 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.startswith("earlier step\n")  # appended, as GitHub expects of every step
+    assert "✅ PASS" in summary and "| core_facts acc | pass |" in summary and "| agreement kl | pass |" in summary
+    assert _outputs(tmp_path) == {"verdict": "pass", "exit-code": "0"}
+    suite = ET.parse(tmp_path / "gate.xml").getroot()
+    assert suite.tag == "testsuite" and suite.get("tests") == "3" and suite.get("failures") == "0"
+    assert records.read(Verdict, tmp_path / "gate.json").verdict == "pass"
+
+
+def test_a_rejection_fails_the_job_with_its_evidence(golden, tiny_model, tmp_path, capsys):
+    """3-bit RTN of the tiny model moves its near-uniform distributions by a mean KL of about 1e-5: past 1e-6."""
+    recipe = tmp_path / "w3.yaml"
+    out = tmp_path / "w3"
+    recipe.write_text(f"method: rtn\nscheme: W3A16\ngroup_size: 32\ncalibration: null\nmodel: {tiny_model}\n")
+    recipe.write_text(recipe.read_text() + f"output: {out}\n")
+    assert cli(["run", str(recipe), "--quiet"]) == 0
+    env = _env(tmp_path, _policy(golden, "strict-kl", 1e-6), str(tiny_model), str(out))
+    assert action.main(env) == 1
+    assert "❌ REJECTED" in (tmp_path / "summary.md").read_text()
+    assert _outputs(tmp_path) == {"verdict": "rejected", "exit-code": "1"}
+    failures = ET.parse(tmp_path / "gate.xml").getroot().findall("./testcase/failure")
+    assert [f.get("message") for f in failures] == ["agreement kl: regression"]
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"QUANTIZE_CANDIDATE": "no/such/folder"}, "neither an existing path"),
+        ({"QUANTIZE_CANDIDATE": ""}, "`candidate` input is empty"),
+        ({"QUANTIZE_POLICY": ""}, "`policy` input is empty"),
+        ({"QUANTIZE_POLICY": "missing-policy.yaml"}, "missing-policy.yaml"),
+        ({"QUANTIZE_JUNIT": "/no/such/dir/gate.xml"}, "QUANTIZE_JUNIT"),
+    ],
+)
+def test_bad_input_is_exit_2_and_the_summary_says_what_to_fix(golden, tiny_model, tmp_path, change, message):
+    env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), str(tiny_model)) | change
+    assert action.main(env) == 2
+    summary = (tmp_path / "summary.md").read_text()
+    assert "could not run on this input (exit 2)" in summary and message in summary
+    assert _outputs(tmp_path) == {"verdict": "error", "exit-code": "2"}
+    assert not (tmp_path / "gate.json").exists()
+
+
+# --- Hub model ids and blob identities ---------------------------------------------------------------
+
+
+def hub_cache(root: Path, checkpoint: Path, repo: str = "org/tiny", commit: str = "c0ffee" * 6 + "beef") -> Path:
+    """The layout snapshot_download leaves: models--ORG--NAME/{blobs/SHA, snapshots/COMMIT/FILE -> blob, refs/main}.
+    Safetensors blobs are named by their sha256 (LFS files); others by a 40-hex git sha, as on the Hub."""
+    repo_dir = root / ("models--" + repo.replace("/", "--"))
+    snap = repo_dir / "snapshots" / commit
+    (repo_dir / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(commit)
+    for f in sorted(checkpoint.iterdir()):
+        name = sha256_file(f) if f.suffix == ".safetensors" else sha256_file(f)[:40]
+        shutil.copyfile(f, repo_dir / "blobs" / name)
+        (snap / f.name).symlink_to(Path("..") / ".." / "blobs" / name)
+    return snap
+
+
+@pytest.fixture
+def hub(tmp_path, tiny_model, monkeypatch):
+    from huggingface_hub import constants
+
+    snap = hub_cache(tmp_path / "hub", tiny_model)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the runner restored the cache: nothing to fetch
+    return snap
+
+
+def test_a_hub_snapshot_is_identified_by_its_blob_names_without_reading_them(hub, monkeypatch):
+    want = files.sha256_bytes(f"model.safetensors {sha256_file(hub / 'model.safetensors')}\n".encode())
+
+    def no_reading(*_a: Any) -> str:
+        raise AssertionError("a weight byte was read")
+
+    monkeypatch.setattr(files, "sha256_file", no_reading)
+    monkeypatch.setattr(files, "sha256_named_files", no_reading)
+    assert files.weights_sha256(hub) == want
+
+
+def test_rereading_checks_blobs_against_their_names_and_keeps_the_identity(hub, monkeypatch):
+    trusted = files.weights_sha256(hub)
+    monkeypatch.setenv(files.REREAD, "1")
+    assert files.weights_sha256(hub) == trusted
+    blob = (hub / "model.safetensors").resolve()
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1  # one bit of the last tensor flipped after the download
+    blob.write_bytes(bytes(data))
+    with pytest.raises(UsageError, match="do not hash to its name"):
+        files.weights_sha256(hub)
+    monkeypatch.delenv(files.REREAD)
+    assert files.weights_sha256(hub) == trusted  # trusting the name: the documented cost of not re-reading
+
+
+def test_a_copied_out_checkpoint_is_another_identity_not_another_score(hub, tiny_model):
+    assert files.weights_sha256(hub) != files.weights_sha256(tiny_model)  # two layouts, two identities (docstring)
+
+
+def test_the_action_gates_a_hub_model_id(golden, tiny_model, tmp_path, hub):
+    env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), "org/tiny")
+    assert action.resolve("org/tiny", "", "candidate") == hub
+    assert action.main(env) == 0, (tmp_path / "summary.md").read_text()
+    v = records.read(Verdict, tmp_path / "gate.json")
+    assert v.provenance.candidate.checkpoint.path == str(hub)
+    assert action.main(env | {"QUANTIZE_CANDIDATE_REVISION": "v9"}) == 3  # offline: no such revision cached
+    assert "failed" in (tmp_path / "summary.md").read_text()
+
+
+# --- the cache key ----------------------------------------------------------------------------------------
+
+
+def _key(policy: Path) -> str:
+    return cache.restore_key(open_policy(policy)[1])
+
+
+def test_the_cache_key_changes_when_and_only_when_what_keys_scores_changes(golden, tmp_path, monkeypatch, capsys):
+    base = _key(_policy(golden, "lenient", 0.5))
+    assert re.fullmatch(r"quantize-scores-[0-9a-f]{32}", base)
+    assert cli(["cache-key", str(_policy(golden, "lenient", 0.5))]) == 0 and capsys.readouterr().out.strip() == base
+    # not: the policy's rules, its name, where the policy lies, a comment in the suite
+    assert _key(_policy(golden, "another-policy", 0.01)) == base
+    elsewhere = tmp_path / "p.yaml"
+    shutil.copyfile(_policy(golden, "lenient", 0.5), elsewhere)
+    assert _key(elsewhere) == base
+    suite = golden / "suite-4.yaml"
+    commented = tmp_path / "commented.yaml"
+    commented.write_text("# the same suite\n" + suite.read_text())
+    pol = tmp_path / "pc.yaml"
+    pol.write_text(_policy(golden, "lenient", 0.5).read_text().replace(str(suite), str(commented)))
+    assert _key(pol) == base
+    # yes: the suite's settings, the golden set, a pinned version
+    assert _key(_policy(golden, "lenient", 0.5, batch_size=2)) != base
+    other = tmp_path / "g2"
+    small_golden(other, Sizes(facts=20, cloze=12, analogy=6, kv=9, prose=4, smoke=3))  # another set: 20 facts
+    assert _key(_policy(other, "lenient", 0.5)) != base
+    real = cache.metadata.version
+    monkeypatch.setattr(cache.metadata, "version", lambda d: "9.9.9" if d == "transformers" else real(d))
+    assert _key(_policy(golden, "lenient", 0.5)) != base
+
+
+# --- action.yml ---------------------------------------------------------------------------------------------
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str
+    required: bool = False
+    default: str | None = None
+    deprecationMessage: str | None = None
+
+
+class _Output(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    description: str
+    value: str
+
+
+class _Step(BaseModel):
+    """A composite action's step, as GitHub's metadata syntax defines it."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str | None = None
+    id: str | None = None
+    if_: str | None = Field(None, alias="if")
+    uses: str | None = None
+    run: str | None = None
+    shell: str | None = None
+    with_: dict[str, Any] | None = Field(None, alias="with")
+    env: dict[str, str] | None = None
+    working_directory: str | None = Field(None, alias="working-directory")
+    continue_on_error: bool | None = Field(None, alias="continue-on-error")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> _Step:
+        assert (self.uses is None) != (self.run is None), "a step has `uses` or `run`"
+        assert self.run is None or self.shell, "a composite `run` step needs `shell`"
+        return self
+
+
+class _Runs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    using: Literal["composite"]
+    steps: list[_Step]
+
+
+class _Action(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    description: str
+    author: str | None = None
+    branding: dict[str, str] | None = None
+    inputs: dict[str, _Input]
+    outputs: dict[str, _Output]
+    runs: _Runs
+
+
+def test_action_yml_is_a_valid_composite_action_wired_to_its_entry():
+    text = (ROOT / "action.yml").read_text()
+    meta = _Action.model_validate(yaml.safe_load(text))
+    assert {"baseline", "candidate", "policy", "cache-key-extra"} <= set(meta.inputs)
+    assert set(re.findall(r"inputs\.([\w-]+)", text)) <= set(meta.inputs)  # no expression names a missing input
+    ids = [s.id for s in meta.runs.steps]
+    for i, step in enumerate(meta.runs.steps):  # a step reads outputs of earlier steps only
+        for ref in re.findall(r"steps\.([\w-]+)\.outputs", json.dumps(step.model_dump(by_alias=True))):
+            assert ref in ids[:i], (step.name, ref)
+    for o in meta.outputs.values():
+        assert re.fullmatch(r"\$\{\{ steps\.gate\.outputs\.[\w-]+ \}\}", o.value)
+    gate = next(s for s in meta.runs.steps if s.id == "gate")
+    assert gate.run == "python -m quantize.flows.action"
+    read = set(re.findall(r'env\.get\("(QUANTIZE_\w+)"', Path(action.__file__).read_text()))
+    assert read == {k for k in gate.env if k != "QUANTIZE_REREAD_WEIGHTS"}  # every variable the entry reads, set
+    assert files.REREAD == "QUANTIZE_REREAD_WEIGHTS"
+    key = next(s for s in meta.runs.steps if s.id == "key")
+    assert "quantize cache-key" in key.run  # the key comes from the code, not from a list of files to hash
+    example = yaml.safe_load((ROOT / ".github" / "workflows" / "gate-checkpoint.example.yml").read_text())
+    uses = [s.get("uses") for s in example["jobs"]["gate"]["steps"]]
+    assert "./" in uses  # the example workflow runs this action
