@@ -560,6 +560,10 @@ class SequentialRecord(_Strict):
     items_total: dict[str, int]  # items in the golden set per task
     strata: dict[str, dict[str, int]]  # per task: items per stratum in the golden set
     candidate_seconds: float | None = None  # wall time spent scoring the candidate (None: from a cache)
+    # the batch plan: the candidate's lm-eval runs in order, items per task each (lm-eval sorts one run's requests
+    # by length and cuts them into batches of batch_size, so the run's items fix its batches); [] from a cache
+    batch_size: int | None = None
+    stage_runs: list[dict[str, int]] = Field(default_factory=list)
 
 
 class Verdict(Record):

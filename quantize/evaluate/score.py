@@ -232,6 +232,7 @@ class Staged:
         self.meta: dict[str, tuple[str, float | str, str | None]] = {}
         self._last: ScoreDoc | None = None
         self.seconds = 0.0
+        self.calls: list[dict[str, int]] = []  # each lm-eval run: items scored per task (its batches follow from them)
 
     @property
     def cached(self) -> bool:
@@ -244,6 +245,7 @@ class Staged:
         else:
             new = {t: sorted(self.index[t][i] for i in v if i not in self.items[t]) for t, v in ids.items()}
             if any(new.values()):
+                self.calls.append({t: len(v) for t, v in new.items() if v})
                 t0 = time.perf_counter()
                 doc = run_lm_eval(self.suite, self.ckpt, self.ref, self.models, samples=new)
                 self.seconds += time.perf_counter() - t0

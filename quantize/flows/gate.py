@@ -243,4 +243,5 @@ def run_sequential(
     seconds = None if staged.cached else round(staged.seconds, 1)
     candidate = side(cand) if cand is not None else SideRef(checkpoint=staged.ref, batch_size=suite.suite.batch_size)
     record = sq.record(policy.sequential, bounds, taken, plans, scored, seconds)
+    record = record.model_copy(update={"batch_size": suite.suite.batch_size, "stage_runs": staged.calls})
     return verdict_of(policy, base, candidate, results, record)

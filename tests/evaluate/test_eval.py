@@ -317,6 +317,7 @@ def test_staged_scoring_matches_full_scoring_and_scores_each_item_once(setup, ti
     first = staged.score({"core_facts": order["core_facts"][:5], "core_prose": order["core_prose"][:2]})
     second = staged.score({"core_facts": order["core_facts"][:9]})
     assert calls == [{"core_facts": [0, 1, 2, 3, 4], "core_prose": [0, 1]}, {"core_facts": [5, 6, 7, 8]}]
+    assert staged.calls == [{"core_facts": 5, "core_prose": 2}, {"core_facts": 4}]  # the batch plan the verdict records
     assert [i.id for i in first.tasks["core_prose"].items] == order["core_prose"][:2]
     ref = {i.id: i for i in full.tasks["core_facts"].items}
     assert [i.id for i in second.tasks["core_facts"].items] == order["core_facts"][:9]
@@ -340,6 +341,13 @@ def test_sequential_gate_a_a_on_a_tiny_model(setup, tiny_model, tmp_path, capsys
     # score rules carry the look that decided them; agreement is measured once, before the first look
     assert [r.look is not None for r in v.rules] == [True, True, False]
     assert v.sequential.items_total["core_facts"] == 24 and 0 < v.sequential.items_scored["core_facts"] <= 24
+    # the batch plan: every lm-eval run of the candidate and the batch size (none when read from the cache)
+    sq = v.sequential
+    assert sq.batch_size == 4
+    if sq.candidate_seconds is None:
+        assert sq.stage_runs == []
+    else:
+        assert {t: sum(r.get(t, 0) for r in sq.stage_runs) for t in sq.items_scored} == sq.items_scored
 
 
 @pytest.mark.parametrize("value", [0.0, 0.5])
