@@ -225,11 +225,9 @@ def _fp4_reference(stored: dict, prefix: str, scheme: str) -> Any:
     return values * scale.repeat_interleave(values.shape[1] // s.shape[1], dim=1)
 
 
-@pytest.mark.parametrize("scheme", ["NVFP4A16", "MXFP4A16"])
-def test_scored_fp4_logits_equal_a_reference_fake_quantization(tmp_path, tiny_model, capsys, scheme):
-    """The scorer's model (dequantized at load, float32) holds the reference weights: exactly for MXFP4, to bf16
-    rounding for NVFP4 (compressed-tensors dequantizes in bf16). Its logits equal the source model's with those
-    weights in place: nothing but the weights changes a weight-only format's forward."""
+def _scored_and_source(tmp_path: Any, tiny_model: Any, capsys: Any, scheme: str) -> tuple[dict, Any, Any]:
+    """The tiny model converted to `scheme`: its stored tensors, the model as the scorer loads it (float32, CPU)
+    and the source model in float32, to take reference weights."""
     import torch
     from safetensors.torch import load_file
 
@@ -237,9 +235,18 @@ def test_scored_fp4_logits_equal_a_reference_fake_quantization(tmp_path, tiny_mo
 
     run_ok(write_recipe(tmp_path, tiny_model, scheme.lower(), **FORMAT_RUNS[scheme]), capsys)
     out = tmp_path / "out" / scheme.lower()
-    stored = load_file(str(out / "model.safetensors"))
     scored, _ = LastModel().get(out, dtype="float32", on="cpu")
-    reference, _ = load_model(tiny_model, dtype=torch.float32)
+    return load_file(str(out / "model.safetensors")), scored, load_model(tiny_model, dtype=torch.float32)[0]
+
+
+@pytest.mark.parametrize("scheme", ["NVFP4A16", "MXFP4A16"])
+def test_scored_fp4_logits_equal_a_reference_fake_quantization(tmp_path, tiny_model, capsys, scheme):
+    """The scorer's model (dequantized at load, float32) holds the reference weights: exactly for MXFP4, to bf16
+    rounding for NVFP4 (compressed-tensors dequantizes in bf16). Its logits equal the source model's with those
+    weights in place: nothing but the weights changes a weight-only format's forward."""
+    import torch
+
+    stored, scored, reference = _scored_and_source(tmp_path, tiny_model, capsys, scheme)
     linears = sorted(k.removesuffix("weight_packed") for k in stored if k.endswith("weight_packed"))
     assert len(linears) == 14
     with torch.no_grad():
@@ -315,15 +322,8 @@ def test_scored_quantized_activation_forms_equal_a_reference_fake_quantization(t
     quantized linear's input fake-quantized by _act_reference. NVFP4's weights are the scorer's own (equal to the
     reference to bf16 rounding, test above: compressed-tensors dequantizes them in bf16)."""
     import torch
-    from safetensors.torch import load_file
 
-    from quantize.checkpoint.loader import LastModel, load_model
-
-    run_ok(write_recipe(tmp_path, tiny_model, scheme.lower(), **FORMAT_RUNS[scheme]), capsys)
-    out = tmp_path / "out" / scheme.lower()
-    stored = load_file(str(out / "model.safetensors"))
-    scored, _ = LastModel().get(out, dtype="float32", on="cpu")
-    reference, _ = load_model(tiny_model, dtype=torch.float32)
+    stored, scored, reference = _scored_and_source(tmp_path, tiny_model, capsys, scheme)
     linears = sorted(k.removesuffix("weight_scale") for k in stored if k.endswith("weight_scale"))
     assert len(linears) == (12 if scheme == "FP8_BLOCK" else 14)  # FP8 block keeps down_proj (192 inputs)
     hooks = []
