@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 
 CONTEXT_FIELD = "golden_context"
 SHOTS_FIELD = "golden_shots"
@@ -136,7 +136,7 @@ def check_prompts(written: Path, originals: dict[str, dict[int, list[str]]], id_
                 if got.get(doc) != want[doc]:
                     item = docs[doc][id_field[name]] if doc < len(docs) else doc
                     mine = (got.get(doc) or ["(none)"])[0]
-                    raise UsageError(
+                    raise RuntimeFailure(  # the freeze's own fault, not the user's input: exit 3
                         f"task {name}: the frozen item {item} would be scored on another prompt than the original "
                         f"task gives it (frozen {mine[-120:]!r}, original {want[doc][0][-120:]!r}); nothing was "
                         "written. Please report it with the task's YAML"

@@ -316,8 +316,9 @@ def test_a_dataset_this_machine_cannot_read_offline_names_the_two_routes(tmp_pat
 
 def test_the_freezes_prompt_check_names_an_item_whose_prompt_differs(std):
     """check_prompts is what every freeze runs on the temporary folder: a prompt that is not the original
-    task's is an error naming the task and the item (and the folder is never renamed into place)."""
-    from quantize.errors import UsageError
+    task's is an error naming the task and the item (and the folder is never renamed into place): our failure,
+    exit 3, not the user's input."""
+    from quantize.errors import RuntimeFailure
     from quantize.golden.freeze import load_tasks
     from quantize.golden.prompts import check_prompts, prompts
 
@@ -325,5 +326,5 @@ def test_the_freezes_prompt_check_names_an_item_whose_prompt_differs(std):
     original = prompts(load_tasks(["arc_easy"], tasks)["arc_easy"])
     check_prompts(out, {"arc_easy": original}, {"arc_easy": "golden_id"})  # the frozen set as written: no error
     original[3] = [c.replace("Question:", "Q:") for c in original[3]]
-    with pytest.raises(UsageError, match="arc_easy: the frozen item arc_easy-00003 would be scored on another prompt"):
+    with pytest.raises(RuntimeFailure, match="arc_easy: the frozen item arc_easy-00003 would be scored on another"):
         check_prompts(out, {"arc_easy": original}, {"arc_easy": "golden_id"})
