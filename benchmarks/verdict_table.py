@@ -1,6 +1,6 @@
 """A Markdown table of saved verdicts (`quantize gate ... --json` files, as make gate-these writes beside each
 checkpoint): bits per weight from each checkpoint's quantize.json, every rule's change, the verdict and the rules
-that decided it.
+that decided it (its regressions and inconclusive rules; an untested rule decided nothing).
 
     python benchmarks/verdict_table.py outputs/fp8-kv/gate.json outputs/nvfp4/gate.json ...
 
@@ -48,7 +48,8 @@ def main(paths: list[str]) -> int:
             b = records.read(RunRecord, meta).bits
             q = b.quantized_linear_bits_per_weight
             bits = f"{b.bits_per_weight:.3f} | {q:.3f}" if q else f"{b.bits_per_weight:.3f} | -"
-        decided = ", ".join(f"{r.rule} ({r.verdict})" for r in v.rules if r.verdict != "pass") or "none"
+        decided = ", ".join(f"{r.rule} ({r.verdict})" for r in v.rules if r.verdict not in ("pass", "untested"))
+        decided = decided or "none"
         rows.append(
             f"| {p.parent.name} | {bits} | " + " | ".join(cell(r) for r in v.rules) + f" | {v.verdict} | {decided} |"
         )
