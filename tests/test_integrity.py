@@ -486,8 +486,14 @@ def test_a_signal_cleans_up_and_exits_with_its_shell_code(tmp_path, sig, code):
     import sys
 
     out = tmp_path / "set" / "v1"
+    # a job started in the background of a non-interactive shell inherits SIGINT ignored (POSIX), and Python
+    # then leaves it ignored: the child starts with the default disposition, as a terminal's command does
     p = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", CHILD, str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert p.stdout.readline().strip() == "ready"
