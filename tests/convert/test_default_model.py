@@ -49,7 +49,7 @@ def test_shipped_recipe_converts_default_model(tmp_path, recipe, capsys):
     meta = records.read(RunRecord, tmp_path / recipe.stem / "quantize.json")
     assert meta.source_model.parameters == 134_515_008
     assert 4 < meta.bits.bits_per_weight < 16
-    if data["method"] in ("gptq", "awq") and data["group_size"] == 128:
+    if data["method"] in ("gptq", "awq") and data.get("group_size") == 128:  # the FP4 forms fix their own groups
         # 576 input features: group 64 for q/k/v/o/gate/up, 128 for down_proj (1536)
         assert meta.layer_plan.by_group_size == {"128": 30, "64": 180}
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / recipe.stem))
