@@ -6,13 +6,15 @@ One entry per accuracy and perplexity rule: task, dataset = the golden set's nam
 sha256 as the dataset's revision), metric, the candidate's value, and under `args` the baseline's value, the
 change, the rule's limit and outcome, and `source: quantize gate` (model-index has no field of its own for a
 baseline; its `source` needs a URL, and the mark in `args` is how a later verdict finds the entries to replace).
-Agreement rules (KL, top-1) compare two models and have no dataset score of the candidate alone: they appear in
-the human section only. The card is rewritten whole and atomically; a card quantize wrote before keeps its text, and an
+Agreement rules (KL, top-1) compare two models and have no dataset score of the candidate alone, and a rule whose
+figures are not finite has no number to publish: both appear in the human section only. The card is rewritten
+whole and atomically; a card quantize wrote before keeps its text, and an
 earlier verdict's section and results are replaced, not stacked.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,8 @@ def eval_results(v: Verdict) -> list[Any]:
             args = {"baseline": e.baseline_perplexity, "ratio": e.ratio, "max_ratio": e.max_ratio}
         else:
             continue
+        if not all(math.isfinite(x) for x in (value, *args.values())):
+            continue  # a non-finite figure is a regression the section shows; never a number in the front matter
         out.append(
             EvalResult(
                 task_type="text-generation",

@@ -75,3 +75,21 @@ def test_a_card_for_another_checkpoint_is_refused(policy, tiny_model, tmp_path, 
     assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 2
     assert "would claim another checkpoint's results" in capsys.readouterr().err
     assert not (cand / "README.md").exists()
+
+
+def test_a_non_finite_figure_is_no_model_index_number(policy, tiny_model, tmp_path, capsys):
+    """A verdict whose candidate evidence holds NaN (a regression): the section says so, the front matter gets
+    no NaN value (the rule is left out of model-index)."""
+    cand = tmp_path / "cand"
+    shutil.copytree(tiny_model, cand)
+    assert main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(cand), "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)
+    facts = next(r for r in verdict["rules"] if r["rule"] == "core_facts acc")
+    facts["evidence"]["candidate"] = "NaN"  # as an evidence record writes a non-finite number
+    facts["verdict"], facts["non_finite"] = "regression", "candidate accuracy"
+    (tmp_path / "v.json").write_text(json.dumps(verdict))
+    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
+    text = (cand / "README.md").read_text()
+    card = ModelCard.load(cand / "README.md")
+    assert [r.task_name for r in card.data.eval_results] == ["core_prose"] and "nan" not in text.split("---")[1].lower()
+    assert "| core_facts acc | regression (candidate accuracy) |" in text
