@@ -18,10 +18,21 @@ code ran (--trust-remote-code).
     search     $QUANTIZE_CACHE/search/sensitivity-KEY.json  KEY = sha256(model identity, base recipe, options,
                                                                unit, golden manifest, suite, per_task, top_k,
                                                                device kind, dtype)
+    weights    $QUANTIZE_CACHE/identity/KEY.json  a folder's weights hash; KEY = sha256(this machine's boot id, and
+                                                 per file: name, path, device, inode, size, mtime, ctime)
+
+    probes     $QUANTIZE_CACHE/probe/NAME-KEY.json  a machine measurement (the bf16 speed-up); KEY = sha256(boot id,
+                                                torch version): measured once per boot, so every conversion on
+                                                the machine decides alike whatever else runs beside it
+
+A weights hash memo is only ever found again by the same files on the same machine since its last boot, unchanged
+(any write, rename or chmod moves a file's ctime, which no user-space call can set back): one restored from another
+machine, or written before a reboot, never matches, so a cache writer elsewhere cannot choose an identity here.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Iterator
@@ -42,6 +53,81 @@ from quantize.suite import DEVICE_KINDS, OpenSuite, device_kind
 def cache_dir() -> Path:
     """$QUANTIZE_CACHE, default ~/.cache/quantize: the default model, scores and agreement results."""
     return Path(os.environ.get("QUANTIZE_CACHE") or Path.home() / ".cache" / "quantize")
+
+
+def shared_path() -> str:
+    """The cache folder as an absolute path: what processes started elsewhere (a sweep's workers) are handed."""
+    return str(cache_dir().resolve())
+
+
+def boot_id() -> str | None:
+    """This machine's boot: Linux's random id, new at every boot; None where there is none (no memo is kept)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _weights_memo_path(files: list[tuple[str, Path]]) -> Path | None:
+    boot = boot_id()
+    if boot is None:
+        return None
+    stats = []
+    for name, path in files:
+        st = path.stat()
+        stats.append([name, str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+    return cache_dir() / "identity" / f"{sha256_json({'boot': boot, 'files': stats})}.json"
+
+
+def lookup_weights_hash(files: list[tuple[str, Path]]) -> str | None:
+    """The weights hash of these files as an earlier process here computed it (module docstring), else None."""
+    path = _weights_memo_path(files)
+    try:
+        found = json.loads(path.read_text()).get("weights_sha256") if path is not None else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    hexdigits = "0123456789abcdef"
+    return found if isinstance(found, str) and len(found) == 64 and all(c in hexdigits for c in found) else None
+
+
+def store_weights_hash(files: list[tuple[str, Path]], sha256: str) -> None:
+    """Remember a weights hash for the files as they are now; a cache that cannot be written keeps nothing."""
+    path = _weights_memo_path(files)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps({"weights_sha256": sha256}) + "\n")
+    except OSError:
+        pass
+
+
+def _probe_path(name: str) -> Path | None:
+    boot = boot_id()
+    if boot is None:
+        return None
+    return cache_dir() / "probe" / f"{name}-{sha256_json({'boot': boot, 'torch': metadata.version('torch')})}.json"
+
+
+def lookup_probe(name: str) -> float | None:
+    """A machine measurement taken earlier since this boot (module docstring), else None."""
+    path = _probe_path(name)
+    try:
+        value = json.loads(path.read_text()).get("value") if path is not None else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
+
+
+def store_probe(name: str, value: float) -> None:
+    path = _probe_path(name)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps({"value": value}) + "\n")
+    except OSError:
+        pass
 
 
 @contextmanager

@@ -320,9 +320,9 @@ def weights_sha256(checkpoint: Path) -> str:
     blob is read and must hash to its name, and the identity is the same. The same bytes in the two layouts have
     two identities: a cache miss (scored again), never another checkpoint's scores.
 
-    One gate hashes each checkpoint for scoring, for agreement and for the report, so a file set is
-    hashed once per process: the memo key holds every file's size, mtime and inode, and a rewritten
-    file is hashed again."""
+    A folder's hash is memoized in the process (one gate hashes each checkpoint for scoring, for agreement and for
+    the report) and in the cache (quantize/cache.py `weights`: every process on this machine, such as a sweep's
+    workers, finds it again until a file changes or the machine reboots); a rewritten file is hashed again."""
     files = safetensors_files(checkpoint)
     blobs = [hub_blob_sha256(f) for f in files]
     if files and all(blobs):
@@ -341,7 +341,14 @@ def weights_sha256(checkpoint: Path) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _sha256_of_files(files: tuple[tuple[str, str, int, int, int], ...]) -> str:
-    return sha256_named_files([(name, Path(path)) for name, path, *_ in files])
+    from quantize import cache
+
+    named = [(name, Path(path)) for name, path, *_ in files]
+    if (found := cache.lookup_weights_hash(named)) is not None:
+        return found
+    sha = sha256_named_files(named)
+    cache.store_weights_hash(named, sha)
+    return sha
 
 
 def checkpoint_folders(given: list[str]) -> list[Path]:

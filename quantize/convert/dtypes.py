@@ -40,16 +40,30 @@ def bf16_speedup(tokens: int = 512, d_in: int = 576, d_out: int = 1536, repeats:
 BF16_FAST = 1.5
 
 
+def machine_bf16_speedup() -> tuple[float, bool]:
+    """`bf16_speedup` measured once per boot of this machine and kept in the cache (cache.py `probes`), so every
+    conversion here calibrates in the same dtype whatever runs beside it: a timing taken while another job shared
+    the cores measured 1.34 where the idle machine measures 2.3, and flipped a conversion to float32 (other
+    weights from the same recipe). Returns the speed-up and whether it was measured just now."""
+    from quantize import cache
+
+    if (found := cache.lookup_probe("bf16-speedup")) is not None:
+        return found, False
+    speedup = bf16_speedup()
+    cache.store_probe("bf16-speedup", speedup)
+    return speedup, True
+
+
 def calibration_dtype(recipe: Recipe, model_dir: Path) -> tuple[str, str]:
     """The dtype to calibrate in ("auto": the checkpoint's own) and why.
 
     The recipe's `dtype` wins. On an accelerator: the checkpoint's own dtype. On a CPU, for a bf16 checkpoint:
-    its own dtype where bf16 matmuls run at least BF16_FAST× faster than float32 (`bf16_speedup`, measured at
-    the start of each run), as plain llm-compressor would calibrate; float32 elsewhere (the float scales are
-    then cast back to bf16 after the integers are chosen). AWQ calibrates in float32 on a CPU whatever the
-    probe says: its grid search over bf16 activations has produced non-finite losses. GPTQModel's AWQ packs only
-    from float16 or bfloat16 weights (its AwqTorchLinear refuses float32): the checkpoint's own half dtype, else
-    bfloat16."""
+    its own dtype where bf16 matmuls run at least BF16_FAST× faster than float32 (`bf16_speedup`, measured by
+    the first run after the machine boots and kept: `machine_bf16_speedup`), as plain llm-compressor would
+    calibrate; float32 elsewhere (the float scales are then cast back to bf16 after the integers are chosen).
+    AWQ calibrates in float32 on a CPU whatever the probe says: its grid search over bf16 activations has
+    produced non-finite losses. GPTQModel's AWQ packs only from float16 or bfloat16 weights (its AwqTorchLinear
+    refuses float32): the checkpoint's own half dtype, else bfloat16."""
     from quantize.convert.recipe import Backend, Method
 
     if recipe.dtype:
@@ -66,10 +80,11 @@ def calibration_dtype(recipe: Recipe, model_dir: Path) -> tuple[str, str]:
         return "float32", "AWQ on a CPU (its grid search keeps finite losses in float32)"
     if src != "bfloat16":
         return "float32", f"a {src} checkpoint on a CPU (no fast {src} kernels assumed)"
-    speedup = bf16_speedup()
+    speedup, now = machine_bf16_speedup()
+    when = "measured" if now else "measured earlier since this machine booted"
     if speedup >= BF16_FAST:
-        return "auto", f"bf16 matmuls {speedup:.1f}x faster than float32 on this CPU (measured)"
-    return "float32", f"bf16 matmuls {speedup:.2f}x the speed of float32 on this CPU (measured; < {BF16_FAST})"
+        return "auto", f"bf16 matmuls {speedup:.1f}x faster than float32 on this CPU ({when})"
+    return "float32", f"bf16 matmuls {speedup:.2f}x the speed of float32 on this CPU ({when}; < {BF16_FAST})"
 
 
 def source_dtype(model_dir: Path) -> str:

@@ -260,7 +260,7 @@ def test_calibration_dtype_follows_what_the_cpu_does_well(tmp_path, monkeypatch)
     (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
     speed = {"x": 6.0}
     probes = []
-    monkeypatch.setattr(dtypes, "bf16_speedup", lambda: probes.append(1) or speed["x"])
+    monkeypatch.setattr(dtypes, "machine_bf16_speedup", lambda: (probes.append(1) or speed["x"], True))
     monkeypatch.setattr(dtypes, "device", lambda: "cpu")
 
     def choice(method: str = "gptq-w4", **fields) -> str:
@@ -280,6 +280,23 @@ def test_calibration_dtype_follows_what_the_cpu_does_well(tmp_path, monkeypatch)
     monkeypatch.setattr(dtypes, "device", lambda: "cuda")
     (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
     assert choice() == "auto" and len(probes) == n
+
+
+def test_the_bf16_probe_is_taken_once_per_boot(tmp_path, monkeypatch):
+    """Measured by the first conversion after a boot and kept: a later one (a sweep's worker beside another job)
+    decides alike without timing anything; another boot, or a kept value that is not a speed-up, is measured again."""
+    from quantize import cache
+    from quantize.convert import dtypes
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    timings = iter([2.3, 1.2, 4.0])
+    monkeypatch.setattr(dtypes, "bf16_speedup", lambda: next(timings))
+    assert dtypes.machine_bf16_speedup() == (2.3, True)
+    assert dtypes.machine_bf16_speedup() == (2.3, False)  # not 1.2: the first timing stands
+    monkeypatch.setattr(cache, "boot_id", lambda: "after-a-reboot")
+    assert dtypes.machine_bf16_speedup() == (1.2, True)
+    cache._probe_path("bf16-speedup").write_text('{"value": "fast"}')
+    assert dtypes.machine_bf16_speedup() == (4.0, True)
 
 
 def test_bf16_probe_is_a_ratio_of_two_timings(monkeypatch):
