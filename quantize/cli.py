@@ -29,7 +29,7 @@ from quantize.errors import (
 # OS errors that say a path given on the command line or in a file cannot name a file.
 BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR}
 # Commands that write an output folder (atomically): only these can promise to leave nothing half-written.
-WRITES_OUTPUT = {"run", "report", "model", "golden new", "golden freeze", "search"}
+WRITES_OUTPUT = {"run", "report", "model", "golden new", "golden freeze", "search", "sweep"}
 
 
 def _offline() -> None:
@@ -300,6 +300,16 @@ def cmd_search(args: argparse.Namespace) -> int:
     return EXIT_OK if report.result else EXIT_REJECTED
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from quantize.records import to_json
+    from quantize.sweep.render import sweep_text
+    from quantize.sweep.run import run_sweep
+
+    record = run_sweep(args.sweep, args.address, args.max_parallel, args.clean)
+    print(to_json(record) if args.json else sweep_text(record))
+    return record.exit_code
+
+
 # --- the parser ----------------------------------------------------------------------------------------------
 
 
@@ -527,6 +537,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     se.add_argument("--policy", help="the gate policy every tried allocation must pass; overrides the spec's")
     se.set_defaults(fn=cmd_search)
+
+    sw = sub.add_parser(
+        "sweep",
+        parents=[flags["json"]],
+        help="convert and gate many candidates on a Ray cluster (a laptop is a cluster of one)",
+        description="Exit 0: every candidate passed; otherwise the worst candidate's: 1 rejected or inconclusive, "
+        "2 bad input, 3 failure. Running the same command again skips candidates already converted and gated.",
+    )
+    sw.add_argument("sweep", help="sweep file, e.g. sweeps/default.yaml")
+    sw.add_argument("--address", help="the Ray cluster: local, auto, ray://HOST:10001 (overrides the file's)")
+    sw.add_argument("--max-parallel", type=int, help="tasks submitted at once (0: as the resources allow)")
+    sw.add_argument("--clean", action="store_true", help="remove folders killed conversions left beside the outputs")
+    sw.set_defaults(fn=cmd_sweep)
 
     m = sub.add_parser("model", help="the embedded default model (SmolLM2-135M-Instruct)")
     m.add_argument("action", choices=["prepare", "path"], help="prepare: convert the GGUF once; path: print its folder")

@@ -9,6 +9,7 @@ by key) and read back through its model by `read`.
                                                                  winner's RunRecord and writes it again with its
                                                                  `search` reference
     SensitivityRecord $QUANTIZE_CACHE/search/sensitivity-*.json  written by `quantize search`
+    SweepRecord      OUTPUT/sweep-NAME/sweep.json                written by `quantize sweep` (every task and attempt)
 
 Every record carries `schema_version`; `read` refuses a file of another version, or with an unknown or
 missing key, as a UsageError (exit 2) that names the file and says how to regenerate it. Records are
@@ -653,6 +654,72 @@ class SearchReport(Record):
     tries: list[TryRecord]
     result: str | None  # the checkpoint that passed, or None
     drivers: list[str]  # when none passed: the layer groups that damage most at the base option
+
+
+# --- sweep ------------------------------------------------------------------------------------------
+
+TaskKind = Literal["convert", "baseline", "gate"]
+
+
+class AttemptRecord(_Strict):
+    """One run of a task in a worker process: where, and how it ended."""
+
+    pid: int
+    node: str  # the Ray node id
+    host: str  # the node's address
+    started: str
+    threads: int  # torch's thread count in the worker (the task's num_cpus)
+    outcome: Literal["finished", "died"]  # died: the worker process ended before the task returned
+    seconds: float | None  # wall time in the worker; None when it died
+    log: str  # the attempt's stdout and stderr
+
+
+class SweepTaskRecord(_Strict):
+    task: str  # "baseline", "convert NAME", "gate NAME"
+    kind: TaskKind
+    candidate: str | None  # None: the baseline
+    state: Literal["done", "failed", "skipped", "not run"]  # skipped: its record was complete from an earlier run
+    exit_code: int | None  # the command's: 0, 1 (gate rejected), 2 bad input, 3 failure; None: not run
+    message: str
+    attempts: list[AttemptRecord]
+    record: str | None  # what the task wrote: a quantize.json or a gate.json
+    scored: list[str]  # identities this task scored in full (not from the cache)
+
+
+class CandidateRecord(_Strict):
+    name: str
+    source: str  # the recipe file, or the checkpoint folder given
+    checkpoint: str | None  # the folder gated (None: no conversion was made)
+    bits_per_weight: float | None
+    verdict: GateOutcome | None
+    failed_rules: list[str]
+    exit_code: int  # 0 pass, 1 rejected or inconclusive, 2 bad input, 3 failure
+    message: str
+    wall_seconds: float | None  # its tasks' worker time in this run (None: nothing ran)
+    nodes: list[str]
+
+
+class SweepRecord(Record):
+    """OUTPUT/sweep-NAME/sweep.json: what `quantize sweep` ran, where, and what each candidate came to."""
+
+    WHAT: ClassVar[str] = "sweep record"
+    REGENERATE: ClassVar[str] = "run `quantize sweep SWEEP` again (finished candidates are skipped)"
+
+    schema_version: Literal[1] = 1
+    created: str
+    spec: str
+    spec_sha256: str
+    resolved: dict[str, Any]
+    address: str
+    nodes: list[str]  # node id and address of every node alive at the start
+    policy: str
+    baseline: str
+    candidates: list[CandidateRecord]
+    tasks: list[SweepTaskRecord]
+    wall_seconds: float
+    report: str | None  # the report folder (None: it could not be drawn; the reason is in `notes`)
+    exit_code: int
+    notes: list[str] = Field(default_factory=list)
 
 
 # --- reading and writing ---------------------------------------------------------------------------

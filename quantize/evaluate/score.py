@@ -34,6 +34,10 @@ from quantize.records import (
 )
 from quantize.suite import Backend, OpenSuite, Suite
 
+# identities this process scored in full (not read from the cache), in order: a sweep task reports them, so a
+# sweep can show that its baseline was scored once
+SCORED_HERE: list[str] = []
+
 
 class Scored(NamedTuple):
     doc: ScoreDoc
@@ -142,6 +146,7 @@ def score(
             return Scored(found, True)
         doc = run_lm_eval(suite, ckpt, ref, models)
         cache.store_scores(suite, doc)
+    SCORED_HERE.append(ref.identity_sha256)
     return Scored(doc, False)
 
 

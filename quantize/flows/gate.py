@@ -138,6 +138,27 @@ def open_policy(policy_path: str | Path) -> tuple[Policy, OpenSuite]:
     return policy, suite
 
 
+def score_baseline(policy_path: str | Path, baseline: Path) -> bool:
+    """A baseline's full scores on the policy's suite, and its top-k where the policy has agreement rules, into the
+    cache (what every later gate against it reads). Returns whether its scores were there already."""
+    from quantize.evaluate.agreement import baseline_topk_cached
+    from quantize.evaluate.score import score
+
+    policy, suite = open_policy(policy_path)
+    models = LastModel(False)
+    doc, cached = score(suite, baseline, models=models)
+    if any(isinstance(r, AgreementRule) for r in policy.rules):
+        baseline_topk_cached(suite, baseline, doc.provenance.checkpoint.identity_sha256, models)
+    return cached
+
+
+def scored_here() -> list[str]:
+    """The checkpoint identities this process scored in full, not from the cache (quantize.evaluate.score)."""
+    from quantize.evaluate.score import SCORED_HERE
+
+    return list(SCORED_HERE)
+
+
 def run_gate(
     policy_path: str | Path, baseline: str | Path, candidate: str | Path, trust_remote_code: bool = False
 ) -> Verdict:

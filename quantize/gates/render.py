@@ -42,8 +42,22 @@ def _items_needed_line(e: AccuracyEvidence) -> str:
     )
 
 
+HEADS = {"pass": "PASS", "rejected": "REJECTED", "inconclusive": "INCONCLUSIVE"}
+
+
+def failed_rules(v: Verdict) -> list[str]:
+    """The rules that did not pass, each with its outcome: "core_kv acc regression"."""
+    return [f"{r.rule} {r.verdict}" for r in v.rules if r.verdict not in ("pass", "untested")]
+
+
+def headline(v: Verdict) -> str:
+    """One line: the verdict and the rules that did not pass, as `make gate-these` prints it."""
+    bad = failed_rules(v)
+    return HEADS[v.verdict] + (f" ({', '.join(bad)})" if bad else "")
+
+
 def render_text(v: Verdict) -> str:
-    head = {"pass": "PASS", "rejected": "REJECTED", "inconclusive": "INCONCLUSIVE"}[v.verdict]
+    head = HEADS[v.verdict]
     p = v.provenance
     tested = sum(r.p_regression is not None for r in v.rules)  # Holm's m
     lines = [

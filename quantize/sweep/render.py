@@ -1,0 +1,40 @@
+"""`quantize sweep` as text: one row per candidate, then what the sweep wrote."""
+
+from __future__ import annotations
+
+from quantize.records import SweepRecord
+from quantize.tables import text_table
+
+SHOWN = {"pass": "PASS", "rejected": "REJECTED", "inconclusive": "INCONCLUSIVE", None: "-"}
+
+
+def sweep_text(r: SweepRecord) -> str:
+    home = f"{r.resolved['output']}/sweep-{r.resolved['name']}"
+    rows = []
+    for c in r.candidates:
+        verdict = SHOWN[c.verdict] if c.exit_code in (0, 1) else f"exit {c.exit_code}"
+        rows.append(
+            [
+                c.name,
+                f"{c.bits_per_weight:.3f}" if c.bits_per_weight is not None else "-",
+                verdict,
+                f"{c.wall_seconds:.0f} s" if c.wall_seconds is not None else "-",
+                ", ".join(c.nodes) or "-",
+            ]
+        )
+    lines = [text_table(rows, ["candidate", "bits/weight", "verdict", "wall", "node"]), ""]
+    for c in r.candidates:
+        if c.failed_rules:
+            lines.append(f"{c.name}: {', '.join(c.failed_rules)}")
+        if c.exit_code > 1:
+            lines.append(f"{c.name} (exit {c.exit_code}): {c.message}")
+    scored = [s for t in r.tasks for s in t.scored if t.kind == "baseline"]
+    retried = sum(max(0, len(t.attempts) - 1) for t in r.tasks)
+    lines += [
+        f"{len(r.tasks)} tasks on {len(r.nodes)} node(s) in {r.wall_seconds:.0f} s"
+        + (f"; {retried} retried after their worker died" if retried else "")
+        + ("; the baseline scored once" if scored else "; the baseline's scores from the cache" if r.tasks else ""),
+        f"wrote {home}/sweep.json" + (f" and the report {r.report}/report.md" if r.report else ""),
+        *r.notes,
+    ]
+    return "\n".join(line for line in lines if line is not None)

@@ -1,0 +1,464 @@
+"""`quantize sweep SWEEP`: every candidate converted and gated on a Ray cluster, the baseline scored once.
+
+    plan (no Ray yet)   the sweep file, the policy and its suite, the baseline, each recipe read (a bad one is its
+                        candidate's exit 2, not the sweep's), and what an earlier run already finished (plan.py)
+    one graph on Ray    convert NAME (one per recipe still to convert) ─┐
+                        baseline (its scores and top-k into the cache) ─┴→ gate NAME (one per candidate)
+                        submitted as their inputs finish; each is an ordinary `quantize run` or gate in a fresh
+                        worker process (max_calls=1) with torch at the task's num_cpus threads; a task whose worker
+                        dies is run again up to `max_retries` times (Ray's retry of system failures)
+    at the end          OUTPUT/sweep-NAME/sweep.json (SweepRecord: every task, attempt, node, exit), the report
+                        (as `quantize report` draws it) in OUTPUT/sweep-NAME/report, a summary table
+
+The cache ($QUANTIZE_CACHE) and the outputs must be on a path every node sees: this machine's disk for a local
+cluster, a shared filesystem for a real one (docs/sweep.md). The driver hands the tasks its cache path.
+Exit code: the worst candidate's, 0 pass < 1 rejected or inconclusive < 2 bad input < 3 failure.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantize import records
+from quantize.errors import EXIT_OK, EXIT_RUNTIME, UsageError
+from quantize.records import AttemptRecord, CandidateRecord, SweepRecord, SweepTaskRecord
+from quantize.sweep.plan import Candidate, candidates, settle_done, sweep_dir, tasks_of
+from quantize.sweep.spec import Cluster, Resources, SweepSpec, load_sweep
+from quantize.sweep.tasks import Outcome, TaskSpec
+
+POLL_SECONDS = 0.5
+# what every task's worker gets from the driver's environment: the shared cache, offline mode
+FORWARDED = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "TOKENIZERS_PARALLELISM", "QUANTIZE_REREAD_WEIGHTS")
+
+
+def _in_worker(task: TaskSpec, state: str, threads: int) -> Outcome:
+    """The body of every Ray task: where it runs, then the task itself (quantize/sweep/tasks.py)."""
+    import ray
+
+    from quantize.sweep.tasks import execute
+
+    node = ray.get_runtime_context().get_node_id()
+    return execute(task, Path(state), node, ray.util.get_node_ip_address(), threads)
+
+
+@dataclass
+class Track:
+    """A task of this run, as the driver follows it."""
+
+    task: TaskSpec
+    resources: Resources
+    ref: Any = None  # the Ray object ref once submitted
+    state: str = "waiting"  # waiting, submitted, done, failed, not run, skipped
+    outcome: Outcome | None = None
+    message: str = ""
+    exit_code: int | None = None
+    starts: dict[int, dict[str, Any]] = field(default_factory=dict)  # pid -> its start mark
+
+
+def gate_gpus(suite: Any) -> float:
+    """GPUs a gate task needs by default: what its suite's vLLM engine asks (tensor × data parallel), else none."""
+    v = suite.suite.vllm
+    return float(v.tensor_parallel_size * v.data_parallel_size) if suite.suite.backend.value == "vllm" and v else 0.0
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError(
+            "quantize sweep runs on Ray, which is not installed here: pip install 'quantize[cluster]' (make setup "
+            "installs it)"
+        ) from None
+    return ray
+
+
+def connect(ray: Any, cluster: Cluster, env: dict[str, str]) -> None:
+    import logging
+
+    opts: dict[str, Any] = {"log_to_driver": False, "runtime_env": {"env_vars": env}, "logging_level": logging.ERROR}
+    if cluster.address == "local":
+        opts |= {"address": "local", "num_cpus": cluster.num_cpus or os.cpu_count(), "include_dashboard": False}
+    else:
+        opts["address"] = cluster.address
+    try:
+        ray.init(**opts)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise UsageError(
+            f"cannot reach the Ray cluster at cluster.address = {cluster.address} ({str(e)[:300]}); start one with "
+            "`ray start --head`, correct the address, or use `local`"
+        ) from None
+
+
+def check_fits(ray: Any, wanted: dict[str, Resources]) -> list[str]:
+    """Every kind of task fits on some node (else Ray would queue it for ever); returns the nodes, as
+    "NODE-ID HOST (N CPUs, G GPUs)"."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    shown = [
+        f"{n['NodeID'][:12]} {n['NodeManagerAddress']} ({int(n['Resources'].get('CPU', 0))} CPUs, "
+        f"{int(n['Resources'].get('GPU', 0))} GPUs)"
+        for n in nodes
+    ]
+    for kind, r in wanted.items():
+        fits = [
+            n
+            for n in nodes
+            if n["Resources"].get("CPU", 0) >= r.num_cpus
+            and n["Resources"].get("GPU", 0) >= (r.num_gpus or 0)
+            and (r.memory is None or n["Resources"].get("memory", 0) >= r.memory)
+        ]
+        if not fits:
+            raise UsageError(
+                f"resources.{kind} asks each task for {r.num_cpus} CPUs, {r.num_gpus or 0} GPUs"
+                + (f", {r.memory:,} bytes" if r.memory else "")
+                + f", and no node of the cluster has that much ({'; '.join(shown)}): lower resources.{kind}, or "
+                "join nodes that have it"
+            )
+    return shown
+
+
+class Executor:
+    """Submits the graph's tasks as their inputs finish and follows them to the end (module docstring)."""
+
+    def __init__(self, ray: Any, state: Path, max_parallel: int, max_retries: int, say: Callable[[str], None]):
+        self.ray, self.state, self.say = ray, state, say
+        self.limit = max_parallel or 10**9
+        self.max_retries = max_retries
+        self.remote = ray.remote(max_calls=1)(_in_worker)  # a fresh worker per task: torch threads, memory
+        self.tracks: list[Track] = []
+
+    def add(self, task: TaskSpec, resources: Resources) -> Track:
+        t = Track(task, resources)
+        self.tracks.append(t)
+        self.say(f"queued    {task.label}")
+        return t
+
+    def _submit(self, t: Track) -> None:
+        r = t.resources
+        opts: dict[str, Any] = {
+            "num_cpus": r.num_cpus,
+            "num_gpus": r.num_gpus or 0,
+            "max_retries": self.max_retries,
+            "retry_exceptions": False,
+        }
+        if r.memory:
+            opts["memory"] = r.memory
+        env = {v: str(r.num_cpus) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        t.ref = self.remote.options(**opts, runtime_env={"env_vars": env}).remote(t.task, str(self.state), r.num_cpus)
+        t.state = "submitted"
+
+    def _poll_starts(self) -> None:
+        for f in sorted(self.state.glob("*.start")):
+            try:
+                mark = json.loads(f.read_text())
+            except (OSError, ValueError):
+                continue
+            t = next((t for t in self.tracks if t.task.label == mark.get("task")), None)
+            if t is None or mark["pid"] in t.starts:
+                continue
+            t.starts[mark["pid"]] = mark
+            where = f"node {mark['node'][:12]} ({mark['host']}, pid {mark['pid']}, {mark['threads']} threads)"
+            if len(t.starts) == 1:
+                self.say(f"running   {t.task.label} on {where}")
+            else:
+                self.say(f"retried   {t.task.label}: attempt {len(t.starts)} on {where} (the worker before it died)")
+
+    def _finish(self, t: Track) -> None:
+        try:
+            t.outcome = self.ray.get(t.ref)
+        except self.ray.exceptions.RayError as e:  # its worker died more often than max_retries allows
+            t.state, t.exit_code = "failed", EXIT_RUNTIME
+            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            t.message = f"failed: its worker died {self.max_retries + 1} times ({type(e).__name__}: {first})"
+            self.say(f"failed    {t.task.label} (exit {t.exit_code}): {t.message}")
+            return
+        o = t.outcome
+        t.exit_code, t.message = o.exit_code, o.message
+        t.state = "done" if o.exit_code in (0, 1) else "failed"  # 1: a gate's rejection is its result
+        self.say(
+            f"{'done' if t.state == 'done' else 'failed':9} {t.task.label} in {o.seconds:.0f} s"
+            f"{'' if t.state == 'done' else f' (exit {o.exit_code})'}: {o.message}"
+        )
+
+    def run(self, ready: Callable[[], list[Track]]) -> None:
+        """Until nothing is waiting or running: submit what `ready` says may start, collect what finished."""
+        while True:
+            for t in ready():
+                if sum(x.state == "submitted" for x in self.tracks) >= self.limit:
+                    break
+                self._submit(t)
+            running = [t for t in self.tracks if t.state == "submitted"]
+            if not running:
+                self._poll_starts()
+                return
+            done, _ = self.ray.wait([t.ref for t in running], num_returns=1, timeout=POLL_SECONDS)
+            self._poll_starts()
+            for t in running:
+                if t.ref in done:
+                    self._finish(t)
+
+
+def _graph(
+    ex: Executor, spec: SweepSpec, cands: list[Candidate], baseline: str, clean: bool, gate_resources: Resources
+) -> tuple[Track | None, dict[str, tuple[Track | None, Track | None]]]:
+    per: dict[str, tuple[Track | None, Track | None]] = {}
+    todo = {c.name: tasks_of(spec, c, baseline, clean) for c in cands}
+    base = None
+    if any(g is not None for _, g in todo.values()):
+        base = ex.add(TaskSpec(kind="baseline", policy=spec.policy, baseline=baseline), gate_resources)
+    for name, (conv, gate) in todo.items():
+        per[name] = (
+            ex.add(conv, spec.resources.convert) if conv else None,
+            ex.add(gate, gate_resources) if gate else None,
+        )
+    return base, per
+
+
+def _ready(base: Track | None, per: dict[str, tuple[Track | None, Track | None]]) -> Callable[[], list[Track]]:
+    """What may start now: the baseline and every conversion at once; a gate once its conversion and the baseline
+    are done (one that can no longer run is marked `not run`, with why)."""
+
+    def ready() -> list[Track]:
+        out = [t for t in [base] if t is not None and t.state == "waiting"]
+        for conv, gate in per.values():
+            if conv is not None and conv.state == "waiting":
+                out.append(conv)
+            if gate is None or gate.state != "waiting":
+                continue
+            for dep in (conv, base):
+                if dep is not None and dep.state == "failed":
+                    gate.state, gate.message = "not run", f"not run: {dep.task.label} failed ({dep.message[:200]})"
+            if gate.state == "waiting" and all(d is None or d.state == "done" for d in (conv, base)):
+                out.append(gate)
+        return out
+
+    return ready
+
+
+@dataclass
+class Plan:
+    """Everything settled before Ray is imported."""
+
+    spec: SweepSpec
+    sha256: str
+    path: str
+    policy: str  # its name
+    baseline: Path
+    candidates: list[Candidate]
+    gate: Resources  # the gate tasks' resources, GPUs filled in from the suite
+
+    @property
+    def home(self) -> Path:
+        return sweep_dir(self.spec)
+
+
+def plan_sweep(path: str | Path, address: str | None = None, max_parallel: int | None = None) -> Plan:
+    """The sweep file with the command line's overrides, its policy and baseline checked (a bad one: exit 2 for the
+    whole sweep), and its candidates (a bad one: exit 2 for that candidate only)."""
+    spec, sha = load_sweep(path)
+    if address is not None:
+        from quantize.config import validate
+
+        spec.cluster = validate(Cluster, {"address": address}, "--address", "cluster address")
+    if max_parallel is not None:
+        if max_parallel < 0:
+            raise UsageError(f"--max-parallel {max_parallel}: give 0 (as the resources allow) or a positive count")
+        spec.max_parallel = max_parallel
+    from quantize.checkpoint.loader import resolve_model
+    from quantize.flows.gate import check_target, open_policy
+
+    policy, suite = open_policy(spec.policy)
+    baseline = resolve_model(spec.model)
+    check_target(baseline, "the sweep's model is its baseline: a checkpoint folder")
+    cands = candidates(spec)
+    settle_done(cands, policy, suite, baseline)
+    gate = spec.resources.gate
+    if gate.num_gpus is None:
+        gate = gate.model_copy(update={"num_gpus": gate_gpus(suite)})
+    return Plan(spec, sha, str(path), policy.name, baseline, cands, gate)
+
+
+def _probe() -> str:
+    """The calibration dtype's timing, taken here before any task shares the cores and kept for this boot, so
+    every conversion of the sweep decides as an idle machine would (convert/dtypes.machine_bf16_speedup)."""
+    from quantize.convert.dtypes import machine_bf16_speedup
+
+    speedup, now = machine_bf16_speedup()
+    return f"bf16 matmuls {speedup:.2f}x float32 on this machine ({'measured now' if now else 'measured earlier'})"
+
+
+def run_sweep(
+    path: str | Path,
+    address: str | None = None,
+    max_parallel: int | None = None,
+    clean: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> SweepRecord:
+    """Plan, run the graph, write sweep.json and the report (module docstring). `say` gets the progress lines
+    (default: stderr)."""
+    say = say or (lambda line: print(f"quantize sweep: {line}", file=sys.stderr, flush=True))
+    plan = plan_sweep(path, address, max_parallel)
+    spec = plan.spec
+    started, t0 = dt.datetime.now(dt.UTC), time.monotonic()
+    state = plan.home / "state" / f"{started:%Y%m%dT%H%M%S}-{os.getpid()}"
+    state.mkdir(parents=True, exist_ok=True)
+    for c in plan.candidates:
+        if c.error:
+            say(f"refused   {c.name} (exit 2): {c.error}")
+        elif c.verdict is not None:
+            say(f"skipped   {c.name}: converted and gated in an earlier run ({c.verdict.verdict})")
+    ray = _import_ray()
+    ex = Executor(ray, state, spec.max_parallel, spec.max_retries, say)
+    base, per = _graph(ex, spec, plan.candidates, str(plan.baseline), clean, plan.gate)
+    nodes: list[str] = []
+    if spec.cluster.address == "local" and any(t.task.kind == "convert" for t in ex.tracks):
+        say(f"probe     {_probe()}")
+    if ex.tracks:  # nothing left to do: no cluster to start
+        from quantize.cache import shared_path
+
+        env = {v: os.environ[v] for v in FORWARDED if v in os.environ} | {"QUANTIZE_CACHE": shared_path()}
+        connect(ray, spec.cluster, env)
+        try:
+            nodes = check_fits(ray, {"convert": spec.resources.convert, "gate": plan.gate})
+            say(f"cluster   {len(nodes)} node(s): {'; '.join(nodes)}")
+            ex.run(_ready(base, per))
+        finally:
+            ray.shutdown()
+    record = _record(plan, nodes, ex, per, time.monotonic() - t0, started)
+    record = _report(record, plan.home, spec)
+    records.write(state / "sweep.json", record)  # this run's, kept beside its logs
+    records.write(plan.home / "sweep.json", record)
+    return record
+
+
+def _attempts(t: Track, state: Path) -> list[AttemptRecord]:
+    out = []
+    for pid, m in sorted(t.starts.items(), key=lambda kv: kv[1]["started"]):
+        fin = t.outcome is not None and t.outcome.pid == pid
+        out.append(
+            AttemptRecord(
+                pid=pid,
+                node=m["node"],
+                host=m["host"],
+                started=m["started"],
+                threads=m["threads"],
+                outcome="finished" if fin else "died",
+                seconds=t.outcome.seconds if fin and t.outcome else None,
+                log=str(state / f"{t.task.slug}.{pid}.log"),
+            )
+        )
+    return out
+
+
+def _task_record(t: Track, state: Path) -> SweepTaskRecord:
+    return SweepTaskRecord(
+        task=t.task.label,
+        kind=t.task.kind,
+        candidate=t.task.candidate,
+        state=t.state if t.state in ("done", "failed", "not run") else "not run",
+        exit_code=t.exit_code,
+        message=t.message,
+        attempts=_attempts(t, state),
+        record=t.outcome.record if t.outcome else None,
+        scored=t.outcome.scored if t.outcome else [],
+    )
+
+
+def _candidate_record(c: Candidate, conv: Track | None, gate: Track | None) -> CandidateRecord:
+    from quantize.gates.render import failed_rules
+
+    verdict = c.verdict
+    if gate is not None and gate.outcome is not None and gate.outcome.record:
+        verdict = records.read(records.Verdict, Path(gate.outcome.record))
+    code, message = 0, ""
+    if c.error:
+        code, message = 2, c.error
+    elif c.verdict is not None:
+        code, message = c.verdict.exit_code, "done in an earlier run"
+    else:
+        for t in (conv, gate):
+            if t is not None and t.state in ("failed", "not run"):
+                code, message = t.exit_code if t.exit_code is not None else EXIT_RUNTIME, t.message
+                break
+        else:
+            code = verdict.exit_code if verdict else EXIT_RUNTIME
+            message = gate.message if gate else ""
+    tracks = [t for t in (conv, gate) if t is not None]
+    seconds = [t.outcome.seconds for t in tracks if t.outcome]
+    nodes = sorted({m["node"][:12] for t in tracks for m in t.starts.values()})
+    return CandidateRecord(
+        name=c.name,
+        source=c.source,
+        checkpoint=str(c.checkpoint) if c.checkpoint else None,
+        bits_per_weight=_bits(c.checkpoint),
+        verdict=verdict.verdict if verdict else None,
+        failed_rules=failed_rules(verdict) if verdict else [],
+        exit_code=code,
+        message=message,
+        wall_seconds=round(sum(seconds), 1) if seconds else None,
+        nodes=nodes,
+    )
+
+
+def _bits(ckpt: Path | None) -> float | None:
+    if ckpt is None or not (ckpt / "config.json").is_file():
+        return None
+    from quantize.checkpoint.accounting import bits_report
+
+    try:
+        return bits_report(ckpt).bits_per_weight
+    except UsageError:
+        return None
+
+
+def _record(
+    plan: Plan,
+    nodes: list[str],
+    ex: Executor,
+    per: dict[str, tuple[Track | None, Track | None]],
+    seconds: float,
+    started: dt.datetime,
+) -> SweepRecord:
+    cand_records = [_candidate_record(c, *per.get(c.name, (None, None))) for c in plan.candidates]
+    return SweepRecord(
+        created=started.isoformat(timespec="seconds"),
+        spec=plan.path,
+        spec_sha256=plan.sha256,
+        resolved=plan.spec.model_dump(mode="json"),
+        address=plan.spec.cluster.address,
+        nodes=nodes,
+        policy=plan.policy,
+        baseline=str(plan.baseline),
+        candidates=cand_records,
+        tasks=[_task_record(t, ex.state) for t in ex.tracks],
+        wall_seconds=round(seconds, 1),
+        report=None,
+        exit_code=max([c.exit_code for c in cand_records], default=EXIT_OK),
+    )
+
+
+def _report(record: SweepRecord, home: Path, spec: SweepSpec) -> SweepRecord:
+    """The report over every candidate that has a checkpoint, with the baseline and the policy's verdicts, as
+    `quantize report` draws it; a report that cannot be drawn is a note, not a lost sweep."""
+    from quantize.cost import bounds
+    from quantize.report.collect import collect, report_suite
+    from quantize.report.render import write_report
+
+    folders = [
+        Path(c.checkpoint) for c in record.candidates if c.checkpoint and (Path(c.checkpoint) / "config.json").is_file()
+    ]
+    out = home / "report"
+    try:
+        suite = report_suite(None, spec.policy)
+        entries = collect(folders, suite, Path(record.baseline), spec.policy, bounds.HARDWARE["h100-sxm"])
+        write_report(entries, out, "bytes", suite, "h100-sxm")
+    except UsageError as e:
+        return record.model_copy(update={"notes": [*record.notes, f"the report was not drawn: {e}"]})
+    return record.model_copy(update={"report": str(out)})

@@ -1,0 +1,160 @@
+"""Sweep files (sweeps/*.yaml): many candidates of one source model, converted and gated on a Ray cluster.
+
+    name: default
+    model: null                      # the source and baseline; empty = the embedded default model
+    recipes: [recipes/*.yaml]        # paths or globs, beside this file's repository (as a policy's suite is)
+    checkpoints: []                  # existing checkpoint folders to gate as they are
+    policy: gates/ci.yaml
+    output: outputs                  # converted checkpoints go to OUTPUT/<recipe name>; the sweep's own files to
+                                     # OUTPUT/sweep-<name>/ (sweep.json, report/, logs/)
+    resources:
+      convert: {num_cpus: 2}         # per task; torch gets num_cpus threads
+      gate: {num_cpus: 2, num_gpus: 0, memory: 8GiB}
+    cluster: {address: local, num_cpus: 2}   # local: a cluster of one started here; auto: the running one;
+                                             # ray://HOST:10001 or HOST:6379: that cluster
+    max_parallel: 0                  # tasks submitted at once; 0 = as many as the cluster's resources take
+    max_retries: 2                   # a task whose worker died is run again this many times
+
+Validated like a recipe (pydantic, `extra="forbid"`): every error names the field and what to do, before Ray is
+imported or any model loads.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from quantize.config import beside_repo, load_yaml
+
+UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+ADDRESS = re.compile(r"^(local|auto|ray://[\w.\-]+(:\d+)?|[\w.\-]+:\d+)$")
+SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """A memory size: bytes as a number, or a number with a unit (8GiB, 512MiB, 2GB)."""
+    if isinstance(value, bool):
+        raise ValueError("a memory size is bytes or a number with a unit like 8GiB, not true/false")
+    if isinstance(value, int | float):
+        n = float(value)
+    else:
+        m = SIZE.match(value)
+        if not m or m.group(2).lower() not in UNITS:
+            raise ValueError(f"{value!r} is not a memory size; write bytes, or a number with KiB, MiB, GiB, GB, ...")
+        n = float(m.group(1)) * UNITS[m.group(2).lower()]
+    if not 0 <= n <= 2**50:
+        raise ValueError(f"{value!r} is not a plausible memory size for one task")
+    return int(n)
+
+
+class Resources(BaseModel):
+    """What one task of a kind asks the cluster for (Ray's resources); torch runs num_cpus threads in it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: int = Field(1, ge=1, le=1024, description="CPUs per task; also torch's thread count in it")
+    num_gpus: float | None = Field(
+        None, ge=0, le=64, description="GPUs per task; gate default: the suite's vLLM tensor × data parallel, else 0"
+    )
+    memory: int | None = Field(None, description="bytes, or a size like 8GiB; none: Ray does not reserve memory")
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, v: int | float | str | None) -> int | None:
+        return None if v is None else parse_bytes(v)
+
+
+class TaskResources(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    convert: Resources = Field(default_factory=Resources)
+    gate: Resources = Field(default_factory=Resources)
+
+
+class Cluster(BaseModel):
+    """Where the tasks run: `local` starts a cluster of one on this machine with `num_cpus` CPUs (default: all of
+    them) and stops it at the end; `auto` joins the cluster `ray start` runs here; an address joins that one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = "local"
+    num_cpus: int | None = Field(None, ge=1, le=4096, description="for local: CPUs the cluster of one offers")
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, a: str) -> str:
+        if not ADDRESS.match(a):
+            raise ValueError(
+                "give local (a cluster of one here), auto (the one `ray start` runs here), "
+                "ray://HOST:10001 (Ray Client) or HOST:6379 (the head's GCS)"
+            )
+        return a
+
+    @model_validator(mode="after")
+    def _local_only(self) -> Cluster:
+        if self.num_cpus is not None and self.address != "local":
+            raise ValueError(
+                f"cluster.num_cpus sizes a local cluster; the cluster at {self.address} has its own CPUs: remove it"
+            )
+        return self
+
+
+class SweepSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][\w.\-]*$")
+    description: str | None = None
+    model: str | None = Field(None, description="the source and baseline folder; empty = the embedded default model")
+    recipes: list[str] = Field(default_factory=list, description="recipe files or globs")
+    checkpoints: list[str] = Field(default_factory=list, description="existing checkpoint folders to gate")
+    policy: str = Field(description="the gate policy every candidate must pass, e.g. gates/ci.yaml")
+    output: str = Field("outputs", description="OUTPUT/<recipe name> per conversion; OUTPUT/sweep-<name>/ the sweep's")
+    resources: TaskResources = Field(default_factory=TaskResources)
+    cluster: Cluster = Field(default_factory=Cluster)
+    max_parallel: int = Field(0, ge=0, le=10_000, description="tasks submitted at once; 0: as the resources allow")
+    max_retries: int = Field(2, ge=0, le=20, description="runs again of a task whose worker died")
+
+    @model_validator(mode="after")
+    def _candidates(self) -> SweepSpec:
+        if not self.recipes and not self.checkpoints:
+            raise ValueError(
+                "a sweep needs candidates: list recipe files (or globs) in `recipes:`, or checkpoint "
+                "folders in `checkpoints:`"
+            )
+        return self
+
+
+def load_sweep(path: str | Path) -> tuple[SweepSpec, str]:
+    """A sweep file, its paths resolved: recipes (globs expanded, sorted) and the policy beside its repository,
+    checkpoints and model as given (relative to the current folder, as a recipe's `model:` is)."""
+    spec, sha = load_yaml(path, SweepSpec, "sweep", "see sweeps/default.yaml")
+    if spec.name is None:
+        spec.name = Path(path).stem
+    spec.policy = beside_repo(path, spec.policy)
+    spec.recipes = expand_recipes(path, spec.recipes)
+    return spec, sha
+
+
+def expand_recipes(sweep_file: str | Path, given: list[str]) -> list[str]:
+    """Each entry a path or a glob, read beside the sweep file's folder, else its repository (beside_repo); a glob
+    that matches nothing, or a path that is not there, is kept as given so the candidate is reported, not lost."""
+    here = Path(sweep_file).resolve().parent
+    out: list[str] = []
+    for entry in given:
+        if any(c in entry for c in "*?["):
+            if Path(entry).is_absolute():
+                matches = sorted(str(p) for p in Path("/").glob(entry.lstrip("/")))
+            else:
+                matches = next(
+                    (found for base in (here, here.parent) if (found := sorted(str(p) for p in base.glob(entry)))), []
+                )
+            out += matches or [entry]
+        else:
+            out.append(beside_repo(sweep_file, entry))
+    return list(dict.fromkeys(out))
+
+
+Kind = Literal["convert", "baseline", "gate"]

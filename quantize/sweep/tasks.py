@@ -1,0 +1,194 @@
+"""What one sweep task does in its worker: an ordinary `quantize run` or `quantize gate`, or the baseline's scoring,
+as plain functions (no Ray here: the driver in quantize/sweep/run.py wraps `execute` in a Ray task, and the tests
+call it directly to run the same candidates one after the other).
+
+Each attempt leaves two files in the sweep's state folder, named by the task and the worker's pid:
+`TASK.PID.start` (written first: where it runs, so the driver can say so and tell a retry from the first run) and
+`TASK.PID.log` (what the libraries printed). The outcome is returned, never raised: a bad recipe is exit 2 and a
+failed conversion exit 3 in the outcome, and the sweep goes on with the other candidates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from quantize.errors import EXIT_OK, EXIT_RUNTIME, RuntimeFailure, UsageError
+from quantize.records import TaskKind
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+class TaskSpec(BaseModel):
+    """One task of the sweep's graph, as the driver hands it to a worker."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: TaskKind
+    candidate: str | None = None  # None: the baseline
+    policy: str
+    baseline: str  # the source model's folder
+    model: str | None = None  # convert: the sweep's `model:` as written (None: the default model)
+    recipe: str | None = None  # convert: the recipe file
+    checkpoint: str | None = None  # convert: the output folder; gate: the candidate's folder
+    clean: bool = False  # convert: remove what killed runs left beside the output (as `quantize run --clean`)
+
+    @property
+    def label(self) -> str:
+        return self.kind if self.candidate is None else f"{self.kind} {self.candidate}"
+
+    @property
+    def slug(self) -> str:
+        """The task's name in file names: kind, then the candidate (a recipe's name or a folder's)."""
+        return self.kind if self.candidate is None else f"{self.kind}-{self.candidate}"
+
+
+class Outcome(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pid: int
+    exit_code: int
+    message: str
+    record: str | None  # the file the task wrote
+    scored: list[str]  # identities scored in full here
+    seconds: float
+    threads: int
+
+
+def set_threads(threads: int) -> None:
+    """torch's thread count for this worker: the variables before torch is imported (a fresh worker per task),
+    and torch's own setting in case it was."""
+    for var in THREAD_VARIABLES:
+        os.environ[var] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def mark_start(state: Path, task: TaskSpec, node: str, host: str, threads: int) -> None:
+    from quantize.io import write_text_atomic
+
+    pid = os.getpid()
+    data = {
+        "task": task.label,
+        "pid": pid,
+        "node": node,
+        "host": host,
+        "threads": threads,
+        "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    write_text_atomic(state / f"{task.slug}.{pid}.start", json.dumps(data) + "\n")
+
+
+def execute(task: TaskSpec, state: Path, node: str = "local", host: str = "localhost", threads: int = 1) -> Outcome:
+    """Run one task here; the state folder gets its start mark and its log (module docstring)."""
+    state = Path(state)
+    mark_start(state, task, node, host, threads)
+    pid, t0 = os.getpid(), time.monotonic()
+    log_path = state / f"{task.slug}.{pid}.log"
+    with open(log_path, "w", encoding="utf-8") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        try:
+            set_threads(threads)
+            code, message, record = RUNNERS[task.kind](task)
+        except (UsageError, RuntimeFailure) as e:
+            code, message, record = e.exit_code, f"{e.says}: {e}", None
+        except Exception as e:  # our bug or the environment's: the others go on; the log has the traceback
+            traceback.print_exc()
+            code, message, record = EXIT_RUNTIME, f"failed: {type(e).__name__}: {str(e)[:500]}", None
+    from quantize.flows.gate import scored_here
+
+    return Outcome(
+        pid=pid,
+        exit_code=code,
+        message=message,
+        record=record,
+        scored=scored_here(),
+        seconds=round(time.monotonic() - t0, 1),
+        threads=threads,
+    )
+
+
+def prepare_recipe(recipe_path: str, model: str | None, output: Path):
+    """A sweep's recipe as it is converted: the sweep's model where the recipe names none (a recipe naming another
+    model is refused: its verdict would be against the wrong baseline), written to `output`."""
+    from quantize.checkpoint.loader import resolve_model
+    from quantize.convert.recipe import load_recipe
+
+    recipe, sha = load_recipe(recipe_path)
+    if recipe.model is None and model is not None:
+        recipe.model = model
+    if resolve_model(recipe.model).resolve() != resolve_model(model).resolve():
+        raise UsageError(
+            f"recipe {recipe_path} converts {recipe.model or 'the default model'}, and the sweep's model (its "
+            f"baseline) is {model or 'the default model'}: its verdict would be against another model. Remove the "
+            "recipe's `model:` or set the sweep's `model:` to the same folder"
+        )
+    recipe.output = str(output)
+    return recipe, sha
+
+
+def converted(out: Path, recipe_sha256: str) -> bool:
+    """`out` is a whole output of this recipe file (the same bytes): nothing to convert again."""
+    from quantize import records
+    from quantize.convert.engine import complete_output
+    from quantize.records import RunRecord
+
+    return complete_output(out) and records.read(RunRecord, out / "quantize.json").recipe.sha256 == recipe_sha256
+
+
+def run_convert(task: TaskSpec) -> tuple[int, str, str | None]:
+    from quantize.convert.engine import convert, tidy_leftovers
+
+    assert task.recipe is not None and task.checkpoint is not None
+    out = Path(task.checkpoint)
+    recipe, sha = prepare_recipe(task.recipe, task.model, out)
+    said = tidy_leftovers(out, task.clean)
+    if converted(out, sha):  # an earlier attempt renamed its output into place, then its worker died
+        return (
+            EXIT_OK,
+            "; ".join(["already converted (an earlier attempt finished it)", *said]),
+            str(out / "quantize.json"),
+        )
+    meta = convert(recipe, sha, task.recipe, out, quiet=True)
+    bpw = meta.bits.bits_per_weight
+    done = (f"{bpw:.3f} bits per weight, " if bpw is not None else "") + f"{meta.bits.total_bytes:,} bytes"
+    return EXIT_OK, "; ".join([done, *said]), str(out / "quantize.json")
+
+
+def run_baseline(task: TaskSpec) -> tuple[int, str, str | None]:
+    """The baseline's full scores (and its top-k where the policy has agreement rules) into the cache, where every
+    gate task reads them: scored once for the whole sweep."""
+    from quantize.flows.gate import score_baseline
+    from quantize.quiet import quiet_libraries
+
+    with quiet_libraries(True):
+        cached = score_baseline(task.policy, Path(task.baseline))
+    return EXIT_OK, "scores from the cache" if cached else "scored", None
+
+
+def run_gate_task(task: TaskSpec) -> tuple[int, str, str | None]:
+    """`quantize gate POLICY --baseline B --candidate C --junit C/gate.xml --json > C/gate.json`, each file whole."""
+    from quantize.flows.gate import run_gate
+    from quantize.gates.render import headline, render_junit
+    from quantize.io import write_text_atomic
+    from quantize.quiet import quiet_libraries
+    from quantize.records import to_json
+    from quantize.report.collect import VERDICT_FILE
+
+    assert task.checkpoint is not None
+    cand = Path(task.checkpoint)
+    with quiet_libraries(True):
+        v = run_gate(task.policy, task.baseline, cand)
+    write_text_atomic(cand / "gate.xml", render_junit(v))
+    write_text_atomic(cand / VERDICT_FILE, to_json(v))
+    return v.exit_code, headline(v), str(cand / VERDICT_FILE)
+
+
+RUNNERS = {"convert": run_convert, "baseline": run_baseline, "gate": run_gate_task}

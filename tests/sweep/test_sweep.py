@@ -1,0 +1,365 @@
+"""`quantize sweep` on real Ray clusters (a local one of 2 CPUs; two nodes on this machine), on tiny seeded models:
+the same verdicts and records as one candidate after the other, the baseline scored once, workers SIGKILLed in a
+conversion and in a gate, a killed driver resumed, a bad recipe beside good ones, the exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quantize import records
+from quantize.checkpoint.files import identity_sha256
+from quantize.cli import main as cli
+from quantize.convert.engine import complete_output
+from quantize.records import RunRecord, SweepRecord, Verdict
+from quantize.sweep.spec import load_sweep, parse_bytes
+
+from conftest import small_golden, suite_file
+
+ray = pytest.importorskip("ray", reason="quantize sweep needs Ray: pip install 'quantize[cluster]' (make setup does)")
+
+RECIPES = {"w8": ("W8A16", 32), "w4": ("W4A16", 32), "w3": ("W3A16", 32)}
+
+
+def _rules(kl_max: float) -> str:
+    return (
+        "rules:\n  - {task: core_facts, metric: acc, margin: 0.5}\n"
+        f"  - {{task: core_prose, metric: perplexity, max_ratio: 2.0}}\n  - {{agreement: kl, max: {kl_max}}}\n"
+    )
+
+
+class World:
+    """The tiny model, a small golden set, two policies (strict: 4- and 3-bit RTN are rejected on agreement; lenient:
+    everything passes), three recipes, one checkpoint converted beforehand, and the verdicts and run records of
+    every candidate converted and gated one after the other in this process (its own cache)."""
+
+    def __init__(self, base: Path, tiny: Path) -> None:
+        self.base, self.tiny = base, tiny
+        small_golden(base)
+        suite = suite_file(base / "suite.yaml", base / "golden" / "v1")
+        self.strict, self.lenient = base / "strict.yaml", base / "lenient.yaml"
+        self.strict.write_text(f"name: strict\nsuite: {suite}\n{_rules(1e-6)}")
+        self.lenient.write_text(f"name: lenient\nsuite: {suite}\n{_rules(0.5)}")
+        self.recipes = {}
+        for name, (scheme, group) in RECIPES.items():
+            self.recipes[name] = base / f"{name}.yaml"
+            self.recipes[name].write_text(
+                f"name: {name}\nmethod: rtn\nscheme: {scheme}\ngroup_size: {group}\ncalibration: null\nmodel: {tiny}\n"
+                "dtype: bfloat16\n"  # not the machine's timing probe: the weights must not hang on a timing
+            )
+        (base / "given.yaml").write_text(
+            f"method: rtn\nscheme: W8A16\ngroup_size: 64\ncalibration: null\nmodel: {tiny}\n"
+        )
+        self.given = base / "given" / "w8-g64"
+        self.verdicts: dict[str, dict[str, Verdict]] = {}
+        self.runs: dict[str, RunRecord] = {}
+
+    def reference(self) -> None:
+        """Each candidate converted, then gated, one after the other, torch at one thread (as the sweep's tasks)."""
+        import torch
+
+        from quantize.flows.gate import run_gate
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            assert cli(["run", str(self.base / "given.yaml"), "--output", str(self.given), "--quiet"]) == 0
+            for name, recipe in self.recipes.items():
+                out = self.base / "ref" / name
+                assert cli(["run", str(recipe), "--output", str(out), "--quiet"]) == 0
+                self.runs[name] = records.read(RunRecord, out / "quantize.json")
+            for policy in (self.strict, self.lenient):
+                folders = {n: self.base / "ref" / n for n in self.recipes} | {"w8-g64": self.given}
+                self.verdicts[policy.stem] = {n: run_gate(policy, self.tiny, f) for n, f in folders.items()}
+            for f in self.given.glob("gate.*"):  # the reference leaves no verdict in the given checkpoint
+                f.unlink()
+        finally:
+            torch.set_num_threads(threads)
+
+    def sweep_file(self, where: Path, recipes: list[str], policy: Path, checkpoints=(), extra: str = "") -> Path:
+        where.mkdir(parents=True, exist_ok=True)
+        listed = ", ".join(str(self.recipes.get(r, r)) for r in recipes)
+        f = where / "sweep.yaml"
+        f.write_text(
+            f"name: t\nmodel: {self.tiny}\nrecipes: [{listed}]\ncheckpoints: [{', '.join(map(str, checkpoints))}]\n"
+            f"policy: {policy}\noutput: {where / 'out'}\ncluster: {{address: local, num_cpus: 2}}\n{extra}"
+        )
+        return f
+
+    def given_copy(self, where: Path) -> Path:
+        """The checkpoint converted beforehand, copied (the sweep writes its verdict beside it)."""
+        return Path(shutil.copytree(self.given, where / "given" / self.given.name))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_model):
+    saved = os.environ.get("QUANTIZE_CACHE")
+    base = tmp_path_factory.mktemp("sweep")
+    os.environ["QUANTIZE_CACHE"] = str(base / "cache-reference")
+    try:
+        w = World(base, tiny_model)
+        w.reference()
+    finally:
+        if saved is None:
+            os.environ.pop("QUANTIZE_CACHE", None)
+        else:
+            os.environ["QUANTIZE_CACHE"] = saved
+    return w
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """Each sweep test scores its baseline afresh, in a cache of its own."""
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def same_verdict(got: Verdict, want: Verdict) -> None:
+    """The decision and its evidence, without the times and paths that differ between two runs. Evidence numbers
+    may differ in the last bits (two processes' kernels may sum in another order): equal to 1e-6, relative."""
+    assert got.verdict == want.verdict and got.exit_code == want.exit_code
+    assert [r.model_dump(exclude={"evidence"}) for r in got.rules] == [
+        r.model_dump(exclude={"evidence"}) for r in want.rules
+    ]
+    for g, w in zip(got.rules, want.rules, strict=True):
+        ge, we = (r.evidence.model_dump() if hasattr(r, "evidence") else {} for r in (g, w))
+        assert ge.keys() == we.keys()
+        for k, v in ge.items():
+            if isinstance(v, float) and isinstance(we[k], float):
+                assert v == pytest.approx(we[k], rel=1e-6, abs=1e-12), (g.rule, k, v, we[k])
+            else:
+                assert v == we[k], (g.rule, k, v, we[k])
+    assert got.provenance.candidate.checkpoint.identity_sha256 == want.provenance.candidate.checkpoint.identity_sha256
+
+
+def verdict_of(sweep: SweepRecord, name: str) -> Verdict:
+    c = next(c for c in sweep.candidates if c.name == name)
+    return records.read(Verdict, Path(c.checkpoint) / "gate.json")
+
+
+def task(sweep: SweepRecord, label: str):
+    return next(t for t in sweep.tasks if t.task == label)
+
+
+def run_cli_sweep(path: Path, *flags: str, capsys=None) -> tuple[int, SweepRecord]:
+    code = cli(["sweep", str(path), *flags])
+    spec, _ = load_sweep(path)
+    return code, records.read(SweepRecord, Path(spec.output) / f"sweep-{spec.name}" / "sweep.json")
+
+
+# --- the same verdicts as one after the other ---------------------------------------------------------------
+
+
+def test_a_sweep_gives_the_verdicts_and_records_of_one_after_the_other(world, tmp_path, own_cache, capsys):
+    given = world.given_copy(tmp_path)
+    sweep = world.sweep_file(tmp_path, ["w8", "w4", "w3"], world.strict, [given])
+    code, rec = run_cli_sweep(sweep)
+    assert code == 1 == rec.exit_code  # 4- and 3-bit rejected; nothing failed
+    want = world.verdicts["strict"]
+    assert {c.name: c.verdict for c in rec.candidates} == {n: v.verdict for n, v in want.items()}
+    assert {c.name: c.verdict for c in rec.candidates} == {
+        "w8": "pass",
+        "w4": "rejected",
+        "w3": "rejected",
+        "w8-g64": "pass",
+    }
+    for name, v in want.items():
+        same_verdict(verdict_of(rec, name), v)
+    for name, run in world.runs.items():  # the conversions: the same weights, bits and recipe
+        got = records.read(RunRecord, tmp_path / "out" / name / "quantize.json")
+        assert (got.weights_sha256, got.bits.total_bytes, got.recipe.sha256) == (
+            run.weights_sha256,
+            run.bits.total_bytes,
+            run.recipe.sha256,
+        )
+    base_id = identity_sha256(world.tiny)
+    assert [t.task for t in rec.tasks if base_id in t.scored] == ["baseline"]  # scored once, by its own task
+    assert sorted(t.task for t in rec.tasks) == sorted(
+        ["baseline", *(f"convert {n}" for n in RECIPES), *(f"gate {n}" for n in [*RECIPES, "w8-g64"])]
+    )
+    assert {(t.state, *((a.outcome, a.threads) for a in t.attempts)) for t in rec.tasks} == {("done", ("finished", 1))}
+    printed = capsys.readouterr()
+    assert "the baseline scored once" in printed.out and "running   convert w8 on node" in printed.err
+    report = (Path(rec.report) / "report.md").read_text()
+    assert all(f"| {n} | rtn |" in report for n in RECIPES) and report.count("| REJECTED |") == 2
+
+
+# --- faults --------------------------------------------------------------------------------------------------
+
+
+def _spawn(sweep: Path, log: Path) -> subprocess.Popen:
+    """The sweep in its own process group (so whatever it leaves can be cleaned up after it is killed)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "quantize.cli", "sweep", str(sweep)],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=os.environ.copy(),
+    )
+
+
+def _wait_for(what, timeout: float = 120, every: float = 0.005):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if found := what():
+            return found
+        time.sleep(every)
+    raise AssertionError("timed out waiting")
+
+
+def _start_marks(state_root: Path, slug: str) -> list[dict]:
+    return [json.loads(f.read_text()) for f in state_root.glob(f"*/{slug}.*.start")]
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    """What a killed driver's local cluster leaves (its agents) goes with its process group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_workers_killed_in_a_conversion_and_in_a_gate_are_retried_to_the_same_verdicts(world, tmp_path, own_cache):
+    sweep = world.sweep_file(tmp_path, ["w8", "w4"], world.strict, extra="max_retries: 2\n")
+    state, out = tmp_path / "out" / "sweep-t" / "state", tmp_path / "out"
+    proc = _spawn(sweep, tmp_path / "sweep.log")
+    try:
+        # the conversion of w8 is killed while it writes its output folder (.w8.tmp-PID, not yet renamed)
+        tmp = _wait_for(lambda: next(out.glob(".w8.tmp-*"), None))
+        victim = int(tmp.name.rsplit("-", 1)[1])
+        os.kill(victim, signal.SIGKILL)
+        # the gate of w4 is killed two seconds into its work (loading and scoring the candidate)
+        mark = _wait_for(lambda: next(iter(_start_marks(state, "gate-w4")), None), every=0.05)
+        time.sleep(2)
+        os.kill(mark["pid"], signal.SIGKILL)
+        assert proc.wait(timeout=300) == 1, (tmp_path / "sweep.log").read_text()
+    finally:
+        _reap(proc)
+    rec = records.read(SweepRecord, out / "sweep-t" / "sweep.json")
+    for label, pid in (("convert w8", victim), ("gate w4", mark["pid"])):
+        t = task(rec, label)
+        assert [a.outcome for a in t.attempts] == ["died", "finished"] and t.attempts[0].pid == pid
+        assert t.state == "done"
+    assert "left by killed runs" in task(rec, "convert w8").message  # the retry found and reported the leftover
+    assert tmp.is_dir() and not complete_output(tmp)  # a leftover, never complete-looking, never read
+    for name in ("w8", "w4"):
+        same_verdict(verdict_of(rec, name), world.verdicts["strict"][name])
+    assert "retried   convert w8: attempt 2" in (tmp_path / "sweep.log").read_text()
+
+
+def test_a_killed_driver_is_resumed_by_running_the_command_again(world, tmp_path, own_cache):
+    sweep = world.sweep_file(tmp_path, ["w8", "w4", "w3"], world.lenient, extra="max_parallel: 2\n")
+    out = tmp_path / "out"
+    proc = _spawn(sweep, tmp_path / "first.log")
+    try:
+        first = _wait_for(lambda: next((n for n in RECIPES if (out / n / "gate.json").is_file()), None), every=0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        _reap(proc)
+    code, rec = run_cli_sweep(sweep)
+    assert code == 0 == rec.exit_code  # every candidate passes the lenient policy
+    done_before = next(c for c in rec.candidates if c.name == first)
+    assert done_before.message == "done in an earlier run" and done_before.wall_seconds is None
+    assert not [t for t in rec.tasks if t.candidate == first]  # nothing of it redone
+    for name, v in world.verdicts["lenient"].items():
+        if name in RECIPES:
+            same_verdict(verdict_of(rec, name), v)
+    for left in out.glob(".*.tmp-*"):
+        assert not complete_output(left)
+
+
+# --- a cluster of two nodes, a bad recipe, exit codes --------------------------------------------------------
+
+
+def test_two_nodes_a_bad_recipe_among_good_ones_and_exit_codes(world, tmp_path, own_cache):
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        nodes = {n.node_id for n in cluster.list_all_nodes()}
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(f"method: rtn\nscheme: W5A16\nmodel: {world.tiny}\n")
+        given = world.given_copy(tmp_path)
+        sweep = world.sweep_file(tmp_path, ["w8", str(bad)], world.lenient, [given])
+        code, rec = run_cli_sweep(sweep, "--address", cluster.address)
+        assert code == 2 == rec.exit_code  # the worst candidate's: a bad recipe
+        by = {c.name: c for c in rec.candidates}
+        assert by["bad"].exit_code == 2 and 'scheme = "W5A16"' in by["bad"].message and by["bad"].verdict is None
+        assert (by["w8"].verdict, by["w8-g64"].verdict) == ("pass", "pass")  # the others went on
+        used = {a.node for t in rec.tasks for a in t.attempts}
+        assert len(rec.nodes) == 2 and len(used) == 2  # one CPU each: the baseline and a conversion ran side by side
+        assert used == nodes
+        sweep.write_text(sweep.read_text().replace(f", {bad}]", "]"))
+        code, rec = run_cli_sweep(sweep, "--address", cluster.address)
+        assert code == 0 and rec.tasks == [] and {c.message for c in rec.candidates} == {"done in an earlier run"}
+    finally:
+        cluster.shutdown()
+
+
+# --- the sweep file ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text,says",
+    [
+        ("policy: p.yaml\n", "a sweep needs candidates"),
+        ("policy: p.yaml\nrecipes: [a.yaml]\ncluster: {address: 'http://x'}\n", "cluster.address"),
+        ("policy: p.yaml\nrecipes: [a.yaml]\ncluster: {address: auto, num_cpus: 2}\n", "cluster.num_cpus sizes"),
+        ("policy: p.yaml\nrecipes: [a.yaml]\nresources: {gate: {memory: lots}}\n", "resources.gate.memory"),
+        ("policy: p.yaml\nrecipes: [a.yaml]\nresources: {convert: {num_cpus: 0}}\n", "resources.convert.num_cpus"),
+        ("policy: p.yaml\nrecipes: [a.yaml]\nretries: 3\n", "unknown key `retries`"),
+    ],
+)
+def test_a_bad_sweep_file_is_exit_2_naming_the_field(tmp_path, capsys, text, says):
+    f = tmp_path / "s.yaml"
+    f.write_text(text)
+    assert cli(["sweep", str(f)]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_memory_sizes_and_a_missing_policy(tmp_path, capsys):
+    assert parse_bytes("8GiB") == 8 * 2**30 and parse_bytes("512MiB") == 2**29 and parse_bytes(1000) == 1000
+    with pytest.raises(ValueError, match="not a memory size"):
+        parse_bytes("8 parsecs")
+    f = tmp_path / "s.yaml"
+    f.write_text("policy: nowhere.yaml\nrecipes: [a.yaml]\n")
+    assert cli(["sweep", str(f)]) == 2 and "nowhere.yaml" in capsys.readouterr().err
+
+
+def test_recipe_globs_are_read_beside_the_sweep_file(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    for n in ("b", "a"):
+        (tmp_path / "recipes" / f"{n}.yaml").write_text("method: rtn\n")
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "s.yaml").write_text("policy: p.yaml\nrecipes: [recipes/*.yaml, recipes/none-*.yaml]\n")
+    spec, _ = load_sweep(tmp_path / "sweeps" / "s.yaml")
+    assert spec.recipes == [
+        str(tmp_path / "recipes" / "a.yaml"),
+        str(tmp_path / "recipes" / "b.yaml"),
+        "recipes/none-*.yaml",
+    ]  # a glob matching nothing stays, to be reported as its candidate
+
+
+def test_a_recipe_of_another_model_and_a_name_used_twice_are_refused_per_candidate(world, tmp_path):
+    from quantize.sweep.plan import candidates
+
+    other = tmp_path / "other.yaml"
+    other.write_text(f"name: w8\nmethod: rtn\nscheme: W8A16\ncalibration: null\nmodel: {world.given}\n")
+    spec, _ = load_sweep(world.sweep_file(tmp_path, ["w8", str(other)], world.lenient))
+    first, second = candidates(spec)
+    assert first.error is None and first.needs_convert
+    assert "verdict would be against another model" in second.error
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(world.recipes["w8"].read_text())
+    spec, _ = load_sweep(world.sweep_file(tmp_path, ["w8", str(dup)], world.lenient))
+    assert "two candidates are named w8" in candidates(spec)[1].error
