@@ -6,8 +6,8 @@ Each side starts from nothing but the default model: its own empty score cache (
 its own empty output folder, so each converts every recipe, scores the baseline in full once and gates every
 candidate with the sweep's policy.
 - one after the other: what `make gate-all` does, as commands: `quantize run` for each recipe, then
-  `quantize gate POLICY --baseline MODEL --candidate OUT --junit --json` for each output, in one process each
-  (torch at its default threads: all cores);
+  `quantize gate POLICY --baseline MODEL --candidate OUT --junit --json` for each output, then `quantize report`,
+  in one process each (torch at its default threads: all cores);
 - the sweep: `quantize sweep` on a copy of the sweep file writing to its own output folder (a local cluster; the
   file's resources say how many tasks share the cores and at how many threads).
 Prints both wall times, their ratio and every verdict (the two sides must agree), and writes them (--json).
@@ -81,6 +81,24 @@ def sequential(spec: dict, root: Path) -> dict:
         if rc > 1:
             sys.exit(f"the gate of {folder} failed (exit {rc})")
         steps.append({"step": f"gate {folder.name}", "seconds": round(time.monotonic() - s, 1)})
+    s = time.monotonic()  # gate-all ends with the report, as the sweep does
+    subprocess.run(
+        [
+            Q,
+            "report",
+            str(out),
+            "--baseline",
+            model,
+            "--policy",
+            str(ROOT / spec["policy"]),
+            "--out",
+            str(root / "report"),
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    steps.append({"step": "report", "seconds": round(time.monotonic() - s, 1)})
     return {"wall_seconds": round(time.monotonic() - t0, 1), "steps": steps, "verdicts": verdicts(out)}
 
 
