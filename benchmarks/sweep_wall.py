@@ -132,16 +132,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sweep", default=str(ROOT / "sweeps" / "default.yaml"))
     ap.add_argument("--only", choices=["sequential", "sweep"])
-    ap.add_argument("--json")
+    ap.add_argument("--json", help="write the figures here (a side already in the file is kept: run --only twice)")
     args = ap.parse_args()
     spec = yaml.safe_load(Path(args.sweep).read_text())
     result: dict = {"sweep_file": args.sweep, "cpus": os.cpu_count()}
+    if args.json and Path(args.json).is_file():  # a side measured before (--only) is kept beside the other
+        result = json.loads(Path(args.json).read_text()) | result
     with tempfile.TemporaryDirectory(prefix="sweep-wall-") as tmp:
         for side, fn in (("sequential", sequential), ("sweep", sweep)):
             if args.only in (None, side):
                 (Path(tmp) / side).mkdir()
                 result[side] = fn(spec, Path(tmp) / side)
                 print(f"{side}: {result[side]['wall_seconds']:.0f} s  {result[side]['verdicts']}", flush=True)
+                if args.json:
+                    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     if "sequential" in result and "sweep" in result:
         result["ratio_sweep_to_sequential"] = round(
             result["sweep"]["wall_seconds"] / result["sequential"]["wall_seconds"], 3

@@ -29,7 +29,7 @@ from quantize.errors import (
 # OS errors that say a path given on the command line or in a file cannot name a file.
 BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR}
 # Commands that write an output folder (atomically): only these can promise to leave nothing half-written.
-WRITES_OUTPUT = {"run", "report", "model", "golden new", "golden freeze", "search", "sweep"}
+WRITES_OUTPUT = {"run", "report", "model", "golden new", "golden freeze", "search"}
 
 
 def _offline() -> None:
@@ -160,8 +160,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from quantize.flows.gate import run_gate
-    from quantize.gates.render import render_text, write_junit
+    from quantize.flows.gate import run_gate, save_verdict
+    from quantize.gates.render import render_text
     from quantize.io import check_writable
     from quantize.quiet import quiet_libraries
     from quantize.records import to_json
@@ -172,12 +172,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
         raise UsageError(f"--card writes the candidate's model card, and {args.candidate} is no checkpoint folder")
     with quiet_libraries(args.quiet):
         v = run_gate(args.policy, args.baseline, args.candidate, trust_remote_code=args.trust_remote_code)
-    if args.junit:
-        write_junit(Path(args.junit), v)
-    if args.card:
-        from quantize.report.card import add_verdict
-
-        add_verdict(Path(args.candidate), v)
+    save_verdict(v, Path(args.junit) if args.junit else None, card=Path(args.candidate) if args.card else None)
     print(to_json(v) if args.json else render_text(v))
     return v.exit_code
 

@@ -78,10 +78,9 @@ def _failed(env: Mapping[str, str], message: str, code: int) -> int:
 
 
 def run(env: Mapping[str, str]) -> int:
-    from quantize.flows.gate import run_gate
-    from quantize.gates.render import render_markdown, render_text, write_junit
-    from quantize.io import check_writable, write_text_atomic
-    from quantize.records import to_json
+    from quantize.flows.gate import run_gate, save_verdict
+    from quantize.gates.render import render_markdown, render_text
+    from quantize.io import check_writable
 
     junit, verdict_path = (
         Path(env.get("QUANTIZE_JUNIT") or "gate.xml"),
@@ -100,12 +99,7 @@ def run(env: Mapping[str, str]) -> int:
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # the downloads are done: scoring reads local files only
         os.environ[var] = "1"
     v = run_gate(policy, baseline, candidate)
-    write_junit(junit, v)
-    write_text_atomic(verdict_path, to_json(v) + "\n")
-    if card:
-        from quantize.report.card import add_verdict
-
-        add_verdict(candidate, v, str(verdict_path))
+    save_verdict(v, junit, verdict_path, candidate if card else None)
     _append(env.get("GITHUB_STEP_SUMMARY"), render_markdown(v))
     _append(env.get("GITHUB_OUTPUT"), f"verdict={v.verdict}\nexit-code={v.exit_code}\n")
     print(render_text(v))

@@ -138,6 +138,24 @@ def open_policy(policy_path: str | Path) -> tuple[Policy, OpenSuite]:
     return policy, suite
 
 
+def save_verdict(v: Verdict, junit: Path | None = None, record: Path | None = None, card: Path | None = None) -> None:
+    """Where a verdict goes besides the terminal, each file written whole: the JUnit XML (one test case per rule),
+    the verdict record (what `--json` prints) and the candidate's model card (`card`: its folder). The one writer
+    for `quantize gate`, the GitHub Action's step and a sweep's gate tasks."""
+    from quantize.gates.render import render_junit
+    from quantize.io import write_text_atomic
+    from quantize.records import to_json
+
+    if junit is not None:
+        write_text_atomic(junit, render_junit(v))
+    if record is not None:
+        write_text_atomic(record, to_json(v))
+    if card is not None:
+        from quantize.report.card import add_verdict
+
+        add_verdict(card, v, str(record) if record is not None else "the verdict")
+
+
 def score_baseline(policy_path: str | Path, baseline: Path) -> bool:
     """A baseline's full scores on the policy's suite, and its top-k where the policy has agreement rules, into the
     cache (what every later gate against it reads). Returns whether its scores were there already."""

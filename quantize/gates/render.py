@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import Any
 
 from quantize.records import (
@@ -45,6 +44,11 @@ def _items_needed_line(e: AccuracyEvidence) -> str:
 HEADS = {"pass": "PASS", "rejected": "REJECTED", "inconclusive": "INCONCLUSIVE"}
 
 
+def fails_closed(v: Verdict) -> str:
+    """The words " (fails closed)" where an inconclusive verdict is a failure (the policy's default), else none."""
+    return " (fails closed)" if v.verdict == "inconclusive" and v.exit_code else ""
+
+
 def failed_rules(v: Verdict) -> list[str]:
     """The rules that did not pass, each with its outcome: "core_kv acc regression"."""
     return [f"{r.rule} {r.verdict}" for r in v.rules if r.verdict not in ("pass", "untested")]
@@ -61,7 +65,7 @@ def render_text(v: Verdict) -> str:
     p = v.provenance
     tested = sum(r.p_regression is not None for r in v.rules)  # Holm's m
     lines = [
-        f"gate {v.policy}: {head}" + (" (fails closed)" if v.verdict == "inconclusive" and v.exit_code else ""),
+        f"gate {v.policy}: {head}{fails_closed(v)}",
         "",
     ]
     sq = v.sequential
@@ -170,10 +174,6 @@ def render_junit(v: Verdict) -> str:
     return ET.tostring(suite, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def write_junit(path: Path, v: Verdict) -> None:
-    Path(path).write_text(render_junit(v), encoding="utf-8")
-
-
 def sizing_text(report: SizingReport) -> str:
     """`quantize golden size` as text: per task the flip rate and the items a margin needs."""
     a, pw, m = report.alpha, report.power, report.margin
@@ -233,8 +233,7 @@ def render_markdown(v: Verdict) -> str:
     """The verdict for a CI job summary or a model card: the headline, a table of rules, how far a sequential
     gate went, the notes and the provenance (identities, golden set, versions)."""
     p = v.provenance
-    closed = " (fails closed)" if v.verdict == "inconclusive" and v.exit_code else ""
-    lines = [f"### quantize gate `{v.policy}`: {HEADLINE[v.verdict]}{closed}", ""]
+    lines = [f"### quantize gate `{v.policy}`: {HEADLINE[v.verdict]}{fails_closed(v)}", ""]
     head = ["rule", "verdict", "baseline", "candidate", "change", "one-sided bounds", "passes when"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _md_row(r)) + " |" for r in v.rules]

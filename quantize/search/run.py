@@ -10,7 +10,8 @@
 4. tries: allocations along the frontier (evenly spaced budgets from the smallest model to the
    budget, or the spec's list); one whose held-out agreement already breaks the policy's agreement
    limits is not gated; the others are converted (`quantize run` with per-layer overrides) and gated
-   by bisection, the largest first, until the smallest that passes is found or `max_gates` are spent.
+   by bisection, the largest first, until the smallest that passes is found or `max_gates` are spent
+   (`max_parallel` > 1: that many at once a round, as sweep tasks on Ray).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import yaml
 
 from quantize import cache, records
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 from quantize.io import sha256_bytes
 from quantize.records import (
     AllocationRecord,
@@ -284,40 +285,107 @@ def frontier_of(s: Search) -> tuple[list[tuple[dict[str, str], AllocationRecord]
     return frontier, tries
 
 
+def round_points(lo: int, hi: int, k: int, first: bool) -> list[int]:
+    """The frontier indices to gate next, k at once, over the undecided range [lo, hi] (larger index: more bytes,
+    less damage; a pass at i is assumed to hold above i). The first round takes the largest point hi (if it fails,
+    nothing within the budget passes) and k − 1 points splitting [lo, hi − 1]; later rounds k points splitting
+    [lo, hi] into k + 1 parts. k = 1 is bisection: hi, then the midpoints (lo + hi) // 2."""
+    if lo > hi or k < 1:
+        return []
+    if first:
+        return sorted({hi, *round_points(lo, hi - 1, k - 1, False)})
+    if k == 1:
+        return [(lo + hi) // 2]
+    n = hi - lo + 1
+    return sorted({lo + (n * (j + 1)) // (k + 1) for j in range(min(k, n))})
+
+
+def settle(lo: int, hi: int, outcomes: dict[int, bool]) -> tuple[int, int, int | None]:
+    """The range left undecided after a round's outcomes (index -> passed), and the smallest index that passed."""
+    passed = [i for i, ok in outcomes.items() if ok]
+    best = min(passed) if passed else None
+    if best is not None:
+        hi = min(hi, best - 1)
+    below = [i for i, ok in outcomes.items() if not ok and (best is None or i < best)]
+    if below:
+        lo = max(lo, max(below) + 1)
+    return lo, hi, best
+
+
 def bisect(
     s: Search, frontier: list[tuple[dict[str, str], AllocationRecord]], quiet: bool
 ) -> tuple[Path | None, list[TryRecord]]:
-    """Gate by bisection over the frontier (more bytes, less damage): the largest first, since if it fails nothing
-    within the budget passes; then the smallest that passes, in at most 1 + log2(n) gates (and `max_gates`)."""
+    """Gate the frontier (more bytes, less damage) round by round: the largest first, since if it fails nothing
+    within the budget passes; then the smallest that passes. `max_parallel` points a round (`round_points`),
+    converted and gated at once on the sweep's executor; 1 (the default) is bisection, one after the other in
+    this process, in at most 1 + log2(n) gates. `max_gates` caps the gates in all."""
     result, tries = None, []
-    lo, hi = 0, len(frontier) - 1
-    order = [hi] if frontier else []
-    while order and len(tries) < s.spec.max_gates:
-        i = order.pop()
-        alloc, rec = frontier[i]
-        ckpt = s.tries_dir / f"try-{len(tries) + 1}"
-        recipe = recipe_for(s.spec, s.model_dir, alloc, s.lay, ckpt)
-        true_bytes, verdict = _convert_and_gate(s.spec, recipe, s.tries_dir, ckpt, s.model_dir, quiet)
-        failed = [r.rule for r in verdict.rules if r.verdict != "pass"]
-        tries.append(
-            TryRecord(
-                allocation=rec,
-                gated=True,
-                checkpoint=str(ckpt),
-                true_bytes=true_bytes,
-                verdict=verdict.verdict,
-                failed_rules=failed,
+    lo, hi, first = 0, len(frontier) - 1, True
+    k = s.spec.max_parallel
+    while lo <= hi and len(tries) < s.spec.max_gates:
+        points = round_points(lo, hi, min(k, s.spec.max_gates - len(tries)), first)
+        ckpts = {i: s.tries_dir / f"try-{len(tries) + n + 1}" for n, i in enumerate(points)}
+        recipes = {i: recipe_for(s.spec, s.model_dir, frontier[i][0], s.lay, ckpts[i]) for i in points}
+        gated = _gate_round(s, recipes, ckpts, quiet)
+        outcomes = {}
+        for i in points:
+            true_bytes, verdict = gated[i]
+            tries.append(
+                TryRecord(
+                    allocation=frontier[i][1],
+                    gated=True,
+                    checkpoint=str(ckpts[i]),
+                    true_bytes=true_bytes,
+                    verdict=verdict.verdict,
+                    failed_rules=[r.rule for r in verdict.rules if r.verdict != "pass"],
+                )
+            )
+            outcomes[i] = verdict.verdict == "pass"
+        if first and not outcomes[len(frontier) - 1]:
+            break  # the largest allocation within the budget fails
+        lo, hi, best = settle(lo, hi, outcomes)
+        if best is not None:
+            result = ckpts[best]
+        first = False
+    return result, tries
+
+
+def _gate_round(
+    s: Search, recipes: dict[int, dict[str, Any]], ckpts: dict[int, Path], quiet: bool
+) -> dict[int, tuple[int, Any]]:
+    """Each point's true bytes and verdict: in this process for one point, else as sweep tasks on Ray."""
+    if s.spec.max_parallel == 1 or len(recipes) == 1:
+        return {i: _convert_and_gate(s.spec, r, s.tries_dir, ckpts[i], s.model_dir, quiet) for i, r in recipes.items()}
+    from quantize import records
+    from quantize.checkpoint.accounting import bits_report
+    from quantize.records import Verdict
+    from quantize.report.collect import VERDICT_FILE
+    from quantize.sweep.run import run_chains
+    from quantize.sweep.tasks import TaskSpec
+
+    chains = []
+    for i, r in recipes.items():
+        rpath = _write_try_recipe(s.tries_dir, ckpts[i], r)
+        common = {"candidate": ckpts[i].name, "policy": s.spec.policy, "baseline": str(s.model_dir)}
+        chains.append(
+            (
+                TaskSpec(kind="convert", recipe=str(rpath), checkpoint=str(ckpts[i]), model=str(s.model_dir), **common),
+                TaskSpec(kind="gate", checkpoint=str(ckpts[i]), **common),
             )
         )
-        if verdict.verdict == "pass":
-            result, hi = ckpt, i - 1
-        else:
-            lo = i + 1
-            if result is None and i == len(frontier) - 1:
-                break  # the largest allocation within the budget fails
-        if lo <= hi:
-            order.append((lo + hi) // 2)
-    return result, tries
+    failed = run_chains(chains, s.spec.cluster, s.spec.resources, s.tries_dir / "state")
+    if failed:
+        raise RuntimeFailure(f"a try could not be converted or gated: {failed[0]}")
+    return {i: (bits_report(ckpts[i]).total_bytes, records.read(Verdict, ckpts[i] / VERDICT_FILE)) for i in recipes}
+
+
+def _write_try_recipe(tries_dir: Path, ckpt: Path, recipe: dict[str, Any]) -> Path:
+    from quantize.io import write_text_atomic
+
+    tries_dir.mkdir(parents=True, exist_ok=True)
+    rpath = tries_dir / f"{ckpt.name}.yaml"
+    write_text_atomic(rpath, yaml.safe_dump(recipe, sort_keys=False))
+    return rpath
 
 
 def report_of(
@@ -382,14 +450,10 @@ def _convert_and_gate(
     from quantize.convert.engine import convert
     from quantize.convert.recipe import parse_recipe
     from quantize.flows.gate import run_gate
-    from quantize.io import write_text_atomic
 
-    tries_dir.mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump(recipe, sort_keys=False)
-    rpath = tries_dir / f"{ckpt.name}.yaml"
-    write_text_atomic(rpath, text)
+    rpath = _write_try_recipe(tries_dir, ckpt, recipe)
     r = parse_recipe(recipe, str(rpath))
-    convert(r, sha256_bytes(text.encode()), str(rpath), ckpt, force=False, quiet=quiet)
+    convert(r, sha256_bytes(rpath.read_bytes()), str(rpath), ckpt, force=False, quiet=quiet)
     true_bytes = bits_report(ckpt).total_bytes
     verdict = run_gate(spec.policy, model_dir, ckpt)
     return true_bytes, verdict

@@ -12,6 +12,7 @@
     policy: gates/ci.yaml
     measure: {per_task: 8, holdout_per_task: 24}
     max_gates: 3
+    max_parallel: 1              # tries gated at once a round (on Ray, as a sweep's tasks; cluster:, resources:)
 
 Validated like a recipe (pydantic, `extra="forbid"`): every error names the field and what to do, before
 any model loads.
@@ -26,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from quantize.config import beside_repo, load_yaml
 from quantize.convert.recipe import WEIGHT_ONLY_INT, GPTQRecipe, RTNRecipe, Scheme
+from quantize.sweep.spec import Cluster, TaskResources
 
 
 class Measure(BaseModel):
@@ -55,6 +57,11 @@ class SearchRecipe(BaseModel):
     policy: str = Field(description="the gate policy every tried allocation must pass, e.g. gates/ci.yaml")
     measure: Measure = Field(default_factory=Measure)
     max_gates: int = Field(3, ge=1, le=50, description="allocations gated at most, cheapest first")
+    max_parallel: int = Field(
+        1, ge=1, le=64, description="tries converted and gated at once a round, on Ray; 1: one after the other here"
+    )
+    cluster: Cluster = Field(default_factory=Cluster, description="with max_parallel > 1: where (as a sweep's)")
+    resources: TaskResources = Field(default_factory=TaskResources, description="with max_parallel > 1: per task")
     output: str | None = Field(None, description="default outputs/<name>")
 
     @field_validator("options")

@@ -206,17 +206,18 @@ class Executor:
 
 
 def _graph(
-    ex: Executor, spec: SweepSpec, cands: list[Candidate], baseline: str, clean: bool, gate_resources: Resources
+    ex: Executor, spec: SweepSpec, plan: Plan, clean: bool
 ) -> tuple[Track | None, dict[str, tuple[Track | None, Track | None]]]:
     per: dict[str, tuple[Track | None, Track | None]] = {}
-    todo = {c.name: tasks_of(spec, c, baseline, clean) for c in cands}
+    baseline = str(plan.baseline)
+    todo = {c.name: tasks_of(spec, c, baseline, clean) for c in plan.candidates}
     base = None
     if any(g is not None for _, g in todo.values()):
-        base = ex.add(TaskSpec(kind="baseline", policy=spec.policy, baseline=baseline), gate_resources)
+        base = ex.add(TaskSpec(kind="baseline", policy=spec.policy, baseline=baseline), plan.baseline_resources)
     for name, (conv, gate) in todo.items():
         per[name] = (
             ex.add(conv, spec.resources.convert) if conv else None,
-            ex.add(gate, gate_resources) if gate else None,
+            ex.add(gate, plan.gate) if gate else None,
         )
     return base, per
 
@@ -253,6 +254,7 @@ class Plan:
     baseline: Path
     candidates: list[Candidate]
     gate: Resources  # the gate tasks' resources, GPUs filled in from the suite
+    baseline_resources: Resources  # the baseline task's (default: a gate's)
 
     @property
     def home(self) -> Path:
@@ -279,10 +281,48 @@ def plan_sweep(path: str | Path, address: str | None = None, max_parallel: int |
     check_target(baseline, "the sweep's model is its baseline: a checkpoint folder")
     cands = candidates(spec)
     settle_done(cands, policy, suite, baseline)
-    gate = spec.resources.gate
-    if gate.num_gpus is None:
-        gate = gate.model_copy(update={"num_gpus": gate_gpus(suite)})
-    return Plan(spec, sha, str(path), policy.name, baseline, cands, gate)
+    gate, base = spec.resources.gate, spec.resources.baseline or spec.resources.gate
+    gate, base = (
+        r.model_copy(update={"num_gpus": gate_gpus(suite)}) if r.num_gpus is None else r for r in (gate, base)
+    )
+    return Plan(spec, sha, str(path), policy.name, baseline, cands, gate, base)
+
+
+def _env() -> dict[str, str]:
+    from quantize.cache import shared_path
+
+    return {v: os.environ[v] for v in FORWARDED if v in os.environ} | {"QUANTIZE_CACHE": shared_path()}
+
+
+def run_chains(
+    chains: list[tuple[TaskSpec, TaskSpec]],
+    cluster: Cluster,
+    resources: Any,
+    state: Path,
+    max_retries: int = 2,
+    say: Callable[[str], None] | None = None,
+) -> list[str]:
+    """Convert-then-gate chains on the cluster (`quantize search` with max_parallel > 1), the baseline scored once
+    first beside the conversions; returns what failed, one line each ([] when every chain finished)."""
+    say = say or (lambda line: print(f"quantize search: {line}", file=sys.stderr, flush=True))
+    ray = _import_ray()
+    state = state / f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{os.getpid()}"
+    state.mkdir(parents=True, exist_ok=True)
+    ex = Executor(ray, state, 0, max_retries, say)
+    base = ex.add(
+        TaskSpec(kind="baseline", policy=chains[0][1].policy, baseline=chains[0][1].baseline),
+        resources.baseline or resources.gate,
+    )
+    per = {c.candidate or "": (ex.add(c, resources.convert), ex.add(g, resources.gate)) for c, g in chains}
+    if cluster.address == "local":
+        say(f"probe     {_probe()}")
+    connect(ray, cluster, _env())
+    try:
+        check_fits(ray, {"convert": resources.convert, "gate": resources.gate, "baseline": base.resources})
+        ex.run(_ready(base, per))
+    finally:
+        ray.shutdown()
+    return [f"{t.task.label} (exit {t.exit_code}): {t.message}" for t in ex.tracks if t.state != "done"]
 
 
 def _probe() -> str:
@@ -316,17 +356,16 @@ def run_sweep(
             say(f"skipped   {c.name}: converted and gated in an earlier run ({c.verdict.verdict})")
     ray = _import_ray()
     ex = Executor(ray, state, spec.max_parallel, spec.max_retries, say)
-    base, per = _graph(ex, spec, plan.candidates, str(plan.baseline), clean, plan.gate)
+    base, per = _graph(ex, spec, plan, clean)
     nodes: list[str] = []
     if spec.cluster.address == "local" and any(t.task.kind == "convert" for t in ex.tracks):
         say(f"probe     {_probe()}")
     if ex.tracks:  # nothing left to do: no cluster to start
-        from quantize.cache import shared_path
-
-        env = {v: os.environ[v] for v in FORWARDED if v in os.environ} | {"QUANTIZE_CACHE": shared_path()}
-        connect(ray, spec.cluster, env)
+        connect(ray, spec.cluster, _env())
         try:
-            nodes = check_fits(ray, {"convert": spec.resources.convert, "gate": plan.gate})
+            nodes = check_fits(
+                ray, {"convert": spec.resources.convert, "gate": plan.gate, "baseline": plan.baseline_resources}
+            )
             say(f"cluster   {len(nodes)} node(s): {'; '.join(nodes)}")
             ex.run(_ready(base, per))
         finally:

@@ -10,6 +10,7 @@
     resources:
       convert: {num_cpus: 2}         # per task; torch gets num_cpus threads
       gate: {num_cpus: 2, num_gpus: 0, memory: 8GiB}
+      baseline: {num_cpus: 2}      # every gate waits for it; default: as a gate
     cluster: {address: local, num_cpus: 2}   # local: a cluster of one started here; auto: the running one;
                                              # ray://HOST:10001 or HOST:6379: that cluster
     max_parallel: 0                  # tasks submitted at once; 0 = as many as the cluster's resources take
@@ -72,6 +73,9 @@ class TaskResources(BaseModel):
 
     convert: Resources = Field(default_factory=Resources)
     gate: Resources = Field(default_factory=Resources)
+    baseline: Resources | None = Field(
+        None, description="the baseline's full scoring (every gate waits for it); default: as a gate"
+    )
 
 
 class Cluster(BaseModel):

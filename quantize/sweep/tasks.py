@@ -175,19 +175,16 @@ def run_baseline(task: TaskSpec) -> tuple[int, str, str | None]:
 
 def run_gate_task(task: TaskSpec) -> tuple[int, str, str | None]:
     """`quantize gate POLICY --baseline B --candidate C --junit C/gate.xml --json > C/gate.json`, each file whole."""
-    from quantize.flows.gate import run_gate
-    from quantize.gates.render import headline, render_junit
-    from quantize.io import write_text_atomic
+    from quantize.flows.gate import run_gate, save_verdict
+    from quantize.gates.render import headline
     from quantize.quiet import quiet_libraries
-    from quantize.records import to_json
     from quantize.report.collect import VERDICT_FILE
 
     assert task.checkpoint is not None
     cand = Path(task.checkpoint)
     with quiet_libraries(True):
         v = run_gate(task.policy, task.baseline, cand)
-    write_text_atomic(cand / "gate.xml", render_junit(v))
-    write_text_atomic(cand / VERDICT_FILE, to_json(v))
+    save_verdict(v, cand / "gate.xml", cand / VERDICT_FILE)
     return v.exit_code, headline(v), str(cand / VERDICT_FILE)
 
 

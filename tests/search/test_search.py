@@ -207,3 +207,83 @@ def test_search_end_to_end_on_a_tiny_model(world, tiny_model, tmp_path, capsys):
     assert labels[0].startswith("heuristic") and "searched (same bytes)" in labels
     same = {c["bytes"] for c in report["comparisons"][1:]}
     assert max(same) <= report["comparisons"][0]["bytes"]  # compared at no more bytes than the heuristic
+
+
+# --- gating the frontier in rounds ------------------------------------------------------------------------------
+
+
+def _old_bisection(n: int, passes) -> list[int]:
+    """The bisection `quantize search` ran before rounds (the largest, then midpoints), as the reference order."""
+    gated, lo, hi, order, found = [], 0, n - 1, [n - 1], False
+    while order:
+        i = order.pop()
+        gated.append(i)
+        if passes(i):
+            found, hi = True, i - 1
+        else:
+            lo = i + 1
+            if not found and i == n - 1:
+                break
+        if lo <= hi:
+            order.append((lo + hi) // 2)
+    return gated
+
+
+def _rounds(n: int, passes, k: int) -> tuple[int | None, list[list[int]]]:
+    from quantize.search.run import round_points, settle
+
+    lo, hi, first, best, rounds = 0, n - 1, True, None, []
+    while lo <= hi:
+        points = round_points(lo, hi, k, first)
+        assert points and all(lo <= i <= hi for i in points) and len(points) <= k
+        rounds.append(points)
+        outcomes = {i: passes(i) for i in points}
+        if first and not outcomes[n - 1]:
+            break
+        lo, hi, found = settle(lo, hi, outcomes)
+        best = found if found is not None else best
+        first = False
+    return best, rounds
+
+
+def test_rounds_find_the_smallest_passing_point_and_one_a_round_is_the_old_bisection():
+    """On every monotone frontier (a pass from index t on) of up to 12 points: k points a round find t (None when
+    nothing passes), with k = 1 gating exactly what bisection gated, and k > 1 never taking more rounds."""
+    for n in range(1, 13):
+        for t in range(n + 1):
+            passes = lambda i, t=t: i >= t  # noqa: E731
+            want = t if t < n else None
+            best, rounds = _rounds(n, passes, 1)
+            assert best == want and [r[0] for r in rounds] == _old_bisection(n, passes)
+            for k in (2, 3, 4):
+                got, more = _rounds(n, passes, k)
+                assert got == want and len(more) <= len(rounds), (n, t, k)
+
+
+def test_a_search_gates_a_round_of_tries_at_once_on_ray(world, tiny_model, tmp_path, capsys):
+    """max_parallel: 2 and two gates: one round of the largest frontier point and the midpoint below it, converted
+    and gated as sweep tasks on a local cluster, each verdict the one a gate in this process gives the same try."""
+    pytest.importorskip("ray")
+    from quantize.flows.gate import run_gate
+
+    _, _, policy = world
+    out = tmp_path / "found"
+    s = spec(
+        tmp_path / "s.yaml",
+        tiny_model,
+        policy,
+        out,
+        max_gates=2,
+        max_parallel=2,
+        cluster={"address": "local", "num_cpus": 2},
+    )
+    assert main(["search", str(s), "--json", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    gated = [t for t in report["tries"] if t["gated"]]
+    assert len(gated) == 2 and report["result"] == str(out)
+    assert list((tmp_path / "found.tries" / "state").glob("*/gate-try-*.start"))  # ran as Ray tasks
+    for t in gated:
+        ckpt = Path(t["checkpoint"]) if Path(t["checkpoint"]).exists() else out
+        assert run_gate(policy, tiny_model, ckpt).verdict == t["verdict"]
+    passing = [t for t in gated if t["verdict"] == "pass"]
+    assert min(passing, key=lambda t: t["allocation"]["bytes"])["checkpoint"] == str(out)

@@ -23,7 +23,7 @@ from quantize.convert.engine import complete_output
 from quantize.records import RunRecord, SweepRecord, Verdict
 from quantize.sweep.spec import load_sweep, parse_bytes
 
-from conftest import small_golden, suite_file
+from conftest import ROOT, small_golden, suite_file
 
 ray = pytest.importorskip("ray", reason="quantize sweep needs Ray: pip install 'quantize[cluster]' (make setup does)")
 
@@ -363,3 +363,23 @@ def test_a_recipe_of_another_model_and_a_name_used_twice_are_refused_per_candida
     dup.write_text(world.recipes["w8"].read_text())
     spec, _ = load_sweep(world.sweep_file(tmp_path, ["w8", str(dup)], world.lenient))
     assert "two candidates are named w8" in candidates(spec)[1].error
+
+
+def test_the_rayjob_example_runs_a_sweep_command_this_cli_accepts():
+    """docs/sweep-rayjob.yaml is a KubeRay RayJob whose entrypoint parses as `quantize sweep` with its flags, and
+    whose tasks get the cache and offline settings the sweep's workers read."""
+    import shlex
+
+    import yaml
+
+    from quantize.cli import build_parser
+
+    job = yaml.safe_load((ROOT / "docs" / "sweep-rayjob.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    argv = shlex.split(job["spec"]["entrypoint"])
+    assert argv[0] == "quantize"
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "sweep" and args.address == "auto"
+    env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]
+    assert {"QUANTIZE_CACHE", "HF_HUB_OFFLINE"} <= env.keys()
+    assert job["spec"]["rayClusterSpec"]["rayVersion"] == ray.__version__
