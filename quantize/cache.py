@@ -79,27 +79,36 @@ def _weights_memo_path(files: list[tuple[str, Path]]) -> Path | None:
     return cache_dir() / "identity" / f"{sha256_json({'boot': boot, 'files': stats})}.json"
 
 
-def lookup_weights_hash(files: list[tuple[str, Path]]) -> str | None:
-    """The weights hash of these files as an earlier process here computed it (module docstring), else None."""
-    path = _weights_memo_path(files)
+def _read_memo(path: Path | None, field: str) -> Any:
+    """One field of a memo file (weights hashes, probes), or None where there is none or it does not read."""
+    if path is None:
+        return None
     try:
-        found = json.loads(path.read_text()).get("weights_sha256") if path is not None else None
+        return json.loads(path.read_text()).get(field)
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _write_memo(path: Path | None, data: dict[str, Any]) -> None:
+    """Write a memo whole; a cache that cannot be written keeps nothing (the value is computed again next time)."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(data) + "\n")
+    except OSError:
+        pass
+
+
+def lookup_weights_hash(files: list[tuple[str, Path]]) -> str | None:
+    """The weights hash of these files as an earlier process here computed it (module docstring), else None."""
+    found = _read_memo(_weights_memo_path(files), "weights_sha256")
     hexdigits = "0123456789abcdef"
     return found if isinstance(found, str) and len(found) == 64 and all(c in hexdigits for c in found) else None
 
 
 def store_weights_hash(files: list[tuple[str, Path]], sha256: str) -> None:
-    """Remember a weights hash for the files as they are now; a cache that cannot be written keeps nothing."""
-    path = _weights_memo_path(files)
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps({"weights_sha256": sha256}) + "\n")
-    except OSError:
-        pass
+    _write_memo(_weights_memo_path(files), {"weights_sha256": sha256})
 
 
 def _probe_path(name: str) -> Path | None:
@@ -111,23 +120,12 @@ def _probe_path(name: str) -> Path | None:
 
 def lookup_probe(name: str) -> float | None:
     """A machine measurement taken earlier since this boot (module docstring), else None."""
-    path = _probe_path(name)
-    try:
-        value = json.loads(path.read_text()).get("value") if path is not None else None
-    except (OSError, ValueError, AttributeError):
-        return None
+    value = _read_memo(_probe_path(name), "value")
     return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
 
 
 def store_probe(name: str, value: float) -> None:
-    path = _probe_path(name)
-    if path is None:
-        return
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps({"value": value}) + "\n")
-    except OSError:
-        pass
+    _write_memo(_probe_path(name), {"value": value})
 
 
 @contextmanager
