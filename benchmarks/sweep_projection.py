@@ -48,13 +48,21 @@ def lower_bound(baseline: float, cands: list[tuple[float, float]], workers: int)
     return max(baseline + min(g for _, g in cands), max(c + g for c, g in cands), work / workers)
 
 
-def measured(sweep: dict) -> tuple[float, list[tuple[float, float]]]:
-    def seconds(label: str) -> float:
-        t = next((t for t in sweep["tasks"] if t["task"] == label and t["attempts"]), None)
-        return t["attempts"][-1]["seconds"] or 0.0 if t else 0.0
+def measured(path: Path) -> tuple[float, list[tuple[float, float]]]:
+    """The baseline's seconds and each gated candidate's (convert, gate) seconds: from a sweep.json (SweepRecord), or
+    from benchmarks/sweep_wall.py's JSON (the sweep side's task times)."""
+    data = json.loads(path.read_text())
+    if "sweep" in data and "tasks" in data["sweep"]:  # sweep_wall.py's own output, not a pipeline record
+        times = {t["task"]: t["seconds"] or 0.0 for t in data["sweep"]["tasks"]}
+        names = list(data["sweep"]["verdicts"])
+    else:
+        from quantize import records
+        from quantize.records import SweepRecord
 
-    names = [c["name"] for c in sweep["candidates"] if c["verdict"] is not None]
-    return seconds("baseline"), [(seconds(f"convert {n}"), seconds(f"gate {n}")) for n in names]
+        rec = records.read(SweepRecord, path)
+        times = {t.task: t.attempts[-1].seconds or 0.0 for t in rec.tasks if t.attempts}
+        names = [c.name for c in rec.candidates if c.verdict is not None]
+    return times.get("baseline", 0.0), [(times.get(f"convert {n}", 0.0), times.get(f"gate {n}", 0.0)) for n in names]
 
 
 def main() -> None:
@@ -64,13 +72,7 @@ def main() -> None:
     ap.add_argument("--candidates", type=int, nargs="+", default=[5, 20, 100])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     args = ap.parse_args()
-    sweep = json.loads(Path(args.sweep_json).read_text())
-    if "tasks" not in sweep and "sweep" in sweep:  # sweep_wall.py's JSON holds the sweep's tasks
-        sweep = {
-            "tasks": [{"task": t["task"], "attempts": [{"seconds": t["seconds"]}]} for t in sweep["sweep"]["tasks"]],
-            "candidates": [{"name": n, "verdict": v} for n, v in sweep["sweep"]["verdicts"].items()],
-        }
-    b, cands = measured(sweep)
+    b, cands = measured(Path(args.sweep_json))
     print(f"measured per task (s): baseline {b:.0f}; " + "; ".join(f"convert {c:.0f} + gate {g:.0f}" for c, g in cands))
     if args.wall:
         wall = json.loads(Path(args.wall).read_text())

@@ -42,10 +42,10 @@ def fresh_cache(root: Path) -> dict[str, str]:
 
 
 def verdicts(out: Path) -> dict[str, str]:
-    found = {}
-    for f in sorted(out.glob("*/gate.json")):
-        found[f.parent.name] = json.loads(f.read_text())["verdict"]
-    return found
+    from quantize import records
+    from quantize.records import Verdict
+
+    return {f.parent.name: records.read(Verdict, f).verdict for f in sorted(out.glob("*/gate.json"))}
 
 
 def sequential(spec: dict, root: Path) -> dict:
@@ -114,16 +114,19 @@ def sweep(spec: dict, root: Path) -> dict:
     wall = round(time.monotonic() - t0, 1)
     if rc > 1:
         sys.exit(f"the sweep failed (exit {rc})")
-    record = json.loads((out / "sweep-wall" / "sweep.json").read_text())
+    from quantize import records
+    from quantize.records import SweepRecord
+
+    record = records.read(SweepRecord, out / "sweep-wall" / "sweep.json")
     tasks = [
         {
-            "task": t["task"],
-            "seconds": t["attempts"][-1]["seconds"],
-            "node": t["attempts"][-1]["node"][:12],
-            "threads": t["attempts"][-1]["threads"],
+            "task": t.task,
+            "seconds": t.attempts[-1].seconds,
+            "node": t.attempts[-1].node[:12],
+            "threads": t.attempts[-1].threads,
         }
-        for t in record["tasks"]
-        if t["attempts"]
+        for t in record.tasks
+        if t.attempts
     ]
     return {"wall_seconds": wall, "tasks": tasks, "verdicts": verdicts(out), "resources": spec.get("resources")}
 

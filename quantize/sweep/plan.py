@@ -31,18 +31,13 @@ class Candidate:
     notes: list[str] = field(default_factory=list)
 
 
-def sweep_dir(spec: SweepSpec) -> Path:
-    """OUTPUT/sweep-NAME: sweep.json, the report, the tasks' logs."""
-    return Path(spec.output) / f"sweep-{spec.name}"
-
-
 def candidates(spec: SweepSpec) -> list[Candidate]:
     """Recipes first (in the order given, globs sorted), then the existing checkpoints; a name used twice is an
     error on the second (two outputs in one folder, or two verdicts in one report row)."""
     found: list[Candidate] = []
     for path in spec.recipes:
         try:
-            recipe, sha = prepare_recipe(path, spec.model, Path(spec.output) / "_")
+            recipe, sha = prepare_recipe(path, spec.model)
             out = Path(spec.output) / str(recipe.name)
             c = Candidate(str(recipe.name), path, path, out, needs_convert=not _converted_here(out, sha, path))
         except UsageError as e:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from quantize.records import SweepRecord
+from quantize.sweep.spec import SweepSpec
 from quantize.tables import text_table
 
 SHOWN = {"pass": "PASS", "rejected": "REJECTED", "inconclusive": "INCONCLUSIVE", None: "-"}
 
 
 def sweep_text(r: SweepRecord) -> str:
-    home = f"{r.resolved['output']}/sweep-{r.resolved['name']}"
+    home = SweepSpec.model_validate(r.resolved).home
     rows = []
     for c in r.candidates:
         verdict = SHOWN[c.verdict] if c.exit_code in (0, 1) else f"exit {c.exit_code}"

@@ -18,7 +18,6 @@ Exit code: the worst candidate's, 0 pass < 1 rejected or inconclusive < 2 bad in
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import sys
 import time
@@ -30,9 +29,9 @@ from typing import Any
 from quantize import records
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, UsageError
 from quantize.records import AttemptRecord, CandidateRecord, SweepRecord, SweepTaskRecord
-from quantize.sweep.plan import Candidate, candidates, settle_done, sweep_dir, tasks_of
-from quantize.sweep.spec import Cluster, Resources, SweepSpec, load_sweep
-from quantize.sweep.tasks import Outcome, TaskSpec
+from quantize.sweep.plan import Candidate, candidates, settle_done, tasks_of
+from quantize.sweep.spec import Cluster, Resources, SweepSpec, TaskResources, load_sweep
+from quantize.sweep.tasks import THREAD_VARIABLES, Outcome, StartMark, TaskSpec
 
 POLL_SECONDS = 0.5
 # what every task's worker gets from the driver's environment: the shared cache, offline mode
@@ -56,11 +55,11 @@ class Track:
     task: TaskSpec
     resources: Resources
     ref: Any = None  # the Ray object ref once submitted
-    state: str = "waiting"  # waiting, submitted, done, failed, not run, skipped
+    state: str = "waiting"  # waiting, submitted, done, failed, not run
     outcome: Outcome | None = None
     message: str = ""
     exit_code: int | None = None
-    starts: dict[int, dict[str, Any]] = field(default_factory=dict)  # pid -> its start mark
+    starts: dict[int, StartMark] = field(default_factory=dict)  # pid -> its attempt's start mark
 
 
 def gate_gpus(suite: Any) -> float:
@@ -150,21 +149,23 @@ class Executor:
         }
         if r.memory:
             opts["memory"] = r.memory
-        env = {v: str(r.num_cpus) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+        env = {v: str(r.num_cpus) for v in THREAD_VARIABLES}
         t.ref = self.remote.options(**opts, runtime_env={"env_vars": env}).remote(t.task, str(self.state), r.num_cpus)
         t.state = "submitted"
 
     def _poll_starts(self) -> None:
+        from pydantic import ValidationError
+
         for f in sorted(self.state.glob("*.start")):
             try:
-                mark = json.loads(f.read_text())
-            except (OSError, ValueError):
+                mark = StartMark.model_validate_json(f.read_bytes())
+            except (OSError, ValidationError):  # written whole (atomic), so only a file not ours fails here
                 continue
-            t = next((t for t in self.tracks if t.task.label == mark.get("task")), None)
-            if t is None or mark["pid"] in t.starts:
+            t = next((t for t in self.tracks if t.task.label == mark.task), None)
+            if t is None or mark.pid in t.starts:
                 continue
-            t.starts[mark["pid"]] = mark
-            where = f"node {mark['node'][:12]} ({mark['host']}, pid {mark['pid']}, {mark['threads']} threads)"
+            t.starts[mark.pid] = mark
+            where = f"node {mark.node[:12]} ({mark.host}, pid {mark.pid}, {mark.threads} threads)"
             if len(t.starts) == 1:
                 self.say(f"running   {t.task.label} on {where}")
             else:
@@ -258,7 +259,7 @@ class Plan:
 
     @property
     def home(self) -> Path:
-        return sweep_dir(self.spec)
+        return self.spec.home
 
 
 def plan_sweep(path: str | Path, address: str | None = None, max_parallel: int | None = None) -> Plan:
@@ -294,34 +295,50 @@ def _env() -> dict[str, str]:
     return {v: os.environ[v] for v in FORWARDED if v in os.environ} | {"QUANTIZE_CACHE": shared_path()}
 
 
+def _say(command: str) -> Callable[[str], None]:
+    return lambda line: print(f"quantize {command}: {line}", file=sys.stderr, flush=True)
+
+
+def _state(root: Path) -> Path:
+    """This run's folder of start marks and logs, below `root`."""
+    state = root / f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{os.getpid()}"
+    state.mkdir(parents=True, exist_ok=True)
+    return state
+
+
+def _on_cluster(
+    ex: Executor, cluster: Cluster, wanted: dict[str, Resources], ready: Callable[[], list[Track]]
+) -> list[str]:
+    """Run the executor's tasks on the cluster, from connecting to shutting down; returns its nodes. On a local
+    cluster that will convert, the calibration probe is taken first, while nothing shares the cores."""
+    if cluster.address == "local" and any(t.task.kind == "convert" for t in ex.tracks):
+        ex.say(f"probe     {_probe()}")
+    connect(ex.ray, cluster, _env())
+    try:
+        nodes = check_fits(ex.ray, wanted)
+        ex.say(f"cluster   {len(nodes)} node(s): {'; '.join(nodes)}")
+        ex.run(ready)
+    finally:
+        ex.ray.shutdown()
+    return nodes
+
+
 def run_chains(
     chains: list[tuple[TaskSpec, TaskSpec]],
     cluster: Cluster,
-    resources: Any,
+    resources: TaskResources,
     state: Path,
     max_retries: int = 2,
-    say: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Convert-then-gate chains on the cluster (`quantize search` with max_parallel > 1), the baseline scored once
     first beside the conversions; returns what failed, one line each ([] when every chain finished)."""
-    say = say or (lambda line: print(f"quantize search: {line}", file=sys.stderr, flush=True))
-    ray = _import_ray()
-    state = state / f"{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}-{os.getpid()}"
-    state.mkdir(parents=True, exist_ok=True)
-    ex = Executor(ray, state, 0, max_retries, say)
-    base = ex.add(
-        TaskSpec(kind="baseline", policy=chains[0][1].policy, baseline=chains[0][1].baseline),
-        resources.baseline or resources.gate,
-    )
+    ex = Executor(_import_ray(), _state(state), 0, max_retries, _say("search"))
+    baseline = resources.baseline or resources.gate
+    base = ex.add(TaskSpec(kind="baseline", policy=chains[0][1].policy, baseline=chains[0][1].baseline), baseline)
     per = {c.candidate or "": (ex.add(c, resources.convert), ex.add(g, resources.gate)) for c, g in chains}
-    if cluster.address == "local":
-        say(f"probe     {_probe()}")
-    connect(ray, cluster, _env())
-    try:
-        check_fits(ray, {"convert": resources.convert, "gate": resources.gate, "baseline": base.resources})
-        ex.run(_ready(base, per))
-    finally:
-        ray.shutdown()
+    _on_cluster(
+        ex, cluster, {"convert": resources.convert, "gate": resources.gate, "baseline": baseline}, _ready(base, per)
+    )
     return [f"{t.task.label} (exit {t.exit_code}): {t.message}" for t in ex.tracks if t.state != "done"]
 
 
@@ -343,33 +360,22 @@ def run_sweep(
 ) -> SweepRecord:
     """Plan, run the graph, write sweep.json and the report (module docstring). `say` gets the progress lines
     (default: stderr)."""
-    say = say or (lambda line: print(f"quantize sweep: {line}", file=sys.stderr, flush=True))
+    say = say or _say("sweep")
     plan = plan_sweep(path, address, max_parallel)
     spec = plan.spec
     started, t0 = dt.datetime.now(dt.UTC), time.monotonic()
-    state = plan.home / "state" / f"{started:%Y%m%dT%H%M%S}-{os.getpid()}"
-    state.mkdir(parents=True, exist_ok=True)
+    state = _state(plan.home / "state")
     for c in plan.candidates:
         if c.error:
             say(f"refused   {c.name} (exit 2): {c.error}")
         elif c.verdict is not None:
             say(f"skipped   {c.name}: converted and gated in an earlier run ({c.verdict.verdict})")
-    ray = _import_ray()
-    ex = Executor(ray, state, spec.max_parallel, spec.max_retries, say)
+    ex = Executor(_import_ray(), state, spec.max_parallel, spec.max_retries, say)
     base, per = _graph(ex, spec, plan, clean)
     nodes: list[str] = []
-    if spec.cluster.address == "local" and any(t.task.kind == "convert" for t in ex.tracks):
-        say(f"probe     {_probe()}")
     if ex.tracks:  # nothing left to do: no cluster to start
-        connect(ray, spec.cluster, _env())
-        try:
-            nodes = check_fits(
-                ray, {"convert": spec.resources.convert, "gate": plan.gate, "baseline": plan.baseline_resources}
-            )
-            say(f"cluster   {len(nodes)} node(s): {'; '.join(nodes)}")
-            ex.run(_ready(base, per))
-        finally:
-            ray.shutdown()
+        wanted = {"convert": spec.resources.convert, "gate": plan.gate, "baseline": plan.baseline_resources}
+        nodes = _on_cluster(ex, spec.cluster, wanted, _ready(base, per))
     record = _record(plan, nodes, ex, per, time.monotonic() - t0, started)
     record = _report(record, plan.home, spec)
     records.write(state / "sweep.json", record)  # this run's, kept beside its logs
@@ -379,15 +385,11 @@ def run_sweep(
 
 def _attempts(t: Track, state: Path) -> list[AttemptRecord]:
     out = []
-    for pid, m in sorted(t.starts.items(), key=lambda kv: kv[1]["started"]):
+    for pid, m in sorted(t.starts.items(), key=lambda kv: kv[1].started):
         fin = t.outcome is not None and t.outcome.pid == pid
         out.append(
             AttemptRecord(
-                pid=pid,
-                node=m["node"],
-                host=m["host"],
-                started=m["started"],
-                threads=m["threads"],
+                **m.model_dump(exclude={"task"}),
                 outcome="finished" if fin else "died",
                 seconds=t.outcome.seconds if fin and t.outcome else None,
                 log=str(state / f"{t.task.slug}.{pid}.log"),
@@ -431,7 +433,7 @@ def _candidate_record(c: Candidate, conv: Track | None, gate: Track | None) -> C
             message = gate.message if gate else ""
     tracks = [t for t in (conv, gate) if t is not None]
     seconds = [t.outcome.seconds for t in tracks if t.outcome]
-    nodes = sorted({m["node"][:12] for t in tracks for m in t.starts.values()})
+    nodes = sorted({m.node[:12] for t in tracks for m in t.starts.values()})
     return CandidateRecord(
         name=c.name,
         source=c.source,

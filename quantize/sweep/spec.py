@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -121,6 +120,11 @@ class SweepSpec(BaseModel):
     max_parallel: int = Field(0, ge=0, le=10_000, description="tasks submitted at once; 0: as the resources allow")
     max_retries: int = Field(2, ge=0, le=20, description="runs again of a task whose worker died")
 
+    @property
+    def home(self) -> Path:
+        """OUTPUT/sweep-NAME: sweep.json, the report, each run's logs."""
+        return Path(self.output) / f"sweep-{self.name}"
+
     @model_validator(mode="after")
     def _candidates(self) -> SweepSpec:
         if not self.recipes and not self.checkpoints:
@@ -143,22 +147,21 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, str]:
 
 
 def expand_recipes(sweep_file: str | Path, given: list[str]) -> list[str]:
-    """Each entry a path or a glob, read beside the sweep file's folder, else its repository (beside_repo); a glob
-    that matches nothing, or a path that is not there, is kept as given so the candidate is reported, not lost."""
+    """Each entry a path, read beside the sweep file's folder, else its repository (beside_repo); an entry that names
+    no file there and holds * ? or [ is a glob over those folders, sorted. A glob that matches nothing, or a path
+    that is not there, is kept as given so its candidate is reported, not lost."""
     here = Path(sweep_file).resolve().parent
     out: list[str] = []
     for entry in given:
-        if any(c in entry for c in "*?["):
-            if Path(entry).is_absolute():
-                matches = sorted(str(p) for p in Path("/").glob(entry.lstrip("/")))
-            else:
-                matches = next(
-                    (found for base in (here, here.parent) if (found := sorted(str(p) for p in base.glob(entry)))), []
-                )
-            out += matches or [entry]
+        literal = beside_repo(sweep_file, entry)
+        if Path(literal).exists() or not any(c in entry for c in "*?["):
+            out.append(literal)
+            continue
+        if Path(entry).is_absolute():
+            matches = sorted(str(p) for p in Path("/").glob(entry.lstrip("/")))
         else:
-            out.append(beside_repo(sweep_file, entry))
+            matches = next(
+                (found for base in (here, here.parent) if (found := sorted(str(p) for p in base.glob(entry)))), []
+            )
+        out += matches or [entry]
     return list(dict.fromkeys(out))
-
-
-Kind = Literal["convert", "baseline", "gate"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import time
 import traceback
@@ -72,19 +71,32 @@ def set_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+class StartMark(BaseModel):
+    """TASK.PID.start: what an attempt writes first, so the driver can say where it runs and tell a retry."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str  # the task's label
+    pid: int
+    node: str
+    host: str
+    threads: int
+    started: str
+
+
 def mark_start(state: Path, task: TaskSpec, node: str, host: str, threads: int) -> None:
     from quantize.io import write_text_atomic
 
     pid = os.getpid()
-    data = {
-        "task": task.label,
-        "pid": pid,
-        "node": node,
-        "host": host,
-        "threads": threads,
-        "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-    }
-    write_text_atomic(state / f"{task.slug}.{pid}.start", json.dumps(data) + "\n")
+    mark = StartMark(
+        task=task.label,
+        pid=pid,
+        node=node,
+        host=host,
+        threads=threads,
+        started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    )
+    write_text_atomic(state / f"{task.slug}.{pid}.start", mark.model_dump_json() + "\n")
 
 
 def execute(task: TaskSpec, state: Path, node: str = "local", host: str = "localhost", threads: int = 1) -> Outcome:
@@ -115,9 +127,9 @@ def execute(task: TaskSpec, state: Path, node: str = "local", host: str = "local
     )
 
 
-def prepare_recipe(recipe_path: str, model: str | None, output: Path):
+def prepare_recipe(recipe_path: str, model: str | None, output: Path | None = None):
     """A sweep's recipe as it is converted: the sweep's model where the recipe names none (a recipe naming another
-    model is refused: its verdict would be against the wrong baseline), written to `output`."""
+    model is refused: its verdict would be against the wrong baseline), written to `output` (None: as it says)."""
     from quantize.checkpoint.loader import resolve_model
     from quantize.convert.recipe import load_recipe
 
@@ -130,7 +142,8 @@ def prepare_recipe(recipe_path: str, model: str | None, output: Path):
             f"baseline) is {model or 'the default model'}: its verdict would be against another model. Remove the "
             "recipe's `model:` or set the sweep's `model:` to the same folder"
         )
-    recipe.output = str(output)
+    if output is not None:
+        recipe.output = str(output)
     return recipe, sha
 
 

@@ -5,7 +5,6 @@ conversion and in a gate, a killed driver resumed, a bad recipe beside good ones
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -22,6 +21,7 @@ from quantize.cli import main as cli
 from quantize.convert.engine import complete_output
 from quantize.records import RunRecord, SweepRecord, Verdict
 from quantize.sweep.spec import load_sweep, parse_bytes
+from quantize.sweep.tasks import StartMark
 
 from conftest import ROOT, small_golden, suite_file
 
@@ -216,8 +216,8 @@ def _wait_for(what, timeout: float = 120, every: float = 0.005):
     raise AssertionError("timed out waiting")
 
 
-def _start_marks(state_root: Path, slug: str) -> list[dict]:
-    return [json.loads(f.read_text()) for f in state_root.glob(f"*/{slug}.*.start")]
+def _start_marks(state_root: Path, slug: str) -> list[StartMark]:
+    return [StartMark.model_validate_json(f.read_bytes()) for f in state_root.glob(f"*/{slug}.*.start")]
 
 
 def _reap(proc: subprocess.Popen) -> None:
@@ -238,12 +238,12 @@ def test_workers_killed_in_a_conversion_and_in_a_gate_are_retried_to_the_same_ve
         # the gate of w4 is killed two seconds into its work (loading and scoring the candidate)
         mark = _wait_for(lambda: next(iter(_start_marks(state, "gate-w4")), None), every=0.05)
         time.sleep(2)
-        os.kill(mark["pid"], signal.SIGKILL)
+        os.kill(mark.pid, signal.SIGKILL)
         assert proc.wait(timeout=300) == 1, (tmp_path / "sweep.log").read_text()
     finally:
         _reap(proc)
     rec = records.read(SweepRecord, out / "sweep-t" / "sweep.json")
-    for label, pid in (("convert w8", victim), ("gate w4", mark["pid"])):
+    for label, pid in (("convert w8", victim), ("gate w4", mark.pid)):
         t = task(rec, label)
         assert [a.outcome for a in t.attempts] == ["died", "finished"] and t.attempts[0].pid == pid
         assert t.state == "done"
@@ -341,9 +341,13 @@ def test_recipe_globs_are_read_beside_the_sweep_file(tmp_path):
     for n in ("b", "a"):
         (tmp_path / "recipes" / f"{n}.yaml").write_text("method: rtn\n")
     (tmp_path / "sweeps").mkdir()
-    (tmp_path / "sweeps" / "s.yaml").write_text("policy: p.yaml\nrecipes: [recipes/*.yaml, recipes/none-*.yaml]\n")
+    (tmp_path / "recipes" / "x[1].yaml").write_text("method: rtn\n")  # a file whose name reads as a glob
+    (tmp_path / "sweeps" / "s.yaml").write_text(
+        "policy: p.yaml\nrecipes: ['recipes/x[1].yaml', recipes/*.yaml, recipes/none-*.yaml]\n"
+    )
     spec, _ = load_sweep(tmp_path / "sweeps" / "s.yaml")
-    assert spec.recipes == [
+    assert spec.recipes[0] == str(tmp_path / "recipes" / "x[1].yaml")  # taken as the file it names
+    assert spec.recipes[1:] == [
         str(tmp_path / "recipes" / "a.yaml"),
         str(tmp_path / "recipes" / "b.yaml"),
         "recipes/none-*.yaml",
