@@ -17,6 +17,10 @@ builds a candidate from the real (baseline, harmless candidate) item pairs:
     perplexity rules: harmless (documents as measured) and limit (every candidate document's NLL raised so that
                the true ratio is the rule's max_ratio exactly; a pass is a false pass)
 
+--staged-noise FILE (benchmarks/batch_variance.py's JSON) flips the candidate's items in the sequential design at the
+measured rates between a full run and a staged one (P(right→wrong), P(wrong→right) per task; --noise-scale
+multiplies them): the noise the stages' other batch compositions add, tested against the error rates.
+
 Each design is run with the project's own functions (quantize.stats, quantize.gates.sequential): the fixed design
 tests every item once at z₁₋α; the sequential one tests each look's stratified sample at c_k and stops at the first
 decision. Agreement rules are measured once in both designs and are not simulated here.
@@ -61,7 +65,10 @@ def resample(rng, clusters: np.ndarray) -> tuple[np.ndarray, list[str]]:
     return np.concatenate([members[g] for g in pick]), labels
 
 
-def accuracy_sims(rule, base_items, cand_items, seq, alpha, power, sims, seed):
+def accuracy_sims(rule, base_items, cand_items, seq, alpha, power, sims, seed, noise=None):
+    """noise: (P(right→wrong), P(wrong→right)) applied to the candidate's items in the sequential design only (the
+    staged runs' batch noise; the fixed design is one full run), from a stream of its own, so both designs and
+    the noiseless run see the same resampled sets."""
     b = np.asarray([i.score for i in base_items])
     c = np.asarray([i.score for i in cand_items])
     cl = np.asarray([i.cluster for i in base_items])
@@ -70,7 +77,7 @@ def accuracy_sims(rule, base_items, cand_items, seq, alpha, power, sims, seed):
     m = rule.margin
     out = {}
     for scenario in ("harmless", "null", "margin", "margin-stable"):
-        rng = np.random.default_rng(seed)
+        rng, noise_rng = np.random.default_rng(seed), np.random.default_rng([seed, 1])
         tally = {
             "fixed": {"pass": 0, "regression": 0, "inconclusive": 0, "items": 0},
             "sequential": {"pass": 0, "regression": 0, "inconclusive": 0, "items": 0, "looks": [0] * len(bounds)},
@@ -93,6 +100,10 @@ def accuracy_sims(rule, base_items, cand_items, seq, alpha, power, sims, seed):
             r = stats.noninferiority(d, clusters, m, alpha, power)
             tally["fixed"][r.verdict] += 1
             tally["fixed"]["items"] += len(d)
+            ds = d
+            if noise is not None:
+                u = noise_rng.random(len(cc))
+                ds = list(np.where(cc == 1, (u >= noise[0]).astype(float), (u < noise[1]).astype(float)) - bb)
             ids = [str(k) for k in range(len(idx))]
             population: dict[str, int] = {}
             for x in h:
@@ -101,7 +112,7 @@ def accuracy_sims(rule, base_items, cand_items, seq, alpha, power, sims, seed):
             for look, (drawn, bound) in enumerate(zip(draws, bounds, strict=True)):
                 j = np.asarray([int(x) for x in drawn])
                 r = stats.noninferiority(
-                    [d[x] for x in j], [clusters[x] for x in j], m, alpha, power, list(h[j]), population, bound=bound
+                    [ds[x] for x in j], [clusters[x] for x in j], m, alpha, power, list(h[j]), population, bound=bound
                 )
                 if r.verdict != "inconclusive" or look == len(bounds) - 1:
                     break
@@ -176,7 +187,20 @@ def main() -> int:
     ap.add_argument(
         "--tasks", nargs="*", help="simulate only the rules on these tasks (each rule's sims are seeded alike)"
     )
+    ap.add_argument(
+        "--staged-noise",
+        type=Path,
+        help="benchmarks/batch_variance.py's JSON: flip the sequential design's candidate items at its flip_rates",
+    )
+    ap.add_argument("--noise-scale", type=float, default=1.0, help="multiply the flip rates (a stress test)")
     args = ap.parse_args()
+    noise = {}
+    if args.staged_noise:
+        rates = json.loads(args.staged_noise.read_text())["flip_rates"]
+        noise = {
+            t: (r["right_to_wrong"] * args.noise_scale, r["wrong_to_right"] * args.noise_scale)
+            for t, r in rates.items()
+        }
     policy = load_policy(args.policy)
     seq = policy.sequential or Sequential()
     suite = open_suite(policy.suite)
@@ -191,6 +215,7 @@ def main() -> int:
         "bounds": stats.sequential_bounds(seq.looks, policy.alpha),
         "baseline": str(args.baseline),
         "harmless": str(args.harmless),
+        "staged_noise": {"file": str(args.staged_noise), "scale": args.noise_scale, "rates": noise} if noise else None,
         "rules": {},
     }
     for i, rule in enumerate(policy.rules):
@@ -198,7 +223,9 @@ def main() -> int:
             continue
         if isinstance(rule, AccuracyRule):
             bi, ci = base.tasks[rule.task].items, cand.tasks[rule.task].items
-            res = accuracy_sims(rule, bi, ci, seq, policy.alpha, policy.power, args.sims, args.seed)
+            res = accuracy_sims(
+                rule, bi, ci, seq, policy.alpha, policy.power, args.sims, args.seed, noise.get(rule.task)
+            )
         elif isinstance(rule, PerplexityRule):
             bi, ci = base.tasks[rule.task].items, cand.tasks[rule.task].items
             res = perplexity_sims(rule, bi, ci, seq, policy.alpha, args.sims, args.seed, args.ppl_iters)

@@ -43,7 +43,9 @@ def copy_entries(src: Path, dst: Path, suite, baseline: Path) -> None:
     from quantize.evaluate.score import runtime
 
     run = runtime(suite, False)
-    for target in [cache.score_path(suite, sha, run), cache.baseline_topk_path(suite, sha, run)]:
+    entry = cache.score_path(suite, sha, run)
+    # a score entry is served only beside its digest (quantize/cache.py): without it the baseline is re-scored
+    for target in [entry, entry.with_suffix(".sha256"), cache.baseline_topk_path(suite, sha, run)]:
         f = src / target.relative_to(dst)
         if not f.is_file():
             sys.exit(f"{f} is missing: score the baseline in {src} first (`quantize gate`), or drop --baseline-cache")
@@ -72,6 +74,25 @@ def plain_lm_eval(suite, candidate: str, tmp: Path, dtype: str = "float32") -> f
     return time.perf_counter() - t0
 
 
+def keep_staged(out: Path) -> None:
+    """Record what each staged scorer returned last (every item it scored, in its stages' batches) under
+    out/NAME.staged.json, for benchmarks/batch_variance.py."""
+    from quantize import records
+    from quantize.evaluate import score
+
+    out.mkdir(parents=True, exist_ok=True)
+    inner = score.Staged.score
+
+    def recording(self, ids):
+        doc = inner(self, ids)
+        if not self.cached:
+            records.write(out / f"{Path(self.ckpt).name}.staged.json", doc)
+            (out / f"{Path(self.ckpt).name}.calls.json").write_text(json.dumps(self.calls) + "\n")
+        return doc
+
+    score.Staged.score = recording
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("baseline")
@@ -86,8 +107,11 @@ def main() -> None:
     ap.add_argument(
         "--fixed-cached-only", action="store_true", help="no fixed-design run for candidates without full scores"
     )
+    ap.add_argument("--save-staged", type=Path, help="write each candidate's staged items here (NAME.staged.json)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.save_staged:
+        keep_staged(args.save_staged)
     import yaml
 
     from quantize import cache
