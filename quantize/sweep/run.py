@@ -306,16 +306,16 @@ def _state(root: Path) -> Path:
     return state
 
 
-def _on_cluster(
-    ex: Executor, cluster: Cluster, wanted: dict[str, Resources], ready: Callable[[], list[Track]]
-) -> list[str]:
+def _on_cluster(ex: Executor, cluster: Cluster, ready: Callable[[], list[Track]]) -> list[str]:
     """Run the executor's tasks on the cluster, from connecting to shutting down; returns its nodes. On a local
-    cluster that will convert, the calibration probe is taken first, while nothing shares the cores."""
-    if cluster.address == "local" and any(t.task.kind == "convert" for t in ex.tracks):
+    cluster that will convert, the calibration probe is taken first, while nothing shares the cores. What must fit
+    is what the tasks of this run ask for (a kind with no task asks for nothing)."""
+    kinds = {t.task.kind for t in ex.tracks}
+    if cluster.address == "local" and "convert" in kinds:
         ex.say(f"probe     {_probe()}")
     connect(ex.ray, cluster, _env())
     try:
-        nodes = check_fits(ex.ray, wanted)
+        nodes = check_fits(ex.ray, {t.task.kind: t.resources for t in ex.tracks})
         ex.say(f"cluster   {len(nodes)} node(s): {'; '.join(nodes)}")
         ex.run(ready)
     finally:
@@ -336,9 +336,7 @@ def run_chains(
     baseline = resources.baseline or resources.gate
     base = ex.add(TaskSpec(kind="baseline", policy=chains[0][1].policy, baseline=chains[0][1].baseline), baseline)
     per = {c.candidate or "": (ex.add(c, resources.convert), ex.add(g, resources.gate)) for c, g in chains}
-    _on_cluster(
-        ex, cluster, {"convert": resources.convert, "gate": resources.gate, "baseline": baseline}, _ready(base, per)
-    )
+    _on_cluster(ex, cluster, _ready(base, per))
     return [f"{t.task.label} (exit {t.exit_code}): {t.message}" for t in ex.tracks if t.state != "done"]
 
 
@@ -374,8 +372,7 @@ def run_sweep(
     base, per = _graph(ex, spec, plan, clean)
     nodes: list[str] = []
     if ex.tracks:  # nothing left to do: no cluster to start
-        wanted = {"convert": spec.resources.convert, "gate": plan.gate, "baseline": plan.baseline_resources}
-        nodes = _on_cluster(ex, spec.cluster, wanted, _ready(base, per))
+        nodes = _on_cluster(ex, spec.cluster, _ready(base, per))
     record = _record(plan, nodes, ex, per, time.monotonic() - t0, started)
     record = _report(record, plan.home, spec)
     records.write(state / "sweep.json", record)  # this run's, kept beside its logs

@@ -306,6 +306,40 @@ def test_two_nodes_a_bad_recipe_among_good_ones_and_exit_codes(world, tmp_path, 
         cluster.shutdown()
 
 
+class FakeRay:
+    """What building an executor, connecting and sizing call, over one node of 2 CPUs (nothing is submitted)."""
+
+    def remote(self, **opts):
+        return lambda f: f
+
+    def init(self, **opts):
+        self.opts = opts
+
+    def nodes(self):
+        return [{"Alive": True, "NodeID": "n" * 20, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 2.0}}]
+
+    def shutdown(self):
+        pass
+
+
+def test_only_the_kinds_of_task_that_run_must_fit_a_node(tmp_path, monkeypatch):
+    from quantize.errors import UsageError
+    from quantize.sweep import run as sweep_run
+    from quantize.sweep.spec import Cluster, Resources
+    from quantize.sweep.tasks import TaskSpec
+
+    ex = sweep_run.Executor(FakeRay(), tmp_path, 0, 0, lambda line: None)
+    monkeypatch.setattr(ex, "run", lambda ready: None)
+    spec = {"policy": "p.yaml", "baseline": "base"}
+    ex.add(TaskSpec(kind="gate", candidate="c", checkpoint="c", **spec), Resources(num_cpus=2))
+    # a sweep with nothing to convert is not refused for what its convert tasks would have asked
+    nodes = sweep_run._on_cluster(ex, Cluster(address="auto"), lambda: [])
+    assert nodes == ["nnnnnnnnnnnn 10.0.0.1 (2 CPUs, 0 GPUs)"]
+    ex.add(TaskSpec(kind="convert", candidate="c", recipe="r.yaml", checkpoint="c", **spec), Resources(num_cpus=3))
+    with pytest.raises(UsageError, match=r"resources\.convert asks each task for 3 CPUs, 0 GPUs, and no node"):
+        sweep_run._on_cluster(ex, Cluster(address="auto"), lambda: [])
+
+
 # --- the sweep file ------------------------------------------------------------------------------------------
 
 
