@@ -14,7 +14,9 @@ top-k are copied in from --baseline-cache, or computed once):
    for the candidates named by --plain: in float32 (the gate's numerics on a CPU), or with --plain-dtype auto as
    users call lm-eval (`--model hf` loads the checkpoint's own dtype, bf16 for these), the denominator of
    issue #25's goals (a pass at most 0.25 of it, a clear regression 0.05).
-Prints one row per candidate and the ratios; --json writes them.
+Prints one row per candidate and the ratios; --json writes them. --plain-only times step 3 alone (no gate);
+--save-staged DIR keeps each candidate's staged items (NAME.staged.json, its runs NAME.calls.json) and verdict
+(NAME.gate.json).
 """
 
 from __future__ import annotations
@@ -108,13 +110,14 @@ def main() -> None:
         "--fixed-cached-only", action="store_true", help="no fixed-design run for candidates without full scores"
     )
     ap.add_argument("--save-staged", type=Path, help="write each candidate's staged items here (NAME.staged.json)")
+    ap.add_argument("--plain-only", action="store_true", help="time only one plain lm-eval run of each candidate")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.save_staged:
         keep_staged(args.save_staged)
     import yaml
 
-    from quantize import cache
+    from quantize import cache, records
     from quantize.checkpoint.files import identity_sha256
     from quantize.gates.gate import decide
     from quantize.gates.policy import load_policy
@@ -146,6 +149,11 @@ def main() -> None:
         for c in args.candidates:
             private = tmp / f"cache-{len(rows)}"
             os.environ["QUANTIZE_CACHE"] = str(private)
+            if args.plain_only:
+                seconds = plain_lm_eval(suite, c, private, args.plain_dtype)
+                rows.append({"candidate": c, "plain_seconds": round(seconds, 1), "plain_dtype": args.plain_dtype})
+                print(json.dumps(rows[-1]), flush=True)
+                continue
             if args.baseline_cache:
                 copy_entries(args.baseline_cache.expanduser().resolve(), private, suite, Path(args.baseline))
             t0 = time.perf_counter()
@@ -153,6 +161,8 @@ def main() -> None:
             t_agree = time.perf_counter() - t0
             v = run_gate(seq_pol, args.baseline, c)
             t_seq = time.perf_counter() - t0
+            if args.save_staged:
+                records.write(args.save_staged / f"{Path(c).name}.gate.json", v)
             row = {
                 "candidate": c,
                 "sequential_seconds": round(t_seq, 1),
@@ -190,6 +200,10 @@ def main() -> None:
                     row["fixed_ratio"] = round(row["fixed_seconds"] / row["plain_seconds"], 3)
             rows.append(row)
             print(json.dumps(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"policy": str(args.policy), "rows": rows}, indent=2) + "\n")
+    if args.plain_only:
+        return
     print()
     print(
         f"{'candidate':<40} {'plain s':>8} {'seq s':>7} {'ratio':>6} {'items':>11} {'looks':>5} {'verdict':>12} "
@@ -202,8 +216,6 @@ def main() -> None:
             f"{r['sequential_verdict']:>12} {r.get('fixed_seconds', '-'):>8} {r.get('fixed_ratio', '-'):>6} "
             f"{r.get('fixed_verdict', '-'):>12}"
         )
-    if args.json:
-        args.json.write_text(json.dumps({"policy": str(args.policy), "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
