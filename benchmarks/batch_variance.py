@@ -11,7 +11,7 @@ quantize/evaluate/score.py `Staged`). On a CPU those shapes change the order of 
 quantized, a last-bit change upstream can cross a rounding boundary.
 
 Scored here, all through the score cache: the full run at the suite's batch size and at --batch (the suite copied
-with that batch size: another cache key), and the staged run: --staged (what benchmarks/gate_time.py
+with that batch size: another cache key; --batch 0 skips it), and the staged run: --staged (what benchmarks/gate_time.py
 --save-staged recorded of a real gate), or else every look of the policy's plan for every rule task, scored in
 stages as a gate that never stops early would (quantize/gates/sequential.py `plan`). Per task and pair of runs:
 items in both, items whose 0/1 score differs each way, the largest |Δ log-likelihood| and the share of items with
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("baseline", type=Path)
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("--policy", default=str(ROOT / "gates" / "ci.yaml"))
-    ap.add_argument("--batch", type=int, default=8, help="the other batch size of a full run")
+    ap.add_argument("--batch", type=int, default=8, help="the other batch size of a full run (0: none)")
     ap.add_argument("--staged", type=Path, help="a staged ScoreDoc from benchmarks/gate_time.py --save-staged")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -115,12 +115,15 @@ def main() -> None:
     base, _ = score(suite, args.baseline)
     full, cached = score(suite, args.checkpoint)
     print(f"full b{suite.suite.batch_size}: {full.wall_seconds} s{' (cached)' if cached else ''}", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        other, cached = score(open_suite(batch_copy(suite, args.batch, Path(tmp) / "suite.yaml")), args.checkpoint)
-    print(f"full b{args.batch}: {other.wall_seconds} s{' (cached)' if cached else ''}", flush=True)
+    other = None
+    if args.batch:
+        with tempfile.TemporaryDirectory() as tmp:
+            batched = open_suite(batch_copy(suite, args.batch, Path(tmp) / "suite.yaml"))
+            other, cached = score(batched, args.checkpoint)
+        print(f"full b{args.batch}: {other.wall_seconds} s{' (cached)' if cached else ''}", flush=True)
     calls = None
     if args.staged:
-        staged = records.parse(records.ScoreDoc, json.loads(args.staged.read_text()), str(args.staged))
+        staged = records.read(records.ScoreDoc, args.staged)
         calls_file = args.staged.with_name(args.staged.name.replace(".staged.json", ".calls.json"))
         calls = json.loads(calls_file.read_text()) if calls_file.is_file() else None
     else:
@@ -131,10 +134,14 @@ def main() -> None:
         "suite": str(suite.path),
         "dtype": full.provenance.dtype,
         "batch_size": suite.suite.batch_size,
-        "other_batch_size": args.batch,
+        "other_batch_size": args.batch or None,
         "staged_runs": calls,
-        "seconds": {"full": full.wall_seconds, "other_batch": other.wall_seconds, "staged": staged.wall_seconds},
-        "full_vs_other_batch": compare(full, other),
+        "seconds": {
+            "full": full.wall_seconds,
+            "other_batch": other.wall_seconds if other else None,
+            "staged": staged.wall_seconds,
+        },
+        "full_vs_other_batch": compare(full, other) if other else None,
         "full_vs_staged": compare(full, staged),
     }
     out["flip_rates"] = {
@@ -147,7 +154,7 @@ def main() -> None:
     }
     for name in ("full_vs_other_batch", "full_vs_staged"):
         print(name)
-        for t, r in out[name].items():
+        for t, r in (out[name] or {}).items():
             flips = (
                 f"flips {r['right_to_wrong']:>3} r->w {r['wrong_to_right']:>3} w->r ({100 * r['flip_rate']:.2f}%)"
                 if "right" in r

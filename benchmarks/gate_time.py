@@ -45,9 +45,8 @@ def copy_entries(src: Path, dst: Path, suite, baseline: Path) -> None:
     from quantize.evaluate.score import runtime
 
     run = runtime(suite, False)
-    entry = cache.score_path(suite, sha, run)
-    # a score entry is served only beside its digest (quantize/cache.py): without it the baseline is re-scored
-    for target in [entry, entry.with_suffix(".sha256"), cache.baseline_topk_path(suite, sha, run)]:
+    entry = cache.score_path(suite, sha, run)  # served only beside its digest: without it, re-scored
+    for target in [entry, cache.digest_path(entry), cache.baseline_topk_path(suite, sha, run)]:
         f = src / target.relative_to(dst)
         if not f.is_file():
             sys.exit(f"{f} is missing: score the baseline in {src} first (`quantize gate`), or drop --baseline-cache")

@@ -207,7 +207,8 @@ def score_path(suite: OpenSuite, ckpt_id: str, run: Runtime) -> Path:
     return cache_dir() / "scores" / f"{score_key(suite, ckpt_id, run)[:32]}.json"
 
 
-def _digest_path(entry: Path) -> Path:
+def digest_path(entry: Path) -> Path:
+    """The sha256 file beside a score entry: an entry is served only with it (module docstring)."""
     return entry.with_suffix(".sha256")
 
 
@@ -216,7 +217,7 @@ def lookup_scores(suite: OpenSuite, ckpt_id: str, run: Runtime) -> ScoreDoc | No
     the entry has no digest beside it (written before entries were hashed, or copied without it: nothing vouches for
     it, so it is scored again and replaced)."""
     p = score_path(suite, ckpt_id, run)
-    digest = _digest_path(p)
+    digest = digest_path(p)
     if not p.is_file() or not digest.is_file():
         return None
     refresh = "score it again with `quantize eval SUITE CHECKPOINT --refresh` (or delete the file)"
@@ -265,13 +266,13 @@ def summary_mismatches(doc: ScoreDoc) -> list[str]:
 
 def score_file_sha256(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str | None:
     """The sha256 of a checkpoint's cached score file (checked by lookup_scores), or None when there is none."""
-    digest = _digest_path(score_path(suite, ckpt_id, run))
+    digest = digest_path(score_path(suite, ckpt_id, run))
     return digest.read_text().strip() if digest.is_file() else None
 
 
 def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
     p = score_path(suite, doc.provenance.checkpoint.identity_sha256, ran(doc))
-    write_text_atomic(_digest_path(p), records.write(p, doc) + "\n")
+    write_text_atomic(digest_path(p), records.write(p, doc) + "\n")
 
 
 def _agreement_key(suite: OpenSuite, run: Runtime) -> str:
