@@ -5,11 +5,12 @@
 
 For each candidate, in a private cache folder (so the candidate is never cached; the baseline's scores and
 top-k are copied in from --baseline-cache, or computed once):
-1. sequential design: `quantize gate` with the policy as written (its `sequential:` section): agreement, then
-   the candidate's items in stages until the verdict is settled. Timed end to end.
-2. fixed design: the same policy without `sequential:`, every item scored. Timed end to end, unless
-   --full-cache holds the candidate's full scores: then the verdict is decided from them, and the time is
-   their recorded scoring wall time plus the agreement time measured in step 1 (stated as such in the output).
+1. sequential design: `quantize gate` with the policy as written (its `sequential:` section): agreement in looks
+   of its own, then the candidate's items in stages until the verdict is settled. Timed end to end.
+2. fixed design: the same policy without `sequential:`, every item scored and the agreement measured on every
+   agreement item (timed apart: `agreement_seconds`). Timed end to end, unless --full-cache holds the candidate's
+   full scores: then the verdict is decided from them, and the time is their recorded scoring wall time plus that
+   agreement time (stated as such in the output).
 3. plain lm-eval: one `simple_evaluate` of the candidate on the golden set's tasks, same batch size and device,
    for the candidates named by --plain: in float32 (the gate's numerics on a CPU), or with --plain-dtype auto as
    users call lm-eval (`--model hf` loads the checkpoint's own dtype, bf16 for these), the denominator of
@@ -156,15 +157,18 @@ def main() -> None:
             if args.baseline_cache:
                 copy_entries(args.baseline_cache.expanduser().resolve(), private, suite, Path(args.baseline))
             t0 = time.perf_counter()
-            agreement = agreement_scores(suite, Path(args.baseline), Path(c))
-            t_agree = time.perf_counter() - t0
-            v = run_gate(seq_pol, args.baseline, c)
+            v = run_gate(seq_pol, args.baseline, c)  # agreement in looks of its own, measured by the gate itself
             t_seq = time.perf_counter() - t0
             if args.save_staged:
                 records.write(args.save_staged / f"{Path(c).name}.gate.json", v)
+            t0 = time.perf_counter()
+            agreement = agreement_scores(suite, Path(args.baseline), Path(c))  # every item: the fixed design's
+            t_agree = time.perf_counter() - t0
             row = {
                 "candidate": c,
                 "sequential_seconds": round(t_seq, 1),
+                "sequential_agreement_seconds": v.sequential.agreement_seconds,
+                "agreement_looks_taken": v.sequential.agreement_looks_taken,
                 "agreement_seconds": round(t_agree, 1),
                 "sequential_verdict": v.verdict,
                 "items_scored": sum(v.sequential.items_scored.values()),

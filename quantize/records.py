@@ -557,6 +557,8 @@ class SequentialRecord(_Strict):
     stable_fraction: float
     task_stable_fraction: dict[str, float] = Field(default_factory=dict)  # per-task overrides of stable_fraction
     looks_taken: int  # 0: stopped by an agreement regression before the first look
+    # agreement looks taken before the first (same schedule and bounds); None: agreement measured once, every item
+    agreement_looks_taken: int | None = None
     items_scored: dict[str, int]  # candidate items scored per task
     items_total: dict[str, int]  # items in the golden set per task
     strata: dict[str, dict[str, int]]  # per task: items per stratum in the golden set
@@ -565,6 +567,8 @@ class SequentialRecord(_Strict):
     # by length and cuts them into batches of batch_size, so the run's items fix its batches); [] from a cache
     batch_size: int | None = None
     stage_runs: list[dict[str, int]] = Field(default_factory=list)
+    agreement_runs: list[int] = Field(default_factory=list)  # staged agreement: agreement items each look scored
+    agreement_seconds: float | None = None  # wall time of the staged agreement (the candidate's load included)
 
 
 class Verdict(Record):

@@ -301,26 +301,33 @@ def baseline_topk(scorer: Scorer | VLLMScorer, reqs: list[Request], k: int) -> B
     return BaselineTopK(ids, clusters, np.asarray(counts), k, np.concatenate(top_idx), np.concatenate(top_lp))
 
 
-def compare(scorer: Scorer | VLLMScorer, reqs: list[Request], base: BaselineTopK) -> dict[str, Any]:
-    """Mean KL lower bound, top-1 agreement and Σ min(p, q) against the stored baseline, SEs
-    clustered by the items' clusters."""
+def item_metrics(scorer: Scorer | VLLMScorer, reqs: list[Request], base: BaselineTopK):
+    """Yield (request, KL lower bound (P,), top-1 agreement (P,), Σ min(p, q) (P,)) at each of its scored
+    positions, against the stored baseline (position_metrics); one scorer call, so one batch plan."""
     import numpy as np
     import torch
 
     top_idx = {r.id: torch.from_numpy(base.top_idx[base.rows(r.id)].astype(np.int64)) for r in reqs}  # (P, k) per item
-    kl, top1, smin, clusters, items = [], [], [], [], []
     for req, lq_k, known, argmax in scorer.at(reqs, top_idx):
         lp = torch.from_numpy(base.top_logp[base.rows(req.id)])  # (P, k)
-        k_pos, t_pos, s_pos = position_metrics(lp, lq_k, argmax == top_idx[req.id][:, 0], known)
+        yield req, *position_metrics(lp, lq_k, argmax == top_idx[req.id][:, 0], known)
+
+
+def summarize(rows: list[tuple[Request, Any, Any, Any]]) -> dict[str, Any]:
+    """Mean KL lower bound, top-1 agreement and Σ min(p, q) over every position of these items (item_metrics),
+    SEs clustered by the items' clusters."""
+    import numpy as np
+
+    kl, top1, smin, clusters = [], [], [], []
+    for req, k_pos, t_pos, s_pos in rows:
         kl.extend(k_pos.tolist())
         top1.extend(t_pos.tolist())
         smin.extend(s_pos.tolist())
-        clusters.extend([req.cluster] * lp.shape[0])
-        items.append(req.id)
+        clusters.extend([req.cluster] * len(k_pos))
     n = len(kl)
     return {
         "positions": n,
-        "items": len(items),
+        "items": len(rows),
         "clusters": len(set(clusters)),
         "kl_mean": sum(kl) / n,
         "kl_se": clustered_se(kl, clusters),
@@ -331,6 +338,12 @@ def compare(scorer: Scorer | VLLMScorer, reqs: list[Request], base: BaselineTopK
         "sum_min_se": clustered_se(smin, clusters),
         "note": NOTE,
     }
+
+
+def compare(scorer: Scorer | VLLMScorer, reqs: list[Request], base: BaselineTopK) -> dict[str, Any]:
+    """Mean KL lower bound, top-1 agreement and Σ min(p, q) against the stored baseline, SEs
+    clustered by the items' clusters."""
+    return summarize(list(item_metrics(scorer, reqs, base)))
 
 
 def load_baseline(path: Path) -> BaselineTopK:
@@ -436,3 +449,57 @@ def agreement_scores(
         )
         cache.store_agreement(suite, result, run)
         return result
+
+
+class StagedAgreement:
+    """A candidate's agreement in stages, for a sequential gate (quantize/gates/sequential.py): `look(k)` is the
+    agreement on the first n = ⌈t_k · per_task⌉ agreement items of each task (t_k = looks[k]; manifest order, a
+    seeded shuffle), scoring only the items no earlier look scored, in one scorer call per look (so the looks fix
+    the batches). Never read from or written to the cache: the agreement a gate decides on depends on its schedule
+    alone, not on what `quantize agree` left behind. `calls`: the items each stage scored."""
+
+    def __init__(
+        self,
+        suite: OpenSuite,
+        baseline: Path,
+        candidate: Path,
+        ids: tuple[str, str],
+        models: LastModel,
+        looks: list[float],
+    ) -> None:
+        """ids: the baseline's and the candidate's checkpoint identities."""
+        self.suite, self.candidate, self.models, self.looks = suite, candidate, models, looks
+        self.base_id, self.cand_id = ids
+        self.reqs = agreement_requests(suite)
+        self.base = baseline_topk_cached(suite, baseline, self.base_id, models, self.reqs)
+        self.by_task: dict[str, list[Request]] = {}
+        for r in self.reqs:
+            self.by_task.setdefault(r.task, []).append(r)
+        self.rows: dict[str, tuple[Request, Any, Any, Any]] = {}
+        self.calls: list[int] = []
+        self.seconds = 0.0  # spent scoring the candidate's agreement items (its load included)
+
+    def look(self, k: int) -> AgreementResult:
+        """The agreement at look k (0-based)."""
+        import math
+
+        a = self.suite.suite.agreement
+        n = max(1, math.ceil(self.looks[k] * a.per_task - 1e-9))
+        wanted = [r for rs in self.by_task.values() for r in rs[:n]]
+        new = [r for r in wanted if r.id not in self.rows]
+        if new:
+            import time
+
+            t0 = time.perf_counter()
+            self.calls.append(len(new))
+            scorer = _scorer(self.suite, self.candidate, self.models)
+            self.rows.update({row[0].id: row for row in item_metrics(scorer, new, self.base)})
+            self.seconds += time.perf_counter() - t0
+        return AgreementResult(
+            **summarize([self.rows[r.id] for r in wanted]),
+            baseline_identity=self.base_id,
+            candidate_identity=self.cand_id,
+            top_k=a.top_k,
+            per_task=n,
+            tasks=self.suite.agreement_tasks,
+        )

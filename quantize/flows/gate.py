@@ -262,10 +262,11 @@ def run_sequential(
     models: LastModel,
     needs_agreement: bool,
 ) -> Verdict:
-    """The policy's `sequential:` design (quantize/gates/sequential.py): agreement first (one load of the
-    candidate serves it and every stage; a regression there settles the gate before any item is scored), then
-    the candidate's items in stages until the verdict is settled.
-    A candidate whose full scores are cached is read from the cache, look by look, at no cost."""
+    """The policy's `sequential:` design (quantize/gates/sequential.py): agreement first, in looks of its own (one
+    load of the candidate serves them and every stage; a regression there settles the gate before any item is
+    scored), then the candidate's items in stages until the verdict is settled.
+    A candidate whose full scores are cached is read from the cache, look by look, at no cost; its agreement is
+    always measured here, in stages (quantize/evaluate/agreement.py `StagedAgreement`)."""
     from quantize.evaluate.score import Staged
     from quantize.gates import sequential as sq
     from quantize.gates.gate import side, verdict_of
@@ -276,11 +277,18 @@ def run_sequential(
     staged = Staged(suite, cand_path, {t: [i.id for i in base.tasks[t].items] for t in tasks}, models)
     agreement = None
     if needs_agreement:
-        agreement = candidate_agreement(suite, base, base_path, cand_path, staged.ref.identity_sha256, models)
-    results, taken, plans, bounds, cand = sq.run(policy, base, agreement, staged.score)
+        from quantize.evaluate.agreement import StagedAgreement
+
+        ids = (base.provenance.checkpoint.identity_sha256, staged.ref.identity_sha256)
+        agreement = StagedAgreement(suite, base_path, cand_path, ids, models, policy.sequential.looks)
+    agree = agreement.look if agreement is not None else None
+    results, taken, plans, bounds, cand, agreement_looks = sq.run(policy, base, agree, staged.score)
     scored = {t: len(v) for t, v in staged.items.items()}
     seconds = None if staged.cached else round(staged.seconds, 1)
     candidate = side(cand) if cand is not None else SideRef(checkpoint=staged.ref, batch_size=suite.suite.batch_size)
-    record = sq.record(policy.sequential, bounds, taken, plans, scored, seconds)
-    record = record.model_copy(update={"batch_size": suite.suite.batch_size, "stage_runs": staged.calls})
+    record = sq.record(policy.sequential, bounds, taken, plans, scored, seconds, agreement_looks)
+    runs: dict[str, object] = {"batch_size": suite.suite.batch_size, "stage_runs": staged.calls}
+    if agreement is not None:
+        runs |= {"agreement_runs": agreement.calls, "agreement_seconds": round(agreement.seconds, 1)}
+    record = record.model_copy(update=runs)
     return verdict_of(policy, base, candidate, results, record)

@@ -254,9 +254,15 @@ def perplexity_rule(
     return non_finite_is_regression(result, non_finite_items(cand.tasks[rule.task]))
 
 
-def agreement_rule(rule: AgreementRule, label: str, agreement: AgreementResult, alpha: float) -> AgreementRuleResult:
+def agreement_rule(
+    rule: AgreementRule, label: str, agreement: AgreementResult, alpha: float, look: Look | None = None
+) -> AgreementRuleResult:
+    """An agreement rule on a measured agreement: bounds value ± q·SE with q = z₁₋α (measured once, on every
+    agreement item), or a sequential look's critical value c_k (`look`: the agreement measured on that look's
+    share of the items); a pass when the bound on the far side is within the limit, a regression when the near
+    one is beyond it."""
     value, se = agreement.estimate(rule.agreement)
-    q = stats.z(1 - alpha)
+    q = look.bound if look is not None else stats.z(1 - alpha)
     lo, hi = value - q * se, value + q * se
     verdict: RuleOutcome
     if rule.agreement is AgreementMetric.kl:
@@ -280,7 +286,14 @@ def agreement_rule(rule: AgreementRule, label: str, agreement: AgreementResult, 
         kl_p99=agreement.kl_p99 if rule.agreement is AgreementMetric.kl else None,
         note=agreement.note,
     )
-    result = AgreementRuleResult(rule=label, metric=rule.agreement, verdict=verdict, evidence=ev, p_regression=p_reg)
+    result = AgreementRuleResult(
+        rule=label,
+        metric=rule.agreement,
+        verdict=verdict,
+        evidence=ev,
+        p_regression=p_reg,
+        look=look.index if look is not None else None,
+    )
     return non_finite_is_regression(result)
 
 

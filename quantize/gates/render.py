@@ -11,6 +11,7 @@ from quantize.records import (
     AccuracyEvidence,
     AccuracyResult,
     AccuracySizing,
+    AgreementRuleResult,
     PerplexityResult,
     SizingReport,
     UntestedResult,
@@ -75,6 +76,8 @@ def render_text(v: Verdict) -> str:
         taken = (
             f"{sq.looks_taken} of {len(sq.looks)} looks" if sq.looks_taken else "stopped by agreement before any look"
         )
+        if sq.agreement_looks_taken:
+            taken += f" after {sq.agreement_looks_taken} agreement look{'s' if sq.agreement_looks_taken > 1 else ''}"
         lines += [
             f"sequential: {taken} (at {', '.join(f'{t:g}' for t in sq.looks)} of "
             f"the plan; critical values {', '.join(f'{c:.3f}' for c in sq.bounds)}), {scored:,} of {total:,} items "
@@ -83,7 +86,8 @@ def render_text(v: Verdict) -> str:
             "",
         ]
     for r in v.rules:
-        lines.append(f"[{r.verdict.upper():>12}] {r.rule}" + (f"  (look {r.look})" if r.look is not None else ""))
+        when = "agreement look" if isinstance(r, AgreementRuleResult) else "look"
+        lines.append(f"[{r.verdict.upper():>12}] {r.rule}" + (f"  ({when} {r.look})" if r.look is not None else ""))
         if getattr(r, "non_finite", None):
             lines.append(f"    not finite: {r.non_finite}; a regression, whatever the statistics below say")
         if isinstance(r, AccuracyResult):
@@ -121,7 +125,9 @@ def render_text(v: Verdict) -> str:
             limit = f"max {e.max}" if e.max is not None else f"min {e.min}"
             lines.append(
                 f"    {e.value:.4f} ± {e.se_clustered:.4f} (clustered SE), bounds [{e.lower_bound:.4f}, "
-                f"{e.upper_bound:.4f}] vs {limit}; {e.positions} positions, {e.items} items"
+                f"{e.upper_bound:.4f}]"
+                + (f" (critical value {sq.bounds[r.look - 1]:.3f})" if sq and r.look else "")
+                + f" vs {limit}; {e.positions} positions, {e.items} items"
                 + (f"; KL p99 {e.kl_p99:.4f}" if e.kl_p99 is not None else "")
             )
         if r.p_holm is not None and r.verdict == "regression":

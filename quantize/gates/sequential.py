@@ -18,9 +18,14 @@ does (quantize/stats.py `stratified`); the strata only decide where the items ar
 Every rule is tested at each look with the boundary c_k of a Lan–DeMets O'Brien–Fleming alpha-spending design
 (`stats.sequential_bounds`), for both of its one-sided tests (pass and regression). A rule is frozen at the look
 that decides it, and its task is no longer scored once every rule on it is decided; the gate stops at the first
-regression or when every rule has passed. Agreement rules are measured once, on all agreement items, before
-the first look (a single test at level α); an agreement regression stops the gate before any item is scored,
-and the other rules are recorded as untested.
+regression or when every rule has passed.
+
+Agreement rules are decided before the first look. Given one agreement result (measured once, on every agreement
+item) they are tested once at level α. Given a staged agreement (`agree(k)`: the agreement on the first
+⌈t_k · per_task⌉ agreement items of each task), they run looks of their own on the same schedule and boundaries:
+at agreement look k every open agreement rule is tested at c_k, a decided rule is frozen, and the agreement looks
+stop at a regression or once every agreement rule is decided (at the last look, whatever the result). An agreement
+regression stops the gate before any item is scored, and the other rules are recorded as untested.
 """
 
 from __future__ import annotations
@@ -142,14 +147,36 @@ def step(
             decided[i] = res
 
 
-def agreement_first(policy: Policy, agreement: AgreementResult | None) -> dict[int, RuleResult]:
-    """The agreement rules' results: measured once, on every agreement item, before the first look."""
+Agree = Callable[[int], AgreementResult]  # look k (0-based) -> the agreement on that look's share of the items
+
+
+def agreement_first(
+    policy: Policy, agreement: AgreementResult | Agree | None, bounds: list[float]
+) -> tuple[dict[int, RuleResult], int | None]:
+    """The agreement rules' results, before the first look (module docstring), and the agreement looks taken (None:
+    measured once, on every agreement item)."""
+    rules = {i: r for i, r in enumerate(policy.rules) if isinstance(r, AgreementRule)}
     out: dict[int, RuleResult] = {}
-    for i, r in enumerate(policy.rules):
-        if isinstance(r, AgreementRule):
-            assert agreement is not None, "agreement rules need the agreement scores"
+    if not rules:
+        return out, None
+    assert agreement is not None, "agreement rules need the agreement scores"
+    if isinstance(agreement, AgreementResult):
+        for i, r in rules.items():
             out[i] = agreement_rule(r, policy.label(i), agreement, policy.alpha)
-    return out
+        return out, None
+    last = len(bounds) - 1
+    for k in range(len(bounds)):
+        measured = agreement(k)
+        at = Look(index=k + 1, bound=bounds[k], strata={}, population={})
+        for i, r in rules.items():
+            if i in out:
+                continue
+            res = agreement_rule(r, policy.label(i), measured, policy.alpha, at)
+            if res.verdict != "inconclusive" or k == last:
+                out[i] = res
+        if len(out) == len(rules) or any(r.verdict == "regression" for r in out.values()):
+            return out, k + 1
+    raise AssertionError("the last agreement look decides every agreement rule")
 
 
 def untested(policy: Policy, decided: dict[int, RuleResult]) -> list[RuleResult]:
@@ -175,8 +202,10 @@ def record(
     plans: dict[str, TaskPlan],
     scored: dict[str, int],
     seconds: float | None,
+    agreement_looks: int | None = None,
 ) -> SequentialRecord:
     return SequentialRecord(
+        agreement_looks_taken=agreement_looks,
         looks=seq.looks,
         bounds=bounds,
         stable_margin=seq.stable_margin,
@@ -199,21 +228,23 @@ def _only(doc: ScoreDoc, tasks: dict) -> ScoreDoc:
 def run(
     policy: Policy,
     base: ScoreDoc,
-    agreement: AgreementResult | None,
+    agreement: AgreementResult | Agree | None,
     score: Callable[[dict[str, list[str]]], ScoreDoc],
-) -> tuple[list[RuleResult], int, dict[str, TaskPlan], list[float], ScoreDoc | None]:
+) -> tuple[list[RuleResult], int, dict[str, TaskPlan], list[float], ScoreDoc | None, int | None]:
     """The sequential design end to end over a scorer: `score(ids per task)` returns the candidate's items
-    scored so far for those tasks (quantize/evaluate/score.py `Staged`, or a score file's items). Returns the
-    rules' results in policy order, the looks taken, the plans, the boundaries and the last candidate sample
-    (None and 0 looks when an agreement regression stopped the gate before the first)."""
+    scored so far for those tasks (quantize/evaluate/score.py `Staged`, or a score file's items); `agreement`: one
+    result, or a staged agreement `agree(k)` (quantize/evaluate/agreement.py `StagedAgreement`). Returns the rules'
+    results in policy order, the looks taken, the plans, the boundaries, the last candidate sample (None and 0 looks
+    when an agreement regression stopped the gate before the first) and the agreement looks taken (None: one
+    result)."""
     seq = policy.sequential
     assert seq is not None, "a sequential gate needs the policy's `sequential:` section"
     bounds = stats.sequential_bounds(seq.looks, policy.alpha)
     plans = plan(seq, base, rule_tasks(policy), base.provenance.seed)
-    decided = agreement_first(policy, agreement)
+    decided, agreement_looks = agreement_first(policy, agreement, bounds)
     latest = dict(decided)
     if settled(policy, decided):
-        return untested(policy, decided), 0, plans, bounds, None
+        return untested(policy, decided), 0, plans, bounds, None, agreement_looks
     k = 0
     for k in range(len(seq.looks)):
         cand = score({t: plans[t].draws[k] for t in open_tasks(policy, decided)})
@@ -222,4 +253,4 @@ def run(
         step(policy, base, cand, look(plans, k, bounds), k == len(seq.looks) - 1, decided, latest)
         if settled(policy, decided):
             break
-    return [decided.get(i) or latest[i] for i in range(len(policy.rules))], k + 1, plans, bounds, cand
+    return [decided.get(i) or latest[i] for i in range(len(policy.rules))], k + 1, plans, bounds, cand, agreement_looks

@@ -325,6 +325,33 @@ def test_staged_scoring_matches_full_scoring_and_scores_each_item_once(setup, ti
         assert i.score == ref[i.id].score and i.ll == pytest.approx(ref[i.id].ll, abs=1e-4)
 
 
+def test_staged_agreement_matches_the_full_agreement_and_scores_each_item_once(setup, tiny_model, tmp_path):
+    """The sequential gate's agreement: look k measures the first ⌈t_k · per_task⌉ agreement items of each task, the
+    next look scores only the new ones, and the last look covers every item with the full agreement's figures."""
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.checkpoint.loader import LastModel
+    from quantize.evaluate.agreement import StagedAgreement, agreement_scores
+
+    _, suite_path, _, _ = setup
+    suite = open_suite(suite_path)
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model, other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 0.01}))  # a candidate that disagrees
+    sha_b, sha_c = identity_sha256(tiny_model), identity_sha256(other)
+    full = agreement_scores(suite, tiny_model, other, sha_b, sha_c)
+    assert full.kl_mean > 0  # the two differ: a check that can tell the looks' items apart
+    staged = StagedAgreement(suite, tiny_model, other, (sha_b, sha_c), LastModel(), [0.5, 1.0])
+    first, last = staged.look(0), staged.look(1)
+    tasks = len(suite.agreement_tasks)
+    assert first.per_task == 2 and first.items == 2 * tasks  # per_task 3 in the suite: ⌈0.5 · 3⌉ = 2
+    assert staged.calls == [2 * tasks, tasks]  # the second look scored only the third item of each task
+    assert (last.items, last.positions, last.clusters, last.per_task) == (full.items, full.positions, full.clusters, 3)
+    for field in ("kl_mean", "kl_se", "top1", "sum_min", "sum_min_se"):
+        assert getattr(last, field) == pytest.approx(getattr(full, field), rel=1e-3, abs=1e-6), field
+    assert first.positions < last.positions and first.kl_mean != last.kl_mean
+
+
 def test_sequential_gate_a_a_on_a_tiny_model(setup, tiny_model, tmp_path, capsys):
     _, suite, _, _ = setup
     policy = tmp_path / "seq.yaml"
@@ -338,8 +365,11 @@ def test_sequential_gate_a_a_on_a_tiny_model(setup, tiny_model, tmp_path, capsys
     assert out.out, out.err
     v = records.parse(Verdict, json.loads(out.out), "stdout")
     assert code == 0 and v.verdict == "pass" and v.sequential is not None
-    # score rules carry the look that decided them; agreement is measured once, before the first look
-    assert [r.look is not None for r in v.rules] == [True, True, False]
+    # every rule carries the look that decided it; agreement runs looks of its own before the first, and an A/A
+    # check (KL 0) passes at its first, on the first half of the agreement items of each task
+    assert [r.look is not None for r in v.rules] == [True, True, True]
+    assert v.rules[2].look == 1 and v.sequential.agreement_looks_taken == 1
+    assert v.rules[2].evidence.items == len(v.sequential.agreement_runs) * v.sequential.agreement_runs[0]
     assert v.sequential.items_total["core_facts"] == 24 and 0 < v.sequential.items_scored["core_facts"] <= 24
     # the batch plan: every lm-eval run of the candidate and the batch size (none when read from the cache)
     sq = v.sequential

@@ -161,7 +161,7 @@ def test_a_a_passes_and_spends_fewer_items(tmp_path):
     policy = _policy(tmp_path)
     base, cand = _docs()
     asked: list = []
-    results, _, plans, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
+    results, _, plans, _, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
     assert [r.verdict for r in results] == ["pass", "pass"]
     assert max(a.get("t_acc", 0) for a in asked) < 0.6 * 3000  # stable items (two thirds here) drawn at 30%
     assert plans["t_acc"].population == {"at-risk": pytest.approx(1000, abs=80), "stable": pytest.approx(2000, abs=80)}
@@ -171,7 +171,7 @@ def test_planted_drop_is_rejected_before_the_last_look(tmp_path):
     policy = _policy(tmp_path)
     base, cand = _docs(drop=0.06)
     asked: list = []
-    results, taken, _, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
+    results, taken, _, _, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
     assert results[0].verdict == "regression" and taken < 3 and results[0].look == taken
     fixed = decide(policy, base, cand, None)
     assert fixed.rules[0].verdict == "regression"  # the full design agrees
@@ -182,7 +182,7 @@ def test_a_rule_decided_early_stops_its_task(tmp_path):
     policy = _policy(tmp_path)
     base, cand = _docs(ppl_shift=-50.0)  # the candidate's documents are far more likely: ratio far below 1.05
     asked: list = []
-    results, _, _, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
+    results, _, _, _, _, _ = sq.run(policy, base, None, _from_file(cand, asked))
     assert results[1].verdict == "pass" and results[1].look == 1
     assert all("t_prose" not in a for a in asked[1:])
 
@@ -190,7 +190,7 @@ def test_a_rule_decided_early_stops_its_task(tmp_path):
 def test_sequential_verdict_records_the_design(tmp_path):
     policy = _policy(tmp_path)
     base, cand = _docs(drop=0.06)
-    results, taken, plans, bounds, _ = sq.run(policy, base, None, _from_file(cand, []))
+    results, taken, plans, bounds, _, _ = sq.run(policy, base, None, _from_file(cand, []))
     rec = sq.record(policy.sequential, bounds, taken, plans, {"t_acc": 10, "t_prose": 5}, 1.5)
     v = verdict_of(policy, base, side(cand), results, rec)
     assert v.verdict == "rejected" and v.sequential.looks_taken == taken and v.sequential.bounds == bounds
@@ -243,7 +243,7 @@ def test_an_agreement_regression_stops_before_any_item_is_scored(tmp_path):
     policy = _policy(tmp_path, more_rules="  - {agreement: kl, max: 0.2}\n")
     base, cand = _docs()
     asked: list = []
-    results, taken, plans, bounds, last = sq.run(policy, base, _agreement(1.5), _from_file(cand, asked))
+    results, taken, plans, bounds, last, _ = sq.run(policy, base, _agreement(1.5), _from_file(cand, asked))
     assert asked == [] and taken == 0 and last is None
     assert [r.verdict for r in results] == ["untested", "untested", "regression"]
     assert "agreement kl" in results[0].reason
@@ -259,6 +259,71 @@ def test_an_agreement_regression_stops_before_any_item_is_scored(tmp_path):
     asked = []
     results, taken, *_ = sq.run(policy, base, _agreement(0.01), _from_file(cand, asked))
     assert asked and taken >= 1 and results[2].verdict == "pass" and results[2].look is None
+
+
+def _staged(values: list[float], asked: list[int]):
+    """A staged agreement whose KL at look k is values[k], with a clustered SE that shrinks as the looks grow
+    (0.02 at look 1, as 1/√t); `asked` records the looks measured."""
+    looks = [0.2, 0.5, 1.0]
+
+    def agree(k: int) -> AgreementResult:
+        asked.append(k)
+        return _agreement(values[k]).model_copy(update={"kl_se": 0.02 * (looks[0] / looks[k]) ** 0.5, "per_task": k})
+
+    return agree
+
+
+@pytest.mark.parametrize(
+    "kls,looks_taken,verdict",
+    [
+        ([1.5, 9.0, 9.0], 1, "regression"),  # far past the limit: the first agreement look decides, nothing else runs
+        ([0.01, 9.0, 9.0], 1, "pass"),  # far within it: decided at the first look, frozen (9.0 is never seen)
+        ([0.25, 0.24, 9.0], 2, "regression"),  # nearer: c_1 = 4.23 leaves it open, c_2 = 2.54 decides it
+        ([0.25, 0.21, 0.205], 3, "inconclusive"),  # at the limit: the last look's result, whatever it is
+    ],
+)
+def test_staged_agreement_runs_looks_of_its_own_at_the_looks_bounds(tmp_path, kls, looks_taken, verdict):
+    """Agreement rules in stages: at agreement look k the rule is tested at c_k, a decided rule is frozen, and the
+    agreement looks stop once every agreement rule is decided; a regression stops the gate before any item."""
+    policy = _policy(tmp_path, more_rules="  - {agreement: kl, max: 0.2}\n")
+    base, cand = _docs()
+    asked_items: list = []
+    looks: list[int] = []
+    results, taken, _, bounds, _, agreement_looks = sq.run(
+        policy, base, _staged(kls, looks), _from_file(cand, asked_items)
+    )
+    assert looks == list(range(looks_taken)) and agreement_looks == looks_taken
+    kl = results[2]
+    assert kl.verdict == verdict and kl.look == looks_taken
+    e = kl.evidence
+    assert e.lower_bound == pytest.approx(e.value - bounds[looks_taken - 1] * e.se_clustered)  # c_k, not z₁₋α
+    if verdict == "regression":
+        assert asked_items == [] and taken == 0 and [r.verdict for r in results[:2]] == ["untested", "untested"]
+    else:
+        assert asked_items and taken >= 1
+
+
+def test_every_agreement_rule_must_be_decided_before_the_looks_stop(tmp_path):
+    """Two agreement rules: KL passes at the first look, top-1 needs the second; KL keeps its first-look result."""
+    policy = _policy(tmp_path, more_rules="  - {agreement: kl, max: 0.2}\n  - {agreement: top1, min: 0.85}\n")
+    base, cand = _docs()
+    looks: list[int] = []
+
+    def agree(k: int) -> AgreementResult:
+        looks.append(k)
+        return _agreement([0.01, 0.01, 0.01][k]).model_copy(update={"top1": [0.87, 0.95, 0.95][k], "per_task": k})
+
+    results, _, _, _, _, agreement_looks = sq.run(policy, base, agree, _from_file(cand, []))
+    assert looks == [0, 1] and agreement_looks == 2
+    assert (results[2].verdict, results[2].look) == ("pass", 1)
+    assert (results[3].verdict, results[3].look) == ("pass", 2)
+    from quantize.gates.render import render_text
+
+    results, taken, plans, bounds, _, agreement_looks = sq.run(policy, base, agree, _from_file(cand, []))
+    rec = sq.record(policy.sequential, bounds, taken, plans, {}, None, agreement_looks)
+    text = render_text(verdict_of(policy, base, side(cand), results, rec))
+    assert "after 2 agreement looks" in text and "agreement top1  (agreement look 2)" in text
+    assert f"(critical value {bounds[1]:.3f}) vs min 0.85" in text
 
 
 @pytest.mark.parametrize(
