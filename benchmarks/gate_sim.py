@@ -23,7 +23,8 @@ multiplies them): the noise the stages' other batch compositions add, tested aga
 
 Each design is run with the project's own functions (quantize.stats, quantize.gates.sequential): the fixed design
 tests every item once at z₁₋α; the sequential one tests each look's stratified sample at c_k and stops at the first
-decision. Agreement rules are measured once in both designs and are not simulated here.
+decision. Agreement rules are not simulated here (the sequential gate runs them in agreement looks of their own
+before the first score look, the fixed design once on every agreement item).
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ positions are the ones lm-eval scores.
 from __future__ import annotations
 
 import functools
+import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -456,7 +458,7 @@ class StagedAgreement:
     agreement on the first n = ⌈t_k · per_task⌉ agreement items of each task (t_k = looks[k]; manifest order, a
     seeded shuffle), scoring only the items no earlier look scored, in one scorer call per look (so the looks fix
     the batches). Never read from or written to the cache: the agreement a gate decides on depends on its schedule
-    alone, not on what `quantize agree` left behind. `calls`: the items each stage scored."""
+    alone, not on what `quantize agree` left behind. `calls`: the items each look scored."""
 
     def __init__(
         self,
@@ -481,15 +483,11 @@ class StagedAgreement:
 
     def look(self, k: int) -> AgreementResult:
         """The agreement at look k (0-based)."""
-        import math
-
         a = self.suite.suite.agreement
         n = max(1, math.ceil(self.looks[k] * a.per_task - 1e-9))
         wanted = [r for rs in self.by_task.values() for r in rs[:n]]
         new = [r for r in wanted if r.id not in self.rows]
         if new:
-            import time
-
             t0 = time.perf_counter()
             self.calls.append(len(new))
             scorer = _scorer(self.suite, self.candidate, self.models)
