@@ -485,7 +485,9 @@ class _RuleResult(_Strict):
     verdict: RuleOutcome
     p_regression: float | None = None
     p_holm: float | None = None
-    look: int | None = None  # sequential gate: the look (1-based) that decided it, or the last one taken
+    # sequential gate: the look (1-based) that decided it, or the last one taken (an agreement rule: its agreement
+    # look; None: agreement measured once)
+    look: int | None = None
     # set when the candidate's evidence held NaN or infinity: the rule is a regression whatever its statistics say
     non_finite: str | None = None
 

@@ -478,6 +478,7 @@ class StagedAgreement:
         for r in self.reqs:
             self.by_task.setdefault(r.task, []).append(r)
         self.rows: dict[str, tuple[Request, Any, Any, Any]] = {}
+        self.scorer: Scorer | VLLMScorer | None = None  # the candidate's, loaded at the first look
         self.calls: list[int] = []
         self.seconds = 0.0  # spent scoring the candidate's agreement items (its load included)
 
@@ -490,8 +491,9 @@ class StagedAgreement:
         if new:
             t0 = time.perf_counter()
             self.calls.append(len(new))
-            scorer = _scorer(self.suite, self.candidate, self.models)
-            self.rows.update({row[0].id: row for row in item_metrics(scorer, new, self.base)})
+            if self.scorer is None:
+                self.scorer = _scorer(self.suite, self.candidate, self.models)
+            self.rows.update({row[0].id: row for row in item_metrics(self.scorer, new, self.base)})
             self.seconds += time.perf_counter() - t0
         return AgreementResult(
             **summarize([self.rows[r.id] for r in wanted]),

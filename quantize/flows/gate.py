@@ -204,15 +204,16 @@ def run_gate(
             )
     base = load_scores(suite, base_path, models)
     base_file = scores_sha256(suite, base_path, base.provenance.checkpoint.identity_sha256, run)
-    if needs_agreement:
-        from quantize.evaluate.agreement import baseline_topk_cached
-
-        baseline_topk_cached(suite, base_path, base.provenance.checkpoint.identity_sha256, models)
-    if (
+    in_stages = (
         policy.sequential is not None
         and cand_path.is_dir()
         and not all(isinstance(r, AgreementRule) for r in policy.rules)
-    ):
+    )
+    if needs_agreement and not in_stages:  # in stages StagedAgreement builds it, also before the candidate loads
+        from quantize.evaluate.agreement import baseline_topk_cached
+
+        baseline_topk_cached(suite, base_path, base.provenance.checkpoint.identity_sha256, models)
+    if in_stages:
         v = run_sequential(policy, suite, base, base_path, cand_path, models, needs_agreement)
         staged_here = v.sequential is not None and v.sequential.candidate_seconds is not None
         cand_id = v.provenance.candidate.checkpoint.identity_sha256

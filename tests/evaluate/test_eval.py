@@ -292,6 +292,14 @@ def test_a_gate_loads_each_checkpoint_once(setup, tiny_model, tmp_path, monkeypa
     assert code == v["exit_code"] == (0 if v["verdict"] == "pass" else 1)
     assert {r["kind"] for r in v["rules"]} == {"accuracy", "perplexity", "agreement"}
     assert loaded == [tiny_model.name, "other"]
+    # in stages (cold caches again): the baseline's top-k is still built before the candidate loads
+    staged_policy = tmp_path / "staged.yaml"
+    staged_policy.write_text(policy.read_text().replace("rules:", "sequential: {looks: [0.5, 1.0]}\nrules:"))
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cold-staged"))
+    loaded.clear()
+    code = main(["gate", str(staged_policy), "--baseline", str(tiny_model), "--candidate", str(other), "--json"])
+    v = json.loads(capsys.readouterr().out)
+    assert v["sequential"]["agreement_looks_taken"] >= 1 and loaded == [tiny_model.name, "other"]
 
 
 def test_staged_scoring_matches_full_scoring_and_scores_each_item_once(setup, tiny_model, monkeypatch):
