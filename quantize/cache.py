@@ -6,7 +6,7 @@ people write (CI), so what it serves is checked on every read: a score file must
 carry the key and checkpoint identity it was asked for, and its task summaries must follow from its items.
 
     scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint identity, suite settings, golden manifest,
-                                                               lm-eval version, tasks, runtime)
+                                                               lm-eval version, tasks, runtime, SCORER_REVISION)
                $QUANTIZE_CACHE/scores/KEY.sha256  the sha256 of KEY.json's bytes, written after it
     agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings, runtime
                $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
@@ -152,6 +152,12 @@ def lm_eval_version() -> str:
 SCORING_DISTRIBUTIONS = ("quantize", "lm_eval", "torch", "transformers", "compressed-tensors", "datasets")
 
 
+# Bumped when our scoring path changes how lm-eval's requests are computed (a score computed the old way is
+# another number, if only in its last bits). 2: document-perplexity requests batched longest first
+# (quantize/evaluate/score.py `SortedRollingHFLM`), not in document order.
+SCORER_REVISION = 2
+
+
 def restore_key_parts(suite: OpenSuite) -> dict[str, Any]:
     """What a CI cache of a suite's scores is saved and restored under (`quantize cache-key POLICY`): everything
     that keys its score and agreement entries except the checkpoints and the runtime (module docstring), and the
@@ -165,6 +171,7 @@ def restore_key_parts(suite: OpenSuite) -> dict[str, Any]:
         "tasks": sorted(suite.tasks),
         "agreement": [sorted(suite.agreement_tasks), a.per_task, a.top_k],
         "versions": {d: metadata.version(d) for d in SCORING_DISTRIBUTIONS},
+        "scorer_revision": SCORER_REVISION,
     }
 
 
@@ -200,7 +207,7 @@ def runtimes(suite: OpenSuite) -> list[Runtime]:
 
 def score_key(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str:
     parts = [ckpt_id, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)]
-    return sha256_json([*parts, "runtime", *run.key()])
+    return sha256_json([*parts, "runtime", *run.key(), "scorer", SCORER_REVISION])
 
 
 def score_path(suite: OpenSuite, ckpt_id: str, run: Runtime) -> Path:
@@ -278,7 +285,7 @@ def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
 def _agreement_key(suite: OpenSuite, run: Runtime) -> str:
     a = suite.suite.agreement
     parts = [sorted(suite.agreement_tasks), a.per_task, a.top_k, suite.golden.manifest_sha256]
-    return sha256_json([*parts, "runtime", *run.key()])[:16]
+    return sha256_json([*parts, "runtime", *run.key(), "scorer", SCORER_REVISION])[:16]
 
 
 def baseline_topk_path(suite: OpenSuite, base_id: str, run: Runtime) -> Path:

@@ -9,6 +9,7 @@ Per-item records (for paired comparison in the gate), one kind per lm-eval outpu
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import tempfile
 import time
 from pathlib import Path
@@ -74,16 +75,42 @@ def vllm_lm(suite: Suite, ckpt: Path, device: str, models: LastModel) -> Any:
     return models.engine(ckpt, "vllm", repr(sorted(args.items())), build)
 
 
-def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> dict[str, Any]:
-    """What `simple_evaluate` scores. The HF backend gets a model our loader loaded (safetensors only,
-    strict: lm-eval's own loader would start missing weights from random values); vLLM loads by path, once
-    per checkpoint (`vllm_lm`)."""
-    if suite.backend is Backend.vllm:
-        return {"model": vllm_lm(suite, ckpt, device, models)}
+@functools.cache
+def sorted_rolling_hflm() -> type:
+    """lm-eval's HFLM with its document-perplexity requests batched longest first.
+
+    lm-eval 0.4.13's `loglikelihood_rolling` batches the documents' windows in document order, each batch padded
+    to its longest window: on core/v2's prose (166 documents, 43k tokens) that computes 81k padded tokens, sorted
+    50k. This hands it the documents sorted by token count (descending, ties in document order) and puts the
+    results back in request order; each document's windows, and what is summed, are lm-eval's own. Loglikelihood
+    requests are untouched (lm-eval already sorts those). The batches differ, so the numbers may differ in their
+    last bits: cache.SCORER_REVISION keys it."""
     from lm_eval.models.huggingface import HFLM
 
+    class SortedRollingHFLM(HFLM):
+        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+            lengths = [len(self.tok_encode(r.args[0])) for r in requests]
+            order = sorted(range(len(requests)), key=lambda i: -lengths[i])
+            done = super().loglikelihood_rolling([requests[i] for i in order], disable_tqdm=disable_tqdm)
+            out = [0.0] * len(requests)
+            for i, ll in zip(order, done, strict=True):
+                out[i] = ll
+            return out
+
+    return SortedRollingHFLM
+
+
+def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> dict[str, Any]:
+    """What `simple_evaluate` scores. The HF backend gets a model our loader loaded (safetensors only,
+    strict: lm-eval's own loader would start missing weights from random values), in `sorted_rolling_hflm`;
+    vLLM loads by path, once per checkpoint (`vllm_lm`)."""
+    if suite.backend is Backend.vllm:
+        return {"model": vllm_lm(suite, ckpt, device, models)}
     model, tok = models.get(ckpt, dtype=suite.model_dtype(device), on=device)
-    return {"model": HFLM(pretrained=model, tokenizer=tok, batch_size=suite.batch_size, max_length=suite.max_length)}
+    lm = sorted_rolling_hflm()(
+        pretrained=model, tokenizer=tok, batch_size=suite.batch_size, max_length=suite.max_length
+    )
+    return {"model": lm}
 
 
 def item_records(

@@ -219,6 +219,37 @@ def test_scoring_through_our_loader_equals_lm_evals_own_loading(setup, tiny_mode
             assert a["score"] == b["score"] and a["ll"] == pytest.approx(b["ll"], abs=1e-4), (task, a["id"])
 
 
+def test_document_perplexity_is_batched_longest_first_with_lm_evals_own_numbers(tiny_model, monkeypatch):
+    """SortedRollingHFLM hands lm-eval's rolling loglikelihood the documents longest first (each batch then pads
+    to a near length) and returns each document's number in request order, equal to lm-eval's own HFLM."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from quantize.checkpoint.loader import LastModel
+    from quantize.evaluate.score import sorted_rolling_hflm
+
+    model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
+    texts = ["a b", "one two three four five six seven eight nine ten", "x", "the cat sat on the mat today", "q r s"]
+    reqs = [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)]
+    theirs = HFLM(pretrained=model, tokenizer=tok, batch_size=2).loglikelihood_rolling(reqs, disable_tqdm=True)
+    lm = sorted_rolling_hflm()(pretrained=model, tokenizer=tok, batch_size=2)
+    batches: list[list[int]] = []
+    inner = lm._loglikelihood_tokens
+
+    def spy(requests, **kw):
+        batches.append([len(r[1]) + len(r[2]) for r in requests])
+        return inner(requests, **kw)
+
+    monkeypatch.setattr(lm, "_loglikelihood_tokens", spy)
+    mine = lm.loglikelihood_rolling(reqs, disable_tqdm=True)
+    assert mine == pytest.approx(theirs, abs=1e-4)
+    assert len(set(mine)) == len(texts)  # five different documents: a mix-up of the order would show
+    seen = [n for b in batches for n in b]
+    assert seen == sorted(seen, reverse=True) and len(seen) == len(texts)
+    in_doc_order = [len(lm.tok_encode(t)) for t in texts]
+    assert in_doc_order != sorted(in_doc_order, reverse=True)  # the texts are not already sorted
+
+
 def test_weights_that_do_not_match_the_config_are_refused_not_scored(setup, tiny_model, tmp_path, capsys):
     """A quantized checkpoint whose config.json lost its quantization_config loaded with every projection
     missing (random) and was scored as if nothing were wrong; now it is exit 2 naming a few keys."""

@@ -213,6 +213,10 @@ def test_the_cache_key_changes_when_and_only_when_what_keys_scores_changes(golde
     real = cache.metadata.version
     monkeypatch.setattr(cache.metadata, "version", lambda d: "9.9.9" if d == "transformers" else real(d))
     assert _key(_policy(golden, "lenient", 0.5)) != base
+    monkeypatch.setattr(cache.metadata, "version", real)
+    assert _key(_policy(golden, "lenient", 0.5)) == base
+    monkeypatch.setattr(cache, "SCORER_REVISION", cache.SCORER_REVISION + 1)  # our scoring path changed
+    assert _key(_policy(golden, "lenient", 0.5)) != base
 
 
 # --- action.yml ---------------------------------------------------------------------------------------------
