@@ -285,7 +285,7 @@ def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
 def _agreement_key(suite: OpenSuite, run: Runtime) -> str:
     a = suite.suite.agreement
     parts = [sorted(suite.agreement_tasks), a.per_task, a.top_k, suite.golden.manifest_sha256]
-    return sha256_json([*parts, "runtime", *run.key(), "scorer", SCORER_REVISION])[:16]
+    return sha256_json([*parts, "runtime", *run.key()])[:16]  # our own forward pass: SCORER_REVISION keys no agreement
 
 
 def baseline_topk_path(suite: OpenSuite, base_id: str, run: Runtime) -> Path:
