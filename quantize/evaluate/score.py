@@ -1,7 +1,8 @@
 """Score a checkpoint on a golden set with lm-eval, keep per-item records, cache by provenance.
 
 The cache key (quantize/cache.py) is (checkpoint identity: weights, config, tokenizer; suite settings hash, golden
-manifest sha256, lm-eval version, tasks): scoring the same baseline twice costs nothing the second time.
+manifest sha256, lm-eval version, tasks, runtime, cache.SCORER_REVISION): scoring the same baseline twice costs
+nothing the second time.
 
 Per-item records (for paired comparison in the gate), one kind per lm-eval output type: quantize/kinds.py.
 """
