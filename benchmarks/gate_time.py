@@ -47,7 +47,8 @@ def copy_entries(src: Path, dst: Path, suite, baseline: Path) -> None:
 
     run = runtime(suite, False)
     entry = cache.score_path(suite, sha, run)  # served only beside its digest: without it, re-scored
-    for target in [entry, cache.digest_path(entry), cache.baseline_topk_path(suite, sha, run)]:
+    topk = cache.baseline_topk_path(suite, sha, run)
+    for target in [entry, cache.digest_path(entry), topk, cache.digest_path(topk)]:
         f = src / target.relative_to(dst)
         if not f.is_file():
             sys.exit(f"{f} is missing: score the baseline in {src} first (`quantize gate`), or drop --baseline-cache")

@@ -10,6 +10,8 @@ carry the key and checkpoint identity it was asked for, and its task summaries m
                $QUANTIZE_CACHE/scores/KEY.sha256  the sha256 of KEY.json's bytes, written after it
     agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings, runtime
                $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
+               each with a .sha256 beside it, checked on read as a score file's is, and a comparison must name
+               the two identities it was asked for
 
 The runtime (`Runtime`) is what changes a computed number besides the checkpoint and the suite's text: the device
 kind the model ran on (kernels differ between a CPU and an accelerator), the dtype it was loaded in (the suite's
@@ -44,7 +46,7 @@ from typing import Any
 
 from quantize import records
 from quantize.errors import UsageError
-from quantize.io import sha256_bytes, sha256_json, write_text_atomic
+from quantize.io import sha256_bytes, sha256_file, sha256_json, write_text_atomic
 from quantize.kinds import KINDS
 from quantize.records import AgreementResult, ScoreDoc, SensitivityRecord
 from quantize.suite import DEVICE_KINDS, OpenSuite, device_kind
@@ -296,13 +298,43 @@ def agreement_path(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime) -
     return cache_dir() / "agreement" / f"cmp-{base_id[:16]}-{cand_id[:16]}-{_agreement_key(suite, run)}.json"
 
 
+def checked_bytes(entry: Path, fix: str) -> bytes | None:
+    """An agreement entry's bytes, served only beside a digest they hash to: None when the entry or its digest is
+    missing (nothing vouches for it: computed again and replaced), exit 2 naming the file when they differ."""
+    digest = digest_path(entry)
+    if not entry.is_file() or not digest.is_file():
+        return None
+    raw = entry.read_bytes()
+    if (found := sha256_bytes(raw)) != digest.read_text().strip():
+        raise UsageError(
+            f"cached file {entry} does not hash to the sha256 in {digest.name} (sha256 {found}): it was changed "
+            f"after it was written; {fix}"
+        )
+    return raw
+
+
+def seal(entry: Path) -> None:
+    """Write the digest beside an entry just written (after it, so a reader never finds a digest without it)."""
+    write_text_atomic(digest_path(entry), sha256_file(entry) + "\n")
+
+
 def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime) -> AgreementResult | None:
     p = agreement_path(suite, base_id, cand_id, run)
-    return records.read(AgreementResult, p) if p.is_file() else None
+    fix = "delete it, and the next `quantize agree` (or `quantize gate`) measures it again"
+    if (raw := checked_bytes(p, fix)) is None:
+        return None
+    found = records.loads(AgreementResult, raw, p)
+    if (found.baseline_identity, found.candidate_identity) != (base_id, cand_id):
+        raise UsageError(
+            f"cached agreement {p} compares other checkpoints (baseline {found.baseline_identity[:16]}, candidate "
+            f"{found.candidate_identity[:16]}; asked for {base_id[:16]}, {cand_id[:16]}); {fix}"
+        )
+    return found
 
 
 def store_agreement(suite: OpenSuite, result: AgreementResult, run: Runtime) -> None:
-    records.write(agreement_path(suite, result.baseline_identity, result.candidate_identity, run), result)
+    p = agreement_path(suite, result.baseline_identity, result.candidate_identity, run)
+    write_text_atomic(digest_path(p), records.write(p, result) + "\n")
 
 
 def sensitivity_key(suite: OpenSuite, model_id: str, measured: dict[str, Any]) -> str:

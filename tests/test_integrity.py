@@ -388,6 +388,44 @@ def test_a_corrupt_baseline_top_k_is_named_not_a_crash(world, tiny_model, capsys
         p.write_bytes(kept)
 
 
+def test_agreement_entries_are_served_only_beside_a_digest_they_match(world, tiny_model, capsys):
+    """The baseline's top-k (which every gate reads) and a stored comparison (`quantize agree`) are checked on
+    read like score files: a changed byte is named (exit 2), an entry without its digest is measured again."""
+    from quantize import cache
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.evaluate.score import runtime
+    from quantize.suite import open_suite
+
+    _, suite, lenient, _ = world
+    s = open_suite(suite)
+    sha, run = identity_sha256(tiny_model), runtime(s, False)
+    assert main(["agree", str(suite), "--baseline", str(tiny_model), str(tiny_model), "-q"]) == 0
+    topk, cmp = cache.baseline_topk_path(s, sha, run), cache.agreement_path(s, sha, sha, run)
+    assert cache.digest_path(topk).is_file() and cache.digest_path(cmp).is_file()
+    saved = {f: f.read_bytes() for f in (topk, cmp, cache.digest_path(topk), cache.digest_path(cmp))}
+    gate = ["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "-q"]
+    try:
+        data = json.loads(cmp.read_text())
+        data["kl_mean"] = 0.5  # a forged comparison (an A/A one is 0), its digest left as it was
+        cmp.write_text(json.dumps(data))
+        with pytest.raises(UsageError) as e:
+            cache.lookup_agreement(s, sha, sha, run)
+        assert str(cmp) in str(e.value) and "delete it" in str(e.value)
+    finally:
+        for f, b in saved.items():
+            f.write_bytes(b)
+    topk.write_bytes(saved[topk][:-1] + bytes([saved[topk][-1] ^ 1]))  # one bit of the top-k
+    try:
+        assert main(gate) == 2
+        err = capsys.readouterr().err
+        assert str(topk) in err and "sha256" in err and "delete it" in err
+    finally:
+        topk.write_bytes(saved[topk])
+    cache.digest_path(topk).unlink()  # from before digests: nothing vouches for it, so it is computed again
+    assert main(gate) == 0
+    assert cache.digest_path(topk).read_bytes() == saved[cache.digest_path(topk)]  # the same top-k, sealed again
+
+
 # --- golden sets hold all their data ----------------------------------------------------------------------------
 
 

@@ -408,12 +408,14 @@ def baseline_topk_cached(
 ) -> BaselineTopK:
     """The baseline's top-k at the agreement positions: from the cache, or computed and cached."""
     path = cache.baseline_topk_path(suite, base_id, runtime(suite, models.trust_remote_code))
-    if path.is_file():
+    fix = "delete it, and the next `quantize gate` (or `quantize agree`) computes it again"
+    if cache.checked_bytes(path, fix) is not None:  # served only beside its digest (cache.py)
         return load_baseline(path)
     base = baseline_topk(
         _scorer(suite, baseline, models), reqs or agreement_requests(suite), suite.suite.agreement.top_k
     )
     base.save(path)
+    cache.seal(path)
     return base
 
 
