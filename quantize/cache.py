@@ -226,16 +226,9 @@ def lookup_scores(suite: OpenSuite, ckpt_id: str, run: Runtime) -> ScoreDoc | No
     the entry has no digest beside it (written before entries were hashed, or copied without it: nothing vouches for
     it, so it is scored again and replaced)."""
     p = score_path(suite, ckpt_id, run)
-    digest = digest_path(p)
-    if not p.is_file() or not digest.is_file():
-        return None
     refresh = "score it again with `quantize eval SUITE CHECKPOINT --refresh` (or delete the file)"
-    raw = p.read_bytes()
-    if (found := sha256_bytes(raw)) != digest.read_text().strip():
-        raise UsageError(
-            f"cached score file {p} does not hash to the sha256 in {digest.name} (sha256 {found}): it "
-            f"was changed after it was written; {refresh}"
-        )
+    if (raw := checked_bytes(p, refresh, "score file")) is None:
+        return None
     doc = records.loads(ScoreDoc, raw, p)
     key = score_key(suite, ckpt_id, run)
     if doc.key != key or doc.provenance.checkpoint.identity_sha256 != ckpt_id or ran(doc) != run:
@@ -298,16 +291,17 @@ def agreement_path(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime) -
     return cache_dir() / "agreement" / f"cmp-{base_id[:16]}-{cand_id[:16]}-{_agreement_key(suite, run)}.json"
 
 
-def checked_bytes(entry: Path, fix: str) -> bytes | None:
-    """An agreement entry's bytes, served only beside a digest they hash to: None when the entry or its digest is
-    missing (nothing vouches for it: computed again and replaced), exit 2 naming the file when they differ."""
+def checked_bytes(entry: Path, fix: str, what: str = "file") -> bytes | None:
+    """A cache entry's bytes (a score file, a baseline top-k, a comparison), served only beside a digest they hash
+    to: None when the entry or its digest is missing (nothing vouches for it: computed again and replaced), exit 2
+    naming the file and `fix` when they differ. The caller parses these bytes, not the file again."""
     digest = digest_path(entry)
     if not entry.is_file() or not digest.is_file():
         return None
     raw = entry.read_bytes()
     if (found := sha256_bytes(raw)) != digest.read_text().strip():
         raise UsageError(
-            f"cached file {entry} does not hash to the sha256 in {digest.name} (sha256 {found}): it was changed "
+            f"cached {what} {entry} does not hash to the sha256 in {digest.name} (sha256 {found}): it was changed "
             f"after it was written; {fix}"
         )
     return raw

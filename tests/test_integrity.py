@@ -411,6 +411,12 @@ def test_agreement_entries_are_served_only_beside_a_digest_they_match(world, tin
         with pytest.raises(UsageError) as e:
             cache.lookup_agreement(s, sha, sha, run)
         assert str(cmp) in str(e.value) and "delete it" in str(e.value)
+        # a careful forger keeps the digest in step: another pair's comparison under this pair's name is refused
+        data = json.loads(saved[cmp]) | {"candidate_identity": "0" * 64}
+        cmp.write_text(json.dumps(data))
+        cache.seal(cmp)
+        with pytest.raises(UsageError, match="compares other checkpoints"):
+            cache.lookup_agreement(s, sha, sha, run)
     finally:
         for f, b in saved.items():
             f.write_bytes(b)

@@ -348,22 +348,25 @@ def compare(scorer: Scorer | VLLMScorer, reqs: list[Request], base: BaselineTopK
     return summarize(list(item_metrics(scorer, reqs, base)))
 
 
-def load_baseline(path: Path) -> BaselineTopK:
-    """A cached baseline top-k; a file numpy cannot read, or that lacks an array, is the cache's to rebuild
-    (exit 2 naming the file), never a crash."""
+REBUILD_TOPK = "delete it, and the next `quantize gate` (or `quantize agree`) computes it again"
+
+
+def load_baseline(path: Path, raw: bytes | None = None) -> BaselineTopK:
+    """A cached baseline top-k (`raw`: its bytes, already read and checked against their digest); a file numpy
+    cannot read, or that lacks an array, is the cache's to rebuild (exit 2 naming the file), never a crash."""
+    import io
     import zipfile
 
     import numpy as np
 
-    regenerate = "delete it, and the next `quantize gate` (or `quantize agree`) computes it again"
     try:
-        z = np.load(path, allow_pickle=False)
+        z = np.load(io.BytesIO(raw) if raw is not None else path, allow_pickle=False)
         # efcadec stored the same arrays without a version: read as version 1
         version = int(z["schema_version"]) if "schema_version" in z.files else BASELINE_SCHEMA_VERSION
         if version != BASELINE_SCHEMA_VERSION:
             raise UsageError(
                 f"{path} holds a baseline top-k of schema_version {version}; this quantize reads "
-                f"{BASELINE_SCHEMA_VERSION}: {regenerate}"
+                f"{BASELINE_SCHEMA_VERSION}: {REBUILD_TOPK}"
             )
         out = BaselineTopK(
             [str(x) for x in z["ids"]],
@@ -377,12 +380,12 @@ def load_baseline(path: Path) -> BaselineTopK:
         raise
     except (zipfile.BadZipFile, EOFError, OSError, KeyError, ValueError) as e:
         raise UsageError(
-            f"cached baseline top-k {path} cannot be read ({type(e).__name__}: {str(e)[:120]}); {regenerate}"
+            f"cached baseline top-k {path} cannot be read ({type(e).__name__}: {str(e)[:120]}); {REBUILD_TOPK}"
         ) from None
     if len(out.ids) != len(out.clusters) or out.top_idx.shape != out.top_logp.shape or len(out.ids) != len(out.counts):
         raise UsageError(
             f"cached baseline top-k {path} is inconsistent (ids, clusters or top-k arrays differ "
-            f"in length); {regenerate}"
+            f"in length); {REBUILD_TOPK}"
         )
     return out
 
@@ -408,9 +411,8 @@ def baseline_topk_cached(
 ) -> BaselineTopK:
     """The baseline's top-k at the agreement positions: from the cache, or computed and cached."""
     path = cache.baseline_topk_path(suite, base_id, runtime(suite, models.trust_remote_code))
-    fix = "delete it, and the next `quantize gate` (or `quantize agree`) computes it again"
-    if cache.checked_bytes(path, fix) is not None:  # served only beside its digest (cache.py)
-        return load_baseline(path)
+    if (raw := cache.checked_bytes(path, REBUILD_TOPK, "baseline top-k")) is not None:  # beside its digest only
+        return load_baseline(path, raw)
     base = baseline_topk(
         _scorer(suite, baseline, models), reqs or agreement_requests(suite), suite.suite.agreement.top_k
     )
