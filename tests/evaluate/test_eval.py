@@ -9,6 +9,7 @@ import shutil
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from quantize import cache, records
@@ -248,6 +249,47 @@ def test_document_perplexity_is_batched_longest_first_with_lm_evals_own_numbers(
     assert seen == sorted(seen, reverse=True) and len(seen) == len(texts)
     in_doc_order = [len(lm.tok_encode(t)) for t in texts]
     assert in_doc_order != sorted(in_doc_order, reverse=True)  # the texts are not already sorted
+
+
+def test_log_probabilities_are_taken_only_where_a_continuation_reads_them(tiny_model, monkeypatch):
+    """Loglikelihood requests: the LM head runs on the batch's last positions only (from the earliest
+    continuation start among its rows), and every (log-likelihood, greedy) answer equals lm-eval's own HFLM's,
+    through one-token continuations sharing a context, inputs truncated at max_length, and rows whose real
+    tokens end in 0 (lm-eval's padding id)."""
+    from lm_eval.models.huggingface import HFLM
+
+    from quantize.checkpoint.loader import LastModel
+    from quantize.evaluate.score import sorted_rolling_hflm
+
+    model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
+    rng = np.random.default_rng(0)
+    reqs = []
+    for i in range(14):
+        ctx = [int(t) for t in rng.integers(1, 60, size=int(rng.integers(3, 12)))]
+        if i % 5 == 0:
+            ctx[-1] = 0  # a real 0 token at the end of the context
+        for cont in ([int(rng.integers(1, 60))], [int(rng.integers(1, 60))], [int(t) for t in rng.integers(0, 60, 3)]):
+            reqs.append(((f"c{i}", f"{cont}"), ctx, cont))
+    reqs.append((("long", "x"), [int(t) for t in rng.integers(1, 60, size=40)], [5, 0]))  # truncated, ends in 0
+    theirs = HFLM(pretrained=model, tokenizer=tok, batch_size=4, max_length=24)._loglikelihood_tokens(
+        reqs, disable_tqdm=True
+    )
+    lm = sorted_rolling_hflm()(pretrained=model, tokenizer=tok, batch_size=4, max_length=24)
+    kept: list[tuple[int, int]] = []
+    forward = model.forward
+
+    def spy(input_ids=None, logits_to_keep=0, **kw):
+        kept.append((input_ids.shape[1], logits_to_keep))
+        return forward(input_ids=input_ids, logits_to_keep=logits_to_keep, **kw)
+
+    monkeypatch.setattr(model, "forward", spy)
+    mine = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
+    assert [g for _, g in mine] == [g for _, g in theirs]
+    assert [ll for ll, _ in mine] == pytest.approx([ll for ll, _ in theirs], abs=1e-4)
+    assert len({round(ll, 3) for ll, _ in mine}) > len(reqs) // 2  # distinct answers: a mix-up would show
+    assert kept and all(0 < k < n for n, k in kept)  # every batch computed fewer positions than it holds
+    assert sum(k for _, k in kept) < 0.6 * sum(n for n, _ in kept)
+    assert lm._starts is None  # nothing left for a later call (a rolling or a generation request)
 
 
 def test_weights_that_do_not_match_the_config_are_refused_not_scored(setup, tiny_model, tmp_path, capsys):
