@@ -135,8 +135,8 @@ def sorted_rolling_hflm() -> type:
             n = len(row)
             while n > 0 and row[n - 1] == 0:
                 n -= 1
-            for m in range(max(n, 1), len(row) + 1):
-                if all(t == 0 for t in row[m:]) and (s := self._starts.get(tuple(row[:m]))) is not None:
+            for m in range(max(n, 1), len(row) + 1):  # row[m:] is all 0 for every m >= n
+                if (s := self._starts.get(tuple(row[:m]))) is not None:
                     return s
             return None
 
