@@ -156,7 +156,7 @@ SCORING_DISTRIBUTIONS = ("quantize", "lm_eval", "torch", "transformers", "compre
 
 # Bumped when our scoring path changes how lm-eval's requests are computed (a score computed the old way is
 # another number, if only in its last bits). 2: document-perplexity requests batched longest first
-# (quantize/evaluate/score.py `SortedRollingHFLM`), not in document order. 3: the LM head and log_softmax of a
+# (quantize/evaluate/score.py `LeanHFLM`), not in document order. 3: the LM head and log_softmax of a
 # loglikelihood batch only from its earliest continuation position on (`logits_to_keep`), not at every position.
 SCORER_REVISION = 3
 

@@ -77,7 +77,7 @@ def vllm_lm(suite: Suite, ckpt: Path, device: str, models: LastModel) -> Any:
 
 
 @functools.cache
-def sorted_rolling_hflm() -> type:
+def lean_hflm() -> type:
     """lm-eval's HFLM with two changes of what is computed, none of what is scored.
 
     Document perplexity batched longest first: lm-eval 0.4.13's `loglikelihood_rolling` batches the documents'
@@ -102,7 +102,7 @@ def sorted_rolling_hflm() -> type:
     import torch
     from lm_eval.models.huggingface import HFLM
 
-    class SortedRollingHFLM(HFLM):
+    class LeanHFLM(HFLM):
         # the batch's input rows (as token tuples) -> min inplen - contlen of the requests with that input; only
         # while _loglikelihood_tokens runs
         _starts: dict[tuple[int, ...], int] | None = None
@@ -156,19 +156,17 @@ def sorted_rolling_hflm() -> type:
             ):
                 return self.model(inps, logits_to_keep=inps.shape[1] - s).logits
 
-    return SortedRollingHFLM
+    return LeanHFLM
 
 
 def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> dict[str, Any]:
     """What `simple_evaluate` scores. The HF backend gets a model our loader loaded (safetensors only,
-    strict: lm-eval's own loader would start missing weights from random values), in `sorted_rolling_hflm`;
+    strict: lm-eval's own loader would start missing weights from random values), in `lean_hflm`;
     vLLM loads by path, once per checkpoint (`vllm_lm`)."""
     if suite.backend is Backend.vllm:
         return {"model": vllm_lm(suite, ckpt, device, models)}
     model, tok = models.get(ckpt, dtype=suite.model_dtype(device), on=device)
-    lm = sorted_rolling_hflm()(
-        pretrained=model, tokenizer=tok, batch_size=suite.batch_size, max_length=suite.max_length
-    )
+    lm = lean_hflm()(pretrained=model, tokenizer=tok, batch_size=suite.batch_size, max_length=suite.max_length)
     return {"model": lm}
 
 

@@ -221,19 +221,19 @@ def test_scoring_through_our_loader_equals_lm_evals_own_loading(setup, tiny_mode
 
 
 def test_document_perplexity_is_batched_longest_first_with_lm_evals_own_numbers(tiny_model, monkeypatch):
-    """SortedRollingHFLM hands lm-eval's rolling loglikelihood the documents longest first (each batch then pads
+    """LeanHFLM hands lm-eval's rolling loglikelihood the documents longest first (each batch then pads
     to a near length) and returns each document's number in request order, equal to lm-eval's own HFLM."""
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
 
     from quantize.checkpoint.loader import LastModel
-    from quantize.evaluate.score import sorted_rolling_hflm
+    from quantize.evaluate.score import lean_hflm
 
     model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
     texts = ["a b", "one two three four five six seven eight nine ten", "x", "the cat sat on the mat today", "q r s"]
     reqs = [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)]
     theirs = HFLM(pretrained=model, tokenizer=tok, batch_size=2).loglikelihood_rolling(reqs, disable_tqdm=True)
-    lm = sorted_rolling_hflm()(pretrained=model, tokenizer=tok, batch_size=2)
+    lm = lean_hflm()(pretrained=model, tokenizer=tok, batch_size=2)
     batches: list[list[int]] = []
     inner = lm._loglikelihood_tokens
 
@@ -259,7 +259,7 @@ def test_log_probabilities_are_taken_only_where_a_continuation_reads_them(tiny_m
     from lm_eval.models.huggingface import HFLM
 
     from quantize.checkpoint.loader import LastModel
-    from quantize.evaluate.score import sorted_rolling_hflm
+    from quantize.evaluate.score import lean_hflm
 
     model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
     rng = np.random.default_rng(0)
@@ -274,7 +274,7 @@ def test_log_probabilities_are_taken_only_where_a_continuation_reads_them(tiny_m
     theirs = HFLM(pretrained=model, tokenizer=tok, batch_size=4, max_length=24)._loglikelihood_tokens(
         reqs, disable_tqdm=True
     )
-    lm = sorted_rolling_hflm()(pretrained=model, tokenizer=tok, batch_size=4, max_length=24)
+    lm = lean_hflm()(pretrained=model, tokenizer=tok, batch_size=4, max_length=24)
     kept: list[tuple[int, int]] = []
     forward = model.forward
 
