@@ -60,20 +60,22 @@ def plain_lm_eval(suite, candidate: str, tmp: Path, dtype: str = "float32") -> f
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
+    from quantize.checkpoint import qdq
     from quantize.golden.manifest import lm_eval_tasks
 
     golden = suite.golden
     inc = lm_eval_tasks(golden, tmp / "tasks", ids=golden.manifest.smoke_ids if suite.suite.subset == "smoke" else None)
     t0 = time.perf_counter()
-    simple_evaluate(
-        model="hf",
-        model_args={"pretrained": candidate, "dtype": dtype},
-        tasks=suite.tasks,
-        task_manager=TaskManager(include_path=str(inc), include_defaults=False),
-        batch_size=suite.suite.batch_size,
-        device="cpu",
-        bootstrap_iters=0,
-    )
+    with qdq.library_only():  # as users run it: compressed-tensors' own fake quantization, not our faster one
+        simple_evaluate(
+            model="hf",
+            model_args={"pretrained": candidate, "dtype": dtype},
+            tasks=suite.tasks,
+            task_manager=TaskManager(include_path=str(inc), include_defaults=False),
+            batch_size=suite.suite.batch_size,
+            device="cpu",
+            bootstrap_iters=0,
+        )
     return time.perf_counter() - t0
 
 
