@@ -25,7 +25,8 @@ item) they are tested once at level α. Given a staged agreement (`agree(k)`: th
 ⌈t_k · per_task⌉ agreement items of each task), they run looks of their own on the same schedule and boundaries:
 at agreement look k every open agreement rule is tested at c_k, a decided rule is frozen, and the agreement looks
 stop at a regression or once every agreement rule is decided (at the last look, whatever the result). An agreement
-regression stops the gate before any item is scored, and the other rules are recorded as untested.
+regression stops the gate before any item is scored: an agreement rule still open then keeps that look's
+(inconclusive) result, and the score rules are recorded as untested.
 """
 
 from __future__ import annotations
@@ -168,13 +169,16 @@ def agreement_first(
     for k in range(len(bounds)):
         measured = agreement(k)
         at = Look(index=k + 1, bound=bounds[k], strata={}, population={})
+        latest: dict[int, RuleResult] = {}
         for i, r in rules.items():
             if i in out:
                 continue
-            res = agreement_rule(r, policy.label(i), measured, policy.alpha, at)
-            if res.verdict != "inconclusive" or k == last:
-                out[i] = res
-        if len(out) == len(rules) or any(r.verdict == "regression" for r in out.values()):
+            latest[i] = agreement_rule(r, policy.label(i), measured, policy.alpha, at)
+            if latest[i].verdict != "inconclusive" or k == last:
+                out[i] = latest[i]
+        if any(r.verdict == "regression" for r in out.values()):
+            return out | latest, k + 1  # a rule still open keeps this look's (inconclusive) result
+        if len(out) == len(rules):
             return out, k + 1
     raise AssertionError("the last agreement look decides every agreement rule")
 
@@ -184,7 +188,7 @@ def untested(policy: Policy, decided: dict[int, RuleResult]) -> list[RuleResult]
     why = "not scored: the gate stopped before the first look at the regression on " + ", ".join(
         r.rule for r in decided.values() if r.verdict == "regression"
     )
-    return [  # every agreement rule is decided; the rest are score rules
+    return [  # every agreement rule has a result (agreement_first); the rest are score rules
         decided.get(i) or UntestedResult(rule=policy.label(i), task=r.task, reason=why)
         for i, r in enumerate(policy.rules)
     ]

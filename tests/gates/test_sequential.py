@@ -326,6 +326,32 @@ def test_every_agreement_rule_must_be_decided_before_the_looks_stop(tmp_path):
     assert f"(critical value {bounds[1]:.3f}) vs min 0.85" in text
 
 
+def test_an_agreement_rule_still_open_at_an_agreement_regression_keeps_that_looks_result(tmp_path):
+    """KL regresses at the first agreement look while top-1 sits at its limit (inconclusive at c_1): the gate stops
+    there, top-1 is recorded as inconclusive at look 1 (never as untested, and never re-measured), the score rules
+    as untested, and the verdict renders and round-trips (found by `make demo`: GPTQ W4A16 on an AMX host)."""
+    from quantize.gates.render import render_junit, render_text
+
+    policy = _policy(tmp_path, more_rules="  - {agreement: kl, max: 0.2}\n  - {agreement: top1, min: 0.70}\n")
+    base, cand = _docs()
+    looks: list[int] = []
+
+    def agree(k: int) -> AgreementResult:
+        looks.append(k)
+        return _agreement(1.5).model_copy(update={"top1": 0.69, "top1_se": 0.01, "per_task": k})
+
+    asked: list = []
+    results, taken, plans, bounds, last, agreement_looks = sq.run(policy, base, agree, _from_file(cand, asked))
+    assert looks == [0] and agreement_looks == 1 and asked == [] and taken == 0 and last is None
+    assert [r.verdict for r in results] == ["untested", "untested", "regression", "inconclusive"]
+    assert results[3].look == 1 and results[3].evidence.value == pytest.approx(0.69)
+    rec = sq.record(policy.sequential, bounds, taken, plans, {}, None, agreement_looks)
+    v = verdict_of(policy, base, side(cand), results, rec)
+    assert v.verdict == "rejected" and v.exit_code == 1
+    assert parse(Verdict, v.model_dump(mode="json"), "verdict") == v
+    assert "agreement top1" in render_text(v) and render_junit(v).count("<skipped") == 2
+
+
 @pytest.mark.parametrize(
     "looks,why",
     [("[0.5, 0.3, 1.0]", "not a look schedule"), ("[0.2, 0.5]", "must be 1"), ("[0, 1.0]", "not a look schedule")],
