@@ -75,7 +75,7 @@ demo: model
 	for d in outputs/*/; do [ -f $$d/quantize.json ] && $(Q) inspect $$d | sed -n '1,5p'; done; \
 	echo; echo "== agreement with the default model (quantize agree; cached, about a minute per checkpoint)"; \
 	$(Q) agree evaluate/core-v2.yaml outputs --baseline "$$($(Q) model path)" --quiet; \
-	echo; echo "== three verdicts (quantize gate gates/ci.yaml; the baseline scored once, about 17 minutes on 2 cores)"; \
+	echo; echo "== three verdicts (quantize gate gates/ci.yaml; the baseline scored once on the way: 6-16 minutes on 2 cores, by host)"; \
 	$(MAKE) -s gate-these GATED="$(addprefix outputs/,$(DEMO_GATED))"; \
 	echo; $(Q) report outputs outputs/references/rtn-w8a16-g128 --baseline "$$($(Q) model path)" --policy gates/ci.yaml \
 	  --out outputs/report
