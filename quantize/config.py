@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from quantize.errors import UsageError
-from quantize.io import sha256_bytes
+from quantize.io import decode_text, read_user_file, sha256_bytes
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -48,8 +48,9 @@ def parse_yaml(raw: bytes, origin: str) -> Any:
     """Parse YAML text with the limits above; every failure is a UsageError naming the file."""
     if len(raw) > MAX_YAML_BYTES:
         raise UsageError(f"{origin} is {len(raw):,} bytes; a recipe, suite or policy is at most {MAX_YAML_BYTES:,}")
+    text = decode_text(raw, origin)
     try:
-        return yaml.load(raw, Loader=_Loader)
+        return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         raise UsageError(f"{origin} is not valid YAML: {e}") from None
     except (ValueError, RecursionError) as e:  # e.g. an integer of more than 4,300 digits
@@ -120,12 +121,9 @@ def load_yaml(
 ) -> tuple[M, str]:
     """Read, parse and validate a YAML file. Returns the model and the sha256 of the file's bytes."""
     p = Path(path)
-    if p.exists() and not p.is_file() and not p.is_dir():  # a FIFO or a device: reading it could block forever
-        raise UsageError(f"{what} file {p} is not a regular file (a pipe or a device); give the .yaml file; {hint}")
-    if not p.is_file():
-        extra = " (it is a folder: pass the .yaml file inside it)" if p.is_dir() else ""
-        raise UsageError(f"{what} file {p} does not exist{extra}; {hint}")
-    raw = p.read_bytes()
+    if p.is_dir():
+        raise UsageError(f"{what} file {p} is a folder: pass the .yaml file inside it; {hint}")
+    raw = read_user_file(p, f"{what} file", MAX_YAML_BYTES, hint=hint)
     data = parse_yaml(raw, str(p))
     return validate(model, data, str(p), what, wording), sha256_bytes(raw)
 

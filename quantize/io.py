@@ -1,5 +1,5 @@
-"""Atomic outputs and hashing: the one place that writes folders and files into place, and the one
-place that hashes bytes and JSON.
+"""Atomic outputs, hashing and reading what a user names: the one place that writes folders and files into
+place, the one place that hashes bytes and JSON, and the one way to read a file a user (or a checkpoint) names.
 
 An output folder is written into a hidden temporary folder beside the target, then renamed: an
 interrupted run leaves at most a `.NAME.tmp-PID` folder, never a folder at the target path that
@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -184,3 +185,58 @@ def sha256_named_files(files: list[tuple[str, Path]]) -> str:
         with Path(p).open("rb") as fh:
             hashlib.file_digest(fh, lambda: h)  # streams the file into the running hash
     return h.hexdigest()
+
+
+def read_user_file(path: str | Path, what: str, max_bytes: int, *, follow_links: bool = True, hint: str = "") -> bytes:
+    """The bytes of a file a user (or a checkpoint) names, read the one safe way: it must be a regular file (a
+    FIFO, a device, a socket or a folder is refused without being read: reading a FIFO blocks, /dev/zero never
+    ends), at most `max_bytes` long (checked on the open file before reading, and again while reading, so a file
+    that grows is cut off), and with `follow_links=False` not a symbolic link itself (O_NOFOLLOW: a README linked to
+    /proc/self/environ is refused, never read). The file is opened non-blocking and checked with fstat on the
+    same descriptor, so nothing can be swapped in between the check and the read.
+    Every refusal is a UsageError naming `what`, the path and what to do (`hint`)."""
+    p = Path(path)
+    tail = f"; {hint}" if hint else ""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow_links else os.O_NOFOLLOW)
+    try:
+        fd = os.open(p, flags)
+    except FileNotFoundError:
+        raise UsageError(f"{what} {p} does not exist{tail}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{what} {p} is a folder, not a file{tail}") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(
+                f"{what} {p} is a symbolic link, which is never followed here; put the file itself there{tail}"
+            ) from None
+        raise UsageError(f"{what} {p} cannot be read ({e.strerror}){tail}") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a pipe, a device or a socket)"
+            raise UsageError(f"{what} {p} is {kind}; give a regular file{tail}")
+        if st.st_size > max_bytes:
+            raise UsageError(f"{what} {p} is {st.st_size:,} bytes; at most {max_bytes:,} are read here{tail}")
+        raw = fh.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise UsageError(f"{what} {p} is more than {max_bytes:,} bytes; at most {max_bytes:,} are read here{tail}")
+    return raw
+
+
+def decode_text(raw: bytes, origin: str) -> str:
+    """Bytes as UTF-8, strictly: a byte that is not UTF-8 (or a lone surrogate's encoding) is a UsageError naming
+    `origin` with the line and column of the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise UsageError(
+            f"{origin} is not UTF-8 text: byte 0x{raw[e.start]:02x} at line {line}, column {column} (byte offset "
+            f"{e.start}); save the file as UTF-8"
+        ) from None
+
+
+def read_user_text(path: str | Path, what: str, max_bytes: int, *, follow_links: bool = True, hint: str = "") -> str:
+    """`read_user_file`, then `decode_text`: the text of a file a user names, strictly decoded."""
+    return decode_text(read_user_file(path, what, max_bytes, follow_links=follow_links, hint=hint), f"{what} {path}")

@@ -1,0 +1,67 @@
+"""The one way to read a file a user names (quantize/io.read_user_file): regular files only, size-capped, links
+refused where asked, strict UTF-8 with the bad byte's line and column."""
+
+import os
+
+import pytest
+
+from quantize.errors import UsageError
+from quantize.io import decode_text, read_user_file, read_user_text
+
+
+def test_a_regular_file_is_read_whole(tmp_path):
+    f = tmp_path / "a.yaml"
+    f.write_bytes(b"x: 1\n")
+    assert read_user_file(f, "recipe file", 100) == b"x: 1\n"
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="not a regular file"):
+        read_user_file(fifo, "recipe file", 100)
+
+
+def test_a_device_that_never_ends_is_refused():
+    with pytest.raises(UsageError, match="not a regular file"):
+        read_user_file("/dev/zero", "verdict file", 100)
+
+
+def test_a_folder_and_a_missing_file_are_refused(tmp_path):
+    with pytest.raises(UsageError, match="folder"):
+        read_user_file(tmp_path, "policy file", 100)
+    with pytest.raises(UsageError, match="does not exist"):
+        read_user_file(tmp_path / "nope", "policy file", 100)
+
+
+def test_the_size_cap_holds_before_reading(tmp_path):
+    f = tmp_path / "big"
+    f.write_bytes(b"a" * 101)
+    with pytest.raises(UsageError, match="101 bytes; at most 100"):
+        read_user_file(f, "suite file", 100)
+    assert read_user_file(f, "suite file", 101) == b"a" * 101
+
+
+def test_a_link_is_followed_only_where_allowed(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"HF_TOKEN=hf_x")
+    link = tmp_path / "README.md"
+    link.symlink_to(secret)
+    assert read_user_file(link, "card", 100) == b"HF_TOKEN=hf_x"
+    with pytest.raises(UsageError, match="symbolic link"):
+        read_user_file(link, "card", 100, follow_links=False)
+
+
+def test_strict_decoding_names_line_and_column():
+    with pytest.raises(UsageError, match=r"line 2, column 3"):
+        decode_text(b"ok\nab\xffc\n", "golden items")
+    with pytest.raises(UsageError, match="not UTF-8"):
+        decode_text("\ud800".encode("utf-8", "surrogatepass"), "recipe")
+    assert decode_text("é\n".encode(), "x") == "é\n"
+
+
+def test_read_user_text_decodes(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_bytes(b"\xc3")
+    with pytest.raises(UsageError, match="t.txt is not UTF-8"):
+        read_user_text(f, "calibration file", 10)
