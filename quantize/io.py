@@ -210,13 +210,15 @@ def read_user_file(path: str | Path, what: str, max_bytes: int, *, follow_links:
                 f"{what} {p} is a symbolic link, which is never followed here; put the file itself there{tail}"
             ) from None
         raise UsageError(f"{what} {p} cannot be read ({e.strerror}){tail}") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{what} {p} is a folder, not a file{tail}")
         if not stat.S_ISREG(st.st_mode):
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a pipe, a device or a socket)"
-            raise UsageError(f"{what} {p} is {kind}; give a regular file{tail}")
-        if st.st_size > max_bytes:
-            raise UsageError(f"{what} {p} is {st.st_size:,} bytes; at most {max_bytes:,} are read here{tail}")
+            raise UsageError(f"{what} {p} is not a regular file (a pipe, a device or a socket); give a file{tail}")
+        raise UsageError(f"{what} {p} is {st.st_size:,} bytes; at most {max_bytes:,} are read here{tail}")
+    with os.fdopen(fd, "rb") as fh:
         raw = fh.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise UsageError(f"{what} {p} is more than {max_bytes:,} bytes; at most {max_bytes:,} are read here{tail}")
