@@ -1,7 +1,8 @@
 """The output kinds a golden-set task can have (lm-eval's `output_type`), in one registry: each kind's
 records, how an item is read from lm-eval's sample, the task summary, the baseline's margin on an item (the
 sequential gate's stratum), the metrics a rule may name, and its headline figure for display. Evaluation,
-gates and the report read what a kind is here; adding a kind touches this module and its records.
+gates and the report read what a kind is here; adding a kind touches this module and its records, and
+`golden new`'s JSONL templates (golden/new.py, which names the kinds a user writes items of: not yet from here).
 
     multiple_choice        score = acc (0/1): the gold choice has the highest log-likelihood; lls of every choice
     loglikelihood          score = 1 if the target is the greedy continuation; ll = log p(target | context)

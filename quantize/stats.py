@@ -4,8 +4,10 @@ evaluation code (agreement SEs) and the gate (decisions).
 For items i = 1..n scored by baseline and candidate on the same golden items:
 
     Dᵢ = s_candᵢ − s_baseᵢ,   Δ = mean(D)
-    paired SE    = sd(D) / √n
+    paired SE    = sd(D) / √n; for right/wrong items (Dᵢ ∈ {−1, 0, 1}) Agresti–Min's instead:
+                   √((b+½ + c+½) − (c − b)²/(n+2)) / (n+2), b, c the flips right→wrong, wrong→right
     clustered SE = √( G/(G−1) · (1/n²) · Σ_c (Σ_{i∈c} (Dᵢ − Δ))² )   over G clusters
+    SE = max(paired SE, clustered SE) when items share clusters (G < n), else the paired SE
     LB = Δ − z₁₋α·SE: pass if LB > −m; regression if Δ + z₁₋α·SE < 0 and Δ < −m; else inconclusive
     n needed ≈ (z₁₋α + z₁₋β)² · σ_D² / m²
 
@@ -106,7 +108,7 @@ class Comparison:
     delta: float
     se_paired: float
     se_clustered: float
-    se: float  # the one used: clustered when items share clusters
+    se: float  # the one used: max(paired, clustered) when items share clusters, else paired
     lower: float
     upper: float
     verdict: RuleOutcome

@@ -50,7 +50,7 @@ class Request:
     id: str
     task: str
     cluster: str
-    context: str | None  # None: a rolling document, every token scored
+    context: str | None  # None: a rolling document, its last max_length tokens scored
     continuation: str
 
 
@@ -58,7 +58,7 @@ def requests(golden: GoldenSet, tasks: list[str], per_task: int) -> list[Request
     """The first `per_task` items of each task (manifest order is already a seeded shuffle), as lm-eval
     builds them: its prompt (few-shot examples included) and the gold continuation. A multiple-choice
     item contributes its gold choice, a generation item its reference answer (teacher-forced), a
-    rolling document every token."""
+    rolling document its tokens (the scorer keeps a document's last max_length tokens)."""
     import tempfile
 
     from lm_eval.tasks import TaskManager, get_task_dict

@@ -1,6 +1,7 @@
 """Damage of quantizing one layer group alone: mean KL to the baseline on golden agreement items.
 
-With the baseline loaded once (float32), each unit's Linear weights W (out × in) are replaced in place by
+With the baseline loaded once (in the suite's scoring dtype: float32 on a CPU unless the suite says `dtype:`), each
+unit's Linear weights W (out × in) are replaced in place by
 their round-to-nearest fake quantization Q(W), the rounding `quantize run` applies with method rtn
 (compressed-tensors' min-max scales: s = max|W_g| / (2^(b−1) − ½) per group g, Q(W) = s·clamp(round(W/s))),
 the agreement items are scored, and W is restored. The damage is the mean KL lower bound against the
