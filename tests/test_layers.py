@@ -76,6 +76,7 @@ RULES = [
         "golden sets are data the stages read",
     ),
     ("quantize.cost", (*MODEL_LOADING, "quantize.gates", "quantize.flows"), "cost is arithmetic over bytes"),
+    ("quantize.compat", (*STAGES, "quantize.golden", "quantize.sweep"), "compat wraps libraries, not stages"),
 ]
 
 # (what, who may import it directly, why): a name imported, or reached as an attribute of an imported module
@@ -234,6 +235,7 @@ def test_packages_depend_one_way():
         {"quantize.search.run": {"quantize.evaluate.agreement", "quantize.gates.policy"}},  # evaluation meets gates
         {"quantize.convert.engine": {"quantize.convert.backends.gptqmodel"}},  # the engine naming a backend
         {"quantize.convert.engine": {"llmcompressor"}},
+        {"quantize.compat.compressed_tensors": {"quantize.checkpoint.qdq"}},  # compat reaching into a stage
     ],
 )
 def test_each_rule_catches_a_planted_violation(planted):

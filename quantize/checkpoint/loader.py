@@ -249,10 +249,6 @@ def load_model(
     check_against_meta(path, trust_remote_code)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantize.checkpoint import qdq
-
-    qdq.install()  # the library's fake quantization, sooner on a CPU (same bits)
-
     try:
         with loadable_view(path) as src:  # a pre-integration GPTQ/AWQ layout, as transformers reads one
             tok = AutoTokenizer.from_pretrained(str(src), trust_remote_code=trust_remote_code)

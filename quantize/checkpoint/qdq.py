@@ -16,21 +16,41 @@ Gated with gates/ci-bf16.yaml on this host, one after the other (benchmarks/resu
 same verdicts and looks: FP8 static 248.0 -> 169.5 s, SmoothQuant W8A8 148.8 -> 127.3 s, FP8 block (30 of 210
 linears quantized) 127.9 -> 136.0 s (within this host's noise).
 
-`install()` puts `rounded` in the library's place (`forward_helpers.round_to_quantized_type_args`, the one name
-its quantize and quantize-dequantize paths call). Where a bound is not a single number the tensor's dtype holds
-exactly, where the result stays in E4M3 (compression), or where a gradient is to flow through it, it calls the
-library's own function.
+`installed()` puts `rounded` in the library's place (`forward_helpers.round_to_quantized_type_args`, the one name
+its quantize and quantize-dequantize paths call; quantize/compat/compressed_tensors.py guards that assumption) for
+the length of a forward pass, and restores it after: nothing outside this project's own forwards sees it. Where a
+bound is not a single number the tensor's dtype holds exactly, where the result stays in E4M3 (compression), or
+where a gradient is to flow through it, it calls the library's own function. Where a guarded assumption no longer
+holds (another compressed-tensors), nothing is replaced and a warning says so: the library's own bits, slower.
 tests/checkpoint/test_qdq.py holds it to the library's bits for every type, width and dtype the formats use,
 NaN, infinities, ties and subnormals included."""
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
-_LIBRARY: Any = None  # compressed-tensors' own round_to_quantized_type_args, once install() has run
+from quantize.compat import compressed_tensors as ct
+
+# False inside library_only(): installed() then leaves the library's own function in place (a context variable,
+# so a block in one thread or task does not change another's).
+_FASTER = contextvars.ContextVar("quantize_qdq_faster", default=True)
+
+
+@functools.cache
+def library() -> Any:
+    """compressed-tensors' own round_to_quantized_type_args, read once before anything replaces it."""
+    return ct.library_round()
+
+
+@functools.cache
+def _unusable() -> tuple[str, ...]:
+    """The guarded assumptions that do not hold here (checked once per process)."""
+    return tuple(ct.problems())
 
 
 @functools.cache
@@ -68,7 +88,7 @@ def rounded(tensor: Any, args: Any, min: Any, max: Any, cast_to_original_dtype: 
     fp8 = args.type == QuantizationType.FLOAT and args.num_bits == 8
     grad = torch.is_grad_enabled() and tensor.requires_grad  # the table passes no gradient; the library's cast does
     if lo is None or hi is None or (fp8 and not cast_to_original_dtype) or not dtype.is_floating_point or grad:
-        return _LIBRARY(tensor, args, min, max, cast_to_original_dtype)
+        return library()(tensor, args, min, max, cast_to_original_dtype)
     t = torch.clamp(tensor, lo, hi)
     if fp8:
         codes = t.to(FP8_E4M3_DATA.dtype).view(torch.uint8)
@@ -78,29 +98,36 @@ def rounded(tensor: Any, args: Any, min: Any, max: Any, cast_to_original_dtype: 
     elif args.type == QuantizationType.INT:
         out = torch.round(t)
     else:
-        return _LIBRARY(tensor, args, min, max, cast_to_original_dtype)
+        return library()(tensor, args, min, max, cast_to_original_dtype)
     return out.to(dtype) if cast_to_original_dtype else out
 
 
-def install() -> None:
-    """Route compressed-tensors' fake quantization through `rounded` in this process (idempotent)."""
-    global _LIBRARY
-    from compressed_tensors.quantization.lifecycle import forward_helpers
-
-    if _LIBRARY is None:
-        _LIBRARY = forward_helpers.round_to_quantized_type_args
-        forward_helpers.round_to_quantized_type_args = rounded
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """`rounded` in compressed-tensors' place while the block runs (one forward pass), then what was there before.
+    Nested blocks and library_only() leave things as they are."""
+    if not _FASTER.get() or ct.library_round() is rounded:
+        yield
+        return
+    if _unusable():
+        warnings.warn(
+            "quantize: compressed-tensors' fake quantization is used as it is (slower, the same bits), since "
+            + "; ".join(_unusable()),
+            stacklevel=3,
+        )
+        yield
+        return
+    library()  # read before the swap
+    with ct.replaced(rounded):
+        yield
 
 
 @contextlib.contextmanager
 def library_only() -> Iterator[None]:
-    """compressed-tensors' own function in place while the block runs, whether or not install() has run
-    (benchmarks/gate_time.py times plain lm-eval as users run it, in a process that has installed `rounded`)."""
-    from compressed_tensors.quantization.lifecycle import forward_helpers
-
-    current = forward_helpers.round_to_quantized_type_args
-    forward_helpers.round_to_quantized_type_args = _LIBRARY or current
+    """compressed-tensors' own function throughout the block: installed() inside it changes nothing
+    (benchmarks/gate_time.py times plain lm-eval as users run it)."""
+    token = _FASTER.set(False)
     try:
         yield
     finally:
-        forward_helpers.round_to_quantized_type_args = current
+        _FASTER.reset(token)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quantize.checkpoint import qdq
 from quantize.checkpoint.loader import load_model
 from quantize.errors import RuntimeFailure
 from quantize.records import FiniteCheck
@@ -26,7 +27,7 @@ def first_nonfinite_module(model: Any, input_ids: Any) -> str | None:
 
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), qdq.installed():
             model(input_ids=input_ids)
     finally:
         for h in handles:
@@ -38,7 +39,7 @@ def check_finite(model: Any, input_ids: Any, stage: str) -> FiniteCheck:
     """Logits on a few calibration rows must be finite; otherwise name the first bad layer."""
     import torch
 
-    with torch.no_grad():
+    with torch.no_grad(), qdq.installed():
         logits = model(input_ids=input_ids).logits  # (B, T, V)
     ok = bool(torch.isfinite(logits).all())
     if not ok:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize import cache
+from quantize.checkpoint import qdq
 from quantize.checkpoint.files import identity_sha256
 from quantize.checkpoint.loader import LastModel, device
 from quantize.errors import RuntimeFailure, UsageError
@@ -124,7 +125,7 @@ class Scorer:
                 ids[j, : len(s)] = torch.tensor(s)
                 mask[j, : len(s)] = 1
             ids, mask = ids.to(self.model.device), mask.to(self.model.device)
-            with torch.no_grad():
+            with torch.no_grad(), qdq.installed():
                 logits = self.model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
             for j, i in enumerate(idx):
                 # the token at position t is predicted by the logits at t − 1

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from pydantic import TypeAdapter
 
 from quantize import cache
+from quantize.checkpoint import qdq
 from quantize.checkpoint.files import check_loadable, check_model_dir, identity_sha256, loadable_view, weights_sha256
 from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.loader import device as pick_device
@@ -257,22 +258,23 @@ def run_lm_eval(
         ids = golden.manifest.smoke_ids if s.subset == "smoke" else None
         include = lm_eval_tasks(golden, Path(tmp), ids=ids)
         try:
-            r = simple_evaluate(
-                **model,
-                tasks=tasks,
-                samples={t: samples[t] for t in tasks} if samples is not None else None,
-                task_manager=TaskManager(include_path=str(include), include_defaults=False),
-                batch_size=s.batch_size,
-                device=device,
-                log_samples=True,
-                random_seed=s.seed,
-                numpy_random_seed=s.seed,
-                torch_random_seed=s.seed,
-                fewshot_random_seed=s.seed,
-                # our own statistics come from the per-item records; lm-eval's bootstrap stderr forks a
-                # multiprocessing pool inside a threaded torch process, which can deadlock
-                bootstrap_iters=0,
-            )
+            with qdq.installed():  # compressed-tensors' fake quantization, sooner on a CPU (same bits)
+                r = simple_evaluate(
+                    **model,
+                    tasks=tasks,
+                    samples={t: samples[t] for t in tasks} if samples is not None else None,
+                    task_manager=TaskManager(include_path=str(include), include_defaults=False),
+                    batch_size=s.batch_size,
+                    device=device,
+                    log_samples=True,
+                    random_seed=s.seed,
+                    numpy_random_seed=s.seed,
+                    torch_random_seed=s.seed,
+                    fewshot_random_seed=s.seed,
+                    # our own statistics come from the per-item records; lm-eval's bootstrap stderr forks a
+                    # multiprocessing pool inside a threaded torch process, which can deadlock
+                    bootstrap_iters=0,
+                )
         except (OSError, ValueError) as e:
             raise RuntimeFailure(f"lm-eval could not score {ckpt}: {e}") from e
     wall = time.perf_counter() - t0

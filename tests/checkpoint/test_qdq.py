@@ -44,12 +44,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def test_rounded_is_the_librarys_clamp_and_round_bit_for_bit(grid, dtype):
     """The same bits as compressed-tensors' own function, NaN payloads, signed zeros and ties included, scaled
     as fake quantization divides: x / s for a few scales s."""
-    qdq.install()
     args = GRIDS[grid]
     lo, hi = calculate_range(args, "cpu")
     for s in (1.0, 0.0177, 3.0):
         x = _values(dtype) / torch.tensor(s, dtype=dtype)
-        want = qdq._LIBRARY(x, args, lo, hi)
+        want = qdq.library()(x, args, lo, hi)
         got = qdq.rounded(x, args, lo, hi)
         assert got.dtype == want.dtype == dtype
         assert torch.equal(_bits(got), _bits(want)), (grid, dtype, s)
@@ -58,31 +57,46 @@ def test_rounded_is_the_librarys_clamp_and_round_bit_for_bit(grid, dtype):
 def test_what_it_does_not_speed_up_is_the_librarys_own_result():
     """E4M3 kept as E4M3 (compression) and bounds per element, or not numbers of the tensor's dtype, are the
     library's own."""
-    qdq.install()
     args = GRIDS["E4M3"]
     lo, hi = calculate_range(args, "cpu")
     x = _values(torch.bfloat16)
     kept = qdq.rounded(x, args, lo, hi, cast_to_original_dtype=False)
     assert kept.dtype == torch.float8_e4m3fn
-    assert torch.equal(_bits(kept), _bits(qdq._LIBRARY(x, args, lo, hi, cast_to_original_dtype=False)))
+    assert torch.equal(_bits(kept), _bits(qdq.library()(x, args, lo, hi, cast_to_original_dtype=False)))
     per_element = torch.full_like(x, 2.0, dtype=torch.float32)
     got = qdq.rounded(x, args, -per_element, per_element)
-    assert torch.equal(_bits(got), _bits(qdq._LIBRARY(x, args, -per_element, per_element)))
+    assert torch.equal(_bits(got), _bits(qdq.library()(x, args, -per_element, per_element)))
     assert qdq._bound(torch.tensor(0.1), torch.bfloat16) is None  # not a bf16 number: the library clamps
     x = torch.tensor([0.3, -2.0, 500.0], requires_grad=True)  # a gradient to flow: the library's cast carries it
     rounded = qdq.rounded(x, args, lo, hi)
     rounded.sum().backward()
-    assert torch.equal(rounded, qdq._LIBRARY(x, args, lo, hi)) and torch.equal(x.grad, torch.tensor([1.0, 1.0, 0.0]))
+    assert torch.equal(rounded, qdq.library()(x, args, lo, hi)) and torch.equal(x.grad, torch.tensor([1.0, 1.0, 0.0]))
 
 
-def test_install_routes_the_librarys_fake_quantization_once_and_library_only_puts_it_back():
-    qdq.install()
-    qdq.install()
-    assert forward_helpers.round_to_quantized_type_args is qdq.rounded
-    assert qdq._LIBRARY is not qdq.rounded and qdq._LIBRARY.__module__.startswith("compressed_tensors")
-    with qdq.library_only():
-        assert forward_helpers.round_to_quantized_type_args is qdq._LIBRARY
-    assert forward_helpers.round_to_quantized_type_args is qdq.rounded
+def test_installed_replaces_the_librarys_rounding_only_inside_the_block_and_restores_it():
+    """The faster rounding is in place for a forward pass and gone after it, also when the block raises, nested
+    blocks included; inside library_only() it is never put in place."""
+    own = forward_helpers.round_to_quantized_type_args
+    assert own is qdq.library() and own.__module__.startswith("compressed_tensors")
+    with qdq.installed():
+        assert forward_helpers.round_to_quantized_type_args is qdq.rounded
+        with qdq.installed():
+            assert forward_helpers.round_to_quantized_type_args is qdq.rounded
+        assert forward_helpers.round_to_quantized_type_args is qdq.rounded
+    assert forward_helpers.round_to_quantized_type_args is own
+    with pytest.raises(KeyError), qdq.installed():
+        raise KeyError("a scoring call that fails")
+    assert forward_helpers.round_to_quantized_type_args is own
+    with qdq.library_only(), qdq.installed():
+        assert forward_helpers.round_to_quantized_type_args is own
+
+
+def test_loading_a_model_leaves_compressed_tensors_as_it_is(tmp_path, tiny_model):
+    """Loading changes no library function process-wide (it did, for good, before the scoped install)."""
+    from quantize.checkpoint.loader import load_model
+
+    load_model(tiny_model, dtype="float32", on="cpu")
+    assert forward_helpers.round_to_quantized_type_args is qdq.library()
 
 
 @pytest.mark.parametrize(
@@ -105,7 +119,7 @@ def test_a_quantized_checkpoints_logits_are_the_librarys(tmp_path, tiny_model, c
     run_ok(write_recipe(tmp_path, tiny_model, name, **fields), capsys)
     model, _ = LastModel().get(tmp_path / "out" / name, dtype="bfloat16", on="cpu")
     ids = torch.tensor([[1, 5, 9, 2, 7, 3, 11, 4] * 4, [4, 11, 3, 7, 2, 9, 5, 1] * 4])
-    library, calls = qdq._LIBRARY, {"fast": 0, "library": 0}
+    library, calls = qdq.library(), {"fast": 0, "library": 0}
 
     def counting(key, fn):
         def call(*a, **k):
@@ -115,7 +129,7 @@ def test_a_quantized_checkpoints_logits_are_the_librarys(tmp_path, tiny_model, c
         return call
 
     with torch.no_grad():
-        monkeypatch.setattr(qdq, "_LIBRARY", counting("handed back", library), raising=True)
+        monkeypatch.setattr(qdq, "library", lambda: counting("handed back", library), raising=True)
         monkeypatch.setattr(forward_helpers, "round_to_quantized_type_args", counting("fast", qdq.rounded))
         fast = model(input_ids=ids).logits
         monkeypatch.setattr(forward_helpers, "round_to_quantized_type_args", counting("library", library))

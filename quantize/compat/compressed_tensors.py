@@ -1,0 +1,66 @@
+"""compressed-tensors' internals this project relies on (checked on 0.19.0).
+
+- `quantization.lifecycle.forward_helpers.round_to_quantized_type_args(tensor, args, min, max,
+  cast_to_original_dtype=True)`: the one clamp-and-round that its quantize and quantize-dequantize paths look up on
+  the module at call time, so replacing the module attribute reroutes both (checkpoint/qdq.py puts a faster one
+  with the same bits there for the length of a forward pass).
+
+`problems()` lists every guarded assumption that does not hold in the installed version; `replaced(fn)` swaps the
+function in for a block and restores what was there, nested or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from importlib.metadata import version
+from typing import Any
+
+CHECKED = ((0, 19), (0, 20))  # [from, to): the versions the assumptions above were read on
+ROUND_PARAMS = ("tensor", "args", "min", "max", "cast_to_original_dtype")
+
+
+def _release(v: str) -> tuple[int, int]:
+    major, minor = (v.split("+")[0].split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def problems() -> list[str]:
+    """What no longer holds: the version outside CHECKED, the function missing or with other parameters."""
+    found = []
+    v = version("compressed-tensors")
+    if not CHECKED[0] <= _release(v) < CHECKED[1]:
+        found.append(f"compressed-tensors {v} is outside the checked range {CHECKED[0]}-{CHECKED[1]} (exclusive)")
+    try:
+        from compressed_tensors.quantization.lifecycle import forward_helpers
+    except ImportError as e:
+        return [*found, f"compressed_tensors.quantization.lifecycle.forward_helpers cannot be imported: {e}"]
+    fn = getattr(forward_helpers, "round_to_quantized_type_args", None)
+    if fn is None:
+        return [*found, "forward_helpers.round_to_quantized_type_args is gone"]
+    params = tuple(inspect.signature(getattr(fn, "__wrapped__", fn)).parameters)
+    if params != ROUND_PARAMS:
+        found.append(f"round_to_quantized_type_args takes {params}, checked on {ROUND_PARAMS}")
+    return found
+
+
+def library_round() -> Callable[..., Any]:
+    """The function compressed-tensors' fake quantization calls now."""
+    from compressed_tensors.quantization.lifecycle import forward_helpers
+
+    return forward_helpers.round_to_quantized_type_args
+
+
+@contextlib.contextmanager
+def replaced(fn: Callable[..., Any]) -> Iterator[None]:
+    """`fn` in place of `round_to_quantized_type_args` while the block runs; what was there before is restored
+    after, however the block ends."""
+    from compressed_tensors.quantization.lifecycle import forward_helpers
+
+    before = forward_helpers.round_to_quantized_type_args
+    forward_helpers.round_to_quantized_type_args = fn
+    try:
+        yield
+    finally:
+        forward_helpers.round_to_quantized_type_args = before

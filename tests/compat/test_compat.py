@@ -1,0 +1,43 @@
+"""quantize/compat: every guarded assumption about another library's internals holds on the pinned versions, and a
+broken one is found (not silently worked around)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("compressed_tensors")
+
+from compressed_tensors.quantization.lifecycle import forward_helpers
+
+from quantize.checkpoint import qdq
+from quantize.compat import compressed_tensors as ct
+
+
+def test_compressed_tensors_assumptions_hold_on_the_pinned_version():
+    """Fails loudly when an upgrade moves, renames or re-signs the function qdq replaces: read
+    quantize/compat/compressed_tensors.py, check the new version, then widen CHECKED."""
+    assert ct.problems() == []
+
+
+def test_a_changed_signature_and_another_version_are_found(monkeypatch):
+    def other(tensor, args, lo, hi):  # a parameter renamed upstream
+        return tensor
+
+    monkeypatch.setattr(forward_helpers, "round_to_quantized_type_args", other)
+    assert any("takes" in p for p in ct.problems())
+    monkeypatch.setattr(ct, "version", lambda _name: "0.21.0")
+    assert any("outside the checked range" in p for p in ct.problems())
+
+
+def test_a_broken_assumption_keeps_the_librarys_function_and_says_so(monkeypatch):
+    monkeypatch.setattr(qdq, "_unusable", lambda: ("compressed-tensors 9.9 is outside the checked range",))
+    own = forward_helpers.round_to_quantized_type_args
+    with pytest.warns(UserWarning, match="outside the checked range"), qdq.installed():
+        assert forward_helpers.round_to_quantized_type_args is own
+
+
+def test_replaced_restores_what_was_there():
+    own = forward_helpers.round_to_quantized_type_args
+    with ct.replaced(len):
+        assert forward_helpers.round_to_quantized_type_args is len
+    assert forward_helpers.round_to_quantized_type_args is own
