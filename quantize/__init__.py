@@ -1,3 +1,32 @@
 """quantize: recipe-driven LLM quantization with true bits-per-weight accounting and a quality gate."""
 
 __version__ = "0.1.0"
+
+from quantize.api import (  # the Python API (docs/api.md); importing it loads no heavy library
+    Converted,
+    agree,
+    decode_cost,
+    gate,
+    inspect,
+    run,
+    run_search,
+    run_sweep,
+    score,
+    write_report,
+)
+from quantize.errors import RuntimeFailure, UsageError
+
+__all__ = [
+    "Converted",
+    "RuntimeFailure",
+    "UsageError",
+    "agree",
+    "decode_cost",
+    "gate",
+    "inspect",
+    "run",
+    "run_search",
+    "run_sweep",
+    "score",
+    "write_report",
+]

@@ -119,6 +119,12 @@ def tidy_leftovers(out: Path, clean: bool) -> list[str]:
     return said
 
 
+def recipe_sha256(recipe: Recipe) -> str:
+    """The sha256 of a recipe given as an object, not a file (the Python API): its resolved form's, the same
+    hash quantize.json records as `resolved_sha256`."""
+    return sha256_json(resolved_dict(recipe))
+
+
 def convert(
     recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, force: bool = False, quiet: bool = False
 ) -> RunRecord:

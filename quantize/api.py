@@ -1,0 +1,230 @@
+"""The Python API: every command of the `quantize` CLI as a function that returns the record the CLI prints or
+writes (docs/api.md). Arguments are paths, or for recipes an already validated `Recipe`; results are the typed
+records of quantize/records.py (and the checkpoint's `BitsReport`, the cost's `TokenCost`); a bad input raises
+`UsageError` (what exit 2 means on the command line), a failure of the work `RuntimeFailure` (exit 3), with the
+same messages the CLI prints.
+
+Importing this module (or `quantize`) imports no heavy library: each function imports its stage when called.
+The stages' own packages are `quantize.evaluate`, `quantize.report`, `quantize.search`, `quantize.sweep` and
+`quantize.cost`, so the functions for those commands are named `score`, `write_report`, `run_search`,
+`run_sweep` and `decode_cost`: a function named like a package would be replaced by the package as soon as
+anything imports it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantize.errors import UsageError
+
+if TYPE_CHECKING:
+    from quantize.checkpoint.accounting import BitsReport
+    from quantize.convert.recipe import Recipe
+    from quantize.cost.bounds import TokenCost, Workload
+    from quantize.records import AgreementResult, RunRecord, ScoreDoc, SearchReport, SweepRecord, Verdict
+
+PathLike = str | Path
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What `run` made: the output folder and its quantize.json record."""
+
+    output: Path
+    record: RunRecord
+
+
+def run(
+    recipe: PathLike | Recipe,
+    *,
+    output: PathLike | None = None,
+    force: bool = False,
+    clean: bool = False,
+    quiet: bool = True,
+) -> Converted:
+    """`quantize run`: convert a model with a recipe (a YAML path, or a Recipe from `quantize.convert.recipe.
+    parse_recipe`), write the checkpoint atomically into `output` (default: the recipe's `output:`/name) and
+    return its folder and record. `clean`: remove what killed runs left beside the output first (otherwise they
+    are reported as warnings). A recipe with `trust_remote_code: true` warns (UserWarning) before it loads."""
+    from pydantic import BaseModel
+
+    from quantize.convert.engine import convert, output_dir, recipe_sha256, tidy_leftovers
+    from quantize.convert.recipe import load_recipe
+
+    if isinstance(recipe, (str, Path)):
+        r, sha = load_recipe(recipe)
+        origin = str(recipe)
+    elif isinstance(recipe, BaseModel):  # one of the Recipe union's methods, validated by parse_recipe
+        if recipe.name is None:
+            raise UsageError("a Recipe given as an object needs `name:` (a file's name comes from the file)")
+        r, sha, origin = recipe, recipe_sha256(recipe), "<python>"
+    else:
+        raise UsageError(f"recipe must be a path or a Recipe, got {type(recipe).__name__}")
+    out = output_dir(r, None if output is None else str(output))
+    for line in tidy_leftovers(out, clean):
+        warnings.warn(line, stacklevel=2)
+    if r.trust_remote_code:
+        warnings.warn(
+            f"trust_remote_code is on: {r.model or 'the model'}'s own Python code will run at load", stacklevel=2
+        )
+    return Converted(out, convert(r, sha, origin, out, force=force, quiet=quiet))
+
+
+def inspect(checkpoint: PathLike) -> BitsReport:
+    """`quantize inspect`: true bits per weight from the safetensors headers alone (no weight is read)."""
+    from quantize.checkpoint.accounting import bits_report
+
+    return bits_report(checkpoint)
+
+
+def score(
+    suite: PathLike, checkpoint: PathLike, *, refresh: bool = False, trust_remote_code: bool = False, quiet: bool = True
+) -> ScoreDoc:
+    """`quantize eval`: lm-eval on the suite's golden tasks, per-item records included, cached by the
+    checkpoint's identity (`refresh`: score again). A bad suite raises before lm-eval is imported."""
+    from quantize.suite import open_suite
+
+    opened = open_suite(suite)
+    from quantize.evaluate.score import score as run_score
+    from quantize.quiet import quiet_libraries
+
+    with quiet_libraries(quiet):
+        doc, _cached = run_score(opened, checkpoint, refresh=refresh, trust_remote_code=trust_remote_code)
+    return doc
+
+
+def agree(
+    suite: PathLike,
+    baseline: PathLike,
+    candidates: Sequence[PathLike],
+    *,
+    trust_remote_code: bool = False,
+    quiet: bool = True,
+) -> list[tuple[Path, AgreementResult]]:
+    """`quantize agree`: each candidate's token agreement (KL, top-1) with the baseline on the suite's agreement
+    items. A folder of checkpoints (such as outputs/) stands for every checkpoint inside it; a candidate that
+    cannot be measured against this baseline is left out with a UserWarning saying why."""
+    from quantize.flows.agree import agree_many
+
+    a = agree_many(suite, Path(baseline), [str(c) for c in candidates], trust_remote_code, quiet)
+    for line in a.skipped:
+        warnings.warn(line, stacklevel=2)
+    return a.results
+
+
+def gate(
+    policy: PathLike,
+    baseline: PathLike,
+    candidate: PathLike,
+    *,
+    junit: PathLike | None = None,
+    card: bool = False,
+    trust_remote_code: bool = False,
+    quiet: bool = True,
+) -> Verdict:
+    """`quantize gate`: the candidate against the baseline under the policy. Returns the Verdict (its
+    `exit_code` is the CLI's: 0 pass, 1 rejected or inconclusive); a rejection is a verdict, not an exception.
+    `junit`: also write JUnit XML there (checked writable before anything is scored); `card`: write the verdict
+    into the candidate folder's model card."""
+    from quantize.flows.gate import run_gate, save_verdict
+    from quantize.io import check_writable
+    from quantize.quiet import quiet_libraries
+
+    if junit is not None:
+        check_writable(Path(junit), "junit")
+    if card and not Path(candidate).is_dir():
+        raise UsageError(f"card=True writes the candidate's model card, and {candidate} is no checkpoint folder")
+    with quiet_libraries(quiet):
+        v = run_gate(policy, baseline, candidate, trust_remote_code=trust_remote_code)
+    save_verdict(v, Path(junit) if junit is not None else None, card=Path(candidate) if card else None)
+    return v
+
+
+def write_report(
+    checkpoints: Sequence[PathLike],
+    out: PathLike,
+    *,
+    baseline: PathLike | None = None,
+    policy: PathLike | None = None,
+    suite: PathLike | None = None,
+    x: str = "bits",
+    hardware: str = "seed",
+) -> dict[str, Any]:
+    """`quantize report`: the bytes-versus-accuracy report (Markdown, HTML, plots) of the checkpoints (folders of
+    checkpoints stand for those inside) into `out`; returns what `--json` prints."""
+    from quantize.checkpoint.files import checkpoint_folders
+    from quantize.report.collect import collect, report_suite
+    from quantize.report.render import write_report as render_report
+
+    hw = _hardware(hardware)
+    suite_path = report_suite(None if suite is None else str(suite), None if policy is None else str(policy))
+    entries = collect(
+        checkpoint_folders([str(c) for c in checkpoints]),
+        suite_path,
+        Path(baseline) if baseline is not None else None,
+        None if policy is None else str(policy),
+        hw,
+    )
+    return render_report(entries, Path(out), x, suite_path, hardware)
+
+
+def decode_cost(checkpoint: PathLike, *, hardware: str = "seed", workload: Workload | None = None) -> TokenCost:
+    """`quantize cost --checkpoint`: decode lower bounds from a checkpoint's measured bytes (weights and KV cache)
+    on `hardware` (a name of `quantize.cost.bounds.HARDWARE`) for `workload` (default: the CLI's defaults,
+    context 2,048, batch 32)."""
+    from quantize.cost import bounds
+
+    work = workload or bounds.Workload()
+    return bounds.checkpoint_cost(Path(checkpoint), _hardware(hardware), work)
+
+
+def run_search(
+    spec: PathLike,
+    budget: float | Sequence[float] | None = None,
+    *,
+    policy: PathLike | None = None,
+    quiet: bool = True,
+) -> SearchReport:
+    """`quantize search`: the smallest mixed-precision checkpoint under each `budget` (bits per weight; default:
+    the spec's) that passes the policy (default: the spec's). Returns the SearchReport (`result` is None when
+    nothing passed: the CLI's exit 1)."""
+    from quantize.search.run import run_search as search
+
+    budgets = None if budget is None else [float(budget)] if isinstance(budget, (int, float)) else list(budget)
+    return search(str(spec), budgets, quiet=quiet, policy=None if policy is None else str(policy))
+
+
+def run_sweep(
+    sweep: PathLike, *, address: str | None = None, max_parallel: int | None = None, clean: bool = False
+) -> SweepRecord:
+    """`quantize sweep`: every recipe of the sweep file converted and gated on a Ray cluster (a local one by
+    default); returns the SweepRecord (its `exit_code` is the CLI's). Needs the `cluster` extra."""
+    from quantize.sweep.run import run_sweep as sweep_run
+
+    return sweep_run(sweep, address, max_parallel, clean)
+
+
+def _hardware(name: str) -> Any:
+    from quantize.cost import bounds
+
+    if name not in bounds.HARDWARE:
+        raise UsageError(f"hardware {name!r} is unknown; choose one of {', '.join(bounds.HARDWARE)}")
+    return bounds.HARDWARE[name]
+
+
+__all__ = [
+    "Converted",
+    "agree",
+    "decode_cost",
+    "gate",
+    "inspect",
+    "run",
+    "run_search",
+    "run_sweep",
+    "score",
+    "write_report",
+]
