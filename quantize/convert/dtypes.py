@@ -1,5 +1,6 @@
-"""Which dtype to calibrate in (chosen from what the machine does well), and casting a float32-calibrated
-checkpoint back to the source dtype."""
+"""Which dtype to calibrate in (the recipe's, or a default that depends on the recipe and the checkpoint only; a
+CPU probe may suggest another, never choose it), and casting a float32-calibrated checkpoint back to the source
+dtype."""
 
 from __future__ import annotations
 
@@ -36,15 +37,15 @@ def bf16_speedup(tokens: int = 512, d_in: int = 576, d_out: int = 1536, repeats:
     return best(torch.float32) / best(torch.bfloat16)
 
 
-# bf16 is chosen on a CPU only when it is clearly faster: the probe is a timing on a shared machine
+# below this, the probe suggests float32 for a bf16 checkpoint on a CPU (a timing on a shared machine)
 BF16_FAST = 1.5
 
 
 def machine_bf16_speedup() -> tuple[float, bool]:
-    """`bf16_speedup` measured once per boot of this machine and kept in the cache (cache.py `probes`), so every
-    conversion here calibrates in the same dtype whatever runs beside it: a timing taken while another job shared
-    the cores measured 1.34 where the idle machine measures 2.3, and flipped a conversion to float32 (other
-    weights from the same recipe). Returns the speed-up and whether it was measured just now."""
+    """`bf16_speedup` measured once per boot of this machine and kept in the cache (cache.py `probes`), so the
+    suggestion it makes does not change with what runs beside it (a timing taken while another job shared the
+    cores measured 1.34 where the idle machine measures 2.3). Returns the speed-up and whether it was measured
+    just now."""
     from quantize import cache
 
     if (found := cache.lookup_probe("bf16-speedup")) is not None:
@@ -55,15 +56,15 @@ def machine_bf16_speedup() -> tuple[float, bool]:
 
 
 def calibration_dtype(recipe: Recipe, model_dir: Path) -> tuple[str, str]:
-    """The dtype to calibrate in ("auto": the checkpoint's own) and why.
-
-    The recipe's `dtype` wins. On an accelerator: the checkpoint's own dtype. On a CPU, for a bf16 checkpoint:
-    its own dtype where bf16 matmuls run at least BF16_FAST× faster than float32 (`bf16_speedup`, measured by
-    the first run after the machine boots and kept: `machine_bf16_speedup`), as plain llm-compressor would
-    calibrate; float32 elsewhere (the float scales are then cast back to bf16 after the integers are chosen).
-    AWQ calibrates in float32 on a CPU whatever the probe says: its grid search over bf16 activations has
-    produced non-finite losses. GPTQModel's AWQ packs only from float16 or bfloat16 weights (its AwqTorchLinear
-    refuses float32): the checkpoint's own half dtype, else bfloat16."""
+    """The dtype to calibrate in ("auto": the checkpoint's own) and why: the recipe's `dtype:`, else a default
+    that depends on the recipe and the checkpoint only, never on the machine, so one recipe writes the same bytes
+    on every host (docs/recipes.md, "The calibration dtype"):
+    - AWQ through llm-compressor: float32 (its grid search over bf16 activations has produced non-finite losses);
+    - GPTQModel's AWQ: the checkpoint's own half dtype, else bfloat16 (its AwqTorchLinear packs only from those);
+    - otherwise the checkpoint's own dtype, as plain llm-compressor calibrates.
+    A float32 calibration of a bf16 checkpoint has its float tensors cast back to bf16 after the integers are
+    chosen (`cast_saved_floats`). On a CPU the bf16 probe may add a suggestion to the reason (`suggestion`); it
+    never changes the dtype."""
     from quantize.convert.recipe import Backend, Method
 
     if recipe.dtype:
@@ -72,19 +73,27 @@ def calibration_dtype(recipe: Recipe, model_dir: Path) -> tuple[str, str]:
     if recipe.backend is Backend.gptqmodel and recipe.method is Method.awq:
         half = src in ("float16", "bfloat16")
         return ("auto" if half else "bfloat16"), "GPTQModel's AWQ packs from float16/bfloat16 weights only"
-    if device() != "cpu":
-        return "auto", "the checkpoint's dtype on an accelerator"
-    if src == "float32":
-        return "auto", "the checkpoint is float32"
     if recipe.method is Method.awq:
-        return "float32", "AWQ on a CPU (its grid search keeps finite losses in float32)"
-    if src != "bfloat16":
-        return "float32", f"a {src} checkpoint on a CPU (no fast {src} kernels assumed)"
+        return "float32", "AWQ calibrates in float32 (its grid search keeps finite losses there); the default"
+    reason = f"the checkpoint's own dtype ({src}); the default, the same on every machine"
+    hint = suggestion(src)
+    return "auto", f"{reason}; {hint}" if hint else reason
+
+
+def suggestion(src: str) -> str | None:
+    """What the bf16 probe suggests for a bf16 checkpoint calibrated on a CPU whose bf16 matmuls are slow (below
+    BF16_FAST× float32): setting `dtype: float32` in the recipe, which is faster there and writes other bytes.
+    None elsewhere (an accelerator, another dtype, a CPU fast in bf16)."""
+    if src != "bfloat16" or device() != "cpu":
+        return None
     speedup, now = machine_bf16_speedup()
-    when = "measured" if now else "measured earlier since this machine booted"
     if speedup >= BF16_FAST:
-        return "auto", f"bf16 matmuls {speedup:.1f}x faster than float32 on this CPU ({when})"
-    return "float32", f"bf16 matmuls {speedup:.2f}x the speed of float32 on this CPU ({when}; < {BF16_FAST})"
+        return None
+    when = "measured" if now else "measured earlier since this machine booted"
+    return (
+        f"bf16 matmuls run {speedup:.2f}x the speed of float32 on this CPU ({when}): `dtype: float32` in the recipe "
+        "would calibrate faster here (and write other bytes than the default)"
+    )
 
 
 def source_dtype(model_dir: Path) -> str:

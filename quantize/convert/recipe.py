@@ -158,8 +158,8 @@ class _Recipe(BaseModel):
     output: str | None = Field(None, description="output folder; default outputs/<name>")
     dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
         None,
-        description="dtype to calibrate in; default: the checkpoint's own on an accelerator, and on a CPU where bf16 "
-        "matmuls measure fast (dtypes.calibration_dtype), else float32",
+        description="dtype to calibrate in; default: the checkpoint's own (float32 for AWQ), the same on every "
+        "machine (dtypes.calibration_dtype); quantize.json records the dtype used and why",
     )
     trust_remote_code: bool = Field(
         False, description="run the checkpoint's own Python code at load (only for checkpoints you trust)"

@@ -251,35 +251,47 @@ def test_weights_hash_is_hashed_once_and_follows_rewrites(tmp_path, monkeypatch)
     assert models.weights_sha256(ckpt) == hashlib.sha256(b"model.safetensors" + f.read_bytes()).hexdigest() != expected
 
 
-def test_calibration_dtype_follows_what_the_cpu_does_well(tmp_path, monkeypatch):
-    """A bf16 checkpoint on a CPU calibrates in bf16 where the probe measures bf16 matmuls clearly faster (as plain
-    llm-compressor would), in float32 where they are slower; AWQ stays float32 without asking the probe; an
-    accelerator and the recipe's own dtype win over the probe."""
+def test_the_default_calibration_dtype_depends_on_the_recipe_and_checkpoint_only(tmp_path, monkeypatch):
+    """No probe and no device decides the dtype: a bf16 checkpoint calibrates in its own dtype on a CPU fast or slow
+    in bf16 and on an accelerator; AWQ in float32 everywhere; the recipe's `dtype:` wins. The probe only adds a
+    suggestion to the reason, on a CPU slow in bf16."""
     from quantize.convert import dtypes
 
     (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
     speed = {"x": 6.0}
-    probes = []
-    monkeypatch.setattr(dtypes, "machine_bf16_speedup", lambda: (probes.append(1) or speed["x"], True))
-    monkeypatch.setattr(dtypes, "device", lambda: "cpu")
+    monkeypatch.setattr(dtypes, "machine_bf16_speedup", lambda: (speed["x"], True))
 
-    def choice(method: str = "gptq-w4", **fields) -> str:
+    def choice(method: str = "gptq-w4", **fields) -> tuple[str, str]:
         recipe = parse_recipe({"name": "r", "model": str(tmp_path), "output": "o", **METHODS[method], **fields})
-        return dtypes.calibration_dtype(recipe, tmp_path)[0]
+        return dtypes.calibration_dtype(recipe, tmp_path)
 
-    assert choice() == "auto"
-    speed["x"] = 0.17
-    assert choice() == "float32"
-    speed["x"] = dtypes.BF16_FAST - 0.01
-    assert choice() == "float32"
-    n = len(probes)
-    assert choice("awq-w4") == "float32" and len(probes) == n
-    assert choice(dtype="bfloat16") == "bfloat16" and len(probes) == n
+    for dev in ("cpu", "cuda"):
+        monkeypatch.setattr(dtypes, "device", lambda dev=dev: dev)
+        for x in (6.0, 0.17, dtypes.BF16_FAST - 0.01):
+            speed["x"] = x
+            dtype, reason = choice()
+            assert dtype == "auto", (dev, x)
+            assert ("dtype: float32" in reason) == (dev == "cpu" and x < dtypes.BF16_FAST), (dev, x, reason)
+            assert choice("awq-w4")[0] == "float32" and choice(dtype="bfloat16")[0] == "bfloat16"
     (tmp_path / "config.json").write_text('{"torch_dtype": "float32"}')
-    assert choice() == "auto" and len(probes) == n
-    monkeypatch.setattr(dtypes, "device", lambda: "cuda")
-    (tmp_path / "config.json").write_text('{"dtype": "bfloat16"}')
-    assert choice() == "auto" and len(probes) == n
+    speed["x"] = 0.17
+    assert choice() == ("auto", "the checkpoint's own dtype (float32); the default, the same on every machine")
+
+
+def test_two_machines_probes_cannot_change_a_recipes_bytes(tmp_path, tiny_model, capsys, monkeypatch):
+    """The same GPTQ recipe on a bf16 checkpoint, once as on a CPU fast in bf16 and once as on one slow in it:
+    the same weights, byte for byte, and the slow one's quantize.json says what the probe suggested."""
+    from quantize.convert import dtypes
+
+    metas = {}
+    for name, x in (("fast", 6.3), ("slow", 0.17)):
+        monkeypatch.setattr(dtypes, "machine_bf16_speedup", lambda x=x: (x, True))
+        monkeypatch.setattr(dtypes, "device", lambda: "cpu")
+        metas[name] = run_ok(write_recipe(tmp_path, tiny_model, name, **METHODS["gptq-w4"]), capsys)
+    assert metas["fast"]["weights_sha256"] == metas["slow"]["weights_sha256"]
+    assert metas["fast"]["engine"]["calibration_dtype"] == metas["slow"]["engine"]["calibration_dtype"] == "auto"
+    assert "dtype: float32" in metas["slow"]["engine"]["calibration_dtype_reason"]
+    assert "dtype: float32" not in metas["fast"]["engine"]["calibration_dtype_reason"]
 
 
 def test_the_bf16_probe_is_taken_once_per_boot(tmp_path, monkeypatch):
