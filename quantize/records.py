@@ -87,7 +87,9 @@ class LayerPlanRecord(_Strict):
 
 class EngineRecord(_Strict):
     backend: str
-    modifiers: str | list[str]  # verbatim YAML, or repr() of each llm-compressor modifier
+    # what ran: llm-compressor's recipe YAML (Recipe.create_instance loads it back), or the other backend's
+    # description; a list of repr() strings in records written before 2026-12-03
+    modifiers: str | list[str]
     calibration_dtype: str
     saved_dtype: str
     calibration_dtype_reason: str = ""  # why that dtype (dtypes.calibration_dtype); empty in older records

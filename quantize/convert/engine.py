@@ -200,7 +200,7 @@ def _convert(
             layer_plan=plan.record(),
             engine=EngineRecord(
                 backend=recipe.backend.value,
-                modifiers=ran if isinstance(ran, str) else [repr(m) for m in ran],
+                modifiers=ran,
                 calibration_dtype=work_dtype,
                 saved_dtype=save_dtype,
                 calibration_dtype_reason=dtype_reason,

@@ -103,9 +103,13 @@ def test_metadata_fields(tmp_path, tiny_model, capsys):
     assert meta["layer_plan"]["by_group_size"] == {"128": 12, "64": 2}
     # act_order uses static groups: columns are processed by decreasing diag(H), no g_idx is stored
     assert "group_index" not in meta["bits"]["bytes_by_role"]
-    assert any(
-        "actorder=<ActivationOrdering.WEIGHT" in m or "actorder='weight'" in m for m in meta["engine"]["modifiers"]
-    )
+    # what ran is llm-compressor's own recipe YAML, and it loads back into the same modifiers
+    from llmcompressor.recipe import Recipe as LlmcRecipe
+
+    reloaded = LlmcRecipe.create_instance(meta["engine"]["modifiers"])
+    (gptq,) = reloaded.modifiers
+    assert type(gptq).__name__ == "GPTQModifier" and str(gptq.actorder).lower().endswith("weight")
+    assert LlmcRecipe.from_modifiers(reloaded.modifiers).yaml() == meta["engine"]["modifiers"]
 
 
 def test_calibration_hash_is_deterministic(tmp_path, tiny_model):

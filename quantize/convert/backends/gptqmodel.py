@@ -80,7 +80,7 @@ class GPTQModelBackend:
         with cpu_safe_calibration():
             rows = [{"input_ids": r, "attention_mask": [1] * len(r)} for r in ids]
             model.quantize(rows, batch_size=1, backend=backend)
-        return model, [model.quantize_config]
+        return model, repr(model.quantize_config)  # GPTQModel's own config (also saved as quantize_config.json)
 
     def save(self, model: Any, folder: Path) -> None:
         model.save(str(folder))

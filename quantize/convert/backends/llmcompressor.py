@@ -49,7 +49,7 @@ class LLMCompressorBackend:
                 )
             try:
                 ran = oneshot(model=job.model, processor=job.tok, recipe=job.prepared, **kwargs) or job.model
-                return ran, job.prepared
+                return ran, serialized(job.prepared)
             except (ValueError, KeyError) as e:
                 if recipe.method is Method.llmcompressor:
                     raise UsageError(f"llm-compressor rejected the verbatim `stages:` recipe: {e}") from None
@@ -66,3 +66,13 @@ class LLMCompressorBackend:
 
         reset_session()
         gc.collect()
+
+
+def serialized(prepared: Any) -> str:
+    """What ran, as llm-compressor's own recipe YAML (a verbatim `stages:` recipe as given; compiled modifiers
+    through `Recipe.from_modifiers(...).yaml()`), which `llmcompressor.recipe.Recipe.create_instance` loads back."""
+    if isinstance(prepared, str):
+        return prepared
+    from llmcompressor.recipe import Recipe as LlmcRecipe
+
+    return LlmcRecipe.from_modifiers(prepared).yaml()
