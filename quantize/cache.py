@@ -278,10 +278,16 @@ def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
     write_text_atomic(digest_path(p), records.write(p, doc) + "\n")
 
 
+# What our agreement forward pass computes, revised: 2 (2026-12-03) truncates a document to the model's context
+# length when the suite sets none (scoring's rule), where 1 kept its last 2,048 tokens whatever the model's.
+AGREEMENT_REVISION = 2
+
+
 def _agreement_key(suite: OpenSuite, run: Runtime) -> str:
     a = suite.suite.agreement
     parts = [sorted(suite.agreement_tasks), a.per_task, a.top_k, suite.golden.manifest_sha256]
-    return sha256_json([*parts, "runtime", *run.key()])[:16]  # our own forward pass: SCORER_REVISION keys no agreement
+    # our own forward pass: AGREEMENT_REVISION keys it, SCORER_REVISION (lm-eval's path) does not
+    return sha256_json([*parts, "runtime", *run.key(), "agreement", AGREEMENT_REVISION])[:16]
 
 
 def baseline_topk_path(suite: OpenSuite, base_id: str, run: Runtime) -> Path:

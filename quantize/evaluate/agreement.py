@@ -96,11 +96,13 @@ class Scorer:
     """A loaded model behind lm-eval's HF wrapper: lm-eval's tokenization, our forward passes. The candidate's
     full distribution is known, so every baseline top-k token's log-probability is exact."""
 
-    def __init__(self, model: Any, tok: Any, batch_size: int, max_length: int) -> None:
+    def __init__(self, model: Any, tok: Any, batch_size: int, max_length: int | None) -> None:
+        """max_length: the suite's; None: the model's, as lm-eval's HF wrapper finds it for scoring (one rule for
+        both: the config's context length, else lm-eval's default)."""
         from lm_eval.models.huggingface import HFLM
 
         self.lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, max_length=max_length)
-        self.model, self.batch_size, self.max_length = model, batch_size, max_length
+        self.model, self.batch_size, self.max_length = model, batch_size, self.lm.max_length
 
     def encode(self, req: Request) -> tuple[list[int], int]:
         """Token ids and the index of the first scored token."""
@@ -400,7 +402,7 @@ def _scorer(suite: OpenSuite, checkpoint: Path, models: LastModel) -> Scorer | V
 
         return VLLMScorer(vllm_lm(s, checkpoint, on, models), s.agreement.top_k)
     model, tok = models.get(checkpoint, dtype=s.model_dtype(on), on=on)  # as lm-eval scores it
-    return Scorer(model, tok, s.batch_size, s.max_length or 2048)
+    return Scorer(model, tok, s.batch_size, s.max_length)
 
 
 def agreement_requests(suite: OpenSuite) -> list[Request]:

@@ -217,7 +217,7 @@ def measure_sensitivity(s: Search, models: Any, quiet: bool) -> None:
     on = device(suite.suite.device)
     dtype = suite.suite.model_dtype(on)
     s.model, tok = models.get(s.model_dir, dtype=dtype, on=on)
-    s.scorer = Scorer(s.model, tok, suite.suite.batch_size, suite.suite.max_length or 2048)
+    s.scorer = Scorer(s.model, tok, suite.suite.batch_size, suite.suite.max_length)
     seen: Counter[str] = Counter()
     for r in requests(suite.golden, suite.agreement_tasks, m.per_task + m.holdout_per_task):
         (s.sens_reqs if seen[r.task] < m.per_task else s.held_reqs).append(r)
