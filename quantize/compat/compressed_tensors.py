@@ -5,6 +5,11 @@
   the module at call time, so replacing the module attribute reroutes both (checkpoint/qdq.py puts a faster one
   with the same bits there for the length of a forward pass).
 
+- `PRESET_WEIGHT_GROUP`: the weights per scale along the input axis of the presets whose layout the format fixes
+  (a block's side for FP8_BLOCK), as `preset_name_to_scheme(name, ...)` builds them. Copied here because a
+  recipe is validated before torch (which compressed-tensors imports) loads; `problems()` compares every entry
+  with the library, so a preset that changes upstream fails tests/compat rather than planning other layers.
+
 `problems()` lists every guarded assumption that does not hold in the installed version; `replaced(fn)` swaps the
 function in for a block and restores what was there, nested or not.
 """
@@ -19,6 +24,17 @@ from typing import Any
 
 CHECKED = ((0, 19), (0, 20))  # [from, to): the versions the assumptions above were read on
 ROUND_PARAMS = ("tensor", "args", "min", "max", "cast_to_original_dtype")
+PRESET_WEIGHT_GROUP = {"NVFP4": 16, "NVFP4A16": 16, "MXFP4": 32, "MXFP4A16": 32, "FP8_BLOCK": 128, "W4AFP8": 128}
+
+
+def preset_weight_group(name: str) -> int | None:
+    """The library's own weights per scale (input axis) of preset `name`; None where it has no fixed group."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    w = preset_name_to_scheme(name, ["Linear"]).weights
+    if w.block_structure:
+        return int(w.block_structure[1])
+    return int(w.group_size) if w.group_size else None
 
 
 def _release(v: str) -> tuple[int, int]:
@@ -36,6 +52,11 @@ def problems() -> list[str]:
         from compressed_tensors.quantization.lifecycle import forward_helpers
     except ImportError as e:
         return [*found, f"compressed_tensors.quantization.lifecycle.forward_helpers cannot be imported: {e}"]
+    found += [
+        f"preset {name} groups {got} weights per scale in the library, {want} here"
+        for name, want in PRESET_WEIGHT_GROUP.items()
+        if (got := preset_weight_group(name)) != want
+    ]
     fn = getattr(forward_helpers, "round_to_quantized_type_args", None)
     if fn is None:
         return [*found, "forward_helpers.round_to_quantized_type_args is gone"]

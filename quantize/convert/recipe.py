@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator, model_validator
 
+from quantize.compat.compressed_tensors import PRESET_WEIGHT_GROUP
 from quantize.config import Wording, load_yaml, validate
 
 
@@ -60,13 +61,11 @@ class Format(NamedTuple):
     smaller_group: bool
 
 
+# the group of each comes from compressed-tensors' preset (compat/compressed_tensors.py, checked against the library
+# in tests/compat); whether a smaller group may stand in is this project's rule
 FORMATS = {
-    Scheme.NVFP4: Format(16, False),
-    Scheme.NVFP4A16: Format(16, False),
-    Scheme.MXFP4: Format(32, False),
-    Scheme.MXFP4A16: Format(32, False),
-    Scheme.FP8_BLOCK: Format(128, False),
-    Scheme.W4AFP8: Format(128, True),
+    s: Format(PRESET_WEIGHT_GROUP[s.value], s is Scheme.W4AFP8)
+    for s in (Scheme.NVFP4, Scheme.NVFP4A16, Scheme.MXFP4, Scheme.MXFP4A16, Scheme.FP8_BLOCK, Scheme.W4AFP8)
 }
 
 

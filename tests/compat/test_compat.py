@@ -41,3 +41,20 @@ def test_replaced_restores_what_was_there():
     with ct.replaced(len):
         assert forward_helpers.round_to_quantized_type_args is len
     assert forward_helpers.round_to_quantized_type_args is own
+
+
+def test_a_preset_whose_group_changed_upstream_is_found(monkeypatch):
+    monkeypatch.setitem(ct.PRESET_WEIGHT_GROUP, "MXFP4", 64)
+    assert any("preset MXFP4 groups 32 weights per scale in the library, 64 here" in p for p in ct.problems())
+
+
+def test_recipe_validation_reads_the_groups_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from quantize.convert.recipe import FORMATS, Scheme; "
+        "print(FORMATS[Scheme.FP8_BLOCK].group, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["128", "False"]
