@@ -30,6 +30,7 @@ from quantize import cache
 from quantize.checkpoint import qdq
 from quantize.checkpoint.files import identity_sha256
 from quantize.checkpoint.loader import LastModel, device
+from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate.score import runtime
 from quantize.golden.manifest import GoldenSet, lm_eval_tasks
@@ -159,7 +160,7 @@ def encode(lm: Any, req: Request) -> tuple[list[int], int]:
     if req.context is None:
         return [lm.prefix_token_id] + lm.tok_encode(req.continuation), 1
     # lm-eval has no public call for its own context/continuation split, which must match its scoring exactly
-    context, continuation = lm._encode_pair(req.context, req.continuation)  # noqa: SLF001
+    context, continuation = lm_eval_compat.encode_pair(lm, req.context, req.continuation)
     return context + continuation, len(context)
 
 
@@ -194,7 +195,7 @@ class VLLMScorer:
         """Yield (request, per scored position {token id: log-probability})."""
         enc = [encode(self.lm, r) for r in reqs]
         # prompt log-probabilities need vLLM's engine call, which lm-eval's VLLM model keeps private
-        outs = self.lm._model_generate([ids for ids, _ in enc], generate=True, sampling_params=self.params)  # noqa: SLF001
+        outs = lm_eval_compat.prompt_logprobs(self.lm, [ids for ids, _ in enc], self.params)
         for req, (_, start), out in zip(reqs, enc, outs, strict=True):
             # prompt_logprobs[t]: the distribution that predicted token t (None for the first token)
             yield req, [{t: float(getattr(x, "logprob", x)) for t, x in d.items()} for d in out.prompt_logprobs[start:]]

@@ -10,7 +10,6 @@ Per-item records (for paired comparison in the gate), one kind per lm-eval outpu
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from quantize.checkpoint import qdq
 from quantize.checkpoint.files import check_loadable, check_model_dir, identity_sha256, loadable_view, weights_sha256
 from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.loader import device as pick_device
+from quantize.compat.lm_eval import lean_hflm
 from quantize.errors import RuntimeFailure
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.golden.manifest import lm_eval_tasks
@@ -75,89 +75,6 @@ def vllm_lm(suite: Suite, ckpt: Path, device: str, models: LastModel) -> Any:
             return VLLM(**kwargs, batch_size=suite.batch_size, max_logprobs=max(20, suite.agreement.top_k))
 
     return models.engine(ckpt, "vllm", repr(sorted(args.items())), build)
-
-
-@functools.cache
-def lean_hflm() -> type:
-    """lm-eval's HFLM with two changes of what is computed, none of what is scored.
-
-    Document perplexity batched longest first: lm-eval 0.4.13's `loglikelihood_rolling` batches the documents'
-    windows in document order, each batch padded to its longest window: on core/v2's prose (166 documents, 43k
-    tokens) that computes 81k padded tokens, sorted 50k. This hands it the documents sorted by token count
-    (descending, ties in document order) and puts the results back in request order; each document's windows,
-    and what is summed, are lm-eval's own.
-
-    Log-probabilities only where they are read: lm-eval's `_loglikelihood_tokens` takes the LM head and a
-    log_softmax over the vocabulary at every position of a batch [B, L, V], then keeps each request's
-    continuation, `logits[inplen - contlen : inplen]`, counted from the right of what `_model_call` returns
-    (`ctx_len = inplen + (logits.shape[0] - padding_len_inp)`: lm-eval's own allowance for logits that start
-    later). `_model_call` here returns the last L - s positions, s = min over the batch's rows of
-    inplen - contlen (each row is found by its tokens among the requests), through transformers'
-    `logits_to_keep`. For SmolLM2-135M the head (576 x 49,152) is 21% of a token's multiply-adds, and a
-    multiple-choice request's continuation is a few of its tokens.
-
-    The batches and the head's matrix shapes differ, so the numbers may differ in their last bits:
-    cache.SCORER_REVISION keys it."""
-    import inspect
-
-    import torch
-    from lm_eval.models.huggingface import HFLM
-
-    class LeanHFLM(HFLM):
-        # the batch's input rows (as token tuples) -> min inplen - contlen of the requests with that input; only
-        # while _loglikelihood_tokens runs
-        _starts: dict[tuple[int, ...], int] | None = None
-
-        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
-            lengths = [len(self.tok_encode(r.args[0])) for r in requests]
-            order = sorted(range(len(requests)), key=lambda i: -lengths[i])
-            done = super().loglikelihood_rolling([requests[i] for i in order], disable_tqdm=disable_tqdm)
-            out = [0.0] * len(requests)
-            for i, ll in zip(order, done, strict=True):
-                out[i] = ll
-            return out
-
-        def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, override_bs: Any = None):
-            if self.backend != "causal" or "logits_to_keep" not in inspect.signature(self.model.forward).parameters:
-                return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
-            starts: dict[tuple[int, ...], int] = {}
-            for _, ctx, cont in requests:
-                inp = tuple((ctx + cont)[-(self.max_length + 1) :][:-1])  # lm-eval's own input row
-                starts[inp] = min(starts.get(inp, len(inp)), len(inp) - len(cont))
-            self._starts = starts
-            try:
-                return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
-            finally:
-                self._starts = None
-
-        def _row_start(self, row: list[int]) -> int | None:
-            """The row's own start among the requests: lm-eval right-pads with 0, so its length is at least
-            its last non-zero token's position + 1 (a real trailing 0 token: try the next length)."""
-            n = len(row)
-            while n > 0 and row[n - 1] == 0:
-                n -= 1
-            for m in range(max(n, 1), len(row) + 1):  # row[m:] is all 0 for every m >= n
-                if (s := self._starts.get(tuple(row[:m]))) is not None:
-                    return s
-            return None
-
-        def _model_call(self, inps: Any, attn_mask: Any = None, labels: Any = None) -> Any:
-            if self._starts is None or attn_mask is not None or labels is not None:
-                return super()._model_call(inps, attn_mask=attn_mask, labels=labels)
-            starts = [self._row_start(r) for r in inps.tolist()]
-            if any(s is None for s in starts) or (s := min(starts)) <= 0:
-                return super()._model_call(inps)
-            with (
-                torch.no_grad(),
-                torch.autocast(
-                    device_type=self.device.type,
-                    dtype=self.mixed_precision_dtype,
-                    enabled=self.mixed_precision_dtype is not None,
-                ),
-            ):
-                return self.model(inps, logits_to_keep=inps.shape[1] - s).logits
-
-    return LeanHFLM
 
 
 def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> dict[str, Any]:

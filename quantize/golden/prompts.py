@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantize.compat.lm_eval import recording_draws
 from quantize.errors import RuntimeFailure, UsageError
 
 CONTEXT_FIELD = "golden_context"
@@ -75,21 +75,9 @@ def pin_shots(task: Any, seed: int) -> Pinned:
     the item's question (its pin) and the question; a prompt that does not end with its own question (a chat
     template, a multiple-input task whose choices' prefixes differ) cannot be pinned and is refused."""
     name = task.config.task
-    sampler = task.sampler
-    drawn: list[list[dict[str, Any]]] = []
-    draw: Callable[..., Any] = sampler.sample
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        out = draw(*args, **kwargs)
-        drawn.append([dict(d) for d in out])
-        return out
-
     task.set_fewshot_seed(seed)
-    sampler.sample = recording  # an instance attribute: the class's method is untouched
-    try:
+    with recording_draws(task) as drawn:
         full = prompts(task)
-    finally:
-        del sampler.sample
     if len(drawn) != len(full):
         raise UsageError(
             f"task {name}: lm-eval drew few-shot examples {len(drawn)} times for {len(full)} documents, so they "

@@ -58,3 +58,37 @@ def test_recipe_validation_reads_the_groups_without_importing_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["128", "False"]
+
+
+def test_lm_eval_assumptions_hold_on_the_pinned_version():
+    """Fails loudly when an lm-eval upgrade moves or re-signs a private name this project uses: read
+    quantize/compat/lm_eval.py, check each use against the new version, then widen CHECKED."""
+    from quantize.compat import lm_eval as compat
+
+    assert compat.problems() == []
+
+
+def test_a_changed_lm_eval_method_is_found(monkeypatch):
+    from lm_eval.api.model import TemplateLM
+
+    from quantize.compat import lm_eval as compat
+
+    monkeypatch.setattr(TemplateLM, "_encode_pair", lambda self, ctx, cont, extra: None)
+    monkeypatch.setattr(compat, "version", lambda _name: "0.5.0")
+    found = compat.problems()
+    assert any("_encode_pair takes ('ctx', 'cont', 'extra')" in p for p in found)
+    assert any("lm-eval 0.5.0 is outside the checked range" in p for p in found)
+
+
+def test_no_module_outside_compat_names_a_private_member_of_a_library():
+    """SLF001 exceptions (a `noqa` for reaching into another object's privates) live in quantize/compat only."""
+    from conftest import ROOT
+
+    outside = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for p in (ROOT / "quantize").rglob("*.py")
+        if "compat" not in p.parts
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if "noqa: SLF001" in line
+    ]
+    assert outside == []

@@ -227,7 +227,7 @@ def test_document_perplexity_is_batched_longest_first_with_lm_evals_own_numbers(
     from lm_eval.models.huggingface import HFLM
 
     from quantize.checkpoint.loader import LastModel
-    from quantize.evaluate.score import lean_hflm
+    from quantize.compat.lm_eval import lean_hflm
 
     model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
     texts = ["a b", "one two three four five six seven eight nine ten", "x", "the cat sat on the mat today", "q r s"]
@@ -259,7 +259,7 @@ def test_log_probabilities_are_taken_only_where_a_continuation_reads_them(tiny_m
     from lm_eval.models.huggingface import HFLM
 
     from quantize.checkpoint.loader import LastModel
-    from quantize.evaluate.score import lean_hflm
+    from quantize.compat.lm_eval import lean_hflm
 
     model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
     rng = np.random.default_rng(0)
