@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator, model_validator
 
 from quantize.config import Wording, load_yaml, validate
+from quantize.names import PathPart, checked
 
 
 class Method(str, Enum):
@@ -147,7 +148,9 @@ class _Recipe(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
-    name: str | None = Field(None, description="a label for reports; defaults to the file name")
+    name: PathPart | None = Field(
+        None, description="a label for reports and the output folder's name (outputs/<name>); defaults to the file name"
+    )
     description: str | None = None
     model: str | None = Field(None, description="local checkpoint folder; empty = the embedded default model")
     backend: Backend = Backend.llmcompressor
@@ -485,7 +488,9 @@ def load_recipe(path: str | Path) -> tuple[Recipe, str]:
     """Read and validate a recipe file. Returns the recipe and the sha256 of the file's bytes."""
     recipe, sha = load_yaml(path, RECIPE, "recipe", "the shipped recipes are in recipes/*.yaml", RECIPE_WORDING)
     if recipe.name is None:
-        recipe.name = Path(path).stem
+        recipe.name = checked(
+            Path(path).stem, f"recipe {path}: its name (the file's, as it sets no `name:`)", "set `name:` in it"
+        )
     return recipe, sha
 
 
