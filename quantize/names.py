@@ -111,6 +111,26 @@ def _part(value: str) -> str:
 PathPart = Annotated[str, AfterValidator(_part)]
 
 
+def _path(value: str) -> str:
+    """A whole path a user writes (an `output:` folder): any parts, but text a file system can hold."""
+    if not value:
+        raise ValueError("an empty path names no folder; give a folder, e.g. outputs")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"this path holds U+{ord(value[e.start]):04X}, a lone surrogate: it is not a file name"
+        ) from None
+    if bad := sorted({c for c in value if unicodedata.category(c) == "Cc"}):
+        shown_bad = ", ".join(f"U+{ord(c):04X}" for c in bad[:5])
+        raise ValueError(f"this path holds control characters ({shown_bad}), which no folder name should hold")
+    return value
+
+
+# A schema field that is a whole path the user chooses (`output:`): not empty, UTF-8, no control characters (NUL)
+PathText = Annotated[str, AfterValidator(_path)]
+
+
 def key(name: str) -> str:
     """What a file system may treat as the same name: NFC, case-folded."""
     return unicodedata.normalize("NFC", unicodedata.normalize("NFC", name).casefold())

@@ -82,3 +82,18 @@ def test_path_part_is_the_same_rule_in_a_schema():
     for value in ("../UP", "\ud800", ""):
         with pytest.raises(ValidationError, match="a name is one folder or file name"):
             M(name=value)
+
+
+def test_path_text_takes_any_path_a_file_system_can_hold():
+    from quantize.names import PathText
+
+    class M(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        output: PathText
+
+    assert M(output="../outs/a b/日本").output == "../outs/a b/日本"
+    for value, says in (("out\x00x", "control characters"), ("o\n", "control characters"), ("\ud800", "surrogate")):
+        with pytest.raises(ValidationError, match=says):
+            M(output=value)
+    with pytest.raises(ValidationError, match="empty path"):
+        M(output="")

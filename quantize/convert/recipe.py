@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator, model_validator
 
 from quantize.config import Wording, load_yaml, validate
-from quantize.names import PathPart, checked
+from quantize.names import PathPart, PathText, checked
 
 
 class Method(str, Enum):
@@ -158,7 +158,7 @@ class _Recipe(BaseModel):
     targets: list[str] = Field(default_factory=lambda: ["Linear"])
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     calibration: Calibration | None = Field(default_factory=Calibration)
-    output: str | None = Field(None, description="output folder; default outputs/<name>")
+    output: PathText | None = Field(None, description="output folder; default outputs/<name>")
     dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
         None,
         description="dtype to calibrate in; default: the checkpoint's own on an accelerator, and on a CPU where bf16 "

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from quantize.config import beside_repo, load_yaml
 from quantize.convert.recipe import WEIGHT_ONLY_INT, GPTQRecipe, RTNRecipe, Scheme
-from quantize.names import PathPart, checked
+from quantize.names import PathPart, PathText, checked
 from quantize.sweep.spec import Cluster, TaskResources
 
 
@@ -63,7 +63,7 @@ class SearchRecipe(BaseModel):
     )
     cluster: Cluster = Field(default_factory=Cluster, description="with max_parallel > 1: where (as a sweep's)")
     resources: TaskResources = Field(default_factory=TaskResources, description="with max_parallel > 1: per task")
-    output: str | None = Field(None, description="default outputs/<name>")
+    output: PathText | None = Field(None, description="default outputs/<name>")
 
     @field_validator("options")
     @classmethod

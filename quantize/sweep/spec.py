@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from quantize.config import beside_repo, load_yaml
 from quantize.errors import UsageError
-from quantize.names import PathPart, checked
+from quantize.names import PathPart, PathText, checked
 
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9}
 # the forms cluster.address takes, matched whole (ASCII host names and ports: no whitespace, no newline)
@@ -123,7 +123,9 @@ class SweepSpec(BaseModel):
         default_factory=list, max_length=MAX_CANDIDATES, description="existing checkpoint folders to gate"
     )
     policy: str = Field(description="the gate policy every candidate must pass, e.g. gates/ci.yaml")
-    output: str = Field("outputs", description="OUTPUT/<recipe name> per conversion; OUTPUT/sweep-<name>/ the sweep's")
+    output: PathText = Field(
+        "outputs", description="OUTPUT/<recipe name> per conversion; OUTPUT/sweep-<name>/ the sweep's"
+    )
     resources: TaskResources = Field(default_factory=TaskResources)
     cluster: Cluster = Field(default_factory=Cluster)
     max_parallel: int = Field(0, ge=0, le=10_000, description="tasks submitted at once; 0: as the resources allow")

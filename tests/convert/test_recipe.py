@@ -236,6 +236,11 @@ def test_a_name_that_is_not_one_folder_name_is_refused(name, says):
     assert "name = " in msg and says in msg and "a name is one folder or file name" in msg
 
 
+def test_an_output_path_with_a_control_character_or_a_lone_surrogate_is_refused():
+    assert "output = " in bad(output="out\x00x") and "control characters" in bad(output="out\nx")
+    assert "lone surrogate" in bad(output="out/\udcff")
+
+
 def test_a_name_is_kept_in_its_nfc_form():
     assert parse_recipe({**BASE, "name": "cafe\u0301"}).name == "caf\u00e9"
 

@@ -350,6 +350,7 @@ def test_only_the_kinds_of_task_that_run_must_fit_a_node(tmp_path, monkeypatch):
         ("policy: p.yaml\nrecipes: [a.yaml]\ncluster: {address: 'http://x'}\n", "cluster.address"),
         ('policy: p.yaml\nrecipes: [a.yaml]\ncluster: {address: "local\\n"}\n', 'cluster.address = "local\\n"'),
         ("policy: p.yaml\nrecipes: [a.yaml]\nname: ../UP\n", "name = "),
+        ('policy: p.yaml\nrecipes: [a.yaml]\noutput: "out\\0x"\n', 'output = "out\\u0000x": this path holds control'),
         ("policy: p.yaml\nrecipes: [a.yaml]\ncluster: {address: auto, num_cpus: 2}\n", "cluster.num_cpus sizes"),
         ("policy: p.yaml\nrecipes: [a.yaml]\nresources: {gate: {memory: lots}}\n", "resources.gate.memory"),
         ("policy: p.yaml\nrecipes: [a.yaml]\nresources: {convert: {num_cpus: 0}}\n", "resources.convert.num_cpus"),
