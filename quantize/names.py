@@ -14,7 +14,9 @@ One rule for all of them, checked before the name is joined to anything (docs/re
 
 Two names are the same name when their NFC case-folded forms are equal (a case-insensitive file system gives them
 one folder): `unique` refuses such a pair, naming both sources. Every refusal is a UsageError (exit 2) naming the
-field, the value (shown escaped), and what to do; `PathPart` is the same rule as a pydantic type for schemas.
+field, the value (shown escaped), and what to do; `PathPart` is the same rule as a pydantic type for schemas, and
+`PathText` its counterpart for a whole path a user chooses (`output:`: any parts, not empty, no control character,
+no lone surrogate).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The sweep's plan, made before Ray is imported: its candidates, what each still needs (a conversion, a gate),
-and the candidates that cannot run (a bad recipe: exit 2, reported beside the others, not a stop).
+and the candidates that cannot run (a bad recipe: exit 2, reported beside the others, not a stop). Candidates
+that would share a folder or a report row (one name twice, one folder twice, a name of the sweep's own) stop the
+sweep (`check_names`): exit 2 naming both.
 
 A candidate is done when its records are whole and valid for this sweep: a converted checkpoint whose
 quantize.json reads and whose weights hash to what it records, from the same recipe bytes; a gate.json beside it
@@ -103,19 +105,12 @@ def _one_folder_each(cands: list[Candidate]) -> None:
     folders: dict[str, Candidate] = {}
     for c in cands:
         assert c.checkpoint is not None  # a candidate that can run has its folder
-        real = _real(c.checkpoint)
+        real = os.path.realpath(c.checkpoint)  # a candidate that can run names no NUL (names.py, check_target)
         if (first := folders.setdefault(real, c)) is not c:
             raise UsageError(
                 f"{_label(first)} and {_label(c)} are one folder ({real}): it would be gated twice and its verdict "
                 "written twice. List it once"
             )
-
-
-def _real(p: Path) -> str:
-    try:
-        return os.path.realpath(p)
-    except ValueError:  # a NUL byte: no such folder, so no link to follow
-        return os.path.abspath(p)
 
 
 def _converted_here(out: Path, sha: str, recipe: str) -> bool:
