@@ -362,3 +362,36 @@ def test_fuzz_config_against_headers(tmp_path_factory, layers, vocab, hidden):
         code = 2
     assert code == (0 if agrees else 2) and time.perf_counter() - t0 < 1.0
     TALLY[("config vs headers", code)] += 1
+
+
+NAME_TEXT = st.text(
+    alphabet=st.one_of(
+        st.characters(exclude_categories=()),  # every code point, lone surrogates included
+        st.sampled_from(["/", "\\", ".", " ", "\n", "\x00", "\u200b", "\u0301", "e", "A", "a"]),  # e + U+0301: NFC
+    ),
+    max_size=120,
+)
+
+
+@FUZZ
+@given(value=st.one_of(NAME_TEXT, st.sampled_from(["", ".", "..", "a/", "./a", "../UP", "/abs", "\ud800", "a" * 101])))
+def test_fuzz_names(tmp_path_factory, value):
+    """Any text is either refused (one line naming the field, exit 2) or a name that is one folder inside its parent:
+    created there, it is listed back under exactly that name, and nothing else appears."""
+    from quantize.errors import UsageError
+    from quantize.names import checked
+
+    d = tmp_path_factory.mktemp("names")
+    try:
+        name = checked(value, "recipes[0].name", "set `name:`")
+    except UsageError as e:
+        msg = str(e)
+        assert msg.startswith("recipes[0].name = ") and "\n" not in msg and len(msg) < 1000
+        msg.encode("utf-8")
+        TALLY[("names", 2)] += 1
+        return
+    p = d / name
+    assert p.parent == d and p.name == name
+    p.mkdir()
+    assert os.listdir(d) == [name]
+    TALLY[("names", 0)] += 1

@@ -32,7 +32,7 @@ from typing import Any
 from quantize.errors import UsageError
 from quantize.golden.manifest import Manifest
 from quantize.golden.prompts import CONTEXT_FIELD, LM_EVAL_FEWSHOT_SEED, SHOTS_FIELD, check_prompts, pin_shots, prompts
-from quantize.golden.version import TaskFiles, check_new_version, write_version
+from quantize.golden.version import TaskFiles, check_new_version, check_task_names, write_version
 from quantize.io import sha256_file
 from quantize.kinds import OUTPUT_TYPES
 
@@ -282,6 +282,7 @@ def freeze(
     out = Path(out)
     check_new_version(out)
     leaves = load_tasks(names, include_path)
+    check_task_names(list(leaves))
     pairs = [freeze_task(leaves[t], id_field, cluster_field, fewshot_seed) for t in sorted(leaves)]
     frozen = [f for f, _ in pairs]
     originals = {f.name: run for f, run in pairs}
