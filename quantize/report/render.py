@@ -580,6 +580,12 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
     notes = [decode_note]
     if missing := [e.label for e in entries if not e.scores]:
         notes.append(f"Not scored (no cached `quantize eval` result for this suite): {', '.join(missing)}.")
+    if sampled := [e.label for e in entries if not e.scores and e.verdict and e.verdict.sequential]:
+        notes.append(
+            f"Gated in stages, so not scored in full: {', '.join(sampled)}. Their task cells hold the gate's own "
+            "evidence, Δ candidate − baseline [the gate's bounds at its decision], n of N items (the sample it "
+            "scored of the task's items); the gate's evidence section plots them against size."
+        )
     if agreed := [e for e in entries if e.agreement and not e.scores and not e.verdict]:
         notes.append(
             "Measured without scoring (`quantize agree`): token-distribution agreement with the baseline on "

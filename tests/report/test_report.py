@@ -340,3 +340,74 @@ def test_a_staged_pass_shows_its_delta_bounds_and_items_as_a_cell_and_a_point(
     md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
     assert "## The gate's evidence" in md and "![The gate's evidence against size](evidence.png)" in md
     assert f"<td>{html.escape(cell)}</td>" in page and "<h2>The gate's evidence</h2>" in page
+
+
+def test_a_saved_verdict_is_the_reports_only_for_this_policy_pair_and_golden_set(staged, checkpoints, tiny_model):
+    """The identities a gate.json names are the ones the report computes from the files; each other difference
+    is named, the candidate's first (stale: changed since it was gated)."""
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.gates.policy import load_policy
+    from quantize.report.collect import saved_mismatch
+
+    root, pol, saved = staged
+    v, policy, suite = records.parse(records.Verdict, saved, "test"), load_policy(pol), open_suite(checkpoints[1])
+    base_id, cand_id = identity_sha256(tiny_model), identity_sha256(root / "fp8")
+    assert saved_mismatch(v, policy, suite, base_id, cand_id) is None
+    assert saved_mismatch(v, policy, suite, base_id, "f" * 64).startswith("stale: gate.json judged checkpoint")
+    assert saved_mismatch(v, policy, suite, "f" * 64, "f" * 64).startswith("stale")
+    assert saved_mismatch(v, policy, suite, "f" * 64, cand_id).startswith("another baseline's")
+    other = policy.model_copy(update={"name": "ci"})
+    assert saved_mismatch(v, other, suite, base_id, cand_id) == (
+        "another policy's: gate.json is policy seq's verdict, the report's --policy is ci"
+    )
+    golden = v.provenance.golden.model_copy(update={"manifest_sha256": "e" * 64})
+    moved = v.model_copy(update={"provenance": v.provenance.model_copy(update={"golden": golden})})
+    assert saved_mismatch(moved, policy, suite, base_id, cand_id).startswith("another golden set's")
+
+
+def test_a_gate_stopped_by_agreement_shows_untested_tasks_and_its_agreement_point(staged, tmp_path):
+    """A staged gate that an agreement look rejected before any item (the demo's GPTQ): its task cells say
+    untested, not "not scored", and the agreement rule is a point with its bounds at that look."""
+    from quantize.report.collect import Entry
+    from quantize.report.render import write_report
+
+    v = records.parse(records.Verdict, staged[2], "test")
+    agreement = records.AgreementRuleResult(
+        rule="agreement kl",
+        verdict="regression",
+        metric="kl",
+        look=1,
+        evidence=records.AgreementEvidence(
+            value=0.31, se_clustered=0.02, lower_bound=0.26, upper_bound=0.36, max=0.2, alpha=0.05,
+            positions=900, items=12, clusters=4, kl_p99=1.5, note="",
+        ),
+    )  # fmt: skip
+    untested = records.UntestedResult(rule="core_facts acc", task="core_facts", reason="stopped by agreement")
+    seq = v.sequential.model_copy(update={"looks_taken": 0, "agreement_looks_taken": 1})
+    rejected = v.model_copy(update={"verdict": "rejected", "rules": [agreement, untested], "sequential": seq})
+    common = dict(
+        method="gptq",
+        scheme="W4A16",
+        parameters=1000,
+        qlinear_bits=4.0,
+        bytes_by_role={"payload": 900},
+        sha256="a" * 64,
+    )
+    entries = [
+        Entry(path="b", label="base", total_bytes=4000, bits_per_weight=32.0, is_baseline=True, **common),
+        Entry(path="c", label="w4", total_bytes=900, bits_per_weight=7.2, verdict=rejected, verdict_origin="saved",
+              **common),
+    ]  # fmt: skip
+    data = write_report(entries, tmp_path / "rep", "bytes", "suite.yaml", "h100-sxm")
+    rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
+    assert rows["w4"]["facts"] == "untested (the gate stopped before this task)" and rows["w4"]["gate"] == "REJECTED"
+    assert rows["w4"]["verdict from"] == "saved verdict (gate.json, staged: 0 of 2 looks)"
+    [point] = data["evidence"]
+    assert (point["kind"], point["value"], point["lower"], point["upper"], point["limit"]) == (
+        "agreement",
+        0.31,
+        0.26,
+        0.36,
+        0.2,
+    )
+    assert point["look"] == "agreement look 1 of 2" and (tmp_path / "rep" / "evidence.png").is_file()
