@@ -4,8 +4,9 @@ Nothing here scores a model: a checkpoint without cached scores appears as "not 
 judged it in stages, with the gate's evidence (each rule's Δ, bounds and items).
 
 The verdict is the one the gate gave and saved beside the candidate (gate.json, `quantize gate --json`), when it
-names this policy, the checkpoint's identity and the baseline's as they are now, and this golden set; a gate.json
-that does not is kept as stale (`Entry.verdict_stale`), never shown as the verdict. Only where none is saved does
+names this policy (its rules and limits as the file says them now), the checkpoint's identity and the baseline's as
+they are now, and this golden set; a gate.json that does not is kept with the reason (`Entry.verdict_stale`: stale
+when the checkpoint changed since), never shown as the verdict. Only where none is saved does
 the report decide from cached full scores (the fixed design), labelled as recomputed."""
 
 from __future__ import annotations
@@ -22,8 +23,16 @@ from quantize.checkpoint.files import identity_sha256, read_config
 from quantize.cost import bounds as cost
 from quantize.errors import UsageError
 from quantize.gates.gate import agreement_rule, decide
-from quantize.gates.policy import AgreementRule, Policy, load_policy
-from quantize.records import AgreementResult, RunRecord, ScoreDoc, Verdict
+from quantize.gates.policy import AccuracyRule, AgreementRule, PerplexityRule, Policy, load_policy
+from quantize.records import (
+    AccuracyEvidence,
+    AgreementResult,
+    PerplexityEvidence,
+    RunRecord,
+    ScoreDoc,
+    UntestedResult,
+    Verdict,
+)
 from quantize.suite import open_suite
 
 
@@ -158,11 +167,37 @@ def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id
         )
     if v.policy != policy.name:
         return f"another policy's: gate.json is policy {v.policy}'s verdict, the report's --policy is {policy.name}"
+    if changed := rules_changed(v, policy):
+        return f"policy {policy.name} changed since it was gated: {changed}"
     if p.golden.manifest_sha256 != suite.golden.manifest_sha256:
         return (
             f"another golden set's: gate.json was on {p.golden.name}/{p.golden.version} "
             f"({p.golden.manifest_sha256[:12]}), the policy's suite is on {suite.golden.manifest_sha256[:12]}"
         )
+    return None
+
+
+def _limit(x: Any) -> Any:
+    """A rule's limit, from the rule or from the evidence its result recorded: margin, max_ratio, or (max, min)."""
+    if isinstance(x, AccuracyRule | AccuracyEvidence):
+        return x.margin
+    if isinstance(x, PerplexityRule | PerplexityEvidence):
+        return x.max_ratio
+    return (x.max, x.min)
+
+
+def rules_changed(v: Verdict, policy: Policy) -> str | None:
+    """How the policy's rules differ from the ones the saved verdict judged (labels, then each rule's limit and
+    α as its evidence recorded them), or None when they are the same."""
+    labels = [policy.label(i) for i in range(len(policy.rules))]
+    if [r.rule for r in v.rules] != labels:
+        return f"gate.json judged {[r.rule for r in v.rules]}, the policy's rules are {labels}"
+    for r, rule in zip(v.rules, policy.rules, strict=True):
+        if isinstance(r, UntestedResult):
+            continue
+        then, now = (_limit(r.evidence), r.evidence.alpha), (_limit(rule), policy.alpha)
+        if then != now:
+            return f"rule {r.rule} was judged at (limit, α) {then}, the policy now says {now}"
     return None
 
 

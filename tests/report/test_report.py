@@ -360,6 +360,11 @@ def test_a_saved_verdict_is_the_reports_only_for_this_policy_pair_and_golden_set
     assert saved_mismatch(v, other, suite, base_id, cand_id) == (
         "another policy's: gate.json is policy seq's verdict, the report's --policy is ci"
     )
+    tighter = policy.model_copy(update={"rules": [policy.rules[0].model_copy(update={"margin": 0.1})]})
+    assert saved_mismatch(v, tighter, suite, base_id, cand_id) == (
+        "policy seq changed since it was gated: rule core_facts acc was judged at (limit, α) (0.5, 0.05), the policy "
+        "now says (0.1, 0.05)"
+    )
     golden = v.provenance.golden.model_copy(update={"manifest_sha256": "e" * 64})
     moved = v.model_copy(update={"provenance": v.provenance.model_copy(update={"golden": golden})})
     assert saved_mismatch(moved, policy, suite, base_id, cand_id).startswith("another golden set's")
