@@ -649,8 +649,9 @@ def evidence_section(
     text = [
         "Each gated candidate's rules as its gate measured them: the change (Δ candidate − baseline for accuracy, "
         "the perplexity ratio, the agreement metric), the gate's bounds at its decision (one-sided at α; for a "
-        "staged gate at the look that decided, with that look's critical value) and the items they rest on (n of "
-        "the task's N for a staged gate, which scores a sample). A saved verdict (gate.json beside the checkpoint, "
+        "staged gate at the look that decided it, or the last one taken, with that look's critical value) and the "
+        "items they rest on (n of the task's N for a staged gate, which scores a sample). A saved verdict (gate.json "
+        "beside the checkpoint, "
         "checked against this report's policy and both checkpoints' identities as they are now) is shown as saved; "
         "one decided here from cached full scores is labelled recomputed (fixed design); a gate.json that no longer "
         "matches is never shown as the verdict.",
