@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from quantize.checkpoint import architecture as arch
 from quantize.checkpoint.files import read_config, safetensors_files, side_file
@@ -171,8 +171,8 @@ class BitsReport(BitsRecord):
     tied_copy_parameters: int = 0
     # by part of the model (architecture.PARTS): bytes, parameters, metadata bytes, bits per weight; sums to the
     # total bytes
-    bytes_by_part: dict[str, dict[str, Any]] = {}
-    expert_layers: list[ExpertLayer] = []  # the routed experts of each MoE layer, in layer order
+    bytes_by_part: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    expert_layers: list[ExpertLayer] = Field(default_factory=list)  # each MoE layer's routed experts, in order
 
     @property
     def routed_expert_share(self) -> float | None:

@@ -260,7 +260,9 @@ def _moe_layers(text: dict[str, Any], n: int) -> tuple[tuple[int, ...], str]:
     if "decoder_sparse_step" in text or "mlp_only_layers" in text:
         step = _int(text, "decoder_sparse_step") or 1
         only = set(_int_list(text, "mlp_only_layers") or [])
-        return tuple(i for i in range(n) if i not in only and (i + 1) % step == 0), ", mlp_only_layers/decoder_sparse_step"
+        return tuple(
+            i for i in range(n) if i not in only and (i + 1) % step == 0
+        ), ", mlp_only_layers/decoder_sparse_step"
     if (step := _int(text, "interleave_moe_layer_step")) is not None:
         return tuple(range(step - 1, n, step)), ", interleave_moe_layer_step"
     return tuple(range(n)), ""

@@ -149,7 +149,11 @@ def test_a_quantized_kv_cache_is_read_from_the_config():
     base = {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192}
     assert cost.kv_layout_from_config(base).bytes_per_element == 2
     fp8 = {**base, "quantization_config": {"kv_cache_scheme": {"num_bits": 8, "type": "float"}}}
-    assert cost.kv_layout_from_config(fp8) == cost.KVLayout(80, 8, 128, 1)
+    # the same bytes as the uniform layout the CLI's --layers/--kv-heads/--head-dim describe, at one byte
+    assert cost.kv_layout_from_config(fp8).bytes_per_sequence(2048) == cost.KVLayout(80, 8, 128, 1).bytes_per_sequence(
+        2048
+    )
+    assert cost.kv_layout_from_config(fp8).bytes_per_element == 1
     assert cost.kv_layout_from_config(fp8, bytes_per_element=2).bytes_per_element == 2  # an explicit figure wins
     bad = {**base, "quantization_config": {"kv_cache_scheme": {"num_bits": "8"}}}
     assert cost.kv_layout_from_config(bad).bytes_per_element == 2
