@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -688,6 +689,17 @@ def routed_experts(config: dict[str, Any], expert_layers: Sequence[Any], where: 
 
 def _span(layers: list[int]) -> str:
     return ", ".join(map(str, layers[:8])) + (f", … ({len(layers)} layers)" if len(layers) > 8 else "")
+
+
+def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weights, int | None]:
+    """A checkpoint's weights as a decode step reads them (its routed experts per MoE layer, from the headers and
+    config.json: routed_experts) and its active parameters (None when its parameters cannot be counted)."""
+    from quantize.checkpoint.accounting import bits_report
+
+    report = bits_report(checkpoint)
+    routed = routed_experts(config, report.expert_layers, str(checkpoint))
+    active = active_parameter_count(report.parameters, routed) if report.parameters else None
+    return Weights(report.total_bytes, routed), active
 
 
 def checkpoint_cost(

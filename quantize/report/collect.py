@@ -120,13 +120,15 @@ def decode_bounds(
 ) -> DecodeBounds:
     """Decode-cost lower bounds from the entry's bytes; empty, with the reason, when its config lacks the KV layout."""
     try:
-        kv = cost.kv_layout_from_config(read_config(Path(entry.path)))
+        cfg = read_config(Path(entry.path))
+        kv = cost.kv_layout_from_config(cfg)
+        weights, active = cost.checkpoint_weights(Path(entry.path), cfg)  # an MoE reads k/E of its experts
     except UsageError as e:
         return DecodeBounds(not_computable=str(e))
-    m = cost.CostModel(entry.parameters or 1, kv, hardware, context)
+    m = cost.CostModel((active if weights.routed else None) or entry.parameters or 1, kv, hardware, context)
     out = DecodeBounds(
-        batch1_ms=1000 * m.step_bound_s(entry.total_bytes, 1),
-        batch_ms=1000 * m.step_bound_s(entry.total_bytes, batch),
+        batch1_ms=1000 * m.step_bound_s(weights, 1),
+        batch_ms=1000 * m.step_bound_s(weights, batch),
         hardware=hardware.name,
         context=context,
         batch=batch,

@@ -343,3 +343,21 @@ def test_moe_compute_bound_batch_is_the_first_compute_bound_batch():
         b = m.compute_bound_batch(w, positions)
         assert b is not None and m.compute_s(b, positions) >= m.memory_s(w, b, positions)
         assert all(m.compute_s(x, positions) < m.memory_s(w, x, positions) for x in range(1, b))
+
+
+def test_the_reports_decode_bounds_price_an_moe_like_cost(arch_models, capsys):
+    """`quantize report`'s decode column uses the same model: a Qwen3-MoE's batch-1 bound reads k/E of its
+    experts, as `quantize cost --checkpoint` does, not every stored byte."""
+    from quantize.checkpoint.accounting import bits_report
+    from quantize.report.collect import Entry, decode_bounds
+
+    ckpt = arch_models["qwen3_moe"]
+    r = bits_report(ckpt)
+    entry = Entry(str(ckpt), "moe", "-", "-", r.total_bytes, r.parameters, 16.0, None, r.bytes_by_role, "0" * 64)
+    d = decode_bounds(entry, None, SEED, batch=4, context=100)
+    out = _cost_json(capsys, ckpt, "--context", "100", "--batch", "4")
+    assert d.batch1_ms == pytest.approx(out["formats"]["measured"]["batch1_step_bound_ms"])
+    assert d.batch_ms == pytest.approx(out["formats"]["measured"]["batch_step_bound_ms"])
+    routed = r.bytes_by_part["routed_experts"]["bytes"]  # batch 1 reads k/E = 2/8 of them
+    read = r.total_bytes - routed * (1 - 2 / 8) + out["kv_bytes_per_sequence"]
+    assert d.batch1_ms == pytest.approx(1000 * read / SEED.hbm_bytes_per_second)
