@@ -105,6 +105,24 @@ def _formats(spec: str) -> dict[str, float]:
     return out
 
 
+def _routed(args: argparse.Namespace) -> tuple[Any, ...]:
+    """--routed-params/--experts/--top-k: an MoE's routed experts, spread evenly over --layers MoE layers."""
+    from quantize.cost import bounds
+
+    given = [args.routed_params, args.experts, args.top_k]
+    if all(v is None for v in given):
+        return ()
+    if any(v is None for v in given):
+        raise UsageError("--routed-params, --experts and --top-k go together: give all three for an MoE, or none")
+    if not (0 < args.routed_params <= args.params and 1 <= args.top_k <= args.experts and args.layers >= 1):
+        raise UsageError(
+            f"invalid MoE setting: need 0 < --routed-params ({args.routed_params:g}) <= --params ({args.params:g}), "
+            f"1 <= --top-k ({args.top_k}) <= --experts ({args.experts}) and --layers >= 1"
+        )
+    per_layer = round(args.routed_params / args.layers)
+    return tuple(bounds.RoutedExperts(i, args.experts, args.top_k, 0.0, per_layer) for i in range(args.layers))
+
+
 def _hardware(name: str) -> Any:
     from quantize.cost import bounds
 
@@ -123,7 +141,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         result = bounds.checkpoint_cost(Path(args.checkpoint), hw, work, args.project_params, args.project_share)
     else:
         kv = bounds.KVLayout(args.layers, args.kv_heads, args.head_dim, args.kv_bytes)
-        result = bounds.token_cost(args.params, _formats(args.formats), kv, hw, work)
+        result = bounds.token_cost(args.params, _formats(args.formats), kv, hw, work, routed=_routed(args))
     if args.sweep:
         result = result.model_copy(update={"sweeps": bounds.exercise_sweeps(args.gamma, args.draft_cost, args.alpha)})
     if args.json:
@@ -344,6 +362,9 @@ def _cost_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     c.add_argument("--kv-heads", type=int, default=8)
     c.add_argument("--head-dim", type=int, default=128)
     c.add_argument("--kv-bytes", type=float, default=2, help="bytes per KV element (2 = bf16, 1 = fp8)")
+    c.add_argument("--routed-params", type=float, help="an MoE: parameters in routed experts (all layers, all experts)")
+    c.add_argument("--experts", type=int, help="an MoE: routed experts per layer (E)")
+    c.add_argument("--top-k", type=int, help="an MoE: experts each token is routed to (k)")
     c.add_argument("--context", type=int, default=2048, help="context tokens per sequence")
     c.add_argument("--batch", type=int, default=32)
     c.add_argument("--hardware", default="seed", help="seed | h100-sxm | h200")

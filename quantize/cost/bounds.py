@@ -432,7 +432,7 @@ class ExpertLayerCost(_Frozen):
     top_k: int
     routed_parameters: int  # all E experts
     active_routed_parameters: int  # P × k / E
-    routed_bytes: float  # all E experts, as stored (or as priced at the format's bits)
+    routed_bytes: float  # all E experts, as stored (without a checkpoint: priced at the first format's bits)
 
 
 class MoECost(_Frozen):
@@ -546,11 +546,12 @@ def token_cost(
     model = CostModel(active, kv, hardware, work.context_tokens)
     measured_bytes = measured_bytes or {}
     formats = {}
+    priced: list[Weights] = []
     for name, bits in format_bits.items():
         w = measured_bytes.get(name)
         if w is None:
             w = Weights(parameters * bits / 8, tuple(replace(r, bytes=r.parameters * bits / 8) for r in routed))
-        w = _weights(w)
+        priced.append(w := _weights(w))
         formats[name] = model.format_row(
             w, work.batch, work.gamma, work.alpha, work.draft_cost, bits_per_weight=8 * w.total_bytes / parameters
         )
@@ -566,7 +567,7 @@ def token_cost(
         kv_bytes_per_layer=kv.layer_bytes(work.context_tokens),
         formats=formats,
         speculation=speculation_summary(work.alpha, work.gamma, work.draft_cost, work.plain_step_ms),
-        moe=moe_cost(routed, work.batch) if routed else None,
+        moe=moe_cost(priced[0].routed or routed, work.batch) if routed and priced else None,
     )
 
 

@@ -361,3 +361,18 @@ def test_the_reports_decode_bounds_price_an_moe_like_cost(arch_models, capsys):
     routed = r.bytes_by_part["routed_experts"]["bytes"]  # batch 1 reads k/E = 2/8 of them
     read = r.total_bytes - routed * (1 - 2 / 8) + out["kv_bytes_per_sequence"]
     assert d.batch1_ms == pytest.approx(1000 * read / SEED.hbm_bytes_per_second)
+
+
+def test_cli_prices_an_moe_without_a_checkpoint(capsys):
+    """--routed-params/--experts/--top-k: Qwen3-235B-A22B's shapes (docs/cost.md) give its 22.19B active
+    parameters, and batch 1 reads the non-expert bytes plus k/E of the experts' at the format's bits."""
+    args = ["cost", "--params", "235093634560", "--routed-params", "227096395776", "--experts", "128"]
+    args += ["--top-k", "8", "--layers", "94", "--kv-heads", "4", "--head-dim", "128", "--formats", "bf16=16"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["active_parameters"] == 22_190_763_520 == 235_093_634_560 - 227_096_395_776 * 120 // 128
+    assert out["formats"]["bf16"]["batch1_weight_read_bytes"] == pytest.approx(2 * 22_190_763_520)
+    assert out["moe"]["tokens_reading_90pct"] == 36
+    assert main(["cost", "--experts", "8"]) == 2 and "go together" in capsys.readouterr().err
+    assert main(["cost", "--routed-params", "1e9", "--experts", "8", "--top-k", "9"]) == 2
+    assert "--top-k (9) <= --experts (8)" in capsys.readouterr().err
