@@ -14,7 +14,9 @@ routing assumed uniform (every expert equally likely, tokens independent):
     weight_bytes_read  = (W − Σ_l R_l) + Σ_l R_l × (1 − (1 − k_l/E_l)^T)     (W: all stored weight bytes)
 
 since an expert escapes one token with probability 1 − k/E, so E × (1 − (1 − k/E)^T) experts are read in
-expectation. A dense model has no MoE layer: weight_bytes_read = W and active_parameters = N.
+expectation. At T = 1 that is exactly k experts whatever the router; above it uniform routing maximizes the
+expectation (for independent tokens), so a skewed router can make a real step faster than this figure. A dense
+model has no MoE layer: weight_bytes_read = W and active_parameters = N.
 
 KV bytes per sequence = Σ_layers values_per_token × tokens_held × bytes_per_element, with
 values_per_token = 2 × kv_heads × head_dim (MHA/GQA) or kv_lora_rank + qk_rope_head_dim (MLA), and
@@ -86,7 +88,8 @@ FORMAT_BITS = {"bf16": 16.0, "fp8_e4m3": 8.0, "int4_g128": 4.15}
 
 ROUTING_ASSUMPTION = (
     "uniform routing: each routed token picks k of the E experts, every expert equally likely, tokens "
-    "independent; a step reads E × (1 − (1 − k/E)^T) experts of each MoE layer for T = batch × positions tokens"
+    "independent; a step reads E × (1 − (1 − k/E)^T) experts of each MoE layer for T = batch × positions tokens "
+    "(exact at T = 1; above it an expectation, not a bound: a skewed router reads fewer)"
 )
 
 
