@@ -24,12 +24,15 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from quantize.golden.prompts import CONTEXT_FIELD, SHOTS_FIELD
 from quantize.io import UserLines
 
 MAX_ITEM_BYTES = 16 * 2**20  # one item, one line: a long document or few-shot context is kilobytes
 MAX_SET_FILE_BYTES = 16 * 2**30  # one data file, streamed: the cap stops a file that never ends, not a large set
 SHOWN = 3  # problems listed per file; the rest are counted
+# the fields a frozen few-shot item pins its prompt in (written by quantize/golden/prompts.py; this module imports
+# no lm-eval, so every reader of a golden set can verify it)
+CONTEXT_FIELD = "golden_context"
+SHOTS_FIELD = "golden_shots"
 
 
 def id_key(value: Any) -> str:
