@@ -219,7 +219,7 @@ def open_user_file(
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{what} {p} is not a regular file (a pipe, a device or a socket); give a file{tail}")
         raise UsageError(f"{what} {p} is {st.st_size:,} bytes; at most {max_bytes:,} are read here{tail}")
-    with os.fdopen(fd, "rb") as fh:
+    with os.fdopen(fd, "rb", buffering=2**20) as fh:  # 1 MiB: a large JSONL is read by line twice as fast
         yield fh
 
 

@@ -227,3 +227,23 @@ def test_verify_streams_a_large_data_file(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 4_000_000, peak
+
+
+def test_a_set_whose_config_shares_an_object_is_written_without_aliases(tmp_path):
+    """A task config holding one list twice (as lm-eval's configs can) is written out twice: verify reads task
+    YAMLs without aliases, so a set written with one would be refused."""
+    from quantize.golden.version import TaskFiles, write_version
+
+    until = ["\n\n", "</s>"]
+    items = [{"id": f"i{i}", "prompt": f"p{i}", "answer": "a"} for i in range(3)]
+    config = {
+        "output_type": "generate_until",
+        "doc_to_text": "prompt",
+        "doc_to_target": "answer",
+        "generation_kwargs": {"until": until},
+        "stop_copy": until,
+    }
+    task = TaskFiles(name="shared", output_type="generate_until", items=items, config=config)
+    write_version(tmp_path / "s" / "v1", [task], sources={}, builder={})
+    assert "&id" not in (tmp_path / "s" / "v1" / "tasks" / "shared.yaml").read_text()
+    verify(tmp_path / "s" / "v1")
