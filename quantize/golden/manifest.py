@@ -1,8 +1,10 @@
 """Verify a golden-set version against its MANIFEST, and hand its tasks to lm-eval.
 
 A version folder is immutable: every file is listed in MANIFEST.json with its sha256 and item
-count, and any difference (a changed byte, a missing or unlisted file) is an error naming the
-file. Scoring calls `verify` first and refuses an unverified set.
+count, and any difference (a changed byte, a missing or unlisted file, a file that leads outside the
+folder) is an error naming the file. A MANIFEST can be rewritten by whoever edits the files, so the
+items are checked too (quantize/golden/items.py), line by line as each file is hashed. Scoring calls
+`verify` first and refuses an unverified set.
 """
 
 from __future__ import annotations
