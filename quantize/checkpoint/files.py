@@ -20,7 +20,7 @@ from quantize.errors import UsageError
 from quantize.io import read_user_file, sha256_bytes, sha256_file, sha256_named_files
 
 CONFIG = "config.json"
-MAX_JSON_BYTES = 64 * 2**20  # a config, shard index or tokenizer config: kilobytes (an index of 1T parameters ~10 MB)
+MAX_JSON_BYTES = 64 * 2**20  # a config, shard index or side quantization config: kilobytes to a few megabytes
 
 
 def safetensors_files(checkpoint: Path) -> list[Path]:
