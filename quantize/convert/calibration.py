@@ -21,9 +21,10 @@ from typing import Any
 
 from quantize.convert.recipe import Calibration
 from quantize.errors import UsageError
-from quantize.io import sha256_bytes
+from quantize.io import read_user_text, sha256_bytes, user_lines
 from quantize.records import CalibrationRecord
 
+MAX_BYTES = 256 * 2**20  # a calibration file: a few hundred documents are kilobytes to megabytes
 BUILTIN = {
     "builtin:jargon": (
         "jargon-calibration.jsonl",
@@ -66,19 +67,23 @@ def source_path(source: str) -> tuple[Path, str]:
 
 
 def read_documents(source: str) -> list[str]:
+    """The source's documents, read the one safe way (quantize/io.py: a regular file of at most MAX_BYTES, strict
+    UTF-8); a .jsonl file line by line."""
     path, _ = source_path(source)
-    text = path.read_text(encoding="utf-8")
+    what, hint = "calibration source", "give a local .txt or .jsonl file"
     if path.suffix == ".jsonl":
         docs = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                docs.append(json.loads(line)["text"])
-            except (json.JSONDecodeError, KeyError, TypeError):
-                raise UsageError(f"{path}:{n} is not a JSON object with a 'text' field; fix that line") from None
+        with user_lines(path, what, MAX_BYTES, MAX_BYTES, hint=hint) as lines:
+            for n, raw in lines:
+                line = lines.text(n, raw)
+                if not line.strip():
+                    continue
+                try:
+                    docs.append(json.loads(line)["text"])
+                except (ValueError, RecursionError, KeyError, TypeError):
+                    raise UsageError(f"{path}:{n} is not a JSON object with a 'text' field; fix that line") from None
     else:
-        docs = [d.strip() for d in text.split("\n\n")]
+        docs = [d.strip() for d in read_user_text(path, what, MAX_BYTES, hint=hint).split("\n\n")]
     docs = [d for d in docs if d]
     if not docs:
         raise UsageError(f"calibration source {path} holds no text")

@@ -55,9 +55,15 @@ def jsonl(items: list[dict[str, Any]]) -> bytes:
 
 
 def yaml_bytes(data: dict[str, Any]) -> bytes:
+    """YAML as every set writes it; an object that appears twice is written out twice, never as an alias (verify
+    reads task YAMLs with the project's limits, which refuse aliases)."""
     import yaml
 
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120).encode("utf-8")
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True, width=120).encode("utf-8")
 
 
 def check_new_version(out: Path) -> None:
