@@ -7,8 +7,8 @@ no network) and the plots as PNG and SVG.
 from __future__ import annotations
 
 import base64
-import html
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from quantize.io import atomic_dir
 from quantize.kinds import KINDS, kind_of
 from quantize.records import TaskScores
 from quantize.report.collect import Entry
-from quantize.tables import markdown_table
+from quantize.tables import html_code, html_text, markdown_table, md_code
 
 ROLE_ORDER = [
     ("payload", "packed payload"),
@@ -304,37 +304,42 @@ def write_report(entries: list[Entry], target: Path, axis: str, suite: str, hard
         return _write(entries, out, axis, suite, hardware)
 
 
+def _notes(entries: list[Entry], hardware: str, context: int | None, code: Callable[[object], str]) -> list[str]:
+    """The notes under the table, names and commands as `code` (md_code or html_code: escaped either way)."""
+    decode_note = (
+        f"Decode cost: lower bounds on {code(hardware)} from each checkpoint's measured bytes ({code('quantize cost')} "
+        f"model, {context:,}-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) "
+        "as α, γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification."
+        if context
+        else "Decode cost: not computable (no checkpoint's config.json gives its KV layout)."
+    )
+    unbounded = [code(e.label) for e in entries if e.decode and e.decode.not_computable]
+    if unbounded and context:
+        decode_note += f" No bounds for {', '.join(unbounded)}: its config.json lacks the KV layout."
+    notes = [decode_note]
+    if missing := [code(e.label) for e in entries if not e.scores]:
+        notes.append(f"Not scored (no cached {code('quantize eval')} result for this suite): {', '.join(missing)}.")
+    if agreed := [e for e in entries if e.agreement and not e.scores]:
+        notes.append(
+            f"Measured without scoring ({code('quantize agree')}): token-distribution agreement with the baseline on "
+            f"{agreed[0].agreement.positions:,} positions of the golden prompts (mean KL, a lower bound; top-1; "
+            f"Σ min(p, q)) for {', '.join(code(e.label) for e in agreed)}. Accuracy, perplexity and the gate's "
+            f"verdict need scores: {code('quantize gate POLICY --baseline B --candidate C')} "
+            f"({code('make gate-all')}). Their gate cell is the policy's agreement rules alone: 'agreement REJECTED' "
+            "already settles a rejection; 'agreement pass' leaves the accuracy and perplexity rules to the full gate."
+        )
+    return notes
+
+
 def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
     images = plot_pareto(entries, out, axis) + plot_bytes(entries, out)
     head, rows = table_rows(entries)
     context = next((e.decode.context for e in entries if e.decode and e.decode.context is not None), None)
-    decode_note = (
-        f"Decode cost: lower bounds on `{hardware}` from each checkpoint's measured bytes (`quantize cost` model, "
-        f"{context:,}-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) as α, "
-        "γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification."
-        if context
-        else "Decode cost: not computable (no checkpoint's config.json gives its KV layout)."
-    )
-    unbounded = [e.label for e in entries if e.decode and e.decode.not_computable]
-    if unbounded and context:
-        decode_note += f" No bounds for {', '.join(unbounded)}: its config.json lacks the KV layout."
-    notes = [decode_note]
-    if missing := [e.label for e in entries if not e.scores]:
-        notes.append(f"Not scored (no cached `quantize eval` result for this suite): {', '.join(missing)}.")
-    if agreed := [e for e in entries if e.agreement and not e.scores]:
-        notes.append(
-            "Measured without scoring (`quantize agree`): token-distribution agreement with the baseline on "
-            f"{agreed[0].agreement.positions:,} positions of the golden prompts (mean KL, a lower bound; top-1; "
-            f"Σ min(p, q)) for {', '.join(e.label for e in agreed)}. Accuracy, perplexity and the gate's verdict "
-            "need scores: `quantize gate POLICY --baseline B --candidate C` (`make gate-all`). Their gate cell is the "
-            "policy's agreement rules alone: 'agreement REJECTED' already settles a rejection; 'agreement pass' "
-            "leaves the accuracy and perplexity rules to the full gate."
-        )
-    md = ["# Bytes versus accuracy\n", f"Suite `{suite}`; {len(entries)} checkpoints.", ""]
+    md = ["# Bytes versus accuracy\n", f"Suite {md_code(suite)}; {len(entries)} checkpoints.", ""]
     if "pareto.png" in images:
         md += ["![Pareto plots](pareto.png)", ""]
-    md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows)]
-    for note in notes:
+    md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows)]  # every cell escaped
+    for note in _notes(entries, hardware, context, md_code):
         md += ["", note]
     (out / "report.md").write_text("\n".join(md) + "\n")
 
@@ -342,10 +347,8 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         data = base64.b64encode((out / name).read_bytes()).decode()
         return f'<img alt="{alt}" src="data:image/png;base64,{data}" style="max-width:100%">'
 
-    cells = lambda r, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in r)  # noqa: E731
-    body = [
-        f"<h1>Bytes versus accuracy</h1><p>Suite <code>{html.escape(suite)}</code>; {len(entries)} checkpoints.</p>"
-    ]
+    cells = lambda r, tag: "".join(f"<{tag}>{html_text(c)}</{tag}>" for c in r)  # noqa: E731
+    body = [f"<h1>Bytes versus accuracy</h1><p>Suite {html_code(suite)}; {len(entries)} checkpoints.</p>"]
     if "pareto.png" in images:
         body.append(img("pareto.png", "Pareto plots of quality against size"))
     body.append(img("bytes.png", "Stacked bars of bytes by role"))
@@ -356,7 +359,7 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows)
         + "</tbody></table>"
     )
-    body += [f"<p>{html.escape(note)}</p>" for note in notes]
+    body += [f"<p>{note}</p>" for note in _notes(entries, hardware, context, html_code)]
     style = (
         "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
         "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,th:first-child{text-align:left}"

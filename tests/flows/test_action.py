@@ -74,7 +74,7 @@ def test_a_pass_writes_summary_outputs_junit_and_verdict(golden, tiny_model, tmp
     assert action.main(env) == 0
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("earlier step\n")  # appended, as GitHub expects of every step
-    assert "✅ PASS" in summary and "| core_facts acc | pass |" in summary and "| agreement kl | pass |" in summary
+    assert "✅ PASS" in summary and "| `core_facts acc` | pass |" in summary and "| `agreement kl` | pass |" in summary
     assert _outputs(tmp_path) == {"verdict": "pass", "exit-code": "0"}
     suite = ET.parse(tmp_path / "gate.xml").getroot()
     assert suite.tag == "testsuite" and suite.get("tests") == "3" and suite.get("failures") == "0"

@@ -154,7 +154,7 @@ def test_a_checkpoint_without_a_kv_layout_has_no_decode_bounds_and_the_report_go
     data = json.loads((out / "report.json").read_text())
     rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
     assert rows["no-heads"]["batch-1 bound ms"] == "-" and float(rows["tiny-llama"]["batch-1 bound ms"]) > 0
-    assert "No bounds for no-heads" in (out / "report.md").read_text()
+    assert "No bounds for `no-heads`" in (out / "report.md").read_text()
 
 
 def test_agree_gives_the_demo_report_a_measured_quality_figure(checkpoints, tiny_model, tmp_path, monkeypatch, capsys):
