@@ -64,11 +64,13 @@ def md_text(text: object) -> str:
 
 def md_code(text: object) -> str:
     """`text` as a Markdown code span: on one line (`printable`), fenced by one backtick more than the longest run
-    inside it, and padded where it starts or ends with a backtick or a space (which the span would eat). Inside a
-    table, `markdown_cell` escapes its pipes as GitHub's tables require."""
+    inside it, and padded where it starts or ends with a backtick or a space (which the span would eat); "" for "".
+    Inside a table, `markdown_cell` escapes its pipes as GitHub's tables require."""
     s = printable(text)
+    if not s:
+        return ""  # Markdown has no empty code span
     fence = "`" * (max((len(run) for run in re.findall("`+", s)), default=0) + 1)
-    pad = " " if not s or s[0] in "` " or s[-1] in "` " else ""
+    pad = " " if s.strip(" ") and (s[0] in "` " or s[-1] in "` ") else ""  # spaces only: kept as they are
     return f"{fence}{pad}{s}{pad}{fence}"
 
 
