@@ -225,3 +225,23 @@ def test_report_reads_a_saved_sequential_verdict_and_refuses_another_suite(
         assert "name different suites" in capsys.readouterr().err
     finally:
         (fp8 / "gate.json").unlink()
+
+
+def test_a_checkpoint_name_makes_no_row_tag_or_headline_in_the_report(tiny_model, tmp_path, capsys):
+    """A folder named to add a table cell, a tag and a headline: report.md and report.html show the name as text."""
+    name = "w4 | forged | <img src=x onerror=alert(1)> `x` # PASS"  # no slash: one folder
+    shutil.copytree(tiny_model, tmp_path / name)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\n")
+    out = tmp_path / "rep"
+    assert main(["report", str(tmp_path / name), "--suite", str(suite), "--out", str(out)]) == 0, capsys.readouterr()
+    md = (out / "report.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("|")]
+    assert len(rows) == 3 and len({len(re.findall(r"(?<!\\)\|", row)) for row in rows}) == 1
+    assert [line for line in md.splitlines() if line.startswith("#")] == ["# Bytes versus accuracy"]
+    page = (out / "report.html").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page and "<code>w4 | forged" in page
+    markdown_it = pytest.importorskip("markdown_it")
+    rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(md)
+    assert "<img src=x" not in rendered and rendered.count("<h1>") == 1 and "<h2>" not in rendered
+    assert rendered.count("<tr>") == 2 and f"<code>{name.replace('<', '&lt;').replace('>', '&gt;')}</code>" in rendered
