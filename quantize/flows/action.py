@@ -90,8 +90,8 @@ def _append(path: str | None, text: str) -> None:
             fh.write(text)
 
 
-def _failed(env: Mapping[str, str], message: str, code: int) -> int:
-    why = "the gate could not run on this input" if code == EXIT_USAGE else "the gate failed"
+def _failed(env: Mapping[str, str], message: str, code: int, why: str = "") -> int:
+    why = why or ("the gate could not run on this input" if code == EXIT_USAGE else "the gate failed")
     _append(env.get("GITHUB_STEP_SUMMARY"), f"### quantize gate: {why} (exit {code})\n\n{md_text(message)}\n")
     _append(env.get("GITHUB_OUTPUT"), f"verdict=error\nexit-code={code}\n")
     print(f"quantize gate: {message}", file=sys.stderr)
@@ -126,7 +126,10 @@ def run(env: Mapping[str, str]) -> int:
     v = run_gate(policy, baseline, candidate)
     print(render_text(v), flush=True)  # the verdict first: a failure writing a file below hides nothing
     _append(env.get("GITHUB_STEP_SUMMARY"), render_markdown(v))
-    save_verdict(v, junit, verdict_path, candidate if card == "true" else None)
+    try:
+        save_verdict(v, junit, verdict_path, candidate if card == "true" else None)
+    except (UsageError, RuntimeFailure) as e:
+        return _failed(env, f"{e.says}: {e}", e.exit_code, "the verdict above stands; writing its files failed")
     _append(env.get("GITHUB_OUTPUT"), f"verdict={v.verdict}\nexit-code={v.exit_code}\n")
     return v.exit_code
 

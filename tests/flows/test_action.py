@@ -199,7 +199,8 @@ def test_the_verdict_reaches_the_summary_when_the_card_then_fails(golden, tiny_m
     capsys.readouterr()
     assert action.main(env | {"QUANTIZE_CARD": "true"}) == 2
     summary = (tmp_path / "summary.md").read_text()
-    assert summary.index("✅ PASS") < summary.index("could not run on this input") and "hf_canary" not in summary
+    assert summary.index("✅ PASS") < summary.index("the verdict above stands; writing its files failed (exit 2)")
+    assert "symbolic link" in summary and "hf_canary" not in summary
     assert "gate " in capsys.readouterr().out and _outputs(tmp_path) == {"verdict": "error", "exit-code": "2"}
 
 
