@@ -178,20 +178,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from quantize.flows.gate import run_gate, save_verdict
-    from quantize.gates.render import render_text
     from quantize.io import check_writable
-    from quantize.quiet import quiet_libraries
-    from quantize.records import to_json
 
     if args.junit:  # found before scoring, not after it with the verdict lost
         check_writable(Path(args.junit), "--junit")
-    if args.card and not Path(args.candidate).is_dir():
-        raise UsageError(f"--card writes the candidate's model card, and {args.candidate} is no checkpoint folder")
+    if args.card:  # likewise a model card that cannot be read or written (quantize/report/card.py)
+        from quantize.report.card import check_card
+
+        check_card(Path(args.candidate), "--card")
+    from quantize.flows.gate import run_gate, save_verdict  # scipy and the rest: after the checks
+    from quantize.gates.render import render_text
+    from quantize.quiet import quiet_libraries
+    from quantize.records import to_json
+
     with quiet_libraries(args.quiet):
         v = run_gate(args.policy, args.baseline, args.candidate, trust_remote_code=args.trust_remote_code)
+    print(to_json(v) if args.json else render_text(v), flush=True)  # the verdict first: a failed write hides nothing
     save_verdict(v, Path(args.junit) if args.junit else None, card=Path(args.candidate) if args.card else None)
-    print(to_json(v) if args.json else render_text(v))
     return v.exit_code
 
 

@@ -7,9 +7,9 @@ no network) and the plots as PNG and SVG.
 from __future__ import annotations
 
 import base64
-import html
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from quantize.records import (
     Verdict,
 )
 from quantize.report.collect import Entry
-from quantize.tables import markdown_table
+from quantize.tables import html_code, html_text, markdown_table, md_code, md_text
 
 ROLE_ORDER = [
     ("payload", "packed payload"),
@@ -562,25 +562,22 @@ def write_report(entries: list[Entry], target: Path, axis: str, suite: str, hard
         return _write(entries, out, axis, suite, hardware)
 
 
-def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
-    points = rule_points(entries)
-    images = plot_pareto(entries, out, axis) + plot_bytes(entries, out) + plot_evidence(entries, points, out, axis)
-    head, rows = table_rows(entries)
-    context = next((e.decode.context for e in entries if e.decode and e.decode.context is not None), None)
+def _notes(entries: list[Entry], hardware: str, context: int | None, code: Callable[[object], str]) -> list[str]:
+    """The notes under the table, names and commands as `code` (md_code or html_code: escaped either way)."""
     decode_note = (
-        f"Decode cost: lower bounds on `{hardware}` from each checkpoint's measured bytes (`quantize cost` model, "
-        f"{context:,}-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) as α, "
-        "γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification."
+        f"Decode cost: lower bounds on {code(hardware)} from each checkpoint's measured bytes ({code('quantize cost')} "
+        f"model, {context:,}-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) "
+        "as α, γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification."
         if context
         else "Decode cost: not computable (no checkpoint's config.json gives its KV layout)."
     )
-    unbounded = [e.label for e in entries if e.decode and e.decode.not_computable]
+    unbounded = [code(e.label) for e in entries if e.decode and e.decode.not_computable]
     if unbounded and context:
         decode_note += f" No bounds for {', '.join(unbounded)}: its config.json lacks the KV layout."
     notes = [decode_note]
-    if missing := [e.label for e in entries if not e.scores]:
-        notes.append(f"Not scored (no cached `quantize eval` result for this suite): {', '.join(missing)}.")
-    if sampled := [e.label for e in entries if not e.scores and e.verdict and e.verdict.sequential]:
+    if missing := [code(e.label) for e in entries if not e.scores]:
+        notes.append(f"Not scored (no cached {code('quantize eval')} result for this suite): {', '.join(missing)}.")
+    if sampled := [code(e.label) for e in entries if not e.scores and e.verdict and e.verdict.sequential]:
         notes.append(
             f"Gated in stages, so not scored in full: {', '.join(sampled)}. Their task cells hold the gate's own "
             "evidence, Δ candidate − baseline [the gate's bounds at its decision], n of N items (the sample it "
@@ -588,18 +585,26 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         )
     if agreed := [e for e in entries if e.agreement and not e.scores and not e.verdict]:
         notes.append(
-            "Measured without scoring (`quantize agree`): token-distribution agreement with the baseline on "
+            f"Measured without scoring ({code('quantize agree')}): token-distribution agreement with the baseline on "
             f"{agreed[0].agreement.positions:,} positions of the golden prompts (mean KL, a lower bound; top-1; "
-            f"Σ min(p, q)) for {', '.join(e.label for e in agreed)}. Accuracy, perplexity and the gate's verdict "
-            "need scores: `quantize gate POLICY --baseline B --candidate C` (`make gate-all`). Their gate cell is the "
-            "policy's agreement rules alone: 'agreement REJECTED' already settles a rejection; 'agreement pass' "
-            "leaves the accuracy and perplexity rules to the full gate."
+            f"Σ min(p, q)) for {', '.join(code(e.label) for e in agreed)}. Accuracy, perplexity and the gate's "
+            f"verdict need scores: {code('quantize gate POLICY --baseline B --candidate C')} "
+            f"({code('make gate-all')}). Their gate cell is the policy's agreement rules alone: 'agreement REJECTED' "
+            "already settles a rejection; 'agreement pass' leaves the accuracy and perplexity rules to the full gate."
         )
-    md = ["# Bytes versus accuracy\n", f"Suite `{suite}`; {len(entries)} checkpoints.", ""]
+    return notes
+
+
+def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
+    points = rule_points(entries)
+    images = plot_pareto(entries, out, axis) + plot_bytes(entries, out) + plot_evidence(entries, points, out, axis)
+    head, rows = table_rows(entries)
+    context = next((e.decode.context for e in entries if e.decode and e.decode.context is not None), None)
+    md = ["# Bytes versus accuracy\n", f"Suite {md_code(suite)}; {len(entries)} checkpoints.", ""]
     if "pareto.png" in images:
         md += ["![Pareto plots](pareto.png)", ""]
-    md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows)]
-    for note in notes:
+    md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows)]  # every cell escaped
+    for note in _notes(entries, hardware, context, md_code):
         md += ["", note]
     evidence = evidence_section(entries, points, images)
     md += evidence_markdown(*evidence)
@@ -609,10 +614,8 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         data = base64.b64encode((out / name).read_bytes()).decode()
         return f'<img alt="{alt}" src="data:image/png;base64,{data}" style="max-width:100%">'
 
-    cells = lambda r, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in r)  # noqa: E731
-    body = [
-        f"<h1>Bytes versus accuracy</h1><p>Suite <code>{html.escape(suite)}</code>; {len(entries)} checkpoints.</p>"
-    ]
+    cells = lambda r, tag: "".join(f"<{tag}>{html_text(c)}</{tag}>" for c in r)  # noqa: E731
+    body = [f"<h1>Bytes versus accuracy</h1><p>Suite {html_code(suite)}; {len(entries)} checkpoints.</p>"]
     if "pareto.png" in images:
         body.append(img("pareto.png", "Pareto plots of quality against size"))
     body.append(img("bytes.png", "Stacked bars of bytes by role"))
@@ -623,7 +626,7 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows)
         + "</tbody></table>"
     )
-    body += [f"<p>{html.escape(note)}</p>" for note in notes]
+    body += [f"<p>{note}</p>" for note in _notes(entries, hardware, context, html_code)]
     body += evidence_html(*evidence, img)
     style = (
         "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
@@ -666,7 +669,7 @@ def evidence_markdown(text: list[str], table: tuple[list[str], list[list[str]]],
     md = ["", "## The gate's evidence", ""]
     if plot:
         md += ["![The gate's evidence against size](evidence.png)", ""]
-    md += [text[0], "", text[1]]
+    md += [md_text(text[0]), "", md_text(text[1])]  # labels are users' names: escaped
     return md + (["", markdown_table(*table)] if table[1] else [])
 
 
@@ -676,9 +679,9 @@ def evidence_html(text: list[str], table: tuple[list[str], list[list[str]]], plo
     body = ["<h2>The gate's evidence</h2>"]
     if plot:
         body.append(img("evidence.png", "Each rule's measured change with the gate's bounds against size"))
-    body += [f"<p>{html.escape(t)}</p>" for t in text]
+    body += [f"<p>{html_text(t)}</p>" for t in text]
     if table[1]:
-        row = lambda r, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in r)  # noqa: E731
+        row = lambda r, tag: "".join(f"<{tag}>{html_text(c)}</{tag}>" for c in r)  # noqa: E731
         body.append(
             "<table><thead><tr>"
             + row(table[0], "th")

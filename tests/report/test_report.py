@@ -159,7 +159,7 @@ def test_a_checkpoint_without_a_kv_layout_has_no_decode_bounds_and_the_report_go
     data = json.loads((out / "report.json").read_text())
     rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
     assert rows["no-heads"]["batch-1 bound ms"] == "-" and float(rows["tiny-llama"]["batch-1 bound ms"]) > 0
-    assert "No bounds for no-heads" in (out / "report.md").read_text()
+    assert "No bounds for `no-heads`" in (out / "report.md").read_text()
 
 
 def test_agree_gives_the_demo_report_a_measured_quality_figure(checkpoints, tiny_model, tmp_path, monkeypatch, capsys):
@@ -416,3 +416,23 @@ def test_a_gate_stopped_by_agreement_shows_untested_tasks_and_its_agreement_poin
         0.2,
     )
     assert point["look"] == "agreement look 1 of 2" and (tmp_path / "rep" / "evidence.png").is_file()
+
+
+def test_a_checkpoint_name_makes_no_row_tag_or_headline_in_the_report(tiny_model, tmp_path, capsys):
+    """A folder named to add a table cell, a tag and a headline: report.md and report.html show the name as text."""
+    name = "w4 | forged | <img src=x onerror=alert(1)> `x` # PASS"  # no slash: one folder
+    shutil.copytree(tiny_model, tmp_path / name)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\n")
+    out = tmp_path / "rep"
+    assert main(["report", str(tmp_path / name), "--suite", str(suite), "--out", str(out)]) == 0, capsys.readouterr()
+    md = (out / "report.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("|")]
+    assert len(rows) == 3 and len({len(re.findall(r"(?<!\\)\|", row)) for row in rows}) == 1
+    assert [line for line in md.splitlines() if line.startswith("#")] == ["# Bytes versus accuracy"]
+    page = (out / "report.html").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page and "<code>w4 | forged" in page
+    markdown_it = pytest.importorskip("markdown_it")
+    rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(md)
+    assert "<img src=x" not in rendered and rendered.count("<h1>") == 1 and "<h2>" not in rendered
+    assert rendered.count("<tr>") == 2 and f"<code>{name.replace('<', '&lt;').replace('>', '&gt;')}</code>" in rendered
