@@ -273,9 +273,16 @@ def score_file_sha256(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str | Non
     return digest.read_text().strip() if digest.is_file() else None
 
 
-def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
+def store_scores(suite: OpenSuite, doc: ScoreDoc, replace: bool = True) -> None:
+    """`replace=False`: only where no entry is there yet, under the entry's claim (a gate's computed candidate never
+    replaces a file whose sha256 someone may have pinned); otherwise the caller holds the claim (score)."""
     p = score_path(suite, doc.provenance.checkpoint.identity_sha256, ran(doc))
-    write_text_atomic(digest_path(p), records.write(p, doc) + "\n")
+    if replace:  # the caller holds the entry's claim
+        write_text_atomic(digest_path(p), records.write(p, doc) + "\n")
+        return
+    with claimed(p):
+        if not p.is_file():
+            write_text_atomic(digest_path(p), records.write(p, doc) + "\n")
 
 
 def _agreement_key(suite: OpenSuite, run: Runtime) -> str:
@@ -327,9 +334,15 @@ def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime)
     return found
 
 
-def store_agreement(suite: OpenSuite, result: AgreementResult, run: Runtime) -> None:
+def store_agreement(suite: OpenSuite, result: AgreementResult, run: Runtime, replace: bool = True) -> None:
+    """`replace=False`: only where no entry is there yet (store_scores)."""
     p = agreement_path(suite, result.baseline_identity, result.candidate_identity, run)
-    write_text_atomic(digest_path(p), records.write(p, result) + "\n")
+    if replace:  # the caller holds the entry's claim
+        write_text_atomic(digest_path(p), records.write(p, result) + "\n")
+        return
+    with claimed(p):
+        if not p.is_file():
+            write_text_atomic(digest_path(p), records.write(p, result) + "\n")
 
 
 def sensitivity_key(suite: OpenSuite, model_id: str, measured: dict[str, Any]) -> str:

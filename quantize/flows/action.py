@@ -16,7 +16,9 @@ A composite action hands its inputs to no step by itself, so action.yml passes t
 
 A model id is fetched with huggingface_hub.snapshot_download, safetensors, JSON, tokenizer and text files only
 (never pickles), into the Hub cache the workflow may restore; its weights are then identified by their blob names
-(quantize.checkpoint.files.weights_sha256), not read again. Everything after the downloads runs offline.
+(quantize.checkpoint.files.weights_sha256), and the gate reads every such blob back while it scores: a blob that
+does not hash to its name is exit 2 and no verdict, whatever `reread-weights` says (that input only moves the
+check before the scoring). Everything after the downloads runs offline.
 
 Written: the verdict in Markdown appended to $GITHUB_STEP_SUMMARY, `verdict=` and `exit-code=` lines appended to
 $GITHUB_OUTPUT, the JUnit file and the verdict record. The exit code is the gate's: 0 pass, 1 rejected or
