@@ -3,7 +3,9 @@
 The one place that builds cache keys and paths (tests/test_layers.py enforces it). Scorers store through it, the
 gate and the report look up through it. Nothing here loads a model. A cache may be restored from a store other
 people write (CI), so what it serves is checked on every read: a score file must hash to the sha256 beside it,
-carry the key and checkpoint identity it was asked for, and its task summaries must follow from its items.
+carry the key and checkpoint identity it was asked for, and its task summaries must follow from its items. What a
+restored cache may supply to a gate (the baseline's scores and top-k, never the candidate's unless asked for) is
+docs/reliability.md's trust model, which quantize/flows/gate.py enforces.
 
     scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint identity, suite settings, golden manifest,
                                                                lm-eval version, tasks, runtime, SCORER_REVISION)
