@@ -116,7 +116,7 @@ def agree(
     return a.results
 
 
-def gate(
+def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
     policy: PathLike,
     baseline: PathLike,
     candidate: PathLike,
@@ -124,22 +124,33 @@ def gate(
     junit: PathLike | None = None,
     card: bool = False,
     trust_remote_code: bool = False,
+    trust_cached_candidate: bool = False,
     quiet: bool = True,
 ) -> Verdict:
     """`quantize gate`: the candidate against the baseline under the policy. Returns the Verdict (its
     `exit_code` is the CLI's: 0 pass, 1 rejected or inconclusive); a rejection is a verdict, not an exception.
     `junit`: also write JUnit XML there (checked writable before anything is scored); `card`: write the verdict
-    into the candidate folder's model card."""
+    into the candidate folder's model card (its README checked before anything is scored).
+    `trust_cached_candidate`: read the candidate's scores from the cache instead of computing them (docs/reliability.md,
+    "What a restored cache may supply"; the verdict records which)."""
     from quantize.flows.gate import run_gate, save_verdict
     from quantize.io import check_writable
     from quantize.quiet import quiet_libraries
 
     if junit is not None:
         check_writable(Path(junit), "junit")
-    if card and not Path(candidate).is_dir():
-        raise UsageError(f"card=True writes the candidate's model card, and {candidate} is no checkpoint folder")
+    if card:
+        from quantize.report.card import check_card
+
+        check_card(Path(candidate), "card")
     with quiet_libraries(quiet):
-        v = run_gate(policy, baseline, candidate, trust_remote_code=trust_remote_code)
+        v = run_gate(
+            policy,
+            baseline,
+            candidate,
+            trust_remote_code=trust_remote_code,
+            trust_cached_candidate=trust_cached_candidate,
+        )
     save_verdict(v, Path(junit) if junit is not None else None, card=Path(candidate) if card else None)
     return v
 

@@ -3,7 +3,9 @@
 The one place that builds cache keys and paths (tests/test_layers.py enforces it). Scorers store through it, the
 gate and the report look up through it. Nothing here loads a model. A cache may be restored from a store other
 people write (CI), so what it serves is checked on every read: a score file must hash to the sha256 beside it,
-carry the key and checkpoint identity it was asked for, and its task summaries must follow from its items.
+carry the key and checkpoint identity it was asked for, and its task summaries must follow from its items. What a
+restored cache may supply to a gate (the baseline's scores and top-k, never the candidate's unless asked for) is
+docs/reliability.md's trust model, which quantize/flows/gate.py enforces.
 
     scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint identity, suite settings, golden manifest,
                                                                lm-eval version, tasks, runtime, SCORER_REVISION)
@@ -273,9 +275,16 @@ def score_file_sha256(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str | Non
     return digest.read_text().strip() if digest.is_file() else None
 
 
-def store_scores(suite: OpenSuite, doc: ScoreDoc) -> None:
+def store_scores(suite: OpenSuite, doc: ScoreDoc, replace: bool = True) -> None:
+    """`replace=False`: only where no entry is there yet, under the entry's claim (a gate's computed candidate never
+    replaces a file whose sha256 someone may have pinned); otherwise the caller holds the claim (score)."""
     p = score_path(suite, doc.provenance.checkpoint.identity_sha256, ran(doc))
-    write_text_atomic(digest_path(p), records.write(p, doc) + "\n")
+    if replace:  # the caller holds the entry's claim
+        write_text_atomic(digest_path(p), records.write(p, doc) + "\n")
+        return
+    with claimed(p):
+        if not p.is_file():
+            write_text_atomic(digest_path(p), records.write(p, doc) + "\n")
 
 
 # What our agreement forward pass computes, revised: 2 (2026-12-03) truncates a document to the model's context
@@ -333,9 +342,15 @@ def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime)
     return found
 
 
-def store_agreement(suite: OpenSuite, result: AgreementResult, run: Runtime) -> None:
+def store_agreement(suite: OpenSuite, result: AgreementResult, run: Runtime, replace: bool = True) -> None:
+    """`replace=False`: only where no entry is there yet (store_scores)."""
     p = agreement_path(suite, result.baseline_identity, result.candidate_identity, run)
-    write_text_atomic(digest_path(p), records.write(p, result) + "\n")
+    if replace:  # the caller holds the entry's claim
+        write_text_atomic(digest_path(p), records.write(p, result) + "\n")
+        return
+    with claimed(p):
+        if not p.is_file():
+            write_text_atomic(digest_path(p), records.write(p, result) + "\n")
 
 
 def sensitivity_key(suite: OpenSuite, model_id: str, measured: dict[str, Any]) -> str:

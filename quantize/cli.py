@@ -192,7 +192,13 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from quantize.records import to_json
 
     with quiet_libraries(args.quiet):
-        v = run_gate(args.policy, args.baseline, args.candidate, trust_remote_code=args.trust_remote_code)
+        v = run_gate(
+            args.policy,
+            args.baseline,
+            args.candidate,
+            trust_remote_code=args.trust_remote_code,
+            trust_cached_candidate=args.trust_cached_candidate,
+        )
     print(to_json(v) if args.json else render_text(v), flush=True)  # the verdict first: a failed write hides nothing
     save_verdict(v, Path(args.junit) if args.junit else None, card=Path(args.candidate) if args.card else None)
     return v.exit_code
@@ -344,8 +350,8 @@ def _flag_parents() -> dict[str, argparse.ArgumentParser]:
     trust.add_argument(
         "--reread-weights",
         action="store_true",
-        help="read a Hugging Face cache's weight blobs and check them against their sha256 names instead of "
-        "trusting the names (the checkpoint's identity is the same either way)",
+        help="read a Hugging Face cache's weight blobs and check them against their sha256 names before anything "
+        "else (the checkpoint's identity is the same either way; `gate` checks them in the background regardless)",
     )
     return {"json": json_p, "quiet": quiet, "trust": trust}
 
@@ -462,6 +468,12 @@ def _evaluation_parsers(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> 
     gt.add_argument("--junit", help="also write JUnit XML here (one test case per rule)")
     gt.add_argument(
         "--card", action="store_true", help="also write the verdict into the candidate's model card (README.md)"
+    )
+    gt.add_argument(
+        "--trust-cached-candidate",
+        action="store_true",
+        help="read the candidate's scores from the score cache where they are there, instead of scoring it in this "
+        "run (only for a cache nobody else writes; the verdict records which: provenance.candidate_scores)",
     )
     gt.set_defaults(fn=cmd_gate)
     cd = sub.add_parser(

@@ -552,8 +552,13 @@ class VerdictProvenance(_Strict):
     seed: int
     suite: str
     # sha256 of the score file each side's evidence was read from (a cache entry or a file given on the command
-    # line); None for a side scored here in stages (no file): pin a baseline's with `baseline_scores_sha256:`
+    # line); None for a candidate scored in this run (its evidence read from no file): pin a baseline's with
+    # `baseline_scores_sha256:`
     score_files: dict[str, str | None] = Field(default_factory=dict)
+    # where the candidate's scores (and agreement) came from: "computed" in this run (in full or in stages),
+    # "cache" (a restored cache's entry, only on --trust-cached-candidate), "file" (a score file given); None in a
+    # verdict written before the gate said so (docs/reliability.md, "What a restored cache may supply")
+    candidate_scores: Literal["computed", "cache", "file"] | None = None
 
 
 class SequentialRecord(_Strict):

@@ -204,6 +204,11 @@ def header_file(tmp_path: Path, header: bytes, data: bytes = b"") -> Path:
             "string values",
         ),
         (b'{"w": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 4]}}', "not valid JSON"),
+        # taken for "no metadata" before (`or {}`): passed here, then exit 3 in eval, gate and run
+        (b'{"__metadata__": [], "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', "a JSON array"),
+        (b'{"__metadata__": "", "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', "a JSON string"),
+        (b'{"__metadata__": 0, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', "a JSON number"),
+        (b'{"__metadata__": false, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}', "a JSON boolean"),
     ],
 )
 def test_hostile_headers(tmp_path, capsys, header, msg):

@@ -229,18 +229,21 @@ def test_a_flipped_item_in_a_cached_score_file_is_refused(world, tiny_model, cap
 
 
 def test_another_checkpoints_scores_under_a_candidates_key_are_refused(world, tiny_model, capsys):
-    """A candidate entry given the baseline's items and numbers made a NaN candidate pass in 2.6 s."""
+    """A candidate entry given the baseline's items and numbers made a NaN candidate pass in 2.6 s. The gate now
+    scores the candidate itself (rejected); read from the cache on --trust-cached-candidate, the entry is refused."""
     _, suite, lenient, bad = world
     assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
     assert main(["eval", str(suite), str(bad), "--quiet"]) == 0
     capsys.readouterr()
     good, forged = _entry(suite, tiny_model), _entry(suite, bad)
     saved = forged.read_text(), forged.with_suffix(".sha256").read_text()
+    gate = ["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(bad), "--quiet"]
     try:
         _rewrite(forged, json.loads(good.read_text()))
-        code = main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(bad), "--quiet"])
+        assert main(gate) == 1
+        assert main([*gate, "--trust-cached-candidate"]) == 2
         err = capsys.readouterr().err
-        assert code == 2 and "another checkpoint's or suite's scores" in err and str(forged) in err
+        assert "another checkpoint's or suite's scores" in err and str(forged) in err
     finally:
         forged.write_text(saved[0])
         forged.with_suffix(".sha256").write_text(saved[1])
@@ -343,11 +346,19 @@ def test_the_report_reads_one_runtime_for_every_entry(world, tiny_model, tmp_pat
 
 def test_the_verdict_names_its_score_files_and_a_policy_can_pin_the_baseline(world, tiny_model, tmp_path, capsys):
     _, suite, lenient, _ = world
-    code = main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json", "-q"])
+    gate = ["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json", "-q"]
+    code = main(gate)
     v = json.loads(capsys.readouterr().out)
     assert code == 0
     digest = _entry(suite, tiny_model).with_suffix(".sha256").read_text().strip()
+    # the candidate was scored in this run (no file), and its scores did not replace the baseline's entry
+    assert v["provenance"]["score_files"] == {"baseline": digest, "candidate": None}
+    assert v["provenance"]["candidate_scores"] == "computed"
+    assert _entry(suite, tiny_model).with_suffix(".sha256").read_text().strip() == digest
+    assert main([*gate, "--trust-cached-candidate"]) == 0
+    v = json.loads(capsys.readouterr().out)
     assert v["provenance"]["score_files"] == {"baseline": digest, "candidate": digest}
+    assert v["provenance"]["candidate_scores"] == "cache"
     pinned = tmp_path / "pinned.yaml"
     for pin, want in (("0" * 64, 2), (digest, 0)):
         pinned.write_text(lenient.read_text() + f"baseline_scores_sha256: '{pin}'\n")
@@ -430,6 +441,196 @@ def test_agreement_entries_are_served_only_beside_a_digest_they_match(world, tin
     cache.digest_path(topk).unlink()  # from before digests: nothing vouches for it, so it is computed again
     assert main(gate) == 0
     assert cache.digest_path(topk).read_bytes() == saved[cache.digest_path(topk)]  # the same top-k, sealed again
+
+
+# --- a restored cache may supply the baseline, never the candidate ---------------------------------------------
+
+STAGED = "sequential: {looks: [0.5, 1.0], stable_fraction: 0.5}\n"
+
+
+def _design(lenient: Path, design: str, tmp_path: Path, agreement: bool = True) -> Path:
+    """The lenient policy in the fixed design (every item scored) or the staged one; without its agreement rule
+    where `agreement` is false (agreement is always measured in the run: scores alone are what a cache supplies)."""
+    text = lenient.read_text()
+    if not agreement:
+        text = "".join(line for line in text.splitlines(keepends=True) if "agreement:" not in line)
+    p = tmp_path / f"{design}-{agreement}.yaml"
+    p.write_text(text + (STAGED if design == "staged" else ""))
+    return p
+
+
+def _forge_candidate_entry(suite: Path, good: Path, bad: Path) -> Path:
+    """The baseline's scores under the NaN candidate's key, identity and path, digest in step: an entry every check
+    on read accepts (what a writer of the cache store can plant)."""
+    from quantize import cache
+    from quantize.checkpoint.files import identity_sha256, weights_sha256
+    from quantize.evaluate.score import runtime
+    from quantize.suite import open_suite
+
+    s, run, bad_id = open_suite(suite), runtime(open_suite(suite), False), identity_sha256(bad)
+    data = json.loads(_entry(suite, good).read_text())
+    data["key"] = cache.score_key(s, bad_id, run)
+    ref = {"path": str(bad), "weights_sha256": weights_sha256(bad), "identity_sha256": bad_id}
+    data["provenance"]["checkpoint"] = ref
+    forged = cache.score_path(s, bad_id, run)
+    _rewrite(forged, data)
+    assert cache.lookup_scores(s, bad_id, run) is not None  # served by every check on read
+    return forged
+
+
+@pytest.mark.parametrize("design", ["fixed", "staged"])
+def test_a_forged_candidate_entry_is_not_served_unless_asked_for(world, tiny_model, tmp_path, capsys, design):
+    """A NaN candidate passed both designs in 5-6 s on an entry with a consistent .sha256: the gate now scores the
+    candidate in the run (rejected), and reads the cache for it only on --trust-cached-candidate, which the verdict
+    records."""
+    _, suite, lenient, bad = world
+    assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
+    forged = _entry(suite, bad)
+    saved = {f: f.read_bytes() for f in (forged, forged.with_suffix(".sha256")) if f.is_file()}
+    policy = _design(lenient, design, tmp_path, agreement=False)
+    gate = ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(bad)]
+    try:
+        _forge_candidate_entry(suite, tiny_model, bad)
+        capsys.readouterr()
+        assert main([*gate, "--json", "-q"]) == 1
+        v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+        assert v.verdict == "rejected" and v.provenance.candidate_scores == "computed"
+        assert v.provenance.score_files["candidate"] is None
+        assert main([*gate, "--json", "-q", "--trust-cached-candidate"]) == 0
+        v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+        assert v.verdict == "pass" and v.provenance.candidate_scores == "cache"
+        assert v.provenance.score_files["candidate"] == forged.with_suffix(".sha256").read_text().strip()
+        assert any("--trust-cached-candidate" in n for n in v.notes)
+    finally:
+        for f in (forged, forged.with_suffix(".sha256")):
+            f.unlink(missing_ok=True)
+        for f, b in saved.items():
+            f.write_bytes(b)
+
+
+def test_a_candidate_scored_in_the_gate_fills_an_empty_cache_entry(world, tiny_model, tmp_path, monkeypatch):
+    """What the gate computed is kept for the report where the cache has nothing for it (never over an entry)."""
+    _, suite, lenient, _ = world
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cold"))
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model, other)
+    cfg = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": 0.01}))
+    assert main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(other), "-q"]) in (0, 1)
+    kept = _entry(suite, other)
+    assert kept.is_file() and kept.with_suffix(".sha256").is_file()
+    doc = records.read(ScoreDoc, kept)
+    assert doc.provenance.checkpoint.path == str(other)
+
+
+# --- identities nobody can borrow --------------------------------------------------------------------------------
+
+
+def _hub_snapshot(root: Path, checkpoint: Path, repo: str, weights_blob: str | None = None) -> Path:
+    """The layout snapshot_download leaves (models--ORG--NAME/{blobs/NAME, snapshots/REV/FILE -> ../../blobs/NAME}),
+    the weights' blob named `weights_blob` (default: their sha256, as on the Hub), other files by a 40-hex git sha."""
+    from quantize.io import sha256_file
+
+    repo_dir = root / f"models--{repo}"
+    snap = repo_dir / "snapshots" / ("ab" * 20)
+    (repo_dir / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in sorted(checkpoint.iterdir()):
+        git_sha = sha256_file(f)[:40]  # what the Hub names a small file's blob by
+        name = (weights_blob or sha256_file(f)) if f.suffix == ".safetensors" else git_sha
+        shutil.copyfile(f, repo_dir / "blobs" / name)
+        (snap / f.name).symlink_to(Path("..") / ".." / "blobs" / name)
+    return snap
+
+
+@pytest.mark.parametrize("design", ["fixed", "staged"])
+def test_a_hub_blob_named_with_the_baseline_s_hash_is_refused_not_passed(
+    world, tiny_model, tmp_path, capsys, monkeypatch, design
+):
+    """NaN weights in a blob named with the baseline's sha256 borrowed its identity, got its cached scores, and
+    passed both designs (exit 0 in ~4 s). The gate reads the blobs back while it scores: exit 2 naming the blob,
+    the sha256 it claims and the one it has; no verdict, and nothing it computed is cached under the borrowed
+    identity."""
+    from quantize.checkpoint.files import REREAD, identity_sha256
+    from quantize.io import sha256_file
+
+    _, suite, lenient, bad = world
+    claimed, actual = sha256_file(tiny_model / "model.safetensors"), sha256_file(bad / "model.safetensors")
+    base = _hub_snapshot(tmp_path / "hub", tiny_model, "org--base")
+    cand = _hub_snapshot(tmp_path / "hub", bad, "org--cand", weights_blob=claimed)
+    assert identity_sha256(cand) == identity_sha256(base)  # the borrowed identity
+    assert main(["eval", str(suite), str(base), "--quiet"]) == 0
+    entry = _entry(suite, base)
+    digest = entry.with_suffix(".sha256").read_text()
+    blob = cand.parent.parent / "blobs" / claimed
+    gate = ["gate", str(_design(lenient, design, tmp_path)), "--baseline", str(base), "--candidate", str(cand), "-q"]
+    for extra in ([], ["--trust-cached-candidate"]):
+        capsys.readouterr()
+        assert main([*gate, "--json", *extra]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and str(blob) in err and claimed in err and actual in err
+    assert entry.with_suffix(".sha256").read_text() == digest  # the baseline's entry is still the baseline's
+    monkeypatch.setenv(REREAD, "1")  # --reread-weights: checked before anything (restored when the test ends)
+    assert main([*gate, "--reread-weights"]) == 2
+    assert str(blob) in capsys.readouterr().err
+
+
+def test_a_true_hub_snapshot_is_read_back_and_passes(world, tiny_model, tmp_path, capsys, monkeypatch):
+    """A snapshot whose names hold: its blob is read back once (in the background), same identity, same verdict."""
+    from quantize.checkpoint import files
+
+    _, _, lenient, _ = world
+    base = _hub_snapshot(tmp_path / "hub", tiny_model, "org--base")
+    checked, real = [], files.check_blob
+    monkeypatch.setattr(files, "check_blob", lambda f, name: (checked.append(name), real(f, name)))
+    code = main(["gate", str(lenient), "--baseline", str(base), "--candidate", str(tiny_model), "--json", "-q"])
+    out = capsys.readouterr().out
+    assert code == 0 and records.parse(Verdict, json.loads(out), "stdout").verdict == "pass"
+    assert checked == [files.hub_blob_sha256(base / "model.safetensors")]
+
+
+# --- safetensors header metadata ---------------------------------------------------------------------------------
+
+
+def _with_metadata(src: Path, dst: Path, meta) -> Path:
+    """A copy of the checkpoint whose header's __metadata__ is `meta` (the tensors untouched)."""
+    import struct
+
+    shutil.copytree(src, dst)
+    f = dst / "model.safetensors"
+    raw = f.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + n]) | {"__metadata__": meta}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    f.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + n :])
+    return dst
+
+
+@pytest.mark.parametrize("meta", [[], "", 0, False, 1.5, {"format": 1}, {"format": None}])
+def test_header_metadata_of_the_wrong_type_is_exit_2_naming_the_file(
+    world, tiny_model, tmp_path, capsys, monkeypatch, meta
+):
+    """`__metadata__: []` (or "", 0, false) passed the header check; eval, gate and run then ended in exit 3 after
+    8-10 s and 600 MB. Now exit 2 naming the file, before anything is scored or loaded."""
+    from quantize.evaluate import score as score_mod
+
+    _, suite, lenient, _ = world
+    ckpt = _with_metadata(tiny_model, tmp_path / "meta", meta)
+
+    def never(*_a, **_k):
+        raise AssertionError("scored a checkpoint whose header is invalid")
+
+    monkeypatch.setattr(score_mod, "run_lm_eval", never)
+    capsys.readouterr()
+    for argv in (
+        ["eval", str(suite), str(ckpt)],
+        ["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(ckpt)],
+        ["inspect", str(ckpt)],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert str(ckpt / "model.safetensors") in err and "__metadata__" in err
 
 
 # --- golden sets hold all their data ----------------------------------------------------------------------------

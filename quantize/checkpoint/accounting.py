@@ -284,10 +284,22 @@ def _header_json(raw: bytes, bad: _Invalid) -> tuple[dict[str, Any], dict[str, s
         raise bad(f"header is not valid JSON ({str(e)[:200]})") from None
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
-    meta = header.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise bad("__metadata__ must be an object of string values")
-    return header, {str(k): str(v) for k, v in meta.items()}
+    meta = header.pop("__metadata__", None)  # absent or null: no metadata; [], "", 0 or false are not "none"
+    if meta is None:
+        meta = {}
+    string_values = "__metadata__ must be an object of string values"
+    if not isinstance(meta, dict):
+        raise bad(f"__metadata__ is a JSON {_json_type(meta)} ({json.dumps(meta)[:40]}); {string_values}")
+    for k, v in meta.items():
+        if not isinstance(v, str):
+            raise bad(f"__metadata__[{k!r}] is a JSON {_json_type(v)}; {string_values}")
+    return header, meta
+
+
+def _json_type(x: Any) -> str:
+    """The JSON name of a parsed value's type (a bool is a JSON boolean, not an int)."""
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+    return "null" if x is None else names.get(type(x), type(x).__name__)
 
 
 def _is_int(x: Any) -> bool:

@@ -12,6 +12,8 @@ import json
 import os
 import re
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -299,42 +301,114 @@ REREAD = "QUANTIZE_REREAD_WEIGHTS"  # "1": read Hub blobs and check them against
 
 
 def hub_blob_sha256(f: Path) -> str | None:
-    """The sha256 a Hugging Face cache names a weight file's blob by, where `f` links into one
-    (models--ORG--NAME/blobs/<64 hex>, as snapshot_download leaves an LFS file), else None."""
+    """The sha256 a Hugging Face cache names a weight file's blob by, where `f` sits in that cache's own layout,
+    else None (its bytes are hashed). The layout, as snapshot_download leaves an LFS file:
+
+        .../models--ORG--NAME/snapshots/REV/FILE  a link whose own target, taken as written, is
+        .../models--ORG--NAME/blobs/<64 hex>      a regular file in the same models--ORG--NAME folder
+
+    The link is resolved one step without leaving that folder: a blob reached through another link (the blobs
+    folder or the blob itself a link elsewhere), a blob of another models--* folder, or a plain folder whose files
+    link into some nested models--*/blobs is not a Hub snapshot, and is identified by its bytes."""
     if not f.is_symlink():
         return None
-    target = f.resolve()
-    blobs = target.parent
-    if blobs.name == "blobs" and blobs.parent.name.startswith("models--") and HUB_BLOB.match(target.name):
-        return target.name
-    return None
+    snapshot = f.parent.resolve()
+    repo = snapshot.parent.parent
+    if snapshot.parent.name != "snapshots" or not repo.name.startswith("models--") or repo.name == "models--":
+        return None
+    target = Path(os.path.normpath(snapshot / os.readlink(f)))  # one step, as written (relative to the snapshot)
+    if target.parent != repo / "blobs" or not HUB_BLOB.match(target.name) or target.parent.is_symlink():
+        return None
+    if target.is_symlink() or not target.is_file() or f.resolve() != target:
+        return None
+    return target.name
+
+
+def hub_blobs(checkpoint: Path) -> list[tuple[Path, str]]:
+    """The weight files whose part in the checkpoint's identity is their Hub blob's name (weights_sha256), each with
+    that name; [] where the weights are identified by their bytes."""
+    return _named_blobs(safetensors_files(checkpoint))
+
+
+def _named_blobs(files: list[Path]) -> list[tuple[Path, str]]:
+    named = [(f, hub_blob_sha256(f)) for f in files]
+    return [(f, name) for f, name in named if name] if files and all(name for _, name in named) else []
+
+
+def check_blob(f: Path, name: str) -> None:
+    """A Hub blob's bytes must hash to its name: a UsageError naming the blob, the sha256 it claims and the one it
+    has, where they differ (the cache was altered or damaged after the download, or built to borrow an identity)."""
+    blob = f.resolve()
+    st = blob.stat()
+    found = _blob_sha256(str(blob), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if found != name:
+        raise UsageError(
+            f"{f} links to the Hub cache blob {blob}, whose bytes do not hash to its name: it claims sha256 {name}, "
+            f"its bytes hash to {found}. The cache was altered or damaged after the download (or built to borrow "
+            "another checkpoint's identity): no verdict rests on it. Delete that blob and download the model again"
+        )
+
+
+@functools.lru_cache(maxsize=256)
+def _blob_sha256(path: str, size: int, mtime_ns: int, ctime_ns: int, ino: int) -> str:
+    """A blob's bytes hashed once per process while the file is unchanged (the stat is part of the key)."""
+    return sha256_file(Path(path))
+
+
+class BlobCheck:
+    """The Hub blobs behind some checkpoints' identities (hub_blobs), read back and checked against their names
+    (check_blob) in a background thread while the caller goes on: hashing reads the files and hashlib releases the
+    interpreter lock, so it runs beside scoring. `wait()` joins it and raises the first blob whose name lies."""
+
+    def __init__(self, checkpoints: list[Path]) -> None:
+        blobs = {f.resolve(): (f, name) for c in checkpoints if Path(c).is_dir() for f, name in hub_blobs(Path(c))}
+        self.blobs = list(blobs.values())
+        self.error: UsageError | None = None
+        self.seconds = 0.0  # wall time of the check in its thread
+        self._thread = threading.Thread(target=self._run, name="quantize-blob-check", daemon=True)
+        if self.blobs:
+            self._thread.start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            for f, name in self.blobs:
+                check_blob(f, name)
+        except UsageError as e:
+            self.error = e
+        except OSError as e:  # a blob gone or unreadable mid-gate: nothing vouches for its name either
+            self.error = UsageError(f"could not read the Hub cache blob behind {e.filename}: {e.strerror}")
+        self.seconds = time.perf_counter() - t0
+
+    def wait(self) -> None:
+        if self.blobs:
+            self._thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def weights_sha256(checkpoint: Path) -> str:
     """sha256 over the checkpoint's safetensors files, in name order.
 
-    A folder of files: over each file's name and bytes, streamed. A Hugging Face cache snapshot whose every
-    weight file links to a blob named by a sha256: over the lines "NAME SHA256\n", the names taken from the blobs
-    without reading a byte (a 140 GB baseline is identified in milliseconds on a runner that restored the Hub
-    cache). That trusts the name: the sha256 the Hub's metadata gave for the file, which huggingface_hub 1.33 does
-    not recompute on download (it checks the size); with QUANTIZE_REREAD_WEIGHTS=1 (`--reread-weights`) every
-    blob is read and must hash to its name, and the identity is the same. The same bytes in the two layouts have
-    two identities: a cache miss (scored again), never another checkpoint's scores.
+    A folder of files: over each file's name and bytes (as read, through any link), streamed. A Hugging Face cache
+    snapshot (hub_blob_sha256: the cache's own layout, nothing else) whose every weight file links to a blob named
+    by a sha256: over the lines "NAME SHA256\n", the names taken from the blobs without reading a byte (a 140 GB
+    baseline is identified in milliseconds on a runner that restored the Hub cache). The name is never the sole
+    basis of a verdict: `quantize gate` reads every such blob back in a background thread while it scores
+    (BlobCheck) and refuses the verdict where one does not hash to its name; with QUANTIZE_REREAD_WEIGHTS=1
+    (`--reread-weights`) every blob is read and checked here, before anything else, and the identity is the same.
+    The same bytes in the two layouts have two identities: a cache miss (scored again), never another
+    checkpoint's scores.
 
     A folder's hash is memoized in the process (one gate hashes each checkpoint for scoring, for agreement and for
     the report) and in the cache (quantize/cache.py `weights`: every process on this machine, such as a sweep's
     workers, finds it again until a file changes or the machine reboots); a rewritten file is hashed again."""
     files = safetensors_files(checkpoint)
-    blobs = [hub_blob_sha256(f) for f in files]
-    if files and all(blobs):
+    if blobs := _named_blobs(files):
         if os.environ.get(REREAD) == "1":
-            for f, name in zip(files, blobs, strict=True):
-                if sha256_file(f) != name:
-                    raise UsageError(
-                        f"{f} links to the Hub cache blob {f.resolve()}, whose bytes do not hash to its name: the "
-                        "cache was altered or damaged after the download. Delete that blob and download the model again"
-                    )
-        return sha256_bytes("".join(f"{f.name} {name}\n" for f, name in zip(files, blobs, strict=True)).encode())
+            for f, name in blobs:
+                check_blob(f, name)
+        return sha256_bytes("".join(f"{f.name} {name}\n" for f, name in blobs).encode())
     return _sha256_of_files(
         tuple((f.name, str(f.resolve()), (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino) for f in files)
     )

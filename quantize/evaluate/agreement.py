@@ -446,19 +446,27 @@ def agreement_scores(
     with cache.claimed(cache.agreement_path(suite, base_id, cand_id, run)):
         if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
             return found
-        reqs = agreement_requests(suite)
-        base = baseline_topk_cached(suite, baseline, base_id, models, reqs)
-        a = suite.suite.agreement
-        result = AgreementResult(
-            **compare(_scorer(suite, candidate, models), reqs, base),
-            baseline_identity=base_id,
-            candidate_identity=cand_id,
-            top_k=a.top_k,
-            per_task=a.per_task,
-            tasks=suite.agreement_tasks,
-        )
+        result = measure_agreement(suite, baseline, candidate, (base_id, cand_id), models)
         cache.store_agreement(suite, result, run)
         return result
+
+
+def measure_agreement(
+    suite: OpenSuite, baseline: Path, candidate: Path, ids: tuple[str, str], models: LastModel
+) -> AgreementResult:
+    """The candidate's agreement measured now, no comparison read from the cache or written to it (the baseline's
+    top-k is: cached); ids: the baseline's and the candidate's identities."""
+    reqs = agreement_requests(suite)
+    base = baseline_topk_cached(suite, baseline, ids[0], models, reqs)
+    a = suite.suite.agreement
+    return AgreementResult(
+        **compare(_scorer(suite, candidate, models), reqs, base),
+        baseline_identity=ids[0],
+        candidate_identity=ids[1],
+        top_k=a.top_k,
+        per_task=a.per_task,
+        tasks=suite.agreement_tasks,
+    )
 
 
 class StagedAgreement:

@@ -131,14 +131,20 @@ def score(
     refresh: bool = False,
     trust_remote_code: bool = False,
     models: LastModel | None = None,
+    use_cache: bool = True,
 ) -> Scored:
     """Score a checkpoint on an open suite; the result comes from the cache when it is there. `models`
-    lets a caller that needs the same checkpoint again (agreement) keep it loaded."""
+    lets a caller that needs the same checkpoint again (agreement) keep it loaded. `use_cache=False`: scored here,
+    the cache neither read nor written (a gate's candidate: the caller stores it once its identity is checked)."""
     models = models or LastModel(trust_remote_code)
     ckpt = Path(checkpoint)
     check_model_dir(ckpt)
     check_loadable(ckpt)
     ref = CheckpointRef(path=str(ckpt), weights_sha256=weights_sha256(ckpt), identity_sha256=identity_sha256(ckpt))
+    if not use_cache:
+        doc = run_lm_eval(suite, ckpt, ref, models)
+        SCORED_HERE.append(ref.identity_sha256)
+        return Scored(doc, False)
     run = runtime(suite, models.trust_remote_code)
     if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, run)) is not None:
         return Scored(found, True)
@@ -224,18 +230,27 @@ def run_lm_eval(
 
 class Staged:
     """A checkpoint scored in stages, one load: each call scores only the items not scored before and returns
-    every item scored so far as one ScoreDoc (not cached: it is a sample). A checkpoint whose full scores are
-    cached is read from the cache and costs nothing. `order`: each task's item ids in document order (the
-    baseline's items), which maps an id to the index lm-eval's `samples=` takes."""
+    every item scored so far as one ScoreDoc (not cached: it is a sample). With `from_cache`, a checkpoint whose
+    full scores are cached is read from the cache and costs nothing (a gate asks for that only on
+    --trust-cached-candidate). `order`: each task's item ids in document order (the baseline's items), which maps
+    an id to the index lm-eval's `samples=` takes."""
 
-    def __init__(self, suite: OpenSuite, checkpoint: Path, order: dict[str, list[str]], models: LastModel) -> None:
+    def __init__(
+        self,
+        suite: OpenSuite,
+        checkpoint: Path,
+        order: dict[str, list[str]],
+        models: LastModel,
+        from_cache: bool = False,
+    ) -> None:
         check_model_dir(checkpoint)
         self.suite, self.ckpt, self.models = suite, checkpoint, models
         self.ref = CheckpointRef(
             path=str(checkpoint), weights_sha256=weights_sha256(checkpoint), identity_sha256=identity_sha256(checkpoint)
         )
         self.index = {t: {i: n for n, i in enumerate(ids)} for t, ids in order.items()}
-        self.full = cache.lookup_scores(suite, self.ref.identity_sha256, runtime(suite, models.trust_remote_code))
+        run = runtime(suite, models.trust_remote_code)
+        self.full = cache.lookup_scores(suite, self.ref.identity_sha256, run) if from_cache else None
         self.items: dict[str, dict[str, dict[str, Any]]] = {t: {} for t in order}
         self.meta: dict[str, tuple[str, float | str, str | None]] = {}
         self._last: ScoreDoc | None = None

@@ -19,7 +19,9 @@ any other control character (a newline inside, a tab, a carriage return) is exit
 
 A model id is fetched with huggingface_hub.snapshot_download, safetensors, JSON, tokenizer and text files only
 (never pickles), into the Hub cache the workflow may restore; its weights are then identified by their blob names
-(quantize.checkpoint.files.weights_sha256), not read again. Everything after the downloads runs offline.
+(quantize.checkpoint.files.weights_sha256), and the gate reads every such blob back while it scores: a blob that
+does not hash to its name is exit 2 and no verdict, whatever `reread-weights` says (that input only moves the
+check before the scoring). Everything after the downloads runs offline.
 
 Written, in this order: the verdict as text on stdout and in Markdown appended to $GITHUB_STEP_SUMMARY (every name
 escaped: quantize/tables.py), then the JUnit file, the verdict record and the card, then `verdict=` and `exit-code=`

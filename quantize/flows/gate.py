@@ -5,12 +5,14 @@ this package (quantize/flows) and nowhere else: neither imports the other (tests
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 from quantize import cache, records
-from quantize.checkpoint.files import architecture, check_loadable, check_model_dir, identity_sha256
+from quantize.checkpoint.files import BlobCheck, architecture, check_loadable, check_model_dir, identity_sha256
 from quantize.checkpoint.loader import LastModel
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 from quantize.gates.gate import comparable_settings, decide
 from quantize.gates.policy import RULE_OUTPUT_TYPES, AgreementRule, Policy, load_policy
 from quantize.io import sha256_file
@@ -108,13 +110,14 @@ def comparison_notes(policy: Policy, baseline: Path, candidate: Path) -> list[st
     return notes
 
 
-def load_scores(suite: OpenSuite, target: Path, models: LastModel) -> ScoreDoc:
-    """A checkpoint folder is scored (or read from the cache); a .json file is a saved `quantize eval --json --items`,
-    which must come from the policy's suite: same settings, same golden set, same tasks."""
+def load_scores(suite: OpenSuite, target: Path, models: LastModel, use_cache: bool = True) -> ScoreDoc:
+    """A checkpoint folder is scored (or read from the cache; `use_cache=False`: scored, the cache neither read nor
+    written); a .json file is a saved `quantize eval --json --items`, which must come from the policy's suite: same
+    settings, same golden set, same tasks."""
     if not target.is_file():
         from quantize.evaluate.score import score
 
-        return score(suite, target, models=models).doc
+        return score(suite, target, models=models, use_cache=use_cache).doc
     doc = records.read(ScoreDoc, target)
     p = doc.provenance
     for field, theirs, ours in (
@@ -178,12 +181,45 @@ def scored_here() -> list[str]:
 
 
 def run_gate(
-    policy_path: str | Path, baseline: str | Path, candidate: str | Path, trust_remote_code: bool = False
+    policy_path: str | Path,
+    baseline: str | Path,
+    candidate: str | Path,
+    trust_remote_code: bool = False,
+    trust_cached_candidate: bool = False,
 ) -> Verdict:
-    """trust_remote_code: run the checkpoints' own Python at load; only the command line can ask for it."""
+    """trust_remote_code: run the checkpoints' own Python at load; only the command line can ask for it.
+    The candidate is scored in this run (in full or in stages), never read from the cache, unless
+    `trust_cached_candidate` (--trust-cached-candidate): a restored cache supplies the baseline's evidence only
+    (docs/reliability.md). Weights identified by Hub blob names are read back in a background thread while the
+    gate scores (files.BlobCheck): a name that lies is exit 2 and no verdict."""
     policy, suite = open_policy(policy_path)  # a bad suite or golden set is a usage error before any scoring
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
+    names = BlobCheck([base_path, cand_path])
+    try:
+        v, store = _gate(
+            policy, suite, (base_path, cand_path), needs_agreement, trust_remote_code, trust_cached_candidate
+        )
+    except (UsageError, RuntimeFailure):
+        names.wait()  # a blob whose name lies explains whatever failed after it
+        raise
+    names.wait()
+    if store is not None:  # the candidate's computed evidence, kept for the report once its identity holds
+        store()
+    return v
+
+
+def _gate(
+    policy: Policy,
+    suite: OpenSuite,
+    paths: tuple[Path, Path],
+    needs_agreement: bool,
+    trust_remote_code: bool,
+    trust_cached_candidate: bool,
+) -> tuple[Verdict, Callable[[], None] | None]:
+    """run_gate's scoring and decision; returns the verdict and what stores the candidate's computed evidence in
+    the cache (only where the cache has no entry for it yet), or None."""
+    base_path, cand_path = paths
     notes = comparison_notes(policy, base_path, cand_path)
     # one load per checkpoint: the baseline's top-k right after its scores, the candidate's agreement
     # right after its scores, while each is the model in memory
@@ -213,25 +249,46 @@ def run_gate(
         from quantize.evaluate.agreement import baseline_topk_cached
 
         baseline_topk_cached(suite, base_path, base.provenance.checkpoint.identity_sha256, models)
+    computed = cand_path.is_dir() and not trust_cached_candidate
+    store = None
     if in_stages:
-        v = run_sequential(policy, suite, base, base_path, cand_path, models, needs_agreement)
+        v = run_sequential(policy, suite, base, (base_path, cand_path), models, needs_agreement, not computed)
         staged_here = v.sequential is not None and v.sequential.candidate_seconds is not None
         cand_id = v.provenance.candidate.checkpoint.identity_sha256
         cand_file = None if staged_here else scores_sha256(suite, cand_path, cand_id, run)
-        v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
-        v.notes += notes
-        return v
-    cand = load_scores(suite, cand_path, models)
-    agreement = None
-    if needs_agreement:
-        agreement = candidate_agreement(
-            suite, base, base_path, cand_path, cand.provenance.checkpoint.identity_sha256, models
+    else:
+        # on --trust-cached-candidate, an entry there before scoring is what the candidate's scores are read from
+        cached = cand_path.is_file() or (
+            not computed and scores_sha256(suite, cand_path, identity_sha256(cand_path), run) is not None
         )
-    v = decide(policy, base, cand, agreement)
-    cand_file = scores_sha256(suite, cand_path, cand.provenance.checkpoint.identity_sha256, run)
+        cand = load_scores(suite, cand_path, models, use_cache=not computed)
+        cand_id = cand.provenance.checkpoint.identity_sha256
+        agreement = None
+        if needs_agreement:
+            agreement = candidate_agreement(suite, base, (base_path, cand_path), cand_id, models, not computed)
+        v = decide(policy, base, cand, agreement)
+        cand_file = scores_sha256(suite, cand_path, cand_id, run) if cached else None
+        if computed:
+            store = functools.partial(_keep, suite, cand, agreement, run)
     v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
+    v.provenance.candidate_scores = "file" if cand_path.is_file() else "computed" if cand_file is None else "cache"
+    if v.provenance.candidate_scores == "cache":
+        v.notes.append(
+            "the candidate's scores were read from the score cache (--trust-cached-candidate), not computed in this "
+            "run: the verdict is as good as whoever wrote that cache"
+        )
     v.notes += notes
-    return v
+    return v, store
+
+
+def _keep(
+    suite: OpenSuite, cand: ScoreDoc, agreement: records.AgreementResult | None, run: cache.Runtime | None
+) -> None:
+    """A candidate's scores and agreement computed in a gate, into the cache where it has no entry for them (an
+    entry there is never replaced: its sha256 may be pinned), for the report and later commands."""
+    cache.store_scores(suite, cand, replace=False)
+    if agreement is not None and run is not None:
+        cache.store_agreement(suite, agreement, run, replace=False)
 
 
 def scores_sha256(suite: OpenSuite, target: Path, ckpt_id: str, run: cache.Runtime | None) -> str | None:
@@ -244,30 +301,38 @@ def scores_sha256(suite: OpenSuite, target: Path, ckpt_id: str, run: cache.Runti
 
 
 def candidate_agreement(
-    suite: OpenSuite, base: ScoreDoc, base_path: Path, cand_path: Path, cand_id: str, models: LastModel
+    suite: OpenSuite,
+    base: ScoreDoc,
+    paths: tuple[Path, Path],
+    cand_id: str,
+    models: LastModel,
+    from_cache: bool = False,
 ) -> records.AgreementResult:
-    """The candidate's agreement with the baseline, through the gate's one loader (cached)."""
-    from quantize.evaluate.agreement import agreement_scores
+    """The candidate's agreement with the baseline, through the gate's one loader: measured here, or with
+    `from_cache` read from the cache where it is there (and cached)."""
+    from quantize.evaluate.agreement import agreement_scores, measure_agreement
 
-    return agreement_scores(
-        suite, base_path, cand_path, base.provenance.checkpoint.identity_sha256, cand_id, models=models
-    )
+    (base_path, cand_path), base_id = paths, base.provenance.checkpoint.identity_sha256
+    if not from_cache:
+        return measure_agreement(suite, base_path, cand_path, (base_id, cand_id), models)
+    return agreement_scores(suite, base_path, cand_path, base_id, cand_id, models=models)
 
 
 def run_sequential(
     policy: Policy,
     suite: OpenSuite,
     base: ScoreDoc,
-    base_path: Path,
-    cand_path: Path,
+    paths: tuple[Path, Path],
     models: LastModel,
     needs_agreement: bool,
+    from_cache: bool = False,
 ) -> Verdict:
     """The policy's `sequential:` design (quantize/gates/sequential.py): agreement first, in looks of its own (one
     load of the candidate serves them and every stage; a regression there settles the gate before any item is
     scored), then the candidate's items in stages until the verdict is settled.
-    A candidate whose full scores are cached is read from the cache, look by look, at no cost; its agreement is
-    always measured here, in stages (quantize/evaluate/agreement.py `StagedAgreement`)."""
+    With `from_cache` (--trust-cached-candidate), a candidate whose full scores are cached is read from the cache,
+    look by look, at no cost; its agreement is always measured here, in stages (quantize/evaluate/agreement.py
+    `StagedAgreement`)."""
     from quantize.evaluate.score import Staged
     from quantize.gates import sequential as sq
     from quantize.gates.gate import side, verdict_of
@@ -275,7 +340,8 @@ def run_sequential(
 
     assert policy.sequential is not None
     tasks = sq.rule_tasks(policy)
-    staged = Staged(suite, cand_path, {t: [i.id for i in base.tasks[t].items] for t in tasks}, models)
+    base_path, cand_path = paths
+    staged = Staged(suite, cand_path, {t: [i.id for i in base.tasks[t].items] for t in tasks}, models, from_cache)
     agreement = None
     if needs_agreement:
         from quantize.evaluate.agreement import StagedAgreement

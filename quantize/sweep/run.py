@@ -343,8 +343,8 @@ def run_chains(
 
 
 def _probe() -> str:
-    """The calibration dtype's timing, taken here before any task shares the cores and kept for this boot, so
-    every conversion of the sweep decides as an idle machine would (convert/dtypes.machine_bf16_speedup)."""
+    """The bf16 timing, taken here before any task shares the cores and kept for this boot, so the dtype suggestion
+    each conversion records is an idle machine's (convert/dtypes.suggestion; it never chooses the dtype)."""
     from quantize.convert.dtypes import machine_bf16_speedup
 
     speedup, now = machine_bf16_speedup()

@@ -60,3 +60,77 @@ def test_another_boot_or_a_planted_memo_is_not_taken(ckpt, monkeypatch):
     path.write_text('{"weights_sha256": "not a hash"}')
     files._sha256_of_files.cache_clear()
     assert cache.lookup_weights_hash(named) is None and len(files.weights_sha256(ckpt)) == 64
+
+
+# --- the Hub-blob shortcut: only inside a real Hub cache layout --------------------------------------------------
+
+
+def _blob_layout(root, ckpt, repo="models--org--name"):
+    """root/repo/{blobs/<sha256 of the weights>, snapshots/REV/model.safetensors -> ../../blobs/<sha256>}."""
+    weights = ckpt / "model.safetensors"
+    sha = files.sha256_file(weights)
+    blobs = root / repo / "blobs"
+    blobs.mkdir(parents=True)
+    shutil.copyfile(weights, blobs / sha)
+    snap = root / repo / "snapshots" / "rev"
+    snap.mkdir(parents=True)
+    for f in ckpt.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copyfile(f, snap / f.name)
+    (snap / "model.safetensors").symlink_to(os.path.join("..", "..", "blobs", sha))
+    return snap, sha
+
+
+def test_a_true_snapshot_is_named_by_its_blob(ckpt, tmp_path):
+    snap, sha = _blob_layout(tmp_path / "hub", ckpt)
+    assert files.hub_blob_sha256(snap / "model.safetensors") == sha
+    assert files.weights_sha256(snap) == files.sha256_bytes(f"model.safetensors {sha}\n".encode())
+
+
+def test_a_plain_folder_linking_into_a_nested_blobs_folder_is_identified_by_its_bytes(ckpt, tmp_path):
+    """A plain folder whose weights link into some nested models--*/blobs took the blob's name as its weights'
+    sha256 unread: a blob holding other bytes under a borrowed name borrowed an identity."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for f in ckpt.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copyfile(f, plain / f.name)
+    blobs = plain / "nested" / "models--x--y" / "blobs"
+    blobs.mkdir(parents=True)
+    borrowed = "ab" * 32  # a name claiming any identity
+    shutil.copyfile(ckpt / "model.safetensors", blobs / borrowed)
+    (plain / "model.safetensors").symlink_to(blobs / borrowed)
+    assert files.hub_blob_sha256(plain / "model.safetensors") is None
+    assert files.weights_sha256(plain) == files.weights_sha256(ckpt)  # the same bytes as read: the same hash
+
+
+def test_a_snapshot_linking_into_another_repo_or_through_a_linked_blobs_folder_is_hashed(ckpt, tmp_path):
+    """One step, inside the same models--ORG--NAME folder: a blob of another repo's folder, or a blobs folder that
+    is itself a link elsewhere, is not the layout the name vouches for."""
+    snap, sha = _blob_layout(tmp_path / "hub", ckpt)
+    other, _ = _blob_layout(tmp_path / "hub", ckpt, "models--org--other")
+    link = other / "model.safetensors"
+    link.unlink()
+    link.symlink_to(os.path.join("..", "..", "..", "models--org--name", "blobs", sha))  # another repo's blob
+    assert link.resolve() == (snap / "model.safetensors").resolve()
+    assert files.hub_blob_sha256(link) is None
+    moved = snap.parent.parent / "store"  # still inside the repo folder (a link out of it is refused anyway)
+    (snap.parent.parent / "blobs").rename(moved)
+    (snap.parent.parent / "blobs").symlink_to(moved)
+    assert (snap / "model.safetensors").is_file() and files.hub_blob_sha256(snap / "model.safetensors") is None
+    assert files.weights_sha256(snap) == files.weights_sha256(ckpt)
+
+
+def test_a_blob_whose_name_lies_is_named_with_both_hashes(ckpt, tmp_path):
+    snap, sha = _blob_layout(tmp_path / "hub", ckpt)
+    blob = snap.parent.parent / "blobs" / sha
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1
+    blob.write_bytes(bytes(data))
+    actual = files.sha256_file(blob)
+    check = files.BlobCheck([snap, ckpt])  # the plain folder has no blob to check
+    assert [name for _, name in check.blobs] == [sha]
+    with pytest.raises(files.UsageError) as e:
+        check.wait()
+    assert str(blob) in str(e.value) and sha in str(e.value) and actual in str(e.value)
+    assert files.BlobCheck([ckpt]).blobs == []

@@ -272,6 +272,20 @@ def test_the_action_gates_a_hub_model_id(golden, tiny_model, tmp_path, hub):
     assert "failed" in (tmp_path / "summary.md").read_text()
 
 
+def test_the_action_reads_hub_blobs_back_by_default(golden, tiny_model, tmp_path, hub):
+    """No `reread-weights` input: the gate still reads every blob behind an identity while it scores, and a blob
+    that does not hash to its name is exit 2 naming it, with no verdict."""
+    blob = (hub / "model.safetensors").resolve()
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1  # the blob changed after the download: its name no longer holds
+    blob.write_bytes(bytes(data))
+    env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), "org/tiny")
+    assert "QUANTIZE_REREAD_WEIGHTS" not in env and action.main(env) == 2
+    summary = (tmp_path / "summary.md").read_text()
+    assert str(blob) in summary and blob.name in summary and sha256_file(blob) in summary
+    assert _outputs(tmp_path) == {"verdict": "error", "exit-code": "2"} and not (tmp_path / "gate.json").exists()
+
+
 # --- the cache key ----------------------------------------------------------------------------------------
 
 
