@@ -142,7 +142,7 @@ def convert(
     """Check everything checkable and plan the memory (before torch is imported; `max_memory` overrides the
     recipe's and MemAvailable), then convert on the planned path; `quiet` silences the libraries for the run."""
     model_dir = preflight(recipe, out, force)
-    mplan = memory.plan(recipe, model_dir, max_memory)
+    mplan = memory.plan(recipe, model_dir, max_memory, out=out)
     with quiet_libraries(quiet):
         if mplan.path == "streamed":
             return _convert_streamed(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan)

@@ -116,8 +116,12 @@ class Checkpoint:
         return max(by.values(), default=0)
 
     @property
-    def largest_tensor_elements(self) -> int:
-        return max((t.nbytes * 8 // DTYPE_BITS[t.dtype] for t in self.tensors.values()), default=0)
+    def largest_quantized_elements(self) -> int:
+        """Elements of the largest weight a Linear target would quantize (the others are copied as they are)."""
+        return max(
+            (t.nbytes * 8 // DTYPE_BITS[t.dtype] for n, t in self.tensors.items() if quantized_weight(n, t)),
+            default=0,
+        )
 
 
 def read_checkpoint(model_dir: Path) -> Checkpoint:
@@ -257,15 +261,19 @@ def streamed_terms(ckpt: Checkpoint, recipe: Recipe, workers: int) -> dict[str, 
     return {
         "largest shard": workers * shard,
         "its output": workers * shard_out,
-        "float32 working copies of the largest tensor": workers * 3 * 4 * ckpt.largest_tensor_elements,
+        # assumed: three float32 copies of the weight being quantized (upcast, observer, quantize-dequantize)
+        "float32 working copies of the largest weight": workers * 3 * 4 * ckpt.largest_quantized_elements,
         "fused partners from other shards": workers * partners,
         "libraries": RUNTIME_BYTES,
     }
 
 
-def plan(recipe: Recipe, model_dir: Path, max_memory: int | None = None, workers: int = 1) -> MemoryPlan:
+def plan(
+    recipe: Recipe, model_dir: Path, max_memory: int | None = None, workers: int = 1, out: Path | None = None
+) -> MemoryPlan:
     """The path this run takes and what it holds, from headers and config.json only; refuses (UsageError) a run
-    that cannot fit, or `streaming: on` for a recipe that cannot stream."""
+    that cannot fit in memory, an output larger than the free disk where `out` will be written, or
+    `streaming: on` for a recipe that cannot stream."""
     ckpt = read_checkpoint(model_dir)
     avail = available(recipe, max_memory)
     mem_terms, act = in_memory_terms(ckpt, recipe)
@@ -296,7 +304,24 @@ def plan(recipe: Recipe, model_dir: Path, max_memory: int | None = None, workers
         )
     if not chosen.fits:
         raise UsageError(refusal(recipe, chosen, why_not))
+    if out is not None:
+        check_disk(out, chosen.output_bytes)
     return chosen
+
+
+def check_disk(out: Path, need: int) -> None:
+    """The output's estimated bytes against the free space of the file system it will be written to."""
+    import shutil
+
+    where = next((p for p in [out, *out.parents] if p.exists()), None)
+    if where is None:
+        return
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise UsageError(
+            f"output {out}: the converted checkpoint is estimated at {gib(need)} and {where} has {gib(free)} free; "
+            "free some space or choose another `output:` (or --output). Nothing was loaded"
+        )
 
 
 def gib(n: int | None) -> str:
