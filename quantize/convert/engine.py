@@ -22,7 +22,6 @@ from quantize.checkpoint.files import missing_packages, weights_sha256
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, recorded_weights_sha256, resolve_model
 from quantize.convert import memory
 from quantize.convert.backends import Job, backend_for
-from quantize.convert.backends.llmcompressor import serialized
 from quantize.convert.calibration import CalibrationSet, build_calibration, source_path
 from quantize.convert.card import model_card
 from quantize.convert.checks import reload_check, streamed_finite_check, structure_check
@@ -258,7 +257,6 @@ def _convert_streamed(
     with phases("plan"):
         plan = plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe)
         prepared = backend.prepare(recipe, plan)
-        ran = serialized(prepared)  # before `stream`, which sets each config group's format in place
         save_dtype = source_dtype(model_dir)
         source_hash = recorded_weights_sha256(model_dir)
         source_params = accounting.parameter_count(model_dir)
@@ -266,10 +264,9 @@ def _convert_streamed(
     torch.manual_seed(seed)
     with atomic_dir(out, replace=force) as tmp:
         with phases("quantize"):
-            backend.stream(model_dir, tmp, prepared)
+            ran = backend.stream(model_dir, tmp, prepared)
             for stale in ("quantize.json", "README.md"):  # copied from a source that is itself a quantize output
                 (tmp / stale).unlink(missing_ok=True)
-            (tmp / "recipe.yaml").write_text(ran)  # as llm-compressor's save_pretrained writes it
         with phases("reload-check"):
             structure_check(
                 tmp, model_dir, {n for names in plan.groups.values() for n in names}, recipe.trust_remote_code

@@ -56,9 +56,9 @@ class ConversionBackend(Protocol):
 
     def save(self, model: Any, folder: Path) -> None: ...
 
-    def stream(self, model_dir: Path, folder: Path, prepared: Any) -> None:
+    def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
         """Convert a data-free recipe shard by shard from model_dir into folder, never the whole model in memory
-        (only backends whose name memory.streamable accepts: llm-compressor)."""
+        (only backends memory.streamable accepts: llm-compressor); returns what ran, as `quantize` does."""
         ...
 
     def release(self) -> None:

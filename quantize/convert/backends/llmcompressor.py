@@ -60,14 +60,14 @@ class LLMCompressorBackend:
     def save(self, model: Any, folder: Path) -> None:
         model.save_pretrained(folder, save_compressed=True)
 
-    def stream(self, model_dir: Path, folder: Path, prepared: Any) -> None:
+    def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
         """A data-free recipe shard by shard: `model_free_ptq` with the same config groups (the layer plan's
         names as targets) and ignore list as `oneshot`, so the stored tensors are the same bytes. Each shard is
         written with save_pretrained's header metadata ({"format": "pt"}) and config.json as save_pretrained writes
         it (sorted keys, the empty sparsity_config compressed-tensors adds), so a single-file output's
         model.safetensors and config.json are byte-identical to the in-memory path's
-        (tests/convert/test_streaming.py). `prepared` is serialized by the caller first: model_free_ptq sets
-        the format on the config groups it is given."""
+        (tests/convert/test_streaming.py), and recipe.yaml as save_pretrained writes it. Returns what ran (as
+        `quantize` does), serialized before model_free_ptq, which sets the format on the config groups it is given."""
         from functools import partial
         from unittest import mock
 
@@ -75,6 +75,7 @@ class LLMCompressorBackend:
         from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
         from safetensors.torch import save_file
 
+        ran = serialized(prepared)
         (modifier,) = prepared  # streamable recipes compile to one QuantizationModifier (memory.STREAMABLE)
         config = QuantizationConfig(
             config_groups=modifier.config_groups,
@@ -89,6 +90,8 @@ class LLMCompressorBackend:
         cfg = read_config(folder)
         cfg["quantization_config"].setdefault("sparsity_config", {})
         (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+        (folder / "recipe.yaml").write_text(ran)
+        return ran
 
     def release(self) -> None:
         """llm-compressor's session holds the quantized model too."""
