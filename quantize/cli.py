@@ -74,7 +74,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "will run at load; use it only for checkpoints you trust"
             ],
         )
-    meta = convert(recipe, sha, str(args.recipe), out, force=args.force, quiet=args.quiet or args.json)
+    meta = convert(
+        recipe, sha, str(args.recipe), out, force=args.force, quiet=args.quiet or args.json, max_memory=args.max_memory
+    )
     if args.json:
         _print_json({"output": str(out), **meta.model_dump()})
     else:
@@ -508,6 +510,15 @@ def _evaluation_parsers(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> 
     ag.set_defaults(fn=cmd_agree)
 
 
+def _memory_size(text: str) -> int:
+    from quantize.convert.recipe import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     flags = _flag_parents()
     p = argparse.ArgumentParser(
@@ -525,6 +536,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", "-o", help="output folder (overrides the recipe's `output:`)")
     r.add_argument("--force", action="store_true", help="replace an existing output folder written by quantize")
     r.add_argument("--clean", action="store_true", help="remove folders that killed runs left beside the output")
+    r.add_argument(
+        "--max-memory",
+        type=_memory_size,
+        help="memory the run may use, e.g. 12GB or 12GiB (default: the recipe's max_memory, else MemAvailable); "
+        "a run the memory plan says cannot fit is refused before anything loads",
+    )
     r.set_defaults(fn=cmd_run)
 
     i = sub.add_parser(

@@ -103,12 +103,33 @@ class MemoryRecord(_Strict):
     peak_accelerator_bytes: int | None
 
 
+class MemoryPlanRecord(_Strict):
+    """The memory plan made before the model was loaded (convert/memory.py): the path taken, what it was estimated
+    to hold at its peak (terms, bytes) against what was available, and which reload check ran."""
+
+    path: Literal["in-memory", "streamed"]
+    need_bytes: int
+    available_bytes: int | None  # None: the machine did not say (no /proc/meminfo) and nothing was given
+    available_from: str  # --max-memory, recipe max_memory, MemAvailable, unknown
+    terms: dict[str, int]
+    model_bytes: int
+    largest_shard_bytes: int
+    largest_layer_bytes: int
+    activation_bytes: int
+    output_bytes_estimate: int
+    workers: int
+    # full: the output reloaded with transformers and its logits checked; streamed: its tensors read one at a
+    # time (all finite) and its headers checked against the model's structure, because the model would not fit
+    reload: Literal["full", "streamed"]
+
+
 class FiniteCheck(_Strict):
     stage: str
     rows: int
     tokens: int
     finite: bool
-    max_abs_logit: float
+    max_abs_logit: float | None  # None for the streamed check, which reads tensors and computes no logits
+    tensors_read: int | None = None  # the streamed check: how many stored tensors it read (None: a logits check)
 
 
 class ModuleBits(_Strict):
@@ -166,6 +187,7 @@ class RunRecord(Record):
     finite_checks: list[FiniteCheck]
     bits: BitsRecord
     search: SearchRef | None = None  # set when `quantize search` chose this checkpoint
+    memory_plan: MemoryPlanRecord | None = None  # None in records written before the plan existed (2026-12-03)
 
     @property
     def label(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +63,79 @@ def reload_check(path: Path, probe: Any, trust_remote_code: bool) -> FiniteCheck
     """Reload the saved checkpoint with plain transformers (safetensors only) and check its logits are finite."""
     model, _ = load_model(path, trust_remote_code)
     return check_finite(model, probe, "after reloading the saved checkpoint with transformers")
+
+
+# rows of a tensor read at once by the streamed check: its memory stays bounded by this many float32 elements
+STREAM_CHUNK_ELEMENTS = 1 << 24
+
+
+def streamed_finite_check(folder: Path) -> FiniteCheck:
+    """Every floating-point tensor stored in the output's safetensors files is finite, read from the files one
+    tensor at a time and in row chunks (safetensors' safe_open), never the whole model: the check of an output
+    too large to reload. Names the first tensor that is not finite."""
+    import torch
+    from safetensors import safe_open
+
+    from quantize.checkpoint.files import safetensors_files
+
+    read = 0
+    for f in safetensors_files(folder):
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():  # noqa: SIM118  (safe_open is not a mapping)
+                sl = st.get_slice(name)
+                shape = sl.get_shape()
+                read += 1
+                if not shape:
+                    chunks = [st.get_tensor(name)]
+                else:
+                    rows = max(1, STREAM_CHUNK_ELEMENTS // max(1, math.prod(shape[1:])))
+                    chunks = (sl[i : i + rows] for i in range(0, shape[0], rows))
+                for t in chunks:
+                    if t.is_floating_point() and not torch.isfinite(t.float()).all():
+                        raise RuntimeFailure(
+                            f"the saved checkpoint's tensor {name} (in {f.name}) holds NaN or inf; nothing was "
+                            "kept. Add its layer to `ignore:`, or convert in float32 (`dtype: float32`)"
+                        )
+    return FiniteCheck(
+        stage="every stored tensor read one at a time from the saved files (no logits: the model would not fit)",
+        rows=0,
+        tokens=0,
+        finite=True,
+        max_abs_logit=None,
+        tensors_read=read,
+    )
+
+
+# what compressed-tensors stores for a quantized Linear beside (or instead of) its weight
+QUANT_PARAMS = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_global_scale", "weight_shape")
+
+
+def structure_check(out: Path, source: Path, quantized: set[str], trust_remote_code: bool) -> None:
+    """The output's headers against the source model's structure built on the meta device (no memory): every
+    parameter is stored, with its shape, except that a quantized Linear (`quantized`: the layer plan's names)
+    stores a weight or packed weight and a scale; nothing else is stored. A mismatch is our bug: RuntimeFailure."""
+    from quantize.checkpoint.accounting import all_tensors
+    from quantize.checkpoint.files import safetensors_files
+    from quantize.checkpoint.loader import meta_model
+
+    stored, _ = all_tensors(safetensors_files(out))
+    expected = dict(meta_model(source, trust_remote_code).named_parameters())  # a tied parameter once
+    problems = []
+    seen = set()
+    for name, p in expected.items():
+        module, _, param = name.rpartition(".")
+        if module in quantized and param == "weight":
+            have = {q for q in QUANT_PARAMS if f"{module}.{q}" in stored}
+            seen |= {f"{module}.{q}" for q in have}
+            if not have & {"weight", "weight_packed"} or "weight_scale" not in have:
+                problems.append(f"{module} was to be quantized but stores {sorted(have) or 'nothing'}")
+        elif name not in stored:
+            problems.append(f"{name} is missing")
+        elif stored[name].shape != list(p.shape):
+            problems.append(f"{name} has shape {stored[name].shape}, the model's is {list(p.shape)}")
+        else:
+            seen.add(name)
+    if extra := sorted(set(stored) - seen):
+        problems.append(f"{len(extra)} tensor(s) the model does not have, e.g. {extra[0]}")
+    if problems:
+        raise RuntimeFailure(f"the streamed output {out} does not match the model's structure: {'; '.join(problems)}")

@@ -5,6 +5,9 @@ convert     plan (plan.py) -> the backend's preparation (backends/: llm-compress
             -> load -> calibrate and quantize (the backend) -> atomic save, dtype cast (dtypes.py) -> reload
             and the one finiteness check (checks.py) -> accounting -> quantize.json and model card.
             Every backend gets the same checks, accounting and records; this module names none of them.
+memory      before either (and before torch is imported): the memory plan (memory.py) chooses the path, in-memory
+            or streamed (a data-free recipe shard by shard through the backend's `stream`, checked tensor by
+            tensor against the headers), or refuses a run that cannot fit.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from quantize import records
 from quantize.checkpoint import accounting
 from quantize.checkpoint.files import missing_packages, weights_sha256
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, recorded_weights_sha256, resolve_model
+from quantize.convert import memory
 from quantize.convert.backends import Job, backend_for
 from quantize.convert.calibration import CalibrationSet, build_calibration, source_path
 from quantize.convert.card import model_card
-from quantize.convert.checks import reload_check
+from quantize.convert.checks import reload_check, streamed_finite_check, structure_check
 from quantize.convert.dtypes import calibration_dtype, cast_saved_floats, source_dtype
 from quantize.convert.plan import LayerPlan, plan_layers
 from quantize.convert.provenance import Phases, library_versions, memory_record
@@ -126,17 +130,32 @@ def recipe_sha256(recipe: Recipe) -> str:
 
 
 def convert(
-    recipe: Recipe, recipe_sha256: str, recipe_path: str, out: Path, force: bool = False, quiet: bool = False
+    recipe: Recipe,
+    recipe_sha256: str,
+    recipe_path: str,
+    out: Path,
+    force: bool = False,
+    quiet: bool = False,
+    max_memory: int | None = None,
 ) -> RunRecord:
-    """Check everything checkable (before torch is imported), then convert; `quiet` silences the
-    libraries for the whole run."""
+    """Check everything checkable and plan the memory (before torch is imported; `max_memory` overrides the
+    recipe's and MemAvailable), then convert on the planned path; `quiet` silences the libraries for the run."""
     model_dir = preflight(recipe, out, force)
+    mplan = memory.plan(recipe, model_dir, max_memory, out=out)
     with quiet_libraries(quiet):
-        return _convert(recipe, recipe_sha256, recipe_path, model_dir, out, force)
+        if mplan.path == "streamed":
+            return _convert_streamed(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan)
+        return _convert(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan)
 
 
 def _convert(
-    recipe: Recipe, recipe_sha256: str, recipe_path: str, model_dir: Path, out: Path, force: bool
+    recipe: Recipe,
+    recipe_sha256: str,
+    recipe_path: str,
+    model_dir: Path,
+    out: Path,
+    force: bool,
+    mplan: memory.MemoryPlan,
 ) -> RunRecord:
     import torch
 
@@ -210,6 +229,83 @@ def _convert(
             memory=MemoryRecord(**memory_record()),
             finite_checks=finite,
             bits=report.as_record(source_params),
+            memory_plan=mplan.record(),
+        )
+        records.write(tmp / "quantize.json", meta)
+        (tmp / "README.md").write_text(model_card(meta, DEFAULT_MODEL_HUB_ID if recipe.model is None else None))
+    return meta
+
+
+def _convert_streamed(
+    recipe: Recipe,
+    recipe_sha256: str,
+    recipe_path: str,
+    model_dir: Path,
+    out: Path,
+    force: bool,
+    mplan: memory.MemoryPlan,
+) -> RunRecord:
+    """A data-free recipe shard by shard (the backend's `stream`), never the whole model in memory: the same
+    layer plan, modifiers and records as `_convert`; the output checked tensor by tensor (finite, and its headers
+    against the meta-device model), and reloaded with its logits checked only where the plan says it fits."""
+    import torch
+    from transformers import AutoTokenizer
+
+    phases = Phases()
+    started = dt.datetime.now(dt.UTC)
+    backend = backend_for(recipe)
+    with phases("plan"):
+        plan = plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe)
+        prepared = backend.prepare(recipe, plan)
+        save_dtype = source_dtype(model_dir)
+        source_hash = recorded_weights_sha256(model_dir)
+        source_params = accounting.parameter_count(model_dir)
+    seed = recipe.calibration.seed if recipe.calibration else 0
+    torch.manual_seed(seed)
+    with atomic_dir(out, replace=force) as tmp:
+        with phases("quantize"):
+            ran = backend.stream(model_dir, tmp, prepared)
+            for stale in ("quantize.json", "README.md"):  # copied from a source that is itself a quantize output
+                (tmp / stale).unlink(missing_ok=True)
+        with phases("reload-check"):
+            structure_check(
+                tmp, model_dir, {n for names in plan.groups.values() for n in names}, recipe.trust_remote_code
+            )
+            finite = [streamed_finite_check(tmp)]
+            if mplan.full_reload:
+                tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=recipe.trust_remote_code)
+                probe = torch.tensor([tok("The quick brown fox jumps over the lazy dog.")["input_ids"]])
+                finite.append(reload_check(tmp, probe, recipe.trust_remote_code))
+        with phases("account"):
+            report = accounting.bits_report(tmp)
+            out_hash = weights_sha256(tmp)
+        resolved = resolved_dict(recipe)
+        meta = RunRecord(
+            created=started.isoformat(timespec="seconds"),
+            recipe=RecipeRef(
+                path=recipe_path, sha256=recipe_sha256, resolved=resolved, resolved_sha256=sha256_json(resolved)
+            ),
+            method=recipe.method.value,
+            scheme=recipe.scheme_or_none.value if recipe.scheme_or_none else None,
+            source_model=SourceModel(path=str(model_dir), weights_sha256=source_hash, parameters=source_params),
+            weights_sha256=out_hash,
+            calibration=None,
+            seed=seed,
+            layer_plan=plan.record(),
+            engine=EngineRecord(
+                backend=recipe.backend.value,
+                modifiers=ran,
+                calibration_dtype="auto",
+                saved_dtype=save_dtype,
+                calibration_dtype_reason="streamed shard by shard (model_free_ptq): each tensor in the checkpoint's "
+                "own dtype",
+            ),
+            versions=library_versions(),
+            time_seconds=dict(phases.seconds, total=phases.total()),
+            memory=MemoryRecord(**memory_record()),
+            finite_checks=finite,
+            bits=report.as_record(source_params),
+            memory_plan=mplan.record(),
         )
         records.write(tmp / "quantize.json", meta)
         (tmp / "README.md").write_text(model_card(meta, DEFAULT_MODEL_HUB_ID if recipe.model is None else None))

@@ -17,6 +17,7 @@ method (`dampening_frac` in an AWQ recipe), is an error, not a silently ignored 
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
@@ -125,6 +126,34 @@ DATA_FREE = {(Method.rtn, s) for s in METHOD_SCHEMES[Method.rtn] - {Scheme.NVFP4
 MIN_GROUP = 8
 
 
+class Streaming(str, Enum):
+    """Whether a data-free recipe converts shard by shard (llm-compressor's model_free_ptq) instead of loading the
+    whole model: `auto` streams when the memory plan (convert/memory.py) says the in-memory path does not fit."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+SIZE_UNITS |= {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_size(value: Any) -> int:
+    """A memory size: bytes as an integer, or a number with a unit (12GB, 12GiB, 12G = 12 GiB, 500MB)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    else:
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value) if isinstance(value, str) else None
+        if m is None or m.group(2).lower() not in SIZE_UNITS:
+            raise ValueError(f"{value!r} is not a memory size; write bytes, or e.g. 12GB, 12GiB, 500MB")
+        n = int(float(m.group(1)) * SIZE_UNITS[m.group(2).lower()])
+    if n <= 0:
+        raise ValueError(f"{value!r} is not a memory size above zero")
+    return n
+
+
 class Calibration(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -166,6 +195,19 @@ class _Recipe(BaseModel):
     trust_remote_code: bool = Field(
         False, description="run the checkpoint's own Python code at load (only for checkpoints you trust)"
     )
+    streaming: Streaming = Field(
+        Streaming.auto,
+        description="data-free schemes: convert shard by shard (on), never (off), or when the whole model would "
+        "not fit (auto); convert/memory.py",
+    )
+    max_memory: int | None = Field(
+        None, description="memory this run may use (bytes, or e.g. 12GB); default: /proc/meminfo's MemAvailable"
+    )
+
+    @field_validator("max_memory", mode="before")
+    @classmethod
+    def _max_memory(cls, v: Any) -> int | None:
+        return None if v is None else parse_size(v)
 
     @model_validator(mode="after")
     def _backend(self) -> _Recipe:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantize.checkpoint.render import mib
-from quantize.records import RunRecord
+from quantize.records import MemoryPlanRecord, RunRecord
 
 
 def run_text(name: str, out: Path, meta: RunRecord) -> str:
@@ -19,5 +19,17 @@ def run_text(name: str, out: Path, meta: RunRecord) -> str:
             f"  size: {mib(b.total_bytes)} of tensors; {plan.quantized_layers} layers quantized, "
             f"{len(plan.kept_16bit)} kept at 16 bits",
             f"  wall time {meta.time_seconds['total']:.1f} s, peak memory {mib(meta.memory.peak_rss_bytes)}",
+            *([plan_line(meta.memory_plan)] if meta.memory_plan else []),
         ]
+    )
+
+
+def plan_line(p: MemoryPlanRecord) -> str:
+    """The memory plan made before the load: the path taken, its estimate against what was available, and
+    which reload check ran."""
+    avail = "unknown" if p.available_bytes is None else mib(p.available_bytes)
+    return (
+        f"  memory plan: {p.path} path, estimated {mib(p.need_bytes)} of {avail} available ({p.available_from}); "
+        f"model {mib(p.model_bytes)}, largest shard {mib(p.largest_shard_bytes)}, largest layer "
+        f"{mib(p.largest_layer_bytes)}, calibration activations {mib(p.activation_bytes)}; reload check: {p.reload}"
     )

@@ -56,6 +56,11 @@ class ConversionBackend(Protocol):
 
     def save(self, model: Any, folder: Path) -> None: ...
 
+    def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
+        """Convert a data-free recipe shard by shard from model_dir into folder, never the whole model in memory
+        (only backends memory.streamable accepts: llm-compressor); returns what ran, as `quantize` does."""
+        ...
+
     def release(self) -> None:
         """Let the quantized model's memory go once the caller has dropped it."""
         ...

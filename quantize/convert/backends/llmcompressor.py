@@ -3,9 +3,11 @@ section; writes the compressed-tensors format."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, ClassVar
 
+from quantize.checkpoint.files import read_config
 from quantize.convert.backends import Job
 from quantize.convert.modifiers import compile_modifiers
 from quantize.convert.plan import LayerPlan
@@ -58,6 +60,39 @@ class LLMCompressorBackend:
     def save(self, model: Any, folder: Path) -> None:
         model.save_pretrained(folder, save_compressed=True)
 
+    def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
+        """A data-free recipe shard by shard: `model_free_ptq` with the same config groups (the layer plan's
+        names as targets) and ignore list as `oneshot`, so the stored tensors are the same bytes. Each shard is
+        written with save_pretrained's header metadata ({"format": "pt"}) and config.json as save_pretrained writes
+        it (sorted keys, the empty sparsity_config compressed-tensors adds), so a single-file output's
+        model.safetensors and config.json are byte-identical to the in-memory path's
+        (tests/convert/test_streaming.py), and recipe.yaml as save_pretrained writes it. Returns what ran (as
+        `quantize` does), serialized before model_free_ptq, which sets the format on the config groups it is given."""
+        from functools import partial
+        from unittest import mock
+
+        import llmcompressor.entrypoints.model_free as model_free
+        from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
+        from safetensors.torch import save_file
+
+        ran = serialized(prepared)
+        (modifier,) = prepared  # streamable recipes compile to one QuantizationModifier (memory.STREAMABLE)
+        config = QuantizationConfig(
+            config_groups=modifier.config_groups,
+            ignore=list(modifier.ignore),
+            quantization_status=QuantizationStatus.INITIALIZED,
+        )
+        with mock.patch.object(model_free, "save_file", partial(save_file, metadata=PT)):
+            try:
+                model_free.model_free_ptq(str(model_dir), str(folder), config=config, max_workers=1)
+            except (ValueError, KeyError) as e:
+                raise RuntimeFailure(f"llm-compressor's model_free_ptq failed: {type(e).__name__}: {e}") from e
+        cfg = read_config(folder)
+        cfg["quantization_config"].setdefault("sparsity_config", {})
+        (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+        (folder / "recipe.yaml").write_text(ran)
+        return ran
+
     def release(self) -> None:
         """llm-compressor's session holds the quantized model too."""
         import gc
@@ -66,6 +101,9 @@ class LLMCompressorBackend:
 
         reset_session()
         gc.collect()
+
+
+PT = {"format": "pt"}  # the __metadata__ transformers' save_pretrained writes in each safetensors header
 
 
 def serialized(prepared: Any) -> str:

@@ -1,0 +1,353 @@
+"""The memory plan of a conversion, made before torch is imported or a weight is read: what the run would hold at
+its peak on each path, from the safetensors headers and config.json alone, against the memory this machine has.
+
+    in-memory   load the whole model, calibrate, save, reload the output (engine._convert): about two copies of
+                the model in its calibration dtype (measured: FP8 dynamic peaked at 3.46 GB RSS for a 1.45 GB
+                source, 11.24 GB for 5.77 GB), plus the calibration activations, plus the libraries
+    streamed    data-free schemes only: llm-compressor's `model_free_ptq`, one safetensors shard at a time
+                (engine._convert_streamed): per worker a shard, its output, float32 working copies of its largest
+                tensor (and, for the FP4 formats, fused partners read from other shards), plus the libraries
+
+Every figure is an estimate with its assumption stated beside it; the plan's numbers go to quantize.json
+(MemoryPlanRecord) and to `quantize run`'s output. A run that cannot fit is refused (UsageError, exit 2) naming its
+largest term and what to change.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quantize.checkpoint.accounting import DTYPE_BITS, TensorInfo, all_tensors
+from quantize.checkpoint.files import read_config, safetensors_files
+from quantize.convert.recipe import FORMATS, WEIGHT_ONLY_INT, Backend, Method, Recipe, Scheme, Streaming
+from quantize.errors import UsageError
+from quantize.records import MemoryPlanRecord
+
+GiB = 1024**3
+# RSS of a process that has imported torch, transformers, llm-compressor and compressed-tensors (VmHWM 532 MiB
+# measured on this project's CPU machine, 2026-12-03), rounded up
+RUNTIME_BYTES = 600 * 1024**2
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# stored bits per quantized weight (int4 and int8 pack exactly into int32 words; int3 packs 10 to a word)
+WEIGHT_BITS = {
+    Scheme.W4A16: 4.0,
+    Scheme.W3A16: 3.2,
+    Scheme.W8A16: 8.0,
+    Scheme.W8A8: 8.0,
+    Scheme.FP8: 8.0,
+    Scheme.FP8_DYNAMIC: 8.0,
+    Scheme.NVFP4: 4.0,
+    Scheme.NVFP4A16: 4.0,
+    Scheme.MXFP4: 4.0,
+    Scheme.MXFP4A16: 4.0,
+    Scheme.FP8_BLOCK: 8.0,
+    Scheme.W4AFP8: 4.0,
+}
+# bits of scale per weight of a grouped format: one scale (and for NVFP4 E4M3, MXFP4 E8M0: one byte) per group
+SCALE_BITS = {Scheme.NVFP4: 8, Scheme.NVFP4A16: 8, Scheme.MXFP4: 8, Scheme.MXFP4A16: 8}
+# model_free_ptq's schemes: compressed-tensors presets whose activations (if any) are dynamic, so nothing is
+# calibrated, plus the int weight-only schemes it rounds to nearest (static_minmax, the same scales as oneshot's)
+STREAMABLE = {
+    (Method.fp8, Scheme.FP8_DYNAMIC),
+    *((Method.rtn, s) for s in (Scheme.FP8_DYNAMIC, Scheme.FP8_BLOCK, Scheme.NVFP4A16, Scheme.MXFP4A16)),
+    *((Method.rtn, s) for s in (Scheme.MXFP4, Scheme.W4AFP8, Scheme.W8A8)),
+    *((Method.rtn, s) for s in WEIGHT_ONLY_INT),
+}
+FUSED_PARTNERS = {Scheme.NVFP4A16, Scheme.MXFP4A16, Scheme.MXFP4}  # FP4 formats share a global scale across q/k/v
+
+
+@dataclass(frozen=True)
+class Available:
+    bytes: int | None
+    source: str  # "--max-memory", "recipe max_memory", "MemAvailable", or "unknown"
+
+
+def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The kernel's MemAvailable (what can be allocated without swapping), or None where there is none."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def available(recipe: Recipe, flag: int | None) -> Available:
+    if flag is not None:
+        return Available(flag, "--max-memory")
+    if recipe.max_memory is not None:
+        return Available(recipe.max_memory, "recipe max_memory")
+    found = mem_available()
+    return Available(found, "MemAvailable" if found is not None else "unknown")
+
+
+@dataclass
+class Checkpoint:
+    """What the headers and config.json say about a source: bytes, shards, decoder layers, shapes."""
+
+    tensors: dict[str, TensorInfo]
+    shard_bytes: dict[str, int]
+    hidden: int
+    heads: int
+    dtype: str
+
+    @property
+    def model_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    @property
+    def float_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values() if t.dtype in ("F32", "F16", "BF16"))
+
+    @property
+    def largest_shard(self) -> tuple[str, int]:
+        return max(self.shard_bytes.items(), key=lambda kv: kv[1])
+
+    @property
+    def largest_layer_bytes(self) -> int:
+        by: dict[str, int] = {}
+        for n, t in self.tensors.items():
+            if m := _LAYER.search(n):
+                by[m.group(1)] = by.get(m.group(1), 0) + t.nbytes
+        return max(by.values(), default=0)
+
+    @property
+    def largest_quantized_elements(self) -> int:
+        """Elements of the largest weight a Linear target would quantize (the others are copied as they are)."""
+        return max(
+            (t.nbytes * 8 // DTYPE_BITS[t.dtype] for n, t in self.tensors.items() if quantized_weight(n, t)),
+            default=0,
+        )
+
+
+def read_checkpoint(model_dir: Path) -> Checkpoint:
+    tensors, _ = all_tensors(safetensors_files(model_dir))
+    shard: dict[str, int] = {}
+    for t in tensors.values():
+        shard[t.file] = shard.get(t.file, 0) + t.nbytes
+    cfg = read_config(model_dir)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    hidden = text.get("hidden_size") if isinstance(text.get("hidden_size"), int) else 0
+    heads = text.get("num_attention_heads") if isinstance(text.get("num_attention_heads"), int) else 0
+    dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+    return Checkpoint(tensors, shard, hidden, heads, dtype)
+
+
+def quantized_weight(name: str, t: TensorInfo) -> bool:
+    """A tensor the recipe's Linear targets would quantize, judged by name and shape (no model is built): a 2-D
+    float `.weight` inside a decoder layer that is not a norm. An estimate: exact targets need the model's modules."""
+    module = name.rpartition(".")[0]
+    return (
+        name.endswith(".weight")
+        and len(t.shape) == 2
+        and t.dtype in ("F32", "F16", "BF16")
+        and _LAYER.search(name) is not None
+        and not module.endswith("norm")
+    )
+
+
+def output_bytes(ckpt: Checkpoint, tensors: list[TensorInfo], recipe: Recipe) -> int:
+    """Estimated bytes of these tensors once converted: quantized weights at the scheme's stored bits plus one
+    16-bit scale per group (per output channel without groups), the rest as they are."""
+    scheme = recipe.scheme_or_none
+    total = 0
+    for t in tensors:
+        if scheme is None or not quantized_weight(t.name, t):
+            total += t.nbytes
+            continue
+        out_f, in_f = t.shape
+        g = FORMATS[scheme].group if scheme in FORMATS else recipe.weight_group
+        scale = out_f * (in_f // g if g else 1) * SCALE_BITS.get(scheme, 16) / 8
+        total += int(out_f * in_f * WEIGHT_BITS[scheme] / 8 + scale)
+    return total
+
+
+def streamable(recipe: Recipe) -> str | None:
+    """Why this recipe cannot be streamed shard by shard, or None when it can."""
+    s = recipe.scheme_or_none
+    if recipe.backend is not Backend.llmcompressor:
+        return f"backend {recipe.backend.value} loads the whole model"
+    if recipe.needs_calibration:
+        return "it calibrates on data, which needs the whole model (only data-free schemes stream)"
+    if (recipe.method, s) not in STREAMABLE:
+        return f"method {recipe.method.value} with scheme {s.value if s else None} is not one model_free_ptq writes"
+    if getattr(recipe, "overrides", None):
+        return "per-layer overrides are planned on the whole model"
+    if recipe.dtype is not None:
+        return f"dtype {recipe.dtype}: streaming quantizes each tensor in the checkpoint's own dtype"
+    return None
+
+
+@dataclass
+class MemoryPlan:
+    path: str  # "in-memory" or "streamed"
+    available: Available
+    terms: dict[str, int]  # what the chosen path holds at its peak, by name
+    model_bytes: int
+    largest_shard_bytes: int
+    largest_layer_bytes: int
+    activation_bytes: int
+    output_bytes: int
+    workers: int
+    full_reload: bool  # whether the output's reload with logits fits too (else only the streamed checks)
+    alternatives: dict[str, int] = field(default_factory=dict)  # the other path's need, when it was weighed
+
+    @property
+    def need_bytes(self) -> int:
+        return sum(self.terms.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.available.bytes is None or self.need_bytes <= self.available.bytes
+
+    def record(self) -> MemoryPlanRecord:
+        return MemoryPlanRecord(
+            path=self.path,
+            need_bytes=self.need_bytes,
+            available_bytes=self.available.bytes,
+            available_from=self.available.source,
+            terms=self.terms,
+            model_bytes=self.model_bytes,
+            largest_shard_bytes=self.largest_shard_bytes,
+            largest_layer_bytes=self.largest_layer_bytes,
+            activation_bytes=self.activation_bytes,
+            output_bytes_estimate=self.output_bytes,
+            workers=self.workers,
+            reload="full" if self.full_reload else "streamed",
+        )
+
+
+def activation_bytes(ckpt: Checkpoint, recipe: Recipe, work: int) -> int:
+    """Calibration activations: llm-compressor's sequential pipeline keeps every sample's input to the current
+    decoder layer and its output (2 × samples × seq_len × hidden × dtype bytes), and one sample's attention scores
+    in float32 (heads × seq_len² × 4). Zero for a data-free scheme."""
+    if not recipe.needs_calibration or recipe.calibration is None:
+        return 0
+    c = recipe.calibration
+    return 2 * c.samples * c.seq_len * ckpt.hidden * work + ckpt.heads * c.seq_len**2 * 4
+
+
+def work_dtype_bytes(recipe: Recipe, ckpt: Checkpoint) -> int:
+    """Bytes per weight in the dtype the model is calibrated in (dtypes.calibration_dtype's rule, without its
+    CPU probe, which never changes the dtype)."""
+    if recipe.dtype:
+        return DTYPE_BYTES[recipe.dtype]
+    if recipe.method is Method.awq and recipe.backend is Backend.llmcompressor:
+        return 4
+    return DTYPE_BYTES.get(ckpt.dtype, 4)
+
+
+def in_memory_terms(ckpt: Checkpoint, recipe: Recipe) -> tuple[dict[str, int], int]:
+    work = work_dtype_bytes(recipe, ckpt)
+    src = DTYPE_BYTES.get(ckpt.dtype, 4)
+    model = ckpt.model_bytes - ckpt.float_bytes + ckpt.float_bytes * work // src
+    act = activation_bytes(ckpt, recipe, work)
+    return {
+        "model in memory": model,
+        "second copy (save and reload check)": model,
+        "calibration activations": act,
+        "libraries": RUNTIME_BYTES,
+    }, act
+
+
+def streamed_terms(ckpt: Checkpoint, recipe: Recipe, workers: int) -> dict[str, int]:
+    name, shard = ckpt.largest_shard
+    shard_out = output_bytes(ckpt, [t for t in ckpt.tensors.values() if t.file == name], recipe)
+    partners = ckpt.largest_layer_bytes if recipe.scheme_or_none in FUSED_PARTNERS and len(ckpt.shard_bytes) > 1 else 0
+    return {
+        "largest shard": workers * shard,
+        "its output": workers * shard_out,
+        # assumed: three float32 copies of the weight being quantized (upcast, observer, quantize-dequantize)
+        "float32 working copies of the largest weight": workers * 3 * 4 * ckpt.largest_quantized_elements,
+        "fused partners from other shards": workers * partners,
+        "libraries": RUNTIME_BYTES,
+    }
+
+
+def plan(
+    recipe: Recipe, model_dir: Path, max_memory: int | None = None, workers: int = 1, out: Path | None = None
+) -> MemoryPlan:
+    """The path this run takes and what it holds, from headers and config.json only; refuses (UsageError) a run
+    that cannot fit in memory, an output larger than the free disk where `out` will be written, or
+    `streaming: on` for a recipe that cannot stream."""
+    ckpt = read_checkpoint(model_dir)
+    avail = available(recipe, max_memory)
+    mem_terms, act = in_memory_terms(ckpt, recipe)
+    why_not = streamable(recipe)
+    common = dict(
+        available=avail,
+        model_bytes=ckpt.model_bytes,
+        largest_shard_bytes=ckpt.largest_shard[1],
+        largest_layer_bytes=ckpt.largest_layer_bytes,
+        activation_bytes=act,
+        output_bytes=output_bytes(ckpt, list(ckpt.tensors.values()), recipe),
+        workers=workers,
+    )
+    in_memory = MemoryPlan("in-memory", terms=mem_terms, full_reload=True, **common)
+    if recipe.streaming is Streaming.on and why_not:
+        raise UsageError(f"streaming: on, but this recipe cannot stream: {why_not}; set `streaming: auto` or `off`")
+    chosen = in_memory
+    if why_not is None and (
+        recipe.streaming is Streaming.on or (recipe.streaming is Streaming.auto and not in_memory.fits)
+    ):
+        reload_need = ckpt.model_bytes + RUNTIME_BYTES
+        chosen = MemoryPlan(
+            "streamed",
+            terms=streamed_terms(ckpt, recipe, workers),
+            full_reload=avail.bytes is None or reload_need <= avail.bytes,
+            alternatives={"in-memory": in_memory.need_bytes},
+            **common,
+        )
+    if not chosen.fits:
+        raise UsageError(refusal(recipe, chosen, why_not))
+    if out is not None:
+        check_disk(out, chosen.output_bytes)
+    return chosen
+
+
+def check_disk(out: Path, need: int) -> None:
+    """The output's estimated bytes against the free space of the file system it will be written to."""
+    import shutil
+
+    where = next((p for p in [out, *out.parents] if p.exists()), None)
+    if where is None:
+        return
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise UsageError(
+            f"output {out}: the converted checkpoint is estimated at {gib(need)} and {where} has {gib(free)} free; "
+            "free some space or choose another `output:` (or --output). Nothing was loaded"
+        )
+
+
+def gib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / GiB:.2f} GiB"
+
+
+def terms_text(p: MemoryPlan) -> str:
+    return ", ".join(f"{k} {gib(v)}" for k, v in p.terms.items() if v)
+
+
+def refusal(recipe: Recipe, p: MemoryPlan, why_not: str | None) -> str:
+    largest = max(p.terms.items(), key=lambda kv: kv[1])[0]
+    fixes = []
+    if p.path == "in-memory" and why_not is None:
+        fixes.append("stream it shard by shard (`streaming: on`; `auto` does when the streamed path fits)")
+    elif p.path == "in-memory":
+        fixes.append(f"streaming is not possible ({why_not})")
+    if p.path == "streamed":
+        fixes.append("re-shard the checkpoint into smaller files (transformers' save_pretrained max_shard_size)")
+    if p.activation_bytes and largest == "calibration activations":
+        fixes.append("fewer calibration samples or a shorter seq_len")
+    fixes.append(f"--max-memory (or the recipe's max_memory) if {p.available.source} understates what this run may use")
+    fixes.append("a machine with more memory")
+    return (
+        f"this run would need about {gib(p.need_bytes)} of memory on the {p.path} path ({terms_text(p)}), and "
+        f"{gib(p.available.bytes)} is available ({p.available.source}); the largest term is {largest}. "
+        f"The model is {gib(p.model_bytes)} of tensors (largest shard {gib(p.largest_shard_bytes)}, largest decoder "
+        f"layer {gib(p.largest_layer_bytes)}). Nothing was loaded. To fit: {'; '.join(fixes)}"
+    )

@@ -1,0 +1,143 @@
+"""The memory plan (convert/memory.py): made from headers and config.json before torch is imported, it chooses the
+path a run takes and refuses one that cannot fit. The checkpoints here are header-only sparse files (benchmarks/
+scale.py's write_llama(sparse=True)): they claim a Llama-70B's 130 GiB and allocate nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quantize.convert import memory
+from quantize.convert.recipe import parse_recipe
+from quantize.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("scale", ROOT / "benchmarks" / "scale.py")
+scale = importlib.util.module_from_spec(_spec)
+sys.modules["scale"] = scale  # dataclasses look their module up
+_spec.loader.exec_module(scale)
+
+GiB = 1024**3
+LLAMA_70B = scale.Shape(hidden=8192, intermediate=28672, heads=64, kv_heads=8, vocab=128256)
+
+
+@pytest.fixture(scope="module")
+def huge(tmp_path_factory) -> Path:
+    """80 decoder layers of Llama-70B's shape, one a shard: headers only, in sparse files of their full size."""
+    return scale.write_llama(tmp_path_factory.mktemp("huge") / "llama-70b", LLAMA_70B, 80, sparse=True)
+
+
+def recipe(model: Path, **fields):
+    return parse_recipe({"model": str(model), **fields})
+
+
+FP8 = dict(method="fp8", scheme="FP8_DYNAMIC", calibration=None)
+GPTQ = dict(method="gptq", scheme="W4A16", group_size=128, calibration={"samples": 256, "seq_len": 2048})
+
+
+def test_the_plan_reads_the_headers_of_a_sparse_checkpoint(huge):
+    ckpt = memory.read_checkpoint(huge)
+    files = list(huge.glob("*.safetensors"))
+    assert len(files) == 80 and sum(f.stat().st_size for f in files) > 100 * GiB  # claimed, not allocated
+    assert sum(f.stat().st_blocks for f in files) * 512 < 100 * 2**20
+    # bf16: two norms, three MLP matrices, q and o (8192²), k and v (1024 × 8192: 8 KV heads of 128)
+    layer = 2 * (2 * 8192 + 3 * 8192 * 28672 + 2 * 8192 * 8192 + 2 * 1024 * 8192)
+    assert ckpt.largest_layer_bytes == layer
+    assert ckpt.model_bytes == 80 * layer + 2 * (128256 * 8192 + 8192)
+    assert ckpt.largest_shard[1] == layer + 2 * 128256 * 8192  # the first shard holds the embedding too
+
+
+def test_an_in_memory_run_larger_than_the_memory_is_refused_naming_its_largest_term(huge):
+    with pytest.raises(UsageError) as e:
+        memory.plan(recipe(huge, **GPTQ), huge, max_memory=200 * GiB)
+    msg = str(e.value)
+    assert "in-memory path" in msg and "200.00 GiB is available (--max-memory)" in msg
+    assert "the largest term is model in memory" in msg
+    assert "streaming is not possible (it calibrates on data" in msg
+    assert "Nothing was loaded" in msg
+
+
+def test_calibration_activations_are_planned_and_named_when_they_dominate(tmp_path):
+    small = scale.write_llama(tmp_path / "small", scale.Shape(hidden=4096, intermediate=64, vocab=64), 1, sparse=True)
+    r = recipe(small, **{**GPTQ, "calibration": {"samples": 4096, "seq_len": 4096}})
+    with pytest.raises(UsageError) as e:
+        memory.plan(r, small, max_memory=8 * GiB)
+    assert "the largest term is calibration activations" in str(e.value)
+    assert "fewer calibration samples or a shorter seq_len" in str(e.value)
+    # 2 × samples × seq_len × hidden × 2 bytes (bf16) + one sample's attention scores in float32
+    assert memory.activation_bytes(memory.read_checkpoint(small), r, 2) == 2 * 4096 * 4096 * 4096 * 2 + 4 * 4096**2 * 4
+
+
+def test_a_data_free_recipe_that_does_not_fit_in_memory_streams(huge):
+    p = memory.plan(recipe(huge, **FP8), huge, max_memory=64 * GiB)
+    assert p.path == "streamed" and p.fits and not p.full_reload  # 130 GiB cannot be reloaded in 64
+    assert p.alternatives["in-memory"] > 2 * p.model_bytes
+    assert p.terms["largest shard"] == p.largest_shard_bytes
+    assert 0 < p.terms["its output"] < p.largest_shard_bytes
+    rec = p.record()
+    assert rec.path == "streamed" and rec.reload == "streamed" and rec.available_from == "--max-memory"
+    assert rec.need_bytes == sum(rec.terms.values()) < 64 * GiB
+
+
+def test_streaming_off_or_too_little_for_a_shard_is_refused(huge):
+    with pytest.raises(UsageError, match="in-memory path"):
+        memory.plan(recipe(huge, **FP8, streaming="off"), huge, max_memory=64 * GiB)
+    with pytest.raises(UsageError) as e:
+        memory.plan(recipe(huge, **FP8), huge, max_memory=2 * GiB)
+    assert "streamed path" in str(e.value) and "re-shard the checkpoint" in str(e.value)
+
+
+def test_streaming_on_for_a_recipe_that_cannot_stream_is_refused(huge):
+    with pytest.raises(UsageError, match="cannot stream: it calibrates on data"):
+        memory.plan(recipe(huge, **GPTQ, streaming="on"), huge, max_memory=10**6 * GiB)
+    with pytest.raises(UsageError, match="dtype float32"):
+        memory.plan(recipe(huge, **FP8, streaming="on", dtype="float32"), huge)
+
+
+def test_the_recipe_max_memory_and_meminfo(tmp_path, huge):
+    assert recipe(huge, **FP8, max_memory="12GB").max_memory == 12 * 10**9
+    assert recipe(huge, **FP8, max_memory="1.5GiB").max_memory == 3 * 2**29
+    assert recipe(huge, **FP8, max_memory=4096).max_memory == 4096
+    for bad in ("12 parsecs", "-1GB", 0, "GB"):
+        with pytest.raises(UsageError, match="max_memory"):
+            recipe(huge, **FP8, max_memory=bad)
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24000000 kB\nMemAvailable:   1234 kB\n")
+    assert memory.mem_available(info) == 1234 * 1024
+    info.write_text("MemTotal: 1 kB\n")
+    assert memory.mem_available(info) is None
+    r = recipe(huge, **FP8, max_memory="3GB")
+    assert memory.available(r, None) == memory.Available(3 * 10**9, "recipe max_memory")
+    assert memory.available(r, 5) == memory.Available(5, "--max-memory")
+
+
+def test_quantize_run_refuses_before_torch_is_imported(tmp_path, huge):
+    rfile = tmp_path / "big.yaml"
+    rfile.write_text(yaml.safe_dump({"model": str(huge), "output": str(tmp_path / "out"), **GPTQ}))
+    code = (
+        "import sys; from quantize.cli import main; rc = main(['run', sys.argv[1], '--max-memory', '100GiB']); "
+        "print('torch' in sys.modules, rc)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(rfile)], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.split() == ["False", "2"], done.stderr
+    assert "would need about" in done.stderr and "100.00 GiB is available (--max-memory)" in done.stderr
+    assert not (tmp_path / "out").exists()
+    bad = subprocess.run(
+        [sys.executable, "-m", "quantize.cli", "run", str(rfile), "--max-memory", "lots"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "not a memory size" in bad.stderr
+
+
+def test_an_output_larger_than_the_free_disk_is_refused(huge, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 * GiB, 9 * GiB, 1 * GiB))
+    with pytest.raises(UsageError, match=r"estimated at \d+\.\d+ GiB and .* has 1.00 GiB free"):
+        memory.plan(recipe(huge, **FP8), huge, max_memory=64 * GiB, out=tmp_path / "out")
