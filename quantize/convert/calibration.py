@@ -8,6 +8,8 @@ Sources never touch a hub. A source is recognised from what its path holds:
     FILE.jsonl          one JSON object a line
     FILE.parquet        a table (read with pyarrow)
     FOLDER              a dataset saved by `datasets`' save_to_disk (a Dataset, or a DatasetDict and its `split`)
+    golden/SET/VERSION  a golden-set version (MANIFEST.json, verified): the items of its `task`, each as the task
+                        YAML's doc_to_text renders it (a field name, or a Jinja template rendered sandboxed)
 
 A table (JSONL, parquet, dataset) is read from one column: `messages_field` (conversations: lists of {role,
 content}), else `text_field`, else its `messages` column if it has one, else its `text` column. Conversations
@@ -97,6 +99,8 @@ def source_path(source: str, where: str = "calibration.source") -> tuple[Path, s
         name, desc = BUILTIN[source]
         return Path(str(resources.files("quantize") / "data" / name)), desc
     p = Path(source).expanduser()
+    if p.is_dir() and (p / "MANIFEST.json").is_file():
+        return p, f"golden set {p}"
     if p.is_dir():
         return p, f"saved dataset {p}"
     if not p.exists():
@@ -256,9 +260,70 @@ def _saved_dataset(path: Path, given: MixtureSource, where: str) -> tuple[str, s
     return kind, column, len(col), lambda i: col[i][column]
 
 
+def _doc_to_text(template: Any, doc: dict[str, Any]) -> str:
+    """lm-eval's doc_to_text of one item: the value of the field it names, else the Jinja template rendered
+    (sandboxed, undefined names an error)."""
+    if isinstance(template, str) and template in doc:
+        return str(doc[template])
+    from jinja2 import StrictUndefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+    return env.from_string(template).render(**doc)
+
+
+def _golden(path: Path, given: MixtureSource, where: str) -> tuple[int, Callable[[int], Any], str]:
+    """The items of one task of a golden-set version (verified against its manifest), as doc_to_text renders them."""
+    import jinja2
+    import yaml
+
+    from quantize.golden.manifest import read_items, verify
+
+    fields = where.removesuffix(".source")
+    if given.text_field or given.messages_field or given.split:
+        raise UsageError(
+            f"{where} = {given.source!r} is a golden set, read through its task YAML's doc_to_text: remove "
+            "text_field, messages_field and split, and name the task with task"
+        )
+    golden = verify(path)
+    if given.task not in golden.tasks:
+        said = "is not given" if given.task is None else f"= {given.task!r} is not a task of {path}"
+        raise UsageError(f"{fields}.task {said}; name one of its tasks: {', '.join(golden.tasks)}")
+    cfg_path = path / "tasks" / f"{given.task}.yaml"
+    try:
+        template = (yaml.safe_load(read_user_text(cfg_path, "task YAML", 1 << 20)) or {}).get("doc_to_text")
+    except yaml.YAMLError as e:  # a `!function` doc_to_text (Python) is not read here
+        raise UsageError(
+            f"{where}: {cfg_path} cannot be read as plain YAML ({str(e)[:160]}); a task whose doc_to_text is Python "
+            "code cannot be a calibration source"
+        ) from None
+    if not isinstance(template, str):
+        raise UsageError(f"{where}: {cfg_path} has no doc_to_text string; use another task")
+    items = read_items(golden, given.task)
+    texts = []
+    for n, doc in enumerate(items):
+        try:
+            texts.append(_doc_to_text(template, doc))
+        except jinja2.TemplateError as e:
+            raise UsageError(
+                f"{where}: item {n} of task {given.task} does not render through doc_to_text {template[:80]!r} "
+                f"({str(e)[:160]}); use another task"
+            ) from None
+    texts = [t for t in texts if t]
+    return len(texts), texts.__getitem__, f"golden set {path}, task {given.task} (doc_to_text)"
+
+
 def open_source(given: MixtureSource, where: str) -> Source:
     """Open one source and check it whole (JSONL rows one by one; parquet and datasets by their column types)."""
     path, description = source_path(given.source, where)
+    if given.task is not None and not (path / "MANIFEST.json").is_file():
+        raise UsageError(
+            f"{where.removesuffix('.source')}.task = {given.task!r}: {given.source!r} is not a golden-set version "
+            "(no MANIFEST.json); remove task, or give a folder such as golden/std/v1"
+        )
+    if path.is_dir() and (path / "MANIFEST.json").is_file():
+        rows, row, description = _golden(path, given, where)
+        return Source(given, where, description, "text", None, rows, row)
     if path.is_dir():
         kind, column, rows, row = _saved_dataset(path, given, where)
         return Source(given, where, description, kind, column, rows, row)

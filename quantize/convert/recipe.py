@@ -135,6 +135,7 @@ class _Fields(BaseModel):
         None, min_length=1, description="the column (JSONL key) of conversations: lists of {role, content}"
     )
     split: str | None = Field(None, min_length=1, description="the split of a saved DatasetDict; default train")
+    task: str | None = Field(None, min_length=1, description="the task of a golden-set version whose items to read")
 
     @model_validator(mode="after")
     def _one_field(self) -> _Fields:
@@ -167,7 +168,8 @@ class Calibration(_Fields):
     source: str | None = Field(
         None,
         description="builtin:jargon (Jargon File 4.4.7, shipped, the default), a local .txt (blank-line separated), "
-        ".jsonl or .parquet file (a text or messages column), or a folder saved by datasets' save_to_disk",
+        ".jsonl or .parquet file (a text or messages column), a folder saved by datasets' save_to_disk, or a "
+        "golden-set version (with task)",
     )
     mixture: list[MixtureSource] | None = Field(
         None, min_length=1, description="several sources, each with a weight, in place of `source`"
@@ -187,9 +189,10 @@ class Calibration(_Fields):
                 f"source {self.source!r} and mixture are both given; list every source under mixture (each with "
                 "its weight), or give source alone"
             )
-        if self.text_field or self.messages_field or self.split:
+        if self.text_field or self.messages_field or self.split or self.task:
             raise ValueError(
-                "text_field, messages_field and split belong to each source of a mixture: move them into its entry"
+                "text_field, messages_field, split and task belong to each source of a mixture: move them into its "
+                "entry"
             )
         return self
 
@@ -204,6 +207,7 @@ class Calibration(_Fields):
                 text_field=self.text_field,
                 messages_field=self.messages_field,
                 split=self.split,
+                task=self.task,
             )
         ]
 

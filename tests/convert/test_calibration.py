@@ -22,6 +22,8 @@ from quantize.errors import UsageError
 from quantize.io import sha256_bytes
 from quantize.records import CalibrationRecord
 
+from conftest import ROOT
+
 
 def write_recipe(tmp_path: Path, model: Path, name: str, **fields) -> Path:
     """As tests/convert/test_engine.py writes one."""
@@ -124,6 +126,7 @@ def calibrations(s: dict[str, Path]) -> dict[str, dict]:
         "parquet": dict(source=str(s["parquet"]), **CAL),
         "dataset": dict(source=str(s["dataset"]), **CAL),
         "dataset-dict": dict(source=str(s["dataset-dict"]), split="train", **CAL),
+        "golden": dict(source=str(ROOT / "golden" / "std" / "v1"), task="arc_easy", **CAL),
         "mixture": dict(
             mixture=[
                 {"source": str(s["chat-jsonl"]), "weight": 0.75},
@@ -140,6 +143,7 @@ EXPECT = {  # kind and column each source is read as
     "parquet": [("chat", "messages")],
     "dataset": [("text", "text")],
     "dataset-dict": [("text", "text")],
+    "golden": [("text", None)],
     "mixture": [("chat", "messages"), ("text", "text")],
 }
 
@@ -263,6 +267,14 @@ def bad_cases(s: dict[str, Path], tmp: Path) -> dict[str, tuple[dict, str]]:
             {"source": str(s["dataset"]), "mixture": [{"source": str(s["dataset"]), "weight": 1}]},
             "source .* and mixture are both given",
         ),
+        "golden without task": (
+            {"source": str(ROOT / "golden" / "std" / "v1")},
+            "calibration.task is not given; name one of its tasks: arc_easy, gsm8k, hellaswag, lambada_openai",
+        ),
+        "task of no golden set": (
+            {"source": str(s["dataset"]), "task": "arc_easy"},
+            "calibration.task = 'arc_easy': .* is not a golden-set version",
+        ),
         "txt with a column": (
             {"source": str(write_text(tmp / "a.txt")), "text_field": "x"},
             "is a .txt file.*remove text_field",
@@ -291,6 +303,8 @@ def write_text(path: Path) -> Path:
         "negative weight",
         "mixture source missing",
         "source and mixture",
+        "golden without task",
+        "task of no golden set",
         "txt with a column",
     ],
 )
@@ -350,3 +364,20 @@ def test_a_record_written_before_these_fields_still_reads():
     rec = CalibrationRecord.model_validate(old)
     assert rec.sources == [] and rec.document_tokens is None and rec.chat_template_sha256 is None
     assert calibration_lines(rec) == ["  calibration: 4 × 32 tokens from 3 documents of builtin:jargon"]
+
+
+@pytest.mark.parametrize("task", ["arc_easy", "hellaswag", "gsm8k", "lambada_openai"])
+def test_a_golden_tasks_items_are_its_doc_to_text(task):
+    """Each item as lm-eval's own doc_to_text gives it (a field, or a Jinja template: lambada's splits and joins)."""
+    import yaml
+    from lm_eval.utils import apply_template
+
+    from quantize.convert.calibration import open_source
+    from quantize.convert.recipe import MixtureSource
+
+    root = ROOT / "golden" / "std" / "v1"
+    src = open_source(MixtureSource(source=str(root), weight=1, task=task), "calibration.source")
+    template = yaml.safe_load((root / "tasks" / f"{task}.yaml").read_text())["doc_to_text"]
+    docs = [json.loads(line) for line in (root / "data" / f"{task}.jsonl").read_text().splitlines()]
+    assert src.rows == len(docs) and src.kind == "text"
+    assert [src.row(i) for i in range(src.rows)] == [apply_template(template, d) for d in docs]
