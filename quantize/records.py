@@ -87,6 +87,17 @@ class CalibrationSourceRecord(_Strict):
     documents_used: int
 
 
+class VocabularyOverlap(_Strict):
+    """How much of a golden set's vocabulary the calibration tokens hold: its items' prompts (doc_to_text) tokenized
+    by the checkpoint's tokenizer, each token id looked up among the packed calibration ids."""
+
+    golden: str
+    tasks: list[str]
+    distinct_tokens: int  # distinct token ids in the golden items
+    distinct_share: float  # of those, the share found in the calibration
+    token_share: float  # of the golden items' token occurrences, the share whose id is found in the calibration
+
+
 class CalibrationRecord(_Strict):
     source: str  # "mixture" for a mixture (its sources in `sources`)
     description: str
@@ -103,6 +114,7 @@ class CalibrationRecord(_Strict):
     # tokens the chat template added: rendered minus each message's content tokenized alone, over the documents used
     chat_template_tokens: int | None = None
     chat_template_share: float | None = None  # chat_template_tokens / document_tokens.total
+    overlap: VocabularyOverlap | None = None  # with the golden set the recipe's calibration.overlap_with names
 
 
 class LayerPlanRecord(_Strict):

@@ -38,7 +38,7 @@ from typing import Any, Literal
 from quantize.convert.recipe import Calibration, MixtureSource
 from quantize.errors import UsageError
 from quantize.io import read_user_file, read_user_text, sha256_bytes
-from quantize.records import CalibrationRecord, CalibrationSourceRecord, TokenSpread
+from quantize.records import CalibrationRecord, CalibrationSourceRecord, TokenSpread, VocabularyOverlap
 
 BUILTIN = {
     "builtin:jargon": (
@@ -367,8 +367,45 @@ def _no_template(src: Source, model: str) -> UsageError:
     )
 
 
+def golden_texts(folder: str, where: str) -> dict[str, list[str]]:
+    """Every task's item prompts of a golden-set version, as the calibration reads a golden source."""
+    from quantize.golden.manifest import verify
+
+    path, _ = source_path(folder, where)
+    if not (path / "MANIFEST.json").is_file():
+        raise UsageError(
+            f"{where} = {folder!r} is not a golden-set version (no MANIFEST.json); give e.g. golden/core/v2"
+        )
+    out = {}
+    for task in verify(path).tasks:
+        rows, row, _ = _golden(path, MixtureSource(source=folder, weight=1, task=task), where)
+        out[task] = [row(i) for i in range(rows)]
+    return out
+
+
+def vocabulary_overlap(tokenizer: Any, folder: str, x: Any) -> VocabularyOverlap:
+    """The share of a golden set's distinct token ids, and of its token occurrences, found among the ids X."""
+    import numpy as np
+
+    texts = golden_texts(folder, "calibration.overlap_with")
+    ids = np.asarray(
+        [i for t in texts.values() for s in t for i in tokenizer(s, add_special_tokens=False)["input_ids"]]
+    )
+    seen = np.isin(ids, np.unique(x))
+    distinct = np.unique(ids)
+    return VocabularyOverlap(
+        golden=folder,
+        tasks=sorted(texts),
+        distinct_tokens=len(distinct),
+        distinct_share=float(np.isin(distinct, np.unique(x)).mean()) if len(distinct) else 0.0,
+        token_share=float(seen.mean()) if len(ids) else 0.0,
+    )
+
+
 def check_calibration(cal: Calibration, model_dir: Path) -> None:
     """Everything about the calibration sources that can be checked before a model loads."""
+    if cal.overlap_with is not None:
+        golden_texts(cal.overlap_with, "calibration.overlap_with")
     for i, given in enumerate(cal.sources()):
         src = open_source(given, _where(cal, i))
         if src.rows == 0:
@@ -490,5 +527,6 @@ def build_calibration(tokenizer: Any, cal: Calibration) -> CalibrationSet:
         chat_template_sha256=template_sha,
         chat_template_tokens=template,
         chat_template_share=template / total if template is not None and total else None,
+        overlap=vocabulary_overlap(tokenizer, cal.overlap_with, x) if cal.overlap_with else None,
     )
     return CalibrationSet(torch.from_numpy(np.ascontiguousarray(x)), record)

@@ -177,6 +177,12 @@ class Calibration(_Fields):
     samples: int = Field(64, ge=1, le=100_000, description="number of packed sequences")
     seq_len: int = Field(256, ge=16, le=131_072, description="tokens per sequence")
     seed: int = Field(0, ge=0, description="seed for the order of the source documents (and of a mixture's rows)")
+    overlap_with: str | None = Field(
+        None,
+        min_length=1,
+        description="a golden-set version (e.g. golden/core/v2): record how much of its items' vocabulary the "
+        "calibration tokens hold",
+    )
 
     @model_validator(mode="after")
     def _source_or_mixture(self) -> Calibration:

@@ -42,4 +42,9 @@ def calibration_lines(cal: CalibrationRecord) -> list[str]:
             f"    chat template: {cal.chat_template_share:.1%} of the tokens ({cal.chat_template_tokens:,}), "
             f"template sha256 {cal.chat_template_sha256[:12]}"
         )
+    if o := cal.overlap:
+        lines.append(
+            f"    vocabulary of {o.golden}: {o.distinct_share:.1%} of its {o.distinct_tokens:,} distinct tokens appear "
+            f"in the calibration ({o.token_share:.1%} of its token occurrences)"
+        )
     return lines

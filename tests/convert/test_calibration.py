@@ -381,3 +381,33 @@ def test_a_golden_tasks_items_are_its_doc_to_text(task):
     docs = [json.loads(line) for line in (root / "data" / f"{task}.jsonl").read_text().splitlines()]
     assert src.rows == len(docs) and src.kind == "text"
     assert [src.row(i) for i in range(src.rows)] == [apply_template(template, d) for d in docs]
+
+
+def test_the_vocabulary_overlap_with_a_golden_set(tiny_model):
+    """Shares of the golden items' distinct token ids, and of their occurrences, found among the packed ids."""
+    import yaml
+    from lm_eval.utils import apply_template
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    root = ROOT / "golden" / "std" / "v1"
+    built = build_calibration(tok, Calibration(samples=2, seq_len=64, overlap_with=str(root)))
+    o = built.record.overlap
+    packed = set(built.input_ids.flatten().tolist())
+    golden = []
+    for task in ("arc_easy", "gsm8k", "hellaswag", "lambada_openai"):
+        template = yaml.safe_load((root / "tasks" / f"{task}.yaml").read_text())["doc_to_text"]
+        for line in (root / "data" / f"{task}.jsonl").read_text().splitlines():
+            golden += tok(apply_template(template, json.loads(line)), add_special_tokens=False)["input_ids"]
+    assert o.tasks == ["arc_easy", "gsm8k", "hellaswag", "lambada_openai"] and o.distinct_tokens == len(set(golden))
+    assert o.distinct_share == pytest.approx(len(set(golden) & packed) / len(set(golden)))
+    assert o.token_share == pytest.approx(sum(i in packed for i in golden) / len(golden))
+    assert 0 < o.distinct_share < o.token_share < 1  # the frequent tokens are the ones 128 tokens of text hold
+    assert "vocabulary of" in calibration_lines(built.record)[-1]
+
+
+def test_overlap_with_must_be_a_golden_set(tmp_path, tiny_model, capsys, monkeypatch):
+    monkeypatch.setattr(engine, "_convert", lambda *a, **k: pytest.fail("a model was loaded"))
+    recipe = write_recipe(tmp_path, tiny_model, "ov", **FP8, calibration={"overlap_with": str(tmp_path)})
+    assert main(["run", str(recipe), "--quiet"]) == 2
+    assert "calibration.overlap_with = " in capsys.readouterr().err
