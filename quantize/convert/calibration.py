@@ -250,8 +250,9 @@ def _saved_dataset(path: Path, given: MixtureSource, where: str) -> tuple[str, s
     if isinstance(ds, datasets.DatasetDict):
         split = given.split or "train"
         if split not in ds:
+            said = f"= {split!r}" if given.split else "is not given"
             raise UsageError(
-                f"{fields}.split = {split!r}: {path} has no such split; its splits are "
+                f"{fields}.split {said}: {path} has no {split!r} split; its splits are "
                 f"{', '.join(map(repr, ds))}: name one with {fields}.split"
             )
         ds = ds[split]

@@ -167,6 +167,7 @@ class MixtureSource(_Fields):
 class Calibration(_Fields):
     source: str | None = Field(
         None,
+        min_length=1,
         description="builtin:jargon (Jargon File 4.4.7, shipped, the default), a local .txt (blank-line separated), "
         ".jsonl or .parquet file (a text or messages column), a folder saved by datasets' save_to_disk, or a "
         "golden-set version (with task)",

@@ -249,7 +249,7 @@ def bad_cases(s: dict[str, Path], tmp: Path) -> dict[str, tuple[dict, str]]:
         ),
         "split": (
             {"source": str(s["dataset-dict"]), "split": "test"},
-            "split = 'test': .* its splits are 'train', 'val'",
+            "split = 'test': .* has no 'test' split; its splits are 'train', 'val'",
         ),
         "zero weight": (
             {"mixture": [{"source": str(s["dataset"]), "weight": 0}]},
