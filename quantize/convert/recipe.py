@@ -150,7 +150,7 @@ class _Fields(BaseModel):
 class MixtureSource(_Fields):
     """One source of a calibration mixture and its weight: its share of the packed rows is weight / total."""
 
-    source: str = Field(min_length=1, description="builtin:jargon, or a local file or saved-dataset folder")
+    source: str = Field(min_length=1, description="as calibration.source: builtin:jargon, a file or a folder")
     weight: float = Field(description="a positive share, relative to the others")
 
     @field_validator("weight")
