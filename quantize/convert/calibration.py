@@ -17,11 +17,12 @@ are rendered through the checkpoint's own chat template (the tokenizer's `apply_
 model is calibrated on text shaped as it sees it in use; the template's sha256 is recorded.
 
 Documents are shuffled with the recipe's seed, tokenized, joined with EOS and cut into `samples` rows of
-`seq_len` tokens: X is (samples, seq_len) int64. A mixture packs round(weight share × samples) rows from each
-source (largest remainders), then shuffles the rows with the seed. The sha256 of X's bytes (int64,
-little-endian, row-major) identifies the data. Everything is checked by `check_calibration` before a model
-loads: a missing path, a folder that is not a saved dataset, a column that does not exist, conversations that
-are not role/content lists, a chat source for a checkpoint without a chat template.
+`seq_len` tokens: X is (samples, seq_len) int64. A mixture packs floor(weight share × samples) rows from each
+source (the rows left go to the largest remainders), then shuffles the rows with the seed. The sha256 of X's
+bytes (int64, little-endian, row-major) identifies the data. `check_calibration` checks before a model loads: a
+missing path, a folder that is not a saved dataset, a split, task or column that does not exist, conversations
+that are not role/content lists (JSONL line by line; parquet and datasets by the column's type, so a null inside
+a typed column is found only while packing), a chat source for a checkpoint without a chat template.
 """
 
 from __future__ import annotations
