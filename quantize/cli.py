@@ -105,6 +105,24 @@ def _formats(spec: str) -> dict[str, float]:
     return out
 
 
+def _routed(args: argparse.Namespace) -> tuple[Any, ...]:
+    """--routed-params/--experts/--top-k: an MoE's routed experts, spread evenly over --layers MoE layers."""
+    from quantize.cost import bounds
+
+    given = [args.routed_params, args.experts, args.top_k]
+    if all(v is None for v in given):
+        return ()
+    if any(v is None for v in given):
+        raise UsageError("--routed-params, --experts and --top-k go together: give all three for an MoE, or none")
+    if not (0 < args.routed_params <= args.params and 1 <= args.top_k <= args.experts and args.layers >= 1):
+        raise UsageError(
+            f"invalid MoE setting: need 0 < --routed-params ({args.routed_params:g}) <= --params ({args.params:g}), "
+            f"1 <= --top-k ({args.top_k}) <= --experts ({args.experts}) and --layers >= 1"
+        )
+    per_layer = round(args.routed_params / args.layers)
+    return tuple(bounds.RoutedExperts(i, args.experts, args.top_k, 0.0, per_layer) for i in range(args.layers))
+
+
 def _hardware(name: str) -> Any:
     from quantize.cost import bounds
 
@@ -123,7 +141,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
         result = bounds.checkpoint_cost(Path(args.checkpoint), hw, work, args.project_params, args.project_share)
     else:
         kv = bounds.KVLayout(args.layers, args.kv_heads, args.head_dim, args.kv_bytes)
-        result = bounds.token_cost(args.params, _formats(args.formats), kv, hw, work)
+        result = bounds.token_cost(args.params, _formats(args.formats), kv, hw, work, routed=_routed(args))
     if args.sweep:
         result = result.model_copy(update={"sweeps": bounds.exercise_sweeps(args.gamma, args.draft_cost, args.alpha)})
     if args.json:
@@ -160,20 +178,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from quantize.flows.gate import run_gate, save_verdict
-    from quantize.gates.render import render_text
     from quantize.io import check_writable
-    from quantize.quiet import quiet_libraries
-    from quantize.records import to_json
 
     if args.junit:  # found before scoring, not after it with the verdict lost
         check_writable(Path(args.junit), "--junit")
-    if args.card and not Path(args.candidate).is_dir():
-        raise UsageError(f"--card writes the candidate's model card, and {args.candidate} is no checkpoint folder")
+    if args.card:  # likewise a model card that cannot be read or written (quantize/report/card.py)
+        from quantize.report.card import check_card
+
+        check_card(Path(args.candidate), "--card")
+    from quantize.flows.gate import run_gate, save_verdict  # scipy and the rest: after the checks
+    from quantize.gates.render import render_text
+    from quantize.quiet import quiet_libraries
+    from quantize.records import to_json
+
     with quiet_libraries(args.quiet):
         v = run_gate(args.policy, args.baseline, args.candidate, trust_remote_code=args.trust_remote_code)
+    print(to_json(v) if args.json else render_text(v), flush=True)  # the verdict first: a failed write hides nothing
     save_verdict(v, Path(args.junit) if args.junit else None, card=Path(args.candidate) if args.card else None)
-    print(to_json(v) if args.json else render_text(v))
     return v.exit_code
 
 
@@ -344,6 +365,9 @@ def _cost_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     c.add_argument("--kv-heads", type=int, default=8)
     c.add_argument("--head-dim", type=int, default=128)
     c.add_argument("--kv-bytes", type=float, default=2, help="bytes per KV element (2 = bf16, 1 = fp8)")
+    c.add_argument("--routed-params", type=float, help="an MoE: parameters in routed experts (all layers, all experts)")
+    c.add_argument("--experts", type=int, help="an MoE: routed experts per layer (E)")
+    c.add_argument("--top-k", type=int, help="an MoE: experts each token is routed to (k)")
     c.add_argument("--context", type=int, default=2048, help="context tokens per sequence")
     c.add_argument("--batch", type=int, default=32)
     c.add_argument("--hardware", default="seed", help="seed | h100-sxm | h200")

@@ -22,16 +22,25 @@ M = TypeVar("M", bound=BaseModel)
 # Limits on the YAML users edit: a recipe, suite or policy is a few hundred bytes of plain mappings.
 MAX_YAML_BYTES = 1_000_000
 MAX_DEPTH = 32
+MAX_NODES = 10_000  # values, keys and collections in one file; parsing stops at the first past it (a 60,000-entry
+# list took 1.6 s to parse before any schema could refuse it)
 
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader without aliases (a few hundred bytes of nested aliases expand to gigabytes) and with
-    a depth limit (deep nesting exhausts the parser's recursion)."""
+    """SafeLoader without aliases (a few hundred bytes of nested aliases expand to gigabytes), with a depth
+    limit (deep nesting exhausts the parser's recursion) and a limit on the values in one file."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             mark = self.peek_event().start_mark
             raise UsageError(f"YAML aliases (*name) are not accepted here (line {mark.line + 1}); write the value out")
+        self._nodes = getattr(self, "_nodes", 0) + 1
+        if self._nodes > MAX_NODES:
+            mark = self.peek_event().start_mark
+            raise UsageError(
+                f"YAML with more than {MAX_NODES:,} values (line {mark.line + 1}); a recipe, suite, policy or sweep "
+                "holds a few hundred: split it"
+            )
         self._depth = getattr(self, "_depth", 0) + 1
         try:
             if self._depth > MAX_DEPTH:
@@ -53,6 +62,8 @@ def parse_yaml(raw: bytes, origin: str) -> Any:
         return yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as e:
         raise UsageError(f"{origin} is not valid YAML: {e}") from None
+    except UsageError as e:  # a limit of _Loader's
+        raise UsageError(f"{origin}: {e}") from None
     except (ValueError, RecursionError) as e:  # e.g. an integer of more than 4,300 digits
         raise UsageError(f"{origin} holds a value YAML cannot read: {str(e)[:200]}") from None
 

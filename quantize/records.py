@@ -45,6 +45,9 @@ class Record(_Strict):
     # evidence records (scores, agreement, verdicts) may hold what a broken checkpoint computed: NaN or ±inf,
     # written as the JSON strings "NaN", "Infinity", "-Infinity" and read back as floats; other records may not
     EVIDENCE: ClassVar[bool] = False
+    # the most a file of this kind is read from (quantize/io.read_user_file): verdicts, run records and reports are
+    # kilobytes to a few megabytes; a score file holds every item's record and may be hundreds of megabytes
+    MAX_BYTES: ClassVar[int] = 64 * 2**20
 
 
 R = TypeVar("R", bound=Record)
@@ -342,6 +345,7 @@ class ScoreDoc(Record):
 
     WHAT: ClassVar[str] = "score file"
     EVIDENCE: ClassVar[bool] = True
+    MAX_BYTES: ClassVar[int] = 512 * 2**20
     REGENERATE: ClassVar[str] = (
         "write a current one with `quantize eval SUITE CHECKPOINT --json --items` (add --refresh to score again)"
     )
@@ -841,13 +845,12 @@ def parse(model: type[R], data: Any, origin: str) -> R:
 
 
 def read(model: type[R], path: Path) -> R:
-    """The one reader of every record."""
+    """The one reader of every record: a regular file of at most the kind's `MAX_BYTES` (a FIFO or a device named
+    as a verdict or a score file is refused without being read; quantize/io.read_user_file)."""
+    from quantize.io import read_user_file
+
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise UsageError(f"cannot read {path}: {e.strerror}") from None
-    return loads(model, raw, path)
+    return loads(model, read_user_file(path, model.WHAT, model.MAX_BYTES, hint=model.REGENERATE), path)
 
 
 def loads(model: type[R], raw: bytes, path: Path) -> R:

@@ -328,3 +328,38 @@ def frozen_set(root: Path, name: str, tasks: Path, names: list[str], **freeze_op
     suite = root / f"{name}.yaml"
     suite.write_text(f"golden: {out}\nbatch_size: 4\nagreement: {{per_task: 4, top_k: 5}}\n")
     return out, manifest, suite
+
+
+# Tiny configs of the 2026 families, small enough to build in a second; every field a transformers config class
+# of that family takes (transformers 5: Qwen3MoeConfig, DeepseekV3Config, Gemma3TextConfig, MixtralConfig,
+# GptOssConfig).
+ARCH_COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+ARCH = {
+    "qwen3_moe": dict(
+        head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        mlp_only_layers=[0],
+    ),
+    "deepseek_v3": dict(
+        num_key_value_heads=4, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=48,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, n_group=2, topk_group=1,
+    ),
+    "gemma3_text": dict(head_dim=16, intermediate_size=96, sliding_window=16, sliding_window_pattern=2),
+    "mixtral": dict(head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2),
+    "gpt_oss": dict(head_dim=16, intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8),
+}  # fmt: skip
+
+
+def make_tiny_arch(path: Path, family: str, seed: int = 0, **overrides) -> Path:
+    """A 3-layer model of `family` (ARCH) with seeded random bf16 weights, saved as safetensors with its
+    config.json as transformers writes it (no tokenizer: header-only tools need none)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(
+        family, **{**ARCH_COMMON, "max_position_embeddings": 128, **ARCH[family], **overrides}
+    )
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+    return path

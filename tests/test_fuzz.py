@@ -12,6 +12,7 @@ import resource
 import shutil
 import struct
 import time
+import unicodedata
 from collections import Counter
 
 import pytest
@@ -72,7 +73,7 @@ def mapping(keys: list[str]) -> st.SearchStrategy[dict]:
     return st.dictionaries(st.one_of(st.sampled_from(keys), st.text(max_size=12)), values, max_size=len(keys) + 2)
 
 
-def check(kind: str, argv: list[str], capsys, allowed: tuple[int, ...] = (2,)) -> None:
+def check(kind: str, argv: list[str], capsys, allowed: tuple[int, ...] = (2,)) -> int:
     t0 = time.perf_counter()
     code = main(argv)
     took = time.perf_counter() - t0
@@ -82,6 +83,7 @@ def check(kind: str, argv: list[str], capsys, allowed: tuple[int, ...] = (2,)) -
     assert "Traceback" not in err and took < 2.0, (kind, took, err[:300])
     if code == 2:
         assert err.startswith(f"quantize {argv[0]}: error: "), err[:300]
+    return code
 
 
 RECIPE_KEYS = [
@@ -362,3 +364,137 @@ def test_fuzz_config_against_headers(tmp_path_factory, layers, vocab, hidden):
         code = 2
     assert code == (0 if agrees else 2) and time.perf_counter() - t0 < 1.0
     TALLY[("config vs headers", code)] += 1
+
+
+NAME_TEXT = st.text(
+    alphabet=st.one_of(
+        st.characters(exclude_categories=()),  # every code point, lone surrogates included
+        st.sampled_from(["/", "\\", ".", " ", "\n", "\x00", "\u200b", "\u0301", "e", "A", "a"]),  # e + U+0301: NFC
+    ),
+    max_size=120,
+)
+
+
+# --- what a user names, read the one safe way (#41): every reader, every kind of file that is no plain input ------
+
+SPECIAL = ["fifo", "/dev/zero", "folder", "oversize", "not utf-8", "random bytes"]
+READERS = {  # argv with {} where the named file goes, the exits a file of random bytes may give
+    "golden new --from": (["golden", "new", "{out}", "--from", "{}", "--type", "multiple_choice"], (0, 2)),
+    "card --verdict": (["card", "{out}", "--verdict", "{}"], (2,)),
+    "sweep file": (["sweep", "{}"], (2,)),
+    "recipe": (["run", "{}"], (2,)),
+    "golden verify manifest": (["golden", "verify", "{dir}"], (2,)),
+}
+
+
+def special_file(d, kind: str, raw: bytes, name: str):
+    """A path of `kind` named `name` in `d`: what a reader must refuse (or read, for random bytes)."""
+    p = d / name
+    if kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "/dev/zero":
+        p.symlink_to("/dev/zero")
+    elif kind == "folder":
+        p.mkdir()
+    elif kind == "oversize":
+        with p.open("wb") as fh:
+            fh.truncate(2**34)  # sparse: 16 GiB on paper, over every cap
+    elif kind == "not utf-8":
+        p.write_bytes(b"name: x\n" + raw + b"\xff\xfe\n")
+    else:
+        p.write_bytes(raw)
+    return p
+
+
+@FUZZ
+@given(reader=st.sampled_from(sorted(READERS)), kind=st.sampled_from(SPECIAL), raw=st.binary(max_size=200))
+def test_fuzz_named_files(tmp_path_factory, capsys, reader, kind, raw):
+    """A FIFO, a link to /dev/zero, a folder, a 16 GiB file, bytes that are not UTF-8, or random bytes, named where
+    a reader expects a file: exit 2 naming it (random bytes may make a valid file), fast, never a hang."""
+    d = tmp_path_factory.mktemp("named")
+    argv, allowed = READERS[reader]
+    name = "MANIFEST.json" if reader == "golden verify manifest" else "input"
+    p = special_file(d, kind, raw, name)
+    args = [a.replace("{}", str(p)).replace("{out}", str(d / "out" / "v1")).replace("{dir}", str(d)) for a in argv]
+    check(f"named: {kind}", args, capsys, allowed=allowed if kind == "random bytes" else (2,))
+
+
+@pytest.fixture(scope="module")
+def tiny_set(tmp_path_factory):
+    """A golden set of four multiple-choice items from `golden new`."""
+    d = tmp_path_factory.mktemp("tiny")
+    items = [{"question": f"q{i}", "choices": ["a", "b", "c"], "answer": i % 3} for i in range(4)]
+    (d / "items.jsonl").write_text("".join(json.dumps(it) + "\n" for it in items))
+    assert (
+        main(["golden", "new", str(d / "tiny" / "v1"), "--from", str(d / "items.jsonl"), "--type", "multiple_choice"])
+        == 0
+    )
+    return d / "tiny" / "v1"
+
+
+ITEM_LINE = st.one_of(
+    st.builds(json.dumps, values),
+    st.builds(json.dumps, mapping(["id", "question", "choices", "answer", "cluster", "golden_shots"])),
+    st.builds(
+        lambda i, a, c: json.dumps({"id": i, "question": "q", "choices": c, "answer": a}),
+        st.one_of(st.integers(0, 3), st.text(max_size=3)),
+        st.one_of(st.integers(-2, 5), st.text(max_size=3), st.booleans(), st.none()),
+        st.one_of(st.lists(st.text(max_size=3), max_size=4), values),
+    ),
+    st.text(max_size=40),
+)
+
+
+@FUZZ
+@given(value=st.one_of(NAME_TEXT, st.sampled_from(["", ".", "..", "a/", "./a", "../UP", "/abs", "\ud800", "a" * 101])))
+def test_fuzz_names(tmp_path_factory, value):
+    """Any text is either refused (one line naming the field, exit 2) or a name that is one folder inside its parent:
+    created there, it is listed back under exactly that name, and nothing else appears."""
+    from quantize.errors import UsageError
+    from quantize.names import checked
+
+    d = tmp_path_factory.mktemp("names")
+    try:
+        name = checked(value, "recipes[0].name", "set `name:`")
+    except UsageError as e:
+        msg = str(e)
+        assert msg.startswith("recipes[0].name = ") and "\n" not in msg and len(msg) < 1000
+        msg.encode("utf-8")
+        TALLY[("names", 2)] += 1
+        return
+    p = d / name
+    assert p.parent == d and p.name == name
+    p.mkdir()
+    assert os.listdir(d) == [name]
+    TALLY[("names", 0)] += 1
+
+
+@FUZZ
+@given(lines=st.lists(ITEM_LINE, min_size=1, max_size=6), template=st.booleans())
+def test_fuzz_golden_item_lines(tiny_set, tmp_path_factory, capsys, lines, template):
+    """Any lines in a set's data file, the MANIFEST re-sealed over them (its hashes rewritten): `golden verify` is
+    exit 0 or 2, never 3; when it passes, every line is a JSON object with an id of its own and a right answer."""
+    from quantize.io import sha256_bytes
+
+    d = tmp_path_factory.mktemp("items") / "tiny" / "v1"
+    shutil.copytree(tiny_set, d)
+    task = next((d / "tasks").glob("tiny_*.yaml"))
+    if template:  # the answer through a Jinja template, as lm-eval's own tasks often give it
+        task.write_text(task.read_text().replace("doc_to_target: answer", "doc_to_target: '{{answer}}'"))
+    data = next((d / "data").glob("*.jsonl"))
+    data.write_text("".join(line.replace("\n", " ") + "\n" for line in lines))
+    m = json.loads((d / "MANIFEST.json").read_text())
+    for name, entry in m["files"].items():
+        blob = (d / name).read_bytes()
+        entry["sha256"] = sha256_bytes(blob)
+        entry["items"] = blob.count(b"\n") if entry["items"] is not None else None
+    m["smoke_ids"] = {}
+    (d / "MANIFEST.json").write_text(json.dumps(m))
+    if check("golden item lines", ["golden", "verify", str(d)], capsys, allowed=(0, 2)) == 0:
+        docs = [json.loads(line) for line in lines]
+        ids = [unicodedata.normalize("NFC", str(doc["id"])).strip() for doc in docs]
+        assert len(set(ids)) == len(ids) and all(ids)
+        for doc in docs:
+            assert isinstance(doc["choices"], list) and all(isinstance(c, str) for c in doc["choices"])
+            a = doc["answer"]
+            assert template or a in doc["choices"] or (type(a) is int and 0 <= a < len(doc["choices"])), doc

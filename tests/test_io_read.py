@@ -65,3 +65,37 @@ def test_read_user_text_decodes(tmp_path):
     f.write_bytes(b"\xc3")
     with pytest.raises(UsageError, match="t.txt is not UTF-8"):
         read_user_text(f, "calibration file", 10)
+
+
+def test_user_lines_hash_count_and_bound_each_line(tmp_path):
+    from quantize.io import sha256_file, sha256_user_file, user_lines
+
+    f = tmp_path / "items.jsonl"
+    f.write_bytes(b'{"a": 1}\n\n{"b": 2}')  # an empty line, and a last line without its newline
+    with user_lines(f, "golden data file", 100, 10) as lines:
+        assert list(lines) == [(1, b'{"a": 1}'), (2, b""), (3, b'{"b": 2}')]
+    assert lines.newlines == 2 and lines.hexdigest() == sha256_file(f) == sha256_user_file(f, "x", 100)
+    f.write_bytes(b"short\n" + b"x" * 11 + b"\n")
+    with pytest.raises(UsageError, match="line 2 is over the 10-byte limit"), user_lines(f, "items", 100, 10) as lines:
+        list(lines)
+    with pytest.raises(UsageError, match="18 bytes; at most 8"), user_lines(f, "items", 8, 100) as lines:
+        list(lines)
+
+
+def test_a_large_line_is_read_in_pieces(tmp_path):
+    """A line over the 64 KiB pieces `UserLines` reads comes back whole, and the hash covers every piece."""
+    from quantize.io import sha256_file, user_lines
+
+    f = tmp_path / "long.jsonl"
+    f.write_bytes(b"a" * 200_000 + b"\nb\n")
+    with user_lines(f, "items", 10**6, 300_000) as lines:
+        assert [len(body) for _, body in lines] == [200_000, 1]
+    assert lines.hexdigest() == sha256_file(f)
+
+
+def test_a_fifo_is_never_hashed(tmp_path):
+    from quantize.io import sha256_user_file
+
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(UsageError, match="not a regular file"):
+        sha256_user_file(tmp_path / "pipe", "golden source file", 100)

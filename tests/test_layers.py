@@ -33,7 +33,7 @@ STAGES = (
     "quantize.cost",
     "quantize.cli",
 )
-FOUNDATION = ("errors", "config", "io", "records", "stats", "cache", "suite", "tables", "quiet")
+FOUNDATION = ("errors", "config", "io", "records", "stats", "cache", "suite", "tables", "quiet", "names")
 
 # (package, imports it must never make directly or through the modules it imports, why)
 RULES = [

@@ -22,6 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from quantize.checkpoint import architecture as arch
 from quantize.checkpoint.files import read_config, safetensors_files, side_file
 from quantize.errors import UsageError
 from quantize.records import BitsRecord, ModuleBits
@@ -90,6 +93,9 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"(^|\.)(lm_head|embed_out|output)\.weight$", "lm_head"),
         (r"(norm|ln_\w+|ln\d*)[^.]*\.weight$", "norm"),
         (r"\.bias$", "bias"),
+        (r"\.experts\.\w+_bias$", "bias"),  # fused experts' biases (gpt-oss)
+        (r"\.gate\.e_score_correction_bias$", "bias"),  # DeepSeek-V3's router bias
+        (r"\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)$", "linear_kept"),  # fused experts, unquantized
     ]
 ]
 # Module names of an output layer that a config can tie to the input embeddings.
@@ -122,6 +128,32 @@ class ModuleRow:
         return 8 * self.bytes / self.parameters if self.parameters else None
 
 
+@dataclass
+class PartRow:
+    """One part of the model (architecture.PARTS): every byte of its tensors, scales included; its parameters;
+    and how many of those bytes are quantization metadata (scales, zero points, KV-cache scales)."""
+
+    bytes: int = 0
+    parameters: int = 0
+    metadata_bytes: int = 0
+
+    @property
+    def bits_per_weight(self) -> float | None:
+        return 8 * self.bytes / self.parameters if self.parameters else None
+
+
+class ExpertLayer(BaseModel):
+    """One MoE layer's routed experts as the headers hold them: all E experts' bytes and parameters together,
+    and the experts seen (distinct `experts.N` indices, or the leading axis of fused 3-D expert tensors)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    layer: int
+    bytes: int
+    parameters: int
+    experts_stored: int
+
+
 class BitsReport(BitsRecord):
     """The one bits type: what quantize.json keeps (BitsRecord), plus what only a read of the files knows (the
     files, header bytes read, the checkpoint's own logical parameters, a stored copy of a tied output layer).
@@ -137,6 +169,16 @@ class BitsReport(BitsRecord):
     # parameters of an lm_head stored although config.json ties it to the embeddings (a copy the model
     # does not need); bits per source parameter divide every byte by parameters − this
     tied_copy_parameters: int = 0
+    # by part of the model (architecture.PARTS): bytes, parameters, metadata bytes, bits per weight; sums to the
+    # total bytes
+    bytes_by_part: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    expert_layers: list[ExpertLayer] = Field(default_factory=list)  # each MoE layer's routed experts, in order
+
+    @property
+    def routed_expert_share(self) -> float | None:
+        """The routed experts' share of all stored bytes (None for a model without routed experts)."""
+        b = self.bytes_by_part.get("routed_experts", {}).get("bytes", 0)
+        return b / self.total_bytes if b and self.total_bytes else None
 
     @property
     def bits_per_source_parameter(self) -> float | None:
@@ -173,9 +215,12 @@ class BitsReport(BitsRecord):
             "quantized_linear_parameters",
             "quantized_linear_bits_per_weight",
             "bytes_by_role",
+            "bytes_by_part",
+            "routed_expert_share",
         )
         return {
             **{k: getattr(self, k) for k in keys},
+            "expert_layers": [e.model_dump() for e in self.expert_layers],
             "modules": [m.model_dump() for m in self.modules] if modules else None,
             "notes": self.notes,
             "tied_copy_parameters": self.tied_copy_parameters,
@@ -453,6 +498,8 @@ class _Count:
         self.modules: dict[str, ModuleRow] = {}
         self.weights: dict[str, int] = {}  # module -> parameters of its payload (a bias is not a quantized weight)
         self.params_known = True
+        self.parts = {p: PartRow() for p in arch.PARTS}
+        self.experts: dict[int, _Experts] = {}  # layer -> its routed experts
 
     def add(self, name: str, t: TensorInfo) -> None:
         role = role_of(name, t, self.names)
@@ -460,8 +507,33 @@ class _Count:
         row = self.modules.setdefault(_module_of(name), ModuleRow(_module_of(name), format="?"))
         row.bytes += t.nbytes
         row.roles[role] = row.roles.get(role, 0) + t.nbytes
+        part = self.parts[p := arch.part_of(row.module, role)]
+        part.bytes += t.nbytes
+        experts = self._experts(name, row.module, t) if p == "routed_experts" else None
+        if experts is not None:
+            experts.bytes += t.nbytes
         if role in METADATA_ROLES:
+            part.metadata_bytes += t.nbytes
             return  # metadata: bytes, not parameters
+        before = row.parameters
+        self._count_parameters(name, t, role, row)
+        part.parameters += row.parameters - before
+        if experts is not None:
+            experts.parameters += row.parameters - before
+
+    def _experts(self, name: str, module: str, t: TensorInfo) -> _Experts | None:
+        """The routed-expert tally of the tensor's layer (None outside the decoder layers), with the expert seen."""
+        layer = arch.layer_index(name)
+        if layer is None:
+            return None
+        e = self.experts.setdefault(layer, _Experts())
+        if (i := arch.expert_index(module)) is not None:
+            e.indices.add(i)
+        elif len(t.shape) >= 2:  # a fused tensor: experts along its leading axis
+            e.fused.add(t.shape[0])
+        return e
+
+    def _count_parameters(self, name: str, t: TensorInfo, role: str, row: ModuleRow) -> None:
         n = math.prod(t.shape)
         if role == "payload" and name.rsplit(".", 1)[-1] in PACKED_AXIS:
             b = self._packed_width(name, t, row)
@@ -493,6 +565,21 @@ class _Count:
     def _float_weights(self, row: ModuleRow) -> bool:
         """Whether the config declares float (FP4) rather than int weights for this module's group."""
         return {w.get("type") for w in _weight_args(self.args, row.module)} == {"float"}
+
+
+@dataclass
+class _Experts:
+    bytes: int = 0
+    parameters: int = 0
+    indices: set[int] = field(default_factory=set)
+    fused: set[int] = field(default_factory=set)
+
+    def stored(self) -> int:
+        """Experts the headers hold: distinct indices, else the fused tensors' leading axis (0 when they
+        disagree, which the cost model then refuses)."""
+        if self.indices:
+            return len(self.indices) if not self.fused else 0
+        return next(iter(self.fused)) if len(self.fused) == 1 else 0
 
 
 def _config_weights(qc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -574,6 +661,13 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         ],
         notes=notes,
         tied_copy_parameters=tied_copy,
+        bytes_by_part={
+            p: {**asdict(r), "bits_per_weight": r.bits_per_weight} for p, r in count.parts.items() if r.bytes
+        },
+        expert_layers=[
+            ExpertLayer(layer=i, bytes=e.bytes, parameters=e.parameters, experts_stored=e.stored())
+            for i, e in sorted(count.experts.items())
+        ],
     )
 
 

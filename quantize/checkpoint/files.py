@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
-from quantize.io import sha256_bytes, sha256_file, sha256_named_files
+from quantize.io import read_user_file, sha256_bytes, sha256_file, sha256_named_files
 
 CONFIG = "config.json"
+MAX_JSON_BYTES = 64 * 2**20  # a config, shard index or side quantization config: kilobytes to a few megabytes
 
 
 def safetensors_files(checkpoint: Path) -> list[Path]:
@@ -33,7 +34,7 @@ def safetensors_files(checkpoint: Path) -> list[Path]:
     index = checkpoint / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_bytes())["weight_map"]
+            weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES))["weight_map"]
         except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as e:
             raise UsageError(f"{index} is not a valid shard index ({str(e)[:200]}); re-save the checkpoint") from None
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
@@ -108,7 +109,7 @@ def read_config(checkpoint: Path, required: bool = True) -> dict[str, Any]:
 def read_json_object(path: Path, fix: str) -> dict[str, Any]:
     """A JSON file holding an object, or a UsageError naming the file and `fix`."""
     try:
-        data = json.loads(Path(path).read_bytes())
+        data = json.loads(read_user_file(path, "checkpoint file", MAX_JSON_BYTES, hint=fix))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
         raise UsageError(f"{path} is not valid JSON ({str(e)[:200]}); {fix}") from None
     if not isinstance(data, dict):

@@ -39,8 +39,33 @@ def inspect_text(r: BitsReport, modules: bool = False) -> str:
             ["bytes by role", "bytes", "share"],
         ),
     ]
+    if r.bytes_by_part:
+        lines += ["", _parts_table(r)]
     if modules:
         rows = [[m.module, m.format, f"{m.parameters:,}", f"{m.bytes:,}", _fmt(m.bits_per_weight)] for m in r.modules]
         lines += ["", table(rows, ["module", "format", "parameters", "bytes", "bits/weight"])]
     lines += [f"  note: {note}" for note in r.notes]
     return "\n".join(lines)
+
+
+def _parts_table(r: BitsReport) -> str:
+    """Bytes and bits by part of the model (attention, experts, router, ...), each part's scales included."""
+    rows = [
+        [
+            part.replace("_", " "),
+            f"{p['bytes']:,}",
+            f"{100 * p['bytes'] / r.total_bytes:.2f}%",
+            f"{p['parameters']:,}",
+            _fmt(p["bits_per_weight"]),
+            f"{p['metadata_bytes']:,}",
+        ]
+        for part, p in r.bytes_by_part.items()
+    ]
+    text = table(rows, ["bytes by part", "bytes", "share", "parameters", "bits/weight", "of which scales"])
+    if (share := r.routed_expert_share) is not None:
+        layers = r.expert_layers
+        text += (
+            f"\n  routed experts hold {100 * share:.2f}% of the bytes ({len(layers)} MoE layer(s), "
+            f"{layers[0].experts_stored if layers else 0} experts each)"
+        )
+    return text

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapt
 
 from quantize.compat.compressed_tensors import PRESET_WEIGHT_GROUP
 from quantize.config import Wording, load_yaml, validate
+from quantize.names import PathPart, PathText, checked
 
 
 class Method(str, Enum):
@@ -228,7 +229,9 @@ class _Recipe(BaseModel):
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
-    name: str | None = Field(None, description="a label for reports; defaults to the file name")
+    name: PathPart | None = Field(
+        None, description="a label for reports and the output folder's name (outputs/<name>); defaults to the file name"
+    )
     description: str | None = None
     model: str | None = Field(None, description="local checkpoint folder; empty = the embedded default model")
     backend: Backend = Backend.llmcompressor
@@ -236,7 +239,7 @@ class _Recipe(BaseModel):
     targets: list[str] = Field(default_factory=lambda: ["Linear"])
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     calibration: Calibration | None = Field(default_factory=Calibration)
-    output: str | None = Field(None, description="output folder; default outputs/<name>")
+    output: PathText | None = Field(None, description="output folder; default outputs/<name>")
     dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
         None,
         description="dtype to calibrate in; default: the checkpoint's own (float32 for AWQ), the same on every "
@@ -566,7 +569,9 @@ def load_recipe(path: str | Path) -> tuple[Recipe, str]:
     """Read and validate a recipe file. Returns the recipe and the sha256 of the file's bytes."""
     recipe, sha = load_yaml(path, RECIPE, "recipe", "the shipped recipes are in recipes/*.yaml", RECIPE_WORDING)
     if recipe.name is None:
-        recipe.name = Path(path).stem
+        recipe.name = checked(
+            Path(path).stem, f"recipe {path}: its name (the file's, as it sets no `name:`)", "set `name:` in it"
+        )
     return recipe, sha
 
 

@@ -2,9 +2,25 @@
 
 From shared/seed "Making Each Token Cheaper" (Pope et al. 2022; Leviathan et al. 2023):
 
-    memory_time  = (weight_bytes + batch × KV_bytes_per_sequence) / HBM_bandwidth
-    compute_time = 2 × parameters × batch × positions / peak_FLOPs
+    memory_time  = (weight_bytes_read + batch × KV_bytes_per_sequence) / HBM_bandwidth
+    compute_time = 2 × active_parameters × batch × positions / peak_FLOPs
     step_time   >= max(memory_time, compute_time)
+
+A mixture of experts (MoE layer l: E_l routed experts, each token routed to k_l of them, R_l = the bytes and
+P_l the parameters of all E_l experts together), with T = batch × positions tokens routed per step and the
+routing assumed uniform (every expert equally likely, tokens independent):
+
+    active_parameters  = N − Σ_l P_l + Σ_l P_l × k_l / E_l
+    weight_bytes_read  = (W − Σ_l R_l) + Σ_l R_l × (1 − (1 − k_l/E_l)^T)     (W: all stored weight bytes)
+
+since an expert escapes one token with probability 1 − k/E, so E × (1 − (1 − k/E)^T) experts are read in
+expectation. At T = 1 that is exactly k experts whatever the router; above it uniform routing maximizes the
+expectation (for independent tokens), so a skewed router can make a real step faster than this figure. A dense
+model has no MoE layer: weight_bytes_read = W and active_parameters = N.
+
+KV bytes per sequence = Σ_layers values_per_token × tokens_held × bytes_per_element, with
+values_per_token = 2 × kv_heads × head_dim (MHA/GQA) or kv_lora_rank + qk_rope_head_dim (MLA), and
+tokens_held = context, or min(context, window) for a sliding-window layer (checkpoint/architecture.py).
 
     E[tokens per target step] = (1 − α^(γ+1)) / (1 − α)
     speedup                   = E[tokens] / (γ·c + verify_ratio)
@@ -16,7 +32,9 @@ step can only be slower.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -68,8 +86,17 @@ HARDWARE: dict[str, Hardware] = {
 FORMAT_BITS = {"bf16": 16.0, "fp8_e4m3": 8.0, "int4_g128": 4.15}
 
 
+ROUTING_ASSUMPTION = (
+    "uniform routing: each routed token picks k of the E experts, every expert equally likely, tokens "
+    "independent; a step reads E × (1 − (1 − k/E)^T) experts of each MoE layer for T = batch × positions tokens "
+    "(exact at T = 1; above it an expectation, not a bound: a skewed router reads fewer)"
+)
+
+
 @dataclass(frozen=True)
 class KVLayout:
+    """A uniform MHA/GQA cache (the CLI's --layers/--kv-heads/--head-dim): every layer holds the whole context."""
+
     layers: int
     kv_heads: int
     head_dim: int
@@ -78,6 +105,113 @@ class KVLayout:
     def bytes_per_sequence(self, context_tokens: int) -> float:
         # K and V: 2 × layers × kv_heads × head_dim × bytes, per token
         return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_element * context_tokens
+
+    def layer_bytes(self, context_tokens: int) -> list[LayerKV]:
+        per = 2 * self.kv_heads * self.head_dim * self.bytes_per_element * context_tokens
+        return [
+            LayerKV(layer=i, attention="full_attention", tokens_held=context_tokens, bytes=per)
+            for i in range(self.layers)
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """A KV cache layer by layer, as config.json describes it (checkpoint/architecture.kv_spec): the values one
+    token stores in each layer (MHA/GQA 2 × kv_heads × head_dim; MLA kv_lora_rank + qk_rope_head_dim), and
+    each layer's window (None: it holds the whole context)."""
+
+    attention: str
+    values_per_token: int
+    kinds: tuple[str, ...]  # per layer: full_attention, sliding_attention, chunked_attention
+    windows: tuple[int | None, ...]  # per layer
+    bytes_per_element: float
+    formula: str = ""
+
+    def layer_bytes(self, context_tokens: int) -> list[LayerKV]:
+        """bytes of layer l = values_per_token × min(context, window_l) × bytes_per_element."""
+        out = []
+        for i, (kind, w) in enumerate(zip(self.kinds, self.windows, strict=True)):
+            held = context_tokens if w is None else min(context_tokens, w)
+            out.append(
+                LayerKV(
+                    layer=i,
+                    attention=kind,
+                    tokens_held=held,
+                    bytes=self.values_per_token * held * self.bytes_per_element,
+                )
+            )
+        return out
+
+    def bytes_per_sequence(self, context_tokens: int) -> float:
+        return sum(layer.bytes for layer in self.layer_bytes(context_tokens))
+
+    def describe(self) -> dict[str, Any]:
+        windowed = [w for w in self.windows if w is not None]
+        return {
+            "attention": self.attention,
+            "layers": len(self.windows),
+            "values_per_token_per_layer": self.values_per_token,
+            "values_formula": self.formula,
+            "windowed_layers": len(windowed),
+            "window": max(windowed) if windowed else None,
+            "bytes_per_element": self.bytes_per_element,
+        }
+
+
+@dataclass(frozen=True)
+class RoutedExperts:
+    """One MoE layer's routed experts: E of them, k per token; bytes and parameters of all E together."""
+
+    layer: int
+    experts: int
+    top_k: int
+    bytes: float
+    parameters: int
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A model's stored weight bytes, of which the routed experts of each MoE layer (none for a dense model)."""
+
+    total_bytes: float
+    routed: tuple[RoutedExperts, ...] = ()
+
+    def read_bytes(self, tokens: int) -> float:
+        """The bytes one step reads when it routes `tokens` tokens (weight_bytes_read)."""
+        return weight_bytes_read(self.total_bytes, [(r.bytes, r.experts, r.top_k) for r in self.routed], tokens)
+
+
+def expected_experts_read(experts: int, top_k: int, tokens: int) -> float:
+    """E[distinct experts one MoE layer reads] = E × (1 − (1 − k/E)^T) for T tokens routed uniformly (each
+    token picks k of the E experts, every expert equally likely, tokens independent)."""
+    return experts * (1 - (1 - top_k / experts) ** tokens)
+
+
+def weight_bytes_read(total_bytes: float, routed: Sequence[tuple[float, int, int]], tokens: int) -> float:
+    """weight_bytes_read = (W − Σ_l R_l) + Σ_l R_l × (1 − (1 − k_l/E_l)^T), for routed = [(R_l, E_l, k_l)]:
+    the bytes outside routed experts every step, and the expected share of each layer's experts."""
+    dense = total_bytes - sum(r for r, _, _ in routed)
+    return dense + sum(r * expected_experts_read(e, k, tokens) / e for r, e, k in routed)
+
+
+def active_parameter_count(parameters: int, routed: Sequence[RoutedExperts]) -> int:
+    """active_parameters = N − Σ_l P_l + Σ_l P_l × k_l / E_l (rounded to a whole parameter: equal experts make
+    P_l a multiple of E_l, so it is exact)."""
+    return (
+        parameters - sum(r.parameters for r in routed) + sum(round(r.parameters * r.top_k / r.experts) for r in routed)
+    )
+
+
+def tokens_to_read_share(experts: int, top_k: int, share: float) -> int:
+    """The fewest tokens T per step whose routing reads at least `share` of a layer's experts in expectation:
+    1 − (1 − k/E)^T ≥ share  ⇔  T = ⌈ln(1 − share) / ln(1 − k/E)⌉ (1 when k = E)."""
+    if top_k >= experts:
+        return 1
+    t = math.ceil(math.log(1 - share) / math.log(1 - top_k / experts) - 1e-12)
+    return max(1, t)
 
 
 def check_speculation(alpha: float, gamma: int, draft_cost: float) -> None:
@@ -120,10 +254,17 @@ def break_even_alpha(gamma: int, draft_cost: float, verify_ratio: float = 1.0) -
     return float(brentq(lambda a: expected_tokens(a, gamma) - target, lo, hi, xtol=1e-14))
 
 
+def _weights(w: float | Weights) -> Weights:
+    return w if isinstance(w, Weights) else Weights(w)
+
+
 @dataclass(frozen=True)
 class CostModel:
+    """The bounds of one model on one GPU at one context. `parameters` are the parameters each position
+    multiplies (an MoE's active parameters); weights are bytes (a dense model) or Weights (routed experts)."""
+
     parameters: float
-    kv: KVLayout
+    kv: KVLayout | KVCache
     hardware: Hardware
     context_tokens: int
 
@@ -131,51 +272,68 @@ class CostModel:
     def kv_bytes_per_sequence(self) -> float:
         return self.kv.bytes_per_sequence(self.context_tokens)
 
-    def memory_s(self, weight_bytes: float, batch: int) -> float:
-        return (weight_bytes + batch * self.kv_bytes_per_sequence) / self.hardware.hbm_bytes_per_second
+    def memory_s(self, weights: float | Weights, batch: int, positions: int = 1) -> float:
+        """(weight_bytes_read(batch × positions) + batch × KV) / bandwidth."""
+        read = _weights(weights).read_bytes(batch * positions)
+        return (read + batch * self.kv_bytes_per_sequence) / self.hardware.hbm_bytes_per_second
 
     def compute_s(self, batch: int, positions: int) -> float:
         return 2 * self.parameters * batch * positions / self.hardware.peak_dense_flops
 
-    def step_bound_s(self, weight_bytes: float, batch: int, positions: int = 1) -> float:
+    def step_bound_s(self, weights: float | Weights, batch: int, positions: int = 1) -> float:
         check_batch(batch)
-        return max(self.memory_s(weight_bytes, batch), self.compute_s(batch, positions))
+        return max(self.memory_s(weights, batch, positions), self.compute_s(batch, positions))
 
-    def verify_ratio(self, weight_bytes: float, batch: int, gamma: int) -> float:
+    def verify_ratio(self, weights: float | Weights, batch: int, gamma: int) -> float:
         """Cost of verifying γ+1 positions per sequence relative to a plain step."""
-        return self.step_bound_s(weight_bytes, batch, gamma + 1) / self.step_bound_s(weight_bytes, batch, 1)
+        return self.step_bound_s(weights, batch, gamma + 1) / self.step_bound_s(weights, batch, 1)
 
-    def compute_bound_batch(self, weight_bytes: float, positions: int, limit: int = 10**7) -> int | None:
+    def compute_bound_batch(self, weights: float | Weights, positions: int, limit: int = 10**7) -> int | None:
         """Smallest batch whose step is compute-bound when each sequence brings `positions` positions."""
-        # compute grows by 2·N·positions/F per sequence, memory by KV/B: solve once, then check.
+        # compute grows by 2·N·positions/F per sequence, memory by at most KV/B plus the weights read: at the
+        # batch solving that with all weights read the step is compute-bound; compute − memory is convex in the
+        # batch and negative at 0, so the compute-bound batches form one run and bisection finds its start.
+        w = _weights(weights)
         per_seq_compute = 2 * self.parameters * positions / self.hardware.peak_dense_flops
         per_seq_memory = self.kv_bytes_per_sequence / self.hardware.hbm_bytes_per_second
         if per_seq_compute <= per_seq_memory:
             return None
-        b = max(1, math.ceil((weight_bytes / self.hardware.hbm_bytes_per_second) / (per_seq_compute - per_seq_memory)))
-        while b > 1 and self.compute_s(b - 1, positions) >= self.memory_s(weight_bytes, b - 1):
-            b -= 1
-        while self.compute_s(b, positions) < self.memory_s(weight_bytes, b):
-            b += 1
-        return b if b <= limit else None
+        hi = max(
+            1, math.ceil((w.total_bytes / self.hardware.hbm_bytes_per_second) / (per_seq_compute - per_seq_memory))
+        )
+        while self.compute_s(hi, positions) < self.memory_s(w, hi, positions):  # rounding at the edge
+            hi += 1
+        lo = 0  # compute-bound at hi, not at lo (batch 0 reads the dense weights, computes nothing)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.compute_s(mid, positions) >= self.memory_s(w, mid, positions):
+                hi = mid
+            else:
+                lo = mid
+        return hi if hi <= limit else None
 
     def format_row(
         self,
-        weight_bytes: float,
+        weights: float | Weights,
         batch: int,
         gamma: int,
         alpha: float,
         draft_cost: float,
         bits_per_weight: float | None = None,
     ) -> FormatRow:
-        mem1, comp1 = self.memory_s(weight_bytes, 0), self.compute_s(1, 1)
-        memb, compb = self.memory_s(weight_bytes, batch), self.compute_s(batch, 1)
-        ratio = self.verify_ratio(weight_bytes, batch, gamma)
+        w = _weights(weights)
+        weight_bytes = w.total_bytes
+        read1 = w.read_bytes(1)
+        mem1, comp1 = read1 / self.hardware.hbm_bytes_per_second, self.compute_s(1, 1)
+        memb, compb = self.memory_s(w, batch), self.compute_s(batch, 1)
+        ratio = self.verify_ratio(w, batch, gamma)
         row: dict[str, Any] = {
             "bits_per_weight": bits_per_weight,
             "weight_bytes": weight_bytes,
             "weight_gb": weight_bytes / 1e9,
             "weight_gib": weight_bytes / 2**30,
+            "batch1_weight_read_bytes": read1,
+            "batch_weight_read_bytes": w.read_bytes(batch),
             "batch1_weight_bound_ms": 1000 * mem1,
             "batch1_step_bound_ms": 1000
             * max(mem1 + self.kv_bytes_per_sequence / self.hardware.hbm_bytes_per_second, comp1),
@@ -186,7 +344,7 @@ class CostModel:
             "batch_binding": "compute" if compb > memb else "memory",
             "verify_cost_ratio": ratio,
             "speculative_speedup_at_batch": speculative_speedup(alpha, gamma, draft_cost, ratio),
-            "verify_compute_bound_batch": self.compute_bound_batch(weight_bytes, gamma + 1),
+            "verify_compute_bound_batch": self.compute_bound_batch(w, gamma + 1),
         }
         if self.hardware.memory_bytes:
             need = weight_bytes + batch * self.kv_bytes_per_sequence
@@ -207,6 +365,8 @@ class FormatRow(_Frozen):
     weight_bytes: float
     weight_gb: float
     weight_gib: float
+    batch1_weight_read_bytes: float  # what one batch-1 step reads: every weight of a dense model, k/E of the experts
+    batch_weight_read_bytes: float  # at the workload's batch (uniform routing for an MoE)
     batch1_weight_bound_ms: float
     batch1_step_bound_ms: float
     batch1_compute_ms: float
@@ -260,6 +420,38 @@ class Sweeps(_Frozen):
     slow_draft: SlowDraft
 
 
+class LayerKV(_Frozen):
+    """One layer's KV cache for one sequence at the workload's context."""
+
+    layer: int
+    attention: str  # full_attention, sliding_attention, chunked_attention
+    tokens_held: int  # the context, or min(context, window)
+    bytes: float
+
+
+class ExpertLayerCost(_Frozen):
+    layer: int
+    experts: int
+    top_k: int
+    routed_parameters: int  # all E experts
+    active_routed_parameters: int  # P × k / E
+    routed_bytes: float  # all E experts, as stored (without a checkpoint: priced at the first format's bits)
+
+
+class MoECost(_Frozen):
+    """How the routed experts enter the bounds: the assumption, each MoE layer, and where batching stops
+    amortizing their reads."""
+
+    assumption: str
+    layers: list[ExpertLayerCost]
+    routed_parameters: int
+    experts_read_share_batch1: float  # of all routed-expert bytes, in expectation
+    experts_read_share_at_batch: float
+    tokens_reading_half: int  # tokens per step (batch × positions) that read half of every MoE layer's experts
+    tokens_reading_90pct: int
+    tokens_reading_99pct: int
+
+
 class CheckpointBytes(_Frozen):
     path: str
     total_bytes: int
@@ -273,13 +465,16 @@ class CostTable(_Frozen):
 
     scope: str
     parameters: float
+    active_parameters: int  # multiplied per position: parameters outside routed experts + k/E of the experts
     hardware: Hardware
     batch: int
     context_tokens: int
-    kv_layout: dict[str, float]
-    kv_bytes_per_sequence: float
+    kv_layout: dict[str, Any]
+    kv_bytes_per_sequence: float  # at context_tokens
+    kv_bytes_per_layer: list[LayerKV]
     formats: dict[str, FormatRow]
     speculation: Speculation
+    moe: MoECost | None = None  # None: a dense model
 
 
 class ProjectedCost(CostTable):
@@ -295,7 +490,9 @@ class TokenCost(CostTable):
 
     def to_data(self) -> dict[str, Any]:
         """`quantize cost --json`: the parts not asked for are left out, not written as null."""
-        return self.model_dump(exclude={k for k in ("checkpoint", "projection", "sweeps") if getattr(self, k) is None})
+        return self.model_dump(
+            exclude={k for k in ("checkpoint", "projection", "sweeps", "moe") if getattr(self, k) is None}
+        )
 
 
 def speculation_summary(alpha: float, gamma: int, draft_cost: float, plain_step_ms: float) -> Speculation:
@@ -337,33 +534,77 @@ class Workload:
 def token_cost(
     parameters: float,
     format_bits: dict[str, float],
-    kv: KVLayout,
+    kv: KVLayout | KVCache,
     hardware: Hardware,
     work: Workload,
-    measured_bytes: dict[str, float] | None = None,
+    measured_bytes: dict[str, float | Weights] | None = None,
+    routed: Sequence[RoutedExperts] = (),
 ) -> TokenCost:
-    """The calculator: one row per format. measured_bytes replaces bits × parameters / 8 where given."""
+    """The calculator: one row per format. measured_bytes replaces bits × parameters / 8 where given; `routed`
+    (an MoE's experts, their bytes as stored) prices each format's experts at its bits too."""
     if parameters <= 0:
         raise UsageError(f"parameters must be positive, got {parameters}")
     work.check()
-    model = CostModel(parameters, kv, hardware, work.context_tokens)
+    active = active_parameter_count(round(parameters), routed) if routed else round(parameters)
+    model = CostModel(active, kv, hardware, work.context_tokens)
     measured_bytes = measured_bytes or {}
     formats = {}
+    priced: list[Weights] = []
     for name, bits in format_bits.items():
-        wb = measured_bytes.get(name, parameters * bits / 8)
+        w = measured_bytes.get(name)
+        if w is None:
+            w = Weights(parameters * bits / 8, tuple(replace(r, bytes=r.parameters * bits / 8) for r in routed))
+        priced.append(w := _weights(w))
         formats[name] = model.format_row(
-            wb, work.batch, work.gamma, work.alpha, work.draft_cost, bits_per_weight=8 * wb / parameters
+            w, work.batch, work.gamma, work.alpha, work.draft_cost, bits_per_weight=8 * w.total_bytes / parameters
         )
     return TokenCost(
         scope=SCOPE,
         parameters=parameters,
+        active_parameters=active,
         hardware=hardware,
         batch=work.batch,
         context_tokens=work.context_tokens,
-        kv_layout=kv.__dict__,
+        kv_layout=kv.describe(),
         kv_bytes_per_sequence=model.kv_bytes_per_sequence,
+        kv_bytes_per_layer=kv.layer_bytes(work.context_tokens),
         formats=formats,
         speculation=speculation_summary(work.alpha, work.gamma, work.draft_cost, work.plain_step_ms),
+        moe=moe_cost(priced[0].routed or routed, work.batch) if routed and priced else None,
+    )
+
+
+def moe_cost(routed: Sequence[RoutedExperts], batch: int) -> MoECost:
+    """The routed experts' figures under uniform routing (ROUTING_ASSUMPTION): per layer, the expected share of
+    expert bytes a batch-1 and a batch-B step read, and the tokens per step that read half, 90% and 99% of
+    them (the point past which batching stops amortizing expert reads)."""
+    total = sum(r.bytes for r in routed)
+
+    def share(tokens: int) -> float:
+        return sum(r.bytes * expected_experts_read(r.experts, r.top_k, tokens) / r.experts for r in routed) / total
+
+    def tokens(s: float) -> int:
+        return max(tokens_to_read_share(r.experts, r.top_k, s) for r in routed)
+
+    return MoECost(
+        assumption=ROUTING_ASSUMPTION,
+        layers=[
+            ExpertLayerCost(
+                layer=r.layer,
+                experts=r.experts,
+                top_k=r.top_k,
+                routed_parameters=r.parameters,
+                active_routed_parameters=round(r.parameters * r.top_k / r.experts),
+                routed_bytes=r.bytes,
+            )
+            for r in routed
+        ],
+        routed_parameters=sum(r.parameters for r in routed),
+        experts_read_share_batch1=share(1),
+        experts_read_share_at_batch=share(batch),
+        tokens_reading_half=tokens(0.5),
+        tokens_reading_90pct=tokens(0.9),
+        tokens_reading_99pct=tokens(0.99),
     )
 
 
@@ -395,19 +636,74 @@ def kv_bytes(config: dict[str, Any]) -> float:
     return bits / 8 if isinstance(bits, int) and not isinstance(bits, bool) and 1 <= bits <= 16 else 2
 
 
-def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float | None = None) -> KVLayout:
-    """The KV layout config.json describes; bytes per element: given, else the checkpoint's own (kv_bytes)."""
+def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float | None = None) -> KVCache:
+    """The KV cache config.json describes, layer by layer (MHA/GQA or MLA; sliding-window and chunked layers
+    hold at most their window: checkpoint/architecture.kv_spec); bytes per element: given, else the
+    checkpoint's own (kv_bytes)."""
+    from quantize.checkpoint.architecture import kv_spec
+
     bytes_per_element = kv_bytes(config) if bytes_per_element is None else bytes_per_element
-    try:
-        layers = config["num_hidden_layers"]
-        heads = config["num_attention_heads"]
-        kv_heads = config.get("num_key_value_heads") or heads
-        head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    except KeyError as e:
+    spec = kv_spec(config)
+    return KVCache(
+        attention=spec.attention,
+        values_per_token=spec.values_per_token,
+        kinds=tuple(layer.kind for layer in spec.layers),
+        windows=tuple(layer.window for layer in spec.layers),
+        bytes_per_element=bytes_per_element,
+        formula=spec.formula,
+    )
+
+
+def routed_experts(config: dict[str, Any], expert_layers: Sequence[Any], where: str) -> tuple[RoutedExperts, ...]:
+    """Each MoE layer's routed experts: bytes and parameters from the headers (accounting.ExpertLayer), E and k
+    from config.json (architecture.moe_spec). The two must agree, layer by layer and expert by expert, or the
+    bounds would price the experts wrongly: a UsageError naming both. Layers past num_hidden_layers (a
+    multi-token-prediction layer) are not decode layers and stay outside."""
+    from quantize.checkpoint.architecture import layer_count, moe_spec
+
+    spec = moe_spec(config)
+    n = layer_count(config) if spec is not None or expert_layers else 0
+    stored = [e for e in expert_layers if e.layer < n]
+    if spec is None and not stored:
+        return ()
+    if spec is None:
         raise UsageError(
-            f"config.json lacks {e} needed for the KV layout; pass --layers/--kv-heads/--head-dim instead"
-        ) from None
-    return KVLayout(layers, kv_heads, head_dim, bytes_per_element)
+            f"{where}: tensors of layers {_span([e.layer for e in stored])} are routed experts (experts.N / fused "
+            "experts), but config.json declares no expert count (num_experts, num_local_experts or "
+            "n_routed_experts); fix config.json"
+        )
+    if not stored:
+        raise UsageError(
+            f"{where}: config.json declares {spec.experts} routed experts ({spec.fields}), but no tensor name "
+            "matches the routed-expert patterns (experts.N.*, experts.gate_up_proj); the bounds would price the "
+            "model as dense, so none are given. Pass --params/--formats instead"
+        )
+    if (found := [e.layer for e in stored]) != list(spec.layers):
+        raise UsageError(
+            f"{where}: config.json ({spec.fields}) puts routed experts in layers {_span(list(spec.layers))}, "
+            f"the weights hold them in layers {_span(found)}; fix config.json, or the weights that go with it"
+        )
+    if bad := [e for e in stored if e.experts_stored != spec.experts]:
+        raise UsageError(
+            f"{where}: layer {bad[0].layer} stores {bad[0].experts_stored} routed experts, config.json declares "
+            f"{spec.experts}; fix config.json, or the weights that go with it"
+        )
+    return tuple(RoutedExperts(e.layer, spec.experts, spec.top_k, e.bytes, e.parameters) for e in stored)
+
+
+def _span(layers: list[int]) -> str:
+    return ", ".join(map(str, layers[:8])) + (f", … ({len(layers)} layers)" if len(layers) > 8 else "")
+
+
+def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weights, int | None]:
+    """A checkpoint's weights as a decode step reads them (its routed experts per MoE layer, from the headers and
+    config.json: routed_experts) and its active parameters (None when its parameters cannot be counted)."""
+    from quantize.checkpoint.accounting import bits_report
+
+    report = bits_report(checkpoint)
+    routed = routed_experts(config, report.expert_layers, str(checkpoint))
+    active = active_parameter_count(report.parameters, routed) if report.parameters else None
+    return Weights(report.total_bytes, routed), active
 
 
 def checkpoint_cost(
@@ -433,13 +729,15 @@ def checkpoint_cost(
             f"{e}; without it the KV layout is unknown: use --params and --layers/--kv-heads/--head-dim"
         ) from None
     kv = kv_layout_from_config(cfg)
+    routed = routed_experts(cfg, report.expert_layers, str(checkpoint))
     out = token_cost(
         report.parameters,
         {"measured": 8 * report.total_bytes / report.parameters},
         kv,
         hardware,
         work,
-        measured_bytes={"measured": report.total_bytes},
+        measured_bytes={"measured": Weights(report.total_bytes, routed)},
+        routed=routed,
     )
     measured = CheckpointBytes(
         path=str(checkpoint),
@@ -465,6 +763,7 @@ def checkpoint_cost(
                 else " (share taken from the measured checkpoint: larger models of the family usually have a larger "
                 "linear share; pass --project-share)"
             )
+            + ("; priced as a DENSE model: the projected model's routing is unknown" if routed else "")
         )
         return out.model_copy(
             update={

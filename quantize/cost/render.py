@@ -5,6 +5,33 @@ from __future__ import annotations
 from quantize.cost.bounds import TokenCost
 
 
+def _architecture(result: TokenCost) -> list[str]:
+    """What the bounds assume of the architecture: the KV layout, and an MoE's active parameters and routing."""
+    kv = result.kv_layout
+    lines = []
+    if "attention" in kv:
+        windowed = (
+            f"; {kv['windowed_layers']} of {kv['layers']} layers hold at most {kv['window']:,} tokens"
+            if kv["windowed_layers"]
+            else ""
+        )
+        lines.append(
+            f"  KV cache {kv['attention']}: {kv['values_formula']} = {kv['values_per_token_per_layer']:,} values per "
+            f"token and layer, {kv['bytes_per_element']:g} byte(s) each{windowed}"
+        )
+    if (m := result.moe) is not None:
+        first = m.layers[0]
+        lines += [
+            f"  active parameters {result.active_parameters:,} per position ({len(m.layers)} MoE layer(s), top-"
+            f"{first.top_k} of {first.experts} routed experts; compute = 2 × active parameters)",
+            f"  routed experts read per step: {100 * m.experts_read_share_batch1:.1f}% at batch 1, "
+            f"{100 * m.experts_read_share_at_batch:.1f}% at batch {result.batch}; 90% from {m.tokens_reading_90pct} "
+            f"tokens a step, 99% from {m.tokens_reading_99pct}",
+            f"  assumes {m.assumption}",
+        ]
+    return lines
+
+
 def render(result: TokenCost) -> str:
     """Human-readable text; every time carries 'lower bound'."""
     hw, s = result.hardware, result.speculation
@@ -15,6 +42,7 @@ def render(result: TokenCost) -> str:
         f"  parameters {result.parameters:,.0f}; context {result.context_tokens:,} tokens; batch "
         f"{result.batch}; "
         f"KV bytes per sequence {result.kv_bytes_per_sequence:,.0f}",
+        *_architecture(result),
         "",
         f"  {'format':<12}{'bits/w':>8}{'GB':>10}{'GiB':>9}{'b1 bound ms':>13}{'bN bound ms':>13}{'binds':>8}"
         f"{'verify×':>9}{'spec×':>8}{'cb batch':>9}",

@@ -14,14 +14,19 @@ A composite action hands its inputs to no step by itself, so action.yml passes t
     QUANTIZE_VERDICT             the verdict record's path (default gate.json)
     QUANTIZE_CARD                "true": also write the verdict into a candidate folder's model card
 
+Every input is one line of text: a single trailing newline (what a YAML `|` block in a workflow leaves) is dropped;
+any other control character (a newline inside, a tab, a carriage return) is exit 2 naming the input.
+
 A model id is fetched with huggingface_hub.snapshot_download, safetensors, JSON, tokenizer and text files only
 (never pickles), into the Hub cache the workflow may restore; its weights are then identified by their blob names
 (quantize.checkpoint.files.weights_sha256), not read again. Everything after the downloads runs offline.
 
-Written: the verdict in Markdown appended to $GITHUB_STEP_SUMMARY, `verdict=` and `exit-code=` lines appended to
-$GITHUB_OUTPUT, the JUnit file and the verdict record. The exit code is the gate's: 0 pass, 1 rejected or
-inconclusive (fails closed), 2 bad input (the summary says what to fix), 3 a failure of ours or the runner's.
-"""
+Written, in this order: the verdict as text on stdout and in Markdown appended to $GITHUB_STEP_SUMMARY (every name
+escaped: quantize/tables.py), then the JUnit file, the verdict record and the card, then `verdict=` and `exit-code=`
+lines appended to $GITHUB_OUTPUT; a failure writing a file is reported after the verdict, never instead of it.
+The exit code is the gate's: 0 pass, 1 rejected or inconclusive (fails closed), 2 bad input (the summary says what to
+fix), 3 a failure of ours or the runner's; where writing a file fails after the verdict, `verdict=error` and that
+failure's exit code."""
 
 from __future__ import annotations
 
@@ -32,8 +37,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from quantize.errors import EXIT_RUNTIME, EXIT_USAGE, RuntimeFailure, UsageError
+from quantize.tables import md_text, printable
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # matched whole (fullmatch: `$` would allow a newline)
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # what a checkpoint needs to be scored: weights, config, tokenizer; never a pickle
 HUB_FILES = ["*.safetensors", "*.json", "tokenizer*", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
@@ -44,7 +51,7 @@ def resolve(spec: str, revision: str, what: str) -> Path:
         raise UsageError(f"the action's `{what}` input is empty; give a checkpoint folder or a Hub model id")
     if Path(spec).exists():
         return Path(spec)
-    if not HUB_ID.match(spec) or ".." in spec:
+    if not HUB_ID.fullmatch(spec) or ".." in spec:
         raise UsageError(
             f"the action's `{what}` input {spec!r} is neither an existing path (in the workflow's working directory) "
             "nor a Hugging Face model id like org/name; check the path, or the id's spelling"
@@ -63,15 +70,29 @@ def resolve(spec: str, revision: str, what: str) -> Path:
         ) from None
 
 
+def _input(env: Mapping[str, str], var: str, what: str, default: str = "") -> str:
+    """The action input `what` (environment variable `var`): one line, a single trailing newline dropped (a YAML `|`
+    block ends with one); any other control character is exit 2 naming the input."""
+    value = env.get(var) or default
+    value = value.removesuffix("\n").removesuffix("\r")
+    if bad := CONTROL.search(value):
+        raise UsageError(
+            f"the action's `{what}` input ({var}) holds a control character ({printable(bad.group())} at position "
+            f"{bad.start() + 1}: {printable(value)[:200]}); give it on one line (in YAML, `{what}: value`, or `>-` "
+            "for a folded block)"
+        )
+    return value
+
+
 def _append(path: str | None, text: str) -> None:
     if path:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(text)
 
 
-def _failed(env: Mapping[str, str], message: str, code: int) -> int:
-    why = "the gate could not run on this input" if code == EXIT_USAGE else "the gate failed"
-    _append(env.get("GITHUB_STEP_SUMMARY"), f"### quantize gate: {why} (exit {code})\n\n{message}\n")
+def _failed(env: Mapping[str, str], message: str, code: int, why: str = "") -> int:
+    why = why or ("the gate could not run on this input" if code == EXIT_USAGE else "the gate failed")
+    _append(env.get("GITHUB_STEP_SUMMARY"), f"### quantize gate: {why} (exit {code})\n\n{md_text(message)}\n")
     _append(env.get("GITHUB_OUTPUT"), f"verdict=error\nexit-code={code}\n")
     print(f"quantize gate: {message}", file=sys.stderr)
     return code
@@ -82,27 +103,34 @@ def run(env: Mapping[str, str]) -> int:
     from quantize.gates.render import render_markdown, render_text
     from quantize.io import check_writable
 
-    junit, verdict_path = (
-        Path(env.get("QUANTIZE_JUNIT") or "gate.xml"),
-        Path(env.get("QUANTIZE_VERDICT") or "gate.json"),
-    )
+    junit = Path(_input(env, "QUANTIZE_JUNIT", "junit", "gate.xml"))
+    verdict_path = Path(_input(env, "QUANTIZE_VERDICT", "verdict", "gate.json"))
     check_writable(junit, "QUANTIZE_JUNIT")
     check_writable(verdict_path, "QUANTIZE_VERDICT")
-    policy = env.get("QUANTIZE_POLICY", "")
+    policy = _input(env, "QUANTIZE_POLICY", "policy")
     if not policy:
         raise UsageError("the action's `policy` input is empty; give a gate policy file, e.g. gates/ci.yaml")
-    baseline = resolve(env.get("QUANTIZE_BASELINE", ""), env.get("QUANTIZE_BASELINE_REVISION", ""), "baseline")
-    candidate = resolve(env.get("QUANTIZE_CANDIDATE", ""), env.get("QUANTIZE_CANDIDATE_REVISION", ""), "candidate")
-    card = env.get("QUANTIZE_CARD", "false").lower() == "true"
-    if card and not candidate.is_dir():
-        raise UsageError(f"QUANTIZE_CARD writes the candidate's model card, and {candidate} is no checkpoint folder")
+    revision = _input(env, "QUANTIZE_BASELINE_REVISION", "baseline-revision")
+    baseline = resolve(_input(env, "QUANTIZE_BASELINE", "baseline"), revision, "baseline")
+    revision = _input(env, "QUANTIZE_CANDIDATE_REVISION", "candidate-revision")
+    candidate = resolve(_input(env, "QUANTIZE_CANDIDATE", "candidate"), revision, "candidate")
+    card = _input(env, "QUANTIZE_CARD", "card", "false").lower()
+    if card not in ("true", "false"):
+        raise UsageError(f"the action's `card` input is {card!r}; give true or false")
+    if card == "true":  # like the JUnit path: found before scoring, not after it
+        from quantize.report.card import check_card
+
+        check_card(candidate, "QUANTIZE_CARD")
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # the downloads are done: scoring reads local files only
         os.environ[var] = "1"
     v = run_gate(policy, baseline, candidate)
-    save_verdict(v, junit, verdict_path, candidate if card else None)
+    print(render_text(v), flush=True)  # the verdict first: a failure writing a file below hides nothing
     _append(env.get("GITHUB_STEP_SUMMARY"), render_markdown(v))
+    try:
+        save_verdict(v, junit, verdict_path, candidate if card == "true" else None)
+    except (UsageError, RuntimeFailure) as e:
+        return _failed(env, f"{e.says}: {e}", e.exit_code, "the verdict above stands; writing its files failed")
     _append(env.get("GITHUB_OUTPUT"), f"verdict={v.verdict}\nexit-code={v.exit_code}\n")
-    print(render_text(v))
     return v.exit_code
 
 

@@ -17,6 +17,7 @@ from quantize.records import (
     UntestedResult,
     Verdict,
 )
+from quantize.tables import markdown_cell, md_code, md_text, printable
 from quantize.tables import text_table as table
 
 
@@ -66,7 +67,7 @@ def render_text(v: Verdict) -> str:
     p = v.provenance
     tested = sum(r.p_regression is not None for r in v.rules)  # Holm's m
     lines = [
-        f"gate {v.policy}: {head}{fails_closed(v)}",
+        f"gate {printable(v.policy)}: {head}{fails_closed(v)}",
         "",
     ]
     sq = v.sequential
@@ -87,7 +88,9 @@ def render_text(v: Verdict) -> str:
         ]
     for r in v.rules:
         when = "agreement look" if isinstance(r, AgreementRuleResult) else "look"
-        lines.append(f"[{r.verdict.upper():>12}] {r.rule}" + (f"  ({when} {r.look})" if r.look is not None else ""))
+        lines.append(
+            f"[{r.verdict.upper():>12}] {printable(r.rule)}" + (f"  ({when} {r.look})" if r.look is not None else "")
+        )
         if getattr(r, "non_finite", None):
             lines.append(f"    not finite: {r.non_finite}; a regression, whatever the statistics below say")
         if isinstance(r, AccuracyResult):
@@ -108,12 +111,12 @@ def render_text(v: Verdict) -> str:
             lines.append(
                 f"    flips right→wrong {e.flips_right_to_wrong}, wrong→right {e.flips_wrong_to_right}; "
                 f"exact McNemar p = {e.mcnemar_p:.3g}"
-                + (f"; e.g. {', '.join(e.examples_right_to_wrong[:3])}" if e.examples_right_to_wrong else "")
+                + (f"; e.g. {printable(', '.join(e.examples_right_to_wrong[:3]))}" if e.examples_right_to_wrong else "")
             )
             if e.items_needed:
                 lines.append(_items_needed_line(e))
         elif isinstance(r, UntestedResult):
-            lines.append(f"    {r.reason}")
+            lines.append(f"    {printable(r.reason)}")
         elif isinstance(r, PerplexityResult):
             e = r.evidence
             lines.append(
@@ -135,7 +138,7 @@ def render_text(v: Verdict) -> str:
             lines.append(
                 f"    p = {r.p_regression:.3g} against H0 '{h0}'; Holm-adjusted (m = {tested}): {r.p_holm:.3g}"
             )
-    lines += [f"note: {n}" for n in v.notes]
+    lines += [f"note: {printable(n)}" for n in v.notes]
     b, c = p.baseline.checkpoint, p.candidate.checkpoint
     lines += [
         "",
@@ -149,30 +152,33 @@ def render_text(v: Verdict) -> str:
 
 
 def render_junit(v: Verdict) -> str:
-    """JUnit XML: a test case per rule; a regression, or an inconclusive rule that fails closed, is a failure."""
+    """JUnit XML: a test case per rule; a regression, or an inconclusive rule that fails closed, is a failure.
+    ElementTree escapes markup; names and reasons go through `printable` too, so that none holds a control character
+    (not XML 1.0) or a line break that a test report would show as a new line."""
 
     def failing(verdict: str) -> bool:
         return verdict == "regression" or (verdict == "inconclusive" and v.exit_code != 0)
 
     suite = ET.Element(
         "testsuite",
-        name=f"quantize gate {v.policy}",
+        name=f"quantize gate {printable(v.policy)}",
         tests=str(len(v.rules)),
         failures=str(sum(failing(r.verdict) for r in v.rules)),
         errors="0",
     )
     for r in v.rules:
-        case = ET.SubElement(suite, "testcase", classname=f"quantize.gate.{v.policy}", name=r.rule)
+        rule = printable(r.rule)
+        case = ET.SubElement(suite, "testcase", classname=f"quantize.gate.{printable(v.policy)}", name=rule)
         if isinstance(r, UntestedResult):
-            ET.SubElement(case, "skipped", message=r.reason)
+            ET.SubElement(case, "skipped", message=printable(r.reason))
             continue
-        body = json.dumps(r.evidence.model_dump(), indent=1, default=str)
+        body = json.dumps(r.evidence.model_dump(), indent=1, default=str)  # JSON escapes every control character
         if r.verdict == "regression":
-            why = f" ({r.non_finite})" if r.non_finite else ""
-            ET.SubElement(case, "failure", message=f"{r.rule}: regression{why}", type="regression").text = body
+            why = f" ({printable(r.non_finite)})" if r.non_finite else ""
+            ET.SubElement(case, "failure", message=f"{rule}: regression{why}", type="regression").text = body
         elif failing(r.verdict):
             ET.SubElement(
-                case, "failure", message=f"{r.rule}: inconclusive (fails closed)", type="inconclusive"
+                case, "failure", message=f"{rule}: inconclusive (fails closed)", type="inconclusive"
             ).text = body
         else:
             ET.SubElement(case, "system-out").text = body
@@ -218,43 +224,47 @@ HEADLINE = {"pass": "✅ PASS", "rejected": "❌ REJECTED", "inconclusive": "⚠
 
 
 def _md_row(r: Any) -> list[str]:
-    """One rule as a Markdown table row: rule, verdict, baseline, candidate, change, bounds, limit."""
-    verdict = r.verdict + (f" ({r.non_finite})" if getattr(r, "non_finite", None) else "")
+    """One rule as a Markdown table row, each cell Markdown already: rule (as code), verdict, baseline, candidate,
+    change, bounds, limit."""
+    rule = markdown_cell(md_code(r.rule))
+    verdict = md_text(r.verdict + (f" ({r.non_finite})" if getattr(r, "non_finite", None) else ""))
     if isinstance(r, UntestedResult):
-        return [r.rule, "untested", "-", "-", "-", "-", r.reason]
+        return [rule, "untested", "-", "-", "-", "-", md_text(r.reason)]
     e = r.evidence
     if isinstance(r, AccuracyResult):
         bounds = f"[{e.lower_bound:+.4f}, {e.upper_bound:+.4f}]"
         base, cand = f"{e.baseline:.4f}", f"{e.candidate:.4f}"
-        return [r.rule, verdict, base, cand, f"{e.delta:+.4f}", bounds, f"Δ ≥ −{e.margin}"]
+        return [rule, verdict, base, cand, f"{e.delta:+.4f}", bounds, f"Δ ≥ −{e.margin}"]
     if isinstance(r, PerplexityResult):
         bounds = f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}]"
         base, cand = f"{e.baseline_perplexity:.3f}", f"{e.candidate_perplexity:.3f}"
-        return [r.rule, verdict, base, cand, f"×{e.ratio:.4f}", bounds, f"ratio ≤ {e.max_ratio}"]
+        return [rule, verdict, base, cand, f"×{e.ratio:.4f}", bounds, f"ratio ≤ {e.max_ratio}"]
     limit = f"≤ {e.max}" if e.max is not None else f"≥ {e.min}"
-    return [r.rule, verdict, "-", f"{e.value:.4f}", "-", f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}]", limit]
+    return [rule, verdict, "-", f"{e.value:.4f}", "-", f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}]", limit]
 
 
 def render_markdown(v: Verdict) -> str:
     """The verdict for a CI job summary or a model card: the headline, a table of rules, how far a sequential
-    gate went, the notes and the provenance (identities, golden set, versions)."""
+    gate went, the notes and the provenance (identities, golden set, versions). Every name and note is escaped
+    (quantize/tables.py): a policy or rule name makes no headline, table row or tag."""
     p = v.provenance
-    lines = [f"### quantize gate `{v.policy}`: {HEADLINE[v.verdict]}{fails_closed(v)}", ""]
+    lines = [f"### quantize gate {md_code(v.policy)}: {HEADLINE[v.verdict]}{fails_closed(v)}", ""]
     head = ["rule", "verdict", "baseline", "candidate", "change", "one-sided bounds", "passes when"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _md_row(r)) + " |" for r in v.rules]
+    lines += ["| " + " | ".join(_md_row(r)) + " |" for r in v.rules]
     sq = v.sequential
     if sq is not None:
         scored, total = sum(sq.items_scored.values()), sum(sq.items_total.values())
         taken = f"{sq.looks_taken} of {len(sq.looks)} looks"
         lines += ["", f"Sequential: {taken}, {scored:,} of {total:,} candidate items scored."]
     if v.notes:
-        lines += [""] + [f"- note: {n}" for n in v.notes]
+        lines += [""] + [f"- note: {md_text(n)}" for n in v.notes]
     b, c = p.baseline.checkpoint, p.candidate.checkpoint
     lines += [
         "",
         f"Baseline `{b.identity_sha256[:12]}`, candidate `{c.identity_sha256[:12]}` (checkpoint identities over "
-        f"weights, config and tokenizer); golden set {p.golden.name}/{p.golden.version} "
-        f"(`{p.golden.manifest_sha256[:12]}`), suite `{p.suite}`, lm-eval {p.lm_eval_version}, seed {p.seed}.",
+        f"weights, config and tokenizer); golden set {md_code(f'{p.golden.name}/{p.golden.version}')} "
+        f"(`{p.golden.manifest_sha256[:12]}`), suite {md_code(p.suite)}, lm-eval {md_text(p.lm_eval_version)}, "
+        f"seed {p.seed}.",
     ]
     return "\n".join(lines) + "\n"

@@ -27,7 +27,7 @@ from quantize.errors import UsageError
 from quantize.golden import sources as src
 from quantize.golden.manifest import Manifest
 from quantize.golden.version import ROLLING_METRICS, jsonl, write_files, yaml_bytes
-from quantize.io import sha256_file
+from quantize.io import read_user_text, sha256_user_file
 
 TASK_VERSION = 1.0
 GROUP = "core"
@@ -267,11 +267,15 @@ def group_config(tasks: list[str]) -> dict[str, Any]:
 def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | None = None) -> Manifest:
     """Build golden/core/<version> from a folder made by fetch_sources.sh (sizes from the version's name)."""
     sizes = sizes or Sizes.for_version(out.name)
-    meta = json.loads((sources_dir / "sources.json").read_text())
+    record = sources_dir / "sources.json"
+    try:
+        meta = json.loads(read_user_text(record, "golden sources record", 2**20, hint=src.HINT))
+    except (ValueError, RecursionError) as e:
+        raise UsageError(f"{record} is not JSON ({str(e)[:120]}); {src.HINT}") from None
     x = sources_dir / "x"
     for s in meta.values():  # the sources must be the ones recorded
         for f, digest in s["sha256"].items():
-            if sha256_file(x / f) != digest:
+            if sha256_user_file(x / f, "golden source file", src.MAX_SOURCE_BYTES, hint=src.HINT) != digest:
                 raise UsageError(
                     f"source file {x / f} does not match the sha256 recorded in {sources_dir / 'sources.json'}; "
                     "fetch the sources again (golden/core/fetch_sources.sh)"

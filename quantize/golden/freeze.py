@@ -29,11 +29,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from quantize.config import MAX_YAML_BYTES
 from quantize.errors import UsageError
 from quantize.golden.manifest import Manifest
 from quantize.golden.prompts import CONTEXT_FIELD, LM_EVAL_FEWSHOT_SEED, SHOTS_FIELD, check_prompts, pin_shots, prompts
-from quantize.golden.version import TaskFiles, check_new_version, write_version
-from quantize.io import sha256_file
+from quantize.golden.version import TaskFiles, check_new_version, check_task_names, write_version
+from quantize.io import read_user_text, sha256_file
 from quantize.kinds import OUTPUT_TYPES
 
 ID_FIELD = "golden_id"
@@ -251,7 +252,8 @@ def _source(task: Any, cfg: dict[str, Any]) -> dict[str, Any]:
         # the Python the freeze ran (process_docs): the task folder's modules, by hash
         src["task_code"] = {p.name: _sha(p) for p in sorted(Path(yaml_path).parent.glob("*.py"))}
         # a YAML that includes another (lm-eval's own task, its dataset pointed at local files): that one too
-        found = re.search(r"^\s*\"?include\"?\s*:\s*\"?([^\"\n]+?)\"?\s*,?\s*$", Path(yaml_path).read_text(), re.M)
+        text = read_user_text(yaml_path, "task YAML", MAX_YAML_BYTES)
+        found = re.search(r"^\s*\"?include\"?\s*:\s*\"?([^\"\n]+?)\"?\s*,?\s*$", text, re.M)
         included = Path(yaml_path).parent / found.group(1) if found else None
         if included is not None and included.is_file():
             src["task_yaml"]["include"] = {"path": str(included), "sha256": _sha(included)}
@@ -282,6 +284,7 @@ def freeze(
     out = Path(out)
     check_new_version(out)
     leaves = load_tasks(names, include_path)
+    check_task_names(list(leaves))
     pairs = [freeze_task(leaves[t], id_field, cluster_field, fewshot_seed) for t in sorted(leaves)]
     frozen = [f for f, _ in pairs]
     originals = {f.name: run for f, run in pairs}

@@ -1,8 +1,10 @@
 """Verify a golden-set version against its MANIFEST, and hand its tasks to lm-eval.
 
 A version folder is immutable: every file is listed in MANIFEST.json with its sha256 and item
-count, and any difference (a changed byte, a missing or unlisted file) is an error naming the
-file. Scoring calls `verify` first and refuses an unverified set.
+count, and any difference (a changed byte, a missing or unlisted file, a file that leads outside the
+folder) is an error naming the file. A MANIFEST can be rewritten by whoever edits the files, so the
+items are checked too (quantize/golden/items.py), line by line as each file is hashed. Scoring calls
+`verify` first and refuses an unverified set.
 """
 
 from __future__ import annotations
@@ -14,10 +16,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from quantize.config import Wording, validate
+from quantize.config import MAX_YAML_BYTES, Wording, parse_yaml, validate
 from quantize.errors import UsageError
-from quantize.io import sha256_bytes
+from quantize.golden import items
+from quantize.golden.items import MAX_ITEM_BYTES, MAX_SET_FILE_BYTES
+from quantize.io import read_user_file, sha256_bytes, user_lines
 from quantize.kinds import KINDS, OUTPUT_TYPES, metric_name
+
+MAX_MANIFEST_BYTES = 16 * 2**20  # a MANIFEST: hashes, smoke ids and few-shot ids, kilobytes to a megabyte
+HINT = "restore the version folder from version control"
 
 # lm-eval's aggregation of a metric a task lists without one (the rest average per item)
 DEFAULT_AGGREGATION = {
@@ -121,9 +128,7 @@ class GoldenSet:
         """The per-item metrics lm-eval computes on a task besides its kind's own (quantize/kinds.py): each entry
         of the task YAML's `metric_list` averaged per item (aggregation mean), under each filter pipeline, named
         as `kinds.metric_name` names them (acc_norm, exact_match@strict-match)."""
-        import yaml
-
-        cfg = yaml.safe_load((self.path / "tasks" / f"{task}.yaml").read_text(encoding="utf-8")) or {}
+        cfg = task_config(self.path, f"tasks/{task}.yaml") or {}
         filters = [f.get("name", "none") for f in cfg.get("filter_list") or []] or ["none"]
         own = KINDS[self.entry(task).output_type].metrics
         out = []
@@ -145,30 +150,28 @@ class GoldenSet:
 
 
 def verify(path: str | Path) -> GoldenSet:
+    """Check a version folder against its MANIFEST (module docstring) and its items (quantize/golden/items.py), every
+    file read the one safe way and hashed as it streams; all problems at once, exit 2."""
     root = Path(path)
     mpath = root / "MANIFEST.json"
-    if not mpath.is_file():
+    if not (mpath.exists() or mpath.is_symlink()):
         raise UsageError(f"{root} is not a golden-set version: it has no MANIFEST.json (expected e.g. golden/core/v1)")
-    raw = mpath.read_bytes()
     hint = "restore it from version control"
+    if outside := _leaves(root, "MANIFEST.json"):
+        raise UsageError(f"golden set {root} failed verification: {outside}")
+    raw = read_user_file(mpath, "golden-set manifest", MAX_MANIFEST_BYTES, hint=hint)
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise UsageError(f"{mpath} is not a valid manifest: not JSON ({str(e)[:200]}); {hint}") from None
     manifest = validate(Manifest, data, str(mpath), "golden-set manifest", Wording(regenerate=hint))
     files = manifest.files
-    problems = []
-    for name, entry in sorted(files.items()):
-        p = root / name
-        if not p.is_file():
-            problems.append(f"{name}: listed in the manifest but missing")
-            continue
-        blob = p.read_bytes()
-        if sha256_bytes(blob) != entry.sha256:
-            problems.append(f"{name}: sha256 differs from the manifest (the file was changed)")
-        elif entry.items is not None and (n := blob.count(b"\n")) != entry.items:
-            problems.append(f"{name}: {n} items, the manifest says {entry.items}")
-    problems += _outside_reads(root, manifest)
+    configs: dict[str, Any] = {}
+    tasks = sorted((n, e) for n, e in files.items() if n.startswith("tasks/"))
+    problems = [p for name, e in tasks for p in _check_task_file(root, name, e, configs)]
+    entries = task_entries(root, manifest, configs)
+    problems += _check_data_files(root, manifest, entries, configs)
+    problems += _outside_reads(root, manifest, configs)
     listed = set(files)
     for sub in ("data", "tasks"):
         for p in sorted((root / sub).glob("*")) if (root / sub).is_dir() else []:
@@ -180,22 +183,113 @@ def verify(path: str | Path) -> GoldenSet:
             + "\n".join(f"  - {p}" for p in problems)
             + "\nA version is immutable: restore the files from version control, or build a new version folder."
         )
-    return GoldenSet(root, manifest, sha256_bytes(raw), task_entries(root, manifest))
+    return GoldenSet(root, manifest, sha256_bytes(raw), entries)
 
 
-def _outside_reads(root: Path, manifest: Manifest) -> list[str]:
+def _leaves(root: Path, name: str) -> str | None:
+    """A problem when `name` (or a link on its way) leads outside the version folder, else None."""
+    try:
+        where = (root / name).resolve()
+        inside = where.is_relative_to(root.resolve())
+    except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte
+        return f"{name}: a link that cannot be followed (a loop); a set holds its own files"
+    if inside:
+        return None
+    return f"{name}: a link that leads outside the version folder (to {where}); a set holds its own files"
+
+
+def _listed_problem(root: Path, name: str) -> str | None:
+    p = root / name
+    if not (p.exists() or p.is_symlink()):
+        return f"{name}: listed in the manifest but missing"
+    return _leaves(root, name)
+
+
+def _digest_problems(name: str, entry: FileEntry, digest: str, newlines: int) -> list[str]:
+    if digest != entry.sha256:
+        return [f"{name}: sha256 differs from the manifest (the file was changed)"]
+    if entry.items is not None and newlines != entry.items:
+        return [f"{name}: {newlines} items, the manifest says {entry.items}"]
+    return []
+
+
+def _check_task_file(root: Path, name: str, entry: FileEntry, configs: dict[str, Any]) -> list[str]:
+    """A task YAML: hashed, and parsed with the project's YAML limits into `configs` (for the checks after)."""
+    if problem := _listed_problem(root, name):
+        return [problem]
+    try:
+        raw = read_user_file(root / name, "golden task file", MAX_YAML_BYTES)
+    except UsageError as e:
+        return [f"{name}: {e}"]
+    problems = _digest_problems(name, entry, sha256_bytes(raw), raw.count(b"\n"))
+    try:
+        configs[name] = parse_yaml(raw, name)
+    except UsageError as e:
+        problems.append(f"{name}: not plain YAML a golden set can check ({str(e)[:120]})")
+    return problems
+
+
+def _check_data_files(
+    root: Path, manifest: Manifest, entries: dict[str, TaskEntry], configs: dict[str, Any]
+) -> list[str]:
+    """Every data/ file hashed as it streams; a task's items and few-shot examples checked on the way
+    (quantize/golden/items.py), and the smoke ids against the items found."""
+    roles: dict[str, tuple[str, str]] = {}
+    problems = []
+    for task, e in sorted(entries.items()):
+        roles[e.data] = ("items", task)
+        if e.fewshot is not None:
+            roles[e.fewshot] = ("fewshot", task)
+        elif e.fewshot_ids:
+            problems.append(f"MANIFEST.json: task {task} lists fewshot_ids but no fewshot file")
+    by_task = {c.get("task"): c for c in configs.values() if isinstance(c, dict) and isinstance(c.get("task"), str)}
+    for name, entry in sorted(manifest.files.items()):
+        if name.startswith("tasks/"):
+            continue
+        if problem := _listed_problem(root, name):
+            problems.append(problem)
+            continue
+        role, task = roles.get(name, ("", ""))
+        try:
+            with user_lines(root / name, "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT) as lines:
+                if role == "items":
+                    rules = _rules(task, entries[task], by_task.get(task) or {}, problems)
+                    found = items.check_items(lines, name, rules)
+                    missing = [i for i in manifest.smoke_ids.get(task, []) if items.id_key(i) not in found.ids]
+                    if missing:
+                        problems.append(f"MANIFEST.json: smoke_ids of {task} name {missing[0]!r}, no item of {name}")
+                elif role == "fewshot":
+                    found = items.check_fewshot(lines, name, entries[task].fewshot_ids)
+                else:
+                    lines.drain()
+                    found = None
+                problems += _digest_problems(name, entry, lines.hexdigest(), lines.newlines)
+                problems += found.lines() if found else []
+        except UsageError as e:
+            problems.append(f"{name}: {e}")
+    return problems
+
+
+def _rules(task: str, entry: TaskEntry, cfg: dict[str, Any], problems: list[str]) -> items.TaskRules:
+    """What the task's items must hold (quantize/golden/items.py); a template the check cannot render is named."""
+    rules = items.TaskRules(
+        task, entry.id_field, entry.cluster_field, frozenset(entry.fewshot_ids) if entry.fewshot else None
+    )
+    if entry.output_type == "multiple_choice":
+        rules.target, rules.choice = cfg.get("doc_to_target"), cfg.get("doc_to_choice")
+        if problem := items.compile_templates(rules):
+            problems.append(f"task {task}: {problem}")
+            rules.target = rules.choice = None
+    return rules
+
+
+def _outside_reads(root: Path, manifest: Manifest, configs: dict[str, Any]) -> list[str]:
     """What the task YAMLs would read beyond the version folder: every task reads local JSON (`dataset_path:
     json`) from `data_files` that resolve inside the folder and are listed in the manifest; no `include:`. A set
     that verifies therefore holds all its data, and editing a file it reads changes a hash it is checked by."""
-    import yaml
-
     problems = []
-    for name in sorted(n for n in manifest.files if n.startswith("tasks/")):
-        try:
-            cfg = yaml.safe_load((root / name).read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-            problems.append(f"{name}: not plain YAML a golden set can check ({str(e)[:80]})")
-            continue
+    for name in sorted(n for n in manifest.files if n in configs):  # a YAML that did not parse is already named
+        cfg = configs[name]
         if isinstance(cfg, dict) and "group" in cfg:
             members = cfg.get("task") if isinstance(cfg.get("task"), list) else [cfg.get("task")]
             if not all(isinstance(m, str) for m in members):
@@ -228,23 +322,22 @@ def _outside_reads(root: Path, manifest: Manifest) -> list[str]:
     return problems
 
 
-def task_entries(root: Path, manifest: Manifest) -> dict[str, TaskEntry]:
+def task_entries(root: Path, manifest: Manifest, configs: dict[str, Any] | None = None) -> dict[str, TaskEntry]:
     """Each task's entry, read once. core/v1 predates task entries: its tasks are tasks/*.yaml but the
-    group's, its items data/<task without the group prefix>.jsonl with `id` and `cluster` fields."""
+    group's, its items data/<task without the group prefix>.jsonl with `id` and `cluster` fields.
+    `configs`: the task YAMLs already parsed (by verify), by file name."""
     if manifest.tasks:
         return dict(manifest.tasks)
-    import yaml
-
     group, out = manifest.group, {}
     for n in manifest.files:
         task = Path(n).stem
         if n.startswith("tasks/") and task != group:
             try:
-                kind = yaml.safe_load((root / n).read_text(encoding="utf-8"))["output_type"]
+                kind = (configs[n] if configs is not None and n in configs else task_config(root, n))["output_type"]
                 out[task] = TaskEntry(
                     data=f"data/{task.removeprefix(f'{group}_')}.jsonl", output_type=kind, cluster_field="cluster"
                 )
-            except (yaml.YAMLError, UnicodeDecodeError, TypeError, KeyError, ValueError) as e:
+            except (UsageError, TypeError, KeyError, ValueError) as e:
                 raise UsageError(
                     f"{root / n} is not an lm-eval task YAML with a supported output_type ({str(e)[:120]}); "
                     "restore it from version control"
@@ -252,10 +345,16 @@ def task_entries(root: Path, manifest: Manifest) -> dict[str, TaskEntry]:
     return out
 
 
+def task_config(root: Path, name: str) -> Any:
+    """A task YAML of a version folder, read the one safe way and parsed with the project's YAML limits."""
+    return parse_yaml(read_user_file(root / name, "golden task file", MAX_YAML_BYTES, hint=HINT), str(root / name))
+
+
 def read_items(golden: GoldenSet, task: str) -> list[dict[str, Any]]:
-    return [
-        json.loads(line) for line in (golden.path / golden.entry(task).data).read_text(encoding="utf-8").splitlines()
-    ]
+    """A task's items, read line by line (a verified set's lines are JSON objects)."""
+    path = golden.path / golden.entry(task).data
+    with user_lines(path, "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT) as lines:
+        return [json.loads(lines.text(n, raw)) for n, raw in lines]
 
 
 def item_id(doc: dict[str, Any], key: tuple[str, str | None]) -> tuple[str, str]:
@@ -273,7 +372,7 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
     for name in golden.manifest.files:
         if not name.startswith("tasks/"):
             continue
-        cfg = yaml.safe_load((golden.path / name).read_text())
+        cfg = task_config(golden.path, name)
         files = (cfg.get("dataset_kwargs") or {}).get("data_files")
         if files and "task" in cfg:
             for split in files:
@@ -282,14 +381,11 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
                 keep = set(ids[cfg["task"]])
                 id_field = golden.item_key(cfg["task"])[0]
                 subset = into / f"{cfg['task']}.jsonl"
-                subset.write_text(
-                    "".join(
-                        line + "\n"
-                        for line in Path(files["test"]).read_text(encoding="utf-8").splitlines()
-                        if str(json.loads(line)[id_field]) in keep
-                    ),
-                    encoding="utf-8",
-                )
+                source = user_lines(files["test"], "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT)
+                with source as lines, subset.open("wb") as out:
+                    for n, raw in lines:
+                        if str(json.loads(lines.text(n, raw))[id_field]) in keep:
+                            out.write(raw + b"\n")
                 files["test"] = str(subset)
         (into / Path(name).name).write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     return into

@@ -27,7 +27,7 @@ from typing import Any
 from quantize.errors import UsageError
 from quantize.golden.manifest import Manifest
 from quantize.golden.version import ROLLING_METRICS, TaskFiles, check_new_version, write_version
-from quantize.io import sha256_file
+from quantize.io import user_lines
 
 MAX_LINE = 64 * 1024
 MAX_FILE = 256 * 2**20
@@ -169,51 +169,36 @@ def _choice_index(a: Any, choices: list[str], where: str) -> int:
     )
 
 
-def read_items(path: Path, kind: str, task: str) -> list[dict[str, Any]]:
-    """Every line of the file as a checked item, with ids and clusters filled in."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_FILE:
-            raise UsageError(f"{path} is {size:,} bytes; a golden set file is at most {MAX_FILE:,} bytes")
-        blob = path.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"--from {path}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"--from {path} is a folder; give a JSONL file") from None
-    lines = blob.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
+def read_items(path: Path, kind: str, task: str) -> tuple[list[dict[str, Any]], str]:
+    """Every line of the file as a checked item, with ids and clusters filled in, and the sha256 of the bytes read
+    (one pass: the file hashed is the file checked). The file is read the one safe way (quantize/io.py: a regular
+    file, at most MAX_FILE bytes, line by line)."""
     items, seen = [], {}
-    for n, raw in enumerate(lines, 1):
-        where = f"{path} line {n}"
-        if len(raw) > MAX_LINE:
-            raise UsageError(f"{where} is {len(raw):,} bytes, over the {MAX_LINE:,}-byte limit per item; shorten it")
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise UsageError(
-                f"{where} is not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); save the file as UTF-8"
-            ) from None
-        if not line.strip():
-            raise UsageError(f"{where} is empty; remove it (one JSON object per line)")
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError) as e:
-            raise UsageError(f"{where} is not valid JSON ({str(e)[:120]}); one JSON object per line") from None
-        item = check_item(kind, obj, where)
-        item.setdefault("id", f"{task}-{n:05d}")
-        if item["id"] in seen:
-            raise UsageError(
-                f"{where}: id {item['id']!r} is already used on line {seen[item['id']]}; ids must be unique"
-            )
-        seen[item["id"]] = n
-        items.append(item)
+    with user_lines(path, "--from", MAX_FILE, MAX_LINE, hint="give a JSONL file, one item per line") as lines:
+        for n, raw in lines:
+            where = f"{path} line {n}"
+            line = lines.text(n, raw)
+            if not line.strip():
+                raise UsageError(f"{where} is empty; remove it (one JSON object per line)")
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError) as e:
+                raise UsageError(f"{where} is not valid JSON ({str(e)[:120]}); one JSON object per line") from None
+            item = check_item(kind, obj, where)
+            item.setdefault("id", f"{task}-{n:05d}")
+            if item["id"] in seen:
+                raise UsageError(
+                    f"{where}: id {item['id']!r} is already used on line {seen[item['id']]}; ids must be unique"
+                )
+            seen[item["id"]] = n
+            items.append(item)
+        digest = lines.hexdigest()
     if not items:
         raise UsageError(f"{path} has no items; write one JSON object per line")
     if any("cluster" in it for it in items) and not all("cluster" in it for it in items):
         first = next(i for i, it in enumerate(items, 1) if "cluster" not in it)
         raise UsageError(f"{path} line {first} has no cluster while other lines do; give every item one, or none")
-    return items
+    return items, digest
 
 
 @dataclass(frozen=True)
@@ -257,7 +242,7 @@ def new_version(
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_\-]{0,63}", task):
         raise UsageError(f"--task {task!r}: a task name is a letter, then letters, digits, '_' or '-' (at most 64)")
     gen.check(kind)
-    items = read_items(Path(source), kind, task)
+    items, digest = read_items(Path(source), kind, task)
     clustered = "cluster" in items[0]
     tf = TaskFiles(
         name=task,
@@ -266,7 +251,7 @@ def new_version(
         config=task_config(kind, gen.regex, list(gen.stop) or ["\n"], gen.max_gen_toks),
         id_field="id",
         cluster_field="cluster" if clustered else None,
-        source={"file": str(source), "sha256": sha256_file(Path(source))},
+        source={"file": str(source), "sha256": digest},
     )
     command = ["quantize", "golden", "new", str(out), "--from", str(source), "--type", kind, "--task", task]
     return write_version(

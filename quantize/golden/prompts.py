@@ -28,9 +28,8 @@ from typing import Any
 
 from quantize.compat.lm_eval import recording_draws
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.golden.items import CONTEXT_FIELD, SHOTS_FIELD  # noqa: F401 - the pins' fields (items.py checks them)
 
-CONTEXT_FIELD = "golden_context"
-SHOTS_FIELD = "golden_shots"
 LM_EVAL_FEWSHOT_SEED = 1234  # simple_evaluate's default fewshot_random_seed
 
 

@@ -5,11 +5,18 @@ Each parser returns plain, deterministic Python data in file order; builders shu
 
 from __future__ import annotations
 
-import gzip
 import re
+import zlib
 from pathlib import Path
 
-from quantize.io import sha256_bytes
+from quantize.errors import UsageError
+from quantize.io import decode_text, read_user_file, sha256_bytes
+
+# each source file is read the one safe way (quantize/io.py): a regular file of at most MAX_SOURCE_BYTES (the
+# largest, WordNet's index.noun, is ~4 MB), decompressed to at most MAX_TEXT_BYTES
+MAX_SOURCE_BYTES = 64 * 2**20
+MAX_TEXT_BYTES = 256 * 2**20
+HINT = "fetch the sources again (golden/core/fetch_sources.sh)"
 
 JARGON_ENTRY = re.compile(r"^   :(?P<head>.+?):(?P<rest>.*)$")
 JARGON_END = "Part III. Appendices"
@@ -21,13 +28,35 @@ def jargon_split(headword: str) -> str:
     return "heldout" if int(sha256_bytes(headword.encode())[:2], 16) >= 0xCC else "calibration"  # first byte
 
 
+def _read(path: Path) -> bytes:
+    """A source file's bytes, gunzipped when gzip (a .gz, or dictd's .dz, which is gzip), at most MAX_TEXT_BYTES."""
+    raw = read_user_file(path, "golden source file", MAX_SOURCE_BYTES, hint=HINT)
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    out = b""
+    while raw:  # member after member, as gzip.open reads them
+        d = zlib.decompressobj(wbits=31)  # 31: a gzip header
+        try:
+            out += d.decompress(raw, MAX_TEXT_BYTES - len(out) + 1)
+        except zlib.error as e:
+            raise UsageError(f"golden source file {path} is not valid gzip ({e}); {HINT}") from None
+        if d.unconsumed_tail or len(out) > MAX_TEXT_BYTES:
+            raise UsageError(f"golden source file {path} unpacks to over {MAX_TEXT_BYTES:,} bytes; {HINT}")
+        raw = d.unused_data
+    return out
+
+
+def _text(path: Path) -> str:
+    return decode_text(_read(path), f"golden source file {path}")
+
+
 def _clean(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
 def jargon_entries(path: Path) -> list[tuple[str, str]]:
     """(headword, text) for every glossary entry of the Jargon File 4.4.7 (jargon.txt.gz)."""
-    lines = gzip.open(path, "rt", encoding="utf-8").read().splitlines()
+    lines = _text(path).splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("   :abbrev:"))
     out: list[tuple[str, list[str]]] = []
     for line in lines[start:]:
@@ -43,8 +72,7 @@ def jargon_entries(path: Path) -> list[tuple[str, str]]:
 
 def devil_entries(path: Path) -> list[tuple[str, str]]:
     """(headword, definition prose) from The Devil's Dictionary (dictd devil.dict.dz); verse quotations dropped."""
-    raw = path.read_bytes()
-    text = (gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw).decode("utf-8", errors="replace")
+    text = _read(path).decode("utf-8", errors="replace")  # as the built core/v1 and v2 read it
     out: list[tuple[str, list[str]]] = []
     in_verse = False
     for line in text.splitlines():
@@ -91,7 +119,7 @@ def _alternatives(field: str) -> set[str]:
 def quiz_rows(path: Path) -> list[list[tuple[str, set[str]]]]:
     """Rows of a bsd-games quiz file: per field, (canonical answer, every accepted answer, lower-cased)."""
     rows = []
-    for line in path.read_text(encoding="latin-1").splitlines():
+    for line in _read(path).decode("latin-1").splitlines():
         line = re.sub(r".\x08", "", line).replace("\\:", "\x00")  # drop overstruck accents: Bogot'\ba -> Bogota
         if not line.strip() or line.startswith("#"):
             continue
@@ -104,7 +132,7 @@ def analogies(path: Path) -> dict[str, list[tuple[str, str, str, str]]]:
     """Mikolov et al.'s word analogies by section: a : b :: c : d."""
     out: dict[str, list[tuple[str, str, str, str]]] = {}
     section = ""
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in _text(path).splitlines():
         if line.startswith(":"):
             section = line[1:].strip()
             out[section] = []
@@ -117,7 +145,7 @@ def analogies(path: Path) -> dict[str, list[tuple[str, str, str, str]]]:
 def wordnet_nouns(path: Path, min_len: int = 4, max_len: int = 7, min_senses: int = 3) -> list[str]:
     """Common single-word nouns from WordNet's index.noun (lemma, synset count >= min_senses)."""
     words = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in _text(path).splitlines():
         if line.startswith(" "):
             continue
         parts = line.split()

@@ -22,6 +22,7 @@ from typing import Any
 
 from quantize.errors import UsageError
 from quantize.golden.manifest import Manifest
+from quantize.names import checked, shown, unique
 
 SMOKE = 8  # fixed smoke ids per task
 # lm-eval's metrics of a rolling-perplexity task, as every golden set writes them
@@ -54,13 +55,23 @@ def jsonl(items: list[dict[str, Any]]) -> bytes:
 
 
 def yaml_bytes(data: dict[str, Any]) -> bytes:
+    """YAML as every set writes it; an object that appears twice is written out twice, never as an alias (verify
+    reads task YAMLs with the project's limits, which refuse aliases)."""
     import yaml
 
-    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120).encode("utf-8")
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, allow_unicode=True, width=120).encode("utf-8")
 
 
 def check_new_version(out: Path) -> None:
-    """A version folder is written once: refuse an existing one before any work."""
+    """A version folder is written once: refuse an existing one before any work. Its name and its set's (the folder
+    above) become the manifest's name, version and group file: each is checked as a path part (quantize/names.py)."""
+    where, given = "--out golden/SET/VERSION, e.g. golden/faq/v1", f"--out {shown(str(out), 200)}"
+    checked(out.name, f"{given}: the version", f"give {where}")
+    checked(out.parent.name, f"{given}: the set (the folder above the version)", f"give {where}")
     if out.exists():
         raise UsageError(
             f"{out} exists: a golden version is immutable. Write a new version folder (e.g. "
@@ -68,6 +79,13 @@ def check_new_version(out: Path) -> None:
         )
     if not out.parent.name or out.name in ("data", "tasks"):
         raise UsageError(f"--out {out}: name a version folder inside a set folder, e.g. golden/faq/v1")
+
+
+def check_task_names(names: list[str]) -> None:
+    """Each task's name names its files (data/<task>.jsonl, tasks/<task>.yaml): one path part each, no two alike."""
+    for n in names:
+        checked(n, "a task's name (it names data/<task>.jsonl and tasks/<task>.yaml)", "rename the task")
+    unique([(n, f"task {n}") for n in names], "tasks of this set", "rename one of them")
 
 
 def _next_version(name: str) -> str:
@@ -86,6 +104,7 @@ def write_version(
     """Write the version folder of `golden new` and `golden freeze` (through `write_files`); returns the manifest.
     `check`: called on the complete temporary folder before it is renamed into place (raising keeps it out)."""
     name = out.parent.name
+    check_task_names([t.name for t in tasks])
     group = name if name not in {t.name for t in tasks} else f"{name}_set"
     files: dict[str, bytes] = {}
     entries: dict[str, dict[str, Any]] = {}

@@ -2,40 +2,55 @@
 matter, written with huggingface_hub's `EvalResult` and `ModelCardData`, and a human section with the verdict
 table, the policy and the provenance.
 
-One entry per accuracy and perplexity rule: task, dataset = the golden set's name and version (its manifest
-sha256 as the dataset's revision), metric, the candidate's value, and under `args` the baseline's value, the
-change, the rule's limit and outcome, and `source: quantize gate` (model-index has no field of its own for a
-baseline; its `source` needs a URL, and the mark in `args` is how a later verdict finds the entries to replace).
-Agreement rules (KL, top-1) compare two models and have no dataset score of the candidate alone, and a rule whose
-figures are not finite has no number to publish: both appear in the human section only. The card is rewritten
-whole and atomically; a card quantize wrote before keeps its text, and an
-earlier verdict's section and results are replaced, not stacked.
+One entry per rule that decided the verdict. An accuracy or perplexity rule: task, dataset = the golden set's name
+and version (its manifest sha256 as the dataset's revision), metric, the candidate's value, and under `args` the
+baseline's value, the change, the rule's limit and outcome, and `source: quantize gate` (model-index has no field
+of its own for a baseline; its `source` needs a URL, and the mark in `args` is how a later verdict finds the entries
+to replace). An agreement rule (mean KL, top-1, Σ min(p, q) against the baseline) has the golden set's prompts as
+its dataset (config `agreement`), the measured value, and under `args` its bounds, limit and outcome and the
+baseline's identity. A rule whose figures are not finite has no number to publish, and a rule never tested has
+none: both appear in the human section only. The card is rewritten whole and atomically; a card quantize wrote
+before keeps its text, and an earlier verdict's section and results are replaced, not stacked.
+
+What is read: README.md only as a regular file inside the checkpoint (a symbolic link is refused, never followed:
+a README linked to /proc/self/environ would copy the process's environment into the card), at most 1 MB, strictly
+UTF-8; its front matter through the YAML loader every user file goes through (safe, no aliases, depth-limited:
+quantize/config.py), which constructs no Python object. A card that cannot be read so, or whose front matter is
+not a mapping huggingface_hub accepts, is exit 2 naming the problem; `check_card` finds that before any scoring.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint.files import identity_sha256
+from quantize.config import parse_yaml
 from quantize.errors import UsageError
 from quantize.gates.render import render_markdown
-from quantize.io import write_text_atomic
-from quantize.records import AccuracyResult, PerplexityResult, Verdict
+from quantize.io import check_writable, decode_text, read_user_file, write_text_atomic
+from quantize.records import AccuracyResult, AgreementRuleResult, PerplexityResult, Verdict
+from quantize.tables import md_code
 
 CARD = "README.md"
+MAX_CARD_BYTES = 1_000_000
 BEGIN, END = "<!-- quantize gate: begin -->", "<!-- quantize gate: end -->"
 SOURCE = "quantize gate"
+EMPTY_FRONT_MATTER = re.compile(r"^\s*---[ \t]*\r?\n---[ \t]*(\r?\n|$)")  # what earlier versions left in a body
+AGREEMENT_NAMES = {"kl": "mean KL to the baseline", "top1": "top-1 agreement", "sum_min": "Σ min(p, q)"}
 
 
 def eval_results(v: Verdict) -> list[Any]:
-    """The verdict's accuracy and perplexity rules as huggingface_hub EvalResults (module docstring)."""
+    """The verdict's rules as huggingface_hub EvalResults (module docstring)."""
     from huggingface_hub import EvalResult
 
     g = v.provenance.golden
+    base_id = v.provenance.baseline.checkpoint.identity_sha256
     out = []
     for r in v.rules:
+        dataset = {"dataset_type": g.name, "dataset_revision": g.manifest_sha256}
         if isinstance(r, AccuracyResult):
             e = r.evidence
             metric = r.metric or "acc"
@@ -45,22 +60,33 @@ def eval_results(v: Verdict) -> list[Any]:
             metric = r.metric or "perplexity"
             value = e.candidate_perplexity
             args = {"baseline": e.baseline_perplexity, "ratio": e.ratio, "max_ratio": e.max_ratio}
+        elif isinstance(r, AgreementRuleResult):
+            a = r.evidence
+            metric, value = r.metric.value, a.value
+            args = {"lower_bound": a.lower_bound, "upper_bound": a.upper_bound}
+            args |= {"max": a.max} if a.max is not None else {"min": a.min}
         else:
-            continue
+            continue  # an untested rule has no figure
         if not all(math.isfinite(x) for x in (value, *args.values())):
             continue  # a non-finite figure is a regression the section shows; never a number in the front matter
+        if isinstance(r, AgreementRuleResult):  # the golden prompts, against the baseline (no task of its own)
+            task = "agreement"
+            dataset |= {"dataset_name": f"{g.name}/{g.version} prompts", "dataset_config": task}
+            name = AGREEMENT_NAMES.get(metric, metric)
+            extra = {"baseline_identity": base_id, "positions": r.evidence.positions}
+        else:
+            task, name, extra = r.task, f"{r.task} {metric}", {}
+            # results group by (task type, dataset type, config, split, revision): one group per task
+            dataset |= {"dataset_name": f"{g.name}/{g.version} {r.task}", "dataset_config": r.task}
         out.append(
             EvalResult(
                 task_type="text-generation",
-                task_name=r.task,
-                dataset_type=g.name,
-                dataset_name=f"{g.name}/{g.version} {r.task}",
-                dataset_config=r.task,  # results group by (task type, dataset type, config, split, revision)
-                dataset_revision=g.manifest_sha256,
+                task_name=task,
+                **dataset,
                 metric_type=metric,
-                metric_name=f"{r.task} {metric}",
+                metric_name=name,
                 metric_value=value,
-                metric_args={**args, "verdict": r.verdict, "policy": v.policy, "source": SOURCE},
+                metric_args={**args, **extra, "verdict": r.verdict, "policy": v.policy, "source": SOURCE},
                 verified=False,
             )
         )
@@ -70,14 +96,63 @@ def eval_results(v: Verdict) -> list[Any]:
 def _body_without_verdict(text: str) -> str:
     if BEGIN in text and END in text:
         head, rest = text.split(BEGIN, 1)
-        return head.rstrip() + "\n" + rest.split(END, 1)[1].lstrip("\n")
-    return text
+        text = head.rstrip() + "\n" + rest.split(END, 1)[1].lstrip("\n")
+    return EMPTY_FRONT_MATTER.sub("", text.lstrip("\n"), count=1)
+
+
+def read_card(checkpoint: Path) -> tuple[dict[str, Any], str]:
+    """The model card of `checkpoint` as (front matter, body); ({}, "") where it has none. Read as the module
+    docstring says; every refusal is a UsageError naming the card and what to do."""
+    from huggingface_hub import ModelCardData
+    from huggingface_hub.repocard import REGEX_YAML_BLOCK  # split where the Hub splits a card
+
+    path = Path(checkpoint) / CARD
+    if not path.is_symlink() and not path.exists():
+        return {}, ""
+    fix = "replace it with a regular file (a link is never followed), or remove it: the gate writes the card"
+    raw = read_user_file(path, "the model card", MAX_CARD_BYTES, follow_links=False, hint=fix)
+    text = decode_text(raw, f"the model card {path}")
+    m = REGEX_YAML_BLOCK.search(text)
+    if m is None:
+        return {}, text
+    origin = f"the front matter of the model card {path}"
+    # blank lines before the block keep YAML's line numbers those of the file
+    block = "\n" * text[: m.start(2)].count("\n") + m.group(2)
+    try:
+        data = parse_yaml(block.encode("utf-8"), origin)
+    except UsageError as e:  # aliases and depth are refused without naming the file
+        raise UsageError(str(e) if origin in str(e) else f"{origin}: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        what = "a mapping with keys that are not text" if isinstance(data, dict) else f"a {type(data).__name__}"
+        raise UsageError(
+            f"{origin} is {what}; a model card's metadata is a mapping (`key: value` lines between the `---` lines). "
+            "Fix or remove it"
+        )
+    try:  # huggingface_hub's own reading of the metadata, model-index included
+        ModelCardData(**data)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
+        raise UsageError(
+            f"{origin} is not metadata huggingface_hub can read ({str(e)[:300]}); fix its `model-index:` (or the "
+            "field named), or remove it: the gate writes its own results there"
+        ) from None
+    return data, text[m.end() :]
+
+
+def check_card(checkpoint: Path, what: str = "--card") -> None:
+    """Before any scoring: the card of `checkpoint` can be read (`read_card`) and written; else exit 2 naming it."""
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        raise UsageError(f"{what} writes the candidate's model card, and {checkpoint} is no checkpoint folder")
+    read_card(checkpoint)
+    check_writable(checkpoint / CARD, what)
 
 
 def add_verdict(checkpoint: Path, v: Verdict, verdict_path: str = "the verdict") -> Path:
     """Write the verdict `v` (read from `verdict_path`, which errors name) into the model card of `checkpoint`, the
     verdict's candidate (refused otherwise: the card would claim another checkpoint's results)."""
-    from huggingface_hub import ModelCard, ModelCardData
+    from huggingface_hub import ModelCardData
 
     checkpoint = Path(checkpoint)
     want = v.provenance.candidate.checkpoint.identity_sha256
@@ -89,18 +164,25 @@ def add_verdict(checkpoint: Path, v: Verdict, verdict_path: str = "the verdict")
             "or tokenizer differ): its card would claim another checkpoint's results. Gate this checkpoint, or pass "
             "the folder that was gated"
         )
-    path = checkpoint / CARD
-    card = ModelCard(path.read_text(encoding="utf-8")) if path.is_file() else ModelCard("---\n---\n")
-    data = card.data.to_dict() if card.data else {}
-    kept = [r for r in (ModelCardData(**data).eval_results or []) if (r.metric_args or {}).get("source") != SOURCE]
+    data, body = read_card(checkpoint)
+    read = ModelCardData(**data)
+    kept = [r for r in (read.eval_results or []) if (r.metric_args or {}).get("source") != SOURCE]
     data.pop("model-index", None)
     data.pop("eval_results", None)
-    label = data.get("model_name") or checkpoint.name
-    data.update(model_name=label, eval_results=kept + eval_results(v))
-    body = _body_without_verdict(card.text).rstrip()
+    label = read.model_name or checkpoint.name
+    data.update(model_name=label, eval_results=(kept + eval_results(v)) or None)
+    body = _body_without_verdict(body).rstrip()
     section = "\n".join(
-        [BEGIN, f"## Quality gate: {v.verdict}", "", f"Policy `{v.policy}`.", "", render_markdown(v).rstrip(), END]
+        [
+            BEGIN,
+            f"## Quality gate: {v.verdict}",
+            "",
+            f"Policy {md_code(v.policy)}.",
+            "",
+            render_markdown(v).rstrip(),
+            END,
+        ]
     )
-    text = f"---\n{ModelCardData(**data).to_yaml()}\n---\n\n{body}\n\n{section}\n"
-    write_text_atomic(path, text)
-    return path
+    text = f"---\n{ModelCardData(**data).to_yaml()}\n---\n\n" + (f"{body}\n\n" if body else "") + f"{section}\n"
+    write_text_atomic(checkpoint / CARD, text)
+    return checkpoint / CARD

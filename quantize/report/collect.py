@@ -1,6 +1,13 @@
 """Gather what the other commands wrote about each checkpoint: bits (quantize.json or the header
 accounting), cached scores, cached agreement with the baseline, the gate verdict, decode-cost bounds.
-Nothing here scores a model: a checkpoint without cached scores appears as "not scored"."""
+Nothing here scores a model: a checkpoint without cached scores appears as "not scored", or, where a gate
+judged it in stages, with the gate's evidence (each rule's Δ, bounds and items).
+
+The verdict is the one the gate gave and saved beside the candidate (gate.json, `quantize gate --json`), when it
+names this policy (its rules and limits as the file says them now), the checkpoint's identity and the baseline's as
+they are now, and this golden set; a gate.json that does not is kept with the reason (`Entry.verdict_stale`: stale
+when the checkpoint changed since), never shown as the verdict. Only where none is saved does
+the report decide from cached full scores (the fixed design), labelled as recomputed."""
 
 from __future__ import annotations
 
@@ -16,8 +23,16 @@ from quantize.checkpoint.files import identity_sha256, read_config
 from quantize.cost import bounds as cost
 from quantize.errors import UsageError
 from quantize.gates.gate import agreement_rule, decide
-from quantize.gates.policy import AgreementRule, Policy, load_policy
-from quantize.records import AgreementResult, RunRecord, ScoreDoc, Verdict
+from quantize.gates.policy import AccuracyRule, AgreementRule, PerplexityRule, Policy, load_policy
+from quantize.records import (
+    AccuracyEvidence,
+    AgreementResult,
+    PerplexityEvidence,
+    RunRecord,
+    ScoreDoc,
+    UntestedResult,
+    Verdict,
+)
 from quantize.suite import open_suite
 
 
@@ -40,6 +55,12 @@ class Entry:
     # the policy's agreement rules alone, when there are no scores yet: "pass", "regression" or "inconclusive"
     agreement_outcome: str | None = None
     decode: DecodeBounds | None = None
+    # where `verdict` came from: "saved" (gate.json beside the checkpoint, checked against the identities) or
+    # "recomputed" (decided here from cached full scores: the fixed design, which CI may not have run)
+    verdict_origin: str | None = None
+    # why a gate.json beside the checkpoint is not its verdict here (stale: the checkpoint changed since; another
+    # policy's, baseline's or golden set's); None when there is none, or it is the verdict
+    verdict_stale: str | None = None
 
 
 def _entry(path: Path) -> Entry:
@@ -99,13 +120,15 @@ def decode_bounds(
 ) -> DecodeBounds:
     """Decode-cost lower bounds from the entry's bytes; empty, with the reason, when its config lacks the KV layout."""
     try:
-        kv = cost.kv_layout_from_config(read_config(Path(entry.path)))
+        cfg = read_config(Path(entry.path))
+        kv = cost.kv_layout_from_config(cfg)
+        weights, active = cost.checkpoint_weights(Path(entry.path), cfg)  # an MoE reads k/E of its experts
     except UsageError as e:
         return DecodeBounds(not_computable=str(e))
-    m = cost.CostModel(entry.parameters or 1, kv, hardware, context)
+    m = cost.CostModel((active if weights.routed else None) or entry.parameters or 1, kv, hardware, context)
     out = DecodeBounds(
-        batch1_ms=1000 * m.step_bound_s(entry.total_bytes, 1),
-        batch_ms=1000 * m.step_bound_s(entry.total_bytes, batch),
+        batch1_ms=1000 * m.step_bound_s(weights, 1),
+        batch_ms=1000 * m.step_bound_s(weights, batch),
         hardware=hardware.name,
         context=context,
         batch=batch,
@@ -122,21 +145,85 @@ def decode_bounds(
 VERDICT_FILE = "gate.json"  # `quantize gate ... --json` saved beside the candidate (make gate-all)
 
 
+def read_saved(path: Path) -> Verdict | None:
+    """The verdict saved beside a checkpoint (gate.json), read through its record; None when there is none. A
+    file that is not a current verdict record is a UsageError naming it (exit 2)."""
+    f = path / VERDICT_FILE
+    return records.read(Verdict, f) if f.is_file() else None
+
+
+def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id: str) -> str | None:
+    """Why a saved verdict is not this policy's on this pair and golden set, or None when it is. Identities are
+    the ones computed now from the files: a candidate changed since it was gated makes the verdict stale."""
+    p = v.provenance
+    was = p.candidate.checkpoint.identity_sha256
+    if was != cand_id:
+        return (
+            f"stale: gate.json judged checkpoint {was[:12]}, this one is {cand_id[:12]} now (changed since it was "
+            "gated; gate it again)"
+        )
+    if p.baseline.checkpoint.identity_sha256 != base_id:
+        return (
+            f"another baseline's: gate.json was against {p.baseline.checkpoint.identity_sha256[:12]}, the report's "
+            f"baseline is {base_id[:12]}"
+        )
+    if v.policy != policy.name:
+        return f"another policy's: gate.json is policy {v.policy}'s verdict, the report's --policy is {policy.name}"
+    if changed := rules_changed(v, policy):
+        return f"policy {policy.name} changed since it was gated: {changed}"
+    if p.golden.manifest_sha256 != suite.golden.manifest_sha256:
+        return (
+            f"another golden set's: gate.json was on {p.golden.name}/{p.golden.version} "
+            f"({p.golden.manifest_sha256[:12]}), the policy's suite is on {suite.golden.manifest_sha256[:12]}"
+        )
+    return None
+
+
+def _limit(x: Any) -> Any:
+    """A rule's limit, from the rule or from the evidence its result recorded: margin, max_ratio, or (max, min)."""
+    if isinstance(x, AccuracyRule | AccuracyEvidence):
+        return x.margin
+    if isinstance(x, PerplexityRule | PerplexityEvidence):
+        return x.max_ratio
+    return (x.max, x.min)
+
+
+def rules_changed(v: Verdict, policy: Policy) -> str | None:
+    """How the policy's rules differ from the ones the saved verdict judged (labels, then each rule's limit and
+    α as its evidence recorded them), or None when they are the same."""
+    labels = [policy.label(i) for i in range(len(policy.rules))]
+    if [r.rule for r in v.rules] != labels:
+        return f"gate.json judged {[r.rule for r in v.rules]}, the policy's rules are {labels}"
+    for r, rule in zip(v.rules, policy.rules, strict=True):
+        if isinstance(r, UntestedResult):
+            continue
+        then, now = (_limit(r.evidence), r.evidence.alpha), (_limit(rule), policy.alpha)
+        if then != now:
+            return f"rule {r.rule} was judged at (limit, α) {then}, the policy now says {now}"
+    return None
+
+
 def saved_verdict(path: Path, policy: Policy, suite: Any, base_id: str, cand_id: str) -> Verdict | None:
     """A verdict saved beside the checkpoint, when it is this policy's on this pair and golden set: a sequential
     gate scores a sample, so there are no full scores to decide from again."""
-    f = path / VERDICT_FILE
-    if not f.is_file():
-        return None
-    v = records.read(Verdict, f)
-    p = v.provenance
-    same = (
-        v.policy == policy.name
-        and p.baseline.checkpoint.identity_sha256 == base_id
-        and p.candidate.checkpoint.identity_sha256 == cand_id
-        and p.golden.manifest_sha256 == suite.golden.manifest_sha256
-    )
-    return v if same else None
+    v = read_saved(path)
+    return v if v is not None and saved_mismatch(v, policy, suite, base_id, cand_id) is None else None
+
+
+def settle_verdict(e: Entry, base: Entry, policy: Policy, suite: Any, needs_agreement: bool) -> None:
+    """A candidate's verdict: the saved one where it matches (whatever cached scores would say under the fixed
+    design: a staged gate's rejection stays a rejection); else one decided here from cached full scores, labelled
+    as recomputed; else, with agreement alone, the policy's agreement rules (`agreement_outcome`)."""
+    saved = read_saved(Path(e.path))
+    if saved is not None:
+        e.verdict_stale = saved_mismatch(saved, policy, suite, base.sha256, e.sha256)
+        if e.verdict_stale is None:
+            e.verdict, e.verdict_origin = saved, "saved"
+            return
+    if e.scores and base.scores and (e.agreement or not needs_agreement):
+        e.verdict, e.verdict_origin = decide(policy, base.scores, e.scores, e.agreement), "recomputed"
+    elif e.agreement and needs_agreement:
+        e.agreement_outcome = agreement_outcome(policy, e.agreement)
 
 
 def agreement_outcome(policy: Policy, agreement: AgreementResult) -> str:
@@ -172,12 +259,8 @@ def collect(
         e.scores = cache.lookup_scores(suite, e.sha256, run)
         if base and not e.is_baseline:
             e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, run)
-            if policy and e.scores and base.scores and (e.agreement or not needs_agr):
-                e.verdict = decide(policy, base.scores, e.scores, e.agreement)
-            elif policy and (v := saved_verdict(Path(e.path), policy, suite, base.sha256, e.sha256)):
-                e.verdict = v
-            elif policy and e.agreement and needs_agr:
-                e.agreement_outcome = agreement_outcome(policy, e.agreement)
+            if policy:
+                settle_verdict(e, base, policy, suite, needs_agr)
         e.decode = decode_bounds(e, base, hardware, batch, context)
     return entries
 

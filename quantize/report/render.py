@@ -7,17 +7,27 @@ no network) and the plots as PNG and SVG.
 from __future__ import annotations
 
 import base64
-import html
 import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
 from quantize.io import atomic_dir
 from quantize.kinds import KINDS, kind_of
-from quantize.records import TaskScores
+from quantize.records import (
+    AccuracyResult,
+    AgreementMetric,
+    AgreementRuleResult,
+    PerplexityResult,
+    TaskScores,
+    UntestedResult,
+    Verdict,
+)
 from quantize.report.collect import Entry
-from quantize.tables import markdown_table
+from quantize.tables import html_code, html_text, markdown_table, md_code, md_text
 
 ROLE_ORDER = [
     ("payload", "packed payload"),
@@ -244,8 +254,254 @@ def _f(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
+# --- the gate's evidence: the saved verdict's rules, as cells, a table and points with intervals ------------------
+
+
+def verdict_source(e: Entry) -> str:
+    """Where the gate cell's verdict came from, or why a gate.json beside the checkpoint is not it."""
+    v = e.verdict
+    stale = f"gate.json not shown: {e.verdict_stale}" if e.verdict_stale else ""
+    if v is not None and e.verdict_origin == "saved":
+        sq = v.sequential
+        design = "fixed design" if sq is None else f"staged: {sq.looks_taken} of {len(sq.looks)} looks"
+        return f"saved verdict (gate.json, {design})"
+    if v is not None:
+        return "; ".join(x for x in ["recomputed from cached full scores (fixed design)", stale] if x)
+    return stale or "-"
+
+
+def rule_tasks(entries: list[Entry]) -> set[str]:
+    """Tasks some entry's verdict judged (an accuracy or perplexity rule): columns even where nothing is cached."""
+    return {r.task for e in entries if e.verdict for r in e.verdict.rules if not isinstance(r, AgreementRuleResult)}
+
+
+def _items_of(v: Verdict, task: str, n: int) -> str:
+    """'n/N': items the rule's evidence rests on, of the task's items (N known for a staged gate)."""
+    total = v.sequential.items_total.get(task) if v.sequential else None
+    return f"{n:,}/{total:,}" if total is not None else f"{n:,}"
+
+
+def _staged_n(v: Verdict | None, task: str, n: int) -> str:
+    """', n n/N' after a table cell's Δ when the verdict was staged (its Δ rests on a sample, not on the scores)."""
+    return f", n {_items_of(v, task, n)}" if v is not None and v.sequential is not None else ""
+
+
+def evidence_cell(v: Verdict | None, task: str) -> str | None:
+    """A task's cell from the verdict alone (no cached scores: a staged gate): the first rule on the task's change
+    with the gate's bounds at its decision and the items it rests on; None when no rule judged the task."""
+    r = next((r for r in (v.rules if v else []) if not isinstance(r, AgreementRuleResult) and r.task == task), None)
+    if v is None or r is None:
+        return None
+    if isinstance(r, UntestedResult):
+        return "untested (the gate stopped before this task)"
+    e = r.evidence
+    if isinstance(r, AccuracyResult):
+        return f"Δ {e.delta:+.3f} [{e.lower_bound:+.3f}, {e.upper_bound:+.3f}], n {_items_of(v, task, e.n)}"
+    return f"ppl ×{e.ratio:.3f} [{e.lower_bound:.3f}, {e.upper_bound:.3f}], n {_items_of(v, task, e.n)}"
+
+
+@dataclass(frozen=True)
+class RulePoint:
+    """One rule's evidence for one checkpoint: the measured change with the gate's bounds at its decision."""
+
+    rule: str
+    kind: str  # accuracy (Δ), perplexity (ratio), agreement (the metric's value)
+    label: str  # the checkpoint's
+    total_bytes: int
+    bits_per_weight: float | None
+    value: float
+    lower: float
+    upper: float
+    limit: float  # −margin, max_ratio, or the agreement rule's max or min
+    reference: float  # the baseline's own value on this scale: Δ 0, ratio 1, KL 0, top-1 and Σ min(p, q) 1
+    outcome: str
+    n: int
+    items_total: int | None  # of the task's items (a staged gate's plan); None where not recorded
+    look: str  # "look 2 of 4", "agreement look 1 of 4", "fixed design"
+    source: str  # verdict_source of the entry
+
+
+def _look(v: Verdict, r: AccuracyResult | PerplexityResult | AgreementRuleResult) -> str:
+    sq = v.sequential
+    if sq is None or r.look is None:
+        return "fixed design" if sq is None else "measured once"
+    return f"{'agreement ' if isinstance(r, AgreementRuleResult) else ''}look {r.look} of {len(sq.looks)}"
+
+
+def rule_point(e: Entry, r: AccuracyResult | PerplexityResult | AgreementRuleResult) -> RulePoint:
+    v = e.verdict
+    assert v is not None
+    ev = r.evidence
+    common = dict(
+        rule=r.rule,
+        label=e.label,
+        total_bytes=e.total_bytes,
+        bits_per_weight=e.bits_per_weight,
+        lower=ev.lower_bound,
+        upper=ev.upper_bound,
+        outcome=r.verdict,
+        look=_look(v, r),
+        source=verdict_source(e),
+    )
+    if isinstance(r, AccuracyResult):
+        total = v.sequential.items_total.get(r.task) if v.sequential else r.evidence.n
+        return RulePoint(
+            kind="accuracy",
+            value=r.evidence.delta,
+            limit=-r.evidence.margin,
+            reference=0.0,
+            n=r.evidence.n,
+            items_total=total,
+            **common,
+        )
+    if isinstance(r, PerplexityResult):
+        total = v.sequential.items_total.get(r.task) if v.sequential else r.evidence.n
+        return RulePoint(
+            kind="perplexity",
+            value=r.evidence.ratio,
+            limit=r.evidence.max_ratio,
+            reference=1.0,
+            n=r.evidence.n,
+            items_total=total,
+            **common,
+        )
+    a = r.evidence
+    limit = a.max if a.max is not None else a.min
+    assert limit is not None
+    return RulePoint(
+        kind="agreement",
+        value=a.value,
+        limit=limit,
+        reference=0.0 if r.metric is AgreementMetric.kl else 1.0,
+        n=a.items,
+        items_total=None,
+        **common,
+    )
+
+
+def rule_points(entries: list[Entry]) -> list[RulePoint]:
+    """Every tested rule of every candidate's verdict (saved or recomputed), in the entries' order."""
+    return [
+        rule_point(e, r)
+        for e in entries
+        if e.verdict is not None and not e.is_baseline
+        for r in e.verdict.rules
+        if not isinstance(r, UntestedResult)
+    ]
+
+
+def evidence_rows(points: list[RulePoint]) -> tuple[list[str], list[list[str]]]:
+    """The evidence section's table: one row per candidate and rule."""
+    head = ["checkpoint", "rule", "outcome", "change", "bounds at the decision", "passes when", "items", "look"]
+    fmt = {"accuracy": "+.4f", "perplexity": ".4f", "agreement": ".4f"}
+    rows = []
+    for p in points:
+        f = fmt[p.kind]
+        change = {"accuracy": "Δ ", "perplexity": "ratio ×"}.get(p.kind, "") + format(p.value, f)
+        passes = (
+            f"Δ ≥ {p.limit:g}"
+            if p.kind == "accuracy"
+            else f"ratio ≤ {p.limit:g}"
+            if p.kind == "perplexity"
+            else f"{'≤' if p.reference == 0.0 else '≥'} {p.limit:g}"
+        )
+        items = f"{p.n:,}" + (f" of {p.items_total:,}" if p.items_total is not None else "")
+        rows.append(
+            [p.label, p.rule, p.outcome, change, f"[{format(p.lower, f)}, {format(p.upper, f)}]", passes, items, p.look]
+        )
+    return head, rows
+
+
+OUTCOME_COLOUR = {"pass": "tab:green", "regression": "tab:red", "inconclusive": "tab:orange"}
+
+
+def _n_of(p: RulePoint) -> str:
+    return f"{p.n:,}" + (f"/{p.items_total:,}" if p.items_total is not None else "")
+
+
+def _annotate(ax: Any, labels: list[tuple[float, float, str]], heights: list[float]) -> None:
+    """Labels to the right of their points; labels of points at about the same size spread apart (as the Pareto
+    plots place theirs)."""
+    xs, ys = [a for a, _, _ in labels], [b for _, b, _ in labels]
+    lo, hi = min(ys + heights), max(ys + heights)
+    x_span, y_span = (max(xs) - min(xs)) or 1.0, (hi - lo) or 1.0
+    for (x, y, text), h in zip(labels, label_positions(xs, ys, 0.06 * x_span, 0.075 * y_span), strict=True):
+        moved = abs(h - y) > 0.01 * y_span
+        ax.annotate(
+            text,
+            (x, y),
+            xytext=(x + 0.03 * x_span, h),
+            ha="left",
+            va="center",
+            fontsize=7,
+            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"} if moved else None,
+        )
+
+
+def plot_evidence(entries: list[Entry], points: list[RulePoint], out: Path, axis: str) -> list[str]:
+    """One panel per rule: each gated candidate's measured change against its size, with the gate's bounds at its
+    decision as the error bar, the rule's limit dashed and the baseline (★) at no change."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rules = list(dict.fromkeys(p.rule for p in points if math.isfinite(p.value)))
+    if not rules:
+        return []
+    base = next((e for e in entries if e.is_baseline), None)
+    cols = min(3, len(rules))
+    rows = -(-len(rules) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
+    xlabel = "total tensor size (MiB)" if axis == "bytes" else "true bits per weight (whole model)"
+
+    def x(p: RulePoint | Entry) -> float:
+        return p.total_bytes / 2**20 if axis == "bytes" else (p.bits_per_weight or 0.0)
+
+    for ax, rule in zip(axes.flat, rules, strict=False):
+        pts = [p for p in points if p.rule == rule and math.isfinite(p.value)]
+        for p in pts:
+            lo = p.value - p.lower if math.isfinite(p.lower) else 0.0
+            hi = p.upper - p.value if math.isfinite(p.upper) else 0.0
+            ax.errorbar(
+                x(p),
+                p.value,
+                yerr=[[max(lo, 0.0)], [max(hi, 0.0)]],
+                fmt="o",
+                ms=6,
+                capsize=3,
+                color=OUTCOME_COLOUR.get(p.outcome, "tab:blue"),
+            )
+        labels = [(x(p), p.value, f"{p.label} ({p.outcome}, n {_n_of(p)})") for p in pts]
+        if base is not None:
+            ax.plot([x(base)], [pts[0].reference], "*", ms=12, color="black")
+            labels.append((x(base), pts[0].reference, base.label + " (baseline)"))
+        _annotate(ax, labels, [v for p in pts for v in (p.lower, p.upper, p.limit) if math.isfinite(v)])
+        ax.axhline(pts[0].reference, color="0.6", lw=0.8)
+        ax.axhline(pts[0].limit, color="tab:red", lw=1, ls="--", label=f"limit {pts[0].limit:g}")
+        kind = pts[0].kind
+        ax.set_ylabel(
+            {"accuracy": "Δ candidate − baseline", "perplexity": "perplexity ratio"}.get(kind, kind), fontsize=8
+        )
+        ax.set_title(rule, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.35, y=0.15)
+        ax.legend(fontsize=7, loc="best")
+    for ax in list(axes.flat)[len(rules) :]:
+        ax.axis("off")
+    fig.suptitle(
+        "The gate's evidence against size\n(each rule's measured change; error bars: the gate's bounds at its decision;"
+        "\ngreen pass, orange inconclusive, red regression; n of N items)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    return _save(fig, out, "evidence")
+
+
 def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
-    tasks = sorted({t for e in entries for t in (e.scores.tasks if e.scores else {})})
+    tasks = sorted({t for e in entries for t in (e.scores.tasks if e.scores else {})} | rule_tasks(entries))
     batch = next((e.decode.batch for e in entries if e.decode and e.decode.batch is not None), None)
     head = ["recipe", "method", "scheme", "bits/w (model)", "bits/w (q-linears)", "MiB"]
     head += [t.removeprefix("core_") for t in tasks]
@@ -254,6 +510,7 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
         "top-1",
         "α as draft",
         "gate",
+        "verdict from",
         "batch-1 bound ms",
         f"batch-{batch} bound ms",
         "spec. speedup (γ=4)",
@@ -271,12 +528,12 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
         for t in tasks:
             d = task_scores(e, t)
             if d is None:
-                r.append("not scored")
+                r.append(evidence_cell(e.verdict, t) or "not scored")
             elif not kind_of(d).right_wrong:
                 r.append(f"{kind_of(d).headline(d).value:.4f} bpb")
             else:
                 ev = e.verdict.accuracy_evidence(t) if e.verdict else None
-                delta = f" (Δ {ev.delta:+.3f}, LB {ev.lower_bound:+.3f})" if ev else ""
+                delta = f" (Δ {ev.delta:+.3f}, LB {ev.lower_bound:+.3f}{_staged_n(e.verdict, t, ev.n)})" if ev else ""
                 se = f" ± {d.acc_se:.3f}" if d.acc_se is not None else ""
                 r.append(f"{d.acc:.3f}{se}{delta}")
         a = e.agreement
@@ -285,6 +542,7 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
             ("1" if e.is_baseline else _f(a and a.top1, ".3f")),
             ("-" if e.is_baseline else _f(a and a.sum_min, ".3f")),
             ("baseline" if e.is_baseline else _gate_cell(e)),
+            ("-" if e.is_baseline else verdict_source(e)),
             _f(e.decode.batch1_ms if e.decode else None, ".3f"),
             _f(e.decode.batch_ms if e.decode else None, ".3f"),
             _f(e.decode.speculative_speedup if e.decode else None, ".2f"),
@@ -304,48 +562,60 @@ def write_report(entries: list[Entry], target: Path, axis: str, suite: str, hard
         return _write(entries, out, axis, suite, hardware)
 
 
-def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
-    images = plot_pareto(entries, out, axis) + plot_bytes(entries, out)
-    head, rows = table_rows(entries)
-    context = next((e.decode.context for e in entries if e.decode and e.decode.context is not None), None)
+def _notes(entries: list[Entry], hardware: str, context: int | None, code: Callable[[object], str]) -> list[str]:
+    """The notes under the table, names and commands as `code` (md_code or html_code: escaped either way)."""
     decode_note = (
-        f"Decode cost: lower bounds on `{hardware}` from each checkpoint's measured bytes (`quantize cost` model, "
-        f"{context:,}-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) as α, "
-        "γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification."
+        f"Decode cost: lower bounds on {code(hardware)} from each checkpoint's measured bytes ({code('quantize cost')} "
+        f"model, {context:,}-token contexts), not measurements. The speculative speedup uses the measured Σ min(p, q) "
+        "as α, γ = 4 and c = candidate bytes / baseline bytes (a bandwidth-bound draft step), with free verification."
         if context
         else "Decode cost: not computable (no checkpoint's config.json gives its KV layout)."
     )
-    unbounded = [e.label for e in entries if e.decode and e.decode.not_computable]
+    unbounded = [code(e.label) for e in entries if e.decode and e.decode.not_computable]
     if unbounded and context:
         decode_note += f" No bounds for {', '.join(unbounded)}: its config.json lacks the KV layout."
     notes = [decode_note]
-    if missing := [e.label for e in entries if not e.scores]:
-        notes.append(f"Not scored (no cached `quantize eval` result for this suite): {', '.join(missing)}.")
-    if agreed := [e for e in entries if e.agreement and not e.scores]:
+    if missing := [code(e.label) for e in entries if not e.scores]:
+        notes.append(f"Not scored (no cached {code('quantize eval')} result for this suite): {', '.join(missing)}.")
+    if sampled := [code(e.label) for e in entries if not e.scores and e.verdict and e.verdict.sequential]:
         notes.append(
-            "Measured without scoring (`quantize agree`): token-distribution agreement with the baseline on "
-            f"{agreed[0].agreement.positions:,} positions of the golden prompts (mean KL, a lower bound; top-1; "
-            f"Σ min(p, q)) for {', '.join(e.label for e in agreed)}. Accuracy, perplexity and the gate's verdict "
-            "need scores: `quantize gate POLICY --baseline B --candidate C` (`make gate-all`). Their gate cell is the "
-            "policy's agreement rules alone: 'agreement REJECTED' already settles a rejection; 'agreement pass' "
-            "leaves the accuracy and perplexity rules to the full gate."
+            f"Gated in stages, so not scored in full: {', '.join(sampled)}. Their task cells hold the gate's own "
+            "evidence, Δ candidate − baseline [the gate's bounds at its decision], n of N items (the sample it "
+            "scored of the task's items); the gate's evidence section plots them against size."
         )
-    md = ["# Bytes versus accuracy\n", f"Suite `{suite}`; {len(entries)} checkpoints.", ""]
+    if agreed := [e for e in entries if e.agreement and not e.scores and not e.verdict]:
+        notes.append(
+            f"Measured without scoring ({code('quantize agree')}): token-distribution agreement with the baseline on "
+            f"{agreed[0].agreement.positions:,} positions of the golden prompts (mean KL, a lower bound; top-1; "
+            f"Σ min(p, q)) for {', '.join(code(e.label) for e in agreed)}. Accuracy, perplexity and the gate's "
+            f"verdict need scores: {code('quantize gate POLICY --baseline B --candidate C')} "
+            f"({code('make gate-all')}). Their gate cell is the policy's agreement rules alone: 'agreement REJECTED' "
+            "already settles a rejection; 'agreement pass' leaves the accuracy and perplexity rules to the full gate."
+        )
+    return notes
+
+
+def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
+    points = rule_points(entries)
+    images = plot_pareto(entries, out, axis) + plot_bytes(entries, out) + plot_evidence(entries, points, out, axis)
+    head, rows = table_rows(entries)
+    context = next((e.decode.context for e in entries if e.decode and e.decode.context is not None), None)
+    md = ["# Bytes versus accuracy\n", f"Suite {md_code(suite)}; {len(entries)} checkpoints.", ""]
     if "pareto.png" in images:
         md += ["![Pareto plots](pareto.png)", ""]
-    md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows)]
-    for note in notes:
+    md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows)]  # every cell escaped
+    for note in _notes(entries, hardware, context, md_code):
         md += ["", note]
+    evidence = evidence_section(entries, points, images)
+    md += evidence_markdown(*evidence)
     (out / "report.md").write_text("\n".join(md) + "\n")
 
     def img(name: str, alt: str) -> str:
         data = base64.b64encode((out / name).read_bytes()).decode()
         return f'<img alt="{alt}" src="data:image/png;base64,{data}" style="max-width:100%">'
 
-    cells = lambda r, tag: "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in r)  # noqa: E731
-    body = [
-        f"<h1>Bytes versus accuracy</h1><p>Suite <code>{html.escape(suite)}</code>; {len(entries)} checkpoints.</p>"
-    ]
+    cells = lambda r, tag: "".join(f"<{tag}>{html_text(c)}</{tag}>" for c in r)  # noqa: E731
+    body = [f"<h1>Bytes versus accuracy</h1><p>Suite {html_code(suite)}; {len(entries)} checkpoints.</p>"]
     if "pareto.png" in images:
         body.append(img("pareto.png", "Pareto plots of quality against size"))
     body.append(img("bytes.png", "Stacked bars of bytes by role"))
@@ -356,7 +626,8 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         + "".join("<tr>" + cells(r, "td") + "</tr>" for r in rows)
         + "</tbody></table>"
     )
-    body += [f"<p>{html.escape(note)}</p>" for note in notes]
+    body += [f"<p>{note}</p>" for note in _notes(entries, hardware, context, html_code)]
+    body += evidence_html(*evidence, img)
     style = (
         "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
         "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,th:first-child{text-align:left}"
@@ -366,8 +637,59 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n"
     )
     data = {"table": {"head": head, "rows": rows}, "entries": [_entry_json(e) for e in entries], "images": images}
+    data["evidence"] = [asdict(p) for p in points]
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     return data
+
+
+def evidence_section(
+    entries: list[Entry], points: list[RulePoint], images: list[str]
+) -> tuple[list[str], tuple[list[str], list[list[str]]], bool]:
+    """The evidence section's paragraphs, its table and whether it has a plot (evidence.png)."""
+    if not points and not any(e.verdict_stale for e in entries):
+        return [], ([], []), False
+    sources = [f"{e.label}: {verdict_source(e)}" for e in entries if not e.is_baseline and verdict_source(e) != "-"]
+    text = [
+        "Each gated candidate's rules as its gate measured them: the change (Δ candidate − baseline for accuracy, "
+        "the perplexity ratio, the agreement metric), the gate's bounds at its decision (one-sided at α; for a "
+        "staged gate at the look that decided it, or the last one taken, with that look's critical value) and the "
+        "items they rest on (n of the task's N for a staged gate, which scores a sample). A saved verdict (gate.json "
+        "beside the checkpoint, "
+        "checked against this report's policy and both checkpoints' identities as they are now) is shown as saved; "
+        "one decided here from cached full scores is labelled recomputed (fixed design); a gate.json that no longer "
+        "matches is never shown as the verdict.",
+        "Verdicts from: " + "; ".join(sources) + ".",
+    ]
+    return text, evidence_rows(points), "evidence.png" in images
+
+
+def evidence_markdown(text: list[str], table: tuple[list[str], list[list[str]]], plot: bool) -> list[str]:
+    if not text:
+        return []
+    md = ["", "## The gate's evidence", ""]
+    if plot:
+        md += ["![The gate's evidence against size](evidence.png)", ""]
+    md += [md_text(text[0]), "", md_text(text[1])]  # labels are users' names: escaped
+    return md + (["", markdown_table(*table)] if table[1] else [])
+
+
+def evidence_html(text: list[str], table: tuple[list[str], list[list[str]]], plot: bool, img: Any) -> list[str]:
+    if not text:
+        return []
+    body = ["<h2>The gate's evidence</h2>"]
+    if plot:
+        body.append(img("evidence.png", "Each rule's measured change with the gate's bounds against size"))
+    body += [f"<p>{html_text(t)}</p>" for t in text]
+    if table[1]:
+        row = lambda r, tag: "".join(f"<{tag}>{html_text(c)}</{tag}>" for c in r)  # noqa: E731
+        body.append(
+            "<table><thead><tr>"
+            + row(table[0], "th")
+            + "</tr></thead><tbody>"
+            + "".join("<tr>" + row(r, "td") + "</tr>" for r in table[1])
+            + "</tbody></table>"
+        )
+    return body
 
 
 def _entry_json(e: Entry) -> dict[str, Any]:

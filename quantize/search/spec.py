@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from quantize.config import beside_repo, load_yaml
 from quantize.convert.recipe import WEIGHT_ONLY_INT, GPTQRecipe, RTNRecipe, Scheme
+from quantize.names import PathPart, PathText, checked
 from quantize.sweep.spec import Cluster, TaskResources
 
 
@@ -45,7 +46,7 @@ class Measure(BaseModel):
 class SearchRecipe(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = None
+    name: PathPart | None = Field(None, description="the output folder's name (outputs/<name>); default: the file's")
     description: str | None = None
     model: str | None = Field(None, description="local checkpoint folder; empty = the embedded default model")
     base: RTNRecipe | GPTQRecipe = Field(description="the method and settings of every quantized layer group")
@@ -62,7 +63,7 @@ class SearchRecipe(BaseModel):
     )
     cluster: Cluster = Field(default_factory=Cluster, description="with max_parallel > 1: where (as a sweep's)")
     resources: TaskResources = Field(default_factory=TaskResources, description="with max_parallel > 1: per task")
-    output: str | None = Field(None, description="default outputs/<name>")
+    output: PathText | None = Field(None, description="default outputs/<name>")
 
     @field_validator("options")
     @classmethod
@@ -114,6 +115,8 @@ class SearchRecipe(BaseModel):
 def load_search(path: str | Path) -> tuple[SearchRecipe, str]:
     spec, sha = load_yaml(path, SearchRecipe, "search recipe", "see recipes/search-w4-w8.yaml")
     if spec.name is None:
-        spec.name = Path(path).stem
+        spec.name = checked(
+            Path(path).stem, f"search recipe {path}: its name (the file's, as it sets no `name:`)", "set `name:` in it"
+        )
     spec.policy = beside_repo(path, spec.policy)
     return spec, sha

@@ -208,22 +208,24 @@ class Executor:
 
 def _graph(
     ex: Executor, spec: SweepSpec, plan: Plan, clean: bool
-) -> tuple[Track | None, dict[str, tuple[Track | None, Track | None]]]:
-    per: dict[str, tuple[Track | None, Track | None]] = {}
+) -> tuple[Track | None, dict[int, tuple[Track | None, Track | None]]]:
+    """The baseline's track and each candidate's (convert, gate), keyed by its place in plan.candidates (a refused
+    candidate may carry another's name: its file's)."""
+    per: dict[int, tuple[Track | None, Track | None]] = {}
     baseline = str(plan.baseline)
-    todo = {c.name: tasks_of(spec, c, baseline, clean) for c in plan.candidates}
+    todo = [tasks_of(spec, c, baseline, clean) for c in plan.candidates]
     base = None
-    if any(g is not None for _, g in todo.values()):
+    if any(g is not None for _, g in todo):
         base = ex.add(TaskSpec(kind="baseline", policy=spec.policy, baseline=baseline), plan.baseline_resources)
-    for name, (conv, gate) in todo.items():
-        per[name] = (
+    for i, (conv, gate) in enumerate(todo):
+        per[i] = (
             ex.add(conv, spec.resources.convert) if conv else None,
             ex.add(gate, plan.gate) if gate else None,
         )
     return base, per
 
 
-def _ready(base: Track | None, per: dict[str, tuple[Track | None, Track | None]]) -> Callable[[], list[Track]]:
+def _ready(base: Track | None, per: dict[Any, tuple[Track | None, Track | None]]) -> Callable[[], list[Track]]:
     """What may start now: the baseline and every conversion at once; a gate once its conversion and the baseline
     are done (one that can no longer run is marked `not run`, with why)."""
 
@@ -460,11 +462,11 @@ def _record(
     plan: Plan,
     nodes: list[str],
     ex: Executor,
-    per: dict[str, tuple[Track | None, Track | None]],
+    per: dict[int, tuple[Track | None, Track | None]],
     seconds: float,
     started: dt.datetime,
 ) -> SweepRecord:
-    cand_records = [_candidate_record(c, *per.get(c.name, (None, None))) for c in plan.candidates]
+    cand_records = [_candidate_record(c, *per.get(i, (None, None))) for i, c in enumerate(plan.candidates)]
     return SweepRecord(
         created=started.isoformat(timespec="seconds"),
         spec=plan.path,

@@ -23,14 +23,19 @@ imported or any model loads.
 from __future__ import annotations
 
 import re
+from itertools import islice
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quantize.config import beside_repo, load_yaml
+from quantize.errors import UsageError
+from quantize.names import PathPart, PathText, checked
 
 UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 10**3, "mb": 10**6, "gb": 10**9}
-ADDRESS = re.compile(r"^(local|auto|ray://[\w.\-]+(:\d+)?|[\w.\-]+:\d+)$")
+# the forms cluster.address takes, matched whole (ASCII host names and ports: no whitespace, no newline)
+ADDRESS = re.compile(r"local|auto|(?P<client>ray://)?[A-Za-z0-9][A-Za-z0-9.\-]{0,252}(?::(?P<port>[0-9]{1,5}))?")
+MAX_CANDIDATES = 1000  # recipes (after globs) and checkpoints, each; one conversion is minutes to hours
 SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -89,7 +94,9 @@ class Cluster(BaseModel):
     @field_validator("address")
     @classmethod
     def _address(cls, a: str) -> str:
-        if not ADDRESS.match(a):
+        m = ADDRESS.fullmatch(a)
+        port = m and m.group("port")
+        if not m or (a not in ("local", "auto") and not (m.group("client") or port)) or (port and int(port) > 65535):
             raise ValueError(
                 "give local (a cluster of one here), auto (the one `ray start` runs here), "
                 "ray://HOST:10001 (Ray Client) or HOST:6379 (the head's GCS)"
@@ -108,13 +115,17 @@ class Cluster(BaseModel):
 class SweepSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][\w.\-]*$")
+    name: PathPart | None = Field(None, pattern=r"^[A-Za-z0-9][\w.\-]*$")
     description: str | None = None
     model: str | None = Field(None, description="the source and baseline folder; empty = the embedded default model")
-    recipes: list[str] = Field(default_factory=list, description="recipe files or globs")
-    checkpoints: list[str] = Field(default_factory=list, description="existing checkpoint folders to gate")
+    recipes: list[str] = Field(default_factory=list, max_length=MAX_CANDIDATES, description="recipe files or globs")
+    checkpoints: list[str] = Field(
+        default_factory=list, max_length=MAX_CANDIDATES, description="existing checkpoint folders to gate"
+    )
     policy: str = Field(description="the gate policy every candidate must pass, e.g. gates/ci.yaml")
-    output: str = Field("outputs", description="OUTPUT/<recipe name> per conversion; OUTPUT/sweep-<name>/ the sweep's")
+    output: PathText = Field(
+        "outputs", description="OUTPUT/<recipe name> per conversion; OUTPUT/sweep-<name>/ the sweep's"
+    )
     resources: TaskResources = Field(default_factory=TaskResources)
     cluster: Cluster = Field(default_factory=Cluster)
     max_parallel: int = Field(0, ge=0, le=10_000, description="tasks submitted at once; 0: as the resources allow")
@@ -140,7 +151,9 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, str]:
     checkpoints and model as given (relative to the current folder, as a recipe's `model:` is)."""
     spec, sha = load_yaml(path, SweepSpec, "sweep", "see sweeps/default.yaml")
     if spec.name is None:
-        spec.name = Path(path).stem
+        spec.name = checked(
+            Path(path).stem, f"sweep {path}: its name (the file's, as it sets no `name:`)", "set `name:` in it"
+        )
     spec.policy = beside_repo(path, spec.policy)
     spec.recipes = expand_recipes(path, spec.recipes)
     return spec, sha
@@ -149,7 +162,8 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, str]:
 def expand_recipes(sweep_file: str | Path, given: list[str]) -> list[str]:
     """Each entry a path, read beside the sweep file's folder, else its repository (beside_repo); an entry that names
     no file there and holds * ? or [ is a glob over those folders, sorted. A glob that matches nothing, or a path
-    that is not there, is kept as given so its candidate is reported, not lost."""
+    that is not there, is kept as given so its candidate is reported, not lost. More than MAX_CANDIDATES in all is
+    refused (a glob stops reading its matches there)."""
     here = Path(sweep_file).resolve().parent
     out: list[str] = []
     for entry in given:
@@ -158,10 +172,17 @@ def expand_recipes(sweep_file: str | Path, given: list[str]) -> list[str]:
             out.append(literal)
             continue
         if Path(entry).is_absolute():
-            matches = sorted(str(p) for p in Path("/").glob(entry.lstrip("/")))
+            matches = _glob(Path("/"), entry.lstrip("/"))
         else:
-            matches = next(
-                (found for base in (here, here.parent) if (found := sorted(str(p) for p in base.glob(entry)))), []
-            )
+            matches = next((found for base in (here, here.parent) if (found := _glob(base, entry))), [])
         out += matches or [entry]
+        if len(out) > MAX_CANDIDATES:
+            raise UsageError(
+                f"sweep {sweep_file}: `recipes:` names more than {MAX_CANDIDATES:,} files (at {entry}); a sweep "
+                "takes at most that many: split it into several sweeps, or narrow the globs"
+            )
     return list(dict.fromkeys(out))
+
+
+def _glob(base: Path, pattern: str) -> list[str]:
+    return sorted(str(p) for p in islice(base.glob(pattern), MAX_CANDIDATES + 1))

@@ -407,3 +407,85 @@ def test_read_header_agrees_with_safetensors_on_generated_files(tmp_path, spec, 
     found, _, _ = read_header(path)
     for name, t in tensors.items():
         assert found[name].dtype == ST_DTYPES[t.dtype] and found[name].nbytes == t.numel() * t.element_size()
+
+
+# --- bytes by part of the model: experts, router, attention -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory):
+    from conftest import make_tiny_arch
+
+    root = tmp_path_factory.mktemp("moe")
+    return {f: make_tiny_arch(root / f, f) for f in ("qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss")}
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "deepseek_v3", "mixtral", "gpt_oss"])
+def test_parts_sum_to_the_total_and_experts_are_classified(moe_models, family):
+    """Every byte lands in exactly one part; routed experts (experts.N.* per expert in Qwen/DeepSeek/Mixtral,
+    fused experts.gate_up_proj/down_proj with biases in gpt-oss) are counted layer by layer with their number;
+    DeepSeek's shared expert and the routers (mlp.gate, block_sparse_moe.gate, mlp.router) have their own part."""
+    r = bits_report(moe_models[family])
+    parts = r.bytes_by_part
+    assert sum(p["bytes"] for p in parts.values()) == r.total_bytes
+    assert sum(p["parameters"] for p in parts.values()) == r.parameters
+    assert "other" not in parts or family == "gpt_oss"  # gpt-oss's attention sinks
+    experts = 8 if family in ("qwen3_moe", "deepseek_v3") else 4
+    layers = [1, 2] if family in ("qwen3_moe", "deepseek_v3") else [0, 1, 2]
+    assert [(e.layer, e.experts_stored) for e in r.expert_layers] == [(i, experts) for i in layers]
+    assert sum(e.bytes for e in r.expert_layers) == parts["routed_experts"]["bytes"]
+    moe_intermediate = 32
+    per_layer = experts * 3 * 64 * moe_intermediate + (experts * (2 * 32 + 64) if family == "gpt_oss" else 0)
+    assert parts["routed_experts"]["parameters"] == len(layers) * per_layer  # gpt-oss: + its fused biases
+    assert parts["router"]["parameters"] == len(layers) * experts * (
+        64 + (1 if family in ("deepseek_v3", "gpt_oss") else 0)
+    )
+    assert ("shared_experts" in parts) == (family == "deepseek_v3")
+    assert r.routed_expert_share == pytest.approx(parts["routed_experts"]["bytes"] / r.total_bytes)
+
+
+def test_quantized_experts_carry_their_scales(tmp_path):
+    """NVFP4-style experts: packed payload and scales stay in the routed-experts part (their bits per weight
+    include the scales); the part's metadata bytes are the scales; a dense model has no expert share."""
+    t = {}
+    for layer in range(2):
+        for e in range(4):
+            m = f"model.layers.{layer}.mlp.experts.{e}.down_proj"
+            t[f"{m}.weight_packed"] = torch.zeros(OUT, IN // 2, dtype=torch.uint8)
+            t[f"{m}.weight_scale"] = torch.zeros(OUT, IN // 16, dtype=torch.float8_e4m3fn)
+            t[f"{m}.weight_global_scale"] = torch.zeros(1, dtype=torch.float32)
+        t[f"model.layers.{layer}.mlp.gate.weight"] = torch.zeros(4, IN, dtype=torch.bfloat16)
+        t[f"model.layers.{layer}.self_attn.q_proj.weight"] = torch.zeros(IN, IN, dtype=torch.bfloat16)
+    qc = ct_config(4, fmt="nvfp4-pack-quantized", group=16)
+    qc["config_groups"]["group_0"]["weights"]["type"] = "float"
+    r = bits_report(write_ckpt(tmp_path, t, qc))
+    experts = r.bytes_by_part["routed_experts"]
+    assert experts["parameters"] == 2 * 4 * OUT * IN
+    assert experts["metadata_bytes"] == 2 * 4 * (OUT * IN // 16 + 4)
+    assert experts["bits_per_weight"] == pytest.approx(4 + 8 / 16 + 32 / (OUT * IN))
+    assert r.bytes_by_part["router"]["bytes"] == 2 * 4 * IN * 2
+    assert sum(p["bytes"] for p in r.bytes_by_part.values()) == r.total_bytes
+
+
+def test_dense_model_parts_and_inspect_json(tiny_model, capsys):
+    """A dense Llama: attention, MLP, embedding, norms; no experts, no expert share; `inspect --json` carries
+    the parts and the share, and the text names them."""
+    from quantize.cli import main
+
+    r = bits_report(tiny_model)
+    assert set(r.bytes_by_part) == {"attention", "mlp", "embedding", "norm"}
+    assert r.routed_expert_share is None and r.expert_layers == []
+    assert main(["inspect", str(tiny_model), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bytes_by_part"] == r.bytes_by_part and out["routed_expert_share"] is None
+    assert main(["inspect", str(tiny_model)]) == 0
+    assert "bytes by part" in capsys.readouterr().out
+
+
+def test_inspect_states_the_experts_share(moe_models, capsys):
+    from quantize.cli import main
+
+    assert main(["inspect", str(moe_models["qwen3_moe"])]) == 0
+    text = capsys.readouterr().out
+    share = bits_report(moe_models["qwen3_moe"]).routed_expert_share
+    assert f"routed experts hold {100 * share:.2f}% of the bytes (2 MoE layer(s), 8 experts each)" in text

@@ -213,3 +213,61 @@ def test_a_search_recipe_given_to_run_names_the_command_that_takes_it(capsys):
     spec = ROOT / "recipes" / "search-w4-w8.yaml"
     assert main(["run", str(spec)]) == 2
     assert "run it with `quantize search FILE`" in capsys.readouterr().err
+
+
+# --- the name, which names the output folder (outputs/<name>): one path part (quantize/names.py) -------------
+
+
+@pytest.mark.parametrize(
+    "name,says",
+    [
+        ("/tmp/abs", "path separator"),
+        ("../UP", "path separator"),
+        ("a/", "path separator"),
+        ("./a", "path separator"),
+        ("", "is empty"),
+        (".", "folder itself"),
+        ("w8\n", "control character"),
+        ("\ud800", "lone surrogate"),
+    ],
+)
+def test_a_name_that_is_not_one_folder_name_is_refused(name, says):
+    msg = bad(name=name)
+    assert "name = " in msg and says in msg and "a name is one folder or file name" in msg
+
+
+def test_an_output_path_with_a_control_character_or_a_lone_surrogate_is_refused():
+    assert "output = " in bad(output="out\x00x") and "control characters" in bad(output="out\nx")
+    assert "lone surrogate" in bad(output="out/\udcff")
+
+
+def test_a_name_is_kept_in_its_nfc_form():
+    assert parse_recipe({**BASE, "name": "cafe\u0301"}).name == "caf\u00e9"
+
+
+@pytest.mark.parametrize(
+    "line,says",
+    [
+        ('name: "../UP"', "path separator"),
+        ('name: "\\ud800"', "lone surrogate"),  # a YAML escape: strict decoding of the file cannot catch it
+        ('name: "\\0"', "control character"),
+    ],
+)
+def test_run_refuses_a_bad_name_before_anything_is_loaded_or_written(tmp_path, monkeypatch, capsys, line, says):
+    from quantize.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    p = tmp_path / "r.yaml"
+    p.write_text(f"{line}\nmethod: rtn\nscheme: W8A16\ncalibration: null\nmodel: {tmp_path / 'nowhere'}\n")
+    assert main(["run", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "name = " in err and "Traceback" not in err
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["r.yaml"]  # no outputs/, no UP/
+
+
+@pytest.mark.parametrize("file", ["..yaml", ".hidden.yaml"])
+def test_a_name_taken_from_the_file_is_checked_too(tmp_path, file):
+    p = tmp_path / file
+    p.write_text("method: rtn\nscheme: W8A16\ncalibration: null\n")
+    with pytest.raises(UsageError, match=r"its name \(the file's, as it sets no `name:`\) = .*set `name:` in it"):
+        load_recipe(p)

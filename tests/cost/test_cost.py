@@ -149,7 +149,230 @@ def test_a_quantized_kv_cache_is_read_from_the_config():
     base = {"num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "hidden_size": 8192}
     assert cost.kv_layout_from_config(base).bytes_per_element == 2
     fp8 = {**base, "quantization_config": {"kv_cache_scheme": {"num_bits": 8, "type": "float"}}}
-    assert cost.kv_layout_from_config(fp8) == cost.KVLayout(80, 8, 128, 1)
+    # the same bytes as the uniform layout the CLI's --layers/--kv-heads/--head-dim describe, at one byte
+    assert cost.kv_layout_from_config(fp8).bytes_per_sequence(2048) == cost.KVLayout(80, 8, 128, 1).bytes_per_sequence(
+        2048
+    )
+    assert cost.kv_layout_from_config(fp8).bytes_per_element == 1
     assert cost.kv_layout_from_config(fp8, bytes_per_element=2).bytes_per_element == 2  # an explicit figure wins
     bad = {**base, "quantization_config": {"kv_cache_scheme": {"num_bits": "8"}}}
     assert cost.kv_layout_from_config(bad).bytes_per_element == 2
+
+
+# --- MoE, MLA and sliding-window attention, from config.json -----------------------------------------------------
+
+
+def _cost_json(capsys, ckpt, *extra: str) -> dict:
+    assert main(["cost", "--checkpoint", str(ckpt), "--json", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _config(ckpt) -> dict:
+    return json.loads((ckpt / "config.json").read_text())
+
+
+def _attention_gqa(c: dict) -> int:
+    """q and o: hidden × heads × head_dim each; k and v: hidden × kv_heads × head_dim each (no biases)."""
+    h, d = c["hidden_size"], c["head_dim"]
+    return 2 * h * c["num_attention_heads"] * d + 2 * h * c["num_key_value_heads"] * d
+
+
+def _embeddings(c: dict) -> int:
+    """embed_tokens, and lm_head unless tied: vocab × hidden each; plus the final norm (hidden)."""
+    return c["vocab_size"] * c["hidden_size"] * (1 if c["tie_word_embeddings"] else 2) + c["hidden_size"]
+
+
+@pytest.fixture(scope="module")
+def arch_models(tmp_path_factory):
+    from conftest import make_tiny_arch
+
+    root = tmp_path_factory.mktemp("arch")
+    return {f: make_tiny_arch(root / f, f) for f in ("qwen3_moe", "deepseek_v3", "gemma3_text")}
+
+
+def test_qwen3_moe_active_parameters_and_expert_reads(arch_models, capsys):
+    """A Qwen3-MoE of 8 experts, top-2, layer 0 dense (mlp_only_layers): by hand from config.json,
+    parameters = embeddings + per layer (attention + 2 norms + q/k norms) + the dense MLP (3 × hidden ×
+    intermediate) + per MoE layer (router E × hidden + E experts × 3 × hidden × moe_intermediate);
+    active = parameters − the routed experts + k/E of them. The old model charged every expert to every token."""
+    ckpt = arch_models["qwen3_moe"]
+    c = _config(ckpt)
+    h, e, k = c["hidden_size"], c["num_local_experts"], c["num_experts_per_tok"]
+    moe_layers = [i for i in range(c["num_hidden_layers"]) if i not in c["mlp_only_layers"]]
+    assert moe_layers == [1, 2] and (e, k) == (8, 2)
+    routed = len(moe_layers) * e * 3 * h * c["moe_intermediate_size"]
+    total = (
+        _embeddings(c)
+        + c["num_hidden_layers"] * (_attention_gqa(c) + 2 * h + 2 * c["head_dim"])
+        + len(c["mlp_only_layers"]) * 3 * h * c["intermediate_size"]
+        + len(moe_layers) * e * h
+        + routed
+    )
+    out = _cost_json(capsys, ckpt, "--context", "100", "--batch", "4")
+    assert out["parameters"] == total
+    assert out["active_parameters"] == total - routed + routed * k // e
+    # GQA cache: 2 × kv_heads × head_dim values per token and layer, bf16, every layer holds all 100 tokens
+    assert out["kv_bytes_per_sequence"] == c["num_hidden_layers"] * 2 * 2 * 16 * 100 * 2
+    row = out["formats"]["measured"]
+    routed_bytes = 2 * routed  # bf16
+    assert row["batch1_weight_read_bytes"] == pytest.approx(row["weight_bytes"] - routed_bytes * (1 - k / e))
+    assert row["batch_weight_read_bytes"] == pytest.approx(
+        row["weight_bytes"] - routed_bytes * (1 - k / e) ** 4
+    )  # batch 4: an expert escapes each token with probability 1 − k/E
+    assert row["batch1_compute_ms"] == pytest.approx(1000 * 2 * out["active_parameters"] / SEED.peak_dense_flops)
+    assert [(m["layer"], m["routed_parameters"]) for m in out["moe"]["layers"]] == [(1, routed // 2), (2, routed // 2)]
+    assert "uniform routing" in out["moe"]["assumption"]
+
+
+def test_deepseek_v3_mla_cache_and_shared_experts(arch_models, capsys):
+    """DeepSeek-V3 caches one latent per token and layer: kv_lora_rank + qk_rope_head_dim values, shared by all
+    heads, not 2 × kv_heads × head_dim. Active parameters keep the shared expert whole and k/E of the routed
+    ones (layers from first_k_dense_replace on). Parameters by hand: MLA attention is q_a (hidden × q_lora),
+    q_b (q_lora × heads × (nope + rope)), kv_a (hidden × (kv_lora + rope)), kv_b (kv_lora × heads × (nope + v)),
+    o (heads × v × hidden), plus the q_a and kv_a norms."""
+    ckpt = arch_models["deepseek_v3"]
+    c = _config(ckpt)
+    h, heads, e, k = c["hidden_size"], c["num_attention_heads"], c["n_routed_experts"], c["num_experts_per_tok"]
+    q, kv, rope, nope, v = (
+        c[x] for x in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+    )
+    attention = h * q + q * heads * (nope + rope) + h * (kv + rope) + kv * heads * (nope + v) + heads * v * h + q + kv
+    moe_layers = list(range(c["first_k_dense_replace"], c["num_hidden_layers"]))
+    routed = len(moe_layers) * e * 3 * h * c["moe_intermediate_size"]
+    shared = len(moe_layers) * c["n_shared_experts"] * 3 * h * c["moe_intermediate_size"]
+    router = len(moe_layers) * (e * h + e)  # the gate's weight and its e_score_correction_bias
+    dense_mlp = c["first_k_dense_replace"] * 3 * h * c["intermediate_size"]
+    total = _embeddings(c) + c["num_hidden_layers"] * (attention + 2 * h) + dense_mlp + routed + shared + router
+    out = _cost_json(capsys, ckpt, "--context", "100")
+    assert out["parameters"] == total
+    assert out["active_parameters"] == total - routed + routed * k // e
+    assert out["kv_bytes_per_sequence"] == c["num_hidden_layers"] * (kv + rope) * 100 * 2
+    gqa = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 100 * 2  # the old, wrong charge
+    assert out["kv_bytes_per_sequence"] != gqa
+    assert out["kv_layout"]["attention"] == "MLA"
+
+
+def test_gemma3_sliding_layers_hold_the_window(arch_models, capsys, tmp_path):
+    """Gemma 3 with sliding_window 16 every other layer (layer_types: sliding, full, sliding): at 100 tokens of
+    context two layers hold 16 tokens and one holds 100; below the window every layer holds the context. An FP8
+    KV cache (kv_cache_scheme num_bits 8) halves the bytes. A dense model: active = all parameters."""
+    import shutil
+
+    ckpt = arch_models["gemma3_text"]
+    c = _config(ckpt)
+    assert c["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]
+    per_token = 2 * c["num_key_value_heads"] * c["head_dim"]
+    out = _cost_json(capsys, ckpt, "--context", "100")
+    assert out["kv_bytes_per_sequence"] == per_token * (16 + 100 + 16) * 2
+    assert [layer["tokens_held"] for layer in out["kv_bytes_per_layer"]] == [16, 100, 16]
+    assert _cost_json(capsys, ckpt, "--context", "10")["kv_bytes_per_sequence"] == per_token * 3 * 10 * 2
+    h = c["hidden_size"]
+    total = _embeddings(c) + 3 * (_attention_gqa(c) + 4 * h + 2 * c["head_dim"] + 3 * h * c["intermediate_size"])
+    assert out["parameters"] == out["active_parameters"] == total and "moe" not in out
+    fp8 = shutil.copytree(ckpt, tmp_path / "fp8kv")
+    (fp8 / "config.json").write_text(
+        json.dumps({**c, "quantization_config": {"kv_cache_scheme": {"num_bits": 8, "type": "float"}}})
+    )
+    assert _cost_json(capsys, fp8, "--context", "100")["kv_bytes_per_sequence"] == per_token * (16 + 100 + 16)
+
+
+def test_dense_llama_is_priced_as_before(tiny_model, capsys):
+    """A dense Llama: every weight read at any batch, active = all parameters, KV = 2 × layers × kv_heads ×
+    head_dim × context × 2 bytes: the figures of the uniform layout the old model used."""
+    from quantize.checkpoint.accounting import bits_report
+
+    out = _cost_json(capsys, tiny_model, "--context", "2048")
+    r = bits_report(tiny_model)
+    assert out["active_parameters"] == out["parameters"] == r.parameters and "moe" not in out
+    assert out["kv_bytes_per_sequence"] == 2 * 2 * 2 * 32 * 2048 * 2
+    old = cost.token_cost(
+        r.parameters,
+        {"measured": 8 * r.total_bytes / r.parameters},
+        cost.KVLayout(2, 2, 32, 2),
+        SEED,
+        cost.Workload(2048),
+        measured_bytes={"measured": r.total_bytes},
+    ).to_data()
+    for key in ("batch1_weight_bound_ms", "batch_step_bound_ms", "verify_cost_ratio", "verify_compute_bound_batch"):
+        assert out["formats"]["measured"][key] == old["formats"]["measured"][key]
+    assert out["formats"]["measured"]["batch_weight_read_bytes"] == r.total_bytes
+
+
+def test_config_and_weights_must_agree_on_the_experts(arch_models, capsys, tmp_path):
+    """config.json's MoE layers or expert count against the headers: a mismatch is refused (exit 2) naming
+    both, not priced; expert tensors with no expert count in config.json likewise."""
+    import shutil
+
+    ckpt = shutil.copytree(arch_models["qwen3_moe"], tmp_path / "m")
+    c = _config(ckpt)
+    for bad, words in [
+        ({"mlp_only_layers": []}, "layers 0, 1, 2"),
+        ({"num_local_experts": 16}, "stores 8 routed experts"),
+        ({"num_local_experts": None}, "declares no expert count"),
+    ]:
+        (ckpt / "config.json").write_text(json.dumps({**c, **bad}))
+        assert main(["cost", "--checkpoint", str(ckpt)]) == 2
+        assert words in capsys.readouterr().err
+
+
+def test_expected_experts_read_matches_enumeration():
+    """E × (1 − (1 − k/E)^T) against every routing of T tokens to k of E experts, counted."""
+    import itertools
+
+    for e, k, t in [(4, 2, 2), (5, 2, 3), (6, 1, 3)]:
+        choices = list(itertools.combinations(range(e), k))
+        runs = list(itertools.product(choices, repeat=t))
+        mean = sum(len(set().union(*run)) for run in runs) / len(runs)
+        assert cost.expected_experts_read(e, k, t) == pytest.approx(mean, abs=1e-12)
+
+
+def test_tokens_to_read_share():
+    # ln(0.1) / ln(1 − 8/128) = 35.68: 36 tokens a step read 90% of a 128-expert top-8 layer
+    assert cost.tokens_to_read_share(128, 8, 0.9) == 36
+    assert 1 - (1 - 8 / 128) ** 35 < 0.9 <= 1 - (1 - 8 / 128) ** 36
+    assert cost.tokens_to_read_share(8, 8, 0.99) == 1
+
+
+def test_moe_compute_bound_batch_is_the_first_compute_bound_batch():
+    """The bisection finds the smallest compute-bound batch, checked against a scan, with experts read by
+    uniform routing."""
+    routed = tuple(cost.RoutedExperts(i, 128, 8, 4e9, 2_000_000_000) for i in range(20))
+    w = cost.Weights(100e9, routed)
+    m = cost.CostModel(20e9, KV, SEED, 64)
+    for positions in (1, 5):
+        b = m.compute_bound_batch(w, positions)
+        assert b is not None and m.compute_s(b, positions) >= m.memory_s(w, b, positions)
+        assert all(m.compute_s(x, positions) < m.memory_s(w, x, positions) for x in range(1, b))
+
+
+def test_the_reports_decode_bounds_price_an_moe_like_cost(arch_models, capsys):
+    """`quantize report`'s decode column uses the same model: a Qwen3-MoE's batch-1 bound reads k/E of its
+    experts, as `quantize cost --checkpoint` does, not every stored byte."""
+    from quantize.checkpoint.accounting import bits_report
+    from quantize.report.collect import Entry, decode_bounds
+
+    ckpt = arch_models["qwen3_moe"]
+    r = bits_report(ckpt)
+    entry = Entry(str(ckpt), "moe", "-", "-", r.total_bytes, r.parameters, 16.0, None, r.bytes_by_role, "0" * 64)
+    d = decode_bounds(entry, None, SEED, batch=4, context=100)
+    out = _cost_json(capsys, ckpt, "--context", "100", "--batch", "4")
+    assert d.batch1_ms == pytest.approx(out["formats"]["measured"]["batch1_step_bound_ms"])
+    assert d.batch_ms == pytest.approx(out["formats"]["measured"]["batch_step_bound_ms"])
+    routed = r.bytes_by_part["routed_experts"]["bytes"]  # batch 1 reads k/E = 2/8 of them
+    read = r.total_bytes - routed * (1 - 2 / 8) + out["kv_bytes_per_sequence"]
+    assert d.batch1_ms == pytest.approx(1000 * read / SEED.hbm_bytes_per_second)
+
+
+def test_cli_prices_an_moe_without_a_checkpoint(capsys):
+    """--routed-params/--experts/--top-k: Qwen3-235B-A22B's shapes (docs/cost.md) give its 22.19B active
+    parameters, and batch 1 reads the non-expert bytes plus k/E of the experts' at the format's bits."""
+    args = ["cost", "--params", "235093634560", "--routed-params", "227096395776", "--experts", "128"]
+    args += ["--top-k", "8", "--layers", "94", "--kv-heads", "4", "--head-dim", "128", "--formats", "bf16=16"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["active_parameters"] == 22_190_763_520 == 235_093_634_560 - 227_096_395_776 * 120 // 128
+    assert out["formats"]["bf16"]["batch1_weight_read_bytes"] == pytest.approx(2 * 22_190_763_520)
+    assert out["moe"]["tokens_reading_90pct"] == 36
+    assert main(["cost", "--experts", "8"]) == 2 and "go together" in capsys.readouterr().err
+    assert main(["cost", "--routed-params", "1e9", "--experts", "8", "--top-k", "9"]) == 2
+    assert "--top-k (9) <= --experts (8)" in capsys.readouterr().err

@@ -21,10 +21,12 @@ from quantize.checkpoint import files
 from quantize.cli import main as cli
 from quantize.errors import UsageError
 from quantize.flows import action
+from quantize.flows import gate as flows_gate
 from quantize.flows.gate import open_policy
 from quantize.golden.build import Sizes
 from quantize.io import sha256_file
 from quantize.records import Verdict
+from quantize.tables import md_text
 
 from conftest import ROOT, small_golden, suite_file
 
@@ -74,7 +76,7 @@ def test_a_pass_writes_summary_outputs_junit_and_verdict(golden, tiny_model, tmp
     assert action.main(env) == 0
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("earlier step\n")  # appended, as GitHub expects of every step
-    assert "✅ PASS" in summary and "| core_facts acc | pass |" in summary and "| agreement kl | pass |" in summary
+    assert "✅ PASS" in summary and "| `core_facts acc` | pass |" in summary and "| `agreement kl` | pass |" in summary
     assert _outputs(tmp_path) == {"verdict": "pass", "exit-code": "0"}
     suite = ET.parse(tmp_path / "gate.xml").getroot()
     assert suite.tag == "testsuite" and suite.get("tests") == "3" and suite.get("failures") == "0"
@@ -110,9 +112,96 @@ def test_bad_input_is_exit_2_and_the_summary_says_what_to_fix(golden, tiny_model
     env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), str(tiny_model)) | change
     assert action.main(env) == 2
     summary = (tmp_path / "summary.md").read_text()
-    assert "could not run on this input (exit 2)" in summary and message in summary
+    assert "could not run on this input (exit 2)" in summary and md_text(message) in summary
     assert _outputs(tmp_path) == {"verdict": "error", "exit-code": "2"}
     assert not (tmp_path / "gate.json").exists()
+
+
+def test_a_trailing_newline_is_dropped_from_every_input(golden, tiny_model, tmp_path, hub, monkeypatch):
+    """What a YAML `|` block leaves (`candidate: |` then the id on its own line): one trailing newline, dropped, and
+    the gate runs on what the inputs name; a Hub id with it was exit 3 (huggingface_hub's validation), a path exit 2.
+    (The gate itself is stopped: its scores would enter the module's cache under this test's Hub folder.)"""
+    policy = _policy(golden, "lenient", 0.5)
+    env = _env(tmp_path, policy, str(tiny_model), "org/tiny")
+    env = {k: (v + "\n" if k.startswith("QUANTIZE_") else v) for k, v in env.items()}
+    env |= {"QUANTIZE_CANDIDATE_REVISION": "\n", "QUANTIZE_CARD": "false\n"}
+    ran = []
+
+    def gate(*args: Any, **_k: Any) -> Verdict:
+        ran.append(args)
+        raise UsageError("stopped by the test")
+
+    monkeypatch.setattr(flows_gate, "run_gate", gate)
+    assert action.main(env) == 2 and "stopped by the test" in (tmp_path / "summary.md").read_text()
+    assert ran == [(str(policy), tiny_model, hub)]
+
+
+@pytest.mark.parametrize(
+    "change,names",
+    [
+        ({"QUANTIZE_CANDIDATE": "org/tiny\nother"}, "`candidate` input"),
+        ({"QUANTIZE_BASELINE": "org/tiny\t"}, "`baseline` input"),
+        ({"QUANTIZE_CANDIDATE_REVISION": "main\r\nx"}, "`candidate-revision` input"),
+        ({"QUANTIZE_POLICY": "gates/ci.yaml\n\n"}, "`policy` input"),
+        ({"QUANTIZE_CARD": "yes"}, "`card` input is 'yes'"),
+    ],
+)
+def test_a_control_character_in_an_input_is_exit_2_naming_it(golden, tiny_model, tmp_path, monkeypatch, change, names):
+    monkeypatch.setattr(flows_gate, "run_gate", _no_gate)
+    env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), str(tiny_model)) | change
+    assert action.main(env) == 2
+    summary = (tmp_path / "summary.md").read_text()
+    assert md_text(names) in summary and "could not run on this input" in summary
+
+
+def _no_gate(*_a: Any, **_k: Any) -> Verdict:
+    raise AssertionError("the gate ran before its inputs were checked")
+
+
+def test_an_error_naming_a_path_is_escaped_in_the_summary(golden, tiny_model, tmp_path):
+    env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), str(tiny_model))
+    assert action.main(env | {"QUANTIZE_POLICY": "<img src=x onerror=alert(1)>|# x.yaml"}) == 2
+    summary = (tmp_path / "summary.md").read_text()
+    assert "<img" not in summary.replace("\\<img", "") and "\\<img src=x onerror=alert(1)\\>\\|\\# x.yaml" in summary
+
+
+def test_a_linked_card_is_refused_before_the_gate_runs(golden, tiny_model, tmp_path, monkeypatch):
+    cand = tmp_path / "cand"
+    shutil.copytree(tiny_model, cand)
+    (tmp_path / "environ").write_text("HF_TOKEN=hf_canary_of_the_action_test\n")
+    (cand / "README.md").symlink_to(tmp_path / "environ")
+    monkeypatch.setattr(flows_gate, "run_gate", _no_gate)
+    env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), str(cand), QUANTIZE_CARD="true")
+    assert action.main(env) == 2
+    summary = (tmp_path / "summary.md").read_text()
+    assert "README.md" in summary and "symbolic link" in summary and "hf_canary" not in summary
+    assert not (tmp_path / "gate.json").exists() and not (tmp_path / "gate.xml").exists()
+
+
+def test_the_verdict_reaches_the_summary_when_the_card_then_fails(golden, tiny_model, tmp_path, monkeypatch, capsys):
+    """The card passes its check, then its README is swapped for a link while the gate runs: the summary and stdout
+    hold the verdict, then the failure; the outputs say error, with the card's exit code."""
+    cand = tmp_path / "cand"
+    shutil.copytree(tiny_model, cand)
+    env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), str(cand))
+    assert action.main(env) == 0
+    v = records.read(Verdict, tmp_path / "gate.json")
+    (tmp_path / "gate.json").unlink()
+    (cand / "README.md").write_text("# Mine\n")
+    (tmp_path / "environ").write_text("HF_TOKEN=hf_canary_of_the_action_test\n")
+
+    def gate_then_swap(*_a: Any, **_k: Any) -> Verdict:
+        (cand / "README.md").unlink()
+        (cand / "README.md").symlink_to(tmp_path / "environ")
+        return v
+
+    monkeypatch.setattr(flows_gate, "run_gate", gate_then_swap)
+    capsys.readouterr()
+    assert action.main(env | {"QUANTIZE_CARD": "true"}) == 2
+    summary = (tmp_path / "summary.md").read_text()
+    assert summary.index("✅ PASS") < summary.index("the verdict above stands; writing its files failed (exit 2)")
+    assert "symbolic link" in summary and "hf_canary" not in summary
+    assert "gate " in capsys.readouterr().out and _outputs(tmp_path) == {"verdict": "error", "exit-code": "2"}
 
 
 # --- Hub model ids and blob identities ---------------------------------------------------------------
@@ -288,7 +377,7 @@ def test_action_yml_is_a_valid_composite_action_wired_to_its_entry():
         assert re.fullmatch(r"\$\{\{ steps\.gate\.outputs\.[\w-]+ \}\}", o.value)
     gate = next(s for s in meta.runs.steps if s.id == "gate")
     assert gate.run == "python -m quantize.flows.action"
-    read = set(re.findall(r'env\.get\("(QUANTIZE_\w+)"', Path(action.__file__).read_text()))
+    read = set(re.findall(r'(?:env\.get\(|_input\(env, )"(QUANTIZE_\w+)"', Path(action.__file__).read_text()))
     assert read == {k for k in gate.env if k != "QUANTIZE_REREAD_WEIGHTS"}  # every variable the entry reads, set
     assert files.REREAD == "QUANTIZE_REREAD_WEIGHTS"
     key = next(s for s in meta.runs.steps if s.id == "key")

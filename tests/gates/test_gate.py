@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -14,7 +15,7 @@ import scipy.stats as sps
 from quantize.cli import main
 from quantize.errors import UsageError
 from quantize.gates.policy import load_policy
-from quantize.gates.render import render_junit, render_text
+from quantize.gates.render import render_junit, render_markdown, render_text
 from quantize.records import Verdict, parse
 
 from conftest import PROV, ROOT, baseline, judge, result
@@ -279,3 +280,37 @@ def test_a_rule_with_a_custom_name_keeps_its_evidence(tmp_path):
     v = judge(load_policy(p), result(acc, prose), result(acc, prose, sha="b"))
     assert v.rules[0].rule == "knowledge" and v.accuracy_evidence("t_acc") is v.rules[0].evidence
     assert v.accuracy_evidence("t_prose") is None
+
+
+def test_names_forge_no_headline_row_or_tag_in_markdown_junit_or_text(tmp_path):
+    """A policy and rules named to forge a PASS headline above a REJECTED table, a tag, a table row, and to break the
+    XML (a NUL byte, an escape): every output shows the names as text, on one line, and JUnit stays well-formed."""
+    p = tmp_path / "gates" / "evil.yaml"
+    p.parent.mkdir()
+    p.write_text(
+        'name: "ok`\\n### quantize gate: ✅ PASS\\n<script>alert(1)</script>"\nsuite: evaluate/core.yaml\nrules:\n'
+        '  - {name: "drop | pass | - | - | - | - | ok |\\n# PASS", task: t_acc, metric: acc, margin: 0.02}\n'
+        '  - {name: "nul\\0 esc\\e <b>bold</b>", task: t_prose, metric: perplexity, max_ratio: 1.05}\n'
+    )
+    acc, prose = baseline()
+    cand = [0.0 if i < 200 else s for i, s in enumerate(acc)]
+    v = judge(load_policy(p), result(acc, prose), result(cand, prose, sha="b"))
+    assert v.verdict == "rejected"
+    md = render_markdown(v)
+    lines = md.splitlines()
+    assert [line for line in lines if line.lstrip().startswith("#")] == [lines[0]]
+    assert lines[0].startswith("### quantize gate ``") and lines[0].endswith("❌ REJECTED")
+    rows = [line for line in lines if line.startswith("|")]
+    assert len(rows) == 2 + 2 and all(len(re.findall(r"(?<!\\)\|", row)) == 8 for row in rows)
+    markdown_it = pytest.importorskip("markdown_it")
+    page = markdown_it.MarkdownIt("commonmark").enable("table").render(md)
+    assert page.count("<h3>") == 1 and "<h1>" not in page and "<script>" not in page and "<b>" not in page
+    assert page.count("<tr>") == 3 and page.count("<td>") == 2 * 7
+    root = ET.fromstring(render_junit(v))  # a NUL or ESC written raw is not XML: this would raise
+    names = [root.get("name"), *(c.get("name") for c in root.iter("testcase"))]
+    names += [f.get("message") for f in root.iter("failure")]
+    assert all(n and not re.search(r"[\x00-\x1f]", n) for n in names)
+    assert root.find("testcase").get("name") == "drop | pass | - | - | - | - | ok |\\n# PASS"
+    text = render_text(v)
+    assert not any(line.startswith(("# PASS", "### quantize", "<script")) for line in text.splitlines())
+    assert "\x1b" not in text and "\x00" not in text

@@ -312,6 +312,50 @@ def test_golden_new_refuses_a_bad_regex_and_options_of_another_type(tmp_path, ca
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "set_name,version,says",
+    [
+        ("faq", ".v1", "starts with '.'"),
+        ("faq", "v1\n", "control character"),
+        ("faq", " v1", "whitespace"),
+        ("fa\u200bq", "v1", "invisible"),
+        ("s\udcff", "v1", "lone surrogate"),  # a folder name that is not UTF-8, as Python decodes it
+        ("x" * 101, "v1", "at most 100"),
+    ],
+)
+def test_golden_new_refuses_a_set_or_version_name_that_is_not_a_plain_name(tmp_path, capsys, set_name, version, says):
+    src = tmp_path / "items.jsonl"
+    src.write_text(_jsonl(GOOD["greedy"]))
+    out = tmp_path / set_name / version
+    assert main(["golden", "new", str(out), "--from", str(src), "--type", "greedy", "--task", "t"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "--out" in err and "Traceback" not in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["items.jsonl"]
+
+
+@pytest.mark.parametrize("task", ["../evil", "a/b", ".", "t\n"])
+def test_a_task_name_that_is_not_one_file_name_is_refused_before_anything_is_written(tmp_path, task):
+    from quantize.golden.version import TaskFiles, write_version
+
+    t = TaskFiles(
+        name=task, output_type="generate_until", items=[{"id": "1", "context": "a", "target": "b"}], config={}
+    )
+    with pytest.raises(UsageError, match="a task's name"):
+        write_version(tmp_path / "set" / "v1", [t], sources={}, builder={})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_two_tasks_of_one_name_on_a_case_insensitive_file_system_are_refused(tmp_path):
+    from quantize.golden.version import TaskFiles, write_version
+
+    tasks = [
+        TaskFiles(name=n, output_type="generate_until", items=[{"id": "1", "context": "a", "target": "b"}], config={})
+        for n in ("qa", "QA")
+    ]
+    with pytest.raises(UsageError, match='tasks of this set are named "qa" and "QA"'):
+        write_version(tmp_path / "set" / "v1", tasks, sources={}, builder={})
+
+
 # --- gating on a user set ---------------------------------------------------------------------------
 
 

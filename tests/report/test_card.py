@@ -4,13 +4,19 @@ another checkpoint refused."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 import shutil
+import xml.etree.ElementTree as ET
 
 import pytest
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from quantize.cli import main
+from quantize.flows import gate as flows_gate
+from quantize.records import Verdict, parse
 
 from conftest import small_golden, suite_file
 
@@ -51,18 +57,22 @@ def test_gate_card_writes_model_index_that_huggingface_hub_reads_back(policy, ti
     card = ModelCard.load(cand / "README.md")
     ours = [r for r in card.data.eval_results if (r.metric_args or {}).get("source") == "quantize gate"]
     assert card.data.eval_results[0].dataset_type == "wikitext"  # the card's own results are kept
-    assert [(r.task_name, r.metric_type) for r in ours] == [("core_facts", "acc"), ("core_prose", "perplexity")]
+    assert [(r.task_name, r.metric_type) for r in ours] == [
+        ("core_facts", "acc"),
+        ("core_prose", "perplexity"),
+        ("agreement", "kl"),
+    ]
     facts = next(r for r in verdict["rules"] if r["rule"] == "core_facts acc")["evidence"]
     assert ours[0].metric_value == facts["candidate"] and ours[0].metric_args["baseline"] == facts["baseline"]
     assert (
         ours[0].dataset_name == "core/v1 core_facts"
         and ours[0].dataset_revision == verdict["provenance"]["golden"]["manifest_sha256"]
     )
-    assert "Mine." in card.text and "## Quality gate: pass" in card.text and "| agreement kl | pass |" in card.text
+    assert "Mine." in card.text and "## Quality gate: pass" in card.text and "| `agreement kl` | pass |" in card.text
     # a later verdict replaces the earlier one
     assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
     again = ModelCard.load(cand / "README.md")
-    assert len(again.data.eval_results) == 3 and again.text.count("## Quality gate") == 1
+    assert len(again.data.eval_results) == 4 and again.text.count("## Quality gate") == 1
 
 
 def test_a_card_for_another_checkpoint_is_refused(policy, tiny_model, tmp_path, capsys):
@@ -91,5 +101,168 @@ def test_a_non_finite_figure_is_no_model_index_number(policy, tiny_model, tmp_pa
     assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
     text = (cand / "README.md").read_text()
     card = ModelCard.load(cand / "README.md")
-    assert [r.task_name for r in card.data.eval_results] == ["core_prose"] and "nan" not in text.split("---")[1].lower()
-    assert "| core_facts acc | regression (candidate accuracy) |" in text
+    assert [r.task_name for r in card.data.eval_results] == ["core_prose", "agreement"]
+    assert "nan" not in text.split("---")[1].lower()
+    assert "| `core_facts acc` | regression (candidate accuracy) |" in text
+
+
+# --- what the card writer reads, when it checks it, and what it writes (issue #41) --------------------------------
+
+SECRET = "HF_TOKEN=hf_not_a_real_token_but_a_canary"
+
+
+@pytest.fixture(scope="module")
+def verdict(policy, tiny_model, tmp_path_factory):
+    """A real verdict of a copy of the tiny model, as `gate --json` prints it (tests edit copies of it)."""
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(io.StringIO()) as out:
+        mp.setenv("QUANTIZE_CACHE", str(tmp_path_factory.getbasetemp() / "qcache-card"))
+        cand = tmp_path_factory.mktemp("verdict") / "cand"
+        shutil.copytree(tiny_model, cand)
+        assert main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(cand), "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+def _candidate(tiny_model, tmp_path):
+    """A copy of the tiny model: the same identity as the verdict's candidate."""
+    cand = tmp_path / "cand"
+    shutil.copytree(tiny_model, cand)
+    return cand
+
+
+def _no_scoring(monkeypatch):
+    """Any gate run from here on fails the test: a refusal must come before anything is scored."""
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the gate ran (scoring) before the card was checked")
+
+    monkeypatch.setattr(flows_gate, "run_gate", refuse)
+
+
+def test_a_readme_linked_elsewhere_is_refused_and_never_read(
+    policy, verdict, tiny_model, tmp_path, capsys, monkeypatch
+):
+    """README.md linked to a file of secrets (as to /proc/self/environ): exit 2 naming it and saying to put a file
+    there, before any scoring under `gate --card`, and from `card --verdict`; the secret is in no output and the
+    link and its target are left as they were."""
+    cand = _candidate(tiny_model, tmp_path)
+    env = tmp_path / "environ"
+    env.write_text(f"PATH=/usr/bin\n{SECRET}\n")
+    (cand / "README.md").symlink_to(env)
+    (tmp_path / "v.json").write_text(json.dumps(verdict))
+    _no_scoring(monkeypatch)
+    runs = [
+        ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(cand), "--card", "--json"],
+        ["card", str(cand), "--verdict", str(tmp_path / "v.json")],
+    ]
+    for args in runs:
+        assert main(args) == 2
+        out = capsys.readouterr()
+        assert "README.md" in out.err and "symbolic link" in out.err and "regular file" in out.err
+        assert "hf_not_a_real_token" not in out.out + out.err
+    assert (cand / "README.md").is_symlink() and env.read_text() == f"PATH=/usr/bin\n{SECRET}\n"
+    assert [p.name for p in cand.iterdir() if p.name.startswith(".")] == []  # no temporary card left
+
+
+@pytest.mark.parametrize(
+    "readme,says",
+    [
+        (b"---\nlicense: mit\n---\n# caf\xe9\n", "not UTF-8 text: byte 0xe9 at line 4"),
+        (b"---\n- a\n- b\n---\nbody\n", "is a list; a model card's metadata is a mapping"),
+        (b"---\nmodel-index: [{name: m, results: [{metrics: []}]}]\n---\n", "not metadata huggingface_hub can read"),
+        (b"---\nmodel-index: 5\n---\n", "not metadata huggingface_hub can read"),
+        (b"---\nlicense: [mit\n---\n", "not valid YAML"),
+        (b"---\na: !!python/object/apply:os.system [echo hi]\n---\n", "not valid YAML"),
+        (b"---\na: &x [1]\nb: *x\n---\n", "aliases"),
+    ],
+    ids=["not-utf8", "list", "model-index-entry", "model-index-number", "bad-yaml", "python-tag", "alias"],
+)
+def test_a_card_that_cannot_be_read_is_exit_2_before_scoring(
+    policy, verdict, tiny_model, tmp_path, capsys, monkeypatch, readme, says
+):
+    """Each malformed README is exit 2 naming the card and the problem: under `gate --card` before the gate runs
+    (it would have scored first, then failed with exit 3 and the verdict lost), and from `card --verdict`."""
+    cand = _candidate(tiny_model, tmp_path)
+    (cand / "README.md").write_bytes(readme)
+    (tmp_path / "v.json").write_text(json.dumps(verdict))
+    _no_scoring(monkeypatch)
+    for args in (
+        ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(cand), "--card"],
+        ["card", str(cand), "--verdict", str(tmp_path / "v.json")],
+    ):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert "README.md" in err and says in err and "Traceback" not in err
+        assert (cand / "README.md").read_bytes() == readme  # left as it was
+
+
+def test_the_verdict_is_printed_before_the_card_and_junit_are_written(
+    policy, verdict, tiny_model, tmp_path, capsys, monkeypatch
+):
+    """The card checked before the gate, then broken while it ran (its README swapped for a link): the verdict is on
+    stdout, then the card is refused (exit 2), the JUnit file beside it written whole or not at all."""
+    cand = _candidate(tiny_model, tmp_path)
+    (cand / "README.md").write_text("# Mine\n")
+    (tmp_path / "secret").write_text(SECRET)
+
+    def gate_then_swap(*_a, **_k):
+        (cand / "README.md").unlink()
+        (cand / "README.md").symlink_to(tmp_path / "secret")
+        return parse(Verdict, verdict, "the test's verdict")
+
+    monkeypatch.setattr(flows_gate, "run_gate", gate_then_swap)
+    junit = tmp_path / "gate.xml"
+    args = ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(cand), "--card", "--json"]
+    assert main([*args, "--junit", str(junit)]) == 2
+    out = capsys.readouterr()
+    assert json.loads(out.out)["verdict"] == "pass" and "symbolic link" in out.err
+    assert "hf_not_a_real_token" not in out.out + out.err
+    assert ET.parse(junit).getroot().get("tests") == "3"
+
+
+def test_an_agreement_only_verdict_publishes_its_agreement_and_no_empty_block(verdict, tiny_model, tmp_path):
+    """A sequential gate that stopped at an agreement regression before any item (a 3-bit candidate): its card's
+    model-index carries the agreement figure that decided it, and a card written from nothing has one front matter
+    block and no empty `---`/`---` pair in its body."""
+    cand = _candidate(tiny_model, tmp_path)
+    v = json.loads(json.dumps(verdict))
+    kl = next(r for r in v["rules"] if r["kind"] == "agreement")
+    kl["verdict"] = "regression"
+    why = "the gate stopped at a regression before this rule's task was scored"
+    v["rules"] = [
+        {"kind": "untested", "rule": r["rule"], "task": r["task"], "reason": why}
+        for r in v["rules"]
+        if r["kind"] != "agreement"
+    ] + [kl]
+    v["verdict"], v["exit_code"] = "rejected", 1
+    (tmp_path / "v.json").write_text(json.dumps(v))
+    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
+    text = (cand / "README.md").read_text()
+    card = ModelCard.load(cand / "README.md")
+    [r] = card.data.eval_results
+    assert (r.task_name, r.metric_type, r.metric_value) == ("agreement", "kl", kl["evidence"]["value"])
+    assert r.metric_args["verdict"] == "regression" and r.metric_args["max"] == kl["evidence"]["max"]
+    assert r.dataset_name == "core/v1 prompts" and "results: []" not in text
+    assert not re.search(r"^---\s*\n---\s*$", card.text, re.M) and text.count("\n---\n") == 1
+    assert card.text.lstrip().startswith("<!-- quantize gate: begin -->")
+    # written again over the first (and over a card an earlier version left with an empty block): one of each
+    (cand / "README.md").write_text(text.replace("---\n\n<!--", "---\n\n---\n---\n\n<!--", 1))
+    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
+    again = (cand / "README.md").read_text()
+    assert again.count("\n---\n") == 1 and again.count("## Quality gate") == 1
+
+
+def test_names_in_the_card_are_escaped(verdict, tiny_model, tmp_path):
+    """A policy and a rule named to forge a headline, a tag and a table row show as text in the card."""
+    cand = _candidate(tiny_model, tmp_path)
+    v = json.loads(json.dumps(verdict))
+    v["policy"] = "ok\n# PASS <script>alert(1)</script>"
+    v["rules"][0]["rule"] = "x | pass |\n## PASS"
+    (tmp_path / "v.json").write_text(json.dumps(v))
+    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
+    body = ModelCard.load(cand / "README.md").text
+    assert [line for line in body.splitlines() if line.startswith("#")] == [
+        "## Quality gate: pass",
+        "### quantize gate `ok\\n# PASS <script>alert(1)</script>`: ✅ PASS",
+    ]
+    rows = [line for line in body.splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + 3 and all(len(re.findall(r"(?<!\\)\|", row)) == 8 for row in rows)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import html
+import io
 import json
 import re
 import shutil
@@ -11,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from quantize import records
 from quantize.cli import main
 from quantize.evaluate.score import score
 from quantize.golden.build import Sizes
@@ -154,7 +159,7 @@ def test_a_checkpoint_without_a_kv_layout_has_no_decode_bounds_and_the_report_go
     data = json.loads((out / "report.json").read_text())
     rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
     assert rows["no-heads"]["batch-1 bound ms"] == "-" and float(rows["tiny-llama"]["batch-1 bound ms"]) > 0
-    assert "No bounds for no-heads" in (out / "report.md").read_text()
+    assert "No bounds for `no-heads`" in (out / "report.md").read_text()
 
 
 def test_agree_gives_the_demo_report_a_measured_quality_figure(checkpoints, tiny_model, tmp_path, monkeypatch, capsys):
@@ -225,3 +230,209 @@ def test_report_reads_a_saved_sequential_verdict_and_refuses_another_suite(
         assert "name different suites" in capsys.readouterr().err
     finally:
         (fp8 / "gate.json").unlink()
+
+
+@pytest.fixture(scope="module")
+def staged(checkpoints, tiny_model, tmp_path_factory):
+    """A staged gate's verdict on a copy of fp8 (as `quantize gate --json` prints it, before it is saved as
+    gate.json) and the cache that gate filled: the baseline's full scores, none of the candidate's."""
+    _, suite, outs = checkpoints
+    root = tmp_path_factory.mktemp("staged")
+    shutil.copytree(outs["fp8"], root / "fp8")
+    pol = root / "seq.yaml"
+    pol.write_text(
+        f"suite: {suite}\nsequential: {{looks: [0.5, 1.0]}}\nrules:\n  - {{task: core_facts, margin: 0.5}}\n"
+    )
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(printed):
+        mp.setenv("QUANTIZE_CACHE", str(root / "cache"))
+        code = main(["gate", str(pol), "--baseline", str(tiny_model), "--candidate", str(root / "fp8"), "--json"])
+    verdict = json.loads(printed.getvalue())
+    assert code == 0 and verdict["verdict"] == "pass" and verdict["sequential"] is not None
+    return root, pol, verdict
+
+
+def _report_with(staged, tiny_model, tmp_path, monkeypatch, verdict: dict) -> tuple[dict, dict, Path]:
+    """The report on a fresh copy of the gated fp8 with `verdict` saved beside it as gate.json (read through the
+    Verdict record), over a copy of the staged gate's cache; its table rows by label, its data and its folder."""
+    root, pol, _ = staged
+    cand = tmp_path / "cands" / "fp8"
+    shutil.copytree(root / "fp8", cand)
+    records.write(cand / "gate.json", records.parse(records.Verdict, verdict, "test"))
+    if not (tmp_path / "cache").exists():
+        shutil.copytree(root / "cache", tmp_path / "cache")
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / f"rep{len(list(tmp_path.glob('rep*')))}"
+    args = ["report", str(cand), "--baseline", str(tiny_model), "--policy", str(pol), "--out", str(out)]
+    assert main(args) == 0
+    data = json.loads((out / "report.json").read_text())
+    rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
+    return rows, data, out
+
+
+def test_a_staged_rejection_stays_rejected_when_full_scores_would_pass(
+    staged, checkpoints, tiny_model, tmp_path, monkeypatch
+):
+    """The verdict CI gave is the report's: cached full scores that pass under the fixed design do not turn a
+    staged gate's saved rejection into a pass; without gate.json the same scores are decided again, labelled so."""
+    _, suite, _ = checkpoints
+    rejected = copy.deepcopy(staged[2])
+    rejected.update(verdict="rejected", exit_code=1)
+    rejected["rules"][0]["verdict"] = "regression"
+    shutil.copytree(staged[0] / "cache", tmp_path / "cache")
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    score(open_suite(suite), staged[0] / "fp8")  # the candidate's full scores, cached
+    rows, _, _ = _report_with(staged, tiny_model, tmp_path, monkeypatch, rejected)
+    assert rows["fp8"]["gate"] == "REJECTED"
+    assert rows["fp8"]["verdict from"] == "saved verdict (gate.json, staged: 1 of 2 looks)"
+    assert re.match(r"\d\.\d{3} ± \d\.\d{3} \(Δ [-+]\d\.\d{3}, LB [-+]\d\.\d{3}, n \d+/20\)", rows["fp8"]["facts"])
+    # the premise: the same cached scores pass under the fixed design, which the report labels as recomputed
+    (tmp_path / "cands" / "fp8" / "gate.json").unlink()
+    out = tmp_path / "again"
+    args = ["report", str(tmp_path / "cands" / "fp8"), "--baseline", str(tiny_model), "--policy", str(staged[1])]
+    assert main([*args, "--out", str(out)]) == 0
+    again = json.loads((out / "report.json").read_text())
+    row = dict(zip(again["table"]["head"], again["table"]["rows"][1], strict=True))
+    assert row["gate"] == "PASS" and row["verdict from"] == "recomputed from cached full scores (fixed design)"
+
+
+def test_a_gate_json_for_another_candidate_identity_is_stale_not_the_verdict(staged, tiny_model, tmp_path, monkeypatch):
+    other = copy.deepcopy(staged[2])
+    other["provenance"]["candidate"]["checkpoint"]["identity_sha256"] = "0" * 64
+    rows, data, out = _report_with(staged, tiny_model, tmp_path, monkeypatch, other)
+    assert rows["fp8"]["gate"] == "no verdict" and rows["fp8"]["facts"] == "not scored"
+    assert rows["fp8"]["verdict from"].startswith(
+        "gate.json not shown: stale: gate.json judged checkpoint 000000000000"
+    )
+    fp8 = next(e for e in data["entries"] if e["label"] == "fp8")
+    assert fp8["verdict"] is None and fp8["verdict_stale"].startswith("stale") and data["evidence"] == []
+    assert "PASS" not in (out / "report.md").read_text()
+
+
+def test_a_staged_pass_shows_its_delta_bounds_and_items_as_a_cell_and_a_point(
+    staged, tiny_model, tmp_path, monkeypatch
+):
+    from matplotlib.axes import Axes
+
+    drawn = []
+    errorbar = Axes.errorbar
+    monkeypatch.setattr(
+        Axes, "errorbar", lambda ax, x, y, **kw: drawn.append((x, y, kw.get("yerr"))) or errorbar(ax, x, y, **kw)
+    )
+    v = records.parse(records.Verdict, staged[2], "test")
+    ev, sq = v.rules[0].evidence, v.sequential
+    total = sq.items_total["core_facts"]
+    assert ev.n == sq.items_scored["core_facts"] < total  # stopped at the first look: a sample of the items
+    rows, data, out = _report_with(staged, tiny_model, tmp_path, monkeypatch, staged[2])
+    cell = f"Δ {ev.delta:+.3f} [{ev.lower_bound:+.3f}, {ev.upper_bound:+.3f}], n {ev.n}/{total}"
+    assert rows["fp8"]["facts"] == cell and rows["fp8"]["gate"] == "PASS"
+    assert rows["fp8"]["verdict from"] == "saved verdict (gate.json, staged: 1 of 2 looks)"
+    point = next(p for p in data["evidence"] if p["label"] == "fp8")
+    assert (point["value"], point["lower"], point["upper"]) == (ev.delta, ev.lower_bound, ev.upper_bound)
+    assert (point["n"], point["items_total"], point["limit"], point["look"]) == (ev.n, total, -0.5, "look 1 of 2")
+    assert "evidence.png" in data["images"] and (out / "evidence.svg").stat().st_size > 0
+    # the plot drew that point with its interval: Δ − LB below, UB − Δ above
+    bars = [(y, yerr) for _, y, yerr in drawn if y == ev.delta and yerr is not None and len(yerr) == 2]
+    assert bars and bars[0][1] == [
+        [pytest.approx(ev.delta - ev.lower_bound)],
+        [pytest.approx(ev.upper_bound - ev.delta)],
+    ]
+    md, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    assert "## The gate's evidence" in md and "![The gate's evidence against size](evidence.png)" in md
+    assert f"<td>{html.escape(cell)}</td>" in page and "<h2>The gate's evidence</h2>" in page
+
+
+def test_a_saved_verdict_is_the_reports_only_for_this_policy_pair_and_golden_set(staged, checkpoints, tiny_model):
+    """The identities a gate.json names are the ones the report computes from the files; each other difference
+    is named, the candidate's first (stale: changed since it was gated)."""
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.gates.policy import load_policy
+    from quantize.report.collect import saved_mismatch
+
+    root, pol, saved = staged
+    v, policy, suite = records.parse(records.Verdict, saved, "test"), load_policy(pol), open_suite(checkpoints[1])
+    base_id, cand_id = identity_sha256(tiny_model), identity_sha256(root / "fp8")
+    assert saved_mismatch(v, policy, suite, base_id, cand_id) is None
+    assert saved_mismatch(v, policy, suite, base_id, "f" * 64).startswith("stale: gate.json judged checkpoint")
+    assert saved_mismatch(v, policy, suite, "f" * 64, "f" * 64).startswith("stale")
+    assert saved_mismatch(v, policy, suite, "f" * 64, cand_id).startswith("another baseline's")
+    other = policy.model_copy(update={"name": "ci"})
+    assert saved_mismatch(v, other, suite, base_id, cand_id) == (
+        "another policy's: gate.json is policy seq's verdict, the report's --policy is ci"
+    )
+    tighter = policy.model_copy(update={"rules": [policy.rules[0].model_copy(update={"margin": 0.1})]})
+    assert saved_mismatch(v, tighter, suite, base_id, cand_id) == (
+        "policy seq changed since it was gated: rule core_facts acc was judged at (limit, α) (0.5, 0.05), the policy "
+        "now says (0.1, 0.05)"
+    )
+    golden = v.provenance.golden.model_copy(update={"manifest_sha256": "e" * 64})
+    moved = v.model_copy(update={"provenance": v.provenance.model_copy(update={"golden": golden})})
+    assert saved_mismatch(moved, policy, suite, base_id, cand_id).startswith("another golden set's")
+
+
+def test_a_gate_stopped_by_agreement_shows_untested_tasks_and_its_agreement_point(staged, tmp_path):
+    """A staged gate that an agreement look rejected before any item (the demo's GPTQ): its task cells say
+    untested, not "not scored", and the agreement rule is a point with its bounds at that look."""
+    from quantize.report.collect import Entry
+    from quantize.report.render import write_report
+
+    v = records.parse(records.Verdict, staged[2], "test")
+    agreement = records.AgreementRuleResult(
+        rule="agreement kl",
+        verdict="regression",
+        metric="kl",
+        look=1,
+        evidence=records.AgreementEvidence(
+            value=0.31, se_clustered=0.02, lower_bound=0.26, upper_bound=0.36, max=0.2, alpha=0.05,
+            positions=900, items=12, clusters=4, kl_p99=1.5, note="",
+        ),
+    )  # fmt: skip
+    untested = records.UntestedResult(rule="core_facts acc", task="core_facts", reason="stopped by agreement")
+    seq = v.sequential.model_copy(update={"looks_taken": 0, "agreement_looks_taken": 1})
+    rejected = v.model_copy(update={"verdict": "rejected", "rules": [agreement, untested], "sequential": seq})
+    common = dict(
+        method="gptq",
+        scheme="W4A16",
+        parameters=1000,
+        qlinear_bits=4.0,
+        bytes_by_role={"payload": 900},
+        sha256="a" * 64,
+    )
+    entries = [
+        Entry(path="b", label="base", total_bytes=4000, bits_per_weight=32.0, is_baseline=True, **common),
+        Entry(path="c", label="w4", total_bytes=900, bits_per_weight=7.2, verdict=rejected, verdict_origin="saved",
+              **common),
+    ]  # fmt: skip
+    data = write_report(entries, tmp_path / "rep", "bytes", "suite.yaml", "h100-sxm")
+    rows = {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
+    assert rows["w4"]["facts"] == "untested (the gate stopped before this task)" and rows["w4"]["gate"] == "REJECTED"
+    assert rows["w4"]["verdict from"] == "saved verdict (gate.json, staged: 0 of 2 looks)"
+    [point] = data["evidence"]
+    assert (point["kind"], point["value"], point["lower"], point["upper"], point["limit"]) == (
+        "agreement",
+        0.31,
+        0.26,
+        0.36,
+        0.2,
+    )
+    assert point["look"] == "agreement look 1 of 2" and (tmp_path / "rep" / "evidence.png").is_file()
+
+
+def test_a_checkpoint_name_makes_no_row_tag_or_headline_in_the_report(tiny_model, tmp_path, capsys):
+    """A folder named to add a table cell, a tag and a headline: report.md and report.html show the name as text."""
+    name = "w4 | forged | <img src=x onerror=alert(1)> `x` # PASS"  # no slash: one folder
+    shutil.copytree(tiny_model, tmp_path / name)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\n")
+    out = tmp_path / "rep"
+    assert main(["report", str(tmp_path / name), "--suite", str(suite), "--out", str(out)]) == 0, capsys.readouterr()
+    md = (out / "report.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("|")]
+    assert len(rows) == 3 and len({len(re.findall(r"(?<!\\)\|", row)) for row in rows}) == 1
+    assert [line for line in md.splitlines() if line.startswith("#")] == ["# Bytes versus accuracy"]
+    page = (out / "report.html").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page and "<code>w4 | forged" in page
+    markdown_it = pytest.importorskip("markdown_it")
+    rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(md)
+    assert "<img src=x" not in rendered and rendered.count("<h1>") == 1 and "<h2>" not in rendered
+    assert rendered.count("<tr>") == 2 and f"<code>{name.replace('<', '&lt;').replace('>', '&gt;')}</code>" in rendered

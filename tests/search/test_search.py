@@ -287,3 +287,18 @@ def test_a_search_gates_a_round_of_tries_at_once_on_ray(world, tiny_model, tmp_p
         assert run_gate(policy, tiny_model, ckpt).verdict == t["verdict"]
     passing = [t for t in gated if t["verdict"] == "pass"]
     assert min(passing, key=lambda t: t["allocation"]["bytes"])["checkpoint"] == str(out)
+
+
+@pytest.mark.parametrize("name,says", [("../UP", "path separator"), ('"\\ud800"', "lone surrogate"), ("''", "empty")])
+def test_a_search_name_that_is_not_one_folder_name_is_refused(tmp_path, name, says):
+    """The name is the output folder's (outputs/<name>, and <name>.tries beside it)."""
+    from quantize.errors import UsageError
+    from quantize.search.spec import load_search
+
+    p = tmp_path / "s.yaml"
+    p.write_text(
+        f"name: {name}\nbase: {{method: rtn, scheme: W4A16, group_size: 128, calibration: null}}\n"
+        "budget: 9.5\npolicy: p.yaml\n"
+    )
+    with pytest.raises(UsageError, match=f"name = .*{says}"):
+        load_search(p)

@@ -348,6 +348,9 @@ def test_only_the_kinds_of_task_that_run_must_fit_a_node(tmp_path, monkeypatch):
     [
         ("policy: p.yaml\n", "a sweep needs candidates"),
         ("policy: p.yaml\nrecipes: [a.yaml]\ncluster: {address: 'http://x'}\n", "cluster.address"),
+        ('policy: p.yaml\nrecipes: [a.yaml]\ncluster: {address: "local\\n"}\n', 'cluster.address = "local\\n"'),
+        ("policy: p.yaml\nrecipes: [a.yaml]\nname: ../UP\n", "name = "),
+        ('policy: p.yaml\nrecipes: [a.yaml]\noutput: "out\\0x"\n', 'output = "out\\u0000x": this path holds control'),
         ("policy: p.yaml\nrecipes: [a.yaml]\ncluster: {address: auto, num_cpus: 2}\n", "cluster.num_cpus sizes"),
         ("policy: p.yaml\nrecipes: [a.yaml]\nresources: {gate: {memory: lots}}\n", "resources.gate.memory"),
         ("policy: p.yaml\nrecipes: [a.yaml]\nresources: {convert: {num_cpus: 0}}\n", "resources.convert.num_cpus"),
@@ -388,7 +391,8 @@ def test_recipe_globs_are_read_beside_the_sweep_file(tmp_path):
     ]  # a glob matching nothing stays, to be reported as its candidate
 
 
-def test_a_recipe_of_another_model_and_a_name_used_twice_are_refused_per_candidate(world, tmp_path):
+def test_a_recipe_of_another_model_is_refused_per_candidate_and_a_name_used_twice_for_the_sweep(world, tmp_path):
+    from quantize.errors import UsageError
     from quantize.sweep.plan import candidates
 
     other = tmp_path / "other.yaml"
@@ -400,7 +404,8 @@ def test_a_recipe_of_another_model_and_a_name_used_twice_are_refused_per_candida
     dup = tmp_path / "dup.yaml"
     dup.write_text(world.recipes["w8"].read_text())
     spec, _ = load_sweep(world.sweep_file(tmp_path, ["w8", str(dup)], world.lenient))
-    assert "two candidates are named w8" in candidates(spec)[1].error
+    with pytest.raises(UsageError, match=f'named "w8": recipe {world.recipes["w8"]} and recipe {dup}'):
+        candidates(spec)
 
 
 def test_the_rayjob_example_runs_a_sweep_command_this_cli_accepts():
@@ -421,3 +426,159 @@ def test_the_rayjob_example_runs_a_sweep_command_this_cli_accepts():
     env = yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"]
     assert {"QUANTIZE_CACHE", "HF_HUB_OFFLINE"} <= env.keys()
     assert job["spec"]["rayClusterSpec"]["rayVersion"] == ray.__version__
+
+
+# --- names and lists: refused at planning, before Ray (issue #41) -----------------------------------------------
+
+
+class Lab:
+    """A sweep's inputs for planning only (nothing converted, no cluster): the tiny model, a lenient policy over a
+    small golden set, recipes written on demand."""
+
+    def __init__(self, base: Path, tiny: Path) -> None:
+        self.base, self.tiny = base, tiny
+        suite = suite_file(base / "suite.yaml", small_golden(base))
+        self.policy = base / "lenient.yaml"
+        self.policy.write_text(f"name: lenient\nsuite: {suite}\n{_rules(0.5)}")
+
+    def recipe(self, file: str, name: str | None = None, scheme: str = "W8A16") -> Path:
+        p = self.base / file
+        p.parent.mkdir(parents=True, exist_ok=True)
+        named = "" if name is None else f"name: {name}\n"
+        p.write_text(f"{named}method: rtn\nscheme: {scheme}\ncalibration: null\nmodel: {self.tiny}\n")
+        return p
+
+    def sweep(self, recipes=(), checkpoints=(), name: str = "t") -> Path:
+        f = self.base / "sweep.yaml"
+        listed = ", ".join(f"'{r}'" for r in recipes)
+        f.write_text(
+            f"name: {name}\nmodel: {self.tiny}\nrecipes: [{listed}]\ncheckpoints: [{', '.join(map(str, checkpoints))}]"
+            f"\npolicy: {self.policy}\noutput: {self.base / 'out'}\n"
+        )
+        return f
+
+
+@pytest.fixture
+def lab(tmp_path, tiny_model):
+    return Lab(tmp_path, tiny_model)
+
+
+@pytest.fixture
+def no_cluster(monkeypatch):
+    """A sweep that must stop at planning: starting a cluster fails the test."""
+    from quantize.sweep import run as sweep_run
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the sweep reached its cluster")
+
+    monkeypatch.setattr(sweep_run, "_on_cluster", refuse)
+
+
+NOT_ONE_FOLDER = {"abs": None, "up": "'../UP'", "empty": "''", "dot": "'.'", "slash": "'a/'", "dotslash": "'./a'"}
+
+
+def test_a_recipe_name_that_is_not_one_folder_is_its_candidates_error_and_nothing_lands_outside(
+    lab, no_cluster, capsys
+):
+    from quantize.sweep.plan import candidates
+
+    files = [lab.recipe("a.yaml", "a")]
+    for label, name in NOT_ONE_FOLDER.items():
+        files.append(lab.recipe(f"{label}.yaml", name or f"'{lab.base / 'ABS'}'"))
+    spec, _ = load_sweep(lab.sweep(files))
+    good, *bad = candidates(spec)
+    assert (good.name, good.error, good.checkpoint) == ("a", None, lab.base / "out" / "a")
+    assert [c.checkpoint for c in bad] == [None] * len(NOT_ONE_FOLDER)
+    for c in bad:
+        assert "name = " in c.error and "a name is one folder or file name" in c.error, c.error
+    spec, _ = load_sweep(lab.sweep(files[1:]))  # only the bad ones: nothing to run, each candidate exit 2
+    assert cli(["sweep", str(lab.base / "sweep.yaml")]) == 2
+    rec = records.read(SweepRecord, spec.home / "sweep.json")
+    assert [c.exit_code for c in rec.candidates] == [2] * len(NOT_ONE_FOLDER) and rec.tasks == []
+    assert not (lab.base / "UP").exists() and not (lab.base / "ABS").exists()
+    assert sorted(p.name for p in (lab.base / "out").iterdir()) == ["sweep-t"]
+
+
+def test_two_recipes_of_one_name_refuse_the_sweep_naming_both_files(lab, no_cluster, capsys):
+    first, second = lab.recipe("w8.yaml", "w8"), lab.recipe("other/dup.yaml", "w8", scheme="W4A16")
+    assert cli(["sweep", str(lab.sweep([first, second]))]) == 2
+    err = capsys.readouterr().err
+    assert f'two candidates of this sweep are named "w8": recipe {first} and recipe {second}' in err
+    assert not (lab.base / "out").exists()  # refused before anything was written
+    third = lab.recipe("upper.yaml", "W8")  # one folder on a case-insensitive file system
+    assert cli(["sweep", str(lab.sweep([first, third]))]) == 2
+    assert '"w8" and "W8" (one name on a case-insensitive file system)' in capsys.readouterr().err
+
+
+def test_one_checkpoint_listed_twice_is_refused_naming_both_entries(lab, no_cluster, capsys):
+    link = lab.base / "link"
+    link.symlink_to(lab.tiny)
+    for other in (f"{lab.tiny}/", f"{lab.tiny.parent}/./{lab.tiny.name}", link):
+        assert cli(["sweep", str(lab.sweep(checkpoints=[lab.tiny, other]))]) == 2
+        err = capsys.readouterr().err
+        assert f"checkpoint {lab.tiny} and checkpoint {other} are one folder" in err, err
+        assert not (lab.base / "out").exists()
+
+
+def test_a_candidate_may_not_take_a_name_of_the_sweeps_own_folders(lab, no_cluster, capsys):
+    r = lab.recipe("r.yaml", "sweep-t")
+    assert cli(["sweep", str(lab.sweep([r]))]) == 2
+    assert f'recipe {r} is named "sweep-t": OUTPUT/sweep-* holds sweeps\' own folders' in capsys.readouterr().err
+
+
+def test_a_refused_candidate_never_takes_the_tasks_of_a_good_one_of_its_name(lab, tmp_path):
+    """A recipe that cannot be read is named by its file; another recipe of that name still runs (keyed by place,
+    not by name: before, the refused one's empty tasks replaced the good one's, which then read exit 3, 0 tasks)."""
+    from quantize.sweep import run as sweep_run
+    from quantize.sweep.plan import candidates
+    from quantize.sweep.spec import Resources
+
+    good, broken = lab.recipe("good.yaml", "w8"), lab.recipe("sub/w8.yaml", scheme="W5A16")
+    spec, sha = load_sweep(lab.sweep([good, broken]))
+    cands = candidates(spec)
+    assert [c.name for c in cands] == ["w8", "w8"] and cands[0].error is None and "W5A16" in cands[1].error
+    plan = sweep_run.Plan(spec, sha, "s.yaml", "lenient", lab.tiny, cands, Resources(), Resources())
+    ex = sweep_run.Executor(FakeRay(), tmp_path, 0, 0, lambda line: None)
+    _, per = sweep_run._graph(ex, spec, plan, False)
+    assert [t.task.label for t in per[0] if t] == ["convert w8", "gate w8"] and per[1] == (None, None)
+
+
+def test_a_list_of_60000_recipes_is_refused_before_anything_is_read_or_written(tmp_path, no_cluster, capsys):
+    f = tmp_path / "s.yaml"
+    f.write_text(f"policy: p.yaml\noutput: {tmp_path / 'out'}\nrecipes: [{', '.join(['r.yaml'] * 60_000)}]\n")
+    assert cli(["sweep", str(f)]) == 2
+    assert "more than 10,000 values" in capsys.readouterr().err
+    f.write_text(f"policy: p.yaml\noutput: {tmp_path / 'out'}\nrecipes: [{', '.join(['r.yaml'] * 1001)}]\n")
+    assert cli(["sweep", str(f)]) == 2
+    assert "recipes = [...]: List should have at most 1000 items" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
+
+
+def test_a_glob_over_more_recipes_than_a_sweep_takes_is_refused(tmp_path):
+    from quantize.errors import UsageError
+
+    (tmp_path / "many").mkdir()
+    for i in range(1001):
+        (tmp_path / "many" / f"r{i}.yaml").touch()
+    (tmp_path / "s.yaml").write_text("policy: p.yaml\nrecipes: ['many/*.yaml']\n")
+    with pytest.raises(UsageError, match=r"`recipes:` names more than 1,000 files \(at many/\*\.yaml\)"):
+        load_sweep(tmp_path / "s.yaml")
+
+
+@pytest.mark.parametrize("address", ["local", "auto", "ray://head:10001", "ray://head", "10.0.0.1:6379", "h.x-y:1"])
+def test_the_cluster_addresses_a_sweep_takes(address):
+    from quantize.sweep.spec import Cluster
+
+    assert Cluster(address=address).address == address
+
+
+@pytest.mark.parametrize(
+    "address", ["local\n", "auto ", " local", "head", "head:99999", "ray://", "ray://h:1/x", "hé:1", "h:1\n", "-h:1"]
+)
+def test_an_address_of_another_form_is_refused(address):
+    from pydantic import ValidationError
+
+    from quantize.sweep.spec import Cluster
+
+    with pytest.raises(ValidationError, match="give local"):
+        Cluster(address=address)

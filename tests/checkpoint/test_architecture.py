@@ -1,0 +1,120 @@
+"""Architecture knowledge read from config.json fields (checkpoint/architecture.py): attention kinds and
+windows per layer, the KV layout, MoE layers, experts and top-k, and the part of the model a tensor name is."""
+
+from __future__ import annotations
+
+import pytest
+
+from quantize.checkpoint import architecture as arch
+from quantize.errors import UsageError
+
+GQA = {"num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 512}
+
+
+def windows(cfg: dict) -> list[int | None]:
+    return [layer.window for layer in arch.attention_layers(cfg)]
+
+
+@pytest.mark.parametrize(
+    "extra,expect",
+    [
+        ({}, [None] * 6),  # Llama: full attention
+        ({"sliding_window": 64}, [64] * 6),  # Mistral: every layer slides
+        ({"sliding_window": 64, "use_sliding_window": False}, [None] * 6),  # Qwen2/Qwen3(-MoE) default
+        ({"sliding_window": 64, "use_sliding_window": True, "max_window_layers": 4}, [None] * 4 + [64] * 2),
+        ({"model_type": "gemma2", "sliding_window": 64}, [64, None] * 3),  # an older Gemma 2 config.json
+        ({"model_type": "gemma3_text", "sliding_window": 64}, [64] * 5 + [None]),  # Gemma 3's default pattern 6
+        ({"sliding_window": 64, "sliding_window_pattern": 3}, [64, 64, None] * 2),
+        ({"sliding_window": 64, "layer_types": ["full_attention", "sliding_attention"] * 3}, [None, 64] * 3),
+        (  # Llama 4: chunked attention keeps at most attention_chunk_size tokens
+            {"attention_chunk_size": 32, "layer_types": ["chunked_attention"] * 3 + ["full_attention"] * 3},
+            [32] * 3 + [None] * 3,
+        ),
+    ],
+)
+def test_attention_windows_per_layer(extra, expect):
+    assert windows({**GQA, **extra}) == expect
+
+
+def test_a_multimodal_config_reads_its_text_config():
+    cfg = {"model_type": "gemma3", "text_config": {**GQA, "model_type": "gemma3_text", "sliding_window": 8}}
+    assert windows(cfg) == [8] * 5 + [None]
+    assert arch.kv_spec(cfg).values_per_token == 2 * 2 * 64
+
+
+@pytest.mark.parametrize(
+    "extra,words",
+    [
+        ({"layer_types": ["linear_attention"] * 6}, "'linear_attention'"),
+        ({"layer_types": ["full_attention"] * 5}, "one attention type per layer (6)"),
+        ({"layer_types": ["sliding_attention"] * 6}, "sliding_window is not set"),
+        ({"sliding_window": True}, "sliding_window is True"),
+        ({"num_attention_heads": "8"}, "num_attention_heads is '8'"),
+    ],
+)
+def test_bad_attention_fields_are_usage_errors(extra, words):
+    with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        arch.kv_spec({**GQA, **extra})
+
+
+def test_kv_layouts():
+    assert arch.kv_spec(GQA).values_per_token == 2 * 2 * 64  # head_dim from hidden_size / heads
+    assert arch.kv_spec({**GQA, "head_dim": 128}).values_per_token == 2 * 2 * 128
+    mla = arch.kv_spec({**GQA, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "num_key_value_heads": 128})
+    assert (mla.attention, mla.values_per_token) == ("MLA", 576)
+    with pytest.raises(UsageError, match="qk_rope_head_dim"):
+        arch.kv_spec({**GQA, "kv_lora_rank": 512})
+
+
+@pytest.mark.parametrize(
+    "extra,layers",
+    [
+        ({"num_local_experts": 8}, [0, 1, 2, 3, 4, 5]),  # Mixtral, gpt-oss: every layer
+        ({"num_experts": 8, "mlp_only_layers": [0, 3], "decoder_sparse_step": 1}, [1, 2, 4, 5]),  # Qwen
+        ({"num_experts": 8, "mlp_only_layers": [], "decoder_sparse_step": 2}, [1, 3, 5]),
+        ({"n_routed_experts": 8, "first_k_dense_replace": 3}, [3, 4, 5]),  # DeepSeek V3
+        ({"n_routed_experts": 8, "first_k_dense_replace": 1, "moe_layer_freq": 2}, [2, 4]),  # DeepSeek V2
+        ({"num_local_experts": 8, "moe_layers": [1, 3, 5]}, [1, 3, 5]),  # Llama 4
+        ({"num_local_experts": 8, "interleave_moe_layer_step": 2}, [1, 3, 5]),
+    ],
+)
+def test_moe_layers(extra, layers):
+    spec = arch.moe_spec({**GQA, "num_experts_per_tok": 2, **extra})
+    assert spec is not None and list(spec.layers) == layers and (spec.experts, spec.top_k) == (8, 2)
+
+
+def test_dense_and_bad_moe_configs():
+    assert arch.moe_spec(GQA) is None
+    assert arch.moe_spec({**GQA, "num_local_experts": 1, "num_experts_per_tok": 1}) is None
+    assert (
+        arch.moe_spec({**GQA, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1}).shared_experts
+        == 1
+    )
+    for bad in ({"num_experts": 8}, {"num_experts": 8, "num_experts_per_tok": 9}):
+        with pytest.raises(UsageError, match="num_experts_per_tok"):
+            arch.moe_spec({**GQA, **bad})
+
+
+@pytest.mark.parametrize(
+    "name,role,part",
+    [
+        ("model.layers.3.mlp.experts.17.down_proj", "payload", "routed_experts"),
+        ("model.layers.3.block_sparse_moe.experts.0.w1", "linear_kept", "routed_experts"),
+        ("model.layers.3.mlp.experts", "linear_kept", "routed_experts"),  # fused gate_up_proj / down_proj
+        ("model.layers.3.feed_forward.experts", "linear_kept", "routed_experts"),  # Llama 4
+        ("model.layers.3.mlp.shared_experts.up_proj", "linear_kept", "shared_experts"),
+        ("model.layers.3.mlp.shared_expert.up_proj", "linear_kept", "shared_experts"),
+        ("model.layers.3.mlp.shared_expert_gate", "linear_kept", "router"),
+        ("model.layers.3.mlp.gate", "linear_kept", "router"),
+        ("model.layers.3.block_sparse_moe.gate", "linear_kept", "router"),
+        ("model.layers.3.mlp.router", "linear_kept", "router"),
+        ("model.layers.3.mlp.gate_proj", "scale", "mlp"),
+        ("model.layers.3.self_attn.kv_b_proj", "payload", "attention"),
+        ("model.layers.3.self_attn.q_norm", "norm", "norm"),
+        ("model.embed_tokens", "embedding", "embedding"),
+        ("lm_head", "lm_head", "lm_head"),
+        ("model.vision_tower.patch", "linear_kept", "other"),
+    ],
+)
+def test_part_of(name, role, part):
+    assert arch.part_of(name, role) == part
