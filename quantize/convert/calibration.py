@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from quantize.convert.recipe import Calibration, MixtureSource
 from quantize.errors import UsageError
-from quantize.io import read_user_file, read_user_text, sha256_bytes
+from quantize.io import read_user_file, read_user_text, sha256_bytes, user_lines
 from quantize.records import CalibrationRecord, CalibrationSourceRecord, TokenSpread, VocabularyOverlap
 
 BUILTIN = {
@@ -159,18 +159,19 @@ def _check_value(value: Any, kind: str, column: str, where: str, origin: str) ->
 
 
 def _jsonl(path: Path, given: MixtureSource, where: str) -> tuple[str, str, list[Any]]:
-    text = read_user_text(path, where, MAX_FILE_BYTES, hint=TOO_BIG)
     objects = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            obj = None
-        if not isinstance(obj, dict):
-            raise UsageError(f"{where}: {path}:{n} is not a JSON object; fix that line")
-        objects.append((n, obj))
+    with user_lines(path, f"{where}: calibration source", MAX_FILE_BYTES, MAX_FILE_BYTES, hint=TOO_BIG) as lines:
+        for n, raw in lines:  # strict UTF-8 line by line (quantize/io.py)
+            line = lines.text(n, raw)
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError):
+                obj = None
+            if not isinstance(obj, dict):
+                raise UsageError(f"{where}: {path}:{n} is not a JSON object; fix that line")
+            objects.append((n, obj))
     if not objects:
         raise UsageError(f"{where}: {path} holds no JSON lines; give a file with one object a line")
     kind, column = _column(list(objects[0][1]), given, where, f"{path} (keys of its first line)")
@@ -344,6 +345,12 @@ def open_source(given: MixtureSource, where: str) -> Source:
         kind, column, values = _jsonl(path, given, where)
     values = [v for v in values if v]  # empty rows go before the shuffle, so the seed's order is over documents
     return Source(given, where, description, kind, column, len(values), values.__getitem__)
+
+
+def read_documents(source: str) -> list[str]:
+    """The documents of one text source (its rows, empty ones left out), as a calibration reads them."""
+    src = open_source(MixtureSource(source=source, weight=1), "calibration.source")
+    return [src.row(i) for i in range(src.rows)]
 
 
 def chat_template_files(model_dir: Path) -> bool:
