@@ -69,15 +69,55 @@ class SourceModel(_Strict):
     parameters: int | None
 
 
+class TokenSpread(_Strict):
+    """Tokens per document over the documents a calibration packed (the last one may be packed in part)."""
+
+    min: int
+    median: float
+    max: int
+    total: int
+
+
+class CalibrationSourceRecord(_Strict):
+    """One source of a calibration: what it is, how it was read and what it gave."""
+
+    source: str  # as the recipe gives it
+    description: str
+    kind: Literal["text", "chat"]  # chat: conversations rendered through the checkpoint's chat template
+    field: str | None  # the column (JSONL key) read; None for .txt and the built-in text
+    weight: float
+    samples: int  # packed rows taken from it
+    documents_used: int
+
+
+class VocabularyOverlap(_Strict):
+    """How much of a golden set's vocabulary the calibration tokens hold: its items' prompts (doc_to_text) tokenized
+    by the checkpoint's tokenizer, each token id looked up among the packed calibration ids."""
+
+    golden: str
+    tasks: list[str]
+    distinct_tokens: int  # distinct token ids in the golden items
+    distinct_share: float  # of those, the share found in the calibration
+    token_share: float  # of the golden items' token occurrences, the share whose id is found in the calibration
+
+
 class CalibrationRecord(_Strict):
-    source: str
+    source: str  # "mixture" for a mixture (its sources in `sources`)
     description: str
     samples: int
     seq_len: int
     seed: int
     documents_used: int
-    tokens: int
+    tokens: int  # packed: samples × seq_len
     token_sha256: str
+    # what the calibration saw (absent in records written before 2026-12-03)
+    sources: list[CalibrationSourceRecord] = Field(default_factory=list)
+    document_tokens: TokenSpread | None = None
+    chat_template_sha256: str | None = None  # of the template that rendered the conversations
+    # tokens the chat template added: rendered minus each message's content tokenized alone, over the documents used
+    chat_template_tokens: int | None = None
+    chat_template_share: float | None = None  # chat_template_tokens / document_tokens.total
+    overlap: VocabularyOverlap | None = None  # with the golden set the recipe's calibration.overlap_with names
 
 
 class LayerPlanRecord(_Strict):

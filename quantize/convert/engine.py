@@ -22,7 +22,7 @@ from quantize.checkpoint.files import missing_packages, weights_sha256
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, recorded_weights_sha256, resolve_model
 from quantize.convert import memory
 from quantize.convert.backends import Job, backend_for
-from quantize.convert.calibration import CalibrationSet, build_calibration, source_path
+from quantize.convert.calibration import CalibrationSet, build_calibration, check_calibration
 from quantize.convert.card import model_card
 from quantize.convert.checks import reload_check, streamed_finite_check, structure_check
 from quantize.convert.dtypes import calibration_dtype, cast_saved_floats, source_dtype
@@ -47,7 +47,7 @@ def output_dir(recipe: Recipe, override: str | None) -> Path:
 
 def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
     """Everything that can be checked before torch is imported or a model is loaded: the backend's packages,
-    the model folder, the calibration source, and the whole output path."""
+    the model folder, the calibration sources (and a chat template for conversations), and the whole output path."""
     need = backend_for(recipe).packages
     if missing := missing_packages(need):
         raise UsageError(
@@ -63,7 +63,7 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
         )
     model_dir = resolve_model(recipe.model)
     if recipe.needs_calibration and recipe.calibration is not None:
-        source_path(recipe.calibration.source)
+        check_calibration(recipe.calibration, model_dir)
     for parent in [out.parent, *out.parent.parents]:
         if parent.exists():
             if not parent.is_dir():

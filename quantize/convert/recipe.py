@@ -154,17 +154,99 @@ def parse_size(value: Any) -> int:
     return n
 
 
-class Calibration(BaseModel):
+class _Fields(BaseModel):
+    """Which column of a source holds the text or the conversations; by default a source's `messages` column (chat
+    data, rendered through the checkpoint's chat template), else its `text` column."""
+
     model_config = ConfigDict(extra="forbid")
 
-    source: str = Field(
-        "builtin:jargon",
-        description="builtin:jargon (Jargon File 4.4.7, shipped), or a local .txt (blank-line separated) "
-        "or .jsonl ({'text': ...}) file",
+    text_field: str | None = Field(None, min_length=1, description="the column (JSONL key) of raw text")
+    messages_field: str | None = Field(
+        None, min_length=1, description="the column (JSONL key) of conversations: lists of {role, content}"
+    )
+    split: str | None = Field(None, min_length=1, description="the split of a saved DatasetDict; default train")
+    task: str | None = Field(None, min_length=1, description="the task of a golden-set version whose items to read")
+
+    @model_validator(mode="after")
+    def _one_field(self) -> _Fields:
+        if self.text_field is not None and self.messages_field is not None:
+            raise ValueError(
+                f"text_field {self.text_field!r} and messages_field {self.messages_field!r} are both given; a source "
+                "is read as raw text or as conversations: keep one"
+            )
+        return self
+
+
+class MixtureSource(_Fields):
+    """One source of a calibration mixture and its weight: its share of the packed rows is weight / total."""
+
+    source: str = Field(min_length=1, description="as calibration.source: builtin:jargon, a file or a folder")
+    weight: float = Field(description="a positive share, relative to the others")
+
+    @field_validator("weight")
+    @classmethod
+    def _positive(cls, w: float) -> float:
+        if not (0 < w < float("inf")):
+            raise ValueError(
+                "a weight is a source's share of the packed rows, relative to the others: give a finite "
+                "number above 0 (e.g. 0.7 and 0.3)"
+            )
+        return w
+
+
+class Calibration(_Fields):
+    source: str | None = Field(
+        None,
+        min_length=1,
+        description="builtin:jargon (Jargon File 4.4.7, shipped, the default), a local .txt (blank-line separated), "
+        ".jsonl or .parquet file (a text or messages column), a folder saved by datasets' save_to_disk, or a "
+        "golden-set version (with task)",
+    )
+    mixture: list[MixtureSource] | None = Field(
+        None, min_length=1, description="several sources, each with a weight, in place of `source`"
     )
     samples: int = Field(64, ge=1, le=100_000, description="number of packed sequences")
     seq_len: int = Field(256, ge=16, le=131_072, description="tokens per sequence")
-    seed: int = Field(0, ge=0, description="seed for the order of the source documents")
+    seed: int = Field(0, ge=0, description="seed for the order of the source documents (and of a mixture's rows)")
+    overlap_with: str | None = Field(
+        None,
+        min_length=1,
+        description="a golden-set version (e.g. golden/core/v2): record how much of its items' vocabulary the "
+        "calibration tokens hold",
+    )
+
+    @model_validator(mode="after")
+    def _source_or_mixture(self) -> Calibration:
+        if self.mixture is None:
+            if self.source is None:
+                self.source = "builtin:jargon"
+            return self
+        if self.source is not None:
+            raise ValueError(
+                f"source {self.source!r} and mixture are both given; list every source under mixture (each with "
+                "its weight), or give source alone"
+            )
+        if self.text_field or self.messages_field or self.split or self.task:
+            raise ValueError(
+                "text_field, messages_field, split and task belong to each source of a mixture: move them into its "
+                "entry"
+            )
+        return self
+
+    def sources(self) -> list[MixtureSource]:
+        """The sources read, each with its own fields: the one source at weight 1, or the mixture's."""
+        if self.mixture is not None:
+            return list(self.mixture)
+        return [
+            MixtureSource(
+                source=self.source or "builtin:jargon",
+                weight=1.0,
+                text_field=self.text_field,
+                messages_field=self.messages_field,
+                split=self.split,
+                task=self.task,
+            )
+        ]
 
 
 def _allowed(m: Method) -> str:

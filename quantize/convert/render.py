@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantize.checkpoint.render import mib
-from quantize.records import MemoryPlanRecord, RunRecord
+from quantize.records import CalibrationRecord, MemoryPlanRecord, RunRecord
 
 
 def run_text(name: str, out: Path, meta: RunRecord) -> str:
@@ -20,6 +20,7 @@ def run_text(name: str, out: Path, meta: RunRecord) -> str:
             f"{len(plan.kept_16bit)} kept at 16 bits",
             f"  wall time {meta.time_seconds['total']:.1f} s, peak memory {mib(meta.memory.peak_rss_bytes)}",
             *([plan_line(meta.memory_plan)] if meta.memory_plan else []),
+            *(calibration_lines(meta.calibration) if meta.calibration else []),
         ]
     )
 
@@ -33,3 +34,29 @@ def plan_line(p: MemoryPlanRecord) -> str:
         f"model {mib(p.model_bytes)}, largest shard {mib(p.largest_shard_bytes)}, largest layer "
         f"{mib(p.largest_layer_bytes)}, calibration activations {mib(p.activation_bytes)}; reload check: {p.reload}"
     )
+
+
+def calibration_lines(cal: CalibrationRecord) -> list[str]:
+    """What the calibration saw: its rows, documents and their lengths, each source, the chat template's share."""
+    lines = [f"  calibration: {cal.samples} × {cal.seq_len} tokens from {cal.documents_used} documents of {cal.source}"]
+    if d := cal.document_tokens:
+        lines.append(f"    tokens per document: min {d.min}, median {d.median:g}, max {d.max} ({d.total:,} in all)")
+    if len(cal.sources) > 1:
+        lines += [
+            f"    {s.source} (weight {s.weight:g}): {s.samples} rows, {s.documents_used} documents"
+            + (f", {s.kind} from {s.field!r}" if s.field else "")
+            for s in cal.sources
+        ]
+    elif cal.sources and cal.sources[0].field:
+        lines.append(f"    read as {cal.sources[0].kind} from column {cal.sources[0].field!r}")
+    if cal.chat_template_sha256 and cal.chat_template_share is not None:
+        lines.append(
+            f"    chat template: {cal.chat_template_share:.1%} of the tokens ({cal.chat_template_tokens:,}), "
+            f"template sha256 {cal.chat_template_sha256[:12]}"
+        )
+    if o := cal.overlap:
+        lines.append(
+            f"    vocabulary of {o.golden}: {o.distinct_share:.1%} of its {o.distinct_tokens:,} distinct tokens appear "
+            f"in the calibration ({o.token_share:.1%} of its token occurrences)"
+        )
+    return lines
