@@ -14,10 +14,11 @@ from quantize.api import (  # the Python API (docs/api.md); importing it loads n
     score,
     write_report,
 )
-from quantize.errors import RuntimeFailure, UsageError
+from quantize.errors import QuantizeWarning, RuntimeFailure, UsageError
 
 __all__ = [
     "Converted",
+    "QuantizeWarning",
     "RuntimeFailure",
     "UsageError",
     "agree",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantize.errors import UsageError
+from quantize.errors import QuantizeWarning, UsageError
 
 if TYPE_CHECKING:
     from quantize.checkpoint.accounting import BitsReport
@@ -44,12 +44,14 @@ def run(
     output: PathLike | None = None,
     force: bool = False,
     clean: bool = False,
+    max_memory: int | None = None,
     quiet: bool = True,
 ) -> Converted:
     """`quantize run`: convert a model with a recipe (a YAML path, or a Recipe from `quantize.convert.recipe.
     parse_recipe`), write the checkpoint atomically into `output` (default: the recipe's `output:`/name) and
     return its folder and record. `clean`: remove what killed runs left beside the output first (otherwise they
-    are reported as warnings). A recipe with `trust_remote_code: true` warns (UserWarning) before it loads."""
+    are reported as warnings). `max_memory`: bytes the memory plan may count on (default: the recipe's, else what
+    the machine has available). A recipe with `trust_remote_code: true` warns (QuantizeWarning) before it loads."""
     from pydantic import BaseModel
 
     from quantize.convert.engine import convert, output_dir, recipe_sha256, tidy_leftovers
@@ -66,12 +68,15 @@ def run(
         raise UsageError(f"recipe must be a path or a Recipe, got {type(recipe).__name__}")
     out = output_dir(r, None if output is None else str(output))
     for line in tidy_leftovers(out, clean):
-        warnings.warn(line, stacklevel=2)
+        warnings.warn(line, QuantizeWarning, stacklevel=2)
     if r.trust_remote_code:
         warnings.warn(
-            f"trust_remote_code is on: {r.model or 'the model'}'s own Python code will run at load", stacklevel=2
+            f"warning: trust_remote_code is on: {r.model or 'the model'}'s own Python code will run at load; use it "
+            "only for checkpoints you trust",
+            QuantizeWarning,
+            stacklevel=2,
         )
-    return Converted(out, convert(r, sha, origin, out, force=force, quiet=quiet))
+    return Converted(out, convert(r, sha, origin, out, force=force, quiet=quiet, max_memory=max_memory))
 
 
 def inspect(checkpoint: PathLike) -> BitsReport:
@@ -112,7 +117,7 @@ def agree(
 
     a = agree_many(suite, Path(baseline), [str(c) for c in candidates], trust_remote_code, quiet)
     for line in a.skipped:
-        warnings.warn(line, stacklevel=2)
+        warnings.warn(line, QuantizeWarning, stacklevel=2)
     return a.results
 
 

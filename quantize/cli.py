@@ -1,5 +1,7 @@
-"""The `quantize` command line: parse, call one function of a stage, print what that stage renders, and map
-exceptions to exit codes (quantize/errors.py). No domain logic and no text of a result lives here.
+"""The `quantize` command line: parse, call one function (the Python API's, quantize/api.py, for run, inspect, search
+and sweep; a stage's own where the command prints more than the API returns: eval's cache note, gate's verdict
+before its files, agree's and report's texts, cost's tables), print what that stage renders, and map exceptions to
+exit codes (quantize/errors.py). No domain logic and no text of a result lives here.
 
 Exit codes: 0 ok, 1 gate rejected, 2 bad input, 3 runtime failure, 130 interrupted (143 SIGTERM, 129 SIGHUP).
 """
@@ -7,12 +9,15 @@ Exit codes: 0 ok, 1 gate rejected, 2 bad input, 3 runtime failure, 130 interrupt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
 import signal
 import sys
 import traceback
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,7 @@ from quantize.errors import (
     EXIT_REJECTED,
     EXIT_RUNTIME,
     EXIT_USAGE,
+    QuantizeWarning,
     RuntimeFailure,
     UsageError,
 )
@@ -55,40 +61,49 @@ def _warn(command: str, lines: list[str]) -> None:
         print(f"quantize {command}: {line}", file=sys.stderr)
 
 
+@contextlib.contextmanager
+def _printed_warnings(command: str) -> Iterator[None]:
+    """The API's QuantizeWarnings of a command, printed on stderr as the CLI's own lines (others pass as usual)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", QuantizeWarning)
+        try:
+            yield
+        finally:
+            for w in seen:
+                if issubclass(w.category, QuantizeWarning):
+                    _warn(command, [str(w.message)])
+                else:
+                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 # --- the commands: each parses nothing, calls one stage function and prints what the stage renders ----------
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from quantize.convert.engine import convert, output_dir, tidy_leftovers
-    from quantize.convert.recipe import load_recipe
+    from quantize import api
     from quantize.convert.render import run_text
 
-    recipe, sha = load_recipe(args.recipe)
-    out = output_dir(recipe, args.output)
-    _warn("run", tidy_leftovers(out, args.clean))
-    if recipe.trust_remote_code:
-        _warn(
-            "run",
-            [
-                f"warning: trust_remote_code is on: {recipe.model or 'the model'}'s own Python code "
-                "will run at load; use it only for checkpoints you trust"
-            ],
+    with _printed_warnings("run"):
+        done = api.run(
+            args.recipe,
+            output=args.output,
+            force=args.force,
+            clean=args.clean,
+            max_memory=args.max_memory,
+            quiet=args.quiet or args.json,
         )
-    meta = convert(
-        recipe, sha, str(args.recipe), out, force=args.force, quiet=args.quiet or args.json, max_memory=args.max_memory
-    )
     if args.json:
-        _print_json({"output": str(out), **meta.model_dump()})
+        _print_json({"output": str(done.output), **done.record.model_dump()})
     else:
-        print(run_text(recipe.name, out, meta))
+        print(run_text(done.record.recipe.resolved["name"], done.output, done.record))
     return EXIT_OK
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from quantize.checkpoint.accounting import bits_report
+    from quantize import api
     from quantize.checkpoint.render import inspect_text
 
-    r = bits_report(args.checkpoint)
+    r = api.inspect(args.checkpoint)
     if args.json:
         _print_json(r.to_dict(modules=args.modules))
     else:
@@ -315,21 +330,21 @@ def cmd_golden_build(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from quantize import api
     from quantize.records import to_json
     from quantize.search.render import search_text
-    from quantize.search.run import run_search
 
-    report = run_search(args.spec, args.budget, quiet=args.quiet, policy=args.policy)
+    report = api.run_search(args.spec, args.budget, quiet=args.quiet, policy=args.policy)
     print(to_json(report) if args.json else search_text(report))
     return EXIT_OK if report.result else EXIT_REJECTED
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from quantize import api
     from quantize.records import to_json
     from quantize.sweep.render import sweep_text
-    from quantize.sweep.run import run_sweep
 
-    record = run_sweep(args.sweep, args.address, args.max_parallel, args.clean)
+    record = api.run_sweep(args.sweep, address=args.address, max_parallel=args.max_parallel, clean=args.clean)
     print(to_json(record) if args.json else sweep_text(record))
     return record.exit_code
 

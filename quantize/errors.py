@@ -20,6 +20,11 @@ class UsageError(ValueError):
     says = "error"  # how the CLI introduces the message
 
 
+class QuantizeWarning(UserWarning):
+    """Something the user should know that stops nothing (leftovers of killed runs, trust_remote_code on, a
+    candidate left out): the Python API warns with it, the CLI prints it on stderr."""
+
+
 class RuntimeFailure(RuntimeError):
     """The input was valid but the work failed (a non-finite model, a failed engine run)."""
 
