@@ -63,17 +63,21 @@ def _warn(command: str, lines: list[str]) -> None:
 
 @contextlib.contextmanager
 def _printed_warnings(command: str) -> Iterator[None]:
-    """The API's QuantizeWarnings of a command, printed on stderr as the CLI's own lines (others pass as usual)."""
-    with warnings.catch_warnings(record=True) as seen:
+    """The API's QuantizeWarnings of a command, printed on stderr as the CLI's own lines as they come; every other
+    warning is shown as it would be. Nothing is kept (recording every warning would keep a library's warning that
+    fires in a loop, once per call)."""
+    shown = warnings.showwarning
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, *rest: Any) -> None:
+        if issubclass(category, QuantizeWarning):
+            _warn(command, [str(message)])
+        else:
+            shown(message, category, filename, lineno, *rest)
+
+    with warnings.catch_warnings():  # restores the filters and showwarning on the way out
         warnings.simplefilter("always", QuantizeWarning)
-        try:
-            yield
-        finally:
-            for w in seen:
-                if issubclass(w.category, QuantizeWarning):
-                    _warn(command, [str(w.message)])
-                else:
-                    warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        warnings.showwarning = show
+        yield
 
 
 # --- the commands: each parses nothing, calls one stage function and prints what the stage renders ----------

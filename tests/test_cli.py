@@ -187,3 +187,21 @@ def test_a_reader_that_closes_the_pipe_is_not_a_failure(monkeypatch, capsys):
     assert main(["cost", "--sweep"]) == 0
     assert "BrokenPipe" not in capsys.readouterr().err
     out.close()
+
+
+def test_the_apis_warnings_are_printed_as_they_come_and_others_pass_through(capsys):
+    """A QuantizeWarning becomes the command's stderr line; a library's warnings are shown as usual, one per call,
+    and none is kept (keeping every one made a non-quiet run's memory grow without bound under pytest)."""
+    import warnings
+
+    from quantize import cli
+    from quantize.errors import QuantizeWarning
+
+    with warnings.catch_warnings(record=True) as outer:
+        warnings.simplefilter("always")
+        with cli._printed_warnings("run"):
+            warnings.warn("leftover .x.tmp-1 beside the output", QuantizeWarning, stacklevel=1)
+            for _ in range(3):
+                warnings.warn("a library's note", UserWarning, stacklevel=1)
+    assert "quantize run: leftover .x.tmp-1 beside the output" in capsys.readouterr().err
+    assert [str(w.message) for w in outer] == ["a library's note"] * 3

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from quantize import records
 from quantize.checkpoint import accounting
@@ -33,7 +34,9 @@ from quantize.errors import UsageError
 from quantize.io import atomic_dir, sha256_json
 from quantize.quiet import quiet_libraries
 from quantize.records import (
+    CalibrationRecord,
     EngineRecord,
+    FiniteCheck,
     MemoryRecord,
     RecipeRef,
     RunRecord,
@@ -201,38 +204,14 @@ def _convert(
             del model  # the quantized model in memory goes before a second copy loads
             backend.release()
             finite = [reload_check(tmp, probe, recipe.trust_remote_code)]
-        with phases("account"):
-            report = accounting.bits_report(tmp)
-            out_hash = weights_sha256(tmp)
-        resolved = resolved_dict(recipe)
-        meta = RunRecord(
-            created=started.isoformat(timespec="seconds"),
-            recipe=RecipeRef(
-                path=recipe_path, sha256=recipe_sha256, resolved=resolved, resolved_sha256=sha256_json(resolved)
-            ),
-            method=recipe.method.value,
-            scheme=recipe.scheme_or_none.value if recipe.scheme_or_none else None,
-            source_model=SourceModel(path=str(model_dir), weights_sha256=source_hash, parameters=source_params),
-            weights_sha256=out_hash,
-            calibration=calib.record if calib else None,
-            seed=seed,
-            layer_plan=plan.record(),
-            engine=EngineRecord(
-                backend=recipe.backend.value,
-                modifiers=ran,
-                calibration_dtype=work_dtype,
-                saved_dtype=save_dtype,
-                calibration_dtype_reason=dtype_reason,
-            ),
-            versions=library_versions(),
-            time_seconds=dict(phases.seconds, total=phases.total()),
-            memory=MemoryRecord(**memory_record()),
-            finite_checks=finite,
-            bits=report.as_record(source_params),
-            memory_plan=mplan.record(),
+        meta = _written(
+            tmp,
+            phases,
+            Made(recipe, recipe_sha256, recipe_path, model_dir, started, plan, seed, mplan),
+            Provenance(source_hash, source_params, save_dtype, ran, work_dtype, dtype_reason),
+            calib.record if calib else None,
+            finite,
         )
-        records.write(tmp / "quantize.json", meta)
-        (tmp / "README.md").write_text(model_card(meta, DEFAULT_MODEL_HUB_ID if recipe.model is None else None))
     return meta
 
 
@@ -276,37 +255,89 @@ def _convert_streamed(
                 tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=recipe.trust_remote_code)
                 probe = torch.tensor([tok("The quick brown fox jumps over the lazy dog.")["input_ids"]])
                 finite.append(reload_check(tmp, probe, recipe.trust_remote_code))
-        with phases("account"):
-            report = accounting.bits_report(tmp)
-            out_hash = weights_sha256(tmp)
-        resolved = resolved_dict(recipe)
-        meta = RunRecord(
-            created=started.isoformat(timespec="seconds"),
-            recipe=RecipeRef(
-                path=recipe_path, sha256=recipe_sha256, resolved=resolved, resolved_sha256=sha256_json(resolved)
-            ),
-            method=recipe.method.value,
-            scheme=recipe.scheme_or_none.value if recipe.scheme_or_none else None,
-            source_model=SourceModel(path=str(model_dir), weights_sha256=source_hash, parameters=source_params),
-            weights_sha256=out_hash,
-            calibration=None,
-            seed=seed,
-            layer_plan=plan.record(),
-            engine=EngineRecord(
-                backend=recipe.backend.value,
-                modifiers=ran,
-                calibration_dtype="auto",
-                saved_dtype=save_dtype,
-                calibration_dtype_reason="streamed shard by shard (model_free_ptq): each tensor in the checkpoint's "
-                "own dtype",
-            ),
-            versions=library_versions(),
-            time_seconds=dict(phases.seconds, total=phases.total()),
-            memory=MemoryRecord(**memory_record()),
-            finite_checks=finite,
-            bits=report.as_record(source_params),
-            memory_plan=mplan.record(),
+        reason = "streamed shard by shard (model_free_ptq): each tensor in the checkpoint's own dtype"
+        meta = _written(
+            tmp,
+            phases,
+            Made(recipe, recipe_sha256, recipe_path, model_dir, started, plan, seed, mplan),
+            Provenance(source_hash, source_params, save_dtype, ran, "auto", reason),
+            None,
+            finite,
         )
-        records.write(tmp / "quantize.json", meta)
-        (tmp / "README.md").write_text(model_card(meta, DEFAULT_MODEL_HUB_ID if recipe.model is None else None))
+    return meta
+
+
+class Made(NamedTuple):
+    """What a conversion was asked for and planned: the recipe and where it came from, the source, when it started,
+    the layer plan, the seed and the memory plan."""
+
+    recipe: Recipe
+    recipe_sha256: str
+    recipe_path: str
+    model_dir: Path
+    started: dt.datetime
+    plan: LayerPlan
+    seed: int
+    mplan: memory.MemoryPlan
+
+
+class Provenance(NamedTuple):
+    """What the run found and did: the source's weights hash and parameters, the dtype saved, what ran, and the
+    calibration dtype with its reason."""
+
+    source_hash: str | None
+    source_params: int | None
+    save_dtype: str
+    ran: str
+    work_dtype: str
+    dtype_reason: str
+
+
+def _written(
+    tmp: Path,
+    phases: Phases,
+    made: Made,
+    prov: Provenance,
+    calibration: CalibrationRecord | None,
+    finite: list[FiniteCheck],
+) -> RunRecord:
+    """The saved output's accounting, then its quantize.json and model card written into `tmp`, for either path."""
+    recipe = made.recipe
+    with phases("account"):
+        report = accounting.bits_report(tmp)
+        out_hash = weights_sha256(tmp)
+    resolved = resolved_dict(recipe)
+    meta = RunRecord(
+        created=made.started.isoformat(timespec="seconds"),
+        recipe=RecipeRef(
+            path=made.recipe_path,
+            sha256=made.recipe_sha256,
+            resolved=resolved,
+            resolved_sha256=sha256_json(resolved),
+        ),
+        method=recipe.method.value,
+        scheme=recipe.scheme_or_none.value if recipe.scheme_or_none else None,
+        source_model=SourceModel(
+            path=str(made.model_dir), weights_sha256=prov.source_hash, parameters=prov.source_params
+        ),
+        weights_sha256=out_hash,
+        calibration=calibration,
+        seed=made.seed,
+        layer_plan=made.plan.record(),
+        engine=EngineRecord(
+            backend=recipe.backend.value,
+            modifiers=prov.ran,
+            calibration_dtype=prov.work_dtype,
+            saved_dtype=prov.save_dtype,
+            calibration_dtype_reason=prov.dtype_reason,
+        ),
+        versions=library_versions(),
+        time_seconds=dict(phases.seconds, total=phases.total()),
+        memory=MemoryRecord(**memory_record()),
+        finite_checks=finite,
+        bits=report.as_record(prov.source_params),
+        memory_plan=made.mplan.record(),
+    )
+    records.write(tmp / "quantize.json", meta)
+    (tmp / "README.md").write_text(model_card(meta, DEFAULT_MODEL_HUB_ID if recipe.model is None else None))
     return meta

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from convert.test_engine import run_ok, write_recipe
 
 from quantize import records
 from quantize.cli import main
@@ -23,21 +24,6 @@ from quantize.io import sha256_bytes
 from quantize.records import CalibrationRecord
 
 from conftest import ROOT
-
-
-def write_recipe(tmp_path: Path, model: Path, name: str, **fields) -> Path:
-    """As tests/convert/test_engine.py writes one."""
-    data = {"name": name, "model": str(model), "output": str(tmp_path / "out" / name), **fields}
-    p = tmp_path / f"{name}.yaml"
-    p.write_text(yaml.safe_dump(data))
-    return p
-
-
-def run_ok(recipe: Path, capsys) -> dict:
-    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
-    out = Path(yaml.safe_load(recipe.read_text())["output"])
-    return records.read(records.RunRecord, out / "quantize.json").model_dump()
-
 
 # "role : content" a message: the template adds exactly two tokens a message with the tests' word-level tokenizer
 TEMPLATE = "{% for m in messages %}{{ m['role'] }} : {{ m['content'] }}\n{% endfor %}"
@@ -369,7 +355,6 @@ def test_a_record_written_before_these_fields_still_reads():
 @pytest.mark.parametrize("task", ["arc_easy", "hellaswag", "gsm8k", "lambada_openai"])
 def test_a_golden_tasks_items_are_its_doc_to_text(task):
     """Each item as lm-eval's own doc_to_text gives it (a field, or a Jinja template: lambada's splits and joins)."""
-    import yaml
     from lm_eval.utils import apply_template
 
     from quantize.convert.calibration import open_source
@@ -385,7 +370,6 @@ def test_a_golden_tasks_items_are_its_doc_to_text(task):
 
 def test_the_vocabulary_overlap_with_a_golden_set(tiny_model):
     """Shares of the golden items' distinct token ids, and of their occurrences, found among the packed ids."""
-    import yaml
     from lm_eval.utils import apply_template
     from transformers import AutoTokenizer
 
