@@ -275,16 +275,22 @@ def score_file_sha256(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str | Non
     return digest.read_text().strip() if digest.is_file() else None
 
 
-def store_scores(suite: OpenSuite, doc: ScoreDoc, replace: bool = True) -> None:
-    """`replace=False`: only where no entry is there yet, under the entry's claim (a gate's computed candidate never
-    replaces a file whose sha256 someone may have pinned); otherwise the caller holds the claim (score)."""
-    p = score_path(suite, doc.provenance.checkpoint.identity_sha256, ran(doc))
-    if replace:  # the caller holds the entry's claim
-        write_text_atomic(digest_path(p), records.write(p, doc) + "\n")
+def _seal(p: Path, record: Any, replace: bool) -> None:
+    """Write a cache entry, then its digest after it. `replace=False`: only where no entry is there yet, under the
+    entry's claim (a gate's computed candidate never replaces a file whose sha256 someone may have pinned);
+    otherwise the caller holds the claim."""
+    if replace:
+        write_text_atomic(digest_path(p), records.write(p, record) + "\n")
         return
     with claimed(p):
         if not p.is_file():
-            write_text_atomic(digest_path(p), records.write(p, doc) + "\n")
+            write_text_atomic(digest_path(p), records.write(p, record) + "\n")
+
+
+def store_scores(suite: OpenSuite, doc: ScoreDoc, replace: bool = True) -> None:
+    """A score entry sealed (`_seal`: `replace=False` only where none is there yet; else the caller, score, holds
+    the claim)."""
+    _seal(score_path(suite, doc.provenance.checkpoint.identity_sha256, ran(doc)), doc, replace)
 
 
 # What our agreement forward pass computes, revised: 2 (2026-12-03) truncates a document to the model's context
@@ -343,14 +349,8 @@ def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime)
 
 
 def store_agreement(suite: OpenSuite, result: AgreementResult, run: Runtime, replace: bool = True) -> None:
-    """`replace=False`: only where no entry is there yet (store_scores)."""
-    p = agreement_path(suite, result.baseline_identity, result.candidate_identity, run)
-    if replace:  # the caller holds the entry's claim
-        write_text_atomic(digest_path(p), records.write(p, result) + "\n")
-        return
-    with claimed(p):
-        if not p.is_file():
-            write_text_atomic(digest_path(p), records.write(p, result) + "\n")
+    """An agreement entry sealed (`_seal`: `replace=False` only where none is there yet)."""
+    _seal(agreement_path(suite, result.baseline_identity, result.candidate_identity, run), result, replace)
 
 
 def sensitivity_key(suite: OpenSuite, model_id: str, measured: dict[str, Any]) -> str:

@@ -176,22 +176,11 @@ def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
                 lw=1,
                 label="Pareto frontier",
             )
-        # labels to the right of their points; labels of points at about the same size are spread apart
-        xs, ys = [p[0] for p in pts], [p[1][0] for p in pts]
-        lo = min(y - se for _, (y, se), _ in pts)
-        hi = max(y + se for _, (y, se), _ in pts)
-        x_span, y_span = (max(xs) - min(xs)) or 1.0, (hi - lo) or 1.0
-        for (x, (y, _), e), h in zip(pts, label_positions(xs, ys, 0.06 * x_span, 0.075 * y_span), strict=True):
-            moved = abs(h - y) > 0.01 * y_span
-            ax.annotate(
-                e.label + (" (baseline)" if e.is_baseline else ""),
-                (x, y),
-                xytext=(x + 0.03 * x_span, h),
-                ha="left",
-                va="center",
-                fontsize=7,
-                arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"} if moved else None,
-            )
+        _annotate(
+            ax,
+            [(x, y, e.label + (" (baseline)" if e.is_baseline else "")) for x, (y, _), e in pts],
+            [b for _, (y, se), _ in pts for b in (y - se, y + se)],  # the error bars' ends bound the span
+        )
         ax.set_title(label + (" ↑" if hib else " ↓"), fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.tick_params(labelsize=7)
@@ -420,8 +409,8 @@ def _n_of(p: RulePoint) -> str:
 
 
 def _annotate(ax: Any, labels: list[tuple[float, float, str]], heights: list[float]) -> None:
-    """Labels to the right of their points; labels of points at about the same size spread apart (as the Pareto
-    plots place theirs)."""
+    """Labels to the right of their points; labels of points at about the same size spread apart; `heights` (with
+    the points) bound the vertical span. The Pareto and the evidence plots label theirs with it."""
     xs, ys = [a for a, _, _ in labels], [b for _, b, _ in labels]
     lo, hi = min(ys + heights), max(ys + heights)
     x_span, y_span = (max(xs) - min(xs)) or 1.0, (hi - lo) or 1.0
