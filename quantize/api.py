@@ -167,11 +167,14 @@ def write_report(
     baseline: PathLike | None = None,
     policy: PathLike | None = None,
     suite: PathLike | None = None,
-    x: str = "bits",
-    hardware: str = "seed",
+    x: str = "bytes",
+    hardware: str = "h100-sxm",
 ) -> dict[str, Any]:
     """`quantize report`: the bytes-versus-accuracy report (Markdown, HTML, plots) of the checkpoints (folders of
-    checkpoints stand for those inside) into `out`; returns what `--json` prints."""
+    checkpoints stand for those inside) into `out`; returns what `--json` prints. `x`: the Pareto plots' x axis,
+    "bytes" (MiB) or "bpw" (bits per weight); the defaults are the CLI's."""
+    if x not in ("bytes", "bpw"):
+        raise UsageError(f"x {x!r} is not an axis of the report; give \"bytes\" or \"bpw\"")
     from quantize.checkpoint.files import checkpoint_folders
     from quantize.report.collect import collect, report_suite
     from quantize.report.render import write_report as render_report

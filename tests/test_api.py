@@ -68,6 +68,8 @@ def test_bad_input_raises_the_clis_usage_error(tmp_path, tiny_model):
         quantize.run(42)
     with pytest.raises(quantize.UsageError, match="hardware 'tpu' is unknown"):
         quantize.decode_cost(tiny_model, hardware="tpu")
+    with pytest.raises(quantize.UsageError, match="x 'bits' is not an axis"):
+        quantize.write_report([tiny_model], tmp_path / "report", x="bits")
 
 
 def test_score_and_gate_return_the_records_the_cli_prints(setup, tiny_model, tmp_path):
