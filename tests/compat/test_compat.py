@@ -92,3 +92,20 @@ def test_no_module_outside_compat_names_a_private_member_of_a_library():
         if "noqa: SLF001" in line
     ]
     assert outside == []
+
+
+def test_llmcompressor_assumptions_hold_on_the_pinned_version():
+    """Fails loudly when an upgrade changes how model_free_ptq writes its shards: read
+    quantize/compat/llmcompressor.py, check it against the new version, then widen CHECKED."""
+    from quantize.compat import llmcompressor as compat
+
+    assert compat.problems() == []
+
+
+def test_a_model_free_module_without_its_own_save_file_is_found(monkeypatch):
+    import llmcompressor.entrypoints.model_free as model_free
+
+    from quantize.compat import llmcompressor as compat
+
+    monkeypatch.delattr(model_free, "save_file")
+    assert any("no longer writes its shards through its own save_file" in p for p in compat.problems())

@@ -68,12 +68,9 @@ class LLMCompressorBackend:
         model.safetensors and config.json are byte-identical to the in-memory path's
         (tests/convert/test_streaming.py), and recipe.yaml as save_pretrained writes it. Returns what ran (as
         `quantize` does), serialized before model_free_ptq, which sets the format on the config groups it is given."""
-        from functools import partial
-        from unittest import mock
-
-        import llmcompressor.entrypoints.model_free as model_free
         from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
-        from safetensors.torch import save_file
+
+        from quantize.compat.llmcompressor import model_free_ptq_pt
 
         ran = serialized(prepared)
         (modifier,) = prepared  # streamable recipes compile to one QuantizationModifier (memory.STREAMABLE)
@@ -82,11 +79,10 @@ class LLMCompressorBackend:
             ignore=list(modifier.ignore),
             quantization_status=QuantizationStatus.INITIALIZED,
         )
-        with mock.patch.object(model_free, "save_file", partial(save_file, metadata=PT)):
-            try:
-                model_free.model_free_ptq(str(model_dir), str(folder), config=config, max_workers=1)
-            except (ValueError, KeyError) as e:
-                raise RuntimeFailure(f"llm-compressor's model_free_ptq failed: {type(e).__name__}: {e}") from e
+        try:
+            model_free_ptq_pt(model_dir, folder, config)  # every shard with save_pretrained's header metadata
+        except (ValueError, KeyError) as e:
+            raise RuntimeFailure(f"llm-compressor's model_free_ptq failed: {type(e).__name__}: {e}") from e
         cfg = read_config(folder)
         cfg["quantization_config"].setdefault("sparsity_config", {})
         (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
@@ -103,7 +99,6 @@ class LLMCompressorBackend:
         gc.collect()
 
 
-PT = {"format": "pt"}  # the __metadata__ transformers' save_pretrained writes in each safetensors header
 
 
 def serialized(prepared: Any) -> str:

@@ -1,0 +1,53 @@
+"""llm-compressor's internals this project relies on (checked on 0.14.0.1).
+
+- `llmcompressor.entrypoints.model_free` imports safetensors' `save_file` into its own namespace and writes every
+  output shard through that name; `model_free_ptq_pt` replaces it for one call with `save_file(...,
+  metadata={"format": "pt"})`, the header save_pretrained writes, so a streamed shard is byte-identical to the
+  in-memory path's (tests/convert/test_streaming.py).
+
+`problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
+"""
+
+from __future__ import annotations
+
+import inspect
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+CHECKED = ((0, 14), (0, 15))  # [from, to): the versions the assumption above was read on
+PT = {"format": "pt"}  # the __metadata__ transformers' save_pretrained writes in each safetensors header
+
+
+def _release(v: str) -> tuple[int, int]:
+    major, minor = (v.split("+")[0].split(".") + ["0"])[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def problems() -> list[str]:
+    """What no longer holds: the version outside CHECKED, the module without its own `save_file`, or
+    model_free_ptq without the parameters called here."""
+    import llmcompressor.entrypoints.model_free as model_free
+
+    found = []
+    v = version("llmcompressor")
+    if not CHECKED[0] <= _release(v) < CHECKED[1]:
+        found.append(f"llmcompressor {v} is outside the checked range {CHECKED[0]}-{CHECKED[1]} (exclusive)")
+    if not callable(getattr(model_free, "save_file", None)):
+        found.append("llmcompressor.entrypoints.model_free no longer writes its shards through its own save_file")
+    params = inspect.signature(model_free.model_free_ptq).parameters
+    found += [f"model_free_ptq takes no `{p}`" for p in ("config", "max_workers") if p not in params]
+    return found
+
+
+def model_free_ptq_pt(model_dir: Path, folder: Path, config: Any) -> None:
+    """llm-compressor's `model_free_ptq(model_dir, folder, config=config, max_workers=1)`, every shard written with
+    save_pretrained's header metadata ({"format": "pt"})."""
+    from functools import partial
+    from unittest import mock
+
+    import llmcompressor.entrypoints.model_free as model_free
+    from safetensors.torch import save_file
+
+    with mock.patch.object(model_free, "save_file", partial(save_file, metadata=PT)):
+        model_free.model_free_ptq(str(model_dir), str(folder), config=config, max_workers=1)
