@@ -18,10 +18,14 @@ MODEL_LOADING = (
     "lm_eval",
     "llmcompressor",
     "quantize.checkpoint.loader",
-    "quantize.evaluate",
+    "quantize.evaluate",  # but for its LIGHT modules, where a rule allows them
     "quantize.convert.engine",
     "quantize.convert.checks",
 )
+# The evaluation modules that load no model: a suite, and the evaluation cache's keys and checked lookups. Gates,
+# the report and flows read them; they never import a library that loads or scores a model, nor anything that does.
+LIGHT = ("quantize.evaluate", "quantize.evaluate.suite", "quantize.evaluate.cache")  # the package's __init__ too
+HEAVY = ("torch", "transformers", "lm_eval", "llmcompressor", "vllm", "compressed_tensors", "datasets")
 STAGES = (
     "quantize.checkpoint",
     "quantize.convert",
@@ -33,21 +37,27 @@ STAGES = (
     "quantize.cost",
     "quantize.cli",
 )
-FOUNDATION = ("errors", "config", "io", "records", "stats", "cache", "suite", "tables", "quiet", "names")
+FOUNDATION = ("errors", "config", "io", "records", "stats", "cache", "tables", "quiet", "names")
 
-# (package, imports it must never make directly or through the modules it imports, why)
+# (package, imports it must never make directly or through the modules it imports, why[, modules of a banned
+# package it may import after all])
 RULES = [
     (
         "quantize.evaluate",
         ("quantize.gates", "quantize.report", "quantize.flows"),
         "evaluation scores; it does not decide",
     ),
+    *[
+        (m, HEAVY, "the suite and the evaluation cache load no model: gates, the report and flows read them")
+        for m in LIGHT[1:]
+    ],
     (
         "quantize.gates",
         (*MODEL_LOADING, "quantize.report", "quantize.flows"),
         "gates decide from records, never load a model",
+        LIGHT,
     ),
-    ("quantize.report", (*MODEL_LOADING, "quantize.flows"), "the report reads records, it scores nothing"),
+    ("quantize.report", (*MODEL_LOADING, "quantize.flows"), "the report reads records, it scores nothing", LIGHT),
     (
         "quantize.stats",
         ("quantize.evaluate", "quantize.gates", "quantize.report", "torch", "transformers"),
@@ -86,11 +96,16 @@ RULES = [
 # (what, who may import it directly, why): a name imported, or reached as an attribute of an imported module
 ONLY = [
     ("hashlib", {"quantize.io"}, "io.py is the one hashing helper"),
-    ("quantize.cache.cache_dir", {"quantize.cache", "quantize.checkpoint.loader"}, "cache.py builds every cache path"),
+    (
+        "quantize.cache.cache_dir",
+        {"quantize.cache", "quantize.evaluate.cache", "quantize.checkpoint.loader"},
+        "cache paths are built in cache.py (memos) and evaluate/cache.py (scores, agreement, sensitivities)",
+    ),
     (
         "quantize.io.sha256_json",
-        {"quantize.cache", "quantize.suite", "quantize.convert.engine"},
-        "cache keys are built in cache.py (the suite hashes its own settings; the engine its resolved recipe)",
+        {"quantize.cache", "quantize.evaluate.cache", "quantize.evaluate.suite", "quantize.convert.engine"},
+        "cache keys are built in cache.py and evaluate/cache.py (the suite hashes its own settings; the engine its "
+        "resolved recipe)",
     ),
 ]
 ENGINE_NEVER = (
@@ -141,22 +156,24 @@ def package_imports() -> dict[str, set[str]]:
     }
 
 
+def owner(name: str, files: dict[str, set[str]]) -> str | None:
+    """The quantize module a name lives in (`quantize.evaluate.cache.Runtime` -> `quantize.evaluate.cache`); None
+    for a library's name and for the root package, which re-exports the API (quantize/api.py, imports inside its
+    functions only): importing `quantize.cache` runs it, but runs none of the stages the API's functions import
+    when called."""
+    while name and name not in files:
+        name = name.rpartition(".")[0]
+    return None if name in ("", "quantize") else name
+
+
 def closure(files: dict[str, set[str]]) -> dict[str, set[str]]:
     """Every name a module imports directly or through the quantize modules it imports."""
-
-    def own(name: str) -> str | None:  # the quantize module a name lives in
-        while name and name not in files:
-            name = name.rpartition(".")[0]
-        # the root package re-exports the API (quantize/api.py, imports inside its functions only): importing
-        # `quantize.cache` runs it, but runs none of the stages the API's functions import when called
-        return None if name in ("", "quantize") else name
-
     out = {m: set(names) for m, names in files.items()}
     changed = True
     while changed:
         changed = False
         for m, names in out.items():
-            more = set().union(*(out[o] for n in list(names) if (o := own(n)) and o != m)) - names
+            more = set().union(*(out[o] for n in list(names) if (o := owner(n, files)) and o != m)) - names
             if more:
                 names |= more
                 changed = True
@@ -174,9 +191,13 @@ def violations(files: dict[str, set[str]]) -> list[str]:
 def _package_rules(files: dict[str, set[str]]) -> list[str]:
     found = []
     for mod, imported in closure(files).items():
-        for pkg, banned, why in RULES:
+        for pkg, banned, why, *allowed in RULES:
             if _under(mod, pkg):
-                bad = [n for n in sorted(imported) if any(_under(n, b) for b in banned)]
+                bad = [
+                    n
+                    for n in sorted(imported)
+                    if any(_under(n, b) for b in banned) and not (allowed and owner(n, files) in allowed[0])
+                ]
                 found += [f"{mod} imports {n} (directly or through a module it imports): {why}" for n in bad]
     return found
 
@@ -192,7 +213,8 @@ def _only_rules(files: dict[str, set[str]]) -> list[str]:
 
 def _joins(files: dict[str, set[str]]) -> list[str]:
     """Modules outside flows (and the CLI) that import both evaluation and gates; a stage's renderer (records to
-    text) does not count: importing a stage's text is not where evaluation meets decisions."""
+    text) and evaluation's LIGHT modules (a suite, the cache's lookups) do not count: reading a stage's text, or a
+    suite and cached records, is not where a model's evaluation meets decisions."""
     found = []
     for mod, imported in files.items():
         if _under(mod, "quantize.flows") or mod == "quantize.cli":
@@ -200,7 +222,7 @@ def _joins(files: dict[str, set[str]]) -> list[str]:
         stages = {
             p
             for p in ("quantize.evaluate", "quantize.gates")
-            if any(_under(n, p) and not _under(n, p + ".render") for n in imported)
+            if any(_under(n, p) and not _under(n, p + ".render") and owner(n, files) not in LIGHT for n in imported)
         }
         if len(stages) == 2:
             found.append(f"{mod} imports both quantize.evaluate and quantize.gates: only quantize.flows joins them")
@@ -243,6 +265,10 @@ def test_packages_depend_one_way():
         {"quantize.convert.engine": {"llmcompressor"}},
         {"quantize.compat.compressed_tensors": {"quantize.checkpoint.qdq"}},  # compat reaching into a stage
         {"quantize.flows.gate": {"quantize.api"}},  # a stage calling the API built over it
+        {"quantize.cache": {"quantize.evaluate.cache"}},  # the foundation holding evaluation semantics again
+        {"quantize.evaluate.cache": {"quantize.evaluate.score"}},  # the light cache reaching torch through score
+        {"quantize.evaluate.suite": {"lm_eval"}},
+        {"quantize.gates.gate": {"quantize.evaluate.agreement"}},  # gates may read the light modules, not these
     ],
 )
 def test_each_rule_catches_a_planted_violation(planted):

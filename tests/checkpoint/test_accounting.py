@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from quantize.checkpoint.accounting import bits_report, read_header
+from quantize.checkpoint.accounting import bits_report
+from quantize.checkpoint.headers import read_header
 from quantize.errors import UsageError
 
 from conftest import DATA

@@ -50,16 +50,16 @@ def test_a_rewritten_file_is_hashed_again_even_with_its_old_size_and_mtime(ckpt)
 def test_another_boot_or_a_planted_memo_is_not_taken(ckpt, monkeypatch):
     named = [(f.name, f) for f in files.safetensors_files(ckpt)]
     monkeypatch.setattr(cache, "boot_id", lambda: "another-boot")
-    cache.store_weights_hash(named, "0" * 64)  # what a cache written elsewhere could hold
+    files.store_weights_hash(named, "0" * 64)  # what a cache written elsewhere could hold
     monkeypatch.undo()
     monkeypatch.setenv("QUANTIZE_CACHE", str(ckpt.parent / "cache"))
-    assert cache.lookup_weights_hash(named) is None
+    assert files.lookup_weights_hash(named) is None
     assert files.weights_sha256(ckpt) != "0" * 64
     # a memo whose content is not a sha256 is ignored, and the hash computed
-    path = cache._weights_memo_path(named)
+    path = files._weights_memo_path(named)
     path.write_text('{"weights_sha256": "not a hash"}')
     files._sha256_of_files.cache_clear()
-    assert cache.lookup_weights_hash(named) is None and len(files.weights_sha256(ckpt)) == 64
+    assert files.lookup_weights_hash(named) is None and len(files.weights_sha256(ckpt)) == 64
 
 
 # --- the Hub-blob shortcut: only inside a real Hub cache layout --------------------------------------------------

@@ -16,10 +16,11 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from quantize import cache, records
+from quantize import records
 from quantize.checkpoint import files
 from quantize.cli import main as cli
 from quantize.errors import UsageError
+from quantize.evaluate import cache
 from quantize.flows import action
 from quantize.flows import gate as flows_gate
 from quantize.flows.gate import open_policy
