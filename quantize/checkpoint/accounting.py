@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quantize.checkpoint import architecture as arch
 from quantize.checkpoint.files import read_config, safetensors_files, side_file
 from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors
+from quantize.compat import compressed_tensors_targets as ct
 from quantize.errors import UsageError
 from quantize.records import BitsRecord, ModuleBits
 
@@ -267,15 +268,12 @@ def _bits_by_target(qc: dict[str, Any]) -> list[tuple[str, int]]:
 
 
 def module_bits(module: str, targets: list[tuple[str, int]]) -> int | None:
-    """The bit width of the config group whose targets match `module`: its name first, then a `re:`
-    pattern (compressed-tensors' order of precedence); None when no group names it."""
-    for t, b in targets:
-        if t == module:
-            return b
-    for t, b in targets:
-        if t.startswith("re:") and re.match(t[3:], module):
-            return b
-    return None
+    """The bit width of the config group whose target compressed-tensors applies to `module` (its name, else the
+    first matching `re:` pattern in sorted order: compat/compressed_tensors_targets.first_target); None when no group
+    names it."""
+    bits = dict(targets)  # a target in two groups: the later one, as compressed-tensors' target -> scheme map
+    t = ct.first_target(module, bits)
+    return None if t is None else bits[t]
 
 
 def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:
@@ -406,9 +404,11 @@ def _config_weights(qc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _weight_args(args: list[tuple[str, dict[str, Any]]], module: str) -> list[dict[str, Any]]:
-    """The weights arguments of the groups naming `module` (by name or `re:`), else of every group."""
-    named = [w for t, w in args if t == module or (t.startswith("re:") and re.match(t[3:], module))]
-    return named or [w for _, w in args]
+    """The weights arguments of the group compressed-tensors applies to `module` (by name or `re:`:
+    compat/compressed_tensors_targets.first_target), else of every group."""
+    by_target = dict(args)
+    t = ct.first_target(module, by_target)
+    return [by_target[t]] if t is not None else [w for _, w in args]
 
 
 def _tied_copy(cfg: dict[str, Any], modules: dict[str, ModuleRow], by_role: dict[str, int], notes: list[str]) -> int:
