@@ -244,7 +244,11 @@ def test_weights_hash_is_hashed_once_and_follows_rewrites(tmp_path, monkeypatch)
     ckpt.mkdir()
     f = ckpt / "model.safetensors"
     f.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
-    expected = hashlib.sha256(b"model.safetensors" + f.read_bytes()).hexdigest()
+
+    def lines() -> str:  # one "NAME SHA256" line per file, as a Hub snapshot's blob names give
+        return hashlib.sha256(f"model.safetensors {hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode()).hexdigest()
+
+    expected = lines()
     reads = []
     real_open = Path.open
     monkeypatch.setattr(Path, "open", lambda self, *a, **k: (reads.append(self.name), real_open(self, *a, **k))[1])
@@ -252,7 +256,7 @@ def test_weights_hash_is_hashed_once_and_follows_rewrites(tmp_path, monkeypatch)
     assert models.weights_sha256(ckpt) == expected
     assert reads.count("model.safetensors") == 1  # the second call is served from the memo
     f.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}       ")  # rewritten: another size and mtime
-    assert models.weights_sha256(ckpt) == hashlib.sha256(b"model.safetensors" + f.read_bytes()).hexdigest() != expected
+    assert models.weights_sha256(ckpt) == lines() != expected
 
 
 def test_the_default_calibration_dtype_depends_on_the_recipe_and_checkpoint_only(tmp_path, monkeypatch):
