@@ -33,7 +33,7 @@ def main() -> None:
     from quantize.checkpoint.loader import prepare_default_model
     from quantize.cli import main as cli
     from quantize.evaluate.agreement import agreement_scores
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     os.chdir(ROOT)  # recipes name their outputs relative to the repository
     base = prepare_default_model(quiet=True)

@@ -108,8 +108,8 @@ def main() -> None:
 
     from quantize import records
     from quantize.evaluate.score import score
+    from quantize.evaluate.suite import open_suite
     from quantize.flows.gate import open_policy
-    from quantize.suite import open_suite
 
     policy, suite = open_policy(args.policy)
     base, _ = score(suite, args.baseline)

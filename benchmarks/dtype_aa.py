@@ -31,7 +31,7 @@ def bf16_copy(suite_path: Path, out: Path) -> Path:
     """The suite with dtype bfloat16 and its golden path absolute (the copy lives elsewhere)."""
     import yaml
 
-    from quantize.suite import load_suite
+    from quantize.evaluate.suite import load_suite
 
     suite, _ = load_suite(suite_path)
     data = yaml.safe_load(suite_path.read_text())
@@ -79,7 +79,7 @@ def main() -> int:
     args = ap.parse_args()
     from quantize.checkpoint.loader import resolve_model
     from quantize.evaluate.score import score
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     ckpt = Path(args.checkpoint) if args.checkpoint else resolve_model(None)
     with tempfile.TemporaryDirectory() as tmp:

@@ -40,11 +40,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from quantize import cache, stats
+from quantize import stats
 from quantize.checkpoint.files import identity_sha256
+from quantize.evaluate import cache
+from quantize.evaluate.suite import open_suite
 from quantize.gates import sequential as sq
 from quantize.gates.policy import AccuracyRule, PerplexityRule, Sequential, load_policy
-from quantize.suite import open_suite
 
 
 def cached_scores(suite, ckpt: Path):

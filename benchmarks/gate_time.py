@@ -39,8 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 def copy_entries(src: Path, dst: Path, suite, baseline: Path) -> None:
     """Copy only the baseline's cache entries (its score file and stored top-k), never a candidate's."""
-    from quantize import cache
+    from quantize.cache import digest_path
     from quantize.checkpoint.files import identity_sha256
+    from quantize.evaluate import cache
 
     sha = identity_sha256(baseline)
     from quantize.evaluate.score import runtime
@@ -48,7 +49,7 @@ def copy_entries(src: Path, dst: Path, suite, baseline: Path) -> None:
     run = runtime(suite, False)
     entry = cache.score_path(suite, sha, run)  # served only beside its digest: without it, re-scored
     topk = cache.baseline_topk_path(suite, sha, run)
-    for target in [entry, cache.digest_path(entry), topk, cache.digest_path(topk)]:
+    for target in [entry, digest_path(entry), topk, digest_path(topk)]:
         f = src / target.relative_to(dst)
         if not f.is_file():
             sys.exit(f"{f} is missing: score the baseline in {src} first (`quantize gate`), or drop --baseline-cache")
@@ -120,11 +121,12 @@ def main() -> None:
         keep_staged(args.save_staged)
     import yaml
 
-    from quantize import cache, records
+    from quantize import records
     from quantize.checkpoint.files import identity_sha256
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
     from quantize.gates.gate import decide
     from quantize.gates.policy import load_policy
-    from quantize.suite import open_suite
 
     policy = load_policy(args.policy)
     if policy.sequential is None:

@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 from quantize import stats  # noqa: E402
 from quantize.evaluate.agreement import agreement_scores  # noqa: E402
 from quantize.evaluate.score import score  # noqa: E402
+from quantize.evaluate.suite import open_suite  # noqa: E402
 from quantize.records import RollingTask  # noqa: E402
-from quantize.suite import open_suite  # noqa: E402
 
 
 def main() -> None:

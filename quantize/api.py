@@ -91,7 +91,7 @@ def score(
 ) -> ScoreDoc:
     """`quantize eval`: lm-eval on the suite's golden tasks, per-item records included, cached by the
     checkpoint's identity (`refresh`: score again). A bad suite raises before lm-eval is imported."""
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     opened = open_suite(suite)
     from quantize.evaluate.score import score as run_score

@@ -180,7 +180,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     suite = open_suite(args.suite)  # a bad suite is exit 2 before lm-eval is imported
     from quantize.evaluate.render import non_finite_warnings, score_text
@@ -236,7 +236,7 @@ def cmd_card(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_key(args: argparse.Namespace) -> int:
-    from quantize import cache
+    from quantize.evaluate import cache
     from quantize.flows.gate import open_policy
 
     _, suite = open_policy(args.policy)

@@ -177,16 +177,6 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def sha256_named_files(files: list[tuple[str, Path]]) -> str:
-    """One sha256 over several (name, path) files in the given order: each name, then the file's bytes."""
-    h = hashlib.sha256()
-    for name, p in files:
-        h.update(name.encode())
-        with Path(p).open("rb") as fh:
-            hashlib.file_digest(fh, lambda: h)  # streams the file into the running hash
-    return h.hexdigest()
-
-
 @contextmanager
 def open_user_file(
     path: str | Path, what: str, max_bytes: int, *, follow_links: bool = True, hint: str = ""

@@ -309,7 +309,7 @@ def test_fuzz_task_data_paths(tmp_path_factory, capsys, where):
 def test_fuzz_tampered_score_items(flips, lls):
     """A score document edited item by item is caught exactly when its summaries no longer follow from its items."""
     from quantize import records
-    from quantize.cache import summary_mismatches
+    from quantize.evaluate.cache import summary_mismatches
     from quantize.evaluate.score import task_scores
 
     acc = [{"id": f"a{i}", "cluster": "c", "score": float(i % 3 == 0), "ll": -1.0} for i in range(40)]

@@ -63,7 +63,7 @@ def test_a_suite_with_an_unknown_device(tmp_path, capsys, tiny_model):
 
 def test_a_suites_golden_path_is_resolved_beside_the_suite_not_in_the_current_folder(tmp_path, monkeypatch):
     """A folder holding another golden/core/v1 must not be scored in place of the suite's own."""
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     (tmp_path / "golden" / "core" / "v1").mkdir(parents=True)
     (tmp_path / "golden" / "core" / "v1" / "MANIFEST.json").write_text("{}")

@@ -189,10 +189,10 @@ def test_the_loser_of_a_race_says_what_happened_and_exits_2(tmp_path):
 
 
 def _entry(suite: Path, ckpt: Path, trust: bool = False) -> Path:
-    from quantize import cache
     from quantize.checkpoint.files import identity_sha256
+    from quantize.evaluate import cache
     from quantize.evaluate.score import runtime
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     s = open_suite(suite)
     return cache.score_path(s, identity_sha256(ckpt), runtime(s, trust))
@@ -279,9 +279,9 @@ def test_scores_computed_with_remote_code_are_another_entry(world, tiny_model, c
 def test_scores_from_another_device_kind_or_dtype_are_another_entry(world, tiny_model, capsys):
     """The key left out the device kind and the resolved dtype: a CPU's float32 scores would be served to an
     accelerator's run (and the reverse), and the report could set one beside the other."""
-    from quantize import cache
     from quantize.checkpoint.files import identity_sha256
-    from quantize.suite import open_suite
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
 
     _, suite, _, _ = world
     s, ckpt = open_suite(suite), identity_sha256(tiny_model)
@@ -326,9 +326,9 @@ def test_the_report_reads_one_runtime_for_every_entry(world, tiny_model, tmp_pat
     """The runtime under which the baseline has scores, whatever the others have."""
     from types import SimpleNamespace
 
-    from quantize import cache
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
     from quantize.report.collect import report_runtime
-    from quantize.suite import open_suite
 
     _, suite, _, _ = world
     s = open_suite(suite)
@@ -379,9 +379,9 @@ def test_a_pinned_baseline_without_its_file_is_refused_before_scoring(world, tin
 
 
 def test_a_corrupt_baseline_top_k_is_named_not_a_crash(world, tiny_model, capsys):
-    from quantize import cache
     from quantize.checkpoint.files import identity_sha256
-    from quantize.suite import open_suite
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
 
     _, suite, lenient, _ = world
     assert main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "-q"]) == 0
@@ -402,18 +402,19 @@ def test_a_corrupt_baseline_top_k_is_named_not_a_crash(world, tiny_model, capsys
 def test_agreement_entries_are_served_only_beside_a_digest_they_match(world, tiny_model, capsys):
     """The baseline's top-k (which every gate reads) and a stored comparison (`quantize agree`) are checked on
     read like score files: a changed byte is named (exit 2), an entry without its digest is measured again."""
-    from quantize import cache
+    from quantize.cache import digest_path, seal
     from quantize.checkpoint.files import identity_sha256
+    from quantize.evaluate import cache
     from quantize.evaluate.score import runtime
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     _, suite, lenient, _ = world
     s = open_suite(suite)
     sha, run = identity_sha256(tiny_model), runtime(s, False)
     assert main(["agree", str(suite), "--baseline", str(tiny_model), str(tiny_model), "-q"]) == 0
     topk, cmp = cache.baseline_topk_path(s, sha, run), cache.agreement_path(s, sha, sha, run)
-    assert cache.digest_path(topk).is_file() and cache.digest_path(cmp).is_file()
-    saved = {f: f.read_bytes() for f in (topk, cmp, cache.digest_path(topk), cache.digest_path(cmp))}
+    assert digest_path(topk).is_file() and digest_path(cmp).is_file()
+    saved = {f: f.read_bytes() for f in (topk, cmp, digest_path(topk), digest_path(cmp))}
     gate = ["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "-q"]
     try:
         data = json.loads(cmp.read_text())
@@ -425,7 +426,7 @@ def test_agreement_entries_are_served_only_beside_a_digest_they_match(world, tin
         # a careful forger keeps the digest in step: another pair's comparison under this pair's name is refused
         data = json.loads(saved[cmp]) | {"candidate_identity": "0" * 64}
         cmp.write_text(json.dumps(data))
-        cache.seal(cmp)
+        seal(cmp)
         with pytest.raises(UsageError, match="compares other checkpoints"):
             cache.lookup_agreement(s, sha, sha, run)
     finally:
@@ -438,9 +439,9 @@ def test_agreement_entries_are_served_only_beside_a_digest_they_match(world, tin
         assert str(topk) in err and "sha256" in err and "delete it" in err
     finally:
         topk.write_bytes(saved[topk])
-    cache.digest_path(topk).unlink()  # from before digests: nothing vouches for it, so it is computed again
+    digest_path(topk).unlink()  # from before digests: nothing vouches for it, so it is computed again
     assert main(gate) == 0
-    assert cache.digest_path(topk).read_bytes() == saved[cache.digest_path(topk)]  # the same top-k, sealed again
+    assert digest_path(topk).read_bytes() == saved[digest_path(topk)]  # the same top-k, sealed again
 
 
 # --- a restored cache may supply the baseline, never the candidate ---------------------------------------------
@@ -462,10 +463,10 @@ def _design(lenient: Path, design: str, tmp_path: Path, agreement: bool = True) 
 def _forge_candidate_entry(suite: Path, good: Path, bad: Path) -> Path:
     """The baseline's scores under the NaN candidate's key, identity and path, digest in step: an entry every check
     on read accepts (what a writer of the cache store can plant)."""
-    from quantize import cache
     from quantize.checkpoint.files import identity_sha256, weights_sha256
+    from quantize.evaluate import cache
     from quantize.evaluate.score import runtime
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     s, run, bad_id = open_suite(suite), runtime(open_suite(suite), False), identity_sha256(bad)
     data = json.loads(_entry(suite, good).read_text())

@@ -5,6 +5,7 @@ catch a planted violation, so a rule that cannot fail is found too."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,14 @@ MODEL_LOADING = (
     "lm_eval",
     "llmcompressor",
     "quantize.checkpoint.loader",
-    "quantize.evaluate",
+    "quantize.evaluate",  # but for its LIGHT modules, where a rule allows them
     "quantize.convert.engine",
     "quantize.convert.checks",
 )
+# The evaluation modules that load no model: a suite, and the evaluation cache's keys and checked lookups. Gates,
+# the report and flows read them; they never import a library that loads or scores a model, nor anything that does.
+LIGHT = ("quantize.evaluate", "quantize.evaluate.suite", "quantize.evaluate.cache")  # the package's __init__ too
+HEAVY = ("torch", "transformers", "lm_eval", "llmcompressor", "vllm", "compressed_tensors", "datasets")
 STAGES = (
     "quantize.checkpoint",
     "quantize.convert",
@@ -30,24 +35,42 @@ STAGES = (
     "quantize.flows",
     "quantize.report",
     "quantize.search",
+    "quantize.sweep",
     "quantize.cost",
+    "quantize.golden",
+    "quantize.compat",
+    "quantize.api",
     "quantize.cli",
 )
-FOUNDATION = ("errors", "config", "io", "records", "stats", "cache", "suite", "tables", "quiet", "names")
+FOUNDATION = ("errors", "config", "io", "records", "kinds", "stats", "cache", "tables", "quiet", "names")
+TOP = ("quantize", "quantize.cli")  # the root package (it re-exports the API) and the CLI: nothing imports them
 
-# (package, imports it must never make directly or through the modules it imports, why)
+# (package, imports it must never make directly or through the modules it imports, why[, modules of a banned
+# package it may import after all]): every module under quantize/ falls under at least one (a test checks it)
 RULES = [
     (
         "quantize.evaluate",
-        ("quantize.gates", "quantize.report", "quantize.flows"),
+        ("quantize.gates", "quantize.report", "quantize.flows", "quantize.search", "quantize.sweep"),
         "evaluation scores; it does not decide",
     ),
+    *[
+        (m, HEAVY, "the suite and the evaluation cache load no model: gates, the report and flows read them")
+        for m in LIGHT[1:]
+    ],
     (
         "quantize.gates",
-        (*MODEL_LOADING, "quantize.report", "quantize.flows"),
+        (*MODEL_LOADING, "quantize.report", "quantize.flows", "quantize.search", "quantize.sweep"),
         "gates decide from records, never load a model",
+        LIGHT,
     ),
-    ("quantize.report", (*MODEL_LOADING, "quantize.flows"), "the report reads records, it scores nothing"),
+    (
+        "quantize.report",
+        (*MODEL_LOADING, "quantize.flows", "quantize.search", "quantize.sweep"),
+        "the report reads records, it scores nothing",
+        LIGHT,
+    ),
+    ("quantize.flows", ("quantize.search", "quantize.sweep"), "search and sweep call the flows, never the reverse"),
+    ("quantize.sweep", ("quantize.search",), "a search may run a sweep's steps; a sweep runs no search"),
     (
         "quantize.stats",
         ("quantize.evaluate", "quantize.gates", "quantize.report", "torch", "transformers"),
@@ -62,35 +85,46 @@ RULES = [
     *[(f"quantize.{m}", STAGES, "the foundation sits below every stage") for m in FOUNDATION],
     (
         "quantize.checkpoint",
-        ("quantize.convert", "quantize.evaluate", "quantize.gates", "quantize.flows", "quantize.report"),
+        tuple(p for p in STAGES if p not in ("quantize.checkpoint", "quantize.compat")),
         "a checkpoint is read by the stages; it knows none of them",
     ),
     (
         "quantize.convert",
-        ("quantize.evaluate", "quantize.gates", "quantize.flows", "quantize.report", "quantize.search"),
+        (*STAGES[2:9], "quantize.api", "quantize.cli"),
         "conversion writes checkpoints; it neither scores nor decides",
     ),
     (
         "quantize.golden",
-        ("quantize.convert", "quantize.evaluate", "quantize.gates", "quantize.flows", "quantize.report"),
+        tuple(p for p in STAGES if p != "quantize.compat"),
         "golden sets are data the stages read",
     ),
-    ("quantize.cost", (*MODEL_LOADING, "quantize.gates", "quantize.flows"), "cost is arithmetic over bytes"),
-    ("quantize.compat", (*STAGES, "quantize.golden", "quantize.sweep"), "compat wraps libraries, not stages"),
+    (
+        "quantize.cost",
+        (*MODEL_LOADING, "quantize.gates", "quantize.flows", "quantize.report", "quantize.search", "quantize.sweep"),
+        "cost is arithmetic over bytes",
+    ),
+    ("quantize.compat", tuple(p for p in STAGES if p != "quantize.compat"), "compat wraps libraries, not stages"),
+    ("quantize.api", ("quantize.cli",), "the CLI is a layer over the API, not under it"),
     *[
         (p, ("quantize.api",), "the API sits over the stages, beside the CLI; nothing below calls it")
-        for p in (*STAGES[:-1], "quantize.golden", "quantize.sweep", *(f"quantize.{m}" for m in FOUNDATION))
+        for p in (*STAGES[:-2], *(f"quantize.{m}" for m in FOUNDATION))
     ],
+    *[(p, ("quantize.cli",), "nothing calls the CLI") for p in (*STAGES[:-1], *(f"quantize.{m}" for m in FOUNDATION))],
 ]
 
 # (what, who may import it directly, why): a name imported, or reached as an attribute of an imported module
 ONLY = [
     ("hashlib", {"quantize.io"}, "io.py is the one hashing helper"),
-    ("quantize.cache.cache_dir", {"quantize.cache", "quantize.checkpoint.loader"}, "cache.py builds every cache path"),
+    (
+        "quantize.cache.cache_dir",
+        {"quantize.cache", "quantize.evaluate.cache", "quantize.checkpoint.loader"},
+        "cache paths are built in cache.py (memos) and evaluate/cache.py (scores, agreement, sensitivities)",
+    ),
     (
         "quantize.io.sha256_json",
-        {"quantize.cache", "quantize.suite", "quantize.convert.engine"},
-        "cache keys are built in cache.py (the suite hashes its own settings; the engine its resolved recipe)",
+        {"quantize.cache", "quantize.evaluate.cache", "quantize.evaluate.suite", "quantize.convert.engine"},
+        "cache keys are built in cache.py and evaluate/cache.py (the suite hashes its own settings; the engine its "
+        "resolved recipe)",
     ),
 ]
 ENGINE_NEVER = (
@@ -135,31 +169,76 @@ def imports_of(source: str, module: str, is_package: bool = False) -> set[str]:
 
 
 def package_imports() -> dict[str, set[str]]:
+    return {m: set(names) for m, names in _parsed().items()}
+
+
+@functools.cache
+def _parsed() -> dict[str, frozenset[str]]:  # quantize/ is parsed once per test session
     return {
-        module_name(p): imports_of(p.read_text(encoding="utf-8"), module_name(p), p.name == "__init__.py")
+        module_name(p): frozenset(imports_of(p.read_text(encoding="utf-8"), module_name(p), p.name == "__init__.py"))
         for p in PKG.rglob("*.py")
     }
 
 
+def owner(name: str, files: dict[str, set[str]]) -> str | None:
+    """The quantize module a name lives in (`quantize.evaluate.cache.Runtime` -> `quantize.evaluate.cache`); None
+    for a library's name and for the root package, which re-exports the API (quantize/api.py, imports inside its
+    functions only): importing `quantize.cache` runs it, but runs none of the stages the API's functions import
+    when called."""
+    while name and name not in files:
+        name = name.rpartition(".")[0]
+    return None if name in ("", "quantize") else name
+
+
 def closure(files: dict[str, set[str]]) -> dict[str, set[str]]:
     """Every name a module imports directly or through the quantize modules it imports."""
+    graph = import_graph(files)
+    out = {}
+    for m in files:
+        seen, todo = {m}, [m]
+        while todo:
+            for o in graph[todo.pop()] - seen:
+                seen.add(o)
+                todo.append(o)
+        out[m] = set().union(*(files[o] for o in seen))
+    return out
 
-    def own(name: str) -> str | None:  # the quantize module a name lives in
-        while name and name not in files:
-            name = name.rpartition(".")[0]
-        # the root package re-exports the API (quantize/api.py, imports inside its functions only): importing
-        # `quantize.cache` runs it, but runs none of the stages the API's functions import when called
-        return None if name in ("", "quantize") else name
 
-    out = {m: set(names) for m, names in files.items()}
-    changed = True
-    while changed:
-        changed = False
-        for m, names in out.items():
-            more = set().union(*(out[o] for n in list(names) if (o := own(n)) and o != m)) - names
-            if more:
-                names |= more
-                changed = True
+def import_graph(files: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Module -> the quantize modules it imports (function-level imports included)."""
+    return {m: {o for n in names if (o := owner(n, files)) and o != m} for m, names in files.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Import cycles as paths a -> b -> ... -> a: one per edge that closes a loop in a depth-first walk in name
+    order (so the same graph names the same paths); [] when the graph has none."""
+    found: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: walked
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                found.append([*path[path.index(n) :], n])
+            elif n not in state:
+                visit(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    return found
+
+
+def packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same graph between top-level packages (`quantize.golden`, `quantize.cache`, ...)."""
+    top = lambda m: ".".join(m.split(".")[:2])  # noqa: E731
+    out: dict[str, set[str]] = {}
+    for m, targets in graph.items():
+        out.setdefault(top(m), set()).update(t for t in map(top, targets) if t != top(m))
     return out
 
 
@@ -168,17 +247,28 @@ def _under(name: str, prefix: str) -> bool:
 
 
 def violations(files: dict[str, set[str]]) -> list[str]:
-    return _package_rules(files) + _only_rules(files) + _joins(files) + _engine(files)
+    return _package_rules(files) + _only_rules(files) + _joins(files) + _engine(files) + _cycles(files)
 
 
 def _package_rules(files: dict[str, set[str]]) -> list[str]:
     found = []
     for mod, imported in closure(files).items():
-        for pkg, banned, why in RULES:
+        for pkg, banned, why, *allowed in RULES:
             if _under(mod, pkg):
-                bad = [n for n in sorted(imported) if any(_under(n, b) for b in banned)]
+                bans = [b for b in banned if not _under(pkg, b)]  # a package's modules import each other
+                bad = [
+                    n
+                    for n in sorted(imported)
+                    if any(_under(n, b) for b in bans) and not (allowed and owner(n, files) in allowed[0])
+                ]
                 found += [f"{mod} imports {n} (directly or through a module it imports): {why}" for n in bad]
     return found
+
+
+def _cycles(files: dict[str, set[str]]) -> list[str]:
+    """Import cycles between modules, and between packages (golden -> the foundation -> golden is one too)."""
+    graph = import_graph(files)
+    return [f"import cycle: {' -> '.join(c)}" for g in (graph, packages(graph)) for c in cycles(g)]
 
 
 def _only_rules(files: dict[str, set[str]]) -> list[str]:
@@ -192,7 +282,8 @@ def _only_rules(files: dict[str, set[str]]) -> list[str]:
 
 def _joins(files: dict[str, set[str]]) -> list[str]:
     """Modules outside flows (and the CLI) that import both evaluation and gates; a stage's renderer (records to
-    text) does not count: importing a stage's text is not where evaluation meets decisions."""
+    text) and evaluation's LIGHT modules (a suite, the cache's lookups) do not count: reading a stage's text, or a
+    suite and cached records, is not where a model's evaluation meets decisions."""
     found = []
     for mod, imported in files.items():
         if _under(mod, "quantize.flows") or mod == "quantize.cli":
@@ -200,7 +291,7 @@ def _joins(files: dict[str, set[str]]) -> list[str]:
         stages = {
             p
             for p in ("quantize.evaluate", "quantize.gates")
-            if any(_under(n, p) and not _under(n, p + ".render") for n in imported)
+            if any(_under(n, p) and not _under(n, p + ".render") and owner(n, files) not in LIGHT for n in imported)
         }
         if len(stages) == 2:
             found.append(f"{mod} imports both quantize.evaluate and quantize.gates: only quantize.flows joins them")
@@ -243,11 +334,59 @@ def test_packages_depend_one_way():
         {"quantize.convert.engine": {"llmcompressor"}},
         {"quantize.compat.compressed_tensors": {"quantize.checkpoint.qdq"}},  # compat reaching into a stage
         {"quantize.flows.gate": {"quantize.api"}},  # a stage calling the API built over it
+        {"quantize.cache": {"quantize.evaluate.cache"}},  # the foundation holding evaluation semantics again
+        {"quantize.evaluate.suite": {"quantize.golden.manifest", "quantize.cache.cache_dir"}},
+        {"quantize.evaluate.cache": {"quantize.evaluate.score"}},  # the light cache reaching torch through score
+        {"quantize.evaluate.suite": {"lm_eval"}},
+        {"quantize.gates.gate": {"quantize.evaluate.agreement"}},  # gates may read the light modules, not these
+        {"quantize.report.collect": {"quantize.evaluate"}, "quantize.evaluate": {"torch"}},  # a heavy __init__
+        {"quantize.golden.manifest": {"quantize.evaluate.suite"}},  # golden below evaluation (and a cycle)
+        {"quantize.golden.items": {"quantize.checkpoint.files"}},
+        {"quantize.sweep.run": {"quantize.search.run"}},
+        {"quantize.flows.gate": {"quantize.sweep.tasks"}},
+        {"quantize.compat.lm_eval": {"quantize.golden.prompts"}},
+        {"quantize.checkpoint.files": {"quantize.golden.manifest"}},
+        {"quantize.cost.bounds": {"quantize.report.render"}},
+        {"quantize.convert.engine": {"quantize.cost.bounds"}},
+        {"quantize.evaluate.score": {"quantize.cli"}},  # nothing calls the CLI
+        {"quantize.api": {"quantize.cli.main"}},
+        {"quantize.kinds": {"quantize.golden.items"}},  # kinds is foundation now, listed as such
+        {"quantize.io": {"quantize.records.write"}},  # io -> records -> io: a cycle inside the foundation
+        {"quantize.checkpoint.headers": {"quantize.checkpoint.files.read_config"}},  # headers <-> files
+        {"quantize.convert.backends.base": {"quantize.convert.backends.backend_for"}},  # the protocol <-> registry
     ],
 )
 def test_each_rule_catches_a_planted_violation(planted):
     files = package_imports() | planted
-    assert violations(files), f"{planted} broke no rule"
+    found = violations(files)
+    assert any(m in v for v in found for m in planted), f"{planted} broke no rule"
+
+
+def test_every_module_falls_under_a_rule():
+    """A new package (or a new foundation module) cannot escape the rules: each module under quantize/ is inside
+    some rule's package, or is the root package or the CLI (which the rules keep everyone else from importing)."""
+    files = package_imports()
+    uncovered = [m for m in sorted(files) if m not in TOP and not any(_under(m, rule[0]) for rule in RULES)]
+    assert uncovered == []
+    planted = {"quantize.newstage.run": {"quantize.errors"}}
+    assert [m for m in planted if not any(_under(m, rule[0]) for rule in RULES)] == ["quantize.newstage.run"]
+
+
+def test_no_import_cycle_between_modules_or_packages():
+    """Function-level imports count: a cycle hidden in a function is one (accounting <-> files was)."""
+    graph = import_graph(package_imports())
+    assert cycles(graph) == []
+    assert cycles(packages(graph)) == []
+
+
+def test_a_cycle_is_reported_as_its_path():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    found = _cycles(package_imports() | {"quantize.io": {"quantize.records.write"}})
+    assert "import cycle: quantize.io -> quantize.records -> quantize.io" in found
+    # a package cycle whose modules form none: golden -> the foundation's cache -> golden (what suite.py made)
+    planted = {"quantize.golden.freeze": {"quantize.cache.cache_dir"}, "quantize.cache": {"quantize.golden.manifest"}}
+    assert "import cycle: quantize.cache -> quantize.golden -> quantize.cache" in _cycles(package_imports() | planted)
 
 
 def test_rendering_both_stages_is_not_joining_them():

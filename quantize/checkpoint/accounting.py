@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,34 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quantize.checkpoint import architecture as arch
 from quantize.checkpoint.files import read_config, safetensors_files, side_file
+from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors
+from quantize.compat import compressed_tensors_targets as ct
 from quantize.errors import UsageError
 from quantize.records import BitsRecord, ModuleBits
 
-MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
-
-# Bits per element of every dtype safetensors defines.
-DTYPE_BITS = {
-    "BOOL": 8,
-    "U8": 8,
-    "I8": 8,
-    "F8_E5M2": 8,
-    "F8_E4M3": 8,
-    "F8_E8M0": 8,
-    "I16": 16,
-    "U16": 16,
-    "F16": 16,
-    "BF16": 16,
-    "I32": 32,
-    "U32": 32,
-    "F32": 32,
-    "I64": 64,
-    "U64": 64,
-    "F64": 64,
-    "C64": 64,
-    "F4": 4,
-    "F6_E2M3": 6,
-    "F6_E3M2": 6,
-}
 LOW_PRECISION_WEIGHT = {"I8", "U8", "F8_E4M3", "F8_E5M2", "F4"}
 
 ROLES = (
@@ -104,15 +80,6 @@ LM_HEADS = ("lm_head", "embed_out", "output")
 # weights), or two FP4 E2M1 values a byte (uint8: compressed-tensors' nvfp4/mxfp4 pack-quantized)
 PACKED_AXIS = {"weight_packed": -1, "qweight": 0}
 PACKED_CONTAINERS = ("I32", "U8")
-
-
-@dataclass
-class TensorInfo:
-    name: str
-    dtype: str
-    shape: list[int]
-    nbytes: int
-    file: str
 
 
 @dataclass
@@ -228,157 +195,6 @@ class BitsReport(BitsRecord):
         }
 
 
-# --- the header parser ------------------------------------------------------------------------
-
-
-def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
-    """Parse and check one safetensors header. Returns tensors, __metadata__, bytes read.
-
-    Enforces safetensors' rules: header length within the file and at most 100 MB,
-    a JSON object, known dtypes, non-negative integer shapes, offsets in bounds,
-    contiguous and non-overlapping, byte size = prod(shape) × dtype size.
-    """
-    size = path.stat().st_size
-    bad = _Invalid(path)
-    raw = _header_bytes(path, size, bad)
-    header, meta = _header_json(raw, bad)
-    data_size = size - 8 - len(raw)
-    tensors: dict[str, TensorInfo] = {}
-    spans: list[tuple[int, int, str]] = []
-    for name, entry in header.items():
-        info, begin, end = _tensor_entry(name, entry, data_size, path.name, bad)
-        tensors[name] = info
-        spans.append((begin, end, name))
-    _check_contiguous(spans, data_size, bad)
-    return tensors, meta, 8 + len(raw)
-
-
-class _Invalid:
-    """The one message of a bad header: the file, what is wrong, what to do."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __call__(self, why: str) -> UsageError:
-        return UsageError(f"{self.path} is not a valid safetensors file: {why}. Re-save or re-download the checkpoint.")
-
-
-def _header_bytes(path: Path, size: int, bad: _Invalid) -> bytes:
-    """The header: an 8-byte little-endian length n, then n bytes, within the file and at most 100 MB."""
-    if size < 8:
-        raise bad(f"it is {size} bytes long, shorter than the 8-byte header length")
-    with path.open("rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > MAX_HEADER_BYTES:
-            raise bad(f"header length {n} exceeds the 100 MB limit")
-        if n > size - 8:
-            raise bad(f"header length {n} runs past the end of the {size}-byte file")
-        return f.read(n)
-
-
-def _header_json(raw: bytes, bad: _Invalid) -> tuple[dict[str, Any], dict[str, str]]:
-    """The header's JSON object without __metadata__, and __metadata__ (strings to strings, the format's rule)."""
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
-        raise bad(f"header is not valid JSON ({str(e)[:200]})") from None
-    if not isinstance(header, dict):
-        raise bad("header is not a JSON object")
-    meta = header.pop("__metadata__", None)  # absent or null: no metadata; [], "", 0 or false are not "none"
-    if meta is None:
-        meta = {}
-    string_values = "__metadata__ must be an object of string values"
-    if not isinstance(meta, dict):
-        raise bad(f"__metadata__ is a JSON {_json_type(meta)} ({json.dumps(meta)[:40]}); {string_values}")
-    for k, v in meta.items():
-        if not isinstance(v, str):
-            raise bad(f"__metadata__[{k!r}] is a JSON {_json_type(v)}; {string_values}")
-    return header, meta
-
-
-def _json_type(x: Any) -> str:
-    """The JSON name of a parsed value's type (a bool is a JSON boolean, not an int)."""
-    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
-    return "null" if x is None else names.get(type(x), type(x).__name__)
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _tensor_entry(name: str, entry: Any, data_size: int, file: str, bad: _Invalid) -> tuple[TensorInfo, int, int]:
-    """One tensor's entry checked: exactly dtype, shape, data_offsets; a known dtype; a shape of non-negative
-    integers; offsets [begin, end] inside the data section spanning prod(shape) × dtype bits / 8 bytes."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad(f"tensor name {name.encode('utf-8', 'backslashreplace')!r} is not valid Unicode") from None
-    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
-        raise bad(f"entry {name!r} must have exactly dtype, shape and data_offsets")
-    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-        raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
-        raise bad(f"tensor {name!r} has shape {shape!r}; a shape is a list of non-negative integers")
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets):
-        raise bad(f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
-    begin, end = offsets
-    if not 0 <= begin <= end <= data_size:
-        raise bad(f"tensor {name!r} has data_offsets {offsets} outside the {data_size}-byte data section")
-    nbits = math.prod(shape) * DTYPE_BITS[dtype]
-    if nbits % 8 or nbits // 8 != end - begin:
-        raise bad(f"tensor {name!r}: {dtype} {shape} needs {nbits / 8:g} bytes, its offsets span {end - begin}")
-    return TensorInfo(name, dtype, shape, end - begin, file), begin, end
-
-
-def _check_contiguous(spans: list[tuple[int, int, str]], data_size: int, bad: _Invalid) -> None:
-    """The tensors tile the data section exactly: no gap, no overlap, nothing after the last."""
-    cursor = 0
-    for begin, end, name in sorted(spans):
-        if begin != cursor:
-            why = (
-                "overlaps the previous tensor"
-                if begin < cursor
-                else f"leaves a gap of {begin - cursor} bytes before it"
-            )
-            raise bad(f"tensor {name!r} at {begin} {why}")
-        cursor = end
-    if cursor != data_size:
-        raise bad(f"tensors end at byte {cursor} of a {data_size}-byte data section")
-
-
-# --- config.json against the stored tensors, before anything is built ---------------------------
-
-
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
-
-
-def config_matches_headers(checkpoint: Path) -> None:
-    """What config.json implies, checked against the safetensors headers before a byte is allocated: the number
-    of decoder layers the weights hold, and the embedding's (vocab_size, hidden_size). A config that promises a
-    100,000-layer model or a 10⁹-token vocabulary over a small file is refused here, in milliseconds, naming
-    the tensor and both shapes, instead of growing to gigabytes in the model's constructor."""
-    cfg = read_config(checkpoint, required=False)
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
-    tensors, _ = all_tensors(safetensors_files(checkpoint))
-    fix = "fix config.json, or the weights that go with it"
-    layers = {int(m.group(1)) for n in tensors if (m := _LAYER.search(n))}
-    want = text.get("num_hidden_layers")
-    if isinstance(want, int) and layers and want != max(layers) + 1:
-        raise UsageError(
-            f"{checkpoint}: config.json says num_hidden_layers {want}, but the weights hold {max(layers) + 1} "
-            f"decoder layers (layers.0 to layers.{max(layers)}); {fix}"
-        )
-    emb = next((t for n, t in sorted(tensors.items()) if n.endswith(EMBEDDINGS)), None)
-    implied = [text.get("vocab_size"), text.get("hidden_size")]
-    if emb is not None and len(emb.shape) == 2 and all(isinstance(x, int) for x in implied) and emb.shape != implied:
-        raise UsageError(
-            f"{checkpoint}: tensor {emb.name} has shape {emb.shape} in {emb.file}, and config.json's vocab_size "
-            f"and hidden_size imply {implied}; {fix}"
-        )
-
-
 # --- quantization config: what the packed words hold ------------------------------------------
 
 
@@ -452,15 +268,12 @@ def _bits_by_target(qc: dict[str, Any]) -> list[tuple[str, int]]:
 
 
 def module_bits(module: str, targets: list[tuple[str, int]]) -> int | None:
-    """The bit width of the config group whose targets match `module`: its name first, then a `re:`
-    pattern (compressed-tensors' order of precedence); None when no group names it."""
-    for t, b in targets:
-        if t == module:
-            return b
-    for t, b in targets:
-        if t.startswith("re:") and re.match(t[3:], module):
-            return b
-    return None
+    """The bit width of the config group whose target compressed-tensors applies to `module` (its name, else the
+    first matching `re:` pattern in sorted order: compat/compressed_tensors_targets.first_target); None when no group
+    names it."""
+    bits = dict(targets)  # a target in two groups: the later one, as compressed-tensors' target -> scheme map
+    t = ct.first_target(module, bits)
+    return None if t is None else bits[t]
 
 
 def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:
@@ -482,19 +295,6 @@ def _module_of(name: str) -> str:
 
 
 # --- the report ---------------------------------------------------------------------------------
-
-
-def all_tensors(files: list[Path]) -> tuple[dict[str, TensorInfo], int]:
-    """Every shard's tensors (a name in two shards is refused) and the header bytes read."""
-    tensors: dict[str, TensorInfo] = {}
-    header_read = 0
-    for f in files:
-        found, _, nread = read_header(f)
-        header_read += nread
-        if dup := set(found) & set(tensors):
-            raise UsageError(f"tensor {sorted(dup)[0]!r} appears in two shards; the checkpoint is inconsistent")
-        tensors.update(found)
-    return tensors, header_read
 
 
 class _Count:
@@ -604,9 +404,11 @@ def _config_weights(qc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _weight_args(args: list[tuple[str, dict[str, Any]]], module: str) -> list[dict[str, Any]]:
-    """The weights arguments of the groups naming `module` (by name or `re:`), else of every group."""
-    named = [w for t, w in args if t == module or (t.startswith("re:") and re.match(t[3:], module))]
-    return named or [w for _, w in args]
+    """The weights arguments of the group compressed-tensors applies to `module` (by name or `re:`:
+    compat/compressed_tensors_targets.first_target), else of every group."""
+    by_target = dict(args)
+    t = ct.first_target(module, by_target)
+    return [by_target[t]] if t is not None else [w for _, w in args]
 
 
 def _tied_copy(cfg: dict[str, Any], modules: dict[str, ModuleRow], by_role: dict[str, int], notes: list[str]) -> int:

@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from quantize import cache
+from quantize.checkpoint.headers import all_tensors
 from quantize.errors import UsageError
-from quantize.io import read_user_file, sha256_bytes, sha256_file, sha256_named_files
+from quantize.io import read_user_file, sha256_bytes, sha256_file
 
 CONFIG = "config.json"
 MAX_JSON_BYTES = 64 * 2**20  # a config, shard index or side quantization config: kilobytes to a few megabytes
@@ -147,9 +149,36 @@ def check_model_dir(path: Path) -> None:
         )
     refuse_pickles(path)
     read_config(path)  # a config.json transformers cannot read is the user's to fix, before any import
-    from quantize.checkpoint.accounting import config_matches_headers
-
     config_matches_headers(path)
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
+
+
+def config_matches_headers(checkpoint: Path) -> None:
+    """What config.json implies, checked against the safetensors headers before a byte is allocated: the number
+    of decoder layers the weights hold, and the embedding's (vocab_size, hidden_size). A config that promises a
+    100,000-layer model or a 10⁹-token vocabulary over a small file is refused here, in milliseconds, naming
+    the tensor and both shapes, instead of growing to gigabytes in the model's constructor."""
+    cfg = read_config(checkpoint, required=False)
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    tensors, _ = all_tensors(safetensors_files(checkpoint))
+    fix = "fix config.json, or the weights that go with it"
+    layers = {int(m.group(1)) for n in tensors if (m := _LAYER.search(n))}
+    want = text.get("num_hidden_layers")
+    if isinstance(want, int) and layers and want != max(layers) + 1:
+        raise UsageError(
+            f"{checkpoint}: config.json says num_hidden_layers {want}, but the weights hold {max(layers) + 1} "
+            f"decoder layers (layers.0 to layers.{max(layers)}); {fix}"
+        )
+    emb = next((t for n, t in sorted(tensors.items()) if n.endswith(EMBEDDINGS)), None)
+    implied = [text.get("vocab_size"), text.get("hidden_size")]
+    if emb is not None and len(emb.shape) == 2 and all(isinstance(x, int) for x in implied) and emb.shape != implied:
+        raise UsageError(
+            f"{checkpoint}: tensor {emb.name} has shape {emb.shape} in {emb.file}, and config.json's vocab_size "
+            f"and hidden_size imply {implied}; {fix}"
+        )
 
 
 # What transformers needs installed to load a checkpoint of each quantization method (its quantizers' own checks:
@@ -388,42 +417,76 @@ class BlobCheck:
 
 
 def weights_sha256(checkpoint: Path) -> str:
-    """sha256 over the checkpoint's safetensors files, in name order.
+    """sha256 over the lines "NAME SHA256\n" of the checkpoint's safetensors files, in name order, each line a
+    file's name and the sha256 of its bytes: the same files have one weights hash whatever their layout.
 
-    A folder of files: over each file's name and bytes (as read, through any link), streamed. A Hugging Face cache
+    A folder of files: each file's sha256 from its bytes (as read, through any link), streamed. A Hugging Face cache
     snapshot (hub_blob_sha256: the cache's own layout, nothing else) whose every weight file links to a blob named
-    by a sha256: over the lines "NAME SHA256\n", the names taken from the blobs without reading a byte (a 140 GB
-    baseline is identified in milliseconds on a runner that restored the Hub cache). The name is never the sole
-    basis of a verdict: `quantize gate` reads every such blob back in a background thread while it scores
-    (BlobCheck) and refuses the verdict where one does not hash to its name; with QUANTIZE_REREAD_WEIGHTS=1
-    (`--reread-weights`) every blob is read and checked here, before anything else, and the identity is the same.
-    The same bytes in the two layouts have two identities: a cache miss (scored again), never another
-    checkpoint's scores.
+    by a sha256: each file's sha256 is its blob's name, taken without reading a byte (a 140 GB baseline is
+    identified in milliseconds on a runner that restored the Hub cache), the same line its bytes would give. The
+    name is never the sole basis of a verdict: `quantize gate` reads every such blob back in a background thread
+    while it scores (BlobCheck) and refuses the verdict where one does not hash to its name; with
+    QUANTIZE_REREAD_WEIGHTS=1 (`--reread-weights`) every blob is read and checked here, before anything else, and
+    the hash is the same. (Before WEIGHTS_HASH_VERSION 2 a folder was hashed as one stream of names and bytes, so
+    the two layouts of the same bytes had two identities: docs/reliability.md, "Re-score note".)
 
     A folder's hash is memoized in the process (one gate hashes each checkpoint for scoring, for agreement and for
-    the report) and in the cache (quantize/cache.py `weights`: every process on this machine, such as a sweep's
+    the report) and in the cache (`lookup_weights_hash`: every process on this machine, such as a sweep's
     workers, finds it again until a file changes or the machine reboots); a rewritten file is hashed again."""
     files = safetensors_files(checkpoint)
     if blobs := _named_blobs(files):
         if os.environ.get(REREAD) == "1":
             for f, name in blobs:
                 check_blob(f, name)
-        return sha256_bytes("".join(f"{f.name} {name}\n" for f, name in blobs).encode())
+        return _weights_lines([(f.name, name) for f, name in blobs])
     return _sha256_of_files(
         tuple((f.name, str(f.resolve()), (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino) for f in files)
     )
 
 
+# 2 (2026-12-04): the lines "NAME SHA256" for a folder too, where 1 hashed a folder as one stream of names and bytes
+WEIGHTS_HASH_VERSION = 2
+
+
+def _weights_lines(named: list[tuple[str, str]]) -> str:
+    return sha256_bytes("".join(f"{name} {sha}\n" for name, sha in named).encode())
+
+
 @functools.lru_cache(maxsize=64)
 def _sha256_of_files(files: tuple[tuple[str, str, int, int, int], ...]) -> str:
-    from quantize import cache
-
     named = [(name, Path(path)) for name, path, *_ in files]
-    if (found := cache.lookup_weights_hash(named)) is not None:
+    if (found := lookup_weights_hash(named)) is not None:
         return found
-    sha = sha256_named_files(named)
-    cache.store_weights_hash(named, sha)
+    sha = _weights_lines([(name, sha256_file(path)) for name, path in named])
+    store_weights_hash(named, sha)
     return sha
+
+
+# The weights hash memo: $QUANTIZE_CACHE/identity/KEY.json, KEY = sha256(this machine's boot id,
+# WEIGHTS_HASH_VERSION, and per file: name, path, device, inode, size, mtime, ctime) (quantize/cache.py
+# `memo_path`). It is only ever found again by the same files on the same machine since its last boot, unchanged
+# (any write, rename or chmod moves a file's ctime, which no user-space call can set back): one restored from
+# another machine, or written before a reboot, never matches, so a cache writer elsewhere cannot choose an
+# identity here.
+
+
+def _weights_memo_path(files: list[tuple[str, Path]]) -> Path | None:
+    stats = []
+    for name, path in files:
+        st = path.stat()
+        stats.append([name, str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+    return cache.memo_path("identity", "", {"files": stats, "v": WEIGHTS_HASH_VERSION})
+
+
+def lookup_weights_hash(files: list[tuple[str, Path]]) -> str | None:
+    """The weights hash of these files as an earlier process here computed it (the memo above), else None."""
+    found = cache.read_memo(_weights_memo_path(files), "weights_sha256")
+    hexdigits = "0123456789abcdef"
+    return found if isinstance(found, str) and len(found) == 64 and all(c in hexdigits for c in found) else None
+
+
+def store_weights_hash(files: list[tuple[str, Path]], sha256: str) -> None:
+    cache.write_memo(_weights_memo_path(files), {"weights_sha256": sha256})
 
 
 def checkpoint_folders(given: list[str]) -> list[Path]:

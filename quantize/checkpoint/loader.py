@@ -214,8 +214,8 @@ def check_against_meta(path: Path, trust_remote_code: bool) -> None:
     model holds floating-point weights (a cast would invent values), is refused naming the tensor, the shape in
     the file and the one the config implies. Quantized checkpoints store other names and dtypes by design (the
     quantizer maps them); their layer count and embedding are checked in check_model_dir."""
-    from quantize.checkpoint.accounting import all_tensors
     from quantize.checkpoint.files import read_config, safetensors_files, side_file
+    from quantize.checkpoint.headers import all_tensors
 
     if read_config(path).get("quantization_config") or side_file(path) is not None:
         return

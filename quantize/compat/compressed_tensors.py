@@ -10,6 +10,9 @@
   recipe is validated before torch (which compressed-tensors imports) loads; `problems()` compares every entry
   with the library, so a preset that changes upstream fails tests/compat rather than planning other layers.
 
+- `utils.match.match_name` and `match_targets` (public): copied without torch in compressed_tensors_targets.py
+  (its docstring says why); `problems()` compares the copy with the library on its TARGET_CASES.
+
 `problems()` lists every guarded assumption that does not hold in the installed version; `replaced(fn)` swaps the
 function in for a block and restores what was there, nested or not.
 """
@@ -18,13 +21,23 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import version
 from typing import Any
+
+from quantize.compat.compressed_tensors_targets import TARGET_CASES, first_target
 
 CHECKED = ((0, 19), (0, 20))  # [from, to): the versions the assumptions above were read on
 ROUND_PARAMS = ("tensor", "args", "min", "max", "cast_to_original_dtype")
 PRESET_WEIGHT_GROUP = {"NVFP4": 16, "NVFP4A16": 16, "MXFP4": 32, "MXFP4A16": 32, "FP8_BLOCK": 128, "W4AFP8": 128}
+
+
+def library_first_target(name: str, targets: Iterable[str]) -> str | None:
+    """The same answer from the library itself (imports torch), on a module of no quantizable class."""
+    import torch
+    from compressed_tensors.utils.match import match_targets
+
+    return next(iter(match_targets(name, torch.nn.Module(), list(targets))), None)
 
 
 def preset_weight_group(name: str) -> int | None:
@@ -56,6 +69,11 @@ def problems() -> list[str]:
         f"preset {name} groups {got} weights per scale in the library, {want} here"
         for name, want in PRESET_WEIGHT_GROUP.items()
         if (got := preset_weight_group(name)) != want
+    ]
+    found += [
+        f"compressed-tensors applies target {got!r} to {name} among {list(targets)}, first_target {want!r}"
+        for name, targets in TARGET_CASES
+        if (got := library_first_target(name, targets)) != (want := first_target(name, targets))
     ]
     fn = getattr(forward_helpers, "round_to_quantized_type_args", None)
     if fn is None:

@@ -114,8 +114,8 @@ def structure_check(out: Path, source: Path, quantized: set[str], trust_remote_c
     """The output's headers against the source model's structure built on the meta device (no memory): every
     parameter is stored, with its shape, except that a quantized Linear (`quantized`: the layer plan's names)
     stores a weight or packed weight and a scale; nothing else is stored. A mismatch is our bug: RuntimeFailure."""
-    from quantize.checkpoint.accounting import all_tensors
     from quantize.checkpoint.files import safetensors_files
+    from quantize.checkpoint.headers import all_tensors
     from quantize.checkpoint.loader import meta_model
 
     stored, _ = all_tensors(safetensors_files(out))

@@ -4,8 +4,11 @@ dtype."""
 
 from __future__ import annotations
 
+import math
+from importlib import metadata
 from pathlib import Path
 
+from quantize import cache
 from quantize.checkpoint.files import read_config, safetensors_files, write_config
 from quantize.checkpoint.loader import device
 from quantize.convert.recipe import Recipe
@@ -42,17 +45,31 @@ BF16_FAST = 1.5
 
 
 def machine_bf16_speedup() -> tuple[float, bool]:
-    """`bf16_speedup` measured once per boot of this machine and kept in the cache (cache.py `probes`), so the
+    """`bf16_speedup` measured once per boot of this machine and kept in the cache (`lookup_probe`), so the
     suggestion it makes does not change with what runs beside it (a timing taken while another job shared the
     cores measured 1.34 where the idle machine measures 2.3). Returns the speed-up and whether it was measured
     just now."""
-    from quantize import cache
-
-    if (found := cache.lookup_probe("bf16-speedup")) is not None:
+    if (found := lookup_probe("bf16-speedup")) is not None:
         return found, False
     speedup = bf16_speedup()
-    cache.store_probe("bf16-speedup", speedup)
+    store_probe("bf16-speedup", speedup)
     return speedup, True
+
+
+def _probe_path(name: str) -> Path | None:
+    """$QUANTIZE_CACHE/probe/NAME-KEY.json, KEY = sha256(boot id, torch version) (quantize/cache.py `memo_path`):
+    measured once per boot, so every conversion on the machine is suggested alike whatever else runs beside it."""
+    return cache.memo_path("probe", f"{name}-", {"torch": metadata.version("torch")})
+
+
+def lookup_probe(name: str) -> float | None:
+    """A machine measurement taken earlier since this boot, else None (a kept value that is not a speed-up too)."""
+    value = cache.read_memo(_probe_path(name), "value")
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) and value > 0 else None
+
+
+def store_probe(name: str, value: float) -> None:
+    cache.write_memo(_probe_path(name), {"value": value})
 
 
 def calibration_dtype(recipe: Recipe, model_dir: Path) -> tuple[str, str]:

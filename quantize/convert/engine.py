@@ -22,7 +22,8 @@ from quantize.checkpoint import accounting
 from quantize.checkpoint.files import missing_packages, weights_sha256
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, recorded_weights_sha256, resolve_model
 from quantize.convert import memory
-from quantize.convert.backends import Job, backend_for
+from quantize.convert.backends import backend_for
+from quantize.convert.backends.base import Job
 from quantize.convert.calibration import CalibrationSet, build_calibration, check_calibration
 from quantize.convert.card import model_card
 from quantize.convert.checks import reload_check, streamed_finite_check, structure_check

@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quantize.checkpoint.accounting import DTYPE_BITS, TensorInfo, all_tensors
 from quantize.checkpoint.files import read_config, safetensors_files
+from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors
 from quantize.convert.recipe import FORMATS, WEIGHT_ONLY_INT, Backend, Method, Recipe, Scheme, Streaming
 from quantize.errors import UsageError
 from quantize.records import MemoryPlanRecord

@@ -26,19 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantize import cache
+from quantize.cache import checked_bytes, claimed, seal
 from quantize.checkpoint import qdq
 from quantize.checkpoint.files import identity_sha256
 from quantize.checkpoint.loader import LastModel, device
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.evaluate import cache
 from quantize.evaluate.score import runtime
+from quantize.evaluate.suite import Backend, OpenSuite
 from quantize.golden.manifest import GoldenSet, lm_eval_tasks
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.io import atomic_file
 from quantize.records import AgreementResult
 from quantize.stats import clustered_se
-from quantize.suite import Backend, OpenSuite
 
 BASELINE_SCHEMA_VERSION = 1
 NOTE = (
@@ -415,13 +416,13 @@ def baseline_topk_cached(
 ) -> BaselineTopK:
     """The baseline's top-k at the agreement positions: from the cache, or computed and cached."""
     path = cache.baseline_topk_path(suite, base_id, runtime(suite, models.trust_remote_code))
-    if (raw := cache.checked_bytes(path, REBUILD_TOPK, "baseline top-k")) is not None:  # beside its digest only
+    if (raw := checked_bytes(path, REBUILD_TOPK, "baseline top-k")) is not None:  # beside its digest only
         return load_baseline(path, raw)
     base = baseline_topk(
         _scorer(suite, baseline, models), reqs or agreement_requests(suite), suite.suite.agreement.top_k
     )
     base.save(path)
-    cache.seal(path)
+    seal(path)
     return base
 
 
@@ -443,7 +444,7 @@ def agreement_scores(
     run = runtime(suite, models.trust_remote_code)
     if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
         return found
-    with cache.claimed(cache.agreement_path(suite, base_id, cand_id, run)):
+    with claimed(cache.agreement_path(suite, base_id, cand_id, run)):
         if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
             return found
         result = measure_agreement(suite, baseline, candidate, (base_id, cand_id), models)

@@ -1,8 +1,8 @@
 """Score a checkpoint on a golden set with lm-eval, keep per-item records, cache by provenance.
 
-The cache key (quantize/cache.py) is (checkpoint identity: weights, config, tokenizer; suite settings hash, golden
-manifest sha256, lm-eval version, tasks, runtime, cache.SCORER_REVISION): scoring the same baseline twice costs
-nothing the second time.
+The cache key (quantize/evaluate/cache.py) is (checkpoint identity: weights, config, tokenizer; suite settings hash,
+golden manifest sha256, lm-eval version, tasks, runtime, cache.SCORER_REVISION): scoring the same baseline twice
+costs nothing the second time.
 
 Per-item records (for paired comparison in the gate), one kind per lm-eval output type: quantize/kinds.py.
 """
@@ -17,13 +17,15 @@ from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter
 
-from quantize import cache
+from quantize.cache import claimed
 from quantize.checkpoint import qdq
 from quantize.checkpoint.files import check_loadable, check_model_dir, identity_sha256, loadable_view, weights_sha256
 from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.loader import device as pick_device
 from quantize.compat.lm_eval import lean_hflm
 from quantize.errors import RuntimeFailure
+from quantize.evaluate import cache
+from quantize.evaluate.suite import Backend, OpenSuite, Suite
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.golden.manifest import lm_eval_tasks
 from quantize.kinds import KINDS, item_metrics
@@ -35,7 +37,6 @@ from quantize.records import (
     SuiteRef,
     TaskScores,
 )
-from quantize.suite import Backend, OpenSuite, Suite
 
 # identities this process scored in full (not read from the cache), in order: a sweep task reports them, so a
 # sweep can show that its baseline was scored once
@@ -148,7 +149,7 @@ def score(
     run = runtime(suite, models.trust_remote_code)
     if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, run)) is not None:
         return Scored(found, True)
-    with cache.claimed(cache.score_path(suite, ref.identity_sha256, run)):
+    with claimed(cache.score_path(suite, ref.identity_sha256, run)):
         # another process may have scored it while this one waited for the claim
         if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, run)) is not None:
             return Scored(found, True)

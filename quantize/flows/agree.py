@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from quantize import cache
 from quantize.checkpoint.files import check_loadable, check_model_dir, checkpoint_folders, identity_sha256
 from quantize.errors import UsageError
+from quantize.evaluate import cache
+from quantize.evaluate.suite import OpenSuite, open_suite
 from quantize.quiet import quiet_libraries
 from quantize.records import AgreementResult
-from quantize.suite import OpenSuite, open_suite
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,16 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from quantize import cache, records
+from quantize import records
 from quantize.checkpoint.files import BlobCheck, architecture, check_loadable, check_model_dir, identity_sha256
 from quantize.checkpoint.loader import LastModel
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.evaluate import cache
+from quantize.evaluate.suite import OpenSuite, open_suite
 from quantize.gates.gate import comparable_settings, decide
 from quantize.gates.policy import RULE_OUTPUT_TYPES, AgreementRule, Policy, load_policy
 from quantize.io import sha256_file
 from quantize.records import ScoreDoc, Verdict
-from quantize.suite import OpenSuite, open_suite
 
 
 def check_rules(policy: Policy, suite: OpenSuite) -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from quantize.checkpoint.loader import LastModel
 from quantize.errors import UsageError
+from quantize.evaluate.suite import open_suite
 from quantize.flows.gate import check_target, load_scores
 from quantize.gates.gate import check_provenance
 from quantize.gates.sizing import size_tasks
 from quantize.records import SizingReport
-from quantize.suite import open_suite
 
 
 def run_sizing(

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from quantize import stats
 from quantize.errors import UsageError
+from quantize.evaluate.suite import device_kind
 from quantize.gates.policy import AccuracyRule, AgreementRule, PerplexityRule, Policy
 from quantize.records import (
     AccuracyEvidence,
@@ -36,7 +37,6 @@ from quantize.records import (
     non_finite_fields,
     non_finite_items,
 )
-from quantize.suite import device_kind
 
 R = TypeVar("R", AccuracyResult, PerplexityResult, AgreementRuleResult)
 

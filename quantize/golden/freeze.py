@@ -224,12 +224,12 @@ def freeze_task(
 
 def _source(task: Any, cfg: dict[str, Any]) -> dict[str, Any]:
     """Where the documents came from: the task (its version and YAML), the dataset, and local files' sha256."""
-    from quantize.cache import lm_eval_version
+    from importlib import metadata
 
     src: dict[str, Any] = {
         "task": cfg.get("task"),
         "task_version": (cfg.get("metadata") or {}).get("version"),
-        "lm_eval_version": lm_eval_version(),
+        "lm_eval_version": metadata.version("lm_eval"),
         "dataset_path": cfg.get("dataset_path"),
         "dataset_name": cfg.get("dataset_name"),
         "split": task.config.test_split or task.config.validation_split,

@@ -17,11 +17,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from quantize import cache, records
+from quantize import records
 from quantize.checkpoint.accounting import bits_report
 from quantize.checkpoint.files import identity_sha256, read_config
 from quantize.cost import bounds as cost
 from quantize.errors import UsageError
+from quantize.evaluate import cache
+from quantize.evaluate.suite import open_suite
 from quantize.gates.gate import agreement_rule, decide
 from quantize.gates.policy import AccuracyRule, AgreementRule, PerplexityRule, Policy, load_policy
 from quantize.records import (
@@ -33,7 +35,6 @@ from quantize.records import (
     UntestedResult,
     Verdict,
 )
-from quantize.suite import open_suite
 
 
 @dataclass

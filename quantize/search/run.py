@@ -26,9 +26,10 @@ from typing import Any
 
 import yaml
 
-from quantize import cache, records
+from quantize import records
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.evaluate import cache
 from quantize.io import sha256_bytes
 from quantize.records import (
     AllocationRecord,

@@ -90,8 +90,8 @@ def layout(model: Any, model_dir: Path, base: RTNRecipe, options: list[str], uni
     import torch
     from compressed_tensors.utils.match import match_named_modules
 
-    from quantize.checkpoint.accounting import read_header
     from quantize.checkpoint.files import safetensors_files
+    from quantize.checkpoint.headers import read_header
 
     tensors: dict[str, Any] = {}
     for f in safetensors_files(model_dir):

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from quantize.checkpoint.accounting import bits_report, read_header
+from quantize.checkpoint.accounting import _weight_args, bits_report, module_bits
+from quantize.checkpoint.headers import read_header
 from quantize.errors import UsageError
 
 from conftest import DATA
@@ -47,6 +48,27 @@ def ct_config(bits: int, fmt: str = "pack-quantized", group: int | None = 128, s
             }
         },
     }
+
+
+def test_re_and_plain_targets_are_matched_as_compressed_tensors_matches_them():
+    """A mixed-precision config's groups: the module's own name wins, then of the `re:` patterns that match it the
+    first in sorted order (compressed-tensors' `match_targets`), whatever order the config lists them in; a
+    pattern matches from the start of the name only. Checked against the library itself."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.utils.match import match_targets
+
+    targets = [("re:.*mlp.*", 4), ("re:.*down_proj", 8), ("model.layers.0.mlp.down_proj", 2), ("re:head", 3)]
+    cases = {
+        "model.layers.0.mlp.down_proj": 2,  # its own name
+        "model.layers.1.mlp.down_proj": 8,  # two patterns: ".*down_proj" sorts before ".*mlp.*"
+        "model.layers.1.mlp.up_proj": 4,
+        "lm_head": None,  # "re:head" does not match from the start
+    }
+    for module, bits in cases.items():
+        library = match_targets(module, torch.nn.Module(), [t for t, _ in targets])
+        assert module_bits(module, targets) == bits == (dict(targets)[library[0]] if library else None)
+    args = [(t, {"num_bits": b, "type": "float" if b == 8 else "int"}) for t, b in targets]
+    assert _weight_args(args, "model.layers.1.mlp.down_proj") == [{"num_bits": 8, "type": "float"}]
 
 
 @pytest.mark.parametrize("g", [32, 64, 128])

@@ -22,10 +22,10 @@ def ckpt(tiny_model, tmp_path, monkeypatch):
 
 
 def _no_reading(monkeypatch):
-    def refuse(_named):
+    def refuse(_path):
         raise AssertionError("the weights were read again")
 
-    monkeypatch.setattr(files, "sha256_named_files", refuse)
+    monkeypatch.setattr(files, "sha256_file", refuse)
 
 
 def test_a_later_process_finds_the_hash_without_reading_the_weights(ckpt, monkeypatch):
@@ -50,16 +50,16 @@ def test_a_rewritten_file_is_hashed_again_even_with_its_old_size_and_mtime(ckpt)
 def test_another_boot_or_a_planted_memo_is_not_taken(ckpt, monkeypatch):
     named = [(f.name, f) for f in files.safetensors_files(ckpt)]
     monkeypatch.setattr(cache, "boot_id", lambda: "another-boot")
-    cache.store_weights_hash(named, "0" * 64)  # what a cache written elsewhere could hold
+    files.store_weights_hash(named, "0" * 64)  # what a cache written elsewhere could hold
     monkeypatch.undo()
     monkeypatch.setenv("QUANTIZE_CACHE", str(ckpt.parent / "cache"))
-    assert cache.lookup_weights_hash(named) is None
+    assert files.lookup_weights_hash(named) is None
     assert files.weights_sha256(ckpt) != "0" * 64
     # a memo whose content is not a sha256 is ignored, and the hash computed
-    path = cache._weights_memo_path(named)
+    path = files._weights_memo_path(named)
     path.write_text('{"weights_sha256": "not a hash"}')
     files._sha256_of_files.cache_clear()
-    assert cache.lookup_weights_hash(named) is None and len(files.weights_sha256(ckpt)) == 64
+    assert files.lookup_weights_hash(named) is None and len(files.weights_sha256(ckpt)) == 64
 
 
 # --- the Hub-blob shortcut: only inside a real Hub cache layout --------------------------------------------------
@@ -85,6 +85,35 @@ def test_a_true_snapshot_is_named_by_its_blob(ckpt, tmp_path):
     snap, sha = _blob_layout(tmp_path / "hub", ckpt)
     assert files.hub_blob_sha256(snap / "model.safetensors") == sha
     assert files.weights_sha256(snap) == files.sha256_bytes(f"model.safetensors {sha}\n".encode())
+
+
+def test_the_same_files_as_a_folder_and_as_a_hub_snapshot_have_one_identity(ckpt, tmp_path):
+    """One identity whatever the layout: the snapshot's lines come from its blob's name (nothing read), the folder's
+    from its bytes, and they are the same lines; before, the folder's hash was one stream of names and bytes, so the
+    same model was scored twice."""
+    snap, sha = _blob_layout(tmp_path / "hub", ckpt)
+    assert files.hub_blobs(snap) == [(snap / "model.safetensors", sha)]  # named by its blob
+    assert files.hub_blobs(ckpt) == []  # hashed from its bytes
+    assert (
+        files.weights_sha256(ckpt)
+        == files.weights_sha256(snap)
+        == files.sha256_bytes(f"model.safetensors {sha}\n".encode())
+    )
+    assert files.identity_sha256(ckpt) == files.identity_sha256(snap)
+
+
+def test_a_memo_of_the_earlier_weights_hash_is_not_taken(ckpt):
+    """A memo written under the first weights hash (names and bytes as one stream) holds another number: its key
+    names the version, so it is never found for the lines the hash is now."""
+    named = [(f.name, f) for f in files.safetensors_files(ckpt)]
+    st = [
+        [n, str(p), *(lambda s: (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns))(p.stat())]
+        for n, p in named
+    ]
+    old = cache.memo_path("identity", "", {"files": st})
+    old.parent.mkdir(parents=True, exist_ok=True)
+    old.write_text('{"weights_sha256": "' + "1" * 64 + '"}')
+    assert files.lookup_weights_hash(named) is None and files.weights_sha256(ckpt) != "1" * 64
 
 
 def test_a_plain_folder_linking_into_a_nested_blobs_folder_is_identified_by_its_bytes(ckpt, tmp_path):

@@ -109,3 +109,27 @@ def test_a_model_free_module_without_its_own_save_file_is_found(monkeypatch):
 
     monkeypatch.delattr(model_free, "save_file")
     assert any("no longer writes its shards through its own save_file" in p for p in compat.problems())
+
+
+def test_target_matching_agrees_with_compressed_tensors():
+    """The torch-free copy the accounting uses picks, on every case, the target compressed-tensors' own
+    `match_targets` puts first (exact names, then `re:` patterns in sorted order), and matches a name as its
+    `match_name` does."""
+    from compressed_tensors.utils.match import match_name
+
+    from quantize.compat import compressed_tensors_targets as targets_copy
+
+    for name, targets in targets_copy.TARGET_CASES:
+        assert targets_copy.first_target(name, targets) == ct.library_first_target(name, targets)
+        assert [targets_copy.match_name(name, t) for t in targets] == [match_name(name, t) for t in targets]
+    assert targets_copy.first_target("model.layers.1.mlp.down_proj", targets_copy.TARGET_CASES[1][1]) == (
+        "re:.*down_proj"
+    )
+
+
+def test_a_changed_target_precedence_upstream_is_found(monkeypatch):
+    import compressed_tensors.utils.match as match
+
+    own = match.match_targets
+    monkeypatch.setattr(match, "match_targets", lambda name, module, targets: own(name, module, targets)[::-1])
+    assert any("applies target" in p for p in ct.problems())

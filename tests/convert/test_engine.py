@@ -244,7 +244,11 @@ def test_weights_hash_is_hashed_once_and_follows_rewrites(tmp_path, monkeypatch)
     ckpt.mkdir()
     f = ckpt / "model.safetensors"
     f.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
-    expected = hashlib.sha256(b"model.safetensors" + f.read_bytes()).hexdigest()
+
+    def lines() -> str:  # one "NAME SHA256" line per file, as a Hub snapshot's blob names give
+        return hashlib.sha256(f"model.safetensors {hashlib.sha256(f.read_bytes()).hexdigest()}\n".encode()).hexdigest()
+
+    expected = lines()
     reads = []
     real_open = Path.open
     monkeypatch.setattr(Path, "open", lambda self, *a, **k: (reads.append(self.name), real_open(self, *a, **k))[1])
@@ -252,7 +256,7 @@ def test_weights_hash_is_hashed_once_and_follows_rewrites(tmp_path, monkeypatch)
     assert models.weights_sha256(ckpt) == expected
     assert reads.count("model.safetensors") == 1  # the second call is served from the memo
     f.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}       ")  # rewritten: another size and mtime
-    assert models.weights_sha256(ckpt) == hashlib.sha256(b"model.safetensors" + f.read_bytes()).hexdigest() != expected
+    assert models.weights_sha256(ckpt) == lines() != expected
 
 
 def test_the_default_calibration_dtype_depends_on_the_recipe_and_checkpoint_only(tmp_path, monkeypatch):
@@ -311,7 +315,7 @@ def test_the_bf16_probe_is_taken_once_per_boot(tmp_path, monkeypatch):
     assert dtypes.machine_bf16_speedup() == (2.3, False)  # not 1.2: the first timing stands
     monkeypatch.setattr(cache, "boot_id", lambda: "after-a-reboot")
     assert dtypes.machine_bf16_speedup() == (1.2, True)
-    cache._probe_path("bf16-speedup").write_text('{"value": "fast"}')
+    dtypes._probe_path("bf16-speedup").write_text('{"value": "fast"}')
     assert dtypes.machine_bf16_speedup() == (4.0, True)
 
 
@@ -333,7 +337,7 @@ def test_bf16_probe_is_a_ratio_of_two_timings(monkeypatch):
 def test_a_float32_calibration_is_saved_in_the_source_dtype(tmp_path, tiny_model, capsys):
     """`dtype: float32` on a bf16 source: calibrated in float32, then every float tensor cast back to bf16
     (cast_saved_floats), so the checkpoint has the bytes of a bf16-calibrated one and reloads as bf16."""
-    from quantize.checkpoint.accounting import read_header
+    from quantize.checkpoint.headers import read_header
 
     fields = dict(method="rtn", scheme="W4A16", group_size=64, calibration=None)
     meta32 = run_ok(write_recipe(tmp_path, tiny_model, "fp32", **fields, dtype="float32"), capsys)

@@ -12,14 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quantize import cache, records
-from quantize.cache import ran
+from quantize import records
 from quantize.cli import main
+from quantize.evaluate import cache
+from quantize.evaluate.cache import ran
 from quantize.evaluate.score import runtime, score
+from quantize.evaluate.suite import open_suite
 from quantize.golden.build import Sizes
 from quantize.io import sha256_file
 from quantize.records import AgreementResult, ScoreDoc, Verdict
-from quantize.suite import open_suite
 
 from conftest import lm_eval_direct, small_golden, suite_file
 

@@ -71,7 +71,7 @@ def test_vllm_agreement_matches_hf_on_the_same_checkpoint(golden, tiny_model, ca
     model, two engines; their agreement must be near perfect (kernels differ, numerics nearly not)."""
     from quantize.checkpoint.loader import LastModel
     from quantize.evaluate.agreement import VLLMScorer, _scorer, agreement_requests, baseline_topk, compare
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     hf, vl = open_suite(_suite(golden, "hf")), open_suite(_suite(golden, "vllm"))
     reqs = agreement_requests(hf)
@@ -105,7 +105,7 @@ def test_each_format_serves_on_vllm_as_hf_scores_it(golden, tiny_model, tmp_path
 
     from quantize.checkpoint.loader import LastModel
     from quantize.evaluate.agreement import _scorer, agreement_requests, baseline_topk, compare
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     fields = dict(FORMATS[fmt])
     fields["calibration"] = CAL if fields.get("calibration") else None

@@ -184,7 +184,7 @@ def test_bad_policy_exits_2(tmp_path, capsys, text, msg):
 
 def score_file_setup(tmp_path, batch_size: int = 16):
     """A suite on the shipped golden set with two of its tasks, a policy on it, and the provenance its scores carry."""
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     suite = tmp_path / "suite.yaml"
     suite.write_text(

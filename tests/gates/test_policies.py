@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from quantize.evaluate.suite import load_suite
 from quantize.flows.gate import open_policy
 from quantize.gates.policy import load_policy
-from quantize.suite import load_suite
 
 from conftest import ROOT
 

@@ -14,9 +14,9 @@ from quantize import records
 from quantize.cli import main
 from quantize.errors import UsageError
 from quantize.evaluate.score import score
+from quantize.evaluate.suite import open_suite
 from quantize.golden.manifest import verify
 from quantize.records import Verdict
-from quantize.suite import open_suite
 
 from conftest import ROOT, frozen_set, lm_eval_direct, make_tiny_llama
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from quantize.cli import main
+from quantize.evaluate.suite import open_suite
 from quantize.golden.manifest import verify
-from quantize.suite import open_suite
 
 from conftest import frozen_set, lm_eval_direct
 

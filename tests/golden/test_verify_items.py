@@ -187,7 +187,7 @@ def test_smoke_ids_must_name_items(tmp_path, capsys):
 
 def test_scoring_refuses_what_verify_refuses(tmp_path):
     """Scoring opens its suite through verify: a duplicate id is exit 2 before any model loads."""
-    from quantize.suite import open_suite
+    from quantize.evaluate.suite import open_suite
 
     from conftest import suite_file
 

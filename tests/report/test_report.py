@@ -18,9 +18,9 @@ import yaml
 from quantize import records
 from quantize.cli import main
 from quantize.evaluate.score import score
+from quantize.evaluate.suite import open_suite
 from quantize.golden.build import Sizes
 from quantize.report.render import label_positions, pareto_front, spread_labels
-from quantize.suite import open_suite
 
 from conftest import ROOT, small_golden, suite_file
 

@@ -138,9 +138,9 @@ def test_sensitivity_ranks_a_planted_fragile_layer_group_first(world, tmp_path):
     from quantize.checkpoint.loader import load_model, meta_model
     from quantize.convert.recipe import parse_recipe
     from quantize.evaluate.agreement import Scorer, baseline_topk, requests
+    from quantize.evaluate.suite import open_suite
     from quantize.search.sensitivity import sensitivities
     from quantize.search.units import layout
-    from quantize.suite import open_suite
 
     fragile = make_tiny_llama(tmp_path / "fragile", seed=2)
     f = fragile / "model.safetensors"

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from quantize.convert.backends import Job
+from quantize.convert.backends.base import Job
 from quantize.convert.plan import LayerPlan
 from quantize.convert.recipe import WEIGHT_ONLY_INT, AWQRecipe, GPTQRecipe, Recipe
 from quantize.convert.runtime import cpu_safe_calibration

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from quantize.checkpoint.files import read_config
-from quantize.convert.backends import Job
+from quantize.convert.backends.base import Job
 from quantize.convert.modifiers import compile_modifiers
 from quantize.convert.plan import LayerPlan
 from quantize.convert.recipe import Method, Recipe

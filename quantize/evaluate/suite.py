@@ -19,7 +19,7 @@ from quantize.errors import UsageError
 from quantize.golden.manifest import GoldenSet, verify
 from quantize.io import sha256_json
 
-# the device kinds a suite may name (the validator below); scores are cached per kind (quantize/cache.py)
+# the device kinds a suite may name (the validator below); scores are cached per kind (quantize/evaluate/cache.py)
 DEVICE_KINDS = ("cpu", "cuda", "xpu", "npu", "mps")
 
 

@@ -1,0 +1,186 @@
+"""Safetensors headers, read and checked: the format's rules, nothing of a model.
+
+A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (name -> dtype, shape,
+data_offsets), then the tensor bytes. `read_header` parses one file's header and enforces the format's rules;
+`all_tensors` joins a checkpoint's shards. No tensor data is read and nothing here imports torch: the accounting
+(bits per weight), the memory plan, the loader's checks and config.json's check against the weights
+(files.config_matches_headers) all read headers through this module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import UsageError
+
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+
+# Bits per element of every dtype safetensors defines.
+DTYPE_BITS = {
+    "BOOL": 8,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "I64": 64,
+    "U64": 64,
+    "F64": 64,
+    "C64": 64,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+}
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    file: str
+
+
+# --- the header parser ------------------------------------------------------------------------
+
+
+def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
+    """Parse and check one safetensors header. Returns tensors, __metadata__, bytes read.
+
+    Enforces safetensors' rules: header length within the file and at most 100 MB,
+    a JSON object, known dtypes, non-negative integer shapes, offsets in bounds,
+    contiguous and non-overlapping, byte size = prod(shape) × dtype size.
+    """
+    size = path.stat().st_size
+    bad = _Invalid(path)
+    raw = _header_bytes(path, size, bad)
+    header, meta = _header_json(raw, bad)
+    data_size = size - 8 - len(raw)
+    tensors: dict[str, TensorInfo] = {}
+    spans: list[tuple[int, int, str]] = []
+    for name, entry in header.items():
+        info, begin, end = _tensor_entry(name, entry, data_size, path.name, bad)
+        tensors[name] = info
+        spans.append((begin, end, name))
+    _check_contiguous(spans, data_size, bad)
+    return tensors, meta, 8 + len(raw)
+
+
+class _Invalid:
+    """The one message of a bad header: the file, what is wrong, what to do."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self, why: str) -> UsageError:
+        return UsageError(f"{self.path} is not a valid safetensors file: {why}. Re-save or re-download the checkpoint.")
+
+
+def _header_bytes(path: Path, size: int, bad: _Invalid) -> bytes:
+    """The header: an 8-byte little-endian length n, then n bytes, within the file and at most 100 MB."""
+    if size < 8:
+        raise bad(f"it is {size} bytes long, shorter than the 8-byte header length")
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > MAX_HEADER_BYTES:
+            raise bad(f"header length {n} exceeds the 100 MB limit")
+        if n > size - 8:
+            raise bad(f"header length {n} runs past the end of the {size}-byte file")
+        return f.read(n)
+
+
+def _header_json(raw: bytes, bad: _Invalid) -> tuple[dict[str, Any], dict[str, str]]:
+    """The header's JSON object without __metadata__, and __metadata__ (strings to strings, the format's rule)."""
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
+        raise bad(f"header is not valid JSON ({str(e)[:200]})") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    meta = header.pop("__metadata__", None)  # absent or null: no metadata; [], "", 0 or false are not "none"
+    if meta is None:
+        meta = {}
+    string_values = "__metadata__ must be an object of string values"
+    if not isinstance(meta, dict):
+        raise bad(f"__metadata__ is a JSON {_json_type(meta)} ({json.dumps(meta)[:40]}); {string_values}")
+    for k, v in meta.items():
+        if not isinstance(v, str):
+            raise bad(f"__metadata__[{k!r}] is a JSON {_json_type(v)}; {string_values}")
+    return header, meta
+
+
+def _json_type(x: Any) -> str:
+    """The JSON name of a parsed value's type (a bool is a JSON boolean, not an int)."""
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "array", dict: "object"}
+    return "null" if x is None else names.get(type(x), type(x).__name__)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _tensor_entry(name: str, entry: Any, data_size: int, file: str, bad: _Invalid) -> tuple[TensorInfo, int, int]:
+    """One tensor's entry checked: exactly dtype, shape, data_offsets; a known dtype; a shape of non-negative
+    integers; offsets [begin, end] inside the data section spanning prod(shape) × dtype bits / 8 bytes."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"tensor name {name.encode('utf-8', 'backslashreplace')!r} is not valid Unicode") from None
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise bad(f"entry {name!r} must have exactly dtype, shape and data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise bad(f"tensor {name!r} has shape {shape!r}; a shape is a list of non-negative integers")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets):
+        raise bad(f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_size:
+        raise bad(f"tensor {name!r} has data_offsets {offsets} outside the {data_size}-byte data section")
+    nbits = math.prod(shape) * DTYPE_BITS[dtype]
+    if nbits % 8 or nbits // 8 != end - begin:
+        raise bad(f"tensor {name!r}: {dtype} {shape} needs {nbits / 8:g} bytes, its offsets span {end - begin}")
+    return TensorInfo(name, dtype, shape, end - begin, file), begin, end
+
+
+def _check_contiguous(spans: list[tuple[int, int, str]], data_size: int, bad: _Invalid) -> None:
+    """The tensors tile the data section exactly: no gap, no overlap, nothing after the last."""
+    cursor = 0
+    for begin, end, name in sorted(spans):
+        if begin != cursor:
+            why = (
+                "overlaps the previous tensor"
+                if begin < cursor
+                else f"leaves a gap of {begin - cursor} bytes before it"
+            )
+            raise bad(f"tensor {name!r} at {begin} {why}")
+        cursor = end
+    if cursor != data_size:
+        raise bad(f"tensors end at byte {cursor} of a {data_size}-byte data section")
+
+
+def all_tensors(files: list[Path]) -> tuple[dict[str, TensorInfo], int]:
+    """Every shard's tensors (a name in two shards is refused) and the header bytes read."""
+    tensors: dict[str, TensorInfo] = {}
+    header_read = 0
+    for f in files:
+        found, _, nread = read_header(f)
+        header_read += nread
+        if dup := set(found) & set(tensors):
+            raise UsageError(f"tensor {sorted(dup)[0]!r} appears in two shards; the checkpoint is inconsistent")
+        tensors.update(found)
+    return tensors, header_read

@@ -1,0 +1,61 @@
+"""The protocol every conversion backend implements, and the job it is handed (the package's `_registry` lists
+the backends; the engine calls this protocol and never names one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from quantize.convert.calibration import CalibrationSet
+from quantize.convert.plan import LayerPlan
+from quantize.convert.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a backend quantizes: the loaded model (None when the backend loads it itself), its tokenizer and
+    folder, the recipe, the calibration dtype (None: the checkpoint's own), the calibration tokens (None for
+    data-free schemes) and what `prepare` returned."""
+
+    model: Any
+    tok: Any
+    model_dir: Path
+    recipe: Recipe
+    dtype: Any
+    calib: CalibrationSet | None
+    prepared: Any
+
+
+class ConversionBackend(Protocol):
+    name: str  # the recipe's `backend:` value
+    packages: tuple[str, ...]  # what must be installed beside the core (checked before a model loads)
+    library: str  # the distribution whose version the model card names
+    credit: str  # the library's name as the model card credits it
+    card_tags: tuple[str, ...]  # the model card's tags for this backend's output
+    formats: ClassVar[dict[str, str]]  # method -> the format it writes ("*": any other method)
+    load_note: ClassVar[dict[str, str]]  # method -> how transformers loads what it wrote ("*": any other method)
+
+    def prepare(self, recipe: Recipe, plan: LayerPlan) -> Any:
+        """Before a model loads: refuse a plan this backend cannot write; what it will run (llm-compressor's
+        modifiers, a verbatim recipe's YAML, or None when the backend configures itself from the recipe)."""
+        ...
+
+    def load(self, model_dir: Path, recipe: Recipe, dtype: Any) -> tuple[Any, Any]:
+        """(model or None when the backend loads it at quantize time, tokenizer)."""
+        ...
+
+    def quantize(self, job: Job) -> tuple[Any, Any]:
+        """(the quantized model, what ran: recorded in quantize.json's engine.modifiers)."""
+        ...
+
+    def save(self, model: Any, folder: Path) -> None: ...
+
+    def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
+        """Convert a data-free recipe shard by shard from model_dir into folder, never the whole model in memory
+        (only backends memory.streamable accepts: llm-compressor); returns what ran, as `quantize` does."""
+        ...
+
+    def release(self) -> None:
+        """Let the quantized model's memory go once the caller has dropped it."""
+        ...

@@ -1,0 +1,233 @@
+"""The evaluation cache: where scores and agreement results live, keyed by their provenance.
+
+The one place that builds their keys and paths (tests/test_layers.py enforces it). Scorers store through it, the
+gate and the report look up through it. Nothing here loads a model or imports torch or lm-eval (the layering test
+holds it to that: gates, the report and flows read it). A cache may be restored from a store other people write
+(CI), so what it serves is checked on every read (quantize/cache.py `checked_bytes`): a score file must hash to the
+sha256 beside it, carry the key and checkpoint identity it was asked for, and its task summaries must follow from
+its items. What a restored cache may supply to a gate (the baseline's scores and top-k, never the candidate's
+unless asked for) is docs/reliability.md's trust model, which quantize/flows/gate.py enforces.
+
+    scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint identity, suite settings, golden manifest,
+                                                               lm-eval version, tasks, runtime, SCORER_REVISION)
+               $QUANTIZE_CACHE/scores/KEY.sha256  the sha256 of KEY.json's bytes, written after it
+    agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings, runtime
+               $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
+               each with a .sha256 beside it, checked on read as a score file's is, and a comparison must name
+               the two identities it was asked for
+    search     $QUANTIZE_CACHE/search/sensitivity-KEY.json  KEY = sha256(model identity, base recipe, options,
+                                                               unit, golden manifest, suite, per_task, top_k,
+                                                               device kind, dtype)
+
+The runtime (`Runtime`) is what changes a computed number besides the checkpoint and the suite's text: the device
+kind the model ran on (kernels differ between a CPU and an accelerator), the dtype it was loaded in (the suite's
+"auto" resolves to float32 on a CPU and the checkpoint's own dtype elsewhere), and whether the checkpoint's own
+code ran (--trust-remote-code).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from quantize import records
+from quantize.cache import cache_dir, checked_bytes, digest_path, seal_record
+from quantize.errors import UsageError
+from quantize.evaluate.suite import DEVICE_KINDS, OpenSuite, device_kind
+from quantize.io import sha256_json
+from quantize.kinds import KINDS
+from quantize.records import AgreementResult, ScoreDoc, SensitivityRecord
+
+
+def lm_eval_version() -> str:
+    return metadata.version("lm_eval")
+
+
+# The installed packages whose versions can change a score: this one (its scoring code), the scorer, the model
+# code and its kernels, the formats' decompression, the datasets reader. Pinned in pyproject.toml.
+SCORING_DISTRIBUTIONS = ("quantize", "lm_eval", "torch", "transformers", "compressed-tensors", "datasets")
+
+
+# Bumped when our scoring path changes how lm-eval's requests are computed (a score computed the old way is
+# another number, if only in its last bits). 2: document-perplexity requests batched longest first
+# (quantize/evaluate/score.py `LeanHFLM`), not in document order. 3: the LM head and log_softmax of a
+# loglikelihood batch only from its earliest continuation position on (`logits_to_keep`), not at every position.
+SCORER_REVISION = 3
+
+
+def restore_key_parts(suite: OpenSuite) -> dict[str, Any]:
+    """What a CI cache of a suite's scores is saved and restored under (`quantize cache-key POLICY`): everything
+    that keys its score and agreement entries except the checkpoints and the runtime (module docstring), and the
+    installed versions of SCORING_DISTRIBUTIONS. A policy's own rules key nothing: two policies on one suite
+    share their scores. The runtime is the runner's (device kind, dtype): where runners differ, the action's
+    `cache-key-extra` tells them apart."""
+    a = suite.suite.agreement
+    return {
+        "suite_settings_sha256": suite.sha256,
+        "golden_manifest_sha256": suite.golden.manifest_sha256,
+        "tasks": sorted(suite.tasks),
+        "agreement": [sorted(suite.agreement_tasks), a.per_task, a.top_k],
+        "versions": {d: metadata.version(d) for d in SCORING_DISTRIBUTIONS},
+        "scorer_revision": SCORER_REVISION,
+    }
+
+
+def restore_key(suite: OpenSuite) -> str:
+    return f"quantize-scores-{sha256_json(restore_key_parts(suite))[:32]}"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how a model computed a cached number (module docstring): part of every score and agreement key."""
+
+    device_kind: str  # cpu, cuda, xpu, npu, mps: the device without its index
+    dtype: str  # the suite's dtype resolved for that device ("auto": the checkpoint's own, fixed by its identity)
+    trust_remote_code: bool = False
+
+    @classmethod
+    def on(cls, suite: OpenSuite, device: str, trust_remote_code: bool = False) -> Runtime:
+        """The runtime of a model run on `device` (a resolved device: "cpu", "cuda:1", ...) under the suite."""
+        kind = device_kind(device)
+        return cls(kind, suite.suite.model_dtype(kind), trust_remote_code)
+
+    def key(self) -> list[Any]:
+        return [self.device_kind, self.dtype, *(["trust_remote_code"] if self.trust_remote_code else [])]
+
+
+def runtimes(suite: OpenSuite) -> list[Runtime]:
+    """Every runtime a suite's scores may have been computed under, for a reader that loads no model (the report):
+    the suite's own device, or on "auto" every device kind; without and then with the checkpoint's own code."""
+    device = suite.suite.device
+    kinds = DEVICE_KINDS if device == "auto" else (device_kind(device),)
+    return [Runtime.on(suite, k, trust) for trust in (False, True) for k in kinds]
+
+
+def score_key(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str:
+    parts = [ckpt_id, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)]
+    return sha256_json([*parts, "runtime", *run.key(), "scorer", SCORER_REVISION])
+
+
+def score_path(suite: OpenSuite, ckpt_id: str, run: Runtime) -> Path:
+    return cache_dir() / "scores" / f"{score_key(suite, ckpt_id, run)[:32]}.json"
+
+
+def lookup_scores(suite: OpenSuite, ckpt_id: str, run: Runtime) -> ScoreDoc | None:
+    """The cached scores of a checkpoint on a suite, checked (module docstring); None when there are none, or when
+    the entry has no digest beside it (written before entries were hashed, or copied without it: nothing vouches for
+    it, so it is scored again and replaced)."""
+    p = score_path(suite, ckpt_id, run)
+    refresh = "score it again with `quantize eval SUITE CHECKPOINT --refresh` (or delete the file)"
+    if (raw := checked_bytes(p, refresh, "score file")) is None:
+        return None
+    doc = records.loads(ScoreDoc, raw, p)
+    key = score_key(suite, ckpt_id, run)
+    if doc.key != key or doc.provenance.checkpoint.identity_sha256 != ckpt_id or ran(doc) != run:
+        raise UsageError(
+            f"cached score file {p} holds another checkpoint's or suite's scores (its key "
+            f"{doc.key[:16]}, identity {doc.provenance.checkpoint.identity_sha256[:16]}, {ran(doc)}; asked for "
+            f"{key[:16]}, {ckpt_id[:16]}, {run}); {refresh}"
+        )
+    if wrong := summary_mismatches(doc):
+        raise UsageError(f"cached score file {p} does not add up: {'; '.join(wrong[:3])}; {refresh}")
+    return doc
+
+
+def ran(doc: ScoreDoc) -> Runtime:
+    """The runtime a score document says it was computed under."""
+    p = doc.provenance
+    return Runtime(device_kind(p.device), p.dtype, p.trust_remote_code)
+
+
+def summary_mismatches(doc: ScoreDoc) -> list[str]:
+    """Task figures that do not follow from the task's items (the kind's own summary, quantize/kinds.py)."""
+    out = []
+    for name, t in doc.tasks.items():
+        items = [i.model_dump() for i in t.items]
+        if t.n != len(items):
+            out.append(f"{name}: n = {t.n} but {len(items)} items")
+            continue
+        for field, derived in KINDS[t.output_type].summary(items, getattr(t, "filter", None)).items():
+            stored = getattr(t, field)
+            same = stored == derived or (
+                isinstance(stored, float) and isinstance(derived, float) and math.isnan(stored) and math.isnan(derived)
+            )
+            if not same:
+                out.append(f"{name}: {field} is {stored} but its items give {derived}")
+    return out
+
+
+def score_file_sha256(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str | None:
+    """The sha256 of a checkpoint's cached score file (checked by lookup_scores), or None when there is none."""
+    digest = digest_path(score_path(suite, ckpt_id, run))
+    return digest.read_text().strip() if digest.is_file() else None
+
+
+def store_scores(suite: OpenSuite, doc: ScoreDoc, replace: bool = True) -> None:
+    """A score entry sealed (quantize/cache.py `seal_record`: `replace=False` only where none is there yet; else
+    the caller, score, holds the claim)."""
+    seal_record(score_path(suite, doc.provenance.checkpoint.identity_sha256, ran(doc)), doc, replace)
+
+
+# What our agreement forward pass computes, revised: 2 (2026-12-03) truncates a document to the model's context
+# length when the suite sets none (scoring's rule), where 1 kept its last 2,048 tokens whatever the model's.
+AGREEMENT_REVISION = 2
+
+
+def _agreement_key(suite: OpenSuite, run: Runtime) -> str:
+    a = suite.suite.agreement
+    parts = [sorted(suite.agreement_tasks), a.per_task, a.top_k, suite.golden.manifest_sha256]
+    # our own forward pass: AGREEMENT_REVISION keys it, SCORER_REVISION (lm-eval's path) does not
+    return sha256_json([*parts, "runtime", *run.key(), "agreement", AGREEMENT_REVISION])[:16]
+
+
+def baseline_topk_path(suite: OpenSuite, base_id: str, run: Runtime) -> Path:
+    return cache_dir() / "agreement" / f"base-{base_id[:16]}-{_agreement_key(suite, run)}.npz"
+
+
+def agreement_path(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime) -> Path:
+    return cache_dir() / "agreement" / f"cmp-{base_id[:16]}-{cand_id[:16]}-{_agreement_key(suite, run)}.json"
+
+
+def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime) -> AgreementResult | None:
+    p = agreement_path(suite, base_id, cand_id, run)
+    fix = "delete it, and the next `quantize agree` (or `quantize gate`) measures it again"
+    if (raw := checked_bytes(p, fix)) is None:
+        return None
+    found = records.loads(AgreementResult, raw, p)
+    if (found.baseline_identity, found.candidate_identity) != (base_id, cand_id):
+        raise UsageError(
+            f"cached agreement {p} compares other checkpoints (baseline {found.baseline_identity[:16]}, candidate "
+            f"{found.candidate_identity[:16]}; asked for {base_id[:16]}, {cand_id[:16]}); {fix}"
+        )
+    return found
+
+
+def store_agreement(suite: OpenSuite, result: AgreementResult, run: Runtime, replace: bool = True) -> None:
+    """An agreement entry sealed (`seal_record`: `replace=False` only where none is there yet)."""
+    seal_record(agreement_path(suite, result.baseline_identity, result.candidate_identity, run), result, replace)
+
+
+def sensitivity_key(suite: OpenSuite, model_id: str, measured: dict[str, Any]) -> str:
+    """`measured`: what the search's sensitivities depend on besides the model and suite (its base recipe,
+    options, unit, items per task, top-k, and the device kind and dtype the model ran in)."""
+    return sha256_json(
+        {"v": 2, "model": model_id, "golden": suite.golden.manifest_sha256, "suite": suite.sha256, **measured}
+    )
+
+
+def sensitivity_path(key: str) -> Path:
+    return cache_dir() / "search" / f"sensitivity-{key[:32]}.json"
+
+
+def lookup_sensitivity(key: str) -> SensitivityRecord | None:
+    p = sensitivity_path(key)
+    return records.read(SensitivityRecord, p) if p.is_file() else None
+
+
+def store_sensitivity(record: SensitivityRecord) -> None:
+    p = sensitivity_path(record.key)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    records.write(p, record)
