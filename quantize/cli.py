@@ -17,7 +17,7 @@ import signal
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -420,6 +420,22 @@ def _cost_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     c.set_defaults(fn=cmd_cost)
 
 
+class ItemTypes(Sequence[str]):
+    """`golden new --type`'s choices: the kinds registry's templates (quantize/kinds.py), read when argparse first
+    needs them (a value to check, a help text), so that building the parser imports no registry."""
+
+    def _names(self) -> list[str]:
+        from quantize.kinds import templates
+
+        return list(templates())
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
 def _golden_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     g = sub.add_parser("golden", help="verify, build, freeze or write a versioned golden set; size one")
     gs = g.add_subparsers(dest="action", required=True)
@@ -434,7 +450,9 @@ def _golden_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     gn = gs.add_parser("new", help="a golden set from your own JSONL items")
     gn.add_argument("out", help="the new version folder, e.g. golden/faq/v1")
     gn.add_argument("--from", dest="source", required=True, help="JSONL file, one item per line")
-    gn.add_argument("--type", required=True, choices=["multiple_choice", "greedy", "perplexity", "generate"])
+    gn.add_argument(
+        "--type", required=True, choices=ItemTypes(), metavar="TYPE", help="the items' type: %(choices)s"
+    )
     gn.add_argument("--task", help="task name (default: <set>_<type>)")
     gn.add_argument("--regex", help="generate: extract the answer with this regex (its group, if it has one)")
     gn.add_argument("--stop", action="append", help="generate: a stop sequence (repeat; default \\n; \\n, \\t read)")
