@@ -146,3 +146,12 @@ def test_a_kind_added_to_the_registry_is_seen_by_the_gate(yes_no):
     assert item_value(item, "yes", "t") == 1.0 and item_value(item, "acc", "t") == 1.0
     with pytest.raises(UsageError, match="no per-item perplexity"):
         item_value(item, "perplexity", "t")
+
+
+def test_building_the_cli_parser_imports_no_registry():
+    """--type's choices are read when argparse needs them: every other command starts without pydantic."""
+    import subprocess
+    import sys
+
+    code = "import sys; from quantize.cli import build_parser; build_parser(); print('quantize.kinds' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
