@@ -1,8 +1,11 @@
-"""The Python API: every command of the `quantize` CLI as a function that returns the record the CLI prints or
-writes (docs/api.md). Arguments are paths, or for recipes an already validated `Recipe`; results are the typed
-records of quantize/records.py (and the checkpoint's `BitsReport`, the cost's `TokenCost`); a bad input raises
-`UsageError` (what exit 2 means on the command line), a failure of the work `RuntimeFailure` (exit 3), with the
-same messages the CLI prints.
+"""The Python API: the commands of the `quantize` CLI as functions that return the record the CLI prints or writes
+(docs/api.md lists them; `card`, `golden build/freeze/size` and `model` are none). Arguments are paths, or for
+recipes an already validated `Recipe`; results are the typed records of quantize/records.py (and the checkpoint's
+`BitsReport`, the cost's `TokenCost`); a bad input raises `UsageError` (what exit 2 means on the command line), a
+failure of the work `RuntimeFailure` (exit 3), with the same messages the CLI prints. Where a command prints more
+than a function's record, a second function returns it (`scored`: whether the scores came from the cache;
+`agreement`: the suite and the candidates left out) or a callback hands it over (`gate(on_verdict=)`: the verdict
+before its files are written); the CLI is a layer over these functions.
 
 Importing this module (or `quantize`) imports no heavy library: each function imports its stage when called.
 The stages' own packages are `quantize.evaluate`, `quantize.report`, `quantize.search`, `quantize.sweep` and
@@ -14,17 +17,20 @@ anything imports it.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantize.errors import QuantizeWarning, UsageError
+from quantize.errors import QuantizeWarning, RuntimeFailure, UsageError
 
 if TYPE_CHECKING:
     from quantize.checkpoint.accounting import BitsReport
     from quantize.convert.recipe import Recipe
-    from quantize.cost.bounds import TokenCost, Workload
+    from quantize.cost.bounds import KVLayout, RoutedExperts, TokenCost, Workload
+    from quantize.evaluate.score import Scored
+    from quantize.flows.agree import Agreement
+    from quantize.golden.manifest import GoldenSet, Manifest
     from quantize.records import AgreementResult, RunRecord, ScoreDoc, SearchReport, SweepRecord, Verdict
 
 PathLike = str | Path
@@ -90,16 +96,36 @@ def score(
     suite: PathLike, checkpoint: PathLike, *, refresh: bool = False, trust_remote_code: bool = False, quiet: bool = True
 ) -> ScoreDoc:
     """`quantize eval`: lm-eval on the suite's golden tasks, per-item records included, cached by the
-    checkpoint's identity (`refresh`: score again). A bad suite raises before lm-eval is imported."""
+    checkpoint's identity (`refresh`: score again). A bad suite raises before lm-eval is imported. `scored` also
+    says whether the scores came from the cache."""
+    return scored(suite, checkpoint, refresh=refresh, trust_remote_code=trust_remote_code, quiet=quiet).doc
+
+
+def scored(
+    suite: PathLike, checkpoint: PathLike, *, refresh: bool = False, trust_remote_code: bool = False, quiet: bool = True
+) -> Scored:
+    """`score`, with where the scores came from: `Scored(doc, cached)`, `cached` True when they were read from
+    the score cache (what `quantize eval` prints under its table). Weights identified by Hub blob names are read
+    back beside the scoring (checkpoint/files.BlobCheck): a name that lies raises UsageError naming the blob, and
+    nothing scored under it is stored or returned."""
     from quantize.evaluate.suite import open_suite
 
     opened = open_suite(suite)
+    from quantize.checkpoint.files import BlobCheck
     from quantize.evaluate.score import score as run_score
     from quantize.quiet import quiet_libraries
 
+    names = BlobCheck([Path(checkpoint)])
     with quiet_libraries(quiet):
-        doc, _cached = run_score(opened, checkpoint, refresh=refresh, trust_remote_code=trust_remote_code)
-    return doc
+        try:
+            found = run_score(
+                opened, checkpoint, refresh=refresh, trust_remote_code=trust_remote_code, before_store=names.wait
+            )
+        except (UsageError, RuntimeFailure):
+            names.wait()  # a blob whose name lies explains whatever failed after it
+            raise
+    names.wait()
+    return found
 
 
 def agree(
@@ -112,13 +138,47 @@ def agree(
 ) -> list[tuple[Path, AgreementResult]]:
     """`quantize agree`: each candidate's token agreement (KL, top-1) with the baseline on the suite's agreement
     items. A folder of checkpoints (such as outputs/) stands for every checkpoint inside it; a candidate that
-    cannot be measured against this baseline is left out with a UserWarning saying why."""
-    from quantize.flows.agree import agree_many
-
-    a = agree_many(suite, Path(baseline), [str(c) for c in candidates], trust_remote_code, quiet)
+    cannot be measured against this baseline is left out with a QuantizeWarning saying why (`agreement` returns
+    those lines instead)."""
+    a = agreement(suite, baseline, candidates, trust_remote_code=trust_remote_code, quiet=quiet)
     for line in a.skipped:
         warnings.warn(line, QuantizeWarning, stacklevel=2)
     return a.results
+
+
+def agreement(
+    suite: PathLike,
+    baseline: PathLike,
+    candidates: Sequence[PathLike],
+    *,
+    trust_remote_code: bool = False,
+    quiet: bool = True,
+) -> Agreement:
+    """`agree`'s whole record, what `quantize agree` prints from: `Agreement(suite, baseline, results, skipped)`,
+    the opened suite (its golden set and agreement settings), the results per candidate and one line per candidate
+    left out. Weights identified by Hub blob names (the baseline's and every candidate's) are read back beside the
+    measuring (checkpoint/files.BlobCheck): a name that lies raises UsageError naming the blob, and nothing measured
+    under it is stored or returned."""
+    from quantize.checkpoint.files import BlobCheck, checkpoint_folders
+    from quantize.flows.agree import agree_many
+
+    given = [str(c) for c in candidates]
+    names = BlobCheck([Path(baseline), *_folders(checkpoint_folders, given)])
+    try:
+        a = agree_many(suite, Path(baseline), given, trust_remote_code, quiet, before_store=names.wait)
+    except (UsageError, RuntimeFailure):
+        names.wait()
+        raise
+    names.wait()
+    return a
+
+
+def _folders(find: Callable[[list[str]], list[Path]], given: list[str]) -> list[Path]:
+    """The checkpoint folders `given` names, or [] where it names none (agree_many then says what is wrong)."""
+    try:
+        return find(given)
+    except UsageError:
+        return []
 
 
 def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
@@ -131,23 +191,25 @@ def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
     trust_remote_code: bool = False,
     trust_cached_candidate: bool = False,
     quiet: bool = True,
+    on_verdict: Callable[[Verdict], None] | None = None,
 ) -> Verdict:
     """`quantize gate`: the candidate against the baseline under the policy. Returns the Verdict (its
     `exit_code` is the CLI's: 0 pass, 1 rejected or inconclusive); a rejection is a verdict, not an exception.
     `junit`: also write JUnit XML there (checked writable before anything is scored); `card`: write the verdict
     into the candidate folder's model card (its README checked before anything is scored).
     `trust_cached_candidate`: read the candidate's scores from the cache instead of computing them (docs/reliability.md,
-    "What a restored cache may supply"; the verdict records which)."""
+    "What a restored cache may supply"; the verdict records which). `on_verdict`: called with the verdict before
+    the JUnit file or the card is written (the CLI prints it there: a write that fails hides no verdict)."""
     from quantize.flows.gate import run_gate, save_verdict
     from quantize.io import check_writable
     from quantize.quiet import quiet_libraries
 
     if junit is not None:
-        check_writable(Path(junit), "junit")
+        check_writable(Path(junit), "--junit")
     if card:
         from quantize.report.card import check_card
 
-        check_card(Path(candidate), "card")
+        check_card(Path(candidate), "--card")
     with quiet_libraries(quiet):
         v = run_gate(
             policy,
@@ -156,6 +218,8 @@ def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
             trust_remote_code=trust_remote_code,
             trust_cached_candidate=trust_cached_candidate,
         )
+    if on_verdict is not None:
+        on_verdict(v)
     save_verdict(v, Path(junit) if junit is not None else None, card=Path(candidate) if card else None)
     return v
 
@@ -171,34 +235,120 @@ def write_report(
     hardware: str = "h100-sxm",
 ) -> dict[str, Any]:
     """`quantize report`: the bytes-versus-accuracy report (Markdown, HTML, plots) of the checkpoints (folders of
-    checkpoints stand for those inside) into `out`; returns what `--json` prints. `x`: the Pareto plots' x axis,
-    "bytes" (MiB) or "bpw" (bits per weight); the defaults are the CLI's."""
+    checkpoints stand for those inside) into `out`; returns what `--json` prints (`len(...["entries"])`: the
+    checkpoints shown). `x`: the Pareto plots' x axis, "bytes" (MiB) or "bpw" (bits per weight); the defaults are
+    the CLI's. Every cached figure is found by the checkpoints' identities: weights identified by Hub blob names
+    are read back first (checkpoint/files.BlobCheck), and a name that lies raises UsageError naming the blob."""
     if x not in ("bytes", "bpw"):
         raise UsageError(f"x {x!r} is not an axis of the report; give \"bytes\" or \"bpw\"")
-    from quantize.checkpoint.files import checkpoint_folders
+    from quantize.checkpoint.files import BlobCheck, checkpoint_folders
     from quantize.report.collect import collect, report_suite
     from quantize.report.render import write_report as render_report
 
     hw = _hardware(hardware)
     suite_path = report_suite(None if suite is None else str(suite), None if policy is None else str(policy))
-    entries = collect(
-        checkpoint_folders([str(c) for c in checkpoints]),
-        suite_path,
-        Path(baseline) if baseline is not None else None,
-        None if policy is None else str(policy),
-        hw,
-    )
+    folders = checkpoint_folders([str(c) for c in checkpoints])
+    names = BlobCheck([*folders, *([Path(baseline)] if baseline is not None else [])])
+    try:
+        base, pol = Path(baseline) if baseline is not None else None, None if policy is None else str(policy)
+        entries = collect(folders, suite_path, base, pol, hw)
+    finally:
+        names.wait()  # before anything is written: no report shows scores found under a name that lies
     return render_report(entries, Path(out), x, suite_path, hardware)
 
 
-def decode_cost(checkpoint: PathLike, *, hardware: str = "seed", workload: Workload | None = None) -> TokenCost:
+def decode_cost(
+    checkpoint: PathLike,
+    *,
+    hardware: str = "seed",
+    workload: Workload | None = None,
+    project_params: float | None = None,
+    project_share: float | None = None,
+    sweeps: bool = False,
+) -> TokenCost:
     """`quantize cost --checkpoint`: decode lower bounds from a checkpoint's measured bytes (weights and KV cache)
     on `hardware` (a name of `quantize.cost.bounds.HARDWARE`) for `workload` (default: the CLI's defaults,
-    context 2,048, batch 32)."""
+    context 2,048, batch 32). `project_params`: also project onto a model of that many parameters
+    (`project_share`: the share of them in quantized linears; default the checkpoint's). `sweeps`: add the seed's
+    exercises (`--sweep`)."""
     from quantize.cost import bounds
 
     work = workload or bounds.Workload()
-    return bounds.checkpoint_cost(Path(checkpoint), _hardware(hardware), work)
+    result = bounds.checkpoint_cost(Path(checkpoint), _hardware(hardware), work, project_params, project_share)
+    return _with_sweeps(result, work) if sweeps else result
+
+
+def token_cost(
+    parameters: float,
+    formats: Mapping[str, float],
+    kv: KVLayout,
+    *,
+    hardware: str = "seed",
+    workload: Workload | None = None,
+    routed: Sequence[RoutedExperts] = (),
+    sweeps: bool = False,
+) -> TokenCost:
+    """`quantize cost` without a checkpoint: decode lower bounds of a model of `parameters` stored in each of
+    `formats` (name: bits per weight, e.g. {"bf16": 16, "int4_g128": 4.15}) with the KV layout `kv`
+    (`quantize.cost.bounds.KVLayout(layers, kv_heads, head_dim, bytes_per_element)`); `routed`: an MoE's routed
+    experts (`bounds.RoutedExperts` per MoE layer). The CLI's defaults are the seed worksheet's."""
+    from quantize.cost import bounds
+
+    work = workload or bounds.Workload()
+    result = bounds.token_cost(parameters, dict(formats), kv, _hardware(hardware), work, routed=tuple(routed))
+    return _with_sweeps(result, work) if sweeps else result
+
+
+def _with_sweeps(result: TokenCost, work: Workload) -> TokenCost:
+    from quantize.cost import bounds
+
+    return result.model_copy(update={"sweeps": bounds.exercise_sweeps(work.gamma, work.draft_cost, work.alpha)})
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """`quantize cache-key`: the key a CI cache of a policy's scores is saved under, and what it is made of."""
+
+    key: str
+    parts: dict[str, Any]
+
+
+def cache_key(policy: PathLike) -> CacheKey:
+    """`quantize cache-key`: the key changes when and only when what keys the policy's scores changes (its suite's
+    score-changing settings, its golden set's manifest, tasks and agreement settings, the scoring packages'
+    installed versions); the reusable action restores and saves the score cache under it."""
+    from quantize.evaluate import cache
+    from quantize.flows.gate import open_policy
+
+    _, suite = open_policy(policy)
+    return CacheKey(cache.restore_key(suite), cache.restore_key_parts(suite))
+
+
+def golden_verify(path: PathLike) -> GoldenSet:
+    """`quantize golden verify`: every file of a golden version checked against its MANIFEST, and its items
+    (JSON per line, unique ids, answers inside their choices, few-shot pins); a mismatch raises UsageError."""
+    from quantize.golden.manifest import verify
+
+    return verify(path)
+
+
+def golden_new(  # noqa: PLR0913  # one keyword per flag of `quantize golden new`
+    out: PathLike,
+    source: PathLike,
+    item_type: str,
+    *,
+    task: str | None = None,
+    regex: str | None = None,
+    stop: Sequence[str] = (),
+    max_gen_toks: int = 32,
+    seed: int = 0,
+) -> Manifest:
+    """`quantize golden new`: a golden-set version at `out` from a JSONL file of `item_type` items (one of the
+    kinds registry's templates, `quantize.kinds.templates()`: multiple_choice, greedy, perplexity, generate).
+    The file is checked whole before anything is written; returns the version's manifest."""
+    from quantize.golden.new import Generation, new_version
+
+    return new_version(Path(out), Path(source), item_type, task, Generation(regex, tuple(stop), max_gen_toks), seed)
 
 
 def run_search(
@@ -231,19 +381,26 @@ def _hardware(name: str) -> Any:
     from quantize.cost import bounds
 
     if name not in bounds.HARDWARE:
-        raise UsageError(f"hardware {name!r} is unknown; choose one of {', '.join(bounds.HARDWARE)}")
+        raise UsageError(f"--hardware {name!r} is unknown; choose one of {', '.join(bounds.HARDWARE)}")
     return bounds.HARDWARE[name]
 
 
 __all__ = [
+    "CacheKey",
     "Converted",
     "agree",
+    "agreement",
+    "cache_key",
     "decode_cost",
     "gate",
+    "golden_new",
+    "golden_verify",
     "inspect",
     "run",
     "run_search",
     "run_sweep",
     "score",
+    "scored",
+    "token_cost",
     "write_report",
 ]

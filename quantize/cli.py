@@ -1,7 +1,7 @@
-"""The `quantize` command line: parse, call one function (the Python API's, quantize/api.py, for run, inspect, search
-and sweep; a stage's own where the command prints more than the API returns: eval's cache note, gate's verdict
-before its files, agree's and report's texts, cost's tables), print what that stage renders, and map exceptions to
-exit codes (quantize/errors.py). No domain logic and no text of a result lives here.
+"""The `quantize` command line: parse, call one function of the Python API (quantize/api.py: every command but
+`card`, `golden build`/`freeze`/`size` and `model`, which call their stage's one function), print what that
+stage renders from the record it returns, and map exceptions to exit codes (quantize/errors.py). No domain logic
+and no text of a result lives here.
 
 Exit codes: 0 ok, 1 gate rejected, 2 bad input, 3 runtime failure, 130 interrupted (143 SIGTERM, 129 SIGHUP).
 """
@@ -17,7 +17,7 @@ import signal
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,27 +144,27 @@ def _routed(args: argparse.Namespace) -> tuple[Any, ...]:
     return tuple(bounds.RoutedExperts(i, args.experts, args.top_k, 0.0, per_layer) for i in range(args.layers))
 
 
-def _hardware(name: str) -> Any:
-    from quantize.cost import bounds
-
-    if name not in bounds.HARDWARE:
-        raise UsageError(f"--hardware {name!r} is unknown; choose one of {', '.join(bounds.HARDWARE)}")
-    return bounds.HARDWARE[name]
-
-
 def cmd_cost(args: argparse.Namespace) -> int:
+    from quantize import api
     from quantize.cost import bounds
     from quantize.cost.render import render
 
-    hw = _hardware(args.hardware)
     work = bounds.Workload(args.context, args.batch, args.alpha, args.gamma, args.draft_cost, args.plain_step_ms)
     if args.checkpoint:
-        result = bounds.checkpoint_cost(Path(args.checkpoint), hw, work, args.project_params, args.project_share)
+        result = api.decode_cost(
+            args.checkpoint,
+            hardware=args.hardware,
+            workload=work,
+            project_params=args.project_params,
+            project_share=args.project_share,
+            sweeps=args.sweep,
+        )
     else:
         kv = bounds.KVLayout(args.layers, args.kv_heads, args.head_dim, args.kv_bytes)
-        result = bounds.token_cost(args.params, _formats(args.formats), kv, hw, work, routed=_routed(args))
-    if args.sweep:
-        result = result.model_copy(update={"sweeps": bounds.exercise_sweeps(args.gamma, args.draft_cost, args.alpha)})
+        formats, routed = _formats(args.formats), _routed(args)
+        result = api.token_cost(
+            args.params, formats, kv, hardware=args.hardware, workload=work, routed=routed, sweeps=args.sweep
+        )
     if args.json:
         _print_json(result.to_data())
     else:
@@ -180,16 +180,14 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from quantize.evaluate.suite import open_suite
+    from quantize import api
 
-    suite = open_suite(args.suite)  # a bad suite is exit 2 before lm-eval is imported
+    doc, cached = api.scored(  # a bad suite is exit 2 before lm-eval is imported
+        args.suite, args.checkpoint, refresh=args.refresh, trust_remote_code=args.trust_remote_code, quiet=args.quiet
+    )
     from quantize.evaluate.render import non_finite_warnings, score_text
-    from quantize.evaluate.score import score
-    from quantize.quiet import quiet_libraries
     from quantize.records import to_json
 
-    with quiet_libraries(args.quiet):
-        doc, cached = score(suite, args.checkpoint, refresh=args.refresh, trust_remote_code=args.trust_remote_code)
     _warn("eval", non_finite_warnings(doc))
     if args.json:
         print(to_json(doc) if args.items else json.dumps(doc.summary(), indent=2, default=str))
@@ -199,29 +197,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from quantize.io import check_writable
+    from quantize import api
 
-    if args.junit:  # found before scoring, not after it with the verdict lost
-        check_writable(Path(args.junit), "--junit")
-    if args.card:  # likewise a model card that cannot be read or written (quantize/report/card.py)
-        from quantize.report.card import check_card
+    def show(v: Any) -> None:  # the verdict first, before its files: a failed write hides nothing
+        from quantize.gates.render import render_text
+        from quantize.records import to_json
 
-        check_card(Path(args.candidate), "--card")
-    from quantize.flows.gate import run_gate, save_verdict  # scipy and the rest: after the checks
-    from quantize.gates.render import render_text
-    from quantize.quiet import quiet_libraries
-    from quantize.records import to_json
+        print(to_json(v) if args.json else render_text(v), flush=True)
 
-    with quiet_libraries(args.quiet):
-        v = run_gate(
-            args.policy,
-            args.baseline,
-            args.candidate,
-            trust_remote_code=args.trust_remote_code,
-            trust_cached_candidate=args.trust_cached_candidate,
-        )
-    print(to_json(v) if args.json else render_text(v), flush=True)  # the verdict first: a failed write hides nothing
-    save_verdict(v, Path(args.junit) if args.junit else None, card=Path(args.candidate) if args.card else None)
+    # --junit and --card are checked before any scoring (api.gate), not after it with the verdict lost
+    v = api.gate(
+        args.policy,
+        args.baseline,
+        args.candidate,
+        junit=args.junit,
+        card=args.card,
+        trust_remote_code=args.trust_remote_code,
+        trust_cached_candidate=args.trust_cached_candidate,
+        quiet=args.quiet,
+        on_verdict=show,
+    )
     return v.exit_code
 
 
@@ -236,23 +231,23 @@ def cmd_card(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_key(args: argparse.Namespace) -> int:
-    from quantize.evaluate import cache
-    from quantize.flows.gate import open_policy
+    from quantize import api
 
-    _, suite = open_policy(args.policy)
-    key = cache.restore_key(suite)
+    found = api.cache_key(args.policy)
     if args.json:
-        _print_json({"key": key, "parts": cache.restore_key_parts(suite)})
+        _print_json({"key": found.key, "parts": found.parts})
     else:
-        print(key)
+        print(found.key)
     return EXIT_OK
 
 
 def cmd_agree(args: argparse.Namespace) -> int:
+    from quantize import api
     from quantize.evaluate.render import agreement_text
-    from quantize.flows.agree import agree_many
 
-    a = agree_many(args.suite, Path(args.baseline), args.candidates, args.trust_remote_code, args.quiet)
+    a = api.agreement(
+        args.suite, args.baseline, args.candidates, trust_remote_code=args.trust_remote_code, quiet=args.quiet
+    )
     for line in a.skipped:
         print(line, file=sys.stderr)
     if args.json:
@@ -263,38 +258,47 @@ def cmd_agree(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from quantize.checkpoint.files import checkpoint_folders
-    from quantize.report.collect import collect, report_suite
-    from quantize.report.render import write_report
+    from quantize import api
 
-    hw = _hardware(args.hardware)
-    suite = report_suite(args.suite, args.policy)
-    entries = collect(
-        checkpoint_folders(args.checkpoints), suite, Path(args.baseline) if args.baseline else None, args.policy, hw
+    data = api.write_report(
+        args.checkpoints,
+        args.out,
+        baseline=args.baseline,
+        policy=args.policy,
+        suite=args.suite,
+        x=args.x,
+        hardware=args.hardware,
     )
-    data = write_report(entries, Path(args.out), args.x, suite, args.hardware)
     if args.json:
         _print_json(data)
     else:
-        print(f"wrote {args.out}/report.md and {args.out}/report.html ({len(entries)} checkpoints)")
+        print(f"wrote {args.out}/report.md and {args.out}/report.html ({len(data['entries'])} checkpoints)")
     return EXIT_OK
 
 
 def cmd_golden_verify(args: argparse.Namespace) -> int:
-    from quantize.golden.manifest import verify
+    from quantize import api
     from quantize.golden.render import verified_text
 
-    print(verified_text(verify(args.path)))
+    print(verified_text(api.golden_verify(args.path)))
     return EXIT_OK
 
 
 def cmd_golden_new(args: argparse.Namespace) -> int:
-    from quantize.golden.new import Generation, new_version
+    from quantize import api
     from quantize.golden.render import written_text
 
     stops = tuple(s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop or [])
-    gen = Generation(args.regex, stops, args.max_gen_toks)
-    m = new_version(args.out, Path(args.source), args.type, args.task, gen, args.seed)
+    m = api.golden_new(
+        args.out,
+        args.source,
+        args.type,
+        task=args.task,
+        regex=args.regex,
+        stop=stops,
+        max_gen_toks=args.max_gen_toks,
+        seed=args.seed,
+    )
     print(written_text(args.out, m))
     return EXIT_OK
 
@@ -416,6 +420,22 @@ def _cost_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     c.set_defaults(fn=cmd_cost)
 
 
+class ItemTypes(Sequence[str]):
+    """`golden new --type`'s choices: the kinds registry's templates (quantize/kinds.py), read when argparse first
+    needs them (a value to check, a help text), so that building the parser imports no registry."""
+
+    def _names(self) -> list[str]:
+        from quantize.kinds import templates
+
+        return list(templates())
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
 def _golden_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     g = sub.add_parser("golden", help="verify, build, freeze or write a versioned golden set; size one")
     gs = g.add_subparsers(dest="action", required=True)
@@ -430,7 +450,9 @@ def _golden_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     gn = gs.add_parser("new", help="a golden set from your own JSONL items")
     gn.add_argument("out", help="the new version folder, e.g. golden/faq/v1")
     gn.add_argument("--from", dest="source", required=True, help="JSONL file, one item per line")
-    gn.add_argument("--type", required=True, choices=["multiple_choice", "greedy", "perplexity", "generate"])
+    gn.add_argument(
+        "--type", required=True, choices=ItemTypes(), metavar="TYPE", help="the items' type: %(choices)s"
+    )
     gn.add_argument("--task", help="task name (default: <set>_<type>)")
     gn.add_argument("--regex", help="generate: extract the answer with this regex (its group, if it has one)")
     gn.add_argument("--stop", action="append", help="generate: a stop sequence (repeat; default \\n; \\n, \\t read)")

@@ -1,8 +1,11 @@
 """The output kinds a golden-set task can have (lm-eval's `output_type`), in one registry: each kind's
 records, how an item is read from lm-eval's sample, the task summary, the baseline's margin on an item (the
-sequential gate's stratum), the metrics a rule may name, and its headline figure for display. Evaluation,
-gates and the report read what a kind is here; adding a kind touches this module and its records, and
-`golden new`'s JSONL templates (golden/new.py, which names the kinds a user writes items of: not yet from here).
+sequential gate's stratum), the metrics a rule may name, the metrics an item's score is, its headline figure for
+display, and the template `golden new` writes a user's items of (its `--type` name, the JSONL fields, the lm-eval
+task config). Evaluation, gates, `golden new`, the CLI and the report read what a kind is here; adding a kind
+touches this module and its records (quantize/records.py). What lm-eval does with a kind's requests is lm-eval's:
+the agreement measure (evaluate/agreement.py) reads lm-eval's request types, and `golden verify` checks a
+multiple-choice task's answers against its choices (golden/manifest.py); a kind that needs either adds it there.
 
     multiple_choice        score = acc (0/1): the gold choice has the highest log-likelihood; lls of every choice
     loglikelihood          score = 1 if the target is the greedy continuation; ll = log p(target | context)
@@ -43,6 +46,30 @@ class Headline:
     higher_is_better: bool
 
 
+# lm-eval's metrics of a rolling-perplexity task, as every golden set writes them
+ROLLING_METRICS: list[dict[str, Any]] = [
+    {"metric": m, "aggregation": agg, "higher_is_better": False}
+    for m, agg in (
+        ("word_perplexity", "weighted_perplexity"),
+        ("byte_perplexity", "weighted_perplexity"),
+        ("bits_per_byte", "bits_per_byte"),
+    )
+]
+_ACC = {"metric": "acc", "aggregation": "mean", "higher_is_better": True}
+
+
+@dataclass(frozen=True)
+class Template:
+    """How `golden new --type NAME` writes a user's items of a kind: the JSONL fields of one item (the checks are
+    golden/new.py's) and the lm-eval task config of the set, from the generation settings (`regex`, `stop`,
+    `max_gen_toks`), which only a kind with `generation` takes (`golden new --regex/--stop/--max-gen-toks`)."""
+
+    name: str
+    fields: tuple[str, ...]
+    config: Callable[[str | None, list[str], int], dict[str, Any]]
+    generation: bool = False
+
+
 @dataclass(frozen=True)
 class Kind:
     output_type: str
@@ -50,11 +77,13 @@ class Kind:
     item_record: type  # its per-item record
     right_wrong: bool  # items score 0/1: accuracy rules, flips and McNemar apply
     metrics: tuple[str, ...]  # what a rule may name on a task of this kind
+    scored_as: tuple[str, ...]  # the metrics an item's `score` is (the rest are its item_metrics)
     item: Callable[[dict[str, Any]], dict[str, Any]]  # an item's own fields from one lm-eval sample
     summary: Callable[[list[dict[str, Any]], str | None], dict[str, Any]]  # task figures from its items
     headline: Callable[[Any], Headline]  # from the task record
     margin: Callable[[Any], float | None] = lambda item: None  # the baseline's margin on an item (None: no stratum)
     one_filter: bool = False  # lm-eval writes a sample per filter pipeline: the first pipeline's are kept
+    template: Template | None = None  # how `golden new` writes items of this kind (None: it does not)
 
 
 def metric_name(metric: str, filt: str) -> str:
@@ -149,6 +178,59 @@ def _generation_summary(items: list[dict[str, Any]], filt: str | None) -> dict[s
     return _accuracy(items) | {"filter": filt} | _metric_means(items)
 
 
+def _choice_config(_regex: str | None, _stop: list[str], _max: int) -> dict[str, Any]:
+    return {
+        "output_type": "multiple_choice",
+        "doc_to_text": "question",
+        "doc_to_choice": "choices",
+        "doc_to_target": "answer",
+        "metric_list": [dict(_ACC)],
+    }
+
+
+def _greedy_config(_regex: str | None, _stop: list[str], _max: int) -> dict[str, Any]:
+    return {
+        "output_type": "loglikelihood",
+        "doc_to_text": "context",
+        "doc_to_target": "target",
+        "target_delimiter": "",
+        "metric_list": [dict(_ACC), {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False}],
+    }
+
+
+def _rolling_config(_regex: str | None, _stop: list[str], _max: int) -> dict[str, Any]:
+    return {
+        "output_type": "loglikelihood_rolling",
+        "doc_to_text": "",
+        "doc_to_target": "text",
+        "metric_list": [dict(m) for m in ROLLING_METRICS],
+    }
+
+
+def _generation_config(regex: str | None, stop: list[str], max_gen_toks: int) -> dict[str, Any]:
+    """Greedy generation until a stop sequence; exact match (case and outer spaces ignored) after `regex`."""
+    steps: list[dict[str, Any]] = []
+    if regex is not None:
+        steps.append({"function": "regex", "regex_pattern": regex, "group_select": 0, "fallback": "[no match]"})
+    steps.append({"function": "take_first"})
+    return {
+        "output_type": "generate_until",
+        "doc_to_text": "prompt",
+        "doc_to_target": "answer",
+        "generation_kwargs": {"until": stop, "do_sample": False, "max_gen_toks": max_gen_toks},
+        "filter_list": [{"name": "regex" if regex is not None else "raw", "filter": steps}],
+        "metric_list": [
+            {
+                "metric": "exact_match",
+                "aggregation": "mean",
+                "higher_is_better": True,
+                "ignore_case": True,
+                "regexes_to_ignore": [r"^\s+", r"\s+$"],
+            }
+        ],
+    }
+
+
 KINDS: dict[str, Kind] = {
     k.output_type: k
     for k in (
@@ -158,10 +240,12 @@ KINDS: dict[str, Kind] = {
             ChoiceItem,
             right_wrong=True,
             metrics=("acc",),
+            scored_as=("acc",),
             item=_choice_item,
             summary=_choice_summary,
             headline=lambda d: Headline("acc", d.acc, d.acc_se, True),
             margin=_choice_margin,
+            template=Template("multiple_choice", ("question", "choices", "answer"), _choice_config),
         ),
         Kind(
             "loglikelihood",
@@ -169,10 +253,12 @@ KINDS: dict[str, Kind] = {
             GreedyItem,
             right_wrong=True,
             metrics=("acc", "perplexity"),
+            scored_as=("acc",),
             item=_greedy_item,
             summary=_greedy_summary,
             headline=lambda d: Headline("acc", d.acc, d.acc_se, True),
             margin=_greedy_margin,
+            template=Template("greedy", ("context", "target"), _greedy_config),
         ),
         Kind(
             "loglikelihood_rolling",
@@ -180,9 +266,11 @@ KINDS: dict[str, Kind] = {
             DocumentItem,
             right_wrong=False,
             metrics=("perplexity", "word_perplexity", "byte_perplexity"),
+            scored_as=(),
             item=_rolling_item,
             summary=_rolling_summary,
             headline=lambda d: Headline("bits/byte", d.bits_per_byte, None, False),
+            template=Template("perplexity", ("text",), _rolling_config),
         ),
         Kind(
             "generate_until",
@@ -190,10 +278,12 @@ KINDS: dict[str, Kind] = {
             GenerationItem,
             right_wrong=True,
             metrics=("acc", "exact_match"),
+            scored_as=("acc", "exact_match"),
             item=_generation_item,
             summary=_generation_summary,
             headline=lambda d: Headline(metric_name("exact_match", d.filter), d.acc, d.acc_se, True),
             one_filter=True,
+            template=Template("generate", ("prompt", "answer"), _generation_config, generation=True),
         ),
     )
 }
@@ -206,6 +296,11 @@ def kind_of(task: TaskScores) -> Kind:
 
 def kind_of_item(item: object) -> Kind | None:
     return next((k for k in KINDS.values() if type(item) is k.item_record), None)
+
+
+def templates() -> dict[str, Kind]:
+    """The kinds `golden new` writes items of, by their template's name (its `--type`), in registry order."""
+    return {k.template.name: k for k in KINDS.values() if k.template is not None}
 
 
 def kinds_for(metric: str) -> tuple[str, ...]:

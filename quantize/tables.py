@@ -8,8 +8,9 @@ from typing import Any
 
 
 def text_table(rows: list[list[Any]], header: list[str]) -> str:
-    """Columns padded to their widest cell: the first left-aligned, the rest right-aligned."""
-    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    """Columns padded to their widest cell: the first left-aligned, the rest right-aligned. Each cell on one line
+    (`printable`): a name holding a newline or a terminal escape shows it, and starts no row of its own."""
+    cells = [[printable(c) for c in header]] + [[printable(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = [
         "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))

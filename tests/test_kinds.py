@@ -10,6 +10,7 @@ import typing
 import pytest
 
 from quantize import kinds, records
+from quantize.errors import UsageError
 from quantize.gates.policy import RULE_OUTPUT_TYPES
 from quantize.golden.manifest import OutputType
 from quantize.kinds import KINDS
@@ -77,3 +78,80 @@ def test_choice_summary_chance_and_accuracy():
 def test_the_baseline_margin_of_each_kind(item, margin):
     got = kinds.kind_of_item(item).margin(item)
     assert got == (pytest.approx(margin) if margin is not None else None)
+
+
+# --- one vocabulary: what reads the kinds reads them from the registry --------------------------------------------
+
+
+def _type_action():
+    from quantize.cli import build_parser
+
+    parser = build_parser()
+    golden = next(a for a in parser._subparsers._group_actions[0].choices["golden"]._actions if a.dest == "action")
+    new = golden.choices["new"]
+    return next(a for a in new._actions if a.dest == "type")
+
+
+def test_golden_new_offers_exactly_the_registry_s_templates():
+    assert (
+        list(_type_action().choices)
+        == list(kinds.templates())
+        == ["multiple_choice", "greedy", "perplexity", "generate"]
+    )
+    assert {k.template.name: k.output_type for k in kinds.templates().values()}["perplexity"] == "loglikelihood_rolling"
+
+
+@pytest.fixture
+def yes_no(monkeypatch):
+    """A kind added to the registry alone: items whose score is `acc` and `yes`, written from {question, answer}."""
+
+    class YesNoItem(records.GreedyItem):
+        pass
+
+    def config(_regex, _stop, _max):
+        return {"output_type": "yes_no", "doc_to_text": "question", "doc_to_target": "answer", "metric_list": []}
+
+    base = KINDS["loglikelihood"]
+    kind = kinds.Kind(
+        "yes_no",
+        base.task_record,
+        YesNoItem,
+        right_wrong=True,
+        metrics=("acc", "yes"),
+        scored_as=("acc", "yes"),
+        item=base.item,
+        summary=base.summary,
+        headline=base.headline,
+        template=kinds.Template("yes_no", ("question", "answer"), config),
+    )
+    monkeypatch.setitem(KINDS, "yes_no", kind)
+    return YesNoItem
+
+
+def test_a_kind_added_to_the_registry_is_seen_by_golden_new(yes_no, tmp_path, capsys):
+    from quantize.cli import main
+
+    assert "yes_no" in list(_type_action().choices)
+    src = tmp_path / "items.jsonl"
+    src.write_text('{"question": "Is water wet?"}\n')
+    assert main(["golden", "new", str(tmp_path / "set" / "v1"), "--from", str(src), "--type", "yes_no"]) == 2
+    assert "a yes_no item has question, answer" in capsys.readouterr().err  # its template's fields, not argparse's
+
+
+def test_a_kind_added_to_the_registry_is_seen_by_the_gate(yes_no):
+    """The gate takes an item's score for every metric its kind's score is (`scored_as`), not a list of its own."""
+    from quantize.gates.gate import item_value
+
+    item = yes_no(id="a", cluster="a", score=1.0, ll=-0.1)
+    assert item_value(item, "yes", "t") == 1.0 and item_value(item, "acc", "t") == 1.0
+    with pytest.raises(UsageError, match="no per-item perplexity"):
+        item_value(item, "perplexity", "t")
+
+
+def test_building_the_cli_parser_imports_no_registry():
+    """--type's choices are read when argparse needs them: every other command starts without pydantic."""
+    import subprocess
+    import sys
+
+    code = "import sys; from quantize.cli import build_parser; build_parser(); print('quantize.kinds' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

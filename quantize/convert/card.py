@@ -1,10 +1,13 @@
 """The model card (README.md) of a quantize output: Hugging Face front matter, so the Hub and its
-tools see a quantized model of its base, and a summary of quantize.json."""
+tools see a quantized model of its base, and a summary of quantize.json. Every name in it that a user or a
+checkpoint chose (the recipe's or the model folder's name, the calibration data's description, versions and roles
+read back from the record) is written through tables.py's escaping: it shows as its characters, never as markup."""
 
 from __future__ import annotations
 
 from quantize.convert.backends import backend_named
 from quantize.records import RunRecord
+from quantize.tables import markdown_cell, md_code, md_text
 
 
 def library_version(dist: str, versions: dict[str, str | None]) -> str:
@@ -38,31 +41,32 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
     )
     qbits = b.quantized_linear_bits_per_weight
     written = backend.formats.get(meta.method, backend.formats["*"])
+    code = lambda text: markdown_cell(md_code(text))  # noqa: E731  # a code span inside a table cell
     lines = [
-        f"# {meta.label}",
+        f"# {md_text(meta.label)}",
         "",
-        f"Quantized with [quantize](https://pypi.org/project/quantize/) {meta.versions['quantize']} "
-        f"({backend.credit} {library_version(backend.library, meta.versions)}, {written}).",
+        f"Quantized with [quantize](https://pypi.org/project/quantize/) {md_text(meta.versions['quantize'])} "
+        f"({backend.credit} {md_text(library_version(backend.library, meta.versions))}, {written}).",
         "",
         "| | |",
         "|---|---|",
-        f"| method | {meta.method} |",
-        f"| scheme | {meta.scheme or 'from verbatim llm-compressor recipe'} |",
+        f"| method | {md_text(meta.method)} |",
+        f"| scheme | {md_text(meta.scheme) if meta.scheme else 'from verbatim llm-compressor recipe'} |",
         f"| true bits per weight (whole model, every stored byte) | {b.bits_per_weight:.3f} |",
         f"| bits per weight, quantized linear layers | {qbits:.3f} |"
         if qbits
         else "| bits per weight, quantized linear layers | none quantized |",
         f"| total tensor bytes | {b.total_bytes:,} |",
         f"| source parameters | {b.source_parameters:,} |",
-        f"| source model weights sha256 | `{meta.source_model.weights_sha256}` |",
-        f"| recipe sha256 | `{meta.recipe.sha256}` |",
-        f"| calibration | {cal.samples} × {cal.seq_len} tokens of {cal.description}, seed {cal.seed} |"
+        f"| source model weights sha256 | {code(meta.source_model.weights_sha256)} |",
+        f"| recipe sha256 | {code(meta.recipe.sha256)} |",
+        f"| calibration | {cal.samples} × {cal.seq_len} tokens of {md_text(cal.description)}, seed {cal.seed} |"
         if cal
         else "| calibration | none (data-free) |",
         f"| layers kept at 16 bits | {len(meta.layer_plan.kept_16bit)} |",
         f"| wall time | {meta.time_seconds['total']:.0f} s |",
         "",
-        "Bytes by role: " + ", ".join(f"{k} {v:,}" for k, v in b.bytes_by_role.items()),
+        "Bytes by role: " + ", ".join(f"{md_text(k)} {v:,}" for k, v in b.bytes_by_role.items()),
         "",
         "Full provenance is in `quantize.json`. Load with `transformers.AutoModelForCausalLM.from_pretrained` "
         + backend.load_note.get(meta.method, backend.load_note["*"])

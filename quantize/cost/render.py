@@ -1,8 +1,9 @@
-"""`quantize cost` as text: every time it prints is labelled a lower bound."""
+"""`quantize cost` as text: every time it prints is labelled a lower bound; its table is tables.py's `text_table`."""
 
 from __future__ import annotations
 
 from quantize.cost.bounds import TokenCost
+from quantize.tables import text_table
 
 
 def _architecture(result: TokenCost) -> list[str]:
@@ -44,15 +45,24 @@ def render(result: TokenCost) -> str:
         f"KV bytes per sequence {result.kv_bytes_per_sequence:,.0f}",
         *_architecture(result),
         "",
-        f"  {'format':<12}{'bits/w':>8}{'GB':>10}{'GiB':>9}{'b1 bound ms':>13}{'bN bound ms':>13}{'binds':>8}"
-        f"{'verify×':>9}{'spec×':>8}{'cb batch':>9}",
     ]
-    for name, r in result.formats.items():
-        lines.append(
-            f"  {name:<12}{r.bits_per_weight:>8.3f}{r.weight_gb:>10.4f}{r.weight_gib:>9.2f}"
-            f"{r.batch1_weight_bound_ms:>13.3f}{r.batch_step_bound_ms:>13.3f}{r.batch_binding:>8}"
-            f"{r.verify_cost_ratio:>9.4f}{r.speculative_speedup_at_batch:>8.4f}{r.verify_compute_bound_batch!s:>9}"
-        )
+    rows = [
+        [
+            name,
+            f"{r.bits_per_weight:.3f}",
+            f"{r.weight_gb:.4f}",
+            f"{r.weight_gib:.2f}",
+            f"{r.batch1_weight_bound_ms:.3f}",
+            f"{r.batch_step_bound_ms:.3f}",
+            r.batch_binding,
+            f"{r.verify_cost_ratio:.4f}",
+            f"{r.speculative_speedup_at_batch:.4f}",
+            r.verify_compute_bound_batch,
+        ]
+        for name, r in result.formats.items()
+    ]
+    head = ["format", "bits/w", "GB", "GiB", "b1 bound ms", "bN bound ms", "binds", "verify×", "spec×", "cb batch"]
+    lines += ["  " + line for line in text_table(rows, head).splitlines()]
     lines += [
         "",
         "  b1 = batch-1 weight-read lower bound; bN = batch step lower bound with KV reads; verify× = cost of "

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -412,21 +413,29 @@ def agreement_requests(suite: OpenSuite) -> list[Request]:
 
 
 def baseline_topk_cached(
-    suite: OpenSuite, baseline: Path, base_id: str, models: LastModel, reqs: list[Request] | None = None
+    suite: OpenSuite,
+    baseline: Path,
+    base_id: str,
+    models: LastModel,
+    reqs: list[Request] | None = None,
+    before_store: Callable[[], None] | None = None,
 ) -> BaselineTopK:
-    """The baseline's top-k at the agreement positions: from the cache, or computed and cached."""
+    """The baseline's top-k at the agreement positions: from the cache, or computed and cached (`before_store`
+    is called first, and may raise: the identity's check, api.agreement)."""
     path = cache.baseline_topk_path(suite, base_id, runtime(suite, models.trust_remote_code))
     if (raw := checked_bytes(path, REBUILD_TOPK, "baseline top-k")) is not None:  # beside its digest only
         return load_baseline(path, raw)
     base = baseline_topk(
         _scorer(suite, baseline, models), reqs or agreement_requests(suite), suite.suite.agreement.top_k
     )
+    if before_store is not None:
+        before_store()
     base.save(path)
     seal(path)
     return base
 
 
-def agreement_scores(
+def agreement_scores(  # noqa: PLR0913  # identities and a model a gate already has, each optional
     suite: OpenSuite,
     baseline: Path,
     candidate: Path,
@@ -434,10 +443,13 @@ def agreement_scores(
     cand_id: str | None = None,
     trust_remote_code: bool = False,
     models: LastModel | None = None,
+    before_store: Callable[[], None] | None = None,
 ) -> AgreementResult:
     """The candidate's agreement with the baseline (cached; the baseline's top-k is cached apart).
     The checkpoint identities are computed when not given (a gate passes the ones its scores carry);
-    `models` reuses a model the caller already loaded (a gate scores the candidate, then measures it)."""
+    `models` reuses a model the caller already loaded (a gate scores the candidate, then measures it);
+    `before_store` is called before anything measured is cached under those identities, and may raise (their
+    Hub blob names checked: api.agreement)."""
     models = models or LastModel(trust_remote_code)
     base_id = base_id or identity_sha256(baseline)
     cand_id = cand_id or identity_sha256(candidate)
@@ -447,18 +459,25 @@ def agreement_scores(
     with claimed(cache.agreement_path(suite, base_id, cand_id, run)):
         if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
             return found
-        result = measure_agreement(suite, baseline, candidate, (base_id, cand_id), models)
+        result = measure_agreement(suite, baseline, candidate, (base_id, cand_id), models, before_store)
+        if before_store is not None:
+            before_store()
         cache.store_agreement(suite, result, run)
         return result
 
 
 def measure_agreement(
-    suite: OpenSuite, baseline: Path, candidate: Path, ids: tuple[str, str], models: LastModel
+    suite: OpenSuite,
+    baseline: Path,
+    candidate: Path,
+    ids: tuple[str, str],
+    models: LastModel,
+    before_store: Callable[[], None] | None = None,
 ) -> AgreementResult:
     """The candidate's agreement measured now, no comparison read from the cache or written to it (the baseline's
     top-k is: cached); ids: the baseline's and the candidate's identities."""
     reqs = agreement_requests(suite)
-    base = baseline_topk_cached(suite, baseline, ids[0], models, reqs)
+    base = baseline_topk_cached(suite, baseline, ids[0], models, reqs, before_store)
     a = suite.suite.agreement
     return AgreementResult(
         **compare(_scorer(suite, candidate, models), reqs, base),

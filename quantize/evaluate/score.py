@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -133,10 +134,13 @@ def score(
     trust_remote_code: bool = False,
     models: LastModel | None = None,
     use_cache: bool = True,
+    before_store: Callable[[], None] | None = None,
 ) -> Scored:
     """Score a checkpoint on an open suite; the result comes from the cache when it is there. `models`
     lets a caller that needs the same checkpoint again (agreement) keep it loaded. `use_cache=False`: scored here,
-    the cache neither read nor written (a gate's candidate: the caller stores it once its identity is checked)."""
+    the cache neither read nor written (a gate's candidate: the caller stores it once its identity is checked).
+    `before_store` is called before scores computed here are cached under the identity, and may raise (its Hub
+    blob names checked: api.scored)."""
     models = models or LastModel(trust_remote_code)
     ckpt = Path(checkpoint)
     check_model_dir(ckpt)
@@ -154,6 +158,8 @@ def score(
         if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, run)) is not None:
             return Scored(found, True)
         doc = run_lm_eval(suite, ckpt, ref, models)
+        if before_store is not None:
+            before_store()
         cache.store_scores(suite, doc)
     SCORED_HERE.append(ref.identity_sha256)
     return Scored(doc, False)

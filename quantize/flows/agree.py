@@ -3,6 +3,7 @@ two per checkpoint on a CPU where accuracy scores take a quarter of an hour; the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,8 +42,15 @@ def measurable(suite: OpenSuite, baseline: Path, found: list[Path], run: cache.R
 
 
 def agree_many(
-    suite_path: str | Path, baseline: Path, given: list[str], trust_remote_code: bool, quiet: bool
+    suite_path: str | Path,
+    baseline: Path,
+    given: list[str],
+    trust_remote_code: bool,
+    quiet: bool,
+    before_store: Callable[[], None] | None = None,
 ) -> Agreement:
+    """Every candidate measured against the baseline; `before_store` is called before anything measured is cached
+    (api.agreement: the identities' Hub blob names checked)."""
     from quantize.evaluate.agreement import agreement_scores
     from quantize.evaluate.score import runtime
 
@@ -54,5 +62,6 @@ def agree_many(
     results = []
     for c in candidates:
         with quiet_libraries(quiet):
-            results.append((c, agreement_scores(suite, baseline, c, trust_remote_code=trust_remote_code)))
+            found = agreement_scores(suite, baseline, c, trust_remote_code=trust_remote_code, before_store=before_store)
+            results.append((c, found))
     return Agreement(suite, baseline, results, skipped)

@@ -16,6 +16,7 @@ from quantize import stats
 from quantize.errors import UsageError
 from quantize.evaluate.suite import device_kind
 from quantize.gates.policy import AccuracyRule, AgreementRule, PerplexityRule, Policy
+from quantize.kinds import kind_of_item
 from quantize.records import (
     AccuracyEvidence,
     AccuracyResult,
@@ -125,9 +126,9 @@ def _paired(base: ScoreDoc, cand: ScoreDoc, task: str, sample: bool = False) -> 
 
 
 def item_value(item: Any, metric: str, task: str) -> float:
-    """An item's value of a rule's metric: its score for the kind's own metric, else the per-item metric
-    lm-eval computed (quantize/kinds.py)."""
-    if metric in ("acc", "exact_match"):
+    """An item's value of a rule's metric: its score for a metric its kind's score is (quantize/kinds.py
+    `scored_as`), else the per-item metric lm-eval computed."""
+    if (kind := kind_of_item(item)) is not None and metric in kind.scored_as:
         return item.score
     if metric not in item.metrics:
         raise UsageError(

@@ -26,8 +26,9 @@ from typing import Any
 from quantize.errors import UsageError
 from quantize.golden import sources as src
 from quantize.golden.manifest import Manifest
-from quantize.golden.version import ROLLING_METRICS, jsonl, write_files, yaml_bytes
+from quantize.golden.version import jsonl, write_files, yaml_bytes
 from quantize.io import read_user_text, sha256_user_file
+from quantize.kinds import ROLLING_METRICS
 
 TASK_VERSION = 1.0
 GROUP = "core"

@@ -1,6 +1,6 @@
 """`quantize golden new OUT --from FILE --type TYPE`: a user's JSONL becomes a golden-set version.
 
-One JSON object per line, of one item type:
+One JSON object per line, of one item type (the templates of the kinds registry, quantize/kinds.py):
 
     multiple_choice  {"question": str, "choices": [str, ...], "answer": index or the right choice}
     greedy           {"context": str, "target": str}         right when the target is the greedy continuation
@@ -26,73 +26,26 @@ from typing import Any
 
 from quantize.errors import UsageError
 from quantize.golden.manifest import Manifest
-from quantize.golden.version import ROLLING_METRICS, TaskFiles, check_new_version, write_version
+from quantize.golden.version import TaskFiles, check_new_version, write_version
 from quantize.io import user_lines
+from quantize.kinds import Template, templates
 
 MAX_LINE = 64 * 1024
 MAX_FILE = 256 * 2**20
 
-FIELDS: dict[str, tuple[str, ...]] = {
-    "multiple_choice": ("question", "choices", "answer"),
-    "greedy": ("context", "target"),
-    "perplexity": ("text",),
-    "generate": ("prompt", "answer"),
-}
 OPTIONAL = ("id", "cluster")
-OUTPUT_TYPE = {
-    "multiple_choice": "multiple_choice",
-    "greedy": "loglikelihood",
-    "perplexity": "loglikelihood_rolling",
-    "generate": "generate_until",
-}
 
 
-def task_config(kind: str, regex: str | None, stop: list[str], max_gen_toks: int) -> dict[str, Any]:
-    """The lm-eval task config of an item type (dataset part added by write_version)."""
-    acc = [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}]
-    if kind == "multiple_choice":
-        return {
-            "output_type": "multiple_choice",
-            "doc_to_text": "question",
-            "doc_to_choice": "choices",
-            "doc_to_target": "answer",
-            "metric_list": acc,
-        }
-    if kind == "greedy":
-        return {
-            "output_type": "loglikelihood",
-            "doc_to_text": "context",
-            "doc_to_target": "target",
-            "target_delimiter": "",
-            "metric_list": [*acc, {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False}],
-        }
-    if kind == "perplexity":
-        return {
-            "output_type": "loglikelihood_rolling",
-            "doc_to_text": "",
-            "doc_to_target": "text",
-            "metric_list": [dict(m) for m in ROLLING_METRICS],
-        }
-    steps: list[dict[str, Any]] = []
-    if regex is not None:
-        steps.append({"function": "regex", "regex_pattern": regex, "group_select": 0, "fallback": "[no match]"})
-    steps.append({"function": "take_first"})
-    return {
-        "output_type": "generate_until",
-        "doc_to_text": "prompt",
-        "doc_to_target": "answer",
-        "generation_kwargs": {"until": stop, "do_sample": False, "max_gen_toks": max_gen_toks},
-        "filter_list": [{"name": "regex" if regex is not None else "raw", "filter": steps}],
-        "metric_list": [
-            {
-                "metric": "exact_match",
-                "aggregation": "mean",
-                "higher_is_better": True,
-                "ignore_case": True,
-                "regexes_to_ignore": [r"^\s+", r"\s+$"],
-            }
-        ],
-    }
+def template(kind: str) -> Template:
+    """The template of a `--type` name (the kinds registry's, quantize/kinds.py); another name is a UsageError."""
+    found = templates()
+    if kind not in found or (t := found[kind].template) is None:
+        raise UsageError(f"--type {kind!r} is no item type; choose one of {', '.join(found)}")
+    return t
+
+
+def fields(kind: str) -> tuple[str, ...]:
+    return template(kind).fields
 
 
 def _text(v: Any) -> bool:
@@ -110,8 +63,8 @@ def check_item(kind: str, obj: Any, where: str) -> dict[str, Any]:
             "escape like \\ud800); fix the line"
         ) from None
     item = {f: _optional(obj[f], f, where) for f in OPTIONAL if f in obj}
-    for f in FIELDS[kind]:
-        if f == "answer" and kind == "multiple_choice":
+    for f in fields(kind):
+        if f == "answer" and "choices" in fields(kind):
             item[f] = _choice_index(obj["answer"], obj["choices"], where)
         elif f == "choices":
             item[f] = _choices(obj[f], where)
@@ -124,17 +77,18 @@ def check_item(kind: str, obj: Any, where: str) -> dict[str, Any]:
 
 def _check_keys(kind: str, obj: Any, where: str) -> None:
     """An object with exactly a `kind` item's fields (and optionally id, cluster); another kind's fields named."""
+    own = fields(kind)
     if not isinstance(obj, dict):
-        raise UsageError(f"{where} holds a JSON {type(obj).__name__}, not an object with {', '.join(FIELDS[kind])}")
-    if extra := sorted(set(obj) - set(FIELDS[kind]) - set(OPTIONAL)):
-        other = [k for k, f in FIELDS.items() if k != kind and set(extra) & set(f)]
+        raise UsageError(f"{where} holds a JSON {type(obj).__name__}, not an object with {', '.join(own)}")
+    if extra := sorted(set(obj) - set(own) - set(OPTIONAL)):
+        other = [k for k in templates() if k != kind and set(extra) & set(fields(k))]
         what = f"fields of a {other[0]} item ({', '.join(extra)})" if other else f"unknown fields {', '.join(extra)}"
         raise UsageError(
             f"{where} has {what} in a {kind} file; every line must be a {kind} item with "
-            f"{', '.join(FIELDS[kind])} (and optionally id, cluster)"
+            f"{', '.join(own)} (and optionally id, cluster)"
         )
-    if missing := [f for f in FIELDS[kind] if f not in obj]:
-        raise UsageError(f"{where} lacks {', '.join(missing)}: a {kind} item has {', '.join(FIELDS[kind])}")
+    if missing := [f for f in own if f not in obj]:
+        raise UsageError(f"{where} lacks {', '.join(missing)}: a {kind} item has {', '.join(own)}")
 
 
 def _optional(v: Any, f: str, where: str) -> str:
@@ -211,8 +165,9 @@ class Generation:
     max_gen_toks: int = 32
 
     def check(self, kind: str) -> None:
-        if kind != "generate" and (self.regex is not None or self.stop):
-            raise UsageError("--regex and --stop apply to --type generate only")
+        if not template(kind).generation and (self.regex is not None or self.stop):
+            generating = [name for name, k in templates().items() if k.template and k.template.generation]
+            raise UsageError(f"--regex and --stop apply to --type {' or '.join(generating)} only")
         if self.regex is not None:
             try:
                 if re.compile(self.regex).groups > 1:
@@ -229,7 +184,7 @@ class Generation:
         out = ["--regex", self.regex] if self.regex is not None else []
         for s in self.stop:
             out += ["--stop", s]
-        return out + (["--max-gen-toks", str(self.max_gen_toks)] if kind == "generate" else [])
+        return out + (["--max-gen-toks", str(self.max_gen_toks)] if template(kind).generation else [])
 
 
 def new_version(
@@ -237,6 +192,7 @@ def new_version(
 ) -> Manifest:
     """Check the file whole, then write the version folder. Returns the manifest."""
     out = Path(out)
+    shape = template(kind)  # an unknown --type: before anything else
     check_new_version(out)
     task = task or f"{out.parent.name}_{kind}"
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_\-]{0,63}", task):
@@ -246,9 +202,9 @@ def new_version(
     clustered = "cluster" in items[0]
     tf = TaskFiles(
         name=task,
-        output_type=OUTPUT_TYPE[kind],
+        output_type=templates()[kind].output_type,
         items=items,
-        config=task_config(kind, gen.regex, list(gen.stop) or ["\n"], gen.max_gen_toks),
+        config=shape.config(gen.regex, list(gen.stop) or ["\n"], gen.max_gen_toks),
         id_field="id",
         cluster_field="cluster" if clustered else None,
         source={"file": str(source), "sha256": digest},

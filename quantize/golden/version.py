@@ -25,15 +25,6 @@ from quantize.golden.manifest import Manifest
 from quantize.names import checked, shown, unique
 
 SMOKE = 8  # fixed smoke ids per task
-# lm-eval's metrics of a rolling-perplexity task, as every golden set writes them
-ROLLING_METRICS: list[dict[str, Any]] = [
-    {"metric": m, "aggregation": agg, "higher_is_better": False}
-    for m, agg in (
-        ("word_perplexity", "weighted_perplexity"),
-        ("byte_perplexity", "weighted_perplexity"),
-        ("bits_per_byte", "bits_per_byte"),
-    )
-]
 
 
 @dataclass

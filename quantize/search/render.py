@@ -1,8 +1,11 @@
-"""`quantize search` as text: sensitivities, the equal-bytes comparison, the gated frontier and the result."""
+"""`quantize search` as text: sensitivities, the equal-bytes comparison, the gated frontier and the result. Names
+the spec or the checkpoint chose (the spec's path, layer groups, options, rules, the result's folder) are printed
+through tables.py (`text_table`, `printable`): on one line, every control character shown as its escape."""
 
 from __future__ import annotations
 
 from quantize.records import AllocationRecord, SearchReport
+from quantize.tables import printable
 from quantize.tables import text_table as table
 
 
@@ -11,8 +14,8 @@ def search_text(r: SearchReport) -> str:
         return ", ".join(f"{n} {o}" for o, n in sorted(a.options.items()))
 
     lines = [
-        f"search {r.spec}: {len(r.units)} layer groups, sensitivity on {r.items['sensitivity']} agreement items "
-        f"({r.sensitivity_seconds:.0f} s, cached), checks on {r.items['holdout']} held-out items; smallest model "
+        f"search {printable(r.spec)}: {len(r.units)} layer groups, sensitivity on {r.items['sensitivity']} agreement "
+        f"items ({r.sensitivity_seconds:.0f} s, cached), checks on {r.items['holdout']} held-out items; smallest model "
         f"{r.smallest_bits_per_weight:.3f} bits/weight, budget {', '.join(f'{b:g}' for b in r.budgets_bits)}",
         "",
         "most sensitive layer groups (mean KL, alone):",
@@ -55,9 +58,8 @@ def search_text(r: SearchReport) -> str:
         )
     lines.append(table(rows, ["allocation", "bits/weight", "held-out KL", "top-1", "verdict", "failed rules"]))
     if r.result:
-        lines.append(f"\nresult: {r.result} (quantize.json and search.json there)")
+        lines.append(f"\nresult: {printable(r.result)} (quantize.json and search.json there)")
     else:
-        lines.append(
-            f"\nno allocation within the budget passed; the most damaging layer groups: {', '.join(r.drivers)}"
-        )
+        drivers = printable(", ".join(r.drivers))
+        lines.append(f"\nno allocation within the budget passed; the most damaging layer groups: {drivers}")
     return "\n".join(lines)

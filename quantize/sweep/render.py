@@ -1,10 +1,12 @@
-"""`quantize sweep` as text: one row per candidate, then what the sweep wrote."""
+"""`quantize sweep` as text: one row per candidate, then what the sweep wrote. Names the sweep file chose (the
+candidates', the rules', the paths) and the messages that quote them are printed through tables.py (`text_table`,
+`printable`): on one line, every control character shown as its escape."""
 
 from __future__ import annotations
 
 from quantize.records import SweepRecord
 from quantize.sweep.spec import SweepSpec
-from quantize.tables import text_table
+from quantize.tables import printable, text_table
 
 SHOWN = {"pass": "PASS", "rejected": "REJECTED", "inconclusive": "INCONCLUSIVE", None: "-"}
 
@@ -26,16 +28,16 @@ def sweep_text(r: SweepRecord) -> str:
     lines = [text_table(rows, ["candidate", "bits/weight", "verdict", "wall", "node"]), ""]
     for c in r.candidates:
         if c.failed_rules:
-            lines.append(f"{c.name}: {', '.join(c.failed_rules)}")
+            lines.append(printable(f"{c.name}: {', '.join(c.failed_rules)}"))
         if c.exit_code > 1:
-            lines.append(f"{c.name} (exit {c.exit_code}): {c.message}")
+            lines.append(printable(f"{c.name} (exit {c.exit_code}): {c.message}"))
     scored = [s for t in r.tasks for s in t.scored if t.kind == "baseline"]
     retried = sum(max(0, len(t.attempts) - 1) for t in r.tasks)
     lines += [
         f"{len(r.tasks)} tasks on {len(r.nodes)} node(s) in {r.wall_seconds:.0f} s"
         + (f"; {retried} retried after their worker died" if retried else "")
         + ("; the baseline scored once" if scored else "; the baseline's scores from the cache" if r.tasks else ""),
-        f"wrote {home}/sweep.json" + (f" and the report {r.report}/report.md" if r.report else ""),
-        *r.notes,
+        printable(f"wrote {home}/sweep.json" + (f" and the report {r.report}/report.md" if r.report else "")),
+        *map(printable, r.notes),
     ]
     return "\n".join(line for line in lines if line is not None)
