@@ -776,6 +776,8 @@ class CandidateRecord(_Strict):
     message: str
     wall_seconds: float | None  # its tasks' worker time in this run (None: nothing ran)
     nodes: list[str]
+    total_bytes: int | None = None  # every tensor's bytes (None: no checkpoint)
+    matrix: dict[str, Any] | None = None  # a matrix cell's values by recipe field (None: not a cell)
 
 
 class SweepRecord(Record):

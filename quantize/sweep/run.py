@@ -29,7 +29,7 @@ from typing import Any
 from quantize import records
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, UsageError
 from quantize.records import AttemptRecord, CandidateRecord, SweepRecord, SweepTaskRecord
-from quantize.sweep.plan import Candidate, candidates, settle_done, tasks_of
+from quantize.sweep.plan import Candidate, candidates, settle_done, tasks_of, write_cells
 from quantize.sweep.spec import Cluster, Resources, SweepSpec, TaskResources, load_sweep
 from quantize.sweep.tasks import THREAD_VARIABLES, Outcome, StartMark, TaskSpec
 
@@ -370,6 +370,7 @@ def run_sweep(
             say(f"refused   {c.name} (exit 2): {c.error}")
         elif c.verdict is not None:
             say(f"skipped   {c.name}: converted and gated in an earlier run ({c.verdict.verdict})")
+    write_cells(plan.candidates)
     ex = Executor(_import_ray(), state, spec.max_parallel, spec.max_retries, say)
     base, per = _graph(ex, spec, plan, clean)
     nodes: list[str] = []
@@ -433,11 +434,14 @@ def _candidate_record(c: Candidate, conv: Track | None, gate: Track | None) -> C
     tracks = [t for t in (conv, gate) if t is not None]
     seconds = [t.outcome.seconds for t in tracks if t.outcome]
     nodes = sorted({m.node[:12] for t in tracks for m in t.starts.values()})
+    bits = _bits(c.checkpoint)
     return CandidateRecord(
         name=c.name,
         source=c.source,
         checkpoint=str(c.checkpoint) if c.checkpoint else None,
-        bits_per_weight=_bits(c.checkpoint),
+        bits_per_weight=bits.bits_per_weight if bits else None,
+        total_bytes=bits.total_bytes if bits else None,
+        matrix=c.cell,
         verdict=verdict.verdict if verdict else None,
         failed_rules=failed_rules(verdict) if verdict else [],
         exit_code=code,
@@ -447,13 +451,14 @@ def _candidate_record(c: Candidate, conv: Track | None, gate: Track | None) -> C
     )
 
 
-def _bits(ckpt: Path | None) -> float | None:
+def _bits(ckpt: Path | None) -> Any:
+    """The checkpoint's BitsReport, None when there is none or it does not read."""
     if ckpt is None or not (ckpt / "config.json").is_file():
         return None
     from quantize.checkpoint.accounting import bits_report
 
     try:
-        return bits_report(ckpt).bits_per_weight
+        return bits_report(ckpt)
     except UsageError:
         return None
 

@@ -13,6 +13,9 @@
       baseline: {num_cpus: 2}      # every gate waits for it; default: as a gate
     cluster: {address: local, num_cpus: 2}   # local: a cluster of one started here; auto: the running one;
                                              # ray://HOST:10001 or HOST:6379: that cluster
+    matrix:                          # cells: every combination of the values, applied to each base recipe
+      recipes: [recipes/gptq-w4a16-g128.yaml]
+      fields: {group_size: [32, 128], calibration.samples: [32, 64]}
     max_parallel: 0                  # tasks submitted at once; 0 = as many as the cluster's resources take
     max_retries: 2                   # a task whose worker died is run again this many times
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import re
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,6 +40,8 @@ UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, 
 # the forms cluster.address takes, matched whole (ASCII host names and ports: no whitespace, no newline)
 ADDRESS = re.compile(r"local|auto|(?P<client>ray://)?[A-Za-z0-9][A-Za-z0-9.\-]{0,252}(?::(?P<port>[0-9]{1,5}))?")
 MAX_CANDIDATES = 1000  # recipes (after globs) and checkpoints, each; one conversion is minutes to hours
+MAX_CELLS = 256  # a matrix's cells (base recipes × every combination of the values): each one is a conversion
+MAX_VALUES = 64  # values of one matrix field
 SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -112,6 +118,38 @@ class Cluster(BaseModel):
         return self
 
 
+class Matrix(BaseModel):
+    """Recipe fields to vary: every combination of `fields`' values, applied to each base recipe, is a candidate
+    (a cell) named from its base and its values (sweep/plan.py). A field is a recipe field's dotted path
+    (`group_size`, `calibration.samples`), checked against each base recipe's schema before anything runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipes: list[str] = Field(min_length=1, max_length=MAX_CANDIDATES, description="base recipe files or globs")
+    fields: dict[str, list[Any]] = Field(min_length=1, max_length=8, description="dotted recipe field: its values")
+
+    @field_validator("fields")
+    @classmethod
+    def _fields(cls, fields: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for path, values in fields.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", path):
+                raise ValueError(
+                    f"{path!r} is not a recipe field's dotted path, e.g. group_size or calibration.samples"
+                )
+            if not 1 <= len(values) <= MAX_VALUES:
+                raise ValueError(f"{path} takes 1 to {MAX_VALUES} values, and {len(values)} were given")
+            if len({repr(v) for v in values}) < len(values):
+                raise ValueError(f"{path} lists one value twice ({values!r}): list each once")
+        return fields
+
+    def cells(self) -> int:
+        """Cells per base recipe."""
+        n = 1
+        for values in self.fields.values():
+            n *= len(values)
+        return n
+
+
 class SweepSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -126,6 +164,7 @@ class SweepSpec(BaseModel):
     output: PathText = Field(
         "outputs", description="OUTPUT/<recipe name> per conversion; OUTPUT/sweep-<name>/ the sweep's"
     )
+    matrix: Matrix | None = Field(None, description="recipe fields to vary over base recipes: one candidate per cell")
     resources: TaskResources = Field(default_factory=TaskResources)
     cluster: Cluster = Field(default_factory=Cluster)
     max_parallel: int = Field(0, ge=0, le=10_000, description="tasks submitted at once; 0: as the resources allow")
@@ -138,10 +177,10 @@ class SweepSpec(BaseModel):
 
     @model_validator(mode="after")
     def _candidates(self) -> SweepSpec:
-        if not self.recipes and not self.checkpoints:
+        if not self.recipes and not self.checkpoints and self.matrix is None:
             raise ValueError(
-                "a sweep needs candidates: list recipe files (or globs) in `recipes:`, or checkpoint "
-                "folders in `checkpoints:`"
+                "a sweep needs candidates: list recipe files (or globs) in `recipes:`, checkpoint folders in "
+                "`checkpoints:`, or give a `matrix:` of recipe fields over base recipes"
             )
         return self
 
@@ -156,6 +195,14 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, str]:
         )
     spec.policy = beside_repo(path, spec.policy)
     spec.recipes = expand_recipes(path, spec.recipes)
+    if (m := spec.matrix) is not None:
+        m.recipes = expand_recipes(path, m.recipes)
+        if (n := len(m.recipes) * m.cells()) > MAX_CELLS:
+            raise UsageError(
+                f"sweep {path}: matrix has {n:,} cells ({len(m.recipes)} base recipe(s) × "
+                + " × ".join(f"{len(v)} {f}" for f, v in m.fields.items())
+                + f"); a sweep takes at most {MAX_CELLS}, each one a conversion: list fewer values, or split it"
+            )
     return spec, sha
 
 
