@@ -4,11 +4,11 @@ that would share a folder or a report row (one name twice, one folder twice, a n
 sweep (`check_names`): exit 2 naming both.
 
 A `matrix:` makes one candidate per cell: each base recipe's YAML with the cell's values set at their dotted
-paths, named BASE-FIELD=VALUE-... (a field by its last part unless two fields share it; a path value by its file's
-stem, a list or mapping by its place in the values, 1-based), validated as a recipe (a bad cell is its candidate's
-exit 2). A field that is not in a base recipe's schema stops the sweep (exit 2 naming it). The cell's recipe is
-written to OUTPUT/sweep-NAME/recipes/CELL.yaml when it is converted; its bytes are the same on every run, so a
-cell converted before is recognised by them.
+paths, named BASE-FIELD=VALUE-... (a field by its last part unless two fields share it; a path value by its
+file's stem, a `builtin:` source by its name, a list or mapping by its place in the values, 1-based), validated
+as a recipe (a bad cell is its candidate's exit 2). A field that is not in a base recipe's schema stops the sweep
+(exit 2 naming it). The cell's recipe is written to OUTPUT/sweep-NAME/recipes/CELL.yaml when it is converted; its
+bytes are the same on every run, so a cell converted before is recognised by them.
 
 A candidate is done when its records are whole and valid for this sweep: a converted checkpoint whose
 quantize.json reads and whose weights hash to what it records, from the same recipe bytes; a gate.json beside it
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -173,8 +174,8 @@ def _short_names(fields: list[str]) -> dict[str, str]:
 
 
 def _value_text(v: Any, place: int) -> str:
-    """A value as a name part: numbers and words as written, a path by its file's stem, None as none, a list or a
-    mapping (a mixture) by its place among the field's values."""
+    """A value as a name part: numbers and words as written, a path by its file's stem (`builtin:jargon` as
+    `jargon`), None as none, a list or a mapping (a mixture) by its place among the field's values."""
     if v is None:
         return "none"
     if isinstance(v, bool):
@@ -182,7 +183,7 @@ def _value_text(v: Any, place: int) -> str:
     if isinstance(v, int | float):
         return str(v)
     if isinstance(v, str):
-        part = v.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        part = re.split(r"[/\\:]", v.rstrip("/\\"))[-1] or v
         return Path(part).stem if "." in part[1:] else part
     return str(place)
 

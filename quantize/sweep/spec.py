@@ -61,6 +61,24 @@ def parse_bytes(value: int | float | str) -> int:
     return int(n)
 
 
+CUSTOM = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{0,63}")
+RAY_OWN = {"CPU", "GPU", "memory", "object_store_memory"}
+
+
+def _custom_resources(r: dict[str, float]) -> dict[str, float]:
+    """Custom Ray resources: names of letters, digits, `_` and `-` (not Ray's own, which have fields), amounts
+    from 0 to a million."""
+    for name, amount in r.items():
+        if not CUSTOM.fullmatch(name) or name in RAY_OWN or name.startswith("quantize_"):
+            raise ValueError(
+                f"{name!r} is not a custom resource's name: letters, digits, _ and - (CPU, GPU and memory have "
+                "fields of their own; quantize_* are the sweep's)"
+            )
+        if not 0 < amount <= 1e6:
+            raise ValueError(f"{name}: {amount} is not an amount of a resource; give a number above 0")
+    return r
+
+
 class Resources(BaseModel):
     """What one task of a kind asks the cluster for (Ray's resources); torch runs num_cpus threads in it."""
 
@@ -71,6 +89,14 @@ class Resources(BaseModel):
         None, ge=0, le=64, description="GPUs per task; gate default: the suite's vLLM tensor × data parallel, else 0"
     )
     memory: int | None = Field(None, description="bytes, or a size like 8GiB; none: Ray does not reserve memory")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per task, e.g. {big_memory: 1}: a node must offer them"
+    )
+
+    @field_validator("resources")
+    @classmethod
+    def _custom(cls, r: dict[str, float]) -> dict[str, float]:
+        return _custom_resources(r)
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -96,6 +122,14 @@ class Cluster(BaseModel):
 
     address: str = "local"
     num_cpus: int | None = Field(None, ge=1, le=4096, description="for local: CPUs the cluster of one offers")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="for local: custom resources the cluster of one offers, e.g. {big_memory: 2}"
+    )
+
+    @field_validator("resources")
+    @classmethod
+    def _custom(cls, r: dict[str, float]) -> dict[str, float]:
+        return _custom_resources(r)
 
     @field_validator("address")
     @classmethod
@@ -114,6 +148,11 @@ class Cluster(BaseModel):
         if self.num_cpus is not None and self.address != "local":
             raise ValueError(
                 f"cluster.num_cpus sizes a local cluster; the cluster at {self.address} has its own CPUs: remove it"
+            )
+        if self.resources and self.address != "local":
+            raise ValueError(
+                f"cluster.resources are a local cluster's; the cluster at {self.address} offers its own (`ray start "
+                "--resources`): remove them"
             )
         return self
 

@@ -26,13 +26,16 @@ class Lab:
         self.policy = base / "p.yaml"
         self.policy.write_text(f"name: p\nsuite: {suite}\n{RULES}")
         self.w4 = base / "w4.yaml"
-        self.w4.write_text(f"name: w4\nmethod: rtn\nscheme: W4A16\ngroup_size: 32\ncalibration: null\nmodel: {tiny}\n")
+        self.w4.write_text(
+            f"name: w4\nmethod: rtn\nscheme: W4A16\ngroup_size: 32\ncalibration: null\nmodel: {tiny}\n"
+            "dtype: bfloat16\n"  # not the machine's timing probe
+        )
 
-    def sweep(self, matrix: str, recipes: str = "[]") -> Path:
+    def sweep(self, matrix: str, recipes: str = "[]", extra: str = "") -> Path:
         f = self.base / "sweep.yaml"
         f.write_text(
             f"name: m\nmodel: {self.tiny}\nrecipes: {recipes}\npolicy: {self.policy}\noutput: {self.base / 'out'}\n"
-            f"matrix:\n{matrix}"
+            f"{extra}matrix:\n{matrix}"
         )
         return f
 
@@ -80,6 +83,17 @@ def test_a_2x2_matrix_is_four_named_cells_each_a_valid_recipe_of_its_values(lab)
     again = candidates(load_sweep(f)[0])  # the same bytes on every plan: a cell converted before is recognised
     assert [c.recipe_sha256 for c in again] == [c.recipe_sha256 for c in found]
     assert not (lab.base / "out").exists()  # planning writes nothing
+
+
+@pytest.mark.parametrize(
+    "value,shown",
+    [("builtin:jargon", "jargon"), ("data/chat.jsonl", "chat"), ("d/saved/", "saved"), (0.5, "0.5"), (None, "none")]
+    + [(True, "true"), ([{"source": "a", "weight": 1}], "2")],
+)
+def test_a_value_is_named_by_what_a_reader_recognises(value, shown):
+    from quantize.sweep.plan import _value_text
+
+    assert _value_text(value, 2) == shown  # a list or mapping (a mixture) by its place among the values
 
 
 def test_a_field_not_in_the_recipe_schema_is_exit_2_naming_it_before_anything_runs(lab, no_cluster, capsys):
@@ -152,3 +166,108 @@ def test_the_report_groups_candidates_by_each_varied_field(tmp_path):
         ["calibration.samples", "16", "2", "0", "1", "0", "1", "900 – 1,000", "b, d"],
     ]
     assert varied_fields(entries[:1]) == {}
+
+
+# --- the plan, without Ray ----------------------------------------------------------------------------------
+
+MATRIX_2X2 = "  fields: {group_size: [16, 32], scheme: [W8A16, W4A16]}\n"
+
+
+def test_plan_json_of_a_2x2_matrix_is_four_named_candidates_and_the_graph_of_their_tasks(lab, no_cluster, capsys):
+    import json
+
+    import quantize
+
+    f = lab.sweep(f"  recipes: [{lab.w4}]\n{MATRIX_2X2}")
+    assert cli(["sweep", str(f), "--plan", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    names = ["w4-group_size=16-scheme=W8A16", "w4-group_size=16-scheme=W4A16"]
+    names += ["w4-group_size=32-scheme=W8A16", "w4-group_size=32-scheme=W4A16"]
+    assert [c["name"] for c in plan["candidates"]] == names
+    assert {c["todo"] for c in plan["candidates"]} == {"convert and gate"}
+    assert [c["checkpoint"] for c in plan["candidates"]] == [str(lab.base / "out" / n) for n in names]
+    assert plan["candidates"][3]["matrix"] == {"group_size": 32, "scheme": "W4A16"}
+    tasks = {t["task"]: t for t in plan["tasks"]}
+    assert sorted(tasks) == sorted(["baseline", *(f"convert {n}" for n in names), *(f"gate {n}" for n in names)])
+    assert tasks[f"gate {names[0]}"]["after"] == ["baseline", f"convert {names[0]}"]
+    assert tasks["baseline"]["after"] == [] and tasks[f"convert {names[0]}"]["resources"] == {"num_cpus": 1}
+    assert not (lab.base / "out").exists()  # nothing written
+    same = quantize.plan_sweep(f)  # the API's
+    assert [c.name for c in same.candidates] == names and len(same.tasks) == 9
+    assert "w4-group_size=32-scheme=W4A16  convert and gate" in _text_plan(f, capsys)
+
+
+def _text_plan(f: Path, capsys) -> str:
+    assert cli(["sweep", str(f), "--plan"]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_plan_runs_where_ray_cannot_be_imported(lab):
+    """`--plan` in a process where `import ray` fails: the same candidates, and the sweep itself says Ray is
+    missing (exit 2), instead of a traceback."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    f = lab.sweep(f"  recipes: [{lab.w4}]\n{MATRIX_2X2}")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from quantize.cli import main\n"
+        f"rc = main(['sweep', {str(f)!r}, '--plan', '--json'])\n"
+        "assert sys.modules['ray'] is None\n"
+        "raise SystemExit(rc)\n"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["candidates"]) == 4
+    run = code.replace(", '--plan', '--json'", "")
+    done = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and "quantize sweep runs on Ray, which is not installed here" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# --- a matrix on a real local cluster ------------------------------------------------------------------------
+
+
+def test_a_2x2_matrix_sweep_runs_to_four_verdicts_in_sweep_json_and_the_report(lab, tmp_path, monkeypatch, capsys):
+    """Done when (issue 46): a 2×2 matrix on a local Ray cluster, every cell converted and gated, each gate started
+    by Ray once its conversion and the baseline were done; sweep.json and both reports group the cells by field."""
+    pytest.importorskip("ray", reason="quantize sweep needs Ray: pip install 'quantize[cluster]'")
+    from quantize import records
+    from quantize.records import SweepRecord
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    f = lab.sweep(f"  recipes: [{lab.w4}]\n{MATRIX_2X2}", extra="cluster: {address: local, num_cpus: 2}\n")
+    code = cli(["sweep", str(f)])
+    rec = records.read(SweepRecord, lab.base / "out" / "sweep-m" / "sweep.json")
+    assert code == rec.exit_code and code in (0, 1), capsys.readouterr().err
+    by = {c.name: c for c in rec.candidates}
+    assert len(by) == 4 and {c.verdict for c in by.values()} <= {"pass", "rejected", "inconclusive"}
+    assert all(c.exit_code in (0, 1) and c.total_bytes and c.matrix for c in by.values())
+    for g in (16, 32):  # 8-bit weights are more bytes than 4-bit ones at one group size
+        assert by[f"w4-group_size={g}-scheme=W8A16"].total_bytes > by[f"w4-group_size={g}-scheme=W4A16"].total_bytes
+    assert sorted(t.kind for t in rec.tasks) == ["baseline"] + ["convert"] * 4 + ["gate"] * 4
+    assert {t.state for t in rec.tasks} == {"done"}
+    for cell in by.values():  # each cell's recipe, as it was converted, beside the sweep's own files
+        assert (lab.base / "out" / "sweep-m" / "recipes" / f"{cell.name}.yaml").is_file()
+    report = (Path(rec.report) / "report.md").read_text()
+    assert "## By recipe field" in report and (Path(rec.report) / "fields.png").is_file()
+    for row in (
+        "| group_size | 16 | 2 |",
+        "| group_size | 32 | 2 |",
+        "| scheme | W8A16 | 2 |",
+        "| scheme | W4A16 | 2 |",
+    ):
+        assert row in report, report
+    folders = [c.checkpoint for c in by.values()]
+    again = ["report", *folders, "--baseline", str(lab.tiny), "--policy", str(lab.policy), "--out", str(tmp_path / "r")]
+    assert cli(again) == 0  # `quantize report` over the same folders: the same grouping, from the saved verdicts
+    mine = (tmp_path / "r" / "report.md").read_text()
+
+    def rows(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith(("| group_size |", "| scheme |"))]
+
+    assert rows(mine) == rows(report) and len(rows(report)) == 4
