@@ -52,12 +52,12 @@ FORWARDED = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "TOKENIZERS_PAR
 def _in_worker(task: TaskSpec, state: str, threads: int, *inputs: Outcome) -> Outcome:
     """The body of every Ray task: where it runs, then the task itself (quantize/sweep/tasks.py). `inputs` are the
     results of the tasks it takes (Ray passes them once they are done); one that failed: nothing is run."""
-    import ray
-
     from quantize.sweep.tasks import execute, not_run
 
     if any(i.exit_code != EXIT_OK for i in inputs):
         return not_run(task)
+    import ray
+
     node = ray.get_runtime_context().get_node_id()
     return execute(task, Path(state), node, ray.util.get_node_ip_address(), threads)
 
