@@ -232,6 +232,7 @@ def test_the_plan_runs_where_ray_cannot_be_imported(lab):
 # --- a matrix on a real local cluster ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a tiny model, but nine tasks in fresh workers: 6 min on 2 loaded cores (332 s under load)
 def test_a_2x2_matrix_sweep_runs_to_four_verdicts_in_sweep_json_and_the_report(lab, tmp_path, monkeypatch, capsys):
     """Done when (issue 46): a 2×2 matrix on a local Ray cluster, every cell converted and gated, each gate started
     by Ray once its conversion and the baseline were done; sweep.json and both reports group the cells by field."""
@@ -256,8 +257,8 @@ def test_a_2x2_matrix_sweep_runs_to_four_verdicts_in_sweep_json_and_the_report(l
     report = (Path(rec.report) / "report.md").read_text()
     assert "## By recipe field" in report and (Path(rec.report) / "fields.png").is_file()
     for row in (
-        "| group_size | 16 | 2 |",
-        "| group_size | 32 | 2 |",
+        "| group\\_size | 16 | 2 |",  # Markdown-escaped, as every name in the report
+        "| group\\_size | 32 | 2 |",
         "| scheme | W8A16 | 2 |",
         "| scheme | W4A16 | 2 |",
     ):
@@ -268,6 +269,6 @@ def test_a_2x2_matrix_sweep_runs_to_four_verdicts_in_sweep_json_and_the_report(l
     mine = (tmp_path / "r" / "report.md").read_text()
 
     def rows(text: str) -> list[str]:
-        return [line for line in text.splitlines() if line.startswith(("| group_size |", "| scheme |"))]
+        return [line for line in text.splitlines() if line.startswith(("| group\\_size |", "| scheme |"))]
 
-    assert rows(mine) == rows(report) and len(rows(report)) == 4
+    assert sorted(rows(mine)) == sorted(rows(report)) and len(rows(report)) == 4

@@ -226,6 +226,9 @@ def _reap(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+# real workers killed on a local cluster: 263 s on 2 loaded cores; the driver's side of a lost task is tested fast
+# in test_graph.py, and a real cluster's whole run by the first test here
+@pytest.mark.slow
 def test_workers_killed_in_a_conversion_and_in_a_gate_are_retried_to_the_same_verdicts(world, tmp_path, own_cache):
     sweep = world.sweep_file(tmp_path, ["w8", "w4"], world.strict, extra="max_retries: 2\n")
     state, out = tmp_path / "out" / "sweep-t" / "state", tmp_path / "out"
@@ -254,6 +257,9 @@ def test_workers_killed_in_a_conversion_and_in_a_gate_are_retried_to_the_same_ve
     assert "retried   convert w8: attempt 2" in (tmp_path / "sweep.log").read_text()
 
 
+# a driver killed on a local cluster and run again: 301 s on 2 loaded cores; resuming from records is also tested by
+# the two-node test's second run
+@pytest.mark.slow
 def test_a_killed_driver_is_resumed_by_running_the_command_again(world, tmp_path, own_cache):
     sweep = world.sweep_file(tmp_path, ["w8", "w4", "w3"], world.lenient, extra="max_parallel: 2\n")
     out = tmp_path / "out"
