@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from quantize.evaluate.score import Scored
     from quantize.flows.agree import Agreement
     from quantize.golden.manifest import GoldenSet, Manifest
-    from quantize.records import AgreementResult, RunRecord, ScoreDoc, SearchReport, SweepRecord, Verdict
+    from quantize.records import AgreementResult, RunRecord, ScoreDoc, SearchReport, SweepPlan, SweepRecord, Verdict
 
 PathLike = str | Path
 
@@ -377,6 +377,17 @@ def run_sweep(
     return sweep_run(sweep, address, max_parallel, clean)
 
 
+def plan_sweep(
+    sweep: PathLike, *, address: str | None = None, max_parallel: int | None = None, clean: bool = False
+) -> SweepPlan:
+    """`quantize sweep --plan`: what `run_sweep` with the same arguments would run (each candidate, matrix cells
+    included, with its folder and what it still needs; the tasks with their inputs and resources), found without
+    importing Ray; nothing is run or written."""
+    from quantize.sweep.run import sweep_plan
+
+    return sweep_plan(sweep, address, max_parallel, clean)
+
+
 def _hardware(name: str) -> Any:
     from quantize.cost import bounds
 
@@ -396,6 +407,7 @@ __all__ = [
     "golden_new",
     "golden_verify",
     "inspect",
+    "plan_sweep",
     "run",
     "run_search",
     "run_sweep",

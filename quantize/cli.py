@@ -350,8 +350,12 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from quantize import api
     from quantize.records import to_json
-    from quantize.sweep.render import sweep_text
+    from quantize.sweep.render import plan_text, sweep_text
 
+    if args.plan:
+        plan = api.plan_sweep(args.sweep, address=args.address, max_parallel=args.max_parallel, clean=args.clean)
+        print(to_json(plan) if args.json else plan_text(plan))
+        return EXIT_OK
     record = api.run_sweep(args.sweep, address=args.address, max_parallel=args.max_parallel, clean=args.clean)
     print(to_json(record) if args.json else sweep_text(record))
     return record.exit_code
@@ -638,6 +642,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--address", help="the Ray cluster: local, auto, ray://HOST:10001 (overrides the file's)")
     sw.add_argument("--max-parallel", type=int, help="tasks submitted at once (0: as the resources allow)")
     sw.add_argument("--clean", action="store_true", help="remove folders killed conversions left beside the outputs")
+    sw.add_argument("--plan", action="store_true", help="print the candidates, folders and tasks; run nothing (no Ray)")
     sw.set_defaults(fn=cmd_sweep)
 
     m = sub.add_parser("model", help="the embedded default model (SmolLM2-135M-Instruct)")

@@ -776,6 +776,42 @@ class CandidateRecord(_Strict):
     message: str
     wall_seconds: float | None  # its tasks' worker time in this run (None: nothing ran)
     nodes: list[str]
+    total_bytes: int | None = None  # every tensor's bytes (None: no checkpoint)
+    matrix: dict[str, Any] | None = None  # a matrix cell's values by recipe field (None: not a cell)
+
+
+class PlannedTask(_Strict):
+    task: str  # "baseline", "convert NAME", "gate NAME"
+    kind: TaskKind
+    candidate: str | None
+    after: list[str]  # the tasks whose results it takes (Ray starts it when they are done)
+    resources: dict[str, Any]  # what it asks the cluster for: num_cpus, num_gpus, memory, custom resources
+
+
+class PlannedCandidate(_Strict):
+    name: str
+    source: str
+    checkpoint: str | None  # its output folder (None: refused before it had one)
+    recipe: str | None  # the recipe file converted (a matrix cell's: written when it runs)
+    matrix: dict[str, Any] | None  # a matrix cell's values by recipe field
+    todo: Literal["convert and gate", "gate", "done", "refused"]
+    message: str  # why refused; the earlier verdict when done
+
+
+class SweepPlan(Record):
+    """`quantize sweep FILE --plan`: what the sweep would run, found without Ray (nothing is written)."""
+
+    WHAT: ClassVar[str] = "sweep plan"
+
+    schema_version: Literal[1] = 1
+    spec: str
+    spec_sha256: str
+    home: str  # OUTPUT/sweep-NAME
+    address: str
+    policy: str
+    baseline: str
+    candidates: list[PlannedCandidate]
+    tasks: list[PlannedTask]
 
 
 class SweepRecord(Record):

@@ -62,13 +62,16 @@ class Entry:
     # why a gate.json beside the checkpoint is not its verdict here (stale: the checkpoint changed since; another
     # policy's, baseline's or golden set's); None when there is none, or it is the verdict
     verdict_stale: str | None = None
+    recipe: dict[str, Any] | None = None  # the resolved recipe its quantize.json records (None: not ours)
 
 
 def _entry(path: Path) -> Entry:
     meta_path = path / "quantize.json"
     r = bits_report(path)
+    recipe = None
     if meta_path.is_file():
         meta = records.read(RunRecord, meta_path)
+        recipe = meta.recipe.resolved
         label, method, scheme, params = (
             meta.label or path.name,
             meta.method,
@@ -89,6 +92,7 @@ def _entry(path: Path) -> Entry:
         r.quantized_linear_bits_per_weight,
         r.bytes_by_role,
         sha,
+        recipe=recipe,
     )
 
 

@@ -27,6 +27,7 @@ from quantize.records import (
     Verdict,
 )
 from quantize.report.collect import Entry
+from quantize.report.fields import field_rows, fields_figure, varied_fields
 from quantize.tables import html_code, html_text, markdown_table, md_code, md_text
 
 ROLE_ORDER = [
@@ -587,6 +588,9 @@ def _notes(entries: list[Entry], hardware: str, context: int | None, code: Calla
 def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
     points = rule_points(entries)
     images = plot_pareto(entries, out, axis) + plot_bytes(entries, out) + plot_evidence(entries, points, out, axis)
+    fields = varied_fields(entries)
+    images += _save(fig, out, "fields") if (fig := fields_figure(fields)) is not None else []
+    by_field = field_rows(fields)
     head, rows = table_rows(entries)
     context = next((e.decode.context for e in entries if e.decode and e.decode.context is not None), None)
     md = ["# Bytes versus accuracy\n", f"Suite {md_code(suite)}; {len(entries)} checkpoints.", ""]
@@ -595,6 +599,9 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
     md += ["![Bytes by role](bytes.png)", "", markdown_table(head, rows)]  # every cell escaped
     for note in _notes(entries, hardware, context, md_code):
         md += ["", note]
+    if fields:
+        md += ["", "## By recipe field", "", "![Verdict and size against each field](fields.png)", ""]
+        md += [FIELDS_TEXT, "", markdown_table(*by_field)]
     evidence = evidence_section(entries, points, images)
     md += evidence_markdown(*evidence)
     (out / "report.md").write_text("\n".join(md) + "\n")
@@ -616,6 +623,10 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
         + "</tbody></table>"
     )
     body += [f"<p>{note}</p>" for note in _notes(entries, hardware, context, html_code)]
+    if fields:
+        body += ["<h2>By recipe field</h2>", img("fields.png", "Verdict and size against each field")]
+        body += [f"<p>{html_text(FIELDS_TEXT)}</p>", "<table><thead><tr>" + cells(by_field[0], "th") + "</tr></thead>"]
+        body += ["<tbody>" + "".join("<tr>" + cells(r, "td") + "</tr>" for r in by_field[1]) + "</tbody></table>"]
     body += evidence_html(*evidence, img)
     style = (
         "body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;font-size:12px}"
@@ -627,8 +638,16 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
     )
     data = {"table": {"head": head, "rows": rows}, "entries": [_entry_json(e) for e in entries], "images": images}
     data["evidence"] = [asdict(p) for p in points]
+    data["fields"] = {"head": by_field[0], "rows": by_field[1]}
     (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     return data
+
+
+FIELDS_TEXT = (
+    "Each recipe field whose value differs among the candidates (a sweep matrix's varied fields), the candidates "
+    "grouped by its value: how many the policy passed, rejected or left inconclusive (not gated: no saved or "
+    "recomputed verdict), and their bytes (every stored tensor)."
+)
 
 
 def evidence_section(

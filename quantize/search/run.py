@@ -30,7 +30,6 @@ from quantize import records
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
-from quantize.io import sha256_bytes
 from quantize.records import (
     AllocationRecord,
     SearchRef,
@@ -354,15 +353,13 @@ def bisect(
 def _gate_round(
     s: Search, recipes: dict[int, dict[str, Any]], ckpts: dict[int, Path], quiet: bool
 ) -> dict[int, tuple[int, Any]]:
-    """Each point's true bytes and verdict: in this process for one point, else as sweep tasks on Ray."""
-    if s.spec.max_parallel == 1 or len(recipes) == 1:
-        return {i: _convert_and_gate(s.spec, r, s.tries_dir, ckpts[i], s.model_dir, quiet) for i, r in recipes.items()}
+    """Each point's true bytes and verdict: converted and gated in this process for one point
+    (sweep/tasks.convert_and_gate), else as a sweep's tasks on Ray; either way the same two tasks per point."""
     from quantize import records
     from quantize.checkpoint.accounting import bits_report
     from quantize.records import Verdict
     from quantize.report.collect import VERDICT_FILE
-    from quantize.sweep.run import run_chains
-    from quantize.sweep.tasks import TaskSpec
+    from quantize.sweep.tasks import TaskSpec, convert_and_gate
 
     chains = []
     for i, r in recipes.items():
@@ -374,6 +371,14 @@ def _gate_round(
                 TaskSpec(kind="gate", checkpoint=str(ckpts[i]), **common),
             )
         )
+    if s.spec.max_parallel == 1 or len(recipes) == 1:
+        from quantize.quiet import quiet_libraries
+
+        with quiet_libraries(quiet):
+            verdicts = [convert_and_gate(c, g) for c, g in chains]
+        return {i: (bits_report(ckpts[i]).total_bytes, v) for i, v in zip(recipes, verdicts, strict=True)}
+    from quantize.sweep.run import run_chains
+
     failed = run_chains(chains, s.spec.cluster, s.spec.resources, s.tries_dir / "state")
     if failed:
         raise RuntimeFailure(f"a try could not be converted or gated: {failed[0]}")
@@ -442,19 +447,3 @@ def publish(s: Search, report: SearchReport, result: Path | None) -> SearchRepor
     records.write(out / "quantize.json", run)
     records.write(out / "search.json", report)
     return report
-
-
-def _convert_and_gate(
-    spec: SearchRecipe, recipe: dict[str, Any], tries_dir: Path, ckpt: Path, model_dir: Path, quiet: bool
-) -> tuple[int, Any]:
-    from quantize.checkpoint.accounting import bits_report
-    from quantize.convert.engine import convert
-    from quantize.convert.recipe import parse_recipe
-    from quantize.flows.gate import run_gate
-
-    rpath = _write_try_recipe(tries_dir, ckpt, recipe)
-    r = parse_recipe(recipe, str(rpath))
-    convert(r, sha256_bytes(rpath.read_bytes()), str(rpath), ckpt, force=False, quiet=quiet)
-    true_bytes = bits_report(ckpt).total_bytes
-    verdict = run_gate(spec.policy, model_dir, ckpt)
-    return true_bytes, verdict

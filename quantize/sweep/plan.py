@@ -3,6 +3,13 @@ and the candidates that cannot run (a bad recipe: exit 2, reported beside the ot
 that would share a folder or a report row (one name twice, one folder twice, a name of the sweep's own) stop the
 sweep (`check_names`): exit 2 naming both.
 
+A `matrix:` makes one candidate per cell: each base recipe's YAML with the cell's values set at their dotted
+paths, named BASE-FIELD=VALUE-... (a field by its last part unless two fields share it; a path value by its
+file's stem, a `builtin:` source by its name, a list or mapping by its place in the values, 1-based), validated
+as a recipe (a bad cell is its candidate's exit 2). A field that is not in a base recipe's schema stops the sweep
+(exit 2 naming it). The cell's recipe is written to OUTPUT/sweep-NAME/recipes/CELL.yaml when it is converted; its
+bytes are the same on every run, so a cell converted before is recognised by them.
+
 A candidate is done when its records are whole and valid for this sweep: a converted checkpoint whose
 quantize.json reads and whose weights hash to what it records, from the same recipe bytes; a gate.json beside it
 that is this policy's verdict on this baseline and this candidate (identities and golden set checked, as the
@@ -11,9 +18,14 @@ report checks it). A second run of the same sweep, after a killed driver, skips 
 
 from __future__ import annotations
 
+import itertools
 import os
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from quantize.errors import UsageError
 from quantize.gates.policy import Policy
@@ -34,6 +46,8 @@ class Candidate:
     verdict: Verdict | None = None  # from an earlier run, still valid: nothing to do
     notes: list[str] = field(default_factory=list)
     recipe_sha256: str | None = None  # the recipe file's bytes, once read
+    cell: dict[str, Any] | None = None  # a matrix cell's values by field (None: not a cell)
+    recipe_text: str | None = None  # a cell's recipe, written to `recipe` when it is converted
 
 
 RESERVED = "sweep-"  # OUTPUT/sweep-NAME is a sweep's own folder: no candidate takes a name starting so
@@ -44,6 +58,7 @@ def candidates(spec: SweepSpec) -> list[Candidate]:
     its candidate's error; two candidates of one name, one folder listed twice, or a name of the sweep's own
     (`sweep-*`) refuse the whole sweep (`check_names`), before any output is looked at."""
     found = [_of_recipe(spec, path) for path in spec.recipes]
+    found += cells(spec)
     found += [_of_checkpoint(i, folder) for i, folder in enumerate(spec.checkpoints)]
     check_names(found)
     for c in found:
@@ -79,7 +94,137 @@ def _of_checkpoint(i: int, folder: str) -> Candidate:
 
 
 def _label(c: Candidate) -> str:
+    if c.cell is not None:
+        return f"matrix cell {c.source}"
     return f"recipe {c.source}" if c.recipe is not None else f"checkpoint {c.source}"
+
+
+# --- matrix cells --------------------------------------------------------------------------------------------
+
+OWN = {"name", "output", "model"}  # what a cell takes from the sweep: its name, its folder, the sweep's model
+
+
+def cells(spec: SweepSpec) -> list[Candidate]:
+    """Every base recipe × every combination of the matrix's values, in the order given (module docstring)."""
+    if spec.matrix is None:
+        return []
+    from quantize.config import MAX_YAML_BYTES, parse_yaml
+    from quantize.io import read_user_file
+
+    out: list[Candidate] = []
+    fields = list(spec.matrix.fields)
+    short = _short_names(fields)
+    for path in spec.matrix.recipes:
+        try:
+            base, _ = prepare_recipe(path, spec.model)
+            raw = parse_yaml(read_user_file(path, "recipe file", MAX_YAML_BYTES), path)
+        except UsageError as e:
+            out.append(Candidate(Path(path).stem, path, path, None, error=str(e)))
+            continue
+        for f in fields:
+            check_field(type(base), f, path)
+        for combo in itertools.product(*(enumerate(spec.matrix.fields[f], 1) for f in fields)):
+            values = {f: v for f, (_, v) in zip(fields, combo, strict=True)}
+            shown_as = [f"{short[f]}={_value_text(v, i)}" for f, (i, v) in zip(fields, combo, strict=True)]
+            out.append(_cell(spec, path, raw, values, "-".join([str(base.name), *shown_as])))
+    return out
+
+
+def _cell(spec: SweepSpec, base: str, raw: Any, values: dict[str, Any], name: str) -> Candidate:
+    import copy
+
+    import yaml
+
+    from quantize.convert.recipe import parse_recipe
+    from quantize.io import sha256_bytes
+
+    said = ", ".join(f"{f}={v!r}" for f, v in values.items())
+    source = f"{base} with {said}"
+    data = copy.deepcopy(raw) if isinstance(raw, dict) else {}
+    for f, v in values.items():
+        _set(data, f, v)
+    data.pop("output", None)
+    try:
+        data["name"] = checked(name, f"matrix cell {source}: its name", "give the base recipe a shorter `name:`")
+        recipe = parse_recipe(data, f"matrix cell {source}")
+    except UsageError as e:
+        return Candidate(name, source, None, None, error=str(e), cell=values)
+    recipe_file = spec.home / "recipes" / f"{data['name']}.yaml"
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    c = Candidate(
+        str(recipe.name), source, str(recipe_file), Path(spec.output) / str(recipe.name), cell=values, recipe_text=text
+    )
+    c.recipe_sha256 = sha256_bytes(text.encode("utf-8"))
+    return c
+
+
+def _set(data: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    for p in parents:
+        if not isinstance(data.get(p), dict):
+            data[p] = {}
+        data = data[p]
+    data[leaf] = value
+
+
+def _short_names(fields: list[str]) -> dict[str, str]:
+    """A field's last part in a cell's name, or its whole path where two fields share the last part."""
+    leaves = [f.rsplit(".", 1)[-1] for f in fields]
+    return {f: leaf if leaves.count(leaf) == 1 else f for f, leaf in zip(fields, leaves, strict=True)}
+
+
+def _value_text(v: Any, place: int) -> str:
+    """A value as a name part: numbers and words as written, a path by its file's stem (`builtin:jargon` as
+    `jargon`), None as none, a list or a mapping (a mixture) by its place among the field's values."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, str):
+        part = re.split(r"[/\\:]", v.rstrip("/\\"))[-1] or v
+        return Path(part).stem if "." in part[1:] else part
+    return str(place)
+
+
+def check_field(model: type, path: str, recipe: str) -> None:
+    """`path` names a field of `model` (a recipe class), through nested models; a UsageError naming it if not."""
+    from pydantic import BaseModel
+
+    cls: Any = model
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        where = ".".join(parts[:i]) or "a recipe"
+        fields = getattr(cls, "model_fields", {})
+        if i == 0 and part in OWN:
+            raise UsageError(
+                f"matrix.fields: {path} is the sweep's to set (a cell's name and folder come from its values, its "
+                "model is the sweep's `model:`): vary another field"
+            )
+        if part not in fields:
+            raise UsageError(
+                f"matrix.fields: {path} is not a field of recipe {recipe} ({getattr(model, '__name__', model)}): "
+                f"{where} has {', '.join(sorted(set(fields) - OWN))}. Correct the field's path"
+            )
+        if i < len(parts) - 1:
+            inner = [a for a in _members(fields[part].annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+            if not inner:
+                raise UsageError(
+                    f"matrix.fields: {path}: {'.'.join(parts[: i + 1])} of recipe {recipe} is a value, not a section"
+                    " with fields: vary it as a whole"
+                )
+            cls = inner[0]
+
+
+def _members(annotation: Any) -> list[Any]:
+    """An annotation's types, unions (`X | None`) and Annotated unwrapped."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(annotation) for m in _members(a)]
+    return [annotation]
 
 
 def check_names(cands: list[Candidate]) -> None:
@@ -124,6 +269,16 @@ def _converted_here(out: Path, sha: str, recipe: str) -> bool:
             "to another folder"
         )
     return True
+
+
+def write_cells(cands: list[Candidate]) -> None:
+    """The recipe of each matrix cell still to convert, written whole where its convert task reads it."""
+    from quantize.io import write_text_atomic
+
+    for c in cands:
+        if c.recipe_text is not None and c.needs_convert and c.error is None and c.recipe is not None:
+            Path(c.recipe).parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(Path(c.recipe), c.recipe_text)
 
 
 def settle_done(cands: list[Candidate], policy: Policy, suite, baseline: Path) -> None:

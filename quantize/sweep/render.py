@@ -4,7 +4,7 @@ candidates', the rules', the paths) and the messages that quote them are printed
 
 from __future__ import annotations
 
-from quantize.records import SweepRecord
+from quantize.records import SweepPlan, SweepRecord
 from quantize.sweep.spec import SweepSpec
 from quantize.tables import printable, text_table
 
@@ -41,3 +41,29 @@ def sweep_text(r: SweepRecord) -> str:
         *map(printable, r.notes),
     ]
     return "\n".join(line for line in lines if line is not None)
+
+
+def plan_text(p: SweepPlan) -> str:
+    """`quantize sweep FILE --plan`: each candidate, what it still needs and its folder; then the tasks."""
+    rows = [
+        [
+            c.name,
+            c.todo,
+            c.checkpoint or "-",
+            ", ".join(f"{k}={v}" for k, v in c.matrix.items()) if c.matrix else "-",
+        ]
+        for c in p.candidates
+    ]
+    lines = [text_table(rows, ["candidate", "to do", "folder", "matrix cell"]), ""]
+    lines += [f"{c.name} (refused, exit 2): {c.message}" for c in p.candidates if c.todo == "refused"]
+    tasks = [
+        [t.task, ", ".join(t.after) or "-", ", ".join(f"{k}={v}" for k, v in t.resources.items())] for t in p.tasks
+    ]
+    if tasks:
+        lines += ["", text_table(tasks, ["task", "after", "resources"])]
+    lines += [
+        "",
+        f"{len(p.candidates)} candidates, {len(p.tasks)} tasks on {p.address}; policy {p.policy}, baseline "
+        f"{p.baseline}; the sweep's files in {p.home} (nothing was run or written)",
+    ]
+    return "\n".join(lines)

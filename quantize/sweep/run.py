@@ -4,9 +4,12 @@
                         candidate's exit 2, not the sweep's), and what an earlier run already finished (plan.py)
     one graph on Ray    convert NAME (one per recipe still to convert) ─┐
                         baseline (its scores and top-k into the cache) ─┴→ gate NAME (one per candidate)
-                        submitted as their inputs finish; each is an ordinary `quantize run` or gate in a fresh
-                        worker process (max_calls=1) with torch at the task's num_cpus threads; a task whose worker
-                        dies is run again up to `max_retries` times (Ray's retry of system failures)
+                        every task submitted at once, a gate with its conversion's and the baseline's ObjectRefs
+                        as arguments: Ray starts it when both are done, places each task where its resources are
+                        free (max_parallel: a resource of the local cluster's, one per task), and runs a task whose
+                        worker died again up to `max_retries` times. Each is an ordinary `quantize run` or gate in
+                        a fresh worker process (max_calls=1) with torch at the task's num_cpus threads; the driver
+                        only collects the results as they come
     at the end          OUTPUT/sweep-NAME/sweep.json (SweepRecord: every task, attempt, node, exit), the report
                         (as `quantize report` draws it) in OUTPUT/sweep-NAME/report, a summary table
 
@@ -28,21 +31,32 @@ from typing import Any
 
 from quantize import records
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, UsageError
-from quantize.records import AttemptRecord, CandidateRecord, SweepRecord, SweepTaskRecord
-from quantize.sweep.plan import Candidate, candidates, settle_done, tasks_of
+from quantize.records import (
+    AttemptRecord,
+    CandidateRecord,
+    PlannedCandidate,
+    PlannedTask,
+    SweepPlan,
+    SweepRecord,
+    SweepTaskRecord,
+)
+from quantize.sweep.plan import Candidate, candidates, settle_done, tasks_of, write_cells
 from quantize.sweep.spec import Cluster, Resources, SweepSpec, TaskResources, load_sweep
 from quantize.sweep.tasks import THREAD_VARIABLES, Outcome, StartMark, TaskSpec
 
-POLL_SECONDS = 0.5
+SLOT = "quantize_sweep_slot"  # max_parallel on a local cluster: it offers that many, each task takes one
 # what every task's worker gets from the driver's environment: the shared cache, offline mode
 FORWARDED = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "TOKENIZERS_PARALLELISM", "QUANTIZE_REREAD_WEIGHTS")
 
 
-def _in_worker(task: TaskSpec, state: str, threads: int) -> Outcome:
-    """The body of every Ray task: where it runs, then the task itself (quantize/sweep/tasks.py)."""
-    import ray
+def _in_worker(task: TaskSpec, state: str, threads: int, *inputs: Outcome) -> Outcome:
+    """The body of every Ray task: where it runs, then the task itself (quantize/sweep/tasks.py). `inputs` are the
+    results of the tasks it takes (Ray passes them once they are done); one that failed: nothing is run."""
+    from quantize.sweep.tasks import execute, not_run
 
-    from quantize.sweep.tasks import execute
+    if any(i.exit_code != EXIT_OK for i in inputs):
+        return not_run(task)
+    import ray
 
     node = ray.get_runtime_context().get_node_id()
     return execute(task, Path(state), node, ray.util.get_node_ip_address(), threads)
@@ -54,6 +68,7 @@ class Track:
 
     task: TaskSpec
     resources: Resources
+    after: list[Track] = field(default_factory=list)  # the tasks whose results it takes
     ref: Any = None  # the Ray object ref once submitted
     state: str = "waiting"  # waiting, submitted, done, failed, not run
     outcome: Outcome | None = None
@@ -79,12 +94,13 @@ def _import_ray() -> Any:
     return ray
 
 
-def connect(ray: Any, cluster: Cluster, env: dict[str, str]) -> None:
+def connect(ray: Any, cluster: Cluster, env: dict[str, str], max_parallel: int = 0) -> None:
     import logging
 
     opts: dict[str, Any] = {"log_to_driver": False, "runtime_env": {"env_vars": env}, "logging_level": logging.ERROR}
     if cluster.address == "local":
         opts |= {"address": "local", "num_cpus": cluster.num_cpus or os.cpu_count(), "include_dashboard": False}
+        opts["resources"] = cluster.resources | ({SLOT: float(max_parallel)} if max_parallel else {})
     else:
         opts["address"] = cluster.address
     try:
@@ -112,11 +128,13 @@ def check_fits(ray: Any, wanted: dict[str, Resources]) -> list[str]:
             if n["Resources"].get("CPU", 0) >= r.num_cpus
             and n["Resources"].get("GPU", 0) >= (r.num_gpus or 0)
             and (r.memory is None or n["Resources"].get("memory", 0) >= r.memory)
+            and all(n["Resources"].get(k, 0) >= v for k, v in r.resources.items())
         ]
         if not fits:
             raise UsageError(
                 f"resources.{kind} asks each task for {r.num_cpus} CPUs, {r.num_gpus or 0} GPUs"
                 + (f", {r.memory:,} bytes" if r.memory else "")
+                + "".join(f", {v:g} {k}" for k, v in r.resources.items())
                 + f", and no node of the cluster has that much ({'; '.join(shown)}): lower resources.{kind}, or "
                 "join nodes that have it"
             )
@@ -124,22 +142,24 @@ def check_fits(ray: Any, wanted: dict[str, Resources]) -> list[str]:
 
 
 class Executor:
-    """Submits the graph's tasks as their inputs finish and follows them to the end (module docstring)."""
+    """The sweep's graph (module docstring): tasks added with the tasks whose results they take, then submitted to
+    Ray at once, inputs first; the driver collects the results as they come and reads the attempts' start marks
+    then (progress lines, retries), never deciding what may start."""
 
-    def __init__(self, ray: Any, state: Path, max_parallel: int, max_retries: int, say: Callable[[str], None]):
-        self.ray, self.state, self.say = ray, state, say
-        self.limit = max_parallel or 10**9
+    def __init__(self, state: Path, max_retries: int, say: Callable[[str], None]):
+        self.state, self.say = state, say
         self.max_retries = max_retries
-        self.remote = ray.remote(max_calls=1)(_in_worker)  # a fresh worker per task: torch threads, memory
         self.tracks: list[Track] = []
 
-    def add(self, task: TaskSpec, resources: Resources) -> Track:
-        t = Track(task, resources)
+    def add(self, task: TaskSpec, resources: Resources, after: list[Track | None] | None = None) -> Track:
+        t = Track(task, resources, [a for a in after or [] if a is not None])
         self.tracks.append(t)
-        self.say(f"queued    {task.label}")
+        self.say(
+            f"queued    {task.label}" + (f" (after {', '.join(a.task.label for a in t.after)})" if t.after else "")
+        )
         return t
 
-    def _submit(self, t: Track) -> None:
+    def _submit(self, ray: Any, remote: Any, t: Track, slots: bool) -> None:
         r = t.resources
         opts: dict[str, Any] = {
             "num_cpus": r.num_cpus,
@@ -149,11 +169,16 @@ class Executor:
         }
         if r.memory:
             opts["memory"] = r.memory
+        if custom := r.resources | ({SLOT: 1.0} if slots else {}):
+            opts["resources"] = custom
         env = {v: str(r.num_cpus) for v in THREAD_VARIABLES}
-        t.ref = self.remote.options(**opts, runtime_env={"env_vars": env}).remote(t.task, str(self.state), r.num_cpus)
+        inputs = [a.ref for a in t.after]  # Ray resolves them first: the task starts when they are done
+        t.ref = remote.options(**opts, runtime_env={"env_vars": env}).remote(
+            t.task, str(self.state), r.num_cpus, *inputs
+        )
         t.state = "submitted"
 
-    def _poll_starts(self) -> None:
+    def _read_starts(self) -> None:
         from pydantic import ValidationError
 
         for f in sorted(self.state.glob("*.start")):
@@ -171,39 +196,55 @@ class Executor:
             else:
                 self.say(f"retried   {t.task.label}: attempt {len(t.starts)} on {where} (the worker before it died)")
 
-    def _finish(self, t: Track) -> None:
+    def _failed_input(self, t: Track) -> Track | None:
+        return next((a for a in t.after if a.state in ("failed", "not run")), None)
+
+    def _finish(self, ray: Any, t: Track) -> None:
         try:
-            t.outcome = self.ray.get(t.ref)
-        except self.ray.exceptions.RayError as e:  # its worker died more often than max_retries allows
+            outcome = ray.get(t.ref)
+        except ray.exceptions.RayError as e:  # its worker died more often than max_retries allows, or an input's
+            if (dep := self._failed_input(t)) is not None:
+                return self._not_run(t, dep)
             t.state, t.exit_code = "failed", EXIT_RUNTIME
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
             t.message = f"failed: its worker died {self.max_retries + 1} times ({type(e).__name__}: {first})"
             self.say(f"failed    {t.task.label} (exit {t.exit_code}): {t.message}")
-            return
-        o = t.outcome
+            return None
+        if outcome.not_run and (dep := self._failed_input(t)) is not None:
+            return self._not_run(t, dep)
+        t.outcome = o = outcome
         t.exit_code, t.message = o.exit_code, o.message
         t.state = "done" if o.exit_code in (0, 1) else "failed"  # 1: a gate's rejection is its result
         self.say(
             f"{'done' if t.state == 'done' else 'failed':9} {t.task.label} in {o.seconds:.0f} s"
             f"{'' if t.state == 'done' else f' (exit {o.exit_code})'}: {o.message}"
         )
+        return None
 
-    def run(self, ready: Callable[[], list[Track]]) -> None:
-        """Until nothing is waiting or running: submit what `ready` says may start, collect what finished."""
-        while True:
-            for t in ready():
-                if sum(x.state == "submitted" for x in self.tracks) >= self.limit:
-                    break
-                self._submit(t)
-            running = [t for t in self.tracks if t.state == "submitted"]
-            if not running:
-                self._poll_starts()
-                return
-            done, _ = self.ray.wait([t.ref for t in running], num_returns=1, timeout=POLL_SECONDS)
-            self._poll_starts()
-            for t in running:
-                if t.ref in done:
-                    self._finish(t)
+    def _not_run(self, t: Track, dep: Track) -> None:
+        t.state, t.message = "not run", f"not run: {dep.task.label} failed ({dep.message[:200]})"
+        self.say(f"not run   {t.task.label}: {dep.task.label} failed")
+
+    def run(self, ray: Any, slots: bool = False) -> None:
+        """Submit every task (inputs first, as added), then collect each result as Ray finishes it."""
+        remote = ray.remote(max_calls=1)(_in_worker)  # a fresh worker per task: torch threads, memory
+        for t in self.tracks:
+            self._submit(ray, remote, t, slots)
+        pending = {t.ref: t for t in self.tracks}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)  # blocks until one is done: no timeout, no polling
+            self._read_starts()
+            for ref in done:
+                self._collect(ray, pending, pending[ref])
+        self._read_starts()
+
+    def _collect(self, ray: Any, pending: dict[Any, Track], t: Track) -> None:
+        """`t`'s result, its inputs' first (a task whose input failed is told apart from one that failed)."""
+        for a in t.after:
+            if a.ref in pending:
+                self._collect(ray, pending, a)
+        if pending.pop(t.ref, None) is not None:
+            self._finish(ray, t)
 
 
 def _graph(
@@ -218,32 +259,9 @@ def _graph(
     if any(g is not None for _, g in todo):
         base = ex.add(TaskSpec(kind="baseline", policy=spec.policy, baseline=baseline), plan.baseline_resources)
     for i, (conv, gate) in enumerate(todo):
-        per[i] = (
-            ex.add(conv, spec.resources.convert) if conv else None,
-            ex.add(gate, plan.gate) if gate else None,
-        )
+        c = ex.add(conv, spec.resources.convert) if conv else None
+        per[i] = (c, ex.add(gate, plan.gate, after=[base, c]) if gate else None)
     return base, per
-
-
-def _ready(base: Track | None, per: dict[Any, tuple[Track | None, Track | None]]) -> Callable[[], list[Track]]:
-    """What may start now: the baseline and every conversion at once; a gate once its conversion and the baseline
-    are done (one that can no longer run is marked `not run`, with why)."""
-
-    def ready() -> list[Track]:
-        out = [t for t in [base] if t is not None and t.state == "waiting"]
-        for conv, gate in per.values():
-            if conv is not None and conv.state == "waiting":
-                out.append(conv)
-            if gate is None or gate.state != "waiting":
-                continue
-            for dep in (conv, base):
-                if dep is not None and dep.state == "failed":
-                    gate.state, gate.message = "not run", f"not run: {dep.task.label} failed ({dep.message[:200]})"
-            if gate.state == "waiting" and all(d is None or d.state == "done" for d in (conv, base)):
-                out.append(gate)
-        return out
-
-    return ready
 
 
 @dataclass
@@ -276,6 +294,13 @@ def plan_sweep(path: str | Path, address: str | None = None, max_parallel: int |
         if max_parallel < 0:
             raise UsageError(f"--max-parallel {max_parallel}: give 0 (as the resources allow) or a positive count")
         spec.max_parallel = max_parallel
+    if spec.max_parallel and spec.cluster.address != "local":
+        raise UsageError(
+            f"max_parallel = {spec.max_parallel} caps the tasks of a local cluster (a resource it starts with); the "
+            f"cluster at {spec.cluster.address} places tasks by the resources they ask for: set max_parallel to 0 and "
+            "raise resources.KIND.num_cpus, or give the tasks a custom resource its nodes offer (resources.KIND."
+            "resources)"
+        )
     from quantize.checkpoint.loader import resolve_model
     from quantize.flows.gate import check_target, open_policy
 
@@ -308,20 +333,20 @@ def _state(root: Path) -> Path:
     return state
 
 
-def _on_cluster(ex: Executor, cluster: Cluster, ready: Callable[[], list[Track]]) -> list[str]:
+def _on_cluster(ray: Any, ex: Executor, cluster: Cluster, max_parallel: int = 0) -> list[str]:
     """Run the executor's tasks on the cluster, from connecting to shutting down; returns its nodes. On a local
     cluster that will convert, the calibration probe is taken first, while nothing shares the cores. What must fit
     is what the tasks of this run ask for (a kind with no task asks for nothing)."""
     kinds = {t.task.kind for t in ex.tracks}
     if cluster.address == "local" and "convert" in kinds:
         ex.say(f"probe     {_probe()}")
-    connect(ex.ray, cluster, _env())
+    connect(ray, cluster, _env(), max_parallel)
     try:
-        nodes = check_fits(ex.ray, {t.task.kind: t.resources for t in ex.tracks})
+        nodes = check_fits(ray, {t.task.kind: t.resources for t in ex.tracks})
         ex.say(f"cluster   {len(nodes)} node(s): {'; '.join(nodes)}")
-        ex.run(ready)
+        ex.run(ray, slots=max_parallel > 0)
     finally:
-        ex.ray.shutdown()
+        ray.shutdown()
     return nodes
 
 
@@ -334,11 +359,13 @@ def run_chains(
 ) -> list[str]:
     """Convert-then-gate chains on the cluster (`quantize search` with max_parallel > 1), the baseline scored once
     first beside the conversions; returns what failed, one line each ([] when every chain finished)."""
-    ex = Executor(_import_ray(), _state(state), 0, max_retries, _say("search"))
+    ray = _import_ray()
+    ex = Executor(_state(state), max_retries, _say("search"))
     baseline = resources.baseline or resources.gate
     base = ex.add(TaskSpec(kind="baseline", policy=chains[0][1].policy, baseline=chains[0][1].baseline), baseline)
-    per = {c.candidate or "": (ex.add(c, resources.convert), ex.add(g, resources.gate)) for c, g in chains}
-    _on_cluster(ex, cluster, _ready(base, per))
+    for c, g in chains:
+        ex.add(g, resources.gate, after=[base, ex.add(c, resources.convert)])
+    _on_cluster(ray, ex, cluster)
     return [f"{t.task.label} (exit {t.exit_code}): {t.message}" for t in ex.tracks if t.state != "done"]
 
 
@@ -363,6 +390,7 @@ def run_sweep(
     say = say or _say("sweep")
     plan = plan_sweep(path, address, max_parallel)
     spec = plan.spec
+    ray = _import_ray()  # before anything is written
     started, t0 = dt.datetime.now(dt.UTC), time.monotonic()
     state = _state(plan.home / "state")
     for c in plan.candidates:
@@ -370,16 +398,69 @@ def run_sweep(
             say(f"refused   {c.name} (exit 2): {c.error}")
         elif c.verdict is not None:
             say(f"skipped   {c.name}: converted and gated in an earlier run ({c.verdict.verdict})")
-    ex = Executor(_import_ray(), state, spec.max_parallel, spec.max_retries, say)
-    base, per = _graph(ex, spec, plan, clean)
+    write_cells(plan.candidates)
+    ex = Executor(state, spec.max_retries, say)
+    _, per = _graph(ex, spec, plan, clean)
     nodes: list[str] = []
     if ex.tracks:  # nothing left to do: no cluster to start
-        nodes = _on_cluster(ex, spec.cluster, _ready(base, per))
+        nodes = _on_cluster(ray, ex, spec.cluster, spec.max_parallel)
     record = _record(plan, nodes, ex, per, time.monotonic() - t0, started)
     record = _report(record, plan.home, spec)
     records.write(state / "sweep.json", record)  # this run's, kept beside its logs
     records.write(plan.home / "sweep.json", record)
     return record
+
+
+def sweep_plan(
+    path: str | Path, address: str | None = None, max_parallel: int | None = None, clean: bool = False
+) -> SweepPlan:
+    """`quantize sweep FILE --plan`: the plan of `run_sweep` with the same arguments, without Ray."""
+    return describe(plan_sweep(path, address, max_parallel), clean)
+
+
+def describe(plan: Plan, clean: bool = False) -> SweepPlan:
+    """What `run_sweep` would run for this plan: each candidate's folder and what it still needs, and the graph's
+    tasks with their inputs and resources. Nothing is written and Ray is not imported."""
+    ex = Executor(plan.home / "state", plan.spec.max_retries, lambda line: None)
+    _, per = _graph(ex, plan.spec, plan, clean)
+    slot = {SLOT: 1.0} if plan.spec.max_parallel else {}
+    tasks = [
+        PlannedTask(
+            task=t.task.label,
+            kind=t.task.kind,
+            candidate=t.task.candidate,
+            after=[a.task.label for a in t.after],
+            resources=t.resources.model_dump(exclude_none=True, exclude={"resources"})
+            | ({"resources": t.resources.resources | slot} if t.resources.resources or slot else {}),
+        )
+        for t in ex.tracks
+    ]
+    cands = []
+    for i, c in enumerate(plan.candidates):
+        conv, gate = per.get(i, (None, None))
+        todo = "refused" if c.error else "done" if c.verdict else "convert and gate" if conv else "gate"
+        cands.append(
+            PlannedCandidate(
+                name=c.name,
+                source=c.source,
+                checkpoint=str(c.checkpoint) if c.checkpoint else None,
+                recipe=c.recipe,
+                matrix=c.cell,
+                todo=todo,
+                message=c.error or (f"gated in an earlier run: {c.verdict.verdict}" if c.verdict else ""),
+            )
+        )
+        assert todo in ("refused", "done") or gate is not None
+    return SweepPlan(
+        spec=plan.path,
+        spec_sha256=plan.sha256,
+        home=str(plan.home),
+        address=plan.spec.cluster.address,
+        policy=plan.policy,
+        baseline=str(plan.baseline),
+        candidates=cands,
+        tasks=tasks,
+    )
 
 
 def _attempts(t: Track, state: Path) -> list[AttemptRecord]:
@@ -433,11 +514,14 @@ def _candidate_record(c: Candidate, conv: Track | None, gate: Track | None) -> C
     tracks = [t for t in (conv, gate) if t is not None]
     seconds = [t.outcome.seconds for t in tracks if t.outcome]
     nodes = sorted({m.node[:12] for t in tracks for m in t.starts.values()})
+    bits = _bits(c.checkpoint)
     return CandidateRecord(
         name=c.name,
         source=c.source,
         checkpoint=str(c.checkpoint) if c.checkpoint else None,
-        bits_per_weight=_bits(c.checkpoint),
+        bits_per_weight=bits.bits_per_weight if bits else None,
+        total_bytes=bits.total_bytes if bits else None,
+        matrix=c.cell,
         verdict=verdict.verdict if verdict else None,
         failed_rules=failed_rules(verdict) if verdict else [],
         exit_code=code,
@@ -447,13 +531,14 @@ def _candidate_record(c: Candidate, conv: Track | None, gate: Track | None) -> C
     )
 
 
-def _bits(ckpt: Path | None) -> float | None:
+def _bits(ckpt: Path | None) -> Any:
+    """The checkpoint's BitsReport, None when there is none or it does not read."""
     if ckpt is None or not (ckpt / "config.json").is_file():
         return None
     from quantize.checkpoint.accounting import bits_report
 
     try:
-        return bits_report(ckpt).bits_per_weight
+        return bits_report(ckpt)
     except UsageError:
         return None
 

@@ -13,6 +13,9 @@
       baseline: {num_cpus: 2}      # every gate waits for it; default: as a gate
     cluster: {address: local, num_cpus: 2}   # local: a cluster of one started here; auto: the running one;
                                              # ray://HOST:10001 or HOST:6379: that cluster
+    matrix:                          # cells: every combination of the values, applied to each base recipe
+      recipes: [recipes/gptq-w4a16-g128.yaml]
+      fields: {group_size: [32, 128], calibration.samples: [32, 64]}
     max_parallel: 0                  # tasks submitted at once; 0 = as many as the cluster's resources take
     max_retries: 2                   # a task whose worker died is run again this many times
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import re
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,6 +40,8 @@ UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, 
 # the forms cluster.address takes, matched whole (ASCII host names and ports: no whitespace, no newline)
 ADDRESS = re.compile(r"local|auto|(?P<client>ray://)?[A-Za-z0-9][A-Za-z0-9.\-]{0,252}(?::(?P<port>[0-9]{1,5}))?")
 MAX_CANDIDATES = 1000  # recipes (after globs) and checkpoints, each; one conversion is minutes to hours
+MAX_CELLS = 256  # a matrix's cells (base recipes × every combination of the values): each one is a conversion
+MAX_VALUES = 64  # values of one matrix field
 SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -55,6 +61,24 @@ def parse_bytes(value: int | float | str) -> int:
     return int(n)
 
 
+CUSTOM = re.compile(r"[A-Za-z][A-Za-z0-9_\-]{0,63}")
+RAY_OWN = {"CPU", "GPU", "memory", "object_store_memory"}
+
+
+def _custom_resources(r: dict[str, float]) -> dict[str, float]:
+    """Custom Ray resources: names of letters, digits, `_` and `-` (not Ray's own, which have fields), amounts
+    from 0 to a million."""
+    for name, amount in r.items():
+        if not CUSTOM.fullmatch(name) or name in RAY_OWN or name.startswith("quantize_"):
+            raise ValueError(
+                f"{name!r} is not a custom resource's name: letters, digits, _ and - (CPU, GPU and memory have "
+                "fields of their own; quantize_* are the sweep's)"
+            )
+        if not 0 < amount <= 1e6:
+            raise ValueError(f"{name}: {amount} is not an amount of a resource; give a number above 0")
+    return r
+
+
 class Resources(BaseModel):
     """What one task of a kind asks the cluster for (Ray's resources); torch runs num_cpus threads in it."""
 
@@ -65,6 +89,14 @@ class Resources(BaseModel):
         None, ge=0, le=64, description="GPUs per task; gate default: the suite's vLLM tensor × data parallel, else 0"
     )
     memory: int | None = Field(None, description="bytes, or a size like 8GiB; none: Ray does not reserve memory")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per task, e.g. {big_memory: 1}: a node must offer them"
+    )
+
+    @field_validator("resources")
+    @classmethod
+    def _custom(cls, r: dict[str, float]) -> dict[str, float]:
+        return _custom_resources(r)
 
     @field_validator("memory", mode="before")
     @classmethod
@@ -90,6 +122,14 @@ class Cluster(BaseModel):
 
     address: str = "local"
     num_cpus: int | None = Field(None, ge=1, le=4096, description="for local: CPUs the cluster of one offers")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="for local: custom resources the cluster of one offers, e.g. {big_memory: 2}"
+    )
+
+    @field_validator("resources")
+    @classmethod
+    def _custom(cls, r: dict[str, float]) -> dict[str, float]:
+        return _custom_resources(r)
 
     @field_validator("address")
     @classmethod
@@ -109,7 +149,44 @@ class Cluster(BaseModel):
             raise ValueError(
                 f"cluster.num_cpus sizes a local cluster; the cluster at {self.address} has its own CPUs: remove it"
             )
+        if self.resources and self.address != "local":
+            raise ValueError(
+                f"cluster.resources are a local cluster's; the cluster at {self.address} offers its own (`ray start "
+                "--resources`): remove them"
+            )
         return self
+
+
+class Matrix(BaseModel):
+    """Recipe fields to vary: every combination of `fields`' values, applied to each base recipe, is a candidate
+    (a cell) named from its base and its values (sweep/plan.py). A field is a recipe field's dotted path
+    (`group_size`, `calibration.samples`), checked against each base recipe's schema before anything runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipes: list[str] = Field(min_length=1, max_length=MAX_CANDIDATES, description="base recipe files or globs")
+    fields: dict[str, list[Any]] = Field(min_length=1, max_length=8, description="dotted recipe field: its values")
+
+    @field_validator("fields")
+    @classmethod
+    def _fields(cls, fields: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for path, values in fields.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", path):
+                raise ValueError(
+                    f"{path!r} is not a recipe field's dotted path, e.g. group_size or calibration.samples"
+                )
+            if not 1 <= len(values) <= MAX_VALUES:
+                raise ValueError(f"{path} takes 1 to {MAX_VALUES} values, and {len(values)} were given")
+            if len({repr(v) for v in values}) < len(values):
+                raise ValueError(f"{path} lists one value twice ({values!r}): list each once")
+        return fields
+
+    def cells(self) -> int:
+        """Cells per base recipe."""
+        n = 1
+        for values in self.fields.values():
+            n *= len(values)
+        return n
 
 
 class SweepSpec(BaseModel):
@@ -126,6 +203,7 @@ class SweepSpec(BaseModel):
     output: PathText = Field(
         "outputs", description="OUTPUT/<recipe name> per conversion; OUTPUT/sweep-<name>/ the sweep's"
     )
+    matrix: Matrix | None = Field(None, description="recipe fields to vary over base recipes: one candidate per cell")
     resources: TaskResources = Field(default_factory=TaskResources)
     cluster: Cluster = Field(default_factory=Cluster)
     max_parallel: int = Field(0, ge=0, le=10_000, description="tasks submitted at once; 0: as the resources allow")
@@ -138,10 +216,10 @@ class SweepSpec(BaseModel):
 
     @model_validator(mode="after")
     def _candidates(self) -> SweepSpec:
-        if not self.recipes and not self.checkpoints:
+        if not self.recipes and not self.checkpoints and self.matrix is None:
             raise ValueError(
-                "a sweep needs candidates: list recipe files (or globs) in `recipes:`, or checkpoint "
-                "folders in `checkpoints:`"
+                "a sweep needs candidates: list recipe files (or globs) in `recipes:`, checkpoint folders in "
+                "`checkpoints:`, or give a `matrix:` of recipe fields over base recipes"
             )
         return self
 
@@ -156,6 +234,14 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, str]:
         )
     spec.policy = beside_repo(path, spec.policy)
     spec.recipes = expand_recipes(path, spec.recipes)
+    if (m := spec.matrix) is not None:
+        m.recipes = expand_recipes(path, m.recipes)
+        if (n := len(m.recipes) * m.cells()) > MAX_CELLS:
+            raise UsageError(
+                f"sweep {path}: matrix has {n:,} cells ({len(m.recipes)} base recipe(s) × "
+                + " × ".join(f"{len(v)} {f}" for f, v in m.fields.items())
+                + f"); a sweep takes at most {MAX_CELLS}, each one a conversion: list fewer values, or split it"
+            )
     return spec, sha
 
 

@@ -1,6 +1,8 @@
 """What one sweep task does in its worker: an ordinary `quantize run` or `quantize gate`, or the baseline's scoring,
 as plain functions (no Ray here: the driver in quantize/sweep/run.py wraps `execute` in a Ray task, and the tests
-call it directly to run the same candidates one after the other).
+call it directly to run the same candidates one after the other). `convert_and_gate` is the two halves of a
+candidate in this process, one after the other: what `quantize search` does for a try; a sweep runs the same
+halves as two tasks joined by Ray's graph (the gate takes the conversion's and the baseline's results).
 
 Each attempt leaves two files in the sweep's state folder, named by the task and the worker's pid:
 `TASK.PID.start` (written first: where it runs, so the driver can say so and tell a retry from the first run) and
@@ -16,6 +18,7 @@ import os
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -59,6 +62,21 @@ class Outcome(BaseModel):
     scored: list[str]  # identities scored in full here
     seconds: float
     threads: int
+    not_run: bool = False  # an input (its conversion, the baseline) failed: nothing was run
+
+
+def not_run(task: TaskSpec) -> Outcome:
+    """A task whose input failed: no start mark, no log; the driver says which input."""
+    return Outcome(
+        pid=os.getpid(),
+        exit_code=EXIT_RUNTIME,
+        message="not run",
+        record=None,
+        scored=[],
+        seconds=0.0,
+        threads=0,
+        not_run=True,
+    )
 
 
 def set_threads(threads: int) -> None:
@@ -156,6 +174,14 @@ def converted(out: Path, recipe_sha256: str) -> bool:
     return complete_output(out) and records.read(RunRecord, out / "quantize.json").recipe.sha256 == recipe_sha256
 
 
+def convert_and_gate(convert: TaskSpec, gate: TaskSpec) -> Any:
+    """A candidate converted, then gated, in this process (`quantize search`'s try); returns the Verdict, written
+    as gate.json and gate.xml beside it. The sweep runs the same two functions as two Ray tasks."""
+    assert convert.kind == "convert" and gate.kind == "gate" and convert.checkpoint == gate.checkpoint
+    run_convert(convert)
+    return gate_candidate(gate)
+
+
 def run_convert(task: TaskSpec) -> tuple[int, str, str | None]:
     from quantize.convert.engine import convert, tidy_leftovers
 
@@ -186,10 +212,10 @@ def run_baseline(task: TaskSpec) -> tuple[int, str, str | None]:
     return EXIT_OK, "scores from the cache" if cached else "scored", None
 
 
-def run_gate_task(task: TaskSpec) -> tuple[int, str, str | None]:
-    """`quantize gate POLICY --baseline B --candidate C --junit C/gate.xml --json > C/gate.json`, each file whole."""
+def gate_candidate(task: TaskSpec) -> Any:
+    """`quantize gate POLICY --baseline B --candidate C --junit C/gate.xml --json > C/gate.json`, each file whole;
+    returns the Verdict."""
     from quantize.flows.gate import run_gate, save_verdict
-    from quantize.gates.render import headline
     from quantize.quiet import quiet_libraries
     from quantize.report.collect import VERDICT_FILE
 
@@ -198,7 +224,15 @@ def run_gate_task(task: TaskSpec) -> tuple[int, str, str | None]:
     with quiet_libraries(True):
         v = run_gate(task.policy, task.baseline, cand)
     save_verdict(v, cand / "gate.xml", cand / VERDICT_FILE)
-    return v.exit_code, headline(v), str(cand / VERDICT_FILE)
+    return v
+
+
+def run_gate_task(task: TaskSpec) -> tuple[int, str, str | None]:
+    from quantize.gates.render import headline
+    from quantize.report.collect import VERDICT_FILE
+
+    v = gate_candidate(task)
+    return v.exit_code, headline(v), str(Path(str(task.checkpoint)) / VERDICT_FILE)
 
 
 RUNNERS = {"convert": run_convert, "baseline": run_baseline, "gate": run_gate_task}
