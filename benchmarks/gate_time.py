@@ -2,6 +2,11 @@
 
     python benchmarks/gate_time.py BASELINE CANDIDATE [CANDIDATE ...] [--policy gates/ci.yaml]
         [--baseline-cache ~/.cache/quantize] [--full-cache ~/.cache/quantize] [--plain C ...]
+        [--backend quantize|hf]
+
+--backend: the scorer of the gate's scoring (default: the policy's suite's own, `quantize` for the shipped ones);
+`hf` scores through lm-eval's stock HFLM for comparison (a copy of the suite with only `backend:` changed: its
+cache keys differ, so --baseline-cache must hold the baseline scored by that backend).
 
 For each candidate, in a private cache folder (so the candidate is never cached; the baseline's scores and
 top-k are copied in from --baseline-cache, or computed once):
@@ -116,6 +121,7 @@ def main() -> None:
     ap.add_argument("--save-staged", type=Path, help="write each candidate's staged items here (NAME.staged.json)")
     ap.add_argument("--plain-only", action="store_true", help="time only one plain lm-eval run of each candidate")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--backend", choices=["quantize", "hf"], help="the gate's scorer (default: the suite's)")
     args = ap.parse_args()
     if args.save_staged:
         keep_staged(args.save_staged)
@@ -136,10 +142,16 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        if args.backend:  # the suite with its golden set's path resolved and only the backend changed
+            spec = yaml.safe_load(Path(policy.suite).read_text())
+            spec["golden"] = open_suite(policy.suite).golden.path.as_posix()
+            spec["backend"] = args.backend
+            raw["suite"] = str(tmp / Path(policy.suite).name)
+            Path(raw["suite"]).write_text(yaml.safe_dump(spec))
         seq_pol, fixed_pol = tmp / "seq.yaml", tmp / "fixed.yaml"
         seq_pol.write_text(yaml.safe_dump(raw))
         fixed_pol.write_text(yaml.safe_dump({k: v for k, v in raw.items() if k != "sequential"}))
-        suite = open_suite(policy.suite)
+        suite = open_suite(raw["suite"])
         full = {}
         if args.full_cache:  # read before QUANTIZE_CACHE points at the private folder
             os.environ["QUANTIZE_CACHE"] = str(args.full_cache.expanduser())

@@ -9,7 +9,7 @@ its items. What a restored cache may supply to a gate (the baseline's scores and
 unless asked for) is docs/reliability.md's trust model, which quantize/flows/gate.py enforces.
 
     scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint identity, suite settings, golden manifest,
-                                                               lm-eval version, tasks, runtime, SCORER_REVISION)
+                                                               lm-eval version, tasks, runtime, scorer_id)
                $QUANTIZE_CACHE/scores/KEY.sha256  the sha256 of KEY.json's bytes, written after it
     agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings, runtime
                $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
@@ -51,11 +51,17 @@ def lm_eval_version() -> str:
 SCORING_DISTRIBUTIONS = ("quantize", "lm_eval", "torch", "transformers", "compressed-tensors", "datasets")
 
 
-# Bumped when our scoring path changes how lm-eval's requests are computed (a score computed the old way is
-# another number, if only in its last bits). 2: document-perplexity requests batched longest first
-# (quantize/evaluate/score.py `LeanHFLM`), not in document order. 3: the LM head and log_softmax of a
-# loglikelihood batch only from its earliest continuation position on (`logits_to_keep`), not at every position.
-SCORER_REVISION = 3
+# Bumped when our scorer (`backend: quantize`, quantize/evaluate/lm.py) changes what it computes (a score computed
+# the old way is another number, if only in its last bits). 1-3: lm-eval's HFLM with our overrides. 4: our own
+# lm-eval model, each distinct context computed once from its keys and values.
+SCORER_REVISION = 4
+
+
+def scorer_id(suite: OpenSuite) -> str:
+    """Which scorer computed a suite's scores, in its keys: ours at its revision, or lm-eval's own backend (lm-eval's
+    version keys it)."""
+    backend = suite.suite.backend.value
+    return f"{backend}-{SCORER_REVISION}" if backend == "quantize" else backend
 
 
 def restore_key_parts(suite: OpenSuite) -> dict[str, Any]:
@@ -107,7 +113,7 @@ def runtimes(suite: OpenSuite) -> list[Runtime]:
 
 def score_key(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str:
     parts = [ckpt_id, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)]
-    return sha256_json([*parts, "runtime", *run.key(), "scorer", SCORER_REVISION])
+    return sha256_json([*parts, "runtime", *run.key(), "scorer", scorer_id(suite)])
 
 
 def score_path(suite: OpenSuite, ckpt_id: str, run: Runtime) -> Path:

@@ -1,8 +1,8 @@
 """Score a checkpoint on a golden set with lm-eval, keep per-item records, cache by provenance.
 
 The cache key (quantize/evaluate/cache.py) is (checkpoint identity: weights, config, tokenizer; suite settings hash,
-golden manifest sha256, lm-eval version, tasks, runtime, cache.SCORER_REVISION): scoring the same baseline twice
-costs nothing the second time.
+golden manifest sha256, lm-eval version, tasks, runtime, the scorer: cache.scorer_id): scoring the same baseline
+twice costs nothing the second time.
 
 Per-item records (for paired comparison in the gate), one kind per lm-eval output type: quantize/kinds.py.
 """
@@ -23,7 +23,6 @@ from quantize.checkpoint import qdq
 from quantize.checkpoint.files import check_loadable, check_model_dir, identity_sha256, loadable_view, weights_sha256
 from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.loader import device as pick_device
-from quantize.compat.lm_eval import lean_hflm
 from quantize.errors import RuntimeFailure
 from quantize.evaluate import cache
 from quantize.evaluate.suite import Backend, OpenSuite, Suite
@@ -80,14 +79,22 @@ def vllm_lm(suite: Suite, ckpt: Path, device: str, models: LastModel) -> Any:
 
 
 def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> dict[str, Any]:
-    """What `simple_evaluate` scores. The HF backend gets a model our loader loaded (safetensors only,
-    strict: lm-eval's own loader would start missing weights from random values), in `lean_hflm`;
-    vLLM loads by path, once per checkpoint (`vllm_lm`)."""
+    """What `simple_evaluate` scores. `backend: quantize` (the default): our lm-eval model,
+    quantize/evaluate/lm.py (each distinct context computed once, an item's numbers independent of its batch);
+    `backend: hf`: lm-eval's stock HFLM. Both get a model our loader loaded (safetensors only, strict: lm-eval's
+    own loader would start missing weights from random values); vLLM loads by path, once per checkpoint
+    (`vllm_lm`)."""
     if suite.backend is Backend.vllm:
         return {"model": vllm_lm(suite, ckpt, device, models)}
     model, tok = models.get(ckpt, dtype=suite.model_dtype(device), on=device)
-    lm = lean_hflm()(pretrained=model, tokenizer=tok, batch_size=suite.batch_size, max_length=suite.max_length)
-    return {"model": lm}
+    args = {"pretrained": model, "tokenizer": tok, "batch_size": suite.batch_size, "max_length": suite.max_length}
+    if suite.backend is Backend.hf:
+        from lm_eval.models.huggingface import HFLM
+
+        return {"model": HFLM(**args)}
+    from quantize.evaluate.lm import PrefixLM
+
+    return {"model": PrefixLM(**args)}
 
 
 def item_records(

@@ -29,7 +29,8 @@ def device_kind(device: str) -> str:
 
 
 class Backend(str, Enum):
-    hf = "hf"
+    quantize = "quantize"  # our lm-eval model: each context computed once, items independent of their batch
+    hf = "hf"  # lm-eval's stock HF backend (HFLM)
     vllm = "vllm"
 
 
@@ -62,7 +63,7 @@ class Suite(BaseModel):
     subset: str | None = Field(None, description="'smoke' scores only the manifest's fixed smoke ids")
     batch_size: int = Field(16, ge=1, le=4096)
     seed: int = 0
-    backend: Backend = Backend.hf
+    backend: Backend = Backend.quantize
     dtype: str = Field("auto", description="auto: float32 on a CPU, the checkpoint's dtype on an accelerator")
     device: str = Field("auto", description="auto: the accelerator torch finds (cuda, xpu, mps, ...), else cpu")
     max_length: int | None = Field(None, ge=16, description="context window; default: the model's")

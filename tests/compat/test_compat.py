@@ -133,3 +133,23 @@ def test_a_changed_target_precedence_upstream_is_found(monkeypatch):
     own = match.match_targets
     monkeypatch.setattr(match, "match_targets", lambda name, module, targets: own(name, module, targets)[::-1])
     assert any("applies target" in p for p in ct.problems())
+
+
+def test_our_request_tokenization_is_lm_evals_own(tiny_model):
+    """encode_request restates TemplateLM.loglikelihood's empty-context rule: its tokens for every kind of
+    request (empty context, a context ending in spaces, a plain one) are the ones lm-eval's own public path hands
+    to `_loglikelihood_tokens`. Fails loudly when an lm-eval upgrade changes that rule."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from quantize.checkpoint.loader import LastModel
+    from quantize.compat import lm_eval as compat
+
+    model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
+    lm = HFLM(pretrained=model, tokenizer=tok, batch_size=1)
+    args = [("", " the data"), ("", "<eos> model"), ("the model  ", "data set"), ("the model", " data set")]
+    seen = []
+    lm._loglikelihood_tokens = lambda reqs, **kw: seen.extend(reqs) or [(0.0, False)] * len(reqs)
+    lm.loglikelihood([Instance("loglikelihood", {}, a, 0) for a in args], disable_tqdm=True)
+    assert [compat.encode_request(lm, *a) for a in args] == [(ctx, cont) for _, ctx, cont in seen]
+    assert seen[1][1] == [tok.eos_token_id] != seen[0][1] or lm.prefix_token_id == tok.eos_token_id

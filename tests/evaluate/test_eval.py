@@ -9,7 +9,6 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from quantize import records
@@ -196,8 +195,9 @@ def test_same_weights_under_another_config_are_another_checkpoint(setup, tiny_mo
 
 
 def test_scoring_through_our_loader_equals_lm_evals_own_loading(setup, tiny_model, tmp_path):
-    """The HF backend now scores a model our strict loader loaded; per item, the log-likelihoods are
-    the ones lm-eval gets when it loads the same checkpoint by path."""
+    """Our scorer (the default backend, quantize/evaluate/lm.py) scores a model our strict loader loaded; per
+    item, the scores and log-likelihoods are the ones lm-eval's stock HF backend gets when it loads the same
+    checkpoint by path."""
     from quantize.evaluate.score import item_records, model_args
     from quantize.golden.manifest import lm_eval_tasks
 
@@ -219,78 +219,6 @@ def test_scoring_through_our_loader_equals_lm_evals_own_loading(setup, tiny_mode
         assert [i["id"] for i in mine] == [i["id"] for i in theirs]
         for a, b in zip(mine, theirs, strict=True):
             assert a["score"] == b["score"] and a["ll"] == pytest.approx(b["ll"], abs=1e-4), (task, a["id"])
-
-
-def test_document_perplexity_is_batched_longest_first_with_lm_evals_own_numbers(tiny_model, monkeypatch):
-    """LeanHFLM hands lm-eval's rolling loglikelihood the documents longest first (each batch then pads
-    to a near length) and returns each document's number in request order, equal to lm-eval's own HFLM."""
-    from lm_eval.api.instance import Instance
-    from lm_eval.models.huggingface import HFLM
-
-    from quantize.checkpoint.loader import LastModel
-    from quantize.compat.lm_eval import lean_hflm
-
-    model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
-    texts = ["a b", "one two three four five six seven eight nine ten", "x", "the cat sat on the mat today", "q r s"]
-    reqs = [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)]
-    theirs = HFLM(pretrained=model, tokenizer=tok, batch_size=2).loglikelihood_rolling(reqs, disable_tqdm=True)
-    lm = lean_hflm()(pretrained=model, tokenizer=tok, batch_size=2)
-    batches: list[list[int]] = []
-    inner = lm._loglikelihood_tokens
-
-    def spy(requests, **kw):
-        batches.append([len(r[1]) + len(r[2]) for r in requests])
-        return inner(requests, **kw)
-
-    monkeypatch.setattr(lm, "_loglikelihood_tokens", spy)
-    mine = lm.loglikelihood_rolling(reqs, disable_tqdm=True)
-    assert mine == pytest.approx(theirs, abs=1e-4)
-    assert len(set(mine)) == len(texts)  # five different documents: a mix-up of the order would show
-    seen = [n for b in batches for n in b]
-    assert seen == sorted(seen, reverse=True) and len(seen) == len(texts)
-    in_doc_order = [len(lm.tok_encode(t)) for t in texts]
-    assert in_doc_order != sorted(in_doc_order, reverse=True)  # the texts are not already sorted
-
-
-def test_log_probabilities_are_taken_only_where_a_continuation_reads_them(tiny_model, monkeypatch):
-    """Loglikelihood requests: the LM head runs on the batch's last positions only (from the earliest
-    continuation start among its rows), and every (log-likelihood, greedy) answer equals lm-eval's own HFLM's,
-    through one-token continuations sharing a context, inputs truncated at max_length, and rows whose real
-    tokens end in 0 (lm-eval's padding id)."""
-    from lm_eval.models.huggingface import HFLM
-
-    from quantize.checkpoint.loader import LastModel
-    from quantize.compat.lm_eval import lean_hflm
-
-    model, tok = LastModel().get(tiny_model, dtype="float32", on="cpu")
-    rng = np.random.default_rng(0)
-    reqs = []
-    for i in range(14):
-        ctx = [int(t) for t in rng.integers(1, 60, size=int(rng.integers(3, 12)))]
-        if i % 5 == 0:
-            ctx[-1] = 0  # a real 0 token at the end of the context
-        for cont in ([int(rng.integers(1, 60))], [int(rng.integers(1, 60))], [int(t) for t in rng.integers(0, 60, 3)]):
-            reqs.append(((f"c{i}", f"{cont}"), ctx, cont))
-    reqs.append((("long", "x"), [int(t) for t in rng.integers(1, 60, size=40)], [5, 0]))  # truncated, ends in 0
-    theirs = HFLM(pretrained=model, tokenizer=tok, batch_size=4, max_length=24)._loglikelihood_tokens(
-        reqs, disable_tqdm=True
-    )
-    lm = lean_hflm()(pretrained=model, tokenizer=tok, batch_size=4, max_length=24)
-    kept: list[tuple[int, int]] = []
-    forward = model.forward
-
-    def spy(input_ids=None, logits_to_keep=0, **kw):
-        kept.append((input_ids.shape[1], logits_to_keep))
-        return forward(input_ids=input_ids, logits_to_keep=logits_to_keep, **kw)
-
-    monkeypatch.setattr(model, "forward", spy)
-    mine = lm._loglikelihood_tokens(reqs, disable_tqdm=True)
-    assert [g for _, g in mine] == [g for _, g in theirs]
-    assert [ll for ll, _ in mine] == pytest.approx([ll for ll, _ in theirs], abs=1e-4)
-    assert len({round(ll, 3) for ll, _ in mine}) > len(reqs) // 2  # distinct answers: a mix-up would show
-    assert kept and all(0 < k < n for n, k in kept)  # every batch computed fewer positions than it holds
-    assert sum(k for _, k in kept) < 0.6 * sum(n for n, _ in kept)
-    assert lm._starts is None  # nothing left for a later call (a rolling or a generation request)
 
 
 def test_weights_that_do_not_match_the_config_are_refused_not_scored(setup, tiny_model, tmp_path, capsys):

@@ -1,0 +1,149 @@
+"""Our scorer (`backend: quantize`, quantize/evaluate/lm.py) against lm-eval's stock HFLM (`backend: hf`), per item,
+on shipped golden sets and one model (issue 45's equality table).
+
+    python benchmarks/scorer_equality.py [--model ~/.cache/quantize/models/SmolLM2-135M-Instruct]
+        [--sets core/v2 std/v1 ...] [--dtypes float32 bfloat16] [--limit N] [--floor] [--jsonl OUT.jsonl]
+
+For each golden set and dtype, both scorers score every item (or the first --limit documents of each task) on the
+CPU at batch size 16, through `quantize.evaluate.score.run_lm_eval` (the path `quantize eval` and the gate take).
+Per task: the largest |Δ log-likelihood| over every item's numbers (each choice of a multiple-choice item, the
+continuation of a greedy item, a document's sum), the items over 1e-4 nats, the items whose correctness differs
+(score: right/wrong, is_greedy, exact match) with their ids, and for generation the responses that differ.
+--floor also runs the stock scorer at batch size 1: the largest |Δ| between two stock runs (float32's noise floor
+for lm-eval's own numbers). One JSON line per (set, dtype, task) goes to --jsonl as it is measured; a Markdown
+table is printed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+TOL = 1e-4
+
+
+def suite(tmp: Path, golden: str, dtype: str, backend: str, batch_size: int = 16):
+    from quantize.evaluate.suite import open_suite
+
+    p = tmp / f"{golden.replace('/', '-')}-{dtype}-{backend}-b{batch_size}.yaml"
+    p.write_text(
+        f"golden: {ROOT / 'golden' / golden}\nbatch_size: {batch_size}\nseed: 0\nbackend: {backend}\n"
+        f"dtype: {dtype}\ndevice: cpu\n"
+    )
+    return open_suite(p)
+
+
+def scored(s, model: Path, models, limit: int | None):
+    from quantize.checkpoint.files import identity_sha256, weights_sha256
+    from quantize.evaluate.score import run_lm_eval
+    from quantize.records import CheckpointRef
+
+    ref = CheckpointRef(path=str(model), weights_sha256=weights_sha256(model), identity_sha256=identity_sha256(model))
+    samples = None
+    if limit:
+        sizes = {t: s.golden.manifest.files[s.golden.entry(t).data].items for t in s.tasks}
+        samples = {t: list(range(min(limit, n))) for t, n in sizes.items()}
+    t0 = time.perf_counter()
+    doc = run_lm_eval(s, model, ref, models, samples=samples)
+    return doc, time.perf_counter() - t0
+
+
+def numbers(item: dict) -> list[float]:
+    """An item's log-likelihoods: every choice's, else its continuation's or document's (none for generation)."""
+    if item.get("lls"):
+        return list(item["lls"])
+    return [item["ll"]] if "ll" in item else []
+
+
+def compare(ours: dict, stock: dict) -> dict:
+    """Per-task comparison of two ScoreDocs' items (dumped)."""
+    a = {i["id"]: i for i in ours["items"]}
+    b = {i["id"]: i for i in stock["items"]}
+    assert a.keys() == b.keys(), "the two scorers scored different items"
+    deltas, over, wrong, responses = [], [], [], []
+    for k in a:
+        x, y = numbers(a[k]), numbers(b[k])
+        d = max((abs(p - q) for p, q in zip(x, y, strict=True)), default=0.0)
+        deltas.append(d)
+        if d > TOL:
+            over.append(k)
+        if stock["output_type"] != "loglikelihood_rolling" and a[k]["score"] != b[k]["score"]:
+            wrong.append(k)
+        if "response" in a[k] and a[k]["response"] != b[k]["response"]:
+            responses.append(k)
+    return {
+        "kind": stock["output_type"],
+        "n": len(a),
+        "max_abs_delta": max(deltas, default=0.0),
+        "over_tol": len(over),
+        "over_tol_ids": over[:10],
+        "same_correctness": len(a) - len(wrong) if stock["output_type"] != "loglikelihood_rolling" else None,
+        "differing_ids": wrong,
+        "differing_responses": len(responses),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", type=Path, default=Path("~/.cache/quantize/models/SmolLM2-135M-Instruct").expanduser())
+    ap.add_argument("--sets", nargs="+", default=["pydoc/v1", "std/v1", "core/v1", "core/v2", "answers/v1"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    ap.add_argument("--limit", type=int, help="only the first N documents of each task")
+    ap.add_argument("--floor", action="store_true", help="also stock at batch size 1: the float32 noise floor")
+    ap.add_argument("--jsonl", type=Path)
+    args = ap.parse_args()
+    from quantize.checkpoint.loader import LastModel
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for dtype in args.dtypes:
+            models = LastModel()
+            for golden in args.sets:
+                mine, t_mine = scored(suite(tmp, golden, dtype, "quantize"), args.model, models, args.limit)
+                theirs, t_theirs = scored(suite(tmp, golden, dtype, "hf"), args.model, models, args.limit)
+                floor = None
+                if args.floor:
+                    floor, _ = scored(suite(tmp, golden, dtype, "hf", batch_size=1), args.model, models, args.limit)
+                for task in theirs.tasks:
+                    ours_t, stock_t = mine.tasks[task].model_dump(), theirs.tasks[task].model_dump()
+                    row = {"set": golden, "dtype": dtype, "task": task, **compare(ours_t, stock_t)}
+                    if floor is not None:
+                        row["stock_floor_b1_b16"] = compare(floor.tasks[task].model_dump(), stock_t)["max_abs_delta"]
+                    row |= {"seconds_ours": round(t_mine, 1), "seconds_stock": round(t_theirs, 1)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    if args.jsonl:
+                        with args.jsonl.open("a", encoding="utf-8") as f:
+                            f.write(json.dumps(row) + "\n")
+    print()
+    print(table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| set | dtype | task | kind | items | max \\|Δ ll\\| (nats) | items > 1e-4 | same correctness "
+        "| differing items |",
+        "|---|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        same = "-" if r["same_correctness"] is None else f"{r['same_correctness']}/{r['n']}"
+        diff = ", ".join(r["differing_ids"][:10]) + (" …" if len(r["differing_ids"]) > 10 else "") or "none"
+        lines.append(
+            f"| {r['set']} | {r['dtype']} | {r['task']} | {r['kind']} | {r['n']} | {r['max_abs_delta']:.2e} | "
+            f"{r['over_tol']} | {same} | {diff} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
