@@ -3,6 +3,7 @@ names the layers, the method names the modifier chain)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -51,10 +52,15 @@ def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
     from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
 
     # one config group per (scheme, group size): overrides give some layers another weight-only scheme
+    # routed experts are named by `re:^name$` targets: transformers 5 dequantizes every expert of an MoE
+    # checkpoint it reloads with the config group whose `re:` targets mention experts, else the first group
+    # (integrations.compressed_tensors.get_experts_scheme), and the saved config orders groups by module order
     by: dict[tuple[Scheme, int | None], list[str]] = {}
+    experts = tuple(f"{e}." for e in plan.experts)
     for g, names in sorted(plan.groups.items(), key=lambda kv: -(kv[0] or 0)):
         for n in names:
-            by.setdefault((Scheme(plan.schemes.get(n, recipe.scheme.value)), g), []).append(n)
+            target = f"re:^{re.escape(n)}$" if n.startswith(experts) else n
+            by.setdefault((Scheme(plan.schemes.get(n, recipe.scheme.value)), g), []).append(target)
     groups = {f"group_{i}": _scheme(recipe, g, names, s) for i, ((s, g), names) in enumerate(by.items())}
     ignore = list(recipe.ignore) + sorted(plan.kept)
     quant: dict[str, Any] = dict(config_groups=groups, ignore=ignore)

@@ -1,15 +1,24 @@
 """Which Linear layers get which group size: the recipe's targets and its `indivisible` policy,
-planned on a meta-device model (shapes and names, no weights, no memory)."""
+planned on a meta-device model (shapes and names, no weights, no memory).
+
+Mixture-of-experts models (config.json declares routed experts: architecture.moe_spec): transformers 5 holds
+each MoE layer's experts as fused 3-D tensors, which no `Linear` target matches. For the llm-compressor backend
+the plan first runs llm-compressor's own conversion (`linearize_moe`, on the meta model) so that every expert is
+one Linear per projection, named as `oneshot` will name it (`mlp.experts.N.gate_proj`), and is planned like any
+other layer. Routers (the part architecture.part_of names `router`) stay at 16 bits, with the reason; a fused
+expert tensor that llm-compressor cannot convert is listed as kept, with the reason, never silently left out."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantize.checkpoint.architecture import moe_spec
 from quantize.convert.recipe import MIN_GROUP, GroupedRecipe, Indivisible, Recipe
 from quantize.errors import UsageError
-from quantize.records import LayerPlanRecord
+from quantize.records import ExpertRouting, LayerPlanRecord
 
 
 @dataclass
@@ -18,6 +27,11 @@ class LayerPlan:
 
     groups: dict[int | None, list[str]] = field(default_factory=dict)
     kept: dict[str, str] = field(default_factory=dict)
+    # parameters (not modules) the targets would cover but no modifier can reach: fused 3-D expert tensors
+    # llm-compressor has no per-expert conversion for (kept at 16 bits, never added to the modifiers' ignore)
+    unconverted: dict[str, str] = field(default_factory=dict)
+    experts: list[str] = field(default_factory=list)  # the MoE modules turned into per-expert Linear layers
+    routing: list[ExpertRouting] = field(default_factory=list)  # filled in by the conversion's calibration
     schemes: dict[str, str] = field(default_factory=dict)  # layer -> another scheme than the recipe's (overrides)
 
     @property
@@ -31,8 +45,9 @@ class LayerPlan:
             adjusted={n: g for g, names in self.groups.items() for n in names if g is not None}
             if len(self.groups) > 1
             else {},
-            kept_16bit=self.kept,
+            kept_16bit=self.kept | self.unconverted,
             schemes=dict(Counter(self.schemes.values())),
+            routing=self.routing,
         )
 
 
@@ -46,13 +61,74 @@ def divisor_group(in_features: int, group_size: int) -> int | None:
     return None
 
 
+ROUTER_REASON = (
+    "router of an MoE layer: its logits choose each token's experts, so rounding it reroutes tokens, and it is a "
+    "tiny share of the bytes (llm-compressor's MoE examples ignore it too)"
+)
+
+
+def _moe(model: Any, recipe: Recipe, plan: LayerPlan) -> None:
+    """An MoE model's experts as per-expert Linear layers (llm-compressor's conversion, llm-compressor backend
+    only), its routers kept at 16 bits and any fused expert tensor left over listed as kept."""
+    from quantize.checkpoint.architecture import part_of
+
+    if moe_spec(model.config.to_dict()) is None:
+        return
+    if recipe.backend.value == "llmcompressor":
+        from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
+
+        try:
+            plan.experts = linearized_on_meta(model)
+        except NotLinearizable as e:
+            raise UsageError(
+                f"{model.config.model_type}: llm-compressor cannot turn this checkpoint's fused experts "
+                f"({e.experts_class}) into per-expert layers ({e.why[:200]}), so no method can calibrate or "
+                "quantize them and its oneshot would stop on them. Use a checkpoint of the layout llm-compressor "
+                "converts for this family (llm-compressor's Llama 4 conversion reads the multimodal config's "
+                "text_config, which a text-only llama4_text config.json lacks)"
+            ) from None
+    for name, p in model.named_parameters():
+        module, _, param = name.rpartition(".")
+        part = part_of(module, "")
+        if part == "router" and param == "weight":
+            plan.kept[module] = ROUTER_REASON
+        elif p.ndim == 3 and part_of(name, "") == "routed_experts":
+            plan.unconverted[name] = (
+                f"fused expert tensor {tuple(p.shape)} of {type(model.get_submodule(module)).__name__}: "
+                f"no per-expert Linear conversion for it in {recipe.backend.value}, so no target reaches it"
+            )
+
+
+def _is_expert(name: str, experts: list[str]) -> bool:
+    return any(name.startswith(f"{e}.") for e in experts)
+
+
+def _one_expert_group(layers: list[tuple[str, Any]], recipe: Recipe, plan: LayerPlan) -> list[tuple[str, Any]]:
+    """transformers 5 reloads a compressed-tensors MoE checkpoint by dequantizing each layer's per-expert weights
+    into its fused tensors with ONE scheme for all experts: under `indivisible: smaller-group`, every expert
+    projection gets one group size, the largest (<= the recipe's) that divides all their input features. Returns
+    the layers left to plan."""
+    g = recipe.weight_group
+    expert_in = [m.in_features for n, m in layers if _is_expert(n, plan.experts)]
+    if not expert_in or g is None or recipe.indivisible is not Indivisible.smaller_group:
+        return layers
+    common = divisor_group(math.gcd(*expert_in), g)
+    if common is None or common == g or not getattr(recipe, "smaller_groups", True):
+        return layers
+    plan.groups.setdefault(common, []).extend(n for n, _ in layers if _is_expert(n, plan.experts))
+    return [(n, m) for n, m in layers if not _is_expert(n, plan.experts)]
+
+
 def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
     import torch
     from compressed_tensors.utils.match import match_named_modules
 
     plan = LayerPlan()
+    _moe(model, recipe, plan)
     layers = [
-        (n, m) for n, m in match_named_modules(model, recipe.targets, recipe.ignore) if isinstance(m, torch.nn.Linear)
+        (n, m)
+        for n, m in match_named_modules(model, recipe.targets, recipe.ignore)
+        if isinstance(m, torch.nn.Linear) and n not in plan.kept
     ]
     if not layers:
         raise UsageError(
@@ -66,6 +142,7 @@ def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
     ):  # the first matching override wins
         override |= {n: o.scheme for n, _ in match_named_modules(model, o.targets, recipe.ignore)}
     bad = []
+    layers = _one_expert_group(layers, recipe, plan)
     for name, module in layers:
         if override.get(name) == "keep":
             plan.kept[name] = "kept at 16 bits by an override"

@@ -14,6 +14,7 @@ from quantize.convert.plan import LayerPlan
 from quantize.convert.recipe import Method, Recipe
 from quantize.convert.runtime import cpu_safe_calibration
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.records import ExpertRouting
 
 
 class LLMCompressorBackend:
@@ -34,11 +35,19 @@ class LLMCompressorBackend:
         return load_model(model_dir, recipe.trust_remote_code, dtype=dtype or "auto")
 
     def quantize(self, job: Job) -> tuple[Any, Any]:
-        """`oneshot` on our packed calibration tokens (none for data-free schemes)."""
+        """`oneshot` on our packed calibration tokens (none for data-free schemes). An MoE model's fused experts
+        become per-expert Linear layers first (llm-compressor's `linearize_moe`, as the layer plan assumed), and
+        with calibration data every expert sees every calibration token (`moe_calibrate_all_experts`), while
+        hooks count the tokens the router sent to each expert (`routing`)."""
         recipe, calib = job.recipe, job.calib
+        self._routing: list[ExpertRouting] = []
         with cpu_safe_calibration():
             from datasets import Dataset
             from llmcompressor import oneshot
+            from llmcompressor.modeling.moe.linearize import get_linearized_moes, linearize_moe
+
+            linearize_moe(job.model)
+            counter = _RoutingCounter(get_linearized_moes(job.model)) if calib is not None else None
 
             kwargs: dict[str, Any] = {}
             if calib is not None:
@@ -50,12 +59,29 @@ class LLMCompressorBackend:
                     shuffle_calibration_samples=False,
                 )
             try:
-                ran = oneshot(model=job.model, processor=job.tok, recipe=job.prepared, **kwargs) or job.model
+                ran = (
+                    oneshot(
+                        model=job.model,
+                        processor=job.tok,
+                        recipe=job.prepared,
+                        moe_calibrate_all_experts=True,
+                        **kwargs,
+                    )
+                    or job.model
+                )
                 return ran, serialized(job.prepared)
             except (ValueError, KeyError) as e:
                 if recipe.method is Method.llmcompressor:
                     raise UsageError(f"llm-compressor rejected the verbatim `stages:` recipe: {e}") from None
                 raise RuntimeFailure(f"llm-compressor failed: {type(e).__name__}: {e}") from e
+            finally:
+                if counter is not None:
+                    self._routing = counter.done()
+
+    def routing(self) -> list[ExpertRouting]:
+        """Per MoE layer, the calibration tokens the router sent to each expert during the last `quantize`
+        (empty for a dense model or a data-free recipe)."""
+        return getattr(self, "_routing", [])
 
     def save(self, model: Any, folder: Path) -> None:
         model.save_pretrained(folder, save_compressed=True)
@@ -99,6 +125,47 @@ class LLMCompressorBackend:
         gc.collect()
 
 
+class _RoutingCounter:
+    """Forward pre-hooks on llm-compressor's linearized expert modules (`LinearExperts2D.forward(hidden_states,
+    top_k_index, top_k_weights)`) that count each expert's routed tokens. Registered through llm-compressor's
+    HooksMixin, so the sequential pipeline's propagation pass (hooks disabled) is not counted twice."""
+
+    def __init__(self, moes: list[tuple[str, Any]]):
+        from llmcompressor.modifiers.utils.hooks import HooksMixin
+
+        self.counts: dict[str, list[int]] = {}
+        self.tokens: dict[str, int] = {}
+        self.top_k: dict[str, int] = {}
+        self.hooks = HooksMixin()
+        for name, module in moes:
+            self.counts[name] = [0] * module.num_experts
+            self.tokens[name] = 0
+            self.hooks.register_hook(module, self._hook(name, module.num_experts), "forward_pre")
+
+    def _hook(self, name: str, experts: int) -> Any:
+        def count(_module: Any, args: tuple[Any, ...]) -> None:
+            import torch
+
+            top_k_index = args[1]
+            self.top_k[name] = int(top_k_index.shape[-1])
+            self.tokens[name] += int(top_k_index.shape[0])
+            seen = torch.bincount(top_k_index.reshape(-1).long(), minlength=experts).tolist()
+            self.counts[name] = [a + b for a, b in zip(self.counts[name], seen, strict=True)]
+
+        return count
+
+    def done(self) -> list[ExpertRouting]:
+        self.hooks.remove_hooks()
+        return [
+            ExpertRouting(
+                module=name,
+                tokens=self.tokens[name],
+                top_k=self.top_k.get(name, 0),
+                routed_tokens=self.counts[name],
+                all_experts_calibrated=True,
+            )
+            for name in self.counts
+        ]
 
 
 def serialized(prepared: Any) -> str:
