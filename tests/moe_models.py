@@ -10,7 +10,11 @@ from pathlib import Path
 from conftest import tokenizer_for
 
 MOE_COMMON = dict(
-    vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=256,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
     max_position_embeddings=128,
 )
 # every expert's projections share one group size under GPTQ's group 128 (smaller-group): moe_intermediate 64

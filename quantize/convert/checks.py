@@ -73,14 +73,21 @@ def reload_check(path: Path, probe: Any, trust_remote_code: bool) -> FiniteCheck
     return check_finite(model, probe, "after reloading the saved checkpoint with transformers")
 
 
-def left_at_16(out: Path, planned: set[str], kept: dict[str, str]) -> list[LeftAt16]:
+def left_at_16(
+    out: Path,
+    planned: set[str],
+    kept: dict[str, str],
+    stored_names: dict[str, str] | None = None,
+    renamed: list[tuple[str, str]] | None = None,
+) -> list[LeftAt16]:
     """What the saved checkpoint stores at 16 bits of what the recipe's targets cover, by reason, read from its
     headers: a layer the plan kept (its reason), a tensor no conversion reached (`kept` names a parameter), and
     a planned layer stored as a plain 16-bit weight with no scale (the backend skipped it)."""
     from quantize.checkpoint.accounting import all_tensors
     from quantize.checkpoint.files import safetensors_files
 
-    stored, _ = all_tensors(safetensors_files(out))
+    found, _ = all_tensors(safetensors_files(out))
+    stored = {_renamed(k, renamed or []): t for k, t in found.items()}  # by the model's names, as transformers loads
     by: dict[str, tuple[list[str], int]] = {}
 
     def add(why: str, name: str) -> None:
@@ -88,7 +95,9 @@ def left_at_16(out: Path, planned: set[str], kept: dict[str, str]) -> list[LeftA
         names, nbytes = by.get(why, ([], 0))
         by[why] = ([*names, name], nbytes + t.nbytes)
 
-    for name in sorted(planned):
+    from quantize.convert.plan import checkpoint_name
+
+    for name in sorted(checkpoint_name(n, stored_names or {}) for n in planned):
         w = f"{name}.weight"
         if w in stored and f"{name}.weight_scale" not in stored and stored[w].dtype in SIXTEEN_BIT:
             add("planned for quantization, but the saved checkpoint stores it at 16 bits with no scale", w)
@@ -100,6 +109,14 @@ def left_at_16(out: Path, planned: set[str], kept: dict[str, str]) -> list[LeftA
 
 
 SIXTEEN_BIT = ("BF16", "F16", "F32")
+
+
+def _renamed(name: str, renamings: list[tuple[str, str]]) -> str:
+    import re
+
+    for src, tgt in renamings:
+        name = re.sub(src, tgt, name)
+    return name
 
 
 # rows of a tensor read at once by the streamed check: its memory stays bounded by this many float32 elements

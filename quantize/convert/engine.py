@@ -309,7 +309,11 @@ def _written(
         out_hash = weights_sha256(tmp)
         layer_plan = made.plan.record()
         layer_plan.left_16bit = left_at_16(
-            tmp, {n for names in made.plan.groups.values() for n in names}, made.plan.kept | made.plan.unconverted
+            tmp,
+            {n for names in made.plan.groups.values() for n in names},
+            made.plan.kept | made.plan.unconverted | made.plan.ignored,
+            made.plan.stored_names,
+            made.plan.renamed,
         )
     resolved = resolved_dict(recipe)
     meta = RunRecord(

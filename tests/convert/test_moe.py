@@ -25,8 +25,10 @@ RECIPES = {
     "fp8": dict(method="fp8", scheme="FP8_DYNAMIC", calibration=None),
     "gptq": dict(method="gptq", scheme="W4A16", group_size=128, indivisible="smaller-group", calibration=CAL),
 }
-# the families whose per-expert layout transformers 5 reloads (its conversion mapping reads `mlp.experts.N.*`)
-RELOADED = ("qwen3_moe", "olmoe", "deepseek_v3")
+# the families whose per-expert layout transformers 5 reloads (its conversion mapping merges per-expert tensors:
+# `mlp.experts.N.gate_proj`, Mixtral's `experts.N.w1`)
+RELOADED = ("qwen3_moe", "olmoe", "deepseek_v3", "mixtral")
+ROUTER_OR_IGNORED = {ROUTER_REASON, "in the recipe's ignore list"}
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,7 @@ def experts_of(family: str) -> int:
     return cfg.get("num_experts") or cfg.get("num_local_experts") or cfg["n_routed_experts"]
 
 
-@pytest.mark.parametrize("family", [f for f in MOE if f != "llama4_text"])
+@pytest.mark.parametrize("family", RELOADED)
 def test_the_plan_lists_every_expert_as_a_linear_and_keeps_the_routers(moe_dir, family):
     """llm-compressor's conversion (on the meta model) turns each fused expert tensor into per-expert Linear
     layers the plan quantizes; every router is kept at 16 bits with the reason. On the old code the plan held
@@ -100,9 +102,11 @@ def test_an_moe_converts_with_its_experts_quantized_and_reloads(tmp_path, moe_di
     assert torch.isfinite(model(input_ids=torch.tensor([[1, 5, 9, 2]])).logits).all()
     experts = bits_report(out).bytes_by_part["routed_experts"]
     assert experts["bits_per_weight"] < (9 if method == "fp8" else 5)
-    # the routers, and nothing else the targets cover, stay at 16 bits, said in quantize.json
-    [left] = meta.layer_plan.left_16bit
-    assert left.why == ROUTER_REASON and all(".gate.weight" in t for t in left.tensors) and left.bytes > 0
+    # the routers and the ignored lm_head, nothing else the targets cover, stay at 16 bits, said in quantize.json
+    left = {g.why: g for g in meta.layer_plan.left_16bit}
+    assert set(left) == ROUTER_OR_IGNORED
+    routers = [f"model.layers.{i}.mlp.gate.weight" for i in range(2) if not (family == "deepseek_v3" and i == 0)]
+    assert left[ROUTER_REASON].tensors == routers and left[ROUTER_REASON].bytes == 2 * 4 * 64 * len(routers)
     if method == "gptq":  # calibration: every expert of every MoE layer saw tokens, counted from the router
         assert meta.layer_plan.routing
         for r in meta.layer_plan.routing:
@@ -110,6 +114,33 @@ def test_an_moe_converts_with_its_experts_quantized_and_reloads(tmp_path, moe_di
             assert sum(r.routed_tokens) == r.tokens * r.top_k and r.tokens == CAL["samples"] * CAL["seq_len"]
     else:
         assert meta.layer_plan.routing == []  # data-free: no calibration tokens to count
+
+
+def test_fused_only_experts_are_refused_quantized_and_kept_fused_when_ignored(tmp_path, moe_dir, capsys):
+    """gpt-oss: transformers reads its experts only as fused tensors and has no loader for quantized ones, so
+    quantizing them is refused before loading (exit 2, saying what to do); with them in `ignore` the rest is
+    quantized, the experts are written back fused at 16 bits (llm-compressor's repack_moe), the checkpoint
+    reloads, and the experts' bytes are listed as left at 16 bits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = moe_dir("gpt_oss")
+    assert main(["run", str(recipe_file(tmp_path, model, "oss", **RECIPES["fp8"])), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "gpt_oss: transformers" in err and "only as fused" in err and "to `ignore`" in err
+    assert not (tmp_path / "out" / "oss").exists()
+    ignore = ["lm_head", "re:.*\\.experts\\..*"]
+    recipe = recipe_file(tmp_path, model, "oss-kept", **{**RECIPES["fp8"], "ignore": ignore})
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    out = tmp_path / "out" / "oss-kept"
+    logits = AutoModelForCausalLM.from_pretrained(str(out))(input_ids=torch.tensor([[1, 5, 9, 2]])).logits
+    assert torch.isfinite(logits).all()
+    meta = records.read(RunRecord, out / "quantize.json")
+    [fused] = [g for g in meta.layer_plan.left_16bit if "only fused" in g.why]
+    assert sorted(fused.tensors) == sorted(
+        f"model.layers.{i}.mlp.experts.{p}" for i in range(2) for p in ("gate_up_proj", "down_proj")
+    )
+    assert fused.bytes == bits_report(out).bytes_by_part["routed_experts"]["bytes"] - 2 * 4 * (2 * 64 + 64) * 2
 
 
 def test_a_planned_expert_left_at_16_bits_is_said(tmp_path, moe_dir, capsys, monkeypatch):
@@ -134,7 +165,7 @@ def test_a_planned_expert_left_at_16_bits_is_said(tmp_path, moe_dir, capsys, mon
     [skipped] = [g for g in meta["layer_plan"]["left_16bit"] if g["why"].startswith("planned for quantization")]
     assert skipped["tensors"] == [f"{planted}.weight"]
     assert skipped["bytes"] == 64 * 64 * 2  # one bf16 down_proj, moe_intermediate 64 -> hidden 64
-    assert f"left at 16 bits: 1 tensor(s)" in said and planted in said and "planned for quantization" in said
+    assert "left at 16 bits: 1 tensor(s)" in said and planted in said and "planned for quantization" in said
 
 
 def test_our_own_output_that_does_not_reload_is_exit_3(tmp_path, tiny_model, capsys, monkeypatch):

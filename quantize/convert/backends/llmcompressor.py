@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from quantize.checkpoint.files import read_config
 from quantize.convert.backends import Job
 from quantize.convert.modifiers import compile_modifiers
-from quantize.convert.plan import LayerPlan
+from quantize.convert.plan import LayerPlan, checkpoint_name, expert_checkpoint_names, per_expert_loader
 from quantize.convert.recipe import Method, Recipe
 from quantize.convert.runtime import cpu_safe_calibration
 from quantize.errors import RuntimeFailure, UsageError
@@ -84,7 +84,16 @@ class LLMCompressorBackend:
         return getattr(self, "_routing", [])
 
     def save(self, model: Any, folder: Path) -> None:
+        """save_pretrained, compressed; an MoE's per-expert layers then renamed to the names its family's
+        checkpoints use where llm-compressor's differ (Mixtral's w1/w3/w2: plan.expert_checkpoint_names), so
+        transformers 5 merges them into its fused experts on reload."""
+        from llmcompressor.modeling.moe.linearize import get_linearized_moes, repack_moe
+
+        if get_linearized_moes(model) and not per_expert_loader(model.config.model_type):
+            repack_moe(model)  # experts at 16 bits (plan._fused_only), fused again as the family's loader reads
         model.save_pretrained(folder, save_compressed=True)
+        if names := expert_checkpoint_names(model.config.model_type):
+            _rename_experts(folder, names)
 
     def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
         """A data-free recipe shard by shard: `model_free_ptq` with the same config groups (the layer plan's
@@ -123,6 +132,30 @@ class LLMCompressorBackend:
 
         reset_session()
         gc.collect()
+
+
+def _rename_experts(folder: Path, names: dict[str, str]) -> None:
+    """Every stored expert tensor, the shard index and config.json's quantization targets renamed by `names`
+    (plan.checkpoint_name); shards rewritten with save_pretrained's header metadata."""
+    from safetensors.torch import load_file, save_file
+
+    from quantize.checkpoint.files import safetensors_files
+
+    for f in safetensors_files(folder):
+        tensors = load_file(f)
+        save_file({checkpoint_name(k, names): v for k, v in tensors.items()}, f, metadata={"format": "pt"})
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {checkpoint_name(k, names): v for k, v in data["weight_map"].items()}
+        index.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    cfg = read_config(folder)
+    qc = cfg.get("quantization_config") or {}
+    for group in (qc.get("config_groups") or {}).values():
+        group["targets"] = [checkpoint_name(t, names) for t in group.get("targets") or []]
+    if "ignore" in qc:
+        qc["ignore"] = [checkpoint_name(t, names) for t in qc["ignore"] or []]
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 class _RoutingCounter:
