@@ -37,6 +37,7 @@ class LayerPlan:
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (checkpoint regex, model name) on load
     ignored: dict[str, str] = field(default_factory=dict)  # Linear layers the targets match and `ignore` removes
     fused: list[str] = field(default_factory=list)  # the fused 3-D expert tensors of the model as loaded
+    family: str = ""  # config.json's model_type of an MoE (empty for a dense model)
     schemes: dict[str, str] = field(default_factory=dict)  # layer -> another scheme than the recipe's (overrides)
 
     @property
@@ -79,6 +80,7 @@ def _moe(model: Any, recipe: Recipe, plan: LayerPlan) -> None:
 
     if moe_spec(model.config.to_dict()) is None:
         return
+    plan.family = str(model.config.model_type)
     plan.fused = [n for n, p in model.named_parameters() if p.ndim == 3 and part_of(n, "") == "routed_experts"]
     if recipe.backend.value == "llmcompressor":
         from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
@@ -101,7 +103,7 @@ def _moe(model: Any, recipe: Recipe, plan: LayerPlan) -> None:
         part = part_of(module, "")
         if part == "router" and param == "weight":
             plan.kept[module] = ROUTER_REASON
-        elif p.ndim == 3 and part_of(name, "") == "routed_experts":
+        elif p.ndim == 3 and part_of(name, "") == "routed_experts" and recipe.backend.value == "llmcompressor":
             plan.unconverted[name] = (
                 f"fused expert tensor {tuple(p.shape)} of {type(model.get_submodule(module)).__name__}: "
                 f"no per-expert Linear conversion for it in {recipe.backend.value}, so no target reaches it"
@@ -198,20 +200,23 @@ def _is_expert(name: str, experts: list[str]) -> bool:
     return any(name.startswith(f"{e}.") for e in experts)
 
 
-def _one_expert_group(layers: list[tuple[str, Any]], recipe: Recipe, plan: LayerPlan) -> list[tuple[str, Any]]:
+def _one_expert_group(
+    layers: list[tuple[str, Any]], recipe: Recipe, plan: LayerPlan, override: dict[str, Any]
+) -> list[tuple[str, Any]]:
     """transformers 5 reloads a compressed-tensors MoE checkpoint by dequantizing each layer's per-expert weights
     into its fused tensors with ONE scheme for all experts: under `indivisible: smaller-group`, every expert
-    projection gets one group size, the largest (<= the recipe's) that divides all their input features. Returns
-    the layers left to plan."""
+    projection (but one an override names) gets one group size, the largest (<= the recipe's) that divides all
+    their input features. Returns the layers left to plan."""
     g = recipe.weight_group
-    expert_in = [m.in_features for n, m in layers if _is_expert(n, plan.experts)]
+    experts = {n for n, _ in layers if _is_expert(n, plan.experts) and n not in override}
+    expert_in = [m.in_features for n, m in layers if n in experts]
     if not expert_in or g is None or recipe.indivisible is not Indivisible.smaller_group:
         return layers
     common = divisor_group(math.gcd(*expert_in), g)
     if common is None or common == g or not getattr(recipe, "smaller_groups", True):
         return layers
-    plan.groups.setdefault(common, []).extend(n for n, _ in layers if _is_expert(n, plan.experts))
-    return [(n, m) for n, m in layers if not _is_expert(n, plan.experts)]
+    plan.groups.setdefault(common, []).extend(n for n, _ in layers if n in experts)
+    return [(n, m) for n, m in layers if n not in experts]
 
 
 def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
@@ -244,7 +249,7 @@ def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
     ):  # the first matching override wins
         override |= {n: o.scheme for n, _ in match_named_modules(model, o.targets, recipe.ignore)}
     bad = []
-    layers = _one_expert_group(layers, recipe, plan)
+    layers = _one_expert_group(layers, recipe, plan, override)
     for name, module in layers:
         if override.get(name) == "keep":
             plan.kept[name] = "kept at 16 bits by an override"

@@ -143,6 +143,32 @@ def test_fused_only_experts_are_refused_quantized_and_kept_fused_when_ignored(tm
     assert fused.bytes == bits_report(out).bytes_by_part["routed_experts"]["bytes"] - 2 * 4 * (2 * 64 + 64) * 2
 
 
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        (dict(method="rtn", scheme="NVFP4A16", calibration=None), "nvfp4-pack-quantized format"),
+        (dict(method="rtn", scheme="W4A16", group_size=64, symmetric=False, calibration=None), "a zero point"),
+    ],
+)
+def test_experts_in_a_layout_transformers_cannot_reload_are_refused_before_loading(
+    tmp_path, moe_dir, capsys, monkeypatch, fields, why
+):
+    """transformers 5 reloads quantized experts only by dequantizing FP8 per-channel/tensor or packed symmetric
+    int weights; any other expert scheme is refused at the plan (exit 2, what to use instead), before the model
+    loads (before: the whole conversion ran, then exit 2 or 3 at the reload check)."""
+    from quantize.convert.backends.llmcompressor import LLMCompressorBackend
+
+    def no_load(*_a, **_k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(LLMCompressorBackend, "load", no_load)
+    recipe = recipe_file(tmp_path, moe_dir("qwen3_moe"), "refused", **fields)
+    assert main(["run", str(recipe), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "qwen3_moe: this recipe quantizes the routed experts with" in err and why in err
+    assert "Use fp8-e4m3" in err and "`ignore`" in err
+
+
 def test_a_planned_expert_left_at_16_bits_is_said(tmp_path, moe_dir, capsys, monkeypatch):
     """An expert the plan quantizes but the backend skips (planted: dropped from the modifiers' targets) is
     listed in quantize.json's left_16bit (which tensors, how many bytes, why) and in the run's summary."""
