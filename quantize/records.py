@@ -120,12 +120,37 @@ class CalibrationRecord(_Strict):
     overlap: VocabularyOverlap | None = None  # with the golden set the recipe's calibration.overlap_with names
 
 
+class ExpertRouting(_Strict):
+    """One MoE layer's calibration: the tokens that passed through it and how many of them its router sent to
+    each expert (top-k selections, counted by hooks during calibration); with `all_experts_calibrated` every
+    expert's calibration statistics came from all `tokens` (llm-compressor's moe_calibrate_all_experts), the
+    routed counts say how often each expert is used."""
+
+    module: str  # the experts module, e.g. model.layers.1.mlp.experts
+    tokens: int
+    top_k: int
+    routed_tokens: list[int]  # per expert, in expert order; sums to tokens × top_k
+    all_experts_calibrated: bool
+
+
+class LeftAt16(_Strict):
+    """Weights the recipe's targets cover that the saved checkpoint stores at 16 bits, for one reason."""
+
+    why: str
+    tensors: list[str]
+    bytes: int
+
+
 class LayerPlanRecord(_Strict):
     quantized_layers: int
     by_group_size: dict[str, int]  # "per-channel" or the group size -> number of layers
     adjusted: dict[str, int]  # layers given a smaller group than the recipe's -> their group
     kept_16bit: dict[str, str]  # layer -> why it stayed at 16 bits
     schemes: dict[str, int] = Field(default_factory=dict)  # overrides: scheme -> number of layers given it
+    # what the saved checkpoint stores at 16 bits of what the targets cover (routers and layers the plan keeps,
+    # fused experts no conversion reaches, a planned layer the backend did not quantize), by reason
+    left_16bit: list[LeftAt16] = Field(default_factory=list)
+    routing: list[ExpertRouting] = Field(default_factory=list)  # per MoE layer, from calibration (none: data-free)
 
 
 class EngineRecord(_Strict):

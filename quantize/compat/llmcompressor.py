@@ -4,6 +4,11 @@
   output shard through that name; `model_free_ptq_pt` replaces it for one call with `save_file(...,
   metadata={"format": "pt"})`, the header save_pretrained writes, so a streamed shard is byte-identical to the
   in-memory path's (tests/convert/test_streaming.py).
+- `llmcompressor.modeling.moe.linear_experts` and `.llama4` import compressed-tensors' `offload_module` into their
+  own namespaces and call it at the end of `from_experts_module`; `linearized_on_meta` replaces it for one call
+  with a no-op, so `linearize_moe` (llm-compressor's own conversion of fused 3-D experts into per-expert
+  Linear layers) runs on a meta-device model, whose offload device (meta) compressed-tensors cannot offload to.
+  The layer plan then names the per-expert layers `oneshot` will quantize (tests/convert/test_moe.py).
 
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
@@ -11,6 +16,7 @@
 from __future__ import annotations
 
 import inspect
+from importlib import import_module
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -37,7 +43,48 @@ def problems() -> list[str]:
         found.append("llmcompressor.entrypoints.model_free no longer writes its shards through its own save_file")
     params = inspect.signature(model_free.model_free_ptq).parameters
     found += [f"model_free_ptq takes no `{p}`" for p in ("config", "max_workers") if p not in params]
+    for module in _OFFLOADING:
+        if not callable(getattr(import_module(module), "offload_module", None)):
+            found.append(f"{module} no longer calls offload_module from its own namespace")
+    from llmcompressor.modeling.moe import linearize
+
+    found += [f"llmcompressor.modeling.moe.linearize has no {f}" for f in _LINEARIZE if not hasattr(linearize, f)]
     return found
+
+
+# where linearize_moe's `from_experts_module` calls offload_module (the generic one, and Llama 4's own)
+_OFFLOADING = ("llmcompressor.modeling.moe.linear_experts", "llmcompressor.modeling.moe.llama4")
+_LINEARIZE = ("linearize_moe", "get_non_linearized_moes", "get_linearized_moes")
+
+
+def linearized_on_meta(model: Any) -> list[str]:
+    """llm-compressor's `linearize_moe` on a meta-device model (its offload step made a no-op for the call):
+    each fused-experts module it recognizes becomes per-expert Linear layers, as `oneshot` does to the loaded
+    model. Returns the names of the expert modules it replaced."""
+    from contextlib import ExitStack
+    from unittest import mock
+
+    import torch
+    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes, linearize_moe
+
+    found = get_non_linearized_moes(model)
+    if found:
+        with ExitStack() as stack, torch.device("meta"):
+            for module in _OFFLOADING:
+                stack.enter_context(mock.patch.object(import_module(module), "offload_module", lambda *a, **k: None))
+            try:
+                linearize_moe(model)
+            except (AttributeError, TypeError, ValueError, KeyError) as e:
+                raise NotLinearizable(type(found[0][1]).__name__, f"{type(e).__name__}: {e}") from None
+    return [n for n, _ in found]
+
+
+class NotLinearizable(Exception):
+    """llm-compressor recognizes a fused-experts module but its conversion to per-expert layers fails on it."""
+
+    def __init__(self, experts_class: str, why: str):
+        super().__init__(f"{experts_class}: {why}")
+        self.experts_class, self.why = experts_class, why
 
 
 def model_free_ptq_pt(model_dir: Path, folder: Path, config: Any) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 
 from quantize.checkpoint import qdq
 from quantize.checkpoint.loader import load_model
-from quantize.errors import RuntimeFailure
-from quantize.records import FiniteCheck
+from quantize.errors import RuntimeFailure, UsageError
+from quantize.records import FiniteCheck, LeftAt16
 
 
 def first_nonfinite_module(model: Any, input_ids: Any) -> str | None:
@@ -60,9 +60,63 @@ def check_finite(model: Any, input_ids: Any, stage: str) -> FiniteCheck:
 
 
 def reload_check(path: Path, probe: Any, trust_remote_code: bool) -> FiniteCheck:
-    """Reload the saved checkpoint with plain transformers (safetensors only) and check its logits are finite."""
-    model, _ = load_model(path, trust_remote_code)
+    """Reload the saved checkpoint with plain transformers (safetensors only) and check its logits are finite.
+    The checkpoint is our own output: a refusal to load it (its weights do not match config.json) is our bug,
+    a RuntimeFailure naming the reason, never the user's bad input."""
+    try:
+        model, _ = load_model(path, trust_remote_code)
+    except UsageError as e:
+        raise RuntimeFailure(
+            f"the checkpoint this run wrote does not reload: {e} This is quantize's failure, not your input's; "
+            "nothing was kept. Report it with the recipe and the model's config.json"
+        ) from None
     return check_finite(model, probe, "after reloading the saved checkpoint with transformers")
+
+
+def left_at_16(
+    out: Path,
+    planned: set[str],
+    kept: dict[str, str],
+    stored_names: dict[str, str] | None = None,
+    renamed: list[tuple[str, str]] | None = None,
+) -> list[LeftAt16]:
+    """What the saved checkpoint stores at 16 bits of what the recipe's targets cover, by reason, read from its
+    headers: a layer the plan kept (its reason), a tensor no conversion reached (`kept` names a parameter), and
+    a planned layer stored as a plain 16-bit weight with no scale (the backend skipped it)."""
+    from quantize.checkpoint.files import safetensors_files
+    from quantize.checkpoint.headers import all_tensors
+
+    found, _ = all_tensors(safetensors_files(out))
+    stored = {_renamed(k, renamed or []): t for k, t in found.items()}  # by the model's names, as transformers loads
+    by: dict[str, tuple[list[str], int]] = {}
+
+    def add(why: str, name: str) -> None:
+        t = stored[name]
+        names, nbytes = by.get(why, ([], 0))
+        by[why] = ([*names, name], nbytes + t.nbytes)
+
+    from quantize.convert.plan import checkpoint_name
+
+    for name in sorted(checkpoint_name(n, stored_names or {}) for n in planned):
+        w = f"{name}.weight"
+        if w in stored and f"{name}.weight_scale" not in stored and stored[w].dtype in SIXTEEN_BIT:
+            add("planned for quantization, but the saved checkpoint stores it at 16 bits with no scale", w)
+    for name, why in sorted(kept.items()):
+        for t in (name, f"{name}.weight"):
+            if t in stored and stored[t].dtype in SIXTEEN_BIT:
+                add(why, t)
+    return [LeftAt16(why=why, tensors=names, bytes=nbytes) for why, (names, nbytes) in by.items()]
+
+
+SIXTEEN_BIT = ("BF16", "F16", "F32")
+
+
+def _renamed(name: str, renamings: list[tuple[str, str]]) -> str:
+    import re
+
+    for src, tgt in renamings:
+        name = re.sub(src, tgt, name)
+    return name
 
 
 # rows of a tensor read at once by the streamed check: its memory stays bounded by this many float32 elements

@@ -26,7 +26,7 @@ from quantize.convert.backends import backend_for
 from quantize.convert.backends.base import Job
 from quantize.convert.calibration import CalibrationSet, build_calibration, check_calibration
 from quantize.convert.card import model_card
-from quantize.convert.checks import reload_check, streamed_finite_check, structure_check
+from quantize.convert.checks import left_at_16, reload_check, streamed_finite_check, structure_check
 from quantize.convert.dtypes import calibration_dtype, cast_saved_floats, source_dtype
 from quantize.convert.plan import LayerPlan, plan_layers
 from quantize.convert.provenance import Phases, library_versions, memory_record
@@ -188,6 +188,7 @@ def _convert(
     torch.manual_seed(seed)
     with phases("quantize"):
         model, ran = backend.quantize(Job(model, tok, model_dir, recipe, torch_dtype, calib, prepared))
+        plan.routing = backend.routing()
     # what the saved checkpoint is run on after reloading: its logits must be finite (the one finiteness check:
     # it sees what is shipped, after any cast, and names the first non-finite layer)
     probe = (
@@ -307,6 +308,14 @@ def _written(
     with phases("account"):
         report = accounting.bits_report(tmp)
         out_hash = weights_sha256(tmp)
+        layer_plan = made.plan.record()
+        layer_plan.left_16bit = left_at_16(
+            tmp,
+            {n for names in made.plan.groups.values() for n in names},
+            made.plan.kept | made.plan.unconverted | made.plan.ignored,
+            made.plan.stored_names,
+            made.plan.renamed,
+        )
     resolved = resolved_dict(recipe)
     meta = RunRecord(
         created=made.started.isoformat(timespec="seconds"),
@@ -324,7 +333,7 @@ def _written(
         weights_sha256=out_hash,
         calibration=calibration,
         seed=made.seed,
-        layer_plan=made.plan.record(),
+        layer_plan=layer_plan,
         engine=EngineRecord(
             backend=recipe.backend.value,
             modifiers=prov.ran,

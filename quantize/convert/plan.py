@@ -1,15 +1,25 @@
 """Which Linear layers get which group size: the recipe's targets and its `indivisible` policy,
-planned on a meta-device model (shapes and names, no weights, no memory)."""
+planned on a meta-device model (shapes and names, no weights, no memory).
+
+Mixture-of-experts models (config.json declares routed experts: architecture.moe_spec): transformers 5 holds
+each MoE layer's experts as fused 3-D tensors, which no `Linear` target matches. For the llm-compressor backend
+the plan first runs llm-compressor's own conversion (`linearize_moe`, on the meta model) so that every expert is
+one Linear per projection, named as `oneshot` will name it (`mlp.experts.N.gate_proj`), and is planned like any
+other layer. Routers (the part architecture.part_of names `router`) stay at 16 bits, with the reason; a fused
+expert tensor that llm-compressor cannot convert is listed as kept, with the reason, never silently left out."""
 
 from __future__ import annotations
 
+import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantize.checkpoint.architecture import moe_spec
 from quantize.convert.recipe import MIN_GROUP, GroupedRecipe, Indivisible, Recipe
 from quantize.errors import UsageError
-from quantize.records import LayerPlanRecord
+from quantize.records import ExpertRouting, LayerPlanRecord
 
 
 @dataclass
@@ -18,6 +28,16 @@ class LayerPlan:
 
     groups: dict[int | None, list[str]] = field(default_factory=dict)
     kept: dict[str, str] = field(default_factory=dict)
+    # parameters (not modules) the targets would cover but no modifier can reach: fused 3-D expert tensors
+    # llm-compressor has no per-expert conversion for (kept at 16 bits, never added to the modifiers' ignore)
+    unconverted: dict[str, str] = field(default_factory=dict)
+    experts: list[str] = field(default_factory=list)  # the MoE modules turned into per-expert Linear layers
+    routing: list[ExpertRouting] = field(default_factory=list)  # filled in by the conversion's calibration
+    stored_names: dict[str, str] = field(default_factory=dict)  # expert projection -> its name in the checkpoint
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # (checkpoint regex, model name) on load
+    ignored: dict[str, str] = field(default_factory=dict)  # Linear layers the targets match and `ignore` removes
+    fused: list[str] = field(default_factory=list)  # the fused 3-D expert tensors of the model as loaded
+    family: str = ""  # config.json's model_type of an MoE (empty for a dense model)
     schemes: dict[str, str] = field(default_factory=dict)  # layer -> another scheme than the recipe's (overrides)
 
     @property
@@ -31,8 +51,9 @@ class LayerPlan:
             adjusted={n: g for g, names in self.groups.items() for n in names if g is not None}
             if len(self.groups) > 1
             else {},
-            kept_16bit=self.kept,
+            kept_16bit=self.kept | self.unconverted,
             schemes=dict(Counter(self.schemes.values())),
+            routing=self.routing,
         )
 
 
@@ -46,14 +67,176 @@ def divisor_group(in_features: int, group_size: int) -> int | None:
     return None
 
 
+ROUTER_REASON = (
+    "router of an MoE layer: its logits choose each token's experts, so rounding it reroutes tokens, and it is a "
+    "tiny share of the bytes (llm-compressor's MoE examples ignore it too)"
+)
+
+
+def _moe(model: Any, recipe: Recipe, plan: LayerPlan) -> None:
+    """An MoE model's experts as per-expert Linear layers (llm-compressor's conversion, llm-compressor backend
+    only), its routers kept at 16 bits and any fused expert tensor left over listed as kept."""
+    from quantize.checkpoint.architecture import part_of
+
+    if moe_spec(model.config.to_dict()) is None:
+        return
+    plan.family = str(model.config.model_type)
+    plan.fused = [n for n, p in model.named_parameters() if p.ndim == 3 and part_of(n, "") == "routed_experts"]
+    if recipe.backend.value == "llmcompressor":
+        from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
+
+        try:
+            plan.experts = linearized_on_meta(model)
+        except NotLinearizable as e:
+            raise UsageError(
+                f"{model.config.model_type}: llm-compressor cannot turn this checkpoint's fused experts "
+                f"({e.experts_class}) into per-expert layers ({e.why[:200]}), so no method can calibrate or "
+                "quantize them and its oneshot would stop on them. Use a checkpoint of the layout llm-compressor "
+                "converts for this family (llm-compressor's Llama 4 conversion reads the multimodal config's "
+                "text_config, which a text-only llama4_text config.json lacks)"
+            ) from None
+        if plan.experts:
+            plan.stored_names = expert_checkpoint_names(model.config.model_type)
+            plan.renamed = renamings(model.config.model_type)
+    for name, p in model.named_parameters():
+        module, _, param = name.rpartition(".")
+        part = part_of(module, "")
+        if part == "router" and param == "weight":
+            plan.kept[module] = ROUTER_REASON
+        elif p.ndim == 3 and part_of(name, "") == "routed_experts" and recipe.backend.value == "llmcompressor":
+            plan.unconverted[name] = (
+                f"fused expert tensor {tuple(p.shape)} of {type(model.get_submodule(module)).__name__}: "
+                f"no per-expert Linear conversion for it in {recipe.backend.value}, so no target reaches it"
+            )
+
+
+# llm-compressor's per-expert layers, by the fused tensor transformers 5 merges them into on load
+_FUSED = {".experts.gate_up_proj": ("gate_proj", "up_proj"), ".experts.down_proj": ("down_proj",)}
+_PER_EXPERT_SOURCE = re.compile(r"\.experts\.\*\.(\w+)\.weight$")
+EXPERT_LAYER = re.compile(r"(experts(?:\\?\.)\d+(?:\\?\.))(gate_proj|up_proj|down_proj)(?=\\?\.|\$|$)")
+
+
+def expert_checkpoint_names(model_type: str) -> dict[str, str]:
+    """The projection names a family's checkpoints give each expert where they differ from llm-compressor's
+    `gate_proj`/`up_proj`/`down_proj` (Mixtral: w1, w3, w2), read from the conversion mapping transformers 5
+    merges per-expert tensors with on load: the names a saved per-expert checkpoint must use to reload."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    names: dict[str, str] = {}
+    for conv in get_checkpoint_conversion_mapping(model_type) or []:
+        sources = list(getattr(conv, "source_patterns", []))
+        for target in getattr(conv, "target_patterns", []):
+            for fused, projs in _FUSED.items():
+                if target.endswith(fused) and len(sources) == len(projs):
+                    for proj, src in zip(projs, sources, strict=True):
+                        if m := _PER_EXPERT_SOURCE.search(src):
+                            names[proj] = m.group(1)
+    return {k: v for k, v in names.items() if k != v}
+
+
+def renamings(model_type: str) -> list[tuple[str, str]]:
+    """The (checkpoint regex, model name) renamings transformers 5 applies on load for a family (Mixtral's
+    `.block_sparse_moe.` -> `.mlp.`); save_pretrained writes the checkpoint's names back."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    return [
+        (src, tgt)
+        for conv in get_checkpoint_conversion_mapping(model_type) or []
+        if isinstance(conv, WeightRenaming)
+        for src, tgt in zip(conv.source_patterns, conv.target_patterns, strict=False)
+    ]
+
+
+def checkpoint_name(name: str, names: dict[str, str]) -> str:
+    """A module name (or a `re:` target of one) as the checkpoint stores it (`expert_checkpoint_names`)."""
+    return EXPERT_LAYER.sub(lambda m: m.group(1) + names.get(m.group(2), m.group(2)), name) if names else name
+
+
+def per_expert_loader(model_type: str) -> bool:
+    """Whether transformers 5 reads a per-expert checkpoint of this family (its conversion mapping merges
+    per-expert tensors into the fused experts: Qwen, OLMoE, DeepSeek, Mixtral; not gpt-oss, whose checkpoints
+    are fused)."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    return any(
+        t.endswith(fused)
+        for conv in get_checkpoint_conversion_mapping(model_type) or []
+        for t in getattr(conv, "target_patterns", [])
+        for fused in _FUSED
+    )
+
+
+def _fused_only(model: Any, plan: LayerPlan, planned: set[str]) -> None:
+    """A family transformers reads only as fused experts (no per-expert loader) with its experts to quantize:
+    refused before loading. transformers has no loader for quantized fused experts (it would read the FP8 or
+    packed values as plain weights and drop their scales), and the per-expert layout llm-compressor writes
+    does not reload; with the experts in `ignore` they are written back fused, at 16 bits (backend save)."""
+    family = model.config.model_type
+    if not plan.experts or per_expert_loader(family):
+        return
+    plan.unconverted |= {
+        n: "routed experts of a family transformers reads only fused, kept at 16 bits (the recipe's ignore) and "
+        "written back fused"
+        for n in plan.fused
+    }
+    if quantized := sorted(n for n in planned if _is_expert(n, plan.experts)):
+        raise UsageError(
+            f"{family}: transformers {_version('transformers')} reads this family's routed experts only as fused "
+            f"3-D tensors and has no loader for quantized ones, so a checkpoint with quantized experts (e.g. "
+            f"{quantized[0]}) would not reload or score here. Add 're:.*\\.experts\\..*' to `ignore` to keep the "
+            "experts at 16 bits (the rest is quantized; the experts' bytes are recorded as left at 16 bits), or "
+            "quantize them with a tool whose output your serving engine reads"
+        )
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
+
+
+def _is_expert(name: str, experts: list[str]) -> bool:
+    return any(name.startswith(f"{e}.") for e in experts)
+
+
+def _one_expert_group(
+    layers: list[tuple[str, Any]], recipe: Recipe, plan: LayerPlan, override: dict[str, Any]
+) -> list[tuple[str, Any]]:
+    """transformers 5 reloads a compressed-tensors MoE checkpoint by dequantizing each layer's per-expert weights
+    into its fused tensors with ONE scheme for all experts: under `indivisible: smaller-group`, every expert
+    projection (but one an override names) gets one group size, the largest (<= the recipe's) that divides all
+    their input features. Returns the layers left to plan."""
+    g = recipe.weight_group
+    experts = {n for n, _ in layers if _is_expert(n, plan.experts) and n not in override}
+    expert_in = [m.in_features for n, m in layers if n in experts]
+    if not expert_in or g is None or recipe.indivisible is not Indivisible.smaller_group:
+        return layers
+    common = divisor_group(math.gcd(*expert_in), g)
+    if common is None or common == g or not getattr(recipe, "smaller_groups", True):
+        return layers
+    plan.groups.setdefault(common, []).extend(n for n, _ in layers if n in experts)
+    return [(n, m) for n, m in layers if n not in experts]
+
+
 def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
     import torch
     from compressed_tensors.utils.match import match_named_modules
 
     plan = LayerPlan()
+    _moe(model, recipe, plan)
     layers = [
-        (n, m) for n, m in match_named_modules(model, recipe.targets, recipe.ignore) if isinstance(m, torch.nn.Linear)
+        (n, m)
+        for n, m in match_named_modules(model, recipe.targets, recipe.ignore)
+        if isinstance(m, torch.nn.Linear) and n not in plan.kept
     ]
+    names = {n for n, _ in layers}
+    plan.ignored = {
+        n: "in the recipe's ignore list"
+        for n, m in match_named_modules(model, recipe.targets, [])
+        if isinstance(m, torch.nn.Linear) and n not in names and n not in plan.kept
+    }
+    _fused_only(model, plan, names)
     if not layers:
         raise UsageError(
             f"targets {recipe.targets} minus ignore {recipe.ignore} match no Linear layer of this model; "
@@ -66,6 +249,7 @@ def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
     ):  # the first matching override wins
         override |= {n: o.scheme for n, _ in match_named_modules(model, o.targets, recipe.ignore)}
     bad = []
+    layers = _one_expert_group(layers, recipe, plan, override)
     for name, module in layers:
         if override.get(name) == "keep":
             plan.kept[name] = "kept at 16 bits by an override"

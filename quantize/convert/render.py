@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantize.checkpoint.render import mib
-from quantize.records import CalibrationRecord, MemoryPlanRecord, RunRecord
+from quantize.records import CalibrationRecord, LayerPlanRecord, MemoryPlanRecord, RunRecord
 
 
 def run_text(name: str, out: Path, meta: RunRecord) -> str:
@@ -19,10 +19,32 @@ def run_text(name: str, out: Path, meta: RunRecord) -> str:
             f"  size: {mib(b.total_bytes)} of tensors; {plan.quantized_layers} layers quantized, "
             f"{len(plan.kept_16bit)} kept at 16 bits",
             f"  wall time {meta.time_seconds['total']:.1f} s, peak memory {mib(meta.memory.peak_rss_bytes)}",
+            *left_lines(plan),
+            *routing_lines(plan),
             *([plan_line(meta.memory_plan)] if meta.memory_plan else []),
             *(calibration_lines(meta.calibration) if meta.calibration else []),
         ]
     )
+
+
+def left_lines(plan: LayerPlanRecord) -> list[str]:
+    """Every weight the recipe's targets cover that the checkpoint stores at 16 bits: which, how many bytes, why."""
+    return [
+        f"  left at 16 bits: {len(g.tensors)} tensor(s), {mib(g.bytes)} ({g.bytes:,} bytes), e.g. {g.tensors[0]}: "
+        f"{g.why}"
+        for g in plan.left_16bit
+    ]
+
+
+def routing_lines(plan: LayerPlanRecord) -> list[str]:
+    """Per MoE layer, the calibration tokens routed to each expert (fewest and most), and whether every expert
+    was calibrated on all tokens."""
+    return [
+        f"  experts {r.module}: {r.tokens:,} calibration tokens, top-{r.top_k}; routed per expert min "
+        f"{min(r.routed_tokens):,}, max {max(r.routed_tokens):,}"
+        + ("; every expert calibrated on all tokens" if r.all_experts_calibrated else "")
+        for r in plan.routing
+    ]
 
 
 def plan_line(p: MemoryPlanRecord) -> str:

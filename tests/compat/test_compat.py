@@ -153,3 +153,37 @@ def test_our_request_tokenization_is_lm_evals_own(tiny_model):
     lm.loglikelihood([Instance("loglikelihood", {}, a, 0) for a in args], disable_tqdm=True)
     assert [compat.encode_request(lm, *a) for a in args] == [(ctx, cont) for _, ctx, cont in seen]
     assert seen[1][1] == [tok.eos_token_id] != seen[0][1] or lm.prefix_token_id == tok.eos_token_id
+
+
+def test_a_linearize_module_without_its_own_offload_module_is_found(monkeypatch):
+    """linearized_on_meta makes llm-compressor's offload step a no-op by patching `offload_module` in the modules
+    that call it; an upgrade that moves the call elsewhere would make the patch a silent no-op and the meta
+    linearization fail: problems() names it."""
+    import llmcompressor.modeling.moe.linear_experts as linear_experts
+
+    from quantize.compat import llmcompressor as compat
+
+    monkeypatch.delattr(linear_experts, "offload_module")
+    assert any("linear_experts no longer calls offload_module" in p for p in compat.problems())
+
+
+def test_linearized_on_meta_gives_the_per_expert_layers_oneshot_quantizes(tmp_path):
+    """On a meta-device Mixtral (fused experts), llm-compressor's own conversion gives gate/up/down Linear layers
+    per expert, with no weights read and nothing offloaded."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from quantize.compat.llmcompressor import linearized_on_meta
+
+    cfg = AutoConfig.for_model(
+        "mixtral", vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, num_local_experts=3, num_experts_per_tok=1,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    assert linearized_on_meta(model) == ["model.layers.0.mlp.experts"]
+    linears = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".experts." in n}
+    projs = ("gate_proj", "up_proj", "down_proj")
+    assert linears == {f"model.layers.0.mlp.experts.{e}.{p}" for e in range(3) for p in projs}
+    assert all(p.is_meta for p in model.parameters())
+    assert linearized_on_meta(model) == []  # nothing fused is left

@@ -155,8 +155,8 @@ def test_a_suite_chooses_the_scorer_and_the_cache_key_says_which(tmp_path, tiny_
     name the scorer (ours with its revision)."""
     from lm_eval.models.huggingface import HFLM
 
-    from quantize.evaluate import cache
     from quantize.checkpoint.loader import LastModel
+    from quantize.evaluate import cache
     from quantize.evaluate.lm import PrefixLM
     from quantize.evaluate.score import lm_eval_model
     from quantize.evaluate.suite import Backend, Suite

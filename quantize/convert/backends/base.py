@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Protocol
 from quantize.convert.calibration import CalibrationSet
 from quantize.convert.plan import LayerPlan
 from quantize.convert.recipe import Recipe
+from quantize.records import ExpertRouting
 
 
 @dataclass(frozen=True)
@@ -58,4 +59,9 @@ class ConversionBackend(Protocol):
 
     def release(self) -> None:
         """Let the quantized model's memory go once the caller has dropped it."""
+        ...
+
+    def routing(self) -> list[ExpertRouting]:
+        """Per MoE layer, the calibration tokens routed to each expert in the last `quantize` (empty when the
+        backend does not count them, the model is dense or the recipe data-free)."""
         ...

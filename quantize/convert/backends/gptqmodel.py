@@ -89,3 +89,7 @@ class GPTQModelBackend:
         import gc
 
         gc.collect()
+
+    def routing(self) -> list[Any]:
+        """GPTQModel's calibration is its own; it does not report routing."""
+        return []

@@ -10,10 +10,11 @@ from typing import Any, ClassVar
 from quantize.checkpoint.files import read_config
 from quantize.convert.backends.base import Job
 from quantize.convert.modifiers import compile_modifiers
-from quantize.convert.plan import LayerPlan
+from quantize.convert.plan import LayerPlan, checkpoint_name, expert_checkpoint_names, per_expert_loader
 from quantize.convert.recipe import Method, Recipe
 from quantize.convert.runtime import cpu_safe_calibration
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.records import ExpertRouting
 
 
 class LLMCompressorBackend:
@@ -34,11 +35,19 @@ class LLMCompressorBackend:
         return load_model(model_dir, recipe.trust_remote_code, dtype=dtype or "auto")
 
     def quantize(self, job: Job) -> tuple[Any, Any]:
-        """`oneshot` on our packed calibration tokens (none for data-free schemes)."""
+        """`oneshot` on our packed calibration tokens (none for data-free schemes). An MoE model's fused experts
+        become per-expert Linear layers first (llm-compressor's `linearize_moe`, as the layer plan assumed), and
+        with calibration data every expert sees every calibration token (`moe_calibrate_all_experts`), while
+        hooks count the tokens the router sent to each expert (`routing`)."""
         recipe, calib = job.recipe, job.calib
+        self._routing: list[ExpertRouting] = []
         with cpu_safe_calibration():
             from datasets import Dataset
             from llmcompressor import oneshot
+            from llmcompressor.modeling.moe.linearize import get_linearized_moes, linearize_moe
+
+            linearize_moe(job.model)
+            counter = _RoutingCounter(get_linearized_moes(job.model)) if calib is not None else None
 
             kwargs: dict[str, Any] = {}
             if calib is not None:
@@ -50,15 +59,41 @@ class LLMCompressorBackend:
                     shuffle_calibration_samples=False,
                 )
             try:
-                ran = oneshot(model=job.model, processor=job.tok, recipe=job.prepared, **kwargs) or job.model
+                ran = (
+                    oneshot(
+                        model=job.model,
+                        processor=job.tok,
+                        recipe=job.prepared,
+                        moe_calibrate_all_experts=True,
+                        **kwargs,
+                    )
+                    or job.model
+                )
                 return ran, serialized(job.prepared)
             except (ValueError, KeyError) as e:
                 if recipe.method is Method.llmcompressor:
                     raise UsageError(f"llm-compressor rejected the verbatim `stages:` recipe: {e}") from None
                 raise RuntimeFailure(f"llm-compressor failed: {type(e).__name__}: {e}") from e
+            finally:
+                if counter is not None:
+                    self._routing = counter.done()
+
+    def routing(self) -> list[ExpertRouting]:
+        """Per MoE layer, the calibration tokens the router sent to each expert during the last `quantize`
+        (empty for a dense model or a data-free recipe)."""
+        return getattr(self, "_routing", [])
 
     def save(self, model: Any, folder: Path) -> None:
+        """save_pretrained, compressed; an MoE's per-expert layers then renamed to the names its family's
+        checkpoints use where llm-compressor's differ (Mixtral's w1/w3/w2: plan.expert_checkpoint_names), so
+        transformers 5 merges them into its fused experts on reload."""
+        from llmcompressor.modeling.moe.linearize import get_linearized_moes, repack_moe
+
+        if get_linearized_moes(model) and not per_expert_loader(model.config.model_type):
+            repack_moe(model)  # experts at 16 bits (plan._fused_only), fused again as the family's loader reads
         model.save_pretrained(folder, save_compressed=True)
+        if names := expert_checkpoint_names(model.config.model_type):
+            _rename_experts(folder, names)
 
     def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
         """A data-free recipe shard by shard: `model_free_ptq` with the same config groups (the layer plan's
@@ -99,6 +134,71 @@ class LLMCompressorBackend:
         gc.collect()
 
 
+def _rename_experts(folder: Path, names: dict[str, str]) -> None:
+    """Every stored expert tensor, the shard index and config.json's quantization targets renamed by `names`
+    (plan.checkpoint_name); shards rewritten with save_pretrained's header metadata."""
+    from safetensors.torch import load_file, save_file
+
+    from quantize.checkpoint.files import safetensors_files
+
+    for f in safetensors_files(folder):
+        tensors = load_file(f)
+        save_file({checkpoint_name(k, names): v for k, v in tensors.items()}, f, metadata={"format": "pt"})
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {checkpoint_name(k, names): v for k, v in data["weight_map"].items()}
+        index.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    cfg = read_config(folder)
+    qc = cfg.get("quantization_config") or {}
+    for group in (qc.get("config_groups") or {}).values():
+        group["targets"] = [checkpoint_name(t, names) for t in group.get("targets") or []]
+    if "ignore" in qc:
+        qc["ignore"] = [checkpoint_name(t, names) for t in qc["ignore"] or []]
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+class _RoutingCounter:
+    """Forward pre-hooks on llm-compressor's linearized expert modules (`LinearExperts2D.forward(hidden_states,
+    top_k_index, top_k_weights)`) that count each expert's routed tokens. Registered through llm-compressor's
+    HooksMixin, so the sequential pipeline's propagation pass (hooks disabled) is not counted twice."""
+
+    def __init__(self, moes: list[tuple[str, Any]]):
+        from llmcompressor.modifiers.utils.hooks import HooksMixin
+
+        self.counts: dict[str, list[int]] = {}
+        self.tokens: dict[str, int] = {}
+        self.top_k: dict[str, int] = {}
+        self.hooks = HooksMixin()
+        for name, module in moes:
+            self.counts[name] = [0] * module.num_experts
+            self.tokens[name] = 0
+            self.hooks.register_hook(module, self._hook(name, module.num_experts), "forward_pre")
+
+    def _hook(self, name: str, experts: int) -> Any:
+        def count(_module: Any, args: tuple[Any, ...]) -> None:
+            import torch
+
+            top_k_index = args[1]
+            self.top_k[name] = int(top_k_index.shape[-1])
+            self.tokens[name] += int(top_k_index.shape[0])
+            seen = torch.bincount(top_k_index.reshape(-1).long(), minlength=experts).tolist()
+            self.counts[name] = [a + b for a, b in zip(self.counts[name], seen, strict=True)]
+
+        return count
+
+    def done(self) -> list[ExpertRouting]:
+        self.hooks.remove_hooks()
+        return [
+            ExpertRouting(
+                module=name,
+                tokens=self.tokens[name],
+                top_k=self.top_k.get(name, 0),
+                routed_tokens=self.counts[name],
+                all_experts_calibrated=True,
+            )
+            for name in self.counts
+        ]
 
 
 def serialized(prepared: Any) -> str:

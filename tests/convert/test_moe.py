@@ -1,0 +1,218 @@
+"""Mixture-of-experts conversions on tiny seeded models of each family (tests/moe_models.py, no download):
+the experts planned and quantized through llm-compressor's own per-expert conversion, routers kept at 16 bits
+with the reason, the calibration tokens each expert saw recorded, anything the targets cover that stays at
+16 bits said in quantize.json and the summary, and our own output failing our reload check an exit 3."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from moe_models import MOE, make_tiny_moe
+
+from quantize import records
+from quantize.checkpoint.accounting import bits_report
+from quantize.checkpoint.loader import meta_model
+from quantize.cli import main
+from quantize.convert.plan import ROUTER_REASON, plan_layers
+from quantize.convert.recipe import parse_recipe
+from quantize.records import RunRecord
+
+CAL = {"source": "builtin:jargon", "samples": 2, "seq_len": 32, "seed": 0}
+RECIPES = {
+    "fp8": dict(method="fp8", scheme="FP8_DYNAMIC", calibration=None),
+    "gptq": dict(method="gptq", scheme="W4A16", group_size=128, indivisible="smaller-group", calibration=CAL),
+}
+# the families whose per-expert layout transformers 5 reloads (its conversion mapping merges per-expert tensors:
+# `mlp.experts.N.gate_proj`, Mixtral's `experts.N.w1`)
+RELOADED = ("qwen3_moe", "olmoe", "deepseek_v3", "mixtral")
+ROUTER_OR_IGNORED = {ROUTER_REASON, "in the recipe's ignore list"}
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory):
+    built: dict[str, Path] = {}
+
+    def get(family: str) -> Path:
+        if family not in built:
+            built[family] = make_tiny_moe(tmp_path_factory.mktemp(family) / family, family)
+        return built[family]
+
+    return get
+
+
+def recipe_file(tmp_path: Path, model: Path, name: str, **fields) -> Path:
+    data = {"name": name, "model": str(model), "output": str(tmp_path / "out" / name), "targets": ["Linear"]}
+    data |= {"ignore": ["lm_head"], **fields}
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def experts_of(family: str) -> int:
+    cfg = MOE[family]
+    return cfg.get("num_experts") or cfg.get("num_local_experts") or cfg["n_routed_experts"]
+
+
+@pytest.mark.parametrize("family", RELOADED)
+def test_the_plan_lists_every_expert_as_a_linear_and_keeps_the_routers(moe_dir, family):
+    """llm-compressor's conversion (on the meta model) turns each fused expert tensor into per-expert Linear
+    layers the plan quantizes; every router is kept at 16 bits with the reason. On the old code the plan held
+    the attention layers only (the fused experts are no Linear) and no router reason."""
+    recipe = parse_recipe({"name": "p", "model": str(moe_dir(family)), **RECIPES["fp8"]})
+    plan = plan_layers(meta_model(moe_dir(family), False), recipe)
+    planned = [n for names in plan.groups.values() for n in names]
+    moe_layers = 1 if family == "deepseek_v3" else 2  # DeepSeek-V3's first layer is dense (first_k_dense_replace)
+    for i in range(moe_layers):
+        layer = 1 if family == "deepseek_v3" else i
+        experts = [n for n in planned if f"layers.{layer}." in n and ".experts." in n]
+        assert len(experts) == 3 * experts_of(family), experts  # gate, up and down of every expert
+    routers = [n for n, why in plan.kept.items() if why == ROUTER_REASON]
+    assert len(routers) == moe_layers and not set(routers) & set(planned)
+    assert plan.unconverted == {}  # llm-compressor converts every one of these families' fused experts
+    assert plan.record().kept_16bit == plan.kept
+
+
+def test_fused_experts_llm_compressor_cannot_convert_are_refused_before_loading(moe_dir):
+    """A text-only Llama 4 (llama4_text): llm-compressor's Llama 4 expert conversion needs the multimodal
+    config, so oneshot would stop with a traceback after the load; the plan refuses first, exit 2, naming the
+    family, the experts class and what to use."""
+    from quantize.errors import UsageError
+
+    recipe = parse_recipe({"name": "p", "model": str(moe_dir("llama4_text")), **RECIPES["fp8"]})
+    with pytest.raises(UsageError, match=r"llama4_text: llm-compressor cannot turn .*Llama4TextExperts.*text_config"):
+        plan_layers(meta_model(moe_dir("llama4_text"), False), recipe)
+
+
+@pytest.mark.parametrize("family", RELOADED)
+@pytest.mark.parametrize("method", list(RECIPES))
+def test_an_moe_converts_with_its_experts_quantized_and_reloads(tmp_path, moe_dir, capsys, family, method):
+    """Exit 0; the checkpoint reloads with plain transformers and gives finite logits; the routed experts are at
+    quantized bits (the old code left them at 16 bits under FP8 and refused its own output under GPTQ)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    recipe = recipe_file(tmp_path, moe_dir(family), f"{family}-{method}", **RECIPES[method])
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    out = tmp_path / "out" / f"{family}-{method}"
+    meta = records.read(RunRecord, out / "quantize.json")
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    assert torch.isfinite(model(input_ids=torch.tensor([[1, 5, 9, 2]])).logits).all()
+    experts = bits_report(out).bytes_by_part["routed_experts"]
+    assert experts["bits_per_weight"] < (9 if method == "fp8" else 5)
+    # the routers and the ignored lm_head, nothing else the targets cover, stay at 16 bits, said in quantize.json
+    left = {g.why: g for g in meta.layer_plan.left_16bit}
+    assert set(left) == ROUTER_OR_IGNORED
+    routers = [f"model.layers.{i}.mlp.gate.weight" for i in range(2) if not (family == "deepseek_v3" and i == 0)]
+    assert left[ROUTER_REASON].tensors == routers and left[ROUTER_REASON].bytes == 2 * 4 * 64 * len(routers)
+    if method == "gptq":  # calibration: every expert of every MoE layer saw tokens, counted from the router
+        assert meta.layer_plan.routing
+        for r in meta.layer_plan.routing:
+            assert len(r.routed_tokens) == experts_of(family) and r.all_experts_calibrated
+            assert sum(r.routed_tokens) == r.tokens * r.top_k and r.tokens == CAL["samples"] * CAL["seq_len"]
+    else:
+        assert meta.layer_plan.routing == []  # data-free: no calibration tokens to count
+
+
+def test_fused_only_experts_are_refused_quantized_and_kept_fused_when_ignored(tmp_path, moe_dir, capsys):
+    """gpt-oss: transformers reads its experts only as fused tensors and has no loader for quantized ones, so
+    quantizing them is refused before loading (exit 2, saying what to do); with them in `ignore` the rest is
+    quantized, the experts are written back fused at 16 bits (llm-compressor's repack_moe), the checkpoint
+    reloads, and the experts' bytes are listed as left at 16 bits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = moe_dir("gpt_oss")
+    assert main(["run", str(recipe_file(tmp_path, model, "oss", **RECIPES["fp8"])), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "gpt_oss: transformers" in err and "only as fused" in err and "to `ignore`" in err
+    assert not (tmp_path / "out" / "oss").exists()
+    ignore = ["lm_head", "re:.*\\.experts\\..*"]
+    recipe = recipe_file(tmp_path, model, "oss-kept", **{**RECIPES["fp8"], "ignore": ignore})
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    out = tmp_path / "out" / "oss-kept"
+    logits = AutoModelForCausalLM.from_pretrained(str(out))(input_ids=torch.tensor([[1, 5, 9, 2]])).logits
+    assert torch.isfinite(logits).all()
+    meta = records.read(RunRecord, out / "quantize.json")
+    [fused] = [g for g in meta.layer_plan.left_16bit if "only fused" in g.why]
+    assert sorted(fused.tensors) == sorted(
+        f"model.layers.{i}.mlp.experts.{p}" for i in range(2) for p in ("gate_up_proj", "down_proj")
+    )
+    assert fused.bytes == bits_report(out).bytes_by_part["routed_experts"]["bytes"] - 2 * 4 * (2 * 64 + 64) * 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        (dict(method="rtn", scheme="NVFP4A16", calibration=None), "nvfp4-pack-quantized format"),
+        (dict(method="rtn", scheme="W4A16", group_size=64, symmetric=False, calibration=None), "a zero point"),
+    ],
+)
+def test_experts_in_a_layout_transformers_cannot_reload_are_refused_before_loading(
+    tmp_path, moe_dir, capsys, monkeypatch, fields, why
+):
+    """transformers 5 reloads quantized experts only by dequantizing FP8 per-channel/tensor or packed symmetric
+    int weights; any other expert scheme is refused at the plan (exit 2, what to use instead), before the model
+    loads (before: the whole conversion ran, then exit 2 or 3 at the reload check)."""
+    from quantize.convert.backends.llmcompressor import LLMCompressorBackend
+
+    def no_load(*_a, **_k):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(LLMCompressorBackend, "load", no_load)
+    recipe = recipe_file(tmp_path, moe_dir("qwen3_moe"), "refused", **fields)
+    assert main(["run", str(recipe), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "qwen3_moe: this recipe quantizes the routed experts with" in err and why in err
+    assert "Use fp8-e4m3" in err and "`ignore`" in err
+
+
+def test_a_planned_expert_left_at_16_bits_is_said(tmp_path, moe_dir, capsys, monkeypatch):
+    """An expert the plan quantizes but the backend skips (planted: dropped from the modifiers' targets) is
+    listed in quantize.json's left_16bit (which tensors, how many bytes, why) and in the run's summary."""
+    import quantize.convert.backends.llmcompressor as backend
+
+    compile_modifiers = backend.compile_modifiers
+    planted = "model.layers.1.mlp.experts.2.down_proj"
+
+    def skipping(recipe, plan):
+        mods = compile_modifiers(recipe, plan)
+        for group in mods[0].config_groups.values():
+            group.targets = [t for t in group.targets if "experts\\.2\\.down_proj" not in t or "layers\\.1\\." not in t]
+        return mods
+
+    monkeypatch.setattr(backend, "compile_modifiers", skipping)
+    recipe = recipe_file(tmp_path, moe_dir("qwen3_moe"), "planted", **RECIPES["fp8"])
+    assert main(["run", str(recipe)]) == 0
+    said = capsys.readouterr().out
+    meta = json.loads((tmp_path / "out" / "planted" / "quantize.json").read_text())
+    [skipped] = [g for g in meta["layer_plan"]["left_16bit"] if g["why"].startswith("planned for quantization")]
+    assert skipped["tensors"] == [f"{planted}.weight"]
+    assert skipped["bytes"] == 64 * 64 * 2  # one bf16 down_proj, moe_intermediate 64 -> hidden 64
+    assert "left at 16 bits: 1 tensor(s)" in said and planted in said and "planned for quantization" in said
+
+
+def test_our_own_output_that_does_not_reload_is_exit_3(tmp_path, tiny_model, capsys, monkeypatch):
+    """A checkpoint this run wrote that the reload check refuses (planted: a stored tensor renamed after the
+    save) is quantize's failure, exit 3 naming the reason, never the user's exit 2; nothing is kept."""
+    from safetensors.torch import load_file, save_file
+
+    from quantize.convert.backends.llmcompressor import LLMCompressorBackend
+
+    save = LLMCompressorBackend.save
+
+    def renaming(self, model, folder):
+        save(self, model, folder)
+        f = folder / "model.safetensors"
+        tensors = load_file(f)
+        tensors["model.layers.0.mlp.up_proj.renamed"] = tensors.pop("model.layers.0.mlp.up_proj.weight_scale")
+        save_file(tensors, f, metadata={"format": "pt"})
+
+    monkeypatch.setattr(LLMCompressorBackend, "save", renaming)
+    recipe = recipe_file(tmp_path, tiny_model, "unreloadable", **RECIPES["fp8"])
+    assert main(["run", str(recipe), "--quiet"]) == 3
+    err = capsys.readouterr().err
+    assert "does not reload" in err and "quantize's failure" in err and "up_proj" in err
+    assert not (tmp_path / "out" / "unreloadable").exists()
