@@ -4,6 +4,11 @@
   output shard through that name; `model_free_ptq_pt` replaces it for one call with `save_file(...,
   metadata={"format": "pt"})`, the header save_pretrained writes, so a streamed shard is byte-identical to the
   in-memory path's (tests/convert/test_streaming.py).
+- `oneshot` replaces every fused experts module (`llmcompressor.modeling.moe.linearize.get_non_linearized_moes`) by
+  `LinearExperts2D.get_linear_experts_cls(type(experts))(config)` (`linearize_moe`, which then copies the weights)
+  before its modifiers resolve their mappings; `meta_linearized` builds that same layout on the meta device without
+  the copy, so AWQ's and SmoothQuant's mappings are resolved on the module names the run will have
+  (quantize/convert/backends/mappings.py).
 
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
@@ -37,7 +42,38 @@ def problems() -> list[str]:
         found.append("llmcompressor.entrypoints.model_free no longer writes its shards through its own save_file")
     params = inspect.signature(model_free.model_free_ptq).parameters
     found += [f"model_free_ptq takes no `{p}`" for p in ("config", "max_workers") if p not in params]
+    return found + _linearize_problems()
+
+
+def _linearize_problems() -> list[str]:
+    from llmcompressor.entrypoints.oneshot import Oneshot
+    from llmcompressor.modeling.moe import linear_experts, linearize
+
+    found = []
+    if not callable(getattr(linearize, "get_non_linearized_moes", None)):
+        found.append("llmcompressor.modeling.moe.linearize has no get_non_linearized_moes")
+    if not callable(getattr(linear_experts.LinearExperts2D, "get_linear_experts_cls", None)):
+        found.append("LinearExperts2D has no get_linear_experts_cls")
+    if "cls(config)" not in inspect.getsource(linear_experts.LinearExperts2D.from_experts_module):
+        found.append("LinearExperts2D.from_experts_module no longer builds its layout as cls(config)")
+    if "linearize_moe(self.model)" not in inspect.getsource(Oneshot.apply_recipe_modifiers):
+        found.append("oneshot no longer linearizes fused experts before its modifiers resolve their mappings")
     return found
+
+
+def meta_linearized(model: Any) -> Any:
+    """`model` (on the meta device) with each fused experts module replaced by llm-compressor's linear experts
+    layout, as `oneshot` replaces it before resolving mappings, built on the meta device (no weight copied).
+    Raises what the library raises for a family it cannot linearize."""
+    import torch
+    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
+    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes
+
+    for name, experts in get_non_linearized_moes(model):
+        config = getattr(experts, "config", model.config)
+        with torch.device("meta"):
+            model.set_submodule(name, LinearExperts2D.get_linear_experts_cls(type(experts))(config))
+    return model
 
 
 def model_free_ptq_pt(model_dir: Path, folder: Path, config: Any) -> None:

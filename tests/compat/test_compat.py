@@ -109,3 +109,18 @@ def test_a_model_free_module_without_its_own_save_file_is_found(monkeypatch):
 
     monkeypatch.delattr(model_free, "save_file")
     assert any("no longer writes its shards through its own save_file" in p for p in compat.problems())
+
+
+def test_an_oneshot_that_no_longer_linearizes_experts_first_is_found(monkeypatch):
+    """The mapping check lays fused experts out as oneshot does before its modifiers resolve their mappings
+    (convert/backends/mappings.py); a library that stops doing so, or builds the layout otherwise, is named."""
+    from llmcompressor.modeling.moe import linearize
+
+    from quantize.compat import llmcompressor as compat
+
+    monkeypatch.setattr(compat.inspect, "getsource", lambda _obj: "")
+    found = compat.problems()
+    assert any("no longer linearizes fused experts" in p for p in found)
+    assert any("no longer builds its layout as cls(config)" in p for p in found)
+    monkeypatch.delattr(linearize, "get_non_linearized_moes")
+    assert any("has no get_non_linearized_moes" in p for p in compat.problems())
