@@ -28,7 +28,7 @@ LINEAR_BITS = {
     "smoothquant-w8a8": (8.0, 8.125),  # int8 + one scale per output row
     "fp8-block": (8.0, 8.001),  # one bf16 scale per 128 × 128 block
     "w4afp8": (8.0, 8.126),  # int4 stored one a byte (compressed-tensors' int-quantized) + a scale per 128
-    "gptq-w4a16-g128": (4.0, 4.125),  # int4 + a bf16 scale per 128, symmetric
+    "gptq-w4a16-g128": (4.0, 4.14),  # int4 + a bf16 scale per 128, symmetric (+ each layer's int weight_shape)
     "awq-g128": (4.0, 4.25),  # + a zero point per 128 (asymmetric)
     "nvfp4a16": (4.5, 4.51),  # E2M1 + an E4M3 scale per 16 + one FP32 global scale per tensor
     "gptq-nvfp4a16": (4.5, 4.51),
