@@ -26,7 +26,7 @@ LINEAR_BITS = {
     "fp8-kv": (8.0, 8.125),  # the same weights; the KV scales are not weights
     "fp8-e4m3-static": (8.0, 8.126),  # + one input scale per tensor
     "smoothquant-w8a8": (8.0, 8.125),  # int8 + one scale per output row
-    "fp8-block": (8.0, 8.001),  # one bf16 scale per 128 × 128 block
+    "fp8-block": (8.0, 8.002),  # one bf16 scale per 128 × 128 block (8.001)
     "w4afp8": (8.0, 8.126),  # int4 stored one a byte (compressed-tensors' int-quantized) + a scale per 128
     "gptq-w4a16-g128": (4.0, 4.14),  # int4 + a bf16 scale per 128, symmetric (+ each layer's int weight_shape)
     "awq-g128": (4.0, 4.25),  # + a zero point per 128 (asymmetric)

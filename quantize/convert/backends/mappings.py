@@ -84,8 +84,6 @@ def check_mappings(model_dir: Path, recipe: Recipe) -> Resolution | None:
     None for other methods, or where the library cannot lay the model's experts out (its own run says why)."""
     if recipe.method not in NAMES:
         return None
-    from loguru import logger
-
     from quantize.checkpoint.loader import meta_model
     from quantize.compat.llmcompressor import meta_linearized
 
@@ -94,11 +92,7 @@ def check_mappings(model_dir: Path, recipe: Recipe) -> Resolution | None:
         meta_linearized(model)
     except (AttributeError, NotImplementedError, TypeError, ValueError):
         return None
-    logger.disable("llmcompressor")  # its "not found in mappings, using default" line: our message says it
-    try:
-        r = resolve(model, recipe.method)
-    finally:
-        logger.enable("llmcompressor")
+    r = resolve(model, recipe.method)  # the library logs its choice (a default: "not found in mappings") unless quiet
     if r.problem is None:
         return r
     cfg = read_config(model_dir)
