@@ -33,8 +33,8 @@ LINEAR_BITS = {
     "nvfp4a16": (4.5, 4.51),  # E2M1 + an E4M3 scale per 16 + one FP32 global scale per tensor
     "gptq-nvfp4a16": (4.5, 4.51),
     "nvfp4": (4.5, 4.52),  # + the activations' global scale
-    "mxfp4a16": (4.25, 4.26),  # E2M1 + an E8M0 scale per 32
-    "mxfp4": (4.25, 4.26),
+    "mxfp4a16": (4.24, 4.25),  # E2M1 + an E8M0 scale per 32: 4.25 exactly (no global scale)
+    "mxfp4": (4.24, 4.25),
 }
 
 
