@@ -64,8 +64,10 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 
 def last_line(text: str) -> str:
+    """The message the CLI printed for its exit (its `quantize COMMAND: ...` line), else the last line."""
     lines = [ln for ln in text.strip().splitlines() if ln.strip() and "warn" not in ln.lower()]
-    return lines[-1][:400] if lines else ""
+    said = [ln for ln in lines if ln.startswith("quantize ")] or lines
+    return said[-1][:400] if said else ""
 
 
 def convert(family: str, recipe: Path, source: Path, work: Path) -> dict:
