@@ -49,6 +49,12 @@ def problems() -> list[str]:
     from llmcompressor.modeling.moe import linearize
 
     found += [f"llmcompressor.modeling.moe.linearize has no {f}" for f in _LINEARIZE if not hasattr(linearize, f)]
+    from llmcompressor.entrypoints.oneshot import Oneshot
+
+    # the layer plan and the AWQ/SmoothQuant mapping check (convert/backends/mappings.py) see the layout oneshot
+    # calibrates only if oneshot still linearizes fused experts before its modifiers resolve their mappings
+    if "linearize_moe(self.model)" not in inspect.getsource(Oneshot.apply_recipe_modifiers):
+        found.append("oneshot no longer linearizes fused experts before its modifiers resolve their mappings")
     return found
 
 

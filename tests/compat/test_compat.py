@@ -187,3 +187,17 @@ def test_linearized_on_meta_gives_the_per_expert_layers_oneshot_quantizes(tmp_pa
     assert linears == {f"model.layers.0.mlp.experts.{e}.{p}" for e in range(3) for p in projs}
     assert all(p.is_meta for p in model.parameters())
     assert linearized_on_meta(model) == []  # nothing fused is left
+
+
+def test_an_oneshot_that_no_longer_linearizes_experts_first_is_found(monkeypatch):
+    """The mapping check lays fused experts out as oneshot does before its modifiers resolve their mappings
+    (convert/backends/mappings.py); a library that stops doing so, or builds the layout otherwise, is named."""
+    from llmcompressor.modeling.moe import linearize
+
+    from quantize.compat import llmcompressor as compat
+
+    monkeypatch.setattr(compat.inspect, "getsource", lambda _obj: "")
+    assert any("no longer linearizes fused experts" in p for p in compat.problems())
+    monkeypatch.undo()
+    monkeypatch.delattr(linearize, "get_non_linearized_moes")
+    assert any("has no get_non_linearized_moes" in p for p in compat.problems())

@@ -31,6 +31,9 @@ class LLMCompressorBackend:
 
     def load(self, model_dir: Path, recipe: Recipe, dtype: Any) -> tuple[Any, Any]:
         from quantize.checkpoint.loader import load_model
+        from quantize.convert.backends.mappings import check_mappings
+
+        check_mappings(model_dir, recipe)  # AWQ/SmoothQuant whose mappings cannot apply: refused before the load
 
         return load_model(model_dir, recipe.trust_remote_code, dtype=dtype or "auto")
 

@@ -1,0 +1,111 @@
+"""Before a model loads: do AWQ's or SmoothQuant's smoothing mappings apply to this model?
+
+Both methods smooth activations between a layer (a norm, or v_proj/up_proj) and the linears it feeds, listed as
+regex mappings. Which mappings llm-compressor uses is its own choice (`get_layer_mappings_from_model`: its
+registry by model class, else its default Llama mappings); how they resolve is compressed-tensors'
+`match_modules_set`, the call both modifiers make. This module makes that same choice and that same call on the
+model's module tree on the meta device (no weight read), with fused experts laid out as `oneshot` lays them out
+before calibration (compat/llmcompressor.linearized_on_meta), and refuses (UsageError, exit 2) a model where they
+cannot apply:
+- a mapping's targets do not close into one set per layer (compressed-tensors raises), or a set holds more
+  than one smoothing layer (the modifier raises "AWQ needs to match a single smoothlayer for each mapping",
+  as on DeepSeek-V3 with dense first layers, whose routers exist only in later layers);
+- no mapping matches anything (the default's names are not this model's): the run would smooth nothing.
+The mapping data is the library's; nothing here names an architecture."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantize.checkpoint.files import read_config
+from quantize.convert.recipe import Method, Recipe
+from quantize.errors import UsageError
+
+NAMES = {Method.awq: ("AWQ", "AWQModifier"), Method.smoothquant: ("SmoothQuant", "SmoothQuantModifier")}
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """How the library's mappings for a method resolve on one model."""
+
+    default: bool  # the library has none registered for the model's class and falls back to its default
+    mappings: int  # how many mappings it chose
+    sets: int  # layer groups they resolve to, over all mappings
+    problem: str | None  # why they cannot apply, or None
+
+
+def _chosen(model: Any, method: Method) -> tuple[list[tuple[str, ...]], bool]:
+    """The library's mappings for `model` as (smoothing layer, *balance layers) target tuples, and whether they
+    are its default."""
+    if method is Method.awq:
+        from llmcompressor.modifiers.transform.awq.dynamic_mappings import get_layer_mappings_from_model
+        from llmcompressor.modifiers.transform.awq.mappings import default_mappings
+
+        maps = get_layer_mappings_from_model(model)
+        return [(m.smooth_layer, *m.balance_layers) for m in maps], maps is default_mappings
+    from llmcompressor.modifiers.transform.smoothquant.dynamic_mappings import get_layer_mappings_from_model
+    from llmcompressor.modifiers.transform.smoothquant.utils import DEFAULT_SMOOTHQUANT_MAPPINGS
+
+    maps = get_layer_mappings_from_model(model)
+    return [(m.smooth_layers, *m.balance_layers) for m in maps], maps is DEFAULT_SMOOTHQUANT_MAPPINGS
+
+
+def resolve(model: Any, method: Method) -> Resolution:
+    """The library's mappings for `method` resolved on `model` (meta device, experts already laid out)."""
+    from compressed_tensors.utils import match_modules_set
+
+    mappings, default = _chosen(model, method)
+    names = {id(m): n for n, m in model.named_modules()}
+    sets = 0
+    for targets in mappings:
+        try:
+            groups = list(match_modules_set(model, targets))
+        except ValueError as e:
+            return Resolution(default, len(mappings), sets, f"mapping {targets} does not resolve: {e}")
+        for smooth, *_ in groups:
+            if len(smooth) > 1:
+                which = ", ".join(names.get(id(m), "?") for m in smooth[:4])
+                return Resolution(
+                    default,
+                    len(mappings),
+                    sets,
+                    f"mapping {targets} groups {len(smooth)} smoothing layers into one set ({which}); the modifier "
+                    "needs exactly one per set",
+                )
+        sets += len(groups)
+    problem = None if sets else f"none of its {len(mappings)} mappings matches a layer of this model"
+    return Resolution(default, len(mappings), sets, problem)
+
+
+def check_mappings(model_dir: Path, recipe: Recipe) -> Resolution | None:
+    """Refuse (UsageError) an AWQ or SmoothQuant recipe whose mappings cannot apply to the model, before it loads;
+    None for other methods, or where the library cannot lay the model's experts out (its own run says why)."""
+    if recipe.method not in NAMES:
+        return None
+    from quantize.checkpoint.loader import meta_model
+    from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
+
+    model = meta_model(model_dir, recipe.trust_remote_code)
+    try:
+        linearized_on_meta(model)
+    except (NotLinearizable, NotImplementedError):  # the plan refuses a family llm-compressor cannot linearize
+        return None
+    r = resolve(model, recipe.method)  # the library logs its choice (a default: "not found in mappings") unless quiet
+    if r.problem is None:
+        return r
+    cfg = read_config(model_dir)
+    arch = ", ".join(cfg.get("architectures") or []) or type(model).__name__
+    method, modifier = NAMES[recipe.method]
+    whose = (
+        f"llm-compressor has no {method} mapping for {arch} and its default (Llama's layer names) does not fit"
+        if r.default
+        else f"llm-compressor's {method} mapping for {arch} does not fit this model"
+    )
+    raise UsageError(
+        f"method: {recipe.method.value} cannot run on {model_dir} ({arch}, model_type "
+        f"{cfg.get('model_type', '?')}): {whose}: {r.problem}. Nothing was loaded. Use method: gptq (it needs no "
+        f"mapping), or a verbatim llm-compressor recipe (method: llmcompressor) whose {modifier} gives `mappings:` "
+        "naming this model's layers"
+    )

@@ -1,0 +1,93 @@
+"""Tiny seeded checkpoints of the model families people quantize in 2026, built from transformers' own config
+classes (no download): `build(family, path)` writes safetensors weights (bf16), config.json and a word-level
+tokenizer (conftest.tokenizer_for), as a Hugging Face folder would hold them.
+
+Shapes: hidden 128, 4 query heads and 2 KV heads of 32, 2 layers, vocabulary 256: every linear's input features
+are a multiple of 128 (the group of the shipped int4 recipes and the side of FP8 block), so a recipe's bits per
+weight on these models are the format's, not its fallbacks'. MoE families: 4 routed experts, top-2; DeepSeek-V3's
+first layer dense (first_k_dense_replace), one shared expert, multi-head latent attention; gpt-oss alternates
+sliding and full attention; Gemma 2/3 alternate sliding windows of 16.
+
+Also importable outside pytest (benchmarks/families.py puts tests/ on sys.path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import tokenizer_for
+
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=256,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+    bos_token_id=1,  # the tokenizer's <eos> (conftest.tokenizer_for): some configs default to ids past 256
+    eos_token_id=1,
+    pad_token_id=1,
+)
+EXPERTS = dict(num_experts_per_tok=2)
+
+# model_type -> the fields that make it this family (beside COMMON)
+DENSE = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {},
+    "mistral": dict(sliding_window=None),
+    "gemma2": dict(sliding_window=16, tie_word_embeddings=True),
+    "gemma3_text": dict(sliding_window=16, sliding_window_pattern=2, tie_word_embeddings=True),
+    "phi3": {},
+}
+MOE = {
+    "qwen3_moe": dict(EXPERTS, num_experts=4, moe_intermediate_size=128, decoder_sparse_step=1),
+    "mixtral": dict(EXPERTS, num_local_experts=4),
+    "olmoe": dict(EXPERTS, num_experts=4),
+    "deepseek_v3": dict(
+        EXPERTS,
+        num_key_value_heads=4,
+        head_dim=16,  # DeepSeek-V3's rotary part (qk_rope_head_dim)
+        n_routed_experts=4,
+        moe_intermediate_size=128,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        kv_lora_rank=128,
+        q_lora_rank=128,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=32,
+        n_group=2,
+        topk_group=1,
+    ),
+    "gpt_oss": dict(EXPERTS, num_local_experts=4, sliding_window=16),
+    "llama4_text": dict(
+        EXPERTS, num_local_experts=4, intermediate_size_mlp=256, interleave_moe_layer_step=1, num_experts_per_tok=1
+    ),
+}
+FAMILIES = {**DENSE, **MOE}
+
+
+def config(family: str, **overrides):
+    """The transformers config of `family` (a model_type of FAMILIES) at the tiny shapes."""
+    from transformers import AutoConfig
+
+    if family not in FAMILIES:
+        raise KeyError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
+    return AutoConfig.for_model(family, **{**COMMON, **FAMILIES[family], **overrides})
+
+
+def build(family: str, path: Path, seed: int = 0) -> Path:
+    """A 2-layer `family` model with seeded random bf16 weights, saved to `path` as safetensors with its
+    config.json and a word-level tokenizer over the shipped calibration text; returns `path`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = config(family)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer_for(cfg.vocab_size).save_pretrained(path)
+    return Path(path)
