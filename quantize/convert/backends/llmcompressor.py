@@ -28,10 +28,10 @@ class LLMCompressorBackend:
     def prepare(self, recipe: Recipe, plan: LayerPlan) -> Any:
         return compile_modifiers(recipe, plan)
 
-    def load(self, model_dir: Path, recipe: Recipe, dtype: Any) -> tuple[Any, Any]:
+    def load(self, model_dir: Path, recipe: Recipe, dtype: Any, offload_dir: Path | None = None) -> tuple[Any, Any]:
         from quantize.checkpoint.loader import load_model
 
-        return load_model(model_dir, recipe.trust_remote_code, dtype=dtype or "auto")
+        return load_model(model_dir, recipe.trust_remote_code, dtype=dtype or "auto", offload_dir=offload_dir)
 
     def quantize(self, job: Job) -> tuple[Any, Any]:
         """`oneshot` on our packed calibration tokens (none for data-free schemes)."""
@@ -49,6 +49,8 @@ class LLMCompressorBackend:
                     max_seq_length=len(ids[0]),
                     shuffle_calibration_samples=False,
                 )
+            if job.offloaded:  # one decoder layer at a time in memory, the others on disk
+                kwargs["pipeline"] = "sequential"
             try:
                 ran = oneshot(model=job.model, processor=job.tok, recipe=job.prepared, **kwargs) or job.model
                 return ran, serialized(job.prepared)
