@@ -212,6 +212,7 @@ def run_polled(cmd: list[str], env: dict, nice: int = 0, every: float = 0.2) -> 
     the child's own VmHWM, in its quantize.json, cannot)."""
     import psutil
 
+    nice = max(0, nice - os.nice(0))  # `nice` is the child's niceness, not an increment on this process's own
     with open(os.devnull, "rb") as devnull:
         child = subprocess.Popen(
             ["nice", "-n", str(nice), *cmd] if nice else cmd,
@@ -334,7 +335,7 @@ def main() -> None:
         help="GPTQ W4A16 (calibrated) with offload: on and/or off, instead of the data-free recipes",
     )
     ap.add_argument("--torch-rng", action="store_true", help="draw the weights with torch (faster; other bytes)")
-    ap.add_argument("--nice", type=int, default=0, help="run the conversions under nice -n N")
+    ap.add_argument("--nice", type=int, default=0, help="run the conversions at niceness N (not added to this one's)")
     ap.add_argument("--disk", action="store_true", help="measure the disk's speed with dd once, first")
     ap.add_argument(
         "--big",
