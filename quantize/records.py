@@ -172,7 +172,7 @@ class MemoryPlanRecord(_Strict):
     """The memory plan made before the model was loaded (convert/memory.py): the path taken, what it was estimated
     to hold at its peak (terms, bytes) against what was available, and which reload check ran."""
 
-    path: Literal["in-memory", "streamed"]
+    path: Literal["in-memory", "offloaded", "streamed"]
     need_bytes: int
     available_bytes: int | None  # None: the machine did not say (no /proc/meminfo) and nothing was given
     available_from: str  # --max-memory, recipe max_memory, MemAvailable, unknown

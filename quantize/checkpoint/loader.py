@@ -236,19 +236,38 @@ def check_against_meta(path: Path, trust_remote_code: bool) -> None:
             )
 
 
+# the memory accelerate may give the offloaded model's weights on the CPU: next to nothing, so every decoder
+# layer goes to the offload folder and is brought in one at a time (a budget of 0 is refused by accelerate)
+OFFLOAD_CPU_BYTES = 1
+
+
 def load_model(
-    path: Path, trust_remote_code: bool = False, dtype: Any = "auto", on: str | None = None
+    path: Path,
+    trust_remote_code: bool = False,
+    dtype: Any = "auto",
+    on: str | None = None,
+    offload_dir: Path | None = None,
 ) -> tuple[Any, Any]:
     """The one model loader: a causal LM and its tokenizer from safetensors only, strictly (a missing
     or unexpected weight is an error, never a random initialisation), in eval mode.
 
     dtype: a torch dtype or "auto" (the checkpoint's own); on: a device to move the model to
-    (None: leave it where transformers put it). Remote code runs only when the caller passes
-    trust_remote_code=True, which only a recipe or a command-line flag can ask for."""
+    (None: leave it where transformers put it); offload_dir: keep the weights on disk in this folder
+    (accelerate's disk offload, as compressed-tensors' offloading), each module's brought into
+    memory only while it runs. Remote code runs only when the caller passes trust_remote_code=True, which
+    only a recipe or a command-line flag can ask for."""
     check_loadable(path)
     check_against_meta(path, trust_remote_code)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    offload: dict[str, Any] = {}
+    if offload_dir is not None:  # what compressed-tensors' load_offloaded_model(device_map="auto_offload") passes
+        offload = dict(
+            device_map="auto",
+            max_memory={"cpu": OFFLOAD_CPU_BYTES},
+            offload_folder=str(offload_dir),
+            offload_buffers=True,
+        )
     try:
         with loadable_view(path) as src:  # a pre-integration GPTQ/AWQ layout, as transformers reads one
             tok = AutoTokenizer.from_pretrained(str(src), trust_remote_code=trust_remote_code)
@@ -259,11 +278,16 @@ def load_model(
                 trust_remote_code=trust_remote_code,
                 output_loading_info=True,
                 **_dequantized(path),
+                **offload,
             )
     except (OSError, ValueError) as e:
         raise UsageError(f"could not load {path} as a causal LM: {e}") from None
     check_loading_info(path, info)
-    if dtype not in (None, "auto"):
+    if offload_dir is not None:  # accelerate's offload hooks become compressed-tensors' offload caches
+        from compressed_tensors.offload import from_accelerate
+
+        from_accelerate(model)
+    if dtype not in (None, "auto") and offload_dir is None:
         _dense_in(model, dtype)
     if on is not None:
         model = model.to(on)

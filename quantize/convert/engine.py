@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -146,13 +148,27 @@ def convert(
     recipe's and MemAvailable), then convert on the planned path; `quiet` silences the libraries for the run."""
     model_dir = preflight(recipe, out, force)
     mplan = memory.plan(recipe, model_dir, max_memory, out=out)
-    with quiet_libraries(quiet):
+    with quiet_libraries(quiet), offload_folder(out, mplan) as offload_dir:
         if mplan.path == "streamed":
             return _convert_streamed(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan)
-        return _convert(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan)
+        return _convert(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan, offload_dir)
 
 
-def _convert(
+@contextmanager
+def offload_folder(out: Path, mplan: memory.MemoryPlan) -> Iterator[Path | None]:
+    """Where an offloaded run keeps its weights: a fresh folder beside the output (the same disk), removed with
+    everything in it when the run ends; None on the other paths."""
+    if mplan.path != "offloaded":
+        yield None
+        return
+    import tempfile
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.offload-") as folder:
+        yield Path(folder)
+
+
+def _convert(  # noqa: PLR0913 (convert's inputs, the plan and where it offloads)
     recipe: Recipe,
     recipe_sha256: str,
     recipe_path: str,
@@ -160,7 +176,11 @@ def _convert(
     out: Path,
     force: bool,
     mplan: memory.MemoryPlan,
+    offload_dir: Path | None,
 ) -> RunRecord:
+    """Load (with `offload_dir`: the weights kept on disk there, one decoder layer calibrated at a time),
+    calibrate and quantize, save, check: a full reload with logits unless the plan says the model does not fit
+    (then the streamed checks: every stored tensor finite, the headers against the meta-device model)."""
     import torch
 
     phases = Phases()
@@ -176,7 +196,8 @@ def _convert(
     with phases("load"):
         work_dtype, dtype_reason = calibration_dtype(recipe, model_dir)
         torch_dtype = None if work_dtype == "auto" else getattr(torch, work_dtype)
-        model, tok = backend.load(model_dir, recipe, torch_dtype)
+        offload = {"offload_dir": offload_dir} if offload_dir is not None else {}
+        model, tok = backend.load(model_dir, recipe, torch_dtype, **offload)
         save_dtype = source_dtype(model_dir)
         source_hash = recorded_weights_sha256(model_dir)
         source_params = accounting.parameter_count(model_dir)
@@ -187,7 +208,9 @@ def _convert(
     seed = recipe.calibration.seed if recipe.calibration else 0
     torch.manual_seed(seed)
     with phases("quantize"):
-        model, ran = backend.quantize(Job(model, tok, model_dir, recipe, torch_dtype, calib, prepared))
+        job = Job(model, tok, model_dir, recipe, torch_dtype, calib, prepared, offloaded=offload_dir is not None)
+        model, ran = backend.quantize(job)
+        del job
         plan.routing = backend.routing()
     # what the saved checkpoint is run on after reloading: its logits must be finite (the one finiteness check:
     # it sees what is shipped, after any cast, and names the first non-finite layer)
@@ -205,7 +228,13 @@ def _convert(
         with phases("reload-check"):
             del model  # the quantized model in memory goes before a second copy loads
             backend.release()
-            finite = [reload_check(tmp, probe, recipe.trust_remote_code)]
+            if mplan.full_reload:
+                finite = [reload_check(tmp, probe, recipe.trust_remote_code)]
+            else:  # the plan says the whole model does not fit: checked tensor by tensor, as a streamed output
+                structure_check(
+                    tmp, model_dir, {n for names in plan.groups.values() for n in names}, recipe.trust_remote_code
+                )
+                finite = [streamed_finite_check(tmp)]
         meta = _written(
             tmp,
             phases,

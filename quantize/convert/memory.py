@@ -4,6 +4,11 @@ its peak on each path, from the safetensors headers and config.json alone, again
     in-memory   load the whole model, calibrate, save, reload the output (engine._convert): about two copies of
                 the model in its calibration dtype (measured: FP8 dynamic peaked at 3.46 GB RSS for a 1.45 GB
                 source, 11.24 GB for 5.77 GB), plus the calibration activations, plus the libraries
+    offloaded   calibrated schemes (llm-compressor): the weights stay on disk (compressed-tensors' disk offload,
+                loaded with device_map="auto_offload"), and the sequential pipeline brings one decoder layer at a
+                time into memory to calibrate it (engine._convert with `offload`): a decoder layer, its working
+                copies and Hessians, the calibration activations, the largest tensor outside the layers, plus the
+                libraries
     streamed    data-free schemes only: llm-compressor's `model_free_ptq`, one safetensors shard at a time
                 (engine._convert_streamed): per worker a shard, its output, float32 working copies of its largest
                 tensor (and, for the FP4 formats, fused partners read from other shards), plus the libraries
@@ -21,7 +26,7 @@ from pathlib import Path
 
 from quantize.checkpoint.files import read_config, safetensors_files
 from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors
-from quantize.convert.recipe import FORMATS, WEIGHT_ONLY_INT, Backend, Method, Recipe, Scheme, Streaming
+from quantize.convert.recipe import FORMATS, WEIGHT_ONLY_INT, Backend, Method, Offload, Recipe, Scheme, Streaming
 from quantize.errors import UsageError
 from quantize.records import MemoryPlanRecord
 
@@ -182,9 +187,40 @@ def streamable(recipe: Recipe) -> str | None:
     return None
 
 
+def offloadable(recipe: Recipe) -> str | None:
+    """Why this recipe cannot calibrate with its weights offloaded to disk, or None when it can."""
+    if recipe.backend is not Backend.llmcompressor:
+        return f"backend {recipe.backend.value} loads the whole model"
+    if not recipe.needs_calibration:
+        return "it calibrates nothing (a data-free scheme streams shard by shard instead)"
+    if recipe.method is Method.llmcompressor:
+        return "a verbatim `stages:` recipe may name any pipeline; offloading is planned for the compiled ones"
+    return None
+
+
+def offloaded_terms(ckpt: Checkpoint, recipe: Recipe) -> dict[str, int]:
+    work = work_dtype_bytes(recipe, ckpt)
+    src = DTYPE_BYTES.get(ckpt.dtype, 4)
+    layer = ckpt.largest_layer_bytes * work // src
+    hessians: dict[str, int] = {}
+    for n, t in ckpt.tensors.items():
+        if quantized_weight(n, t) and (m := _LAYER.search(n)):
+            hessians[m.group(1)] = hessians.get(m.group(1), 0) + t.shape[1] ** 2 * 4
+    outside = max((t.nbytes for n, t in ckpt.tensors.items() if not _LAYER.search(n)), default=0)
+    return {
+        # assumed: the onloaded layer, a float32 copy of it (GPTQ's working weight) and its quantized output
+        "decoder layer onloaded (with working copies)": layer + 2 * ckpt.largest_layer_bytes * 4 // src,
+        # one float32 in_features² Hessian per Linear of the layer being calibrated (GPTQ; an upper bound for AWQ)
+        "Hessians of one layer": max(hessians.values(), default=0),
+        "calibration activations": activation_bytes(ckpt, recipe, work),
+        "largest tensor outside the layers (embedding, head)": outside * work // src,
+        "libraries": RUNTIME_BYTES,
+    }
+
+
 @dataclass
 class MemoryPlan:
-    path: str  # "in-memory" or "streamed"
+    path: str  # "in-memory", "offloaded" or "streamed"
     available: Available
     terms: dict[str, int]  # what the chosen path holds at its peak, by name
     model_bytes: int
@@ -290,15 +326,31 @@ def plan(
     in_memory = MemoryPlan("in-memory", terms=mem_terms, full_reload=True, **common)
     if recipe.streaming is Streaming.on and why_not:
         raise UsageError(f"streaming: on, but this recipe cannot stream: {why_not}; set `streaming: auto` or `off`")
+    why_not_offload = offloadable(recipe)
+    if recipe.offload is Offload.on and why_not_offload:
+        raise UsageError(
+            f"offload: on, but this recipe cannot offload its weights: {why_not_offload}; set `offload: auto` or `off`"
+        )
     chosen = in_memory
+    reload_need = ckpt.model_bytes + RUNTIME_BYTES
+    full_reload = avail.bytes is None or reload_need <= avail.bytes
     if why_not is None and (
         recipe.streaming is Streaming.on or (recipe.streaming is Streaming.auto and not in_memory.fits)
     ):
-        reload_need = ckpt.model_bytes + RUNTIME_BYTES
         chosen = MemoryPlan(
             "streamed",
             terms=streamed_terms(ckpt, recipe, workers),
-            full_reload=avail.bytes is None or reload_need <= avail.bytes,
+            full_reload=full_reload,
+            alternatives={"in-memory": in_memory.need_bytes},
+            **common,
+        )
+    elif why_not_offload is None and (
+        recipe.offload is Offload.on or (recipe.offload is Offload.auto and not in_memory.fits)
+    ):
+        chosen = MemoryPlan(
+            "offloaded",
+            terms=offloaded_terms(ckpt, recipe),
+            full_reload=full_reload,
             alternatives={"in-memory": in_memory.need_bytes},
             **common,
         )
@@ -339,10 +391,14 @@ def refusal(recipe: Recipe, p: MemoryPlan, why_not: str | None) -> str:
         fixes.append("stream it shard by shard (`streaming: on`; `auto` does when the streamed path fits)")
     elif p.path == "in-memory":
         fixes.append(f"streaming is not possible ({why_not})")
+        if offloadable(recipe) is None:
+            fixes.append("offload its weights to disk (`offload: on`; `auto` does when the offloaded path fits)")
     if p.path == "streamed":
         fixes.append("re-shard the checkpoint into smaller files (transformers' save_pretrained max_shard_size)")
     if p.activation_bytes and largest == "calibration activations":
         fixes.append("fewer calibration samples or a shorter seq_len")
+    if p.path == "offloaded":
+        fixes.append("nothing smaller: the offloaded path already holds one decoder layer of the model at a time")
     fixes.append(f"--max-memory (or the recipe's max_memory) if {p.available.source} understates what this run may use")
     fixes.append("a machine with more memory")
     return (

@@ -135,6 +135,16 @@ class Streaming(str, Enum):
     off = "off"
 
 
+class Offload(str, Enum):
+    """Whether a calibrated recipe keeps the model's weights on disk and brings one decoder layer at a time into
+    memory (llm-compressor's sequential pipeline over compressed-tensors' disk offload) instead of loading the
+    whole model: `auto` offloads when the memory plan (convert/memory.py) says the in-memory path does not fit."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
 SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 SIZE_UNITS |= {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
@@ -281,6 +291,11 @@ class _Recipe(BaseModel):
         Streaming.auto,
         description="data-free schemes: convert shard by shard (on), never (off), or when the whole model would "
         "not fit (auto); convert/memory.py",
+    )
+    offload: Offload = Field(
+        Offload.auto,
+        description="calibrated schemes: keep the weights on disk and calibrate one decoder layer at a time (on), "
+        "never (off), or when the whole model would not fit (auto); convert/memory.py",
     )
     max_memory: int | None = Field(
         None, description="memory this run may use (bytes, or e.g. 12GB); default: /proc/meminfo's MemAvailable"

@@ -367,3 +367,16 @@ def test_the_plan_names_exactly_the_layers_the_checkpoint_quantized(tmp_path, ti
     stored = {m.module for m in bits_report(tmp_path / "out" / "regex").modules if "payload" in m.roles}
     planned = {n for names in plan.groups.values() for n in names}
     assert planned == stored and len(stored) == 2 * 4 - 1  # q_proj and three MLP projections per layer, one ignored
+
+
+def test_offloaded_gptq_writes_the_same_weights_as_in_memory(tmp_path, tiny_model, capsys):
+    """`offload: on`: the weights load onto disk (compressed-tensors' DiskCache in a folder beside the output,
+    removed afterwards) and the sequential pipeline calibrates one decoder layer at a time: the same weights, byte
+    for byte, as the in-memory run (whose GPTQ runs the same sequential pipeline), and the path recorded."""
+    mem = run_ok(write_recipe(tmp_path, tiny_model, "mem", **METHODS["gptq-w4"]), capsys)
+    off = run_ok(write_recipe(tmp_path, tiny_model, "off", offload="on", **METHODS["gptq-w4"]), capsys)
+    assert mem["memory_plan"]["path"] == "in-memory" and off["memory_plan"]["path"] == "offloaded"
+    assert "Hessians of one layer" in off["memory_plan"]["terms"]
+    assert off["memory_plan"]["reload"] == "full" and off["finite_checks"][0]["rows"] > 0  # it fits: reloaded
+    assert off["weights_sha256"] == mem["weights_sha256"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["mem", "off"]  # no offload folder left

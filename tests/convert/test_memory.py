@@ -54,12 +54,47 @@ def test_the_plan_reads_the_headers_of_a_sparse_checkpoint(huge):
 
 def test_an_in_memory_run_larger_than_the_memory_is_refused_naming_its_largest_term(huge):
     with pytest.raises(UsageError) as e:
-        memory.plan(recipe(huge, **GPTQ), huge, max_memory=200 * GiB)
+        memory.plan(recipe(huge, **GPTQ, offload="off"), huge, max_memory=200 * GiB)
     msg = str(e.value)
     assert "in-memory path" in msg and "200.00 GiB is available (--max-memory)" in msg
     assert "the largest term is model in memory" in msg
     assert "streaming is not possible (it calibrates on data" in msg
+    assert "offload its weights to disk (`offload: on`" in msg
     assert "Nothing was loaded" in msg
+
+
+def test_a_calibrated_recipe_that_does_not_fit_in_memory_offloads_its_weights(huge):
+    p = memory.plan(recipe(huge, **GPTQ), huge, max_memory=100 * GiB)
+    assert p.path == "offloaded" and p.fits and not p.full_reload  # 130 GiB cannot be reloaded in 100
+    assert p.alternatives["in-memory"] > 2 * p.model_bytes > 100 * GiB
+    # one decoder layer (bf16, and two float32 working copies), not the model's 80
+    assert p.terms["decoder layer onloaded (with working copies)"] == 5 * p.largest_layer_bytes
+    # float32 in_features² per Linear of a layer: q, k, v, gate, up read 8192 features, o 8192, down 28672
+    assert p.terms["Hessians of one layer"] == (6 * 8192**2 + 28672**2) * 4
+    assert p.terms["calibration activations"] == p.activation_bytes > 0
+    rec = p.record()
+    assert rec.path == "offloaded" and rec.reload == "streamed" and rec.need_bytes < 40 * GiB
+    # the same recipe on a machine that holds it stays in memory; `offload: on` offloads anyway
+    assert memory.plan(recipe(huge, **GPTQ), huge, max_memory=10**6 * GiB).path == "in-memory"
+    on = memory.plan(recipe(huge, **GPTQ, offload="on"), huge, max_memory=10**6 * GiB)
+    assert on.path == "offloaded" and on.full_reload
+
+
+def test_an_offloaded_run_that_cannot_fit_is_refused_naming_its_largest_term(huge):
+    with pytest.raises(UsageError) as e:
+        memory.plan(recipe(huge, **GPTQ), huge, max_memory=20 * GiB)
+    msg = str(e.value)
+    assert "offloaded path" in msg and "the largest term is calibration activations" in msg
+    assert "fewer calibration samples or a shorter seq_len" in msg
+
+
+def test_offload_on_for_a_recipe_that_cannot_offload_is_refused(huge):
+    with pytest.raises(UsageError, match="offload: on, but .* it calibrates nothing"):
+        memory.plan(recipe(huge, **FP8, offload="on"), huge, max_memory=10**6 * GiB)
+    with pytest.raises(UsageError, match="offload: on, but .* backend gptqmodel loads the whole model"):
+        memory.plan(recipe(huge, **GPTQ, offload="on", backend="gptqmodel"), huge)
+    with pytest.raises(UsageError, match="offload"):
+        recipe(huge, **GPTQ, offload="sometimes")
 
 
 def test_calibration_activations_are_planned_and_named_when_they_dominate(tmp_path):
@@ -120,12 +155,12 @@ def test_quantize_run_refuses_before_torch_is_imported(tmp_path, huge):
     rfile = tmp_path / "big.yaml"
     rfile.write_text(yaml.safe_dump({"model": str(huge), "output": str(tmp_path / "out"), **GPTQ}))
     code = (
-        "import sys; from quantize.cli import main; rc = main(['run', sys.argv[1], '--max-memory', '100GiB']); "
+        "import sys; from quantize.cli import main; rc = main(['run', sys.argv[1], '--max-memory', '20GiB']); "
         "print('torch' in sys.modules, rc)"
     )
     done = subprocess.run([sys.executable, "-c", code, str(rfile)], capture_output=True, text=True, cwd=ROOT)
     assert done.stdout.split() == ["False", "2"], done.stderr
-    assert "would need about" in done.stderr and "100.00 GiB is available (--max-memory)" in done.stderr
+    assert "would need about" in done.stderr and "20.00 GiB is available (--max-memory)" in done.stderr
     assert not (tmp_path / "out").exists()
     bad = subprocess.run(
         [sys.executable, "-m", "quantize.cli", "run", str(rfile), "--max-memory", "lots"],

@@ -163,3 +163,32 @@ def test_the_streamed_paths_peak_memory_does_not_grow_with_depth(tmp_path):
     need = memory.plan(parse_recipe({"streaming": "on", **SCHEMES["fp8-dynamic"]}), probe).need_bytes
     shallow, deep = peak_of_streamed_run(tmp_path, 4, need + 2**20), peak_of_streamed_run(tmp_path, 16, need + 2**20)
     assert deep - shallow < 48 * 2**20, (shallow, deep)
+
+
+GPTQ_SHAPE = scale.Shape(hidden=512, intermediate=1024, heads=8, kv_heads=2, vocab=2048)  # 4.5 MiB a layer
+
+
+def peak_of_offloaded_gptq(tmp_path: Path, depth: int) -> tuple[int, RunRecord]:
+    """Peak RSS (VmHWM) of a child `quantize run` of GPTQ W4A16 with `offload: on` (benchmarks/scale.py's GPTQ
+    recipe: 8 × 128 calibration tokens)."""
+    src = scale.write_llama(tmp_path / f"g{depth}", GPTQ_SHAPE, depth)
+    rfile = tmp_path / f"g{depth}.yaml"
+    out = tmp_path / "out" / f"g{depth}"
+    rfile.write_text(yaml.safe_dump({"model": str(src), "output": str(out), "offload": "on", **scale.GPTQ}))
+    cmd = [sys.executable, "-m", "quantize.cli", "run", str(rfile), "--quiet"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    meta = records.read(RunRecord, out / "quantize.json")
+    assert not list(out.parent.glob(".g*.offload-*"))  # the offload folder went with the run
+    return meta.memory.peak_rss_bytes, meta
+
+
+@pytest.mark.slow  # GPTQ of 2 and then 8 decoder layers on the CPU: minutes
+def test_the_offloaded_gptq_peak_memory_does_not_grow_with_depth(tmp_path):
+    """2 layers against 8 (9 against 36 MiB of bf16): the in-memory path holds the model and a second copy, about
+    54 MiB more at 8 layers; with the weights offloaded to disk the sequential pipeline holds one layer at a time, so
+    the peak grows by the full reload of the small 4-bit output only (about 8 MiB; 24 MiB allowed for noise)."""
+    shallow, meta = peak_of_offloaded_gptq(tmp_path, 2)
+    deep, _ = peak_of_offloaded_gptq(tmp_path, 8)
+    assert meta.memory_plan.path == "offloaded" and meta.bits.quantized_linear_parameters > 0
+    assert deep - shallow < 24 * 2**20, (shallow, deep)

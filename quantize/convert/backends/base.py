@@ -17,7 +17,8 @@ from quantize.records import ExpertRouting
 class Job:
     """What a backend quantizes: the loaded model (None when the backend loads it itself), its tokenizer and
     folder, the recipe, the calibration dtype (None: the checkpoint's own), the calibration tokens (None for
-    data-free schemes) and what `prepare` returned."""
+    data-free schemes), what `prepare` returned, and whether the model's weights are offloaded to disk (then
+    calibration runs one decoder layer at a time: llm-compressor's sequential pipeline)."""
 
     model: Any
     tok: Any
@@ -26,6 +27,7 @@ class Job:
     dtype: Any
     calib: CalibrationSet | None
     prepared: Any
+    offloaded: bool = False
 
 
 class ConversionBackend(Protocol):
@@ -42,8 +44,9 @@ class ConversionBackend(Protocol):
         modifiers, a verbatim recipe's YAML, or None when the backend configures itself from the recipe)."""
         ...
 
-    def load(self, model_dir: Path, recipe: Recipe, dtype: Any) -> tuple[Any, Any]:
-        """(model or None when the backend loads it at quantize time, tokenizer)."""
+    def load(self, model_dir: Path, recipe: Recipe, dtype: Any, offload_dir: Path | None = None) -> tuple[Any, Any]:
+        """(model or None when the backend loads it at quantize time, tokenizer); with `offload_dir` (only a
+        backend the memory plan offloads: memory.offloadable) the weights stay on disk in that folder."""
         ...
 
     def quantize(self, job: Job) -> tuple[Any, Any]:

@@ -41,7 +41,7 @@ class GPTQModelBackend:
             )
         return None
 
-    def load(self, model_dir: Path, recipe: Recipe, dtype: Any) -> tuple[Any, Any]:
+    def load(self, model_dir: Path, recipe: Recipe, dtype: Any, offload_dir: Path | None = None) -> tuple[Any, Any]:
         """The tokenizer only: GPTQModel loads the model itself, at quantize time."""
         from transformers import AutoTokenizer
 

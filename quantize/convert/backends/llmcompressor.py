@@ -29,13 +29,13 @@ class LLMCompressorBackend:
     def prepare(self, recipe: Recipe, plan: LayerPlan) -> Any:
         return compile_modifiers(recipe, plan)
 
-    def load(self, model_dir: Path, recipe: Recipe, dtype: Any) -> tuple[Any, Any]:
+    def load(self, model_dir: Path, recipe: Recipe, dtype: Any, offload_dir: Path | None = None) -> tuple[Any, Any]:
         from quantize.checkpoint.loader import load_model
         from quantize.convert.backends.mappings import check_mappings
 
         check_mappings(model_dir, recipe)  # AWQ/SmoothQuant whose mappings cannot apply: refused before the load
 
-        return load_model(model_dir, recipe.trust_remote_code, dtype=dtype or "auto")
+        return load_model(model_dir, recipe.trust_remote_code, dtype=dtype or "auto", offload_dir=offload_dir)
 
     def quantize(self, job: Job) -> tuple[Any, Any]:
         """`oneshot` on our packed calibration tokens (none for data-free schemes). An MoE model's fused experts
@@ -61,6 +61,8 @@ class LLMCompressorBackend:
                     max_seq_length=len(ids[0]),
                     shuffle_calibration_samples=False,
                 )
+            if job.offloaded:  # one decoder layer at a time in memory, the others on disk
+                kwargs["pipeline"] = "sequential"
             try:
                 ran = (
                     oneshot(
