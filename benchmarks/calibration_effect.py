@@ -90,12 +90,12 @@ def _bounded(value: float, lo: float, hi: float) -> dict[str, float]:
     return {"value": value, "lower": lo, "upper": hi}
 
 
-def collect(cell: str, run: dict[str, Any], verdict: dict[str, Any]) -> dict[str, Any]:
-    """One cell's figures from its quantize.json and its verdict (both as plain JSON)."""
+def collect(cell: str, run: dict[str, Any], verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """One cell's figures from its quantize.json and its verdict (both as plain JSON; None: not gated yet)."""
     method, source = cell.split("-", 1)
     cal = run["calibration"]
     rules: dict[str, Any] = {}
-    for r in verdict["rules"]:
+    for r in verdict["rules"] if verdict else []:
         ev = r.get("evidence")
         if r["kind"] == "untested":
             key, fig = r["task"], None
@@ -106,7 +106,7 @@ def collect(cell: str, run: dict[str, Any], verdict: dict[str, Any]) -> dict[str
         else:
             key, fig = r["metric"], _bounded(ev["value"], ev["lower_bound"], ev["upper_bound"])
         rules[key] = {"verdict": r["verdict"], "look": r.get("look"), **({"figure": fig} if fig else {})}
-    seq = verdict.get("sequential") or {}
+    seq = (verdict or {}).get("sequential") or {}
     overlap = cal.get("overlap") or {}
     return {
         "cell": cell,
@@ -122,7 +122,7 @@ def collect(cell: str, run: dict[str, Any], verdict: dict[str, Any]) -> dict[str
         "vocab_token_share": overlap.get("token_share"),
         "token_sha256": cal["token_sha256"],
         "bits_per_weight": run["bits"]["bits_per_weight"],
-        "verdict": verdict["verdict"],
+        "verdict": verdict["verdict"] if verdict else None,
         "items_scored": sum((seq.get("items_scored") or {}).values()),
         "rules": rules,
     }
@@ -152,12 +152,18 @@ def table(cells: list[dict[str, Any]]) -> list[str]:
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for c in cells:
         r = c["rules"]
-        accuracy = " | ".join(_fig(r.get(t), "+.1f", 100) for t in TASKS)
+        figures = [
+            ("kl", ".3f", 1.0),
+            ("top1", ".3f", 1.0),
+            *((t, "+.1f", 100.0) for t in TASKS),
+            ("core_prose", ".3f", 1.0),
+        ]
+        gated = " | ".join(_fig(r.get(k), f, x) if c["verdict"] else "-" for k, f, x in figures)
+        verdict = f"**{c['verdict']}** ({c['items_scored']:,})" if c["verdict"] else "not gated"
         rows.append(
             f"| {c['method'].upper()} | {c['calibration']} | {c['tokens']:,} ({c['documents']}) | "
             f"{_share(c['template_share'])} | {_share(c['vocab_distinct_share'])} / {_share(c['vocab_token_share'])} | "
-            f"{c['bits_per_weight']:.3f} | {_fig(r.get('kl'), '.3f')} | {_fig(r.get('top1'), '.3f')} | {accuracy} | "
-            f"{_fig(r.get('core_prose'), '.3f')} | **{c['verdict']}** ({c['items_scored']:,}) |"
+            f"{c['bits_per_weight']:.3f} | {gated} | {verdict} |"
         )
     return rows
 
@@ -198,6 +204,10 @@ def update_docs(path: Path, body: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def _verdict(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def main() -> None:

@@ -159,6 +159,13 @@ def test_the_table_is_built_from_the_saved_json():
     assert not any("facts" in n for n in notes)  # never measured: no comparison
 
 
+def test_a_cell_converted_but_not_gated_shows_its_calibration_only():
+    [head, _, row] = effect.table([effect.collect("gptq-builtin", _run(None), None)])
+    assert row.count("|") == head.count("|")
+    assert row.startswith("| GPTQ | builtin | 1,024 (7) | - | 50.0% / 87.5% | 6.745 | - |")
+    assert row.endswith("| - | not gated |") and "untested" not in row
+
+
 def test_the_docs_section_is_replaced_in_place(tmp_path):
     doc = tmp_path / "results.md"
     doc.write_text("# R\n\n## A\n\na\n\n## Calibration's effect\n\nold\n\n## B\n\nb\n")
