@@ -86,6 +86,19 @@ def run_cell(cell: str, outputs: Path, model: Path) -> None:
         print(f"{cell}: gated in {time.perf_counter() - t0:.0f} s (under load)", file=sys.stderr)
 
 
+def calibration_only(cell: str, model: Path) -> dict[str, Any]:
+    """A cell's quantize.json as far as its calibration goes, without converting: the record `quantize run` writes
+    for the same recipe (build_calibration with the checkpoint's tokenizer), no bits."""
+    from transformers import AutoTokenizer
+
+    from quantize.convert.calibration import build_calibration
+    from quantize.convert.recipe import Calibration
+
+    cal = Calibration(**recipe_for(cell)["calibration"])
+    record = build_calibration(AutoTokenizer.from_pretrained(str(model)), cal).record
+    return {"calibration": record.model_dump(mode="json"), "bits": None}
+
+
 def _bounded(value: float, lo: float, hi: float) -> dict[str, float]:
     return {"value": value, "lower": lo, "upper": hi}
 
@@ -121,7 +134,7 @@ def collect(cell: str, run: dict[str, Any], verdict: dict[str, Any] | None) -> d
         "vocab_distinct_share": overlap.get("distinct_share"),
         "vocab_token_share": overlap.get("token_share"),
         "token_sha256": cal["token_sha256"],
-        "bits_per_weight": run["bits"]["bits_per_weight"],
+        "bits_per_weight": run["bits"]["bits_per_weight"] if run["bits"] else None,
         "verdict": verdict["verdict"] if verdict else None,
         "items_scored": sum((seq.get("items_scored") or {}).values()),
         "rules": rules,
@@ -135,6 +148,10 @@ def _fig(rule: dict[str, Any] | None, fmt: str, scale: float = 1.0) -> str:
     f = rule["figure"]
     text = f"{f['value'] * scale:{fmt}} [{f['lower'] * scale:{fmt}}, {f['upper'] * scale:{fmt}}]"
     return text if rule["verdict"] == "pass" else f"{text} {'regr.' if rule['verdict'] == 'regression' else 'inc.'}"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
 
 
 def _share(x: float | None) -> str:
@@ -160,10 +177,11 @@ def table(cells: list[dict[str, Any]]) -> list[str]:
         ]
         gated = " | ".join(_fig(r.get(k), f, x) if c["verdict"] else "-" for k, f, x in figures)
         verdict = f"**{c['verdict']}** ({c['items_scored']:,})" if c["verdict"] else "not gated"
+        verdict = verdict if c["bits_per_weight"] is not None else "not converted"
         rows.append(
             f"| {c['method'].upper()} | {c['calibration']} | {c['tokens']:,} ({c['documents']}) | "
             f"{_share(c['template_share'])} | {_share(c['vocab_distinct_share'])} / {_share(c['vocab_token_share'])} | "
-            f"{c['bits_per_weight']:.3f} | {gated} | {verdict} |"
+            f"{_num(c['bits_per_weight'], '.3f')} | {gated} | {verdict} |"
         )
     return rows
 
@@ -215,6 +233,11 @@ def main() -> None:
     ap.add_argument("--outputs", default=str(ROOT / "outputs" / "calibration_effect"))
     ap.add_argument("--only", nargs="*", choices=CELLS, default=CELLS)
     ap.add_argument("--collect-only", action="store_true", help="only gather what is done; convert and gate nothing")
+    ap.add_argument(
+        "--calibration-only",
+        action="store_true",
+        help="for cells not converted: what their calibration would see (tokenization only, no conversion)",
+    )
     ap.add_argument("--docs", help="a Markdown file: the section's text, written into docs/results.md")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -226,15 +249,15 @@ def main() -> None:
     if not args.collect_only:
         for cell in args.only:
             run_cell(cell, outputs, model)
-    cells = [
-        collect(
-            c,
-            json.loads((outputs / c / "quantize.json").read_text()),
-            json.loads((outputs / f"{c}.verdict.json").read_text()),
-        )
-        for c in CELLS
-        if (outputs / c / "quantize.json").is_file() and (outputs / f"{c}.verdict.json").is_file()
-    ]
+    os.chdir(ROOT)  # the recipes' relative paths (golden/core/v2)
+    cells = []
+    for c in CELLS:
+        verdict = outputs / f"{c}.verdict.json"
+        if (outputs / c / "quantize.json").is_file():
+            run = json.loads((outputs / c / "quantize.json").read_text())
+            cells.append(collect(c, run, json.loads(verdict.read_text()) if verdict.is_file() else None))
+        elif args.calibration_only:
+            cells.append(collect(c, calibration_only(c, model), None))
     results = ROOT / "benchmarks" / "results" / "calibration_effect.json"
     results.write_text(
         json.dumps({"measured": time.strftime("%Y-%m-%d"), "policy": POLICY, "cells": cells}, indent=2) + "\n"

@@ -164,6 +164,8 @@ def test_a_cell_converted_but_not_gated_shows_its_calibration_only():
     assert row.count("|") == head.count("|")
     assert row.startswith("| GPTQ | builtin | 1,024 (7) | - | 50.0% / 87.5% | 6.745 | - |")
     assert row.endswith("| - | not gated |") and "untested" not in row
+    [*_, row] = effect.table([effect.collect("gptq-builtin", {**_run(None), "bits": None}, None)])
+    assert "| 50.0% / 87.5% | - |" in row and row.endswith("| not converted |")
 
 
 def test_the_docs_section_is_replaced_in_place(tmp_path):
