@@ -4,6 +4,7 @@ Sources never touch a hub. A source is recognised from what its path holds:
 
     builtin:jargon      the Jargon File 4.4.7 glossary (public domain) shipped in quantize/data (its calibration
                         split; the held-out split is kept for measuring perplexity)
+    builtin:jargon-chat the same calibration split as 300 conversations (`messages`; quantize/data/README.md)
     FILE.txt            documents separated by blank lines
     FILE.jsonl          one JSON object a line
     FILE.parquet        a table (read with pyarrow)
@@ -45,6 +46,10 @@ BUILTIN = {
     "builtin:jargon": (
         "jargon-calibration.jsonl",
         "Jargon File 4.4.7 glossary, calibration split (Debian jargon-text, public domain)",
+    ),
+    "builtin:jargon-chat": (
+        "jargon-chat.jsonl",
+        "Jargon File 4.4.7 calibration split as 300 conversations (tools/make_chat_calibration.py, public domain)",
     ),
     "builtin:jargon-heldout": (
         "jargon-heldout.jsonl",
