@@ -197,3 +197,17 @@ def test_agree_and_report_refuse_a_blob_whose_name_lies(world, lying, tiny_model
     assert not (tmp_path / "report").exists()
     data = quantize.write_report([base], tmp_path / "ok", suite=suite)  # a snapshot whose names hold is reported
     assert len(data["entries"]) == 1
+
+
+def test_a_gate_on_a_lying_baseline_caches_nothing_under_the_identity_it_borrowed(world, lying, tmp_path, monkeypatch):
+    """The gate scores a baseline it has no scores for and reads its blobs back beside it; before, the fresh
+    baseline's scores were cached before the blob check was waited for, so they stayed under the borrowed identity
+    (the true baseline's) after the exit 2, where a later gate read them as the true baseline's."""
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "fresh-cache"))
+    _, _, policy = world
+    base, liar, blob = lying
+    with pytest.raises(quantize.UsageError, match="do not hash to its name") as e:
+        quantize.gate(policy, liar, base)
+    assert str(blob) in str(e.value)
+    scores = tmp_path / "fresh-cache" / "scores"
+    assert not scores.exists() or not list(scores.glob("*.json")), "the liar's scores were cached"

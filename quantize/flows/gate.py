@@ -111,14 +111,21 @@ def comparison_notes(policy: Policy, baseline: Path, candidate: Path) -> list[st
     return notes
 
 
-def load_scores(suite: OpenSuite, target: Path, models: LastModel, use_cache: bool = True) -> ScoreDoc:
+def load_scores(
+    suite: OpenSuite,
+    target: Path,
+    models: LastModel,
+    use_cache: bool = True,
+    before_store: Callable[[], None] | None = None,
+) -> ScoreDoc:
     """A checkpoint folder is scored (or read from the cache; `use_cache=False`: scored, the cache neither read nor
-    written); a .json file is a saved `quantize eval --json --items`, which must come from the policy's suite: same
+    written; `before_store` runs before scores computed here are cached, and may raise); a .json file is a
+    saved `quantize eval --json --items`, which must come from the policy's suite: same
     settings, same golden set, same tasks."""
     if not target.is_file():
         from quantize.evaluate.score import score
 
-        return score(suite, target, models=models, use_cache=use_cache).doc
+        return score(suite, target, models=models, use_cache=use_cache, before_store=before_store).doc
     doc = records.read(ScoreDoc, target)
     p = doc.provenance
     for field, theirs, ours in (
@@ -199,7 +206,7 @@ def run_gate(
     names = BlobCheck([base_path, cand_path])
     try:
         v, store = _gate(
-            policy, suite, (base_path, cand_path), needs_agreement, trust_remote_code, trust_cached_candidate
+            policy, suite, (base_path, cand_path), needs_agreement, (trust_remote_code, trust_cached_candidate), names
         )
     except (UsageError, RuntimeFailure):
         names.wait()  # a blob whose name lies explains whatever failed after it
@@ -215,11 +222,14 @@ def _gate(
     suite: OpenSuite,
     paths: tuple[Path, Path],
     needs_agreement: bool,
-    trust_remote_code: bool,
-    trust_cached_candidate: bool,
+    trusts: tuple[bool, bool],
+    names: BlobCheck,
 ) -> tuple[Verdict, Callable[[], None] | None]:
     """run_gate's scoring and decision; returns the verdict and what stores the candidate's computed evidence in
-    the cache (only where the cache has no entry for it yet), or None."""
+    the cache (only where the cache has no entry for it yet), or None. `trusts`: (trust_remote_code,
+    trust_cached_candidate). The baseline's evidence computed here is cached only after `names` (the blob check)
+    holds, so a blob whose name lies leaves nothing in the cache under the identity it borrowed."""
+    trust_remote_code, trust_cached_candidate = trusts
     base_path, cand_path = paths
     notes = comparison_notes(policy, base_path, cand_path)
     # one load per checkpoint: the baseline's top-k right after its scores, the candidate's agreement
@@ -239,17 +249,19 @@ def _gate(
                 "refusing to gate on other evidence. Score the pinned baseline, or update `baseline_scores_sha256:` "
                 "in the policy after checking the new scores"
             )
-    base = load_scores(suite, base_path, models)
+    base = load_scores(suite, base_path, models, before_store=names.wait)
     base_file = scores_sha256(suite, base_path, base.provenance.checkpoint.identity_sha256, run)
     in_stages = (
         policy.sequential is not None
         and cand_path.is_dir()
         and not all(isinstance(r, AgreementRule) for r in policy.rules)
     )
-    if needs_agreement and not in_stages:  # in stages StagedAgreement builds it, also before the candidate loads
+    if needs_agreement:  # before the candidate loads; in stages StagedAgreement then finds it in the cache
         from quantize.evaluate.agreement import baseline_topk_cached
 
-        baseline_topk_cached(suite, base_path, base.provenance.checkpoint.identity_sha256, models)
+        baseline_topk_cached(
+            suite, base_path, base.provenance.checkpoint.identity_sha256, models, before_store=names.wait
+        )
     computed = cand_path.is_dir() and not trust_cached_candidate
     store = None
     if in_stages:
