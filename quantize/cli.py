@@ -18,7 +18,6 @@ import sys
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from quantize.errors import (
@@ -173,9 +172,9 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_model(args: argparse.Namespace) -> int:
-    from quantize.checkpoint.loader import default_model_dir, prepare_default_model
+    from quantize import api
 
-    print(prepare_default_model(force=args.force) if args.action == "prepare" else default_model_dir())
+    print(api.default_model(prepare=args.action == "prepare", force=args.force))
     return EXIT_OK
 
 
@@ -221,11 +220,9 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_card(args: argparse.Namespace) -> int:
-    from quantize import records
-    from quantize.records import Verdict
-    from quantize.report.card import add_verdict
+    from quantize import api
 
-    path = add_verdict(Path(args.checkpoint), records.read(Verdict, args.verdict), args.verdict)
+    path = api.card(args.checkpoint, args.verdict)
     print(f"wrote the verdict into {path} (model-index results and a section)")
     return EXIT_OK
 
@@ -304,36 +301,47 @@ def cmd_golden_new(args: argparse.Namespace) -> int:
 
 
 def cmd_golden_freeze(args: argparse.Namespace) -> int:
-    from quantize.golden.freeze import freeze
+    from quantize import api
     from quantize.golden.render import written_text
-    from quantize.quiet import quiet_libraries
 
-    include = Path(args.include_path).expanduser() if args.include_path else None
-    with quiet_libraries(True):
-        m = freeze(args.task, Path(args.out), include, args.id_field, args.cluster_field, args.seed, args.fewshot_seed)
+    m = api.golden_freeze(
+        args.task,
+        args.out,
+        include_path=args.include_path,
+        id_field=args.id_field,
+        cluster_field=args.cluster_field,
+        seed=args.seed,
+        fewshot_seed=args.fewshot_seed,
+    )
     print(written_text(args.out, m))
     return EXIT_OK
 
 
 def cmd_golden_size(args: argparse.Namespace) -> int:
-    from quantize.flows.size import run_sizing
+    from quantize import api
     from quantize.gates.render import sizing_text
-    from quantize.quiet import quiet_libraries
     from quantize.records import to_json
 
-    with quiet_libraries(args.quiet):
-        report = run_sizing(args.suite, Path(args.baseline), Path(args.candidate), args.margin, args.alpha, args.power)
+    report = api.golden_size(
+        args.suite,
+        args.baseline,
+        args.candidate,
+        margin=args.margin,
+        alpha=args.alpha,
+        power=args.power,
+        quiet=args.quiet,
+    )
     print(to_json(report) if args.json else sizing_text(report))
     return EXIT_OK
 
 
 def cmd_golden_build(args: argparse.Namespace) -> int:
-    from quantize.golden.build import build
+    from quantize import api
     from quantize.golden.render import built_text
 
     if not args.sources:
         raise UsageError("golden build needs --sources DIR, a folder written by golden/core/fetch_sources.sh")
-    print(built_text(build(Path(args.sources), Path(args.path), args.seed)))
+    print(built_text(api.golden_build(args.sources, args.path, seed=args.seed)))
     return EXIT_OK
 
 

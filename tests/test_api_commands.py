@@ -211,3 +211,15 @@ def test_a_gate_on_a_lying_baseline_caches_nothing_under_the_identity_it_borrowe
     assert str(blob) in str(e.value)
     scores = tmp_path / "fresh-cache" / "scores"
     assert not scores.exists() or not list(scores.glob("*.json")), "the liar's scores were cached"
+
+
+def test_default_model_is_what_model_path_prints(capsys):
+    assert main(["model", "path"]) == 0
+    assert capsys.readouterr().out.strip() == str(quantize.default_model())
+
+
+def test_card_refuses_a_verdict_file_that_is_not_one(tiny_model, tmp_path):
+    bad = tmp_path / "gate.json"
+    bad.write_text('{"not": "a verdict"}')
+    with pytest.raises(quantize.UsageError):
+        quantize.card(tiny_model, bad)
