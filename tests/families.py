@@ -82,11 +82,16 @@ def config(family: str, **overrides):
 def build(family: str, path: Path, seed: int = 0) -> Path:
     """A 2-layer `family` model with seeded random bf16 weights, saved to `path` as safetensors with its
     config.json and a word-level tokenizer over the shipped calibration text; returns `path`."""
+    return save_random(config(family), path, seed)
+
+
+def save_random(cfg, path: Path, seed: int = 0) -> Path:
+    """The model of transformers config `cfg` with seeded random bf16 weights, saved to `path` as safetensors with
+    its config.json and conftest's word-level tokenizer; returns `path`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    cfg = config(family)
     model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     model.save_pretrained(path, safe_serialization=True)
     tokenizer_for(cfg.vocab_size).save_pretrained(path)

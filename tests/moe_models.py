@@ -1,5 +1,5 @@
 """Tiny seeded mixture-of-experts checkpoints for conversion tests, built from transformers' own config classes
-(no download): 2 layers, hidden 64, 4 routed experts, with the word-level tokenizer of conftest, saved as
+(no download): 2 layers, hidden 64, 4 routed experts, built and saved by families.save_random, saved as
 safetensors the way transformers 5 writes each family (per-expert tensors for Qwen3-MoE, OLMoE, DeepSeek-V3 and
 Mixtral's `block_sparse_moe.experts.N.w1`; fused 3-D tensors for gpt-oss and Llama 4)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import tokenizer_for
+from families import save_random
 
 MOE_COMMON = dict(
     vocab_size=256,
@@ -41,12 +41,6 @@ MOE = {
 
 def make_tiny_moe(path: Path, family: str, seed: int = 0) -> Path:
     """A 2-layer `family` MoE (MOE) with seeded random bf16 weights and a tokenizer, saved as safetensors."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    torch.manual_seed(seed)
-    config = AutoConfig.for_model(family, **{**MOE_COMMON, **MOE[family]})
-    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer_for(config.vocab_size).save_pretrained(path)
-    return path
+    return save_random(AutoConfig.for_model(family, **{**MOE_COMMON, **MOE[family]}), path, seed)
