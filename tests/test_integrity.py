@@ -479,6 +479,29 @@ def _forge_candidate_entry(suite: Path, good: Path, bad: Path) -> Path:
     return forged
 
 
+def test_agreement_entries_of_another_scorer_revision_are_not_served(world, monkeypatch):
+    """A comparison, a baseline's top-k or a search's sensitivities computed by another revision of the agreement
+    scorer (cache.AGREEMENT_REVISION: 3 moved the head to the scored positions, other float rounding) are
+    measured again, never read as this revision's."""
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
+    from quantize.records import AgreementResult
+
+    s = open_suite(world[1])
+    run, base, cand = cache.Runtime("cpu", "float32"), "b" * 64, "c" * 64
+    a = s.suite.agreement
+    figures = dict(positions=3, items=1, clusters=1, kl_mean=0.1, kl_se=0.0, kl_p99=0.1, top1=1.0, top1_se=0.0)
+    ids = dict(baseline_identity=base, candidate_identity=cand)
+    setting = dict(top_k=a.top_k, per_task=a.per_task, tasks=s.agreement_tasks)
+    result = AgreementResult(**figures, sum_min=0.9, sum_min_se=0.0, note="", **ids, **setting)
+    cache.store_agreement(s, result, run)
+    assert cache.lookup_agreement(s, base, cand, run) == result
+    topk, sens = cache.baseline_topk_path(s, base, run), cache.sensitivity_key(s, base, {})
+    monkeypatch.setattr(cache, "AGREEMENT_REVISION", cache.AGREEMENT_REVISION + 1)
+    assert cache.lookup_agreement(s, base, cand, run) is None
+    assert cache.baseline_topk_path(s, base, run) != topk and cache.sensitivity_key(s, base, {}) != sens
+
+
 @pytest.mark.parametrize("design", ["fixed", "staged"])
 def test_a_forged_candidate_entry_is_not_served_unless_asked_for(world, tiny_model, tmp_path, capsys, design):
     """A NaN candidate passed both designs in 5-6 s on an entry with a consistent .sha256: the gate now scores the

@@ -95,9 +95,18 @@ def requests(golden: GoldenSet, tasks: list[str], per_task: int) -> list[Request
     return out
 
 
+# What one forward pass may hold of the head's output: float32 logits of the scored positions only, a batch cut
+# where its positions would pass this (one sequence's positions at least). 256 MiB: 1,365 positions of SmolLM2's
+# 49,152-token vocabulary, where a batch of 16 documents of 600 tokens held 1.9 GB of logits at every position.
+HEAD_BYTES = 256 * 2**20
+
+
 class Scorer:
     """A loaded model behind lm-eval's HF wrapper: lm-eval's tokenization, our forward passes. The candidate's
-    full distribution is known, so every baseline top-k token's log-probability is exact."""
+    full distribution is known, so every baseline top-k token's log-probability is exact. The head is applied to
+    the scored positions only, so memory follows the positions scored, not batch × length × vocabulary."""
+
+    head_bytes = HEAD_BYTES
 
     def __init__(self, model: Any, tok: Any, batch_size: int, max_length: int | None) -> None:
         """max_length: the suite's; None: the model's, as lm-eval's HF wrapper finds it for scoring (one rule for
@@ -111,31 +120,85 @@ class Scorer:
         """Token ids and the index of the first scored token."""
         return encode(self.lm, req)
 
+    def batches(self, spans: list[tuple[list[int], int]]) -> list[list[int]]:
+        """Indices of `spans` ((token ids, first scored index) each), longest first, in batches of at most
+        batch_size whose scored positions fit head_bytes of float32 logits (a longer sequence alone)."""
+        cap = max(1, self.head_bytes // (4 * self.model.config.get_text_config().vocab_size))
+        out: list[list[int]] = []
+        rows = 0
+        for i in sorted(range(len(spans)), key=lambda i: -len(spans[i][0])):
+            n = len(spans[i][0]) - spans[i][1]
+            if not out or len(out[-1]) == self.batch_size or rows + n > cap:
+                out.append([])
+                rows = 0
+            out[-1].append(i)
+            rows += n
+        return out
+
     def log_probs(self, reqs: list[Request]):
         """Yield (request, target ids (P,), logp (P, V) float32): log-softmax at each scored position."""
         import torch
 
-        enc = [self.encode(r) for r in reqs]
-        order = sorted(range(len(reqs)), key=lambda i: -len(enc[i][0]))
+        spans = []
+        for r in reqs:
+            ids, start = self.encode(r)
+            seq = ids[-self.max_length :]
+            spans.append((seq, max(1, start - (len(ids) - len(seq)))))
         tok = self.lm.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        for b in range(0, len(order), self.batch_size):
-            idx = order[b : b + self.batch_size]
-            seqs = [enc[i][0][-self.max_length :] for i in idx]
-            starts = [max(1, enc[i][1] - (len(enc[i][0]) - len(seqs[j]))) for j, i in enumerate(idx)]
-            T = max(len(s) for s in seqs)
-            ids = torch.full((len(seqs), T), pad, dtype=torch.long)
-            mask = torch.zeros((len(seqs), T), dtype=torch.long)
-            for j, s in enumerate(seqs):
-                ids[j, : len(s)] = torch.tensor(s)
-                mask[j, : len(s)] = 1
-            ids, mask = ids.to(self.model.device), mask.to(self.model.device)
-            with torch.no_grad(), qdq.installed():
-                logits = self.model(input_ids=ids, attention_mask=mask).logits  # (B, T, V)
+        for idx in self.batches(spans):
+            T = max(len(spans[i][0]) for i in idx)
+            ids = torch.full((len(idx), T), pad, dtype=torch.long)
+            mask = torch.zeros((len(idx), T), dtype=torch.long)
+            rows, cols = [], []
             for j, i in enumerate(idx):
+                seq, start = spans[i]
+                ids[j, : len(seq)] = torch.tensor(seq)
+                mask[j, : len(seq)] = 1
                 # the token at position t is predicted by the logits at t − 1
-                rows = logits[j, starts[j] - 1 : len(seqs[j]) - 1].float().cpu()  # (P, V)
-                yield reqs[i], torch.tensor(seqs[j][starts[j] :]), torch.log_softmax(rows, dim=-1)
+                rows += [j] * (len(seq) - start)
+                cols += range(start - 1, len(seq) - 1)
+            logits = self.scored_logits(ids, mask, torch.tensor(rows, dtype=torch.long), torch.tensor(cols))
+            at = 0
+            for i in idx:
+                seq, start = spans[i]
+                n = len(seq) - start
+                yield reqs[i], torch.tensor(seq[start:]), torch.log_softmax(logits[at : at + n].float().cpu(), dim=-1)
+                at += n
+
+    def scored_logits(self, ids: Any, mask: Any, rows: Any, cols: Any) -> Any:
+        """The logits (N, V) at positions (rows[n], cols[n]) of one forward pass over ids (B, T). The head sees only
+        those hidden states: a pre-hook on the model's output embeddings gathers them into a batch of one, (1, N,
+        H), so what follows the head (a softcap, a scale: elementwise) applies to them alone. A model whose head is
+        not that module has its full logits sliced instead; any other use of the head is our failure, named."""
+        import torch
+
+        on = self.model.device
+        rows, cols = rows.to(on), cols.to(on)
+        seen: list[tuple[int, ...]] = []
+
+        def gather(_module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+            seen.append(tuple(args[0].shape) if args else ())
+            if len(seen) > 1 or not args or tuple(args[0].shape[:2]) != tuple(ids.shape):
+                return None
+            return (args[0][rows, cols].unsqueeze(0), *args[1:])
+
+        head = self.model.get_output_embeddings()
+        hook = head.register_forward_pre_hook(gather) if isinstance(head, torch.nn.Module) else None
+        try:
+            with torch.no_grad(), qdq.installed():
+                logits = self.model(input_ids=ids.to(on), attention_mask=mask.to(on)).logits
+        finally:
+            if hook is not None:
+                hook.remove()
+        if len(seen) == 1 and tuple(logits.shape[:2]) == (1, len(rows)):
+            return logits[0]
+        if not seen and tuple(logits.shape[:2]) == tuple(ids.shape):
+            return logits[rows, cols]
+        raise RuntimeFailure(
+            f"{type(self.model).__name__}: its output embeddings saw hidden states {seen} and it returned logits "
+            f"{tuple(logits.shape)} for input {tuple(ids.shape)}; agreement cannot find the scored positions' logits"
+        )
 
     def topk(self, reqs: list[Request], k: int):
         """Yield (request, token ids (P, k), log-probabilities (P, k)) of the k most likely tokens per position."""

@@ -179,7 +179,10 @@ def store_scores(suite: OpenSuite, doc: ScoreDoc, replace: bool = True) -> None:
 
 # What our agreement forward pass computes, revised: 2 (2026-12-03) truncates a document to the model's context
 # length when the suite sets none (scoring's rule), where 1 kept its last 2,048 tokens whatever the model's.
-AGREEMENT_REVISION = 2
+# 3 (2026-12-04) applies the head to the scored positions only and cuts a batch where their logits would pass a
+# budget (evaluate/agreement.py, Scorer): the same quantities, other float rounding and batches. It keys the
+# search's sensitivities too (the same scorer's KL).
+AGREEMENT_REVISION = 3
 
 
 def _agreement_key(suite: OpenSuite, run: Runtime) -> str:
@@ -220,7 +223,14 @@ def sensitivity_key(suite: OpenSuite, model_id: str, measured: dict[str, Any]) -
     """`measured`: what the search's sensitivities depend on besides the model and suite (its base recipe,
     options, unit, items per task, top-k, and the device kind and dtype the model ran in)."""
     return sha256_json(
-        {"v": 2, "model": model_id, "golden": suite.golden.manifest_sha256, "suite": suite.sha256, **measured}
+        {
+            "v": 2,
+            "agreement": AGREEMENT_REVISION,
+            "model": model_id,
+            "golden": suite.golden.manifest_sha256,
+            "suite": suite.sha256,
+            **measured,
+        }
     )
 
 

@@ -3,6 +3,7 @@ two per checkpoint on a CPU where accuracy scores take a quarter of an hour; the
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,9 +60,15 @@ def agree_many(
     check_loadable(baseline)
     found = [c for c in checkpoint_folders(given) if c.resolve() != baseline.resolve()]
     candidates, skipped = measurable(suite, baseline, found, runtime(suite, trust_remote_code))
+    base_id = identity_sha256(baseline)  # read once, not once per candidate
     results = []
     for c in candidates:
         with quiet_libraries(quiet):
-            found = agreement_scores(suite, baseline, c, trust_remote_code=trust_remote_code, before_store=before_store)
-            results.append((c, found))
+            # a LastModel per candidate: the baseline, loaded for its top-k only when the cache lacks it, and each
+            # candidate are released before the next loads; what the libraries left in cycles goes with them
+            result = agreement_scores(
+                suite, baseline, c, base_id, trust_remote_code=trust_remote_code, before_store=before_store
+            )
+            results.append((c, result))
+        gc.collect()
     return Agreement(suite, baseline, results, skipped)

@@ -88,6 +88,73 @@ def test_log_likelihoods_equal_lm_evals_for_the_same_requests(scorer):
     assert len(set(ours.values())) == 4  # four different items, four different values
 
 
+def full_log_probs(scorer, req):
+    """The reference: one sequence alone, the head over every position, sliced at the scored ones."""
+    ids, start = scorer.encode(req)
+    with torch.no_grad():
+        logits = scorer.model(input_ids=torch.tensor([ids])).logits[0]
+    return torch.log_softmax(logits[start - 1 : len(ids) - 1].float(), dim=-1)
+
+
+class HeadRows:
+    """Counts the hidden states each call of a model's head is applied to (a forward hook on its output embeddings,
+    registered after any the scorer adds, so it sees what the head computed)."""
+
+    def __init__(self, model) -> None:
+        self.calls: list[int] = []
+        self.hook = model.get_output_embeddings().register_forward_hook(self)
+
+    def __call__(self, _module, _args, out) -> None:
+        self.calls.append(out.shape[:-1].numel())
+
+
+@pytest.mark.parametrize("head_bytes", [None, 1])  # the default budget; one sequence per forward
+def test_log_probs_apply_the_head_at_the_scored_positions_only(scorer, head_bytes, monkeypatch):
+    """The head sees the scored positions and nothing else (the full logits were batch × length × vocabulary),
+    and each position's log-probabilities are the full computation's, with the same top-k tokens, however the
+    batches are cut."""
+    if head_bytes is not None:
+        monkeypatch.setattr(scorer, "head_bytes", head_bytes)
+    counted = HeadRows(scorer.model)
+    try:
+        got = list(scorer.log_probs(REQUESTS))
+    finally:
+        counted.hook.remove()
+    positions = [lp.shape[0] for _, _, lp in got]
+    assert sum(counted.calls) == sum(positions)
+    # two requests per forward (batch_size 2) by default; one each when the budget holds less than two
+    assert len(counted.calls) == (2 if head_bytes is None else len(REQUESTS))
+    assert sorted(r.id for r, _, _ in got) == sorted(r.id for r in REQUESTS)
+    for req, _, lp in got:
+        ref = full_log_probs(scorer, req)
+        assert lp.shape == ref.shape and lp.shape[1] == scorer.model.config.vocab_size
+        assert torch.allclose(lp, ref, atol=1e-5), req.id
+        assert torch.equal(torch.topk(lp, 5).indices, torch.topk(ref, 5).indices), req.id
+
+
+def test_a_head_outside_the_output_embeddings_is_sliced_and_anything_else_named(scorer, monkeypatch):
+    """A model whose logits do not come from its output-embeddings module still gets the scored positions' values
+    (from its full logits); one that applies that module twice cannot be read, and says so (exit 3)."""
+    from quantize.errors import RuntimeFailure
+
+    want = {r.id: lp for r, _, lp in scorer.log_probs(REQUESTS)}
+    monkeypatch.setattr(scorer.model, "get_output_embeddings", lambda: None)
+    for r, _, lp in scorer.log_probs(REQUESTS):
+        assert torch.allclose(lp, want[r.id], atol=1e-5), r.id
+    monkeypatch.undo()
+    model = scorer.model
+    forward = type(model).forward
+
+    def twice(self, *args, **kwargs):  # the head applied again after the forward's own logits
+        out = forward(self, *args, **kwargs)
+        self.get_output_embeddings()(torch.zeros(1, 1, self.config.hidden_size))
+        return out
+
+    monkeypatch.setattr(type(model), "forward", twice)
+    with pytest.raises(RuntimeFailure, match="scored positions"):
+        list(scorer.log_probs(REQUESTS))
+
+
 def test_unknown_candidate_tokens_join_the_tail():
     """vLLM reports only the candidate's own top-k: a baseline top-k token it did not report moves into the tail
     bucket on both sides. By hand for p = (0.5, 0.3) + 0.2, q = (0.4, ?) + ..., with q's second token unknown:
