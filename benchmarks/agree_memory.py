@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,10 +34,18 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="agree-memory-") as cache:
             env = {**os.environ, "PYTHONPATH": str(ROOT), "QUANTIZE_CACHE": cache}
             cmd = [sys.executable, "-m", "quantize.cli", "agree", args.suite, *args.candidates[:n]]
+            t0 = time.perf_counter()
             rc, _, err, peak = run_polled([*cmd, "--baseline", args.baseline, "--quiet", "--json"], env, args.nice)
             if rc:
                 raise SystemExit(f"quantize agree failed ({rc}): {err[-2000:]}")
-            rows.append({"candidates": n, "tree_peak_rss_mib": round(peak / 2**20, 1)})
+            rows.append(
+                {
+                    "candidates": n,
+                    "names": [Path(c).name for c in args.candidates[:n]],
+                    "tree_peak_rss_mib": round(peak / 2**20, 1),
+                    "wall_s": round(time.perf_counter() - t0, 1),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     args.results.write_text(json.dumps({"cpu": cpu, "suite": args.suite, "rows": rows}, indent=2) + "\n")

@@ -96,9 +96,11 @@ def requests(golden: GoldenSet, tasks: list[str], per_task: int) -> list[Request
 
 
 # What one forward pass may hold of the head's output: float32 logits of the scored positions only, a batch cut
-# where its positions would pass this (one sequence's positions at least). 256 MiB: 1,365 positions of SmolLM2's
+# where its positions would pass this (one sequence's positions at least). 64 MiB: 341 positions of SmolLM2's
 # 49,152-token vocabulary, where a batch of 16 documents of 600 tokens held 1.9 GB of logits at every position.
-HEAD_BYTES = 256 * 2**20
+HEAD_BYTES = 64 * 2**20
+# Positions reduced to their top-k or gathered at once (a (ROWS, V) float32 log-softmax at a time, not (P, V)).
+ROWS = 64
 
 
 class Scorer:
@@ -139,6 +141,14 @@ class Scorer:
         """Yield (request, target ids (P,), logp (P, V) float32): log-softmax at each scored position."""
         import torch
 
+        for req, target, logits in self.logits(reqs):
+            yield req, target, torch.log_softmax(logits.float().cpu(), dim=-1)
+
+    def logits(self, reqs: list[Request]):
+        """Yield (request, target ids (P,), logits (P, V)): the head's output at each scored position, in the model's
+        dtype and on its device (a view of the forward's output)."""
+        import torch
+
         spans = []
         for r in reqs:
             ids, start = self.encode(r)
@@ -163,7 +173,7 @@ class Scorer:
             for i in idx:
                 seq, start = spans[i]
                 n = len(seq) - start
-                yield reqs[i], torch.tensor(seq[start:]), torch.log_softmax(logits[at : at + n].float().cpu(), dim=-1)
+                yield reqs[i], torch.tensor(seq[start:]), logits[at : at + n]
                 at += n
 
     def scored_logits(self, ids: Any, mask: Any, rows: Any, cols: Any) -> Any:
@@ -204,19 +214,30 @@ class Scorer:
         """Yield (request, token ids (P, k), log-probabilities (P, k)) of the k most likely tokens per position."""
         import torch
 
-        for req, _, lp in self.log_probs(reqs):
-            v, i = torch.topk(lp, k, dim=-1)
-            yield req, i, v
+        for req, _, logits in self.logits(reqs):
+            top = [torch.topk(lp, k, dim=-1) for _, lp in chunked_log_softmax(logits)]
+            yield req, torch.cat([t.indices for t in top]), torch.cat([t.values for t in top])
 
     def at(self, reqs: list[Request], top_idx: dict[str, Any]):
         """Yield (request, lq_k (P, k), known (P, k), argmax (P,)): the candidate's log-probabilities of the
         baseline's top-k tokens `top_idx[req.id]` (P, k), all known, and its most likely token per position."""
         import torch
 
-        for req, _, lq in self.log_probs(reqs):
+        for req, _, logits in self.logits(reqs):
             bi = top_idx[req.id]
-            check_positions(req, lq.shape[0], bi.shape[0])
-            yield req, lq.gather(-1, bi), torch.ones_like(bi, dtype=torch.bool), lq.argmax(-1)
+            check_positions(req, logits.shape[0], bi.shape[0])
+            lq = [(lp.gather(-1, bi[a : a + ROWS]), lp.argmax(-1)) for a, lp in chunked_log_softmax(logits)]
+            lq_k, argmax = torch.cat([g for g, _ in lq]), torch.cat([m for _, m in lq])
+            yield req, lq_k, torch.ones_like(bi, dtype=torch.bool), argmax
+
+
+def chunked_log_softmax(logits: Any):
+    """Yield (a, the float32 log-softmax of positions a..a + ROWS of `logits` (P, V) on the CPU), a = 0, ROWS, ...
+    (one empty chunk where P = 0)."""
+    import torch
+
+    for a in range(0, max(1, logits.shape[0]), ROWS):
+        yield a, torch.log_softmax(logits[a : a + ROWS].float().cpu(), dim=-1)
 
 
 def encode(lm: Any, req: Request) -> tuple[list[int], int]:

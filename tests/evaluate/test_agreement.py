@@ -132,6 +132,23 @@ def test_log_probs_apply_the_head_at_the_scored_positions_only(scorer, head_byte
         assert torch.equal(torch.topk(lp, 5).indices, torch.topk(ref, 5).indices), req.id
 
 
+def test_top_k_and_agreement_reduce_a_few_positions_at_a_time_to_the_same_numbers(scorer, other_scorer, monkeypatch):
+    """topk and at take the log-softmax ROWS positions at a time: the same top-k, log-probabilities and agreement
+    as over each item's whole (P, V) at once."""
+    from quantize.evaluate import agreement
+    from quantize.evaluate.agreement import baseline_topk, compare
+
+    whole = baseline_topk(scorer, REQUESTS, 5)
+    whole_cmp = compare(other_scorer, REQUESTS, whole)
+    monkeypatch.setattr(agreement, "ROWS", 3)
+    assert max(whole.counts) > 3  # more than one chunk for some item
+    part = baseline_topk(scorer, REQUESTS, 5)
+    assert part.ids == whole.ids and (part.top_idx == whole.top_idx).all()
+    assert part.top_logp == pytest.approx(whole.top_logp, abs=1e-6)
+    for key, value in compare(other_scorer, REQUESTS, whole).items():
+        assert value == pytest.approx(whole_cmp[key], abs=1e-6), key
+
+
 def test_a_head_outside_the_output_embeddings_is_sliced_and_anything_else_named(scorer, monkeypatch):
     """A model whose logits do not come from its output-embeddings module still gets the scored positions' values
     (from its full logits); one that applies that module twice cannot be read, and says so (exit 3)."""
