@@ -48,7 +48,9 @@ def main() -> None:
             )
             print(json.dumps(rows[-1]), flush=True)
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    args.results.write_text(json.dumps({"cpu": cpu, "suite": args.suite, "rows": rows}, indent=2) + "\n")
+    suite = Path(args.suite).resolve()
+    suite = suite.relative_to(ROOT) if suite.is_relative_to(ROOT) else suite
+    args.results.write_text(json.dumps({"cpu": cpu, "suite": str(suite), "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
