@@ -64,8 +64,8 @@ def agree_many(
     results = []
     for c in candidates:
         with quiet_libraries(quiet):
-            # a LastModel per candidate: the baseline, loaded for its top-k only when the cache lacks it, and each
-            # candidate are released before the next loads; what the libraries left in cycles goes with them
+            # a LastModel per candidate: the baseline (loaded for its top-k only when the cache lacks it) and each
+            # candidate are released before the next loads; the gc pass below frees anything a reference cycle held
             result = agreement_scores(
                 suite, baseline, c, base_id, trust_remote_code=trust_remote_code, before_store=before_store
             )
