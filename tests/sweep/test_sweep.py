@@ -316,20 +316,7 @@ def test_two_nodes_a_bad_recipe_among_good_ones_and_exit_codes(world, tmp_path, 
         cluster.shutdown()
 
 
-class FakeRay:
-    """What connecting and sizing call, over one node of 2 CPUs (nothing is submitted)."""
-
-    def init(self, **opts):
-        self.opts = opts
-
-    def nodes(self):
-        return [{"Alive": True, "NodeID": "n" * 20, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 2.0}}]
-
-    def shutdown(self):
-        pass
-
-
-def test_only_the_kinds_of_task_that_run_must_fit_a_node(tmp_path, monkeypatch):
+def test_only_the_kinds_of_task_that_run_must_fit_a_node(tmp_path, monkeypatch, fake_ray):
     from quantize.errors import UsageError
     from quantize.sweep import run as sweep_run
     from quantize.sweep.spec import Cluster, Resources
@@ -340,11 +327,11 @@ def test_only_the_kinds_of_task_that_run_must_fit_a_node(tmp_path, monkeypatch):
     spec = {"policy": "p.yaml", "baseline": "base"}
     ex.add(TaskSpec(kind="gate", candidate="c", checkpoint="c", **spec), Resources(num_cpus=2))
     # a sweep with nothing to convert is not refused for what its convert tasks would have asked
-    nodes = sweep_run._on_cluster(FakeRay(), ex, Cluster(address="auto"))
+    nodes = sweep_run._on_cluster(fake_ray, ex, Cluster(address="auto"))
     assert nodes == ["nnnnnnnnnnnn 10.0.0.1 (2 CPUs, 0 GPUs)"]
     ex.add(TaskSpec(kind="convert", candidate="c", recipe="r.yaml", checkpoint="c", **spec), Resources(num_cpus=3))
     with pytest.raises(UsageError, match=r"resources\.convert asks each task for 3 CPUs, 0 GPUs, and no node"):
-        sweep_run._on_cluster(FakeRay(), ex, Cluster(address="auto"))
+        sweep_run._on_cluster(fake_ray, ex, Cluster(address="auto"))
 
 
 # --- the sweep file ------------------------------------------------------------------------------------------
@@ -436,49 +423,6 @@ def test_the_rayjob_example_runs_a_sweep_command_this_cli_accepts():
 
 
 # --- names and lists: refused at planning, before Ray (issue #41) -----------------------------------------------
-
-
-class Lab:
-    """A sweep's inputs for planning only (nothing converted, no cluster): the tiny model, a lenient policy over a
-    small golden set, recipes written on demand."""
-
-    def __init__(self, base: Path, tiny: Path) -> None:
-        self.base, self.tiny = base, tiny
-        suite = suite_file(base / "suite.yaml", small_golden(base))
-        self.policy = base / "lenient.yaml"
-        self.policy.write_text(f"name: lenient\nsuite: {suite}\n{_rules(0.5)}")
-
-    def recipe(self, file: str, name: str | None = None, scheme: str = "W8A16") -> Path:
-        p = self.base / file
-        p.parent.mkdir(parents=True, exist_ok=True)
-        named = "" if name is None else f"name: {name}\n"
-        p.write_text(f"{named}method: rtn\nscheme: {scheme}\ncalibration: null\nmodel: {self.tiny}\n")
-        return p
-
-    def sweep(self, recipes=(), checkpoints=(), name: str = "t") -> Path:
-        f = self.base / "sweep.yaml"
-        listed = ", ".join(f"'{r}'" for r in recipes)
-        f.write_text(
-            f"name: {name}\nmodel: {self.tiny}\nrecipes: [{listed}]\ncheckpoints: [{', '.join(map(str, checkpoints))}]"
-            f"\npolicy: {self.policy}\noutput: {self.base / 'out'}\n"
-        )
-        return f
-
-
-@pytest.fixture
-def lab(tmp_path, tiny_model):
-    return Lab(tmp_path, tiny_model)
-
-
-@pytest.fixture
-def no_cluster(monkeypatch):
-    """A sweep that must stop at planning: starting a cluster fails the test."""
-    from quantize.sweep import run as sweep_run
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the sweep reached its cluster")
-
-    monkeypatch.setattr(sweep_run, "_on_cluster", refuse)
 
 
 NOT_ONE_FOLDER = {"abs": None, "up": "'../UP'", "empty": "''", "dot": "'.'", "slash": "'a/'", "dotslash": "'./a'"}
