@@ -145,3 +145,41 @@ def test_max_parallel_on_a_running_cluster_is_refused_before_ray(lab):
     with pytest.raises(UsageError, match="max_parallel = 2 caps the tasks of a local cluster"):
         sweep_run.plan_sweep(f, address="auto")
     assert Cluster(address="local", resources={"big": 2}).resources == {"big": 2}
+
+
+def test_each_start_is_said_while_its_task_runs_from_its_start_mark(tmp_path):
+    """The `running` and `retried` lines come from the start marks as the driver's watcher finds them, while Ray's
+    wait still blocks (before, marks were read only when a result came: a long task's start was said at its end);
+    each mark is said once, in the order the attempts started."""
+    import threading
+
+    from quantize.sweep.tasks import StartMark
+
+    lines, retried = [], threading.Event()
+
+    def say(line):
+        lines.append(line)
+        if line.startswith("retried"):
+            retried.set()
+
+    def body(task, inputs):  # a first attempt that died, then the retry that is running now
+        for pid, started in ((101, "2026-12-04T05:00:00+00:00"), (102, "2026-12-04T05:00:09+00:00")):
+            mark = StartMark(task=task.label, pid=pid, node="n" * 20, host="h", threads=1, started=started)
+            (tmp_path / f"{task.slug}.{pid}.start").write_text(mark.model_dump_json())
+        return outcome(0, "converted")
+
+    class Running(StandIn):
+        def wait(self, refs, num_returns):  # no result until both starts were said
+            assert retried.wait(timeout=60), lines
+            return super().wait(refs, num_returns)
+
+    ex = sweep_run.Executor(tmp_path, 2, say, watch_seconds=0.01)
+    ex.add(TaskSpec(kind="convert", candidate="c", recipe="r.yaml", checkpoint="c", **SPEC), Resources())
+    ex.run(Running(body))
+    assert lines == [
+        "queued    convert c",
+        "running   convert c on node nnnnnnnnnnnn (h, pid 101, 1 threads)",
+        "retried   convert c: attempt 2 on node nnnnnnnnnnnn (h, pid 102, 1 threads) (the worker before it died)",
+        "done      convert c in 1 s: converted",
+    ]
+    assert list(ex.tracks[0].starts) == [101, 102]

@@ -159,8 +159,25 @@ def run_cli_sweep(path: Path, *flags: str, capsys=None) -> tuple[int, SweepRecor
 # --- the same verdicts as one after the other ---------------------------------------------------------------
 
 
-def test_a_sweep_gives_the_verdicts_and_records_of_one_after_the_other(world, tmp_path, own_cache, capsys):
+def test_a_sweep_gives_the_verdicts_and_records_of_one_after_the_other(world, tmp_path, own_cache, capsys, monkeypatch):
+    from quantize.sweep import run as sweep_run
+
     given = world.given_copy(tmp_path)
+    out = tmp_path / "out"
+    records_of_tasks = {out / n / f for n in RECIPES for f in ("quantize.json", "gate.json")} | {given / "gate.json"}
+    written_when_said: dict[str, set[Path]] = {}  # at each `running` line: the tasks' records already written
+    say = sweep_run._say
+
+    def watched(command):
+        def line(text):
+            if text.startswith("running   "):
+                label = text.removeprefix("running   ").split(" on node")[0]
+                written_when_said[label] = {p for p in records_of_tasks if p.exists()}
+            say(command)(text)
+
+        return line
+
+    monkeypatch.setattr(sweep_run, "_say", watched)
     sweep = world.sweep_file(tmp_path, ["w8", "w4", "w3"], world.strict, [given])
     code, rec = run_cli_sweep(sweep)
     assert code == 1 == rec.exit_code  # 4- and 3-bit rejected; nothing failed
@@ -189,6 +206,12 @@ def test_a_sweep_gives_the_verdicts_and_records_of_one_after_the_other(world, tm
     assert {(t.state, *((a.outcome, a.threads) for a in t.attempts)) for t in rec.tasks} == {("done", ("finished", 1))}
     printed = capsys.readouterr()
     assert "the baseline scored once" in printed.out and "running   convert w8 on node" in printed.err
+    assert {Path(t.record) for t in rec.tasks if t.record} == records_of_tasks
+    for t in rec.tasks:  # each start said while its task ran (from its mark), not when a result came
+        assert t.record is None or Path(t.record) not in written_when_said[t.task], t.task
+    for t in rec.tasks:  # each task's start said once, before its result
+        running, done = f"running   {t.task} on node", f"done      {t.task} in"
+        assert printed.err.count(running) == 1 and printed.err.index(running) < printed.err.index(done)
     report = (Path(rec.report) / "report.md").read_text()
     assert all(f"| {n} | rtn |" in report for n in RECIPES) and report.count("| REJECTED |") == 2
 
