@@ -9,7 +9,8 @@
                         free (max_parallel: a resource of the local cluster's, one per task), and runs a task whose
                         worker died again up to `max_retries` times. Each is an ordinary `quantize run` or gate in
                         a fresh worker process (max_calls=1) with torch at the task's num_cpus threads; the driver
-                        only collects the results as they come
+                        only collects the results as they come, and says each attempt's start from the start mark
+                        it writes (a thread looking at the state folder every WATCH_SECONDS, not Ray's state)
     at the end          OUTPUT/sweep-NAME/sweep.json (SweepRecord: every task, attempt, node, exit), the report
                         (as `quantize report` draws it) in OUTPUT/sweep-NAME/report, a summary table
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +49,7 @@ from quantize.sweep.tasks import THREAD_VARIABLES, Outcome, StartMark, TaskSpec
 SLOT = "quantize_sweep_slot"  # max_parallel on a local cluster: it offers that many, each task takes one
 # what every task's worker gets from the driver's environment: the shared cache, offline mode
 FORWARDED = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "TOKENIZERS_PARALLELISM", "QUANTIZE_REREAD_WEIGHTS")
+WATCH_SECONDS = 1.0  # how often the driver looks for new start marks while tasks run (a directory listing)
 
 
 def _in_worker(task: TaskSpec, state: str, threads: int, *inputs: Outcome) -> Outcome:
@@ -143,13 +146,21 @@ def check_fits(ray: Any, wanted: dict[str, Resources]) -> list[str]:
 
 class Executor:
     """The sweep's graph (module docstring): tasks added with the tasks whose results they take, then submitted to
-    Ray at once, inputs first; the driver collects the results as they come and reads the attempts' start marks
-    then (progress lines, retries), never deciding what may start."""
+    Ray at once, inputs first; the driver collects the results as they come. While they run, a thread reads the
+    attempts' start marks as they appear (every `watch_seconds`, and before each result is taken) for the
+    `running` and `retried` lines; it never decides what may start. `say` gets one line at a time, from either
+    thread, never two at once."""
 
-    def __init__(self, state: Path, max_retries: int, say: Callable[[str], None]):
-        self.state, self.say = state, say
-        self.max_retries = max_retries
+    def __init__(self, state: Path, max_retries: int, say: Callable[[str], None], watch_seconds: float = WATCH_SECONDS):
+        self.state, self._say = state, say
+        self.max_retries, self.watch_seconds = max_retries, watch_seconds
         self.tracks: list[Track] = []
+        self._lock = threading.RLock()  # the start marks read, and the lines said, by one thread at a time
+        self._seen: set[str] = set()  # start marks already read (each is written whole, once)
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            self._say(line)
 
     def add(self, task: TaskSpec, resources: Resources, after: list[Track | None] | None = None) -> Track:
         t = Track(task, resources, [a for a in after or [] if a is not None])
@@ -179,22 +190,34 @@ class Executor:
         t.state = "submitted"
 
     def _read_starts(self) -> None:
+        """Say each start mark that appeared since the last read, in the order the attempts started."""
         from pydantic import ValidationError
 
-        for f in sorted(self.state.glob("*.start")):
-            try:
-                mark = StartMark.model_validate_json(f.read_bytes())
-            except (OSError, ValidationError):  # written whole (atomic), so only a file not ours fails here
-                continue
-            t = next((t for t in self.tracks if t.task.label == mark.task), None)
-            if t is None or mark.pid in t.starts:
-                continue
-            t.starts[mark.pid] = mark
-            where = f"node {mark.node[:12]} ({mark.host}, pid {mark.pid}, {mark.threads} threads)"
-            if len(t.starts) == 1:
-                self.say(f"running   {t.task.label} on {where}")
-            else:
-                self.say(f"retried   {t.task.label}: attempt {len(t.starts)} on {where} (the worker before it died)")
+        with self._lock:
+            marks = []
+            for f in self.state.glob("*.start"):
+                if f.name in self._seen:
+                    continue
+                try:
+                    marks.append(StartMark.model_validate_json(f.read_bytes()))
+                except OSError:  # unreadable now (a shared filesystem): read again next time
+                    continue
+                except ValidationError:  # written whole (atomic), so only a file not ours fails here
+                    pass
+                self._seen.add(f.name)
+            for mark in sorted(marks, key=lambda m: (m.started, m.pid)):
+                self._say_start(mark)
+
+    def _say_start(self, mark: StartMark) -> None:
+        t = next((t for t in self.tracks if t.task.label == mark.task), None)
+        if t is None or mark.pid in t.starts:
+            return
+        t.starts[mark.pid] = mark
+        where = f"node {mark.node[:12]} ({mark.host}, pid {mark.pid}, {mark.threads} threads)"
+        if len(t.starts) == 1:
+            self.say(f"running   {t.task.label} on {where}")
+        else:
+            self.say(f"retried   {t.task.label}: attempt {len(t.starts)} on {where} (the worker before it died)")
 
     def _failed_input(self, t: Track) -> Track | None:
         return next((a for a in t.after if a.state in ("failed", "not run")), None)
@@ -226,17 +249,29 @@ class Executor:
         self.say(f"not run   {t.task.label}: {dep.task.label} failed")
 
     def run(self, ray: Any, slots: bool = False) -> None:
-        """Submit every task (inputs first, as added), then collect each result as Ray finishes it."""
+        """Submit every task (inputs first, as added), then collect each result as Ray finishes it; meanwhile a
+        thread says each attempt's start as its mark appears."""
         remote = ray.remote(max_calls=1)(_in_worker)  # a fresh worker per task: torch threads, memory
-        for t in self.tracks:
-            self._submit(ray, remote, t, slots)
-        pending = {t.ref: t for t in self.tracks}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)  # blocks until one is done: no timeout, no polling
-            self._read_starts()
-            for ref in done:
-                self._collect(ray, pending, pending[ref])
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(stop,), name="quantize-sweep-starts", daemon=True)
+        watcher.start()
+        try:
+            for t in self.tracks:
+                self._submit(ray, remote, t, slots)
+            pending = {t.ref: t for t in self.tracks}
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)  # blocks until one is done: no timeout, no polling
+                self._read_starts()  # a task's start before its result
+                for ref in done:
+                    self._collect(ray, pending, pending[ref])
+        finally:
+            stop.set()
+            watcher.join()
         self._read_starts()
+
+    def _watch(self, stop: threading.Event) -> None:
+        while not stop.wait(self.watch_seconds):
+            self._read_starts()
 
     def _collect(self, ray: Any, pending: dict[Any, Track], t: Track) -> None:
         """`t`'s result, its inputs' first (a task whose input failed is told apart from one that failed)."""
@@ -386,7 +421,7 @@ def run_sweep(
     say: Callable[[str], None] | None = None,
 ) -> SweepRecord:
     """Plan, run the graph, write sweep.json and the report (module docstring). `say` gets the progress lines
-    (default: stderr)."""
+    (default: stderr), one at a time, from the driver's thread or its start-mark watcher."""
     say = say or _say("sweep")
     plan = plan_sweep(path, address, max_parallel)
     spec = plan.spec

@@ -123,13 +123,9 @@ def test_resources_and_max_parallel_are_what_each_task_asks_ray_for(tmp_path):
     assert base["resources"] == {sweep_run.SLOT: 1.0} and base["num_cpus"] == 1
 
 
-def test_a_task_asking_for_a_custom_resource_no_node_offers_is_refused():
-    class Nodes:
-        def nodes(self):
-            return [{"Alive": True, "NodeID": "n" * 20, "NodeManagerAddress": "h", "Resources": {"CPU": 4.0}}]
-
+def test_a_task_asking_for_a_custom_resource_no_node_offers_is_refused(fake_ray):
     with pytest.raises(UsageError, match=r"resources\.gate asks each task for 1 CPUs, 0 GPUs, 1 big, and no node"):
-        sweep_run.check_fits(Nodes(), {"gate": Resources(resources={"big": 1})})
+        sweep_run.check_fits(fake_ray, {"gate": Resources(resources={"big": 1})})
 
 
 @pytest.mark.parametrize(
@@ -144,15 +140,46 @@ def test_custom_resource_names_and_amounts(resources, says):
         Resources(resources=resources)
 
 
-def test_max_parallel_on_a_running_cluster_is_refused_before_ray(tmp_path, tiny_model):
-    from conftest import small_golden, suite_file
-
-    suite = suite_file(tmp_path / "suite.yaml", small_golden(tmp_path))
-    (tmp_path / "p.yaml").write_text(
-        f"name: p\nsuite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n"
-    )
-    f = tmp_path / "s.yaml"
-    f.write_text(f"model: {tiny_model}\ncheckpoints: [{tiny_model}]\npolicy: {tmp_path / 'p.yaml'}\nmax_parallel: 2\n")
+def test_max_parallel_on_a_running_cluster_is_refused_before_ray(lab):
+    f = lab.sweep(checkpoints=[lab.tiny], extra="max_parallel: 2\n")
     with pytest.raises(UsageError, match="max_parallel = 2 caps the tasks of a local cluster"):
         sweep_run.plan_sweep(f, address="auto")
     assert Cluster(address="local", resources={"big": 2}).resources == {"big": 2}
+
+
+def test_each_start_is_said_while_its_task_runs_from_its_start_mark(tmp_path):
+    """The `running` and `retried` lines come from the start marks as the driver's watcher finds them, while Ray's
+    wait still blocks (before, marks were read only when a result came: a long task's start was said at its end);
+    each mark is said once, in the order the attempts started."""
+    import threading
+
+    from quantize.sweep.tasks import StartMark
+
+    lines, retried = [], threading.Event()
+
+    def say(line):
+        lines.append(line)
+        if line.startswith("retried"):
+            retried.set()
+
+    def body(task, inputs):  # a first attempt that died, then the retry that is running now
+        for pid, started in ((101, "2026-12-04T05:00:00+00:00"), (102, "2026-12-04T05:00:09+00:00")):
+            mark = StartMark(task=task.label, pid=pid, node="n" * 20, host="h", threads=1, started=started)
+            (tmp_path / f"{task.slug}.{pid}.start").write_text(mark.model_dump_json())
+        return outcome(0, "converted")
+
+    class Running(StandIn):
+        def wait(self, refs, num_returns):  # no result until both starts were said
+            assert retried.wait(timeout=60), lines
+            return super().wait(refs, num_returns)
+
+    ex = sweep_run.Executor(tmp_path, 2, say, watch_seconds=0.01)
+    ex.add(TaskSpec(kind="convert", candidate="c", recipe="r.yaml", checkpoint="c", **SPEC), Resources())
+    ex.run(Running(body))
+    assert lines == [
+        "queued    convert c",
+        "running   convert c on node nnnnnnnnnnnn (h, pid 101, 1 threads)",
+        "retried   convert c: attempt 2 on node nnnnnnnnnnnn (h, pid 102, 1 threads) (the worker before it died)",
+        "done      convert c in 1 s: converted",
+    ]
+    assert list(ex.tracks[0].starts) == [101, 102]

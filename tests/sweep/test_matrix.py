@@ -12,55 +12,12 @@ from quantize.errors import UsageError
 from quantize.sweep.plan import candidates
 from quantize.sweep.spec import load_sweep
 
-from conftest import small_golden, suite_file
-
-RULES = "rules:\n  - {task: core_facts, metric: acc, margin: 0.5}\n"
-
-
-class Lab:
-    """The tiny model, a policy, a base recipe and sweep files written on demand (nothing converted)."""
-
-    def __init__(self, base: Path, tiny: Path) -> None:
-        self.base, self.tiny = base, tiny
-        suite = suite_file(base / "suite.yaml", small_golden(base))
-        self.policy = base / "p.yaml"
-        self.policy.write_text(f"name: p\nsuite: {suite}\n{RULES}")
-        self.w4 = base / "w4.yaml"
-        self.w4.write_text(
-            f"name: w4\nmethod: rtn\nscheme: W4A16\ngroup_size: 32\ncalibration: null\nmodel: {tiny}\n"
-            "dtype: bfloat16\n"  # not the machine's timing probe
-        )
-
-    def sweep(self, matrix: str, recipes: str = "[]", extra: str = "") -> Path:
-        f = self.base / "sweep.yaml"
-        f.write_text(
-            f"name: m\nmodel: {self.tiny}\nrecipes: {recipes}\npolicy: {self.policy}\noutput: {self.base / 'out'}\n"
-            f"{extra}matrix:\n{matrix}"
-        )
-        return f
-
-
-@pytest.fixture
-def lab(tmp_path, tiny_model):
-    return Lab(tmp_path, tiny_model)
-
-
-@pytest.fixture
-def no_cluster(monkeypatch):
-    from quantize.sweep import run as sweep_run
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the sweep reached its cluster")
-
-    monkeypatch.setattr(sweep_run, "_on_cluster", refuse)
-
 
 def test_a_2x2_matrix_is_four_named_cells_each_a_valid_recipe_of_its_values(lab):
     from quantize.convert.recipe import parse_recipe
 
     f = lab.sweep(
-        f"  recipes: [{lab.w4}]\n  fields: {{group_size: [16, 32], calibration.samples: [8, 16]}}\n",
-        recipes=f"[{lab.w4}]",
+        [lab.w4], matrix=f"  recipes: [{lab.w4}]\n  fields: {{group_size: [16, 32], calibration.samples: [8, 16]}}\n"
     )
     spec, _ = load_sweep(f)
     found = candidates(spec)
@@ -74,7 +31,7 @@ def test_a_2x2_matrix_is_four_named_cells_each_a_valid_recipe_of_its_values(lab)
     cell = found[4]
     assert cell.error is None and cell.needs_convert and cell.checkpoint == lab.base / "out" / cell.name
     assert cell.cell == {"group_size": 32, "calibration.samples": 16}
-    assert cell.recipe == str(lab.base / "out" / "sweep-m" / "recipes" / f"{cell.name}.yaml")
+    assert cell.recipe == str(lab.base / "out" / "sweep-t" / "recipes" / f"{cell.name}.yaml")
     import yaml
 
     recipe = parse_recipe(yaml.safe_load(cell.recipe_text))
@@ -103,7 +60,7 @@ def test_a_field_not_in_the_recipe_schema_is_exit_2_naming_it_before_anything_ru
         ("scheme.bits", "scheme of recipe"),
         ("name", "is the sweep's to set"),
     ]:
-        f = lab.sweep(f"  recipes: [{lab.w4}]\n  fields: {{{field}: [1, 2]}}\n")
+        f = lab.sweep(matrix=f"  recipes: [{lab.w4}]\n  fields: {{{field}: [1, 2]}}\n")
         assert cli(["sweep", str(f)]) == 2
         err = capsys.readouterr().err
         assert says in err, err
@@ -111,7 +68,7 @@ def test_a_field_not_in_the_recipe_schema_is_exit_2_naming_it_before_anything_ru
 
 
 def test_a_bad_value_is_its_cells_exit_2_and_the_other_cells_stand(lab):
-    spec, _ = load_sweep(lab.sweep(f"  recipes: [{lab.w4}]\n  fields: {{scheme: [W8A16, W5A16]}}\n"))
+    spec, _ = load_sweep(lab.sweep(matrix=f"  recipes: [{lab.w4}]\n  fields: {{scheme: [W8A16, W5A16]}}\n"))
     good, bad = candidates(spec)
     assert good.name == "w4-scheme=W8A16" and good.error is None
     assert bad.name == "w4-scheme=W5A16" and 'scheme = "W5A16"' in bad.error and bad.checkpoint is None
@@ -120,7 +77,7 @@ def test_a_bad_value_is_its_cells_exit_2_and_the_other_cells_stand(lab):
 def test_two_cells_of_one_name_refuse_the_sweep_naming_both(lab, no_cluster, capsys):
     (lab.base / "a").mkdir()
     (lab.base / "b").mkdir()
-    f = lab.sweep(f"  recipes: [{lab.w4}]\n  fields: {{calibration.source: [a/chat.jsonl, b/chat.jsonl]}}\n")
+    f = lab.sweep(matrix=f"  recipes: [{lab.w4}]\n  fields: {{calibration.source: [a/chat.jsonl, b/chat.jsonl]}}\n")
     assert cli(["sweep", str(f)]) == 2
     err = capsys.readouterr().err
     assert 'two candidates of this sweep are named "w4-source=chat"' in err
@@ -129,10 +86,14 @@ def test_two_cells_of_one_name_refuse_the_sweep_naming_both(lab, no_cluster, cap
 
 def test_a_matrix_of_too_many_cells_is_refused(lab):
     values = list(range(1, 17))
-    f = lab.sweep(f"  recipes: [{lab.w4}]\n  fields: {{calibration.samples: {values}, calibration.seed: {values}}}\n")
+    f = lab.sweep(
+        matrix=f"  recipes: [{lab.w4}]\n  fields: {{calibration.samples: {values}, calibration.seed: {values}}}\n"
+    )
     assert load_sweep(f)[0].matrix.cells() == 256  # the cap: taken
     values = list(range(1, 18))
-    f = lab.sweep(f"  recipes: [{lab.w4}]\n  fields: {{calibration.samples: {values}, calibration.seed: {values}}}\n")
+    f = lab.sweep(
+        matrix=f"  recipes: [{lab.w4}]\n  fields: {{calibration.samples: {values}, calibration.seed: {values}}}\n"
+    )
     with pytest.raises(UsageError, match=r"matrix has 289 cells \(1 base recipe\(s\) × 17 calibration.samples"):
         load_sweep(f)
 
@@ -178,7 +139,7 @@ def test_plan_json_of_a_2x2_matrix_is_four_named_candidates_and_the_graph_of_the
 
     import quantize
 
-    f = lab.sweep(f"  recipes: [{lab.w4}]\n{MATRIX_2X2}")
+    f = lab.sweep(matrix=f"  recipes: [{lab.w4}]\n{MATRIX_2X2}")
     assert cli(["sweep", str(f), "--plan", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     names = ["w4-group_size=16-scheme=W8A16", "w4-group_size=16-scheme=W4A16"]
@@ -210,7 +171,7 @@ def test_the_plan_runs_where_ray_cannot_be_imported(lab):
     import subprocess
     import sys
 
-    f = lab.sweep(f"  recipes: [{lab.w4}]\n{MATRIX_2X2}")
+    f = lab.sweep(matrix=f"  recipes: [{lab.w4}]\n{MATRIX_2X2}")
     code = (
         "import sys; sys.modules['ray'] = None\n"
         "from quantize.cli import main\n"
@@ -241,9 +202,9 @@ def test_a_2x2_matrix_sweep_runs_to_four_verdicts_in_sweep_json_and_the_report(l
     from quantize.records import SweepRecord
 
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
-    f = lab.sweep(f"  recipes: [{lab.w4}]\n{MATRIX_2X2}", extra="cluster: {address: local, num_cpus: 2}\n")
+    f = lab.sweep(matrix=f"  recipes: [{lab.w4}]\n{MATRIX_2X2}", extra="cluster: {address: local, num_cpus: 2}\n")
     code = cli(["sweep", str(f)])
-    rec = records.read(SweepRecord, lab.base / "out" / "sweep-m" / "sweep.json")
+    rec = records.read(SweepRecord, lab.base / "out" / "sweep-t" / "sweep.json")
     assert code == rec.exit_code and code in (0, 1), capsys.readouterr().err
     by = {c.name: c for c in rec.candidates}
     assert len(by) == 4 and {c.verdict for c in by.values()} <= {"pass", "rejected", "inconclusive"}
@@ -253,7 +214,7 @@ def test_a_2x2_matrix_sweep_runs_to_four_verdicts_in_sweep_json_and_the_report(l
     assert sorted(t.kind for t in rec.tasks) == ["baseline"] + ["convert"] * 4 + ["gate"] * 4
     assert {t.state for t in rec.tasks} == {"done"}
     for cell in by.values():  # each cell's recipe, as it was converted, beside the sweep's own files
-        assert (lab.base / "out" / "sweep-m" / "recipes" / f"{cell.name}.yaml").is_file()
+        assert (lab.base / "out" / "sweep-t" / "recipes" / f"{cell.name}.yaml").is_file()
     report = (Path(rec.report) / "report.md").read_text()
     assert "## By recipe field" in report and (Path(rec.report) / "fields.png").is_file()
     for row in (

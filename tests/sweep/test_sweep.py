@@ -159,8 +159,25 @@ def run_cli_sweep(path: Path, *flags: str, capsys=None) -> tuple[int, SweepRecor
 # --- the same verdicts as one after the other ---------------------------------------------------------------
 
 
-def test_a_sweep_gives_the_verdicts_and_records_of_one_after_the_other(world, tmp_path, own_cache, capsys):
+def test_a_sweep_gives_the_verdicts_and_records_of_one_after_the_other(world, tmp_path, own_cache, capsys, monkeypatch):
+    from quantize.sweep import run as sweep_run
+
     given = world.given_copy(tmp_path)
+    out = tmp_path / "out"
+    records_of_tasks = {out / n / f for n in RECIPES for f in ("quantize.json", "gate.json")} | {given / "gate.json"}
+    written_when_said: dict[str, set[Path]] = {}  # at each `running` line: the tasks' records already written
+    say = sweep_run._say
+
+    def watched(command):
+        def line(text):
+            if text.startswith("running   "):
+                label = text.removeprefix("running   ").split(" on node")[0]
+                written_when_said[label] = {p for p in records_of_tasks if p.exists()}
+            say(command)(text)
+
+        return line
+
+    monkeypatch.setattr(sweep_run, "_say", watched)
     sweep = world.sweep_file(tmp_path, ["w8", "w4", "w3"], world.strict, [given])
     code, rec = run_cli_sweep(sweep)
     assert code == 1 == rec.exit_code  # 4- and 3-bit rejected; nothing failed
@@ -189,6 +206,12 @@ def test_a_sweep_gives_the_verdicts_and_records_of_one_after_the_other(world, tm
     assert {(t.state, *((a.outcome, a.threads) for a in t.attempts)) for t in rec.tasks} == {("done", ("finished", 1))}
     printed = capsys.readouterr()
     assert "the baseline scored once" in printed.out and "running   convert w8 on node" in printed.err
+    assert {Path(t.record) for t in rec.tasks if t.record} == records_of_tasks
+    for t in rec.tasks:  # each start said while its task ran (from its mark), not when a result came
+        assert t.record is None or Path(t.record) not in written_when_said[t.task], t.task
+    for t in rec.tasks:  # each task's start said once, before its result
+        running, done = f"running   {t.task} on node", f"done      {t.task} in"
+        assert printed.err.count(running) == 1 and printed.err.index(running) < printed.err.index(done)
     report = (Path(rec.report) / "report.md").read_text()
     assert all(f"| {n} | rtn |" in report for n in RECIPES) and report.count("| REJECTED |") == 2
 
@@ -316,20 +339,7 @@ def test_two_nodes_a_bad_recipe_among_good_ones_and_exit_codes(world, tmp_path, 
         cluster.shutdown()
 
 
-class FakeRay:
-    """What connecting and sizing call, over one node of 2 CPUs (nothing is submitted)."""
-
-    def init(self, **opts):
-        self.opts = opts
-
-    def nodes(self):
-        return [{"Alive": True, "NodeID": "n" * 20, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 2.0}}]
-
-    def shutdown(self):
-        pass
-
-
-def test_only_the_kinds_of_task_that_run_must_fit_a_node(tmp_path, monkeypatch):
+def test_only_the_kinds_of_task_that_run_must_fit_a_node(tmp_path, monkeypatch, fake_ray):
     from quantize.errors import UsageError
     from quantize.sweep import run as sweep_run
     from quantize.sweep.spec import Cluster, Resources
@@ -340,11 +350,11 @@ def test_only_the_kinds_of_task_that_run_must_fit_a_node(tmp_path, monkeypatch):
     spec = {"policy": "p.yaml", "baseline": "base"}
     ex.add(TaskSpec(kind="gate", candidate="c", checkpoint="c", **spec), Resources(num_cpus=2))
     # a sweep with nothing to convert is not refused for what its convert tasks would have asked
-    nodes = sweep_run._on_cluster(FakeRay(), ex, Cluster(address="auto"))
+    nodes = sweep_run._on_cluster(fake_ray, ex, Cluster(address="auto"))
     assert nodes == ["nnnnnnnnnnnn 10.0.0.1 (2 CPUs, 0 GPUs)"]
     ex.add(TaskSpec(kind="convert", candidate="c", recipe="r.yaml", checkpoint="c", **spec), Resources(num_cpus=3))
     with pytest.raises(UsageError, match=r"resources\.convert asks each task for 3 CPUs, 0 GPUs, and no node"):
-        sweep_run._on_cluster(FakeRay(), ex, Cluster(address="auto"))
+        sweep_run._on_cluster(fake_ray, ex, Cluster(address="auto"))
 
 
 # --- the sweep file ------------------------------------------------------------------------------------------
@@ -436,49 +446,6 @@ def test_the_rayjob_example_runs_a_sweep_command_this_cli_accepts():
 
 
 # --- names and lists: refused at planning, before Ray (issue #41) -----------------------------------------------
-
-
-class Lab:
-    """A sweep's inputs for planning only (nothing converted, no cluster): the tiny model, a lenient policy over a
-    small golden set, recipes written on demand."""
-
-    def __init__(self, base: Path, tiny: Path) -> None:
-        self.base, self.tiny = base, tiny
-        suite = suite_file(base / "suite.yaml", small_golden(base))
-        self.policy = base / "lenient.yaml"
-        self.policy.write_text(f"name: lenient\nsuite: {suite}\n{_rules(0.5)}")
-
-    def recipe(self, file: str, name: str | None = None, scheme: str = "W8A16") -> Path:
-        p = self.base / file
-        p.parent.mkdir(parents=True, exist_ok=True)
-        named = "" if name is None else f"name: {name}\n"
-        p.write_text(f"{named}method: rtn\nscheme: {scheme}\ncalibration: null\nmodel: {self.tiny}\n")
-        return p
-
-    def sweep(self, recipes=(), checkpoints=(), name: str = "t") -> Path:
-        f = self.base / "sweep.yaml"
-        listed = ", ".join(f"'{r}'" for r in recipes)
-        f.write_text(
-            f"name: {name}\nmodel: {self.tiny}\nrecipes: [{listed}]\ncheckpoints: [{', '.join(map(str, checkpoints))}]"
-            f"\npolicy: {self.policy}\noutput: {self.base / 'out'}\n"
-        )
-        return f
-
-
-@pytest.fixture
-def lab(tmp_path, tiny_model):
-    return Lab(tmp_path, tiny_model)
-
-
-@pytest.fixture
-def no_cluster(monkeypatch):
-    """A sweep that must stop at planning: starting a cluster fails the test."""
-    from quantize.sweep import run as sweep_run
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the sweep reached its cluster")
-
-    monkeypatch.setattr(sweep_run, "_on_cluster", refuse)
 
 
 NOT_ONE_FOLDER = {"abs": None, "up": "'../UP'", "empty": "''", "dot": "'.'", "slash": "'a/'", "dotslash": "'./a'"}
