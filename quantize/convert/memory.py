@@ -62,6 +62,12 @@ STREAMABLE = {
     *((Method.rtn, s) for s in WEIGHT_ONLY_INT),
 }
 FUSED_PARTNERS = {Scheme.NVFP4A16, Scheme.MXFP4A16, Scheme.MXFP4}  # FP4 formats share a global scale across q/k/v
+# float32 copies of the largest weight a streamed worker holds at once (upcast, observer, quantize-dequantize
+# temporaries), fitted to peak RSS measured on a 26.2 GiB source of 14336 x 4096 weights (docs/results.md, "Bigger
+# than memory"): with 3 copies assumed, FP8 dynamic peaked 0.03 GiB over the estimate and NVFP4A16 1.12 GiB over
+# (the fused gate/up pair's global scale and the FP4 rounding's temporaries); 4 and 9 put both estimates above
+WORKING_COPIES = dict.fromkeys(FUSED_PARTNERS, 9)
+DEFAULT_WORKING_COPIES = 4
 
 
 @dataclass(frozen=True)
@@ -297,8 +303,10 @@ def streamed_terms(ckpt: Checkpoint, recipe: Recipe, workers: int) -> dict[str, 
     return {
         "largest shard": workers * shard,
         "its output": workers * shard_out,
-        # assumed: three float32 copies of the weight being quantized (upcast, observer, quantize-dequantize)
-        "float32 working copies of the largest weight": workers * 3 * 4 * ckpt.largest_quantized_elements,
+        "float32 working copies of the largest weight": workers
+        * WORKING_COPIES.get(recipe.scheme_or_none, DEFAULT_WORKING_COPIES)
+        * 4
+        * ckpt.largest_quantized_elements,
         "fused partners from other shards": workers * partners,
         "libraries": RUNTIME_BYTES,
     }
