@@ -32,16 +32,17 @@ Right padding needs no mask for a whole row: a causal row never reads the positi
 head positions and its mask are its own; the pass's other rows change only the matrix products' M dimension.
 That an item's floats do not move with M (for M of 8 and more: a width is a multiple of 8) is measured, not
 guaranteed by the kernels: on the 2-core AMD EPYC (AVX-512) hosts it was measured on, a row gives the same bits
-alone, in a pass of 4 and of 16 (float32, the default model), and tests/evaluate/test_lm.py asserts it on every run (an item alone, in a batch of 16, in
-another stage, and every item of a mixed call against a call of its own), so a machine whose kernels split the
-reduction by M fails there, not in a verdict. Padding is what moves a row's floats (a different width changes
-them by about 5e-5 nats in float32), so the width is a function of the row, never of its neighbours.
+alone, in a pass of 4 and of 16 (float32, the default model), and tests/evaluate/test_lm.py asserts it on every
+run (an item alone, in a batch of 16, in another stage, and every item of a mixed call against a call of its
+own), so a machine whose kernels split the reduction by M fails there, not in a verdict. Padding is what moves a
+row's floats (a different width changes them by about 5e-5 nats in float32), so the width is a function of the
+row, never of its neighbours.
 
 Document perplexity: lm-eval's rolling windows (`lm_eval.utils.get_rolling_token_windows`,
 `make_disjoint_window`, context length 1), each window a whole row, every document's windows in one call,
-summed per document. Generation: one
-request at a time (batch 1, no padding), greedy through transformers' `generate` with lm-eval's stop criteria and
-post-processing, as HFLM's `generate_until` runs a batch.
+summed per document. Generation: one request at a time (batch 1, no padding), greedy through transformers'
+`generate` with lm-eval's stop criteria and post-processing, as HFLM's `generate_until` runs a batch (about 2x
+stock's time on gsm8k, which left-pads a batch: docs/results.md).
 """
 
 from __future__ import annotations
