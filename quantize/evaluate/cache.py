@@ -53,9 +53,8 @@ SCORING_DISTRIBUTIONS = ("quantize", "lm_eval", "torch", "transformers", "compre
 
 # Bumped when our scorer (`backend: quantize`, quantize/evaluate/lm.py) changes what it computes (a score computed
 # the old way is another number, if only in its last bits). 1-3: lm-eval's HFLM with our overrides. 4: our own
-# lm-eval model, each distinct context computed once from its keys and values. 5: rows of several items share a
-# pass, each padded to a width of its own.
-SCORER_REVISION = 5
+# lm-eval model, each distinct context computed once from its keys and values.
+SCORER_REVISION = 4
 
 
 def scorer_id(suite: OpenSuite) -> str:

@@ -17,38 +17,23 @@ extension point (`lm_eval.api.registry.register_model`, a `TemplateLM` whose `lo
                    every target is its position's argmax
 
 The requests are grouped by (task, document, P): one item's continuations that share a context. A group of one
-continuation (or with an empty P) is a whole row, P + S; a larger group shares P. Rows of several items share a
-forward pass, and what a row's numbers depend on is fixed by the row alone:
-
-    whole rows     right-padded to their length rounded up to QUANTUM tokens (W); the LM head on the pass's last
-                   KEEP positions when they hold the row's scored ones, else on all W; rows of one (W, head) shape
-                   share a pass, up to `batch_size` rows and TOKEN_BUDGET positions
-    shared groups  P right-padded to a multiple of QUANTUM (Wp), its keys and values kept; its continuations
-                   right-padded to a multiple of SUFFIX_QUANTUM (Ws), each reading its own P's cache rows with P's
-                   padding masked out; groups of one (Wp, Ws, continuations) shape share both passes, up to
-                   `batch_size` groups and TOKEN_BUDGET positions
-
-Right padding needs no mask for a whole row: a causal row never reads the positions after it. A row's width, its
-head positions and its mask are its own; the pass's other rows change only the matrix products' M dimension.
-That an item's floats do not move with M (for M of 8 and more: a width is a multiple of 8) is measured, not
-guaranteed by the kernels: on the 2-core AMD EPYC (AVX-512) hosts it was measured on, a row gives the same bits
-alone, in a pass of 4 and of 16 (float32, the default model), and tests/evaluate/test_lm.py asserts it on every
-run (an item alone, in a batch of 16, in another stage, and every item of a mixed call against a call of its
-own), so a machine whose kernels split the reduction by M fails there, not in a verdict. Padding is what moves a
-row's floats (a different width changes them by about 5e-5 nats in float32), so the width is a function of the
-row, never of its neighbours.
+row runs P + S in one forward pass (LM head on the last C positions only); a larger group runs P once (batch 1,
+its keys and values kept; a distinct P is computed once per call, groups sorted by P) and its continuations'
+S rows right-padded in batches of `batch_size` against a copy of that cache expanded to the batch. What a row's
+numbers depend on is its own item: P (batch 1) and its item's other continuations (the padded batch), never
+another item. Right padding needs no attention mask: a causal row never reads the positions after it.
 
 Document perplexity: lm-eval's rolling windows (`lm_eval.utils.get_rolling_token_windows`,
-`make_disjoint_window`, context length 1), each window a whole row, every document's windows in one call,
-summed per document. Generation: one request at a time (batch 1, no padding), greedy through transformers'
-`generate` with lm-eval's stop criteria and post-processing, as HFLM's `generate_until` runs a batch (about 2x
-stock's time on gsm8k, which left-pads a batch: docs/results.md).
+`make_disjoint_window`, context length 1), each window a group of one, summed per document. Generation: one
+request at a time (batch 1, no padding), greedy through transformers' `generate` with lm-eval's stop criteria and
+post-processing, as HFLM's `generate_until` runs a batch.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -59,10 +44,6 @@ from lm_eval.api.registry import register_model
 from quantize.compat import lm_eval as lm_eval_compat
 
 NAME = "quantize-kv"
-QUANTUM = 8  # rows and prefixes are padded to a multiple of this many tokens
-SUFFIX_QUANTUM = 4  # a shared group's continuations, to a multiple of this many
-KEEP = 12  # a whole row's head runs on its pass's last KEEP positions when its scored ones lie there
-TOKEN_BUDGET = 2048  # positions a pass holds at most (rows × width), unless one row alone is wider
 
 
 class Row(NamedTuple):
@@ -152,122 +133,73 @@ class PrefixLM(TemplateLM):
         """Each document's log-likelihood: the sum over lm-eval's rolling windows, each window scored alone."""
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-        rows, owners = [], []
-        for d, r in enumerate(requests):
+        out = []
+        for r in requests:
             windows = get_rolling_token_windows(
                 token_list=self.tok_encode(r.args[0]),
                 prefix_token=self.prefix_token_id,
                 max_seq_len=self.max_length,
                 context_len=1,
             )
-            for w, window in enumerate(windows):
-                rows.append(row(*make_disjoint_window(window), self.max_length))
-                owners.append((d, w))
-        sums = [0.0] * len(requests)
-        for (d, _), (ll, _) in zip(owners, self.score_rows(rows, owners), strict=True):
-            sums[d] += ll
-        return sums
+            rows = [row(*make_disjoint_window(w), self.max_length) for w in windows]
+            out.append(sum(ll for ll, _ in self.score_rows(rows, list(range(len(rows))))))
+        return out
 
     def score_rows(self, rows: list[Row], owners: Sequence[Any]) -> list[tuple[float, bool]]:
-        """(log-likelihood, is_greedy) per row. Rows with the same owner and prefix form one group: a group of one
-        continuation, or with an empty prefix, runs as whole rows; a larger group shares its prefix. Each whole
-        row and each shared group is computed at widths of its own (module docstring), so its numbers are the
-        ones it gets alone, whatever else the call holds."""
+        """(log-likelihood, is_greedy) per row; rows with the same owner and prefix form one group."""
         groups: dict[tuple[Any, tuple[int, ...]], list[int]] = {}
         for i, (r, owner) in enumerate(zip(rows, owners, strict=True)):
             groups.setdefault((owner, r.prefix), []).append(i)
-        wholes: set[Whole] = set()
-        shared: set[Shared] = set()
-        group_of: dict[tuple[Any, tuple[int, ...]], Shared | None] = {}
-        for (owner, prefix), idx in groups.items():
-            distinct = tuple(sorted({(rows[i].suffix, rows[i].targets) for i in idx}))
-            if len(distinct) == 1 or not prefix:
-                wholes.update(Whole(prefix + s, len(s), t) for s, t in distinct)
-                group_of[(owner, prefix)] = None
+        out: list[tuple[float, bool] | None] = [None] * len(rows)
+        cached: tuple[tuple[int, ...], Any] | None = None  # the last prefix computed and its keys and values
+        for (_, prefix), idx in sorted(groups.items(), key=lambda g: g[0][1]):
+            distinct = sorted({(rows[i].suffix, rows[i].targets) for i in idx})
+            if len(distinct) == 1:
+                got = {distinct[0]: self._whole(prefix, *distinct[0])}
             else:
-                shared.add(Shared(prefix, distinct))
-                group_of[(owner, prefix)] = Shared(prefix, distinct)
-        got_whole: dict[Whole, tuple[float, bool]] = {}
-        for shape, part in _batches(sorted(wholes), self.whole_shape):
-            got_whole.update(zip(part, self._wholes(shape, part), strict=True))
-        got_shared: dict[Shared, list[tuple[float, bool]]] = {}
-        for shape, part in _batches(sorted(shared), self.shared_shape):
-            got_shared.update(zip(part, self._shared(shape, part), strict=True))
-        out = []
-        for r, owner in zip(rows, owners, strict=True):
-            g = group_of[(owner, r.prefix)]
-            if g is None:
-                out.append(got_whole[Whole(r.prefix + r.suffix, len(r.suffix), r.targets)])
-            else:
-                out.append(got_shared[g][g.conts.index((r.suffix, r.targets))])
-        return out
+                if cached is None or cached[0] != prefix:
+                    cached = (prefix, self._prefix_cache(prefix))
+                got = {}
+                for b in range(0, len(distinct), self.batch_size):
+                    part = distinct[b : b + self.batch_size]
+                    got.update(zip(part, self._continuations(cached[1], len(prefix), part), strict=True))
+            for i in idx:
+                out[i] = got[(rows[i].suffix, rows[i].targets)]
+        return out  # type: ignore[return-value]
 
-    def whole_shape(self, w: Whole) -> WholeShape:
-        """A whole row's pass, from the row alone: its length rounded up to QUANTUM (W), the head on the last
-        KEEP positions when they hold its scored ones (else on all W), as many rows as fit TOKEN_BUDGET (at most
-        batch_size)."""
-        width = _width(len(w.tokens))
-        keep = min(width, KEEP) if width - len(w.tokens) + w.n <= KEEP else width
-        return WholeShape(_rows(self.batch_size, width), width, keep)
-
-    def shared_shape(self, g: Shared) -> SharedShape:
-        """A shared group's passes, from the group alone: prefix width (QUANTUM), continuation width
-        (SUFFIX_QUANTUM), its number of continuations, and how many such groups a pass holds (batch_size, fewer
-        where TOKEN_BUDGET says so)."""
-        wp, ws = _width(len(g.prefix)), _width(max(len(s) for s, _ in g.conts), SUFFIX_QUANTUM)
-        n = len(g.conts)
-        return SharedShape(_rows(self.batch_size, n * (wp + ws)), wp, ws, n)
-
-    def _wholes(self, shape: WholeShape, part: list[Whole]) -> list[tuple[float, bool]]:
-        """Whole rows of one shape, right-padded to its width; the head on its last `keep` positions."""
-        ids = torch.full((len(part), shape.width), self.pad, dtype=torch.long)
-        for j, w in enumerate(part):
-            ids[j, : len(w.tokens)] = torch.tensor(w.tokens)
+    def _whole(self, prefix: tuple[int, ...], suffix: tuple[int, ...], targets: tuple[int, ...]) -> tuple[float, bool]:
+        """A group of one: P + S in one pass, the head on S's positions."""
         with torch.no_grad():
-            logits = self.model(
-                input_ids=ids.to(self.device),
-                use_cache=False,
-                **({"logits_to_keep": shape.keep} if self.keeps else {}),
-            ).logits
-        base = shape.width - logits.shape[1]  # the position of logits[:, 0]
-        return [
-            _answer(logits[j, len(w.tokens) - w.n - base : len(w.tokens) - base], w.targets) for j, w in enumerate(part)
-        ]
+            ids = torch.tensor([prefix + suffix], device=self.device)
+            out = self.model(input_ids=ids, **({"logits_to_keep": len(suffix)} if self.keeps else {}))
+        return _answers(out.logits[:, -len(suffix) :].float(), [targets])[0]  # (1, C, V)
 
-    def _shared(self, shape: SharedShape, part: list[Shared]) -> list[list[tuple[float, bool]]]:
-        """Shared groups of one shape: the prefixes right-padded in one pass (keys and values kept, the head on one
-        position), then every group's continuations right-padded in one pass against its prefix's rows of that
-        cache, the prefix's padding masked out."""
-        wp, ws, n = shape.prefix, shape.suffix, shape.conts
-        ids = torch.full((len(part), wp), self.pad, dtype=torch.long)
-        for j, g in enumerate(part):
-            ids[j, : len(g.prefix)] = torch.tensor(g.prefix)
+    def _prefix_cache(self, prefix: tuple[int, ...]) -> Any:
+        """P's keys and values (batch 1); None for an empty P."""
+        if not prefix:
+            return None
         with torch.no_grad():
-            past = self.model(
-                input_ids=ids.to(self.device), use_cache=True, **({"logits_to_keep": 1} if self.keeps else {})
-            ).past_key_values
-        past.batch_repeat_interleave(n)  # row r of the continuations reads group r // n's prefix
-        ids = torch.full((len(part) * n, ws), self.pad, dtype=torch.long)
-        mask = torch.ones((len(part) * n, wp + ws), dtype=torch.long)
-        pos = torch.empty((len(part) * n, ws), dtype=torch.long)
-        for j, g in enumerate(part):
-            for c, (s, _) in enumerate(g.conts):
-                r = j * n + c
-                ids[r, : len(s)] = torch.tensor(s)
-                mask[r, len(g.prefix) : wp] = 0
-                mask[r, wp + len(s) :] = 0
-                pos[r] = torch.arange(len(g.prefix), len(g.prefix) + ws)
+            ids = torch.tensor([prefix], device=self.device)
+            out = self.model(input_ids=ids, use_cache=True, **({"logits_to_keep": 1} if self.keeps else {}))
+        return out.past_key_values
+
+    def _continuations(
+        self, past: Any, start: int, part: list[tuple[tuple[int, ...], tuple[int, ...]]]
+    ) -> list[tuple[float, bool]]:
+        """S rows of one prefix, right-padded, against a copy of its cache expanded to the batch."""
+        width = max(len(s) for s, _ in part)
+        ids = torch.full((len(part), width), self.pad, dtype=torch.long)
+        for j, (s, _) in enumerate(part):
+            ids[j, : len(s)] = torch.tensor(s)
+        if past is not None:
+            past = copy.deepcopy(past)  # the forward pass appends S to the cache it is given
+            past.batch_repeat_interleave(len(part))
         with torch.no_grad():
-            logits = self.model(
-                input_ids=ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                past_key_values=past,
-                position_ids=pos.to(self.device),
-                use_cache=True,
-            ).logits
-        return [
-            [_answer(logits[j * n + c, : len(s)], t) for c, (s, t) in enumerate(g.conts)] for j, g in enumerate(part)
-        ]
+            pos = torch.arange(start, start + width, device=self.device).expand(len(part), width)
+            ids = ids.to(self.device)
+            out = self.model(input_ids=ids, past_key_values=past, position_ids=pos, use_cache=past is not None)
+        logits = out.logits.float()  # (B, width, V)
+        return _answers(logits, [t for _, t in part])
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Greedy continuations, one request at a time, as HFLM generates a batch (module docstring)."""
@@ -303,54 +235,13 @@ class PrefixLM(TemplateLM):
         return out
 
 
-def _rows(batch_size: int, width: int) -> int:
-    """Rows of `width` positions a pass holds: batch_size, fewer where TOKEN_BUDGET says so, at least one."""
-    return max(1, min(batch_size, TOKEN_BUDGET // width))
-
-
-def _batches(jobs: list[Any], shape: Any) -> Iterator[tuple[Any, list[Any]]]:
-    """`jobs` (sorted) in passes of one shape each (`shape(job)`), at most the shape's batch (its first field)
-    jobs a pass."""
-    by_shape: dict[Any, list[Any]] = {}
-    for j in jobs:
-        by_shape.setdefault(shape(j), []).append(j)
-    for sh, same in sorted(by_shape.items()):
-        for b in range(0, len(same), sh[0]):
-            yield sh, same[b : b + sh[0]]
-
-
-class WholeShape(NamedTuple):
-    batch: int  # rows a pass at most
-    width: int
-    keep: int  # positions the head runs on, the last ones
-
-
-class SharedShape(NamedTuple):
-    groups: int  # groups a pass at most
-    prefix: int  # prefix width
-    suffix: int  # continuation width
-    conts: int  # continuations per group
-
-
-def _width(n: int, quantum: int = QUANTUM) -> int:
-    """A row's padded width: its length rounded up to a multiple of `quantum`, a function of the row alone."""
-    return -(-n // quantum) * quantum
-
-
-class Whole(NamedTuple):
-    tokens: tuple[int, ...]  # P + S
-    n: int  # C: the scored positions, inp's last C
-    targets: tuple[int, ...]
-
-
-class Shared(NamedTuple):
-    prefix: tuple[int, ...]
-    conts: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # its distinct (S, targets), sorted
-
-
-def _answer(logits: Any, targets: tuple[int, ...]) -> tuple[float, bool]:
-    """(Σ log p(target), every target the argmax) from the logits (C, V) of the positions that predict them
-    (log_softmax in float32)."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
-    want = torch.tensor(targets, device=lp.device)
-    return float(lp.gather(-1, want[:, None]).sum()), bool((lp.argmax(-1) == want).all())
+def _answers(logits: Any, targets: list[tuple[int, ...]]) -> list[tuple[float, bool]]:
+    """(Σ log p(target), every target the argmax) per row of `logits` (B, width, V), row j's targets at its first
+    len(targets[j]) positions."""
+    logp = torch.log_softmax(logits, dim=-1)
+    out = []
+    for j, t in enumerate(targets):
+        lp = logp[j, : len(t)]  # (C, V)
+        want = torch.tensor(t, device=lp.device)
+        out.append((float(lp.gather(-1, want[:, None]).sum()), bool((lp.argmax(-1) == want).all())))
+    return out

@@ -5,8 +5,6 @@ and in another stage."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
@@ -71,58 +69,26 @@ def test_loglikelihood_equals_stock_hflm_per_request(loaded):
 
 
 def test_each_distinct_context_is_computed_once(loaded, monkeypatch):
-    """A multiple-choice item's context runs once (its row in a pass of contexts, several items' contexts side by
-    side); its choices run against that pass's keys and values, the whole input never again. HFLM runs context +
-    choice once per multi-token choice."""
+    """A multiple-choice item's context runs once (batch 1); its choices run as one batch against its cache, the
+    whole input never again. HFLM runs context + choice once per multi-token choice."""
     lm = ours(loaded, batch_size=16, max_length=64)
     reqs = [r for r in items(loaded, 6, greedy=True) if r.doc_id != 3]
-    calls: list[tuple[Any, bool]] = []
+    calls: list[tuple[int, int, bool]] = []
     forward = lm.model.forward
 
     def spy(input_ids=None, past_key_values=None, **kw):
-        calls.append((input_ids.clone(), past_key_values is not None))
+        calls.append((input_ids.shape[0], input_ids.shape[1], past_key_values is not None))
         return forward(input_ids=input_ids, past_key_values=past_key_values, **kw)
 
     monkeypatch.setattr(lm.model, "forward", spy)
     lm.loglikelihood(reqs, disable_tqdm=True)
-    from quantize.compat.lm_eval import encode_request
-
-    # P: the context's tokens but its last (module docstring of quantize/evaluate/lm.py)
-    contexts = {tuple(encode_request(lm.hf, *r.args)[0][:-1]) for r in reqs}
-    context_rows = [tuple(row.tolist()) for ids, cached in calls if not cached for row in ids]
-    choice_rows = [row for ids, cached in calls if cached for row in ids]
-    assert len(context_rows) == len(contexts) == 5  # one row per distinct context, over every pass
-    for c in contexts:  # each context is the start of exactly one row (the rest is padding)
-        assert sum(r[: len(c)] == c for r in context_rows) == 1
-    assert len(calls) < 2 * len(contexts)  # contexts of several items share a pass, their choices too
-    assert len(choice_rows) == 25  # five continuations per item
+    contexts = {r.args[0] for r in reqs}
+    prefixes = [c for c in calls if c[0] == 1 and not c[2]]
+    choices = [c for c in calls if c[2]]
+    assert len(prefixes) == len(contexts) == 5 and len(choices) == 5  # one context pass, one choice batch each
+    assert all(b == 5 for b, _, _ in choices)  # the item's five continuations in one batch
     width = max(len(lm.tok_encode(r.args[1])) for r in reqs) + 1
-    assert all(len(r) <= width + 3 for r in choice_rows)  # the choices' tokens only, never the context again
-
-
-def test_items_share_passes_of_shapes_of_their_own(loaded, monkeypatch):
-    """One-continuation items of other documents share a pass (the speed); every pass has the shape its rows
-    determine alone (width: a row's length rounded up to QUANTUM; at most batch_size rows), so a row's numbers
-    never depend on its neighbours'."""
-    from quantize.evaluate.lm import QUANTUM
-
-    lm = ours(loaded, batch_size=16, max_length=64)
-    one = [r for r in items(loaded, 24, seed=3) if r.idx == 0 and r.doc_id != 3]
-    passes: list[Any] = []
-    forward = lm.model.forward
-
-    def spy(input_ids=None, **kw):
-        passes.append(input_ids.clone())
-        return forward(input_ids=input_ids, **kw)
-
-    monkeypatch.setattr(lm.model, "forward", spy)
-    lm.loglikelihood(one, disable_tqdm=True)
-    assert len(passes) < len(one) // 2  # batched across items
-    assert sum(p.shape[0] for p in passes) == len(one)  # one row per item, no filler
-    for p in passes:
-        assert p.shape[0] <= 16 and p.shape[1] % QUANTUM == 0
-        lengths = [int((r != lm.pad).nonzero().max()) + 1 for r in p]
-        assert all(p.shape[1] - QUANTUM < n <= p.shape[1] for n in lengths)  # each row's own width
+    assert all(t <= width for _, t, _ in choices)  # the choices' tokens only, never the context again
 
 
 def test_an_item_has_the_same_bits_alone_in_a_batch_and_in_another_stage(loaded):
@@ -209,20 +175,3 @@ def test_a_suite_chooses_the_scorer_and_the_cache_key_says_which(tmp_path, tiny_
     assert cache.scorer_id(ours_s) == f"quantize-{cache.SCORER_REVISION}" and cache.scorer_id(hf_s) == "hf"
     run = cache.Runtime("cpu", "float32")
     assert cache.score_key(ours_s, "x" * 64, run) != cache.score_key(hf_s, "x" * 64, run)
-
-
-def test_every_item_gets_the_bits_it_gets_alone(loaded):
-    """On the whole mix (multiple choice, greedy continuations, an empty context, truncation at max_length, rolling
-    documents of several windows): scored together, every item gets exactly the floats it gets in a call of its
-    own (its passes then hold its rows only, where they held other items' too)."""
-    from lm_eval.api.instance import Instance
-
-    reqs = items(loaded, 12, seed=4, greedy=True)
-    docs = [Instance("loglikelihood_rolling", {}, (" ".join(r.args[0] for r in reqs[i::7]),), 0) for i in range(3)]
-    lm = ours(loaded, batch_size=16, max_length=24)
-    together = lm.loglikelihood(reqs, disable_tqdm=True)
-    alone = [a for d in range(12) for a in lm.loglikelihood([r for r in reqs if r.doc_id == d], disable_tqdm=True)]
-    assert alone == [a for d in range(12) for r, a in zip(reqs, together, strict=True) if r.doc_id == d]
-    assert lm.loglikelihood_rolling(docs, disable_tqdm=True) == [
-        lm.loglikelihood_rolling([d], disable_tqdm=True)[0] for d in docs
-    ]
