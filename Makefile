@@ -147,7 +147,7 @@ test-slow: model
 
 # Needs an accelerator and vLLM in the environment (pip install vllm); skips without them.
 test-gpu: setup
-	$(PY) -m pytest -m gpu -o addopts="" tests/evaluate/test_vllm.py
+	$(PY) -m pytest -m gpu -o addopts="" -s tests/evaluate/test_vllm.py tests/evaluate/test_cuda.py
 
 bench: model
 	$(PY) benchmarks/recipes_default_model.py

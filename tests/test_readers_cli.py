@@ -23,7 +23,8 @@ def cli(*argv: str, cwd=None) -> subprocess.CompletedProcess:
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # the repository first, then whatever path the run already has (packages installed beside, not in, the venv)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     try:
         return subprocess.run(
             [sys.executable, "-m", "quantize.cli", *argv],

@@ -175,3 +175,27 @@ def test_a_suite_chooses_the_scorer_and_the_cache_key_says_which(tmp_path, tiny_
     assert cache.scorer_id(ours_s) == f"quantize-{cache.SCORER_REVISION}" and cache.scorer_id(hf_s) == "hf"
     run = cache.Runtime("cpu", "float32")
     assert cache.score_key(ours_s, "x" * 64, run) != cache.score_key(hf_s, "x" * 64, run)
+
+
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "qwen3_moe"])
+def test_other_families_equal_stock_hflm_and_are_batch_independent(tmp_path, family):
+    """Sliding windows (Gemma 3; gpt-oss alternates sliding and full layers and has attention sinks) and routed
+    experts (Qwen3-MoE, gpt-oss: an expert's matmul sees whichever tokens are routed to it) are where a scorer
+    that packs rows differently from HFLM goes wrong: per request HFLM's numbers, and each item's floats the
+    same alone as among the others."""
+    import families
+
+    from quantize.checkpoint.loader import LastModel
+
+    model = LastModel().get(families.build(family, tmp_path / family), dtype="float32", on="cpu")
+    reqs = items(model, 8, greedy=True)
+    theirs = stock(model, batch_size=4, max_length=24).loglikelihood(reqs, disable_tqdm=True)
+    lm = ours(model, batch_size=16, max_length=24)
+    mine = lm.loglikelihood(reqs, disable_tqdm=True)
+    assert [g for _, g in mine] == [g for _, g in theirs]
+    assert np.abs(np.array([ll for ll, _ in mine]) - [ll for ll, _ in theirs]).max() <= TOL
+    for d in (0, 5):
+        item = [r for r in reqs if r.doc_id == d]
+        assert lm.loglikelihood(item, disable_tqdm=True) == [
+            a for r, a in zip(reqs, mine, strict=True) if r.doc_id == d
+        ]

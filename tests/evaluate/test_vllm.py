@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
+from formats import FORMATS, convert  # noqa: E402
+
 from quantize import records  # noqa: E402
 from quantize.cli import main  # noqa: E402
 from quantize.records import Verdict  # noqa: E402
@@ -84,35 +86,16 @@ def test_vllm_agreement_matches_hf_on_the_same_checkpoint(golden, tiny_model, ca
     assert out["kl_mean"] < 0.01 and out["top1"] > 0.95
 
 
-# Each format of 2026 as vLLM serves it against the same checkpoint scored by HF (dequantized, activations
-# fake-quantized) on the GPU: one checkpoint, two engines. By vLLM's docs FP8 W8A8 computes in FP8 from compute
-# capability 8.9 (Marlin weight-only from 7.5), NVFP4's FP4 tensor cores are SM100's and below it vLLM runs
-# NVFP4 weight-only (then its activations are not rounded as HF's are: only finite scores are required there).
-FORMATS = {
-    "NVFP4A16": {},
-    "NVFP4": {"calibration": "cal"},
-    "MXFP4A16": {},
-    "MXFP4": {},
-    "FP8_BLOCK": {},
-    "W4AFP8": {},
-    "FP8_DYNAMIC+KV": {"kv_cache": {"scheme": "FP8"}, "calibration": "cal"},
-}
-
-
+# Each format of 2026 (tests/formats.py) as vLLM serves it against the same checkpoint scored by HF (dequantized,
+# activations fake-quantized) on the GPU: one checkpoint, two engines.
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_each_format_serves_on_vllm_as_hf_scores_it(golden, tiny_model, tmp_path, capsys, fmt):
-    from convert.test_engine import CAL, run_ok, write_recipe
-
     from quantize.checkpoint.loader import LastModel
     from quantize.evaluate.agreement import _scorer, agreement_requests, baseline_topk, compare
     from quantize.evaluate.suite import open_suite
 
-    fields = dict(FORMATS[fmt])
-    fields["calibration"] = CAL if fields.get("calibration") else None
+    ckpt = convert(tmp_path, tiny_model, fmt, capsys)
     scheme = fmt.split("+")[0]
-    method = "fp8" if scheme == "FP8_DYNAMIC" else "rtn"
-    run_ok(write_recipe(tmp_path, tiny_model, "f", method=method, scheme=scheme, **fields), capsys)
-    ckpt = tmp_path / "out" / "f"
     hf, vl = open_suite(_suite(golden, "hf")), open_suite(_suite(golden, "vllm"))
     reqs = agreement_requests(hf)
     base = baseline_topk(_scorer(hf, ckpt, LastModel()), reqs, 5)
