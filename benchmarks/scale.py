@@ -246,10 +246,10 @@ def run_polled(cmd: list[str], env: dict, nice: int = 0, every: float = 0.2) -> 
     return child.returncode, out, err, peak
 
 
-def convert(model: Path, out: Path, recipe: dict, streaming: str, nice: int = 0) -> dict:
+def convert(model: Path, out: Path, recipe: dict, streaming: str, nice: int = 0, max_memory: str | None = None) -> dict:
     """`quantize run` in a child process; its wall time, its quantize.json's peak RSS (the child's VmHWM) and the
     process tree's polled peak RSS. `streaming` is the recipe's streaming: (on, off), or for a calibrated recipe
-    "offload-on"/"offload-off", its offload:."""
+    "offload-on"/"offload-off", its offload:. `max_memory`: run's --max-memory (the plan's budget)."""
     import yaml
 
     rfile = out.parent / f"{out.name}.yaml"
@@ -258,7 +258,18 @@ def convert(model: Path, out: Path, recipe: dict, streaming: str, nice: int = 0)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
     rc, _, err, tree_peak = run_polled(
-        [sys.executable, "-m", "quantize.cli", "run", str(rfile), "--quiet", "--force"], env, nice
+        [
+            sys.executable,
+            "-m",
+            "quantize.cli",
+            "run",
+            str(rfile),
+            "--quiet",
+            "--force",
+            *(["--max-memory", max_memory] if max_memory else []),
+        ],
+        env,
+        nice,
     )
     wall = time.perf_counter() - t0
     if rc:
@@ -343,6 +354,11 @@ def main() -> None:
         help="for sources bigger than memory: print quantize inspect and cost --checkpoint for each output, delete "
         "each output once measured and each source once converted (so one source and one output at most on disk)",
     )
+    ap.add_argument(
+        "--max-memory",
+        help="quantize run's --max-memory (e.g. 660MiB): the plan's budget, which decides whether the output's full "
+        "reload check is planned in (it fits) or the output is checked tensor by tensor",
+    )
     ap.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results" / "scale")
     args = ap.parse_args()
     s = Shape(
@@ -362,7 +378,7 @@ def main() -> None:
             runs = [("gptq-w4a16", f"offload-{m}") for m in args.gptq]
         for rname, streaming in runs:
             out = args.work / f"{rname}-{depth}-{streaming}"
-            r = convert(model, out, GPTQ if args.gptq else RECIPES[rname], streaming, args.nice)
+            r = convert(model, out, GPTQ if args.gptq else RECIPES[rname], streaming, args.nice, args.max_memory)
             if not args.gptq:
                 r["expected_linear_bits"] = round(expected_linear_bits(s, rname), 6)
             rows.append({"depth": depth, "recipe": rname, **r})
@@ -377,18 +393,22 @@ def main() -> None:
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.with_suffix(".json").write_text(
-        json.dumps({"shape": s.__dict__, "cpu": cpu, "disk": disk, "rows": rows}, indent=2) + "\n"
+        json.dumps(
+            {"shape": s.__dict__, "cpu": cpu, "disk": disk, "max_memory": args.max_memory, "rows": rows}, indent=2
+        )
+        + "\n"
     )
     if texts:
         args.results.with_suffix(".txt").write_text("\n".join(texts))
     head = (
         "| depth | recipe | path | source (MiB) | output (MiB) | wall (s) | peak RSS (MiB) | tree peak RSS (MiB) "
-        "| read MB/s | written MB/s |"
+        "| read MB/s | written MB/s | reload check |"
     )
-    lines = [f"Measured on {cpu}; shape {s.__dict__}; disk {disk}.", "", head, "|" + "---|" * 10]
+    budget = f"; --max-memory {args.max_memory}" if args.max_memory else ""
+    lines = [f"Measured on {cpu}; shape {s.__dict__}; disk {disk}{budget}.", "", head, "|" + "---|" * 11]
     lines += [
         f"| {r['depth']} | {r['recipe']} | {r['path']} | {r['source_mib']} | {r['output_mib']} | {r['wall_s']} | "
-        f"{r['peak_rss_mib']} | {r['tree_peak_rss_mib']} | {r['read_mb_s']} | {r['written_mb_s']} |"
+        f"{r['peak_rss_mib']} | {r['tree_peak_rss_mib']} | {r['read_mb_s']} | {r['written_mb_s']} | {r['reload']} |"
         for r in rows
     ]
     args.results.with_suffix(".md").write_text("\n".join(lines) + "\n")
