@@ -93,7 +93,9 @@ def test_a_registered_mapping_that_does_not_fit_deepseek_v3_is_refused_before_lo
 @pytest.mark.parametrize("family", [*DENSE, *MOE])
 def test_the_librarys_mappings_resolve_on_every_family_but_deepseek_v3_awq(tmp_path, family):
     """Dense families (registered, or Llama-named), and MoE families with experts laid out as oneshot lays them out
-    (Mixtral, OLMoE and gpt-oss through the library's default): one smoothing layer per set, every layer reached."""
+    (Mixtral, OLMoE and gpt-oss through the library's default): one smoothing layer per set, every layer reached,
+    and where the meta forward runs, each norm's balance layers read that norm's output. Not DeepSeek-V3's AWQ, nor
+    SmoothQuant on Gemma 2 and 3 (the next test)."""
     try:
         model = laid_out(tmp_path, family)
     except NotLinearizable:  # llm-compressor cannot lay out Llama 4's text-only experts: the plan refuses it
@@ -103,6 +105,9 @@ def test_the_librarys_mappings_resolve_on_every_family_but_deepseek_v3_awq(tmp_p
         r = resolve(model, method)
         if (family, method) == ("deepseek_v3", Method.awq):
             assert r.problem is not None and "smoothing layers into one set" in r.problem
+            continue
+        if family in ("gemma2", "gemma3_text") and method is Method.smoothquant:
+            assert r.problem is not None and "reads the output of model.layers.0.pre_feedforward_layernorm" in r.problem
             continue
         assert r.problem is None, (family, method, r)
         assert r.sets >= 2 and r.sets % 2 == 0  # every mapping closes once per decoder layer (2 layers)
@@ -115,3 +120,23 @@ def test_the_same_family_converts_with_a_method_that_needs_no_mapping(tmp_path, 
     fields = dict(method="rtn", scheme="W4A16", group_size=64, calibration=None)
     recipe.write_text(yaml.safe_dump({"name": "g", "model": str(model), "output": str(tmp_path / "g"), **fields}))
     assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_smoothquant_into_a_norm_its_linears_do_not_read_is_refused_before_loading(
+    tmp_path, monkeypatch, capsys, family
+):
+    """llm-compressor 0.14 gives Gemma 2 and 3 its default SmoothQuant mappings: post_attention_layernorm smoothed
+    into gate_proj/up_proj, which in these models read pre_feedforward_layernorm's output (post_attention_layernorm
+    feeds the residual). Dividing one norm and scaling linears the other feeds changes the model (measured: logits
+    moved by up to 1.16 with no quantization at all), so the run is refused before loading, naming the norm the
+    linears do read; AWQ's own Gemma mappings (pre_feedforward_layernorm) pass the same trace."""
+    from families import build
+
+    code, err = run(tmp_path, build(family, tmp_path / family), SQ, monkeypatch, capsys)
+    assert code == 2, err
+    assert "llm-compressor's SmoothQuant mapping for" in err and "does not fit this model" in err
+    assert "smooths model.layers.0.post_attention_layernorm into model.layers.0.mlp.gate_proj" in err
+    assert "reads the output of model.layers.0.pre_feedforward_layernorm" in err
+    assert "Nothing was loaded" in err and "`mappings:`" in err
+    assert resolve(laid_out(tmp_path / "awq", family), Method.awq).problem is None

@@ -10,7 +10,14 @@ cannot apply:
 - a mapping's targets do not close into one set per layer (compressed-tensors raises), or a set holds more
   than one smoothing layer (the modifier raises "AWQ needs to match a single smoothlayer for each mapping",
   as on DeepSeek-V3 with dense first layers, whose routers exist only in later layers);
-- no mapping matches anything (the default's names are not this model's): the run would smooth nothing.
+- no mapping matches anything (the default's names are not this model's): the run would smooth nothing;
+- a mapping smooths a norm (a 1-D weight, which absorbs the smoothing by division) into linears that do not read
+  that norm's output, so the smoothing would change what the model computes: traced by one forward of the meta
+  model (shapes only) with hooks, where that forward runs (not where routing needs data, e.g. an MoE's experts).
+  llm-compressor 0.14 registers its default mappings for Gemma 2 and Gemma 3, which smooth
+  post_attention_layernorm into gate_proj/up_proj; in those models that norm feeds the residual and the MLP reads
+  pre_feedforward_layernorm, and SmoothQuant alone (no quantization) moved the logits of a tiny Gemma 2 by up to
+  1.16 (KL 0.028; 7e-7 on Llama; docs/families.md).
 The mapping data is the library's; nothing here names an architecture."""
 
 from __future__ import annotations
@@ -38,18 +45,28 @@ class Resolution:
 
 def _chosen(model: Any, method: Method) -> tuple[list[tuple[str, ...]], bool]:
     """The library's mappings for `model` as (smoothing layer, *balance layers) target tuples, and whether they
-    are its default."""
+    are its fallback default: the model's class is in neither of its registries (a class registered to the same
+    list as the default is registered, e.g. Gemma 2's SmoothQuant entry)."""
+    name = type(model).__name__
     if method is Method.awq:
-        from llmcompressor.modifiers.transform.awq.dynamic_mappings import get_layer_mappings_from_model
-        from llmcompressor.modifiers.transform.awq.mappings import default_mappings
+        from llmcompressor.modifiers.transform.awq.dynamic_mappings import (
+            AWQ_DYNAMIC_MAPPING_REGISTRY,
+            get_layer_mappings_from_model,
+        )
+        from llmcompressor.modifiers.transform.awq.mappings import AWQ_MAPPING_REGISTRY
 
         maps = get_layer_mappings_from_model(model)
-        return [(m.smooth_layer, *m.balance_layers) for m in maps], maps is default_mappings
-    from llmcompressor.modifiers.transform.smoothquant.dynamic_mappings import get_layer_mappings_from_model
-    from llmcompressor.modifiers.transform.smoothquant.utils import DEFAULT_SMOOTHQUANT_MAPPINGS
+        default = name not in AWQ_DYNAMIC_MAPPING_REGISTRY and name not in AWQ_MAPPING_REGISTRY
+        return [(m.smooth_layer, *m.balance_layers) for m in maps], default
+    from llmcompressor.modifiers.transform.smoothquant.dynamic_mappings import (
+        SMOOTHQUANT_DYNAMIC_MAPPING_REGISTRY,
+        get_layer_mappings_from_model,
+    )
+    from llmcompressor.modifiers.transform.smoothquant.utils import MAPPINGS_REGISTRY
 
     maps = get_layer_mappings_from_model(model)
-    return [(m.smooth_layers, *m.balance_layers) for m in maps], maps is DEFAULT_SMOOTHQUANT_MAPPINGS
+    default = name not in SMOOTHQUANT_DYNAMIC_MAPPING_REGISTRY and name not in MAPPINGS_REGISTRY
+    return [(m.smooth_layers, *m.balance_layers) for m in maps], default
 
 
 def resolve(model: Any, method: Method) -> Resolution:
@@ -58,7 +75,7 @@ def resolve(model: Any, method: Method) -> Resolution:
 
     mappings, default = _chosen(model, method)
     names = {id(m): n for n, m in model.named_modules()}
-    sets = 0
+    sets, resolved = 0, []
     for targets in mappings:
         try:
             groups = list(match_modules_set(model, targets))
@@ -75,8 +92,56 @@ def resolve(model: Any, method: Method) -> Resolution:
                     "needs exactly one per set",
                 )
         sets += len(groups)
+        resolved += [(targets, smooth[0], [b for group in balance for b in group]) for smooth, *balance in groups]
     problem = None if sets else f"none of its {len(mappings)} mappings matches a layer of this model"
-    return Resolution(default, len(mappings), sets, problem)
+    return Resolution(default, len(mappings), sets, problem or unfed(model, resolved, names))
+
+
+def unfed(model: Any, resolved: list[tuple[Any, Any, list[Any]]], names: dict[int, str]) -> str | None:
+    """The first resolved set whose smoothing layer is a norm (a 1-D weight: the smoothing is folded into it by
+    division) while a balance layer reads another tensor than that norm's output, traced by one forward of the
+    meta-device model with hooks (the same tensor object, not an equal one); None when every such set is fed by
+    its norm, or when that forward cannot run on the meta device (then nothing is claimed)."""
+    import torch
+
+    norms = [r for r in resolved if getattr(r[1], "weight", None) is not None and r[1].weight.ndim == 1]
+    if not norms:
+        return None
+    produced: dict[int, str] = {}  # id of a module's output tensor -> the innermost module that returned it
+    inputs: dict[int, Any] = {}  # id of a balance layer -> the tensor it read first
+    keep: list[Any] = []  # the traced tensors stay alive, so no id is reused during the trace
+    balance = {id(b) for _, _, bs in norms for b in bs}
+
+    def hook(module: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            keep.append(out)
+            produced.setdefault(id(out), names.get(id(module), "?"))
+        if id(module) in balance and id(module) not in inputs:
+            x = args[0] if args else next(iter(kwargs.values()), None)
+            keep.append(x)
+            inputs[id(module)] = x
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, 4, dtype=torch.long, device="meta"))
+    except Exception:  # any architecture's forward: data-dependent ops (an MoE's routing) cannot run on meta
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    for targets, norm, bs in norms:
+        for b in bs:
+            x = inputs.get(id(b))
+            if x is None or produced.get(id(x)) == names.get(id(norm)):
+                continue
+            reads = produced.get(id(x))
+            return (
+                f"mapping {targets} smooths {names.get(id(norm))} into {names.get(id(b))}, but that layer reads "
+                f"{'the output of ' + reads if reads else 'another tensor'}, not that norm's (traced on the meta "
+                "device): the smoothing would change what the model computes"
+            )
+    return None
 
 
 def check_mappings(model_dir: Path, recipe: Recipe) -> Resolution | None:
