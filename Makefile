@@ -134,6 +134,7 @@ gate-own: model
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest
 
 # The fuzz target: 1,000 cases of each input kind through the CLI (recipes, policies, suites,

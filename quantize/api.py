@@ -249,7 +249,7 @@ def write_report(
     the CLI's. Every cached figure is found by the checkpoints' identities: weights identified by Hub blob names
     are read back first (checkpoint/files.BlobCheck), and a name that lies raises UsageError naming the blob."""
     if x not in ("bytes", "bpw"):
-        raise UsageError(f"x {x!r} is not an axis of the report; give \"bytes\" or \"bpw\"")
+        raise UsageError(f'x {x!r} is not an axis of the report; give "bytes" or "bpw"')
     from quantize.checkpoint.files import BlobCheck, checkpoint_folders
     from quantize.report.collect import collect, report_suite
     from quantize.report.render import write_report as render_report

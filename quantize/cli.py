@@ -462,9 +462,7 @@ def _golden_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     gn = gs.add_parser("new", help="a golden set from your own JSONL items")
     gn.add_argument("out", help="the new version folder, e.g. golden/faq/v1")
     gn.add_argument("--from", dest="source", required=True, help="JSONL file, one item per line")
-    gn.add_argument(
-        "--type", required=True, choices=ItemTypes(), metavar="TYPE", help="the items' type: %(choices)s"
-    )
+    gn.add_argument("--type", required=True, choices=ItemTypes(), metavar="TYPE", help="the items' type: %(choices)s")
     gn.add_argument("--task", help="task name (default: <set>_<type>)")
     gn.add_argument("--regex", help="generate: extract the answer with this regex (its group, if it has one)")
     gn.add_argument("--stop", action="append", help="generate: a stop sequence (repeat; default \\n; \\n, \\t read)")

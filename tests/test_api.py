@@ -33,8 +33,7 @@ def setup(tmp_path_factory):
     suite = suite_file(base / "suite.yaml", golden)
     policy = base / "gate.yaml"
     policy.write_text(
-        f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.1}}\n"
-        "  - {agreement: kl, max: 0.5}\n"
+        f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.1}}\n  - {{agreement: kl, max: 0.5}}\n"
     )
     return base, suite, policy
 
