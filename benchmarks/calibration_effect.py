@@ -72,7 +72,7 @@ def run_cell(cell: str, outputs: Path, model: Path) -> None:
         r = _cli("run", str(recipe), "--output", str(out), "--quiet", "--force")
         if r.returncode != 0:
             raise SystemExit(f"{cell}: quantize run exited {r.returncode}:\n{r.stderr[-3000:]}")
-        print(f"{cell}: converted in {time.perf_counter() - t0:.0f} s (under load)", file=sys.stderr)
+        print(f"{cell}: converted in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     verdict = outputs / f"{cell}.verdict.json"
     if not verdict.is_file():
         t0 = time.perf_counter()
@@ -83,7 +83,7 @@ def run_cell(cell: str, outputs: Path, model: Path) -> None:
         tmp = verdict.with_suffix(".tmp")
         tmp.write_text(r.stdout)
         tmp.replace(verdict)
-        print(f"{cell}: gated in {time.perf_counter() - t0:.0f} s (under load)", file=sys.stderr)
+        print(f"{cell}: gated in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
 
 def calibration_only(cell: str, model: Path) -> dict[str, Any]:
