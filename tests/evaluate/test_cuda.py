@@ -5,8 +5,6 @@ printed (`-s`) for docs/results.md."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -16,11 +14,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from formats import FORMATS, convert  # noqa: E402
-
-from quantize import records  # noqa: E402
-from quantize.cli import main  # noqa: E402
-from quantize.records import Verdict  # noqa: E402
+from formats import FORMATS, aa_gate, convert  # noqa: E402
 
 from conftest import small_golden, suite_file  # noqa: E402
 
@@ -95,16 +89,7 @@ def test_our_scorer_equals_stock_hflm_on_cuda(tmp_path, family):
 @pytest.mark.parametrize("backend", ["quantize", "hf"])
 def test_a_a_gate_on_cuda_passes_with_zero_disagreement(golden, tiny_model, capsys, backend):
     """A sequential gate of a checkpoint against itself, scored and compared on the GPU: pass, KL ~0, top-1 1."""
-    policy = golden / f"aa-{backend}.yaml"
-    policy.write_text(
-        f"suite: {_suite(golden, 'cuda', backend)}\nsequential: {{looks: [0.5, 1.0]}}\nrules:\n"
-        "  - {task: core_facts, metric: acc, margin: 0.4}\n  - {task: core_prose, metric: perplexity, max_ratio: 1.5}\n"
-        "  - {agreement: kl, max: 0.05}\n  - {agreement: top1, min: 0.9}\n"
-    )
-    code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json"])
-    v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
-    kl = next(r for r in v.rules if r.rule == "agreement kl").evidence
-    top1 = next(r for r in v.rules if r.rule == "agreement top1").evidence
+    code, v, kl, top1 = aa_gate(golden / f"aa-{backend}.yaml", _suite(golden, "cuda", backend), tiny_model, capsys)
     print(f"\nFIGURE A/A gate on cuda ({backend}): {v.verdict}, kl {kl.value:.2e}, top1 {top1.value:.4f}")
     assert code == 0 and v.verdict == "pass"
     assert kl.value < 1e-6 and top1.value == 1.0

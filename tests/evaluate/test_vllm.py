@@ -4,7 +4,6 @@ the conversion from prompt log-probabilities is tested without either in tests/e
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -16,11 +15,7 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device", allow_module_level=True)
 
-from formats import FORMATS, convert  # noqa: E402
-
-from quantize import records  # noqa: E402
-from quantize.cli import main  # noqa: E402
-from quantize.records import Verdict  # noqa: E402
+from formats import FORMATS, aa_gate, convert  # noqa: E402
 
 from conftest import small_golden, suite_file  # noqa: E402
 
@@ -53,17 +48,8 @@ def test_sequential_a_a_gate_on_vllm_builds_one_engine_per_checkpoint(golden, ti
         real(self, *a, **k)
 
     monkeypatch.setattr(vllm_causallms.VLLM, "__init__", counting)
-    policy = golden / "seq-vllm.yaml"
-    policy.write_text(
-        f"suite: {_suite(golden, 'vllm')}\nsequential: {{looks: [0.5, 1.0]}}\nrules:\n"
-        "  - {task: core_facts, metric: acc, margin: 0.4}\n  - {task: core_prose, metric: perplexity, max_ratio: 1.5}\n"
-        "  - {agreement: kl, max: 0.05}\n  - {agreement: top1, min: 0.9}\n"
-    )
-    code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json"])
-    v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    code, v, kl, top1 = aa_gate(golden / "seq-vllm.yaml", _suite(golden, "vllm"), tiny_model, capsys)
     assert code == 0 and v.verdict == "pass"
-    kl = next(r for r in v.rules if r.rule == "agreement kl").evidence
-    top1 = next(r for r in v.rules if r.rule == "agreement top1").evidence
     assert kl.value < 1e-3 and top1.value > 0.99  # the same engine on the same checkpoint
     assert len(built) == 1  # baseline and candidate are one checkpoint: one engine for scores and agreement
 
