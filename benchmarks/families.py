@@ -65,8 +65,8 @@ def cli(*args: str) -> tuple[int, str, str]:
 
 def last_line(text: str) -> str:
     """The message the CLI printed for its exit (its `quantize COMMAND: ...` line), else the last line."""
-    lines = [ln for ln in text.strip().splitlines() if ln.strip() and "warn" not in ln.lower()]
-    said = [ln for ln in lines if ln.startswith("quantize ")] or lines
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    said = [ln for ln in lines if ln.startswith("quantize ")] or [ln for ln in lines if "warn" not in ln.lower()]
     return said[-1][:400] if said else ""
 
 
