@@ -380,3 +380,25 @@ def test_offloaded_gptq_writes_the_same_weights_as_in_memory(tmp_path, tiny_mode
     assert off["memory_plan"]["reload"] == "full" and off["finite_checks"][0]["rows"] > 0  # it fits: reloaded
     assert off["weights_sha256"] == mem["weights_sha256"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["mem", "off"]  # no offload folder left
+
+
+def test_gptqmodel_refuses_kept_layers_for_what_they_are(tmp_path):
+    """The gptqmodel backend refuses, before loading, a plan it cannot write for transformers: a layer whose input
+    features the group does not divide is named as such; an MoE's router kept at 16 bits is named as kept (it was
+    reported as an indivisible layer, though its 128 features are a multiple of 64)."""
+    from quantize.convert.backends.gptqmodel import GPTQModelBackend
+    from quantize.convert.plan import ROUTER_REASON, LayerPlan
+    from quantize.convert.recipe import parse_recipe
+
+    r = parse_recipe(
+        {"name": "g", "model": str(tmp_path), "output": str(tmp_path / "o"), "method": "gptq", "scheme": "W4A16",
+         "group_size": 64, "backend": "gptqmodel", "calibration": CAL}
+    )  # fmt: skip
+    ok = LayerPlan(groups={64: ["model.layers.0.mlp.up_proj"]})
+    assert GPTQModelBackend().prepare(r, ok) is None
+    router = LayerPlan(groups={64: ["model.layers.0.mlp.up_proj"]}, kept={"model.layers.0.mlp.gate": ROUTER_REASON})
+    with pytest.raises(UsageError, match=r"keeps 1 layer\(s\) at 16 bits \(e\.g\. model\.layers\.0\.mlp\.gate: router"):
+        GPTQModelBackend().prepare(r, router)
+    odd = LayerPlan(groups={64: ["a"]}, kept={"b": "in_features 96 is not divisible by 64"})
+    with pytest.raises(UsageError, match="input features the group does not divide"):
+        GPTQModelBackend().prepare(r, odd)

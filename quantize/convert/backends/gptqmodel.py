@@ -27,17 +27,28 @@ class GPTQModelBackend:
     }
 
     def prepare(self, recipe: Recipe, plan: LayerPlan) -> Any:
-        """GPTQModel writes a second group size as a per-module `dynamic` override, which transformers cannot
-        load: the group must divide every layer. It configures itself from the recipe (no modifiers)."""
-        if len(plan.groups) > 1 or plan.kept:
-            g = recipe.weight_group
-            odd = sorted({n for size, names in plan.groups.items() if size != g for n in names} | set(plan.kept))
+        """GPTQModel writes a second group size, or a layer left out, as a per-module `dynamic` override, which
+        transformers cannot load (measured for a second group size): the group must divide every layer, and the
+        plan may keep no layer at 16 bits (an MoE's routers, an override). It configures itself from the recipe."""
+        g = recipe.weight_group
+        odd = sorted(
+            {n for size, names in plan.groups.items() if size != g for n in names}
+            | {n for n, why in plan.kept.items() if why.startswith("in_features")}
+        )
+        if odd:
             raise UsageError(
                 f"backend: gptqmodel with group_size {g}: {len(odd)} layer(s) (e.g. {odd[0]}) have "
                 "input features the group does not divide, and GPTQModel writes their other group size as a per-module "
                 "`dynamic` override, which transformers cannot load (GPTQModel warns so; measured: the reload fails). "
                 "Choose a group_size that divides every layer's input features (64 for SmolLM2's 576), or use "
                 "backend: llmcompressor"
+            )
+        if plan.kept:
+            name, why = sorted(plan.kept.items())[0]
+            raise UsageError(
+                f"backend: gptqmodel: the layer plan keeps {len(plan.kept)} layer(s) at 16 bits (e.g. {name}: {why}); "
+                "GPTQModel would have to write each as a per-module `dynamic` exclusion, which is not checked to load "
+                "in transformers here, so the run stops before loading. Use backend: llmcompressor, which keeps them"
             )
         return None
 
