@@ -340,7 +340,7 @@ def test_the_report_reads_one_runtime_for_every_entry(world, tiny_model, tmp_pat
         digest = cache.score_path(s, e.sha256, run).with_suffix(".sha256")
         digest.parent.mkdir(parents=True, exist_ok=True)
         digest.write_text("0" * 64)
-    assert report_runtime(s, [base]) == on_cuda  # the baseline's, though three candidates have CPU scores
+    assert report_runtime(s, [base, *cands], base) == on_cuda  # the baseline's, though three candidates have CPU scores
     assert report_runtime(s, cands) == cache.runtimes(s)[0]
     # nothing scored, agreement measured on an accelerator (`quantize agree` on a GPU): its runtime, so the report
     # shows those agreements (it read the CPU's and showed none, found on an H200)
@@ -349,12 +349,12 @@ def test_the_report_reads_one_runtime_for_every_entry(world, tiny_model, tmp_pat
     agreed = cache.agreement_path(s, base.sha256, cands[1].sha256, on_cuda)
     agreed.parent.mkdir(parents=True)
     agreed.write_text("{}")
-    assert report_runtime(s, [base]) == on_cpu and report_runtime(s, [base], cands) == on_cuda
+    assert report_runtime(s, [base]) == on_cpu and report_runtime(s, [base, *cands], base) == on_cuda
     # scores come first: the baseline scored on the CPU outweighs agreements on the accelerator
     digest = cache.score_path(s, base.sha256, on_cpu).with_suffix(".sha256")
     digest.parent.mkdir(parents=True, exist_ok=True)
     digest.write_text("0" * 64)
-    assert report_runtime(s, [base], cands) == on_cpu
+    assert report_runtime(s, [base, *cands], base) == on_cpu
 
 
 def test_the_verdict_names_its_score_files_and_a_policy_can_pin_the_baseline(world, tiny_model, tmp_path, capsys):

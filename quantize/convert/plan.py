@@ -67,6 +67,10 @@ def divisor_group(in_features: int, group_size: int) -> int | None:
     return None
 
 
+# how a layer's kept-at-16-bits reason begins when the group does not divide its input features (the gptqmodel
+# backend tells these apart from other kept layers)
+INDIVISIBLE = "in_features"
+
 ROUTER_REASON = (
     "router of an MoE layer: its logits choose each token's experts, so rounding it reroutes tokens, and it is a "
     "tiny share of the bytes (llm-compressor's MoE examples ignore it too)"
@@ -269,7 +273,7 @@ def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
             plan.groups.setdefault(g2, []).append(name)
         else:
             what = f"group_size {g}" if getattr(recipe, "smaller_groups", True) else f"the format's group of {g}"
-            plan.kept[name] = f"in_features {module.in_features} is not divisible by {what}"
+            plan.kept[name] = f"{INDIVISIBLE} {module.in_features} is not divisible by {what}"
     if bad:
         raise UsageError(
             f"group_size {g} does not divide the input features of {len(bad)} layer(s), e.g. {bad[0]}; "

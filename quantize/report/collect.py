@@ -259,9 +259,7 @@ def collect(
     policy = load_policy(policy_path) if policy_path else None
     needs_agr = policy is not None and any(isinstance(r, AgreementRule) for r in policy.rules)
     suite = open_suite(suite_path)
-    run = report_runtime(
-        suite, [base] if base else entries, [e for e in entries if not e.is_baseline] if base else None
-    )
+    run = report_runtime(suite, entries, base)
     for e in entries:
         e.scores = cache.lookup_scores(suite, e.sha256, run)
         if base and not e.is_baseline:
@@ -272,19 +270,18 @@ def collect(
     return entries
 
 
-def report_runtime(suite: Any, anchors: list[Entry], compared: list[Entry] | None = None) -> cache.Runtime:
+def report_runtime(suite: Any, entries: list[Entry], base: Entry | None = None) -> cache.Runtime:
     """The one runtime the report reads every entry's scores under, so it never sets numbers computed on a CPU
-    beside numbers from an accelerator: the one under which most of `anchors` (the baseline, else every entry)
-    have scores, then (on a tie, e.g. when nothing was scored and `quantize agree` measured on a GPU) the one
-    under which most of `compared` (the candidates) have an agreement with the baseline, then the first of
-    `cache.runtimes` (a CPU without the checkpoints' own code)."""
-    base = anchors[0] if compared else None
+    beside numbers from an accelerator: the one under which most anchors (the baseline, else every entry) have
+    scores, then (on a tie, e.g. when nothing was scored and `quantize agree` measured on a GPU) the one under
+    which most of the other entries have an agreement with the baseline, then the first of `cache.runtimes` (a
+    CPU without the checkpoints' own code)."""
+    anchors = [base] if base else entries
+    others = [e for e in entries if e is not base] if base else []
 
     def found(r: cache.Runtime) -> tuple[int, int]:
         scored = sum(cache.score_file_sha256(suite, e.sha256, r) is not None for e in anchors)
-        agreed = (
-            sum(cache.agreement_path(suite, base.sha256, e.sha256, r).is_file() for e in compared or []) if base else 0
-        )
+        agreed = sum(cache.agreement_path(suite, base.sha256, e.sha256, r).is_file() for e in others if base)
         return scored, agreed
 
     return max(cache.runtimes(suite), key=found)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from quantize.convert.backends.base import Job
-from quantize.convert.plan import LayerPlan
+from quantize.convert.plan import INDIVISIBLE, LayerPlan
 from quantize.convert.recipe import WEIGHT_ONLY_INT, AWQRecipe, GPTQRecipe, Recipe
 from quantize.convert.runtime import cpu_safe_calibration
 from quantize.errors import UsageError
@@ -33,7 +33,7 @@ class GPTQModelBackend:
         g = recipe.weight_group
         odd = sorted(
             {n for size, names in plan.groups.items() if size != g for n in names}
-            | {n for n, why in plan.kept.items() if why.startswith("in_features")}
+            | {n for n, why in plan.kept.items() if why.startswith(INDIVISIBLE)}
         )
         if odd:
             raise UsageError(
