@@ -25,9 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository
 def pytest_configure(config):
     """The default and slow runs state the CPU's float32 contract (scores within 1e-4 of lm-eval's own, A/A
     agreement exactly 1, CPU cache keys): on a machine with a GPU a suite's `device: auto` would pick it, in the
-    checkpoint's own dtype, and six of them failed there (seen on an H200). So the
-    accelerator is hidden unless the run selects the `gpu` tests (`make test-gpu`), which state the GPU's own
-    contract (tests/evaluate/test_cuda.py)."""
+    checkpoint's own dtype, and six of them failed there (seen on an H200). So the accelerator is hidden unless the
+    run selects the `gpu` tests (`make test-gpu`), which state the GPU's own contract (tests/evaluate/test_cuda.py)."""
     import re
 
     if not re.search(r"(?<!not )\bgpu\b", config.getoption("markexpr") or ""):

@@ -1,7 +1,7 @@
 """Scoring on a CUDA device with the HF backends, no vLLM needed (`make test-gpu`): every format of
 tests/formats.py scored on the GPU as on the CPU, our scorer (`backend: quantize`) against lm-eval's stock HFLM
-on the GPU for a dense, a sliding-window and two MoE families, and an A/A gate with `device: cuda`. Figures are
-printed (`-s`) for docs/results.md."""
+on the GPU for Llama, Gemma 3 (sliding windows), gpt-oss, Qwen3-MoE and DeepSeek-V3 (MoE), and an A/A gate with
+`device: cuda`. Figures are printed (`-s`) for docs/results.md."""
 
 from __future__ import annotations
 
