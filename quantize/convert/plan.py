@@ -38,6 +38,7 @@ class LayerPlan:
     ignored: dict[str, str] = field(default_factory=dict)  # Linear layers the targets match and `ignore` removes
     fused: list[str] = field(default_factory=list)  # the fused 3-D expert tensors of the model as loaded
     family: str = ""  # config.json's model_type of an MoE (empty for a dense model)
+    model_type: str = ""  # config.json's model_type, dense or MoE (a backend may refuse a family before loading)
     schemes: dict[str, str] = field(default_factory=dict)  # layer -> another scheme than the recipe's (overrides)
 
     @property
@@ -227,7 +228,7 @@ def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
     import torch
     from compressed_tensors.utils.match import match_named_modules
 
-    plan = LayerPlan()
+    plan = LayerPlan(model_type=str(model.config.model_type))
     _moe(model, recipe, plan)
     layers = [
         (n, m)

@@ -315,3 +315,46 @@ def test_agree_over_a_folder_skips_a_checkpoint_it_cannot_load(tmp_path, capsys,
     assert "gptqmodel-tiny: not measured here" in out.err and "make gptq-env" in out.err
     code = main(["agree", "evaluate/core.yaml", str(outs / "gptqmodel-tiny"), "--baseline", str(tiny_model)])
     assert code == 2 and "make gptq-env" in capsys.readouterr().err
+
+
+@gptq
+def test_gptqmodel_compat_assumptions_hold_and_a_broken_one_is_found(monkeypatch):
+    """quantize/compat/gptqmodel.py: the versions, defuser's registry and GPTQModel's RoPE initializer as read.
+    Fails loudly on an upgrade: read that module, check the new version, then widen CHECKED."""
+    from quantize.compat import gptqmodel as compat
+
+    assert compat.problems() == []
+    assert compat.defused("phi3") and not compat.defused("llama") and not compat.defused("gemma3_text")
+    monkeypatch.setattr(compat, "version", lambda _name: "9.0.0")
+    assert any("outside the checked range" in p for p in compat.problems())
+
+
+@gptq
+def test_gptqmodel_converts_gemma3_with_its_own_rope_parameters(tmp_path, capsys):
+    """GPTQModel 7.6's RoPE initializer adds keys to Gemma 3's per-layer-type rope_parameters, and its save then
+    stopped (exit 3, AttributeError): the source's parameters go back before saving, and the checkpoint reloads."""
+    from families import build
+
+    from quantize import records
+    from quantize.records import RunRecord
+
+    source = build("gemma3_text", tmp_path / "source")
+    assert main(["run", str(_recipe(tmp_path, source, "method: gptq\nscheme: W4A16\ngroup_size: 64"))]) == 0
+    out = tmp_path / "out"
+    saved, own = (json.loads((d / "config.json").read_text())["rope_parameters"] for d in (out, source))
+    assert saved == own and set(saved) == {"full_attention", "sliding_attention"}
+    meta = records.read(RunRecord, out / "quantize.json")
+    assert meta.bits.format == "gptq" and all(c.finite for c in meta.finite_checks)
+
+
+@gptq
+def test_gptqmodel_refuses_a_family_it_writes_defused_before_loading(tmp_path, capsys):
+    """Phi-3: GPTQModel writes its fused gate_up_proj as gate_proj and up_proj, which transformers' Phi-3 does not
+    load (measured: the reload check refused it, exit 3, after the whole calibration); exit 2 before loading."""
+    from families import build
+
+    source = build("phi3", tmp_path / "source")
+    code = main(["run", str(_recipe(tmp_path, source, "method: gptq\nscheme: W4A16\ngroup_size: 64"))])
+    err = capsys.readouterr().err
+    assert code == 2 and "phi3 model" in err and "gate_up_proj" in err and "backend: llmcompressor" in err
+    assert not (tmp_path / "out").exists()

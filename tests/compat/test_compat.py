@@ -201,3 +201,24 @@ def test_an_oneshot_that_no_longer_linearizes_experts_first_is_found(monkeypatch
     monkeypatch.undo()
     monkeypatch.delattr(linearize, "get_non_linearized_moes")
     assert any("has no get_non_linearized_moes" in p for p in compat.problems())
+
+
+def test_restore_rope_puts_back_what_gptqmodel_adds_to_gemma3s_rope_parameters(tmp_path):
+    """GPTQModel's RoPE initializer (quantize/compat/gptqmodel.py) adds top-level keys to Gemma 3's per-layer-type
+    rope_parameters, which save_pretrained's validation refuses; restore_rope puts transformers' own reading of
+    the source back (and changes nothing the second time). Needs no GPTQModel: the change is made here by hand."""
+    from families import config
+    from transformers import AutoConfig
+
+    from quantize.compat.gptqmodel import restore_rope
+
+    config("gemma3_text").save_pretrained(tmp_path / "src")
+    cfg = AutoConfig.from_pretrained(tmp_path / "src")
+    own = {k: dict(v) for k, v in cfg.rope_parameters.items()}
+    cfg.rope_parameters |= {"rope_type": "default", "rope_theta": {"global": 1e6, "local": 1e4}}  # as GPTQModel's
+    with pytest.raises(AttributeError):
+        cfg.save_pretrained(tmp_path / "broken")
+    assert restore_rope(cfg, tmp_path / "src") and cfg.rope_parameters == own
+    assert not restore_rope(cfg, tmp_path / "src")
+    cfg.save_pretrained(tmp_path / "out")
+    assert AutoConfig.from_pretrained(tmp_path / "out").rope_parameters == own

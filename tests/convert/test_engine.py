@@ -382,11 +382,16 @@ def test_offloaded_gptq_writes_the_same_weights_as_in_memory(tmp_path, tiny_mode
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["mem", "off"]  # no offload folder left
 
 
-def test_gptqmodel_refuses_kept_layers_for_what_they_are(tmp_path):
+def test_gptqmodel_refuses_kept_layers_for_what_they_are(tmp_path, monkeypatch):
     """The gptqmodel backend refuses, before loading, a plan it cannot write for transformers: a layer whose input
     features the group does not divide is named as such; an MoE's router kept at 16 bits is named as kept (it was
-    reported as an indivisible layer, though its 128 features are a multiple of 64)."""
+    reported as an indivisible layer, though its 128 features are a multiple of 64); a family GPTQModel defuses
+    (read from its defuser's registry, which needs `make gptq-env`: stood in for here; the real registry is
+    tested in tests/checkpoint/test_foreign.py) is named with what to use instead."""
+    from quantize.compat import gptqmodel as compat
     from quantize.convert.backends.gptqmodel import GPTQModelBackend
+
+    monkeypatch.setattr(compat, "defused", lambda model_type: model_type == "phi3")
     from quantize.convert.plan import ROUTER_REASON, LayerPlan
     from quantize.convert.recipe import parse_recipe
 
@@ -402,3 +407,7 @@ def test_gptqmodel_refuses_kept_layers_for_what_they_are(tmp_path):
     odd = LayerPlan(groups={64: ["a"]}, kept={"b": "in_features 96 is not divisible by 64"})
     with pytest.raises(UsageError, match="input features the group does not divide"):
         GPTQModelBackend().prepare(r, odd)
+    phi3 = LayerPlan(groups={64: ["model.layers.0.mlp.gate_up_proj"]}, model_type="phi3")
+    with pytest.raises(UsageError, match=r"phi3 model: .*gate_up_proj.*backend: llmcompressor"):
+        GPTQModelBackend().prepare(r, phi3)
+    assert GPTQModelBackend().prepare(r, LayerPlan(groups=ok.groups, model_type="llama")) is None

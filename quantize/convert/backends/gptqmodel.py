@@ -43,6 +43,16 @@ class GPTQModelBackend:
                 "Choose a group_size that divides every layer's input features (64 for SmolLM2's 576), or use "
                 "backend: llmcompressor"
             )
+        from quantize.compat.gptqmodel import defused
+
+        if defused(plan.model_type):
+            raise UsageError(
+                f"backend: gptqmodel on a {plan.model_type} model: GPTQModel (through its defuser) splits this "
+                "family's fused projections (Phi-3's mlp.gate_up_proj into gate_proj and up_proj), quantizes them "
+                "apart and writes them so, a layout transformers' own class for the family does not load (measured "
+                "on Phi-3: the reload finds gate_up_proj missing), so the run stops before loading. Use backend: "
+                "llmcompressor (e.g. recipes/gptq-w4a16-g128.yaml), which writes the family's own layout"
+            )
         if plan.kept:
             name, why = sorted(plan.kept.items())[0]
             raise UsageError(
@@ -61,7 +71,8 @@ class GPTQModelBackend:
     def quantize(self, job: Job) -> tuple[Any, Any]:
         """Bits from the scheme, `group_size` (per channel: -1), `symmetric` -> sym (AWQ: zero_point = not sym);
         GPTQ's `act_order` -> desc_act (GPTQModel stores g_idx) and `dampening_frac` -> damp_percent; AWQ in
-        AutoAWQ's GEMM layout, through GPTQModel's torch kernel on a CPU (its default kernel asks for CUDA).
+        AutoAWQ's GEMM layout, through GPTQModel's torch kernel on a CPU (its default kernel asks for CUDA). The
+        config's RoPE parameters are the source's when it returns (GPTQModel's initializer adds keys to them).
         Returns GPTQModel's model wrapper, quantized, and its QuantizeConfig (what ran)."""
         # GPTQModel 7.6 sizes its CPU thread pools from this and stops with "requests 2 workers but parent 'cpu'
         # only has 1" on a 2-core machine without it
@@ -71,6 +82,7 @@ class GPTQModelBackend:
         from gptqmodel.utils.backend import BACKEND
 
         from quantize.checkpoint.loader import device
+        from quantize.compat.gptqmodel import restore_rope
 
         recipe = job.recipe
         assert isinstance(recipe, GPTQRecipe | AWQRecipe), "recipe validation admits GPTQ and AWQ only here"
@@ -91,6 +103,9 @@ class GPTQModelBackend:
         with cpu_safe_calibration():
             rows = [{"input_ids": r, "attention_mask": [1] * len(r)} for r in ids]
             model.quantize(rows, batch_size=1, backend=backend)
+        # GPTQModel 7.6's RoPE initializer added keys to a per-layer-type rope_parameters (Gemma 3) that
+        # save_pretrained refuses: the source's go back (quantize/compat/gptqmodel.py)
+        restore_rope(model.model.config, job.model_dir)
         return model, repr(model.quantize_config)  # GPTQModel's own config (also saved as quantize_config.json)
 
     def save(self, model: Any, folder: Path) -> None:
