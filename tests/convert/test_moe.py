@@ -6,11 +6,13 @@ with the reason, the calibration tokens each expert saw recorded, anything the t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 from moe_models import MOE, make_tiny_moe
+from safetensors import safe_open
 
 from quantize import records
 from quantize.checkpoint.accounting import bits_report
@@ -102,6 +104,13 @@ def test_an_moe_converts_with_its_experts_quantized_and_reloads(tmp_path, moe_di
     assert torch.isfinite(model(input_ids=torch.tensor([[1, 5, 9, 2]])).logits).all()
     experts = bits_report(out).bytes_by_part["routed_experts"]
     assert experts["bits_per_weight"] < (9 if method == "fp8" else 5)
+    # every quantized expert is matched by a target under the name the checkpoint stores it by, which is how vLLM
+    # names its modules (Mixtral's targets said `.mlp.`, transformers' name, for `.block_sparse_moe.` tensors)
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    targets = [t for g in qc["config_groups"].values() for t in g["targets"]]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        stored = {k.rsplit(".", 1)[0] for k in f.keys() if ".experts." in k}  # noqa: SIM118 (a safe_open has no __iter__)
+    assert stored and all(any(_matches(t, m) for t in targets) for m in stored), sorted(stored)[:3]
     # the routers and the ignored lm_head, nothing else the targets cover, stay at 16 bits, said in quantize.json
     left = {g.why: g for g in meta.layer_plan.left_16bit}
     assert set(left) == ROUTER_OR_IGNORED
@@ -216,3 +225,8 @@ def test_our_own_output_that_does_not_reload_is_exit_3(tmp_path, tiny_model, cap
     err = capsys.readouterr().err
     assert "does not reload" in err and "quantize's failure" in err and "up_proj" in err
     assert not (tmp_path / "out" / "unreloadable").exists()
+
+
+def _matches(target: str, module: str) -> bool:
+    """compressed-tensors' (and vLLM's) rule: an exact module name, or a `re:` pattern matched from the start."""
+    return re.match(target[3:], module) is not None if target.startswith("re:") else target == module

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 from quantize.checkpoint.files import read_config
 from quantize.convert.backends.base import Job
 from quantize.convert.modifiers import compile_modifiers
-from quantize.convert.plan import LayerPlan, checkpoint_name, expert_checkpoint_names, per_expert_loader
+from quantize.convert.plan import LayerPlan, checkpoint_name, expert_checkpoint_names, per_expert_loader, renamings
 from quantize.convert.recipe import Method, Recipe
 from quantize.convert.runtime import cpu_safe_calibration
 from quantize.errors import RuntimeFailure, UsageError
@@ -91,14 +91,15 @@ class LLMCompressorBackend:
     def save(self, model: Any, folder: Path) -> None:
         """save_pretrained, compressed; an MoE's per-expert layers then renamed to the names its family's
         checkpoints use where llm-compressor's differ (Mixtral's w1/w3/w2: plan.expert_checkpoint_names), so
-        transformers 5 merges them into its fused experts on reload."""
+        transformers 5 merges them into its fused experts on reload, and their `re:` targets written to match the
+        module by both its names (transformers' `.mlp.`, the checkpoint's and vLLM's `.block_sparse_moe.`)."""
         from llmcompressor.modeling.moe.linearize import get_linearized_moes, repack_moe
 
         if get_linearized_moes(model) and not per_expert_loader(model.config.model_type):
             repack_moe(model)  # experts at 16 bits (plan._fused_only), fused again as the family's loader reads
         model.save_pretrained(folder, save_compressed=True)
         if names := expert_checkpoint_names(model.config.model_type):
-            _rename_experts(folder, names)
+            _rename_experts(folder, names, renamings(model.config.model_type))
 
     def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
         """A data-free recipe shard by shard: `model_free_ptq` with the same config groups (the layer plan's
@@ -139,9 +140,12 @@ class LLMCompressorBackend:
         gc.collect()
 
 
-def _rename_experts(folder: Path, names: dict[str, str]) -> None:
+def _rename_experts(folder: Path, names: dict[str, str], renamed: list[tuple[str, str]]) -> None:
     """Every stored expert tensor, the shard index and config.json's quantization targets renamed by `names`
-    (plan.checkpoint_name); shards rewritten with save_pretrained's header metadata."""
+    (plan.checkpoint_name); shards rewritten with save_pretrained's header metadata. A `re:` target also matches
+    the module's checkpoint name where transformers renames it on load (`renamed`: plan.renamings): vLLM names
+    its modules as the checkpoint does, and found no target for Mixtral's `block_sparse_moe` experts (read in
+    vLLM 0.34's source: it would load them as unquantized and fail)."""
     from safetensors.torch import load_file, save_file
 
     from quantize.checkpoint.files import safetensors_files
@@ -157,10 +161,23 @@ def _rename_experts(folder: Path, names: dict[str, str]) -> None:
     cfg = read_config(folder)
     qc = cfg.get("quantization_config") or {}
     for group in (qc.get("config_groups") or {}).values():
-        group["targets"] = [checkpoint_name(t, names) for t in group.get("targets") or []]
+        group["targets"] = [both_names(checkpoint_name(t, names), renamed) for t in group.get("targets") or []]
     if "ignore" in qc:
         qc["ignore"] = [checkpoint_name(t, names) for t in qc["ignore"] or []]
     (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def both_names(target: str, renamed: list[tuple[str, str]]) -> str:
+    """A `re:` target that matches its module by the model's name and by the checkpoint's: each renamed part
+    (checkpoint, model) becomes an alternation of the two. Other targets are returned as they are."""
+    import re
+
+    if not target.startswith("re:"):
+        return target
+    for stored, model in renamed:
+        mine, theirs = re.escape(model), re.escape(stored)
+        target = target.replace(mine, f"(?:{mine}|{theirs})")
+    return target
 
 
 class _RoutingCounter:
