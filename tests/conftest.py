@@ -141,6 +141,21 @@ def small_golden(base: Path, sizes=None) -> Path:
     return golden
 
 
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory, request) -> Path:
+    """A folder holding a small golden set (small_golden, at golden/v1) written once per test module."""
+    base = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
+    small_golden(base)
+    return base
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch) -> Path:
+    """A cache of this test's own (QUANTIZE_CACHE): nothing scored by another test is served to it."""
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
+    return tmp_path / "qcache"
+
+
 def suite_file(path: Path, golden: Path, batch_size: int = 4, per_task: int = 3, extra: str = "") -> Path:
     """A suite on `golden` written to `path`: agreement on `per_task` items per task, top-5."""
     path.write_text(

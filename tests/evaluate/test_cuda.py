@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("isolated_cache")]
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -16,21 +16,9 @@ if not torch.cuda.is_available():
 
 from formats import FORMATS, aa_gate, convert  # noqa: E402
 
-from conftest import small_golden, suite_file  # noqa: E402
+from conftest import suite_file  # noqa: E402
 
 GPU_TOL = 1e-3  # nats per request: float32 on the GPU, other kernels and reduction orders than the CPU's
-
-
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory):
-    base = tmp_path_factory.mktemp("cuda")
-    small_golden(base)
-    return base
-
-
-@pytest.fixture(autouse=True)
-def isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
 
 
 def _suite(base, device: str, backend: str = "hf"):

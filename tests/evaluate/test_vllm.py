@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("isolated_cache")]
 
 vllm = pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
@@ -17,24 +17,12 @@ if not torch.cuda.is_available():
 
 from formats import FORMATS, aa_gate, convert  # noqa: E402
 
-from conftest import small_golden, suite_file  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory):
-    base = tmp_path_factory.mktemp("vllm")
-    small_golden(base)
-    return base
+from conftest import suite_file  # noqa: E402
 
 
 def _suite(base, backend: str):
     extra = f"backend: {backend}\n" + ("vllm: {gpu_memory_utilization: 0.3}\n" if backend == "vllm" else "")
     return suite_file(base / f"suite-{backend}.yaml", base / "golden" / "v1", extra=extra)
-
-
-@pytest.fixture(autouse=True)
-def isolated_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
 
 
 def test_sequential_a_a_gate_on_vllm_builds_one_engine_per_checkpoint(golden, tiny_model, capsys, monkeypatch):

@@ -32,15 +32,9 @@ from quantize.tables import md_text
 from conftest import ROOT, small_golden, suite_file
 
 
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory):
-    base = tmp_path_factory.mktemp("action")
-    small_golden(base)
-    return base
-
-
 @pytest.fixture(autouse=True)
-def isolated_cache(tmp_path_factory, monkeypatch):
+def module_cache(tmp_path_factory, monkeypatch):
+    """One cache for every test of this module (under the run's base folder), not conftest's per-test one."""
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path_factory.getbasetemp() / "qcache-action"))
 
 
