@@ -11,10 +11,11 @@
   whose `rope_parameters` are one dict per layer type, that adds top-level `rope_type` and `rope_theta` keys;
   the values it computes stay right (it reads the layer type's own dict), but `save_pretrained` validates the
   config and stops on the stray keys (`AttributeError: 'str' object has no attribute 'get'`). `restore_rope`
-  puts the source config.json's `rope_parameters` back before saving (a conversion never changes them).
+  puts back the `rope_parameters` transformers reads from the source's config.json before saving (a conversion
+  never changes them).
 
-`problems()` lists every guarded assumption that does not hold in the installed versions (tests/convert/
-test_gptqmodel.py fails on any, under `make test-gptq`).
+`problems()` lists every guarded assumption that does not hold in the installed versions
+(tests/checkpoint/test_foreign.py fails on any, under `make test-gptq`, where GPTQModel is installed).
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def _experts_reload(groups: dict[str, Any], recipe: Recipe, plan: LayerPlan) -> 
             from importlib.metadata import version
 
             raise UsageError(
-                f"{plan.family}: this recipe quantizes the routed experts with {why} ({recipe.method.value} "
+                f"{plan.model_type}: this recipe quantizes the routed experts with {why} ({recipe.method.value} "
                 f"{recipe.scheme.value}); transformers {version('transformers')} reloads quantized MoE experts only "
                 "as FP8 weights with per-channel or per-tensor scales and dynamic activations, or as packed "
                 "symmetric integer weights, so the checkpoint would not reload or score here. Use fp8-e4m3 "

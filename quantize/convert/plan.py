@@ -37,8 +37,7 @@ class LayerPlan:
     renamed: list[tuple[str, str]] = field(default_factory=list)  # (checkpoint regex, model name) on load
     ignored: dict[str, str] = field(default_factory=dict)  # Linear layers the targets match and `ignore` removes
     fused: list[str] = field(default_factory=list)  # the fused 3-D expert tensors of the model as loaded
-    family: str = ""  # config.json's model_type of an MoE (empty for a dense model)
-    model_type: str = ""  # config.json's model_type, dense or MoE (a backend may refuse a family before loading)
+    model_type: str = ""  # config.json's model_type (messages name the family; a backend may refuse one)
     schemes: dict[str, str] = field(default_factory=dict)  # layer -> another scheme than the recipe's (overrides)
 
     @property
@@ -85,7 +84,6 @@ def _moe(model: Any, recipe: Recipe, plan: LayerPlan) -> None:
 
     if moe_spec(model.config.to_dict()) is None:
         return
-    plan.family = str(model.config.model_type)
     plan.fused = [n for n, p in model.named_parameters() if p.ndim == 3 and part_of(n, "") == "routed_experts"]
     if recipe.backend.value == "llmcompressor":
         from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
