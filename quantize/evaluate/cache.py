@@ -53,8 +53,10 @@ SCORING_DISTRIBUTIONS = ("quantize", "lm_eval", "torch", "transformers", "compre
 
 # Bumped when our scorer (`backend: quantize`, quantize/evaluate/lm.py) changes what it computes (a score computed
 # the old way is another number, if only in its last bits). 1-3: lm-eval's HFLM with our overrides. 4: our own
-# lm-eval model, each distinct context computed once from its keys and values.
-SCORER_REVISION = 4
+# lm-eval model, each distinct context computed once from its keys and values. 5 (reverted): rows of several items
+# share a pass, each padded to a width of its own. 6: 5's packed passes for dense full-attention models on the
+# CPU, 4's passes elsewhere.
+SCORER_REVISION = 6
 
 
 def scorer_id(suite: OpenSuite) -> str:

@@ -17,23 +17,52 @@ extension point (`lm_eval.api.registry.register_model`, a `TemplateLM` whose `lo
                    every target is its position's argmax
 
 The requests are grouped by (task, document, P): one item's continuations that share a context. A group of one
-row runs P + S in one forward pass (LM head on the last C positions only); a larger group runs P once (batch 1,
-its keys and values kept; a distinct P is computed once per call, groups sorted by P) and its continuations'
-S rows right-padded in batches of `batch_size` against a copy of that cache expanded to the batch. What a row's
-numbers depend on is its own item: P (batch 1) and its item's other continuations (the padded batch), never
-another item. Right padding needs no attention mask: a causal row never reads the positions after it.
+continuation (or with an empty P) is a whole row, P + S; a larger group shares P. How the rows meet the model
+depends on whether rows of different items may share a forward pass (`packs`, below):
+
+    packed         (dense full-attention models on the CPU) rows of several items share a pass, and what a row's
+                   numbers depend on is fixed by the row alone:
+        whole rows     right-padded to their length rounded up to QUANTUM tokens (W); the LM head on the pass's
+                       last KEEP positions when they hold the row's scored ones, else on all W; rows of one
+                       (W, head) shape share a pass, up to `batch_size` rows and TOKEN_BUDGET positions
+        shared groups  P right-padded to a multiple of QUANTUM (Wp), its keys and values kept; its continuations
+                       right-padded to a multiple of SUFFIX_QUANTUM (Ws), each reading its own P's cache rows
+                       with P's padding masked out; groups of one (Wp, Ws, continuations) shape share both
+                       passes, up to `batch_size` groups and TOKEN_BUDGET positions
+    alone          (everything else) a whole row is one pass of its own (batch 1, the head on S's positions); a
+                   shared group runs P once (batch 1, its keys and values kept; groups sorted by P, a distinct P
+                   computed once per call) and its continuations right-padded in batches of `batch_size` against
+                   a copy of that cache expanded to the batch. A row's numbers depend on its own item only.
+
+Right padding needs no mask for a whole row: a causal row never reads the positions after it. In a packed pass a
+row's width, head positions and mask are its own; the pass's other rows change only the matrix products' M
+dimension. That an item's floats do not move with M (for M of 8 and more: a width is a multiple of 8) is
+measured, not guaranteed by the kernels: on the 2-core AMD EPYC (AVX-512) and AMX Xeon hosts this project runs
+on, a row gives the same bits alone, in a pass of 4 and of 16, and tests/evaluate/test_lm.py asserts it on every
+run (an item alone, in a batch of 16, in another stage, and every item of a mixed call against a call of its own,
+on each dense family of tests/families.py), so a machine whose kernels split the reduction by M fails there, not
+in a verdict. Packing is wrong where rows interact inside the model, so `packs` refuses it there:
+
+    sliding windows   a padded prefix's masked positions count towards the window in the cache, so a packed
+                      row reads another window than HFLM's (Gemma 3: 0.57 nats off, is_greedy differing)
+    routed experts    an expert's matrix product takes whichever tokens are routed to it from every row of the
+                      pass, so a row's floats move with its neighbours (Qwen3-MoE, gpt-oss)
+    other devices     M-independence is measured on the CPU only; a GPU's kernels choose by shape
+
+and the config rule reads quantize/checkpoint/architecture (`attention_layers`, `moe_spec`): every layer full
+attention and no routed experts; a config it cannot read is not packed.
 
 Document perplexity: lm-eval's rolling windows (`lm_eval.utils.get_rolling_token_windows`,
-`make_disjoint_window`, context length 1), each window a group of one, summed per document. Generation: one
-request at a time (batch 1, no padding), greedy through transformers' `generate` with lm-eval's stop criteria and
-post-processing, as HFLM's `generate_until` runs a batch.
+`make_disjoint_window`, context length 1), each window a whole row, every document's windows in one call,
+summed per document. Generation: one request at a time (batch 1, no padding), greedy through transformers'
+`generate` with lm-eval's stop criteria and post-processing, as HFLM's `generate_until` runs a batch.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -44,6 +73,28 @@ from lm_eval.api.registry import register_model
 from quantize.compat import lm_eval as lm_eval_compat
 
 NAME = "quantize-kv"
+QUANTUM = 8  # packed: rows and prefixes are padded to a multiple of this many tokens
+SUFFIX_QUANTUM = 4  # packed: a shared group's continuations, to a multiple of this many
+KEEP = 12  # packed: a whole row's head runs on its pass's last KEEP positions when its scored ones lie there
+TOKEN_BUDGET = 2048  # packed: positions a pass holds at most (rows × width), unless one row alone is wider
+PACKED_DEVICES = ("cpu",)  # where an item's floats were measured not to move with the pass's rows
+
+
+def packs(config: Any, device: Any) -> bool:
+    """Whether rows of different items may share a forward pass (module docstring): on a device of
+    PACKED_DEVICES, every layer full attention and no routed experts by `config` (a transformers config);
+    False for any config quantize/checkpoint/architecture cannot read."""
+    from quantize.checkpoint import architecture
+    from quantize.errors import UsageError
+
+    if torch.device(device).type not in PACKED_DEVICES:
+        return False
+    cfg = config.to_dict()
+    try:
+        full = all(layer.kind == "full_attention" for layer in architecture.attention_layers(cfg))
+        return full and architecture.moe_spec(cfg) is None
+    except UsageError:
+        return False
 
 
 class Row(NamedTuple):
@@ -61,13 +112,38 @@ def row(context: Sequence[int], continuation: Sequence[int], max_length: int) ->
     return Row(tuple(inp[: len(inp) - n]), tuple(inp[len(inp) - n :]), tuple(continuation))
 
 
+class Whole(NamedTuple):
+    tokens: tuple[int, ...]  # P + S
+    n: int  # C: the scored positions, inp's last C
+    targets: tuple[int, ...]
+
+
+class Shared(NamedTuple):
+    prefix: tuple[int, ...]
+    conts: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]  # its distinct (S, targets), sorted
+
+
+class WholeShape(NamedTuple):
+    batch: int  # rows a pass at most
+    width: int
+    keep: int  # positions the head runs on, the last ones
+
+
+class SharedShape(NamedTuple):
+    groups: int  # groups a pass at most
+    prefix: int  # prefix width
+    suffix: int  # continuation width
+    conts: int  # continuations per group
+
+
 @register_model(NAME)
 class PrefixLM(TemplateLM):
     """A causal LM scored with each distinct context computed once (module docstring). `pretrained`: a loaded
     transformers model with its `tokenizer`, or a checkpoint folder, loaded by our loader (safetensors only,
-    strict) in `dtype` on `device`."""
+    strict) in `dtype` on `device`. `pack`: whether rows of different items share passes; None (the default)
+    decides by `packs`."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (lm-eval passes a suite's model_args as keywords; each is one of them)
         self,
         pretrained: Any,
         tokenizer: Any = None,
@@ -76,6 +152,7 @@ class PrefixLM(TemplateLM):
         dtype: str = "float32",
         device: str = "cpu",
         trust_remote_code: bool = False,
+        pack: bool | None = None,
     ) -> None:
         super().__init__()
         from lm_eval.models.huggingface import HFLM
@@ -94,6 +171,7 @@ class PrefixLM(TemplateLM):
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # the LM head on the scored positions only, where the model's forward takes it
         self.keeps = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self.pack = packs(self.model.config, self.model.device) if pack is None else bool(pack)
 
     @property
     def eot_token_id(self) -> int:
@@ -133,51 +211,148 @@ class PrefixLM(TemplateLM):
         """Each document's log-likelihood: the sum over lm-eval's rolling windows, each window scored alone."""
         from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-        out = []
-        for r in requests:
+        rows, owners = [], []
+        for d, r in enumerate(requests):
             windows = get_rolling_token_windows(
                 token_list=self.tok_encode(r.args[0]),
                 prefix_token=self.prefix_token_id,
                 max_seq_len=self.max_length,
                 context_len=1,
             )
-            rows = [row(*make_disjoint_window(w), self.max_length) for w in windows]
-            out.append(sum(ll for ll, _ in self.score_rows(rows, list(range(len(rows))))))
-        return out
+            for w, window in enumerate(windows):
+                rows.append(row(*make_disjoint_window(window), self.max_length))
+                owners.append((d, w))
+        sums = [0.0] * len(requests)
+        for (d, _), (ll, _) in zip(owners, self.score_rows(rows, owners), strict=True):
+            sums[d] += ll
+        return sums
 
     def score_rows(self, rows: list[Row], owners: Sequence[Any]) -> list[tuple[float, bool]]:
-        """(log-likelihood, is_greedy) per row; rows with the same owner and prefix form one group."""
+        """(log-likelihood, is_greedy) per row. Rows with the same owner and prefix form one group: a group of one
+        continuation, or with an empty prefix, is a whole row; a larger group shares its prefix. Each whole row
+        and each shared group gets the numbers it gets alone, whatever else the call holds (module docstring)."""
         groups: dict[tuple[Any, tuple[int, ...]], list[int]] = {}
         for i, (r, owner) in enumerate(zip(rows, owners, strict=True)):
             groups.setdefault((owner, r.prefix), []).append(i)
-        out: list[tuple[float, bool] | None] = [None] * len(rows)
-        cached: tuple[tuple[int, ...], Any] | None = None  # the last prefix computed and its keys and values
-        for (_, prefix), idx in sorted(groups.items(), key=lambda g: g[0][1]):
-            distinct = sorted({(rows[i].suffix, rows[i].targets) for i in idx})
-            if len(distinct) == 1:
-                got = {distinct[0]: self._whole(prefix, *distinct[0])}
+        wholes: set[Whole] = set()
+        shared: set[Shared] = set()
+        group_of: dict[tuple[Any, tuple[int, ...]], Shared | None] = {}
+        for (owner, prefix), idx in groups.items():
+            distinct = tuple(sorted({(rows[i].suffix, rows[i].targets) for i in idx}))
+            if len(distinct) == 1 or not prefix:
+                wholes.update(Whole(prefix + s, len(s), t) for s, t in distinct)
+                group_of[(owner, prefix)] = None
             else:
-                if cached is None or cached[0] != prefix:
-                    cached = (prefix, self._prefix_cache(prefix))
-                got = {}
-                for b in range(0, len(distinct), self.batch_size):
-                    part = distinct[b : b + self.batch_size]
-                    got.update(zip(part, self._continuations(cached[1], len(prefix), part), strict=True))
-            for i in idx:
-                out[i] = got[(rows[i].suffix, rows[i].targets)]
-        return out  # type: ignore[return-value]
+                shared.add(Shared(prefix, distinct))
+                group_of[(owner, prefix)] = Shared(prefix, distinct)
+        got_whole = self._score_wholes(sorted(wholes))
+        got_shared = self._score_shared(sorted(shared))
+        out = []
+        for r, owner in zip(rows, owners, strict=True):
+            g = group_of[(owner, r.prefix)]
+            if g is None:
+                out.append(got_whole[Whole(r.prefix + r.suffix, len(r.suffix), r.targets)])
+            else:
+                out.append(got_shared[g][g.conts.index((r.suffix, r.targets))])
+        return out
 
-    def _whole(self, prefix: tuple[int, ...], suffix: tuple[int, ...], targets: tuple[int, ...]) -> tuple[float, bool]:
-        """A group of one: P + S in one pass, the head on S's positions."""
+    def _score_wholes(self, wholes: list[Whole]) -> dict[Whole, tuple[float, bool]]:
+        """Packed: whole rows in passes of one shape each; alone: each row a pass of its own."""
+        got: dict[Whole, tuple[float, bool]] = {}
+        if not self.pack:
+            for w in wholes:
+                got[w] = self._wholes(WholeShape(1, len(w.tokens), w.n), [w])[0]
+            return got
+        for shape, part in _batches(wholes, self.whole_shape):
+            got.update(zip(part, self._wholes(shape, part), strict=True))
+        return got
+
+    def _score_shared(self, shared: list[Shared]) -> dict[Shared, list[tuple[float, bool]]]:
+        """Packed: shared groups in passes of one shape each; alone: each prefix a batch-1 pass, its continuations
+        in batches of batch_size against its cache (sorted by prefix: a prefix two groups share runs once)."""
+        got: dict[Shared, list[tuple[float, bool]]] = {}
+        if self.pack:
+            for shape, part in _batches(shared, self.shared_shape):
+                got.update(zip(part, self._shared(shape, part), strict=True))
+            return got
+        cached: tuple[tuple[int, ...], Any] | None = None  # the last prefix computed and its keys and values
+        for g in shared:
+            if cached is None or cached[0] != g.prefix:
+                cached = (g.prefix, self._prefix_cache(g.prefix))
+            got[g] = []
+            for b in range(0, len(g.conts), self.batch_size):
+                got[g] += self._continuations(cached[1], len(g.prefix), list(g.conts[b : b + self.batch_size]))
+        return got
+
+    def whole_shape(self, w: Whole) -> WholeShape:
+        """A packed whole row's pass, from the row alone: its length rounded up to QUANTUM (W), the head on the
+        last KEEP positions when they hold its scored ones (else on all W), as many rows as fit TOKEN_BUDGET (at
+        most batch_size)."""
+        width = _width(len(w.tokens))
+        keep = min(width, KEEP) if width - len(w.tokens) + w.n <= KEEP else width
+        return WholeShape(_rows(self.batch_size, width), width, keep)
+
+    def shared_shape(self, g: Shared) -> SharedShape:
+        """A packed shared group's passes, from the group alone: prefix width (QUANTUM), continuation width
+        (SUFFIX_QUANTUM), its number of continuations, and how many such groups a pass holds (batch_size, fewer
+        where TOKEN_BUDGET says so)."""
+        wp, ws = _width(len(g.prefix)), _width(max(len(s) for s, _ in g.conts), SUFFIX_QUANTUM)
+        n = len(g.conts)
+        return SharedShape(_rows(self.batch_size, n * (wp + ws)), wp, ws, n)
+
+    def _wholes(self, shape: WholeShape, part: list[Whole]) -> list[tuple[float, bool]]:
+        """Whole rows of one shape, right-padded to its width; the head on its last `keep` positions."""
+        ids = torch.full((len(part), shape.width), self.pad, dtype=torch.long)
+        for j, w in enumerate(part):
+            ids[j, : len(w.tokens)] = torch.tensor(w.tokens)
         with torch.no_grad():
-            ids = torch.tensor([prefix + suffix], device=self.device)
-            out = self.model(input_ids=ids, **({"logits_to_keep": len(suffix)} if self.keeps else {}))
-        return _answers(out.logits[:, -len(suffix) :].float(), [targets])[0]  # (1, C, V)
+            logits = self.model(
+                input_ids=ids.to(self.device),
+                use_cache=False,
+                **({"logits_to_keep": shape.keep} if self.keeps else {}),
+            ).logits
+        base = shape.width - logits.shape[1]  # the position of logits[:, 0]
+        return [
+            _answer(logits[j, len(w.tokens) - w.n - base : len(w.tokens) - base], w.targets) for j, w in enumerate(part)
+        ]
+
+    def _shared(self, shape: SharedShape, part: list[Shared]) -> list[list[tuple[float, bool]]]:
+        """Packed shared groups of one shape: the prefixes right-padded in one pass (keys and values kept, the head
+        on one position), then every group's continuations right-padded in one pass against its prefix's rows of
+        that cache, the prefix's padding masked out."""
+        wp, ws, n = shape.prefix, shape.suffix, shape.conts
+        ids = torch.full((len(part), wp), self.pad, dtype=torch.long)
+        for j, g in enumerate(part):
+            ids[j, : len(g.prefix)] = torch.tensor(g.prefix)
+        with torch.no_grad():
+            past = self.model(
+                input_ids=ids.to(self.device), use_cache=True, **({"logits_to_keep": 1} if self.keeps else {})
+            ).past_key_values
+        past.batch_repeat_interleave(n)  # row r of the continuations reads group r // n's prefix
+        ids = torch.full((len(part) * n, ws), self.pad, dtype=torch.long)
+        mask = torch.ones((len(part) * n, wp + ws), dtype=torch.long)
+        pos = torch.empty((len(part) * n, ws), dtype=torch.long)
+        for j, g in enumerate(part):
+            for c, (s, _) in enumerate(g.conts):
+                r = j * n + c
+                ids[r, : len(s)] = torch.tensor(s)
+                mask[r, len(g.prefix) : wp] = 0
+                mask[r, wp + len(s) :] = 0
+                pos[r] = torch.arange(len(g.prefix), len(g.prefix) + ws)
+        with torch.no_grad():
+            logits = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                past_key_values=past,
+                position_ids=pos.to(self.device),
+                use_cache=True,
+            ).logits
+        return [
+            [_answer(logits[j * n + c, : len(s)], t) for c, (s, t) in enumerate(g.conts)] for j, g in enumerate(part)
+        ]
 
     def _prefix_cache(self, prefix: tuple[int, ...]) -> Any:
-        """P's keys and values (batch 1); None for an empty P."""
-        if not prefix:
-            return None
+        """Alone: P's keys and values (batch 1)."""
         with torch.no_grad():
             ids = torch.tensor([prefix], device=self.device)
             out = self.model(input_ids=ids, use_cache=True, **({"logits_to_keep": 1} if self.keeps else {}))
@@ -186,20 +361,19 @@ class PrefixLM(TemplateLM):
     def _continuations(
         self, past: Any, start: int, part: list[tuple[tuple[int, ...], tuple[int, ...]]]
     ) -> list[tuple[float, bool]]:
-        """S rows of one prefix, right-padded, against a copy of its cache expanded to the batch."""
+        """Alone: S rows of one prefix, right-padded, against a copy of its cache expanded to the batch."""
         width = max(len(s) for s, _ in part)
         ids = torch.full((len(part), width), self.pad, dtype=torch.long)
         for j, (s, _) in enumerate(part):
             ids[j, : len(s)] = torch.tensor(s)
-        if past is not None:
-            past = copy.deepcopy(past)  # the forward pass appends S to the cache it is given
-            past.batch_repeat_interleave(len(part))
+        past = copy.deepcopy(past)  # the forward pass appends S to the cache it is given
+        past.batch_repeat_interleave(len(part))
         with torch.no_grad():
             pos = torch.arange(start, start + width, device=self.device).expand(len(part), width)
-            ids = ids.to(self.device)
-            out = self.model(input_ids=ids, past_key_values=past, position_ids=pos, use_cache=past is not None)
-        logits = out.logits.float()  # (B, width, V)
-        return _answers(logits, [t for _, t in part])
+            logits = self.model(
+                input_ids=ids.to(self.device), past_key_values=past, position_ids=pos, use_cache=True
+            ).logits
+        return [_answer(logits[j, : len(t)], t) for j, (_, t) in enumerate(part)]
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Greedy continuations, one request at a time, as HFLM generates a batch (module docstring)."""
@@ -235,13 +409,31 @@ class PrefixLM(TemplateLM):
         return out
 
 
-def _answers(logits: Any, targets: list[tuple[int, ...]]) -> list[tuple[float, bool]]:
-    """(Σ log p(target), every target the argmax) per row of `logits` (B, width, V), row j's targets at its first
-    len(targets[j]) positions."""
-    logp = torch.log_softmax(logits, dim=-1)
-    out = []
-    for j, t in enumerate(targets):
-        lp = logp[j, : len(t)]  # (C, V)
-        want = torch.tensor(t, device=lp.device)
-        out.append((float(lp.gather(-1, want[:, None]).sum()), bool((lp.argmax(-1) == want).all())))
-    return out
+def _rows(batch_size: int, width: int) -> int:
+    """Rows of `width` positions a pass holds: batch_size, fewer where TOKEN_BUDGET says so, at least one."""
+    return max(1, min(batch_size, TOKEN_BUDGET // width))
+
+
+def _batches(jobs: list[Any], shape: Any) -> Iterator[tuple[Any, list[Any]]]:
+    """`jobs` (sorted) in passes of one shape each (`shape(job)`), at most the shape's batch (its first field)
+    jobs a pass."""
+    by_shape: dict[Any, list[Any]] = {}
+    for j in jobs:
+        by_shape.setdefault(shape(j), []).append(j)
+    for sh, same in sorted(by_shape.items()):
+        for b in range(0, len(same), sh[0]):
+            yield sh, same[b : b + sh[0]]
+
+
+def _width(n: int, quantum: int = QUANTUM) -> int:
+    """A packed row's padded width: its length rounded up to a multiple of `quantum`, a function of the row
+    alone."""
+    return -(-n // quantum) * quantum
+
+
+def _answer(logits: Any, targets: tuple[int, ...]) -> tuple[float, bool]:
+    """(Σ log p(target), every target the argmax) from the logits (C, V) of the positions that predict them
+    (log_softmax in float32)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    want = torch.tensor(targets, device=lp.device)
+    return float(lp.gather(-1, want[:, None]).sum()), bool((lp.argmax(-1) == want).all())

@@ -1,9 +1,12 @@
 """Our lm-eval model (quantize/evaluate/lm.py) against lm-eval's stock HFLM on a tiny seeded model in float32:
 per request the same log-likelihood (|Δ| ≤ 1e-4 nats) and the same is_greedy, document perplexity and greedy
 generation alike; each distinct context computed once; an item's numbers bit-identical alone, in a batch of 16
-and in another stage."""
+and in another stage; both ways of meeting the model (packed passes and passes of one item) and the rule that
+chooses between them, on every family of tests/families.py."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -55,52 +58,96 @@ def items(loaded, n: int, seed: int = 0, greedy: bool = False) -> list:
     return out
 
 
-def test_loglikelihood_equals_stock_hflm_per_request(loaded):
+@pytest.mark.parametrize("pack", [True, False])
+def test_loglikelihood_equals_stock_hflm_per_request(loaded, pack):
     """Multi-token choices sharing a context, contexts ending in spaces, an empty context, truncation at
-    max_length: every (log-likelihood, is_greedy) equals HFLM's, and some continuations are greedy (so a wrong
-    is_greedy would show)."""
+    max_length: every (log-likelihood, is_greedy) equals HFLM's, packed or one item a pass, and some continuations
+    are greedy (so a wrong is_greedy would show)."""
     reqs = items(loaded, 8, greedy=True)
     theirs = stock(loaded, batch_size=4, max_length=24).loglikelihood(reqs, disable_tqdm=True)
-    mine = ours(loaded, batch_size=4, max_length=24).loglikelihood(reqs, disable_tqdm=True)
+    mine = ours(loaded, batch_size=4, max_length=24, pack=pack).loglikelihood(reqs, disable_tqdm=True)
     assert [g for _, g in mine] == [g for _, g in theirs]
     assert sum(g for _, g in mine) >= 4
     assert np.abs(np.array([ll for ll, _ in mine]) - [ll for ll, _ in theirs]).max() <= TOL
     assert len({round(ll, 3) for ll, _ in mine}) > len(reqs) // 2  # distinct answers: a mix-up would show
 
 
-def test_each_distinct_context_is_computed_once(loaded, monkeypatch):
-    """A multiple-choice item's context runs once (batch 1); its choices run as one batch against its cache, the
-    whole input never again. HFLM runs context + choice once per multi-token choice."""
-    lm = ours(loaded, batch_size=16, max_length=64)
+@pytest.mark.parametrize("pack", [True, False])
+def test_each_distinct_context_is_computed_once(loaded, monkeypatch, pack):
+    """A multiple-choice item's context runs once (packed: its row in a pass of contexts, several items' contexts
+    side by side; else a batch-1 pass); its choices run against those keys and values, the whole input never
+    again. HFLM runs context + choice once per multi-token choice."""
+    from quantize.compat.lm_eval import encode_request
+
+    lm = ours(loaded, batch_size=16, max_length=64, pack=pack)
     reqs = [r for r in items(loaded, 6, greedy=True) if r.doc_id != 3]
-    calls: list[tuple[int, int, bool]] = []
+    calls: list[tuple[Any, bool]] = []
     forward = lm.model.forward
 
     def spy(input_ids=None, past_key_values=None, **kw):
-        calls.append((input_ids.shape[0], input_ids.shape[1], past_key_values is not None))
+        calls.append((input_ids.clone(), past_key_values is not None))
         return forward(input_ids=input_ids, past_key_values=past_key_values, **kw)
 
     monkeypatch.setattr(lm.model, "forward", spy)
     lm.loglikelihood(reqs, disable_tqdm=True)
-    contexts = {r.args[0] for r in reqs}
-    prefixes = [c for c in calls if c[0] == 1 and not c[2]]
-    choices = [c for c in calls if c[2]]
-    assert len(prefixes) == len(contexts) == 5 and len(choices) == 5  # one context pass, one choice batch each
-    assert all(b == 5 for b, _, _ in choices)  # the item's five continuations in one batch
+    # P: the context's tokens but its last (module docstring of quantize/evaluate/lm.py)
+    contexts = {tuple(encode_request(lm.hf, *r.args)[0][:-1]) for r in reqs}
+    context_rows = [tuple(row.tolist()) for ids, cached in calls if not cached for row in ids]
+    choice_rows = [row for ids, cached in calls if cached for row in ids]
+    assert len(context_rows) == len(contexts) == 5  # one row per distinct context, over every pass
+    for c in contexts:  # each context is the start of exactly one row (the rest, if any, padding)
+        assert sum(r[: len(c)] == c for r in context_rows) == 1
+    assert len(choice_rows) == 25  # five continuations per item
     width = max(len(lm.tok_encode(r.args[1])) for r in reqs) + 1
-    assert all(t <= width for _, t, _ in choices)  # the choices' tokens only, never the context again
+    assert all(len(r) <= width + 3 for r in choice_rows)  # the choices' tokens only, never the context again
+    if pack:
+        assert len(calls) < 2 * len(contexts)  # contexts of several items share a pass, their choices too
+    else:
+        assert all(len(ids) == 1 for ids, cached in calls if not cached)  # a context a pass
+        assert all(len(ids) == 5 for ids, cached in calls if cached)  # an item's choices a pass
 
 
-def test_an_item_has_the_same_bits_alone_in_a_batch_and_in_another_stage(loaded):
+def test_items_share_passes_of_shapes_of_their_own(loaded, monkeypatch):
+    """Packed, one-continuation items of other documents share a pass (the speed); every pass has the shape its
+    rows determine alone (width: a row's length rounded up to QUANTUM; at most batch_size rows), so a row's
+    numbers never depend on its neighbours'. Not packed, each is a pass of its own, unpadded."""
+    from quantize.evaluate.lm import QUANTUM
+
+    one = [r for r in items(loaded, 24, seed=3) if r.idx == 0 and r.doc_id != 3]
+    for pack in (True, False):
+        lm = ours(loaded, batch_size=16, max_length=64, pack=pack)
+        passes: list[Any] = []
+        forward = lm.model.forward
+
+        def spy(input_ids=None, forward=forward, passes=passes, **kw):
+            passes.append(input_ids.clone())
+            return forward(input_ids=input_ids, **kw)
+
+        monkeypatch.setattr(lm.model, "forward", spy)
+        lm.loglikelihood(one, disable_tqdm=True)
+        monkeypatch.undo()
+        assert sum(p.shape[0] for p in passes) == len(one)  # one row per item, no filler
+        if not pack:
+            assert len(passes) == len(one) and all((p != lm.pad).all() for p in passes)
+            continue
+        assert len(passes) < len(one) // 2  # batched across items
+        for p in passes:
+            assert p.shape[0] <= 16 and p.shape[1] % QUANTUM == 0
+            lengths = [int((r != lm.pad).nonzero().max()) + 1 for r in p]
+            assert all(p.shape[1] - QUANTUM < n <= p.shape[1] for n in lengths)  # each row's own width
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_an_item_has_the_same_bits_alone_in_a_batch_and_in_another_stage(loaded, pack):
     """Batch independence, bit for bit: one item scored alone, among 15 other items (batch 16), and in a later
     stage with other neighbours at another batch size."""
     mc = items(loaded, 20, seed=1)
     item = [r for r in mc if r.doc_id == 7]
-    alone = ours(loaded, batch_size=16, max_length=24).loglikelihood(item, disable_tqdm=True)
+    alone = ours(loaded, batch_size=16, max_length=24, pack=pack).loglikelihood(item, disable_tqdm=True)
     batch = [r for r in mc if r.doc_id < 16]
-    in_batch = ours(loaded, batch_size=16, max_length=24).loglikelihood(batch, disable_tqdm=True)
+    in_batch = ours(loaded, batch_size=16, max_length=24, pack=pack).loglikelihood(batch, disable_tqdm=True)
     stage = [r for r in mc if r.doc_id >= 16] + item
-    later = ours(loaded, batch_size=8, max_length=24).loglikelihood(stage, disable_tqdm=True)
+    later = ours(loaded, batch_size=8, max_length=24, pack=pack).loglikelihood(stage, disable_tqdm=True)
     got_batch = [a for r, a in zip(batch, in_batch, strict=True) if r.doc_id == 7]
     got_later = [a for r, a in zip(stage, later, strict=True) if r.doc_id == 7]
     assert alone == got_batch == got_later  # exact equality of the floats, not approx
@@ -177,12 +224,68 @@ def test_a_suite_chooses_the_scorer_and_the_cache_key_says_which(tmp_path, tiny_
     assert cache.score_key(ours_s, "x" * 64, run) != cache.score_key(hf_s, "x" * 64, run)
 
 
-@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "qwen3_moe"])
-def test_other_families_equal_stock_hflm_and_are_batch_independent(tmp_path, family):
-    """Sliding windows (Gemma 3; gpt-oss alternates sliding and full layers and has attention sinks) and routed
-    experts (Qwen3-MoE, gpt-oss: an expert's matmul sees whichever tokens are routed to it) are where a scorer
-    that packs rows differently from HFLM goes wrong: per request HFLM's numbers, and each item's floats the
-    same alone as among the others."""
+def test_every_item_gets_the_bits_it_gets_alone(loaded):
+    """Packed, on the whole mix (multiple choice, greedy continuations, an empty context, truncation at
+    max_length, rolling documents of several windows): scored together, every item gets exactly the floats it gets
+    in a call of its own (its passes then hold its rows only, where they held other items' too)."""
+    from lm_eval.api.instance import Instance
+
+    reqs = items(loaded, 12, seed=4, greedy=True)
+    docs = [Instance("loglikelihood_rolling", {}, (" ".join(r.args[0] for r in reqs[i::7]),), 0) for i in range(3)]
+    lm = ours(loaded, batch_size=16, max_length=24)
+    assert lm.pack  # the default model is packed on the CPU
+    together = lm.loglikelihood(reqs, disable_tqdm=True)
+    alone = [a for d in range(12) for a in lm.loglikelihood([r for r in reqs if r.doc_id == d], disable_tqdm=True)]
+    assert alone == [a for d in range(12) for r, a in zip(reqs, together, strict=True) if r.doc_id == d]
+    assert lm.loglikelihood_rolling(docs, disable_tqdm=True) == [
+        lm.loglikelihood_rolling([d], disable_tqdm=True)[0] for d in docs
+    ]
+
+
+# model_type -> packed on the CPU: dense full attention packs; a sliding window or routed experts does not
+PACKED = {
+    "llama": True,
+    "qwen2": True,
+    "qwen3": True,
+    "mistral": True,  # sliding_window None (tests/families.py)
+    "phi3": True,
+    "gemma2": False,
+    "gemma3_text": False,
+    "qwen3_moe": False,
+    "mixtral": False,
+    "olmoe": False,
+    "deepseek_v3": False,
+    "gpt_oss": False,
+    "llama4_text": False,
+}
+
+
+def test_the_rule_reads_attention_experts_and_device():
+    """`packs`: every family of tests/families.py as PACKED says; a Mistral with its sliding window, a Qwen2 that
+    uses its window, an accelerator, and a config whose layer types the cost model does not know are not."""
+    import families
+
+    from quantize.evaluate.lm import packs
+
+    assert set(PACKED) == set(families.FAMILIES)
+    for family, want in PACKED.items():
+        assert packs(families.config(family), "cpu") is want, family
+    assert not packs(families.config("mistral", sliding_window=4096), "cpu")
+    assert packs(families.config("qwen2", sliding_window=16), "cpu")  # use_sliding_window is off by default
+    assert not packs(families.config("qwen2", sliding_window=16, use_sliding_window=True, max_window_layers=0), "cpu")
+    assert not packs(families.config("llama"), "cuda") and not packs(families.config("llama"), "meta")
+    odd = families.config("llama")
+    odd.layer_types = ["linear_attention"] * odd.num_hidden_layers
+    assert not packs(odd, "cpu")
+
+
+@pytest.mark.parametrize("family", sorted(PACKED))
+def test_every_family_equals_stock_hflm_and_is_batch_independent(tmp_path, family):
+    """Every family of tests/families.py, with the scorer's own choice of passes: per request HFLM's numbers, and
+    each item's floats the same alone as among the others. Sliding windows (Gemma 2 and 3; gpt-oss also has
+    attention sinks) and routed experts (an expert's matmul sees whichever tokens are routed to it) are where
+    packed passes go wrong: packed, Gemma 2 and 3, gpt-oss, OLMoE and Qwen3-MoE fail here (Mixtral, DeepSeek-V3
+    and Llama 4 happened not to, at these shapes); the dense full-attention families are packed."""
     import families
 
     from quantize.checkpoint.loader import LastModel
@@ -191,6 +294,7 @@ def test_other_families_equal_stock_hflm_and_are_batch_independent(tmp_path, fam
     reqs = items(model, 8, greedy=True)
     theirs = stock(model, batch_size=4, max_length=24).loglikelihood(reqs, disable_tqdm=True)
     lm = ours(model, batch_size=16, max_length=24)
+    assert lm.pack is PACKED[family]
     mine = lm.loglikelihood(reqs, disable_tqdm=True)
     assert [g for _, g in mine] == [g for _, g in theirs]
     assert np.abs(np.array([ll for ll, _ in mine]) - [ll for ll, _ in theirs]).max() <= TOL
