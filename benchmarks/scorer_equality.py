@@ -2,7 +2,8 @@
 on shipped golden sets and one model (issue 45's equality table).
 
     python benchmarks/scorer_equality.py [--model ~/.cache/quantize/models/SmolLM2-135M-Instruct]
-        [--sets core/v2 std/v1 ...] [--dtypes float32 bfloat16] [--limit N] [--floor] [--jsonl OUT.jsonl]
+        [--sets core/v2 std/v1 ...] [--dtypes float32 bfloat16] [--limit N] [--floor | --floor-only]
+        [--jsonl OUT.jsonl]
 
 For each golden set and dtype, both scorers score every item (or the first --limit documents of each task) on the
 CPU at batch size 16, through `quantize.evaluate.score.run_lm_eval` (the path `quantize eval` and the gate take).
@@ -10,8 +11,9 @@ Per task: the largest |Δ log-likelihood| over every item's numbers (each choice
 continuation of a greedy item, a document's sum), the items over 1e-4 nats, the items whose correctness differs
 (score: right/wrong, is_greedy, exact match) with their ids, and for generation the responses that differ.
 --floor also runs the stock scorer at batch size 1: the largest |Δ| between two stock runs (float32's noise floor
-for lm-eval's own numbers). One JSON line per (set, dtype, task) goes to --jsonl as it is measured; a Markdown
-table is printed at the end.
+for lm-eval's own numbers) and the items whose correctness differs between them (bf16's floor for the
+same-correctness figure); --floor-only runs the two stock runs alone. One JSON line per (set, dtype, task) goes
+to --jsonl as it is measured; a Markdown table is printed at the end.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     ap.add_argument("--limit", type=int, help="only the first N documents of each task")
     ap.add_argument("--floor", action="store_true", help="also stock at batch size 1: the float32 noise floor")
+    ap.add_argument("--floor-only", action="store_true", help="only stock at batch sizes 16 and 1 against each other")
     ap.add_argument("--jsonl", type=Path)
     args = ap.parse_args()
     from quantize.checkpoint.loader import LastModel
@@ -109,24 +112,31 @@ def main() -> None:
         for dtype in args.dtypes:
             models = LastModel()
             for golden in args.sets:
-                mine, t_mine = scored(suite(tmp, golden, dtype, "quantize"), args.model, models, args.limit)
+                mine, t_mine = None, None
+                if not args.floor_only:
+                    mine, t_mine = scored(suite(tmp, golden, dtype, "quantize"), args.model, models, args.limit)
                 theirs, t_theirs = scored(suite(tmp, golden, dtype, "hf"), args.model, models, args.limit)
                 floor = None
-                if args.floor:
+                if args.floor or args.floor_only:
                     floor, _ = scored(suite(tmp, golden, dtype, "hf", batch_size=1), args.model, models, args.limit)
                 for task in theirs.tasks:
-                    ours_t, stock_t = mine.tasks[task].model_dump(), theirs.tasks[task].model_dump()
-                    row = {"set": golden, "dtype": dtype, "task": task, **compare(ours_t, stock_t)}
+                    stock_t = theirs.tasks[task].model_dump()
+                    row = {"set": golden, "dtype": dtype, "task": task}
+                    if mine is not None:
+                        row |= compare(mine.tasks[task].model_dump(), stock_t)
                     if floor is not None:
-                        row["stock_floor_b1_b16"] = compare(floor.tasks[task].model_dump(), stock_t)["max_abs_delta"]
-                    row |= {"seconds_ours": round(t_mine, 1), "seconds_stock": round(t_theirs, 1)}
+                        f = compare(floor.tasks[task].model_dump(), stock_t)
+                        row["stock_floor_b1_b16"] = f["max_abs_delta"]
+                        row["stock_floor_same_correctness"] = f["same_correctness"]
+                        row["stock_floor_differing_ids"] = f["differing_ids"]
+                    row |= {"seconds_ours": t_mine and round(t_mine, 1), "seconds_stock": round(t_theirs, 1)}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     if args.jsonl:
                         with args.jsonl.open("a", encoding="utf-8") as f:
                             f.write(json.dumps(row) + "\n")
     print()
-    print(table(rows))
+    print(table([r for r in rows if "max_abs_delta" in r]))
 
 
 def table(rows: list[dict]) -> str:

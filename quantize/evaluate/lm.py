@@ -47,7 +47,8 @@ in a verdict. Packing is wrong where rows interact inside the model, so `packs` 
                       row reads another window than HFLM's (Gemma 3: 0.57 nats off, is_greedy differing)
     routed experts    an expert's matrix product takes whichever tokens are routed to it from every row of the
                       pass, so a row's floats move with its neighbours (Qwen3-MoE, gpt-oss)
-    other devices     M-independence is measured on the CPU only; a GPU's kernels choose by shape
+    other devices     M-independence holds on the CPU; a GPU's kernels choose by shape (an H200 in float32:
+                      12-23 of 24 items' floats moved with their neighbours, docs/results.md)
 
 and the config rule reads quantize/checkpoint/architecture (`attention_layers`, `moe_spec`): every layer full
 attention and no routed experts; a config it cannot read is not packed.
