@@ -75,7 +75,7 @@ demo: model
 	for d in outputs/*/; do [ -f $$d/quantize.json ] && $(Q) inspect $$d | sed -n '1,5p'; done; \
 	echo; echo "== agreement with the default model (quantize agree; cached, about a minute per checkpoint)"; \
 	$(Q) agree evaluate/core-v2.yaml outputs --baseline "$$($(Q) model path)" --quiet; \
-	echo; echo "== three verdicts (quantize gate gates/ci.yaml; a pass about 20 minutes on 2 cores, the baseline's scoring included once)"; \
+	echo; echo "== three verdicts (quantize gate gates/ci.yaml; a pass about 12 minutes on 2 cores, the baseline's scoring included once)"; \
 	$(MAKE) -s gate-these GATED="$(addprefix outputs/,$(DEMO_GATED))"; \
 	echo; $(Q) report outputs outputs/references/rtn-w8a16-g128 --baseline "$$($(Q) model path)" --policy gates/ci.yaml \
 	  --out outputs/report
