@@ -87,6 +87,17 @@ def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
 
 
+def nan_copy(src: Path, dst: Path) -> Path:
+    """`src`'s weights with one tensor all NaN, written to `dst`."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(src))
+    name = sorted(n for n in tensors if n.endswith("q_proj.weight"))[0]
+    tensors[name] = tensors[name].float().fill_(float("nan")).to(tensors[name].dtype)
+    save_file(tensors, str(dst), metadata={"format": "pt"})
+    return dst
+
+
 # --- golden-set sources: a few lines of each Debian/PyPI file the builder reads ------------------
 
 QUIZ = {

@@ -223,9 +223,53 @@ def test_fuzz_checkpoint_folders(tmp_path_factory, capsys, config, index):
         {"model.layers.0.mlp.down_proj.qweight": torch.zeros(2, 8, dtype=torch.int32)}, str(d / "model.safetensors")
     )
     (d / "config.json").write_text(json.dumps(config))
-    if index is not None:
+    if index is not None:  # the index alone (beside model.safetensors the folder is refused for that): it is read
+        (d / "model.safetensors").rename(d / "model-00001-of-00001.safetensors")
         (d / "model.safetensors.index.json").write_text(json.dumps(index))
     check("checkpoint folder", ["inspect", str(d)], capsys, allowed=(0, 2))
+
+
+LAYOUT_PARTS = ("model.safetensors", "index", "shard", "stray", "fifo", "adapter", "transformers_weights", "link out")
+
+
+@FUZZ
+@given(
+    parts=st.sets(st.sampled_from(LAYOUT_PARTS)), explicit=st.sampled_from(["model.safetensors", "shard.safetensors"])
+)
+def test_fuzz_weight_layouts(tmp_path_factory, capsys, parts, explicit):
+    """Any mix of what a folder's weights can be: exit 0 only where one set of files is what every loader reads (no
+    FIFO, no adapter, no two layouts, no loaded file outside the folder), else exit 2; never a hang or a traceback."""
+    import torch
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("w")
+    weights = {"model.layers.0.mlp.down_proj.weight": torch.zeros(4, 8)}
+    for part, name in (
+        ("model.safetensors", "model.safetensors"),
+        ("shard", "shard.safetensors"),
+        ("stray", "x.safetensors"),
+    ):
+        if part in parts:
+            save_file(weights, str(d / name))
+    if "index" in parts:
+        (d / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": dict.fromkeys(weights, "shard.safetensors")})
+        )
+    if "fifo" in parts:
+        os.mkfifo(d / "fifo.safetensors")
+    if "adapter" in parts:
+        (d / "adapter_config.json").write_text("{}")
+    if "link out" in parts:
+        out = tmp_path_factory.mktemp("out") / "o.safetensors"
+        save_file(weights, str(out))
+        (d / "linked.safetensors").symlink_to(out)
+    config = {"transformers_weights": explicit} if "transformers_weights" in parts else {}
+    (d / "config.json").write_text(json.dumps(config))
+    code = check("weight layout", ["inspect", str(d)], capsys, allowed=(0, 2))
+    if code == 0:
+        assert not parts & {"fifo", "adapter"}, parts
+        assert not {"model.safetensors", "index"} <= parts, parts
+        assert "link out" not in parts or "index" in parts, parts  # beside an index a stray file is read by none
 
 
 HEADER_ENTRY = mapping(["dtype", "shape", "data_offsets"])

@@ -27,42 +27,113 @@ CONFIG = "config.json"
 MAX_JSON_BYTES = 64 * 2**20  # a config, shard index or side quantization config: kilobytes to a few megabytes
 
 
+SAFE_WEIGHTS = "model.safetensors"  # transformers' SAFE_WEIGHTS_NAME
+SAFE_INDEX = "model.safetensors.index.json"  # transformers' SAFE_WEIGHTS_INDEX_NAME
+
+
 def safetensors_files(checkpoint: Path) -> list[Path]:
-    """The shards of a checkpoint folder (via its index when sharded), or the file itself."""
+    """The weight files a load of the checkpoint reads, resolved as transformers resolves them (loaded_weights), or
+    the file itself; every one inside the folder once links are followed (contained)."""
     checkpoint = Path(checkpoint)
     if checkpoint.is_file():
         return [checkpoint]
     if not checkpoint.is_dir():
         raise UsageError(f"{checkpoint} does not exist; pass a checkpoint folder or a .safetensors file")
     refuse_pickles(checkpoint)
-    index = checkpoint / "model.safetensors.index.json"
+    refuse_adapters(checkpoint)
+    return contained(checkpoint, loaded_weights(checkpoint))
+
+
+def loaded_weights(checkpoint: Path) -> list[Path]:
+    """The safetensors files `from_pretrained` reads from a folder, in the order it resolves them, where that
+    order leaves no doubt; a folder whose files different loaders would read differently is refused, naming them:
+
+        model.safetensors alone                  that file (transformers loads it first, whatever lies beside it)
+        model.safetensors.index.json alone       the shards its weight_map names (a stray .safetensors beside
+                                                 them is read by no loader: transformers and vLLM follow the index)
+        one other NAME.safetensors, no index     that file (read as model.safetensors: loadable_view)
+        model.safetensors and the index          refused: transformers reads the file, an index-following loader
+                                                 (vLLM) the shards, and an identity over one does not cover the other
+        several .safetensors, no index           refused: transformers reads model.safetensors or nothing, vLLM
+                                                 every file
+    config.json's `transformers_weights` (a file transformers then loads instead) is refused unless it names the
+    file this resolution gives; a weight name that is not a regular file (a FIFO, a folder, a broken link) is
+    refused before anything opens it."""
+    single, index = checkpoint / SAFE_WEIGHTS, checkpoint / SAFE_INDEX
+    present = sorted(p for p in checkpoint.iterdir() if p.name.endswith(".safetensors"))
+    odd = [p.name for p in [*present, index] if os.path.lexists(p) and not p.is_file()]
+    if odd:
+        raise UsageError(
+            f"{checkpoint}: {', '.join(odd)} {'is' if len(odd) == 1 else 'are'} not a regular file (a FIFO, a folder "
+            "or a broken link); a weight file or shard index must be a plain file: replace it, or move it out"
+        )
+    if single.is_file() and index.is_file():
+        raise UsageError(
+            f"{checkpoint} holds both {SAFE_WEIGHTS} and {SAFE_INDEX}: transformers loads {SAFE_WEIGHTS} and "
+            "ignores the shards, an index-following loader (vLLM) loads the shards, so the folder is two models. "
+            "Keep one layout: remove the single file, or the index and its shards"
+        )
     if index.is_file():
-        try:
-            weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES))["weight_map"]
-        except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as e:
-            raise UsageError(f"{index} is not a valid shard index ({str(e)[:200]}); re-save the checkpoint") from None
-        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
-            raise UsageError(f"{index}: weight_map must map tensor names to shard file names; re-save the checkpoint")
-        names = sorted(set(weight_map.values()))
-        outside = [n for n in names if Path(n).name != n or not n.endswith(".safetensors")]
-        if outside:
-            raise UsageError(
-                f"{index} names a shard outside the checkpoint folder or not a .safetensors file: "
-                f"{outside[0]!r}; shards are file names in the same folder"
-            )
-        files = [checkpoint / n for n in names]
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise UsageError(f"{index} lists shards that are missing: {', '.join(missing)}")
-        return contained(checkpoint, files)
-    files = sorted(f for f in checkpoint.glob("*.safetensors") if f.is_file())
-    if not files:
+        files, chosen = indexed_shards(checkpoint, index), SAFE_INDEX
+    elif len(present) == 1:
+        files, chosen = present, present[0].name
+    elif present:
+        raise UsageError(
+            f"{checkpoint} holds {len(present)} .safetensors files and no {SAFE_INDEX} "
+            f"({', '.join(p.name for p in present[:4])}): transformers loads only {SAFE_WEIGHTS} (or nothing), "
+            f"other loaders every file. Write the shard index (save_pretrained does), or keep one weight file"
+        )
+    else:
         found = ", ".join(sorted(p.name for p in checkpoint.iterdir())[:8]) or "nothing"
         raise UsageError(
             f"{checkpoint} holds no .safetensors file (found: {found}). quantize reads safetensors only; "
             "convert .bin/.pt weights with transformers' save_pretrained(safe_serialization=True)"
         )
-    return contained(checkpoint, files)
+    explicit = read_config(checkpoint, required=False).get("transformers_weights")
+    if explicit is not None and explicit != chosen:
+        raise UsageError(
+            f"{checkpoint}/config.json sets transformers_weights to {explicit!r}, so transformers would load that "
+            f"instead of {chosen}: quantize identifies and accounts for the standard layout only. Remove the key "
+            "(and any weights it named), or rename the file to the standard name"
+        )
+    return files
+
+
+def indexed_shards(checkpoint: Path, index: Path) -> list[Path]:
+    """The shards a shard index's weight_map names, each a file name in the checkpoint's folder, each present."""
+    try:
+        weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES))["weight_map"]
+    except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as e:
+        raise UsageError(f"{index} is not a valid shard index ({str(e)[:200]}); re-save the checkpoint") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise UsageError(f"{index}: weight_map must map tensor names to shard file names; re-save the checkpoint")
+    names = sorted(set(weight_map.values()))
+    outside = [n for n in names if Path(n).name != n or not n.endswith(".safetensors")]
+    if outside:
+        raise UsageError(
+            f"{index} names a shard outside the checkpoint folder or not a .safetensors file: "
+            f"{outside[0]!r}; shards are file names in the same folder"
+        )
+    files = [checkpoint / n for n in names]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise UsageError(f"{index} lists shards that are missing: {', '.join(missing)}")
+    return files
+
+
+ADAPTER_CONFIG = "adapter_config.json"  # peft's ADAPTER_CONFIG_NAME: transformers applies such an adapter at load
+
+
+def refuse_adapters(checkpoint: Path) -> None:
+    """A PEFT adapter in the folder is applied by `from_pretrained` (peft is installed with lm-eval) on top of the
+    weights quantize identifies and accounts for; refused, so no identity or bits figure leaves it out."""
+    if os.path.lexists(checkpoint / ADAPTER_CONFIG):
+        raise UsageError(
+            f"{checkpoint} holds a PEFT adapter ({ADAPTER_CONFIG}), which transformers applies on top of the weights "
+            "when it loads the folder: quantize's identity, bits and conversions cover the weights alone. Merge the "
+            "adapter into the weights (peft: model.merge_and_unload(), then save_pretrained) and pass the merged "
+            "folder, or move the adapter's files out"
+        )
 
 
 ALLOW_SYMLINKS = "QUANTIZE_ALLOW_SYMLINKS"
@@ -283,7 +354,8 @@ def loadable_view(path: Path) -> Iterator[Path]:
 
 
 # Files besides the weights that change what a checkpoint computes: its config, tokenizer, chat template
-# and generation defaults.
+# and generation defaults. The tokenizer's are every file name a transformers tokenizer class reads
+# (VOCAB_FILES_NAMES across transformers.models: tests/checkpoint/test_identity.py fails on a name missing here).
 IDENTITY_FILES = (
     "config.json",
     "quantize_config.json",  # a pre-integration layout's quantization settings (SIDE_CONFIGS)
@@ -297,12 +369,40 @@ IDENTITY_FILES = (
     "vocab.json",
     "vocab.txt",
     "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "sentencepiece.model",
+    "spm.model",
+    "spm_char.model",
+    "source.spm",
+    "target.spm",
+    "bpe.codes",
+    "dict.txt",
+    "entity_vocab.json",
+    "emoji.json",
+    "normalizer.json",
+    "vocab-src.json",
+    "vocab-tgt.json",
+    "target_vocab.json",
+    "byte_maps.json",
+    "word_shape.json",
+    "word_pronunciation.json",
+    "prophetnet.tokenizer",
     "chat_template.jinja",
     "chat_template.json",
 )
+CHAT_TEMPLATES = "additional_chat_templates"  # a folder of NAME.jinja the tokenizer loads as named templates
 
 
-TOKENIZER_FILES = tuple(n for n in IDENTITY_FILES if "token" in n or n in ("vocab.json", "vocab.txt", "merges.txt"))
+NOT_TOKENIZER = (
+    "config.json",
+    "quantize_config.json",
+    "quant_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+TOKENIZER_FILES = tuple(n for n in IDENTITY_FILES if n not in NOT_TOKENIZER)
 ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
@@ -314,15 +414,48 @@ def architecture(checkpoint: Path) -> dict[str, Any]:
 
 
 def identity_sha256(checkpoint: Path) -> str:
-    """The checkpoint's identity: sha256 over its weights hash and every file in IDENTITY_FILES it has.
-    Scores are cached and compared under this hash, so the same weights under another config or
-    tokenizer are another checkpoint."""
+    """The checkpoint's identity: sha256 over its weights hash (the files a load reads: safetensors_files) and every
+    file of IDENTITY_FILES and CHAT_TEMPLATES it has. Scores are cached and compared under this hash, so the same
+    weights under another config or tokenizer are another checkpoint; what a load reads beyond them (a PEFT
+    adapter, another weight layout) is refused where it is resolved, and check_identity holds a load to it."""
     checkpoint = Path(checkpoint)
     parts = [b"weights " + weights_sha256(checkpoint).encode()]
-    for name in IDENTITY_FILES:
-        if (f := checkpoint / name).is_file():
-            parts.append(f"\n{name} ".encode() + sha256_file(f).encode())
+    for name in identity_files(checkpoint):
+        parts.append(f"\n{name} ".encode() + sha256_file(checkpoint / name).encode())
     return sha256_bytes(b"".join(parts))
+
+
+def identity_files(checkpoint: Path) -> list[str]:
+    """The names (relative to the folder) of the files besides the weights that the identity hashes; a name of
+    IDENTITY_FILES that is there but is not a regular file (a FIFO, a folder, a broken link) is refused before a
+    library opens it."""
+    found = []
+    for name in IDENTITY_FILES:
+        if os.path.lexists(f := checkpoint / name):
+            if not f.is_file():
+                raise UsageError(
+                    f"{f} is not a regular file (a FIFO, a folder or a broken link); the checkpoint's {name} must be "
+                    "a plain file: replace it, or move it out"
+                )
+            found.append(name)
+    if (templates := checkpoint / CHAT_TEMPLATES).is_dir():
+        found += sorted(f"{CHAT_TEMPLATES}/{f.name}" for f in templates.iterdir() if f.is_file())
+    return found
+
+
+def check_identity(checkpoint: Path, identity: str) -> None:
+    """After a load and the work on what it loaded: the checkpoint still has the identity its evidence is filed
+    under. A weight file replaced (a rename) or written in place between the hash and the load, or during the work,
+    changes its inode or ctime (which no user-space call sets back), so its hash is taken again (weights_sha256) and
+    differs; the evidence is then withheld, exit 2. Unchanged files cost a stat each and the small side files'
+    hashes."""
+    if (now := identity_sha256(checkpoint)) != identity:
+        raise UsageError(
+            f"{checkpoint} changed while it was being read: its identity was {identity[:16]} when it was hashed and "
+            f"is {now[:16]} now (a weight, config or tokenizer file was replaced or rewritten), so what was loaded "
+            "may not be what the identity names. Nothing was kept and no verdict is given: run again once the "
+            "folder is no longer being written"
+        )
 
 
 HUB_BLOB = re.compile(r"^[0-9a-f]{64}$")
@@ -439,9 +572,13 @@ def weights_sha256(checkpoint: Path) -> str:
             for f, name in blobs:
                 check_blob(f, name)
         return _weights_lines([(f.name, name) for f, name in blobs])
-    return _sha256_of_files(
-        tuple((f.name, str(f.resolve()), (st := f.stat()).st_size, st.st_mtime_ns, st.st_ino) for f in files)
-    )
+    return _sha256_of_files(tuple((f.name, str(f.resolve()), _stat_key(f.stat())) for f in files))
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What changes when a file is replaced or written: device, inode, size, mtime and ctime (the last settable by
+    no user-space call, so a rewrite with its old size and mtime put back still moves it)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 # 2 (2026-12-04): the lines "NAME SHA256" for a folder too, where 1 hashed a folder as one stream of names and bytes
@@ -453,7 +590,7 @@ def _weights_lines(named: list[tuple[str, str]]) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _sha256_of_files(files: tuple[tuple[str, str, int, int, int], ...]) -> str:
+def _sha256_of_files(files: tuple[tuple[str, str, tuple[int, int, int, int, int]], ...]) -> str:
     named = [(name, Path(path)) for name, path, *_ in files]
     if (found := lookup_weights_hash(named)) is not None:
         return found

@@ -29,7 +29,7 @@ from typing import Any
 
 from quantize.cache import checked_bytes, claimed, seal
 from quantize.checkpoint import qdq
-from quantize.checkpoint.files import identity_sha256
+from quantize.checkpoint.files import check_identity, identity_sha256
 from quantize.checkpoint.loader import LastModel, device
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
@@ -512,6 +512,7 @@ def baseline_topk_cached(
     base = baseline_topk(
         _scorer(suite, baseline, models), reqs or agreement_requests(suite), suite.suite.agreement.top_k
     )
+    check_identity(baseline, base_id)  # what loaded and was measured is what the identity names
     if before_store is not None:
         before_store()
     base.save(path)
@@ -563,8 +564,10 @@ def measure_agreement(
     reqs = agreement_requests(suite)
     base = baseline_topk_cached(suite, baseline, ids[0], models, reqs, before_store)
     a = suite.suite.agreement
+    measured = compare(_scorer(suite, candidate, models), reqs, base)
+    check_identity(candidate, ids[1])  # what loaded and was measured is what the identity names
     return AgreementResult(
-        **compare(_scorer(suite, candidate, models), reqs, base),
+        **measured,
         baseline_identity=ids[0],
         candidate_identity=ids[1],
         top_k=a.top_k,
@@ -614,6 +617,7 @@ class StagedAgreement:
             if self.scorer is None:
                 self.scorer = _scorer(self.suite, self.candidate, self.models)
             self.rows.update({row[0].id: row for row in item_metrics(self.scorer, new, self.base)})
+            check_identity(self.candidate, self.cand_id)  # what loaded and was measured is what the identity names
             self.seconds += time.perf_counter() - t0
         return AgreementResult(
             **summarize([self.rows[r.id] for r in wanted]),

@@ -20,7 +20,14 @@ from pydantic import TypeAdapter
 
 from quantize.cache import claimed
 from quantize.checkpoint import qdq
-from quantize.checkpoint.files import check_loadable, check_model_dir, identity_sha256, loadable_view, weights_sha256
+from quantize.checkpoint.files import (
+    check_identity,
+    check_loadable,
+    check_model_dir,
+    identity_sha256,
+    loadable_view,
+    weights_sha256,
+)
 from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.loader import device as pick_device
 from quantize.errors import RuntimeFailure
@@ -214,6 +221,7 @@ def run_lm_eval(
                 )
         except (OSError, ValueError) as e:
             raise RuntimeFailure(f"lm-eval could not score {ckpt}: {e}") from e
+    check_identity(ckpt, ref.identity_sha256)  # what loaded and was scored is what the identity names
     wall = time.perf_counter() - t0
     task_docs = {}
     for task in tasks:

@@ -21,7 +21,7 @@ from quantize.golden.build import Sizes
 from quantize.io import sha256_file
 from quantize.records import AgreementResult, ScoreDoc, Verdict
 
-from conftest import lm_eval_direct, small_golden, suite_file
+from conftest import lm_eval_direct, nan_copy, small_golden, suite_file
 
 SIZES = Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3)
 
@@ -412,3 +412,42 @@ def test_a_stored_bias_the_model_lacks_is_let_go_only_when_zero(tiny_model, tmp_
     else:
         with pytest.raises(UsageError, match=r"not part of the model \(e.g. model.layers.0.mlp.down_proj.bias"):
             load_model(ckpt)
+
+
+def _swapped_at_load(monkeypatch, folder: Path, weights: Path) -> None:
+    """The one loader, with `folder`'s weights replaced by `weights` (one rename) just before it loads `folder`: the
+    window between the identity's hash and the load."""
+    from quantize.checkpoint.loader import LastModel
+
+    real = LastModel.get
+
+    def get(self, path, *args, **kwargs):
+        if Path(path) == folder and weights.exists():
+            weights.rename(folder / "model.safetensors")
+        return real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LastModel, "get", get)
+
+
+@pytest.mark.parametrize("command", ["gate", "eval"])
+def test_weights_replaced_between_hash_and_load_give_no_verdict_and_no_cache_entry(
+    setup, tiny_model, tmp_path, monkeypatch, capsys, command
+):
+    """Route 2 of the fifth round: a NaN folder hashed, clean weights renamed in before the load. The gate passed,
+    naming the NaN identity, and stored the clean scores under it for every later `eval`. Now the identity is taken
+    again after the work: exit 2, nothing kept."""
+    from quantize.checkpoint.files import identity_sha256
+
+    _, suite, _, policy = setup
+    cand = shutil.copytree(tiny_model, tmp_path / "cand")
+    clean = shutil.copyfile(cand / "model.safetensors", tmp_path / "clean.safetensors")
+    nan_copy(clean, cand / "model.safetensors")
+    nan_id = identity_sha256(cand)
+    _swapped_at_load(monkeypatch, cand, clean)
+    argv = ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(cand)]
+    code = main(argv if command == "gate" else ["eval", str(suite), str(cand), "--refresh"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "changed while it was being read" in err and nan_id[:16] in err
+    run = runtime(open_suite(suite), False)
+    assert not cache.score_path(open_suite(suite), nan_id, run).exists()
