@@ -426,7 +426,8 @@ def identity_sha256(checkpoint: Path) -> str:
 
 
 def identity_files(checkpoint: Path) -> list[str]:
-    """The names (relative to the folder) of the files besides the weights that the identity hashes; a name of
+    """The names (relative to the folder) of the files besides the weights that the identity hashes (IDENTITY_FILES,
+    the named chat templates, and the folder's *.py files, which --trust-remote-code runs); a name of
     IDENTITY_FILES that is there but is not a regular file (a FIFO, a folder, a broken link) is refused before a
     library opens it."""
     found = []
@@ -440,6 +441,8 @@ def identity_files(checkpoint: Path) -> list[str]:
             found.append(name)
     if (templates := checkpoint / CHAT_TEMPLATES).is_dir():
         found += sorted(f"{CHAT_TEMPLATES}/{f.name}" for f in templates.iterdir() if f.is_file())
+    # the folder's own Python: what config.json's auto_map runs under --trust-remote-code (keyed apart too)
+    found += sorted(f.name for f in checkpoint.glob("*.py") if f.is_file())
     return found
 
 

@@ -128,14 +128,17 @@ def test_a_peft_adapter_is_refused(ckpt):
         files.check_model_dir(ckpt)
 
 
-def test_other_tokenizer_files_and_named_chat_templates_are_part_of_the_identity(ckpt):
+def test_other_tokenizer_files_named_chat_templates_and_remote_code_are_part_of_the_identity(ckpt):
     before = files.identity_sha256(ckpt)
     (ckpt / "spiece.model").write_bytes(b"a sentencepiece model")
     with_spiece = files.identity_sha256(ckpt)
     assert with_spiece != before
     (ckpt / files.CHAT_TEMPLATES).mkdir()
     (ckpt / files.CHAT_TEMPLATES / "tool_use.jinja").write_text("{{ messages }}")
-    assert files.identity_sha256(ckpt) != with_spiece
+    with_template = files.identity_sha256(ckpt)
+    assert with_template != with_spiece
+    (ckpt / "modeling_custom.py").write_text("# what config.json's auto_map runs under --trust-remote-code\n")
+    assert files.identity_sha256(ckpt) != with_template
 
 
 def test_every_file_a_transformers_tokenizer_class_reads_is_in_the_identity():
