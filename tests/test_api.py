@@ -67,8 +67,99 @@ def test_bad_input_raises_the_clis_usage_error(tmp_path, tiny_model):
         quantize.run(42)
     with pytest.raises(quantize.UsageError, match="hardware 'tpu' is unknown"):
         quantize.decode_cost(tiny_model, hardware="tpu")
-    with pytest.raises(quantize.UsageError, match="x 'bits' is not an axis"):
+    with pytest.raises(quantize.UsageError, match='`x` takes "bytes" or "bpw"; got str \'bits\''):
         quantize.write_report([tiny_model], tmp_path / "report", x="bits")
+
+
+# Bad calls of every kind, each refused at the API's boundary naming its keyword: `recipe.yaml` names a model that
+# does not exist, so no call could load one even if it got past the check.
+KV = "KVLayout(80, 8, 128, 2)"
+BAD_CALLS = [
+    ("output", "run('recipe.yaml', output=123)"),
+    ("max_memory", "run('recipe.yaml', max_memory=-1)"),
+    ("max_memory", "run('recipe.yaml', max_memory=0)"),
+    ("max_memory", "run('recipe.yaml', max_memory=float('nan'))"),
+    ("force", "run('recipe.yaml', force='yes')"),
+    ("recipe", "run(b'recipe.yaml')"),
+    ("outptu", "run('recipe.yaml', outptu='x')"),
+    ("checkpoint", "inspect(None)"),
+    ("checkpoint", "score('suite.yaml', 3.5)"),
+    ("refresh", "scored('suite.yaml', 'ckpt', refresh=1)"),
+    ("candidates", "agree('suite.yaml', 'base', 'outputs')"),
+    ("candidates", "agreement('suite.yaml', 'base', [])"),
+    ("junit", "gate('policy.yaml', 'base', 'cand', junit=5)"),
+    ("card", "gate('policy.yaml', 'base', 'cand', card='yes')"),
+    ("on_verdict", "gate('policy.yaml', 'base', 'cand', on_verdict='print')"),
+    ("checkpoints", "write_report('outputs', 'report')"),
+    ("out", "write_report(['outputs'], None)"),
+    ("project_params", "decode_cost('ckpt', project_params=float('nan'))"),
+    ("project_share", "decode_cost('ckpt', project_share=1.5)"),
+    ("hardware", "decode_cost('ckpt', hardware=['h100-sxm'])"),
+    ("parameters", f"token_cost(float('nan'), {{'bf16': 16}}, {KV})"),
+    ("formats", f"token_cost(70e9, {{'bf16': float('inf')}}, {KV})"),
+    ("formats", f"token_cost(70e9, 'bf16', {KV})"),
+    ("kv", "token_cost(70e9, {'bf16': 16}, (80, 8, 128, 2))"),
+    ("policy", "cache_key(123)"),
+    ("path", "golden_verify('')"),
+    ("seed", "golden_build('sources', 'golden/core/v9', seed=1.5)"),
+    ("tasks", "golden_freeze('arc_easy', 'golden/arc/v1')"),
+    ("margin", "golden_size('suite.yaml', 'base', 'cand', margin='0.02', alpha=0.05, power=0.8)"),
+    ("alpha", "golden_size('suite.yaml', 'base', 'cand', margin=0.02, alpha=None, power=0.8)"),
+    ("verdict", "card('ckpt', None)"),
+    ("force", "default_model(force='yes')"),
+    ("stop", "golden_new('golden/faq/v1', 'faq.jsonl', 'greedy', stop='\\n')"),
+    ("max_gen_toks", "golden_new('golden/faq/v1', 'faq.jsonl', 'greedy', max_gen_toks=2.5)"),
+    ("budget", "run_search('search.yaml', budget=float('nan'))"),
+    ("budget", "run_search('search.yaml', budget='7.5')"),
+    ("max_parallel", "run_sweep('sweep.yaml', max_parallel='4')"),
+    ("address", "plan_sweep('sweep.yaml', address=5)"),
+]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory):
+    """Every bad call of BAD_CALLS in one fresh process (in an empty folder): what each raised, and which heavy
+    libraries were imported by the end."""
+    import json
+
+    here = tmp_path_factory.mktemp("bad-calls")
+    (here / "recipe.yaml").write_text("name: r\nmethod: rtn\nscheme: W8A16\nmodel: /no/such/model\n")
+    code = f"""
+import json, sys, quantize
+from quantize import *
+from quantize.cost.bounds import KVLayout
+out = {{}}
+for _, call in {BAD_CALLS!r}:
+    try:
+        eval(call)
+        out[call] = ["returned", ""]
+    except Exception as e:
+        out[call] = [type(e).__name__, str(e)]
+heavy = sorted(m for m in ("torch", "transformers", "lm_eval", "ray") if m in sys.modules)
+print(json.dumps({{"calls": out, "heavy": heavy}}))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=here, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert [p.name for p in here.iterdir()] == ["recipe.yaml"]  # nothing written: `run(output=123)` wrote ./123
+    return json.loads(run.stdout)
+
+
+@pytest.mark.parametrize(("keyword", "call"), BAD_CALLS, ids=[call for _, call in BAD_CALLS])
+def test_a_bad_argument_is_a_usage_error_naming_its_keyword_before_any_heavy_import(refusals, keyword, call):
+    kind, message = refusals["calls"][call]
+    assert kind == "UsageError", (kind, message)
+    named = "unexpected keyword argument 'outptu'" if keyword == "outptu" else f"`{keyword}` takes "
+    assert message.startswith(f"quantize.{call.split('(')[0]}: ") and named in message, message
+    assert refusals["heavy"] == []
+
+
+def test_max_memory_takes_a_size_as_the_command_line_does(tmp_path, tiny_model):
+    """`max_memory="1KB"` reaches the memory plan as 1,024 bytes, which refuses the run before anything loads."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nmethod: rtn\nscheme: W8A16\nmodel: {tiny_model}\noutput: {tmp_path / 'out'}\n")
+    with pytest.raises(quantize.UsageError, match=r"0\.00 GiB is available \(--max-memory\).* Nothing was loaded"):
+        quantize.run(recipe, max_memory="1KB")
+    assert not (tmp_path / "out").exists()
 
 
 def test_score_and_gate_return_the_records_the_cli_prints(setup, tiny_model, tmp_path):

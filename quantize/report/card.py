@@ -15,8 +15,10 @@ before keeps its text, and an earlier verdict's section and results are replaced
 What is read: README.md only as a regular file inside the checkpoint (a symbolic link is refused, never followed:
 a README linked to /proc/self/environ would copy the process's environment into the card), at most 1 MB, strictly
 UTF-8; its front matter through the YAML loader every user file goes through (safe, no aliases, depth-limited:
-quantize/config.py), which constructs no Python object. A card that cannot be read so, or whose front matter is
-not a mapping huggingface_hub accepts, is exit 2 naming the problem; `check_card` finds that before any scoring.
+quantize/config.py), which constructs no Python object, with YAML 1.1's booleans, as huggingface_hub reads it
+(`inference: no` is false there, and stays false in the card written back). A card that cannot be read so, or
+whose front matter is not a mapping huggingface_hub accepts, or whose body holds the gate's markers other than one
+start marker before one end marker, is exit 2 naming the problem; `check_card` finds that before any scoring.
 """
 
 from __future__ import annotations
@@ -94,10 +96,28 @@ def eval_results(v: Verdict) -> list[Any]:
 
 
 def _body_without_verdict(text: str) -> str:
-    if BEGIN in text and END in text:
+    """The card's body without the gate's section (its markers checked by `_check_markers`)."""
+    if BEGIN in text:
         head, rest = text.split(BEGIN, 1)
         text = head.rstrip() + "\n" + rest.split(END, 1)[1].lstrip("\n")
     return EMPTY_FRONT_MATTER.sub("", text.lstrip("\n"), count=1)
+
+
+def _check_markers(body: str, path: Path) -> None:
+    """The gate's section in a card's body is none, or one start marker with one end marker after it: anything else
+    (a marker alone, two of one, the end first) leaves no section to replace, so it is exit 2 naming the card."""
+    begins, ends = body.count(BEGIN), body.count(END)
+    if (begins, ends) == (0, 0) or ((begins, ends) == (1, 1) and body.index(BEGIN) < body.index(END)):
+        return
+    if (begins, ends) == (1, 1):
+        found = f"its end marker ({END}) before its start marker ({BEGIN})"
+    else:
+        found = f"{begins} start marker{'s' * (begins != 1)} ({BEGIN}) and {ends} end marker{'s' * (ends != 1)} ({END})"
+    raise UsageError(
+        f"the model card {path} holds {found}; the gate's section is one start marker, then one end marker, and "
+        "the gate replaces what lies between them. Remove the stray marker lines (or the whole section: the gate "
+        "writes it again)"
+    )
 
 
 def read_card(checkpoint: Path) -> tuple[dict[str, Any], str]:
@@ -113,13 +133,14 @@ def read_card(checkpoint: Path) -> tuple[dict[str, Any], str]:
     raw = read_user_file(path, "the model card", MAX_CARD_BYTES, follow_links=False, hint=fix)
     text = decode_text(raw, f"the model card {path}")
     m = REGEX_YAML_BLOCK.search(text)
+    _check_markers(text if m is None else text[m.end() :], path)
     if m is None:
         return {}, text
     origin = f"the front matter of the model card {path}"
     # blank lines before the block keep YAML's line numbers those of the file
     block = "\n" * text[: m.start(2)].count("\n") + m.group(2)
     try:
-        data = parse_yaml(block.encode("utf-8"), origin)
+        data = parse_yaml(block.encode("utf-8"), origin, yaml11_booleans=True)  # huggingface_hub's reading
     except UsageError as e:  # aliases and depth are refused without naming the file
         raise UsageError(str(e) if origin in str(e) else f"{origin}: {e}") from None
     if data is None:

@@ -163,6 +163,9 @@ def test_a_readme_linked_elsewhere_is_refused_and_never_read(
     assert [p.name for p in cand.iterdir() if p.name.startswith(".")] == []  # no temporary card left
 
 
+MARKERS = b"<!-- quantize gate: begin -->\n## Quality gate: pass\n<!-- quantize gate: end -->\n"
+
+
 @pytest.mark.parametrize(
     "readme,says",
     [
@@ -173,8 +176,16 @@ def test_a_readme_linked_elsewhere_is_refused_and_never_read(
         (b"---\nlicense: [mit\n---\n", "not valid YAML"),
         (b"---\na: !!python/object/apply:os.system [echo hi]\n---\n", "not valid YAML"),
         (b"---\na: &x [1]\nb: *x\n---\n", "aliases"),
+        (b"# m\n<!-- quantize gate: end -->\n", "holds 0 start markers (<!-- quantize gate: begin -->) and 1 end"),
+        (b"# m\n<!-- quantize gate: begin -->\n## Quality gate: pass\n", "holds 1 start marker (<!-- quantize gate"),
+        (
+            b"---\nlicense: mit\n---\n<!-- quantize gate: end -->\nx\n<!-- quantize gate: begin -->\n",
+            "before its start marker",
+        ),
+        (MARKERS + MARKERS, "holds 2 start markers (<!-- quantize gate: begin -->) and 2 end markers"),
     ],
-    ids=["not-utf8", "list", "model-index-entry", "model-index-number", "bad-yaml", "python-tag", "alias"],
+    ids=["not-utf8", "list", "model-index-entry", "model-index-number", "bad-yaml", "python-tag", "alias"]
+    + ["lone-end", "lone-start", "end-first", "two-sections"],
 )
 def test_a_card_that_cannot_be_read_is_exit_2_before_scoring(
     policy, verdict, tiny_model, tmp_path, capsys, monkeypatch, readme, says
