@@ -1,59 +1,14 @@
 """quantize: recipe-driven LLM quantization with true bits-per-weight accounting and a quality gate."""
 
-__version__ = "0.1.0"
+from importlib import metadata
 
-from quantize.api import (  # the Python API (docs/api.md); importing it loads no heavy library
-    CacheKey,
-    Converted,
-    agree,
-    agreement,
-    cache_key,
-    card,
-    decode_cost,
-    default_model,
-    gate,
-    golden_build,
-    golden_freeze,
-    golden_new,
-    golden_size,
-    golden_verify,
-    inspect,
-    plan_sweep,
-    run,
-    run_search,
-    run_sweep,
-    score,
-    scored,
-    token_cost,
-    write_report,
-)
+from quantize import api
+from quantize.api import *  # the Python API (docs/api.md), exactly api.__all__; importing it loads no heavy library
 from quantize.errors import QuantizeWarning, RuntimeFailure, UsageError
 
-__all__ = [
-    "CacheKey",
-    "Converted",
-    "QuantizeWarning",
-    "RuntimeFailure",
-    "UsageError",
-    "agree",
-    "agreement",
-    "cache_key",
-    "card",
-    "decode_cost",
-    "default_model",
-    "gate",
-    "golden_build",
-    "golden_freeze",
-    "golden_new",
-    "golden_size",
-    "golden_verify",
-    "inspect",
-    "plan_sweep",
-    "run",
-    "run_search",
-    "run_sweep",
-    "score",
-    "scored",
-    "token_cost",
-    "write_report",
-]
+try:
+    __version__ = metadata.version("quantize")  # pyproject.toml's, the one place the version is written
+except metadata.PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [*api.__all__, "QuantizeWarning", "RuntimeFailure", "UsageError"]

@@ -12,19 +12,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import quantize
-
 LIBRARIES = ("torch", "transformers", "llmcompressor", "compressed-tensors", "lm_eval", "safetensors", "datasets")
 
 
 def library_versions() -> dict[str, str | None]:
-    out: dict[str, str | None] = {"quantize": quantize.__version__, "python": platform.python_version()}
-    for lib in LIBRARIES:
-        try:
-            out[lib] = metadata.version(lib)
-        except metadata.PackageNotFoundError:
-            out[lib] = None
-    return out
+    out: dict[str, str | None] = {"quantize": _version("quantize"), "python": platform.python_version()}
+    return out | {lib: _version(lib) for lib in LIBRARIES}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def peak_rss_bytes() -> int:
