@@ -4,7 +4,8 @@ by key) and read back through its model by `read`.
     RunRecord        CHECKPOINT/quantize.json                    written by `quantize run`
     ScoreDoc         $QUANTIZE_CACHE/scores/*.json, eval --json  written by `quantize eval` (per-item records)
     AgreementResult  $QUANTIZE_CACHE/agreement/cmp-*.json        written by the agreement scorer
-    Verdict          gate --json                                 written by `quantize gate`
+    Verdict          gate --json, CANDIDATE/gate.json            written by `quantize gate` (VERDICT_FILE: the name
+                                                                 a verdict saved beside its candidate takes)
     SearchReport     OUTPUT/search.json                          written by `quantize search`, which also reads the
                                                                  winner's RunRecord and writes it again with its
                                                                  `search` reference
@@ -521,6 +522,12 @@ class AgreementResult(Record):
 
 
 # --- verdict ---------------------------------------------------------------------------------------
+
+
+# A verdict saved beside its candidate, and its JUnit XML: the names `make gate-all`, a sweep's and a search's gates
+# and the GitHub Action write, and that the report and a sweep's resume read (a Verdict, read through this model).
+VERDICT_FILE = "gate.json"
+JUNIT_FILE = "gate.xml"
 
 
 class AccuracyEvidence(_Strict):

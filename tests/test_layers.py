@@ -39,6 +39,7 @@ STAGES = (
     "quantize.cost",
     "quantize.golden",
     "quantize.compat",
+    "quantize.cluster",
     "quantize.api",
     "quantize.cli",
 )
@@ -71,6 +72,12 @@ RULES = [
     ),
     ("quantize.flows", ("quantize.search", "quantize.sweep"), "search and sweep call the flows, never the reverse"),
     ("quantize.sweep", ("quantize.search",), "a search may run a sweep's steps; a sweep runs no search"),
+    (
+        "quantize.cluster",
+        (*HEAVY, *(p for p in STAGES if p != "quantize.cluster")),
+        "the cluster runs the tasks sweep and search hand it (what a worker runs is their function): it imports "
+        "neither, nor any other stage, nor a library that loads a model",
+    ),
     (
         "quantize.stats",
         ("quantize.evaluate", "quantize.gates", "quantize.report", "torch", "transformers"),
@@ -343,6 +350,10 @@ def test_packages_depend_one_way():
         {"quantize.golden.manifest": {"quantize.evaluate.suite"}},  # golden below evaluation (and a cycle)
         {"quantize.golden.items": {"quantize.checkpoint.files"}},
         {"quantize.sweep.run": {"quantize.search.run"}},
+        {"quantize.cluster.executor": {"quantize.sweep.tasks"}},  # the executor reaching back for the sweep's tasks
+        {"quantize.cluster.connect": {"quantize.convert.dtypes"}},  # the bf16 probe taken by the cluster itself
+        {"quantize.cluster.resources": {"quantize.evaluate.suite"}},  # gate_gpus reads a suite it is handed
+        {"quantize.records": {"quantize.cluster.spec"}},  # the foundation reaching up into the cluster
         {"quantize.flows.gate": {"quantize.sweep.tasks"}},
         {"quantize.compat.lm_eval": {"quantize.golden.prompts"}},
         {"quantize.checkpoint.files": {"quantize.golden.manifest"}},

@@ -104,9 +104,10 @@ def run(env: Mapping[str, str]) -> int:
     from quantize.flows.gate import run_gate, save_verdict
     from quantize.gates.render import render_markdown, render_text
     from quantize.io import check_writable
+    from quantize.records import JUNIT_FILE, VERDICT_FILE
 
-    junit = Path(_input(env, "QUANTIZE_JUNIT", "junit", "gate.xml"))
-    verdict_path = Path(_input(env, "QUANTIZE_VERDICT", "verdict", "gate.json"))
+    junit = Path(_input(env, "QUANTIZE_JUNIT", "junit", JUNIT_FILE))
+    verdict_path = Path(_input(env, "QUANTIZE_VERDICT", "verdict", VERDICT_FILE))
     check_writable(junit, "QUANTIZE_JUNIT")
     check_writable(verdict_path, "QUANTIZE_VERDICT")
     policy = _input(env, "QUANTIZE_POLICY", "policy")

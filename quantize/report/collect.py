@@ -27,6 +27,7 @@ from quantize.evaluate.suite import open_suite
 from quantize.gates.gate import agreement_rule, decide
 from quantize.gates.policy import AccuracyRule, AgreementRule, PerplexityRule, Policy, load_policy
 from quantize.records import (
+    VERDICT_FILE,
     AccuracyEvidence,
     AgreementResult,
     PerplexityEvidence,
@@ -147,9 +148,6 @@ def decode_bounds(
     return out
 
 
-VERDICT_FILE = "gate.json"  # `quantize gate ... --json` saved beside the candidate (make gate-all)
-
-
 def read_saved(path: Path) -> Verdict | None:
     """The verdict saved beside a checkpoint (gate.json), read through its record; None when there is none. A
     file that is not a current verdict record is a UsageError naming it (exit 2)."""
@@ -164,21 +162,23 @@ def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id
     was = p.candidate.checkpoint.identity_sha256
     if was != cand_id:
         return (
-            f"stale: gate.json judged checkpoint {was[:12]}, this one is {cand_id[:12]} now (changed since it was "
+            f"stale: {VERDICT_FILE} judged checkpoint {was[:12]}, this one is {cand_id[:12]} now (changed since it was "
             "gated; gate it again)"
         )
     if p.baseline.checkpoint.identity_sha256 != base_id:
         return (
-            f"another baseline's: gate.json was against {p.baseline.checkpoint.identity_sha256[:12]}, the report's "
-            f"baseline is {base_id[:12]}"
+            f"another baseline's: {VERDICT_FILE} was against {p.baseline.checkpoint.identity_sha256[:12]}, the "
+            f"report's baseline is {base_id[:12]}"
         )
     if v.policy != policy.name:
-        return f"another policy's: gate.json is policy {v.policy}'s verdict, the report's --policy is {policy.name}"
+        return (
+            f"another policy's: {VERDICT_FILE} is policy {v.policy}'s verdict, the report's --policy is {policy.name}"
+        )
     if changed := rules_changed(v, policy):
         return f"policy {policy.name} changed since it was gated: {changed}"
     if p.golden.manifest_sha256 != suite.golden.manifest_sha256:
         return (
-            f"another golden set's: gate.json was on {p.golden.name}/{p.golden.version} "
+            f"another golden set's: {VERDICT_FILE} was on {p.golden.name}/{p.golden.version} "
             f"({p.golden.manifest_sha256[:12]}), the policy's suite is on {suite.golden.manifest_sha256[:12]}"
         )
     return None
@@ -198,7 +198,7 @@ def rules_changed(v: Verdict, policy: Policy) -> str | None:
     α as its evidence recorded them), or None when they are the same."""
     labels = [policy.label(i) for i in range(len(policy.rules))]
     if [r.rule for r in v.rules] != labels:
-        return f"gate.json judged {[r.rule for r in v.rules]}, the policy's rules are {labels}"
+        return f"{VERDICT_FILE} judged {[r.rule for r in v.rules]}, the policy's rules are {labels}"
     for r, rule in zip(v.rules, policy.rules, strict=True):
         if isinstance(r, UntestedResult):
             continue

@@ -18,6 +18,7 @@ from quantize.errors import UsageError
 from quantize.io import atomic_dir
 from quantize.kinds import KINDS, kind_of
 from quantize.records import (
+    VERDICT_FILE,
     AccuracyResult,
     AgreementMetric,
     AgreementRuleResult,
@@ -250,11 +251,11 @@ def _f(x: Any, spec: str) -> str:
 def verdict_source(e: Entry) -> str:
     """Where the gate cell's verdict came from, or why a gate.json beside the checkpoint is not it."""
     v = e.verdict
-    stale = f"gate.json not shown: {e.verdict_stale}" if e.verdict_stale else ""
+    stale = f"{VERDICT_FILE} not shown: {e.verdict_stale}" if e.verdict_stale else ""
     if v is not None and e.verdict_origin == "saved":
         sq = v.sequential
         design = "fixed design" if sq is None else f"staged: {sq.looks_taken} of {len(sq.looks)} looks"
-        return f"saved verdict (gate.json, {design})"
+        return f"saved verdict ({VERDICT_FILE}, {design})"
     if v is not None:
         return "; ".join(x for x in ["recomputed from cached full scores (fixed design)", stale] if x)
     return stale or "-"
@@ -661,11 +662,11 @@ def evidence_section(
         "Each gated candidate's rules as its gate measured them: the change (Δ candidate − baseline for accuracy, "
         "the perplexity ratio, the agreement metric), the gate's bounds at its decision (one-sided at α; for a "
         "staged gate at the look that decided it, or the last one taken, with that look's critical value) and the "
-        "items they rest on (n of the task's N for a staged gate, which scores a sample). A saved verdict (gate.json "
-        "beside the checkpoint, "
+        "items they rest on (n of the task's N for a staged gate, which scores a sample). A saved verdict "
+        f"({VERDICT_FILE} beside the checkpoint, "
         "checked against this report's policy and both checkpoints' identities as they are now) is shown as saved; "
-        "one decided here from cached full scores is labelled recomputed (fixed design); a gate.json that no longer "
-        "matches is never shown as the verdict.",
+        "one decided here from cached full scores is labelled recomputed (fixed design); "
+        f"a {VERDICT_FILE} that no longer matches is never shown as the verdict.",
         "Verdicts from: " + "; ".join(sources) + ".",
     ]
     return text, evidence_rows(points), "evidence.png" in images

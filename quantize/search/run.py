@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -41,6 +41,10 @@ from quantize.records import (
 from quantize.search.allocate import knapsack, random_allocation
 from quantize.search.spec import SearchRecipe, load_search
 from quantize.search.units import Layout, option_name
+
+if TYPE_CHECKING:
+    from quantize.cluster.spec import Cluster, TaskResources
+    from quantize.sweep.tasks import TaskSpec
 
 FRONTIER_POINTS = 8
 
@@ -317,8 +321,8 @@ def bisect(
 ) -> tuple[Path | None, list[TryRecord]]:
     """Gate the frontier (more bytes, less damage) round by round: the largest first, since if it fails nothing
     within the budget passes; then the smallest that passes. `max_parallel` points a round (`round_points`),
-    converted and gated at once on the sweep's executor; 1 (the default) is bisection, one after the other in
-    this process, in at most 1 + log2(n) gates. `max_gates` caps the gates in all."""
+    converted and gated at once on the cluster's executor (`run_chains`); 1 (the default) is bisection, one after
+    the other in this process, in at most 1 + log2(n) gates. `max_gates` caps the gates in all."""
     result, tries = None, []
     lo, hi, first = 0, len(frontier) - 1, True
     k = s.spec.max_parallel
@@ -354,11 +358,11 @@ def _gate_round(
     s: Search, recipes: dict[int, dict[str, Any]], ckpts: dict[int, Path], quiet: bool
 ) -> dict[int, tuple[int, Any]]:
     """Each point's true bytes and verdict: converted and gated in this process for one point
-    (sweep/tasks.convert_and_gate), else as a sweep's tasks on Ray; either way the same two tasks per point."""
+    (sweep/tasks.convert_and_gate), else as a sweep's tasks on Ray (`run_chains`); either way the same two tasks per
+    point."""
     from quantize import records
     from quantize.checkpoint.accounting import bits_report
-    from quantize.records import Verdict
-    from quantize.report.collect import VERDICT_FILE
+    from quantize.records import VERDICT_FILE, Verdict
     from quantize.sweep.tasks import TaskSpec, convert_and_gate
 
     chains = []
@@ -377,12 +381,35 @@ def _gate_round(
         with quiet_libraries(quiet):
             verdicts = [convert_and_gate(c, g) for c, g in chains]
         return {i: (bits_report(ckpts[i]).total_bytes, v) for i, v in zip(recipes, verdicts, strict=True)}
-    from quantize.sweep.run import run_chains
-
     failed = run_chains(chains, s.spec.cluster, s.spec.resources, s.tries_dir / "state")
     if failed:
         raise RuntimeFailure(f"a try could not be converted or gated: {failed[0]}")
     return {i: (bits_report(ckpts[i]).total_bytes, records.read(Verdict, ckpts[i] / VERDICT_FILE)) for i in recipes}
+
+
+def run_chains(
+    chains: list[tuple[TaskSpec, TaskSpec]],
+    cluster: Cluster,
+    resources: TaskResources,
+    state: Path,
+    max_retries: int = 2,
+) -> list[str]:
+    """Convert-then-gate chains (the sweep's TaskSpecs) on the cluster, the baseline scored once first beside the
+    conversions, each on quantize/cluster's executor as a sweep's tasks; returns what failed, one line each ([]
+    when every chain finished)."""
+    from quantize.cluster.connect import import_ray, on_cluster
+    from quantize.cluster.executor import Executor, say_to_stderr, state_folder
+    from quantize.sweep.run import probe
+    from quantize.sweep.tasks import TaskSpec, execute
+
+    ray = import_ray()
+    ex = Executor(state_folder(state), max_retries, say_to_stderr("search"), execute)
+    baseline = resources.baseline or resources.gate
+    base = ex.add(TaskSpec(kind="baseline", policy=chains[0][1].policy, baseline=chains[0][1].baseline), baseline)
+    for c, g in chains:
+        ex.add(g, resources.gate, after=[base, ex.add(c, resources.convert)])
+    on_cluster(ray, ex, cluster, probe=probe)
+    return [f"{t.task.label} (exit {t.exit_code}): {t.message}" for t in ex.tracks if t.state != "done"]
 
 
 def _write_try_recipe(tries_dir: Path, ckpt: Path, recipe: dict[str, Any]) -> Path:

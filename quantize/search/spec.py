@@ -25,10 +25,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from quantize.cluster.spec import Cluster, TaskResources
 from quantize.config import beside_repo, load_yaml
 from quantize.convert.recipe import WEIGHT_ONLY_INT, GPTQRecipe, RTNRecipe, Scheme
 from quantize.names import PathPart, PathText, checked
-from quantize.sweep.spec import Cluster, TaskResources
 
 
 class Measure(BaseModel):

@@ -30,7 +30,7 @@ from typing import Any
 from quantize.errors import UsageError
 from quantize.gates.policy import Policy
 from quantize.names import checked, key, shown, unique
-from quantize.records import Verdict
+from quantize.records import VERDICT_FILE, Verdict
 from quantize.sweep.spec import SweepSpec
 from quantize.sweep.tasks import TaskSpec, converted, prepare_recipe
 
@@ -293,7 +293,7 @@ def settle_done(cands: list[Candidate], policy: Policy, suite, baseline: Path) -
         try:
             c.verdict = saved_verdict(c.checkpoint, policy, suite, base_id, identity_sha256(c.checkpoint))
         except UsageError as e:  # a verdict that does not read is not done: gated again, and replaced
-            c.notes.append(f"its gate.json was not read ({str(e)[:200]}); gating again")
+            c.notes.append(f"its {VERDICT_FILE} was not read ({str(e)[:200]}); gating again")
 
 
 def tasks_of(spec: SweepSpec, c: Candidate, baseline: str, clean: bool) -> tuple[TaskSpec | None, TaskSpec | None]:

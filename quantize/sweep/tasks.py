@@ -1,19 +1,19 @@
 """What one sweep task does in its worker: an ordinary `quantize run` or `quantize gate`, or the baseline's scoring,
-as plain functions (no Ray here: the driver in quantize/sweep/run.py wraps `execute` in a Ray task, and the tests
-call it directly to run the same candidates one after the other). `convert_and_gate` is the two halves of a
-candidate in this process, one after the other: what `quantize search` does for a try; a sweep runs the same
-halves as two tasks joined by Ray's graph (the gate takes the conversion's and the baseline's results).
+as plain functions (no Ray here: the executor, quantize/cluster/executor.py, runs `execute` in a Ray task for the
+sweep and for `quantize search`, and the tests call it directly to run the same candidates one after the other).
+`convert_and_gate` is the two halves of a candidate in this process, one after the other: what `quantize search`
+does for a try; a sweep runs the same halves as two tasks joined by Ray's graph (the gate takes the conversion's and
+the baseline's results).
 
 Each attempt leaves two files in the sweep's state folder, named by the task and the worker's pid:
-`TASK.PID.start` (written first: where it runs, so the driver can say so and tell a retry from the first run) and
-`TASK.PID.log` (what the libraries printed). The outcome is returned, never raised: a bad recipe is exit 2 and a
-failed conversion exit 3 in the outcome, and the sweep goes on with the other candidates.
+`TASK.PID.start` (the executor's start mark, written first: where it runs, so the driver can say so and tell a retry
+from the first run) and `TASK.PID.log` (what the libraries printed). The outcome is returned, never raised: a bad
+recipe is exit 2 and a failed conversion exit 3 in the outcome, and the sweep goes on with the other candidates.
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import os
 import time
 import traceback
@@ -22,10 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from quantize.cluster.executor import THREAD_VARIABLES, Outcome, mark_start
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, RuntimeFailure, UsageError
-from quantize.records import TaskKind
-
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+from quantize.records import JUNIT_FILE, VERDICT_FILE, TaskKind
 
 
 class TaskSpec(BaseModel):
@@ -52,33 +51,6 @@ class TaskSpec(BaseModel):
         return self.kind if self.candidate is None else f"{self.kind}-{self.candidate}"
 
 
-class Outcome(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    pid: int
-    exit_code: int
-    message: str
-    record: str | None  # the file the task wrote
-    scored: list[str]  # identities scored in full here
-    seconds: float
-    threads: int
-    not_run: bool = False  # an input (its conversion, the baseline) failed: nothing was run
-
-
-def not_run(task: TaskSpec) -> Outcome:
-    """A task whose input failed: no start mark, no log; the driver says which input."""
-    return Outcome(
-        pid=os.getpid(),
-        exit_code=EXIT_RUNTIME,
-        message="not run",
-        record=None,
-        scored=[],
-        seconds=0.0,
-        threads=0,
-        not_run=True,
-    )
-
-
 def set_threads(threads: int) -> None:
     """torch's thread count for this worker: the variables before torch is imported (a fresh worker per task),
     and torch's own setting in case it was."""
@@ -87,34 +59,6 @@ def set_threads(threads: int) -> None:
     import torch
 
     torch.set_num_threads(threads)
-
-
-class StartMark(BaseModel):
-    """TASK.PID.start: what an attempt writes first, so the driver can say where it runs and tell a retry."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    task: str  # the task's label
-    pid: int
-    node: str
-    host: str
-    threads: int
-    started: str
-
-
-def mark_start(state: Path, task: TaskSpec, node: str, host: str, threads: int) -> None:
-    from quantize.io import write_text_atomic
-
-    pid = os.getpid()
-    mark = StartMark(
-        task=task.label,
-        pid=pid,
-        node=node,
-        host=host,
-        threads=threads,
-        started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-    )
-    write_text_atomic(state / f"{task.slug}.{pid}.start", mark.model_dump_json() + "\n")
 
 
 def execute(task: TaskSpec, state: Path, node: str = "local", host: str = "localhost", threads: int = 1) -> Outcome:
@@ -176,7 +120,8 @@ def converted(out: Path, recipe_sha256: str) -> bool:
 
 def convert_and_gate(convert: TaskSpec, gate: TaskSpec) -> Any:
     """A candidate converted, then gated, in this process (`quantize search`'s try); returns the Verdict, written
-    as gate.json and gate.xml beside it. The sweep runs the same two functions as two Ray tasks."""
+    as VERDICT_FILE and JUNIT_FILE (gate.json, gate.xml) beside it. The sweep runs the same two functions as two
+    Ray tasks."""
     assert convert.kind == "convert" and gate.kind == "gate" and convert.checkpoint == gate.checkpoint
     run_convert(convert)
     return gate_candidate(gate)
@@ -217,19 +162,17 @@ def gate_candidate(task: TaskSpec) -> Any:
     returns the Verdict."""
     from quantize.flows.gate import run_gate, save_verdict
     from quantize.quiet import quiet_libraries
-    from quantize.report.collect import VERDICT_FILE
 
     assert task.checkpoint is not None
     cand = Path(task.checkpoint)
     with quiet_libraries(True):
         v = run_gate(task.policy, task.baseline, cand)
-    save_verdict(v, cand / "gate.xml", cand / VERDICT_FILE)
+    save_verdict(v, cand / JUNIT_FILE, cand / VERDICT_FILE)
     return v
 
 
 def run_gate_task(task: TaskSpec) -> tuple[int, str, str | None]:
     from quantize.gates.render import headline
-    from quantize.report.collect import VERDICT_FILE
 
     v = gate_candidate(task)
     return v.exit_code, headline(v), str(Path(str(task.checkpoint)) / VERDICT_FILE)

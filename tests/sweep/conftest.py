@@ -1,7 +1,7 @@
-"""The sweep tests' shared inputs: `lab` (a sweep's files for planning, over the tiny model), `no_cluster` (a sweep
-that must stop before its cluster) and `fake_ray` (what connecting and sizing call). This folder is a package
-(its `__init__.py`), so this conftest loads as `sweep.conftest` and never takes the place of tests/conftest.py,
-which test modules import by the name `conftest`."""
+"""The sweep tests' shared inputs: `lab` (a sweep's files for planning, over the tiny model) and `no_cluster` (a
+sweep that must stop before its cluster; tests/cluster/conftest.py has `fake_ray`, what connecting and sizing call).
+This folder is a package (its `__init__.py`), so this conftest loads as `sweep.conftest` and never takes the place
+of tests/conftest.py, which test modules import by the name `conftest`."""
 
 from __future__ import annotations
 
@@ -61,22 +61,4 @@ def no_cluster(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the sweep reached its cluster")
 
-    monkeypatch.setattr(sweep_run, "_on_cluster", refuse)
-
-
-class FakeRay:
-    """What connecting and sizing call, over one node of 2 CPUs (nothing is submitted)."""
-
-    def init(self, **opts):
-        self.opts = opts
-
-    def nodes(self):
-        return [{"Alive": True, "NodeID": "n" * 20, "NodeManagerAddress": "10.0.0.1", "Resources": {"CPU": 2.0}}]
-
-    def shutdown(self):
-        pass
-
-
-@pytest.fixture
-def fake_ray():
-    return FakeRay()
+    monkeypatch.setattr(sweep_run, "on_cluster", refuse)

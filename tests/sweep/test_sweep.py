@@ -18,10 +18,10 @@ import pytest
 from quantize import records
 from quantize.checkpoint.files import identity_sha256
 from quantize.cli import main as cli
+from quantize.cluster.executor import StartMark
 from quantize.convert.engine import complete_output
 from quantize.records import RunRecord, SweepRecord, Verdict
-from quantize.sweep.spec import load_sweep, parse_bytes
-from quantize.sweep.tasks import StartMark
+from quantize.sweep.spec import load_sweep
 
 from conftest import ROOT, small_golden, suite_file
 
@@ -166,7 +166,7 @@ def test_a_sweep_gives_the_verdicts_and_records_of_one_after_the_other(world, tm
     out = tmp_path / "out"
     records_of_tasks = {out / n / f for n in RECIPES for f in ("quantize.json", "gate.json")} | {given / "gate.json"}
     written_when_said: dict[str, set[Path]] = {}  # at each `running` line: the tasks' records already written
-    say = sweep_run._say
+    say = sweep_run.say_to_stderr
 
     def watched(command):
         def line(text):
@@ -177,7 +177,7 @@ def test_a_sweep_gives_the_verdicts_and_records_of_one_after_the_other(world, tm
 
         return line
 
-    monkeypatch.setattr(sweep_run, "_say", watched)
+    monkeypatch.setattr(sweep_run, "say_to_stderr", watched)
     sweep = world.sweep_file(tmp_path, ["w8", "w4", "w3"], world.strict, [given])
     code, rec = run_cli_sweep(sweep)
     assert code == 1 == rec.exit_code  # 4- and 3-bit rejected; nothing failed
@@ -339,24 +339,6 @@ def test_two_nodes_a_bad_recipe_among_good_ones_and_exit_codes(world, tmp_path, 
         cluster.shutdown()
 
 
-def test_only_the_kinds_of_task_that_run_must_fit_a_node(tmp_path, monkeypatch, fake_ray):
-    from quantize.errors import UsageError
-    from quantize.sweep import run as sweep_run
-    from quantize.sweep.spec import Cluster, Resources
-    from quantize.sweep.tasks import TaskSpec
-
-    ex = sweep_run.Executor(tmp_path, 0, lambda line: None)
-    monkeypatch.setattr(ex, "run", lambda ray, slots=False: None)
-    spec = {"policy": "p.yaml", "baseline": "base"}
-    ex.add(TaskSpec(kind="gate", candidate="c", checkpoint="c", **spec), Resources(num_cpus=2))
-    # a sweep with nothing to convert is not refused for what its convert tasks would have asked
-    nodes = sweep_run._on_cluster(fake_ray, ex, Cluster(address="auto"))
-    assert nodes == ["nnnnnnnnnnnn 10.0.0.1 (2 CPUs, 0 GPUs)"]
-    ex.add(TaskSpec(kind="convert", candidate="c", recipe="r.yaml", checkpoint="c", **spec), Resources(num_cpus=3))
-    with pytest.raises(UsageError, match=r"resources\.convert asks each task for 3 CPUs, 0 GPUs, and no node"):
-        sweep_run._on_cluster(fake_ray, ex, Cluster(address="auto"))
-
-
 # --- the sweep file ------------------------------------------------------------------------------------------
 
 
@@ -381,10 +363,7 @@ def test_a_bad_sweep_file_is_exit_2_naming_the_field(tmp_path, capsys, text, say
     assert says in capsys.readouterr().err
 
 
-def test_memory_sizes_and_a_missing_policy(tmp_path, capsys):
-    assert parse_bytes("8GiB") == 8 * 2**30 and parse_bytes("512MiB") == 2**29 and parse_bytes(1000) == 1000
-    with pytest.raises(ValueError, match="not a memory size"):
-        parse_bytes("8 parsecs")
+def test_a_missing_policy(tmp_path, capsys):
     f = tmp_path / "s.yaml"
     f.write_text("policy: nowhere.yaml\nrecipes: [a.yaml]\n")
     assert cli(["sweep", str(f)]) == 2 and "nowhere.yaml" in capsys.readouterr().err
@@ -503,16 +482,18 @@ def test_a_candidate_may_not_take_a_name_of_the_sweeps_own_folders(lab, no_clust
 def test_a_refused_candidate_never_takes_the_tasks_of_a_good_one_of_its_name(lab, tmp_path):
     """A recipe that cannot be read is named by its file; another recipe of that name still runs (keyed by place,
     not by name: before, the refused one's empty tasks replaced the good one's, which then read exit 3, 0 tasks)."""
+    from quantize.cluster.executor import Executor
+    from quantize.cluster.spec import Resources
     from quantize.sweep import run as sweep_run
     from quantize.sweep.plan import candidates
-    from quantize.sweep.spec import Resources
+    from quantize.sweep.tasks import execute
 
     good, broken = lab.recipe("good.yaml", "w8"), lab.recipe("sub/w8.yaml", scheme="W5A16")
     spec, sha = load_sweep(lab.sweep([good, broken]))
     cands = candidates(spec)
     assert [c.name for c in cands] == ["w8", "w8"] and cands[0].error is None and "W5A16" in cands[1].error
     plan = sweep_run.Plan(spec, sha, "s.yaml", "lenient", lab.tiny, cands, Resources(), Resources())
-    ex = sweep_run.Executor(tmp_path, 0, lambda line: None)
+    ex = Executor(tmp_path, 0, lambda line: None, execute)
     _, per = sweep_run._graph(ex, spec, plan, False)
     assert [t.task.label for t in per[0] if t] == ["convert w8", "gate w8"] and per[1] == (None, None)
     assert [a.task.label for a in per[0][1].after] == ["baseline", "convert w8"]  # the gate takes both results
@@ -538,22 +519,3 @@ def test_a_glob_over_more_recipes_than_a_sweep_takes_is_refused(tmp_path):
     (tmp_path / "s.yaml").write_text("policy: p.yaml\nrecipes: ['many/*.yaml']\n")
     with pytest.raises(UsageError, match=r"`recipes:` names more than 1,000 files \(at many/\*\.yaml\)"):
         load_sweep(tmp_path / "s.yaml")
-
-
-@pytest.mark.parametrize("address", ["local", "auto", "ray://head:10001", "ray://head", "10.0.0.1:6379", "h.x-y:1"])
-def test_the_cluster_addresses_a_sweep_takes(address):
-    from quantize.sweep.spec import Cluster
-
-    assert Cluster(address=address).address == address
-
-
-@pytest.mark.parametrize(
-    "address", ["local\n", "auto ", " local", "head", "head:99999", "ray://", "ray://h:1/x", "hé:1", "h:1\n", "-h:1"]
-)
-def test_an_address_of_another_form_is_refused(address):
-    from pydantic import ValidationError
-
-    from quantize.sweep.spec import Cluster
-
-    with pytest.raises(ValidationError, match="give local"):
-        Cluster(address=address)
