@@ -177,7 +177,10 @@ class MemoryPlanRecord(_Strict):
     need_bytes: int
     available_bytes: int | None  # None: the machine did not say (no /proc/meminfo) and nothing was given
     available_from: str  # --max-memory, recipe max_memory, MemAvailable, unknown
-    terms: dict[str, int]
+    terms: dict[str, int]  # what the conversion holds at its peak, by name
+    # each phase's need, need_bytes the largest: the conversion (the sum of terms) and the check of its output after
+    # it (full reload check or streamed checks); none in a record written before the check was planned as a phase
+    phases: dict[str, int] = Field(default_factory=dict)
     model_bytes: int
     largest_shard_bytes: int
     largest_layer_bytes: int

@@ -231,11 +231,18 @@ def kv_spec(cfg: dict[str, Any]) -> KVSpec:
     )
 
 
+def routed_experts(cfg: dict[str, Any]) -> tuple[str, int] | None:
+    """The field config.json declares its routed experts per MoE layer in, and their number E; None for a dense
+    model (no expert count, or fewer than 2 experts)."""
+    found = _first_int(text_config(cfg), EXPERT_COUNT_KEYS, 0)
+    return None if found is None or found[1] < 2 else found
+
+
 def moe_spec(cfg: dict[str, Any]) -> MoESpec | None:
-    """The routed experts, or None for a dense model (no expert count, or fewer than 2 experts)."""
+    """The routed experts, or None for a dense model (routed_experts)."""
     text = text_config(cfg)
-    found = _first_int(text, EXPERT_COUNT_KEYS, 0)
-    if found is None or found[1] < 2:
+    found = routed_experts(cfg)
+    if found is None:
         return None
     count_key, experts = found
     top_k = _int(text, "num_experts_per_tok")
@@ -248,6 +255,97 @@ def moe_spec(cfg: dict[str, Any]) -> MoESpec | None:
     n = layer_count(cfg)
     layers, rule = _moe_layers(text, n)
     return MoESpec(experts, top_k, shared, layers, f"{count_key}, num_experts_per_tok{rule}")
+
+
+# --- the routed experts' tensors against config.json --------------------------------------------
+
+# one routed expert's tensor (`...experts.N.REST`, per expert) and a fused one (`...experts.NAME`, E experts stacked
+# on its first dimension: gpt-oss, Llama 4, transformers 5 in memory), by name
+_PER_EXPERT = re.compile(r"^(.*(?:^|\.)experts)\.(\d+)\.(.+)$")
+_FUSED_EXPERTS = re.compile(r"^(.*(?:^|\.)experts)\.([^.]+)$")
+# the width of one routed expert's MLP (its gate/up outputs, its down input): config.json's moe_intermediate_size
+# where the family has a dense MLP of another width beside its experts (Qwen2/3-MoE, DeepSeek), else
+# intermediate_size (Mixtral, OLMoE, gpt-oss, Llama 4 text): read from transformers' config classes (5.17)
+EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "intermediate_size")
+_LOGICAL_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")  # a header's shape is the weight's own
+
+
+def _width(text: dict[str, Any]) -> tuple[str, int] | None:
+    """The routed experts' MLP width and the field it was read from; None where config.json gives none as a single
+    whole number (a per-layer list, for one), and then no expert is checked against it."""
+    for k in EXPERT_WIDTH_KEYS:
+        v = text.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return k, v
+    return None
+
+
+def expert_problems(cfg: dict[str, Any], shapes: dict[str, tuple[list[int], str]]) -> list[str]:
+    """What the safetensors headers (`shapes`: tensor name -> (shape, dtype)) hold of the routed experts against
+    what config.json declares (its expert count E: routed_experts), without a model. Per expert module
+    `...experts`: each of experts 0 to E-1 holds the same tensors with the same shapes as the others (an expert
+    missing, an index past E, a tensor one expert lacks or has alone, a shape the others do not share), and every
+    unquantized 2-D weight is hidden_size by the expert width (EXPERT_WIDTH_KEYS), either way round; a fused expert
+    tensor stacks E experts on its first dimension. [] for a dense model or consistent experts."""
+    text = text_config(cfg)
+    if (found_count := routed_experts(cfg)) is None:
+        return []
+    count_key, count = found_count
+    declared = f"config.json declares E = {count} routed experts ({count_key})"
+    per: dict[str, dict[int, dict[str, tuple[list[int], str]]]] = {}
+    found = []
+    for name, (shape, dtype) in sorted(shapes.items()):
+        if m := _PER_EXPERT.match(name):
+            per.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = (shape, dtype)
+        elif (m := _FUSED_EXPERTS.match(name)) and shape[:1] != [count]:
+            found.append(f"fused expert tensor {name} has shape {shape}, whose first dimension should be E: {declared}")
+    for module, experts in per.items():
+        found += _expert_module_problems(module, experts, count, declared, text)
+    return found
+
+
+def _expert_module_problems(
+    module: str, experts: dict[int, dict[str, tuple[list[int], str]]], count: int, declared: str, text: dict[str, Any]
+) -> list[str]:
+    """One per-expert module's experts against each other and against config.json (expert_problems)."""
+    found = [f"{module}.{i} is missing (no tensor of expert {i}); {declared}" for i in range(count) if i not in experts]
+    found += [
+        f"{module}.{i} is an expert past the last ({', '.join(sorted(experts[i]))}); {declared}, 0 to {count - 1}"
+        for i in sorted(experts)
+        if i >= count
+    ]
+    held = {i: t for i, t in experts.items() if i < count}
+    for rest in sorted({r for t in held.values() for r in t}):
+        have = [i for i in sorted(held) if rest in held[i]]
+        if 2 * len(have) > len(held):
+            found += [f"{module}.{i}.{rest} is missing (the other experts hold it)" for i in held if i not in have]
+        else:
+            found += [f"{module}.{i}.{rest} is a tensor the other experts do not hold" for i in have]
+            continue
+        shapes = [held[i][rest] for i in have]
+        usual = max(shapes, key=shapes.count)
+        found += [
+            f"{module}.{i}.{rest} has shape {held[i][rest][0]} ({held[i][rest][1]}), the other experts' is "
+            f"{usual[0]} ({usual[1]})"
+            for i in have
+            if held[i][rest] != usual
+        ]
+        found += _width_problem(f"{module}.{have[0]}.{rest}", usual, text)
+    return found
+
+
+def _width_problem(name: str, tensor: tuple[list[int], str], text: dict[str, Any]) -> list[str]:
+    """An unquantized 2-D expert weight whose shape is not hidden_size × the expert width, either way round."""
+    shape, dtype = tensor
+    width, hidden = _width(text), text.get("hidden_size")
+    if width is None or not isinstance(hidden, int) or not name.endswith(".weight") or len(shape) != 2:
+        return []
+    if dtype not in _LOGICAL_DTYPES or sorted(shape) == sorted([width[1], hidden]):
+        return []
+    return [
+        f"{name} has shape {shape} (as every expert of its module), and config.json's {width[0]} {width[1]} and "
+        f"hidden_size {hidden} imply {[width[1], hidden]} or {[hidden, width[1]]}"
+    ]
 
 
 def _moe_layers(text: dict[str, Any], n: int) -> tuple[tuple[int, ...], str]:

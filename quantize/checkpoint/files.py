@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from quantize import cache
-from quantize.checkpoint.headers import all_tensors
+from quantize.checkpoint.architecture import expert_problems
+from quantize.checkpoint.headers import all_tensors, check_shard_index
 from quantize.errors import UsageError
 from quantize.io import read_user_file, sha256_bytes, sha256_file
 
@@ -52,8 +53,10 @@ def loaded_weights(checkpoint: Path) -> list[Path]:
         model.safetensors.index.json alone       the shards its weight_map names (a stray .safetensors beside
                                                  them is read by no loader: transformers and vLLM follow the index)
         one other NAME.safetensors, no index     that file (read as model.safetensors: loadable_view)
-        model.safetensors and the index          refused: transformers reads the file, an index-following loader
-                                                 (vLLM) the shards, and an identity over one does not cover the other
+        model.safetensors and the index          refused where the index names other shards: transformers reads
+                                                 the file, an index-following loader (vLLM) the shards, and an
+                                                 identity over one does not cover the other (an index naming
+                                                 model.safetensors alone, as model_free_ptq writes, is one model)
         several .safetensors, no index           refused: transformers reads model.safetensors or nothing, vLLM
                                                  every file
     config.json's `transformers_weights` (a file transformers then loads instead) is refused unless it names the
@@ -67,14 +70,15 @@ def loaded_weights(checkpoint: Path) -> list[Path]:
             f"{checkpoint}: {', '.join(odd)} {'is' if len(odd) == 1 else 'are'} not a regular file (a FIFO, a folder "
             "or a broken link); a weight file or shard index must be a plain file: replace it, or move it out"
         )
-    if single.is_file() and index.is_file():
-        raise UsageError(
-            f"{checkpoint} holds both {SAFE_WEIGHTS} and {SAFE_INDEX}: transformers loads {SAFE_WEIGHTS} and "
-            "ignores the shards, an index-following loader (vLLM) loads the shards, so the folder is two models. "
-            "Keep one layout: remove the single file, or the index and its shards"
-        )
     if index.is_file():
         files, chosen = indexed_shards(checkpoint, index), SAFE_INDEX
+        if single.is_file() and files != [single]:
+            raise UsageError(
+                f"{checkpoint} holds both {SAFE_WEIGHTS} and {SAFE_INDEX}, which names other shards: transformers "
+                f"loads {SAFE_WEIGHTS} and ignores the shards, an index-following loader (vLLM) loads the shards, so "
+                "the folder is two models. Keep one layout: remove the single file, or the index and its shards"
+            )
+        chosen = SAFE_WEIGHTS if single.is_file() else chosen
     elif len(present) == 1:
         files, chosen = present, present[0].name
     elif present:
@@ -221,6 +225,7 @@ def check_model_dir(path: Path) -> None:
     refuse_pickles(path)
     read_config(path)  # a config.json transformers cannot read is the user's to fix, before any import
     config_matches_headers(path)
+    index_and_experts_match_headers(path)
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -249,6 +254,25 @@ def config_matches_headers(checkpoint: Path) -> None:
         raise UsageError(
             f"{checkpoint}: tensor {emb.name} has shape {emb.shape} in {emb.file}, and config.json's vocab_size "
             f"and hidden_size imply {implied}; {fix}"
+        )
+
+
+def index_and_experts_match_headers(checkpoint: Path) -> None:
+    """The shard index against its shards' headers (headers.check_shard_index) and the routed experts' tensors
+    against config.json (architecture.expert_problems), from the headers alone, before torch is imported: a tensor
+    the index names that no shard holds, an expert missing, past config.json's count, or of another shape than its
+    fellows is refused (exit 2) naming the tensor, in milliseconds, where the model's load or model_free_ptq
+    stopped on it with exit 3 after seconds."""
+    tensors, _ = all_tensors(safetensors_files(checkpoint))
+    if (index := Path(checkpoint) / SAFE_INDEX).is_file():  # read and checked by safetensors_files just above
+        weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES))["weight_map"]
+        check_shard_index(index, weight_map, tensors)
+    shapes = {n: (t.shape, t.dtype) for n, t in tensors.items()}
+    if problems := expert_problems(read_config(checkpoint, required=False), shapes):
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UsageError(
+            f"{checkpoint}: the routed experts' tensors do not match config.json: {'; '.join(problems[:3])}{more}. "
+            "Fix config.json, or the weights that go with it"
         )
 
 

@@ -2,7 +2,8 @@
 
 A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (name -> dtype, shape,
 data_offsets), then the tensor bytes. `read_header` parses one file's header and enforces the format's rules;
-`all_tensors` joins a checkpoint's shards. No tensor data is read and nothing here imports torch: the accounting
+`all_tensors` joins a checkpoint's shards, and `check_shard_index` holds a shard index's weight_map to them. No
+tensor data is read and nothing here imports torch: the accounting
 (bits per weight), the memory plan, the loader's checks and config.json's check against the weights
 (files.config_matches_headers) all read headers through this module.
 """
@@ -171,6 +172,25 @@ def _check_contiguous(spans: list[tuple[int, int, str]], data_size: int, bad: _I
         cursor = end
     if cursor != data_size:
         raise bad(f"tensors end at byte {cursor} of a {data_size}-byte data section")
+
+
+def check_shard_index(index: Path, weight_map: dict[str, str], tensors: dict[str, TensorInfo]) -> None:
+    """A shard index's weight_map (tensor name -> shard file name) against the shards' headers (`tensors`, every
+    shard the index names): every tensor it names is in the shard it names, and every tensor a shard holds is named
+    there. An index that names a tensor no shard holds stopped model_free_ptq with an UnboundLocalError (a loader
+    that reads whole shards skips the name), and one that leaves a stored tensor out made model_free_ptq drop it;
+    either is refused here, naming the tensor, the index and the shard."""
+    fix = "re-save the checkpoint (save_pretrained writes the index with its shards), or correct the index"
+    for name, shard in sorted(weight_map.items()):
+        if (t := tensors.get(name)) is None:
+            raise UsageError(f"{index} names tensor {name!r} in {shard}, but no shard holds it; {fix}")
+        if t.file != shard:
+            raise UsageError(f"{index} names tensor {name!r} in {shard}, but {t.file} holds it; {fix}")
+    if unnamed := sorted(set(tensors) - set(weight_map)):
+        t = tensors[unnamed[0]]
+        raise UsageError(
+            f"{t.file} holds tensor {t.name!r}, which {index} does not name ({len(unnamed)} such tensor(s)); {fix}"
+        )
 
 
 def all_tensors(files: list[Path]) -> tuple[dict[str, TensorInfo], int]:

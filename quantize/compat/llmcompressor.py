@@ -4,6 +4,11 @@
   output shard through that name; `model_free_ptq_pt` replaces it for one call with `save_file(...,
   metadata={"format": "pt"})`, the header save_pretrained writes, so a streamed shard is byte-identical to the
   in-memory path's (tests/convert/test_streaming.py).
+- The same module validates each shard on the meta device inside compressed-tensors' `TensorProfiler()` (imported
+  into its namespace), whose default `catch_exception=True` prints the exception's traceback to stderr and swallows
+  it, after which `_validate_shard` stops on an UnboundLocalError: a traceback of the library's on the user's
+  terminal and a message that names nothing. `model_free_ptq_pt` makes it `TensorProfiler(catch_exception=False)`
+  for the call, so the exception itself reaches the backend, which says it in one paragraph.
 - `llmcompressor.modeling.moe.linear_experts` and `.llama4` import compressed-tensors' `offload_module` into their
   own namespaces and call it at the end of `from_experts_module`; `linearized_on_meta` replaces it for one call
   with a no-op, so `linearize_moe` (llm-compressor's own conversion of fused 3-D experts into per-expert
@@ -43,6 +48,9 @@ def problems() -> list[str]:
         found.append("llmcompressor.entrypoints.model_free no longer writes its shards through its own save_file")
     params = inspect.signature(model_free.model_free_ptq).parameters
     found += [f"model_free_ptq takes no `{p}`" for p in ("config", "max_workers") if p not in params]
+    profiler = getattr(model_free, "TensorProfiler", None)
+    if profiler is None or "catch_exception" not in inspect.signature(profiler).parameters:
+        found.append("llmcompressor.entrypoints.model_free no longer profiles through TensorProfiler(catch_exception)")
     for module in _OFFLOADING:
         if not callable(getattr(import_module(module), "offload_module", None)):
             found.append(f"{module} no longer calls offload_module from its own namespace")
@@ -95,12 +103,17 @@ class NotLinearizable(Exception):
 
 def model_free_ptq_pt(model_dir: Path, folder: Path, config: Any) -> None:
     """llm-compressor's `model_free_ptq(model_dir, folder, config=config, max_workers=1)`, every shard written with
-    save_pretrained's header metadata ({"format": "pt"})."""
+    save_pretrained's header metadata ({"format": "pt"}), and a shard's failed validation raised as its own
+    exception (not printed as a traceback and swallowed)."""
     from functools import partial
     from unittest import mock
 
     import llmcompressor.entrypoints.model_free as model_free
     from safetensors.torch import save_file
 
-    with mock.patch.object(model_free, "save_file", partial(save_file, metadata=PT)):
+    raising = partial(model_free.TensorProfiler, catch_exception=False)
+    with (
+        mock.patch.object(model_free, "save_file", partial(save_file, metadata=PT)),
+        mock.patch.object(model_free, "TensorProfiler", raising),
+    ):
         model_free.model_free_ptq(str(model_dir), str(folder), config=config, max_workers=1)

@@ -1,4 +1,6 @@
-"""Checks on a quantized model: finite logits, and the first layer whose output is not finite."""
+"""Checks on a conversion's source before it is converted (check_source: its headers against config.json, as
+transformers would load them), and on its output: finite logits and the first layer whose output is not; for an
+output too large to reload, every stored tensor finite and its headers against the meta-device model."""
 
 from __future__ import annotations
 
@@ -10,6 +12,56 @@ from quantize.checkpoint import qdq
 from quantize.checkpoint.loader import load_model
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.records import FiniteCheck, LeftAt16
+
+# the torch dtype a header's dtype names, for the meta tensors of the source check (a name not here is loaded as
+# bytes of its shape: only shapes and names decide what the check finds)
+_TORCH_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def check_source(model_dir: Path, trust_remote_code: bool) -> None:
+    """The source against config.json before a weight is read or converted, on every path (in memory, offloaded,
+    streamed: engine.convert calls it once, before it takes any): the checks the loader makes before it allocates
+    (loader.check_against_meta: a shape config.json does not imply, integers where the model holds floats), then the
+    headers loaded into the meta-device model as `from_pretrained` would load them (compat.transformers.dry_load:
+    transformers' renamings and per-expert merges, tied weights): a stored tensor the model has no place for, a
+    weight the checkpoint lacks, a renamed tensor of another shape, or tensors that do not merge into the model's
+    fused ones. Each is the user's to fix: UsageError (exit 2) naming the tensor, never the conversion's exit 3
+    after the work. A quantized source stores other names and dtypes by design (its quantizer maps them) and is
+    left to the loader, as check_against_meta leaves it."""
+    import torch
+
+    from quantize.checkpoint.files import read_config, safetensors_files, side_file
+    from quantize.checkpoint.headers import all_tensors
+    from quantize.checkpoint.loader import check_against_meta, check_loading_info, meta_model
+    from quantize.compat.transformers import dry_load
+
+    check_against_meta(model_dir, trust_remote_code)
+    if read_config(model_dir).get("quantization_config") or side_file(model_dir) is not None:
+        return
+    tensors, _ = all_tensors(safetensors_files(model_dir))
+    stored = {n: (t.shape, getattr(torch, _TORCH_DTYPES.get(t.dtype, "uint8"))) for n, t in tensors.items()}
+    found = dry_load(meta_model(model_dir, trust_remote_code), stored)
+    fix = "fix config.json, or the weights that go with it"
+    if found.conversion:
+        key, why = next(iter(found.conversion.items()))
+        raise UsageError(f"{model_dir}: the stored tensors transformers merges into {key} do not merge ({why}); {fix}")
+    if found.mismatched:
+        key, have, want = found.mismatched[0]
+        raise UsageError(
+            f"{model_dir}: the stored tensor loaded as {key} has shape {have}, and config.json implies {want}; {fix}"
+        )
+    check_loading_info(model_dir, {"missing_keys": found.missing, "unexpected_keys": found.unexpected})
 
 
 def first_nonfinite_module(model: Any, input_ids: Any) -> str | None:
@@ -126,30 +178,20 @@ STREAM_CHUNK_ELEMENTS = 1 << 24
 def streamed_finite_check(folder: Path) -> FiniteCheck:
     """Every floating-point tensor stored in the output's safetensors files is finite, read from the files one
     tensor at a time and in row chunks (safetensors' safe_open), never the whole model: the check of an output
-    too large to reload. Names the first tensor that is not finite."""
-    import torch
+    too large to reload. Each tensor is read through a file opened for it alone, so the file's pages mapped (which
+    count in the RSS until the file is closed) are at most one tensor's (memory.streamed_check_terms). Names the
+    first tensor that is not finite."""
     from safetensors import safe_open
 
     from quantize.checkpoint.files import safetensors_files
+    from quantize.checkpoint.headers import read_header
 
     read = 0
     for f in safetensors_files(folder):
-        with safe_open(str(f), framework="pt") as st:
-            for name in st.keys():  # noqa: SIM118  (safe_open is not a mapping)
-                sl = st.get_slice(name)
-                shape = sl.get_shape()
-                read += 1
-                if not shape:
-                    chunks = [st.get_tensor(name)]
-                else:
-                    rows = max(1, STREAM_CHUNK_ELEMENTS // max(1, math.prod(shape[1:])))
-                    chunks = (sl[i : i + rows] for i in range(0, shape[0], rows))
-                for t in chunks:
-                    if t.is_floating_point() and not torch.isfinite(t.float()).all():
-                        raise RuntimeFailure(
-                            f"the saved checkpoint's tensor {name} (in {f.name}) holds NaN or inf; nothing was "
-                            "kept. Add its layer to `ignore:`, or convert in float32 (`dtype: float32`)"
-                        )
+        for name in read_header(f)[0]:
+            with safe_open(str(f), framework="pt") as st:
+                _finite_in_chunks(st, name, f.name)
+            read += 1
     return FiniteCheck(
         stage="every stored tensor read one at a time from the saved files (no logits: the model would not fit)",
         rows=0,
@@ -158,6 +200,26 @@ def streamed_finite_check(folder: Path) -> FiniteCheck:
         max_abs_logit=None,
         tensors_read=read,
     )
+
+
+def _finite_in_chunks(st: Any, name: str, file: str) -> None:
+    """One stored tensor of an open safetensors file read in row chunks of about STREAM_CHUNK_ELEMENTS; a
+    RuntimeFailure naming it where a chunk holds NaN or inf."""
+    import torch
+
+    sl = st.get_slice(name)
+    shape = sl.get_shape()
+    if not shape:
+        chunks = [st.get_tensor(name)]
+    else:
+        rows = max(1, STREAM_CHUNK_ELEMENTS // max(1, math.prod(shape[1:])))
+        chunks = (sl[i : i + rows] for i in range(0, shape[0], rows))
+    for t in chunks:
+        if t.is_floating_point() and not torch.isfinite(t.float()).all():
+            raise RuntimeFailure(
+                f"the saved checkpoint's tensor {name} (in {file}) holds NaN or inf; nothing was kept. Add its "
+                "layer to `ignore:`, or convert in float32 (`dtype: float32`)"
+            )
 
 
 # what compressed-tensors stores for a quantized Linear beside (or instead of) its weight

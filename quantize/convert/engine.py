@@ -7,7 +7,9 @@ convert     plan (plan.py) -> the backend's preparation (backends/: llm-compress
             Every backend gets the same checks, accounting and records; this module names none of them.
 memory      before either (and before torch is imported): the memory plan (memory.py) chooses the path, in-memory
             or streamed (a data-free recipe shard by shard through the backend's `stream`, checked tensor by
-            tensor against the headers), or refuses a run that cannot fit.
+            tensor against the headers), or refuses a run that cannot fit, the check of its output included.
+source      then, once for every path, the source against config.json as transformers would load it
+            (checks.check_source): a mismatch is the user's exit 2 before anything is read or converted.
 """
 
 from __future__ import annotations
@@ -28,7 +30,13 @@ from quantize.convert.backends import backend_for
 from quantize.convert.backends.base import Job
 from quantize.convert.calibration import CalibrationSet, build_calibration, check_calibration
 from quantize.convert.card import model_card
-from quantize.convert.checks import left_at_16, reload_check, streamed_finite_check, structure_check
+from quantize.convert.checks import (
+    check_source,
+    left_at_16,
+    reload_check,
+    streamed_finite_check,
+    structure_check,
+)
 from quantize.convert.dtypes import calibration_dtype, cast_saved_floats, source_dtype
 from quantize.convert.plan import LayerPlan, plan_layers
 from quantize.convert.provenance import Phases, library_versions, memory_record
@@ -149,6 +157,7 @@ def convert(
     model_dir = preflight(recipe, out, force)
     mplan = memory.plan(recipe, model_dir, max_memory, out=out)
     with quiet_libraries(quiet), offload_folder(out, mplan) as offload_dir:
+        check_source(model_dir, recipe.trust_remote_code)  # one pre-load check for every path
         if mplan.path == "streamed":
             return _convert_streamed(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan)
         return _convert(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan, offload_dir)

@@ -13,9 +13,16 @@ its peak on each path, from the safetensors headers and config.json alone, again
                 (engine._convert_streamed): per worker a shard, its output, float32 working copies of its largest
                 tensor (and, for the FP4 formats, fused partners read from other shards), plus the libraries
 
+After the conversion, on every path, its output is checked in a phase of its own: the full reload (transformers
+loads the output, decompressing it into the model while its files stay mapped, and runs a probe: reload_terms)
+where that fits, else the streamed checks (one stored tensor at a time: streamed_check_terms). The plan's need
+is the larger of the two phases, so a budget (`--max-memory`, `max_memory:`) bounds the whole run, the check
+included; before 2026-12-06 the reload was planned in whenever the model alone fit, and a 1.4 GB source streamed
+under 2 GiB peaked at 2.5 GiB (benchmarks/results/memory_budget.txt).
+
 Every figure is an estimate with its assumption stated beside it; the plan's numbers go to quantize.json
-(MemoryPlanRecord) and to `quantize run`'s output. A run that cannot fit is refused (UsageError, exit 2) naming its
-largest term and what to change.
+(MemoryPlanRecord: the conversion's terms and each phase's need) and to `quantize run`'s output. A run that cannot
+fit is refused (UsageError, exit 2) naming its largest term and what to change.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quantize.checkpoint.architecture import routed_experts
 from quantize.checkpoint.files import read_config, safetensors_files
 from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors
 from quantize.convert.recipe import FORMATS, WEIGHT_ONLY_INT, Backend, Method, Offload, Recipe, Scheme, Streaming
@@ -32,8 +40,8 @@ from quantize.records import MemoryPlanRecord
 
 GiB = 1024**3
 # RSS of a process that has imported torch, transformers, llm-compressor and compressed-tensors (VmHWM 532 MiB
-# measured on this project's CPU machine, 2026-12-03), rounded up
-RUNTIME_BYTES = 600 * 1024**2
+# measured on this project's CPU machine, 2026-12-03; 612-626 MiB on 2026-12-06, before a model loads), rounded up
+RUNTIME_BYTES = 640 * 1024**2
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # stored bits per quantized weight (int4 and int8 pack exactly into int32 words; int3 packs 10 to a word)
@@ -65,9 +73,12 @@ FUSED_PARTNERS = {Scheme.NVFP4A16, Scheme.MXFP4A16, Scheme.MXFP4}  # FP4 formats
 # float32 copies of the largest weight a streamed worker holds at once (upcast, observer, quantize-dequantize
 # temporaries), fitted to peak RSS measured on a 26.2 GiB source of 14336 x 4096 weights (docs/results.md, "Bigger
 # than memory"): with 3 copies assumed, FP8 dynamic peaked 0.03 GiB over the estimate and NVFP4A16 1.12 GiB over
-# (the fused gate/up pair's global scale and the FP4 rounding's temporaries); 4 and 9 put both estimates above
+# (the fused gate/up pair's global scale and the FP4 rounding's temporaries); 4 and 9 put both estimates above.
+# On a 1.3 GiB source of 5632 x 2048 weights (benchmarks/memory_budget.py, 2026-12-06) FP8 dynamic peaked
+# 1,036-1,129 MiB in five runs (418-511 MiB over the 618 MiB held before its first shard: the allocator keeps some of
+# each shard's memory), above the 1,066 MiB that 4 copies estimate; 7 estimate 1,200 MiB
 WORKING_COPIES = dict.fromkeys(FUSED_PARTNERS, 9)
-DEFAULT_WORKING_COPIES = 4
+DEFAULT_WORKING_COPIES = 7
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,7 @@ class Checkpoint:
     hidden: int
     heads: int
     dtype: str
+    experts: tuple[str, int] | None = None  # config.json's routed experts (field, E); None for a dense model
 
     @property
     def model_bytes(self) -> int:
@@ -145,7 +157,7 @@ def read_checkpoint(model_dir: Path) -> Checkpoint:
     hidden = text.get("hidden_size") if isinstance(text.get("hidden_size"), int) else 0
     heads = text.get("num_attention_heads") if isinstance(text.get("num_attention_heads"), int) else 0
     dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
-    return Checkpoint(tensors, shard, hidden, heads, dtype)
+    return Checkpoint(tensors, shard, hidden, heads, dtype, routed_experts(cfg))
 
 
 def quantized_weight(name: str, t: TensorInfo) -> bool:
@@ -226,9 +238,12 @@ def offloaded_terms(ckpt: Checkpoint, recipe: Recipe) -> dict[str, int]:
 
 @dataclass
 class MemoryPlan:
+    """A path and what each of its phases holds at its peak: the conversion (`terms`), then the check of its output
+    (`check_terms`: the full reload where it fits, else the streamed checks). The run's need is the larger phase."""
+
     path: str  # "in-memory", "offloaded" or "streamed"
     available: Available
-    terms: dict[str, int]  # what the chosen path holds at its peak, by name
+    terms: dict[str, int]  # what the conversion holds at its peak, by name
     model_bytes: int
     largest_shard_bytes: int
     largest_layer_bytes: int
@@ -237,10 +252,22 @@ class MemoryPlan:
     workers: int
     full_reload: bool  # whether the output's reload with logits fits too (else only the streamed checks)
     alternatives: dict[str, int] = field(default_factory=dict)  # the other path's need, when it was weighed
+    check_terms: dict[str, int] = field(default_factory=dict)  # what the output's check holds at its peak
+
+    @property
+    def phases(self) -> dict[str, int]:
+        """Each phase's need: the conversion, and the check planned after it."""
+        check = "full reload check" if self.full_reload else "streamed checks"
+        return {"conversion": sum(self.terms.values()), check: sum(self.check_terms.values())}
+
+    @property
+    def peak_terms(self) -> dict[str, int]:
+        """The terms of the phase that holds the most (the conversion's on a tie)."""
+        return self.terms if sum(self.terms.values()) >= sum(self.check_terms.values()) else self.check_terms
 
     @property
     def need_bytes(self) -> int:
-        return sum(self.terms.values())
+        return max(self.phases.values())
 
     @property
     def fits(self) -> bool:
@@ -253,6 +280,7 @@ class MemoryPlan:
             available_bytes=self.available.bytes,
             available_from=self.available.source,
             terms=self.terms,
+            phases=self.phases,
             model_bytes=self.model_bytes,
             largest_shard_bytes=self.largest_shard_bytes,
             largest_layer_bytes=self.largest_layer_bytes,
@@ -312,61 +340,131 @@ def streamed_terms(ckpt: Checkpoint, recipe: Recipe, workers: int) -> dict[str, 
     }
 
 
+# what the full reload check holds besides the model and the output's files: decompression's temporaries and the
+# probe's forward pass, as a share of the model's bytes. Fitted to the FP8 dynamic outputs of two bf16 Llamas
+# (benchmarks/memory_budget.py's shape at 13 and 4 layers, 2026-12-06), each reloaded alone: VmHWM 3,053 MiB =
+# libraries 612 + model 1,368 + the output's files mapped 705 + 368 (27% of the model), and 1,378 MiB = 626 + 406
+# + 213 + 133 (33%); 35% (with the libraries at 640 MiB) keeps both estimates above (3,298 and 1,423 MiB)
+RELOAD_OVERHEAD = 0.35
+
+
+def reload_terms(ckpt: Checkpoint, out_bytes: int) -> dict[str, int]:
+    """The full reload check (checks.reload_check), its own phase after the conversion on every path: transformers
+    loads the output, whose quantized weights are decompressed into the model in the checkpoint's dtype while the
+    output's files (`out_bytes`: output_bytes) stay mapped (their pages count in the RSS), and runs the probe; plus
+    the libraries."""
+    return {
+        "reload check: the model decompressed in its dtype": ckpt.model_bytes,
+        "reload check: the output's files, mapped while it loads": out_bytes,
+        "reload check: decompression and the probe's forward pass": int(ckpt.model_bytes * RELOAD_OVERHEAD),
+        "libraries": RUNTIME_BYTES,
+    }
+
+
+def streamed_check_terms(ckpt: Checkpoint) -> dict[str, int]:
+    """The streamed checks (checks.streamed_finite_check, structure_check), the output's check where the full
+    reload does not fit: one stored tensor at a time, its file's pages mapped while it is read (at most the largest
+    tensor: each is read through a file opened for it alone), in row chunks copied to float32; plus the
+    libraries."""
+    from quantize.convert.checks import STREAM_CHUNK_ELEMENTS
+
+    largest = max(ckpt.tensors.values(), key=lambda t: t.nbytes, default=None)
+    chunk = 0 if largest is None else min(STREAM_CHUNK_ELEMENTS, largest.nbytes * 8 // DTYPE_BITS[largest.dtype])
+    return {
+        "streamed checks: the largest tensor's pages": 0 if largest is None else largest.nbytes,
+        # read in its dtype (at most float32), copied to float32, and a bool a value for isfinite
+        "streamed checks: a row chunk read, in float32, checked": chunk * (4 + 4 + 1),
+        "libraries": RUNTIME_BYTES,
+    }
+
+
+def source_streamable(ckpt: Checkpoint) -> str | None:
+    """Why this checkpoint cannot be streamed whatever the recipe, or None when it can."""
+    if ckpt.experts is not None:
+        key, n = ckpt.experts
+        return (
+            f"it is a mixture-of-experts model (config.json's {key}: {n} routed experts), and the streamed path does "
+            "not convert experts yet: model_free_ptq would write them one tensor per expert, which the streamed "
+            "checks (against transformers' fused experts) refuse after the whole conversion"
+        )
+    return None
+
+
 def plan(
     recipe: Recipe, model_dir: Path, max_memory: int | None = None, workers: int = 1, out: Path | None = None
 ) -> MemoryPlan:
-    """The path this run takes and what it holds, from headers and config.json only; refuses (UsageError) a run
-    that cannot fit in memory, an output larger than the free disk where `out` will be written, or
-    `streaming: on` for a recipe that cannot stream."""
+    """The path this run takes and what each of its phases holds (the conversion, then the full reload check where
+    it fits, else the streamed checks), from headers and config.json only; refuses (UsageError) a run that cannot
+    fit in memory, an output larger than the free disk where `out` will be written, or `streaming: on` for a recipe
+    or a model that cannot stream."""
     ckpt = read_checkpoint(model_dir)
     avail = available(recipe, max_memory)
     mem_terms, act = in_memory_terms(ckpt, recipe)
-    why_not = streamable(recipe)
+    why_not = streamable(recipe) or source_streamable(ckpt)
+    refuse_switches(recipe, ckpt)
+    out_bytes = output_bytes(ckpt, list(ckpt.tensors.values()), recipe)
+    reload = reload_terms(ckpt, out_bytes)
+    full_reload = avail.bytes is None or sum(reload.values()) <= avail.bytes
     common = dict(
         available=avail,
         model_bytes=ckpt.model_bytes,
         largest_shard_bytes=ckpt.largest_shard[1],
         largest_layer_bytes=ckpt.largest_layer_bytes,
         activation_bytes=act,
-        output_bytes=output_bytes(ckpt, list(ckpt.tensors.values()), recipe),
+        output_bytes=out_bytes,
         workers=workers,
+        full_reload=full_reload,
+        check_terms=reload if full_reload else streamed_check_terms(ckpt),
     )
-    in_memory = MemoryPlan("in-memory", terms=mem_terms, full_reload=True, **common)
-    if recipe.streaming is Streaming.on and why_not:
-        raise UsageError(f"streaming: on, but this recipe cannot stream: {why_not}; set `streaming: auto` or `off`")
-    why_not_offload = offloadable(recipe)
-    if recipe.offload is Offload.on and why_not_offload:
-        raise UsageError(
-            f"offload: on, but this recipe cannot offload its weights: {why_not_offload}; set `offload: auto` or `off`"
-        )
+    in_memory = MemoryPlan("in-memory", terms=mem_terms, **common)
     chosen = in_memory
-    reload_need = ckpt.model_bytes + RUNTIME_BYTES
-    full_reload = avail.bytes is None or reload_need <= avail.bytes
     if why_not is None and (
         recipe.streaming is Streaming.on or (recipe.streaming is Streaming.auto and not in_memory.fits)
     ):
-        chosen = MemoryPlan(
-            "streamed",
-            terms=streamed_terms(ckpt, recipe, workers),
-            full_reload=full_reload,
-            alternatives={"in-memory": in_memory.need_bytes},
-            **common,
-        )
-    elif why_not_offload is None and (
+        terms = streamed_terms(ckpt, recipe, workers)
+        chosen = MemoryPlan("streamed", terms=terms, alternatives={"in-memory": in_memory.need_bytes}, **common)
+    elif offloadable(recipe) is None and (
         recipe.offload is Offload.on or (recipe.offload is Offload.auto and not in_memory.fits)
     ):
-        chosen = MemoryPlan(
-            "offloaded",
-            terms=offloaded_terms(ckpt, recipe),
-            full_reload=full_reload,
-            alternatives={"in-memory": in_memory.need_bytes},
-            **common,
-        )
+        terms = offloaded_terms(ckpt, recipe)
+        chosen = MemoryPlan("offloaded", terms=terms, alternatives={"in-memory": in_memory.need_bytes}, **common)
     if not chosen.fits:
         raise UsageError(refusal(recipe, chosen, why_not))
+    if not full_reload and ckpt.experts is not None:
+        raise UsageError(unchecked_experts(chosen, sum(reload.values()), ckpt.experts))
     if out is not None:
         check_disk(out, chosen.output_bytes)
     return chosen
+
+
+def unchecked_experts(p: MemoryPlan, reload_need: int, experts: tuple[str, int]) -> str:
+    """The refusal of an MoE whose output could only get the streamed checks, which compare it with transformers'
+    fused experts (the meta-device model) and refuse the per-expert layout every MoE conversion writes."""
+    return (
+        f"this mixture-of-experts model (config.json's {experts[0]}: {experts[1]} routed experts) fits the "
+        f"{p.path} path, but the full reload check of its output would need about {gib(reload_need)} and "
+        f"{gib(p.available.bytes)} is available ({p.available.source}); the streamed checks that take its place "
+        "for a dense model do not check experts yet, so the run would end in exit 3 after the whole conversion. "
+        f"Nothing was loaded. Give it {gib(reload_need)} (--max-memory or the recipe's max_memory, if "
+        f"{p.available.source} understates what it may use), or a machine with more memory"
+    )
+
+
+def refuse_switches(recipe: Recipe, ckpt: Checkpoint) -> None:
+    """`streaming: on` for a recipe or a model that cannot stream, and `offload: on` for a recipe that cannot
+    offload: refused naming the field, why, and what to set instead."""
+    if recipe.streaming is Streaming.on and (why := streamable(recipe)):
+        raise UsageError(f"streaming: on, but this recipe cannot stream: {why}; set `streaming: auto` or `off`")
+    if recipe.streaming is Streaming.on and (why := source_streamable(ckpt)):
+        offload = " (or, for a calibrated recipe short of memory, its weights offloaded to disk: `offload: on`)"
+        raise UsageError(
+            f"streaming: on, but this model cannot stream: {why}. Set `streaming: off` (or `auto`) to convert it on "
+            f"the in-memory path{offload if offloadable(recipe) is None else ''}; nothing was loaded"
+        )
+    if recipe.offload is Offload.on and (why := offloadable(recipe)):
+        raise UsageError(
+            f"offload: on, but this recipe cannot offload its weights: {why}; set `offload: auto` or `off`"
+        )
 
 
 def check_disk(out: Path, need: int) -> None:
@@ -389,11 +487,11 @@ def gib(n: int | None) -> str:
 
 
 def terms_text(p: MemoryPlan) -> str:
-    return ", ".join(f"{k} {gib(v)}" for k, v in p.terms.items() if v)
+    return ", ".join(f"{k} {gib(v)}" for k, v in p.peak_terms.items() if v)
 
 
 def refusal(recipe: Recipe, p: MemoryPlan, why_not: str | None) -> str:
-    largest = max(p.terms.items(), key=lambda kv: kv[1])[0]
+    largest = max(p.peak_terms.items(), key=lambda kv: kv[1])[0]
     fixes = []
     if p.path == "in-memory" and why_not is None:
         fixes.append("stream it shard by shard (`streaming: on`; `auto` does when the streamed path fits)")

@@ -51,8 +51,10 @@ def plan_line(p: MemoryPlanRecord) -> str:
     """The memory plan made before the load: the path taken, its estimate against what was available, and
     which reload check ran."""
     avail = "unknown" if p.available_bytes is None else mib(p.available_bytes)
+    phases = f" ({', '.join(f'{k} {mib(v)}' for k, v in p.phases.items())})" if p.phases else ""
     return (
-        f"  memory plan: {p.path} path, estimated {mib(p.need_bytes)} of {avail} available ({p.available_from}); "
+        f"  memory plan: {p.path} path, estimated {mib(p.need_bytes)}{phases} of {avail} available "
+        f"({p.available_from}); "
         f"model {mib(p.model_bytes)}, largest shard {mib(p.largest_shard_bytes)}, largest layer "
         f"{mib(p.largest_layer_bytes)}, calibration activations {mib(p.activation_bytes)}; reload check: {p.reload}"
     )

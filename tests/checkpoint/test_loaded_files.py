@@ -55,6 +55,19 @@ def test_a_single_file_beside_an_index_is_refused_naming_both(ckpt):
     assert files.identity_sha256(ckpt) == clean
 
 
+def test_an_index_naming_the_single_file_alone_is_one_model(ckpt):
+    """model_free_ptq writes an index beside a single model.safetensors that names it alone: every loader reads
+    that one file, so nothing is ambiguous."""
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as st:
+        names = list(st.keys())
+    before = files.identity_sha256(ckpt)
+    (ckpt / files.SAFE_INDEX).write_text(json.dumps({"weight_map": dict.fromkeys(names, "model.safetensors")}))
+    assert files.safetensors_files(ckpt) == [ckpt / "model.safetensors"]
+    assert files.identity_sha256(ckpt) == before
+
+
 def test_a_model_file_linking_outside_is_refused_also_beside_an_index(ckpt, tmp_path):
     indexed(ckpt)
     outside = nan_copy(ckpt / "model-00001-of-00001.safetensors", tmp_path / "elsewhere.safetensors")

@@ -111,6 +111,36 @@ def test_a_model_free_module_without_its_own_save_file_is_found(monkeypatch):
     assert any("no longer writes its shards through its own save_file" in p for p in compat.problems())
 
 
+def test_a_model_free_profiler_that_no_longer_raises_is_found(monkeypatch):
+    import llmcompressor.entrypoints.model_free as model_free
+
+    from quantize.compat import llmcompressor as compat
+
+    monkeypatch.setattr(model_free, "TensorProfiler", lambda: None)  # no catch_exception to turn off
+    assert any("TensorProfiler(catch_exception)" in p for p in compat.problems())
+
+
+def test_transformers_assumptions_hold_on_the_pinned_version():
+    """Fails loudly when an upgrade changes how from_pretrained loads a state dict (the source check's dry load):
+    read quantize/compat/transformers.py, check it against the new version, then widen CHECKED."""
+    from quantize.compat import transformers as compat
+
+    assert compat.problems() == []
+
+
+def test_a_changed_loader_is_found(monkeypatch):
+    import transformers.core_model_loading as loading
+    from transformers import PreTrainedModel
+
+    from quantize.compat import transformers as compat
+
+    monkeypatch.delattr(PreTrainedModel, "_adjust_missing_and_unexpected_keys")
+    monkeypatch.setattr(loading, "convert_and_load_state_dict_in_model", lambda state_dict, model, config: None)
+    found = compat.problems()
+    assert any("_adjust_missing_and_unexpected_keys" in p for p in found)
+    assert any("convert_and_load_state_dict_in_model takes" in p for p in found)
+
+
 def test_target_matching_agrees_with_compressed_tensors():
     """The torch-free copy the accounting uses picks, on every case, the target compressed-tensors' own
     `match_targets` puts first (exact names, then `re:` patterns in sorted order), and matches a name as its

@@ -176,3 +176,34 @@ def test_an_output_larger_than_the_free_disk_is_refused(huge, tmp_path, monkeypa
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10 * GiB, 9 * GiB, 1 * GiB))
     with pytest.raises(UsageError, match=r"estimated at \d+\.\d+ GiB and .* has 1.00 GiB free"):
         memory.plan(recipe(huge, **FP8), huge, max_memory=64 * GiB, out=tmp_path / "out")
+
+
+# benchmarks/memory_budget.py's source: 13 layers of a 2048-wide Llama, vocabulary 32000, one layer a shard (1.3 GiB)
+BUDGET_SHAPE = scale.Shape(hidden=2048, intermediate=5632, heads=16, kv_heads=4, vocab=32000)
+
+
+def test_the_full_reload_check_is_a_phase_the_budget_covers(tmp_path):
+    """The full reload check decompresses the whole output into the model while the output's files are mapped:
+    its own phase, planned only where it fits. FP8 dynamic streamed from the benchmark's 1.3 GiB source under
+    2 GiB streams the check (one tensor at a time) and the estimate covers both phases; without a budget the check
+    reloads and the estimate is the reload's. Before, the reload was planned in wherever the model's bytes and the
+    libraries fit (1.9 GiB < 2 GiB) while the plan estimated the run at 1.0 GiB; the run peaked at 2.5 GiB."""
+    src = scale.write_llama(tmp_path / "budget", BUDGET_SHAPE, 13, sparse=True)
+    r = recipe(src, **FP8, streaming="on")
+    tight = memory.plan(r, src, max_memory=2 * GiB)
+    assert tight.path == "streamed" and not tight.full_reload and tight.record().reload == "streamed"
+    assert set(tight.phases) == {"conversion", "streamed checks"} and tight.need_bytes <= 2 * GiB
+    free = memory.plan(r, src)
+    reload = free.phases["full reload check"]
+    assert free.full_reload and free.need_bytes == reload > free.phases["conversion"]
+    # at least the model once in its dtype, the output's files and the libraries: more than the 2 GiB above
+    assert reload >= free.model_bytes + free.output_bytes + memory.RUNTIME_BYTES > 2 * GiB
+    assert free.record().phases == free.phases and free.record().need_bytes == reload
+    # every budget is a bound: a plan either refuses or holds every phase it plans within it
+    for budget in (int(g * GiB) for g in (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)):
+        for streaming in ("on", "off"):
+            try:
+                p = memory.plan(recipe(src, **FP8, streaming=streaming), src, max_memory=budget)
+            except UsageError:
+                continue
+            assert max(p.phases.values()) == p.need_bytes <= budget, (budget, streaming, p.phases)

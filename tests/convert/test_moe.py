@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,7 @@ from quantize.convert.plan import ROUTER_REASON, plan_layers
 from quantize.convert.recipe import parse_recipe
 from quantize.records import RunRecord
 
+ROOT = Path(__file__).resolve().parents[2]
 CAL = {"source": "builtin:jargon", "samples": 2, "seq_len": 32, "seed": 0}
 RECIPES = {
     "fp8": dict(method="fp8", scheme="FP8_DYNAMIC", calibration=None),
@@ -230,3 +233,138 @@ def test_our_own_output_that_does_not_reload_is_exit_3(tmp_path, tiny_model, cap
 def _matches(target: str, module: str) -> bool:
     """compressed-tensors' (and vLLM's) rule: an exact module name, or a `re:` pattern matched from the start."""
     return re.match(target[3:], module) is not None if target.startswith("re:") else target == module
+
+
+# --- refusals before anything converts: the streamed path, and experts that do not match config.json -------------
+
+
+def test_an_moe_on_the_streamed_path_is_refused_before_anything_loads(tmp_path, moe_dir, capsys, monkeypatch):
+    """A clean Qwen3-MoE with `streaming: on`: exit 2 naming the field, why (the streamed path does not convert
+    experts) and what to use (the in-memory path), before the source is read; with `streaming: auto` and too
+    little memory for the in-memory path the refusal says streaming is not possible and why. Before: the whole
+    model streamed, then exit 3 ("experts.gate_up_proj is missing") from the streamed structure check."""
+    from quantize.convert.backends.llmcompressor import LLMCompressorBackend
+
+    def called(*_a, **_k):
+        raise AssertionError("the source was loaded or converted")
+
+    monkeypatch.setattr(LLMCompressorBackend, "load", called)
+    monkeypatch.setattr(LLMCompressorBackend, "stream", called)
+    model = moe_dir("qwen3_moe")
+    assert main(["run", str(recipe_file(tmp_path, model, "on", streaming="on", **RECIPES["fp8"])), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "streaming: on, but this model cannot stream: it is a mixture-of-experts model" in err
+    assert "num_local_experts: 4 routed experts" in err and "Set `streaming: off`" in err and "in-memory path" in err
+    assert not (tmp_path / "out" / "on").exists()
+    recipe = recipe_file(tmp_path, model, "auto", streaming="auto", **RECIPES["fp8"])
+    assert main(["run", str(recipe), "--quiet", "--max-memory", "100MiB"]) == 2
+    err = capsys.readouterr().err
+    assert "in-memory path" in err and "streaming is not possible (it is a mixture-of-experts model" in err
+
+
+def _expert_missing(t):
+    del t["model.layers.1.mlp.experts.3.up_proj.weight"]
+
+
+def _expert_extra(t):
+    t |= {
+        f"model.layers.1.mlp.experts.4.{p}.weight": t[f"model.layers.1.mlp.experts.0.{p}.weight"].clone() for p in PROJ
+    }
+
+
+def _expert_misshapen(t):
+    t["model.layers.1.mlp.experts.2.down_proj.weight"] = t["model.layers.1.mlp.experts.2.down_proj.weight"][:, :32]
+
+
+PROJ = ("gate_proj", "up_proj", "down_proj")
+EXPERT_EDITS = {
+    "missing": (_expert_missing, "model.layers.1.mlp.experts.3.up_proj.weight is missing"),
+    "extra": (_expert_extra, "model.layers.1.mlp.experts.4 is an expert past the last"),
+    "misshapen": (_expert_misshapen, "model.layers.1.mlp.experts.2.down_proj.weight has shape [64, 32]"),
+}
+
+
+@pytest.mark.parametrize("case", list(EXPERT_EDITS))
+def test_experts_that_do_not_match_config_json_are_exit_2_before_torch_in_run_and_eval(tmp_path, moe_dir, case):
+    """An expert's tensor missing, an expert past config.json's count, an expert of another shape than its fellows:
+    `quantize run` (either path) and `quantize eval` stop with exit 2 naming the tensor from the safetensors
+    headers, before torch is imported (about 0.4 s here). Before: exit 3 after 8-11 s, when transformers' loader
+    failed to merge the experts (run in memory, eval) or the streamed output did not match the model."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    edit, named = EXPERT_EDITS[case]
+    src = tmp_path / case
+    shutil.copytree(moe_dir("qwen3_moe"), src)
+    tensors = load_file(src / "model.safetensors")
+    edit(tensors)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, src / "model.safetensors", metadata={"format": "pt"})
+    code = "import sys; from quantize.cli import main; rc = main(sys.argv[1:]); print('torch' in sys.modules, rc)"
+    for argv in (
+        ["run", str(recipe_file(tmp_path, src, case, streaming="off", **RECIPES["fp8"])), "--quiet"],
+        ["eval", str(ROOT / "evaluate" / "smoke.yaml"), str(src), "--quiet"],
+    ):
+        done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=ROOT)
+        assert done.stdout.split() == ["False", "2"], (argv[0], done.stderr[-2000:])
+        assert named in done.stderr and "do not match config.json" in done.stderr, done.stderr
+    assert not (tmp_path / "out" / case).exists()
+
+
+@pytest.mark.parametrize("family", list(MOE))
+def test_every_families_experts_match_their_config_json(moe_dir, family):
+    """The expert check reads each family's count and width from config.json (EXPERT_WIDTH_KEYS: Qwen3-MoE's and
+    DeepSeek-V3's moe_intermediate_size beside a dense MLP of another width, intermediate_size for the others) and
+    finds nothing on a clean checkpoint of every family, per-expert or fused; the width it reads is the one
+    transformers' own model gives its experts (the meta model's fused expert tensors)."""
+    from quantize.checkpoint.architecture import _width, expert_problems, text_config
+    from quantize.checkpoint.files import read_config, safetensors_files
+    from quantize.checkpoint.headers import all_tensors
+
+    src = moe_dir(family)
+    cfg = read_config(src)
+    tensors, _ = all_tensors(safetensors_files(src))
+    assert expert_problems(cfg, {n: (t.shape, t.dtype) for n, t in tensors.items()}) == []
+    key, width = _width(text_config(cfg))
+    fused = [p for n, p in meta_model(src, False).named_parameters() if n.endswith("experts.down_proj")]
+    assert fused and all(width in p.shape[1:] and cfg["hidden_size"] in p.shape[1:] for p in fused), (key, width)
+
+
+def test_an_moe_whose_output_could_only_get_the_streamed_checks_is_refused_before_loading(tmp_path):
+    """The streamed checks compare an output with transformers' fused experts and refuse every MoE conversion's
+    per-expert layout: an MoE whose full reload check does not fit the budget (8 layers of 16 experts, headers
+    only, GPTQ with its weights offloaded) is refused by the plan, naming the reload's need, instead of converting
+    and then failing with exit 3; with the memory for the reload it is planned, reload included."""
+    import importlib.util
+
+    from quantize.convert import memory
+    from quantize.errors import UsageError
+
+    spec = importlib.util.spec_from_file_location("scale", ROOT / "benchmarks" / "scale.py")
+    scale = importlib.util.module_from_spec(spec)
+    sys.modules["scale"] = scale  # dataclasses look their module up
+    spec.loader.exec_module(scale)
+    src = tmp_path / "moe"
+    src.mkdir()
+    hidden, width, experts = 1024, 512, 16
+    tensors = [("model.embed_tokens.weight", [4096, hidden]), ("lm_head.weight", [4096, hidden])]
+    for i in range(8):
+        p = f"model.layers.{i}."
+        tensors += [(p + f"self_attn.{n}_proj.weight", [hidden, hidden]) for n in "qkvo"]
+        tensors += [(p + "mlp.gate.weight", [experts, hidden])]
+        for e in range(experts):
+            tensors += [(p + f"mlp.experts.{e}.{n}_proj.weight", [width, hidden]) for n in ("gate", "up")]
+            tensors += [(p + f"mlp.experts.{e}.down_proj.weight", [hidden, width])]
+    scale.write_shard(src / "model.safetensors", tensors, sparse=True)
+    cfg = dict(model_type="qwen3_moe", hidden_size=hidden, moe_intermediate_size=width, num_experts=experts)
+    cfg |= dict(num_experts_per_tok=2, num_hidden_layers=8, num_attention_heads=8, vocab_size=4096, dtype="bfloat16")
+    (src / "config.json").write_text(json.dumps(cfg))
+    gptq = dict(method="gptq", scheme="W4A16", group_size=128, offload="on")
+    gptq["calibration"] = {"source": "builtin:jargon", "samples": 8, "seq_len": 128}
+    recipe = parse_recipe({"model": str(src), **gptq})
+    free = memory.plan(recipe, src)
+    reload = free.phases["full reload check"]
+    assert free.path == "offloaded" and free.full_reload and reload > free.phases["conversion"]
+    with pytest.raises(UsageError, match=r"full reload check of its output would need about .* do not check experts"):
+        memory.plan(recipe, src, max_memory=(free.phases["conversion"] + reload) // 2)
+    assert memory.plan(recipe, src, max_memory=reload).full_reload

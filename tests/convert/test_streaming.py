@@ -70,14 +70,14 @@ def test_a_streamed_recipe_writes_the_in_memory_paths_bytes(tmp_path, tiny_model
 
 
 def test_a_sharded_source_streams_to_a_sharded_output(tmp_path):
-    """Six decoder layers, one a shard; --max-memory leaves room for a shard (the plan's streamed need) but not for
-    the whole model, so `auto` streams and the reload is left out."""
+    """Six decoder layers, one a shard; --max-memory leaves room for a shard (the plan's streamed conversion) but not
+    for the whole model, so `auto` streams and the reload is left out."""
     from quantize.convert import memory
     from quantize.convert.recipe import parse_recipe
 
     src = scale.write_llama(tmp_path / "sharded", scale.Shape(hidden=512, intermediate=1024, vocab=256), 6)
     fp8 = SCHEMES["fp8-dynamic"]
-    need = memory.plan(parse_recipe({"streaming": "on", **fp8}), src).need_bytes
+    need = memory.plan(parse_recipe({"streaming": "on", **fp8}), src).phases["conversion"]
     streamed, rs = run(tmp_path, src, "on", "--max-memory", str(need + 2**20), **fp8)
     loaded, _ = run(tmp_path, src, "off", streaming="off", **fp8)
     names = sorted(p.name for p in streamed.glob("*.safetensors"))
@@ -155,12 +155,12 @@ def test_the_streamed_paths_peak_memory_does_not_grow_with_depth(tmp_path):
     """4 layers (29 MiB) against 16 (117 MiB): the in-memory path would hold twice the difference more (~175 MiB);
     the streamed path holds one shard at a time, so its peak may differ by noise only (48 MiB allowed). The
     memory given is what the plan says the streamed path needs (the same at every depth: one shard), so the full
-    reload, which loads the whole model, is planned out at both depths."""
+    reload, which loads the whole model, is planned out at both depths (its own phase needs more)."""
     from quantize.convert import memory
     from quantize.convert.recipe import parse_recipe
 
     probe = scale.write_llama(tmp_path / "probe", SHAPE, 2, sparse=True)
-    need = memory.plan(parse_recipe({"streaming": "on", **SCHEMES["fp8-dynamic"]}), probe).need_bytes
+    need = memory.plan(parse_recipe({"streaming": "on", **SCHEMES["fp8-dynamic"]}), probe).phases["conversion"]
     shallow, deep = peak_of_streamed_run(tmp_path, 4, need + 2**20), peak_of_streamed_run(tmp_path, 16, need + 2**20)
     assert deep - shallow < 48 * 2**20, (shallow, deep)
 
@@ -192,3 +192,142 @@ def test_the_offloaded_gptq_peak_memory_does_not_grow_with_depth(tmp_path):
     deep, _ = peak_of_offloaded_gptq(tmp_path, 8)
     assert meta.memory_plan.path == "offloaded" and meta.bits.quantized_linear_parameters > 0
     assert deep - shallow < 24 * 2**20, (shallow, deep)
+
+
+# --- the one pre-load check of every path (checks.check_source, files.check_model_dir) -------------------------
+
+
+def edited_copy(src: Path, dst: Path, edit) -> Path:
+    """A copy of the checkpoint `src` at `dst` whose tensors `edit(tensors)` changes in place."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def _extra(t):
+    import torch
+
+    t["model.layers.0.mlp.extra.weight"] = torch.zeros(4, 4, dtype=torch.bfloat16)
+
+
+def _missing(t):
+    del t["model.layers.1.self_attn.k_proj.weight"]
+
+
+def _misshapen(t):
+    import torch
+
+    t["model.layers.1.mlp.down_proj.weight"] = torch.zeros(128, 96, dtype=torch.bfloat16)  # config.json: [128, 192]
+
+
+MISMATCHES = {
+    "extra": (_extra, "model.layers.0.mlp.extra.weight"),
+    "missing": (_missing, "model.layers.1.self_attn.k_proj.weight"),
+    "misshapen": (_misshapen, r"model.layers.1.mlp.down_proj.weight has shape [128, 96]"),
+}
+
+
+def untouched(monkeypatch) -> None:
+    """The backend's load and stream fail the test if called: a refusal must come before either."""
+    from quantize.convert.backends.llmcompressor import LLMCompressorBackend
+
+    def called(*_a, **_k):
+        raise AssertionError("the source was loaded or converted")
+
+    monkeypatch.setattr(LLMCompressorBackend, "load", called)
+    monkeypatch.setattr(LLMCompressorBackend, "stream", called)
+
+
+def refused(tmp_path: Path, model: Path, capsys, *flags: str, **fields) -> str:
+    """`quantize run` of FP8 dynamic on `model`: exit 2, nothing written; its message."""
+    out = tmp_path / "out" / "refused"
+    rfile = tmp_path / "refused.yaml"
+    rfile.write_text(yaml.safe_dump({"model": str(model), "output": str(out), **SCHEMES["fp8-dynamic"], **fields}))
+    assert main(["run", str(rfile), "--quiet", *flags]) == 2
+    assert not out.exists()
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("streaming", ["on", "off"])
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_a_source_that_does_not_match_config_json_is_exit_2_before_converting_on_every_path(
+    tmp_path, tiny_model, capsys, monkeypatch, case, streaming
+):
+    """A stored tensor the model has no place for, a weight the checkpoint lacks, a weight of another shape than
+    config.json implies: exit 2 naming it, before the backend loads or streams anything, streamed as in memory
+    (one check, checks.check_source, before either path). Before: the in-memory path found them in or after its
+    load (exit 2 once the model was in memory), the streamed path converted the whole model, then exit 3."""
+    edit, named = MISMATCHES[case]
+    untouched(monkeypatch)
+    err = refused(tmp_path, edited_copy(tiny_model, tmp_path / case, edit), capsys, streaming=streaming)
+    assert named in err and "config.json" in err
+
+
+def sharded_with_index(src: Path, dst: Path, weight_map_edit) -> Path:
+    """`src`'s tensors in two shards with a shard index, whose weight_map `weight_map_edit(weight_map)` changes."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    (dst / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2]}
+    shards["model-00002-of-00002.safetensors"] = names[len(names) // 2 :]
+    for shard, held in shards.items():
+        save_file({n: tensors[n] for n in held}, dst / shard, metadata={"format": "pt"})
+    weight_map = {n: shard for shard, held in shards.items() for n in held}
+    weight_map_edit(weight_map)
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return dst
+
+
+@pytest.mark.parametrize("streaming", ["on", "off"])
+def test_a_shard_index_that_names_a_tensor_no_shard_holds_is_exit_2_on_every_path(
+    tmp_path, tiny_model, capsys, monkeypatch, streaming
+):
+    """A shard index naming a tensor no shard holds: exit 2 naming the tensor and the index, on both paths and in
+    the check eval and gate make (files.check_model_dir); so is a stored tensor the index leaves out. Before: the
+    streamed path stopped in model_free_ptq with an UnboundLocalError (exit 3), the in-memory one converted it."""
+    from quantize.checkpoint.files import check_model_dir
+    from quantize.errors import UsageError
+
+    ghost = "model.layers.0.mlp.ghost.weight"
+    src = sharded_with_index(tiny_model, tmp_path / "ghost", lambda m: m.update({ghost: next(iter(m.values()))}))
+    untouched(monkeypatch)
+    err = refused(tmp_path, src, capsys, streaming=streaming)
+    assert f"model.safetensors.index.json names tensor '{ghost}'" in err and "no shard holds it" in err
+    with pytest.raises(UsageError, match=f"names tensor '{ghost}'"):
+        check_model_dir(src)
+    left_out = sharded_with_index(tiny_model, tmp_path / "left-out", lambda m: m.pop("model.norm.weight"))
+    with pytest.raises(UsageError, match=r"holds tensor 'model\.norm\.weight', which .*index\.json does not name"):
+        check_model_dir(left_out)
+
+
+def test_a_failing_streamed_conversion_says_one_paragraph_and_no_library_traceback(tmp_path, tiny_model):
+    """Without --quiet, a shard model_free_ptq cannot read (planted in a child process: its reader fails) ends in
+    our one message, exit 3 naming the library's reason, and no traceback: compressed-tensors' TensorProfiler, which
+    validates each shard, printed the exception's traceback to stderr and swallowed it, and model_free_ptq then
+    stopped on an UnboundLocalError that named nothing."""
+    rfile = tmp_path / "fails.yaml"
+    out = tmp_path / "out" / "fails"
+    fields = {"model": str(tiny_model), "output": str(out), "streaming": "on", **SCHEMES["fp8-dynamic"]}
+    rfile.write_text(yaml.safe_dump(fields))
+    code = (
+        "import sys; import llmcompressor.entrypoints.model_free as m; "
+        "m.load_tensors_from_inverse_weight_map = lambda *a, **k: (_ for _ in ()).throw("
+        "ValueError('planted: this shard does not read')); "
+        "from quantize.cli import main; sys.exit(main(['run', sys.argv[1]]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(rfile)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "UnboundLocalError" not in done.stderr, done.stderr[-3000:]
+    assert "model_free_ptq failed: ValueError: planted: this shard does not read" in done.stderr
+    assert not out.exists()

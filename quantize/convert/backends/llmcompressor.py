@@ -107,9 +107,12 @@ class LLMCompressorBackend:
         written with save_pretrained's header metadata ({"format": "pt"}) and config.json as save_pretrained writes
         it (sorted keys, the empty sparsity_config compressed-tensors adds), so a single-file output's
         model.safetensors and config.json are byte-identical to the in-memory path's
-        (tests/convert/test_streaming.py), and recipe.yaml as save_pretrained writes it. Returns what ran (as
+        (tests/convert/test_streaming.py), and recipe.yaml as save_pretrained writes it; a source of one file gives
+        one file and no shard index (model_free_ptq writes one anyway; without it the folder is laid out as the
+        in-memory path's). Returns what ran (as
         `quantize` does), serialized before model_free_ptq, which sets the format on the config groups it is given."""
         from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
+        from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
         from quantize.compat.llmcompressor import model_free_ptq_pt
 
@@ -122,8 +125,15 @@ class LLMCompressorBackend:
         )
         try:
             model_free_ptq_pt(model_dir, folder, config)  # every shard with save_pretrained's header metadata
-        except (ValueError, KeyError) as e:
-            raise RuntimeFailure(f"llm-compressor's model_free_ptq failed: {type(e).__name__}: {e}") from e
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise RuntimeFailure(
+                f"llm-compressor's model_free_ptq failed: {type(e).__name__}: {str(e)[:500]}. The source passed "
+                "quantize's checks before it (headers, shard index and config.json), so this is quantize's failure "
+                "or the environment's, not your input's: nothing was kept. Report it with the recipe and the "
+                "model's config.json"
+            ) from e
+        if not (model_dir / SAFE_WEIGHTS_INDEX_NAME).is_file():  # one file in, one file out: no index beside it
+            (folder / SAFE_WEIGHTS_INDEX_NAME).unlink(missing_ok=True)
         cfg = read_config(folder)
         cfg["quantization_config"].setdefault("sparsity_config", {})
         (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
