@@ -1,6 +1,6 @@
 """The Python API: the commands of the `quantize` CLI as functions that return the record the CLI prints or writes
 (docs/api.md lists them; `card`, `golden build/freeze/size` and `model` are none). Arguments are paths, or for
-recipes an already validated `Recipe`; results are the typed records of quantize/records.py (and the checkpoint's
+recipes an already validated `Recipe`; results are the typed records of quantize/records/ (and the checkpoint's
 `BitsReport`, the cost's `TokenCost`); a bad input raises `UsageError` (what exit 2 means on the command line), a
 failure of the work `RuntimeFailure` (exit 3), with the same messages the CLI prints. Where a command prints more
 than a function's record, a second function returns it (`scored`: whether the scores came from the cache;

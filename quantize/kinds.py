@@ -3,7 +3,7 @@ records, how an item is read from lm-eval's sample, the task summary, the baseli
 sequential gate's stratum), the metrics a rule may name, the metrics an item's score is, its headline figure for
 display, and the template `golden new` writes a user's items of (its `--type` name, the JSONL fields, the lm-eval
 task config). Evaluation, gates, `golden new`, the CLI and the report read what a kind is here; adding a kind
-touches this module and its records (quantize/records.py). What lm-eval does with a kind's requests is lm-eval's:
+touches this module and its records (quantize/records/scores.py). What lm-eval does with a kind's requests is lm-eval's:
 the agreement measure (evaluate/agreement.py) reads lm-eval's request types, and `golden verify` checks a
 multiple-choice task's answers against its choices (golden/manifest.py); a kind that needs either adds it there.
 

@@ -44,6 +44,11 @@ STAGES = (
     "quantize.cli",
 )
 FOUNDATION = ("errors", "config", "io", "records", "kinds", "stats", "cache", "tables", "quiet", "names")
+# each record's module (quantize/records/: one per file the pipeline writes), found on disk so that a new one falls
+# under the rule below; the package's index (__init__) and base.py, which every record's module imports, are not
+RECORD_MODULES = tuple(
+    f"quantize.records.{p.stem}" for p in sorted((PKG / "records").glob("*.py")) if p.stem not in ("__init__", "base")
+)
 TOP = ("quantize", "quantize.cli")  # the root package (it re-exports the API) and the CLI: nothing imports them
 
 # (package, imports it must never make directly or through the modules it imports, why[, modules of a banned
@@ -88,6 +93,15 @@ RULES = [
         ("quantize.evaluate", "quantize.gates", "quantize.report", "torch", "transformers"),
         "records are plain data",
     ),
+    *[
+        (
+            m,
+            tuple(o for o in RECORD_MODULES if o != m),
+            "a record's module imports the foundation and records' base alone: a name two records use lives in "
+            "quantize/records/base.py, and the index (quantize/records/__init__.py) imports the records",
+        )
+        for m in RECORD_MODULES
+    ],
     ("quantize.cache", (*MODEL_LOADING[:4], "quantize.evaluate", "quantize.gates"), "the cache only finds files"),
     *[(f"quantize.{m}", STAGES, "the foundation sits below every stage") for m in FOUNDATION],
     (
@@ -328,7 +342,9 @@ def test_packages_depend_one_way():
         {"quantize.gates.run": {"quantize.evaluate.score"}},
         {"quantize.gates.run": {"transformers"}},
         {"quantize.report.collect": {"quantize.evaluate.score"}},
-        {"quantize.records": {"quantize.convert.recipe"}},  # the foundation reaching up into a stage
+        {"quantize.records.run": {"quantize.convert.recipe"}},  # the foundation reaching up into a stage
+        {"quantize.records.verdict": {"quantize.records.scores"}},  # a record's module importing another's
+        {"quantize.records.sweep": {"quantize.records"}},  # ... or the index, which imports them all
         {"quantize.checkpoint.files": {"quantize.convert.plan"}},
         {"quantize.convert.plan": {"quantize.gates.policy"}},
         {"quantize.golden.freeze": {"quantize.evaluate.score"}},
@@ -362,7 +378,7 @@ def test_packages_depend_one_way():
         {"quantize.evaluate.score": {"quantize.cli"}},  # nothing calls the CLI
         {"quantize.api": {"quantize.cli.main"}},
         {"quantize.kinds": {"quantize.golden.items"}},  # kinds is foundation now, listed as such
-        {"quantize.io": {"quantize.records.write"}},  # io -> records -> io: a cycle inside the foundation
+        {"quantize.io": {"quantize.records.base.write"}},  # io -> records -> io: a cycle inside the foundation
         {"quantize.checkpoint.headers": {"quantize.checkpoint.files.read_config"}},  # headers <-> files
         {"quantize.convert.backends.base": {"quantize.convert.backends.backend_for"}},  # the protocol <-> registry
     ],
@@ -393,8 +409,8 @@ def test_no_import_cycle_between_modules_or_packages():
 def test_a_cycle_is_reported_as_its_path():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
-    found = _cycles(package_imports() | {"quantize.io": {"quantize.records.write"}})
-    assert "import cycle: quantize.io -> quantize.records -> quantize.io" in found
+    found = _cycles(package_imports() | {"quantize.io": {"quantize.records.base.write"}})
+    assert "import cycle: quantize.io -> quantize.records.base -> quantize.io" in found
     # a package cycle whose modules form none: golden -> the foundation's cache -> golden (what suite.py made)
     planted = {"quantize.golden.freeze": {"quantize.cache.cache_dir"}, "quantize.cache": {"quantize.golden.manifest"}}
     assert "import cycle: quantize.cache -> quantize.golden -> quantize.cache" in _cycles(package_imports() | planted)

@@ -1,0 +1,154 @@
+"""What every record shares: `Record` (its `schema_version`, the names its messages use, whether it may hold
+NaN or infinity, the most a file of it is read from), the names more than one record uses (outcomes, the
+references to a checkpoint and a golden set, the agreement metrics), and the one writer and reader of every
+record. A name one record alone uses lives in that record's module; a name two records use lives here, so each
+record's module imports this one and no other record's (tests/test_layers.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from enum import Enum
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from quantize.errors import RuntimeFailure, UsageError
+
+# One vocabulary for outcomes: a rule's, and the policy's as a whole.
+RuleOutcome = Literal["pass", "regression", "inconclusive"]
+GateOutcome = Literal["pass", "rejected", "inconclusive"]
+
+
+class Strict(BaseModel):
+    """A model that refuses a key it does not name: every record, and every part of one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Record(Strict):
+    """A file the pipeline writes. Subclasses pin `schema_version` with a Literal."""
+
+    WHAT: ClassVar[str] = "record"  # what the file is, for messages
+    REGENERATE: ClassVar[str] = ""  # how to make a current one
+    # evidence records (scores, agreement, verdicts) may hold what a broken checkpoint computed: NaN or ±inf,
+    # written as the JSON strings "NaN", "Infinity", "-Infinity" and read back as floats; other records may not
+    EVIDENCE: ClassVar[bool] = False
+    # the most a file of this kind is read from (quantize/io.read_user_file): verdicts, run records and reports are
+    # kilobytes to a few megabytes; a score file holds every item's record and may be hundreds of megabytes
+    MAX_BYTES: ClassVar[int] = 64 * 2**20
+
+
+R = TypeVar("R", bound=Record)
+
+
+# --- names more than one record uses ----------------------------------------------------------------
+
+
+class CheckpointRef(Strict):
+    path: str
+    weights_sha256: str
+    identity_sha256: str  # weights, config, tokenizer, chat template, generation defaults (checkpoint/files.py)
+
+
+class GoldenRef(Strict):
+    name: str
+    version: str
+    path: str
+    manifest_sha256: str
+    task_version: float | str
+
+
+class AgreementMetric(str, Enum):
+    kl = "kl"  # mean KL(baseline ‖ candidate), top-k lower bound
+    top1 = "top1"  # share of positions with the same most likely token
+    sum_min = "sum_min"  # Σ min(p, q): acceptance rate as a draft for the baseline
+
+
+# --- reading and writing ---------------------------------------------------------------------------
+
+
+def to_json(record: Record) -> str:
+    """The record as JSON. JSON has no NaN or infinity: an evidence record (scores, agreement, a verdict) writes
+    them as the strings "NaN", "Infinity", "-Infinity", which read back as floats; in any other record a
+    non-finite number is a RuntimeFailure naming the field (our bug, exit 3)."""
+    data = record.model_dump()
+    if record.EVIDENCE:
+        data = _finite_or_named(data)
+    try:
+        return json.dumps(data, indent=2, default=str, allow_nan=False) + "\n"
+    except ValueError:
+        raise RuntimeFailure(
+            f"{record.WHAT}: {', '.join(non_finite_fields(data)) or 'a value'} is not a finite number, which no record "
+            "may hold; report this as a bug with the command that wrote it"
+        ) from None
+
+
+def _finite_or_named(data: Any) -> Any:
+    """JSON-ready data with each non-finite float replaced by its JSON string name."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return "NaN" if math.isnan(data) else ("Infinity" if data > 0 else "-Infinity")
+    if isinstance(data, dict):
+        return {k: _finite_or_named(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_finite_or_named(v) for v in data]
+    return data
+
+
+def non_finite_fields(data: Any, at: str = "") -> list[str]:
+    """Dotted paths of every NaN or infinite float in parsed JSON-like data."""
+    if isinstance(data, float):
+        return [] if math.isfinite(data) else [at or "(the record)"]
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in non_finite_fields(v, f"{at}.{k}" if at else str(k))]
+    if isinstance(data, list | tuple):
+        return [p for i, v in enumerate(data) for p in non_finite_fields(v, f"{at}.{i}")]
+    return []
+
+
+def write(path: Path, record: Record) -> str:
+    """The one writer of every record: JSON through a temporary file and an atomic rename. Returns the sha256 of
+    the bytes written (a cache entry's digest, without reading the file back)."""
+    from quantize.io import sha256_bytes, write_text_atomic
+
+    text = to_json(record)
+    write_text_atomic(Path(path), text)
+    return sha256_bytes(text.encode("utf-8"))
+
+
+def parse(model: type[R], data: Any, origin: str) -> R:
+    """Validate parsed JSON as a record; another schema version, or a file from before versions, is refused."""
+    from quantize.config import Wording, validate
+
+    what, hint = model.WHAT, model.REGENERATE
+    if not isinstance(data, dict):
+        raise UsageError(f"{origin} is not a {what}: it holds a JSON {type(data).__name__}, not an object; {hint}")
+    version = data.get("schema_version")
+    expected = model.model_fields["schema_version"].default
+    if version != expected:
+        found = (
+            "no schema_version (it was written before records were versioned)"
+            if version is None
+            else f"schema_version {json.dumps(version)[:20]}"
+        )
+        raise UsageError(f"{origin} is a {what} with {found}; this quantize reads schema_version {expected}: {hint}")
+    return validate(model, data, origin, what, Wording(regenerate=hint))
+
+
+def read(model: type[R], path: Path) -> R:
+    """The one reader of every record: a regular file of at most the kind's `MAX_BYTES` (a FIFO or a device named
+    as a verdict or a score file is refused without being read; quantize/io.read_user_file)."""
+    from quantize.io import read_user_file
+
+    path = Path(path)
+    return loads(model, read_user_file(path, model.WHAT, model.MAX_BYTES, hint=model.REGENERATE), path)
+
+
+def loads(model: type[R], raw: bytes, path: Path) -> R:
+    """A record from the bytes of its file (for a reader that also hashes them: one read)."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
+        raise UsageError(f"{path} is not a {model.WHAT}: not valid JSON ({str(e)[:200]}); {model.REGENERATE}") from None
+    return parse(model, data, str(path))

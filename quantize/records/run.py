@@ -1,0 +1,218 @@
+"""CHECKPOINT/quantize.json, written by `quantize run`: what was run (the recipe, the layer plan, the engine, the
+calibration), on what, with which libraries, in what memory, and the true bits (`BitsRecord`, which
+checkpoint/accounting.BitsReport extends); `quantize search` writes it again with its `SearchRef`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from quantize.records.base import Record, Strict
+
+
+class RecipeRef(Strict):
+    path: str
+    sha256: str
+    resolved: dict[str, Any]
+    resolved_sha256: str
+
+
+class SourceModel(Strict):
+    path: str
+    weights_sha256: str
+    parameters: int | None
+
+
+class TokenSpread(Strict):
+    """Tokens per document over the documents a calibration packed (the last one may be packed in part)."""
+
+    min: int
+    median: float
+    max: int
+    total: int
+
+
+class CalibrationSourceRecord(Strict):
+    """One source of a calibration: what it is, how it was read and what it gave."""
+
+    source: str  # as the recipe gives it
+    description: str
+    kind: Literal["text", "chat"]  # chat: conversations rendered through the checkpoint's chat template
+    field: str | None  # the column (JSONL key) read; None for .txt and the built-in text
+    weight: float
+    samples: int  # packed rows taken from it
+    documents_used: int
+
+
+class VocabularyOverlap(Strict):
+    """How much of a golden set's vocabulary the calibration tokens hold: its items' prompts (doc_to_text) tokenized
+    by the checkpoint's tokenizer, each token id looked up among the packed calibration ids."""
+
+    golden: str
+    tasks: list[str]
+    distinct_tokens: int  # distinct token ids in the golden items
+    distinct_share: float  # of those, the share found in the calibration
+    token_share: float  # of the golden items' token occurrences, the share whose id is found in the calibration
+
+
+class CalibrationRecord(Strict):
+    source: str  # "mixture" for a mixture (its sources in `sources`)
+    description: str
+    samples: int
+    seq_len: int
+    seed: int
+    documents_used: int
+    tokens: int  # packed: samples × seq_len
+    token_sha256: str
+    # what the calibration saw (absent in records written before 2026-12-03)
+    sources: list[CalibrationSourceRecord] = Field(default_factory=list)
+    document_tokens: TokenSpread | None = None
+    chat_template_sha256: str | None = None  # of the template that rendered the conversations
+    # tokens the chat template added: rendered minus each message's content tokenized alone, over the documents used
+    chat_template_tokens: int | None = None
+    chat_template_share: float | None = None  # chat_template_tokens / document_tokens.total
+    overlap: VocabularyOverlap | None = None  # with the golden set the recipe's calibration.overlap_with names
+
+
+class ExpertRouting(Strict):
+    """One MoE layer's calibration: the tokens that passed through it and how many of them its router sent to
+    each expert (top-k selections, counted by hooks during calibration); with `all_experts_calibrated` every
+    expert's calibration statistics came from all `tokens` (llm-compressor's moe_calibrate_all_experts), the
+    routed counts say how often each expert is used."""
+
+    module: str  # the experts module, e.g. model.layers.1.mlp.experts
+    tokens: int
+    top_k: int
+    routed_tokens: list[int]  # per expert, in expert order; sums to tokens × top_k
+    all_experts_calibrated: bool
+
+
+class LeftAt16(Strict):
+    """Weights the recipe's targets cover that the saved checkpoint stores at 16 bits, for one reason."""
+
+    why: str
+    tensors: list[str]
+    bytes: int
+
+
+class LayerPlanRecord(Strict):
+    quantized_layers: int
+    by_group_size: dict[str, int]  # "per-channel" or the group size -> number of layers
+    adjusted: dict[str, int]  # layers given a smaller group than the recipe's -> their group
+    kept_16bit: dict[str, str]  # layer -> why it stayed at 16 bits
+    schemes: dict[str, int] = Field(default_factory=dict)  # overrides: scheme -> number of layers given it
+    # what the saved checkpoint stores at 16 bits of what the targets cover (routers and layers the plan keeps,
+    # fused experts no conversion reaches, a planned layer the backend did not quantize), by reason
+    left_16bit: list[LeftAt16] = Field(default_factory=list)
+    routing: list[ExpertRouting] = Field(default_factory=list)  # per MoE layer, from calibration (none: data-free)
+
+
+class EngineRecord(Strict):
+    backend: str
+    # what ran: llm-compressor's recipe YAML (Recipe.create_instance loads it back), or the other backend's
+    # description; a list of repr() strings in records written before 2026-12-03
+    modifiers: str | list[str]
+    calibration_dtype: str
+    saved_dtype: str
+    calibration_dtype_reason: str = ""  # why that dtype (dtypes.calibration_dtype); empty in older records
+
+
+class MemoryRecord(Strict):
+    peak_rss_bytes: int
+    peak_accelerator_bytes: int | None
+
+
+class MemoryPlanRecord(Strict):
+    """The memory plan made before the model was loaded (convert/memory.py): the path taken, what it was estimated
+    to hold at its peak (terms, bytes) against what was available, and which reload check ran."""
+
+    path: Literal["in-memory", "offloaded", "streamed"]
+    need_bytes: int
+    available_bytes: int | None  # None: the machine did not say (no /proc/meminfo) and nothing was given
+    available_from: str  # --max-memory, recipe max_memory, MemAvailable, unknown
+    terms: dict[str, int]  # what the conversion holds at its peak, by name
+    # each phase's need, need_bytes the largest: the conversion (the sum of terms) and the check of its output after
+    # it (full reload check or streamed checks); none in a record written before the check was planned as a phase
+    phases: dict[str, int] = Field(default_factory=dict)
+    model_bytes: int
+    largest_shard_bytes: int
+    largest_layer_bytes: int
+    activation_bytes: int
+    output_bytes_estimate: int
+    workers: int
+    # full: the output reloaded with transformers and its logits checked; streamed: its tensors read one at a
+    # time (all finite) and its headers checked against the model's structure, because the model would not fit
+    reload: Literal["full", "streamed"]
+
+
+class FiniteCheck(Strict):
+    stage: str
+    rows: int
+    tokens: int
+    finite: bool
+    max_abs_logit: float | None  # None for the streamed check, which reads tensors and computes no logits
+    tensors_read: int | None = None  # the streamed check: how many stored tensors it read (None: a logits check)
+
+
+class ModuleBits(Strict):
+    module: str
+    format: str
+    bytes: int
+    parameters: int
+    roles: dict[str, int]
+    bits_per_weight: float | None
+
+
+class BitsRecord(Strict):
+    total_bytes: int
+    source_parameters: int | None
+    bits_per_weight: float | None  # 8 × total_bytes / source_parameters
+    quantized_linear_bits_per_weight: float | None
+    quantized_linear_parameters: int
+    bytes_by_role: dict[str, int]
+    format: str
+    modules: list[ModuleBits]
+    notes: list[str]
+
+
+class SearchRef(Strict):
+    """In the quantize.json of a checkpoint `quantize search` chose: where the search is recorded."""
+
+    spec: str  # the search recipe's path
+    spec_sha256: str
+    report: str  # search.json beside quantize.json
+    try_index: int
+    options: dict[str, int]  # option -> layer groups given it
+    holdout_kl: float
+
+
+class RunRecord(Record):
+    """CHECKPOINT/quantize.json: what was run, on what, with which libraries, and the true bits."""
+
+    WHAT: ClassVar[str] = "quantize.json run record"
+    REGENERATE: ClassVar[str] = "run `quantize run RECIPE --force` to rewrite the checkpoint"
+
+    schema_version: Literal[1] = 1
+    created: str
+    recipe: RecipeRef
+    method: str
+    scheme: str | None
+    source_model: SourceModel
+    weights_sha256: str
+    calibration: CalibrationRecord | None
+    seed: int
+    layer_plan: LayerPlanRecord
+    engine: EngineRecord
+    versions: dict[str, str | None]
+    time_seconds: dict[str, float]
+    memory: MemoryRecord
+    finite_checks: list[FiniteCheck]
+    bits: BitsRecord
+    search: SearchRef | None = None  # set when `quantize search` chose this checkpoint
+    memory_plan: MemoryPlanRecord | None = None  # None in records written before the plan existed (2026-12-03)
+
+    @property
+    def label(self) -> str:
+        return str(self.recipe.resolved.get("name") or Path(self.source_model.path).name)

@@ -1,0 +1,161 @@
+"""A score file ($QUANTIZE_CACHE/scores/*.json, `quantize eval --json`), written by `quantize eval`: one
+checkpoint scored on one suite, each task's summary and per-item records (one item type per output kind,
+quantize/kinds.py), and the provenance that keys them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from quantize.records.base import CheckpointRef, GoldenRef, Record, Strict, non_finite_fields
+
+
+class SuiteRef(Strict):
+    path: str
+    name: str | None
+    sha256: str  # of the score-changing settings
+    settings: dict[str, Any]
+
+
+class ScoreProvenance(Strict):
+    checkpoint: CheckpointRef
+    suite: SuiteRef
+    golden: GoldenRef
+    task_versions: dict[str, float | str]
+    lm_eval_version: str
+    batch_size: int
+    seed: int
+    backend: str
+    device: str
+    dtype: str
+    trust_remote_code: bool = False  # the checkpoint's own code ran at load (asked for on the command line)
+
+
+class _Item(Strict):
+    id: str
+    cluster: str
+    score: float  # 0/1 for right/wrong items; the log-likelihood for documents
+    ll: float  # log p(gold | context), or log p(document)
+    # lm-eval's per-item values of the task's other metrics, as lm-eval names them: acc_norm; exact_match@FILTER
+    # for each filter pipeline but the "none" one (quantize/kinds.py, item_metrics)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    prompt_sha256: str | None = None  # lm-eval's hash of the item's (first) prompt: both sides must have the same
+
+    @property
+    def units(self) -> int:
+        """What a perplexity is per: one target for a context/target item."""
+        return 1
+
+
+class ChoiceItem(_Item):
+    lls: list[float]  # log-likelihood of every choice
+
+
+class GreedyItem(_Item):
+    pass
+
+
+class DocumentItem(_Item):
+    words: int
+    bytes: int
+
+    @property
+    def units(self) -> int:
+        return self.words
+
+
+class GenerationItem(Strict):
+    id: str
+    cluster: str
+    score: float  # exact match (0/1) of the filtered response
+    response: str  # the response after the task's filters, cut at 200 characters
+    metrics: dict[str, float] = Field(default_factory=dict)  # as _Item's: exact_match@strict-match, ...
+    prompt_sha256: str | None = None
+
+
+class _AccuracyTask(Strict):
+    version: float | str
+    n: int
+    acc: float
+    acc_se: float | None  # None for a single item: no estimate
+    chance: float
+    mean_ll: float
+    metrics: dict[str, float] = Field(default_factory=dict)  # the mean of each per-item metric
+    lm_eval: dict[str, float]
+
+
+class ChoiceTask(_AccuracyTask):
+    output_type: Literal["multiple_choice"] = "multiple_choice"
+    items: list[ChoiceItem]
+
+
+class GreedyTask(_AccuracyTask):
+    output_type: Literal["loglikelihood"] = "loglikelihood"
+    items: list[GreedyItem]
+
+
+class RollingTask(Strict):
+    output_type: Literal["loglikelihood_rolling"] = "loglikelihood_rolling"
+    version: float | str
+    n: int
+    bits_per_byte: float
+    word_perplexity: float
+    lm_eval: dict[str, float]
+    items: list[DocumentItem]
+
+
+class GenerationTask(Strict):
+    """A generate_until task: greedy generation, the task's filters, exact match per item."""
+
+    output_type: Literal["generate_until"] = "generate_until"
+    version: float | str
+    n: int
+    acc: float  # exact-match rate
+    acc_se: float | None
+    filter: str  # the filter pipeline whose output was matched (the task's first)
+    metrics: dict[str, float] = Field(default_factory=dict)  # the mean of each per-item metric
+    lm_eval: dict[str, float]
+    items: list[GenerationItem]
+
+
+TaskScores = Annotated[ChoiceTask | GreedyTask | RollingTask | GenerationTask, Field(discriminator="output_type")]
+
+
+class ScoreDoc(Record):
+    """One checkpoint scored on one suite: task summaries, per-item records and the provenance that keys them."""
+
+    WHAT: ClassVar[str] = "score file"
+    EVIDENCE: ClassVar[bool] = True
+    MAX_BYTES: ClassVar[int] = 512 * 2**20
+    REGENERATE: ClassVar[str] = (
+        "write a current one with `quantize eval SUITE CHECKPOINT --json --items` (add --refresh to score again)"
+    )
+
+    # 2: the checkpoint's identity covers its config and tokenizer, not only its weights (version 1
+    # cannot be migrated: the files it was scored with are not recorded)
+    schema_version: Literal[2] = 2
+    key: str
+    provenance: ScoreProvenance
+    created: str
+    wall_seconds: float
+    tasks: dict[str, TaskScores]
+
+    def summary(self) -> dict[str, Any]:
+        """The document without per-item records (`quantize eval --json` without --items), with the ids of items
+        whose numbers are not finite per task (`non_finite`)."""
+        d = self.model_dump()
+        bad = self.non_finite()
+        for name, t in d["tasks"].items():
+            t.pop("items")
+            t["non_finite"] = bad.get(name, [])
+        return d
+
+    def non_finite(self) -> dict[str, list[str]]:
+        """task -> ids of the items holding a NaN or infinite score or log-likelihood (a broken checkpoint)."""
+        return {name: ids for name, t in self.tasks.items() if (ids := non_finite_items(t))}
+
+
+def non_finite_items(task: TaskScores) -> list[str]:
+    """Ids of one task's items holding a NaN or infinite number (read from the items' own fields: no dump)."""
+    return [i.id for i in task.items if non_finite_fields(vars(i))]

@@ -1,0 +1,183 @@
+"""A gate verdict (`quantize gate --json`; CANDIDATE/gate.json, VERDICT_FILE, and its JUnit XML, JUNIT_FILE),
+written by `quantize gate`: the policy's outcome, each rule's result with its evidence, the provenance of both
+sides, and how a sequential gate ran."""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field
+
+from quantize.records.base import AgreementMetric, CheckpointRef, GateOutcome, GoldenRef, Record, RuleOutcome, Strict
+
+# A verdict saved beside its candidate, and its JUnit XML: the names `make gate-all`, a sweep's and a search's gates
+# and the GitHub Action write, and that the report and a sweep's resume read (a Verdict, read through this model).
+VERDICT_FILE = "gate.json"
+JUNIT_FILE = "gate.xml"
+
+
+class AccuracyEvidence(Strict):
+    n: int
+    clusters: int
+    baseline: float
+    candidate: float
+    delta: float
+    se_paired: float
+    se_clustered: float
+    se: float
+    lower_bound: float
+    upper_bound: float
+    margin: float
+    alpha: float
+    flips_right_to_wrong: int
+    flips_wrong_to_right: int
+    mcnemar_p: float
+    examples_right_to_wrong: list[str]
+    min_detectable_drop: float
+    items_needed: int | float | None  # float only for inf (no variance estimate)
+    items_needed_at_estimate: int | float | None
+
+
+class PerplexityEvidence(Strict):
+    n: int
+    clusters: int
+    baseline_perplexity: float
+    candidate_perplexity: float
+    ratio: float
+    lower_bound: float
+    upper_bound: float
+    max_ratio: float
+    alpha: float
+    interval: str
+
+
+class AgreementEvidence(Strict):
+    value: float
+    se_clustered: float
+    lower_bound: float
+    upper_bound: float
+    max: float | None = None
+    min: float | None = None
+    alpha: float
+    positions: int
+    items: int
+    clusters: int
+    kl_p99: float | None = None
+    note: str
+
+
+class _RuleResult(Strict):
+    rule: str  # its label: the policy's `name:` or "<task> <metric>"
+    verdict: RuleOutcome
+    p_regression: float | None = None
+    p_holm: float | None = None
+    # sequential gate: the look (1-based) that decided it, or the last one taken (an agreement rule: its agreement
+    # look; None: agreement measured once)
+    look: int | None = None
+    # set when the candidate's evidence held NaN or infinity: the rule is a regression whatever its statistics say
+    non_finite: str | None = None
+
+
+class AccuracyResult(_RuleResult):
+    kind: Literal["accuracy"] = "accuracy"
+    task: str
+    metric: str | None = None  # the per-item metric compared (acc, acc_norm, exact_match@FILTER); None: written before
+    evidence: AccuracyEvidence
+
+
+class PerplexityResult(_RuleResult):
+    kind: Literal["perplexity"] = "perplexity"
+    task: str
+    metric: str | None = None  # perplexity, word_perplexity, byte_perplexity; None: written before
+    evidence: PerplexityEvidence
+
+
+class AgreementRuleResult(_RuleResult):
+    kind: Literal["agreement"] = "agreement"
+    metric: AgreementMetric
+    evidence: AgreementEvidence
+
+
+class UntestedResult(Strict):
+    """A rule a sequential gate never tested: it stopped at a regression found before the rule's task was
+    scored (an agreement rule, measured before the first look). No evidence, no p-value: the verdict is
+    settled by the regression, whatever this rule would have said."""
+
+    kind: Literal["untested"] = "untested"
+    rule: str
+    task: str
+    verdict: Literal["untested"] = "untested"
+    reason: str
+    p_regression: None = None
+    p_holm: None = None
+    look: None = None
+
+
+RuleResult = Annotated[
+    AccuracyResult | PerplexityResult | AgreementRuleResult | UntestedResult, Field(discriminator="kind")
+]
+
+
+class SideRef(Strict):
+    checkpoint: CheckpointRef
+    batch_size: int
+
+
+class VerdictProvenance(Strict):
+    baseline: SideRef
+    candidate: SideRef
+    golden: GoldenRef
+    task_versions: dict[str, float | str]
+    lm_eval_version: str
+    seed: int
+    suite: str
+    # sha256 of the score file each side's evidence was read from (a cache entry or a file given on the command
+    # line); None for a candidate scored in this run (its evidence read from no file): pin a baseline's with
+    # `baseline_scores_sha256:`
+    score_files: dict[str, str | None] = Field(default_factory=dict)
+    # where the candidate's scores (and agreement) came from: "computed" in this run (in full or in stages),
+    # "cache" (a restored cache's entry, only on --trust-cached-candidate), "file" (a score file given); None in a
+    # verdict written before the gate said so (docs/reliability.md, "What a restored cache may supply")
+    candidate_scores: Literal["computed", "cache", "file"] | None = None
+
+
+class SequentialRecord(Strict):
+    """How a sequential gate ran: its schedule and boundaries, how far it went, what it scored."""
+
+    looks: list[float]  # planned cumulative fractions
+    bounds: list[float]  # one-sided critical value at each look (Lan–DeMets O'Brien–Fleming spending)
+    stable_margin: float
+    stable_fraction: float
+    task_stable_fraction: dict[str, float] = Field(default_factory=dict)  # per-task overrides of stable_fraction
+    looks_taken: int  # 0: stopped by an agreement regression before the first look
+    # agreement looks taken before the first (same schedule and bounds); None: agreement measured once, every item
+    agreement_looks_taken: int | None = None
+    items_scored: dict[str, int]  # candidate items scored per task
+    items_total: dict[str, int]  # items in the golden set per task
+    strata: dict[str, dict[str, int]]  # per task: items per stratum in the golden set
+    candidate_seconds: float | None = None  # wall time spent scoring the candidate (None: from a cache)
+    # the batch plan: the candidate's lm-eval runs in order, items per task each (lm-eval sorts one run's requests
+    # by length and cuts them into batches of batch_size, so the run's items fix its batches); [] from a cache
+    batch_size: int | None = None
+    stage_runs: list[dict[str, int]] = Field(default_factory=list)
+    agreement_runs: list[int] = Field(default_factory=list)  # staged agreement: agreement items each look scored
+    agreement_seconds: float | None = None  # wall time of the staged agreement (the candidate's load included)
+
+
+class Verdict(Record):
+    WHAT: ClassVar[str] = "gate verdict"
+    EVIDENCE: ClassVar[bool] = True
+    REGENERATE: ClassVar[str] = "run `quantize gate POLICY --baseline B --candidate C --json` again"
+
+    schema_version: Literal[2] = 2  # 2: checkpoint identities in the provenance
+    policy: str
+    verdict: GateOutcome
+    exit_code: int
+    rules: list[RuleResult]
+    provenance: VerdictProvenance
+    notes: list[str] = Field(default_factory=list)
+    sequential: SequentialRecord | None = None  # None: the fixed design (every item scored)
+
+    def accuracy_evidence(self, task: str) -> AccuracyEvidence | None:
+        """The evidence of the first accuracy rule on `task`, whatever the rule is named."""
+        return next((r.evidence for r in self.rules if isinstance(r, AccuracyResult) and r.task == task), None)
