@@ -139,7 +139,7 @@ test: setup
 
 # The fuzz target: 1,000 cases of each input kind through the CLI (recipes, policies, suites,
 # manifests, score files, checkpoint folders, safetensors headers, files named that are no plain input, golden
-# item lines), with the counts printed.
+# item lines, saved dataset folders as calibration), with the counts printed.
 fuzz: setup
 	QUANTIZE_FUZZ_EXAMPLES=1000 $(PY) -m pytest tests/test_fuzz.py -o addopts="" -q -s -p no:cacheprovider
 

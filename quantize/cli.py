@@ -15,6 +15,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
@@ -670,14 +672,64 @@ class Signalled(KeyboardInterrupt):
         self.exit_code = 128 + signum
 
 
-def _raise_signalled(signum: int, _frame: Any) -> None:
-    raise Signalled(signum)
+SIGNAL_GRACE_S = 3.0  # after SIGTERM, SIGHUP or SIGINT, the unwinding's time before the process ends regardless
+
+
+class _Deadline:
+    """SIGTERM, SIGHUP and SIGINT unwind the program (temporary output folders are removed on the way out), and this
+    thread ends the process SIGNAL_GRACE_S seconds after the first signal if the unwinding has not: a worker thread
+    blocked in a call that never returns is joined by concurrent.futures on the way out and by the interpreter at
+    exit, so the process otherwise waits on it forever (datasets opening a FIFO in its thread pool held `quantize
+    run` 11 minutes past SIGTERM). The exit code is the same, 128 + the signal's number. A call that blocks while
+    holding the GIL (a Rust or C reader opening a FIFO) stops every Python thread, this one too: the readers refuse
+    such files before any library opens them (quantize/io.py)."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.woken = threading.Event()
+        threading.Thread(target=self._watch, name="quantize-signal-deadline", daemon=True).start()
+
+    def _watch(self) -> None:
+        self.woken.wait()
+        if not self.signum:  # main() returned without a signal
+            return
+        time.sleep(SIGNAL_GRACE_S)
+        name = signal.Signals(self.signum).name
+        with contextlib.suppress(OSError):  # a closed stderr stops no exit
+            os.write(
+                2,
+                f"quantize: stopped by {name}: a call that does not return held the exit for {SIGNAL_GRACE_S:g} s, "
+                "so the process ended without waiting for it (a folder left beside an output is named by the next "
+                "run; --clean removes it)\n".encode(),
+            )
+        os._exit(128 + self.signum)
+
+    def handler(self, signum: int, _frame: Any) -> None:
+        if not self.signum:
+            self.signum = signum
+            self.woken.set()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Signalled(signum)
+
+    def release(self) -> None:
+        """main() is done: the thread ends, unless a signal came (the exit may still be held)."""
+        self.woken.set()
 
 
 def main(argv: list[str] | None = None) -> int:
     _offline()
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_signalled)
+    deadline = _Deadline()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # SIGINT ignored (a background job): left ignored
+            signal.signal(sig, deadline.handler)
+    try:
+        return _main(argv)
+    finally:
+        deadline.release()
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "quiet", False) or getattr(args, "json", False):
         _quiet_progress()

@@ -463,6 +463,112 @@ def test_fuzz_named_files(tmp_path_factory, capsys, reader, kind, raw):
     check(f"named: {kind}", args, capsys, allowed=allowed if kind == "random bytes" else (2,))
 
 
+# --- saved datasets (#55): a save_to_disk folder with forged metadata or special files, as a calibration source ----
+
+ARROW = "data-00000-of-00001.arrow"
+DATASET_NAMES = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from([ARROW, f"./{ARROW}", f"../ds/{ARROW}", f"x/../{ARROW}", "/etc/hostname", "", ".", "..", "\x00"]),
+)
+FORGED_JSON = {
+    "state.json": st.one_of(
+        values,
+        mapping(["_data_files", "_fingerprint", "_format_type", "_split"]),
+        st.builds(
+            lambda files: {"_data_files": files, "_split": None},
+            st.one_of(
+                values, st.lists(st.one_of(st.builds(lambda f: {"filename": f}, DATASET_NAMES), values), max_size=3)
+            ),
+        ),
+    ),
+    "dataset_info.json": st.one_of(values, mapping(["features", "description", "splits"])),
+    "dataset_dict.json": st.one_of(
+        values,
+        st.builds(
+            lambda splits: {"splits": splits},
+            st.one_of(
+                values,
+                st.lists(st.one_of(st.sampled_from(["train", "val", "../ds", "/tmp"]), DATASET_NAMES), max_size=3),
+            ),
+        ),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def saved_datasets(tmp_path_factory):
+    """A Dataset and a DatasetDict (split train) of text saved by save_to_disk."""
+    import datasets
+
+    d = tmp_path_factory.mktemp("saved")
+    texts = [" ".join(["the hacker wrote a program for the system"] * 3)] * 20
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(d / "dataset"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts})}).save_to_disk(str(d / "dict"))
+    return d
+
+
+@st.composite
+def dataset_case(draw):
+    """(layout, file changed, how: a kind of special file or `json`, bytes or a JSON value)."""
+    layout = draw(st.sampled_from(["dataset", "dict"]))
+    files = ["state.json", "dataset_info.json", ARROW] + (["dataset_dict.json", "train"] if layout == "dict" else [])
+    target = draw(st.sampled_from(files))
+    if target in (ARROW, "train") or draw(st.booleans()):
+        return layout, target, draw(st.sampled_from([*SPECIAL, "link out"])), draw(st.binary(max_size=200))
+    return layout, target, "json", draw(FORGED_JSON[target])
+
+
+def _readable_data_files(folder) -> bool:
+    """Whether state.json lists data files that are each a regular file inside the folder (links followed)."""
+    state = json.loads((folder / "state.json").read_text())
+    root = folder.resolve()
+    names = [f.get("filename") if isinstance(f, dict) else None for f in state["_data_files"]]
+    return all(
+        isinstance(n, str) and (folder / n).resolve().is_relative_to(root) and (folder / n).is_file() for n in names
+    )
+
+
+@FUZZ
+@given(case=dataset_case())
+def test_fuzz_saved_datasets(saved_datasets, tiny_model, tmp_path_factory, capsys, case):
+    """A saved dataset whose own files are forged (any JSON in state.json, dataset_info.json, dataset_dict.json; any
+    file name in _data_files or splits) or special (a FIFO, /dev/zero, a folder, 16 GiB, not UTF-8, random bytes, a
+    link out of the folder), named as `quantize run`'s calibration: exit 2 naming the problem, or read as valid
+    (then every data file it names is a regular file inside the folder); never a hang, a traceback or over 2 s."""
+    layout, target, how, raw = case
+    d = tmp_path_factory.mktemp("sd")
+    shutil.copytree(saved_datasets / layout, d / "ds")
+    inner = d / "ds" / "train" if layout == "dict" and target != "dataset_dict.json" else d / "ds"
+    path = inner / (target if target != "train" else "")
+    if how == "json":
+        path.write_text(json.dumps(raw))
+    else:
+        if target == "train":
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        if how == "link out":
+            path.symlink_to(saved_datasets / "dataset" / (target if target != "train" else ""))
+        else:
+            special_file(path.parent, how, raw, path.name)
+    (d / "exists").mkdir()  # a calibration found valid ends at the output check: nothing converts
+    recipe = d / "r.yaml"
+    calibration = {"source": str(d / "ds"), "samples": 2, "seq_len": 16}
+    body = dict(model=str(tiny_model), output=str(d / "exists"), method="fp8", scheme="FP8", calibration=calibration)
+    recipe.write_text(yaml.safe_dump(body))
+    t0 = time.perf_counter()
+    code = main(["run", str(recipe), "--quiet"])
+    took = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    valid = "already exists" in err
+    TALLY[("saved dataset", 0 if valid else code)] += 1
+    assert code == 2 and err.startswith("quantize run: error: "), (case, code, err[:500])
+    assert "Traceback" not in err and took < 2.0, (case, took, err[:300])
+    if valid:
+        assert how in ("json", "random bytes") and target != "train", (case, err[:300])
+        assert _readable_data_files(inner), case
+
+
 @pytest.fixture(scope="module")
 def tiny_set(tmp_path_factory):
     """A golden set of four multiple-choice items from `golden new`."""

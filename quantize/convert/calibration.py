@@ -22,24 +22,36 @@ Documents are shuffled with the recipe's seed, tokenized, joined with EOS and cu
 source (the rows left go to the largest remainders), then shuffles the rows with the seed. The sha256 of X's
 bytes (int64, little-endian, row-major) identifies the data. `check_calibration` checks before a model loads: a
 missing path, a folder that is not a saved dataset, a split, task or column that does not exist, conversations
-that are not role/content lists (JSONL line by line; parquet and datasets by the column's type, so a null inside
-a typed column is found only while packing), a chat source for a checkpoint without a chat template.
+that are not role/content lists or hold no content (JSONL line by line, parquet row by row; a saved dataset by its
+column's type), a chat source for a checkpoint without a chat template, mixture weights whose sum is not finite;
+then, with the checkpoint's tokenizer read from its files (`FileTokenizer`: no model, no torch), it packs every
+source as the run will: each conversation the calibration reads rendered through the chat template (one that does
+not parse or raises is refused), a null inside a saved dataset's conversation, a source too small for its share.
+
+A saved dataset's files are read the one safe way (quantize/io.py) before any library sees them: dataset_dict.json,
+state.json and dataset_info.json as regular files of at most 16 MiB, strictly UTF-8 JSON of the shapes save_to_disk
+writes (each field that is not is named); every split folder and data file they name must lie inside the folder once
+links are followed; each data-*.arrow file is opened non-blocking, checked to be a regular file of at most 64 GiB
+with fstat on that descriptor, and memory-mapped from it (a FIFO there had hung `quantize run`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import os
 import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from quantize.convert.recipe import Calibration, MixtureSource
 from quantize.errors import UsageError
-from quantize.io import read_user_file, read_user_text, sha256_bytes, user_lines
+from quantize.io import open_user_file, read_user_file, read_user_text, sha256_bytes, user_lines
 from quantize.records import CalibrationRecord, CalibrationSourceRecord, TokenSpread, VocabularyOverlap
 
 BUILTIN = {
@@ -60,6 +72,13 @@ MAX_FILE_BYTES = 1 << 30  # a .txt/.jsonl/.parquet source is read whole; a saved
 TOO_BIG = "use a part of it, or save it with datasets' save_to_disk and give that folder (read memory-mapped)"
 KINDS = "a .txt, .jsonl or .parquet file, a folder saved by datasets' save_to_disk, or builtin:jargon"
 TEXT_TYPES = ("string", "large_string")
+DATASET_JSON_BYTES = 16 << 20  # dataset_dict.json, state.json, dataset_info.json: save_to_disk writes a few KB
+ARROW_BYTES = 64 << 30  # one data-*.arrow file, memory-mapped (save_to_disk writes 500 MB shards)
+MAX_DATA_FILES = 100_000  # state.json's _data_files
+TOKENIZER_BYTES = 64 << 20  # tokenizer.json, tokenizer_config.json, special_tokens_map.json, as other checkpoint JSON
+TEMPLATE_BYTES = 16 << 20  # a chat template (.jinja); the shipped checkpoints' are a few KB
+SAVE_AGAIN = "save the data again with Dataset.save_to_disk(FOLDER) (or DatasetDict.save_to_disk)"
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 
 @dataclass
@@ -140,12 +159,15 @@ def _column(columns: list[str], given: MixtureSource, where: str, what: str) -> 
 
 
 def _bad_messages(value: Any) -> str | None:
-    """Why a value is not a conversation (a non-empty list of {role, content} objects with string values), or None."""
+    """Why a value is not a conversation (a non-empty list of {role, content} objects with string values, some
+    content not blank), or None."""
     if not isinstance(value, list) or not value:
         return f"a {type(value).__name__}" if not isinstance(value, list) else "an empty list"
     for n, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             return f"message {n} is {json.dumps(m, default=str)[:120]}"
+    if not any(m["content"].strip() for m in value):
+        return "every message's content is empty: the template's own tokens alone are no calibration data"
     return None
 
 
@@ -224,48 +246,184 @@ def _parquet(path: Path, given: MixtureSource, where: str) -> tuple[str, str, li
 
     raw = read_user_file(path, where, MAX_FILE_BYTES, hint=TOO_BIG)
     try:
-        table = pq.read_table(pa.BufferReader(raw))
+        table = pq.ParquetFile(pa.BufferReader(raw)).read()  # not read_table: pyarrow.dataset imports pandas, 0.5 s
     except (pa.ArrowException, OSError) as e:
         raise UsageError(
             f"{where}: {path} is not a readable parquet file ({str(e)[:200]}); give a parquet file"
         ) from None
     kind, column = _check_arrow(table.schema, given, where, str(path))
-    return kind, column, table.column(column).to_pylist()
+    values = table.column(column).to_pylist()
+    for n, value in enumerate(values):  # a null inside a typed conversation (a message, a role, a content)
+        if value:  # an empty row (null, '', []) is skipped
+            _check_value(value, kind, column, where, f"{path}, row {n}")
+    return kind, column, values
+
+
+def _brief(value: Any) -> str:
+    """A JSON value for a message: a container by its kind, a scalar as JSON, bounded."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list" if value else "[]"
+    return json.dumps(value)[:80]
+
+
+def _relative(name: str) -> bool:
+    """Whether a name from a saved dataset's own files is a relative path without `..` (a file system can name it)."""
+    try:
+        name.encode("utf-8")  # a lone surrogate names no file
+    except UnicodeEncodeError:
+        return False
+    bad = not name or "\x00" in name or "\\" in name or name.startswith("/")
+    return not bad and ".." not in PurePosixPath(name).parts
+
+
+def _inside(folder: Path, name: str, where: str, field: str) -> Path:
+    """`folder / name`, where `name` (from a saved dataset's own files) must be a relative path that stays inside
+    `folder` once links are followed; else a UsageError naming `field`."""
+    if not _relative(name):
+        raise UsageError(
+            f"{where}: {field} = {json.dumps(name)[:200]} is not a path inside the dataset folder {folder}; "
+            f"{SAVE_AGAIN}"
+        )
+    path = folder / name
+    try:
+        inside = path.resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # a loop of links
+        inside = False
+    if not inside:
+        raise UsageError(
+            f"{where}: {path} ({field}) leads outside the dataset folder {folder} through a link; put the file "
+            f"itself there, or {SAVE_AGAIN}"
+        )
+    return path
+
+
+def _dataset_json(folder: Path, name: str, where: str) -> Any:
+    """One of datasets' own JSON files in a saved dataset folder, read the one safe way and parsed."""
+    path = _inside(folder, name, where, "datasets' own file")
+    text = read_user_text(path, f"{where}: saved dataset file", DATASET_JSON_BYTES, hint=SAVE_AGAIN)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise UsageError(f"{where}: saved dataset file {path} is not JSON ({str(e)[:120]}); {SAVE_AGAIN}") from None
+
+
+def _data_files(folder: Path, where: str) -> list[Path]:
+    """The data files of a saved Dataset: state.json's `_data_files`, each a file inside the folder (dataset_info.json
+    checked as the object datasets reads)."""
+    info = _dataset_json(folder, "dataset_info.json", where)
+    if not isinstance(info, dict) or not isinstance(info.get("features"), dict | None):
+        field = "(top level)" if not isinstance(info, dict) else "features"
+        shown = _brief(info if not isinstance(info, dict) else info["features"])
+        raise UsageError(
+            f"{where}: saved dataset file {folder / 'dataset_info.json'}: {field} = {shown} is not an object; "
+            f"{SAVE_AGAIN}"
+        )
+    state = _dataset_json(folder, "state.json", where)
+    files = state.get("_data_files") if isinstance(state, dict) else None
+    origin = f"{where}: saved dataset file {folder / 'state.json'}"
+    if not isinstance(state, dict) or not isinstance(files, list) or not 0 < len(files) <= MAX_DATA_FILES:
+        field, shown = ("(top level)", _brief(state)) if not isinstance(state, dict) else ("_data_files", _brief(files))
+        raise UsageError(
+            f"{origin}: {field} = {shown}; save_to_disk writes an object whose _data_files lists 1 to "
+            f'{MAX_DATA_FILES:,} {{"filename": NAME}} objects; {SAVE_AGAIN}'
+        )
+    paths = []
+    for n, entry in enumerate(files):
+        if not isinstance(entry, dict):
+            raise UsageError(f'{origin}: _data_files[{n}] = {_brief(entry)} is not {{"filename": NAME}}; {SAVE_AGAIN}')
+        if not isinstance(name := entry.get("filename"), str):
+            raise UsageError(f"{origin}: _data_files[{n}].filename = {_brief(name)} is not a file name; {SAVE_AGAIN}")
+        paths.append(_inside(folder, name, where, f"{folder / 'state.json'} _data_files[{n}].filename"))
+    return paths
+
+
+def _split_folder(path: Path, given: MixtureSource, where: str) -> Path:
+    """The folder of the split a DatasetDict's dataset_dict.json lists (`split`, else train), inside `path`."""
+    fields = where.removesuffix(".source")
+    meta = _dataset_json(path, "dataset_dict.json", where)
+    splits = meta.get("splits") if isinstance(meta, dict) else None
+    origin = f"{where}: saved dataset file {path / 'dataset_dict.json'}"
+    if not isinstance(splits, list) or not splits:
+        field, shown = ("(top level)", _brief(meta)) if not isinstance(meta, dict) else ("splits", _brief(splits))
+        raise UsageError(
+            f"{origin}: {field} = {shown}; save_to_disk writes an object whose splits lists the split names (each a "
+            f"folder beside it); {SAVE_AGAIN}"
+        )
+    for n, name in enumerate(splits):
+        if not isinstance(name, str) or not _relative(name):
+            raise UsageError(
+                f"{origin}: splits[{n}] = {_brief(name)} is not the name of a folder inside {path}; {SAVE_AGAIN}"
+            )
+    split = given.split or "train"
+    if split not in splits:
+        said = f"= {split!r}" if given.split else "is not given"
+        raise UsageError(
+            f"{fields}.split {said}: {path} has no {split!r} split; its splits are "
+            f"{', '.join(map(repr, splits[:20]))}: name one with {fields}.split"
+        )
+    folder = _inside(path, split, where, f"{path / 'dataset_dict.json'} splits")
+    if not folder.is_dir():
+        raise UsageError(
+            f"{where}: {path / 'dataset_dict.json'} lists the split {split!r}, but {folder} is not a folder; "
+            f"{SAVE_AGAIN}"
+        )
+    return folder
+
+
+def _arrow_table(path: Path, where: str) -> Any:
+    """A data-*.arrow file (an Arrow IPC stream, as save_to_disk writes it), memory-mapped from the descriptor the
+    safe open checked (a regular file within ARROW_BYTES): no library opens the path itself."""
+    import mmap
+
+    import pyarrow as pa
+
+    with open_user_file(path, f"{where}: saved dataset file", ARROW_BYTES, hint=SAVE_AGAIN) as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise UsageError(f"{where}: saved dataset file {path} is empty; {SAVE_AGAIN}")
+        try:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise UsageError(f"{where}: saved dataset file {path} cannot be mapped ({e.strerror})") from None
+    try:
+        table = pa.ipc.open_stream(pa.py_buffer(mapped)).read_all()
+        table.validate()
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise UsageError(
+            f"{where}: saved dataset file {path} is not an Arrow stream as save_to_disk writes ({str(e)[:160]}); "
+            f"{SAVE_AGAIN}"
+        ) from None
+    return table
 
 
 def _saved_dataset(path: Path, given: MixtureSource, where: str) -> tuple[str, str, int, Callable[[int], Any]]:
-    """A folder written by save_to_disk: a Dataset (state.json, dataset_info.json) or a DatasetDict
-    (dataset_dict.json and a folder per split); loaded memory-mapped, offline."""
+    """A folder written by save_to_disk: a Dataset (state.json, dataset_info.json, data files) or a DatasetDict
+    (dataset_dict.json and a folder per split), each file checked, then its data files memory-mapped (pyarrow)."""
+    import pyarrow as pa
+
     fields = where.removesuffix(".source")
-    is_dict = (path / "dataset_dict.json").is_file()
-    if not is_dict and not ((path / "state.json").is_file() and (path / "dataset_info.json").is_file()):
+    one = any(os.path.lexists(path / name) for name in ("state.json", "dataset_info.json"))
+    if not one and not os.path.lexists(path / "dataset_dict.json"):
         raise UsageError(
             f"{where} = {given.source!r} is a folder but not a dataset saved by datasets' save_to_disk (it has no "
             "state.json and dataset_info.json, nor dataset_dict.json); save the data with "
             "Dataset.save_to_disk(FOLDER), or give a .jsonl or .parquet file"
         )
-    if not is_dict and given.split is not None:
+    if one and given.split is not None:
         raise UsageError(f"{fields}.split = {given.split!r}: {path} holds one Dataset, not splits; remove split")
-    import datasets
-
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
-        raise UsageError(
-            f"{where}: {path} cannot be loaded as a saved dataset ({str(e)[:200]}); save it again"
-        ) from None
-    if isinstance(ds, datasets.DatasetDict):
-        split = given.split or "train"
-        if split not in ds:
-            said = f"= {split!r}" if given.split else "is not given"
+    files = _data_files(path if one else _split_folder(path, given, where), where)
+    tables = [_arrow_table(f, where) for f in files]
+    schema = tables[0].schema
+    for f, t in zip(files[1:], tables[1:], strict=True):
+        if not t.schema.equals(schema):
             raise UsageError(
-                f"{fields}.split {said}: {path} has no {split!r} split; its splits are "
-                f"{', '.join(map(repr, ds))}: name one with {fields}.split"
+                f"{where}: saved dataset file {f} holds other columns than {files[0].name} "
+                f"({t.schema.to_string(show_schema_metadata=False)[:200]}); {SAVE_AGAIN}"
             )
-        ds = ds[split]
-    kind, column = _check_arrow(ds.data.schema, given, where, str(path))
-    col = ds.select_columns([column])
-    return kind, column, len(col), lambda i: col[i][column]
+    kind, column = _check_arrow(schema, given, where, str(path))
+    col = pa.chunked_array([c for t in tables for c in t.column(column).chunks], type=schema.field(column).type)
+    return kind, column, len(col), lambda i: col[i].as_py()
 
 
 def _doc_to_text(template: Any, doc: dict[str, Any]) -> str:
@@ -358,19 +516,150 @@ def read_documents(source: str) -> list[str]:
     return [src.row(i) for i in range(src.rows)]
 
 
-def chat_template_files(model_dir: Path) -> bool:
-    """Whether a checkpoint folder carries a chat template (chat_template.jinja/.json, or tokenizer_config.json's
-    `chat_template`), read before any model loads."""
-    if (model_dir / "chat_template.jinja").is_file() or (model_dir / "chat_template.json").is_file():
-        return True
-    cfg = model_dir / "tokenizer_config.json"
-    if not cfg.is_file():
-        return False
+def _tokenizer_json(model_dir: Path, name: str) -> dict[str, Any]:
+    """A tokenizer JSON file of the checkpoint (tokenizer_config.json, special_tokens_map.json), read the one safe way,
+    as an object; {} where it is absent, not JSON or not an object (the tokenizer's load then says what it says)."""
+    path = model_dir / name
+    if not os.path.lexists(path):
+        return {}
     try:
-        data = json.loads(read_user_text(cfg, "tokenizer config", 64 << 20))
-    except (json.JSONDecodeError, RecursionError):
-        return False
-    return isinstance(data, dict) and bool(data.get("chat_template"))
+        data = json.loads(read_user_text(path, "tokenizer file", TOKENIZER_BYTES))
+    except (ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def chat_template(model_dir: Path) -> str | dict[str, str] | None:
+    """The checkpoint's chat template as transformers' tokenizer reads it, from the files alone: chat_template.jinja
+    and additional_chat_templates/*.jinja (more than the first: a mapping by name, chat_template.jinja's `default`),
+    else tokenizer_config.json's `chat_template` (a string, or a list of {name, template}); None where there is none."""
+    found = {}
+    if os.path.lexists(model_dir / "chat_template.jinja"):
+        found["default"] = read_user_text(model_dir / "chat_template.jinja", "chat template", TEMPLATE_BYTES)
+    if (model_dir / "additional_chat_templates").is_dir():
+        for f in sorted((model_dir / "additional_chat_templates").glob("*.jinja")):
+            found[f.name.removesuffix(".jinja")] = read_user_text(f, "chat template", TEMPLATE_BYTES)
+    if found:
+        return found["default"] if list(found) == ["default"] else found
+    value = _tokenizer_json(model_dir, "tokenizer_config.json").get("chat_template")
+    if isinstance(value, list):
+        named = [t for t in value if isinstance(t, dict) and isinstance(t.get("name"), str)]
+        return {t["name"]: t["template"] for t in named if isinstance(t.get("template"), str)} or None
+    return value if isinstance(value, str) and value else None
+
+
+def _template_environment() -> Any:
+    """The Jinja environment transformers renders chat templates in (transformers 5,
+    utils/chat_template_utils._compile_jinja_template), built from jinja2 alone (importing transformers takes a
+    second or more): sandboxed, trim_blocks and lstrip_blocks, loop controls, its `{% generation %}` tag (the body
+    rendered), `tojson` without HTML escaping, `raise_exception` and `strftime_now`."""
+    import datetime
+
+    import jinja2
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        tags = frozenset({"generation"})
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller: Callable[[], str]) -> str:
+            return caller()
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
+
+
+@dataclass
+class FileTokenizer:
+    """The checkpoint's tokenizer from its files alone, for packing before a model loads (transformers' tokenizer
+    classes import torch, seconds): tokenizer.json through the `tokenizers` library, which transformers' fast
+    tokenizers run, and the chat template rendered as transformers renders it (`_template_environment`) with the
+    named special tokens the tokenizer files give. It offers what packing calls: `__call__`, `eos_token_id`,
+    `get_chat_template`, `apply_chat_template` (tests/convert/test_calibration.py holds it to AutoTokenizer's ids
+    and renderings)."""
+
+    encoder: Any  # tokenizers.Tokenizer
+    special: dict[str, str]  # bos_token, eos_token, ... as the template sees them
+    template: str | dict[str, str] | None
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The EOS token's id; an EOS the vocabulary lacks is the unknown token's, as in transformers."""
+        if (eos := self.special.get("eos_token")) is None:
+            return None
+        found = self.encoder.token_to_id(eos)
+        unk = self.special.get("unk_token")
+        return found if found is not None or unk is None else self.encoder.token_to_id(unk)
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": self.encoder.encode(text, add_special_tokens=add_special_tokens).ids}
+
+    def get_chat_template(self) -> str:
+        """The template used without tools (a mapping's `default`); ValueError where there is none, as transformers."""
+        template = self.template.get("default") if isinstance(self.template, dict) else self.template
+        if template is None:
+            raise ValueError("no chat template (several named ones, none `default`)")
+        return template
+
+    @functools.cached_property
+    def _compiled(self) -> Any:
+        return _template_environment().from_string(self.get_chat_template())
+
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = False) -> str:
+        """The conversation as text, as transformers' apply_chat_template(messages, tokenize=False) renders it."""
+        assert not tokenize, "packing renders text, then tokenizes it"
+        return self._compiled.render(
+            messages=messages, tools=None, documents=None, add_generation_prompt=False, **self.special
+        )
+
+
+def _special_tokens(model_dir: Path) -> dict[str, str]:
+    """The named special tokens as transformers gives them to a template: tokenizer_config.json's, with
+    special_tokens_map.json over them where the config has no `added_tokens_decoder` (its legacy path)."""
+    config = _tokenizer_json(model_dir, "tokenizer_config.json")
+    legacy = {} if "added_tokens_decoder" in config else _tokenizer_json(model_dir, "special_tokens_map.json")
+    values = config | legacy
+    out = {}
+    for key in SPECIAL_TOKENS:
+        value = values.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def file_tokenizer(model_dir: Path) -> FileTokenizer | None:
+    """The checkpoint's tokenizer from its files (FileTokenizer), or None where they do not say what transformers
+    loads: no tokenizer.json (a slow tokenizer), a tokenizer of the checkpoint's own code (`auto_map`), other fast
+    files named, or a tokenizer.json the tokenizers library cannot read (the load after then decides)."""
+    config = _tokenizer_json(model_dir, "tokenizer_config.json")
+    path = model_dir / "tokenizer.json"
+    if not os.path.lexists(path) or "auto_map" in config or "fast_tokenizer_files" in config:
+        return None
+    import tokenizers
+
+    text = read_user_text(path, "tokenizer file", TOKENIZER_BYTES)
+    try:
+        encoder = tokenizers.Tokenizer.from_str(text)
+    except Exception:  # the tokenizers library raises a bare Exception for a file it cannot read
+        return None
+    return FileTokenizer(encoder, _special_tokens(model_dir), chat_template(model_dir))
 
 
 def _no_template(src: Source, model: str) -> UsageError:
@@ -417,15 +706,38 @@ def vocabulary_overlap(tokenizer: Any, folder: str, x: Any) -> VocabularyOverlap
 
 
 def check_calibration(cal: Calibration, model_dir: Path) -> None:
-    """Everything about the calibration sources that can be checked before a model loads."""
+    """Everything about the calibration that can be checked before a model loads: the weights, each source read and
+    checked whole, a chat template for conversations, and, with the tokenizer from the checkpoint's files
+    (`file_tokenizer`), the packing itself as `build_calibration` will do it after the load: every conversation it
+    reads rendered through the template, each source's share of the tokens filled."""
+    _check_weights(cal)
     if cal.overlap_with is not None:
         golden_texts(cal.overlap_with, "calibration.overlap_with")
+    model_dir = Path(model_dir)
+    sources = []
     for i, given in enumerate(cal.sources()):
         src = open_source(given, _where(cal, i))
         if src.rows == 0:
             raise UsageError(f"{src.where} = {given.source!r} holds no rows; give a source with text")
-        if src.kind == "chat" and not chat_template_files(Path(model_dir)):
+        if src.kind == "chat" and chat_template(model_dir) is None:
             raise _no_template(src, str(model_dir))
+        sources.append(src)
+    if (tokenizer := file_tokenizer(model_dir)) is not None:
+        _pack_sources(tokenizer, cal, sources, str(model_dir))
+
+
+def _check_weights(cal: Calibration) -> None:
+    """A mixture's weights are shares of their sum: each finite and above 0 (the schema's rule, for a Calibration
+    built without it), and the sum finite too (1e308 + 1e308 is infinity, and every share would be NaN)."""
+    weights = [s.weight for s in cal.sources()]
+    for i, w in enumerate(weights):
+        if not (math.isfinite(w) and w > 0):
+            raise UsageError(f"calibration.mixture.{i}.weight = {w}: give a finite number above 0 (e.g. 0.7 and 0.3)")
+    if not math.isfinite(sum(weights)):
+        raise UsageError(
+            f"calibration.mixture: the weights ({', '.join(f'{w:g}' for w in weights[:8])}) sum to "
+            f"{sum(weights)}; a weight is a share relative to the others, so scale them down (e.g. 0.7 and 0.3)"
+        )
 
 
 def shares(weights: list[float], samples: int) -> list[int]:
@@ -439,16 +751,37 @@ def shares(weights: list[float], samples: int) -> list[int]:
     return rows
 
 
-def _render(tokenizer: Any, src: Source, value: Any) -> tuple[list[int], int]:
-    """A document's token ids, and how many of them the chat template added (rendered minus content tokens)."""
+def _render(tokenizer: Any, src: Source, value: Any, i: int) -> tuple[list[int], int]:
+    """Document i's token ids, and how many of them the chat template added (rendered minus content tokens)."""
     if src.kind == "text":
         return tokenizer(value, add_special_tokens=False)["input_ids"], 0
-    _check_value(value, "chat", src.column or "", src.where, "a row")  # a null inside a typed column
+    _check_value(value, "chat", src.column or "", src.where, f"row {i}")  # a null inside a typed column
     messages = [{k: v for k, v in m.items() if v is not None} for m in value]
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    text = _chat_text(tokenizer, src, messages, i)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     content = sum(len(tokenizer(m["content"], add_special_tokens=False)["input_ids"]) for m in messages)
     return ids, len(ids) - content
+
+
+def _chat_text(tokenizer: Any, src: Source, messages: list[dict[str, str]], i: int) -> str:
+    """A conversation rendered through the chat template; a template that does not parse, or raises on it (its
+    `raise_exception`, or a Python error inside), is the checkpoint's to fix: a UsageError naming the row."""
+    import jinja2
+
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    except (jinja2.TemplateError, TypeError, ValueError, LookupError, ArithmeticError, AttributeError) as e:
+        raise UsageError(
+            f"{src.where} = {src.given.source!r}: the checkpoint's chat template does not render row {i} of column "
+            f"{src.column!r} (starting {json.dumps(messages[0])[:80]}): {type(e).__name__}: {str(e)[:200]}; fix the "
+            "template (chat_template.jinja, or tokenizer_config.json's chat_template), or read a text column with "
+            "text_field"
+        ) from None
+    except RecursionError:
+        raise UsageError(
+            f"{src.where} = {src.given.source!r}: the checkpoint's chat template recurses without end on row {i} of "
+            f"column {src.column!r}; fix the template"
+        ) from None
 
 
 def _pack(tokenizer: Any, src: Source, need: int, rng: random.Random) -> Packed:
@@ -463,7 +796,7 @@ def _pack(tokenizer: Any, src: Source, need: int, rng: random.Random) -> Packed:
         value = src.row(i)
         if value is None or value == "":
             continue
-        ids, template = _render(tokenizer, src, value)
+        ids, template = _render(tokenizer, src, value, i)
         out.stream.extend(ids)
         if eos is not None:
             out.stream.append(eos)
@@ -478,12 +811,30 @@ def _pack(tokenizer: Any, src: Source, need: int, rng: random.Random) -> Packed:
     return out
 
 
-def _template_sha256(tokenizer: Any, src: Source) -> str:
+def _template_sha256(tokenizer: Any, src: Source, model: str) -> str:
     try:
         template = tokenizer.get_chat_template()
     except ValueError:  # transformers: the tokenizer has no chat template
-        raise _no_template(src, "the loaded tokenizer") from None
+        raise _no_template(src, model) from None
     return sha256_bytes(template.encode("utf-8"))
+
+
+def _pack_sources(
+    tokenizer: Any, cal: Calibration, sources: list[Source], model: str
+) -> tuple[list[int], list[Packed], str | None]:
+    """Each source's rows (`shares`) packed in its seeded order, and the chat template's sha256 where a source is
+    conversations: what build_calibration records, and what check_calibration runs before a model loads."""
+    _check_weights(cal)
+    rows = shares([s.given.weight for s in sources], cal.samples)
+    mixed = cal.mixture is not None
+    packed, template_sha = [], None
+    for i, (src, n) in enumerate(zip(sources, rows, strict=True)):
+        if src.kind == "chat" and template_sha is None:
+            template_sha = _template_sha256(tokenizer, src, model)
+        # one source keeps the seed's own order (the token hashes of records before mixtures hold); each source of
+        # a mixture gets an order of its own
+        packed.append(_pack(tokenizer, src, n * cal.seq_len, random.Random(f"{cal.seed}/{i}" if mixed else cal.seed)))
+    return rows, packed, template_sha
 
 
 def build_calibration(tokenizer: Any, cal: Calibration) -> CalibrationSet:
@@ -491,30 +842,25 @@ def build_calibration(tokenizer: Any, cal: Calibration) -> CalibrationSet:
     import numpy as np
     import torch
 
-    given = cal.sources()
-    sources = [open_source(g, _where(cal, i)) for i, g in enumerate(given)]
-    rows = shares([g.weight for g in given], cal.samples)
+    sources = [open_source(g, _where(cal, i)) for i, g in enumerate(cal.sources())]
+    rows, packed, template_sha = _pack_sources(tokenizer, cal, sources, "the loaded tokenizer")
     mixed = cal.mixture is not None
-    packed, blocks, per_source, template_sha = [], [], [], None
-    for i, (src, n) in enumerate(zip(sources, rows, strict=True)):
-        if src.kind == "chat" and template_sha is None:
-            template_sha = _template_sha256(tokenizer, src)
-        # one source keeps the seed's own order (the token hashes of records before mixtures hold); each source of
-        # a mixture gets an order of its own
-        p = _pack(tokenizer, src, n * cal.seq_len, random.Random(f"{cal.seed}/{i}" if mixed else cal.seed))
-        packed.append(p)
-        blocks.append(np.asarray(p.stream[: n * cal.seq_len], dtype="<i8").reshape(n, cal.seq_len))
-        per_source.append(
-            CalibrationSourceRecord(
-                source=src.given.source,
-                description=src.description,
-                kind=src.kind,
-                field=src.column,
-                weight=src.given.weight,
-                samples=n,
-                documents_used=len(p.lengths),
-            )
+    blocks = [
+        np.asarray(p.stream[: n * cal.seq_len], dtype="<i8").reshape(n, cal.seq_len)
+        for p, n in zip(packed, rows, strict=True)
+    ]
+    per_source = [
+        CalibrationSourceRecord(
+            source=src.given.source,
+            description=src.description,
+            kind=src.kind,
+            field=src.column,
+            weight=src.given.weight,
+            samples=n,
+            documents_used=len(p.lengths),
         )
+        for src, n, p in zip(sources, rows, packed, strict=True)
+    ]
     x = np.concatenate(blocks)  # (N, T)
     if mixed:
         order = list(range(cal.samples))

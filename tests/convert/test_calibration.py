@@ -395,3 +395,276 @@ def test_overlap_with_must_be_a_golden_set(tmp_path, tiny_model, capsys, monkeyp
     recipe = write_recipe(tmp_path, tiny_model, "ov", **FP8, calibration={"overlap_with": str(tmp_path)})
     assert main(["run", str(recipe), "--quiet"]) == 2
     assert "calibration.overlap_with = " in capsys.readouterr().err
+
+
+# --- issue 55: a saved dataset's own files, checks before the load, signals ------------------------------------
+
+ARROW = "data-00000-of-00001.arrow"
+
+
+def no_model_load(monkeypatch) -> None:
+    monkeypatch.setattr(engine, "_convert", lambda *a, **k: pytest.fail("a model was loaded"))
+
+
+def refused(tmp_path, model, capsys, calibration: dict) -> str:
+    """`quantize run` on the calibration: exit 2 in under 2 s (in-process, no model load); the message."""
+    import time
+
+    recipe = write_recipe(tmp_path, model, "bad", **FP8, calibration={"samples": 4, "seq_len": 32, **calibration})
+    t0 = time.perf_counter()
+    code = main(["run", str(recipe), "--quiet"])
+    took = time.perf_counter() - t0
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and took < 2.0, (took, err)
+    return err
+
+
+def special(path: Path, kind: str, outside: Path) -> None:
+    """Put a FIFO, a link to /dev/zero, a folder, or a link to a copy outside the folder where `path` was."""
+    import os
+
+    if kind == "link out" and path.is_dir():
+        shutil.copytree(path, outside)
+    elif kind == "link out":
+        shutil.copy(path, outside)
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "/dev/zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.symlink_to(outside)
+
+
+SPECIAL = [
+    (name, kind)
+    for name in (ARROW, "state.json", "dataset_info.json", "dataset_dict.json", "train")
+    for kind in ("fifo", "/dev/zero", "folder", "link out")
+    if (name, kind) != ("train", "folder")  # a split is a folder
+]
+WHY = {
+    "fifo": "not a regular file",
+    "/dev/zero": "leads outside",
+    "folder": "a folder, not a file",
+    "link out": "leads outside",
+}
+
+
+@pytest.mark.parametrize("name,kind", SPECIAL)
+def test_every_file_of_a_saved_dataset_is_read_the_safe_way(
+    tmp_path, tiny_model, sources, capsys, monkeypatch, name, kind
+):
+    """A FIFO data file hung `quantize run` before the load (datasets opened it in its thread pool); every file the
+    folder names is now a regular file inside it, or exit 2 naming it, before any library opens it."""
+    no_model_load(monkeypatch)
+    folder = sources["dataset-dict"] if name in ("dataset_dict.json", "train") else sources["dataset"]
+    special(folder / name, kind, tmp_path / f"outside-{name}")
+    err = refused(tmp_path, tiny_model, capsys, {"source": str(folder)})
+    why = "is not a folder" if (name, kind) == ("train", "fifo") else WHY[kind]
+    assert str(folder / name) in err and why in err, err
+
+
+FORGED = {  # file: its text, and what the message must name (the file is named in every case)
+    "state.json: not JSON": ("state.json", '{"_data_files": [', "is not JSON"),
+    "state.json: a list": ("state.json", "[]", r"\(top level\) = \[\]"),
+    "state.json: no _data_files": ("state.json", "{}", "_data_files = null"),
+    "state.json: _data_files a string": ("state.json", json.dumps({"_data_files": ARROW}), '_data_files = "data-'),
+    "state.json: _data_files empty": ("state.json", json.dumps({"_data_files": []}), r"_data_files = \[\]"),
+    "state.json: an entry a list": ("state.json", json.dumps({"_data_files": [[ARROW]]}), r"_data_files\[0\] = a list"),
+    "state.json: filename a number": (
+        "state.json",
+        json.dumps({"_data_files": [{"filename": 3}]}),
+        r"_data_files\[0\].filename = 3",
+    ),
+    "state.json: filename with ..": (
+        "state.json",
+        json.dumps({"_data_files": [{"filename": f"../ds/{ARROW}"}]}),
+        r"_data_files\[0\].filename = \"../ds/.*not a path inside",
+    ),
+    "state.json: filename absolute": (
+        "state.json",
+        json.dumps({"_data_files": [{"filename": "/etc/hostname"}]}),
+        r"_data_files\[0\].filename = \"/etc/hostname\" is not a path inside",
+    ),
+    "dataset_info.json: a list": ("dataset_info.json", "[]", r"\(top level\) = \[\] is not an object"),
+    "dataset_info.json: features a list": (
+        "dataset_info.json",
+        '{"features": []}',
+        r"features = \[\] is not an object",
+    ),
+    "dataset_info.json: not UTF-8": ("dataset_info.json", b'{"description": "\xff"}', "not UTF-8 text: byte 0xff"),
+    "dataset_dict.json: a list": ("dataset_dict.json", "[]", r"\(top level\) = \[\]"),
+    "dataset_dict.json: no splits": ("dataset_dict.json", "{}", "splits = null"),
+    "dataset_dict.json: splits a string": ("dataset_dict.json", '{"splits": "train"}', 'splits = "train"'),
+    "dataset_dict.json: a split a number": ("dataset_dict.json", '{"splits": ["train", 1]}', r"splits\[1\] = 1"),
+    "dataset_dict.json: a split with ..": (
+        "dataset_dict.json",
+        '{"splits": ["train", "../ds"]}',
+        r"splits\[1\] = \"../ds\" is not the name of a folder inside",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FORGED))
+def test_forged_dataset_metadata_is_exit_2_naming_the_file_and_field(
+    tmp_path, tiny_model, sources, capsys, monkeypatch, case
+):
+    """Each ended in exit 3 (TypeError, AttributeError, IndexError from datasets), in exit 2 naming neither the
+    file nor the field, or (`..`, an absolute path) read a file outside the folder; now exit 2 naming both."""
+    no_model_load(monkeypatch)
+    name, text, said = FORGED[case]
+    folder = sources["dataset-dict"] if name == "dataset_dict.json" else sources["dataset"]
+    if isinstance(text, bytes):
+        (folder / name).write_bytes(text)
+    else:
+        (folder / name).write_text(text)
+    err = refused(tmp_path, tiny_model, capsys, {"source": str(folder)})
+    assert f"{folder / name}" in err and re.search(said, err), err
+
+
+def chat_checkpoint(base: Path, model: Path, template: str) -> Path:
+    """`model` with `template` as its chat_template.jinja."""
+    folder = base / "templated"
+    shutil.copytree(model, folder)
+    (folder / "chat_template.jinja").write_text(template)
+    return folder
+
+
+def test_a_template_that_raises_or_does_not_parse_is_refused_before_the_load(
+    tmp_path, tiny_model, sources, capsys, monkeypatch
+):
+    """Rendered on every conversation the calibration reads, with the tokenizer from the checkpoint's files: a
+    template that raises (raise_exception, a Python error) or does not parse was exit 3 after the model loaded."""
+    no_model_load(monkeypatch)
+    for n, (template, said) in enumerate(
+        (
+            ("{{ raise_exception('Conversation roles must alternate') }}", "TemplateError: Conversation roles must"),
+            ("{% for m in messages %}{{ m.content }", "TemplateSyntaxError"),
+            ("{{ messages[0]['content'] + 1 }}", "TypeError"),
+            ("{% for m in messages %}{{ m.content }}{% endfor %}{{ 1 / 0 }}", "ZeroDivisionError"),
+        )
+    ):
+        model = chat_checkpoint(tmp_path / str(n), tiny_model, template)
+        err = refused(tmp_path, model, capsys, {"source": str(sources["chat-jsonl"])})
+        assert "calibration.source = " in err and "chat template does not render row" in err and said in err, err
+
+
+def test_conversations_checked_before_the_load(tmp_path, chat_model, sources, capsys, monkeypatch):
+    """Empty contents, a null inside a parquet conversation, a null inside a saved dataset's conversation: each was
+    exit 2 only after the model loaded (or exit 3), now before it, naming the source, row and column."""
+    import datasets
+
+    no_model_load(monkeypatch)
+    empty = write_jsonl(tmp_path / "empty.jsonl", [{"messages": [{"role": "user", "content": " "}]}] * 3)
+    err = refused(tmp_path, chat_model, capsys, {"source": str(empty)})
+    assert "empty.jsonl:1, column 'messages'" in err and "every message's content is empty" in err
+    chats = conversations(8)
+    chats[5] = [{"role": "user", "content": None}]
+    datasets.Dataset.from_dict({"messages": chats}).to_parquet(str(tmp_path / "nulls.parquet"))
+    err = refused(tmp_path, chat_model, capsys, {"source": str(tmp_path / "nulls.parquet")})
+    assert "nulls.parquet, row 5, column 'messages' is not a conversation (message 0 is" in err and "null" in err
+    chats = conversations(4)
+    chats[2] = [{"role": "assistant", "content": None}]
+    datasets.Dataset.from_dict({"messages": chats}).save_to_disk(str(tmp_path / "nulls-ds"))
+    err = refused(tmp_path, chat_model, capsys, {"source": str(tmp_path / "nulls-ds"), "samples": 1, "seq_len": 70})
+    assert "row 2, column 'messages' is not a conversation" in err
+
+
+def test_mixture_shares_and_weights_checked_before_the_load(tmp_path, tiny_model, sources, capsys, monkeypatch):
+    """A mixture source too small for its share of the tokens (exit 2 only after the load) and weights whose sum
+    overflows (1e308 + 1e308 = inf: every share NaN, exit 3 after the load)."""
+    no_model_load(monkeypatch)
+    small = write_jsonl(tmp_path / "small.jsonl", [{"text": "the hacker"}])
+    mix = [{"source": str(sources["dataset"]), "weight": 1}, {"source": str(small), "weight": 1}]
+    err = refused(tmp_path, tiny_model, capsys, {"mixture": mix})
+    assert "calibration.mixture.1.source = " in err and "holds 3 tokens, fewer than samples × seq_len = 64" in err
+    mix = [{"source": str(sources["dataset"]), "weight": 1e308}, {"source": str(sources["dataset"]), "weight": 1e308}]
+    err = refused(tmp_path, tiny_model, capsys, {"mixture": mix})
+    assert "calibration.mixture: the weights (1e+308, 1e+308) sum to inf" in err
+    with pytest.raises(UsageError, match="sum to inf"):
+        build_calibration(None, Calibration(mixture=mix, samples=2, seq_len=16))
+
+
+def test_the_file_tokenizer_packs_as_the_loaded_tokenizer(tmp_path, tiny_model, sources):
+    """The pre-load check's tokenizer (tokenizer.json through `tokenizers`, the template through transformers'
+    environment rebuilt from jinja2) gives the loaded tokenizer's ids, EOS and renderings, so what it refuses is
+    what the run would refuse."""
+    from transformers import AutoTokenizer
+
+    from quantize.convert.calibration import file_tokenizer
+
+    template = (
+        "{{ bos_token }}{% for m in messages %}{% if loop.index > 3 %}{% break %}{% endif %}\n"
+        "  {% generation %}{{ m['role'] | upper }}: {{ m['content'] }} {{ m | tojson }}{% endgeneration %}\n"
+        "{% endfor %}{{ eos_token }}{{ unk_token }}"
+    )
+    model = chat_checkpoint(tmp_path, tiny_model, template)
+    # a named token from the legacy special_tokens_map.json, in its AddedToken form
+    (model / "special_tokens_map.json").write_text(json.dumps({"bos_token": {"content": "<eos>", "lstrip": False}}))
+    loaded, mine = AutoTokenizer.from_pretrained(str(model)), file_tokenizer(model)
+    assert mine.eos_token_id == loaded.eos_token_id and mine.get_chat_template() == loaded.get_chat_template()
+    chats = [*conversations(5), [{"role": "user", "content": 'a "quoted" <b>tag</b> é'}] * 5]
+    for chat in chats:
+        assert mine.apply_chat_template(chat) == loaded.apply_chat_template(chat, tokenize=False)
+    for text in [sentence(i) for i in range(10)] + ["  spaces\tand\nlines", "<eos> inside", "unknownword"]:
+        assert mine(text)["input_ids"] == loaded(text, add_special_tokens=False)["input_ids"]
+    cal = Calibration(source=str(sources["chat-jsonl"]), samples=3, seq_len=32)
+    assert build_calibration(mine, cal).record == build_calibration(loaded, cal).record
+
+
+SIGNAL_CHILD = """
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from quantize.cli import main
+from quantize.convert import calibration
+
+def read_in_a_worker(path, where):  # as datasets did: its thread pool opens each data file
+    print("opening", flush=True)
+    with ThreadPoolExecutor(2) as pool:
+        return list(pool.map(lambda p: open(p, "rb").read(), [path]))
+
+calibration._arrow_table = read_in_a_worker
+sys.exit(main(["run", sys.argv[1], "--quiet"]))
+"""
+
+
+@pytest.mark.parametrize("sig,code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_ends_a_run_blocked_on_a_fifo_within_seconds(tmp_path, tiny_model, sources, sig, code):
+    """SIGTERM was ignored in 3 of 6 runs of `quantize run` blocked on a FIFO (once for 11 minutes): the signal
+    unwound the main thread, but concurrent.futures and then the interpreter's exit joined the worker thread
+    blocked opening the FIFO. A data file's reader that opens it in a worker thread (what datasets did, before
+    the files were checked) on a FIFO: the run ends within 5 s with the signal's exit code."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    special(sources["dataset"] / ARROW, "fifo", tmp_path)
+    recipe = write_recipe(tmp_path, tiny_model, "blocked", **FP8, calibration={"source": str(sources["dataset"])})
+    p = subprocess.Popen(
+        [sys.executable, "-c", SIGNAL_CHILD, str(recipe)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a terminal's command gets SIGINT
+    )
+    try:
+        assert select.select([p.stdout], [], [], 60)[0] and p.stdout.readline().strip() == "opening"
+        time.sleep(0.2)  # the worker thread blocks opening the FIFO (a signal before it lands on the same path)
+        t0 = time.perf_counter()
+        p.send_signal(getattr(signal, sig))
+        _, err = p.communicate(timeout=5)
+        took = time.perf_counter() - t0
+    finally:
+        p.kill()
+    assert p.returncode == code and took < 5, (p.returncode, took, err)
+    assert f"stopped by {sig}" in err
