@@ -355,6 +355,7 @@ def test_packages_depend_one_way():
         {"quantize.search.run": {"quantize.evaluate.agreement", "quantize.gates.policy"}},  # evaluation meets gates
         {"quantize.convert.engine": {"quantize.convert.backends.gptqmodel"}},  # the engine naming a backend
         {"quantize.convert.engine": {"llmcompressor"}},
+        {"quantize.convert.engine": {"quantize.convert.backends.llmcompressor.modifiers"}},  # a backend's own parts
         {"quantize.compat.compressed_tensors": {"quantize.checkpoint.qdq"}},  # compat reaching into a stage
         {"quantize.flows.gate": {"quantize.api"}},  # a stage calling the API built over it
         {"quantize.cache": {"quantize.evaluate.cache"}},  # the foundation holding evaluation semantics again

@@ -13,6 +13,10 @@
 - `utils.match.match_name` and `match_targets` (public): copied without torch in compressed_tensors_targets.py
   (its docstring says why); `problems()` compares the copy with the library on its TARGET_CASES.
 
+- `quantization.lifecycle.forward.fake_quantize(x, scale, zero_point, args, global_scale=None)`: its
+  quantize-dequantize with given scales and zero points, which `quantize search` applies to one layer group at a
+  time to measure its damage (search/sensitivity.py, through `fake_quantize` here).
+
 `problems()` lists every guarded assumption that does not hold in the installed version; `replaced(fn)` swaps the
 function in for a block and restores what was there, nested or not.
 """
@@ -25,10 +29,12 @@ from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import version
 from typing import Any
 
+from quantize.compat import outside
 from quantize.compat.compressed_tensors_targets import TARGET_CASES, first_target
 
 CHECKED = ((0, 19), (0, 20))  # [from, to): the versions the assumptions above were read on
 ROUND_PARAMS = ("tensor", "args", "min", "max", "cast_to_original_dtype")
+FAKE_QUANTIZE_PARAMS = ("x", "scale", "zero_point", "args", "global_scale")
 PRESET_WEIGHT_GROUP = {"NVFP4": 16, "NVFP4A16": 16, "MXFP4": 32, "MXFP4A16": 32, "FP8_BLOCK": 128, "W4AFP8": 128}
 
 
@@ -50,21 +56,21 @@ def preset_weight_group(name: str) -> int | None:
     return int(w.group_size) if w.group_size else None
 
 
-def _release(v: str) -> tuple[int, int]:
-    major, minor = (v.split("+")[0].split(".") + ["0"])[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-
-
 def problems() -> list[str]:
-    """What no longer holds: the version outside CHECKED, the function missing or with other parameters."""
+    """What no longer holds: the version outside CHECKED, a function missing or with other parameters, a preset's
+    group or the target precedence changed."""
     found = []
-    v = version("compressed-tensors")
-    if not CHECKED[0] <= _release(v) < CHECKED[1]:
-        found.append(f"compressed-tensors {v} is outside the checked range {CHECKED[0]}-{CHECKED[1]} (exclusive)")
+    if why := outside("compressed-tensors", version("compressed-tensors"), CHECKED):
+        found.append(why)
     try:
-        from compressed_tensors.quantization.lifecycle import forward_helpers
+        from compressed_tensors.quantization.lifecycle import forward, forward_helpers
     except ImportError as e:
-        return [*found, f"compressed_tensors.quantization.lifecycle.forward_helpers cannot be imported: {e}"]
+        return [*found, f"compressed_tensors.quantization.lifecycle cannot be imported: {e}"]
+    fq = getattr(forward, "fake_quantize", None)
+    if fq is None:
+        found.append("quantization.lifecycle.forward.fake_quantize is gone")
+    elif (params := tuple(inspect.signature(getattr(fq, "__wrapped__", fq)).parameters)) != FAKE_QUANTIZE_PARAMS:
+        found.append(f"fake_quantize takes {params}, checked on {FAKE_QUANTIZE_PARAMS}")
     found += [
         f"preset {name} groups {got} weights per scale in the library, {want} here"
         for name, want in PRESET_WEIGHT_GROUP.items()
@@ -82,6 +88,14 @@ def problems() -> list[str]:
     if params != ROUND_PARAMS:
         found.append(f"round_to_quantized_type_args takes {params}, checked on {ROUND_PARAMS}")
     return found
+
+
+def fake_quantize(x: Any, scale: Any, zero_point: Any, args: Any) -> Any:
+    """compressed-tensors' own quantize-dequantize of `x` with these scales and zero points (`args`: its
+    QuantizationArgs, whose strategy says how `scale` (out, in/g) or (out, 1) is laid over `x` (out, in))."""
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize as library
+
+    return library(x, scale, zero_point, args)
 
 
 def library_round() -> Callable[..., Any]:

@@ -25,23 +25,16 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from quantize.compat import outside
+
 CHECKED = {"gptqmodel": ((7, 6), (7, 7)), "defuser": ((0, 0), (0, 1))}  # [from, to) of each, read on
 DEFUSED_READ = ("phi3",)  # a model type the registry listed when read (the refusal's measured case)
-
-
-def _release(v: str) -> tuple[int, int]:
-    major, minor = (v.split("+")[0].split(".") + ["0"])[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def problems() -> list[str]:
     """What no longer holds: a version outside CHECKED, defuser's registry gone or without the model types it
     listed, or GPTQModel's RoPE initializer no longer installed in transformers' table."""
-    found = []
-    for dist, (lo, hi) in CHECKED.items():
-        v = version(dist)
-        if not lo <= _release(v) < hi:
-            found.append(f"{dist} {v} is outside the checked range {lo}-{hi} (exclusive)")
+    found = [why for dist, checked in CHECKED.items() if (why := outside(dist, version(dist), checked))]
     registry = _registry()
     if not isinstance(registry, dict):
         found.append("defuser.model_registry.MODEL_CONFIG is no longer a dict of model types")

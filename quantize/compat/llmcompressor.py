@@ -14,36 +14,39 @@
   with a no-op, so `linearize_moe` (llm-compressor's own conversion of fused 3-D experts into per-expert
   Linear layers) runs on a meta-device model, whose offload device (meta) compressed-tensors cannot offload to.
   The layer plan then names the per-expert layers `oneshot` will quantize (tests/convert/test_moe.py).
+- `llmcompressor.pipelines.cache.IntermediatesCache.pin_memory(self, batch_index, input_names=None)` pins a batch's
+  cached activations in host memory for faster copies to an accelerator (AWQ's grid search calls it); on a torch
+  without an accelerator `Tensor.pin_memory()` raises, and there is no device to copy to. `unpinned()` makes the
+  method a no-op on the class for the length of a block and puts it back after; where the guard does not hold
+  (another version, the method gone or re-signed) it warns and leaves the library's own method in place.
 
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import warnings
+from collections.abc import Iterator
 from importlib import import_module
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+from quantize.compat import outside
+
 CHECKED = ((0, 14), (0, 15))  # [from, to): the versions the assumption above was read on
 PT = {"format": "pt"}  # the __metadata__ transformers' save_pretrained writes in each safetensors header
-
-
-def _release(v: str) -> tuple[int, int]:
-    major, minor = (v.split("+")[0].split(".") + ["0"])[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+PIN_MEMORY = ("self", "batch_index", "input_names")  # IntermediatesCache.pin_memory's parameters, as read
 
 
 def problems() -> list[str]:
     """What no longer holds: the version outside CHECKED, the module without its own `save_file`, or
-    model_free_ptq without the parameters called here."""
+    model_free_ptq without the parameters called here, the MoE conversion or the activation cache changed."""
     import llmcompressor.entrypoints.model_free as model_free
 
-    found = []
-    v = version("llmcompressor")
-    if not CHECKED[0] <= _release(v) < CHECKED[1]:
-        found.append(f"llmcompressor {v} is outside the checked range {CHECKED[0]}-{CHECKED[1]} (exclusive)")
+    found = _pin_problems()
     if not callable(getattr(model_free, "save_file", None)):
         found.append("llmcompressor.entrypoints.model_free no longer writes its shards through its own save_file")
     params = inspect.signature(model_free.model_free_ptq).parameters
@@ -59,11 +62,50 @@ def problems() -> list[str]:
     found += [f"llmcompressor.modeling.moe.linearize has no {f}" for f in _LINEARIZE if not hasattr(linearize, f)]
     from llmcompressor.entrypoints.oneshot import Oneshot
 
-    # the layer plan and the AWQ/SmoothQuant mapping check (convert/backends/mappings.py) see the layout oneshot
-    # calibrates only if oneshot still linearizes fused experts before its modifiers resolve their mappings
+    # the layer plan and the AWQ/SmoothQuant mapping check (convert/backends/llmcompressor/mappings.py) see the
+    # layout oneshot calibrates only if oneshot still linearizes fused experts before its modifiers resolve their
+    # mappings
     if "linearize_moe(self.model)" not in inspect.getsource(Oneshot.apply_recipe_modifiers):
         found.append("oneshot no longer linearizes fused experts before its modifiers resolve their mappings")
     return found
+
+
+def _pin_problems() -> list[str]:
+    """What no longer holds of `unpinned`'s assumptions: the version, the class or its method and parameters."""
+    from llmcompressor.pipelines import cache
+
+    found = []
+    if why := outside("llmcompressor", version("llmcompressor"), CHECKED):
+        found.append(why)
+    pin = getattr(getattr(cache, "IntermediatesCache", None), "pin_memory", None)
+    if pin is None:
+        found.append("llmcompressor.pipelines.cache.IntermediatesCache.pin_memory is gone")
+    elif (params := tuple(inspect.signature(pin).parameters)) != PIN_MEMORY:
+        found.append(f"IntermediatesCache.pin_memory takes {params}, checked on {PIN_MEMORY}")
+    return found
+
+
+@contextlib.contextmanager
+def unpinned() -> Iterator[None]:
+    """llm-compressor's `IntermediatesCache.pin_memory` a no-op while the block runs (nothing is pinned: for a torch
+    without an accelerator, whose `Tensor.pin_memory()` raises), the library's own method put back after, however
+    the block ends. Where `_pin_problems` finds anything, a warning says so and the library's method stays."""
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    if found := _pin_problems():
+        warnings.warn(
+            "quantize: llm-compressor's IntermediatesCache.pin_memory is left as it is (it fails on a torch without "
+            "an accelerator), since " + "; ".join(found),
+            stacklevel=3,
+        )
+        yield
+        return
+    own = IntermediatesCache.pin_memory
+    IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None
+    try:
+        yield
+    finally:
+        IntermediatesCache.pin_memory = own
 
 
 # where linearize_moe's `from_experts_module` calls offload_module (the generic one, and Llama 4's own)

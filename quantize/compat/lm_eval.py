@@ -8,6 +8,8 @@
   starts with it), restated in `encode_request` (tests/compat compares it with TemplateLM's own path).
 - `task.sampler.sample(n, eval_doc, df)`: a task's few-shot draw, recorded (not changed) while a golden set is
   frozen (`recording_draws`).
+- `TemplateLM._loglikelihood_tokens(requests, **kwargs)`: abstract, so every TemplateLM defines it; our lm-eval
+  model (evaluate/lm.py `PrefixLM`) defines it with these parameters.
 
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on
 any); the functions below are the only callers of those names.
@@ -21,18 +23,16 @@ from collections.abc import Iterator
 from importlib.metadata import version
 from typing import Any
 
+from quantize.compat import outside
+
 CHECKED = ((0, 4, 13), (0, 4, 14))  # [from, to): the versions the assumptions above were read on
 SIGNATURES = {  # (module, class, method) -> its parameters after self
     ("lm_eval.api.model", "TemplateLM", "_encode_pair"): ("context", "continuation"),
+    ("lm_eval.api.model", "TemplateLM", "_loglikelihood_tokens"): ("requests", "kwargs"),
     ("lm_eval.api.samplers", "ContextSampler", "sample"): ("n", "eval_doc", "df", "kwargs"),
     ("lm_eval.models.vllm_causallms", "VLLM", "_model_generate"): ("requests", "generate", "sampling_params"),
 }
 NEEDS_VLLM = "lm_eval.models.vllm_causallms"  # importable only beside vllm: checked where it is installed
-
-
-def _release(v: str) -> tuple[int, int, int]:
-    parts = [int("".join(c for c in p if c.isdigit()) or 0) for p in v.split("+")[0].split(".")[:3]]
-    return (*parts, 0, 0, 0)[:3]  # type: ignore[return-value]
 
 
 def problems() -> list[str]:
@@ -41,9 +41,8 @@ def problems() -> list[str]:
     import importlib.util
 
     found = []
-    v = version("lm_eval")
-    if not CHECKED[0] <= _release(v) < CHECKED[1]:
-        found.append(f"lm-eval {v} is outside the checked range {CHECKED[0]}-{CHECKED[1]} (exclusive)")
+    if why := outside("lm-eval", version("lm_eval"), CHECKED):
+        found.append(why)
     for (module, cls, method), want in SIGNATURES.items():
         if module == NEEDS_VLLM and importlib.util.find_spec("vllm") is None:
             continue

@@ -8,6 +8,13 @@
   `_finalize_model_loading` calls them. `dry_load` runs exactly that on a meta-device model with meta tensors of
   the headers' shapes: the missing, unexpected and mis-shaped keys and the failed merges a real load would report,
   with no weight read and nothing allocated (convert/checks.check_source).
+- A family's checkpoint conversions: `conversion_mapping.get_checkpoint_conversion_mapping(model_type)`, a list of
+  `core_model_loading.WeightTransform`s, each with `source_patterns` and `target_patterns`; a `WeightRenaming` is a
+  plain renaming of a name part (Mixtral's `.block_sparse_moe.` -> `.mlp.`), any other transform (a
+  `WeightConverter`) merges the source tensors into the target (Mixtral's per-expert `.experts.*.w1.weight` and
+  `.experts.*.w3.weight` into `.experts.gate_up_proj`). `conversions` reads them as data (plan.py: the names a
+  per-expert checkpoint must use to reload, and whether a family has a per-expert loader at all); `problems()`
+  checks them on Mixtral as read (MIXTRAL_READ).
 
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
@@ -17,14 +24,29 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, fields
 from importlib.metadata import version
-from typing import Any
+from typing import Any, NamedTuple
+
+from quantize.compat import outside
 
 CHECKED = ((5, 17), (5, 18))  # [from, to): the versions the assumptions above were read on
 
 
-def _release(v: str) -> tuple[int, int]:
-    major, minor = (v.split("+")[0].split(".") + ["0"])[:2]
-    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+class Conversion(NamedTuple):
+    """One transform transformers applies to a family's checkpoint tensors on load: the name patterns it reads,
+    those it writes, and whether it only renames (else it merges the sources into the target)."""
+
+    sources: tuple[str, ...]
+    targets: tuple[str, ...]
+    renaming: bool
+
+
+# Mixtral's conversions as read on 5.17: the checkpoint's block_sparse_moe renamed, its per-expert w1/w3 and w2
+# merged into the fused experts (problems() compares the library's with these)
+MIXTRAL_READ = (
+    Conversion((".block_sparse_moe.",), (".mlp.",), True),
+    Conversion((".experts.*.w1.weight", ".experts.*.w3.weight"), (".experts.gate_up_proj",), False),
+    Conversion((".experts.*.w2.weight",), (".experts.down_proj",), False),
+)
 
 
 def problems() -> list[str]:
@@ -35,9 +57,8 @@ def problems() -> list[str]:
     from transformers.modeling_utils import LoadStateDictConfig
 
     found = []
-    v = version("transformers")
-    if not CHECKED[0] <= _release(v) < CHECKED[1]:
-        found.append(f"transformers {v} is outside the checked range {CHECKED[0]}-{CHECKED[1]} (exclusive)")
+    if why := outside("transformers", version("transformers"), CHECKED):
+        found.append(why)
     params = list(inspect.signature(convert_and_load_state_dict_in_model).parameters)
     if params[:3] != ["model", "state_dict", "load_config"]:
         found.append(f"convert_and_load_state_dict_in_model takes {params}, not (model, state_dict, load_config)")
@@ -51,7 +72,38 @@ def problems() -> list[str]:
     found += [
         f"PreTrainedModel.tie_weights takes no `{p}`" for p in ("missing_keys", "recompute_mapping") if p not in tie
     ]
-    return found
+    return found + _conversion_problems()
+
+
+def _conversion_problems() -> list[str]:
+    """What no longer holds of `conversions`' reading: the function or the renaming class gone or re-signed, or
+    Mixtral's conversions other than MIXTRAL_READ."""
+    from transformers import conversion_mapping, core_model_loading
+
+    get = getattr(conversion_mapping, "get_checkpoint_conversion_mapping", None)
+    if get is None or list(inspect.signature(get).parameters) != ["model_type"]:
+        return ["conversion_mapping.get_checkpoint_conversion_mapping(model_type) is gone or re-signed"]
+    if not isinstance(getattr(core_model_loading, "WeightRenaming", None), type):
+        return ["core_model_loading.WeightRenaming is gone"]
+    if (got := tuple(conversions("mixtral"))) != MIXTRAL_READ:
+        return [f"transformers converts Mixtral's checkpoint tensors with {got}, read as {MIXTRAL_READ}"]
+    return []
+
+
+def conversions(model_type: str) -> list[Conversion]:
+    """The transforms `from_pretrained` applies to this family's checkpoint tensors on load, in order ([] for a
+    family it loads as stored)."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+
+    return [
+        Conversion(
+            tuple(getattr(c, "source_patterns", ())),
+            tuple(getattr(c, "target_patterns", ())),
+            isinstance(c, WeightRenaming),
+        )
+        for c in get_checkpoint_conversion_mapping(model_type) or []
+    ]
 
 
 @dataclass(frozen=True)

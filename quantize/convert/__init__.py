@@ -1,3 +1,4 @@
-"""Conversion, `quantize run`: a recipe (`recipe`) is planned (`plan`), compiled to a backend's modifiers
-(`modifiers`), calibrated (`calibration`, `dtypes`) and run by one backend (`backends/`), then checked
-(`checks`), accounted and recorded (`engine`, `provenance`, `card`)."""
+"""Conversion, `quantize run`: a recipe (`recipe`) is planned (`plan`), calibrated (`calibration`, `dtypes`) and run
+by one backend (`backends/`: each backend's class says what it can do; llm-compressor's compiles the recipe to its
+modifiers, `backends/llmcompressor/modifiers`), then checked (`checks`), accounted and recorded (`engine`,
+`provenance`, `card`)."""

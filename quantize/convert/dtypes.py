@@ -11,6 +11,7 @@ from pathlib import Path
 from quantize import cache
 from quantize.checkpoint.files import read_config, safetensors_files, write_config
 from quantize.checkpoint.loader import device
+from quantize.convert.backends import calibration_default
 from quantize.convert.recipe import Recipe
 
 # Float tensors that stay float32 whatever the model's dtype (compressed-tensors' global scales).
@@ -76,22 +77,18 @@ def calibration_dtype(recipe: Recipe, model_dir: Path) -> tuple[str, str]:
     """The dtype to calibrate in ("auto": the checkpoint's own) and why: the recipe's `dtype:`, else a default
     that depends on the recipe and the checkpoint only, never on the machine, so one recipe writes the same bytes
     on every host (docs/recipes.md, "The calibration dtype"):
-    - AWQ through llm-compressor: float32 (its grid search over bf16 activations has produced non-finite losses);
-    - GPTQModel's AWQ: the checkpoint's own half dtype, else bfloat16 (its AwqTorchLinear packs only from those);
-    - otherwise the checkpoint's own dtype, as plain llm-compressor calibrates.
+    - the backend's own default for the method, where it has one (its `calibration_dtypes`: AWQ through
+      llm-compressor in float32, as its grid search over bf16 activations has produced non-finite losses;
+      GPTQModel's AWQ in the checkpoint's own half dtype, else bfloat16, as its AwqTorchLinear packs only from those);
+    - otherwise the checkpoint's own dtype.
     A float32 calibration of a bf16 checkpoint has its float tensors cast back to bf16 after the integers are
     chosen (`cast_saved_floats`). On a CPU the bf16 probe may add a suggestion to the reason (`suggestion`); it
     never changes the dtype."""
-    from quantize.convert.recipe import Backend, Method
-
     if recipe.dtype:
         return recipe.dtype, "the recipe's dtype"
     src = source_dtype(model_dir)
-    if recipe.backend is Backend.gptqmodel and recipe.method is Method.awq:
-        half = src in ("float16", "bfloat16")
-        return ("auto" if half else "bfloat16"), "GPTQModel's AWQ packs from float16/bfloat16 weights only"
-    if recipe.method is Method.awq:
-        return "float32", "AWQ calibrates in float32 (its grid search keeps finite losses there); the default"
+    if (default := calibration_default(recipe, src)) is not None:
+        return default
     reason = f"the checkpoint's own dtype ({src}); the default, the same on every machine"
     hint = suggestion(src)
     return "auto", f"{reason}; {hint}" if hint else reason

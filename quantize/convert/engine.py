@@ -1,7 +1,8 @@
 """The engine: a validated recipe in, a checked checkpoint with its quantize.json out.
 
 preflight   everything that can be checked before a model is loaded
-convert     plan (plan.py) -> the backend's preparation (backends/: llm-compressor's modifiers, modifiers.py)
+convert     plan (plan.py) -> the backend's preparation (backends/: llm-compressor's modifiers,
+            backends/llmcompressor/modifiers.py)
             -> load -> calibrate and quantize (the backend) -> atomic save, dtype cast (dtypes.py) -> reload
             and the one finiteness check (checks.py) -> accounting -> quantize.json and model card.
             Every backend gets the same checks, accounting and records; this module names none of them.
@@ -26,7 +27,7 @@ from quantize.checkpoint import accounting
 from quantize.checkpoint.files import missing_packages, weights_sha256
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, recorded_weights_sha256, resolve_model
 from quantize.convert import memory
-from quantize.convert.backends import backend_for
+from quantize.convert.backends import backend_for, check
 from quantize.convert.backends.base import Job
 from quantize.convert.calibration import CalibrationSet, build_calibration, check_calibration
 from quantize.convert.card import model_card
@@ -60,15 +61,15 @@ def output_dir(recipe: Recipe, override: str | None) -> Path:
 
 
 def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
-    """Everything that can be checked before torch is imported or a model is loaded: the backend's packages,
-    the model folder, the calibration sources (and a chat template for conversations), and the whole output path."""
-    need = backend_for(recipe).packages
-    if missing := missing_packages(need):
+    """Everything that can be checked before torch is imported or a model is loaded: what the backend runs and its
+    packages, the model folder, the calibration sources (and a chat template for conversations), and the whole
+    output path."""
+    check(recipe)
+    backend = backend_for(recipe)
+    if missing := missing_packages(backend.packages):
         raise UsageError(
-            f"backend: {recipe.backend.value} needs {' and '.join(need)}, and {', '.join(missing)} "
-            f"{'is' if len(missing) == 1 else 'are'} not installed here; they cannot join quantize's core "
-            "environment (GPTQModel 7.0-7.6 pins numpy 2.2.6). `make gptq-env` builds one with them: run the recipe "
-            "with .venv-gptq/bin/quantize run, or use backend: llmcompressor"
+            f"backend: {recipe.backend} needs {' and '.join(backend.packages)}, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed here; {backend.install}"
         )
     if out.is_symlink() and not out.exists():
         raise UsageError(
@@ -197,7 +198,7 @@ def _convert(  # noqa: PLR0913 (convert's inputs, the plan and where it offloads
     backend = backend_for(recipe)
     with phases("plan"):
         plan = (
-            plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe)
+            plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe, backend.linearizes_experts)
             if recipe.method is not Method.llmcompressor
             else LayerPlan()
         )
@@ -274,7 +275,7 @@ def _convert_streamed(
     started = dt.datetime.now(dt.UTC)
     backend = backend_for(recipe)
     with phases("plan"):
-        plan = plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe)
+        plan = plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe, backend.linearizes_experts)
         prepared = backend.prepare(recipe, plan)
         save_dtype = source_dtype(model_dir)
         source_hash = recorded_weights_sha256(model_dir)
@@ -373,7 +374,7 @@ def _written(
         seed=made.seed,
         layer_plan=layer_plan,
         engine=EngineRecord(
-            backend=recipe.backend.value,
+            backend=recipe.backend,
             modifiers=prov.ran,
             calibration_dtype=prov.work_dtype,
             saved_dtype=prov.save_dtype,

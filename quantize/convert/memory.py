@@ -4,14 +4,15 @@ its peak on each path, from the safetensors headers and config.json alone, again
     in-memory   load the whole model, calibrate, save, reload the output (engine._convert): about two copies of
                 the model in its calibration dtype (measured: FP8 dynamic peaked at 3.46 GB RSS for a 1.45 GB
                 source, 11.24 GB for 5.77 GB), plus the calibration activations, plus the libraries
-    offloaded   calibrated schemes (llm-compressor): the weights stay on disk (compressed-tensors' disk offload,
-                loaded with device_map="auto_offload"), and the sequential pipeline brings one decoder layer at a
-                time into memory to calibrate it (engine._convert with `offload`): a decoder layer, its working
-                copies and Hessians, the calibration activations, the largest tensor outside the layers, plus the
+    offloaded   calibrated schemes on a backend that `offloads` (llm-compressor): the weights stay on disk
+                (compressed-tensors' disk offload, loaded with device_map="auto_offload"), and the sequential
+                pipeline brings one decoder layer at a time into memory to calibrate it (engine._convert with
+                `offload`): a decoder layer, its working copies and Hessians, the calibration activations, the
+                largest tensor outside the layers, plus the libraries
+    streamed    data-free schemes its backend `streams` only (llm-compressor's `model_free_ptq`), one safetensors
+                shard at a time (engine._convert_streamed): per worker a shard, its output, float32 working copies
+                of its largest tensor (and, for the FP4 formats, fused partners read from other shards), plus the
                 libraries
-    streamed    data-free schemes only: llm-compressor's `model_free_ptq`, one safetensors shard at a time
-                (engine._convert_streamed): per worker a shard, its output, float32 working copies of its largest
-                tensor (and, for the FP4 formats, fused partners read from other shards), plus the libraries
 
 After the conversion, on every path, its output is checked in a phase of its own: the full reload (transformers
 loads the output, decompressing it into the model while its files stay mapped, and runs a probe: reload_terms)
@@ -34,7 +35,8 @@ from pathlib import Path
 from quantize.checkpoint.architecture import routed_experts
 from quantize.checkpoint.files import read_config, safetensors_files
 from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors
-from quantize.convert.recipe import FORMATS, WEIGHT_ONLY_INT, Backend, Method, Offload, Recipe, Scheme, Streaming
+from quantize.convert.backends import backend_named, calibration_default
+from quantize.convert.recipe import FORMATS, Method, Offload, Recipe, Scheme, Streaming
 from quantize.errors import UsageError
 from quantize.records import MemoryPlanRecord
 
@@ -61,14 +63,6 @@ WEIGHT_BITS = {
 }
 # bits of scale per weight of a grouped format: one scale (and for NVFP4 E4M3, MXFP4 E8M0: one byte) per group
 SCALE_BITS = {Scheme.NVFP4: 8, Scheme.NVFP4A16: 8, Scheme.MXFP4: 8, Scheme.MXFP4A16: 8}
-# model_free_ptq's schemes: compressed-tensors presets whose activations (if any) are dynamic, so nothing is
-# calibrated, plus the int weight-only schemes it rounds to nearest (static_minmax, the same scales as oneshot's)
-STREAMABLE = {
-    (Method.fp8, Scheme.FP8_DYNAMIC),
-    *((Method.rtn, s) for s in (Scheme.FP8_DYNAMIC, Scheme.FP8_BLOCK, Scheme.NVFP4A16, Scheme.MXFP4A16)),
-    *((Method.rtn, s) for s in (Scheme.MXFP4, Scheme.W4AFP8, Scheme.W8A8)),
-    *((Method.rtn, s) for s in WEIGHT_ONLY_INT),
-}
 FUSED_PARTNERS = {Scheme.NVFP4A16, Scheme.MXFP4A16, Scheme.MXFP4}  # FP4 formats share a global scale across q/k/v
 # float32 copies of the largest weight a streamed worker holds at once (upcast, observer, quantize-dequantize
 # temporaries), fitted to peak RSS measured on a 26.2 GiB source of 14336 x 4096 weights (docs/results.md, "Bigger
@@ -190,14 +184,18 @@ def output_bytes(ckpt: Checkpoint, tensors: list[TensorInfo], recipe: Recipe) ->
 
 
 def streamable(recipe: Recipe) -> str | None:
-    """Why this recipe cannot be streamed shard by shard, or None when it can."""
+    """Why this recipe cannot be streamed shard by shard, or None when it can (its backend `streams` it)."""
     s = recipe.scheme_or_none
-    if recipe.backend is not Backend.llmcompressor:
-        return f"backend {recipe.backend.value} loads the whole model"
+    streams = backend_named(recipe.backend).streams
+    if not streams:
+        return f"backend {recipe.backend} loads the whole model"
     if recipe.needs_calibration:
         return "it calibrates on data, which needs the whole model (only data-free schemes stream)"
-    if (recipe.method, s) not in STREAMABLE:
-        return f"method {recipe.method.value} with scheme {s.value if s else None} is not one model_free_ptq writes"
+    if (recipe.method, s) not in streams:
+        return (
+            f"method {recipe.method.value} with scheme {s.value if s else None} is not one backend {recipe.backend} "
+            "streams"
+        )
     if getattr(recipe, "overrides", None):
         return "per-layer overrides are planned on the whole model"
     if recipe.dtype is not None:
@@ -206,9 +204,10 @@ def streamable(recipe: Recipe) -> str | None:
 
 
 def offloadable(recipe: Recipe) -> str | None:
-    """Why this recipe cannot calibrate with its weights offloaded to disk, or None when it can."""
-    if recipe.backend is not Backend.llmcompressor:
-        return f"backend {recipe.backend.value} loads the whole model"
+    """Why this recipe cannot calibrate with its weights offloaded to disk, or None when it can (its backend
+    `offloads`)."""
+    if not backend_named(recipe.backend).offloads:
+        return f"backend {recipe.backend} loads the whole model"
     if not recipe.needs_calibration:
         return "it calibrates nothing (a data-free scheme streams shard by shard instead)"
     if recipe.method is Method.llmcompressor:
@@ -302,13 +301,14 @@ def activation_bytes(ckpt: Checkpoint, recipe: Recipe, work: int) -> int:
 
 
 def work_dtype_bytes(recipe: Recipe, ckpt: Checkpoint) -> int:
-    """Bytes per weight in the dtype the model is calibrated in (dtypes.calibration_dtype's rule, without its
-    CPU probe, which never changes the dtype)."""
+    """Bytes per weight in the dtype the model is calibrated in (dtypes.calibration_dtype's rule: the recipe's, else
+    its backend's default for the method, else the checkpoint's own; without its CPU probe, which never changes the
+    dtype)."""
     if recipe.dtype:
         return DTYPE_BYTES[recipe.dtype]
-    if recipe.method is Method.awq and recipe.backend is Backend.llmcompressor:
-        return 4
-    return DTYPE_BYTES.get(ckpt.dtype, 4)
+    default = calibration_default(recipe, ckpt.dtype)
+    dtype = ckpt.dtype if default is None or default[0] == "auto" else default[0]
+    return DTYPE_BYTES.get(dtype, 4)
 
 
 def in_memory_terms(ckpt: Checkpoint, recipe: Recipe) -> tuple[dict[str, int], int]:

@@ -2,8 +2,9 @@
 planned on a meta-device model (shapes and names, no weights, no memory).
 
 Mixture-of-experts models (config.json declares routed experts: architecture.moe_spec): transformers 5 holds
-each MoE layer's experts as fused 3-D tensors, which no `Linear` target matches. For the llm-compressor backend
-the plan first runs llm-compressor's own conversion (`linearize_moe`, on the meta model) so that every expert is
+each MoE layer's experts as fused 3-D tensors, which no `Linear` target matches. For a backend that
+`linearizes_experts` (llm-compressor) the plan first runs llm-compressor's own conversion (`linearize_moe`, on the
+meta model) so that every expert is
 one Linear per projection, named as `oneshot` will name it (`mlp.experts.N.gate_proj`), and is planned like any
 other layer. Routers (the part architecture.part_of names `router`) stay at 16 bits, with the reason; a fused
 expert tensor that llm-compressor cannot convert is listed as kept, with the reason, never silently left out."""
@@ -77,15 +78,15 @@ ROUTER_REASON = (
 )
 
 
-def _moe(model: Any, recipe: Recipe, plan: LayerPlan) -> None:
-    """An MoE model's experts as per-expert Linear layers (llm-compressor's conversion, llm-compressor backend
-    only), its routers kept at 16 bits and any fused expert tensor left over listed as kept."""
+def _moe(model: Any, recipe: Recipe, plan: LayerPlan, linearize: bool) -> None:
+    """An MoE model's experts as per-expert Linear layers (llm-compressor's conversion, for a backend that
+    `linearize`s them), its routers kept at 16 bits and any fused expert tensor left over listed as kept."""
     from quantize.checkpoint.architecture import part_of
 
     if moe_spec(model.config.to_dict()) is None:
         return
     plan.fused = [n for n, p in model.named_parameters() if p.ndim == 3 and part_of(n, "") == "routed_experts"]
-    if recipe.backend.value == "llmcompressor":
+    if linearize:
         from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
 
         try:
@@ -106,10 +107,10 @@ def _moe(model: Any, recipe: Recipe, plan: LayerPlan) -> None:
         part = part_of(module, "")
         if part == "router" and param == "weight":
             plan.kept[module] = ROUTER_REASON
-        elif p.ndim == 3 and part_of(name, "") == "routed_experts" and recipe.backend.value == "llmcompressor":
+        elif p.ndim == 3 and part_of(name, "") == "routed_experts" and linearize:
             plan.unconverted[name] = (
                 f"fused expert tensor {tuple(p.shape)} of {type(model.get_submodule(module)).__name__}: "
-                f"no per-expert Linear conversion for it in {recipe.backend.value}, so no target reaches it"
+                f"no per-expert Linear conversion for it in {recipe.backend}, so no target reaches it"
             )
 
 
@@ -123,15 +124,14 @@ def expert_checkpoint_names(model_type: str) -> dict[str, str]:
     """The projection names a family's checkpoints give each expert where they differ from llm-compressor's
     `gate_proj`/`up_proj`/`down_proj` (Mixtral: w1, w3, w2), read from the conversion mapping transformers 5
     merges per-expert tensors with on load: the names a saved per-expert checkpoint must use to reload."""
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from quantize.compat.transformers import conversions
 
     names: dict[str, str] = {}
-    for conv in get_checkpoint_conversion_mapping(model_type) or []:
-        sources = list(getattr(conv, "source_patterns", []))
-        for target in getattr(conv, "target_patterns", []):
+    for conv in conversions(model_type):
+        for target in conv.targets:
             for fused, projs in _FUSED.items():
-                if target.endswith(fused) and len(sources) == len(projs):
-                    for proj, src in zip(projs, sources, strict=True):
+                if target.endswith(fused) and len(conv.sources) == len(projs):
+                    for proj, src in zip(projs, conv.sources, strict=True):
                         if m := _PER_EXPERT_SOURCE.search(src):
                             names[proj] = m.group(1)
     return {k: v for k, v in names.items() if k != v}
@@ -140,14 +140,13 @@ def expert_checkpoint_names(model_type: str) -> dict[str, str]:
 def renamings(model_type: str) -> list[tuple[str, str]]:
     """The (checkpoint regex, model name) renamings transformers 5 applies on load for a family (Mixtral's
     `.block_sparse_moe.` -> `.mlp.`); save_pretrained writes the checkpoint's names back."""
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-    from transformers.core_model_loading import WeightRenaming
+    from quantize.compat.transformers import conversions
 
     return [
         (src, tgt)
-        for conv in get_checkpoint_conversion_mapping(model_type) or []
-        if isinstance(conv, WeightRenaming)
-        for src, tgt in zip(conv.source_patterns, conv.target_patterns, strict=False)
+        for conv in conversions(model_type)
+        if conv.renaming
+        for src, tgt in zip(conv.sources, conv.targets, strict=False)
     ]
 
 
@@ -160,14 +159,9 @@ def per_expert_loader(model_type: str) -> bool:
     """Whether transformers 5 reads a per-expert checkpoint of this family (its conversion mapping merges
     per-expert tensors into the fused experts: Qwen, OLMoE, DeepSeek, Mixtral; not gpt-oss, whose checkpoints
     are fused)."""
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from quantize.compat.transformers import conversions
 
-    return any(
-        t.endswith(fused)
-        for conv in get_checkpoint_conversion_mapping(model_type) or []
-        for t in getattr(conv, "target_patterns", [])
-        for fused in _FUSED
-    )
+    return any(t.endswith(fused) for conv in conversions(model_type) for t in conv.targets for fused in _FUSED)
 
 
 def _fused_only(model: Any, plan: LayerPlan, planned: set[str]) -> None:
@@ -222,12 +216,14 @@ def _one_expert_group(
     return [(n, m) for n, m in layers if n not in experts]
 
 
-def plan_layers(model: Any, recipe: Recipe) -> LayerPlan:
+def plan_layers(model: Any, recipe: Recipe, linearize_experts: bool) -> LayerPlan:
+    """The layer plan of `recipe` on `model` (meta device); `linearize_experts`: the backend's capability of that
+    name (its class's, read through the registry by the caller: this module sits below the backends)."""
     import torch
     from compressed_tensors.utils.match import match_named_modules
 
     plan = LayerPlan(model_type=str(model.config.model_type))
-    _moe(model, recipe, plan)
+    _moe(model, recipe, plan, linearize_experts)
     layers = [
         (n, m)
         for n, m in match_named_modules(model, recipe.targets, recipe.ignore)

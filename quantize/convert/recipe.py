@@ -79,39 +79,6 @@ class Indivisible(str, Enum):
     error = "error"  # refuse the recipe for that model
 
 
-class Backend(str, Enum):
-    llmcompressor = "llmcompressor"
-    gptqmodel = "gptqmodel"
-    auto_gptq = "auto-gptq"  # retired upstream: named so that a recipe asking for it gets RETIRED's answer
-    autoawq = "autoawq"
-
-
-# The two backends the model card once named, both retired upstream, and what was measured when each was tried here
-# (2026-12-01): each recipe asking for them is exit 2 with this, pointing at the backend that writes their format.
-RETIRED = {
-    "auto-gptq": (
-        "AutoGPTQ is retired upstream (its README points to GPTQModel, its maintained successor). AutoGPTQ 0.7.1 "
-        "quantizes only on CUDA (from_pretrained refuses without it) and needs transformers 4.x and numpy < 2, "
-        "neither of which can join quantize's environments. GPTQModel writes the same GPTQ format: use backend: "
-        "gptqmodel (in .venv-gptq, `make gptq-env`). Checkpoints AutoGPTQ wrote are read, scored and gated as they are"
-    ),
-    "autoawq": (
-        "AutoAWQ is retired upstream (adopted by llm-compressor). AutoAWQ 0.2.9 needs transformers 4.51, and on "
-        "this project's CPU it wrote a checkpoint far from its source (docs/recipes.md, backends table). For AWQ use "
-        "backend: llmcompressor (compressed-tensors format) or backend: gptqmodel (AutoAWQ's own GEMM format). "
-        "Checkpoints AutoAWQ wrote are read, scored and gated as they are"
-    ),
-}
-
-
-# What a backend other than llm-compressor runs (method -> schemes), and the packages it needs installed. GPTQModel
-# runs its own GPTQ and AWQ and writes their native formats: GPTQ (loaded by transformers through optimum and
-# gptqmodel) and AutoAWQ's GEMM layout (through gptqmodel), 4-bit only for AWQ (the GEMM packing's width).
-BACKEND_SCHEMES = {"gptqmodel": {"gptq": {"W4A16", "W3A16", "W8A16"}, "awq": {"W4A16"}}}
-# GPTQModel's AWQ searches a fixed grid of 20 points per scale (its awq_processor's n_grid)
-GPTQMODEL_AWQ_GRID = 20
-
-
 WEIGHT_ONLY_INT = {Scheme.W4A16: 4, Scheme.W3A16: 3, Scheme.W8A16: 8}
 METHOD_SCHEMES: dict[Method, set[Scheme]] = {
     # GPTQ rounds the weight-only FP4 forms too (its block update takes their group and global scales)
@@ -273,7 +240,12 @@ class _Recipe(BaseModel):
     )
     description: str | None = None
     model: str | None = Field(None, description="local checkpoint folder; empty = the embedded default model")
-    backend: Backend = Backend.llmcompressor
+    backend: str = Field(
+        "llmcompressor",
+        min_length=1,
+        description="the backend that converts (convert/backends: llmcompressor, gptqmodel); what it runs is checked "
+        "against its class before anything loads (backends.check)",
+    )
     method: Method
     targets: list[str] = Field(default_factory=lambda: ["Linear"])
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
@@ -305,42 +277,6 @@ class _Recipe(BaseModel):
     @classmethod
     def _max_memory(cls, v: Any) -> int | None:
         return None if v is None else parse_size(v)
-
-    @model_validator(mode="after")
-    def _backend(self) -> _Recipe:
-        """A backend other than llm-compressor runs only what BACKEND_SCHEMES lists, on every Linear of the
-        decoder blocks (its own module selection), without per-layer overrides."""
-        b = self.backend.value
-        if b in RETIRED:
-            raise ValueError(f"backend {b} is not run by quantize: {RETIRED[b]}")
-        if b not in BACKEND_SCHEMES:
-            return self
-        runs = BACKEND_SCHEMES[b]
-        scheme = self.scheme_or_none.value if self.scheme_or_none else None
-        if self.method.value not in runs or scheme not in runs[self.method.value]:
-            offered = "; ".join(f"method {m} with scheme {', '.join(sorted(s))}" for m, s in runs.items())
-            raise ValueError(
-                f"backend {b} does not run method {self.method.value}"
-                + (f" with scheme {scheme}" if scheme else "")
-                + f"; it runs {offered}. Use backend: llmcompressor for this method and scheme"
-            )
-        if b == "gptqmodel" and getattr(self, "awq_grid", GPTQMODEL_AWQ_GRID) != GPTQMODEL_AWQ_GRID:
-            raise ValueError(
-                f"backend gptqmodel searches AWQ's scales on a fixed grid of {GPTQMODEL_AWQ_GRID} points, so awq_grid "
-                f"{self.awq_grid} cannot be honoured: remove awq_grid, or use backend: llmcompressor"
-            )
-        if b == "gptqmodel" and self.method is Method.awq and self.dtype not in (None, "float16", "bfloat16"):
-            raise ValueError(
-                f"backend gptqmodel packs AWQ weights from float16 or bfloat16 only (its AwqTorchLinear refuses "
-                f"others), so dtype {self.dtype} cannot be used: set dtype to bfloat16 or float16, remove it, or "
-                "use backend: llmcompressor"
-            )
-        if self.targets != ["Linear"] or self.ignore != ["lm_head"] or getattr(self, "overrides", None):
-            raise ValueError(
-                f"backend {b} quantizes every Linear of the decoder blocks and keeps lm_head, its own selection: "
-                "remove targets, ignore and overrides from the recipe, or use backend: llmcompressor"
-            )
-        return self
 
     @field_validator("targets")
     @classmethod
@@ -420,8 +356,6 @@ class _Quantized(_Recipe):
                 f"kv_cache {self.kv_cache.scheme.value} keeps static scales of K and V, measured on calibration "
                 "data; add a `calibration:` section (for example {source: builtin:jargon, samples: 64, seq_len: 256})"
             )
-        if self.kv_cache is not None and self.backend is not Backend.llmcompressor:
-            raise ValueError(f"backend {self.backend.value} does not quantize the KV cache; use backend: llmcompressor")
         return self
 
     @property

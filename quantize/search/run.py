@@ -63,10 +63,12 @@ def preflight(
 ) -> tuple[SearchRecipe, str, Any, Any, Path, Layout, list[float]]:
     """Everything checkable before a model loads."""
     from quantize.checkpoint.loader import meta_model, resolve_model
+    from quantize.convert.backends import check
     from quantize.flows.gate import open_policy
     from quantize.search.units import layout
 
     spec, sha = load_search(spec_path)
+    check(spec.base)  # what its backend runs, as each try's conversion checks it
     if policy_path:
         spec.policy = policy_path
     policy, suite = open_policy(spec.policy)

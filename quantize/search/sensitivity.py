@@ -25,8 +25,9 @@ def fake_quantize_weight(w: Any, bits: int, group: int | None) -> Any:
     """Q(W) for symmetric int weights with `group` weights per scale (None: one scale per output channel)."""
     import torch
     from compressed_tensors.quantization import QuantizationArgs
-    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
     from compressed_tensors.quantization.utils import calculate_qparams
+
+    from quantize.compat.compressed_tensors import fake_quantize
 
     out, inp = w.shape
     g = group or inp

@@ -135,6 +135,7 @@ def _cell(spec: SweepSpec, base: str, raw: Any, values: dict[str, Any], name: st
 
     import yaml
 
+    from quantize.convert.backends import check
     from quantize.convert.recipe import parse_recipe
     from quantize.io import sha256_bytes
 
@@ -147,6 +148,7 @@ def _cell(spec: SweepSpec, base: str, raw: Any, values: dict[str, Any], name: st
     try:
         data["name"] = checked(name, f"matrix cell {source}: its name", "give the base recipe a shorter `name:`")
         recipe = parse_recipe(data, f"matrix cell {source}")
+        check(recipe)  # what its backend runs, as the conversion's preflight checks it
     except UsageError as e:
         return Candidate(name, source, None, None, error=str(e), cell=values)
     recipe_file = spec.home / "recipes" / f"{data['name']}.yaml"

@@ -221,7 +221,8 @@ def test_linearized_on_meta_gives_the_per_expert_layers_oneshot_quantizes(tmp_pa
 
 def test_an_oneshot_that_no_longer_linearizes_experts_first_is_found(monkeypatch):
     """The mapping check lays fused experts out as oneshot does before its modifiers resolve their mappings
-    (convert/backends/mappings.py); a library that stops doing so, or builds the layout otherwise, is named."""
+    (convert/backends/llmcompressor/mappings.py); a library that stops doing so, or builds the layout otherwise, is
+    named."""
     from llmcompressor.modeling.moe import linearize
 
     from quantize.compat import llmcompressor as compat
@@ -252,3 +253,254 @@ def test_restore_rope_puts_back_what_gptqmodel_adds_to_gemma3s_rope_parameters(t
     assert not restore_rope(cfg, tmp_path / "src")
     cfg.save_pretrained(tmp_path / "out")
     assert AutoConfig.from_pretrained(tmp_path / "out").rope_parameters == own
+
+
+# --- another library's internals outside quantize/compat/ ---------------------------------------------------------
+# What counts, in a module outside quantize/compat/ (a library: any top-level module but quantize and the standard
+# library's):
+#   - a private name: an import whose module path or imported name has a part starting with `_` (not a dunder), an
+#     attribute starting with `_` read from a name an import bound, or `getattr`/`hasattr`/`setattr` of such a name;
+#   - an internal module: an import from one of INTERNAL or below it (a library's own machinery, not its API);
+#   - a patch: an attribute of an imported name assigned or deleted (`IntermediatesCache.pin_memory = ...`),
+#     `setattr`/`delattr` on one, or unittest.mock's `patch` (which exists to replace names in other modules).
+# `self._x` of a subclass and a private name reached through a call's result are not seen (no types are inferred).
+INTERNAL = (
+    "transformers.conversion_mapping",  # from_pretrained's per-family renamings and merges
+    "transformers.core_model_loading",  # from_pretrained's state-dict loading and its transforms
+    "llmcompressor.pipelines.cache",  # the calibration pipelines' activation cache
+    "compressed_tensors.quantization.lifecycle",  # fake quantization's and initialization's implementation
+)
+
+
+def _library(module: str) -> bool:
+    import sys
+
+    top = module.split(".")[0]
+    return top not in sys.stdlib_module_names and top not in ("quantize", "__future__")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _bound(tree) -> dict[str, str]:
+    """Local name -> the module or name an absolute import bound it to (function-level imports included)."""
+    import ast
+
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound |= {
+                a.asname or a.name.split(".")[0]: a.name if a.asname else a.name.split(".")[0] for a in node.names
+            }
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            bound |= {a.asname or a.name: f"{node.module}.{a.name}" for a in node.names}
+    return bound
+
+
+def _root(node, bound: dict[str, str]) -> str | None:
+    """What the name an expression starts from was imported as, where it is a library's (`torch.nn.Linear` after
+    `import torch`: torch); None for anything else."""
+    import ast
+
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        node = node.value
+    target = bound.get(node.id) if isinstance(node, ast.Name) else None
+    return target if target is not None and _library(target) else None
+
+
+def _imported(node) -> list[str]:
+    """Every dotted path an import names (the module, and module.name for each name a `from` import takes)."""
+    import ast
+
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if _library(a.name)]
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level and _library(node.module):
+        return [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return []
+
+
+def internal_uses(source: str) -> list[str]:
+    """Each use of another library's private name or internal module, or patch of one, in `source`: `LINE: what`."""
+    import ast
+
+    tree = ast.parse(source)
+    bound = _bound(tree)
+    found = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        for path in _imported(node):  # one finding an import, its module's first
+            if any(_private(p) for p in path.split(".")):
+                found.append(f"{line}: imports the private name {path}")
+                break
+            if any(path == m or path.startswith(m + ".") for m in INTERNAL):
+                found.append(f"{line}: imports from the internal module {path}")
+                break
+        if isinstance(node, ast.Attribute) and _private(node.attr) and _root(node.value, bound):
+            found.append(f"{line}: reads the private {ast.unparse(node)}")
+        targets = list(node.targets) if isinstance(node, ast.Assign | ast.Delete) else []
+        targets += [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+        found += [
+            f"{line}: patches {ast.unparse(t)}"
+            for t in targets
+            if isinstance(t, ast.Attribute) and _root(t.value, bound)
+        ]
+        if isinstance(node, ast.Call) and (call := _call(node, bound)):
+            found.append(f"{line}: {call}")
+    return found
+
+
+def _call(node, bound: dict[str, str]) -> str | None:
+    """A call that patches a library's name or reaches a private one by its string."""
+    import ast
+
+    name = ast.unparse(node.func)
+    if name in ("setattr", "delattr") and node.args and _root(node.args[0], bound):
+        return f"patches {ast.unparse(node.args[0])} through {name}"
+    text = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
+    if name in ("getattr", "hasattr") and _root(node.args[0], bound) and isinstance(text, str) and _private(text):
+        return f"reads the private {ast.unparse(node.args[0])}.{text} through {name}"
+    first, *rest = name.split(".")
+    if f"{bound.get(first, first)}.{'.'.join(rest)}".startswith("unittest.mock.patch"):
+        return f"patches through {name}"
+    return None
+
+
+def test_no_module_outside_compat_uses_a_librarys_internals():
+    """quantize/compat/ is the one place another library's private names, internal modules and patches live, each
+    guarded by the versions it was read on; everywhere else calls compat's functions."""
+    from conftest import ROOT
+
+    found = [
+        f"{p.relative_to(ROOT)}:{use}"
+        for p in sorted((ROOT / "quantize").rglob("*.py"))
+        if "compat" not in p.relative_to(ROOT).parts
+        for use in internal_uses(p.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+
+
+@pytest.mark.parametrize(
+    "planted,what",
+    [
+        (  # what convert/runtime.py did before compat/llmcompressor.py's `unpinned`
+            "def f():\n    from llmcompressor.pipelines.cache import IntermediatesCache\n\n"
+            "    IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None\n",
+            "internal module llmcompressor.pipelines.cache",
+        ),
+        ("from llmcompressor.pipelines.cache import IntermediatesCache\nIntermediatesCache.x = 1\n", "patches"),
+        ("from transformers.conversion_mapping import get_checkpoint_conversion_mapping\n", "internal module"),
+        ("import transformers.core_model_loading as loading\n", "internal module transformers.core_model_loading"),
+        ("from compressed_tensors.quantization.lifecycle.forward import fake_quantize\n", "internal module"),
+        ("from transformers.utils import _private_helper\n", "private name transformers.utils._private_helper"),
+        ("from lm_eval._internal import x\n", "private name lm_eval._internal"),
+        ("from lm_eval.api.model import TemplateLM\nTemplateLM._encode_pair(lm, 'a', 'b')\n", "private TemplateLM"),
+        ("import torch\ntorch.nn.Module._apply\n", "private torch.nn.Module._apply"),
+        ("import torch\nsetattr(torch.nn, 'Linear', None)\n", "patches torch.nn through setattr"),
+        ("import transformers\ngetattr(transformers, '_hidden')\n", "private transformers._hidden"),
+        ("from unittest import mock\nwith mock.patch.object(a, 'b', 1):\n    pass\n", "patches through mock"),
+        ("from unittest.mock import patch\nwith patch('transformers.x'):\n    pass\n", "patches through patch"),
+        ("import transformers\ndel transformers.AutoConfig\n", "patches transformers.AutoConfig"),
+    ],
+)
+def test_each_kind_of_internal_use_is_caught(planted, what):
+    found = internal_uses(planted)
+    assert any(what in f for f in found), found
+
+
+def test_public_uses_and_our_own_privates_are_not_caught():
+    source = (
+        "from transformers import AutoConfig\nimport torch\nfrom quantize.checkpoint import qdq\n\n"
+        "class A:\n    def f(self):\n        self._own = AutoConfig.from_pretrained('x')\n"
+        "        qdq._unusable()\n        torch.__version__\n        return getattr(self, '_own')\n"
+    )
+    assert internal_uses(source) == []
+
+
+def test_every_internal_module_listed_is_one_compat_reads():
+    """INTERNAL names what compat/ guards: a module listed that no compat module imports is a stale entry."""
+    import ast
+
+    from conftest import ROOT
+
+    read = {
+        path
+        for p in (ROOT / "quantize" / "compat").glob("*.py")
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+        for path in _imported(node)
+    }
+    assert [m for m in INTERNAL if not any(r == m or r.startswith(m + ".") for r in read)] == []
+
+
+def test_one_reading_of_versions_against_a_checked_range():
+    from quantize.compat import outside, release
+
+    assert release("0.14.0.1", 2) == (0, 14) and release("5.17.0.dev0+cu128", 2) == (5, 17)
+    assert release("1.0rc1", 3) == (1, 0, 0) and release("0.4.13", 3) == (0, 4, 13) and release("7", 2) == (7, 0)
+    assert outside("lm-eval", "0.4.13", ((0, 4, 13), (0, 4, 14))) is None
+    assert outside("lm-eval", "0.4.14", ((0, 4, 13), (0, 4, 14))) == (
+        "lm-eval 0.4.14 is outside the checked range (0, 4, 13)-(0, 4, 14) (exclusive)"
+    )
+    assert outside("x", "0.18.9", ((0, 19), (0, 20))) and outside("x", "0.19.12", ((0, 19), (0, 20))) is None
+
+
+def test_unpinned_skips_pinning_for_the_block_and_puts_the_method_back():
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    from quantize.compat.llmcompressor import unpinned
+
+    own = IntermediatesCache.pin_memory
+    with unpinned():
+        assert IntermediatesCache.pin_memory is not own
+        assert IntermediatesCache.pin_memory(object(), 0) is None  # pins nothing, reads nothing
+    assert IntermediatesCache.pin_memory is own
+    with pytest.raises(KeyError), unpinned():
+        raise KeyError("the block failed")
+    assert IntermediatesCache.pin_memory is own
+
+
+def test_a_re_signed_pin_memory_is_found_and_left_to_the_library(monkeypatch):
+    """An upgrade that renames pin_memory's parameters: problems() names it, and `unpinned` warns and leaves the
+    library's method in place rather than put a no-op of the old signature there."""
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    from quantize.compat import llmcompressor as compat
+
+    def pin_memory(self, batch, names=None, blocking=False):  # re-signed upstream
+        return None
+
+    monkeypatch.setattr(IntermediatesCache, "pin_memory", pin_memory)
+    assert any("IntermediatesCache.pin_memory takes" in p for p in compat.problems())
+    with pytest.warns(UserWarning, match="pin_memory is left as it is"), compat.unpinned():
+        assert IntermediatesCache.pin_memory is pin_memory
+    monkeypatch.setattr(compat, "version", lambda _name: "0.15.0")
+    assert any("llmcompressor 0.15.0 is outside the checked range" in p for p in compat.problems())
+
+
+def test_a_changed_checkpoint_conversion_mapping_is_found(monkeypatch):
+    """plan.py reads a family's conversions (the names a per-expert checkpoint reloads under) through
+    compat.transformers.conversions; a library that converts Mixtral otherwise is named."""
+    import transformers.conversion_mapping as mapping
+
+    from quantize.compat import transformers as compat
+
+    assert compat.conversions("mixtral") == list(compat.MIXTRAL_READ) and compat.conversions("llama") == []
+    own = mapping.get_checkpoint_conversion_mapping
+    monkeypatch.setattr(mapping, "get_checkpoint_conversion_mapping", lambda model_type: own(model_type)[1:])
+    assert any("converts Mixtral's checkpoint tensors with" in p for p in compat.problems())
+    monkeypatch.setattr(mapping, "get_checkpoint_conversion_mapping", lambda model_type, revision=None: [])
+    assert any("get_checkpoint_conversion_mapping(model_type) is gone or re-signed" in p for p in compat.problems())
+
+
+def test_fake_quantize_is_the_librarys_and_a_re_signed_one_is_found(monkeypatch):
+    import torch
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle import forward
+
+    w = torch.tensor([[0.1, -0.52, 0.3, 0.9]])
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="channel")
+    scale, zp = torch.tensor([[0.1]]), torch.zeros(1, 1, dtype=torch.int8)
+    assert torch.equal(ct.fake_quantize(w, scale, zp, args), forward.fake_quantize(w, scale, zp, args))
+    assert torch.allclose(ct.fake_quantize(w, scale, zp, args), torch.tensor([[0.1, -0.5, 0.3, 0.7]]))
+    monkeypatch.setattr(forward, "fake_quantize", lambda x, scale, zero_point: x)
+    assert any("fake_quantize takes ('x', 'scale', 'zero_point')" in p for p in ct.problems())

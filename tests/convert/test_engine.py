@@ -145,7 +145,7 @@ def test_too_little_calibration_text(tmp_path, tiny_model):
 
 def plan(tiny_model, **fields):
     r = parse_recipe({"method": "rtn", "scheme": "W4A16", "group_size": 128, "calibration": None, **fields})
-    return plan_layers(meta_model(tiny_model, False), r)
+    return plan_layers(meta_model(tiny_model, False), r, linearize_experts=True)  # a dense model: no experts
 
 
 def test_divisor_group():
@@ -362,7 +362,7 @@ def test_the_plan_names_exactly_the_layers_the_checkpoint_quantized(tmp_path, ti
         ignore=["lm_head", "re:.*layers\\.1\\.mlp\\.down_proj$"],
     )
     recipe = write_recipe(tmp_path, tiny_model, "regex", **fields)
-    plan = plan_layers(meta_model(tiny_model, False), parse_recipe(yaml.safe_load(recipe.read_text())))
+    plan = plan_layers(meta_model(tiny_model, False), parse_recipe(yaml.safe_load(recipe.read_text())), True)
     run_ok(recipe, capsys)
     stored = {m.module for m in bits_report(tmp_path / "out" / "regex").modules if "payload" in m.roles}
     planned = {n for names in plan.groups.values() for n in names}

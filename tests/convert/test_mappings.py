@@ -13,7 +13,7 @@ from families import DENSE, MOE, config
 from quantize.checkpoint.loader import meta_model
 from quantize.cli import main
 from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
-from quantize.convert.backends.mappings import resolve
+from quantize.convert.backends.llmcompressor.mappings import resolve
 from quantize.convert.recipe import Method
 
 from conftest import tokenizer_for

@@ -67,7 +67,7 @@ def test_the_plan_lists_every_expert_as_a_linear_and_keeps_the_routers(moe_dir, 
     layers the plan quantizes; every router is kept at 16 bits with the reason. On the old code the plan held
     the attention layers only (the fused experts are no Linear) and no router reason."""
     recipe = parse_recipe({"name": "p", "model": str(moe_dir(family)), **RECIPES["fp8"]})
-    plan = plan_layers(meta_model(moe_dir(family), False), recipe)
+    plan = plan_layers(meta_model(moe_dir(family), False), recipe, linearize_experts=True)  # llm-compressor's
     planned = [n for names in plan.groups.values() for n in names]
     moe_layers = 1 if family == "deepseek_v3" else 2  # DeepSeek-V3's first layer is dense (first_k_dense_replace)
     for i in range(moe_layers):
@@ -88,7 +88,7 @@ def test_fused_experts_llm_compressor_cannot_convert_are_refused_before_loading(
 
     recipe = parse_recipe({"name": "p", "model": str(moe_dir("llama4_text")), **RECIPES["fp8"]})
     with pytest.raises(UsageError, match=r"llama4_text: llm-compressor cannot turn .*Llama4TextExperts.*text_config"):
-        plan_layers(meta_model(moe_dir("llama4_text"), False), recipe)
+        plan_layers(meta_model(moe_dir("llama4_text"), False), recipe, linearize_experts=True)
 
 
 @pytest.mark.parametrize("family", RELOADED)

@@ -7,16 +7,22 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from quantize.convert.backends.base import Job
+from quantize.convert.backends.base import CalibrationDtype, Job
 from quantize.convert.plan import INDIVISIBLE, LayerPlan
-from quantize.convert.recipe import WEIGHT_ONLY_INT, AWQRecipe, GPTQRecipe, Recipe
-from quantize.convert.runtime import cpu_safe_calibration
+from quantize.convert.recipe import WEIGHT_ONLY_INT, AWQRecipe, GPTQRecipe, Method, Recipe, Scheme
 from quantize.errors import UsageError
+
+# GPTQModel's AWQ searches a fixed grid of 20 points per scale (its awq_processor's n_grid)
+AWQ_GRID = 20
 
 
 class GPTQModelBackend:
     name = "gptqmodel"
     packages = ("gptqmodel", "optimum")
+    install = (
+        "they cannot join quantize's core environment (GPTQModel 7.0-7.6 pins numpy 2.2.6). `make gptq-env` builds one "
+        "with them: run the recipe with .venv-gptq/bin/quantize run, or use backend: llmcompressor"
+    )
     library = "gptqmodel"
     credit = "GPTQModel"
     card_tags = ("gptqmodel",)
@@ -25,6 +31,43 @@ class GPTQModelBackend:
         "awq": "(gptqmodel installed: AutoAWQ's GEMM format, written by GPTQModel)",
         "*": "(optimum and gptqmodel installed: GPTQModel's GPTQ format)",
     }
+    # its own GPTQ and AWQ in their native formats: GPTQ (transformers loads it through optimum and gptqmodel) and
+    # AutoAWQ's GEMM layout (through gptqmodel), 4-bit only for AWQ (the GEMM packing's width)
+    schemes: ClassVar[dict[Method, frozenset[Scheme]] | None] = {
+        Method.gptq: frozenset(WEIGHT_ONLY_INT),
+        Method.awq: frozenset({Scheme.W4A16}),
+    }
+    kv_cache: ClassVar[bool] = False
+    streams: ClassVar[frozenset[tuple[Method, Scheme]]] = frozenset()  # it loads the whole model
+    offloads: ClassVar[bool] = False
+    linearizes_experts: ClassVar[bool] = False  # its own module selection, at quantize time
+    calibration_dtypes: ClassVar[dict[Method, CalibrationDtype]] = {
+        Method.awq: CalibrationDtype(
+            ("float16", "bfloat16"), "bfloat16", "GPTQModel's AWQ packs from float16/bfloat16 weights only"
+        )
+    }
+
+    @classmethod
+    def check(cls, recipe: Recipe) -> str | None:
+        """AWQ on its own grid and from 16-bit weights only, and every Linear of the decoder blocks (its own module
+        selection) without per-layer overrides."""
+        if getattr(recipe, "awq_grid", AWQ_GRID) != AWQ_GRID:
+            return (
+                f"backend gptqmodel searches AWQ's scales on a fixed grid of {AWQ_GRID} points, so awq_grid "
+                f"{recipe.awq_grid} cannot be honoured: remove awq_grid, or use backend: llmcompressor"
+            )
+        if recipe.method is Method.awq and recipe.dtype not in (None, "float16", "bfloat16"):
+            return (
+                f"backend gptqmodel packs AWQ weights from float16 or bfloat16 only (its AwqTorchLinear refuses "
+                f"others), so dtype {recipe.dtype} cannot be used: set dtype to bfloat16 or float16, remove it, or "
+                "use backend: llmcompressor"
+            )
+        if recipe.targets != ["Linear"] or recipe.ignore != ["lm_head"] or getattr(recipe, "overrides", None):
+            return (
+                "backend gptqmodel quantizes every Linear of the decoder blocks and keeps lm_head, its own "
+                "selection: remove targets, ignore and overrides from the recipe, or use backend: llmcompressor"
+            )
+        return None
 
     def prepare(self, recipe: Recipe, plan: LayerPlan) -> Any:
         """GPTQModel writes a second group size, or a layer left out, as a per-module `dynamic` override, which
@@ -99,10 +142,8 @@ class GPTQModelBackend:
             )
             backend = BACKEND.AUTO
         model = GPTQModel.load(str(job.model_dir), qcfg, **({"dtype": job.dtype} if job.dtype is not None else {}))
-        ids = job.calib.input_ids.tolist()
-        with cpu_safe_calibration():
-            rows = [{"input_ids": r, "attention_mask": [1] * len(r)} for r in ids]
-            model.quantize(rows, batch_size=1, backend=backend)
+        rows = [{"input_ids": r, "attention_mask": [1] * len(r)} for r in job.calib.input_ids.tolist()]
+        model.quantize(rows, batch_size=1, backend=backend)
         # GPTQModel 7.6's RoPE initializer added keys to a per-layer-type rope_parameters (Gemma 3) that
         # save_pretrained refuses: the source's go back (quantize/compat/gptqmodel.py)
         restore_rope(model.model.config, job.model_dir)

@@ -1,5 +1,8 @@
 """llm-compressor: `oneshot` with the modifiers our recipe compiles to (modifiers.py), or a verbatim `stages:`
-section; writes the compressed-tensors format."""
+section; writes the compressed-tensors format. Beside it in this package: modifiers.py (a recipe and its layer plan
+compiled to llm-compressor's modifiers), mappings.py (AWQ's and SmoothQuant's mappings, llm-compressor's choice,
+checked on the meta model before a load) and runtime.py (what its calibration needs on a torch without an
+accelerator)."""
 
 from __future__ import annotations
 
@@ -8,30 +11,57 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from quantize.checkpoint.files import read_config
-from quantize.convert.backends.base import Job
-from quantize.convert.modifiers import compile_modifiers
+from quantize.convert.backends.base import CalibrationDtype, Job
+from quantize.convert.backends.llmcompressor.modifiers import compile_modifiers
+from quantize.convert.backends.llmcompressor.runtime import cpu_safe_calibration
 from quantize.convert.plan import LayerPlan, checkpoint_name, expert_checkpoint_names, per_expert_loader, renamings
-from quantize.convert.recipe import Method, Recipe
-from quantize.convert.runtime import cpu_safe_calibration
+from quantize.convert.recipe import WEIGHT_ONLY_INT, Method, Recipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.records import ExpertRouting
+
+# model_free_ptq's schemes: compressed-tensors presets whose activations (if any) are dynamic, so nothing is
+# calibrated, plus the int weight-only schemes it rounds to nearest (static_minmax, the same scales as oneshot's)
+STREAMABLE = frozenset(
+    {
+        (Method.fp8, Scheme.FP8_DYNAMIC),
+        *((Method.rtn, s) for s in (Scheme.FP8_DYNAMIC, Scheme.FP8_BLOCK, Scheme.NVFP4A16, Scheme.MXFP4A16)),
+        *((Method.rtn, s) for s in (Scheme.MXFP4, Scheme.W4AFP8, Scheme.W8A8)),
+        *((Method.rtn, s) for s in WEIGHT_ONLY_INT),
+    }
+)
 
 
 class LLMCompressorBackend:
     name = "llmcompressor"
     packages: tuple[str, ...] = ()
+    install = "they are in quantize's core environment: install quantize with its dependencies"
     library = "llmcompressor"
     credit = "llm-compressor"
     card_tags = ("compressed-tensors", "llm-compressor")
     formats: ClassVar[dict[str, str]] = {"*": "compressed-tensors format"}
     load_note: ClassVar[dict[str, str]] = {"*": "(compressed-tensors installed)"}
+    schemes: ClassVar[dict[Method, frozenset[Scheme]] | None] = None  # every method and scheme a recipe allows
+    kv_cache: ClassVar[bool] = True  # llm-compressor's kv_cache_scheme
+    streams: ClassVar[frozenset[tuple[Method, Scheme]]] = STREAMABLE  # through model_free_ptq
+    offloads: ClassVar[bool] = True  # its sequential pipeline over compressed-tensors' disk offload
+    linearizes_experts: ClassVar[bool] = True  # its own linearize_moe, as oneshot runs it
+    calibration_dtypes: ClassVar[dict[Method, CalibrationDtype]] = {
+        Method.awq: CalibrationDtype(
+            (), "float32", "AWQ calibrates in float32 (its grid search keeps finite losses there); the default"
+        )
+    }
+
+    @classmethod
+    def check(cls, recipe: Recipe) -> str | None:
+        """Nothing beyond the registry's checks: it runs every recipe the schema admits."""
+        return None
 
     def prepare(self, recipe: Recipe, plan: LayerPlan) -> Any:
         return compile_modifiers(recipe, plan)
 
     def load(self, model_dir: Path, recipe: Recipe, dtype: Any, offload_dir: Path | None = None) -> tuple[Any, Any]:
         from quantize.checkpoint.loader import load_model
-        from quantize.convert.backends.mappings import check_mappings
+        from quantize.convert.backends.llmcompressor.mappings import check_mappings
 
         check_mappings(model_dir, recipe)  # AWQ/SmoothQuant whose mappings cannot apply: refused before the load
 
@@ -117,7 +147,7 @@ class LLMCompressorBackend:
         from quantize.compat.llmcompressor import model_free_ptq_pt
 
         ran = serialized(prepared)
-        (modifier,) = prepared  # streamable recipes compile to one QuantizationModifier (memory.STREAMABLE)
+        (modifier,) = prepared  # streamable recipes compile to one QuantizationModifier (STREAMABLE)
         config = QuantizationConfig(
             config_groups=modifier.config_groups,
             ignore=list(modifier.ignore),

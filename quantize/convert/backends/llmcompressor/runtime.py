@@ -13,15 +13,11 @@ from quantize.checkpoint.loader import device
 def cpu_safe_calibration() -> Iterator[None]:
     """llm-compressor pins cached activations for faster host-to-device copies (AWQ's grid search).
     On a torch without an accelerator, Tensor.pin_memory() raises; there is no device to copy to,
-    so pinning is skipped for the duration of the run."""
-    from llmcompressor.pipelines.cache import IntermediatesCache
-
+    so pinning is skipped for the duration of the run (compat/llmcompressor.py `unpinned`, guarded)."""
     if device() != "cpu":
         yield
         return
-    original = IntermediatesCache.pin_memory
-    IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None
-    try:
+    from quantize.compat.llmcompressor import unpinned
+
+    with unpinned():
         yield
-    finally:
-        IntermediatesCache.pin_memory = original

@@ -1,0 +1,116 @@
+"""A backend is its class: one registered in the registry alone (here, from this module) is what a recipe is checked
+against, what the memory plan, the calibration dtype, the layer plan and the model card read, and what converts,
+with no other module of quantize changed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import yaml
+
+from quantize import records
+from quantize.cli import main
+from quantize.convert import backends, engine
+from quantize.convert.backends.base import CalibrationDtype
+from quantize.convert.backends.llmcompressor import LLMCompressorBackend
+from quantize.convert.recipe import Method, Recipe, Scheme
+from quantize.records import RunRecord
+
+
+class RoundingBackend(LLMCompressorBackend):
+    """llm-compressor's conversion under another name and with other capabilities: 8-bit round-to-nearest weights
+    only, symmetric, rounded in float32, nothing streamed, offloaded or linearized, no KV cache."""
+
+    name = "rounding"
+    credit = "Rounding"
+    card_tags = ("rounding",)
+    formats: ClassVar[dict[str, str]] = {"*": "the rounding format"}
+    schemes: ClassVar[dict[Method, frozenset[Scheme]] | None] = {Method.rtn: frozenset({Scheme.W8A16})}
+    kv_cache: ClassVar[bool] = False
+    streams: ClassVar[frozenset[tuple[Method, Scheme]]] = frozenset()
+    offloads: ClassVar[bool] = False
+    linearizes_experts: ClassVar[bool] = False
+    calibration_dtypes: ClassVar[dict[Method, CalibrationDtype]] = {
+        Method.rtn: CalibrationDtype(("float32",), "float32", "the rounding backend rounds in float32")
+    }
+
+    @classmethod
+    def check(cls, recipe: Recipe) -> str | None:
+        return None if recipe.symmetric else "backend rounding rounds symmetric weights only: remove symmetric"
+
+
+@pytest.fixture
+def rounding(monkeypatch):
+    monkeypatch.setitem(backends.BACKENDS, "rounding", RoundingBackend)
+
+
+def _recipe(tmp_path: Path, model: Path, **fields: Any) -> Path:
+    data = {"name": "r", "model": str(model), "output": str(tmp_path / "out"), "backend": "rounding"}
+    data |= {"method": "rtn", "scheme": "W8A16", "calibration": None, **fields}
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_a_backend_registered_alone_converts_with_its_own_capabilities(rounding, tmp_path, tiny_model, monkeypatch):
+    """The run takes its calibration dtype from the class (float32 for the bf16 tiny model, cast back on save), the
+    engine plans layers with the class's `linearizes_experts`, and the record and the card name the backend."""
+    planned = []
+    plan_layers = engine.plan_layers
+
+    def spy(model, recipe, linearize_experts):
+        planned.append(linearize_experts)
+        return plan_layers(model, recipe, linearize_experts)
+
+    monkeypatch.setattr(engine, "plan_layers", spy)
+    assert main(["run", str(_recipe(tmp_path, tiny_model)), "--quiet"]) == 0
+    meta = records.read(RunRecord, tmp_path / "out" / "quantize.json")
+    assert meta.engine.backend == "rounding" and planned == [False]
+    assert (meta.engine.calibration_dtype, meta.engine.saved_dtype) == ("float32", "bfloat16")
+    assert meta.engine.calibration_dtype_reason == "the rounding backend rounds in float32"
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "- rounding" in card and "the rounding format" in card and "Rounding" in card
+
+
+@pytest.mark.parametrize(
+    "fields,why",
+    [
+        (  # a scheme the registry's other backend runs
+            {"scheme": "W4A16", "group_size": 64},
+            "backend rounding does not run method rtn with scheme W4A16; it runs method rtn with scheme W8A16. "
+            "Use backend: llmcompressor for this method and scheme",
+        ),
+        ({"symmetric": False}, "backend rounding rounds symmetric weights only"),  # its own check
+        (
+            {"kv_cache": {"scheme": "FP8"}, "calibration": {"samples": 4, "seq_len": 32}},
+            "backend rounding does not quantize the KV cache. Use backend: llmcompressor",
+        ),
+        ({"streaming": "on"}, "streaming: on, but this recipe cannot stream: backend rounding loads the whole model"),
+        ({"offload": "on"}, "offload: on, but this recipe cannot offload its weights: backend rounding loads"),
+    ],
+)
+def test_what_the_class_does_not_offer_is_exit_2_before_any_load(rounding, tmp_path, tiny_model, capsys, fields, why):
+    assert main(["run", str(_recipe(tmp_path, tiny_model, **fields))]) == 2
+    err = capsys.readouterr().err
+    assert why in " ".join(err.split()) and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unregistered_backend_is_named_with_the_ones_that_are(tmp_path, tiny_model, capsys):
+    assert main(["run", str(_recipe(tmp_path, tiny_model))]) == 2
+    assert "backend 'rounding' is not one quantize runs; choose one of: gptqmodel, llmcompressor" in " ".join(
+        capsys.readouterr().err.split()
+    )
+
+
+def test_its_missing_packages_are_named_with_where_to_get_them(rounding, tmp_path, tiny_model, capsys, monkeypatch):
+    monkeypatch.setattr(RoundingBackend, "packages", ("quantize-no-such-package",))
+    monkeypatch.setattr(RoundingBackend, "install", "build .venv-rounding with `make rounding-env`")
+    assert main(["run", str(_recipe(tmp_path, tiny_model))]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "backend: rounding needs quantize-no-such-package, and quantize-no-such-package is not installed" in err
+    assert "build .venv-rounding with `make rounding-env`" in err
