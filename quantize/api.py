@@ -212,7 +212,11 @@ def run(
             stacklevel=3,
         )
     budget = None if max_memory is None else parse_size(max_memory) if isinstance(max_memory, str) else int(max_memory)
-    return Converted(out, convert(r, sha, origin, out, force=force, quiet=quiet, max_memory=budget))
+    from quantize import progress
+
+    with progress.shown(not quiet), progress.stage(f"run: converting into {out}"):
+        meta = convert(r, sha, origin, out, force=force, quiet=quiet, max_memory=budget)
+    return Converted(out, meta)
 
 
 @_takes(checkpoint=PATH)

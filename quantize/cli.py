@@ -379,7 +379,7 @@ def _flag_parents() -> dict[str, argparse.ArgumentParser]:
     json_p = argparse.ArgumentParser(add_help=False)
     json_p.add_argument("--json", action="store_true", help="print the result as JSON (its record) instead of text")
     quiet = argparse.ArgumentParser(add_help=False)
-    quiet.add_argument("--quiet", "-q", action="store_true", help="no progress bars or library logs")
+    quiet.add_argument("--quiet", "-q", action="store_true", help="no progress lines or bars, no library logs")
     trust = argparse.ArgumentParser(add_help=False)
     trust.add_argument(
         "--trust-remote-code",

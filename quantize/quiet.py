@@ -11,6 +11,8 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from quantize import progress
+
 # Loggers the libraries write progress and warnings to (loguru for llm-compressor, logging for the rest).
 LOGURU = ("llmcompressor", "compressed_tensors")
 LOGGING = ("lm-eval", "lm_eval", "transformers", "datasets", "accelerate")
@@ -43,9 +45,10 @@ def quiet_libraries(quiet: bool) -> Iterator[None]:
     """While the libraries work: what they print goes to stderr, never into our stdout (which may be
     --json). When `quiet`, nothing from them at all: loggers at errors only, no warnings, no progress
     bars, and their remaining stdout/stderr discarded (the CLI turns tqdm's off before any library is
-    imported). quantize's own output is printed after, outside this context."""
+    imported). quantize's own output is printed after, outside this context. quantize's progress lines
+    (quantize/progress.py) go to stderr unless `quiet`."""
     if not quiet:
-        with contextlib.redirect_stdout(sys.stderr):
+        with progress.shown(True, sys.stderr), contextlib.redirect_stdout(sys.stderr):
             yield
         return
     from loguru import logger
@@ -61,7 +64,7 @@ def quiet_libraries(quiet: bool) -> Iterator[None]:
     try:
         # progress bars that the libraries create with an explicit disable=False ignore TQDM_DISABLE:
         # what the libraries write while quiet goes nowhere (quantize's own messages come after)
-        with warnings.catch_warnings(), _silenced_output():
+        with progress.shown(False), warnings.catch_warnings(), _silenced_output():
             warnings.simplefilter("ignore")
             yield
     finally:

@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from quantize import progress
+
 LIBRARIES = ("torch", "transformers", "llmcompressor", "compressed-tensors", "lm_eval", "safetensors", "datasets")
 
 
@@ -51,7 +53,8 @@ def peak_accelerator_bytes() -> int | None:
 
 
 class Phases:
-    """Wall time per named phase: `with phases("calibrate"): ...`."""
+    """Wall time per named phase: `with phases("calibrate"): ...`; each phase a stage of the command's progress
+    lines (quantize/progress.py)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -60,7 +63,8 @@ class Phases:
     def __call__(self, name: str) -> Iterator[None]:
         t0 = time.perf_counter()
         try:
-            yield
+            with progress.stage(f"run: {name}"):
+                yield
         finally:
             self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - t0, 3)
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantize import progress
 from quantize.cache import checked_bytes, claimed, seal
 from quantize.checkpoint import qdq
 from quantize.checkpoint.files import check_identity, identity_sha256
@@ -379,12 +380,15 @@ class BaselineTopK:
             )
 
 
-def baseline_topk(scorer: Scorer | VLLMScorer, reqs: list[Request], k: int) -> BaselineTopK:
+def baseline_topk(
+    scorer: Scorer | VLLMScorer, reqs: list[Request], k: int, st: progress.Stage | None = None
+) -> BaselineTopK:
+    """`st`: the progress stage advanced per item."""
     import numpy as np
     import torch
 
     ids, clusters, counts, top_idx, top_lp = [], [], [], [], []
-    for req, i, v in scorer.topk(reqs, k):  # (P, k) each
+    for req, i, v in progress.counted(st, scorer.topk(reqs, k)):  # (P, k) each
         ids.append(req.id)
         clusters.append(req.cluster)
         counts.append(v.shape[0])
@@ -432,10 +436,12 @@ def summarize(rows: list[tuple[Request, Any, Any, Any]]) -> dict[str, Any]:
     }
 
 
-def compare(scorer: Scorer | VLLMScorer, reqs: list[Request], base: BaselineTopK) -> dict[str, Any]:
+def compare(
+    scorer: Scorer | VLLMScorer, reqs: list[Request], base: BaselineTopK, st: progress.Stage | None = None
+) -> dict[str, Any]:
     """Mean KL lower bound, top-1 agreement and Σ min(p, q) against the stored baseline, SEs
-    clustered by the items' clusters."""
-    return summarize(list(item_metrics(scorer, reqs, base)))
+    clustered by the items' clusters; `st`: the progress stage advanced per item."""
+    return summarize(list(progress.counted(st, item_metrics(scorer, reqs, base))))
 
 
 REBUILD_TOPK = "delete it, and the next `quantize gate` (or `quantize agree`) computes it again"
@@ -509,9 +515,10 @@ def baseline_topk_cached(
     path = cache.baseline_topk_path(suite, base_id, runtime(suite, models.trust_remote_code))
     if (raw := checked_bytes(path, REBUILD_TOPK, "baseline top-k")) is not None:  # beside its digest only
         return load_baseline(path, raw)
-    base = baseline_topk(
-        _scorer(suite, baseline, models), reqs or agreement_requests(suite), suite.suite.agreement.top_k
-    )
+    reqs = reqs or agreement_requests(suite)
+    scorer = _scorer(suite, baseline, models)
+    with progress.stage(f"baseline top-k of {baseline.name}", len(reqs)) as st:
+        base = baseline_topk(scorer, reqs, suite.suite.agreement.top_k, st)
     check_identity(baseline, base_id)  # what loaded and was measured is what the identity names
     if before_store is not None:
         before_store()
@@ -540,6 +547,7 @@ def agreement_scores(  # noqa: PLR0913  # identities and a model a gate already 
     cand_id = cand_id or identity_sha256(candidate)
     run = runtime(suite, models.trust_remote_code)
     if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
+        progress.note("read from the cache")
         return found
     with claimed(cache.agreement_path(suite, base_id, cand_id, run)):
         if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
@@ -564,7 +572,9 @@ def measure_agreement(
     reqs = agreement_requests(suite)
     base = baseline_topk_cached(suite, baseline, ids[0], models, reqs, before_store)
     a = suite.suite.agreement
-    measured = compare(_scorer(suite, candidate, models), reqs, base)
+    scorer = _scorer(suite, candidate, models)
+    with progress.stage(f"agreement of {candidate.name}", len(reqs)) as st:
+        measured = compare(scorer, reqs, base, st)
     check_identity(candidate, ids[1])  # what loaded and was measured is what the identity names
     return AgreementResult(
         **measured,
@@ -616,7 +626,10 @@ class StagedAgreement:
             self.calls.append(len(new))
             if self.scorer is None:
                 self.scorer = _scorer(self.suite, self.candidate, self.models)
-            self.rows.update({row[0].id: row for row in item_metrics(self.scorer, new, self.base)})
+            with progress.stage(f"agreement of {self.candidate.name}: {len(new)} new items", len(new)) as st:
+                self.rows.update(
+                    {row[0].id: row for row in progress.counted(st, item_metrics(self.scorer, new, self.base))}
+                )
             check_identity(self.candidate, self.cand_id)  # what loaded and was measured is what the identity names
             self.seconds += time.perf_counter() - t0
         return AgreementResult(

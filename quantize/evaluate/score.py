@@ -10,6 +10,7 @@ Per-item records (for paired comparison in the gate), one kind per lm-eval outpu
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import tempfile
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter
 
+from quantize import progress
 from quantize.cache import claimed
 from quantize.checkpoint import qdq
 from quantize.checkpoint.files import (
@@ -166,6 +168,7 @@ def score(
         return Scored(doc, False)
     run = runtime(suite, models.trust_remote_code)
     if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, run)) is not None:
+        progress.note("read from the cache")
         return Scored(found, True)
     with claimed(cache.score_path(suite, ref.identity_sha256, run)):
         # another process may have scored it while this one waited for the claim
@@ -184,6 +187,26 @@ def runtime(suite: OpenSuite, trust_remote_code: bool) -> cache.Runtime:
     return cache.Runtime.on(suite, pick_device(suite.suite.device), trust_remote_code)
 
 
+def reported(run: Callable[..., ScoreDoc]) -> Callable[..., ScoreDoc]:
+    """run_lm_eval as a progress stage (quantize/progress.py): which checkpoint, which tasks (and how many items of
+    each, where only some are asked for); its end line counts the items scored."""
+
+    @functools.wraps(run)
+    def stage(
+        suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastModel, samples: dict[str, list[int]] | None = None
+    ) -> ScoreDoc:
+        tasks = [t for t in suite.tasks if samples is None or samples.get(t)]
+        what = ", ".join(f"{len(samples[t])} items of {t}" if samples is not None else t for t in tasks)
+        total = sum(len(samples[t]) for t in tasks) if samples is not None else None
+        with progress.stage(f"scoring {ckpt.name} with lm-eval: {what}", total) as st:
+            doc = run(suite, ckpt, ref, models, samples)
+            st.done = sum(t.n for t in doc.tasks.values())
+        return doc
+
+    return stage
+
+
+@reported
 def run_lm_eval(
     suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastModel, samples: dict[str, list[int]] | None = None
 ) -> ScoreDoc:

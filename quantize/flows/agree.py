@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from quantize import progress
 from quantize.checkpoint.files import check_loadable, check_model_dir, checkpoint_folders, identity_sha256
 from quantize.errors import UsageError
 from quantize.evaluate import cache
@@ -62,8 +63,8 @@ def agree_many(
     candidates, skipped = measurable(suite, baseline, found, runtime(suite, trust_remote_code))
     base_id = identity_sha256(baseline)  # read once, not once per candidate
     results = []
-    for c in candidates:
-        with quiet_libraries(quiet):
+    for n, c in enumerate(candidates, 1):
+        with quiet_libraries(quiet), progress.stage(f"agree: checkpoint {n} of {len(candidates)} ({c.name})"):
             # a LastModel per candidate: the baseline (loaded for its top-k only when the cache lacks it) and each
             # candidate are released before the next loads; the gc pass below frees anything a reference cycle held
             result = agreement_scores(

@@ -9,7 +9,7 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from quantize import records
+from quantize import progress, records
 from quantize.checkpoint.files import BlobCheck, architecture, check_loadable, check_model_dir, identity_sha256
 from quantize.checkpoint.loader import LastModel
 from quantize.errors import RuntimeFailure, UsageError
@@ -249,7 +249,8 @@ def _gate(
                 "refusing to gate on other evidence. Score the pinned baseline, or update `baseline_scores_sha256:` "
                 "in the policy after checking the new scores"
             )
-    base = load_scores(suite, base_path, models, before_store=names.wait)
+    with progress.stage(f"gate: baseline scores ({base_path.name})"):
+        base = load_scores(suite, base_path, models, before_store=names.wait)
     base_file = scores_sha256(suite, base_path, base.provenance.checkpoint.identity_sha256, run)
     in_stages = (
         policy.sequential is not None
@@ -259,9 +260,11 @@ def _gate(
     if needs_agreement:  # before the candidate loads; in stages StagedAgreement then finds it in the cache
         from quantize.evaluate.agreement import baseline_topk_cached
 
-        baseline_topk_cached(
-            suite, base_path, base.provenance.checkpoint.identity_sha256, models, before_store=names.wait
-        )
+        with progress.stage(f"gate: baseline top-k ({base_path.name})") as st:
+            baseline_topk_cached(
+                suite, base_path, base.provenance.checkpoint.identity_sha256, models, before_store=names.wait
+            )
+            st.note = "" if st.inner else "read from the cache"  # computing it is a stage of its own
     computed = cand_path.is_dir() and not trust_cached_candidate
     store = None
     if in_stages:
@@ -274,12 +277,15 @@ def _gate(
         cached = cand_path.is_file() or (
             not computed and scores_sha256(suite, cand_path, identity_sha256(cand_path), run) is not None
         )
-        cand = load_scores(suite, cand_path, models, use_cache=not computed)
+        with progress.stage(f"gate: candidate scores ({cand_path.name})"):
+            cand = load_scores(suite, cand_path, models, use_cache=not computed)
         cand_id = cand.provenance.checkpoint.identity_sha256
         agreement = None
         if needs_agreement:
-            agreement = candidate_agreement(suite, base, (base_path, cand_path), cand_id, models, not computed)
-        v = decide(policy, base, cand, agreement)
+            with progress.stage(f"gate: candidate agreement ({cand_path.name})"):
+                agreement = candidate_agreement(suite, base, (base_path, cand_path), cand_id, models, not computed)
+        with progress.stage("gate: decision"):
+            v = decide(policy, base, cand, agreement)
         cand_file = scores_sha256(suite, cand_path, cand_id, run) if cached else None
         if computed:
             store = functools.partial(_keep, suite, cand, agreement, run)
@@ -361,8 +367,11 @@ def run_sequential(
 
         ids = (base.provenance.checkpoint.identity_sha256, staged.ref.identity_sha256)
         agreement = StagedAgreement(suite, base_path, cand_path, ids, models, policy.sequential.looks)
-    agree = agreement.look if agreement is not None else None
-    results, taken, plans, bounds, cand, agreement_looks = sq.run(policy, base, agree, staged.score)
+    looks = len(policy.sequential.looks)
+    agree = _agreement_looks(agreement.look, looks, cand_path.name) if agreement is not None else None
+    score = _score_looks(staged.score, looks, cand_path.name)
+    with progress.stage(f"gate: candidate in stages ({cand_path.name}, up to {looks} looks)"):
+        results, taken, plans, bounds, cand, agreement_looks = sq.run(policy, base, agree, score)
     scored = {t: len(v) for t, v in staged.items.items()}
     seconds = None if staged.cached else round(staged.seconds, 1)
     candidate = side(cand) if cand is not None else SideRef(checkpoint=staged.ref, batch_size=suite.suite.batch_size)
@@ -372,3 +381,28 @@ def run_sequential(
         runs |= {"agreement_runs": agreement.calls, "agreement_seconds": round(agreement.seconds, 1)}
     record = record.model_copy(update=runs)
     return verdict_of(policy, base, candidate, results, record)
+
+
+def _score_looks(score: Callable[[dict[str, list[str]]], ScoreDoc], looks: int, name: str) -> Callable[..., ScoreDoc]:
+    """A staged scorer whose calls (one per look, in order) are progress stages: look k of K, items per task."""
+    taken: list[int] = []
+
+    def look(ids: dict[str, list[str]]) -> ScoreDoc:
+        taken.append(1)
+        what = ", ".join(f"{len(v)} items of {t} in all" for t, v in ids.items())
+        with progress.stage(f"gate: look {len(taken)} of {looks} ({name}): {what}"):
+            return score(ids)
+
+    return look
+
+
+def _agreement_looks(
+    agree: Callable[[int], records.AgreementResult], looks: int, name: str
+) -> Callable[[int], records.AgreementResult]:
+    """A staged agreement whose looks are progress stages."""
+
+    def look(k: int) -> records.AgreementResult:
+        with progress.stage(f"gate: agreement look {k + 1} of {looks} ({name})"):
+            return agree(k)
+
+    return look

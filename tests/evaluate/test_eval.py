@@ -451,3 +451,32 @@ def test_weights_replaced_between_hash_and_load_give_no_verdict_and_no_cache_ent
     assert "changed while it was being read" in err and nan_id[:16] in err
     run = runtime(open_suite(suite), False)
     assert not cache.score_path(open_suite(suite), nan_id, run).exists()
+
+
+def test_a_gate_shows_its_stages_on_stderr_and_nothing_under_quiet(setup, tiny_model, tmp_path, monkeypatch, capsys):
+    """Issue #56: stderr not a terminal (a log, CI): one line per stage start and end, with the looks and their
+    items; the verdict alone on stdout; nothing of it under --quiet."""
+    _, suite, _, _ = setup
+    policy = tmp_path / "seq.yaml"
+    policy.write_text(
+        f"suite: {suite}\nsequential: {{looks: [0.5, 1.0]}}\nrules:\n"
+        "  - {task: core_facts, metric: acc, margin: 0.4}\n  - {agreement: kl, max: 0.5}\n"
+    )
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cold"))
+    gate = ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(tiny_model)]
+    assert main(gate) == 0
+    out = capsys.readouterr()
+    lines = [line for line in out.err.splitlines() if line.startswith("quantize: ")]
+    assert "\x1b[K" not in out.err and "quantize: " not in out.out  # no line rewritten in place (tqdm aside)
+    name = tiny_model.name
+    for stage in (
+        f"gate: baseline scores ({name})",
+        f"scoring {name} with lm-eval: core_analogy, core_cloze, core_facts, core_kv, core_prose",
+        f"gate: baseline top-k ({name})",
+        f"gate: candidate in stages ({name}, up to 2 looks)",
+        f"gate: agreement look 1 of 2 ({name})",
+    ):
+        assert f"quantize: {stage} ..." in lines and any(line.startswith(f"quantize: {stage}: done") for line in lines)
+    assert any(line.startswith("quantize: gate: look 1 of 2") and "items of core_facts" in line for line in lines)
+    assert main([*gate, "--quiet"]) == 0
+    assert "quantize: " not in capsys.readouterr().err
