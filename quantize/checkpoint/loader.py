@@ -25,8 +25,11 @@ from quantize.checkpoint.files import (
     check_model_dir,
     loadable_view,
     read_config,
+    safetensors_files,
+    side_file,
     weights_sha256,
 )
+from quantize.checkpoint.headers import all_tensors
 from quantize.errors import UsageError
 from quantize.io import atomic_dir, sha256_bytes, sha256_file
 
@@ -164,8 +167,6 @@ def _stored_zeros(path: Path, names: list[str]) -> set[str]:
         return set()
     from safetensors import safe_open
 
-    from quantize.checkpoint.files import safetensors_files
-
     zero = set()
     for f in safetensors_files(path):
         with safe_open(str(f), "pt") as st:
@@ -214,9 +215,6 @@ def check_against_meta(path: Path, trust_remote_code: bool) -> None:
     model holds floating-point weights (a cast would invent values), is refused naming the tensor, the shape in
     the file and the one the config implies. Quantized checkpoints store other names and dtypes by design (the
     quantizer maps them); their layer count and embedding are checked in check_model_dir."""
-    from quantize.checkpoint.files import read_config, safetensors_files, side_file
-    from quantize.checkpoint.headers import all_tensors
-
     if read_config(path).get("quantization_config") or side_file(path) is not None:
         return
     expected = meta_model(path, trust_remote_code).state_dict()

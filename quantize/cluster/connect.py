@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from quantize.cache import shared_path
 from quantize.cluster.executor import Executor
 from quantize.cluster.resources import check_fits
 from quantize.cluster.spec import SLOT, Cluster
@@ -47,8 +48,6 @@ def connect(ray: Any, cluster: Cluster, env: dict[str, str], max_parallel: int =
 
 def worker_env() -> dict[str, str]:
     """FORWARDED as the driver has them, and the cache's path as every node must see it."""
-    from quantize.cache import shared_path
-
     return {v: os.environ[v] for v in FORWARDED if v in os.environ} | {"QUANTIZE_CACHE": shared_path()}
 
 

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from quantize.cluster.spec import SLOT, Resources
 from quantize.errors import EXIT_OK, EXIT_RUNTIME
+from quantize.io import write_text_atomic
 
 WATCH_SECONDS = 1.0  # how often the driver looks for new start marks while tasks run (a directory listing)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # set to each task's num_cpus
@@ -92,7 +93,6 @@ class StartMark(BaseModel):
 
 
 def mark_start(state: Path, task: Task, node: str, host: str, threads: int) -> None:
-    from quantize.io import write_text_atomic
 
     pid = os.getpid()
     mark = StartMark(

@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 from quantize.convert.recipe import Calibration, MixtureSource
 from quantize.errors import UsageError
+from quantize.golden.manifest import read_items, verify
 from quantize.io import open_user_file, read_user_file, read_user_text, sha256_bytes, user_lines
 from quantize.records import CalibrationRecord, CalibrationSourceRecord, TokenSpread, VocabularyOverlap
 
@@ -443,8 +444,6 @@ def _golden(path: Path, given: MixtureSource, where: str) -> tuple[int, Callable
     import jinja2
     import yaml
 
-    from quantize.golden.manifest import read_items, verify
-
     fields = where.removesuffix(".source")
     if given.text_field or given.messages_field or given.split:
         raise UsageError(
@@ -672,8 +671,6 @@ def _no_template(src: Source, model: str) -> UsageError:
 
 def golden_texts(folder: str, where: str) -> dict[str, list[str]]:
     """Every task's item prompts of a golden-set version, as the calibration reads a golden source."""
-    from quantize.golden.manifest import verify
-
     path, _ = source_path(folder, where)
     if not (path / "MANIFEST.json").is_file():
         raise UsageError(

@@ -9,7 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint import qdq
-from quantize.checkpoint.loader import load_model
+from quantize.checkpoint.files import read_config, safetensors_files, side_file
+from quantize.checkpoint.headers import all_tensors, read_header
+from quantize.checkpoint.loader import check_against_meta, check_loading_info, load_model, meta_model
+from quantize.compat.transformers import dry_load
+from quantize.convert.plan import checkpoint_name
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.records import FiniteCheck, LeftAt16
 
@@ -40,11 +44,6 @@ def check_source(model_dir: Path, trust_remote_code: bool) -> None:
     after the work. A quantized source stores other names and dtypes by design (its quantizer maps them) and is
     left to the loader, as check_against_meta leaves it."""
     import torch
-
-    from quantize.checkpoint.files import read_config, safetensors_files, side_file
-    from quantize.checkpoint.headers import all_tensors
-    from quantize.checkpoint.loader import check_against_meta, check_loading_info, meta_model
-    from quantize.compat.transformers import dry_load
 
     check_against_meta(model_dir, trust_remote_code)
     if read_config(model_dir).get("quantization_config") or side_file(model_dir) is not None:
@@ -135,9 +134,6 @@ def left_at_16(
     """What the saved checkpoint stores at 16 bits of what the recipe's targets cover, by reason, read from its
     headers: a layer the plan kept (its reason), a tensor no conversion reached (`kept` names a parameter), and
     a planned layer stored as a plain 16-bit weight with no scale (the backend skipped it)."""
-    from quantize.checkpoint.files import safetensors_files
-    from quantize.checkpoint.headers import all_tensors
-
     found, _ = all_tensors(safetensors_files(out))
     stored = {_renamed(k, renamed or []): t for k, t in found.items()}  # by the model's names, as transformers loads
     by: dict[str, tuple[list[str], int]] = {}
@@ -146,8 +142,6 @@ def left_at_16(
         t = stored[name]
         names, nbytes = by.get(why, ([], 0))
         by[why] = ([*names, name], nbytes + t.nbytes)
-
-    from quantize.convert.plan import checkpoint_name
 
     for name in sorted(checkpoint_name(n, stored_names or {}) for n in planned):
         w = f"{name}.weight"
@@ -182,9 +176,6 @@ def streamed_finite_check(folder: Path) -> FiniteCheck:
     count in the RSS until the file is closed) are at most one tensor's (memory.streamed_check_terms). Names the
     first tensor that is not finite."""
     from safetensors import safe_open
-
-    from quantize.checkpoint.files import safetensors_files
-    from quantize.checkpoint.headers import read_header
 
     read = 0
     for f in safetensors_files(folder):
@@ -230,10 +221,6 @@ def structure_check(out: Path, source: Path, quantized: set[str], trust_remote_c
     """The output's headers against the source model's structure built on the meta device (no memory): every
     parameter is stored, with its shape, except that a quantized Linear (`quantized`: the layer plan's names)
     stores a weight or packed weight and a scale; nothing else is stored. A mismatch is our bug: RuntimeFailure."""
-    from quantize.checkpoint.files import safetensors_files
-    from quantize.checkpoint.headers import all_tensors
-    from quantize.checkpoint.loader import meta_model
-
     stored, _ = all_tensors(safetensors_files(out))
     expected = dict(meta_model(source, trust_remote_code).named_parameters())  # a tied parameter once
     problems = []

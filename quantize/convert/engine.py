@@ -43,7 +43,7 @@ from quantize.convert.plan import LayerPlan, plan_layers
 from quantize.convert.provenance import Phases, library_versions, memory_record
 from quantize.convert.recipe import Method, Recipe, resolved_dict
 from quantize.errors import UsageError
-from quantize.io import atomic_dir, sha256_json
+from quantize.io import atomic_dir, leftovers, recover, sha256_json
 from quantize.quiet import quiet_libraries
 from quantize.records import (
     CalibrationRecord,
@@ -116,8 +116,6 @@ def tidy_leftovers(out: Path, clean: bool) -> list[str]:
     """What killed runs left beside the output: reported, or with `clean` removed; a complete output that a killed
     --force had moved aside is put back first. Returns the messages for the user."""
     import shutil
-
-    from quantize.io import leftovers, recover
 
     said = []
     if (restored := recover(out, complete_output)) is not None:

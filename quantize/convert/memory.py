@@ -36,6 +36,7 @@ from quantize.checkpoint.architecture import routed_experts
 from quantize.checkpoint.files import read_config, safetensors_files
 from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors
 from quantize.convert.backends import backend_named, calibration_default
+from quantize.convert.checks import STREAM_CHUNK_ELEMENTS
 from quantize.convert.recipe import FORMATS, Method, Offload, Recipe, Scheme, Streaming
 from quantize.errors import UsageError
 from quantize.records import MemoryPlanRecord
@@ -366,8 +367,6 @@ def streamed_check_terms(ckpt: Checkpoint) -> dict[str, int]:
     reload does not fit: one stored tensor at a time, its file's pages mapped while it is read (at most the largest
     tensor: each is read through a file opened for it alone), in row chunks copied to float32; plus the
     libraries."""
-    from quantize.convert.checks import STREAM_CHUNK_ELEMENTS
-
     largest = max(ckpt.tensors.values(), key=lambda t: t.nbytes, default=None)
     chunk = 0 if largest is None else min(STREAM_CHUNK_ELEMENTS, largest.nbytes * 8 // DTYPE_BITS[largest.dtype])
     return {

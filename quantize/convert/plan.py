@@ -17,7 +17,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from quantize.checkpoint.architecture import moe_spec
+from quantize.checkpoint.architecture import moe_spec, part_of
+from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
+from quantize.compat.transformers import conversions
 from quantize.convert.recipe import MIN_GROUP, GroupedRecipe, Indivisible, Recipe
 from quantize.errors import UsageError
 from quantize.records import ExpertRouting, LayerPlanRecord
@@ -81,14 +83,10 @@ ROUTER_REASON = (
 def _moe(model: Any, recipe: Recipe, plan: LayerPlan, linearize: bool) -> None:
     """An MoE model's experts as per-expert Linear layers (llm-compressor's conversion, for a backend that
     `linearize`s them), its routers kept at 16 bits and any fused expert tensor left over listed as kept."""
-    from quantize.checkpoint.architecture import part_of
-
     if moe_spec(model.config.to_dict()) is None:
         return
     plan.fused = [n for n, p in model.named_parameters() if p.ndim == 3 and part_of(n, "") == "routed_experts"]
     if linearize:
-        from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
-
         try:
             plan.experts = linearized_on_meta(model)
         except NotLinearizable as e:
@@ -124,8 +122,6 @@ def expert_checkpoint_names(model_type: str) -> dict[str, str]:
     """The projection names a family's checkpoints give each expert where they differ from llm-compressor's
     `gate_proj`/`up_proj`/`down_proj` (Mixtral: w1, w3, w2), read from the conversion mapping transformers 5
     merges per-expert tensors with on load: the names a saved per-expert checkpoint must use to reload."""
-    from quantize.compat.transformers import conversions
-
     names: dict[str, str] = {}
     for conv in conversions(model_type):
         for target in conv.targets:
@@ -140,8 +136,6 @@ def expert_checkpoint_names(model_type: str) -> dict[str, str]:
 def renamings(model_type: str) -> list[tuple[str, str]]:
     """The (checkpoint regex, model name) renamings transformers 5 applies on load for a family (Mixtral's
     `.block_sparse_moe.` -> `.mlp.`); save_pretrained writes the checkpoint's names back."""
-    from quantize.compat.transformers import conversions
-
     return [
         (src, tgt)
         for conv in conversions(model_type)
@@ -159,8 +153,6 @@ def per_expert_loader(model_type: str) -> bool:
     """Whether transformers 5 reads a per-expert checkpoint of this family (its conversion mapping merges
     per-expert tensors into the fused experts: Qwen, OLMoE, DeepSeek, Mixtral; not gpt-oss, whose checkpoints
     are fused)."""
-    from quantize.compat.transformers import conversions
-
     return any(t.endswith(fused) for conv in conversions(model_type) for t in conv.targets for fused in _FUSED)
 
 

@@ -39,6 +39,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quantize.checkpoint.accounting import bits_report
+from quantize.checkpoint.architecture import kv_spec, layer_count, moe_spec
+from quantize.checkpoint.files import read_config
 from quantize.errors import UsageError
 
 SCOPE = "lower bounds from peak figures; not measurements"
@@ -640,8 +643,6 @@ def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float | Non
     """The KV cache config.json describes, layer by layer (MHA/GQA or MLA; sliding-window and chunked layers
     hold at most their window: checkpoint/architecture.kv_spec); bytes per element: given, else the
     checkpoint's own (kv_bytes)."""
-    from quantize.checkpoint.architecture import kv_spec
-
     bytes_per_element = kv_bytes(config) if bytes_per_element is None else bytes_per_element
     spec = kv_spec(config)
     return KVCache(
@@ -659,8 +660,6 @@ def routed_experts(config: dict[str, Any], expert_layers: Sequence[Any], where: 
     from config.json (architecture.moe_spec). The two must agree, layer by layer and expert by expert, or the
     bounds would price the experts wrongly: a UsageError naming both. Layers past num_hidden_layers (a
     multi-token-prediction layer) are not decode layers and stay outside."""
-    from quantize.checkpoint.architecture import layer_count, moe_spec
-
     spec = moe_spec(config)
     n = layer_count(config) if spec is not None or expert_layers else 0
     stored = [e for e in expert_layers if e.layer < n]
@@ -698,8 +697,6 @@ def _span(layers: list[int]) -> str:
 def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weights, int | None]:
     """A checkpoint's weights as a decode step reads them (its routed experts per MoE layer, from the headers and
     config.json: routed_experts) and its active parameters (None when its parameters cannot be counted)."""
-    from quantize.checkpoint.accounting import bits_report
-
     report = bits_report(checkpoint)
     routed = routed_experts(config, report.expert_layers, str(checkpoint))
     active = active_parameter_count(report.parameters, routed) if report.parameters else None
@@ -714,9 +711,6 @@ def checkpoint_cost(
     project_share: float | None = None,
 ) -> TokenCost:
     """Bounds from a measured checkpoint's bytes; optionally a labelled projection onto a larger model."""
-    from quantize.checkpoint.accounting import bits_report
-    from quantize.checkpoint.files import read_config
-
     report = bits_report(checkpoint)
     if not report.parameters:
         raise UsageError(

@@ -39,6 +39,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from quantize.errors import EXIT_RUNTIME, EXIT_USAGE, RuntimeFailure, UsageError
+from quantize.gates.render import render_markdown, render_text
+from quantize.io import check_writable
+from quantize.records import JUNIT_FILE, VERDICT_FILE
+from quantize.report.card import check_card
 from quantize.tables import md_text, printable
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # matched whole (fullmatch: `$` would allow a newline)
@@ -102,9 +106,6 @@ def _failed(env: Mapping[str, str], message: str, code: int, why: str = "") -> i
 
 def run(env: Mapping[str, str]) -> int:
     from quantize.flows.gate import run_gate, save_verdict
-    from quantize.gates.render import render_markdown, render_text
-    from quantize.io import check_writable
-    from quantize.records import JUNIT_FILE, VERDICT_FILE
 
     junit = Path(_input(env, "QUANTIZE_JUNIT", "junit", JUNIT_FILE))
     verdict_path = Path(_input(env, "QUANTIZE_VERDICT", "verdict", VERDICT_FILE))
@@ -121,8 +122,6 @@ def run(env: Mapping[str, str]) -> int:
     if card not in ("true", "false"):
         raise UsageError(f"the action's `card` input is {card!r}; give true or false")
     if card == "true":  # like the JUnit path: found before scoring, not after it
-        from quantize.report.card import check_card
-
         check_card(candidate, "QUANTIZE_CARD")
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # the downloads are done: scoring reads local files only
         os.environ[var] = "1"

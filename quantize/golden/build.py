@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantize.errors import UsageError
+from quantize.errors import EXIT_OK, EXIT_USAGE, UsageError
 from quantize.golden import sources as src
 from quantize.golden.manifest import Manifest
-from quantize.golden.version import jsonl, write_files, yaml_bytes
+from quantize.golden.render import built_text
+from quantize.golden.version import check_new_version, jsonl, write_files, yaml_bytes
 from quantize.io import read_user_text, sha256_user_file
 from quantize.kinds import ROLLING_METRICS
 
@@ -328,8 +329,6 @@ def write_version(
 
 def build(sources_dir: Path, out: Path, seed: int = 1234) -> Manifest:
     """`quantize golden build` and golden/core/build.py: refuse an existing version, then build it."""
-    from quantize.golden.version import check_new_version
-
     check_new_version(out)
     if not (sources_dir / "sources.json").is_file():
         raise UsageError(
@@ -342,8 +341,6 @@ def build(sources_dir: Path, out: Path, seed: int = 1234) -> Manifest:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from quantize.errors import EXIT_OK, EXIT_USAGE
-
     ap = argparse.ArgumentParser(description="Build golden/core/<version> from fetched sources.")
     ap.add_argument("--sources", required=True, type=Path, help="folder written by golden/core/fetch_sources.sh")
     ap.add_argument("--out", type=Path, default=Path("golden/core/v1"))
@@ -354,7 +351,6 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"golden/core/build.py: error: {e}", file=sys.stderr)
         return EXIT_USAGE
-    from quantize.golden.render import built_text
 
     print(built_text(m))
     return EXIT_OK

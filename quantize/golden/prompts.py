@@ -29,6 +29,7 @@ from typing import Any
 from quantize.compat.lm_eval import recording_draws
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.golden.items import CONTEXT_FIELD, SHOTS_FIELD  # noqa: F401 - the pins' fields (items.py checks them)
+from quantize.golden.manifest import lm_eval_tasks, verify
 
 LM_EVAL_FEWSHOT_SEED = 1234  # simple_evaluate's default fewshot_random_seed
 
@@ -107,8 +108,6 @@ def check_prompts(written: Path, originals: dict[str, dict[int, list[str]]], id_
     """The written set, loaded through lm-eval as the scorer loads it, gives every item the prompt the original
     task gave it in a full run; the first difference is an error naming the task and the item."""
     from lm_eval.tasks import TaskManager, get_task_dict
-
-    from quantize.golden.manifest import lm_eval_tasks, verify
 
     golden = verify(written)
     with tempfile.TemporaryDirectory(prefix="quantize-prompts-") as tmp:

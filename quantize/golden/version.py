@@ -22,6 +22,7 @@ from typing import Any
 
 from quantize.errors import UsageError
 from quantize.golden.manifest import Manifest
+from quantize.io import atomic_dir, sha256_bytes
 from quantize.names import checked, shown, unique
 
 SMOKE = 8  # fixed smoke ids per task
@@ -148,8 +149,6 @@ def write_files(
     """The one writer of a version folder (`golden new`, `golden freeze` and core's builder): every file, and
     MANIFEST.json = `fields` plus the sha256 and item count (JSONL lines) of each file, written into a temporary
     folder and renamed into place (quantize/io.py). Returns the manifest, validated as every reader validates it."""
-    from quantize.io import atomic_dir, sha256_bytes
-
     manifest = {
         **fields,
         "files": {

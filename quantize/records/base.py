@@ -14,7 +14,9 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from quantize.config import Wording, validate
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.io import read_user_file, sha256_bytes, write_text_atomic
 
 # One vocabulary for outcomes: a rule's, and the policy's as a whole.
 RuleOutcome = Literal["pass", "regression", "inconclusive"]
@@ -110,8 +112,6 @@ def non_finite_fields(data: Any, at: str = "") -> list[str]:
 def write(path: Path, record: Record) -> str:
     """The one writer of every record: JSON through a temporary file and an atomic rename. Returns the sha256 of
     the bytes written (a cache entry's digest, without reading the file back)."""
-    from quantize.io import sha256_bytes, write_text_atomic
-
     text = to_json(record)
     write_text_atomic(Path(path), text)
     return sha256_bytes(text.encode("utf-8"))
@@ -119,8 +119,6 @@ def write(path: Path, record: Record) -> str:
 
 def parse(model: type[R], data: Any, origin: str) -> R:
     """Validate parsed JSON as a record; another schema version, or a file from before versions, is refused."""
-    from quantize.config import Wording, validate
-
     what, hint = model.WHAT, model.REGENERATE
     if not isinstance(data, dict):
         raise UsageError(f"{origin} is not a {what}: it holds a JSON {type(data).__name__}, not an object; {hint}")
@@ -139,8 +137,6 @@ def parse(model: type[R], data: Any, origin: str) -> R:
 def read(model: type[R], path: Path) -> R:
     """The one reader of every record: a regular file of at most the kind's `MAX_BYTES` (a FIFO or a device named
     as a verdict or a score file is refused without being read; quantize/io.read_user_file)."""
-    from quantize.io import read_user_file
-
     path = Path(path)
     return loads(model, read_user_file(path, model.WHAT, model.MAX_BYTES, hint=model.REGENERATE), path)
 

@@ -27,20 +27,33 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from quantize import records
+from quantize.checkpoint.accounting import bits_report
+from quantize.checkpoint.files import identity_sha256
+from quantize.checkpoint.loader import LastModel, device, meta_model, resolve_model
+from quantize.cluster.connect import import_ray, on_cluster
+from quantize.cluster.executor import Executor, say_to_stderr, state_folder
+from quantize.convert.backends import check
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
+from quantize.io import write_text_atomic
+from quantize.quiet import quiet_libraries
 from quantize.records import (
+    VERDICT_FILE,
     AllocationRecord,
     SearchRef,
     SearchReport,
     SensitivityRecord,
     TryRecord,
     UnitRecord,
+    Verdict,
 )
 from quantize.search.allocate import knapsack, random_allocation
+from quantize.search.sensitivity import measure, sensitivities
 from quantize.search.spec import SearchRecipe, load_search
-from quantize.search.units import Layout, option_name
+from quantize.search.units import Layout, layout, option_name
+from quantize.sweep.run import probe
+from quantize.sweep.tasks import TaskSpec, convert_and_gate, execute
 
 if TYPE_CHECKING:
     from quantize.cluster.spec import Cluster, TaskResources
@@ -62,10 +75,7 @@ def preflight(
     spec_path: str, budgets: list[float] | None, policy_path: str | None = None
 ) -> tuple[SearchRecipe, str, Any, Any, Path, Layout, list[float]]:
     """Everything checkable before a model loads."""
-    from quantize.checkpoint.loader import meta_model, resolve_model
-    from quantize.convert.backends import check
     from quantize.flows.gate import open_policy
-    from quantize.search.units import layout
 
     spec, sha = load_search(spec_path)
     check(spec.base)  # what its backend runs, as each try's conversion checks it
@@ -172,7 +182,6 @@ class Search:
         return [u.name for u in self.lay.units]
 
     def held(self, alloc: dict[str, str]) -> dict | None:
-        from quantize.search.sensitivity import measure
 
         if self.base_held is None:
             return None
@@ -193,8 +202,6 @@ class Search:
 def run_search(
     spec_path: str, budgets: list[float] | None = None, quiet: bool = False, policy: str | None = None
 ) -> SearchReport:
-    from quantize.checkpoint.loader import LastModel
-    from quantize.quiet import quiet_libraries
 
     s = Search(spec_path, *preflight(spec_path, budgets, policy))
     s.options = [option_name(o) for o in s.spec.options]
@@ -214,10 +221,7 @@ def run_search(
 def measure_sensitivity(s: Search, models: Any, quiet: bool) -> None:
     """Each unit quantized alone, mean KL to the baseline on the sensitivity items (cached); the baseline's
     top-k on the held-out items for the allocations measured later."""
-    from quantize.checkpoint.files import identity_sha256
-    from quantize.checkpoint.loader import device
     from quantize.evaluate.agreement import Scorer, baseline_topk, requests
-    from quantize.search.sensitivity import sensitivities
 
     m, suite = s.spec.measure, s.suite
     on = device(suite.suite.device)
@@ -362,11 +366,6 @@ def _gate_round(
     """Each point's true bytes and verdict: converted and gated in this process for one point
     (sweep/tasks.convert_and_gate), else as a sweep's tasks on Ray (`run_chains`); either way the same two tasks per
     point."""
-    from quantize import records
-    from quantize.checkpoint.accounting import bits_report
-    from quantize.records import VERDICT_FILE, Verdict
-    from quantize.sweep.tasks import TaskSpec, convert_and_gate
-
     chains = []
     for i, r in recipes.items():
         rpath = _write_try_recipe(s.tries_dir, ckpts[i], r)
@@ -378,8 +377,6 @@ def _gate_round(
             )
         )
     if s.spec.max_parallel == 1 or len(recipes) == 1:
-        from quantize.quiet import quiet_libraries
-
         with quiet_libraries(quiet):
             verdicts = [convert_and_gate(c, g) for c, g in chains]
         return {i: (bits_report(ckpts[i]).total_bytes, v) for i, v in zip(recipes, verdicts, strict=True)}
@@ -399,11 +396,6 @@ def run_chains(
     """Convert-then-gate chains (the sweep's TaskSpecs) on the cluster, the baseline scored once first beside the
     conversions, each on quantize/cluster's executor as a sweep's tasks; returns what failed, one line each ([]
     when every chain finished)."""
-    from quantize.cluster.connect import import_ray, on_cluster
-    from quantize.cluster.executor import Executor, say_to_stderr, state_folder
-    from quantize.sweep.run import probe
-    from quantize.sweep.tasks import TaskSpec, execute
-
     ray = import_ray()
     ex = Executor(state_folder(state), max_retries, say_to_stderr("search"), execute)
     baseline = resources.baseline or resources.gate
@@ -415,7 +407,6 @@ def run_chains(
 
 
 def _write_try_recipe(tries_dir: Path, ckpt: Path, recipe: dict[str, Any]) -> Path:
-    from quantize.io import write_text_atomic
 
     tries_dir.mkdir(parents=True, exist_ok=True)
     rpath = tries_dir / f"{ckpt.name}.yaml"

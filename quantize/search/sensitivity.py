@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from quantize.compat.compressed_tensors import fake_quantize
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
 from quantize.search.units import Unit
 
@@ -26,8 +27,6 @@ def fake_quantize_weight(w: Any, bits: int, group: int | None) -> Any:
     import torch
     from compressed_tensors.quantization import QuantizationArgs
     from compressed_tensors.quantization.utils import calculate_qparams
-
-    from quantize.compat.compressed_tensors import fake_quantize
 
     out, inp = w.shape
     g = group or inp

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantize.checkpoint.files import safetensors_files
+from quantize.checkpoint.headers import read_header
 from quantize.convert.plan import divisor_group
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Indivisible, RTNRecipe, Scheme
 from quantize.errors import UsageError
@@ -89,9 +91,6 @@ def layout(model: Any, model_dir: Path, base: RTNRecipe, options: list[str], uni
     """Units and byte counts of a meta-device model whose source checkpoint is `model_dir`."""
     import torch
     from compressed_tensors.utils.match import match_named_modules
-
-    from quantize.checkpoint.files import safetensors_files
-    from quantize.checkpoint.headers import read_header
 
     tensors: dict[str, Any] = {}
     for f in safetensors_files(model_dir):

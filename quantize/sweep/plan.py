@@ -27,8 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantize.checkpoint.files import identity_sha256
+from quantize.config import MAX_YAML_BYTES, parse_yaml
+from quantize.convert.backends import check
+from quantize.convert.recipe import parse_recipe
 from quantize.errors import UsageError
 from quantize.gates.policy import Policy
+from quantize.io import read_user_file, sha256_bytes, write_text_atomic
 from quantize.names import checked, key, shown, unique
 from quantize.records import VERDICT_FILE, Verdict
 from quantize.sweep.spec import SweepSpec
@@ -108,8 +113,6 @@ def cells(spec: SweepSpec) -> list[Candidate]:
     """Every base recipe × every combination of the matrix's values, in the order given (module docstring)."""
     if spec.matrix is None:
         return []
-    from quantize.config import MAX_YAML_BYTES, parse_yaml
-    from quantize.io import read_user_file
 
     out: list[Candidate] = []
     fields = list(spec.matrix.fields)
@@ -134,10 +137,6 @@ def _cell(spec: SweepSpec, base: str, raw: Any, values: dict[str, Any], name: st
     import copy
 
     import yaml
-
-    from quantize.convert.backends import check
-    from quantize.convert.recipe import parse_recipe
-    from quantize.io import sha256_bytes
 
     said = ", ".join(f"{f}={v!r}" for f, v in values.items())
     source = f"{base} with {said}"
@@ -275,8 +274,6 @@ def _converted_here(out: Path, sha: str, recipe: str) -> bool:
 
 def write_cells(cands: list[Candidate]) -> None:
     """The recipe of each matrix cell still to convert, written whole where its convert task reads it."""
-    from quantize.io import write_text_atomic
-
     for c in cands:
         if c.recipe_text is not None and c.needs_convert and c.error is None and c.recipe is not None:
             Path(c.recipe).parent.mkdir(parents=True, exist_ok=True)
@@ -285,7 +282,6 @@ def write_cells(cands: list[Candidate]) -> None:
 
 def settle_done(cands: list[Candidate], policy: Policy, suite, baseline: Path) -> None:
     """Mark the candidates whose verdict is already written and valid (module docstring)."""
-    from quantize.checkpoint.files import identity_sha256
     from quantize.report.collect import saved_verdict
 
     base_id = identity_sha256(baseline)

@@ -30,11 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from quantize import records
+from quantize.checkpoint.accounting import bits_report
+from quantize.checkpoint.loader import resolve_model
 from quantize.cluster.connect import import_ray, on_cluster
 from quantize.cluster.executor import Executor, Track, say_to_stderr, state_folder
 from quantize.cluster.resources import gate_gpus
 from quantize.cluster.spec import SLOT, Cluster, Resources
+from quantize.config import validate
+from quantize.convert.dtypes import machine_bf16_speedup
+from quantize.cost import bounds
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, UsageError
+from quantize.gates.render import failed_rules
 from quantize.records import (
     AttemptRecord,
     CandidateRecord,
@@ -89,8 +95,6 @@ def plan_sweep(path: str | Path, address: str | None = None, max_parallel: int |
     whole sweep), and its candidates (a bad one: exit 2 for that candidate only)."""
     spec, sha = load_sweep(path)
     if address is not None:
-        from quantize.config import validate
-
         spec.cluster = validate(Cluster, {"address": address}, "--address", "cluster address")
     if max_parallel is not None:
         if max_parallel < 0:
@@ -103,7 +107,6 @@ def plan_sweep(path: str | Path, address: str | None = None, max_parallel: int |
             "raise resources.KIND.num_cpus, or give the tasks a custom resource its nodes offer (resources.KIND."
             "resources)"
         )
-    from quantize.checkpoint.loader import resolve_model
     from quantize.flows.gate import check_target, open_policy
 
     policy, suite = open_policy(spec.policy)
@@ -122,8 +125,6 @@ def probe() -> str:
     """The bf16 timing, taken here before any task shares the cores and kept for this boot, so the dtype suggestion
     each conversion records is an idle machine's (convert/dtypes.suggestion; it never chooses the dtype): a local
     cluster that will convert takes it before it starts (cluster/connect.on_cluster)."""
-    from quantize.convert.dtypes import machine_bf16_speedup
-
     speedup, now = machine_bf16_speedup()
     return f"bf16 matmuls {speedup:.2f}x float32 on this machine ({'measured now' if now else 'measured earlier'})"
 
@@ -244,7 +245,6 @@ def _task_record(t: Track, state: Path) -> SweepTaskRecord:
 
 
 def _candidate_record(c: Candidate, conv: Track | None, gate: Track | None) -> CandidateRecord:
-    from quantize.gates.render import failed_rules
 
     verdict = c.verdict
     if gate is not None and gate.outcome is not None and gate.outcome.record:
@@ -286,7 +286,6 @@ def _bits(ckpt: Path | None) -> Any:
     """The checkpoint's BitsReport, None when there is none or it does not read."""
     if ckpt is None or not (ckpt / "config.json").is_file():
         return None
-    from quantize.checkpoint.accounting import bits_report
 
     try:
         return bits_report(ckpt)
@@ -323,7 +322,6 @@ def _record(
 def _report(record: SweepRecord, home: Path, spec: SweepSpec) -> SweepRecord:
     """The report over every candidate that has a checkpoint, with the baseline and the policy's verdicts, as
     `quantize report` draws it; a report that cannot be drawn is a note, not a lost sweep."""
-    from quantize.cost import bounds
     from quantize.report.collect import collect, report_suite
     from quantize.report.render import write_report
 

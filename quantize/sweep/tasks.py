@@ -22,9 +22,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from quantize import records
+from quantize.checkpoint.loader import resolve_model
 from quantize.cluster.executor import THREAD_VARIABLES, Outcome, mark_start
+from quantize.convert.engine import complete_output, convert, tidy_leftovers
+from quantize.convert.recipe import load_recipe
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, RuntimeFailure, UsageError
-from quantize.records import JUNIT_FILE, VERDICT_FILE, TaskKind
+from quantize.gates.render import headline
+from quantize.quiet import quiet_libraries
+from quantize.records import JUNIT_FILE, VERDICT_FILE, RunRecord, TaskKind
 
 
 class TaskSpec(BaseModel):
@@ -92,9 +98,6 @@ def execute(task: TaskSpec, state: Path, node: str = "local", host: str = "local
 def prepare_recipe(recipe_path: str, model: str | None, output: Path | None = None):
     """A sweep's recipe as it is converted: the sweep's model where the recipe names none (a recipe naming another
     model is refused: its verdict would be against the wrong baseline), written to `output` (None: as it says)."""
-    from quantize.checkpoint.loader import resolve_model
-    from quantize.convert.recipe import load_recipe
-
     recipe, sha = load_recipe(recipe_path)
     if recipe.model is None and model is not None:
         recipe.model = model
@@ -111,10 +114,6 @@ def prepare_recipe(recipe_path: str, model: str | None, output: Path | None = No
 
 def converted(out: Path, recipe_sha256: str) -> bool:
     """`out` is a whole output of this recipe file (the same bytes): nothing to convert again."""
-    from quantize import records
-    from quantize.convert.engine import complete_output
-    from quantize.records import RunRecord
-
     return complete_output(out) and records.read(RunRecord, out / "quantize.json").recipe.sha256 == recipe_sha256
 
 
@@ -128,7 +127,6 @@ def convert_and_gate(convert: TaskSpec, gate: TaskSpec) -> Any:
 
 
 def run_convert(task: TaskSpec) -> tuple[int, str, str | None]:
-    from quantize.convert.engine import convert, tidy_leftovers
 
     assert task.recipe is not None and task.checkpoint is not None
     out = Path(task.checkpoint)
@@ -150,7 +148,6 @@ def run_baseline(task: TaskSpec) -> tuple[int, str, str | None]:
     """The baseline's full scores (and its top-k where the policy has agreement rules) into the cache, where every
     gate task reads them: scored once for the whole sweep."""
     from quantize.flows.gate import score_baseline
-    from quantize.quiet import quiet_libraries
 
     with quiet_libraries(True):
         cached = score_baseline(task.policy, Path(task.baseline))
@@ -161,7 +158,6 @@ def gate_candidate(task: TaskSpec) -> Any:
     """`quantize gate POLICY --baseline B --candidate C --junit C/gate.xml --json > C/gate.json`, each file whole;
     returns the Verdict."""
     from quantize.flows.gate import run_gate, save_verdict
-    from quantize.quiet import quiet_libraries
 
     assert task.checkpoint is not None
     cand = Path(task.checkpoint)
@@ -172,7 +168,6 @@ def gate_candidate(task: TaskSpec) -> Any:
 
 
 def run_gate_task(task: TaskSpec) -> tuple[int, str, str | None]:
-    from quantize.gates.render import headline
 
     v = gate_candidate(task)
     return v.exit_code, headline(v), str(Path(str(task.checkpoint)) / VERDICT_FILE)

@@ -388,10 +388,10 @@ def test_gptqmodel_refuses_kept_layers_for_what_they_are(tmp_path, monkeypatch):
     reported as an indivisible layer, though its 128 features are a multiple of 64); a family GPTQModel defuses
     (read from its defuser's registry, which needs `make gptq-env`: stood in for here; the real registry is
     tested in tests/checkpoint/test_foreign.py) is named with what to use instead."""
-    from quantize.compat import gptqmodel as compat
+    from quantize.convert.backends import gptqmodel as backend
     from quantize.convert.backends.gptqmodel import GPTQModelBackend
 
-    monkeypatch.setattr(compat, "defused", lambda model_type: model_type == "phi3")
+    monkeypatch.setattr(backend, "defused", lambda model_type: model_type == "phi3")  # the name the backend binds
     from quantize.convert.plan import ROUTER_REASON, LayerPlan
     from quantize.convert.recipe import parse_recipe
 

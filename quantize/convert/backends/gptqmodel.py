@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+from quantize.checkpoint.loader import device
+from quantize.compat.gptqmodel import defused, restore_rope
 from quantize.convert.backends.base import CalibrationDtype, Job
 from quantize.convert.plan import INDIVISIBLE, LayerPlan
 from quantize.convert.recipe import WEIGHT_ONLY_INT, AWQRecipe, GPTQRecipe, Method, Recipe, Scheme
@@ -86,7 +88,6 @@ class GPTQModelBackend:
                 "Choose a group_size that divides every layer's input features (64 for SmolLM2's 576), or use "
                 "backend: llmcompressor"
             )
-        from quantize.compat.gptqmodel import defused
 
         if defused(plan.model_type):
             raise UsageError(
@@ -123,9 +124,6 @@ class GPTQModelBackend:
         from gptqmodel import GPTQModel, QuantizeConfig
         from gptqmodel.quantization import FORMAT, METHOD
         from gptqmodel.utils.backend import BACKEND
-
-        from quantize.checkpoint.loader import device
-        from quantize.compat.gptqmodel import restore_rope
 
         recipe = job.recipe
         assert isinstance(recipe, GPTQRecipe | AWQRecipe), "recipe validation admits GPTQ and AWQ only here"

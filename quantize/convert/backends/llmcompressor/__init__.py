@@ -10,8 +10,11 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from quantize.checkpoint.files import read_config
+from quantize.checkpoint.files import read_config, safetensors_files
+from quantize.checkpoint.loader import load_model
+from quantize.compat.llmcompressor import model_free_ptq_pt
 from quantize.convert.backends.base import CalibrationDtype, Job
+from quantize.convert.backends.llmcompressor.mappings import check_mappings
 from quantize.convert.backends.llmcompressor.modifiers import compile_modifiers
 from quantize.convert.backends.llmcompressor.runtime import cpu_safe_calibration
 from quantize.convert.plan import LayerPlan, checkpoint_name, expert_checkpoint_names, per_expert_loader, renamings
@@ -60,8 +63,6 @@ class LLMCompressorBackend:
         return compile_modifiers(recipe, plan)
 
     def load(self, model_dir: Path, recipe: Recipe, dtype: Any, offload_dir: Path | None = None) -> tuple[Any, Any]:
-        from quantize.checkpoint.loader import load_model
-        from quantize.convert.backends.llmcompressor.mappings import check_mappings
 
         check_mappings(model_dir, recipe)  # AWQ/SmoothQuant whose mappings cannot apply: refused before the load
 
@@ -144,8 +145,6 @@ class LLMCompressorBackend:
         from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
         from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
-        from quantize.compat.llmcompressor import model_free_ptq_pt
-
         ran = serialized(prepared)
         (modifier,) = prepared  # streamable recipes compile to one QuantizationModifier (STREAMABLE)
         config = QuantizationConfig(
@@ -187,8 +186,6 @@ def _rename_experts(folder: Path, names: dict[str, str], renamed: list[tuple[str
     its modules as the checkpoint does, and found no target for Mixtral's `block_sparse_moe` experts (read in
     vLLM 0.34's source: it would load them as unquantized and fail)."""
     from safetensors.torch import load_file, save_file
-
-    from quantize.checkpoint.files import safetensors_files
 
     for f in safetensors_files(folder):
         tensors = load_file(f)

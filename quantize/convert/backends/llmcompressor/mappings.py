@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint.files import read_config
+from quantize.checkpoint.loader import meta_model
+from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
 from quantize.convert.recipe import Method, Recipe
 from quantize.errors import UsageError
 
@@ -149,8 +151,6 @@ def check_mappings(model_dir: Path, recipe: Recipe) -> Resolution | None:
     None for other methods, or where the library cannot lay the model's experts out (its own run says why)."""
     if recipe.method not in NAMES:
         return None
-    from quantize.checkpoint.loader import meta_model
-    from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
 
     model = meta_model(model_dir, recipe.trust_remote_code)
     try:

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from quantize.checkpoint.loader import device
+from quantize.compat.llmcompressor import unpinned
 
 
 @contextmanager
@@ -17,7 +18,6 @@ def cpu_safe_calibration() -> Iterator[None]:
     if device() != "cpu":
         yield
         return
-    from quantize.compat.llmcompressor import unpinned
 
     with unpinned():
         yield
