@@ -35,7 +35,7 @@ from quantize.checkpoint.loader import LastModel, device
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
-from quantize.evaluate.score import runtime
+from quantize.evaluate.score import runtime, vllm_lm
 from quantize.evaluate.suite import Backend, OpenSuite
 from quantize.golden.manifest import GoldenSet, lm_eval_tasks
 from quantize.golden.manifest import item_id as golden_item_id
@@ -491,8 +491,6 @@ def _scorer(suite: OpenSuite, checkpoint: Path, models: LastModel) -> Scorer | V
     s = suite.suite
     on = device(s.device)
     if s.backend is Backend.vllm:
-        from quantize.evaluate.score import vllm_lm
-
         return VLLMScorer(vllm_lm(s, checkpoint, on, models), s.agreement.top_k)
     model, tok = models.get(checkpoint, dtype=s.model_dtype(on), on=on)  # as lm-eval scores it
     return Scorer(model, tok, s.batch_size, s.max_length)

@@ -12,6 +12,7 @@ from quantize import progress
 from quantize.checkpoint.files import check_loadable, check_model_dir, checkpoint_folders, identity_sha256
 from quantize.errors import UsageError
 from quantize.evaluate import cache
+from quantize.evaluate.score import runtime
 from quantize.evaluate.suite import OpenSuite, open_suite
 from quantize.quiet import quiet_libraries
 from quantize.records import AgreementResult
@@ -54,7 +55,6 @@ def agree_many(
     """Every candidate measured against the baseline; `before_store` is called before anything measured is cached
     (api.agreement: the identities' Hub blob names checked)."""
     from quantize.evaluate.agreement import agreement_scores
-    from quantize.evaluate.score import runtime
 
     suite = open_suite(suite_path)
     check_model_dir(baseline)

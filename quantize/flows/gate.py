@@ -11,14 +11,17 @@ from pathlib import Path
 
 from quantize import progress, records
 from quantize.checkpoint.files import BlobCheck, architecture, check_loadable, check_model_dir, identity_sha256
-from quantize.checkpoint.loader import LastModel
+from quantize.checkpoint.loader import LastModel, same_vocabulary
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
+from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
 from quantize.evaluate.suite import OpenSuite, open_suite
 from quantize.gates.gate import comparable_settings, decide
 from quantize.gates.policy import RULE_OUTPUT_TYPES, AgreementRule, Policy, load_policy
-from quantize.io import sha256_file
-from quantize.records import ScoreDoc, Verdict
+from quantize.gates.render import render_junit
+from quantize.io import sha256_file, write_text_atomic
+from quantize.records import ScoreDoc, SideRef, Verdict, to_json
+from quantize.report.card import add_verdict
 
 
 def check_rules(policy: Policy, suite: OpenSuite) -> None:
@@ -87,7 +90,6 @@ def comparison_notes(policy: Policy, baseline: Path, candidate: Path) -> list[st
     tokenizations mean nothing) unless the policy allows it (`allow_different_tokenizer: true`)."""
     if not (baseline.is_dir() and candidate.is_dir()):
         return []
-    from quantize.checkpoint.loader import same_vocabulary
 
     base_id = identity_sha256(baseline)
     if base_id == identity_sha256(candidate):  # one identity: the same config and tokenizer files too
@@ -123,8 +125,6 @@ def load_scores(
     saved `quantize eval --json --items`, which must come from the policy's suite: same
     settings, same golden set, same tasks."""
     if not target.is_file():
-        from quantize.evaluate.score import score
-
         return score(suite, target, models=models, use_cache=use_cache, before_store=before_store).doc
     doc = records.read(ScoreDoc, target)
     p = doc.provenance
@@ -153,17 +153,11 @@ def save_verdict(v: Verdict, junit: Path | None = None, record: Path | None = No
     """Where a verdict goes besides the terminal, each file written whole: the JUnit XML (one test case per rule),
     the verdict record (what `--json` prints) and the candidate's model card (`card`: its folder). The one writer
     for `quantize gate`, the GitHub Action's step and a sweep's gate tasks."""
-    from quantize.gates.render import render_junit
-    from quantize.io import write_text_atomic
-    from quantize.records import to_json
-
     if junit is not None:
         write_text_atomic(junit, render_junit(v))
     if record is not None:
         write_text_atomic(record, to_json(v))
     if card is not None:
-        from quantize.report.card import add_verdict
-
         add_verdict(card, v, str(record) if record is not None else "the verdict")
 
 
@@ -171,7 +165,6 @@ def score_baseline(policy_path: str | Path, baseline: Path) -> bool:
     """A baseline's full scores on the policy's suite, and its top-k where the policy has agreement rules, into the
     cache (what every later gate against it reads). Returns whether its scores were there already."""
     from quantize.evaluate.agreement import baseline_topk_cached
-    from quantize.evaluate.score import score
 
     policy, suite = open_policy(policy_path)
     models = LastModel(False)
@@ -183,8 +176,6 @@ def score_baseline(policy_path: str | Path, baseline: Path) -> bool:
 
 def scored_here() -> list[str]:
     """The checkpoint identities this process scored in full, not from the cache (quantize.evaluate.score)."""
-    from quantize.evaluate.score import SCORED_HERE
-
     return list(SCORED_HERE)
 
 
@@ -236,8 +227,6 @@ def _gate(
     # right after its scores, while each is the model in memory
     models, run = LastModel(trust_remote_code), None
     if base_path.is_dir() or cand_path.is_dir():  # only a checkpoint is scored or read from the cache (its runtime)
-        from quantize.evaluate.score import runtime
-
         run = runtime(suite, trust_remote_code)
     base_id = identity_sha256(base_path) if base_path.is_dir() else ""
     if policy.baseline_scores_sha256 is not None:  # before any scoring: another file is refused, not scored first
@@ -352,10 +341,8 @@ def run_sequential(
     With `from_cache` (--trust-cached-candidate), a candidate whose full scores are cached is read from the cache,
     look by look, at no cost; its agreement is always measured here, in stages (quantize/evaluate/agreement.py
     `StagedAgreement`)."""
-    from quantize.evaluate.score import Staged
     from quantize.gates import sequential as sq
     from quantize.gates.gate import side, verdict_of
-    from quantize.records import SideRef
 
     assert policy.sequential is not None
     tasks = sq.rule_tasks(policy)
