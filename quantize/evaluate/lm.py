@@ -1,5 +1,6 @@
 """Our lm-eval model (`backend: quantize`, lm-eval's registry name "quantize-kv"): each distinct context computed
-once, every continuation of it scored from its cached keys and values, an item's numbers independent of its batch.
+once, every continuation of it scored from its cached keys and values, an item's numbers independent of its batch;
+a checkpoint that rounds activations (FP8, W8A8, NVFP4, ...) scored one request a pass, as HFLM at batch size 1.
 
 lm-eval's HF backend (`HFLM`) runs context + continuation as one row for every request: a multiple-choice item
 with four multi-token choices runs its context four times (its logits cache shares a context only for one-token
@@ -17,11 +18,12 @@ extension point (`lm_eval.api.registry.register_model`, a `TemplateLM` whose `lo
                    every target is its position's argmax
 
 The requests are grouped by (task, document, P): one item's continuations that share a context. A group of one
-continuation (or with an empty P) is a whole row, P + S; a larger group shares P. How the rows meet the model
-depends on whether rows of different items may share a forward pass (`packs`, below):
+continuation (or with an empty P) is a whole row, P + S; a larger group shares P, except in a model that rounds
+activations (below), where every continuation is a whole row. How the rows meet the model depends on whether
+rows of different items may share a forward pass (`packs`, below):
 
-    packed         (dense full-attention models on the CPU) rows of several items share a pass, and what a row's
-                   numbers depend on is fixed by the row alone:
+    packed         (dense full-attention models on the CPU, unquantized or with weights alone quantized) rows
+                   of several items share a pass, and what a row's numbers depend on is fixed by the row alone:
         whole rows     right-padded to their length rounded up to QUANTUM tokens (W); the LM head on the pass's
                        last KEEP positions when they hold the row's scored ones, else on all W; rows of one
                        (W, head) shape share a pass, up to `batch_size` rows and TOKEN_BUDGET positions
@@ -41,7 +43,8 @@ measured, not guaranteed by the kernels: on the 2-core AMD EPYC (AVX-512) and AM
 on, a row gives the same bits alone, in a pass of 4 and of 16, and tests/evaluate/test_lm.py asserts it on every
 run (an item alone, in a batch of 16, in another stage, and every item of a mixed call against a call of its own,
 on each dense family of tests/families.py), so a machine whose kernels split the reduction by M fails there, not
-in a verdict. Packing is wrong where rows interact inside the model, so `packs` refuses it there:
+in a verdict. Packing is wrong where rows interact inside the model, or where the model turns a row's width into
+another answer, so `packs` refuses it there:
 
     sliding windows   a padded prefix's masked positions count towards the window in the cache, so a packed
                       row reads another window than HFLM's (Gemma 3: 0.57 nats off, is_greedy differing)
@@ -49,9 +52,21 @@ in a verdict. Packing is wrong where rows interact inside the model, so `packs` 
                       pass, so a row's floats move with its neighbours (Qwen3-MoE, gpt-oss)
     other devices     M-independence holds on the CPU; a GPU's kernels choose by shape (an H200 in float32:
                       12-23 of 24 items' floats moved with their neighbours, docs/results.md)
+    rounded           a checkpoint that quantizes activations (compressed-tensors' input or output activations:
+    activations       FP8 dynamic and static, FP8 block, W8A8, W4AFP8, NVFP4, MXFP4) or its KV cache
+                      (`kv_cache_scheme`): a row's padded width moves its floats by ~1e-6, and an activation
+                      rounding step turns that into another value, layer after layer (FP8 dynamic on the default
+                      model in float32: packed 1.29 nats from stock HFLM and 6 is_greedy flips in 300 key-value
+                      items, docs/results.md "Revision 7"). A context's keys and values computed apart from its
+                      continuations are other floats too, amplified alike (a tiny W8A8 model: 1.5e-3 nats), so
+                      such a model shares no context: every request is a whole row, alone (batch 1, unpadded),
+                      what HFLM computes at batch size 1 (tests/evaluate/test_lm.py holds it within 1e-4)
 
-and the config rule reads quantize/checkpoint/architecture (`attention_layers`, `moe_spec`): every layer full
-attention and no routed experts; a config it cannot read is not packed.
+and the rule reads the transformers config and the loaded model: its `quantization_config` and the
+compressed-tensors scheme on each module (`rounds_activations`: a quantization method other than
+compressed-tensors, GPTQ or AWQ counts as rounding activations) and quantize/checkpoint/architecture
+(`attention_layers`, `moe_spec`): nothing but weights rounded, every layer full attention and no routed experts;
+a config it cannot read is not packed.
 
 Document perplexity: lm-eval's rolling windows (`lm_eval.utils.get_rolling_token_windows`,
 `make_disjoint_window`, context length 1), each window a whole row, every document's windows in one call,
@@ -63,7 +78,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -81,14 +96,18 @@ TOKEN_BUDGET = 2048  # packed: positions a pass holds at most (rows × width), u
 PACKED_DEVICES = ("cpu",)  # where an item's floats were measured not to move with the pass's rows
 
 
-def packs(config: Any, device: Any) -> bool:
+WEIGHT_ONLY_METHODS = ("gptq", "awq")  # transformers' quantization methods that round the weights alone
+
+
+def packs(config: Any, device: Any, modules: Iterable[Any] = ()) -> bool:
     """Whether rows of different items may share a forward pass (module docstring): on a device of
-    PACKED_DEVICES, every layer full attention and no routed experts by `config` (a transformers config);
-    False for any config quantize/checkpoint/architecture cannot read."""
+    PACKED_DEVICES, with nothing but weights rounded (`rounds_activations` on `config` and the loaded model's
+    `modules`), every layer full attention and no routed experts by `config` (a transformers config); False for
+    any config quantize/checkpoint/architecture cannot read."""
     from quantize.checkpoint import architecture
     from quantize.errors import UsageError
 
-    if torch.device(device).type not in PACKED_DEVICES:
+    if torch.device(device).type not in PACKED_DEVICES or rounds_activations(config, modules):
         return False
     cfg = config.to_dict()
     try:
@@ -96,6 +115,39 @@ def packs(config: Any, device: Any) -> bool:
         return full and architecture.moe_spec(cfg) is None
     except UsageError:
         return False
+
+
+def rounds_activations(config: Any, modules: Iterable[Any] = ()) -> bool:
+    """Whether the model rounds what it computes, not only its weights (module docstring). `config`'s
+    `quantization_config` (transformers' object, as a loaded model holds it, or config.json's dict) is
+    compressed-tensors' with a config group whose `input_activations` or `output_activations` is set (FP8 dynamic
+    and static, FP8 block, W8A8, W4AFP8, NVFP4, MXFP4) or with a `kv_cache_scheme`, or of a method this rule
+    cannot read (neither compressed-tensors nor one of WEIGHT_ONLY_METHODS); or one of `modules` carries a
+    compressed-tensors scheme (`quantization_scheme`, what its forward rounds by) with input or output
+    activations: a format transformers dequantizes at load (NVFP4, MXFP4: checkpoint/loader.DEQUANTIZED_AT_LOAD)
+    drops the config's quantization_config and keeps rounding each linear's input."""
+    for m in modules:
+        scheme = getattr(m, "quantization_scheme", None)
+        if any(getattr(scheme, a, None) is not None for a in ("input_activations", "output_activations")):
+            return True
+    qc = getattr(config, "quantization_config", None)
+    if qc is None:
+        return False
+    if not isinstance(qc, dict):  # transformers' CompressedTensorsConfig (to_dict), a pydantic model (model_dump)
+        qc = qc.to_dict() if hasattr(qc, "to_dict") else qc.model_dump() if hasattr(qc, "model_dump") else None
+    if not isinstance(qc, dict):
+        return True
+    method = qc.get("quant_method")
+    method = str(getattr(method, "value", method) or "").lower()  # transformers' QuantizationMethod is an enum
+    if method != "compressed-tensors":
+        return method not in WEIGHT_ONLY_METHODS
+    groups = qc.get("config_groups") or {}
+    if qc.get("kv_cache_scheme") is not None or not isinstance(groups, dict):
+        return True
+    return any(
+        not isinstance(g, dict) or g.get("input_activations") is not None or g.get("output_activations") is not None
+        for g in groups.values()
+    )
 
 
 class Row(NamedTuple):
@@ -142,7 +194,8 @@ class PrefixLM(TemplateLM):
     """A causal LM scored with each distinct context computed once (module docstring). `pretrained`: a loaded
     transformers model with its `tokenizer`, or a checkpoint folder, loaded by our loader (safetensors only,
     strict) in `dtype` on `device`. `pack`: whether rows of different items share passes; None (the default)
-    decides by `packs`."""
+    decides by `packs`. A model that rounds activations (`rounds_activations`) shares no context: each request
+    is a whole row."""
 
     def __init__(  # noqa: PLR0913 (lm-eval passes a suite's model_args as keywords; each is one of them)
         self,
@@ -172,7 +225,9 @@ class PrefixLM(TemplateLM):
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         # the LM head on the scored positions only, where the model's forward takes it
         self.keeps = "logits_to_keep" in inspect.signature(self.model.forward).parameters
-        self.pack = packs(self.model.config, self.model.device) if pack is None else bool(pack)
+        self.pack = packs(self.model.config, self.model.device, self.model.modules()) if pack is None else bool(pack)
+        # a model that rounds activations runs every request as one whole row (module docstring)
+        self.share = not rounds_activations(self.model.config, self.model.modules())
 
     @property
     def eot_token_id(self) -> int:
@@ -230,8 +285,9 @@ class PrefixLM(TemplateLM):
 
     def score_rows(self, rows: list[Row], owners: Sequence[Any]) -> list[tuple[float, bool]]:
         """(log-likelihood, is_greedy) per row. Rows with the same owner and prefix form one group: a group of one
-        continuation, or with an empty prefix, is a whole row; a larger group shares its prefix. Each whole row
-        and each shared group gets the numbers it gets alone, whatever else the call holds (module docstring)."""
+        continuation, or with an empty prefix, or of a model that does not `share` contexts, is whole rows; a
+        larger group shares its prefix. Each whole row and each shared group gets the numbers it gets alone,
+        whatever else the call holds (module docstring)."""
         groups: dict[tuple[Any, tuple[int, ...]], list[int]] = {}
         for i, (r, owner) in enumerate(zip(rows, owners, strict=True)):
             groups.setdefault((owner, r.prefix), []).append(i)
@@ -240,7 +296,7 @@ class PrefixLM(TemplateLM):
         group_of: dict[tuple[Any, tuple[int, ...]], Shared | None] = {}
         for (owner, prefix), idx in groups.items():
             distinct = tuple(sorted({(rows[i].suffix, rows[i].targets) for i in idx}))
-            if len(distinct) == 1 or not prefix:
+            if len(distinct) == 1 or not prefix or not self.share:
                 wholes.update(Whole(prefix + s, len(s), t) for s, t in distinct)
                 group_of[(owner, prefix)] = None
             else:

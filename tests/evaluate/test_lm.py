@@ -303,3 +303,117 @@ def test_every_family_equals_stock_hflm_and_is_batch_independent(tmp_path, famil
         assert lm.loglikelihood(item, disable_tqdm=True) == [
             a for r, a in zip(reqs, mine, strict=True) if r.doc_id == d
         ]
+
+
+# compressed-tensors preset -> packed: weights alone rounded pack; rounded activations (FP8 dynamic and static, FP8
+# block, W8A8, W4AFP8, NVFP4, MXFP4) take one-item passes, their rounding turning a row's width into other numbers
+ROUNDS = {
+    "W4A16": False,
+    "W8A16": False,
+    "NVFP4A16": False,
+    "MXFP4A16": False,
+    "FP8_DYNAMIC": True,
+    "FP8": True,
+    "FP8_BLOCK": True,
+    "W8A8": True,
+    "W4AFP8": True,
+    "NVFP4": True,
+    "MXFP4": True,
+}
+
+
+@pytest.mark.parametrize("form", ["dict", "object"])
+def test_the_rule_reads_the_quantization_config(form):
+    """`packs` on a dense Llama: weight-only compressed-tensors schemes (and GPTQ, AWQ) pack; a scheme that rounds
+    input activations, any scheme with a kv_cache_scheme, and a quantization method the rule cannot read do not;
+    config.json's dict and the object transformers holds on a loaded model alike."""
+    import families
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationConfig, preset_name_to_scheme
+    from transformers import CompressedTensorsConfig
+
+    from quantize.evaluate.lm import packs
+
+    def with_qc(scheme: str | None, kv: bool = False, **other):
+        cfg = families.config("llama")
+        fields: dict[str, Any] = {
+            "config_groups": {"group_0": preset_name_to_scheme(scheme, ["Linear"])} if scheme else {}
+        }
+        if kv:
+            fields["kv_cache_scheme"] = QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False)
+        qc = other or QuantizationConfig(**fields).model_dump()
+        cfg.quantization_config = CompressedTensorsConfig(**qc) if form == "object" and not other else qc
+        return cfg
+
+    for scheme, rounds in ROUNDS.items():
+        assert packs(with_qc(scheme), "cpu") is not rounds, scheme
+        assert not packs(with_qc(scheme, kv=True), "cpu"), scheme
+    assert not packs(with_qc(None, kv=True), "cpu")  # a quantized KV cache alone
+    assert packs(with_qc(None), "cpu")  # compressed-tensors without groups: nothing rounded
+    assert packs(with_qc(None, quant_method="gptq", bits=4), "cpu")
+    assert packs(with_qc(None, quant_method="awq", bits=4), "cpu")
+    assert not packs(with_qc(None, quant_method="bitsandbytes", load_in_8bit=True), "cpu")  # unread: not packed
+    assert not packs(with_qc("W4A16", kv=True), "cuda")  # the device rule still holds
+
+
+def rounding(tmp_path, tiny_model, capsys, scheme: str, method: str = "rtn"):
+    """The tiny model converted to `scheme` by `quantize run` (calibrated on the tests' small set), loaded in
+    float32 on the CPU."""
+    from convert.test_engine import CAL, run_ok, write_recipe
+
+    from quantize.checkpoint.loader import LastModel
+
+    cal = CAL if scheme in ("NVFP4", "W8A8") else None
+    run_ok(write_recipe(tmp_path, tiny_model, "q", method=method, scheme=scheme, calibration=cal), capsys)
+    return LastModel().get(tmp_path / "out" / "q", dtype="float32", on="cpu")
+
+
+@pytest.mark.parametrize(("scheme", "method"), [("FP8_DYNAMIC", "fp8"), ("NVFP4", "rtn")])
+def test_an_activation_quantized_checkpoint_is_scored_one_request_a_pass(
+    tmp_path, tiny_model, capsys, monkeypatch, scheme, method
+):
+    """The tiny model converted to FP8 dynamic (config.json's quantization_config rounds every linear's input per
+    token) and to NVFP4 (loaded dequantized: the config loses its quantization_config, the modules keep their
+    scheme): the scorer chooses by itself to share neither passes nor contexts, every request a whole row in a
+    pass of its own, unpadded, and per request it gets what HFLM gets at batch size 1."""
+    from quantize.checkpoint import qdq
+
+    model = rounding(tmp_path, tiny_model, capsys, scheme, method)
+    assert (scheme == "NVFP4") is not hasattr(model[0].config, "quantization_config")  # the two ways the rule reads
+    reqs = items(model, 8, greedy=True)
+    lm = ours(model, batch_size=16, max_length=24)
+    assert lm.pack is False and lm.share is False
+    passes: list[Any] = []
+    forward = lm.model.forward
+
+    def spy(input_ids=None, past_key_values=None, **kw):
+        passes.append((input_ids.clone(), past_key_values is not None))
+        return forward(input_ids=input_ids, past_key_values=past_key_values, **kw)
+
+    with qdq.installed():  # as the scorer runs a quantized checkpoint (quantize/evaluate/score.run_lm_eval)
+        theirs = stock(model, batch_size=1, max_length=24).loglikelihood(reqs, disable_tqdm=True)
+        monkeypatch.setattr(lm.model, "forward", spy)
+        mine = lm.loglikelihood(reqs, disable_tqdm=True)
+    assert len(passes) == len({r.args for r in reqs}) and not any(cached for _, cached in passes)
+    assert all(len(ids) == 1 and ids[0, -1] != lm.pad for ids, _ in passes)  # one row a pass, unpadded
+    assert [g for _, g in mine] == [g for _, g in theirs] and sum(g for _, g in mine) >= 4
+    assert np.abs(np.array([ll for ll, _ in mine]) - [ll for ll, _ in theirs]).max() <= TOL
+
+
+def test_int8_activations_turn_a_rows_padding_into_other_numbers(tmp_path, tiny_model, capsys):
+    """SmoothQuant W8A8 (int8 activations per token): packed passes (each row padded to a multiple of QUANTUM, a
+    context's keys and values computed apart from its choices) move some request past 1e-4 nats of HFLM's numbers
+    at batch size 1 (whole rows, unpadded), so the check has teeth; the scorer's own choice, each request a whole
+    row alone, stays within 1e-4 of them with the same is_greedy on every request."""
+    from quantize.checkpoint import qdq
+
+    model = rounding(tmp_path, tiny_model, capsys, "W8A8", "smoothquant")
+    reqs = items(model, 16, seed=5, greedy=True)
+    with qdq.installed():
+        theirs = stock(model, batch_size=1, max_length=24).loglikelihood(reqs, disable_tqdm=True)
+        lm = ours(model, batch_size=16, max_length=24)
+        mine = lm.loglikelihood(reqs, disable_tqdm=True)
+        packed = ours(model, batch_size=16, max_length=24, pack=True).loglikelihood(reqs, disable_tqdm=True)
+    ref = np.array([ll for ll, _ in theirs])
+    assert not lm.pack and np.abs(np.array([ll for ll, _ in packed]) - ref).max() > TOL
+    assert [g for _, g in mine] == [g for _, g in theirs]
+    assert np.abs(np.array([ll for ll, _ in mine]) - ref).max() <= TOL
