@@ -164,7 +164,8 @@ def main() -> None:
                         out.write_text(doc.model_dump_json(indent=1) + "\n", encoding="utf-8")
                 model, _ = models.get(args.model, dtype=dtype, on="cpu")
                 packed = packs(model.config, "cpu", model.modules())
-                rows += compare_docs(docs, {"set": golden, "dtype": dtype, "ours_packed": packed})
+                head = {"model": args.model.name, "set": golden, "dtype": dtype, "ours_packed": packed}
+                rows += compare_docs(docs, head)
                 for row in rows[-len(docs["stock"][0].tasks) :]:
                     print(json.dumps(row), flush=True)
                     if args.jsonl:
