@@ -1,13 +1,16 @@
 """A gate's verdict under our scorer and under lm-eval's stock HFLM, and the items that make them differ.
 
     python benchmarks/scorer_verdict.py BASELINE CANDIDATE [CANDIDATE ...] [--policy gates/ci.yaml]
-        [--backends quantize hf] [--cache DIR] [--out DIR] [--json OUT.json]
+        [--backends quantize hf] [--hf-batch-size N] [--cache DIR] [--out DIR] [--json OUT.json]
 
 For each backend, `quantize.flows.gate.run_gate` (what `quantize gate POLICY --baseline B --candidate C` runs)
 gates every candidate with the policy as written (`quantize`: the policy's own suite, our scorer) or with a copy
 of it whose suite differs only in `backend:` (`hf`: lm-eval's stock HFLM scores both sides), sequential design
-included. The score cache is --cache (default: a temporary folder): each backend scores the baseline once, in
-full, and every candidate is scored afresh in its stages. --out keeps, per candidate and backend, the verdict
+included. --hf-batch-size sets the copy's `batch_size:` too: 1 gives stock HFLM's per-item scores (each request
+its own unpadded pass, what an item scores alone); the suite's own (16) pads requests into shared batches, which
+moves an activation-quantized model's scores with its neighbours. The score cache is --cache (default: a
+temporary folder): each backend scores the baseline once, in full, and every candidate is scored afresh in its
+stages. --out keeps, per candidate and backend, the verdict
 (NAME.BACKEND.gate.json), the candidate's staged items (NAME.BACKEND.staged.json) and the baseline's full scores
 (baseline.BACKEND.json).
 
@@ -32,8 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def policy_for(policy: Path, backend: str, tmp: Path) -> Path:
-    """The policy itself for the suite's own backend, else a copy whose suite differs only in `backend:`."""
+def policy_for(policy: Path, backend: str, tmp: Path, batch_size: int | None = None) -> Path:
+    """The policy itself for the suite's own backend, else a copy whose suite differs only in `backend:` (and
+    `batch_size:` where one is given)."""
     import yaml
 
     from quantize.evaluate.suite import open_suite
@@ -41,10 +45,12 @@ def policy_for(policy: Path, backend: str, tmp: Path) -> Path:
 
     pol = load_policy(policy)
     spec = yaml.safe_load(Path(pol.suite).read_text())
-    if spec.get("backend", "quantize") == backend:
+    if spec.get("backend", "quantize") == backend and batch_size is None:
         return policy
     spec["golden"] = open_suite(pol.suite).golden.path.as_posix()
     spec["backend"] = backend
+    if batch_size is not None:
+        spec["batch_size"] = batch_size
     suite = tmp / f"suite-{backend}.yaml"
     suite.write_text(yaml.safe_dump(spec))
     raw = yaml.safe_load(policy.read_text()) | {"suite": str(suite)}
@@ -109,6 +115,7 @@ def main() -> None:
     ap.add_argument("candidates", type=Path, nargs="+")
     ap.add_argument("--policy", type=Path, default=ROOT / "gates" / "ci.yaml")
     ap.add_argument("--backends", nargs="+", default=["quantize", "hf"], choices=["quantize", "hf"])
+    ap.add_argument("--hf-batch-size", type=int, help="the hf copy's batch_size (1: stock per-item scores)")
     ap.add_argument("--cache", type=Path, help="the score cache (default: a temporary folder)")
     ap.add_argument("--out", type=Path, help="keep verdicts, staged items and the baseline's scores here")
     ap.add_argument("--json", type=Path)
@@ -125,7 +132,7 @@ def main() -> None:
         score.Staged.score = recording(last)
         got: dict = {}
         for backend in args.backends:
-            pol = policy_for(args.policy, backend, tmp)
+            pol = policy_for(args.policy, backend, tmp, args.hf_batch_size if backend == "hf" else None)
             _, suite = open_policy(pol)
             for c in args.candidates:
                 v = run_gate(pol, args.baseline, c)
@@ -154,7 +161,15 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     if args.json:
         args.json.write_text(
-            json.dumps({"policy": str(args.policy), "backends": args.backends, "rows": rows}, indent=1)
+            json.dumps(
+                {
+                    "policy": str(args.policy),
+                    "backends": args.backends,
+                    "hf_batch_size": args.hf_batch_size,
+                    "rows": rows,
+                },
+                indent=1,
+            )
         )
 
 
