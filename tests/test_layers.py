@@ -272,13 +272,10 @@ def heavy_modules(top: dict[str, set[str]]) -> set[str]:
 
 # The API and the CLI import each stage inside the function that runs it, by design: no stage loads a SLOW library
 # alone, but together they load pydantic and ~350 modules (`import quantize` ~0.06 s, ~0.5 s with every stage), and a
-# refusal answers before any of it. The scorer's modules were being edited when the rule came in (issue #56); their
-# entries go once their own lazy imports are hoisted: the list only shrinks.
+# refusal answers before any of it.
 LAZY_UNCHECKED = (
     "quantize.api",
     "quantize.cli",
-    "quantize.evaluate.lm",
-    "quantize.evaluate.cache",
 )
 
 

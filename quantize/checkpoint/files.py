@@ -271,8 +271,10 @@ def index_and_experts_match_headers(checkpoint: Path) -> None:
     if problems := expert_problems(read_config(checkpoint, required=False), shapes):
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise UsageError(
-            f"{checkpoint}: the routed experts' tensors do not match config.json: {'; '.join(problems[:3])}{more}. "
-            "Fix config.json, or the weights that go with it"
+            f"{checkpoint}: the routed experts' tensors do not match config.json or each other: "
+            f"{'; '.join(problems[:3])}{more}. transformers stacks each layer's experts into one tensor, so every "
+            "expert must hold the same tensors, shapes and dtypes as the others (an expert quantized unlike its "
+            "fellows would be read misaligned). Fix config.json, or the weights that go with it"
         )
 
 

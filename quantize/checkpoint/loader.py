@@ -23,6 +23,7 @@ from quantize.checkpoint.files import (
     TOKENIZER_FILES,
     check_loadable,
     check_model_dir,
+    index_and_experts_match_headers,
     loadable_view,
     read_config,
     safetensors_files,
@@ -255,6 +256,7 @@ def load_model(
     memory only while it runs. Remote code runs only when the caller passes trust_remote_code=True, which
     only a recipe or a command-line flag can ask for."""
     check_loadable(path)
+    index_and_experts_match_headers(path)  # transformers stacks experts and would misread a mixed layout
     check_against_meta(path, trust_remote_code)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -86,7 +86,10 @@ import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
+from quantize.checkpoint import architecture
+from quantize.checkpoint.loader import LastModel
 from quantize.compat import lm_eval as lm_eval_compat
+from quantize.errors import UsageError
 
 NAME = "quantize-kv"
 QUANTUM = 8  # packed: rows and prefixes are padded to a multiple of this many tokens
@@ -104,9 +107,6 @@ def packs(config: Any, device: Any, modules: Iterable[Any] = ()) -> bool:
     PACKED_DEVICES, with nothing but weights rounded (`rounds_activations` on `config` and the loaded model's
     `modules`), every layer full attention and no routed experts by `config` (a transformers config); False for
     any config quantize/checkpoint/architecture cannot read."""
-    from quantize.checkpoint import architecture
-    from quantize.errors import UsageError
-
     if torch.device(device).type not in PACKED_DEVICES or rounds_activations(config, modules):
         return False
     cfg = config.to_dict()
@@ -212,8 +212,6 @@ class PrefixLM(TemplateLM):
         from lm_eval.models.huggingface import HFLM
 
         if isinstance(pretrained, (str, Path)):
-            from quantize.checkpoint.loader import LastModel
-
             pretrained, tokenizer = LastModel(trust_remote_code).get(Path(pretrained), dtype=dtype, on=device)
         self.model = pretrained
         # lm-eval's tokenization of the same model (module docstring): no forward pass runs through it

@@ -181,29 +181,71 @@ def test_experts_in_a_layout_transformers_cannot_reload_are_refused_before_loadi
     assert "Use fp8-e4m3" in err and "`ignore`" in err
 
 
-def test_a_planned_expert_left_at_16_bits_is_said(tmp_path, moe_dir, capsys, monkeypatch):
-    """An expert the plan quantizes but the backend skips (planted: dropped from the modifiers' targets) is
-    listed in quantize.json's left_16bit (which tensors, how many bytes, why) and in the run's summary."""
+def _skipping(monkeypatch, planted: str) -> None:
+    """The llm-compressor backend with `planted` dropped from its modifier's targets (a backend that skips a layer
+    the plan quantizes)."""
     import quantize.convert.backends.llmcompressor as backend
 
     compile_modifiers = backend.compile_modifiers
-    planted = "model.layers.1.mlp.experts.2.down_proj"
 
     def skipping(recipe, plan):
         mods = compile_modifiers(recipe, plan)
-        for group in mods[0].config_groups.values():
-            group.targets = [t for t in group.targets if "experts\\.2\\.down_proj" not in t or "layers\\.1\\." not in t]
+        for group in mods[0].config_groups.values():  # targets name each planned module, plainly or as a regex
+            group.targets = [t for t in group.targets if t not in (planted, f"re:^{re.escape(planted)}$")]
         return mods
 
     monkeypatch.setattr(backend, "compile_modifiers", skipping)
-    recipe = recipe_file(tmp_path, moe_dir("qwen3_moe"), "planted", **RECIPES["fp8"])
+
+
+def test_a_planned_layer_left_at_16_bits_is_said(tmp_path, tiny_model, capsys, monkeypatch):
+    """A layer the plan quantizes but the backend skips (planted) is listed in quantize.json's left_16bit (which
+    tensors, how many bytes, why) and in the run's summary."""
+    planted = "model.layers.0.mlp.down_proj"
+    _skipping(monkeypatch, planted)
+    recipe = recipe_file(tmp_path, tiny_model, "planted", **RECIPES["fp8"])
     assert main(["run", str(recipe)]) == 0
     said = capsys.readouterr().out
-    meta = json.loads((tmp_path / "out" / "planted" / "quantize.json").read_text())
+    out = tmp_path / "out" / "planted"
+    meta = json.loads((out / "quantize.json").read_text())
     [skipped] = [g for g in meta["layer_plan"]["left_16bit"] if g["why"].startswith("planned for quantization")]
     assert skipped["tensors"] == [f"{planted}.weight"]
-    assert skipped["bytes"] == 64 * 64 * 2  # one bf16 down_proj, moe_intermediate 64 -> hidden 64
+    with safe_open(out / "model.safetensors", "pt") as f:
+        stored = f.get_slice(f"{planted}.weight")
+        assert stored.get_dtype() in ("BF16", "F16") and f"{planted}.weight_scale" not in set(f.keys())
+        assert skipped["bytes"] == 2 * stored.get_shape()[0] * stored.get_shape()[1]
     assert "left at 16 bits: 1 tensor(s)" in said and planted in said and "planned for quantization" in said
+
+
+def test_an_expert_quantized_unlike_its_fellows_is_refused(tmp_path, moe_dir, capsys, monkeypatch):
+    """An expert the backend skips (planted) leaves one expert at 16 bits among FP8 ones: transformers stacks the
+    layer's experts into one tensor and read that layout misaligned (the skipped expert uninitialized, the next
+    one scaled by another's scale; NaN at times, a flaky test before). The run's own check refuses it, exit 3
+    naming the tensor, nothing kept; the same layout handed to `quantize eval` is exit 2 before any load."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    planted = "model.layers.1.mlp.experts.2.down_proj"
+    with monkeypatch.context() as m:
+        _skipping(m, planted)
+        recipe = recipe_file(tmp_path, moe_dir("qwen3_moe"), "planted", **RECIPES["fp8"])
+        assert main(["run", str(recipe), "--quiet"]) == 3
+    err = capsys.readouterr().err
+    assert f"{planted}.weight_scale is missing (the other experts hold it)" in err, err
+    assert "quantize's failure" in err and not (tmp_path / "out" / "planted").exists()
+
+    recipe = recipe_file(tmp_path, moe_dir("qwen3_moe"), "fp8", **RECIPES["fp8"])
+    assert main(["run", str(recipe), "--quiet"]) == 0
+    mixed = tmp_path / "mixed"
+    shutil.copytree(tmp_path / "out" / "fp8", mixed)
+    tensors = load_file(mixed / "model.safetensors")
+    scale = tensors.pop(f"{planted}.weight_scale")
+    tensors[f"{planted}.weight"] = (tensors[f"{planted}.weight"].float() * scale.float()).bfloat16()
+    save_file(tensors, mixed / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()
+    assert main(["eval", str(ROOT / "evaluate" / "smoke.yaml"), str(mixed), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"{planted}.weight has shape" in err and "stacks each layer's experts" in err, err
 
 
 def test_our_own_output_that_does_not_reload_is_exit_3(tmp_path, tiny_model, capsys, monkeypatch):
