@@ -768,14 +768,20 @@ def test_a_signal_cleans_up_and_exits_with_its_shell_code(tmp_path, sig, code):
     import sys
 
     out = tmp_path / "set" / "v1"
-    # a job started in the background of a non-interactive shell inherits SIGINT ignored (POSIX), and Python
-    # then leaves it ignored: the child starts with the default disposition, as a terminal's command does
+
+    # a job started in the background of a non-interactive shell inherits SIGINT ignored (POSIX), one under nohup
+    # SIGHUP, and the CLI leaves an ignored signal ignored (as nohup means): the child starts with the default
+    # dispositions, as a terminal's command does
+    def defaults():
+        for s in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_DFL)
+
     p = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=defaults,
     )
     try:
         assert p.stdout.readline().strip() == "ready"
