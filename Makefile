@@ -135,7 +135,7 @@ gate-own: model
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=15
 
 # The fuzz target: 1,000 cases of each input kind through the CLI (recipes, policies, suites,
 # manifests, score files, checkpoint folders, safetensors headers, files named that are no plain input, golden

@@ -260,6 +260,7 @@ def test_rounds_find_the_smallest_passing_point_and_one_a_round_is_the_old_bisec
                 assert got == want and len(more) <= len(rounds), (n, t, k)
 
 
+@pytest.mark.slow  # 41 s on a local Ray cluster; the rounds themselves are tested without Ray just above
 def test_a_search_gates_a_round_of_tries_at_once_on_ray(world, tiny_model, tmp_path, capsys):
     """max_parallel: 2 and two gates: one round of the largest frontier point and the midpoint below it, converted
     and gated as sweep tasks on a local cluster, each verdict the one a gate in this process gives the same try."""

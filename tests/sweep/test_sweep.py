@@ -159,6 +159,9 @@ def run_cli_sweep(path: Path, *flags: str, capsys=None) -> tuple[int, SweepRecor
 # --- the same verdicts as one after the other ---------------------------------------------------------------
 
 
+# 83 s of make test's 10 minutes (2026-12-06): `make test-slow`; the two-node test below keeps a real cluster's
+# whole run in the default run
+@pytest.mark.slow
 def test_a_sweep_gives_the_verdicts_and_records_of_one_after_the_other(world, tmp_path, own_cache, capsys, monkeypatch):
     from quantize.sweep import run as sweep_run
 
@@ -250,7 +253,7 @@ def _reap(proc: subprocess.Popen) -> None:
 
 
 # real workers killed on a local cluster: 263 s on 2 loaded cores; the driver's side of a lost task is tested fast
-# in test_graph.py, and a real cluster's whole run by the first test here
+# in test_graph.py, and a real cluster's whole run by the two-node test here
 @pytest.mark.slow
 def test_workers_killed_in_a_conversion_and_in_a_gate_are_retried_to_the_same_verdicts(world, tmp_path, own_cache):
     sweep = world.sweep_file(tmp_path, ["w8", "w4"], world.strict, extra="max_retries: 2\n")
