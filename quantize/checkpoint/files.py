@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize import cache
-from quantize.checkpoint.architecture import expert_problems
+from quantize.checkpoint.architecture import expert_problems, routed_experts
 from quantize.checkpoint.headers import all_tensors, check_shard_index
 from quantize.errors import UsageError
 from quantize.io import read_user_file, sha256_bytes, sha256_file
@@ -262,13 +262,16 @@ def index_and_experts_match_headers(checkpoint: Path) -> None:
     against config.json (architecture.expert_problems), from the headers alone, before torch is imported: a tensor
     the index names that no shard holds, an expert missing, past config.json's count, or of another shape than its
     fellows is refused (exit 2) naming the tensor, in milliseconds, where the model's load or model_free_ptq
-    stopped on it with exit 3 after seconds."""
+    stopped on it with exit 3 after seconds. A compressed-tensors checkpoint of per-expert tensors
+    (per_expert_compressed) is read one expert at a time (checkpoint/decompressed.py), so there an expert may hold
+    other tensors than its fellows (its own quantization, or none); its experts' count is still checked."""
     tensors, _ = all_tensors(safetensors_files(checkpoint))
     if (index := Path(checkpoint) / SAFE_INDEX).is_file():  # read and checked by safetensors_files just above
         weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES))["weight_map"]
         check_shard_index(index, weight_map, tensors)
     shapes = {n: (t.shape, t.dtype) for n, t in tensors.items()}
-    if problems := expert_problems(read_config(checkpoint, required=False), shapes):
+    cfg = read_config(checkpoint, required=False)
+    if problems := expert_problems(cfg, shapes, mixed=per_expert_compressed(cfg, shapes)):
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise UsageError(
             f"{checkpoint}: the routed experts' tensors do not match config.json or each other: "
@@ -276,6 +279,27 @@ def index_and_experts_match_headers(checkpoint: Path) -> None:
             "expert must hold the same tensors, shapes and dtypes as the others (an expert quantized unlike its "
             "fellows would be read misaligned). Fix config.json, or the weights that go with it"
         )
+
+
+COMPRESSED_TENSORS = "compressed-tensors"  # config.json's quantization_config.quant_method of compressed-tensors
+_PER_EXPERT_TENSOR = re.compile(r"(?:^|\.)experts\.\d+\.")
+
+
+def per_expert_compressed(cfg: dict[str, Any], shapes: dict[str, Any]) -> bool:
+    """Whether a checkpoint is read by the per-expert loader (checkpoint/decompressed.py): config.json's
+    quantization_config.quant_method is compressed-tensors, config.json declares routed experts
+    (architecture.routed_experts), and the weights (`shapes`: the headers' tensor names) store them per expert
+    (`...experts.N....`; a checkpoint of fused expert tensors is transformers' to read)."""
+    qc = cfg.get("quantization_config")
+    if not (isinstance(qc, dict) and qc.get("quant_method") == COMPRESSED_TENSORS) or routed_experts(cfg) is None:
+        return False
+    return any(_PER_EXPERT_TENSOR.search(n) for n in shapes)
+
+
+def reads_per_expert(checkpoint: Path) -> bool:
+    """per_expert_compressed of a checkpoint folder, from its config.json and safetensors headers."""
+    tensors, _ = all_tensors(safetensors_files(checkpoint))
+    return per_expert_compressed(read_config(checkpoint, required=False), tensors)
 
 
 # What transformers needs installed to load a checkpoint of each quantization method (its quantizers' own checks:

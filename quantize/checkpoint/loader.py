@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.cache import cache_dir
+from quantize.checkpoint.decompressed import load_decompressed
 from quantize.checkpoint.files import (
     TOKENIZER_FILES,
     check_loadable,
@@ -26,6 +27,7 @@ from quantize.checkpoint.files import (
     index_and_experts_match_headers,
     loadable_view,
     read_config,
+    reads_per_expert,
     safetensors_files,
     side_file,
     weights_sha256,
@@ -154,7 +156,7 @@ def check_loading_info(path: Path, info: dict[str, Any]) -> None:
     if unexpected:
         parts.append(f"{len(unexpected)} stored tensor(s) are not part of the model (e.g. {', '.join(unexpected[:3])})")
     if mismatched:
-        parts.append(f"{len(mismatched)} tensor(s) have the wrong shape (e.g. {', '.join(mismatched[:3])})")
+        parts.append(f"{len(mismatched)} tensor(s) have the wrong shape or dtype (e.g. {', '.join(mismatched[:3])})")
     raise UsageError(
         f"{path}: the weights do not match config.json: {'; '.join(parts)}. Loaded like this, the model would "
         "be partly random. If the checkpoint is quantized, its config.json needs the quantization_config of the "
@@ -254,10 +256,17 @@ def load_model(
     (None: leave it where transformers put it); offload_dir: keep the weights on disk in this folder
     (accelerate's disk offload, as compressed-tensors' offloading), each module's brought into
     memory only while it runs. Remote code runs only when the caller passes trust_remote_code=True, which
-    only a recipe or a command-line flag can ask for."""
+    only a recipe or a command-line flag can ask for.
+
+    A compressed-tensors checkpoint of a model with routed experts, stored per expert (files.reads_per_expert), is
+    read by our own per-expert loader (checkpoint/decompressed.py: any format, each expert its own quantization,
+    weights decompressed to dense, activation and KV-cache quantization applied as its config says), with the same
+    checks; it does not offload (offload_dir is refused for it)."""
     check_loadable(path)
-    index_and_experts_match_headers(path)  # transformers stacks experts and would misread a mixed layout
+    index_and_experts_match_headers(path)  # the experts against config.json, and each other where transformers stacks
     check_against_meta(path, trust_remote_code)
+    if reads_per_expert(path):
+        return _load_per_expert(path, trust_remote_code, dtype, on, offload_dir)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     offload: dict[str, Any] = {}
@@ -288,6 +297,32 @@ def load_model(
 
         from_accelerate(model)
     if dtype not in (None, "auto") and offload_dir is None:
+        _dense_in(model, dtype)
+    if on is not None:
+        model = model.to(on)
+    model.eval()
+    return model, tok
+
+
+def _load_per_expert(
+    path: Path, trust_remote_code: bool, dtype: Any, on: str | None, offload_dir: Path | None
+) -> tuple[Any, Any]:
+    """load_model's contract through the per-expert loader (decompressed.load_decompressed)."""
+    if offload_dir is not None:
+        raise UsageError(
+            f"{path} is a compressed-tensors checkpoint of routed experts stored per expert, which quantize reads "
+            "with its own per-expert loader, and that loader does not offload weights to disk (offload_dir "
+            f"{offload_dir}): load it without offloading (on a machine with the memory for its dense weights)"
+        )
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        model, info = load_decompressed(path, trust_remote_code, dtype=dtype if dtype is not None else "auto")
+    except (OSError, ValueError) as e:
+        raise UsageError(f"could not load {path} as a causal LM: {e}") from None
+    check_loading_info(path, info)
+    if dtype not in (None, "auto"):
         _dense_in(model, dtype)
     if on is not None:
         model = model.to(on)

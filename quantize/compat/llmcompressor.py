@@ -13,7 +13,8 @@
   own namespaces and call it at the end of `from_experts_module`; `linearized_on_meta` replaces it for one call
   with a no-op, so `linearize_moe` (llm-compressor's own conversion of fused 3-D experts into per-expert
   Linear layers) runs on a meta-device model, whose offload device (meta) compressed-tensors cannot offload to.
-  The layer plan then names the per-expert layers `oneshot` will quantize (tests/convert/test_moe.py).
+  The layer plan then names the per-expert layers `oneshot` will quantize (tests/convert/test_moe.py), and the
+  per-expert loader reads a compressed-tensors MoE checkpoint into them (checkpoint/decompressed.py).
 - `llmcompressor.pipelines.cache.IntermediatesCache.pin_memory(self, batch_index, input_names=None)` pins a batch's
   cached activations in host memory for faster copies to an accelerator (AWQ's grid search calls it); on a torch
   without an accelerator `Tensor.pin_memory()` raises, and there is no device to copy to. `unpinned()` makes the

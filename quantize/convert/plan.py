@@ -12,14 +12,14 @@ expert tensor that llm-compressor cannot convert is listed as kept, with the rea
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from quantize.checkpoint.architecture import moe_spec, part_of
+from quantize.checkpoint.expert_names import checkpoint_name as checkpoint_name
+from quantize.checkpoint.expert_names import expert_checkpoint_names, per_expert_loader, renamings
 from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
-from quantize.compat.transformers import conversions
 from quantize.convert.recipe import MIN_GROUP, GroupedRecipe, Indivisible, Recipe
 from quantize.errors import UsageError
 from quantize.records import ExpertRouting, LayerPlanRecord
@@ -112,55 +112,12 @@ def _moe(model: Any, recipe: Recipe, plan: LayerPlan, linearize: bool) -> None:
             )
 
 
-# llm-compressor's per-expert layers, by the fused tensor transformers 5 merges them into on load
-_FUSED = {".experts.gate_up_proj": ("gate_proj", "up_proj"), ".experts.down_proj": ("down_proj",)}
-_PER_EXPERT_SOURCE = re.compile(r"\.experts\.\*\.(\w+)\.weight$")
-EXPERT_LAYER = re.compile(r"(experts(?:\\?\.)\d+(?:\\?\.))(gate_proj|up_proj|down_proj)(?=\\?\.|\$|$)")
-
-
-def expert_checkpoint_names(model_type: str) -> dict[str, str]:
-    """The projection names a family's checkpoints give each expert where they differ from llm-compressor's
-    `gate_proj`/`up_proj`/`down_proj` (Mixtral: w1, w3, w2), read from the conversion mapping transformers 5
-    merges per-expert tensors with on load: the names a saved per-expert checkpoint must use to reload."""
-    names: dict[str, str] = {}
-    for conv in conversions(model_type):
-        for target in conv.targets:
-            for fused, projs in _FUSED.items():
-                if target.endswith(fused) and len(conv.sources) == len(projs):
-                    for proj, src in zip(projs, conv.sources, strict=True):
-                        if m := _PER_EXPERT_SOURCE.search(src):
-                            names[proj] = m.group(1)
-    return {k: v for k, v in names.items() if k != v}
-
-
-def renamings(model_type: str) -> list[tuple[str, str]]:
-    """The (checkpoint regex, model name) renamings transformers 5 applies on load for a family (Mixtral's
-    `.block_sparse_moe.` -> `.mlp.`); save_pretrained writes the checkpoint's names back."""
-    return [
-        (src, tgt)
-        for conv in conversions(model_type)
-        if conv.renaming
-        for src, tgt in zip(conv.sources, conv.targets, strict=False)
-    ]
-
-
-def checkpoint_name(name: str, names: dict[str, str]) -> str:
-    """A module name (or a `re:` target of one) as the checkpoint stores it (`expert_checkpoint_names`)."""
-    return EXPERT_LAYER.sub(lambda m: m.group(1) + names.get(m.group(2), m.group(2)), name) if names else name
-
-
-def per_expert_loader(model_type: str) -> bool:
-    """Whether transformers 5 reads a per-expert checkpoint of this family (its conversion mapping merges
-    per-expert tensors into the fused experts: Qwen, OLMoE, DeepSeek, Mixtral; not gpt-oss, whose checkpoints
-    are fused)."""
-    return any(t.endswith(fused) for conv in conversions(model_type) for t in conv.targets for fused in _FUSED)
-
-
 def _fused_only(model: Any, plan: LayerPlan, planned: set[str]) -> None:
-    """A family transformers reads only as fused experts (no per-expert loader) with its experts to quantize:
-    refused before loading. transformers has no loader for quantized fused experts (it would read the FP8 or
-    packed values as plain weights and drop their scales), and the per-expert layout llm-compressor writes
-    does not reload; with the experts in `ignore` they are written back fused, at 16 bits (backend save)."""
+    """A family whose checkpoints store its experts fused (transformers has no per-expert loader for it: gpt-oss)
+    with its experts to quantize: refused before loading. llm-compressor writes quantized experts per expert, a
+    layout quantize's own loader reads (checkpoint/decompressed.py) but that family's loaders do not (transformers
+    reads its experts only as fused 3-D tensors, with no quantized form), so the output would be a checkpoint only
+    quantize could score. With the experts in `ignore` they are written back fused, at 16 bits (backend save)."""
     family = model.config.model_type
     if not plan.experts or per_expert_loader(family):
         return
@@ -172,10 +129,11 @@ def _fused_only(model: Any, plan: LayerPlan, planned: set[str]) -> None:
     if quantized := sorted(n for n in planned if _is_expert(n, plan.experts)):
         raise UsageError(
             f"{family}: transformers {_version('transformers')} reads this family's routed experts only as fused "
-            f"3-D tensors and has no loader for quantized ones, so a checkpoint with quantized experts (e.g. "
-            f"{quantized[0]}) would not reload or score here. Add 're:.*\\.experts\\..*' to `ignore` to keep the "
-            "experts at 16 bits (the rest is quantized; the experts' bytes are recorded as left at 16 bits), or "
-            "quantize them with a tool whose output your serving engine reads"
+            f"3-D tensors, with no quantized form, and llm-compressor would write quantized experts (e.g. "
+            f"{quantized[0]}) one per expert: a layout quantize's own loader scores but this family's loaders do not "
+            "read, so the checkpoint would not serve. Add 're:.*\\.experts\\..*' to `ignore` to keep the experts "
+            "at 16 bits (the rest is quantized; the experts' bytes are recorded as left at 16 bits), or quantize "
+            "them with a tool whose output your serving engine reads"
         )
 
 

@@ -129,8 +129,9 @@ def test_an_moe_converts_with_its_experts_quantized_and_reloads(tmp_path, moe_di
 
 
 def test_fused_only_experts_are_refused_quantized_and_kept_fused_when_ignored(tmp_path, moe_dir, capsys):
-    """gpt-oss: transformers reads its experts only as fused tensors and has no loader for quantized ones, so
-    quantizing them is refused before loading (exit 2, saying what to do); with them in `ignore` the rest is
+    """gpt-oss: transformers reads its experts only as fused tensors, with no quantized form, and llm-compressor
+    writes quantized experts per expert (a layout only quantize's own loader reads), so quantizing them is refused
+    before loading (exit 2, saying what to do); with them in `ignore` the rest is
     quantized, the experts are written back fused at 16 bits (llm-compressor's repack_moe), the checkpoint
     reloads, and the experts' bytes are listed as left at 16 bits."""
     import torch
@@ -156,29 +157,39 @@ def test_fused_only_experts_are_refused_quantized_and_kept_fused_when_ignored(tm
 
 
 @pytest.mark.parametrize(
-    ("fields", "why"),
+    "fields",
     [
-        (dict(method="rtn", scheme="NVFP4A16", calibration=None), "nvfp4-pack-quantized format"),
-        (dict(method="rtn", scheme="W4A16", group_size=64, symmetric=False, calibration=None), "a zero point"),
+        dict(method="rtn", scheme="NVFP4A16", calibration=None),
+        dict(method="rtn", scheme="W4A16", group_size=64, symmetric=False, calibration=None),
     ],
 )
-def test_experts_in_a_layout_transformers_cannot_reload_are_refused_before_loading(
-    tmp_path, moe_dir, capsys, monkeypatch, fields, why
+def test_experts_in_a_layout_transformers_cannot_reload_convert_and_reload_through_our_loader(
+    tmp_path, moe_dir, capsys, fields
 ):
-    """transformers 5 reloads quantized experts only by dequantizing FP8 per-channel/tensor or packed symmetric
-    int weights; any other expert scheme is refused at the plan (exit 2, what to use instead), before the model
-    loads (before: the whole conversion ran, then exit 2 or 3 at the reload check)."""
-    from quantize.convert.backends.llmcompressor import LLMCompressorBackend
+    """transformers 5 reloads quantized experts only as FP8 per-channel/tensor or packed symmetric int weights; every
+    other expert scheme (NVFP4A16; asymmetric int, with a zero point per expert) was refused at the plan. quantize
+    reads them through its own per-expert loader now: the run passes its reload check (exit 0), and a loaded expert
+    holds what compressed-tensors' own decompression gives of its stored tensors (zero points included)."""
+    import torch
+    from compressed_tensors.compressors import BaseCompressor
+    from safetensors import safe_open
 
-    def no_load(*_a, **_k):
-        raise AssertionError("the model was loaded")
+    from quantize.checkpoint.loader import load_model
 
-    monkeypatch.setattr(LLMCompressorBackend, "load", no_load)
-    recipe = recipe_file(tmp_path, moe_dir("qwen3_moe"), "refused", **fields)
-    assert main(["run", str(recipe), "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert "qwen3_moe: this recipe quantizes the routed experts with" in err and why in err
-    assert "Use fp8-e4m3" in err and "`ignore`" in err
+    recipe = recipe_file(tmp_path, moe_dir("qwen3_moe"), "experts", **fields)
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    out = tmp_path / "out" / "experts"
+    model, _ = load_model(out)
+    name = "model.layers.1.mlp.experts.3.down_proj"
+    expert = model.get_submodule(name)
+    scheme = expert.quantization_scheme
+    assert scheme.weights.symmetric is fields.get("symmetric", True)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        state = {k[len(name) + 1 :]: f.get_tensor(k) for k in f.keys() if k.startswith(f"{name}.")}  # noqa: SIM118
+    assert ("weight_zero_point" in state) is not scheme.weights.symmetric
+    assert scheme.weights.symmetric or state["weight_zero_point"].any()
+    dense = BaseCompressor.get_value_from_registry(scheme.format).decompress(state, scheme)["weight"]
+    assert torch.equal(expert.weight, dense)
 
 
 def _skipping(monkeypatch, planted: str) -> None:
@@ -216,24 +227,17 @@ def test_a_planned_layer_left_at_16_bits_is_said(tmp_path, tiny_model, capsys, m
     assert "left at 16 bits: 1 tensor(s)" in said and planted in said and "planned for quantization" in said
 
 
-def test_an_expert_quantized_unlike_its_fellows_is_refused(tmp_path, moe_dir, capsys, monkeypatch):
-    """An expert the backend skips (planted) leaves one expert at 16 bits among FP8 ones: transformers stacks the
-    layer's experts into one tensor and read that layout misaligned (the skipped expert uninitialized, the next
-    one scaled by another's scale; NaN at times, a flaky test before). The run's own check refuses it, exit 3
-    naming the tensor, nothing kept; the same layout handed to `quantize eval` is exit 2 before any load."""
+def test_an_expert_stored_unlike_its_config_is_refused(tmp_path, moe_dir, capsys):
+    """An FP8 checkpoint with one expert stored at 16 bits and no scale while its config still quantizes it: the
+    one loader reads experts one at a time (an expert the config leaves unquantized among FP8 ones is read as stored:
+    tests/checkpoint/test_decompressed.py), and this one lacks the scale its config names, so `quantize eval` is
+    exit 2 naming it, never a weight read without its scale. (transformers stacks a layer's experts and read such
+    layouts misaligned; quantize refused any mixed layout from its headers before it had its own loader.)"""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
     planted = "model.layers.1.mlp.experts.2.down_proj"
-    with monkeypatch.context() as m:
-        _skipping(m, planted)
-        recipe = recipe_file(tmp_path, moe_dir("qwen3_moe"), "planted", **RECIPES["fp8"])
-        assert main(["run", str(recipe), "--quiet"]) == 3
-    err = capsys.readouterr().err
-    assert f"{planted}.weight_scale is missing (the other experts hold it)" in err, err
-    assert "quantize's failure" in err and not (tmp_path / "out" / "planted").exists()
-
     recipe = recipe_file(tmp_path, moe_dir("qwen3_moe"), "fp8", **RECIPES["fp8"])
     assert main(["run", str(recipe), "--quiet"]) == 0
     mixed = tmp_path / "mixed"
@@ -245,7 +249,7 @@ def test_an_expert_quantized_unlike_its_fellows_is_refused(tmp_path, moe_dir, ca
     capsys.readouterr()
     assert main(["eval", str(ROOT / "evaluate" / "smoke.yaml"), str(mixed), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert f"{planted}.weight has shape" in err and "stacks each layer's experts" in err, err
+    assert f"{planted}.weight_scale" in err and "weights do not match config.json" in err, err
 
 
 def test_our_own_output_that_does_not_reload_is_exit_3(tmp_path, tiny_model, capsys, monkeypatch):

@@ -10,7 +10,6 @@ import yaml
 
 from quantize.convert.plan import LayerPlan
 from quantize.convert.recipe import FORMATS, WEIGHT_ONLY_INT, GPTQRecipe, KVCacheScheme, Method, Recipe, Scheme
-from quantize.errors import UsageError
 
 # Presets of compressed-tensors used as-is (activation settings included); the 2026 formats are all presets.
 PRESET = {Scheme.W8A8: "W8A8", Scheme.FP8: "FP8", Scheme.FP8_DYNAMIC: "FP8_DYNAMIC"} | {s: s.value for s in FORMATS}
@@ -45,46 +44,6 @@ def kv_cache_args(scheme: KVCacheScheme) -> Any:
     return QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True, dynamic=False)
 
 
-def expert_reload_problem(scheme: Any) -> str | None:
-    """Why transformers 5 cannot reload MoE experts quantized with this compressed-tensors scheme, or None.
-    It reloads quantized experts only by dequantizing them into its fused tensors on load
-    (integrations.compressed_tensors.DecompressExperts, read on 5.17): FP8 weights times a per-channel or
-    per-tensor scale, or packed integer weights with a scale and a shape; a zero point, a global scale, a block
-    scale, an int8 weight or a static input scale per expert is a stored tensor it has no place for."""
-    from compressed_tensors.compressors.format import infer_module_format
-    from torch.nn import Linear
-
-    w, a = scheme.weights, scheme.input_activations
-    fmt = str(getattr(infer_module_format(Linear, scheme), "value", "")) or "unknown"
-    if a is not None and not a.dynamic:
-        return "a static input scale per expert"
-    if fmt == "float-quantized" and w.strategy in ("channel", "tensor"):
-        return None
-    if fmt == "pack-quantized" and w.symmetric:
-        return None
-    if fmt == "pack-quantized":
-        return "a zero point per expert (asymmetric)"
-    return f"the {fmt} format with {w.strategy} scales"
-
-
-def _experts_reload(groups: dict[str, Any], recipe: Recipe, plan: LayerPlan) -> None:
-    """Refuse, before any load, a recipe that quantizes an MoE's experts in a way transformers cannot reload."""
-    for group in groups.values():
-        if not any(t.startswith("re:") and ".experts" in t for t in group.targets):
-            continue
-        if why := expert_reload_problem(group):
-            from importlib.metadata import version
-
-            raise UsageError(
-                f"{plan.model_type}: this recipe quantizes the routed experts with {why} ({recipe.method.value} "
-                f"{recipe.scheme.value}); transformers {version('transformers')} reloads quantized MoE experts only "
-                "as FP8 weights with per-channel or per-tensor scales and dynamic activations, or as packed "
-                "symmetric integer weights, so the checkpoint would not reload or score here. Use fp8-e4m3 "
-                "(FP8_DYNAMIC) or gptq-w4a16-g128 (W4A16, symmetric), or keep the experts at 16 bits with "
-                "'re:.*\\.experts\\..*' in `ignore`"
-            )
-
-
 def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
     """The llm-compressor recipe for this recipe: modifier objects, or YAML for a verbatim recipe."""
     if recipe.method is Method.llmcompressor:
@@ -95,7 +54,9 @@ def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
     # one config group per (scheme, group size): overrides give some layers another weight-only scheme
     # routed experts are named by `re:^name$` targets: transformers 5 dequantizes every expert of an MoE
     # checkpoint it reloads with the config group whose `re:` targets mention experts, else the first group
-    # (integrations.compressed_tensors.get_experts_scheme), and the saved config orders groups by module order
+    # (integrations.compressed_tensors.get_experts_scheme), and the saved config orders groups by module order.
+    # quantize reads every scheme back through its own per-expert loader (checkpoint/decompressed.py), which
+    # applies each expert's own group.
     by: dict[tuple[Scheme, int | None], list[str]] = {}
     experts = tuple(f"{e}." for e in plan.experts)
     for g, names in sorted(plan.groups.items(), key=lambda kv: -(kv[0] or 0)):
@@ -103,7 +64,6 @@ def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
             target = f"re:^{re.escape(n)}$" if n.startswith(experts) else n
             by.setdefault((Scheme(plan.schemes.get(n, recipe.scheme.value)), g), []).append(target)
     groups = {f"group_{i}": _scheme(recipe, g, names, s) for i, ((s, g), names) in enumerate(by.items())}
-    _experts_reload(groups, recipe, plan)
     ignore = list(recipe.ignore) + sorted(plan.kept)
     quant: dict[str, Any] = dict(config_groups=groups, ignore=ignore)
     if (kv := getattr(recipe, "kv_cache", None)) is not None:
