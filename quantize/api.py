@@ -221,7 +221,8 @@ def run(
 
 @_takes(checkpoint=PATH)
 def inspect(checkpoint: PathLike) -> BitsReport:
-    """`quantize inspect`: true bits per weight from the safetensors headers alone (no weight is read)."""
+    """`quantize inspect`: true bits per weight from the safetensors headers alone, or a GGUF's header (a `.gguf`
+    path, a file starting with "GGUF", or a folder holding one: checkpoint/ggufs.py); no weight is read."""
     from quantize.checkpoint.accounting import bits_report
 
     return bits_report(checkpoint)
@@ -245,6 +246,7 @@ def scored(
     the score cache (what `quantize eval` prints under its table). Weights identified by Hub blob names are read
     back beside the scoring (checkpoint/files.BlobCheck): a name that lies raises UsageError naming the blob, and
     nothing scored under it is stored or returned."""
+    _not_gguf(checkpoint)
     from quantize.evaluate.suite import open_suite
 
     opened = open_suite(suite)
@@ -302,6 +304,7 @@ def agreement(
     from quantize.flows.agree import agree_many
 
     given = [os.fspath(c) for c in candidates]
+    _not_gguf(baseline, *given)
     names = BlobCheck([Path(baseline), *_folders(checkpoint_folders, given)])
     try:
         a = agree_many(suite, Path(baseline), given, trust_remote_code, quiet, before_store=names.wait)
@@ -310,6 +313,19 @@ def agreement(
         raise
     names.wait()
     return a
+
+
+def _not_gguf(*checkpoints: PathLike) -> None:
+    """Scoring reads a checkpoint through transformers; a GGUF (checkpoint/ggufs.find) is refused before anything
+    loads, saying what does read one."""
+    from quantize.checkpoint import ggufs
+
+    for c in checkpoints:
+        if (f := ggufs.find(Path(c))) is not None:
+            raise UsageError(
+                f"{c} is a GGUF checkpoint ({f.name}); scoring a GGUF is not supported yet (eval, agree and gate "
+                "load safetensors checkpoints). `quantize inspect` and `quantize cost --checkpoint` read it"
+            )
 
 
 def _folders(find: Callable[[list[str]], list[Path]], given: list[str]) -> list[Path]:
@@ -354,6 +370,7 @@ def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
     from quantize.io import check_writable
     from quantize.quiet import quiet_libraries
 
+    _not_gguf(baseline, candidate)
     if junit is not None:
         check_writable(Path(junit), "--junit")
     if card:

@@ -403,7 +403,11 @@ def _cost_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
         description="Every time printed is a lower bound from peak figures, not a measurement. "
         "Defaults reproduce the seed worksheet (70B GQA model, hypothetical 3.0 TB/s GPU).",
     )
-    c.add_argument("--checkpoint", help="use a measured checkpoint's bytes and KV layout instead of --params/--formats")
+    c.add_argument(
+        "--checkpoint",
+        help="use a measured checkpoint's bytes and KV layout (a safetensors folder, or a GGUF) instead of "
+        "--params/--formats",
+    )
     c.add_argument("--params", type=float, default=70e9, help="parameter count (default 70e9)")
     c.add_argument("--formats", default="bf16=16,fp8_e4m3=8,int4_g128=4.15", help="name=bits pairs")
     c.add_argument("--layers", type=int, default=80)
@@ -598,9 +602,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
 
     i = sub.add_parser(
-        "inspect", parents=[flags["json"]], help="true bits per weight of any safetensors checkpoint, from headers only"
+        "inspect",
+        parents=[flags["json"]],
+        help="true bits per weight of any safetensors or GGUF checkpoint, from headers only",
     )
-    i.add_argument("checkpoint", help="checkpoint folder or .safetensors file")
+    i.add_argument("checkpoint", help="checkpoint folder, .safetensors file or .gguf file")
     i.add_argument("--modules", action="store_true", help="per-module table")
     i.set_defaults(fn=cmd_inspect)
 

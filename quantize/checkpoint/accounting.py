@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantize.checkpoint import architecture as arch
+from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import read_config, safetensors_files, side_file
 from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors
 from quantize.compat import compressed_tensors_targets as ct
@@ -140,6 +141,11 @@ class BitsReport(BitsRecord):
     # total bytes
     bytes_by_part: dict[str, dict[str, Any]] = Field(default_factory=dict)
     expert_layers: list[ExpertLayer] = Field(default_factory=list)  # each MoE layer's routed experts, in order
+    # a GGUF's: per ggml type its tensors, elements, bytes, block layout (the gguf package's GGML_QUANT_SIZES) and
+    # bits per weight = type_size × 8 / block_size; and the alignment padding, so that header_bytes_read +
+    # total_bytes + padding_bytes = file_bytes. Empty and 0 for safetensors, which have no padding.
+    ggml_types: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    padding_bytes: int = 0
 
     @property
     def routed_expert_share(self) -> float | None:
@@ -192,6 +198,7 @@ class BitsReport(BitsRecord):
             "notes": self.notes,
             "tied_copy_parameters": self.tied_copy_parameters,
             "bits_per_source_parameter": self.bits_per_source_parameter,
+            **({"ggml_types": self.ggml_types, "padding_bytes": self.padding_bytes} if self.ggml_types else {}),
         }
 
 
@@ -426,8 +433,10 @@ def _tied_copy(cfg: dict[str, Any], modules: dict[str, ModuleRow], by_role: dict
 
 
 def bits_report(checkpoint: str | Path) -> BitsReport:
-    """Account for every byte of a checkpoint from its safetensors headers."""
+    """Account for every byte of a checkpoint from its safetensors headers, or a GGUF's (ggufs.find says which)."""
     ckpt = Path(checkpoint)
+    if (gguf_file := ggufs.find(ckpt)) is not None:
+        return gguf_report(ckpt, ggufs.read_header(gguf_file))
     files = safetensors_files(ckpt)
     tensors, header_read = all_tensors(files)
     cfg = read_config(ckpt, required=False)
@@ -483,6 +492,103 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
             for i, e in sorted(count.experts.items())
         ],
     )
+
+
+def gguf_report(checkpoint: Path, h: ggufs.GGUFHeader) -> BitsReport:
+    """A GGUF's bits from its header (ggufs.read_header): each tensor's bytes by the library's block arithmetic,
+    its role and part from the tensor names the library gives its architecture (ggufs.role_of). A quantized
+    tensor's bytes hold its scales inside each block, so its role is `payload` and its bits per weight are the
+    type's own (Q4_0: 18 bytes per 32 weights = 4.5)."""
+    patterns = ggufs.name_patterns(h.architecture)
+    roles = [(t, ggufs.role_of(t, patterns)) for t in h.tensors]
+    by_role = dict.fromkeys(ROLES, 0)
+    parts = {p: PartRow() for p in arch.PARTS}
+    modules: dict[str, ModuleRow] = {}
+    experts: dict[int, _Experts] = {}
+    for t, r in roles:
+        by_role[r.role] += t.nbytes
+        row = modules.setdefault(_module_of(t.name), ModuleRow(_module_of(t.name), format=t.ggml_type))
+        row.format = t.ggml_type if t.name.endswith(".weight") else row.format  # the weight's type, not its bias's
+        row.bytes, row.parameters = row.bytes + t.nbytes, row.parameters + t.elements
+        row.roles[r.role] = row.roles.get(r.role, 0) + t.nbytes
+        part = parts[r.part]
+        part.bytes, part.parameters = part.bytes + t.nbytes, part.parameters + t.elements
+        if r.part == "routed_experts" and r.layer is not None:
+            e = experts.setdefault(r.layer, _Experts())
+            e.bytes, e.parameters = e.bytes + t.nbytes, e.parameters + t.elements
+            e.fused.add(t.dims[-1])  # fused experts (ffn_*_exps): the outermost ggml dimension counts them
+    total = h.tensor_bytes
+    params = sum(t.elements for t in h.tensors)
+    payload = [t for t, r in roles if r.role == "payload"]  # a bias beside a quantized weight is not one
+    q_bytes, q_params = sum(t.nbytes for t in payload), sum(t.elements for t in payload)
+    unknown = [t.name for t, r in roles if r.kind is None]
+    notes = (
+        [
+            f"{len(unknown)} tensor(s) not named by the gguf package's tensor names, counted as other: "
+            f"{', '.join(unknown[:5])}"
+        ]
+        if unknown
+        else []
+    )
+    return BitsReport(
+        checkpoint=str(checkpoint),
+        format=_gguf_format(h),
+        files=[h.path.name],
+        file_bytes=h.file_bytes,
+        header_bytes_read=h.header_bytes,
+        total_bytes=total,
+        parameters=params,
+        source_parameters=params,
+        bits_per_weight=8 * total / params if params else None,
+        quantized_linear_bytes=q_bytes,
+        quantized_linear_parameters=q_params,
+        quantized_linear_bits_per_weight=8 * q_bytes / q_params if q_params else None,
+        bytes_by_role={r: v for r, v in by_role.items() if v},
+        modules=[
+            ModuleBits(**asdict(m), bits_per_weight=m.bits_per_weight)
+            for m in sorted(modules.values(), key=lambda m: _natural_key(m.module))
+        ],
+        notes=notes,
+        bytes_by_part={p: {**asdict(r), "bits_per_weight": r.bits_per_weight} for p, r in parts.items() if r.bytes},
+        expert_layers=[
+            ExpertLayer(layer=i, bytes=e.bytes, parameters=e.parameters, experts_stored=e.stored())
+            for i, e in sorted(experts.items())
+        ],
+        ggml_types=_ggml_types(h.tensors),
+        padding_bytes=h.padding_bytes,
+    )
+
+
+def _ggml_types(tensors: list[ggufs.GGUFTensor]) -> dict[str, dict[str, Any]]:
+    """Per ggml type, most bytes first: tensors, elements, bytes, its block layout and bits per weight."""
+    out: dict[str, dict[str, Any]] = {}
+    for t in tensors:
+        ty = out.setdefault(
+            t.ggml_type,
+            {
+                "tensors": 0,
+                "elements": 0,
+                "bytes": 0,
+                "block_size": t.block_size,
+                "type_size": t.type_size,
+                "bits_per_weight": 8 * t.type_size / t.block_size,
+            },
+        )
+        ty["tensors"] += 1
+        ty["elements"] += t.elements
+        ty["bytes"] += t.nbytes
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["bytes"]))
+
+
+def _gguf_format(h: ggufs.GGUFHeader) -> str:
+    """`gguf` and the file type llama.cpp's converter declares (general.file_type: MOSTLY_Q4_1, ...)."""
+    import gguf
+
+    ft = h.metadata.get(gguf.Keys.General.FILE_TYPE)
+    try:
+        return f"gguf {gguf.LlamaFileType(ft).name}" if isinstance(ft, int) else "gguf"
+    except ValueError:
+        return f"gguf (file type {ft})"
 
 
 def _group_size(row: ModuleRow, tensors: dict[str, TensorInfo]) -> int | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize import cache
+from quantize.checkpoint import ggufs
 from quantize.checkpoint.architecture import expert_problems, routed_experts
 from quantize.checkpoint.headers import all_tensors, check_shard_index
 from quantize.errors import UsageError
@@ -618,7 +619,10 @@ def weights_sha256(checkpoint: Path) -> str:
 
     A folder's hash is memoized in the process (one gate hashes each checkpoint for scoring, for agreement and for
     the report) and in the cache (`lookup_weights_hash`: every process on this machine, such as a sweep's
-    workers, finds it again until a file changes or the machine reboots); a rewritten file is hashed again."""
+    workers, finds it again until a file changes or the machine reboots); a rewritten file is hashed again.
+    A GGUF (a .gguf path, or a folder of one: ggufs.weights_sha256) is hashed from its bytes, not memoized."""
+    if (gguf := ggufs.weights_sha256(checkpoint)) is not None:
+        return gguf
     files = safetensors_files(checkpoint)
     if blobs := _named_blobs(files):
         if os.environ.get(REREAD) == "1":

@@ -41,6 +41,8 @@ def inspect_text(r: BitsReport, modules: bool = False) -> str:
     ]
     if r.bytes_by_part:
         lines += ["", _parts_table(r)]
+    if r.ggml_types:
+        lines += ["", _ggml_table(r)]
     if modules:
         rows = [[m.module, m.format, f"{m.parameters:,}", f"{m.bytes:,}", _fmt(m.bits_per_weight)] for m in r.modules]
         lines += ["", table(rows, ["module", "format", "parameters", "bytes", "bits/weight"])]
@@ -69,3 +71,23 @@ def _parts_table(r: BitsReport) -> str:
             f"{layers[0].experts_stored if layers else 0} experts each)"
         )
     return text
+
+
+def _ggml_table(r: BitsReport) -> str:
+    """A GGUF's bytes by ggml type, each type's bits per weight from its block layout, and the file's padding."""
+    rows = [
+        [
+            name,
+            f"{t['tensors']:,}",
+            f"{t['elements']:,}",
+            f"{t['bytes']:,}",
+            f"{t['type_size']} B / {t['block_size']}",
+            _fmt(t["bits_per_weight"]),
+        ]
+        for name, t in r.ggml_types.items()
+    ]
+    text = table(rows, ["ggml type", "tensors", "elements", "bytes", "block", "bits/weight"])
+    return text + (
+        f"\n  header {r.header_bytes_read:,} + tensors {r.total_bytes:,} + alignment padding {r.padding_bytes:,} "
+        f"= {r.file_bytes:,} bytes (the file)"
+    )

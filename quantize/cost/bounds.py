@@ -39,7 +39,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quantize.checkpoint.accounting import bits_report
+from quantize.checkpoint import ggufs
+from quantize.checkpoint.accounting import BitsReport, bits_report, gguf_report
 from quantize.checkpoint.architecture import kv_spec, layer_count, moe_spec
 from quantize.checkpoint.files import read_config
 from quantize.errors import UsageError
@@ -703,14 +704,15 @@ def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weight
     return Weights(report.total_bytes, routed), active
 
 
-def checkpoint_cost(
-    checkpoint: Any,
-    hardware: Hardware,
-    work: Workload,
-    project_params: float | None = None,
-    project_share: float | None = None,
-) -> TokenCost:
-    """Bounds from a measured checkpoint's bytes; optionally a labelled projection onto a larger model."""
+def _measured(checkpoint: Any) -> tuple[BitsReport, KVCache, tuple[RoutedExperts, ...]]:
+    """A checkpoint's bits, KV cache and routed experts: a GGUF's from its header alone (gguf_kv_cache), any other's
+    from its safetensors headers and config.json."""
+    if (f := ggufs.find(Path(checkpoint))) is not None:
+        h = ggufs.read_header(f)
+        report = gguf_report(Path(checkpoint), h)
+        if not report.parameters:
+            raise UsageError(f"{checkpoint} holds no tensors; there are no weights to price")
+        return report, gguf_kv_cache(h), gguf_routed_experts(h, report.expert_layers)
     report = bits_report(checkpoint)
     if not report.parameters:
         raise UsageError(
@@ -722,8 +724,60 @@ def checkpoint_cost(
         raise UsageError(
             f"{e}; without it the KV layout is unknown: use --params and --layers/--kv-heads/--head-dim"
         ) from None
-    kv = kv_layout_from_config(cfg)
-    routed = routed_experts(cfg, report.expert_layers, str(checkpoint))
+    return report, kv_layout_from_config(cfg), routed_experts(cfg, report.expert_layers, str(checkpoint))
+
+
+# llama.cpp's default KV cache type is F16 (--cache-type-k/-v f16): 2 bytes per element
+GGUF_KV_BYTES = 2
+
+
+def gguf_kv_cache(h: ggufs.GGUFHeader) -> KVCache:
+    """A GGUF's KV cache from its metadata (ggufs.attention_shape): every layer holds the whole context, each token
+    kv_heads × (key_length + value_length) values per layer, GGUF_KV_BYTES bytes each."""
+    s = ggufs.attention_shape(h)
+    return KVCache(
+        attention="MHA/GQA",
+        values_per_token=s.kv_heads * (s.key_length + s.value_length),
+        kinds=("full_attention",) * s.layers,
+        windows=(None,) * s.layers,
+        bytes_per_element=GGUF_KV_BYTES,
+        formula=f"kv_heads {s.kv_heads} × (key_length {s.key_length} + value_length {s.value_length}) [{s.keys}]",
+    )
+
+
+def gguf_routed_experts(h: ggufs.GGUFHeader, expert_layers: Sequence[Any]) -> tuple[RoutedExperts, ...]:
+    """A GGUF's routed experts per MoE layer: bytes and parameters from its fused expert tensors (ffn_*_exps), E and
+    k from `{arch}.expert_count` and `{arch}.expert_used_count`; the two must agree, as for config.json."""
+    import gguf
+
+    arch = h.architecture or "?"
+    e_key, k_key = (k.format(arch=arch) for k in (gguf.Keys.LLM.EXPERT_COUNT, gguf.Keys.LLM.EXPERT_USED_COUNT))
+    experts, top_k = h.metadata.get(e_key), h.metadata.get(k_key)
+    if not expert_layers:
+        return ()
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (experts, top_k)):
+        raise UsageError(
+            f"{h.path} stores routed experts (ffn_*_exps) but its {e_key} / {k_key} are {experts!r} / {top_k!r}; "
+            "pass --params/--formats and --routed-params/--experts/--top-k instead"
+        )
+    if bad := [e for e in expert_layers if e.experts_stored != experts]:
+        raise UsageError(
+            f"{h.path}: layer {bad[0].layer} stores {bad[0].experts_stored} routed experts, {e_key} declares "
+            f"{experts}; re-convert the GGUF"
+        )
+    return tuple(RoutedExperts(e.layer, experts, top_k, e.bytes, e.parameters) for e in expert_layers)
+
+
+def checkpoint_cost(
+    checkpoint: Any,
+    hardware: Hardware,
+    work: Workload,
+    project_params: float | None = None,
+    project_share: float | None = None,
+) -> TokenCost:
+    """Bounds from a measured checkpoint's bytes (safetensors or GGUF); optionally a labelled projection onto a
+    larger model."""
+    report, kv, routed = _measured(checkpoint)
     out = token_cost(
         report.parameters,
         {"measured": 8 * report.total_bytes / report.parameters},

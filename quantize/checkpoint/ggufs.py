@@ -1,0 +1,535 @@
+"""A GGUF checkpoint (llama.cpp's single-file format), read from its header alone: which file, what it holds.
+
+A GGUF file is the magic "GGUF", a version, a tensor count and a metadata count, the metadata (key, value type,
+value), one info per tensor (name, dimensions, ggml type, offset into the data section), padding to the file's
+alignment, then the tensor data. Everything here comes from that header: no tensor data is read, so a file of any
+size answers in a fraction of a second (walking the vocabulary's strings is most of it), and every count and
+offset is checked against the file's size before it is used (a forged count is refused, never allocated or looped
+over past the file's end; counts far past any real file's are refused outright: MAX_ENTRIES, MAX_TENSORS,
+MAX_WALKED). The format's names come from the
+`gguf` package (imported when a GGUF is read, not with this module): value and ggml types, each type's block layout
+(GGML_QUANT_SIZES: elements per block, bytes per block), the metadata keys (gguf.Keys) and the tensor names of each
+architecture (gguf.constants.TENSOR_NAMES, MODEL_TENSORS), from which a tensor's role and part of the model follow.
+
+The layout rules are llama.cpp's own (ggml/src/gguf.cpp): each tensor's offset is a multiple of the alignment and
+equals the padded sizes of the tensors before it, each row holds whole blocks, and its bytes are
+
+    bytes = elements / block_size × type_size
+
+so the header bytes, the tensors' bytes and the padding account for the file to the byte.
+
+A checkpoint is a GGUF (`find`) when its path is a file named `*.gguf` or starting with the magic "GGUF", or a
+folder holding no safetensors file and exactly one `*.gguf` (its tokenizer files beside it); a folder holding several
+is refused, naming them. This module imports no other checkpoint module, so files.py may import it (for
+`weights_sha256`) without a cycle; accounting.gguf_report turns a header into the BitsReport `quantize inspect`
+prints.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import re
+import stat
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import UsageError
+from quantize.io import open_user_file, sha256_bytes, sha256_user_file
+
+MAGIC = b"GGUF"
+SUFFIX = ".gguf"
+MAX_GGUF_BYTES = 2**50  # no limit in practice: a GGUF is mapped, never read whole
+MAX_ARRAY_DEPTH = 8  # arrays of arrays: llama.cpp writes none; a forged nesting is refused, not recursed into
+MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses a tensor of more dimensions
+ALLOW_SYMLINKS = "QUANTIZE_ALLOW_SYMLINKS"  # files.ALLOW_SYMLINKS (not imported: files.py imports this module)
+FIX = "re-download or re-convert the GGUF (llama.cpp's convert_hf_to_gguf.py writes one)"
+
+# struct formats of the scalar value types (the GGUF specification's sizes), keyed by GGUFValueType's name
+_SCALARS = {
+    "UINT8": "B",
+    "INT8": "b",
+    "UINT16": "H",
+    "INT16": "h",
+    "UINT32": "I",
+    "INT32": "i",
+    "FLOAT32": "f",
+    "BOOL": "?",
+    "UINT64": "Q",
+    "INT64": "q",
+    "FLOAT64": "d",
+}
+MAX_KEPT_ARRAY = 1 << 16  # numeric arrays up to this length are kept (per-layer head counts); longer ones skipped
+# items of metadata arrays of strings or arrays, all arrays together: each is walked (its length says where the next
+# starts), about a microsecond apiece; real vocabularies hold up to ~300k tokens and as many merges, so 4M leaves
+# room, and a forged count past it is refused at once instead of walked for seconds
+MAX_WALKED = 1 << 22
+# a real GGUF has tens of metadata entries and at most a few thousand tensors; counts past these are refused at once
+MAX_ENTRIES = 1 << 16
+MAX_TENSORS = 1 << 18
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    ggml_type: str  # GGMLQuantizationType's name: F32, Q4_K, IQ2_XS, ...
+    dims: tuple[int, ...]  # ggml order: dims[0] is the row (contiguous) length
+    elements: int
+    nbytes: int  # elements / block_size × type_size (GGML_QUANT_SIZES)
+    offset: int  # into the data section
+    block_size: int
+    type_size: int
+
+    @property
+    def quantized(self) -> bool:
+        """Block-quantized (a block of several elements shares its scales): every type but F32, F16, BF16, F64 and
+        the integer types, as the library's block sizes say."""
+        return self.block_size > 1
+
+
+@dataclass
+class GGUFHeader:
+    path: Path
+    file_bytes: int
+    version: int
+    header_bytes: int  # magic, counts, metadata and tensor infos: everything before the alignment padding
+    data_start: int  # the data section's first byte (header_bytes padded to the alignment)
+    alignment: int
+    metadata: dict[str, Any]  # scalars and strings by key; a numeric array up to MAX_KEPT_ARRAY values as a list
+    tensors: list[GGUFTensor] = field(default_factory=list)
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def padding_bytes(self) -> int:
+        """Every byte of the file that is neither header nor tensor: the alignment padding (the file's size less
+        the header's bytes and the tensors' bytes)."""
+        return self.file_bytes - self.header_bytes - self.tensor_bytes
+
+    @property
+    def architecture(self) -> str | None:
+        a = self.metadata.get("general.architecture")
+        return a if isinstance(a, str) else None
+
+
+# --- which file ---------------------------------------------------------------------------------
+
+
+def _has_magic(path: Path) -> bool:
+    """A regular file starting with "GGUF": opened non-blocking and checked with fstat before a byte is read, so a
+    FIFO or a device is never read here."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except (OSError, ValueError):
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, 4) == MAGIC
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def find(checkpoint: str | Path) -> Path | None:
+    """The GGUF file a checkpoint path names, or None when it is no GGUF checkpoint (a safetensors one): the path
+    itself when it is named `*.gguf` (whatever it is: a FIFO so named is refused when read) or is a file starting
+    with "GGUF"; in a folder with no safetensors file, its one `*.gguf` (several: a UsageError naming them; one
+    linked outside the folder: refused unless QUANTIZE_ALLOW_SYMLINKS=1, as for safetensors)."""
+    p = Path(checkpoint)
+    if not p.is_dir():
+        return p if p.suffix.lower() == SUFFIX or _has_magic(p) else None
+    try:
+        names = sorted(e.name for e in os.scandir(p))
+    except OSError:
+        return None
+    if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
+        return None
+    found = [p / n for n in names if n.lower().endswith(SUFFIX)]
+    if len(found) > 1:
+        raise UsageError(
+            f"{p} holds {len(found)} GGUF files ({', '.join(f.name for f in found[:5])}); a checkpoint folder holds "
+            "one model: pass the .gguf file itself, or move the others out"
+        )
+    return _contained(p, found[0]) if found else None
+
+
+def _contained(folder: Path, f: Path) -> Path:
+    """A folder's GGUF lies inside it once links are followed (a Hugging Face cache snapshot's blobs count as
+    inside), else QUANTIZE_ALLOW_SYMLINKS=1 is needed: the rule files.contained applies to safetensors."""
+    if os.environ.get(ALLOW_SYMLINKS) == "1":
+        return f
+    root = folder.resolve()
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):
+        root = root.parent.parent
+    if not f.resolve().is_relative_to(root):
+        raise UsageError(
+            f"{f} links outside the checkpoint folder (to {f.resolve()}); copy the file in, or set "
+            f"{ALLOW_SYMLINKS}=1 if the link is meant"
+        )
+    return f
+
+
+def weights_sha256(checkpoint: str | Path) -> str | None:
+    """The weights hash of a GGUF checkpoint (None for any other): the line "NAME SHA256\\n" of its one file,
+    hashed as files.weights_sha256 hashes safetensors files' lines, the sha256 taken from the file's bytes (read
+    as a regular file: a FIFO or a device is refused unread). The identity (files.identity_sha256) adds the folder's
+    config, tokenizer and chat-template files to it."""
+    f = find(checkpoint)
+    if f is None:
+        return None
+    sha = sha256_user_file(f, "GGUF file", MAX_GGUF_BYTES, hint=FIX)
+    return sha256_bytes(f"{f.name} {sha}\n".encode())
+
+
+# --- the header -----------------------------------------------------------------------------------
+
+
+class _Invalid:
+    """The one message of a bad GGUF: the file, what is wrong, what to do."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __call__(self, why: str) -> UsageError:
+        return UsageError(f"{self.path} is not a valid GGUF file: {why}. {FIX[0].upper()}{FIX[1:]}.")
+
+
+class _Cursor:
+    """Reads the header's fields in order, each checked to lie inside the file before it is read."""
+
+    def __init__(self, buf: Any, size: int, order: str, bad: _Invalid):
+        self.buf, self.size, self.order, self.bad = buf, size, order, bad
+        self.pos = 0
+        self.walked = 0  # items of metadata arrays of strings or arrays so far (MAX_WALKED)
+
+    def take(self, n: int, what: str) -> int:
+        """Advance over n bytes; returns where they start."""
+        if n < 0 or n > self.size - self.pos:
+            raise self.bad(f"{what} at byte {self.pos} runs past the end of the {self.size:,}-byte file (truncated?)")
+        start, self.pos = self.pos, self.pos + n
+        return start
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        start = self.take(struct.calcsize(fmt), what)
+        return struct.unpack_from(self.order + fmt, self.buf, start)[0]
+
+    def text(self, what: str) -> str:
+        n = self.scalar("Q", f"the length of {what}")
+        start = self.take(n, f"{what} ({n:,} bytes)")
+        try:
+            return bytes(self.buf[start : start + n]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.bad(f"{what} at byte {start} is not UTF-8") from None
+
+
+def read_header(path: Path) -> GGUFHeader:
+    """Parse and check a GGUF file's header (the module's rules); a UsageError names the file and what is wrong."""
+    import gguf
+
+    bad = _Invalid(path)
+    with open_user_file(path, "GGUF file", MAX_GGUF_BYTES, hint=FIX) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < 24:
+            raise bad(f"it is {size} bytes long, shorter than the 24-byte GGUF preamble")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse(gguf, path, buf, size, bad)
+
+
+def _parse(gguf: Any, path: Path, buf: Any, size: int, bad: _Invalid) -> GGUFHeader:
+    if buf[:4] != MAGIC:
+        raise bad(f"it starts with {bytes(buf[:4])!r}, not the magic b'GGUF'")
+    (version,) = struct.unpack_from("<I", buf, 4)
+    order = "<"
+    if version & 0xFFFF == 0:  # written on a big-endian machine: every number is byte-swapped
+        order, (version,) = ">", struct.unpack_from(">I", buf, 4)
+    if not 2 <= version <= gguf.GGUF_VERSION:
+        raise bad(f"it is GGUF version {version}; this gguf package reads versions 2 to {gguf.GGUF_VERSION}")
+    cur = _Cursor(buf, size, order, bad)
+    cur.pos = 8
+    n_tensors = cur.scalar("Q", "the tensor count")
+    n_kv = cur.scalar("Q", "the metadata count")
+    if n_kv > MAX_ENTRIES or n_tensors > MAX_TENSORS:
+        raise bad(
+            f"it declares {n_kv:,} metadata entries and {n_tensors:,} tensors; more than {MAX_ENTRIES:,} entries or "
+            f"{MAX_TENSORS:,} tensors are not read (a real GGUF has tens of entries and thousands of tensors at most)"
+        )
+    # the smallest metadata entry is 13 bytes (key length, type, a one-byte value), the smallest tensor info 24
+    if n_kv * 13 + n_tensors * 24 > size - cur.pos:
+        raise bad(f"it declares {n_kv:,} metadata entries and {n_tensors:,} tensors, more than its {size:,} bytes hold")
+    metadata = _metadata(gguf, cur, n_kv)
+    infos = [_tensor_info(gguf, cur, i) for i in range(n_tensors)]
+    alignment = metadata.get(gguf.Keys.General.ALIGNMENT, gguf.GGUF_DEFAULT_ALIGNMENT)
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise bad(f"{gguf.Keys.General.ALIGNMENT} is {alignment!r}; an alignment is a power of two")
+    header_bytes = cur.pos
+    data_start = -(-header_bytes // alignment) * alignment
+    tensors = _tensors(infos, data_start, size, alignment, bad)
+    return GGUFHeader(path, size, version, header_bytes, data_start, alignment, metadata, tensors)
+
+
+def _metadata(gguf: Any, cur: _Cursor, count: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for i in range(count):
+        key = cur.text(f"metadata key {i}")
+        if key in out:
+            raise cur.bad(f"metadata key {key!r} appears twice")
+        out[key] = _value(gguf, cur, cur.scalar("I", f"the type of {key!r}"), key, 0)
+    return out
+
+
+def _value_type(gguf: Any, cur: _Cursor, raw: int, key: str) -> Any:
+    try:
+        return gguf.GGUFValueType(raw)
+    except ValueError:
+        raise cur.bad(f"metadata {key!r} has value type {raw}, which GGUF does not define") from None
+
+
+def _value(gguf: Any, cur: _Cursor, raw: int, key: str, depth: int) -> Any:
+    """One metadata value: a scalar or a string as itself, a numeric array (up to MAX_KEPT_ARRAY) as a list, any
+    other array skipped over (its items checked to lie inside the file)."""
+    t = _value_type(gguf, cur, raw, key)
+    if t.name in _SCALARS:
+        return cur.scalar(_SCALARS[t.name], f"the value of {key!r}")
+    if t == gguf.GGUFValueType.STRING:
+        return cur.text(f"the value of {key!r}")
+    if depth >= MAX_ARRAY_DEPTH:
+        raise cur.bad(f"metadata {key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep")
+    item = _value_type(gguf, cur, cur.scalar("I", f"the item type of {key!r}"), key)
+    n = cur.scalar("Q", f"the length of {key!r}")
+    smallest = struct.calcsize(_SCALARS[item.name]) if item.name in _SCALARS else (8 if item.name == "STRING" else 12)
+    if n * smallest > cur.size - cur.pos:
+        raise cur.bad(
+            f"metadata {key!r} declares {n:,} items of at least {smallest} bytes at byte {cur.pos}, more than the "
+            f"{cur.size - cur.pos:,} bytes left in the file"
+        )
+    if item.name in _SCALARS:
+        start = cur.take(n * smallest, f"the items of {key!r}")
+        return (
+            list(struct.unpack_from(f"{cur.order}{n}{_SCALARS[item.name]}", cur.buf, start))
+            if n <= MAX_KEPT_ARRAY
+            else None
+        )
+    cur.walked += n
+    if cur.walked > MAX_WALKED:
+        raise cur.bad(
+            f"metadata {key!r} brings its arrays to {cur.walked:,} strings or arrays; more than {MAX_WALKED:,} are "
+            "not read (a real vocabulary holds a few hundred thousand)"
+        )
+    for _ in range(n):
+        if item == gguf.GGUFValueType.STRING:
+            cur.take(cur.scalar("Q", f"a string's length in {key!r}"), f"a string of {key!r}")
+        else:
+            _value(gguf, cur, item.value, key, depth + 1)
+    return None
+
+
+@dataclass(frozen=True)
+class _Info:
+    name: str
+    dims: tuple[int, ...]
+    raw_type: int
+    offset: int
+    at: int  # where the info starts in the file
+
+
+def _tensor_info(gguf: Any, cur: _Cursor, i: int) -> _Info:
+    at = cur.pos
+    name = cur.text(f"tensor {i}'s name")
+    n_dims = cur.scalar("I", f"the dimension count of tensor {name!r}")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise cur.bad(f"tensor {name!r} has {n_dims} dimensions; ggml tensors have 1 to {MAX_DIMS}")
+    start = cur.take(8 * n_dims, f"the dimensions of tensor {name!r}")
+    dims = struct.unpack_from(f"{cur.order}{n_dims}Q", cur.buf, start)
+    raw_type = cur.scalar("I", f"the type of tensor {name!r}")
+    offset = cur.scalar("Q", f"the offset of tensor {name!r}")
+    return _Info(name, tuple(dims), raw_type, offset, at)
+
+
+def _tensors(infos: list[_Info], data_start: int, size: int, alignment: int, bad: _Invalid) -> list[GGUFTensor]:
+    """Each tensor checked as llama.cpp checks it: a unique name, a known ggml type, rows of whole blocks, and the
+    offset the padded sizes before it give (so none overlaps, none leaves a gap); and its bytes inside the file."""
+    import gguf
+
+    out: list[GGUFTensor] = []
+    names: set[str] = set()
+    expected = 0
+    for info in infos:
+        if info.name in names:
+            raise bad(f"tensor {info.name!r} appears twice")
+        names.add(info.name)
+        try:
+            t = gguf.GGMLQuantizationType(info.raw_type)
+            block_size, type_size = gguf.GGML_QUANT_SIZES[t]
+        except (ValueError, KeyError):
+            raise bad(
+                f"tensor {info.name!r} has ggml type {info.raw_type}, which this gguf package does not know"
+            ) from None
+        if info.dims[0] % block_size:
+            raise bad(
+                f"tensor {info.name!r} ({t.name}, dims {list(info.dims)}) has rows of {info.dims[0]} elements, not a "
+                f"multiple of the {block_size}-element block"
+            )
+        elements = math.prod(info.dims)
+        nbytes = elements // block_size * type_size
+        if info.offset != expected:
+            raise bad(
+                f"tensor {info.name!r} starts at data offset {info.offset:,}; the tensors before it end, padded to "
+                f"{alignment} bytes, at {expected:,}"
+            )
+        if data_start + info.offset + nbytes > size:
+            raise bad(
+                f"tensor {info.name!r} ({t.name}, {nbytes:,} bytes at byte {data_start + info.offset:,}) runs past "
+                f"the end of the {size:,}-byte file (truncated?)"
+            )
+        expected += -(-nbytes // alignment) * alignment
+        out.append(GGUFTensor(info.name, t.name, info.dims, elements, nbytes, info.offset, block_size, type_size))
+    if out and size > data_start + expected:
+        raise bad(
+            f"{size - data_start - expected:,} bytes follow the last tensor's padding, which no tensor holds; the "
+            "file was written by something other than a GGUF writer, or appended to"
+        )
+    return out
+
+
+# --- what each tensor is ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorRole:
+    role: str  # accounting.ROLES: payload, embedding, lm_head, norm, bias, linear_kept, other
+    part: str  # architecture.PARTS
+    layer: int | None  # the block (`blk.N.`) it is in
+    kind: str | None  # gguf.constants.MODEL_TENSOR's name (None: a name the library does not know)
+
+
+_EMBEDDINGS = ("TOKEN_EMBD", "POS_EMBD", "TOKEN_TYPES", "PER_LAYER_TOKEN_EMBD")
+
+
+def name_patterns(architecture: str | None) -> list[tuple[re.Pattern[str], str]]:
+    """(pattern of a tensor's name less its suffix, MODEL_TENSOR name), for the architecture's tensors first
+    (gguf.constants.MODEL_TENSORS), then every tensor name the library knows."""
+    import gguf
+    from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSORS, TENSOR_NAMES
+
+    arch = next((a for a, n in MODEL_ARCH_NAMES.items() if n == architecture), None)
+    kinds = list(MODEL_TENSORS.get(arch, [])) if arch is not None else []
+    kinds += [k for k in gguf.MODEL_TENSOR if k not in kinds and k in TENSOR_NAMES]
+    return [(re.compile(re.escape(TENSOR_NAMES[k]).replace(r"\{bid\}", r"(\d+)") + "$"), k.name) for k in kinds]
+
+
+def role_of(t: GGUFTensor, patterns: list[tuple[re.Pattern[str], str]]) -> TensorRole:
+    """A tensor's role and part from the MODEL_TENSOR its name is (a bias by its `.bias` suffix; a linear weight is
+    `payload` when block-quantized, `linear_kept` when stored as floats)."""
+    base, _, suffix = t.name.rpartition(".")
+    base = base or suffix
+    kind, layer = None, None
+    for pattern, k in patterns:
+        if m := pattern.match(base):
+            kind, layer = k, (int(m.group(1)) if m.groups() else None)
+            break
+    if kind is None:
+        return TensorRole("other", "other", layer, None)
+    if "NORM" in kind:
+        role = "norm"
+    elif kind == "OUTPUT":
+        role = "lm_head"
+    elif kind in _EMBEDDINGS:
+        role = "embedding"
+    elif suffix == "bias":
+        role = "bias"
+    elif len(t.dims) >= 2:
+        role = "payload" if t.quantized else "linear_kept"
+    else:
+        role = "other"
+    return TensorRole(role, _part(kind, role), layer, kind)
+
+
+def _part(kind: str, role: str) -> str:
+    if role in ("embedding", "lm_head", "norm"):
+        return role
+    if "SHEXP" in kind:
+        return "shared_experts"
+    if kind.startswith("FFN_GATE_INP") or kind == "FFN_EXP_PROBS_B":
+        return "router"
+    if kind.endswith("_EXP"):
+        return "routed_experts"
+    if kind.startswith("FFN_"):
+        return "mlp"
+    if kind.startswith("ATTN_"):
+        return "attention"
+    return "other"
+
+
+# --- the model's shape, for the KV cache -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """What a decode step's KV cache holds per layer, from the GGUF's metadata (gguf.Keys)."""
+
+    layers: int
+    kv_heads: int
+    key_length: int
+    value_length: int
+    keys: str  # the metadata keys read, for the cost's formula line
+
+
+def attention_shape(h: GGUFHeader) -> AttentionShape:
+    """Layers, KV heads and head dims from `{arch}.block_count`, `{arch}.attention.head_count(_kv)`,
+    `{arch}.attention.key_length`/`value_length` (default: embedding_length / head_count, as llama.cpp defaults
+    them). A per-layer head count, a sliding window or a latent (MLA) cache is refused: its KV bytes are not one
+    figure per layer here yet."""
+    import gguf
+
+    arch = h.architecture
+    if arch is None:
+        raise UsageError(f"{h.path} has no {gguf.Keys.General.ARCHITECTURE}; its model shape is unknown. {FIX}")
+    keys = gguf.Keys
+
+    def key(k: str) -> str:
+        return k.format(arch=arch)
+
+    def whole(k: str, default: int | None = None) -> int:
+        v = h.metadata.get(key(k), default)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            got = "is missing" if key(k) not in h.metadata else f"is {str(v)[:40]}"
+            raise UsageError(
+                f"{h.path}: the metadata key {key(k)} {got}; the KV cache needs it as a positive whole number. "
+                "Pass --params and --layers/--kv-heads/--head-dim instead"
+            )
+        return v
+
+    unsupported = [
+        k
+        for k in (keys.Attention.SLIDING_WINDOW, keys.Attention.KV_LORA_RANK, keys.Attention.KEY_LENGTH_MLA)
+        if key(k) in h.metadata
+    ]
+    if unsupported:
+        raise UsageError(
+            f"{h.path} declares {', '.join(key(k) for k in unsupported)}: its KV cache (sliding-window or latent "
+            "attention) is not priced from a GGUF yet. Pass --params and --layers/--kv-heads/--head-dim instead"
+        )
+    heads = whole(keys.Attention.HEAD_COUNT)
+    dims = (keys.Attention.KEY_LENGTH, keys.Attention.VALUE_LENGTH)
+    head_dim = whole(keys.LLM.EMBEDDING_LENGTH) // heads if any(key(k) not in h.metadata for k in dims) else None
+    return AttentionShape(
+        layers=whole(keys.LLM.BLOCK_COUNT),
+        kv_heads=whole(keys.Attention.HEAD_COUNT_KV, heads),
+        key_length=whole(keys.Attention.KEY_LENGTH, head_dim),
+        value_length=whole(keys.Attention.VALUE_LENGTH, head_dim),
+        keys="; ".join(
+            key(k) if key(k) in h.metadata else f"{key(k)} absent: {default}"
+            for k, default in (
+                (keys.LLM.BLOCK_COUNT, ""),
+                (keys.Attention.HEAD_COUNT, ""),
+                (keys.Attention.HEAD_COUNT_KV, "head_count"),
+                (keys.Attention.KEY_LENGTH, "embedding_length / head_count"),
+                (keys.Attention.VALUE_LENGTH, "embedding_length / head_count"),
+            )
+        ),
+    )

