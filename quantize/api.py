@@ -440,8 +440,10 @@ def write_report(
     project_params=POSITIVE.or_none(),
     project_share=_between(0, 1, "a finite number from 0 to 1").or_none(),
     sweeps=BOOL,
+    kv=Takes("a quantize.cost.bounds.KVLayout", _is_a("quantize.cost.bounds", "KVLayout")).or_none(),
+    kv_bytes=POSITIVE.or_none(),
 )
-def decode_cost(
+def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --checkpoint` takes
     checkpoint: PathLike,
     *,
     hardware: str = "seed",
@@ -449,16 +451,21 @@ def decode_cost(
     project_params: float | None = None,
     project_share: float | None = None,
     sweeps: bool = False,
+    kv: KVLayout | None = None,
+    kv_bytes: float | None = None,
 ) -> TokenCost:
     """`quantize cost --checkpoint`: decode lower bounds from a checkpoint's measured bytes (weights and KV cache)
     on `hardware` (a name of `quantize.cost.bounds.HARDWARE`) for `workload` (default: the CLI's defaults,
     context 2,048, batch 32). `project_params`: also project onto a model of that many parameters
     (`project_share`: the share of them in quantized linears; default the checkpoint's). `sweeps`: add the seed's
-    exercises (`--sweep`)."""
+    exercises (`--sweep`). `kv` (`--layers/--kv-heads/--head-dim`) replaces the KV cache config.json describes;
+    `kv_bytes` (`--kv-bytes`) prices the checkpoint's own KV cache at that many bytes per element."""
     from quantize.cost import bounds
 
     work = workload or bounds.Workload()
-    result = bounds.checkpoint_cost(Path(checkpoint), _hardware(hardware), work, project_params, project_share)
+    result = bounds.checkpoint_cost(
+        Path(checkpoint), _hardware(hardware), work, project_params, project_share, kv=kv, kv_bytes=kv_bytes
+    )
     return _with_sweeps(result, work) if sweeps else result
 
 

@@ -151,7 +151,11 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from quantize.cost.render import render
 
     work = bounds.Workload(args.context, args.batch, args.alpha, args.gamma, args.draft_cost, args.plain_step_ms)
-    if args.checkpoint:
+    shape = (args.layers, args.kv_heads, args.head_dim)
+    if args.checkpoint:  # --layers/--kv-heads/--head-dim, all three, replace its KV cache; --kv-bytes prices its own
+        if any(v is not None for v in shape) and None in shape:
+            raise UsageError("beside --checkpoint, --layers, --kv-heads and --head-dim replace its KV cache together")
+        kv = None if None in shape else bounds.KVLayout(*shape, args.kv_bytes if args.kv_bytes is not None else 2)
         result = api.decode_cost(
             args.checkpoint,
             hardware=args.hardware,
@@ -159,9 +163,16 @@ def cmd_cost(args: argparse.Namespace) -> int:
             project_params=args.project_params,
             project_share=args.project_share,
             sweeps=args.sweep,
+            kv=kv,
+            kv_bytes=args.kv_bytes,
         )
     else:
-        kv = bounds.KVLayout(args.layers, args.kv_heads, args.head_dim, args.kv_bytes)
+        args.layers, args.kv_heads, args.head_dim = (
+            v if v is not None else d for v, d in zip(shape, (80, 8, 128), strict=True)
+        )
+        kv = bounds.KVLayout(
+            args.layers, args.kv_heads, args.head_dim, args.kv_bytes if args.kv_bytes is not None else 2
+        )
         formats, routed = _formats(args.formats), _routed(args)
         result = api.token_cost(
             args.params, formats, kv, hardware=args.hardware, workload=work, routed=routed, sweeps=args.sweep
@@ -410,10 +421,14 @@ def _cost_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     )
     c.add_argument("--params", type=float, default=70e9, help="parameter count (default 70e9)")
     c.add_argument("--formats", default="bf16=16,fp8_e4m3=8,int4_g128=4.15", help="name=bits pairs")
-    c.add_argument("--layers", type=int, default=80)
-    c.add_argument("--kv-heads", type=int, default=8)
-    c.add_argument("--head-dim", type=int, default=128)
-    c.add_argument("--kv-bytes", type=float, default=2, help="bytes per KV element (2 = bf16, 1 = fp8)")
+    c.add_argument("--layers", type=int, help="layers (default 80); with --checkpoint: replace its KV cache")
+    c.add_argument("--kv-heads", type=int, help="KV heads (default 8)")
+    c.add_argument("--head-dim", type=int, help="head dimension (default 128)")
+    c.add_argument(
+        "--kv-bytes",
+        type=float,
+        help="bytes per KV element (2 = bf16, 1 = fp8; default 2, with --checkpoint its own kv_cache_scheme's)",
+    )
     c.add_argument("--routed-params", type=float, help="an MoE: parameters in routed experts (all layers, all experts)")
     c.add_argument("--experts", type=int, help="an MoE: routed experts per layer (E)")
     c.add_argument("--top-k", type=int, help="an MoE: experts each token is routed to (k)")

@@ -67,7 +67,110 @@ MOE = {
         EXPERTS, num_local_experts=4, intermediate_size_mlp=256, interleave_moe_layer_step=1, num_experts_per_tok=1
     ),
 }
-FAMILIES = {**DENSE, **MOE}
+# Families released in 2026 whose layers are not all attention (4 layers mixing the kinds), and the newest
+# attention layouts: linear attention (Gated DeltaNet, Kimi Delta Attention), Mamba2, short convolutions, sparse
+# attention with an indexer, per-layer head sizes, chunked attention. Their state sizes are small and distinct
+# (heads 4 or 2, state 16, kernels 4 and 3) so a hand count tells the fields apart.
+LINEAR = dict(
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+)
+MIXED = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+HYBRID = {
+    "qwen3_next": dict(
+        **LINEAR,
+        **EXPERTS,
+        num_hidden_layers=4,
+        layer_types=MIXED,
+        num_experts=4,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=128,
+        decoder_sparse_step=1,
+    ),
+    "qwen3_5_text": dict(**LINEAR, num_hidden_layers=4, layer_types=MIXED),
+    "kimi_linear": dict(
+        **EXPERTS,
+        num_hidden_layers=4,
+        layer_types=MIXED,
+        linear_num_heads=2,
+        linear_head_dim=32,
+        linear_conv_kernel_dim=4,
+        num_key_value_heads=4,
+        kv_lora_rank=64,
+        q_lora_rank=None,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=32,
+        num_experts=4,
+        moe_intermediate_size=128,
+    ),
+    "nemotron_h": dict(
+        **EXPERTS,
+        layers_block_type=["linear_attention", "full_attention", "mlp", "moe"],
+        mamba_num_heads=4,
+        mamba_head_dim=32,
+        ssm_state_size=16,
+        n_groups=2,
+        conv_kernel=4,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        moe_intermediate_size=128,
+        moe_shared_expert_intermediate_size=128,
+        num_hidden_layers=None,
+    ),
+    "granitemoehybrid": dict(
+        **EXPERTS,
+        num_hidden_layers=4,
+        layer_types=["mamba", "attention", "mamba", "attention"],
+        mamba_n_heads=4,
+        mamba_d_head=64,
+        mamba_d_state=16,
+        mamba_n_groups=1,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        num_local_experts=4,
+        shared_intermediate_size=128,
+    ),
+    "falcon_h1": dict(
+        num_hidden_layers=4,
+        mamba_n_heads=4,
+        mamba_d_head=32,
+        mamba_d_ssm=128,
+        mamba_d_state=16,
+        mamba_n_groups=2,
+        mamba_d_conv=4,
+        mamba_expand=2,
+    ),
+    "lfm2": dict(num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"], conv_L_cache=3),
+    "deepseek_v32": dict(
+        **MOE["deepseek_v3"],
+        num_hidden_layers=4,
+        index_head_dim=32,
+        index_n_heads=4,
+        index_topk=16,
+    ),
+    "gemma4_text": dict(
+        num_hidden_layers=4,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        sliding_window=16,
+        global_head_dim=64,
+        num_global_key_value_heads=2,
+        attention_k_eq_v=True,
+        vocab_size_per_layer_input=256,
+        hidden_size_per_layer_input=16,
+        tie_word_embeddings=True,
+    ),
+    "llama4_text": dict(
+        **MOE["llama4_text"],
+        num_hidden_layers=4,
+        attention_chunk_size=16,
+        layer_types=["chunked_attention"] * 3 + ["full_attention"],
+    ),
+}
+FAMILIES = {**DENSE, **MOE, **HYBRID}
 
 
 def config(family: str, **overrides):

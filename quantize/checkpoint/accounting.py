@@ -45,6 +45,8 @@ ROLES = (
     "norm",
     "bias",
     "linear_kept",
+    "state",
+    "conv",
     "other",
 )
 QUANT_ROLES = ("payload", "scale", "zero_point", "group_index", "quant_meta")
@@ -66,13 +68,22 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
             r"\.(weight_shape|input_scale|input_zero_point|input_global_scale|output_scale|output_zero_point)$",
             "quant_meta",
         ),
-        (r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|embed_positions|tok_embeddings)\.weight$", "embedding"),
+        (
+            r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|embed_positions|tok_embeddings|embeddings|"
+            r"embed_tokens_per_layer)\.weight$",
+            "embedding",  # `embeddings`: Nemotron-H; `embed_tokens_per_layer`: Gemma 4's per-layer inputs
+        ),
         (r"(^|\.)(lm_head|embed_out|output)\.weight$", "lm_head"),
         (r"(norm|ln_\w+|ln\d*)[^.]*\.weight$", "norm"),
         (r"\.bias$", "bias"),
         (r"\.experts\.\w+_bias$", "bias"),  # fused experts' biases (gpt-oss)
         (r"\.gate\.e_score_correction_bias$", "bias"),  # DeepSeek-V3's router bias
         (r"\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)$", "linear_kept"),  # fused experts, unquantized
+        # a recurrent or state-space mixer's own parameters: Mamba2's A_log, D and dt_bias (Nemotron-H, Falcon-H1,
+        # Granite 4), Gated DeltaNet's A_log and dt_bias (Qwen3-Next, Qwen3.5), Kimi Delta Attention's forget gate
+        (r"\.(A_log|D|dt_bias)$", "state"),
+        # a causal convolution's kernel (a 3-D weight): Mamba2's and the linear attentions' conv1d, LFM2's conv
+        (r"(^|\.)(conv1d|conv|\w+_conv1d)\.weight$", "conv"),
     ]
 ]
 # Module names of an output layer that a config can tie to the input embeddings.
@@ -307,8 +318,9 @@ def _module_of(name: str) -> str:
 class _Count:
     """Bytes by role and by module, and logical parameters, tensor by tensor."""
 
-    def __init__(self, tensors: dict[str, TensorInfo], bits: set[int]):
+    def __init__(self, tensors: dict[str, TensorInfo], bits: set[int], linear_layers: frozenset[int] = frozenset()):
         self.names = set(tensors)
+        self.linear_layers = linear_layers  # layers config.json makes linear attention (architecture.part_of)
         self.bits = bits
         self.by_target: list[tuple[str, int]] = []
         self.args: list[tuple[str, dict[str, Any]]] = []  # (target, weights arguments) of the config groups
@@ -326,7 +338,7 @@ class _Count:
         row = self.modules.setdefault(_module_of(name), ModuleRow(_module_of(name), format="?"))
         row.bytes += t.nbytes
         row.roles[role] = row.roles.get(role, 0) + t.nbytes
-        part = self.parts[p := arch.part_of(row.module, role)]
+        part = self.parts[p := arch.part_of(row.module, role, self.linear_layers)]
         part.bytes += t.nbytes
         experts = self._experts(name, row.module, t) if p == "routed_experts" else None
         if experts is not None:
@@ -441,7 +453,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     tensors, header_read = all_tensors(files)
     cfg = read_config(ckpt, required=False)
     qc = _quant_config(ckpt, cfg)
-    count = _Count(tensors, _packed_bits(qc))
+    count = _Count(tensors, _packed_bits(qc), arch.linear_attention_layers(cfg))
     count.by_target = _bits_by_target(qc) if len(count.bits) > 1 else []
     count.args = _config_weights(qc)
     for name, t in sorted(tensors.items()):

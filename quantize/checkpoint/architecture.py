@@ -11,6 +11,10 @@ default pattern where an older config.json leaves `layer_types` out.
                                     MLA      kv_lora_rank + qk_rope_head_dim   (one latent, shared by all heads)
     tokens a layer holds:           full attention: the context; sliding window w: min(context, w);
                                     chunked attention (Llama 4) of chunk c: min(context, c)
+    per-layer heads:                Gemma 4's per_layer_config (its full-attention layers' head_dim, KV heads)
+    sparse attention (DeepSeek-V3.2): MLA + index_head_dim (the indexer's own key cache)
+    fixed state per sequence:       linear attention, Mamba2, short convolution: LINEAR_MIXERS by model_type
+                                    (shapes of each family's modeling code, checked against its cache tensors)
     MoE layer i:                    Qwen (mlp_only_layers, decoder_sparse_step): i ∉ mlp_only_layers and
                                         (i + 1) mod decoder_sparse_step = 0
                                     DeepSeek (first_k_dense_replace, moe_layer_freq): i ≥ k and i mod freq = 0
@@ -30,6 +34,10 @@ from quantize.errors import UsageError
 
 PARTS = (
     "attention",
+    "linear_attention",
+    "mamba",
+    "short_conv",
+    "indexer",
     "mlp",
     "routed_experts",
     "shared_experts",
@@ -52,6 +60,17 @@ PART_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"(^|\.)(mlp|block_sparse_moe)\.gate$", "router"),  # Qwen, DeepSeek, OLMoE, Mixtral
         (r"(^|\.)(mlp|feed_forward)\.router$", "router"),  # gpt-oss, Llama 4
         (r"(^|\.)shared_expert_gate$", "router"),  # Qwen2-MoE's gate on its shared expert
+        (r"(^|\.)shared_mlp(\.|$)", "shared_experts"),  # Granite 4's always-on MLP beside its experts
+        (r"(^|\.)indexer(\.|$)", "indexer"),  # DeepSeek-V3.2's sparse-attention indexer (self_attn.indexer)
+        (r"(^|\.)linear_attn(\.|$)", "linear_attention"),  # Qwen3-Next / Qwen3.5 Gated DeltaNet
+        (r"(^|\.)mamba(\.|$)", "mamba"),  # Falcon-H1, Granite 4
+        (r"(^|\.)layers\.\d+\.conv(\.|$)", "short_conv"),  # LFM2's short convolution block
+        # Nemotron-H names every block's module `mixer`: attention (q/k/v/o_proj), MLP (up/down_proj), MoE (gate,
+        # experts, shared_experts: above), else Mamba2 (in_proj, conv1d, norm, out_proj; A_log, D, dt_bias)
+        (r"(^|\.)mixer\.gate$", "router"),
+        (r"(^|\.)mixer\.(q_proj|k_proj|v_proj|o_proj)$", "attention"),
+        (r"(^|\.)mixer\.(up_proj|down_proj)$", "mlp"),
+        (r"(^|\.)mixer(\.|$)", "mamba"),
         (r"(^|\.)(self_attn|attention|attn)(\.|$)", "attention"),
         (r"(^|\.)(mlp|feed_forward|ffn|block_sparse_moe)(\.|$)", "mlp"),
     ]
@@ -61,15 +80,29 @@ _EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)(?:\.|$)")
 LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def part_of(module: str, tensor_role: str) -> str:
+def part_of(module: str, tensor_role: str, linear_layers: frozenset[int] = frozenset()) -> str:
     """The part of the model a tensor belongs to, from its module name and its accounting role (embedding,
-    lm_head and norm roles name their part; a norm inside an attention block is a norm)."""
+    lm_head and norm roles name their part; a norm inside an attention block is a norm). An attention module of
+    a layer in `linear_layers` (config.json's linear-attention layers: linear_attention_layers) is linear
+    attention: Kimi-Linear names both kinds `self_attn`."""
     if tensor_role in TENSOR_ROLE_PARTS:
         return TENSOR_ROLE_PARTS[tensor_role]
     for pattern, part in PART_RULES:
         if pattern.search(module):
+            if part == "attention" and linear_layers and layer_index(module + ".") in linear_layers:
+                return "linear_attention"
             return part
     return "other"
+
+
+def linear_attention_layers(cfg: dict[str, Any]) -> frozenset[int]:
+    """The layers config.json makes linear attention (layer_types: linear_attention), for part_of; none where
+    config.json gives no layer list or one this module cannot read (the accounting by part must not fail)."""
+    try:
+        kinds = attention_layers(cfg) if cfg and _layer_list(text_config(cfg)) is not None else ()
+    except UsageError:
+        return frozenset()
+    return frozenset(i for i, k in enumerate(kinds) if k.kind == "linear_attention")
 
 
 def expert_index(module: str) -> int | None:
@@ -118,11 +151,26 @@ def _first_int(cfg: dict[str, Any], keys: tuple[str, ...], minimum: int = 1) -> 
     return None
 
 
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+# k, experts per token: num_experts_per_tok, or the attribute a config class's attribute_map stores it under
+# (Kimi-Linear: num_experts_per_token; ERNIE 4.5: moe_k)
+TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_k")
+# the per-layer type list (Nemotron-H's config class stores layer_types as layers_block_type: its attribute_map)
+LAYER_LIST_KEYS = ("layer_types", "layers_block_type")
+# Nemotron-H's configuration_nemotron_h._pattern_to_list
+HYBRID_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
 # sliding-window layer pattern of a family whose older config.json has no `layer_types`: layer i slides unless
 # (i + 1) is a multiple of it (the default each config class's __post_init__ fills in)
 FAMILY_SLIDING_PATTERN = {"gemma2": 2, "gemma3_text": 6, "gemma3": 6, "gpt_oss": 2}
 WINDOWED_LAYER_TYPES = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
+# layer types (transformers' names, configuration_utils and the config classes) that hold the whole context or a
+# fixed state: attention over the whole context (DeepSeek-V3.2's sparse attention reads top-k tokens but keeps
+# them all), a recurrent/state-space/convolution mixer (its state: LINEAR_MIXERS), and layers with no mixer
+UNWINDOWED_LAYER_TYPES = ("full_attention", "deepseek_sparse_attention", "linear_attention", "hybrid", "mlp", "moe")
+# older names config.json may carry, as transformers' configuration_utils._LEGACY_LAYER_TYPE_REMAP reads them
+LEGACY_LAYER_TYPES = {"conv": "linear_attention", "mamba": "linear_attention", "attention": "full_attention"}
+# families whose every layer runs attention and a mixer side by side (FalconH1Config.layers_block_type: "hybrid")
+EVERY_LAYER_HYBRID = {"falcon_h1": "hybrid"}
 
 
 @dataclass(frozen=True)
@@ -153,11 +201,46 @@ class MoESpec:
 
 
 def layer_count(cfg: dict[str, Any]) -> int:
+    """num_hidden_layers, else the length of the layer list (Nemotron-H's class derives it from
+    layers_block_type, and saves no num_hidden_layers)."""
     text = text_config(cfg)
     n = _int(text, "num_hidden_layers")
+    if n is None and (listed := _layer_list(text)) is not None:
+        return len(listed[1])
     if n is None:
-        raise UsageError("config.json lacks num_hidden_layers; fix config.json, or pass --layers/--kv-heads/--head-dim")
+        raise UsageError(
+            "config.json lacks num_hidden_layers (and a layer list: layer_types / layers_block_type / "
+            "hybrid_override_pattern); fix config.json"
+        )
     return n
+
+
+def _layer_list(text: dict[str, Any]) -> tuple[str, list[str]] | None:
+    """The per-layer type list config.json gives, and the field it came from: `layer_types` (most families),
+    `layers_block_type` (the attribute Nemotron-H's config class stores layer_types under), or Nemotron-H's
+    older `hybrid_override_pattern` string (read as the class reads it: M mamba, * attention, - mlp, E moe)."""
+    for key in LAYER_LIST_KEYS:
+        v = text.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, list) or not v or not all(isinstance(t, str) for t in v):
+            raise UsageError(f"config.json's {key} must list one layer type per layer; got {str(v)[:80]}")
+        return key, v
+    linear = text.get("linear_attn_config")
+    if isinstance(linear, dict) and isinstance(n := text.get("num_hidden_layers"), int):
+        full, kda = linear.get("full_attn_layers"), linear.get("kda_layers")
+        # Kimi-Linear's checkpoint form (KimiLinearConfig.__post_init__): 1-based layer numbers of each kind
+        if isinstance(full, list) and isinstance(kda, list) and sorted([*full, *kda]) == list(range(1, n + 1)):
+            return "linear_attn_config", ["full_attention" if i + 1 in full else "linear_attention" for i in range(n)]
+    pattern = text.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        if bad := sorted(set(pattern) - set(HYBRID_PATTERN)):
+            raise UsageError(
+                f"config.json's hybrid_override_pattern holds {''.join(bad)!r}; each character must be one of "
+                f"{''.join(HYBRID_PATTERN)}. Fix config.json"
+            )
+        return "hybrid_override_pattern", [HYBRID_PATTERN[c] for c in pattern]
+    return None
 
 
 def attention_layers(cfg: dict[str, Any]) -> tuple[AttentionLayer, ...]:
@@ -167,13 +250,15 @@ def attention_layers(cfg: dict[str, Any]) -> tuple[AttentionLayer, ...]:
     text = text_config(cfg)
     n = layer_count(cfg)
     window = _int(text, "sliding_window")
-    types = text.get("layer_types")
-    if types is not None:
-        if not isinstance(types, list) or len(types) != n or not all(isinstance(t, str) for t in types):
+    if (listed := _layer_list(text)) is not None:
+        key, types = listed
+        if len(types) != n:
             raise UsageError(
-                f"config.json's layer_types must list one attention type per layer ({n}); got {str(types)[:80]}"
+                f"config.json's {key} lists {len(types)} layer types, num_hidden_layers is {n}; fix config.json"
             )
-        return tuple(_typed_layer(text, t) for t in types)
+        return tuple(_typed_layer(text, LEGACY_LAYER_TYPES.get(t, t)) for t in types)
+    if str(text.get("model_type")) in EVERY_LAYER_HYBRID:
+        return (AttentionLayer(EVERY_LAYER_HYBRID[str(text.get("model_type"))], None),) * n
     pattern = _int(text, "sliding_window_pattern") or FAMILY_SLIDING_PATTERN.get(str(text.get("model_type")))
     if window is not None and pattern is not None:
         return tuple(_layer(window) if (i + 1) % pattern else _layer(None) for i in range(n))
@@ -188,7 +273,7 @@ def _layer(window: int | None) -> AttentionLayer:
 
 
 def _typed_layer(text: dict[str, Any], kind: str) -> AttentionLayer:
-    if kind == "full_attention":
+    if kind in UNWINDOWED_LAYER_TYPES:
         return AttentionLayer(kind, None)
     if kind in WINDOWED_LAYER_TYPES:
         key = WINDOWED_LAYER_TYPES[kind]
@@ -197,7 +282,8 @@ def _typed_layer(text: dict[str, Any], kind: str) -> AttentionLayer:
         return AttentionLayer(kind, w)
     raise UsageError(
         f"config.json's layer_types names {kind!r} layers, whose cache the cost model does not know (it knows "
-        f"full_attention, {', '.join(WINDOWED_LAYER_TYPES)}); pass --layers/--kv-heads/--head-dim instead"
+        f"{', '.join([*UNWINDOWED_LAYER_TYPES, *WINDOWED_LAYER_TYPES])}); pass --layers/--kv-heads/--head-dim "
+        "(beside --checkpoint: they replace its KV cache) to price a uniform cache instead"
     )
 
 
@@ -211,6 +297,12 @@ def kv_spec(cfg: dict[str, Any]) -> KVSpec:
         if rope is None:
             raise UsageError("config.json sets kv_lora_rank (MLA) but not qk_rope_head_dim; fix config.json")
         return KVSpec("MLA", rank + rope, layers, f"kv_lora_rank {rank} + qk_rope_head_dim {rope}")
+    spec = _gqa(text)
+    return KVSpec(spec.attention, spec.values_per_token, layers, spec.formula)
+
+
+def _gqa(text: dict[str, Any]) -> KVSpec:
+    """MHA/GQA: 2 × num_key_value_heads × head_dim values per token (head_dim: hidden_size / heads if unset)."""
     heads = _int(text, "num_attention_heads")
     hidden = _int(text, "hidden_size")
     if heads is None:
@@ -226,9 +318,213 @@ def kv_spec(cfg: dict[str, Any]) -> KVSpec:
                 "--layers/--kv-heads/--head-dim"
             )
         head_dim = hidden // heads
-    return KVSpec(
-        "MHA/GQA", 2 * kv_heads * head_dim, layers, f"2 × num_key_value_heads {kv_heads} × head_dim {head_dim}"
+    return KVSpec("MHA/GQA", 2 * kv_heads * head_dim, (), f"2 × num_key_value_heads {kv_heads} × head_dim {head_dim}")
+
+
+# --- the decode cache, layer by layer: KV that grows with the context, state that does not -------------
+
+# Bytes of a recurrent or state-space state: float32; of a convolution state (the layer's last inputs): 2, the
+# 16-bit model dtype. That is what transformers 5.17's cache holds for a bf16 model of Qwen3-Next, Kimi-Linear,
+# Nemotron-H, Granite 4, Falcon-H1 and LFM2 (checked on their tiny models when this was written); Nemotron-H
+# names its SSM state's dtype (mamba_ssm_cache_dtype), read where config.json gives it. A serving engine may keep
+# other dtypes: these are the figures priced, and the output says them.
+STATE_BYTES = 4
+CONV_BYTES = 2
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class LayerCache:
+    """What one layer keeps per sequence while decoding: KV values per token (up to `window` tokens; None: the
+    whole context), and a fixed state (recurrent/SSM values and convolution values, constant in context)."""
+
+    kind: str
+    kv_values: int = 0
+    window: int | None = None
+    state_values: int = 0
+    conv_values: int = 0
+    formula: str = ""
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """The decode cache layer by layer, and the bytes of one state and one convolution value."""
+
+    attention: str  # the KV layout: MHA/GQA, MLA, MLA + indexer, or "none" (no layer holds a KV cache)
+    layers: tuple[LayerCache, ...]
+    state_bytes: int = STATE_BYTES
+    conv_bytes: int = CONV_BYTES
+    state_dtype: str = "float32"
+
+
+def _need(text: dict[str, Any], key: str, why: str, minimum: int = 1) -> int:
+    if (v := _int(text, key, minimum)) is None:
+        raise UsageError(f"config.json lacks {key}, needed for {why}; fix config.json")
+    return v
+
+
+def _gated_deltanet(text: dict[str, Any]) -> LayerCache:
+    """Qwen3-Next / Qwen3.5 Gated DeltaNet (modeling_qwen3_next.Qwen3NextGatedDeltaNet): a recurrent state of
+    num_v_heads × head_k_dim × head_v_dim, and the causal convolution's last conv_kernel inputs over
+    2 × num_k_heads × head_k_dim + num_v_heads × head_v_dim channels (q, k and v: its conv_dim)."""
+    why = "the Gated DeltaNet state"
+    hk, hv = _need(text, "linear_num_key_heads", why), _need(text, "linear_num_value_heads", why)
+    dk, dv = _need(text, "linear_key_head_dim", why), _need(text, "linear_value_head_dim", why)
+    kernel = _need(text, "linear_conv_kernel_dim", why)
+    channels = 2 * hk * dk + hv * dv
+    return LayerCache(
+        "gated_deltanet",
+        state_values=hv * dk * dv,
+        conv_values=kernel * channels,
+        formula=f"state {hv}×{dk}×{dv} (v heads × k dim × v dim); conv {kernel}×{channels}",
     )
+
+
+def _kimi_delta(text: dict[str, Any]) -> LayerCache:
+    """Kimi Delta Attention (modeling_kimi_linear.KimiDeltaAttention): a float32 state of num_heads × head_dim ×
+    head_dim, and a convolution over q, k and v (3 × num_heads × head_dim channels) keeping conv_kernel inputs."""
+    linear = text.get("linear_attn_config") if isinstance(text.get("linear_attn_config"), dict) else {}
+    fields = {**text, **{k: linear[v] for k, v in KIMI_LINEAR_KEYS.items() if v in linear}}
+    why = "the Kimi Delta Attention state"
+    h, d = _need(fields, "linear_num_heads", why), _need(fields, "linear_head_dim", why)
+    kernel = _need(fields, "linear_conv_kernel_dim", why)
+    return LayerCache(
+        "kimi_delta_attention",
+        state_values=h * d * d,
+        conv_values=kernel * 3 * h * d,
+        formula=f"state {h}×{d}×{d}; conv {kernel}×{3 * h * d}",
+    )
+
+
+# KimiLinearConfig.__post_init__ reads these from the checkpoint's linear_attn_config (its keys on the right)
+KIMI_LINEAR_KEYS = {
+    "linear_head_dim": "head_dim",
+    "linear_num_heads": "num_heads",
+    "linear_conv_kernel_dim": "short_conv_kernel_size",
+}
+
+
+def _mamba2(heads: int, head_dim: int, state: int, groups: int, kernel: int, inner: int) -> LayerCache:
+    """Mamba2 (the mixers of Nemotron-H, Falcon-H1, Granite 4): an SSM state of num_heads × head_dim ×
+    state_size, and the convolution's last conv_kernel inputs over intermediate + 2 × n_groups × state_size
+    channels (x, B and C: the mixer's conv_dim)."""
+    channels = inner + 2 * groups * state
+    return LayerCache(
+        "mamba2",
+        state_values=heads * head_dim * state,
+        conv_values=kernel * channels,
+        formula=f"ssm {heads}×{head_dim}×{state}; conv {kernel}×{channels}",
+    )
+
+
+def _mamba2_nemotron(text: dict[str, Any]) -> LayerCache:
+    """NemotronHMamba2Mixer: intermediate = mamba_num_heads × mamba_head_dim."""
+    why = "the Mamba2 state"
+    heads, hd = _need(text, "mamba_num_heads", why), _need(text, "mamba_head_dim", why)
+    state, groups = _need(text, "ssm_state_size", why), _need(text, "n_groups", why)
+    return _mamba2(heads, hd, state, groups, _need(text, "conv_kernel", why), heads * hd)
+
+
+def _mamba2_mamba_fields(text: dict[str, Any]) -> LayerCache:
+    """GraniteMoeHybridMambaLayer and FalconH1Mixer: intermediate = mamba_d_ssm where set (Falcon-H1), else
+    mamba_expand × hidden_size; head_dim = mamba_d_head, or intermediate / mamba_n_heads where "auto"."""
+    why = "the Mamba2 state"
+    heads, state = _need(text, "mamba_n_heads", why), _need(text, "mamba_d_state", why)
+    inner = _int(text, "mamba_d_ssm")
+    if inner is None:
+        expand = text.get("mamba_expand")
+        if isinstance(expand, bool) or not isinstance(expand, int | float) or expand <= 0:
+            raise UsageError(f"config.json's mamba_expand is {expand!r}; it must be a positive number. Fix config.json")
+        inner = int(expand * _need(text, "hidden_size", why))
+    hd = text.get("mamba_d_head")
+    hd = inner // heads if hd == "auto" else _need(text, "mamba_d_head", why)
+    return _mamba2(heads, hd, state, _need(text, "mamba_n_groups", why), _need(text, "mamba_d_conv", why), inner)
+
+
+def _short_conv(text: dict[str, Any]) -> LayerCache:
+    """LFM2's short convolution (modeling_lfm2.Lfm2ShortConv): its last conv_L_cache inputs of hidden_size."""
+    why = "the short convolution's state"
+    kernel, hidden = _need(text, "conv_L_cache", why), _need(text, "hidden_size", why)
+    return LayerCache("short_conv", conv_values=kernel * hidden, formula=f"conv {kernel}×{hidden}")
+
+
+# model_type -> the mixer its linear_attention (or hybrid) layers run: each one's state, from its modeling code
+LINEAR_MIXERS = {
+    "qwen3_next": _gated_deltanet,
+    "qwen3_5_text": _gated_deltanet,
+    "qwen3_5_moe_text": _gated_deltanet,
+    "kimi_linear": _kimi_delta,
+    "nemotron_h": _mamba2_nemotron,
+    "granitemoehybrid": _mamba2_mamba_fields,
+    "falcon_h1": _mamba2_mamba_fields,
+    "lfm2": _short_conv,
+    "lfm2_moe": _short_conv,
+}
+
+
+def _attention_values(text: dict[str, Any], layer: int) -> tuple[str, int, str]:
+    """The KV layout of attention layer `layer` and the values one token stores in it: MLA (kv_lora_rank set)
+    kv_lora_rank + qk_rope_head_dim, plus index_head_dim where an indexer keeps its own keys (DeepSeek-V3.2);
+    else 2 × num_key_value_heads × head_dim, each from the layer's per_layer_config entry where it has one
+    (Gemma 4's full-attention layers)."""
+    if (rank := _int(text, "kv_lora_rank")) is not None:
+        rope = _int(text, "qk_rope_head_dim")
+        if rope is None:
+            raise UsageError("config.json sets kv_lora_rank (MLA) but not qk_rope_head_dim; fix config.json")
+        if (index := _int(text, "index_head_dim")) is not None:
+            formula = f"kv_lora_rank {rank} + qk_rope_head_dim {rope} + indexer keys index_head_dim {index}"
+            return "MLA + indexer", rank + rope + index, formula
+        return "MLA", rank + rope, f"kv_lora_rank {rank} + qk_rope_head_dim {rope}"
+    per = text.get("per_layer_config")
+    own = per.get(str(layer), per.get(layer)) if isinstance(per, dict) else None
+    fields = {**text, **own} if isinstance(own, dict) else text
+    spec = _gqa(fields)
+    return spec.attention, spec.values_per_token, spec.formula
+
+
+def cache_spec(cfg: dict[str, Any]) -> CacheSpec:
+    """The decode cache config.json describes, layer by layer (attention_layers): an attention layer's KV
+    (_attention_values) up to its window; a linear-attention, state-space or convolution layer's fixed state
+    (LINEAR_MIXERS, by model_type); a Falcon-H1 layer both; an MLP/MoE-only layer (Nemotron-H) nothing; a
+    Gemma 4 layer past num_hidden_layers − num_kv_shared_layers reads an earlier layer's cache and keeps none."""
+    text = text_config(cfg)
+    kinds = attention_layers(cfg)
+    family = str(text.get("model_type"))
+    mixer = LINEAR_MIXERS.get(family)
+    if mixer is None and (odd := sorted({k.kind for k in kinds if k.kind in ("linear_attention", "hybrid")})):
+        raise UsageError(
+            f"config.json (model_type {family!r}) names {odd[0]} layers, whose state the cost model does not know "
+            f"(it knows the mixers of {', '.join(LINEAR_MIXERS)}); pass --layers/--kv-heads/--head-dim "
+            "(beside --checkpoint: they replace its KV cache) to price a uniform cache instead"
+        )
+    shared_from = len(kinds) - (_int(text, "num_kv_shared_layers", 0) or 0)
+    layouts, layers = set(), []
+    for i, layer in enumerate(kinds):
+        state = mixer(text) if layer.kind in ("linear_attention", "hybrid") and mixer is not None else None
+        if layer.kind in ("mlp", "moe") or layer.kind == "linear_attention":
+            layers.append(state or LayerCache(layer.kind))
+            continue
+        if i >= shared_from:
+            layers.append(LayerCache("shared_kv", formula="reads an earlier layer's KV cache"))
+            continue
+        layout, values, formula = _attention_values(text, i)
+        layouts.add(layout)
+        kind = "sparse_attention" if layer.kind == "deepseek_sparse_attention" else layer.kind
+        if state is not None:  # attention and a Mamba2 mixer side by side
+            kind, formula = f"attention+{state.kind}", f"{formula}; {state.formula}"
+        layers.append(
+            LayerCache(
+                kind,
+                values,
+                layer.window,
+                state.state_values if state else 0,
+                state.conv_values if state else 0,
+                formula,
+            )
+        )
+    ssm = text.get("mamba_ssm_cache_dtype")
+    dtype = ssm if isinstance(ssm, str) and ssm in DTYPE_BYTES else "float32"
+    return CacheSpec(" and ".join(sorted(layouts)) or "none", tuple(layers), DTYPE_BYTES[dtype], CONV_BYTES, dtype)
 
 
 def routed_experts(cfg: dict[str, Any]) -> tuple[str, int] | None:
@@ -245,16 +541,20 @@ def moe_spec(cfg: dict[str, Any]) -> MoESpec | None:
     if found is None:
         return None
     count_key, experts = found
-    top_k = _int(text, "num_experts_per_tok")
+    k_key, top_k = _first_int(text, TOP_K_KEYS) or ("num_experts_per_tok", None)
     if top_k is None or top_k > experts:
         raise UsageError(
-            f"config.json declares {experts} routed experts ({count_key}) but num_experts_per_tok is "
-            f"{text.get('num_experts_per_tok')!r}; it must be a whole number from 1 to {experts}. Fix config.json"
+            f"config.json declares {experts} routed experts ({count_key}) but {k_key} is "
+            f"{text.get(k_key)!r}; it must be a whole number from 1 to {experts}. Fix config.json"
         )
-    shared = _int(text, "n_shared_experts", 0) or (1 if _int(text, "shared_expert_intermediate_size") else 0)
+    shared = (
+        _int(text, "n_shared_experts", 0)
+        or _int(text, "num_shared_experts", 0)
+        or (1 if _int(text, "shared_expert_intermediate_size") else 0)
+    )
     n = layer_count(cfg)
     layers, rule = _moe_layers(text, n)
-    return MoESpec(experts, top_k, shared, layers, f"{count_key}, num_experts_per_tok{rule}")
+    return MoESpec(experts, top_k, shared, layers, f"{count_key}, {k_key}{rule}")
 
 
 # --- the routed experts' tensors against config.json --------------------------------------------
@@ -359,6 +659,16 @@ def _width_problem(name: str, tensor: tuple[list[int], str], text: dict[str, Any
 
 def _moe_layers(text: dict[str, Any], n: int) -> tuple[tuple[int, ...], str]:
     """Which layers route to experts, by the family's fields (module docstring)."""
+    types = text.get("mlp_layer_types")
+    if isinstance(types, list) and len(types) == n:  # Kimi-Linear, DeepSeek-V3.2: "dense" or "sparse"
+        return tuple(i for i, t in enumerate(types) if t == "sparse"), ", mlp_layer_types"
+    if (listed := _layer_list(text)) is not None and "moe" in listed[1]:  # Nemotron-H: a layer is one block
+        return tuple(i for i, t in enumerate(listed[1]) if t == "moe"), f", {listed[0]}"
+    if (start := _int(text, "moe_layer_start_index", 0)) is not None:  # ERNIE 4.5 (Ernie4_5_MoeDecoderLayer)
+        end = text.get("moe_layer_end_index")
+        end = n - 1 if not isinstance(end, int) or isinstance(end, bool) or end < 0 else end
+        step = _int(text, "moe_layer_interval") or 1
+        return tuple(i for i in range(n) if start <= i <= end and (i + 1) % step == 0), ", moe_layer_start_index"
     if (listed := _int_list(text, "moe_layers")) is not None:
         return tuple(i for i in range(n) if i in listed), ", moe_layers"
     if (dense := _int(text, "first_k_dense_replace", 0)) is not None:

@@ -18,9 +18,11 @@ expectation. At T = 1 that is exactly k experts whatever the router; above it un
 expectation (for independent tokens), so a skewed router can make a real step faster than this figure. A dense
 model has no MoE layer: weight_bytes_read = W and active_parameters = N.
 
-KV bytes per sequence = Σ_layers values_per_token × tokens_held × bytes_per_element, with
-values_per_token = 2 × kv_heads × head_dim (MHA/GQA) or kv_lora_rank + qk_rope_head_dim (MLA), and
-tokens_held = context, or min(context, window) for a sliding-window layer (checkpoint/architecture.py).
+KV bytes per sequence = Σ_layers (values_l × tokens_held_l × bytes_per_element + state_l), with
+values_l = 2 × kv_heads_l × head_dim_l (MHA/GQA, each layer its own) or kv_lora_rank + qk_rope_head_dim (MLA,
+plus index_head_dim for an indexer's keys), 0 for a layer without attention; tokens_held = context, or
+min(context, window) for a sliding-window or chunked layer; state_l the fixed bytes of a recurrent, state-space
+or convolution layer, constant in the context (checkpoint/architecture.cache_spec).
 
     E[tokens per target step] = (1 − α^(γ+1)) / (1 − α)
     speedup                   = E[tokens] / (γ·c + verify_ratio)
@@ -41,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.accounting import BitsReport, bits_report, gguf_report
-from quantize.checkpoint.architecture import kv_spec, layer_count, moe_spec
+from quantize.checkpoint.architecture import cache_spec, layer_count, moe_spec
 from quantize.checkpoint.files import read_config
 from quantize.errors import UsageError
 
@@ -113,7 +115,7 @@ class KVLayout:
     def layer_bytes(self, context_tokens: int) -> list[LayerKV]:
         per = 2 * self.kv_heads * self.head_dim * self.bytes_per_element * context_tokens
         return [
-            LayerKV(layer=i, attention="full_attention", tokens_held=context_tokens, bytes=per)
+            LayerKV(layer=i, attention="full_attention", tokens_held=context_tokens, bytes=per, kv_bytes=per)
             for i in range(self.layers)
         ]
 
@@ -123,46 +125,64 @@ class KVLayout:
 
 @dataclass(frozen=True)
 class KVCache:
-    """A KV cache layer by layer, as config.json describes it (checkpoint/architecture.kv_spec): the values one
-    token stores in each layer (MHA/GQA 2 × kv_heads × head_dim; MLA kv_lora_rank + qk_rope_head_dim), and
-    each layer's window (None: it holds the whole context)."""
+    """A decode cache layer by layer, as config.json describes it (checkpoint/architecture.cache_spec): the KV
+    values one token stores in each layer (MHA/GQA 2 × kv_heads × head_dim, each layer its own; MLA
+    kv_lora_rank + qk_rope_head_dim; 0 for a layer without attention), each layer's window (None: it holds the
+    whole context), and each layer's fixed state bytes (recurrent, state-space and convolution state: constant
+    in the context)."""
 
     attention: str
-    values_per_token: int
-    kinds: tuple[str, ...]  # per layer: full_attention, sliding_attention, chunked_attention
+    values_per_token: int  # the most KV values one layer stores per token
+    kinds: tuple[str, ...]  # per layer: full_attention, sliding_attention, chunked_attention, gated_deltanet, ...
     windows: tuple[int | None, ...]  # per layer
     bytes_per_element: float
     formula: str = ""
+    layer_values: tuple[int, ...] = ()  # per layer KV values per token; (): values_per_token in every layer
+    state_bytes: tuple[float, ...] = ()  # per layer fixed state bytes; (): none
+    state_dtype: str = ""
+    layer_formulas: tuple[str, ...] = ()  # each kind of layer's cache, once: "kind: formula"
+
+    def _values(self) -> tuple[int, ...]:
+        return self.layer_values or (self.values_per_token,) * len(self.kinds)
 
     def layer_bytes(self, context_tokens: int) -> list[LayerKV]:
-        """bytes of layer l = values_per_token × min(context, window_l) × bytes_per_element."""
+        """bytes of layer l = values_l × min(context, window_l) × bytes_per_element + its fixed state bytes."""
         out = []
-        for i, (kind, w) in enumerate(zip(self.kinds, self.windows, strict=True)):
-            held = context_tokens if w is None else min(context_tokens, w)
-            out.append(
-                LayerKV(
-                    layer=i,
-                    attention=kind,
-                    tokens_held=held,
-                    bytes=self.values_per_token * held * self.bytes_per_element,
-                )
-            )
+        states = self.state_bytes or (0.0,) * len(self.kinds)
+        for i, (kind, w, v, st) in enumerate(zip(self.kinds, self.windows, self._values(), states, strict=True)):
+            held = (context_tokens if w is None else min(context_tokens, w)) if v else 0
+            kv = v * held * self.bytes_per_element
+            out.append(LayerKV(layer=i, attention=kind, tokens_held=held, bytes=kv + st, kv_bytes=kv, state_bytes=st))
         return out
 
     def bytes_per_sequence(self, context_tokens: int) -> float:
+        """KV and state bytes one sequence keeps (what each decode step reads of it)."""
         return sum(layer.bytes for layer in self.layer_bytes(context_tokens))
 
+    def state_bytes_per_sequence(self) -> float:
+        return float(sum(self.state_bytes))
+
     def describe(self) -> dict[str, Any]:
-        windowed = [w for w in self.windows if w is not None]
-        return {
+        windowed = [w for w, v in zip(self.windows, self._values(), strict=True) if w is not None and v]
+        out = {
             "attention": self.attention,
             "layers": len(self.windows),
+            "kv_layers": sum(1 for v in self._values() if v),
             "values_per_token_per_layer": self.values_per_token,
             "values_formula": self.formula,
             "windowed_layers": len(windowed),
             "window": max(windowed) if windowed else None,
             "bytes_per_element": self.bytes_per_element,
         }
+        if self.layer_values and len(set(self.layer_values) - {0}) > 1:
+            out["values_per_token_by_layer"] = list(self.layer_values)
+        if any(self.state_bytes):
+            out["state_layers"] = sum(1 for b in self.state_bytes if b)
+            out["state_bytes_per_sequence"] = self.state_bytes_per_sequence()
+            out["state_dtype"] = self.state_dtype
+        if self.layer_formulas:
+            out["layer_formulas"] = list(self.layer_formulas)
+        return out
 
 
 @dataclass(frozen=True)
@@ -274,6 +294,7 @@ class CostModel:
 
     @property
     def kv_bytes_per_sequence(self) -> float:
+        """What one sequence keeps at the context: KV plus any fixed recurrent/convolution state."""
         return self.kv.bytes_per_sequence(self.context_tokens)
 
     def memory_s(self, weights: float | Weights, batch: int, positions: int = 1) -> float:
@@ -428,9 +449,11 @@ class LayerKV(_Frozen):
     """One layer's KV cache for one sequence at the workload's context."""
 
     layer: int
-    attention: str  # full_attention, sliding_attention, chunked_attention
-    tokens_held: int  # the context, or min(context, window)
-    bytes: float
+    attention: str  # full_attention, sliding_attention, chunked_attention, gated_deltanet, mamba2, short_conv, ...
+    tokens_held: int  # the context, or min(context, window); 0 for a layer without a KV cache
+    bytes: float  # kv_bytes + state_bytes
+    kv_bytes: float | None = None  # grows with the context up to the window
+    state_bytes: float = 0.0  # recurrent / SSM / convolution state, constant in the context
 
 
 class ExpertLayerCost(_Frozen):
@@ -474,8 +497,9 @@ class CostTable(_Frozen):
     batch: int
     context_tokens: int
     kv_layout: dict[str, Any]
-    kv_bytes_per_sequence: float  # at context_tokens
+    kv_bytes_per_sequence: float  # at context_tokens: KV, plus the fixed state of recurrent/convolution layers
     kv_bytes_per_layer: list[LayerKV]
+    state_bytes_per_sequence: float = 0.0  # the fixed part of kv_bytes_per_sequence (constant in the context)
     formats: dict[str, FormatRow]
     speculation: Speculation
     moe: MoECost | None = None  # None: a dense model
@@ -572,6 +596,7 @@ def token_cost(
         kv_layout=kv.describe(),
         kv_bytes_per_sequence=model.kv_bytes_per_sequence,
         kv_bytes_per_layer=kv.layer_bytes(work.context_tokens),
+        state_bytes_per_sequence=kv.state_bytes_per_sequence() if isinstance(kv, KVCache) else 0.0,
         formats=formats,
         speculation=speculation_summary(work.alpha, work.gamma, work.draft_cost, work.plain_step_ms),
         moe=moe_cost(priced[0].routed or routed, work.batch) if routed and priced else None,
@@ -641,18 +666,29 @@ def kv_bytes(config: dict[str, Any]) -> float:
 
 
 def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float | None = None) -> KVCache:
-    """The KV cache config.json describes, layer by layer (MHA/GQA or MLA; sliding-window and chunked layers
-    hold at most their window: checkpoint/architecture.kv_spec); bytes per element: given, else the
-    checkpoint's own (kv_bytes)."""
+    """The decode cache config.json describes, layer by layer (checkpoint/architecture.cache_spec): each attention
+    layer's KV with its own head sizes (MHA/GQA or MLA, an indexer's keys; sliding-window and chunked layers hold
+    at most their window), each recurrent, state-space or convolution layer's fixed state (architecture.STATE_BYTES
+    per state value, CONV_BYTES per convolution value); KV bytes per element: given, else the checkpoint's own
+    (kv_bytes)."""
     bytes_per_element = kv_bytes(config) if bytes_per_element is None else bytes_per_element
-    spec = kv_spec(config)
+    spec = cache_spec(config)
+    values = tuple(layer.kv_values for layer in spec.layers)
+    formulas = tuple(dict.fromkeys(f"{layer.kind}: {layer.formula}" for layer in spec.layers if layer.formula))
+    kv_formulas = sorted({layer.formula.split("; ")[0] for layer in spec.layers if layer.kv_values})
     return KVCache(
         attention=spec.attention,
-        values_per_token=spec.values_per_token,
+        values_per_token=max(values),
         kinds=tuple(layer.kind for layer in spec.layers),
         windows=tuple(layer.window for layer in spec.layers),
         bytes_per_element=bytes_per_element,
-        formula=spec.formula,
+        formula=" | ".join(kv_formulas) or "no layer holds a KV cache",
+        layer_values=values,
+        state_bytes=tuple(
+            float(layer.state_values * spec.state_bytes + layer.conv_values * spec.conv_bytes) for layer in spec.layers
+        ),
+        state_dtype=f"state {spec.state_dtype} ({spec.state_bytes} bytes), convolution {spec.conv_bytes} bytes",
+        layer_formulas=formulas if any(layer.state_values or layer.conv_values for layer in spec.layers) else (),
     )
 
 
@@ -704,15 +740,21 @@ def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weight
     return Weights(report.total_bytes, routed), active
 
 
-def _measured(checkpoint: Any) -> tuple[BitsReport, KVCache, tuple[RoutedExperts, ...]]:
+def _measured(
+    checkpoint: Any, kv: KVLayout | None = None, kv_bytes: float | None = None
+) -> tuple[BitsReport, KVLayout | KVCache, tuple[RoutedExperts, ...]]:
     """A checkpoint's bits, KV cache and routed experts: a GGUF's from its header alone (gguf_kv_cache), any other's
-    from its safetensors headers and config.json."""
+    from its safetensors headers and config.json. `kv` replaces the KV cache they describe (the CLI's
+    --layers/--kv-heads/--head-dim beside --checkpoint); `kv_bytes` prices theirs at that many bytes a KV element."""
     if (f := ggufs.find(Path(checkpoint))) is not None:
         h = ggufs.read_header(f)
         report = gguf_report(Path(checkpoint), h)
         if not report.parameters:
             raise UsageError(f"{checkpoint} holds no tensors; there are no weights to price")
-        return report, gguf_kv_cache(h), gguf_routed_experts(h, report.expert_layers)
+        cache = kv or gguf_kv_cache(h)
+        if kv is None and kv_bytes is not None:
+            cache = replace(cache, bytes_per_element=kv_bytes)
+        return report, cache, gguf_routed_experts(h, report.expert_layers)
     report = bits_report(checkpoint)
     if not report.parameters:
         raise UsageError(
@@ -724,7 +766,8 @@ def _measured(checkpoint: Any) -> tuple[BitsReport, KVCache, tuple[RoutedExperts
         raise UsageError(
             f"{e}; without it the KV layout is unknown: use --params and --layers/--kv-heads/--head-dim"
         ) from None
-    return report, kv_layout_from_config(cfg), routed_experts(cfg, report.expert_layers, str(checkpoint))
+    cache = kv or kv_layout_from_config(cfg, kv_bytes)
+    return report, cache, routed_experts(cfg, report.expert_layers, str(checkpoint))
 
 
 # llama.cpp's default KV cache type is F16 (--cache-type-k/-v f16): 2 bytes per element
@@ -774,10 +817,12 @@ def checkpoint_cost(
     work: Workload,
     project_params: float | None = None,
     project_share: float | None = None,
+    kv: KVLayout | None = None,
+    kv_bytes: float | None = None,
 ) -> TokenCost:
     """Bounds from a measured checkpoint's bytes (safetensors or GGUF); optionally a labelled projection onto a
-    larger model."""
-    report, kv, routed = _measured(checkpoint)
+    larger model. `kv` replaces the checkpoint's KV cache; `kv_bytes` prices its own at that element size."""
+    report, kv, routed = _measured(checkpoint, kv, kv_bytes)
     out = token_cost(
         report.parameters,
         {"measured": 8 * report.total_bytes / report.parameters},

@@ -16,10 +16,23 @@ def _architecture(result: TokenCost) -> list[str]:
             if kv["windowed_layers"]
             else ""
         )
-        lines.append(
-            f"  KV cache {kv['attention']}: {kv['values_formula']} = {kv['values_per_token_per_layer']:,} values per "
-            f"token and layer, {kv['bytes_per_element']:g} byte(s) each{windowed}"
+        kv_layers = kv.get("kv_layers", kv["layers"])
+        held = f" in {kv_layers} of {kv['layers']} layers" if kv_layers != kv["layers"] else ""
+        by_layer = kv.get("values_per_token_by_layer")
+        values = (
+            f"{', '.join(f'{v:,}' for v in by_layer)} values per token by layer"
+            if by_layer
+            else f"{kv['values_per_token_per_layer']:,} values per token and layer"
         )
+        lines.append(
+            f"  KV cache {kv['attention']}: {kv['values_formula']} = {values}{held}, {kv['bytes_per_element']:g} "
+            f"byte(s) each{windowed}"
+        )
+        if kv.get("state_layers"):
+            lines.append(
+                f"  fixed state (constant in the context) of {kv['state_layers']} layer(s): "
+                f"{kv['state_bytes_per_sequence']:,.0f} bytes per sequence ({kv['state_dtype']}), included above"
+            )
     if (m := result.moe) is not None:
         first = m.layers[0]
         lines += [

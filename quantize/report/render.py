@@ -43,6 +43,8 @@ ROLE_ORDER = [
     ("linear_kept", "linears kept 16-bit"),
     ("norm", "norms"),
     ("bias", "biases"),
+    ("state", "state-space parameters"),
+    ("conv", "convolution kernels"),
     ("other", "other"),
 ]
 

@@ -45,8 +45,8 @@ def test_a_multimodal_config_reads_its_text_config():
 @pytest.mark.parametrize(
     "extra,words",
     [
-        ({"layer_types": ["linear_attention"] * 6}, "'linear_attention'"),
-        ({"layer_types": ["full_attention"] * 5}, "one attention type per layer (6)"),
+        ({"layer_types": ["lightning_attention"] * 6}, "'lightning_attention'"),
+        ({"layer_types": ["full_attention"] * 5}, "lists 5 layer types, num_hidden_layers is 6"),
         ({"layer_types": ["sliding_attention"] * 6}, "sliding_window is not set"),
         ({"sliding_window": True}, "sliding_window is True"),
         ({"num_attention_heads": "8"}, "num_attention_heads is '8'"),
@@ -55,6 +55,11 @@ def test_a_multimodal_config_reads_its_text_config():
 def test_bad_attention_fields_are_usage_errors(extra, words):
     with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
         arch.kv_spec({**GQA, **extra})
+
+
+def test_a_linear_attention_layer_of_a_family_whose_mixer_is_unknown_is_refused():
+    with pytest.raises(UsageError, match="'llama'\\) names linear_attention layers"):
+        arch.cache_spec({**GQA, "model_type": "llama", "layer_types": ["linear_attention"] * 6})
 
 
 def test_kv_layouts():
@@ -118,3 +123,38 @@ def test_dense_and_bad_moe_configs():
 )
 def test_part_of(name, role, part):
     assert arch.part_of(name, role) == part
+
+
+def _saved(model_type: str, **fields) -> dict:
+    """config.json as transformers' config class of `model_type` writes it (save_pretrained)."""
+    import json
+
+    from transformers import AutoConfig
+
+    return json.loads(AutoConfig.for_model(model_type, **fields).to_json_string(use_diff=True))
+
+
+@pytest.mark.parametrize(
+    "model_type,fields,expect",
+    [
+        # ERNIE 4.5 stores num_experts as moe_num_experts and top-k as moe_k (its attribute_map); MoE layers from
+        # moe_layer_start_index on, every moe_layer_interval-th (Ernie4_5_MoeDecoderLayer)
+        (
+            "ernie4_5_moe",
+            dict(moe_num_experts=4, moe_k=2, moe_layer_start_index=1, moe_layer_interval=2),
+            (4, 2, (1, 3)),
+        ),
+        # Kimi-Linear stores top-k as num_experts_per_token; its MoE layers are mlp_layer_types' "sparse" ones
+        ("kimi_linear", dict(num_experts=4, num_experts_per_tok=2), (4, 2, (1, 2, 3))),
+        # Nemotron-H: n_routed_experts; the MoE layers are layers_block_type's "moe" blocks, no num_hidden_layers saved
+        ("nemotron_h", dict(layers_block_type=["linear_attention", "moe", "full_attention", "moe"]), (8, 2, (1, 3))),
+        # DeepSeek-V3.2: mlp_layer_types from first_k_dense_replace
+        ("deepseek_v32", dict(n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=2), (4, 2, (2, 3))),
+    ],
+)
+def test_moe_fields_as_each_config_class_stores_them(model_type, fields, expect):
+    cfg = _saved(model_type, num_hidden_layers=4, **fields)
+    if model_type == "nemotron_h":
+        assert "num_hidden_layers" not in cfg
+    spec = arch.moe_spec(cfg)
+    assert (spec.experts, spec.top_k, spec.layers) == expect

@@ -436,3 +436,12 @@ def test_a_checkpoint_name_makes_no_row_tag_or_headline_in_the_report(tiny_model
     rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(md)
     assert "<img src=x" not in rendered and rendered.count("<h1>") == 1 and "<h2>" not in rendered
     assert rendered.count("<tr>") == 2 and f"<code>{name.replace('<', '&lt;').replace('>', '&gt;')}</code>" in rendered
+
+
+def test_the_bytes_by_role_plot_has_a_row_for_every_role_inspect_counts():
+    """A role accounting counts but the report's plot leaves out drops those bytes from the bar without a word
+    (the state and conv roles of the hybrid families were missing)."""
+    from quantize.checkpoint.accounting import ROLES
+    from quantize.report.render import ROLE_ORDER
+
+    assert sorted(r for r, _ in ROLE_ORDER) == sorted(ROLES)

@@ -1,0 +1,128 @@
+"""`quantize inspect`'s roles and parts on the hybrid families (issue #57): linear attention, state-space (Mamba2),
+convolution and indexer parameters have roles and parts of their own; the unknown role ('other') holds nothing
+but norms; Nemotron-H's `mixer` modules split into attention, Mamba and MLP.
+
+Each checkpoint is the family's tensor names and shapes from transformers' own model class on the meta device
+(tests/families.py HYBRID), stored as zeros: the accounting reads headers only."""
+
+from __future__ import annotations
+
+import families
+import pytest
+
+from quantize.checkpoint import accounting, architecture
+from quantize.checkpoint.headers import TensorInfo
+
+HYBRIDS = ["qwen3_next", "qwen3_5_text", "kimi_linear", "nemotron_h", "granitemoehybrid", "falcon_h1", "lfm2"]
+
+
+def tiny_checkpoint(family: str, path):
+    """config.json (save_pretrained) and one safetensors file of zero bf16 tensors named and shaped as the
+    family's model (built on the meta device)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    cfg = families.config(family)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {n: torch.zeros(t.shape, dtype=torch.bfloat16) for n, t in model.state_dict().items()},
+        str(path / "model.safetensors"),
+    )
+    cfg.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrids")
+    return {f: (accounting.bits_report(tiny_checkpoint(f, root / f)), root / f) for f in [*HYBRIDS, "deepseek_v32"]}
+
+
+def _roles(ckpt) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt / "model.safetensors"), "np") as f:
+        shapes = {n: list(f.get_slice(n).get_shape()) for n in f.keys()}  # noqa: SIM118 (safe_open has no iteration)
+    names = set(shapes)
+    return {n: accounting.role_of(n, TensorInfo(n, "BF16", s, 0, "x"), names) for n, s in shapes.items()}
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_nothing_but_norms_has_the_unknown_role(family, reports):
+    report, ckpt = reports[family]
+    roles = _roles(ckpt)
+    assert [n for n, r in roles.items() if r == "other"] == []  # these families' norms are all named norms
+    assert not any("unknown role" in note for note in report.notes)
+    assert report.bytes_by_part.get("other", {}).get("bytes", 0) == 0
+
+
+@pytest.mark.parametrize(
+    "family,where,role",
+    [
+        ("qwen3_next", "layers.0.linear_attn.A_log", "state"),
+        ("qwen3_next", "layers.0.linear_attn.conv1d.weight", "conv"),
+        ("kimi_linear", "layers.0.self_attn.forget_gate.A_log", "state"),
+        ("nemotron_h", "layers.0.mixer.D", "state"),
+        ("nemotron_h", "layers.0.mixer.conv1d.weight", "conv"),
+        ("nemotron_h", "embeddings.weight", "embedding"),
+        ("granitemoehybrid", "layers.0.mamba.dt_bias", "state"),
+        ("lfm2", "layers.0.conv.conv.weight", "conv"),
+    ],
+)
+def test_state_space_and_convolution_roles(family, where, role, reports):
+    roles = _roles(reports[family][1])
+    assert [r for n, r in roles.items() if n.endswith(where)] == [role]
+
+
+def _part_bytes(report, part: str) -> int:
+    return report.bytes_by_part.get(part, {}).get("bytes", 0)
+
+
+def test_nemotron_h_parts_are_attention_mamba_and_mlp(reports):
+    """layers_block_type: mamba, attention, mlp, moe; every block's module is `mixer`."""
+    report, ckpt = reports["nemotron_h"]
+    for part in ("attention", "mamba", "mlp", "routed_experts", "router", "shared_experts", "embedding"):
+        assert _part_bytes(report, part) > 0, part
+    parts = {
+        n: architecture.part_of(n.rsplit(".", 1)[0], r)
+        for n, r in _roles(ckpt).items()
+        if ".mixer." in n and r not in ("norm",)
+    }
+    assert {p for n, p in parts.items() if ".layers.0." in n} == {"mamba"}
+    assert {p for n, p in parts.items() if ".layers.1." in n} == {"attention"}
+    assert {p for n, p in parts.items() if ".layers.2." in n} == {"mlp"}
+    # hidden 128: q and o 128 × 128, k and v 2 × 32 × 128, 2 bytes each
+    assert _part_bytes(report, "attention") == 2 * (2 * 128 * 128 + 2 * 64 * 128)
+
+
+@pytest.mark.parametrize(
+    "family,part",
+    [
+        ("qwen3_next", "linear_attention"),
+        ("qwen3_5_text", "linear_attention"),
+        ("kimi_linear", "linear_attention"),  # its KDA layers are `self_attn` too: config.json's layer_types says
+        ("granitemoehybrid", "mamba"),
+        ("falcon_h1", "mamba"),
+        ("lfm2", "short_conv"),
+        ("deepseek_v32", "indexer"),
+    ],
+)
+def test_new_parts(family, part, reports):
+    assert _part_bytes(reports[family][0], part) > 0
+
+
+def test_kimi_linear_attention_layers_are_told_from_its_mla_layers(reports):
+    """Layers 0 and 2 are Kimi Delta Attention, 1 and 3 MLA (families.MIXED), all named self_attn."""
+    _, ckpt = reports["kimi_linear"]
+    linear = architecture.linear_attention_layers(families.config("kimi_linear").to_dict())
+    assert linear == {0, 2}
+    parts = {
+        n: architecture.part_of(n.rsplit(".", 1)[0], r, linear)
+        for n, r in _roles(ckpt).items()
+        if ".self_attn." in n and r != "norm"
+    }
+    assert {p for n, p in parts.items() if ".layers.0." in n or ".layers.2." in n} == {"linear_attention"}
+    assert {p for n, p in parts.items() if ".layers.1." in n or ".layers.3." in n} == {"attention"}
