@@ -261,15 +261,18 @@ PACKED = {
 
 
 def test_the_rule_reads_attention_experts_and_device():
-    """`packs`: every family of tests/families.py as PACKED says; a Mistral with its sliding window, a Qwen2 that
-    uses its window, an accelerator, and a config whose layer types the cost model does not know are not."""
+    """`packs`: every family of tests/families.py as PACKED says, no hybrid family (linear attention, Mamba,
+    short convolutions beside attention); a Mistral with its sliding window, a Qwen2 that uses its window, an
+    accelerator, and a config whose layer types the cost model does not know are not."""
     import families
 
     from quantize.evaluate.lm import packs
 
-    assert set(PACKED) == set(families.FAMILIES)
+    assert set(PACKED) | set(families.HYBRID) == set(families.FAMILIES)
     for family, want in PACKED.items():
         assert packs(families.config(family), "cpu") is want, family
+    for family in families.HYBRID:
+        assert packs(families.config(family), "cpu") is False, family
     assert not packs(families.config("mistral", sliding_window=4096), "cpu")
     assert packs(families.config("qwen2", sliding_window=16), "cpu")  # use_sliding_window is off by default
     assert not packs(families.config("qwen2", sliding_window=16, use_sliding_window=True, max_window_layers=0), "cpu")
