@@ -263,22 +263,22 @@ def index_and_experts_match_headers(checkpoint: Path) -> None:
     against config.json (architecture.expert_problems), from the headers alone, before torch is imported: a tensor
     the index names that no shard holds, an expert missing, past config.json's count, or of another shape than its
     fellows is refused (exit 2) naming the tensor, in milliseconds, where the model's load or model_free_ptq
-    stopped on it with exit 3 after seconds. A compressed-tensors checkpoint of per-expert tensors
-    (per_expert_compressed) is read one expert at a time (checkpoint/decompressed.py), so there an expert may hold
-    other tensors than its fellows (its own quantization, or none); its experts' count is still checked."""
+    stopped on it with exit 3 after seconds. An expert quantized unlike its fellows is refused on every layout: the
+    engines read one scheme for a layer's experts (expert_problems), whatever our per-expert loader could read."""
     tensors, _ = all_tensors(safetensors_files(checkpoint))
     if (index := Path(checkpoint) / SAFE_INDEX).is_file():  # read and checked by safetensors_files just above
         weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES))["weight_map"]
         check_shard_index(index, weight_map, tensors)
     shapes = {n: (t.shape, t.dtype) for n, t in tensors.items()}
     cfg = read_config(checkpoint, required=False)
-    if problems := expert_problems(cfg, shapes, mixed=per_expert_compressed(cfg, shapes)):
+    if problems := expert_problems(cfg, shapes):
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise UsageError(
             f"{checkpoint}: the routed experts' tensors do not match config.json or each other: "
             f"{'; '.join(problems[:3])}{more}. transformers stacks each layer's experts into one tensor, so every "
-            "expert must hold the same tensors, shapes and dtypes as the others (an expert quantized unlike its "
-            "fellows would be read misaligned). Fix config.json, or the weights that go with it"
+            "expert must hold the same tensors, shapes and dtypes as the others, and vLLM reads every expert with "
+            "expert 0's scheme: an expert quantized unlike its fellows is read wrongly by both. Fix config.json, or "
+            "the weights that go with it (quantize the layer's experts alike)"
         )
 
 
