@@ -482,6 +482,17 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         files=[f.name for f in files],
         file_bytes=sum(f.stat().st_size for f in files),
         header_bytes_read=header_read,
+        notes=notes,
+        tied_copy_parameters=tied_copy,
+        **_bits_fields(total, params, q_bytes, q_params),
+        **_table_fields(by_role, modules, count.parts, count.experts),
+    )
+
+
+def _bits_fields(total: int, params: int | None, q_bytes: int, q_params: int) -> dict[str, Any]:
+    """A BitsReport's bytes, parameters and bits per weight (whole model: 8 × bytes / parameters; quantized
+    linears: 8 × their payload and quantization bytes / their parameters), None where nothing is counted."""
+    return dict(
         total_bytes=total,
         parameters=params,
         source_parameters=params,
@@ -489,19 +500,24 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         quantized_linear_bytes=q_bytes,
         quantized_linear_parameters=q_params,
         quantized_linear_bits_per_weight=8 * q_bytes / q_params if q_params else None,
+    )
+
+
+def _table_fields(
+    by_role: dict[str, int], modules: dict[str, Any], parts: dict[str, Any], experts: dict[int, Any]
+) -> dict[str, Any]:
+    """A BitsReport's tables: bytes by role and by part (those that hold bytes), modules in natural order, expert
+    layers by layer."""
+    return dict(
         bytes_by_role={r: v for r, v in by_role.items() if v},
         modules=[
             ModuleBits(**asdict(m), bits_per_weight=m.bits_per_weight)
             for m in sorted(modules.values(), key=lambda m: _natural_key(m.module))
         ],
-        notes=notes,
-        tied_copy_parameters=tied_copy,
-        bytes_by_part={
-            p: {**asdict(r), "bits_per_weight": r.bits_per_weight} for p, r in count.parts.items() if r.bytes
-        },
+        bytes_by_part={p: {**asdict(r), "bits_per_weight": r.bits_per_weight} for p, r in parts.items() if r.bytes},
         expert_layers=[
             ExpertLayer(layer=i, bytes=e.bytes, parameters=e.parameters, experts_stored=e.stored())
-            for i, e in sorted(count.experts.items())
+            for i, e in sorted(experts.items())
         ],
     )
 
@@ -548,24 +564,9 @@ def gguf_report(checkpoint: Path, h: ggufs.GGUFHeader) -> BitsReport:
         files=[h.path.name],
         file_bytes=h.file_bytes,
         header_bytes_read=h.header_bytes,
-        total_bytes=total,
-        parameters=params,
-        source_parameters=params,
-        bits_per_weight=8 * total / params if params else None,
-        quantized_linear_bytes=q_bytes,
-        quantized_linear_parameters=q_params,
-        quantized_linear_bits_per_weight=8 * q_bytes / q_params if q_params else None,
-        bytes_by_role={r: v for r, v in by_role.items() if v},
-        modules=[
-            ModuleBits(**asdict(m), bits_per_weight=m.bits_per_weight)
-            for m in sorted(modules.values(), key=lambda m: _natural_key(m.module))
-        ],
         notes=notes,
-        bytes_by_part={p: {**asdict(r), "bits_per_weight": r.bits_per_weight} for p, r in parts.items() if r.bytes},
-        expert_layers=[
-            ExpertLayer(layer=i, bytes=e.bytes, parameters=e.parameters, experts_stored=e.stored())
-            for i, e in sorted(experts.items())
-        ],
+        **_bits_fields(total, params, q_bytes, q_params),
+        **_table_fields(by_role, modules, parts, experts),
         ggml_types=_ggml_types(h.tensors),
         padding_bytes=h.padding_bytes,
     )
