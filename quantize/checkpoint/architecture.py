@@ -25,6 +25,7 @@ default pattern where an older config.json leaves `layer_types` out.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -563,6 +564,13 @@ def moe_spec(cfg: dict[str, Any]) -> MoESpec | None:
 # on its first dimension: gpt-oss, Llama 4, transformers 5 in memory), by name
 _PER_EXPERT = re.compile(r"^(.*(?:^|\.)experts)\.(\d+)\.(.+)$")
 _FUSED_EXPERTS = re.compile(r"^(.*(?:^|\.)experts)\.([^.]+)$")
+
+
+def stored_per_expert(names: Iterable[str]) -> bool:
+    """Whether tensor names store routed experts one by one (`...experts.N.REST`), not fused."""
+    return any(_PER_EXPERT.match(n) for n in names)
+
+
 # the width of one routed expert's MLP (its gate/up outputs, its down input): config.json's moe_intermediate_size
 # where the family has a dense MLP of another width beside its experts (Qwen2/3-MoE, DeepSeek), else
 # intermediate_size (Mixtral, OLMoE, gpt-oss, Llama 4 text): read from transformers' config classes (5.17)

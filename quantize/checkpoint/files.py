@@ -20,7 +20,7 @@ from typing import Any
 
 from quantize import cache
 from quantize.checkpoint import ggufs
-from quantize.checkpoint.architecture import expert_problems, routed_experts
+from quantize.checkpoint.architecture import expert_problems, routed_experts, stored_per_expert
 from quantize.checkpoint.headers import all_tensors, check_shard_index
 from quantize.errors import UsageError
 from quantize.io import read_user_file, sha256_bytes, sha256_file
@@ -282,25 +282,15 @@ def index_and_experts_match_headers(checkpoint: Path) -> None:
         )
 
 
-COMPRESSED_TENSORS = "compressed-tensors"  # config.json's quantization_config.quant_method of compressed-tensors
-_PER_EXPERT_TENSOR = re.compile(r"(?:^|\.)experts\.\d+\.")
-
-
-def per_expert_compressed(cfg: dict[str, Any], shapes: dict[str, Any]) -> bool:
-    """Whether a checkpoint is read by the per-expert loader (checkpoint/decompressed.py): config.json's
-    quantization_config.quant_method is compressed-tensors, config.json declares routed experts
-    (architecture.routed_experts), and the weights (`shapes`: the headers' tensor names) store them per expert
-    (`...experts.N....`; a checkpoint of fused expert tensors is transformers' to read)."""
-    qc = cfg.get("quantization_config")
-    if not (isinstance(qc, dict) and qc.get("quant_method") == COMPRESSED_TENSORS) or routed_experts(cfg) is None:
-        return False
-    return any(_PER_EXPERT_TENSOR.search(n) for n in shapes)
-
-
 def reads_per_expert(checkpoint: Path) -> bool:
-    """per_expert_compressed of a checkpoint folder, from its config.json and safetensors headers."""
+    """Whether the per-expert loader (checkpoint/decompressed.py) reads a checkpoint: its quant_method is
+    compressed-tensors, config.json declares routed experts (architecture.routed_experts) and its safetensors
+    headers store them per expert (a checkpoint of fused expert tensors is transformers' to read). The headers
+    are read only for such a checkpoint."""
+    if quant_method(checkpoint) != "compressed-tensors" or routed_experts(read_config(checkpoint)) is None:
+        return False
     tensors, _ = all_tensors(safetensors_files(checkpoint))
-    return per_expert_compressed(read_config(checkpoint, required=False), tensors)
+    return stored_per_expert(tensors)
 
 
 # What transformers needs installed to load a checkpoint of each quantization method (its quantizers' own checks:

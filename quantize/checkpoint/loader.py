@@ -259,11 +259,11 @@ def load_model(
     only a recipe or a command-line flag can ask for.
 
     A compressed-tensors checkpoint of a model with routed experts, stored per expert (files.reads_per_expert), is
-    read by our own per-expert loader (checkpoint/decompressed.py: any format, each expert its own quantization,
+    read by our own per-expert loader (checkpoint/decompressed.py: any format, the layer's experts quantized alike,
     weights decompressed to dense, activation and KV-cache quantization applied as its config says), with the same
     checks; it does not offload (offload_dir is refused for it)."""
     check_loadable(path)
-    index_and_experts_match_headers(path)  # the experts against config.json, and each other where transformers stacks
+    index_and_experts_match_headers(path)  # the experts against config.json and alike (engines read one scheme)
     check_against_meta(path, trust_remote_code)
     if reads_per_expert(path):
         return _load_per_expert(path, trust_remote_code, dtype, on, offload_dir)
