@@ -66,6 +66,11 @@ MOE = {
     "llama4_text": dict(
         EXPERTS, num_local_experts=4, intermediate_size_mlp=256, interleave_moe_layer_step=1, num_experts_per_tok=1
     ),
+    # ERNIE 4.5's config class spells the expert count moe_num_experts and k moe_k (its attribute_map takes the
+    # usual names); its first layer is dense (moe_layer_start_index 1)
+    "ernie4_5_moe": dict(
+        EXPERTS, moe_num_experts=4, moe_intermediate_size=128, moe_num_shared_experts=1, moe_layer_start_index=1
+    ),
 }
 # Families released in 2026 whose layers are not all attention (4 layers mixing the kinds), and the newest
 # attention layouts: linear attention (Gated DeltaNet, Kimi Delta Attention), Mamba2, short convolutions, sparse

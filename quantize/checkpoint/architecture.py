@@ -59,7 +59,7 @@ PART_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"(^|\.)experts\.(gate_up_proj|gate_proj|up_proj|down_proj)\w*$", "routed_experts"),
         (r"(^|\.)experts$", "routed_experts"),  # a fused expert tensor stored as `mlp.experts.<name>`
         (r"(^|\.)(mlp|block_sparse_moe)\.gate$", "router"),  # Qwen, DeepSeek, OLMoE, Mixtral
-        (r"(^|\.)(mlp|feed_forward)\.router$", "router"),  # gpt-oss, Llama 4
+        (r"(^|\.)(mlp|feed_forward|block_sparse_moe)\.router$", "router"),  # gpt-oss, Llama 4, Granite 4
         (r"(^|\.)shared_expert_gate$", "router"),  # Qwen2-MoE's gate on its shared expert
         (r"(^|\.)shared_mlp(\.|$)", "shared_experts"),  # Granite 4's always-on MLP beside its experts
         (r"(^|\.)indexer(\.|$)", "indexer"),  # DeepSeek-V3.2's sparse-attention indexer (self_attn.indexer)
@@ -551,6 +551,7 @@ def moe_spec(cfg: dict[str, Any]) -> MoESpec | None:
     shared = (
         _int(text, "n_shared_experts", 0)
         or _int(text, "num_shared_experts", 0)
+        or _int(text, "moe_num_shared_experts", 0)  # ERNIE 4.5
         or (1 if _int(text, "shared_expert_intermediate_size") else 0)
     )
     n = layer_count(cfg)

@@ -16,7 +16,10 @@ model, step by step:
    checkpoint stores (`weight_packed`, `weight_scale`, `weight_global_scale`, `input_scale`, ...);
 4. every stored tensor put in its place, streamed one at a time from the safetensors files: a stored tensor
    with no place, or a place no tensor fills (tied weights aside), is reported as missing or unexpected, and
-   never left random (the caller refuses it: loader.check_loading_info);
+   never left random (the caller refuses it: loader.check_loading_info); tensors transformers merges into one of
+   the model's on load besides the experts (Kimi-Linear's q/k/v_conv1d into conv1d: expert_names.ModelNames.merged)
+   are concatenated in order on their first dimension, as that conversion does (transformers 5.17's
+   Concatenate(dim=0)), and the result must fit its place;
 5. the weights decompressed to dense (`ModelCompressor.decompress_model`), the activation and KV-cache
    quantization the config declares left applied, as transformers leaves it on a dense model.
 
@@ -97,37 +100,61 @@ def _meta_model(path: Path, trust_remote_code: bool, dtype: Any) -> Any:
 
 def _load_stored(model: Any, path: Path, names: ModelNames) -> dict[str, Any]:
     """Every stored tensor into its place in `model` (streamed, one tensor in memory at a time besides what is
-    already placed), in the dtype the model holds there where both are floating point and the model's is not a
-    quantized payload, else as stored (a payload stored in another dtype than its place's, or where the model
-    holds plain floats, is reported as mismatched, as a shape that differs); then the model's tied weights tied.
-    Returns the loading info."""
+    already placed and the parts of a merged tensor), in the dtype the model holds there where both are floating
+    point and the model's is not a quantized payload, else as stored (a payload stored in another dtype than its
+    place's, or where the model holds plain floats, is reported as mismatched, as a shape that differs); tensors
+    transformers merges on load (ModelNames.merged: Kimi-Linear's q/k/v_conv1d) concatenated in order on their first
+    dimension into the model's one, as its conversion does; then the model's tied weights tied. Returns the loading
+    info."""
     import torch
     from safetensors import safe_open
 
     places = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
     expected = set(model.state_dict().keys())
-    filled: set[str] = set()
-    unexpected: list[str] = []
-    mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+    info = _Info(model, places)
+    parts: dict[str, dict[int, tuple[str, Any]]] = {}
+    counts: dict[str, int] = {}
     for f in safetensors_files(path):
         with safe_open(str(f), "pt") as st:
             for stored in st.keys():  # noqa: SIM118 (a safe_open has no __iter__)
                 name = names.tensor(stored)
-                if name not in places or name not in expected:
-                    unexpected.append(stored)
-                    continue
-                old = places[name]
-                tensor = st.get_tensor(stored)
-                if not any(_fits(tensor, place) for place in _places(model, name, old)):
-                    mismatched.append((stored, tuple(tensor.shape), tuple(old.shape)))
-                    continue
-                _put(model, name, _as_placed(tensor, old))
-                filled.add(name)
+                if name in places and name in expected:
+                    info.put(stored, name, st.get_tensor(stored))
+                elif (merge := names.merged(name)) is not None and merge[0] in places and merge[0] in expected:
+                    parts.setdefault(merge[0], {})[merge[1]] = (stored, st.get_tensor(stored))
+                    counts[merge[0]] = merge[2]
+                else:
+                    info.unexpected.append(stored)
+    for name, got in parts.items():
+        if sorted(got) != list(range(counts[name])):  # a part missing: the stored ones have no place alone
+            info.unexpected += [stored for stored, _ in got.values()]
+            continue
+        merged = torch.cat([got[i][1] for i in range(counts[name])], dim=0)
+        info.put(got[0][0], name, merged)
     model.tie_weights()
     now = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
-    missing = sorted(n for n in expected - filled if n not in now or now[n].device == torch.device("meta"))
+    missing = sorted(n for n in expected - info.filled if n not in now or now[n].device == torch.device("meta"))
     missing += sorted(n for n, t in now.items() if t.device == torch.device("meta") and n not in missing)
-    return {"missing_keys": missing, "unexpected_keys": sorted(unexpected), "mismatched_keys": mismatched}
+    return {"missing_keys": missing, "unexpected_keys": sorted(info.unexpected), "mismatched_keys": info.mismatched}
+
+
+class _Info:
+    """What a load has filled, and the stored tensors it could not place (unexpected) or whose shape or dtype did not
+    fit their place (mismatched)."""
+
+    def __init__(self, model: Any, places: dict[str, Any]):
+        self.model, self.places = model, places
+        self.filled: set[str] = set()
+        self.unexpected: list[str] = []
+        self.mismatched: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+
+    def put(self, stored: str, name: str, tensor: Any) -> None:
+        old = self.places[name]
+        if not any(_fits(tensor, place) for place in _places(self.model, name, old)):
+            self.mismatched.append((stored, tuple(tensor.shape), tuple(old.shape)))
+            return
+        _put(self.model, name, _as_placed(tensor, old))
+        self.filled.add(name)
 
 
 def _fits(tensor: Any, place: Any) -> bool:

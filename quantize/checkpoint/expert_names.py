@@ -6,6 +6,10 @@ the conversions transformers applies on load (compat.transformers.conversions). 
     Mixtral   stored `block_sparse_moe.experts.N.w1` / `w3` / `w2`   model `mlp.experts.N.gate_proj` / `up_proj` /
               `down_proj`
     others    stored as the model names them (Qwen-MoE, OLMoE, DeepSeek-V3)
+
+Besides its experts, a family's checkpoint may store as several tensors what the model holds as one, merged by
+transformers on load (Kimi-Linear: `self_attn.q_conv1d`, `k_conv1d`, `v_conv1d` into `self_attn.conv1d`):
+`ModelNames.merged` names the model's tensor and the part a stored one is, from the same conversions.
 """
 
 from __future__ import annotations
@@ -74,6 +78,26 @@ class ModelNames:
         self._stored_layer = (
             re.compile(rf"(experts(?:\\?\.)\d+(?:\\?\.))({alternatives})(?=\\?\.|\$|$)") if back else None
         )
+        # transformers' merges of tensors other than the routed experts (those the per-expert model holds one by
+        # one), named literally (no wildcard): each (its sources, the model's tensor)
+        self._merges = [
+            (tuple(str(_literal(src)) for src in conv.sources), str(_literal(conv.targets[0])))
+            for conv in conversions(model_type)
+            if not conv.renaming
+            and len(conv.targets) == 1
+            and not any(conv.targets[0].endswith(fused) for fused in _FUSED)
+            and all(_literal(p) is not None for p in (*conv.sources, conv.targets[0]))
+        ]
+        # transformers' merges of tensors other than the routed experts (those the per-expert model holds one by
+        # one): sources named literally (a pattern with no wildcard), each (its sources, the model's tensor)
+        self._merges = [
+            (tuple(_literal(src) for src in conv.sources), _literal(conv.targets[0]))
+            for conv in conversions(model_type)
+            if not conv.renaming
+            and len(conv.targets) == 1
+            and not any(conv.targets[0].endswith(fused) for fused in _FUSED)
+            and all(_literal(p) is not None for p in (*conv.sources, conv.targets[0]))
+        ]
 
     def _projections(self, name: str) -> str:
         if self._stored_layer is None:
@@ -86,8 +110,33 @@ class ModelNames:
             name = re.sub(src, tgt, name)
         return self._projections(name)
 
+    def merged(self, name: str) -> tuple[str, int, int] | None:
+        """Where a stored tensor (by the model's names: `tensor`) is one of the sources transformers merges into one
+        of the model's tensors on load: (the model's tensor, this source's place among them, how many there are);
+        None for any other tensor."""
+        for sources, target in self._merges:
+            for i, src in enumerate(sources):
+                if name.endswith(src) and name[: -len(src)][-1:] in ("", "."):
+                    return name[: -len(src)] + target, i, len(sources)
+        return None
+
+    def sources(self, name: str) -> list[str]:
+        """The stored tensors transformers merges into the model's tensor `name` on load (Kimi-Linear's conv1d: its
+        q/k/v_conv1d), in order; [name] where it is stored as it is."""
+        for sources, target in self._merges:
+            if name.endswith(target) and name[: -len(target)][-1:] in ("", "."):
+                return [name[: -len(target)] + src for src in sources]
+        return [name]
+
     def target(self, target: str) -> str:
         """A compressed-tensors target or ignore entry over the checkpoint's module names, over the model's."""
         for src, tgt in self._renamings:
             target = target.replace(src.strip("."), tgt.strip("."))
         return self._projections(target)
+
+
+def _literal(pattern: str) -> str | None:
+    """A conversion's name pattern as the plain name it matches (its escaped dots read as dots), or None where it is
+    a pattern of many names (a wildcard or another regex operator)."""
+    plain = pattern.replace("\\.", ".")
+    return None if re.search(r"[*+?\[\]()|^$\\]", plain) else plain

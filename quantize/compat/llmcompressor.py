@@ -20,6 +20,15 @@
   without an accelerator `Tensor.pin_memory()` raises, and there is no device to copy to. `unpinned()` makes the
   method a no-op on the class for the length of a block and puts it back after; where the guard does not hold
   (another version, the method gone or re-signed) it warns and leaves the library's own method in place.
+- `llmcompressor.modifiers.gptq.base.GPTQModifier` accumulates a Hessian for every targeted Linear its forward hook
+  sees (`_num_samples`, keyed by module) and compresses all of them at the end of each sequential subgraph
+  (`compress_modules`), but observes the weights (`observe(modules, base_name="weight")`) only of the modules the
+  traced subgraph names. A Linear called inside code its tracer leaves untraced is calibrated and never observed,
+  and GPTQ stops with "No statistics available. Call observer(value) first." (Gemma 4's model-level
+  `per_layer_model_projection`, run inside the text model's per-layer-input function: measured on 0.14.0.1).
+  `weights_observed()` makes `compress_modules` observe, first, the weight of every module it is about to compress
+  whose observer has seen nothing (the weight is the module's own: observing it later gives the same statistics),
+  for the length of a block; where the guard does not hold it warns and leaves the library's method in place.
 
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
@@ -47,7 +56,7 @@ def problems() -> list[str]:
     model_free_ptq without the parameters called here, the MoE conversion or the activation cache changed."""
     import llmcompressor.entrypoints.model_free as model_free
 
-    found = _pin_problems()
+    found = _pin_problems() + _gptq_problems()
     if not callable(getattr(model_free, "save_file", None)):
         found.append("llmcompressor.entrypoints.model_free no longer writes its shards through its own save_file")
     params = inspect.signature(model_free.model_free_ptq).parameters
@@ -107,6 +116,60 @@ def unpinned() -> Iterator[None]:
         yield
     finally:
         IntermediatesCache.pin_memory = own
+
+
+def _gptq_problems() -> list[str]:
+    """What no longer holds of `weights_observed`'s assumptions: GPTQModifier's compress_modules, its Hessian
+    bookkeeping, or llm-compressor's `observe`."""
+    from llmcompressor.modifiers.gptq.base import GPTQModifier
+    from llmcompressor.modifiers.quantization import calibration
+
+    found = []
+    compress = getattr(GPTQModifier, "compress_modules", None)
+    if compress is None or tuple(inspect.signature(compress).parameters) != ("self",):
+        found.append("GPTQModifier.compress_modules is gone or takes more than self")
+    elif "self._num_samples" not in inspect.getsource(compress):
+        found.append("GPTQModifier.compress_modules no longer compresses the modules of its _num_samples")
+    observe = getattr(calibration, "observe", None)
+    if observe is None or tuple(inspect.signature(observe).parameters) != ("module", "base_name"):
+        found.append("llmcompressor.modifiers.quantization.calibration.observe is gone or re-signed")
+    return found
+
+
+@contextlib.contextmanager
+def weights_observed() -> Iterator[None]:
+    """GPTQ's `compress_modules` observing first the weight of every module it compresses whose weight observer
+    has no statistics (module docstring), while the block runs; the library's own method put back after. Where
+    `_gptq_problems` finds anything, a warning says so and the library's method stays."""
+    from llmcompressor.modifiers.gptq.base import GPTQModifier
+    from llmcompressor.modifiers.quantization.calibration import observe
+
+    if found := [w for w in [outside("llmcompressor", version("llmcompressor"), CHECKED)] if w] + _gptq_problems():
+        warnings.warn(
+            "quantize: llm-compressor's GPTQModifier.compress_modules is left as it is (a Linear its tracer does "
+            "not reach may stop GPTQ with 'No statistics available'), since " + "; ".join(found),
+            stacklevel=3,
+        )
+        yield
+        return
+    own = GPTQModifier.compress_modules
+
+    def compress_modules(self: Any) -> None:
+        calibrated = list(self._num_samples)  # the modules GPTQ is about to compress
+        observe([m for m in calibrated if _blind(m)], base_name="weight")
+        own(self)
+
+    GPTQModifier.compress_modules = compress_modules
+    try:
+        yield
+    finally:
+        GPTQModifier.compress_modules = own
+
+
+def _blind(module: Any) -> bool:
+    """Whether a module has a weight observer that has seen nothing yet."""
+    observer = getattr(module, "weight_observer", None)
+    return observer is not None and not observer.has_statistics
 
 
 # where linearize_moe's `from_experts_module` calls offload_module (the generic one, and Llama 4's own)

@@ -7,7 +7,13 @@ each MoE layer's experts as fused 3-D tensors, which no `Linear` target matches.
 meta model) so that every expert is
 one Linear per projection, named as `oneshot` will name it (`mlp.experts.N.gate_proj`), and is planned like any
 other layer. Routers (the part architecture.part_of names `router`) stay at 16 bits, with the reason; a fused
-expert tensor that llm-compressor cannot convert is listed as kept, with the reason, never silently left out."""
+expert tensor that llm-compressor cannot convert is listed as kept, with the reason, never silently left out.
+
+Parameters no Linear holds, which compressed-tensors' schemes (Linear weights) cannot reach, are listed too where
+they are a weight of the model's computation rather than a norm or its input/output embeddings: a recurrent or
+state-space mixer's own parameters (A_log, D, dt_bias), a causal convolution's kernel, a per-layer input embedding
+(Gemma 4), by their role in the accounting (checkpoint/accounting.role_of), under the names the checkpoint stores
+them by where transformers merges several into one on load (Kimi-Linear's q/k/v_conv1d)."""
 
 from __future__ import annotations
 
@@ -16,9 +22,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantize.checkpoint.accounting import role_of
 from quantize.checkpoint.architecture import moe_spec, part_of
+from quantize.checkpoint.expert_names import ModelNames, expert_checkpoint_names, per_expert_loader, renamings
 from quantize.checkpoint.expert_names import checkpoint_name as checkpoint_name
-from quantize.checkpoint.expert_names import expert_checkpoint_names, per_expert_loader, renamings
+from quantize.checkpoint.headers import TensorInfo
 from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
 from quantize.convert.recipe import MIN_GROUP, GroupedRecipe, Indivisible, Recipe
 from quantize.errors import UsageError
@@ -80,12 +88,73 @@ ROUTER_REASON = (
 )
 
 
+STORED_AS_IS = "compressed-tensors' schemes quantize Linear weights, so it is stored as the source stores it"
+# the accounting's role of a parameter no Linear holds -> why it stays at 16 bits (embeddings: beside the model's
+# input and output embeddings only)
+NOT_LINEAR = {
+    "state": "a recurrent or state-space mixer's own parameter (A_log, D, dt_bias: its decay, skip and step terms, "
+    f"no Linear's weight); {STORED_AS_IS}",
+    "conv": "a causal convolution's kernel (a Conv1d of a linear-attention, Mamba2 or short-convolution mixer, no "
+    f"Linear); {STORED_AS_IS}",
+    "embedding": "a per-layer input embedding (an Embedding looked up beside the input embeddings, no Linear); "
+    f"{STORED_AS_IS}",
+}
+
+
+def _not_linear(model: Any, plan: LayerPlan) -> None:
+    """Parameters no Linear holds that are a weight of the computation (NOT_LINEAR, by the accounting's role of
+    their name), listed as left at 16 bits under the names the checkpoint stores them by."""
+    import torch
+
+    names = ModelNames(plan.model_type)
+    own = {id(m) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None}
+    for name, p in model.named_parameters():
+        module = model.get_submodule(name.rpartition(".")[0])
+        if isinstance(module, torch.nn.Linear) or id(module) in own or name in plan.unconverted:
+            continue
+        role = role_of(name, TensorInfo(name, "BF16", list(p.shape), 0, ""), set())
+        if role in NOT_LINEAR:
+            plan.unconverted |= dict.fromkeys(names.sources(name), NOT_LINEAR[role])
+
+
+# values a config field may hold to pass down as config.json would hold it
+_PLAIN = (int, float, str, bool, list, dict, type(None))
+
+
+def config_fields(config: Any) -> dict[str, Any]:
+    """A transformers config as a plain dict under the names transformers gives its fields: what it saves
+    (`to_dict`), plus every name its class's attribute_map aliases (ERNIE 4.5's num_experts for moe_num_experts,
+    Kimi-Linear's num_experts_per_tok for num_experts_per_token, Nemotron-H's layer_types for layers_block_type)
+    and every property of the class it does not save (Nemotron-H's num_hidden_layers, from its layer list), read
+    through the class; a property that cannot be read as one value (a per-layer attribute) is left out. For the
+    architecture module, which reads config.json's fields without transformers."""
+    from transformers.utils import logging as hf_logging
+
+    fields = config.to_dict()
+    cls = type(config)
+    aliases = list(getattr(cls, "attribute_map", {}) or {})
+    properties = [n for n in dir(cls) if not n.startswith("_") and isinstance(getattr(cls, n, None), property)]
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a deprecated property (torch_dtype) says so when read
+    try:
+        for name in [n for n in [*aliases, *properties] if n not in fields]:
+            try:
+                value = getattr(config, name)
+            except (AttributeError, RuntimeError, ValueError, TypeError):  # a per-layer attribute has no one value
+                continue
+            if isinstance(value, _PLAIN):
+                fields[name] = value
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return fields
+
+
 def _moe(model: Any, recipe: Recipe, plan: LayerPlan, linearize: bool) -> None:
     """An MoE model's experts as per-expert Linear layers (llm-compressor's conversion, for a backend that
     `linearize`s them), its routers kept at 16 bits and any fused expert tensor left over listed as kept."""
-    if moe_spec(model.config.to_dict()) is None:
-        return
     plan.fused = [n for n, p in model.named_parameters() if p.ndim == 3 and part_of(n, "") == "routed_experts"]
+    if moe_spec(config_fields(model.config)) is None and not plan.fused:  # fused experts are planned whatever
+        return  # the config calls them: never left at 16 bits unlisted for a spelling this module does not read
     if linearize:
         try:
             plan.experts = linearized_on_meta(model)
@@ -99,7 +168,6 @@ def _moe(model: Any, recipe: Recipe, plan: LayerPlan, linearize: bool) -> None:
             ) from None
         if plan.experts:
             plan.stored_names = expert_checkpoint_names(model.config.model_type)
-            plan.renamed = renamings(model.config.model_type)
     for name, p in model.named_parameters():
         module, _, param = name.rpartition(".")
         part = part_of(module, "")
@@ -172,8 +240,9 @@ def plan_layers(model: Any, recipe: Recipe, linearize_experts: bool) -> LayerPla
     import torch
     from compressed_tensors.utils.match import match_named_modules
 
-    plan = LayerPlan(model_type=str(model.config.model_type))
+    plan = LayerPlan(model_type=str(model.config.model_type), renamed=renamings(str(model.config.model_type)))
     _moe(model, recipe, plan, linearize_experts)
+    _not_linear(model, plan)
     layers = [
         (n, m)
         for n, m in match_named_modules(model, recipe.targets, recipe.ignore)

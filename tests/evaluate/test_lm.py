@@ -257,6 +257,7 @@ PACKED = {
     "deepseek_v3": False,
     "gpt_oss": False,
     "llama4_text": False,
+    "ernie4_5_moe": False,
 }
 
 

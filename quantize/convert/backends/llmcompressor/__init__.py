@@ -1,7 +1,8 @@
 """llm-compressor: `oneshot` with the modifiers our recipe compiles to (modifiers.py), or a verbatim `stages:`
 section; writes the compressed-tensors format. Beside it in this package: modifiers.py (a recipe and its layer plan
 compiled to llm-compressor's modifiers), mappings.py (AWQ's and SmoothQuant's mappings, llm-compressor's choice,
-checked on the meta model before a load) and runtime.py (what its calibration needs on a torch without an
+checked on the meta model before a load), kvcache.py (a quantized KV cache the library cannot hold on this model,
+refused before a load) and runtime.py (what its calibration needs on a torch without an
 accelerator)."""
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from typing import Any, ClassVar
 
 from quantize.checkpoint.files import read_config, safetensors_files
 from quantize.checkpoint.loader import load_model
-from quantize.compat.llmcompressor import model_free_ptq_pt
+from quantize.compat.llmcompressor import model_free_ptq_pt, weights_observed
 from quantize.convert.backends.base import CalibrationDtype, Job
+from quantize.convert.backends.llmcompressor.kvcache import check_kv_cache
 from quantize.convert.backends.llmcompressor.mappings import check_mappings
 from quantize.convert.backends.llmcompressor.modifiers import compile_modifiers
 from quantize.convert.backends.llmcompressor.runtime import cpu_safe_calibration
@@ -65,6 +67,7 @@ class LLMCompressorBackend:
     def load(self, model_dir: Path, recipe: Recipe, dtype: Any, offload_dir: Path | None = None) -> tuple[Any, Any]:
 
         check_mappings(model_dir, recipe)  # AWQ/SmoothQuant whose mappings cannot apply: refused before the load
+        check_kv_cache(model_dir, recipe)  # a KV cache compressed-tensors cannot quantize here: refused before it
 
         return load_model(model_dir, recipe.trust_remote_code, dtype=dtype or "auto", offload_dir=offload_dir)
 
@@ -75,7 +78,9 @@ class LLMCompressorBackend:
         hooks count the tokens the router sent to each expert (`routing`)."""
         recipe, calib = job.recipe, job.calib
         self._routing: list[ExpertRouting] = []
-        with cpu_safe_calibration():
+        # weights_observed: GPTQ observes the weight of a Linear its tracer does not reach (Gemma 4's
+        # per_layer_model_projection) before compressing it, instead of stopping on "No statistics available"
+        with cpu_safe_calibration(), weights_observed():
             from datasets import Dataset
             from llmcompressor import oneshot
             from llmcompressor.modeling.moe.linearize import get_linearized_moes, linearize_moe
