@@ -39,13 +39,18 @@ SMOKE = ROOT / "evaluate" / "smoke.yaml"
 
 
 def shipped_recipes() -> dict[str, Path]:
-    """Every recipe in recipes/ that `quantize run` takes (a search spec, with `base:`, is not one)."""
+    """Every recipe in recipes/ that `quantize run` takes on a tiny family: not a search spec (with `base:`), nor a
+    recipe whose backend converts a file (a GGUF recipe: llama.cpp's quantizer reads a GGUF, and the tiny families
+    are safetensors checkpoints; `quantize run` would refuse each, naming llama.cpp's convert_hf_to_gguf.py)."""
     import yaml
+
+    from quantize.convert.backends import backend_named, converts_files
+    from quantize.convert.recipe import load_recipe
 
     out = {}
     for p in sorted((ROOT / "recipes").glob("*.yaml")):
         data = yaml.safe_load(p.read_text())
-        if "base" not in data:
+        if "base" not in data and not converts_files(backend_named(load_recipe(p)[0].backend)):
             out[p.stem] = p
     return out
 

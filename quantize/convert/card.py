@@ -5,7 +5,7 @@ read back from the record) is written through tables.py's escaping: it shows as 
 
 from __future__ import annotations
 
-from quantize.convert.backends import backend_named
+from quantize.convert.backends import backend_named, converts_files
 from quantize.records import RunRecord
 from quantize.tables import markdown_cell, md_code, md_text
 
@@ -29,18 +29,23 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
 
     b, cal = meta.bits, meta.calibration
     backend = backend_named(meta.engine.backend)
+    files = converts_files(backend)  # its output is a file of its library's format (a GGUF), not a transformers model
     tags = ["quantized", *backend.card_tags, "quantize", meta.method]
     if meta.scheme:
         tags.append(meta.scheme.lower())
     data = ModelCardData(
         base_model=base_model,
         base_model_relation="quantized" if base_model else None,
-        library_name="transformers",
+        library_name=backend.card_library if files else "transformers",
         pipeline_tag="text-generation",
         tags=tags,
     )
     qbits = b.quantized_linear_bits_per_weight
     written = backend.formats.get(meta.method, backend.formats["*"])
+    note = backend.load_note.get(meta.method, backend.load_note["*"])
+    load = (
+        note if files else f"Load with `transformers.AutoModelForCausalLM.from_pretrained` {note} or serve with vLLM."
+    )
     code = lambda text: markdown_cell(md_code(text))  # noqa: E731  # a code span inside a table cell
     lines = [
         f"# {md_text(meta.label)}",
@@ -51,7 +56,8 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
         "| | |",
         "|---|---|",
         f"| method | {md_text(meta.method)} |",
-        f"| scheme | {md_text(meta.scheme) if meta.scheme else 'from verbatim llm-compressor recipe'} |",
+        f"| {'type' if files else 'scheme'} | "
+        f"{md_text(meta.scheme) if meta.scheme else 'from verbatim llm-compressor recipe'} |",
         f"| true bits per weight (whole model, every stored byte) | {b.bits_per_weight:.3f} |",
         f"| bits per weight, quantized linear layers | {qbits:.3f} |"
         if qbits
@@ -68,9 +74,7 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
         "",
         "Bytes by role: " + ", ".join(f"{md_text(k)} {v:,}" for k, v in b.bytes_by_role.items()),
         "",
-        "Full provenance is in `quantize.json`. Load with `transformers.AutoModelForCausalLM.from_pretrained` "
-        + backend.load_note.get(meta.method, backend.load_note["*"])
-        + " or serve with vLLM.",
+        f"Full provenance is in `quantize.json`. {load}",
         "",
     ]
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))

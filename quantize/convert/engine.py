@@ -11,12 +11,18 @@ memory      before either (and before torch is imported): the memory plan (memor
             tensor against the headers), or refuses a run that cannot fit, the check of its output included.
 source      then, once for every path, the source against config.json as transformers would load it
             (checks.check_source): a mismatch is the user's exit 2 before anything is read or converted.
+file        a backend that converts a file into a file (backends.converts_files: llama.cpp's GGUF quantizer) takes
+            none of the model steps: its `source` names and checks the file in preflight, its `convert_file` writes
+            and checks the output in the temporary folder; the accounting (from the written file's header), the
+            source's identity, quantize.json and the model card are this module's, as on every path. No memory
+            plan is made for it (its library reads and writes a tensor at a time).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,8 +33,8 @@ from quantize.checkpoint import accounting
 from quantize.checkpoint.files import missing_packages, weights_sha256
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, recorded_weights_sha256, resolve_model
 from quantize.convert import memory
-from quantize.convert.backends import backend_for, check
-from quantize.convert.backends.base import Job
+from quantize.convert.backends import backend_for, backend_named, check, converts_files
+from quantize.convert.backends.base import FileJob, Job
 from quantize.convert.calibration import CalibrationSet, build_calibration, check_calibration
 from quantize.convert.card import model_card
 from quantize.convert.checks import (
@@ -40,7 +46,7 @@ from quantize.convert.checks import (
 )
 from quantize.convert.dtypes import calibration_dtype, cast_saved_floats, source_dtype
 from quantize.convert.plan import LayerPlan, plan_layers
-from quantize.convert.provenance import Phases, library_versions, memory_record
+from quantize.convert.provenance import Phases, library_versions, memory_record, peak_rss_bytes
 from quantize.convert.recipe import Method, Recipe, resolved_dict
 from quantize.errors import UsageError
 from quantize.io import atomic_dir, leftovers, recover, sha256_json
@@ -62,8 +68,8 @@ def output_dir(recipe: Recipe, override: str | None) -> Path:
 
 def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
     """Everything that can be checked before torch is imported or a model is loaded: what the backend runs and its
-    packages, the model folder, the calibration sources (and a chat template for conversations), and the whole
-    output path."""
+    packages, the model folder (a file-to-file backend's source file, which its `source` checks), the calibration
+    sources (and a chat template for conversations), and the whole output path. Returns the source."""
     check(recipe)
     backend = backend_for(recipe)
     if missing := missing_packages(backend.packages):
@@ -76,7 +82,7 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
             f"output {out} is a link to {os.readlink(out)}, which does not exist (or loops); "
             "remove the link or choose another `output:` (or --output)"
         )
-    model_dir = resolve_model(recipe.model)
+    model_dir = backend.source(recipe) if converts_files(type(backend)) else resolve_model(recipe.model)
     if recipe.needs_calibration and recipe.calibration is not None:
         check_calibration(recipe.calibration, model_dir)
     for parent in [out.parent, *out.parent.parents]:
@@ -154,6 +160,8 @@ def convert(
     """Check everything checkable and plan the memory (before torch is imported; `max_memory` overrides the
     recipe's and MemAvailable), then convert on the planned path; `quiet` silences the libraries for the run."""
     model_dir = preflight(recipe, out, force)
+    if converts_files(backend_named(recipe.backend)):
+        return _convert_file(recipe, recipe_ref(recipe, recipe_sha256, recipe_path), model_dir, out, force)
     mplan = memory.plan(recipe, model_dir, max_memory, out=out)
     with quiet_libraries(quiet), offload_folder(out, mplan) as offload_dir:
         check_source(model_dir, recipe.trust_remote_code)  # one pre-load check for every path
@@ -353,15 +361,9 @@ def _written(
             made.plan.stored_names,
             made.plan.renamed,
         )
-    resolved = resolved_dict(recipe)
     meta = RunRecord(
         created=made.started.isoformat(timespec="seconds"),
-        recipe=RecipeRef(
-            path=made.recipe_path,
-            sha256=made.recipe_sha256,
-            resolved=resolved,
-            resolved_sha256=sha256_json(resolved),
-        ),
+        recipe=recipe_ref(recipe, made.recipe_sha256, made.recipe_path),
         method=recipe.method.value,
         scheme=recipe.scheme_or_none.value if recipe.scheme_or_none else None,
         source_model=SourceModel(
@@ -385,6 +387,63 @@ def _written(
         bits=report.as_record(prov.source_params),
         memory_plan=made.mplan.record(),
     )
+    return _saved(tmp, meta, recipe)
+
+
+def recipe_ref(recipe: Recipe, sha256: str, path: str) -> RecipeRef:
+    """quantize.json's recipe: where it came from, its file's sha256, and its resolved form with that form's sha256."""
+    resolved = resolved_dict(recipe)
+    return RecipeRef(path=path, sha256=sha256, resolved=resolved, resolved_sha256=sha256_json(resolved))
+
+
+def _saved(tmp: Path, meta: RunRecord, recipe: Recipe) -> RunRecord:
+    """quantize.json and the model card written into the output's temporary folder."""
     records.write(tmp / "quantize.json", meta)
     (tmp / "README.md").write_text(model_card(meta, DEFAULT_MODEL_HUB_ID if recipe.model is None else None))
+    return meta
+
+
+SCRATCH = ".scratch"  # a file-to-file backend's intermediates, inside the output's temporary folder
+
+
+def _convert_file(recipe: Recipe, ref: RecipeRef, source: Path, out: Path, force: bool) -> RunRecord:
+    """A file-to-file backend's conversion (backends.converts_files): the source's identity and parameters, then
+    the backend writes and checks its output in the temporary folder (its intermediates in a scratch folder there,
+    removed before the output is accounted, so a killed run leaves them inside the `.NAME.tmp-PID` leftover that
+    `--clean` removes); the accounting reads the written file's header. Torch is never imported."""
+    phases = Phases()
+    started = dt.datetime.now(dt.UTC)
+    backend = backend_for(recipe)
+    with phases("source"):
+        source_hash = weights_sha256(source)
+        source_params = accounting.parameter_count(source)
+    with atomic_dir(out, replace=force) as tmp:
+        scratch = tmp / SCRATCH
+        scratch.mkdir()
+        try:
+            done = backend.convert_file(FileJob(source, tmp, scratch, recipe, phases))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        with phases("account"):
+            report = accounting.bits_report(tmp)
+            out_hash = weights_sha256(tmp)
+        meta = RunRecord(
+            created=started.isoformat(timespec="seconds"),
+            recipe=ref,
+            method=recipe.method.value,
+            scheme=done.scheme,
+            source_model=SourceModel(path=str(source), weights_sha256=source_hash, parameters=source_params),
+            weights_sha256=out_hash,
+            calibration=None,
+            seed=0,
+            layer_plan=done.layer_plan,
+            engine=done.engine,
+            versions=library_versions() | done.versions,
+            time_seconds=dict(phases.seconds, total=phases.total()),
+            memory=MemoryRecord(peak_rss_bytes=peak_rss_bytes(), peak_accelerator_bytes=None),
+            finite_checks=done.finite,
+            bits=report.as_record(source_params),
+            memory_plan=None,
+        )
+        _saved(tmp, meta, recipe)
     return meta

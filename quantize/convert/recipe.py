@@ -5,7 +5,7 @@ bad value and what to do, before any model is loaded. The schema is strict
 (`extra="forbid"`) and a union per method: a misspelt key, or a setting of another
 method (`dampening_frac` in an AWQ recipe), is an error, not a silently ignored option.
 
-    method: gptq            # gptq | awq | smoothquant | fp8 | rtn | llmcompressor
+    method: gptq            # gptq | awq | smoothquant | fp8 | rtn | llmcompressor | gguf
     scheme: W4A16           # W4A16 | W3A16 | W8A16 | W8A8 | FP8 | FP8_DYNAMIC
                             #   | NVFP4 | NVFP4A16 | MXFP4 | MXFP4A16 | FP8_BLOCK | W4AFP8 (rtn; FORMATS; gptq: *A16)
     kv_cache: {scheme: FP8} # optional: FP8 | FP8_PER_HEAD, static scales (calibrated)
@@ -13,6 +13,12 @@ method (`dampening_frac` in an AWQ recipe), is an error, not a silently ignored 
     indivisible: smaller-group
     calibration: {source: builtin:jargon, samples: 64, seq_len: 256, seed: 0}
     output: outputs/gptq-w4a16-g128
+
+A GGUF recipe (`method: gguf`, backend llamacpp) names llama.cpp's file type instead, and nothing else applies:
+
+    method: gguf
+    type: Q4_K_M            # a name of llama.cpp's LLAMA_FTYPE_MOSTLY_*, checked against the library before a load
+    model: path/to/model.gguf   # a GGUF (or a folder of one); empty = the default model's GGUF
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class Method(str, Enum):
     fp8 = "fp8"  # Micikevicius et al. 2022: E4M3 weights and activations
     rtn = "rtn"  # round-to-nearest with min-max scales: the no-calibration reference
     llmcompressor = "llmcompressor"  # an llm-compressor recipe given verbatim
+    gguf = "gguf"  # llama.cpp's own quantizer: a GGUF of one of its file types (Q8_0, Q4_K_M, IQ4_XS, ...)
 
 
 class Scheme(str, Enum):
@@ -91,6 +98,9 @@ METHOD_SCHEMES: dict[Method, set[Scheme]] = {
 # NVFP4 (W4A4) keeps a static global scale of its activations: it is calibrated; the others compute theirs per token
 DATA_FREE = {(Method.rtn, s) for s in METHOD_SCHEMES[Method.rtn] - {Scheme.NVFP4}} | {(Method.fp8, Scheme.FP8_DYNAMIC)}
 MIN_GROUP = 8
+# methods whose recipe names a file that a library converts into a file of its own format (no model is loaded here):
+# only a backend that converts files (backends.converts_files) runs them, and such a backend runs nothing else
+FILE_METHODS = frozenset({Method.gguf})
 
 
 class Streaming(str, Enum):
@@ -230,8 +240,8 @@ def _allowed(m: Method) -> str:
     return ", ".join(x.value for x in sorted(METHOD_SCHEMES[m], key=lambda x: x.value))
 
 
-class _Recipe(BaseModel):
-    """Settings every method has."""
+class _Named(BaseModel):
+    """Settings every recipe has, whatever converts it."""
 
     model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
@@ -243,14 +253,19 @@ class _Recipe(BaseModel):
     backend: str = Field(
         "llmcompressor",
         min_length=1,
-        description="the backend that converts (convert/backends: llmcompressor, gptqmodel); what it runs is checked "
-        "against its class before anything loads (backends.check)",
+        description="the backend that converts (convert/backends: llmcompressor, gptqmodel, llamacpp); what it runs is "
+        "checked against its class before anything loads (backends.check)",
     )
     method: Method
+    output: PathText | None = Field(None, description="output folder; default outputs/<name>")
+
+
+class _Recipe(_Named):
+    """Settings every method that converts a loaded model has."""
+
     targets: list[str] = Field(default_factory=lambda: ["Linear"])
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     calibration: Calibration | None = Field(default_factory=Calibration)
-    output: PathText | None = Field(None, description="output folder; default outputs/<name>")
     dtype: Literal["bfloat16", "float16", "float32"] | None = Field(
         None,
         description="dtype to calibrate in; default: the checkpoint's own (float32 for AWQ), the same on every "
@@ -500,6 +515,75 @@ class VerbatimRecipe(_Recipe):
         return True
 
 
+GGUF_TYPE_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
+
+
+class GGUFRecipe(_Named):
+    """llama.cpp's own quantizer (`llama_model_quantize`) from a GGUF: the output is a GGUF of file type `type`, by the
+    name llama.cpp's tools and the GGUFs people publish use (Q8_0, Q6_K, Q5_K_M, Q4_K_M, IQ4_XS, Q3_K_M). llama.cpp
+    chooses each tensor's type from that file type itself (its own mixtures, and a type of smaller blocks where a
+    tensor's rows hold no whole block), so the settings of the other methods (targets, ignore, calibration, dtype,
+    streaming, offload) have no place here."""
+
+    method: Literal[Method.gguf]
+    backend: str = Field("llamacpp", min_length=1, description="the backend that converts: llamacpp")
+    type: str = Field(description="llama.cpp's file type, e.g. Q4_K_M (LLAMA_FTYPE_MOSTLY_Q4_K_M)")
+    threads: int | None = Field(
+        None, ge=1, le=1024, description="threads llama.cpp quantizes with; default: this machine's CPUs"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_section(cls, v: Any) -> Any:
+        # a `gguf:` key would be reported at no field (the method's tag, `gguf`, is left out of a key's name)
+        if isinstance(v, dict) and "gguf" in v:
+            raise ValueError(
+                "`gguf:` is not a setting of method gguf: give llama.cpp's file type at the top level of the recipe, "
+                "e.g. `type: Q4_K_M` (and `threads:` beside it)"
+            )
+        return v
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _name(cls, v: Any) -> Any:
+        """The spelling only (upper case, LLAMA_FTYPE_MOSTLY_ dropped): the names llama.cpp knows are read from the
+        installed library by the backend's check, before anything loads, so that this schema imports no llama.cpp."""
+        if not isinstance(v, str):
+            return v
+        name = v.strip().upper().removeprefix("LLAMA_FTYPE_MOSTLY_")
+        if not GGUF_TYPE_NAME.fullmatch(name):
+            raise ValueError(
+                "a GGUF type is one of llama.cpp's file type names, letters, digits and underscores (Q8_0, Q6_K, "
+                "Q5_K_M, Q4_K_M, IQ4_XS, Q3_K_M)"
+            )
+        return name
+
+    # what the engine and the API read of any recipe, fixed for this one (not settings: none may be given)
+    @property
+    def scheme_or_none(self) -> Scheme | None:
+        return None
+
+    @property
+    def weight_group(self) -> int | None:
+        return None
+
+    @property
+    def needs_calibration(self) -> bool:
+        return False
+
+    @property
+    def calibration(self) -> Calibration | None:
+        return None
+
+    @property
+    def trust_remote_code(self) -> bool:
+        return False
+
+    @property
+    def dtype(self) -> str | None:
+        return None
+
+
 class _SearchRecipeGiven(BaseModel):
     """A search recipe handed to `quantize run`: one message saying which command takes it."""
 
@@ -526,6 +610,7 @@ Recipe = Annotated[
     | Annotated[SmoothQuantRecipe, Tag("smoothquant")]
     | Annotated[FP8Recipe, Tag("fp8")]
     | Annotated[VerbatimRecipe, Tag("llmcompressor")]
+    | Annotated[GGUFRecipe, Tag("gguf")]
     | Annotated[_SearchRecipeGiven, Tag("search")],
     Discriminator(
         _method,
@@ -544,10 +629,20 @@ SETTING_OWNER = {
     "group_size": "group_size is for int weight schemes of rtn, gptq and awq; FP8 and W8A8 use one scale per output "
     "channel",
     "indivisible": "indivisible is for grouped int weight schemes of rtn, gptq and awq",
-    "scheme": "method llmcompressor takes its scheme from `stages:`",
+    "scheme": "method llmcompressor takes its scheme from `stages:`, method gguf its file type from `type:`",
+    "type": "`type:` is llama.cpp's file type, method gguf's; the other methods name a `scheme:`",
+    "threads": "`threads:` is method gguf's (llama.cpp's quantizer)",
+    "targets": "llama.cpp chooses each tensor's type from the file type, `type:`",
+    "ignore": "llama.cpp chooses each tensor's type from the file type, `type:`",
+    "calibration": "llama.cpp's file types are quantized here without calibration data (no importance matrix)",
+    "dtype": "llama.cpp reads the GGUF's own tensor types",
+    "trust_remote_code": "no Python code of the checkpoint runs in llama.cpp",
+    "streaming": "llama.cpp's quantizer reads and writes one tensor at a time itself",
+    "offload": "llama.cpp's quantizer reads and writes one tensor at a time itself",
+    "max_memory": "llama.cpp's quantizer reads and writes one tensor at a time itself; no memory plan is made",
     "base": "`base:` belongs to a search recipe: run it with `quantize search FILE`",
     "budget": "`budget:` belongs to a search recipe: run it with `quantize search FILE`",
-    "symmetric": "method llmcompressor takes its scheme from `stages:`",
+    "symmetric": "method llmcompressor takes its scheme from `stages:`, method gguf its file type from `type:`",
 }
 
 

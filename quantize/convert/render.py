@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantize.checkpoint.render import mib
-from quantize.records import CalibrationRecord, LayerPlanRecord, MemoryPlanRecord, RunRecord
+from quantize.records import CalibrationRecord, GGUFConversion, LayerPlanRecord, MemoryPlanRecord, RunRecord
 
 
 def run_text(name: str, out: Path, meta: RunRecord) -> str:
@@ -22,9 +22,21 @@ def run_text(name: str, out: Path, meta: RunRecord) -> str:
             *left_lines(plan),
             *routing_lines(plan),
             *([plan_line(meta.memory_plan)] if meta.memory_plan else []),
+            *(gguf_lines(meta.engine.gguf) if meta.engine.gguf else []),
             *(calibration_lines(meta.calibration) if meta.calibration else []),
         ]
     )
+
+
+def gguf_lines(g: GGUFConversion) -> list[str]:
+    """A GGUF written by llama.cpp: from what, through which intermediate, each weight's type, and the notes."""
+    via = f" via {g.intermediate}" if g.intermediate else ""
+    types = ", ".join(f"{t} {n}" for t, n in g.tensor_types.items())
+    return [
+        f"  llama.cpp (llama-cpp-python {g.llama_cpp_python}, {g.threads} threads): {g.source_file_type}{via} -> "
+        f"{g.ftype}; weights by type: {types}",
+        *(f"  note: {n}" for n in g.notes),
+    ]
 
 
 def left_lines(plan: LayerPlanRecord) -> list[str]:

@@ -109,6 +109,23 @@ class LayerPlanRecord(Strict):
     routing: list[ExpertRouting] = Field(default_factory=list)  # per MoE layer, from calibration (none: data-free)
 
 
+class GGUFConversion(Strict):
+    """A GGUF written by llama.cpp's own quantizer (`llama_model_quantize`): from which GGUF, through which 16-bit
+    intermediate, to which file type, with how many threads, in which llama.cpp."""
+
+    source_file: str  # the GGUF read (its identity: source_model.weights_sha256)
+    source_file_type: str  # its general.file_type, as gguf.LlamaFileType names it (MOSTLY_Q4_1)
+    # the 16-bit GGUF the target was quantized from: "F16" when the source held block-quantized tensors and was
+    # re-quantized to F16 first (allow_requantize), None when the source was read as it is (already 16 or 32 bits)
+    intermediate: str | None
+    ftype: str  # llama.cpp's file type written, LLAMA_FTYPE_MOSTLY_<type>
+    ftype_id: int  # its value in llama.cpp's enum llama_ftype
+    threads: int
+    llama_cpp_python: str  # the llama-cpp-python version (its llama.cpp is the one it vendors)
+    tensor_types: dict[str, int]  # ggml type -> tensors of the written file
+    notes: list[str] = Field(default_factory=list)  # what the source's bits mean for the output, and the like
+
+
 class EngineRecord(Strict):
     backend: str
     # what ran: llm-compressor's recipe YAML (Recipe.create_instance loads it back), or the other backend's
@@ -117,6 +134,7 @@ class EngineRecord(Strict):
     calibration_dtype: str
     saved_dtype: str
     calibration_dtype_reason: str = ""  # why that dtype (dtypes.calibration_dtype); empty in older records
+    gguf: GGUFConversion | None = None  # a GGUF written by llama.cpp (backend llamacpp); None for every other
 
 
 class MemoryRecord(Strict):

@@ -1,10 +1,12 @@
 """A backend is its class: one registered in the registry alone (here, from this module) is what a recipe is checked
 against, what the memory plan, the calibration dtype, the layer plan and the model card read, and what converts,
-with no other module of quantize changed."""
+with no other module of quantize changed; a file-to-file backend (`file_to_file`) likewise, through the engine's
+file seam (`source`, `convert_file`)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -12,12 +14,15 @@ import pytest
 import yaml
 
 from quantize import records
+from quantize.checkpoint import accounting, ggufs
 from quantize.cli import main
 from quantize.convert import backends, engine
-from quantize.convert.backends.base import CalibrationDtype
+from quantize.convert.backends.base import CalibrationDtype, FileConversion, FileJob
 from quantize.convert.backends.llmcompressor import LLMCompressorBackend
+from quantize.convert.gguf import layer_plan
 from quantize.convert.recipe import Method, Recipe, Scheme
-from quantize.records import RunRecord
+from quantize.errors import UsageError
+from quantize.records import EngineRecord, RunRecord
 
 
 class RoundingBackend(LLMCompressorBackend):
@@ -102,7 +107,7 @@ def test_what_the_class_does_not_offer_is_exit_2_before_any_load(rounding, tmp_p
 
 def test_an_unregistered_backend_is_named_with_the_ones_that_are(tmp_path, tiny_model, capsys):
     assert main(["run", str(_recipe(tmp_path, tiny_model))]) == 2
-    assert "backend 'rounding' is not one quantize runs; choose one of: gptqmodel, llmcompressor" in " ".join(
+    assert "backend 'rounding' is not one quantize runs; choose one of: gptqmodel, llamacpp, llmcompressor" in " ".join(
         capsys.readouterr().err.split()
     )
 
@@ -114,3 +119,63 @@ def test_its_missing_packages_are_named_with_where_to_get_them(rounding, tmp_pat
     err = " ".join(capsys.readouterr().err.split())
     assert "backend: rounding needs quantize-no-such-package, and quantize-no-such-package is not installed" in err
     assert "build .venv-rounding with `make rounding-env`" in err
+
+
+class CopyingBackend:
+    """A file-to-file backend that copies its source GGUF as it is: what the engine does around `convert_file`
+    (the source's identity, the scratch folder, the accounting from the written file, the record, the card), with no
+    llama.cpp."""
+
+    name = "copying"
+    packages: tuple[str, ...] = ()
+    install = ""
+    library = "gguf"
+    credit = "Copying"
+    card_tags = ("copying",)
+    card_library = "gguf"
+    formats: ClassVar[dict[str, str]] = {"*": "the source GGUF, copied"}
+    load_note: ClassVar[dict[str, str]] = {"*": "Read it with any GGUF reader."}
+    schemes: ClassVar[dict[Method, frozenset[Scheme]] | None] = {Method.gguf: frozenset()}
+    kv_cache: ClassVar[bool] = False
+    streams: ClassVar[frozenset[tuple[Method, Scheme]]] = frozenset()
+    offloads: ClassVar[bool] = False
+    linearizes_experts: ClassVar[bool] = False
+    calibration_dtypes: ClassVar[dict[Method, CalibrationDtype]] = {}
+    file_to_file: ClassVar[bool] = True
+
+    @classmethod
+    def check(cls, recipe: Recipe) -> str | None:
+        return None
+
+    @classmethod
+    def source(cls, recipe: Recipe) -> Path:
+        return Path(recipe.model)
+
+    def convert_file(self, job: FileJob) -> FileConversion:
+        with job.phases("copy"):
+            shutil.copyfile(job.source, job.folder / "model.gguf")
+            (job.scratch / "left.gguf").write_bytes(b"GGUF")  # the engine removes the scratch folder
+        plan = layer_plan(ggufs.read_header(job.folder / "model.gguf"), job.recipe.type)
+        engine_record = EngineRecord(backend=self.name, modifiers="copy", calibration_dtype="none", saved_dtype="gguf")
+        return FileConversion(job.recipe.type, engine_record, plan, [], {})
+
+
+def test_a_file_to_file_backend_registered_alone_converts_through_the_engines_file_seam(tmp_path, monkeypatch):
+    from quantize.checkpoint.loader import find_gguf
+
+    try:
+        source = find_gguf()
+    except UsageError as e:
+        pytest.skip(f"the default model's GGUF is not installed: {e}")
+    monkeypatch.setitem(backends.BACKENDS, "copying", CopyingBackend)
+    assert backends.runs(CopyingBackend, Method.gguf, None) and not backends.runs(CopyingBackend, Method.rtn, None)
+    data = {"method": "gguf", "backend": "copying", "type": "Q4_1", "model": str(source), "output": str(tmp_path / "o")}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    assert main(["run", str(tmp_path / "r.yaml"), "--quiet"]) == 0
+    meta = records.read(RunRecord, tmp_path / "o" / "quantize.json")
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["README.md", "model.gguf", "quantize.json"]
+    assert meta.engine.backend == "copying" and meta.scheme == "Q4_1" and meta.memory_plan is None
+    assert meta.bits.bits_per_weight == accounting.bits_report(source).bits_per_weight  # the same tensors
+    assert meta.source_model.parameters == 134_515_008 and "copy" in meta.time_seconds
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert "library_name: gguf" in card and "Copying" in card and "Read it with any GGUF reader." in card

@@ -12,12 +12,19 @@ import yaml
 from quantize import records
 from quantize.checkpoint.loader import default_model_dir
 from quantize.cli import main
+from quantize.convert.recipe import FILE_METHODS
 from quantize.records import RunRecord
 
 from conftest import ROOT
 
-# the conversion recipes (a search recipe, with `base:`, is `quantize search`'s; test_search covers it)
-RECIPES = sorted(p for p in (ROOT / "recipes").glob("*.yaml") if "base" not in yaml.safe_load(p.read_text()))
+# the conversion recipes that transformers reloads (a search recipe, with `base:`, is `quantize search`'s; test_search
+# covers it; a GGUF recipe writes a file llama.cpp reads: tests/convert/test_gguf_recipes.py)
+GGUF = {m.value for m in FILE_METHODS}
+RECIPES = sorted(
+    p
+    for p in (ROOT / "recipes").glob("*.yaml")
+    if "base" not in (data := yaml.safe_load(p.read_text())) and data.get("method") not in GGUF
+)
 pytestmark = pytest.mark.slow
 
 

@@ -8,18 +8,22 @@ inside its methods.
     llmcompressor   llm-compressor's `oneshot` with compiled modifiers; compressed-tensors format (a package:
                     the backend, its modifiers, its AWQ/SmoothQuant mapping check, its CPU runtime)
     gptqmodel       GPTQModel's own GPTQ and AWQ (AutoAWQ's GEMM layout); GPTQ/AWQ format
+    llamacpp        llama.cpp's own quantizer (`llama_model_quantize`), GGUF to GGUF: method gguf (file to file)
 """
 
 from __future__ import annotations
 
 from quantize.convert.backends.base import ConversionBackend
 from quantize.convert.backends.gptqmodel import GPTQModelBackend
+from quantize.convert.backends.llamacpp import LlamaCppBackend
 from quantize.convert.backends.llmcompressor import LLMCompressorBackend
-from quantize.convert.recipe import Method, Recipe, Scheme
+from quantize.convert.recipe import FILE_METHODS, Method, Recipe, Scheme
 from quantize.errors import UsageError
 
 # a recipe's `backend:` value -> its class (a backend added here is seen by recipe checks, memory, dtypes, the plan)
-BACKENDS: dict[str, type[ConversionBackend]] = {b.name: b for b in (LLMCompressorBackend, GPTQModelBackend)}
+BACKENDS: dict[str, type[ConversionBackend]] = {
+    b.name: b for b in (LLMCompressorBackend, GPTQModelBackend, LlamaCppBackend)
+}
 
 # The two backends the model card once named, both retired upstream, and what was measured when each was tried here
 # (2026-12-01): each recipe asking for them is exit 2 with this, pointing at the backend that writes their format.
@@ -52,9 +56,22 @@ def backend_for(recipe: Recipe) -> ConversionBackend:
     return backend_named(recipe.backend)()
 
 
+def converts_files(backend: type[ConversionBackend]) -> bool:
+    """Whether the backend converts a file into a file (`file_to_file`: `source`, `convert_file`) rather than a
+    loaded model; a backend class that does not say converts a loaded model."""
+    return bool(getattr(backend, "file_to_file", False))
+
+
 def runs(backend: type[ConversionBackend], method: Method, scheme: Scheme | None) -> bool:
-    """Whether the backend runs this method with this scheme (None: a verbatim recipe's, from its `stages:`)."""
-    return backend.schemes is None or scheme in backend.schemes.get(method, frozenset())
+    """Whether the backend runs this method with this scheme (None: a recipe that names no scheme of this schema, a
+    verbatim one's from its `stages:`, a GGUF one's file type in `type:`). A method whose recipes name a file to convert
+    (recipe.FILE_METHODS) is run by file-to-file backends alone, and they run nothing else; then, a backend with no
+    `schemes` runs every method and scheme a recipe allows."""
+    if (method in FILE_METHODS) != converts_files(backend):
+        return False
+    if backend.schemes is None:
+        return True
+    return method in backend.schemes and (scheme is None or scheme in backend.schemes[method])
 
 
 def check(recipe: Recipe) -> None:
@@ -65,9 +82,9 @@ def check(recipe: Recipe) -> None:
     m, s = recipe.method, recipe.scheme_or_none
     if not runs(backend, m, s):
         offered = "; ".join(
-            f"method {k.value} with scheme {', '.join(sorted(x.value for x in v))}"
+            f"method {k.value}" + (f" with scheme {', '.join(sorted(x.value for x in v))}" if v else "")
             for k, v in (backend.schemes or {}).items()
-        )
+        ) or ("every method a recipe allows but " + ", ".join(sorted(m.value for m in FILE_METHODS)))
         raise UsageError(
             f"backend {backend.name} does not run method {m.value}{f' with scheme {s.value}' if s else ''}; it runs "
             f"{offered}. {_instead([n for n, b in BACKENDS.items() if runs(b, m, s)], 'this method and scheme')}"

