@@ -246,7 +246,7 @@ def scored(
     the score cache (what `quantize eval` prints under its table). Weights identified by Hub blob names are read
     back beside the scoring (checkpoint/files.BlobCheck): a name that lies raises UsageError naming the blob, and
     nothing scored under it is stored or returned."""
-    _not_gguf(checkpoint)
+    _gguf_ready(checkpoint)
     from quantize.evaluate.suite import open_suite
 
     opened = open_suite(suite)
@@ -304,7 +304,7 @@ def agreement(
     from quantize.flows.agree import agree_many
 
     given = [os.fspath(c) for c in candidates]
-    _not_gguf(baseline, *given)
+    _gguf_ready(baseline, *given)
     names = BlobCheck([Path(baseline), *_folders(checkpoint_folders, given)])
     try:
         a = agree_many(suite, Path(baseline), given, trust_remote_code, quiet, before_store=names.wait)
@@ -315,17 +315,13 @@ def agreement(
     return a
 
 
-def _not_gguf(*checkpoints: PathLike) -> None:
-    """Scoring reads a checkpoint through transformers; a GGUF (checkpoint/ggufs.find) is refused before anything
-    loads, saying what does read one."""
-    from quantize.checkpoint import ggufs
+def _gguf_ready(*checkpoints: PathLike) -> None:
+    """A GGUF among `checkpoints` is scored in llama.cpp: refused before anything heavy is imported where
+    llama-cpp-python is not installed or its header does not read (evaluate/engine.gguf_to_score)."""
+    from quantize.evaluate.engine import gguf_to_score
 
     for c in checkpoints:
-        if (f := ggufs.find(Path(c))) is not None:
-            raise UsageError(
-                f"{c} is a GGUF checkpoint ({f.name}); scoring a GGUF is not supported yet (eval, agree and gate "
-                "load safetensors checkpoints). `quantize inspect` and `quantize cost --checkpoint` read it"
-            )
+        gguf_to_score(Path(c))
 
 
 def _folders(find: Callable[[list[str]], list[Path]], given: list[str]) -> list[Path]:
@@ -370,7 +366,7 @@ def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
     from quantize.io import check_writable
     from quantize.quiet import quiet_libraries
 
-    _not_gguf(baseline, candidate)
+    _gguf_ready(baseline, candidate)
     if junit is not None:
         check_writable(Path(junit), "--junit")
     if card:

@@ -23,10 +23,11 @@ MODEL_LOADING = (
     "quantize.convert.engine",
     "quantize.convert.checks",
 )
-# The evaluation modules that load no model: a suite, and the evaluation cache's keys and checked lookups. Gates,
-# the report and flows read them; they never import a library that loads or scores a model, nor anything that does.
-LIGHT = ("quantize.evaluate", "quantize.evaluate.suite", "quantize.evaluate.cache")  # the package's __init__ too
-HEAVY = ("torch", "transformers", "lm_eval", "llmcompressor", "vllm", "compressed_tensors", "datasets")
+# The evaluation modules that load no model: a suite, the evaluation cache's keys and checked lookups, and which
+# engine scores a checkpoint. Gates, the report and flows read them; they never import a library that loads or
+# scores a model, nor anything that does.
+LIGHT = ("quantize.evaluate", "quantize.evaluate.suite", "quantize.evaluate.cache", "quantize.evaluate.engine")
+HEAVY = ("torch", "transformers", "lm_eval", "llmcompressor", "vllm", "compressed_tensors", "datasets", "llama_cpp")
 # what a function-level import keeps off `import quantize` and the CLI's refusals: HEAVY (the libraries that load a
 # model, which the rules above ban) and the libraries slow to import (the cluster's ray, scipy's statistics, ...)
 SLOW = (

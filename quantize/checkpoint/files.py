@@ -532,7 +532,9 @@ def hub_blob_sha256(f: Path) -> str | None:
 
 def hub_blobs(checkpoint: Path) -> list[tuple[Path, str]]:
     """The weight files whose part in the checkpoint's identity is their Hub blob's name (weights_sha256), each with
-    that name; [] where the weights are identified by their bytes."""
+    that name; [] where the weights are identified by their bytes (a GGUF's always are: ggufs.weights_sha256)."""
+    if ggufs.find(checkpoint) is not None:
+        return []
     return _named_blobs(safetensors_files(checkpoint))
 
 
@@ -674,12 +676,15 @@ def store_weights_hash(files: list[tuple[str, Path]], sha256: str) -> None:
 
 
 def checkpoint_folders(given: list[str]) -> list[Path]:
-    """Checkpoint folders, each given or found one level below a folder given (such as outputs/)."""
+    """Checkpoints, each given or found one level below a folder given (such as outputs/): folders with a
+    config.json, GGUF files and folders holding one (ggufs.find)."""
     paths: list[Path] = []
     for c in given:
         p = Path(c)
-        if p.is_dir() and not (p / "config.json").is_file():
-            found = sorted(d for d in p.iterdir() if (d / "config.json").is_file())
+        if ggufs.find(p) is not None:
+            paths.append(p)
+        elif p.is_dir() and not (p / "config.json").is_file():
+            found = sorted(d for d in p.iterdir() if (d / "config.json").is_file() or _gguf_folder(d))
             if not found:
                 raise UsageError(
                     f"{p} is neither a checkpoint nor a folder of checkpoints (no config.json in it or in "
@@ -694,3 +699,11 @@ def checkpoint_folders(given: list[str]) -> list[Path]:
                 "pass checkpoint folders, or a folder holding them such as outputs"
             )
     return list(dict.fromkeys(paths))
+
+
+def _gguf_folder(d: Path) -> bool:
+    """A folder of a GGUF checkpoint (one GGUF, no safetensors); one whose GGUFs cannot be told apart is not."""
+    try:
+        return d.is_dir() and ggufs.find(d) is not None
+    except UsageError:
+        return False

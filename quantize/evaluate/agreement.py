@@ -35,7 +35,8 @@ from quantize.checkpoint.loader import LastModel, device
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
-from quantize.evaluate.score import runtime, vllm_lm
+from quantize.evaluate.engine import gguf_to_score
+from quantize.evaluate.score import llamacpp_lm, runtime, vllm_lm
 from quantize.evaluate.suite import Backend, OpenSuite
 from quantize.golden.manifest import GoldenSet, lm_eval_tasks
 from quantize.golden.manifest import item_id as golden_item_id
@@ -314,6 +315,42 @@ class VLLMScorer:
             yield req, lq.float(), known, top1
 
 
+class LlamaCppScorer:
+    """Agreement through our llama.cpp model of a GGUF (evaluate/llamacpp.py, the one that scores it: one load
+    serves both): its tokenization and the engine's full-vocabulary logits at the scored positions, so every
+    baseline top-k token's log-probability is exact, as in `Scorer`."""
+
+    def __init__(self, lm: Any) -> None:
+        self.lm = lm
+
+    def logits(self, reqs: list[Request]):
+        """Yield (request, logits (P, V) as a float32 tensor) at each request's scored positions, the sequence cut
+        to its last max_length tokens as `Scorer.logits` cuts it."""
+        import torch
+
+        for r in reqs:
+            ids, start = encode(self.lm, r)
+            seq = ids[-self.lm.max_length :]
+            yield r, torch.from_numpy(self.lm.logits(seq, max(1, start - (len(ids) - len(seq)))))
+
+    def topk(self, reqs: list[Request], k: int):
+        import torch
+
+        for req, logits in self.logits(reqs):
+            top = [torch.topk(lp, k, dim=-1) for _, lp in chunked_log_softmax(logits)]
+            yield req, torch.cat([t.indices for t in top]), torch.cat([t.values for t in top])
+
+    def at(self, reqs: list[Request], top_idx: dict[str, Any]):
+        import torch
+
+        for req, logits in self.logits(reqs):
+            bi = top_idx[req.id]
+            check_positions(req, logits.shape[0], bi.shape[0])
+            lq = [(lp.gather(-1, bi[a : a + ROWS]), lp.argmax(-1)) for a, lp in chunked_log_softmax(logits)]
+            lq_k, argmax = torch.cat([g for g, _ in lq]), torch.cat([m for _, m in lq])
+            yield req, lq_k, torch.ones_like(bi, dtype=torch.bool), argmax
+
+
 def position_metrics(lp: Any, lq_k: Any, same_top1: Any, known: Any = None) -> tuple[Any, Any, Any]:
     """Per-position KL lower bound, top-1 agreement and Σ min(p, q) from the baseline's top-k.
 
@@ -381,7 +418,7 @@ class BaselineTopK:
 
 
 def baseline_topk(
-    scorer: Scorer | VLLMScorer, reqs: list[Request], k: int, st: progress.Stage | None = None
+    scorer: Scorer | VLLMScorer | LlamaCppScorer, reqs: list[Request], k: int, st: progress.Stage | None = None
 ) -> BaselineTopK:
     """`st`: the progress stage advanced per item."""
     import numpy as np
@@ -397,7 +434,7 @@ def baseline_topk(
     return BaselineTopK(ids, clusters, np.asarray(counts), k, np.concatenate(top_idx), np.concatenate(top_lp))
 
 
-def item_metrics(scorer: Scorer | VLLMScorer, reqs: list[Request], base: BaselineTopK):
+def item_metrics(scorer: Scorer | VLLMScorer | LlamaCppScorer, reqs: list[Request], base: BaselineTopK):
     """Yield (request, KL lower bound (P,), top-1 agreement (P,), Σ min(p, q) (P,)) at each of its scored
     positions, against the stored baseline (position_metrics); one scorer call, so one batch plan."""
     import numpy as np
@@ -437,7 +474,10 @@ def summarize(rows: list[tuple[Request, Any, Any, Any]]) -> dict[str, Any]:
 
 
 def compare(
-    scorer: Scorer | VLLMScorer, reqs: list[Request], base: BaselineTopK, st: progress.Stage | None = None
+    scorer: Scorer | VLLMScorer | LlamaCppScorer,
+    reqs: list[Request],
+    base: BaselineTopK,
+    st: progress.Stage | None = None,
 ) -> dict[str, Any]:
     """Mean KL lower bound, top-1 agreement and Σ min(p, q) against the stored baseline, SEs
     clustered by the items' clusters; `st`: the progress stage advanced per item."""
@@ -486,9 +526,11 @@ def load_baseline(path: Path, raw: bytes | None = None) -> BaselineTopK:
     return out
 
 
-def _scorer(suite: OpenSuite, checkpoint: Path, models: LastModel) -> Scorer | VLLMScorer:
+def _scorer(suite: OpenSuite, checkpoint: Path, models: LastModel) -> Scorer | VLLMScorer | LlamaCppScorer:
     """The model lm-eval scores with, as an agreement scorer (the same object: one load per checkpoint)."""
     s = suite.suite
+    if (gguf := gguf_to_score(checkpoint, s)) is not None:
+        return LlamaCppScorer(llamacpp_lm(s, gguf, models))
     on = device(s.device)
     if s.backend is Backend.vllm:
         return VLLMScorer(vllm_lm(s, checkpoint, on, models), s.agreement.top_k)
@@ -510,7 +552,7 @@ def baseline_topk_cached(
 ) -> BaselineTopK:
     """The baseline's top-k at the agreement positions: from the cache, or computed and cached (`before_store`
     is called first, and may raise: the identity's check, api.agreement)."""
-    path = cache.baseline_topk_path(suite, base_id, runtime(suite, models.trust_remote_code))
+    path = cache.baseline_topk_path(suite, base_id, runtime(suite, models.trust_remote_code, baseline))
     if (raw := checked_bytes(path, REBUILD_TOPK, "baseline top-k")) is not None:  # beside its digest only
         return load_baseline(path, raw)
     reqs = reqs or agreement_requests(suite)
@@ -543,7 +585,7 @@ def agreement_scores(  # noqa: PLR0913  # identities and a model a gate already 
     models = models or LastModel(trust_remote_code)
     base_id = base_id or identity_sha256(baseline)
     cand_id = cand_id or identity_sha256(candidate)
-    run = runtime(suite, models.trust_remote_code)
+    run = runtime(suite, models.trust_remote_code, candidate)  # a GGUF candidate's engine keys the comparison
     if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
         progress.note("read from the cache")
         return found
@@ -609,7 +651,7 @@ class StagedAgreement:
         for r in self.reqs:
             self.by_task.setdefault(r.task, []).append(r)
         self.rows: dict[str, tuple[Request, Any, Any, Any]] = {}
-        self.scorer: Scorer | VLLMScorer | None = None  # the candidate's, loaded at the first look
+        self.scorer: Scorer | VLLMScorer | LlamaCppScorer | None = None  # the candidate's, loaded at the first look
         self.calls: list[int] = []
         self.seconds = 0.0  # spent scoring the candidate's agreement items (its load included)
 

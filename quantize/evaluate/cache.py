@@ -21,8 +21,9 @@ unless asked for) is docs/reliability.md's trust model, which quantize/flows/gat
 
 The runtime (`Runtime`) is what changes a computed number besides the checkpoint and the suite's text: the device
 kind the model ran on (kernels differ between a CPU and an accelerator), the dtype it was loaded in (the suite's
-"auto" resolves to float32 on a CPU and the checkpoint's own dtype elsewhere), and whether the checkpoint's own
-code ran (--trust-remote-code).
+"auto" resolves to float32 on a CPU and the checkpoint's own dtype elsewhere), whether the checkpoint's own
+code ran (--trust-remote-code), and for a GGUF the engine that scored it (llama.cpp: its version, threads and
+decode chunk; dtype "gguf": the file's own types).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from quantize import records
 from quantize.cache import cache_dir, checked_bytes, digest_path, seal_record
 from quantize.errors import UsageError
+from quantize.evaluate.engine import llamacpp_engine, llamacpp_version
 from quantize.evaluate.suite import DEVICE_KINDS, OpenSuite, device_kind
 from quantize.io import sha256_json
 from quantize.kinds import KINDS
@@ -98,6 +100,7 @@ class Runtime:
     device_kind: str  # cpu, cuda, xpu, npu, mps: the device without its index
     dtype: str  # the suite's dtype resolved for that device ("auto": the checkpoint's own, fixed by its identity)
     trust_remote_code: bool = False
+    engine: str | None = None  # another engine than transformers: a GGUF's llama.cpp (evaluate/engine.llamacpp_engine)
 
     @classmethod
     def on(cls, suite: OpenSuite, device: str, trust_remote_code: bool = False) -> Runtime:
@@ -106,15 +109,24 @@ class Runtime:
         return cls(kind, suite.suite.model_dtype(kind), trust_remote_code)
 
     def key(self) -> list[Any]:
-        return [self.device_kind, self.dtype, *(["trust_remote_code"] if self.trust_remote_code else [])]
+        trust = ["trust_remote_code"] if self.trust_remote_code else []
+        return [self.device_kind, self.dtype, *trust, *(["engine", self.engine] if self.engine else [])]
 
 
 def runtimes(suite: OpenSuite) -> list[Runtime]:
     """Every runtime a suite's scores may have been computed under, for a reader that loads no model (the report):
-    the suite's own device, or on "auto" every device kind; without and then with the checkpoint's own code."""
+    the suite's own device, or on "auto" every device kind; without and then with the checkpoint's own code; and
+    llama.cpp's where it is installed (a GGUF's)."""
     device = suite.suite.device
     kinds = DEVICE_KINDS if device == "auto" else (device_kind(device),)
-    return [Runtime.on(suite, k, trust) for trust in (False, True) for k in kinds]
+    gguf = [llamacpp_runtime(suite)] if llamacpp_version() is not None else []
+    return [Runtime.on(suite, k, trust) for trust in (False, True) for k in kinds] + gguf
+
+
+def llamacpp_runtime(suite: OpenSuite) -> Runtime:
+    """The runtime of a GGUF scored in llama.cpp under the suite: on the CPU, in the file's own types, no
+    checkpoint code (a GGUF has none), the engine named (evaluate/engine.llamacpp_engine)."""
+    return Runtime("cpu", "gguf", False, llamacpp_engine(suite.suite))
 
 
 def score_key(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str:
@@ -150,7 +162,7 @@ def lookup_scores(suite: OpenSuite, ckpt_id: str, run: Runtime) -> ScoreDoc | No
 def ran(doc: ScoreDoc) -> Runtime:
     """The runtime a score document says it was computed under."""
     p = doc.provenance
-    return Runtime(device_kind(p.device), p.dtype, p.trust_remote_code)
+    return Runtime(device_kind(p.device), p.dtype, p.trust_remote_code, p.engine)
 
 
 def summary_mismatches(doc: ScoreDoc) -> list[str]:

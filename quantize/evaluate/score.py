@@ -34,6 +34,7 @@ from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.loader import device as pick_device
 from quantize.errors import RuntimeFailure
 from quantize.evaluate import cache
+from quantize.evaluate.engine import gguf_to_score, llamacpp_settings
 from quantize.evaluate.suite import Backend, OpenSuite, Suite
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.golden.manifest import lm_eval_tasks
@@ -87,12 +88,37 @@ def vllm_lm(suite: Suite, ckpt: Path, device: str, models: LastModel) -> Any:
     return models.engine(ckpt, "vllm", repr(sorted(args.items())), build)
 
 
+def llamacpp_lm(suite: Suite, gguf: Path, models: LastModel) -> Any:
+    """Our llama.cpp model of a GGUF (quantize/evaluate/llamacpp.py), built once and kept by `models`: every stage
+    of a gate and its agreement pass use the same engine."""
+    s = llamacpp_settings(suite)
+    args = {"pretrained": str(gguf), "n_threads": s.n_threads, "n_batch": s.n_batch, "max_length": suite.max_length}
+
+    def build() -> Any:
+        from quantize.evaluate.llamacpp import LlamaCppLM
+
+        return LlamaCppLM(**args, seed=suite.seed)
+
+    return models.engine(gguf, "llamacpp", repr(sorted(args.items())), build)
+
+
+def check_scorable(suite: OpenSuite, ckpt: Path) -> Path | None:
+    """Before anything loads: a GGUF that llama.cpp can score (returned), or a checkpoint folder transformers can
+    load with the packages installed here (None); a UsageError for anything else (evaluate/engine.gguf_to_score)."""
+    if (gguf := gguf_to_score(ckpt, suite.suite)) is None:
+        check_model_dir(ckpt)
+        check_loadable(ckpt)
+    return gguf
+
+
 def lm_eval_model(suite: Suite, ckpt: Path, device: str, models: LastModel) -> dict[str, Any]:
-    """What `simple_evaluate` scores. `backend: quantize` (the default): our lm-eval model,
-    quantize/evaluate/lm.py (each distinct context computed once, an item's numbers independent of its batch);
-    `backend: hf`: lm-eval's stock HFLM. Both get a model our loader loaded (safetensors only, strict: lm-eval's
-    own loader would start missing weights from random values); vLLM loads by path, once per checkpoint
-    (`vllm_lm`)."""
+    """What `simple_evaluate` scores. A GGUF: our llama.cpp model (`llamacpp_lm`). `backend: quantize` (the
+    default): our lm-eval model, quantize/evaluate/lm.py (each distinct context computed once, an item's numbers
+    independent of its batch); `backend: hf`: lm-eval's stock HFLM. Both get a model our loader loaded
+    (safetensors only, strict: lm-eval's own loader would start missing weights from random values); vLLM loads by
+    path, once per checkpoint (`vllm_lm`)."""
+    if (gguf := gguf_to_score(ckpt, suite)) is not None:
+        return {"model": llamacpp_lm(suite, gguf, models)}
     if suite.backend is Backend.vllm:
         return {"model": vllm_lm(suite, ckpt, device, models)}
     model, tok = models.get(ckpt, dtype=suite.model_dtype(device), on=device)
@@ -159,14 +185,13 @@ def score(
     blob names checked: api.scored)."""
     models = models or LastModel(trust_remote_code)
     ckpt = Path(checkpoint)
-    check_model_dir(ckpt)
-    check_loadable(ckpt)
+    check_scorable(suite, ckpt)
     ref = CheckpointRef(path=str(ckpt), weights_sha256=weights_sha256(ckpt), identity_sha256=identity_sha256(ckpt))
     if not use_cache:
         doc = run_lm_eval(suite, ckpt, ref, models)
         SCORED_HERE.append(ref.identity_sha256)
         return Scored(doc, False)
-    run = runtime(suite, models.trust_remote_code)
+    run = runtime(suite, models.trust_remote_code, ckpt)
     if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, run)) is not None:
         progress.note("read from the cache")
         return Scored(found, True)
@@ -182,8 +207,11 @@ def score(
     return Scored(doc, False)
 
 
-def runtime(suite: OpenSuite, trust_remote_code: bool) -> cache.Runtime:
-    """The runtime this process scores under (the suite's device resolved here): what keys its cache entries."""
+def runtime(suite: OpenSuite, trust_remote_code: bool, checkpoint: Path | None = None) -> cache.Runtime:
+    """The runtime this process scores under (the suite's device resolved here; llama.cpp's for a GGUF
+    `checkpoint`): what keys its cache entries."""
+    if checkpoint is not None and gguf_to_score(checkpoint) is not None:
+        return cache.llamacpp_runtime(suite)
     return cache.Runtime.on(suite, pick_device(suite.suite.device), trust_remote_code)
 
 
@@ -217,7 +245,10 @@ def run_lm_eval(
 
     s, golden = suite.suite, suite.golden
     tasks = [t for t in suite.tasks if samples is None or samples.get(t)]
-    device = pick_device(s.device)
+    gguf = gguf_to_score(ckpt, s)
+    device = "cpu" if gguf is not None else pick_device(s.device)
+    trust = models.trust_remote_code
+    run = cache.llamacpp_runtime(suite) if gguf is not None else cache.Runtime.on(suite, device, trust)
     t0 = time.perf_counter()
     # loaded before lm-eval runs: a checkpoint that does not load strictly is the user's to fix (exit 2)
     model = lm_eval_model(s, ckpt, device, models)
@@ -253,7 +284,7 @@ def run_lm_eval(
         lm_results = {k: v for k, v in r["results"][task].items() if k != "alias" and isinstance(v, (int, float))}
         task_docs[task] = task_scores(cfg["output_type"], cfg["metadata"]["version"], items, lm_results, filt)
     return ScoreDoc(
-        key=cache.score_key(suite, ref.identity_sha256, cache.Runtime.on(suite, device, models.trust_remote_code)),
+        key=cache.score_key(suite, ref.identity_sha256, run),
         provenance=ScoreProvenance(
             checkpoint=ref,
             suite=SuiteRef(path=suite.path, name=s.name, sha256=suite.sha256, settings=s.settings()),
@@ -262,10 +293,11 @@ def run_lm_eval(
             lm_eval_version=cache.lm_eval_version(),
             batch_size=s.batch_size,
             seed=s.seed,
-            backend=s.backend.value,
+            backend=Backend.llamacpp.value if gguf is not None else s.backend.value,
             device=device,
-            dtype=s.model_dtype(device),
-            trust_remote_code=models.trust_remote_code,
+            dtype=run.dtype,
+            trust_remote_code=run.trust_remote_code,
+            engine=run.engine,
         ),
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         wall_seconds=round(wall, 1),
@@ -288,13 +320,13 @@ class Staged:
         models: LastModel,
         from_cache: bool = False,
     ) -> None:
-        check_model_dir(checkpoint)
+        check_scorable(suite, checkpoint)
         self.suite, self.ckpt, self.models = suite, checkpoint, models
         self.ref = CheckpointRef(
             path=str(checkpoint), weights_sha256=weights_sha256(checkpoint), identity_sha256=identity_sha256(checkpoint)
         )
         self.index = {t: {i: n for n, i in enumerate(ids)} for t, ids in order.items()}
-        run = runtime(suite, models.trust_remote_code)
+        run = runtime(suite, models.trust_remote_code, checkpoint)
         self.full = cache.lookup_scores(suite, self.ref.identity_sha256, run) if from_cache else None
         self.items: dict[str, dict[str, dict[str, Any]]] = {t: {} for t in order}
         self.meta: dict[str, tuple[str, float | str, str | None]] = {}

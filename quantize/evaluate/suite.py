@@ -32,6 +32,7 @@ class Backend(str, Enum):
     quantize = "quantize"  # our lm-eval model: each context computed once, items independent of their batch
     hf = "hf"  # lm-eval's stock HF backend (HFLM)
     vllm = "vllm"
+    llamacpp = "llamacpp"  # llama.cpp (evaluate/llamacpp.py): GGUF checkpoints only, and their default anyway
 
 
 class VLLM(BaseModel):
@@ -40,6 +41,16 @@ class VLLM(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1)
     data_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.8, gt=0, le=1)
+
+
+class LlamaCppSettings(BaseModel):
+    """How llama.cpp scores a GGUF (quantize/evaluate/llamacpp.py): fixed, so an item's numbers are reproducible,
+    and recorded in the provenance and the cache key."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_threads: int = Field(2, ge=1, le=1024, description="CPU threads llama.cpp decodes with")
+    n_batch: int = Field(512, ge=1, le=65536, description="tokens decoded per call: where a sequence's chunks fall")
 
 
 class Agreement(BaseModel):
@@ -68,6 +79,7 @@ class Suite(BaseModel):
     device: str = Field("auto", description="auto: the accelerator torch finds (cuda, xpu, mps, ...), else cpu")
     max_length: int | None = Field(None, ge=16, description="context window; default: the model's")
     vllm: VLLM | None = None
+    llamacpp: LlamaCppSettings | None = Field(None, description="a GGUF's engine settings; default: the section's own")
     agreement: Agreement = Field(default_factory=Agreement)
 
     @field_validator("device")
@@ -94,7 +106,10 @@ class Suite(BaseModel):
 
     def settings(self) -> dict[str, Any]:
         """Everything in the suite that can change a score: part of the cache key and of the provenance."""
-        return self.model_dump(mode="json", exclude={"name", "golden"})  # the golden set is keyed by its manifest hash
+        # the golden set is keyed by its manifest hash; an absent `llamacpp:` is left out, so the suites written before
+        # it keep their hash (and their cached scores)
+        unset = {"llamacpp"} if self.llamacpp is None else set()
+        return self.model_dump(mode="json", exclude={"name", "golden", *unset})
 
 
 def load_suite(path: str | Path) -> tuple[Suite, str]:

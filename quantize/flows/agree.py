@@ -12,6 +12,7 @@ from quantize import progress
 from quantize.checkpoint.files import check_loadable, check_model_dir, checkpoint_folders, identity_sha256
 from quantize.errors import UsageError
 from quantize.evaluate import cache
+from quantize.evaluate.engine import gguf_to_score
 from quantize.evaluate.score import runtime
 from quantize.evaluate.suite import OpenSuite, open_suite
 from quantize.quiet import quiet_libraries
@@ -26,18 +27,21 @@ class Agreement:
     skipped: list[str]  # one line per checkpoint that could not be measured here and had nothing cached
 
 
-def measurable(suite: OpenSuite, baseline: Path, found: list[Path], run: cache.Runtime) -> tuple[list[Path], list[str]]:
+def measurable(
+    suite: OpenSuite, baseline: Path, found: list[Path], run: Callable[[Path], cache.Runtime]
+) -> tuple[list[Path], list[str]]:
     """The candidates this environment can measure, or whose result is cached; one of several that can be
     neither is skipped with the reason (a folder of outputs), a lone one is the user's error."""
     candidates, skipped = [], []
     for c in found:
-        check_model_dir(c)
         try:
-            check_loadable(c)
+            if gguf_to_score(c) is None:
+                check_model_dir(c)
+                check_loadable(c)
         except UsageError as e:
             if len(found) == 1:
                 raise
-            if cache.lookup_agreement(suite, identity_sha256(baseline), identity_sha256(c), run) is None:
+            if cache.lookup_agreement(suite, identity_sha256(baseline), identity_sha256(c), run(c)) is None:
                 skipped.append(f"{c}: not measured here: {e}")
                 continue
         candidates.append(c)
@@ -55,16 +59,19 @@ def agree_many(
     """Every candidate measured against the baseline; `before_store` is called before anything measured is cached
     (api.agreement: the identities' Hub blob names checked)."""
     from quantize.evaluate.agreement import agreement_scores
+    from quantize.evaluate.tokens import check_same_tokens
 
     suite = open_suite(suite_path)
     check_model_dir(baseline)
     check_loadable(baseline)
     found = [c for c in checkpoint_folders(given) if c.resolve() != baseline.resolve()]
-    candidates, skipped = measurable(suite, baseline, found, runtime(suite, trust_remote_code))
+    candidates, skipped = measurable(suite, baseline, found, lambda c: runtime(suite, trust_remote_code, c))
     base_id = identity_sha256(baseline)  # read once, not once per candidate
     results = []
     for n, c in enumerate(candidates, 1):
         with quiet_libraries(quiet), progress.stage(f"agree: checkpoint {n} of {len(candidates)} ({c.name})"):
+            if gguf_to_score(c) is not None:  # scored in llama.cpp: its tokens checked against the baseline's first
+                check_same_tokens(suite, baseline, c, trust_remote_code)
             # a LastModel per candidate: the baseline (loaded for its top-k only when the cache lacks it) and each
             # candidate are released before the next loads; the gc pass below frees anything a reference cycle held
             result = agreement_scores(

