@@ -612,7 +612,8 @@ def weights_sha256(checkpoint: Path) -> str:
     A folder's hash is memoized in the process (one gate hashes each checkpoint for scoring, for agreement and for
     the report) and in the cache (`lookup_weights_hash`: every process on this machine, such as a sweep's
     workers, finds it again until a file changes or the machine reboots); a rewritten file is hashed again.
-    A GGUF (a .gguf path, or a folder of one: ggufs.weights_sha256) is hashed from its bytes, not memoized."""
+    A GGUF (a .gguf path, or a folder of one: ggufs.weights_sha256) is hashed from its bytes, memoized in the process
+    while its stat holds."""
     if (gguf := ggufs.weights_sha256(checkpoint)) is not None:
         return gguf
     files = safetensors_files(checkpoint)

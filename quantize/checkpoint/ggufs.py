@@ -27,6 +27,7 @@ prints.
 
 from __future__ import annotations
 
+import functools
 import math
 import mmap
 import os
@@ -178,12 +179,31 @@ def weights_sha256(checkpoint: str | Path) -> str | None:
     """The weights hash of a GGUF checkpoint (None for any other): the line "NAME SHA256\\n" of its one file,
     hashed as files.weights_sha256 hashes safetensors files' lines, the sha256 taken from the file's bytes (read
     as a regular file: a FIFO or a device is refused unread). The identity (files.identity_sha256) adds the folder's
-    config, tokenizer and chat-template files to it."""
+    config, tokenizer and chat-template files to it. Memoized in the process while the file's device, inode, size,
+    mtime and ctime stay (as files.weights_sha256 memoizes a folder's): a scoring run asks for it several times, and
+    a file replaced or written in place (its ctime moves, whatever else is put back) is hashed again."""
     f = find(checkpoint)
     if f is None:
         return None
-    sha = sha256_user_file(f, "GGUF file", MAX_GGUF_BYTES, hint=FIX)
-    return sha256_bytes(f"{f.name} {sha}\n".encode())
+    try:
+        st = f.stat()
+    except OSError:
+        st = None  # the read below says what is wrong with it
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return _line(f.name, str(f))  # not kept: the read refuses whatever it is
+    return _kept(f.name, str(f.resolve()), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+
+
+@functools.lru_cache(maxsize=64)
+def _kept(name: str, path: str, _stat_key: tuple[int, ...]) -> str:
+    """`_line`, memoized under the file's stat key (weights_sha256)."""
+    return _line(name, path)
+
+
+def _line(name: str, path: str) -> str:
+    """The "NAME SHA256" line of one GGUF, hashed, its sha256 read from the file as a regular file."""
+    sha = sha256_user_file(Path(path), "GGUF file", MAX_GGUF_BYTES, hint=FIX)
+    return sha256_bytes(f"{name} {sha}\n".encode())
 
 
 # --- the header -----------------------------------------------------------------------------------

@@ -454,3 +454,20 @@ def test_the_gguf_package_constants_this_relies_on():
     assert gguf.Keys.LLM.BLOCK_COUNT == "{arch}.block_count"
     assert GGML_QUANT_SIZES[T.Q4_K] == (256, 144)
     assert int.from_bytes(ggufs.MAGIC, "little") == gguf.GGUF_MAGIC
+
+
+def test_a_gguf_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
+    """A scoring run asks for a GGUF's identity several times: it is read once, and again once the file changes
+    (a rewrite in place moves its ctime whatever else is put back)."""
+    g = llama(tmp_path / "m.gguf")
+    reads = []
+    real = ggufs.sha256_user_file
+    monkeypatch.setattr(ggufs, "sha256_user_file", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    first = ggufs.weights_sha256(g)
+    assert ggufs.weights_sha256(g) == first == files.weights_sha256(g) and len(reads) == 1
+    st = g.stat()
+    with g.open("r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        f.write(b"\x02")
+    os.utime(g, ns=(st.st_atime_ns, st.st_mtime_ns))  # the mtime put back: the ctime still moves
+    assert ggufs.weights_sha256(g) != first and len(reads) == 2
