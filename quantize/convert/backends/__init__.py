@@ -58,8 +58,8 @@ def backend_for(recipe: Recipe) -> ConversionBackend:
 
 def converts_files(backend: type[ConversionBackend]) -> bool:
     """Whether the backend converts a file into a file (`file_to_file`: `source`, `convert_file`) rather than a
-    loaded model; a backend class that does not say converts a loaded model."""
-    return bool(getattr(backend, "file_to_file", False))
+    loaded model (every backend's class says which)."""
+    return backend.file_to_file
 
 
 def runs(backend: type[ConversionBackend], method: Method, scheme: Scheme | None) -> bool:

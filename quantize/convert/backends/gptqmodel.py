@@ -43,6 +43,7 @@ class GPTQModelBackend:
     streams: ClassVar[frozenset[tuple[Method, Scheme]]] = frozenset()  # it loads the whole model
     offloads: ClassVar[bool] = False
     linearizes_experts: ClassVar[bool] = False  # its own module selection, at quantize time
+    file_to_file: ClassVar[bool] = False  # it converts a loaded model
     calibration_dtypes: ClassVar[dict[Method, CalibrationDtype]] = {
         Method.awq: CalibrationDtype(
             ("float16", "bfloat16"), "bfloat16", "GPTQModel's AWQ packs from float16/bfloat16 weights only"

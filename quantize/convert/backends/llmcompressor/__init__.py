@@ -50,6 +50,7 @@ class LLMCompressorBackend:
     streams: ClassVar[frozenset[tuple[Method, Scheme]]] = STREAMABLE  # through model_free_ptq
     offloads: ClassVar[bool] = True  # its sequential pipeline over compressed-tensors' disk offload
     linearizes_experts: ClassVar[bool] = True  # its own linearize_moe, as oneshot runs it
+    file_to_file: ClassVar[bool] = False  # it converts a loaded model
     calibration_dtypes: ClassVar[dict[Method, CalibrationDtype]] = {
         Method.awq: CalibrationDtype(
             (), "float32", "AWQ calibrates in float32 (its grid search keeps finite losses there); the default"
