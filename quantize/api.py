@@ -706,10 +706,15 @@ def plan_sweep(
 
 
 def _hardware(name: str) -> Any:
-    from quantize.cost import bounds
+    """A hardware profile by name: a datasheet's (`quantize.cost.bounds.HARDWARE`), or `local`, this machine
+    measured (quantize/cost/local.py)."""
+    from quantize.cost import bounds, local
 
+    if name == local.NAME:
+        return local.profile()
     if name not in bounds.HARDWARE:
-        raise UsageError(f"--hardware {name!r} is unknown; choose one of {', '.join(bounds.HARDWARE)}")
+        choices = ", ".join([*bounds.HARDWARE, local.NAME])
+        raise UsageError(f"--hardware {name!r} is unknown; choose one of {choices}")
     return bounds.HARDWARE[name]
 
 

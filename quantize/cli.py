@@ -434,7 +434,7 @@ def _cost_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
     c.add_argument("--top-k", type=int, help="an MoE: experts each token is routed to (k)")
     c.add_argument("--context", type=int, default=2048, help="context tokens per sequence")
     c.add_argument("--batch", type=int, default=32)
-    c.add_argument("--hardware", default="seed", help="seed | h100-sxm | h200")
+    c.add_argument("--hardware", default="seed", help="seed | h100-sxm | h200 | local (this machine, measured)")
     c.add_argument("--alpha", type=float, default=0.8, help="speculative acceptance rate α, 0 <= α < 1")
     c.add_argument("--gamma", type=int, default=4, help="draft length γ >= 1")
     c.add_argument("--draft-cost", type=float, default=0.1, help="draft step time / target step time, c >= 0")
