@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from quantize.cost.bounds import KVLayout, RoutedExperts, TokenCost, Workload
     from quantize.evaluate.score import Scored
     from quantize.flows.agree import Agreement
+    from quantize.golden.export import Exported
     from quantize.golden.manifest import GoldenSet, Manifest
     from quantize.records import (
         AgreementResult,
@@ -357,6 +358,8 @@ def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
 ) -> Verdict:
     """`quantize gate`: the candidate against the baseline under the policy. Returns the Verdict (its
     `exit_code` is the CLI's: 0 pass, 1 rejected or inconclusive); a rejection is a verdict, not an exception.
+    Each side is a checkpoint folder, a GGUF, a score file, or lm-eval's output folder of a run with --log_samples
+    on the tasks `golden_export` writes (what any engine computed: quantize/evaluate/samples.py; no agreement rules).
     `junit`: also write JUnit XML there (checked writable before anything is scored); `card`: write the verdict
     into the candidate folder's model card (its README checked before anything is scored).
     `trust_cached_candidate`: read the candidate's scores from the cache instead of computing them (docs/reliability.md,
@@ -370,8 +373,15 @@ def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
     if junit is not None:
         check_writable(Path(junit), "--junit")
     if card:
+        from quantize.evaluate.samples import looks_like_samples
         from quantize.report.card import check_card
 
+        if looks_like_samples(candidate):
+            raise UsageError(
+                f"--card writes the verdict into the candidate checkpoint's model card, and {candidate} is lm-eval's "
+                "output (its samples), not a checkpoint: drop --card, and write the card with `quantize card CKPT "
+                "--verdict gate.json` into the checkpoint the engine served"
+            )
         check_card(Path(candidate), "--card")
     with quiet_libraries(quiet):
         v = run_gate(
@@ -536,6 +546,22 @@ def golden_verify(path: PathLike) -> GoldenSet:
     from quantize.golden.manifest import verify
 
     return verify(path)
+
+
+@_takes(suite=PATH, out=PATH, force=BOOL)
+def golden_export(suite: PathLike, out: PathLike, *, force: bool = False) -> Exported:
+    """`quantize golden export`: the suite's golden tasks (its smoke subset, where it takes one) written atomically
+    into `out` as a standalone lm-eval task folder, data included, for lm-eval runs against any engine whose samples
+    `gate` then reads (an existing `out` raises UsageError unless `force`, which replaces only an earlier export).
+    Returns what was written; `quantize.golden.export.export_text` is the text the command prints, the lm-eval
+    command lines included."""
+    from quantize.evaluate.suite import open_suite
+    from quantize.golden.export import export_tasks
+
+    opened = open_suite(suite)
+    s = opened.suite
+    ids = opened.golden.manifest.smoke_ids if s.subset == "smoke" else None
+    return export_tasks(opened.golden, Path(out), opened.tasks, ids, (s.seed, s.max_length), force)
 
 
 @_takes(sources=PATH, out=PATH, seed=INT)
@@ -729,6 +755,7 @@ __all__ = [
     "default_model",
     "gate",
     "golden_build",
+    "golden_export",
     "golden_freeze",
     "golden_new",
     "golden_size",

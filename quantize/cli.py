@@ -36,7 +36,7 @@ from quantize.errors import (
 # OS errors that say a path given on the command line or in a file cannot name a file.
 BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR}
 # Commands that write an output folder (atomically): only these can promise to leave nothing half-written.
-WRITES_OUTPUT = {"run", "report", "model", "golden new", "golden freeze", "search"}
+WRITES_OUTPUT = {"run", "report", "model", "golden new", "golden freeze", "golden export", "search"}
 
 
 def _offline() -> None:
@@ -330,6 +330,14 @@ def cmd_golden_freeze(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_golden_export(args: argparse.Namespace) -> int:
+    from quantize import api
+    from quantize.golden.export import export_text
+
+    print(export_text(api.golden_export(args.suite, args.out, force=args.force), args.suite))
+    return EXIT_OK
+
+
 def cmd_golden_size(args: argparse.Namespace) -> int:
     from quantize import api
     from quantize.gates.render import sizing_text
@@ -470,7 +478,7 @@ class ItemTypes(Sequence[str]):
 
 
 def _golden_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
-    g = sub.add_parser("golden", help="verify, build, freeze or write a versioned golden set; size one")
+    g = sub.add_parser("golden", help="verify, build, freeze, write or export a versioned golden set; size one")
     gs = g.add_subparsers(dest="action", required=True)
     gv = gs.add_parser("verify", help="check every file of a version against its MANIFEST")
     gv.add_argument("path", help="a golden version folder, e.g. golden/core/v1")
@@ -504,6 +512,16 @@ def _golden_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
         help="lm-eval's few-shot seed the pinned examples are drawn with (default 1234, lm-eval's own)",
     )
     gf.set_defaults(fn=cmd_golden_freeze)
+    ge = gs.add_parser(
+        "export",
+        help="a suite's golden tasks as a standalone lm-eval task folder, to score any engine with lm-eval",
+        description="Writes the task YAMLs and their data into OUT (atomically) and prints the lm-eval command lines "
+        "(vLLM, transformers, an OpenAI-compatible server) whose --log_samples output `quantize gate` reads.",
+    )
+    ge.add_argument("suite", help="evaluation suite, e.g. evaluate/core-v2.yaml (its golden set, tasks and subset)")
+    ge.add_argument("out", help="the folder to write, e.g. golden-tasks/")
+    ge.add_argument("--force", action="store_true", help="replace an earlier export at OUT")
+    ge.set_defaults(fn=cmd_golden_export)
     gz = gs.add_parser(
         "size",
         parents=[flags["json"], flags["quiet"]],
@@ -537,8 +555,16 @@ def _evaluation_parsers(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> 
         "3: runtime failure.",
     )
     gt.add_argument("policy", help="gate policy, e.g. gates/ci.yaml")
-    gt.add_argument("--baseline", required=True, help="baseline checkpoint folder (or a score .json)")
-    gt.add_argument("--candidate", required=True, help="candidate checkpoint folder (or a score .json)")
+    gt.add_argument(
+        "--baseline",
+        required=True,
+        help="baseline checkpoint folder (or a score .json, or lm-eval's --output_path of a --log_samples run)",
+    )
+    gt.add_argument(
+        "--candidate",
+        required=True,
+        help="candidate checkpoint folder (or a score .json, or lm-eval's --output_path of a --log_samples run)",
+    )
     gt.add_argument("--junit", help="also write JUnit XML here (one test case per rule)")
     gt.add_argument(
         "--card", action="store_true", help="also write the verdict into the candidate's model card (README.md)"

@@ -16,12 +16,14 @@ from quantize.checkpoint.loader import LastModel, same_vocabulary
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
 from quantize.evaluate.engine import gguf_to_score
+from quantize.evaluate.samples import find_run, looks_like_samples, read_samples, run_identity
 from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
 from quantize.evaluate.suite import OpenSuite, open_suite
 from quantize.gates.gate import comparable_settings, decide
-from quantize.gates.policy import RULE_OUTPUT_TYPES, AgreementRule, Policy, load_policy
+from quantize.gates.policy import RULE_OUTPUT_TYPES, AccuracyRule, AgreementRule, Policy, load_policy
 from quantize.gates.render import render_junit
 from quantize.io import sha256_file, write_text_atomic
+from quantize.kinds import KINDS
 from quantize.records import ScoreDoc, SideRef, Verdict, to_json
 from quantize.report.card import add_verdict
 
@@ -61,15 +63,30 @@ def check_rules(policy: Policy, suite: OpenSuite) -> None:
 
 
 def is_checkpoint(p: Path) -> bool:
-    """A side that is scored (a checkpoint folder, or a GGUF file: ggufs.find), not read (a score file)."""
-    return p.is_dir() or ggufs.find(p) is not None
+    """A side that is scored (a checkpoint folder, or a GGUF file: ggufs.find), not read (a score file, or lm-eval's
+    output with its samples: evaluate/samples.py)."""
+    return (p.is_dir() and not looks_like_samples(p)) or ggufs.find(p) is not None
+
+
+SAMPLES_HAVE_NO_LOGITS = (
+    "agreement rules (KL, top-1 and Σ min against the baseline's top-k) need both sides' token distributions, which "
+    "lm-eval's samples do not hold (per-item scores only); gate samples with a policy without agreement rules, or "
+    "pass checkpoint folders"
+)
 
 
 def check_target(p: Path, checkpoint_only: str | None = None) -> None:
-    """A side of a comparison exists and is a checkpoint folder, a GGUF or a score file; `checkpoint_only`: why
-    a score file will not do."""
+    """A side of a comparison exists and is a checkpoint folder, a GGUF, a score file or lm-eval's output with its
+    samples (one run: evaluate/samples.find_run); `checkpoint_only`: why only a checkpoint will do."""
     if not p.exists():
-        raise UsageError(f"{p} does not exist; pass a checkpoint folder or a score file (.json)")
+        raise UsageError(
+            f"{p} does not exist; pass a checkpoint folder, a score file (.json) or lm-eval's --output_path folder"
+        )
+    if looks_like_samples(p):
+        if checkpoint_only:
+            raise UsageError(f"{checkpoint_only}: {p} is lm-eval's output (its samples), not a checkpoint")
+        find_run(p)  # one run, named before anything is scored
+        return
     if gguf_to_score(p) is not None:  # llama.cpp installed, the header sound
         return
     if p.is_dir():
@@ -89,6 +106,8 @@ def check_targets(policy: Policy, baseline: Path, candidate: Path) -> bool:
     needs_agreement = any(isinstance(r, AgreementRule) for r in policy.rules)
     why = f"policy {policy.name} has agreement rules, which need checkpoints, not score files"
     for p in (baseline, candidate):
+        if needs_agreement and looks_like_samples(p):
+            raise UsageError(f"policy {policy.name}: {p} is lm-eval's samples, and {SAMPLES_HAVE_NO_LOGITS}")
         check_target(p, why if needs_agreement else None)
     return needs_agreement
 
@@ -142,11 +161,14 @@ def load_scores(
     before_store: Callable[[], None] | None = None,
 ) -> ScoreDoc:
     """A checkpoint folder is scored (or read from the cache; `use_cache=False`: scored, the cache neither read nor
-    written; `before_store` runs before scores computed here are cached, and may raise); a .json file is a
+    written; `before_store` runs before scores computed here are cached, and may raise); lm-eval's output with its
+    samples is read as the policy's suite's items (evaluate/samples.py); a .json file is a
     saved `quantize eval --json --items`, which must come from the policy's suite: same
     settings, same golden set, same tasks."""
     if is_checkpoint(target):
         return score(suite, target, models=models, use_cache=use_cache, before_store=before_store).doc
+    if looks_like_samples(target):
+        return read_samples(suite, target)
     doc = records.read(ScoreDoc, target)
     p = doc.provenance
     for field, theirs, ours in (
@@ -160,6 +182,27 @@ def load_scores(
                 f"{theirs} vs {ours}); score it with `quantize eval {suite.path} CHECKPOINT --json --items`"
             )
     return doc
+
+
+def check_sample_metrics(policy: Policy, doc: ScoreDoc, target: Path) -> None:
+    """A side read from lm-eval's samples holds every per-item metric the policy's accuracy rules name (lm-eval
+    computes what the task YAML's metric_list lists: a run on edited YAMLs may lack one): else exit 2 naming the
+    rule, the task and the items."""
+    if doc.provenance.samples is None:
+        return
+    for i, rule in enumerate(policy.rules):
+        if not isinstance(rule, AccuracyRule) or rule.task not in doc.tasks:
+            continue
+        task = doc.tasks[rule.task]
+        if rule.metric in KINDS[task.output_type].scored_as:
+            continue
+        if lacking := [item.id for item in task.items if rule.metric not in item.metrics]:
+            raise UsageError(
+                f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) needs {rule.metric} per item of {rule.task}, "
+                f"and the lm-eval samples in {target} lack it for {len(lacking)} item(s) (e.g. "
+                f"{', '.join(lacking[:3])}): run lm-eval on the unchanged tasks `quantize golden export` writes, "
+                "whose metric_list computes it"
+            )
 
 
 def open_policy(policy_path: str | Path) -> tuple[Policy, OpenSuite]:
@@ -215,7 +258,7 @@ def run_gate(
     policy, suite = open_policy(policy_path)  # a bad suite or golden set is a usage error before any scoring
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
-    names = BlobCheck([base_path, cand_path])
+    names = BlobCheck([p for p in (base_path, cand_path) if is_checkpoint(p)])  # lm-eval's samples have no blobs
     try:
         v, store = _gate(
             policy, suite, (base_path, cand_path), needs_agreement, (trust_remote_code, trust_cached_candidate), names
@@ -264,6 +307,7 @@ def _gate(
             )
     with progress.stage(f"gate: baseline scores ({base_path.name})"):
         base = load_scores(suite, base_path, models, before_store=names.wait)
+    check_sample_metrics(policy, base, base_path)
     base_file = scores_sha256(suite, base_path, base.provenance.checkpoint.identity_sha256, base_run)
     in_stages = (
         policy.sequential is not None
@@ -294,6 +338,7 @@ def _gate(
         )
         with progress.stage(f"gate: candidate scores ({cand_path.name})"):
             cand = load_scores(suite, cand_path, models, use_cache=not computed)
+        check_sample_metrics(policy, cand, cand_path)
         cand_id = cand.provenance.checkpoint.identity_sha256
         agreement = None
         if needs_agreement:
@@ -312,8 +357,27 @@ def _gate(
             "the candidate's scores were read from the score cache (--trust-cached-candidate), not computed in this "
             "run: the verdict is as good as whoever wrote that cache"
         )
-    v.notes += notes
+    v.notes += notes + samples_notes(policy, base_path, cand_path, v)
     return v, store
+
+
+def samples_notes(policy: Policy, base_path: Path, cand_path: Path, v: Verdict) -> list[str]:
+    """What the verdict says where a side is lm-eval's samples: every item was scored, so a `sequential:` policy
+    decided on the fixed design; one set of samples on both sides is an A/A check."""
+    notes = []
+    if policy.sequential is not None and looks_like_samples(cand_path):
+        notes.append(
+            "the candidate is lm-eval's samples, which score every item: the policy's `sequential:` design was not "
+            "used, and every rule decided on the full items at level alpha (the fixed design)"
+        )
+    p = v.provenance
+    base_id = p.baseline.checkpoint.identity_sha256
+    if base_id == p.candidate.checkpoint.identity_sha256 and looks_like_samples(cand_path):
+        notes.append(
+            f"baseline and candidate are the same lm-eval samples (identity {base_id[:12]}): an A/A check, which "
+            "says nothing about a conversion"
+        )
+    return notes
 
 
 def _keep(
@@ -329,6 +393,8 @@ def _keep(
 def scores_sha256(suite: OpenSuite, target: Path, ckpt_id: str, run: cache.Runtime | None) -> str | None:
     """The sha256 of the file a side's scores were read from: the score file given, or its cache entry (under
     `run`, which a checkpoint side always has)."""
+    if looks_like_samples(target):  # the identity of the files read: "NAME SHA256" per file (evaluate/samples.py)
+        return ckpt_id or run_identity(target)
     if not is_checkpoint(target):
         return sha256_file(target)
     assert run is not None, "a checkpoint side is read from the cache under this process's runtime"
@@ -371,7 +437,7 @@ def run_sequential(
     from quantize.gates import sequential as sq
 
     needs_agreement, from_cache, across_engines = flags
-    from quantize.gates.gate import side, verdict_of
+    from quantize.gates.gate import prompts_note, same_prompts, side, verdict_of
 
     assert policy.sequential is not None
     tasks = sq.rule_tasks(policy)
@@ -396,7 +462,10 @@ def run_sequential(
     if agreement is not None:
         runs |= {"agreement_runs": agreement.calls, "agreement_seconds": round(agreement.seconds, 1)}
     record = record.model_copy(update=runs)
-    return verdict_of(policy, base, candidate, results, record)
+    v = verdict_of(policy, base, candidate, results, record)
+    if cand is not None and base.provenance.samples is not None:  # each look checked the prompts (check_provenance)
+        v.notes.append(prompts_note(base, cand, same_prompts(base, cand)))
+    return v
 
 
 def _score_looks(score: Callable[[dict[str, list[str]]], ScoreDoc], looks: int, name: str) -> Callable[..., ScoreDoc]:

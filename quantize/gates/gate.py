@@ -64,10 +64,17 @@ def comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in SUITE_SETTINGS_IGNORED}
 
 
-def check_provenance(base: ScoreDoc, cand: ScoreDoc, across_engines: bool = False) -> None:
+def check_provenance(base: ScoreDoc, cand: ScoreDoc, across_engines: bool = False) -> int | None:
     """Two score documents may be compared: every MUST_MATCH field and suite setting alike (ENGINE_FIELDS
-    excepted `across_engines`: the caller checked both sides' tokens of every item)."""
+    excepted `across_engines`: the caller checked both sides' tokens of every item). A side read from lm-eval's
+    samples (`provenance.samples`: another engine's numbers, quantize/evaluate/samples.py) may differ in
+    ENGINE_FIELDS too, but only after `same_prompts` found every item both sides scored on one prompt: that check
+    runs here first, and only its pass relaxes the fields. Returns the items it checked (None: it did not run)."""
     pb, pc = base.provenance, cand.provenance
+    checked = None
+    if not across_engines and (pb.samples is not None or pc.samples is not None):
+        checked = same_prompts(base, cand)  # raises on one item scored on another prompt, or with none recorded
+        across_engines = True
     skip = ENGINE_FIELDS if across_engines else set()
     diffs = [(f, get(pb), get(pc)) for f, get in MUST_MATCH.items() if f not in skip and get(pb) != get(pc)]
     sb, sc = comparable_settings(pb.suite.settings), comparable_settings(pc.suite.settings)
@@ -80,6 +87,34 @@ def check_provenance(base: ScoreDoc, cand: ScoreDoc, across_engines: bool = Fals
             f"refusing to compare scores with different provenance ({shown}). "
             "Score both with the same suite, golden set and lm-eval version."
         )
+    return checked
+
+
+def same_prompts(base: ScoreDoc, cand: ScoreDoc) -> int:
+    """Every item both sides scored (in every task both scored) records lm-eval's prompt hash on both sides, and
+    the two are equal: what lets a side computed by another engine (lm-eval's samples) be paired with this one.
+    Returns the number of items checked; a UsageError names the task and the items otherwise."""
+    checked = 0
+    for task in sorted(set(base.tasks) & set(cand.tasks)):
+        b = {i.id: i.prompt_sha256 for i in base.tasks[task].items}
+        c = {i.id: i.prompt_sha256 for i in cand.tasks[task].items}
+        both = sorted(set(b) & set(c))
+        unknown = [i for i in both if b[i] is None or c[i] is None]
+        other = [i for i in both if i not in unknown and b[i] != c[i]]
+        if unknown or other:
+            said = "; ".join(
+                f"{what} for {len(ids)} item(s), e.g. {', '.join(ids[:3])}"
+                for what, ids in (("no prompt hash recorded", unknown), ("different prompts", other))
+                if ids
+            )
+            raise UsageError(
+                f"{task}: a side read from lm-eval's samples is compared item by item only where both sides scored "
+                f"each item on one prompt (lm-eval's prompt hash), and here they did not ({said}). Run lm-eval on "
+                "the tasks `quantize golden export` writes for the policy's suite, and score the other side with "
+                "`quantize eval` of that suite"
+            )
+        checked += len(both)
+    return checked
 
 
 @dataclass(frozen=True)
@@ -321,9 +356,25 @@ def decide(
     policy: Policy, base: ScoreDoc, cand: ScoreDoc, agreement: AgreementResult | None, across_engines: bool = False
 ) -> Verdict:
     """The verdict of the policy's rules on two score documents (`across_engines`: check_provenance's)."""
-    check_provenance(base, cand, across_engines)
+    checked = check_provenance(base, cand, across_engines)
     results = [rule_result(policy, i, base, cand, agreement) for i in range(len(policy.rules))]
-    return verdict_of(policy, base, side(cand), results)
+    v = verdict_of(policy, base, side(cand), results)
+    if checked is not None:
+        v.notes.append(prompts_note(base, cand, checked))
+    return v
+
+
+def prompts_note(base: ScoreDoc, cand: ScoreDoc, checked: int) -> str:
+    """What the verdict says of a side read from lm-eval's samples: the engines differ, and why that may be."""
+    sides = ", ".join(
+        f"the {name} is {p.engine or p.backend}"
+        for name, p in (("baseline", base.provenance), ("candidate", cand.provenance))
+        if p.samples is not None
+    )
+    return (
+        f"{sides}: its backend, dtype and device kind may differ from the other side's because all {checked} items "
+        "both sides scored were checked first to have one prompt on both (lm-eval's prompt hash)"
+    )
 
 
 def side(doc: ScoreDoc) -> SideRef:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from quantize.records.base import CheckpointRef, GoldenRef, Record, Strict, non_finite_fields
 
@@ -31,6 +31,20 @@ class ScoreProvenance(Strict):
     dtype: str
     trust_remote_code: bool = False  # the checkpoint's own code ran at load (asked for on the command line)
     engine: str | None = None  # another engine than transformers (a GGUF's llama.cpp: version, threads, n_batch)
+    # a side read from lm-eval's own samples (quantize/evaluate/samples.py), not scored here: every file read (the
+    # results file and each task's samples file) with its sha256, and lm-eval's model arguments as written
+    samples: dict[str, str] | None = None
+    model_args: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _scored_here_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A side scored here writes neither samples field: its score file keeps the bytes (and the sha256 a policy
+        may pin: baseline_scores_sha256) it had before they were added."""
+        data = handler(self)
+        for field in ("samples", "model_args"):
+            if data.get(field) is None:
+                data.pop(field, None)
+        return data
 
 
 class _Item(Strict):

@@ -1,0 +1,429 @@
+"""What any engine computed, from lm-eval's own samples: an lm-eval output folder written with `--log_samples`
+(`results_DATE.json` and `samples_TASK_DATE.jsonl`, possibly one level down in the model-name folder lm-eval
+makes) read as a ScoreDoc, so `quantize gate` judges what vLLM, SGLang or an OpenAI-compatible server computed on
+a golden set exported by `quantize golden export` (quantize/golden/export.py).
+
+Every file is read through the one reader (quantize/io.py: regular files only, capped, strict UTF-8, JSONL by
+line): a FIFO, a device or an oversized file is exit 2, never a hang. Each sample is matched to its golden item
+by the item's id (golden.item_key on the sample's `doc`); its `doc` must hold the golden item's fields, and its
+`doc_hash`, `prompt_hash` and `target_hash` must be the hashes of what it records (lm-eval's own hashes:
+sha256 of the doc as lm-eval dumps it, of the first request's context, of the target). The samples must cover the
+suite's tasks and items exactly (its smoke subset, where it takes one), at the golden tasks' versions, run with
+the suite's seed. The per-item records and task figures are score.py's own (`item_records`, `task_scores`), over
+the samples restored to the form lm-eval holds them in (its writer turns numbers and booleans of the responses
+into strings, and each request's arguments into a mapping).
+
+The provenance names what ran: lm-eval's model (`backend`: vllm, hf, local-completions, as recorded), its model
+arguments as written, lm-eval's version from the results file, the device and dtype it recorded, and
+`engine = "lm-eval samples (MODEL)"`; the checkpoint identity is the sha256 of one "NAME SHA256" line per file
+read (the results file and each samples file), so two gates on the same files name one identity.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantize.errors import UsageError
+from quantize.evaluate.score import item_records, task_scores
+from quantize.evaluate.suite import OpenSuite
+from quantize.golden.manifest import item_id, read_items, task_config
+from quantize.io import decode_text, read_user_file, sha256_bytes, sha256_user_file, user_lines
+from quantize.records import CheckpointRef, GoldenRef, ScoreDoc, ScoreProvenance, SuiteRef
+
+MAX_RESULTS_BYTES = 64 * 2**20  # lm-eval's results file: configs and figures of every task, kilobytes to megabytes
+MAX_SAMPLES_BYTES = 4 * 2**30  # one task's samples: every item's document, requests and responses
+MAX_SAMPLE_LINE = 64 * 2**20  # one sample: a long document with its rolling windows, or many long choices
+SEEDS = ("random_seed", "numpy_seed", "torch_seed", "fewshot_seed")  # lm-eval's, as its results file names them
+HOW = (
+    "run lm-eval on the tasks `quantize golden export SUITE OUT` writes, with the command it prints "
+    "(--log_samples, --seed as printed)"
+)
+SHOWN = 5  # item ids named in a refusal
+
+
+@dataclass(frozen=True)
+class Run:
+    """One lm-eval run in an output folder: its results file and its samples file per task."""
+
+    folder: Path
+    results: Path
+    samples: dict[str, Path]
+
+
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
+
+
+def _results_files(folder: Path) -> list[str]:
+    return [e.name for e in _entries(folder) if e.name.startswith("results_") and e.name.endswith(".json")]
+
+
+def _samples_files(folder: Path) -> list[str]:
+    return [e.name for e in _entries(folder) if e.name.startswith("samples_") and e.name.endswith(".jsonl")]
+
+
+def _run_folders(path: Path) -> list[Path]:
+    """The folders holding an lm-eval run: `path` itself, or else the folders one level down (lm-eval's
+    OUTPUT/MODEL_NAME/)."""
+    if _results_files(path) or _samples_files(path):
+        return [path]
+    return [
+        Path(e.path)
+        for e in _entries(path)
+        if e.is_dir(follow_symlinks=False) and (_results_files(Path(e.path)) or _samples_files(Path(e.path)))
+    ]
+
+
+def looks_like_samples(path: str | Path) -> bool:
+    """Whether a gate side is lm-eval's output, not a checkpoint or a score file: a folder (no config.json) holding
+    results_*.json or samples_*.jsonl, directly or one level down, or a results_*.json file beside samples files.
+    Only names are looked at (nothing is opened: a FIFO among them is refused later, by the reader); `find_run`
+    then says what is wrong with one (a run without --log_samples, several runs)."""
+    p = Path(path)
+    if p.name.startswith("results_") and p.suffix == ".json" and not p.is_dir():
+        return bool(_samples_files(p.parent))
+    if not p.is_dir() or (p / "config.json").exists():
+        return False
+    return bool(_run_folders(p))
+
+
+def find_run(path: str | Path) -> Run:
+    """The one lm-eval run `path` names (looks_like_samples): its folder, results file and samples per task. Several
+    model folders, several runs in one folder, or a samples file of no run there is exit 2 saying which to pass."""
+    p = Path(path)
+    if p.name.startswith("results_") and p.suffix == ".json" and not p.is_dir():
+        folder, results = p.parent, p.name
+    else:
+        folders = _run_folders(p)
+        if len(folders) > 1:
+            raise UsageError(
+                f"{p} holds the lm-eval output of several models ({', '.join(f.name for f in folders[:SHOWN])}): "
+                "pass the folder of the one to gate"
+            )
+        if not folders or not _results_files(folders[0]):
+            raise UsageError(
+                f"{p} holds no lm-eval results file (results_*.json); pass lm-eval's --output_path folder of a run "
+                f"with --log_samples ({HOW})"
+            )
+        folder = folders[0]
+        runs = _results_files(folder)
+        if len(runs) > 1:
+            raise UsageError(
+                f"{folder} holds {len(runs)} lm-eval runs ({', '.join(runs[:SHOWN])}): pass the results file of "
+                f"the run to gate (e.g. {folder / runs[-1]}), which takes that run's samples files"
+            )
+        results = runs[0]
+    date = results.removeprefix("results_").removesuffix(".json")
+    dates = [r.removeprefix("results_").removesuffix(".json") for r in _results_files(folder)]
+    samples: dict[str, Path] = {}
+    stray = []
+    for name in _samples_files(folder):
+        if name.endswith(f"_{date}.jsonl"):
+            samples[name.removeprefix("samples_").removesuffix(f"_{date}.jsonl")] = folder / name
+        elif not any(name.endswith(f"_{d}.jsonl") for d in dates):
+            stray.append(name)
+    if stray:
+        raise UsageError(
+            f"{folder} holds samples files of no results file there ({', '.join(stray[:SHOWN])}): they belong to "
+            "another run, or lm-eval did not finish it; move them out of the folder, or run lm-eval again"
+        )
+    if not samples:
+        raise UsageError(
+            f"{folder / results} has no samples files (samples_TASK_{date}.jsonl): run lm-eval with --log_samples "
+            f"({HOW})"
+        )
+    return Run(folder, folder / results, samples)
+
+
+def read_samples(suite: OpenSuite, path: str | Path) -> ScoreDoc:
+    """lm-eval's samples of one run (find_run) as a ScoreDoc of `suite` (module docstring); bad input is exit 2
+    naming the file, the task and the items."""
+    run = find_run(path)
+    raw = read_user_file(run.results, "lm-eval results file", MAX_RESULTS_BYTES, hint=HOW)
+    results = _json_object(decode_text(raw, f"lm-eval results file {run.results}"), run.results)
+    files = {run.results.name: sha256_bytes(raw)}
+    config = _field(results, "config", dict, run.results)
+    _check_tasks(suite, run)
+    _check_seeds(suite, config, run.results)
+    versions = _field(results, "versions", dict, run.results)
+    configs = _field(results, "configs", dict, run.results)
+    tasks = {}
+    for task in suite.tasks:
+        kind = suite.golden.entry(task).output_type
+        _check_version(suite, task, versions, configs, run.results)
+        samples, files[run.samples[task].name] = _task_samples(run.samples[task], kind)
+        _check_items(suite, task, samples, run.samples[task])
+        items, filt = item_records(kind, samples, suite.golden.item_key(task))
+        lm = results.get("results", {}).get(task, {})
+        figures = {
+            k: v for k, v in lm.items() if k != "alias" and isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        tasks[task] = task_scores(kind, versions[task], items, figures, filt)
+    return _doc(suite, run, results, files, tasks)
+
+
+def _doc(suite: OpenSuite, run: Run, results: dict[str, Any], files: dict[str, str], tasks: dict[str, Any]) -> ScoreDoc:
+    config = results["config"]
+    model = str(config.get("model"))
+    args = config.get("model_args")
+    model_args = args if isinstance(args, str) else json.dumps(args, sort_keys=True, default=str)
+    identity = _identity(files)
+    s = suite.suite
+    when = results.get("date")
+    created = (
+        dt.datetime.fromtimestamp(when, dt.UTC) if isinstance(when, int | float) else dt.datetime.now(dt.UTC)
+    ).isoformat(timespec="seconds")
+    try:
+        wall = round(float(results.get("total_evaluation_time_seconds") or 0.0), 1)
+    except (TypeError, ValueError):
+        wall = 0.0
+    return ScoreDoc(
+        key=identity,
+        provenance=ScoreProvenance(
+            # no weights were read: the identity of what was gated is the samples' own bytes
+            checkpoint=CheckpointRef(path=str(run.folder), weights_sha256=identity, identity_sha256=identity),
+            # the suite the samples were checked against (its golden set, tasks, subset and seed); how the engine
+            # ran is below: backend, device, dtype, engine and model_args as lm-eval recorded them
+            suite=SuiteRef(path=suite.path, name=s.name, sha256=suite.sha256, settings=s.settings()),
+            golden=GoldenRef(**suite.golden.provenance()),
+            task_versions={t: tasks[t].version for t in tasks},
+            lm_eval_version=str(results.get("lm_eval_version")),
+            batch_size=_batch_size(config),
+            seed=int(config["random_seed"]),
+            backend=model,
+            device=str(config.get("device") or "unknown"),
+            dtype=_dtype(config),
+            engine=f"lm-eval samples ({model})",
+            samples=files,
+            model_args=model_args,
+        ),
+        created=created,
+        wall_seconds=wall,
+        tasks=tasks,
+    )
+
+
+def _identity(files: dict[str, str]) -> str:
+    """The identity of a run's samples: the sha256 of one "NAME SHA256" line per file read, in name order."""
+    return sha256_bytes("".join(f"{name} {sha}\n" for name, sha in sorted(files.items())).encode())
+
+
+def run_identity(path: str | Path) -> str:
+    """The identity `read_samples` gives the run `path` names, from its files' bytes alone (a policy's pinned
+    baseline is checked against it before anything is read as scores)."""
+    run = find_run(path)
+    paths = [(run.results, "lm-eval results file", MAX_RESULTS_BYTES)]
+    paths += [(p, "lm-eval samples file", MAX_SAMPLES_BYTES) for p in run.samples.values()]
+    return _identity({p.name: sha256_user_file(p, what, cap, hint=HOW) for p, what, cap in paths})
+
+
+def _batch_size(config: dict[str, Any]) -> int:
+    """lm-eval's batch size as recorded: a number, or with `auto` the first size it found (0: none recorded)."""
+    for v in (config.get("batch_size"), *(config.get("batch_sizes") or [])):
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.isdigit():
+            return int(v)
+    return 0
+
+
+def _dtype(config: dict[str, Any]) -> str:
+    """The dtype lm-eval recorded for the model (`model_dtype`), else the `dtype=` of its model arguments."""
+    if isinstance(found := config.get("model_dtype"), str) and found:
+        return found.removeprefix("torch.")
+    args = config.get("model_args")
+    pairs = args.items() if isinstance(args, dict) else (a.partition("=")[::2] for a in str(args or "").split(","))
+    return next((str(v) for k, v in pairs if k == "dtype"), "unknown")
+
+
+def _json_object(text: str, where: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise UsageError(f"lm-eval results file {where} is not JSON ({str(e)[:200]}); {HOW}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"lm-eval results file {where} is not a JSON object; {HOW}")
+    return data
+
+
+def _field(data: dict[str, Any], name: str, kind: type, where: Path) -> Any:
+    if not isinstance(data.get(name), kind):
+        raise UsageError(
+            f"lm-eval results file {where} has no `{name}` {kind.__name__} (not a file lm-eval wrote?); {HOW}"
+        )
+    return data[name]
+
+
+def _check_tasks(suite: OpenSuite, run: Run) -> None:
+    missing = sorted(set(suite.tasks) - set(run.samples))
+    extra = sorted(set(run.samples) - set(suite.tasks))
+    if missing or extra:
+        said = "; ".join(
+            s
+            for s in (
+                f"no samples of {', '.join(missing)}" if missing else "",
+                f"samples of {', '.join(extra)}, which the suite does not score" if extra else "",
+            )
+            if s
+        )
+        raise UsageError(
+            f"{run.results}: the run does not cover the tasks of suite {suite.path} ({said}); it scores "
+            f"{', '.join(suite.tasks)}: run lm-eval with --tasks {','.join(suite.tasks)} ({HOW})"
+        )
+
+
+def _check_seeds(suite: OpenSuite, config: dict[str, Any], where: Path) -> None:
+    seed = suite.suite.seed
+    other = {k: config.get(k) for k in SEEDS if config.get(k) != seed}
+    if other:
+        shown = ", ".join(f"{k} {v}" for k, v in other.items())
+        raise UsageError(
+            f"{where}: lm-eval ran with other seeds than suite {suite.path} scores with ({shown}; the suite's seed is "
+            f"{seed} for every one): run lm-eval again with --seed {seed}"
+        )
+
+
+def _check_version(suite: OpenSuite, task: str, versions: dict[str, Any], configs: dict[str, Any], where: Path) -> None:
+    """The task lm-eval ran is the golden task: the same version (metadata.version) and output type."""
+    golden = _golden_task(suite, task)
+    ours = (golden.get("metadata") or {}).get("version")
+    ran = configs.get(task) if isinstance(configs.get(task), dict) else {}
+    if versions.get(task) != ours or ran.get("output_type") != golden.get("output_type"):
+        raise UsageError(
+            f"{where}: task {task} ran at version {versions.get(task)!r} ({ran.get('output_type')}), and golden set "
+            f"{suite.golden.path} has it at version {ours!r} ({golden.get('output_type')}): the samples are of another "
+            f"task than the suite scores; {HOW}"
+        )
+
+
+def _golden_task(suite: OpenSuite, task: str) -> dict[str, Any]:
+    for name in suite.golden.manifest.files:
+        if name.startswith("tasks/"):
+            cfg = task_config(suite.golden.path, name)
+            if isinstance(cfg, dict) and cfg.get("task") == task:
+                return cfg
+    raise UsageError(f"golden set {suite.golden.path} has no task YAML of {task}")  # a verified set always has one
+
+
+def _task_samples(path: Path, kind: str) -> tuple[list[dict[str, Any]], str]:
+    """A samples file's samples, restored to lm-eval's in-memory form, and the file's sha256 (of the bytes read)."""
+    out = []
+    with user_lines(path, "lm-eval samples file", MAX_SAMPLES_BYTES, MAX_SAMPLE_LINE, hint=HOW) as lines:
+        for n, raw in lines:
+            try:
+                s = json.loads(lines.text(n, raw))
+                out.append(_restored(s, kind))
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as e:
+                raise UsageError(
+                    f"lm-eval samples file {path} line {n} is not a sample lm-eval writes for a {kind} task "
+                    f"({type(e).__name__}: {str(e)[:120]}); {HOW}"
+                ) from None
+        digest = lines.hexdigest()
+    return out, digest
+
+
+def _restored(s: dict[str, Any], kind: str) -> dict[str, Any]:
+    """One written sample as lm-eval held it when scoring (what score.item_records reads): the arguments of each
+    request as a tuple, the log-likelihood responses as numbers and booleans; the hashes checked against what the
+    sample records (`_consistent`)."""
+    args = s["arguments"]
+    if isinstance(args, dict):  # lm-eval's writer: {"gen_args_0": {"arg_0": context, "arg_1": ...}, ...}
+        args = [tuple(a[f"arg_{j}"] for j in range(len(a))) for a in (args[f"gen_args_{i}"] for i in range(len(args)))]
+    resps = s["filtered_resps"]
+    if kind in ("multiple_choice", "loglikelihood"):
+        resps = [(float(ll), _boolean(greedy)) for ll, greedy in resps]
+    elif kind == "loglikelihood_rolling":
+        resps = [float(r[0] if isinstance(r, list) else r) for r in resps]
+    restored = {**s, "arguments": args, "filtered_resps": resps}
+    if lacking := [f for f in ("doc_id", "doc", "filter", "doc_hash", "prompt_hash", "target_hash") if f not in s]:
+        raise KeyError(lacking[0])  # a sample without one is not lm-eval's: named by the caller
+    if not isinstance(s["doc"], dict):
+        raise TypeError("its doc is not an object")
+    return restored
+
+
+def _boolean(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if v in ("True", "False"):
+        return v == "True"
+    raise ValueError(f"is_greedy {str(v)[:20]!r} is not True or False")
+
+
+def _consistent(s: dict[str, Any]) -> bool:
+    """The sample's hashes are those of what it records (lm-eval's hash_string over its doc, its first request's
+    context and its target)."""
+    doc = json.dumps(s["doc"], indent=2, ensure_ascii=False)
+    return (
+        s["doc_hash"] == sha256_bytes(doc.encode())
+        and s["prompt_hash"] == sha256_bytes(str(s["arguments"][0][0]).encode())
+        and s["target_hash"] == sha256_bytes(str(s["target"]).encode())
+    )
+
+
+def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], path: Path) -> None:
+    """Each sample is a golden item of the suite (its doc holds the item's fields) with consistent hashes, and
+    every item the suite scores has one: else exit 2 naming the items."""
+    key = suite.golden.item_key(task)
+    wanted = _suite_items(suite, task)
+    seen: dict[str, Any] = {}
+    problems: dict[str, list[str]] = {}
+
+    def bad(what: str, i: str) -> None:
+        problems.setdefault(what, []).append(i)
+
+    for s in samples:
+        try:
+            i, _ = item_id(s["doc"], key)
+        except KeyError:
+            bad(f"no `{key[0]}` field in the doc (doc_id)", str(s["doc_id"]))
+            continue
+        if seen.setdefault(i, s["doc_id"]) != s["doc_id"]:
+            bad("two documents with one id", i)
+        if i not in wanted:
+            bad("not an item of the suite", i)
+        elif not _holds(s["doc"], wanted[i]):
+            bad("a doc that differs from the golden item", i)
+        if not _consistent(s):
+            bad("doc_hash, prompt_hash or target_hash not the hash of what the sample records", i)
+    if missing := [i for i in wanted if i not in seen]:
+        problems["missing (no sample)"] = missing
+    if problems:
+        said = "; ".join(
+            f"{what}: {len(ids)} item(s), e.g. {', '.join(sorted(set(ids))[:SHOWN])}" for what, ids in problems.items()
+        )
+        raise UsageError(
+            f"{path}: the samples of {task} are not the golden items suite {suite.path} scores ({said}). Gate samples "
+            f"of an unchanged, complete run ({HOW}; no --limit)"
+        )
+
+
+def _holds(doc: Any, item: Any) -> bool:
+    """Whether lm-eval's document holds the golden item: its values, where the json loader of `datasets` may have
+    added keys (an object's keys are the union over every row, None where a row has none)."""
+    if isinstance(item, dict):
+        return (
+            isinstance(doc, dict)
+            and all(_holds(doc.get(k), v) for k, v in item.items())
+            and all(doc[k] is None for k in doc.keys() - item.keys())
+        )
+    if isinstance(item, list):
+        return isinstance(doc, list) and len(doc) == len(item) and all(map(_holds, doc, item))
+    return doc == item
+
+
+def _suite_items(suite: OpenSuite, task: str) -> dict[str, dict[str, Any]]:
+    """The golden items the suite scores on `task` (its smoke subset, where it takes one), by id."""
+    ids = suite.golden.manifest.smoke_ids.get(task) if suite.suite.subset == "smoke" else None
+    key = suite.golden.item_key(task)
+    items = {item_id(d, key)[0]: d for d in read_items(suite.golden, task)}
+    return items if ids is None else {i: items[i] for i in ids if i in items}

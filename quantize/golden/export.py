@@ -1,0 +1,144 @@
+"""A golden set's tasks as a standalone lm-eval task folder (`quantize golden export SUITE OUT`): the YAMLs
+`manifest.lm_eval_tasks` writes for scoring, with every data file they read copied into OUT/data/ and named by
+its absolute path there (lm-eval's json loader resolves a relative `data_files` from the working directory, not
+from the YAML), so a team runs lm-eval against its own engine (vLLM, SGLang, an OpenAI-compatible server) on
+exactly the items quantize scores, and gates lm-eval's own samples (`quantize gate POLICY --candidate RESULTS`,
+quantize/evaluate/samples.py).
+
+The folder is written whole or not at all (a temporary folder beside OUT, renamed into place); an existing OUT is
+refused unless `force`, and even then only a folder that holds nothing but what an export writes (task YAMLs and
+data/*.jsonl) is replaced.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from quantize.config import parse_yaml
+from quantize.errors import UsageError
+from quantize.golden.items import MAX_ITEM_BYTES, MAX_SET_FILE_BYTES
+from quantize.golden.manifest import HINT, GoldenSet, lm_eval_tasks
+from quantize.io import atomic_dir, read_user_file, user_lines
+
+MAX_TASK_YAML_BYTES = 2**20  # a YAML lm_eval_tasks wrote: a few hundred bytes
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What `golden export` wrote: the folder, the suite's tasks with the items each holds, the golden set's
+    name/version and whether the smoke subset was taken, the seed lm-eval must be run with and the suite's context
+    window (None: the model's)."""
+
+    out: Path
+    tasks: dict[str, int]
+    golden: str
+    smoke: bool
+    seed: int
+    max_length: int | None = None
+
+
+def export_tasks(
+    golden: GoldenSet,
+    out: Path,
+    tasks: list[str],
+    ids: dict[str, list[str]] | None,
+    run: tuple[int, int | None],
+    force: bool = False,
+) -> Exported:
+    """Write `golden`'s task YAMLs and data into `out` atomically (module docstring). `tasks`: the suite's tasks
+    (what the printed command runs); `ids`: the smoke subset's ids per task, or None for every item; `run`: the
+    suite's seed and context window (max_length, None: the model's), which the printed commands pass on."""
+    out = Path(out)
+    _check_out(out, force)
+    final = out.resolve()
+    with tempfile.TemporaryDirectory(prefix="quantize-export-") as scratch, atomic_dir(out, replace=force) as tmp:
+        include = lm_eval_tasks(golden, Path(scratch), ids=ids)
+        (tmp / "data").mkdir()
+        counts: dict[str, int] = {}
+        for src in sorted(include.glob("*.yaml")):
+            cfg = parse_yaml(read_user_file(src, "exported task file", MAX_TASK_YAML_BYTES), str(src))
+            files = (cfg.get("dataset_kwargs") or {}).get("data_files") if isinstance(cfg, dict) else None
+            if files and "task" in cfg:
+                for split, path in files.items():
+                    name = f"{cfg['task']}.{split}.jsonl"
+                    n = _copy(Path(path), tmp / "data" / name, golden)
+                    files[split] = str(final / "data" / name)
+                    if split == "test":
+                        counts[cfg["task"]] = n
+            (tmp / src.name).write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    m = golden.manifest
+    return Exported(out, {t: counts[t] for t in tasks}, f"{m.name}/{m.version}", ids is not None, *run)
+
+
+def _check_out(out: Path, force: bool) -> None:
+    """OUT may be written: absent, or with `force` a folder holding only what an export writes."""
+    if not (out.exists() or out.is_symlink()):
+        return
+    if not force:
+        raise UsageError(f"{out} exists; choose another folder, or pass --force to replace an earlier export there")
+    if out.is_symlink() or not out.is_dir():
+        raise UsageError(f"{out} is not a folder an export wrote (a file or a link); --force replaces only those")
+    foreign = [
+        p.name
+        for p in out.iterdir()
+        if not (p.is_file() and p.suffix == ".yaml")
+        and not (p.name == "data" and p.is_dir() and all(f.suffix == ".jsonl" for f in p.iterdir()))
+    ]
+    if foreign:
+        raise UsageError(
+            f"{out} holds {', '.join(sorted(foreign)[:3])}, which no export writes (an export holds task YAMLs and "
+            "data/*.jsonl): --force replaces only an earlier export. Choose another folder"
+        )
+
+
+def _copy(src: Path, dst: Path, golden: GoldenSet) -> int:
+    """A data file copied through the one reader (a regular file, capped, line by line); a file of the golden set
+    itself must still hash to its manifest entry (it was verified, and may not change between). Returns its lines."""
+    entry = None
+    if src.is_relative_to(golden.path.resolve()):
+        entry = golden.manifest.files.get(src.relative_to(golden.path.resolve()).as_posix())
+    count = 0
+    with (
+        user_lines(src, "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT) as lines,
+        dst.open("wb") as f,
+    ):
+        for _, raw in lines:
+            f.write(raw + b"\n")
+            count += 1
+        digest = lines.hexdigest()
+    if entry is not None and digest != entry.sha256:
+        raise UsageError(f"{src} changed after the golden set {golden.path} was verified; {HINT}")
+    return count
+
+
+def export_text(e: Exported, suite: str) -> str:
+    """What `golden export` prints: what it wrote and the lm-eval command lines that score an engine on it (the
+    seeds quantize scores with, samples kept), then the gate that reads those samples."""
+    tasks = ",".join(e.tasks)
+    items = ", ".join(f"{t} ({n} items)" for t, n in e.tasks.items())
+    subset = ", the smoke subset" if e.smoke else ""
+    out = shlex.quote(str(e.out))
+    common = f"--include_path {out} --tasks {tasks} --log_samples --output_path RESULTS --seed {e.seed}"
+    window = f",max_length={e.max_length}" if e.max_length else ""
+    return (
+        f"{e.out}: wrote the lm-eval tasks of suite {suite} (golden {e.golden}{subset}): {items}\n"
+        f"\n"
+        f"Score an engine with lm-eval, keeping its samples (--log_samples) and quantize's seeds (--seed {e.seed}: "
+        f"every seed {e.seed}, as quantize scores):\n"
+        f"  vLLM in-process:\n"
+        f"    lm_eval --model vllm --model_args pretrained=MODEL{window} {common}\n"
+        f"  transformers:\n"
+        f"    lm_eval --model hf --model_args pretrained=MODEL{window} {common}\n"
+        f"  an OpenAI-compatible server (vLLM serve, SGLang, ...; log-likelihood tasks need prompt logprobs):\n"
+        f"    lm_eval --model local-completions --model_args "
+        f"base_url=http://HOST:PORT/v1/completions,model=NAME,tokenizer=TOKENIZER{window} {common}\n"
+        f"\n"
+        f"Then gate what the engine computed (RESULTS: lm-eval's output folder; no agreement rules, which need "
+        f"logits):\n"
+        f"  quantize gate POLICY --baseline BASELINE --candidate RESULTS"
+    )

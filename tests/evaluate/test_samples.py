@@ -1,0 +1,398 @@
+"""Gating what any engine computed, from lm-eval's own samples (quantize/evaluate/samples.py): lm-eval runs the
+tasks `quantize golden export` writes, with its own `simple_evaluate` and `EvaluationTracker` (what its CLI calls)
+or its CLI itself, and `quantize gate` reads the output folder as one side. The same model passes against its own
+`quantize eval` scores, a damaged copy is rejected, and samples that are not the suite's items on the suite's
+prompts, or files that are not regular, are exit 2 naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import quantize
+from quantize.cli import main
+from quantize.errors import UsageError
+from quantize.evaluate import samples as samples_mod
+from quantize.evaluate.samples import find_run, looks_like_samples, read_samples
+from quantize.evaluate.suite import open_suite
+from quantize.flows.gate import check_sample_metrics, check_target, is_checkpoint
+from quantize.gates.policy import load_policy
+from quantize.records import ScoreDoc, read, to_json
+
+from conftest import ROOT, nan_copy, small_golden, suite_file
+
+RULES = """rules:
+  - {task: core_facts, metric: acc, margin: 0.3}
+  - {task: core_cloze, metric: acc, margin: 0.3}
+  - {task: core_prose, metric: perplexity, max_ratio: 1.25}
+"""
+
+
+@pytest.fixture(autouse=True)
+def module_cache(tmp_path_factory, monkeypatch):
+    """One score cache for the module: the tiny model's baseline is scored once."""
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path_factory.getbasetemp() / "qcache-samples"))
+
+
+def lm_eval_samples(model: Path, include: Path, tasks: list[str], out: Path, seed: int = 0) -> Path:
+    """lm-eval's own run with --log_samples, as its CLI makes it: simple_evaluate with an EvaluationTracker, then
+    the tracker's results file and one samples file per task (under OUT/<model name>/)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    tracker = EvaluationTracker(output_path=str(out))
+    r = simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={model},dtype=float32",
+        tasks=tasks,
+        task_manager=TaskManager(include_path=str(include), include_defaults=False),
+        batch_size=4,
+        device="cpu",
+        log_samples=True,
+        evaluation_tracker=tracker,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+        bootstrap_iters=0,
+    )
+    found = r.pop("samples")
+    tracker.save_results_aggregated(results=r, samples=found)
+    for task in r["configs"]:
+        tracker.save_results_samples(task_name=task, samples=found[task])
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, tiny_model):
+    base = tmp_path_factory.mktemp("samples")
+    golden = small_golden(base)
+    suite = suite_file(base / "suite.yaml", golden)
+    policy = base / "gate.yaml"
+    policy.write_text(f"name: samples\nsuite: {suite}\n{RULES}")
+    tasks = base / "tasks"
+    assert main(["golden", "export", str(suite), str(tasks)]) == 0
+    names = open_suite(suite).tasks
+    good = lm_eval_samples(tiny_model, tasks, names, base / "good")
+    damaged = shutil.copytree(tiny_model, base / "nan-model")
+    nan_copy(tiny_model / "model.safetensors", damaged / "model.safetensors")
+    bad = lm_eval_samples(damaged, tasks, names, base / "nan")
+    return {"suite": suite, "policy": policy, "tasks": tasks, "good": good, "nan": bad, "names": names}
+
+
+def gate(policy: Path, baseline: Path, candidate: Path, capsys, *extra: str) -> tuple[int, str, str]:
+    code = main(["gate", str(policy), "--baseline", str(baseline), "--candidate", str(candidate), *extra])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def run_folder(samples: Path) -> Path:
+    return find_run(samples).folder
+
+
+def edit(folder: Path, task: str, change) -> None:
+    """Rewrite a task's samples file line by line: change(sample) returns the sample to write, or None to drop it."""
+    path = find_run(folder).samples[task]
+    kept = [s for line in path.read_text().splitlines() if (s := change(json.loads(line))) is not None]
+    path.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in kept))
+
+
+def test_samples_of_the_same_model_pass_against_its_quantize_scores(world, tiny_model, capsys):
+    code, out, err = gate(world["policy"], tiny_model, world["good"], capsys, "--json", "--quiet")
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["verdict"] == "pass" and v["provenance"]["candidate_scores"] == "file"
+    doc = read_samples(open_suite(world["suite"]), world["good"])
+    assert v["provenance"]["candidate"]["checkpoint"]["identity_sha256"] == doc.provenance.checkpoint.identity_sha256
+    note = next(n for n in v["notes"] if "lm-eval samples (hf)" in n)
+    assert f"all {sum(t.n for t in doc.tasks.values())} items both sides scored were checked first" in note
+
+
+def test_the_provenance_says_what_ran(world):
+    doc = read_samples(open_suite(world["suite"]), world["good"])
+    p = doc.provenance
+    assert (p.backend, p.engine, p.dtype, p.device) == ("hf", "lm-eval samples (hf)", "float32", "cpu")
+    assert p.model_args.startswith("pretrained=") and p.lm_eval_version == __import__("lm_eval").__version__
+    run = find_run(world["good"])
+    assert set(p.samples) == {run.results.name, *(f.name for f in run.samples.values())}
+    lines = "".join(f"{n} {h}\n" for n, h in sorted(p.samples.items()))
+    assert p.checkpoint.identity_sha256 == __import__("hashlib").sha256(lines.encode()).hexdigest()
+    assert sorted(doc.tasks) == sorted(world["names"]) and doc.tasks["core_facts"].n == 24
+
+
+def test_samples_as_the_baseline_beside_a_score_file(world, tiny_model, tmp_path, capsys):
+    """Either side may be samples; the other may be a score file `quantize eval --json --items` wrote."""
+    scores = tmp_path / "scores.json"
+    scores.write_text(to_json(quantize.score(world["suite"], tiny_model)))
+    code, out, err = gate(world["policy"], world["good"], scores, capsys, "--quiet")
+    assert code == 0, err
+    assert "the baseline is lm-eval samples (hf)" in out
+
+
+def test_samples_of_a_damaged_copy_are_rejected(world, tiny_model, capsys):
+    code, out, err = gate(world["policy"], tiny_model, world["nan"], capsys, "--quiet")
+    assert code == 1, err
+    assert "REJECTED" in out and "NaN or infinity" in out
+
+
+def test_the_python_api_takes_a_samples_folder(world, tiny_model):
+    v = quantize.gate(world["policy"], tiny_model, world["good"])
+    assert v.exit_code == 0 and v.provenance.candidate_scores == "file"
+    with pytest.raises(UsageError, match="--card writes the verdict"):
+        quantize.gate(world["policy"], tiny_model, world["good"], card=True)
+
+
+def test_a_sequential_policy_decides_on_the_full_items_and_says_so(world, tiny_model, tmp_path, capsys):
+    policy = tmp_path / "seq.yaml"
+    policy.write_text(f"suite: {world['suite']}\nsequential: {{looks: [0.5, 1.0]}}\n{RULES}")
+    code, out, err = gate(policy, tiny_model, world["good"], capsys, "--json", "--quiet")
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["sequential"] is None and any("fixed design" in n for n in v["notes"])
+
+
+def test_samples_as_the_baseline_of_a_staged_candidate(world, tiny_model, tmp_path, capsys):
+    """A baseline read from samples splits the candidate's items into strata like a scored one; every look checks
+    the prompts of the items it paired first."""
+    policy = tmp_path / "seq.yaml"
+    policy.write_text(f"suite: {world['suite']}\nsequential: {{looks: [0.5, 1.0]}}\n{RULES}")
+    code, out, err = gate(policy, world["good"], tiny_model, capsys, "--json", "--quiet")
+    assert code == 0, err
+    v = json.loads(out)
+    assert v["sequential"] is not None and any("the baseline is lm-eval samples (hf)" in n for n in v["notes"])
+
+
+def test_a_pinned_baseline_is_the_samples_identity(world, tiny_model, tmp_path, capsys):
+    identity = read_samples(open_suite(world["suite"]), world["good"]).provenance.checkpoint.identity_sha256
+    policy = tmp_path / "pinned.yaml"
+    for pin, code in ((identity, 0), ("1" * 64, 2)):
+        policy.write_text(f"suite: {world['suite']}\nbaseline_scores_sha256: '{pin}'\n{RULES}")
+        found, _, err = gate(policy, world["good"], tiny_model, capsys, "--quiet")
+        assert found == code, err
+
+
+def test_agreement_rules_are_refused_for_samples(world, tiny_model, tmp_path, capsys):
+    policy = tmp_path / "agree.yaml"
+    policy.write_text(f"suite: {world['suite']}\n{RULES}  - {{agreement: kl, max: 0.2}}\n")
+    code, _, err = gate(policy, tiny_model, world["good"], capsys)
+    assert code == 2 and "token distributions" in err and "without agreement rules" in err
+
+
+def copied(world, tmp_path, which: str = "good") -> Path:
+    return shutil.copytree(world[which], tmp_path / which)
+
+
+def changed_prompt_hash(s):
+    if s["doc"]["id"] == "facts-00003":
+        s["prompt_hash"] = "0" * 64
+    return s
+
+
+def changed_prompt(s):
+    """Another prompt, hashed as lm-eval hashes it: the sample is consistent, but not the prompt quantize scored."""
+    if s["doc"]["id"] == "facts-00003":
+        for args in s["arguments"].values():
+            args["arg_0"] = "Q: " + args["arg_0"]
+        s["prompt_hash"] = __import__("hashlib").sha256(s["arguments"]["gen_args_0"]["arg_0"].encode()).hexdigest()
+    return s
+
+
+def changed_doc(s):
+    if s["doc"]["id"] == "facts-00003":
+        s["doc"]["answer"] = (s["doc"]["answer"] + 1) % len(s["doc"]["choices"])
+        s["doc_hash"] = (
+            __import__("hashlib").sha256(json.dumps(s["doc"], indent=2, ensure_ascii=False).encode()).hexdigest()
+        )
+    return s
+
+
+@pytest.mark.parametrize(
+    "change,says",
+    [
+        (changed_prompt_hash, "prompt_hash or target_hash not the hash of what the sample records"),
+        (changed_prompt, "different prompts for 1 item(s), e.g. facts-00003"),
+        (changed_doc, "a doc that differs from the golden item: 1 item(s), e.g. facts-00003"),
+        (lambda s: None if s["doc"]["id"] == "facts-00003" else s, "missing (no sample): 1 item(s), e.g. facts-00003"),
+        (
+            lambda s: {**s, "doc": {**s["doc"], "id": "facts-99999"}} if s["doc"]["id"] == "facts-00003" else s,
+            "facts-99999",
+        ),
+    ],
+    ids=["prompt-hash", "prompt", "doc", "missing", "extra"],
+)
+def test_samples_that_are_not_the_suites_items_on_its_prompts_are_exit_2_naming_them(
+    world, tiny_model, tmp_path, capsys, change, says
+):
+    folder = copied(world, tmp_path)
+    ids = [json.loads(line)["doc"]["id"] for line in find_run(folder).samples["core_facts"].read_text().splitlines()]
+    assert "facts-00003" in ids
+    edit(folder, "core_facts", change)
+    code, _, err = gate(world["policy"], tiny_model, folder, capsys)
+    assert code == 2, err
+    assert says in err and "core_facts" in err
+
+
+def results_edit(folder: Path, change) -> None:
+    path = find_run(folder).results
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "change,says",
+    [
+        (lambda r: r["versions"].update(core_cloze=2.0), "task core_cloze ran at version 2.0"),
+        (lambda r: r["config"].update(fewshot_seed=1234), "fewshot_seed 1234"),
+    ],
+    ids=["task-version", "seed"],
+)
+def test_another_task_version_or_seed_is_exit_2(world, tiny_model, tmp_path, capsys, change, says):
+    folder = copied(world, tmp_path)
+    results_edit(folder, change)
+    code, _, err = gate(world["policy"], tiny_model, folder, capsys)
+    assert code == 2 and says in err, err
+
+
+def test_a_task_missing_or_extra_is_exit_2(world, tiny_model, tmp_path, capsys):
+    folder = copied(world, tmp_path)
+    run = find_run(folder)
+    run.samples["core_kv"].unlink()
+    code, _, err = gate(world["policy"], tiny_model, folder, capsys)
+    assert code == 2 and "no samples of core_kv" in err and "--tasks core_analogy,core_cloze" in err
+    date = run.results.name.removeprefix("results_").removesuffix(".json")
+    shutil.copy(run.samples["core_facts"], run.folder / f"samples_core_kv_{date}.jsonl")
+    shutil.copy(run.samples["core_facts"], run.folder / f"samples_hellaswag_{date}.jsonl")
+    code, _, err = gate(world["policy"], tiny_model, folder, capsys)
+    assert code == 2 and "samples of hellaswag, which the suite does not score" in err
+
+
+def refusal_in_thread(policy: Path, baseline: Path, candidate: Path) -> str:
+    """quantize.gate's refusal (what the CLI prints with exit 2), in a thread that must end within 60 s: a reader
+    that opened a FIFO would block forever."""
+    said: list[str] = []
+
+    def run() -> None:
+        try:
+            quantize.gate(policy, baseline, candidate)
+        except UsageError as e:
+            said.append(str(e))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the gate blocked on a FIFO"
+    assert said, "the gate did not refuse"
+    return said[0]
+
+
+def test_a_fifo_is_refused_without_hanging(world, tiny_model, tmp_path):
+    folder = copied(world, tmp_path)
+    path = find_run(folder).samples["core_facts"]
+    path.unlink()
+    os.mkfifo(path)
+    said = refusal_in_thread(world["policy"], tiny_model, folder)
+    assert "not a regular file" in said and path.name in said
+    path.unlink()
+    os.mkfifo(run_folder(folder) / "samples_x.jsonl")  # a FIFO of no run: named, never opened
+    shutil.copy(find_run(world["good"]).samples["core_facts"], path)
+    said = refusal_in_thread(world["policy"], tiny_model, folder)
+    assert "samples_x.jsonl" in said and "no results file" in said
+
+
+def test_an_oversized_samples_file_is_exit_2(world, tiny_model, capsys, monkeypatch):
+    monkeypatch.setattr(samples_mod, "MAX_SAMPLES_BYTES", 1000)
+    code, _, err = gate(world["policy"], tiny_model, world["good"], capsys)
+    assert code == 2 and "at most 1,000 are read here" in err
+
+
+def test_a_samples_folder_is_a_side_not_a_checkpoint(world, tmp_path):
+    good, folder = world["good"], run_folder(world["good"])
+    for p in (good, folder, find_run(good).results):  # lm-eval's --output_path, its model folder, a results file
+        assert looks_like_samples(p) and not is_checkpoint(p)
+        check_target(p)
+    with pytest.raises(UsageError, match="a sweep gates checkpoint folders"):
+        check_target(good, "a sweep gates checkpoint folders, not score files")
+    assert not looks_like_samples(world["tasks"]) and not looks_like_samples(ROOT / "golden")
+
+
+def test_a_run_without_log_samples_says_so(world, tiny_model, tmp_path, capsys):
+    folder = copied(world, tmp_path)
+    for f in find_run(folder).samples.values():
+        f.unlink()
+    code, _, err = gate(world["policy"], tiny_model, folder, capsys)
+    assert code == 2 and "run lm-eval with --log_samples" in err, err
+
+
+def test_several_runs_need_the_results_file_of_one(world, tmp_path, capsys):
+    folder = copied(world, tmp_path)
+    run = find_run(folder)
+    date = run.results.name.removeprefix("results_").removesuffix(".json")
+    other = date.replace(date[:4], str(int(date[:4]) + 1), 1)
+    for p in (run.results, *run.samples.values()):
+        shutil.copy(p, p.with_name(p.name.replace(date, other)))
+    with pytest.raises(UsageError, match="holds 2 lm-eval runs"):
+        find_run(folder)
+    suite = open_suite(world["suite"])
+    assert read_samples(suite, run.results).tasks["core_facts"].n == 24  # the results file picks its run
+
+
+def test_a_metric_a_rule_needs_must_be_in_the_samples(world, tmp_path):
+    policy = tmp_path / "norm.yaml"
+    policy.write_text(f"suite: {world['suite']}\nrules:\n  - {{task: core_facts, metric: acc_norm, margin: 0.3}}\n")
+    doc = read_samples(open_suite(world["suite"]), world["good"])
+    with pytest.raises(UsageError, match="needs acc_norm per item of core_facts"):
+        check_sample_metrics(load_policy(policy), doc, world["good"])
+    assert read(ScoreDoc, _written(doc, tmp_path)) == doc  # the record round-trips with its new fields
+
+
+def _written(doc: ScoreDoc, tmp_path: Path) -> Path:
+    path = tmp_path / "doc.json"
+    path.write_text(to_json(doc))
+    return path
+
+
+def test_generation_samples_restore_as_quantize_scores_them(tiny_model, tmp_path):
+    """A generate_until set made with `golden new` (a regex filter): the responses read from lm-eval's written samples
+    are the ones quantize's own scoring of the same model records, item for item."""
+    words = ["the of a", "in that it", "and to is", "for as with", "on was he", "at by this"]
+    src = tmp_path / "items.jsonl"
+    src.write_text("".join(json.dumps({"prompt": w, "answer": w.split()[-1]}) + "\n" for w in words))
+    golden = tmp_path / "gen" / "v1"
+    quantize.golden_new(golden, src, "generate", regex=r"(\w+)", max_gen_toks=4)
+    suite = suite_file(tmp_path / "gen.yaml", golden, extra="backend: hf\n")
+    quantize.golden_export(suite, tmp_path / "tasks")
+    opened = open_suite(suite)
+    doc = read_samples(opened, lm_eval_samples(tiny_model, tmp_path / "tasks", opened.tasks, tmp_path / "out"))
+    ours = quantize.score(suite, tiny_model)
+    for task in opened.tasks:
+        theirs, mine = doc.tasks[task], ours.tasks[task]
+        assert theirs.filter == mine.filter == "regex" and theirs.n == len(words)
+        assert [(i.id, i.response, i.score, i.prompt_sha256) for i in theirs.items] == [
+            (i.id, i.response, i.score, i.prompt_sha256) for i in mine.items
+        ]
+
+
+def test_lm_evals_own_command_line_as_export_prints_it(world, tiny_model, tmp_path, capsys):
+    """The transformers line `golden export` prints, run as printed (MODEL and RESULTS filled in) through lm-eval's
+    own CLI in a subprocess; its output gates against the same model's `quantize eval` scores."""
+    out = tmp_path / "tasks"
+    assert main(["golden", "export", str(world["suite"]), str(out)]) == 0
+    line = next(x.strip() for x in capsys.readouterr().out.splitlines() if x.strip().startswith("lm_eval --model hf"))
+    line = line.replace("pretrained=MODEL", f"pretrained={tiny_model},dtype=float32").replace(
+        "RESULTS", str(tmp_path / "results")
+    )
+    argv = [sys.executable, "-m", "lm_eval", *line.split()[1:], "--device", "cpu", "--batch_size", "4"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    code, _, err = gate(world["policy"], tiny_model, tmp_path / "results", capsys, "--quiet")
+    assert code == 0, err
