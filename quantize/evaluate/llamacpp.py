@@ -42,7 +42,7 @@ from lm_eval.api.registry import register_model
 from quantize.checkpoint import ggufs
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
-from quantize.evaluate.lm import Row, row
+from quantize.evaluate.lm import Row, rolling_rows, row
 
 NAME = "quantize-llamacpp"
 _OPEN: weakref.WeakSet[LlamaCppLM] = weakref.WeakSet()  # closed at exit (LlamaCppLM.close)
@@ -143,21 +143,9 @@ class LlamaCppLM(TemplateLM):
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Each document's log-likelihood: the sum over lm-eval's rolling windows, each window a row."""
-        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
-        rows, owners = [], []
-        for d, r in enumerate(requests):
-            windows = get_rolling_token_windows(
-                token_list=self.tok_encode(r.args[0]),
-                prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length,
-                context_len=1,
-            )
-            for window in windows:
-                rows.append(row(*make_disjoint_window(window), self.max_length))
-                owners.append(d)
+        windows = rolling_rows(self, requests)
         sums = [0.0] * len(requests)
-        for d, (ll, _) in zip(owners, self.score_rows(rows), strict=True):
+        for (d, _, _), (ll, _) in zip(windows, self.score_rows([r for _, _, r in windows]), strict=True):
             sums[d] += ll
         return sums
 

