@@ -68,6 +68,11 @@ compressed-tensors, GPTQ or AWQ counts as rounding activations) and quantize/che
 (`attention_layers`, `moe_spec`): nothing but weights rounded, every layer full attention and no routed experts;
 a config it cannot read is not packed.
 
+Sharing a context is refused alike (`shares_contexts`) where a layer's cache is not per-position keys and values:
+a linear-attention, state-space or convolution layer's state and DeepSeek-V3.2's indexer keys cannot be copied
+across a batch of continuations (transformers' hybrid caches have no `batch_repeat_interleave`; the indexer's
+cache does not expand), so on those families every request is a whole row, alone, as for rounded activations.
+
 Document perplexity: lm-eval's rolling windows (`lm_eval.utils.get_rolling_token_windows`,
 `make_disjoint_window`, context length 1), each window a whole row, every document's windows in one call,
 summed per document. Generation: one request at a time (batch 1, no padding), greedy through transformers'
@@ -113,6 +118,25 @@ def packs(config: Any, device: Any, modules: Iterable[Any] = ()) -> bool:
     try:
         full = all(layer.kind == "full_attention" for layer in architecture.attention_layers(cfg))
         return full and architecture.moe_spec(cfg) is None
+    except UsageError:
+        return False
+
+
+# layer kinds (checkpoint/architecture.attention_layers) whose cache holds each position's keys and values alone, so
+# a context's cache can be copied across a batch of continuations (transformers' batch_repeat_interleave): a
+# recurrent, state-space or convolution layer's state, or a sparse-attention indexer's keys, cannot be so copied
+SHARED_CACHE_KINDS = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+def shares_contexts(config: Any, modules: Iterable[Any] = ()) -> bool:
+    """Whether one item's continuations may share its context's keys and values (module docstring): nothing rounds
+    activations (`rounds_activations`) and every layer is attention of SHARED_CACHE_KINDS; False for any config
+    quantize/checkpoint/architecture cannot read. Elsewhere every request is a whole row, alone: HFLM's numbers at
+    batch size 1."""
+    if rounds_activations(config, modules):
+        return False
+    try:
+        return all(layer.kind in SHARED_CACHE_KINDS for layer in architecture.attention_layers(config.to_dict()))
     except UsageError:
         return False
 
@@ -224,8 +248,9 @@ class PrefixLM(TemplateLM):
         # the LM head on the scored positions only, where the model's forward takes it
         self.keeps = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.pack = packs(self.model.config, self.model.device, self.model.modules()) if pack is None else bool(pack)
-        # a model that rounds activations runs every request as one whole row (module docstring)
-        self.share = not rounds_activations(self.model.config, self.model.modules())
+        # a model that rounds activations, or whose layers keep a state or an indexer's keys, runs every request as
+        # one whole row (module docstring)
+        self.share = shares_contexts(self.model.config, self.model.modules())
 
     @property
     def eot_token_id(self) -> int:
