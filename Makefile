@@ -6,7 +6,7 @@
 # every output), gate-these GATED="DIRS", gate-own (FP8 and a planted 3-bit copy on the user-style golden sets), golden-demo (rebuild those sets and compare), test-slow (tests on the default
 # model), fuzz, bench (README's recipe table), bench-backends (README's backends table), model, gptq-env and
 # test-gptq (GPTQ/AWQ checkpoints of other tools, in an environment of their own), gguf-env and test-gguf
-# (llama.cpp: GGUF scoring and recipes).
+# (llama.cpp: GGUF scoring and recipes), server-env and test-server (lm-eval against llama.cpp's server).
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -16,7 +16,7 @@ Q := $(VENV)/bin/quantize
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 
-.PHONY: setup model demo sweep gate-these gate-all gate-own golden-demo test test-slow test-gpu gptq-env test-gptq gguf-env test-gguf fuzz bench bench-backends clean
+.PHONY: setup model demo sweep gate-these gate-all gate-own golden-demo test test-slow test-gpu gptq-env test-gptq gguf-env test-gguf server-env test-server fuzz bench bench-backends clean
 
 setup: $(VENV)/.installed
 
@@ -76,6 +76,22 @@ $(VENV)/.gguf: $(VENV)/.installed
 # The GGUF tests with llama.cpp installed (without it, `make test` skips the ones that need the engine).
 test-gguf: gguf-env model
 	$(PY) -m pytest tests/evaluate/test_llamacpp.py tests/checkpoint/test_gguf.py tests/convert/test_gguf_recipes.py
+
+# llama-cpp-python's OpenAI-compatible server (its `server` extra) and lm-eval's API models (local-completions needs
+# tenacity): resolved beside the core pins on 2026-12-06 with every installed package held; moves none.
+# benchmarks/server_samples.py, tests/evaluate/test_server_samples.py (issue 59; docs/gate.md, "Any engine").
+SERVER_PINS := fastapi==0.165.0 starlette==1.10.0 uvicorn==0.55.0 sse-starlette==3.7.1 starlette-context==0.3.6 \
+               pydantic-settings==2.16.3 python-dotenv==1.2.4 opentelemetry-api==1.45.3 tenacity==9.2.1
+
+server-env: $(VENV)/.server
+
+$(VENV)/.server: $(VENV)/.gguf
+	$(PY) -m pip install -q $(SERVER_PINS)
+	touch $@
+
+# lm-eval's local-completions against llama_cpp.server on the smoke tasks (the end-to-end test is slow: ~4 min)
+test-server: server-env model
+	$(PY) -m pytest -m 'slow or not slow' tests/evaluate/test_server_samples.py
 
 # The demo ends with three verdicts of gates/ci.yaml (golden/core/v2, in stages): 8-bit weight-only RTN (the
 # reference benchmarks/references/rtn-w8a16-g128.yaml: a pass), FP8 dynamic (a pass in the run measured on
