@@ -193,6 +193,12 @@ def test_eval_of_a_gguf_keys_its_engine(llama_gguf, golden, tmp_path, isolated_c
     again = api.scored(other, llama_gguf)  # another decode chunk: other floats, another cache entry
     assert not again.cached and "n_batch 7" in again.doc.provenance.engine
     assert [i.score for i in again.doc.tasks["core_facts"].items] == [i.score for i in doc.tasks["core_facts"].items]
+    # the report reads a GGUF's scores under its engine's runtime, beside any other checkpoint's
+    from quantize.cost.bounds import HARDWARE
+    from quantize.report.collect import collect
+
+    [entry] = collect([llama_gguf], str(suite), None, None, HARDWARE["seed"])
+    assert entry.scores == doc and entry.bits_per_weight == pytest.approx(5.744, abs=1e-3)
 
 
 def test_the_token_check_passes_the_same_vocabulary_and_names_a_difference(
