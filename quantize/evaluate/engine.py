@@ -39,12 +39,12 @@ def gguf_to_score(checkpoint: str | Path, suite: Suite | None = None) -> Path | 
                 "only: convert it with a GGUF recipe (recipes/gguf-*.yaml), or score it with `backend: quantize`"
             )
         return None
+    ggufs.read_header(gguf)  # a truncated or forged file is refused first, whatever is installed
     if llamacpp_version() is None:
         raise UsageError(
             f"{checkpoint} is a GGUF checkpoint ({gguf.name}), scored in llama.cpp, and llama-cpp-python is not "
             f"installed here: install it with {INSTALL}"
         )
-    ggufs.read_header(gguf)  # a truncated or forged file is refused before llama.cpp maps it
     return gguf
 
 

@@ -80,7 +80,10 @@ def test_a_gguf_without_llama_cpp_is_exit_2_before_loading(tmp_path, capsys, mon
         api.gate(ROOT / "gates" / "ci.yaml", g, g)
 
 
-def test_a_forged_gguf_is_refused_by_eval_before_llama_cpp_reads_it(tmp_path, capsys):
+@pytest.mark.parametrize("installed", [True, False])
+def test_a_forged_gguf_is_refused_by_eval_before_llama_cpp_reads_it(tmp_path, capsys, monkeypatch, installed):
+    """The file's own fault is named first, whether llama-cpp-python is installed or not."""
+    monkeypatch.setattr(engine, "llamacpp_version", lambda: "0.3.36" if installed else None)
     g = tmp_path / "m.gguf"
     g.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 16)  # tensor and key counts past the file's end
     assert main(["eval", str(ROOT / "evaluate" / "smoke.yaml"), str(g)]) == 2
