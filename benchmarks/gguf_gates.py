@@ -89,17 +89,27 @@ def gate(baseline: Path, candidate: Path) -> dict:
     wall = round(time.monotonic() - started, 1)
     if proc.returncode > 1:
         return {"exit": proc.returncode, "wall_s": wall, "error": proc.stderr.strip().splitlines()[-1:]}
-    v = json.loads(proc.stdout)
+    from quantize import records
+    from quantize.records import Verdict
+
+    v = records.loads(Verdict, proc.stdout.encode(), Path("quantize gate --json"))  # the typed record, checked
+    seq = v.sequential
     return {
         "exit": proc.returncode,
         "wall_s": wall,
-        "verdict": v["verdict"],
-        "notes": v.get("notes", []),
-        "rules": {r["rule"]: {"verdict": r["verdict"], **_headline(r.get("evidence") or {})} for r in v["rules"]},
-        "candidate_seconds": (v.get("sequential") or {}).get("candidate_seconds"),
-        "looks_taken": (v.get("sequential") or {}).get("looks_taken"),
-        "items_scored": (v.get("sequential") or {}).get("items_scored"),
+        "verdict": v.verdict,
+        "notes": v.notes,
+        "rules": {r.rule: {"verdict": r.verdict, **_headline(_evidence(r))} for r in v.rules},
+        "candidate_seconds": seq.candidate_seconds if seq else None,
+        "looks_taken": seq.looks_taken if seq else None,
+        "items_scored": seq.items_scored if seq else None,
     }
+
+
+def _evidence(rule: object) -> dict:
+    """A rule result's evidence as a dict ({} for an untested rule, which has none)."""
+    e = getattr(rule, "evidence", None)
+    return e.model_dump() if e is not None else {}
 
 
 def _headline(e: dict) -> dict:
