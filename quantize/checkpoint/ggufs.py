@@ -91,8 +91,11 @@ class GGUFTensor:
         return self.block_size > 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class GGUFHeader:
+    """A GGUF's header as read_header parsed it; shared between callers (read_header memoizes it), so never
+    changed in place."""
+
     path: Path
     file_bytes: int
     version: int
@@ -248,7 +251,28 @@ class _Cursor:
 
 
 def read_header(path: Path) -> GGUFHeader:
-    """Parse and check a GGUF file's header (the module's rules); a UsageError names the file and what is wrong."""
+    """Parse and check a GGUF file's header (the module's rules); a UsageError names the file and what is wrong.
+    Memoized in the process while the file's device, inode, size, mtime and ctime stay (as weights_sha256 is): a
+    scoring run reads the header several times (the engine's choice, the token check, the provenance), and walking
+    a vocabulary's strings is a few tenths of a second each time. A refusal is never kept; a file replaced or
+    written in place is read again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None  # the read below says what is wrong with it
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return _read_header(Path(path))  # not kept: the read refuses whatever it is
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return _kept_header(Path(path), key)
+
+
+@functools.lru_cache(maxsize=16)
+def _kept_header(path: Path, _stat_key: tuple[int, ...]) -> GGUFHeader:
+    """`_read_header`, memoized under the path and the file's stat key (read_header)."""
+    return _read_header(path)
+
+
+def _read_header(path: Path) -> GGUFHeader:
     import gguf
 
     bad = _Invalid(path)

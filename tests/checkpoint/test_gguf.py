@@ -456,3 +456,23 @@ def test_a_gguf_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
         f.write(b"\x02")
     os.utime(g, ns=(st.st_atime_ns, st.st_mtime_ns))  # the mtime put back: the ctime still moves
     assert ggufs.weights_sha256(g) != first and len(reads) == 2
+
+
+def test_a_gguf_header_is_parsed_once_until_it_changes(tmp_path, monkeypatch):
+    """The engine's choice, the token check and the provenance each read the header: it is parsed once, again once
+    the file is rewritten in place, and a refusal is never kept (a file mended in place reads)."""
+    g = llama(tmp_path / "m.gguf")
+    parses = []
+    real = ggufs._parse
+    monkeypatch.setattr(ggufs, "_parse", lambda *a, **k: parses.append(a[1]) or real(*a, **k))
+    first = ggufs.read_header(g)
+    assert ggufs.read_header(g) is first and ggufs.read_header(str(g)).tensors == first.tensors
+    assert len(parses) <= 2  # the Path and the str spelling may each be parsed once, never again
+    n = len(parses)
+    good = g.read_bytes()
+    g.write_bytes(b"GGUF" + b"\xff" * 20)  # forged in place
+    with pytest.raises(UsageError):
+        ggufs.read_header(g)
+    g.write_bytes(good)
+    again = ggufs.read_header(g)
+    assert again is not first and again.tensors == first.tensors and len(parses) == n + 2
