@@ -18,9 +18,10 @@ llama-cpp-python 0.3.36's server as shipped cannot serve lm-eval's log-likelihoo
     BOS is missing from the echo, so lm-eval's `[ctxlen:-1]` slice is one token late;
   - when the greedy next token is an end-of-generation token no token is appended (`finish_reason` "stop"), so
     lm-eval's `[ctxlen:-1]`, which assumes one generated token, drops the continuation's last token.
-`--fixed` serves the same server with `_create_completion` patched on those lines only (`PATCHES`: every echoed
-prompt token keeps its place, BOS included, row i - 1 scores token i, the end-of-generation token is echoed, and
-the top-k is taken with numpy instead of a Python sort of the whole vocabulary per token); the benchmark runs both.
+`--fixed` serves the same server with `_create_completion` patched on those lines only (`PATCHES` in
+quantize/compat/llama_cpp.py, guarded by the version they were read on: every echoed prompt token keeps its place,
+BOS included, row i - 1 scores token i, the end-of-generation token is echoed, and the top-k is taken with numpy
+instead of a Python sort of the whole vocabulary per token); the benchmark runs both.
 
 What to expect of the patched server against our llama.cpp scorer on the same file: the same answers on every item,
 document log-likelihoods equal to 1e-5 nats, choice log-likelihoods equal up to where llama.cpp's decode chunks
@@ -36,13 +37,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -65,77 +64,15 @@ RULES = [
     {"task": "core_prose", "metric": "perplexity", "max_ratio": 1.25},
 ]
 
-# (old, new) on the source of llama_cpp.Llama._create_completion (0.3.36, as indented in its file): the echo path only
-PATCHES = [
-    (  # remember the end-of-generation token that stopped the loop, so the echo can return it
-        "multibyte_fix = 0\n        for token in self.generate(",
-        "multibyte_fix = 0\n        _eog_token = None\n        for token in self.generate(",
-    ),
-    (
-        "if llama_cpp.llama_vocab_is_eog(self._model.vocab, token):\n",
-        "if llama_cpp.llama_vocab_is_eog(self._model.vocab, token):\n                _eog_token = token\n",
-    ),
-    (  # every prompt token keeps its place (BOS included), then the generated token or the one that ended it
-        "all_tokens = (\n"
-        "                    prompt_tokens[1 if prompt_tokens[0] == self.token_bos() else 0 :]\n"
-        "                    + completion_tokens\n"
-        "                )",
-        "all_tokens = prompt_tokens + (\n"
-        "                    completion_tokens or ([_eog_token] if _eog_token is not None else [])\n"
-        "                )",
-    ),
-    (  # token i is predicted by the logits at position i - 1 (row 0 is a placeholder: the first has no logprob)
-        "all_logprobs = Llama.logits_to_logprobs(self._scores)[token_offset:]",
-        "all_logprobs = Llama.logits_to_logprobs(self._scores)\n"
-        "            if echo:\n"
-        "                all_logprobs = np.concatenate([np.zeros_like(all_logprobs[:1]), all_logprobs])\n"
-        "            else:\n"
-        "                all_logprobs = all_logprobs[token_offset:]",
-    ),
-    (  # an echoed BOS is a prompt token like any other
-        "):\n                if token == bos_token_id:\n                    continue\n"
-        "                text_offsets.append(",
-        "):\n                if token == bos_token_id and not echo:\n                    continue\n"
-        "                text_offsets.append(",
-    ),
-    (  # the top-k by numpy, not a Python sort of the whole vocabulary for every echoed token
-        "sorted_logprobs = list(\n"
-        "                    sorted(\n"
-        "                        zip(logprobs_token, range(len(logprobs_token))), reverse=True\n"
-        "                    )\n"
-        "                )",
-        "sorted_logprobs = [\n"
-        "                    (logprobs_token[int(i)], int(i))\n"
-        "                    for i in np.argsort(-logprobs_token, kind='stable')[: max(logprobs, 1)]\n"
-        "                ]",
-    ),
-]
-
-
-def patch_llama() -> None:
-    """Replace `Llama._create_completion` by its source with PATCHES applied (each must match exactly once: another
-    llama-cpp-python version is refused, never half-patched)."""
-    import llama_cpp
-    from llama_cpp import llama as module
-
-    src = inspect.getsource(module.Llama._create_completion)  # noqa: SLF001 (the method the patch replaces)
-    for old, new in PATCHES:
-        if src.count(old) != 1:
-            raise SystemExit(
-                f"llama-cpp-python {llama_cpp.__version__}: the patched line is not there once: {old[:60]!r}"
-            )
-        src = src.replace(old, new)
-    scope = dict(vars(module))
-    exec(compile(textwrap.dedent(src), f"<patched {module.__file__}>", "exec"), scope)
-    module.Llama._create_completion = scope["_create_completion"]  # noqa: SLF001
-
 
 def serve(argv: list[str]) -> None:
     """`server_samples.py serve [--fixed] -- SERVER ARGS`: llama_cpp.server's own main, patched with --fixed."""
     fixed = argv[:1] == ["--fixed"]
     rest = argv[1:] if fixed else argv
     if fixed:
-        patch_llama()
+        from quantize.compat.llama_cpp import patch_echo
+
+        patch_echo()
     from llama_cpp.server.__main__ import main
 
     sys.argv = ["llama_cpp.server", *(rest[1:] if rest[:1] == ["--"] else rest)]
