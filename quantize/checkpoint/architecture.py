@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from quantize.compat.transformers_config_names import spellings
 from quantize.errors import UsageError
 
 # --- parts of a model, by tensor name -----------------------------------------------------------
@@ -145,19 +146,28 @@ def _int_list(cfg: dict[str, Any], key: str) -> list[int] | None:
     return v
 
 
-def _first_int(cfg: dict[str, Any], keys: tuple[str, ...], minimum: int = 1) -> tuple[str, int] | None:
-    for k in keys:
+def _first_int(cfg: dict[str, Any], names: tuple[str, ...], minimum: int = 1) -> tuple[str, int] | None:
+    for k in _spelled(cfg, names):
         if (v := _int(cfg, k, minimum)) is not None:
             return k, v
     return None
 
 
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-# k, experts per token: num_experts_per_tok, or the attribute a config class's attribute_map stores it under
-# (Kimi-Linear: num_experts_per_token; ERNIE 4.5: moe_k)
-TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_k")
-# the per-layer type list (Nemotron-H's config class stores layer_types as layers_block_type: its attribute_map)
-LAYER_LIST_KEYS = ("layer_types", "layers_block_type")
+def _spelled(cfg: dict[str, Any], names: tuple[str, ...]) -> list[str]:
+    """The config.json keys of fields `names` as the family's transformers config class reads them: each name, the
+    attribute its `attribute_map` stores it under and the other names mapped there (ERNIE 4.5's num_experts_per_tok
+    is `moe_k`, DeepSeek's num_local_experts `n_routed_experts`: compat/transformers_config_names.py)."""
+    model_type = cfg.get("model_type")
+    return list(
+        dict.fromkeys(k for n in names for k in spellings(model_type if isinstance(model_type, str) else None, n))
+    )
+
+
+# the common names of the fields read (each family's spellings: _spelled): the routed experts per MoE layer, k
+# (experts per token), the per-layer type list
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
+TOP_K_KEYS = ("num_experts_per_tok",)
+LAYER_LIST_KEYS = ("layer_types",)
 # Nemotron-H's configuration_nemotron_h._pattern_to_list
 HYBRID_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
 # sliding-window layer pattern of a family whose older config.json has no `layer_types`: layer i slides unless
@@ -220,7 +230,7 @@ def _layer_list(text: dict[str, Any]) -> tuple[str, list[str]] | None:
     """The per-layer type list config.json gives, and the field it came from: `layer_types` (most families),
     `layers_block_type` (the attribute Nemotron-H's config class stores layer_types under), or Nemotron-H's
     older `hybrid_override_pattern` string (read as the class reads it: M mamba, * attention, - mlp, E moe)."""
-    for key in LAYER_LIST_KEYS:
+    for key in _spelled(text, LAYER_LIST_KEYS):
         v = text.get(key)
         if v is None:
             continue

@@ -16,6 +16,9 @@
   per-expert checkpoint must use to reload, and whether a family has a per-expert loader at all); `problems()`
   checks them on Mixtral as read (MIXTRAL_READ).
 
+- Each config class's `attribute_map` (the name a field is stored under, and the other names that set it), copied
+  for the light readers in compat/transformers_config_names.py; `problems()` compares the copy with the classes.
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
 
@@ -27,6 +30,7 @@ from importlib.metadata import version
 from typing import Any, NamedTuple
 
 from quantize.compat import outside
+from quantize.compat import transformers_config_names as config_names
 
 CHECKED = ((5, 17), (5, 18))  # [from, to): the versions the assumptions above were read on
 
@@ -72,7 +76,18 @@ def problems() -> list[str]:
     found += [
         f"PreTrainedModel.tie_weights takes no `{p}`" for p in ("missing_keys", "recompute_mapping") if p not in tie
     ]
-    return found + _conversion_problems()
+    return found + _conversion_problems() + config_name_problems(sorted(config_names.ATTRIBUTE_MAPS))
+
+
+def config_name_problems(model_types: list[str]) -> list[str]:
+    """Where the copied attribute maps (compat/transformers_config_names.py) differ from the library's config
+    classes, for `model_types`: an entry touching its READ names that one side has and the other lacks."""
+    library, copied = config_names.library_maps(model_types), config_names.ATTRIBUTE_MAPS
+    return [
+        f"{m}'s config class maps {library.get(m, {})} of the names read, the copy {copied.get(m, {})}"
+        for m in model_types
+        if library.get(m, {}) != copied.get(m, {})
+    ]
 
 
 def _conversion_problems() -> list[str]:

@@ -141,6 +141,24 @@ def test_a_changed_loader_is_found(monkeypatch):
     assert any("convert_and_load_state_dict_in_model takes" in p for p in found)
 
 
+def test_the_copied_attribute_maps_are_the_config_classes_own(monkeypatch):
+    """The light readers' copy of transformers' attribute maps equals the classes' on every family it holds and on
+    every family the tests build (those absent from it map none of the names read); a map changed upstream, or a
+    family's entry dropped from the copy, is found."""
+    import families
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from quantize.compat import transformers as compat
+    from quantize.compat import transformers_config_names as copy
+
+    assert compat.config_name_problems(sorted(families.FAMILIES)) == []
+    monkeypatch.setattr(CONFIG_MAPPING["qwen3_moe"], "attribute_map", {"num_experts": "experts_total"})
+    monkeypatch.setattr(copy, "ATTRIBUTE_MAPS", {k: v for k, v in copy.ATTRIBUTE_MAPS.items() if k != "ernie4_5_moe"})
+    found = compat.config_name_problems(["ernie4_5_moe", "mixtral", "qwen3_moe"])
+    assert [p.split(" maps ")[0] for p in found] == ["ernie4_5_moe's config class", "qwen3_moe's config class"]
+    assert "{'num_experts': 'experts_total'}" in found[1]
+
+
 def test_target_matching_agrees_with_compressed_tensors():
     """The torch-free copy the accounting uses picks, on every case, the target compressed-tensors' own
     `match_targets` puts first (exact names, then `re:` patterns in sorted order), and matches a name as its

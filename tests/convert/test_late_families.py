@@ -170,16 +170,16 @@ def test_ernie_4_5_experts_are_quantized_and_nothing_else_is_left_unsaid(tmp_pat
 
 
 def test_config_fields_are_read_as_the_config_class_names_them(monkeypatch):
-    """The plan reads a family's config through its transformers class (its attribute_map and properties), not a
-    list of spellings: with ERNIE's and Nemotron-H's own spellings taken out of the architecture module's lists, the
-    experts, k and layer count are still found (config.to_dict alone finds none)."""
+    """The plan reads a family's config through its transformers class (its attribute_map and properties): with
+    the light readers' copy of the attribute maps emptied, ERNIE's and Nemotron-H's experts, k and layer count are
+    still found (config.to_dict alone finds none)."""
     import families
 
     from quantize.checkpoint import architecture
+    from quantize.compat import transformers_config_names
     from quantize.convert.plan import config_fields
 
-    monkeypatch.setattr(architecture, "EXPERT_COUNT_KEYS", ("num_experts", "num_local_experts"))
-    monkeypatch.setattr(architecture, "TOP_K_KEYS", ("num_experts_per_tok",))
+    monkeypatch.setattr(transformers_config_names, "ATTRIBUTE_MAPS", {})
     ernie = families.config("ernie4_5_moe")
     assert architecture.moe_spec(ernie.to_dict()) is None
     spec = architecture.moe_spec(config_fields(ernie))
@@ -187,8 +187,32 @@ def test_config_fields_are_read_as_the_config_class_names_them(monkeypatch):
     nemotron = config_fields(families.config("nemotron_h"))
     assert "num_hidden_layers" not in families.config("nemotron_h").to_dict()
     assert nemotron["num_hidden_layers"] == 4 and nemotron["layer_types"][3] == "moe"
-    monkeypatch.setattr(architecture, "LAYER_LIST_KEYS", ("layer_types",))
     assert architecture.moe_spec(nemotron).layers == (3,)
+
+
+def test_the_light_readers_spell_config_fields_as_the_config_classes_do():
+    """config.json as transformers 5.17 saves ERNIE 4.5, Kimi-Linear and Nemotron-H (their stored names: moe_k,
+    num_experts_per_token, layers_block_type, n_routed_experts) is read without transformers, from the copied
+    attribute maps: the same experts, k and layer count as the config classes give; a family the copy does not
+    know reads the common names only."""
+    import families
+
+    from quantize.checkpoint import architecture
+    from quantize.convert.plan import config_fields
+
+    for family in ("ernie4_5_moe", "kimi_linear", "nemotron_h", "granitemoehybrid", "deepseek_v3", "qwen3_moe"):
+        cfg = families.config(family)
+        saved, read = cfg.to_dict(), config_fields(cfg)
+        assert architecture.layer_count(saved) == architecture.layer_count(read), family
+        if (spec := architecture.moe_spec(read)) is not None:
+            light = architecture.moe_spec(saved)
+            assert light is not None and (light.experts, light.top_k, light.layers) == (
+                spec.experts,
+                spec.top_k,
+                spec.layers,
+            ), family
+    foreign = {**families.config("ernie4_5_moe").to_dict(), "model_type": "not_a_transformers_family"}
+    assert architecture.moe_spec(foreign) is None  # moe_num_experts is ERNIE's name, not a common one
 
 
 def test_fused_experts_are_planned_whatever_the_config_calls_them(source, monkeypatch):

@@ -1,0 +1,87 @@
+"""transformers' config attribute maps, copied without torch (checked on 5.17 by compat/transformers.problems()).
+
+A transformers config class may store a field under another name than the one other classes use, and reads both:
+its `attribute_map` sends the common name to the stored one (ERNIE 4.5 stores `num_experts_per_tok` as `moe_k`,
+DeepSeek-V3 `num_local_experts` as `n_routed_experts`, Nemotron-H `layer_types` as `layers_block_type`), and
+`PretrainedConfig.__setattr__` (so `from_pretrained` reading config.json) sets the stored attribute whichever name
+a file uses. The light readers (checkpoint/architecture.py: cost, the accounting, the checks on headers) answer
+from config.json without importing transformers (its config classes import torch: 40-110 s measured on a loaded
+2-core machine), so the maps of the fields they read are copied here as data: every `attribute_map` entry of
+transformers 5.17's CONFIG_MAPPING whose name or stored name is one of READ. `problems()` in
+compat/transformers.py compares them with the library's classes, so a change upstream fails tests/compat.
+"""
+
+from __future__ import annotations
+
+# the common names the light readers read (architecture.py): the routed experts per MoE layer, the experts each
+# token is routed to, the per-layer type list
+READ = ("num_local_experts", "num_experts", "num_experts_per_tok", "layer_types")
+
+# model_type -> {name: the attribute it is stored under}, for every entry touching READ (transformers 5.17)
+ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
+    "axk1": {"num_local_experts": "n_routed_experts"},
+    "axk2": {"num_local_experts": "n_routed_experts"},
+    "bamba": {"layer_types": "layers_block_type"},
+    "deepseek_ocr2_text": {"num_experts": "n_routed_experts"},
+    "deepseek_v2": {"num_experts": "n_routed_experts"},
+    "deepseek_v3": {"num_local_experts": "n_routed_experts"},
+    "deepseek_v32": {"num_local_experts": "n_routed_experts"},
+    "deepseek_v4": {"num_local_experts": "n_routed_experts"},
+    "dots1": {"num_local_experts": "n_routed_experts"},
+    "ernie4_5_moe": {"num_experts": "moe_num_experts", "num_experts_per_tok": "moe_k"},
+    "ernie4_5_vl_moe_text": {"num_experts": "moe_num_experts", "num_experts_per_tok": "moe_k"},
+    "falcon_h1": {"layer_types": "layers_block_type"},
+    "flex_olmo": {"num_local_experts": "num_experts"},
+    "glm4_moe": {"num_local_experts": "n_routed_experts"},
+    "glm4_moe_lite": {"num_local_experts": "n_routed_experts"},
+    "glm4v_moe_text": {"num_local_experts": "n_routed_experts"},
+    "glm5_next_text": {"num_local_experts": "n_routed_experts"},
+    "glm_moe_dsa": {"num_local_experts": "n_routed_experts"},
+    "gpt_oss": {"num_experts": "num_local_experts"},
+    "granitemoehybrid": {"layers_block_type": "layer_types"},
+    "hunyuan_v1_moe": {"num_experts_per_tok": "moe_topk", "num_local_experts": "num_experts"},
+    "hy_v3": {"num_local_experts": "num_experts"},
+    "hy_v4": {"num_local_experts": "n_routed_experts"},
+    "inkling_text": {"num_local_experts": "n_routed_experts"},
+    "jamba": {"num_local_experts": "num_experts"},
+    "kimi_linear": {"num_experts_per_tok": "num_experts_per_token", "num_local_experts": "num_experts"},
+    "longcat_flash": {"num_experts_per_tok": "moe_topk", "num_local_experts": "n_routed_experts"},
+    "mellum": {"num_experts": "num_local_experts"},
+    "mimo_v2_flash": {"num_local_experts": "n_routed_experts"},
+    "minimax": {"num_experts": "num_local_experts"},
+    "minimax_m2": {"num_experts": "num_local_experts"},
+    "minimax_m3_vl_text": {"num_experts": "num_local_experts"},
+    "mistral4": {"num_local_experts": "n_routed_experts"},
+    "mixtral": {"num_experts": "num_local_experts"},
+    "nemotron_h": {"layer_types": "layers_block_type", "num_local_experts": "n_routed_experts"},
+    "olmoe": {"num_local_experts": "num_experts"},
+    "openai_privacy_filter": {"num_experts": "num_local_experts"},
+    "qwen3_moe": {"num_experts": "num_local_experts"},
+    "qwen3_omni_moe_talker_text": {"num_experts": "num_local_experts"},
+    "qwen3_vl_moe_text": {"num_experts": "num_local_experts"},
+    "solar_open": {"num_local_experts": "n_routed_experts"},
+    "step3p5": {"moe_top_k": "num_experts_per_tok", "num_local_experts": "n_routed_experts"},
+    "zamba": {"layer_types": "layers_block_type"},
+    "zamba2": {"layer_types": "layers_block_type"},
+}
+
+
+def spellings(model_type: str | None, name: str) -> tuple[str, ...]:
+    """The config.json keys that set field `name` in family `model_type`'s config class, the one it is stored
+    under first: attribute_map[name] (else `name`), then `name`, then every other name the map sends to the same
+    attribute. A family the copy does not know reads `name` alone."""
+    amap = ATTRIBUTE_MAPS.get(model_type or "", {})
+    stored = amap.get(name, name)
+    return tuple(dict.fromkeys([stored, name, *(k for k, v in amap.items() if v == stored)]))
+
+
+def library_maps(model_types: list[str]) -> dict[str, dict[str, str]]:
+    """The same entries read from transformers' own config classes (imports transformers: for problems())."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    out = {}
+    for m in model_types:
+        kept = {k: v for k, v in CONFIG_MAPPING[m].attribute_map.items() if k in READ or v in READ}
+        if kept:
+            out[m] = kept
+    return out
