@@ -292,7 +292,9 @@ def test_scores_from_another_device_kind_or_dtype_are_another_entry(world, tiny_
     )
     assert cache.Runtime.on(s, "cuda:0") == on_cuda  # the index is not a kind
     paths = {cache.score_path(s, ckpt, r) for r in cache.runtimes(s)}
-    assert len(paths) == len(cache.runtimes(s)) == 10  # five kinds, with and without remote code
+    # five kinds, with and without remote code; and llama.cpp's (a GGUF's) where it is installed
+    engines = 1 if cache.llamacpp_version() is not None else 0
+    assert len(paths) == len(cache.runtimes(s)) == 10 + engines
     assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
     assert cache.lookup_scores(s, ckpt, on_cpu) is not None and cache.lookup_scores(s, ckpt, on_cuda) is None
     # a CPU entry copied to the accelerator's path is refused by what it says it ran on, not served
@@ -333,7 +335,8 @@ def test_the_report_reads_one_runtime_for_every_entry(world, tiny_model, tmp_pat
     _, suite, _, _ = world
     s = open_suite(suite)
     on_cuda = cache.Runtime.on(s, "cuda")
-    base, cands = SimpleNamespace(sha256="b" * 64), [SimpleNamespace(sha256=c * 64) for c in "cde"]
+    base = SimpleNamespace(sha256="b" * 64, path=tmp_path / "b")  # folders, not GGUFs: the report's one runtime
+    cands = [SimpleNamespace(sha256=c * 64, path=tmp_path / c) for c in "cde"]
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path))
     assert report_runtime(s, [base]) == cache.runtimes(s)[0] == cache.Runtime.on(s, "cpu")  # nothing: the first
     for e, run in [(base, on_cuda), *((c, cache.Runtime.on(s, "cpu")) for c in cands)]:
@@ -513,6 +516,29 @@ def test_agreement_entries_of_another_scorer_revision_are_not_served(world, monk
     monkeypatch.setattr(cache, "AGREEMENT_REVISION", cache.AGREEMENT_REVISION + 1)
     assert cache.lookup_agreement(s, base, cand, run) is None
     assert cache.baseline_topk_path(s, base, run) != topk and cache.sensitivity_key(s, base, {}) != sens
+
+
+def test_a_comparison_is_keyed_by_the_baselines_runtime_too(world):
+    """A GGUF baseline's top-k is llama.cpp's: a comparison measured against it under one llama-cpp-python (or its
+    threads and n_batch) is not served once the baseline's engine moved, nor read as a same-runtime comparison."""
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
+    from quantize.records import AgreementResult
+
+    s = open_suite(world[1])
+    run, base, cand = cache.Runtime("cpu", "float32"), "d" * 64, "e" * 64  # ids no other test stores
+    engine = cache.Runtime("cpu", "file", engine="llamacpp-1 llama-cpp-python 0.3.36 threads 2 n_batch 512")
+    moved = cache.Runtime("cpu", "file", engine="llamacpp-1 llama-cpp-python 0.3.37 threads 2 n_batch 512")
+    a = s.suite.agreement
+    figures = dict(positions=3, items=1, clusters=1, kl_mean=0.1, kl_se=0.0, kl_p99=0.1, top1=1.0, top1_se=0.0)
+    ids = dict(baseline_identity=base, candidate_identity=cand)
+    setting = dict(top_k=a.top_k, per_task=a.per_task, tasks=s.agreement_tasks)
+    result = AgreementResult(**figures, sum_min=0.9, sum_min_se=0.0, note="", **ids, **setting)
+    cache.store_agreement(s, result, run, engine)
+    assert cache.lookup_agreement(s, base, cand, run, engine) == result
+    assert cache.lookup_agreement(s, base, cand, run, moved) is None
+    assert cache.lookup_agreement(s, base, cand, run) is None  # a folder baseline under the candidate's runtime
+    assert cache.agreement_path(s, base, cand, run, run) == cache.agreement_path(s, base, cand, run)
 
 
 @pytest.mark.parametrize("design", ["fixed", "staged"])

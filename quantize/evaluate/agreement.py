@@ -585,17 +585,18 @@ def agreement_scores(  # noqa: PLR0913  # identities and a model a gate already 
     models = models or LastModel(trust_remote_code)
     base_id = base_id or identity_sha256(baseline)
     cand_id = cand_id or identity_sha256(candidate)
-    run = runtime(suite, models.trust_remote_code, candidate)  # a GGUF candidate's engine keys the comparison
-    if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
+    # both sides' runtimes key the comparison (a GGUF on either side: its llama.cpp engine)
+    runs = runtime(suite, models.trust_remote_code, candidate), runtime(suite, models.trust_remote_code, baseline)
+    if (found := cache.lookup_agreement(suite, base_id, cand_id, *runs)) is not None:
         progress.note("read from the cache")
         return found
-    with claimed(cache.agreement_path(suite, base_id, cand_id, run)):
-        if (found := cache.lookup_agreement(suite, base_id, cand_id, run)) is not None:
+    with claimed(cache.agreement_path(suite, base_id, cand_id, *runs)):
+        if (found := cache.lookup_agreement(suite, base_id, cand_id, *runs)) is not None:
             return found
         result = measure_agreement(suite, baseline, candidate, (base_id, cand_id), models, before_store)
         if before_store is not None:
             before_store()
-        cache.store_agreement(suite, result, run)
+        cache.store_agreement(suite, result, *runs)
         return result
 
 

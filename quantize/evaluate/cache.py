@@ -217,12 +217,27 @@ def baseline_topk_path(suite: OpenSuite, base_id: str, run: Runtime) -> Path:
     return cache_dir() / "agreement" / f"base-{base_id[:16]}-{_agreement_key(suite, run)}.npz"
 
 
-def agreement_path(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime) -> Path:
-    return cache_dir() / "agreement" / f"cmp-{base_id[:16]}-{cand_id[:16]}-{_agreement_key(suite, run)}.json"
+def _comparison_key(suite: OpenSuite, run: Runtime, baseline_run: Runtime | None) -> str:
+    """A comparison's key: the candidate's runtime, and the baseline's where it differs (a GGUF on one side,
+    scored in llama.cpp: its engine's version and settings computed the baseline's top-k the comparison used)."""
+    if baseline_run is None or baseline_run == run:
+        return _agreement_key(suite, run)
+    return sha256_json([_agreement_key(suite, run), "baseline runtime", *baseline_run.key()])[:16]
 
 
-def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime) -> AgreementResult | None:
-    p = agreement_path(suite, base_id, cand_id, run)
+def agreement_path(
+    suite: OpenSuite, base_id: str, cand_id: str, run: Runtime, baseline_run: Runtime | None = None
+) -> Path:
+    """The comparison of a candidate computed under `run` with a baseline computed under `baseline_run` (None:
+    the same runtime)."""
+    key = _comparison_key(suite, run, baseline_run)
+    return cache_dir() / "agreement" / f"cmp-{base_id[:16]}-{cand_id[:16]}-{key}.json"
+
+
+def lookup_agreement(
+    suite: OpenSuite, base_id: str, cand_id: str, run: Runtime, baseline_run: Runtime | None = None
+) -> AgreementResult | None:
+    p = agreement_path(suite, base_id, cand_id, run, baseline_run)
     fix = "delete it, and the next `quantize agree` (or `quantize gate`) measures it again"
     if (raw := checked_bytes(p, fix)) is None:
         return None
@@ -235,9 +250,12 @@ def lookup_agreement(suite: OpenSuite, base_id: str, cand_id: str, run: Runtime)
     return found
 
 
-def store_agreement(suite: OpenSuite, result: AgreementResult, run: Runtime, replace: bool = True) -> None:
+def store_agreement(
+    suite: OpenSuite, result: AgreementResult, run: Runtime, baseline_run: Runtime | None = None, replace: bool = True
+) -> None:
     """An agreement entry sealed (`seal_record`: `replace=False` only where none is there yet)."""
-    seal_record(agreement_path(suite, result.baseline_identity, result.candidate_identity, run), result, replace)
+    path = agreement_path(suite, result.baseline_identity, result.candidate_identity, run, baseline_run)
+    seal_record(path, result, replace)
 
 
 def sensitivity_key(suite: OpenSuite, model_id: str, measured: dict[str, Any]) -> str:

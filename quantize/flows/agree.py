@@ -41,7 +41,8 @@ def measurable(
         except UsageError as e:
             if len(found) == 1:
                 raise
-            if cache.lookup_agreement(suite, identity_sha256(baseline), identity_sha256(c), run(c)) is None:
+            ids = identity_sha256(baseline), identity_sha256(c)
+            if cache.lookup_agreement(suite, *ids, run(c), run(baseline)) is None:
                 skipped.append(f"{c}: not measured here: {e}")
                 continue
         candidates.append(c)

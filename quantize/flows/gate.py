@@ -348,7 +348,7 @@ def _gate(
             v = decide(policy, base, cand, agreement, across_engines)
         cand_file = scores_sha256(suite, cand_path, cand_id, run) if cached else None
         if computed:
-            store = functools.partial(_keep, suite, cand, agreement, run)
+            store = functools.partial(_keep, suite, cand, agreement, (run, base_run))
     v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
     scored = "computed" if cand_file is None else "cache"
     v.provenance.candidate_scores = scored if is_checkpoint(cand_path) else "file"
@@ -381,13 +381,18 @@ def samples_notes(policy: Policy, base_path: Path, cand_path: Path, v: Verdict) 
 
 
 def _keep(
-    suite: OpenSuite, cand: ScoreDoc, agreement: records.AgreementResult | None, run: cache.Runtime | None
+    suite: OpenSuite,
+    cand: ScoreDoc,
+    agreement: records.AgreementResult | None,
+    runs: tuple[cache.Runtime | None, cache.Runtime | None],
 ) -> None:
     """A candidate's scores and agreement computed in a gate, into the cache where it has no entry for them (an
-    entry there is never replaced: its sha256 may be pinned), for the report and later commands."""
+    entry there is never replaced: its sha256 may be pinned), for the report and later commands. `runs`: the
+    candidate's runtime and the baseline's (None for a side that is not a checkpoint)."""
     cache.store_scores(suite, cand, replace=False)
-    if agreement is not None and run is not None:
-        cache.store_agreement(suite, agreement, run, replace=False)
+    run, base_run = runs
+    if agreement is not None and run is not None and base_run is not None:
+        cache.store_agreement(suite, agreement, run, base_run, replace=False)
 
 
 def scores_sha256(suite: OpenSuite, target: Path, ckpt_id: str, run: cache.Runtime | None) -> str | None:

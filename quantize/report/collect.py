@@ -267,15 +267,20 @@ def collect(
     suite = open_suite(suite_path)
     run = report_runtime(suite, entries, base)
     for e in entries:
-        # a GGUF's numbers are llama.cpp's, on the CPU (evaluate/engine.py): read under its engine's runtime
-        own = cache.llamacpp_runtime(suite) if ggufs.find(e.path) is not None else run
-        e.scores = cache.lookup_scores(suite, e.sha256, own)
+        e.scores = cache.lookup_scores(suite, e.sha256, entry_runtime(suite, e, run))
         if base and not e.is_baseline:
-            e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, own)
+            own, base_own = entry_runtime(suite, e, run), entry_runtime(suite, base, run)
+            e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, own, base_own)
             if policy:
                 settle_verdict(e, base, policy, suite, needs_agr)
         e.decode = decode_bounds(e, base, hardware, batch, context)
     return entries
+
+
+def entry_runtime(suite: Any, e: Entry, run: cache.Runtime) -> cache.Runtime:
+    """The runtime an entry's numbers are read under: a GGUF's are llama.cpp's, on the CPU (evaluate/engine.py),
+    every other checkpoint's the report's one runtime."""
+    return cache.llamacpp_runtime(suite) if ggufs.find(e.path) is not None else run
 
 
 def report_runtime(suite: Any, entries: list[Entry], base: Entry | None = None) -> cache.Runtime:
@@ -289,7 +294,11 @@ def report_runtime(suite: Any, entries: list[Entry], base: Entry | None = None) 
 
     def found(r: cache.Runtime) -> tuple[int, int]:
         scored = sum(cache.score_file_sha256(suite, e.sha256, r) is not None for e in anchors)
-        agreed = sum(cache.agreement_path(suite, base.sha256, e.sha256, r).is_file() for e in others if base)
+        agreed = sum(
+            cache.agreement_path(suite, base.sha256, e.sha256, r, entry_runtime(suite, base, r)).is_file()
+            for e in others
+            if base
+        )
         return scored, agreed
 
     return max(cache.runtimes(suite), key=found)
