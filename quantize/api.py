@@ -246,10 +246,16 @@ def scored(
     """`score`, with where the scores came from: `Scored(doc, cached)`, `cached` True when they were read from
     the score cache (what `quantize eval` prints under its table). Weights identified by Hub blob names are read
     back beside the scoring (checkpoint/files.BlobCheck): a name that lies raises UsageError naming the blob, and
-    nothing scored under it is stored or returned."""
-    _gguf_ready(checkpoint)
+    nothing scored under it is stored or returned. An lm-eval output folder written with `--log_samples` (any
+    engine's run of the suite's exported tasks: `quantize golden export`) is read, not scored: its items checked
+    against the suite as a gate checks them (evaluate/samples.py), nothing cached, `cached` False."""
+    from quantize.evaluate.samples import looks_like_samples, read_samples
+    from quantize.evaluate.score import Scored
     from quantize.evaluate.suite import open_suite
 
+    if looks_like_samples(checkpoint):
+        return Scored(read_samples(open_suite(suite), checkpoint), cached=False)
+    _gguf_ready(checkpoint)
     opened = open_suite(suite)
     from quantize.checkpoint.files import BlobCheck
     from quantize.evaluate.score import score as run_score

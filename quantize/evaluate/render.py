@@ -12,6 +12,8 @@ from quantize.tables import text_table as table
 def score_text(doc: ScoreDoc, cached: bool) -> str:
     p = doc.provenance
     took = "cached" if cached else f"{doc.wall_seconds:.0f} s"
+    if p.samples:  # read from an lm-eval run's samples (evaluate/samples.py): its engine computed them
+        took = f"read from {p.engine}, {doc.wall_seconds:.0f} s in lm-eval"
     rows = []
     for task, d in doc.tasks.items():
         h = kind_of(d).headline(d)

@@ -150,6 +150,28 @@ def test_the_python_api_takes_a_samples_folder(world, tiny_model):
         quantize.gate(world["policy"], tiny_model, world["good"], card=True)
 
 
+def test_eval_reads_a_samples_folder_as_scores_and_caches_nothing(world, capsys, monkeypatch, tmp_path):
+    """`quantize eval SUITE SAMPLES` prints what the engine computed, checked as a gate checks it (a damaged run is
+    exit 2 naming it), without scoring or caching anything; the API's `scored` says it was not the cache."""
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    assert main(["eval", str(world["suite"]), str(world["good"]), "--json", "--items", "--quiet"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    doc = read_samples(open_suite(world["suite"]), world["good"])
+    assert (
+        printed["key"] == doc.key
+        and printed["tasks"]["core_facts"]["items"] == json.loads(to_json(doc))["tasks"]["core_facts"]["items"]
+    )
+    assert main(["eval", str(world["suite"]), str(world["good"]), "--quiet"]) == 0
+    assert "read from lm-eval samples (hf)" in capsys.readouterr().out
+    found = quantize.scored(world["suite"], world["good"])
+    assert found.cached is False and found.doc.provenance.engine == "lm-eval samples (hf)"
+    assert not (tmp_path / "cache").exists()
+    broken = shutil.copytree(run_folder(world["good"]), tmp_path / "broken")
+    edit(broken, "core_facts", lambda smp: None if smp["doc_id"] == 0 else smp)
+    assert main(["eval", str(world["suite"]), str(broken), "--quiet"]) == 2
+    assert "core_facts" in capsys.readouterr().err
+
+
 def test_a_sequential_policy_decides_on_the_full_items_and_says_so(world, tiny_model, tmp_path, capsys):
     policy = tmp_path / "seq.yaml"
     policy.write_text(f"suite: {world['suite']}\nsequential: {{looks: [0.5, 1.0]}}\n{RULES}")
