@@ -79,10 +79,23 @@ def problems() -> list[str]:
     return found + _conversion_problems() + config_name_problems(sorted(config_names.ATTRIBUTE_MAPS))
 
 
+def library_maps(model_types: list[str]) -> dict[str, dict[str, str]]:
+    """The entries compat/transformers_config_names.py copies (those touching its READ names), read from each
+    family's config class in transformers' CONFIG_MAPPING."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    out = {}
+    for m in model_types:
+        amap = CONFIG_MAPPING[m].attribute_map
+        if kept := {k: v for k, v in amap.items() if k in config_names.READ or v in config_names.READ}:
+            out[m] = kept
+    return out
+
+
 def config_name_problems(model_types: list[str]) -> list[str]:
     """Where the copied attribute maps (compat/transformers_config_names.py) differ from the library's config
     classes, for `model_types`: an entry touching its READ names that one side has and the other lacks."""
-    library, copied = config_names.library_maps(model_types), config_names.ATTRIBUTE_MAPS
+    library, copied = library_maps(model_types), config_names.ATTRIBUTE_MAPS
     return [
         f"{m}'s config class maps {library.get(m, {})} of the names read, the copy {copied.get(m, {})}"
         for m in model_types

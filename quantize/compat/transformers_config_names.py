@@ -7,8 +7,8 @@ DeepSeek-V3 `num_local_experts` as `n_routed_experts`, Nemotron-H `layer_types` 
 a file uses. The light readers (checkpoint/architecture.py: cost, the accounting, the checks on headers) answer
 from config.json without importing transformers (its config classes import torch: 40-110 s measured on a loaded
 2-core machine), so the maps of the fields they read are copied here as data: every `attribute_map` entry of
-transformers 5.17's CONFIG_MAPPING whose name or stored name is one of READ. `problems()` in
-compat/transformers.py compares them with the library's classes, so a change upstream fails tests/compat.
+transformers 5.17's CONFIG_MAPPING whose name or stored name is one of READ. `problems()` in compat/transformers.py
+compares them with the library's classes (`library_maps` there), so a change upstream fails tests/compat.
 """
 
 from __future__ import annotations
@@ -73,15 +73,3 @@ def spellings(model_type: str | None, name: str) -> tuple[str, ...]:
     amap = ATTRIBUTE_MAPS.get(model_type or "", {})
     stored = amap.get(name, name)
     return tuple(dict.fromkeys([stored, name, *(k for k, v in amap.items() if v == stored)]))
-
-
-def library_maps(model_types: list[str]) -> dict[str, dict[str, str]]:
-    """The same entries read from transformers' own config classes (imports transformers: for problems())."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    out = {}
-    for m in model_types:
-        kept = {k: v for k, v in CONFIG_MAPPING[m].attribute_map.items() if k in READ or v in READ}
-        if kept:
-            out[m] = kept
-    return out

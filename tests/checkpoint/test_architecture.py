@@ -77,8 +77,8 @@ def test_kv_layouts():
         ({"num_local_experts": 8}, [0, 1, 2, 3, 4, 5]),  # Mixtral, gpt-oss: every layer
         ({"num_experts": 8, "mlp_only_layers": [0, 3], "decoder_sparse_step": 1}, [1, 2, 4, 5]),  # Qwen
         ({"num_experts": 8, "mlp_only_layers": [], "decoder_sparse_step": 2}, [1, 3, 5]),
-        ({"n_routed_experts": 8, "first_k_dense_replace": 3}, [3, 4, 5]),  # DeepSeek V3
-        ({"n_routed_experts": 8, "first_k_dense_replace": 1, "moe_layer_freq": 2}, [2, 4]),  # DeepSeek V2
+        ({"model_type": "deepseek_v3", "n_routed_experts": 8, "first_k_dense_replace": 3}, [3, 4, 5]),
+        ({"model_type": "deepseek_v2", "n_routed_experts": 8, "first_k_dense_replace": 1, "moe_layer_freq": 2}, [2, 4]),
         ({"num_local_experts": 8, "moe_layers": [1, 3, 5]}, [1, 3, 5]),  # Llama 4
         ({"num_local_experts": 8, "interleave_moe_layer_step": 2}, [1, 3, 5]),
     ],
@@ -92,7 +92,9 @@ def test_dense_and_bad_moe_configs():
     assert arch.moe_spec(GQA) is None
     assert arch.moe_spec({**GQA, "num_local_experts": 1, "num_experts_per_tok": 1}) is None
     assert (
-        arch.moe_spec({**GQA, "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1}).shared_experts
+        arch.moe_spec(
+            {**GQA, "model_type": "deepseek_v3", "n_routed_experts": 8, "num_experts_per_tok": 2, "n_shared_experts": 1}
+        ).shared_experts
         == 1
     )
     for bad in ({"num_experts": 8}, {"num_experts": 8, "num_experts_per_tok": 9}):
