@@ -188,13 +188,22 @@ def weights_sha256(checkpoint: str | Path) -> str | None:
     f = find(checkpoint)
     if f is None:
         return None
-    try:
-        st = f.stat()
-    except OSError:
-        st = None  # the read below says what is wrong with it
-    if st is None or not stat.S_ISREG(st.st_mode):
+    if (key := _stat_key(f)) is None:
         return _line(f.name, str(f))  # not kept: the read refuses whatever it is
-    return _kept(f.name, str(f.resolve()), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return _kept(f.name, str(f.resolve()), key)
+
+
+def _stat_key(path: Path) -> tuple[int, ...] | None:
+    """What a memo of a file's contents is kept under: its device, inode, size, mtime and ctime (a file replaced or
+    written in place moves its ctime, whatever else is put back); None for anything but a regular file, or one that
+    cannot be stat'ed (never kept: the read that follows says what is wrong with it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @functools.lru_cache(maxsize=64)
@@ -256,13 +265,8 @@ def read_header(path: Path) -> GGUFHeader:
     scoring run reads the header several times (the engine's choice, the token check, the provenance), and walking
     a vocabulary's strings is a few tenths of a second each time. A refusal is never kept; a file replaced or
     written in place is read again."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        st = None  # the read below says what is wrong with it
-    if st is None or not stat.S_ISREG(st.st_mode):
+    if (key := _stat_key(Path(path))) is None:
         return _read_header(Path(path))  # not kept: the read refuses whatever it is
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     return _kept_header(Path(path), key)
 
 
