@@ -266,11 +266,12 @@ def collect(
     needs_agr = policy is not None and any(isinstance(r, AgreementRule) for r in policy.rules)
     suite = open_suite(suite_path)
     run = report_runtime(suite, entries, base)
+    base_run = entry_runtime(suite, base, run) if base else None
     for e in entries:
-        e.scores = cache.lookup_scores(suite, e.sha256, entry_runtime(suite, e, run))
+        own = entry_runtime(suite, e, run)
+        e.scores = cache.lookup_scores(suite, e.sha256, own)
         if base and not e.is_baseline:
-            own, base_own = entry_runtime(suite, e, run), entry_runtime(suite, base, run)
-            e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, own, base_own)
+            e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, own, base_run)
             if policy:
                 settle_verdict(e, base, policy, suite, needs_agr)
         e.decode = decode_bounds(e, base, hardware, batch, context)
@@ -294,12 +295,10 @@ def report_runtime(suite: Any, entries: list[Entry], base: Entry | None = None) 
 
     def found(r: cache.Runtime) -> tuple[int, int]:
         scored = sum(cache.score_file_sha256(suite, e.sha256, r) is not None for e in anchors)
-        agreed = sum(
-            cache.agreement_path(suite, base.sha256, e.sha256, r, entry_runtime(suite, base, r)).is_file()
-            for e in others
-            if base
-        )
-        return scored, agreed
+        if base is None:
+            return scored, 0
+        base_run = entry_runtime(suite, base, r)
+        return scored, sum(cache.agreement_path(suite, base.sha256, e.sha256, r, base_run).is_file() for e in others)
 
     return max(cache.runtimes(suite), key=found)
 
