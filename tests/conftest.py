@@ -177,6 +177,17 @@ def smollm2() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def default_folder() -> Path:
+    """The prepared default model's folder (its weights and lm-eval's tokenizer); skipped before `make model`."""
+    from quantize.checkpoint.loader import default_model_dir
+
+    folder = default_model_dir()
+    if not all((folder / f).is_file() for f in ("model.safetensors", "tokenizer.json")):
+        pytest.skip("the default model is not prepared: `make model`")
+    return folder
+
+
 @pytest.fixture
 def isolated_cache(tmp_path, monkeypatch) -> Path:
     """A cache of this test's own (QUANTIZE_CACHE): nothing scored by another test is served to it."""

@@ -31,16 +31,6 @@ def llama_gguf(smollm2) -> Path:
     return smollm2
 
 
-@pytest.fixture(scope="module")
-def default_folder() -> Path:
-    from quantize.checkpoint.loader import default_model_dir
-
-    folder = default_model_dir()
-    if not (folder / "model.safetensors").is_file():
-        pytest.skip("the default model is not prepared: `make model`")
-    return folder
-
-
 def tiny_gguf(path: Path) -> Path:
     """A GGUF whose header reads (one F32 tensor): enough for the checks made before llama.cpp loads anything."""
     w = GGUFWriter(str(path), "llama")

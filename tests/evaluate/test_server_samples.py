@@ -47,16 +47,6 @@ def bench(smollm2) -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def tokenizer_folder() -> Path:
-    from quantize.checkpoint.loader import default_model_dir
-
-    folder = default_model_dir()
-    if not (folder / "tokenizer.json").is_file():
-        pytest.skip("the default model is not prepared (lm-eval's tokenizer): `make model`")
-    return folder
-
-
 def test_the_stock_server_cannot_serve_lm_evals_loglikelihood(bench, smollm2, tmp_path):
     """llama_cpp.server 0.3.36 refuses lm-eval's token-id prompts, and its echoed token_logprobs are not
     log p(t_i | t_<i): `Llama._create_completion` zips token i with the logits at position i, which predict token
@@ -69,7 +59,7 @@ def test_the_stock_server_cannot_serve_lm_evals_loglikelihood(bench, smollm2, tm
 
 
 @pytest.mark.slow  # 4 min beside other work on the 2-core machine: lm-eval's startup, 96 requests, two gates
-def test_lm_eval_samples_from_the_server_gate_against_llamacpp(bench, smollm2, tokenizer_folder, tmp_path, capsys):
+def test_lm_eval_samples_from_the_server_gate_against_llamacpp(bench, smollm2, default_folder, tmp_path, capsys):
     """The patched server (its echo lines only) under lm-eval's local-completions on the exported smoke tasks:
     the samples pass the gate's checks (every item, prompt hashes, seeds), every item's log-likelihoods are our
     llama.cpp scorer's up to where llama.cpp's decode chunks fall (no answer flips; document perplexity equal), and
@@ -81,7 +71,7 @@ def test_lm_eval_samples_from_the_server_gate_against_llamacpp(bench, smollm2, t
     results = tmp_path / "results"
     with bench.server(smollm2, True, tmp_path / "server.log") as url:
         assert bench.echo_probe(url, smollm2)["aligned"]
-        bench.lm_eval(url, tasks_dir, tasks, results, tokenizer_folder, seed=0)
+        bench.lm_eval(url, tasks_dir, tasks, results, default_folder, seed=0)
 
     compared = bench.compare(bench.scores(SUITE, smollm2), bench.samples_scores(SUITE, results))
     for task, c in compared.items():
