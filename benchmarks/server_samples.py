@@ -47,7 +47,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quantize.records import ScoreDoc
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = "evaluate/smoke.yaml"
@@ -204,15 +207,18 @@ def quantize(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def gate(policy: Path, baseline: Path, candidate: Path) -> dict[str, Any]:
-    """`quantize gate --json`: exit code, verdict, each rule's status and figures, wall seconds."""
+    """`quantize gate --json`: exit code, the verdict read as its typed record (None when the gate wrote none), the
+    error where it failed, wall seconds."""
+    from quantize import records
+    from quantize.records import Verdict
+
     t = time.monotonic()
     done = quantize("gate", "-q", "--json", str(policy), "--baseline", str(baseline), "--candidate", str(candidate))
-    wall = time.monotonic() - t
-    try:
-        record = json.loads(done.stdout)
-    except ValueError:
-        return {"exit": done.returncode, "error": done.stderr[-2000:], "wall_s": round(wall, 1)}
-    return {"exit": done.returncode, "record": record, "wall_s": round(wall, 1)}
+    wall = round(time.monotonic() - t, 1)
+    if done.returncode > 1:
+        return {"exit": done.returncode, "verdict": None, "error": done.stderr[-2000:], "wall_s": wall}
+    verdict = records.loads(Verdict, done.stdout.encode(), Path("quantize gate --json"))
+    return {"exit": done.returncode, "verdict": verdict, "wall_s": wall}
 
 
 def write_policy(path: Path, suite: str = SUITE) -> Path:
@@ -230,52 +236,53 @@ def write_policy(path: Path, suite: str = SUITE) -> Path:
     return path
 
 
-def compare(baseline: dict[str, Any], candidate: dict[str, Any]) -> dict[str, Any]:
+def compare(baseline: ScoreDoc, candidate: ScoreDoc) -> dict[str, Any]:
     """Per task: items whose score differs, and the largest |Δ log-likelihood| of an item (every choice)."""
     out = {}
-    for task, t in baseline["tasks"].items():
-        b = {i["id"]: i for i in t["items"]}
-        c = {i["id"]: i for i in candidate["tasks"][task]["items"]}
-        flips = (
-            []
-            if t["output_type"] == "loglikelihood_rolling"
-            else sorted(i for i in b if b[i]["score"] != c[i]["score"])
-        )
-        lls = [
-            abs(x - y)
-            for i in b
-            for x, y in zip(b[i].get("lls") or [b[i]["ll"]], c[i].get("lls") or [c[i]["ll"]], strict=True)
-        ]
+    for task, t in baseline.tasks.items():
+        b = {i.id: i for i in t.items}
+        c = {i.id: i for i in candidate.tasks[task].items}
+        flips = [] if t.output_type == "loglikelihood_rolling" else sorted(i for i in b if b[i].score != c[i].score)
+        lls = [abs(x - y) for i in b for x, y in zip(_lls(b[i]), _lls(c[i]), strict=True)]
         out[task] = {"items": len(b), "score_flips": flips, "max_abs_dll": max(lls)}
     return out
 
 
-def scores(suite: str, checkpoint: Path) -> dict[str, Any]:
+def _lls(item: Any) -> list[float]:
+    """An item's log-likelihoods: every choice's, or its one continuation's or document's."""
+    return getattr(item, "lls", None) or [item.ll]
+
+
+def scores(suite: str, checkpoint: Path) -> ScoreDoc:
+    """`quantize eval --json --items`, read as its typed record."""
+    from quantize import records
+    from quantize.records import ScoreDoc
+
     done = quantize("eval", "-q", "--json", "--items", suite, str(checkpoint))
     if done.returncode:
         raise RuntimeError(f"quantize eval {checkpoint} failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout)
+    return records.loads(ScoreDoc, done.stdout.encode(), Path("quantize eval --json --items"))
 
 
-def samples_scores(suite: str, results: Path) -> dict[str, Any]:
+def samples_scores(suite: str, results: Path) -> ScoreDoc:
     from quantize.evaluate.samples import read_samples
     from quantize.evaluate.suite import open_suite
 
-    return json.loads(read_samples(open_suite(ROOT / suite), results).model_dump_json())
+    return read_samples(open_suite(ROOT / suite), results)
 
 
 def summary(g: dict[str, Any]) -> dict[str, Any]:
-    """The verdict and each rule's status from a gate's record."""
-    if "record" not in g:
+    """The verdict and each rule's status and figures, from a gate's typed record."""
+    v = g["verdict"]
+    if v is None:
         return {"exit": g["exit"], "error": g.get("error")}
-    r = g["record"]
     keep = ("baseline", "candidate", "baseline_perplexity", "candidate_perplexity", "delta", "ratio", "lower_bound",
             "upper_bound", "flips_right_to_wrong", "flips_wrong_to_right", "examples_right_to_wrong")  # fmt: skip
-    rules = [
-        {"rule": x["rule"], "verdict": x["verdict"], **{k: v for k, v in x["evidence"].items() if k in keep}}
-        for x in r.get("rules", [])
-    ]
-    return {"exit": g["exit"], "verdict": r.get("verdict"), "rules": rules, "wall_s": g["wall_s"]}
+    rules = []
+    for r in v.rules:
+        evidence = e.model_dump() if (e := getattr(r, "evidence", None)) is not None else {}  # untested: none
+        rules.append({"rule": r.rule, "verdict": r.verdict, **{k: x for k, x in evidence.items() if k in keep}})
+    return {"exit": g["exit"], "verdict": v.verdict, "rules": rules, "wall_s": g["wall_s"]}
 
 
 def run(work: Path, fixed: bool, gguf: Path, folder: Path, tasks_dir: Path, suite: str) -> dict:
