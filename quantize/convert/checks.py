@@ -217,14 +217,36 @@ def _finite_in_chunks(st: Any, name: str, file: str) -> None:
 QUANT_PARAMS = ("weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_global_scale", "weight_shape")
 
 
+def kv_cache_params(out: Path, model: Any) -> set[str]:
+    """The KV cache's quantization parameters the output stores where its config.json has a `kv_cache_scheme`
+    (none otherwise): `k_scale` and `v_scale` (and `k_zero_point`, `v_zero_point` for an asymmetric scheme) on
+    every module of `model` that compressed-tensors hooks its quantized cache on (its own
+    `is_cached_attention_module`, as `apply_quantization_config` decides)."""
+    qc = read_config(out).get("quantization_config")
+    kv = qc.get("kv_cache_scheme") if isinstance(qc, dict) else None
+    if not isinstance(kv, dict):
+        return set()
+    from compressed_tensors.quantization import is_cached_attention_module
+
+    params = ("k_scale", "v_scale") + (() if kv.get("symmetric", True) else ("k_zero_point", "v_zero_point"))
+    return {f"{name}.{p}" for name, m in model.named_modules() if is_cached_attention_module(m) for p in params}
+
+
 def structure_check(out: Path, source: Path, quantized: set[str], trust_remote_code: bool) -> None:
     """The output's headers against the source model's structure built on the meta device (no memory): every
     parameter is stored, with its shape, except that a quantized Linear (`quantized`: the layer plan's names)
-    stores a weight or packed weight and a scale; nothing else is stored. A mismatch is our bug: RuntimeFailure."""
+    stores a weight or packed weight and a scale, and a quantized KV cache stores its parameters on each attention
+    module (kv_cache_params); nothing else is stored. A mismatch is our bug: RuntimeFailure."""
     stored, _ = all_tensors(safetensors_files(out))
-    expected = dict(meta_model(source, trust_remote_code).named_parameters())  # a tied parameter once
+    model = meta_model(source, trust_remote_code)
+    expected = dict(model.named_parameters())  # a tied parameter once
     problems = []
     seen = set()
+    for name in sorted(kv_cache_params(out, model)):
+        if name in stored:
+            seen.add(name)
+        else:
+            problems.append(f"{name} (the KV cache's quantization parameter) is missing")
     for name, p in expected.items():
         module, _, param = name.rpartition(".")
         if module in quantized and param == "weight":

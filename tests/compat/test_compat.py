@@ -120,6 +120,43 @@ def test_a_model_free_profiler_that_no_longer_raises_is_found(monkeypatch):
     assert any("TensorProfiler(catch_exception)" in p for p in compat.problems())
 
 
+def test_fx_wraps_dropped_removes_what_the_block_registered_and_keeps_the_rest():
+    import torch.fx
+    import torch.fx._symbolic_trace as symbolic_trace
+
+    from quantize.compat.llmcompressor import fx_wraps_dropped
+
+    table = symbolic_trace._wrapped_fns_to_patch
+    before = dict(table)
+    namespace: dict = {"torch": torch}
+    with fx_wraps_dropped():
+        exec("torch.fx.wrap('len')", namespace)  # as llm-compressor's rewritten forwards register their wraps
+        assert (id(namespace), "len") in table
+    assert (id(namespace), "len") not in table
+    assert table == before
+
+
+def test_a_wrap_table_of_another_shape_is_found_and_left_alone(monkeypatch):
+    import torch.fx._symbolic_trace as symbolic_trace
+
+    from quantize.compat import llmcompressor as compat
+
+    monkeypatch.setattr(symbolic_trace, "_wrapped_fns_to_patch", [("len", {})])
+    assert any("_wrapped_fns_to_patch is no longer a dict" in p for p in compat.problems())
+    with pytest.warns(UserWarning, match="wrap table is left as it is"), compat.fx_wraps_dropped():
+        pass
+    assert symbolic_trace._wrapped_fns_to_patch == [("len", {})]
+
+
+def test_a_torch_outside_the_checked_range_is_found(monkeypatch):
+    import torch
+
+    from quantize.compat import llmcompressor as compat
+
+    monkeypatch.setattr(torch, "__version__", "2.20.0")
+    assert any("torch 2.20.0 is outside the checked range" in p for p in compat.problems())
+
+
 def test_transformers_assumptions_hold_on_the_pinned_version():
     """Fails loudly when an upgrade changes how from_pretrained loads a state dict (the source check's dry load):
     read quantize/compat/transformers.py, check it against the new version, then widen CHECKED."""

@@ -15,7 +15,7 @@ from quantize.checkpoint.loader import meta_model
 from quantize.cli import main
 from quantize.convert.plan import divisor_group, plan_layers
 from quantize.convert.recipe import parse_recipe
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 from quantize.records import RunRecord
 
 CAL = {"source": "builtin:jargon", "samples": 4, "seq_len": 32, "seed": 0}
@@ -186,6 +186,61 @@ def test_targets_matching_nothing(tiny_model):
 
 
 # --- atomic output ------------------------------------------------------------------------------
+
+
+def test_a_calibrated_run_lets_the_model_go_before_the_reload_check(tmp_path, tiny_model, capsys, monkeypatch):
+    """llm-compressor's sequential pipeline registers namespaces holding the model in torch.fx's wrap table
+    (quantize/compat/llmcompressor.py): unless they are dropped, the quantized model and the source's mapped pages
+    stay resident while the reload check loads a second copy, and the memory plan's phases do not hold."""
+    import gc
+    import weakref
+
+    import torch.fx._symbolic_trace as symbolic_trace
+
+    from quantize.convert import engine
+    from quantize.convert.backends.llmcompressor import LLMCompressorBackend
+
+    table = symbolic_trace._wrapped_fns_to_patch  # torch.fx's wrap table (quantize/compat/llmcompressor.py)
+    table_before = set(table)
+    refs, alive = [], []
+    own_quantize, own_reload = LLMCompressorBackend.quantize, engine.reload_check
+
+    def quantize(self, job):
+        refs.append(weakref.ref(job.model))
+        return own_quantize(self, job)
+
+    def reload_check(*args, **kwargs):
+        gc.collect()
+        alive.append(refs[0]() is not None)
+        return own_reload(*args, **kwargs)
+
+    monkeypatch.setattr(LLMCompressorBackend, "quantize", quantize)
+    monkeypatch.setattr(engine, "reload_check", reload_check)
+    fields = {**METHODS["fp8-dyn"], "kv_cache": {"scheme": "FP8"}, "calibration": CAL}
+    run_ok(write_recipe(tmp_path, tiny_model, "kv", **fields), capsys)
+    assert alive == [False]
+    assert set(table) == table_before
+
+
+def test_the_streamed_structure_check_expects_the_kv_cache_scales(tmp_path, tiny_model, capsys):
+    """An FP8 KV cache stores k_scale and v_scale on every attention module: the check of an output too large to
+    reload accepts them, and names one that is missing."""
+    from safetensors.torch import load_file, save_file
+
+    from quantize.convert.checks import structure_check
+
+    fields = {**METHODS["fp8-dyn"], "kv_cache": {"scheme": "FP8"}, "calibration": CAL}
+    run_ok(write_recipe(tmp_path, tiny_model, "kvs", **fields), capsys)
+    out = tmp_path / "out" / "kvs"
+    quantized = {n for names in plan(tiny_model).groups.values() for n in names}  # the same targets as FP8
+    structure_check(out, tiny_model, quantized, False)
+    shard = out / "model.safetensors"
+    tensors = load_file(shard)
+    assert "model.layers.0.self_attn.k_scale" in tensors
+    del tensors["model.layers.0.self_attn.k_scale"]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(RuntimeFailure, match=r"model.layers.0.self_attn.k_scale \(the KV cache's quantization"):
+        structure_check(out, tiny_model, quantized, False)
 
 
 def test_failed_run_leaves_nothing(tmp_path, tiny_model, capsys, monkeypatch):
