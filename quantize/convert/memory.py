@@ -8,7 +8,8 @@ its peak on each path, from the safetensors headers and config.json alone, again
                 (compressed-tensors' disk offload, loaded with device_map="auto_offload"), and the sequential
                 pipeline brings one decoder layer at a time into memory to calibrate it (engine._convert with
                 `offload`): a decoder layer, its working copies and Hessians, the calibration activations, the
-                largest tensor outside the layers, plus the libraries
+                largest tensor outside the layers, plus the libraries; then its save, a phase of its own
+                (offloaded_save_terms): save_pretrained holds the compressed output while it writes it
     streamed    data-free schemes its backend `streams` only (llm-compressor's `model_free_ptq`), one safetensors
                 shard at a time (engine._convert_streamed): per worker a shard, its output, float32 working copies
                 of its largest tensor (and, for the FP4 formats, fused partners read from other shards), plus the
@@ -236,10 +237,25 @@ def offloaded_terms(ckpt: Checkpoint, recipe: Recipe) -> dict[str, int]:
     }
 
 
+def offloaded_save_terms(ckpt: Checkpoint, out_bytes: int) -> dict[str, int]:
+    """The offloaded path's save, after calibration has let its layer and activations go: save_pretrained gathers
+    the compressed state dict, onloading one decoder layer at a time to compress it, and holds what it gathered
+    while the shards are written (measured: FP8 dynamic + FP8 KV of the 1.3 GiB Llama of
+    benchmarks/memory_budget.py rose from 685 to 1,404 MiB RSS while saving, its output 810 MiB by output_bytes);
+    plus the libraries."""
+    return {
+        "save: the compressed output gathered while it is written": out_bytes,
+        "save: a decoder layer onloaded to compress": ckpt.largest_layer_bytes,
+        "libraries": RUNTIME_BYTES,
+    }
+
+
 @dataclass
 class MemoryPlan:
-    """A path and what each of its phases holds at its peak: the conversion (`terms`), then the check of its output
-    (`check_terms`: the full reload where it fits, else the streamed checks). The run's need is the larger phase."""
+    """A path and what each of its phases holds at its peak: the conversion (`terms`), its save where that holds
+    more than the conversion's own terms cover (`save_terms`: the offloaded path's), then the check of its output
+    (`check_terms`: the full reload where it fits, else the streamed checks). The run's need is the largest
+    phase."""
 
     path: str  # "in-memory", "offloaded" or "streamed"
     available: Available
@@ -253,17 +269,19 @@ class MemoryPlan:
     full_reload: bool  # whether the output's reload with logits fits too (else only the streamed checks)
     alternatives: dict[str, int] = field(default_factory=dict)  # the other path's need, when it was weighed
     check_terms: dict[str, int] = field(default_factory=dict)  # what the output's check holds at its peak
+    save_terms: dict[str, int] = field(default_factory=dict)  # what the save holds, where it is a phase of its own
 
     @property
     def phases(self) -> dict[str, int]:
-        """Each phase's need: the conversion, and the check planned after it."""
+        """Each phase's need: the conversion, its save where planned apart, and the check planned after them."""
         check = "full reload check" if self.full_reload else "streamed checks"
-        return {"conversion": sum(self.terms.values()), check: sum(self.check_terms.values())}
+        save = {"save": sum(self.save_terms.values())} if self.save_terms else {}
+        return {"conversion": sum(self.terms.values()), **save, check: sum(self.check_terms.values())}
 
     @property
     def peak_terms(self) -> dict[str, int]:
-        """The terms of the phase that holds the most (the conversion's on a tie)."""
-        return self.terms if sum(self.terms.values()) >= sum(self.check_terms.values()) else self.check_terms
+        """The terms of the phase that holds the most (the earlier phase's on a tie)."""
+        return max((self.terms, self.save_terms, self.check_terms), key=lambda t: sum(t.values()))
 
     @property
     def need_bytes(self) -> int:
@@ -426,7 +444,10 @@ def plan(
         recipe.offload is Offload.on or (recipe.offload is Offload.auto and not in_memory.fits)
     ):
         terms = offloaded_terms(ckpt, recipe)
-        chosen = MemoryPlan("offloaded", terms=terms, alternatives={"in-memory": in_memory.need_bytes}, **common)
+        save = offloaded_save_terms(ckpt, out_bytes)
+        chosen = MemoryPlan(
+            "offloaded", terms=terms, save_terms=save, alternatives={"in-memory": in_memory.need_bytes}, **common
+        )
     if not chosen.fits:
         raise UsageError(refusal(recipe, chosen, why_not))
     if not full_reload and ckpt.experts is not None:
@@ -502,7 +523,12 @@ def refusal(recipe: Recipe, p: MemoryPlan, why_not: str | None) -> str:
         fixes.append("re-shard the checkpoint into smaller files (transformers' save_pretrained max_shard_size)")
     if p.activation_bytes and largest == "calibration activations":
         fixes.append("fewer calibration samples or a shorter seq_len")
-    if p.path == "offloaded":
+    if p.path == "offloaded" and largest in p.save_terms:
+        fixes.append(
+            "a scheme with a smaller output: the offloaded path calibrates one decoder layer at a time, but its save "
+            "(transformers' save_pretrained) gathers the whole compressed output before writing it"
+        )
+    elif p.path == "offloaded":
         fixes.append("nothing smaller: the offloaded path already holds one decoder layer of the model at a time")
     fixes.append(f"--max-memory (or the recipe's max_memory) if {p.available.source} understates what this run may use")
     fixes.append("a machine with more memory")
