@@ -1,9 +1,15 @@
-"""A memory budget is a bound: FP8 dynamic of a ~1.4 GB random-weight source through `quantize run` under several
-budgets (`--max-memory`), on the streamed path (`streaming: on`) and the in-memory one (`streaming: off`), each
-run in a child process whose peak RSS is its own ru_maxrss (os.wait4), against the plan's estimate
-(convert/memory.py, from the headers alone, before the run) and the budget.
+"""A memory budget is a bound: a ~1.4 GB random-weight source through `quantize run` under several budgets
+(`--max-memory`), each run in a child process whose peak RSS is its own ru_maxrss (os.wait4), against the plan's
+estimate (convert/memory.py, from the headers alone, before the run) and the budget. The cases (`--paths`):
 
-    python benchmarks/memory_budget.py [--work DIR] [--budgets 1GiB 2GiB none] [--paths streamed in-memory]
+    streamed      FP8 dynamic, `streaming: on`
+    in-memory     FP8 dynamic, `streaming: off`
+    kv            FP8 dynamic with an FP8 KV cache (recipes/fp8-kv.yaml's scheme; 16 x 128 calibration tokens of
+                  builtin:jargon), whose KV scales are calibrated through llm-compressor's sequential pipeline;
+                  `offload: auto` (the weights offloaded to disk where the model does not fit)
+    kv-in-memory  the same, `offload: off`
+
+    python benchmarks/memory_budget.py [--work DIR] [--budgets 1GiB 2GiB none] [--paths streamed kv]
 
 The source is a Llama built from transformers' LlamaConfig (hidden 2048, intermediate 5632, 16 heads, 4 KV heads,
 13 layers, vocabulary 32000, untied: 717 M parameters, 1.43 GB in bf16) with seeded random weights (no download),
@@ -47,7 +53,18 @@ SHAPE = dict(
     pad_token_id=1,
 )
 FP8 = {"method": "fp8", "scheme": "FP8_DYNAMIC", "calibration": None}
-STREAMING = {"streamed": "on", "in-memory": "off"}
+KV = {
+    "method": "fp8",
+    "scheme": "FP8_DYNAMIC",
+    "kv_cache": {"scheme": "FP8"},
+    "calibration": {"source": "builtin:jargon", "samples": 16, "seq_len": 128, "seed": 0},
+}
+CASES = {
+    "streamed": {**FP8, "streaming": "on"},
+    "in-memory": {**FP8, "streaming": "off"},
+    "kv": {**KV, "offload": "auto"},
+    "kv-in-memory": {**KV, "offload": "off"},
+}
 
 
 def build_source(path: Path, seed: int = 0) -> Path:
@@ -83,7 +100,7 @@ def planned(src: Path, path: str, budget: int | None) -> tuple[str, str, str]:
     from quantize.convert.recipe import parse_recipe
     from quantize.errors import UsageError
 
-    recipe = parse_recipe({"model": str(src), "streaming": STREAMING[path], **FP8})
+    recipe = parse_recipe({"model": str(src), **CASES[path]})
     try:
         p = memory.plan(recipe, src, budget)
     except UsageError as e:
@@ -98,7 +115,7 @@ def convert(src: Path, work: Path, path: str, budget: str) -> tuple[int, int, fl
     out = work / "out" / name
     shutil.rmtree(out, ignore_errors=True)
     rfile = work / f"{name}.yaml"
-    fields = {"name": name, "model": str(src), "output": str(out), "streaming": STREAMING[path], **FP8}
+    fields = {"name": name, "model": str(src), "output": str(out), **CASES[path]}
     rfile.write_text(json.dumps(fields))  # JSON is YAML
     cmd = [sys.executable, "-m", "quantize.cli", "run", str(rfile), "--quiet"]
     if budget != "none":
@@ -125,7 +142,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("/tmp/quantize-memory-budget"))
     ap.add_argument("--budgets", nargs="+", default=["1GiB", "1.2GiB", "2GiB", "3GiB", "4GiB", "none"])
-    ap.add_argument("--paths", nargs="+", default=list(STREAMING), choices=list(STREAMING))
+    ap.add_argument("--paths", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "memory_budget.txt")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -137,13 +154,13 @@ def main() -> None:
 
     ckpt = read_checkpoint(src)
     head = (
-        f"# quantize run, FP8 dynamic, of a random-weight Llama (transformers LlamaConfig {SHAPE}): "
+        f"# quantize run of a random-weight Llama (transformers LlamaConfig {SHAPE}): "
         f"{ckpt.model_bytes:,} bytes ({mib(ckpt.model_bytes)}) in {len(ckpt.shard_bytes)} shards, largest "
         f"{mib(ckpt.largest_shard[1])}\n# {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start; {built}\n"
         "# peak: the child's ru_maxrss (os.wait4); estimate: the memory plan's need (headers only, before the run)\n"
     )
-    cols = ["recipe streaming:", "budget", "path chosen", "reload check", "planned estimate", "measured peak",
+    cols = ["case", "budget", "path chosen", "reload check", "planned estimate", "measured peak",
             "under budget", "exit", "wall"]  # fmt: skip
     rows = []
     print(head, flush=True)
@@ -156,7 +173,7 @@ def main() -> None:
                 rc, peak, wall, plan = convert(src, args.work, path, budget)
             limit = parse_budget(budget)
             under = "-" if limit is None or peak is None else ("yes" if peak <= limit else "NO")
-            row = [STREAMING[path], budget, plan.get("path", chosen), plan.get("reload", reload), need,
+            row = [path, budget, plan.get("path", chosen), plan.get("reload", reload), need,
                    mib(peak), under, str(rc), f"{wall:.0f} s"]  # fmt: skip
             rows.append(row)
             print(" | ".join(row), flush=True)
