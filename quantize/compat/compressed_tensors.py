@@ -36,6 +36,9 @@ CHECKED = ((0, 19), (0, 20))  # [from, to): the versions the assumptions above w
 ROUND_PARAMS = ("tensor", "args", "min", "max", "cast_to_original_dtype")
 FAKE_QUANTIZE_PARAMS = ("x", "scale", "zero_point", "args", "global_scale")
 PRESET_WEIGHT_GROUP = {"NVFP4": 16, "NVFP4A16": 16, "MXFP4": 32, "MXFP4A16": 32, "FP8_BLOCK": 128, "W4AFP8": 128}
+# the presets among those whose weights take a global scale beside the group's (strategy tensor_group), copied
+# without torch for the memory plan and checked against the library in problems()
+PRESET_GLOBAL_SCALE = frozenset({"NVFP4", "NVFP4A16"})
 
 
 def library_first_target(name: str, targets: Iterable[str]) -> str | None:
@@ -56,9 +59,16 @@ def preset_weight_group(name: str) -> int | None:
     return int(w.group_size) if w.group_size else None
 
 
+def preset_global_scaled(name: str) -> bool:
+    """Whether the library's preset `name` gives its weights a global scale (strategy tensor_group)."""
+    from compressed_tensors.quantization import QuantizationStrategy, preset_name_to_scheme
+
+    return preset_name_to_scheme(name, ["Linear"]).weights.strategy == QuantizationStrategy.TENSOR_GROUP
+
+
 def problems() -> list[str]:
     """What no longer holds: the version outside CHECKED, a function missing or with other parameters, a preset's
-    group or the target precedence changed."""
+    group or global scale or the target precedence changed."""
     found = []
     if why := outside("compressed-tensors", version("compressed-tensors"), CHECKED):
         found.append(why)
@@ -75,6 +85,12 @@ def problems() -> list[str]:
         f"preset {name} groups {got} weights per scale in the library, {want} here"
         for name, want in PRESET_WEIGHT_GROUP.items()
         if (got := preset_weight_group(name)) != want
+    ]
+    found += [
+        f"preset {name} {'takes' if name not in PRESET_GLOBAL_SCALE else 'no longer takes'} a global scale in the "
+        "library, PRESET_GLOBAL_SCALE says otherwise"
+        for name in PRESET_WEIGHT_GROUP
+        if preset_global_scaled(name) != (name in PRESET_GLOBAL_SCALE)
     ]
     found += [
         f"compressed-tensors applies target {got!r} to {name} among {list(targets)}, first_target {want!r}"

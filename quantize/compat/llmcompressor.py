@@ -42,6 +42,15 @@
   at import, stay), so the model's memory goes when the caller drops it. Where the table is not the dict read here
   (torch outside TORCH_CHECKED), it warns and leaves the table as it is.
 
+- llm-compressor shares one NVFP4 global scale across the layers vLLM merges (`observers.helpers.FUSED_LAYER_NAMES`,
+  read by `fuse_weight_observers` when quantization starts): q/k/v, gate/up, MLA's q_a/kv_a, w1/w3. vLLM 0.34 also
+  merges Qwen3.5's split Gated DeltaNet projections (in_proj_qkv with in_proj_z, in_proj_b with in_proj_a: its
+  packed_modules_mapping, docs/vllm-loading.md Q6) and takes the maximum of the shards' global scales for the
+  merged layer, so unshared scales shrink the smaller shard's weights (0.95 and 0.87 on a tiny Qwen3.5).
+  `global_scales_shared()` adds MERGED_BY_VLLM to the list for the length of a block; where the list is not what
+  was read, it warns and leaves it. (The streamed path, llm-compressor's model_free_ptq, fuses by a list of its
+  own: memory.plan does not stream NVFP4 onto such a model.)
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
 
@@ -61,6 +70,8 @@ from quantize.compat import outside
 CHECKED = ((0, 14), (0, 15))  # [from, to): the versions the assumption above was read on
 PT = {"format": "pt"}  # the __metadata__ transformers' save_pretrained writes in each safetensors header
 PIN_MEMORY = ("self", "batch_index", "input_names")  # IntermediatesCache.pin_memory's parameters, as read
+# the layers vLLM 0.34 merges whose NVFP4 global scales llm-compressor 0.14 does not share (module docstring)
+MERGED_BY_VLLM = (("in_proj_qkv", "in_proj_z"), ("in_proj_b", "in_proj_a"))
 TORCH_CHECKED = ((2, 11), (2, 14))  # [from, to): torch versions whose torch.fx wrap table was read
 
 
@@ -69,7 +80,7 @@ def problems() -> list[str]:
     model_free_ptq without the parameters called here, the MoE conversion or the activation cache changed."""
     import llmcompressor.entrypoints.model_free as model_free
 
-    found = _pin_problems() + _gptq_problems() + _fx_wrap_problems()
+    found = _pin_problems() + _gptq_problems() + _fx_wrap_problems() + _fusion_problems()
     if not callable(getattr(model_free, "save_file", None)):
         found.append("llmcompressor.entrypoints.model_free no longer writes its shards through its own save_file")
     params = inspect.signature(model_free.model_free_ptq).parameters
@@ -220,6 +231,44 @@ def fx_wraps_dropped() -> Iterator[None]:
     finally:
         for key in [k for k in table if k not in before]:
             del table[key]
+
+
+def _fusion_problems() -> list[str]:
+    """What no longer holds of `global_scales_shared`'s assumptions: FUSED_LAYER_NAMES a list of name tuples that
+    fuse_weight_observers reads from its module."""
+    from llmcompressor.observers import helpers
+
+    names = getattr(helpers, "FUSED_LAYER_NAMES", None)
+    if not isinstance(names, list) or not all(isinstance(g, tuple) for g in names):
+        return ["llmcompressor.observers.helpers.FUSED_LAYER_NAMES is no longer a list of layer-name tuples"]
+    if "in FUSED_LAYER_NAMES" not in inspect.getsource(helpers.fuse_weight_observers):
+        return ["llm-compressor's fuse_weight_observers no longer reads FUSED_LAYER_NAMES"]
+    return []
+
+
+@contextlib.contextmanager
+def global_scales_shared() -> Iterator[None]:
+    """llm-compressor's FUSED_LAYER_NAMES extended with MERGED_BY_VLLM while the block runs (module docstring), the
+    groups it already lists left as they are; put back after, however the block ends. Where `_fusion_problems`
+    finds anything, a warning says so and the list stays."""
+    from llmcompressor.observers import helpers
+
+    if found := [w for w in [outside("llmcompressor", version("llmcompressor"), CHECKED)] if w] + _fusion_problems():
+        warnings.warn(
+            "quantize: llm-compressor's FUSED_LAYER_NAMES is left as it is (Qwen3.5's in_proj pairs keep separate "
+            "NVFP4 global scales, which vLLM merges by their maximum), since " + "; ".join(found),
+            stacklevel=3,
+        )
+        yield
+        return
+    names = helpers.FUSED_LAYER_NAMES
+    added = [g for g in MERGED_BY_VLLM if g not in names]
+    names.extend(added)
+    try:
+        yield
+    finally:
+        for g in added:
+            names.remove(g)
 
 
 def _blind(module: Any) -> bool:

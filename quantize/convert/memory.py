@@ -36,6 +36,8 @@ from pathlib import Path
 from quantize.checkpoint.architecture import routed_experts
 from quantize.checkpoint.files import read_config, safetensors_files
 from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors
+from quantize.compat.compressed_tensors import PRESET_GLOBAL_SCALE
+from quantize.compat.llmcompressor import MERGED_BY_VLLM
 from quantize.convert.backends import backend_named, calibration_default
 from quantize.convert.checks import STREAM_CHUNK_ELEMENTS
 from quantize.convert.recipe import FORMATS, Method, Offload, Recipe, Scheme, Streaming
@@ -395,6 +397,23 @@ def streamed_check_terms(ckpt: Checkpoint) -> dict[str, int]:
     }
 
 
+def scales_streamable(recipe: Recipe, ckpt: Checkpoint) -> str | None:
+    """Why this recipe cannot be streamed onto this checkpoint because a pair of layers vLLM merges would keep two
+    global scales (compat.llmcompressor.MERGED_BY_VLLM: model_free_ptq fuses by its own list, which lacks them; the
+    in-memory path shares them), or None."""
+    s = recipe.scheme_or_none
+    if s is None or s.value not in PRESET_GLOBAL_SCALE:
+        return None
+    for first, second in MERGED_BY_VLLM:
+        if any(n.endswith(f".{first}.weight") for n in ckpt.tensors):
+            return (
+                f"{s.value} gives {first} and {second} a global scale each when streamed, and vLLM merges the two "
+                "and takes the larger scale for both (docs/vllm-loading.md Q6); the in-memory and offloaded paths "
+                "share one"
+            )
+    return None
+
+
 def source_streamable(ckpt: Checkpoint) -> str | None:
     """Why this checkpoint cannot be streamed whatever the recipe, or None when it can."""
     if ckpt.experts is not None:
@@ -417,7 +436,7 @@ def plan(
     ckpt = read_checkpoint(model_dir)
     avail = available(recipe, max_memory)
     mem_terms, act = in_memory_terms(ckpt, recipe)
-    why_not = streamable(recipe) or source_streamable(ckpt)
+    why_not = streamable(recipe) or source_streamable(ckpt) or scales_streamable(recipe, ckpt)
     refuse_switches(recipe, ckpt)
     out_bytes = output_bytes(ckpt, list(ckpt.tensors.values()), recipe)
     reload = reload_terms(ckpt, out_bytes)
@@ -471,8 +490,8 @@ def unchecked_experts(p: MemoryPlan, reload_need: int, experts: tuple[str, int])
 
 
 def refuse_switches(recipe: Recipe, ckpt: Checkpoint) -> None:
-    """`streaming: on` for a recipe or a model that cannot stream, and `offload: on` for a recipe that cannot
-    offload: refused naming the field, why, and what to set instead."""
+    """`streaming: on` for a recipe or a model that cannot stream (or the one onto the other: scales_streamable),
+    and `offload: on` for a recipe that cannot offload: refused naming the field, why, and what to set instead."""
     if recipe.streaming is Streaming.on and (why := streamable(recipe)):
         raise UsageError(f"streaming: on, but this recipe cannot stream: {why}; set `streaming: auto` or `off`")
     if recipe.streaming is Streaming.on and (why := source_streamable(ckpt)):
@@ -480,6 +499,11 @@ def refuse_switches(recipe: Recipe, ckpt: Checkpoint) -> None:
         raise UsageError(
             f"streaming: on, but this model cannot stream: {why}. Set `streaming: off` (or `auto`) to convert it on "
             f"the in-memory path{offload if offloadable(recipe) is None else ''}; nothing was loaded"
+        )
+    if recipe.streaming is Streaming.on and (why := scales_streamable(recipe, ckpt)):
+        raise UsageError(
+            f"streaming: on, but this recipe cannot stream onto this model: {why}. Set `streaming: off` (or `auto`) "
+            "to convert it on the in-memory path; nothing was loaded"
         )
     if recipe.offload is Offload.on and (why := offloadable(recipe)):
         raise UsageError(

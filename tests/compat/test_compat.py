@@ -157,6 +157,34 @@ def test_a_torch_outside_the_checked_range_is_found(monkeypatch):
     assert any("torch 2.20.0 is outside the checked range" in p for p in compat.problems())
 
 
+def test_global_scales_shared_adds_the_pairs_vllm_merges_and_puts_the_list_back():
+    from llmcompressor.observers import helpers
+
+    from quantize.compat.llmcompressor import MERGED_BY_VLLM, global_scales_shared
+
+    before = list(helpers.FUSED_LAYER_NAMES)
+    with global_scales_shared():
+        assert all(pair in helpers.FUSED_LAYER_NAMES for pair in MERGED_BY_VLLM)
+        assert helpers.FUSED_LAYER_NAMES[: len(before)] == before
+    assert before == helpers.FUSED_LAYER_NAMES
+
+
+def test_a_fused_layer_list_of_another_shape_is_found_and_left_alone(monkeypatch):
+    from llmcompressor.observers import helpers
+
+    from quantize.compat import llmcompressor as compat
+
+    monkeypatch.setattr(helpers, "FUSED_LAYER_NAMES", {"q_proj": ["k_proj"]})
+    assert any("FUSED_LAYER_NAMES is no longer a list" in p for p in compat.problems())
+    with pytest.warns(UserWarning, match="FUSED_LAYER_NAMES is left as it is"), compat.global_scales_shared():
+        assert helpers.FUSED_LAYER_NAMES == {"q_proj": ["k_proj"]}
+
+
+def test_a_preset_whose_global_scale_changed_upstream_is_found(monkeypatch):
+    monkeypatch.setattr(ct, "PRESET_GLOBAL_SCALE", frozenset({"NVFP4"}))
+    assert any("preset NVFP4A16 takes a global scale in the library" in p for p in ct.problems())
+
+
 def test_transformers_assumptions_hold_on_the_pinned_version():
     """Fails loudly when an upgrade changes how from_pretrained loads a state dict (the source check's dry load):
     read quantize/compat/transformers.py, check it against the new version, then widen CHECKED."""

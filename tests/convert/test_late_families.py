@@ -228,3 +228,30 @@ def test_fused_experts_are_planned_whatever_the_config_calls_them(source, monkey
     assert plan.experts == ["model.layers.1.mlp.experts"]
     planned = {n for names in plan.groups.values() for n in names}
     assert {f"model.layers.1.mlp.experts.{e}.down_proj" for e in range(4)} <= planned
+
+
+def test_qwen3_5_nvfp4_shares_a_global_scale_across_the_projections_vllm_merges(tmp_path, source, capsys):
+    """vLLM merges Qwen3.5's in_proj_qkv with in_proj_z and in_proj_b with in_proj_a, and takes the larger of the
+    two NVFP4 global scales for the merged layer (docs/vllm-loading.md Q6): each pair is written with one global
+    scale (before: two, 0.95 and 0.87 apart on this model). Streaming it, which would write two, is refused."""
+    from safetensors import safe_open
+
+    code, err, out = run(tmp_path, source("qwen3_5_text"), "nvfp4a16", capsys)
+    assert code == 0, err
+    scales = {}
+    for f in safetensors_files(out):
+        with safe_open(str(f), "pt") as st:
+            names = [k for k in st.keys() if k.endswith("weight_global_scale")]  # noqa: SIM118 (safe_open: no dict)
+            scales |= {k: st.get_tensor(k).float().item() for k in names}
+    for layer in (0, 2):  # the linear-attention layers (families.MIXED)
+        at = f"model.layers.{layer}.linear_attn"
+        assert scales[f"{at}.in_proj_qkv.weight_global_scale"] == scales[f"{at}.in_proj_z.weight_global_scale"]
+        assert scales[f"{at}.in_proj_b.weight_global_scale"] == scales[f"{at}.in_proj_a.weight_global_scale"]
+    q = "model.layers.1.self_attn"
+    assert scales[f"{q}.q_proj.weight_global_scale"] == scales[f"{q}.k_proj.weight_global_scale"]  # as before
+    data = yaml.safe_load((ROOT / "recipes" / "nvfp4a16.yaml").read_text())
+    streamed = tmp_path / "streamed.yaml"
+    model = str(source("qwen3_5_text"))
+    streamed.write_text(yaml.safe_dump(data | {"model": model, "output": str(tmp_path / "s"), "streaming": "on"}))
+    assert main(["run", str(streamed), "--quiet"]) == 2
+    assert "in_proj_qkv and in_proj_z a global scale each when streamed" in capsys.readouterr().err

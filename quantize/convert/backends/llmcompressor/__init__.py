@@ -13,7 +13,12 @@ from typing import Any, ClassVar
 
 from quantize.checkpoint.files import read_config, safetensors_files
 from quantize.checkpoint.loader import load_model
-from quantize.compat.llmcompressor import fx_wraps_dropped, model_free_ptq_pt, weights_observed
+from quantize.compat.llmcompressor import (
+    fx_wraps_dropped,
+    global_scales_shared,
+    model_free_ptq_pt,
+    weights_observed,
+)
 from quantize.convert.backends.base import CalibrationDtype, Job
 from quantize.convert.backends.llmcompressor.kvcache import check_kv_cache
 from quantize.convert.backends.llmcompressor.mappings import check_mappings
@@ -81,8 +86,9 @@ class LLMCompressorBackend:
         self._routing: list[ExpertRouting] = []
         # weights_observed: GPTQ observes the weight of a Linear its tracer does not reach (Gemma 4's
         # per_layer_model_projection) before compressing it, instead of stopping on "No statistics available";
-        # fx_wraps_dropped: the traced forwards' namespaces, which hold the model, leave torch.fx's table after
-        with cpu_safe_calibration(), weights_observed(), fx_wraps_dropped():
+        # fx_wraps_dropped: the traced forwards' namespaces, which hold the model, leave torch.fx's table after;
+        # global_scales_shared: NVFP4 global scales shared across every pair of layers vLLM merges (Qwen3.5's)
+        with cpu_safe_calibration(), weights_observed(), fx_wraps_dropped(), global_scales_shared():
             from datasets import Dataset
             from llmcompressor import oneshot
             from llmcompressor.modeling.moe.linearize import get_linearized_moes, linearize_moe
