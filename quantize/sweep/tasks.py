@@ -26,7 +26,7 @@ from quantize import records
 from quantize.checkpoint.loader import resolve_model
 from quantize.cluster.executor import THREAD_VARIABLES, Outcome, mark_start
 from quantize.convert.engine import complete_output, convert, tidy_leftovers
-from quantize.convert.recipe import load_recipe
+from quantize.convert.recipe import FILE_METHODS, load_recipe
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, RuntimeFailure, UsageError
 from quantize.gates.render import headline
 from quantize.quiet import quiet_libraries
@@ -97,8 +97,22 @@ def execute(task: TaskSpec, state: Path, node: str = "local", host: str = "local
 
 def prepare_recipe(recipe_path: str, model: str | None, output: Path | None = None):
     """A sweep's recipe as it is converted: the sweep's model where the recipe names none (a recipe naming another
-    model is refused: its verdict would be against the wrong baseline), written to `output` (None: as it says)."""
+    model is refused: its verdict would be against the wrong baseline), written to `output` (None: as it says).
+    A recipe that converts a file (`method: gguf`) keeps an empty `model:`, its source the default model's own GGUF
+    (the one the default model's folder is prepared from), and runs only in a sweep whose model is the default."""
     recipe, sha = load_recipe(recipe_path)
+    if recipe.method in FILE_METHODS:
+        if recipe.model is not None or resolve_model(None).resolve() != resolve_model(model).resolve():
+            raise UsageError(
+                f"recipe {recipe_path} converts a GGUF (method {recipe.method.value}), and a sweep gates it against "
+                "its baseline only where both are the default model (its own GGUF and the folder prepared from it): "
+                f"this recipe's `model:` is {recipe.model or 'empty'}, the sweep's {model or 'the default model'}. "
+                "Leave both empty, or gate a GGUF of another model alone: `quantize gate POLICY --baseline FOLDER "
+                "--candidate GGUF`"
+            )
+        if output is not None:
+            recipe.output = str(output)
+        return recipe, sha
     if recipe.model is None and model is not None:
         recipe.model = model
     if resolve_model(recipe.model).resolve() != resolve_model(model).resolve():
