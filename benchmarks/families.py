@@ -36,6 +36,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "families.json"
 DOC = ROOT / "docs" / "families.md"
 BEGIN, END = "<!-- families table: benchmarks/families.py -->", "<!-- end of families table -->"
 SMOKE = ROOT / "evaluate" / "smoke.yaml"
+FIRST_DATE = "2026-12-04"  # when the rows without a date of their own were measured
 
 
 def shipped_recipes() -> dict[str, Path]:
@@ -90,7 +91,11 @@ def convert(family: str, recipe: Path, source: Path, work: Path) -> dict:
     started = time.monotonic()
     code, _, err = cli("run", str(path), "--quiet", "--force")
     said = last_line(err)
-    row: dict = {"exit": code, "wall_s_under_load": round(time.monotonic() - started, 1)}
+    row: dict = {
+        "exit": code,
+        "wall_s_under_load": round(time.monotonic() - started, 1),
+        "date": time.strftime("%Y-%m-%d"),
+    }
     if code != 0:
         return row | {"error": said, "reload_ok": False}
     meta = records.read(RunRecord, out / "quantize.json")
@@ -177,7 +182,10 @@ def write_doc(results: dict, families: list[str], recipes: list[str]) -> None:
     before, _, rest = text.partition(BEGIN)
     _, _, after = rest.partition(END)
     meta = results.get("machine", "")
-    block = f"{BEGIN}\n\nMeasured {results.get('date', '')} on {meta}.\n\n{table(results, families, recipes)}\n{END}"
+    # each row's own date where it has one (rows measured before 2026-12-06 carry the results' first date)
+    dates = sorted({r.get("date", FIRST_DATE) for r in results["rows"].values()}) or [results.get("date", "")]
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]} (each row's date in {RESULTS.name})"
+    block = f"{BEGIN}\n\nMeasured {when} on {meta}.\n\n{table(results, families, recipes)}\n{END}"
     write_text_atomic(DOC, before + block + after)
 
 

@@ -42,6 +42,16 @@
   at import, stay), so the model's memory goes when the caller drops it. Where the table is not the dict read here
   (torch outside TORCH_CHECKED), it warns and leaves the table as it is.
 
+- `QuantizationModifier` (FP8 static, NVFP4, W8A8, every calibrated scheme but GPTQ's and AWQ's own) turns what its
+  observers saw into scales in `on_sequential_epoch_end(state, event, modules)`, called by the sequential pipeline
+  with the modules each traced subgraph calls; a Linear called inside code the tracer leaves untraced (Gemma 4's
+  `per_layer_model_projection`, as for GPTQ above) is never among them, and its scales keep their initial values:
+  measured on 0.14.0.1, FP8 static wrote that layer a weight scale of 3.7e-40 and an input scale of 1.3e-21 (a
+  finite, silently wrong layer: its weights saturated at +-448 times nothing), NVFP4 global scales of 2.4e-38 (NaN
+  logits at our reload check). `every_module_calibrated()` records the modules each call handled and, before
+  `on_calibration_end` removes the observers, calls the library's own `on_sequential_epoch_end` once more for every
+  quantized module no call handled (its activations were observed by the hooks while the subgraph ran; its weight
+  is its own), for the length of a block; where the guard does not hold it warns and leaves the library's methods.
 - llm-compressor shares one NVFP4 global scale across the layers vLLM merges (`observers.helpers.FUSED_LAYER_NAMES`,
   read by `fuse_weight_observers` when quantization starts): q/k/v, gate/up, MLA's q_a/kv_a, w1/w3. vLLM 0.34 also
   merges Qwen3.5's split Gated DeltaNet projections (in_proj_qkv with in_proj_z, in_proj_b with in_proj_a: its
@@ -80,7 +90,7 @@ def problems() -> list[str]:
     model_free_ptq without the parameters called here, the MoE conversion or the activation cache changed."""
     import llmcompressor.entrypoints.model_free as model_free
 
-    found = _pin_problems() + _gptq_problems() + _fx_wrap_problems() + _fusion_problems()
+    found = _pin_problems() + _gptq_problems() + _fx_wrap_problems() + _fusion_problems() + _epoch_problems()
     if not callable(getattr(model_free, "save_file", None)):
         found.append("llmcompressor.entrypoints.model_free no longer writes its shards through its own save_file")
     params = inspect.signature(model_free.model_free_ptq).parameters
@@ -231,6 +241,62 @@ def fx_wraps_dropped() -> Iterator[None]:
     finally:
         for key in [k for k in table if k not in before]:
             del table[key]
+
+
+EPOCH_END = ("self", "state", "event", "modules", "kwargs")  # on_sequential_epoch_end's parameters, as read
+
+
+def _epoch_problems() -> list[str]:
+    """What no longer holds of `every_module_calibrated`'s assumptions: QuantizationModifier's two callbacks."""
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    found = []
+    epoch = getattr(QuantizationModifier, "on_sequential_epoch_end", None)
+    if epoch is None or tuple(inspect.signature(epoch).parameters) != EPOCH_END:
+        found.append(f"QuantizationModifier.on_sequential_epoch_end is gone or no longer takes {EPOCH_END}")
+    elif "update_qparams(modules" not in inspect.getsource(epoch):
+        found.append("QuantizationModifier.on_sequential_epoch_end no longer updates the qparams of its modules")
+    if not callable(getattr(QuantizationModifier, "on_calibration_end", None)):
+        found.append("QuantizationModifier.on_calibration_end is gone")
+    return found
+
+
+@contextlib.contextmanager
+def every_module_calibrated() -> Iterator[None]:
+    """QuantizationModifier's scales computed for every quantized module before its observers go (module
+    docstring), while the block runs; the library's own methods put back after. Where `_epoch_problems` finds
+    anything, a warning says so and the library's methods stay."""
+    from compressed_tensors.quantization.utils import is_module_quantized
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    if found := [w for w in [outside("llmcompressor", version("llmcompressor"), CHECKED)] if w] + _epoch_problems():
+        warnings.warn(
+            "quantize: llm-compressor's QuantizationModifier callbacks are left as they are (a Linear its tracer "
+            "does not reach keeps uncalibrated scales), since " + "; ".join(found),
+            stacklevel=3,
+        )
+        yield
+        return
+    own_epoch, own_end = QuantizationModifier.on_sequential_epoch_end, QuantizationModifier.on_calibration_end
+    handled: set[int] = set()
+
+    def on_sequential_epoch_end(self: Any, state: Any, event: Any, modules: list[Any], **kwargs: Any) -> None:
+        handled.update(id(m) for m in modules)
+        own_epoch(self, state, event, modules, **kwargs)
+
+    def on_calibration_end(self: Any, state: Any, event: Any, **kwargs: Any) -> None:
+        left = [m for m in state.model.modules() if is_module_quantized(m) and id(m) not in handled]
+        if handled and left:  # a sequential run that missed some: the library's own update, for those
+            on_sequential_epoch_end(self, state, event, left)
+        own_end(self, state, event, **kwargs)
+
+    QuantizationModifier.on_sequential_epoch_end = on_sequential_epoch_end
+    QuantizationModifier.on_calibration_end = on_calibration_end
+    try:
+        yield
+    finally:
+        QuantizationModifier.on_sequential_epoch_end = own_epoch
+        QuantizationModifier.on_calibration_end = own_end
 
 
 def _fusion_problems() -> list[str]:

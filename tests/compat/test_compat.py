@@ -185,6 +185,21 @@ def test_a_preset_whose_global_scale_changed_upstream_is_found(monkeypatch):
     assert any("preset NVFP4A16 takes a global scale in the library" in p for p in ct.problems())
 
 
+def test_every_module_calibrated_puts_the_callbacks_back_and_a_re_signed_one_is_found(monkeypatch):
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    from quantize.compat import llmcompressor as compat
+
+    own = QuantizationModifier.on_sequential_epoch_end, QuantizationModifier.on_calibration_end
+    with compat.every_module_calibrated():
+        assert QuantizationModifier.on_sequential_epoch_end is not own[0]
+    assert (QuantizationModifier.on_sequential_epoch_end, QuantizationModifier.on_calibration_end) == own
+    monkeypatch.setattr(QuantizationModifier, "on_sequential_epoch_end", lambda self, state, modules: None)
+    assert any("on_sequential_epoch_end is gone or no longer takes" in p for p in compat.problems())
+    with pytest.warns(UserWarning, match="callbacks are left as they are"), compat.every_module_calibrated():
+        assert QuantizationModifier.on_calibration_end is own[1]
+
+
 def test_transformers_assumptions_hold_on_the_pinned_version():
     """Fails loudly when an upgrade changes how from_pretrained loads a state dict (the source check's dry load):
     read quantize/compat/transformers.py, check it against the new version, then widen CHECKED."""

@@ -255,3 +255,23 @@ def test_qwen3_5_nvfp4_shares_a_global_scale_across_the_projections_vllm_merges(
     streamed.write_text(yaml.safe_dump(data | {"model": model, "output": str(tmp_path / "s"), "streaming": "on"}))
     assert main(["run", str(streamed), "--quiet"]) == 2
     assert "in_proj_qkv and in_proj_z a global scale each when streamed" in capsys.readouterr().err
+
+
+def test_gemma_4_static_scales_are_calibrated_for_its_per_layer_projection(tmp_path, source, capsys):
+    """llm-compressor 0.14's QuantizationModifier turns observations into scales only for the modules its traced
+    subgraphs call; Gemma 4's model-level per_layer_model_projection runs in code its tracer leaves untraced. FP8
+    static wrote it a weight scale of 3.7e-40 and an input scale of 1.3e-21 (finite, and the layer silently
+    nothing: KL 6.9e-3 on the smoke suite against 8.2e-4 for FP8 dynamic), NVFP4 global scales of 2.4e-38 (exit 3,
+    NaN logits at the reload check). Its scales now come from what the observers saw."""
+    from safetensors import safe_open
+
+    code, err, out = run(tmp_path, source("gemma4_text"), "fp8-e4m3-static", capsys)
+    assert code == 0, err
+    with safe_open(str(out / "model.safetensors"), "pt") as st:
+        at = "model.per_layer_model_projection"
+        got = {k: st.get_tensor(f"{at}.{k}").float().item() for k in ("input_scale", "weight_scale")}
+        weight = st.get_tensor(f"{at}.weight").float()
+    assert got["input_scale"] > 1e-6 and got["weight_scale"] > 1e-6, got
+    assert weight.abs().max() <= 448 and (weight.abs() < 448).float().mean() > 0.5  # not saturated wholesale
+    code, err, _ = run(tmp_path, source("gemma4_text"), "nvfp4", capsys)
+    assert code == 0, err

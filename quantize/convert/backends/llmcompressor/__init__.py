@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from quantize.checkpoint.files import read_config, safetensors_files
 from quantize.checkpoint.loader import load_model
 from quantize.compat.llmcompressor import (
+    every_module_calibrated,
     fx_wraps_dropped,
     global_scales_shared,
     model_free_ptq_pt,
@@ -87,8 +88,15 @@ class LLMCompressorBackend:
         # weights_observed: GPTQ observes the weight of a Linear its tracer does not reach (Gemma 4's
         # per_layer_model_projection) before compressing it, instead of stopping on "No statistics available";
         # fx_wraps_dropped: the traced forwards' namespaces, which hold the model, leave torch.fx's table after;
-        # global_scales_shared: NVFP4 global scales shared across every pair of layers vLLM merges (Qwen3.5's)
-        with cpu_safe_calibration(), weights_observed(), fx_wraps_dropped(), global_scales_shared():
+        # global_scales_shared: NVFP4 global scales shared across every pair of layers vLLM merges (Qwen3.5's);
+        # every_module_calibrated: QuantizationModifier's scales for a Linear its tracer does not reach, too
+        with (
+            cpu_safe_calibration(),
+            weights_observed(),
+            every_module_calibrated(),
+            fx_wraps_dropped(),
+            global_scales_shared(),
+        ):
             from datasets import Dataset
             from llmcompressor import oneshot
             from llmcompressor.modeling.moe.linearize import get_linearized_moes, linearize_moe
