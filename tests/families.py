@@ -96,6 +96,15 @@ HYBRID = {
         decoder_sparse_step=1,
     ),
     "qwen3_5_text": dict(**LINEAR, num_hidden_layers=4, layer_types=MIXED),
+    "qwen3_5_moe_text": dict(
+        **LINEAR,
+        **EXPERTS,
+        num_hidden_layers=4,
+        layer_types=MIXED,
+        num_experts=4,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=128,
+    ),
     "kimi_linear": dict(
         **EXPERTS,
         num_hidden_layers=4,

@@ -200,6 +200,18 @@ def test_every_module_calibrated_puts_the_callbacks_back_and_a_re_signed_one_is_
         assert QuantizationModifier.on_calibration_end is own[1]
 
 
+def test_torch_assumptions_hold_and_a_view_is_followed_to_its_base(monkeypatch):
+    import torch
+
+    from quantize.compat import torch as compat
+
+    assert compat.problems() == []
+    x = torch.zeros(2, 3, device="meta")
+    assert compat.view_base(x.view(3, 2).view(6)) is x and compat.view_base(x) is x
+    monkeypatch.setattr(torch, "__version__", "2.20.0")
+    assert any("torch 2.20.0 is outside the checked range" in p for p in compat.problems())
+
+
 def test_transformers_assumptions_hold_on_the_pinned_version():
     """Fails loudly when an upgrade changes how from_pretrained loads a state dict (the source check's dry load):
     read quantize/compat/transformers.py, check it against the new version, then widen CHECKED."""

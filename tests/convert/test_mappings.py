@@ -140,3 +140,20 @@ def test_smoothquant_into_a_norm_its_linears_do_not_read_is_refused_before_loadi
     assert "reads the output of model.layers.0.pre_feedforward_layernorm" in err
     assert "Nothing was loaded" in err and "`mappings:`" in err
     assert resolve(laid_out(tmp_path / "awq", family), Method.awq).problem is None
+
+
+def test_a_linear_that_reads_the_smoothed_norm_unbalanced_is_found(tmp_path):
+    """A mapping that smooths input_layernorm into q_proj and v_proj while k_proj reads that norm's output too: the
+    norm is divided, k_proj's weight never multiplied, and k changes. The trace names k_proj; the library's own
+    mapping (all three) passes."""
+    from quantize.convert.backends.llmcompressor.mappings import unfed
+
+    model = laid_out(tmp_path, "llama")
+    names = {id(m): n for n, m in model.named_modules()}
+    attn = model.model.layers[0].self_attn
+    norm = model.model.layers[0].input_layernorm
+    targets = ("re:.*input_layernorm$", "re:.*q_proj$", "re:.*v_proj$")
+    said = unfed(model, [(targets, norm, [attn.q_proj, attn.v_proj])], names)
+    assert said is not None and "but model.layers.0.self_attn.k_proj reads that norm's output too" in said
+    assert unfed(model, [(targets, norm, [attn.q_proj, attn.k_proj, attn.v_proj])], names) is None
+    assert resolve(model, Method.smoothquant).problem is None

@@ -40,6 +40,7 @@ def hand(context: int) -> dict[str, list[float]]:
         # linear_attention, full_attention, linear_attention, full_attention
         "qwen3_next": [GDN, gqa, GDN, gqa],
         "qwen3_5_text": [GDN, gqa, GDN, gqa],
+        "qwen3_5_moe_text": [GDN, gqa, GDN, gqa],  # its experts keep nothing
         # full layers are MLA: kv_lora_rank 64 + qk_rope_head_dim 16 = 80 values a token
         "kimi_linear": [KDA, 80 * c * KV, KDA, 80 * c * KV],
         # mamba, attention, mlp, moe: MLP and MoE blocks keep nothing

@@ -12,8 +12,11 @@ cannot apply:
   as on DeepSeek-V3 with dense first layers, whose routers exist only in later layers);
 - no mapping matches anything (the default's names are not this model's): the run would smooth nothing;
 - a mapping smooths a norm (a 1-D weight, which absorbs the smoothing by division) into linears that do not read
-  that norm's output, so the smoothing would change what the model computes: traced by one forward of the meta
-  model (shapes only) with hooks, where that forward runs (not where routing needs data, e.g. an MoE's experts).
+  that norm's output, or another layer with a weight reads that output unbalanced, so the smoothing would change
+  what the model computes: traced by one forward of the meta model (shapes only) with hooks, as far as that forward
+  runs (not where routing needs data, e.g. an MoE's experts), routers excepted (llm-compressor leaves them
+  unbalanced by design). Found so: llm-compressor 0.14's Qwen3-Next and Qwen3.5-MoE AWQ mappings balance
+  post_attention_layernorm into the routed experts while the shared expert reads that output unbalanced.
   llm-compressor 0.14 registers its default mappings for Gemma 2 and Gemma 3, which smooth
   post_attention_layernorm into gate_proj/up_proj; in those models that norm feeds the residual and the MLP reads
   pre_feedforward_layernorm, and SmoothQuant alone (no quantization) moved the logits of a tiny Gemma 2 by up to
@@ -26,9 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantize.checkpoint.architecture import part_of
 from quantize.checkpoint.files import read_config
 from quantize.checkpoint.loader import meta_model
 from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
+from quantize.compat.torch import view_base
 from quantize.convert.recipe import Method, Recipe
 from quantize.errors import UsageError
 
@@ -101,34 +106,38 @@ def resolve(model: Any, method: Method) -> Resolution:
 
 def unfed(model: Any, resolved: list[tuple[Any, Any, list[Any]]], names: dict[int, str]) -> str | None:
     """The first resolved set whose smoothing layer is a norm (a 1-D weight: the smoothing is folded into it by
-    division) while a balance layer reads another tensor than that norm's output, traced by one forward of the
-    meta-device model with hooks (the same tensor object, not an equal one); None when every such set is fed by
-    its norm, or when that forward cannot run on the meta device (then nothing is claimed)."""
+    division) while a balance layer reads another tensor than that norm's output, or another layer with a weight
+    reads that norm's output without being balanced (its input would be divided with nothing to make up for it;
+    routers excepted, which llm-compressor's MoE mappings leave unbalanced by design, trading routing logits),
+    traced by one forward of the meta-device model with hooks (the same tensor object, or a view of it, not an
+    equal one); None when every such set is fed by its norm and feeds its balance layers alone. Where the forward
+    stops (data-dependent ops, e.g. an MoE's routing, cannot run on the meta device), what it traced before
+    stopping still counts, and nothing is claimed of what it did not reach."""
     import torch
 
     norms = [r for r in resolved if getattr(r[1], "weight", None) is not None and r[1].weight.ndim == 1]
     if not norms:
         return None
     produced: dict[int, str] = {}  # id of a module's output tensor -> the innermost module that returned it
-    inputs: dict[int, Any] = {}  # id of a balance layer -> the tensor it read first
+    inputs: dict[int, Any] = {}  # id of a module with a weight -> the tensor it read first
     keep: list[Any] = []  # the traced tensors stay alive, so no id is reused during the trace
-    balance = {id(b) for _, _, bs in norms for b in bs}
+    weighted = {id(m) for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)}
 
     def hook(module: Any, args: tuple, kwargs: dict, out: Any) -> None:
         if isinstance(out, torch.Tensor):
             keep.append(out)
             produced.setdefault(id(out), names.get(id(module), "?"))
-        if id(module) in balance and id(module) not in inputs:
+        if id(module) in weighted and id(module) not in inputs:
             x = args[0] if args else next(iter(kwargs.values()), None)
             keep.append(x)
-            inputs[id(module)] = x
+            inputs[id(module)] = view_base(x)  # a reshape of an output reads that output
 
     handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()]
     try:
         with torch.no_grad():
             model(input_ids=torch.zeros(1, 4, dtype=torch.long, device="meta"))
-    except Exception:  # any architecture's forward: data-dependent ops (an MoE's routing) cannot run on meta
-        return None
+    except Exception:  # any architecture's forward may stop on the meta device: the trace so far counts
+        pass
     finally:
         for h in handles:
             h.remove()
@@ -142,6 +151,17 @@ def unfed(model: Any, resolved: list[tuple[Any, Any, list[Any]]], names: dict[in
                 f"mapping {targets} smooths {names.get(id(norm))} into {names.get(id(b))}, but that layer reads "
                 f"{'the output of ' + reads if reads else 'another tensor'}, not that norm's (traced on the meta "
                 "device): the smoothing would change what the model computes"
+            )
+        balanced = {id(b) for b in bs} | {id(norm)}
+        for n, m in model.named_modules():
+            x = inputs.get(id(m))
+            fed = x is not None and produced.get(id(x)) == names.get(id(norm))
+            if id(m) in balanced or not fed or part_of(n, "") == "router":
+                continue  # a router: llm-compressor's MoE mappings leave it unbalanced by design (its routing moves)
+            return (
+                f"mapping {targets} smooths {names.get(id(norm))} into {', '.join(names.get(id(b), '?') for b in bs)}, "
+                f"but {n} reads that norm's output too and is not balanced (traced on the meta device): its input "
+                "would be divided by the smoothing scales with nothing to make up for it"
             )
     return None
 
