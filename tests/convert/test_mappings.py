@@ -157,3 +157,15 @@ def test_a_linear_that_reads_the_smoothed_norm_unbalanced_is_found(tmp_path):
     assert said is not None and "but model.layers.0.self_attn.k_proj reads that norm's output too" in said
     assert unfed(model, [(targets, norm, [attn.q_proj, attn.k_proj, attn.v_proj])], names) is None
     assert resolve(model, Method.smoothquant).problem is None
+
+
+def test_smoothquant_whose_mapping_leaves_the_routed_experts_unbalanced_is_refused(tmp_path, monkeypatch, capsys):
+    """llm-compressor 0.14's Qwen3.5-MoE SmoothQuant mapping smooths post_attention_layernorm into the shared
+    expert alone, while the sparse block passes that norm's output to its routed experts too: it converted with a
+    smoke-suite KL of 4.3e-4 (SmoothQuant elsewhere: 3e-7 to 1e-6). Refused before loading now."""
+    from families import build
+
+    code, err = run(tmp_path, build("qwen3_5_moe_text", tmp_path / "q35moe"), SQ, monkeypatch, capsys)
+    assert code == 2, err
+    assert "but model.layers.0.mlp reads that norm's output and passes it to its routed experts" in err
+    assert "Nothing was loaded" in err

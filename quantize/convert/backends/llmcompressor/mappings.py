@@ -15,8 +15,9 @@ cannot apply:
   that norm's output, or another layer with a weight reads that output unbalanced, so the smoothing would change
   what the model computes: traced by one forward of the meta model (shapes only) with hooks, as far as that forward
   runs (not where routing needs data, e.g. an MoE's experts), routers excepted (llm-compressor leaves them
-  unbalanced by design). Found so: llm-compressor 0.14's Qwen3-Next and Qwen3.5-MoE AWQ mappings balance
-  post_attention_layernorm into the routed experts while the shared expert reads that output unbalanced.
+  unbalanced by design), or a block that passes it to routed experts none of which is balanced. Found so:
+  llm-compressor 0.14's Qwen3.5-MoE SmoothQuant mapping balances post_attention_layernorm into the shared expert
+  alone (converted, it gave a smoke-suite KL of 4.3e-4 on a tiny model, SmoothQuant elsewhere 3e-7 to 1e-6).
   llm-compressor 0.14 registers its default mappings for Gemma 2 and Gemma 3, which smooth
   post_attention_layernorm into gate_proj/up_proj; in those models that norm feeds the residual and the MLP reads
   pre_feedforward_layernorm, and SmoothQuant alone (no quantization) moved the logits of a tiny Gemma 2 by up to
@@ -119,20 +120,22 @@ def unfed(model: Any, resolved: list[tuple[Any, Any, list[Any]]], names: dict[in
     if not norms:
         return None
     produced: dict[int, str] = {}  # id of a module's output tensor -> the innermost module that returned it
-    inputs: dict[int, Any] = {}  # id of a module with a weight -> the tensor it read first
+    inputs: dict[int, Any] = {}  # id of a module -> the tensor it read first (taken as its forward starts)
     keep: list[Any] = []  # the traced tensors stay alive, so no id is reused during the trace
-    weighted = {id(m) for m in model.modules() if isinstance(getattr(m, "weight", None), torch.Tensor)}
+
+    def read(module: Any, args: tuple, kwargs: dict) -> None:
+        if id(module) not in inputs:
+            x = args[0] if args else next(iter(kwargs.values()), None)
+            keep.append(x)
+            inputs[id(module)] = view_base(x)  # a reshape of an output reads that output
 
     def hook(module: Any, args: tuple, kwargs: dict, out: Any) -> None:
         if isinstance(out, torch.Tensor):
             keep.append(out)
             produced.setdefault(id(out), names.get(id(module), "?"))
-        if id(module) in weighted and id(module) not in inputs:
-            x = args[0] if args else next(iter(kwargs.values()), None)
-            keep.append(x)
-            inputs[id(module)] = view_base(x)  # a reshape of an output reads that output
 
-    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()]
+    handles = [m.register_forward_pre_hook(read, with_kwargs=True) for m in model.modules()]
+    handles += [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()]
     try:
         with torch.no_grad():
             model(input_ids=torch.zeros(1, 4, dtype=torch.long, device="meta"))
@@ -152,17 +155,40 @@ def unfed(model: Any, resolved: list[tuple[Any, Any, list[Any]]], names: dict[in
                 f"{'the output of ' + reads if reads else 'another tensor'}, not that norm's (traced on the meta "
                 "device): the smoothing would change what the model computes"
             )
-        balanced = {id(b) for b in bs} | {id(norm)}
-        for n, m in model.named_modules():
-            x = inputs.get(id(m))
-            fed = x is not None and produced.get(id(x)) == names.get(id(norm))
-            if id(m) in balanced or not fed or part_of(n, "") == "router":
-                continue  # a router: llm-compressor's MoE mappings leave it unbalanced by design (its routing moves)
-            return (
-                f"mapping {targets} smooths {names.get(id(norm))} into {', '.join(names.get(id(b), '?') for b in bs)}, "
-                f"but {n} reads that norm's output too and is not balanced (traced on the meta device): its input "
-                "would be divided by the smoothing scales with nothing to make up for it"
-            )
+        if said := unbalanced(model, (targets, norm, bs), inputs, produced, names):
+            return said
+    return None
+
+
+def unbalanced(
+    model: Any, mapping: tuple[Any, Any, list[Any]], inputs: dict[int, Any], produced: dict[int, str], names: dict
+) -> str | None:
+    """Of `unfed`'s trace: a module other than the mapping's balance layers that reads its norm's output, with a
+    weight of its own (a router excepted), or a block passing it to routed experts none of which is balanced."""
+    import torch
+
+    targets, norm, bs = mapping
+    balanced = {id(b) for b in bs} | {id(norm)}
+    for n, m in model.named_modules():
+        x = inputs.get(id(m))
+        if x is None or produced.get(id(x)) != names.get(id(norm)) or id(m) in balanced:
+            continue
+        if experts := [e for e, sub in m.named_modules() if part_of(f"{n}.{e}", "") == "routed_experts" and e]:
+            if not any(id(sub) in balanced for e, sub in m.named_modules() if e in experts):
+                return (
+                    f"mapping {targets} smooths {names.get(id(norm))} into "
+                    f"{', '.join(names.get(id(b), '?') for b in bs)}, but {n} reads that norm's output and "
+                    "passes it to its routed experts, none of which is balanced (traced on the meta device): "
+                    "their inputs would be divided by the smoothing scales with nothing to make up for it"
+                )
+            continue  # a block whose routed experts are balanced: its own layers are judged one by one
+        if not isinstance(getattr(m, "weight", None), torch.Tensor) or part_of(n, "") == "router":
+            continue  # a router: llm-compressor's MoE mappings leave it unbalanced by design (its routing moves)
+        return (
+            f"mapping {targets} smooths {names.get(id(norm))} into {', '.join(names.get(id(b), '?') for b in bs)}, "
+            f"but {n} reads that norm's output too and is not balanced (traced on the meta device): its input "
+            "would be divided by the smoothing scales with nothing to make up for it"
+        )
     return None
 
 
