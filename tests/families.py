@@ -84,27 +84,20 @@ LINEAR = dict(
     linear_conv_kernel_dim=4,
 )
 MIXED = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+# Gated DeltaNet mixed with attention, every MLP a sparse MoE block and a shared expert (Qwen3-Next, Qwen3.5-MoE)
+GDN_MOE = dict(
+    **LINEAR,
+    **EXPERTS,
+    num_hidden_layers=4,
+    layer_types=MIXED,
+    num_experts=4,
+    moe_intermediate_size=128,
+    shared_expert_intermediate_size=128,
+)
 HYBRID = {
-    "qwen3_next": dict(
-        **LINEAR,
-        **EXPERTS,
-        num_hidden_layers=4,
-        layer_types=MIXED,
-        num_experts=4,
-        moe_intermediate_size=128,
-        shared_expert_intermediate_size=128,
-        decoder_sparse_step=1,
-    ),
+    "qwen3_next": dict(**GDN_MOE, decoder_sparse_step=1),
     "qwen3_5_text": dict(**LINEAR, num_hidden_layers=4, layer_types=MIXED),
-    "qwen3_5_moe_text": dict(
-        **LINEAR,
-        **EXPERTS,
-        num_hidden_layers=4,
-        layer_types=MIXED,
-        num_experts=4,
-        moe_intermediate_size=128,
-        shared_expert_intermediate_size=128,
-    ),
+    "qwen3_5_moe_text": GDN_MOE,
     "kimi_linear": dict(
         **EXPERTS,
         num_hidden_layers=4,

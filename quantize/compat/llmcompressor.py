@@ -118,9 +118,7 @@ def _pin_problems() -> list[str]:
     """What no longer holds of `unpinned`'s assumptions: the version, the class or its method and parameters."""
     from llmcompressor.pipelines import cache
 
-    found = []
-    if why := outside("llmcompressor", version("llmcompressor"), CHECKED):
-        found.append(why)
+    found = _version_problems()
     pin = getattr(getattr(cache, "IntermediatesCache", None), "pin_memory", None)
     if pin is None:
         found.append("llmcompressor.pipelines.cache.IntermediatesCache.pin_memory is gone")
@@ -136,12 +134,10 @@ def unpinned() -> Iterator[None]:
     the block ends. Where `_pin_problems` finds anything, a warning says so and the library's method stays."""
     from llmcompressor.pipelines.cache import IntermediatesCache
 
-    if found := _pin_problems():
-        warnings.warn(
-            "quantize: llm-compressor's IntermediatesCache.pin_memory is left as it is (it fails on a torch without "
-            "an accelerator), since " + "; ".join(found),
-            stacklevel=3,
-        )
+    if _warned(
+        _pin_problems(),
+        "llm-compressor's IntermediatesCache.pin_memory is left as it is (it fails on a torch without an accelerator)",
+    ):
         yield
         return
     own = IntermediatesCache.pin_memory
@@ -178,12 +174,11 @@ def weights_observed() -> Iterator[None]:
     from llmcompressor.modifiers.gptq.base import GPTQModifier
     from llmcompressor.modifiers.quantization.calibration import observe
 
-    if found := [w for w in [outside("llmcompressor", version("llmcompressor"), CHECKED)] if w] + _gptq_problems():
-        warnings.warn(
-            "quantize: llm-compressor's GPTQModifier.compress_modules is left as it is (a Linear its tracer does "
-            "not reach may stop GPTQ with 'No statistics available'), since " + "; ".join(found),
-            stacklevel=3,
-        )
+    if _warned(
+        _version_problems() + _gptq_problems(),
+        "llm-compressor's GPTQModifier.compress_modules is left as it is (a Linear its tracer does "
+        "not reach may stop GPTQ with 'No statistics available')",
+    ):
         yield
         return
     own = GPTQModifier.compress_modules
@@ -226,12 +221,11 @@ def fx_wraps_dropped() -> Iterator[None]:
     stay. Where `_fx_wrap_problems` finds anything, a warning says so and the table is left as it is."""
     import torch.fx._symbolic_trace as symbolic_trace
 
-    if found := _fx_wrap_problems():
-        warnings.warn(
-            "quantize: torch.fx's wrap table is left as it is (llm-compressor's traced forwards keep the model "
-            "in memory after the run drops it), since " + "; ".join(found),
-            stacklevel=3,
-        )
+    if _warned(
+        _fx_wrap_problems(),
+        "torch.fx's wrap table is left as it is (llm-compressor's traced forwards keep the model "
+        "in memory after the run drops it)",
+    ):
         yield
         return
     table = symbolic_trace._wrapped_fns_to_patch  # noqa: SLF001 (torch.fx's wrap table: module docstring)
@@ -269,12 +263,11 @@ def every_module_calibrated() -> Iterator[None]:
     from compressed_tensors.quantization.utils import is_module_quantized
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
-    if found := [w for w in [outside("llmcompressor", version("llmcompressor"), CHECKED)] if w] + _epoch_problems():
-        warnings.warn(
-            "quantize: llm-compressor's QuantizationModifier callbacks are left as they are (a Linear its tracer "
-            "does not reach keeps uncalibrated scales), since " + "; ".join(found),
-            stacklevel=3,
-        )
+    if _warned(
+        _version_problems() + _epoch_problems(),
+        "llm-compressor's QuantizationModifier callbacks are left as they are (a Linear its tracer "
+        "does not reach keeps uncalibrated scales)",
+    ):
         yield
         return
     own_epoch, own_end = QuantizationModifier.on_sequential_epoch_end, QuantizationModifier.on_calibration_end
@@ -319,12 +312,11 @@ def global_scales_shared() -> Iterator[None]:
     finds anything, a warning says so and the list stays."""
     from llmcompressor.observers import helpers
 
-    if found := [w for w in [outside("llmcompressor", version("llmcompressor"), CHECKED)] if w] + _fusion_problems():
-        warnings.warn(
-            "quantize: llm-compressor's FUSED_LAYER_NAMES is left as it is (Qwen3.5's in_proj pairs keep separate "
-            "NVFP4 global scales, which vLLM merges by their maximum), since " + "; ".join(found),
-            stacklevel=3,
-        )
+    if _warned(
+        _version_problems() + _fusion_problems(),
+        "llm-compressor's FUSED_LAYER_NAMES is left as it is (Qwen3.5's in_proj pairs keep separate "
+        "NVFP4 global scales, which vLLM merges by their maximum)",
+    ):
         yield
         return
     names = helpers.FUSED_LAYER_NAMES
@@ -335,6 +327,19 @@ def global_scales_shared() -> Iterator[None]:
     finally:
         for g in added:
             names.remove(g)
+
+
+def _version_problems() -> list[str]:
+    """The installed llm-compressor outside CHECKED, as a problem (none inside)."""
+    return [w for w in [outside("llmcompressor", version("llmcompressor"), CHECKED)] if w]
+
+
+def _warned(found: list[str], kept: str) -> bool:
+    """Whether a guard found anything; if so a warning names what is `kept` as the library has it and why (the
+    warning points at the `with` statement of the context manager that calls this)."""
+    if found:
+        warnings.warn(f"quantize: {kept}, since " + "; ".join(found), stacklevel=4)
+    return bool(found)
 
 
 def _blind(module: Any) -> bool:
