@@ -218,6 +218,21 @@ def test_the_types_refused_are_those_llama_cpp_refuses(llama_cpp, f16):
     assert set(fails) - gguf_rules.UNWRITTEN == {"Q1_0"} and "no tensor type fallback" in fails["Q1_0"]
 
 
+def test_a_refusal_is_read_after_a_quiet_llama_in_the_same_process(llama_cpp, f16, tmp_path, monkeypatch):
+    """A `Llama(verbose=False)` sets llama-cpp-python's logger to ERROR for the whole process, and its log callback
+    then prints nothing below it: llama.cpp's refusal of a file type this model cannot take (Q1_0: no fallback for
+    rows of 576) went unread and was exit 3, "(it logged nothing)". The log is read whatever the level was, and the
+    level is put back."""
+    import logging
+
+    from quantize.convert.backends.llamacpp import LLAMA_CPP_LOGGER, quantize_file
+
+    monkeypatch.setattr(logging.getLogger(LLAMA_CPP_LOGGER), "level", logging.ERROR)  # as verbose=False leaves it
+    with pytest.raises(UsageError, match="no tensor type fallback"):
+        quantize_file(f16, tmp_path / "q1.gguf", llama_cpp.LLAMA_FTYPE_MOSTLY_Q1_0, 2, requantize=False)
+    assert logging.getLogger(LLAMA_CPP_LOGGER).level == logging.ERROR
+
+
 def test_every_shipped_gguf_recipe_passes_its_checks(llama_cpp):
     assert [p.stem for p in GGUF_RECIPES] == ["gguf-iq4_xs", "gguf-q4_k_m", "gguf-q8_0"]
     for p in GGUF_RECIPES:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import sys
 import tempfile
@@ -201,9 +202,9 @@ def quantize_file(src: Path, dst: Path, ftype: int, threads: int, requantize: bo
     params.allow_requantize = requantize
     with llama_log() as log:
         rc = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params))
+        said = [] if rc == 0 else log.read_text(errors="replace").strip().splitlines()  # read while the file exists
     if rc == 0:
         return
-    said = log.read_text(errors="replace").strip().splitlines() if log.exists() else []
     tail = " | ".join(line.strip() for line in said[-LOG_LINES:] if line.strip()) or "(it logged nothing)"
     if any("unknown model architecture" in line for line in said):
         raise UsageError(f"llama.cpp does not know the architecture of {src} (llama-cpp-python {_version()}): {tail}")
@@ -215,21 +216,30 @@ def quantize_file(src: Path, dst: Path, ftype: int, threads: int, requantize: bo
     raise RuntimeFailure(f"llama.cpp's quantizer failed on {src.name} -> {dst.name} (return code {rc}): {tail}")
 
 
+LLAMA_CPP_LOGGER = "llama-cpp-python"  # the logging logger whose level llama-cpp-python's log callback obeys
+
+
 @contextmanager
 def llama_log() -> Iterator[Path]:
     """Everything llama.cpp logs while the block runs into a temporary file: file descriptor 2 (C code) and Python's
     sys.stderr (llama-cpp-python's log callback prints there, wherever sys.stderr points), both appending; yields
-    the file's path, readable until the context ends."""
+    the file's path, readable until the context ends. The callback prints only at or above its logger's level,
+    which any `Llama(verbose=False)` earlier in the process sets to ERROR (then a quantizer's refusal logged
+    nothing, and a file type this model cannot take was exit 3): the level is DEBUG for the block, put back after."""
+    library = logging.getLogger(LLAMA_CPP_LOGGER)
+    level = library.level
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryDirectory(prefix="quantize-llamacpp-") as folder:
         path = Path(folder) / "llama.log"
         with open(path, "ab") as raw, open(path, "a", encoding="utf-8", errors="replace") as text:
             os.dup2(raw.fileno(), 2)
+            library.setLevel(logging.DEBUG)
             try:
                 with contextlib.redirect_stderr(text):
                     yield path
             finally:
+                library.setLevel(level)
                 os.dup2(saved, 2)
                 os.close(saved)
 
