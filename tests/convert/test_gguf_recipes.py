@@ -233,6 +233,23 @@ def test_a_refusal_is_read_after_a_quiet_llama_in_the_same_process(llama_cpp, f1
     assert logging.getLogger(LLAMA_CPP_LOGGER).level == logging.ERROR
 
 
+def test_the_log_level_is_put_back_unless_a_quiet_llama_set_its_own(monkeypatch):
+    """A Llama(verbose=False) made inside the block (the reload check's) keeps the level it set, so freeing it
+    later prints nothing on the user's terminal (a `~llama_context` line did, for one commit)."""
+    import logging
+
+    from quantize.convert.backends.llamacpp import LLAMA_CPP_LOGGER, llama_log
+
+    library = logging.getLogger(LLAMA_CPP_LOGGER)
+    monkeypatch.setattr(library, "level", logging.NOTSET)
+    with llama_log():
+        assert library.level == logging.DEBUG
+    assert library.level == logging.NOTSET
+    with llama_log():
+        library.setLevel(logging.ERROR)  # as Llama(verbose=False) does
+    assert library.level == logging.ERROR
+
+
 def test_every_shipped_gguf_recipe_passes_its_checks(llama_cpp):
     assert [p.stem for p in GGUF_RECIPES] == ["gguf-iq4_xs", "gguf-q4_k_m", "gguf-q8_0"]
     for p in GGUF_RECIPES:

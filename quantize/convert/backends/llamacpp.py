@@ -225,7 +225,8 @@ def llama_log() -> Iterator[Path]:
     sys.stderr (llama-cpp-python's log callback prints there, wherever sys.stderr points), both appending; yields
     the file's path, readable until the context ends. The callback prints only at or above its logger's level,
     which any `Llama(verbose=False)` earlier in the process sets to ERROR (then a quantizer's refusal logged
-    nothing, and a file type this model cannot take was exit 3): the level is DEBUG for the block, put back after."""
+    nothing, and a file type this model cannot take was exit 3): the level is DEBUG for the block, put back after
+    unless a Llama made in the block set its own (its verbose=False then holds for its life, its freeing included)."""
     library = logging.getLogger(LLAMA_CPP_LOGGER)
     level = library.level
     sys.stderr.flush()
@@ -239,7 +240,8 @@ def llama_log() -> Iterator[Path]:
                 with contextlib.redirect_stderr(text):
                     yield path
             finally:
-                library.setLevel(level)
+                if library.level == logging.DEBUG:  # else a Llama made in the block set its own: it keeps it
+                    library.setLevel(level)
                 os.dup2(saved, 2)
                 os.close(saved)
 
