@@ -33,14 +33,14 @@
 - llm-compressor's sequential pipeline (every calibrated scheme: `oneshot` infers it) traces the model with
   torch.fx after rewriting its `forward` (`pipelines.sequential.ast_helpers.autowrap_forward`): the new code is
   exec'd in a copy of the module's namespace holding `self` (the model), and `torch.fx.wrap` calls in it register
-  that namespace, and the traced graph code's, in torch's module-level table `torch.fx._symbolic_trace.
-  _wrapped_fns_to_patch` ((id of the namespace, function name) -> namespace), which nothing ever empties. The model
-  stays reachable from torch.fx after the run drops it: measured on the default model (FP8 dynamic + FP8 KV,
-  64 x 256 calibration tokens), 155 MiB of the quantized model's tensors and the source file's 256 MiB of mapped
-  pages stayed resident into the reload check, which peaked at 1.45-1.59 GiB against a plan of 1.16 GiB.
+  that namespace, and the traced graph code's, in torch.fx's module-level wrap table (compat/torch.py:
+  `wrap_table`), which nothing ever empties. The model stays reachable from torch.fx after the run drops it:
+  measured on the default model (FP8 dynamic + FP8 KV, 64 x 256 calibration tokens), 155 MiB of the quantized
+  model's tensors and the source file's 256 MiB of mapped pages stayed resident into the reload check, which
+  peaked at 1.45-1.59 GiB against a plan of 1.16 GiB.
   `fx_wraps_dropped()` removes, when the block ends, the table's entries the block added (torch's own, registered
-  at import, stay), so the model's memory goes when the caller drops it. Where the table is not the dict read here
-  (torch outside TORCH_CHECKED), it warns and leaves the table as it is.
+  at import, stay), so the model's memory goes when the caller drops it. Where the table is not the dict read
+  (compat/torch.py's guard), it warns and leaves the table as it is.
 
 - `QuantizationModifier` (FP8 static, NVFP4, W8A8, every calibrated scheme but GPTQ's and AWQ's own) turns what its
   observers saw into scales in `on_sequential_epoch_end(state, event, modules)`, called by the sequential pipeline
@@ -76,13 +76,13 @@ from pathlib import Path
 from typing import Any
 
 from quantize.compat import outside
+from quantize.compat.torch import wrap_table, wrap_table_problems
 
 CHECKED = ((0, 14), (0, 15))  # [from, to): the versions the assumption above was read on
 PT = {"format": "pt"}  # the __metadata__ transformers' save_pretrained writes in each safetensors header
 PIN_MEMORY = ("self", "batch_index", "input_names")  # IntermediatesCache.pin_memory's parameters, as read
 # the layers vLLM 0.34 merges whose NVFP4 global scales llm-compressor 0.14 does not share (module docstring)
 MERGED_BY_VLLM = (("in_proj_qkv", "in_proj_z"), ("in_proj_b", "in_proj_a"))
-TORCH_CHECKED = ((2, 11), (2, 14))  # [from, to): torch versions whose torch.fx wrap table was read
 
 
 def problems() -> list[str]:
@@ -196,18 +196,11 @@ def weights_observed() -> Iterator[None]:
 
 
 def _fx_wrap_problems() -> list[str]:
-    """What no longer holds of `fx_wraps_dropped`'s assumptions: torch's version, its wrap table, or llm-compressor
-    registering its rewritten forwards' namespaces through `torch.fx.wrap`."""
-    import torch
-    import torch.fx._symbolic_trace as symbolic_trace
+    """What no longer holds of `fx_wraps_dropped`'s assumptions: torch's wrap table (compat/torch.py), or
+    llm-compressor registering its rewritten forwards' namespaces through `torch.fx.wrap`."""
     from llmcompressor.pipelines.sequential import ast_helpers
 
-    found = [w for w in [outside("torch", torch.__version__, TORCH_CHECKED)] if w]
-    table = getattr(symbolic_trace, "_wrapped_fns_to_patch", None)
-    if not isinstance(table, dict) or any(
-        not (isinstance(k, tuple) and len(k) == 2 and isinstance(k[1], str)) for k in table
-    ):
-        found.append("torch.fx._symbolic_trace._wrapped_fns_to_patch is no longer a dict keyed (namespace id, name)")
+    found = wrap_table_problems()
     source = inspect.getsource(ast_helpers.autowrap_forward)
     if '"self": module' not in source or "torch.fx.wrap" not in source:
         found.append("llm-compressor's autowrap_forward no longer execs the forward in a namespace holding the model")
@@ -219,8 +212,6 @@ def fx_wraps_dropped() -> Iterator[None]:
     """The entries the block adds to torch.fx's wrap table (llm-compressor's rewritten forwards' namespaces, which
     hold the model: module docstring) removed when it ends, however it ends; the entries that were there before
     stay. Where `_fx_wrap_problems` finds anything, a warning says so and the table is left as it is."""
-    import torch.fx._symbolic_trace as symbolic_trace
-
     if _warned(
         _fx_wrap_problems(),
         "torch.fx's wrap table is left as it is (llm-compressor's traced forwards keep the model "
@@ -228,7 +219,7 @@ def fx_wraps_dropped() -> Iterator[None]:
     ):
         yield
         return
-    table = symbolic_trace._wrapped_fns_to_patch  # noqa: SLF001 (torch.fx's wrap table: module docstring)
+    table = wrap_table()
     before = set(table)
     try:
         yield

@@ -195,12 +195,11 @@ def test_a_calibrated_run_lets_the_model_go_before_the_reload_check(tmp_path, ti
     import gc
     import weakref
 
-    import torch.fx._symbolic_trace as symbolic_trace
-
+    from quantize.compat.torch import wrap_table
     from quantize.convert import engine
     from quantize.convert.backends.llmcompressor import LLMCompressorBackend
 
-    table = symbolic_trace._wrapped_fns_to_patch  # torch.fx's wrap table (quantize/compat/llmcompressor.py)
+    table = wrap_table()
     table_before = set(table)
     refs, alive = [], []
     own_quantize, own_reload = LLMCompressorBackend.quantize, engine.reload_check
