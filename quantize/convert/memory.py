@@ -490,20 +490,16 @@ def unchecked_experts(p: MemoryPlan, reload_need: int, experts: tuple[str, int])
 
 
 def refuse_switches(recipe: Recipe, ckpt: Checkpoint) -> None:
-    """`streaming: on` for a recipe or a model that cannot stream (or the one onto the other: scales_streamable),
-    and `offload: on` for a recipe that cannot offload: refused naming the field, why, and what to set instead."""
+    """`streaming: on` for a recipe or a model that cannot stream (the model: source_streamable, or
+    scales_streamable for this recipe), and `offload: on` for a recipe that cannot offload: refused naming the
+    field, why, and what to set instead."""
     if recipe.streaming is Streaming.on and (why := streamable(recipe)):
         raise UsageError(f"streaming: on, but this recipe cannot stream: {why}; set `streaming: auto` or `off`")
-    if recipe.streaming is Streaming.on and (why := source_streamable(ckpt)):
+    if recipe.streaming is Streaming.on and (why := source_streamable(ckpt) or scales_streamable(recipe, ckpt)):
         offload = " (or, for a calibrated recipe short of memory, its weights offloaded to disk: `offload: on`)"
         raise UsageError(
             f"streaming: on, but this model cannot stream: {why}. Set `streaming: off` (or `auto`) to convert it on "
             f"the in-memory path{offload if offloadable(recipe) is None else ''}; nothing was loaded"
-        )
-    if recipe.streaming is Streaming.on and (why := scales_streamable(recipe, ckpt)):
-        raise UsageError(
-            f"streaming: on, but this recipe cannot stream onto this model: {why}. Set `streaming: off` (or `auto`) "
-            "to convert it on the in-memory path; nothing was loaded"
         )
     if recipe.offload is Offload.on and (why := offloadable(recipe)):
         raise UsageError(
