@@ -9,15 +9,27 @@ asked (benchmarks/server_samples.py `--fixed`), never by `quantize` itself.
   echoed token i is scored by row i - 1, BOS kept, the end-of-generation token echoed, and the top-k taken with
   numpy instead of a Python sort of the whole vocabulary per token.
 
+- `struct ggml_tensor` (ggml.h as 0.3.36 vendors it: GGML_MAX_DIMS 4, GGML_MAX_OP_PARAMS 64, GGML_MAX_SRC 10,
+  GGML_MAX_NAME 64): what llama.cpp's graph callback (`cb_eval`, `ggml_backend_sched_eval_callback`) hands over is a
+  pointer to one, and llama-cpp-python maps no field of it. `GGMLTensor` is that layout; `tensor_problems` builds a
+  matrix product in a ggml context of its own and reads it back through the layout (type, shape, strides, name, op,
+  sources), so a moved field is found before anything is read with it. Through `llama_cpp._ggml.libggml` (its own
+  "use at your own risk" module): ggml_nbytes, ggml_backend_tensor_get, ggml_op_name (op_code), and, for the check,
+  ggml_init, ggml_new_tensor_2d, ggml_set_name, ggml_mul_mat, ggml_free.
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on
-any); `patch_echo` refuses to run while there is one, never half-patching another version.
+any); `patch_echo` refuses to run while there is one, never half-patching another version, and the importance
+matrix (convert/imatrix.py) is refused while `tensor_problems()` finds one.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import inspect
 import textwrap
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
 from quantize.compat import outside
 
@@ -90,7 +102,7 @@ def problems() -> list[str]:
         for old, _new in PATCHES
         if src.count(old) != 1
     ]
-    return out
+    return out + tensor_problems()
 
 
 def patch_echo() -> None:
@@ -106,3 +118,125 @@ def patch_echo() -> None:
     scope = dict(vars(module))
     exec(compile(textwrap.dedent(src), f"<patched {module.__file__}>", "exec"), scope)
     module.Llama._create_completion = scope["_create_completion"]  # noqa: SLF001
+
+
+class GGMLTensor(ctypes.Structure):
+    """`struct ggml_tensor` of ggml.h (llama-cpp-python 0.3.36's vendored ggml), field for field."""
+
+    _fields_ = (
+        ("type", ctypes.c_int),  # enum ggml_type
+        ("buffer", ctypes.c_void_p),
+        ("ne", ctypes.c_int64 * 4),  # elements per dimension, innermost first
+        ("nb", ctypes.c_size_t * 4),  # stride in bytes per dimension
+        ("op", ctypes.c_int),  # enum ggml_op
+        ("op_params", ctypes.c_int32 * 16),
+        ("flags", ctypes.c_int32),
+        ("src", ctypes.c_void_p * 10),
+        ("view_src", ctypes.c_void_p),
+        ("view_offs", ctypes.c_size_t),
+        ("data", ctypes.c_void_p),
+        ("name", ctypes.c_char * 64),
+        ("extra", ctypes.c_void_p),
+        ("padding", ctypes.c_char * 8),
+    )
+
+
+class _InitParams(ctypes.Structure):  # struct ggml_init_params
+    _fields_ = (("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool))
+
+
+@functools.cache
+def ggml() -> Any:
+    """llama-cpp-python's handle on libggml, the argument and result types of the functions used here set."""
+    from llama_cpp import _ggml
+
+    lib = _ggml.libggml
+    p, size = ctypes.c_void_p, ctypes.c_size_t
+    for name, args, result in (
+        ("ggml_nbytes", [p], size),
+        ("ggml_backend_tensor_get", [p, p, size, size], None),
+        ("ggml_op_name", [ctypes.c_int], ctypes.c_char_p),
+        ("ggml_init", [_InitParams], p),
+        ("ggml_new_tensor_2d", [p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64], p),
+        ("ggml_set_name", [p, ctypes.c_char_p], p),
+        ("ggml_mul_mat", [p, p, p], p),
+        ("ggml_free", [p], None),
+    ):
+        f = getattr(lib, name)
+        f.argtypes, f.restype = args, result
+    return lib
+
+
+def tensor(address: int) -> GGMLTensor:
+    """The ggml tensor at `address` (a graph callback's first argument), read in place: valid while the callback
+    runs."""
+    return GGMLTensor.from_address(address)
+
+
+@functools.cache
+def op_code(name: str) -> int:
+    """The value of ggml's operation `name` (MUL_MAT, MUL_MAT_ID) in its enum ggml_op: `ggml_op_name` asked for 0,
+    1, ... until it says `name` (it indexes a table without a bound check, so it is never asked for a value read
+    from a tensor, and the scan stops at the first match). KeyError past OP_SCAN."""
+    lib = ggml()
+    for i in range(OP_SCAN):
+        if lib.ggml_op_name(i) == name.encode():
+            return i
+    raise KeyError(f"ggml names no operation {name} among its first {OP_SCAN}")
+
+
+OP_SCAN = 64  # MUL_MAT is the 30th of ggml 0.3.36's operations (after NONE, DUP, ADD, ..., OUT_PROD)
+
+
+def tensor_bytes(address: int) -> bytearray:
+    """A copy of the tensor's bytes from its backend (`ggml_backend_tensor_get` of `ggml_nbytes`: for a view, the
+    span its strides reach), wherever its buffer lives."""
+    lib = ggml()
+    n = lib.ggml_nbytes(address)
+    out = bytearray(n)
+    lib.ggml_backend_tensor_get(address, (ctypes.c_char * n).from_buffer(out), 0, n)
+    return out
+
+
+def tensor_problems() -> list[str]:
+    """Where `GGMLTensor` does not read what ggml wrote: a 5 x 3 and a 5 x 7 F32 matrix and their product built in a
+    ggml context without data, each field the layout reads compared with what was asked for."""
+    import llama_cpp
+
+    lib = ggml()
+    ctx = lib.ggml_init(_InitParams(1 << 20, None, True))
+    if not ctx:
+        return ["ggml_init gave no context for the layout check of struct ggml_tensor"]
+    try:
+        a = lib.ggml_new_tensor_2d(ctx, llama_cpp.GGML_TYPE_F32, 5, 3)
+        b = lib.ggml_new_tensor_2d(ctx, llama_cpp.GGML_TYPE_F32, 5, 7)
+        lib.ggml_set_name(a, b"blk.0.probe.weight")
+        c = lib.ggml_mul_mat(ctx, a, b)
+        ta, tc = tensor(a), tensor(c)
+        seen = {
+            "type": ta.type,
+            "ne": list(ta.ne),
+            "nb": list(ta.nb),
+            "name": ta.name,
+            "op": tc.op,
+            "src": list(tc.src[:2]),
+            "product ne": list(tc.ne),
+            "nbytes": lib.ggml_nbytes(a),
+        }
+        want = {
+            "type": llama_cpp.GGML_TYPE_F32,
+            "ne": [5, 3, 1, 1],
+            "nb": [4, 20, 60, 60],
+            "name": b"blk.0.probe.weight",
+            "op": op_code("MUL_MAT"),
+            "src": [a, b],
+            "product ne": [3, 7, 1, 1],
+            "nbytes": 60,
+        }
+    finally:
+        lib.ggml_free(ctx)
+    return [
+        f"struct ggml_tensor read through GGMLTensor: {k} is {seen[k]!r}, ggml made {want[k]!r}"
+        for k in want
+        if seen[k] != want[k]
+    ]

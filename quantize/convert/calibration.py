@@ -702,11 +702,12 @@ def vocabulary_overlap(tokenizer: Any, folder: str, x: Any) -> VocabularyOverlap
     )
 
 
-def check_calibration(cal: Calibration, model_dir: Path) -> None:
+def check_calibration(cal: Calibration, model_dir: Path, tokenizer: FileTokenizer | None = None) -> None:
     """Everything about the calibration that can be checked before a model loads: the weights, each source read and
     checked whole, a chat template for conversations, and, with the tokenizer from the checkpoint's files
     (`file_tokenizer`), the packing itself as `build_calibration` will do it after the load: every conversation it
-    reads rendered through the template, each source's share of the tokens filled."""
+    reads rendered through the template, each source's share of the tokens filled. `tokenizer`, where given, is
+    the one the run packs with in place of the files' (a GGUF's own, backends/llamacpp.gguf_tokenizer)."""
     _check_weights(cal)
     if cal.overlap_with is not None:
         golden_texts(cal.overlap_with, "calibration.overlap_with")
@@ -716,10 +717,10 @@ def check_calibration(cal: Calibration, model_dir: Path) -> None:
         src = open_source(given, _where(cal, i))
         if src.rows == 0:
             raise UsageError(f"{src.where} = {given.source!r} holds no rows; give a source with text")
-        if src.kind == "chat" and chat_template(model_dir) is None:
+        if src.kind == "chat" and (chat_template(model_dir) if tokenizer is None else tokenizer.template) is None:
             raise _no_template(src, str(model_dir))
         sources.append(src)
-    if (tokenizer := file_tokenizer(model_dir)) is not None:
+    if (tokenizer := tokenizer or file_tokenizer(model_dir)) is not None:
         _pack_sources(tokenizer, cal, sources, str(model_dir))
 
 
@@ -835,9 +836,18 @@ def _pack_sources(
 
 
 def build_calibration(tokenizer: Any, cal: Calibration) -> CalibrationSet:
-    """Pack shuffled documents of each source into (samples, seq_len) token ids, and record what they were."""
-    import numpy as np
+    """Pack shuffled documents of each source into (samples, seq_len) token ids, and record what they were: the
+    rows of `pack_calibration` as a torch tensor."""
     import torch
+
+    x, record = pack_calibration(tokenizer, cal)
+    return CalibrationSet(torch.from_numpy(x), record)
+
+
+def pack_calibration(tokenizer: Any, cal: Calibration) -> tuple[Any, CalibrationRecord]:
+    """The calibration rows, (samples, seq_len) int64 in a C-contiguous numpy array, and their record; no torch
+    (a GGUF recipe's importance matrix is computed in llama.cpp from these rows)."""
+    import numpy as np
 
     sources = [open_source(g, _where(cal, i)) for i, g in enumerate(cal.sources())]
     rows, packed, template_sha = _pack_sources(tokenizer, cal, sources, "the loaded tokenizer")
@@ -886,4 +896,4 @@ def build_calibration(tokenizer: Any, cal: Calibration) -> CalibrationSet:
         chat_template_share=template / total if template is not None and total else None,
         overlap=vocabulary_overlap(tokenizer, cal.overlap_with, x) if cal.overlap_with else None,
     )
-    return CalibrationSet(torch.from_numpy(np.ascontiguousarray(x)), record)
+    return np.ascontiguousarray(x), record

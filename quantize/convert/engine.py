@@ -83,8 +83,8 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
             "remove the link or choose another `output:` (or --output)"
         )
     model_dir = backend.source(recipe) if converts_files(type(backend)) else resolve_model(recipe.model)
-    if recipe.needs_calibration and recipe.calibration is not None:
-        check_calibration(recipe.calibration, model_dir)
+    if recipe.needs_calibration and recipe.calibration is not None and not converts_files(type(backend)):
+        check_calibration(recipe.calibration, model_dir)  # a file-to-file backend's `source` checked it, its way
     for parent in [out.parent, *out.parent.parents]:
         if parent.exists():
             if not parent.is_dir():
@@ -434,8 +434,8 @@ def _convert_file(recipe: Recipe, ref: RecipeRef, source: Path, out: Path, force
             scheme=done.scheme,
             source_model=SourceModel(path=str(source), weights_sha256=source_hash, parameters=source_params),
             weights_sha256=out_hash,
-            calibration=None,
-            seed=0,
+            calibration=done.calibration,
+            seed=done.calibration.seed if done.calibration else 0,
             layer_plan=done.layer_plan,
             engine=done.engine,
             versions=library_versions() | done.versions,

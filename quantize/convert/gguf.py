@@ -9,8 +9,9 @@ its Python API:
     IMATRIX         the file types llama.cpp refuses to write without an importance matrix: those whose tensors take
                     IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S or IQ3_XXS (IQ3_XS gives attn_q, attn_k, ffn_gate and ffn_up
                     IQ3_XXS), and Q2_K_S, whose Q2_K tensors need one (tensor_requires_imatrix). An importance matrix
-                    is llama.cpp's llama-imatrix tool's output over calibration text; llama-cpp-python builds no such
-                    tool and this project computes none, so these types are refused before anything loads. (IQ3_XXS
+                    is statistics of each weight's input activations over calibration text (llama.cpp's llama-imatrix
+                    tool; here convert/imatrix.py, from a recipe's `calibration:`): these types are refused before
+                    anything loads in a recipe without one. (IQ3_XXS
                     and IQ3_XS need one only where rows hold whole 256-blocks: SmolLM2's 576 fall back to IQ4_NL, so
                     llama.cpp would write them for it; they are refused for every model, a rule that does not depend
                     on a model's shapes.)
@@ -50,6 +51,13 @@ DEFAULT_TYPE = {
     "IQ3_M": "IQ3_S",
     "IQ2_S": "IQ2_XS",
     "IQ2_M": "IQ2_S",
+}
+# what llama-quantize writes into a GGUF it quantized with an importance matrix (its tools/quantize/quantize.cpp,
+# LLM_KV_QUANTIZE_IMATRIX_*: keys of the tool, not of the gguf package or the library), written the same way here
+IMATRIX_KEYS = {
+    "dataset": "quantize.imatrix.dataset",
+    "entries": "quantize.imatrix.entries_count",
+    "chunks": "quantize.imatrix.chunks_count",
 }
 _K_MIX = re.compile(r"(Q\d_K)_[SML]")
 CONVERTER = "convert_hf_to_gguf.py"  # llama.cpp's converter of a Hugging Face checkpoint into a GGUF

@@ -522,14 +522,21 @@ class GGUFRecipe(_Named):
     """llama.cpp's own quantizer (`llama_model_quantize`) from a GGUF: the output is a GGUF of file type `type`, by the
     name llama.cpp's tools and the GGUFs people publish use (Q8_0, Q6_K, Q5_K_M, Q4_K_M, IQ4_XS, Q3_K_M). llama.cpp
     chooses each tensor's type from that file type itself (its own mixtures, and a type of smaller blocks where a
-    tensor's rows hold no whole block), so the settings of the other methods (targets, ignore, calibration, dtype,
-    streaming, offload) have no place here."""
+    tensor's rows hold no whole block), so the settings of the other methods (targets, ignore, dtype, streaming,
+    offload) have no place here. `calibration:` is the one it shares: given, an importance matrix is computed from
+    it in llama.cpp and the quantizer weighs each weight's columns by it (the file types in convert/gguf.IMATRIX
+    need one)."""
 
     method: Literal[Method.gguf]
     backend: str = Field("llamacpp", min_length=1, description="the backend that converts: llamacpp")
     type: str = Field(description="llama.cpp's file type, e.g. Q4_K_M (LLAMA_FTYPE_MOSTLY_Q4_K_M)")
     threads: int | None = Field(
         None, ge=1, le=1024, description="threads llama.cpp quantizes with; default: this machine's CPUs"
+    )
+    calibration: Calibration | None = Field(
+        None,
+        description="text to compute an importance matrix from (as llama.cpp's llama-imatrix does), which the "
+        "quantizer then weighs each weight's columns by; needed by the IQ1/IQ2/IQ3_XXS/IQ3_XS and Q2_K_S types",
     )
 
     @model_validator(mode="before")
@@ -569,11 +576,7 @@ class GGUFRecipe(_Named):
 
     @property
     def needs_calibration(self) -> bool:
-        return False
-
-    @property
-    def calibration(self) -> Calibration | None:
-        return None
+        return self.calibration is not None
 
     @property
     def trust_remote_code(self) -> bool:
@@ -634,7 +637,6 @@ SETTING_OWNER = {
     "threads": "`threads:` is method gguf's (llama.cpp's quantizer)",
     "targets": "llama.cpp chooses each tensor's type from the file type, `type:`",
     "ignore": "llama.cpp chooses each tensor's type from the file type, `type:`",
-    "calibration": "llama.cpp's file types are quantized here without calibration data (no importance matrix)",
     "dtype": "llama.cpp reads the GGUF's own tensor types",
     "trust_remote_code": "no Python code of the checkpoint runs in llama.cpp",
     "streaming": "llama.cpp's quantizer reads and writes one tensor at a time itself",

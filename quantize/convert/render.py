@@ -35,6 +35,14 @@ def gguf_lines(g: GGUFConversion) -> list[str]:
     return [
         f"  llama.cpp (llama-cpp-python {g.llama_cpp_python}, {g.threads} threads): {g.source_file_type}{via} -> "
         f"{g.ftype}; weights by type: {types}",
+        *(
+            [
+                f"  importance matrix: {g.imatrix.weights} weights, from {g.imatrix.rows} calibration rows "
+                f"({g.imatrix.tokens:,} tokens) decoded in llama.cpp on {g.imatrix.computed_on}"
+            ]
+            if g.imatrix
+            else []
+        ),
         *(f"  note: {n}" for n in g.notes),
     ]
 

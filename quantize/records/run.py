@@ -109,6 +109,19 @@ class LayerPlanRecord(Strict):
     routing: list[ExpertRouting] = Field(default_factory=list)  # per MoE layer, from calibration (none: data-free)
 
 
+class ImatrixRecord(Strict):
+    """The importance matrix a GGUF was quantized with (convert/imatrix.py): computed in llama.cpp on which file, over
+    how much of the calibration (RunRecord.calibration says which rows), and the sha256 of what the quantizer read."""
+
+    computed_on: str  # the 16-bit GGUF the activations were computed on
+    weights: int  # weights with an entry (llama-quantize's "entries")
+    products: int  # matrix products read
+    rows: int  # calibration rows decoded (llama-imatrix's "chunks")
+    tokens: int
+    bos_first: bool  # each row's first token replaced by the vocabulary's BOS, as llama-imatrix's chunks
+    values_sha256: str  # imatrix.digest: each weight's name and float32 values, in name order
+
+
 class GGUFConversion(Strict):
     """A GGUF written by llama.cpp's own quantizer (`llama_model_quantize`): from which GGUF, through which 16-bit
     intermediate, to which file type, with how many threads, in which llama.cpp."""
@@ -124,6 +137,7 @@ class GGUFConversion(Strict):
     llama_cpp_python: str  # the llama-cpp-python version (its llama.cpp is the one it vendors)
     tensor_types: dict[str, int]  # ggml type -> tensors of the written file
     notes: list[str] = Field(default_factory=list)  # what the source's bits mean for the output, and the like
+    imatrix: ImatrixRecord | None = None  # the importance matrix it was quantized with (a recipe's calibration)
 
 
 class EngineRecord(Strict):

@@ -37,3 +37,21 @@ def test_the_patch_replaces_the_method_in_this_process(monkeypatch):
     after = module.Llama._create_completion
     assert after is not before and after.__code__.co_filename.startswith("<patched ")
     assert "_eog_token" in after.__code__.co_varnames
+
+
+def test_the_ggml_tensor_layout_reads_what_ggml_made():
+    """Fails loudly when an upgrade moves a field of struct ggml_tensor: read ggml.h of the new version against
+    compat.GGMLTensor, then widen CHECKED."""
+    assert compat.tensor_problems() == []
+
+
+def test_a_moved_field_is_found(monkeypatch):
+    """The layout with `op` read one int early (as if a field before it had gone): the check names what it misread."""
+    import ctypes
+
+    fields = [(n, t) for n, t in compat.GGMLTensor._fields_ if n != "op_params"]
+    fields.insert([n for n, _ in fields].index("op"), ("op_params", ctypes.c_int32 * 16))
+    moved = type("Moved", (ctypes.Structure,), {"_fields_": fields})
+    monkeypatch.setattr(compat, "GGMLTensor", moved)
+    found = compat.tensor_problems()
+    assert any(p.startswith("struct ggml_tensor read through GGMLTensor: op is 0") for p in found), found

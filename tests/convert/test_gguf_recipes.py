@@ -44,6 +44,12 @@ def test_a_gguf_recipe_takes_its_type_in_upper_case_and_the_llamacpp_backend():
     assert parse_recipe({"method": "gguf", "type": "LLAMA_FTYPE_MOSTLY_Q8_0"}).type == "Q8_0"
 
 
+def test_a_calibration_section_asks_for_an_importance_matrix():
+    r = parse_recipe({"method": "gguf", "type": "IQ2_XXS", "calibration": {"samples": 4, "seq_len": 64}})
+    assert r.needs_calibration and r.calibration.samples == 4 and r.calibration.source == "builtin:jargon"
+    assert "calibration.samples = 0" in refused(calibration={"samples": 0})
+
+
 def test_a_type_that_is_no_name_is_refused_naming_the_field():
     msg = refused(type="Q4 K/M")
     assert 'type = "Q4 K/M"' in msg and "Q4_K_M" in msg
@@ -59,7 +65,6 @@ def test_the_type_is_required():
     "key,value,says",
     [
         ("targets", ["Linear"], "llama.cpp chooses each tensor's type"),
-        ("calibration", None, "without calibration data"),
         ("scheme", "W4A16", "its file type from `type:`"),
         ("group_size", 128, "group_size"),
         ("streaming", "on", "one tensor at a time"),
@@ -172,6 +177,20 @@ def test_a_type_llama_cpp_does_not_write_here_is_exit_2_before_anything_loads(
     err = capsys.readouterr().err
     assert f"type = '{type_name}'" in err and says in err and "Traceback" not in err
     assert not (tmp_path / type_name).exists()
+    if "importance matrix" in says:
+        assert "no `calibration:` section" in err
+
+
+def test_a_calibration_that_does_not_pack_is_exit_2_before_anything_loads(llama_cpp, tmp_path, capsys):
+    """The calibration is checked in preflight as every recipe's is, packed in the GGUF's own tokenizer: a source too
+    small for samples × seq_len is refused naming the fields, and nothing is converted."""
+    text = tmp_path / "tiny.txt"
+    text.write_text("a few words\n\nand a few more\n")
+    recipe = recipe_file(tmp_path, "IQ2_XXS", calibration={"source": str(text), "samples": 4, "seq_len": 64})
+    assert main(["run", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "fewer than samples × seq_len = 256" in err and "Traceback" not in err
+    assert "run: intermediate" not in err and not (tmp_path / "IQ2_XXS").exists()
 
 
 @pytest.mark.parametrize("model,says", [("hf", "convert_hf_to_gguf.py"), ("empty", "neither a GGUF")])
@@ -337,3 +356,123 @@ def test_iq4_xs_needs_no_importance_matrix(llama_cpp, source, tmp_path, capsys):
     bits, types, _ = reader_bits(tmp_path / "o" / "model.gguf")
     assert math.isclose(meta.bits.bits_per_weight, bits, rel_tol=1e-12)
     assert {"IQ4_XS", "IQ4_NL"} <= set(types.values())
+
+
+# --- the importance matrix (convert/imatrix.py) ---------------------------------------------------------------------
+
+
+def test_the_matrix_llama_cpp_collects_is_the_activations_transformers_computes(llama_cpp, f16):
+    """Each weight's entry is the mean over tokens of its input's squared activations per column: computed here in
+    llama.cpp on the F16 GGUF, and independently in transformers on the default model's safetensors (converted from
+    the same GGUF) with a hook on every linear layer's input, over the same calibration rows. The two engines' float
+    arithmetic differs (F16 weights against float32, their own kernels), so entries agree to a few parts in a
+    thousand, not exactly; a wrong column order, weight name, count or row would be far off."""
+    import gguf
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from quantize.checkpoint.loader import resolve_model
+    from quantize.convert.backends.llamacpp import gguf_tokenizer, llama_log
+    from quantize.convert.calibration import pack_calibration
+    from quantize.convert.recipe import Calibration
+
+    cal = Calibration(samples=4, seq_len=64)
+    with gguf_tokenizer(f16) as tokenizer:
+        rows, _ = pack_calibration(tokenizer, cal)
+    got = gguf_rules_collect(f16, rows, llama_log)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(None), dtype=torch.float32).eval()
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, model.config.num_hidden_layers)
+    sums: dict[str, torch.Tensor] = {}
+
+    def hook(name):
+        def add(_m, args):
+            x = args[0].double().reshape(-1, args[0].shape[-1])
+            sums[name] = sums.get(name, 0) + (x * x).sum(0)
+
+        return add
+
+    for n, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and n != "lm_head":
+            m.register_forward_pre_hook(hook(names.get_name(n) + ".weight"))
+    with torch.no_grad():
+        model(torch.from_numpy(rows))
+    tokens = rows.size
+    assert sorted(got.values) == sorted(sums) and len(sums) == 7 * model.config.num_hidden_layers
+    worst = max(
+        float(np.abs(got.values[k] - (v / tokens).numpy()).max() / np.abs((v / tokens).numpy()).max())
+        for k, v in sums.items()
+    )
+    assert worst < 2e-2, worst
+    assert got.rows == 4 and got.tokens == 256 and not got.bos_first  # SmolLM2's vocabulary adds no BOS
+
+
+def test_the_gguf_tokenizer_packs_as_the_checkpoints_own(llama_cpp, source):
+    """Conversations rendered through the chat template read from the GGUF's header and tokenized by llama.cpp give
+    the tokens transformers' tokenizer of the default model gives, but for the separator: the GGUF's EOS is
+    <|im_end|> (2), while the safetensors folder `quantize model prepare` wrote from it says <|im_start|> (1)."""
+    from transformers import AutoTokenizer
+
+    from quantize.checkpoint.loader import resolve_model
+    from quantize.convert.backends.llamacpp import gguf_tokenizer
+    from quantize.convert.calibration import pack_calibration
+    from quantize.convert.recipe import Calibration
+
+    cal = Calibration(source="builtin:jargon-chat", samples=8, seq_len=128)
+    with gguf_tokenizer(source) as tokenizer:
+        ours, record = pack_calibration(tokenizer, cal)
+        eos = tokenizer.eos_token_id
+    hf = AutoTokenizer.from_pretrained(resolve_model(None))
+    assert (eos, hf.eos_token_id) == (2, 1)
+    hf.eos_token = "<|im_end|>"
+    theirs, their_record = pack_calibration(hf, cal)
+    assert (ours == theirs).all() and record.token_sha256 == their_record.token_sha256
+    assert record.chat_template_sha256 == their_record.chat_template_sha256 and record.chat_template_tokens > 0
+
+
+def gguf_rules_collect(path, rows, log):
+    from quantize.convert import imatrix
+
+    return imatrix.collect(path, rows, 2, log, lambda _done, _n: None)
+
+
+def test_the_quantizer_reads_the_matrix(llama_cpp, f16, tmp_path):
+    """Q4_K_M with a matrix and without: the K-quant tensors differ (llama.cpp weighs its scale search by it), and
+    the matrix's metadata is in the written file as llama-quantize writes it."""
+    from gguf import GGUFReader
+
+    from quantize.convert.backends.llamacpp import importance_matrix, quantize_file
+    from quantize.convert.recipe import Calibration
+
+    matrix = importance_matrix(f16, Calibration(samples=4, seq_len=64), 2)
+    plain, weighed = tmp_path / "plain.gguf", tmp_path / "weighed.gguf"
+    quantize_file(f16, plain, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, 2, requantize=False)
+    quantize_file(f16, weighed, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, 2, requantize=False, matrix=matrix)
+    a, b = GGUFReader(plain), GGUFReader(weighed)
+    q4k = [t.name for t in a.tensors if t.tensor_type.name == "Q4_K"]
+    bt = {t.name: t for t in b.tensors}
+    assert q4k and all(not np.array_equal(t.data, bt[t.name].data) for t in a.tensors if t.name in q4k)
+    fields = {k: f.contents() for k, f in b.fields.items() if k.startswith("quantize.imatrix")}
+    assert fields == {
+        gguf_rules.IMATRIX_KEYS["dataset"]: "builtin:jargon",
+        gguf_rules.IMATRIX_KEYS["entries"]: 210,
+        gguf_rules.IMATRIX_KEYS["chunks"]: 4,
+    }
+    assert not any(k.startswith("quantize.imatrix") for k in a.fields)
+
+
+def test_a_type_that_needs_a_matrix_converts_with_one(llama_cpp, source, tmp_path, capsys):
+    """IQ2_XXS with a `calibration:` section: the matrix computed, recorded (RunRecord.calibration, the GGUF
+    record's imatrix), and the weights whose rows hold whole 256-blocks (ffn_down, 1536 long) written as IQ2_XXS."""
+    recipe = recipe_file(tmp_path, "IQ2_XXS", calibration={"samples": 4, "seq_len": 64})
+    assert main(["run", str(recipe)]) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "run: imatrix" in err and "imatrix (4 rows)" in err
+    meta = records.read(RunRecord, tmp_path / "IQ2_XXS" / "quantize.json")
+    m = meta.engine.gguf.imatrix
+    assert m.weights == 210 and m.rows == 4 and m.tokens == 256 and m.computed_on == "the F16 intermediate"
+    assert meta.calibration.samples == 4 and meta.calibration.seq_len == 64 and "imatrix" in meta.time_seconds
+    assert "importance matrix (210 weights, 256 tokens)" in meta.engine.modifiers
+    _, types, rows = reader_bits(tmp_path / "IQ2_XXS" / "model.gguf")
+    iq2 = {n for n, t in types.items() if t == "IQ2_XXS"}
+    assert len(iq2) > 20 and all(rows[n] % 256 == 0 and ".ffn_down." in n for n in iq2)
+    assert [c.finite for c in meta.finite_checks] == [True]

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 from quantize.convert.calibration import CalibrationSet
 from quantize.convert.plan import LayerPlan
 from quantize.convert.recipe import Method, Recipe, Scheme
-from quantize.records import EngineRecord, ExpertRouting, FiniteCheck, LayerPlanRecord
+from quantize.records import CalibrationRecord, EngineRecord, ExpertRouting, FiniteCheck, LayerPlanRecord
 
 
 class CalibrationDtype(NamedTuple):
@@ -67,13 +67,15 @@ class FileJob:
 class FileConversion:
     """What a file-to-file backend wrote and checked: the scheme quantize.json records (its own type name), the
     engine record (what ran, in which library and settings), the layer plan read back from the written file, its
-    finiteness checks (each raised RuntimeFailure already when it failed) and the library versions it ran."""
+    finiteness checks (each raised RuntimeFailure already when it failed), the library versions it ran, and the
+    calibration it read (a GGUF's importance matrix), if any."""
 
     scheme: str
     engine: EngineRecord
     layer_plan: LayerPlanRecord
     finite: list[FiniteCheck]
     versions: dict[str, str | None]
+    calibration: CalibrationRecord | None = None  # the calibration the backend read, where it read one
 
 
 class ConversionBackend(Protocol):

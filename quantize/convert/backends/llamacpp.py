@@ -5,7 +5,10 @@ A file-to-file backend (base.py): no transformers model is loaded. The source (`
 model's) is re-quantized to a 16-bit GGUF first when it holds block-quantized tensors (`llama_model_quantize` with
 allow_requantize, into the run's scratch folder), then quantized to the recipe's file type, as llama.cpp's
 llama-quantize does from the 16-bit GGUF its converter writes; llama.cpp chooses each tensor's type (its mixtures,
-its fallbacks for rows that hold no whole block). The written file is then loaded in llama.cpp and a fixed sentence's
+its fallbacks for rows that hold no whole block). A recipe with a `calibration:` section gets an importance matrix
+first, computed in llama.cpp on that 16-bit GGUF from the calibration rows packed in the GGUF's own tokenizer
+(convert/imatrix.py), and passed to the quantizer as llama-quantize's --imatrix passes one; the file types that
+need one (IMATRIX) are refused without it. The written file is then loaded in llama.cpp and a fixed sentence's
 logits are checked finite (RuntimeFailure, exit 3, when they are not: our output failing our check). llama.cpp's own
 log goes to a file for the length of each call, and its last lines into the message when a call fails.
 """
@@ -20,19 +23,23 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import missing_packages
 from quantize.checkpoint.loader import GGUF_DIST, GGUF_DIST_VERSION, GGUF_FILE
+from quantize.convert import imatrix
 from quantize.convert.backends.base import CalibrationDtype, FileConversion, FileJob
+from quantize.convert.calibration import FileTokenizer, check_calibration, pack_calibration
 from quantize.convert.gguf import (
     FTYPE_PREFIX,
     IMATRIX,
+    IMATRIX_KEYS,
     INTERMEDIATE,
     OUTPUT_FILE,
     UNWRITTEN,
@@ -40,9 +47,10 @@ from quantize.convert.gguf import (
     layer_plan,
     source_gguf,
 )
-from quantize.convert.recipe import GGUFRecipe, Method, Recipe, Scheme
+from quantize.convert.recipe import Calibration, GGUFRecipe, Method, Recipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
-from quantize.records import EngineRecord, FiniteCheck, GGUFConversion
+from quantize.progress import stage
+from quantize.records import CalibrationRecord, EngineRecord, FiniteCheck, GGUFConversion, ImatrixRecord
 
 DISTRIBUTION = "llama_cpp_python"
 INSTALL = "run `make gguf-env` (llama-cpp-python 0.3.36, built from its source distribution)"
@@ -85,8 +93,10 @@ class LlamaCppBackend:
 
     @classmethod
     def check(cls, recipe: Recipe) -> str | None:
-        """llama-cpp-python installed, and `type` one of the file types its llama.cpp writes without an
-        importance matrix; torch-free (llama_cpp is imported for its constants: it loads its library, no model)."""
+        """llama-cpp-python installed, `type` one of the file types its llama.cpp writes, a `calibration:` section
+        for one that needs an importance matrix, and, with one, the ggml layout the matrix is read through
+        (compat/llama_cpp.tensor_problems); torch-free (llama_cpp is imported for its constants: it loads its
+        library, no model)."""
         if not isinstance(recipe, GGUFRecipe):
             return None  # the registry refused any other method already (recipe.FILE_METHODS)
         if missing_packages(cls.packages):
@@ -110,21 +120,37 @@ class LlamaCppBackend:
                 f"type = {given!r}: llama.cpp names this file type but its quantizer does not write it ('invalid "
                 f"output file type'); choose another, e.g. {', '.join(PUBLISHED)}"
             )
-        if given in IMATRIX:
+        if given in IMATRIX and recipe.calibration is None:
             return (
-                f"type = {given!r}: llama.cpp writes this file type only with an importance matrix (its "
-                "llama-imatrix tool's statistics over calibration text; it refuses without one, as 'this quantization "
-                "requires an imatrix' wherever a tensor takes a type that needs one), and this project computes none: "
-                "llama-cpp-python builds no llama-imatrix and its quantizer takes the matrix only as data. Choose a "
-                f"type that needs none ({', '.join(PUBLISHED)}), "
-                "or quantize with llama.cpp's own llama-imatrix and llama-quantize; nothing was loaded"
+                f"type = {given!r}: llama.cpp writes this file type only with an importance matrix (statistics of "
+                "each weight's input activations over calibration text; without one it refuses, 'this quantization "
+                "requires an imatrix'), and this recipe has no `calibration:` section to compute one from. Add one "
+                "(`calibration: {source: builtin:jargon}`, or your own text: a .txt, .jsonl or .parquet file, a saved "
+                f"dataset), or choose a type that needs none ({', '.join(PUBLISHED)}); nothing was loaded"
             )
+        if recipe.calibration is not None:
+            from quantize.compat import llama_cpp as compat
+
+            if found := [*filter(None, [compat.outside(DISTRIBUTION, _version(), compat.CHECKED)])] + (
+                compat.tensor_problems()
+            ):
+                return (
+                    "calibration: the importance matrix is read from llama.cpp's graph through a layout checked on "
+                    f"llama-cpp-python 0.3.36, and here it does not hold ({'; '.join(found)}); {INSTALL}, or drop "
+                    "`calibration:` for a type that needs no matrix"
+                )
         return None
 
     @classmethod
     def source(cls, recipe: Recipe) -> Path:
-        """The GGUF the recipe's `model:` names (convert/gguf.source_gguf); empty, the default model's."""
-        return source_gguf(recipe.model)
+        """The GGUF the recipe's `model:` names (convert/gguf.source_gguf); empty, the default model's. A
+        `calibration:` is checked with it as every recipe's is (calibration.check_calibration), packed in the
+        GGUF's own tokenizer (its vocabulary alone loaded)."""
+        path = source_gguf(recipe.model)
+        if recipe.calibration is not None:
+            with gguf_tokenizer(path) as tokenizer:
+                check_calibration(recipe.calibration, path, tokenizer)
+        return path
 
     def convert_file(self, job: FileJob) -> FileConversion:
         """The source's 16-bit GGUF (re-quantized to F16 first when it holds block-quantized tensors), quantized to
@@ -150,8 +176,12 @@ class LlamaCppBackend:
                 notes.append(DEFAULT_SOURCE)
             with job.phases("intermediate"):
                 quantize_file(job.source, read, ftypes[INTERMEDIATE], threads, requantize=True)
+        matrix = None
+        if recipe.calibration is not None:
+            with job.phases("imatrix"):
+                matrix = importance_matrix(read, recipe.calibration, threads)
         with job.phases("quantize"):
-            quantize_file(read, out, ftypes[name], threads, requantize=False)
+            quantize_file(read, out, ftypes[name], threads, requantize=False, matrix=matrix)
         if read != job.source:
             read.unlink()  # the intermediate (the engine removes the scratch folder too): its bytes freed sooner
         with job.phases("reload-check"):
@@ -168,10 +198,17 @@ class LlamaCppBackend:
             llama_cpp_python=_version(),
             tensor_types=dict(plan.schemes),
             notes=notes,
+            imatrix=matrix.record(read.name if read == job.source else f"the {INTERMEDIATE} intermediate")
+            if matrix
+            else None,
         )
         steps = [f"{job.source.name} ({record.source_file_type})"]
         if record.intermediate:
             steps.append(f"{INTERMEDIATE} (allow_requantize)")
+        if matrix:
+            steps.append(
+                f"importance matrix ({len(matrix.collected.values)} weights, {matrix.collected.tokens:,} tokens)"
+            )
         steps.append(f"{name} ({record.ftype} = {record.ftype_id})")
         return FileConversion(
             scheme=name,
@@ -179,27 +216,95 @@ class LlamaCppBackend:
                 backend=self.name,
                 modifiers=f"llama.cpp llama_model_quantize (llama-cpp-python {_version()}), {threads} threads: "
                 + " -> ".join(steps),
-                calibration_dtype="none",
+                calibration_dtype="float32" if matrix else "none",
                 saved_dtype=f"gguf {name}",
-                calibration_dtype_reason="llama.cpp quantizes each tensor from the 16-bit GGUF; nothing is calibrated",
+                calibration_dtype_reason="llama.cpp computed the importance matrix on the 16-bit GGUF, its "
+                "activations in float32"
+                if matrix
+                else "llama.cpp quantizes each tensor from the 16-bit GGUF; nothing is calibrated",
                 gguf=record,
             ),
             layer_plan=plan,
             finite=finite,
             versions={DISTRIBUTION: _version(), "gguf": _dist_version("gguf")},
+            calibration=matrix.calibration if matrix else None,
         )
 
 
-def quantize_file(src: Path, dst: Path, ftype: int, threads: int, requantize: bool) -> None:
+@dataclass
+class Matrix:
+    """An importance matrix computed for one run: the matrix, the calibration it came from, and the metadata the
+    written GGUF carries of it (IMATRIX_KEYS, as llama-quantize writes them)."""
+
+    collected: imatrix.Collected
+    calibration: CalibrationRecord
+
+    def record(self, computed_on: str) -> ImatrixRecord:
+        c = self.collected
+        return ImatrixRecord(
+            computed_on=computed_on,
+            weights=len(c.values),
+            products=c.products,
+            rows=c.rows,
+            tokens=c.tokens,
+            bos_first=c.bos_first,
+            values_sha256=imatrix.digest(c.values),
+        )
+
+    def metadata(self) -> dict[str, int | str]:
+        return {
+            IMATRIX_KEYS["dataset"]: self.calibration.source[:127],
+            IMATRIX_KEYS["entries"]: len(self.collected.values),
+            IMATRIX_KEYS["chunks"]: self.collected.rows,
+        }
+
+
+def importance_matrix(path: Path, cal: Calibration, threads: int) -> Matrix:
+    """The calibration rows packed in the GGUF's own tokenizer, decoded in llama.cpp on `path` with the importance
+    matrix collected (convert/imatrix.py), progress shown by row."""
+    with gguf_tokenizer(path) as tokenizer:
+        rows, record = pack_calibration(tokenizer, cal)
+    with stage("imatrix", total=len(rows), unit="rows") as st:
+        collected = imatrix.collect(path, rows, threads, llama_log, lambda done, _n: st.advance(done - st.done))
+    return Matrix(collected, record)
+
+
+def _overrides(values: dict[str, int | str]) -> tuple[Any, list[Any]]:
+    """`llama_model_quantize_params.kv_overrides`: integer and string metadata written into the output, the array
+    ended by an empty key."""
+    import llama_cpp
+
+    entries = (llama_cpp.llama_model_kv_override * (len(values) + 1))()
+    for e, (key, value) in zip(entries, sorted(values.items()), strict=False):
+        e.key = key.encode()
+        if isinstance(value, int):
+            e.tag = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_INT
+            e.value.val_i64 = value
+        else:
+            e.tag = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR
+            e.value.val_str = value.encode()[:127]
+    return entries, [entries]
+
+
+def quantize_file(
+    src: Path, dst: Path, ftype: int, threads: int, requantize: bool, matrix: Matrix | None = None
+) -> None:
     """llama.cpp's `llama_model_quantize` from src to dst at `ftype` (requantize: allow_requantize, to read block-
-    quantized tensors); a failure is a RuntimeFailure carrying llama.cpp's last log lines (an architecture it does
-    not know, a UsageError)."""
+    quantized tensors; matrix: the importance matrix, and its metadata written into dst); a failure is a
+    RuntimeFailure carrying llama.cpp's last log lines (an architecture it does not know, a UsageError)."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.nthread = threads
     params.ftype = ftype
     params.allow_requantize = requantize
+    keep: list[Any] = []
+    if matrix is not None:
+        entries, keep = imatrix.quantize_param(matrix.collected.values)
+        params.imatrix = entries
+        overrides, kept = _overrides(matrix.metadata())
+        params.kv_overrides = overrides
+        keep += kept
     with llama_log() as log:
         rc = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params))
         said = [] if rc == 0 else log.read_text(errors="replace").strip().splitlines()  # read while the file exists
@@ -214,6 +319,51 @@ def quantize_file(src: Path, dst: Path, ftype: int, threads: int, requantize: bo
             f"`type:` (e.g. {', '.join(PUBLISHED)})"
         )
     raise RuntimeFailure(f"llama.cpp's quantizer failed on {src.name} -> {dst.name} (return code {rc}): {tail}")
+
+
+@dataclass
+class _Ids:
+    ids: list[int]
+
+
+@dataclass
+class LlamaEncoder:
+    """llama.cpp's tokenizer in the shape FileTokenizer calls (`encode(...).ids`, `token_to_id`): special tokens
+    parsed in text as a Hugging Face tokenizer parses them (as the llama.cpp scorer tokenizes, evaluate/llamacpp)."""
+
+    llm: Any  # llama_cpp.Llama, its vocabulary alone loaded
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> _Ids:
+        return _Ids(self.llm.tokenize(text.encode("utf-8"), add_bos=add_special_tokens, special=True))
+
+    def token_to_id(self, token: str) -> int | None:
+        ids = self.llm.tokenize(token.encode("utf-8"), add_bos=False, special=True)
+        return ids[0] if len(ids) == 1 else None
+
+
+@contextmanager
+def gguf_tokenizer(path: Path) -> Iterator[FileTokenizer]:
+    """The GGUF's own tokenizer in the shape calibration packing calls (FileTokenizer over LlamaEncoder): llama.cpp's
+    vocabulary loaded alone, the chat template from the header (`tokenizer.chat_template`), and the BOS, EOS and
+    other named tokens the vocabulary has, as text, for the template."""
+    import gguf
+    import llama_cpp
+
+    h = ggufs.read_header(path)
+    template = h.metadata.get(gguf.Keys.Tokenizer.CHAT_TEMPLATE)
+    with llama_log():
+        try:
+            llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        except (ValueError, RuntimeError) as e:
+            raise UsageError(f"llama.cpp could not read the vocabulary of {path}: {e}") from None
+    try:
+        named = {"bos_token": llm.token_bos(), "eos_token": llm.token_eos()}
+        special = {
+            k: llm.detokenize([v], special=True).decode("utf-8", errors="replace") for k, v in named.items() if v >= 0
+        }
+        yield FileTokenizer(LlamaEncoder(llm), special, template if isinstance(template, str) and template else None)
+    finally:
+        llm.close()
 
 
 LLAMA_CPP_LOGGER = "llama-cpp-python"  # the logging logger whose level llama-cpp-python's log callback obeys

@@ -1,0 +1,123 @@
+"""Our importance matrix (quantize/convert/imatrix.py) against llama.cpp's own llama-imatrix tool, on the same GGUF
+and the same tokens: every weight's entry compared.
+
+llama-cpp-python builds no llama-imatrix; build it from the llama.cpp it vendors (its source distribution,
+vendor/llama.cpp; about 8 minutes on 2 cores):
+
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 && tar xzf llama_cpp_python-0.3.36.tar.gz
+    cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B build -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \\
+        -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF && cmake --build build --target llama-imatrix -j2
+
+then `python benchmarks/imatrix_reference.py --llama-imatrix build/bin/llama-imatrix`. The default model's GGUF is
+re-quantized to F16 (as a gguf recipe's intermediate is), the Jargon File calibration split is written as text,
+llama-imatrix runs over its first CHUNKS chunks of CTX tokens (its own tokenization, BOS where the vocabulary adds
+one), and imatrix.collect decodes the same chunks (llama.cpp's tokenizer on the same text, cut the same way). Its
+GGUF output holds Σx² per column (`NAME.in_sum2`) and the token count (`NAME.counts`); the quantizer reads their
+ratio, which is what `imatrix.importance` gives. Results: benchmarks/results/imatrix_reference.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "imatrix_reference.json"
+CHUNKS, CTX, THREADS = 8, 128, 2
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-imatrix", required=True, type=Path, help="a llama-imatrix binary (see above)")
+    args = ap.parse_args()
+
+    import llama_cpp
+    from gguf import GGUFReader
+
+    from quantize.checkpoint.loader import find_gguf
+    from quantize.convert import imatrix
+    from quantize.convert.backends.llamacpp import llama_log, quantize_file
+
+    with tempfile.TemporaryDirectory(prefix="imatrix-reference-") as d:
+        work = Path(d)
+        f16, text, out = work / "f16.gguf", work / "jargon.txt", work / "imatrix.gguf"
+        quantize_file(find_gguf(), f16, llama_cpp.LLAMA_FTYPE_MOSTLY_F16, THREADS, requantize=True)
+        source = resources.files("quantize") / "data" / "jargon-calibration.jsonl"
+        docs = [json.loads(line)["text"] for line in source.read_text(encoding="utf-8").splitlines()]
+        text.write_text("\n\n".join(docs), encoding="utf-8")
+
+        t0 = time.perf_counter()
+        subprocess.run(
+            [args.llama_imatrix, "-m", f16, "-f", text, "-c", str(CTX), "-b", str(CTX), "--chunks", str(CHUNKS)]
+            + ["-o", out, "-t", str(THREADS)],
+            check=True,
+            capture_output=True,
+        )
+        theirs_s = time.perf_counter() - t0
+
+        with llama_log():
+            vocab = llama_cpp.Llama(model_path=str(f16), vocab_only=True, verbose=False)
+        add_bos = llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(vocab.model))
+        tokens = vocab.tokenize(text.read_bytes(), add_bos=bool(add_bos), special=False)  # as common_tokenize
+        vocab.close()
+        rows = np.asarray(tokens[: CHUNKS * CTX], dtype=np.int64).reshape(CHUNKS, CTX)
+        t0 = time.perf_counter()
+        ours = imatrix.collect(f16, rows, THREADS, llama_log, lambda _done, _n: None)
+        ours_s = time.perf_counter() - t0
+
+        reader = GGUFReader(out)
+        tensors = {t.name: t for t in reader.tensors}
+        theirs = {}
+        for name in (n.removesuffix(".in_sum2") for n in tensors if n.endswith(".in_sum2")):
+            sums = np.asarray(tensors[f"{name}.in_sum2"].data, dtype=np.float64).reshape(-1)
+            counts = np.asarray(tensors[f"{name}.counts"].data, dtype=np.float64).reshape(-1)
+            theirs[name] = (sums.reshape(len(counts), -1) / counts[:, None]).reshape(-1)
+
+    same_names = sorted(theirs) == sorted(ours.values)
+    rel = {n: float(np.abs(ours.values[n] - v).max() / np.abs(v).max()) for n, v in theirs.items() if n in ours.values}
+    worst = max(rel, key=rel.get)
+    row = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPUs ({_cpu()})",
+        "model": "SmolLM2-135M-Instruct, its Q4_1 GGUF re-quantized to F16",
+        "chunks": CHUNKS,
+        "ctx": CTX,
+        "weights_theirs": len(theirs),
+        "weights_ours": len(ours.values),
+        "same_weights": same_names,
+        "worst_relative_difference": rel[worst],
+        "worst_weight": worst,
+        "median_relative_difference": float(np.median(list(rel.values()))),
+        "llama_imatrix_seconds": round(theirs_s, 2),
+        "ours_seconds": round(ours_s, 2),
+        "note": "relative difference: max over columns of |ours - theirs| / max |theirs|, per weight; llama-imatrix "
+        "accumulates in float32, ours in float64",
+    }
+    RESULTS.write_text(json.dumps(row, indent=2) + "\n")
+    print(json.dumps(row, indent=2))
+    return 0 if same_names and rel[worst] < 1e-4 else 1
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
