@@ -5,7 +5,10 @@ GGUF dequantized to bfloat16) against GGUFs scored in llama.cpp, with gates/ci.y
               prepared folder took), scored in llama.cpp: the noise floor between the engines; it must pass
     planted   that GGUF with one tensor's rows reversed inside the file (blk.0.ffn_down.weight: an engine-side
               fault, a layout read wrong): it must be rejected
-    Q8_0 ...  llama.cpp's quantizer from the BF16 GGUF to each type named with --types (time to verdict)
+    Q8_0 ...  llama.cpp's quantizer from the BF16 GGUF to each type named with --cases (time to verdict)
+    Q4_K_M+imatrix ...
+              the same with an importance matrix (convert/imatrix.py) from the default calibration (builtin:jargon,
+              64 rows of 256 tokens), computed on the BF16 GGUF, as a gguf recipe with `calibration:` does
 
 Each gate runs `quantize gate gates/ci.yaml --baseline FOLDER --candidate GGUF --json` (its tokens checked first),
 the verdict's headline, its rules and the wall time go to benchmarks/results/gguf_gates.json (a row per case, kept
@@ -52,6 +55,26 @@ def requantize(src: Path, dst: Path, ftype: str) -> Path:
         raise SystemExit(f"llama_model_quantize {src} -> {ftype} failed")
     tmp.rename(dst)
     return dst
+
+
+def with_matrix(src: Path, dst: Path, ftype: str) -> tuple[Path, dict]:
+    """`src` quantized to `ftype` with an importance matrix from the default calibration; the matrix's record."""
+    import llama_cpp
+
+    from quantize.convert.backends.llamacpp import importance_matrix, quantize_file
+    from quantize.convert.recipe import Calibration
+
+    threads = os.cpu_count() or 1
+    t0 = time.monotonic()
+    matrix = importance_matrix(src, Calibration(), threads)
+    seconds = round(time.monotonic() - t0, 1)
+    if not dst.is_file():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_suffix(".tmp")
+        quantize_file(src, tmp, getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}"), threads, True, matrix=matrix)
+        tmp.rename(dst)
+    record = matrix.record(src.name).model_dump() | {"seconds": seconds, "calibration": matrix.calibration.source}
+    return dst, record
 
 
 def planted(src: Path, dst: Path) -> Path:
@@ -137,10 +160,15 @@ def main() -> None:
             cand = bf16
         elif case == "planted":
             cand = planted(bf16, WORK / "planted" / "model.gguf")
+        elif case.endswith("+imatrix"):
+            kind = case.removesuffix("+imatrix").upper()
+            cand, matrix = with_matrix(bf16, WORK / f"{kind.lower()}-imatrix" / "model.gguf", kind)
         else:
             cand = requantize(bf16, WORK / case.lower() / "model.gguf", case.upper())
         print(f"{case}: gate {cand} ...", flush=True)
         rows[case] = {"candidate": str(cand.relative_to(ROOT)), **gate(folder, cand), "cpu": cpu_name()}
+        if case.endswith("+imatrix"):
+            rows[case]["imatrix"] = matrix
         print(f"{case}: {rows[case].get('verdict')} in {rows[case]['wall_s']} s", flush=True)
         RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
 

@@ -1,5 +1,7 @@
 """Quiet libraries for `--quiet` and `--json`: what they print never reaches our stdout. Every stage uses it;
-it imports the libraries only when quiet is asked for, and undoes every change on exit."""
+it imports the libraries only when quiet is asked for, and undoes every change on exit. `llama_log` keeps llama.cpp's
+own lines off the terminal whatever the flags (the quantizer, the importance matrix, the scorer's loads), and in a
+file the caller reads when a call fails."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from quantize import progress
 
@@ -74,3 +78,33 @@ def quiet_libraries(quiet: bool) -> Iterator[None]:
             logger.enable(name)
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+LLAMA_CPP_LOGGER = "llama-cpp-python"  # the logging logger whose level llama-cpp-python's log callback obeys
+
+
+@contextmanager
+def llama_log() -> Iterator[Path]:
+    """Everything llama.cpp logs while the block runs into a temporary file: file descriptor 2 (C code) and Python's
+    sys.stderr (llama-cpp-python's log callback prints there, wherever sys.stderr points), both appending; yields
+    the file's path, readable until the context ends. The callback prints only at or above its logger's level,
+    which any `Llama(verbose=False)` earlier in the process sets to ERROR (then a quantizer's refusal logged
+    nothing, and a file type this model cannot take was exit 3): the level is DEBUG for the block, put back after
+    unless a Llama made in the block set its own (its verbose=False then holds for its life, its freeing included)."""
+    library = logging.getLogger(LLAMA_CPP_LOGGER)
+    level = library.level
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryDirectory(prefix="quantize-llamacpp-") as folder:
+        path = Path(folder) / "llama.log"
+        with open(path, "ab") as raw, open(path, "a", encoding="utf-8", errors="replace") as text:
+            os.dup2(raw.fileno(), 2)
+            library.setLevel(logging.DEBUG)
+            try:
+                with contextlib.redirect_stderr(text):
+                    yield path
+            finally:
+                if library.level == logging.DEBUG:  # else a Llama made in the block set its own: it keeps it
+                    library.setLevel(level)
+                os.dup2(saved, 2)
+                os.close(saved)

@@ -43,8 +43,10 @@ from quantize.checkpoint import ggufs
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate.lm import Row, rolling_rows, row
+from quantize.quiet import llama_log
 
 NAME = "quantize-llamacpp"
+LOG_LINES = 8  # llama.cpp's last log lines said when a GGUF does not load
 _OPEN: weakref.WeakSet[LlamaCppLM] = weakref.WeakSet()  # closed at exit (LlamaCppLM.close)
 
 
@@ -81,21 +83,26 @@ class LlamaCppLM(TemplateLM):
         self._max_length = int(max_length or context_length(gguf) or 2048)
         self.n_threads, self.n_batch, self.max_gen_toks = int(n_threads), int(n_batch), int(max_gen_toks)
         self.batch_size = int(batch_size)  # lm-eval reads it; one sequence is decoded at a time whatever it is
-        try:
-            self.llm = Llama(
-                model_path=str(gguf),
-                n_ctx=self._max_length,
-                n_batch=self.n_batch,
-                n_ubatch=self.n_batch,
-                n_threads=self.n_threads,
-                n_threads_batch=self.n_threads,
-                logits_all=True,
-                seed=seed,
-                verbose=False,
-                vocab_only=vocab_only,
-            )
-        except (ValueError, RuntimeError) as e:
-            raise UsageError(f"llama.cpp could not load {gguf}: {e}; check the file with `quantize inspect`") from e
+        with llama_log() as log:  # llama.cpp's own lines (a vocabulary-only context's warning) off the terminal
+            try:
+                self.llm = Llama(
+                    model_path=str(gguf),
+                    n_ctx=self._max_length,
+                    n_batch=self.n_batch,
+                    n_ubatch=self.n_batch,
+                    n_threads=self.n_threads,
+                    n_threads_batch=self.n_threads,
+                    logits_all=True,
+                    seed=seed,
+                    verbose=False,
+                    vocab_only=vocab_only,
+                )
+            except (ValueError, RuntimeError) as e:
+                said = " | ".join(log.read_text(errors="replace").strip().splitlines()[-LOG_LINES:])
+                raise UsageError(
+                    f"llama.cpp could not load {gguf}: {e}; {said or '(it logged nothing)'}; check the file with "
+                    "`quantize inspect`"
+                ) from e
         bos = self.llm.token_bos()
         self._eot = self.llm.token_eos()
         self._prefix = bos if bos >= 0 else self._eot

@@ -218,7 +218,7 @@ def test_the_types_refused_are_those_llama_cpp_refuses(llama_cpp, f16):
     """A dry run of every file type llama.cpp names (sizes only, nothing quantized) on the default model's F16: the
     types it says need an importance matrix are refused here (IMATRIX holds two more, IQ3_XXS and IQ3_XS, which need
     one where rows hold whole 256-blocks, which SmolLM2's 576 do not), and the types it does not write (UNWRITTEN)."""
-    from quantize.convert.backends.llamacpp import llama_log
+    from quantize.quiet import llama_log
 
     needs, fails = set(), {}
     for name, value in gguf_rules.ftype_names(llama_cpp).items():
@@ -244,7 +244,8 @@ def test_a_refusal_is_read_after_a_quiet_llama_in_the_same_process(llama_cpp, f1
     level is put back."""
     import logging
 
-    from quantize.convert.backends.llamacpp import LLAMA_CPP_LOGGER, quantize_file
+    from quantize.convert.backends.llamacpp import quantize_file
+    from quantize.quiet import LLAMA_CPP_LOGGER
 
     monkeypatch.setattr(logging.getLogger(LLAMA_CPP_LOGGER), "level", logging.ERROR)  # as verbose=False leaves it
     with pytest.raises(UsageError, match="no tensor type fallback"):
@@ -257,7 +258,7 @@ def test_the_log_level_is_put_back_unless_a_quiet_llama_set_its_own(monkeypatch)
     later prints nothing on the user's terminal (a `~llama_context` line did, for one commit)."""
     import logging
 
-    from quantize.convert.backends.llamacpp import LLAMA_CPP_LOGGER, llama_log
+    from quantize.quiet import LLAMA_CPP_LOGGER, llama_log
 
     library = logging.getLogger(LLAMA_CPP_LOGGER)
     monkeypatch.setattr(library, "level", logging.NOTSET)
@@ -372,9 +373,10 @@ def test_the_matrix_llama_cpp_collects_is_the_activations_transformers_computes(
     from transformers import AutoModelForCausalLM
 
     from quantize.checkpoint.loader import resolve_model
-    from quantize.convert.backends.llamacpp import gguf_tokenizer, llama_log
+    from quantize.convert.backends.llamacpp import gguf_tokenizer
     from quantize.convert.calibration import pack_calibration
     from quantize.convert.recipe import Calibration
+    from quantize.quiet import llama_log
 
     cal = Calibration(samples=4, seq_len=64)
     with gguf_tokenizer(f16) as tokenizer:

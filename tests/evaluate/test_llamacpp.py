@@ -167,6 +167,18 @@ def test_a_rows_numbers_are_its_own(lm):
     assert alone[0][0] > alone[1][0]  # the model knows its capitals
 
 
+def test_loading_a_gguf_prints_nothing_of_llama_cpps_own(llama_gguf, capfd):
+    """A vocabulary-only load (the token check's, before every cross-engine gate and agreement) made a context whose
+    warning, `n_ctx_seq (8192) > n_ctx_train (0)`, reached the terminal once per checkpoint: llama.cpp's lines go
+    to its log (quiet.llama_log) while the model loads."""
+    from quantize.evaluate.llamacpp import LlamaCppLM
+
+    for vocab_only in (True, False):
+        LlamaCppLM(llama_gguf, n_threads=2, n_batch=64, max_length=128, vocab_only=vocab_only).close()
+    out, err = capfd.readouterr()
+    assert "llama_context" not in out + err and "n_ctx" not in out + err
+
+
 def test_greedy_generation_stops_at_a_stop_sequence(lm):
     text = lm.greedy(lm.tok_encode("The capital of France is"), 12, ["."])
     assert "Paris" in text and text.count(".") <= 1

@@ -15,12 +15,8 @@ log goes to a file for the length of each call, and its last lines into the mess
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import logging
 import os
-import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +46,7 @@ from quantize.convert.gguf import (
 from quantize.convert.recipe import Calibration, GGUFRecipe, Method, Recipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.progress import stage
+from quantize.quiet import llama_log
 from quantize.records import CalibrationRecord, EngineRecord, FiniteCheck, GGUFConversion, ImatrixRecord
 
 DISTRIBUTION = "llama_cpp_python"
@@ -364,36 +361,6 @@ def gguf_tokenizer(path: Path) -> Iterator[FileTokenizer]:
         yield FileTokenizer(LlamaEncoder(llm), special, template if isinstance(template, str) and template else None)
     finally:
         llm.close()
-
-
-LLAMA_CPP_LOGGER = "llama-cpp-python"  # the logging logger whose level llama-cpp-python's log callback obeys
-
-
-@contextmanager
-def llama_log() -> Iterator[Path]:
-    """Everything llama.cpp logs while the block runs into a temporary file: file descriptor 2 (C code) and Python's
-    sys.stderr (llama-cpp-python's log callback prints there, wherever sys.stderr points), both appending; yields
-    the file's path, readable until the context ends. The callback prints only at or above its logger's level,
-    which any `Llama(verbose=False)` earlier in the process sets to ERROR (then a quantizer's refusal logged
-    nothing, and a file type this model cannot take was exit 3): the level is DEBUG for the block, put back after
-    unless a Llama made in the block set its own (its verbose=False then holds for its life, its freeing included)."""
-    library = logging.getLogger(LLAMA_CPP_LOGGER)
-    level = library.level
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryDirectory(prefix="quantize-llamacpp-") as folder:
-        path = Path(folder) / "llama.log"
-        with open(path, "ab") as raw, open(path, "a", encoding="utf-8", errors="replace") as text:
-            os.dup2(raw.fileno(), 2)
-            library.setLevel(logging.DEBUG)
-            try:
-                with contextlib.redirect_stderr(text):
-                    yield path
-            finally:
-                if library.level == logging.DEBUG:  # else a Llama made in the block set its own: it keeps it
-                    library.setLevel(level)
-                os.dup2(saved, 2)
-                os.close(saved)
 
 
 def logits(path: Path, threads: int) -> np.ndarray:
