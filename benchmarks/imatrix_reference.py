@@ -8,8 +8,10 @@ vendor/llama.cpp; about 8 minutes on 2 cores):
     cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B build -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \\
         -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF && cmake --build build --target llama-imatrix -j2
 
-then `python benchmarks/imatrix_reference.py --llama-imatrix build/bin/llama-imatrix`. The default model's GGUF is
-re-quantized to F16 (as a gguf recipe's intermediate is), the Jargon File calibration split is written as text,
+then `python benchmarks/imatrix_reference.py --llama-imatrix build/bin/llama-imatrix [--cases default moe]`. Case
+`default`: the default model's GGUF re-quantized to F16 (as a gguf recipe's intermediate is); case `moe`: the tiny
+mixture of experts of tests/gguf_models.py (its experts' entries per expert, MUL_MAT_ID). The Jargon File
+calibration split is written as text,
 llama-imatrix runs over its first CHUNKS chunks of CTX tokens (its own tokenization, BOS where the vocabulary adds
 one), and imatrix.collect decodes the same chunks (llama.cpp's tokenizer on the same text, cut the same way). Its
 GGUF output holds Σx² per column (`NAME.in_sum2`) and the token count (`NAME.counts`); the quantizer reads their
@@ -40,26 +42,41 @@ CHUNKS, CTX, THREADS = 8, 128, 2
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-imatrix", required=True, type=Path, help="a llama-imatrix binary (see above)")
+    ap.add_argument("--cases", nargs="*", default=["default", "moe"], choices=["default", "moe"])
     args = ap.parse_args()
+    rows = {case: compare(args.llama_imatrix, case) for case in args.cases}
+    RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
+    print(json.dumps(rows, indent=2))
+    return 0 if all(r["same_weights"] and r["worst_relative_difference"] < 1e-4 for r in rows.values()) else 1
 
+
+def compare(binary: Path, case: str) -> dict:
+    """llama-imatrix and imatrix.collect on one GGUF and the same chunks; their entries compared weight by weight."""
     import llama_cpp
     from gguf import GGUFReader
 
     from quantize.checkpoint.loader import find_gguf
     from quantize.convert import imatrix
-    from quantize.convert.backends.llamacpp import llama_log, quantize_file
+    from quantize.convert.backends.llamacpp import quantize_file
+    from quantize.quiet import llama_log
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gguf_models import tiny_moe_gguf
 
     with tempfile.TemporaryDirectory(prefix="imatrix-reference-") as d:
         work = Path(d)
         f16, text, out = work / "f16.gguf", work / "jargon.txt", work / "imatrix.gguf"
-        quantize_file(find_gguf(), f16, llama_cpp.LLAMA_FTYPE_MOSTLY_F16, THREADS, requantize=True)
+        if case == "moe":
+            tiny_moe_gguf(f16, find_gguf())
+        else:
+            quantize_file(find_gguf(), f16, llama_cpp.LLAMA_FTYPE_MOSTLY_F16, THREADS, requantize=True)
         source = resources.files("quantize") / "data" / "jargon-calibration.jsonl"
         docs = [json.loads(line)["text"] for line in source.read_text(encoding="utf-8").splitlines()]
         text.write_text("\n\n".join(docs), encoding="utf-8")
 
         t0 = time.perf_counter()
         subprocess.run(
-            [args.llama_imatrix, "-m", f16, "-f", text, "-c", str(CTX), "-b", str(CTX), "--chunks", str(CHUNKS)]
+            [binary, "-m", f16, "-f", text, "-c", str(CTX), "-b", str(CTX), "--chunks", str(CHUNKS)]
             + ["-o", out, "-t", str(THREADS)],
             check=True,
             capture_output=True,
@@ -87,10 +104,12 @@ def main() -> int:
     same_names = sorted(theirs) == sorted(ours.values)
     rel = {n: float(np.abs(ours.values[n] - v).max() / np.abs(v).max()) for n, v in theirs.items() if n in ours.values}
     worst = max(rel, key=rel.get)
-    row = {
+    return {
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{os.cpu_count()} CPUs ({_cpu()})",
-        "model": "SmolLM2-135M-Instruct, its Q4_1 GGUF re-quantized to F16",
+        "model": "tests/gguf_models.tiny_moe_gguf: 2 layers, 4 experts, 2 chosen"
+        if case == "moe"
+        else "SmolLM2-135M-Instruct, its Q4_1 GGUF re-quantized to F16",
         "chunks": CHUNKS,
         "ctx": CTX,
         "weights_theirs": len(theirs),
@@ -104,9 +123,6 @@ def main() -> int:
         "note": "relative difference: max over columns of |ours - theirs| / max |theirs|, per weight; llama-imatrix "
         "accumulates in float32, ours in float64",
     }
-    RESULTS.write_text(json.dumps(row, indent=2) + "\n")
-    print(json.dumps(row, indent=2))
-    return 0 if same_names and rel[worst] < 1e-4 else 1
 
 
 def _cpu() -> str:

@@ -135,6 +135,7 @@ def digest(values: dict[str, np.ndarray]) -> str:
 @dataclass
 class Collected:
     values: dict[str, np.ndarray]  # importance(stats)
+    counts: dict[str, np.ndarray]  # tokens counted per matrix (per expert: the tokens routed to it)
     products: int  # matrix products taken
     rows: int
     tokens: int
@@ -252,7 +253,9 @@ def collect(
         llama_cpp.llama_model_free(model)
     if not collector.stats.by_weight:
         raise RuntimeFailure(f"importance matrix: no layer weight of {path.name} was seen in a matrix product")
-    return Collected(importance(collector.stats), collector.products, len(rows), len(rows) * n, bos >= 0)
+    stats = collector.stats.by_weight
+    counts = {name: s.counts.copy() for name, s in sorted(stats.items())}
+    return Collected(importance(collector.stats), counts, collector.products, len(rows), len(rows) * n, bos >= 0)
 
 
 def _batch(n: int) -> Any:

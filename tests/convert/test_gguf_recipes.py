@@ -478,3 +478,37 @@ def test_a_type_that_needs_a_matrix_converts_with_one(llama_cpp, source, tmp_pat
     iq2 = {n for n, t in types.items() if t == "IQ2_XXS"}
     assert len(iq2) > 20 and all(rows[n] % 256 == 0 and ".ffn_down." in n for n in iq2)
     assert [c.finite for c in meta.finite_checks] == [True]
+
+
+def test_routed_experts_get_a_matrix_each_from_the_tokens_routed_to_them(llama_cpp, source, tmp_path, capsys):
+    """A tiny MoE GGUF (tests/gguf_models.py: 4 experts, 2 chosen per token, fused ffn_*_exps): each expert weight's
+    entry is one row of columns per expert, its counts the tokens routed there (2 per token in all); gate and up
+    read the same activations under the same routing, so their entries are equal, as q, k and v's are. A Q4_K_M
+    recipe with `calibration:` converts it with the matrix. (benchmarks/imatrix_reference.py --moe compares the
+    entries with llama-imatrix's: within 1e-6.)"""
+    from gguf_models import tiny_moe_gguf
+
+    from quantize.convert import imatrix
+    from quantize.convert.backends.llamacpp import gguf_tokenizer
+    from quantize.convert.calibration import pack_calibration
+    from quantize.convert.recipe import Calibration
+    from quantize.quiet import llama_log
+
+    moe = tiny_moe_gguf(tmp_path / "moe.gguf", source)
+    with gguf_tokenizer(moe) as tokenizer:
+        rows, _ = pack_calibration(tokenizer, Calibration(samples=2, seq_len=64))
+    got = imatrix.collect(moe, rows, 2, llama_log, lambda _done, _n: None)
+    assert len(got.values) == 16
+    for i in range(2):
+        gate, up, down = (got.values[f"blk.{i}.ffn_{p}_exps.weight"] for p in ("gate", "up", "down"))
+        assert gate.shape == up.shape == (4 * 64,) and down.shape == (4 * 128,)
+        assert np.array_equal(gate, up) and not np.array_equal(gate[:64], gate[64:128])
+        routed = got.counts[f"blk.{i}.ffn_down_exps.weight"]
+        assert routed.shape == (4,) and routed.sum() == 2 * 128 and (routed > 0).all()
+        assert got.counts[f"blk.{i}.attn_q.weight"].tolist() == [128]
+        q, k, v = (got.values[f"blk.{i}.attn_{p}.weight"] for p in ("q", "k", "v"))
+        assert np.array_equal(q, k) and np.array_equal(q, v)
+    recipe = recipe_file(tmp_path, "Q4_K_M", model=str(moe), calibration={"samples": 2, "seq_len": 64})
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    meta = records.read(RunRecord, tmp_path / "Q4_K_M" / "quantize.json")
+    assert meta.engine.gguf.imatrix.weights == 16 and meta.engine.gguf.imatrix.computed_on == "moe.gguf"

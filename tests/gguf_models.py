@@ -1,0 +1,70 @@
+"""Tiny GGUFs that llama.cpp loads and runs, written with the gguf package (no download, no converter): a Mixtral-
+style mixture of experts in llama.cpp's `llama` architecture (2 layers, hidden 64, 4 routed experts of which 2 are
+chosen, their weights fused 3-D as `ffn_{gate,up,down}_exps`), seeded F16 weights, and the default model's own
+vocabulary (tokens, merges and special ids copied from its GGUF, so llama.cpp tokenizes text as it does for
+SmolLM2). Used by tests/convert/test_gguf_recipes.py and benchmarks/imatrix_reference.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def tiny_moe_gguf(
+    path: Path, vocabulary: Path, layers: int = 2, hidden: int = 64, ff: int = 128, experts: int = 4, seed: int = 0
+) -> Path:
+    """A loadable MoE GGUF at `path` with `vocabulary`'s tokenizer (a GGUF's: the default model's)."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+
+    fields = GGUFReader(vocabulary).fields
+    heads, kv_heads = 4, 2
+    head = hidden // heads
+    w = GGUFWriter(str(path), "llama")
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head)
+    w.add_expert_count(experts)
+    w.add_expert_used_count(2)
+    w.add_file_type(1)  # MOSTLY_F16
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    w.add_tokenizer_model(fields["tokenizer.ggml.model"].contents())
+    w.add_tokenizer_pre(fields["tokenizer.ggml.pre"].contents())
+    w.add_token_list(tokens)
+    w.add_token_types(fields["tokenizer.ggml.token_type"].contents())
+    w.add_token_merges(fields["tokenizer.ggml.merges"].contents())
+    w.add_bos_token_id(fields["tokenizer.ggml.bos_token_id"].contents())
+    w.add_eos_token_id(fields["tokenizer.ggml.eos_token_id"].contents())
+    w.add_add_bos_token(False)
+    rng = np.random.default_rng(seed)
+
+    def f16(name: str, shape: tuple[int, ...], scale: float = 0.1) -> None:
+        data = (rng.standard_normal(shape) * scale).astype(np.float16)
+        w.add_tensor(name, data, raw_dtype=GGMLQuantizationType.F16)
+
+    def f32(name: str, data: np.ndarray) -> None:
+        w.add_tensor(name, data.astype(np.float32), raw_dtype=GGMLQuantizationType.F32)
+
+    f16("token_embd.weight", (len(tokens), hidden), 1.0)
+    f32("output_norm.weight", np.ones(hidden))
+    for i in range(layers):
+        f32(f"blk.{i}.attn_norm.weight", np.ones(hidden))
+        f32(f"blk.{i}.ffn_norm.weight", np.ones(hidden))
+        f16(f"blk.{i}.attn_q.weight", (hidden, hidden))
+        f16(f"blk.{i}.attn_k.weight", (head * kv_heads, hidden))
+        f16(f"blk.{i}.attn_v.weight", (head * kv_heads, hidden))
+        f16(f"blk.{i}.attn_output.weight", (hidden, hidden))
+        f32(f"blk.{i}.ffn_gate_inp.weight", rng.standard_normal((experts, hidden)))
+        f16(f"blk.{i}.ffn_gate_exps.weight", (experts, ff, hidden))
+        f16(f"blk.{i}.ffn_up_exps.weight", (experts, ff, hidden))
+        f16(f"blk.{i}.ffn_down_exps.weight", (experts, hidden, ff))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
