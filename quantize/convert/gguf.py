@@ -125,32 +125,49 @@ def _not_gguf(model: str, path: Path) -> str:
     )
 
 
-def layer_plan(h: ggufs.GGUFHeader, type_name: str) -> LayerPlanRecord:
+def layer_plan(h: ggufs.GGUFHeader, type_name: str, overrides: dict[str, str] | None = None) -> LayerPlanRecord:
     """The layer plan of a GGUF llama.cpp wrote, read back from its header: its block-quantized weights
     (`quantized_layers`) by elements per block, those given a type of smaller blocks than the file type's own
     (`adjusted`: llama.cpp's fallback where a row holds no whole block), every 2-D weight's ggml type (`schemes`),
-    and linear weights it stored at 16 or 32 bits (`kept_16bit`, `left_16bit`). Names are the GGUF's tensor names."""
+    and linear weights it stored at 16 or 32 bits (`kept_16bit`, `left_16bit`), each with why: the recipe's
+    `tensor_types` pattern that asked for it (`overrides`, the first that matches, as llama.cpp takes them), else
+    llama.cpp's own choice. Names are the GGUF's tensor names."""
     patterns = ggufs.name_patterns(h.architecture)
     weights = [(t, ggufs.role_of(t, patterns)) for t in h.tensors if len(t.dims) >= 2]
     payload = [t for t, r in weights if r.role == "payload"]
     own = block_size(default_tensor_type(type_name))
     kept = [t for t, r in weights if r.role == "linear_kept"]
-    why = f"llama.cpp stored it as {{}} in a {type_name} file (its rows of {{}} elements)"
+
+    def why(t: ggufs.GGUFTensor) -> str:
+        asked = next(iter(_by_pattern([t], overrides)))
+        if asked is not None and overrides:
+            return f"tensor_types asked {overrides[asked]} for it (pattern {asked!r}); stored as {t.ggml_type}"
+        return f"llama.cpp stored it as {t.ggml_type} in a {type_name} file (its rows of {t.dims[0]} elements)"
+
     return LayerPlanRecord(
         quantized_layers=len(payload),
         by_group_size=dict(sorted(Counter(str(t.block_size) for t in payload).items())),
         adjusted={t.name: t.block_size for t in payload if own is not None and t.block_size < own},
-        kept_16bit={t.name: why.format(t.ggml_type, t.dims[0]) for t in kept},
+        kept_16bit={t.name: why(t) for t in kept},
         schemes=dict(Counter(t.ggml_type for t, _ in weights).most_common()),
-        left_16bit=(
-            [
-                LeftAt16(
-                    why=f"stored at 16 or 32 bits by llama.cpp in a {type_name} file",
-                    tensors=[t.name for t in kept],
-                    bytes=sum(t.nbytes for t in kept),
-                )
-            ]
-            if kept
-            else []
-        ),
+        left_16bit=[
+            LeftAt16(
+                why=f"tensor_types asked {overrides[p]} for them (pattern {p!r})"
+                if p is not None and overrides
+                else f"stored at 16 or 32 bits by llama.cpp in a {type_name} file",
+                tensors=[t.name for t in group],
+                bytes=sum(t.nbytes for t in group),
+            )
+            for p, group in _by_pattern(kept, overrides).items()
+        ],
     )
+
+
+def _by_pattern(
+    tensors: list[ggufs.GGUFTensor], overrides: dict[str, str] | None
+) -> dict[str | None, list[ggufs.GGUFTensor]]:
+    """Tensors grouped by the first `tensor_types` pattern that matches each (None: no pattern), in order."""
+    out: dict[str | None, list[ggufs.GGUFTensor]] = {}
+    for t in tensors:
+        out.setdefault(next((p for p in overrides or {} if re.search(p, t.name)), None), []).append(t)
+    return out

@@ -538,6 +538,40 @@ class GGUFRecipe(_Named):
         description="text to compute an importance matrix from (as llama.cpp's llama-imatrix does), which the "
         "quantizer then weighs each weight's columns by; needed by the IQ1/IQ2/IQ3_XXS/IQ3_XS and Q2_K_S types",
     )
+    tensor_types: dict[str, str] | None = Field(
+        None,
+        max_length=64,
+        description="llama-quantize's --tensor-type: a pattern (a regular expression searched in each tensor's "
+        "name, e.g. ffn_down or blk\\.[0-3]\\.attn_v) -> the ggml type its tensors take (Q6_K, Q8_0, ...), in "
+        "place of the file type's mixture; the first pattern that matches decides; rows that hold no whole block "
+        "of that type still fall back",
+    )
+
+    @field_validator("tensor_types", mode="before")
+    @classmethod
+    def _patterns(cls, v: Any) -> Any:
+        """Each pattern a regular expression both Python and llama.cpp's std::regex (ECMAScript) read alike: it
+        compiles here, and uses none of Python's own syntax ((?P<, (?<, (?#, inline flags); each type spelled as a
+        ggml type (checked against llama.cpp by the backend)."""
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for pattern, kind in v.items():
+            if not isinstance(pattern, str) or not 0 < len(pattern) <= 200:
+                raise ValueError(f"pattern {pattern!r} must be text of 1 to 200 characters")
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"pattern {pattern!r} is not a regular expression ({e})") from None
+            if re.search(r"\(\?[^:=!]", pattern):
+                raise ValueError(
+                    f"pattern {pattern!r} uses a group syntax llama.cpp's regular expressions (ECMAScript) do not "
+                    "read alike: use plain groups, (?:...), (?=...) or (?!...)"
+                )
+            if not isinstance(kind, str) or not GGUF_TYPE_NAME.fullmatch(name := kind.strip().upper()):
+                raise ValueError(f"{pattern}: {kind!r} is not a ggml type name (Q6_K, Q8_0, IQ4_XS, F16, ...)")
+            out[pattern] = name
+        return out
 
     @model_validator(mode="before")
     @classmethod

@@ -43,6 +43,11 @@ def gguf_lines(g: GGUFConversion) -> list[str]:
             if g.imatrix
             else []
         ),
+        *(
+            [f"  tensor types by pattern: {', '.join(f'{p} -> {t}' for p, t in g.tensor_type_overrides.items())}"]
+            if g.tensor_type_overrides
+            else []
+        ),
         *(f"  note: {n}" for n in g.notes),
     ]
 

@@ -138,6 +138,7 @@ class GGUFConversion(Strict):
     tensor_types: dict[str, int]  # ggml type -> tensors of the written file
     notes: list[str] = Field(default_factory=list)  # what the source's bits mean for the output, and the like
     imatrix: ImatrixRecord | None = None  # the importance matrix it was quantized with (a recipe's calibration)
+    tensor_type_overrides: dict[str, str] = Field(default_factory=dict)  # a recipe's tensor_types: pattern -> type
 
 
 class EngineRecord(Strict):

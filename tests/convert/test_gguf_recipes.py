@@ -50,6 +50,16 @@ def test_a_calibration_section_asks_for_an_importance_matrix():
     assert "calibration.samples = 0" in refused(calibration={"samples": 0})
 
 
+def test_tensor_types_keep_their_order_and_are_checked_as_patterns_and_type_names():
+    r = parse_recipe({"method": "gguf", "type": "Q4_K_M", "tensor_types": {"ffn_down": "q6_k", r"blk\.[0-3]\.": "F16"}})
+    assert list(r.tensor_types.items()) == [("ffn_down", "Q6_K"), (r"blk\.[0-3]\.", "F16")]
+    assert "is not a regular expression" in refused(tensor_types={"[": "Q8_0"})
+    assert "do not read alike" in refused(tensor_types={"(?P<n>ffn)": "Q8_0"})
+    assert "do not read alike" in refused(tensor_types={"(?i)ffn": "Q8_0"})
+    assert "is not a ggml type name" in refused(tensor_types={"ffn": "Q8 0"})
+    assert "1 to 200 characters" in refused(tensor_types={"": "Q8_0"})
+
+
 def test_a_type_that_is_no_name_is_refused_naming_the_field():
     msg = refused(type="Q4 K/M")
     assert 'type = "Q4 K/M"' in msg and "Q4_K_M" in msg
@@ -271,7 +281,7 @@ def test_the_log_level_is_put_back_unless_a_quiet_llama_set_its_own(monkeypatch)
 
 
 def test_every_shipped_gguf_recipe_passes_its_checks(llama_cpp):
-    assert [p.stem for p in GGUF_RECIPES] == ["gguf-iq4_xs", "gguf-q4_k_m", "gguf-q8_0"]
+    assert [p.stem for p in GGUF_RECIPES] == ["gguf-iq4_xs", "gguf-q4_k_m", "gguf-q4_k_m-imatrix", "gguf-q8_0"]
     for p in GGUF_RECIPES:
         r, _ = load_recipe(p)
         check(r)
@@ -512,3 +522,33 @@ def test_routed_experts_get_a_matrix_each_from_the_tokens_routed_to_them(llama_c
     assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
     meta = records.read(RunRecord, tmp_path / "Q4_K_M" / "quantize.json")
     assert meta.engine.gguf.imatrix.weights == 16 and meta.engine.gguf.imatrix.computed_on == "moe.gguf"
+
+
+# --- tensor types by pattern (llama-quantize's --tensor-type) -------------------------------------------------------
+
+
+def test_a_tensor_type_llama_cpp_does_not_write_is_exit_2_before_anything_loads(llama_cpp, tmp_path, capsys):
+    recipe = recipe_file(tmp_path, "Q4_K_M", tensor_types={"ffn_down": "Q8_K"})
+    assert main(["run", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "tensor_types: Q8_K is no tensor type llama.cpp writes" in err and "Q6_K" in err
+    assert "run: source" not in err and not (tmp_path / "Q4_K_M").exists()
+
+
+def test_tensor_types_give_the_tensors_they_match_their_type(llama_cpp, f16, tmp_path, capsys):
+    """The first pattern that matches decides (blk.0's ffn_down is F16 by the first, the other ffn_down Q8_0 by the
+    second); the others keep llama.cpp's Q4_K_M mixture; the record and the left-at-16-bits list say which pattern
+    asked."""
+    overrides = {r"blk\.0\.ffn_": "F16", "ffn_down": "Q8_0"}
+    recipe = recipe_file(tmp_path, "Q4_K_M", model=str(f16), tensor_types=overrides)
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    out = tmp_path / "Q4_K_M"
+    _, types, _ = reader_bits(out / "model.gguf")
+    assert {types[f"blk.0.ffn_{p}.weight"] for p in ("down", "gate", "up")} == {"F16"}
+    assert {t for n, t in types.items() if ".ffn_down." in n and not n.startswith("blk.0.")} == {"Q8_0"}
+    assert types["blk.5.ffn_up.weight"] == "Q5_0"  # the mixture's Q4_K, falling back on rows of 576
+    meta = records.read(RunRecord, out / "quantize.json")
+    assert meta.engine.gguf.tensor_type_overrides == overrides
+    [left] = meta.layer_plan.left_16bit
+    assert sorted(left.tensors) == [f"blk.0.ffn_{p}.weight" for p in ("down", "gate", "up")]
+    assert "tensor_types asked F16 for them" in left.why

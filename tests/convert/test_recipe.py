@@ -196,8 +196,8 @@ def test_every_shipped_recipe_is_valid():
 
     recipes = sorted((ROOT / "recipes").glob("*.yaml"))
     searches = [p for p in recipes if p.stem.startswith("search-")]
-    # seven, the six formats of 2026, an FP8 KV cache, GPTQ NVFP4A16, three GGUF types (llama.cpp's, method gguf)
-    assert len(recipes) == 18 and len(searches) == 1
+    # seven, the six formats of 2026, an FP8 KV cache, GPTQ NVFP4A16, four GGUF recipes (llama.cpp's, method gguf)
+    assert len(recipes) == 19 and len(searches) == 1
     for p in recipes:
         if p in searches:
             spec, _ = load_search(p)

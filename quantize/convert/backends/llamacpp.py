@@ -39,6 +39,7 @@ from quantize.convert.gguf import (
     INTERMEDIATE,
     OUTPUT_FILE,
     UNWRITTEN,
+    default_tensor_type,
     ftype_names,
     layer_plan,
     source_gguf,
@@ -125,6 +126,11 @@ class LlamaCppBackend:
                 "(`calibration: {source: builtin:jargon}`, or your own text: a .txt, .jsonl or .parquet file, a saved "
                 f"dataset), or choose a type that needs none ({', '.join(PUBLISHED)}); nothing was loaded"
             )
+        if recipe.tensor_types and (unknown := sorted(set(recipe.tensor_types.values()) - set(tensor_types(known)))):
+            return (
+                f"tensor_types: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} no tensor type llama.cpp "
+                f"writes in a file (llama-cpp-python {_version()}); choose among {', '.join(tensor_types(known))}"
+            )
         if recipe.calibration is not None:
             from quantize.compat import llama_cpp as compat
 
@@ -177,14 +183,15 @@ class LlamaCppBackend:
         if recipe.calibration is not None:
             with job.phases("imatrix"):
                 matrix = importance_matrix(read, recipe.calibration, threads)
+        overrides = recipe.tensor_types or {}
         with job.phases("quantize"):
-            quantize_file(read, out, ftypes[name], threads, requantize=False, matrix=matrix)
+            quantize_file(read, out, ftypes[name], threads, requantize=False, matrix=matrix, overrides=overrides)
         if read != job.source:
             read.unlink()  # the intermediate (the engine removes the scratch folder too): its bytes freed sooner
         with job.phases("reload-check"):
             finite = [finite_check(out, threads)]
         written = ggufs.read_header(out)
-        plan = layer_plan(written, name)
+        plan = layer_plan(written, name, overrides)
         record = GGUFConversion(
             source_file=str(job.source),
             source_file_type=_file_type(src),
@@ -195,6 +202,7 @@ class LlamaCppBackend:
             llama_cpp_python=_version(),
             tensor_types=dict(plan.schemes),
             notes=notes,
+            tensor_type_overrides=dict(overrides),
             imatrix=matrix.record(read.name if read == job.source else f"the {INTERMEDIATE} intermediate")
             if matrix
             else None,
@@ -206,7 +214,8 @@ class LlamaCppBackend:
             steps.append(
                 f"importance matrix ({len(matrix.collected.values)} weights, {matrix.collected.tokens:,} tokens)"
             )
-        steps.append(f"{name} ({record.ftype} = {record.ftype_id})")
+        by_pattern = f", tensor types {', '.join(f'{p}={t}' for p, t in overrides.items())}" if overrides else ""
+        steps.append(f"{name} ({record.ftype} = {record.ftype_id}{by_pattern})")
         return FileConversion(
             scheme=name,
             engine=EngineRecord(
@@ -283,12 +292,46 @@ def _overrides(values: dict[str, int | str]) -> tuple[Any, list[Any]]:
     return entries, [entries]
 
 
+def tensor_types(ftypes: dict[str, int]) -> list[str]:
+    """The ggml types a tensor can be given (a recipe's `tensor_types:`): the default tensor type
+    (convert/gguf.default_tensor_type) of each file type llama.cpp writes, where the gguf package names it, and the
+    float types."""
+    import gguf
+
+    named = set(gguf.GGMLQuantizationType.__members__)
+    return sorted(({default_tensor_type(n) for n in set(ftypes) - UNWRITTEN} & named) | {"F32", "F16", "BF16"})
+
+
+def _tensor_overrides(overrides: dict[str, str]) -> tuple[Any, list[Any]]:
+    """`llama_model_quantize_params.tt_overrides`: {pattern, ggml type} in the recipe's order, ended by a NULL
+    pattern; the type's value is the gguf package's (ggml's enum ggml_type)."""
+    import gguf
+    import llama_cpp
+
+    entries = (llama_cpp.llama_model_tensor_override * (len(overrides) + 1))()
+    keep: list[Any] = [entries]
+    for e, (pattern, kind) in zip(entries, overrides.items(), strict=False):
+        raw = pattern.encode()
+        keep.append(raw)
+        e.pattern = raw
+        e.type = gguf.GGMLQuantizationType[kind].value
+    entries[len(overrides)].pattern = None
+    return entries, keep
+
+
 def quantize_file(
-    src: Path, dst: Path, ftype: int, threads: int, requantize: bool, matrix: Matrix | None = None
+    src: Path,
+    dst: Path,
+    ftype: int,
+    threads: int,
+    requantize: bool,
+    matrix: Matrix | None = None,
+    overrides: dict[str, str] | None = None,
 ) -> None:
     """llama.cpp's `llama_model_quantize` from src to dst at `ftype` (requantize: allow_requantize, to read block-
-    quantized tensors; matrix: the importance matrix, and its metadata written into dst); a failure is a
-    RuntimeFailure carrying llama.cpp's last log lines (an architecture it does not know, a UsageError)."""
+    quantized tensors; matrix: the importance matrix, and its metadata written into dst; overrides: a recipe's
+    `tensor_types`, pattern -> ggml type); a failure is a RuntimeFailure carrying llama.cpp's last log lines (an
+    architecture it does not know, a UsageError)."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
@@ -296,6 +339,9 @@ def quantize_file(
     params.ftype = ftype
     params.allow_requantize = requantize
     keep: list[Any] = []
+    if overrides:
+        params.tt_overrides, kept = _tensor_overrides(overrides)
+        keep += kept
     if matrix is not None:
         entries, keep = imatrix.quantize_param(matrix.collected.values)
         params.imatrix = entries
