@@ -2,11 +2,14 @@
 style mixture of experts in llama.cpp's `llama` architecture (2 layers, hidden 64, 4 routed experts of which 2 are
 chosen, their weights fused 3-D as `ffn_{gate,up,down}_exps`), seeded F16 weights, and the default model's own
 vocabulary (tokens, merges and special ids copied from its GGUF, so llama.cpp tokenizes text as it does for
-SmolLM2). Used by tests/convert/test_gguf_recipes.py and benchmarks/imatrix_reference.py."""
+SmolLM2); and the same model with a vocabulary llama.cpp aborts on. Used by tests/convert/test_gguf_recipes.py,
+tests/evaluate/test_llamacpp.py and benchmarks/imatrix_reference.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -15,9 +18,55 @@ def tiny_moe_gguf(
     path: Path, vocabulary: Path, layers: int = 2, hidden: int = 64, ff: int = 128, experts: int = 4, seed: int = 0
 ) -> Path:
     """A loadable MoE GGUF at `path` with `vocabulary`'s tokenizer (a GGUF's: the default model's)."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf import GGUFReader
 
     fields = GGUFReader(vocabulary).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+
+    def tokenizer(w: Any) -> None:
+        w.add_tokenizer_model(fields["tokenizer.ggml.model"].contents())
+        w.add_tokenizer_pre(fields["tokenizer.ggml.pre"].contents())
+        w.add_token_list(tokens)
+        w.add_token_types(fields["tokenizer.ggml.token_type"].contents())
+        w.add_token_merges(fields["tokenizer.ggml.merges"].contents())
+        w.add_bos_token_id(fields["tokenizer.ggml.bos_token_id"].contents())
+        w.add_eos_token_id(fields["tokenizer.ggml.eos_token_id"].contents())
+        w.add_add_bos_token(False)
+
+    return _write(path, tokenizer, len(tokens), layers, hidden, ff, experts, seed)
+
+
+def byteless_vocabulary_gguf(path: Path) -> Path:
+    """A tiny MoE GGUF whose vocabulary llama.cpp loads and cannot use: SentencePiece-style (`llama`) with no
+    <0xNN> byte tokens, so the tokenizer's byte fallback for a character it has no piece for throws
+    std::out_of_range out of llama_vocab::byte_to_token, and the process aborts."""
+    tokens = ["<unk>", "<s>", "</s>", "\u2581a", "\u2581b", "a", "b"]
+
+    def tokenizer(w: Any) -> None:
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores([0.0, 0.0, 0.0, -1.0, -2.0, -3.0, -4.0])
+        w.add_token_types([2, 3, 3, 1, 1, 1, 1])  # unknown, control, control, normal...
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+
+    return _write(path, tokenizer, len(tokens), 1, 64, 128, 4, 0)
+
+
+def _write(
+    path: Path,
+    tokenizer: Callable[[Any], None],
+    vocab: int,
+    layers: int,
+    hidden: int,
+    ff: int,
+    experts: int,
+    seed: int,
+) -> Path:
+    from gguf import GGMLQuantizationType, GGUFWriter
+
     heads, kv_heads = 4, 2
     head = hidden // heads
     w = GGUFWriter(str(path), "llama")
@@ -32,15 +81,7 @@ def tiny_moe_gguf(
     w.add_expert_count(experts)
     w.add_expert_used_count(2)
     w.add_file_type(1)  # MOSTLY_F16
-    tokens = fields["tokenizer.ggml.tokens"].contents()
-    w.add_tokenizer_model(fields["tokenizer.ggml.model"].contents())
-    w.add_tokenizer_pre(fields["tokenizer.ggml.pre"].contents())
-    w.add_token_list(tokens)
-    w.add_token_types(fields["tokenizer.ggml.token_type"].contents())
-    w.add_token_merges(fields["tokenizer.ggml.merges"].contents())
-    w.add_bos_token_id(fields["tokenizer.ggml.bos_token_id"].contents())
-    w.add_eos_token_id(fields["tokenizer.ggml.eos_token_id"].contents())
-    w.add_add_bos_token(False)
+    tokenizer(w)
     rng = np.random.default_rng(seed)
 
     def f16(name: str, shape: tuple[int, ...], scale: float = 0.1) -> None:
@@ -50,7 +91,7 @@ def tiny_moe_gguf(
     def f32(name: str, data: np.ndarray) -> None:
         w.add_tensor(name, data.astype(np.float32), raw_dtype=GGMLQuantizationType.F32)
 
-    f16("token_embd.weight", (len(tokens), hidden), 1.0)
+    f16("token_embd.weight", (vocab, hidden), 1.0)
     f32("output_norm.weight", np.ones(hidden))
     for i in range(layers):
         f32(f"blk.{i}.attn_norm.weight", np.ones(hidden))

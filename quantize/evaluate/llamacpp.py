@@ -40,6 +40,7 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from quantize.checkpoint import ggufs
+from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate.lm import Row, rolling_rows, row
@@ -83,6 +84,7 @@ class LlamaCppLM(TemplateLM):
         self._max_length = int(max_length or context_length(gguf) or 2048)
         self.n_threads, self.n_batch, self.max_gen_toks = int(n_threads), int(n_batch), int(max_gen_toks)
         self.batch_size = int(batch_size)  # lm-eval reads it; one sequence is decoded at a time whatever it is
+        check_vocabulary(gguf)  # a vocabulary llama.cpp aborts on is exit 2 here, not this process's SIGABRT
         with llama_log() as log:  # llama.cpp's own lines (a vocabulary-only context's warning) off the terminal
             try:
                 self.llm = Llama(

@@ -476,3 +476,11 @@ def test_a_gguf_header_is_parsed_once_until_it_changes(tmp_path, monkeypatch):
     g.write_bytes(good)
     again = ggufs.read_header(g)
     assert again is not first and again.tensors == first.tensors and len(parses) == n + 2
+
+
+def test_the_vocabulary_probe_reaches_every_byte_utf8_text_can_hold():
+    """checkpoint/llama_vocab.PROBE: 0x01-0x7F, every continuation byte 0x80-0xBF and every lead byte 0xC2-0xF4 (what
+    a str's UTF-8 encoding can hold but NUL), so no suite or calibration text reaches a byte the probe did not."""
+    from quantize.checkpoint.llama_vocab import PROBE
+
+    assert set(PROBE.encode("utf-8")) == set(range(1, 0xC0)) | set(range(0xC2, 0xF5))

@@ -203,6 +203,16 @@ def test_a_calibration_that_does_not_pack_is_exit_2_before_anything_loads(llama_
     assert "run: intermediate" not in err and not (tmp_path / "IQ2_XXS").exists()
 
 
+def test_a_source_whose_vocabulary_aborts_llama_cpp_is_exit_2_before_anything_loads(llama_cpp, tmp_path, capsys):
+    from gguf_models import byteless_vocabulary_gguf
+
+    source = byteless_vocabulary_gguf(tmp_path / "broken.gguf")
+    assert main(["run", str(recipe_file(tmp_path, "Q8_0", model=str(source)))]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tokenize text with this GGUF's vocabulary" in err and "SIGABRT" in err
+    assert "run: intermediate" not in err and not (tmp_path / "Q8_0").exists()
+
+
 @pytest.mark.parametrize("model,says", [("hf", "convert_hf_to_gguf.py"), ("empty", "neither a GGUF")])
 def test_a_source_that_is_no_gguf_is_exit_2(llama_cpp, tmp_path, capsys, model, says):
     folder = tmp_path / model

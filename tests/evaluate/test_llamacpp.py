@@ -179,6 +179,21 @@ def test_loading_a_gguf_prints_nothing_of_llama_cpps_own(llama_gguf, capfd):
     assert "llama_context" not in out + err and "n_ctx" not in out + err
 
 
+def test_a_vocabulary_llama_cpp_aborts_on_is_exit_2_not_a_crash(llama_gguf, golden, tmp_path, capsys):
+    """A SentencePiece-style vocabulary without byte tokens (tests/gguf_models.py) aborts llama.cpp's tokenizer, and
+    with it the process (std::terminate): `quantize eval` on it was a SIGABRT. The vocabulary is tried in a child
+    first (checkpoint/llama_vocab.py), and its death is exit 2 naming the file and llama.cpp's words."""
+    from gguf_models import byteless_vocabulary_gguf
+
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    byteless_vocabulary_gguf(folder / "model.gguf")
+    assert main(["eval", str(suite_file(tmp_path / "s.yaml", golden / "golden" / "v1")), str(folder), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tokenize text with this GGUF's vocabulary" in err and "SIGABRT" in err
+    assert "out_of_range" in err and "Traceback" not in err
+
+
 def test_greedy_generation_stops_at_a_stop_sequence(lm):
     text = lm.greedy(lm.tok_encode("The capital of France is"), 12, ["."])
     assert "Paris" in text and text.count(".") <= 1

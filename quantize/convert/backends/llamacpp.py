@@ -28,6 +28,7 @@ import numpy as np
 
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import missing_packages
+from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.checkpoint.loader import GGUF_DIST, GGUF_DIST_VERSION, GGUF_FILE
 from quantize.convert import imatrix
 from quantize.convert.backends.base import CalibrationDtype, FileConversion, FileJob
@@ -148,8 +149,10 @@ class LlamaCppBackend:
     def source(cls, recipe: Recipe) -> Path:
         """The GGUF the recipe's `model:` names (convert/gguf.source_gguf); empty, the default model's. A
         `calibration:` is checked with it as every recipe's is (calibration.check_calibration), packed in the
-        GGUF's own tokenizer (its vocabulary alone loaded)."""
+        GGUF's own tokenizer (its vocabulary alone loaded); first, its vocabulary is tried in a child process
+        (checkpoint/llama_vocab.py)."""
         path = source_gguf(recipe.model)
+        check_vocabulary(path)  # before llama.cpp reads it in this process (its tokenizer can abort it)
         if recipe.calibration is not None:
             with gguf_tokenizer(path) as tokenizer:
                 check_calibration(recipe.calibration, path, tokenizer)
