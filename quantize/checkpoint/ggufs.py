@@ -516,6 +516,21 @@ def _part(kind: str, role: str) -> str:
 # --- the model's shape, for the KV cache -------------------------------------------------------------
 
 
+def windowed_or_latent(h: GGUFHeader) -> list[str]:
+    """The metadata keys the header holds that make its KV cache other than one figure per layer: a sliding window
+    (`{arch}.attention.sliding_window`), a latent cache (`kv_lora_rank`, `key_length_mla`), or a per-layer array of
+    KV heads."""
+    import gguf
+
+    arch = h.architecture or ""
+    a = gguf.Keys.Attention
+    found = [k.format(arch=arch) for k in (a.SLIDING_WINDOW, a.KV_LORA_RANK, a.KEY_LENGTH_MLA)]
+    found = [k for k in found if k in h.metadata]
+    if isinstance(h.metadata.get(a.HEAD_COUNT_KV.format(arch=arch)), list):
+        found.append(a.HEAD_COUNT_KV.format(arch=arch))
+    return found
+
+
 @dataclass(frozen=True)
 class AttentionShape:
     """What a decode step's KV cache holds per layer, from the GGUF's metadata (gguf.Keys)."""
@@ -552,15 +567,10 @@ def attention_shape(h: GGUFHeader) -> AttentionShape:
             )
         return v
 
-    unsupported = [
-        k
-        for k in (keys.Attention.SLIDING_WINDOW, keys.Attention.KV_LORA_RANK, keys.Attention.KEY_LENGTH_MLA)
-        if key(k) in h.metadata
-    ]
-    if unsupported:
+    if unsupported := windowed_or_latent(h):
         raise UsageError(
-            f"{h.path} declares {', '.join(key(k) for k in unsupported)}: its KV cache (sliding-window or latent "
-            "attention) is not priced from a GGUF yet. Pass --params and --layers/--kv-heads/--head-dim instead"
+            f"{h.path} declares {', '.join(unsupported)}: its KV cache (sliding-window or latent attention) is not "
+            "one figure per layer. Pass --params and --layers/--kv-heads/--head-dim instead"
         )
     heads = whole(keys.Attention.HEAD_COUNT)
     dims = (keys.Attention.KEY_LENGTH, keys.Attention.VALUE_LENGTH)

@@ -776,7 +776,25 @@ GGUF_KV_BYTES = 2
 
 def gguf_kv_cache(h: ggufs.GGUFHeader) -> KVCache:
     """A GGUF's KV cache from its metadata (ggufs.attention_shape): every layer holds the whole context, each token
-    kv_heads × (key_length + value_length) values per layer, GGUF_KV_BYTES bytes each."""
+    kv_heads × (key_length + value_length) values per layer, GGUF_KV_BYTES bytes each. A header whose cache is not
+    one figure per layer (ggufs.windowed_or_latent: a sliding window, a latent cache, KV heads per layer) is read
+    as transformers reads a GGUF (`gguf_config`) and priced layer by layer as its config.json would be
+    (kv_layout_from_config: which layers slide comes from transformers' config class of the family); an
+    architecture transformers does not map is refused (UsageError) naming it."""
+    if special := ggufs.windowed_or_latent(h):
+        if (config := gguf_config(h)) is None:
+            raise UsageError(
+                f"{h.path} declares {', '.join(special)}: its KV cache is priced layer by layer through the "
+                f"config transformers reads from a GGUF, and transformers maps no config for architecture "
+                f"{h.architecture!r}. Pass --params and --layers/--kv-heads/--head-dim instead"
+            )
+        cache = kv_layout_from_config(config, GGUF_KV_BYTES)
+        return replace(
+            cache,
+            formula=f"{cache.formula} [{', '.join(special)}; the layers of transformers' "
+            f"{config.get('model_type')} config read from the GGUF]",
+            state_dtype=cache.state_dtype if any(cache.state_bytes) else "",
+        )
     s = ggufs.attention_shape(h)
     return KVCache(
         attention="MHA/GQA",
@@ -786,6 +804,26 @@ def gguf_kv_cache(h: ggufs.GGUFHeader) -> KVCache:
         bytes_per_element=GGUF_KV_BYTES,
         formula=f"kv_heads {s.kv_heads} × (key_length {s.key_length} + value_length {s.value_length}) [{s.keys}]",
     )
+
+
+def gguf_config(h: ggufs.GGUFHeader) -> dict[str, Any] | None:
+    """config.json as transformers' GGUF loader builds it from the header (`load_gguf_checkpoint`, no tensor read;
+    its own mapping of GGUF keys to config fields, GGUF_CONFIG_MAPPING), or None for an architecture it does not
+    map."""
+    import logging
+
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    if h.architecture not in GGUF_CONFIG_MAPPING:
+        return None
+    library = logging.getLogger("transformers")
+    level = library.level
+    library.setLevel(logging.ERROR)  # its warning that the header gives no vocab_size: the KV needs none
+    try:
+        return dict(load_gguf_checkpoint(str(h.path), return_tensors=False)["config"])
+    finally:
+        library.setLevel(level)
 
 
 def gguf_routed_experts(h: ggufs.GGUFHeader, expert_layers: Sequence[Any]) -> tuple[RoutedExperts, ...]:

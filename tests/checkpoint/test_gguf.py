@@ -222,6 +222,35 @@ def test_cost_of_a_written_gguf(tmp_path):
     assert "llama.attention.key_length absent" in c.kv_layout["values_formula"]
 
 
+def windowed(path: Path, arch: str, layers: int = 12, **meta: int) -> Path:
+    """Attention layers of 4 query heads and 1 KV head of 64, a sliding window of 512 declared."""
+    tensors = [("token_embd.weight", T.Q8_0, (64, 256)), ("output_norm.weight", T.F32, (256,))]
+    for i in range(layers):
+        tensors += [(f"blk.{i}.attn_q.weight", T.Q8_0, (256, 256))]
+        tensors += [(f"blk.{i}.attn_{n}.weight", T.Q8_0, (64, 256)) for n in ("k", "v")]
+    heads = {"attention.head_count": 4, "attention.head_count_kv": 1, "attention.key_length": 64}
+    heads |= {"attention.value_length": 64, "attention.sliding_window": 512, "feed_forward_length": 512}
+    shape = {"block_count": layers, "embedding_length": 256, "context_length": 32768}
+    return write_gguf(path, tensors, arch, **shape, **heads, **meta)
+
+
+@pytest.mark.parametrize("context", [2048, 32768])
+def test_a_sliding_window_gguf_is_priced_layer_by_layer(tmp_path, context):
+    """Gemma 3: transformers' config class of the family says which layers slide (5 of every 6); each holds at most
+    its window of 512 tokens, the others the whole context, 2 × 1 × 64 values a token, 2 bytes each (F16)."""
+    c = api.decode_cost(windowed(tmp_path / "g.gguf", "gemma3"), workload=bounds.Workload(context_tokens=context))
+    assert c.kv_bytes_per_sequence == (10 * min(context, 512) + 2 * context) * 2 * 1 * 64 * 2
+    assert c.kv_layout["windowed_layers"] == 10 and c.kv_layout["window"] == 512
+    assert "gemma3.attention.sliding_window" in c.kv_layout["values_formula"]
+
+
+def test_a_sliding_window_of_an_architecture_transformers_does_not_map_is_refused(tmp_path, capsys):
+    path = windowed(tmp_path / "c.gguf", "cohere2", layers=2)
+    assert main(["cost", "--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cohere2.attention.sliding_window" in err and "maps no config for architecture 'cohere2'" in err
+
+
 def moe(path: Path, experts: int = 4, declared: int = 4) -> Path:
     """Two layers with fused routed experts (ffn_*_exps: experts along the outermost ggml dimension) and a router."""
     tensors = []
