@@ -8,7 +8,9 @@ vendor/llama.cpp; about 8 minutes on 2 cores):
     cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B build -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \\
         -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=OFF && cmake --build build --target llama-imatrix -j2
 
-then `python benchmarks/imatrix_reference.py --llama-imatrix build/bin/llama-imatrix [--cases default moe]`. Case
+then `python benchmarks/imatrix_reference.py --llama-imatrix build/bin/llama-imatrix [--cases default moe]
+[--llama-quantize build/bin/llama-quantize]` (the last: llama-quantize's Q4_K_M with llama-imatrix's matrix against
+ours with ours, tensor by tensor; build it with `--target llama-quantize`). Case
 `default`: the default model's GGUF re-quantized to F16 (as a gguf recipe's intermediate is); case `moe`: the tiny
 mixture of experts of tests/gguf_models.py (its experts' entries per expert, MUL_MAT_ID). The Jargon File
 calibration split is written as text,
@@ -27,8 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,18 +43,31 @@ RESULTS = ROOT / "benchmarks" / "results" / "imatrix_reference.json"
 CHUNKS, CTX, THREADS = 8, 128, 2
 
 
+@dataclass
+class _Matrix:
+    """What quantize_file reads of a matrix (backends/llamacpp.Matrix), without the calibration record."""
+
+    collected: Any
+
+    def metadata(self) -> dict[str, int | str]:
+        return {}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-imatrix", required=True, type=Path, help="a llama-imatrix binary (see above)")
     ap.add_argument("--cases", nargs="*", default=["default", "moe"], choices=["default", "moe"])
+    ap.add_argument(
+        "--llama-quantize", type=Path, help="a llama-quantize binary: also compare its Q4_K_M with the matrix to ours"
+    )
     args = ap.parse_args()
-    rows = {case: compare(args.llama_imatrix, case) for case in args.cases}
+    rows = {case: compare(args.llama_imatrix, case, args.llama_quantize) for case in args.cases}
     RESULTS.write_text(json.dumps(rows, indent=2) + "\n")
     print(json.dumps(rows, indent=2))
     return 0 if all(r["same_weights"] and r["worst_relative_difference"] < 1e-4 for r in rows.values()) else 1
 
 
-def compare(binary: Path, case: str) -> dict:
+def compare(binary: Path, case: str, llama_quantize: Path | None) -> dict:
     """llama-imatrix and imatrix.collect on one GGUF and the same chunks; their entries compared weight by weight."""
     import llama_cpp
     from gguf import GGUFReader
@@ -93,6 +110,26 @@ def compare(binary: Path, case: str) -> dict:
         ours = imatrix.collect(f16, rows, THREADS, llama_log, lambda _done, _n: None)
         ours_s = time.perf_counter() - t0
 
+        same_file = None
+        if llama_quantize is not None:  # their tool on their matrix, our call on ours: the same Q4_K_M?
+            theirs_q, ours_q = work / "theirs-q4_k_m.gguf", work / "ours-q4_k_m.gguf"
+            subprocess.run(
+                [llama_quantize, "--imatrix", out, f16, theirs_q, "Q4_K_M", str(THREADS)],
+                check=True,
+                capture_output=True,
+            )
+            quantize_file(f16, ours_q, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, THREADS, False, matrix=_Matrix(ours))
+            a = {t.name: t for t in GGUFReader(theirs_q).tensors}
+            b = {t.name: t for t in GGUFReader(ours_q).tensors}
+            same_file = {
+                "tensors": len(a),
+                "same_types": sum(a[n].tensor_type == b[n].tensor_type for n in a),
+                "identical_tensors": sum(np.array_equal(np.asarray(a[n].data), np.asarray(b[n].data)) for n in a),
+                "identical_bytes_share": sum(
+                    int((np.asarray(a[n].data).view(np.uint8) == np.asarray(b[n].data).view(np.uint8)).sum()) for n in a
+                )
+                / sum(int(np.asarray(a[n].data).nbytes) for n in a),
+            }
         reader = GGUFReader(out)
         tensors = {t.name: t for t in reader.tensors}
         theirs = {}
@@ -122,6 +159,7 @@ def compare(binary: Path, case: str) -> dict:
         "ours_seconds": round(ours_s, 2),
         "note": "relative difference: max over columns of |ours - theirs| / max |theirs|, per weight; llama-imatrix "
         "accumulates in float32, ours in float64",
+        "q4_k_m_llama_quantize_vs_ours": same_file,
     }
 
 

@@ -17,8 +17,13 @@ tools/imatrix/imatrix.cpp (0.3.36) does:
 
 The quantizer weighs column j of matrix m by sums[m][j] / counts[m], and an expert no token reached by 1 for every
 column (tools/quantize's load_imatrix, GGUF format); `importance` gives exactly that, flat per weight as
-`llama_model_quantize_params.imatrix` takes it. A non-finite sum ends the run naming the weight (llama-imatrix exits
-there too): the source computes non-finite activations on the calibration text.
+`llama_model_quantize_params.imatrix` takes it. The sums are float32 and added token by token in llama-imatrix's
+order (a running sum, not numpy's pairwise one; experts: choice by choice, token by token), and the quotient is
+float32: on the default model the matrix is bit for bit llama-imatrix's on the same GGUF and tokens, and a file
+quantized with it bit for bit llama-quantize's; routed experts' entries are within 5e-8 of its (one rounding
+apart, somewhere in its expert loop), their Q4_K_M file again identical (benchmarks/imatrix_reference.py). A
+non-finite sum ends the run naming the weight (llama-imatrix exits there too): the source computes non-finite
+activations on the calibration text.
 
 The pure parts (`add_dense`, `add_experts`, `importance`) take numpy arrays and are tested against a loop over the
 formula; `collect` runs llama.cpp (quantize/compat/llama_cpp.py reads the ggml tensors the callback is given).
@@ -46,7 +51,7 @@ LAYER_PREFIX = "blk."  # the weights llama-imatrix collects (with process_output
 class Stat:
     """One weight's running sums of squared activations per input column, per matrix, and the tokens counted."""
 
-    sums: np.ndarray  # (matrices, columns) float64
+    sums: np.ndarray  # (matrices, columns) float32, added in llama-imatrix's order
     counts: np.ndarray  # (matrices,) int64
 
 
@@ -58,7 +63,9 @@ class Stats:
         """The weight's Stat, made on first sight; a later product of another shape is our failure to read it."""
         s = self.by_weight.get(name)
         if s is None:
-            s = self.by_weight[name] = Stat(np.zeros((matrices, columns)), np.zeros(matrices, dtype=np.int64))
+            s = self.by_weight[name] = Stat(
+                np.zeros((matrices, columns), dtype=np.float32), np.zeros(matrices, dtype=np.int64)
+            )
         elif s.sums.shape != (matrices, columns):
             raise RuntimeFailure(
                 f"importance matrix: {name} was first seen as {s.sums.shape} (matrices, columns), now as "
@@ -85,9 +92,17 @@ def add_dense(stats: Stats, name: str, x: np.ndarray, weight_ne: tuple[int, int]
     for i3 in range(x.shape[0]):
         for i2 in range(x.shape[1]):
             m = (i3 % ne3_w) * ne2_w + (i2 % ne2_w)
-            s.sums[m] += np.einsum("tj,tj->j", x[i3, i2], x[i3, i2], dtype=np.float64)
+            s.sums[m] = running_sum(s.sums[m], x[i3, i2])
     s.counts += x.shape[0] * x.shape[1] * x.shape[2] // matrices
     _finite(s, name)
+
+
+def running_sum(acc: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """acc + x[0]² + x[1]² + ... in float32, one row after the other (each square rounded to float32, then each
+    addition), as llama-imatrix's `acc[j] += x[j] * x[j]` does: the last row of a float32 cumulative sum, which
+    numpy takes in order (its plain sum would add pairwise, another rounding)."""
+    rows = np.concatenate([acc[None].astype(np.float32), np.square(x, dtype=np.float32)])
+    return np.cumsum(rows, axis=0, dtype=np.float32)[-1]
 
 
 def add_experts(stats: Stats, name: str, x: np.ndarray, ids: np.ndarray, experts: int) -> None:
@@ -97,9 +112,9 @@ def add_experts(stats: Stats, name: str, x: np.ndarray, ids: np.ndarray, experts
     if ids.size and (ids.min() < 0 or ids.max() >= experts):
         raise RuntimeFailure(f"importance matrix: {name} routed to expert {int(ids.max())} of {experts}")
     s = stats.stat(name, experts, x.shape[-1])
-    squares = x.astype(np.float64) ** 2
-    for k in range(ids.shape[1]):
-        np.add.at(s.sums, ids[:, k], squares[:, k % x.shape[1]])
+    for k in range(ids.shape[1]):  # llama-imatrix: choice by choice, then token by token
+        for e in np.unique(ids[:, k]):
+            s.sums[e] = running_sum(s.sums[e], x[ids[:, k] == e, k % x.shape[1]])
     s.counts += np.bincount(ids.ravel(), minlength=experts)
     _finite(s, name)
 
@@ -114,11 +129,11 @@ def _finite(s: Stat, name: str) -> None:
 
 def importance(stats: Stats) -> dict[str, np.ndarray]:
     """What the quantizer weighs each weight's columns by, flat float32 (matrices × columns): sums / count per
-    matrix, 1 for a matrix no token reached."""
+    matrix in float32, 1 for a matrix no token reached."""
     out = {}
     for name, s in sorted(stats.by_weight.items()):
-        counted = s.counts[:, None] > 0
-        values = np.where(counted, s.sums / np.maximum(s.counts, 1)[:, None], 1.0)
+        counts = s.counts.astype(np.float32)[:, None]  # load_imatrix: sums[j] / (float) count
+        values = np.where(counts > 0, s.sums / np.maximum(counts, np.float32(1)), np.float32(1))
         out[name] = np.ascontiguousarray(values, dtype=np.float32).ravel()
     return out
 

@@ -26,6 +26,22 @@ def test_a_dense_product_adds_each_columns_squares_and_counts_the_tokens():
     assert np.allclose(imatrix.importance(stats)["blk.0.attn_q.weight"], want / 36)
 
 
+def test_the_sums_are_float32_running_sums_as_llama_imatrix_adds():
+    """llama-imatrix adds x² to a float32 accumulator token by token: after a square of 1e8, each 1.0 is lost to
+    rounding (float32 has 24 bits), where a float64 or pairwise sum would keep them. Its matrix, and so the bytes
+    llama-quantize writes, are reproduced only by the same order and precision."""
+    x = np.ones((1, 1, 17, 2), np.float32)
+    x[0, 0, 0] = 1e4
+    stats = imatrix.Stats()
+    imatrix.add_dense(stats, "w", x, (1, 1))
+    want = np.float32(0)
+    for t in range(17):
+        want = np.float32(want + np.float32(x[0, 0, t, 0] * x[0, 0, t, 0]))
+    assert want == np.float32(1e8) and stats.by_weight["w"].sums[0, 0] == want
+    assert float(np.sum(x[0, 0, :, 0].astype(np.float64) ** 2)) == 1e8 + 16  # what another order would give
+    assert imatrix.importance(stats)["w"][0] == np.float32(want) / np.float32(17)
+
+
 def test_a_3d_weight_keeps_one_row_of_sums_per_matrix():
     """src0 of ne2 = 3 matrices, activations of ne2 = 3 slices: slice i feeds matrix i (i mod ne2 of the weight)."""
     rng = np.random.default_rng(1)
