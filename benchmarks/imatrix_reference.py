@@ -75,6 +75,7 @@ def compare(binary: Path, case: str, llama_quantize: Path | None) -> dict:
     from quantize.checkpoint.loader import find_gguf
     from quantize.convert import imatrix
     from quantize.convert.backends.llamacpp import quantize_file
+    from quantize.cost.local import cpu_name
     from quantize.quiet import llama_log
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -143,7 +144,7 @@ def compare(binary: Path, case: str, llama_quantize: Path | None) -> dict:
     worst = max(rel, key=rel.get)
     return {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{os.cpu_count()} CPUs ({_cpu()})",
+        "machine": f"{os.cpu_count()} CPUs ({cpu_name()})",
         "model": "tests/gguf_models.tiny_moe_gguf: 2 layers, 4 experts, 2 chosen"
         if case == "moe"
         else "SmolLM2-135M-Instruct, its Q4_1 GGUF re-quantized to F16",
@@ -157,20 +158,10 @@ def compare(binary: Path, case: str, llama_quantize: Path | None) -> dict:
         "median_relative_difference": float(np.median(list(rel.values()))),
         "llama_imatrix_seconds": round(theirs_s, 2),
         "ours_seconds": round(ours_s, 2),
-        "note": "relative difference: max over columns of |ours - theirs| / max |theirs|, per weight; llama-imatrix "
-        "accumulates in float32, ours in float64",
+        "note": "relative difference: max over columns of |ours - theirs| / max |theirs|, per weight; both sum "
+        "float32 running sums in llama-imatrix's order",
         "q4_k_m_llama_quantize_vs_ours": same_file,
     }
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -557,7 +557,7 @@ def gguf_report(checkpoint: Path, h: ggufs.GGUFHeader) -> BitsReport:
         ]
         if unknown
         else []
-    )
+    ) + ([matrix] if (matrix := ggufs.imatrix_note(h)) else [])
     return BitsReport(
         checkpoint=str(checkpoint),
         format=_gguf_format(h),

@@ -531,6 +531,25 @@ def windowed_or_latent(h: GGUFHeader) -> list[str]:
     return found
 
 
+# what llama-quantize writes into a GGUF it quantized with an importance matrix (its tools/quantize/quantize.cpp,
+# LLM_KV_QUANTIZE_IMATRIX_*: keys of the tool, not of the gguf package or the library); a gguf recipe with
+# `calibration:` writes them the same way, and `inspect` reads them from any GGUF
+IMATRIX_KEYS = {
+    "dataset": "quantize.imatrix.dataset",
+    "entries": "quantize.imatrix.entries_count",
+    "chunks": "quantize.imatrix.chunks_count",
+}
+
+
+def imatrix_note(h: GGUFHeader) -> str | None:
+    """What the header says of the importance matrix it was quantized with (IMATRIX_KEYS), or None."""
+    found = {k: h.metadata[v] for k, v in IMATRIX_KEYS.items() if v in h.metadata}
+    if not found:
+        return None
+    said = ", ".join(f"{k} {str(v)[:80]}" for k, v in found.items())
+    return f"quantized with an importance matrix (llama-quantize's quantize.imatrix.* keys: {said})"
+
+
 @dataclass(frozen=True)
 class AttentionShape:
     """What a decode step's KV cache holds per layer, from the GGUF's metadata (gguf.Keys)."""

@@ -52,13 +52,6 @@ DEFAULT_TYPE = {
     "IQ2_S": "IQ2_XS",
     "IQ2_M": "IQ2_S",
 }
-# what llama-quantize writes into a GGUF it quantized with an importance matrix (its tools/quantize/quantize.cpp,
-# LLM_KV_QUANTIZE_IMATRIX_*: keys of the tool, not of the gguf package or the library), written the same way here
-IMATRIX_KEYS = {
-    "dataset": "quantize.imatrix.dataset",
-    "entries": "quantize.imatrix.entries_count",
-    "chunks": "quantize.imatrix.chunks_count",
-}
 _K_MIX = re.compile(r"(Q\d_K)_[SML]")
 CONVERTER = "convert_hf_to_gguf.py"  # llama.cpp's converter of a Hugging Face checkpoint into a GGUF
 

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from quantize import records
+from quantize.checkpoint import ggufs
 from quantize.cli import main
 from quantize.convert import gguf as gguf_rules
 from quantize.convert.backends import BACKENDS, check, converts_files, runs
@@ -475,11 +476,17 @@ def test_the_quantizer_reads_the_matrix(llama_cpp, f16, tmp_path):
     assert q4k and all(not np.array_equal(t.data, bt[t.name].data) for t in a.tensors if t.name in q4k)
     fields = {k: f.contents() for k, f in b.fields.items() if k.startswith("quantize.imatrix")}
     assert fields == {
-        gguf_rules.IMATRIX_KEYS["dataset"]: "builtin:jargon",
-        gguf_rules.IMATRIX_KEYS["entries"]: 210,
-        gguf_rules.IMATRIX_KEYS["chunks"]: 4,
+        ggufs.IMATRIX_KEYS["dataset"]: "builtin:jargon",
+        ggufs.IMATRIX_KEYS["entries"]: 210,
+        ggufs.IMATRIX_KEYS["chunks"]: 4,
     }
     assert not any(k.startswith("quantize.imatrix") for k in a.fields)
+    note = ggufs.imatrix_note(ggufs.read_header(weighed))  # what `inspect` says of it, and of any such GGUF
+    assert note == (
+        "quantized with an importance matrix (llama-quantize's quantize.imatrix.* keys: dataset builtin:jargon, "
+        "entries 210, chunks 4)"
+    )
+    assert ggufs.imatrix_note(ggufs.read_header(plain)) is None
 
 
 def test_a_type_that_needs_a_matrix_converts_with_one(llama_cpp, source, tmp_path, capsys):

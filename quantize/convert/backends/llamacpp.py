@@ -28,6 +28,7 @@ import numpy as np
 
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import missing_packages
+from quantize.checkpoint.ggufs import IMATRIX_KEYS
 from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.checkpoint.loader import GGUF_DIST, GGUF_DIST_VERSION, GGUF_FILE
 from quantize.convert import imatrix
@@ -36,7 +37,6 @@ from quantize.convert.calibration import FileTokenizer, check_calibration, pack_
 from quantize.convert.gguf import (
     FTYPE_PREFIX,
     IMATRIX,
-    IMATRIX_KEYS,
     INTERMEDIATE,
     OUTPUT_FILE,
     UNWRITTEN,
