@@ -472,11 +472,27 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
     (`project_share`: the share of them in quantized linears; default the checkpoint's). `sweeps`: add the seed's
     exercises (`--sweep`). `kv` (`--layers/--kv-heads/--head-dim`) replaces the KV cache config.json describes;
     `kv_bytes` (`--kv-bytes`) prices the checkpoint's own KV cache at that many bytes per element."""
+    from quantize.checkpoint import ggufs
+    from quantize.checkpoint.loader import gguf_config
     from quantize.cost import bounds
 
     work = workload or bounds.Workload()
+    config = None
+    if (
+        kv is None
+        and (f := ggufs.find(Path(checkpoint))) is not None
+        and ggufs.windowed_or_latent(ggufs.read_header(f))
+    ):
+        config = gguf_config(f)  # transformers' reading of the header: cost itself imports no transformers
     result = bounds.checkpoint_cost(
-        Path(checkpoint), _hardware(hardware), work, project_params, project_share, kv=kv, kv_bytes=kv_bytes
+        Path(checkpoint),
+        _hardware(hardware),
+        work,
+        project_params,
+        project_share,
+        kv=kv,
+        kv_bytes=kv_bytes,
+        gguf_config=config,
     )
     return _with_sweeps(result, work) if sweeps else result
 

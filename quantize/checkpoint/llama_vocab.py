@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.quiet import llama_log
 
 TIMEOUT_SECONDS = 120  # loading a vocabulary of 256k tokens and tokenizing PROBE takes about a second
 LAST_LINES = 4
@@ -84,8 +85,6 @@ def _checked(path: str, _size: int, _mtime: int, _inode: int) -> None:
 def main(argv: list[str]) -> int:
     """The child: load the vocabulary alone, tokenize PROBE every way the scorer and the calibration do."""
     import llama_cpp
-
-    from quantize.quiet import llama_log
 
     with llama_log():
         llm = llama_cpp.Llama(model_path=argv[0], vocab_only=True, verbose=False)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.cache import cache_dir
+from quantize.checkpoint import ggufs
 from quantize.checkpoint.decompressed import load_decompressed
 from quantize.checkpoint.files import (
     TOKENIZER_FILES,
@@ -110,6 +111,27 @@ def prepare_default_model(force: bool = False, quiet: bool = False) -> Path:
         )
         (tmp / WEIGHTS_HASH_FILE).write_text(weights_sha256(tmp) + "\n")
     return target
+
+
+def gguf_config(gguf: Path) -> dict[str, Any] | None:
+    """config.json as transformers' GGUF loader builds it from a GGUF's header (`load_gguf_checkpoint`, no tensor
+    read; its own mapping of GGUF keys to config fields, GGUF_CONFIG_MAPPING), or None for an architecture it does
+    not map. Read only where a GGUF's KV cache is not one figure per layer (ggufs.windowed_or_latent): which layers
+    slide is the family's config class's to say."""
+    import logging
+
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    if ggufs.read_header(gguf).architecture not in GGUF_CONFIG_MAPPING:
+        return None
+    library = logging.getLogger("transformers")
+    level = library.level
+    library.setLevel(logging.ERROR)  # its warning that the header gives no vocab_size: the KV needs none
+    try:
+        return dict(load_gguf_checkpoint(str(gguf), return_tensors=False)["config"])
+    finally:
+        library.setLevel(level)
 
 
 def resolve_model(model: str | None) -> Path:

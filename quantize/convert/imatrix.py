@@ -32,7 +32,6 @@ formula; `collect` runs llama.cpp (quantize/compat/llama_cpp.py reads the ggml t
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from quantize.compat import llama_cpp as compat
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.io import sha256_bytes
 
 MIN_ROWS = 16  # llama-imatrix skips products of fewer activation rows (its collect_imatrix, `ask`)
 LAYER_PREFIX = "blk."  # the weights llama-imatrix collects (with process_output off, its default)
@@ -140,11 +141,9 @@ def importance(stats: Stats) -> dict[str, np.ndarray]:
 
 def digest(values: dict[str, np.ndarray]) -> str:
     """sha256 over each weight's name, a NUL, and its float32 values (little-endian), in name order."""
-    h = hashlib.sha256()
-    for name in sorted(values):
-        h.update(name.encode() + b"\0")
-        h.update(values[name].astype("<f4").tobytes())
-    return h.hexdigest()
+    return sha256_bytes(
+        b"".join(name.encode() + b"\0" + values[name].astype("<f4").tobytes() for name in sorted(values))
+    )
 
 
 @dataclass
@@ -163,8 +162,6 @@ class _Collector:
     computed, and `collect` raises it after the decode."""
 
     def __init__(self) -> None:
-        from quantize.compat import llama_cpp as compat
-
         self.compat = compat
         self.ops = {compat.op_code(name): name for name in ("MUL_MAT", "MUL_MAT_ID")}
         self.stats = Stats()
@@ -221,8 +218,6 @@ def collect(
     callback above; `log` is the context that keeps llama.cpp's output (backends/llamacpp.llama_log), `progress`
     is told (rows done, rows)."""
     import llama_cpp
-
-    from quantize.compat import llama_cpp as compat
 
     if found := compat.tensor_problems():
         raise RuntimeFailure("importance matrix: " + "; ".join(found))

@@ -741,17 +741,18 @@ def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weight
 
 
 def _measured(
-    checkpoint: Any, kv: KVLayout | None = None, kv_bytes: float | None = None
+    checkpoint: Any, kv: KVLayout | None = None, kv_bytes: float | None = None, gguf_config: dict | None = None
 ) -> tuple[BitsReport, KVLayout | KVCache, tuple[RoutedExperts, ...]]:
-    """A checkpoint's bits, KV cache and routed experts: a GGUF's from its header alone (gguf_kv_cache), any other's
-    from its safetensors headers and config.json. `kv` replaces the KV cache they describe (the CLI's
-    --layers/--kv-heads/--head-dim beside --checkpoint); `kv_bytes` prices theirs at that many bytes a KV element."""
+    """A checkpoint's bits, KV cache and routed experts: a GGUF's from its header alone (gguf_kv_cache, with
+    `gguf_config` where its cache needs it), any other's from its safetensors headers and config.json. `kv` replaces
+    the KV cache they describe (the CLI's --layers/--kv-heads/--head-dim beside --checkpoint); `kv_bytes` prices
+    theirs at that many bytes a KV element."""
     if (f := ggufs.find(Path(checkpoint))) is not None:
         h = ggufs.read_header(f)
         report = gguf_report(Path(checkpoint), h)
         if not report.parameters:
             raise UsageError(f"{checkpoint} holds no tensors; there are no weights to price")
-        cache = kv or gguf_kv_cache(h)
+        cache = kv or gguf_kv_cache(h, gguf_config)
         if kv is None and kv_bytes is not None:
             cache = replace(cache, bytes_per_element=kv_bytes)
         return report, cache, gguf_routed_experts(h, report.expert_layers)
@@ -774,15 +775,15 @@ def _measured(
 GGUF_KV_BYTES = 2
 
 
-def gguf_kv_cache(h: ggufs.GGUFHeader) -> KVCache:
+def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> KVCache:
     """A GGUF's KV cache from its metadata (ggufs.attention_shape): every layer holds the whole context, each token
     kv_heads × (key_length + value_length) values per layer, GGUF_KV_BYTES bytes each. A header whose cache is not
-    one figure per layer (ggufs.windowed_or_latent: a sliding window, a latent cache, KV heads per layer) is read
-    as transformers reads a GGUF (`gguf_config`) and priced layer by layer as its config.json would be
-    (kv_layout_from_config: which layers slide comes from transformers' config class of the family); an
-    architecture transformers does not map is refused (UsageError) naming it."""
+    one figure per layer (ggufs.windowed_or_latent: a sliding window, a latent cache, KV heads per layer) is priced
+    layer by layer from `config`, the config.json transformers builds from the header (checkpoint/loader.gguf_config,
+    which the caller reads: cost imports no transformers), as kv_layout_from_config prices any; without one (an
+    architecture transformers does not map) it is refused (UsageError) naming it."""
     if special := ggufs.windowed_or_latent(h):
-        if (config := gguf_config(h)) is None:
+        if config is None:
             raise UsageError(
                 f"{h.path} declares {', '.join(special)}: its KV cache is priced layer by layer through the "
                 f"config transformers reads from a GGUF, and transformers maps no config for architecture "
@@ -804,26 +805,6 @@ def gguf_kv_cache(h: ggufs.GGUFHeader) -> KVCache:
         bytes_per_element=GGUF_KV_BYTES,
         formula=f"kv_heads {s.kv_heads} × (key_length {s.key_length} + value_length {s.value_length}) [{s.keys}]",
     )
-
-
-def gguf_config(h: ggufs.GGUFHeader) -> dict[str, Any] | None:
-    """config.json as transformers' GGUF loader builds it from the header (`load_gguf_checkpoint`, no tensor read;
-    its own mapping of GGUF keys to config fields, GGUF_CONFIG_MAPPING), or None for an architecture it does not
-    map."""
-    import logging
-
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    if h.architecture not in GGUF_CONFIG_MAPPING:
-        return None
-    library = logging.getLogger("transformers")
-    level = library.level
-    library.setLevel(logging.ERROR)  # its warning that the header gives no vocab_size: the KV needs none
-    try:
-        return dict(load_gguf_checkpoint(str(h.path), return_tensors=False)["config"])
-    finally:
-        library.setLevel(level)
 
 
 def gguf_routed_experts(h: ggufs.GGUFHeader, expert_layers: Sequence[Any]) -> tuple[RoutedExperts, ...]:
@@ -849,7 +830,7 @@ def gguf_routed_experts(h: ggufs.GGUFHeader, expert_layers: Sequence[Any]) -> tu
     return tuple(RoutedExperts(e.layer, experts, top_k, e.bytes, e.parameters) for e in expert_layers)
 
 
-def checkpoint_cost(
+def checkpoint_cost(  # noqa: PLR0913 (one keyword per input `quantize cost --checkpoint` reads)
     checkpoint: Any,
     hardware: Hardware,
     work: Workload,
@@ -857,10 +838,12 @@ def checkpoint_cost(
     project_share: float | None = None,
     kv: KVLayout | None = None,
     kv_bytes: float | None = None,
+    gguf_config: dict[str, Any] | None = None,
 ) -> TokenCost:
     """Bounds from a measured checkpoint's bytes (safetensors or GGUF); optionally a labelled projection onto a
-    larger model. `kv` replaces the checkpoint's KV cache; `kv_bytes` prices its own at that element size."""
-    report, kv, routed = _measured(checkpoint, kv, kv_bytes)
+    larger model. `kv` replaces the checkpoint's KV cache; `kv_bytes` prices its own at that element size;
+    `gguf_config`: the config transformers builds from a GGUF's header, for a cache not one figure per layer."""
+    report, kv, routed = _measured(checkpoint, kv, kv_bytes, gguf_config)
     out = token_cost(
         report.parameters,
         {"measured": 8 * report.total_bytes / report.parameters},

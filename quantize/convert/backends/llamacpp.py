@@ -31,6 +31,7 @@ from quantize.checkpoint.files import missing_packages
 from quantize.checkpoint.ggufs import IMATRIX_KEYS
 from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.checkpoint.loader import GGUF_DIST, GGUF_DIST_VERSION, GGUF_FILE
+from quantize.compat import llama_cpp as compat
 from quantize.convert import imatrix
 from quantize.convert.backends.base import CalibrationDtype, FileConversion, FileJob
 from quantize.convert.calibration import FileTokenizer, check_calibration, pack_calibration
@@ -132,17 +133,15 @@ class LlamaCppBackend:
                 f"tensor_types: {', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} no tensor type llama.cpp "
                 f"writes in a file (llama-cpp-python {_version()}); choose among {', '.join(tensor_types(known))}"
             )
-        if recipe.calibration is not None:
-            from quantize.compat import llama_cpp as compat
-
-            if found := [*filter(None, [compat.outside(DISTRIBUTION, _version(), compat.CHECKED)])] + (
-                compat.tensor_problems()
-            ):
-                return (
-                    "calibration: the importance matrix is read from llama.cpp's graph through a layout checked on "
-                    f"llama-cpp-python 0.3.36, and here it does not hold ({'; '.join(found)}); {INSTALL}, or drop "
-                    "`calibration:` for a type that needs no matrix"
-                )
+        found = [] if recipe.calibration is None else compat.tensor_problems()
+        if recipe.calibration is not None and (outside := compat.outside(DISTRIBUTION, _version(), compat.CHECKED)):
+            found.insert(0, outside)
+        if found:
+            return (
+                "calibration: the importance matrix is read from llama.cpp's graph through a layout checked on "
+                f"llama-cpp-python 0.3.36, and here it does not hold ({'; '.join(found)}); {INSTALL}, or drop "
+                "`calibration:` for a type that needs no matrix"
+            )
         return None
 
     @classmethod
