@@ -110,8 +110,8 @@ def add_experts(stats: Stats, name: str, x: np.ndarray, ids: np.ndarray, experts
     """A MUL_MAT_ID: x is (tokens, slots, columns) (slots: 1 where every chosen expert reads the same row, else
     one row per chosen expert), ids (tokens, chosen) the experts chosen per token. Each (token t, choice k) adds
     x[t, k mod slots]² to expert ids[t, k]'s sums and 1 to its count."""
-    if ids.size and (ids.min() < 0 or ids.max() >= experts):
-        raise RuntimeFailure(f"importance matrix: {name} routed to expert {int(ids.max())} of {experts}")
+    if ids.size and ((low := int(ids.min())) < 0 or (high := int(ids.max())) >= experts):
+        raise RuntimeFailure(f"importance matrix: {name} routed to expert {high if low >= 0 else low} of {experts}")
     s = stats.stat(name, experts, x.shape[-1])
     for k in range(ids.shape[1]):  # llama-imatrix: choice by choice, then token by token
         for e in np.unique(ids[:, k]):
@@ -162,7 +162,6 @@ class _Collector:
     computed, and `collect` raises it after the decode."""
 
     def __init__(self) -> None:
-        self.compat = compat
         self.ops = {compat.op_code(name): name for name in ("MUL_MAT", "MUL_MAT_ID")}
         self.stats = Stats()
         self.products = 0
@@ -178,12 +177,11 @@ class _Collector:
     def _take(self, address: int, ask: bool) -> bool:
         import llama_cpp
 
-        c = self.compat
-        t = c.tensor(address)
+        t = compat.tensor(address)
         op = self.ops.get(t.op)
         if op is None or self.error is not None:
             return False
-        w, x = c.tensor(t.src[0]), c.tensor(t.src[1])
+        w, x = compat.tensor(t.src[0]), compat.tensor(t.src[1])
         name = weight_name(w.name.decode(errors="replace"))
         if ask:
             if op == "MUL_MAT_ID":
@@ -191,24 +189,23 @@ class _Collector:
             return x.ne[1] >= MIN_ROWS and x.type == llama_cpp.GGML_TYPE_F32 and name.startswith(LAYER_PREFIX)
         if x.type != llama_cpp.GGML_TYPE_F32:
             raise RuntimeFailure(f"importance matrix: the activations into {name} are ggml type {x.type}, not F32")
-        xs = _array(c, t.src[1], x, np.float32)
+        xs = _array(t.src[1], x, np.float32)
         self.products += 1
         if op == "MUL_MAT":
             add_dense(self.stats, name, xs, (w.ne[2], w.ne[3]))
         else:
-            ids_t = c.tensor(t.src[2])
-            ids = _array(c, t.src[2], ids_t, np.int32)[0, 0]  # (tokens, chosen)
+            ids = _array(t.src[2], compat.tensor(t.src[2]), np.int32)[0, 0]  # (tokens, chosen)
             add_experts(self.stats, name, xs[0], ids, int(w.ne[2]))
         return True
 
 
-def _array(c: Any, address: int, t: Any, dtype: Any) -> np.ndarray:
+def _array(address: int, t: Any, dtype: Any) -> np.ndarray:
     """The tensor's values as (ne3, ne2, ne1, ne0), read through its byte strides from a copy of its bytes."""
     if t.nb[0] != np.dtype(dtype).itemsize:
         raise RuntimeFailure(f"importance matrix: a tensor of {np.dtype(dtype)} values has stride {t.nb[0]}")
     shape = tuple(int(n) for n in reversed(t.ne))
     strides = tuple(int(n) for n in reversed(t.nb))
-    return np.ndarray(shape, dtype=dtype, buffer=c.tensor_bytes(address), strides=strides)
+    return np.ndarray(shape, dtype=dtype, buffer=compat.tensor_bytes(address), strides=strides)
 
 
 def collect(
