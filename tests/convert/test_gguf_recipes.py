@@ -292,7 +292,7 @@ def test_the_log_level_is_put_back_unless_a_quiet_llama_set_its_own(monkeypatch)
 
 
 def test_every_shipped_gguf_recipe_passes_its_checks(llama_cpp):
-    assert [p.stem for p in GGUF_RECIPES] == ["gguf-iq4_xs", "gguf-q4_k_m", "gguf-q4_k_m-imatrix", "gguf-q8_0"]
+    assert [p.stem for p in GGUF_RECIPES] == ["gguf-iq4_xs", "gguf-q4_k_m-imatrix", "gguf-q4_k_m", "gguf-q8_0"]
     for p in GGUF_RECIPES:
         r, _ = load_recipe(p)
         check(r)
