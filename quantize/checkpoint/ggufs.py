@@ -517,9 +517,9 @@ def _part(kind: str, role: str) -> str:
 
 
 def windowed_or_latent(h: GGUFHeader) -> list[str]:
-    """The metadata keys the header holds that make its KV cache other than one figure per layer: a sliding window
-    (`{arch}.attention.sliding_window`), a latent cache (`kv_lora_rank`, `key_length_mla`), or a per-layer array of
-    KV heads."""
+    """The metadata keys the header holds that make its KV cache other than one MHA/GQA figure per layer: a sliding
+    window (`{arch}.attention.sliding_window`), a latent cache (`kv_lora_rank`, `key_length_mla`: latent_shape
+    prices it), or a per-layer array of KV heads."""
     import gguf
 
     arch = h.architecture or ""
@@ -548,6 +548,50 @@ def imatrix_note(h: GGUFHeader) -> str | None:
         return None
     said = ", ".join(f"{k} {str(v)[:80]}" for k, v in found.items())
     return f"quantized with an importance matrix (llama-quantize's quantize.imatrix.* keys: {said})"
+
+
+@dataclass(frozen=True)
+class LatentShape:
+    """A latent (MLA) KV cache from the header: one latent of kv_lora_rank values shared by the heads plus the
+    rope part of the key, and an indexer's keys where DeepSeek sparse attention keeps its own (V3.2)."""
+
+    layers: int  # decode layers: block_count less the multi-token-prediction layers (nextn_predict_layers)
+    values: int  # per token and layer
+    indexer_keys: int
+    formula: str
+
+
+def latent_shape(h: GGUFHeader) -> LatentShape | None:
+    """The MLA cache of a header that sets `{arch}.attention.kv_lora_rank` (DeepSeek V2/V3, Kimi K2 as llama.cpp's
+    deepseek2), else None: kv_lora_rank + `{arch}.rope.dimension_count` (the key's rope part, which llama.cpp's
+    converter writes from qk_rope_head_dim) values a token, + `{arch}.attention.indexer.key_length` where set, in
+    each of `block_count` − `nextn_predict_layers` layers (the multi-token-prediction layers decode nothing), as
+    config.json's MLA is priced (checkpoint/architecture.cache_spec). A rank without a rope count is refused."""
+    import gguf
+
+    arch = h.architecture or ""
+    keys, meta = gguf.Keys, h.metadata
+
+    def value(k: str) -> Any:
+        v = meta.get(k.format(arch=arch))
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+    rank = value(keys.Attention.KV_LORA_RANK)
+    if not rank:
+        return None
+    rope, blocks = value(keys.Rope.DIMENSION_COUNT), value(keys.LLM.BLOCK_COUNT)
+    if rope is None or not blocks:
+        missing = keys.Rope.DIMENSION_COUNT if rope is None else keys.LLM.BLOCK_COUNT
+        raise UsageError(
+            f"{h.path} sets {keys.Attention.KV_LORA_RANK.format(arch=arch)} (a latent MLA cache) but not "
+            f"{missing.format(arch=arch)}; its KV cache is unknown. Pass --params and --layers/--kv-heads/--head-dim"
+        )
+    nextn = value(keys.LLM.NEXTN_PREDICT_LAYERS) or 0
+    index = value(keys.Attention.Indexer.KEY_LENGTH) or 0
+    formula = f"kv_lora_rank {rank} + rope dimension_count {rope}" + (f" + indexer key_length {index}" if index else "")
+    formula += f" [{arch}.attention.kv_lora_rank, {arch}.rope.dimension_count"
+    formula += f"; {blocks} blocks less {nextn} multi-token-prediction]" if nextn else "]"
+    return LatentShape(layers=blocks - nextn, values=rank + rope + index, indexer_keys=index, formula=formula)
 
 
 @dataclass(frozen=True)

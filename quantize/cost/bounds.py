@@ -778,10 +778,20 @@ GGUF_KV_BYTES = 2
 def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> KVCache:
     """A GGUF's KV cache from its metadata (ggufs.attention_shape): every layer holds the whole context, each token
     kv_heads × (key_length + value_length) values per layer, GGUF_KV_BYTES bytes each. A header whose cache is not
-    one figure per layer (ggufs.windowed_or_latent: a sliding window, a latent cache, KV heads per layer) is priced
+    one figure per layer (ggufs.windowed_or_latent: a sliding window, KV heads per layer) is priced
     layer by layer from `config`, the config.json transformers builds from the header (checkpoint/loader.gguf_config,
     which the caller reads: cost imports no transformers), as kv_layout_from_config prices any; without one (an
-    architecture transformers does not map) it is refused (UsageError) naming it."""
+    architecture transformers does not map) it is refused (UsageError) naming it. A latent (MLA) cache is priced
+    from the header alone (ggufs.latent_shape), as config.json's MLA is (architecture.cache_spec)."""
+    if (latent := ggufs.latent_shape(h)) is not None and config is None:
+        return KVCache(
+            attention="MLA + indexer" if latent.indexer_keys else "MLA",
+            values_per_token=latent.values,
+            kinds=("full_attention",) * latent.layers,
+            windows=(None,) * latent.layers,
+            bytes_per_element=GGUF_KV_BYTES,
+            formula=latent.formula,
+        )
     if special := ggufs.windowed_or_latent(h):
         if config is None:
             raise UsageError(

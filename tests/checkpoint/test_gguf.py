@@ -251,6 +251,29 @@ def test_a_sliding_window_of_an_architecture_transformers_does_not_map_is_refuse
     assert "cohere2.attention.sliding_window" in err and "maps no config for architecture 'cohere2'" in err
 
 
+@pytest.mark.parametrize("context", [2048, 32768])
+@pytest.mark.parametrize("indexer", [0, 8])
+def test_a_latent_mla_gguf_is_priced_as_its_latent(tmp_path, context, indexer):
+    """DeepSeek as llama.cpp's deepseek2: kv_lora_rank 32 + rope dimension_count 16 values a token (+ the indexer's
+    keys of V3.2), in 4 blocks less 1 multi-token-prediction layer, 2 bytes each: as config.json's MLA is priced."""
+    tensors = [("token_embd.weight", T.Q8_0, (64, 64))]
+    tensors += [(f"blk.{i}.attn_kv_a_mqa.weight", T.Q8_0, (48, 64)) for i in range(4)]
+    meta = {"attention.head_count": 4, "attention.kv_lora_rank": 32, "rope.dimension_count": 16}
+    meta |= {"nextn_predict_layers": 1} | ({"attention.indexer.key_length": indexer} if indexer else {})
+    path = write_gguf(tmp_path / "d.gguf", tensors, "deepseek2", block_count=4, embedding_length=64, **meta)
+    c = api.decode_cost(path, workload=bounds.Workload(context_tokens=context))
+    assert c.kv_bytes_per_sequence == 3 * (32 + 16 + indexer) * context * 2
+    assert c.kv_layout["attention"] == ("MLA + indexer" if indexer else "MLA") and c.kv_layout["layers"] == 3
+    assert "kv_lora_rank 32 + rope dimension_count 16" in c.kv_layout["values_formula"]
+
+
+def test_a_latent_gguf_without_its_rope_count_is_refused(tmp_path, capsys):
+    tensors = [("token_embd.weight", T.Q8_0, (64, 64))]
+    path = write_gguf(tmp_path / "d.gguf", tensors, "deepseek2", block_count=2, **{"attention.kv_lora_rank": 32})
+    assert main(["cost", "--checkpoint", str(path)]) == 2
+    assert "deepseek2.rope.dimension_count" in capsys.readouterr().err
+
+
 def moe(path: Path, experts: int = 4, declared: int = 4) -> Path:
     """Two layers with fused routed experts (ffn_*_exps: experts along the outermost ggml dimension) and a router."""
     tensors = []
