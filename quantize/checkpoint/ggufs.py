@@ -531,6 +531,12 @@ def windowed_or_latent(h: GGUFHeader) -> list[str]:
     return found
 
 
+def context_length(h: GGUFHeader) -> int | None:
+    """The context length the header gives its architecture (`{arch}.context_length`), None without one."""
+    value = h.metadata.get(f"{h.architecture}.context_length") if h.architecture else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 # what llama-quantize writes into a GGUF it quantized with an importance matrix (its tools/quantize/quantize.cpp,
 # LLM_KV_QUANTIZE_IMATRIX_*: keys of the tool, not of the gguf package or the library); a gguf recipe with
 # `calibration:` writes them the same way, and `inspect` reads them from any GGUF

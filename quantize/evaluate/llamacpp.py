@@ -53,9 +53,7 @@ _OPEN: weakref.WeakSet[LlamaCppLM] = weakref.WeakSet()  # closed at exit (LlamaC
 
 def context_length(gguf: Path) -> int | None:
     """The context length the GGUF's header gives its architecture (`{arch}.context_length`), None without one."""
-    h = ggufs.read_header(gguf)
-    value = h.metadata.get(f"{h.architecture}.context_length") if h.architecture else None
-    return int(value) if isinstance(value, int) and value > 0 else None
+    return ggufs.context_length(ggufs.read_header(gguf))
 
 
 @register_model(NAME)

@@ -192,6 +192,15 @@ def test_a_type_llama_cpp_does_not_write_here_is_exit_2_before_anything_loads(
         assert "no `calibration:` section" in err
 
 
+def test_rows_longer_than_the_models_context_are_exit_2_before_anything_loads(llama_cpp, tmp_path, capsys):
+    """Each calibration row is decoded as one sequence: SmolLM2's GGUF says 8,192 tokens (llama.context_length)."""
+    recipe = recipe_file(tmp_path, "IQ2_XXS", calibration={"samples": 1, "seq_len": 9000})
+    assert main(["run", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "calibration.seq_len = 9000" in err and "at most 8192 tokens (llama.context_length)" in err
+    assert "run: intermediate" not in err and not (tmp_path / "IQ2_XXS").exists()
+
+
 def test_a_calibration_that_does_not_pack_is_exit_2_before_anything_loads(llama_cpp, tmp_path, capsys):
     """The calibration is checked in preflight as every recipe's is, packed in the GGUF's own tokenizer: a source too
     small for samples × seq_len is refused naming the fields, and nothing is converted."""

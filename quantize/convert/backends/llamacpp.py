@@ -153,6 +153,14 @@ class LlamaCppBackend:
         path = source_gguf(recipe.model)
         check_vocabulary(path)  # before llama.cpp reads it in this process (its tokenizer can abort it)
         if recipe.calibration is not None:
+            header = ggufs.read_header(path)
+            if (limit := ggufs.context_length(header)) is not None and recipe.calibration.seq_len > limit:
+                raise UsageError(
+                    f"calibration.seq_len = {recipe.calibration.seq_len}: the importance matrix decodes each row as "
+                    f"one sequence, and {path.name} was trained on at most {limit} tokens "
+                    f"({header.architecture}.context_length); set calibration.seq_len to {limit} or fewer "
+                    "(llama-imatrix's chunks are 512); nothing was loaded"
+                )
             with gguf_tokenizer(path) as tokenizer:
                 check_calibration(recipe.calibration, path, tokenizer)
         return path
