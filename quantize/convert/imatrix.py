@@ -20,8 +20,8 @@ column (tools/quantize's load_imatrix, GGUF format); `importance` gives exactly 
 `llama_model_quantize_params.imatrix` takes it. The sums are float32 and added token by token in llama-imatrix's
 order (a running sum, not numpy's pairwise one; experts: choice by choice, token by token), and the quotient is
 float32: on the default model the matrix is bit for bit llama-imatrix's on the same GGUF and tokens, and a file
-quantized with it bit for bit llama-quantize's; routed experts' entries are within 5e-8 of its (one rounding
-apart, somewhere in its expert loop), their Q4_K_M file again identical (benchmarks/imatrix_reference.py). A
+quantized with it bit for bit llama-quantize's; routed experts' entries are within 5e-8 of its (a float32
+rounding apart, where not traced), their Q4_K_M file again identical (benchmarks/imatrix_reference.py). A
 non-finite sum ends the run naming the weight (llama-imatrix exits there too): the source computes non-finite
 activations on the calibration text.
 
