@@ -478,12 +478,10 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
 
     work = workload or bounds.Workload()
     config = None
-    if (
-        kv is None
-        and (f := ggufs.find(Path(checkpoint))) is not None
-        and ggufs.windowed_or_latent(ggufs.read_header(f))
-    ):
-        config = gguf_config(f)  # transformers' reading of the header: cost itself imports no transformers
+    if kv is None and (f := ggufs.find(Path(checkpoint))) is not None:
+        h = ggufs.read_header(f)
+        if ggufs.windowed_or_latent(h) and ggufs.latent_shape(h) is None:  # a latent cache is priced from the header
+            config = gguf_config(f)  # transformers' reading of the header: cost itself imports no transformers
     result = bounds.checkpoint_cost(
         Path(checkpoint),
         _hardware(hardware),

@@ -81,6 +81,14 @@ def quiet_libraries(quiet: bool) -> Iterator[None]:
 
 
 LLAMA_CPP_LOGGER = "llama-cpp-python"  # the logging logger whose level llama-cpp-python's log callback obeys
+LOG_LINES = 8  # llama.cpp's last log lines said when one of its calls fails
+
+
+def llama_said(text: str, lines: int = LOG_LINES) -> str:
+    """The last `lines` non-empty lines of what llama.cpp wrote (a llama_log file's text, a child's stderr), each
+    stripped, joined by " | ": what a message quotes when one of its calls fails."""
+    said = [line.strip() for line in text.splitlines() if line.strip()]
+    return " | ".join(said[-lines:]) or "(it logged nothing)"
 
 
 @contextmanager

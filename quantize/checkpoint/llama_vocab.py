@@ -9,8 +9,9 @@ not an exit code. So the vocabulary is first loaded alone in a child (`python -m
 FILE`), which tokenizes PROBE, text whose UTF-8 bytes take every value a string's encoding can hold (0x01-0x7F, every
 lead byte 0xC2-0xF4 and every continuation byte 0x80-0xBF), with and without special-token parsing and BOS: any
 text a suite or a calibration source holds reaches only byte values the probe reached. The child's death is a
-UsageError naming the file and llama.cpp's last words; its result is kept per file (path, size, mtime, inode) for
-the process. The child runs with GGML_NO_BACKTRACE, so no debugger is started.
+UsageError naming the file and llama.cpp's last words on its stderr (its load included: the child captures
+nothing itself); its result is kept per file (path, size, mtime, inode) for the process. The child runs with
+GGML_NO_BACKTRACE, so no debugger is started.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 from pathlib import Path
 
 from quantize.errors import RuntimeFailure, UsageError
-from quantize.quiet import llama_log
+from quantize.quiet import llama_said
 
 TIMEOUT_SECONDS = 120  # loading a vocabulary of 256k tokens and tokenizing PROBE takes about a second
 LAST_LINES = 4
@@ -67,8 +68,8 @@ def _checked(path: str, _size: int, _mtime: int, _inode: int) -> None:
         ) from None
     if done.returncode == 0:
         return
-    words = [line.strip() for line in done.stderr.splitlines() if line.strip() and "n_ctx" not in line]
-    said = " | ".join(words[-LAST_LINES:]) or "(it said nothing)"
+    # the vocabulary-only context's warning (n_ctx_seq > n_ctx_train) is no part of why it died
+    said = llama_said("\n".join(line for line in done.stderr.splitlines() if "n_ctx" not in line), LAST_LINES)
     how = (
         f"was killed by {signal.Signals(-done.returncode).name}"
         if done.returncode < 0 and -done.returncode in signal.Signals._value2member_map_
@@ -86,8 +87,7 @@ def main(argv: list[str]) -> int:
     """The child: load the vocabulary alone, tokenize PROBE every way the scorer and the calibration do."""
     import llama_cpp
 
-    with llama_log():
-        llm = llama_cpp.Llama(model_path=argv[0], vocab_only=True, verbose=False)
+    llm = llama_cpp.Llama(model_path=argv[0], vocab_only=True, verbose=False)  # what it says goes to the parent
     text = PROBE.encode("utf-8")
     for special in (True, False):
         for bos in (True, False):

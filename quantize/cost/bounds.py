@@ -782,8 +782,9 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
     layer by layer from `config`, the config.json transformers builds from the header (checkpoint/loader.gguf_config,
     which the caller reads: cost imports no transformers), as kv_layout_from_config prices any; without one (an
     architecture transformers does not map) it is refused (UsageError) naming it. A latent (MLA) cache is priced
-    from the header alone (ggufs.latent_shape), as config.json's MLA is (architecture.cache_spec)."""
-    if (latent := ggufs.latent_shape(h)) is not None and config is None:
+    from the header alone (ggufs.latent_shape), as config.json's MLA is (architecture.cache_spec): `config` is not
+    read for it."""
+    if (latent := ggufs.latent_shape(h)) is not None:
         return KVCache(
             attention="MLA + indexer" if latent.indexer_keys else "MLA",
             values_per_token=latent.values,

@@ -44,10 +44,9 @@ from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate.lm import Row, rolling_rows, row
-from quantize.quiet import llama_log
+from quantize.quiet import llama_log, llama_said
 
 NAME = "quantize-llamacpp"
-LOG_LINES = 8  # llama.cpp's last log lines said when a GGUF does not load
 _OPEN: weakref.WeakSet[LlamaCppLM] = weakref.WeakSet()  # closed at exit (LlamaCppLM.close)
 
 
@@ -98,10 +97,9 @@ class LlamaCppLM(TemplateLM):
                     vocab_only=vocab_only,
                 )
             except (ValueError, RuntimeError) as e:
-                said = " | ".join(log.read_text(errors="replace").strip().splitlines()[-LOG_LINES:])
                 raise UsageError(
-                    f"llama.cpp could not load {gguf}: {e}; {said or '(it logged nothing)'}; check the file with "
-                    "`quantize inspect`"
+                    f"llama.cpp could not load {gguf}: {e}; {llama_said(log.read_text(errors='replace'))}; check the "
+                    "file with `quantize inspect`"
                 ) from e
         bos = self.llm.token_bos()
         self._eot = self.llm.token_eos()

@@ -49,7 +49,7 @@ from quantize.convert.gguf import (
 from quantize.convert.recipe import Calibration, GGUFRecipe, Method, Recipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.progress import stage
-from quantize.quiet import llama_log
+from quantize.quiet import llama_log, llama_said
 from quantize.records import CalibrationRecord, EngineRecord, FiniteCheck, GGUFConversion, ImatrixRecord
 
 DISTRIBUTION = "llama_cpp_python"
@@ -57,7 +57,6 @@ INSTALL = "run `make gguf-env` (llama-cpp-python 0.3.36, built from its source d
 # what the finiteness check evaluates: a fixed sentence in the GGUF's own tokenizer, in a context this long
 PROBE = "The quick brown fox jumps over the lazy dog."
 PROBE_CONTEXT = 64
-LOG_LINES = 8  # llama.cpp's last log lines said when one of its calls fails
 # what llama.cpp's quantizer says when a file type does not fit a model (the user's choice: exit 2, not 3)
 REFUSALS = ("no tensor type fallback", "requires an imatrix", "invalid output file type")
 DEFAULT_SOURCE = (
@@ -285,7 +284,7 @@ def importance_matrix(path: Path, cal: Calibration, threads: int) -> Matrix:
     return Matrix(collected, record)
 
 
-def _overrides(values: dict[str, int | str]) -> tuple[Any, list[Any]]:
+def _metadata(values: dict[str, int | str]) -> tuple[Any, list[Any]]:
     """`llama_model_quantize_params.kv_overrides`: integer and string metadata written into the output, the array
     ended by an empty key."""
     import llama_cpp
@@ -348,22 +347,21 @@ def quantize_file(
     params.nthread = threads
     params.ftype = ftype
     params.allow_requantize = requantize
-    keep: list[Any] = []
+    keep: list[Any] = []  # what the parameters point at, alive until the quantizer returns
     if overrides:
         params.tt_overrides, kept = _tensor_overrides(overrides)
         keep += kept
     if matrix is not None:
-        entries, keep = imatrix.quantize_param(matrix.collected.values)
-        params.imatrix = entries
-        overrides, kept = _overrides(matrix.metadata())
-        params.kv_overrides = overrides
+        params.imatrix, kept = imatrix.quantize_param(matrix.collected.values)
+        keep += kept
+        params.kv_overrides, kept = _metadata(matrix.metadata())
         keep += kept
     with llama_log() as log:
         rc = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params))
-        said = [] if rc == 0 else log.read_text(errors="replace").strip().splitlines()  # read while the file exists
+        text = "" if rc == 0 else log.read_text(errors="replace")  # read while the file exists
     if rc == 0:
         return
-    tail = " | ".join(line.strip() for line in said[-LOG_LINES:] if line.strip()) or "(it logged nothing)"
+    said, tail = text.splitlines(), llama_said(text)
     if any("unknown model architecture" in line for line in said):
         raise UsageError(f"llama.cpp does not know the architecture of {src} (llama-cpp-python {_version()}): {tail}")
     if any(why in line for line in said for why in REFUSALS):
@@ -434,9 +432,9 @@ def logits(path: Path, threads: int) -> np.ndarray:
                 verbose=False,
             )
         except (ValueError, RuntimeError) as e:
-            said = log.read_text(errors="replace").strip().splitlines()
             raise RuntimeFailure(
-                f"llama.cpp could not load the GGUF it wrote ({path.name}): {e}; {' | '.join(said[-LOG_LINES:])}"
+                f"llama.cpp could not load the GGUF it wrote ({path.name}): {e}; "
+                f"{llama_said(log.read_text(errors='replace'))}"
             ) from None
     try:
         tokens = llm.tokenize(PROBE.encode(), add_bos=True)
