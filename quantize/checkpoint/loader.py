@@ -34,6 +34,7 @@ from quantize.checkpoint.files import (
     weights_sha256,
 )
 from quantize.checkpoint.headers import all_tensors
+from quantize.compat import transformers as transformers_compat
 from quantize.errors import UsageError
 from quantize.io import atomic_dir, sha256_bytes, sha256_file
 
@@ -114,24 +115,11 @@ def prepare_default_model(force: bool = False, quiet: bool = False) -> Path:
 
 
 def gguf_config(gguf: Path) -> dict[str, Any] | None:
-    """config.json as transformers' GGUF loader builds it from a GGUF's header (`load_gguf_checkpoint`, no tensor
-    read; its own mapping of GGUF keys to config fields, GGUF_CONFIG_MAPPING), or None for an architecture it does
-    not map. Read only where a GGUF's KV cache is not one figure per layer (ggufs.windowed_or_latent): which layers
-    slide is the family's config class's to say."""
-    import logging
-
-    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    if ggufs.read_header(gguf).architecture not in GGUF_CONFIG_MAPPING:
-        return None
-    library = logging.getLogger("transformers")
-    level = library.level
-    library.setLevel(logging.ERROR)  # its warning that the header gives no vocab_size: the KV needs none
-    try:
-        return dict(load_gguf_checkpoint(str(gguf), return_tensors=False)["config"])
-    finally:
-        library.setLevel(level)
+    """config.json as transformers' GGUF loader builds it from a GGUF's header (no tensor read; its own mapping of
+    GGUF keys to config fields, compat/transformers.gguf_config), or None for an architecture it does not map.
+    Read only where a GGUF's KV cache is not one figure per layer (ggufs.windowed_or_latent): which layers slide
+    is the family's config class's to say."""
+    return transformers_compat.gguf_config(gguf, ggufs.read_header(gguf).architecture)
 
 
 def resolve_model(model: str | None) -> Path:

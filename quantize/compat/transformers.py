@@ -19,6 +19,10 @@
 - Each config class's `attribute_map` (the name a field is stored under, and the other names that set it), copied
   for the light readers in compat/transformers_config_names.py; `problems()` compares the copy with the classes.
 
+- A GGUF's header read as config.json: `modeling_gguf_pytorch_utils.load_gguf_checkpoint(path,
+  return_tensors=False)["config"]` (no tensor read), for the architectures `integrations.ggml.GGUF_CONFIG_MAPPING`
+  maps; `gguf_config` (the cost of a GGUF whose KV cache only the family's config class can lay out).
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, fields
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from quantize.compat import outside
@@ -76,7 +81,39 @@ def problems() -> list[str]:
     found += [
         f"PreTrainedModel.tie_weights takes no `{p}`" for p in ("missing_keys", "recompute_mapping") if p not in tie
     ]
-    return found + _conversion_problems() + config_name_problems(sorted(config_names.ATTRIBUTE_MAPS))
+    return found + _gguf_problems() + _conversion_problems() + config_name_problems(sorted(config_names.ATTRIBUTE_MAPS))
+
+
+def _gguf_problems() -> list[str]:
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    found = []
+    if "return_tensors" not in inspect.signature(load_gguf_checkpoint).parameters:
+        found.append("load_gguf_checkpoint takes no `return_tensors`")
+    if not isinstance(GGUF_CONFIG_MAPPING, dict) or "gemma3" not in GGUF_CONFIG_MAPPING:
+        found.append("integrations.ggml.GGUF_CONFIG_MAPPING is not a mapping of architectures holding gemma3")
+    return found
+
+
+def gguf_config(path: Path, architecture: str | None) -> dict[str, Any] | None:
+    """config.json as transformers' GGUF loader builds it from the header of the GGUF at `path` (no tensor read), or
+    None for an architecture GGUF_CONFIG_MAPPING does not map. Its warning that the header gives no vocab_size
+    (a KV layout needs none) is kept off the terminal."""
+    import logging
+
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    if architecture not in GGUF_CONFIG_MAPPING:
+        return None
+    library = logging.getLogger("transformers")
+    level = library.level
+    library.setLevel(logging.ERROR)
+    try:
+        return dict(load_gguf_checkpoint(str(path), return_tensors=False)["config"])
+    finally:
+        library.setLevel(level)
 
 
 def library_maps(model_types: list[str]) -> dict[str, dict[str, str]]:
