@@ -67,15 +67,34 @@ LLAMACPP_PIN := llama-cpp-python==0.3.36
 LLAMACPP_CMAKE := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
                   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
 
-gguf-env: $(VENV)/.gguf
+LLAMACPP_VERSION := $(lastword $(subst ==, ,$(LLAMACPP_PIN)))
+LLAMACPP_SDIST := llama_cpp_python-$(LLAMACPP_VERSION)
+# llama.cpp's converter of a Hugging Face checkpoint (convert_hf_to_gguf.py, its conversion/ package and the gguf-py
+# it is written against), taken from the same source distribution, for gguf recipes whose model is safetensors:
+# unpacked below the environment (compat/llama_cpp.converter_home), its version stamped beside it.
+LLAMACPP_HOME := $(VENV)/share/llama.cpp
+
+gguf-env: $(VENV)/.gguf $(VENV)/.gguf-converter
 
 $(VENV)/.gguf: $(VENV)/.installed
 	CMAKE_ARGS="$(LLAMACPP_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q $(LLAMACPP_PIN)
 	touch $@
 
+$(VENV)/.gguf-converter: $(VENV)/.gguf
+	rm -rf $(VENV)/src/llama-cpp $(LLAMACPP_HOME)
+	mkdir -p $(VENV)/src/llama-cpp $(LLAMACPP_HOME)
+	$(PY) -m pip download -q --no-deps --no-binary :all: -d $(VENV)/src/llama-cpp $(LLAMACPP_PIN)
+	tar -xzf $(VENV)/src/llama-cpp/$(LLAMACPP_SDIST).tar.gz -C $(LLAMACPP_HOME) --strip-components=3 \
+	    $(LLAMACPP_SDIST)/vendor/llama.cpp/convert_hf_to_gguf.py $(LLAMACPP_SDIST)/vendor/llama.cpp/conversion \
+	    $(LLAMACPP_SDIST)/vendor/llama.cpp/gguf-py/gguf $(LLAMACPP_SDIST)/vendor/llama.cpp/LICENSE
+	echo $(LLAMACPP_VERSION) > $(LLAMACPP_HOME)/VERSION
+	rm -rf $(VENV)/src/llama-cpp
+	touch $@
+
 # The GGUF tests with llama.cpp installed (without it, `make test` skips the ones that need the engine).
 test-gguf: gguf-env model
-	$(PY) -m pytest tests/evaluate/test_llamacpp.py tests/checkpoint/test_gguf.py tests/convert/test_gguf_recipes.py tests/compat/test_llama_cpp.py tests/sweep/test_gguf_sweep.py
+	$(PY) -m pytest tests/evaluate/test_llamacpp.py tests/checkpoint/test_gguf.py tests/convert/test_gguf_recipes.py tests/compat/test_llama_cpp.py tests/sweep/test_gguf_sweep.py \
+	    tests/convert/test_hf_to_gguf.py
 
 # llama-cpp-python's OpenAI-compatible server (its `server` extra) and lm-eval's API models (local-completions needs
 # tenacity): resolved beside the core pins on 2026-12-06 with every installed package held; moves none.

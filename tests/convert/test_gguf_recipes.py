@@ -119,13 +119,13 @@ def test_without_llama_cpp_the_recipe_is_refused_before_anything_loads(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
-def test_a_safetensors_checkpoint_is_refused_naming_llama_cpps_converter(tmp_path):
+def test_a_safetensors_folder_is_checked_as_a_checkpoint_before_the_converter_is_asked(tmp_path):
     folder = tmp_path / "hf"
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(b"")
     with pytest.raises(UsageError) as e:
         gguf_rules.source_gguf(str(folder))
-    assert "convert_hf_to_gguf.py" in str(e.value) and f"model: {folder}" in str(e.value)
+    assert "no config.json" in str(e.value) and str(folder) in str(e.value)
 
 
 def test_a_source_that_is_neither_is_refused(tmp_path):
@@ -223,7 +223,7 @@ def test_a_source_whose_vocabulary_aborts_llama_cpp_is_exit_2_before_anything_lo
     assert "run: intermediate" not in err and not (tmp_path / "Q8_0").exists()
 
 
-@pytest.mark.parametrize("model,says", [("hf", "convert_hf_to_gguf.py"), ("empty", "neither a GGUF")])
+@pytest.mark.parametrize("model,says", [("hf", "no config.json"), ("empty", "neither a GGUF")])
 def test_a_source_that_is_no_gguf_is_exit_2(llama_cpp, tmp_path, capsys, model, says):
     folder = tmp_path / model
     folder.mkdir()

@@ -67,8 +67,9 @@ class FileJob:
 class FileConversion:
     """What a file-to-file backend wrote and checked: the scheme quantize.json records (its own type name), the
     engine record (what ran, in which library and settings), the layer plan read back from the written file, its
-    finiteness checks (each raised RuntimeFailure already when it failed), the library versions it ran, and the
-    calibration it read (a GGUF's importance matrix), if any."""
+    finiteness checks (each raised RuntimeFailure already when it failed), the library versions it ran, the
+    calibration it read (a GGUF's importance matrix), if any, and the peak memory of a child process it ran (llama.cpp's
+    converter), which the run's memory record takes in."""
 
     scheme: str
     engine: EngineRecord
@@ -76,6 +77,7 @@ class FileConversion:
     finite: list[FiniteCheck]
     versions: dict[str, str | None]
     calibration: CalibrationRecord | None = None  # the calibration the backend read, where it read one
+    child_peak_rss_bytes: int = 0  # the peak resident memory of a process the backend ran the work in, if any
 
 
 class ConversionBackend(Protocol):

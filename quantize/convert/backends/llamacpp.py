@@ -1,8 +1,9 @@
 """llama.cpp's own quantizer, GGUF to GGUF (`method: gguf`): the file types people publish (Q8_0, Q6_K, Q5_K_M,
 Q4_K_M, IQ4_XS, Q3_K_M, ...), written by the library that runs them, through llama-cpp-python (`make gguf-env`).
 
-A file-to-file backend (base.py): no transformers model is loaded. The source (`source`: a GGUF, or the default
-model's) is re-quantized to a 16-bit GGUF first when it holds block-quantized tensors (`llama_model_quantize` with
+A file-to-file backend (base.py): no transformers model is loaded. The source (`source`: a GGUF, the default
+model's, or a safetensors checkpoint, which llama.cpp's own converter writes as a 16-bit GGUF first in a child
+process: convert/hf_to_gguf.py) is re-quantized to a 16-bit GGUF first when it holds block-quantized tensors (`llama_model_quantize` with
 allow_requantize, into the run's scratch folder), then quantized to the recipe's file type, as llama.cpp's
 llama-quantize does from the 16-bit GGUF its converter writes; llama.cpp chooses each tensor's type (its mixtures,
 its fallbacks for rows that hold no whole block). A recipe with a `calibration:` section gets an importance matrix
@@ -32,7 +33,7 @@ from quantize.checkpoint.ggufs import IMATRIX_KEYS
 from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.checkpoint.loader import GGUF_DIST, GGUF_DIST_VERSION, GGUF_FILE
 from quantize.compat import llama_cpp as compat
-from quantize.convert import imatrix
+from quantize.convert import hf_to_gguf, imatrix
 from quantize.convert.backends.base import CalibrationDtype, FileConversion, FileJob
 from quantize.convert.calibration import FileTokenizer, check_calibration, pack_calibration
 from quantize.convert.gguf import (
@@ -145,27 +146,24 @@ class LlamaCppBackend:
 
     @classmethod
     def source(cls, recipe: Recipe) -> Path:
-        """The GGUF the recipe's `model:` names (convert/gguf.source_gguf); empty, the default model's. A
-        `calibration:` is checked with it as every recipe's is (calibration.check_calibration), packed in the
-        GGUF's own tokenizer (its vocabulary alone loaded); first, its vocabulary is tried in a child process
-        (checkpoint/llama_vocab.py)."""
+        """What the recipe's `model:` names (convert/gguf.source_gguf): a GGUF, empty the default model's, or a
+        safetensors checkpoint folder. A GGUF's vocabulary is tried in a child process first (checkpoint/
+        llama_vocab.py); a checkpoint's is written by llama.cpp's converter alone and tried the same way
+        (convert/hf_to_gguf.vocabulary), which refuses a family or tokenizer it cannot write before a weight is
+        read. A `calibration:` is checked with it as every recipe's is (calibration.check_calibration), packed in
+        that vocabulary (the GGUF's own tokenizer)."""
         path = source_gguf(recipe.model)
+        if path.is_dir():
+            with hf_to_gguf.vocabulary(path) as vocab:
+                _check_calibration(recipe, vocab)
+            return path
         check_vocabulary(path)  # before llama.cpp reads it in this process (its tokenizer can abort it)
-        if recipe.calibration is not None:
-            header = ggufs.read_header(path)
-            if (limit := ggufs.context_length(header)) is not None and recipe.calibration.seq_len > limit:
-                raise UsageError(
-                    f"calibration.seq_len = {recipe.calibration.seq_len}: the importance matrix decodes each row as "
-                    f"one sequence, and {path.name} was trained on at most {limit} tokens "
-                    f"({header.architecture}.context_length); set calibration.seq_len to {limit} or fewer "
-                    "(llama-imatrix's chunks are 512); nothing was loaded"
-                )
-            with gguf_tokenizer(path) as tokenizer:
-                check_calibration(recipe.calibration, path, tokenizer)
+        _check_calibration(recipe, path)
         return path
 
     def convert_file(self, job: FileJob) -> FileConversion:
-        """The source's 16-bit GGUF (re-quantized to F16 first when it holds block-quantized tensors), quantized to
+        """The source's 16-bit GGUF (a safetensors checkpoint written as one by llama.cpp's converter first; a GGUF
+        re-quantized to F16 first when it holds block-quantized tensors), quantized to
         `type` into job.folder/model.gguf; the output's logits checked finite in llama.cpp."""
         import llama_cpp
 
@@ -174,10 +172,19 @@ class LlamaCppBackend:
         name = recipe.type
         ftypes = ftype_names(llama_cpp)
         threads = recipe.threads or os.cpu_count() or 1
-        src = ggufs.read_header(job.source)
         out = job.folder / OUTPUT_FILE
-        read, notes = job.source, []
-        if any(t.quantized for t in src.tensors):
+        read, notes, converted, child_peak = job.source, [], None, 0
+        if job.source.is_dir():  # a safetensors checkpoint: llama.cpp's converter writes its 16-bit GGUF first
+            read = converted = job.scratch / "converted.gguf"
+            with job.phases("convert-hf"):
+                child_peak = hf_to_gguf.write(job.source, converted, job.scratch)
+        src = ggufs.read_header(read)
+        if converted is not None:
+            notes.append(
+                f"the source is a safetensors checkpoint: {hf_to_gguf.describe()} wrote it as a GGUF of "
+                f"{_file_type(src)} first, which the {name} file was quantized from"
+            )
+        elif any(t.quantized for t in src.tensors):
             read = job.scratch / f"intermediate-{INTERMEDIATE.lower()}.gguf"
             notes.append(
                 f"the source ({job.source.name}, {_file_type(src)}) holds block-quantized tensors: it was re-quantized "
@@ -197,14 +204,16 @@ class LlamaCppBackend:
             quantize_file(read, out, ftypes[name], threads, requantize=False, matrix=matrix, overrides=overrides)
         if read != job.source:
             read.unlink()  # the intermediate (the engine removes the scratch folder too): its bytes freed sooner
+        source_type = "safetensors" if converted is not None else _file_type(src)
         with job.phases("reload-check"):
             finite = [finite_check(out, threads)]
         written = ggufs.read_header(out)
         plan = layer_plan(written, name, overrides)
         record = GGUFConversion(
             source_file=str(job.source),
-            source_file_type=_file_type(src),
-            intermediate=INTERMEDIATE if read != job.source else None,
+            source_file_type=source_type,
+            intermediate=_file_type(src) if converted is not None else INTERMEDIATE if read != job.source else None,
+            converter=hf_to_gguf.describe() if converted is not None else None,
             ftype=FTYPE_PREFIX + name,
             ftype_id=ftypes[name],
             threads=threads,
@@ -212,12 +221,20 @@ class LlamaCppBackend:
             tensor_types=dict(plan.schemes),
             notes=notes,
             tensor_type_overrides=dict(overrides),
-            imatrix=matrix.record(read.name if read == job.source else f"the {INTERMEDIATE} intermediate")
+            imatrix=matrix.record(
+                read.name
+                if read == job.source
+                else f"the converted {_file_type(src)} GGUF"
+                if converted is not None
+                else f"the {INTERMEDIATE} intermediate"
+            )
             if matrix
             else None,
         )
         steps = [f"{job.source.name} ({record.source_file_type})"]
-        if record.intermediate:
+        if converted is not None:
+            steps.append(f"{record.intermediate} ({hf_to_gguf.describe()})")
+        elif record.intermediate:
             steps.append(f"{INTERMEDIATE} (allow_requantize)")
         if matrix:
             steps.append(
@@ -243,7 +260,25 @@ class LlamaCppBackend:
             finite=finite,
             versions={DISTRIBUTION: _version(), "gguf": _dist_version("gguf")},
             calibration=matrix.calibration if matrix else None,
+            child_peak_rss_bytes=child_peak,
         )
+
+
+def _check_calibration(recipe: Recipe, path: Path) -> None:
+    """A recipe's `calibration:` checked against the GGUF whose vocabulary packs it: its rows no longer than the
+    model's context, every source read and packed (calibration.check_calibration)."""
+    if recipe.calibration is None:
+        return
+    header = ggufs.read_header(path)
+    if (limit := ggufs.context_length(header)) is not None and recipe.calibration.seq_len > limit:
+        raise UsageError(
+            f"calibration.seq_len = {recipe.calibration.seq_len}: the importance matrix decodes each row as "
+            f"one sequence, and the model was trained on at most {limit} tokens "
+            f"({header.architecture}.context_length); set calibration.seq_len to {limit} or fewer "
+            "(llama-imatrix's chunks are 512); nothing was loaded"
+        )
+    with gguf_tokenizer(path) as tokenizer:
+        check_calibration(recipe.calibration, path, tokenizer)
 
 
 @dataclass
