@@ -29,7 +29,10 @@ blocks have no fallback for rows of 576): that is said as llama.cpp says it, exi
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ from typing import Any
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import check_model_dir
 from quantize.checkpoint.loader import find_gguf
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 from quantize.records import LayerPlanRecord, LeftAt16
 
 FTYPE_PREFIX = "LLAMA_FTYPE_MOSTLY_"
@@ -54,6 +57,8 @@ DEFAULT_TYPE = {
     "IQ2_M": "IQ2_S",
 }
 _K_MIX = re.compile(r"(Q\d_K)_[SML]")
+MATCH_SECONDS = 20  # tensor_types patterns searched over a model's tensor names: milliseconds unless nested
+ECMA_SYNTAX = frozenset("^$\\.*+?()[]{}|/")  # characters ECMAScript's regular expressions read as syntax
 CONVERTER = "convert_hf_to_gguf.py"  # llama.cpp's converter of a Hugging Face checkpoint into a GGUF
 
 
@@ -114,21 +119,60 @@ def source_gguf(model: str | None) -> Path:
     return found
 
 
+def first_patterns(names: list[str], patterns: list[str]) -> dict[str, str]:
+    """Each tensor name a `tensor_types` pattern matches (re.search) -> the first that does, as llama-quantize's
+    --tensor-type takes them. Searched in a child process (`python -m quantize.convert.gguf`) under MATCH_SECONDS: a
+    pattern with a repetition inside a repetition ((a+)+, (.*)*) backtracks exponentially on a name it does not
+    match, and would hang the run here and in llama.cpp's std::regex alike, so it is a UsageError naming it. llama.cpp
+    is then handed each matched name as an exact pattern (exact_patterns), never the recipe's."""
+    if not patterns:
+        return {}
+    command = [sys.executable, "-m", __name__]
+    given = json.dumps({"names": names, "patterns": patterns})
+    try:
+        done = subprocess.run(command, input=given, capture_output=True, text=True, timeout=MATCH_SECONDS, check=False)
+        out = done.stdout
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+        slow = patterns[len(out.splitlines())]
+        raise UsageError(
+            f"tensor_types: pattern {slow!r} took more than {MATCH_SECONDS} s to search the model's {len(names)} "
+            "tensor names. A repetition inside a repetition (such as (a+)+ or (.*)*) backtracks exponentially on a "
+            "name it does not match, and llama.cpp's regular expressions would take as long for every tensor: "
+            "write it without nested repetition (e.g. blk\\.[0-9]+\\.ffn_down); nothing was quantized"
+        ) from None
+    matched = [json.loads(line) for line in out.splitlines()]
+    if done.returncode != 0 or len(matched) != len(patterns):
+        raise RuntimeFailure(f"the tensor_types pattern search failed (exit {done.returncode}): {done.stderr[-500:]}")
+    first: dict[str, str] = {}
+    for pattern, hits in zip(patterns, matched, strict=True):
+        for i in hits:
+            first.setdefault(names[i], pattern)
+    return {n: first[n] for n in names if n in first}
+
+
+def exact_patterns(first: dict[str, str], overrides: dict[str, str]) -> dict[str, str]:
+    """What llama.cpp is handed for first_patterns' result: each matched name as a pattern that matches it alone
+    (anchored, every ECMAScript syntax character escaped) -> the type its recipe pattern asks."""
+    return {"^" + "".join("\\" + c if c in ECMA_SYNTAX else c for c in n) + "$": overrides[p] for n, p in first.items()}
+
+
 def layer_plan(h: ggufs.GGUFHeader, type_name: str, overrides: dict[str, str] | None = None) -> LayerPlanRecord:
     """The layer plan of a GGUF llama.cpp wrote, read back from its header: its block-quantized weights
     (`quantized_layers`) by elements per block, those given a type of smaller blocks than the file type's own
     (`adjusted`: llama.cpp's fallback where a row holds no whole block), every 2-D weight's ggml type (`schemes`),
     and linear weights it stored at 16 or 32 bits (`kept_16bit`, `left_16bit`), each with why: the recipe's
-    `tensor_types` pattern that asked for it (`overrides`, the first that matches, as llama.cpp takes them), else
-    llama.cpp's own choice. Names are the GGUF's tensor names."""
+    `tensor_types` pattern that asked for it (`overrides`, the first that matches, as llama.cpp takes them:
+    first_patterns), else llama.cpp's own choice. Names are the GGUF's tensor names."""
     patterns = ggufs.name_patterns(h.architecture)
     weights = [(t, ggufs.role_of(t, patterns)) for t in h.tensors if len(t.dims) >= 2]
+    first = first_patterns([t.name for t, _ in weights], list(overrides or {}))
     payload = [t for t, r in weights if r.role == "payload"]
     own = block_size(default_tensor_type(type_name))
     kept = [t for t, r in weights if r.role == "linear_kept"]
 
     def why(t: ggufs.GGUFTensor) -> str:
-        asked = next(iter(_by_pattern([t], overrides)))
+        asked = first.get(t.name)
         if asked is not None and overrides:
             return f"tensor_types asked {overrides[asked]} for it (pattern {asked!r}); stored as {t.ggml_type}"
         return f"llama.cpp stored it as {t.ggml_type} in a {type_name} file (its rows of {t.dims[0]} elements)"
@@ -147,16 +191,26 @@ def layer_plan(h: ggufs.GGUFHeader, type_name: str, overrides: dict[str, str] | 
                 tensors=[t.name for t in group],
                 bytes=sum(t.nbytes for t in group),
             )
-            for p, group in _by_pattern(kept, overrides).items()
+            for p, group in _by_pattern(kept, first).items()
         ],
     )
 
 
-def _by_pattern(
-    tensors: list[ggufs.GGUFTensor], overrides: dict[str, str] | None
-) -> dict[str | None, list[ggufs.GGUFTensor]]:
-    """Tensors grouped by the first `tensor_types` pattern that matches each (None: no pattern), in order."""
+def _by_pattern(tensors: list[ggufs.GGUFTensor], first: dict[str, str]) -> dict[str | None, list[ggufs.GGUFTensor]]:
+    """Tensors grouped by the first `tensor_types` pattern that matches each (first_patterns; None: no pattern)."""
     out: dict[str | None, list[ggufs.GGUFTensor]] = {}
     for t in tensors:
-        out.setdefault(next((p for p in overrides or {} if re.search(p, t.name)), None), []).append(t)
+        out.setdefault(first.get(t.name), []).append(t)
     return out
+
+
+def _match(given: dict[str, list[str]]) -> None:
+    """The child of first_patterns: for each pattern in order, one line of the indices of the names it matches."""
+    names = given["names"]
+    for pattern in given["patterns"]:
+        rx = re.compile(pattern)
+        print(json.dumps([i for i, n in enumerate(names) if rx.search(n)]), flush=True)
+
+
+if __name__ == "__main__":
+    _match(json.loads(sys.stdin.read()))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +135,29 @@ def test_a_source_that_is_neither_is_refused(tmp_path):
         gguf_rules.source_gguf(str(tmp_path))
     with pytest.raises(UsageError, match="does not exist"):
         gguf_rules.source_gguf(str(tmp_path / "missing.gguf"))
+
+
+def test_the_first_pattern_that_matches_a_name_decides_and_llama_cpp_gets_that_name_alone():
+    names = ["blk.0.ffn_down.weight", "blk.1.ffn_down.weight", "blk.0.attn_q.weight", "output.weight", "a+b(c).d"]
+    first = gguf_rules.first_patterns(names, [r"blk\.0\.", "ffn_down", r"\(c\)", "absent"])
+    assert first == {
+        "blk.0.ffn_down.weight": r"blk\.0\.",
+        "blk.1.ffn_down.weight": "ffn_down",
+        "blk.0.attn_q.weight": r"blk\.0\.",
+        "a+b(c).d": r"\(c\)",
+    }
+    exact = gguf_rules.exact_patterns(first, {r"blk\.0\.": "F16", "ffn_down": "Q8_0", r"\(c\)": "Q6_K"})
+    assert list(exact.values()) == ["F16", "Q8_0", "F16", "Q6_K"]
+    for pattern, name in zip(exact, first, strict=True):  # each matches its own name and no other
+        assert [n for n in names + ["xblk.0.attn_q.weight", "blk.0.attn_q.weights"] if re.search(pattern, n)] == [name]
+
+
+def test_a_pattern_that_backtracks_without_end_is_refused_naming_it(monkeypatch):
+    monkeypatch.setattr(gguf_rules, "MATCH_SECONDS", 1)
+    names = [f"blk.{i}.ffn_down.weight" for i in range(40)]
+    with pytest.raises(UsageError) as e:
+        gguf_rules.first_patterns(names, ["ffn_down", r"^([a-z0-9_.]+)+X$"])
+    assert "pattern '^([a-z0-9_.]+)+X$' took more than 1 s" in str(e.value) and "nested repetition" in str(e.value)
 
 
 def test_the_default_type_of_a_file_type():
@@ -565,7 +589,7 @@ def test_tensor_types_give_the_tensors_they_match_their_type(llama_cpp, f16, tmp
     """The first pattern that matches decides (blk.0's ffn_down is F16 by the first, the other ffn_down Q8_0 by the
     second); the others keep llama.cpp's Q4_K_M mixture; the record and the left-at-16-bits list say which pattern
     asked."""
-    overrides = {r"blk\.0\.ffn_": "F16", "ffn_down": "Q8_0"}
+    overrides = {r"blk\.0\.ffn_": "F16", "ffn_down": "Q8_0", r"blk\.99\.": "Q8_0"}
     recipe = recipe_file(tmp_path, "Q4_K_M", model=str(f16), tensor_types=overrides)
     assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
     out = tmp_path / "Q4_K_M"
@@ -578,3 +602,13 @@ def test_tensor_types_give_the_tensors_they_match_their_type(llama_cpp, f16, tmp
     [left] = meta.layer_plan.left_16bit
     assert sorted(left.tensors) == [f"blk.0.ffn_{p}.weight" for p in ("down", "gate", "up")]
     assert "tensor_types asked F16 for them" in left.why
+    assert "tensor_types: pattern 'blk\\\\.99\\\\.' matched no tensor" in meta.engine.gguf.notes
+
+
+def test_a_pattern_that_cannot_finish_is_exit_2_before_anything_is_quantized(llama_cpp, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(gguf_rules, "MATCH_SECONDS", 1)
+    recipe = recipe_file(tmp_path, "Q4_K_M", tensor_types={r"^([a-z0-9_.]+)+X$": "Q8_0"})
+    assert main(["run", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "took more than 1 s to search the model's" in err and "Traceback" not in err
+    assert "run: intermediate" not in err and not (tmp_path / "Q4_K_M").exists()

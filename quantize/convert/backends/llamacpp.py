@@ -3,15 +3,16 @@ Q4_K_M, IQ4_XS, Q3_K_M, ...), written by the library that runs them, through lla
 
 A file-to-file backend (base.py): no transformers model is loaded. The source (`source`: a GGUF, the default
 model's, or a safetensors checkpoint, which llama.cpp's own converter writes as a 16-bit GGUF first in a child
-process: convert/hf_to_gguf.py) is re-quantized to a 16-bit GGUF first when it holds block-quantized tensors (`llama_model_quantize` with
-allow_requantize, into the run's scratch folder), then quantized to the recipe's file type, as llama.cpp's
-llama-quantize does from the 16-bit GGUF its converter writes; llama.cpp chooses each tensor's type (its mixtures,
-its fallbacks for rows that hold no whole block). A recipe with a `calibration:` section gets an importance matrix
-first, computed in llama.cpp on that 16-bit GGUF from the calibration rows packed in the GGUF's own tokenizer
-(convert/imatrix.py), and passed to the quantizer as llama-quantize's --imatrix passes one; the file types that
-need one (IMATRIX) are refused without it. The written file is then loaded in llama.cpp and a fixed sentence's
-logits are checked finite (RuntimeFailure, exit 3, when they are not: our output failing our check). llama.cpp's own
-log goes to a file for the length of each call, and its last lines into the message when a call fails.
+process: convert/hf_to_gguf.py) is re-quantized to a 16-bit GGUF first when it holds block-quantized tensors
+(`llama_model_quantize` with allow_requantize, into the run's scratch folder), then quantized to the recipe's file
+type, as llama.cpp's llama-quantize does from the 16-bit GGUF its converter writes; llama.cpp chooses each tensor's
+type (its mixtures, its fallbacks for rows that hold no whole block). A recipe with a `calibration:` section gets an
+importance matrix first, computed in llama.cpp on that 16-bit GGUF from the calibration rows packed in the GGUF's
+own tokenizer (convert/imatrix.py), and passed to the quantizer as llama-quantize's --imatrix passes one; the file
+types that need one (IMATRIX) are refused without it. The written file is then loaded in llama.cpp and a fixed
+sentence's logits are checked finite (RuntimeFailure, exit 3, when they are not: our output failing our check).
+llama.cpp's own log goes to a file for the length of each call, and its last lines into the message when a call
+fails.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from quantize.convert.gguf import (
     OUTPUT_FILE,
     UNWRITTEN,
     default_tensor_type,
+    exact_patterns,
+    first_patterns,
     ftype_names,
     layer_plan,
     source_gguf,
@@ -158,6 +161,8 @@ class LlamaCppBackend:
                 _check_calibration(recipe, vocab)
             return path
         check_vocabulary(path)  # before llama.cpp reads it in this process (its tokenizer can abort it)
+        if isinstance(recipe, GGUFRecipe) and recipe.tensor_types:  # a pattern that cannot finish, before any work
+            first_patterns([t.name for t in ggufs.read_header(path).tensors], list(recipe.tensor_types))
         _check_calibration(recipe, path)
         return path
 
@@ -200,8 +205,11 @@ class LlamaCppBackend:
             with job.phases("imatrix"):
                 matrix = importance_matrix(read, recipe.calibration, threads)
         overrides = recipe.tensor_types or {}
+        first = first_patterns([t.name for t in src.tensors], list(overrides))
+        notes += [f"tensor_types: pattern {p!r} matched no tensor" for p in overrides if p not in first.values()]
         with job.phases("quantize"):
-            quantize_file(read, out, ftypes[name], threads, requantize=False, matrix=matrix, overrides=overrides)
+            exact = exact_patterns(first, overrides)
+            quantize_file(read, out, ftypes[name], threads, requantize=False, matrix=matrix, overrides=exact)
         if read != job.source:
             read.unlink()  # the intermediate (the engine removes the scratch folder too): its bytes freed sooner
         source_type = "safetensors" if converted is not None else _file_type(src)
@@ -373,9 +381,9 @@ def quantize_file(
     overrides: dict[str, str] | None = None,
 ) -> None:
     """llama.cpp's `llama_model_quantize` from src to dst at `ftype` (requantize: allow_requantize, to read block-
-    quantized tensors; matrix: the importance matrix, and its metadata written into dst; overrides: a recipe's
-    `tensor_types`, pattern -> ggml type); a failure is a RuntimeFailure carrying llama.cpp's last log lines (an
-    architecture it does not know, a UsageError)."""
+    quantized tensors; matrix: the importance matrix, and its metadata written into dst; overrides: pattern -> ggml
+    type, llama-quantize's --tensor-type: a recipe's `tensor_types` as gguf.exact_patterns gives them); a failure
+    is a RuntimeFailure carrying llama.cpp's last log lines (an architecture it does not know, a UsageError)."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
