@@ -94,7 +94,7 @@ $(VENV)/.gguf-converter: $(VENV)/.gguf
 # The GGUF tests with llama.cpp installed (without it, `make test` skips the ones that need the engine).
 test-gguf: gguf-env model
 	$(PY) -m pytest tests/evaluate/test_llamacpp.py tests/checkpoint/test_gguf.py tests/convert/test_gguf_recipes.py tests/compat/test_llama_cpp.py tests/sweep/test_gguf_sweep.py \
-	    tests/convert/test_hf_to_gguf.py
+	    tests/convert/test_hf_to_gguf.py tests/search/test_gguf_search.py
 
 # llama-cpp-python's OpenAI-compatible server (its `server` extra) and lm-eval's API models (local-completions needs
 # tenacity): resolved beside the core pins on 2026-12-06 with every installed package held; moves none.

@@ -392,6 +392,10 @@ class LastModel:
         assert self._loaded is not None
         return self._loaded
 
+    def release(self) -> None:
+        """Let go of the model held (its memory, and an engine's open file), so the next get or engine loads."""
+        self._key, self._loaded = None, None
+
     def engine(self, path: Path, kind: str, settings: str, build: Callable[[], Any]) -> Any:
         """Another engine's model of `path` (e.g. lm-eval's vLLM model, kind "vllm", its arguments as
         `settings`), built by `build()` behind the same memo: still one model at a time."""

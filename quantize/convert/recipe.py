@@ -516,6 +516,9 @@ class VerbatimRecipe(_Recipe):
 
 
 GGUF_TYPE_NAME = re.compile(r"[A-Z][A-Z0-9_]{0,31}")
+# a tensor_types pattern's length: a search's tries name up to a few hundred blocks in one (blk\.(0|1|...)\.attn_);
+# what a pattern costs is bounded by the time limit on its search (convert/gguf.first_patterns), not its length
+MAX_PATTERN = 4000
 
 
 class GGUFRecipe(_Named):
@@ -557,8 +560,8 @@ class GGUFRecipe(_Named):
             return v
         out = {}
         for pattern, kind in v.items():
-            if not isinstance(pattern, str) or not 0 < len(pattern) <= 200:
-                raise ValueError(f"pattern {pattern!r} must be text of 1 to 200 characters")
+            if not isinstance(pattern, str) or not 0 < len(pattern) <= MAX_PATTERN:
+                raise ValueError(f"pattern {pattern[:80]!r} must be text of 1 to {MAX_PATTERN} characters")
             try:
                 re.compile(pattern)
             except re.error as e:

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import time
 from collections import Counter
@@ -33,9 +34,10 @@ from quantize.checkpoint.loader import LastModel, device, meta_model, resolve_mo
 from quantize.cluster.connect import import_ray, on_cluster
 from quantize.cluster.executor import Executor, say_to_stderr, state_folder
 from quantize.convert.backends import check
-from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
+from quantize.convert.recipe import WEIGHT_ONLY_INT, GGUFRecipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
+from quantize.evaluate.score import llamacpp_lm, llamacpp_settings
 from quantize.io import write_text_atomic
 from quantize.quiet import quiet_libraries
 from quantize.records import (
@@ -48,6 +50,7 @@ from quantize.records import (
     UnitRecord,
     Verdict,
 )
+from quantize.search import gguf as search_gguf
 from quantize.search.allocate import knapsack, random_allocation
 from quantize.search.sensitivity import measure, sensitivities
 from quantize.search.spec import SearchRecipe, load_search
@@ -82,7 +85,11 @@ def preflight(
     if policy_path:
         spec.policy = policy_path
     policy, suite = open_policy(spec.policy)
-    model_dir = resolve_model(spec.model)
+    if isinstance(spec.base, GGUFRecipe):
+        search_gguf.check_options([option_name(o) for o in spec.options])
+        model_dir = search_gguf.source(spec)
+    else:
+        model_dir = resolve_model(spec.model)
     out = output_dir(spec)
     for p in (out, out.parent / f"{out.name}.tries"):
         if p.exists():
@@ -90,17 +97,24 @@ def preflight(
                 f"{p} already exists (an earlier search: its search.json records what was tried); remove it or "
                 f"set `output:` in {spec_path}"
             )
+    wanted = sorted(budgets) if budgets else spec.budgets
+    if isinstance(spec.base, GGUFRecipe):  # its layout is measured in files llama.cpp writes (search/gguf.layout)
+        return spec, sha, policy, suite, model_dir, Layout([], 0, 1), wanted
     options = [option_name(o) for o in spec.options]
     lay = layout(meta_model(model_dir, False), model_dir, spec.base, options, spec.unit)
+    check_budget(lay, wanted)
+    return spec, sha, policy, suite, model_dir, lay, wanted
+
+
+def check_budget(lay: Layout, wanted: list[float]) -> None:
+    """The smallest budget no lower than the smallest model the options make (UsageError)."""
     smallest = lay.bits(lay.smallest_bytes)
-    wanted = sorted(budgets) if budgets else spec.budgets
     if wanted[0] < smallest:
         raise UsageError(
             f"budget {wanted[0]} bits per weight is below the smallest model these options make: {smallest:.3f} "
             f"(every layer group at its smallest option; {lay.fixed_bytes / 2**20:.1f} MiB of embeddings, norms "
             "and untargeted layers stay as they are). Raise the budget, or add a smaller option"
         )
-    return spec, sha, policy, suite, model_dir, lay, wanted
 
 
 def _record(
@@ -181,6 +195,9 @@ class Search:
     def names(self) -> list[str]:
         return [u.name for u in self.lay.units]
 
+    def recipe_for(self, alloc: dict[str, str], out: Path) -> dict[str, Any]:
+        return recipe_for(self.spec, self.model_dir, alloc, self.lay, out)
+
     def held(self, alloc: dict[str, str]) -> dict | None:
 
         if self.base_held is None:
@@ -199,23 +216,130 @@ class Search:
         return _record(label, self.lay, alloc, self.sens, self.held(alloc))
 
 
+@dataclass
+class GGUFSearch(Search):
+    """A search whose base is a gguf recipe (search/gguf.py): its layout, sensitivities and held-out allocations
+    are GGUFs llama.cpp writes from the 16-bit GGUF (`f16`) and scores; its tries are gguf recipes."""
+
+    f16: Path | None = None
+    files: search_gguf.Files | None = None
+    models: Any = None
+
+    @property
+    def base_opt(self) -> str:
+        return search_gguf.base_option(self.spec.base)
+
+    @property
+    def up(self) -> str:
+        return max((o for o in self.options if o != "keep"), key=search_gguf.bits_of)
+
+    def recipe_for(self, alloc: dict[str, str], out: Path) -> dict[str, Any]:
+        assert self.f16 is not None
+        return search_gguf.try_recipe(self.spec, self.model_dir, alloc, self.lay, self.f16, out)
+
+    def llama_scorer(self, gguf: Path) -> Any:
+        from quantize.evaluate.agreement import LlamaCppScorer
+
+        return LlamaCppScorer(llamacpp_lm(self.suite.suite, gguf, self.models))
+
+    def agreement(self, alloc: dict[str, str], reqs: list[Any], base: Any, alone: bool = False) -> dict:
+        from quantize.evaluate.agreement import compare
+
+        assert self.files is not None
+        written = self.files.write(alloc, alone)
+        try:
+            r = compare(self.llama_scorer(written), reqs, base)
+        finally:
+            self.models.release()  # the engine let go before its file goes
+            written.unlink()
+        return {"kl": r["kl_mean"], "kl_se": r["kl_se"], "top1": r["top1"]}
+
+    def held(self, alloc: dict[str, str]) -> dict | None:
+        return None if self.base_held is None else self.agreement(alloc, self.held_reqs, self.base_held)
+
+
 def run_search(
     spec_path: str, budgets: list[float] | None = None, quiet: bool = False, policy: str | None = None
 ) -> SearchReport:
 
-    s = Search(spec_path, *preflight(spec_path, budgets, policy))
+    found = preflight(spec_path, budgets, policy)
+    if isinstance(found[0].base, GGUFRecipe):
+        return run_gguf_search(GGUFSearch(spec_path, *found), quiet)
+    s = Search(spec_path, *found)
     s.options = [option_name(o) for o in s.spec.options]
     with quiet_libraries(quiet):
         measure_sensitivity(s, LastModel(), quiet)
-        comparisons = compare_at_equal_bytes(s)
-        frontier, tries = frontier_of(s)
-        result, gated = bisect(s, frontier, quiet)
-        tries += gated
-        for _, rec in frontier:  # the frontier points never gated, for the record
-            if all(t.allocation is not rec for t in tries):
-                tries.append(_not_gated(rec, "not gated: the bisection settled without it"))
-        tries.sort(key=lambda t: t.allocation.bytes)
+        result, comparisons, tries = _search(s, quiet)
     return publish(s, report_of(s, comparisons, tries, result), result)
+
+
+def _search(s: Search, quiet: bool) -> tuple[Path | None, list[AllocationRecord], list[TryRecord]]:
+    """The comparisons at equal bytes, the frontier and its bisection, once the sensitivities are known."""
+    comparisons = compare_at_equal_bytes(s)
+    frontier, tries = frontier_of(s)
+    result, gated = bisect(s, frontier, quiet)
+    tries += gated
+    for _, rec in frontier:  # the frontier points never gated, for the record
+        if all(t.allocation is not rec for t in tries):
+            tries.append(_not_gated(rec, "not gated: the bisection settled without it"))
+    tries.sort(key=lambda t: t.allocation.bytes)
+    return result, comparisons, tries
+
+
+def run_gguf_search(s: GGUFSearch, quiet: bool) -> SearchReport:
+    """A GGUF base's search (search/gguf.py): in a scratch folder beside the output, the 16-bit GGUF, the layout
+    measured in llama.cpp's files, the budget checked against it, the sensitivities; then as any search."""
+    s.options = [option_name(o) for o in s.spec.options]
+    threads = s.spec.base.threads or os.cpu_count() or 1
+    s.models = LastModel()
+    with quiet_libraries(quiet), search_gguf.workspace(s.out) as scratch:
+        s.f16 = search_gguf.sixteen_bit(s.model_dir, scratch, threads)
+        s.lay = search_gguf.layout(s.f16, s.spec.base, s.options, s.spec.unit, scratch, threads)
+        check_budget(s.lay, s.wanted)
+        s.files = search_gguf.Files(
+            s.f16, scratch, threads, s.spec.base.type, {u.name: [lin.name for lin in u.linears] for u in s.lay.units}
+        )
+        measure_gguf_sensitivity(s, quiet)
+        result, comparisons, tries = _search(s, quiet)
+        s.models.release()
+    return publish(s, report_of(s, comparisons, tries, result), result)
+
+
+def measure_gguf_sensitivity(s: GGUFSearch, quiet: bool) -> None:
+    """Each unit alone at each option in a GGUF otherwise 16-bit, mean KL to the 16-bit GGUF on the sensitivity
+    items, in llama.cpp (cached under the source's identity, the settings and llama.cpp's version)."""
+    from tqdm import tqdm
+
+    from quantize.evaluate.agreement import baseline_topk, requests
+
+    assert s.f16 is not None
+    m, suite = s.spec.measure, s.suite
+    seen: Counter[str] = Counter()
+    for r in requests(suite.golden, suite.agreement_tasks, m.per_task + m.holdout_per_task):
+        (s.sens_reqs if seen[r.task] < m.per_task else s.held_reqs).append(r)
+        seen[r.task] += 1
+    base = s.llama_scorer(s.f16)
+    base_sens = baseline_topk(base, s.sens_reqs, m.top_k)
+    s.base_held = baseline_topk(base, s.held_reqs, m.top_k) if s.held_reqs else None
+    engine = llamacpp_settings(suite.suite)
+    measured = dict(
+        base=s.spec.base.model_dump(mode="json", exclude={"name", "output", "model", "description"}),
+        options=s.options,
+        unit=s.spec.unit,
+        per_task=m.per_task,
+        top_k=m.top_k,
+        on=["llamacpp", search_gguf.llama_cpp_version(), engine.n_threads, engine.n_batch],
+    )
+    s.key = cache.sensitivity_key(suite, identity_sha256(s.model_dir), measured)
+    if (stored := cache.lookup_sensitivity(s.key)) is not None:
+        s.sens, s.sens_seconds = stored.kl, stored.seconds
+        return
+    t0 = time.perf_counter()
+    todo = [(u.name, o) for u in s.lay.units for o in s.options if o != "keep"]
+    for u, o in tqdm(todo, desc="sensitivity (layer group × option, llama.cpp)", disable=quiet, unit="file"):
+        s.sens.setdefault(u, {"keep": 0.0})[o] = s.agreement({u: o}, s.sens_reqs, base_sens, alone=True)["kl"]
+    s.sens_seconds = round(time.perf_counter() - t0, 1)
+    cache.store_sensitivity(SensitivityRecord(key=s.key, kl=s.sens, seconds=s.sens_seconds))
 
 
 def measure_sensitivity(s: Search, models: Any, quiet: bool) -> None:
@@ -335,7 +459,7 @@ def bisect(
     while lo <= hi and len(tries) < s.spec.max_gates:
         points = round_points(lo, hi, min(k, s.spec.max_gates - len(tries)), first)
         ckpts = {i: s.tries_dir / f"try-{len(tries) + n + 1}" for n, i in enumerate(points)}
-        recipes = {i: recipe_for(s.spec, s.model_dir, frontier[i][0], s.lay, ckpts[i]) for i in points}
+        recipes = {i: s.recipe_for(frontier[i][0], ckpts[i]) for i in points}
         gated = _gate_round(s, recipes, ckpts, quiet)
         outcomes = {}
         for i in points:

@@ -1,7 +1,8 @@
 """Search recipes (recipes/search-*.yaml): what `quantize search` may choose per layer group, and its budget.
 
     name: search-w4-w8
-    base:                        # the method every quantized layer group gets (a recipe, inline)
+    base:                        # the method every quantized layer group gets (a recipe, inline; or method gguf:
+                                 # llama.cpp's tensor types as options, recipes/search-gguf.yaml)
       method: rtn
       scheme: W4A16
       group_size: 128
@@ -21,14 +22,17 @@ any model loads.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quantize.cluster.spec import Cluster, TaskResources
 from quantize.config import beside_repo, load_yaml
-from quantize.convert.recipe import WEIGHT_ONLY_INT, GPTQRecipe, RTNRecipe, Scheme
+from quantize.convert.gguf import default_tensor_type
+from quantize.convert.recipe import GGUF_TYPE_NAME, WEIGHT_ONLY_INT, GGUFRecipe, GPTQRecipe, RTNRecipe, Scheme
 from quantize.names import PathPart, PathText, checked
+
+INT_NAMES = tuple(s.value.lower() for s in Scheme)  # scheme names keep their own spelling
 
 
 class Measure(BaseModel):
@@ -49,8 +53,10 @@ class SearchRecipe(BaseModel):
     name: PathPart | None = Field(None, description="the output folder's name (outputs/<name>); default: the file's")
     description: str | None = None
     model: str | None = Field(None, description="local checkpoint folder; empty = the embedded default model")
-    base: RTNRecipe | GPTQRecipe = Field(description="the method and settings of every quantized layer group")
-    options: list[Scheme | Literal["keep"]] = Field(
+    base: RTNRecipe | GPTQRecipe | GGUFRecipe = Field(
+        discriminator="method", description="the method and settings of every quantized layer group"
+    )
+    options: list[Annotated[Scheme | str, Field(union_mode="left_to_right")]] = Field(
         default_factory=lambda: [Scheme.W4A16, Scheme.W8A16, "keep"], min_length=2
     )
     unit: Literal["block-part", "layer"] = "block-part"
@@ -65,15 +71,20 @@ class SearchRecipe(BaseModel):
     resources: TaskResources = Field(default_factory=TaskResources, description="with max_parallel > 1: per task")
     output: PathText | None = Field(None, description="default outputs/<name>")
 
+    @field_validator("options", mode="before")
+    @classmethod
+    def _spelled(cls, opts: object) -> object:
+        """A GGUF option's spelling, as a gguf recipe's type is spelled (upper case): q6_k is Q6_K."""
+        if not isinstance(opts, list):
+            return opts
+        return [
+            o.strip().upper() if isinstance(o, str) and o.strip().lower() not in ("keep", *INT_NAMES) else o
+            for o in opts
+        ]
+
     @field_validator("options")
     @classmethod
     def _options(cls, opts: list[Scheme | str]) -> list[Scheme | str]:
-        bad = [o for o in opts if o != "keep" and o not in WEIGHT_ONLY_INT]
-        if bad:
-            raise ValueError(
-                f"options must be weight-only int schemes (W3A16, W4A16, W8A16) or keep; got {bad[0]}: one "
-                "checkpoint mixes weight-only int layers only"
-            )
         if len(set(opts)) != len(opts):
             raise ValueError(f"options repeat a choice: {[getattr(o, 'value', o) for o in opts]}")
         return opts
@@ -90,6 +101,14 @@ class SearchRecipe(BaseModel):
 
     @model_validator(mode="after")
     def _base(self) -> SearchRecipe:
+        if isinstance(self.base, GGUFRecipe):
+            return self._gguf()
+        bad = [o for o in self.options if o != "keep" and o not in WEIGHT_ONLY_INT]
+        if bad:
+            raise ValueError(
+                f"options must be weight-only int schemes (W3A16, W4A16, W8A16) or keep; got {bad[0]}: one "
+                "checkpoint mixes weight-only int layers only (a `method: gguf` base takes llama.cpp's tensor types)"
+            )
         if self.base.scheme not in self.options:
             raise ValueError(
                 f"the base scheme {self.base.scheme.value} must be one of the options "
@@ -105,6 +124,30 @@ class SearchRecipe(BaseModel):
                 "for rtn (no calibration). For gptq it would take one calibration run per layer group; use "
                 "method rtn in `base:`"
             )
+        return self
+
+    def _gguf(self) -> SearchRecipe:
+        """A GGUF base: options are ggml tensor types (checked against llama.cpp in preflight) or keep, the base
+        file type's own tensor type among them; no importance matrix, no tensor_types of its own."""
+        bad = [o for o in self.options if o != "keep" and (isinstance(o, Scheme) or not GGUF_TYPE_NAME.fullmatch(o))]
+        if bad:
+            raise ValueError(
+                f"options of a `method: gguf` base are llama.cpp's tensor types (Q4_K, Q5_K, Q6_K, Q8_0, IQ4_XS, "
+                f"...) or keep; got {getattr(bad[0], 'value', bad[0])}"
+            )
+        own = default_tensor_type(self.base.type)
+        if own not in self.options:
+            raise ValueError(
+                f"base type {self.base.type} gives its tensors {own}, which must be one of the options "
+                f"{[getattr(o, 'value', o) for o in self.options]}: add {own}"
+            )
+        if self.base.calibration is not None:
+            raise ValueError(
+                "base.calibration: the search measures each layer group quantized alone without an importance "
+                "matrix, so a matrix in the tries would gate what was not measured; remove it"
+            )
+        if self.base.tensor_types:
+            raise ValueError("base.tensor_types is what the search writes; remove it from the search recipe")
         return self
 
     @property

@@ -98,11 +98,16 @@ def execute(task: TaskSpec, state: Path, node: str = "local", host: str = "local
 def prepare_recipe(recipe_path: str, model: str | None, output: Path | None = None):
     """A sweep's recipe as it is converted: the sweep's model where the recipe names none (a recipe naming another
     model is refused: its verdict would be against the wrong baseline), written to `output` (None: as it says).
-    A recipe that converts a file (`method: gguf`) keeps an empty `model:`, its source the default model's own GGUF
-    (the one the default model's folder is prepared from), and runs only in a sweep whose model is the default."""
+    A recipe that converts a file (`method: gguf`) runs where its source is the task's model: an empty `model:` (the
+    default model's own GGUF, the one the default model's folder is prepared from) in a sweep whose model is the
+    default, or the very path the task names as its model (a GGUF search's tries, gated against that source)."""
     recipe, sha = load_recipe(recipe_path)
     if recipe.method in FILE_METHODS:
-        if recipe.model is not None or resolve_model(None).resolve() != resolve_model(model).resolve():
+        if recipe.model is None:
+            same = resolve_model(None).resolve() == resolve_model(model).resolve()
+        else:
+            same = model is not None and Path(recipe.model).expanduser().resolve() == Path(model).expanduser().resolve()
+        if not same:
             raise UsageError(
                 f"recipe {recipe_path} converts a GGUF (method {recipe.method.value}), and a sweep gates it against "
                 "its baseline only where both are the default model (its own GGUF and the folder prepared from it): "
