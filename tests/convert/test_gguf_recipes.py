@@ -59,7 +59,7 @@ def test_tensor_types_keep_their_order_and_are_checked_as_patterns_and_type_name
     assert "do not read alike" in refused(tensor_types={"(?P<n>ffn)": "Q8_0"})
     assert "do not read alike" in refused(tensor_types={"(?i)ffn": "Q8_0"})
     assert "is not a ggml type name" in refused(tensor_types={"ffn": "Q8 0"})
-    assert "1 to 200 characters" in refused(tensor_types={"": "Q8_0"})
+    assert "1 to 4000 characters" in refused(tensor_types={"": "Q8_0"})
 
 
 def test_a_type_that_is_no_name_is_refused_naming_the_field():
