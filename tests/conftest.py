@@ -430,3 +430,19 @@ def make_tiny_arch(path: Path, family: str, seed: int = 0, **overrides) -> Path:
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def tiny_gate(base: Path) -> tuple[Path, Path]:
+    """A small golden set under `base` (build_core, seeded), a suite of it and a lenient policy (facts within 0.9,
+    agreement KL at most 5): what a search's tries on a tiny model are gated with. Returns (suite, policy)."""
+    from quantize.golden.build import Sizes, build_core
+
+    build_core(make_sources(base / "src"), base / "golden" / "v1", seed=3, sizes=Sizes(6, 6, 4, 6, 3, 3))
+    suite = base / "suite.yaml"
+    suite.write_text(f"golden: {base / 'golden' / 'v1'}\nbatch_size: 4\nagreement: {{per_task: 4, top_k: 5}}\n")
+    policy = base / "gate.yaml"
+    policy.write_text(
+        f"suite: {suite}\nfail_on_inconclusive: false\nrules:\n"
+        "  - {task: core_facts, metric: acc, margin: 0.9}\n  - {agreement: kl, max: 5.0}\n"
+    )
+    return suite, policy

@@ -15,10 +15,9 @@ from quantize import records
 from quantize.checkpoint import ggufs
 from quantize.cli import main
 from quantize.errors import UsageError
-from quantize.golden.build import Sizes, build_core
 from quantize.search.spec import SearchRecipe
 
-from conftest import make_sources, make_tiny_llama
+from conftest import make_tiny_llama, tiny_gate
 
 
 def spec_of(**over) -> SearchRecipe:
@@ -81,14 +80,7 @@ def world(tmp_path_factory, smollm2):
         yaml.safe_dump({"method": "gguf", "type": "BF16", "model": str(folder), "output": str(base / "g")})
     )
     assert main(["run", str(recipe), "--quiet"]) == 0
-    build_core(make_sources(base / "src"), base / "golden" / "v1", seed=3, sizes=Sizes(6, 6, 4, 6, 3, 3))
-    suite = base / "suite.yaml"
-    suite.write_text(f"golden: {base / 'golden' / 'v1'}\nbatch_size: 4\nagreement: {{per_task: 4, top_k: 5}}\n")
-    policy = base / "gate.yaml"
-    policy.write_text(
-        f"suite: {suite}\nfail_on_inconclusive: false\nrules:\n"
-        "  - {task: core_facts, metric: acc, margin: 0.9}\n  - {agreement: kl, max: 5.0}\n"
-    )
+    _, policy = tiny_gate(base)
     return base / "g" / "model.gguf", policy
 
 

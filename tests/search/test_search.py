@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from quantize.cli import main
-from quantize.golden.build import Sizes, build_core
 from quantize.search.allocate import knapsack, random_allocation
 
-from conftest import make_sources, make_tiny_llama
+from conftest import make_tiny_llama, tiny_gate
 
 OPTIONS = ["W4A16", "W8A16", "keep"]
 
@@ -22,14 +21,7 @@ OPTIONS = ["W4A16", "W8A16", "keep"]
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, tiny_model):
     base = tmp_path_factory.mktemp("search")
-    build_core(make_sources(base / "src"), base / "golden" / "v1", seed=3, sizes=Sizes(6, 6, 4, 6, 3, 3))
-    suite = base / "suite.yaml"
-    suite.write_text(f"golden: {base / 'golden' / 'v1'}\nbatch_size: 4\nagreement: {{per_task: 4, top_k: 5}}\n")
-    policy = base / "gate.yaml"
-    policy.write_text(
-        f"suite: {suite}\nfail_on_inconclusive: false\nrules:\n"
-        "  - {task: core_facts, metric: acc, margin: 0.9}\n  - {agreement: kl, max: 5.0}\n"
-    )
+    suite, policy = tiny_gate(base)
     return base, suite, policy
 
 
