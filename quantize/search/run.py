@@ -277,11 +277,16 @@ def _search(s: Search, quiet: bool) -> tuple[Path | None, list[AllocationRecord]
     """The comparisons at equal bytes, the frontier and its bisection, once the sensitivities are known."""
     comparisons = compare_at_equal_bytes(s)
     frontier, tries = frontier_of(s)
-    result, gated = bisect(s, frontier, quiet)
+    result, gated, (lo, hi) = bisect(s, frontier, quiet)
     tries += gated
-    for _, rec in frontier:  # the frontier points never gated, for the record
+    for i, (_, rec) in enumerate(frontier):  # the frontier points never gated, for the record
         if all(t.allocation is not rec for t in tries):
-            tries.append(_not_gated(rec, "not gated: the bisection settled without it"))
+            why = (
+                f"not gated: max_gates ({s.spec.max_gates}) were spent before the bisection reached it"
+                if lo <= i <= hi
+                else "not gated: the bisection settled without it"
+            )
+            tries.append(_not_gated(rec, why))
     tries.sort(key=lambda t: t.allocation.bytes)
     return result, comparisons, tries
 
@@ -448,11 +453,12 @@ def settle(lo: int, hi: int, outcomes: dict[int, bool]) -> tuple[int, int, int |
 
 def bisect(
     s: Search, frontier: list[tuple[dict[str, str], AllocationRecord]], quiet: bool
-) -> tuple[Path | None, list[TryRecord]]:
+) -> tuple[Path | None, list[TryRecord], tuple[int, int]]:
     """Gate the frontier (more bytes, less damage) round by round: the largest first, since if it fails nothing
     within the budget passes; then the smallest that passes. `max_parallel` points a round (`round_points`),
     converted and gated at once on the cluster's executor (`run_chains`); 1 (the default) is bisection, one after
-    the other in this process, in at most 1 + log2(n) gates. `max_gates` caps the gates in all."""
+    the other in this process, in at most 1 + log2(n) gates. `max_gates` caps the gates in all. Returns the
+    result, the tries gated, and the frontier range [lo, hi] still undecided when it stopped (empty: lo > hi)."""
     result, tries = None, []
     lo, hi, first = 0, len(frontier) - 1, True
     k = s.spec.max_parallel
@@ -476,12 +482,13 @@ def bisect(
             )
             outcomes[i] = verdict.verdict == "pass"
         if first and not outcomes[len(frontier) - 1]:
-            break  # the largest allocation within the budget fails
+            lo, hi = 1, 0  # the largest allocation within the budget fails: nothing below it is left undecided
+            break
         lo, hi, best = settle(lo, hi, outcomes)
         if best is not None:
             result = ckpts[best]
         first = False
-    return result, tries
+    return result, tries, (lo, hi)
 
 
 def _gate_round(
