@@ -151,30 +151,31 @@ def first_patterns(names: list[str], patterns: list[str]) -> dict[str, str]:
     return {n: first[n] for n in names if n in first}
 
 
-def exact_patterns(first: dict[str, str], overrides: dict[str, str]) -> dict[str, str]:
-    """What llama.cpp is handed for first_patterns' result: each matched name as a pattern that matches it alone
-    (anchored, every ECMAScript syntax character escaped) -> the type its recipe pattern asks."""
-    return {"^" + "".join("\\" + c if c in ECMA_SYNTAX else c for c in n) + "$": overrides[p] for n, p in first.items()}
+def exact_patterns(types: dict[str, str]) -> dict[str, str]:
+    """What llama.cpp is handed as tt_overrides for tensor name -> ggml type: each name as a pattern that matches it
+    alone (anchored, every ECMAScript syntax character escaped) -> its type."""
+    return {"^" + "".join("\\" + c if c in ECMA_SYNTAX else c for c in n) + "$": kind for n, kind in types.items()}
 
 
-def layer_plan(h: ggufs.GGUFHeader, type_name: str, overrides: dict[str, str] | None = None) -> LayerPlanRecord:
+def layer_plan(h: ggufs.GGUFHeader, type_name: str, asked: dict[str, tuple[str, str]] | None = None) -> LayerPlanRecord:
     """The layer plan of a GGUF llama.cpp wrote, read back from its header: its block-quantized weights
     (`quantized_layers`) by elements per block, those given a type of smaller blocks than the file type's own
     (`adjusted`: llama.cpp's fallback where a row holds no whole block), every 2-D weight's ggml type (`schemes`),
     and linear weights it stored at 16 or 32 bits (`kept_16bit`, `left_16bit`), each with why: the recipe's
-    `tensor_types` pattern that asked for it (`overrides`, the first that matches, as llama.cpp takes them:
-    first_patterns), else llama.cpp's own choice. Names are the GGUF's tensor names."""
+    `tensor_types` pattern that asked for it (`asked`: tensor name -> (pattern, type), the first pattern that
+    matches as first_patterns found it, the assignment llama.cpp was handed), else llama.cpp's own choice. Names
+    are the GGUF's tensor names."""
+    asked = asked or {}
     patterns = ggufs.name_patterns(h.architecture)
     weights = [(t, ggufs.role_of(t, patterns)) for t in h.tensors if len(t.dims) >= 2]
-    first = first_patterns([t.name for t, _ in weights], list(overrides or {}))
     payload = [t for t, r in weights if r.role == "payload"]
     own = block_size(default_tensor_type(type_name))
     kept = [t for t, r in weights if r.role == "linear_kept"]
 
     def why(t: ggufs.GGUFTensor) -> str:
-        asked = first.get(t.name)
-        if asked is not None and overrides:
-            return f"tensor_types asked {overrides[asked]} for it (pattern {asked!r}); stored as {t.ggml_type}"
+        if t.name in asked:
+            pattern, kind = asked[t.name]
+            return f"tensor_types asked {kind} for it (pattern {pattern!r}); stored as {t.ggml_type}"
         return f"llama.cpp stored it as {t.ggml_type} in a {type_name} file (its rows of {t.dims[0]} elements)"
 
     return LayerPlanRecord(
@@ -185,22 +186,24 @@ def layer_plan(h: ggufs.GGUFHeader, type_name: str, overrides: dict[str, str] | 
         schemes=dict(Counter(t.ggml_type for t, _ in weights).most_common()),
         left_16bit=[
             LeftAt16(
-                why=f"tensor_types asked {overrides[p]} for them (pattern {p!r})"
-                if p is not None and overrides
+                why=f"tensor_types asked {by[1]} for them (pattern {by[0]!r})"
+                if by is not None
                 else f"stored at 16 or 32 bits by llama.cpp in a {type_name} file",
                 tensors=[t.name for t in group],
                 bytes=sum(t.nbytes for t in group),
             )
-            for p, group in _by_pattern(kept, first).items()
+            for by, group in _by_pattern(kept, asked).items()
         ],
     )
 
 
-def _by_pattern(tensors: list[ggufs.GGUFTensor], first: dict[str, str]) -> dict[str | None, list[ggufs.GGUFTensor]]:
-    """Tensors grouped by the first `tensor_types` pattern that matches each (first_patterns; None: no pattern)."""
-    out: dict[str | None, list[ggufs.GGUFTensor]] = {}
+def _by_pattern(
+    tensors: list[ggufs.GGUFTensor], asked: dict[str, tuple[str, str]]
+) -> dict[tuple[str, str] | None, list[ggufs.GGUFTensor]]:
+    """Tensors grouped by the `tensor_types` pattern (and type) that asked for each (None: no pattern), in order."""
+    out: dict[tuple[str, str] | None, list[ggufs.GGUFTensor]] = {}
     for t in tensors:
-        out.setdefault(first.get(t.name), []).append(t)
+        out.setdefault(asked.get(t.name), []).append(t)
     return out
 
 

@@ -31,9 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint import ggufs
-from quantize.convert import hf_to_gguf
 from quantize.convert.backends.llamacpp import LlamaCppBackend, quantize_file, tensor_types
-from quantize.convert.gguf import INTERMEDIATE, default_tensor_type, exact_patterns, ftype_names
+from quantize.convert.gguf import default_tensor_type, exact_patterns, ftype_names
 from quantize.convert.recipe import GGUFRecipe
 from quantize.errors import UsageError
 from quantize.search.units import Layout, Linear, Unit
@@ -91,21 +90,6 @@ def workspace(out: Path) -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def sixteen_bit(src: Path, scratch: Path, threads: int) -> Path:
-    """The 16-bit GGUF the search quantizes from (see the module's docstring)."""
-    import llama_cpp
-
-    if src.is_dir():
-        out = scratch / "converted.gguf"
-        hf_to_gguf.write(src, out, scratch)
-        return out
-    if not any(t.quantized for t in ggufs.read_header(src).tensors):
-        return src
-    out = scratch / f"intermediate-{INTERMEDIATE.lower()}.gguf"
-    quantize_file(src, out, ftype_names(llama_cpp)[INTERMEDIATE], threads, requantize=True)
-    return out
-
-
 class Files:
     """GGUFs of allocations, written by llama.cpp's quantizer from the 16-bit GGUF into the scratch folder: one at
     a time, each named anew (the scorer's memo is keyed by path)."""
@@ -132,13 +116,8 @@ class Files:
         types |= {n: (self.keep[n] if o == KEEP else o) for u, o in alloc.items() for n in self.names[u]}
         types = {n: t or self.keep[n] for n, t in types.items()}
         ftype = self.ftypes[self.base_type]
-        quantize_file(self.f16, out, ftype, self.threads, requantize=False, overrides=exact_patterns_for(types))
+        quantize_file(self.f16, out, ftype, self.threads, requantize=False, overrides=exact_patterns(types))
         return out
-
-
-def exact_patterns_for(types: dict[str, str]) -> dict[str, str]:
-    """Tensor name -> type, as llama.cpp's tt_overrides (each name anchored alone: gguf.exact_patterns)."""
-    return exact_patterns({n: n for n in types}, types)
 
 
 def layout(f16: Path, base: GGUFRecipe, options: list[str], unit: str, scratch: Path, threads: int) -> Layout:

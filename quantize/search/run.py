@@ -34,6 +34,7 @@ from quantize.checkpoint.loader import LastModel, device, meta_model, resolve_mo
 from quantize.cluster.connect import import_ray, on_cluster
 from quantize.cluster.executor import Executor, say_to_stderr, state_folder
 from quantize.convert.backends import check
+from quantize.convert.backends.llamacpp import sixteen_bit
 from quantize.convert.recipe import WEIGHT_ONLY_INT, GGUFRecipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
@@ -298,7 +299,7 @@ def run_gguf_search(s: GGUFSearch, quiet: bool) -> SearchReport:
     threads = s.spec.base.threads or os.cpu_count() or 1
     s.models = LastModel()
     with quiet_libraries(quiet), search_gguf.workspace(s.out) as scratch:
-        s.f16 = search_gguf.sixteen_bit(s.model_dir, scratch, threads)
+        s.f16 = sixteen_bit(s.model_dir, scratch, threads).path
         s.lay = search_gguf.layout(s.f16, s.spec.base, s.options, s.spec.unit, scratch, threads)
         check_budget(s.lay, s.wanted)
         s.files = search_gguf.Files(

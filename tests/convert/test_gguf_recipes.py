@@ -146,7 +146,8 @@ def test_the_first_pattern_that_matches_a_name_decides_and_llama_cpp_gets_that_n
         "blk.0.attn_q.weight": r"blk\.0\.",
         "a+b(c).d": r"\(c\)",
     }
-    exact = gguf_rules.exact_patterns(first, {r"blk\.0\.": "F16", "ffn_down": "Q8_0", r"\(c\)": "Q6_K"})
+    kinds = {r"blk\.0\.": "F16", "ffn_down": "Q8_0", r"\(c\)": "Q6_K"}
+    exact = gguf_rules.exact_patterns({n: kinds[p] for n, p in first.items()})
     assert list(exact.values()) == ["F16", "Q8_0", "F16", "Q6_K"]
     for pattern, name in zip(exact, first, strict=True):  # each matches its own name and no other
         assert [n for n in names + ["xblk.0.attn_q.weight", "blk.0.attn_q.weights"] if re.search(pattern, n)] == [name]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -178,50 +178,43 @@ class LlamaCppBackend:
         ftypes = ftype_names(llama_cpp)
         threads = recipe.threads or os.cpu_count() or 1
         out = job.folder / OUTPUT_FILE
-        read, notes, converted, child_peak = job.source, [], None, 0
-        if job.source.is_dir():  # a safetensors checkpoint: llama.cpp's converter writes its 16-bit GGUF first
-            read = converted = job.scratch / "converted.gguf"
-            with job.phases("convert-hf"):
-                child_peak = hf_to_gguf.write(job.source, converted, job.scratch)
-        src = ggufs.read_header(read)
-        if converted is not None:
+        s16 = sixteen_bit(job.source, job.scratch, threads, job.phases)
+        read, notes = s16.path, []
+        if s16.how == "converted":
             notes.append(
                 f"the source is a safetensors checkpoint: {hf_to_gguf.describe()} wrote it as a GGUF of "
-                f"{_file_type(src)} first, which the {name} file was quantized from"
+                f"{s16.file_type} first, which the {name} file was quantized from"
             )
-        elif any(t.quantized for t in src.tensors):
-            read = job.scratch / f"intermediate-{INTERMEDIATE.lower()}.gguf"
+        elif s16.how == "requantized":
             notes.append(
-                f"the source ({job.source.name}, {_file_type(src)}) holds block-quantized tensors: it was re-quantized "
-                f"to {INTERMEDIATE} first, so the 16-bit GGUF the {name} file was quantized from already carries the "
-                f"source's {_file_type(src)} rounding"
+                f"the source ({job.source.name}, {s16.source_file_type}) holds block-quantized tensors: it was "
+                f"re-quantized to {INTERMEDIATE} first, so the 16-bit GGUF the {name} file was quantized from already "
+                f"carries the source's {s16.source_file_type} rounding"
             )
             if recipe.model is None:
                 notes.append(DEFAULT_SOURCE)
-            with job.phases("intermediate"):
-                quantize_file(job.source, read, ftypes[INTERMEDIATE], threads, requantize=True)
         matrix = None
         if recipe.calibration is not None:
             with job.phases("imatrix"):
                 matrix = importance_matrix(read, recipe.calibration, threads)
         overrides = recipe.tensor_types or {}
-        first = first_patterns([t.name for t in src.tensors], list(overrides))
+        first = first_patterns([t.name for t in ggufs.read_header(read).tensors], list(overrides))
+        asked = {n: (p, overrides[p]) for n, p in first.items()}  # what llama.cpp is handed, and the plan says
         notes += [f"tensor_types: pattern {p!r} matched no tensor" for p in overrides if p not in first.values()]
         with job.phases("quantize"):
-            exact = exact_patterns(first, overrides)
+            exact = exact_patterns({n: kind for n, (_, kind) in asked.items()})
             quantize_file(read, out, ftypes[name], threads, requantize=False, matrix=matrix, overrides=exact)
         if read != job.source:
             read.unlink()  # the intermediate (the engine removes the scratch folder too): its bytes freed sooner
-        source_type = "safetensors" if converted is not None else _file_type(src)
         with job.phases("reload-check"):
             finite = [finite_check(out, threads)]
         written = ggufs.read_header(out)
-        plan = layer_plan(written, name, overrides)
+        plan = layer_plan(written, name, asked)
         record = GGUFConversion(
             source_file=str(job.source),
-            source_file_type=source_type,
-            intermediate=_file_type(src) if converted is not None else INTERMEDIATE if read != job.source else None,
-            converter=hf_to_gguf.describe() if converted is not None else None,
+            source_file_type=s16.source_file_type,
+            intermediate=None if s16.how == "as is" else s16.file_type,
+            converter=hf_to_gguf.describe() if s16.how == "converted" else None,
             ftype=FTYPE_PREFIX + name,
             ftype_id=ftypes[name],
             threads=threads,
@@ -229,21 +222,11 @@ class LlamaCppBackend:
             tensor_types=dict(plan.schemes),
             notes=notes,
             tensor_type_overrides=dict(overrides),
-            imatrix=matrix.record(
-                read.name
-                if read == job.source
-                else f"the converted {_file_type(src)} GGUF"
-                if converted is not None
-                else f"the {INTERMEDIATE} intermediate"
-            )
-            if matrix
-            else None,
+            imatrix=matrix.record(s16.described) if matrix else None,
         )
         steps = [f"{job.source.name} ({record.source_file_type})"]
-        if converted is not None:
-            steps.append(f"{record.intermediate} ({hf_to_gguf.describe()})")
-        elif record.intermediate:
-            steps.append(f"{INTERMEDIATE} (allow_requantize)")
+        if s16.how != "as is":
+            steps.append(s16.step)
         if matrix:
             steps.append(
                 f"importance matrix ({len(matrix.collected.values)} weights, {matrix.collected.tokens:,} tokens)"
@@ -268,8 +251,58 @@ class LlamaCppBackend:
             finite=finite,
             versions={DISTRIBUTION: _version(), "gguf": _dist_version("gguf")},
             calibration=matrix.calibration if matrix else None,
-            child_peak_rss_bytes=child_peak,
+            child_peak_rss_bytes=s16.child_peak,
         )
+
+
+@dataclass(frozen=True)
+class SixteenBit:
+    """The 16-bit GGUF a conversion quantizes from, and how it came to be: the source GGUF read as it is ("as is"),
+    a safetensors checkpoint written by llama.cpp's converter ("converted"), or a block-quantized source
+    re-quantized to INTERMEDIATE ("requantized")."""
+
+    path: Path
+    how: str
+    file_type: str  # its general.file_type (MOSTLY_BF16); INTERMEDIATE where it was re-quantized
+    source_file_type: str  # "safetensors", or the source GGUF's general.file_type
+    child_peak: int = 0  # the converter process's peak resident bytes
+
+    @property
+    def described(self) -> str:
+        """What an importance matrix computed on it says it was computed on."""
+        return {
+            "as is": self.path.name,
+            "converted": f"the converted {self.file_type} GGUF",
+            "requantized": f"the {INTERMEDIATE} intermediate",
+        }[self.how]
+
+    @property
+    def step(self) -> str:
+        """Its step in the record's chain of what ran (none "as is")."""
+        if self.how == "converted":
+            return f"{self.file_type} ({hf_to_gguf.describe()})"
+        return f"{INTERMEDIATE} (allow_requantize)"
+
+
+def sixteen_bit(source: Path, scratch: Path, threads: int, phases: Any = None) -> SixteenBit:
+    """The 16-bit GGUF of `source` (a GGUF, or a safetensors checkpoint folder), written into `scratch` where it is
+    not the source itself; `phases` (provenance.Phases, optional) times the converter ("convert-hf") and the
+    re-quantization ("intermediate"). A gguf recipe's conversion and a GGUF search both quantize from it."""
+    import llama_cpp
+
+    phase = phases or (lambda _name: nullcontext())
+    if source.is_dir():
+        out = scratch / "converted.gguf"
+        with phase("convert-hf"):
+            peak = hf_to_gguf.write(source, out, scratch)
+        return SixteenBit(out, "converted", _file_type(ggufs.read_header(out)), "safetensors", peak)
+    header = ggufs.read_header(source)
+    if not any(t.quantized for t in header.tensors):
+        return SixteenBit(source, "as is", _file_type(header), _file_type(header))
+    out = scratch / f"intermediate-{INTERMEDIATE.lower()}.gguf"
+    with phase("intermediate"):
+        quantize_file(source, out, ftype_names(llama_cpp)[INTERMEDIATE], threads, requantize=True)
+    return SixteenBit(out, "requantized", INTERMEDIATE, _file_type(header))
 
 
 def _check_calibration(recipe: Recipe, path: Path) -> None:
