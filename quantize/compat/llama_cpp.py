@@ -20,9 +20,8 @@ asked (benchmarks/server_samples.py `--fixed`), never by `quantize` itself.
 - llama.cpp's converter of a Hugging Face checkpoint, `convert_hf_to_gguf.py`, with its `conversion/` package and
   the `gguf-py` it is written against (newer than PyPI's gguf 0.19.0 of the same number): no part of the installed
   package, so `make gguf-env` unpacks them from the same source distribution into `converter_home()` and stamps
-  the version beside them. `converter_problems` finds them there, of the installed version, with the command-line
-  options convert/hf_to_gguf.py passes; `python -m quantize.compat.llama_cpp HOME ARGS...` (`converter_child`) is
-  the child process that runs it.
+  the version beside them (`converter_version`). `converter_problems` finds them there, of the installed version,
+  with the command-line options convert/hf_to_gguf.py passes (its child process runs the script).
 
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on
 any); `patch_echo` refuses to run while there is one, never half-patching another version, and the importance
@@ -34,10 +33,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import inspect
-import runpy
 import sys
 import textwrap
-import traceback
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -257,13 +254,19 @@ CONVERTER = "convert_hf_to_gguf.py"  # llama.cpp's converter, at the top of its 
 CONVERTER_STAMP = "VERSION"  # beside it: the llama-cpp-python version whose source distribution it came from
 CONVERTER_OPTIONS = ("--vocab-only", "--outtype", "--outfile")  # what convert/hf_to_gguf.py passes it
 MAX_STAMP_BYTES = 64
-REFUSED = "quantize: the converter refused: "  # the child's last line when llama.cpp's converter refused the model
-PEAK = "quantize: converter peak resident bytes: "  # the child's line of its own memory high-water mark
 
 
 def converter_home() -> Path:
     """Where `make gguf-env` unpacks llama.cpp's converter: share/llama.cpp below the running environment."""
     return Path(sys.prefix) / "share" / "llama.cpp"
+
+
+def converter_version() -> str | None:
+    """The llama-cpp-python version the unpacked converter came from (its stamp), None where none is unpacked."""
+    try:
+        return (converter_home() / CONVERTER_STAMP).read_bytes()[:MAX_STAMP_BYTES].decode("ascii", "replace").strip()
+    except OSError:
+        return None
 
 
 def converter_problems() -> list[str]:
@@ -274,7 +277,7 @@ def converter_problems() -> list[str]:
         p.exists() for p in (home / CONVERTER, home / "conversion", home / "gguf-py" / "gguf", home / CONVERTER_STAMP)
     ):
         return [f"llama.cpp's converter ({CONVERTER}, conversion/, gguf-py/) is not unpacked in {home}"]
-    stamp = (home / CONVERTER_STAMP).read_bytes()[:MAX_STAMP_BYTES].decode("ascii", "replace").strip()
+    stamp = converter_version() or ""
     try:
         installed = version(DISTRIBUTION)
     except PackageNotFoundError:
@@ -285,69 +288,3 @@ def converter_problems() -> list[str]:
     text = (home / CONVERTER).read_text(encoding="utf-8", errors="replace")
     out += [f"{CONVERTER} has no {o} option" for o in CONVERTER_OPTIONS if f'"{o}"' not in text]
     return out
-
-
-def _peak_rss_bytes() -> int:
-    """This process's resident high-water mark (Linux VmHWM), 0 where it cannot be read."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def _no_remote_code(cls: Any) -> None:
-    """`cls.from_pretrained` held to trust_remote_code=False, whatever its caller asks."""
-    load = cls.from_pretrained
-
-    def from_pretrained(*args: Any, **kwargs: Any) -> Any:
-        kwargs["trust_remote_code"] = False
-        return load(*args, **kwargs)
-
-    cls.from_pretrained = staticmethod(from_pretrained)
-
-
-def converter_child(argv: list[str]) -> int:
-    """The child process of convert/hf_to_gguf.py: llama.cpp's converter run as its command line runs it (`argv`
-    after the converter's home: its own arguments), with its own gguf-py first on the path (checked: the PyPI gguf
-    of the same number lacks what it writes) and every transformers AutoTokenizer, AutoConfig and AutoProcessor
-    load held to trust_remote_code=False (it passes True for several families' tokenizers, and a checkpoint's
-    auto_map would then run the checkpoint's own code). Exit 0 when it wrote the file; 2 when it refused the
-    checkpoint (its own exit 1 after logging an error, or NotImplementedError, ValueError, FileNotFoundError or
-    KeyError: an architecture or tokenizer it does not know, a file or config key the checkpoint lacks), REFUSED
-    and its words the last line; 3 with the traceback for anything else. Where it ran to its end, a PEAK line says
-    its resident high-water mark (the run's memory record takes it in)."""
-    home = Path(argv[0])
-    sys.path[:0] = [str(home / "gguf-py"), str(home)]
-    import gguf
-
-    if not Path(gguf.__file__).resolve().is_relative_to(home.resolve()):
-        print(f"gguf was imported from {gguf.__file__}, not from {home / 'gguf-py'}", file=sys.stderr)
-        return 3
-    import transformers
-
-    for cls in (transformers.AutoTokenizer, transformers.AutoConfig, transformers.AutoProcessor):
-        _no_remote_code(cls)
-    sys.argv = [str(home / CONVERTER), *argv[1:]]
-    try:
-        runpy.run_path(str(home / CONVERTER), run_name="__main__")
-        print(f"{PEAK}{_peak_rss_bytes()}", file=sys.stderr)
-    except SystemExit as e:
-        print(f"{PEAK}{_peak_rss_bytes()}", file=sys.stderr)
-        if e.code in (0, None):
-            return 0
-        print(f"{REFUSED}it exited {e.code}", file=sys.stderr)
-        return 2
-    except (NotImplementedError, ValueError, FileNotFoundError, KeyError) as e:
-        print(f"{REFUSED}{type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    except Exception:  # any other failure is the converter's own: its traceback, exit 3
-        traceback.print_exc()
-        return 3
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(converter_child(sys.argv[1:]))

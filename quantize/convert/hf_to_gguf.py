@@ -13,8 +13,8 @@ tokenizers is the converter's, never restated here.
   IDENTITY_FILES, the weight files a load reads as files.safetensors_files resolves them), so the converter sees no
   file the identity does not name (its own rule, every model*.safetensors of the folder, would read a stray file
   beside model.safetensors); after the conversion the identity is checked again (files.check_identity).
-- No code of the checkpoint runs: safetensors only (files.check_model_dir), and the child holds every transformers
-  Auto*.from_pretrained to trust_remote_code=False (compat/llama_cpp.converter_child).
+- No code of the checkpoint runs: safetensors only (files.check_model_dir), and the child (`python -m
+  quantize.convert.hf_to_gguf`, `child`) holds every transformers Auto*.from_pretrained to trust_remote_code=False.
 - The converter's log (a line per tensor, its progress bar) goes to a file; its last words go into the message
   when it refuses (UsageError) or fails (RuntimeFailure).
 
@@ -25,12 +25,15 @@ llama.cpp's documentation has a user make before llama-quantize.
 from __future__ import annotations
 
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from quantize.checkpoint.files import (
     SAFE_INDEX,
@@ -42,6 +45,7 @@ from quantize.checkpoint.files import (
 )
 from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.compat import llama_cpp as compat
+from quantize.convert.provenance import peak_rss_bytes
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.quiet import llama_said
 
@@ -51,9 +55,14 @@ LAST_LINES = 6
 INSTALL = "run `make gguf-env` (it unpacks llama.cpp's converter from llama-cpp-python's source distribution)"
 
 
+REFUSED = "quantize: the converter refused: "  # the child's last line when llama.cpp's converter refused the model
+PEAK = "quantize: converter peak resident bytes: "  # the child's line of its own memory high-water mark
+
+
 def describe() -> str:
     """The converter, as provenance names it."""
-    return f"llama.cpp's {compat.CONVERTER} (llama-cpp-python {_stamp()}, --outtype {OUTTYPE})"
+    made = compat.converter_version() or "not unpacked"
+    return f"llama.cpp's {compat.CONVERTER} (llama-cpp-python {made}, --outtype {OUTTYPE})"
 
 
 def check_converter(checkpoint: Path) -> None:
@@ -119,7 +128,7 @@ def _convert(checkpoint: Path, out: Path, scratch: Path, *, vocab_only: bool) ->
     command = [
         sys.executable,
         "-m",
-        compat.__name__,
+        __name__,
         str(compat.converter_home()),
         str(staged),
         "--outfile",
@@ -159,21 +168,68 @@ def _convert(checkpoint: Path, out: Path, scratch: Path, *, vocab_only: bool) ->
             f"{done.returncode}); its last words: {llama_said(said, LAST_LINES)}"
         )
     check_identity(checkpoint, identity)
-    peaks = [ln.removeprefix(compat.PEAK) for ln in said.splitlines() if ln.startswith(compat.PEAK)]
+    peaks = [ln.removeprefix(PEAK) for ln in said.splitlines() if ln.startswith(PEAK)]
     return int(peaks[-1]) if peaks and peaks[-1].isdigit() else 0
 
 
 def _refusal(said: str) -> str:
     """The converter's reason: its REFUSED line, after the last ERROR it logged where it exited on its own."""
     lines = [line.strip() for line in said.splitlines() if line.strip()]
-    reason = next((ln.removeprefix(compat.REFUSED) for ln in reversed(lines) if ln.startswith(compat.REFUSED)), "")
+    reason = next((ln.removeprefix(REFUSED) for ln in reversed(lines) if ln.startswith(REFUSED)), "")
     errors = [ln.split(":", 2)[-1].strip() for ln in lines if ln.startswith("ERROR:")]
     return "; ".join(x for x in (errors[-1] if errors else "", reason) if x) or "no reason given"
 
 
-def _stamp() -> str:
-    path = compat.converter_home() / compat.CONVERTER_STAMP
+def _no_remote_code(cls: Any) -> None:
+    """`cls.from_pretrained` held to trust_remote_code=False, whatever its caller asks."""
+    load = cls.from_pretrained
+
+    def from_pretrained(*args: Any, **kwargs: Any) -> Any:
+        kwargs["trust_remote_code"] = False
+        return load(*args, **kwargs)
+
+    cls.from_pretrained = staticmethod(from_pretrained)
+
+
+def child(argv: list[str]) -> int:
+    """The child process of `_convert`: llama.cpp's converter run as its command line runs it (`argv` after the
+    converter's home: its own arguments), with its own gguf-py first on the path (checked: the PyPI gguf of the
+    same number lacks what it writes) and every transformers AutoTokenizer, AutoConfig and AutoProcessor load held
+    to trust_remote_code=False (it passes True for several families' tokenizers, and a checkpoint's auto_map would
+    then run the checkpoint's own code). Exit 0 when it wrote the file; 2 when it refused the checkpoint (its own
+    exit 1 after logging an error, or NotImplementedError, ValueError, FileNotFoundError or KeyError: an
+    architecture or tokenizer it does not know, a file or config key the checkpoint lacks), REFUSED and its words
+    the last line; 3 with the traceback for anything else. Where it ran to its end, a PEAK line says its resident
+    high-water mark (provenance.peak_rss_bytes; the run's memory record takes it in)."""
+    home = Path(argv[0])
+    sys.path[:0] = [str(home / "gguf-py"), str(home)]
+    import gguf
+
+    if not Path(gguf.__file__).resolve().is_relative_to(home.resolve()):
+        print(f"gguf was imported from {gguf.__file__}, not from {home / 'gguf-py'}", file=sys.stderr)
+        return 3
+    import transformers
+
+    for cls in (transformers.AutoTokenizer, transformers.AutoConfig, transformers.AutoProcessor):
+        _no_remote_code(cls)
+    sys.argv = [str(home / compat.CONVERTER), *argv[1:]]
     try:
-        return path.read_bytes()[: compat.MAX_STAMP_BYTES].decode("ascii", "replace").strip()
-    except OSError:
-        return "not unpacked"
+        runpy.run_path(str(home / compat.CONVERTER), run_name="__main__")
+        print(f"{PEAK}{peak_rss_bytes()}", file=sys.stderr)
+    except SystemExit as e:
+        print(f"{PEAK}{peak_rss_bytes()}", file=sys.stderr)
+        if e.code in (0, None):
+            return 0
+        print(f"{REFUSED}it exited {e.code}", file=sys.stderr)
+        return 2
+    except (NotImplementedError, ValueError, FileNotFoundError, KeyError) as e:
+        print(f"{REFUSED}{type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except Exception:  # any other failure is the converter's own: its traceback, exit 3
+        traceback.print_exc()
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child(sys.argv[1:]))

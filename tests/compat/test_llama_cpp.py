@@ -61,32 +61,3 @@ def test_the_converter_is_unpacked_of_the_installed_version():
     """Fails loudly when llama-cpp-python moves without its converter: `make gguf-env` unpacks the one of its
     source distribution (convert/hf_to_gguf.py runs it)."""
     assert compat.converter_problems() == []
-
-
-def test_the_converters_child_runs_no_code_of_the_checkpoint(tmp_path):
-    """llama.cpp's converter loads several families' tokenizers with trust_remote_code=True: a tokenizer_config.json
-    whose auto_map names the folder's own module would run it. The child holds every such load to False. The
-    control (transformers as the converter calls it) runs the module, so the fixture would catch a hold that fails."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from conftest import make_tiny_llama
-
-    folder = make_tiny_llama(tmp_path / "remote")
-    ran = tmp_path / "ran"
-    config = json.loads((folder / "tokenizer_config.json").read_text())
-    config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", "evil.EvilTokenizer"]}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    (folder / "evil.py").write_text(
-        f"open({str(ran)!r}, 'w').write('ran')\nfrom transformers import PreTrainedTokenizerFast as EvilTokenizer\n"
-    )
-    load = f"transformers.AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)"
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    held = "import transformers; from quantize.compat.llama_cpp import _no_remote_code; "
-    held += f"_no_remote_code(transformers.AutoTokenizer); {load}"
-    subprocess.run([sys.executable, "-c", held], env=env, check=True, capture_output=True)
-    assert not ran.exists()
-    subprocess.run([sys.executable, "-c", f"import transformers; {load}"], env=env, check=True, capture_output=True)
-    assert ran.exists()

@@ -72,6 +72,31 @@ def test_the_converter_sees_exactly_what_the_identity_covers(tmp_path):
     assert {p.name for p in staged.iterdir()} == {*identity_files(single), "model.safetensors"}
 
 
+def test_the_converters_child_runs_no_code_of_the_checkpoint(tmp_path):
+    """llama.cpp's converter loads several families' tokenizers with trust_remote_code=True: a tokenizer_config.json
+    whose auto_map names the folder's own module would run it. The child holds every such load to False. The
+    control (transformers as the converter calls it) runs the module, so the fixture would catch a hold that fails."""
+    import os
+    import sys
+
+    folder = make_tiny_llama(tmp_path / "remote")
+    ran = tmp_path / "ran"
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", "evil.EvilTokenizer"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(
+        f"open({str(ran)!r}, 'w').write('ran')\nfrom transformers import PreTrainedTokenizerFast as EvilTokenizer\n"
+    )
+    load = f"transformers.AutoTokenizer.from_pretrained({str(folder)!r}, trust_remote_code=True)"
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    held = "import transformers; from quantize.convert.hf_to_gguf import _no_remote_code; "
+    held += f"_no_remote_code(transformers.AutoTokenizer); {load}"
+    subprocess.run([sys.executable, "-c", held], env=env, check=True, capture_output=True)
+    assert not ran.exists()
+    subprocess.run([sys.executable, "-c", f"import transformers; {load}"], env=env, check=True, capture_output=True)
+    assert ran.exists()
+
+
 # --- llama.cpp's converter ----------------------------------------------------------------------------------------
 
 
