@@ -91,71 +91,66 @@ def workspace(out: Path) -> Iterator[Path]:
 
 
 class Files:
-    """GGUFs of allocations, written by llama.cpp's quantizer from the 16-bit GGUF into the scratch folder: one at
-    a time, each named anew (the scorer's memo is keyed by path)."""
+    """The layer groups of the 16-bit GGUF's weights (`groups`: group -> its tensors, unit_name's), and GGUFs of
+    allocations over them, written by llama.cpp's quantizer into the scratch folder: one at a time, each named
+    anew (the scorer's memo is keyed by path)."""
 
-    def __init__(self, f16: Path, scratch: Path, threads: int, base_type: str, names: dict[str, list[str]]) -> None:
+    def __init__(self, f16: Path, scratch: Path, threads: int, base_type: str, unit: str) -> None:
         import llama_cpp
 
         self.f16, self.scratch, self.threads = f16, scratch, threads
         self.ftypes = ftype_names(llama_cpp)
         self.base_type = base_type
-        self.names = names  # unit -> its tensors
         tensors = ggufs.read_header(f16).tensors
-        self.keep = {t.name: t.ggml_type for t in tensors}
+        self.groups: dict[str, list[ggufs.GGUFTensor]] = {}
+        for t in tensors:
+            if len(t.dims) >= 2 and (u := unit_name(t.name, unit)) is not None:
+                self.groups.setdefault(u, []).append(t)
+        if not self.groups:
+            raise UsageError(f"{f16.name} holds no block weights (blk.N.*) to choose types for")
+        self.keep = {t.name: t.ggml_type for t in tensors}  # each tensor's 16-bit type
         self.weights = [t.name for t in tensors if len(t.dims) >= 2 and t.name.endswith(".weight")]
         self.n = 0
 
     def write(self, alloc: dict[str, str], alone: bool = False) -> Path:
-        """A GGUF with each unit of `alloc` at its option (keep: the 16-bit type), every other tensor as the base
+        """A GGUF with each group of `alloc` at its option (keep: the 16-bit type), every other tensor as the base
         file type gives it, or with `alone` at its 16-bit type (llama.cpp applies tensor_types only in a quantized
         file type, so the rest is kept 16-bit by naming each weight)."""
         self.n += 1
         out = self.scratch / f"alloc-{self.n}.gguf"
         types = dict.fromkeys(self.weights, None) if alone else {}
-        types |= {n: (self.keep[n] if o == KEEP else o) for u, o in alloc.items() for n in self.names[u]}
+        types |= {t.name: (self.keep[t.name] if o == KEEP else o) for u, o in alloc.items() for t in self.groups[u]}
         types = {n: t or self.keep[n] for n, t in types.items()}
         ftype = self.ftypes[self.base_type]
         quantize_file(self.f16, out, ftype, self.threads, requantize=False, overrides=exact_patterns(types))
         return out
 
 
-def layout(f16: Path, base: GGUFRecipe, options: list[str], unit: str, scratch: Path, threads: int) -> Layout:
-    """Units and their bytes per option, measured in files llama.cpp writes (the module's docstring)."""
-    header = ggufs.read_header(f16)
-    grouped: dict[str, list[ggufs.GGUFTensor]] = {}
-    for t in header.tensors:
-        if len(t.dims) >= 2 and (u := unit_name(t.name, unit)) is not None:
-            grouped.setdefault(u, []).append(t)
-    if not grouped:
-        raise UsageError(f"{f16.name} holds no block weights (blk.N.*) to choose types for")
-    names = {u: [t.name for t in ts] for u, ts in grouped.items()}
-    files = Files(f16, scratch, threads, base.type, names)
+def layout(files: Files, options: list[str]) -> Layout:
+    """The groups and their bytes per option, measured in files llama.cpp writes (the module's docstring)."""
     per: dict[str, dict[str, int]] = {}
-    fixed = None
     for o in options:
-        written = files.write(dict.fromkeys(grouped, o))
-        stored = {t.name: t.nbytes for t in ggufs.read_header(written).tensors}
+        written = files.write(dict.fromkeys(files.groups, o))
+        per[o] = {t.name: t.nbytes for t in ggufs.read_header(written).tensors}
         written.unlink()
-        per[o] = stored
-        if fixed is None:
-            inside = {n for ns in names.values() for n in ns}
-            fixed = sum(b for n, b in stored.items() if n not in inside)
+    grouped = {t.name for ts in files.groups.values() for t in ts}
+    fixed = sum(b for n, b in per[options[0]].items() if n not in grouped)  # the same in every option's file
     units = [
         Unit(
             u,
             [Linear(t.name, t.dims[1], t.dims[0], t.nbytes, None) for t in ts],
             {o: sum(per[o][t.name] for t in ts) for o in options},
         )
-        for u, ts in grouped.items()
+        for u, ts in files.groups.items()
     ]
-    return Layout(units, fixed or 0, sum(t.elements for t in header.tensors))
+    return Layout(units, fixed, sum(t.elements for t in ggufs.read_header(files.f16).tensors))
 
 
-def try_recipe(spec: Any, source_path: Path, alloc: dict[str, str], lay: Layout, f16: Path, out: Path) -> dict:
+def try_recipe(
+    spec: Any, source_path: Path, alloc: dict[str, str], lay: Layout, keep: dict[str, str], out: Path
+) -> dict:
     """A gguf recipe giving each grouped weight its allocation's type: one tensor_types pattern per type and
-    weight name (the part after blk.N.), its blocks alternated; keep is the 16-bit GGUF's type."""
-    keep = {t.name: t.ggml_type for t in ggufs.read_header(f16).tensors}
+    weight name (the part after blk.N.), its blocks alternated; keep is the 16-bit GGUF's type (`keep`)."""
     by: dict[tuple[str, str], list[str]] = {}
     for u in lay.units:
         for lin in u.linears:
@@ -173,9 +168,3 @@ def try_recipe(spec: Any, source_path: Path, alloc: dict[str, str], lay: Layout,
 def base_option(base: GGUFRecipe) -> str:
     """The option the base file type gives its tensors (Q4_K_M: Q4_K)."""
     return default_tensor_type(base.type)
-
-
-def llama_cpp_version() -> str:
-    from importlib import metadata
-
-    return metadata.version("llama_cpp_python")

@@ -21,6 +21,7 @@ import os
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ from quantize.convert.backends.llamacpp import sixteen_bit
 from quantize.convert.recipe import WEIGHT_ONLY_INT, GGUFRecipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
+from quantize.evaluate.engine import llamacpp_version
 from quantize.evaluate.score import llamacpp_lm, llamacpp_settings
 from quantize.io import write_text_atomic
 from quantize.quiet import quiet_libraries
@@ -199,6 +201,30 @@ class Search:
     def recipe_for(self, alloc: dict[str, str], out: Path) -> dict[str, Any]:
         return recipe_for(self.spec, self.model_dir, alloc, self.lay, out)
 
+    def split_requests(self) -> None:
+        """The suite's agreement items: `measure.per_task` of each task for the sensitivities, the next
+        `holdout_per_task` held out for the allocations measured later."""
+        from quantize.evaluate.agreement import requests
+
+        m, seen = self.spec.measure, Counter[str]()
+        for r in requests(self.suite.golden, self.suite.agreement_tasks, m.per_task + m.holdout_per_task):
+            (self.sens_reqs if seen[r.task] < m.per_task else self.held_reqs).append(r)
+            seen[r.task] += 1
+
+    def cached_sensitivities(
+        self, measured: dict[str, Any], compute: Callable[[], dict[str, dict[str, float]]]
+    ) -> None:
+        """The sensitivities under their cache key (the model's identity, the suite, `measured`): read back, or
+        computed by `compute` (timed) and stored."""
+        self.key = cache.sensitivity_key(self.suite, identity_sha256(self.model_dir), measured)
+        if (stored := cache.lookup_sensitivity(self.key)) is not None:
+            self.sens, self.sens_seconds = stored.kl, stored.seconds
+            return
+        t0 = time.perf_counter()
+        self.sens = compute()
+        self.sens_seconds = round(time.perf_counter() - t0, 1)
+        cache.store_sensitivity(SensitivityRecord(key=self.key, kl=self.sens, seconds=self.sens_seconds))
+
     def held(self, alloc: dict[str, str]) -> dict | None:
 
         if self.base_held is None:
@@ -235,8 +261,8 @@ class GGUFSearch(Search):
         return max((o for o in self.options if o != "keep"), key=search_gguf.bits_of)
 
     def recipe_for(self, alloc: dict[str, str], out: Path) -> dict[str, Any]:
-        assert self.f16 is not None
-        return search_gguf.try_recipe(self.spec, self.model_dir, alloc, self.lay, self.f16, out)
+        assert self.files is not None
+        return search_gguf.try_recipe(self.spec, self.model_dir, alloc, self.lay, self.files.keep, out)
 
     def llama_scorer(self, gguf: Path) -> Any:
         from quantize.evaluate.agreement import LlamaCppScorer
@@ -300,11 +326,9 @@ def run_gguf_search(s: GGUFSearch, quiet: bool) -> SearchReport:
     s.models = LastModel()
     with quiet_libraries(quiet), search_gguf.workspace(s.out) as scratch:
         s.f16 = sixteen_bit(s.model_dir, scratch, threads).path
-        s.lay = search_gguf.layout(s.f16, s.spec.base, s.options, s.spec.unit, scratch, threads)
+        s.files = search_gguf.Files(s.f16, scratch, threads, s.spec.base.type, s.spec.unit)
+        s.lay = search_gguf.layout(s.files, s.options)
         check_budget(s.lay, s.wanted)
-        s.files = search_gguf.Files(
-            s.f16, scratch, threads, s.spec.base.type, {u.name: [lin.name for lin in u.linears] for u in s.lay.units}
-        )
         measure_gguf_sensitivity(s, quiet)
         result, comparisons, tries = _search(s, quiet)
         s.models.release()
@@ -316,66 +340,55 @@ def measure_gguf_sensitivity(s: GGUFSearch, quiet: bool) -> None:
     items, in llama.cpp (cached under the source's identity, the settings and llama.cpp's version)."""
     from tqdm import tqdm
 
-    from quantize.evaluate.agreement import baseline_topk, requests
+    from quantize.evaluate.agreement import baseline_topk
 
     assert s.f16 is not None
-    m, suite = s.spec.measure, s.suite
-    seen: Counter[str] = Counter()
-    for r in requests(suite.golden, suite.agreement_tasks, m.per_task + m.holdout_per_task):
-        (s.sens_reqs if seen[r.task] < m.per_task else s.held_reqs).append(r)
-        seen[r.task] += 1
+    m = s.spec.measure
+    s.split_requests()
     base = s.llama_scorer(s.f16)
     base_sens = baseline_topk(base, s.sens_reqs, m.top_k)
     s.base_held = baseline_topk(base, s.held_reqs, m.top_k) if s.held_reqs else None
-    engine = llamacpp_settings(suite.suite)
+    engine = llamacpp_settings(s.suite.suite)
     measured = dict(
         base=s.spec.base.model_dump(mode="json", exclude={"name", "output", "model", "description"}),
         options=s.options,
         unit=s.spec.unit,
         per_task=m.per_task,
         top_k=m.top_k,
-        on=["llamacpp", search_gguf.llama_cpp_version(), engine.n_threads, engine.n_batch],
+        on=["llamacpp", llamacpp_version(), engine.n_threads, engine.n_batch],
     )
-    s.key = cache.sensitivity_key(suite, identity_sha256(s.model_dir), measured)
-    if (stored := cache.lookup_sensitivity(s.key)) is not None:
-        s.sens, s.sens_seconds = stored.kl, stored.seconds
-        return
-    t0 = time.perf_counter()
-    todo = [(u.name, o) for u in s.lay.units for o in s.options if o != "keep"]
-    for u, o in tqdm(todo, desc="sensitivity (layer group × option, llama.cpp)", disable=quiet, unit="file"):
-        s.sens.setdefault(u, {"keep": 0.0})[o] = s.agreement({u: o}, s.sens_reqs, base_sens, alone=True)["kl"]
-    s.sens_seconds = round(time.perf_counter() - t0, 1)
-    cache.store_sensitivity(SensitivityRecord(key=s.key, kl=s.sens, seconds=s.sens_seconds))
+
+    def each_alone() -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        todo = [(u.name, o) for u in s.lay.units for o in s.options if o != "keep"]
+        for u, o in tqdm(todo, desc="sensitivity (layer group × option, llama.cpp)", disable=quiet, unit="file"):
+            out.setdefault(u, {"keep": 0.0})[o] = s.agreement({u: o}, s.sens_reqs, base_sens, alone=True)["kl"]
+        return out
+
+    s.cached_sensitivities(measured, each_alone)
 
 
 def measure_sensitivity(s: Search, models: Any, quiet: bool) -> None:
     """Each unit quantized alone, mean KL to the baseline on the sensitivity items (cached); the baseline's
     top-k on the held-out items for the allocations measured later."""
-    from quantize.evaluate.agreement import Scorer, baseline_topk, requests
+    from quantize.evaluate.agreement import Scorer, baseline_topk
 
     m, suite = s.spec.measure, s.suite
     on = device(suite.suite.device)
     dtype = suite.suite.model_dtype(on)
     s.model, tok = models.get(s.model_dir, dtype=dtype, on=on)
     s.scorer = Scorer(s.model, tok, suite.suite.batch_size, suite.suite.max_length)
-    seen: Counter[str] = Counter()
-    for r in requests(suite.golden, suite.agreement_tasks, m.per_task + m.holdout_per_task):
-        (s.sens_reqs if seen[r.task] < m.per_task else s.held_reqs).append(r)
-        seen[r.task] += 1
+    s.split_requests()
     base_sens = baseline_topk(s.scorer, s.sens_reqs, m.top_k)
     s.base_held = baseline_topk(s.scorer, s.held_reqs, m.top_k) if s.held_reqs else None
     base = s.spec.base.model_dump(mode="json", exclude={"name", "output", "model", "description"})
     measured = dict(
         base=base, options=s.options, unit=s.spec.unit, per_task=m.per_task, top_k=m.top_k, on=[on.split(":")[0], dtype]
     )
-    s.key = cache.sensitivity_key(suite, identity_sha256(s.model_dir), measured)
-    t0 = time.perf_counter()
-    if (stored := cache.lookup_sensitivity(s.key)) is not None:
-        s.sens, s.sens_seconds = stored.kl, stored.seconds
-        return
-    s.sens = sensitivities(s.scorer, s.sens_reqs, base_sens, s.model, s.lay.units, s.options, progress=not quiet)
-    s.sens_seconds = round(time.perf_counter() - t0, 1)
-    cache.store_sensitivity(SensitivityRecord(key=s.key, kl=s.sens, seconds=s.sens_seconds))
+    s.cached_sensitivities(
+        measured,
+        lambda: sensitivities(s.scorer, s.sens_reqs, base_sens, s.model, s.lay.units, s.options, progress=not quiet),
+    )
 
 
 def compare_at_equal_bytes(s: Search) -> list[AllocationRecord]:

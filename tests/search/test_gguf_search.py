@@ -131,11 +131,12 @@ def test_the_sensitivity_file_holds_one_group_at_its_option_and_every_other_weig
     from quantize.search.gguf import Files
 
     gguf, _ = world
-    files = Files(gguf, tmp_path, 2, "Q4_K_M", {"blk.1.ffn": ["blk.1.ffn_down.weight", "blk.1.ffn_up.weight"]})
+    files = Files(gguf, tmp_path, 2, "Q4_K_M", "block-part")
+    assert [t.name for t in files.groups["blk.1.ffn"]] == [f"blk.1.ffn_{p}.weight" for p in ("down", "gate", "up")]
     alone = {t.name: t.ggml_type for t in ggufs.read_header(files.write({"blk.1.ffn": "Q8_0"}, alone=True)).tensors}
-    assert alone["blk.1.ffn_down.weight"] == alone["blk.1.ffn_up.weight"] == "Q8_0"
+    assert {alone[f"blk.1.ffn_{p}.weight"] for p in ("down", "gate", "up")} == {"Q8_0"}
     others = [n for n in alone if n.endswith(".weight") and "norm" not in n and not n.startswith("blk.1.ffn_")]
-    assert others and {alone[n] for n in others} == {"BF16"} and alone["blk.1.ffn_gate.weight"] == "BF16"
+    assert others and {alone[n] for n in others} == {"BF16"}
     mixed = {t.name: t.ggml_type for t in ggufs.read_header(files.write({"blk.1.ffn": "Q8_0"})).tensors}
     assert mixed["blk.1.ffn_down.weight"] == "Q8_0" and mixed["blk.0.ffn_up.weight"] != "BF16"  # the file type's
 
