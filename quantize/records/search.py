@@ -28,7 +28,7 @@ class AllocationRecord(Strict):
 
 class TryRecord(Strict):
     allocation: AllocationRecord
-    gated: bool  # False: the held-out agreement already broke the policy's limits, so it was not gated
+    gated: bool  # False: not gated (`note` says why: outside the policy's agreement limits, or left by the bisection)
     checkpoint: str | None
     true_bytes: int | None  # read back from the written checkpoint
     verdict: GateOutcome | None

@@ -109,17 +109,17 @@ def test_each_layer_group_is_measured_alone_and_the_result_has_the_bytes_it_was_
     gguf, policy = world
     assert main(["search", str(search_file(tmp_path, gguf, policy)), "--quiet"]) == 0, capsys.readouterr().err
     out = tmp_path / "out"
-    report = json.loads((out / "search.json").read_text())
-    assert [u["name"] for u in report["units"]] == ["blk.0.attn", "blk.0.ffn", "blk.1.attn", "blk.1.ffn"]
-    for u in report["units"]:  # quantizing a group moves the output; the finer type less; keep not at all
-        assert u["kl"]["keep"] == 0.0 and 0 < u["kl"]["Q8_0"] < u["kl"]["Q4_K"], u
-    [gated] = [t for t in report["tries"] if t["verdict"] is not None]
-    left = {t["note"] for t in report["tries"] if not t["gated"]}  # the largest passed; max_gates 1 stopped it there
+    report = records.read(records.SearchReport, out / "search.json")
+    assert [u.name for u in report.units] == ["blk.0.attn", "blk.0.ffn", "blk.1.attn", "blk.1.ffn"]
+    for u in report.units:  # quantizing a group moves the output; the finer type less; keep not at all
+        assert u.kl["keep"] == 0.0 and 0 < u.kl["Q8_0"] < u.kl["Q4_K"], u
+    [gated] = [t for t in report.tries if t.verdict is not None]
+    left = {t.note for t in report.tries if not t.gated}  # the largest passed; max_gates 1 stopped it there
     assert left == {"not gated: max_gates (1) were spent before the bisection reached it"}
-    assert gated["true_bytes"] == gated["allocation"]["bytes"]  # the measured layout is the written file's
+    assert gated.true_bytes == gated.allocation.bytes  # the measured layout is the written file's
     types = {t.name: t.ggml_type for t in ggufs.read_header(out / "model.gguf").tensors if len(t.dims) == 2}
     keep = {t.name: t.ggml_type for t in ggufs.read_header(gguf).tensors}
-    for unit, option in gated["allocation"]["allocation"].items():
+    for unit, option in gated.allocation.allocation.items():
         grouped = [n for n in types if n.startswith(unit + "_")]
         assert grouped and {types[n] for n in grouped} == {keep[grouped[0]] if option == "keep" else option}
     run = records.read(records.RunRecord, out / "quantize.json")
