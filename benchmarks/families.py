@@ -37,6 +37,7 @@ DOC = ROOT / "docs" / "families.md"
 BEGIN, END = "<!-- families table: benchmarks/families.py -->", "<!-- end of families table -->"
 SMOKE = ROOT / "evaluate" / "smoke.yaml"
 FIRST_DATE = "2026-12-04"  # when the rows without a date of their own were measured
+FIRST_MACHINE = "AMD EPYC"  # what the rows without a machine of their own were measured on (before 2026-12-06's last)
 
 
 def shipped_recipes() -> dict[str, Path]:
@@ -181,10 +182,12 @@ def write_doc(results: dict, families: list[str], recipes: list[str]) -> None:
     text = DOC.read_text() if DOC.is_file() else f"# Families\n\n{BEGIN}\n{END}\n"
     before, _, rest = text.partition(BEGIN)
     _, _, after = rest.partition(END)
-    meta = results.get("machine", "")
-    # each row's own date where it has one (rows measured before 2026-12-06 carry the results' first date)
-    dates = sorted({r.get("date", FIRST_DATE) for r in results["rows"].values()}) or [results.get("date", "")]
+    # each row's own date and machine where it has them (older rows carry FIRST_DATE and FIRST_MACHINE)
+    rows = results["rows"].values()
+    dates = sorted({r.get("date", FIRST_DATE) for r in rows}) or [results.get("date", "")]
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]} (each row's date in {RESULTS.name})"
+    machines = sorted({r.get("machine", FIRST_MACHINE) for r in rows})
+    meta = machines[0] if len(machines) == 1 else f"{' and '.join(machines)} (each row's machine there)"
     block = f"{BEGIN}\n\nMeasured {when} on {meta}.\n\n{table(results, families, recipes)}\n{END}"
     write_text_atomic(DOC, before + block + after)
 
@@ -206,8 +209,9 @@ def main() -> None:
     if args.table:
         write_doc(results, list(FAMILIES), list(recipes))
         return
-    machine = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    results["machine"] = next((ln.split(":", 1)[1].strip() for ln in machine.splitlines() if "Model name" in ln), "")
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    machine = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if "Model name" in ln), "")
+    results["machine"] = machine
     results["date"] = time.strftime("%Y-%m-%d")
     todo = [(f, r) for f in args.families for r in args.recipes]
     for i, (family, recipe) in enumerate(todo, 1):
@@ -227,7 +231,7 @@ def main() -> None:
             sys.exit(f"stopped at {key} (exit {row['exit']}); rows so far are in {RESULTS}")
         if row["exit"] == 0 and not args.no_kl:
             row |= kl(source, Path(row["output"]))
-        results["rows"][key] = row
+        results["rows"][key] = row | {"machine": machine}
         save(results, key)
         print(f"[{i}/{len(todo)}] {key}: {cell(row)}{'  ' + row.get('error', '') if row['exit'] else ''}", flush=True)
     write_doc(results, list(FAMILIES), list(recipes))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from quantize.compat.transformers import conversions
+from quantize.compat.transformers import conversions, quantized_per_expert
 
 # llm-compressor's per-expert layers, by the fused tensor transformers 5 merges them into on load
 _FUSED = {".experts.gate_up_proj": ("gate_proj", "up_proj"), ".experts.down_proj": ("down_proj",)}
@@ -57,10 +57,13 @@ def checkpoint_name(name: str, names: dict[str, str]) -> str:
 
 
 def per_expert_loader(model_type: str) -> bool:
-    """Whether transformers 5 reads a per-expert checkpoint of this family (its conversion mapping merges
-    per-expert tensors into the fused experts: Qwen, OLMoE, DeepSeek, Mixtral; not gpt-oss, whose checkpoints
-    are fused)."""
-    return any(t.endswith(fused) for conv in conversions(model_type) for t in conv.targets for fused in _FUSED)
+    """Whether transformers 5 reads a per-expert compressed-tensors checkpoint of this family: its conversion
+    mapping merges per-expert tensors into the fused experts (Qwen, OLMoE, DeepSeek, Mixtral), or its quantizer
+    swaps the fused experts for per-expert layers before the load (Llama 4: compat.transformers.
+    quantized_per_expert); not gpt-oss, whose checkpoints are fused."""
+    if any(t.endswith(fused) for conv in conversions(model_type) for t in conv.targets for fused in _FUSED):
+        return True
+    return quantized_per_expert(model_type)
 
 
 class ModelNames:
@@ -82,16 +85,6 @@ class ModelNames:
         # one), named literally (no wildcard): each (its sources, the model's tensor)
         self._merges = [
             (tuple(str(_literal(src)) for src in conv.sources), str(_literal(conv.targets[0])))
-            for conv in conversions(model_type)
-            if not conv.renaming
-            and len(conv.targets) == 1
-            and not any(conv.targets[0].endswith(fused) for fused in _FUSED)
-            and all(_literal(p) is not None for p in (*conv.sources, conv.targets[0]))
-        ]
-        # transformers' merges of tensors other than the routed experts (those the per-expert model holds one by
-        # one): sources named literally (a pattern with no wildcard), each (its sources, the model's tensor)
-        self._merges = [
-            (tuple(_literal(src) for src in conv.sources), _literal(conv.targets[0]))
             for conv in conversions(model_type)
             if not conv.renaming
             and len(conv.targets) == 1

@@ -17,6 +17,15 @@
   quantize-dequantize with given scales and zero points, which `quantize search` applies to one layer group at a
   time to measure its damage (search/sensitivity.py, through `fake_quantize` here).
 
+- `modeling.kvcache.QuantizedKVCache`: during calibration with a `kv_cache_scheme` it stands in for the model's
+  cache in every attention call, whether or not the model passed one (none, in llm-compressor's calibration
+  passes), and implements `update`; any other cache method is delegated, through its `__getattr__`, to the cache it
+  wraps, and raises AttributeError where there is none. An attention that reads the cache's length before updating
+  it (Llama 4's NoPE layers, whose temperature tuning counts `past_key_values.get_seq_length(layer_idx)` past
+  tokens) stopped there (exit 3). `seq_length_without_a_cache()` gives the class, for the length of a block, a
+  `get_seq_length` that asks the wrapped cache, or answers 0, the length transformers counts when it is given no
+  cache; where the class has a `get_seq_length` of its own or no longer delegates, it leaves the class as it is.
+
 `problems()` lists every guarded assumption that does not hold in the installed version; `replaced(fn)` swaps the
 function in for a block and restores what was there, nested or not.
 """
@@ -97,6 +106,10 @@ def problems() -> list[str]:
         for name, targets in TARGET_CASES
         if (got := library_first_target(name, targets)) != (want := first_target(name, targets))
     ]
+    from compressed_tensors.modeling.kvcache import QuantizedKVCache
+
+    if "__getattr__" not in vars(QuantizedKVCache):
+        found.append("modeling.kvcache.QuantizedKVCache no longer delegates to the cache it wraps")
     fn = getattr(forward_helpers, "round_to_quantized_type_args", None)
     if fn is None:
         return [*found, "forward_helpers.round_to_quantized_type_args is gone"]
@@ -133,3 +146,33 @@ def replaced(fn: Callable[..., Any]) -> Iterator[None]:
         yield
     finally:
         forward_helpers.round_to_quantized_type_args = before
+
+
+def _kv_cache_delegates() -> bool:
+    """Whether QuantizedKVCache lacks a get_seq_length of its own and delegates other methods to the cache it wraps
+    (the module docstring)."""
+    from compressed_tensors.modeling.kvcache import QuantizedKVCache
+
+    return "get_seq_length" not in vars(QuantizedKVCache) and "__getattr__" in vars(QuantizedKVCache)
+
+
+@contextlib.contextmanager
+def seq_length_without_a_cache() -> Iterator[None]:
+    """QuantizedKVCache.get_seq_length while the block runs: the wrapped cache's, or 0 where it wraps none (the
+    module docstring); the class as it was after, however the block ends."""
+    from compressed_tensors.modeling.kvcache import QuantizedKVCache
+
+    if not _kv_cache_delegates():
+        yield
+        return
+
+    def get_seq_length(self: Any, layer_idx: int = 0) -> int:
+        wrapped = self.__dict__.get("past_key_values")
+        cache = wrapped() if wrapped is not None else None
+        return 0 if cache is None else cache.get_seq_length(layer_idx)
+
+    QuantizedKVCache.get_seq_length = get_seq_length
+    try:
+        yield
+    finally:
+        del QuantizedKVCache.get_seq_length

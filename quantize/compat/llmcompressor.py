@@ -61,6 +61,20 @@
   was read, it warns and leaves it. (The streamed path, llm-compressor's model_free_ptq, fuses by a list of its
   own: memory.plan does not stream NVFP4 onto such a model.)
 
+- `llmcompressor.modeling.moe.llama4.Llama4LinearExperts.from_experts_module(experts, config)` reads
+  `config.text_config`: it is written for the multimodal Llama 4 (`Llama4Config`), and `linearize_moe` passes it
+  the model's config, which for a text-only checkpoint (`llama4_text`, `Llama4TextConfig`) is that text config
+  itself, so the conversion stopped with AttributeError and no recipe could run on Llama 4 text.
+  The same method, unlike the generic `LinearExperts2D.from_experts_module`, records no `_source_experts_cls` /
+  `_source_config`, which `repack_moe` (`to_experts_module`) needs to fuse the experts back (experts kept at 16
+  bits, written fused as transformers reads them: RuntimeError "missing source experts metadata for repack").
+  `text_only_llama4()` hands the method a config with `text_config` set to the text config, and records what
+  `to_experts_module` rebuilds (the family's fused experts, with the layout flags the method sets on the module
+  it converts), for the length of a block (a multimodal config passes through unchanged). The per-expert layers
+  compute what the fused experts compute and fuse back to them bit for bit (tests/compat/test_llmcompressor.py).
+  `linearize(model)` and `linearized_on_meta(model)` run the library's conversion inside it. Where the guard does
+  not hold (the method no longer reads `text_config`: fixed upstream), it leaves the method as it is.
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
 
@@ -70,6 +84,7 @@ import contextlib
 import inspect
 import warnings
 from collections.abc import Iterator
+from functools import partial
 from importlib import import_module
 from importlib.metadata import version
 from pathlib import Path
@@ -344,15 +359,68 @@ _OFFLOADING = ("llmcompressor.modeling.moe.linear_experts", "llmcompressor.model
 _LINEARIZE = ("linearize_moe", "get_non_linearized_moes", "get_linearized_moes")
 
 
+def _llama4_reads_text_config() -> bool:
+    """Whether llm-compressor's Llama 4 expert conversion reads `config.text_config` (the module docstring)."""
+    from llmcompressor.modeling.moe.llama4 import Llama4LinearExperts
+
+    method = getattr(Llama4LinearExperts, "from_experts_module", None)
+    return method is not None and "config.text_config" in inspect.getsource(method)
+
+
+@contextlib.contextmanager
+def text_only_llama4() -> Iterator[None]:
+    """llm-compressor's Llama 4 expert conversion given, for a text-only config (one without `text_config`), a
+    config whose `text_config` is that config, while the block runs (the module docstring); the library's own
+    method put back after."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from llmcompressor.modeling.moe.llama4 import Llama4LinearExperts
+
+    if not _llama4_reads_text_config():
+        yield
+        return
+    convert = Llama4LinearExperts.from_experts_module.__func__
+
+    def from_experts_module(cls: Any, experts: Any, config: Any) -> Any:
+        text = getattr(config, "text_config", config)
+        linear = convert(cls, experts, config if text is not config else SimpleNamespace(text_config=text))
+        if getattr(linear, "_source_experts_cls", None) is None:
+            linear._source_experts_cls = partial(_fused_llama4, type(experts), cls)  # noqa: SLF001 (docstring)
+            linear._source_config = text  # noqa: SLF001 (what to_experts_module reads: module docstring)
+        return linear
+
+    with mock.patch.object(Llama4LinearExperts, "from_experts_module", classmethod(from_experts_module)):
+        yield
+
+
+def _fused_llama4(experts_cls: type, linear_cls: type, config: Any) -> Any:
+    """What `to_experts_module` builds to fuse Llama 4's per-expert layers back into: the family's fused experts,
+    with the layout flags llm-compressor's conversion sets on the module it converts (which its copy reads)."""
+    experts = experts_cls(config)
+    for flag in ("is_concatenated", "is_transposed", "has_bias", "has_gate"):
+        setattr(experts, flag, getattr(linear_cls, flag))
+    return experts
+
+
+def linearize(model: Any) -> None:
+    """llm-compressor's `linearize_moe(model)`, as `oneshot` runs it, a text-only Llama 4 included
+    (`text_only_llama4`)."""
+    from llmcompressor.modeling.moe.linearize import linearize_moe
+
+    with text_only_llama4():
+        linearize_moe(model)
+
+
 def linearized_on_meta(model: Any) -> list[str]:
     """llm-compressor's `linearize_moe` on a meta-device model (its offload step made a no-op for the call):
     each fused-experts module it recognizes becomes per-expert Linear layers, as `oneshot` does to the loaded
-    model. Returns the names of the expert modules it replaced."""
+    model (`linearize`). Returns the names of the expert modules it replaced."""
     from contextlib import ExitStack
     from unittest import mock
 
     import torch
-    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes, linearize_moe
+    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes
 
     found = get_non_linearized_moes(model)
     if found:
@@ -360,7 +428,7 @@ def linearized_on_meta(model: Any) -> list[str]:
             for module in _OFFLOADING:
                 stack.enter_context(mock.patch.object(import_module(module), "offload_module", lambda *a, **k: None))
             try:
-                linearize_moe(model)
+                linearize(model)
             except (AttributeError, TypeError, ValueError, KeyError) as e:
                 raise NotLinearizable(type(found[0][1]).__name__, f"{type(e).__name__}: {e}") from None
     return [n for n, _ in found]
@@ -378,7 +446,6 @@ def model_free_ptq_pt(model_dir: Path, folder: Path, config: Any) -> None:
     """llm-compressor's `model_free_ptq(model_dir, folder, config=config, max_workers=1)`, every shard written with
     save_pretrained's header metadata ({"format": "pt"}), and a shard's failed validation raised as its own
     exception (not printed as a traceback and swallowed)."""
-    from functools import partial
     from unittest import mock
 
     import llmcompressor.entrypoints.model_free as model_free

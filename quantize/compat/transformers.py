@@ -16,6 +16,14 @@
   per-expert checkpoint must use to reload, and whether a family has a per-expert loader at all); `problems()`
   checks them on Mixtral as read (MIXTRAL_READ).
 
+- A family whose fused experts transformers swaps, for a quantized checkpoint, for per-expert layers before the
+  weights load: `quantizers.base.MODULES_TO_PATCH_FOR_QUANTIZATION` (experts class name -> {"module_name",
+  "quantization_methods"}), applied by `HfQuantizer._convert_model_for_quantization`. On 5.17 it lists Llama 4's
+  `Llama4TextExperts` for compressed-tensors (and bitsandbytes): a compressed-tensors Llama 4 is read per expert
+  (`experts.N.gate_proj`, ...), one Llama4TextMLP each, whatever its format, and not fused. `quantized_per_expert`
+  reads it as data (the layout a conversion writes: plan.py, the backend's save); `problems()` checks it as read
+  (PATCHED_READ).
+
 - Each config class's `attribute_map` (the name a field is stored under, and the other names that set it), copied
   for the light readers in compat/transformers_config_names.py; `problems()` compares the copy with the classes.
 
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, fields
+from importlib import import_module
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -58,6 +67,10 @@ MIXTRAL_READ = (
 )
 
 
+# quantizers.base.MODULES_TO_PATCH_FOR_QUANTIZATION's compressed-tensors entries as read on 5.17
+PATCHED_READ = frozenset({"Llama4TextExperts"})
+
+
 def problems() -> list[str]:
     """What no longer holds: the version outside CHECKED, a function or field gone or re-signed."""
     from transformers import PreTrainedModel
@@ -81,7 +94,8 @@ def problems() -> list[str]:
     found += [
         f"PreTrainedModel.tie_weights takes no `{p}`" for p in ("missing_keys", "recompute_mapping") if p not in tie
     ]
-    return found + _gguf_problems() + _conversion_problems() + config_name_problems(sorted(config_names.ATTRIBUTE_MAPS))
+    found += _gguf_problems() + _conversion_problems() + _patch_problems()
+    return found + config_name_problems(sorted(config_names.ATTRIBUTE_MAPS))
 
 
 def _gguf_problems() -> list[str]:
@@ -153,6 +167,43 @@ def _conversion_problems() -> list[str]:
     if (got := tuple(conversions("mixtral"))) != MIXTRAL_READ:
         return [f"transformers converts Mixtral's checkpoint tensors with {got}, read as {MIXTRAL_READ}"]
     return []
+
+
+def _patched_for_compressed_tensors() -> frozenset[str]:
+    """The fused-experts classes transformers swaps for per-expert layers when it loads a compressed-tensors
+    checkpoint (the module docstring)."""
+    from transformers.quantizers.base import MODULES_TO_PATCH_FOR_QUANTIZATION
+    from transformers.utils.quantization_config import QuantizationMethod
+
+    return frozenset(
+        name
+        for name, patch in MODULES_TO_PATCH_FOR_QUANTIZATION.items()
+        if QuantizationMethod.COMPRESSED_TENSORS in patch.get("quantization_methods", ())
+    )
+
+
+def _patch_problems() -> list[str]:
+    """What no longer holds of `quantized_per_expert`'s reading: the table gone, or other classes in it."""
+    try:
+        got = _patched_for_compressed_tensors()
+    except (ImportError, AttributeError, TypeError) as e:
+        return [f"transformers.quantizers.base.MODULES_TO_PATCH_FOR_QUANTIZATION is not as read ({e})"]
+    if got != PATCHED_READ:
+        return [f"transformers patches {sorted(got)} for compressed-tensors, read as {sorted(PATCHED_READ)}"]
+    return []
+
+
+def quantized_per_expert(model_type: str) -> bool:
+    """Whether transformers reads a compressed-tensors checkpoint of this family's experts one expert at a time (its
+    fused experts class is swapped for per-expert layers before the weights load: Llama 4)."""
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    module = model_type_to_module_name(model_type)
+    try:
+        modeling = import_module(f"transformers.models.{module}.modeling_{module}")
+    except ImportError:
+        return False
+    return any(isinstance(getattr(modeling, name, None), type) for name in _patched_for_compressed_tensors())
 
 
 def conversions(model_type: str) -> list[Conversion]:

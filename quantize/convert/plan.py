@@ -163,8 +163,7 @@ def _moe(model: Any, recipe: Recipe, plan: LayerPlan, linearize: bool) -> None:
                 f"{model.config.model_type}: llm-compressor cannot turn this checkpoint's fused experts "
                 f"({e.experts_class}) into per-expert layers ({e.why[:200]}), so no method can calibrate or "
                 "quantize them and its oneshot would stop on them. Use a checkpoint of the layout llm-compressor "
-                "converts for this family (llm-compressor's Llama 4 conversion reads the multimodal config's "
-                "text_config, which a text-only llama4_text config.json lacks)"
+                "converts for this family"
             ) from None
         if plan.experts:
             plan.stored_names = expert_checkpoint_names(model.config.model_type)

@@ -329,6 +329,80 @@ def test_linearized_on_meta_gives_the_per_expert_layers_oneshot_quantizes(tmp_pa
     assert linearized_on_meta(model) == []  # nothing fused is left
 
 
+def test_a_text_only_llama_4_is_linearized_and_fused_back_bit_for_bit(tmp_path):
+    """llm-compressor 0.14's Llama 4 expert conversion reads config.text_config (the multimodal config) and records
+    nothing repack_moe needs; under text_only_llama4 a text-only model's experts become per-expert Linear layers
+    that compute what the fused ones did, fuse back to the very same tensors, and the library's method is put
+    back after the block. Without the block the conversion stops on the text config, as it did."""
+    import torch
+    from llmcompressor.modeling.moe.linearize import linearize_moe, repack_moe
+    from llmcompressor.modeling.moe.llama4 import Llama4LinearExperts
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from quantize.compat.llmcompressor import linearize
+
+    cfg = AutoConfig.for_model(
+        "llama4_text", vocab_size=64, hidden_size=32, intermediate_size=16, intermediate_size_mlp=48,
+        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=3,
+        num_experts_per_tok=1, interleave_moe_layer_step=1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(AttributeError, match="text_config"):
+        linearize_moe(AutoModelForCausalLM.from_config(cfg))
+    method = Llama4LinearExperts.__dict__["from_experts_module"]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.tensor([[1, 5, 9, 2, 7]])
+    with torch.no_grad():
+        fused = model(input_ids=ids).logits
+        linearize(model)
+        assert isinstance(model.model.layers[0].feed_forward.experts, Llama4LinearExperts)
+        assert torch.allclose(model(input_ids=ids).logits, fused, atol=1e-6)
+    assert Llama4LinearExperts.__dict__["from_experts_module"] is method
+    repack_moe(model)
+    after = model.state_dict()
+    assert set(after) == set(before) and all(torch.equal(after[k], before[k]) for k in before)
+
+
+def test_transformers_reads_a_compressed_tensors_llama_4_per_expert_and_a_changed_table_is_found(monkeypatch):
+    """quantized_per_expert reads transformers' own table of the experts its quantizer swaps for per-expert layers:
+    Llama 4 yes, gpt-oss (fused only) and a dense family no; a table other than the one read is named."""
+    from transformers.quantizers import base
+
+    from quantize.compat import transformers as compat
+
+    assert compat.quantized_per_expert("llama4_text") and compat.quantized_per_expert("llama4")
+    assert not compat.quantized_per_expert("gpt_oss") and not compat.quantized_per_expert("llama")
+    monkeypatch.setattr(base, "MODULES_TO_PATCH_FOR_QUANTIZATION", {})
+    assert any("patches [] for compressed-tensors" in p for p in compat.problems())
+
+
+def test_a_quantized_kv_cache_answers_its_length_inside_the_block_only(monkeypatch):
+    """compressed-tensors' QuantizedKVCache, standing in for a model's cache during calibration, raised on
+    `get_seq_length` where it wraps no cache (Llama 4's NoPE layers read it: exit 3 with FP8 KV); in the block it
+    answers 0 there (what transformers counts with no cache) and the wrapped cache's length where there is one;
+    after the block the class is as it was. A class that stops delegating is named."""
+    import torch
+    from compressed_tensors.modeling.kvcache import QuantizedKVCache
+    from transformers import DynamicCache
+
+    from quantize.compat import compressed_tensors as compat
+
+    kv = QuantizedKVCache(config=None, attn_module=torch.nn.Linear(1, 1))
+    with pytest.raises(AttributeError, match="get_seq_length"):
+        kv.get_seq_length(0)
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 2, 5, 4), torch.zeros(1, 2, 5, 4), 0)
+    with compat.seq_length_without_a_cache():
+        assert kv.get_seq_length(0) == 0
+        kv.add_past_key_values(cache)
+        assert kv.get_seq_length(0) == 5
+        kv.add_past_key_values(None)
+    assert "get_seq_length" not in vars(QuantizedKVCache)
+    monkeypatch.delattr(QuantizedKVCache, "__getattr__")
+    assert any("no longer delegates" in p for p in compat.problems())
+
+
 def test_an_oneshot_that_no_longer_linearizes_experts_first_is_found(monkeypatch):
     """The mapping check lays fused experts out as oneshot does before its modifiers resolve their mappings
     (convert/backends/llmcompressor/mappings.py); a library that stops doing so, or builds the layout otherwise, is
@@ -378,6 +452,7 @@ INTERNAL = (
     "transformers.conversion_mapping",  # from_pretrained's per-family renamings and merges
     "transformers.core_model_loading",  # from_pretrained's state-dict loading and its transforms
     "llmcompressor.pipelines.cache",  # the calibration pipelines' activation cache
+    "transformers.quantizers.base",  # the fused-experts classes a quantizer swaps for per-expert layers
     "compressed_tensors.quantization.lifecycle",  # fake quantization's and initialization's implementation
 )
 

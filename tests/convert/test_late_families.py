@@ -69,11 +69,9 @@ def left(meta: RunRecord) -> dict[str, str]:
     return {t: g.why for g in meta.layer_plan.left_16bit for t in g.tensors}
 
 
-# the families whose fp8-e4m3 conversion takes over a few seconds here run in the slow suite; Llama 4's text-only
-# checkpoint is refused before loading (exit 2: llm-compressor 0.14's Llama 4 expert conversion reads the multimodal
-# config's text_config, tests/convert/test_moe.py)
+# the families whose fp8-e4m3 conversion takes over a few seconds here run in the slow suite
 SLOW_LEFT = {"qwen3_next", "kimi_linear", "deepseek_v32", "qwen3_5_text"}
-CONVERTED = [f for f in HYBRID if f != "llama4_text"]
+CONVERTED = list(HYBRID)
 
 
 @pytest.mark.parametrize(

@@ -80,15 +80,83 @@ def test_the_plan_lists_every_expert_as_a_linear_and_keeps_the_routers(moe_dir, 
     assert plan.record().kept_16bit == plan.kept
 
 
-def test_fused_experts_llm_compressor_cannot_convert_are_refused_before_loading(moe_dir):
-    """A text-only Llama 4 (llama4_text): llm-compressor's Llama 4 expert conversion needs the multimodal
-    config, so oneshot would stop with a traceback after the load; the plan refuses first, exit 2, naming the
-    family, the experts class and what to use."""
-    from quantize.errors import UsageError
-
+def test_a_text_only_llama_4_is_planned_per_expert(moe_dir):
+    """A text-only Llama 4 (llama4_text): llm-compressor 0.14's Llama 4 expert conversion reads the multimodal
+    config's text_config, so the plan refused it (exit 2) and no recipe ran; it is now handed the text config
+    (compat.llmcompressor.text_only_llama4), every expert's gate, up and down are planned, the routers kept."""
     recipe = parse_recipe({"name": "p", "model": str(moe_dir("llama4_text")), **RECIPES["fp8"]})
-    with pytest.raises(UsageError, match=r"llama4_text: llm-compressor cannot turn .*Llama4TextExperts.*text_config"):
-        plan_layers(meta_model(moe_dir("llama4_text"), False), recipe, linearize_experts=True)
+    plan = plan_layers(meta_model(moe_dir("llama4_text"), False), recipe, linearize_experts=True)
+    planned = [n for names in plan.groups.values() for n in names]
+    for layer in range(2):
+        experts = [n for n in planned if f"layers.{layer}.feed_forward.experts." in n]
+        assert len(experts) == 3 * experts_of("llama4_text"), experts
+    assert sorted(n for n, why in plan.kept.items() if why == ROUTER_REASON) == [
+        f"model.layers.{i}.feed_forward.router" for i in range(2)
+    ]
+    assert plan.unconverted == {}
+
+
+@pytest.mark.parametrize("method", list(RECIPES))
+def test_a_text_only_llama_4_converts_and_transformers_reads_it_as_we_do(tmp_path, moe_dir, capsys, method):
+    """Llama 4's experts quantized (transformers' quantizer reads a compressed-tensors Llama 4 one expert at a time:
+    compat.transformers.quantized_per_expert), stored per expert, and read by transformers' own loader to the same
+    logits, bit for bit, as quantize's per-expert loader reads them; finite."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from quantize.checkpoint.loader import load_model
+
+    recipe = recipe_file(tmp_path, moe_dir("llama4_text"), f"l4-{method}", **RECIPES[method])
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    out = tmp_path / "out" / f"l4-{method}"
+    assert bits_report(out).bytes_by_part["routed_experts"]["bits_per_weight"] < (9 if method == "fp8" else 5)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert "model.layers.0.feed_forward.experts.3.down_proj.weight_scale" in names
+    assert not [n for n in names if n.endswith("experts.gate_up_proj")]
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+    theirs, info = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    ours, _ = load_model(out, False, dtype=torch.float32)
+    with torch.no_grad():
+        a, b = ours(input_ids=ids).logits, theirs(input_ids=ids).logits
+    assert torch.isfinite(a).all() and torch.equal(a, b)
+    routing = records.read(RunRecord, out / "quantize.json").layer_plan.routing
+    if method == "gptq":  # every expert runs on its own copy of the tokens, zero where the router did not choose it
+        assert [r.module for r in routing] == [f"model.layers.{i}.feed_forward.experts" for i in range(2)]
+        for r in routing:
+            assert r.tokens == CAL["samples"] * CAL["seq_len"] and r.top_k == 1  # num_experts_per_tok
+            assert sum(r.routed_tokens) == r.tokens and len(r.routed_tokens) == experts_of("llama4_text")
+    else:
+        assert routing == []
+
+
+def test_llama_4_with_a_nope_layer_takes_an_fp8_kv_cache(tmp_path, capsys):
+    """Llama 4's NoPE layers (no_rope_layers 0) read the cache's length for temperature tuning; compressed-tensors'
+    quantized KV cache, standing in for the cache during calibration, had no answer there (exit 3,
+    AttributeError 'get_seq_length'). FP8 weights and KV now convert, with the KV scales stored for both layers."""
+    from families import save_random
+    from moe_models import MOE_COMMON
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model("llama4_text", **{**MOE_COMMON, **MOE["llama4_text"], "no_rope_layers": [1, 0]})
+    source = save_random(cfg, tmp_path / "l4-nope")
+    fields = RECIPES["fp8"] | {"calibration": CAL, "kv_cache": {"scheme": "FP8"}}
+    recipe = recipe_file(tmp_path, source, "l4-kv", **fields)
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    with safe_open(str(tmp_path / "out" / "l4-kv" / "model.safetensors"), "pt") as f:
+        assert {f"model.layers.{i}.self_attn.k_scale" for i in range(2)} <= set(f.keys())
+
+
+def test_llama_4_experts_left_at_16_bits_stay_per_expert(tmp_path, moe_dir, capsys):
+    """With Llama 4's experts in `ignore` they are written per expert at 16 bits, the layout transformers reads for
+    a compressed-tensors Llama 4 (fused, as llm-compressor's repack would write them, transformers reported every
+    expert missing: exit 3 at our reload check)."""
+    ignore = ["lm_head", "re:.*\\.experts\\..*"]
+    recipe = recipe_file(tmp_path, moe_dir("llama4_text"), "l4-ign", **RECIPES["fp8"] | {"ignore": ignore})
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    with safe_open(str(tmp_path / "out" / "l4-ign" / "model.safetensors"), "pt") as f:
+        assert f.get_slice("model.layers.1.feed_forward.experts.0.up_proj.weight").get_dtype() == "BF16"
 
 
 @pytest.mark.parametrize("family", RELOADED)

@@ -13,10 +13,12 @@ from typing import Any, ClassVar
 
 from quantize.checkpoint.files import read_config, safetensors_files
 from quantize.checkpoint.loader import load_model
+from quantize.compat.compressed_tensors import seq_length_without_a_cache
 from quantize.compat.llmcompressor import (
     every_module_calibrated,
     fx_wraps_dropped,
     global_scales_shared,
+    linearize,
     model_free_ptq_pt,
     weights_observed,
 )
@@ -89,8 +91,10 @@ class LLMCompressorBackend:
         # per_layer_model_projection) before compressing it, instead of stopping on "No statistics available";
         # fx_wraps_dropped: the traced forwards' namespaces, which hold the model, leave torch.fx's table after;
         # global_scales_shared: NVFP4 global scales shared across every pair of layers vLLM merges (Qwen3.5's);
-        # every_module_calibrated: QuantizationModifier's scales for a Linear its tracer does not reach, too
+        # every_module_calibrated: QuantizationModifier's scales for a Linear its tracer does not reach, too;
+        # seq_length_without_a_cache: a quantized KV cache answers get_seq_length where the model reads it (Llama 4)
         with (
+            seq_length_without_a_cache(),
             cpu_safe_calibration(),
             weights_observed(),
             every_module_calibrated(),
@@ -99,9 +103,9 @@ class LLMCompressorBackend:
         ):
             from datasets import Dataset
             from llmcompressor import oneshot
-            from llmcompressor.modeling.moe.linearize import get_linearized_moes, linearize_moe
+            from llmcompressor.modeling.moe.linearize import get_linearized_moes
 
-            linearize_moe(job.model)
+            linearize(job.model)
             counter = _RoutingCounter(get_linearized_moes(job.model)) if calib is not None else None
 
             kwargs: dict[str, Any] = {}
@@ -239,9 +243,13 @@ def both_names(target: str, renamed: list[tuple[str, str]]) -> str:
 
 
 class _RoutingCounter:
-    """Forward pre-hooks on llm-compressor's linearized expert modules (`LinearExperts2D.forward(hidden_states,
-    top_k_index, top_k_weights)`) that count each expert's routed tokens. Registered through llm-compressor's
-    HooksMixin, so the sequential pipeline's propagation pass (hooks disabled) is not counted twice."""
+    """Forward pre-hooks on llm-compressor's linearized expert modules that count each expert's routed tokens.
+    Registered through llm-compressor's HooksMixin, so the sequential pipeline's propagation pass (hooks disabled)
+    is not counted twice. Two ways a family routes:
+    - `LinearExperts2D.forward(hidden_states, top_k_index, top_k_weights)`: the router's choices, as indices;
+    - `Llama4LinearExperts.forward(hidden_states)`: every expert runs on its own copy of the tokens (E copies
+      stacked), each copy scaled by the router's score for that expert, which is sigmoid(-inf) = 0 where the router
+      did not choose it (transformers' Llama4TextMoe): an expert's routed tokens are its copy's nonzero rows."""
 
     def __init__(self, moes: list[tuple[str, Any]]):
         from llmcompressor.modifiers.utils.hooks import HooksMixin
@@ -259,10 +267,16 @@ class _RoutingCounter:
         def count(_module: Any, args: tuple[Any, ...]) -> None:
             import torch
 
-            top_k_index = args[1]
-            self.top_k[name] = int(top_k_index.shape[-1])
-            self.tokens[name] += int(top_k_index.shape[0])
-            seen = torch.bincount(top_k_index.reshape(-1).long(), minlength=experts).tolist()
+            if len(args) > 1:
+                top_k_index = args[1]
+                self.top_k[name] = int(top_k_index.shape[-1])
+                self.tokens[name] += int(top_k_index.shape[0])
+                seen = torch.bincount(top_k_index.reshape(-1).long(), minlength=experts).tolist()
+            else:  # one scaled copy of the tokens per expert, zero where not routed
+                chosen = (args[0].reshape(experts, -1, args[0].shape[-1]) != 0).any(-1)  # experts x tokens
+                self.top_k[name] = max(self.top_k.get(name, 0), int(chosen.sum(0).max()))
+                self.tokens[name] += int(chosen.shape[1])
+                seen = chosen.sum(1).tolist()
             self.counts[name] = [a + b for a, b in zip(self.counts[name], seen, strict=True)]
 
         return count
