@@ -71,8 +71,10 @@ LLAMACPP_VERSION := $(lastword $(subst ==, ,$(LLAMACPP_PIN)))
 LLAMACPP_SDIST := llama_cpp_python-$(LLAMACPP_VERSION)
 # llama.cpp's converter of a Hugging Face checkpoint (convert_hf_to_gguf.py, its conversion/ package and the gguf-py
 # it is written against), taken from the same source distribution, for gguf recipes whose model is safetensors:
-# unpacked below the environment (compat/llama_cpp.converter_home), its version stamped beside it.
+# unpacked below the environment (compat/llama_cpp.converter_home), its version stamped beside it. It imports
+# sentencepiece before it tries a checkpoint's BPE vocabulary (Llama's set_vocab), so it is installed with it.
 LLAMACPP_HOME := $(VENV)/share/llama.cpp
+CONVERTER_PINS := sentencepiece==0.2.3
 
 gguf-env: $(VENV)/.gguf $(VENV)/.gguf-converter
 
@@ -81,6 +83,7 @@ $(VENV)/.gguf: $(VENV)/.installed
 	touch $@
 
 $(VENV)/.gguf-converter: $(VENV)/.gguf
+	$(PY) -m pip install -q $(CONVERTER_PINS)
 	rm -rf $(VENV)/src/llama-cpp $(LLAMACPP_HOME)
 	mkdir -p $(VENV)/src/llama-cpp $(LLAMACPP_HOME)
 	$(PY) -m pip download -q --no-deps --no-binary :all: -d $(VENV)/src/llama-cpp $(LLAMACPP_PIN)

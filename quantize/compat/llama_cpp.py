@@ -36,6 +36,7 @@ import inspect
 import sys
 import textwrap
 from importlib.metadata import PackageNotFoundError, version
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,9 @@ def tensor_problems() -> list[str]:
 CONVERTER = "convert_hf_to_gguf.py"  # llama.cpp's converter, at the top of its source tree
 CONVERTER_STAMP = "VERSION"  # beside it: the llama-cpp-python version whose source distribution it came from
 CONVERTER_OPTIONS = ("--vocab-only", "--outtype", "--outfile")  # what convert/hf_to_gguf.py passes it
+# what the converter imports beyond quantize's own environment: sentencepiece, imported by Llama's set_vocab before
+# it tries a checkpoint's BPE vocabulary (ModuleNotFoundError is not the FileNotFoundError it falls back on)
+CONVERTER_IMPORTS = ("sentencepiece",)
 MAX_STAMP_BYTES = 64
 
 
@@ -271,7 +275,8 @@ def converter_version() -> str | None:
 
 def converter_problems() -> list[str]:
     """What stops llama.cpp's converter from running here: not unpacked in converter_home, unpacked from another
-    llama-cpp-python than the installed one, that one outside CHECKED, or an option we pass missing from it."""
+    llama-cpp-python than the installed one, that one outside CHECKED, an option we pass missing from it, or a
+    module it imports not installed."""
     home = converter_home()
     if not all(
         p.exists() for p in (home / CONVERTER, home / "conversion", home / "gguf-py" / "gguf", home / CONVERTER_STAMP)
@@ -287,4 +292,5 @@ def converter_problems() -> list[str]:
         out.append(f"the converter in {home} came from llama-cpp-python {stamp}, and {installed} is installed")
     text = (home / CONVERTER).read_text(encoding="utf-8", errors="replace")
     out += [f"{CONVERTER} has no {o} option" for o in CONVERTER_OPTIONS if f'"{o}"' not in text]
+    out += [f"{m}, which {CONVERTER} imports, is not installed" for m in CONVERTER_IMPORTS if find_spec(m) is None]
     return out

@@ -216,3 +216,6 @@ def test_the_converters_guard_names_what_is_missing_or_of_another_version(conver
     found = " | ".join(compat.converter_problems())
     assert "came from llama-cpp-python 0.3.35" in found and "outside the checked range" in found
     assert "has no --outtype option" in found and "has no --outfile option" in found
+    # a module the converter imports, missing (sentencepiece: Llama's set_vocab imports it before trying BPE)
+    monkeypatch.setattr(compat, "CONVERTER_IMPORTS", ("sentencepiece", "no_such_module_here"))
+    assert "no_such_module_here, which convert_hf_to_gguf.py imports, is not installed" in compat.converter_problems()
