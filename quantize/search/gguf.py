@@ -13,6 +13,10 @@ each allocation written by llama.cpp's own quantizer and measured in llama.cpp.
   with every grouped weight given that type (tensor_types), and each weight's bytes read from the written header, so
   llama.cpp's own fallbacks (a row that holds no whole block takes a type of smaller blocks) are counted as it
   writes them. Every other tensor (embeddings, the output, norms) is fixed at what the base file type gives it.
+- An importance matrix, where the base has a `calibration:`: computed once on the 16-bit GGUF from those rows (as a
+  gguf recipe computes its own: backends/llamacpp.importance_matrix), and every file below quantized with it, so
+  the damage measured is the damage of what the tries write (each try, a gguf recipe with the same calibration,
+  computes the same matrix on the same 16-bit GGUF).
 - Sensitivity: for each group and option, a GGUF with that group alone at the option (every other weight named at
   its 16-bit type: llama.cpp applies tensor_types only in a quantized file type),
   its mean KL to the 16-bit GGUF on the sensitivity items, both in llama.cpp (evaluate/agreement.LlamaCppScorer,
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint import ggufs
-from quantize.convert.backends.llamacpp import LlamaCppBackend, quantize_file, tensor_types
+from quantize.convert.backends.llamacpp import LlamaCppBackend, Matrix, quantize_file, tensor_types
 from quantize.convert.gguf import default_tensor_type, exact_patterns, ftype_names
 from quantize.convert.recipe import GGUFRecipe
 from quantize.errors import UsageError
@@ -92,13 +96,15 @@ def workspace(out: Path) -> Iterator[Path]:
 
 class Files:
     """The layer groups of the 16-bit GGUF's weights (`groups`: group -> its tensors, unit_name's), and GGUFs of
-    allocations over them, written by llama.cpp's quantizer into the scratch folder: one at a time, each named
-    anew (the scorer's memo is keyed by path)."""
+    allocations over them, written by llama.cpp's quantizer into the scratch folder (with `matrix`, the search's
+    importance matrix, where it has one): one at a time, each named anew (the scorer's memo is keyed by path)."""
 
-    def __init__(self, f16: Path, scratch: Path, threads: int, base_type: str, unit: str) -> None:
+    def __init__(
+        self, f16: Path, scratch: Path, threads: int, base_type: str, unit: str, matrix: Matrix | None = None
+    ) -> None:
         import llama_cpp
 
-        self.f16, self.scratch, self.threads = f16, scratch, threads
+        self.f16, self.scratch, self.threads, self.matrix = f16, scratch, threads, matrix
         self.ftypes = ftype_names(llama_cpp)
         self.base_type = base_type
         tensors = ggufs.read_header(f16).tensors
@@ -122,7 +128,9 @@ class Files:
         types |= {t.name: (self.keep[t.name] if o == KEEP else o) for u, o in alloc.items() for t in self.groups[u]}
         types = {n: t or self.keep[n] for n, t in types.items()}
         ftype = self.ftypes[self.base_type]
-        quantize_file(self.f16, out, ftype, self.threads, requantize=False, overrides=exact_patterns(types))
+        quantize_file(
+            self.f16, out, ftype, self.threads, requantize=False, matrix=self.matrix, overrides=exact_patterns(types)
+        )
         return out
 
 

@@ -35,7 +35,7 @@ from quantize.checkpoint.loader import LastModel, device, meta_model, resolve_mo
 from quantize.cluster.connect import import_ray, on_cluster
 from quantize.cluster.executor import Executor, say_to_stderr, state_folder
 from quantize.convert.backends import check
-from quantize.convert.backends.llamacpp import sixteen_bit
+from quantize.convert.backends.llamacpp import importance_matrix, sixteen_bit
 from quantize.convert.recipe import WEIGHT_ONLY_INT, GGUFRecipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
@@ -320,13 +320,16 @@ def _search(s: Search, quiet: bool) -> tuple[Path | None, list[AllocationRecord]
 
 def run_gguf_search(s: GGUFSearch, quiet: bool) -> SearchReport:
     """A GGUF base's search (search/gguf.py): in a scratch folder beside the output, the 16-bit GGUF, the layout
-    measured in llama.cpp's files, the budget checked against it, the sensitivities; then as any search."""
+    measured in llama.cpp's files (with the base's importance matrix, where it has a calibration), the budget checked
+    against it, the sensitivities; then as any search."""
     s.options = [option_name(o) for o in s.spec.options]
     threads = s.spec.base.threads or os.cpu_count() or 1
     s.models = LastModel()
     with quiet_libraries(quiet), search_gguf.workspace(s.out) as scratch:
         s.f16 = sixteen_bit(s.model_dir, scratch, threads).path
-        s.files = search_gguf.Files(s.f16, scratch, threads, s.spec.base.type, s.spec.unit)
+        cal = s.spec.base.calibration
+        matrix = importance_matrix(s.f16, cal, threads) if cal is not None else None
+        s.files = search_gguf.Files(s.f16, scratch, threads, s.spec.base.type, s.spec.unit, matrix)
         s.lay = search_gguf.layout(s.files, s.options)
         check_budget(s.lay, s.wanted)
         measure_gguf_sensitivity(s, quiet)

@@ -128,7 +128,8 @@ class SearchRecipe(BaseModel):
 
     def _gguf(self) -> SearchRecipe:
         """A GGUF base: options are ggml tensor types (checked against llama.cpp in preflight) or keep, the base
-        file type's own tensor type among them; no importance matrix, no tensor_types of its own."""
+        file type's own tensor type among them; no tensor_types of its own. Its `calibration:`, if any, gives the
+        importance matrix every file of the search is quantized with (search/gguf.py)."""
         bad = [o for o in self.options if o != "keep" and (isinstance(o, Scheme) or not GGUF_TYPE_NAME.fullmatch(o))]
         if bad:
             raise ValueError(
@@ -140,11 +141,6 @@ class SearchRecipe(BaseModel):
             raise ValueError(
                 f"base type {self.base.type} gives its tensors {own}, which must be one of the options "
                 f"{[getattr(o, 'value', o) for o in self.options]}: add {own}"
-            )
-        if self.base.calibration is not None:
-            raise ValueError(
-                "base.calibration: the search measures each layer group quantized alone without an importance "
-                "matrix, so a matrix in the tries would gate what was not measured; remove it"
             )
         if self.base.tensor_types:
             raise ValueError("base.tensor_types is what the search writes; remove it from the search recipe")

@@ -35,7 +35,6 @@ def spec_of(**over) -> SearchRecipe:
     [
         ({"options": ["Q8_0", "keep"]}, "base type Q4_K_M gives its tensors Q4_K, which must be one of the options"),
         ({"options": ["Q4_K", "W8A16"]}, "options of a `method: gguf` base are llama.cpp's tensor types"),
-        ({"base": {"method": "gguf", "type": "Q4_K_M", "calibration": {"samples": 4}}}, "base.calibration"),
         ({"base": {"method": "gguf", "type": "Q4_K_M", "tensor_types": {"ffn": "Q8_0"}}}, "base.tensor_types"),
         ({"options": ["Q4_K", "q4_k"]}, "options repeat a choice"),
     ],
@@ -45,6 +44,11 @@ def test_a_gguf_base_takes_tensor_types_as_options(over, says):
     with pytest.raises(ValueError, match="validation error") as e:
         spec_of(**over)
     assert says in str(e.value)
+
+
+def test_a_gguf_base_may_take_a_calibration_for_its_importance_matrix():
+    spec = spec_of(base={"method": "gguf", "type": "Q4_K_M", "calibration": {"samples": 4}})
+    assert spec.base.calibration is not None and spec.base.calibration.samples == 4
 
 
 def test_an_int_base_still_refuses_gguf_types():
@@ -84,6 +88,9 @@ def world(tmp_path_factory, smollm2):
     return base / "g" / "model.gguf", policy
 
 
+CAL = {"source": "builtin:jargon", "samples": 4, "seq_len": 64, "seed": 0}
+
+
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
@@ -105,9 +112,15 @@ def search_file(tmp_path: Path, model: Path, policy: Path, **over) -> Path:
     return path
 
 
-def test_each_layer_group_is_measured_alone_and_the_result_has_the_bytes_it_was_chosen_for(world, tmp_path, capsys):
+@pytest.mark.parametrize("calibration", [None, "imatrix"])
+def test_each_layer_group_is_measured_alone_and_the_result_has_the_bytes_it_was_chosen_for(
+    world, tmp_path, capsys, calibration
+):
+    """With a base calibration, the same, every file quantized with its importance matrix and the tries too."""
     gguf, policy = world
-    assert main(["search", str(search_file(tmp_path, gguf, policy)), "--quiet"]) == 0, capsys.readouterr().err
+    base = {"method": "gguf", "type": "Q4_K_M"} | ({"calibration": CAL} if calibration else {})
+    spec = search_file(tmp_path, gguf, policy, base=base)
+    assert main(["search", str(spec), "--quiet"]) == 0, capsys.readouterr().err
     out = tmp_path / "out"
     report = records.read(records.SearchReport, out / "search.json")
     assert [u.name for u in report.units] == ["blk.0.attn", "blk.0.ffn", "blk.1.attn", "blk.1.ffn"]
@@ -124,6 +137,7 @@ def test_each_layer_group_is_measured_alone_and_the_result_has_the_bytes_it_was_
         assert grouped and {types[n] for n in grouped} == {keep[grouped[0]] if option == "keep" else option}
     run = records.read(records.RunRecord, out / "quantize.json")
     assert run.search is not None and run.engine.gguf is not None and run.engine.gguf.ftype.endswith("Q4_K_M")
+    assert (run.engine.gguf.imatrix is not None) == bool(calibration)
     assert not list(tmp_path.glob(".out.gguf-search*"))  # the scratch folder went with the search
 
 
@@ -139,6 +153,35 @@ def test_the_sensitivity_file_holds_one_group_at_its_option_and_every_other_weig
     assert others and {alone[n] for n in others} == {"BF16"}
     mixed = {t.name: t.ggml_type for t in ggufs.read_header(files.write({"blk.1.ffn": "Q8_0"})).tensors}
     assert mixed["blk.1.ffn_down.weight"] == "Q8_0" and mixed["blk.0.ffn_up.weight"] != "BF16"  # the file type's
+
+
+def test_with_a_calibration_every_file_is_quantized_with_the_importance_matrix_the_tries_compute(world, tmp_path):
+    """A base with `calibration:`: the search's files are quantized with the importance matrix llama.cpp computes
+    on the 16-bit GGUF from it (a group's Q4_K bytes differ from those written without one), the very matrix each
+    try, a gguf recipe with that calibration, computes for itself (its record's digest)."""
+    from gguf import GGUFReader
+
+    from quantize.convert.backends.llamacpp import importance_matrix
+    from quantize.convert.recipe import Calibration
+    from quantize.search.gguf import Files
+
+    gguf, _ = world
+    matrix = importance_matrix(gguf, Calibration.model_validate(CAL), 2)
+    (tmp_path / "plain").mkdir(), (tmp_path / "weighed").mkdir()
+    plain = Files(gguf, tmp_path / "plain", 2, "Q4_K_M", "block-part")
+    weighed = Files(gguf, tmp_path / "weighed", 2, "Q4_K_M", "block-part", matrix)
+    a, b = plain.write({"blk.1.ffn": "Q4_K"}, alone=True), weighed.write({"blk.1.ffn": "Q4_K"}, alone=True)
+    assert ggufs.read_header(a).tensors == ggufs.read_header(b).tensors  # the same types and shapes
+    da, db = ({t.name: t.data.tobytes() for t in GGUFReader(p).tensors} for p in (a, b))
+    assert all(da[f"blk.1.ffn_{p}.weight"] != db[f"blk.1.ffn_{p}.weight"] for p in ("down", "gate", "up"))
+    assert da["blk.0.ffn_down.weight"] == db["blk.0.ffn_down.weight"]  # kept at 16 bits in both
+    recipe = tmp_path / "try.yaml"
+    doc = {"method": "gguf", "type": "Q4_K_M", "model": str(gguf), "output": str(tmp_path / "t"), "calibration": CAL}
+    recipe.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(recipe), "--quiet"]) == 0
+    run = records.read(records.RunRecord, tmp_path / "t" / "quantize.json")
+    assert run.engine.gguf is not None and run.engine.gguf.imatrix is not None
+    assert run.engine.gguf.imatrix.values_sha256 == matrix.record("x").values_sha256
 
 
 def test_an_option_llama_cpp_does_not_write_is_exit_2_before_anything_is_quantized(world, tmp_path, capsys):
