@@ -65,15 +65,12 @@
   `config.text_config`: it is written for the multimodal Llama 4 (`Llama4Config`), and `linearize_moe` passes it
   the model's config, which for a text-only checkpoint (`llama4_text`, `Llama4TextConfig`) is that text config
   itself, so the conversion stopped with AttributeError and no recipe could run on Llama 4 text.
-  The same method, unlike the generic `LinearExperts2D.from_experts_module`, records no `_source_experts_cls` /
-  `_source_config`, which `repack_moe` (`to_experts_module`) needs to fuse the experts back (experts kept at 16
-  bits, written fused as transformers reads them: RuntimeError "missing source experts metadata for repack").
-  `text_only_llama4()` hands the method a config with `text_config` set to the text config, and records what
-  `to_experts_module` rebuilds (the family's fused experts, with the layout flags the method sets on the module
-  it converts), for the length of a block (a multimodal config passes through unchanged). The per-expert layers
-  compute what the fused experts compute and fuse back to them bit for bit (tests/compat/test_llmcompressor.py).
-  `linearize(model)` and `linearized_on_meta(model)` run the library's conversion inside it. Where the guard does
-  not hold (the method no longer reads `text_config`: fixed upstream), it leaves the method as it is.
+  `text_only_llama4()` hands the method a config with `text_config` set to the text config for the length of a
+  block (a multimodal config passes through unchanged); the per-expert layers compute what the fused experts
+  compute (tests/compat/test_compat.py). No repack is needed: transformers reads a compressed-tensors Llama 4 per
+  expert (compat/transformers.quantized_per_expert). `linearize(model)` and `linearized_on_meta(model)` run the
+  library's conversion inside it. Where the guard does not hold (the method no longer reads `text_config`: fixed
+  upstream), it leaves the method as it is.
 
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
@@ -84,7 +81,6 @@ import contextlib
 import inspect
 import warnings
 from collections.abc import Iterator
-from functools import partial
 from importlib import import_module
 from importlib.metadata import version
 from pathlib import Path
@@ -383,24 +379,10 @@ def text_only_llama4() -> Iterator[None]:
     convert = Llama4LinearExperts.from_experts_module.__func__
 
     def from_experts_module(cls: Any, experts: Any, config: Any) -> Any:
-        text = getattr(config, "text_config", config)
-        linear = convert(cls, experts, config if text is not config else SimpleNamespace(text_config=text))
-        if getattr(linear, "_source_experts_cls", None) is None:
-            linear._source_experts_cls = partial(_fused_llama4, type(experts), cls)  # noqa: SLF001 (docstring)
-            linear._source_config = text  # noqa: SLF001 (what to_experts_module reads: module docstring)
-        return linear
+        return convert(cls, experts, config if hasattr(config, "text_config") else SimpleNamespace(text_config=config))
 
     with mock.patch.object(Llama4LinearExperts, "from_experts_module", classmethod(from_experts_module)):
         yield
-
-
-def _fused_llama4(experts_cls: type, linear_cls: type, config: Any) -> Any:
-    """What `to_experts_module` builds to fuse Llama 4's per-expert layers back into: the family's fused experts,
-    with the layout flags llm-compressor's conversion sets on the module it converts (which its copy reads)."""
-    experts = experts_cls(config)
-    for flag in ("is_concatenated", "is_transposed", "has_bias", "has_gate"):
-        setattr(experts, flag, getattr(linear_cls, flag))
-    return experts
 
 
 def linearize(model: Any) -> None:
@@ -446,6 +428,7 @@ def model_free_ptq_pt(model_dir: Path, folder: Path, config: Any) -> None:
     """llm-compressor's `model_free_ptq(model_dir, folder, config=config, max_workers=1)`, every shard written with
     save_pretrained's header metadata ({"format": "pt"}), and a shard's failed validation raised as its own
     exception (not printed as a traceback and swallowed)."""
+    from functools import partial
     from unittest import mock
 
     import llmcompressor.entrypoints.model_free as model_free
