@@ -531,6 +531,62 @@ def windowed_or_latent(h: GGUFHeader) -> list[str]:
     return found
 
 
+@dataclass(frozen=True)
+class PerLayerShape:
+    """A KV cache whose heads vary by layer (`{arch}.attention.head_count_kv` an array), from the header alone."""
+
+    kv_heads: tuple[int, ...]  # per layer; 0: a layer that keeps no KV cache
+    key_length: int
+    value_length: int
+    formula: str
+
+
+def recurrent_state_keys(h: GGUFHeader) -> list[str]:
+    """The header's keys of a fixed recurrent, state-space or convolution state (the gguf package's SSM, WKV, KDA and
+    ShortConv keys): a cache llama.cpp sizes by each family's own rule."""
+    import gguf
+
+    arch = h.architecture or ""
+    groups = [getattr(gguf.Keys, g, None) for g in ("SSM", "WKV", "KDA", "ShortConv")]
+    found = (v.format(arch=arch) for g in groups if g is not None for n, v in vars(g).items() if not n.startswith("_"))
+    return sorted(k for k in found if k in h.metadata)
+
+
+def per_layer_shape(h: GGUFHeader) -> PerLayerShape | None:
+    """The KV cache of a header whose `{arch}.attention.head_count_kv` is one entry per block and that declares
+    neither a window nor a latent cache (windowed_or_latent), else None: layer l keeps kv_heads[l] ×
+    (key_length + value_length) values a token, none where kv_heads[l] is 0. Refused (UsageError) where the header
+    also sizes a recurrent state (recurrent_state_keys: llama.cpp's rule per family, not read here), where it sets
+    no key_length/value_length (the head size would depend on which layer's head count divides the embedding), or
+    where the array is not one whole number per block."""
+    import gguf
+
+    arch = h.architecture or ""
+    a = gguf.Keys.Attention
+    kv_key, blocks = a.HEAD_COUNT_KV.format(arch=arch), h.metadata.get(gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch))
+    heads = h.metadata.get(kv_key)
+    if not isinstance(heads, list) or [k for k in windowed_or_latent(h) if k != kv_key]:
+        return None
+    fix = "Pass --params and --layers/--kv-heads/--head-dim instead"
+    if state := recurrent_state_keys(h):
+        raise UsageError(
+            f"{h.path}: its layers keep a KV cache of {kv_key} heads each and a fixed recurrent state "
+            f"({', '.join(state)}), which llama.cpp sizes by a rule of its architecture {arch!r} that quantize does "
+            f"not restate. {fix}"
+        )
+    if len(heads) != blocks or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in heads):
+        raise UsageError(f"{h.path}: {kv_key} is {str(heads)[:80]}, not one whole number per block ({blocks}). {FIX}")
+    lengths = [h.metadata.get(k.format(arch=arch)) for k in (a.KEY_LENGTH, a.VALUE_LENGTH)]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
+        raise UsageError(
+            f"{h.path}: its KV heads vary by layer ({kv_key}) and it sets no {a.KEY_LENGTH.format(arch=arch)} / "
+            f"{a.VALUE_LENGTH.format(arch=arch)}, so its head size is not read from the header. {fix}"
+        )
+    k, v = lengths
+    formula = f"kv_heads[layer] {min(heads)}-{max(heads)} × (key_length {k} + value_length {v}) [{kv_key}, per block]"
+    return PerLayerShape(kv_heads=tuple(heads), key_length=k, value_length=v, formula=formula)
+
+
 def context_length(h: GGUFHeader) -> int | None:
     """The context length the header gives its architecture (`{arch}.context_length`), None without one."""
     value = h.metadata.get(f"{h.architecture}.context_length") if h.architecture else None

@@ -781,7 +781,9 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
     one figure per layer (ggufs.windowed_or_latent: a sliding window, KV heads per layer) is priced
     layer by layer from `config`, the config.json transformers builds from the header (checkpoint/loader.gguf_config,
     which the caller reads: cost imports no transformers), as kv_layout_from_config prices any; without one (an
-    architecture transformers does not map) it is refused (UsageError) naming it. A latent (MLA) cache is priced
+    architecture transformers does not map), KV heads per layer and nothing else are priced from the header
+    (ggufs.per_layer_shape: refused where a recurrent state is declared too), anything else is refused
+    (UsageError) naming it. A latent (MLA) cache is priced
     from the header alone (ggufs.latent_shape), as config.json's MLA is (architecture.cache_spec): `config` is not
     read for it."""
     if (latent := ggufs.latent_shape(h)) is not None:
@@ -792,6 +794,16 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
             windows=(None,) * latent.layers,
             bytes_per_element=GGUF_KV_BYTES,
             formula=latent.formula,
+        )
+    if config is None and (per := ggufs.per_layer_shape(h)) is not None:
+        return KVCache(
+            attention="MHA/GQA",
+            values_per_token=max(per.kv_heads) * (per.key_length + per.value_length),
+            kinds=tuple("full_attention" if n else "no_attention" for n in per.kv_heads),
+            windows=(None,) * len(per.kv_heads),
+            bytes_per_element=GGUF_KV_BYTES,
+            formula=per.formula,
+            layer_values=tuple(n * (per.key_length + per.value_length) for n in per.kv_heads),
         )
     if special := ggufs.windowed_or_latent(h):
         if config is None:

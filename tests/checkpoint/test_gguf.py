@@ -29,12 +29,18 @@ T = GGMLQuantizationType
 QUANTIZABLE = {T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
 
 
-def write_gguf(path: Path, tensors: list[tuple[str, T, tuple[int, int]]], arch: str = "llama", **meta: int) -> Path:
+def write_gguf(
+    path: Path, tensors: list[tuple[str, T, tuple[int, int]]], arch: str = "llama", **meta: int | list[int]
+) -> Path:
     """A GGUF written by the gguf package: each tensor quantized by gguf.quants where the package can, else zero
-    bytes of its type's byte shape (the header, not the values, is under test). `meta`: {arch}.KEY integers."""
+    bytes of its type's byte shape (the header, not the values, is under test). `meta`: {arch}.KEY integers, or
+    arrays of them."""
     w = GGUFWriter(str(path), arch)
     for key, value in meta.items():
-        w.add_uint32(f"{arch}.{key}", value)
+        if isinstance(value, list):
+            w.add_array(f"{arch}.{key}", value)
+        else:
+            w.add_uint32(f"{arch}.{key}", value)
     rng = np.random.default_rng(0)
     for name, qtype, shape in tensors:
         if qtype in QUANTIZABLE:
@@ -249,6 +255,41 @@ def test_a_sliding_window_of_an_architecture_transformers_does_not_map_is_refuse
     assert main(["cost", "--checkpoint", str(path)]) == 2
     err = capsys.readouterr().err
     assert "cohere2.attention.sliding_window" in err and "maps no config for architecture 'cohere2'" in err
+
+
+def per_layer(path: Path, arch: str = "openelm", **meta: int | list[int]) -> Path:
+    """Three blocks whose KV heads vary by layer (1, 2, none), heads of 64: an architecture transformers' GGUF loader
+    does not map (OpenELM's layout), so the header alone prices it."""
+    tensors = [("token_embd.weight", T.Q8_0, (64, 256))]
+    tensors += [(f"blk.{i}.attn_qkv.weight", T.Q8_0, (384, 256)) for i in range(3)]
+    heads = {"attention.head_count": [4, 4, 4], "attention.head_count_kv": [1, 2, 0]}
+    heads |= {"attention.key_length": 64, "attention.value_length": 64}
+    return write_gguf(path, tensors, arch, block_count=3, embedding_length=256, **(heads | meta))
+
+
+@pytest.mark.parametrize("context", [2048, 32768])
+def test_kv_heads_per_layer_of_an_unmapped_architecture_are_priced_from_the_header(tmp_path, context):
+    """Layer l keeps kv_heads[l] × (64 + 64) values a token, 2 bytes each (F16); the layer without KV heads none."""
+    c = api.decode_cost(per_layer(tmp_path / "o.gguf"), workload=bounds.Workload(context_tokens=context))
+    assert c.kv_bytes_per_sequence == (1 + 2 + 0) * (64 + 64) * context * 2
+    assert c.kv_layout["kv_layers"] == 2 and c.kv_layout["values_per_token_by_layer"] == [128, 256, 0]
+    assert "openelm.attention.head_count_kv, per block" in c.kv_layout["values_formula"]
+
+
+@pytest.mark.parametrize(
+    "meta,says",
+    [
+        ({"ssm.state_size": 16, "ssm.conv_kernel": 4}, "openelm.ssm.conv_kernel, openelm.ssm.state_size"),
+        ({"attention.head_count_kv": [1, 2]}, "not one whole number per block (3)"),
+        ({"attention.key_length": 0}, "sets no openelm.attention.key_length"),
+    ],
+)
+def test_kv_heads_per_layer_the_header_cannot_price_are_refused(tmp_path, capsys, meta, says):
+    """A recurrent state beside the KV heads (llama.cpp's rule per family: not restated), an array that is not one
+    entry per block, or no head size: exit 2 naming it, as before for any per-layer array."""
+    assert main(["cost", "--checkpoint", str(per_layer(tmp_path / "o.gguf", **meta))]) == 2
+    err = capsys.readouterr().err
+    assert says in err and ("--layers/--kv-heads/--head-dim" in err or "re-convert" in err), err
 
 
 @pytest.mark.parametrize("context", [2048, 32768])
