@@ -66,6 +66,19 @@ MOE = {
     "llama4_text": dict(
         EXPERTS, num_local_experts=4, intermediate_size_mlp=256, interleave_moe_layer_step=1, num_experts_per_tok=1
     ),
+    # GLM-4.5/4.6 (glm4_moe): DeepSeek-V3's routing (n_routed_experts, grouped top-k, a shared expert, a dense first
+    # layer) on plain GQA attention
+    "glm4_moe": dict(
+        EXPERTS,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        moe_intermediate_size=128,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+    ),
+    # MiniMax-M2: Mixtral-like experts (num_local_experts) stored as block_sparse_moe.experts.N.w1/w2/w3, q/k norms
+    "minimax_m2": dict(EXPERTS, num_local_experts=4),
     # ERNIE 4.5's config class spells the expert count moe_num_experts and k moe_k (its attribute_map takes the
     # usual names); its first layer is dense (moe_layer_start_index 1)
     "ernie4_5_moe": dict(

@@ -133,15 +133,18 @@ def left_at_16(
 ) -> list[LeftAt16]:
     """What the saved checkpoint stores at 16 bits of what the recipe's targets cover, by reason, read from its
     headers: a layer the plan kept (its reason), a tensor no conversion reached (`kept` names a parameter), and
-    a planned layer stored as a plain 16-bit weight with no scale (the backend skipped it)."""
+    a planned layer stored as a plain 16-bit weight with no scale (the backend skipped it). The plan names modules
+    as transformers' model does; each tensor is listed by the name the file stores it under (Mixtral's and
+    MiniMax-M2's routers as `block_sparse_moe.gate`, where the model says `mlp.gate`)."""
     found, _ = all_tensors(safetensors_files(out))
-    stored = {_renamed(k, renamed or []): t for k, t in found.items()}  # by the model's names, as transformers loads
+    as_stored = {_renamed(k, renamed or []): k for k in found}  # the model's name (as transformers loads) -> the file's
+    stored = {name: found[k] for name, k in as_stored.items()}
     by: dict[str, tuple[list[str], int]] = {}
 
     def add(why: str, name: str) -> None:
         t = stored[name]
         names, nbytes = by.get(why, ([], 0))
-        by[why] = ([*names, name], nbytes + t.nbytes)
+        by[why] = ([*names, as_stored[name]], nbytes + t.nbytes)
 
     for name in sorted(checkpoint_name(n, stored_names or {}) for n in planned):
         w = f"{name}.weight"

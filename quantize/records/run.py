@@ -93,7 +93,7 @@ class LeftAt16(Strict):
     """Weights the recipe's targets cover that the saved checkpoint stores at 16 bits, for one reason."""
 
     why: str
-    tensors: list[str]
+    tensors: list[str]  # as the file stores them
     bytes: int
 
 

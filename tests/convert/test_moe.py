@@ -182,11 +182,15 @@ def test_an_moe_converts_with_its_experts_quantized_and_reloads(tmp_path, moe_di
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         stored = {k.rsplit(".", 1)[0] for k in f.keys() if ".experts." in k}  # noqa: SIM118 (a safe_open has no __iter__)
     assert stored and all(any(_matches(t, m) for t in targets) for m in stored), sorted(stored)[:3]
-    # the routers and the ignored lm_head, nothing else the targets cover, stay at 16 bits, said in quantize.json
+    # the routers and the ignored lm_head, nothing else the targets cover, stay at 16 bits, said in quantize.json by
+    # the names the file stores them under (Mixtral's `block_sparse_moe.gate`: before, transformers' `mlp.gate`)
     left = {g.why: g for g in meta.layer_plan.left_16bit}
     assert set(left) == ROUTER_OR_IGNORED
-    routers = [f"model.layers.{i}.mlp.gate.weight" for i in range(2) if not (family == "deepseek_v3" and i == 0)]
+    part = "block_sparse_moe" if family == "mixtral" else "mlp"
+    routers = [f"model.layers.{i}.{part}.gate.weight" for i in range(2) if not (family == "deepseek_v3" and i == 0)]
     assert left[ROUTER_REASON].tensors == routers and left[ROUTER_REASON].bytes == 2 * 4 * 64 * len(routers)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert {t for g in left.values() for t in g.tensors} <= set(f.keys())
     if method == "gptq":  # calibration: every expert of every MoE layer saw tokens, counted from the router
         assert meta.layer_plan.routing
         for r in meta.layer_plan.routing:
