@@ -94,7 +94,8 @@ def test_a_registered_mapping_that_does_not_fit_deepseek_v3_is_refused_before_lo
 def test_the_librarys_mappings_resolve_on_every_family_but_deepseek_v3_awq(tmp_path, family):
     """Dense families (registered, or Llama-named), and MoE families with experts laid out as oneshot lays them out
     (Mixtral, OLMoE and gpt-oss through the library's default): one smoothing layer per set, every layer reached,
-    and where the meta forward runs, each norm's balance layers read that norm's output. Not DeepSeek-V3's AWQ, nor
+    and where the meta forward runs, each norm's balance layers read that norm's output. Not DeepSeek-V3's and
+    GLM-4-MoE's AWQ, nor
     SmoothQuant on Gemma 2 and 3 (the next test), nor either on Llama 4, whose experts read the norm's output
     scaled by the router's score (before session 34 its text-only experts could not be laid out at all)."""
     model = laid_out(tmp_path, family)
@@ -104,7 +105,7 @@ def test_the_librarys_mappings_resolve_on_every_family_but_deepseek_v3_awq(tmp_p
             assert r.problem is not None and "feed_forward.experts.0.gate_proj" in r.problem, r
             assert "reads another tensor, not that norm's" in r.problem
             continue
-        if (family, method) == ("deepseek_v3", Method.awq):
+        if family in ("deepseek_v3", "glm4_moe") and method is Method.awq:  # a dense first layer, the router listed
             assert r.problem is not None and "smoothing layers into one set" in r.problem
             continue
         if family in ("gemma2", "gemma3_text") and method is Method.smoothquant:

@@ -259,6 +259,8 @@ PACKED = {
     "gpt_oss": False,
     "llama4_text": False,
     "ernie4_5_moe": False,
+    "glm4_moe": False,
+    "minimax_m2": False,
 }
 
 
