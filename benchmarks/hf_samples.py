@@ -13,31 +13,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
+from server_samples import (  # benchmarks/, the script's own folder, is on sys.path
+    RULES,
+    SUITE,
+    compare,
+    gate,
+    quantize,
+    run_lm_eval,
+    samples_scores,
+    scores,
+    summary,
+    write_policy,
+)
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from server_samples import RULES, SUITE, compare, gate, quantize, samples_scores, scores, summary, write_policy  # noqa: E402
 
 
 def lm_eval_hf(folder: Path, tasks_dir: Path, out: Path) -> float:
     """lm-eval's CLI, `--model hf` on the folder, samples kept; returns the wall seconds."""
-    cmd = [
-        str(Path(sys.executable).with_name("lm_eval")), "--model", "hf",
-        "--model_args", f"pretrained={folder},dtype=float32", "--device", "cpu", "--batch_size", "1",
-        "--include_path", str(tasks_dir), "--tasks", ",".join(r["task"] for r in RULES), "--log_samples",
-        "--output_path", str(out), "--seed", "0",
-    ]  # fmt: skip
-    t = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if done.returncode:
-        raise RuntimeError(f"lm_eval failed ({done.returncode}): {done.stderr[-3000:]}")
-    return time.monotonic() - t
+    model = ["--model", "hf", "--model_args", f"pretrained={folder},dtype=float32", "--device", "cpu"]
+    return run_lm_eval([*model, "--batch_size", "1"], tasks_dir, [r["task"] for r in RULES], out, 0)
 
 
 def main() -> None:

@@ -189,10 +189,15 @@ def lm_eval(url: str, tasks_dir: Path, tasks: list[str], out: Path, tokenizer: P
         f"base_url={url},model={MODEL_NAME},tokenizer_backend=huggingface,tokenizer={tokenizer},"
         f"tokenized_requests=False,max_length={N_CTX}"
     )
+    return run_lm_eval(["--model", "local-completions", "--model_args", args], tasks_dir, tasks, out, seed)
+
+
+def run_lm_eval(model: list[str], tasks_dir: Path, tasks: list[str], out: Path, seed: int) -> float:
+    """lm-eval's own CLI with `model` (its --model and model arguments) on the exported tasks, samples kept, offline;
+    returns the wall seconds (benchmarks/hf_samples.py runs it with --model hf)."""
     cmd = [
-        str(Path(sys.executable).with_name("lm_eval")), "--model", "local-completions", "--model_args", args,
-        "--include_path", str(tasks_dir), "--tasks", ",".join(tasks), "--log_samples", "--output_path", str(out),
-        "--seed", str(seed),
+        str(Path(sys.executable).with_name("lm_eval")), *model, "--include_path", str(tasks_dir),
+        "--tasks", ",".join(tasks), "--log_samples", "--output_path", str(out), "--seed", str(seed),
     ]  # fmt: skip
     t = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
