@@ -48,6 +48,7 @@ MAX_ARRAY_DEPTH = 8  # arrays of arrays: llama.cpp writes none; a forged nesting
 MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses a tensor of more dimensions
 ALLOW_SYMLINKS = "QUANTIZE_ALLOW_SYMLINKS"  # files.ALLOW_SYMLINKS (not imported: files.py imports this module)
 FIX = "re-download or re-convert the GGUF (llama.cpp's convert_hf_to_gguf.py writes one)"
+BY_HAND = "Pass --params and --layers/--kv-heads/--head-dim instead"  # what `quantize cost` takes in the header's place
 
 # struct formats of the scalar value types (the GGUF specification's sizes), keyed by GGUFValueType's name
 _SCALARS = {
@@ -567,30 +568,34 @@ def per_layer_shape(h: GGUFHeader) -> PerLayerShape | None:
     heads = h.metadata.get(kv_key)
     if not isinstance(heads, list) or [k for k in windowed_or_latent(h) if k != kv_key]:
         return None
-    fix = "Pass --params and --layers/--kv-heads/--head-dim instead"
     if state := recurrent_state_keys(h):
         raise UsageError(
             f"{h.path}: its layers keep a KV cache of {kv_key} heads each and a fixed recurrent state "
             f"({', '.join(state)}), which llama.cpp sizes by a rule of its architecture {arch!r} that quantize does "
-            f"not restate. {fix}"
+            f"not restate. {BY_HAND}"
         )
-    if len(heads) != blocks or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in heads):
+    if len(heads) != blocks or not all(_whole(n, 0) for n in heads):
         raise UsageError(f"{h.path}: {kv_key} is {str(heads)[:80]}, not one whole number per block ({blocks}). {FIX}")
     lengths = [h.metadata.get(k.format(arch=arch)) for k in (a.KEY_LENGTH, a.VALUE_LENGTH)]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
+    if not all(_whole(n, 1) for n in lengths):
         raise UsageError(
             f"{h.path}: its KV heads vary by layer ({kv_key}) and it sets no {a.KEY_LENGTH.format(arch=arch)} / "
-            f"{a.VALUE_LENGTH.format(arch=arch)}, so its head size is not read from the header. {fix}"
+            f"{a.VALUE_LENGTH.format(arch=arch)}, so its head size is not read from the header. {BY_HAND}"
         )
     k, v = lengths
     formula = f"kv_heads[layer] {min(heads)}-{max(heads)} × (key_length {k} + value_length {v}) [{kv_key}, per block]"
     return PerLayerShape(kv_heads=tuple(heads), key_length=k, value_length=v, formula=formula)
 
 
+def _whole(v: Any, least: int) -> bool:
+    """Whether a metadata value is a whole number (not a bool) of at least `least`."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
 def context_length(h: GGUFHeader) -> int | None:
     """The context length the header gives its architecture (`{arch}.context_length`), None without one."""
     value = h.metadata.get(f"{h.architecture}.context_length") if h.architecture else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if _whole(value, 1) else None
 
 
 # what llama-quantize writes into a GGUF it quantized with an importance matrix (its tools/quantize/quantize.cpp,
@@ -636,7 +641,7 @@ def latent_shape(h: GGUFHeader) -> LatentShape | None:
 
     def value(k: str) -> Any:
         v = meta.get(k.format(arch=arch))
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+        return v if _whole(v, 0) else None
 
     rank = value(keys.Attention.KV_LORA_RANK)
     if not rank:
@@ -684,18 +689,18 @@ def attention_shape(h: GGUFHeader) -> AttentionShape:
 
     def whole(k: str, default: int | None = None) -> int:
         v = h.metadata.get(key(k), default)
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        if not _whole(v, 1):
             got = "is missing" if key(k) not in h.metadata else f"is {str(v)[:40]}"
             raise UsageError(
                 f"{h.path}: the metadata key {key(k)} {got}; the KV cache needs it as a positive whole number. "
-                "Pass --params and --layers/--kv-heads/--head-dim instead"
+                f"{BY_HAND}"
             )
         return v
 
     if unsupported := windowed_or_latent(h):
         raise UsageError(
             f"{h.path} declares {', '.join(unsupported)}: its KV cache (sliding-window or latent attention) is not "
-            "one figure per layer. Pass --params and --layers/--kv-heads/--head-dim instead"
+            f"one figure per layer. {BY_HAND}"
         )
     heads = whole(keys.Attention.HEAD_COUNT)
     dims = (keys.Attention.KEY_LENGTH, keys.Attention.VALUE_LENGTH)

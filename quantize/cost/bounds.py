@@ -810,7 +810,7 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
             raise UsageError(
                 f"{h.path} declares {', '.join(special)}: its KV cache is priced layer by layer through the "
                 f"config transformers reads from a GGUF, and transformers maps no config for architecture "
-                f"{h.architecture!r}. Pass --params and --layers/--kv-heads/--head-dim instead"
+                f"{h.architecture!r}. {ggufs.BY_HAND}"
             )
         cache = kv_layout_from_config(config, GGUF_KV_BYTES)
         return replace(
