@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -209,9 +208,9 @@ def main() -> None:
     if args.table:
         write_doc(results, list(FAMILIES), list(recipes))
         return
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    machine = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if "Model name" in ln), "")
-    results["machine"] = machine
+    from quantize.cost.local import cpu_name
+
+    machine = cpu_name()  # each row records its own (write_doc)
     results["date"] = time.strftime("%Y-%m-%d")
     todo = [(f, r) for f in args.families for r in args.recipes]
     for i, (family, recipe) in enumerate(todo, 1):

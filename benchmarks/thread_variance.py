@@ -17,22 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
+from quantize.cost.local import cpu_name
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = [ROOT / "outputs" / "fp8-e4m3", ROOT / "outputs" / "references" / "rtn-w8a16-g128"]
 TOL = 1e-4  # nats per request: the scorer's equality tolerance (tests/evaluate/test_lm.py TOL)
-
-
-def cpu_model() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    return next((ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")), "")
 
 
 def measure(path: Path, threads: list[int], n_items: int) -> dict:
@@ -84,7 +77,7 @@ def main() -> None:
         print(r["checkpoint"], r["requests"], "requests:", json.dumps(pairs))
     out = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": cpu_model(),
+        "machine": cpu_name(),
         "cpus": os.cpu_count(),
         "threads": args.threads,
         "rows": rows,
