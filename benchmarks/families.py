@@ -208,7 +208,7 @@ def main() -> None:
     if args.table:
         write_doc(results, list(FAMILIES), list(recipes))
         return
-    from quantize.cost.local import cpu_name
+    from quantize.machine import cpu_name
 
     machine = cpu_name()  # each row records its own (write_doc)
     results["date"] = time.strftime("%Y-%m-%d")

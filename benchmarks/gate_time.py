@@ -51,7 +51,7 @@ def copy_entries(src: Path, dst: Path, suite, baseline: Path) -> None:
     sha = identity_sha256(baseline)
     from quantize.evaluate.score import runtime
 
-    run = runtime(suite, False)
+    run = runtime(suite, False, baseline)
     entry = cache.score_path(suite, sha, run)  # served only beside its digest: without it, re-scored
     topk = cache.baseline_topk_path(suite, sha, run)
     for target in [entry, digest_path(entry), topk, digest_path(topk)]:
@@ -157,9 +157,12 @@ def main() -> None:
             os.environ["QUANTIZE_CACHE"] = str(args.full_cache.expanduser())
             from quantize.evaluate.score import runtime
 
-            run = runtime(suite, False)
-            full = {c: cache.lookup_scores(suite, identity_sha256(Path(c)), run) for c in args.candidates}
-            base_full = cache.lookup_scores(suite, identity_sha256(Path(args.baseline)), run)
+            full = {
+                c: cache.lookup_scores(suite, identity_sha256(Path(c)), runtime(suite, False, Path(c)))
+                for c in args.candidates
+            }
+            base = Path(args.baseline)
+            base_full = cache.lookup_scores(suite, identity_sha256(base), runtime(suite, False, base))
         from quantize.evaluate.agreement import agreement_scores
         from quantize.flows.gate import run_gate
 

@@ -147,7 +147,7 @@ def main() -> None:
     ap.add_argument("--redo", action="store_true")
     args = ap.parse_args()
     from quantize.checkpoint.loader import default_model_dir, find_gguf
-    from quantize.cost.local import cpu_name
+    from quantize.machine import cpu_name
 
     folder = default_model_dir()
     bf16 = requantize(find_gguf(), WORK / "bf16" / "model.gguf", "BF16")

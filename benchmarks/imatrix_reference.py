@@ -75,7 +75,7 @@ def compare(binary: Path, case: str, llama_quantize: Path | None) -> dict:
     from quantize.checkpoint.loader import find_gguf
     from quantize.convert import imatrix
     from quantize.convert.backends.llamacpp import quantize_file
-    from quantize.cost.local import cpu_name
+    from quantize.machine import cpu_name
     from quantize.quiet import llama_log
 
     sys.path.insert(0, str(ROOT / "tests"))

@@ -9,7 +9,9 @@ Default checkpoints: `make demo`'s FP8 dynamic and 8-bit RTN reference outputs. 
 read from the golden set and nothing from the score cache. Per checkpoint and pair of thread counts: the largest
 |Δ log-likelihood|, how many requests differ at all and past 1e-4 nats, and is_greedy flips.
 
-The score cache keys a score by device kind and dtype, not by thread count (quantize/evaluate/cache.py Runtime).
+Measured before the score cache keyed an activation-rounding checkpoint's scores by CPU and thread count
+(quantize/evaluate/cache.py Runtime.rounding): what made that key necessary. Loads here go through load_model, not
+LastModel, so torch.set_num_threads is not overridden by the scorer's pin (quantize/machine.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from quantize.cost.local import cpu_name
+from quantize.machine import cpu_name
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = [ROOT / "outputs" / "fp8-e4m3", ROOT / "outputs" / "references" / "rtn-w8a16-g128"]

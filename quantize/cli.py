@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from quantize import machine
 from quantize.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -785,6 +786,7 @@ def _main(argv: list[str] | None) -> int:
 
         os.environ[REREAD] = "1"
     try:
+        machine.threads()  # a bad OMP_NUM_THREADS is the user's to fix (exit 2), before torch reads it
         return args.fn(args)
     except (UsageError, RuntimeFailure) as e:
         print(f"quantize {args.command}: {e.says}: {e}", file=sys.stderr)

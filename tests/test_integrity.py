@@ -195,7 +195,7 @@ def _entry(suite: Path, ckpt: Path, trust: bool = False) -> Path:
     from quantize.evaluate.suite import open_suite
 
     s = open_suite(suite)
-    return cache.score_path(s, identity_sha256(ckpt), runtime(s, trust))
+    return cache.score_path(s, identity_sha256(ckpt), runtime(s, trust, ckpt))
 
 
 def _rewrite(path: Path, data: dict, digest: bool = True) -> None:
@@ -309,6 +309,95 @@ def test_scores_from_another_device_kind_or_dtype_are_another_entry(world, tiny_
         dst.with_suffix(".sha256").unlink(missing_ok=True)
 
 
+@pytest.fixture
+def torch_threads():
+    """Torch's thread count as it was, put back after a test that scores under another (a load pins it)."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_an_activation_rounding_checkpoints_scores_are_keyed_by_cpu_and_threads(
+    world, tiny_model, tmp_path, monkeypatch, capsys, torch_threads
+):
+    """FP8 dynamic's scores moved by up to 1.26 nats a request between 1 and 2 torch threads (docs/results.md), and
+    the key named neither: a score computed at one count was served to a run at another, and a sweep's 1-thread
+    candidate scores read as a gate's 2-thread ones. Now such an entry names the CPU and the thread count, each load
+    pins torch to the count its key names, and a weight-only checkpoint's entry stays one shared entry."""
+    import torch
+
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.evaluate import cache
+    from quantize.evaluate.score import runtime
+    from quantize.evaluate.suite import open_suite
+    from quantize.machine import cpu_name
+
+    _, suite, _, _ = world
+    fp8 = tmp_path / "fp8"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {tiny_model}\nmethod: fp8\nscheme: FP8_DYNAMIC\ncalibration: null\noutput: {fp8}\n")
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    s, fp8_id = open_suite(suite), identity_sha256(fp8)
+
+    def scored(threads: int) -> dict:
+        monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(3 - threads)  # whoever set it before: the load pins it
+        capsys.readouterr()
+        assert main(["eval", str(suite), str(fp8), "--json", "--quiet"]) == 0
+        assert torch.get_num_threads() == threads
+        return json.loads(capsys.readouterr().out)["provenance"]
+
+    one = scored(1)
+    assert (one["cpu"], one["threads"]) == (cpu_name(), 1)
+    on_one = runtime(s, False, fp8)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    on_two = runtime(s, False, fp8)
+    assert (on_one.threads, on_two.threads) == (1, 2) and cache.score_path(s, fp8_id, on_one) != cache.score_path(
+        s, fp8_id, on_two
+    )
+    assert cache.lookup_scores(s, fp8_id, on_two) is None  # not served to a run at another count
+    assert scored(2)["threads"] == 2
+    # the 1-thread entry copied to the 2-thread path is refused by what it says it ran on, not served
+    src, dst = cache.score_path(s, fp8_id, on_one), cache.score_path(s, fp8_id, on_two)
+    dst.write_bytes(src.read_bytes())
+    dst.with_suffix(".sha256").write_bytes(src.with_suffix(".sha256").read_bytes())
+    with pytest.raises(UsageError, match="another checkpoint's or suite's scores"):
+        cache.lookup_scores(s, fp8_id, on_two)
+    dst.unlink()
+    # weights alone rounded: one entry whatever the count, its file naming neither (its bytes as before)
+    base_id = identity_sha256(tiny_model)
+    assert runtime(s, False, tiny_model) == cache.Runtime.on(s, "cpu") and on_two.rounding(False) == runtime(
+        s, False, tiny_model
+    )
+    assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
+    entry = json.loads(cache.score_path(s, base_id, runtime(s, False, tiny_model)).read_text())["provenance"]
+    assert "cpu" not in entry and "threads" not in entry
+    # an accelerator's runtime is keyed by its kind alone (not measured across its models)
+    assert cache.Runtime.on(s, "cuda", rounds=True) == cache.Runtime.on(s, "cuda")
+
+
+@pytest.mark.parametrize("value", ["many", "0", "-2", "99999"])
+def test_a_bad_thread_count_is_the_users_to_fix(tiny_model, world, monkeypatch, capsys, value):
+    _, suite, _, _ = world
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "OMP_NUM_THREADS" in err and repr(value) in err and "Traceback" not in err
+
+
+def test_the_thread_count_reads_torchs_variable_else_this_processs_cpus(monkeypatch):
+    import os
+
+    from quantize import machine
+
+    monkeypatch.setenv("OMP_NUM_THREADS", " 3,1 ")  # torch reads a nested list's first number
+    assert machine.threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert machine.threads() == len(os.sched_getaffinity(0))
+
+
 def test_the_gate_refuses_score_files_from_two_device_kinds(world, tiny_model, tmp_path, capsys):
     _, suite, _, _ = world
     assert main(["eval", str(suite), str(tiny_model), "--json", "--items", "--quiet"]) == 0
@@ -360,6 +449,43 @@ def test_the_report_reads_one_runtime_for_every_entry(world, tiny_model, tmp_pat
     assert report_runtime(s, [base, *cands], base) == on_cpu
 
 
+def test_the_report_reads_a_rounding_checkpoint_under_this_machine(world, tmp_path, monkeypatch):
+    """An entry whose config.json rounds activations is read (and counted when the report picks its runtime) under
+    this machine's CPU and thread count; one that rounds weights alone under the report's one runtime."""
+    from types import SimpleNamespace
+
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
+    from quantize.report.collect import entry_runtime, report_runtime
+
+    _, suite, _, _ = world
+    s = open_suite(suite)
+    qc = {"quant_method": "compressed-tensors", "config_groups": {"g": {"input_activations": {"num_bits": 8}}}}
+    rounding = []
+    for name in "ef":
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"quantization_config": qc}))
+        rounding.append(SimpleNamespace(sha256=name * 64, path=tmp_path / name))
+    weights = SimpleNamespace(sha256="a" * 64, path=tmp_path / "a")  # no config.json: rounds nothing
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    on_cpu, on_cuda = cache.Runtime.on(s, "cpu"), cache.Runtime.on(s, "cuda")
+    assert entry_runtime(s, rounding[0], on_cpu) == cache.Runtime.on(s, "cpu", rounds=True) != on_cpu
+    assert entry_runtime(s, rounding[0], on_cpu).threads == 1 and entry_runtime(s, weights, on_cpu) == on_cpu
+    assert entry_runtime(s, rounding[0], on_cuda) == on_cuda
+    for e, run in [*((e, on_cpu.rounding(True)) for e in rounding), (weights, on_cuda)]:
+        digest = cache.score_path(s, e.sha256, run).with_suffix(".sha256")
+        digest.parent.mkdir(parents=True, exist_ok=True)
+        digest.write_text("0" * 64)
+    assert report_runtime(s, [*rounding, weights]) == on_cpu  # two scored on this CPU, one on an accelerator
+    # scored at another thread count on this CPU (a sweep's task at its own): read, under that count
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert entry_runtime(s, rounding[0], on_cpu).threads == 1
+    assert entry_runtime(s, weights, on_cpu) == on_cpu
+    unscored = SimpleNamespace(sha256="9" * 64, path=rounding[0].path)
+    assert entry_runtime(s, unscored, on_cpu).threads == 2  # none anywhere: this process's count
+
+
 def test_the_verdict_names_its_score_files_and_a_policy_can_pin_the_baseline(world, tiny_model, tmp_path, capsys):
     _, suite, lenient, _ = world
     gate = ["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(tiny_model), "--json", "-q"]
@@ -404,7 +530,7 @@ def test_a_corrupt_baseline_top_k_is_named_not_a_crash(world, tiny_model, capsys
     from quantize.evaluate.score import runtime
 
     s = open_suite(suite)
-    p = cache.baseline_topk_path(s, identity_sha256(tiny_model), runtime(s, False))
+    p = cache.baseline_topk_path(s, identity_sha256(tiny_model), runtime(s, False, tiny_model))
     kept = p.read_bytes()
     try:
         p.write_bytes(kept[: len(kept) // 2])  # truncated
@@ -426,7 +552,7 @@ def test_agreement_entries_are_served_only_beside_a_digest_they_match(world, tin
 
     _, suite, lenient, _ = world
     s = open_suite(suite)
-    sha, run = identity_sha256(tiny_model), runtime(s, False)
+    sha, run = identity_sha256(tiny_model), runtime(s, False, tiny_model)
     assert main(["agree", str(suite), "--baseline", str(tiny_model), str(tiny_model), "-q"]) == 0
     topk, cmp = cache.baseline_topk_path(s, sha, run), cache.agreement_path(s, sha, sha, run)
     assert digest_path(topk).is_file() and digest_path(cmp).is_file()
@@ -484,7 +610,7 @@ def _forge_candidate_entry(suite: Path, good: Path, bad: Path) -> Path:
     from quantize.evaluate.score import runtime
     from quantize.evaluate.suite import open_suite
 
-    s, run, bad_id = open_suite(suite), runtime(open_suite(suite), False), identity_sha256(bad)
+    s, run, bad_id = open_suite(suite), runtime(open_suite(suite), False, bad), identity_sha256(bad)
     data = json.loads(_entry(suite, good).read_text())
     data["key"] = cache.score_key(s, bad_id, run)
     ref = {"path": str(bad), "weights_sha256": weights_sha256(bad), "identity_sha256": bad_id}

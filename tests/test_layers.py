@@ -58,7 +58,20 @@ STAGES = (
     "quantize.api",
     "quantize.cli",
 )
-FOUNDATION = ("errors", "config", "io", "records", "kinds", "stats", "cache", "tables", "quiet", "names", "progress")
+FOUNDATION = (
+    "errors",
+    "config",
+    "io",
+    "records",
+    "kinds",
+    "stats",
+    "cache",
+    "tables",
+    "quiet",
+    "names",
+    "progress",
+    "machine",
+)
 # each record's module (quantize/records/: one per file the pipeline writes), found on disk so that a new one falls
 # under the rule below; the package's index (__init__) and base.py, which every record's module imports, are not
 RECORD_MODULES = tuple(

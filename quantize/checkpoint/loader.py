@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from quantize import machine
 from quantize.cache import cache_dir
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.decompressed import load_decompressed
@@ -379,11 +380,14 @@ class LastModel:
         self._loaded: Any = None
 
     def get(self, path: Path, dtype: str = "auto", on: str | None = None) -> tuple[Any, Any]:
-        """The model at `path` in dtype `dtype` ("auto", "float32", "bfloat16", ...) on device `on`."""
+        """The model at `path` in dtype `dtype` ("auto", "float32", "bfloat16", ...) on device `on`, with torch's
+        CPU thread count set to quantize/machine.py's `threads()` (the count a score's key names where it is a
+        rounding model's on a CPU: evaluate/cache.Runtime.rounding), on every call, whoever set it since."""
+        import torch
+
+        torch.set_num_threads(machine.threads())
         key = (str(Path(path).resolve()), dtype, on)
         if key != self._key:
-            import torch
-
             self._loaded = None  # release the previous model before loading the next
             self._loaded = load_model(
                 path, self.trust_remote_code, dtype=dtype if dtype == "auto" else getattr(torch, dtype), on=on

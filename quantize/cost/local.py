@@ -15,29 +15,18 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import platform
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from quantize.cache import memo_path, read_memo, write_memo
 from quantize.cost.bounds import Hardware
+from quantize.machine import cpu_name
 
 NAME = "local"
 BUFFER_BYTES = 1 << 30  # 1 GiB: far past any cache of the machines this runs on
 N = 1024
 REPEATS = 5
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), else the platform's machine name."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine() or "unknown CPU"
 
 
 def memory_bytes() -> float | None:

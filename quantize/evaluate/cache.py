@@ -22,19 +22,21 @@ unless asked for) is docs/reliability.md's trust model, which quantize/flows/gat
 The runtime (`Runtime`) is what changes a computed number besides the checkpoint and the suite's text: the device
 kind the model ran on (kernels differ between a CPU and an accelerator), the dtype it was loaded in (the suite's
 "auto" resolves to float32 on a CPU and the checkpoint's own dtype elsewhere), whether the checkpoint's own
-code ran (--trust-remote-code), and for a GGUF the engine that scored it (llama.cpp: its version, threads and
-decode chunk; dtype "gguf": the file's own types).
+code ran (--trust-remote-code), for a GGUF the engine that scored it (llama.cpp: its version, threads and
+decode chunk; dtype "gguf": the file's own types), and for a model that rounds its activations on a CPU the CPU's
+name and torch's thread count (`Runtime.rounding`: its numbers move with both).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from quantize import records
+from quantize import machine, records
 from quantize.cache import cache_dir, checked_bytes, digest_path, seal_record
 from quantize.errors import UsageError
 from quantize.evaluate.engine import llamacpp_engine, llamacpp_version
@@ -79,8 +81,9 @@ def restore_key_parts(suite: OpenSuite) -> dict[str, Any]:
     """What a CI cache of a suite's scores is saved and restored under (`quantize cache-key POLICY`): everything
     that keys its score and agreement entries except the checkpoints and the runtime (module docstring), and the
     installed versions of SCORING_DISTRIBUTIONS. A policy's own rules key nothing: two policies on one suite
-    share their scores. The runtime is the runner's (device kind, dtype): where runners differ, the action's
-    `cache-key-extra` tells them apart."""
+    share their scores. The runtime is the runner's (device kind, dtype; a model that rounds activations also its
+    CPU and thread count, which key its entries alone): where runners differ, the action's `cache-key-extra` tells
+    them apart."""
     a = suite.suite.agreement
     return {
         "suite_settings_sha256": suite.sha256,
@@ -104,26 +107,55 @@ class Runtime:
     dtype: str  # the suite's dtype resolved for that device ("auto": the checkpoint's own, fixed by its identity)
     trust_remote_code: bool = False
     engine: str | None = None  # another engine than transformers: a GGUF's llama.cpp (evaluate/engine.llamacpp_engine)
+    # a model that rounds activations, on a CPU (`rounding`): the CPU's name and torch's thread count
+    cpu: str | None = None
+    threads: int | None = None
 
     @classmethod
-    def on(cls, suite: OpenSuite, device: str, trust_remote_code: bool = False) -> Runtime:
-        """The runtime of a model run on `device` (a resolved device: "cpu", "cuda:1", ...) under the suite."""
+    def on(cls, suite: OpenSuite, device: str, trust_remote_code: bool = False, rounds: bool = False) -> Runtime:
+        """The runtime of a model run on `device` (a resolved device: "cpu", "cuda:1", ...) under the suite;
+        `rounds`: the model rounds its activations (checkpoint/rounding.py), so a CPU's runtime names the
+        machine (`rounding`)."""
         kind = device_kind(device)
-        return cls(kind, suite.suite.model_dtype(kind), trust_remote_code)
+        return cls(kind, suite.suite.model_dtype(kind), trust_remote_code).rounding(rounds)
+
+    def rounding(self, rounds: bool) -> Runtime:
+        """This runtime for a model that rounds its activations (`rounds`) or does not. Where it does, on a CPU, the
+        runtime names this machine's CPU and the thread count torch computes with there (quantize/machine.py,
+        pinned at each load): a last-bit change from another CPU's kernels or another split of a matmul's sums
+        can cross a rounding boundary and move a score by a nat (docs/results.md). A model that rounds only its
+        weights moved by at most 3.4e-5 nats between thread counts, and its entries stay shared between machines
+        (a CI cache restored on another runner). On an accelerator the device kind alone keys it (not measured
+        across accelerator models)."""
+        if not rounds or self.device_kind != "cpu" or self.engine is not None:
+            return replace(self, cpu=None, threads=None)
+        return replace(self, cpu=machine.cpu_name(), threads=machine.threads())
 
     def key(self) -> list[Any]:
         trust = ["trust_remote_code"] if self.trust_remote_code else []
-        return [self.device_kind, self.dtype, *trust, *(["engine", self.engine] if self.engine else [])]
+        on = ["machine", self.cpu, self.threads] if self.cpu is not None else []
+        return [self.device_kind, self.dtype, *trust, *(["engine", self.engine] if self.engine else []), *on]
 
 
 def runtimes(suite: OpenSuite) -> list[Runtime]:
     """Every runtime a suite's scores may have been computed under, for a reader that loads no model (the report):
     the suite's own device, or on "auto" every device kind; without and then with the checkpoint's own code; and
-    llama.cpp's where it is installed (a GGUF's)."""
+    llama.cpp's where it is installed (a GGUF's). A checkpoint that rounds activations is read under one of these
+    `rounding(True)`: this machine's CPU and thread count."""
     device = suite.suite.device
     kinds = DEVICE_KINDS if device == "auto" else (device_kind(device),)
     gguf = [llamacpp_runtime(suite)] if llamacpp_version() is not None else []
     return [Runtime.on(suite, k, trust) for trust in (False, True) for k in kinds] + gguf
+
+
+def on_this_cpu(run: Runtime) -> list[Runtime]:
+    """Where a reader that loads no model (the report, a sweep's driver) looks for a rounding model's scores
+    computed on this CPU: `run` (this process's thread count), then every other count up to this machine's CPUs
+    (a sweep's task scores at its own). `run` alone where it names no machine."""
+    if run.threads is None:
+        return [run]
+    counts = range(1, max(os.cpu_count() or 1, run.threads) + 1)
+    return [run, *(replace(run, threads=n) for n in counts if n != run.threads)]
 
 
 def llamacpp_runtime(suite: OpenSuite) -> Runtime:
@@ -165,7 +197,7 @@ def lookup_scores(suite: OpenSuite, ckpt_id: str, run: Runtime) -> ScoreDoc | No
 def ran(doc: ScoreDoc) -> Runtime:
     """The runtime a score document says it was computed under."""
     p = doc.provenance
-    return Runtime(device_kind(p.device), p.dtype, p.trust_remote_code, p.engine)
+    return Runtime(device_kind(p.device), p.dtype, p.trust_remote_code, p.engine, p.cpu, p.threads)
 
 
 def summary_mismatches(doc: ScoreDoc) -> list[str]:

@@ -93,6 +93,7 @@ from lm_eval.api.registry import register_model
 
 from quantize.checkpoint import architecture
 from quantize.checkpoint.loader import LastModel
+from quantize.checkpoint.rounding import rounds_activations
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import UsageError
 
@@ -102,9 +103,6 @@ SUFFIX_QUANTUM = 4  # packed: a shared group's continuations, to a multiple of t
 KEEP = 12  # packed: a whole row's head runs on its pass's last KEEP positions when its scored ones lie there
 TOKEN_BUDGET = 2048  # packed: positions a pass holds at most (rows × width), unless one row alone is wider
 PACKED_DEVICES = ("cpu",)  # where an item's floats were measured not to move with the pass's rows
-
-
-WEIGHT_ONLY_METHODS = ("gptq", "awq")  # transformers' quantization methods that round the weights alone
 
 
 def packs(config: Any, device: Any, modules: Iterable[Any] = ()) -> bool:
@@ -139,39 +137,6 @@ def shares_contexts(config: Any, modules: Iterable[Any] = ()) -> bool:
         return all(layer.kind in SHARED_CACHE_KINDS for layer in architecture.attention_layers(config.to_dict()))
     except UsageError:
         return False
-
-
-def rounds_activations(config: Any, modules: Iterable[Any] = ()) -> bool:
-    """Whether the model rounds what it computes, not only its weights (module docstring). `config`'s
-    `quantization_config` (transformers' object, as a loaded model holds it, or config.json's dict) is
-    compressed-tensors' with a config group whose `input_activations` or `output_activations` is set (FP8 dynamic
-    and static, FP8 block, W8A8, W4AFP8, NVFP4, MXFP4) or with a `kv_cache_scheme`, or of a method this rule
-    cannot read (neither compressed-tensors nor one of WEIGHT_ONLY_METHODS); or one of `modules` carries a
-    compressed-tensors scheme (`quantization_scheme`, what its forward rounds by) with input or output
-    activations: a format transformers dequantizes at load (NVFP4, MXFP4: checkpoint/loader.DEQUANTIZED_AT_LOAD)
-    drops the config's quantization_config and keeps rounding each linear's input."""
-    for m in modules:
-        scheme = getattr(m, "quantization_scheme", None)
-        if any(getattr(scheme, a, None) is not None for a in ("input_activations", "output_activations")):
-            return True
-    qc = getattr(config, "quantization_config", None)
-    if qc is None:
-        return False
-    if not isinstance(qc, dict):  # transformers' CompressedTensorsConfig (to_dict), a pydantic model (model_dump)
-        qc = qc.to_dict() if hasattr(qc, "to_dict") else qc.model_dump() if hasattr(qc, "model_dump") else None
-    if not isinstance(qc, dict):
-        return True
-    method = qc.get("quant_method")
-    method = str(getattr(method, "value", method) or "").lower()  # transformers' QuantizationMethod is an enum
-    if method != "compressed-tensors":
-        return method not in WEIGHT_ONLY_METHODS
-    groups = qc.get("config_groups") or {}
-    if qc.get("kv_cache_scheme") is not None or not isinstance(groups, dict):
-        return True
-    return any(
-        not isinstance(g, dict) or g.get("input_activations") is not None or g.get("output_activations") is not None
-        for g in groups.values()
-    )
 
 
 class Row(NamedTuple):

@@ -32,6 +32,7 @@ from quantize.checkpoint.files import (
 )
 from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.loader import device as pick_device
+from quantize.checkpoint.rounding import stored_rounds_activations
 from quantize.errors import RuntimeFailure
 from quantize.evaluate import cache
 from quantize.evaluate.engine import gguf_to_score, llamacpp_settings
@@ -207,12 +208,14 @@ def score(
     return Scored(doc, False)
 
 
-def runtime(suite: OpenSuite, trust_remote_code: bool, checkpoint: Path | None = None) -> cache.Runtime:
-    """The runtime this process scores under (the suite's device resolved here; llama.cpp's for a GGUF
-    `checkpoint`): what keys its cache entries."""
-    if checkpoint is not None and gguf_to_score(checkpoint) is not None:
+def runtime(suite: OpenSuite, trust_remote_code: bool, checkpoint: Path, device: str | None = None) -> cache.Runtime:
+    """The runtime this process scores `checkpoint` under (on `device`, else the suite's device resolved here;
+    llama.cpp's for a GGUF): what keys its cache entries. A checkpoint whose config.json rounds activations names
+    this machine on a CPU (cache.Runtime.rounding)."""
+    if gguf_to_score(checkpoint) is not None:
         return cache.llamacpp_runtime(suite)
-    return cache.Runtime.on(suite, pick_device(suite.suite.device), trust_remote_code)
+    on = device or pick_device(suite.suite.device)
+    return cache.Runtime.on(suite, on, trust_remote_code, stored_rounds_activations(checkpoint))
 
 
 def reported(run: Callable[..., ScoreDoc]) -> Callable[..., ScoreDoc]:
@@ -272,8 +275,7 @@ def run_lm_eval(
     tasks = [t for t in suite.tasks if samples is None or samples.get(t)]
     gguf = gguf_to_score(ckpt, s)
     device = "cpu" if gguf is not None else pick_device(s.device)
-    trust = models.trust_remote_code
-    run = cache.llamacpp_runtime(suite) if gguf is not None else cache.Runtime.on(suite, device, trust)
+    run = runtime(suite, models.trust_remote_code, ckpt, device)
     t0 = time.perf_counter()
     # loaded before lm-eval runs: a checkpoint that does not load strictly is the user's to fix (exit 2)
     model = lm_eval_model(s, ckpt, device, models)
@@ -312,6 +314,8 @@ def run_lm_eval(
             dtype=run.dtype,
             trust_remote_code=run.trust_remote_code,
             engine=run.engine,
+            cpu=run.cpu,
+            threads=run.threads,
         ),
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         wall_seconds=round(wall, 1),

@@ -31,6 +31,10 @@ class ScoreProvenance(Strict):
     dtype: str
     trust_remote_code: bool = False  # the checkpoint's own code ran at load (asked for on the command line)
     engine: str | None = None  # another engine than transformers (a GGUF's llama.cpp: version, threads, n_batch)
+    # a model that rounds activations, scored on a CPU: the CPU's name and torch's thread count (keyed by both:
+    # quantize/evaluate/cache.py Runtime.rounding)
+    cpu: str | None = None
+    threads: int | None = None
     # a side read from lm-eval's own samples (quantize/evaluate/samples.py), not scored here: every file read (the
     # results file and each task's samples file) with its sha256, and lm-eval's model arguments as written
     samples: dict[str, str] | None = None
@@ -38,10 +42,11 @@ class ScoreProvenance(Strict):
 
     @model_serializer(mode="wrap")
     def _scored_here_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A side scored here writes neither samples field: its score file keeps the bytes (and the sha256 a policy
-        may pin: baseline_scores_sha256) it had before they were added."""
+        """A side scored here writes neither samples field, and one that rounds no activations neither machine
+        field: its score file keeps the bytes (and the sha256 a policy may pin: baseline_scores_sha256) it had
+        before they were added."""
         data = handler(self)
-        for field in ("samples", "model_args"):
+        for field in ("samples", "model_args", "cpu", "threads"):
             if data.get(field) is None:
                 data.pop(field, None)
         return data

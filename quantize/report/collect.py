@@ -21,6 +21,7 @@ from quantize import records
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.accounting import bits_report
 from quantize.checkpoint.files import identity_sha256, read_config
+from quantize.checkpoint.rounding import stored_rounds_activations
 from quantize.cost import bounds as cost
 from quantize.errors import UsageError
 from quantize.evaluate import cache
@@ -280,8 +281,13 @@ def collect(
 
 def entry_runtime(suite: Any, e: Entry, run: cache.Runtime) -> cache.Runtime:
     """The runtime an entry's numbers are read under: a GGUF's are llama.cpp's, on the CPU (evaluate/engine.py),
-    every other checkpoint's the report's one runtime."""
-    return cache.llamacpp_runtime(suite) if ggufs.find(e.path) is not None else run
+    every other checkpoint's the report's one runtime, which for a checkpoint that rounds activations names this
+    machine's CPU and a thread count (cache.Runtime.rounding): this process's, else the first other count with
+    scores (cache.on_this_cpu: a sweep's tasks score at their own). Scores computed on another CPU are not read."""
+    if ggufs.find(e.path) is not None:
+        return cache.llamacpp_runtime(suite)
+    tried = cache.on_this_cpu(run.rounding(stored_rounds_activations(Path(e.path))))
+    return next((r for r in tried if cache.score_file_sha256(suite, e.sha256, r) is not None), tried[0])
 
 
 def report_runtime(suite: Any, entries: list[Entry], base: Entry | None = None) -> cache.Runtime:
@@ -294,11 +300,12 @@ def report_runtime(suite: Any, entries: list[Entry], base: Entry | None = None) 
     others = [e for e in entries if e is not base] if base else []
 
     def found(r: cache.Runtime) -> tuple[int, int]:
-        scored = sum(cache.score_file_sha256(suite, e.sha256, r) is not None for e in anchors)
+        scored = sum(cache.score_file_sha256(suite, e.sha256, entry_runtime(suite, e, r)) is not None for e in anchors)
         if base is None:
             return scored, 0
         base_run = entry_runtime(suite, base, r)
-        return scored, sum(cache.agreement_path(suite, base.sha256, e.sha256, r, base_run).is_file() for e in others)
+        runs = ((e, entry_runtime(suite, e, r)) for e in others)
+        return scored, sum(cache.agreement_path(suite, base.sha256, e.sha256, o, base_run).is_file() for e, o in runs)
 
     return max(cache.runtimes(suite), key=found)
 

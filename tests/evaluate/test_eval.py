@@ -121,9 +121,8 @@ def test_gate_a_a_passes_with_agreement(setup, tiny_model, capsys):
     # what the gate wrote: the verdict on stdout and the cached agreement, each valid against its record
     verdict = records.parse(Verdict, v, "stdout")
     sha = verdict.provenance.baseline.checkpoint.identity_sha256
-    cached = records.read(
-        AgreementResult, cache.agreement_path(open_suite(setup[1]), sha, sha, runtime(open_suite(setup[1]), False))
-    )
+    s = open_suite(setup[1])
+    cached = records.read(AgreementResult, cache.agreement_path(s, sha, sha, runtime(s, False, tiny_model)))
     assert cached.kl_mean == pytest.approx(kl["value"]) and cached.positions == kl["positions"]
 
 
@@ -449,7 +448,7 @@ def test_weights_replaced_between_hash_and_load_give_no_verdict_and_no_cache_ent
     err = capsys.readouterr().err
     assert code == 2, err
     assert "changed while it was being read" in err and nan_id[:16] in err
-    run = runtime(open_suite(suite), False)
+    run = runtime(open_suite(suite), False, cand)
     assert not cache.score_path(open_suite(suite), nan_id, run).exists()
 
 
