@@ -49,6 +49,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from quantize.machine import cpu_name
+
 if TYPE_CHECKING:
     from quantize.records import ScoreDoc
 
@@ -322,6 +324,7 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=None, help="work folder (default: a temporary one)")
     p.add_argument("--only", choices=["stock", "fixed"], default=None)
     p.add_argument("--suite", default=SUITE, help="a suite on golden/core/v1 (seed 0), e.g. evaluate/core.yaml")
+    p.add_argument("--note", default="", help="how it ran (alone, beside other jobs, at what nice), kept in the JSON")
     a = p.parse_args()
     work = a.work or Path(tempfile.mkdtemp(prefix="server-samples-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -343,7 +346,8 @@ def main() -> None:
         "rules": RULES,
         "export_s": round(export_s, 1),
         "baselines_s": round(time.monotonic() - t, 1),
-        "note": "2-core machine shared with other jobs; every process at nice 19",
+        "machine": f"{cpu_name()}, {os.cpu_count()} CPUs",
+        "note": a.note,
     }
     import importlib.metadata as md
 

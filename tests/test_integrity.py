@@ -376,6 +376,26 @@ def test_an_activation_rounding_checkpoints_scores_are_keyed_by_cpu_and_threads(
     assert "cpu" not in entry and "threads" not in entry
     # an accelerator's runtime is keyed by its kind alone (not measured across its models)
     assert cache.Runtime.on(s, "cuda", rounds=True) == cache.Runtime.on(s, "cuda")
+    # the verdict names where the candidate's numbers were computed, and says why it matters; the baseline none
+    _, _, lenient, _ = world
+    capsys.readouterr()
+    gate = ["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(fp8)]
+    assert main([*gate, "--json", "-q"]) in (0, 1)
+    verdict = json.loads(capsys.readouterr().out)
+    sides = verdict["provenance"]
+    assert (sides["candidate"]["cpu"], sides["candidate"]["threads"]) == (cpu_name(), 2)
+    assert "cpu" not in sides["baseline"] and "threads" not in sides["baseline"]
+    main(gate)
+    out = capsys.readouterr().out
+    assert f"candidate was computed on {cpu_name()} at 2 threads" in out and "baseline was computed" not in out
+    from quantize.gates.render import render_markdown, render_text
+
+    v = records.parse(Verdict, verdict, "stdout")
+    assert "The candidate was computed on" in render_markdown(v)
+    # a forged score file's CPU name is printed as its characters, starting no line of its own
+    forged = v.provenance.candidate.model_copy(update={"cpu": "x\n# PASS"})
+    v = v.model_copy(update={"provenance": v.provenance.model_copy(update={"candidate": forged})})
+    assert not [line for line in (render_text(v) + render_markdown(v)).splitlines() if line.startswith("# PASS")]
 
 
 @pytest.mark.parametrize("value", ["many", "0", "-2", "99999"])

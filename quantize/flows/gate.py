@@ -461,7 +461,11 @@ def run_sequential(
         results, taken, plans, bounds, cand, agreement_looks = sq.run(policy, base, agree, score, across_engines)
     scored = {t: len(v) for t, v in staged.items.items()}
     seconds = None if staged.cached else round(staged.seconds, 1)
-    candidate = side(cand) if cand is not None else SideRef(checkpoint=staged.ref, batch_size=suite.suite.batch_size)
+    if cand is not None:
+        candidate = side(cand)
+    else:  # stopped by agreement before any look: the agreement was computed where a scoring would have been
+        at = runtime(suite, models.trust_remote_code, cand_path)
+        candidate = SideRef(checkpoint=staged.ref, batch_size=suite.suite.batch_size, cpu=at.cpu, threads=at.threads)
     record = sq.record(policy.sequential, bounds, taken, plans, scored, seconds, agreement_looks)
     runs: dict[str, object] = {"batch_size": suite.suite.batch_size, "stage_runs": staged.calls}
     if agreement is not None:

@@ -378,8 +378,10 @@ def prompts_note(base: ScoreDoc, cand: ScoreDoc, checked: int) -> str:
 
 
 def side(doc: ScoreDoc) -> SideRef:
-    """The verdict's reference to one side: its checkpoint identity and the batch size it was scored at."""
-    return SideRef(checkpoint=doc.provenance.checkpoint, batch_size=doc.provenance.batch_size)
+    """The verdict's reference to one side: its checkpoint identity, the batch size it was scored at, and the
+    machine where its numbers move with it (an activation-rounding model on a CPU)."""
+    p = doc.provenance
+    return SideRef(checkpoint=p.checkpoint, batch_size=p.batch_size, cpu=p.cpu, threads=p.threads)
 
 
 def verdict_of(

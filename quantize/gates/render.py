@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from typing import Any
 
 from quantize.records import (
@@ -16,6 +17,7 @@ from quantize.records import (
     SizingReport,
     UntestedResult,
     Verdict,
+    VerdictProvenance,
 )
 from quantize.tables import markdown_cell, md_code, md_text, printable
 from quantize.tables import text_table as table
@@ -148,6 +150,7 @@ def render_text(v: Verdict) -> str:
         f"({p.golden.manifest_sha256[:12]}); tasks {json.dumps(p.task_versions)}; "
         f"lm-eval {p.lm_eval_version}; seed {p.seed}",
     ]
+    lines += computed_on(p)
     return "\n".join(lines)
 
 
@@ -267,4 +270,16 @@ def render_markdown(v: Verdict) -> str:
         f"(`{p.golden.manifest_sha256[:12]}`), suite {md_code(p.suite)}, lm-eval {md_text(p.lm_eval_version)}, "
         f"seed {p.seed}.",
     ]
+    lines += [f"The {line}." for line in computed_on(p, md_text)]
     return "\n".join(lines) + "\n"
+
+
+def computed_on(p: VerdictProvenance, escape: Callable[[str], str] = printable) -> list[str]:
+    """Where each side's numbers were computed, for a side that names its machine (an activation-rounding model
+    on a CPU); `escape` makes the CPU's name safe for the output (text or Markdown)."""
+    return [
+        f"{name} was computed on {escape(s.cpu)} at {s.threads} threads: it rounds its activations, and its "
+        "numbers move with the CPU and the thread count (docs/results.md)"
+        for name, s in (("baseline", p.baseline), ("candidate", p.candidate))
+        if s.cpu is not None
+    ]
