@@ -18,6 +18,7 @@ from quantize.errors import UsageError
 
 THREADS_VARIABLE = "OMP_NUM_THREADS"  # torch's own (a sweep's worker sets it to its task's CPUs: cluster/executor)
 MAX_THREADS = 4096
+TOPOLOGY = Path("/sys/devices/system/cpu")  # Linux's: cpuN/topology/{physical_package_id,core_id}
 
 
 def cpu_name() -> str:
@@ -33,11 +34,13 @@ def cpu_name() -> str:
 
 def threads() -> int:
     """The thread count torch computes with while quantize scores on a CPU: OMP_NUM_THREADS where set (torch's
-    own variable: its first number, as torch reads a nested list "4,2"), else every CPU this process may run on
-    (its affinity, which torch's own default, the physical cores of the whole machine, ignores)."""
+    own variable: its first number, as torch reads a nested list "4,2"), else the physical cores among the CPUs
+    this process may run on (`physical_cores`: torch's own default counts the whole machine's physical cores,
+    whatever the process's affinity)."""
     raw = os.environ.get(THREADS_VARIABLE, "").strip()
     if not raw:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        return physical_cores(cpus)
     first = raw.split(",", 1)[0].strip()
     if not first.isdecimal() or not 1 <= int(first) <= MAX_THREADS:
         raise UsageError(
@@ -45,3 +48,16 @@ def threads() -> int:
             f"number from 1 to {MAX_THREADS}, or unset it to use every CPU this process may run on"
         )
     return int(first)
+
+
+def physical_cores(cpus: set[int]) -> int:
+    """How many physical cores the logical CPUs `cpus` sit on: their distinct (package, core) pairs in Linux's
+    CPU topology (TOPOLOGY), two hyperthreads of one core counted once; len(cpus) where that is not readable."""
+    cores = set()
+    for cpu in cpus:
+        where = TOPOLOGY / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(((where / "physical_package_id").read_text().strip(), (where / "core_id").read_text().strip()))
+        except OSError:
+            return max(len(cpus), 1)
+    return max(len(cores), 1)

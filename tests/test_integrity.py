@@ -415,7 +415,26 @@ def test_the_thread_count_reads_torchs_variable_else_this_processs_cpus(monkeypa
     monkeypatch.setenv("OMP_NUM_THREADS", " 3,1 ")  # torch reads a nested list's first number
     assert machine.threads() == 3
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert machine.threads() == len(os.sched_getaffinity(0))
+    assert machine.threads() == machine.physical_cores(os.sched_getaffinity(0)) <= len(os.sched_getaffinity(0))
+
+
+def test_the_default_thread_count_is_the_physical_cores_this_process_may_use(tmp_path, monkeypatch):
+    """Torch's own default is one thread per physical core; hyperthreads of one core count once, and only the
+    CPUs of the process's affinity count."""
+    from quantize import machine
+
+    for cpu, (package, core) in enumerate([(0, 0), (0, 0), (0, 1), (0, 1), (1, 0), (1, 0)]):  # 2 threads a core
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text(f"{package}\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr(machine, "TOPOLOGY", tmp_path)
+    assert machine.physical_cores(set(range(6))) == 3  # (0, 0), (0, 1), (1, 0): one package's core 0 is not another's
+    assert machine.physical_cores({0, 1}) == 1 and machine.physical_cores({1, 2, 4}) == 3
+    assert machine.physical_cores({0, 7}) == 2  # a CPU without its topology: every CPU counted
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {2, 3})
+    assert machine.threads() == 1
 
 
 def test_the_gate_refuses_score_files_from_two_device_kinds(world, tiny_model, tmp_path, capsys):
