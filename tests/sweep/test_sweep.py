@@ -64,13 +64,15 @@ class World:
         self.runs: dict[str, RunRecord] = {}
 
     def reference(self) -> None:
-        """Each candidate converted, then gated, one after the other, torch at one thread (as the sweep's tasks)."""
+        """Each candidate converted, then gated, one after the other, torch at one thread (as the sweep's tasks:
+        OMP_NUM_THREADS, which every load pins torch to, quantize/machine.py)."""
         import torch
 
         from quantize.flows.gate import run_gate
 
-        threads = torch.get_num_threads()
+        threads, variable = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
         torch.set_num_threads(1)
+        os.environ["OMP_NUM_THREADS"] = "1"
         try:
             assert cli(["run", str(self.base / "given.yaml"), "--output", str(self.given), "--quiet"]) == 0
             for name, recipe in self.recipes.items():
@@ -82,8 +84,13 @@ class World:
                 self.verdicts[policy.stem] = {n: run_gate(policy, self.tiny, f) for n, f in folders.items()}
             for f in self.given.glob("gate.*"):  # the reference leaves no verdict in the given checkpoint
                 f.unlink()
+            assert torch.get_num_threads() == 1
         finally:
             torch.set_num_threads(threads)
+            if variable is None:
+                os.environ.pop("OMP_NUM_THREADS", None)
+            else:
+                os.environ["OMP_NUM_THREADS"] = variable
 
     def sweep_file(self, where: Path, recipes: list[str], policy: Path, checkpoints=(), extra: str = "") -> Path:
         where.mkdir(parents=True, exist_ok=True)
