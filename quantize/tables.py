@@ -89,3 +89,8 @@ def html_text(text: object) -> str:
 def html_code(text: object) -> str:
     """`text` as an HTML <code> element (`html_text` inside)."""
     return f"<code>{html_text(text)}</code>"
+
+
+def counted(n: int, noun: str) -> str:
+    """`n` of a noun whose plural adds an s: "1 thread", "2 threads"."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"

@@ -347,7 +347,11 @@ def test_an_activation_rounding_checkpoints_scores_are_keyed_by_cpu_and_threads(
         capsys.readouterr()
         assert main(["eval", str(suite), str(fp8), "--json", "--quiet"]) == 0
         assert torch.get_num_threads() == threads
-        return json.loads(capsys.readouterr().out)["provenance"]
+        doc = json.loads(capsys.readouterr().out)["provenance"]
+        assert main(["eval", str(suite), str(fp8), "--quiet"]) == 0  # read back from the cache, said in its text
+        said = "1 thread)" if threads == 1 else f"{threads} threads)"
+        assert f"cached; on {cpu_name()}, {said}" in capsys.readouterr().out
+        return doc
 
     one = scored(1)
     assert (one["cpu"], one["threads"]) == (cpu_name(), 1)
@@ -387,7 +391,7 @@ def test_an_activation_rounding_checkpoints_scores_are_keyed_by_cpu_and_threads(
     assert "cpu" not in sides["baseline"] and "threads" not in sides["baseline"]
     main(gate)
     out = capsys.readouterr().out
-    assert f"candidate was computed on {cpu_name()} at 2 threads" in out and "baseline was computed" not in out
+    assert f"candidate was computed on {cpu_name()} at 2 threads:" in out and "baseline was computed" not in out
     from quantize.gates.render import render_markdown, render_text
 
     v = records.parse(Verdict, verdict, "stdout")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from quantize.kinds import kind_of
 from quantize.records import AgreementResult, ScoreDoc
+from quantize.tables import counted, printable
 from quantize.tables import text_table as table
 
 
@@ -14,6 +15,8 @@ def score_text(doc: ScoreDoc, cached: bool) -> str:
     took = "cached" if cached else f"{doc.wall_seconds:.0f} s"
     if p.samples:  # read from an lm-eval run's samples (evaluate/samples.py): its engine computed them
         took = f"read from {p.engine}, {doc.wall_seconds:.0f} s in lm-eval"
+    if p.cpu is not None:  # an activation-rounding model's numbers move with both (evaluate/cache.Runtime.rounding)
+        took += f"; on {printable(p.cpu)}, {counted(p.threads or 0, 'thread')}"
     rows = []
     for task, d in doc.tasks.items():
         h = kind_of(d).headline(d)

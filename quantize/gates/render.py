@@ -19,7 +19,7 @@ from quantize.records import (
     Verdict,
     VerdictProvenance,
 )
-from quantize.tables import markdown_cell, md_code, md_text, printable
+from quantize.tables import counted, markdown_cell, md_code, md_text, printable
 from quantize.tables import text_table as table
 
 
@@ -278,8 +278,8 @@ def computed_on(p: VerdictProvenance, escape: Callable[[str], str] = printable) 
     """Where each side's numbers were computed, for a side that names its machine (an activation-rounding model
     on a CPU); `escape` makes the CPU's name safe for the output (text or Markdown)."""
     return [
-        f"{name} was computed on {escape(s.cpu)} at {s.threads} threads: it rounds its activations, and its "
-        "numbers move with the CPU and the thread count (docs/results.md)"
+        f"{name} was computed on {escape(s.cpu)} at {counted(s.threads or 0, 'thread')}: it rounds its activations, "
+        "and its numbers move with the CPU and the thread count (docs/results.md)"
         for name, s in (("baseline", p.baseline), ("candidate", p.candidate))
         if s.cpu is not None
     ]
