@@ -402,6 +402,42 @@ def test_an_activation_rounding_checkpoints_scores_are_keyed_by_cpu_and_threads(
     assert not [line for line in (render_text(v) + render_markdown(v)).splitlines() if line.startswith("# PASS")]
 
 
+def test_scores_computed_at_another_thread_count_than_their_key_are_not_cached(
+    world, tmp_path, tiny_model, monkeypatch, capsys, torch_threads
+):
+    """The key's count is read when the key is made, the pin applied at the load: something that moved torch's
+    count between the load and the end of the scoring would file the numbers under the wrong count. Exit 3,
+    nothing cached."""
+    import torch
+
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.checkpoint.loader import LastModel
+    from quantize.evaluate import cache
+    from quantize.evaluate.score import runtime
+    from quantize.evaluate.suite import open_suite
+
+    _, suite, _, _ = world
+    fp8 = tmp_path / "fp8"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {tiny_model}\nmethod: fp8\nscheme: FP8_DYNAMIC\ncalibration: null\noutput: {fp8}\n")
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))  # nothing of another test's served
+    pinned = LastModel.get
+
+    def moved(self, *args, **kwargs):
+        got = pinned(self, *args, **kwargs)
+        torch.set_num_threads(1)
+        return got
+
+    monkeypatch.setattr(LastModel, "get", moved)
+    capsys.readouterr()
+    assert main(["eval", str(suite), str(fp8)]) == 3
+    assert "scored with torch at 1 thread, but its cache key names 2" in capsys.readouterr().err
+    s = open_suite(suite)
+    assert not cache.score_path(s, identity_sha256(fp8), runtime(s, False, fp8)).exists()
+
+
 @pytest.mark.parametrize("value", ["many", "0", "-2", "99999"])
 def test_a_bad_thread_count_is_the_users_to_fix(tiny_model, world, monkeypatch, capsys, value):
     _, suite, _, _ = world

@@ -48,6 +48,7 @@ from quantize.records import (
     SuiteRef,
     TaskScores,
 )
+from quantize.tables import counted
 
 # identities this process scored in full (not read from the cache), in order: a sweep task reports them, so a
 # sweep can show that its baseline was scored once
@@ -218,6 +219,22 @@ def runtime(suite: OpenSuite, trust_remote_code: bool, checkpoint: Path, device:
     return cache.Runtime.on(suite, on, trust_remote_code, stored_rounds_activations(checkpoint))
 
 
+def check_threads(ckpt: Path, run: cache.Runtime) -> None:
+    """A runtime that names a thread count (an activation-rounding model on a CPU) is the count torch computed
+    with: the load pins it (checkpoint/loader.LastModel), and a count changed since would put these numbers under
+    another count's key. Our failure (exit 3) where they differ."""
+    if run.threads is None:
+        return
+    import torch
+
+    if (used := torch.get_num_threads()) != run.threads:
+        raise RuntimeFailure(
+            f"{ckpt} was scored with torch at {counted(used, 'thread')}, but its cache key names {run.threads} "
+            "(quantize/machine.py): nothing was cached; a bug of ours, or something in this process set torch's "
+            "thread count while it scored"
+        )
+
+
 def reported(run: Callable[..., ScoreDoc]) -> Callable[..., ScoreDoc]:
     """run_lm_eval as a progress stage (quantize/progress.py): which checkpoint, which tasks (and how many items of
     each, where only some are asked for); its end line counts the items scored."""
@@ -292,6 +309,7 @@ def run_lm_eval(
     except (OSError, ValueError) as e:
         raise RuntimeFailure(f"lm-eval could not score {ckpt}: {e}") from e
     check_identity(ckpt, ref.identity_sha256)  # what loaded and was scored is what the identity names
+    check_threads(ckpt, run)
     wall = time.perf_counter() - t0
     task_docs = {}
     for task in tasks:
