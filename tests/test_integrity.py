@@ -433,7 +433,7 @@ def test_scores_computed_at_another_thread_count_than_their_key_are_not_cached(
     monkeypatch.setattr(LastModel, "get", moved)
     capsys.readouterr()
     assert main(["eval", str(suite), str(fp8)]) == 3
-    assert "scored with torch at 1 thread, but its cache key names 2" in capsys.readouterr().err
+    assert "computed with torch at 1 thread, but its cache key names 2" in capsys.readouterr().err
     s = open_suite(suite)
     assert not cache.score_path(s, identity_sha256(fp8), runtime(s, False, fp8)).exists()
 

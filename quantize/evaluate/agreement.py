@@ -36,7 +36,7 @@ from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
 from quantize.evaluate.engine import gguf_to_score
-from quantize.evaluate.score import llamacpp_lm, runtime, vllm_lm
+from quantize.evaluate.score import check_threads, llamacpp_lm, runtime, vllm_lm
 from quantize.evaluate.suite import Backend, OpenSuite
 from quantize.golden.manifest import GoldenSet, lm_eval_tasks
 from quantize.golden.manifest import item_id as golden_item_id
@@ -552,7 +552,8 @@ def baseline_topk_cached(
 ) -> BaselineTopK:
     """The baseline's top-k at the agreement positions: from the cache, or computed and cached (`before_store`
     is called first, and may raise: the identity's check, api.agreement)."""
-    path = cache.baseline_topk_path(suite, base_id, runtime(suite, models.trust_remote_code, baseline))
+    run = runtime(suite, models.trust_remote_code, baseline)
+    path = cache.baseline_topk_path(suite, base_id, run)
     if (raw := checked_bytes(path, REBUILD_TOPK, "baseline top-k")) is not None:  # beside its digest only
         return load_baseline(path, raw)
     reqs = reqs or agreement_requests(suite)
@@ -560,6 +561,7 @@ def baseline_topk_cached(
     with progress.stage(f"baseline top-k of {baseline.name}", len(reqs)) as st:
         base = baseline_topk(scorer, reqs, suite.suite.agreement.top_k, st)
     check_identity(baseline, base_id)  # what loaded and was measured is what the identity names
+    check_threads(baseline, run)
     if before_store is not None:
         before_store()
     base.save(path)
@@ -594,6 +596,7 @@ def agreement_scores(  # noqa: PLR0913  # identities and a model a gate already 
         if (found := cache.lookup_agreement(suite, base_id, cand_id, *runs)) is not None:
             return found
         result = measure_agreement(suite, baseline, candidate, (base_id, cand_id), models, before_store)
+        check_threads(candidate, runs[0])
         if before_store is not None:
             before_store()
         cache.store_agreement(suite, result, *runs)

@@ -221,17 +221,17 @@ def runtime(suite: OpenSuite, trust_remote_code: bool, checkpoint: Path, device:
 
 def check_threads(ckpt: Path, run: cache.Runtime) -> None:
     """A runtime that names a thread count (an activation-rounding model on a CPU) is the count torch computed
-    with: the load pins it (checkpoint/loader.LastModel), and a count changed since would put these numbers under
-    another count's key. Our failure (exit 3) where they differ."""
+    with (scores, a baseline's top-k, an agreement): the load pins it (checkpoint/loader.LastModel), and a count
+    changed since would put these numbers under another count's key. Our failure (exit 3) where they differ."""
     if run.threads is None:
         return
     import torch
 
     if (used := torch.get_num_threads()) != run.threads:
         raise RuntimeFailure(
-            f"{ckpt} was scored with torch at {counted(used, 'thread')}, but its cache key names {run.threads} "
+            f"{ckpt} was computed with torch at {counted(used, 'thread')}, but its cache key names {run.threads} "
             "(quantize/machine.py): nothing was cached; a bug of ours, or something in this process set torch's "
-            "thread count while it scored"
+            "thread count while it computed"
         )
 
 
