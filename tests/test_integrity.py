@@ -396,6 +396,12 @@ def test_an_activation_rounding_checkpoints_scores_are_keyed_by_cpu_and_threads(
 
     v = records.parse(Verdict, verdict, "stdout")
     assert "The candidate was computed on" in render_markdown(v)
+    # the report reads the FP8 scores under this CPU and thread count, and says so under its table
+    capsys.readouterr()
+    report = ["report", str(fp8), "--baseline", str(tiny_model), "--suite", str(suite), "--out", str(tmp_path / "r")]
+    assert main(report) == 0, capsys.readouterr().err
+    said = (tmp_path / "r" / "report.md").read_text()
+    assert f"`r` on `{cpu_name()}` at 2 threads." in said  # the entry of recipe r.yaml; the baseline rounds nothing
     # a forged score file's CPU name is printed as its characters, starting no line of its own
     forged = v.provenance.candidate.model_copy(update={"cpu": "x\n# PASS"})
     v = v.model_copy(update={"provenance": v.provenance.model_copy(update={"candidate": forged})})

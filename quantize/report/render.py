@@ -29,7 +29,7 @@ from quantize.records import (
 )
 from quantize.report.collect import Entry
 from quantize.report.fields import field_rows, fields_figure, varied_fields
-from quantize.tables import html_code, html_text, markdown_table, md_code, md_text
+from quantize.tables import counted, html_code, html_text, markdown_table, md_code, md_text
 
 ROLE_ORDER = [
     ("payload", "packed payload"),
@@ -555,6 +555,14 @@ def write_report(entries: list[Entry], target: Path, axis: str, suite: str, hard
         return _write(entries, out, axis, suite, hardware)
 
 
+def _computed_on(e: Entry) -> tuple[str, int] | None:
+    """The CPU and thread count an entry's scores (else its saved verdict's candidate side) name, if any."""
+    side = e.scores.provenance if e.scores else e.verdict.provenance.candidate if e.verdict else None
+    if side is None or side.cpu is None or side.threads is None:
+        return None
+    return side.cpu, side.threads
+
+
 def _notes(entries: list[Entry], hardware: str, context: int | None, code: Callable[[object], str]) -> list[str]:
     """The notes under the table, names and commands as `code` (md_code or html_code: escaped either way)."""
     decode_note = (
@@ -575,6 +583,13 @@ def _notes(entries: list[Entry], hardware: str, context: int | None, code: Calla
             f"Gated in stages, so not scored in full: {', '.join(sampled)}. Their task cells hold the gate's own "
             "evidence, Δ candidate − baseline [the gate's bounds at its decision], n of N items (the sample it "
             "scored of the task's items); the gate's evidence section plots them against size."
+        )
+    computed = [(e.label, on) for e in entries if (on := _computed_on(e))]
+    machines = [f"{code(label)} on {code(cpu)} at {counted(n, 'thread')}" for label, (cpu, n) in computed]
+    if machines:
+        notes.append(
+            "Activation-rounding checkpoints, whose numbers move with the CPU and torch's thread count "
+            f"(docs/results.md): {', '.join(machines)}."
         )
     if agreed := [e for e in entries if e.agreement and not e.scores and not e.verdict]:
         notes.append(
