@@ -12,7 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from quantize.config import Wording, validate
 from quantize.errors import RuntimeFailure, UsageError
@@ -27,6 +27,21 @@ class Strict(BaseModel):
     """A model that refuses a key it does not name: every record, and every part of one."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class OmitsUnset(Strict):
+    """A part whose fields added later are left out of its JSON while None (OMITTED_WHEN_NONE), so a file that
+    never set them keeps the bytes it had before they were added (and any sha256 pinned on them)."""
+
+    OMITTED_WHEN_NONE: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _unset_omitted(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for field in self.OMITTED_WHEN_NONE:
+            if data.get(field) is None:
+                data.pop(field, None)
+        return data
 
 
 class Record(Strict):

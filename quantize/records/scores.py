@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field
 
-from quantize.records.base import CheckpointRef, GoldenRef, Record, Strict, non_finite_fields
+from quantize.records.base import CheckpointRef, GoldenRef, OmitsUnset, Record, Strict, non_finite_fields
 
 
 class SuiteRef(Strict):
@@ -18,7 +18,11 @@ class SuiteRef(Strict):
     settings: dict[str, Any]
 
 
-class ScoreProvenance(Strict):
+class ScoreProvenance(OmitsUnset):
+    # a side scored here writes neither samples field, and one that rounds no activations neither machine field:
+    # its score file keeps the bytes (and the sha256 a policy may pin: baseline_scores_sha256) it had before them
+    OMITTED_WHEN_NONE = ("samples", "model_args", "cpu", "threads")
+
     checkpoint: CheckpointRef
     suite: SuiteRef
     golden: GoldenRef
@@ -39,17 +43,6 @@ class ScoreProvenance(Strict):
     # results file and each task's samples file) with its sha256, and lm-eval's model arguments as written
     samples: dict[str, str] | None = None
     model_args: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _scored_here_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A side scored here writes neither samples field, and one that rounds no activations neither machine
-        field: its score file keeps the bytes (and the sha256 a policy may pin: baseline_scores_sha256) it had
-        before they were added."""
-        data = handler(self)
-        for field in ("samples", "model_args", "cpu", "threads"):
-            if data.get(field) is None:
-                data.pop(field, None)
-        return data
 
 
 class _Item(Strict):

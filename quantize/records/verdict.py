@@ -4,11 +4,20 @@ sides, and how a sequential gate ran."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field
 
-from quantize.records.base import AgreementMetric, CheckpointRef, GateOutcome, GoldenRef, Record, RuleOutcome, Strict
+from quantize.records.base import (
+    AgreementMetric,
+    CheckpointRef,
+    GateOutcome,
+    GoldenRef,
+    OmitsUnset,
+    Record,
+    RuleOutcome,
+    Strict,
+)
 
 # A verdict saved beside its candidate, and its JUnit XML: the names `make gate-all`, a sweep's and a search's gates
 # and the GitHub Action write, and that the report and a sweep's resume read (a Verdict, read through this model).
@@ -118,22 +127,15 @@ RuleResult = Annotated[
 ]
 
 
-class SideRef(Strict):
+class SideRef(OmitsUnset):
+    OMITTED_WHEN_NONE = ("cpu", "threads")  # a side that names no machine: its verdict keeps its bytes of before
+
     checkpoint: CheckpointRef
     batch_size: int
     # a model that rounds activations, scored on a CPU: the CPU's name and torch's thread count, which its numbers
     # move with (ScoreProvenance's, quantize/evaluate/cache.py Runtime.rounding); absent for every other side
     cpu: str | None = None
     threads: int | None = None
-
-    @model_serializer(mode="wrap")
-    def _unmoved_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """A side that names no machine writes neither field: its verdict keeps the bytes it had before them."""
-        data = handler(self)
-        for field in ("cpu", "threads"):
-            if data.get(field) is None:
-                data.pop(field, None)
-        return data
 
 
 class VerdictProvenance(Strict):
