@@ -509,8 +509,8 @@ def test_the_report_reads_one_runtime_for_every_entry(world, tiny_model, tmp_pat
     _, suite, _, _ = world
     s = open_suite(suite)
     on_cuda = cache.Runtime.on(s, "cuda")
-    base = SimpleNamespace(sha256="b" * 64, path=tmp_path / "b")  # folders, not GGUFs: the report's one runtime
-    cands = [SimpleNamespace(sha256=c * 64, path=tmp_path / c) for c in "cde"]
+    base = SimpleNamespace(sha256="b" * 64, path=tmp_path / "b", rounds_activations=False)  # folders, not GGUFs
+    cands = [SimpleNamespace(sha256=c * 64, path=tmp_path / c, rounds_activations=False) for c in "cde"]
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path))
     assert report_runtime(s, [base]) == cache.runtimes(s)[0] == cache.Runtime.on(s, "cpu")  # nothing: the first
     for e, run in [(base, on_cuda), *((c, cache.Runtime.on(s, "cpu")) for c in cands)]:
@@ -539,6 +539,7 @@ def test_the_report_reads_a_rounding_checkpoint_under_this_machine(world, tmp_pa
     this machine's CPU and thread count; one that rounds weights alone under the report's one runtime."""
     from types import SimpleNamespace
 
+    from quantize.checkpoint.rounding import stored_rounds_activations
     from quantize.evaluate import cache
     from quantize.evaluate.suite import open_suite
     from quantize.report.collect import entry_runtime, report_runtime
@@ -550,8 +551,10 @@ def test_the_report_reads_a_rounding_checkpoint_under_this_machine(world, tmp_pa
     for name in "ef":
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps({"quantization_config": qc}))
-        rounding.append(SimpleNamespace(sha256=name * 64, path=tmp_path / name))
-    weights = SimpleNamespace(sha256="a" * 64, path=tmp_path / "a")  # no config.json: rounds nothing
+        rounds = stored_rounds_activations(tmp_path / name)  # as the report reads an entry (collect._entry)
+        rounding.append(SimpleNamespace(sha256=name * 64, path=tmp_path / name, rounds_activations=rounds))
+    weights = SimpleNamespace(sha256="a" * 64, path=tmp_path / "a", rounds_activations=False)
+    assert not stored_rounds_activations(weights.path)  # no config.json: rounds nothing
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
     on_cpu, on_cuda = cache.Runtime.on(s, "cpu"), cache.Runtime.on(s, "cuda")
@@ -567,7 +570,7 @@ def test_the_report_reads_a_rounding_checkpoint_under_this_machine(world, tmp_pa
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert entry_runtime(s, rounding[0], on_cpu).threads == 1
     assert entry_runtime(s, weights, on_cpu) == on_cpu
-    unscored = SimpleNamespace(sha256="9" * 64, path=rounding[0].path)
+    unscored = SimpleNamespace(sha256="9" * 64, path=rounding[0].path, rounds_activations=True)
     assert entry_runtime(s, unscored, on_cpu).threads == 2  # none anywhere: this process's count
 
 

@@ -66,6 +66,8 @@ class Entry:
     # policy's, baseline's or golden set's); None when there is none, or it is the verdict
     verdict_stale: str | None = None
     recipe: dict[str, Any] | None = None  # the resolved recipe its quantize.json records (None: not ours)
+    # its config.json rounds activations (checkpoint/rounding.py): its scores are read under this CPU (entry_runtime)
+    rounds_activations: bool = False
 
 
 def _entry(path: Path) -> Entry:
@@ -96,6 +98,7 @@ def _entry(path: Path) -> Entry:
         r.bytes_by_role,
         sha,
         recipe=recipe,
+        rounds_activations=ggufs.find(path) is None and stored_rounds_activations(path),  # a GGUF: llama.cpp's
     )
 
 
@@ -286,7 +289,7 @@ def entry_runtime(suite: Any, e: Entry, run: cache.Runtime) -> cache.Runtime:
     scores (cache.on_this_cpu: a sweep's tasks score at their own). Scores computed on another CPU are not read."""
     if ggufs.find(e.path) is not None:
         return cache.llamacpp_runtime(suite)
-    tried = cache.on_this_cpu(run.rounding(stored_rounds_activations(Path(e.path))))
+    tried = cache.on_this_cpu(run.rounding(e.rounds_activations))
     return next((r for r in tried if cache.score_file_sha256(suite, e.sha256, r) is not None), tried[0])
 
 
