@@ -45,7 +45,7 @@ def threads() -> int:
     if not first.isdecimal() or not 1 <= int(first) <= MAX_THREADS:
         raise UsageError(
             f"{THREADS_VARIABLE} is {raw[:40]!r}: it sets how many threads torch computes with; set it to a whole "
-            f"number from 1 to {MAX_THREADS}, or unset it to use every CPU this process may run on"
+            f"number from 1 to {MAX_THREADS}, or unset it to use the physical cores this process may run on"
         )
     return int(first)
 
