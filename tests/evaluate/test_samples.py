@@ -41,17 +41,20 @@ def module_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path_factory.getbasetemp() / "qcache-samples"))
 
 
-def lm_eval_samples(model: Path, include: Path, tasks: list[str], out: Path, seed: int = 0) -> Path:
+def lm_eval_samples(
+    model: Path, include: Path, tasks: list[str], out: Path, seed: int = 0, backend: str = "hf", args: str = ""
+) -> Path:
     """lm-eval's own run with --log_samples, as its CLI makes it: simple_evaluate with an EvaluationTracker, then
-    the tracker's results file and one samples file per task (under OUT/<model name>/)."""
+    the tracker's results file and one samples file per task (under OUT/<model name>/). `backend` and `args`: another
+    lm-eval model and its arguments (default: hf on `model` in float32)."""
     from lm_eval import simple_evaluate
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
     tracker = EvaluationTracker(output_path=str(out))
     r = simple_evaluate(
-        model="hf",
-        model_args=f"pretrained={model},dtype=float32",
+        model=backend,
+        model_args=args or f"pretrained={model},dtype=float32",
         tasks=tasks,
         task_manager=TaskManager(include_path=str(include), include_defaults=False),
         batch_size=4,
@@ -141,6 +144,38 @@ def test_samples_of_a_damaged_copy_are_rejected(world, tiny_model, capsys):
     code, out, err = gate(world["policy"], tiny_model, world["nan"], capsys, "--quiet")
     assert code == 1, err
     assert "REJECTED" in out and "NaN or infinity" in out
+
+
+def test_samples_from_an_openai_compatible_server_pass(world, tiny_model, tmp_path, capsys):
+    """lm-eval's local-completions, the backend a vLLM, SGLang or llama.cpp server is scored with, against an
+    OpenAI-compatible endpoint on a free port (tests/completions_server.py, the tiny model in float32, stopped after):
+    lm-eval's token-id requests and echoed log-probabilities come back as samples with every item's answer and
+    log-likelihoods those of `quantize eval`, and the gate passes them."""
+    pytest.importorskip("tenacity", reason="lm-eval's API models need tenacity (the test extra: `make setup`)")
+    from completions_server import serve
+
+    with serve(tiny_model) as (url, server):
+        args = f"base_url={url},model=tiny,tokenizer_backend=huggingface,tokenizer={tiny_model},max_length=512"
+        out = lm_eval_samples(tiny_model, world["tasks"], world["names"], tmp_path / "server", args=args,
+                              backend="local-completions")  # fmt: skip
+    assert server.requests > 0
+    suite = open_suite(world["suite"])
+    doc = read_samples(suite, out)
+    assert doc.provenance.backend == "local-completions" and f"base_url={url}" in doc.provenance.model_args
+    ours = quantize.score(world["suite"], tiny_model)
+    for task, t in ours.tasks.items():
+        theirs = {i.id: i for i in doc.tasks[task].items}
+        assert sorted(theirs) == sorted(i.id for i in t.items), task
+        for item in t.items:
+            got = theirs[item.id]
+            if t.output_type != "loglikelihood_rolling":
+                assert got.score == item.score, (task, item.id)
+            lls = [(a, b) for a, b in zip(getattr(item, "lls", None) or [item.ll], getattr(got, "lls", None) or
+                                          [got.ll], strict=True)]  # fmt: skip
+            assert all(abs(a - b) < 1e-6 * max(10.0, abs(a)) for a, b in lls), (task, item.id, lls)  # float32 sums
+    code, text, err = gate(world["policy"], tiny_model, out, capsys, "--quiet")
+    assert code == 0, err
+    assert "PASS" in text and "lm-eval samples (local-completions)" in text
 
 
 def test_the_python_api_takes_a_samples_folder(world, tiny_model):
