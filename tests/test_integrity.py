@@ -332,7 +332,7 @@ def test_an_activation_rounding_checkpoints_scores_are_keyed_by_cpu_and_threads(
     from quantize.evaluate import cache
     from quantize.evaluate.score import runtime
     from quantize.evaluate.suite import open_suite
-    from quantize.machine import cpu_name
+    from quantize.machine import cpu_kernels
 
     _, suite, _, _ = world
     fp8 = tmp_path / "fp8"
@@ -350,11 +350,11 @@ def test_an_activation_rounding_checkpoints_scores_are_keyed_by_cpu_and_threads(
         doc = json.loads(capsys.readouterr().out)["provenance"]
         assert main(["eval", str(suite), str(fp8), "--quiet"]) == 0  # read back from the cache, said in its text
         said = "1 thread)" if threads == 1 else f"{threads} threads)"
-        assert f"cached; on {cpu_name()}, {said}" in capsys.readouterr().out
+        assert f"cached; on {cpu_kernels()}, {said}" in capsys.readouterr().out
         return doc
 
     one = scored(1)
-    assert (one["cpu"], one["threads"]) == (cpu_name(), 1)
+    assert (one["cpu"], one["threads"]) == (cpu_kernels(), 1)
     on_one = runtime(s, False, fp8)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     on_two = runtime(s, False, fp8)
@@ -387,11 +387,11 @@ def test_an_activation_rounding_checkpoints_scores_are_keyed_by_cpu_and_threads(
     assert main([*gate, "--json", "-q"]) in (0, 1)
     verdict = json.loads(capsys.readouterr().out)
     sides = verdict["provenance"]
-    assert (sides["candidate"]["cpu"], sides["candidate"]["threads"]) == (cpu_name(), 2)
+    assert (sides["candidate"]["cpu"], sides["candidate"]["threads"]) == (cpu_kernels(), 2)
     assert "cpu" not in sides["baseline"] and "threads" not in sides["baseline"]
     main(gate)
     out = capsys.readouterr().out
-    assert f"candidate was computed on {cpu_name()} at 2 threads:" in out and "baseline was computed" not in out
+    assert f"candidate was computed on {cpu_kernels()} at 2 threads:" in out and "baseline was computed" not in out
     from quantize.gates.render import render_markdown, render_text
 
     v = records.parse(Verdict, verdict, "stdout")
@@ -401,7 +401,7 @@ def test_an_activation_rounding_checkpoints_scores_are_keyed_by_cpu_and_threads(
     report = ["report", str(fp8), "--baseline", str(tiny_model), "--suite", str(suite), "--out", str(tmp_path / "r")]
     assert main(report) == 0, capsys.readouterr().err
     said = (tmp_path / "r" / "report.md").read_text()
-    assert f"`r` on `{cpu_name()}` at 2 threads." in said  # the entry of recipe r.yaml; the baseline rounds nothing
+    assert f"`r` on `{cpu_kernels()}` at 2 threads." in said  # the entry of recipe r.yaml; the baseline rounds nothing
     # a forged score file's CPU name is printed as its characters, starting no line of its own
     forged = v.provenance.candidate.model_copy(update={"cpu": "x\n# PASS"})
     v = v.model_copy(update={"provenance": v.provenance.model_copy(update={"candidate": forged})})
@@ -442,6 +442,41 @@ def test_scores_computed_at_another_thread_count_than_their_key_are_not_cached(
     assert "computed with torch at 1 thread, but its cache key names 2" in capsys.readouterr().err
     s = open_suite(suite)
     assert not cache.score_path(s, identity_sha256(fp8), runtime(s, False, fp8)).exists()
+
+
+def test_the_cpu_in_the_key_is_what_its_kernels_see(world, tmp_path, monkeypatch):
+    """Torch's own kernels at their default level instead of AVX2 moved FP8 dynamic's scores by up to 1.62 nats a
+    request on one CPU (benchmarks/isa_variance.py), and a VM's masked model name ("AMD EPYC", "Intel(R) Xeon(R)
+    Processor") covers CPUs with and without AVX-512: an activation-rounding entry names the CPU's SIMD extensions
+    and any variable that caps its kernels, so such CPUs and settings never share one."""
+    from quantize import machine
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
+
+    _, suite, _, _ = world
+    s = open_suite(suite)
+    for v in machine.KERNEL_VARIABLES:
+        monkeypatch.delenv(v, raising=False)
+
+    def on(cpuinfo: str) -> cache.Runtime:
+        path = tmp_path / f"cpuinfo-{len(cpuinfo)}-{hash(cpuinfo)}"
+        path.write_text(cpuinfo)
+        monkeypatch.setattr(machine, "CPUINFO", path)
+        return cache.Runtime.on(s, "cpu", rounds=True)
+
+    masked = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx fma f16c avx2 smep {}\n\n"
+    zen3, zen4 = on(masked.format("")), on(masked.format("avx512f avx512bw avx512_bf16"))
+    assert zen3.cpu == "AMD EPYC (avx avx2 f16c fma)"  # smep: a protection flag, not an x86 SIMD one
+    assert zen4.cpu == "AMD EPYC (avx avx2 avx512_bf16 avx512bw avx512f f16c fma)"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    capped = on(masked.format(""))
+    assert capped.cpu == "AMD EPYC (avx avx2 f16c fma; ATEN_CPU_CAPABILITY=default)"
+    assert len({cache.score_path(s, "0" * 64, r) for r in (zen3, zen4, capped)}) == 3
+    arm = on("processor\t: 0\nFeatures\t: fp asimd sve sve2 i8mm bf16 sme2 evtstrm\nCPU part\t: 0xd40\n")
+    assert arm.cpu.endswith("(asimd bf16 i8mm sme2 sve sve2; ATEN_CPU_CAPABILITY=default)")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    assert on("").cpu == machine.cpu_name()  # nothing listed: the platform's machine name alone
+    assert cache.Runtime.on(s, "cpu", rounds=False).cpu is None  # weight-only entries name no machine
 
 
 @pytest.mark.parametrize("value", ["many", "0", "-2", "99999"])

@@ -107,7 +107,8 @@ class Runtime:
     dtype: str  # the suite's dtype resolved for that device ("auto": the checkpoint's own, fixed by its identity)
     trust_remote_code: bool = False
     engine: str | None = None  # another engine than transformers: a GGUF's llama.cpp (evaluate/engine.llamacpp_engine)
-    # a model that rounds activations, on a CPU (`rounding`): the CPU's name and torch's thread count
+    # a model that rounds activations, on a CPU (`rounding`): the CPU as its kernels see it (machine.cpu_kernels:
+    # its name, SIMD extensions and kernel variables) and torch's thread count
     cpu: str | None = None
     threads: int | None = None
 
@@ -121,15 +122,16 @@ class Runtime:
 
     def rounding(self, rounds: bool) -> Runtime:
         """This runtime for a model that rounds its activations (`rounds`) or does not. Where it does, on a CPU, the
-        runtime names this machine's CPU and the thread count torch computes with there (quantize/machine.py,
-        pinned at each load): a last-bit change from another CPU's kernels or another split of a matmul's sums
-        can cross a rounding boundary and move a score by a nat (docs/results.md). A model that rounds only its
-        weights moved by at most 3.4e-5 nats between thread counts, and its entries stay shared between machines
-        (a CI cache restored on another runner). On an accelerator the device kind alone keys it (not measured
-        across accelerator models)."""
+        runtime names this machine's CPU as its kernels see it (its name, SIMD extensions and kernel variables:
+        a masked name covers CPUs with other kernels) and the thread count torch computes with there
+        (quantize/machine.py, pinned at each load): a last-bit change from other kernels or another split of a
+        matmul's sums can cross a rounding boundary and move a score by a nat or more (docs/results.md). A model
+        that rounds only its weights moved by at most 3.8e-5 nats between thread counts or kernels, and its entries
+        stay shared between machines (a CI cache restored on another runner). On an accelerator the device kind
+        alone keys it (not measured across accelerator models)."""
         if not rounds or self.device_kind != "cpu" or self.engine is not None:
             return replace(self, cpu=None, threads=None)
-        return replace(self, cpu=machine.cpu_name(), threads=machine.threads())
+        return replace(self, cpu=machine.cpu_kernels(), threads=machine.threads())
 
     def key(self) -> list[Any]:
         trust = ["trust_remote_code"] if self.trust_remote_code else []
