@@ -1,9 +1,11 @@
 """Which engine scores a checkpoint, decided before anything heavy is imported: a GGUF (checkpoint/ggufs.find) is
 scored in llama.cpp (quantize/evaluate/llamacpp.py, through llama-cpp-python: the `gguf` extra, `make gguf-env`),
-every other checkpoint in transformers by the suite's backend. Light: it imports neither llama.cpp nor lm-eval."""
+every other checkpoint in transformers by the suite's backend. Light: it imports no lm-eval, and llama.cpp only to
+read what its build computes with when a GGUF's runtime is named (`llamacpp_kernels`)."""
 
 from __future__ import annotations
 
+import functools
 from importlib import metadata
 from pathlib import Path
 
@@ -55,7 +57,34 @@ def llamacpp_settings(suite: Suite) -> LlamaCppSettings:
 
 def llamacpp_engine(suite: Suite) -> str:
     """What computes a GGUF's scores besides the file and the suite's text: our revision, llama-cpp-python's version,
-    the threads and the decode chunk (`n_batch`). Part of the cache key (cache.Runtime.engine) and the provenance."""
+    the threads, the decode chunk (`n_batch`) and the kernels its build computes with (`llamacpp_kernels`). Part of
+    the cache key (cache.Runtime.engine) and the provenance."""
     s = llamacpp_settings(suite)
     ours = f"llamacpp-{LLAMACPP_REVISION} llama-cpp-python {llamacpp_version()}"
-    return f"{ours} threads {s.n_threads} n_batch {s.n_batch}"
+    return f"{ours} threads {s.n_threads} n_batch {s.n_batch} [{llamacpp_kernels()}]"
+
+
+@functools.cache
+def llamacpp_kernels() -> str:
+    """The features llama.cpp's backends compute with, from its own `llama_print_system_info()` (the SIMD sets its
+    build compiled in or picked for this CPU, llamafile's matmuls, weight repacking): those on, by backend, e.g.
+    "CPU: SSE3 SSSE3 AVX AVX2 F16C FMA BMI2 LLAMAFILE OPENMP REPACK". One version of llama-cpp-python builds with
+    other kernels under other CMAKE_ARGS (or on a machine that builds for its own CPU), and its numbers move with
+    them (docs/results.md)."""
+    import llama_cpp
+
+    return system_features(llama_cpp.llama_print_system_info().decode(errors="replace"))
+
+
+def system_features(info: str) -> str:
+    """llama.cpp's "CPU : SSE3 = 1 | AVX = 0 | ... | " as "CPU: SSE3 ...": each backend's features that are on
+    (a value other than 1 kept as NAME=VALUE)."""
+    out = []
+    for part in info.split("|"):
+        if ":" in part:  # "CPU : SSE3 = 1": a backend's first feature
+            backend, _, part = part.partition(":")
+            out.append(f"{backend.strip()}:")
+        name, eq, value = (x.strip() for x in part.partition("="))
+        if name and eq and value not in ("", "0"):
+            out.append(name if value == "1" else f"{name}={value}")
+    return " ".join(out)

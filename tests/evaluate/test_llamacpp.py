@@ -107,6 +107,12 @@ def test_answer_is_the_log_softmax_of_the_targets():
     assert not math.isfinite(answer(bad, targets)[0])  # non-finite evidence stays non-finite: a regression
 
 
+def test_llama_cpps_system_info_reads_as_the_features_that_are_on():
+    info = "CPU : SSE3 = 1 | AVX = 1 | AVX512 = 0 | LLAMAFILE = 1 | CUDA : ARCHS = 890 | USE_GRAPHS = 1 | "
+    assert engine.system_features(info) == "CPU: SSE3 AVX LLAMAFILE CUDA: ARCHS=890 USE_GRAPHS"
+    assert engine.system_features("") == ""
+
+
 def test_token_differences_name_every_item_that_differs_or_is_missing():
     a = {"t": {"i1": ((1, 2),), "i2": ((3,),), "i3": ((4,),)}}
     b = {"t": {"i1": ((1, 2),), "i2": ((3, 0),)}, "u": {"j": ((1,),)}}
@@ -199,7 +205,7 @@ def test_greedy_generation_stops_at_a_stop_sequence(lm):
     assert "Paris" in text and text.count(".") <= 1
 
 
-def test_eval_of_a_gguf_keys_its_engine(llama_gguf, golden, tmp_path, isolated_cache):
+def test_eval_of_a_gguf_keys_its_engine(llama_gguf, golden, tmp_path, isolated_cache, monkeypatch):
     suite = suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", extra="tasks: [core_facts]\n")
     first = api.scored(suite, llama_gguf)
     doc = first.doc
@@ -219,6 +225,10 @@ def test_eval_of_a_gguf_keys_its_engine(llama_gguf, golden, tmp_path, isolated_c
 
     [entry] = collect([llama_gguf], str(suite), None, None, HARDWARE["seed"])
     assert entry.scores == doc and entry.bits_per_weight == pytest.approx(5.744, abs=1e-3)
+    # the kernels this build computes with, as llama.cpp reports them: another build of the version is another entry
+    assert f"[{engine.llamacpp_kernels()}]" in doc.provenance.engine and engine.llamacpp_kernels().startswith("CPU:")
+    monkeypatch.setattr(engine, "llamacpp_kernels", lambda: "CPU: SSE3 AVX F16C")
+    assert not api.scored(suite, llama_gguf).cached
 
 
 def test_the_token_check_passes_the_same_vocabulary_and_names_a_difference(

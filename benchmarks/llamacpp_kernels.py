@@ -1,0 +1,91 @@
+"""Whether llama.cpp's scores move with the CPU kernels its build compiled in: the same GGUF scored by `quantize eval`
+under two builds of the same llama-cpp-python version, same threads and decode chunk, each into an empty score
+cache of its own (nothing served across).
+
+    python benchmarks/llamacpp_kernels.py OTHER_BUILD [--gguf FILE] [--suite evaluate/smoke.yaml] [--json OUT]
+
+OTHER_BUILD: a folder holding another build of llama-cpp-python (`pip install --no-deps --target OTHER_BUILD
+llama-cpp-python==VERSION` with other CMAKE_ARGS, e.g. -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_LLAMAFILE=OFF),
+put first on PYTHONPATH for its run. Per task: the items whose answer differs (right/wrong items) and the largest
+|Δ log-likelihood| of any choice or document; each build's `llama_print_system_info()` (the CPU features its ggml
+backend uses).
+
+Measured (2026-12-07, the 2-core AMD EPYC, the default model's Q4_1 GGUF, evaluate/smoke.yaml): a build without
+AVX2, FMA and llamafile's matmuls against `make gguf-env`'s moved choices by up to 0.41 nats and documents by up to
+1.88, and one key-value answer (benchmarks/results/llamacpp_kernels.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from quantize.machine import cpu_kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scored(suite: str, gguf: Path, pythonpath: str | None) -> tuple[dict, str]:
+    """`quantize eval --json --items` under a fresh cache, with `pythonpath` first; and that build's system info."""
+    env = {**os.environ, "QUANTIZE_CACHE": tempfile.mkdtemp(prefix="llamacpp-kernels-")}
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (pythonpath, env.get("PYTHONPATH")) if x)
+    probe = "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
+    info = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    info = info.stdout.strip()
+    exe = str(Path(sys.executable).with_name("quantize"))
+    done = subprocess.run([exe, "eval", suite, str(gguf), "--json", "--items", "-q"], env=env, capture_output=True,
+                          text=True, cwd=ROOT)  # fmt: skip
+    if done.returncode:
+        sys.exit(f"quantize eval failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout), info
+
+
+def lls(item: dict) -> list[float]:
+    return item.get("lls") or [item["ll"]]
+
+
+def main() -> None:
+    from quantize.checkpoint.loader import find_gguf
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("other", type=Path)
+    ap.add_argument("--gguf", type=Path, default=None)
+    ap.add_argument("--suite", default="evaluate/smoke.yaml")
+    ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "llamacpp_kernels.json")
+    args = ap.parse_args()
+    gguf = args.gguf or find_gguf()
+    (base, base_info), (other, other_info) = scored(args.suite, gguf, None), scored(args.suite, gguf, str(args.other))
+    tasks = {}
+    for task, t in base["tasks"].items():
+        mine = {i["id"]: i for i in t["items"]}
+        theirs = {i["id"]: i for i in other["tasks"][task]["items"]}
+        # a document's score is its log-likelihood: only right/wrong items have answers to flip
+        flips = sorted(k for k in mine if "words" not in mine[k] and mine[k]["score"] != theirs[k]["score"])
+        d = [abs(a - b) for k in mine for a, b in zip(lls(mine[k]), lls(theirs[k]), strict=True)]
+        tasks[task] = {"items": len(mine), "answers_differ": flips, "max_abs_dll": max(d),
+                       "values_differing": sum(x > 0 for x in d), "values": len(d)}  # fmt: skip
+        print(task, json.dumps(tasks[task]))
+    out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": cpu_kernels(),
+        "gguf": gguf.name,
+        "suite": args.suite,
+        "engine": base["provenance"].get("engine"),
+        "installed_build": base_info,
+        "other_build": other_info,
+        "tasks": tasks,
+    }
+    args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print("installed:", base_info, "\nother:    ", other_info)
+    print(f"wrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
+
+
+if __name__ == "__main__":
+    main()
