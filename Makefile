@@ -116,8 +116,8 @@ test-server: server-env model
 	$(PY) -m pytest -m 'slow or not slow' tests/evaluate/test_server_samples.py
 
 # The demo ends with three verdicts of gates/ci.yaml (golden/core/v2, in stages): 8-bit weight-only RTN (the
-# reference benchmarks/references/rtn-w8a16-g128.yaml: a pass), FP8 dynamic (a pass under scorer revision 8,
-# 2026-12-06, in about 22 minutes: its items are scored one a pass; it sits near the key-value margin) and
+# reference benchmarks/references/rtn-w8a16-g128.yaml: a pass), FP8 dynamic (its items scored one a pass, about
+# 22 minutes; it sits at the key-value margin: a pass on an AMD EPYC, inconclusive on an Intel Xeon, README) and
 # GPTQ W4A16 (4-bit: rejected on this source, which already carries the GGUF's 4-bit rounding). The baseline is scored in full once and cached; each verdict is saved
 # beside its checkpoint (gate.json, gate.xml) and the report shows it.
 DEMO_GATED := references/rtn-w8a16-g128 fp8-e4m3 gptq-w4a16-g128

@@ -2,10 +2,11 @@
 under two builds of the same llama-cpp-python version, same threads and decode chunk, each into an empty score
 cache of its own (nothing served across).
 
-    python benchmarks/llamacpp_kernels.py OTHER_BUILD [--gguf FILE] [--suite evaluate/smoke.yaml] [--json OUT]
+    python benchmarks/llamacpp_kernels.py OTHER_BUILD [...] [--gguf FILE] [--suite evaluate/smoke.yaml] [--json OUT]
 
-OTHER_BUILD: a folder holding another build of llama-cpp-python (`pip install --no-deps --target OTHER_BUILD
-llama-cpp-python==VERSION` with other CMAKE_ARGS, e.g. -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_LLAMAFILE=OFF),
+OTHER_BUILD: a folder holding another build of llama-cpp-python (`pip install --no-cache-dir --no-deps --target
+OTHER_BUILD llama-cpp-python==VERSION` with other CMAKE_ARGS, e.g. -DGGML_AVX2=OFF -DGGML_FMA=OFF
+-DGGML_LLAMAFILE=OFF; without --no-cache-dir pip installs the wheel it built before, whatever the CMAKE_ARGS now),
 put first on PYTHONPATH for its run. Per task: the items whose answer differs (right/wrong items) and the largest
 |Δ log-likelihood| of any choice or document; each build's `llama_print_system_info()` (the CPU features its ggml
 backend uses).
@@ -51,39 +52,52 @@ def lls(item: dict) -> list[float]:
     return item.get("lls") or [item["ll"]]
 
 
+def compare(base: dict, other: dict) -> dict:
+    """Per task: the right/wrong items whose answer differs and the largest |Δ log-likelihood| (a document's score
+    is its log-likelihood: only right/wrong items have answers to flip)."""
+    tasks = {}
+    for task, t in base["tasks"].items():
+        mine = {i["id"]: i for i in t["items"]}
+        theirs = {i["id"]: i for i in other["tasks"][task]["items"]}
+        flips = sorted(k for k in mine if "words" not in mine[k] and mine[k]["score"] != theirs[k]["score"])
+        d = [abs(a - b) for k in mine for a, b in zip(lls(mine[k]), lls(theirs[k]), strict=True)]
+        tasks[task] = {"items": len(mine), "answers_differ": flips, "max_abs_dll": max(d),
+                       "values_differing": sum(x > 0 for x in d), "values": len(d)}  # fmt: skip
+    return tasks
+
+
 def main() -> None:
     from quantize.checkpoint.loader import find_gguf
+    from quantize.evaluate.engine import build_identity, llamacpp_build
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("other", type=Path)
+    ap.add_argument("others", type=Path, nargs="+", metavar="OTHER_BUILD")
     ap.add_argument("--gguf", type=Path, default=None)
     ap.add_argument("--suite", default="evaluate/smoke.yaml")
     ap.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "llamacpp_kernels.json")
     args = ap.parse_args()
     gguf = args.gguf or find_gguf()
-    (base, base_info), (other, other_info) = scored(args.suite, gguf, None), scored(args.suite, gguf, str(args.other))
-    tasks = {}
-    for task, t in base["tasks"].items():
-        mine = {i["id"]: i for i in t["items"]}
-        theirs = {i["id"]: i for i in other["tasks"][task]["items"]}
-        # a document's score is its log-likelihood: only right/wrong items have answers to flip
-        flips = sorted(k for k in mine if "words" not in mine[k] and mine[k]["score"] != theirs[k]["score"])
-        d = [abs(a - b) for k in mine for a, b in zip(lls(mine[k]), lls(theirs[k]), strict=True)]
-        tasks[task] = {"items": len(mine), "answers_differ": flips, "max_abs_dll": max(d),
-                       "values_differing": sum(x > 0 for x in d), "values": len(d)}  # fmt: skip
-        print(task, json.dumps(tasks[task]))
+    base, base_info = scored(args.suite, gguf, None)
+    builds = []
+    for folder in args.others:
+        other, info = scored(args.suite, gguf, str(folder))
+        tasks = compare(base, other)
+        builds.append({"folder": str(folder), "build": build_identity(folder / "llama_cpp" / "lib"),
+                       "system_info": info, "tasks": tasks})  # fmt: skip
+        print(folder, info)
+        for task, row in tasks.items():
+            print(" ", task, json.dumps(row))
     out = {
         "date": time.strftime("%Y-%m-%d"),
         "machine": cpu_kernels(),
         "gguf": gguf.name,
         "suite": args.suite,
         "engine": base["provenance"].get("engine"),
-        "installed_build": base_info,
-        "other_build": other_info,
-        "tasks": tasks,
+        "installed_build": {"build": llamacpp_build(), "system_info": base_info},
+        "other_builds": builds,
     }
     args.json.write_text(json.dumps(out, indent=1) + "\n")
-    print("installed:", base_info, "\nother:    ", other_info)
+    print("installed:", llamacpp_build(), base_info)
     print(f"wrote {args.json.relative_to(ROOT) if args.json.is_relative_to(ROOT) else args.json}")
 
 

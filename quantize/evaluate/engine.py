@@ -1,19 +1,21 @@
 """Which engine scores a checkpoint, decided before anything heavy is imported: a GGUF (checkpoint/ggufs.find) is
 scored in llama.cpp (quantize/evaluate/llamacpp.py, through llama-cpp-python: the `gguf` extra, `make gguf-env`),
-every other checkpoint in transformers by the suite's backend. Light: it imports no lm-eval, and llama.cpp only to
-read what its build computes with when a GGUF's runtime is named (`llamacpp_kernels`)."""
+every other checkpoint in transformers by the suite's backend. Light: it imports neither llama.cpp nor lm-eval."""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 from importlib import metadata
 from pathlib import Path
 
 from quantize.checkpoint import ggufs
 from quantize.errors import UsageError
 from quantize.evaluate.suite import Backend, LlamaCppSettings, Suite
+from quantize.io import sha256_bytes, sha256_file
 
 DISTRIBUTION = "llama_cpp_python"
+PACKAGE = "llama_cpp"
 INSTALL = "`make gguf-env` (llama-cpp-python 0.3.36, built from its source distribution: README, GGUF)"
 # the revision of what our llama.cpp model (evaluate/llamacpp.py) computes from the engine's logits: part of
 # `llamacpp_engine`, so cached scores move with it
@@ -57,34 +59,29 @@ def llamacpp_settings(suite: Suite) -> LlamaCppSettings:
 
 def llamacpp_engine(suite: Suite) -> str:
     """What computes a GGUF's scores besides the file and the suite's text: our revision, llama-cpp-python's version,
-    the threads, the decode chunk (`n_batch`) and the kernels its build computes with (`llamacpp_kernels`). Part of
-    the cache key (cache.Runtime.engine) and the provenance."""
+    the threads, the decode chunk (`n_batch`) and the build (`llamacpp_build`). Part of the cache key
+    (cache.Runtime.engine) and the provenance."""
     s = llamacpp_settings(suite)
     ours = f"llamacpp-{LLAMACPP_REVISION} llama-cpp-python {llamacpp_version()}"
-    return f"{ours} threads {s.n_threads} n_batch {s.n_batch} [{llamacpp_kernels()}]"
+    return f"{ours} threads {s.n_threads} n_batch {s.n_batch} build {llamacpp_build()}"
 
 
 @functools.cache
-def llamacpp_kernels() -> str:
-    """The features llama.cpp's backends compute with, from its own `llama_print_system_info()` (the SIMD sets its
-    build compiled in or picked for this CPU, llamafile's matmuls, weight repacking): those on, by backend, e.g.
-    "CPU: SSE3 SSSE3 AVX AVX2 F16C FMA BMI2 LLAMAFILE OPENMP REPACK". One version of llama-cpp-python builds with
-    other kernels under other CMAKE_ARGS (or on a machine that builds for its own CPU), and its numbers move with
-    them (docs/results.md)."""
-    import llama_cpp
+def llamacpp_build() -> str:
+    """The build of llama-cpp-python installed here (`build_identity` of its native libraries, llama_cpp/lib), found
+    without importing it. One version compiles other kernels under other CMAKE_ARGS, or for the building machine's
+    CPU (GGML_NATIVE, upstream's default), pip reuses a wheel it built before whatever the CMAKE_ARGS are now, and
+    llama.cpp's numbers move with the kernels (docs/results.md): the version alone does not say what computed."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or spec.origin is None:
+        return "none"
+    return build_identity(Path(spec.origin).parent / "lib")
 
-    return system_features(llama_cpp.llama_print_system_info().decode(errors="replace"))
 
-
-def system_features(info: str) -> str:
-    """llama.cpp's "CPU : SSE3 = 1 | AVX = 0 | ... | " as "CPU: SSE3 ...": each backend's features that are on
-    (a value other than 1 kept as NAME=VALUE)."""
-    out = []
-    for part in info.split("|"):
-        if ":" in part:  # "CPU : SSE3 = 1": a backend's first feature
-            backend, _, part = part.partition(":")
-            out.append(f"{backend.strip()}:")
-        name, eq, value = (x.strip() for x in part.partition("="))
-        if name and eq and value not in ("", "0"):
-            out.append(name if value == "1" else f"{name}={value}")
-    return " ".join(out)
+def build_identity(folder: Path) -> str:
+    """The first 16 hex digits of the sha256 of one "NAME SHA256" line per file in `folder` (sorted by name; a link
+    read as the file it names): the native libraries as compiled. "none" for a folder without files."""
+    files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    if not files:
+        return "none"
+    return sha256_bytes("".join(f"{p.name} {sha256_file(p)}\n" for p in files).encode())[:16]

@@ -107,10 +107,22 @@ def test_answer_is_the_log_softmax_of_the_targets():
     assert not math.isfinite(answer(bad, targets)[0])  # non-finite evidence stays non-finite: a regression
 
 
-def test_llama_cpps_system_info_reads_as_the_features_that_are_on():
-    info = "CPU : SSE3 = 1 | AVX = 1 | AVX512 = 0 | LLAMAFILE = 1 | CUDA : ARCHS = 890 | USE_GRAPHS = 1 | "
-    assert engine.system_features(info) == "CPU: SSE3 AVX LLAMAFILE CUDA: ARCHS=890 USE_GRAPHS"
-    assert engine.system_features("") == ""
+def test_a_build_is_named_by_its_native_libraries(tmp_path):
+    """Two builds of one llama-cpp-python version with other kernels differ in their libraries' bytes; the identity
+    reads every file of the folder by name and content, and a folder without files is "none"."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    assert engine.build_identity(lib) == engine.build_identity(tmp_path / "absent") == "none"
+    (lib / "libggml-cpu.so").write_bytes(b"avx2 kernels")
+    (lib / "libllama.so").write_bytes(b"llama")
+    first = engine.build_identity(lib)
+    assert len(first) == 16 and first != "none"
+    (lib / "libggml-cpu.so").write_bytes(b"avx kernels")
+    assert engine.build_identity(lib) != first
+    (lib / "libggml-cpu.so").write_bytes(b"avx2 kernels")
+    assert engine.build_identity(lib) == first
+    (lib / "libggml-cpu.so").rename(lib / "libggml-cpu-haswell.so")  # another variant file: another build
+    assert engine.build_identity(lib) != first
 
 
 def test_token_differences_name_every_item_that_differs_or_is_missing():
@@ -225,9 +237,9 @@ def test_eval_of_a_gguf_keys_its_engine(llama_gguf, golden, tmp_path, isolated_c
 
     [entry] = collect([llama_gguf], str(suite), None, None, HARDWARE["seed"])
     assert entry.scores == doc and entry.bits_per_weight == pytest.approx(5.744, abs=1e-3)
-    # the kernels this build computes with, as llama.cpp reports them: another build of the version is another entry
-    assert f"[{engine.llamacpp_kernels()}]" in doc.provenance.engine and engine.llamacpp_kernels().startswith("CPU:")
-    monkeypatch.setattr(engine, "llamacpp_kernels", lambda: "CPU: SSE3 AVX F16C")
+    # the build that computed them: another build of the version (other kernels) is another entry
+    assert doc.provenance.engine.endswith(f" build {engine.llamacpp_build()}") and engine.llamacpp_build() != "none"
+    monkeypatch.setattr(engine, "llamacpp_build", lambda: "0123456789abcdef")
     assert not api.scored(suite, llama_gguf).cached
 
 
