@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -175,6 +175,12 @@ def sha256_bytes(data: bytes) -> str:
 def sha256_file(path: Path) -> str:
     with Path(path).open("rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def sha256_named(named: Iterable[tuple[str, str]]) -> str:
+    """sha256 of one "NAME SHA256" line per (name, digest) pair, in the order given: the hash of a set of files (a
+    checkpoint's weights, an lm-eval run's samples, llama.cpp's native libraries)."""
+    return sha256_bytes("".join(f"{name} {sha}\n" for name, sha in named).encode())
 
 
 @contextmanager

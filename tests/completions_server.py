@@ -103,7 +103,7 @@ def serve(model_dir: Path) -> Iterator[tuple[str, Completions]]:
             try:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 return self._send(200, completions.answer(body))
-            except (Refused, ValueError) as e:
+            except ValueError as e:  # Refused, or a body that is not JSON
                 return self._send(400, {"error": str(e)})
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from quantize.checkpoint import ggufs
 from quantize.checkpoint.architecture import expert_problems, routed_experts, stored_per_expert
 from quantize.checkpoint.headers import all_tensors, check_shard_index
 from quantize.errors import UsageError
-from quantize.io import read_user_file, sha256_bytes, sha256_file
+from quantize.io import read_user_file, sha256_bytes, sha256_file, sha256_named
 
 CONFIG = "config.json"
 MAX_JSON_BYTES = 64 * 2**20  # a config, shard index or side quantization config: kilobytes to a few megabytes
@@ -621,7 +621,7 @@ def weights_sha256(checkpoint: Path) -> str:
         if os.environ.get(REREAD) == "1":
             for f, name in blobs:
                 check_blob(f, name)
-        return _weights_lines([(f.name, name) for f, name in blobs])
+        return sha256_named([(f.name, name) for f, name in blobs])
     return _sha256_of_files(tuple((f.name, str(f.resolve()), _stat_key(f.stat())) for f in files))
 
 
@@ -635,16 +635,12 @@ def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
 WEIGHTS_HASH_VERSION = 2
 
 
-def _weights_lines(named: list[tuple[str, str]]) -> str:
-    return sha256_bytes("".join(f"{name} {sha}\n" for name, sha in named).encode())
-
-
 @functools.lru_cache(maxsize=64)
 def _sha256_of_files(files: tuple[tuple[str, str, tuple[int, int, int, int, int]], ...]) -> str:
     named = [(name, Path(path)) for name, path, *_ in files]
     if (found := lookup_weights_hash(named)) is not None:
         return found
-    sha = _weights_lines([(name, sha256_file(path)) for name, path in named])
+    sha = sha256_named([(name, sha256_file(path)) for name, path in named])
     store_weights_hash(named, sha)
     return sha
 

@@ -253,7 +253,7 @@ def baseline_topk_path(suite: OpenSuite, base_id: str, run: Runtime) -> Path:
 
 def _comparison_key(suite: OpenSuite, run: Runtime, baseline_run: Runtime | None) -> str:
     """A comparison's key: the candidate's runtime, and the baseline's where it differs (a GGUF on one side,
-    scored in llama.cpp: its engine's version and settings computed the baseline's top-k the comparison used)."""
+    scored in llama.cpp: its engine's version, build and settings computed the baseline's top-k the comparison used)."""
     if baseline_run is None or baseline_run == run:
         return _agreement_key(suite, run)
     return sha256_json([_agreement_key(suite, run), "baseline runtime", *baseline_run.key()])[:16]

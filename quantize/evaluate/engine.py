@@ -12,7 +12,7 @@ from pathlib import Path
 from quantize.checkpoint import ggufs
 from quantize.errors import UsageError
 from quantize.evaluate.suite import Backend, LlamaCppSettings, Suite
-from quantize.io import sha256_bytes, sha256_file
+from quantize.io import sha256_file, sha256_named
 
 DISTRIBUTION = "llama_cpp_python"
 PACKAGE = "llama_cpp"
@@ -84,4 +84,4 @@ def build_identity(folder: Path) -> str:
     files = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
     if not files:
         return "none"
-    return sha256_bytes("".join(f"{p.name} {sha256_file(p)}\n" for p in files).encode())[:16]
+    return sha256_named((p.name, sha256_file(p)) for p in files)[:16]

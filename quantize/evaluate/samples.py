@@ -32,7 +32,7 @@ from quantize.errors import UsageError
 from quantize.evaluate.score import item_records, task_scores
 from quantize.evaluate.suite import OpenSuite
 from quantize.golden.manifest import item_id, read_items, task_config
-from quantize.io import decode_text, read_user_file, sha256_bytes, sha256_user_file, user_lines
+from quantize.io import decode_text, read_user_file, sha256_bytes, sha256_named, sha256_user_file, user_lines
 from quantize.records import CheckpointRef, GoldenRef, ScoreDoc, ScoreProvenance, SuiteRef
 
 MAX_RESULTS_BYTES = 64 * 2**20  # lm-eval's results file: configs and figures of every task, kilobytes to megabytes
@@ -214,7 +214,7 @@ def _doc(suite: OpenSuite, run: Run, results: dict[str, Any], files: dict[str, s
 
 def _identity(files: dict[str, str]) -> str:
     """The identity of a run's samples: the sha256 of one "NAME SHA256" line per file read, in name order."""
-    return sha256_bytes("".join(f"{name} {sha}\n" for name, sha in sorted(files.items())).encode())
+    return sha256_named(sorted(files.items()))
 
 
 def run_identity(path: str | Path) -> str:

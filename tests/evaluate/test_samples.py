@@ -170,8 +170,7 @@ def test_samples_from_an_openai_compatible_server_pass(world, tiny_model, tmp_pa
             got = theirs[item.id]
             if t.output_type != "loglikelihood_rolling":
                 assert got.score == item.score, (task, item.id)
-            lls = [(a, b) for a, b in zip(getattr(item, "lls", None) or [item.ll], getattr(got, "lls", None) or
-                                          [got.ll], strict=True)]  # fmt: skip
+            lls = list(zip(getattr(item, "lls", None) or [item.ll], getattr(got, "lls", None) or [got.ll], strict=True))
             assert all(abs(a - b) < 1e-6 * max(10.0, abs(a)) for a, b in lls), (task, item.id, lls)  # float32 sums
     code, text, err = gate(world["policy"], tiny_model, out, capsys, "--quiet")
     assert code == 0, err
