@@ -7,9 +7,9 @@ cache of its own (nothing served across).
 OTHER_BUILD: a folder holding another build of llama-cpp-python (`pip install --no-cache-dir --no-deps --target
 OTHER_BUILD llama-cpp-python==VERSION` with other CMAKE_ARGS, e.g. -DGGML_AVX2=OFF -DGGML_FMA=OFF
 -DGGML_LLAMAFILE=OFF; without --no-cache-dir pip installs the wheel it built before, whatever the CMAKE_ARGS now),
-put first on PYTHONPATH for its run. Per task: the items whose answer differs (right/wrong items) and the largest
-|Δ log-likelihood| of any choice or document; each build's `llama_print_system_info()` (the CPU features its ggml
-backend uses).
+put first on PYTHONPATH for its run. Per task (server_samples.compare): the items whose answer differs (right/wrong
+items) and the largest |Δ log-likelihood| of any choice or document; each build's `llama_print_system_info()`
+(the CPU features its ggml backend uses) and digest (evaluate/engine.build_identity).
 
 Measured (2026-12-07, the 2-core AMD EPYC, the default model's Q4_1 GGUF, evaluate/smoke.yaml): a build without
 AVX2, FMA and llamafile's matmuls against `make gguf-env`'s moved choices by up to 0.41 nats and documents by up to
@@ -27,13 +27,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from server_samples import compare  # benchmarks/: per task, answers that differ and the largest |Δ ll|
+
+from quantize import records
 from quantize.machine import cpu_kernels
+from quantize.records import ScoreDoc
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def scored(suite: str, gguf: Path, pythonpath: str | None) -> tuple[dict, str]:
-    """`quantize eval --json --items` under a fresh cache, with `pythonpath` first; and that build's system info."""
+def scored(suite: str, gguf: Path, pythonpath: str | None) -> tuple[ScoreDoc, str]:
+    """`quantize eval --json --items` under a fresh cache, with `pythonpath` first, read as its typed record; and that
+    build's system info."""
     env = {**os.environ, "QUANTIZE_CACHE": tempfile.mkdtemp(prefix="llamacpp-kernels-")}
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(x for x in (pythonpath, env.get("PYTHONPATH")) if x)
@@ -45,25 +50,7 @@ def scored(suite: str, gguf: Path, pythonpath: str | None) -> tuple[dict, str]:
                           text=True, cwd=ROOT)  # fmt: skip
     if done.returncode:
         sys.exit(f"quantize eval failed ({done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(done.stdout), info
-
-
-def lls(item: dict) -> list[float]:
-    return item.get("lls") or [item["ll"]]
-
-
-def compare(base: dict, other: dict) -> dict:
-    """Per task: the right/wrong items whose answer differs and the largest |Δ log-likelihood| (a document's score
-    is its log-likelihood: only right/wrong items have answers to flip)."""
-    tasks = {}
-    for task, t in base["tasks"].items():
-        mine = {i["id"]: i for i in t["items"]}
-        theirs = {i["id"]: i for i in other["tasks"][task]["items"]}
-        flips = sorted(k for k in mine if "words" not in mine[k] and mine[k]["score"] != theirs[k]["score"])
-        d = [abs(a - b) for k in mine for a, b in zip(lls(mine[k]), lls(theirs[k]), strict=True)]
-        tasks[task] = {"items": len(mine), "answers_differ": flips, "max_abs_dll": max(d),
-                       "values_differing": sum(x > 0 for x in d), "values": len(d)}  # fmt: skip
-    return tasks
+    return records.loads(ScoreDoc, done.stdout.encode(), Path("quantize eval --json --items")), info
 
 
 def main() -> None:
@@ -92,7 +79,7 @@ def main() -> None:
         "machine": cpu_kernels(),
         "gguf": gguf.name,
         "suite": args.suite,
-        "engine": base["provenance"].get("engine"),
+        "engine": base.provenance.engine,
         "installed_build": {"build": llamacpp_build(), "system_info": base_info},
         "other_builds": builds,
     }
