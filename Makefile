@@ -191,10 +191,14 @@ gate-own: model
 	    echo "== quantize gate $$p --candidate $$c"; $(Q) gate $$p --baseline "$$base" --candidate $$c --quiet || true; \
 	  done; done
 
+# The tests run file by file on one worker per core, at most TEST_WORKERS (pytest-xdist; each worker computes on one
+# thread: tests/conftest.py); TEST_WORKERS=0 runs them in this process, one after another.
+TEST_WORKERS ?= 4
+
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest --durations=15
+	$(PY) -m pytest --durations=15 $(if $(filter 0,$(TEST_WORKERS)),,-n auto --maxprocesses $(TEST_WORKERS) --dist loadfile)
 
 # The fuzz target: 1,000 cases of each input kind through the CLI (recipes, policies, suites,
 # manifests, score files, checkpoint folders, safetensors headers, files named that are no plain input, golden

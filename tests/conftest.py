@@ -8,6 +8,11 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one of `make test`'s workers (one per core, pytest-xdist, set before this file is read): computing on one thread
+    # (every load pins torch to OMP_NUM_THREADS, machine.threads), the workers share the cores instead of each
+    # spinning a thread on the other's; a value the caller set is kept
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import copy
 import gzip
