@@ -9,7 +9,7 @@ OTHER_BUILD llama-cpp-python==VERSION` with other CMAKE_ARGS, e.g. -DGGML_AVX2=O
 -DGGML_LLAMAFILE=OFF; without --no-cache-dir pip installs the wheel it built before, whatever the CMAKE_ARGS now),
 put first on PYTHONPATH for its run. Per task (server_samples.compare): the items whose answer differs (right/wrong
 items) and the largest |Δ log-likelihood| of any choice or document; each build's `llama_print_system_info()`
-(the CPU features its ggml backend uses) and digest (evaluate/engine.build_identity).
+(the CPU features its ggml backend uses) and digest (machine.build_identity).
 
 Measured (2026-12-07, the 2-core AMD EPYC, the default model's Q4_1 GGUF, evaluate/smoke.yaml): a build without
 AVX2, FMA and llamafile's matmuls against `make gguf-env`'s moved choices by up to 0.41 nats and documents by up to
@@ -55,7 +55,7 @@ def scored(suite: str, gguf: Path, pythonpath: str | None) -> tuple[ScoreDoc, st
 
 def main() -> None:
     from quantize.checkpoint.loader import find_gguf
-    from quantize.evaluate.engine import build_identity, llamacpp_build
+    from quantize.machine import build_identity, llamacpp_build
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("others", type=Path, nargs="+", metavar="OTHER_BUILD")

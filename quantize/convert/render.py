@@ -31,10 +31,11 @@ def run_text(name: str, out: Path, meta: RunRecord) -> str:
 def gguf_lines(g: GGUFConversion) -> list[str]:
     """A GGUF written by llama.cpp: from what, through which intermediate, each weight's type, and the notes."""
     via = f" via {g.intermediate}" if g.intermediate else ""
+    build = f" build {g.llama_cpp_build}" if g.llama_cpp_build else ""
     types = ", ".join(f"{t} {n}" for t, n in g.tensor_types.items())
     return [
-        f"  llama.cpp (llama-cpp-python {g.llama_cpp_python}, {g.threads} threads): {g.source_file_type}{via} -> "
-        f"{g.ftype}; weights by type: {types}",
+        f"  llama.cpp (llama-cpp-python {g.llama_cpp_python}{build}, {g.threads} threads): "
+        f"{g.source_file_type}{via} -> {g.ftype}; weights by type: {types}",
         *(
             [
                 f"  importance matrix: {g.imatrix.weights} weights, from {g.imatrix.rows} calibration rows "

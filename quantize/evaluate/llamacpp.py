@@ -43,8 +43,8 @@ from quantize.checkpoint import ggufs
 from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
-from quantize.evaluate.engine import check_loaded_build
 from quantize.evaluate.lm import Row, rolling_rows, row
+from quantize.machine import check_loaded_build
 from quantize.quiet import llama_log, llama_said
 
 NAME = "quantize-llamacpp"
@@ -78,7 +78,7 @@ class LlamaCppLM(TemplateLM):
         super().__init__()
         from llama_cpp import Llama
 
-        check_loaded_build()  # the libraries just mapped are the build its scores are keyed by (llamacpp_engine)
+        check_loaded_build()  # the libraries just mapped are the build its scores are keyed by (engine.llamacpp_engine)
         gguf = Path(pretrained)
         self._max_length = int(max_length or context_length(gguf) or 2048)
         self.n_threads, self.n_batch, self.max_gen_toks = int(n_threads), int(n_batch), int(max_gen_toks)

@@ -136,6 +136,8 @@ class GGUFConversion(Strict):
     ftype_id: int  # its value in llama.cpp's enum llama_ftype
     threads: int
     llama_cpp_python: str  # the llama-cpp-python version (its llama.cpp is the one it vendors)
+    # its build: the digest of the native libraries that ran (machine.llamacpp_build; None before 2026-12-07)
+    llama_cpp_build: str | None = None
     tensor_types: dict[str, int]  # ggml type -> tensors of the written file
     notes: list[str] = Field(default_factory=list)  # what the source's bits mean for the output, and the like
     imatrix: ImatrixRecord | None = None  # the importance matrix it was quantized with (a recipe's calibration)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from quantize import records
+from quantize import machine, records
 from quantize.checkpoint import ggufs
 from quantize.cli import main
 from quantize.convert import gguf as gguf_rules
@@ -359,6 +359,7 @@ def test_the_default_models_gguf_converts_with_its_true_bits(llama_cpp, source, 
     g = meta.engine.gguf
     assert g.source_file_type == "MOSTLY_Q4_1" and g.intermediate == "F16" and g.ftype.endswith(type_name)
     assert g.llama_cpp_python == llama_cpp.__version__ and g.threads >= 1
+    assert g.llama_cpp_build == machine.llamacpp_build() != "none"  # the libraries that ran it
     assert "already carries the source's MOSTLY_Q4_1 rounding" in g.notes[0] and "4-bit" in g.notes[1]
     assert [c.finite for c in meta.finite_checks] == [True] and meta.finite_checks[0].tokens > 1
     assert g.tensor_types == meta.layer_plan.schemes and sum(g.tensor_types.values()) == len(types) == 211

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from quantize import api
+from quantize import api, machine
 from quantize.cli import main
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import engine
@@ -115,17 +115,17 @@ def test_a_build_is_named_by_its_native_libraries(tmp_path):
     reads every file of the folder by name and content, and a folder without files is "none"."""
     lib = tmp_path / "lib"
     lib.mkdir()
-    assert engine.build_identity(lib) == engine.build_identity(tmp_path / "absent") == "none"
+    assert machine.build_identity(lib) == machine.build_identity(tmp_path / "absent") == "none"
     (lib / "libggml-cpu.so").write_bytes(b"avx2 kernels")
     (lib / "libllama.so").write_bytes(b"llama")
-    first = engine.build_identity(lib)
+    first = machine.build_identity(lib)
     assert len(first) == 16 and first != "none"
     (lib / "libggml-cpu.so").write_bytes(b"avx kernels")
-    assert engine.build_identity(lib) != first
+    assert machine.build_identity(lib) != first
     (lib / "libggml-cpu.so").write_bytes(b"avx2 kernels")
-    assert engine.build_identity(lib) == first
+    assert machine.build_identity(lib) == first
     (lib / "libggml-cpu.so").rename(lib / "libggml-cpu-haswell.so")  # another variant file: another build
-    assert engine.build_identity(lib) != first
+    assert machine.build_identity(lib) != first
 
 
 def fake_llama_cpp(site: Path, monkeypatch) -> Path:
@@ -136,7 +136,7 @@ def fake_llama_cpp(site: Path, monkeypatch) -> Path:
     (site / "llama_cpp" / "__init__.py").write_text("raise ImportError('a stand-in, never imported')\n")
     (lib / "libllama.so").write_bytes(b"llama")
     (lib / "libggml-cpu.so").write_bytes(b"avx2 kernels")
-    for variable in (engine.LIB_PATH_VARIABLE, *engine.LOADER_VARIABLES):
+    for variable in (machine.LIB_PATH_VARIABLE, *machine.LOADER_VARIABLES):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.delitem(sys.modules, "llama_cpp", raising=False)
     monkeypatch.syspath_prepend(str(site))
@@ -157,18 +157,18 @@ def test_the_build_is_the_libraries_the_loader_would_map(tmp_path, monkeypatch):
     of other libraries on the loader's path changes nothing."""
     lib = fake_llama_cpp(tmp_path / "site", monkeypatch)
     own = engine.llamacpp_build()
-    assert own == engine.build_identity(lib) != "none"
+    assert own == machine.build_identity(lib) != "none"
     other = another_build(tmp_path / "other")
-    monkeypatch.setenv(engine.LIB_PATH_VARIABLE, str(other))
-    assert engine.llamacpp_build() == engine.build_identity(other) != own
-    monkeypatch.delenv(engine.LIB_PATH_VARIABLE)
+    monkeypatch.setenv(machine.LIB_PATH_VARIABLE, str(other))
+    assert engine.llamacpp_build() == machine.build_identity(other) != own
+    monkeypatch.delenv(machine.LIB_PATH_VARIABLE)
     cuda = tmp_path / "cuda"
     cuda.mkdir()
     (cuda / "libcudart.so").write_bytes(b"not llama.cpp's")
     monkeypatch.setenv("LD_LIBRARY_PATH", f"{cuda}::")
     assert engine.llamacpp_build() == own
     monkeypatch.setenv("LD_LIBRARY_PATH", f"{cuda}:{other}")
-    assert engine.llamacpp_build() not in (own, engine.build_identity(other))
+    assert engine.llamacpp_build() not in (own, machine.build_identity(other))
     monkeypatch.delenv("LD_LIBRARY_PATH")
     monkeypatch.setenv("LD_PRELOAD", str(other / "libggml-cpu.so"))
     assert engine.llamacpp_build() != own
@@ -188,14 +188,14 @@ def test_a_library_mapped_from_outside_the_build_is_exit_3(tmp_path, monkeypatch
         maps.write_text("\n".join([libc, *(f"7f{i}0-7f{i}8 r-xp 00000000 08:01 {i} {p}" for i, p in enumerate(paths))]))
         return maps
 
-    engine.check_loaded_build(mapped(str(lib / "libllama.so"), str(lib / "libggml-cpu.so")))
-    engine.check_loaded_build(tmp_path / "absent")  # no maps to read (not Linux): nothing checked
+    machine.check_loaded_build(mapped(str(lib / "libllama.so"), str(lib / "libggml-cpu.so")))
+    machine.check_loaded_build(tmp_path / "absent")  # no maps to read (not Linux): nothing checked
     for paths in ([str(other / "libggml-cpu.so")], [f"{lib / 'libggml-cpu.so'} (deleted)"]):
         with pytest.raises(RuntimeFailure, match="not among the libraries its build is named by") as e:
-            engine.check_loaded_build(mapped(str(lib / "libllama.so"), *paths))
+            machine.check_loaded_build(mapped(str(lib / "libllama.so"), *paths))
         assert paths[0] in str(e.value)
     monkeypatch.setenv("LD_LIBRARY_PATH", str(other))  # where the loader finds it, the build names it
-    engine.check_loaded_build(mapped(str(lib / "libllama.so"), str(other / "libggml-cpu.so")))
+    machine.check_loaded_build(mapped(str(lib / "libllama.so"), str(other / "libggml-cpu.so")))
 
 
 def test_a_gguf_scored_with_libraries_from_ld_library_path_is_keyed_by_them(llama_gguf, tmp_path, golden):
@@ -203,7 +203,7 @@ def test_a_gguf_scored_with_libraries_from_ld_library_path_is_keyed_by_them(llam
     process maps, the check passes, and the scores are stored under that build, not the package's."""
     import subprocess
 
-    lib = Path(engine.llamacpp_libraries()[0][1]).parent
+    lib = Path(machine.llamacpp_libraries()[0][1]).parent
     copy = tmp_path / "ld"
     copy.mkdir()
     for p in lib.iterdir():

@@ -52,6 +52,7 @@ from quantize.convert.gguf import (
 )
 from quantize.convert.recipe import Calibration, GGUFRecipe, Method, Recipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.machine import check_loaded_build, llamacpp_build
 from quantize.progress import stage
 from quantize.quiet import llama_log, llama_said
 from quantize.records import CalibrationRecord, EngineRecord, FiniteCheck, GGUFConversion, ImatrixRecord
@@ -208,6 +209,7 @@ class LlamaCppBackend:
             read.unlink()  # the intermediate (the engine removes the scratch folder too): its bytes freed sooner
         with job.phases("reload-check"):
             finite = [finite_check(out, threads)]
+        check_loaded_build()  # the libraries that quantized and checked it are the build the record names
         written = ggufs.read_header(out)
         plan = layer_plan(written, name, asked)
         record = GGUFConversion(
@@ -219,6 +221,7 @@ class LlamaCppBackend:
             ftype_id=ftypes[name],
             threads=threads,
             llama_cpp_python=_version(),
+            llama_cpp_build=llamacpp_build(),
             tensor_types=dict(plan.schemes),
             notes=notes,
             tensor_type_overrides=dict(overrides),
