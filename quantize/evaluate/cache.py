@@ -22,9 +22,10 @@ unless asked for) is docs/reliability.md's trust model, which quantize/flows/gat
 The runtime (`Runtime`) is what changes a computed number besides the checkpoint and the suite's text: the device
 kind the model ran on (kernels differ between a CPU and an accelerator), the dtype it was loaded in (the suite's
 "auto" resolves to float32 on a CPU and the checkpoint's own dtype elsewhere), whether the checkpoint's own
-code ran (--trust-remote-code), for a GGUF the engine that scored it (llama.cpp: its version, threads and
-decode chunk; dtype "gguf": the file's own types), and for a model that rounds its activations on a CPU the CPU's
-name and torch's thread count (`Runtime.rounding`: its numbers move with both).
+code ran (--trust-remote-code), for a GGUF the engine that scored it (llama.cpp: its version, its build's native
+libraries, threads and decode chunk; dtype "gguf": the file's own types), and for a model that rounds its
+activations on a CPU the CPU as its kernels see it and torch's thread count (`Runtime.rounding`: its numbers move
+with both).
 """
 
 from __future__ import annotations
