@@ -19,6 +19,8 @@ import gzip
 import hashlib
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,22 @@ def tokenizer_for(vocab_size: int):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     return make_tiny_llama(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+def quantize_child(
+    *argv: str, cwd: Path | None = None, timeout: float = 600, **env: str
+) -> subprocess.CompletedProcess:
+    """`python -m quantize.cli ARGV` in a child process (its own imports, environment, dynamic loader and exit
+    code), this process's environment plus `env`, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "quantize.cli", *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=cwd,
+        check=False,
+        timeout=timeout,
+    )
 
 
 def nan_copy(src: Path, dst: Path) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import pytest
 
 from quantize.cli import main
 
-from conftest import ROOT
+from conftest import ROOT, quantize_child
 
 GOOD = "method: rtn\nscheme: W4A16\ngroup_size: 64\ncalibration: null\n"
 
@@ -110,9 +109,7 @@ def test_console_script_prints_no_traceback(tmp_path):
     """Through the real entry point: one paragraph on stderr, exit 2."""
     p = tmp_path / "r.yaml"
     p.write_text("method: gptq\nscheme: W4A16\ngroup_size: 7\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "quantize.cli", "run", str(p)], capture_output=True, text=True, timeout=120
-    )
+    proc = quantize_child("run", str(p), timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "group_size" in proc.stderr
     assert proc.stderr.count("\n") <= 4
@@ -130,7 +127,6 @@ def test_report_names_a_missing_or_empty_folder(tmp_path, capsys):
 
 def test_quiet_runs_print_nothing_but_the_result(tmp_path, tiny_model):
     """--quiet: no progress bars, library warnings or child-process chatter on stderr; the result on stdout."""
-    env = {**os.environ, "QUANTIZE_CACHE": str(tmp_path / "cache")}
     r = tmp_path / "r.yaml"
     r.write_text(
         f"method: fp8\nscheme: FP8_DYNAMIC\ncalibration: null\nmodel: {tiny_model}\noutput: {tmp_path / 'o'}\n"
@@ -139,15 +135,7 @@ def test_quiet_runs_print_nothing_but_the_result(tmp_path, tiny_model):
         ["run", str(r), "--quiet"],
         ["eval", str(ROOT / "evaluate" / "smoke.yaml"), str(tmp_path / "o"), "--quiet"],
     ):
-        p = subprocess.run(
-            [sys.executable, "-m", "quantize.cli", *argv],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            check=False,
-            timeout=600,
-        )
+        p = quantize_child(*argv, cwd=tmp_path, QUANTIZE_CACHE=str(tmp_path / "cache"))
         assert p.returncode == 0 and p.stderr == "" and p.stdout.strip(), (argv[0], p.stderr[-500:])
 
 

@@ -16,6 +16,8 @@ from quantize.convert import memory
 from quantize.convert.recipe import parse_recipe
 from quantize.errors import UsageError
 
+from conftest import quantize_child
+
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("scale", ROOT / "benchmarks" / "scale.py")
 scale = importlib.util.module_from_spec(_spec)
@@ -179,11 +181,7 @@ def test_quantize_run_refuses_before_torch_is_imported(tmp_path, huge):
     assert done.stdout.split() == ["False", "2"], done.stderr
     assert "would need about" in done.stderr and "20.00 GiB is available (--max-memory)" in done.stderr
     assert not (tmp_path / "out").exists()
-    bad = subprocess.run(
-        [sys.executable, "-m", "quantize.cli", "run", str(rfile), "--max-memory", "lots"],
-        capture_output=True,
-        text=True,
-    )
+    bad = quantize_child("run", str(rfile), "--max-memory", "lots")
     assert bad.returncode == 2 and "not a memory size" in bad.stderr
 
 

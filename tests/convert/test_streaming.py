@@ -19,6 +19,8 @@ from quantize.convert.checks import streamed_finite_check, structure_check
 from quantize.errors import RuntimeFailure
 from quantize.records import RunRecord
 
+from conftest import quantize_child
+
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("scale", ROOT / "benchmarks" / "scale.py")
 scale = importlib.util.module_from_spec(_spec)
@@ -142,8 +144,7 @@ def peak_of_streamed_run(tmp_path: Path, depth: int, max_memory: int) -> int:
         yaml.safe_dump({"model": str(src), "output": str(out), "streaming": "on", **SCHEMES["fp8-dynamic"]})
     )
     # --max-memory keeps the full reload out (it would load the whole model, which does grow with depth)
-    cmd = [sys.executable, "-m", "quantize.cli", "run", str(rfile), "--quiet", "--max-memory", str(max_memory)]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    done = quantize_child("run", str(rfile), "--quiet", "--max-memory", str(max_memory), cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     meta = records.read(RunRecord, out / "quantize.json")
     assert meta.memory_plan.reload == "streamed"
@@ -175,8 +176,7 @@ def peak_of_offloaded_gptq(tmp_path: Path, depth: int, max_memory: int) -> tuple
     rfile = tmp_path / f"g{depth}.yaml"
     out = tmp_path / "out" / f"g{depth}"
     rfile.write_text(yaml.safe_dump({"model": str(src), "output": str(out), "offload": "on", **scale.GPTQ}))
-    cmd = [sys.executable, "-m", "quantize.cli", "run", str(rfile), "--quiet", "--max-memory", str(max_memory)]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    done = quantize_child("run", str(rfile), "--quiet", "--max-memory", str(max_memory), cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     meta = records.read(RunRecord, out / "quantize.json")
     assert not list(out.parent.glob(".g*.offload-*"))  # the offload folder went with the run

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from quantize.evaluate import engine
 from quantize.evaluate.suite import load_suite, open_suite
 from quantize.evaluate.tokens import differences
 
-from conftest import suite_file
+from conftest import quantize_child, suite_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,23 +200,17 @@ def test_a_library_mapped_from_outside_the_build_is_exit_3(tmp_path, monkeypatch
 def test_a_gguf_scored_with_libraries_from_ld_library_path_is_keyed_by_them(llama_gguf, tmp_path, golden):
     """The real engine: llama.cpp's libraries copied to a folder on LD_LIBRARY_PATH (the same bytes) are what the
     process maps, the check passes, and the scores are stored under that build, not the package's."""
-    import subprocess
-
     lib = Path(machine.llamacpp_libraries()[0][1]).parent
     copy = tmp_path / "ld"
     copy.mkdir()
     for p in lib.iterdir():
         (copy / p.name).write_bytes(p.read_bytes())
     suite = suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", extra="tasks: [core_facts]\n")
-    env = {**os.environ, "QUANTIZE_CACHE": str(tmp_path / "cache"), "LD_LIBRARY_PATH": str(copy)}
-    p = subprocess.run(
-        [sys.executable, "-m", "quantize.cli", "eval", str(suite), str(llama_gguf), "--json", "--items", "--quiet"],
-        capture_output=True,
-        text=True,
-        env=env,
+    p = quantize_child(
+        *("eval", str(suite), str(llama_gguf), "--json", "--items", "--quiet"),
         cwd=tmp_path,
-        check=False,
-        timeout=600,
+        QUANTIZE_CACHE=str(tmp_path / "cache"),
+        LD_LIBRARY_PATH=str(copy),
     )
     assert p.returncode == 0, p.stderr[-2000:]
     engine_line = json.loads(p.stdout)["provenance"]["engine"]
