@@ -179,8 +179,9 @@ def _files(folder: Path) -> list[Path]:
 def check_loaded_build(maps: Path = MAPS) -> None:
     """After llama-cpp-python is imported: every libllama/libggml file this process maps is one of the files its
     build is named by (llamacpp_libraries, compared by resolved path) and still the file on disk, so the scores
-    keyed by `llamacpp_build` are the ones that build computes. Else RuntimeFailure naming the library (exit 3:
-    nothing it would score is cached). Nothing is checked where `maps` cannot be read (not Linux)."""
+    keyed by (and the GGUF conversions recorded with) `llamacpp_build` are that build's. Else RuntimeFailure naming
+    the library (exit 3, before anything it computed is cached or put in place). Nothing is checked where `maps`
+    cannot be read (not Linux)."""
     try:
         lines = maps.read_text(errors="replace").splitlines()
     except OSError:
