@@ -119,6 +119,10 @@ LIB_PATH_VARIABLE = "LLAMA_CPP_LIB_PATH"
 LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH")
 NATIVE = ("libllama", "libggml")  # llama.cpp's libraries by name: libllama, libggml, libggml-base, libggml-cpu, ...
 MAPS = Path("/proc/self/maps")  # Linux: the files this process maps
+# llama.cpp's runtime switches, read by its libraries as they compute (ggml's GGML_CPU_TILED_MM and
+# GGML_CPU_DISABLE_FUSION, libllama's LLAMA_ATTN_ROT_DISABLE, ...): by prefix, so a switch a later version adds is
+# caught too
+LLAMACPP_VARIABLE_PREFIXES = ("GGML_", "LLAMA_")
 
 
 def llamacpp_build() -> str:
@@ -128,6 +132,13 @@ def llamacpp_build() -> str:
     the CMAKE_ARGS are now, and llama.cpp's numbers move with the kernels (docs/results.md): the version alone does
     not say what computed. "none" where llama-cpp-python is not installed."""
     return libraries_identity(llamacpp_libraries())
+
+
+def llamacpp_variables() -> str:
+    """Each variable set here whose name starts with LLAMACPP_VARIABLE_PREFIXES, as "NAME=value", by name and
+    space-separated ("" for none); LLAMA_CPP_LIB_PATH is left to the build, which hashes the files it points to."""
+    names = sorted(v for v in os.environ if v.startswith(LLAMACPP_VARIABLE_PREFIXES) and v != LIB_PATH_VARIABLE)
+    return " ".join(f"{v}={os.environ[v]}" for v in names)
 
 
 def llamacpp_libraries() -> tuple[tuple[str, Path], ...]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from quantize.checkpoint import ggufs
 from quantize.errors import UsageError
 from quantize.evaluate.suite import Backend, LlamaCppSettings, Suite
-from quantize.machine import LLAMACPP_PACKAGE, llamacpp_build
+from quantize.machine import LLAMACPP_PACKAGE, llamacpp_build, llamacpp_variables
 
 DISTRIBUTION = "llama_cpp_python"
 PACKAGE = LLAMACPP_PACKAGE
@@ -57,8 +57,9 @@ def llamacpp_settings(suite: Suite) -> LlamaCppSettings:
 
 def llamacpp_engine(suite: Suite) -> str:
     """What computes a GGUF's scores besides the file and the suite's text: our revision, llama-cpp-python's version,
-    the threads, the decode chunk (`n_batch`) and the build (`llamacpp_build`). Part of the cache key
-    (cache.Runtime.engine) and the provenance."""
+    the threads, the decode chunk (`n_batch`), the build (`llamacpp_build`) and any of llama.cpp's runtime switches
+    set here (`llamacpp_variables`, after "env"). Part of the cache key (cache.Runtime.engine) and the provenance."""
     s = llamacpp_settings(suite)
     ours = f"llamacpp-{LLAMACPP_REVISION} llama-cpp-python {llamacpp_version()}"
-    return f"{ours} threads {s.n_threads} n_batch {s.n_batch} build {llamacpp_build()}"
+    switches = f" env {v}" if (v := llamacpp_variables()) else ""
+    return f"{ours} threads {s.n_threads} n_batch {s.n_batch} build {llamacpp_build()}{switches}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -173,6 +174,25 @@ def test_the_build_is_the_libraries_the_loader_would_map(tmp_path, monkeypatch):
     assert engine.llamacpp_build() != own
     suite, _ = load_suite(ROOT / "evaluate" / "smoke.yaml")
     assert engine.llamacpp_engine(suite).endswith(f" build {engine.llamacpp_build()}")
+
+
+def test_llama_cpps_runtime_switches_key_its_scores(monkeypatch):
+    """ggml and libllama read variables as they compute (GGML_CPU_TILED_MM, GGML_CPU_DISABLE_FUSION, ...): any
+    GGML_/LLAMA_ variable set is part of the engine that keys a GGUF's scores; without one the key is as before."""
+    for v in [v for v in os.environ if v.startswith(machine.LLAMACPP_VARIABLE_PREFIXES)]:
+        monkeypatch.delenv(v)
+    suite, _ = load_suite(ROOT / "evaluate" / "smoke.yaml")
+    plain = engine.llamacpp_engine(suite)
+    assert plain.endswith(f" build {engine.llamacpp_build()}")
+    monkeypatch.setenv("GGMLX_OTHER", "1")  # another prefix: not llama.cpp's
+    monkeypatch.setenv(machine.LIB_PATH_VARIABLE, "/nowhere")  # the build's to name, by the files it points to
+    assert " env " not in engine.llamacpp_engine(suite)
+    monkeypatch.delenv(machine.LIB_PATH_VARIABLE)
+    assert engine.llamacpp_engine(suite) == plain
+    monkeypatch.setenv("GGML_CPU_TILED_MM_FORCE", "1")
+    monkeypatch.setenv("GGML_CPU_DISABLE_FUSION", "1")
+    switched = engine.llamacpp_engine(suite)
+    assert switched == f"{plain} env GGML_CPU_DISABLE_FUSION=1 GGML_CPU_TILED_MM_FORCE=1"
 
 
 def test_a_library_mapped_from_outside_the_build_is_exit_3(tmp_path, monkeypatch):
