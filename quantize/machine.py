@@ -119,10 +119,11 @@ LIB_PATH_VARIABLE = "LLAMA_CPP_LIB_PATH"
 LOADER_VARIABLES = ("LD_PRELOAD", "LD_LIBRARY_PATH")
 NATIVE = ("libllama", "libggml")  # llama.cpp's libraries by name: libllama, libggml, libggml-base, libggml-cpu, ...
 MAPS = Path("/proc/self/maps")  # Linux: the files this process maps
-# llama.cpp's runtime switches, read by its libraries as they compute (ggml's GGML_CPU_TILED_MM and
-# GGML_CPU_DISABLE_FUSION, libllama's LLAMA_ATTN_ROT_DISABLE, ...): by prefix, so a switch a later version adds is
-# caught too
-LLAMACPP_VARIABLE_PREFIXES = ("GGML_", "LLAMA_")
+# llama.cpp's runtime switches, read by its libraries as they compute: ggml's by its prefix (GGML_CPU_TILED_MM,
+# GGML_CPU_DISABLE_FUSION, GGML_BACKEND_PATH, ...: a switch a later version adds is caught too), libllama's by name
+# (LLAMA_ is other programs' prefix too, LlamaIndex's API keys among them, which must not reach a key or a record)
+GGML_PREFIX = "GGML_"
+LLAMA_SWITCHES = ("LLAMA_ATTN_ROT_DISABLE",)
 
 
 def llamacpp_build() -> str:
@@ -135,9 +136,9 @@ def llamacpp_build() -> str:
 
 
 def llamacpp_variables() -> str:
-    """Each variable set here whose name starts with LLAMACPP_VARIABLE_PREFIXES, as "NAME=value", by name and
-    space-separated ("" for none); LLAMA_CPP_LIB_PATH is left to the build, which hashes the files it points to."""
-    names = sorted(v for v in os.environ if v.startswith(LLAMACPP_VARIABLE_PREFIXES) and v != LIB_PATH_VARIABLE)
+    """llama.cpp's runtime switches set here (a GGML_ variable, or one of LLAMA_SWITCHES), as "NAME=value", by name
+    and space-separated; "" for none."""
+    names = sorted(v for v in os.environ if v.startswith(GGML_PREFIX) or v in LLAMA_SWITCHES)
     return " ".join(f"{v}={os.environ[v]}" for v in names)
 
 

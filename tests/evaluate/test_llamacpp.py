@@ -178,17 +178,19 @@ def test_the_build_is_the_libraries_the_loader_would_map(tmp_path, monkeypatch):
 
 def test_llama_cpps_runtime_switches_key_its_scores(monkeypatch):
     """ggml and libllama read variables as they compute (GGML_CPU_TILED_MM, GGML_CPU_DISABLE_FUSION, ...): any
-    GGML_/LLAMA_ variable set is part of the engine that keys a GGUF's scores; without one the key is as before."""
-    for v in [v for v in os.environ if v.startswith(machine.LLAMACPP_VARIABLE_PREFIXES)]:
+    GGML_ variable and libllama's own switches set are part of the engine that keys a GGUF's scores (other programs'
+    LLAMA_ variables are not); without one the key is as before."""
+    for v in [v for v in os.environ if v.startswith(machine.GGML_PREFIX) or v in machine.LLAMA_SWITCHES]:
         monkeypatch.delenv(v)
     suite, _ = load_suite(ROOT / "evaluate" / "smoke.yaml")
     plain = engine.llamacpp_engine(suite)
     assert plain.endswith(f" build {engine.llamacpp_build()}")
-    monkeypatch.setenv("GGMLX_OTHER", "1")  # another prefix: not llama.cpp's
-    monkeypatch.setenv(machine.LIB_PATH_VARIABLE, "/nowhere")  # the build's to name, by the files it points to
-    assert " env " not in engine.llamacpp_engine(suite)
-    monkeypatch.delenv(machine.LIB_PATH_VARIABLE)
+    monkeypatch.setenv("GGMLX_OTHER", "1")  # another prefix: not ggml's
+    monkeypatch.setenv("LLAMA_CLOUD_API_KEY", "secret")  # LlamaIndex's: never in a key or a record
     assert engine.llamacpp_engine(suite) == plain
+    monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")
+    assert engine.llamacpp_engine(suite) == f"{plain} env LLAMA_ATTN_ROT_DISABLE=1"
+    monkeypatch.delenv("LLAMA_ATTN_ROT_DISABLE")
     monkeypatch.setenv("GGML_CPU_TILED_MM_FORCE", "1")
     monkeypatch.setenv("GGML_CPU_DISABLE_FUSION", "1")
     switched = engine.llamacpp_engine(suite)
