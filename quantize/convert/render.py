@@ -32,6 +32,7 @@ def gguf_lines(g: GGUFConversion) -> list[str]:
     """A GGUF written by llama.cpp: from what, through which intermediate, each weight's type, and the notes."""
     via = f" via {g.intermediate}" if g.intermediate else ""
     build = f" build {g.llama_cpp_build}" if g.llama_cpp_build else ""
+    build += f" env {g.llama_cpp_switches}" if g.llama_cpp_switches else ""
     types = ", ".join(f"{t} {n}" for t, n in g.tensor_types.items())
     return [
         f"  llama.cpp (llama-cpp-python {g.llama_cpp_python}{build}, {g.threads} threads): "

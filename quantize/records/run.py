@@ -138,6 +138,9 @@ class GGUFConversion(Strict):
     llama_cpp_python: str  # the llama-cpp-python version (its llama.cpp is the one it vendors)
     # its build: the digest of the native libraries that ran (machine.llamacpp_build; None before 2026-12-07)
     llama_cpp_build: str | None = None
+    # llama.cpp's runtime switches set while it ran (machine.llamacpp_variables: "NAME=value ..."; "" for none,
+    # None before 2026-12-07)
+    llama_cpp_switches: str | None = None
     tensor_types: dict[str, int]  # ggml type -> tensors of the written file
     notes: list[str] = Field(default_factory=list)  # what the source's bits mean for the output, and the like
     imatrix: ImatrixRecord | None = None  # the importance matrix it was quantized with (a recipe's calibration)

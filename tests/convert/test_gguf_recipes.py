@@ -347,7 +347,10 @@ def reader_bits(path: Path) -> tuple[float, dict[str, str], dict[str, int]]:
 
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q4_K_M"])
-def test_the_default_models_gguf_converts_with_its_true_bits(llama_cpp, source, tmp_path, capsys, type_name):
+def test_the_default_models_gguf_converts_with_its_true_bits(
+    llama_cpp, source, tmp_path, capsys, monkeypatch, type_name
+):
+    monkeypatch.setenv("GGML_CPU_DISABLE_FUSION", "1")  # a switch of llama.cpp's, recorded with what it wrote
     assert main(["run", str(recipe_file(tmp_path, type_name)), "--quiet"]) == 0, capsys.readouterr().err
     out = tmp_path / type_name
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "model.gguf", "quantize.json"]
@@ -360,6 +363,7 @@ def test_the_default_models_gguf_converts_with_its_true_bits(llama_cpp, source, 
     assert g.source_file_type == "MOSTLY_Q4_1" and g.intermediate == "F16" and g.ftype.endswith(type_name)
     assert g.llama_cpp_python == llama_cpp.__version__ and g.threads >= 1
     assert g.llama_cpp_build == machine.llamacpp_build() != "none"  # the libraries that ran it
+    assert g.llama_cpp_switches == machine.llamacpp_variables() == "GGML_CPU_DISABLE_FUSION=1"
     assert "already carries the source's MOSTLY_Q4_1 rounding" in g.notes[0] and "4-bit" in g.notes[1]
     assert [c.finite for c in meta.finite_checks] == [True] and meta.finite_checks[0].tokens > 1
     assert g.tensor_types == meta.layer_plan.schemes and sum(g.tensor_types.values()) == len(types) == 211

@@ -52,7 +52,7 @@ from quantize.convert.gguf import (
 )
 from quantize.convert.recipe import Calibration, GGUFRecipe, Method, Recipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
-from quantize.machine import check_loaded_build, llamacpp_build
+from quantize.machine import check_loaded_build, llamacpp_build, llamacpp_variables
 from quantize.progress import stage
 from quantize.quiet import llama_log, llama_said
 from quantize.records import CalibrationRecord, EngineRecord, FiniteCheck, GGUFConversion, ImatrixRecord
@@ -222,6 +222,7 @@ class LlamaCppBackend:
             threads=threads,
             llama_cpp_python=_version(),
             llama_cpp_build=llamacpp_build(),
+            llama_cpp_switches=llamacpp_variables(),
             tensor_types=dict(plan.schemes),
             notes=notes,
             tensor_type_overrides=dict(overrides),
