@@ -10,10 +10,9 @@ from pathlib import Path
 from quantize.checkpoint import ggufs
 from quantize.errors import UsageError
 from quantize.evaluate.suite import Backend, LlamaCppSettings, Suite
-from quantize.machine import LLAMACPP_PACKAGE, llamacpp_build, llamacpp_variables
+from quantize.machine import llamacpp_build, llamacpp_variables
 
 DISTRIBUTION = "llama_cpp_python"
-PACKAGE = LLAMACPP_PACKAGE
 INSTALL = "`make gguf-env` (llama-cpp-python 0.3.36, built from its source distribution: README, GGUF)"
 # the revision of what our llama.cpp model (evaluate/llamacpp.py) computes from the engine's logits: part of
 # `llamacpp_engine`, so cached scores move with it
