@@ -18,9 +18,18 @@ import numpy as np
 
 
 def tiny_moe_gguf(
-    path: Path, vocabulary: Path, layers: int = 2, hidden: int = 64, ff: int = 128, experts: int = 4, seed: int = 0
+    path: Path,
+    vocabulary: Path,
+    layers: int = 2,
+    hidden: int = 64,
+    ff: int = 128,
+    experts: int = 4,
+    seed: int = 0,
+    split: int = 0,
 ) -> Path:
-    """A loadable MoE GGUF at `path` with `vocabulary`'s tokenizer (a GGUF's: the default model's)."""
+    """A loadable MoE GGUF at `path` with `vocabulary`'s tokenizer (a GGUF's: the default model's). `split`: at
+    most that many tensors a file, as the gguf package's writer splits a GGUF (PATH-00001-of-0000N.gguf and on,
+    beside `path`; the first part's path is returned)."""
     from gguf import GGUFReader
 
     fields = GGUFReader(vocabulary).fields
@@ -36,7 +45,7 @@ def tiny_moe_gguf(
         w.add_eos_token_id(fields["tokenizer.ggml.eos_token_id"].contents())
         w.add_add_bos_token(False)
 
-    return _write(path, tokenizer, len(tokens), layers, hidden, ff, experts, seed)
+    return _write(path, tokenizer, len(tokens), layers, hidden, ff, experts, seed, split)
 
 
 def smollm2_tokenizer_files(vocabulary: Path, folder: Path) -> Path:
@@ -100,12 +109,14 @@ def _write(
     ff: int,
     experts: int,
     seed: int,
+    split: int = 0,
 ) -> Path:
     from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.gguf_writer import SHARD_NAME_FORMAT
 
     heads, kv_heads = 4, 2
     head = hidden // heads
-    w = GGUFWriter(str(path), "llama")
+    w = GGUFWriter(str(path), "llama", split_max_tensors=split)
     w.add_context_length(256)
     w.add_embedding_length(hidden)
     w.add_block_count(layers)
@@ -144,4 +155,6 @@ def _write(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split and (parts := len(w.tensors)) > 1:
+        return path.with_name(SHARD_NAME_FORMAT.format(path.stem, 1, parts))
     return path

@@ -561,7 +561,7 @@ def gguf_report(checkpoint: Path, h: ggufs.GGUFHeader) -> BitsReport:
     return BitsReport(
         checkpoint=str(checkpoint),
         format=_gguf_format(h),
-        files=[h.path.name],
+        files=[f.name for f in h.files],
         file_bytes=h.file_bytes,
         header_bytes_read=h.header_bytes,
         notes=notes,

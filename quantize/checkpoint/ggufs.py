@@ -19,10 +19,18 @@ equals the padded sizes of the tensors before it, each row holds whole blocks, a
 so the header bytes, the tensors' bytes and the padding account for the file to the byte.
 
 A checkpoint is a GGUF (`find`) when its path is a file named `*.gguf` or starting with the magic "GGUF", or a
-folder holding no safetensors file and exactly one `*.gguf` (its tokenizer files beside it); a folder holding several
-is refused, naming them. This module imports no other checkpoint module, so files.py may import it (for
-`weights_sha256`) without a cycle; accounting.gguf_report turns a header into the BitsReport `quantize inspect`
-prints.
+folder holding no safetensors file and exactly one `*.gguf` (its tokenizer files beside it), or the parts of one split
+GGUF; a folder holding several models is refused, naming them.
+
+A split GGUF (gguf's writer, llama.cpp's llama-gguf-split) is one model in several files: the first holds the
+metadata, every part its `split.no` and `split.count`, the first `split.tensors.count`. llama.cpp loads it from the
+first part and opens the others by name (NAME-00002-of-0000N.gguf beside it: the gguf package's SHARD_NAME_FORMAT),
+so `read_header` does the same: the first part's header joined with every other part's (GGUFHeader.parts), each part
+checked as llama.cpp checks it (its index, no tensor twice, the declared tensor count), and refused (UsageError)
+where llama.cpp would refuse to load it, before it is opened. The identity (weights_sha256) hashes every part.
+
+This module imports no other checkpoint module, so files.py may import it (for `weights_sha256`) without a cycle;
+accounting.gguf_report turns a header into the BitsReport `quantize inspect` prints.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import os
 import re
 import stat
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +113,15 @@ class GGUFHeader:
     alignment: int
     metadata: dict[str, Any]  # scalars and strings by key; a numeric array up to MAX_KEPT_ARRAY values as a list
     tensors: list[GGUFTensor] = field(default_factory=list)
+    # a split GGUF's files in llama.cpp's load order, `path` first; () for a GGUF in one file. Joined, file_bytes and
+    # header_bytes are the parts' sums, tensors every part's (each offset into its own part's data section), and
+    # version, data_start, alignment and metadata the first part's (the one llama.cpp reads the model's keys from)
+    parts: tuple[Path, ...] = ()
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file llama.cpp reads to load it, in order."""
+        return self.parts or (self.path,)
 
     @property
     def tensor_bytes(self) -> int:
@@ -155,12 +172,43 @@ def find(checkpoint: str | Path) -> Path | None:
     if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
         return None
     found = [p / n for n in names if n.lower().endswith(SUFFIX)]
+    if len(found) > 1 and (first := _first_of_split(found)) is not None:
+        return _contained(p, first)
     if len(found) > 1:
         raise UsageError(
             f"{p} holds {len(found)} GGUF files ({', '.join(f.name for f in found[:5])}); a checkpoint folder holds "
             "one model: pass the .gguf file itself, or move the others out"
         )
     return _contained(p, found[0]) if found else None
+
+
+_PART = re.compile(r"^(?P<prefix>.*)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf$")
+
+
+def _first_of_split(found: list[Path]) -> Path | None:
+    """The first part, where the GGUF files of a folder are all named as the parts of one split GGUF (one name, one
+    part count: the gguf package's SHARD_NAME_FORMAT), else None; without its first part, a UsageError. Another
+    part missing, or one not what its name says, is read_header's to refuse, naming it."""
+    from gguf.gguf_writer import SHARD_NAME_FORMAT
+
+    seen = set()
+    for f in found:
+        if (m := _PART.match(f.name)) is None:
+            return None
+        prefix, no, count = m["prefix"], int(m["no"]), int(m["count"])
+        if SHARD_NAME_FORMAT.format(prefix, no, count) != f.name or not 1 <= no <= count:
+            return None
+        seen.add((prefix, count))
+        if len(seen) > 1:
+            return None
+    prefix, count = next(iter(seen))
+    first = found[0].with_name(SHARD_NAME_FORMAT.format(prefix, 1, count))
+    if first not in found:
+        raise UsageError(
+            f"{first.parent} holds {len(found)} part(s) of a GGUF split into {count} files but not its first part, "
+            f"{first.name}: llama.cpp loads a split model from its first part. Put every part in the folder"
+        )
+    return first
 
 
 def _contained(folder: Path, f: Path) -> Path:
@@ -180,18 +228,18 @@ def _contained(folder: Path, f: Path) -> Path:
 
 
 def weights_sha256(checkpoint: str | Path) -> str | None:
-    """The weights hash of a GGUF checkpoint (None for any other): the line "NAME SHA256\\n" of its one file,
-    hashed as files.weights_sha256 hashes safetensors files' lines, the sha256 taken from the file's bytes (read
-    as a regular file: a FIFO or a device is refused unread). The identity (files.identity_sha256) adds the folder's
-    config, tokenizer and chat-template files to it. Memoized in the process while the file's device, inode, size,
-    mtime and ctime stay (as files.weights_sha256 memoizes a folder's): a scoring run asks for it several times, and
-    a file replaced or written in place (its ctime moves, whatever else is put back) is hashed again."""
+    """The weights hash of a GGUF checkpoint (None for any other): sha256 over the line "NAME SHA256\\n" of each of
+    its files (one, or a split GGUF's every part in load order: read_header), as files.weights_sha256 hashes
+    safetensors files' lines, each sha256 taken from the file's bytes (read as a regular file: a FIFO or a device is
+    refused unread). The identity (files.identity_sha256) adds the folder's config, tokenizer and chat-template files
+    to it. Each file's sha256 is memoized in the process while its device, inode, size, mtime and ctime stay (as
+    files.weights_sha256 memoizes a folder's): a scoring run asks for it several times, and a file replaced or
+    written in place (its ctime moves, whatever else is put back) is hashed again."""
     f = find(checkpoint)
     if f is None:
         return None
-    if (key := _stat_key(f)) is None:
-        return _line(f.name, str(f))  # not kept: the read refuses whatever it is
-    return _kept(f.name, str(f.resolve()), key)
+    parts = read_header(f).files if _stat_key(f) is not None else (f,)  # not a regular file: the read refuses it
+    return sha256_bytes("".join(f"{p.name} {_file_sha256(p)}\n" for p in parts).encode())
 
 
 def _stat_key(path: Path) -> tuple[int, ...] | None:
@@ -207,16 +255,21 @@ def _stat_key(path: Path) -> tuple[int, ...] | None:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _file_sha256(path: Path) -> str:
+    """One GGUF file's sha256, read as a regular file; memoized under its stat key (weights_sha256)."""
+    if (key := _stat_key(path)) is None:
+        return _sha256(str(path))  # not kept: the read refuses whatever it is
+    return _kept_sha256(str(path.resolve()), key)
+
+
 @functools.lru_cache(maxsize=64)
-def _kept(name: str, path: str, _stat_key: tuple[int, ...]) -> str:
-    """`_line`, memoized under the file's stat key (weights_sha256)."""
-    return _line(name, path)
+def _kept_sha256(path: str, _stat_key: tuple[int, ...]) -> str:
+    """`_sha256`, memoized under the file's stat key."""
+    return _sha256(path)
 
 
-def _line(name: str, path: str) -> str:
-    """The "NAME SHA256" line of one GGUF, hashed, its sha256 read from the file as a regular file."""
-    sha = sha256_user_file(Path(path), "GGUF file", MAX_GGUF_BYTES, hint=FIX)
-    return sha256_bytes(f"{name} {sha}\n".encode())
+def _sha256(path: str) -> str:
+    return sha256_user_file(Path(path), "GGUF file", MAX_GGUF_BYTES, hint=FIX)
 
 
 # --- the header -----------------------------------------------------------------------------------
@@ -261,14 +314,101 @@ class _Cursor:
 
 
 def read_header(path: Path) -> GGUFHeader:
-    """Parse and check a GGUF file's header (the module's rules); a UsageError names the file and what is wrong.
-    Memoized in the process while the file's device, inode, size, mtime and ctime stay (as weights_sha256 is): a
-    scoring run reads the header several times (the engine's choice, the token check, the provenance), and walking
-    a vocabulary's strings is a few tenths of a second each time. A refusal is never kept; a file replaced or
-    written in place is read again."""
-    if (key := _stat_key(Path(path))) is None:
-        return _read_header(Path(path))  # not kept: the read refuses whatever it is
-    return _kept_header(Path(path), key)
+    """Parse and check a GGUF's header (the module's rules); a UsageError names the file and what is wrong. A split
+    GGUF's first part is joined with its other parts (_joined); any other part is refused, as llama.cpp refuses to
+    load from it. Each file's header is memoized in the process while its device, inode, size, mtime and ctime stay
+    (as weights_sha256 is): a scoring run reads the header several times (the engine's choice, the token check, the
+    provenance), and walking a vocabulary's strings is a few tenths of a second each time. A refusal is never kept;
+    a file replaced or written in place is read again."""
+    h = _one_header(Path(path))
+    return h if _split_count(h) == 1 else _joined(h)
+
+
+def _one_header(path: Path) -> GGUFHeader:
+    if (key := _stat_key(path)) is None:
+        return _read_header(path)  # not kept: the read refuses whatever it is
+    return _kept_header(path, key)
+
+
+def _split_count(h: GGUFHeader) -> int:
+    """How many files the GGUF `h` heads is split into (1: not split), its split.count checked."""
+    import gguf
+
+    key = gguf.Keys.Split.LLM_KV_SPLIT_COUNT
+    count = h.metadata.get(key, 1)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 65535:
+        raise _Invalid(h.path)(f"{key} is {count!r}; a split count is a whole number from 1 to 65535")
+    return count
+
+
+def _joined(first: GGUFHeader) -> GGUFHeader:
+    """A split GGUF's header from its first part, as llama.cpp loads it (llama_model_loader): loaded from the first
+    part (split.no 0) whose name ends in "-00001-of-0000N.gguf", the others opened beside it by name, each holding
+    its index as split.no, no tensor name twice, and as many tensors in all as the first part's split.tensors.count.
+    Each part is read as a regular file inside the first one's folder (the rule _contained applies), and its split.count
+    must agree. Anything else is a UsageError naming the part and what to do."""
+    import gguf
+    from gguf.gguf_writer import SHARD_NAME_FORMAT
+
+    keys = gguf.Keys.Split
+    path, count, meta = first.path, _split_count(first), first.metadata
+    merge = "or merge the parts into one file (llama.cpp's `llama-gguf-split --merge FIRST-PART OUT.gguf`)"
+    no = meta.get(keys.LLM_KV_SPLIT_NO)
+    if isinstance(no, bool) or not isinstance(no, int) or not 0 <= no < count:
+        raise _Invalid(path)(f"it declares {keys.LLM_KV_SPLIT_COUNT} {count} and {keys.LLM_KV_SPLIT_NO} {no!r}")
+    if no != 0:
+        raise UsageError(
+            f"{path} is part {no + 1} of a GGUF split into {count} files; llama.cpp loads a split model from its first "
+            f"part only ({keys.LLM_KV_SPLIT_NO} 0, named NAME{SHARD_NAME_FORMAT.format('', 1, count)}): pass that "
+            f"file, {merge}"
+        )
+    suffix = SHARD_NAME_FORMAT.format("", 1, count)
+    if not path.name.endswith(suffix):
+        raise UsageError(
+            f"{path} is the first part of a GGUF split into {count} files, but its name does not end in {suffix!r}: "
+            f"llama.cpp opens the other parts by that name ({SHARD_NAME_FORMAT.format('NAME', 2, count)}, ...) and "
+            f"refuses a first part named otherwise. Give the parts their names back, {merge}"
+        )
+    prefix = path.name[: -len(suffix)]
+    headers = [first]
+    for i in range(1, count):
+        part = path.with_name(SHARD_NAME_FORMAT.format(prefix, i + 1, count))
+        if not os.path.lexists(part):
+            raise UsageError(
+                f"{path} is the first of {count} parts of a split GGUF, and part {i + 1}, {part.name}, is not beside "
+                f"it; llama.cpp would open it there. Put every part in the folder, {merge}"
+            )
+        h = _one_header(_contained(path.parent, part))
+        got = (h.metadata.get(keys.LLM_KV_SPLIT_NO), h.metadata.get(keys.LLM_KV_SPLIT_COUNT))
+        if got != (i, count):
+            raise UsageError(
+                f"{part} is named part {i + 1} of {count} of {path.name}'s split GGUF, but its header says split.no "
+                f"{got[0]!r} and split.count {got[1]!r} (expected {i} and {count}): the parts are not one model's. "
+                f"Re-download or re-split it, {merge}"
+            )
+        headers.append(h)
+    tensors = [t for h in headers for t in h.tensors]
+    names: dict[str, Path] = {}
+    for h in headers:
+        for t in h.tensors:
+            if t.name in names:
+                raise UsageError(
+                    f"tensor {t.name!r} is in both {names[t.name].name} and {h.path.name} of the split GGUF "
+                    f"{path}; llama.cpp refuses a tensor stored twice. Re-download or re-split it, {merge}"
+                )
+            names[t.name] = h.path
+    if (declared := meta.get(keys.LLM_KV_SPLIT_TENSORS_COUNT)) != len(tensors):
+        raise UsageError(
+            f"{path}'s {keys.LLM_KV_SPLIT_TENSORS_COUNT} is {declared!r}, but its {count} parts hold {len(tensors):,} "
+            f"tensors; llama.cpp refuses a split GGUF whose count differs. Re-download or re-split it, {merge}"
+        )
+    return replace(
+        first,
+        file_bytes=sum(h.file_bytes for h in headers),
+        header_bytes=sum(h.header_bytes for h in headers),
+        tensors=tensors,
+        parts=tuple(h.path for h in headers),
+    )
 
 
 @functools.lru_cache(maxsize=16)

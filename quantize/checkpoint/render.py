@@ -89,5 +89,5 @@ def _ggml_table(r: BitsReport) -> str:
     text = table(rows, ["ggml type", "tensors", "elements", "bytes", "block", "bits/weight"])
     return text + (
         f"\n  header {r.header_bytes_read:,} + tensors {r.total_bytes:,} + alignment padding {r.padding_bytes:,} "
-        f"= {r.file_bytes:,} bytes (the file)"
+        f"= {r.file_bytes:,} bytes ({'the file' if len(r.files) == 1 else f'its {len(r.files)} files'})"
     )

@@ -17,6 +17,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from quantize import api, machine
+from quantize.checkpoint import ggufs
 from quantize.cli import main
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import engine
@@ -393,3 +394,71 @@ def test_agree_measures_a_gguf_found_in_a_folder_of_outputs(llama_gguf, default_
     # the same Q4_1 weights, dequantized to bfloat16 in transformers: close, not equal (llama.cpp rounds the
     # activations to 8 bits in its Q4_1 products)
     assert 0 < result.kl_mean < 0.05 and result.top1 > 0.8 and result.positions > 0
+
+
+# --- a GGUF split into parts --------------------------------------------------------------------------------
+
+
+def test_a_split_gguf_loads_as_read_and_every_part_keys_its_scores(llama_gguf, golden, tmp_path, isolated_cache):
+    """The tiny MoE split by the gguf package's writer: llama.cpp loads every part from the first, and computes what
+    the one-file model computes; its scores are filed under every part's bytes, so NaN written into the last part
+    is scored again (non-finite), never served the clean scores. Before: the identity hashed the first part alone
+    and `eval` served the clean model's cached scores for the NaN one."""
+    import llama_cpp
+    from gguf import GGUFReader
+    from gguf_models import tiny_moe_gguf
+
+    (tmp_path / "one").mkdir()
+    (tmp_path / "split").mkdir()
+    one = tiny_moe_gguf(tmp_path / "one" / "m.gguf", llama_gguf)
+    first = tiny_moe_gguf(tmp_path / "split" / "m.gguf", llama_gguf, split=10)
+    parts = sorted((tmp_path / "split").glob("*.gguf"))
+    assert first == parts[0] and len(parts) == 3
+
+    def logits(path: Path) -> np.ndarray:
+        llm = llama_cpp.Llama(str(path), n_ctx=64, logits_all=True, verbose=False)
+        tokens = llm.tokenize(b"The capital of France is Paris.")
+        llm.eval(tokens)
+        out = np.array(llm.scores[: len(tokens)])
+        llm.close()
+        return out
+
+    np.testing.assert_array_equal(logits(first), logits(one))
+    suite = suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", extra="tasks: [core_facts]\n")
+    clean = api.scored(suite, tmp_path / "split")
+    assert all(math.isfinite(i.ll) for i in clean.doc.tasks["core_facts"].items)
+    data = GGUFReader(parts[-1]).data_offset
+    with parts[-1].open("r+b") as f:  # every weight of the last part NaN (F16 0xFFFF)
+        f.seek(data)
+        f.write(b"\xff" * (parts[-1].stat().st_size - data))
+    again = api.scored(suite, tmp_path / "split")
+    assert not again.cached and again.doc.key != clean.doc.key
+    assert not all(math.isfinite(i.ll) for i in again.doc.tasks["core_facts"].items)
+
+
+def test_the_split_gguf_sets_refused_are_those_llama_cpp_refuses_to_load(llama_gguf, tmp_path):
+    """Each set ggufs.read_header refuses (tests/checkpoint/test_gguf_split.py) is one llama.cpp will not load
+    either: the refusal says beforehand, with what to do, what llama.cpp would stop on."""
+    import llama_cpp
+    from gguf_models import tiny_moe_gguf
+
+    def split(name: str) -> list[Path]:
+        (tmp_path / name).mkdir()
+        tiny_moe_gguf(tmp_path / name / "m.gguf", llama_gguf, split=10)
+        return sorted((tmp_path / name).glob("*.gguf"))
+
+    cases = {}
+    cases["a later part"] = split("later")[1]
+    parts = split("missing")
+    parts[-1].unlink()
+    cases["a part missing"] = parts[0]
+    parts = split("renamed")
+    cases["the first part renamed"] = parts[0].rename(parts[0].with_name("model.gguf"))
+    parts = split("swapped")
+    parts[2].replace(parts[1])
+    cases["a part under another's name"] = parts[0]
+    for path in cases.values():
+        with pytest.raises(UsageError):
+            ggufs.read_header(path)
+        with pytest.raises(ValueError, match="Failed to load model"):
+            llama_cpp.Llama(str(path), n_ctx=64, verbose=False)
