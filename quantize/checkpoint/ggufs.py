@@ -732,6 +732,35 @@ def _whole(v: Any, least: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= least
 
 
+def check_model(h: GGUFHeader) -> GGUFHeader:
+    """`h` is a model llama.cpp loads as one (general.type absent or "model", not the projector architecture), else a
+    UsageError naming what the file is and what to pass instead: a LoRA adapter, a multimodal projector and an
+    importance matrix are GGUF files too (gguf.GGUFType), which llama.cpp reads beside a model only when asked, and
+    as a model stops on with a message about its vocabulary. Scoring, a gguf recipe's source and `quantize cost`
+    take a model; `inspect` reads any GGUF. Returns `h`."""
+    import gguf
+
+    kind = h.metadata.get(gguf.Keys.General.TYPE, gguf.GGUFType.MODEL)
+    if h.architecture == gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ]:
+        kind = gguf.GGUFType.MMPROJ
+    if kind == gguf.GGUFType.MODEL:
+        return h
+    what = {
+        gguf.GGUFType.ADAPTER: (
+            "a LoRA adapter, which llama.cpp applies to a base model only when asked. Merge it into its base model "
+            "first (llama.cpp's llama-export-lora) and pass the merged GGUF"
+        ),
+        gguf.GGUFType.MMPROJ: (
+            "a multimodal projector, the vision part run beside a language model. Pass the language model's GGUF"
+        ),
+        gguf.GGUFType.IMATRIX: (
+            "an importance matrix, the statistics a quantizer reads. Pass the model's GGUF (a gguf recipe with "
+            "`calibration:` computes its own matrix)"
+        ),
+    }.get(kind, f"no model (a model's {gguf.Keys.General.TYPE} is {gguf.GGUFType.MODEL!r}). Pass a model's GGUF")
+    raise UsageError(f"{h.path} is a GGUF of {gguf.Keys.General.TYPE} {kind!r}, {what}")
+
+
 def context_length(h: GGUFHeader) -> int | None:
     """The context length the header gives its architecture (`{arch}.context_length`), None without one."""
     value = h.metadata.get(f"{h.architecture}.context_length") if h.architecture else None

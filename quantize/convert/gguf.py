@@ -115,7 +115,7 @@ def source_gguf(model: str | None) -> Path:
                 f"`model:` to one (a Hugging Face checkpoint is written as one by llama.cpp's {CONVERTER} first), "
                 "or leave it empty for the default model's GGUF"
             )
-    ggufs.read_header(found)
+    ggufs.check_model(ggufs.read_header(found))
     return found
 
 

@@ -748,7 +748,7 @@ def _measured(
     the KV cache they describe (the CLI's --layers/--kv-heads/--head-dim beside --checkpoint); `kv_bytes` prices
     theirs at that many bytes a KV element."""
     if (f := ggufs.find(Path(checkpoint))) is not None:
-        h = ggufs.read_header(f)
+        h = ggufs.check_model(ggufs.read_header(f))
         report = gguf_report(Path(checkpoint), h)
         if not report.parameters:
             raise UsageError(f"{checkpoint} holds no tensors; there are no weights to price")

@@ -29,9 +29,9 @@ def llamacpp_version() -> str | None:
 
 def gguf_to_score(checkpoint: str | Path, suite: Suite | None = None) -> Path | None:
     """The GGUF file llama.cpp scores for `checkpoint`, None for a checkpoint transformers scores. A GGUF needs
-    llama-cpp-python installed and a header that reads (a malformed file is refused here, before any load); a
-    suite asking for `backend: llamacpp` takes GGUF checkpoints only. Each refusal is a UsageError saying what to
-    do."""
+    llama-cpp-python installed and a header that reads, of a model (a malformed file, an adapter, a projector or an
+    importance matrix is refused here, before any load: ggufs.check_model); a suite asking for `backend: llamacpp`
+    takes GGUF checkpoints only. Each refusal is a UsageError saying what to do."""
     gguf = ggufs.find(checkpoint)
     if gguf is None:
         if suite is not None and suite.backend is Backend.llamacpp:
@@ -40,7 +40,7 @@ def gguf_to_score(checkpoint: str | Path, suite: Suite | None = None) -> Path | 
                 "only: convert it with a GGUF recipe (recipes/gguf-*.yaml), or score it with `backend: quantize`"
             )
         return None
-    ggufs.read_header(gguf)  # a truncated or forged file is refused first, whatever is installed
+    ggufs.check_model(ggufs.read_header(gguf))  # a truncated, forged or non-model file is refused first
     if llamacpp_version() is None:
         raise UsageError(
             f"{checkpoint} is a GGUF checkpoint ({gguf.name}), scored in llama.cpp, and llama-cpp-python is not "

@@ -516,6 +516,47 @@ def test_every_truncation_of_a_written_gguf_is_exit_2(tmp_path, capsys):
         assert "not a valid GGUF file" in err and "Traceback" not in err, (cut, err)
 
 
+def _typed(path: Path, kind: str | None, arch: str = "llama") -> Path:
+    """A GGUF of `general.type` `kind` (None: the key absent) with one tensor."""
+    w = GGUFWriter(str(path), arch)
+    if kind is not None:
+        w.add_type(kind)
+    w.add_tensor("token_embd.weight", np.zeros((8, 16), np.float32), raw_dtype=T.F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "arch", "says"),
+    [
+        (gguf.GGUFType.ADAPTER, "llama", "a LoRA adapter"),
+        (gguf.GGUFType.MMPROJ, "llama", "a multimodal projector"),
+        (None, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ], "a multimodal projector"),
+        (gguf.GGUFType.IMATRIX, "llama", "an importance matrix"),
+        ("tokenizer", "llama", "Pass a model's GGUF"),
+    ],
+)
+def test_a_gguf_that_is_no_model_is_refused_by_what_takes_a_model(tmp_path, capsys, kind, arch, says):
+    """An adapter, a projector or an importance matrix is a GGUF file too: `eval` (before llama.cpp or anything
+    else loads it), `cost` and a gguf recipe's source refuse it saying what it is and what to pass; `inspect` reads
+    it. Before: llama.cpp's load stopped on it and the refusal blamed its vocabulary, with a traceback's lines."""
+    from quantize.convert.gguf import source_gguf
+    from quantize.evaluate.engine import gguf_to_score
+
+    g = _typed(tmp_path / "x.gguf", kind, arch)
+    for call in (lambda: gguf_to_score(g), lambda: source_gguf(str(g)), lambda: bounds._measured(g)):
+        with pytest.raises(UsageError, match=says):
+            call()
+    assert main(["cost", "--checkpoint", str(g)]) == 2
+    assert says in capsys.readouterr().err
+    assert main(["inspect", str(g)]) == 0
+    for model in (gguf.GGUFType.MODEL, None):  # what llama.cpp's converter writes, and a file without the key
+        assert ggufs.check_model(ggufs.read_header(_typed(tmp_path / f"{model}.gguf", model))).tensors
+
+
 def test_a_fifo_named_gguf_is_refused_unread(tmp_path, capsys):
     fifo = tmp_path / "m.gguf"
     os.mkfifo(fifo)
