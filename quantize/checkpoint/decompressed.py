@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint.expert_names import ModelNames
-from quantize.checkpoint.files import read_config, safetensors_files
+from quantize.checkpoint.files import hf_path, read_config, safetensors_files
 from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
 from quantize.errors import UsageError
 
@@ -77,7 +77,7 @@ def _meta_model(path: Path, trust_remote_code: bool, dtype: Any) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(hf_path(path), trust_remote_code=trust_remote_code)
         if dtype in (None, "auto"):
             dtype = getattr(config, "dtype", None) or torch.float32
         quantization = config.quantization_config

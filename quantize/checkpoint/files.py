@@ -225,6 +225,7 @@ def check_model_dir(path: Path) -> None:
         )
     refuse_pickles(path)
     read_config(path)  # a config.json transformers cannot read is the user's to fix, before any import
+    identity_files(path)  # config and tokenizer files that read other files (check_redirects), refused first
     config_matches_headers(path)
     index_and_experts_match_headers(path)
 
@@ -431,8 +432,23 @@ IDENTITY_FILES = (
     "prophetnet.tokenizer",
     "chat_template.jinja",
     "chat_template.json",
+    # where tokenizer.json is absent, transformers' tokenizer looks for Mistral's and tiktoken's files by name
+    # (PreTrainedTokenizerBase.from_pretrained's fallback pattern; tests/checkpoint/test_loaded_files.py pins it)
+    "tekken.json",
+    "tiktoken.model",
 )
 CHAT_TEMPLATES = "additional_chat_templates"  # a folder of NAME.jinja the tokenizer loads as named templates
+CUSTOM_GENERATE = "custom_generate"  # generate.py (and its requirements) replaces generate() under trust_remote_code
+# what else that fallback pattern can match as a whole name (and then reads): `tokenizer\.model\.*` ("tokenizer.model"
+# and dots), `tiktoken\.model` glued to the class's first VOCAB_FILES_NAMES key, and those keys (each ends in _file)
+_FALLBACK_NAMES = re.compile(r"^(tokenizer\.model\.+|tiktoken\.model\w+|\w+_file)$")
+# Keys by which transformers reads another file in the place of one this project reads and identifies: config.json's
+# `configuration_files` (configuration_utils.get_configuration_file picks config.VERSION.json by transformers'
+# version) and tokenizer_config.json's `fast_tokenizer_files` (get_fast_tokenizer_file: tokenizer.VERSION.json).
+REDIRECTS = {
+    "config.json": ("configuration_files", "config.json"),
+    "tokenizer_config.json": ("fast_tokenizer_files", "tokenizer.json"),
+}
 
 
 NOT_TOKENIZER = (
@@ -480,11 +496,56 @@ def identity_files(checkpoint: Path) -> list[str]:
                     "a plain file: replace it, or move it out"
                 )
             found.append(name)
-    if (templates := checkpoint / CHAT_TEMPLATES).is_dir():
-        found += sorted(f"{CHAT_TEMPLATES}/{f.name}" for f in templates.iterdir() if f.is_file())
+    if checkpoint.is_dir():
+        found += sorted(f.name for f in checkpoint.iterdir() if _FALLBACK_NAMES.match(f.name) and f.is_file())
+    for folder in (CHAT_TEMPLATES, CUSTOM_GENERATE):
+        if (sub := checkpoint / folder).is_dir():
+            found += sorted(f"{folder}/{f.name}" for f in sub.iterdir() if f.is_file())
     # the folder's own Python: what config.json's auto_map runs under --trust-remote-code (keyed apart too)
     found += sorted(f.name for f in checkpoint.glob("*.py") if f.is_file())
+    check_redirects(checkpoint, found)
     return found
+
+
+def check_redirects(checkpoint: Path, hashed: list[str]) -> None:
+    """Refuse (UsageError) a checkpoint whose config files make transformers read a file that is not the one this
+    project reads and identifies (`hashed`, names in the folder): a REDIRECTS key listing other files, or a
+    tokenizer_config.json `*_file` entry naming an existing file that is none of them. transformers opens such an
+    entry where it points (a relative one from the working folder) for the keys its tokenizer class does not name in
+    VOCAB_FILES_NAMES (GemmaTokenizer's `vocab_file`, for one), so a file outside the folder could build the tokenizer
+    while the identity stayed the same."""
+    fix = "the folder's own files are found by their names"
+    for name, (key, own) in REDIRECTS.items():
+        if name not in hashed:
+            continue
+        listed = read_json_object(checkpoint / name, "fix or re-save the checkpoint").get(key)
+        if listed is not None and (not isinstance(listed, list) or any(f != own for f in listed)):
+            raise UsageError(
+                f"{checkpoint / name} lists {key} = {json.dumps(listed)[:200]}: transformers then reads the one its "
+                f"version picks in {own}'s place, while this project reads and identifies {own}. Put what that file "
+                f"holds into {own} and remove `{key}` ({fix})"
+            )
+    if "tokenizer_config.json" not in hashed:
+        return
+    allowed = {os.path.realpath(checkpoint / n) for n in hashed}
+    for key, value in read_json_object(checkpoint / "tokenizer_config.json", "re-save the tokenizer").items():
+        named = key.endswith("_file") and isinstance(value, str) and value and os.path.lexists(value)
+        if named and os.path.realpath(value) not in allowed:
+            raise UsageError(
+                f"{checkpoint / 'tokenizer_config.json'}: {key} = {value!r} names a file that is not one of the "
+                "checkpoint's own tokenizer files, and transformers may build the tokenizer from it while the "
+                f"checkpoint's identity does not cover it. Remove `{key}` ({fix}), or copy the file in under its "
+                "tokenizer file name"
+            )
+
+
+def hf_path(path: str | os.PathLike[str]) -> str:
+    """The path string handed to transformers' from_pretrained: absolute (links kept). transformers reads the string
+    besides the folder: AutoTokenizer matches a config's `_name_or_path`, which is that string, against Hub ids
+    (tokenization_auto.MODEL_IDS_TO_TOKENIZERS_BACKEND) and picks another tokenizer class on a match, so a relative
+    path spelled like `deepseek-ai/deepseek-coder-1b` tokenized differently from the same folder named otherwise,
+    under one identity. An absolute path names no Hub id."""
+    return os.path.abspath(os.fspath(path))
 
 
 def check_identity(checkpoint: Path, identity: str) -> None:

@@ -26,6 +26,7 @@ from quantize.checkpoint.files import (
     TOKENIZER_FILES,
     check_loadable,
     check_model_dir,
+    hf_path,
     index_and_experts_match_headers,
     loadable_view,
     read_config,
@@ -92,8 +93,8 @@ def prepare_default_model(force: bool = False, quiet: bool = False) -> Path:
     if not quiet:
         print(f"converting {gguf.name} -> {target} (once; about a minute)", file=sys.stderr)
     with atomic_dir(target, replace=True) as tmp:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16)
+        tok = AutoTokenizer.from_pretrained(hf_path(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(hf_path(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16)
         # The loader dequantized every tensor to bf16; drop its GGUF marker so the result saves as plain weights.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -192,7 +193,7 @@ def _stored_zeros(path: Path, names: list[str]) -> set[str]:
 def _vocabulary(checkpoint: str, files: tuple[tuple[str, str], ...]) -> str:
     from transformers import AutoTokenizer
 
-    vocab = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=False).get_vocab()
+    vocab = AutoTokenizer.from_pretrained(hf_path(checkpoint), trust_remote_code=False).get_vocab()
     return sha256_bytes(json.dumps(sorted(vocab.items())).encode())
 
 
@@ -214,7 +215,7 @@ def meta_model(model_dir: Path, trust_remote_code: bool) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(hf_path(model_dir), trust_remote_code=trust_remote_code)
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
@@ -290,9 +291,9 @@ def load_model(
         )
     try:
         with loadable_view(path) as src:  # a pre-integration GPTQ/AWQ layout, as transformers reads one
-            tok = AutoTokenizer.from_pretrained(str(src), trust_remote_code=trust_remote_code)
+            tok = AutoTokenizer.from_pretrained(hf_path(src), trust_remote_code=trust_remote_code)
             model, info = AutoModelForCausalLM.from_pretrained(
-                str(src),
+                hf_path(src),
                 dtype=dtype if dtype is not None else "auto",
                 use_safetensors=True,
                 trust_remote_code=trust_remote_code,
@@ -328,7 +329,7 @@ def _load_per_expert(
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(hf_path(path), trust_remote_code=trust_remote_code)
         model, info = load_decompressed(path, trust_remote_code, dtype=dtype if dtype is not None else "auto")
     except (OSError, ValueError) as e:
         raise UsageError(f"could not load {path} as a causal LM: {e}") from None

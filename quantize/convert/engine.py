@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from quantize import records
 from quantize.checkpoint import accounting
-from quantize.checkpoint.files import missing_packages, weights_sha256
+from quantize.checkpoint.files import hf_path, missing_packages, weights_sha256
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, recorded_weights_sha256, resolve_model
 from quantize.convert import memory
 from quantize.convert.backends import backend_for, backend_named, check, converts_files
@@ -299,7 +299,7 @@ def _convert_streamed(
             )
             finite = [streamed_finite_check(tmp)]
             if mplan.full_reload:
-                tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=recipe.trust_remote_code)
+                tok = AutoTokenizer.from_pretrained(hf_path(model_dir), trust_remote_code=recipe.trust_remote_code)
                 probe = torch.tensor([tok("The quick brown fox jumps over the lazy dog.")["input_ids"]])
                 finite.append(reload_check(tmp, probe, recipe.trust_remote_code))
         reason = "streamed shard by shard (model_free_ptq): each tensor in the checkpoint's own dtype"

@@ -18,6 +18,7 @@ from typing import Any
 
 from lm_eval.api.model import TemplateLM
 
+from quantize.checkpoint.files import hf_path
 from quantize.checkpoint.loader import meta_model
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import UsageError
@@ -93,7 +94,7 @@ def encoder_of(suite: OpenSuite, checkpoint: Path, trust_remote_code: bool = Fal
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(checkpoint), trust_remote_code=trust_remote_code)
+    tok = AutoTokenizer.from_pretrained(hf_path(checkpoint), trust_remote_code=trust_remote_code)
     model = meta_model(checkpoint, trust_remote_code)
     return HFLM(pretrained=model, tokenizer=tok, batch_size=1, max_length=s.max_length)
 

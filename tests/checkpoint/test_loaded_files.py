@@ -188,3 +188,96 @@ def test_an_unchanged_check_reads_no_weight_byte(ckpt, monkeypatch):
     monkeypatch.setattr(files, "sha256_file", lambda p: read.append(Path(p).name) or real(p))
     files.check_identity(ckpt, identity)
     assert "model.safetensors" not in read and "tokenizer.json" in read
+
+
+# --- files transformers reads in another file's place, or finds by a pattern ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "other"),
+    [
+        ("config.json", "configuration_files", "config.4.0.0.json"),
+        ("tokenizer_config.json", "fast_tokenizer_files", "tokenizer.4.0.0.json"),
+    ],
+)
+def test_a_config_that_makes_transformers_read_another_file_is_refused(ckpt, name, key, other):
+    """config.json's `configuration_files` has transformers load config.VERSION.json in its place, and
+    tokenizer_config.json's `fast_tokenizer_files` tokenizer.VERSION.json in tokenizer.json's: a file the identity
+    did not hash (the reviewer's repro: rms_norm_eps 0.5 from the versioned config, logits 37.35 against 1.14, one
+    identity). Refused on every stage's identity and before any load; listing only the file itself is harmless."""
+    path = ckpt / name
+    data = json.loads(path.read_text())
+    own = "config.json" if name == "config.json" else "tokenizer.json"
+    path.write_text(json.dumps({**data, key: [own, other]}))
+    (ckpt / other).write_text(path.read_text() if name == "config.json" else "{}")
+    for check in (files.identity_sha256, files.check_model_dir):
+        with pytest.raises(UsageError, match=f"lists {key}") as e:
+            check(ckpt)
+        assert other in str(e.value)
+    path.write_text(json.dumps({**data, key: [own]}))
+    files.check_model_dir(ckpt)
+
+
+def test_a_tokenizer_config_naming_a_file_outside_the_identity_is_refused(ckpt, tmp_path, monkeypatch):
+    """tokenizer_config.json's `vocab_file` for a class that does not list it in VOCAB_FILES_NAMES (GemmaTokenizer)
+    is opened where it points, absolute or from the working folder: a SentencePiece model outside the folder built
+    the tokenizer, and swapping it kept the identity (the reviewer's repro: logits -81.18 against -31.52). Refused,
+    naming the key; a name of the folder's own hashed files, or a path that exists nowhere, is harmless."""
+    outside = tmp_path / "ext" / "sp.model"
+    outside.parent.mkdir()
+    outside.write_bytes(b"a sentencepiece model")
+    cfg = ckpt / "tokenizer_config.json"
+    data = json.loads(cfg.read_text())
+    for value in (str(outside), "sp.model"):
+        monkeypatch.chdir(outside.parent)  # a relative name is opened from the working folder
+        cfg.write_text(json.dumps({**data, "tokenizer_class": "GemmaTokenizer", "vocab_file": value}))
+        with pytest.raises(UsageError, match="vocab_file = ") as e:
+            files.identity_sha256(ckpt)
+        assert value in str(e.value)
+    for value in (str(ckpt / "tokenizer.json"), "/nowhere/sp.model"):
+        cfg.write_text(json.dumps({**data, "vocab_file": value}))
+        files.identity_sha256(ckpt)
+
+
+@pytest.mark.parametrize(
+    "name", ["tekken.json", "tiktoken.model", "tokenizer.model.", "merges_file", "custom_generate/generate.py"]
+)
+def test_files_transformers_finds_by_pattern_or_runs_are_part_of_the_identity(ckpt, name):
+    """Without tokenizer.json, transformers' tokenizer takes Mistral's tekken.json or a tiktoken model (and the
+    other whole names its fallback pattern matches); under --trust-remote-code custom_generate/generate.py replaces
+    generate(). Each changed the loaded tokenizer or generation under one identity in the reviewer's repros."""
+    (ckpt / name).parent.mkdir(exist_ok=True)
+    (ckpt / name).write_text("one")
+    first = files.identity_sha256(ckpt)
+    (ckpt / name).write_text("two")
+    assert files.identity_sha256(ckpt) != first
+
+
+def test_transformers_fallback_tokenizer_pattern_is_the_one_the_identity_covers():
+    """The pattern transformers searches the folder's listing with where tokenizer.json is absent, as this version
+    writes it (files.IDENTITY_FILES and files._FALLBACK_NAMES restate what it matches): a change fails here."""
+    import inspect
+
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    source = inspect.getsource(PreTrainedTokenizerBase.from_pretrained)
+    assert 'r"tekken\\.json|tokenizer\\.model\\.*|tiktoken\\.model" + "|".join(' in source
+    assert {"tekken.json", "tiktoken.model", "tokenizer.model"} <= set(files.IDENTITY_FILES)
+
+
+def test_the_path_given_does_not_choose_the_tokenizer(ckpt, tmp_path, monkeypatch):
+    """AutoTokenizer matches the path string it is given against Hub ids (MODEL_IDS_TO_TOKENIZERS_BACKEND) and picks
+    another tokenizer class on a match: the same folder named `deepseek-ai/deepseek-coder-1b` from its parent folder
+    tokenized differently from its absolute path, under one identity. The loader hands transformers absolute paths
+    (files.hf_path), so both spellings load one tokenizer."""
+    from quantize.checkpoint.loader import load_model
+
+    hub_like = tmp_path / "deepseek-ai" / "deepseek-coder-1b"
+    hub_like.parent.mkdir()
+    shutil.copytree(ckpt, hub_like)
+    monkeypatch.chdir(tmp_path)
+    _, by_name = load_model(Path("deepseek-ai/deepseek-coder-1b"))
+    _, by_path = load_model(hub_like)
+    text = "The capital of France is Paris."
+    assert type(by_name) is type(by_path) and by_name(text)["input_ids"] == by_path(text)["input_ids"]
+    assert files.hf_path("deepseek-ai/deepseek-coder-1b") == str(hub_like)

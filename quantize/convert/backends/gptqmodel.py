@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
+from quantize.checkpoint.files import hf_path
 from quantize.checkpoint.loader import device
 from quantize.compat.gptqmodel import defused, restore_rope
 from quantize.convert.backends.base import CalibrationDtype, Job
@@ -111,7 +112,7 @@ class GPTQModelBackend:
         """The tokenizer only: GPTQModel loads the model itself, at quantize time."""
         from transformers import AutoTokenizer
 
-        return None, AutoTokenizer.from_pretrained(str(model_dir))
+        return None, AutoTokenizer.from_pretrained(hf_path(model_dir))
 
     def quantize(self, job: Job) -> tuple[Any, Any]:
         """Bits from the scheme, `group_size` (per channel: -1), `symmetric` -> sym (AWQ: zero_point = not sym);

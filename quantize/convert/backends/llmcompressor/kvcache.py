@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint.architecture import cache_spec
+from quantize.checkpoint.files import hf_path
 from quantize.convert.plan import config_fields
 from quantize.errors import UsageError
 
@@ -38,7 +39,7 @@ def check_kv_cache(model_dir: Path, recipe: Any) -> None:
         return
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=recipe.trust_remote_code)
+    config = AutoConfig.from_pretrained(hf_path(model_dir), trust_remote_code=recipe.trust_remote_code)
     config = config.get_text_config()
     if why := _head_dim_problem(config) or _indexer_problem(config):
         raise UsageError(f"kv_cache: cannot run on {model_dir} (model_type {config.model_type}): {why}. {WHAT_TO_DO}")
