@@ -6,9 +6,12 @@ the GGUF's own vocabulary, through llama.cpp. Where they split a prompt differen
 the tokenizers, not the weights. So before any score is computed, lm-eval builds every request of the suite's
 tasks once per side with an lm-eval model that only tokenizes (`TokensLM`, wrapping each side's own scorer's
 tokenization: `encode_request`'s context/continuation split, the rolling documents' tokens, a generation's prompt),
-and the two sides' token ids are compared item by item, with their context windows; any difference is exit 2 naming
-the items. Nothing is computed by a model: the transformers side is built on the meta device (no weights), the
-llama.cpp side from the GGUF's vocabulary alone.
+and the two sides' token ids are compared item by item (a rolling document's after the prefix token that predicts
+its first), with their context windows and prefix tokens; any difference is exit 2 naming the items or the tokens.
+Nothing is computed by a model: the transformers side is built on the meta device (no weights), the llama.cpp side
+from the GGUF's vocabulary alone. Not compared: the end-of-text token, which ends a generation beside its stop
+sequences (transformers stops at the generation config's EOS ids, llama.cpp at the GGUF's, so the ids named as EOS
+may differ where both stop alike, as on the default model, whose tokenizer names <|im_start|> as EOS).
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ class TokensLM(TemplateLM):
         return [(0.0, False)] * len(requests)
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        # the prefix token predicts a document's first token (lm-eval's rolling windows start from it)
         for r in requests:
-            self._record(r, self.tok_encode(r.args[0]))
+            self._record(r, [self.prefix_token_id], self.tok_encode(r.args[0]))
         return [0.0] * len(requests)
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
@@ -99,9 +103,10 @@ def encoder_of(suite: OpenSuite, checkpoint: Path, trust_remote_code: bool = Fal
     return HFLM(pretrained=model, tokenizer=tok, batch_size=1, max_length=s.max_length)
 
 
-def item_tokens(suite: OpenSuite, encoder: Any) -> tuple[int, dict[str, dict[str, Tokens]]]:
-    """(the context window, {task: {item id: its requests' token ids}}) as `encoder` tokenizes the suite's tasks,
-    through lm-eval's own request building (no model computes anything)."""
+def item_tokens(suite: OpenSuite, encoder: Any) -> tuple[tuple[int, int], dict[str, dict[str, Tokens]]]:
+    """((the context window, the prefix token), {task: {item id: its requests' token ids}}) as `encoder` tokenizes
+    the suite's tasks, through lm-eval's own request building (no model computes anything): a rolling document's
+    tokens after the prefix token that predicts its first."""
     golden = suite.golden
     lm = TokensLM(encoder)
     r = evaluate_suite(suite, {"model": lm}, suite.tasks)
@@ -111,7 +116,7 @@ def item_tokens(suite: OpenSuite, encoder: Any) -> tuple[int, dict[str, dict[str
         for sample in r["samples"][task]:
             item, _ = golden_item_id(sample["doc"], key)
             out.setdefault(task, {})[item] = tuple(lm.tokens.get((task, sample["doc_id"]), []))
-    return lm.max_length, out
+    return (lm.max_length, lm.prefix_token_id), out
 
 
 def differences(a: dict[str, dict[str, Tokens]], b: dict[str, dict[str, Tokens]]) -> dict[str, list[str]]:
@@ -127,14 +132,21 @@ def differences(a: dict[str, dict[str, Tokens]], b: dict[str, dict[str, Tokens]]
 def check_same_tokens(
     suite: OpenSuite, baseline: Path, candidate: Path, trust_remote_code: bool = False
 ) -> dict[str, int]:
-    """Refuse (UsageError, exit 2) a comparison whose two sides tokenize some item differently or cut the context
-    at another length (module docstring); returns the items compared per task."""
-    n_b, base = item_tokens(suite, encoder_of(suite, baseline, trust_remote_code))
-    n_c, cand = item_tokens(suite, encoder_of(suite, candidate, trust_remote_code))
+    """Refuse (UsageError, exit 2) a comparison whose two sides tokenize some item differently, cut the context at
+    another length or start documents at another token (module docstring); returns the items compared per task."""
+    (n_b, prefix_b), base = item_tokens(suite, encoder_of(suite, baseline, trust_remote_code))
+    (n_c, prefix_c), cand = item_tokens(suite, encoder_of(suite, candidate, trust_remote_code))
     if n_b != n_c:
         raise UsageError(
             f"the baseline {baseline} is scored with a context window of {n_b} tokens and the candidate {candidate} "
             f"with {n_c}: set the suite's `max_length:` so both sides cut prompts alike"
+        )
+    if prefix_b != prefix_c:
+        raise UsageError(
+            f"the baseline {baseline} starts a document with token {prefix_b} and the candidate {candidate} with "
+            f"{prefix_c} (the token that predicts a document's first: BOS, else EOS), so their log-likelihoods would "
+            "differ by the tokenizers, not the weights. Give the candidate the baseline's special tokens (a GGUF "
+            "converted from the baseline's folder carries them)"
         )
     if diff := differences(base, cand):
         named = "; ".join(
