@@ -39,8 +39,8 @@ from quantize.convert.backends.llamacpp import importance_matrix, sixteen_bit
 from quantize.convert.recipe import WEIGHT_ONLY_INT, GGUFRecipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
-from quantize.evaluate.engine import llamacpp_version
-from quantize.evaluate.score import llamacpp_lm, llamacpp_settings
+from quantize.evaluate.engine import llamacpp_engine
+from quantize.evaluate.score import llamacpp_lm
 from quantize.io import write_text_atomic
 from quantize.quiet import quiet_libraries
 from quantize.records import (
@@ -351,14 +351,13 @@ def measure_gguf_sensitivity(s: GGUFSearch, quiet: bool) -> None:
     base = s.llama_scorer(s.f16)
     base_sens = baseline_topk(base, s.sens_reqs, m.top_k)
     s.base_held = baseline_topk(base, s.held_reqs, m.top_k) if s.held_reqs else None
-    engine = llamacpp_settings(s.suite.suite)
     measured = dict(
         base=s.spec.base.model_dump(mode="json", exclude={"name", "output", "model", "description"}),
         options=s.options,
         unit=s.spec.unit,
         per_task=m.per_task,
         top_k=m.top_k,
-        on=["llamacpp", llamacpp_version(), engine.n_threads, engine.n_batch],
+        on=["llamacpp", llamacpp_engine(s.suite.suite)],  # as its scores are keyed: build, switches, settings
     )
 
     def each_alone() -> dict[str, dict[str, float]]:
