@@ -18,6 +18,7 @@ import importlib.util
 import os
 import platform
 import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -213,3 +214,13 @@ def check_loaded_build(maps: Path = MAPS) -> None:
                 f"llama.cpp's libraries in one of those places (set {LIB_PATH_VARIABLE} to their folder), and start "
                 "a new process after reinstalling llama-cpp-python"
             )
+
+
+def python_child(module: str) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a child Python running `module` of this process's own quantize package: `-P`
+    (neither the working folder nor a script's is put on sys.path, so a `quantize/` folder where the command runs is
+    never imported in ours' place: a review ran the vocabulary probe from such a folder, and the probe was skipped),
+    with the folder this package was imported from first on PYTHONPATH."""
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    return [sys.executable, "-P", "-m", module], os.environ | {"PYTHONPATH": path}

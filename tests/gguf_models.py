@@ -26,10 +26,13 @@ def tiny_moe_gguf(
     experts: int = 4,
     seed: int = 0,
     split: int = 0,
+    **forged: int,
 ) -> Path:
     """A loadable MoE GGUF at `path` with `vocabulary`'s tokenizer (a GGUF's: the default model's). `split`: at
     most that many tensors a file, as the gguf package's writer splits a GGUF (PATH-00001-of-0000N.gguf and on,
-    beside `path`; the first part's path is returned)."""
+    beside `path`; the first part's path is returned). `forged` (kv_heads, used, k_heads): another KV head count
+    (the tensors shaped for it), experts used per token, or attn_k shaped for that many KV heads against the
+    header: headers llama.cpp stops on."""
     from gguf import GGUFReader
 
     fields = GGUFReader(vocabulary).fields
@@ -45,7 +48,7 @@ def tiny_moe_gguf(
         w.add_eos_token_id(fields["tokenizer.ggml.eos_token_id"].contents())
         w.add_add_bos_token(False)
 
-    return _write(path, tokenizer, len(tokens), layers, hidden, ff, experts, seed, split)
+    return _write(path, tokenizer, len(tokens), layers, hidden, ff, experts, seed, split, **forged)
 
 
 def smollm2_tokenizer_files(vocabulary: Path, folder: Path) -> Path:
@@ -110,11 +113,14 @@ def _write(
     experts: int,
     seed: int,
     split: int = 0,
+    kv_heads: int = 2,
+    used: int = 2,
+    k_heads: int | None = None,
 ) -> Path:
     from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.gguf_writer import SHARD_NAME_FORMAT
 
-    heads, kv_heads = 4, 2
+    heads = 4
     head = hidden // heads
     w = GGUFWriter(str(path), "llama", split_max_tensors=split)
     w.add_context_length(256)
@@ -126,7 +132,7 @@ def _write(
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(head)
     w.add_expert_count(experts)
-    w.add_expert_used_count(2)
+    w.add_expert_used_count(used)
     w.add_file_type(1)  # MOSTLY_F16
     tokenizer(w)
     rng = np.random.default_rng(seed)
@@ -144,7 +150,7 @@ def _write(
         f32(f"blk.{i}.attn_norm.weight", np.ones(hidden))
         f32(f"blk.{i}.ffn_norm.weight", np.ones(hidden))
         f16(f"blk.{i}.attn_q.weight", (hidden, hidden))
-        f16(f"blk.{i}.attn_k.weight", (head * kv_heads, hidden))
+        f16(f"blk.{i}.attn_k.weight", (head * (k_heads or kv_heads), hidden))
         f16(f"blk.{i}.attn_v.weight", (head * kv_heads, hidden))
         f16(f"blk.{i}.attn_output.weight", (hidden, hidden))
         f32(f"blk.{i}.ffn_gate_inp.weight", rng.standard_normal((experts, hidden)))

@@ -9,21 +9,26 @@ not an exit code. So the vocabulary is first loaded alone in a child (`python -m
 FILE`), which tokenizes PROBE, text whose UTF-8 bytes take every value a string's encoding can hold (0x01-0x7F, every
 lead byte 0xC2-0xF4 and every continuation byte 0x80-0xBF), with and without special-token parsing and BOS: any
 text a suite or a calibration source holds reaches only byte values the probe reached. The child's death is a
-UsageError naming the file and llama.cpp's last words on its stderr (its load included: the child captures
-nothing itself); its result is kept per file (path, size, mtime, inode) for the process. The child runs with
-GGML_NO_BACKTRACE, so no debugger is started.
+UsageError naming the file, the step it died in and llama.cpp's last words on its stderr (its load included: the
+child captures nothing itself); its result is kept per file (device, inode, size, mtime, ctime) for the process.
+Before scoring or quantizing, the child then loads the whole model with a small context too (`model=True`): some
+headers pass every check of ours and stop llama.cpp on an assertion while it builds the model or reserves the
+context's graph (KV heads that do not divide the heads, more experts used than stored), which also ended the
+process. The child runs with GGML_NO_BACKTRACE, so no debugger is started, and imports this process's quantize
+(never a `quantize/` folder in the working directory).
 """
 
 from __future__ import annotations
 
 import functools
-import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.machine import python_child
 from quantize.quiet import llama_said
 
 TIMEOUT_SECONDS = 120  # loading a vocabulary of 256k tokens and tokenizing PROBE takes about a second
@@ -41,58 +46,90 @@ def probe_text() -> str:
 PROBE = probe_text()
 
 
-def check_vocabulary(path: Path) -> None:
-    """Refuse (UsageError) a GGUF whose vocabulary llama.cpp cannot tokenize with: the child's verdict, kept per
-    file as it is now."""
+# what the child reached, printed before each step: the last one printed is where it stopped
+STAGES = {
+    "vocabulary": "could not read the file's metadata and vocabulary (an architecture or a key it does not know)",
+    "tokenize": (
+        "cannot tokenize text with this GGUF's vocabulary (tokenizer.ggml.*): its vocabulary is broken (a converter "
+        "wrote tokens llama.cpp's tokenizer cannot use); convert the model again, or check its tokenizer files"
+    ),
+    "model": (
+        "cannot load the model or make a context for it: its tensors' shapes or its hyperparameters (heads, KV heads, "
+        "experts) are not what its architecture needs; convert the model again with llama.cpp's converter"
+    ),
+}
+WHY = re.compile(r"error|assert|fail|terminate|what\(\)|exception", re.IGNORECASE)
+PROBE_POSITIONS = 64  # the whole-model probe's context: its graph is reserved as a scoring context's is
+
+
+def check_vocabulary(path: Path, model: bool = False) -> None:
+    """Refuse (UsageError) a GGUF whose vocabulary llama.cpp cannot read or tokenize with, or (`model`: what scoring
+    and the quantizer do next) whose model it cannot load with a context (some inconsistent headers stop it on an
+    assertion that ends the process: KV heads that do not divide the heads, more experts used than stored): the
+    child's verdict, kept per file (its device, inode, size, mtime and ctime) as it is now."""
     st = path.stat()
-    _checked(str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+    _checked(str(path), model, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
 
 
 @functools.cache
-def _checked(path: str, _size: int, _mtime: int, _inode: int) -> None:
-    env = os.environ | {"GGML_NO_BACKTRACE": "1"}
+def _checked(path: str, model: bool, _stat_key: tuple[int, ...]) -> None:
+    command, env = python_child(__name__)  # this process's quantize, never one in the working folder
     try:
         done = subprocess.run(
-            [sys.executable, "-m", __name__, path],
+            [*command, path, "model" if model else "vocabulary"],
             capture_output=True,
             text=True,
             errors="replace",
             timeout=TIMEOUT_SECONDS,
-            env=env,
+            env=env | {"GGML_NO_BACKTRACE": "1"},
             check=False,
         )
     except subprocess.TimeoutExpired:
         raise RuntimeFailure(
-            f"llama.cpp took more than {TIMEOUT_SECONDS} s to load and use the vocabulary of {path} in a child "
-            "process; the machine may be overloaded: try again"
+            f"llama.cpp took more than {TIMEOUT_SECONDS} s to load and use {path} in a child process; the machine "
+            "may be overloaded: try again"
         ) from None
     if done.returncode == 0:
         return
-    # the vocabulary-only context's warning (n_ctx_seq > n_ctx_train) is no part of why it died
-    said = llama_said("\n".join(line for line in done.stderr.splitlines() if "n_ctx" not in line), LAST_LINES)
+    # why it died: llama.cpp's error, assertion or exception lines where it wrote any (the verbose log around them is
+    # the model's description), else its last lines; a context's n_ctx warning is never the reason
+    lines = [line for line in done.stderr.splitlines() if "n_ctx" not in line]
+    said = llama_said("\n".join([line for line in lines if WHY.search(line)] or lines), LAST_LINES)
     how = (
         f"was killed by {signal.Signals(-done.returncode).name}"
         if done.returncode < 0 and -done.returncode in signal.Signals._value2member_map_
         else f"exited {done.returncode}"
     )
+    reached = (done.stdout.split() or ["vocabulary"])[-1]
     raise UsageError(
-        f"{path}: llama.cpp cannot tokenize text with this GGUF's vocabulary (tokenizer.ggml.*): a child process that "
-        f"loaded it and tokenized every byte value UTF-8 text can hold {how}; llama.cpp said: {said}. The file's "
-        "vocabulary is broken (a converter wrote tokens llama.cpp's tokenizer cannot use); convert the model again, "
-        "or check its tokenizer files"
+        f"{path}: llama.cpp {STAGES.get(reached, STAGES['vocabulary'])}. A child process that tried it {how}; "
+        f"llama.cpp said: {said}"
     )
 
 
 def main(argv: list[str]) -> int:
-    """The child: load the vocabulary alone, tokenize PROBE every way the scorer and the calibration do."""
+    """The child: load the vocabulary alone, tokenize PROBE every way the scorer and the calibration do, then (argv[1]
+    "model") load the whole model with a small context; each step named on stdout first, llama.cpp's log on stderr
+    (the parent quotes its last lines), and a failure exits 1 without a Python traceback."""
     import llama_cpp
 
-    llm = llama_cpp.Llama(model_path=argv[0], vocab_only=True, verbose=False)  # what it says goes to the parent
-    text = PROBE.encode("utf-8")
-    for special in (True, False):
-        for bos in (True, False):
-            llm.tokenize(text, add_bos=bos, special=special)
-    llm.close()
+    path, model = argv[0], argv[1:] == ["model"]
+    try:
+        print("vocabulary", flush=True)
+        llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=True)
+        print("tokenize", flush=True)
+        text = PROBE.encode("utf-8")
+        for special in (True, False):
+            for bos in (True, False):
+                llm.tokenize(text, add_bos=bos, special=special)
+        llm.close()
+        if model:
+            print("model", flush=True)
+            n = PROBE_POSITIONS
+            llama_cpp.Llama(model_path=path, n_ctx=n, n_batch=n, n_ubatch=n, verbose=True).close()
+    except (ValueError, RuntimeError) as e:  # llama-cpp-python's "Failed to load model": llama.cpp logged why
+        print(e, file=sys.stderr)
+        return 1
     return 0
 
 

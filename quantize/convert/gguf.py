@@ -41,6 +41,7 @@ from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import check_model_dir
 from quantize.checkpoint.loader import find_gguf
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.machine import python_child
 from quantize.records import LayerPlanRecord, LeftAt16
 
 FTYPE_PREFIX = "LLAMA_FTYPE_MOSTLY_"
@@ -127,10 +128,12 @@ def first_patterns(names: list[str], patterns: list[str]) -> dict[str, str]:
     is then handed each matched name as an exact pattern (exact_patterns), never the recipe's."""
     if not patterns:
         return {}
-    command = [sys.executable, "-m", __name__]
+    command, env = python_child(__name__)
     given = json.dumps({"names": names, "patterns": patterns})
     try:
-        done = subprocess.run(command, input=given, capture_output=True, text=True, timeout=MATCH_SECONDS, check=False)
+        done = subprocess.run(
+            command, input=given, capture_output=True, text=True, timeout=MATCH_SECONDS, check=False, env=env
+        )
         out = done.stdout
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""

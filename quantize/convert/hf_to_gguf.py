@@ -24,7 +24,6 @@ llama.cpp's documentation has a user make before llama-quantize.
 
 from __future__ import annotations
 
-import os
 import runpy
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.compat import llama_cpp as compat
 from quantize.convert.provenance import peak_rss_bytes
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.machine import python_child
 from quantize.quiet import llama_said
 
 OUTTYPE = "auto"  # the converter's own choice of 16-bit type
@@ -125,10 +125,9 @@ def _convert(checkpoint: Path, out: Path, scratch: Path, *, vocab_only: bool) ->
     identity = identity_sha256(checkpoint)
     staged = stage(checkpoint, Path(tempfile.mkdtemp(prefix=".staged-", dir=scratch)) / "model")
     log = scratch / ("converter-vocab.log" if vocab_only else "converter.log")
+    child, own = python_child(__name__)
     command = [
-        sys.executable,
-        "-m",
-        __name__,
+        *child,
         str(compat.converter_home()),
         str(staged),
         "--outfile",
@@ -137,7 +136,7 @@ def _convert(checkpoint: Path, out: Path, scratch: Path, *, vocab_only: bool) ->
         OUTTYPE,
         *(["--vocab-only"] if vocab_only else []),
     ]
-    env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GGML_NO_BACKTRACE": "1"}
+    env = own | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GGML_NO_BACKTRACE": "1"}
     env.pop("NO_LOCAL_GGUF", None)  # the converter's own gguf-py, never PyPI's
     try:
         with log.open("w", encoding="utf-8") as sink:

@@ -21,6 +21,13 @@ alone: threads and `n_batch` (the chunk a sequence is decoded in: its positions'
 fall, so it is fixed) are the suite's `llamacpp:` section, recorded in the provenance and the cache key with the
 llama.cpp version (`engine`).
 
+The context is as long as the rows need, never longer than max_length (which cuts the rows, as HFLM's does):
+llama.cpp's KV cache and llama-cpp-python's logits array (positions × vocabulary float32, allocated whole) grow
+with it, and a GGUF's own context length made them 62.6 GiB of logits for Llama 3.1's 131,072 positions (exit 3,
+MemoryError, where a suite's rows are a few thousand tokens). The logits do not depend on it: the default model's
+and the tiny MoE's rows of 201 and 500 tokens gave bit-identical logits with contexts of 512, 600, 2,048 and
+8,192 positions (llama-cpp-python 0.3.36, the 2-core AMD EPYC; tests/evaluate/test_llamacpp.py checks it).
+
 Document perplexity: lm-eval's rolling windows, each window a row, summed per document. Generation: greedy, one
 request at a time, the argmax of the last position's logits appended until an end-of-sequence token, a stop
 sequence of lm-eval's (`handle_stop_sequences`) or `max_gen_toks`, post-processed as HFLM's. Agreement's
@@ -48,6 +55,8 @@ from quantize.machine import check_loaded_build
 from quantize.quiet import llama_log, llama_said
 
 NAME = "quantize-llamacpp"
+# positions of the first context (then as long as the longest row asks, up to max_length: LlamaCppLM.fit)
+FIRST_CONTEXT = 512
 _OPEN: weakref.WeakSet[LlamaCppLM] = weakref.WeakSet()  # closed at exit (LlamaCppLM.close)
 
 
@@ -76,37 +85,54 @@ class LlamaCppLM(TemplateLM):
         vocab_only: bool = False,
     ) -> None:
         super().__init__()
-        from llama_cpp import Llama
+        import llama_cpp  # noqa: F401 (maps llama.cpp's libraries, which check_loaded_build reads)
 
         check_loaded_build()  # the libraries just mapped are the build its scores are keyed by (engine.llamacpp_engine)
-        gguf = Path(pretrained)
-        self._max_length = int(max_length or context_length(gguf) or 2048)
+        self.gguf = Path(pretrained)
+        self._max_length = int(max_length or context_length(self.gguf) or 2048)
         self.n_threads, self.n_batch, self.max_gen_toks = int(n_threads), int(n_batch), int(max_gen_toks)
         self.batch_size = int(batch_size)  # lm-eval reads it; one sequence is decoded at a time whatever it is
-        check_vocabulary(gguf)  # a vocabulary llama.cpp aborts on is exit 2 here, not this process's SIGABRT
+        self.seed, self.vocab_only = seed, vocab_only
+        check_vocabulary(self.gguf, model=not vocab_only)  # what llama.cpp aborts on is exit 2, not a SIGABRT here
+        self._load(min(self._max_length, FIRST_CONTEXT))
+        bos = self.llm.token_bos()
+        self._eot = self.llm.token_eos()
+        self._prefix = bos if bos >= 0 else self._eot
+        _OPEN.add(self)
+
+    def _load(self, n_ctx: int) -> None:
+        """llama.cpp's model and a context of `n_ctx` positions (module docstring: the context is sized to the
+        rows, not to max_length)."""
+        from llama_cpp import Llama
+
         with llama_log() as log:  # llama.cpp's own lines (a vocabulary-only context's warning) off the terminal
             try:
                 self.llm = Llama(
-                    model_path=str(gguf),
-                    n_ctx=self._max_length,
+                    model_path=str(self.gguf),
+                    n_ctx=n_ctx,
                     n_batch=self.n_batch,
                     n_ubatch=self.n_batch,
                     n_threads=self.n_threads,
                     n_threads_batch=self.n_threads,
                     logits_all=True,
-                    seed=seed,
+                    seed=self.seed,
                     verbose=False,
-                    vocab_only=vocab_only,
+                    vocab_only=self.vocab_only,
                 )
             except (ValueError, RuntimeError) as e:
                 raise UsageError(
-                    f"llama.cpp could not load {gguf}: {e}; {llama_said(log.read_text(errors='replace'))}; check the "
-                    "file with `quantize inspect`"
+                    f"llama.cpp could not load {self.gguf}: {e}; {llama_said(log.read_text(errors='replace'))}; check "
+                    "the file with `quantize inspect`"
                 ) from e
-        bos = self.llm.token_bos()
-        self._eot = self.llm.token_eos()
-        self._prefix = bos if bos >= 0 else self._eot
-        _OPEN.add(self)
+        self.n_ctx = n_ctx
+
+    def fit(self, positions: int) -> None:
+        """A context holding at least `positions` (at most max_length, which rows never exceed): llama.cpp's context
+        and llama-cpp-python's logits array (positions × vocabulary floats) are allocated whole when it is made, so
+        it is made again, twice as long or as the longest row asks, only when a row needs more."""
+        if positions > self.n_ctx:
+            self.llm.close()
+            self._load(min(self._max_length, max(positions, 2 * self.n_ctx)))
 
     @property
     def eot_token_id(self) -> int:
@@ -162,6 +188,7 @@ class LlamaCppLM(TemplateLM):
         evaluated afresh."""
         out = []
         evaluated: tuple[int, ...] | None = None
+        self.fit(max((len(r.prefix) + len(r.suffix) for r in rows), default=0))
         for r in rows:
             if r.prefix != evaluated:
                 self.llm.reset()
@@ -180,6 +207,7 @@ class LlamaCppLM(TemplateLM):
     def logits(self, tokens: Sequence[int], first: int) -> np.ndarray:
         """The logits (P, V) of a whole sequence at positions first - 1 .. len - 2 (those predicting tokens
         first .. len - 1): agreement's scored positions."""
+        self.fit(len(tokens))
         self.llm.reset()
         self.llm.eval(list(tokens))
         return np.array(self.llm.scores[first - 1 : len(tokens) - 1], dtype=np.float32)
@@ -203,6 +231,7 @@ class LlamaCppLM(TemplateLM):
             until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
             max_gen = int(kwargs.pop("max_gen_toks"))
             prompt = self.tok_encode(context)[-max(1, self.max_length - max_gen) :]
+            self.fit(min(self.max_length, len(prompt) + max_gen))
             text = self.greedy(prompt, max_gen, until)
             out.append(postprocess_generated_text(generation=text, stop=until, think_end_token=None))
         return out

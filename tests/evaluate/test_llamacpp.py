@@ -328,6 +328,25 @@ def test_a_vocabulary_llama_cpp_aborts_on_is_exit_2_not_a_crash(llama_gguf, gold
     assert "out_of_range" in err and "Traceback" not in err
 
 
+def test_the_probe_child_runs_this_package_whatever_folder_it_starts_in(llama_gguf, tmp_path, monkeypatch):
+    """The probe ran as `python -m quantize.checkpoint.llama_vocab`, which imports from the working folder first: in
+    a folder holding a `quantize/` package whose probe exits 0, the byteless vocabulary passed and the scoring
+    process aborted (exit 134, a review's repro). The child runs this process's package (machine.python_child)."""
+    from gguf_models import byteless_vocabulary_gguf
+
+    from quantize.checkpoint import llama_vocab
+
+    fake = tmp_path / "quantize" / "checkpoint"
+    fake.mkdir(parents=True)
+    for f in (fake.parent / "__init__.py", fake / "__init__.py"):
+        f.write_text("")
+    (fake / "llama_vocab.py").write_text("raise SystemExit(0)\n")
+    broken = byteless_vocabulary_gguf(tmp_path / "model.gguf")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="cannot tokenize text"):
+        llama_vocab.check_vocabulary(broken)
+
+
 def test_greedy_generation_stops_at_a_stop_sequence(lm):
     text = lm.greedy(lm.tok_encode("The capital of France is"), 12, ["."])
     assert "Paris" in text and text.count(".") <= 1
@@ -489,3 +508,64 @@ def test_the_split_gguf_sets_refused_are_those_llama_cpp_refuses_to_load(llama_g
             ggufs.read_header(path)
         with pytest.raises(ValueError, match="Failed to load model"):
             llama_cpp.Llama(str(path), n_ctx=64, verbose=False)
+
+
+def test_the_context_is_as_long_as_the_rows_and_the_numbers_do_not_depend_on_it(llama_gguf, tmp_path):
+    """llama.cpp's context (and llama-cpp-python's logits array, positions × vocabulary floats allocated whole) is
+    sized to the rows, never past max_length: a GGUF declaring a context of 2^20 positions was exit 3 (MemoryError,
+    192 GiB of logits) before a row was scored. The numbers are the same whatever the context's length."""
+    import struct
+
+    from gguf_models import tiny_moe_gguf
+
+    from quantize.evaluate.llamacpp import FIRST_CONTEXT, LlamaCppLM
+    from quantize.evaluate.lm import row
+
+    g = tiny_moe_gguf(tmp_path / "m.gguf", llama_gguf)
+    data = bytearray(g.read_bytes())
+    at = data.index(b"llama.context_length") + len(b"llama.context_length")
+    assert struct.unpack_from("<I", data, at)[0] == 4  # a UINT32 value
+    struct.pack_into("<I", data, at + 4, 1 << 20)
+    g.write_bytes(data)
+    lm = LlamaCppLM(g, n_threads=2, n_batch=64)
+    try:
+        assert lm.max_length == 1 << 20 and lm.n_ctx == FIRST_CONTEXT
+        enc = lm.tok_encode
+        text = "The quick brown fox jumps over the lazy dog. " * 40
+        rows = [row(enc(text), enc(" Paris", add_special_tokens=False), lm.max_length)]
+        rows.append(row(enc(text * 3), enc(" again", add_special_tokens=False), lm.max_length))  # past 512 tokens
+        short = lm.score_rows(rows[:1])
+        assert lm.n_ctx == FIRST_CONTEXT
+        both = lm.score_rows(rows)
+        assert FIRST_CONTEXT < lm.n_ctx < 4 * len(rows[1].prefix) and both[0] == short[0]
+        lm.fit(8192)  # a longer context than any row asks: the same floats
+        assert lm.score_rows(rows) == both
+    finally:
+        lm.close()
+
+
+@pytest.mark.parametrize(
+    ("forged", "says"),
+    [
+        ({"kv_heads": 3}, "GGML_ASSERT(ggml_can_mul_mat(a, b)) failed"),  # 3 KV heads for 4 heads
+        ({"used": 5}, "GGML_ASSERT(n_expert_used_max <= hparams.n_expert) failed"),  # 5 of 4 experts used
+        ({"k_heads": 3}, "tensor 'blk.0.attn_k.weight' has wrong shape"),
+    ],
+)
+def test_a_gguf_llama_cpp_stops_on_is_exit_2_before_it_loads_here(llama_gguf, tmp_path, capsys, forged, says):
+    """Headers that pass our checks and the vocabulary probe, which llama.cpp stops on while it builds the model or
+    reserves a context's graph: `eval` ended in SIGABRT (exit 134) and a gguf recipe's `run` in exit 134 (an
+    assertion) or exit 3 blaming our own output (a wrong shape). The child now loads the whole model with a small
+    context first: exit 2, naming the step and llama.cpp's own reason, before this process loads it."""
+    from gguf_models import tiny_moe_gguf
+
+    g = tiny_moe_gguf(tmp_path / "m.gguf", llama_gguf, **forged)
+    assert main(["inspect", str(g)]) == 0  # the header is sound as a file
+    suite = suite_file(tmp_path / "s.yaml", ROOT / "golden" / "core" / "v1", extra="tasks: [core_facts]\n")
+    assert main(["eval", str(suite), str(g), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load the model or make a context for it" in err and says in err and "Traceback" not in err
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"method: gguf\ntype: Q8_0\nmodel: {g}\noutput: {tmp_path / 'out'}\n")
+    assert main(["run", str(recipe), "--quiet"]) == 2
+    assert says in capsys.readouterr().err and not (tmp_path / "out").exists()

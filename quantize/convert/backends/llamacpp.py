@@ -161,7 +161,7 @@ class LlamaCppBackend:
             with hf_to_gguf.vocabulary(path) as vocab:
                 _check_calibration(recipe, vocab)
             return path
-        check_vocabulary(path)  # before llama.cpp reads it in this process (its tokenizer can abort it)
+        check_vocabulary(path, model=True)  # before llama.cpp reads it in this process (it can abort it)
         if isinstance(recipe, GGUFRecipe) and recipe.tensor_types:  # a pattern that cannot finish, before any work
             first_patterns([t.name for t in ggufs.read_header(path).tensors], list(recipe.tensor_types))
         _check_calibration(recipe, path)
