@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from quantize import records
 from quantize.checkpoint import accounting
-from quantize.checkpoint.files import hf_path, missing_packages, weights_sha256
+from quantize.checkpoint.files import check_identity, hf_path, identity_sha256, missing_packages, weights_sha256
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, recorded_weights_sha256, resolve_model
 from quantize.convert import memory
 from quantize.convert.backends import backend_for, backend_named, check, converts_files
@@ -95,6 +95,14 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
             if not os.access(parent, os.W_OK):
                 raise UsageError(f"output {out}: {parent} is not writable; choose another `output:` (or --output)")
             break
+    src = Path(model_dir).resolve()
+    folder = src if src.is_dir() else src.parent
+    if folder.is_relative_to(out.resolve()):
+        raise UsageError(
+            f"output {out} holds the model it converts ({model_dir}): the finished output would replace its own "
+            "source (--force), and the record would name a file that is no longer what was read. Choose an "
+            "`output:` (or --output) outside the model's folder"
+        )
     if out.exists() and not force:
         raise UsageError(
             f"output {out} already exists; choose another `output:` (or --output), or pass --force to replace it"
@@ -210,6 +218,7 @@ def _convert(  # noqa: PLR0913 (convert's inputs, the plan and where it offloads
         )
         prepared = backend.prepare(recipe, plan)
     with phases("load"):
+        held = identity_sha256(model_dir)  # before the load: check_identity holds the output to it
         work_dtype, dtype_reason = calibration_dtype(recipe, model_dir)
         torch_dtype = None if work_dtype == "auto" else getattr(torch, work_dtype)
         offload = {"offload_dir": offload_dir} if offload_dir is not None else {}
@@ -251,6 +260,7 @@ def _convert(  # noqa: PLR0913 (convert's inputs, the plan and where it offloads
                     tmp, model_dir, {n for names in plan.groups.values() for n in names}, recipe.trust_remote_code
                 )
                 finite = [streamed_finite_check(tmp)]
+        check_identity(model_dir, held)  # the source read is the one recorded, or nothing is placed
         meta = _written(
             tmp,
             phases,
@@ -286,6 +296,7 @@ def _convert_streamed(
         save_dtype = source_dtype(model_dir)
         source_hash = recorded_weights_sha256(model_dir)
         source_params = accounting.parameter_count(model_dir)
+        held = identity_sha256(model_dir)  # before the stream: check_identity holds the output to it
     seed = recipe.calibration.seed if recipe.calibration else 0
     torch.manual_seed(seed)
     with atomic_dir(out, replace=force) as tmp:
@@ -303,6 +314,7 @@ def _convert_streamed(
                 probe = torch.tensor([tok("The quick brown fox jumps over the lazy dog.")["input_ids"]])
                 finite.append(reload_check(tmp, probe, recipe.trust_remote_code))
         reason = "streamed shard by shard (model_free_ptq): each tensor in the checkpoint's own dtype"
+        check_identity(model_dir, held)  # the source read is the one recorded, or nothing is placed
         meta = _written(
             tmp,
             phases,
@@ -417,6 +429,7 @@ def _convert_file(recipe: Recipe, ref: RecipeRef, source: Path, out: Path, force
     with phases("source"):
         source_hash = weights_sha256(source)
         source_params = accounting.parameter_count(source)
+        held = identity_sha256(source)
     with atomic_dir(out, replace=force) as tmp:
         scratch = tmp / SCRATCH
         scratch.mkdir()
@@ -424,6 +437,7 @@ def _convert_file(recipe: Recipe, ref: RecipeRef, source: Path, out: Path, force
             done = backend.convert_file(FileJob(source, tmp, scratch, recipe, phases))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+        check_identity(source, held)  # the source read is the one recorded, or nothing is placed
         with phases("account"):
             report = accounting.bits_report(tmp)
             out_hash = weights_sha256(tmp)

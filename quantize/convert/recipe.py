@@ -561,7 +561,7 @@ class GGUFRecipe(_Named):
         out = {}
         for pattern, kind in v.items():
             if not isinstance(pattern, str) or not 0 < len(pattern) <= MAX_PATTERN:
-                raise ValueError(f"pattern {pattern[:80]!r} must be text of 1 to {MAX_PATTERN} characters")
+                raise ValueError(f"pattern {str(pattern)[:80]!r} must be text of 1 to {MAX_PATTERN} characters")
             try:
                 re.compile(pattern)
             except re.error as e:

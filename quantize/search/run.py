@@ -34,6 +34,7 @@ from quantize.checkpoint.files import identity_sha256
 from quantize.checkpoint.loader import LastModel, device, meta_model, resolve_model
 from quantize.cluster.connect import import_ray, on_cluster
 from quantize.cluster.executor import Executor, say_to_stderr, state_folder
+from quantize.convert import imatrix
 from quantize.convert.backends import check
 from quantize.convert.backends.llamacpp import importance_matrix, sixteen_bit
 from quantize.convert.recipe import WEIGHT_ONLY_INT, GGUFRecipe, Scheme
@@ -358,6 +359,8 @@ def measure_gguf_sensitivity(s: GGUFSearch, quiet: bool) -> None:
         per_task=m.per_task,
         top_k=m.top_k,
         on=["llamacpp", llamacpp_engine(s.suite.suite)],  # as its scores are keyed: build, switches, settings
+        # the importance matrix every file is quantized with, by its values: the calibration's text, not its name
+        matrix=imatrix.digest(s.files.matrix.collected.values) if s.files and s.files.matrix else None,
     )
 
     def each_alone() -> dict[str, dict[str, float]]:

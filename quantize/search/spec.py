@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from quantize.cluster.spec import Cluster, TaskResources
 from quantize.config import beside_repo, load_yaml
-from quantize.convert.gguf import default_tensor_type
+from quantize.convert.gguf import block_size, default_tensor_type
 from quantize.convert.recipe import GGUF_TYPE_NAME, WEIGHT_ONLY_INT, GGUFRecipe, GPTQRecipe, RTNRecipe, Scheme
 from quantize.names import PathPart, PathText, checked
 
@@ -137,6 +137,11 @@ class SearchRecipe(BaseModel):
                 f"...) or keep; got {getattr(bad[0], 'value', bad[0])}"
             )
         own = default_tensor_type(self.base.type)
+        if block_size(own) == 1:
+            raise ValueError(
+                f"base type {self.base.type} is a float file type, and llama.cpp's quantizer applies per-tensor types "
+                "(the options a search tries) only in a quantized one: choose a quantized base `type:` (e.g. Q4_K_M)"
+            )
         if own not in self.options:
             raise ValueError(
                 f"base type {self.base.type} gives its tensors {own}, which must be one of the options "

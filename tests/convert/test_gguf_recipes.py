@@ -62,6 +62,11 @@ def test_tensor_types_keep_their_order_and_are_checked_as_patterns_and_type_name
     assert "1 to 4000 characters" in refused(tensor_types={"": "Q8_0"})
 
 
+def test_a_pattern_that_is_no_text_is_refused_naming_it():
+    """`tensor_types: {1: Q8_0}` (YAML reads the key as a number) was exit 3, a TypeError slicing the number."""
+    assert "pattern '1' must be text" in refused(tensor_types={1: "Q8_0"})
+
+
 def test_a_type_that_is_no_name_is_refused_naming_the_field():
     msg = refused(type="Q4 K/M")
     assert 'type = "Q4 K/M"' in msg and "Q4_K_M" in msg
@@ -618,3 +623,63 @@ def test_a_pattern_that_cannot_finish_is_exit_2_before_anything_is_quantized(lla
     err = capsys.readouterr().err
     assert "took more than 1 s to search the model's" in err and "Traceback" not in err
     assert "run: intermediate" not in err and not (tmp_path / "Q4_K_M").exists()
+
+
+def test_tensor_types_in_a_float_file_type_are_exit_2_before_anything_loads(llama_cpp, tmp_path, capsys):
+    """llama.cpp's quantizer applies tensor_types only in a quantized file type: `type: F16` with `tensor_types`
+    exited 0 with every tensor at 16 bits, left_16bit saying tensor_types asked Q8_0 for them. Refused now."""
+    recipe = recipe_file(tmp_path, "F16", tensor_types={"attn_q": "Q8_0"})
+    assert main(["run", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "applies tensor_types only when the file type is a quantized one" in err
+    assert not (tmp_path / "F16").exists()
+
+
+def test_metadata_longer_than_llama_cpps_field_is_cut_at_a_character(llama_cpp):
+    """A calibration source's name goes into the output as `quantize.imatrix.dataset`, in a field of 127 bytes: cut
+    inside a two-byte character, the written GGUF held invalid UTF-8 and its own reread refused it (exit 2 blaming
+    our output)."""
+    from quantize.convert.backends.llamacpp import _metadata
+
+    name = "/tmp/x" + "é" * 100
+    entries, _ = _metadata({"quantize.imatrix.dataset": name})
+    kept = entries[0].value.val_str.decode("utf-8")  # strict: a cut character would raise
+    assert name.startswith(kept) and len(kept.encode()) <= 127 and len(kept) > 60
+
+
+def test_an_output_that_is_the_source_folder_is_refused(llama_cpp, f16, tmp_path, capsys):
+    """`output:` naming the model's own folder, with --force, replaced the source with its own output and recorded
+    a source that no longer existed as read."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "model.gguf").write_bytes(f16.read_bytes())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "gguf", "type": "Q8_0", "model": str(folder), "output": str(folder)}))
+    before = (folder / "model.gguf").read_bytes()
+    assert main(["run", str(recipe), "--force"]) == 2
+    assert "holds the model it converts" in capsys.readouterr().err
+    assert (folder / "model.gguf").read_bytes() == before
+
+
+def test_a_source_changed_while_it_converts_leaves_nothing(llama_cpp, f16, tmp_path, capsys, monkeypatch):
+    """The source's identity is taken before the conversion and again after it: a source replaced in between (one
+    rename) was converted and recorded under the first file's hash. Exit 2 now, nothing placed."""
+    from quantize.convert.backends import llamacpp as backend
+
+    src = tmp_path / "src.gguf"
+    src.write_bytes(f16.read_bytes())
+    real = backend.sixteen_bit
+
+    def swapped(source, *a, **k):
+        other = tmp_path / "other.gguf"
+        other.write_bytes(source.read_bytes()[:-1] + b"\x01")  # one byte of its last tensor's padding or data
+        other.replace(source)
+        return real(source, *a, **k)
+
+    monkeypatch.setattr(backend, "sixteen_bit", swapped)
+    recipe = tmp_path / "r.yaml"
+    doc = {"method": "gguf", "type": "Q8_0", "model": str(src), "output": str(tmp_path / "o")}
+    recipe.write_text(yaml.safe_dump(doc))
+    assert main(["run", str(recipe), "--quiet"]) == 2
+    assert "changed while it was being read" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.tmp-*"))

@@ -43,6 +43,7 @@ from quantize.convert.gguf import (
     INTERMEDIATE,
     OUTPUT_FILE,
     UNWRITTEN,
+    block_size,
     default_tensor_type,
     exact_patterns,
     first_patterns,
@@ -131,6 +132,12 @@ class LlamaCppBackend:
                 "requires an imatrix'), and this recipe has no `calibration:` section to compute one from. Add one "
                 "(`calibration: {source: builtin:jargon}`, or your own text: a .txt, .jsonl or .parquet file, a saved "
                 f"dataset), or choose a type that needs none ({', '.join(PUBLISHED)}); nothing was loaded"
+            )
+        if recipe.tensor_types and block_size(default_tensor_type(given)) == 1:  # F16, BF16: a float file type
+            return (
+                f"type = {given!r} with tensor_types: llama.cpp's quantizer applies tensor_types only when the file "
+                f"type is a quantized one, and writes every tensor of a {given} file at {given} whatever they ask. "
+                "Choose a quantized `type:` (e.g. Q8_0) for the tensors they do not name, or remove `tensor_types`"
             )
         if recipe.tensor_types and (unknown := sorted(set(recipe.tensor_types.values()) - set(tensor_types(known)))):
             return (
@@ -299,6 +306,14 @@ def sixteen_bit(source: Path, scratch: Path, threads: int, phases: Any = None) -
         out = scratch / "converted.gguf"
         with phase("convert-hf"):
             peak = hf_to_gguf.write(source, out, scratch)
+        try:  # before this process loads it: llama.cpp can abort on what its converter wrote (3 KV heads for 4 heads)
+            check_vocabulary(out, model=True)
+        except UsageError as e:
+            raise UsageError(
+                f"{source}: llama.cpp's converter wrote it as a GGUF that llama.cpp then refuses ({e}). The "
+                "checkpoint's config.json and weights are not a model llama.cpp runs: check its heads, KV heads and "
+                "experts"
+            ) from None
         return SixteenBit(out, "converted", _file_type(ggufs.read_header(out)), "safetensors", peak)
     header = ggufs.read_header(source)
     if not any(t.quantized for t in header.tensors):
@@ -348,7 +363,7 @@ class Matrix:
 
     def metadata(self) -> dict[str, int | str]:
         return {
-            IMATRIX_KEYS["dataset"]: self.calibration.source[:127],
+            IMATRIX_KEYS["dataset"]: self.calibration.source,
             IMATRIX_KEYS["entries"]: len(self.collected.values),
             IMATRIX_KEYS["chunks"]: self.collected.rows,
         }
@@ -377,7 +392,8 @@ def _metadata(values: dict[str, int | str]) -> tuple[Any, list[Any]]:
             e.value.val_i64 = value
         else:
             e.tag = llama_cpp.LLAMA_KV_OVERRIDE_TYPE_STR
-            e.value.val_str = value.encode()[:127]
+            # llama.cpp's field holds 127 bytes and a NUL: cut at a character's edge, so the file stays UTF-8
+            e.value.val_str = value.encode()[:127].decode("utf-8", "ignore").encode()
     return entries, [entries]
 
 
