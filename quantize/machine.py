@@ -42,6 +42,8 @@ KERNEL_VARIABLES = (
     "ONEDNN_MAX_CPU_ISA",
     "DNNL_MAX_CPU_ISA",
     "ONEDNN_DEFAULT_FPMATH_MODE",
+    "DNNL_DEFAULT_FPMATH_MODE",
+    "OMP_THREAD_LIMIT",  # caps OpenMP's threads below the count torch reports (and the key's thread count says)
 )
 
 

@@ -767,6 +767,62 @@ def test_agreement_entries_of_another_scorer_revision_are_not_served(world, monk
     assert cache.baseline_topk_path(s, base, run) != topk and cache.sensitivity_key(s, base, {}) != sens
 
 
+def test_agreement_entries_are_keyed_by_the_suite_settings_the_scorer_reads(world, tmp_path):
+    """The agreement scorer pads a batch's rows to one width (batch_size), cuts them at the context window
+    (max_length) and is the suite's backend: each moved a KL in review (max_length 16: 1.54e-6 against 1.88e-6;
+    batch size 1 against 8: 1.5387e-6 against 1.5397e-6), while a suite differing only there was served the other's
+    cached comparison and baseline top-k. Each is in the key now."""
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
+
+    text = Path(world[1]).read_text()
+    run, base = cache.Runtime("cpu", "float32"), "b" * 64
+    paths = set()
+    for n, extra in enumerate(["", "max_length: 16\n", "batch_size: 1\n"]):
+        f = tmp_path / f"s{n}.yaml"
+        f.write_text("".join(line for line in text.splitlines(True) if not line.startswith("batch_size")) + extra)
+        paths.add(cache.baseline_topk_path(open_suite(f), base, run))
+    assert len(paths) == 3
+
+
+def test_entries_are_keyed_by_the_libraries_that_compute_them(world, monkeypatch):
+    """torch, transformers, tokenizers, compressed-tensors and datasets compute or feed every number: an upgrade of
+    one scores again. Before, only lm-eval's version keyed an entry (the CI restore key held the others)."""
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
+
+    s = open_suite(world[1])
+    run, base = cache.Runtime("cpu", "float32"), "b" * 64
+    before = cache.score_key(s, base, run), cache.baseline_topk_path(s, base, run)
+    assert {d for d, _ in cache.library_versions()} == {
+        "lm_eval",
+        "torch",
+        "transformers",
+        "tokenizers",
+        "compressed-tensors",
+        "datasets",
+    }
+    upgraded = tuple((d, "99.0" if d == "transformers" else v) for d, v in cache.library_versions())
+    monkeypatch.setattr(cache, "library_versions", lambda: upgraded)
+    assert cache.score_key(s, base, run) != before[0] and cache.baseline_topk_path(s, base, run) != before[1]
+
+
+def test_an_openmp_thread_limit_is_in_the_runtime_key(world, monkeypatch):
+    """OMP_THREAD_LIMIT=1 makes OpenMP compute on one thread while torch (and the key's thread count) says two: a
+    float sum took the one-thread bits in review. A rounding checkpoint's entry names it as a kernel variable."""
+    from quantize import machine
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
+
+    s = open_suite(world[1])
+    monkeypatch.delenv("OMP_THREAD_LIMIT", raising=False)
+    free = cache.Runtime.on(s, "cpu", rounds=True)
+    monkeypatch.setenv("OMP_THREAD_LIMIT", "1")
+    limited = cache.Runtime.on(s, "cpu", rounds=True)
+    assert "OMP_THREAD_LIMIT=1" in limited.cpu and free.key() != limited.key()
+    assert "OMP_THREAD_LIMIT" in machine.KERNEL_VARIABLES
+
+
 def test_a_comparison_is_keyed_by_the_baselines_runtime_too(world):
     """A GGUF baseline's top-k is llama.cpp's: a comparison measured against it under one llama-cpp-python (or its
     threads and n_batch) is not served once the baseline's engine moved, nor read as a same-runtime comparison."""

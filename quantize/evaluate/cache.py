@@ -9,9 +9,12 @@ its items. What a restored cache may supply to a gate (the baseline's scores and
 unless asked for) is docs/reliability.md's trust model, which quantize/flows/gate.py enforces.
 
     scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint identity, suite settings, golden manifest,
-                                                               lm-eval version, tasks, runtime, scorer_id)
+                                                               lm-eval version, tasks, runtime, scorer_id,
+                                                               library_versions)
                $QUANTIZE_CACHE/scores/KEY.sha256  the sha256 of KEY.json's bytes, written after it
-    agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings, runtime
+    agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings, the
+                                                             suite's backend, batch size and max_length, runtime,
+                                                             library_versions
                $QUANTIZE_CACHE/agreement/cmp-B-C-K.json     a candidate against it
                each with a .sha256 beside it, checked on read as a score file's is, and a comparison must name
                the two identities it was asked for
@@ -30,6 +33,7 @@ with both).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, replace
@@ -52,8 +56,32 @@ def lm_eval_version() -> str:
 
 
 # The installed packages whose versions can change a score: this one (its scoring code), the scorer, the model
-# code and its kernels, the formats' decompression, the datasets reader. Pinned in pyproject.toml.
-SCORING_DISTRIBUTIONS = ("quantize", "lm_eval", "torch", "transformers", "compressed-tensors", "datasets")
+# code and its kernels, the tokenizers, the formats' decompression, the datasets reader. Pinned in pyproject.toml.
+SCORING_DISTRIBUTIONS = (
+    "quantize",
+    "lm_eval",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "compressed-tensors",
+    "datasets",
+)
+# Those whose installed versions key every score and agreement entry besides our revisions (SCORER_REVISION,
+# AGREEMENT_REVISION key our own code): an upgrade scores again instead of serving what another release computed.
+# Before 2026-12-07 only lm-eval's version keyed an entry, and the CI restore key alone held the others.
+KEYED_DISTRIBUTIONS = tuple(d for d in SCORING_DISTRIBUTIONS if d != "quantize")
+
+
+@functools.cache
+def library_versions() -> tuple[tuple[str, str], ...]:
+    """(distribution, installed version or "none") of each of KEYED_DISTRIBUTIONS."""
+    out = []
+    for d in KEYED_DISTRIBUTIONS:
+        try:
+            out.append((d, metadata.version(d)))
+        except metadata.PackageNotFoundError:
+            out.append((d, "none"))
+    return tuple(out)
 
 
 # Bumped when our scorer (`backend: quantize`, quantize/evaluate/lm.py) changes what it computes (a score computed
@@ -169,7 +197,7 @@ def llamacpp_runtime(suite: OpenSuite) -> Runtime:
 
 def score_key(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str:
     parts = [ckpt_id, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)]
-    return sha256_json([*parts, "runtime", *run.key(), "scorer", scorer_id(suite)])
+    return sha256_json([*parts, "runtime", *run.key(), "scorer", scorer_id(suite), "libraries", *library_versions()])
 
 
 def score_path(suite: OpenSuite, ckpt_id: str, run: Runtime) -> Path:
@@ -242,10 +270,16 @@ AGREEMENT_REVISION = 3
 
 
 def _agreement_key(suite: OpenSuite, run: Runtime) -> str:
-    a = suite.suite.agreement
+    s = suite.suite
+    a = s.agreement
     parts = [sorted(suite.agreement_tasks), a.per_task, a.top_k, suite.golden.manifest_sha256]
+    # what the agreement scorer reads of the suite besides its items: which scorer, the rows a batch pads to one
+    # width and the context window that cuts them (each moved a KL in review; they were not in the key)
+    scorer = [s.backend.value, s.batch_size, s.max_length]
+    libraries = ["libraries", *library_versions()]
     # our own forward pass: AGREEMENT_REVISION keys it, SCORER_REVISION (lm-eval's path) does not
-    return sha256_json([*parts, "runtime", *run.key(), "agreement", AGREEMENT_REVISION])[:16]
+    key = [*parts, "scorer", *scorer, "runtime", *run.key(), "agreement", AGREEMENT_REVISION, *libraries]
+    return sha256_json(key)[:16]
 
 
 def baseline_topk_path(suite: OpenSuite, base_id: str, run: Runtime) -> Path:
