@@ -34,6 +34,12 @@ def cache_dir() -> Path:
     return Path(os.environ.get("QUANTIZE_CACHE") or Path.home() / ".cache" / "quantize")
 
 
+def content_path(folder: str, sha256: str, suffix: str) -> Path:
+    """$QUANTIZE_CACHE/FOLDER/SHA256SUFFIX: a copy named by its content's sha256 (golden/manifest.addressed), which
+    its user checks against the name before reading it."""
+    return cache_dir() / folder / f"{sha256}{suffix}"
+
+
 def shared_path() -> str:
     """The cache folder as an absolute path: what processes started elsewhere (a sweep's workers) are handed."""
     return str(cache_dir().resolve())

@@ -16,11 +16,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from quantize.cache import content_path
 from quantize.config import MAX_YAML_BYTES, Wording, parse_yaml, validate
 from quantize.errors import UsageError
 from quantize.golden import items
 from quantize.golden.items import MAX_ITEM_BYTES, MAX_SET_FILE_BYTES
-from quantize.io import read_user_file, sha256_bytes, user_lines
+from quantize.io import atomic_file, read_user_file, sha256_bytes, sha256_file, user_lines
 from quantize.kinds import KINDS, OUTPUT_TYPES, metric_name
 
 MAX_MANIFEST_BYTES = 16 * 2**20  # a MANIFEST: hashes, smoke ids and few-shot ids, kilobytes to a megabyte
@@ -363,6 +364,29 @@ def item_id(doc: dict[str, Any], key: tuple[str, str | None]) -> tuple[str, str]
     return i, (str(doc[key[1]]) if key[1] else i)
 
 
+def addressed(golden: GoldenSet, src: Path) -> Path:
+    """The path lm-eval reads the set's data file `src` from: a copy named by its sha256 in the manifest
+    ($QUANTIZE_CACHE/golden-data/SHA.jsonl), written where missing or not those bytes, from `src` checked against
+    that sha256. lm-eval loads it through HF datasets, whose cache knows a local file by its path and mtime alone:
+    a data file rewritten in place with its mtime kept was served as its old items (a review's repro: a target
+    changed, the manifest resealed, the old target's log-likelihood scored under the new manifest's key). A path
+    named by the content cannot be another content's. A file the manifest does not list is read where it is."""
+    root = golden.path.resolve()
+    entry = golden.manifest.files.get(src.relative_to(root).as_posix()) if src.is_relative_to(root) else None
+    if entry is None:
+        return src
+    dest = content_path("golden-data", entry.sha256, src.suffix)
+    if dest.is_file() and not dest.is_symlink() and sha256_file(dest) == entry.sha256:
+        return dest
+    data = read_user_file(src, "golden data file", MAX_SET_FILE_BYTES, hint=HINT)
+    if sha256_bytes(data) != entry.sha256:
+        raise UsageError(f"{src} changed after the golden set {golden.path} was verified; {HINT}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(dest) as tmp:
+        tmp.write_bytes(data)
+    return dest
+
+
 def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | None = None) -> Path:
     """Write the task YAMLs into `into` with absolute data paths (lm-eval resolves them from the
     working directory), optionally restricted to some item ids per task. Returns the include path."""
@@ -376,7 +400,7 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
         files = (cfg.get("dataset_kwargs") or {}).get("data_files")
         if files and "task" in cfg:
             for split in files:
-                files[split] = str((golden.path / "tasks" / files[split]).resolve())
+                files[split] = str(addressed(golden, (golden.path / "tasks" / files[split]).resolve()))
             if ids is not None and cfg["task"] in ids:
                 keep = set(ids[cfg["task"]])
                 id_field = golden.item_key(cfg["task"])[0]

@@ -129,3 +129,37 @@ def test_task_yamls_load_in_lm_eval(built, tmp_path):
 def test_shipped_golden_core_v1_verifies():
     g = verify(ROOT / "golden" / "core" / "v1")
     assert g.manifest.version == "v1" and len(g.tasks) == 5
+
+
+def test_a_data_file_rewritten_with_its_mtime_kept_is_read_as_its_new_items(built, tiny_model, tmp_path, monkeypatch):
+    """lm-eval loads a golden set's data through HF datasets, whose cache knows a local file by its path and mtime
+    alone: a target rewritten in place with the mtime kept and the manifest resealed was scored as the old target
+    under the new manifest's key (a review's repro: -8.1348 where the new text gives -8.0111). lm-eval now reads a
+    copy named by the manifest's sha256 (manifest.addressed), so another content is another path."""
+    import hashlib
+    import json
+    import os
+    import shutil
+
+    from quantize import api
+
+    from conftest import suite_file
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
+    golden = shutil.copytree(built[1], tmp_path / "g" / "golden" / "v1")
+    suite = suite_file(tmp_path / "s.yaml", golden, extra="tasks: [core_kv]\n")
+    first = {i.id: i.ll for i in api.scored(suite, tiny_model).doc.tasks["core_kv"].items}
+    data = golden / "data" / "kv.jsonl"
+    st = data.stat()
+    lines = data.read_text().splitlines()
+    item = json.loads(lines[0])
+    item["target"] = " a completely different answer"
+    lines[0] = json.dumps(item, sort_keys=True)
+    data.write_text("\n".join(lines) + "\n")
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))  # the mtime put back
+    manifest = json.loads((golden / "MANIFEST.json").read_text())
+    manifest["files"]["data/kv.jsonl"]["sha256"] = hashlib.sha256(data.read_bytes()).hexdigest()
+    (golden / "MANIFEST.json").write_text(json.dumps(manifest, indent=2))
+    second = {i.id: i.ll for i in api.scored(suite, tiny_model).doc.tasks["core_kv"].items}
+    assert second[item["id"]] != first[item["id"]]
+    assert all(second[i] == first[i] for i in first if i != item["id"])
