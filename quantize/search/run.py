@@ -592,19 +592,19 @@ def report_of(
 
 
 def publish(s: Search, report: SearchReport, result: Path | None) -> SearchReport:
-    """The smallest passing try becomes the output: renamed into place, its RunRecord read through the model,
-    given the search's reference and written again whole (records.write); search.json beside it. Without a
-    pass, search.json goes beside the tries."""
+    """The smallest passing try becomes the output: its RunRecord read through the model, given the search's
+    reference and written again whole (records.write), search.json beside it, and only then the folder renamed into
+    place (a run killed before the rename publishes nothing; after it, a complete output). Without a pass,
+    search.json goes beside the tries."""
     if result is None:
         s.tries_dir.mkdir(parents=True, exist_ok=True)
         records.write(s.tries_dir / "search.json", report)
         return report
     out = s.out
-    result.rename(out)
     for t in report.tries:
         if t.checkpoint == str(result):
             t.checkpoint = str(out)
-    run = records.read(records.RunRecord, out / "quantize.json")
+    run = records.read(records.RunRecord, result / "quantize.json")
     t_index = next(i for i, t in enumerate(report.tries) if t.checkpoint == str(out))
     run.search = SearchRef(
         spec=str(s.spec_path),
@@ -614,6 +614,7 @@ def publish(s: Search, report: SearchReport, result: Path | None) -> SearchRepor
         options=report.tries[t_index].allocation.options,
         holdout_kl=report.tries[t_index].allocation.holdout_kl or 0.0,
     )
-    records.write(out / "quantize.json", run)
-    records.write(out / "search.json", report)
+    records.write(result / "quantize.json", run)
+    records.write(result / "search.json", report)
+    result.rename(out)
     return report
