@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from quantize.cluster.spec import Cluster, TaskResources
 from quantize.config import beside_repo, load_yaml
-from quantize.convert.gguf import block_size, default_tensor_type
+from quantize.convert.gguf import IMATRIX, block_size, default_tensor_type
 from quantize.convert.recipe import GGUF_TYPE_NAME, WEIGHT_ONLY_INT, GGUFRecipe, GPTQRecipe, RTNRecipe, Scheme
 from quantize.names import PathPart, PathText, checked
 
@@ -149,6 +149,11 @@ class SearchRecipe(BaseModel):
             )
         if self.base.tensor_types:
             raise ValueError("base.tensor_types is what the search writes; remove it from the search recipe")
+        if self.base.calibration is None and (needs := sorted({o for o in self.options if o in IMATRIX})):
+            raise ValueError(
+                f"options {needs}: llama.cpp quantizes a tensor to {'this type' if len(needs) == 1 else 'these types'} "
+                "only with an importance matrix; give the base a `calibration:` section, or choose other options"
+            )
         return self
 
     @property

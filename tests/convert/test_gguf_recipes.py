@@ -22,7 +22,7 @@ from quantize.cli import main
 from quantize.convert import gguf as gguf_rules
 from quantize.convert.backends import BACKENDS, check, converts_files, runs
 from quantize.convert.recipe import GGUFRecipe, Method, load_recipe, parse_recipe
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 from quantize.records import RunRecord
 
 from conftest import ROOT
@@ -683,3 +683,34 @@ def test_a_source_changed_while_it_converts_leaves_nothing(llama_cpp, f16, tmp_p
     assert main(["run", str(recipe), "--quiet"]) == 2
     assert "changed while it was being read" in capsys.readouterr().err
     assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.tmp-*"))
+
+
+def test_the_tensor_types_refused_without_a_matrix_are_those_llama_cpp_refuses(llama_cpp, source, tmp_path):
+    """Each tensor type llama.cpp writes, asked for one tensor of a Q8_0 file without an importance matrix: the ones
+    it refuses ('this quantization requires an imatrix') are the ones a recipe without `calibration:` is refused
+    for before anything loads. Before, they failed in the quantizer with a message naming the file type, which was
+    not the cause (a review's repro)."""
+    from gguf_models import tiny_moe_gguf
+
+    from quantize.convert.backends.llamacpp import quantize_file, tensor_types
+
+    src = tiny_moe_gguf(tmp_path / "m.gguf", source, hidden=256, ff=512)  # rows of whole 256-blocks
+    known = gguf_rules.ftype_names(llama_cpp)
+    refused_by_llama, refused_here = set(), set()
+    for t in tensor_types(known):
+        asked = {"blk.0.attn_q.weight": t}
+        try:
+            quantize_file(
+                src, tmp_path / f"{t}.gguf", known["Q8_0"], 2, False, overrides=gguf_rules.exact_patterns(asked)
+            )
+        except (RuntimeFailure, UsageError) as e:  # llama.cpp's refusal, as our wrapper raises it
+            assert "requires an imatrix" in str(e), (t, e)
+            refused_by_llama.add(t)
+        try:
+            check(parse_recipe({"method": "gguf", "type": "Q8_0", "tensor_types": {"attn_q": t}}))
+        except UsageError as e:
+            assert "only with an importance matrix" in str(e)
+            refused_here.add(t)
+    assert refused_by_llama == refused_here and {"IQ2_XXS", "IQ1_S"} <= refused_here
+    cal = {"samples": 4, "seq_len": 64}
+    check(parse_recipe({"method": "gguf", "type": "Q8_0", "tensor_types": {"attn_q": "IQ2_XXS"}, "calibration": cal}))

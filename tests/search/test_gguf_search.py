@@ -37,6 +37,10 @@ def spec_of(**over) -> SearchRecipe:
         ({"options": ["Q4_K", "W8A16"]}, "options of a `method: gguf` base are llama.cpp's tensor types"),
         ({"base": {"method": "gguf", "type": "Q4_K_M", "tensor_types": {"ffn": "Q8_0"}}}, "base.tensor_types"),
         ({"options": ["Q4_K", "q4_k"]}, "options repeat a choice"),
+        # llama.cpp applies per-tensor types only in a quantized file type (a review: an F16 base ignored them)
+        ({"base": {"method": "gguf", "type": "F16"}, "options": ["F16", "Q8_0"]}, "base type F16 is a float file"),
+        # and writes these types only with an importance matrix, which needs the base's calibration
+        ({"options": ["Q4_K", "IQ2_XXS", "keep"]}, "options ['IQ2_XXS']: llama.cpp quantizes a tensor"),
     ],
 )
 def test_a_gguf_base_takes_tensor_types_as_options(over, says):

@@ -133,6 +133,14 @@ class LlamaCppBackend:
                 "(`calibration: {source: builtin:jargon}`, or your own text: a .txt, .jsonl or .parquet file, a saved "
                 f"dataset), or choose a type that needs none ({', '.join(PUBLISHED)}); nothing was loaded"
             )
+        if recipe.calibration is None and (needs := sorted(set((recipe.tensor_types or {}).values()) & IMATRIX)):
+            return (
+                f"tensor_types: {', '.join(needs)}: llama.cpp quantizes a tensor to "
+                f"{'this type' if len(needs) == 1 else 'these types'} only with an importance matrix ('this "
+                "quantization requires an imatrix'), and this recipe has no `calibration:` section to compute one "
+                "from. Add one (`calibration: {source: builtin:jargon}`), or choose other tensor types; nothing was "
+                "loaded"
+            )
         if recipe.tensor_types and block_size(default_tensor_type(given)) == 1:  # F16, BF16: a float file type
             return (
                 f"type = {given!r} with tensor_types: llama.cpp's quantizer applies tensor_types only when the file "
