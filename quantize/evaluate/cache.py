@@ -155,8 +155,10 @@ class Runtime:
         a masked name covers CPUs with other kernels) and the thread count torch computes with there
         (quantize/machine.py, pinned at each load): a last-bit change from other kernels or another split of a
         matmul's sums can cross a rounding boundary and move a score by a nat or more (docs/results.md). A model
-        that rounds only its weights moved by at most 3.8e-5 nats between thread counts or kernels, and its entries
-        stay shared between machines (a CI cache restored on another runner). On an accelerator the device kind
+        that rounds only its weights moved by at most 3.8e-5 nats between thread counts or kernels on the default
+        model (a tiny seeded model's rolling document, a sum of about 1,880 nats: 1.2e-4 under ATEN_CPU_CAPABILITY
+        =default, a review's figure), and its entries stay shared between machines (a CI cache restored on another
+        runner): differences of that size, not a rounding boundary crossed. On an accelerator the device kind
         alone keys it (not measured across accelerator models)."""
         if not rounds or self.device_kind != "cpu" or self.engine is not None:
             return replace(self, cpu=None, threads=None)
