@@ -376,11 +376,19 @@ def addressed(golden: GoldenSet, src: Path) -> Path:
     if entry is None:
         return src
     dest = content_path("golden-data", entry.sha256, src.suffix)
-    if dest.is_file() and not dest.is_symlink() and sha256_file(dest) == entry.sha256:
+    if _holds(dest, entry.sha256):
         return dest
     data = read_user_file(src, "golden data file", MAX_SET_FILE_BYTES, hint=HINT)
     if sha256_bytes(data) != entry.sha256:
         raise UsageError(f"{src} changed after the golden set {golden.path} was verified; {HINT}")
+    return _stored(dest, data)
+
+
+def _holds(dest: Path, sha: str) -> bool:
+    return dest.is_file() and not dest.is_symlink() and sha256_file(dest) == sha
+
+
+def _stored(dest: Path, data: bytes) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(dest) as tmp:
         tmp.write_bytes(data)
@@ -389,7 +397,8 @@ def addressed(golden: GoldenSet, src: Path) -> Path:
 
 def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | None = None) -> Path:
     """Write the task YAMLs into `into` with absolute data paths (lm-eval resolves them from the
-    working directory), optionally restricted to some item ids per task. Returns the include path."""
+    working directory), optionally restricted to some item ids per task, each data file a copy named by its
+    bytes (`addressed`). Returns the include path."""
     import yaml
 
     into.mkdir(parents=True, exist_ok=True)
@@ -404,12 +413,15 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
             if ids is not None and cfg["task"] in ids:
                 keep = set(ids[cfg["task"]])
                 id_field = golden.item_key(cfg["task"])[0]
-                subset = into / f"{cfg['task']}.jsonl"
                 source = user_lines(files["test"], "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT)
-                with source as lines, subset.open("wb") as out:
-                    for n, raw in lines:
-                        if str(json.loads(lines.text(n, raw))[id_field]) in keep:
-                            out.write(raw + b"\n")
-                files["test"] = str(subset)
+                with source as lines:
+                    kept = b"".join(
+                        raw + b"\n" for n, raw in lines if str(json.loads(lines.text(n, raw))[id_field]) in keep
+                    )
+                # the subset named by its bytes too: the same subset is one path (one entry in datasets' cache,
+                # where a fresh path each run added one every run), another subset another path
+                sha = sha256_bytes(kept)
+                subset = content_path("golden-data", sha, ".jsonl")
+                files["test"] = str(subset if _holds(subset, sha) else _stored(subset, kept))
         (into / Path(name).name).write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     return into

@@ -3,6 +3,7 @@ byte is caught), and the task YAMLs loading in lm-eval."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,22 @@ def test_a_data_file_rewritten_with_its_mtime_kept_is_read_as_its_new_items(buil
     second = {i.id: i.ll for i in api.scored(suite, tiny_model).doc.tasks["core_kv"].items}
     assert second[item["id"]] != first[item["id"]]
     assert all(second[i] == first[i] for i in first if i != item["id"])
+
+
+def test_a_subsets_data_is_one_path_per_content(built, tmp_path, monkeypatch):
+    """A smoke subset was written to a fresh temporary path each run, so HF datasets' cache (keyed by path and mtime)
+    grew by one entry a run; it is named by its bytes now: the same subset one path, another subset another."""
+    import yaml
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
+    golden = verify(built[1])
+
+    def data(into: Path, ids: dict[str, list[str]]) -> str:
+        lm_eval_tasks(golden, into, ids)
+        return yaml.safe_load((into / "core_kv.yaml").read_text())["dataset_kwargs"]["data_files"]["test"]
+
+    kv = [json.loads(line)["id"] for line in (built[1] / "data" / "kv.jsonl").read_text().splitlines()]
+    one, again = data(tmp_path / "a", {"core_kv": kv[:2]}), data(tmp_path / "b", {"core_kv": kv[:2]})
+    other = data(tmp_path / "c", {"core_kv": kv[1:3]})
+    assert one == again != other and Path(one).is_relative_to(tmp_path / "qcache")
+    assert len(Path(one).read_text().splitlines()) == 2
