@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from typing import Any
 from quantize.errors import UsageError
 from quantize.evaluate.score import item_records, task_scores
 from quantize.evaluate.suite import OpenSuite
+from quantize.golden import items
 from quantize.golden.manifest import item_id, read_items, task_config
 from quantize.io import decode_text, read_user_file, sha256_bytes, sha256_named, sha256_user_file, user_lines
 from quantize.records import CheckpointRef, GoldenRef, ScoreDoc, ScoreProvenance, SuiteRef
@@ -376,7 +378,9 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
     key = suite.golden.item_key(task)
     wanted = _suite_items(suite, task)
     seen: dict[str, Any] = {}
+    documents: set[Any] = set()
     problems: dict[str, list[str]] = {}
+    rules = _choice_rules(suite, task)
 
     def bad(what: str, i: str) -> None:
         problems.setdefault(what, []).append(i)
@@ -389,10 +393,15 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
             continue
         if seen.setdefault(i, s["doc_id"]) != s["doc_id"]:
             bad("two documents with one id", i)
+        if str(s["doc_id"]) in documents:
+            bad("two samples of one document (doc_id)", i)
+        documents.add(str(s["doc_id"]))
         if i not in wanted:
             bad("not an item of the suite", i)
         elif not _holds(s["doc"], wanted[i]):
             bad("a doc that differs from the golden item", i)
+        elif rules is not None and (why := _choice_problem(s, items.gold(rules, wanted[i]))):
+            bad(why, i)
         if not _consistent(s):
             bad("doc_hash, prompt_hash or target_hash not the hash of what the sample records", i)
     if missing := [i for i in wanted if i not in seen]:
@@ -405,6 +414,36 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
             f"{path}: the samples of {task} are not the golden items suite {suite.path} scores ({said}). Gate samples "
             f"of an unchanged, complete run ({HOW}; no --limit)"
         )
+
+
+def _choice_rules(suite: OpenSuite, task: str) -> items.TaskRules | None:
+    """A multiple-choice task's doc_to_target and doc_to_choice (what gives an item's right choice), else None."""
+    if suite.golden.entry(task).output_type != "multiple_choice":
+        return None
+    cfg = _golden_task(suite, task)
+    target, choice = cfg.get("doc_to_target"), cfg.get("doc_to_choice")
+    rules = items.TaskRules(task, *suite.golden.item_key(task), None, target, choice)
+    return None if items.compile_templates(rules) else rules
+
+
+def _choice_problem(s: dict[str, Any], gold: int | None) -> str | None:
+    """What a multiple-choice sample records that the golden item and its own log-likelihoods contradict: its target
+    another index than the item's right choice, an `acc` or `acc_norm` that is not 0 or 1, or an `acc` other than
+    what its log-likelihoods give (lm-eval's: 1 where the highest log-likelihood is the right choice's). The gate
+    reads `acc` as written, so an edited one was a verdict (a review: every item set right passed a candidate with
+    the baseline's log-likelihoods; a target set to the highest one's index did too)."""
+    if gold is None or str(s["target"]) != str(gold):
+        return "a target other than the golden item's right choice"
+    lls = [float(r[0]) for r in s["filtered_resps"]]
+    if not 0 <= gold < len(lls):
+        return "a target past its choices"
+    for metric in ("acc", "acc_norm"):
+        value = s.get(metric, 0)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value not in (0, 1):
+            return f"an `{metric}` that is not 0 or 1"
+    if "acc" in s and all(math.isfinite(x) for x in lls) and s["acc"] != float(lls.index(max(lls)) == gold):
+        return "an `acc` its log-likelihoods do not give"
+    return None
 
 
 def _holds(doc: Any, item: Any) -> bool:

@@ -166,6 +166,20 @@ def _choice_problems(doc: dict[str, Any], rules: TaskRules) -> list[str]:
     return []
 
 
+def gold(rules: TaskRules, doc: dict[str, Any]) -> int | None:
+    """The index of a multiple-choice item's right choice, as lm-eval computes it from the task YAML's doc_to_target
+    and doc_to_choice (an index, or the choice's own string); None where they give no single index."""
+    try:
+        choices, target = _doc_to(rules, "choice", doc), _doc_to(rules, "target", doc)
+    except _Unreadable:
+        return None
+    if isinstance(choices, dict):
+        choices = list(choices.values())
+    if isinstance(target, str) and isinstance(choices, list) and target in choices:
+        return choices.index(target)
+    return target if isinstance(target, int) and not isinstance(target, bool) else None
+
+
 class _Unreadable(Exception):
     """A doc_to_target/doc_to_choice that gives nothing for this item (lm-eval would fail on it)."""
 

@@ -296,6 +296,59 @@ def test_samples_that_are_not_the_suites_items_on_its_prompts_are_exit_2_naming_
     assert says in err and "core_facts" in err
 
 
+def _sha(text: str) -> str:
+    return __import__("hashlib").sha256(text.encode()).hexdigest()
+
+
+def flipped_acc(s):
+    if s["doc"]["id"] == "facts-00003":
+        s["acc"] = 1.0 - float(s["acc"])
+    return s
+
+
+def moved_target(s):
+    """The target moved to another choice, its hash recomputed: consistent, but not the golden item's answer."""
+    if s["doc"]["id"] == "facts-00003":
+        s["target"] = (int(s["target"]) + 1) % len(s["doc"]["choices"])
+        s["target_hash"] = _sha(str(s["target"]))
+    return s
+
+
+def twice(folder: Path, task: str, item: str) -> None:
+    path = find_run(folder).samples[task]
+    lines = path.read_text().splitlines()
+    lines += [line for line in lines if json.loads(line)["doc"]["id"] == item]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    "change,says",
+    [
+        (flipped_acc, "an `acc` its log-likelihoods do not give: 1 item(s), e.g. facts-00003"),
+        (lambda s: {**s, "acc": 5.0} if s["doc"]["id"] == "facts-00003" else s, "an `acc` that is not 0 or 1"),
+        (lambda s: {**s, "acc": "1"} if s["doc"]["id"] == "facts-00003" else s, "an `acc` that is not 0 or 1"),
+        (moved_target, "a target other than the golden item's right choice: 1 item(s), e.g. facts-00003"),
+        (None, "two samples of one document (doc_id): 1 item(s), e.g. facts-00003"),
+    ],
+    ids=["acc-flipped", "acc-5", "acc-string", "target-moved", "twice"],
+)
+def test_multiple_choice_samples_are_held_to_their_log_likelihoods_and_the_golden_answer(
+    world, tiny_model, tmp_path, capsys, change, says
+):
+    """The gate read a multiple-choice sample's `acc` as written: every item set right passed a candidate whose
+    log-likelihoods were the baseline's, and the same file as the baseline rejected an identical candidate; an
+    `acc` of 5 or "1" counted; a target moved to another choice (its hash recomputed) was taken; a second sample of
+    one document, first in the file, decided the item (a review's repros). Each is exit 2 naming the item."""
+    folder = copied(world, tmp_path)
+    if change is None:
+        twice(folder, "core_facts", "facts-00003")
+    else:
+        edit(folder, "core_facts", change)
+    code, _, err = gate(world["policy"], tiny_model, folder, capsys)
+    assert code == 2, err
+    assert says in err and "core_facts" in err
+
+
 def results_edit(folder: Path, change) -> None:
     path = find_run(folder).results
     data = json.loads(path.read_text())
