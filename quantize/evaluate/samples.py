@@ -285,7 +285,8 @@ def _check_tasks(suite: OpenSuite, run: Run) -> None:
 
 def _check_seeds(suite: OpenSuite, config: dict[str, Any], where: Path) -> None:
     seed = suite.suite.seed
-    other = {k: config.get(k) for k in SEEDS if config.get(k) != seed}
+    # a whole number, as lm-eval records one: `False` or `0.0` compared equal to a seed of 0
+    other = {k: v for k in SEEDS if type(v := config.get(k)) is not int or v != seed}
     if other:
         shown = ", ".join(f"{k} {v}" for k, v in other.items())
         raise UsageError(

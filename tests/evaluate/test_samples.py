@@ -361,8 +361,11 @@ def results_edit(folder: Path, change) -> None:
     [
         (lambda r: r["versions"].update(core_cloze=2.0), "task core_cloze ran at version 2.0"),
         (lambda r: r["config"].update(fewshot_seed=1234), "fewshot_seed 1234"),
+        # the suite's seed is 0: `False` and `0.0` compared equal to it (a review)
+        (lambda r: r["config"].update(random_seed=False), "random_seed False"),
+        (lambda r: r["config"].update(numpy_seed=0.0), "numpy_seed 0.0"),
     ],
-    ids=["task-version", "seed"],
+    ids=["task-version", "seed", "seed-false", "seed-float"],
 )
 def test_another_task_version_or_seed_is_exit_2(world, tiny_model, tmp_path, capsys, change, says):
     folder = copied(world, tmp_path)
