@@ -9,8 +9,8 @@ its items. What a restored cache may supply to a gate (the baseline's scores and
 unless asked for) is docs/reliability.md's trust model, which quantize/flows/gate.py enforces.
 
     scores     $QUANTIZE_CACHE/scores/KEY.json    KEY = sha256(checkpoint identity, suite settings, golden manifest,
-                                                               lm-eval version, tasks, runtime, scorer_id,
-                                                               library_versions)
+                                                               tasks, runtime, scorer_id, library_versions
+                                                               (lm-eval's among them))
                $QUANTIZE_CACHE/scores/KEY.sha256  the sha256 of KEY.json's bytes, written after it
     agreement  $QUANTIZE_CACHE/agreement/base-B-K.npz       the baseline's top-k, K = agreement settings, the
                                                              suite's backend, batch size and max_length, runtime,
@@ -198,7 +198,7 @@ def llamacpp_runtime(suite: OpenSuite) -> Runtime:
 
 
 def score_key(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str:
-    parts = [ckpt_id, suite.sha256, suite.golden.manifest_sha256, lm_eval_version(), sorted(suite.tasks)]
+    parts = [ckpt_id, suite.sha256, suite.golden.manifest_sha256, sorted(suite.tasks)]  # lm-eval: library_versions
     return sha256_json([*parts, "runtime", *run.key(), "scorer", scorer_id(suite), "libraries", *library_versions()])
 
 
