@@ -66,9 +66,30 @@ def check_vocabulary(path: Path, model: bool = False) -> None:
     """Refuse (UsageError) a GGUF whose vocabulary llama.cpp cannot read or tokenize with, or (`model`: what scoring
     and the quantizer do next) whose model it cannot load with a context (some inconsistent headers stop it on an
     assertion that ends the process: KV heads that do not divide the heads, more experts used than stored): the
-    child's verdict, kept per file (its device, inode, size, mtime and ctime) as it is now."""
+    child's verdict, kept per file (its device, inode, size, mtime and ctime) as it is now. A file llama.cpp's
+    quantizer wrote in this process (derived) and not touched since takes its source's verdict instead: the
+    quantizer copies the source's metadata, vocabulary and tensor shapes and changes only the tensor types (a GGUF
+    search writes one file per try, each probed at a whole-model load otherwise)."""
+    key = _stat_key(path)
+    source = _DERIVED.get(str(path))
+    if source is not None and source[0] == key:
+        check_vocabulary(source[1], model)
+        return
+    _checked(str(path), model, key)
+
+
+_DERIVED: dict[str, tuple[tuple[int, ...], Path]] = {}  # a file our quantizer wrote -> (its stat key, its source)
+
+
+def derived(path: Path, source: Path) -> None:
+    """Record that llama.cpp's quantizer in this process has just written `path` from `source`: check_vocabulary
+    holds it to the source's verdict while its stat key (device, inode, size, mtime, ctime) is the one read now."""
+    _DERIVED[str(path)] = (_stat_key(path), source)
+
+
+def _stat_key(path: Path) -> tuple[int, ...]:
     st = path.stat()
-    _checked(str(path), model, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 @functools.cache

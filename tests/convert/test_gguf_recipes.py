@@ -274,6 +274,39 @@ def f16(llama_cpp, source, tmp_path_factory):
     return out
 
 
+def test_a_file_our_quantizer_wrote_takes_its_sources_probe(llama_cpp, source, f16, tmp_path, monkeypatch):
+    """The whole-model probe (checkpoint/llama_vocab) ran in a child for every file a GGUF search writes from one
+    already-probed 16-bit source (about a second each here; a read of the whole file for a big model). A file
+    llama.cpp's quantizer wrote in this process takes its source's verdict while it is untouched; once its stat
+    changes it is probed as itself, and a source llama.cpp aborts on still refuses what was written from it."""
+    import os
+    import subprocess
+
+    from gguf_models import byteless_vocabulary_gguf
+
+    from quantize.checkpoint import llama_vocab
+    from quantize.convert.backends.llamacpp import quantize_file
+
+    children: list[str] = []
+    run = subprocess.run
+    monkeypatch.setattr(llama_vocab.subprocess, "run", lambda args, **kw: children.append(args[-2]) or run(args, **kw))
+    llama_vocab._checked.cache_clear()
+    out = tmp_path / "q8.gguf"
+    quantize_file(f16, out, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, 2, requantize=False)
+    for _ in range(2):
+        llama_vocab.check_vocabulary(out, model=True)
+    assert children == [str(source)]  # once, for the file both were written from (f16 is the fixture's Q4_1 in F16)
+    os.utime(out, ns=(0, 0))  # touched since it was written: its own probe
+    llama_vocab.check_vocabulary(out, model=True)
+    assert children == [str(source), str(out)]
+
+    broken = byteless_vocabulary_gguf(tmp_path / "broken.gguf")
+    written = tmp_path / "broken-q8.gguf"
+    quantize_file(broken, written, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, 2, requantize=False)
+    with pytest.raises(UsageError, match="cannot tokenize text"):
+        llama_vocab.check_vocabulary(written, model=True)
+
+
 def test_the_types_refused_are_those_llama_cpp_refuses(llama_cpp, f16):
     """A dry run of every file type llama.cpp names (sizes only, nothing quantized) on the default model's F16: the
     types it says need an importance matrix are refused here (IMATRIX holds two more, IQ3_XXS and IQ3_XS, which need

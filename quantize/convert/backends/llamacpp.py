@@ -31,7 +31,7 @@ import numpy as np
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import missing_packages
 from quantize.checkpoint.ggufs import IMATRIX_KEYS
-from quantize.checkpoint.llama_vocab import check_vocabulary
+from quantize.checkpoint.llama_vocab import check_vocabulary, derived
 from quantize.checkpoint.loader import GGUF_DIST, GGUF_DIST_VERSION, GGUF_FILE
 from quantize.compat import llama_cpp as compat
 from quantize.convert import hf_to_gguf, imatrix
@@ -464,6 +464,7 @@ def quantize_file(
         rc = llama_cpp.llama_model_quantize(os.fsencode(src), os.fsencode(dst), ctypes.byref(params))
         text = "" if rc == 0 else log.read_text(errors="replace")  # read while the file exists
     if rc == 0:
+        derived(dst, src)  # its metadata and shapes are src's: a probe of src stands for it (llama_vocab)
         return
     said, tail = text.splitlines(), llama_said(text)
     if any("unknown model architecture" in line for line in said):
