@@ -429,9 +429,11 @@ def write_report(
     are read back first (checkpoint/files.BlobCheck), and a name that lies raises UsageError naming the blob."""
     from quantize.checkpoint.files import BlobCheck, checkpoint_folders
     from quantize.report.collect import collect, report_suite
+    from quantize.report.render import check_target
     from quantize.report.render import write_report as render_report
 
     hw = _hardware(hardware)
+    check_target(Path(out))  # before anything is read: a folder of the user's own is never replaced
     suite_path = report_suite(
         None if suite is None else os.fspath(suite), None if policy is None else os.fspath(policy)
     )

@@ -665,7 +665,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--suite", help="the suite whose cached scores to show (default: the policy's, else evaluate/core.yaml)"
     )
     rp.add_argument("--baseline", help="baseline checkpoint (marked; agreement and verdicts are against it)")
-    rp.add_argument("--policy", help="gate policy whose verdicts to show (from cached scores only)")
+    rp.add_argument(
+        "--policy",
+        help="gate policy whose verdicts to show: a gate.json the gate saved beside a candidate, when it is this "
+        "policy's on this pair; else one decided from cached full scores (nothing is scored)",
+    )
     rp.add_argument("--hardware", default="h100-sxm", help="hardware profile for the decode-cost bounds")
     rp.add_argument("--x", choices=["bytes", "bpw"], default="bytes", help="x axis of the Pareto plots")
     rp.add_argument(

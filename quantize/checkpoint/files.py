@@ -463,6 +463,34 @@ TOKENIZER_FILES = tuple(n for n in IDENTITY_FILES if n not in NOT_TOKENIZER)
 ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
+def tokenizer_files(checkpoint: Path) -> tuple[tuple[str, str], ...]:
+    """(name, sha256) of each TOKENIZER_FILES file the checkpoint has: two checkpoints with equal tuples have one
+    tokenizer byte for byte (loader.same_vocabulary loads both where they differ)."""
+    return tuple((n, sha256_file(checkpoint / n)) for n in TOKENIZER_FILES if (checkpoint / n).is_file())
+
+
+def vocabulary_sha256(checkpoint: Path) -> str | None:
+    """sha256 of the vocabulary `checkpoint`'s fast tokenizer maps (token -> id, added tokens included, as the
+    tokenizers library reads its tokenizer.json: what transformers' get_vocab returns) with the added tokens its
+    tokenizer_config.json declares (added_tokens_decoder), or None where it has no tokenizer.json or either file
+    does not read. Equal hashes are one vocabulary, told without transformers (the report's check, where the
+    tokenizer files differ in bytes: a conversion re-saves tokenizer_config.json with keys of its own);
+    loader.same_vocabulary, the gate's, loads both tokenizers."""
+    import tokenizers
+
+    try:
+        raw = read_user_file(checkpoint / "tokenizer.json", "tokenizer.json", MAX_JSON_BYTES)
+        vocab = tokenizers.Tokenizer.from_str(raw.decode("utf-8")).get_vocab(with_added_tokens=True)
+        cfg_path = checkpoint / "tokenizer_config.json"
+        cfg = (
+            json.loads(read_user_file(cfg_path, "tokenizer_config.json", MAX_JSON_BYTES)) if cfg_path.is_file() else {}
+        )
+    except Exception:  # unreadable in any way (the tokenizers library's own errors too): not known to be the same
+        return None
+    added = cfg.get("added_tokens_decoder") if isinstance(cfg, dict) else None
+    return sha256_bytes(json.dumps([sorted(vocab.items()), added if isinstance(added, dict) else None]).encode())
+
+
 def architecture(checkpoint: Path) -> dict[str, Any]:
     """What makes two checkpoints one model at two precisions: config.json's type and shapes."""
     cfg = read_config(checkpoint, required=False)

@@ -23,7 +23,6 @@ from quantize.cache import cache_dir
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.decompressed import load_decompressed
 from quantize.checkpoint.files import (
-    TOKENIZER_FILES,
     check_loadable,
     check_model_dir,
     hf_path,
@@ -33,6 +32,7 @@ from quantize.checkpoint.files import (
     reads_per_expert,
     safetensors_files,
     side_file,
+    tokenizer_files,
     weights_sha256,
 )
 from quantize.checkpoint.headers import all_tensors
@@ -197,15 +197,11 @@ def _vocabulary(checkpoint: str, files: tuple[tuple[str, str], ...]) -> str:
     return sha256_bytes(json.dumps(sorted(vocab.items())).encode())
 
 
-def _tokenizer_files(checkpoint: Path) -> tuple[tuple[str, str], ...]:
-    return tuple((n, sha256_file(checkpoint / n)) for n in TOKENIZER_FILES if (checkpoint / n).is_file())
-
-
 def same_vocabulary(a: Path, b: Path) -> bool:
     """Whether two checkpoints' tokenizers map the same tokens to the same ids: at once when their tokenizer files
     are byte-identical, else by loading both (a re-saved tokenizer is the same vocabulary in other bytes).
     Memoized per the tokenizer files' hashes."""
-    fa, fb = _tokenizer_files(a), _tokenizer_files(b)
+    fa, fb = tokenizer_files(a), tokenizer_files(b)
     return fa == fb or _vocabulary(str(a), fa) == _vocabulary(str(b), fb)
 
 

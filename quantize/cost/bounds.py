@@ -740,7 +740,7 @@ def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weight
     return Weights(report.total_bytes, routed), active
 
 
-def _measured(
+def measured_checkpoint(
     checkpoint: Any, kv: KVLayout | None = None, kv_bytes: float | None = None, gguf_config: dict | None = None
 ) -> tuple[BitsReport, KVLayout | KVCache, tuple[RoutedExperts, ...]]:
     """A checkpoint's bits, KV cache and routed experts: a GGUF's from its header alone (gguf_kv_cache, with
@@ -866,7 +866,7 @@ def checkpoint_cost(  # noqa: PLR0913 (one keyword per input `quantize cost --ch
     """Bounds from a measured checkpoint's bytes (safetensors or GGUF); optionally a labelled projection onto a
     larger model. `kv` replaces the checkpoint's KV cache; `kv_bytes` prices its own at that element size;
     `gguf_config`: the config transformers builds from a GGUF's header, for a cache not one figure per layer."""
-    report, kv, routed = _measured(checkpoint, kv, kv_bytes, gguf_config)
+    report, kv, routed = measured_checkpoint(checkpoint, kv, kv_bytes, gguf_config)
     out = token_cost(
         report.parameters,
         {"measured": 8 * report.total_bytes / report.parameters},

@@ -19,47 +19,13 @@ from quantize.evaluate.engine import gguf_to_score
 from quantize.evaluate.samples import find_run, looks_like_samples, read_samples, run_identity
 from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
 from quantize.evaluate.suite import OpenSuite, open_suite
-from quantize.gates.gate import comparable_settings, decide
-from quantize.gates.policy import RULE_OUTPUT_TYPES, AccuracyRule, AgreementRule, Policy, load_policy
+from quantize.gates.gate import check_rules, comparable_settings, decide
+from quantize.gates.policy import AccuracyRule, AgreementRule, Policy, load_policy
 from quantize.gates.render import render_junit
 from quantize.io import sha256_file, write_text_atomic
 from quantize.kinds import KINDS
 from quantize.records import ScoreDoc, SideRef, Verdict, to_json
 from quantize.report.card import add_verdict
-
-
-def check_rules(policy: Policy, suite: OpenSuite) -> None:
-    """Every rule names a task the suite scores, of a kind the rule can judge: refused before any scoring."""
-    golden = suite.golden
-    for i, rule in enumerate(policy.rules):
-        if isinstance(rule, AgreementRule):
-            continue
-        if rule.task not in suite.tasks:
-            where = (
-                f"the golden set {golden.path} ({golden.manifest.name}/{golden.manifest.version}) has "
-                f"{', '.join(golden.tasks)}"
-            )
-            if rule.task in golden.tasks:
-                where = f"suite {suite.path} scores only {', '.join(suite.tasks)}"
-            raise UsageError(
-                f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) names task {rule.task!r}, which its suite "
-                f"{suite.path} does not score: {where}. Name one of those tasks, or point the policy's `suite:` "
-                "at a suite whose golden set has it"
-            )
-        kind = golden.entry(rule.task).output_type
-        if rule.metric in RULE_OUTPUT_TYPES and kind not in RULE_OUTPUT_TYPES[rule.metric]:
-            raise UsageError(
-                f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) asks for {rule.metric} on {rule.task}, a "
-                f"{kind} task; {rule.metric} applies to {' or '.join(RULE_OUTPUT_TYPES[rule.metric])} tasks"
-            )
-        if rule.metric not in RULE_OUTPUT_TYPES and rule.metric not in (defined := golden.item_metrics(rule.task)):
-            own = [m for m, kinds in RULE_OUTPUT_TYPES.items() if kind in kinds]
-            theirs = ", ".join([*own, *defined])
-            raise UsageError(
-                f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) asks for {rule.metric} on {rule.task}, which "
-                f"that task does not compute per item; it gives {theirs} (its YAML's metric_list under each "
-                "filter pipeline, as metric@filter)"
-            )
 
 
 def is_checkpoint(p: Path) -> bool:

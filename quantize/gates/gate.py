@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 from quantize import stats
 from quantize.errors import UsageError
-from quantize.evaluate.suite import device_kind
-from quantize.gates.policy import AccuracyRule, AgreementRule, PerplexityRule, Policy
+from quantize.evaluate.suite import OpenSuite, device_kind
+from quantize.gates.policy import RULE_OUTPUT_TYPES, AccuracyRule, AgreementRule, PerplexityRule, Policy
 from quantize.kinds import kind_of_item
 from quantize.records import (
     AccuracyEvidence,
@@ -57,6 +57,40 @@ SUITE_SETTINGS_IGNORED = {"batch_size"}
 # How each side was computed: they may differ only across engines (a GGUF scored in llama.cpp beside transformers'
 # scores), where the caller compared both sides' tokens of every item first (quantize/evaluate/tokens.py)
 ENGINE_FIELDS = {"backend", "dtype", "device kind"}
+
+
+def check_rules(policy: Policy, suite: OpenSuite) -> None:
+    """Every rule names a task the suite scores, of a kind the rule can judge: refused before any scoring."""
+    golden = suite.golden
+    for i, rule in enumerate(policy.rules):
+        if isinstance(rule, AgreementRule):
+            continue
+        if rule.task not in suite.tasks:
+            where = (
+                f"the golden set {golden.path} ({golden.manifest.name}/{golden.manifest.version}) has "
+                f"{', '.join(golden.tasks)}"
+            )
+            if rule.task in golden.tasks:
+                where = f"suite {suite.path} scores only {', '.join(suite.tasks)}"
+            raise UsageError(
+                f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) names task {rule.task!r}, which its suite "
+                f"{suite.path} does not score: {where}. Name one of those tasks, or point the policy's `suite:` "
+                "at a suite whose golden set has it"
+            )
+        kind = golden.entry(rule.task).output_type
+        if rule.metric in RULE_OUTPUT_TYPES and kind not in RULE_OUTPUT_TYPES[rule.metric]:
+            raise UsageError(
+                f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) asks for {rule.metric} on {rule.task}, a "
+                f"{kind} task; {rule.metric} applies to {' or '.join(RULE_OUTPUT_TYPES[rule.metric])} tasks"
+            )
+        if rule.metric not in RULE_OUTPUT_TYPES and rule.metric not in (defined := golden.item_metrics(rule.task)):
+            own = [m for m, kinds in RULE_OUTPUT_TYPES.items() if kind in kinds]
+            theirs = ", ".join([*own, *defined])
+            raise UsageError(
+                f"policy {policy.name}: rule {i + 1} ({policy.label(i)}) asks for {rule.metric} on {rule.task}, which "
+                f"that task does not compute per item; it gives {theirs} (its YAML's metric_list under each "
+                "filter pipeline, as metric@filter)"
+            )
 
 
 def comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
@@ -413,6 +447,7 @@ def verdict_of(
         lm_eval_version=pb.lm_eval_version,
         seed=pb.seed,
         suite=pb.suite.path,
+        suite_settings=comparable_settings(pb.suite.settings),
     )
     return Verdict(
         policy=policy.name or "policy",

@@ -92,7 +92,7 @@ def to_json(record: Record) -> str:
     non-finite number is a RuntimeFailure naming the field (our bug, exit 3)."""
     data = record.model_dump()
     if record.EVIDENCE:
-        data = _finite_or_named(data)
+        data = finite_or_named(data)
     try:
         return json.dumps(data, indent=2, default=str, allow_nan=False) + "\n"
     except ValueError:
@@ -102,14 +102,14 @@ def to_json(record: Record) -> str:
         ) from None
 
 
-def _finite_or_named(data: Any) -> Any:
+def finite_or_named(data: Any) -> Any:
     """JSON-ready data with each non-finite float replaced by its JSON string name."""
     if isinstance(data, float) and not math.isfinite(data):
         return "NaN" if math.isnan(data) else ("Infinity" if data > 0 else "-Infinity")
     if isinstance(data, dict):
-        return {k: _finite_or_named(v) for k, v in data.items()}
+        return {k: finite_or_named(v) for k, v in data.items()}
     if isinstance(data, list | tuple):
-        return [_finite_or_named(v) for v in data]
+        return [finite_or_named(v) for v in data]
     return data
 
 

@@ -4,9 +4,9 @@ sides, and how a sequential gate ran."""
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from quantize.records.base import (
     AgreementMetric,
@@ -17,6 +17,7 @@ from quantize.records.base import (
     Record,
     RuleOutcome,
     Strict,
+    non_finite_fields,
 )
 
 # A verdict saved beside its candidate, and its JUnit XML: the names `make gate-all`, a sweep's and a search's gates
@@ -146,6 +147,9 @@ class VerdictProvenance(Strict):
     lm_eval_version: str
     seed: int
     suite: str
+    # the suite settings both sides were scored with, as the gate compared them (all but the batch size: the report
+    # holds a saved verdict to them); None in a verdict written before it said so
+    suite_settings: dict[str, Any] | None = None
     # sha256 of the score file each side's evidence was read from (a cache entry or a file given on the command
     # line); None for a candidate scored in this run (its evidence read from no file): pin a baseline's with
     # `baseline_scores_sha256:`
@@ -193,6 +197,39 @@ class Verdict(Record):
     notes: list[str] = Field(default_factory=list)
     sequential: SequentialRecord | None = None  # None: the fixed design (every item scored)
 
-    def accuracy_evidence(self, task: str) -> AccuracyEvidence | None:
-        """The evidence of the first accuracy rule on `task`, whatever the rule is named."""
-        return next((r.evidence for r in self.rules if isinstance(r, AccuracyResult) and r.task == task), None)
+    @model_validator(mode="after")
+    def _outcome_of_its_rules(self) -> Verdict:
+        """The outcome is what its rules give, as the gate decides it (gates/gate.verdict_of): a rule holding
+        non-finite evidence (or marked `non_finite`) is a regression; any regression rejects, with exit code 1;
+        else any inconclusive rule makes it inconclusive (exit 0 or 1, as the policy's fail_on_inconclusive said);
+        else it passes, with exit code 0. A file that says otherwise was not written by the gate as it stands (a
+        verdict of pass above a regression) and is refused wherever it is read (the report, a card, a sweep)."""
+        for r in self.rules:
+            if r.kind == "untested" or r.verdict == "regression":
+                continue
+            if r.non_finite or (bad := non_finite_fields(r.evidence.model_dump())):
+                raise ValueError(
+                    f"rule {r.rule} is {r.verdict} on evidence that is not finite ({r.non_finite or bad[0]}), and the "
+                    "gate makes non-finite evidence a regression"
+                )
+        outcomes = {r.verdict for r in self.rules}
+        expected = "rejected" if "regression" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
+        codes = {"rejected": (1,), "inconclusive": (0, 1), "pass": (0,)}[expected]
+        if self.verdict != expected or self.exit_code not in codes:
+            raise ValueError(
+                f"its verdict {self.verdict} (exit code {self.exit_code}) is not what its rules give "
+                f"({expected}, exit code {' or '.join(map(str, codes))})"
+            )
+        return self
+
+    def accuracy_evidence(self, task: str, metric: str = "acc") -> AccuracyEvidence | None:
+        """The evidence of the first accuracy rule on `task` and `metric` (a verdict written before rules recorded
+        their metric: any accuracy rule on the task), whatever the rule is named."""
+        return next(
+            (
+                r.evidence
+                for r in self.rules
+                if isinstance(r, AccuracyResult) and r.task == task and r.metric in (metric, None)
+            ),
+            None,
+        )

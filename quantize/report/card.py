@@ -131,7 +131,8 @@ def read_card(checkpoint: Path) -> tuple[dict[str, Any], str]:
         return {}, ""
     fix = "replace it with a regular file (a link is never followed), or remove it: the gate writes the card"
     raw = read_user_file(path, "the model card", MAX_CARD_BYTES, follow_links=False, hint=fix)
-    text = decode_text(raw, f"the model card {path}")
+    # a byte-order mark (some editors write one) is not part of the text: the front matter starts after it
+    text = decode_text(raw, f"the model card {path}").removeprefix("\ufeff")
     m = REGEX_YAML_BLOCK.search(text)
     _check_markers(text if m is None else text[m.end() :], path)
     if m is None:

@@ -4,10 +4,15 @@ Nothing here scores a model: a checkpoint without cached scores appears as "not 
 judged it in stages, with the gate's evidence (each rule's Δ, bounds and items).
 
 The verdict is the one the gate gave and saved beside the candidate (gate.json, `quantize gate --json`), when it
-names this policy (its rules and limits as the file says them now), the checkpoint's identity and the baseline's as
-they are now, and this golden set; a gate.json that does not is kept with the reason (`Entry.verdict_stale`: stale
-when the checkpoint changed since), never shown as the verdict. Only where none is saved does
-the report decide from cached full scores (the fixed design), labelled as recomputed."""
+names this policy (its rules, tasks, metrics and limits as the file says them now, and a pinned baseline score file),
+the checkpoint's identity and the baseline's as they are now, this golden set and this suite's settings; a gate.json
+that does not is kept with the reason (`Entry.verdict_stale`: stale when the checkpoint changed since), never shown
+as the verdict. Only where none is saved does the report decide from cached full scores (the fixed design),
+labelled as recomputed, and only where the gate would have decided from them: not against a baseline score file
+other than the policy's pin, not where the two sides' vocabularies differ or cannot be read without loading (the
+gate loads both tokenizers; the report reads tokenizer.json with the tokenizers library), not where a side is a GGUF
+(the gate compares both sides' tokens of every item first); there `Entry.verdict_withheld` says why. A
+quantize.json whose recorded weights are not the folder's is not read (`Entry.record_stale`)."""
 
 from __future__ import annotations
 
@@ -20,13 +25,19 @@ from pydantic import BaseModel, ConfigDict
 from quantize import records
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.accounting import bits_report
-from quantize.checkpoint.files import identity_sha256, read_config
+from quantize.checkpoint.files import (
+    identity_sha256,
+    read_config,
+    tokenizer_files,
+    vocabulary_sha256,
+    weights_sha256,
+)
 from quantize.checkpoint.rounding import stored_rounds_activations
 from quantize.cost import bounds as cost
 from quantize.errors import UsageError
 from quantize.evaluate import cache
 from quantize.evaluate.suite import open_suite
-from quantize.gates.gate import agreement_rule, decide
+from quantize.gates.gate import agreement_rule, check_rules, comparable_settings, decide
 from quantize.gates.policy import AccuracyRule, AgreementRule, PerplexityRule, Policy, load_policy
 from quantize.records import (
     VERDICT_FILE,
@@ -65,7 +76,11 @@ class Entry:
     # why a gate.json beside the checkpoint is not its verdict here (stale: the checkpoint changed since; another
     # policy's, baseline's or golden set's); None when there is none, or it is the verdict
     verdict_stale: str | None = None
+    # why no verdict is decided here from cached full scores that exist (the gate would not decide from them alone)
+    verdict_withheld: str | None = None
     recipe: dict[str, Any] | None = None  # the resolved recipe its quantize.json records (None: not ours)
+    # why its quantize.json is not read: it records other weights than the folder holds (copied over, or stale)
+    record_stale: str | None = None
     # its config.json rounds activations (checkpoint/rounding.py): its scores are read under this CPU (entry_runtime)
     rounds_activations: bool = False
 
@@ -73,9 +88,15 @@ class Entry:
 def _entry(path: Path) -> Entry:
     meta_path = path / "quantize.json"
     r = bits_report(path)
-    recipe = None
-    if meta_path.is_file():
-        meta = records.read(RunRecord, meta_path)
+    recipe, record_stale = None, None
+    meta = records.read(RunRecord, meta_path) if meta_path.is_file() else None
+    if meta is not None and (held := weights_sha256(path)) != meta.weights_sha256:
+        record_stale = (
+            f"its quantize.json records weights {meta.weights_sha256[:12]}, the folder holds {held[:12]}: not the "
+            "output it describes, so its recipe is not shown"
+        )
+        meta = None
+    if meta is not None:
         recipe = meta.recipe.resolved
         label, method, scheme, params = (
             meta.label or path.name,
@@ -98,6 +119,7 @@ def _entry(path: Path) -> Entry:
         r.bytes_by_role,
         sha,
         recipe=recipe,
+        record_stale=record_stale,
         rounds_activations=ggufs.find(path) is None and stored_rounds_activations(path),  # a GGUF: llama.cpp's
     )
 
@@ -129,11 +151,18 @@ class DecodeBounds(BaseModel):
 def decode_bounds(
     entry: Entry, baseline: Entry | None, hardware: cost.Hardware, batch: int, context: int, gamma: int = 4
 ) -> DecodeBounds:
-    """Decode-cost lower bounds from the entry's bytes; empty, with the reason, when its config lacks the KV layout."""
+    """Decode-cost lower bounds from the entry's bytes, as `quantize cost --checkpoint` prices them (a GGUF from its
+    header alone: one whose cache is priced through the config transformers reads from it is not, since the report
+    loads nothing); empty, with the reason, when its KV layout is not known."""
     try:
-        cfg = read_config(Path(entry.path))
-        kv = cost.kv_layout_from_config(cfg)
-        weights, active = cost.checkpoint_weights(Path(entry.path), cfg)  # an MoE reads k/E of its experts
+        if ggufs.find(entry.path) is not None:
+            report, kv, routed = cost.measured_checkpoint(Path(entry.path))
+            weights = cost.Weights(report.total_bytes, routed)
+            active = cost.active_parameter_count(report.parameters, routed) if routed else report.parameters
+        else:
+            cfg = read_config(Path(entry.path))
+            kv = cost.kv_layout_from_config(cfg)
+            weights, active = cost.checkpoint_weights(Path(entry.path), cfg)  # an MoE reads k/E of its experts
     except UsageError as e:
         return DecodeBounds(not_computable=str(e))
     m = cost.CostModel((active if weights.routed else None) or entry.parameters or 1, kv, hardware, context)
@@ -161,8 +190,11 @@ def read_saved(path: Path) -> Verdict | None:
 
 
 def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id: str) -> str | None:
-    """Why a saved verdict is not this policy's on this pair and golden set, or None when it is. Identities are
-    the ones computed now from the files: a candidate changed since it was gated makes the verdict stale."""
+    """Why a saved verdict is not this policy's on this pair, golden set and suite, or None when it is. Identities
+    are the ones computed now from the files: a candidate changed since it was gated makes the verdict stale. The
+    suite: its settings as the gate compared them (gate.comparable_settings, recorded in the verdict since it
+    holds `suite_settings`; an older verdict is held to its suite's path), and a baseline score file the policy
+    pins. Task versions are the golden set's (its manifest hash covers the task files)."""
     p = v.provenance
     was = p.candidate.checkpoint.identity_sha256
     if was != cand_id:
@@ -186,6 +218,18 @@ def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id
             f"another golden set's: {VERDICT_FILE} was on {p.golden.name}/{p.golden.version} "
             f"({p.golden.manifest_sha256[:12]}), the policy's suite is on {suite.golden.manifest_sha256[:12]}"
         )
+    now = comparable_settings(suite.suite.settings())
+    if p.suite_settings is None and p.suite != suite.path:
+        return f"another suite's: {VERDICT_FILE} was on suite {p.suite}, the policy's suite is {suite.path}"
+    if p.suite_settings is not None and p.suite_settings != now:
+        diff = sorted(k for k in set(now) | set(p.suite_settings) if now.get(k) != p.suite_settings.get(k))
+        return f"another suite's: {VERDICT_FILE} was on suite settings that differ in {', '.join(diff)}"
+    pin = policy.baseline_scores_sha256
+    if pin is not None and p.score_files.get("baseline") != pin:
+        return (
+            f"other baseline scores: {VERDICT_FILE} read the baseline's scores from "
+            f"{(p.score_files.get('baseline') or 'no file')[:12]}, the policy pins {pin[:12]}"
+        )
     return None
 
 
@@ -199,12 +243,17 @@ def _limit(x: Any) -> Any:
 
 
 def rules_changed(v: Verdict, policy: Policy) -> str | None:
-    """How the policy's rules differ from the ones the saved verdict judged (labels, then each rule's limit and
-    α as its evidence recorded them), or None when they are the same."""
+    """How the policy's rules differ from the ones the saved verdict judged (labels, then each rule's task and metric,
+    then its limit and α as its evidence recorded them), or None when they are the same: a rule's `name:` is its
+    label, so a rule renamed to judge another task kept its label."""
     labels = [policy.label(i) for i in range(len(policy.rules))]
     if [r.rule for r in v.rules] != labels:
         return f"{VERDICT_FILE} judged {[r.rule for r in v.rules]}, the policy's rules are {labels}"
     for r, rule in zip(v.rules, policy.rules, strict=True):
+        asked = (getattr(rule, "task", None), getattr(rule, "metric", None) or getattr(rule, "agreement", None))
+        judged = (getattr(r, "task", None), getattr(r, "metric", None) or asked[1])  # None: recorded before metrics
+        if judged != asked:
+            return f"rule {r.rule} judged (task, metric) {judged}, the policy's rule now names {asked}"
         if isinstance(r, UntestedResult):
             continue
         then, now = (_limit(r.evidence), r.evidence.alpha), (_limit(rule), policy.alpha)
@@ -220,25 +269,59 @@ def saved_verdict(path: Path, policy: Policy, suite: Any, base_id: str, cand_id:
     return v if v is not None and saved_mismatch(v, policy, suite, base_id, cand_id) is None else None
 
 
-def settle_verdict(e: Entry, base: Entry, policy: Policy, suite: Any, needs_agreement: bool) -> None:
+def settle_verdict(
+    e: Entry, base: Entry, policy: Policy, suite: Any, needs_agreement: bool, base_file: str | None = None
+) -> None:
     """A candidate's verdict: the saved one where it matches (whatever cached scores would say under the fixed
     design: a staged gate's rejection stays a rejection); else one decided here from cached full scores, labelled
-    as recomputed (on one engine: across engines only the gate's own, saved verdict counts); else, with agreement
-    alone, the policy's agreement rules (`agreement_outcome`)."""
+    as recomputed, where the gate would decide from them (withheld: why not); else, with agreement alone, the
+    policy's agreement rules (`agreement_outcome`). `base_file`: the sha256 of the baseline's cached score file."""
     saved = read_saved(Path(e.path))
     if saved is not None:
         e.verdict_stale = saved_mismatch(saved, policy, suite, base.sha256, e.sha256)
         if e.verdict_stale is None:
             e.verdict, e.verdict_origin = saved, "saved"
             return
-    # across engines (a GGUF scored in llama.cpp beside transformers' scores) a verdict needs both sides' tokens
-    # compared, which only `quantize gate` does (evaluate/tokens.py loads tokenizers; the report loads nothing)
     both = e.scores is not None and base.scores is not None
-    across = both and (e.scores.provenance.engine is None) != (base.scores.provenance.engine is None)
-    if both and (e.agreement or not needs_agreement) and not across:
-        e.verdict, e.verdict_origin = decide(policy, base.scores, e.scores, e.agreement), "recomputed"
-    elif e.agreement and needs_agreement:
+    if both and (e.agreement or not needs_agreement):
+        assert e.scores is not None and base.scores is not None
+        e.verdict_withheld = withheld(e, base, policy, base_file)
+        if e.verdict_withheld is None:
+            e.verdict, e.verdict_origin = decide(policy, base.scores, e.scores, e.agreement), "recomputed"
+            if e.sha256 == base.sha256:
+                e.verdict.notes.append("baseline and candidate are one checkpoint: an A/A check")
+            return
+    if e.agreement and needs_agreement:
         e.agreement_outcome = agreement_outcome(policy, e.agreement)
+
+
+GATE_IT = "run `quantize gate` on the pair (with --json > CANDIDATE/gate.json, the report shows its verdict)"
+
+
+def withheld(e: Entry, base: Entry, policy: Policy, base_file: str | None) -> str | None:
+    """Why the gate would not decide from these cached scores alone, or None: the policy pins another baseline
+    score file; a side is a GGUF (scored in llama.cpp: the gate compares both sides' tokens of every item first,
+    evaluate/tokens.py, which loads tokenizers); the two sides' tokenizer files differ in bytes and their vocabularies
+    (files.vocabulary_sha256: tokenizer.json through the tokenizers library) differ or do not read (the gate loads
+    both tokenizers and refuses different vocabularies unless `allow_different_tokenizer:`). The report loads no
+    model or tokenizer class, so where the gate would need one to decide, it shows no verdict of its own."""
+    pin = policy.baseline_scores_sha256
+    if pin is not None and base_file != pin:
+        return (
+            f"policy {policy.name} pins the baseline's score file to {pin[:12]}, and the cached one is "
+            f"{(base_file or 'none')[:12]}: the gate refuses to decide on other evidence"
+        )
+    if any(ggufs.find(x.path) is not None for x in (e, base)):
+        return f"a GGUF side: the gate compares both sides' tokens of every item before deciding; {GATE_IT}"
+    if policy.allow_different_tokenizer or tokenizer_files(Path(e.path)) == tokenizer_files(Path(base.path)):
+        return None
+    ours, theirs = vocabulary_sha256(Path(e.path)), vocabulary_sha256(Path(base.path))
+    if ours is None or ours != theirs:
+        how = (
+            "another vocabulary" if ours and theirs else "tokenizer files whose vocabulary is not read without loading"
+        )
+        return f"its tokenizer has {how} than the baseline's; the gate compares the two vocabularies; {GATE_IT}"
+    return None
 
 
 def agreement_outcome(policy: Policy, agreement: AgreementResult) -> str:
@@ -261,7 +344,10 @@ def collect(
     batch: int = 32,
     context: int = 2048,
 ) -> list[Entry]:
-    paths = list(dict.fromkeys([*(p for p in [baseline] if p), *checkpoints]))
+    paths: list[Path] = []  # each folder once, however it is spelled (the baseline listed among the candidates too)
+    for p in [*(p for p in [baseline] if p), *checkpoints]:
+        if all(p.resolve() != q.resolve() for q in paths):
+            paths.append(p)
     entries = [_entry(p) for p in paths]
     base = entries[0] if baseline else None
     if base:
@@ -269,6 +355,8 @@ def collect(
     policy = load_policy(policy_path) if policy_path else None
     needs_agr = policy is not None and any(isinstance(r, AgreementRule) for r in policy.rules)
     suite = open_suite(suite_path)
+    if policy is not None:
+        check_rules(policy, suite)  # a rule on a task or metric the suite does not score: exit 2, as the gate says
     run = report_runtime(suite, entries, base)
     base_run = entry_runtime(suite, base, run) if base else None
     for e in entries:
@@ -277,7 +365,8 @@ def collect(
         if base and not e.is_baseline:
             e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, own, base_run)
             if policy:
-                settle_verdict(e, base, policy, suite, needs_agr)
+                base_file = cache.score_file_sha256(suite, base.sha256, base_run) if base_run else None
+                settle_verdict(e, base, policy, suite, needs_agr, base_file)
         e.decode = decode_bounds(e, base, hardware, batch, context)
     return entries
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from quantize.records import (
     TaskScores,
     UntestedResult,
     Verdict,
+    finite_or_named,
+    non_finite_items,
 )
 from quantize.report.collect import Entry
 from quantize.report.fields import field_rows, fields_figure, varied_fields
@@ -124,12 +127,13 @@ def value(e: Entry, key: str) -> tuple[float, float] | None:
     if kind == "agreement":
         if e.is_baseline:
             return (0.0, 0.0)
-        return (e.agreement.kl_mean, e.agreement.kl_se) if e.agreement else None
+        a = e.agreement
+        return (a.kl_mean, a.kl_se) if a and math.isfinite(a.kl_mean) and math.isfinite(a.kl_se) else None
     d = task_scores(e, kind)
-    if d is None:
+    if d is None or non_finite_items(d):  # a NaN item's task has no figure to plot (its cell says so)
         return None
     h = kind_of(d).headline(d)
-    return (h.value, h.se or 0.0)
+    return (h.value, h.se or 0.0) if math.isfinite(h.value) else None
 
 
 def x_of(e: Entry, axis: str) -> float:
@@ -198,7 +202,7 @@ def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
         "Quality against size\n(★ baseline; error bars: ± 1 SE; ↑ higher is better, ↓ lower is better)", fontsize=9
     )
     fig.tight_layout()
-    return _save(fig, out, "pareto")
+    return _save(fig, out, PLOTS[0])
 
 
 def plot_bytes(entries: list[Entry], out: Path) -> list[str]:
@@ -230,7 +234,7 @@ def plot_bytes(entries: list[Entry], out: Path) -> list[str]:
     ax.set_xlim(0, max(left) * 1.35)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    return _save(fig, out, "bytes")
+    return _save(fig, out, PLOTS[1])
 
 
 def _gate_cell(e: Any) -> str:
@@ -260,7 +264,8 @@ def verdict_source(e: Entry) -> str:
         return f"saved verdict ({VERDICT_FILE}, {design})"
     if v is not None:
         return "; ".join(x for x in ["recomputed from cached full scores (fixed design)", stale] if x)
-    return stale or "-"
+    withheld = f"not decided from the cached scores: {e.verdict_withheld}" if e.verdict_withheld else ""
+    return "; ".join(x for x in [stale, withheld] if x) or "-"
 
 
 def rule_tasks(entries: list[Entry]) -> set[str]:
@@ -332,7 +337,7 @@ def rule_point(e: Entry, r: AccuracyResult | PerplexityResult | AgreementRuleRes
         bits_per_weight=e.bits_per_weight,
         lower=ev.lower_bound,
         upper=ev.upper_bound,
-        outcome=r.verdict,
+        outcome=r.verdict if r.non_finite is None else f"{r.verdict} ({r.non_finite})",
         look=_look(v, r),
         source=verdict_source(e),
     )
@@ -490,7 +495,7 @@ def plot_evidence(entries: list[Entry], points: list[RulePoint], out: Path, axis
         fontsize=9,
     )
     fig.tight_layout()
-    return _save(fig, out, "evidence")
+    return _save(fig, out, PLOTS[2])
 
 
 def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
@@ -522,6 +527,8 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
             d = task_scores(e, t)
             if d is None:
                 r.append(evidence_cell(e.verdict, t) or "not scored")
+            elif bad := non_finite_items(d):
+                r.append(f"not finite ({counted(len(bad), 'item')} NaN or infinite)")
             elif not kind_of(d).right_wrong:
                 r.append(f"{kind_of(d).headline(d).value:.4f} bpb")
             else:
@@ -544,14 +551,49 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+PLOTS = ("pareto", "bytes", "evidence", "fields")  # each written as STEM.png and STEM.svg (_save)
+REPORT_FILES = frozenset(
+    {"report.md", "report.html", "report.json", *(f"{s}.{x}" for s in PLOTS for x in ("png", "svg"))}
+)
+
+
+def check_target(target: Path) -> None:
+    """Before anything is read: `--out` can take a report. It names a folder (not `.` or `..`), is not a link, its
+    first existing parent is a writable folder, and where it exists it is an empty folder or an earlier report's:
+    regular files of the report's own names (REPORT_FILES) and nothing else, since the whole folder is replaced.
+    A folder that also holds a user's files is refused (a report.md among them was taken as proof of a report,
+    and the folder replaced with everything in it)."""
+    target = Path(target)
+    if target.name in ("", ".", "..") or target.resolve() == Path.cwd().resolve():
+        raise UsageError(f"--out {target} is not a folder the report can replace; name a new folder (--out report)")
+    if target.is_symlink():
+        raise UsageError(f"--out {target} is a link; name the folder itself, or a new folder")
+    if target.exists():
+        if not target.is_dir():
+            raise UsageError(f"--out {target} is a file; name a new folder (an earlier report folder is replaced)")
+        with os.scandir(target) as found:
+            other = sorted(e.name for e in found if e.name not in REPORT_FILES or not e.is_file(follow_symlinks=False))
+        if other:
+            raise UsageError(
+                f"--out {target} holds files that are not an earlier report's ({', '.join(other[:5])}"
+                f"{', ...' if len(other) > 5 else ''}), and the report replaces the whole folder; choose a new folder"
+            )
+        return
+    for parent in target.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+                raise UsageError(f"--out {target}: {parent} is not a writable folder; choose another --out")
+            return
+
+
 def write_report(entries: list[Entry], target: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:
-    """Write the report folder atomically; an existing folder is replaced only if it holds an earlier report."""
-    if target.exists() and not (target.is_dir() and ((target / "report.md").is_file() or not any(target.iterdir()))):
-        raise UsageError(
-            f"--out {target} exists and does not hold an earlier report; choose a new folder "
-            "(an earlier report folder is replaced)"
-        )
-    with atomic_dir(target, replace=True) as out:
+    """Write the report folder atomically; an existing folder is replaced only if it holds an earlier report's
+    files alone (check_target, which the caller ran before collecting and which runs again here)."""
+    import matplotlib
+
+    check_target(target)
+    # names are users' text: a `$` in one is a dollar sign, not matplotlib's mathtext (which could also fail to parse)
+    with matplotlib.rc_context({"text.parse_math": False}), atomic_dir(target, replace=True) as out:
         return _write(entries, out, axis, suite, hardware)
 
 
@@ -574,8 +616,16 @@ def _notes(entries: list[Entry], hardware: str, context: int | None, code: Calla
     )
     unbounded = [code(e.label) for e in entries if e.decode and e.decode.not_computable]
     if unbounded and context:
-        decode_note += f" No bounds for {', '.join(unbounded)}: its config.json lacks the KV layout."
+        decode_note += (
+            f" No bounds for {', '.join(unbounded)}: the KV layout is not known from the config.json or the GGUF "
+            f"header (why: report.json, each entry's {code('decode.not_computable')})."
+        )
     notes = [decode_note]
+    if stale := [code(e.label) for e in entries if e.record_stale]:
+        notes.append(
+            f"Not the output its {code('quantize.json')} describes (it records other weights than the folder holds), "
+            f"so its recipe fields are not shown: {', '.join(stale)}."
+        )
     if missing := [code(e.label) for e in entries if not e.scores]:
         notes.append(f"Not scored (no cached {code('quantize eval')} result for this suite): {', '.join(missing)}.")
     if sampled := [code(e.label) for e in entries if not e.scores and e.verdict and e.verdict.sequential]:
@@ -607,7 +657,7 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
     points = rule_points(entries)
     images = plot_pareto(entries, out, axis) + plot_bytes(entries, out) + plot_evidence(entries, points, out, axis)
     fields = varied_fields(entries)
-    images += _save(fig, out, "fields") if (fig := fields_figure(fields)) is not None else []
+    images += _save(fig, out, PLOTS[3]) if (fig := fields_figure(fields)) is not None else []
     by_field = field_rows(fields)
     head, rows = table_rows(entries)
     context = next((e.decode.context for e in entries if e.decode and e.decode.context is not None), None)
@@ -657,7 +707,8 @@ def _write(entries: list[Entry], out: Path, axis: str, suite: str, hardware: str
     data = {"table": {"head": head, "rows": rows}, "entries": [_entry_json(e) for e in entries], "images": images}
     data["evidence"] = [asdict(p) for p in points]
     data["fields"] = {"head": by_field[0], "rows": by_field[1]}
-    (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    # strict JSON: a NaN or infinity (a broken candidate's figures) as its name, as the evidence records write it
+    (out / "report.json").write_text(json.dumps(finite_or_named(data), indent=2, default=str, allow_nan=False) + "\n")
     return data
 
 

@@ -547,7 +547,7 @@ def test_a_gguf_that_is_no_model_is_refused_by_what_takes_a_model(tmp_path, caps
     from quantize.evaluate.engine import gguf_to_score
 
     g = _typed(tmp_path / "x.gguf", kind, arch)
-    for call in (lambda: gguf_to_score(g), lambda: source_gguf(str(g)), lambda: bounds._measured(g)):
+    for call in (lambda: gguf_to_score(g), lambda: source_gguf(str(g)), lambda: bounds.measured_checkpoint(g)):
         with pytest.raises(UsageError, match=says):
             call()
     assert main(["cost", "--checkpoint", str(g)]) == 2

@@ -97,6 +97,7 @@ def test_a_non_finite_figure_is_no_model_index_number(policy, tiny_model, tmp_pa
     facts = next(r for r in verdict["rules"] if r["rule"] == "core_facts acc")
     facts["evidence"]["candidate"] = "NaN"  # as an evidence record writes a non-finite number
     facts["verdict"], facts["non_finite"] = "regression", "candidate accuracy"
+    verdict["verdict"], verdict["exit_code"] = "rejected", 1  # what its rules give (a pass above them is refused)
     (tmp_path / "v.json").write_text(json.dumps(verdict))
     assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
     text = (cand / "README.md").read_text()
@@ -277,3 +278,13 @@ def test_names_in_the_card_are_escaped(verdict, tiny_model, tmp_path):
     ]
     rows = [line for line in body.splitlines() if line.startswith("|")]
     assert len(rows) == 2 + 3 and all(len(re.findall(r"(?<!\\)\|", row)) == 8 for row in rows)
+
+
+def test_a_card_saved_with_a_byte_order_mark_keeps_its_front_matter(tmp_path):
+    """A README.md starting with a UTF-8 byte-order mark had its front matter (license, base_model) read as body
+    text, so the card written back lost them as metadata."""
+    from quantize.report.card import read_card
+
+    (tmp_path / "README.md").write_bytes("\ufeff---\nlicense: mit\nbase_model: org/model\n---\n\n# Hi\n".encode())
+    data, body = read_card(tmp_path)
+    assert data == {"license": "mit", "base_model": "org/model"} and body.strip() == "# Hi"

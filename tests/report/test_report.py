@@ -7,6 +7,7 @@ import copy
 import html
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from quantize import records
+from quantize.checkpoint.files import identity_sha256
 from quantize.cli import main
 from quantize.evaluate.score import score
 from quantize.evaluate.suite import open_suite
@@ -445,3 +447,238 @@ def test_the_bytes_by_role_plot_has_a_row_for_every_role_inspect_counts():
     from quantize.report.render import ROLE_ORDER
 
     assert sorted(r for r, _ in ROLE_ORDER) == sorted(ROLES)
+
+
+# --- what the report shows is what the gate would say (a review's repros) ------------------------------------------
+
+
+def _rows(out: Path) -> dict[str, dict[str, str]]:
+    data = json.loads((out / "report.json").read_text())
+    return {r[0]: dict(zip(data["table"]["head"], r, strict=True)) for r in data["table"]["rows"]}
+
+
+@pytest.fixture(scope="module")
+def scored(checkpoints, tiny_model, tmp_path_factory):
+    """The baseline and w4 scored in full, in a cache of their own, and a policy on facts: the report recomputes
+    a PASS from them (test_report_with_a_gap)."""
+    _, suite, outs = checkpoints
+    root = tmp_path_factory.mktemp("scored")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QUANTIZE_CACHE", str(root / "cache"))
+        for c in (tiny_model, outs["w4"]):
+            score(open_suite(suite), c)
+    pol = root / "p.yaml"
+    pol.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.2}}\n")
+    return root, pol
+
+
+def test_a_folder_of_the_users_is_never_replaced_by_a_report(checkpoints, tmp_path, capsys):
+    """--out naming a folder that holds a report.md beside the user's own files replaced the whole folder (the
+    files lost); such a folder, `.`, a file or a path below a file are exit 2 before anything is collected."""
+    _, suite, outs = checkpoints
+    mine = tmp_path / "mydocs"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "report.md").write_text("# notes\n")
+    (mine / "thesis.tex").write_text("precious\n")
+    (tmp_path / "afile").write_text("x")
+    for out in (mine, Path("."), tmp_path / "afile", tmp_path / "afile" / "rep"):
+        assert main(["report", str(outs["w4"]), "--suite", str(suite), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "--out" in err and "Traceback" not in err
+    assert (mine / "thesis.tex").read_text() == "precious\n" and (mine / "sub").is_dir()
+    # an earlier report of its own is replaced
+    rep = tmp_path / "rep"
+    for _ in range(2):
+        assert main(["report", str(outs["w4"]), "--suite", str(suite), "--out", str(rep)]) == 0
+
+
+def test_a_pinned_baseline_score_file_holds_for_the_reports_verdicts_too(scored, checkpoints, tiny_model, tmp_path):
+    """The gate refuses to decide against a baseline score file other than the policy's pin; the report
+    recomputed a PASS there. Now it shows no verdict, saying why; with the pin of the cached file it decides."""
+    from quantize.evaluate import cache
+
+    root, pol = scored
+    _, suite, outs = checkpoints
+    os.environ["QUANTIZE_CACHE"] = str(root / "cache")
+    try:
+        run = cache.runtimes(open_suite(suite))[0]
+        found = cache.score_file_sha256(open_suite(suite), identity_sha256(tiny_model), run)
+        for pin, gate in (("a" * 64, "no verdict"), (found, "PASS")):
+            pinned = tmp_path / f"pinned-{gate[:2]}.yaml"
+            pinned.write_text(pol.read_text() + f"baseline_scores_sha256: {pin}\n")
+            out = tmp_path / f"rep-{gate[:2]}"
+            args = ["report", str(outs["w4"]), "--baseline", str(tiny_model), "--policy", str(pinned)]
+            assert main([*args, "--out", str(out)]) == 0
+            row = _rows(out)["w4"]
+            assert row["gate"] == gate
+        assert "pins the baseline's score file to aaaaaaaaaaaa" in _rows(tmp_path / "rep-no")["w4"]["verdict from"]
+    finally:
+        del os.environ["QUANTIZE_CACHE"]
+
+
+def test_another_vocabulary_gets_no_verdict_from_the_report(scored, checkpoints, tiny_model, tmp_path, monkeypatch):
+    """The gate refuses a pair whose vocabularies differ; the report recomputed a PASS for a copy of the baseline
+    with four token ids rotated in tokenizer.json. A re-saved tokenizer_config.json (w4's: keys of transformers'
+    own) is the same vocabulary and keeps its recomputed verdict (test_report_with_a_gap)."""
+    root, pol = scored
+    _, suite, _ = checkpoints
+    monkeypatch.setenv("QUANTIZE_CACHE", str(root / "cache"))
+    other = tmp_path / "othertok"
+    shutil.copytree(tiny_model, other)
+    tok = json.loads((other / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    names = sorted(vocab, key=vocab.get)[100:104]
+    ids = [vocab[n] for n in names]
+    for n, i in zip(names, ids[1:] + ids[:1], strict=True):
+        vocab[n] = i
+    (other / "tokenizer.json").write_text(json.dumps(tok))
+    score(open_suite(suite), other)
+    out = tmp_path / "rep"
+    assert main(["report", str(other), "--baseline", str(tiny_model), "--policy", str(pol), "--out", str(out)]) == 0
+    row = _rows(out)["othertok"]
+    assert row["gate"] == "no verdict" and "another vocabulary than the baseline's" in row["verdict from"]
+
+
+def test_a_saved_verdict_of_another_task_suite_setting_or_pin_is_stale(staged, checkpoints, tiny_model):
+    """A rule renamed to judge another task kept its label; a suite of other settings (max_length) on the same
+    golden set, or another suite file (an older verdict, without recorded settings), and a baseline score file
+    other than a pin, each made a saved verdict the report's. Each is stale now, named."""
+    from quantize.gates.policy import load_policy
+    from quantize.report.collect import saved_mismatch
+
+    root, pol, saved = staged
+    v, policy, suite = records.parse(records.Verdict, saved, "test"), load_policy(pol), open_suite(checkpoints[1])
+    ids = identity_sha256(tiny_model), identity_sha256(root / "fp8")
+    assert v.provenance.suite_settings and saved_mismatch(v, policy, suite, *ids) is None
+    named = v.model_copy(update={"rules": [v.rules[0].model_copy(update={"rule": "quality"})]})
+    rule = policy.rules[0].model_copy(update={"name": "quality", "task": "core_cloze"})
+    renamed = policy.model_copy(update={"rules": [rule]})
+    assert "judged (task, metric) ('core_facts', 'acc')" in saved_mismatch(named, renamed, suite, *ids)
+    longer = v.provenance.model_copy(update={"suite_settings": {**v.provenance.suite_settings, "max_length": 16}})
+    assert saved_mismatch(v.model_copy(update={"provenance": longer}), policy, suite, *ids) == (
+        "another suite's: gate.json was on suite settings that differ in max_length"
+    )
+    older = v.provenance.model_copy(update={"suite_settings": None, "suite": "elsewhere.yaml"})
+    assert saved_mismatch(v.model_copy(update={"provenance": older}), policy, suite, *ids).startswith(
+        "another suite's: gate.json was on suite elsewhere.yaml"
+    )
+    pinned = policy.model_copy(update={"baseline_scores_sha256": "b" * 64})
+    assert saved_mismatch(v, pinned, suite, *ids).startswith("other baseline scores")
+
+
+def test_a_verdict_that_contradicts_its_rules_is_refused_wherever_it_is_read(staged):
+    """A hand-edited gate.json saying pass above a regression (or above NaN evidence) was shown as PASS and put
+    in a model card; the record refuses it (exit 2 where it is read)."""
+    from quantize.errors import UsageError
+
+    forged = copy.deepcopy(staged[2])
+    forged["rules"][0]["verdict"] = "regression"
+    with pytest.raises(UsageError, match="is not what its rules give"):
+        records.parse(records.Verdict, forged, "gate.json")
+    nan = copy.deepcopy(staged[2])
+    nan["rules"][0]["evidence"]["delta"] = "NaN"
+    with pytest.raises(UsageError, match="not finite"):
+        records.parse(records.Verdict, nan, "gate.json")
+    inconclusive = copy.deepcopy(staged[2])
+    inconclusive["rules"][0]["verdict"] = "inconclusive"
+    for code in (0, 1):  # as fail_on_inconclusive said
+        assert records.parse(records.Verdict, {**inconclusive, "verdict": "inconclusive", "exit_code": code}, "t")
+
+
+def test_a_nan_candidate_shows_no_figures_and_report_json_stays_json(checkpoints, tiny_model, tmp_path, monkeypatch):
+    """A candidate with NaN everywhere read "1.000 ± 0.000", was plotted at the top of the Pareto panels, and
+    report.json held bare NaN tokens. Its cells say not finite, no point is plotted for it, the evidence row
+    names the reason, report.json parses strictly."""
+    from quantize.report.render import value
+
+    from conftest import nan_copy
+
+    _, suite, _ = checkpoints
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "nan"
+    shutil.copytree(tiny_model, bad)
+    nan_copy(tiny_model / "model.safetensors", bad / "model.safetensors")
+    for c in (tiny_model, bad):
+        score(open_suite(suite), c)
+    pol = tmp_path / "p.yaml"
+    pol.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.2}}\n")
+    out = tmp_path / "rep"
+    assert main(["report", str(bad), "--baseline", str(tiny_model), "--policy", str(pol), "--out", str(out)]) == 0
+    row = _rows(out)["nan"]
+    assert row["gate"] == "REJECTED" and row["facts"].startswith("not finite (")
+    text = (out / "report.json").read_text()
+    data = json.loads(text, parse_constant=lambda c: pytest.fail(f"report.json holds {c}"))
+    [point] = data["evidence"]
+    assert point["outcome"].startswith("regression (the candidate computes NaN")
+    from quantize.cost.bounds import HARDWARE
+    from quantize.report.collect import collect
+
+    entries = collect([bad], str(suite), tiny_model, None, HARDWARE["seed"])
+    assert value(entries[1], "core_facts:acc") is None and value(entries[0], "core_facts:acc") is not None
+
+
+def test_a_quantize_json_of_other_weights_labels_nothing(checkpoints, tmp_path, capsys):
+    """w4's folder with fp8's weights and config copied in was shown as "w4 | rtn | W4A16" at fp8's bits; the
+    record is not read where its weights are not the folder's."""
+    _, suite, outs = checkpoints
+    stale = tmp_path / "w4"
+    shutil.copytree(outs["w4"], stale)
+    for name in ("model.safetensors", "config.json"):
+        shutil.copy(outs["fp8"] / name, stale / name)
+    out = tmp_path / "rep"
+    assert main(["report", str(stale), str(outs["w4"]), "--suite", str(suite), "--out", str(out)]) == 0
+    data = json.loads((out / "report.json").read_text())
+    [copy_, real] = sorted(data["entries"], key=lambda e: e["path"] != str(stale))
+    assert copy_["method"] == "-" and copy_["recipe"] is None and "records weights" in copy_["record_stale"]
+    assert real["method"] == "rtn" and real["record_stale"] is None
+    assert "Not the output its `quantize.json` describes" in (out / "report.md").read_text()
+
+
+def test_a_dollar_in_a_name_is_a_dollar_not_mathtext(tiny_model, tmp_path, capsys):
+    """matplotlib read `$...$` in a checkpoint's name as mathtext: an unknown command was exit 3."""
+    name = "w4 $\\nosuchcmd$"
+    shutil.copytree(tiny_model, tmp_path / name)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\n")
+    out = tmp_path / "rep"
+    assert main(["report", str(tmp_path / name), "--suite", str(suite), "--out", str(out)]) == 0, capsys.readouterr()
+    assert "nosuchcmd" in (out / "bytes.svg").read_text()
+
+
+def test_a_policy_that_does_not_fit_its_suite_is_refused_as_the_gate_refuses_it(
+    checkpoints, tiny_model, tmp_path, capsys
+):
+    """acc on a rolling task (no per-item acc) was exit 2 advising --refresh, which cannot help."""
+    _, suite, outs = checkpoints
+    pol = tmp_path / "p.yaml"
+    pol.write_text(f"suite: {suite}\nrules:\n  - {{task: core_prose, metric: acc, margin: 0.2}}\n")
+    args = ["report", str(outs["w4"]), "--baseline", str(tiny_model), "--policy", str(pol)]
+    assert main([*args, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "rule 1 (core_prose acc) asks for acc on core_prose" in err and "--refresh" not in err
+
+
+def test_the_baseline_listed_among_the_candidates_is_one_row(checkpoints, tiny_model, tmp_path):
+    _, suite, outs = checkpoints
+    out = tmp_path / "rep"
+    again = tiny_model.parent / ".." / tiny_model.parent.name / tiny_model.name  # the same folder, spelt otherwise
+    args = ["report", str(again), str(outs["w4"]), "--baseline", str(tiny_model), "--suite", str(suite)]
+    assert main([*args, "--out", str(out)]) == 0
+    assert list(_rows(out)) == ["tiny-llama (baseline)", "w4"]
+
+
+def test_a_gguf_candidate_gets_the_decode_bounds_quantize_cost_gives_it(tmp_path):
+    """The report read a GGUF's KV layout from config.json only ("No bounds"), where `quantize cost --checkpoint`
+    prices it from the header: the same bound now."""
+    from gguf_models import byteless_vocabulary_gguf
+
+    from quantize.api import decode_cost
+    from quantize.cost.bounds import HARDWARE
+    from quantize.report.collect import _entry, decode_bounds
+
+    g = byteless_vocabulary_gguf(tmp_path / "m.gguf")  # a tiny MoE: its header is all the bounds read
+    bounds = decode_bounds(_entry(g), None, HARDWARE["seed"], 32, 2048)
+    assert bounds.not_computable is None and bounds.batch1_ms > 0
+    cost = decode_cost(g, hardware="seed")
+    assert cost.formats["measured"].batch1_step_bound_ms == pytest.approx(bounds.batch1_ms, rel=1e-9)
+    assert cost.formats["measured"].batch_step_bound_ms == pytest.approx(bounds.batch_ms, rel=1e-9)
