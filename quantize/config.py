@@ -52,6 +52,24 @@ class _Loader(yaml.SafeLoader):
     boolean field still takes on/off and yes/no (pydantic reads those words as booleans)."""
 
     yaml_implicit_resolvers = _core_resolvers()
+    UNIQUE_KEYS = True  # a key twice in one mapping is refused (PyYAML keeps the last: `rules:` twice lost the first)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if self.UNIQUE_KEYS and isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the constructor below refuses it
+                    continue
+                if first is not None:
+                    raise UsageError(
+                        f"the key {_shown(key)} is written twice in one mapping (lines {first} and "
+                        f"{key_node.start_mark.line + 1}), and only one of them would count; keep one"
+                    )
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -81,6 +99,7 @@ class _Yaml11Loader(_Loader):
     matter, which huggingface_hub reads with yaml.safe_load): `inference: no` keeps the meaning it has there."""
 
     yaml_implicit_resolvers = yaml.SafeLoader.yaml_implicit_resolvers
+    UNIQUE_KEYS = False  # as yaml.safe_load reads it (the last of a key written twice counts)
 
 
 def parse_yaml(raw: bytes, origin: str, *, yaml11_booleans: bool = False) -> Any:

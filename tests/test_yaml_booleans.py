@@ -84,3 +84,22 @@ def test_the_card_reader_keeps_yaml_1_1_booleans(tmp_path):
     (tmp_path / "README.md").write_text("---\ninference: no\nlicense: mit\n---\n\nText.\n")
     data, body = read_card(tmp_path)
     assert data == {"inference": False, "license": "mit"} and body.strip() == "Text."
+
+
+def test_a_key_written_twice_in_one_mapping_is_refused_naming_both_lines(tmp_path, capsys):
+    """PyYAML keeps the last of a key written twice: a policy's `rules:` written twice lost the first list, a
+    sweep's `recipes:` twice planned without them, `{task: x, task: y}` judged y; all silently. Every file the
+    project's loader reads refuses it, naming the key and both lines; a model card's front matter is read as
+    huggingface_hub reads it (the last counts)."""
+    with pytest.raises(UsageError, match=r'the key "rules" is written twice in one mapping \(lines 2 and 4\)'):
+        parse_yaml(POLICY.encode() + b"rules: []\n", "p.yaml")
+    with pytest.raises(UsageError, match=r'the key "task" is written twice'):
+        parse_yaml(b"rules:\n  - {task: x, task: y, margin: 0.1}\n", "p.yaml")
+    assert parse_yaml(b"a: {b: 1}\nc: {b: 2}\n", "t.yaml") == {"a": {"b": 1}, "c": {"b": 2}}  # one per mapping
+    assert parse_yaml(b"license: mit\nlicense: apache-2.0\n", "README.md", yaml11_booleans=True) == {
+        "license": "apache-2.0"
+    }
+    f = tmp_path / "p.yaml"
+    f.write_text(POLICY + "rules: []\n")
+    with pytest.raises(UsageError, match="written twice"):
+        load_policy(f)
