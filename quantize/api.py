@@ -85,7 +85,13 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite real number: an integer too large for a float (10**400) is not one (math.isfinite overflows)."""
+    if not isinstance(v, numbers.Real) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _is_size(v: Any) -> bool:

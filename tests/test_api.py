@@ -111,6 +111,9 @@ BAD_CALLS = [
     ("max_gen_toks", "golden_new('golden/faq/v1', 'faq.jsonl', 'greedy', max_gen_toks=2.5)"),
     ("budget", "run_search('search.yaml', budget=float('nan'))"),
     ("budget", "run_search('search.yaml', budget='7.5')"),
+    ("budget", "run_search('search.yaml', budget=10**400)"),  # past a float: math.isfinite overflowed
+    ("max_memory", "run('recipe.yaml', max_memory=10**400)"),
+    ("margin", "golden_size('suite.yaml', 'base', 'cand', margin=10**400, alpha=0.05, power=0.8)"),
     ("max_parallel", "run_sweep('sweep.yaml', max_parallel='4')"),
     ("address", "plan_sweep('sweep.yaml', address=5)"),
 ]

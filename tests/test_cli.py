@@ -193,3 +193,12 @@ def test_the_apis_warnings_are_printed_as_they_come_and_others_pass_through(caps
                 warnings.warn("a library's note", UserWarning, stacklevel=1)
     assert "quantize run: leftover .x.tmp-1 beside the output" in capsys.readouterr().err
     assert [str(w.message) for w in outer] == ["a library's note"] * 3
+
+
+def test_a_device_or_fifo_given_as_a_checkpoint_is_named_as_such(tmp_path, capsys):
+    """`quantize inspect /dev/null` said the path does not exist."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in ("/dev/null", str(fifo)):
+        assert main(["inspect", path]) == 2
+        assert f"{path} is not a regular file or a folder" in capsys.readouterr().err

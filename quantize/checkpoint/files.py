@@ -40,7 +40,8 @@ def safetensors_files(checkpoint: Path) -> list[Path]:
     if checkpoint.is_file():
         return [checkpoint]
     if not checkpoint.is_dir():
-        raise UsageError(f"{checkpoint} does not exist; pass a checkpoint folder or a .safetensors file")
+        what = "is not a regular file or a folder" if checkpoint.exists() else "does not exist"  # a FIFO, a device
+        raise UsageError(f"{checkpoint} {what}; pass a checkpoint folder or a .safetensors file")
     refuse_pickles(checkpoint)
     refuse_adapters(checkpoint)
     return contained(checkpoint, loaded_weights(checkpoint))

@@ -108,6 +108,15 @@ class KVLayout:
     head_dim: int
     bytes_per_element: float
 
+    def __post_init__(self) -> None:
+        """Whole numbers of at least 1 and a finite positive element size (UsageError naming the flag): `--layers
+        -80` priced a negative cache and exited 0."""
+        for name, flag in (("layers", "--layers"), ("kv_heads", "--kv-heads"), ("head_dim", "--head-dim")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UsageError(f"{flag} ({name}) = {v!r}: give a whole number of at least 1")
+        check_positive(self.bytes_per_element, "--kv-bytes (bytes_per_element)")
+
     def bytes_per_sequence(self, context_tokens: int) -> float:
         # K and V: 2 × layers × kv_heads × head_dim × bytes, per token
         return 2 * self.layers * self.kv_heads * self.head_dim * self.bytes_per_element * context_tokens
@@ -250,6 +259,13 @@ def check_speculation(alpha: float, gamma: int, draft_cost: float) -> None:
 def check_batch(batch: int) -> None:
     if batch < 1:
         raise UsageError(f"invalid batch setting: batch must be at least 1, got {batch}")
+
+
+def check_positive(value: Any, what: str, zero: bool = False) -> None:
+    """A finite number above 0 (`zero`: at least 0), else a UsageError naming `what`."""
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not zero):
+        raise UsageError(f"{what} = {value!r}: give a finite number {'of at least 0' if zero else 'above 0'}")
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -553,10 +569,13 @@ class Workload:
     plain_step_ms: float = 25.0
 
     def check(self) -> None:
-        if self.context_tokens < 0:
-            raise UsageError(f"context length must be >= 0, got {self.context_tokens}")
+        c = self.context_tokens
+        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
+            raise UsageError(f"context length must be a whole number >= 0, got {c!r}")
         check_batch(self.batch)
         check_speculation(self.alpha, self.gamma, self.draft_cost)
+        check_positive(self.draft_cost, "draft cost c", zero=True)
+        check_positive(self.plain_step_ms, "plain step (ms)")
 
 
 def token_cost(

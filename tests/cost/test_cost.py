@@ -376,3 +376,32 @@ def test_cli_prices_an_moe_without_a_checkpoint(capsys):
     assert main(["cost", "--experts", "8"]) == 2 and "go together" in capsys.readouterr().err
     assert main(["cost", "--routed-params", "1e9", "--experts", "8", "--top-k", "9"]) == 2
     assert "--top-k (9) <= --experts (8)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--layers", "-80"], "--layers (layers) = -80"),
+        (["--kv-heads", "0"], "--kv-heads (kv_heads) = 0"),
+        (["--kv-bytes", "inf"], "--kv-bytes (bytes_per_element) = inf"),
+        (["--kv-bytes", "nan"], "--kv-bytes (bytes_per_element) = nan"),
+    ],
+)
+def test_a_kv_shape_that_is_no_cache_is_exit_2(flags, says, capsys):
+    """`--layers -80` printed a KV cache of -671,088,640 bytes a sequence and exited 0."""
+    from quantize.cli import main
+
+    assert main(["cost", "--params", "7e9", *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
+
+
+def test_a_workload_of_nan_or_a_shape_of_nan_is_a_usage_error():
+    from quantize.errors import UsageError
+
+    with pytest.raises(UsageError, match="context length"):
+        cost.Workload(context_tokens=float("nan")).check()
+    with pytest.raises(UsageError, match="plain step"):
+        cost.Workload(plain_step_ms=float("inf")).check()
+    with pytest.raises(UsageError, match="bytes_per_element"):
+        cost.KVLayout(80, 8, 128, float("nan"))
