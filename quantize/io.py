@@ -58,6 +58,7 @@ def atomic_dir(target: Path, replace: bool = False) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
+        plain_modes(tmp)
         if target.exists() and not replace:
             raise UsageError(
                 f"{target} appeared while this run was writing (another run finished it first); this run's result "
@@ -82,6 +83,33 @@ def atomic_dir(target: Path, replace: bool = False) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def plain_modes(folder: Path) -> None:
+    """Give each regular file in `folder` (and its subfolders, links not followed) the mode a plain open() gives
+    under this process's umask (0644 under the usual 022): safetensors' writer creates its files 0600, so a
+    published checkpoint's weights were unreadable to every other user while its config was not."""
+    want = 0o666 & ~_umask()
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            f = os.path.join(root, name)
+            st = os.lstat(f)
+            if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) != want:
+                os.chmod(f, want)
+
+
+def _umask() -> int:
+    """This process's umask, read where Linux shows it (/proc/self/status) rather than set and put back, which
+    another thread creating a file in between would get wrong."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _pid_alive(pid: int) -> bool:

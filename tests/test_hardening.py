@@ -377,3 +377,30 @@ def test_a_gptq_or_awq_checkpoint_without_its_loader_packages_is_exit_2_naming_t
         code, err = run(capsys, *argv)
         assert code == 2, err
         assert f"{method.upper()} checkpoint" in err and all(n in err for n in needs) and "quantize inspect" in err
+
+
+def test_a_published_folder_gives_its_files_the_modes_of_a_plain_open(tmp_path):
+    """safetensors' writer creates its files 0600: every checkpoint's weights were unreadable to other users while
+    its config.json was not. atomic_dir gives each file the mode the umask gives a plain open (links untouched)."""
+    import os
+    import stat
+
+    import torch
+    from safetensors.torch import save_file
+
+    from quantize import io
+
+    target = tmp_path / "out"
+    (tmp_path / "elsewhere").write_text("x")
+    os.chmod(tmp_path / "elsewhere", 0o600)
+    with io.atomic_dir(target) as tmp:
+        save_file({"w": torch.zeros(2)}, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text("{}")
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "x.json").write_text("{}")
+        os.chmod(tmp / "sub" / "x.json", 0o600)
+        (tmp / "link").symlink_to(tmp_path / "elsewhere")
+    want = 0o666 & ~io._umask()
+    for f in ("model.safetensors", "config.json", "sub/x.json"):
+        assert stat.S_IMODE((target / f).stat().st_mode) == want, f
+    assert stat.S_IMODE((tmp_path / "elsewhere").stat().st_mode) == 0o600  # a link's target is not ours
