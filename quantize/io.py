@@ -70,7 +70,7 @@ def atomic_dir(target: Path, replace: bool = False) -> Iterator[Path]:
             if target.exists():
                 target.rename(old)
             tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if e.errno in FULL:
@@ -82,7 +82,16 @@ def atomic_dir(target: Path, replace: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(tmp, ignore_errors=True)
+    _remove(tmp)  # after an exchange: the old output, which may have been a link (removed as a link, never followed)
+
+
+def _remove(p: Path) -> None:
+    """Remove what a replace left under our own temporary name: a link as a link (rmtree refuses one, and the link
+    was left behind as `.NAME.tmp-PID`), a folder whole."""
+    if p.is_symlink():
+        p.unlink()
+    else:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def plain_modes(folder: Path) -> None:

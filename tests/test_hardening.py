@@ -404,3 +404,19 @@ def test_a_published_folder_gives_its_files_the_modes_of_a_plain_open(tmp_path):
     for f in ("model.safetensors", "config.json", "sub/x.json"):
         assert stat.S_IMODE((target / f).stat().st_mode) == want, f
     assert stat.S_IMODE((tmp_path / "elsewhere").stat().st_mode) == 0o600  # a link's target is not ours
+
+
+def test_replacing_a_link_leaves_no_link_behind_and_its_target_untouched(tmp_path):
+    """run --force with `output:` a link to a checkpoint replaced the link and left it as `.NAME.tmp-PID` (rmtree
+    skips a link, and leftovers() lists no link): the link is removed as a link, what it pointed at kept."""
+    from quantize import io
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "keep.txt").write_text("keep")
+    (tmp_path / "out").symlink_to(real)
+    with io.atomic_dir(tmp_path / "out", replace=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "real"]
+    assert not (tmp_path / "out").is_symlink() and (tmp_path / "out" / "new.txt").is_file()
+    assert (real / "keep.txt").read_text() == "keep"
