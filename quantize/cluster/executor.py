@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from quantize.cluster.spec import SLOT, Resources
 from quantize.errors import EXIT_OK, EXIT_RUNTIME
 from quantize.io import write_text_atomic
+from quantize.tables import printable
 
 WATCH_SECONDS = 1.0  # how often the driver looks for new start marks while tasks run (a directory listing)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # set to each task's num_cpus
@@ -223,11 +224,17 @@ class Executor:
         except ray.exceptions.RayError as e:  # its worker died more often than max_retries allows, or an input's
             if (dep := self._failed_input(t)) is not None:
                 return self._not_run(t, dep)
-            t.state, t.exit_code = "failed", EXIT_RUNTIME
-            first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
-            t.message = f"failed: its worker died {self.max_retries + 1} times ({type(e).__name__}: {first})"
-            self.say(f"failed    {t.task.label} (exit {t.exit_code}): {t.message}")
-            return None
+            if isinstance(e, ray.exceptions.RayTaskError):  # the function raised (retried only when its worker dies)
+                cause = getattr(e, "cause", None)  # the exception the function raised, without Ray's traceback
+                said = f"{type(cause).__name__}: {cause}" if cause is not None else (str(e).strip() or "?")
+                return self._failed(
+                    t, f"failed: the task raised in its worker ({printable(said.splitlines()[-1][:300])})"
+                )
+            first = printable(str(e).strip().splitlines()[0][:300]) if str(e).strip() else type(e).__name__
+            died = f"its worker died {self.max_retries + 1} times"
+            return self._failed(t, f"failed: {died} ({type(e).__name__}: {first})")
+        if not isinstance(outcome, Outcome):  # a task function of ours returns an Outcome: anything else is our bug
+            return self._failed(t, f"failed: the task returned {type(outcome).__name__}, not an Outcome (a bug)")
         if outcome.not_run and (dep := self._failed_input(t)) is not None:
             return self._not_run(t, dep)
         t.outcome = o = outcome
@@ -238,6 +245,10 @@ class Executor:
             f"{'' if t.state == 'done' else f' (exit {o.exit_code})'}: {o.message}"
         )
         return None
+
+    def _failed(self, t: Track, message: str) -> None:
+        t.state, t.exit_code, t.message = "failed", EXIT_RUNTIME, message
+        self.say(f"failed    {t.task.label} (exit {t.exit_code}): {t.message}")
 
     def _not_run(self, t: Track, dep: Track) -> None:
         t.state, t.message = "not run", f"not run: {dep.task.label} failed ({dep.message[:200]})"
@@ -285,5 +296,6 @@ def state_folder(root: Path) -> Path:
 
 
 def say_to_stderr(command: str) -> Callable[[str], None]:
-    """Progress lines on stderr, each as `quantize COMMAND: LINE`."""
-    return lambda line: print(f"quantize {command}: {line}", file=sys.stderr, flush=True)
+    """Progress lines on stderr, each as `quantize COMMAND: LINE`, control characters escaped (a line names
+    users' files and quotes task messages: a name holding an escape sequence must not drive the terminal)."""
+    return lambda line: print(f"quantize {command}: {printable(line)}", file=sys.stderr, flush=True)

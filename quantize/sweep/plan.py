@@ -37,7 +37,7 @@ from quantize.io import read_user_file, sha256_bytes, write_text_atomic
 from quantize.names import checked, key, shown, unique
 from quantize.records import VERDICT_FILE, Verdict
 from quantize.sweep.spec import SweepSpec
-from quantize.sweep.tasks import TaskSpec, converted, prepare_recipe
+from quantize.sweep.tasks import TaskSpec, converted, prepare_recipe, source_weights
 
 
 @dataclass
@@ -51,6 +51,7 @@ class Candidate:
     verdict: Verdict | None = None  # from an earlier run, still valid: nothing to do
     notes: list[str] = field(default_factory=list)
     recipe_sha256: str | None = None  # the recipe file's bytes, once read
+    source_weights: str = ""  # the weights hash its conversion records for its source (tasks.source_weights)
     cell: dict[str, Any] | None = None  # a matrix cell's values by field (None: not a cell)
     recipe_text: str | None = None  # a cell's recipe, written to `recipe` when it is converted
 
@@ -69,7 +70,7 @@ def candidates(spec: SweepSpec) -> list[Candidate]:
     for c in found:
         if c.recipe is not None and c.error is None and c.checkpoint is not None:
             try:
-                c.needs_convert = not _converted_here(c.checkpoint, c.recipe_sha256 or "", c.recipe)
+                c.needs_convert = not _converted_here(c.checkpoint, c.recipe_sha256 or "", c.recipe, c.source_weights)
             except UsageError as e:
                 c.error = str(e)
     return found
@@ -81,7 +82,11 @@ def _of_recipe(spec: SweepSpec, path: str) -> Candidate:
     except UsageError as e:
         return Candidate(Path(path).stem, path, path, None, error=str(e))
     name = str(recipe.name)
-    return Candidate(name, path, path, Path(spec.output) / name, recipe_sha256=sha)
+    try:
+        source = source_weights(recipe, spec.model)
+    except UsageError as e:
+        return Candidate(name, path, path, None, error=str(e))
+    return Candidate(name, path, path, Path(spec.output) / name, recipe_sha256=sha, source_weights=source)
 
 
 def _of_checkpoint(i: int, folder: str) -> Candidate:
@@ -148,6 +153,7 @@ def _cell(spec: SweepSpec, base: str, raw: Any, values: dict[str, Any], name: st
         data["name"] = checked(name, f"matrix cell {source}: its name", "give the base recipe a shorter `name:`")
         recipe = parse_recipe(data, f"matrix cell {source}")
         check(recipe)  # what its backend runs, as the conversion's preflight checks it
+        weights = source_weights(recipe, spec.model)
     except UsageError as e:
         return Candidate(name, source, None, None, error=str(e), cell=values)
     recipe_file = spec.home / "recipes" / f"{data['name']}.yaml"
@@ -155,7 +161,7 @@ def _cell(spec: SweepSpec, base: str, raw: Any, values: dict[str, Any], name: st
     c = Candidate(
         str(recipe.name), source, str(recipe_file), Path(spec.output) / str(recipe.name), cell=values, recipe_text=text
     )
-    c.recipe_sha256 = sha256_bytes(text.encode("utf-8"))
+    c.recipe_sha256, c.source_weights = sha256_bytes(text.encode("utf-8")), weights
     return c
 
 
@@ -259,15 +265,17 @@ def _one_folder_each(cands: list[Candidate]) -> None:
             )
 
 
-def _converted_here(out: Path, sha: str, recipe: str) -> bool:
-    """Whether `out` already holds this recipe's conversion; another recipe's output there is refused."""
+def _converted_here(out: Path, sha: str, recipe: str, source: str) -> bool:
+    """Whether `out` already holds this recipe's conversion of the sweep's model (every recipe of a sweep converts
+    it: prepare_recipe; `source`: its weights hash, tasks.source_weights); another recipe's or another model's
+    output there is refused."""
     if not out.exists():
         return False
-    if not converted(out, sha):
+    if not converted(out, sha, source):
         raise UsageError(
-            f"{out} exists and is not a whole conversion of {recipe} as it is now (another recipe, an earlier version "
-            "of it, or an incomplete folder): the sweep will not replace it. Remove it, or set the sweep's `output:` "
-            "to another folder"
+            f"{out} exists and is not a whole conversion of {recipe} as it is now from the sweep's model as it is now "
+            "(another recipe, an earlier version of it, another model's weights, or an incomplete folder): the sweep "
+            "will not replace it. Remove it, or set the sweep's `output:` to another folder"
         )
     return True
 

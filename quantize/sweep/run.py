@@ -51,7 +51,7 @@ from quantize.records import (
     SweepTaskRecord,
 )
 from quantize.sweep.plan import Candidate, candidates, settle_done, tasks_of, write_cells
-from quantize.sweep.spec import SweepSpec, load_sweep
+from quantize.sweep.spec import MAX_PARALLEL, SweepSpec, load_sweep
 from quantize.sweep.tasks import TaskSpec, execute
 
 
@@ -97,8 +97,10 @@ def plan_sweep(path: str | Path, address: str | None = None, max_parallel: int |
     if address is not None:
         spec.cluster = validate(Cluster, {"address": address}, "--address", "cluster address")
     if max_parallel is not None:
-        if max_parallel < 0:
-            raise UsageError(f"--max-parallel {max_parallel}: give 0 (as the resources allow) or a positive count")
+        if not 0 <= max_parallel <= MAX_PARALLEL:  # the file's own bounds
+            raise UsageError(
+                f"--max-parallel {max_parallel}: give 0 (as the resources allow) or a count of at most {MAX_PARALLEL:,}"
+            )
         spec.max_parallel = max_parallel
     if spec.max_parallel and spec.cluster.address != "local":
         raise UsageError(

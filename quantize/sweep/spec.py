@@ -25,6 +25,7 @@ imported or any model loads. `resources:` and `cluster:` are quantize/cluster/sp
 
 from __future__ import annotations
 
+import os
 import re
 from itertools import islice
 from pathlib import Path
@@ -40,6 +41,9 @@ from quantize.names import PathPart, PathText, checked
 MAX_CANDIDATES = 1000  # recipes (after globs) and checkpoints, each; one conversion is minutes to hours
 MAX_CELLS = 256  # a matrix's cells (base recipes × every combination of the values): each one is a conversion
 MAX_VALUES = 64  # values of one matrix field
+
+
+MAX_PARALLEL = 10_000  # tasks submitted at once, at most (a file's `max_parallel:` or --max-parallel)
 
 
 class Matrix(BaseModel):
@@ -91,7 +95,9 @@ class SweepSpec(BaseModel):
     matrix: Matrix | None = Field(None, description="recipe fields to vary over base recipes: one candidate per cell")
     resources: TaskResources = Field(default_factory=TaskResources)
     cluster: Cluster = Field(default_factory=Cluster)
-    max_parallel: int = Field(0, ge=0, le=10_000, description="tasks submitted at once; 0: as the resources allow")
+    max_parallel: int = Field(
+        0, ge=0, le=MAX_PARALLEL, strict=True, description="tasks submitted at once; 0: as the resources allow"
+    )
     max_retries: int = Field(2, ge=0, le=20, description="runs again of a task whose worker died")
 
     @property
@@ -111,13 +117,20 @@ class SweepSpec(BaseModel):
 
 def load_sweep(path: str | Path) -> tuple[SweepSpec, str]:
     """A sweep file, its paths resolved: recipes (globs expanded, sorted) and the policy beside its repository,
-    checkpoints and model as given (relative to the current folder, as a recipe's `model:` is)."""
+    checkpoints, output and a model folder relative to the current folder (as a recipe's `model:` is), made
+    absolute here: a task runs in its worker's working folder, which on a cluster the driver joined (`address:
+    auto`) is the folder `ray start` ran in, so a relative path sent it to write (and gate) elsewhere than the
+    driver reads."""
     spec, sha = load_yaml(path, SweepSpec, "sweep", "see sweeps/default.yaml")
     if spec.name is None:
         spec.name = checked(
             Path(path).stem, f"sweep {path}: its name (the file's, as it sets no `name:`)", "set `name:` in it"
         )
     spec.policy = beside_repo(path, spec.policy)
+    spec.output = _absolute(spec.output)
+    spec.checkpoints = [_absolute(c) for c in spec.checkpoints]  # as written, below this folder (`a/` kept)
+    if spec.model is not None and Path(spec.model).exists():  # a folder here (else a name resolve_model refuses)
+        spec.model = _absolute(spec.model)
     spec.recipes = expand_recipes(path, spec.recipes)
     if (m := spec.matrix) is not None:
         m.recipes = expand_recipes(path, m.recipes)
@@ -128,6 +141,12 @@ def load_sweep(path: str | Path) -> tuple[SweepSpec, str]:
                 + f"); a sweep takes at most {MAX_CELLS}, each one a conversion: list fewer values, or split it"
             )
     return spec, sha
+
+
+def _absolute(path: str) -> str:
+    """`path` below the current folder where it is relative, otherwise as written (a trailing `/` kept: a message
+    naming a folder listed twice shows both spellings)."""
+    return path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
 
 
 def expand_recipes(sweep_file: str | Path, given: list[str]) -> list[str]:

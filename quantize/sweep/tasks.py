@@ -23,9 +23,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from quantize import records
-from quantize.checkpoint.loader import resolve_model
+from quantize.checkpoint.files import weights_sha256
+from quantize.checkpoint.loader import recorded_weights_sha256, resolve_model
 from quantize.cluster.executor import THREAD_VARIABLES, Outcome, mark_start
 from quantize.convert.engine import complete_output, convert, tidy_leftovers
+from quantize.convert.gguf import source_gguf
 from quantize.convert.recipe import FILE_METHODS, load_recipe
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, RuntimeFailure, UsageError
 from quantize.gates.render import headline
@@ -131,9 +133,24 @@ def prepare_recipe(recipe_path: str, model: str | None, output: Path | None = No
     return recipe, sha
 
 
-def converted(out: Path, recipe_sha256: str) -> bool:
-    """`out` is a whole output of this recipe file (the same bytes): nothing to convert again."""
-    return complete_output(out) and records.read(RunRecord, out / "quantize.json").recipe.sha256 == recipe_sha256
+def source_weights(recipe: Any, model: str | None) -> str:
+    """The weights hash a conversion of `recipe` records for its source (RunRecord.source_model.weights_sha256):
+    a file-to-file recipe's source (a GGUF, or the folder llama.cpp's converter reads) hashed as the engine hashes
+    it, any other recipe's model folder (the sweep's `model` where the recipe names none) as the loader records it."""
+    if recipe.method in FILE_METHODS:
+        return weights_sha256(source_gguf(recipe.model))
+    return recorded_weights_sha256(resolve_model(recipe.model if recipe.model is not None else model))
+
+
+def converted(out: Path, recipe_sha256: str, source_sha256: str) -> bool:
+    """`out` is a whole output of this recipe file (the same bytes) converted from the source whose weights hash
+    is `source_sha256` (source_weights): nothing to convert again. A recipe that names no model converts the
+    sweep's, so the recipe's bytes alone did not say which model's conversion an output is: another model at the
+    same path, or another sweep `model:`, reused it and gated it against the new baseline."""
+    if not complete_output(out):
+        return False
+    meta = records.read(RunRecord, out / "quantize.json")
+    return meta.recipe.sha256 == recipe_sha256 and meta.source_model.weights_sha256 == source_sha256
 
 
 def convert_and_gate(convert: TaskSpec, gate: TaskSpec) -> Any:
@@ -151,7 +168,7 @@ def run_convert(task: TaskSpec) -> tuple[int, str, str | None]:
     out = Path(task.checkpoint)
     recipe, sha = prepare_recipe(task.recipe, task.model, out)
     said = tidy_leftovers(out, task.clean)
-    if converted(out, sha):  # an earlier attempt renamed its output into place, then its worker died
+    if converted(out, sha, source_weights(recipe, task.model)):  # an earlier attempt placed it, then its worker died
         return (
             EXIT_OK,
             "; ".join(["already converted (an earlier attempt finished it)", *said]),

@@ -42,12 +42,21 @@ class TaskError(Exception):
     pass
 
 
+class RaisedError(TaskError):
+    """Ray's error for a task function that raised: the exception itself as `cause`, its text Ray's traceback."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__("Traceback (most recent call last):\n\x1b[36mray::_in_worker()\x1b[39m ...")
+        self.cause = cause
+
+
 class StandIn:
     """Submitting runs the task at once with its inputs' values, as Ray does once they are ready; an input that is an
     error makes the task's result that error without running it (Ray's rule). `body` plays the worker."""
 
-    class exceptions:  # the name Ray's module has
+    class exceptions:  # the names Ray's module has
         RayError = TaskError
+        RayTaskError = RaisedError
 
     def __init__(self, body):
         self.body, self.submitted, self.waits, self.work = body, [], 0, []
@@ -200,3 +209,25 @@ def test_a_start_mark_is_written_whole_under_the_tasks_slug_and_read_back(tmp_pa
     ex.add(Job("gate", "w8"), Resources())
     ex._read_starts()
     assert lines[-1] == f"running   gate w8 on node node-1 (10.0.0.2, pid {os.getpid()}, 3 threads)"
+
+
+def test_a_task_that_raised_or_returned_no_outcome_is_failed_with_what_it_said(tmp_path):
+    """A task function that raised (a state folder the node cannot write) was reported as "its worker died 3 times"
+    (it ran once: exceptions are not retried) with Ray's coloured traceback as the reason; a result that is not an
+    Outcome stopped the driver with an AttributeError, no sweep.json written. Each is its task's failure now."""
+
+    def body(task, inputs):
+        if task.name == "broken":
+            raise RaisedError(OSError("[Errno 30] Read-only file system: '/state'\x1b[2J"))
+        if task.name == "lost":
+            return {"exit_code": 0}
+        return outcome(0, task.label)
+
+    _, tracks, _ = graph(tmp_path, body)
+    broken, lost = tracks["broken"][0], tracks["lost"][0]
+    assert broken.state == "failed" and broken.exit_code == 3
+    assert broken.message == (
+        "failed: the task raised in its worker (OSError: [Errno 30] Read-only file system: '/state'\\x1b[2J)"
+    )
+    assert lost.state == "failed" and lost.message == "failed: the task returned dict, not an Outcome (a bug)"
+    assert tracks["good"][1].state == "done" and tracks["lost"][1].state == "failed"

@@ -364,6 +364,8 @@ def test_two_nodes_a_bad_recipe_among_good_ones_and_exit_codes(world, tmp_path, 
         ("policy: p.yaml\nrecipes: [a.yaml]\nresources: {gate: {memory: lots}}\n", "resources.gate.memory"),
         ("policy: p.yaml\nrecipes: [a.yaml]\nresources: {convert: {num_cpus: 0}}\n", "resources.convert.num_cpus"),
         ("policy: p.yaml\nrecipes: [a.yaml]\nretries: 3\n", "unknown key `retries`"),
+        ("policy: p.yaml\nrecipes: [a.yaml]\nmax_parallel: true\n", "max_parallel = true"),  # not the count 1
+        ("policy: p.yaml\nrecipes: [a.yaml]\nrecipes: []\n", 'the key "recipes" is written twice'),
     ],
 )
 def test_a_bad_sweep_file_is_exit_2_naming_the_field(tmp_path, capsys, text, says):
@@ -529,3 +531,49 @@ def test_a_glob_over_more_recipes_than_a_sweep_takes_is_refused(tmp_path):
     (tmp_path / "s.yaml").write_text("policy: p.yaml\nrecipes: ['many/*.yaml']\n")
     with pytest.raises(UsageError, match=r"`recipes:` names more than 1,000 files \(at many/\*\.yaml\)"):
         load_sweep(tmp_path / "s.yaml")
+
+
+def test_a_conversion_of_another_model_is_not_taken_as_done(world, tmp_path):
+    """A recipe that names no model converts the sweep's: an output converted from the model that was at that
+    path before (or from another sweep `model:`) was reused and gated against the new baseline (a review's repro:
+    PASS, its quantize.json naming other source weights). Its record's source weights must be the model's now."""
+    from quantize.convert.recipe import load_recipe
+    from quantize.errors import UsageError
+    from quantize.sweep.plan import _converted_here
+    from quantize.sweep.tasks import converted, source_weights
+
+    from conftest import make_tiny_llama
+
+    out = world.base / "ref" / "w4"
+    sha = records.read(RunRecord, out / "quantize.json").recipe.sha256
+    recipe, _ = load_recipe(world.recipes["w4"])
+    other = make_tiny_llama(tmp_path / "other", seed=1)
+    mine, theirs = source_weights(recipe, None), source_weights(recipe.model_copy(update={"model": str(other)}), None)
+    assert mine != theirs and source_weights(recipe.model_copy(update={"model": None}), str(other)) == theirs
+    assert converted(out, sha, mine) and _converted_here(out, sha, "w4.yaml", mine)
+    assert not converted(out, sha, theirs)
+    with pytest.raises(UsageError, match="another model's weights"):
+        _converted_here(out, sha, "w4.yaml", theirs)
+
+
+def test_an_override_of_max_parallel_keeps_the_files_bounds(tmp_path, capsys):
+    """--max-parallel 10**30 skipped the file's bound and reached Ray as "cannot reach the Ray cluster"."""
+    f = tmp_path / "s.yaml"
+    f.write_text("policy: p.yaml\nrecipes: [a.yaml]\n")
+    assert cli(["sweep", str(f), "--max-parallel", str(10**30)]) == 2
+    assert "--max-parallel 1000000000000000000000000000000: give 0" in capsys.readouterr().err
+
+
+def test_relative_paths_of_a_sweep_file_are_made_absolute_for_the_workers(tmp_path, monkeypatch):
+    """A worker runs in its node's working folder (`ray start`'s, with `address: auto`): a relative output sent
+    the conversions and verdicts elsewhere than the driver read them (a stale verdict there read as the result)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "s.yaml").write_text("policy: p.yaml\nmodel: m\ncheckpoints: [c]\noutput: out\n")
+    spec, _ = load_sweep(tmp_path / "s.yaml")
+    assert (spec.output, spec.checkpoints, spec.model) == (
+        str(tmp_path / "out"),
+        [str(tmp_path / "c")],
+        str(tmp_path / "m"),
+    )
+    assert spec.home == tmp_path / "out" / "sweep-s"
