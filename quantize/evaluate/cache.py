@@ -20,7 +20,8 @@ unless asked for) is docs/reliability.md's trust model, which quantize/flows/gat
                the two identities it was asked for
     search     $QUANTIZE_CACHE/search/sensitivity-KEY.json  KEY = sha256(model identity, base recipe, options,
                                                                unit, golden manifest, suite, per_task, top_k,
-                                                               device kind, dtype)
+                                                               device kind, dtype, library_versions); sealed
+                                                               (.sha256) and holding its whole key
 
 The runtime (`Runtime`) is what changes a computed number besides the checkpoint and the suite's text: the device
 kind the model ran on (kernels differ between a CPU and an accelerator), the dtype it was loaded in (the suite's
@@ -334,11 +335,12 @@ def sensitivity_key(suite: OpenSuite, model_id: str, measured: dict[str, Any]) -
     options, unit, items per task, top-k, and the device kind and dtype the model ran in)."""
     return sha256_json(
         {
-            "v": 2,
+            "v": 3,  # 3: the installed libraries' versions, as the score and agreement keys hold them
             "agreement": AGREEMENT_REVISION,
             "model": model_id,
             "golden": suite.golden.manifest_sha256,
             "suite": suite.sha256,
+            "libraries": library_versions(),
             **measured,
         }
     )
@@ -349,11 +351,19 @@ def sensitivity_path(key: str) -> Path:
 
 
 def lookup_sensitivity(key: str) -> SensitivityRecord | None:
+    """A search's sensitivities stored under `key`, checked as score and agreement entries are: sealed (its
+    `.sha256` beside it; a file that does not hash to it is exit 2 naming it, one without it is measured again),
+    and holding `key` itself (the file name keeps 32 of its characters: another entry copied over it is refused)."""
     p = sensitivity_path(key)
-    return records.read(SensitivityRecord, p) if p.is_file() else None
+    fix = "delete it, and the next `quantize search` measures the sensitivities again"
+    if (raw := checked_bytes(p, fix)) is None:
+        return None
+    found = records.loads(SensitivityRecord, raw, p)
+    if found.key != key:
+        raise UsageError(f"cached sensitivities {p} were stored under key {found.key[:16]}, not {key[:16]}; {fix}")
+    return found
 
 
 def store_sensitivity(record: SensitivityRecord) -> None:
-    p = sensitivity_path(record.key)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    records.write(p, record)
+    """A sensitivity entry sealed (`seal_record`)."""
+    seal_record(sensitivity_path(record.key), record, True)

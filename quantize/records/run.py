@@ -225,7 +225,7 @@ class SearchRef(Strict):
     report: str  # search.json beside quantize.json
     try_index: int
     options: dict[str, int]  # option -> layer groups given it
-    holdout_kl: float
+    holdout_kl: float | None  # None: no held-out items were measured (measure.holdout_per_task: 0)
 
 
 class RunRecord(Record):

@@ -15,7 +15,8 @@ def search_text(r: SearchReport) -> str:
 
     lines = [
         f"search {printable(r.spec)}: {len(r.units)} layer groups, sensitivity on {r.items['sensitivity']} agreement "
-        f"items ({r.sensitivity_seconds:.0f} s, cached), checks on {r.items['holdout']} held-out items; smallest model "
+        f"items ({r.sensitivity_seconds:.0f} s to measure, kept in the cache), checks on {r.items['holdout']} "
+        "held-out items; smallest model "
         f"{r.smallest_bits_per_weight:.3f} bits/weight, budget {', '.join(f'{b:g}' for b in r.budgets_bits)}",
         "",
         "most sensitive layer groups (mean KL, alone):",
@@ -34,7 +35,7 @@ def search_text(r: SearchReport) -> str:
         lines.append(
             table(
                 [
-                    [c.label, f"{c.bits_per_weight:.3f}", f"{c.predicted_kl:.4f}", f"{c.holdout_kl:.4f}", opts(c)]
+                    [c.label, f"{c.bits_per_weight:.3f}", f"{c.predicted_kl:.4f}", _kl(c.holdout_kl), opts(c)]
                     for c in r.comparisons
                 ],
                 ["allocation", "bits/weight", "predicted KL", "held-out KL", "options"],
@@ -50,7 +51,7 @@ def search_text(r: SearchReport) -> str:
             [
                 a.label,
                 f"{a.bits_per_weight:.3f}",
-                f"{a.holdout_kl:.4f}",
+                _kl(a.holdout_kl),
                 top1,
                 verdict,
                 ", ".join(t.failed_rules) or "-",
@@ -63,3 +64,8 @@ def search_text(r: SearchReport) -> str:
         drivers = printable(", ".join(r.drivers))
         lines.append(f"\nno allocation within the budget passed; the most damaging layer groups: {drivers}")
     return "\n".join(lines)
+
+
+def _kl(kl: float | None) -> str:
+    """A held-out KL, or "-" where no held-out items were measured (measure.holdout_per_task: 0)."""
+    return "-" if kl is None else f"{kl:.4f}"

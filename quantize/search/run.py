@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import re
 import time
@@ -30,7 +31,7 @@ import yaml
 
 from quantize import records
 from quantize.checkpoint.accounting import bits_report
-from quantize.checkpoint.files import identity_sha256
+from quantize.checkpoint.files import BlobCheck, identity_sha256
 from quantize.checkpoint.loader import LastModel, device, meta_model, resolve_model
 from quantize.cluster.connect import import_ray, on_cluster
 from quantize.cluster.executor import Executor, say_to_stderr, state_folder
@@ -96,11 +97,20 @@ def preflight(
         model_dir = resolve_model(spec.model)
     out = output_dir(spec)
     for p in (out, out.parent / f"{out.name}.tries"):
+        if p.is_symlink():  # a link, dangling or not, is not ours to write through
+            raise UsageError(f"{p} is a link; remove it or set `output:` in {spec_path} to another folder")
         if p.exists():
             raise UsageError(
-                f"{p} already exists (an earlier search: its search.json records what was tried); remove it or "
-                f"set `output:` in {spec_path}"
+                f"{p} already exists (an earlier search: its search.json records what was tried, or a search that "
+                f"stopped left its tries, which may be removed); remove it or set `output:` in {spec_path}"
             )
+    for parent in out.absolute().parents:  # the first that exists must be a folder this process can write in
+        if parent.exists():
+            if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+                raise UsageError(f"output {out}: {parent} is not a writable folder; set `output:` in {spec_path}")
+            break
+    if spec.max_parallel > 1:
+        import_ray()  # a round of tries at once runs on Ray: missing is exit 2 now, not after the measurements
     wanted = sorted(budgets) if budgets else spec.budgets
     if isinstance(spec.base, GGUFRecipe):  # its layout is measured in files llama.cpp writes (search/gguf.layout)
         return spec, sha, policy, suite, model_dir, Layout([], 0, 1), wanted
@@ -216,14 +226,25 @@ class Search:
         self, measured: dict[str, Any], compute: Callable[[], dict[str, dict[str, float]]]
     ) -> None:
         """The sensitivities under their cache key (the model's identity, the suite, `measured`): read back, or
-        computed by `compute` (timed) and stored."""
+        computed by `compute` (timed) and stored, but only after the Hub blobs the identity was named from are read
+        back and found to be what their names say (BlobCheck, as a gate stores its scores): a blob whose name lies
+        stored its bytes' figures under another model's key."""
         self.key = cache.sensitivity_key(self.suite, identity_sha256(self.model_dir), measured)
         if (stored := cache.lookup_sensitivity(self.key)) is not None:
             self.sens, self.sens_seconds = stored.kl, stored.seconds
             return
+        names = BlobCheck([Path(self.model_dir)])
         t0 = time.perf_counter()
         self.sens = compute()
         self.sens_seconds = round(time.perf_counter() - t0, 1)
+        names.wait()
+        if bad := [(u, o) for u, by in self.sens.items() for o, kl in by.items() if not math.isfinite(kl)]:
+            shown = ", ".join(f"{u} at {o}" for u, o in bad[:3])
+            raise UsageError(
+                f"the KL to the model is not finite for {len(bad)} layer group(s) and option(s) ({shown}): the model "
+                f"{self.model_dir}, or those options on it, compute NaN or infinity. Check the model first (`quantize "
+                "eval` names the items), or leave those options out"
+            )
         cache.store_sensitivity(SensitivityRecord(key=self.key, kl=self.sens, seconds=self.sens_seconds))
 
     def held(self, alloc: dict[str, str]) -> dict | None:
@@ -612,7 +633,7 @@ def publish(s: Search, report: SearchReport, result: Path | None) -> SearchRepor
         report="search.json",
         try_index=t_index + 1,
         options=report.tries[t_index].allocation.options,
-        holdout_kl=report.tries[t_index].allocation.holdout_kl or 0.0,
+        holdout_kl=report.tries[t_index].allocation.holdout_kl,
     )
     records.write(result / "quantize.json", run)
     records.write(result / "search.json", report)

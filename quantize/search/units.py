@@ -87,6 +87,9 @@ class Layout:
         return math.floor(bits * self.source_parameters / 8)
 
 
+FLOATS = ("F64", "F32", "F16", "BF16")  # safetensors' floating dtypes: what a save dtype converts
+
+
 def layout(model: Any, model_dir: Path, base: RTNRecipe, options: list[str], unit: str) -> Layout:
     """Units and byte counts of a meta-device model whose source checkpoint is `model_dir`."""
     import torch
@@ -97,6 +100,18 @@ def layout(model: Any, model_dir: Path, base: RTNRecipe, options: list[str], uni
         tensors |= read_header(f)[0]
     total = sum(t.nbytes for t in tensors.values())
     params = sum(math.prod(t.shape) for t in tensors.values())
+    if base.dtype is not None:  # the bytes below are the source's stored ones: a dtype of another size moves them
+        size = getattr(torch, base.dtype).itemsize
+        other = sorted(
+            {t.dtype for t in tensors.values() if t.dtype in FLOATS and t.nbytes != size * math.prod(t.shape)}
+        )
+        if other:
+            raise UsageError(
+                f"the search's base sets dtype: {base.dtype}, and {model_dir} stores {', '.join(other)} tensors: the "
+                "tries would write the tensors they keep in another size than the source's, which the byte model "
+                "counts (search.json's bytes would not be the written ones). Leave `dtype:` out of the base, or "
+                f"convert the source to {base.dtype} first"
+            )
     g = base.weight_group
     units: dict[str, Unit] = {}
     scale_bytes = None

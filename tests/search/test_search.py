@@ -180,6 +180,58 @@ def test_a_budget_below_the_smallest_model_is_refused_before_any_model_loads(
     assert "below the smallest model these options make" in err and not (tmp_path / "out").exists()
 
 
+def test_a_base_dtype_of_another_size_than_the_source_is_refused_before_any_model_loads(
+    world, tiny_model, tmp_path, capsys, monkeypatch
+):
+    """The byte model counts the source's stored bytes: `dtype: bfloat16` over an fp32 source predicted 1,467,568
+    bytes where the tries wrote 789,168 (search.json's bytes not the written ones; a budget it meets refused).
+    A dtype of the source's own size is taken (the budget check after it is reached)."""
+    import quantize.checkpoint.loader
+
+    monkeypatch.setattr(quantize.checkpoint.loader, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    _, _, policy = world
+    base = {"method": "rtn", "scheme": "W4A16", "group_size": 64, "calibration": None}
+    for dtype, says in (("float32", "sets dtype: float32, and"), ("float16", "below the smallest model")):
+        s = spec(tmp_path / "s.yaml", tiny_model, policy, tmp_path / "out", budget=1.5, base={**base, "dtype": dtype})
+        assert main(["search", str(s)]) == 2
+        assert says in capsys.readouterr().err  # the tiny model is stored in BF16: float16 is its size
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_any_model_loads(
+    world, tiny_model, tmp_path, capsys, monkeypatch
+):
+    """A dangling link at `output:` ran the whole search, then stranded its result in `.tries` (exit 2 "Not a
+    directory"); an output below a file failed after the measurements."""
+    import quantize.checkpoint.loader
+
+    monkeypatch.setattr(quantize.checkpoint.loader, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    _, _, policy = world
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "afile").write_text("x")
+    for out, says in (
+        (tmp_path / "link", "is a link"),
+        (tmp_path / "afile" / "found", "is not a writable folder"),
+    ):
+        assert main(["search", str(spec(tmp_path / "s.yaml", tiny_model, policy, out))]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
+    assert not (tmp_path / "nowhere").exists() and not list(tmp_path.glob("*.tries"))
+
+
+def test_a_model_that_computes_nan_is_exit_2_naming_the_layer_groups(world, tiny_model, tmp_path, capsys):
+    """A NaN model's sensitivities ended in exit 3, "report this as a bug" (its record could not be written)."""
+    import shutil
+
+    from conftest import nan_copy
+
+    _, _, policy = world
+    bad = Path(shutil.copytree(tiny_model, tmp_path / "nan"))
+    nan_copy(tiny_model / "model.safetensors", bad / "model.safetensors")
+    assert main(["search", str(spec(tmp_path / "s.yaml", bad, policy, tmp_path / "found")), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "the KL to the model is not finite" in err and "report this" not in err
+
+
 def test_search_end_to_end_on_a_tiny_model(world, tiny_model, tmp_path, capsys):
     _, _, policy = world
     out = tmp_path / "found"
@@ -199,6 +251,43 @@ def test_search_end_to_end_on_a_tiny_model(world, tiny_model, tmp_path, capsys):
     assert labels[0].startswith("heuristic") and "searched (same bytes)" in labels
     same = {c["bytes"] for c in report["comparisons"][1:]}
     assert max(same) <= report["comparisons"][0]["bytes"]  # compared at no more bytes than the heuristic
+    # no held-out items: nothing measured there, so nothing claimed (quantize.json said 0.0, the text was exit 3)
+    none = tmp_path / "none"
+    measure = {"per_task": 2, "holdout_per_task": 0, "top_k": 5, "random_allocations": 2}
+    assert main(["search", str(spec(tmp_path / "n.yaml", tiny_model, policy, none, measure=measure))]) == 0
+    assert "held-out KL" in capsys.readouterr().out
+    assert json.loads((none / "quantize.json").read_text())["search"]["holdout_kl"] is None
+
+
+def test_a_sensitivity_entry_is_sealed_and_holds_its_whole_key(tmp_path, monkeypatch):
+    """Sensitivity entries were read as found: another entry (its own key inside) copied over a path, or figures
+    edited, were served to the next search; and the key left out the libraries that compute them."""
+    import shutil
+
+    from quantize import cache as files
+    from quantize.errors import UsageError
+    from quantize.evaluate import cache
+    from quantize.evaluate.suite import open_suite
+    from quantize.records import SensitivityRecord
+
+    from conftest import ROOT
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    suite = open_suite(ROOT / "evaluate" / "smoke.yaml")
+    one, two = (cache.sensitivity_key(suite, m, {"options": ["W4A16"]}) for m in ("a" * 64, "b" * 64))
+    cache.store_sensitivity(SensitivityRecord(key=one, kl={"layer": {"W4A16": 0.5}}, seconds=1.0))
+    assert cache.lookup_sensitivity(one).kl == {"layer": {"W4A16": 0.5}} and cache.lookup_sensitivity(two) is None
+    src, dst = cache.sensitivity_path(one), cache.sensitivity_path(two)
+    shutil.copy(src, dst)  # the first model's entry, digest and all, where the second's would be
+    shutil.copy(files.digest_path(src), files.digest_path(dst))
+    with pytest.raises(UsageError, match="were stored under key"):
+        cache.lookup_sensitivity(two)
+    path = cache.sensitivity_path(one)
+    path.write_text(path.read_text().replace("0.5", "0.0"))
+    with pytest.raises(UsageError, match="does not hash to the sha256"):
+        cache.lookup_sensitivity(one)
+    monkeypatch.setattr(cache, "library_versions", lambda: (("torch", "0.0"),))
+    assert cache.sensitivity_key(suite, "a" * 64, {"options": ["W4A16"]}) != one
 
 
 # --- gating the frontier in rounds ------------------------------------------------------------------------------
