@@ -88,14 +88,32 @@ def claimed(entry: Path) -> Iterator[None]:
     """Hold an exclusive lock on a cache entry while it is computed: a second process scoring the same
     checkpoint waits here, then finds the first one's result instead of scoring again."""
     import fcntl
+    import stat
 
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with open(entry.with_name(entry.name + ".lock"), "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    lock = entry.with_name(entry.name + ".lock")
+    # never through a link (a restored cache's lock linking elsewhere was truncated), never blocking on a FIFO
+    # (open waited for a writer forever), never truncating: flock needs an open file, nothing more
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        raise UsageError(
+            f"cache lock {lock} cannot be opened as a plain file ({e.strerror}: a link or something else was put "
+            "there, as a restored cache can hold one); remove it, and the next run makes its own"
+        ) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(
+                f"cache lock {lock} is not a regular file (a FIFO or a device); remove it, and the next run makes "
+                "its own"
+            )
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def digest_path(entry: Path) -> Path:

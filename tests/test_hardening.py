@@ -420,3 +420,31 @@ def test_replacing_a_link_leaves_no_link_behind_and_its_target_untouched(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "real"]
     assert not (tmp_path / "out").is_symlink() and (tmp_path / "out" / "new.txt").is_file()
     assert (real / "keep.txt").read_text() == "keep"
+
+
+def test_a_cache_lock_that_is_a_link_or_a_fifo_is_refused_and_nothing_is_truncated(tmp_path):
+    """A restored cache holding `KEY.json.lock` as a link had the file it named truncated to 0 bytes by `quantize
+    eval` (open(lock, "w")); as a FIFO, the open waited for a writer forever (a CI job until its timeout)."""
+    import os
+
+    from quantize.cache import claimed
+    from quantize.errors import UsageError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("x" * 2400)
+    entry = tmp_path / "scores" / "k.json"
+    entry.parent.mkdir()
+    lock = entry.with_name("k.json.lock")
+    lock.symlink_to(victim)
+    with pytest.raises(UsageError, match="cannot be opened as a plain file"), claimed(entry):
+        pass
+    assert victim.read_text() == "x" * 2400
+    lock.unlink()
+    os.mkfifo(lock)
+    with pytest.raises(UsageError, match="not a regular file"), claimed(entry):
+        pass
+    lock.unlink()
+    lock.write_text("left by an earlier run")
+    with claimed(entry):  # an ordinary leftover lock is taken, its bytes kept
+        pass
+    assert lock.read_text() == "left by an earlier run"

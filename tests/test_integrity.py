@@ -937,6 +937,31 @@ def test_a_hub_blob_named_with_the_baseline_s_hash_is_refused_not_passed(
     assert str(blob) in capsys.readouterr().err
 
 
+def test_a_lying_blob_leaves_nothing_cached_under_the_identity_it_borrowed(
+    world, tiny_model, tmp_path, capsys, monkeypatch
+):
+    """Where the borrowed identity had nothing cached yet, `gate --trust-cached-candidate` scored the candidate and
+    stored its scores and agreement before the blob check refused it; `golden size` and a sweep's baseline task
+    never checked blobs: each left the liar's figures cached under the other model's identity, and a later plain
+    gate of that model passed (a review's repros). Each refuses, and nothing is cached under that identity."""
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.flows.gate import score_baseline
+    from quantize.io import sha256_file
+
+    _, suite, lenient, bad = world
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    liar = _hub_snapshot(tmp_path / "hub", tiny_model, "org--liar", weights_blob=sha256_file(bad / "model.safetensors"))
+    assert identity_sha256(liar) == identity_sha256(bad)  # the NaN model's identity, the tiny model's bytes
+    gate = ["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(liar), "-q"]
+    assert main([*gate, "--trust-cached-candidate"]) == 2
+    assert main(["golden", "size", str(suite), "--baseline", str(liar), "--candidate", str(tiny_model)]) == 2
+    with pytest.raises(UsageError, match="blob"):
+        score_baseline(lenient, liar)
+    capsys.readouterr()
+    assert not _entry(suite, bad).exists()  # no scores under the borrowed identity
+    assert not [p for p in (tmp_path / "cache").rglob("*") if identity_sha256(bad)[:16] in p.name]
+
+
 def test_a_true_hub_snapshot_is_read_back_and_passes(world, tiny_model, tmp_path, capsys, monkeypatch):
     """A snapshot whose names hold: its blob is read back once (in the background), same identity, same verdict."""
     from quantize.checkpoint import files

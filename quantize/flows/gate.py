@@ -198,9 +198,12 @@ def score_baseline(policy_path: str | Path, baseline: Path) -> bool:
 
     policy, suite = open_policy(policy_path)
     models = LastModel(False)
-    doc, cached = score(suite, baseline, models=models)
+    names = BlobCheck([baseline])  # a Hub blob whose name lies: nothing cached under the identity it borrowed
+    doc, cached = score(suite, baseline, models=models, before_store=names.wait)
     if any(isinstance(r, AgreementRule) for r in policy.rules):
-        baseline_topk_cached(suite, baseline, doc.provenance.checkpoint.identity_sha256, models)
+        base_id = doc.provenance.checkpoint.identity_sha256
+        baseline_topk_cached(suite, baseline, base_id, models, before_store=names.wait)
+    names.wait()
     return cached
 
 
@@ -303,13 +306,16 @@ def _gate(
             not computed and scores_sha256(suite, cand_path, identity_sha256(cand_path), run) is not None
         )
         with progress.stage(f"gate: candidate scores ({cand_path.name})"):
-            cand = load_scores(suite, cand_path, models, use_cache=not computed)
+            # trusting the cache, scores computed where none was cached are stored: only after the blob check
+            cand = load_scores(suite, cand_path, models, use_cache=not computed, before_store=names.wait)
         check_sample_metrics(policy, cand, cand_path)
         cand_id = cand.provenance.checkpoint.identity_sha256
         agreement = None
         if needs_agreement:
             with progress.stage(f"gate: candidate agreement ({cand_path.name})"):
-                agreement = candidate_agreement(suite, base, (base_path, cand_path), cand_id, models, not computed)
+                agreement = candidate_agreement(
+                    suite, base, (base_path, cand_path), cand_id, models, not computed, before_store=names.wait
+                )
         with progress.stage("gate: decision"):
             v = decide(policy, base, cand, agreement, across_engines)
         cand_file = scores_sha256(suite, cand_path, cand_id, run) if cached else None
@@ -379,15 +385,16 @@ def candidate_agreement(
     cand_id: str,
     models: LastModel,
     from_cache: bool = False,
+    before_store: Callable[[], None] | None = None,
 ) -> records.AgreementResult:
     """The candidate's agreement with the baseline, through the gate's one loader: measured here, or with
-    `from_cache` read from the cache where it is there (and cached)."""
+    `from_cache` read from the cache where it is there (and cached, after `before_store`: the blob check)."""
     from quantize.evaluate.agreement import agreement_scores, measure_agreement
 
     (base_path, cand_path), base_id = paths, base.provenance.checkpoint.identity_sha256
     if not from_cache:
         return measure_agreement(suite, base_path, cand_path, (base_id, cand_id), models)
-    return agreement_scores(suite, base_path, cand_path, base_id, cand_id, models=models)
+    return agreement_scores(suite, base_path, cand_path, base_id, cand_id, models=models, before_store=before_store)
 
 
 def run_sequential(

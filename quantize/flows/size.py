@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quantize.checkpoint.files import BlobCheck
 from quantize.checkpoint.loader import LastModel
 from quantize.errors import UsageError
 from quantize.evaluate.suite import open_suite
@@ -26,8 +27,10 @@ def run_sizing(
     for p in (baseline, candidate):
         check_target(p)
     models = LastModel()
-    base = load_scores(suite, baseline, models)
-    cand = load_scores(suite, candidate, models)
+    names = BlobCheck([baseline, candidate])  # Hub blobs read back before anything is cached under their names
+    base = load_scores(suite, baseline, models, before_store=names.wait)
+    cand = load_scores(suite, candidate, models, before_store=names.wait)
+    names.wait()
     check_provenance(base, cand)
     return SizingReport(
         golden=f"{suite.golden.manifest.name}/{suite.golden.manifest.version}",
