@@ -10,6 +10,11 @@
   frozen (`recording_draws`).
 - `TemplateLM._loglikelihood_tokens(requests, **kwargs)`: abstract, so every TemplateLM defines it; our lm-eval
   model (evaluate/lm.py `PrefixLM`) defines it with these parameters.
+- `lm_eval.utils.env`: the Jinja environment `apply_template` renders every task template with (doc_to_text,
+  doc_to_target, ...), unsandboxed: replaced by jinja2's SandboxedEnvironment before a golden set's tasks are
+  handed to lm-eval (`sandbox_templates`), so a template cannot reach Python (`cycler.__init__.__globals__`).
+- `lm_eval.api.registry.metric_registry`: the metrics lm-eval defines; any other name in a task's metric_list is
+  looked up with HF evaluate's `load`, which imports a Python file of that name or path (`registered_metrics`).
 
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on
 any); the functions below are the only callers of those names.
@@ -24,6 +29,7 @@ from importlib.metadata import version
 from typing import Any
 
 from quantize.compat import outside
+from quantize.errors import UsageError
 
 CHECKED = ((0, 4, 13), (0, 4, 14))  # [from, to): the versions the assumptions above were read on
 SIGNATURES = {  # (module, class, method) -> its parameters after self
@@ -43,6 +49,13 @@ def problems() -> list[str]:
     found = []
     if why := outside("lm-eval", version("lm_eval"), CHECKED):
         found.append(why)
+    import jinja2
+    import lm_eval.utils
+
+    if not isinstance(getattr(lm_eval.utils, "env", None), jinja2.Environment):
+        found.append("lm_eval.utils.env is no longer a jinja2 Environment (sandbox_templates replaces it)")
+    elif "env" not in lm_eval.utils.apply_template.__code__.co_names:
+        found.append("lm_eval.utils.apply_template no longer renders with the module's env (sandbox_templates)")
     for (module, cls, method), want in SIGNATURES.items():
         if module == NEEDS_VLLM and importlib.util.find_spec("vllm") is None:
             continue
@@ -95,3 +108,52 @@ def recording_draws(task: Any) -> Iterator[list[list[dict[str, Any]]]]:
         yield drawn
     finally:
         del sampler.sample
+
+
+def sandbox_templates() -> None:
+    """Render every lm-eval task template in jinja2's SandboxedEnvironment from now on in this process: lm-eval's
+    own (`lm_eval.utils.env`) is a plain Environment, in which a golden set's doc_to_text of
+    `{{ cycler.__init__.__globals__.os.system(...) }}` ran a shell command when the set was scored (a review's
+    repro). The sandbox keeps lm-eval's settings and filters (regex_replace) and refuses unsafe attributes."""
+    import lm_eval.utils
+    from jinja2.sandbox import SandboxedEnvironment
+
+    plain = lm_eval.utils.env
+    if isinstance(plain, SandboxedEnvironment):
+        return
+    env = SandboxedEnvironment(
+        loader=plain.loader, undefined=plain.undefined, keep_trailing_newline=plain.keep_trailing_newline
+    )
+    env.filters.update({k: f for k, f in plain.filters.items() if k not in env.filters})
+    lm_eval.utils.env = env
+
+
+def registered_metrics() -> set[str]:
+    """The metric names lm-eval defines itself; a task naming another is looked up with HF evaluate's `load`,
+    which imports a Python file of that name or path (from the working folder, or anywhere)."""
+    import lm_eval.api.metrics  # noqa: F401  # registers them
+    from lm_eval.api.registry import metric_registry
+
+    return set(metric_registry)
+
+
+def sandboxed_metrics() -> set[str]:
+    """Before a golden set's tasks go to lm-eval: templates rendered sandboxed from now on (sandbox_templates), and
+    the metric names a task may use (registered_metrics), for golden/manifest.lm_eval_tasks to hold them to."""
+    sandbox_templates()
+    return registered_metrics()
+
+
+@contextlib.contextmanager
+def templates_refused(where: str) -> Iterator[None]:
+    """A template the sandbox stopped (jinja2's SecurityError, raised from inside lm-eval while it builds a task's
+    requests) as the UsageError it is: the golden set's fault, named, not a failure of ours."""
+    from jinja2.exceptions import SecurityError
+
+    try:
+        yield
+    except SecurityError as e:
+        raise UsageError(
+            f"{where}: a task template tried to reach Python ({str(e)[:200]}); a golden set's templates are data "
+            "rendered in a sandbox. Fix the task YAML's doc_to_text/doc_to_target/doc_to_choice"
+        ) from None

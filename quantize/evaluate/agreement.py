@@ -69,31 +69,36 @@ def requests(golden: GoldenSet, tasks: list[str], per_task: int) -> list[Request
 
     from lm_eval.tasks import TaskManager, get_task_dict
 
-    out = []
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
-        include = lm_eval_tasks(golden, Path(tmp))
-        loaded = get_task_dict(tasks, TaskManager(include_path=str(include), include_defaults=False))
-        for task in tasks:
-            t = loaded[task]
-            t.build_all_requests(limit=per_task, rank=0, world_size=1)
-            key = golden.item_key(task)
-            for inst in t.instances:
-                item, cluster = golden_item_id(inst.doc, key)
-                if inst.request_type == "loglikelihood_rolling":
-                    out.append(Request(item, task, cluster, None, inst.arguments[0]))
-                    continue
-                if inst.request_type == "generate_until":
-                    target = t.doc_to_target(inst.doc)
-                    target = target[0] if isinstance(target, list) else target
-                    out.append(Request(item, task, cluster, inst.arguments[0], t.config.target_delimiter + str(target)))
-                    continue
-                if t.OUTPUT_TYPE == "multiple_choice":
-                    gold = t.doc_to_target(inst.doc)
-                    if isinstance(gold, str):
-                        gold = t.doc_to_choice(inst.doc).index(gold)
-                    if inst.idx != gold:
-                        continue
-                out.append(Request(item, task, cluster, *inst.arguments[:2]))
+        include = lm_eval_tasks(golden, Path(tmp), None, lm_eval_compat.sandboxed_metrics())
+        with lm_eval_compat.templates_refused(f"golden set {golden.path}"):  # every render of a template below
+            loaded = get_task_dict(tasks, TaskManager(include_path=str(include), include_defaults=False))
+            out = [r for task in tasks for r in _task_requests(golden, task, loaded[task], per_task)]
+    return out
+
+
+def _task_requests(golden: GoldenSet, task: str, t: Any, per_task: int) -> list[Request]:
+    """One task's requests (`requests`), its first `per_task` items as lm-eval builds them."""
+    out = []
+    t.build_all_requests(limit=per_task, rank=0, world_size=1)
+    key = golden.item_key(task)
+    for inst in t.instances:
+        item, cluster = golden_item_id(inst.doc, key)
+        if inst.request_type == "loglikelihood_rolling":
+            out.append(Request(item, task, cluster, None, inst.arguments[0]))
+            continue
+        if inst.request_type == "generate_until":
+            target = t.doc_to_target(inst.doc)
+            target = target[0] if isinstance(target, list) else target
+            out.append(Request(item, task, cluster, inst.arguments[0], t.config.target_delimiter + str(target)))
+            continue
+        if t.OUTPUT_TYPE == "multiple_choice":
+            gold = t.doc_to_target(inst.doc)
+            if isinstance(gold, str):
+                gold = t.doc_to_choice(inst.doc).index(gold)
+            if inst.idx != gold:
+                continue
+        out.append(Request(item, task, cluster, *inst.arguments[:2]))
     return out
 
 

@@ -33,6 +33,7 @@ from quantize.checkpoint.files import (
 from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.loader import device as pick_device
 from quantize.checkpoint.rounding import stored_rounds_activations
+from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure
 from quantize.evaluate import cache
 from quantize.evaluate.engine import gguf_to_score, llamacpp_settings
@@ -265,21 +266,22 @@ def evaluate_suite(suite: OpenSuite, model: dict[str, Any], tasks: list[str], **
     s, golden = suite.suite, suite.golden
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
         ids = golden.manifest.smoke_ids if s.subset == "smoke" else None
-        include = lm_eval_tasks(golden, Path(tmp), ids=ids)
-        return simple_evaluate(
-            **model,
-            tasks=tasks,
-            task_manager=TaskManager(include_path=str(include), include_defaults=False),
-            log_samples=True,
-            random_seed=s.seed,
-            numpy_random_seed=s.seed,
-            torch_random_seed=s.seed,
-            fewshot_random_seed=s.seed,
-            # our own statistics come from the per-item records; lm-eval's bootstrap stderr forks a
-            # multiprocessing pool inside a threaded torch process, which can deadlock
-            bootstrap_iters=0,
-            **kwargs,
-        )
+        include = lm_eval_tasks(golden, Path(tmp), ids, lm_eval_compat.sandboxed_metrics())
+        with lm_eval_compat.templates_refused(f"golden set {golden.path}"):
+            return simple_evaluate(
+                **model,
+                tasks=tasks,
+                task_manager=TaskManager(include_path=str(include), include_defaults=False),
+                log_samples=True,
+                random_seed=s.seed,
+                numpy_random_seed=s.seed,
+                torch_random_seed=s.seed,
+                fewshot_random_seed=s.seed,
+                # our own statistics come from the per-item records; lm-eval's bootstrap stderr forks a
+                # multiprocessing pool inside a threaded torch process, which can deadlock
+                bootstrap_iters=0,
+                **kwargs,
+            )
 
 
 @reported

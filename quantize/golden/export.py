@@ -19,11 +19,13 @@ from pathlib import Path
 
 import yaml
 
+from quantize.compat.lm_eval import sandboxed_metrics
 from quantize.config import parse_yaml
 from quantize.errors import UsageError
 from quantize.golden.items import MAX_ITEM_BYTES, MAX_SET_FILE_BYTES
 from quantize.golden.manifest import HINT, GoldenSet, lm_eval_tasks
 from quantize.io import atomic_dir, read_user_file, user_lines
+from quantize.names import checked
 
 MAX_TASK_YAML_BYTES = 2**20  # a YAML lm_eval_tasks wrote: a few hundred bytes
 
@@ -57,7 +59,7 @@ def export_tasks(
     _check_out(out, force)
     final = out.resolve()
     with tempfile.TemporaryDirectory(prefix="quantize-export-") as scratch, atomic_dir(out, replace=force) as tmp:
-        include = lm_eval_tasks(golden, Path(scratch), ids=ids)
+        include = lm_eval_tasks(golden, Path(scratch), ids, sandboxed_metrics())
         (tmp / "data").mkdir()
         counts: dict[str, int] = {}
         for src in sorted(include.glob("*.yaml")):
@@ -65,7 +67,7 @@ def export_tasks(
             files = (cfg.get("dataset_kwargs") or {}).get("data_files") if isinstance(cfg, dict) else None
             if files and "task" in cfg:
                 for split, path in files.items():
-                    name = f"{cfg['task']}.{split}.jsonl"
+                    name = f"{checked(cfg['task'], 'task', HINT)}.{checked(split, 'split', HINT)}.jsonl"  # verified
                     n = _copy(Path(path), tmp / "data" / name, golden)
                     files[split] = str(final / "data" / name)
                     if split == "test":

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from quantize import names
 from quantize.cache import content_path
 from quantize.config import MAX_YAML_BYTES, Wording, parse_yaml, validate
 from quantize.errors import UsageError
@@ -173,6 +174,7 @@ def verify(path: str | Path) -> GoldenSet:
     entries = task_entries(root, manifest, configs)
     problems += _check_data_files(root, manifest, entries, configs)
     problems += _outside_reads(root, manifest, configs)
+    problems += _entries_are_what_lm_eval_reads(root, entries, configs)
     listed = set(files)
     for sub in ("data", "tasks"):
         for p in sorted((root / sub).glob("*")) if (root / sub).is_dir() else []:
@@ -300,6 +302,7 @@ def _outside_reads(root: Path, manifest: Manifest, configs: dict[str, Any]) -> l
             continue
         if "include" in cfg:
             problems.append(f"{name}: `include: {cfg['include']}` pulls in a file the manifest does not check")
+        problems += _named_parts(name, cfg)
         if cfg.get("dataset_path") != "json":
             problems.append(f"{name}: dataset_path {cfg.get('dataset_path')!r}; a golden task reads its own JSON")
         files = (cfg.get("dataset_kwargs") or {}).get("data_files")
@@ -321,6 +324,66 @@ def _outside_reads(root: Path, manifest: Manifest, configs: dict[str, Any]) -> l
                         + ("outside the version folder" if not inside else "not listed in the manifest")
                     )
     return problems
+
+
+def _entries_are_what_lm_eval_reads(root: Path, entries: dict[str, TaskEntry], configs: dict[str, Any]) -> list[str]:
+    """Each task entry (whose file verify checks item by item) is what lm-eval scores: a task YAML of that name and
+    output type whose scored split (`test_split`, else `validation_split`) reads the entry's data file, and whose
+    other splits read its few-shot file or that data file alone. A YAML reading another listed file (only hashed,
+    its items unchecked: duplicate ids collapsed a gate's pairs to 7 of 12) verified; a task with no YAML, or of
+    another output type, failed only at scoring (exit 3 after the load)."""
+    by_task = {c["task"]: (n, c) for n, c in configs.items() if isinstance(c, dict) and isinstance(c.get("task"), str)}
+    problems = []
+    for task, e in sorted(entries.items()):
+        if task not in by_task:
+            problems.append(f"MANIFEST.json: task {task} has no task YAML of that name (`task: {task}`)")
+            continue
+        name, cfg = by_task[task]
+        if cfg.get("output_type") != e.output_type:
+            problems.append(f"{name}: output_type {cfg.get('output_type')!r}, the manifest says {e.output_type!r}")
+        files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+        if not isinstance(files, dict):
+            continue  # _outside_reads names it
+        scored = cfg.get("test_split") or cfg.get("validation_split")
+        allowed = {e.data, *([e.fewshot] if e.fewshot else [])}
+        for split, rel in files.items():
+            if not isinstance(rel, str):
+                problems.append(f"{name}: split {split} reads {str(rel)[:80]}; a split reads one file of the set")
+                continue
+            where = _relative(root, rel)
+            if split == scored and where != e.data:
+                problems.append(
+                    f"{name}: its scored split {split} reads {rel}, the manifest's items of {task} are {e.data}"
+                )
+            elif where not in allowed:
+                problems.append(
+                    f"{name}: split {split} reads {rel}, which is neither {task}'s items nor its few-shot file"
+                )
+        if scored not in files:
+            problems.append(f"{name}: it scores split {scored!r}, which its data_files do not name")
+    return problems
+
+
+def _relative(root: Path, rel: str) -> str | None:
+    """A task YAML's data path (relative to tasks/) as a manifest name, or None where it leaves the folder."""
+    try:
+        where = (root / "tasks" / rel).resolve()
+    except (ValueError, OSError):
+        return None
+    base = root.resolve()
+    return where.relative_to(base).as_posix() if where.is_relative_to(base) else None
+
+
+def _named_parts(name: str, cfg: dict[str, Any]) -> list[str]:
+    """A task's name and its data_files split keys are names (quantize/names.py): `golden export` names files
+    TASK.SPLIT.jsonl by them, and `task: /tmp/x` wrote wherever it said."""
+    files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+    parts = [("task", cfg["task"]), *(("split", k) for k in (files if isinstance(files, dict) else {}))]
+    return [
+        f"{name}: {what} {names.shown(part)} {why}; {names.RULE}"
+        for what, part in parts
+        if (why := names.problem(part)) is not None
+    ]
 
 
 def task_entries(root: Path, manifest: Manifest, configs: dict[str, Any] | None = None) -> dict[str, TaskEntry]:
@@ -395,17 +458,44 @@ def _stored(dest: Path, data: bytes) -> Path:
     return dest
 
 
-def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | None = None) -> Path:
+def _verified_config(golden: GoldenSet, name: str) -> Any:
+    """A task YAML as lm-eval will get it, from bytes that hash to the manifest's entry: it was read from disk
+    again after verify, and a YAML edited in between was scored and cached under the verified manifest's sha (a
+    review's repro: a changed target, acc cached 0.25 where the set gives 0.42)."""
+    path = golden.path / name
+    raw = read_user_file(path, "golden task file", MAX_YAML_BYTES, hint=HINT)
+    if sha256_bytes(raw) != golden.manifest.files[name].sha256:
+        raise UsageError(f"{path} changed after the golden set {golden.path} was verified; {HINT}")
+    return parse_yaml(raw, str(path))
+
+
+def _check_metrics(name: str, cfg: Any, metrics: set[str]) -> None:
+    """Every metric a task YAML names is one lm-eval defines (compat.registered_metrics), never looked up with HF
+    evaluate: `hf_evaluate: true`, or any other name, makes lm-eval import a Python file of that name or path."""
+    for m in (cfg.get("metric_list") or []) if isinstance(cfg, dict) else []:
+        metric = m.get("metric") if isinstance(m, dict) else m
+        if not isinstance(metric, str) or metric not in metrics or (isinstance(m, dict) and m.get("hf_evaluate")):
+            raise UsageError(
+                f"{name}: metric {str(metric)[:80]!r} is not one lm-eval defines ({', '.join(sorted(metrics))}); "
+                "lm-eval would load it with HF evaluate, which imports a Python file of that name: a golden set "
+                "runs no code. Name one of those metrics"
+            )
+
+
+def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | None, metrics: set[str]) -> Path:
     """Write the task YAMLs into `into` with absolute data paths (lm-eval resolves them from the
     working directory), optionally restricted to some item ids per task, each data file a copy named by its
-    bytes (`addressed`). Returns the include path."""
+    bytes (`addressed`), each YAML from bytes that hash to the manifest (`_verified_config`) and naming only
+    `metrics` (compat.lm_eval.registered_metrics: lm-eval's own; the caller also renders templates sandboxed,
+    compat.lm_eval.sandbox_templates, before lm-eval loads them). Returns the include path."""
     import yaml
 
     into.mkdir(parents=True, exist_ok=True)
     for name in golden.manifest.files:
         if not name.startswith("tasks/"):
             continue
-        cfg = task_config(golden.path, name)
+        cfg = _verified_config(golden, name)
+        _check_metrics(name, cfg, metrics)
         files = (cfg.get("dataset_kwargs") or {}).get("data_files")
         if files and "task" in cfg:
             for split in files:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
+from quantize.golden.items import id_key
 from quantize.golden.manifest import Manifest
 from quantize.golden.version import TaskFiles, check_new_version, write_version
 from quantize.io import user_lines
@@ -140,11 +141,13 @@ def read_items(path: Path, kind: str, task: str) -> tuple[list[dict[str, Any]], 
                 raise UsageError(f"{where} is not valid JSON ({str(e)[:120]}); one JSON object per line") from None
             item = check_item(kind, obj, where)
             item.setdefault("id", f"{task}-{n:05d}")
-            if item["id"] in seen:
+            key = id_key(item["id"])  # as verify compares ids (NFC, stripped): "x" and "x\u00a0" are one id there
+            if key in seen:
                 raise UsageError(
-                    f"{where}: id {item['id']!r} is already used on line {seen[item['id']]}; ids must be unique"
+                    f"{where}: id {item['id']!r} is already used on line {seen[key]} (ids are compared after Unicode "
+                    "normalisation and trimming); ids must be unique"
                 )
-            seen[item["id"]] = n
+            seen[key] = n
             items.append(item)
         digest = lines.hexdigest()
     if not items:
@@ -194,9 +197,12 @@ def new_version(
     out = Path(out)
     shape = template(kind)  # an unknown --type: before anything else
     check_new_version(out)
+    named = task is not None
     task = task or f"{out.parent.name}_{kind}"
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_\-]{0,63}", task):
-        raise UsageError(f"--task {task!r}: a task name is a letter, then letters, digits, '_' or '-' (at most 64)")
+        what = f"--task {task!r}" if named else f"the task name {task!r} (the set's folder name, then the type)"
+        fix = "" if named else "; give --task NAME, or a set folder whose name starts with a letter"
+        raise UsageError(f"{what}: a task name is a letter, then letters, digits, '_' or '-' (at most 64){fix}")
     gen.check(kind)
     items, digest = read_items(Path(source), kind, task)
     clustered = "cluster" in items[0]

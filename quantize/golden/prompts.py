@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantize.compat.lm_eval import recording_draws
+from quantize.compat.lm_eval import recording_draws, sandboxed_metrics, templates_refused
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.golden.items import CONTEXT_FIELD, SHOTS_FIELD  # noqa: F401 - the pins' fields (items.py checks them)
 from quantize.golden.manifest import lm_eval_tasks, verify
@@ -111,8 +111,9 @@ def check_prompts(written: Path, originals: dict[str, dict[int, list[str]]], id_
 
     golden = verify(written)
     with tempfile.TemporaryDirectory(prefix="quantize-prompts-") as tmp:
-        include = lm_eval_tasks(golden, Path(tmp), None)
-        loaded = get_task_dict(sorted(originals), TaskManager(include_path=str(include), include_defaults=False))
+        include = lm_eval_tasks(golden, Path(tmp), None, sandboxed_metrics())
+        with templates_refused(f"golden set {written}"):
+            loaded = get_task_dict(sorted(originals), TaskManager(include_path=str(include), include_defaults=False))
         for name, want in originals.items():
             task = loaded[name]
             task.set_fewshot_seed(LM_EVAL_FEWSHOT_SEED)

@@ -64,11 +64,18 @@ def check_new_version(out: Path) -> None:
     where, given = "--out golden/SET/VERSION, e.g. golden/faq/v1", f"--out {shown(str(out), 200)}"
     checked(out.name, f"{given}: the version", f"give {where}")
     checked(out.parent.name, f"{given}: the set (the folder above the version)", f"give {where}")
+    if out.is_symlink():
+        raise UsageError(f"--out {out} is a link; name the new version folder itself, e.g. golden/faq/v1")
     if out.exists():
         raise UsageError(
             f"{out} exists: a golden version is immutable. Write a new version folder (e.g. "
             f"{out.parent / _next_version(out.name)})"
         )
+    for parent in out.absolute().parents:  # the first that exists must be a folder (not a file named like the set)
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"--out {out}: {parent} is a file, so no version folder can be made below it")
+            break
     if not out.parent.name or out.name in ("data", "tasks"):
         raise UsageError(f"--out {out}: name a version folder inside a set folder, e.g. golden/faq/v1")
 

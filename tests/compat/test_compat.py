@@ -691,3 +691,17 @@ def test_fake_quantize_is_the_librarys_and_a_re_signed_one_is_found(monkeypatch)
     assert torch.allclose(ct.fake_quantize(w, scale, zp, args), torch.tensor([[0.1, -0.5, 0.3, 0.7]]))
     monkeypatch.setattr(forward, "fake_quantize", lambda x, scale, zero_point: x)
     assert any("fake_quantize takes ('x', 'scale', 'zero_point')" in p for p in ct.problems())
+
+
+def test_lm_evals_templates_render_sandboxed_with_its_own_filters():
+    """compat.lm_eval.sandbox_templates replaces lm_eval.utils.env (a private name: problems() checks that
+    apply_template still renders with it): an unsafe attribute is refused, lm-eval's filters still work."""
+    import jinja2
+    from lm_eval.utils import apply_template
+
+    from quantize.compat import lm_eval as compat
+
+    compat.sandbox_templates()
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        apply_template("{{ cycler.__init__.__globals__ }}", {})
+    assert apply_template("{{ q | regex_replace('a+', 'b') }} {{ n + 1 }}\n", {"q": "caat", "n": 1}) == "cbt 2\n"

@@ -13,6 +13,7 @@ import pytest
 
 from quantize import records
 from quantize.cli import main
+from quantize.compat.lm_eval import sandboxed_metrics
 from quantize.evaluate import cache
 from quantize.evaluate.cache import ran
 from quantize.evaluate.score import runtime, score
@@ -203,7 +204,7 @@ def test_scoring_through_our_loader_equals_lm_evals_own_loading(setup, tiny_mode
     _, suite, _, _ = setup
     s = open_suite(suite)
     ours, _ = score(s, tiny_model)
-    include = lm_eval_tasks(s.golden, tmp_path / "tasks")
+    include = lm_eval_tasks(s.golden, tmp_path / "tasks", None, sandboxed_metrics())
     r = lm_eval_direct(
         s.tasks,
         include,

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from quantize.cli import main
+from quantize.compat.lm_eval import sandboxed_metrics
 from quantize.evaluate.suite import open_suite
 from quantize.golden.manifest import lm_eval_tasks, read_items
 
@@ -75,7 +76,7 @@ def test_the_yamls_are_lm_eval_tasks_own_with_the_data_inside_out(world, tmp_pat
     _, golden, full, _ = world
     out = tmp_path / "tasks"
     exported(full, out, capsys)
-    ours = lm_eval_tasks(open_suite(full).golden, tmp_path / "ours")
+    ours = lm_eval_tasks(open_suite(full).golden, tmp_path / "ours", None, sandboxed_metrics())
     for theirs in sorted(ours.glob("*.yaml")):
         a, b = yaml.safe_load(theirs.read_text()), yaml.safe_load((out / theirs.name).read_text())
         files = (b.get("dataset_kwargs") or {}).get("data_files") or {}

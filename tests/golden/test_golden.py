@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from quantize.cli import main
+from quantize.compat.lm_eval import sandboxed_metrics
 from quantize.errors import UsageError
 from quantize.golden.build import Sizes, build_core
 from quantize.golden.manifest import lm_eval_tasks, read_items, verify
@@ -117,7 +118,7 @@ def test_task_yamls_load_in_lm_eval(built, tmp_path):
     from lm_eval.tasks import TaskManager
 
     g = verify(built[1])
-    inc = lm_eval_tasks(g, tmp_path / "tasks", ids=g.manifest.smoke_ids)
+    inc = lm_eval_tasks(g, tmp_path / "tasks", g.manifest.smoke_ids, sandboxed_metrics())
     tm = TaskManager(include_path=str(inc), include_defaults=False)
     assert {"core", *g.tasks} <= set(tm.all_tasks)
     tasks = tm.load_task_or_group(g.tasks)
@@ -175,7 +176,7 @@ def test_a_subsets_data_is_one_path_per_content(built, tmp_path, monkeypatch):
     golden = verify(built[1])
 
     def data(into: Path, ids: dict[str, list[str]]) -> str:
-        lm_eval_tasks(golden, into, ids)
+        lm_eval_tasks(golden, into, ids, sandboxed_metrics())
         return yaml.safe_load((into / "core_kv.yaml").read_text())["dataset_kwargs"]["data_files"]["test"]
 
     kv = [json.loads(line)["id"] for line in (built[1] / "data" / "kv.jsonl").read_text().splitlines()]

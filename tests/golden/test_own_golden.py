@@ -287,6 +287,12 @@ BAD = [
         "line 2 is empty",
     ),
     ("no items", "", "has no items"),
+    (
+        "ids alike once trimmed",  # verify compares ids NFC and stripped: `new` wrote a set its verify refused
+        '{"question": "q", "choices": ["a", "b"], "answer": 0, "id": "x"}\n'
+        '{"question": "q", "choices": ["a", "b"], "answer": 0, "id": "x\\u00a0"}\n',
+        "already used on line 1",
+    ),
 ]
 
 
@@ -537,3 +543,22 @@ def test_a_sequential_gate_on_a_user_golden_set_scores_generation_and_documents_
 def test_the_std_set_is_refrozen_byte_for_byte_from_lm_evals_own_tasks(tmp_path):
     """golden/std/v1: lm-eval's own task YAMLs over the items golden/std/source writes; the few-shot pins too."""
     _refrozen_equals_committed(tmp_path, "std", "make_data.py", ["arc_easy", "hellaswag", "gsm8k", "lambada_openai"])
+
+
+def test_golden_new_into_a_link_or_below_a_file_is_exit_2_before_reading(tmp_path, capsys):
+    """A set folder that is a file was exit 3 (FileExistsError); OUT a dangling link read the whole input, then
+    named the temporary folder; a set name starting with a digit blamed a --task that was not given."""
+    src = tmp_path / "items.jsonl"
+    src.write_text(_jsonl(GOOD["multiple_choice"]))
+    (tmp_path / "s4").write_text("")
+    (tmp_path / "s2").mkdir()
+    (tmp_path / "s2" / "v1").symlink_to(tmp_path / "nowhere")
+    for out, says in (
+        (tmp_path / "s4" / "v1", "is a file"),
+        (tmp_path / "s2" / "v1", "is a link"),
+        (tmp_path / "1s" / "v1", "give --task NAME, or a set folder whose name starts with a letter"),
+    ):
+        assert main(["golden", "new", str(out), "--from", str(src), "--type", "multiple_choice"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err, err
+    assert not (tmp_path / "nowhere").exists()
