@@ -47,6 +47,7 @@ from quantize.tables import md_text, printable
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # matched whole (fullmatch: `$` would allow a newline)
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit, as the Hub cache names a snapshot folder
 # what a checkpoint needs to be scored: weights, config, tokenizer; never a pickle
 HUB_FILES = ["*.safetensors", "*.json", "tokenizer*", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
@@ -63,10 +64,22 @@ def resolve(spec: str, revision: str, what: str) -> Path:
             "nor a Hugging Face model id like org/name; check the path, or the id's spelling"
         )
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.utils import validate_repo_id
 
     try:
-        return Path(snapshot_download(repo_id=spec, revision=revision or None, allow_patterns=HUB_FILES))
+        validate_repo_id(spec)  # huggingface_hub's own rule (our pattern is looser: `org/a--b` ended in exit 3)
+    except HFValidationError as e:
+        raise UsageError(
+            f"the action's `{what}` input {spec!r} is not a Hugging Face model id ({str(e)[:160]}); check its spelling"
+        ) from None
+    try:
+        return hub_snapshot(
+            Path(snapshot_download(repo_id=spec, revision=revision or None, allow_patterns=HUB_FILES)),
+            spec,
+            revision,
+            what,
+        )
     except RevisionNotFoundError:
         raise UsageError(f"the Hub model {spec} has no revision {revision!r} (`{what}-revision`); check it") from None
     except RepositoryNotFoundError:
@@ -74,6 +87,26 @@ def resolve(spec: str, revision: str, what: str) -> Path:
             f"the Hub has no model {spec} that this runner may read (`{what}`); check the id, or give the job an "
             "HF_TOKEN for a private or gated model"
         ) from None
+
+
+def hub_snapshot(path: Path, spec: str, revision: str, what: str) -> Path:
+    """The folder snapshot_download gave for `spec`, held to the Hub cache's layout for that id:
+    models--ORG--NAME/snapshots/COMMIT (40 hex digits; the commit itself where `revision` is one). A restored
+    Hub cache decides what an id means offline: a refs/main holding `../../models--org--other/snapshots/...` made
+    the action gate another repository's files under this id's name."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    real = Path(os.path.normpath(path))
+    want = repo_folder_name(repo_id=spec, repo_type="model")
+    commit = real.name
+    if real.parent.name != "snapshots" or real.parent.parent.name != want or not COMMIT.fullmatch(commit):
+        raise UsageError(
+            f"the Hub cache resolves `{what}` {spec} to {path}, which is not a snapshot of that model "
+            f"({want}/snapshots/COMMIT): its refs were changed; clear the Hub cache and run again"
+        )
+    if COMMIT.fullmatch(revision or "") and commit != revision:
+        raise UsageError(f"the Hub cache resolves `{what}` {spec}@{revision} to commit {commit}; clear the Hub cache")
+    return real
 
 
 def _input(env: Mapping[str, str], var: str, what: str, default: str = "") -> str:

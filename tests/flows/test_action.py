@@ -395,3 +395,54 @@ def test_action_yml_is_a_valid_composite_action_wired_to_its_entry():
     example = yaml.safe_load((ROOT / ".github" / "workflows" / "gate-checkpoint.example.yml").read_text())
     uses = [s.get("uses") for s in example["jobs"]["gate"]["steps"]]
     assert "./" in uses  # the example workflow runs this action
+
+
+def test_a_hub_id_the_hub_refuses_is_exit_2_and_refs_may_not_lead_to_another_model(tiny_model, tmp_path, hub):
+    """`org/a--b` and other ids huggingface_hub refuses passed our looser pattern and ended in exit 3
+    (HFValidationError); a restored Hub cache whose refs/main leads into another model's snapshots made the action
+    gate that model's files under this id (a review's repro)."""
+    for bad in ("org/a--b", "org/-x", "org/x.", "org/modèle"):
+        with pytest.raises(UsageError, match="is not a Hugging Face model id"):
+            action.resolve(bad, "", "candidate")
+    hub_cache(tmp_path / "hub", tiny_model, "org/other", commit="1" * 40)
+    (tmp_path / "hub" / "models--org--tiny" / "refs" / "main").write_text(
+        "../../models--org--other/snapshots/" + "1" * 40
+    )
+    with pytest.raises(UsageError, match="is not a snapshot of that model"):
+        action.resolve("org/tiny", "", "candidate")
+
+
+def test_the_key_step_takes_a_plain_extra_only_and_goes_on_past_a_bad_policy(tmp_path):
+    """action.yml's key step wrote `key=KEY-EXTRA` with EXTRA as given: `linux\\nkey=...` added a line of its own to
+    GITHUB_OUTPUT, and so chose the cache key. A policy that does not read stopped the step with an empty summary;
+    now the gate step runs and says why."""
+    import os
+    import subprocess
+
+    step = next(s for s in yaml.safe_load((ROOT / "action.yml").read_text())["runs"]["steps"] if s.get("id") == "key")
+    script = step["run"].replace("${{ runner.temp }}", str(tmp_path))
+    stub = tmp_path / "bin" / "quantize"
+    stub.parent.mkdir()
+    stub.write_text('#!/bin/sh\n[ "$2" = bad.yaml ] && { echo "bad policy" >&2; exit 2; }\necho quantize-scores-0123\n')
+    stub.chmod(0o755)
+    for policy, extra, code, want in (
+        ("p.yaml", "linux-x64", 0, ["key=quantize-scores-0123-linux-x64"]),
+        ("p.yaml", "", 0, ["key=quantize-scores-0123"]),
+        ("p.yaml", "linux\nkey=quantize-scores-attacker", 2, []),
+        ("p.yaml", "a b", 2, []),
+        ("bad.yaml", "", 0, ["key=quantize-scores-unkeyed"]),
+    ):
+        out = tmp_path / "output.txt"
+        out.write_text("")
+        env = {
+            "PATH": f"{stub.parent}:{os.environ['PATH']}",
+            "POLICY": policy,
+            "EXTRA": extra,
+            "GITHUB_OUTPUT": str(out),
+            "GITHUB_ENV": str(tmp_path / "env.txt"),
+            "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+        }
+        done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], env=env, check=False)
+        assert done.returncode == code, (policy, extra)
+        assert [line for line in out.read_text().splitlines() if line.startswith("key=")] == want
+    assert "cache-key-extra" in (tmp_path / "summary.md").read_text()
