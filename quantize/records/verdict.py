@@ -222,14 +222,16 @@ class Verdict(Record):
             )
         return self
 
-    def accuracy_evidence(self, task: str, metric: str = "acc") -> AccuracyEvidence | None:
-        """The evidence of the first accuracy rule on `task` and `metric` (a verdict written before rules recorded
-        their metric: any accuracy rule on the task), whatever the rule is named."""
+    def accuracy_evidence(self, task: str, metrics: tuple[str, ...] | None = None) -> AccuracyEvidence | None:
+        """The evidence of the first accuracy rule on `task` (with `metrics`, one judging one of them; a verdict
+        written before rules recorded their metric matches any), whatever the rule is named."""
         return next(
             (
                 r.evidence
                 for r in self.rules
-                if isinstance(r, AccuracyResult) and r.task == task and r.metric in (metric, None)
+                if isinstance(r, AccuracyResult)
+                and r.task == task
+                and (metrics is None or r.metric is None or r.metric in metrics)
             ),
             None,
         )

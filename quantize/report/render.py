@@ -532,7 +532,8 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
             elif not kind_of(d).right_wrong:
                 r.append(f"{kind_of(d).headline(d).value:.4f} bpb")
             else:
-                ev = e.verdict.accuracy_evidence(t) if e.verdict else None
+                # the rule on the figure shown (acc; a generation task's exact_match), not acc_norm's beside it
+                ev = e.verdict.accuracy_evidence(t, ("acc", "exact_match")) if e.verdict else None
                 delta = f" (Δ {ev.delta:+.3f}, LB {ev.lower_bound:+.3f}{_staged_n(e.verdict, t, ev.n)})" if ev else ""
                 se = f" ± {d.acc_se:.3f}" if d.acc_se is not None else ""
                 r.append(f"{d.acc:.3f}{se}{delta}")
