@@ -23,7 +23,7 @@ from quantize.compat.lm_eval import sandboxed_metrics
 from quantize.config import parse_yaml
 from quantize.errors import UsageError
 from quantize.golden.items import MAX_ITEM_BYTES, MAX_SET_FILE_BYTES
-from quantize.golden.manifest import HINT, GoldenSet, lm_eval_tasks
+from quantize.golden.manifest import HINT, GoldenSet, lm_eval_tasks, scored_split
 from quantize.io import atomic_dir, read_user_file, user_lines
 from quantize.names import checked
 
@@ -70,7 +70,7 @@ def export_tasks(
                     name = f"{checked(cfg['task'], 'task', HINT)}.{checked(split, 'split', HINT)}.jsonl"  # verified
                     n = _copy(Path(path), tmp / "data" / name, golden)
                     files[split] = str(final / "data" / name)
-                    if split == "test":
+                    if split == scored_split(cfg):  # the items lm-eval scores (a freeze may score validation)
                         counts[cfg["task"]] = n
             (tmp / src.name).write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True), encoding="utf-8")
     m = golden.manifest

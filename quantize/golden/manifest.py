@@ -344,7 +344,7 @@ def _entries_are_what_lm_eval_reads(root: Path, entries: dict[str, TaskEntry], c
         files = (cfg.get("dataset_kwargs") or {}).get("data_files")
         if not isinstance(files, dict):
             continue  # _outside_reads names it
-        scored = cfg.get("test_split") or cfg.get("validation_split")
+        scored = scored_split(cfg)
         allowed = {e.data, *([e.fewshot] if e.fewshot else [])}
         for split, rel in files.items():
             if not isinstance(rel, str):
@@ -362,6 +362,11 @@ def _entries_are_what_lm_eval_reads(root: Path, entries: dict[str, TaskEntry], c
         if scored not in files:
             problems.append(f"{name}: it scores split {scored!r}, which its data_files do not name")
     return problems
+
+
+def scored_split(cfg: dict[str, Any]) -> str | None:
+    """The split lm-eval scores of a task: its `test_split`, else its `validation_split`."""
+    return cfg.get("test_split") or cfg.get("validation_split")
 
 
 def _relative(root: Path, rel: str) -> str | None:
@@ -503,7 +508,8 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
             if ids is not None and cfg["task"] in ids:
                 keep = set(ids[cfg["task"]])
                 id_field = golden.item_key(cfg["task"])[0]
-                source = user_lines(files["test"], "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT)
+                scored = scored_split(cfg)  # verify: named in data_files (a freeze may score `validation`)
+                source = user_lines(files[scored], "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT)
                 with source as lines:
                     kept = b"".join(
                         raw + b"\n" for n, raw in lines if str(json.loads(lines.text(n, raw))[id_field]) in keep
@@ -512,6 +518,6 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
                 # where a fresh path each run added one every run), another subset another path
                 sha = sha256_bytes(kept)
                 subset = content_path("golden-data", sha, ".jsonl")
-                files["test"] = str(subset if _holds(subset, sha) else _stored(subset, kept))
+                files[scored] = str(subset if _holds(subset, sha) else _stored(subset, kept))
         (into / Path(name).name).write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
     return into

@@ -123,3 +123,23 @@ def test_what_lm_eval_scores_is_the_task_entry_verify_checked(tmp_path, capsys):
         (root / "MANIFEST.json").write_text(json.dumps(m, indent=2))
         assert main(["golden", "verify", str(root)]) == 2
         assert says in capsys.readouterr().err
+
+
+def test_a_task_scoring_its_validation_split_is_cut_to_its_smoke_ids_and_exported(tmp_path):
+    """A task whose scored split is `validation` (as lm-eval's own tasks often are) verified, then a smoke subset
+    failed with KeyError 'test' (exit 3) and `golden export` the same way."""
+    from quantize.golden.export import export_tasks
+
+    def validation(c):
+        c["dataset_kwargs"]["data_files"] = {"validation": c["dataset_kwargs"]["data_files"]["test"]}
+        del c["test_split"]
+        c["validation_split"] = "validation"
+
+    golden = verify(edited(tmp_path, validation))
+    ids = golden.manifest.smoke_ids
+    include = lm_eval_tasks(golden, tmp_path / "include", ids, sandboxed_metrics())
+    cfg = yaml.safe_load((include / "answers_facts.yaml").read_text())
+    subset = Path(cfg["dataset_kwargs"]["data_files"]["validation"])
+    assert len(subset.read_text().splitlines()) == len(ids["answers_facts"])
+    done = export_tasks(golden, tmp_path / "export", ["answers_facts"], None, (0, None))
+    assert done.tasks == {"answers_facts": golden.manifest.files["data/answers_facts.jsonl"].items}
