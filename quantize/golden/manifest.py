@@ -506,13 +506,15 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
             for split in files:
                 files[split] = str(addressed(golden, (golden.path / "tasks" / files[split]).resolve()))
             if ids is not None and cfg["task"] in ids:
-                keep = set(ids[cfg["task"]])
+                keep = {items.id_key(i) for i in ids[cfg["task"]]}  # as verify matched them: NFC, stripped
                 id_field = golden.item_key(cfg["task"])[0]
                 scored = scored_split(cfg)  # verify: named in data_files (a freeze may score `validation`)
                 source = user_lines(files[scored], "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT)
                 with source as lines:
                     kept = b"".join(
-                        raw + b"\n" for n, raw in lines if str(json.loads(lines.text(n, raw))[id_field]) in keep
+                        raw + b"\n"
+                        for n, raw in lines
+                        if items.id_key(json.loads(lines.text(n, raw))[id_field]) in keep
                     )
                 # the subset named by its bytes too: the same subset is one path (one entry in datasets' cache,
                 # where a fresh path each run added one every run), another subset another path

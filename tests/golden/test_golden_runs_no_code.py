@@ -143,3 +143,18 @@ def test_a_task_scoring_its_validation_split_is_cut_to_its_smoke_ids_and_exporte
     assert len(subset.read_text().splitlines()) == len(ids["answers_facts"])
     done = export_tasks(golden, tmp_path / "export", ["answers_facts"], None, (0, None))
     assert done.tasks == {"answers_facts": golden.manifest.files["data/answers_facts.jsonl"].items}
+
+
+def test_a_smoke_id_is_matched_as_verify_matches_it(tmp_path):
+    """verify found a smoke id `x ` in the items by its trimmed form; the subset compared str(id) with it and
+    dropped the item: the smoke run scored fewer items than the manifest names."""
+    import json
+
+    root = copy_set(tmp_path, "answers/v1")
+    m = json.loads((root / "MANIFEST.json").read_text())
+    m["smoke_ids"]["answers_facts"] = [f" {i}\u00a0" for i in m["smoke_ids"]["answers_facts"]]
+    (root / "MANIFEST.json").write_text(json.dumps(m, indent=2))
+    golden = verify(root)
+    include = lm_eval_tasks(golden, tmp_path / "include", golden.manifest.smoke_ids, sandboxed_metrics())
+    cfg = yaml.safe_load((include / "answers_facts.yaml").read_text())
+    assert len(Path(cfg["dataset_kwargs"]["data_files"]["test"]).read_text().splitlines()) == 8
