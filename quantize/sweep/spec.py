@@ -66,7 +66,10 @@ class Matrix(BaseModel):
                 )
             if not 1 <= len(values) <= MAX_VALUES:
                 raise ValueError(f"{path} takes 1 to {MAX_VALUES} values, and {len(values)} were given")
-            if len({repr(v) for v in values}) < len(values):
+            # equal as a recipe reads them: 32 and 32.0 are one group size (two cells converting alike); a boolean
+            # is not the number 1 or 0
+            pairs = ((a, b) for i, a in enumerate(values) for b in values[:i])
+            if any(a == b and isinstance(a, bool) == isinstance(b, bool) for a, b in pairs):
                 raise ValueError(f"{path} lists one value twice ({values!r}): list each once")
         return fields
 

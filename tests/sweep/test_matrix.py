@@ -233,3 +233,16 @@ def test_a_2x2_matrix_sweep_runs_to_four_verdicts_in_sweep_json_and_the_report(l
         return [line for line in text.splitlines() if line.startswith(("| group\\_size |", "| scheme |"))]
 
     assert sorted(rows(mine)) == sorted(rows(report)) and len(rows(report)) == 4
+
+
+def test_a_value_listed_twice_is_refused_as_a_recipe_would_read_them():
+    """`[32, 32.0]` made two cells converting one recipe (values were compared by repr); `[true, 1]` are a boolean
+    and a number, two values."""
+    from pydantic import ValidationError
+
+    from quantize.sweep.spec import Matrix
+
+    for twice in ([32, 32.0], ["a", "a"], [True, True], [{"x": 1}, {"x": 1.0}]):
+        with pytest.raises(ValidationError, match="lists one value twice"):
+            Matrix(recipes=["a.yaml"], fields={"group_size": twice})
+    assert Matrix(recipes=["a.yaml"], fields={"f": [True, 1, 0.5]}).cells() == 3
