@@ -17,6 +17,7 @@ to the sha256 beside it (`checked_bytes`). A memo is only ever found again on th
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize import records
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 from quantize.io import sha256_bytes, sha256_file, sha256_json, write_text_atomic
 
 
@@ -97,9 +98,14 @@ def claimed(entry: Path) -> Iterator[None]:
     try:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as e:
-        raise UsageError(
-            f"cache lock {lock} cannot be opened as a plain file ({e.strerror}: a link or something else was put "
-            "there, as a restored cache can hold one); remove it, and the next run makes its own"
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW met a link
+            raise UsageError(
+                f"cache lock {lock} is a link (a restored cache can hold one); remove it, and the next run makes its "
+                "own"
+            ) from None
+        raise RuntimeFailure(
+            f"cannot open the cache lock {lock} ({e.strerror}): the cache folder is not writable here; point "
+            "QUANTIZE_CACHE at a folder this process can write"
         ) from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

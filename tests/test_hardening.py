@@ -436,7 +436,7 @@ def test_a_cache_lock_that_is_a_link_or_a_fifo_is_refused_and_nothing_is_truncat
     entry.parent.mkdir()
     lock = entry.with_name("k.json.lock")
     lock.symlink_to(victim)
-    with pytest.raises(UsageError, match="cannot be opened as a plain file"), claimed(entry):
+    with pytest.raises(UsageError, match="is a link"), claimed(entry):
         pass
     assert victim.read_text() == "x" * 2400
     lock.unlink()
@@ -448,3 +448,31 @@ def test_a_cache_lock_that_is_a_link_or_a_fifo_is_refused_and_nothing_is_truncat
     with claimed(entry):  # an ordinary leftover lock is taken, its bytes kept
         pass
     assert lock.read_text() == "left by an earlier run"
+
+
+def test_a_cache_that_cannot_be_written_is_named_as_such_not_as_a_planted_link(tmp_path, monkeypatch):
+    """A read-only cache made the lock's open fail, and the message said a link was put there and to remove a
+    lock that did not exist: it is an environment failure naming QUANTIZE_CACHE (exit 3)."""
+    import errno
+
+    from quantize import cache
+    from quantize.errors import RuntimeFailure
+
+    def read_only(*_a, **_k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(cache.os, "open", read_only)
+    with pytest.raises(RuntimeFailure, match="QUANTIZE_CACHE"), cache.claimed(tmp_path / "k.json"):
+        pass
+
+
+def test_a_tokenizer_json_the_tokenizers_library_panics_on_has_no_known_vocabulary(tmp_path):
+    """A Precompiled normalizer with a bad charsmap makes the tokenizers library panic (a BaseException, which an
+    `except Exception` let through as a traceback); the report treats it as a vocabulary not known."""
+    from quantize.checkpoint.files import vocabulary_sha256
+
+    (tmp_path / "tokenizer.json").write_text(
+        '{"version":"1.0","normalizer":{"type":"Precompiled","precompiled_charsmap":"AAAA"},'
+        '"model":{"type":"WordLevel","vocab":{"b":0},"unk_token":"b"}}'
+    )
+    assert vocabulary_sha256(tmp_path) is None

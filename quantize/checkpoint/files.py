@@ -486,7 +486,9 @@ def vocabulary_sha256(checkpoint: Path) -> str | None:
         cfg = (
             json.loads(read_user_file(cfg_path, "tokenizer_config.json", MAX_JSON_BYTES)) if cfg_path.is_file() else {}
         )
-    except Exception:  # unreadable in any way (the tokenizers library's own errors too): not known to be the same
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # unreadable in any way, the tokenizers library's Rust panics too (a BaseException)
         return None
     added = cfg.get("added_tokens_decoder") if isinstance(cfg, dict) else None
     return sha256_bytes(json.dumps([sorted(vocab.items()), added if isinstance(added, dict) else None]).encode())

@@ -91,19 +91,27 @@ def resolve(spec: str, revision: str, what: str) -> Path:
 
 def hub_snapshot(path: Path, spec: str, revision: str, what: str) -> Path:
     """The folder snapshot_download gave for `spec`, held to the Hub cache's layout for that id:
-    models--ORG--NAME/snapshots/COMMIT (40 hex digits; the commit itself where `revision` is one). A restored
+    models--ORG--NAME/snapshots/COMMIT (40 hex digits; the commit itself where `revision` is one), links
+    followed, and every link in it inside that model's folder. A restored
     Hub cache decides what an id means offline: a refs/main holding `../../models--org--other/snapshots/...` made
     the action gate another repository's files under this id's name."""
     from huggingface_hub.file_download import repo_folder_name
 
-    real = Path(os.path.normpath(path))
+    real = Path(os.path.realpath(path))  # links followed: a snapshot folder linking into another model's too
     want = repo_folder_name(repo_id=spec, repo_type="model")
     commit = real.name
     if real.parent.name != "snapshots" or real.parent.parent.name != want or not COMMIT.fullmatch(commit):
         raise UsageError(
             f"the Hub cache resolves `{what}` {spec} to {path}, which is not a snapshot of that model "
-            f"({want}/snapshots/COMMIT): its refs were changed; clear the Hub cache and run again"
+            f"({want}/snapshots/COMMIT): its refs or folders were changed; clear the Hub cache and run again"
         )
+    repo = real.parent.parent
+    for f in sorted(real.rglob("*")):  # every link in it stays in that model's folder (its blobs)
+        if f.is_symlink() and not Path(os.path.realpath(f)).is_relative_to(repo):
+            raise UsageError(
+                f"{f} in the Hub cache's snapshot of `{what}` {spec} links outside that model's folder ({repo}); "
+                "clear the Hub cache and run again"
+            )
     if COMMIT.fullmatch(revision or "") and commit != revision:
         raise UsageError(f"the Hub cache resolves `{what}` {spec}@{revision} to commit {commit}; clear the Hub cache")
     return real

@@ -23,7 +23,7 @@ from quantize.compat.lm_eval import sandboxed_metrics
 from quantize.config import parse_yaml
 from quantize.errors import UsageError
 from quantize.golden.items import MAX_ITEM_BYTES, MAX_SET_FILE_BYTES
-from quantize.golden.manifest import HINT, GoldenSet, lm_eval_tasks, scored_split
+from quantize.golden.manifest import HINT, GoldenSet, data_files, lm_eval_tasks, scored_split
 from quantize.io import atomic_dir, read_user_file, user_lines
 from quantize.names import checked
 
@@ -64,7 +64,7 @@ def export_tasks(
         counts: dict[str, int] = {}
         for src in sorted(include.glob("*.yaml")):
             cfg = parse_yaml(read_user_file(src, "exported task file", MAX_TASK_YAML_BYTES), str(src))
-            files = (cfg.get("dataset_kwargs") or {}).get("data_files") if isinstance(cfg, dict) else None
+            files = data_files(cfg)
             if files and "task" in cfg:
                 for split, path in files.items():
                     name = f"{checked(cfg['task'], 'task', HINT)}.{checked(split, 'split', HINT)}.jsonl"  # verified

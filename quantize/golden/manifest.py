@@ -305,7 +305,7 @@ def _outside_reads(root: Path, manifest: Manifest, configs: dict[str, Any]) -> l
         problems += _named_parts(name, cfg)
         if cfg.get("dataset_path") != "json":
             problems.append(f"{name}: dataset_path {cfg.get('dataset_path')!r}; a golden task reads its own JSON")
-        files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+        files = data_files(cfg)
         if not isinstance(files, dict) or not files:
             problems.append(f"{name}: no dataset_kwargs.data_files naming the set's own data/ files")
             continue
@@ -341,7 +341,7 @@ def _entries_are_what_lm_eval_reads(root: Path, entries: dict[str, TaskEntry], c
         name, cfg = by_task[task]
         if cfg.get("output_type") != e.output_type:
             problems.append(f"{name}: output_type {cfg.get('output_type')!r}, the manifest says {e.output_type!r}")
-        files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+        files = data_files(cfg)
         if not isinstance(files, dict):
             continue  # _outside_reads names it
         scored = scored_split(cfg)
@@ -369,6 +369,13 @@ def scored_split(cfg: dict[str, Any]) -> str | None:
     return cfg.get("test_split") or cfg.get("validation_split")
 
 
+def data_files(cfg: Any) -> Any:
+    """A task YAML's dataset_kwargs.data_files as written, or None where dataset_kwargs is not a mapping (a
+    `dataset_kwargs: [1]` was an AttributeError, exit 3)."""
+    kwargs = cfg.get("dataset_kwargs") if isinstance(cfg, dict) else None
+    return kwargs.get("data_files") if isinstance(kwargs, dict) else None
+
+
 def _relative(root: Path, rel: str) -> str | None:
     """A task YAML's data path (relative to tasks/) as a manifest name, or None where it leaves the folder."""
     try:
@@ -382,7 +389,7 @@ def _relative(root: Path, rel: str) -> str | None:
 def _named_parts(name: str, cfg: dict[str, Any]) -> list[str]:
     """A task's name and its data_files split keys are names (quantize/names.py): `golden export` names files
     TASK.SPLIT.jsonl by them, and `task: /tmp/x` wrote wherever it said."""
-    files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+    files = data_files(cfg)
     parts = [("task", cfg["task"]), *(("split", k) for k in (files if isinstance(files, dict) else {}))]
     return [
         f"{name}: {what} {names.shown(part)} {why}; {names.RULE}"
@@ -501,7 +508,7 @@ def lm_eval_tasks(golden: GoldenSet, into: Path, ids: dict[str, list[str]] | Non
             continue
         cfg = _verified_config(golden, name)
         _check_metrics(name, cfg, metrics)
-        files = (cfg.get("dataset_kwargs") or {}).get("data_files")
+        files = data_files(cfg)
         if files and "task" in cfg:
             for split in files:
                 files[split] = str(addressed(golden, (golden.path / "tasks" / files[split]).resolve()))

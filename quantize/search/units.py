@@ -100,7 +100,9 @@ def layout(model: Any, model_dir: Path, base: RTNRecipe, options: list[str], uni
         tensors |= read_header(f)[0]
     total = sum(t.nbytes for t in tensors.values())
     params = sum(math.prod(t.shape) for t in tensors.values())
-    if base.dtype is not None:  # the bytes below are the source's stored ones: a dtype of another size moves them
+    # the bytes below are the source's stored ones: a save dtype of another size moves them (a float32 one does
+    # not: work in float32 is cast back to the source's dtype on save, convert/dtypes.cast_saved_floats)
+    if base.dtype is not None and base.dtype != "float32":
         size = getattr(torch, base.dtype).itemsize
         other = sorted(
             {t.dtype for t in tensors.values() if t.dtype in FLOATS and t.nbytes != size * math.prod(t.shape)}

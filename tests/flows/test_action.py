@@ -405,10 +405,25 @@ def test_a_hub_id_the_hub_refuses_is_exit_2_and_refs_may_not_lead_to_another_mod
         with pytest.raises(UsageError, match="is not a Hugging Face model id"):
             action.resolve(bad, "", "candidate")
     hub_cache(tmp_path / "hub", tiny_model, "org/other", commit="1" * 40)
-    (tmp_path / "hub" / "models--org--tiny" / "refs" / "main").write_text(
-        "../../models--org--other/snapshots/" + "1" * 40
-    )
+    refs = tmp_path / "hub" / "models--org--tiny" / "refs" / "main"
+    refs.write_text("../../models--org--other/snapshots/" + "1" * 40)
     with pytest.raises(UsageError, match="is not a snapshot of that model"):
+        action.resolve("org/tiny", "", "candidate")
+    # the snapshot folder itself a link into the other model's (normpath does not follow it)
+    refs.write_text(hub.name)
+    shutil.rmtree(hub)
+    hub.symlink_to(tmp_path / "hub" / "models--org--other" / "snapshots" / ("1" * 40))
+    with pytest.raises(UsageError, match="is not a snapshot of that model"):
+        action.resolve("org/tiny", "", "candidate")
+    # or one file in it linking to another model's blob
+    hub.unlink()
+    shutil.copytree(hub.parent.parent.parent / "models--org--other" / "snapshots" / ("1" * 40), hub, symlinks=True)
+    for f in hub.iterdir():  # its own links again, as the layout has them
+        if f.is_symlink():
+            target = f.resolve()
+            f.unlink()
+            f.symlink_to(Path("..") / ".." / ".." / "models--org--other" / "blobs" / target.name)
+    with pytest.raises(UsageError, match="links outside that model's folder"):
         action.resolve("org/tiny", "", "candidate")
 
 

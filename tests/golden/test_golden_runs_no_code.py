@@ -158,3 +158,11 @@ def test_a_smoke_id_is_matched_as_verify_matches_it(tmp_path):
     include = lm_eval_tasks(golden, tmp_path / "include", golden.manifest.smoke_ids, sandboxed_metrics())
     cfg = yaml.safe_load((include / "answers_facts.yaml").read_text())
     assert len(Path(cfg["dataset_kwargs"]["data_files"]["test"]).read_text().splitlines()) == 8
+
+
+def test_dataset_kwargs_that_are_no_mapping_are_named_by_verify(tmp_path, capsys):
+    """`dataset_kwargs: [1]` was an AttributeError in verify (exit 3)."""
+    root = edited(tmp_path, lambda c: c.update(dataset_kwargs=[1]))
+    assert main(["golden", "verify", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "no dataset_kwargs.data_files" in err and "Traceback" not in err

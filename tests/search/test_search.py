@@ -185,16 +185,28 @@ def test_a_base_dtype_of_another_size_than_the_source_is_refused_before_any_mode
 ):
     """The byte model counts the source's stored bytes: `dtype: bfloat16` over an fp32 source predicted 1,467,568
     bytes where the tries wrote 789,168 (search.json's bytes not the written ones; a budget it meets refused).
-    A dtype of the source's own size is taken (the budget check after it is reached)."""
+    A dtype of the source's own size, or float32 (cast back to the source's dtype on save), is taken: the budget
+    check after it is reached."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
     import quantize.checkpoint.loader
 
-    monkeypatch.setattr(quantize.checkpoint.loader, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     _, _, policy = world
+    fp32 = Path(shutil.copytree(tiny_model, tmp_path / "fp32"))
+    tensors = {k: v.float() for k, v in load_file(str(tiny_model / "model.safetensors")).items()}
+    save_file(tensors, str(fp32 / "model.safetensors"))
+    monkeypatch.setattr(quantize.checkpoint.loader, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
     base = {"method": "rtn", "scheme": "W4A16", "group_size": 64, "calibration": None}
-    for dtype, says in (("float32", "sets dtype: float32, and"), ("float16", "below the smallest model")):
-        s = spec(tmp_path / "s.yaml", tiny_model, policy, tmp_path / "out", budget=1.5, base={**base, "dtype": dtype})
+    for model, dtype, says in (
+        (fp32, "bfloat16", "sets dtype: bfloat16, and"),
+        (tiny_model, "float16", "below the smallest model"),  # the tiny model is stored in BF16: the same size
+        (tiny_model, "float32", "below the smallest model"),
+    ):
+        s = spec(tmp_path / "s.yaml", model, policy, tmp_path / "out", budget=1.5, base={**base, "dtype": dtype})
         assert main(["search", str(s)]) == 2
-        assert says in capsys.readouterr().err  # the tiny model is stored in BF16: float16 is its size
+        assert says in capsys.readouterr().err, (model, dtype)
 
 
 def test_an_output_that_cannot_be_written_is_refused_before_any_model_loads(
