@@ -156,6 +156,7 @@ def read_samples(suite: OpenSuite, path: str | Path) -> ScoreDoc:
     config = _field(results, "config", dict, run.results)
     _check_tasks(suite, run)
     _check_seeds(suite, config, run.results)
+    _check_max_length(suite, config, run.results)
     versions = _field(results, "versions", dict, run.results)
     configs = _field(results, "configs", dict, run.results)
     tasks = {}
@@ -238,13 +239,34 @@ def _batch_size(config: dict[str, Any]) -> int:
     return 0
 
 
+def _model_arg(config: dict[str, Any], name: str) -> str | None:
+    """One of lm-eval's model arguments as it recorded them (a dict, or the `k=v,k=v` string of --model_args)."""
+    args = config.get("model_args")
+    pairs = args.items() if isinstance(args, dict) else (a.partition("=")[::2] for a in str(args or "").split(","))
+    return next((str(v).strip() for k, v in pairs if str(k).strip() == name), None)
+
+
+def _check_max_length(suite: OpenSuite, config: dict[str, Any], where: Path) -> None:
+    """Where the suite sets max_length, the run's context window is it: lm-eval's `max_length` model argument equal
+    to it. A run at the full length was paired with a suite of max_length 32 (rolling documents cut differently
+    on the two sides: the same model REJECTED). A suite that takes the model's own window takes the run's (an API
+    model states its window as max_length; a local one may not state it at all)."""
+    want, got = suite.suite.max_length, _model_arg(config, "max_length")
+    if want is None or got == str(want):
+        return
+    said = "no max_length (the model's own window)" if got is None else f"max_length={got}"
+    raise UsageError(
+        f"{where}: lm-eval ran with {said}, and suite {suite.path} scores with max_length={want}: their "
+        f"log-likelihoods are of other windows. Run lm-eval with the command `quantize golden export` prints for "
+        f"the suite ({HOW})"
+    )
+
+
 def _dtype(config: dict[str, Any]) -> str:
     """The dtype lm-eval recorded for the model (`model_dtype`), else the `dtype=` of its model arguments."""
     if isinstance(found := config.get("model_dtype"), str) and found:
         return found.removeprefix("torch.")
-    args = config.get("model_args")
-    pairs = args.items() if isinstance(args, dict) else (a.partition("=")[::2] for a in str(args or "").split(","))
-    return next((str(v) for k, v in pairs if k == "dtype"), "unknown")
+    return _model_arg(config, "dtype") or "unknown"
 
 
 def _json_object(text: str, where: Path) -> dict[str, Any]:
@@ -401,7 +423,9 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
             bad("not an item of the suite", i)
         elif not _holds(s["doc"], wanted[i]):
             bad("a doc that differs from the golden item", i)
-        elif rules is not None and (why := _choice_problem(s, items.gold(rules, wanted[i]))):
+        elif rules is not None and (
+            why := _choice_problem(s, items.gold(rules, wanted[i]), items.choices(rules, wanted[i]))
+        ):
             bad(why, i)
         if not _consistent(s):
             bad("doc_hash, prompt_hash or target_hash not the hash of what the sample records", i)
@@ -427,10 +451,11 @@ def _choice_rules(suite: OpenSuite, task: str) -> items.TaskRules | None:
     return None if items.compile_templates(rules) else rules
 
 
-def _choice_problem(s: dict[str, Any], gold: int | None) -> str | None:
+def _choice_problem(s: dict[str, Any], gold: int | None, choices: list[str] | None = None) -> str | None:
     """What a multiple-choice sample records that the golden item and its own log-likelihoods contradict: its target
-    another index than the item's right choice, an `acc` or `acc_norm` that is not 0 or 1, or an `acc` other than
-    what its log-likelihoods give (lm-eval's: 1 where the highest log-likelihood is the right choice's). The gate
+    another index than the item's right choice, an `acc` or `acc_norm` that is not 0 or 1, or an `acc` (`acc_norm`)
+    other than what its log-likelihoods give (lm-eval's: 1 where the highest log-likelihood, per character of the
+    choice for acc_norm, is the right choice's). The gate
     reads `acc` as written, so an edited one was a verdict (a review: every item set right passed a candidate with
     the baseline's log-likelihoods; a target set to the highest one's index did too)."""
     if gold is None or str(s["target"]) != str(gold):
@@ -444,6 +469,11 @@ def _choice_problem(s: dict[str, Any], gold: int | None) -> str | None:
             return f"an `{metric}` that is not 0 or 1"
     if "acc" in s and all(math.isfinite(x) for x in lls) and s["acc"] != float(lls.index(max(lls)) == gold):
         return "an `acc` its log-likelihoods do not give"
+    if "acc_norm" in s and choices is not None and len(choices) == len(lls) and all(math.isfinite(x) for x in lls):
+        # lm-eval's: the highest log-likelihood per character of the choice (doc_to_choice's strings) is the right one
+        norm = [x / max(len(c), 1) for x, c in zip(lls, choices, strict=True)]
+        if s["acc_norm"] != float(norm.index(max(norm)) == gold):
+            return "an `acc_norm` its log-likelihoods do not give"
     return None
 
 

@@ -166,6 +166,17 @@ def _choice_problems(doc: dict[str, Any], rules: TaskRules) -> list[str]:
     return []
 
 
+def choices(rules: TaskRules, doc: dict[str, Any]) -> list[str] | None:
+    """A multiple-choice item's choices as lm-eval's doc_to_choice gives them (a dict's values), or None where
+    they do not read as a list of strings."""
+    try:
+        found = _doc_to(rules, "choice", doc)
+    except _Unreadable:
+        return None
+    found = list(found.values()) if isinstance(found, dict) else found
+    return [str(c) for c in found] if isinstance(found, list) else None
+
+
 def gold(rules: TaskRules, doc: dict[str, Any]) -> int | None:
     """The index of a multiple-choice item's right choice, as lm-eval computes it from the task YAML's doc_to_target
     and doc_to_choice (an index, or the choice's own string); None where they give no single index."""

@@ -508,3 +508,27 @@ def test_lm_evals_own_command_line_as_export_prints_it(world, tiny_model, tmp_pa
     assert p.returncode == 0, p.stderr[-2000:]
     code, _, err = gate(world["policy"], tiny_model, tmp_path / "results", capsys, "--quiet")
     assert code == 0, err
+
+
+def test_an_acc_norm_is_held_to_its_log_likelihoods_per_character():
+    """`acc_norm` (gates/std.yaml's rule on arc_easy and hellaswag) was checked only to be 0 or 1: set to 0 on every
+    sample, identical log-likelihoods were REJECTED (a review's repro). It is lm-eval's: the highest log-likelihood
+    per character of the choice is the right one."""
+    from quantize.evaluate.samples import _choice_problem
+
+    s = {"target": 0, "filtered_resps": [[-1.0, False], [-2.0, False]], "acc": 1.0}
+    choices = ["a", "bbbbbbbb"]  # per character: -1.0 against -0.25, so the normalised pick is choice 1
+    assert _choice_problem({**s, "acc_norm": 0.0}, 0, choices) is None
+    assert _choice_problem({**s, "acc_norm": 1.0}, 0, choices) == "an `acc_norm` its log-likelihoods do not give"
+    assert _choice_problem({**s, "acc_norm": 1.0}, 0, ["aaaaaaaa", "b"]) is None
+
+
+def test_a_run_at_another_window_than_the_suites_max_length_is_exit_2(world, tiny_model, tmp_path, capsys):
+    """A suite of max_length 32 took a run made at the model's full length as its samples: rolling documents cut
+    to other windows on the two sides, and the same model was REJECTED (a review's repro)."""
+    suite = tmp_path / "short.yaml"
+    suite.write_text(world["suite"].read_text() + "max_length: 32\n")
+    policy = tmp_path / "short-gate.yaml"
+    policy.write_text(world["policy"].read_text().replace(f"suite: {world['suite']}", f"suite: {suite}"))
+    code, _, err = gate(policy, world["good"], tiny_model, capsys)
+    assert code == 2 and "scores with max_length=32" in err, err
