@@ -476,3 +476,25 @@ def test_a_tokenizer_json_the_tokenizers_library_panics_on_has_no_known_vocabula
         '"model":{"type":"WordLevel","vocab":{"b":0},"unk_token":"b"}}'
     )
     assert vocabulary_sha256(tmp_path) is None
+
+
+def test_agree_over_a_folder_skips_a_checkpoint_without_weights(tiny_model, tmp_path, capsys, monkeypatch):
+    """A folder holding one checkpoint without weights stopped `agree` at it (exit 2: the Hub blob check listed
+    its weights first), where the others should be measured and it skipped."""
+    import shutil
+
+    from quantize.cli import main
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        f"golden: {Path(__file__).parent.parent / 'golden' / 'core' / 'v2'}\nsubset: smoke\n"
+        "agreement: {per_task: 1, top_k: 5}\n"
+    )
+    folder = tmp_path / "outs"
+    shutil.copytree(tiny_model, folder / "a-copy")
+    shutil.copytree(tiny_model, folder / "b-noweights")
+    (folder / "b-noweights" / "model.safetensors").unlink()
+    assert main(["agree", str(suite), str(folder), "--baseline", str(tiny_model), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "b-noweights: not measured here" in err and "a-copy" in out

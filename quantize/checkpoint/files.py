@@ -655,13 +655,22 @@ def _blob_sha256(path: str, size: int, mtime_ns: int, ctime_ns: int, ino: int) -
     return sha256_file(Path(path))
 
 
+def _blobs_of(checkpoint: Path) -> list[tuple[Path, str]]:
+    """hub_blobs of a folder, none where it holds no weights to list (no identity to check: whatever reads it
+    refuses or skips it, with its own message; `agree` over a folder skips it and measures the others)."""
+    try:
+        return hub_blobs(checkpoint)
+    except UsageError:
+        return []
+
+
 class BlobCheck:
     """The Hub blobs behind some checkpoints' identities (hub_blobs), read back and checked against their names
     (check_blob) in a background thread while the caller goes on: hashing reads the files and hashlib releases the
     interpreter lock, so it runs beside scoring. `wait()` joins it and raises the first blob whose name lies."""
 
     def __init__(self, checkpoints: list[Path]) -> None:
-        blobs = {f.resolve(): (f, name) for c in checkpoints if Path(c).is_dir() for f, name in hub_blobs(Path(c))}
+        blobs = {f.resolve(): (f, name) for c in checkpoints if Path(c).is_dir() for f, name in _blobs_of(Path(c))}
         self.blobs = list(blobs.values())
         self.error: UsageError | None = None
         self.seconds = 0.0  # wall time of the check in its thread

@@ -41,8 +41,12 @@ def measurable(
         except UsageError as e:
             if len(found) == 1:
                 raise
-            ids = identity_sha256(baseline), identity_sha256(c)
-            if cache.lookup_agreement(suite, *ids, run(c), run(baseline)) is None:
+            try:  # one without an identity (no weights at all) has nothing cached either
+                ids = identity_sha256(baseline), identity_sha256(c)
+                cached = cache.lookup_agreement(suite, *ids, run(c), run(baseline))
+            except UsageError:
+                cached = None
+            if cached is None:
                 skipped.append(f"{c}: not measured here: {e}")
                 continue
         candidates.append(c)
