@@ -73,9 +73,14 @@ class Suite(BaseModel):
     tasks: list[str] | None = Field(None, description="tasks to score; default: all tasks of the golden set")
     subset: str | None = Field(None, description="'smoke' scores only the manifest's fixed smoke ids")
     batch_size: int = Field(16, ge=1, le=4096)
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32, description="lm-eval's seeds (numpy's range: 0 to 2**32 - 1)")
     backend: Backend = Backend.quantize
-    dtype: str = Field("auto", description="auto: float32 on a CPU, the checkpoint's dtype on an accelerator")
+    dtype: str = Field(
+        "auto",
+        pattern=r"^(auto|float32|float16|bfloat16|float64)$",
+        description="auto: float32 on a CPU, the checkpoint's dtype on an accelerator; else float32, float16, "
+        "bfloat16 or float64",
+    )
     device: str = Field("auto", description="auto: the accelerator torch finds (cuda, xpu, mps, ...), else cpu")
     max_length: int | None = Field(None, ge=16, description="context window; default: the model's")
     vllm: VLLM | None = None

@@ -480,3 +480,23 @@ def test_a_gate_shows_its_stages_on_stderr_and_nothing_under_quiet(setup, tiny_m
     assert any(line.startswith("quantize: gate: look 1 of 2") and "items of core_facts" in line for line in lines)
     assert main([*gate, "--quiet"]) == 0
     assert "quantize: " not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "line,says",
+    [("dtype: banana", "dtype"), ("seed: -1", "seed"), (f"seed: {2**40}", "seed")],
+    ids=["dtype", "seed-negative", "seed-huge"],
+)
+def test_a_suite_dtype_or_seed_torch_or_numpy_refuse_is_exit_2_before_any_load(
+    setup, tiny_model, tmp_path, capsys, monkeypatch, line, says
+):
+    """`dtype: banana` was an AttributeError from torch and `seed: -1` numpy's range error, both exit 3 after the
+    model loaded (a review's repros): refused with the suite."""
+    import quantize.checkpoint.loader
+
+    monkeypatch.setattr(quantize.checkpoint.loader, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(setup[1].read_text() + f"{line}\n")
+    assert main(["eval", str(suite), str(tiny_model)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
