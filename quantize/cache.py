@@ -27,7 +27,7 @@ from typing import Any
 
 from quantize import records
 from quantize.errors import RuntimeFailure, UsageError
-from quantize.io import sha256_bytes, sha256_file, sha256_json, write_text_atomic
+from quantize.io import read_user_file, sha256_bytes, sha256_file, sha256_json, write_text_atomic
 
 
 def cache_dir() -> Path:
@@ -63,13 +63,16 @@ def memo_path(folder: str, prefix: str, depends: Any) -> Path | None:
     return cache_dir() / folder / f"{prefix}{sha256_json({'boot': boot, **depends})}.json"
 
 
+MEMO_BYTES = 2**20  # a memo is a few lines of JSON
+
+
 def read_memo(path: Path | None, field: str) -> Any:
     """One field of a memo file, or None where there is none or it does not read (the caller checks the value)."""
-    if path is None:
+    if path is None or not path.exists():
         return None
-    try:
-        return json.loads(path.read_text()).get(field)
-    except (OSError, ValueError, AttributeError):
+    try:  # a regular file of at most MEMO_BYTES (a FIFO in its place blocked `quantize cost --hardware local`)
+        return json.loads(read_user_file(path, "cache memo", MEMO_BYTES)).get(field)
+    except (OSError, ValueError, AttributeError, UsageError):
         return None
 
 

@@ -137,10 +137,15 @@ def _routed(args: argparse.Namespace) -> tuple[Any, ...]:
         return ()
     if any(v is None for v in given):
         raise UsageError("--routed-params, --experts and --top-k go together: give all three for an MoE, or none")
-    if not (0 < args.routed_params <= args.params and 1 <= args.top_k <= args.experts and args.layers >= 1):
+    if not (
+        0 < args.routed_params <= args.params
+        and 1 <= args.top_k <= args.experts <= bounds.MAX_SHAPE
+        and 1 <= args.layers <= bounds.MAX_SHAPE
+    ):
         raise UsageError(
             f"invalid MoE setting: need 0 < --routed-params ({args.routed_params:g}) <= --params ({args.params:g}), "
-            f"1 <= --top-k ({args.top_k}) <= --experts ({args.experts}) and --layers >= 1"
+            f"1 <= --top-k ({args.top_k}) <= --experts ({args.experts}) <= {bounds.MAX_SHAPE:,} and 1 <= --layers "
+            f"<= {bounds.MAX_SHAPE:,}"
         )
     per_layer = round(args.routed_params / args.layers)
     return tuple(bounds.RoutedExperts(i, args.experts, args.top_k, 0.0, per_layer) for i in range(args.layers))

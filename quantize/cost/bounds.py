@@ -54,9 +54,9 @@ class Hardware(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    hbm_bytes_per_second: float = Field(gt=0)
-    peak_dense_flops: float = Field(gt=0)
-    memory_bytes: float | None = Field(None, gt=0)
+    hbm_bytes_per_second: float = Field(gt=0, allow_inf_nan=False)
+    peak_dense_flops: float = Field(gt=0, allow_inf_nan=False)
+    memory_bytes: float | None = Field(None, gt=0, allow_inf_nan=False)
     source: str
 
 
@@ -99,6 +99,11 @@ ROUTING_ASSUMPTION = (
 )
 
 
+# the most layers, KV heads or head dimensions a shape given by hand may hold: a figure per layer is built, and
+# `--layers 100000000000` grew without bound (models have tens to hundreds of layers)
+MAX_SHAPE = 100_000
+
+
 @dataclass(frozen=True)
 class KVLayout:
     """A uniform MHA/GQA cache (the CLI's --layers/--kv-heads/--head-dim): every layer holds the whole context."""
@@ -113,8 +118,8 @@ class KVLayout:
         -80` priced a negative cache and exited 0."""
         for name, flag in (("layers", "--layers"), ("kv_heads", "--kv-heads"), ("head_dim", "--head-dim")):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise UsageError(f"{flag} ({name}) = {v!r}: give a whole number of at least 1")
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SHAPE:
+                raise UsageError(f"{flag} ({name}) = {v!r}: give a whole number from 1 to {MAX_SHAPE:,}")
         check_positive(self.bytes_per_element, "--kv-bytes (bytes_per_element)")
 
     def bytes_per_sequence(self, context_tokens: int) -> float:

@@ -382,6 +382,7 @@ def test_cli_prices_an_moe_without_a_checkpoint(capsys):
     "flags,says",
     [
         (["--layers", "-80"], "--layers (layers) = -80"),
+        (["--layers", "100000000000"], "--layers (layers) = 100000000000"),  # a figure a layer: memory without end
         (["--kv-heads", "0"], "--kv-heads (kv_heads) = 0"),
         (["--kv-bytes", "inf"], "--kv-bytes (bytes_per_element) = inf"),
         (["--kv-bytes", "nan"], "--kv-bytes (bytes_per_element) = nan"),
@@ -405,3 +406,20 @@ def test_a_workload_of_nan_or_a_shape_of_nan_is_a_usage_error():
         cost.Workload(plain_step_ms=float("inf")).check()
     with pytest.raises(UsageError, match="bytes_per_element"):
         cost.KVLayout(80, 8, 128, float("nan"))
+
+
+def test_a_memo_that_is_a_fifo_or_an_infinite_profile_is_not_taken(tmp_path):
+    """`--hardware local` read its memo with read_text (a FIFO in its place hung the command) and took a profile of
+    infinite bandwidth (bounds of 0.000 ms, exit 0): memos are read as regular, capped files, and a profile's
+    figures must be finite (one that is not is measured again)."""
+    import os
+
+    from pydantic import ValidationError
+
+    from quantize.cache import read_memo
+
+    fifo = tmp_path / "memo.json"
+    os.mkfifo(fifo)
+    assert read_memo(fifo, "profile") is None
+    with pytest.raises(ValidationError):
+        cost.Hardware(name="local", hbm_bytes_per_second=float("inf"), peak_dense_flops=1e12, source="memo")
