@@ -166,7 +166,10 @@ def read_samples(suite: OpenSuite, path: str | Path) -> ScoreDoc:
         samples, files[run.samples[task].name] = _task_samples(run.samples[task], kind)
         _check_items(suite, task, samples, run.samples[task])
         items, filt = item_records(kind, samples, suite.golden.item_key(task))
-        lm = results.get("results", {}).get(task, {})
+        lm = results.get("results") if isinstance(results.get("results"), dict) else {}
+        lm = lm.get(task, {})
+        if not isinstance(lm, dict):
+            raise UsageError(f"lm-eval results file {run.results}: its results of {task} are not an object; {HOW}")
         figures = {
             k: v for k, v in lm.items() if k != "alias" and isinstance(v, int | float) and not isinstance(v, bool)
         }
@@ -182,13 +185,16 @@ def _doc(suite: OpenSuite, run: Run, results: dict[str, Any], files: dict[str, s
     identity = _identity(files)
     s = suite.suite
     when = results.get("date")
-    created = (
-        dt.datetime.fromtimestamp(when, dt.UTC) if isinstance(when, int | float) else dt.datetime.now(dt.UTC)
-    ).isoformat(timespec="seconds")
+    try:  # lm-eval's run time; a value no clock holds (1e20, NaN) is not kept
+        stamp = dt.datetime.fromtimestamp(when, dt.UTC) if isinstance(when, int | float) else dt.datetime.now(dt.UTC)
+    except (OverflowError, ValueError, OSError):
+        stamp = dt.datetime.now(dt.UTC)
+    created = stamp.isoformat(timespec="seconds")
     try:
         wall = round(float(results.get("total_evaluation_time_seconds") or 0.0), 1)
     except (TypeError, ValueError):
         wall = 0.0
+    wall = wall if math.isfinite(wall) and wall >= 0 else 0.0  # "inf" was printed as lm-eval's time
     return ScoreDoc(
         key=identity,
         provenance=ScoreProvenance(
@@ -369,10 +375,17 @@ def _restored(s: dict[str, Any], kind: str) -> dict[str, Any]:
     elif kind == "loglikelihood_rolling":
         resps = [float(r[0] if isinstance(r, list) else r) for r in resps]
     restored = {**s, "arguments": args, "filtered_resps": resps}
-    if lacking := [f for f in ("doc_id", "doc", "filter", "doc_hash", "prompt_hash", "target_hash") if f not in s]:
+    fields = ("doc_id", "doc", "filter", "target", "doc_hash", "prompt_hash", "target_hash")
+    if lacking := [f for f in fields if f not in s]:
         raise KeyError(lacking[0])  # a sample without one is not lm-eval's: named by the caller
     if not isinstance(s["doc"], dict):
         raise TypeError("its doc is not an object")
+    if isinstance(s["doc_id"], bool) or not isinstance(s["doc_id"], int):  # lm-eval numbers its documents
+        raise TypeError(f"its doc_id {str(s['doc_id'])[:40]!r} is not a whole number")
+    if not isinstance(args, list) or not args or not all(isinstance(a, tuple) and a for a in args):
+        raise TypeError("its arguments are not lm-eval's requests")
+    if not isinstance(resps, list) or len(resps) != len(args):
+        raise TypeError("its filtered_resps are not one response per request")
     return restored
 
 

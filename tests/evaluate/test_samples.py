@@ -532,3 +532,49 @@ def test_a_run_at_another_window_than_the_suites_max_length_is_exit_2(world, tin
     policy.write_text(world["policy"].read_text().replace(f"suite: {world['suite']}", f"suite: {suite}"))
     code, _, err = gate(policy, world["good"], tiny_model, capsys)
     assert code == 2 and "scores with max_length=32" in err, err
+
+
+def _first(change):
+    """change(sample) on the first sample of the file only."""
+    done = []
+
+    def once(s):
+        if done:
+            return s
+        done.append(1)
+        return change(s)
+
+    return once
+
+
+@pytest.mark.parametrize(
+    "task,change",
+    [
+        ("core_facts", lambda s: {**s, "doc_id": str(s["doc_id"])}),
+        ("core_facts", lambda s: {**s, "doc_id": None}),
+        ("core_facts", lambda s: {k: v for k, v in s.items() if k != "target"}),
+        ("core_facts", lambda s: {**s, "arguments": []}),
+        ("core_cloze", lambda s: {**s, "filtered_resps": []}),
+        ("core_prose", lambda s: {**s, "filtered_resps": []}),
+    ],
+    ids=["doc-id-text", "doc-id-null", "no-target", "no-arguments", "no-responses", "rolling-no-responses"],
+)
+def test_a_sample_of_another_shape_is_exit_2_naming_the_file(world, tmp_path, capsys, task, change):
+    """Each of these ended in exit 3 (TypeError, KeyError, IndexError) past the reader's checks (a review's repros)."""
+    folder = copied(world, tmp_path)
+    edit(folder, task, _first(change))
+    assert main(["eval", str(world["suite"]), str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "is not a sample lm-eval writes" in err and "Traceback" not in err and "failed" not in err
+
+
+@pytest.mark.parametrize(
+    "change",
+    [lambda r: r.update(date=1e20), lambda r: r.update(date=float("nan")), lambda r: r["results"].update(core_kv="x")],
+    ids=["date-huge", "date-nan", "results-text"],
+)
+def test_a_results_file_of_odd_values_is_read_or_refused_never_a_crash(world, tmp_path, capsys, change):
+    folder = copied(world, tmp_path)
+    results_edit(folder, change)
+    assert main(["eval", str(world["suite"]), str(folder)]) in (0, 2)
+    assert "failed" not in capsys.readouterr().err
