@@ -323,8 +323,28 @@ def _check_seeds(suite: OpenSuite, config: dict[str, Any], where: Path) -> None:
         )
 
 
+# what makes a task's requests and their scoring: compared between the run's recorded config and the golden task
+REQUEST_KEYS = (
+    "doc_to_text",
+    "doc_to_target",
+    "doc_to_choice",
+    "description",
+    "target_delimiter",
+    "fewshot_delimiter",
+    "num_fewshot",
+    "gen_prefix",
+    "generation_kwargs",
+    "filter_list",
+    "metric_list",
+)
+
+
 def _check_version(suite: OpenSuite, task: str, versions: dict[str, Any], configs: dict[str, Any], where: Path) -> None:
-    """The task lm-eval ran is the golden task: the same version (metadata.version) and output type."""
+    """The task lm-eval ran is the golden task: the same version (metadata.version) and output type, and each of
+    its templates, delimiters, few-shot count, generation settings, filters and metrics the golden YAML sets
+    (REQUEST_KEYS) as the run's config records it. A run on edited task YAMLs (targets upper-cased) recorded the
+    same version and passed: the first context alone was compared, not the continuations it scored. A key the
+    golden YAML leaves to lm-eval's default is not compared (lm-eval records its defaults in forms of its own)."""
     golden = _golden_task(suite, task)
     ours = (golden.get("metadata") or {}).get("version")
     ran = configs.get(task) if isinstance(configs.get(task), dict) else {}
@@ -333,6 +353,12 @@ def _check_version(suite: OpenSuite, task: str, versions: dict[str, Any], config
             f"{where}: task {task} ran at version {versions.get(task)!r} ({ran.get('output_type')}), and golden set "
             f"{suite.golden.path} has it at version {ours!r} ({golden.get('output_type')}): the samples are of another "
             f"task than the suite scores; {HOW}"
+        )
+    differ = [k for k in REQUEST_KEYS if k in golden and ran.get(k) != golden[k]]
+    if differ:
+        raise UsageError(
+            f"{where}: task {task} ran with another {', '.join(differ)} than golden set {suite.golden.path}'s task "
+            f"YAML: its requests or scoring are not the suite's (task YAMLs edited, or of another export); {HOW}"
         )
 
 

@@ -364,8 +364,13 @@ def results_edit(folder: Path, change) -> None:
         # the suite's seed is 0: `False` and `0.0` compared equal to it (a review)
         (lambda r: r["config"].update(random_seed=False), "random_seed False"),
         (lambda r: r["config"].update(numpy_seed=0.0), "numpy_seed 0.0"),
+        # a run on edited task YAMLs records them: the same version, other continuations (a review's repro)
+        (
+            lambda r: r["configs"]["core_facts"].update(doc_to_target="{{ answer }}", doc_to_choice="{{ choices }}"),
+            "task core_facts ran with another doc_to_target, doc_to_choice",
+        ),
     ],
-    ids=["task-version", "seed", "seed-false", "seed-float"],
+    ids=["task-version", "seed", "seed-false", "seed-float", "edited-yaml"],
 )
 def test_another_task_version_or_seed_is_exit_2(world, tiny_model, tmp_path, capsys, change, says):
     folder = copied(world, tmp_path)
