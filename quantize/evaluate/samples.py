@@ -443,6 +443,7 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
     documents: set[Any] = set()
     problems: dict[str, list[str]] = {}
     rules = _choice_rules(suite, task)
+    matches = _exact_match(suite, task)
 
     def bad(what: str, i: str) -> None:
         problems.setdefault(what, []).append(i)
@@ -462,8 +463,12 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
             bad("not an item of the suite", i)
         elif not _holds(s["doc"], wanted[i]):
             bad("a doc that differs from the golden item", i)
-        elif rules is not None and (
-            why := _choice_problem(s, items.gold(rules, wanted[i]), items.choices(rules, wanted[i]))
+        elif why := (
+            _choice_problem(s, items.gold(rules, wanted[i]), items.choices(rules, wanted[i]))
+            if rules is not None
+            else matches(s)
+            if matches is not None
+            else None
         ):
             bad(why, i)
         if not _consistent(s):
@@ -478,6 +483,36 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
             f"{path}: the samples of {task} are not the golden items suite {suite.path} scores ({said}). Gate samples "
             f"of an unchanged, complete run ({HOW}; no --limit)"
         )
+
+
+def _exact_match(suite: OpenSuite, task: str) -> Any:
+    """For a generation task whose golden YAML scores exact_match: a check of one sample's `exact_match` against
+    lm-eval's own metric on its response and target, with the task's options (ignore_case, regexes_to_ignore, ...):
+    the gate read it as written, and a run whose every response was set to "WRONG" and every exact_match to 1
+    passed (a review's repro). None for other tasks. The check returns why a sample fails it, or None."""
+    if suite.golden.entry(task).output_type != "generate_until":
+        return None
+    listed = _golden_task(suite, task).get("metric_list") or []
+    entry = next((m for m in listed if isinstance(m, dict) and m.get("metric") == "exact_match"), None)
+    if entry is None:
+        return None
+    from lm_eval.api.registry import get_metric
+
+    metric = get_metric("exact_match")
+    options = {k: v for k, v in entry.items() if k not in ("metric", "aggregation", "higher_is_better")}
+
+    def check(s: dict[str, Any]) -> str | None:
+        resps, target = s["filtered_resps"], s["target"]
+        said = s.get("exact_match")
+        if said is None or not isinstance(target, str) or not resps or not isinstance(resps[0], str):
+            return None  # another filter's shape, or a list of targets: not recomputed here
+        if isinstance(said, bool) or not isinstance(said, int | float) or said not in (0, 1):
+            return "an `exact_match` that is not 0 or 1"
+        if float(metric(references=[target], predictions=[resps[0]], **options)["exact_match"]) != float(said):
+            return "an `exact_match` its response and target do not give"
+        return None
+
+    return check
 
 
 def _choice_rules(suite: OpenSuite, task: str) -> items.TaskRules | None:

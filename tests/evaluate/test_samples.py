@@ -583,3 +583,17 @@ def test_a_results_file_of_odd_values_is_read_or_refused_never_a_crash(world, tm
     results_edit(folder, change)
     assert main(["eval", str(world["suite"]), str(folder)]) in (0, 2)
     assert "failed" not in capsys.readouterr().err
+
+
+def test_an_exact_match_is_held_to_its_response_and_target(tiny_model, tmp_path, capsys):
+    """A generation sample's exact_match was read as written: every response set to "WRONG" and every
+    exact_match to 1 PASSED (a review's repro). It is lm-eval's own metric on the response and the target, with
+    the task's options (the answers set: ignore_case, regexes_to_ignore)."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"golden: {ROOT / 'golden' / 'answers' / 'v1'}\nsubset: smoke\n")
+    assert main(["golden", "export", str(suite), str(tmp_path / "tasks")]) == 0
+    run = lm_eval_samples(tiny_model, tmp_path / "tasks", ["answers_facts"], tmp_path / "run")
+    assert main(["eval", str(suite), str(run)]) == 0  # as lm-eval wrote it
+    edit(run, "answers_facts", lambda s: {**s, "exact_match": 1.0})  # the tiny model answers none right
+    assert main(["eval", str(suite), str(run)]) == 2
+    assert "an `exact_match` its response and target do not give" in capsys.readouterr().err
