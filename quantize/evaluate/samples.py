@@ -441,6 +441,7 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
     wanted = _suite_items(suite, task)
     seen: dict[str, Any] = {}
     documents: set[Any] = set()
+    filters: dict[str, set[str]] = {}
     problems: dict[str, list[str]] = {}
     rules = _choice_rules(suite, task)
     matches = _exact_match(suite, task)
@@ -456,9 +457,10 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
             continue
         if seen.setdefault(i, s["doc_id"]) != s["doc_id"]:
             bad("two documents with one id", i)
-        if str(s["doc_id"]) in documents:
-            bad("two samples of one document (doc_id)", i)
-        documents.add(str(s["doc_id"]))
+        if (str(s["doc_id"]), str(s["filter"])) in documents:  # lm-eval writes one a filter pipeline (gsm8k: two)
+            bad("two samples of one document (doc_id) and filter", i)
+        documents.add((str(s["doc_id"]), str(s["filter"])))
+        filters.setdefault(i, set()).add(str(s["filter"]))
         if i not in wanted:
             bad("not an item of the suite", i)
         elif not _holds(s["doc"], wanted[i]):
@@ -473,6 +475,10 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
             bad(why, i)
         if not _consistent(s):
             bad("doc_hash, prompt_hash or target_hash not the hash of what the sample records", i)
+    every = set().union(*filters.values()) if filters else set()
+    for i, found in filters.items():  # one sample a filter pipeline for every document, as lm-eval writes them
+        if found != every:
+            bad(f"not one sample for each filter ({', '.join(sorted(every))})", i)
     if missing := [i for i in wanted if i not in seen]:
         problems["missing (no sample)"] = missing
     if problems:

@@ -328,7 +328,7 @@ def twice(folder: Path, task: str, item: str) -> None:
         (lambda s: {**s, "acc": 5.0} if s["doc"]["id"] == "facts-00003" else s, "an `acc` that is not 0 or 1"),
         (lambda s: {**s, "acc": "1"} if s["doc"]["id"] == "facts-00003" else s, "an `acc` that is not 0 or 1"),
         (moved_target, "a target other than the golden item's right choice: 1 item(s), e.g. facts-00003"),
-        (None, "two samples of one document (doc_id): 1 item(s), e.g. facts-00003"),
+        (None, "two samples of one document (doc_id) and filter: 1 item(s), e.g. facts-00003"),
     ],
     ids=["acc-flipped", "acc-5", "acc-string", "target-moved", "twice"],
 )
@@ -597,3 +597,20 @@ def test_an_exact_match_is_held_to_its_response_and_target(tiny_model, tmp_path,
     edit(run, "answers_facts", lambda s: {**s, "exact_match": 1.0})  # the tiny model answers none right
     assert main(["eval", str(suite), str(run)]) == 2
     assert "an `exact_match` its response and target do not give" in capsys.readouterr().err
+
+
+def test_one_sample_a_filter_pipeline_is_read_and_a_document_lacking_one_is_named(world, tmp_path, capsys):
+    """lm-eval writes one sample per document and filter pipeline (gsm8k in golden/std has two): a second filter's
+    samples were refused as "two samples of one document", and a document without the first sample's filter was
+    a StopIteration (exit 3). Every document must have one sample of each filter the file holds."""
+    folder = copied(world, tmp_path)
+    path = find_run(folder).samples["core_facts"]
+    lines = path.read_text().splitlines()
+    other = [json.dumps({**json.loads(line), "filter": "other"}) for line in lines]
+    path.write_text("\n".join(lines + other) + "\n")
+    assert main(["eval", str(world["suite"]), str(folder)]) == 0  # two pipelines, each on every document
+    capsys.readouterr()
+    path.write_text("\n".join(lines + other[1:]) + "\n")  # the first document lacks the second pipeline
+    assert main(["eval", str(world["suite"]), str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "not one sample for each filter (none, other)" in err and "failed" not in err
