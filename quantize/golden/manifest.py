@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -82,7 +82,7 @@ class Manifest(BaseModel):
     name: str
     version: str
     group: str
-    task_version: float | str
+    task_version: Annotated[float, Field(allow_inf_nan=False)] | str  # NaN verified and was stored as "NaN"
     files: dict[str, FileEntry] = Field(min_length=1)
     smoke_ids: dict[str, list[str]] = Field(default_factory=dict)
     tasks: dict[str, TaskEntry] | None = Field(None, description="absent in core/v1: tasks follow its file names")

@@ -179,6 +179,8 @@ class Generation:
                     )
             except re.error as e:
                 raise UsageError(f"--regex {self.regex!r} is not a valid regular expression: {e}") from None
+        if "" in self.stop:  # an empty stop sequence ends every answer before its first character
+            raise UsageError("--stop '': a stop sequence is at least one character (the default stops at a newline)")
         if self.max_gen_toks < 1 or self.max_gen_toks > 4096:
             raise UsageError(f"--max-gen-toks {self.max_gen_toks}: give 1..4096 tokens")
 

@@ -166,3 +166,15 @@ def test_dataset_kwargs_that_are_no_mapping_are_named_by_verify(tmp_path, capsys
     assert main(["golden", "verify", str(root)]) == 2
     err = capsys.readouterr().err
     assert "no dataset_kwargs.data_files" in err and "Traceback" not in err
+
+
+def test_a_task_version_of_nan_is_refused(tmp_path, capsys):
+    """A manifest `task_version: NaN` verified and was stored as "NaN" in every score's provenance."""
+    import json
+
+    root = copy_set(tmp_path, "answers/v1")
+    m = json.loads((root / "MANIFEST.json").read_text())
+    m["task_version"] = float("nan")
+    (root / "MANIFEST.json").write_text(json.dumps(m))
+    assert main(["golden", "verify", str(root)]) == 2
+    assert "task_version" in capsys.readouterr().err

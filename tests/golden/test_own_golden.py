@@ -315,6 +315,9 @@ def test_golden_new_refuses_a_bad_regex_and_options_of_another_type(tmp_path, ca
     assert "not a valid regular expression" in capsys.readouterr().err
     assert main(["golden", "new", str(out), "--from", str(src), "--type", "greedy", "--regex", "(a)"]) == 2
     assert "apply to --type generate only" in capsys.readouterr().err
+    # an empty stop sequence ends every answer before it starts (it was written as `until: ['']`)
+    assert main(["golden", "new", str(out), "--from", str(src), "--type", "generate", "--stop", ""]) == 2
+    assert "a stop sequence is at least one character" in capsys.readouterr().err
     assert not out.exists()
 
 
