@@ -98,7 +98,8 @@ def render_text(v: Verdict) -> str:
         if isinstance(r, AccuracyResult):
             e = r.evidence
             lines.append(
-                f"    acc {e.baseline:.4f} -> {e.candidate:.4f}  Δ = {e.delta:+.4f}  SE {e.se:.4f} "
+                f"    {printable(r.metric or 'acc')} {e.baseline:.4f} -> {e.candidate:.4f}  Δ = {e.delta:+.4f}  "
+                f"SE {e.se:.4f} "
                 f"(paired {e.se_paired:.4f}, clustered {_fmt(e.se_clustered)})  n = {e.n}, {e.clusters} clusters"
             )
             lines.append(

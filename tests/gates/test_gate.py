@@ -314,3 +314,13 @@ def test_names_forge_no_headline_row_or_tag_in_markdown_junit_or_text(tmp_path):
     text = render_text(v)
     assert not any(line.startswith(("# PASS", "### quantize", "<script")) for line in text.splitlines())
     assert "\x1b" not in text and "\x00" not in text
+
+
+def test_the_text_names_the_metric_a_rule_judged(policy):
+    """An acc_norm or exact_match rule's line read "acc 0.2239 -> ...": it names the rule's metric now."""
+    acc, prose = baseline()
+    v = judge(policy, result(acc, prose), result(acc, prose, sha="b"), None)
+    assert "\n    acc 0." in render_text(v) or "\n    acc 1." in render_text(v)
+    renamed = v.model_copy(update={"rules": [v.rules[0].model_copy(update={"metric": "acc_norm"}), *v.rules[1:]]})
+    text = render_text(renamed)
+    assert "    acc_norm " in text and "\n    acc 0." not in text and "\n    acc 1." not in text
