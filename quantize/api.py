@@ -625,10 +625,12 @@ def golden_freeze(  # one keyword per flag of `quantize golden freeze`
     """`quantize golden freeze`: lm-eval tasks materialised into a new golden version `out`, few-shot prompts
     pinned per item (`fewshot_seed`: lm-eval's own default when None)."""
     from quantize.golden.freeze import LM_EVAL_FEWSHOT_SEED, freeze
+    from quantize.golden.version import check_new_version
     from quantize.quiet import quiet_libraries
 
     include = Path(include_path).expanduser() if include_path else None
     shots = LM_EVAL_FEWSHOT_SEED if fewshot_seed is None else fewshot_seed
+    check_new_version(Path(out))  # an existing version, or a name that is no path part: before lm-eval is imported
     with quiet_libraries(True):
         return freeze(tasks, Path(out), include, id_field, cluster_field, seed, shots)
 

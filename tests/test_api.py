@@ -205,3 +205,17 @@ def test_the_examples_in_docs_api_name_only_what_exists():
                 called.add(node.attr)
     assert called <= set(quantize.__all__), called - set(quantize.__all__)
     assert set(quantize.api.__all__) - {"Converted", "CacheKey"} <= called  # every function has an example
+
+
+def test_freezing_into_an_existing_version_is_refused_before_lm_eval_is_imported(tmp_path):
+    """golden_freeze checked its `out` inside the freeze, after quiet_libraries had imported transformers and
+    lm-eval (1.7 s to refuse, 0.5 s now)."""
+    (tmp_path / "faq" / "v1").mkdir(parents=True)
+    code = (
+        "import sys, quantize\n"
+        "try:\n    quantize.golden_freeze(['arc_easy'], 'faq/v1')\n"
+        "except quantize.UsageError as e:\n    print('refused', 'exists' in str(e))\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'lm_eval') if m in sys.modules))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert run.stdout.split("\n")[:2] == ["refused True", "[]"], run.stdout + run.stderr[-1000:]
