@@ -187,6 +187,16 @@ def write_text_atomic(path: Path, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def unwritable_parent(path: Path) -> Path | None:
+    """The first existing folder above `path` where it is no folder this process can create entries in (a file,
+    or a folder without write and search permission); None where `path` can be made there. What an output check
+    names before any work (a conversion's `output:`, a search's, the report's `--out`)."""
+    for parent in Path(path).absolute().parents:
+        if parent.exists():
+            return None if parent.is_dir() and os.access(parent, os.W_OK | os.X_OK) else parent
+    return None
+
+
 def check_writable(path: Path, what: str) -> None:
     """Before any work: a file can be written at `path` (its folder exists and is writable, the path is no
     folder); else a UsageError naming `what` (the flag) and the path."""

@@ -49,7 +49,7 @@ from quantize.convert.plan import LayerPlan, plan_layers
 from quantize.convert.provenance import Phases, library_versions, memory_record, peak_rss_bytes
 from quantize.convert.recipe import Method, Recipe, resolved_dict
 from quantize.errors import UsageError
-from quantize.io import atomic_dir, leftovers, recover, sha256_json
+from quantize.io import atomic_dir, leftovers, recover, sha256_json, unwritable_parent
 from quantize.quiet import quiet_libraries
 from quantize.records import (
     CalibrationRecord,
@@ -85,16 +85,13 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
     model_dir = backend.source(recipe) if converts_files(type(backend)) else resolve_model(recipe.model)
     if recipe.needs_calibration and recipe.calibration is not None and not converts_files(type(backend)):
         check_calibration(recipe.calibration, model_dir)  # a file-to-file backend's `source` checked it, its way
-    for parent in [out.parent, *out.parent.parents]:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UsageError(
-                    f"output {out}: {parent} is a file, so nothing can be written below it; "
-                    "choose another `output:` (or --output)"
-                )
-            if not os.access(parent, os.W_OK):
-                raise UsageError(f"output {out}: {parent} is not writable; choose another `output:` (or --output)")
-            break
+    if (parent := unwritable_parent(out)) is not None:
+        if not parent.is_dir():
+            raise UsageError(
+                f"output {out}: {parent} is a file, so nothing can be written below it; "
+                "choose another `output:` (or --output)"
+            )
+        raise UsageError(f"output {out}: {parent} is not writable; choose another `output:` (or --output)")
     src = Path(model_dir).resolve()
     folder = src if src.is_dir() else src.parent
     if folder.is_relative_to(out.resolve()):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
-from quantize.io import atomic_dir
+from quantize.io import atomic_dir, unwritable_parent
 from quantize.kinds import KINDS, kind_of
 from quantize.records import (
     VERDICT_FILE,
@@ -580,11 +580,8 @@ def check_target(target: Path) -> None:
                 f"{', ...' if len(other) > 5 else ''}), and the report replaces the whole folder; choose a new folder"
             )
         return
-    for parent in target.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-                raise UsageError(f"--out {target}: {parent} is not a writable folder; choose another --out")
-            return
+    if (parent := unwritable_parent(target)) is not None:
+        raise UsageError(f"--out {target}: {parent} is not a writable folder; choose another --out")
 
 
 def write_report(entries: list[Entry], target: Path, axis: str, suite: str, hardware: str) -> dict[str, Any]:

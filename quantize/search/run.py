@@ -43,7 +43,7 @@ from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
 from quantize.evaluate.engine import llamacpp_engine
 from quantize.evaluate.score import llamacpp_lm
-from quantize.io import write_text_atomic
+from quantize.io import unwritable_parent, write_text_atomic
 from quantize.quiet import quiet_libraries
 from quantize.records import (
     VERDICT_FILE,
@@ -104,11 +104,8 @@ def preflight(
                 f"{p} already exists (an earlier search: its search.json records what was tried, or a search that "
                 f"stopped left its tries, which may be removed); remove it or set `output:` in {spec_path}"
             )
-    for parent in out.absolute().parents:  # the first that exists must be a folder this process can write in
-        if parent.exists():
-            if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-                raise UsageError(f"output {out}: {parent} is not a writable folder; set `output:` in {spec_path}")
-            break
+    if (parent := unwritable_parent(out)) is not None:
+        raise UsageError(f"output {out}: {parent} is not a writable folder; set `output:` in {spec_path}")
     if spec.max_parallel > 1:
         import_ray()  # a round of tries at once runs on Ray: missing is exit 2 now, not after the measurements
     wanted = sorted(budgets) if budgets else spec.budgets
