@@ -471,7 +471,14 @@ def tokenizer_files(checkpoint: Path) -> tuple[tuple[str, str], ...]:
 
 
 def vocabulary_sha256(checkpoint: Path) -> str | None:
-    """sha256 of the vocabulary `checkpoint`'s fast tokenizer maps (token -> id, added tokens included, as the
+    """_vocabulary_sha256 of the checkpoint, memoized per its tokenizer files' hashes (as loader.same_vocabulary
+    memoizes its reading): a report reads the baseline's vocabulary once, whatever the candidates."""
+    return _vocabulary_sha256(str(checkpoint), tokenizer_files(Path(checkpoint)))
+
+
+@functools.lru_cache(maxsize=16)
+def _vocabulary_sha256(path: str, _files: tuple[tuple[str, str], ...]) -> str | None:
+    """sha256 of the vocabulary the fast tokenizer at `path` maps (token -> id, added tokens included, as the
     tokenizers library reads its tokenizer.json: what transformers' get_vocab returns) with the added tokens its
     tokenizer_config.json declares (added_tokens_decoder), or None where it has no tokenizer.json or either file
     does not read. Equal hashes are one vocabulary, told without transformers (the report's check, where the
@@ -479,6 +486,7 @@ def vocabulary_sha256(checkpoint: Path) -> str | None:
     loader.same_vocabulary, the gate's, loads both tokenizers."""
     import tokenizers
 
+    checkpoint = Path(path)
     try:
         raw = read_user_file(checkpoint / "tokenizer.json", "tokenizer.json", MAX_JSON_BYTES)
         vocab = tokenizers.Tokenizer.from_str(raw.decode("utf-8")).get_vocab(with_added_tokens=True)

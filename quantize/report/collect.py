@@ -359,13 +359,13 @@ def collect(
         check_rules(policy, suite)  # a rule on a task or metric the suite does not score: exit 2, as the gate says
     run = report_runtime(suite, entries, base)
     base_run = entry_runtime(suite, base, run) if base else None
+    base_file = cache.score_file_sha256(suite, base.sha256, base_run) if base and base_run else None
     for e in entries:
         own = entry_runtime(suite, e, run)
         e.scores = cache.lookup_scores(suite, e.sha256, own)
         if base and not e.is_baseline:
             e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, own, base_run)
             if policy:
-                base_file = cache.score_file_sha256(suite, base.sha256, base_run) if base_run else None
                 settle_verdict(e, base, policy, suite, needs_agr, base_file)
         e.decode = decode_bounds(e, base, hardware, batch, context)
     return entries
