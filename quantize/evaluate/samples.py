@@ -7,7 +7,9 @@ Every file is read through the one reader (quantize/io.py: regular files only, c
 line): a FIFO, a device or an oversized file is exit 2, never a hang. Each sample is matched to its golden item
 by the item's id (golden.item_key on the sample's `doc`); its `doc` must hold the golden item's fields, and its
 `doc_hash`, `prompt_hash` and `target_hash` must be the hashes of what it records (lm-eval's own hashes:
-sha256 of the doc as lm-eval dumps it, of the first request's context, of the target). The samples must cover the
+sha256 of the doc as lm-eval dumps it, of the first request's context, of the target), and its requests (every
+context, continuation and generation setting) the ones lm-eval builds for the item from the golden task YAMLs, as
+the scorer loads them (`_golden_requests`). The samples must cover the
 suite's tasks and items exactly (its smoke subset, where it takes one), at the golden tasks' versions, run with
 the suite's seed. The per-item records and task figures are score.py's own (`item_records`, `task_scores`), over
 the samples restored to the form lm-eval holds them in (its writer turns numbers and booleans of the responses
@@ -25,15 +27,19 @@ import datetime as dt
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantize.compat.lm_eval import sandboxed_metrics, templates_refused
 from quantize.errors import UsageError
+from quantize.evaluate.cache import lm_eval_version
 from quantize.evaluate.score import item_records, task_scores
 from quantize.evaluate.suite import OpenSuite
 from quantize.golden import items
-from quantize.golden.manifest import item_id, read_items, task_config
+from quantize.golden.manifest import item_id, lm_eval_tasks, read_items, task_config
+from quantize.golden.prompts import requests
 from quantize.io import decode_text, read_user_file, sha256_bytes, sha256_named, sha256_user_file, user_lines
 from quantize.records import CheckpointRef, GoldenRef, ScoreDoc, ScoreProvenance, SuiteRef
 
@@ -159,12 +165,15 @@ def read_samples(suite: OpenSuite, path: str | Path) -> ScoreDoc:
     _check_max_length(suite, config, run.results)
     versions = _field(results, "versions", dict, run.results)
     configs = _field(results, "configs", dict, run.results)
+    for task in suite.tasks:
+        _check_version(suite, task, versions, configs, run.results)
+    built = _golden_requests(suite)
+    ran = f"lm-eval {results.get('lm_eval_version')}"
     tasks = {}
     for task in suite.tasks:
         kind = suite.golden.entry(task).output_type
-        _check_version(suite, task, versions, configs, run.results)
         samples, files[run.samples[task].name] = _task_samples(run.samples[task], kind)
-        _check_items(suite, task, samples, run.samples[task])
+        _check_items(suite, task, samples, run.samples[task], built[task], ran)
         items, filt = item_records(kind, samples, suite.golden.item_key(task))
         lm = results.get("results") if isinstance(results.get("results"), dict) else {}
         lm = lm.get(task, {})
@@ -434,9 +443,49 @@ def _consistent(s: dict[str, Any]) -> bool:
     )
 
 
-def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], path: Path) -> None:
-    """Each sample is a golden item of the suite (its doc holds the item's fields) with consistent hashes, and
-    every item the suite scores has one: else exit 2 naming the items."""
+def _golden_requests(suite: OpenSuite) -> dict[str, dict[str, list[Any]]]:
+    """Every item's requests as lm-eval builds them from the golden set's task YAMLs, loaded as the scorer loads
+    them (manifest.lm_eval_tasks: the verified YAMLs, the suite's smoke subset where it takes one; templates
+    sandboxed; the few-shot sampler seeded with the suite's seed, as simple_evaluate seeds it), by task and item
+    id, in the JSON form a samples file records them. The first context's hash alone was compared (prompt_hash):
+    a run on task YAMLs that set a target_delimiter, generation settings or a description the golden YAML leaves
+    to lm-eval's defaults scored other continuations or generations under the same version."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    golden = suite.golden
+    ids = golden.manifest.smoke_ids if suite.suite.subset == "smoke" else None
+    out: dict[str, dict[str, list[Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="quantize-requests-") as tmp:
+        include = lm_eval_tasks(golden, Path(tmp), ids, sandboxed_metrics())
+        with templates_refused(f"golden set {golden.path}"):
+            loaded = get_task_dict(list(suite.tasks), TaskManager(include_path=str(include), include_defaults=False))
+            for task in suite.tasks:
+                t = loaded[task]
+                t.set_fewshot_seed(suite.suite.seed)
+                docs, key = list(t.eval_docs), golden.item_key(task)
+                out[task] = {item_id(docs[d], key)[0]: _recorded(reqs) for d, reqs in requests(t).items()}
+    return out
+
+
+def _recorded(value: Any) -> Any:
+    """A request's arguments as lm-eval's samples file records them (its writer's JSON: tuples as lists, numpy
+    numbers as numbers, sets as lists, anything else as its string)."""
+    from lm_eval.utils import handle_non_serializable
+
+    return json.loads(json.dumps(value, default=handle_non_serializable, ensure_ascii=False))
+
+
+def _check_items(
+    suite: OpenSuite,
+    task: str,
+    samples: list[dict[str, Any]],
+    path: Path,
+    built: dict[str, list[Any]],
+    ran: str,
+) -> None:
+    """Each sample is a golden item of the suite (its doc holds the item's fields) with consistent hashes and the
+    requests `built` gives the item (_golden_requests), and every item the suite scores has one: else exit 2
+    naming the items. `ran`: the lm-eval the run recorded, named where the requests differ."""
     key = suite.golden.item_key(task)
     wanted = _suite_items(suite, task)
     seen: dict[str, Any] = {}
@@ -475,6 +524,13 @@ def _check_items(suite: OpenSuite, task: str, samples: list[dict[str, Any]], pat
             bad(why, i)
         if not _consistent(s):
             bad("doc_hash, prompt_hash or target_hash not the hash of what the sample records", i)
+        elif i in wanted and _recorded(s["arguments"]) != built.get(i):
+            bad(
+                f"requests (contexts, continuations or generation settings) other than lm-eval "
+                f"{lm_eval_version()} builds from the golden task YAML (the run: {ran}; task YAMLs edited, a chat "
+                "template applied, or another lm-eval's defaults)",
+                i,
+            )
     every = set().union(*filters.values()) if filters else set()
     for i, found in filters.items():  # one sample a filter pipeline for every document, as lm-eval writes them
         if found != every:

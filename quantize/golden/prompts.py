@@ -34,18 +34,24 @@ from quantize.golden.manifest import lm_eval_tasks, verify
 LM_EVAL_FEWSHOT_SEED = 1234  # simple_evaluate's default fewshot_random_seed
 
 
-def prompts(task: Any, samples: list[int] | None = None) -> dict[int, list[str]]:
-    """Every scored document's request contexts (one per request: a multiple-input task has one per choice),
-    by the document's index in the task's evaluation documents, as lm-eval builds them in a run without a
-    chat template. `samples`: only these documents (lm-eval's `samples=`; it renumbers them from 0)."""
+def requests(task: Any, samples: list[int] | None = None) -> dict[int, list[tuple[Any, ...]]]:
+    """Every scored document's requests, each one's arguments as lm-eval passes them to the model (context and
+    continuation; context and generation settings; a rolling document), in lm-eval's order, by the document's
+    index in the task's evaluation documents, as lm-eval builds them in a run without a chat template.
+    `samples`: only these documents (lm-eval's `samples=`; it renumbers them from 0)."""
     task.build_all_requests(rank=0, world_size=1, samples=samples, cache_requests=False)
     index = sorted(samples) if samples else None
-    out: dict[int, list[str]] = {}
-    for inst in task.instances:
+    out: dict[int, list[tuple[Any, ...]]] = {}
+    for inst in sorted(task.instances, key=lambda i: (i.doc_id, i.idx)):
         doc = index[inst.doc_id] if index else inst.doc_id
-        ctx = inst.arguments[0] if isinstance(inst.arguments, tuple) else inst.arguments
-        out.setdefault(doc, []).append(ctx)
+        out.setdefault(doc, []).append(inst.args)  # what lm-eval's samples record
     return out
+
+
+def prompts(task: Any, samples: list[int] | None = None) -> dict[int, list[str]]:
+    """Every scored document's request contexts (one per request: a multiple-input task has one per choice),
+    by the document's index in the task's evaluation documents (`requests`)."""
+    return {doc: [args[0] for args in reqs] for doc, reqs in requests(task, samples).items()}
 
 
 @dataclass

@@ -274,7 +274,7 @@ def changed_doc(s):
     "change,says",
     [
         (changed_prompt_hash, "prompt_hash or target_hash not the hash of what the sample records"),
-        (changed_prompt, "different prompts for 1 item(s), e.g. facts-00003"),
+        (changed_prompt, "requests (contexts, continuations or generation settings) other than lm-eval"),
         (changed_doc, "a doc that differs from the golden item: 1 item(s), e.g. facts-00003"),
         (lambda s: None if s["doc"]["id"] == "facts-00003" else s, "missing (no sample): 1 item(s), e.g. facts-00003"),
         (
@@ -347,6 +347,42 @@ def test_multiple_choice_samples_are_held_to_their_log_likelihoods_and_the_golde
     code, _, err = gate(world["policy"], tiny_model, folder, capsys)
     assert code == 2, err
     assert says in err and "core_facts" in err
+
+
+def other_continuation(s):
+    """Each request's continuation without the delimiter the golden task gives it (a run on a task YAML that sets
+    its own target_delimiter): the first context and the target are the same, so every hash still holds."""
+    for args in s["arguments"].values():
+        args["arg_1"] = args["arg_1"].lstrip()
+    return s
+
+
+def described(s):
+    """A description before every context, its prompt_hash recomputed: the run of a task YAML that adds one."""
+    for args in s["arguments"].values():
+        args["arg_0"] = "Note: " + args["arg_0"]
+    s["prompt_hash"] = _sha(s["arguments"]["gen_args_0"]["arg_0"])
+    return s
+
+
+@pytest.mark.parametrize(
+    "task,change,both",
+    [("core_facts", other_continuation, False), ("core_cloze", described, True)],
+    ids=["continuations", "description-on-both-sides"],
+)
+def test_samples_are_held_to_the_requests_the_golden_task_builds(
+    world, tiny_model, tmp_path, capsys, task, change, both
+):
+    """Only the first context's hash was compared: a run whose continuations lost the golden task's delimiter
+    (every hash intact) passed against quantize's own scores, and two runs of a task YAML that adds a description
+    passed against each other (their prompts agree, the golden set's are others). Each sample's requests are now
+    compared with the ones lm-eval builds from the golden YAML: exit 2 naming the task and the items."""
+    folder = copied(world, tmp_path)
+    edit(folder, task, change)
+    code, _, err = gate(world["policy"], folder if both else tiny_model, folder, capsys)
+    assert code == 2, err
+    assert f"the samples of {task} are not the golden items" in err
+    assert "requests (contexts, continuations or generation settings) other than lm-eval" in err
 
 
 def results_edit(folder: Path, change) -> None:
