@@ -475,6 +475,20 @@ def _recorded(value: Any) -> Any:
     return json.loads(json.dumps(value, default=handle_non_serializable, ensure_ascii=False))
 
 
+def _request_problem(s: dict[str, Any], built: list[Any] | None, ran: str) -> str | None:
+    """What is wrong with a sample's hashes or requests: hashes other than those of what it records, or (`built`:
+    the item's requests from _golden_requests; None: not compared) requests lm-eval does not build for the item."""
+    if not _consistent(s):
+        return "doc_hash, prompt_hash or target_hash not the hash of what the sample records"
+    if built is not None and _recorded(s["arguments"]) != built:
+        return (
+            f"requests (contexts, continuations or generation settings) other than lm-eval {lm_eval_version()} "
+            f"builds from the golden task YAML (the run: {ran}; task YAMLs edited, a chat template applied, or "
+            "another lm-eval's defaults)"
+        )
+    return None
+
+
 def _check_items(
     suite: OpenSuite,
     task: str,
@@ -522,15 +536,8 @@ def _check_items(
             else None
         ):
             bad(why, i)
-        if not _consistent(s):
-            bad("doc_hash, prompt_hash or target_hash not the hash of what the sample records", i)
-        elif i in wanted and _recorded(s["arguments"]) != built.get(i):
-            bad(
-                f"requests (contexts, continuations or generation settings) other than lm-eval "
-                f"{lm_eval_version()} builds from the golden task YAML (the run: {ran}; task YAMLs edited, a chat "
-                "template applied, or another lm-eval's defaults)",
-                i,
-            )
+        if why := _request_problem(s, built.get(i, []) if i in wanted else None, ran):
+            bad(why, i)
     every = set().union(*filters.values()) if filters else set()
     for i, found in filters.items():  # one sample a filter pipeline for every document, as lm-eval writes them
         if found != every:

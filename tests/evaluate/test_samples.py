@@ -184,9 +184,10 @@ def test_the_python_api_takes_a_samples_folder(world, tiny_model):
         quantize.gate(world["policy"], tiny_model, world["good"], card=True)
 
 
-def test_eval_reads_a_samples_folder_as_scores_and_caches_nothing(world, capsys, monkeypatch, tmp_path):
+def test_eval_reads_a_samples_folder_as_scores_and_caches_no_score(world, capsys, monkeypatch, tmp_path):
     """`quantize eval SUITE SAMPLES` prints what the engine computed, checked as a gate checks it (a damaged run is
-    exit 2 naming it), without scoring or caching anything; the API's `scored` says it was not the cache."""
+    exit 2 naming it), without scoring or caching a score (the golden data lm-eval reads to build the golden
+    requests is all the cache gets); the API's `scored` says it was not the cache."""
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
     assert main(["eval", str(world["suite"]), str(world["good"]), "--json", "--items", "--quiet"]) == 0
     printed = json.loads(capsys.readouterr().out)
@@ -199,7 +200,7 @@ def test_eval_reads_a_samples_folder_as_scores_and_caches_nothing(world, capsys,
     assert "read from lm-eval samples (hf)" in capsys.readouterr().out
     found = quantize.scored(world["suite"], world["good"])
     assert found.cached is False and found.doc.provenance.engine == "lm-eval samples (hf)"
-    assert not (tmp_path / "cache").exists()
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["golden-data"]
     broken = shutil.copytree(run_folder(world["good"]), tmp_path / "broken")
     edit(broken, "core_facts", lambda smp: None if smp["doc_id"] == 0 else smp)
     assert main(["eval", str(world["suite"]), str(broken), "--quiet"]) == 2
