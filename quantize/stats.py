@@ -57,7 +57,10 @@ def agresti_min_se(b: int, c: int, n: int) -> float:
 
 
 def clustered_se(d: Sequence[float], clusters: Sequence[str]) -> float:
-    """Cluster-robust SE of the mean (CR1 small-sample factor G/(G−1))."""
+    """Cluster-robust SE of the mean (CR1 small-sample factor G/(G−1)): sqrt(G/(G−1) · Σ_g (Σ_{i∈g} (x_i − x̄))² / n²).
+    Items that all share one cluster leave no between-cluster variance to estimate (G = 1 divides by zero): each
+    item is then its own cluster, which is the paired SE (paired_se). An infinite SE there made a task whose items
+    share one cluster a regression against itself."""
     n = len(d)
     mean = sum(d) / n
     sums: dict[str, float] = defaultdict(float)
@@ -65,7 +68,7 @@ def clustered_se(d: Sequence[float], clusters: Sequence[str]) -> float:
         sums[c] += x - mean
     g = len(sums)
     if g < 2:
-        return math.inf
+        return paired_se(d)
     return math.sqrt(g / (g - 1) * sum(s * s for s in sums.values()) / n**2)
 
 
@@ -160,16 +163,23 @@ def stratified(
 
 
 def obf_spending(t: float, alpha: float) -> float:
-    """Lan–DeMets O'Brien–Fleming-type alpha spent by information fraction t: α(t) = 2 − 2Φ(z₁₋α/₂ / √t)."""
+    """Lan–DeMets O'Brien–Fleming-type alpha spent by information fraction t: α(t) = 2 − 2Φ(z₁₋α/₂ / √t), computed
+    as 2·(1 − Φ)(·) so that an early look's tiny α(t) is not rounded to 0."""
     if t <= 0:
         return 0.0
-    return float(2 - 2 * sps.norm.cdf(z(1 - alpha / 2) / math.sqrt(min(t, 1.0))))
+    return float(2 * sps.norm.sf(z(1 - alpha / 2) / math.sqrt(min(t, 1.0))))
+
+
+MIN_LOOK_SPEND = 1e-4  # the least alpha a look after the first may spend: ten times the joint normal's accuracy
 
 
 def sequential_bounds(looks: Sequence[float], alpha: float) -> list[float]:
     """One-sided group-sequential boundaries c_1..c_K for looks at information fractions t_k (increasing,
     last 1), spending α by obf_spending: P(cross at look k, not before) = α(t_k) − α(t_{k−1}) under H0.
-    One look gives z₁₋α. Joint normal probabilities by scipy's multivariate_normal (Genz), seeded."""
+    One look gives z₁₋α. Joint normal probabilities by scipy's multivariate_normal (Genz, absolute error about
+    1e-5), seeded: a look after the first that spends less than MIN_LOOK_SPEND cannot have its boundary computed
+    (looks [0.01, 0.02, 1] ended the gate in exit 3 after the baseline was scored) and is a ValueError naming it.
+    The first look's c₁ = (1 − Φ)⁻¹(α(t₁)) is exact however small α(t₁) is."""
     import numpy as np
     from scipy.optimize import brentq
 
@@ -181,7 +191,13 @@ def sequential_bounds(looks: Sequence[float], alpha: float) -> list[float]:
     for k, tk in enumerate(t):
         target = obf_spending(tk, alpha) - spent
         if k == 0:
-            c = z(1 - target)
+            c = float(sps.norm.isf(target))
+        elif target < MIN_LOOK_SPEND:
+            raise ValueError(
+                f"look {k + 1} at {tk} spends {target:.1e} of alpha {alpha} (O'Brien-Fleming spends almost nothing "
+                f"that early), below the {MIN_LOOK_SPEND:g} its boundary can be computed from: start the looks later "
+                "or space them wider, e.g. [0.2, 0.5, 1.0]"
+            )
         else:
             ts = np.asarray(t[: k + 1])
             cov = np.sqrt(np.minimum.outer(ts, ts) / np.maximum.outer(ts, ts))
@@ -194,6 +210,8 @@ def sequential_bounds(looks: Sequence[float], alpha: float) -> list[float]:
                 return p_prev - float(full.cdf(np.asarray([*bounds, c]))) - target
 
             c = brentq(excess, 0.0, 8.0, xtol=1e-6)
+        if not math.isfinite(c):
+            raise ValueError(f"look {k + 1} at {tk}: its boundary is not finite (alpha {alpha}); space the looks wider")
         bounds.append(float(c))
         spent = obf_spending(tk, alpha)
     return bounds
@@ -268,10 +286,15 @@ def bootstrap_ppl_ratio(
     seed: int = 0,
 ) -> tuple[float, float, float]:
     """Perplexity ratio candidate/baseline = exp((ΣNLL_cand − ΣNLL_base) / Σunits), with one-sided α and 1−α
-    percentile bounds from a bootstrap that resamples whole clusters (paired: both models move together)."""
+    percentile bounds from a bootstrap that resamples whole clusters (paired: both models move together). Documents
+    that all share one cluster are resampled one by one (as clustered_se takes each item as its own cluster): one
+    cluster resampled gave the point estimate as both bounds, a pass without uncertainty. A ratio past a float's
+    range is infinite (a candidate's log-likelihoods thousands of nats worse), never an OverflowError."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
+    if len(set(clusters)) < 2:
+        clusters = [str(i) for i in range(len(clusters))]
     keys = sorted(set(clusters))
     idx = {k: i for i, k in enumerate(keys)}
     diff = np.zeros(len(keys))  # Σ (NLL_cand − NLL_base) per cluster
@@ -279,7 +302,8 @@ def bootstrap_ppl_ratio(
     for b, c, u, k in zip(nll_base, nll_cand, units, clusters, strict=True):
         diff[idx[k]] += c - b
         w[idx[k]] += u
-    point = float(np.exp(diff.sum() / w.sum()))
-    draws = rng.integers(0, len(keys), size=(iters, len(keys)))
-    ratios = np.exp(diff[draws].sum(1) / w[draws].sum(1))
+    with np.errstate(over="ignore"):
+        point = float(np.exp(diff.sum() / w.sum()))
+        draws = rng.integers(0, len(keys), size=(iters, len(keys)))
+        ratios = np.exp(diff[draws].sum(1) / w[draws].sum(1))
     return point, float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1 - alpha))

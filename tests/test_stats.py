@@ -107,3 +107,34 @@ def test_bootstrap_ppl_ratio():
     noisy = [b + (0.5 if i % 2 else -0.3) for i, b in enumerate(base)]
     point, lo, hi = stats.bootstrap_ppl_ratio(base, noisy, units, [str(i) for i in range(60)], 0.05)
     assert lo < point < hi and point == pytest.approx(math.exp((30 * 0.5 - 30 * 0.3) / 300))
+
+
+def test_items_that_share_one_cluster_are_each_their_own():
+    """One cluster leaves no between-cluster variance to estimate: the clustered SE was infinite, which made a task
+    whose items all share one cluster a regression against itself (a review). Each item is then its own cluster:
+    the paired SE, and the bootstrap resamples documents, so its bounds are not the point estimate twice."""
+    rng = random.Random(3)
+    d = [rng.gauss(0, 1) for _ in range(40)]
+    assert stats.clustered_se(d, ["one"] * 40) == pytest.approx(stats.paired_se(d))
+    base = [-300.0 - 40 * rng.random() for _ in range(20)]
+    cand = [b + rng.gauss(0, 30) for b in base]
+    point, lo, hi = stats.bootstrap_ppl_ratio(base, cand, [100.0] * 20, ["one"] * 20, 0.05)
+    assert lo < point < hi
+    assert (point, lo, hi) == stats.bootstrap_ppl_ratio(base, cand, [100.0] * 20, [str(i) for i in range(20)], 0.05)
+
+
+def test_a_ratio_past_a_floats_range_is_infinite():
+    """A candidate thousands of nats worse per unit: exp overflowed (exit 3); it is an infinite ratio now."""
+    point, lo, hi = stats.bootstrap_ppl_ratio([-1.0] * 10, [-1e6] * 10, [1.0] * 10, [str(i) for i in range(10)], 0.05)
+    assert point == lo == hi == math.inf
+
+
+def test_early_looks_have_finite_boundaries_or_are_refused():
+    """O'Brien-Fleming spends ~1e-18 at t = 0.05: 2 − 2Φ rounded it to 0 and c₁ was infinite (an agreement look
+    then had infinite bounds: a regression before anything was scored); [0.01, 0.02, 1] stopped in brentq."""
+    c = stats.sequential_bounds([0.05, 1.0], 0.05)
+    assert all(math.isfinite(x) for x in c)
+    assert c[0] == pytest.approx(float(sps.norm.isf(stats.obf_spending(0.05, 0.05))))
+    assert stats.obf_spending(0.05, 0.05) > 0
+    with pytest.raises(ValueError, match="look 2 at 0.02 spends"):
+        stats.sequential_bounds([0.01, 0.02, 1.0], 0.05)

@@ -60,7 +60,13 @@ ENGINE_FIELDS = {"backend", "dtype", "device kind"}
 
 
 def check_rules(policy: Policy, suite: OpenSuite) -> None:
-    """Every rule names a task the suite scores, of a kind the rule can judge: refused before any scoring."""
+    """Every rule names a task the suite scores, of a kind the rule can judge, and a sequential schedule's
+    boundaries can be computed: refused before any scoring."""
+    if policy.sequential is not None:
+        try:
+            stats.sequential_bounds(policy.sequential.looks, policy.alpha)
+        except ValueError as e:
+            raise UsageError(f"policy {policy.name}: sequential.looks {policy.sequential.looks}: {e}") from None
     golden = suite.golden
     for i, rule in enumerate(policy.rules):
         if isinstance(rule, AgreementRule):
@@ -315,8 +321,8 @@ def perplexity_rule(
     ev = PerplexityEvidence(
         n=len(bi),
         clusters=len(set(clusters)),
-        baseline_perplexity=math.exp(sum(nll_b) / total_w),
-        candidate_perplexity=math.exp(sum(nll_c) / total_w),
+        baseline_perplexity=_exp(sum(nll_b) / total_w),
+        candidate_perplexity=_exp(sum(nll_c) / total_w),
         ratio=ppl_ratio,
         lower_bound=ppl_lo,
         upper_bound=ppl_hi,
@@ -328,6 +334,15 @@ def perplexity_rule(
         rule=label, task=rule.task, metric=rule.metric, verdict=verdict, evidence=ev, look=look.index if look else None
     )
     return non_finite_is_regression(result, non_finite_items(cand.tasks[rule.task]))
+
+
+def _exp(x: float) -> float:
+    """e^x, infinite past a float's range: a candidate's mean NLL above 709.8 nats (its logits exploded) is a
+    perplexity no float holds, non-finite evidence (a regression), not an OverflowError (exit 3)."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
 
 
 def agreement_rule(

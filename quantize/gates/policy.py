@@ -27,7 +27,7 @@ class AccuracyRule(_Rule):
 
     task: str
     metric: str = Field("acc", pattern=r"^[A-Za-z0-9_.]+(@[A-Za-z0-9_.\-]+)?$")
-    margin: float = Field(gt=0, lt=1, description="absolute drop tolerated, e.g. 0.02 = two points")
+    margin: float = Field(gt=0, lt=1, allow_inf_nan=False, description="absolute drop tolerated, e.g. 0.02 = two points")
 
 
 PERPLEXITIES = ("perplexity", "word_perplexity", "byte_perplexity")
@@ -40,15 +40,15 @@ class PerplexityRule(_Rule):
 
     task: str
     metric: Literal["perplexity", "word_perplexity", "byte_perplexity"] = "perplexity"
-    max_ratio: float = Field(gt=1, description="e.g. 1.05: at most 5% higher perplexity")
+    max_ratio: float = Field(gt=1, allow_inf_nan=False, description="e.g. 1.05: at most 5% higher perplexity")
 
 
 class AgreementRule(_Rule):
     """A tolerance on token-distribution agreement: the confidence bound must sit inside the limit."""
 
     agreement: AgreementMetric
-    max: float | None = Field(None, gt=0)
-    min: float | None = Field(None, gt=0, le=1)
+    max: float | None = Field(None, gt=0, allow_inf_nan=False)  # `.inf` was a limit no evidence meets
+    min: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _limit(self) -> AgreementRule:
@@ -159,6 +159,21 @@ class Policy(BaseModel):
                 f"sequential.task_stable_fraction names {', '.join(unknown)}, which no rule of this policy judges "
                 f"(its rules judge {', '.join(sorted(tasks)) or 'no task'}); name a task of a rule, or drop the entry"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Policy:
+        """One rule per task and metric (per agreement metric): a second one, with another limit, was counted twice
+        in Holm's correction, and a search's prefilter took the first one's limit alone."""
+        seen: dict[tuple[str, str], int] = {}
+        for i, r in enumerate(self.rules):
+            key = ("agreement", r.agreement.value) if isinstance(r, AgreementRule) else (r.task, r.metric)
+            if key in seen:
+                raise ValueError(
+                    f"rules {seen[key] + 1} and {i + 1} both judge {' '.join(key)}: keep one rule per task and "
+                    "metric (the stricter limit)"
+                )
+            seen[key] = i
         return self
 
     def agreement_limits(self) -> tuple[float | None, float | None]:

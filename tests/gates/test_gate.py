@@ -173,6 +173,24 @@ def test_junit_has_one_case_per_rule(policy):
         ("suite: evaluate/core.yaml\nrules:\n  - {agreement: kl, min: 0.5}\n", "takes `max:`"),
         ("suite: evaluate/core.yaml\nrules:\n  - {task: t, metric: acc, margin: 0.02, maring: 1}\n", "unknown key"),
         ("rules:\n  - {task: t, metric: acc, margin: 0.02}\n", "suite"),
+        # an infinite limit was taken, and the gate then blamed the candidate's "evidence not finite" (a review)
+        ("suite: evaluate/core.yaml\nrules:\n  - {task: t, metric: perplexity, max_ratio: .inf}\n", "max_ratio"),
+        ("suite: evaluate/core.yaml\nrules:\n  - {agreement: kl, max: .inf}\n", "max"),
+        (
+            "suite: evaluate/core.yaml\nrules:\n  - {task: t, metric: acc, margin: 0.02}\n"
+            "  - {task: t, metric: acc, margin: 0.05}\n",
+            "rules 1 and 2 both judge t acc",
+        ),
+        (
+            "suite: evaluate/core.yaml\nrules:\n  - {agreement: kl, max: 0.2}\n  - {agreement: kl, max: 0.5}\n",
+            "both judge agreement kl",
+        ),
+        # boundaries that cannot be computed: exit 3 after the baseline was scored, before
+        (
+            "suite: evaluate/core.yaml\nsequential: {looks: [0.01, 0.02, 1.0]}\nrules:\n"
+            "  - {task: core_facts, metric: acc, margin: 0.02}\n",
+            "sequential.looks [0.01, 0.02, 1.0]: look 2 at 0.02 spends",
+        ),
     ],
 )
 def test_bad_policy_exits_2(tmp_path, capsys, text, msg):
@@ -324,3 +342,21 @@ def test_the_text_names_the_metric_a_rule_judged(policy):
     renamed = v.model_copy(update={"rules": [v.rules[0].model_copy(update={"metric": "acc_norm"}), *v.rules[1:]]})
     text = render_text(renamed)
     assert "    acc_norm " in text and "\n    acc 0." not in text and "\n    acc 1." not in text
+
+
+def test_one_cluster_is_no_regression_against_itself(policy):
+    """Every item of a task in one cluster (a golden set frozen with a cluster field of one value): the clustered SE
+    was infinite, "evidence not finite", and the baseline was REJECTED against itself (a review's repro)."""
+    acc, prose = baseline()
+    v = judge(policy, result(acc, prose, clusters=1), result(acc, prose, clusters=1, sha="b"), None)
+    assert v.verdict == "pass", render_text(v)
+    assert v.rules[0].evidence.se_clustered == v.rules[0].evidence.se_paired
+
+
+def test_a_candidate_past_a_floats_perplexity_is_rejected_not_a_crash(policy):
+    """Log-likelihoods thousands of nats worse per word (its logits exploded, still finite): math.exp overflowed
+    into exit 3; the perplexity is infinite, non-finite evidence, a regression."""
+    acc, prose = baseline()
+    v = judge(policy, result(acc, prose), result(acc, [x * 1000 for x in prose], sha="b"), None)
+    assert v.verdict == "regression" and v.rules[1].verdict == "regression"
+    assert "not finite" in (v.rules[1].non_finite or "")
