@@ -302,8 +302,10 @@ def bootstrap_ppl_ratio(
     for b, c, u, k in zip(nll_base, nll_cand, units, clusters, strict=True):
         diff[idx[k]] += c - b
         w[idx[k]] += u
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         point = float(np.exp(diff.sum() / w.sum()))
         draws = rng.integers(0, len(keys), size=(iters, len(keys)))
         ratios = np.exp(diff[draws].sum(1) / w[draws].sum(1))
-    return point, float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1 - alpha))
+        # two infinite neighbours interpolate to inf − inf = NaN: that quantile is infinite
+        lo, hi = np.nan_to_num(np.quantile(ratios, [alpha, 1 - alpha]), nan=np.inf)
+    return point, float(lo), float(hi)

@@ -124,8 +124,8 @@ def test_items_that_share_one_cluster_are_each_their_own():
 
 
 def test_a_ratio_past_a_floats_range_is_infinite():
-    """A candidate thousands of nats worse per unit: exp overflowed (exit 3); it is an infinite ratio now."""
-    point, lo, hi = stats.bootstrap_ppl_ratio([-1.0] * 10, [-1e6] * 10, [1.0] * 10, [str(i) for i in range(10)], 0.05)
+    """A candidate a million nats worse per unit (NLLs): an infinite ratio, without an overflow or a warning."""
+    point, lo, hi = stats.bootstrap_ppl_ratio([1.0] * 10, [1e6] * 10, [1.0] * 10, [str(i) for i in range(10)], 0.05)
     assert point == lo == hi == math.inf
 
 

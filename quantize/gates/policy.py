@@ -27,7 +27,7 @@ class AccuracyRule(_Rule):
 
     task: str
     metric: str = Field("acc", pattern=r"^[A-Za-z0-9_.]+(@[A-Za-z0-9_.\-]+)?$")
-    margin: float = Field(gt=0, lt=1, allow_inf_nan=False, description="absolute drop tolerated, e.g. 0.02 = two points")
+    margin: float = Field(gt=0, lt=1, description="absolute drop tolerated, e.g. 0.02 = two points")
 
 
 PERPLEXITIES = ("perplexity", "word_perplexity", "byte_perplexity")

@@ -187,7 +187,7 @@ def test_junit_has_one_case_per_rule(policy):
         ),
         # boundaries that cannot be computed: exit 3 after the baseline was scored, before
         (
-            "suite: evaluate/core.yaml\nsequential: {looks: [0.01, 0.02, 1.0]}\nrules:\n"
+            f"suite: {ROOT / 'evaluate' / 'core.yaml'}\nsequential: {{looks: [0.01, 0.02, 1.0]}}\nrules:\n"
             "  - {task: core_facts, metric: acc, margin: 0.02}\n",
             "sequential.looks [0.01, 0.02, 1.0]: look 2 at 0.02 spends",
         ),
@@ -350,7 +350,7 @@ def test_one_cluster_is_no_regression_against_itself(policy):
     acc, prose = baseline()
     v = judge(policy, result(acc, prose, clusters=1), result(acc, prose, clusters=1, sha="b"), None)
     assert v.verdict == "pass", render_text(v)
-    assert v.rules[0].evidence.se_clustered == v.rules[0].evidence.se_paired
+    assert v.rules[0].evidence.clusters == 1 and v.rules[0].evidence.se_clustered == 0.0  # the paired SE of no change
 
 
 def test_a_candidate_past_a_floats_perplexity_is_rejected_not_a_crash(policy):
@@ -358,5 +358,5 @@ def test_a_candidate_past_a_floats_perplexity_is_rejected_not_a_crash(policy):
     into exit 3; the perplexity is infinite, non-finite evidence, a regression."""
     acc, prose = baseline()
     v = judge(policy, result(acc, prose), result(acc, [x * 1000 for x in prose], sha="b"), None)
-    assert v.verdict == "regression" and v.rules[1].verdict == "regression"
+    assert v.verdict == "rejected" and v.rules[1].verdict == "regression"
     assert "not finite" in (v.rules[1].non_finite or "")
