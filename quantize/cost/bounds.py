@@ -809,7 +809,23 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
     (ggufs.per_layer_shape: refused where a recurrent state is declared too), anything else is refused
     (UsageError) naming it. A latent (MLA) cache is priced
     from the header alone (ggufs.latent_shape), as config.json's MLA is (architecture.cache_spec): `config` is not
-    read for it."""
+    read for it. A header that also sizes a recurrent state (ggufs.recurrent_state_keys: Gated DeltaNet, Mamba2, KDA,
+    short convolutions) is priced only through `config` (its layer types and state), else refused: its one
+    head_count_kv number, or its MLA keys, describe its attention layers alone (a review's Qwen3-Next GGUF was priced
+    as attention in all four layers, a Kimi-Linear one as MLA in all, a Falcon-H1 one without its Mamba state)."""
+    if state := ggufs.recurrent_state_keys(h):
+        if config is None:
+            raise UsageError(
+                f"{h.path}: architecture {h.architecture!r} keeps a fixed recurrent state ({', '.join(state)}) beside "
+                "the KV cache of its attention layers, which llama.cpp sizes by a rule of its own that quantize does "
+                f"not restate, and transformers maps no config for it. {ggufs.BY_HAND}"
+            )
+        cache = kv_layout_from_config(config, GGUF_KV_BYTES)
+        return replace(
+            cache,
+            formula=f"{cache.formula} [a recurrent state ({', '.join(state)}); the layers of transformers' "
+            f"{config.get('model_type')} config read from the GGUF]",
+        )
     if (latent := ggufs.latent_shape(h)) is not None:
         return KVCache(
             attention="MLA + indexer" if latent.indexer_keys else "MLA",

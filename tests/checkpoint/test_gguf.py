@@ -292,6 +292,29 @@ def test_kv_heads_per_layer_the_header_cannot_price_are_refused(tmp_path, capsys
     assert says in err and ("--layers/--kv-heads/--head-dim" in err or "re-convert" in err), err
 
 
+@pytest.mark.parametrize(
+    "arch,meta",
+    [
+        # Gated DeltaNet in three layers of four: one head_count_kv number, as llama.cpp's qwen3next writes it
+        ("qwen3next", {"attention.head_count_kv": 2, "full_attention_interval": 4, "ssm.state_size": 128}),
+        # Kimi Delta Attention beside MLA: the latent keys describe only the attention layers
+        ("kimi-linear", {"attention.head_count_kv": [0, 0, 0, 4], "attention.kv_lora_rank": 32, "kda.head_dim": 64}),
+        ("falcon-h1", {"attention.head_count_kv": 2, "ssm.state_size": 16, "ssm.conv_kernel": 4}),
+    ],
+)
+def test_a_gguf_with_a_recurrent_state_is_not_priced_as_attention_alone(tmp_path, capsys, arch, meta):
+    """Hybrids whose header sizes a recurrent state: priced as plain attention (or MLA) in every layer, their state
+    0, exit 0 (a review's repros); refused now where transformers maps no config for them, naming the state."""
+    tensors = [("token_embd.weight", T.Q8_0, (64, 256))]
+    tensors += [(f"blk.{i}.attn_q.weight", T.Q8_0, (256, 256)) for i in range(4)]
+    meta = {"attention.head_count": 4, "attention.key_length": 64, "attention.value_length": 64} | meta
+    meta |= {"rope.dimension_count": 16}
+    path = write_gguf(tmp_path / "h.gguf", tensors, arch, block_count=4, embedding_length=256, **meta)
+    assert main(["cost", "--checkpoint", str(path), "--context", "32768"]) == 2
+    err = capsys.readouterr().err
+    assert f"architecture {arch!r} keeps a fixed recurrent state ({arch}." in err and "--layers" in err, err
+
+
 @pytest.mark.parametrize("context", [2048, 32768])
 @pytest.mark.parametrize("indexer", [0, 8])
 def test_a_latent_mla_gguf_is_priced_as_its_latent(tmp_path, context, indexer):
