@@ -268,6 +268,8 @@ def attention_layers(cfg: dict[str, Any]) -> tuple[AttentionLayer, ...]:
                 f"config.json's {key} lists {len(types)} layer types, num_hidden_layers is {n}; fix config.json"
             )
         return tuple(_typed_layer(text, LEGACY_LAYER_TYPES.get(t, t)) for t in types)
+    if (chunked := _chunked_layers(text, n)) is not None:
+        return chunked
     if str(text.get("model_type")) in EVERY_LAYER_HYBRID:
         return (AttentionLayer(EVERY_LAYER_HYBRID[str(text.get("model_type"))], None),) * n
     pattern = _int(text, "sliding_window_pattern") or FAMILY_SLIDING_PATTERN.get(str(text.get("model_type")))
@@ -277,6 +279,22 @@ def attention_layers(cfg: dict[str, Any]) -> tuple[AttentionLayer, ...]:
         return (_layer(None),) * n
     first = _int(text, "max_window_layers", 0) if text.get("use_sliding_window") is True else None
     return tuple(_layer(window if first is None or i >= first else None) for i in range(n))
+
+
+def _chunked_layers(text: dict[str, Any], n: int) -> tuple[AttentionLayer, ...] | None:
+    """Llama 4's layers where config.json lists no layer_types, as Llama4TextConfig (5.17) derives them: a layer
+    whose no_rope_layers entry is 1 (default: all but every no_rope_layer_interval-th, 4) attends in chunks of
+    attention_chunk_size tokens, the others over the whole context. Published configs carry no layer_types: every
+    layer was priced as full attention (at 32k, 2.3 times the cache transformers keeps). None for other families."""
+    if str(text.get("model_type")) not in ("llama4_text", "llama4") or _int(text, "attention_chunk_size") is None:
+        return None
+    every = _int(text, "no_rope_layer_interval") or 4
+    rope = text.get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(n)]
+    if not isinstance(rope, list) or len(rope) != n or any(r not in (0, 1) for r in rope):
+        raise UsageError(
+            f"config.json's no_rope_layers is {str(rope)[:80]}, not one 0 or 1 per layer ({n}); fix config.json"
+        )
+    return tuple(_typed_layer(text, "chunked_attention") if r else _layer(None) for r in rope)
 
 
 def _layer(window: int | None) -> AttentionLayer:

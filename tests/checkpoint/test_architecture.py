@@ -36,6 +36,24 @@ def test_attention_windows_per_layer(extra, expect):
     assert windows({**GQA, **extra}) == expect
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"no_rope_layers": [1, 0, 1, 1, 0, 1]}, {"no_rope_layer_interval": 3}],
+    ids=["default-interval", "listed", "interval-3"],
+)
+def test_llama_4_without_layer_types_chunks_the_layers_transformers_chunks(extra):
+    """A Llama 4 config.json as published (no layer_types): every layer was priced as full attention; the layers
+    are Llama4TextConfig's own (transformers derives them from no_rope_layers), each with its window."""
+    from transformers import Llama4TextConfig
+
+    cfg = {**GQA, "model_type": "llama4_text", "attention_chunk_size": 32, **extra}
+    theirs = Llama4TextConfig(**{k: v for k, v in cfg.items() if k != "model_type"}).layer_types
+    assert [layer.kind for layer in arch.attention_layers(cfg)] == theirs and "chunked_attention" in theirs
+    assert windows(cfg) == [32 if t == "chunked_attention" else None for t in theirs]
+    top = {"model_type": "llama4", "text_config": cfg}
+    assert windows(top) == windows(cfg)
+
+
 def test_a_multimodal_config_reads_its_text_config():
     cfg = {"model_type": "gemma3", "text_config": {**GQA, "model_type": "gemma3_text", "sliding_window": 8}}
     assert windows(cfg) == [8] * 5 + [None]
