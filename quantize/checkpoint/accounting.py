@@ -237,6 +237,10 @@ def _short(value: Any) -> str:
     return json.dumps(value, default=str)[:60] if not isinstance(value, (dict, list)) else type(value).__name__
 
 
+def _shown(value: Any) -> str:
+    return json.dumps(value, default=str)[:60]
+
+
 def _bit_width(value: Any, where: str) -> int:
     """A bit width from a quantization config: an integer from 1 to 64, or a UsageError naming it."""
     if (
@@ -414,12 +418,37 @@ class _Experts:
 
 
 def _config_weights(qc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(target, weights arguments) of each compressed-tensors config group (type, strategy, block_structure)."""
+    """(target, weights arguments) of each compressed-tensors config group (type, strategy, block_structure), the
+    fields read here checked first: `targets: 5`, a `type` list and a block_structure of strings were exit 3 (a
+    review); each is now a UsageError naming the group and field."""
+    groups = qc.get("config_groups") if qc.get("quant_method") == "compressed-tensors" else None
     out = []
-    for g in (qc.get("config_groups") or {}).values() if qc.get("quant_method") == "compressed-tensors" else []:
+    for name, g in groups.items() if isinstance(groups, dict) else ():
         w = g.get("weights") if isinstance(g, dict) else None
-        out += [(t, w) for t in g.get("targets") or [] if isinstance(t, str) and isinstance(w, dict)]
+        targets = g.get("targets") if isinstance(g, dict) else None
+        where = f"config.json's quantization_config.config_groups.{name}"
+        if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+            raise UsageError(
+                f"{where}.targets is {_shown(targets)}; compressed-tensors takes a list of module names or `re:` "
+                "patterns. Re-save the checkpoint with the tool that quantized it"
+            )
+        if isinstance(w, dict):
+            _check_weight_args(w, f"{where}.weights")
+            out += [(t, w) for t in targets or []]
     return out
+
+
+def _check_weight_args(w: dict[str, Any], where: str) -> None:
+    """The weights arguments accounting reads: `type` and `strategy` strings, `block_structure` two whole numbers."""
+    for key in ("type", "strategy"):
+        if w.get(key) is not None and not isinstance(w[key], str):
+            raise UsageError(f"{where}.{key} is {_shown(w[key])}, not a string; re-save the checkpoint")
+    bs = w.get("block_structure")
+    if bs is not None and not (isinstance(bs, list) and len(bs) == 2 and all(type(x) is int and x > 0 for x in bs)):
+        raise UsageError(
+            f"{where}.block_structure is {_shown(bs)}; it is [rows, cols] of a block, two whole numbers. Re-save the "
+            "checkpoint with the tool that quantized it"
+        )
 
 
 def _weight_args(args: list[tuple[str, dict[str, Any]]], module: str) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 
 from quantize.checkpoint.accounting import _weight_args, bits_report, module_bits
 from quantize.checkpoint.headers import read_header
+from quantize.cli import main
 from quantize.errors import UsageError
 
 from conftest import DATA
@@ -83,6 +84,28 @@ def test_symmetric_int4_matches_closed_form(tmp_path, g):
     assert r.quantized_linear_bits_per_weight == pytest.approx(4 + 16 / g, abs=1e-12)
     assert r.bits_per_weight == pytest.approx(4 + 16 / g, abs=1e-12)
     assert r.modules[0].format == f"int4 g{g}"
+
+
+@pytest.mark.parametrize(
+    "group,says",
+    [
+        ({"targets": 5}, "config_groups.group_0.targets is 5;"),
+        ({"weights": {"num_bits": 4, "type": ["int"]}}, 'group_0.weights.type is ["int"], not a string'),
+        ({"weights": {"num_bits": 4, "strategy": "block", "block_structure": ["a", "b"]}}, "block_structure is"),
+    ],
+    ids=["targets-int", "type-list", "block-strings"],
+)
+def test_a_malformed_config_group_is_a_usage_error_naming_it(tmp_path, capsys, group, says):
+    """Fields of a compressed-tensors config group accounting reads, of the wrong kind: TypeError or ValueError,
+    exit 3 (a review's repros); exit 2 naming the group and field now."""
+    qc = ct_config(4)
+    qc["config_groups"]["group_0"] |= group
+    t = {
+        "l.weight_packed": torch.zeros(OUT, IN * 4 // 32, dtype=torch.int32),
+        "l.weight_scale": torch.zeros(OUT, IN // 128, dtype=torch.bfloat16),
+    }
+    assert main(["inspect", str(write_ckpt(tmp_path, t, qc))]) == 2
+    assert says in capsys.readouterr().err
 
 
 def test_asymmetric_int4_adds_zero_point_bits(tmp_path):
