@@ -72,15 +72,6 @@ def find_gguf() -> Path:
     return path
 
 
-def recorded_weights_sha256(checkpoint: Path) -> str:
-    """The weights hash written beside a checkpoint when it was prepared (the default model's
-    weights.sha256); a checkpoint without that file is hashed now."""
-    stored = checkpoint / WEIGHTS_HASH_FILE
-    if stored.is_file():
-        return stored.read_text().strip()
-    return weights_sha256(checkpoint)
-
-
 def prepare_default_model(force: bool = False, quiet: bool = False) -> Path:
     """Convert the embedded GGUF into a bf16 safetensors checkpoint (once)."""
     target = default_model_dir()

@@ -31,7 +31,7 @@ from typing import NamedTuple
 from quantize import records
 from quantize.checkpoint import accounting
 from quantize.checkpoint.files import check_identity, hf_path, identity_sha256, missing_packages, weights_sha256
-from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, recorded_weights_sha256, resolve_model
+from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, resolve_model
 from quantize.convert import memory
 from quantize.convert.backends import backend_for, backend_named, check, converts_files
 from quantize.convert.backends.base import FileJob, Job
@@ -221,7 +221,7 @@ def _convert(  # noqa: PLR0913 (convert's inputs, the plan and where it offloads
         offload = {"offload_dir": offload_dir} if offload_dir is not None else {}
         model, tok = backend.load(model_dir, recipe, torch_dtype, **offload)
         save_dtype = source_dtype(model_dir)
-        source_hash = recorded_weights_sha256(model_dir)
+        source_hash = weights_sha256(model_dir)
         source_params = accounting.parameter_count(model_dir)
     calib: CalibrationSet | None = None
     if recipe.needs_calibration:
@@ -291,7 +291,7 @@ def _convert_streamed(
         plan = plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe, backend.linearizes_experts)
         prepared = backend.prepare(recipe, plan)
         save_dtype = source_dtype(model_dir)
-        source_hash = recorded_weights_sha256(model_dir)
+        source_hash = weights_sha256(model_dir)
         source_params = accounting.parameter_count(model_dir)
         held = identity_sha256(model_dir)  # before the stream: check_identity holds the output to it
     seed = recipe.calibration.seed if recipe.calibration else 0

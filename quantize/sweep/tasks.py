@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from quantize import records
 from quantize.checkpoint.files import weights_sha256
-from quantize.checkpoint.loader import recorded_weights_sha256, resolve_model
+from quantize.checkpoint.loader import resolve_model
 from quantize.cluster.executor import THREAD_VARIABLES, Outcome, mark_start
 from quantize.convert.engine import complete_output, convert, tidy_leftovers
 from quantize.convert.gguf import source_gguf
@@ -139,7 +139,7 @@ def source_weights(recipe: Any, model: str | None) -> str:
     it, any other recipe's model folder (the sweep's `model` where the recipe names none) as the loader records it."""
     if recipe.method in FILE_METHODS:
         return weights_sha256(source_gguf(recipe.model))
-    return recorded_weights_sha256(resolve_model(recipe.model if recipe.model is not None else model))
+    return weights_sha256(resolve_model(recipe.model if recipe.model is not None else model))
 
 
 def converted(out: Path, recipe_sha256: str, source_sha256: str) -> bool:

@@ -4,6 +4,7 @@ indivisible-layer policy, atomic output and the metadata written next to the wei
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -465,3 +466,22 @@ def test_gptqmodel_refuses_kept_layers_for_what_they_are(tmp_path, monkeypatch):
     with pytest.raises(UsageError, match=r"phi3 model: .*gate_up_proj.*backend: llmcompressor"):
         GPTQModelBackend().prepare(r, phi3)
     assert GPTQModelBackend().prepare(r, LayerPlan(groups=ok.groups, model_type="llama")) is None
+
+
+@pytest.mark.parametrize("streaming", ["off", "on"], ids=["in-memory", "streamed"])
+def test_the_sources_hash_is_its_bytes_never_a_file_beside_them(tmp_path, tiny_model, capsys, streaming):
+    """quantize.json's source_model.weights_sha256 was the text of a `weights.sha256` file in the model folder,
+    unchecked: left stale after the weights changed, a sweep reused the old weights' output and gated it against
+    the new baseline; linked to another file, its text (a token) was written into quantize.json and the card (a
+    review's repros). The hash is the weights' own, on both paths and in the sweep's reuse check."""
+    from quantize.checkpoint.files import weights_sha256
+    from quantize.convert.recipe import load_recipe
+    from quantize.sweep.tasks import source_weights
+
+    model = shutil.copytree(tiny_model, tmp_path / "model")
+    (model / "weights.sha256").write_text("f" * 64 + "\n")
+    fields = {**METHODS["fp8-dyn"], "streaming": streaming}
+    recipe = write_recipe(tmp_path, model, "hashed", **fields)
+    meta = run_ok(recipe, capsys)
+    assert meta["source_model"]["weights_sha256"] == weights_sha256(model) != "f" * 64
+    assert source_weights(load_recipe(recipe)[0], None) == weights_sha256(model)
