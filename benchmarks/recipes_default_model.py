@@ -32,18 +32,20 @@ HELDOUT_SAMPLES, HELDOUT_LEN = 24, 256
 
 def perplexity(checkpoint: Path) -> float:
     """exp(mean token NLL) over HELDOUT_SAMPLES × HELDOUT_LEN held-out tokens."""
+    from importlib import resources
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantize.convert.calibration import build_calibration
+    from quantize.convert.calibration import HELD_OUT_FILE, build_calibration
     from quantize.convert.recipe import Calibration
 
     tok = AutoTokenizer.from_pretrained(str(checkpoint))
     model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32)
     model.eval()
-    x = build_calibration(
-        tok, Calibration(source="builtin:jargon-heldout", samples=HELDOUT_SAMPLES, seq_len=HELDOUT_LEN, seed=0)
-    ).input_ids  # (N, T)
+    held_out = str(resources.files("quantize") / "data" / HELD_OUT_FILE)  # the file: no recipe may name the split
+    cal = Calibration(source=held_out, samples=HELDOUT_SAMPLES, seq_len=HELDOUT_LEN, seed=0)
+    x = build_calibration(tok, cal).input_ids  # (N, T)
     nll, n = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(x), 4):

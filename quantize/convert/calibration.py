@@ -64,11 +64,11 @@ BUILTIN = {
         "jargon-chat.jsonl",
         "Jargon File 4.4.7 calibration split as 300 conversations (tools/make_chat_calibration.py, public domain)",
     ),
-    "builtin:jargon-heldout": (
-        "jargon-heldout.jsonl",
-        "Jargon File 4.4.7 glossary, held-out split (Debian jargon-text, public domain)",
-    ),
 }
+# the Jargon File's held-out split (quantize/data/jargon-heldout.jsonl): the documents of golden/core's cloze and
+# prose items and of the benchmarks' held-out perplexity, for measuring only (the benchmarks read the file itself)
+HELD_OUT = "builtin:jargon-heldout"
+HELD_OUT_FILE = "jargon-heldout.jsonl"
 MAX_FILE_BYTES = 1 << 30  # a .txt/.jsonl/.parquet source is read whole; a saved dataset is memory-mapped instead
 TOO_BIG = "use a part of it, or save it with datasets' save_to_disk and give that folder (read memory-mapped)"
 KINDS = "a .txt, .jsonl or .parquet file, a folder saved by datasets' save_to_disk, or builtin:jargon"
@@ -117,6 +117,12 @@ def _where(cal: Calibration, i: int) -> str:
 
 def source_path(source: str, where: str = "calibration.source") -> tuple[Path, str]:
     """Resolve a calibration source to a file or folder, or raise a UsageError that says what to do."""
+    if source == HELD_OUT:
+        raise UsageError(
+            f"{where} = {source!r} is the held-out split, for measuring only: golden/core's cloze and prose items "
+            "are its documents, and a model calibrated on them is judged on what it was fitted to (an optimistic "
+            "verdict). Use builtin:jargon (the calibration split) or builtin:jargon-chat"
+        )
     if source.startswith("builtin:"):
         if source not in BUILTIN:
             raise UsageError(

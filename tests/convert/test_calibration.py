@@ -265,6 +265,12 @@ def bad_cases(s: dict[str, Path], tmp: Path) -> dict[str, tuple[dict, str]]:
             {"source": str(write_text(tmp / "a.txt")), "text_field": "x"},
             "is a .txt file.*remove text_field",
         ),
+        # the documents of golden/core's cloze and prose items: calibrating on them flatters the gate (a review)
+        "held-out split": ({"source": "builtin:jargon-heldout"}, "is the held-out split, for measuring only"),
+        "held-out in a mixture": (
+            {"mixture": [{"source": "builtin:jargon", "weight": 1}, {"source": "builtin:jargon-heldout", "weight": 1}]},
+            "calibration.mixture.1.source = 'builtin:jargon-heldout' is the held-out split",
+        ),
     }
 
 
@@ -292,6 +298,8 @@ def write_text(path: Path) -> Path:
         "golden without task",
         "task of no golden set",
         "txt with a column",
+        "held-out split",
+        "held-out in a mixture",
     ],
 )
 def test_a_bad_source_is_exit_2_before_any_model_load(tmp_path, chat_model, sources, capsys, monkeypatch, case):
