@@ -521,6 +521,25 @@ def identity_sha256(checkpoint: Path) -> str:
     return sha256_bytes(b"".join(parts))
 
 
+def identity_view(checkpoint: Path, folder: Path) -> Path:
+    """`folder` made a view of the checkpoint holding links to exactly what its identity covers: the IDENTITY_FILES
+    it has, and its weights by the names a reader of the folder takes (model.safetensors, or the shard index and the
+    shards it names). What a library that walks a whole folder (llama.cpp's converter, llm-compressor's
+    model_free_ptq, which copies every other file into its output) is given: nothing else of the folder is read."""
+    folder.mkdir()
+    weights = safetensors_files(checkpoint)
+    for name in identity_files(checkpoint):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).symlink_to((checkpoint / name).resolve())
+    if (checkpoint / SAFE_WEIGHTS).is_file() or not (checkpoint / SAFE_INDEX).is_file():
+        (folder / SAFE_WEIGHTS).symlink_to(weights[0].resolve())  # one file: read as model.safetensors
+    else:
+        (folder / SAFE_INDEX).symlink_to((checkpoint / SAFE_INDEX).resolve())
+        for f in weights:
+            (folder / f.name).symlink_to(f.resolve())
+    return folder
+
+
 def identity_files(checkpoint: Path) -> list[str]:
     """The names (relative to the folder) of the files besides the weights that the identity hashes (IDENTITY_FILES,
     the named chat templates, and the folder's *.py files, which --trust-remote-code runs); a name of

@@ -35,12 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint.files import (
-    SAFE_INDEX,
-    SAFE_WEIGHTS,
     check_identity,
-    identity_files,
     identity_sha256,
-    safetensors_files,
+    identity_view,
 )
 from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.compat import llama_cpp as compat
@@ -103,27 +100,9 @@ def write(checkpoint: Path, out: Path, scratch: Path) -> int:
     return _convert(checkpoint, out, scratch, vocab_only=False)
 
 
-def stage(checkpoint: Path, folder: Path) -> Path:
-    """`folder` made a view of the checkpoint holding links to exactly what its identity covers: the IDENTITY_FILES
-    it has, and its weights by the names the converter reads (model.safetensors, or the shard index and the shards
-    it names)."""
-    folder.mkdir()
-    weights = safetensors_files(checkpoint)
-    for name in identity_files(checkpoint):
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).symlink_to((checkpoint / name).resolve())
-    if (checkpoint / SAFE_WEIGHTS).is_file() or not (checkpoint / SAFE_INDEX).is_file():
-        (folder / SAFE_WEIGHTS).symlink_to(weights[0].resolve())  # one file: read as model.safetensors
-    else:
-        (folder / SAFE_INDEX).symlink_to((checkpoint / SAFE_INDEX).resolve())
-        for f in weights:
-            (folder / f.name).symlink_to(f.resolve())
-    return folder
-
-
 def _convert(checkpoint: Path, out: Path, scratch: Path, *, vocab_only: bool) -> int:
     identity = identity_sha256(checkpoint)
-    staged = stage(checkpoint, Path(tempfile.mkdtemp(prefix=".staged-", dir=scratch)) / "model")
+    staged = identity_view(checkpoint, Path(tempfile.mkdtemp(prefix=".staged-", dir=scratch)) / "model")
     log = scratch / ("converter-vocab.log" if vocab_only else "converter.log")
     child, own = python_child(__name__)
     command = [

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from quantize import records
-from quantize.checkpoint.files import SAFE_INDEX, identity_files
+from quantize.checkpoint.files import SAFE_INDEX, identity_files, identity_view
 from quantize.cli import main
 from quantize.compat import llama_cpp as compat
 from quantize.convert import hf_to_gguf
@@ -61,13 +61,13 @@ def test_the_converter_sees_exactly_what_the_identity_covers(tmp_path):
     (src / SAFE_INDEX).write_text(json.dumps({"weight_map": {k: s for s, keys in shards.items() for k in keys}}))
     (src / "notes.txt").write_text("read by no loader")
     (src / "model-stray.gguf").write_text("x")
-    staged = hf_to_gguf.stage(src, tmp_path / "staged")
+    staged = identity_view(src, tmp_path / "staged")
     expected = {*identity_files(src), SAFE_INDEX, *shards}
     assert {p.name for p in staged.iterdir()} == expected
     assert all((staged / n).is_symlink() and (staged / n).resolve() == (src / n).resolve() for n in expected)
 
     single = make_tiny_llama(tmp_path / "single")
-    staged = hf_to_gguf.stage(single, tmp_path / "staged-single")
+    staged = identity_view(single, tmp_path / "staged-single")
     assert (staged / "model.safetensors").resolve() == (single / "model.safetensors").resolve()
     assert {p.name for p in staged.iterdir()} == {*identity_files(single), "model.safetensors"}
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -340,3 +342,22 @@ def test_a_failing_streamed_conversion_says_one_paragraph_and_no_library_traceba
     assert "Traceback" not in done.stderr and "UnboundLocalError" not in done.stderr, done.stderr[-3000:]
     assert "model_free_ptq failed: ValueError: planted: this shard does not read" in done.stderr
     assert not out.exists()
+
+
+def test_a_streamed_run_copies_nothing_of_the_source_folder_but_what_its_identity_covers(tmp_path, tiny_model):
+    """model_free_ptq copies every other file of the folder it reads into its output, through links: a link to a
+    secret arrived as a file holding it, a .git folder was copied, the source's weights.sha256 came along, and a
+    FIFO was exit 3 (a review's repros). It reads a view of the weights and the identity's files now."""
+    model = shutil.copytree(tiny_model, tmp_path / "model")
+    (tmp_path / "secret.txt").write_text("HF_TOKEN=hf_secret\n")
+    (model / "notes.txt").symlink_to(tmp_path / "secret.txt")
+    (model / ".git" / "objects").mkdir(parents=True)
+    (model / ".git" / "objects" / "pack").write_bytes(b"x" * 1000)
+    (model / "weights.sha256").write_text("0" * 64 + "\n")
+    os.mkfifo(model / "pipe")
+    out, record = run(tmp_path, model, "viewed", streaming="on", **SCHEMES[next(iter(SCHEMES))])
+    assert record.memory_plan.path == "streamed"
+    names = {p.relative_to(out).as_posix() for p in out.rglob("*")}
+    assert not names & {"notes.txt", ".git", ".git/objects/pack", "weights.sha256", "pipe"}, names
+    assert "HF_TOKEN" not in "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= names

@@ -8,10 +8,11 @@ accelerator)."""
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
-from quantize.checkpoint.files import read_config, safetensors_files
+from quantize.checkpoint.files import identity_view, read_config, safetensors_files
 from quantize.checkpoint.loader import load_model
 from quantize.compat.compressed_tensors import seq_length_without_a_cache
 from quantize.compat.llmcompressor import (
@@ -178,7 +179,12 @@ class LLMCompressorBackend:
             quantization_status=QuantizationStatus.INITIALIZED,
         )
         try:
-            model_free_ptq_pt(model_dir, folder, config)  # every shard with save_pretrained's header metadata
+            # model_free_ptq copies every other file of the folder it reads into the output (recursively, through
+            # links: a link to a secret arrived as a file holding it, .git was copied, a FIFO was exit 3): it reads
+            # a view holding only the weights and the files the identity covers
+            with tempfile.TemporaryDirectory(prefix="quantize-stream-") as tmp:
+                view = identity_view(model_dir, Path(tmp) / "source")
+                model_free_ptq_pt(view, folder, config)  # every shard with save_pretrained's header metadata
         except (ValueError, KeyError, RuntimeError) as e:
             raise RuntimeFailure(
                 f"llm-compressor's model_free_ptq failed: {type(e).__name__}: {str(e)[:500]}. The source passed "
