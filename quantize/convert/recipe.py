@@ -194,7 +194,12 @@ class Calibration(_Fields):
     )
     samples: int = Field(64, ge=1, le=100_000, description="number of packed sequences")
     seq_len: int = Field(256, ge=16, le=131_072, description="tokens per sequence")
-    seed: int = Field(0, ge=0, description="seed for the order of the source documents (and of a mixture's rows)")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=2**63 - 1,  # torch.manual_seed's range: 2**64 was exit 3 after the load (a review)
+        description="seed for the order of the source documents (and of a mixture's rows)",
+    )
     overlap_with: str | None = Field(
         None,
         min_length=1,
@@ -260,6 +265,20 @@ class _Named(BaseModel):
     output: PathText | None = Field(None, description="output folder; default outputs/<name>")
 
 
+def module_patterns(names: list[str]) -> list[str]:
+    """Module names and `re:<regex>` patterns (compressed-tensors' form), each regex compiled here: `re:(q_proj`
+    was exit 3 from the layer plan, after the recipe was taken (a review)."""
+    for name in names:
+        if name.startswith("re:"):
+            try:
+                re.compile(name[3:])
+            except re.error as e:
+                raise ValueError(
+                    f"{name!r} is not a regular expression ({e}); write it as Python's re module reads it"
+                ) from None
+    return names
+
+
 class _Recipe(_Named):
     """Settings every method that converts a loaded model has."""
 
@@ -298,7 +317,12 @@ class _Recipe(_Named):
     def _targets(cls, t: list[str]) -> list[str]:
         if not t:
             raise ValueError("targets is empty, so nothing would be quantized; use [Linear]")
-        return t
+        return module_patterns(t)
+
+    @field_validator("ignore")
+    @classmethod
+    def _ignore(cls, t: list[str]) -> list[str]:
+        return module_patterns(t)
 
     @property
     def scheme_or_none(self) -> Scheme | None:
@@ -385,6 +409,11 @@ class LayerOverride(BaseModel):
 
     targets: list[str] = Field(min_length=1, description="module names, or 're:<regex>' on module names")
     scheme: Scheme | Literal["keep"]
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, t: list[str]) -> list[str]:
+        return module_patterns(t)
 
 
 class GroupedRecipe(_Quantized):
@@ -508,6 +537,11 @@ class VerbatimRecipe(_Recipe):
     def _stages(self) -> VerbatimRecipe:
         if not self.stages:
             raise ValueError("method llmcompressor needs `stages:`, an llm-compressor recipe section given verbatim")
+        if self.calibration is None:  # an AttributeError after the load (a review)
+            raise ValueError(
+                "method llmcompressor runs its stages on calibration data: give a `calibration:` section (for "
+                "example {source: builtin:jargon, samples: 64, seq_len: 256})"
+            )
         return self
 
     @property

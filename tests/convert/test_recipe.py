@@ -138,6 +138,29 @@ def test_empty_targets_refused():
     assert "targets is empty" in bad(targets=[])
 
 
+@pytest.mark.parametrize(
+    "changes,says",
+    [
+        ({"targets": ["re:(q_proj"]}, "'re:(q_proj' is not a regular expression"),
+        ({"ignore": ["lm_head", "re:*"]}, "'re:*' is not a regular expression"),
+        (
+            {"overrides": [{"targets": ["re:mlp\\.(up"], "scheme": "keep"}]},
+            "overrides.0.targets",
+        ),
+        ({"calibration": {"seed": 2**64}}, "calibration.seed"),
+        (
+            {"method": "llmcompressor", "scheme": ..., "group_size": ..., "stages": {"s": {}}, "calibration": None},
+            "give a `calibration:` section",
+        ),
+    ],
+    ids=["targets-regex", "ignore-regex", "override-regex", "seed-past-torch", "verbatim-without-calibration"],
+)
+def test_what_failed_after_the_load_is_refused_with_the_recipe(changes, says):
+    """A regex that does not compile (the layer plan's re.error), a seed torch cannot take, a verbatim recipe
+    without calibration (an AttributeError): exit 3 after the model loaded, in a review's repros."""
+    assert says in bad(**changes)
+
+
 def test_calibration_samples_positive():
     assert "calibration.samples" in bad(calibration={"samples": 0})
 
