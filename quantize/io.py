@@ -132,13 +132,14 @@ def _pid_alive(pid: int) -> bool:
 
 
 def leftovers(target: Path) -> list[Path]:
-    """Folders that killed runs left beside `target`: `.NAME.tmp-PID` (an unfinished output) and
-    `.NAME.old-PID` (a replaced output not yet removed), of processes no longer running. Matched by exact
-    name (the prefix, then digits only); a link of that name is not a leftover of ours and is never listed."""
+    """Folders that killed runs left beside `target`: `.NAME.tmp-PID` (an unfinished output), `.NAME.old-PID` (a
+    replaced output not yet removed) and `.NAME.offload-PID` (an offloaded conversion's weights), of processes no
+    longer running. Matched by exact name (the prefix, then digits only); a link of that name is not a leftover of
+    ours and is never listed."""
     target = Path(target)
     if not target.parent.is_dir():
         return []
-    prefixes = [f".{target.name}.{kind}-" for kind in ("tmp", "old")]
+    prefixes = [f".{target.name}.{kind}-" for kind in ("tmp", "old", "offload")]
     found = []
     with os.scandir(target.parent) as entries:
         for e in entries:

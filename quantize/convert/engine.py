@@ -177,16 +177,24 @@ def convert(
 
 @contextmanager
 def offload_folder(out: Path, mplan: memory.MemoryPlan) -> Iterator[Path | None]:
-    """Where an offloaded run keeps its weights: a fresh folder beside the output (the same disk), removed with
-    everything in it when the run ends; None on the other paths."""
+    """Where an offloaded run keeps its weights: a fresh folder beside the output (the same disk), `.NAME.offload-PID`,
+    removed with everything in it when the run ends; None on the other paths. Named by the process, as the output's
+    own `.NAME.tmp-PID` is, so that a run the kernel killed (the likely end of a run that offloads) leaves a folder
+    io.leftovers reports and `--clean` removes: a random suffix, as large as the model, was never found again."""
     if mplan.path != "offloaded":
         yield None
         return
-    import tempfile
+    import shutil
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.offload-") as folder:
-        yield Path(folder)
+    folder = out.parent / f".{out.name}.offload-{os.getpid()}"
+    if folder.is_dir() and not folder.is_symlink():  # a killed run's, whose process id this one was given again
+        shutil.rmtree(folder)
+    folder.mkdir()
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _convert(  # noqa: PLR0913 (convert's inputs, the plan and where it offloads)
