@@ -205,6 +205,13 @@ def _jsonl(path: Path, given: MixtureSource, where: str) -> tuple[str, str, list
                 obj = None
             if not isinstance(obj, dict):
                 raise UsageError(f"{where}: {path}:{n} is not a JSON object; fix that line")
+            try:  # a \ud800 escape decodes to a lone surrogate, which no tokenizer takes (exit 3, in a review)
+                json.dumps(obj, ensure_ascii=False).encode()
+            except UnicodeEncodeError:
+                raise UsageError(
+                    f"{where}: {path}:{n} holds a lone surrogate escape (\\ud800-\\udfff), which is no text; fix "
+                    "that line"
+                ) from None
             objects.append((n, obj))
     if not objects:
         raise UsageError(f"{where}: {path} holds no JSON lines; give a file with one object a line")
@@ -254,6 +261,7 @@ def _parquet(path: Path, given: MixtureSource, where: str) -> tuple[str, str, li
     raw = read_user_file(path, where, MAX_FILE_BYTES, hint=TOO_BIG)
     try:
         table = pq.ParquetFile(pa.BufferReader(raw)).read()  # not read_table: pyarrow.dataset imports pandas, 0.5 s
+        table.validate(full=True)  # strings UTF-8: to_pylist raised UnicodeDecodeError, exit 3 (a review)
     except (pa.ArrowException, OSError) as e:
         raise UsageError(
             f"{where}: {path} is not a readable parquet file ({str(e)[:200]}); give a parquet file"
@@ -430,7 +438,18 @@ def _saved_dataset(path: Path, given: MixtureSource, where: str) -> tuple[str, s
             )
     kind, column = _check_arrow(schema, given, where, str(path))
     col = pa.chunked_array([c for t in tables for c in t.column(column).chunks], type=schema.field(column).type)
-    return kind, column, len(col), lambda i: col[i].as_py()
+
+    def row(i: int) -> Any:
+        """Row i as Python: validate() checks the layout, not the strings' UTF-8, and a full check would read
+        every mapped byte; a row that does not decode is named here (it was exit 3, in a review)."""
+        try:
+            return col[i].as_py()
+        except UnicodeDecodeError:
+            raise UsageError(
+                f"{where}: saved dataset {path}, row {i} of column {column!r} is not UTF-8 text; {SAVE_AGAIN}"
+            ) from None
+
+    return kind, column, len(col), row
 
 
 def _doc_to_text(template: Any, doc: dict[str, Any]) -> str:

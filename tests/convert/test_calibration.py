@@ -211,6 +211,34 @@ def test_shares_are_largest_remainders():
 # --- refused before any model load -------------------------------------------------------------------
 
 
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def not_utf8_parquet(tmp: Path) -> Path:
+    """A parquet file whose string column holds bytes that are not UTF-8 (pyarrow writes them unchecked)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = b"good text\xff\xfebad"
+    offsets = pa.py_buffer(pa.array([0, 9, len(data)], type=pa.int32()).buffers()[1])
+    col = pa.Array.from_buffers(pa.string(), 2, [None, offsets, pa.py_buffer(data)])
+    pq.write_table(pa.table({"text": col}), str(tmp / "bad.parquet"))
+    return tmp / "bad.parquet"
+
+
+def not_utf8_dataset(tmp: Path) -> Path:
+    """A save_to_disk folder whose second row's bytes were made invalid UTF-8 in its Arrow file."""
+    import datasets
+
+    folder = tmp / "bad-ds"
+    datasets.Dataset.from_dict({"text": ["good row", "MARKER row"]}).save_to_disk(str(folder))
+    (arrow,) = folder.glob("*.arrow")
+    arrow.write_bytes(arrow.read_bytes().replace(b"MARKER", b"\xff\xfeRKER"))
+    return folder
+
+
 def bad_cases(s: dict[str, Path], tmp: Path) -> dict[str, tuple[dict, str]]:
     (tmp / "plain-folder").mkdir()
     bad_chat = write_jsonl(tmp / "bad.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}, {"messages": "hi"}])
@@ -265,6 +293,13 @@ def bad_cases(s: dict[str, Path], tmp: Path) -> dict[str, tuple[dict, str]]:
             {"source": str(write_text(tmp / "a.txt")), "text_field": "x"},
             "is a .txt file.*remove text_field",
         ),
+        # text that is not text: exit 3 from pyarrow's decoder or the tokenizer (a review's repros)
+        "parquet not utf-8": ({"source": str(not_utf8_parquet(tmp))}, "not a readable parquet file .*UTF8"),
+        "dataset not utf-8": ({"source": str(not_utf8_dataset(tmp))}, "row 1 of column 'text' is not UTF-8 text"),
+        "lone surrogate": (
+            {"source": str(write_lines(tmp / "sur.jsonl", ['{"text": "ok"}', '{"text": "a\\ud800b"}']))},
+            "sur.jsonl:2 holds a lone surrogate escape",
+        ),
         # the documents of golden/core's cloze and prose items: calibrating on them flatters the gate (a review)
         "held-out split": ({"source": "builtin:jargon-heldout"}, "is the held-out split, for measuring only"),
         "held-out in a mixture": (
@@ -300,6 +335,9 @@ def write_text(path: Path) -> Path:
         "txt with a column",
         "held-out split",
         "held-out in a mixture",
+        "parquet not utf-8",
+        "dataset not utf-8",
+        "lone surrogate",
     ],
 )
 def test_a_bad_source_is_exit_2_before_any_model_load(tmp_path, chat_model, sources, capsys, monkeypatch, case):
