@@ -254,7 +254,9 @@ class _Named(BaseModel):
         None, description="a label for reports and the output folder's name (outputs/<name>); defaults to the file name"
     )
     description: str | None = None
-    model: str | None = Field(None, description="local checkpoint folder; empty = the embedded default model")
+    model: str | None = Field(
+        None, min_length=1, description="local checkpoint folder; absent (or null) = the embedded default model"
+    )  # `model: ""` converted the working folder (a review): the docs said empty meant the default
     backend: str = Field(
         "llmcompressor",
         min_length=1,
@@ -390,6 +392,13 @@ class _Quantized(_Recipe):
     @model_validator(mode="after")
     def _combinations(self) -> _Quantized:
         self._check_scheme()
+        s = self.scheme
+        if not self.symmetric and s is not None and s is not Scheme.W8A8 and s not in WEIGHT_ONLY_INT:
+            # compressed-tensors' preset fixes its scales: the flag was recorded and changed nothing (a review)
+            raise ValueError(
+                f"scheme {s.value} is compressed-tensors' preset with its own (symmetric) scales, so `symmetric: "
+                "false` would change nothing; remove it, or pick an int scheme (W4A16, W8A16, W8A8), which takes it"
+            )
         if self.kv_cache is not None and self.calibration is None:
             raise ValueError(
                 f"kv_cache {self.kv_cache.scheme.value} keeps static scales of K and V, measured on calibration "
@@ -537,6 +546,11 @@ class VerbatimRecipe(_Recipe):
     def _stages(self) -> VerbatimRecipe:
         if not self.stages:
             raise ValueError("method llmcompressor needs `stages:`, an llm-compressor recipe section given verbatim")
+        if given := sorted({"targets", "ignore"} & self.model_fields_set):  # accepted and ignored (a review)
+            raise ValueError(
+                f"method llmcompressor takes its layers from `stages:`, so {' and '.join(given)} would change "
+                "nothing; set them in the stages' modifiers, or remove them"
+            )
         if self.calibration is None:  # an AttributeError after the load (a review)
             raise ValueError(
                 "method llmcompressor runs its stages on calibration data: give a `calibration:` section (for "

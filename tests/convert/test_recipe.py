@@ -152,13 +152,37 @@ def test_empty_targets_refused():
             {"method": "llmcompressor", "scheme": ..., "group_size": ..., "stages": {"s": {}}, "calibration": None},
             "give a `calibration:` section",
         ),
+        # accepted and ignored: the checkpoint said Linear and lm_head whatever the recipe said; `model: ""` read
+        # the working folder where the docs said the default model (a review)
+        (
+            {"method": "llmcompressor", "scheme": ..., "group_size": ..., "stages": {"s": {}}, "ignore": ["x"]},
+            "so ignore would change nothing",
+        ),
+        ({"model": ""}, "model"),
     ],
-    ids=["targets-regex", "ignore-regex", "override-regex", "seed-past-torch", "verbatim-without-calibration"],
+    ids=[
+        "targets-regex",
+        "ignore-regex",
+        "override-regex",
+        "seed-past-torch",
+        "verbatim-without-calibration",
+        "verbatim-ignore",
+        "empty-model",
+    ],
 )
 def test_what_failed_after_the_load_is_refused_with_the_recipe(changes, says):
     """A regex that does not compile (the layer plan's re.error), a seed torch cannot take, a verbatim recipe
     without calibration (an AttributeError): exit 3 after the model loaded, in a review's repros."""
     assert says in bad(**changes)
+
+
+@pytest.mark.parametrize(
+    "method,scheme", [("rtn", "FP8_DYNAMIC"), ("rtn", "NVFP4A16"), ("gptq", "MXFP4A16"), ("rtn", "W4AFP8")]
+)
+def test_symmetric_false_is_refused_where_the_preset_fixes_its_scales(method, scheme):
+    """quantize.json's resolved recipe said symmetric: False and config.json True (a review): the preset ignores it."""
+    assert "would change nothing" in bad(method=method, scheme=scheme, group_size=..., symmetric=False)
+    parse_recipe({"method": "rtn", "scheme": "W4A16", "group_size": 128, "symmetric": False})  # an int scheme takes it
 
 
 def test_calibration_samples_positive():
