@@ -233,6 +233,15 @@ def test_an_output_below_a_file_is_refused_before_converting(tmp_path, capsys, t
     assert code == 2 and "is a file" in err and time.perf_counter() - t0 < 2
 
 
+def test_an_output_name_too_long_for_its_temporary_folders_is_refused_before_converting(tmp_path, capsys, tiny_model):
+    """A 240-byte output name: `.NAME.tmp-PID` passed 255 bytes when the temporary folder was made, after the whole
+    conversion (a review's repro)."""
+    t0 = time.perf_counter()
+    code, err = run(capsys, "run", str(recipe(tmp_path, tiny_model, tmp_path / ("o" * 240))))
+    assert code == 2 and "its name is 240 bytes" in err and time.perf_counter() - t0 < 2, err
+    assert list(tmp_path.glob(".o*")) == []
+
+
 def test_leftovers_of_killed_runs_are_reported_then_cleaned(tmp_path, capsys, tiny_model):
     out = tmp_path / "o" / "out"
     out.parent.mkdir()

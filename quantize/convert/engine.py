@@ -85,6 +85,14 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
     model_dir = backend.source(recipe) if converts_files(type(backend)) else resolve_model(recipe.model)
     if recipe.needs_calibration and recipe.calibration is not None and not converts_files(type(backend)):
         check_calibration(recipe.calibration, model_dir)  # a file-to-file backend's `source` checked it, its way
+    # the longest name written beside it, `.NAME.offload-PID`: a 250-byte name failed with "File name too long"
+    # when its temporary folder was made, after the conversion (a review)
+    if (longest := len(f".{out.name}.offload-{2**22}".encode())) > NAME_MAX:
+        raise UsageError(
+            f"output {out}: its name is {len(out.name.encode())} bytes, and the folders written beside it while it is "
+            f"made add {longest - len(out.name.encode())}, past the {NAME_MAX} bytes a file name may have; choose a "
+            "shorter `output:` (or --output)"
+        )
     if (parent := unwritable_parent(out)) is not None:
         if not parent.is_dir():
             raise UsageError(
@@ -173,6 +181,9 @@ def convert(
         if mplan.path == "streamed":
             return _convert_streamed(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan)
         return _convert(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan, offload_dir)
+
+
+NAME_MAX = 255  # bytes of one file name on Linux's file systems (ext4, xfs, btrfs, tmpfs)
 
 
 @contextmanager
