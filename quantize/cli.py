@@ -117,6 +117,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+DEFAULT_FORMATS = "bf16=16,fp8_e4m3=8,int4_g128=4.15"  # the seed worksheet's, with --params 70e9
+
+
+def _checked_cost_flags(args: argparse.Namespace) -> None:
+    """Flags that would change nothing where they were given are refused: --params, --formats and the MoE flags
+    beside --checkpoint (its files give them), --project-params without it, --project-share without
+    --project-params. Each was accepted and ignored, exit 0 (a review)."""
+    given = lambda *names: [f"--{n.replace('_', '-')}" for n in names if getattr(args, n) is not None]  # noqa: E731
+    if args.checkpoint and (flags := given("params", "formats", "routed_params", "experts", "top_k")):
+        raise UsageError(
+            f"{', '.join(flags)} describe a model by hand, and --checkpoint reads its parameters, formats and experts "
+            "from its files: drop them, or drop --checkpoint"
+        )
+    if not args.checkpoint and given("project_params"):
+        raise UsageError("--project-params projects a measured checkpoint onto a larger model: give --checkpoint too")
+    if args.project_params is None and given("project_share"):
+        raise UsageError("--project-share is the projected model's share in quantized linears: give --project-params")
+
+
 def _formats(spec: str) -> dict[str, float]:
     out = {}
     for part in spec.split(","):
@@ -148,6 +167,11 @@ def _routed(args: argparse.Namespace) -> tuple[Any, ...]:
             f"<= {bounds.MAX_SHAPE:,}"
         )
     per_layer = round(args.routed_params / args.layers)
+    if per_layer < args.experts:  # 0 a layer divided by zero (a review); each expert holds at least one parameter
+        raise UsageError(
+            f"--routed-params {args.routed_params:g} over --layers {args.layers} is {per_layer:,} parameters a layer, "
+            f"fewer than its --experts {args.experts}: give the routed parameters of all layers and experts together"
+        )
     return tuple(bounds.RoutedExperts(i, args.experts, args.top_k, 0.0, per_layer) for i in range(args.layers))
 
 
@@ -156,6 +180,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from quantize.cost import bounds
     from quantize.cost.render import render
 
+    _checked_cost_flags(args)
     work = bounds.Workload(args.context, args.batch, args.alpha, args.gamma, args.draft_cost, args.plain_step_ms)
     shape = (args.layers, args.kv_heads, args.head_dim)
     if args.checkpoint:  # --layers/--kv-heads/--head-dim, all three, replace its KV cache; --kv-bytes prices its own
@@ -179,7 +204,8 @@ def cmd_cost(args: argparse.Namespace) -> int:
         kv = bounds.KVLayout(
             args.layers, args.kv_heads, args.head_dim, args.kv_bytes if args.kv_bytes is not None else 2
         )
-        formats, routed = _formats(args.formats), _routed(args)
+        args.params = args.params if args.params is not None else 70e9
+        formats, routed = _formats(args.formats or DEFAULT_FORMATS), _routed(args)
         result = api.token_cost(
             args.params, formats, kv, hardware=args.hardware, workload=work, routed=routed, sweeps=args.sweep
         )
@@ -433,8 +459,8 @@ def _cost_parser(sub: Any, flags: dict[str, argparse.ArgumentParser]) -> None:
         help="use a measured checkpoint's bytes and KV layout (a safetensors folder, or a GGUF) instead of "
         "--params/--formats",
     )
-    c.add_argument("--params", type=float, default=70e9, help="parameter count (default 70e9)")
-    c.add_argument("--formats", default="bf16=16,fp8_e4m3=8,int4_g128=4.15", help="name=bits pairs")
+    c.add_argument("--params", type=float, help="parameter count (default 70e9)")
+    c.add_argument("--formats", help=f"name=bits pairs (default {DEFAULT_FORMATS})")
     c.add_argument("--layers", type=int, help="layers (default 80); with --checkpoint: replace its KV cache")
     c.add_argument("--kv-heads", type=int, help="KV heads (default 8)")
     c.add_argument("--head-dim", type=int, help="head dimension (default 128)")

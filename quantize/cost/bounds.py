@@ -102,6 +102,13 @@ ROUTING_ASSUMPTION = (
 # the most layers, KV heads or head dimensions a shape given by hand may hold: a figure per layer is built, and
 # `--layers 100000000000` grew without bound (models have tens to hundreds of layers)
 MAX_SHAPE = 100_000
+# what a workload and a model may be: far past any served today, short of a float's range (10**400 tokens, a
+# draft cost of 1e308 or 1e308 parameters ended in OverflowError or ZeroDivisionError, exit 3: a review)
+MAX_CONTEXT = 2**31
+MAX_BATCH = 10**7
+MAX_GAMMA = 1_000
+MAX_DRAFT_COST = 1_000.0
+MAX_PARAMETERS = 1e15
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,17 @@ class RoutedExperts:
     top_k: int
     bytes: float
     parameters: int
+
+    def __post_init__(self) -> None:
+        """1 <= k <= E <= MAX_SHAPE, bytes and parameters finite and not negative: E = 0 divided by zero, and k > E
+        made more parameters active than the model has (a review)."""
+        whole = all(type(v) is int for v in (self.layer, self.experts, self.top_k, self.parameters))
+        if not whole or not 1 <= self.top_k <= self.experts <= MAX_SHAPE or self.parameters < 0 or self.layer < 0:
+            raise UsageError(
+                f"routed experts of layer {self.layer!r}: need whole numbers 1 <= top_k ({self.top_k!r}) <= experts "
+                f"({self.experts!r}) <= {MAX_SHAPE:,}, parameters ({self.parameters!r}) >= 0 and a layer >= 0"
+            )
+        check_positive(self.bytes, f"routed experts of layer {self.layer}: bytes", zero=True)
 
 
 @dataclass(frozen=True)
@@ -575,11 +593,16 @@ class Workload:
 
     def check(self) -> None:
         c = self.context_tokens
-        if isinstance(c, bool) or not isinstance(c, int) or c < 0:
-            raise UsageError(f"context length must be a whole number >= 0, got {c!r}")
-        check_batch(self.batch)
-        check_speculation(self.alpha, self.gamma, self.draft_cost)
+        if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= MAX_CONTEXT:
+            raise UsageError(f"context length must be a whole number from 0 to {MAX_CONTEXT:,}, got {str(c)[:40]}")
+        for what, v, most in (("batch", self.batch, MAX_BATCH), ("gamma (draft length)", self.gamma, MAX_GAMMA)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
+                raise UsageError(f"{what} must be a whole number from 1 to {most:,}, got {str(v)[:40]}")
+        check_positive(self.alpha, "alpha (acceptance rate)", zero=True)
         check_positive(self.draft_cost, "draft cost c", zero=True)
+        check_speculation(self.alpha, self.gamma, self.draft_cost)
+        if self.draft_cost > MAX_DRAFT_COST:
+            raise UsageError(f"draft cost c = {self.draft_cost:g}: give a step-time ratio up to {MAX_DRAFT_COST:g}")
         check_positive(self.plain_step_ms, "plain step (ms)")
 
 
@@ -594,8 +617,13 @@ def token_cost(
 ) -> TokenCost:
     """The calculator: one row per format. measured_bytes replaces bits × parameters / 8 where given; `routed`
     (an MoE's experts, their bytes as stored) prices each format's experts at its bits too."""
-    if parameters <= 0:
-        raise UsageError(f"parameters must be positive, got {parameters}")
+    if not 0 < parameters <= MAX_PARAMETERS:
+        raise UsageError(f"parameters must be above 0 and at most {MAX_PARAMETERS:g}, got {parameters}")
+    if (routed_total := sum(r.parameters for r in routed)) > parameters:
+        raise UsageError(
+            f"the routed experts hold {routed_total:,} parameters, more than the model's {parameters:,.0f}: the "
+            "active parameters would be negative; give the routed experts' parameters as part of the model's"
+        )
     work.check()
     active = active_parameter_count(round(parameters), routed) if routed else round(parameters)
     model = CostModel(active, kv, hardware, work.context_tokens)

@@ -423,3 +423,46 @@ def test_a_memo_that_is_a_fifo_or_an_infinite_profile_is_not_taken(tmp_path):
     assert read_memo(fifo, "profile") is None
     with pytest.raises(ValidationError):
         cost.Hardware(name="local", hbm_bytes_per_second=float("inf"), peak_dense_flops=1e12, source="memo")
+
+
+BIG = "1" + "0" * 400
+
+
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        # past a float's range: OverflowError or ZeroDivisionError, exit 3 (a review's repros)
+        (["--params", "7e9", "--routed-params", "1", "--experts", "8", "--top-k", "2"], "0 parameters a layer"),
+        (["--draft-cost", "1e308"], "draft cost c = 1e+308"),
+        (["--gamma", BIG], "gamma (draft length) must be a whole number from 1 to 1,000"),
+        (["--batch", BIG], "batch must be a whole number from 1 to 10,000,000"),
+        (["--context", BIG], "context length must be a whole number from 0 to"),
+        (["--params", "1e308"], "at most 1e+15"),
+        # accepted and ignored, exit 0
+        (["--project-params", "70e9"], "give --checkpoint too"),
+        (["--project-share", "0.9"], "give --project-params"),
+    ],
+    ids=["routed-0-a-layer", "draft-cost", "gamma", "batch", "context", "params", "project-alone", "share-alone"],
+)
+def test_a_workload_past_any_model_or_a_flag_that_changes_nothing_is_exit_2(flags, says, capsys):
+    assert main(["cost", *flags]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err) < 600, err
+
+
+@pytest.mark.parametrize("flag", [["--params", "8e9"], ["--formats", "bf16=16"], ["--experts", "8"]])
+def test_hand_figures_beside_a_checkpoint_are_refused_not_ignored(tiny_model, capsys, flag):
+    """--params, --formats and the MoE flags beside --checkpoint were read by nothing: exit 0 (a review)."""
+    assert main(["cost", "--checkpoint", str(tiny_model), *flag]) == 2
+    assert f"{flag[0]} describe a model by hand" in capsys.readouterr().err
+
+
+def test_routed_experts_that_cannot_be_are_refused():
+    """E = 0 divided by zero; k > E, or experts holding more than the model, made the active count exceed the
+    model or go negative (a review's API repros)."""
+    for bad in [dict(experts=0, top_k=0), dict(experts=4, top_k=8)]:
+        with pytest.raises(UsageError, match="routed experts of layer 0"):
+            cost.RoutedExperts(0, bytes=0.0, parameters=10, **bad)
+    routed = (cost.RoutedExperts(0, 8, 2, 0.0, 10**12),)
+    with pytest.raises(UsageError, match="more than the model's"):
+        cost.token_cost(1e9, {"bf16": 16}, KV, SEED, cost.Workload(), routed=routed)
