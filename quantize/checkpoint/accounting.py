@@ -157,6 +157,10 @@ class BitsReport(BitsRecord):
     # total_bytes + padding_bytes = file_bytes. Empty and 0 for safetensors, which have no padding.
     ggml_types: dict[str, dict[str, Any]] = Field(default_factory=dict)
     padding_bytes: int = 0
+    # the embedding tables a decode step reads a row of per token, not whole: name -> (bytes, rows). An input
+    # embedding beside a stored output layer, per-layer and position embeddings; a table the output layer is
+    # tied to (none stored) is read whole by it every step and is not one of them (gathered_tables)
+    gathered: dict[str, tuple[int, int]] = Field(default_factory=dict)
 
     @property
     def routed_expert_share(self) -> float | None:
@@ -503,6 +507,11 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     if unknown:
         notes.append(f"{len(unknown)} tensor(s) of unknown role counted as unquantized: {', '.join(unknown[:5])}")
     tied_copy = _tied_copy(cfg, modules, by_role, notes)
+    tables = [
+        (n, t.nbytes, t.shape[0])
+        for n, t in tensors.items()
+        if len(t.shape) == 2 and role_of(n, t, count.names) == "embedding"
+    ]
     if "_from" in qc:
         notes.append(f"bit width read from {qc['_from']} (config.json has no quantization_config)")
     return BitsReport(
@@ -513,9 +522,23 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         header_bytes_read=header_read,
         notes=notes,
         tied_copy_parameters=tied_copy,
+        gathered=gathered_tables(tables, by_role["lm_head"] > 0),
         **_bits_fields(total, params, q_bytes, q_params),
         **_table_fields(by_role, modules, count.parts, count.experts),
     )
+
+
+# the token embeddings an output layer can be tied to (ROLE_RULES' embedding names less the per-layer and position
+# tables, which no output layer reads)
+TOKEN_TABLE = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embeddings|token_embd)\.weight$")
+
+
+def gathered_tables(tables: list[tuple[str, int, int]], output_stored: bool) -> dict[str, tuple[int, int]]:
+    """Of the embedding tables (name, bytes, rows), those a decode step reads one row of per token (a lookup): all
+    of them where an output layer of its own is stored, else all but the token embedding, which the tied output
+    layer reads whole every step. The decode bounds counted every table whole: twice the read of a small model
+    with a large vocabulary, about 6.5% of Llama 3 8B's (a review)."""
+    return {n: (b, r) for n, b, r in tables if r > 0 and (output_stored or not TOKEN_TABLE.search(n))}
 
 
 def _bits_fields(total: int, params: int | None, q_bytes: int, q_params: int) -> dict[str, Any]:
@@ -598,6 +621,10 @@ def gguf_report(checkpoint: Path, h: ggufs.GGUFHeader) -> BitsReport:
         **_table_fields(by_role, modules, parts, experts),
         ggml_types=_ggml_types(h.tensors),
         padding_bytes=h.padding_bytes,
+        gathered=gathered_tables(
+            [(t.name, t.nbytes, t.dims[-1]) for t, r in roles if r.role == "embedding" and len(t.dims) == 2],
+            by_role["lm_head"] > 0,
+        ),
     )
 
 

@@ -234,10 +234,14 @@ class Weights:
 
     total_bytes: float
     routed: tuple[RoutedExperts, ...] = ()
+    gathered: tuple[tuple[float, int], ...] = ()  # (bytes, rows) of each table read a row per token (BitsReport's)
 
     def read_bytes(self, tokens: int) -> float:
-        """The bytes one step reads when it routes `tokens` tokens (weight_bytes_read)."""
-        return weight_bytes_read(self.total_bytes, [(r.bytes, r.experts, r.top_k) for r in self.routed], tokens)
+        """The bytes one step reads when it routes `tokens` tokens (weight_bytes_read): of a gathered table
+        (an embedding looked up, not multiplied), min(tokens, rows) rows of bytes / rows each."""
+        looked_up = sum(b * min(tokens, rows) / rows for b, rows in self.gathered)
+        dense = self.total_bytes - sum(b for b, _ in self.gathered)
+        return weight_bytes_read(dense, [(r.bytes, r.experts, r.top_k) for r in self.routed], tokens) + looked_up
 
 
 def expected_experts_read(experts: int, top_k: int, tokens: int) -> float:
@@ -429,7 +433,8 @@ class FormatRow(_Frozen):
     weight_bytes: float
     weight_gb: float
     weight_gib: float
-    batch1_weight_read_bytes: float  # what one batch-1 step reads: every weight of a dense model, k/E of the experts
+    # what one batch-1 step reads: every weight of a dense model, k/E of the experts, one row of a looked-up table
+    batch1_weight_read_bytes: float
     batch_weight_read_bytes: float  # at the workload's batch (uniform routing for an MoE)
     batch1_weight_bound_ms: float
     batch1_step_bound_ms: float
@@ -789,7 +794,7 @@ def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weight
     report = bits_report(checkpoint)
     routed = routed_experts(config, report.expert_layers, str(checkpoint))
     active = active_parameter_count(report.parameters, routed) if report.parameters else None
-    return Weights(report.total_bytes, routed), active
+    return Weights(report.total_bytes, routed, tuple(report.gathered.values())), active
 
 
 def measured_checkpoint(
@@ -941,7 +946,7 @@ def checkpoint_cost(  # noqa: PLR0913 (one keyword per input `quantize cost --ch
         kv,
         hardware,
         work,
-        measured_bytes={"measured": Weights(report.total_bytes, routed)},
+        measured_bytes={"measured": Weights(report.total_bytes, routed, tuple(report.gathered.values()))},
         routed=routed,
     )
     measured = CheckpointBytes(

@@ -157,7 +157,7 @@ def decode_bounds(
     try:
         if ggufs.find(entry.path) is not None:
             report, kv, routed = cost.measured_checkpoint(Path(entry.path))
-            weights = cost.Weights(report.total_bytes, routed)
+            weights = cost.Weights(report.total_bytes, routed, tuple(report.gathered.values()))
             active = cost.active_parameter_count(report.parameters, routed) if routed else report.parameters
         else:
             cfg = read_config(Path(entry.path))

@@ -641,3 +641,17 @@ def test_the_vocabulary_probe_reaches_every_byte_utf8_text_can_hold():
     from quantize.checkpoint.llama_vocab import PROBE
 
     assert set(PROBE.encode("utf-8")) == set(range(1, 0xC0)) | set(range(0xC2, 0xF5))
+
+
+@pytest.mark.parametrize("output", [True, False], ids=["own-output", "tied"])
+def test_a_ggufs_token_table_is_looked_up_where_an_output_layer_is_stored(tmp_path, output):
+    """token_embd beside output.weight: a decode step reads one of its rows per token; with no output layer stored
+    llama.cpp multiplies by token_embd itself every step, so the whole table is read (cost bounds, a review)."""
+    tensors = [("token_embd.weight", T.Q8_0, (64, 256)), ("blk.0.attn_q.weight", T.Q8_0, (256, 256))]
+    tensors += [("output.weight", T.Q8_0, (64, 256))] if output else []
+    path = write_gguf(tmp_path / "e.gguf", tensors, block_count=1, embedding_length=256)
+    r = bits_report(path)
+    table = next(m.bytes for m in r.modules if m.module == "token_embd")
+    assert r.gathered == ({"token_embd.weight": (table, 64)} if output else {})
+    w = bounds.Weights(r.total_bytes, (), tuple(r.gathered.values()))
+    assert w.read_bytes(1) == pytest.approx(r.total_bytes - (table - table / 64 if output else 0))

@@ -182,6 +182,13 @@ def _embeddings(c: dict) -> int:
     return c["vocab_size"] * c["hidden_size"] * (1 if c["tie_word_embeddings"] else 2) + c["hidden_size"]
 
 
+def _not_looked_up(c: dict, tokens: int) -> int:
+    """The bytes (bf16) of embed_tokens a step of `tokens` tokens does not read: beside its own lm_head, a step
+    looks up one row a token; tied, the output layer reads it all."""
+    v, h = c["vocab_size"], c["hidden_size"]
+    return 0 if c["tie_word_embeddings"] else 2 * h * (v - min(tokens, v))
+
+
 @pytest.fixture(scope="module")
 def arch_models(tmp_path_factory):
     from conftest import make_tiny_arch
@@ -215,9 +222,11 @@ def test_qwen3_moe_active_parameters_and_expert_reads(arch_models, capsys):
     assert out["kv_bytes_per_sequence"] == c["num_hidden_layers"] * 2 * 2 * 16 * 100 * 2
     row = out["formats"]["measured"]
     routed_bytes = 2 * routed  # bf16
-    assert row["batch1_weight_read_bytes"] == pytest.approx(row["weight_bytes"] - routed_bytes * (1 - k / e))
+    assert row["batch1_weight_read_bytes"] == pytest.approx(
+        row["weight_bytes"] - routed_bytes * (1 - k / e) - _not_looked_up(c, 1)
+    )
     assert row["batch_weight_read_bytes"] == pytest.approx(
-        row["weight_bytes"] - routed_bytes * (1 - k / e) ** 4
+        row["weight_bytes"] - routed_bytes * (1 - k / e) ** 4 - _not_looked_up(c, 4)
     )  # batch 4: an expert escapes each token with probability 1 − k/E
     assert row["batch1_compute_ms"] == pytest.approx(1000 * 2 * out["active_parameters"] / SEED.peak_dense_flops)
     assert [(m["layer"], m["routed_parameters"]) for m in out["moe"]["layers"]] == [(1, routed // 2), (2, routed // 2)]
@@ -359,7 +368,7 @@ def test_the_reports_decode_bounds_price_an_moe_like_cost(arch_models, capsys):
     assert d.batch1_ms == pytest.approx(out["formats"]["measured"]["batch1_step_bound_ms"])
     assert d.batch_ms == pytest.approx(out["formats"]["measured"]["batch_step_bound_ms"])
     routed = r.bytes_by_part["routed_experts"]["bytes"]  # batch 1 reads k/E = 2/8 of them
-    read = r.total_bytes - routed * (1 - 2 / 8) + out["kv_bytes_per_sequence"]
+    read = r.total_bytes - routed * (1 - 2 / 8) - _not_looked_up(_config(ckpt), 1) + out["kv_bytes_per_sequence"]
     assert d.batch1_ms == pytest.approx(1000 * read / SEED.hbm_bytes_per_second)
 
 
@@ -466,3 +475,34 @@ def test_routed_experts_that_cannot_be_are_refused():
     routed = (cost.RoutedExperts(0, 8, 2, 0.0, 10**12),)
     with pytest.raises(UsageError, match="more than the model's"):
         cost.token_cost(1e9, {"bf16": 16}, KV, SEED, cost.Workload(), routed=routed)
+
+
+def _embedded(folder, vocab: int, head: bool):
+    """A checkpoint of an input embedding of `vocab` rows, one linear and (`head`) an output layer of its own."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    t = {"model.embed_tokens.weight": torch.zeros(vocab, 64, dtype=torch.bfloat16)}
+    t["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(64, 64, dtype=torch.bfloat16)
+    if head:
+        t["lm_head.weight"] = torch.zeros(vocab, 64, dtype=torch.bfloat16)
+    save_file(t, str(folder / "model.safetensors"))
+    cfg = {"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}
+    (folder / "config.json").write_text(json.dumps(cfg | {"hidden_size": 64, "tie_word_embeddings": not head}))
+    return folder
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["untied", "tied"])
+def test_a_decode_step_reads_a_row_of_an_embedding_table_it_only_looks_up(tmp_path, capsys, head):
+    """A step reads one row per token of an input embedding beside a stored output layer (a lookup, not a
+    product): every table was counted whole, twice the read of this model, and the bound was no lower bound (a
+    review). A tied table is read whole by the output layer, so it counts whole."""
+    table = 4096 * 64 * 2
+    assert main(["cost", "--checkpoint", str(_embedded(tmp_path / "m", 4096, head)), "--json", "--batch", "8"]) == 0
+    row = json.loads(capsys.readouterr().out)["formats"]["measured"]
+    total = row["weight_bytes"]
+    assert total == table * (2 if head else 1) + 64 * 64 * 2
+    looked_up = table - table / 4096 if head else 0
+    assert row["batch1_weight_read_bytes"] == pytest.approx(total - looked_up)
+    assert row["batch_weight_read_bytes"] == pytest.approx(total - (table - 8 * table / 4096 if head else 0))
