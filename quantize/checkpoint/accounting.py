@@ -78,6 +78,10 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"\.bias$", "bias"),
         (r"\.experts\.\w+_bias$", "bias"),  # fused experts' biases (gpt-oss)
         (r"\.gate\.e_score_correction_bias$", "bias"),  # DeepSeek-V3's router bias
+        # transformers' MXFP4 experts (gpt-oss as published, quant_method mxfp4): FP4 values two a byte in blocks of
+        # 32 (`*_blocks`, U8 [..., blocks, 16]) and an E8M0 scale a block (`*_scales`)
+        (r"\.experts\.\w+_blocks$", "payload"),
+        (r"\.experts\.\w+_scales$", "scale"),
         (r"\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)$", "linear_kept"),  # fused experts, unquantized
         # a recurrent or state-space mixer's own parameters: Mamba2's A_log, D and dt_bias (Nemotron-H, Falcon-H1,
         # Granite 4), Gated DeltaNet's A_log and dt_bias (Qwen3-Next, Qwen3.5), Kimi Delta Attention's forget gate
@@ -86,6 +90,7 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"(^|\.)(conv1d|conv|\w+_conv1d)\.weight$", "conv"),
     ]
 ]
+MXFP4 = "mxfp4 g32"  # transformers' MXFP4 experts: FP4 E2M1 values, an E8M0 scale per 32
 # Module names of an output layer that a config can tie to the input embeddings.
 LM_HEADS = ("lm_head", "embed_out", "output")
 # Payload tensors whose last (compressed-tensors, AWQ) or first (GPTQ) axis is packed: into int32 words (int
@@ -380,6 +385,9 @@ class _Count:
                 return
             n = n * DTYPE_BITS[t.dtype] // b  # each word (int32) or byte (uint8) holds its bits / b values
             row.format = f"{'fp' if self._float_weights(row) else 'int'}{b}"
+        elif role == "payload" and name.endswith("_blocks") and t.dtype == "U8":
+            n *= 2  # MXFP4 blocks: two FP4 values a byte (they were counted one a byte, scales as parameters)
+            row.format = MXFP4
         elif role == "payload" or row.format == "?":
             row.format = t.dtype.lower()
         row.parameters += n
@@ -493,6 +501,8 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         count.add(name, t)
     modules, by_role, notes = count.modules, count.by_role, count.notes
     for row in modules.values():
+        if row.format == MXFP4:
+            continue  # its group is the format's own
         if "payload" in row.roles and (b := _block(row, count.args)):
             row.format += f" block {b[0]}x{b[1]}"
         elif "payload" in row.roles:

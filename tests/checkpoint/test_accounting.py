@@ -108,6 +108,26 @@ def test_a_malformed_config_group_is_a_usage_error_naming_it(tmp_path, capsys, g
     assert says in capsys.readouterr().err
 
 
+def test_gpt_oss_mxfp4_experts_count_two_values_a_byte_and_their_scales_as_scales(tmp_path):
+    """gpt-oss as published (transformers' MXFP4: `*_blocks` of FP4 values two a byte, 16 bytes a block of 32, and an
+    E8M0 `*_scales` byte a block): the blocks counted one parameter a byte and the scales as parameters, 10.1
+    bits per weight where the file holds 6.1 (a review)."""
+    e, out, inp = 4, 128, 64
+    t = {
+        "model.layers.0.mlp.experts.gate_up_proj_blocks": torch.zeros(e, out, inp // 32, 16, dtype=torch.uint8),
+        "model.layers.0.mlp.experts.gate_up_proj_scales": torch.zeros(e, out, inp // 32, dtype=torch.uint8),
+        "model.layers.0.mlp.experts.gate_up_proj_bias": torch.zeros(e, out, dtype=torch.bfloat16),
+    }
+    r = bits_report(write_ckpt(tmp_path, t, {"quant_method": "mxfp4"}))
+    assert r.parameters == e * out * inp + e * out and not r.notes
+    (row,) = r.modules
+    assert row.format == "mxfp4 g32"
+    # 4 bits a value and 8 bits of scale a block of 32: 4.25, with the 16-bit biases beside them
+    assert r.bytes_by_part["routed_experts"]["bits_per_weight"] == pytest.approx(
+        (e * out * inp * 4.25 + e * out * 16) / (e * out * inp + e * out)
+    )
+
+
 def test_asymmetric_int4_adds_zero_point_bits(tmp_path):
     """Asymmetric int4: 4 + 16/g (scale) + 4/g (packed int4 zero point) bits per weight."""
     g = 128
