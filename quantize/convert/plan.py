@@ -233,6 +233,18 @@ def _one_expert_group(
     return [(n, m) for n, m in layers if n not in experts]
 
 
+def _check_overrides(recipe: Recipe, matched: list[set[str]], names: set[str]) -> None:
+    """Each override matches a layer the recipe quantizes: one that matched none, or only ignored layers, did
+    nothing and said nothing (a review)."""
+    for i, found in enumerate(matched):
+        if not found & names:
+            targets = recipe.overrides[i].targets  # type: ignore[union-attr]  # only a GroupedRecipe has overrides
+            raise UsageError(
+                f"overrides.{i}.targets {targets} match no layer the recipe quantizes (its targets {recipe.targets} "
+                f"minus ignore {recipe.ignore}), so the override would change nothing; check the names, or remove it"
+            )
+
+
 def plan_layers(model: Any, recipe: Recipe, linearize_experts: bool) -> LayerPlan:
     """The layer plan of `recipe` on `model` (meta device); `linearize_experts`: the backend's capability of that
     name (its class's, read through the registry by the caller: this module sits below the backends)."""
@@ -261,10 +273,11 @@ def plan_layers(model: Any, recipe: Recipe, linearize_experts: bool) -> LayerPla
         )
     g = recipe.weight_group
     override = {}
-    for o in reversed(
-        recipe.overrides if isinstance(recipe, GroupedRecipe) else []
-    ):  # the first matching override wins
-        override |= {n: o.scheme for n, _ in match_named_modules(model, o.targets, recipe.ignore)}
+    overrides = recipe.overrides if isinstance(recipe, GroupedRecipe) else []
+    matched = [{n for n, _ in match_named_modules(model, o.targets, recipe.ignore)} for o in overrides]
+    _check_overrides(recipe, matched, names)
+    for o, found in reversed(list(zip(overrides, matched, strict=True))):  # the first matching override wins
+        override |= dict.fromkeys(found, o.scheme)
     bad = []
     layers = _one_expert_group(layers, recipe, plan, override)
     for name, module in layers:

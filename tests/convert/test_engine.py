@@ -186,6 +186,21 @@ def test_targets_matching_nothing(tiny_model):
         plan(tiny_model, targets=["re:.*nothing_here"])
 
 
+@pytest.mark.parametrize(
+    "override,fields",
+    [
+        ({"targets": ["re:.*nothing_here"], "scheme": "keep"}, {}),
+        ({"targets": ["re:.*q_proj"], "scheme": "W8A16"}, {"ignore": ["lm_head", "re:.*q_proj"]}),
+    ],
+    ids=["no-such-layer", "only-ignored-layers"],
+)
+def test_an_override_that_matches_no_quantized_layer_is_refused(tiny_model, override, fields):
+    """An override whose targets match no layer, or only ignored ones, did nothing and said nothing (a review)."""
+    with pytest.raises(UsageError, match="overrides.0.targets .* match no layer the recipe quantizes"):
+        plan(tiny_model, overrides=[override], **fields)
+    assert plan(tiny_model, overrides=[{"targets": ["re:.*q_proj"], "scheme": "keep"}]).kept  # one that matches
+
+
 # --- atomic output ------------------------------------------------------------------------------
 
 
