@@ -506,7 +506,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         if "payload" in row.roles and (b := _block(row, count.args)):
             row.format += f" block {b[0]}x{b[1]}"
         elif "payload" in row.roles:
-            g = _group_size(row, tensors)
+            g = _group_size(row, tensors, count.weights.get(row.module, row.parameters))
             row.format += f" g{g}" if g else " per-channel"
     total = sum(t.nbytes for t in tensors.values())
     qlin = [m for m in modules.values() if "payload" in m.roles]
@@ -670,17 +670,18 @@ def _gguf_format(h: ggufs.GGUFHeader) -> str:
         return f"gguf (file type {ft})"
 
 
-def _group_size(row: ModuleRow, tensors: dict[str, TensorInfo]) -> int | None:
-    """Weights per scale along the input axis, from the scale's shape; None for per-channel (a block format's
-    layout comes from its config group instead: _block)."""
+def _group_size(row: ModuleRow, tensors: dict[str, TensorInfo], weights: int) -> int | None:
+    """Weights per scale along the input axis, from the scale's shape and the module's weight parameters
+    (`weights`: its payload's, not its bias's, which made a biased int4 g128 linear "per-channel": a review);
+    None for per-channel (a block format's layout comes from its config group instead: _block)."""
     for scale_name, in_axis in ((f"{row.module}.weight_scale", -1), (f"{row.module}.scales", 0)):
         s = tensors.get(scale_name)
         if s is None or len(s.shape) != 2:
             continue
         groups = s.shape[in_axis]
         out = s.shape[0] if in_axis == -1 else s.shape[1]
-        if groups > 1 and row.parameters and row.parameters % (out * groups) == 0:
-            return row.parameters // (out * groups)
+        if groups > 1 and weights and weights % (out * groups) == 0:
+            return weights // (out * groups)
     return None
 
 

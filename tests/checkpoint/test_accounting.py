@@ -128,6 +128,18 @@ def test_gpt_oss_mxfp4_experts_count_two_values_a_byte_and_their_scales_as_scale
     )
 
 
+def test_a_biased_grouped_linear_is_labelled_by_its_group(tmp_path):
+    """A W4A16 g128 linear with a bias was labelled "int4 per-channel": its bias's parameters broke the division
+    that finds the group (a review)."""
+    t = {
+        "l.weight_packed": torch.zeros(OUT, IN * 4 // 32, dtype=torch.int32),
+        "l.weight_scale": torch.zeros(OUT, IN // 128, dtype=torch.bfloat16),
+        "l.bias": torch.zeros(OUT, dtype=torch.bfloat16),
+    }
+    (row,) = bits_report(write_ckpt(tmp_path, t, ct_config(4))).modules
+    assert row.format == "int4 g128" and row.parameters == OUT * IN + OUT
+
+
 def test_asymmetric_int4_adds_zero_point_bits(tmp_path):
     """Asymmetric int4: 4 + 16/g (scale) + 4/g (packed int4 zero point) bits per weight."""
     g = 128
