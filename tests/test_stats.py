@@ -138,3 +138,23 @@ def test_early_looks_have_finite_boundaries_or_are_refused():
     assert stats.obf_spending(0.05, 0.05) > 0
     with pytest.raises(ValueError, match="look 2 at 0.02 spends"):
         stats.sequential_bounds([0.01, 0.02, 1.0], 0.05)
+
+
+def test_a_level_the_resamples_cannot_resolve_keeps_its_critical_value():
+    """A sequential first look's level (1.2e-5) from 2000 resamples was the resamples' extreme: an upper bound
+    about 3.4 standard errors out where the look's critical value is 4.23, 33 times the alpha it spends (a
+    review's simulation). The normal bound on the log ratio with the bootstrap's SD sits at the critical value."""
+    import numpy as np
+
+    c1 = stats.sequential_bounds([0.2, 0.5, 1.0], 0.05)[0]
+    level = float(sps.norm.sf(c1))
+    rng = np.random.default_rng(1)
+    zs = []
+    for _ in range(40):
+        base = 300 + 40 * rng.random(40)
+        cand = base + math.log(1.05) * 100 + rng.normal(0, 3.0, 40)
+        docs = [str(i) for i in range(40)]
+        point, _, hi = stats.bootstrap_ppl_ratio(list(base), list(cand), [100.0] * 40, docs, level)
+        se_log = np.std(cand - base, ddof=1) / math.sqrt(40) / 100
+        zs.append((math.log(hi) - math.log(point)) / se_log)
+    assert float(np.mean(zs)) == pytest.approx(c1, abs=0.25)
