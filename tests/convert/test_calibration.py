@@ -714,3 +714,17 @@ def test_a_signal_ends_a_run_blocked_on_a_fifo_within_seconds(tmp_path, tiny_mod
         p.kill()
     assert p.returncode == code and took < 5, (p.returncode, took, err)
     assert f"stopped by {sig}" in err
+
+
+def test_the_memory_plan_refuses_before_the_calibration_is_packed(tmp_path, tiny_model, capsys, monkeypatch):
+    """100,000 samples of 131,072 tokens were read and packed (21 s, 463 MB on a 74 MB file) before the memory plan
+    refused them in milliseconds (a review): the plan now comes first."""
+
+    def no_packing(*a, **k):
+        raise AssertionError("the calibration was packed before the memory plan")
+
+    monkeypatch.setattr(engine, "check_calibration", no_packing)
+    cal = {"source": "builtin:jargon", "samples": 100_000, "seq_len": 131_072}
+    recipe = write_recipe(tmp_path, tiny_model, "big", method="gptq", scheme="W4A16", group_size=64, calibration=cal)
+    assert main(["run", str(recipe), "--quiet", "--max-memory", "1GiB"]) == 2
+    assert "memory" in capsys.readouterr().err
