@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import errno
 import json
+import math
 import os
 import signal
 import sys
@@ -141,10 +142,22 @@ def _formats(spec: str) -> dict[str, float]:
     for part in spec.split(","):
         name, _, bits = part.partition("=")
         try:
-            out[name.strip()] = float(bits)
+            value = float(bits)
         except ValueError:
-            raise UsageError(f"--formats expects name=bits pairs like bf16=16,int4_g128=4.15; got {part!r}") from None
+            value = math.nan
+        out[name.strip()] = value
+        if not name.strip() or not (math.isfinite(value) and value > 0):
+            raise UsageError(
+                f"--formats expects name=bits pairs like bf16=16,int4_g128=4.15 (a name, and bits per weight "
+                f"above 0); got {part!r}"
+            )
     return out
+
+
+def _checked_numbers(args: argparse.Namespace) -> None:
+    """--params finite and above 0, named as the flag (the API's message named its keyword: a review)."""
+    if args.params is not None and not (math.isfinite(args.params) and args.params > 0):
+        raise UsageError(f"--params {args.params}: give a finite number above 0")
 
 
 def _routed(args: argparse.Namespace) -> tuple[Any, ...]:
@@ -181,6 +194,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from quantize.cost.render import render
 
     _checked_cost_flags(args)
+    _checked_numbers(args)
     work = bounds.Workload(args.context, args.batch, args.alpha, args.gamma, args.draft_cost, args.plain_step_ms)
     shape = (args.layers, args.kv_heads, args.head_dim)
     if args.checkpoint:  # --layers/--kv-heads/--head-dim, all three, replace its KV cache; --kv-bytes prices its own

@@ -450,8 +450,24 @@ BIG = "1" + "0" * 400
         # accepted and ignored, exit 0
         (["--project-params", "70e9"], "give --checkpoint too"),
         (["--project-share", "0.9"], "give --project-params"),
+        # named as the API's keywords, or an empty format name taken (a review)
+        (["--formats", "bf16=nan"], "--formats expects name=bits pairs"),
+        (["--formats", "=16"], "got '=16'"),
+        (["--params", "nan"], "--params nan: give a finite number above 0"),
     ],
-    ids=["routed-0-a-layer", "draft-cost", "gamma", "batch", "context", "params", "project-alone", "share-alone"],
+    ids=[
+        "routed-0-a-layer",
+        "draft-cost",
+        "gamma",
+        "batch",
+        "context",
+        "params",
+        "project-alone",
+        "share-alone",
+        "format-nan",
+        "format-unnamed",
+        "params-nan",
+    ],
 )
 def test_a_workload_past_any_model_or_a_flag_that_changes_nothing_is_exit_2(flags, says, capsys):
     assert main(["cost", *flags]) == 2
