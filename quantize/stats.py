@@ -56,6 +56,15 @@ def agresti_min_se(b: int, c: int, n: int) -> float:
     return math.sqrt(max((b2 + c2) - (c2 - b2) ** 2 / n2, 0.0)) / n2
 
 
+def plus_four_se(p: float, n: int) -> float:
+    """SE of a share p of n 0/1 outcomes with Agresti & Caffo's (2000) plus-four adjustment: two successes and two
+    failures added, p̃ = (n·p + 2) / (n + 4), SE = √(p̃ (1 − p̃) / (n + 4)). A floor under a clustered SE of 0/1
+    outcomes, which is 0 when every outcome is the same: 20 positions that all agree are not proof that the
+    candidate agrees everywhere (this floor puts the one-sided 95% bound at 1 − 1.645 · 0.0564 = 0.907, not 1)."""
+    pt = (n * p + 2) / (n + 4)
+    return math.sqrt(pt * (1 - pt) / (n + 4))
+
+
 def clustered_se(d: Sequence[float], clusters: Sequence[str]) -> float:
     """Cluster-robust SE of the mean (CR1 small-sample factor G/(G−1)): sqrt(G/(G−1) · Σ_g (Σ_{i∈g} (x_i − x̄))² / n²).
     Items that all share one cluster leave no between-cluster variance to estimate (G = 1 divides by zero): each

@@ -351,8 +351,11 @@ def agreement_rule(
     """An agreement rule on a measured agreement: bounds value ± q·SE with q = z₁₋α (measured once, on every
     agreement item), or a sequential look's critical value c_k (`look`: the agreement measured on that look's
     share of the items); a pass when the bound on the far side is within the limit, a regression when the near
-    one is beyond it."""
-    value, se = agreement.estimate(rule.agreement)
+    one is beyond it. Top-1 agreement is a 0/1 outcome a position: its SE is at least the plus-four binomial SE
+    over the positions (stats.plus_four_se), so positions that all agree still leave a bound below 1."""
+    value, clustered = agreement.estimate(rule.agreement)
+    floor = stats.plus_four_se(value, agreement.positions) if rule.agreement is AgreementMetric.top1 else None
+    se = floor if floor is not None and floor > clustered else clustered  # NaN stays NaN: a regression
     q = look.bound if look is not None else stats.z(1 - alpha)
     lo, hi = value - q * se, value + q * se
     verdict: RuleOutcome
@@ -365,7 +368,8 @@ def agreement_rule(
         p_reg = float(stats.sps.norm.cdf((value - rule.min) / se)) if se > 0 else float(value >= rule.min)
     ev = AgreementEvidence(
         value=value,
-        se_clustered=se,
+        se_clustered=clustered,
+        se_floor=floor,
         lower_bound=lo,
         upper_bound=hi,
         max=rule.max,

@@ -12,6 +12,7 @@ from quantize.records import (
     AccuracyEvidence,
     AccuracyResult,
     AccuracySizing,
+    AgreementEvidence,
     AgreementRuleResult,
     PerplexityResult,
     SizingReport,
@@ -29,6 +30,13 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
     if isinstance(x, float):
         return "inf" if math.isinf(x) else format(x, spec)
     return str(x)
+
+
+def _agreement_se(e: AgreementEvidence) -> str:
+    """The SE an agreement rule's bounds took: the clustered one, or top-1's plus-four binomial floor above it."""
+    if e.se_floor is not None and e.se_floor > e.se_clustered:
+        return f"{e.se_floor:.4f} (binomial SE over the positions; clustered {_fmt(e.se_clustered)})"
+    return f"{_fmt(e.se_clustered)} (clustered SE)"
 
 
 def _items_needed_line(e: AccuracyEvidence) -> str:
@@ -130,7 +138,7 @@ def render_text(v: Verdict) -> str:
             e = r.evidence
             limit = f"max {e.max}" if e.max is not None else f"min {e.min}"
             lines.append(
-                f"    {e.value:.4f} ± {e.se_clustered:.4f} (clustered SE), bounds [{e.lower_bound:.4f}, "
+                f"    {e.value:.4f} ± {_agreement_se(e)}, bounds [{e.lower_bound:.4f}, "
                 f"{e.upper_bound:.4f}]"
                 + (f" (critical value {sq.bounds[r.look - 1]:.3f})" if sq and r.look else "")
                 + f" vs {limit}; {e.positions} positions, {e.items} items"

@@ -64,6 +64,8 @@ class PerplexityEvidence(Strict):
 class AgreementEvidence(Strict):
     value: float
     se_clustered: float
+    # top-1 only: the plus-four binomial SE over the positions; the bounds take the larger of the two SEs
+    se_floor: float | None = None
     lower_bound: float
     upper_bound: float
     max: float | None = None

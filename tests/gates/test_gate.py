@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import scipy.stats as sps
 
+from quantize import stats
 from quantize.cli import main
 from quantize.errors import UsageError
 from quantize.gates.policy import load_policy
@@ -153,6 +154,22 @@ def test_agreement_rules_are_tolerances(tmp_path):
     v = judge(pol, result(acc, prose), result(acc, prose, sha="b"), harmful)
     assert [r.verdict for r in v.rules] == ["regression", "regression"] and v.exit_code == 1
     assert all(r.p_regression < 1e-6 and r.p_holm < 1e-6 for r in v.rules)
+
+
+@pytest.mark.parametrize("positions,verdict", [(20, "inconclusive"), (2000, "pass")])
+def test_positions_that_all_agree_are_not_certainty(tmp_path, positions, verdict):
+    # every position agrees: the clustered SE is 0, which made a bound of exactly 1 and a pass on any count
+    p = tmp_path / "gates" / "a.yaml"
+    p.parent.mkdir()
+    p.write_text("suite: evaluate/core.yaml\nrules:\n  - {agreement: top1, min: 0.95}\n")
+    acc, prose = baseline(n=100)
+    same = {"kl_mean": 0.0, "kl_se": 0.0, "kl_p99": 0.0, "top1": 1.0, "top1_se": 0.0, "sum_min": 1.0}
+    same |= {"sum_min_se": 0.0, "positions": positions, "items": 10, "clusters": 10, "note": "lower bound"}
+    v = judge(load_policy(p), result(acc, prose), result(acc, prose, sha="b"), same)
+    e = v.rules[0].evidence
+    assert v.rules[0].verdict == verdict and e.se_clustered == 0 and e.se_floor == stats.plus_four_se(1, positions)
+    assert e.lower_bound == pytest.approx(1 - stats.z(0.95) * e.se_floor)
+    assert "binomial SE over the positions" in render_text(v)
 
 
 def test_junit_has_one_case_per_rule(policy):
