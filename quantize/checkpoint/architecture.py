@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from quantize.compat.transformers_config_names import spellings
+from quantize.compat.transformers_config_names import SLIDING_SWITCH, spellings
 from quantize.errors import UsageError
 
 # --- parts of a model, by tensor name -----------------------------------------------------------
@@ -256,8 +256,12 @@ def _layer_list(text: dict[str, Any]) -> tuple[str, list[str]] | None:
 
 def attention_layers(cfg: dict[str, Any]) -> tuple[AttentionLayer, ...]:
     """Each layer's attention kind and window: `layer_types`, else `sliding_window_pattern` or the family's
-    pattern, else a `sliding_window` every layer uses (Mistral; Qwen2 only where use_sliding_window, from
-    layer max_window_layers on), else full attention everywhere."""
+    pattern, else a `sliding_window` every layer uses (Mistral), else full attention everywhere. A family whose
+    config class switches the window with `use_sliding_window` (SLIDING_SWITCH: Qwen2, Qwen3, their MoE and VL
+    text models) keeps none unless config.json sets it true, and then slides from layer max_window_layers on (the
+    class's default where config.json has none) where the class has that field (Qwen2's rule; Qwen2-MoE's class
+    slides odd layers below it instead, and SmolLM3's its layers without RoPE: their published configs list
+    layer_types or keep the window off)."""
     text = text_config(cfg)
     n = layer_count(cfg)
     window = _int(text, "sliding_window")
@@ -275,9 +279,13 @@ def attention_layers(cfg: dict[str, Any]) -> tuple[AttentionLayer, ...]:
     pattern = _int(text, "sliding_window_pattern") or FAMILY_SLIDING_PATTERN.get(str(text.get("model_type")))
     if window is not None and pattern is not None:
         return tuple(_layer(window) if (i + 1) % pattern else _layer(None) for i in range(n))
-    if window is None or text.get("use_sliding_window") is False:
+    switch, family = text.get("use_sliding_window"), str(text.get("model_type"))
+    if window is None or switch is False or (switch is None and family in SLIDING_SWITCH):
         return (_layer(None),) * n
-    first = _int(text, "max_window_layers", 0) if text.get("use_sliding_window") is True else None
+    first = None
+    if switch is True and (family not in SLIDING_SWITCH or SLIDING_SWITCH[family] is not None):
+        first = _int(text, "max_window_layers", 0)
+        first = SLIDING_SWITCH.get(family) if first is None else first
     return tuple(_layer(window if first is None or i >= first else None) for i in range(n))
 
 

@@ -37,7 +37,7 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from importlib import import_module
 from importlib.metadata import version
 from pathlib import Path
@@ -95,7 +95,7 @@ def problems() -> list[str]:
         f"PreTrainedModel.tie_weights takes no `{p}`" for p in ("missing_keys", "recompute_mapping") if p not in tie
     ]
     found += _gguf_problems() + _conversion_problems() + _patch_problems()
-    return found + config_name_problems(sorted(config_names.ATTRIBUTE_MAPS))
+    return found + config_name_problems(sorted(config_names.ATTRIBUTE_MAPS)) + sliding_switch_problems()
 
 
 def _gguf_problems() -> list[str]:
@@ -151,6 +151,34 @@ def config_name_problems(model_types: list[str]) -> list[str]:
         f"{m}'s config class maps {library.get(m, {})} of the names read, the copy {copied.get(m, {})}"
         for m in model_types
         if library.get(m, {}) != copied.get(m, {})
+    ]
+
+
+def library_switches() -> dict[str, int | str | None]:
+    """Every family of transformers' CONFIG_MAPPING whose config class has a `use_sliding_window` field: its
+    `max_window_layers` default (None: no such field), or the switch's default where it is not False
+    (compat/transformers_config_names.py's SLIDING_SWITCH assumes a window off unless switched on)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    out: dict[str, int | str | None] = {}
+    for m in CONFIG_MAPPING.keys():  # noqa: SIM118 (a lazy mapping: iterating it is not its keys)
+        cls = CONFIG_MAPPING[m]
+        have = {f.name: f for f in fields(cls)} if is_dataclass(cls) else {}
+        if (switch := have.get("use_sliding_window")) is None:
+            continue
+        first = have.get("max_window_layers")
+        out[m] = (first.default if first else None) if switch.default is False else f"default {switch.default!r}"
+    return out
+
+
+def sliding_switch_problems() -> list[str]:
+    """Where SLIDING_SWITCH differs from the library's config classes (library_switches)."""
+    library, copied = library_switches(), config_names.SLIDING_SWITCH
+    return [
+        f"{m}'s config class: use_sliding_window / max_window_layers {library.get(m, 'absent')}, the copy "
+        f"{copied.get(m, 'absent')}"
+        for m in sorted({*library, *copied})
+        if library.get(m, "absent") != copied.get(m, "absent")
     ]
 
 

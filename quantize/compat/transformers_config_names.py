@@ -8,7 +8,8 @@ a file uses. The light readers (checkpoint/architecture.py: cost, the accounting
 from config.json without importing transformers (its config classes import torch: 40-110 s measured on a loaded
 2-core machine), so the maps of the fields they read are copied here as data: every `attribute_map` entry of
 transformers 5.17's CONFIG_MAPPING whose name or stored name is one of READ. `problems()` in compat/transformers.py
-compares them with the library's classes (`library_maps` there), so a change upstream fails tests/compat.
+compares them with the library's classes (`library_maps` there), so a change upstream fails tests/compat. So is
+SLIDING_SWITCH, the families whose sliding window is off unless config.json switches it on (`library_switches`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,24 @@ ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "step3p5": {"moe_top_k": "num_experts_per_tok", "num_local_experts": "n_routed_experts"},
     "zamba": {"layer_types": "layers_block_type"},
     "zamba2": {"layer_types": "layers_block_type"},
+}
+
+
+# model_type -> its config class's default `max_window_layers` (None: the class has no such field, its window is
+# on every layer), for every family whose config class switches its sliding window with a `use_sliding_window`
+# field (default False in each: a config.json without the field keeps no window whatever its `sliding_window`
+# says, as the class's __post_init__ drops it); transformers 5.17
+SLIDING_SWITCH: dict[str, int | None] = {
+    "deepseek_ocr2_encoder": 28,
+    "qwen2": 28,
+    "qwen2_5_omni_talker": 28,
+    "qwen2_5_omni_text": 28,
+    "qwen2_5_vl_text": 80,
+    "qwen2_moe": 28,
+    "qwen2_vl_text": 80,
+    "qwen3": 28,
+    "qwen3_moe": None,
+    "smollm3": None,
 }
 
 

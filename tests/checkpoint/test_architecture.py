@@ -37,6 +37,31 @@ def test_attention_windows_per_layer(extra, expect):
 
 
 @pytest.mark.parametrize(
+    "model_type,extra",
+    [
+        ("qwen2", {}),  # a Qwen2.5 config.json: sliding_window set, use_sliding_window absent
+        ("qwen2", {"use_sliding_window": True, "max_window_layers": 4}),
+        ("qwen3", {"use_sliding_window": True}),  # from the class's own max_window_layers (28): none slides
+        ("qwen3_moe", {}),
+        ("qwen3_moe", {"use_sliding_window": True, "max_window_layers": 4}),  # its class slides every layer
+    ],
+)
+def test_a_switched_window_is_the_config_classes_own(model_type, extra):
+    """Where config.json lists no layer_types, a family whose class switches its window with use_sliding_window
+    keeps none unless it is set: a Qwen2.5 config.json (sliding_window 32768, no switch) was priced as sliding on
+    every layer, under the cache transformers keeps past 32k."""
+    from transformers import AutoConfig
+
+    cfg = {**GQA, "model_type": model_type, "sliding_window": 64, **extra}
+    theirs = AutoConfig.for_model(**cfg)
+    types = (
+        getattr(theirs, "layer_types", None)
+        or ["sliding_attention" if theirs.sliding_window else "full_attention"] * GQA["num_hidden_layers"]
+    )
+    assert windows(cfg) == [64 if t == "sliding_attention" else None for t in types]
+
+
+@pytest.mark.parametrize(
     "extra",
     [{}, {"no_rope_layers": [1, 0, 1, 1, 0, 1]}, {"no_rope_layer_interval": 3}],
     ids=["default-interval", "listed", "interval-3"],

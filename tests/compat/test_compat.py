@@ -251,6 +251,16 @@ def test_the_copied_attribute_maps_are_the_config_classes_own(monkeypatch):
     assert "{'num_experts': 'experts_total'}" in found[1]
 
 
+def test_the_copied_sliding_switches_are_the_config_classes_own(monkeypatch):
+    """SLIDING_SWITCH equals what transformers' config classes hold; a family dropped from the copy is found."""
+    from quantize.compat import transformers as compat
+    from quantize.compat import transformers_config_names as copy
+
+    assert compat.sliding_switch_problems() == []
+    monkeypatch.setattr(copy, "SLIDING_SWITCH", {k: v for k, v in copy.SLIDING_SWITCH.items() if k != "qwen3"})
+    assert [p.split(":")[0] for p in compat.sliding_switch_problems()] == ["qwen3's config class"]
+
+
 def test_target_matching_agrees_with_compressed_tensors():
     """The torch-free copy the accounting uses picks, on every case, the target compressed-tensors' own
     `match_targets` puts first (exact names, then `re:` patterns in sorted order), and matches a name as its
