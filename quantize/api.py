@@ -506,9 +506,11 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
 @_takes(
     parameters=POSITIVE,
     formats=Takes(
-        'a non-empty mapping of format names to bits per weight (finite, above 0), e.g. {"bf16": 16}',
+        'a non-empty mapping of format names (non-empty) to bits per weight (finite, above 0), e.g. {"bf16": 16}',
         lambda v: (
-            isinstance(v, Mapping) and len(v) > 0 and all(isinstance(k, str) and POSITIVE.ok(b) for k, b in v.items())
+            isinstance(v, Mapping)
+            and len(v) > 0
+            and all(isinstance(k, str) and k.strip() and POSITIVE.ok(b) for k, b in v.items())
         ),
     ),
     kv=Takes("a quantize.cost.bounds.KVLayout", _is_a("quantize.cost.bounds", "KVLayout")),

@@ -98,6 +98,7 @@ BAD_CALLS = [
     ("parameters", f"token_cost(float('nan'), {{'bf16': 16}}, {KV})"),
     ("formats", f"token_cost(70e9, {{'bf16': float('inf')}}, {KV})"),
     ("formats", f"token_cost(70e9, 'bf16', {KV})"),
+    ("formats", f"token_cost(70e9, {{'': 16}}, {KV})"),  # a format with no name was priced
     ("kv", "token_cost(70e9, {'bf16': 16}, (80, 8, 128, 2))"),
     ("policy", "cache_key(123)"),
     ("path", "golden_verify('')"),
