@@ -47,6 +47,7 @@ ROLES = (
     "linear_kept",
     "state",
     "conv",
+    "scalar",
     "other",
 )
 QUANT_ROLES = ("payload", "scale", "zero_point", "group_index", "quant_meta")
@@ -77,7 +78,14 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"(norm|ln_\w+|ln\d*)[^.]*\.weight$", "norm"),
         (r"\.bias$", "bias"),
         (r"\.experts\.\w+_bias$", "bias"),  # fused experts' biases (gpt-oss)
-        (r"\.gate\.e_score_correction_bias$", "bias"),  # DeepSeek-V3's router bias
+        # a router's bias on its expert choice: DeepSeek-V3's `gate.`, ERNIE 4.5's `moe_statics.`, MiniMax-M2's on
+        # the MoE block itself
+        (r"(^|\.)e_score_correction_bias$", "bias"),
+        # per-head or per-layer scalars the computation adds or multiplies: gpt-oss's attention sinks (one logit a
+        # head), Gemma 4's layer_scalar
+        (r"\.(sinks|layer_scalar)$", "scalar"),
+        # Granite 4's routed experts as saved: one 3-D tensor of E experts each for the input and output linears
+        (r"(^|\.)block_sparse_moe\.(input_linear|output_linear)\.weight$", "linear_kept"),
         # transformers' MXFP4 experts (gpt-oss as published, quant_method mxfp4): FP4 values two a byte in blocks of
         # 32 (`*_blocks`, U8 [..., blocks, 16]) and an E8M0 scale a block (`*_scales`)
         (r"\.experts\.\w+_blocks$", "payload"),

@@ -60,8 +60,15 @@ PART_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"(^|\.)experts\.(gate_up_proj|gate_proj|up_proj|down_proj)\w*$", "routed_experts"),
         (r"(^|\.)experts$", "routed_experts"),  # a fused expert tensor stored as `mlp.experts.<name>`
         (r"(^|\.)(mlp|block_sparse_moe)\.gate$", "router"),  # Qwen, DeepSeek, OLMoE, Mixtral
-        (r"(^|\.)(mlp|feed_forward|block_sparse_moe)\.router$", "router"),  # gpt-oss, Llama 4, Granite 4
+        (r"(^|\.)block_sparse_moe\.(input_linear|output_linear)$", "routed_experts"),  # Granite 4's, as saved
+        # gpt-oss, Llama 4, Granite 4 (in memory `router`, saved `router.layer`)
+        (r"(^|\.)(mlp|feed_forward|block_sparse_moe)\.router(\.layer)?$", "router"),
+        # what the MoE block holds itself (MiniMax-M2's e_score_correction_bias); ERNIE 4.5's router bias's module
+        (r"(^|\.)(block_sparse_moe|moe_statics)$", "router"),
         (r"(^|\.)shared_expert_gate$", "router"),  # Qwen2-MoE's gate on its shared expert
+        # Gemma 4's per-layer inputs: the projection of the hidden state to every layer's input, and each layer's
+        # gate and projection of its own (beside the per-layer embeddings, embed_tokens_per_layer)
+        (r"(^|\.)(per_layer_model_projection|per_layer_input_gate|per_layer_projection)$", "embedding"),
         (r"(^|\.)shared_mlp(\.|$)", "shared_experts"),  # Granite 4's always-on MLP beside its experts
         (r"(^|\.)indexer(\.|$)", "indexer"),  # DeepSeek-V3.2's sparse-attention indexer (self_attn.indexer)
         (r"(^|\.)linear_attn(\.|$)", "linear_attention"),  # Qwen3-Next / Qwen3.5 Gated DeltaNet

@@ -48,6 +48,7 @@ ROLE_ORDER = [
     ("bias", "biases"),
     ("state", "state-space parameters"),
     ("conv", "convolution kernels"),
+    ("scalar", "per-head and per-layer scalars"),
     ("other", "other"),
 ]
 

@@ -2,8 +2,10 @@
 convolution and indexer parameters have roles and parts of their own; the unknown role ('other') holds nothing
 but norms; Nemotron-H's `mixer` modules split into attention, Mamba and MLP.
 
-Each checkpoint is the family's tensor names and shapes from transformers' own model class on the meta device
-(tests/families.py HYBRID), stored as zeros: the accounting reads headers only."""
+Each checkpoint is the family's model from transformers' own classes with random weights, saved by
+save_pretrained: the names a published checkpoint stores, which differ from the model's own names where the family
+has a conversion (Granite 4's experts are `block_sparse_moe.input_linear` on disk, `experts.gate_up_proj` in
+memory)."""
 
 from __future__ import annotations
 
@@ -14,31 +16,15 @@ from quantize.checkpoint import accounting, architecture
 from quantize.checkpoint.headers import TensorInfo
 
 HYBRIDS = ["qwen3_next", "qwen3_5_text", "kimi_linear", "nemotron_h", "granitemoehybrid", "falcon_h1", "lfm2"]
-
-
-def tiny_checkpoint(family: str, path):
-    """config.json (save_pretrained) and one safetensors file of zero bf16 tensors named and shaped as the
-    family's model (built on the meta device)."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
-
-    cfg = families.config(family)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(
-        {n: torch.zeros(t.shape, dtype=torch.bfloat16) for n, t in model.state_dict().items()},
-        str(path / "model.safetensors"),
-    )
-    cfg.save_pretrained(path)
-    return path
+# the MoE and new-attention families whose saved names a review found of unknown role or part (router biases,
+# attention sinks, Gemma 4's layer scalar)
+OTHERS = ["deepseek_v32", "gpt_oss", "minimax_m2", "ernie4_5_moe", "gemma4_text"]
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     root = tmp_path_factory.mktemp("hybrids")
-    return {f: (accounting.bits_report(tiny_checkpoint(f, root / f)), root / f) for f in [*HYBRIDS, "deepseek_v32"]}
+    return {f: (accounting.bits_report(families.build(f, root / f)), root / f) for f in [*HYBRIDS, *OTHERS]}
 
 
 def _roles(ckpt) -> dict[str, str]:
@@ -50,13 +36,46 @@ def _roles(ckpt) -> dict[str, str]:
     return {n: accounting.role_of(n, TensorInfo(n, "BF16", s, 0, "x"), names) for n, s in shapes.items()}
 
 
-@pytest.mark.parametrize("family", HYBRIDS)
+@pytest.mark.parametrize("family", [*HYBRIDS, *OTHERS])
 def test_nothing_but_norms_has_the_unknown_role(family, reports):
     report, ckpt = reports[family]
     roles = _roles(ckpt)
     assert [n for n, r in roles.items() if r == "other"] == []  # these families' norms are all named norms
     assert not any("unknown role" in note for note in report.notes)
-    assert report.bytes_by_part.get("other", {}).get("bytes", 0) == 0
+    # a part of its own for no more than a scalar a layer (Gemma 4's layer_scalar)
+    other = [n for n in roles if architecture.part_of(n.rsplit(".", 1)[0], roles[n]) == "other"]
+    assert all(roles[n] == "scalar" for n in other), other
+    assert report.bytes_by_part.get("other", {}).get("bytes", 0) == 2 * len(other)
+
+
+@pytest.mark.parametrize(
+    "family,where,role,part",
+    [
+        ("granitemoehybrid", "block_sparse_moe.input_linear.weight", "linear_kept", "routed_experts"),
+        ("granitemoehybrid", "block_sparse_moe.output_linear.weight", "linear_kept", "routed_experts"),
+        ("granitemoehybrid", "block_sparse_moe.router.layer.weight", "linear_kept", "router"),
+        ("minimax_m2", "block_sparse_moe.e_score_correction_bias", "bias", "router"),
+        ("ernie4_5_moe", "mlp.moe_statics.e_score_correction_bias", "bias", "router"),
+        ("gpt_oss", "self_attn.sinks", "scalar", "attention"),
+        ("gemma4_text", "layer_scalar", "scalar", "other"),
+        ("gemma4_text", "per_layer_input_gate.weight", "linear_kept", "embedding"),
+    ],
+)
+def test_saved_moe_names_and_scalars(family, where, role, part, reports):
+    """Granite 4's experts and router as save_pretrained writes them, router biases wherever a family keeps them,
+    and per-head or per-layer scalars: each was `other` (73% of a saved Granite 4's bytes)."""
+    roles = {n: r for n, r in _roles(reports[family][1]).items() if n.endswith(f"layers.1.{where}")}
+    assert list(roles.values()) == [role]
+    assert architecture.part_of(next(iter(roles)).rsplit(".", 1)[0], role) == part
+
+
+def test_saved_granite_4_prices_its_routed_experts(reports):
+    """Its fused experts, as saved, were `other`: no routed experts, no MoE layer, `quantize cost` refused it."""
+    report, _ = reports["granitemoehybrid"]
+    assert [(e.layer, e.experts_stored) for e in report.expert_layers] == [(i, 4) for i in range(4)]
+    assert report.routed_expert_share and report.routed_expert_share > 0.5
+    # 4 layers of 4 experts: input_linear [4, 512, 128] and output_linear [4, 128, 256] in bf16
+    assert report.bytes_by_part["routed_experts"]["bytes"] == 4 * 2 * (4 * 512 * 128 + 4 * 128 * 256)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +83,7 @@ def test_nothing_but_norms_has_the_unknown_role(family, reports):
     [
         ("qwen3_next", "layers.0.linear_attn.A_log", "state"),
         ("qwen3_next", "layers.0.linear_attn.conv1d.weight", "conv"),
-        ("kimi_linear", "layers.0.self_attn.forget_gate.A_log", "state"),
+        ("kimi_linear", "layers.0.self_attn.A_log", "state"),  # its forget gate's, `forget_gate.A_log` in memory
         ("nemotron_h", "layers.0.mixer.D", "state"),
         ("nemotron_h", "layers.0.mixer.conv1d.weight", "conv"),
         ("nemotron_h", "embeddings.weight", "embedding"),
