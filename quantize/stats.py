@@ -56,13 +56,17 @@ def agresti_min_se(b: int, c: int, n: int) -> float:
     return math.sqrt(max((b2 + c2) - (c2 - b2) ** 2 / n2, 0.0)) / n2
 
 
-def plus_four_se(p: float, n: int) -> float:
-    """SE of a share p of n 0/1 outcomes with Agresti & Caffo's (2000) plus-four adjustment: two successes and two
-    failures added, p̃ = (n·p + 2) / (n + 4), SE = √(p̃ (1 − p̃) / (n + 4)). A floor under a clustered SE of 0/1
-    outcomes, which is 0 when every outcome is the same: 20 positions that all agree are not proof that the
-    candidate agrees everywhere (this floor puts the one-sided 95% bound at 1 − 1.645 · 0.0564 = 0.907, not 1)."""
-    pt = (n * p + 2) / (n + 4)
-    return math.sqrt(pt * (1 - pt) / (n + 4))
+def wilson_bounds(p: float, n: int, q: float) -> tuple[float, float]:
+    """Wilson's score bounds on a share p of n 0/1 outcomes at critical value q:
+    (p + q²/2n ∓ q·√(p(1 − p)/n + q²/4n²)) / (1 + q²/n). Never 0 wide, and inside [0, 1]: where every outcome
+    agrees (p = 1) the lower bound is n / (n + q²), so 20 positions of 20 bound the share at 0.881 at q = 1.645,
+    not at 1 as p ± q·SE does with the SE of 0 such outcomes leave."""
+    if n <= 0:
+        return 0.0, 1.0
+    d = 1 + q * q / n
+    centre = (p + q * q / (2 * n)) / d
+    half = q / d * math.sqrt(max(p * (1 - p), 0.0) / n + q * q / (4 * n * n))
+    return max(centre - half, 0.0), min(centre + half, 1.0)
 
 
 def clustered_se(d: Sequence[float], clusters: Sequence[str]) -> float:

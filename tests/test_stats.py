@@ -91,12 +91,14 @@ def test_agresti_min_hand_example():
     assert stats.agresti_min_se(3, 1, 20) == pytest.approx(math.sqrt(5 - 4 / 22) / 22)
 
 
-def test_plus_four_hand_example():
-    # 20 of 20: p~ = 22/24, SE = sqrt(p~ (1 - p~) / 24); the one-sided 95% bound 1 - 1.645 SE = 0.907
-    pt = 22 / 24
-    assert stats.plus_four_se(1.0, 20) == pytest.approx(math.sqrt(pt * (1 - pt) / 24))
-    assert 1 - stats.z(0.95) * stats.plus_four_se(1.0, 20) == pytest.approx(0.907, abs=5e-4)
-    assert stats.plus_four_se(0.5, 10**6) == pytest.approx(math.sqrt(0.25 / (10**6 + 4)))
+def test_wilson_bounds_hand_example():
+    # 17 of 20 at q = 1.645: (0.85 + q²/40 ∓ q √(0.85·0.15/20 + q²/1600)) / (1 + q²/20)
+    q = 1.645
+    d = 1 + q * q / 20
+    half = q / d * (0.85 * 0.15 / 20 + q * q / 1600) ** 0.5
+    lo, hi = stats.wilson_bounds(0.85, 20, q)
+    assert (lo, hi) == (pytest.approx((0.85 + q * q / 40) / d - half), pytest.approx((0.85 + q * q / 40) / d + half))
+    assert stats.wilson_bounds(0.5, 0, q) == (0.0, 1.0)
 
 
 def test_clustering_widens_the_interval():

@@ -351,13 +351,19 @@ def agreement_rule(
     """An agreement rule on a measured agreement: bounds value ± q·SE with q = z₁₋α (measured once, on every
     agreement item), or a sequential look's critical value c_k (`look`: the agreement measured on that look's
     share of the items); a pass when the bound on the far side is within the limit, a regression when the near
-    one is beyond it. Top-1 agreement is a 0/1 outcome a position: its SE is at least the plus-four binomial SE
-    over the positions (stats.plus_four_se), so positions that all agree still leave a bound below 1."""
-    value, clustered = agreement.estimate(rule.agreement)
-    floor = stats.plus_four_se(value, agreement.positions) if rule.agreement is AgreementMetric.top1 else None
-    se = floor if floor is not None and floor > clustered else clustered  # NaN stays NaN: a regression
+    one is beyond it. Top-1 agreement is a 0/1 outcome a position: its bounds are at least Wilson's over the
+    positions at the same q (stats.wilson_bounds), so positions that all agree still leave a bound below 1; a
+    share's bounds stay inside [0, 1]. Any metric of the agreement not finite (NaN logits somewhere: top-1
+    counts such a row as a disagreement and stays finite) makes every agreement rule a regression."""
+    value, se = agreement.estimate(rule.agreement)
     q = look.bound if look is not None else stats.z(1 - alpha)
     lo, hi = value - q * se, value + q * se
+    wilson = None
+    if rule.agreement is AgreementMetric.top1 and math.isfinite(value):
+        wilson = stats.wilson_bounds(value, agreement.positions, q)
+        lo, hi = min(lo, wilson[0]), max(hi, wilson[1])
+    if rule.agreement is not AgreementMetric.kl and math.isfinite(lo) and math.isfinite(hi):
+        lo, hi = max(lo, 0.0), min(hi, 1.0)
     verdict: RuleOutcome
     if rule.agreement is AgreementMetric.kl:
         verdict = "pass" if hi <= rule.max else "regression" if lo > rule.max else "inconclusive"
@@ -368,8 +374,8 @@ def agreement_rule(
         p_reg = float(stats.sps.norm.cdf((value - rule.min) / se)) if se > 0 else float(value >= rule.min)
     ev = AgreementEvidence(
         value=value,
-        se_clustered=clustered,
-        se_floor=floor,
+        se_clustered=se,
+        wilson_bounds=wilson,
         lower_bound=lo,
         upper_bound=hi,
         max=rule.max,
@@ -389,6 +395,10 @@ def agreement_rule(
         p_regression=p_reg,
         look=look.index if look is not None else None,
     )
+    measured = {"KL": agreement.kl_mean, "top-1": agreement.top1, "sum min(p, q)": agreement.sum_min}
+    if bad := [f"{k} {v}" for k, v in measured.items() if not math.isfinite(v)]:
+        why = f"the candidate's token distributions are not finite somewhere ({', '.join(bad)})"
+        return result.model_copy(update={"verdict": "regression", "p_regression": None, "non_finite": why})
     return non_finite_is_regression(result)
 
 

@@ -32,11 +32,12 @@ def _fmt(x: Any, spec: str = ".4f") -> str:
     return str(x)
 
 
-def _agreement_se(e: AgreementEvidence) -> str:
-    """The SE an agreement rule's bounds took: the clustered one, or top-1's plus-four binomial floor above it."""
-    if e.se_floor is not None and e.se_floor > e.se_clustered:
-        return f"{e.se_floor:.4f} (binomial SE over the positions; clustered {_fmt(e.se_clustered)})"
-    return f"{_fmt(e.se_clustered)} (clustered SE)"
+def _agreement_bounds(e: AgreementEvidence) -> str:
+    """Value ± clustered SE and the bounds, saying where top-1's Wilson bounds over the positions set them."""
+    wilson = e.wilson_bounds is not None and e.lower_bound == e.wilson_bounds[0] < e.value - 1e-12
+    return f"{e.value:.4f} ± {_fmt(e.se_clustered)} (clustered SE), bounds [{e.lower_bound:.4f}, " + (
+        f"{e.upper_bound:.4f}] (Wilson's over the positions, wider)" if wilson else f"{e.upper_bound:.4f}]"
+    )
 
 
 def _items_needed_line(e: AccuracyEvidence) -> str:
@@ -138,8 +139,7 @@ def render_text(v: Verdict) -> str:
             e = r.evidence
             limit = f"max {e.max}" if e.max is not None else f"min {e.min}"
             lines.append(
-                f"    {e.value:.4f} ± {_agreement_se(e)}, bounds [{e.lower_bound:.4f}, "
-                f"{e.upper_bound:.4f}]"
+                f"    {_agreement_bounds(e)}"
                 + (f" (critical value {sq.bounds[r.look - 1]:.3f})" if sq and r.look else "")
                 + f" vs {limit}; {e.positions} positions, {e.items} items"
                 + (f"; KL p99 {e.kl_p99:.4f}" if e.kl_p99 is not None else "")

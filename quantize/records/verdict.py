@@ -64,8 +64,9 @@ class PerplexityEvidence(Strict):
 class AgreementEvidence(Strict):
     value: float
     se_clustered: float
-    # top-1 only: the plus-four binomial SE over the positions; the bounds take the larger of the two SEs
-    se_floor: float | None = None
+    # top-1 only: Wilson's bounds over the positions at the rule's critical value; the bounds are the wider of
+    # these and value ± q·SE
+    wilson_bounds: tuple[float, float] | None = None
     lower_bound: float
     upper_bound: float
     max: float | None = None

@@ -129,6 +129,12 @@ def test_suite_setting_difference_is_refused(policy):
         judge(policy, b, c, None)
 
 
+def agreement(**given) -> dict:
+    """An agreement result's fields, every position agreeing unless `given` says otherwise."""
+    same = {"kl_mean": 0.0, "kl_se": 0.0, "kl_p99": 0.0, "top1": 1.0, "top1_se": 0.0, "sum_min": 1.0}
+    return same | {"sum_min_se": 0.0, "positions": 600, "items": 60, "clusters": 60, "note": "lower bound"} | given
+
+
 def test_agreement_rules_are_tolerances(tmp_path):
     p = tmp_path / "gates" / "a.yaml"
     p.parent.mkdir()
@@ -161,15 +167,27 @@ def test_positions_that_all_agree_are_not_certainty(tmp_path, positions, verdict
     # every position agrees: the clustered SE is 0, which made a bound of exactly 1 and a pass on any count
     p = tmp_path / "gates" / "a.yaml"
     p.parent.mkdir()
-    p.write_text("suite: evaluate/core.yaml\nrules:\n  - {agreement: top1, min: 0.95}\n")
+    p.write_text("suite: evaluate/core.yaml\nrules:\n  - {agreement: top1, min: 0.9}\n")
     acc, prose = baseline(n=100)
-    same = {"kl_mean": 0.0, "kl_se": 0.0, "kl_p99": 0.0, "top1": 1.0, "top1_se": 0.0, "sum_min": 1.0}
-    same |= {"sum_min_se": 0.0, "positions": positions, "items": 10, "clusters": 10, "note": "lower bound"}
-    v = judge(load_policy(p), result(acc, prose), result(acc, prose, sha="b"), same)
+    v = judge(load_policy(p), result(acc, prose), result(acc, prose, sha="b"), agreement(top1=1.0, positions=positions))
     e = v.rules[0].evidence
-    assert v.rules[0].verdict == verdict and e.se_clustered == 0 and e.se_floor == stats.plus_four_se(1, positions)
-    assert e.lower_bound == pytest.approx(1 - stats.z(0.95) * e.se_floor)
-    assert "binomial SE over the positions" in render_text(v)
+    assert v.rules[0].verdict == verdict and e.se_clustered == 0
+    assert e.lower_bound == pytest.approx(positions / (positions + stats.z(0.95) ** 2))  # Wilson's at p = 1
+    assert e.upper_bound == 1 and "Wilson's over the positions" in render_text(v)
+
+
+@pytest.mark.parametrize("metric,limit", [("top1", "min: 0.3"), ("sum_min", "min: 0.3"), ("kl", "max: 1e9")])
+def test_non_finite_logits_anywhere_fail_every_agreement_rule(tmp_path, metric, limit):
+    """A review: NaN rows count as disagreements in top-1 (finite: 0.43 over 627 positions passed min 0.3), while
+    KL and Σ min(p, q) were NaN in the same agreement result."""
+    p = tmp_path / "gates" / "a.yaml"
+    p.parent.mkdir()
+    p.write_text(f"suite: evaluate/core.yaml\nrules:\n  - {{agreement: {metric}, {limit}}}\n")
+    acc, prose = baseline(n=100)
+    nan = agreement(top1=0.43, kl_mean=float("nan"), sum_min=float("nan"))
+    v = judge(load_policy(p), result(acc, prose), result(acc, prose, sha="b"), nan)
+    assert v.rules[0].verdict == "regression" and v.exit_code == 1
+    assert "not finite somewhere (KL nan" in v.rules[0].non_finite
 
 
 def test_junit_has_one_case_per_rule(policy):
