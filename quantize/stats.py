@@ -44,7 +44,7 @@ def paired_se(d: Sequence[float]) -> float:
     if n < 2:
         return math.inf
     mean = sum(d) / n
-    var = sum((x - mean) ** 2 for x in d) / (n - 1)
+    var = sum((x - mean) * (x - mean) for x in d) / (n - 1)  # x·x: inf past a float's range, ** raised
     return math.sqrt(var / n)
 
 
@@ -289,7 +289,7 @@ def drop_p(delta: float, se: float) -> float:
     return float(sps.norm.cdf(delta / se))
 
 
-def bootstrap_ppl_ratio(
+def bootstrap_ppl_ratio(  # noqa: PLR0913 (the formula's inputs: NLLs, units, clusters, α, draws, seed, wᵢ)
     nll_base: Sequence[float],
     nll_cand: Sequence[float],
     units: Sequence[float],
@@ -297,9 +297,13 @@ def bootstrap_ppl_ratio(
     alpha: float,
     iters: int = 2000,
     seed: int = 0,
+    weights: Sequence[float] | None = None,
 ) -> tuple[float, float, float]:
-    """Perplexity ratio candidate/baseline = exp((ΣNLL_cand − ΣNLL_base) / Σunits), with one-sided α and 1−α
-    percentile bounds from a bootstrap that resamples whole clusters (paired: both models move together). Documents
+    """Perplexity ratio candidate/baseline = exp((Σ wᵢ·NLL_candᵢ − Σ wᵢ·NLL_baseᵢ) / Σ wᵢ·unitsᵢ), with one-sided α
+    and 1−α percentile bounds from a bootstrap that resamples whole clusters (paired: both models move together).
+    `weights` wᵢ (default 1): an item's design weight in a stratified sample, N_h / n_h of its stratum h (the items
+    it stands for), so that a sample taking every item of one stratum and a third of another estimates the whole
+    set's ratio, not the sample's. Documents
     that all share one cluster are resampled one by one (as clustered_se takes each item as its own cluster): one
     cluster resampled gave the point estimate as both bounds, a pass without uncertainty. A ratio past a float's
     range is infinite (a candidate's log-likelihoods thousands of nats worse), never an OverflowError.
@@ -316,9 +320,9 @@ def bootstrap_ppl_ratio(
     idx = {k: i for i, k in enumerate(keys)}
     diff = np.zeros(len(keys))  # Σ (NLL_cand − NLL_base) per cluster
     w = np.zeros(len(keys))
-    for b, c, u, k in zip(nll_base, nll_cand, units, clusters, strict=True):
-        diff[idx[k]] += c - b
-        w[idx[k]] += u
+    for b, c, u, k, wt in zip(nll_base, nll_cand, units, clusters, weights or [1.0] * len(units), strict=True):
+        diff[idx[k]] += wt * (c - b)
+        w[idx[k]] += wt * u
     with np.errstate(over="ignore", invalid="ignore"):
         point = float(np.exp(diff.sum() / w.sum()))
         draws = rng.integers(0, len(keys), size=(iters, len(keys)))

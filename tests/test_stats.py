@@ -101,6 +101,23 @@ def test_wilson_bounds_hand_example():
     assert stats.wilson_bounds(0.5, 0, q) == (0.0, 1.0)
 
 
+def test_a_difference_past_a_floats_range_is_an_infinite_se_not_an_overflow():
+    assert stats.paired_se([1e300, -1e300, 0.0]) == math.inf  # (x − x̄) ** 2 raised OverflowError: exit 3
+
+
+def test_design_weights_make_a_stratified_sample_estimate_the_whole_sets_ratio():
+    """Every item of a stratum of 100 (no change) and a third of one of 300 (0.1 nat worse each): the sample's
+    ratio is exp(0.1 · 100 / 200); the set's, which N_h / n_h weights recover, exp(0.1 · 300 / 400)."""
+    diffs = [0.0] * 100 + [0.1] * 100
+    base = [1.0] * 200
+    cand = [b + d for b, d in zip(base, diffs, strict=True)]
+    clusters = [str(i) for i in range(200)]
+    plain = stats.bootstrap_ppl_ratio(base, cand, [1.0] * 200, clusters, 0.05)[0]
+    weighted = stats.bootstrap_ppl_ratio(base, cand, [1.0] * 200, clusters, 0.05, weights=[1.0] * 100 + [3.0] * 100)
+    assert plain == pytest.approx(math.exp(0.05)) and weighted[0] == pytest.approx(math.exp(0.075))
+    assert weighted[1] <= weighted[0] <= weighted[2]
+
+
 def test_clustering_widens_the_interval():
     d = [-1.0, -1.0, -1.0, 0.0, 0.0, 0.0] * 20  # errors come in blocks of a cluster
     clusters = [f"c{i // 3}" for i in range(len(d))]

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from quantize.compat.lm_eval import sandboxed_metrics, templates_refused
 from quantize.errors import UsageError
 from quantize.evaluate.cache import lm_eval_version
@@ -182,7 +184,17 @@ def read_samples(suite: OpenSuite, path: str | Path) -> ScoreDoc:
         figures = {
             k: v for k, v in lm.items() if k != "alias" and isinstance(v, int | float) and not isinstance(v, bool)
         }
-        tasks[task] = task_scores(kind, versions[task], items, figures, filt)
+        try:
+            tasks[task] = task_scores(kind, versions[task], items, figures, filt)
+        except ValidationError as e:  # a figure no model computes: a log-likelihood above 0, a score of 0.5
+            err, loc = e.errors()[0], e.errors()[0]["loc"]
+            at = loc.index("items") + 1 if "items" in loc and loc.index("items") + 1 < len(loc) else None
+            where = loc[at] if at is not None else None
+            raise UsageError(
+                f"lm-eval samples file {run.samples[task]}: {task}"
+                + (f" item {items[where]['id']}" if isinstance(where, int) and where < len(items) else "")
+                + f": {err['msg'].removeprefix('Value error, ')}; {HOW}"
+            ) from None
     return _doc(suite, run, results, files, tasks)
 
 
@@ -501,7 +513,7 @@ def _check_items(
     requests `built` gives the item (_golden_requests), and every item the suite scores has one: else exit 2
     naming the items. `ran`: the lm-eval the run recorded, named where the requests differ."""
     key = suite.golden.item_key(task)
-    wanted = _suite_items(suite, task)
+    wanted = suite_items(suite, task)
     seen: dict[str, Any] = {}
     documents: set[Any] = set()
     filters: dict[str, set[str]] = {}
@@ -634,7 +646,7 @@ def _holds(doc: Any, item: Any) -> bool:
     return doc == item
 
 
-def _suite_items(suite: OpenSuite, task: str) -> dict[str, dict[str, Any]]:
+def suite_items(suite: OpenSuite, task: str) -> dict[str, dict[str, Any]]:
     """The golden items the suite scores on `task` (its smoke subset, where it takes one), by id."""
     ids = suite.golden.manifest.smoke_ids.get(task) if suite.suite.subset == "smoke" else None
     key = suite.golden.item_key(task)

@@ -6,6 +6,7 @@ this package (quantize/flows) and nowhere else: neither imports the other (tests
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,12 +17,13 @@ from quantize.checkpoint.loader import LastModel, same_vocabulary
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
 from quantize.evaluate.engine import gguf_to_score
-from quantize.evaluate.samples import find_run, looks_like_samples, read_samples, run_identity
+from quantize.evaluate.samples import find_run, looks_like_samples, read_samples, run_identity, suite_items
 from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
 from quantize.evaluate.suite import OpenSuite, open_suite
 from quantize.gates.gate import check_rules, comparable_settings, decide
 from quantize.gates.policy import AccuracyRule, AgreementRule, Policy, load_policy
 from quantize.gates.render import render_junit
+from quantize.golden.manifest import item_id
 from quantize.io import sha256_file, write_text_atomic
 from quantize.kinds import KINDS
 from quantize.records import ScoreDoc, SideRef, Verdict, to_json
@@ -147,7 +149,43 @@ def load_scores(
                 f"{target} was scored with another suite than the policy's {suite.path} ({field}: "
                 f"{theirs} vs {ours}); score it with `quantize eval {suite.path} CHECKPOINT --json --items`"
             )
+    if problems := score_file_problems(suite, doc):
+        raise UsageError(
+            f"{target} is not a score file of {suite.path}'s items as `quantize eval` writes one: "
+            f"{'; '.join(problems[:4])}{' ...' if len(problems) > 4 else ''}; score it again with "
+            f"`quantize eval {suite.path} CHECKPOINT --json --items`"
+        )
     return doc
+
+
+def score_file_problems(suite: OpenSuite, doc: ScoreDoc) -> list[str]:
+    """What a score file a user names gets wrong against the suite, which the suite's own scorer cannot: task
+    figures its items do not give (cache.summary_mismatches), a task of another output type or version than the
+    file's provenance and the golden set give, and items other than the golden items the suite scores, each once
+    and in its golden cluster (a duplicate read its last copy; a fabricated or dropped item, or a cluster of the
+    file's own, was judged as if the golden set had it so)."""
+    problems = cache.summary_mismatches(doc)
+    for task, t in doc.tasks.items():
+        if t.output_type != (kind := suite.golden.entry(task).output_type):
+            problems.append(f"{task} holds {t.output_type} items, the golden set's are {kind}")
+        if t.version != (recorded := doc.provenance.task_versions.get(task)):
+            problems.append(f"{task} is version {t.version}, its provenance says {recorded}")
+        ids = Counter(i.id for i in t.items)
+        key = suite.golden.item_key(task)
+        wanted = {i: item_id(d, key)[1] for i, d in suite_items(suite, task).items()}  # id -> its cluster
+        for what, found in (
+            ("twice", [i for i, n in ids.items() if n > 1]),
+            ("not in the golden set", [i for i in ids if i not in wanted]),
+            ("missing", [i for i in wanted if i not in ids]),
+            # a cluster is what the SE is clustered by: one of the file's own could narrow the interval
+            (
+                "in another cluster than the golden set's",
+                [i.id for i in t.items if wanted.get(i.id, i.cluster) != i.cluster],
+            ),
+        ):
+            if found:
+                problems.append(f"{task}: {len(found)} item(s) {what} (e.g. {', '.join(sorted(found)[:3])})")
+    return problems
 
 
 def check_sample_metrics(policy: Policy, doc: ScoreDoc, target: Path) -> None:

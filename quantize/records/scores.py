@@ -4,9 +4,10 @@ quantize/kinds.py), and the provenance that keys them."""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from quantize.records.base import CheckpointRef, GoldenRef, OmitsUnset, Record, Strict, non_finite_fields
 
@@ -45,6 +46,25 @@ class ScoreProvenance(OmitsUnset):
     model_args: str | None = None
 
 
+# a log-likelihood is the log of a probability, at most 0: a figure above it is a file edited or an engine's sign
+# flipped (a perplexity ratio of 0 passed a gate), never float rounding (a thousandth of a nat is far above it)
+LL_SLACK = 1e-3
+
+
+def log_probability(v: float) -> float:
+    """v, a log-likelihood: at most 0 (LL_SLACK), or NaN / −∞ (non-finite evidence, a regression)."""
+    if v > LL_SLACK:
+        raise ValueError(f"a log-likelihood is the log of a probability, at most 0; got {v}")
+    return v
+
+
+def right_or_wrong(v: float) -> float:
+    """v, a right/wrong item's score: 0 or 1 (NaN: non-finite evidence)."""
+    if not math.isnan(v) and v not in (0.0, 1.0):
+        raise ValueError(f"a right/wrong item scores 0 or 1; got {v}")
+    return v
+
+
 class _Item(Strict):
     id: str
     cluster: str
@@ -55,6 +75,8 @@ class _Item(Strict):
     metrics: dict[str, float] = Field(default_factory=dict)
     prompt_sha256: str | None = None  # lm-eval's hash of the item's (first) prompt: both sides must have the same
 
+    _ll = field_validator("ll")(log_probability)
+
     @property
     def units(self) -> int:
         """What a perplexity is per: one target for a context/target item."""
@@ -64,14 +86,25 @@ class _Item(Strict):
 class ChoiceItem(_Item):
     lls: list[float]  # log-likelihood of every choice
 
+    _right = field_validator("score")(right_or_wrong)
+
+    @field_validator("lls")
+    @classmethod
+    def _lls(cls, v: list[float]) -> list[float]:
+        for x in v:
+            log_probability(x)
+        return v
+
 
 class GreedyItem(_Item):
-    pass
+    _right = field_validator("score")(right_or_wrong)
 
 
 class DocumentItem(_Item):
-    words: int
-    bytes: int
+    words: int = Field(ge=1)
+    bytes: int = Field(ge=1)
+
+    _document = field_validator("score")(log_probability)  # a document's score is its log-likelihood
 
     @property
     def units(self) -> int:
@@ -85,6 +118,8 @@ class GenerationItem(Strict):
     response: str  # the response after the task's filters, cut at 200 characters
     metrics: dict[str, float] = Field(default_factory=dict)  # as _Item's: exact_match@strict-match, ...
     prompt_sha256: str | None = None
+
+    _right = field_validator("score")(right_or_wrong)
 
 
 class _AccuracyTask(Strict):

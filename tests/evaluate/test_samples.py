@@ -297,6 +297,24 @@ def test_samples_that_are_not_the_suites_items_on_its_prompts_are_exit_2_naming_
     assert says in err and "core_facts" in err
 
 
+def sign_flipped(s):
+    """A rolling document's log-likelihood negated consistently in every field, as an engine that flips its sign."""
+    ll = -float(s["filtered_resps"][0])
+    s["resps"], s["filtered_resps"] = [[str(ll)]], [str(ll)]
+    for m in ("word_perplexity", "byte_perplexity", "bits_per_byte"):
+        s[m][0] = ll
+    return s
+
+
+def test_a_log_likelihood_above_0_is_exit_2_naming_the_item(world, tiny_model, tmp_path, capsys):
+    """A review: a sign-flipped engine's prose gave a perplexity ratio of 0 and a PASS."""
+    folder = copied(world, tmp_path)
+    edit(folder, "core_prose", sign_flipped)
+    code, _, err = gate(world["policy"], tiny_model, folder, capsys)
+    assert code == 2, err
+    assert "core_prose item" in err and "at most 0" in err and "Traceback" not in err, err
+
+
 def _sha(text: str) -> str:
     return __import__("hashlib").sha256(text.encode()).hexdigest()
 

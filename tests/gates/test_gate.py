@@ -190,6 +190,46 @@ def test_non_finite_logits_anywhere_fail_every_agreement_rule(tmp_path, metric, 
     assert "not finite somewhere (KL nan" in v.rules[0].non_finite
 
 
+def test_a_sequential_looks_perplexity_weighs_each_stratum_as_the_golden_set_does(tmp_path):
+    """A review: every item at risk drawn (no change) and a third of the stable ones (0.1 nat worse each) gave the
+    sample's ratio exp(0.1 · 100 / 200), a pass under 1.06 where scoring every item gives exp(0.075), a regression."""
+    import math
+
+    from quantize.gates.gate import Look, perplexity_rule
+    from quantize.records import ScoreDoc
+
+    p = tmp_path / "gates" / "a.yaml"
+    p.parent.mkdir()
+    p.write_text("suite: evaluate/core.yaml\nrules:\n  - {task: t_acc, metric: perplexity, max_ratio: 1.06}\n")
+    acc, prose = baseline(n=400)
+    base, cand = result(acc, prose), result(acc, prose, sha="b")
+    items = cand["tasks"]["t_acc"]["items"]
+    strata = {i["id"]: "at_risk" if n < 100 else "stable" for n, i in enumerate(items)}
+    for n, i in enumerate(items):
+        i["ll"] -= 0.1 if n >= 100 else 0.0
+    cand["tasks"]["t_acc"]["items"] = [i for n, i in enumerate(items) if n < 100 or n % 3 == 0]
+    look = Look(1, 1.645, {"t_acc": strata}, {"t_acc": {"at_risk": 100, "stable": 300}})
+    rule = load_policy(p).rules[0]
+    b, c = parse(ScoreDoc, base, "baseline"), parse(ScoreDoc, cand, "candidate")
+    r = perplexity_rule(rule, "ppl", b, c, 0.05, seed=0, look=look)
+    drawn = sum(1 for n in range(100, 400) if n % 3 == 0)  # the stable items drawn: each stands for 300 / drawn
+    assert r.evidence.ratio == pytest.approx(math.exp(0.1 * 300 / 400)) and drawn == 100
+    assert r.verdict == "regression"
+
+
+def test_a_prompt_hash_on_one_side_only_is_exit_2():
+    acc, prose = baseline(n=100)
+    base, cand = result(acc, prose), result(acc, prose, sha="b")
+    for d in (base, cand):
+        for i in d["tasks"]["t_acc"]["items"]:
+            i["prompt_sha256"] = "h" * 64
+    cand["tasks"]["t_acc"]["items"][3]["prompt_sha256"] = None  # an edited file: the check skipped the item
+    p = ROOT / "gates" / "ci.yaml"
+    pol = load_policy(p).model_copy(update={"rules": [load_policy(p).rules[0].model_copy(update={"task": "t_acc"})]})
+    with pytest.raises(UsageError, match="prompt hash on one side only"):
+        judge(pol, base, cand)
+
+
 def test_junit_has_one_case_per_rule(policy):
     acc, prose = baseline()
     cand = [0.0 if i < 200 else s for i, s in enumerate(acc)]
@@ -255,14 +295,37 @@ def score_file_setup(tmp_path, batch_size: int = 16):
     return pol, prov
 
 
+def on_golden(doc: dict, suite_file) -> dict:
+    """`doc` (conftest.result) with each task's items renamed to the golden items the suite scores, in their
+    clusters, as many as the golden set holds (the scores cycled), and the figures those items give."""
+    from quantize.evaluate.samples import suite_items
+    from quantize.evaluate.suite import open_suite
+    from quantize.golden.manifest import item_id
+    from quantize.kinds import KINDS
+
+    s = open_suite(suite_file)
+    for task, t in doc["tasks"].items():
+        key = s.golden.item_key(task)
+        golden = [item_id(d, key) for d in suite_items(s, task).values()]
+        t["items"] = [dict(t["items"][n % len(t["items"])], id=i, cluster=c) for n, (i, c) in enumerate(golden)]
+        if (kind := s.golden.entry(task).output_type) == "multiple_choice" != t["output_type"]:
+            t["output_type"] = kind  # right/wrong items of two choices, the gold one first
+            for item in t["items"]:
+                item["lls"] = [item["ll"], item["ll"] - 1.0]
+        t["n"] = len(t["items"])
+        t.update(KINDS[t["output_type"]].summary(t["items"], t.get("filter")))
+    return doc
+
+
 def test_gate_on_score_files(tmp_path, capsys):
     """End to end through the CLI with saved score files: exit code, JSON and JUnit written."""
     pol, prov = score_file_setup(tmp_path)
     acc, prose = baseline()
     cand = [0.0 if i < 200 else s for i, s in enumerate(acc)]
     tasks = ("core_facts", "core_prose")
-    (tmp_path / "b.json").write_text(json.dumps(result(acc, prose, tasks=tasks, prov=prov)))
-    (tmp_path / "c.json").write_text(json.dumps(result(cand, prose, sha="b", tasks=tasks, prov=prov)))
+    suite = tmp_path / "suite.yaml"
+    (tmp_path / "b.json").write_text(json.dumps(on_golden(result(acc, prose, tasks=tasks, prov=prov), suite)))
+    (tmp_path / "c.json").write_text(json.dumps(on_golden(result(cand, prose, sha="b", tasks=tasks, prov=prov), suite)))
     junit = tmp_path / "gate.xml"
     code = main(
         [
@@ -298,6 +361,14 @@ def test_score_files_of_another_suite_are_refused(tmp_path, capsys):
     assert "another suite" in err and "subset" in err and "Traceback" not in err
 
 
+def _items(doc: dict, task: str) -> list[dict]:
+    return doc["tasks"][task]["items"]
+
+
+def _item(doc: dict, task: str) -> dict:
+    return _items(doc, task)[0]
+
+
 @pytest.mark.parametrize(
     "edit,msg",
     [
@@ -306,13 +377,24 @@ def test_score_files_of_another_suite_are_refused(tmp_path, capsys):
         (lambda d: d.update(surprise=1), "unknown key `surprise`"),
         (lambda d: d["provenance"].pop("golden"), "`provenance.golden` is required"),
         (lambda d: d["tasks"]["core_facts"]["items"][0].pop("id"), "id"),
+        # a review's edits, each accepted before (exit 0): a figure no model computes
+        (lambda d: _item(d, "core_prose").update(ll=50.0, score=50.0), "at most 0; got 50.0"),
+        (lambda d: _item(d, "core_facts").update(score=0.5), "scores 0 or 1; got 0.5"),
+        (lambda d: _item(d, "core_prose").update(words=0), "greater than or equal to 1"),
+        # items other than the golden set's, figures their items do not give, another kind or version
+        (lambda d: _items(d, "core_facts").append(dict(_item(d, "core_facts"), score=1.0)), "item(s) twice"),
+        (lambda d: _items(d, "core_facts").append(dict(_item(d, "core_facts"), id="f-99999")), "not in the golden"),
+        (lambda d: _items(d, "core_facts").pop(), "item(s) missing"),
+        (lambda d: _item(d, "core_facts").update(cluster="mine"), "another cluster than the golden set's"),
+        (lambda d: d["tasks"]["core_facts"].update(acc=0.99), "acc is 0.99 but its items give"),
+        (lambda d: d["tasks"]["core_facts"].update(version=2.0), "core_facts is version 2.0, its provenance says 1.0"),
     ],
 )
 def test_hand_edited_score_file_is_refused_with_exit_2(tmp_path, capsys, edit, msg):
     pol, prov = score_file_setup(tmp_path)
     acc, prose = baseline(n=50)
     tasks = ("core_facts", "core_prose")
-    good = result(acc, prose, tasks=tasks, prov=prov)
+    good = on_golden(result(acc, prose, tasks=tasks, prov=prov), tmp_path / "suite.yaml")
     bad = copy.deepcopy(good)
     edit(bad)
     (tmp_path / "b.json").write_text(json.dumps(good))
