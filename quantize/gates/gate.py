@@ -53,11 +53,16 @@ MUST_MATCH: dict[str, Callable[[ScoreProvenance], Any]] = {
     "backend": lambda p: p.backend,
     "dtype": lambda p: p.dtype,
     "device kind": lambda p: device_kind(p.device),  # kernels differ: a CPU's scores beside an accelerator's
+    # llama.cpp's build, threads and batch (evaluate/engine.llamacpp_engine): two builds' scores of one GGUF differ
+    "engine": lambda p: p.engine,
 }
+# the dtype of a side scored in llama.cpp (evaluate/cache.llamacpp_runtime): it tokenizes with the GGUF's own
+# vocabulary, so its items' tokens must have been compared with the other side's before any pairing
+LLAMACPP_DTYPE = "gguf"
 SUITE_SETTINGS_IGNORED = {"batch_size"}
 # How each side was computed: they may differ only across engines (a GGUF scored in llama.cpp beside transformers'
 # scores), where the caller compared both sides' tokens of every item first (quantize/evaluate/tokens.py)
-ENGINE_FIELDS = {"backend", "dtype", "device kind"}
+ENGINE_FIELDS = {"backend", "dtype", "device kind", "engine"}
 
 
 def check_rules(policy: Policy, suite: OpenSuite) -> None:
@@ -110,9 +115,19 @@ def check_provenance(base: ScoreDoc, cand: ScoreDoc, across_engines: bool = Fals
     excepted `across_engines`: the caller checked both sides' tokens of every item). A side read from lm-eval's
     samples (`provenance.samples`: another engine's numbers, quantize/evaluate/samples.py) may differ in
     ENGINE_FIELDS too, but only after `same_prompts` found every item both sides scored on one prompt: that check
-    runs here first, and only its pass relaxes the fields. Returns the items it checked (None: it did not run)."""
+    runs here first, and only its pass relaxes the fields. A side scored in llama.cpp (dtype `gguf`) is compared
+    only where its tokens were (`across_engines`), or with itself. Returns the items it checked (None: it did not
+    run)."""
     pb, pc = base.provenance, cand.provenance
     checked = None
+    one = pb.checkpoint.identity_sha256 == pc.checkpoint.identity_sha256
+    if not across_engines and LLAMACPP_DTYPE in (pb.dtype, pc.dtype) and not one:
+        raise UsageError(
+            "a side scored in llama.cpp is paired with a score file or lm-eval samples, whose items' tokens cannot be "
+            "compared with its own (a GGUF tokenizes with its own vocabulary: one that adds a BOS token scores other "
+            "sequences on the same prompts). Pass both checkpoints (the GGUF and the folder or GGUF it is gated "
+            "against): the gate compares every item's tokens first"
+        )
     if not across_engines and (pb.samples is not None or pc.samples is not None):
         checked = same_prompts(base, cand)  # raises on one item scored on another prompt, or with none recorded
         across_engines = True

@@ -265,6 +265,28 @@ def test_engine_fields_may_differ_only_across_checked_engines():
         check_provenance(base, cand, across_engines=True)
 
 
+def test_a_side_scored_in_llama_cpp_pairs_only_where_its_tokens_were_compared():
+    """A review: a baseline's score file (from a GGUF) and a candidate GGUF whose header adds a BOS token passed:
+    the token check runs only with both checkpoints, and nothing refused a file. And two llama.cpp builds' scores
+    of one GGUF (0.41 nats apart in docs/results.md) were paired."""
+    from quantize.gates.gate import check_provenance
+    from quantize.records import ScoreDoc
+
+    from conftest import result
+
+    base = ScoreDoc.model_validate(result([1, 0, 1], [-1.0, -2.0]))
+    base.provenance.backend, base.provenance.dtype, base.provenance.engine = "llamacpp", "gguf", "llama.cpp build a"
+    cand = ScoreDoc.model_validate(result([1, 0, 1], [-1.0, -2.0], sha="b"))
+    cand.provenance.backend, cand.provenance.dtype, cand.provenance.engine = "llamacpp", "gguf", "llama.cpp build a"
+    with pytest.raises(UsageError, match="tokens cannot be compared"):
+        check_provenance(base, cand)
+    check_provenance(base, cand, across_engines=True)  # the gate compared every item's tokens
+    same = base.model_copy(deep=True)
+    same.provenance.engine = "llama.cpp build b"
+    with pytest.raises(UsageError, match="engine: baseline 'llama.cpp build a' vs candidate 'llama.cpp build b'"):
+        check_provenance(base, same)
+
+
 # --- in llama.cpp ------------------------------------------------------------------------------------------
 
 
