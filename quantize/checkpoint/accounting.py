@@ -3,13 +3,18 @@
 A safetensors file is an 8-byte little-endian header length N, N bytes of JSON
 (name -> dtype, shape, data_offsets), then the tensor bytes. Everything this
 module reports comes from those headers and from config.json: no model is
-loaded and no tensor data is read, so it answers in milliseconds for any size.
+loaded, and the only tensor data read is the few bytes of each `weight_shape`
+compressed-tensors stores beside a packed weight, so it answers in milliseconds
+for any size.
 
     bits per weight = 8 × (bytes of every stored tensor) / (logical parameters)
 
 Logical parameters unpack packed shapes: a 4-bit weight stored as int32 words
 of shape (out, in/8) holds out × in parameters. Scales, zero points, group
-indices and other quantization metadata are bytes but not parameters.
+indices and other quantization metadata are bytes but not parameters. A packed
+weight's num_bits is checked against its storage first (_Count._unpacked): a
+width its words cannot hold, or one that does not pack the weight's own shape
+(its weight_shape, or its scales × group_size) into them, is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from quantize.checkpoint import architecture as arch
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import read_config, safetensors_files, side_file
-from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors
+from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors, small_ints
+from quantize.compat import compressed_tensors_packing as packing
 from quantize.compat import compressed_tensors_targets as ct
 from quantize.errors import UsageError
 from quantize.records import BitsRecord, ModuleBits
@@ -102,9 +108,16 @@ MXFP4 = "mxfp4 g32"  # transformers' MXFP4 experts: FP4 E2M1 values, an E8M0 sca
 # Module names of an output layer that a config can tie to the input embeddings.
 LM_HEADS = ("lm_head", "embed_out", "output")
 # Payload tensors whose last (compressed-tensors, AWQ) or first (GPTQ) axis is packed: into int32 words (int
-# weights), or two FP4 E2M1 values a byte (uint8: compressed-tensors' nvfp4/mxfp4 pack-quantized)
+# weights), or two FP4 E2M1 values a byte (uint8: compressed-tensors' nvfp4/mxfp4 pack-quantized). How
+# compressed-tensors packs, and which num_bits go into which words, is compat/compressed_tensors_packing's.
 PACKED_AXIS = {"weight_packed": -1, "qweight": 0}
-PACKED_CONTAINERS = ("I32", "U8")
+PACKED_CONTAINERS = tuple(packing.CONTAINERS)
+# config groups whose scales have one column per group_size weights of a row (the others: one per row or block)
+GROUPED_STRATEGIES = ("group", "tensor_group")
+FIX_BITS = (
+    "fix num_bits in config.json's quantization_config (config_groups.*.weights, or `bits`) to the width the "
+    "weights were packed with, or re-save the checkpoint with the tool that quantized it"
+)
 
 
 @dataclass
@@ -237,16 +250,19 @@ def _quant_config(checkpoint: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     """The quantization settings: config.json's quantization_config, else a pre-integration layout's side file
     (AutoGPTQ's quantize_config.json, AutoAWQ's quant_config.json), read by the one side-file reader
     (files.side_file: AutoAWQ's keys renamed to transformers' "bits" and "group_size")."""
-    qc = cfg.get("quantization_config") or cfg.get("compression_config") or {}
+    qc: dict[str, Any] = {}
+    for key in ("quantization_config", "compression_config"):
+        value = cfg.get(key)
+        if value is not None and not isinstance(value, dict):  # [] and 0 are no "unquantized" any more than 5
+            raise UsageError(
+                f"{checkpoint}: config.json's {key} is {_shown(value)}, not an object; re-save the checkpoint with "
+                "the tool that quantized it, or remove the key from a model that is not quantized"
+            )
+        qc = qc or value or {}
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
     if not qc and (found := side_file(folder)) is not None:
         name, side = found
         qc = {**side, "_from": name}
-    if not isinstance(qc, dict):
-        raise UsageError(
-            f"{checkpoint}: config.json's quantization_config is {_short(qc)}, not an object; "
-            "re-save the checkpoint with the tool that quantized it"
-        )
     return qc
 
 
@@ -340,7 +356,10 @@ class _Count:
     """Bytes by role and by module, and logical parameters, tensor by tensor."""
 
     def __init__(self, tensors: dict[str, TensorInfo], bits: set[int], linear_layers: frozenset[int] = frozenset()):
+        self.tensors = tensors
         self.names = set(tensors)
+        # module -> the shape compressed-tensors stored beside its packed weight (`weight_shape`, read by bits_report)
+        self.stored_shapes: dict[str, list[int]] = {}
         self.linear_layers = linear_layers  # layers config.json makes linear attention (architecture.part_of)
         self.bits = bits
         self.by_target: list[tuple[str, int]] = []
@@ -391,7 +410,7 @@ class _Count:
             b = self._packed_width(name, t, row)
             if b is None:
                 return
-            n = n * DTYPE_BITS[t.dtype] // b  # each word (int32) or byte (uint8) holds its bits / b values
+            n = self._unpacked(name, t, row, b)
             row.format = f"{'fp' if self._float_weights(row) else 'int'}{b}"
         elif role == "payload" and name.endswith("_blocks") and t.dtype == "U8":
             n *= 2  # MXFP4 blocks: two FP4 values a byte (they were counted one a byte, scales as parameters)
@@ -416,6 +435,80 @@ class _Count:
             self.notes.append(f"cannot unpack {name} ({t.dtype} {t.shape}): {why}; its parameters are not counted")
             return None
         return mixed or next(iter(self.bits))
+
+    def _unpacked(self, name: str, t: TensorInfo, row: ModuleRow, b: int) -> int:
+        """The values packed payload `name` holds at `b` bits a value, `b` (config.json's) first checked against
+        the storage, a UsageError where they disagree: GPTQ's and AWQ's int32 words must hold a whole number of
+        b-bit values; compressed-tensors must pack b-bit values into words of this dtype (compat's CONTAINERS),
+        and the weight's row, as its `weight_shape` gives it (then counted exactly) or else as its scales ×
+        group_size bound it, must pack at b bits into the words stored (compat's packed_width). Elsewhere each
+        word holds its bits / b values. A num_bits of 64, 3 or 8 on int4 words counted 66, 3.1 or 8.3 bits per
+        quantized weight (a review)."""
+        word, n = DTYPE_BITS[t.dtype], math.prod(t.shape)
+        if not name.endswith(".weight_packed"):  # GPTQ's or AWQ's qweight
+            if b > word or n * word % b:
+                raise UsageError(
+                    f"{name} is {t.dtype} {t.shape}: its {n:,} {word}-bit words hold no whole number of {b}-bit "
+                    f"values, and config.json's quantization_config declares {b} bits; {FIX_BITS}"
+                )
+            return n * word // b
+        if not packing.packable(t.dtype, b):
+            _, widths, packer, words = packing.CONTAINERS[t.dtype]
+            can = f"{widths[0]}" if len(widths) == 1 else f"{widths[0]} to {widths[-1]}"
+            raise UsageError(
+                f"{name} is {t.dtype} {t.shape}, and config.json's quantization_config gives its weights num_bits "
+                f"{b}; compressed-tensors packs {can} bits a value into {words} ({packer}), never {b}: the storage "
+                f"does not hold {b}-bit values. {FIX_BITS[0].upper()}{FIX_BITS[1:]}"
+            )
+        if (shape := self.stored_shapes.get(row.module)) is not None:
+            if shape[:-1] != t.shape[:-1]:
+                raise UsageError(
+                    f"{name} is {t.dtype} {t.shape}, but the weight_shape stored beside it is {shape}: their rows "
+                    "differ, so the checkpoint contradicts itself; re-save it with the tool that quantized it"
+                )
+            self._check_row(name, t, b, shape[-1], shape[-1], f"its weight_shape {shape}")
+            return math.prod(shape)
+        if (grouped := self._grouped_row(row.module, t)) is not None:
+            self._check_row(name, t, b, *grouped)
+        return n * word // b
+
+    def _check_row(self, name: str, t: TensorInfo, b: int, low: int, high: int, source: str) -> None:
+        """A UsageError unless a row of `low` to `high` values (what `source` says) packs at `b` bits into the
+        words stored, naming the num_bits that would."""
+        words = t.shape[-1]
+        if b in (fits := packing.fitting_bits(low, high, words, t.dtype)):
+            return
+        cols = f"{high:,}" if low == high else f"{low:,} to {high:,}"
+        need = [packing.packed_width(c, b, t.dtype) for c in (low, high)]
+        implied = (
+            f"the storage holds num_bits {' or '.join(map(str, fits))}"
+            if fits
+            else "no num_bits compressed-tensors packs fits the storage"
+        )
+        raise UsageError(
+            f"{name} is {t.dtype} {t.shape}, and config.json's quantization_config gives its weights num_bits {b}; "
+            f"but {source} says a row holds {cols} values, which pack at {b} bits into "
+            f"{need[0] if need[0] == need[1] else f'{need[0]} to {need[1]}'} {packing.CONTAINERS[t.dtype][3]}, not "
+            f"{words}: {implied}. "
+            f"{FIX_BITS[0].upper()}{FIX_BITS[1:]}"
+        )
+
+    def _grouped_row(self, module: str, t: TensorInfo) -> tuple[int, int, str] | None:
+        """The values a row of a grouped payload holds as its scales bound them: G scale columns of group_size g
+        each cover (G − 1)·g + 1 to G·g values (the library itself takes G·g); None where the config group is not
+        grouped or the scale does not match the payload's rows."""
+        args = _weight_args(self.args, module)
+        scale = self.tensors.get(f"{module}.weight_scale")
+        sizes = {w.get("group_size") for w in args}
+        if scale is None or not args or any(w.get("strategy") not in GROUPED_STRATEGIES for w in args):
+            return None
+        g = sizes.pop() if len(sizes) == 1 else None
+        if type(g) is not int or g <= 0 or len(scale.shape) != len(t.shape) or scale.shape[:-1] != t.shape[:-1]:
+            return None
+        groups = scale.shape[-1]
+        if groups == 0:
+            return None
+        return (groups - 1) * g + 1, groups * g, f"its weight_scale {scale.shape} × group_size {g}"
 
     def _float_weights(self, row: ModuleRow) -> bool:
         """Whether the config declares float (FP4) rather than int weights for this module's group."""
@@ -459,10 +552,13 @@ def _config_weights(qc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _check_weight_args(w: dict[str, Any], where: str) -> None:
-    """The weights arguments accounting reads: `type` and `strategy` strings, `block_structure` two whole numbers."""
+    """The weights arguments accounting reads: `type` and `strategy` strings, `group_size` a whole number,
+    `block_structure` two whole numbers."""
     for key in ("type", "strategy"):
         if w.get(key) is not None and not isinstance(w[key], str):
             raise UsageError(f"{where}.{key} is {_shown(w[key])}, not a string; re-save the checkpoint")
+    if w.get("group_size") is not None and type(w["group_size"]) is not int:
+        raise UsageError(f"{where}.group_size is {_shown(w['group_size'])}, not a whole number; re-save the checkpoint")
     bs = w.get("block_structure")
     if bs is not None and not (isinstance(bs, list) and len(bs) == 2 and all(type(x) is int and x > 0 for x in bs)):
         raise UsageError(
@@ -493,6 +589,22 @@ def _tied_copy(cfg: dict[str, Any], modules: dict[str, ModuleRow], by_role: dict
     return tied_copy
 
 
+def _stored_shapes(files: list[Path], tensors: dict[str, TensorInfo]) -> dict[str, list[int]]:
+    """Module -> the shape compressed-tensors' pack-quantized compressor stored beside its packed weight
+    (`weight_shape`, int64, one value a dimension): the few bytes of tensor data the accounting reads. An empty or
+    non-integer one is left out (the scales bound the row instead)."""
+    stored = [
+        t
+        for n, t in tensors.items()
+        if n.endswith(".weight_shape")
+        and f"{n.removesuffix('.weight_shape')}.weight_packed" in tensors
+        and len(t.shape) == 1
+        and t.shape[0] > 0
+    ]
+    values = small_ints({f.name: f for f in files}, stored)
+    return {n.removesuffix(".weight_shape"): v for n, v in values.items()}
+
+
 def bits_report(checkpoint: str | Path) -> BitsReport:
     """Account for every byte of a checkpoint from its safetensors headers, or a GGUF's (ggufs.find says which)."""
     ckpt = Path(checkpoint)
@@ -504,6 +616,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     qc = _quant_config(ckpt, cfg)
     count = _Count(tensors, _packed_bits(qc), arch.linear_attention_layers(cfg))
     count.by_target = _bits_by_target(qc) if len(count.bits) > 1 else []
+    count.stored_shapes = _stored_shapes(files, tensors)
     count.args = _config_weights(qc)
     for name, t in sorted(tensors.items()):
         count.add(name, t)

@@ -177,9 +177,16 @@ def refuse_pickles(checkpoint: Path) -> None:
 
 
 def read_config(checkpoint: Path, required: bool = True) -> dict[str, Any]:
-    """The checkpoint's config.json as a mapping ({} when absent and not required)."""
+    """The checkpoint's config.json as a mapping ({} when absent and not required). One that is there but is not a
+    regular file (a FIFO, a folder, a link to /dev/zero or to nothing) is refused, required or not, as
+    identity_files refuses one: read as absent, `inspect` called such a checkpoint unquantized (a review)."""
     checkpoint = Path(checkpoint)
     path = (checkpoint if checkpoint.is_dir() else checkpoint.parent) / CONFIG
+    if os.path.lexists(path) and not path.is_file():
+        raise UsageError(
+            f"{path} is not a regular file (a FIFO, a folder, a device or a broken link); the checkpoint's {CONFIG} "
+            "must be a plain file: replace it, or move it out"
+        )
     if not path.is_file():
         if required:
             raise UsageError(f"{checkpoint} has no {CONFIG}; pass a Hugging Face checkpoint folder")

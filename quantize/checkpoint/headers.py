@@ -3,7 +3,8 @@
 A safetensors file is an 8-byte little-endian header length N, N bytes of JSON (name -> dtype, shape,
 data_offsets), then the tensor bytes. `read_header` parses one file's header and enforces the format's rules;
 `all_tensors` joins a checkpoint's shards, and `check_shard_index` holds a shard index's weight_map to them. No
-tensor data is read and nothing here imports torch: the accounting
+tensor data is read but by `small_ints` (a few bytes of a small integer tensor: compressed-tensors' weight_shape),
+and nothing here imports torch: the accounting
 (bits per weight), the memory plan, the loader's checks and config.json's check against the weights
 (files.config_matches_headers) all read headers through this module.
 """
@@ -20,6 +21,10 @@ from typing import Any
 from quantize.errors import UsageError
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit
+# safetensors' sizes are Rust's 64-bit usize: it refuses a shape whose running product of dimensions, or that
+# product times the dtype's bits, passes this (tests/checkpoint/test_accounting.py holds the rule to the library's)
+USIZE_MAX = 2**64 - 1
+MAX_DIM = 2**63 - 1  # torch's sizes are signed 64-bit: a larger dimension is no tensor it can make
 
 # Bits per element of every dtype safetensors defines.
 DTYPE_BITS = {
@@ -53,6 +58,25 @@ class TensorInfo:
     shape: list[int]
     nbytes: int
     file: str
+    offset: int = 0  # where its bytes begin in the file (8 + header length + its first data offset)
+
+
+# little-endian, as safetensors stores every dtype: the integer dtypes small_ints reads
+INT_FORMATS = {"I8": "b", "U8": "B", "I16": "h", "U16": "H", "I32": "i", "U32": "I", "I64": "q", "U64": "Q"}
+
+
+def small_ints(files: dict[str, Path], tensors: list[TensorInfo]) -> dict[str, list[int]]:
+    """The values of small integer tensors (each's dtype one of INT_FORMATS, at most 64 bytes), by name: each file
+    opened once and read where the header puts the tensor, in file order. A tensor of another kind is left out."""
+    out: dict[str, list[int]] = {}
+    wanted = [t for t in tensors if t.dtype in INT_FORMATS and t.nbytes <= 64]
+    for file in sorted({t.file for t in wanted}):
+        with files[file].open("rb") as f:
+            for t in sorted((t for t in wanted if t.file == file), key=lambda t: t.offset):
+                f.seek(t.offset)
+                if len(raw := f.read(t.nbytes)) == t.nbytes:  # a file cut short since its header was read: left out
+                    out[t.name] = list(struct.unpack(f"<{math.prod(t.shape)}{INT_FORMATS[t.dtype]}", raw))
+    return out
 
 
 # --- the header parser ------------------------------------------------------------------------
@@ -74,6 +98,7 @@ def read_header(path: Path) -> tuple[dict[str, TensorInfo], dict[str, str], int]
     spans: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         info, begin, end = _tensor_entry(name, entry, data_size, path.name, bad)
+        info.offset = 8 + len(raw) + begin
         tensors[name] = info
         spans.append((begin, end, name))
     _check_contiguous(spans, data_size, bad)
@@ -147,6 +172,12 @@ def _tensor_entry(name: str, entry: Any, data_size: int, file: str, bad: _Invali
         raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
         raise bad(f"tensor {name!r} has shape {shape!r}; a shape is a list of non-negative integers")
+    if not _sized(shape, DTYPE_BITS[dtype]):
+        raise bad(
+            f"tensor {name!r} has shape {str(shape)[:120]}, past the 64-bit sizes the safetensors library computes "
+            f"with (each dimension below 2**63, their running product and its {DTYPE_BITS[dtype]} bits an element "
+            "below 2**64)"
+        )
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets):
         raise bad(f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end]")
     begin, end = offsets
@@ -156,6 +187,17 @@ def _tensor_entry(name: str, entry: Any, data_size: int, file: str, bad: _Invali
     if nbits % 8 or nbits // 8 != end - begin:
         raise bad(f"tensor {name!r}: {dtype} {shape} needs {nbits / 8:g} bytes, its offsets span {end - begin}")
     return TensorInfo(name, dtype, shape, end - begin, file), begin, end
+
+
+def _sized(shape: list[int], bits: int) -> bool:
+    """Whether the library can size the tensor: each running product of its dimensions, from the first, and the
+    last times `bits` within USIZE_MAX (it multiplies checked and refuses an overflow), no dimension past MAX_DIM."""
+    n = 1
+    for d in shape:
+        n *= d
+        if d > MAX_DIM or n > USIZE_MAX:
+            return False
+    return n * bits <= USIZE_MAX
 
 
 def _check_contiguous(spans: list[tuple[int, int, str]], data_size: int, bad: _Invalid) -> None:

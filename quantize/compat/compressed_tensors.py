@@ -13,6 +13,10 @@
 - `utils.match.match_name` and `match_targets` (public): copied without torch in compressed_tensors_targets.py
   (its docstring says why); `problems()` compares the copy with the library on its TARGET_CASES.
 
+- `compressors.pack_to_int32` and `pack_fp4_to_uint8` (public) and the pack compressors' `can_compress`: how many
+  words a packed row takes and which num_bits go into int32 or uint8 words, copied without torch in
+  compressed_tensors_packing.py; `problems()` packs its PACK_CASES with the library and asks the compressors.
+
 - `quantization.lifecycle.forward.fake_quantize(x, scale, zero_point, args, global_scale=None)`: its
   quantize-dequantize with given scales and zero points, which `quantize search` applies to one layer group at a
   time to measure its damage (search/sensitivity.py, through `fake_quantize` here).
@@ -39,6 +43,7 @@ from importlib.metadata import version
 from typing import Any
 
 from quantize.compat import outside
+from quantize.compat.compressed_tensors_packing import CONTAINERS, PACK_CASES, packable, packed_width
 from quantize.compat.compressed_tensors_targets import TARGET_CASES, first_target
 
 CHECKED = ((0, 19), (0, 20))  # [from, to): the versions the assumptions above were read on
@@ -75,9 +80,66 @@ def preset_global_scaled(name: str) -> bool:
     return preset_name_to_scheme(name, ["Linear"]).weights.strategy == QuantizationStrategy.TENSOR_GROUP
 
 
+def library_packs(container: str, num_bits: int) -> bool:
+    """Whether the library's compressors pack weights of `num_bits` into `container` words: pack-quantized's (int)
+    into int32, both FP4 compressors' (NVFP4, MXFP4) into uint8."""
+    import torch
+    from compressed_tensors.compressors import (
+        MXFP4PackedCompressor,
+        NVFP4PackedCompressor,
+        PackedQuantizationCompressor,
+    )
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    def takes(compressor: Any, **args: Any) -> bool:
+        try:
+            scheme = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(num_bits=num_bits, **args))
+        except (ValueError, NotImplementedError):  # a width the arguments themselves refuse
+            return False
+        return bool(compressor.can_compress(torch.nn.Linear, scheme))
+
+    if container == "I32":
+        return takes(PackedQuantizationCompressor, type="int", strategy="group", group_size=128)
+    return takes(NVFP4PackedCompressor, type="float", strategy="tensor_group", group_size=16) and takes(
+        MXFP4PackedCompressor, type="float", strategy="group", group_size=32
+    )
+
+
+def library_packed_width(container: str, cols: int, num_bits: int) -> int | None:
+    """The words (int32) or bytes (uint8) the library packs a row of `cols` values of `num_bits` into; None where
+    it packs no such values (pack_to_int32 raises; the FP4 compressors take another width)."""
+    import torch
+    from compressed_tensors.compressors import pack_fp4_to_uint8, pack_to_int32
+
+    if container == "I32":
+        try:
+            return int(pack_to_int32(torch.zeros((1, cols), dtype=torch.int8), num_bits).shape[-1])
+        except ValueError:
+            return None
+    return int(pack_fp4_to_uint8(torch.zeros((1, cols))).shape[-1]) if library_packs(container, num_bits) else None
+
+
+def packing_problems() -> list[str]:
+    """Where compressed_tensors_packing's copy and the library part: a num_bits one packs and the other does not,
+    or a row of PACK_CASES packed into another number of words."""
+    found = [
+        f"compressed-tensors {'packs' if got else 'does not pack'} num_bits {b} into {c} words; "
+        "compressed_tensors_packing.CONTAINERS says otherwise"
+        for c in CONTAINERS
+        for b in range(0, 33)
+        if (got := library_packs(c, b)) != packable(c, b)
+    ]
+    return found + [
+        f"compressed-tensors packs a row of {cols} {b}-bit values into {got} {c} words; packed_width says {want}"
+        for c, cols in PACK_CASES
+        for b in range(0, 10)
+        if (got := library_packed_width(c, cols, b)) != (want := packed_width(cols, b, c) if packable(c, b) else None)
+    ]
+
+
 def problems() -> list[str]:
     """What no longer holds: the version outside CHECKED, a function missing or with other parameters, a preset's
-    group or global scale or the target precedence changed."""
+    group or global scale, the target precedence or the packing changed."""
     found = []
     if why := outside("compressed-tensors", version("compressed-tensors"), CHECKED):
         found.append(why)
@@ -106,6 +168,7 @@ def problems() -> list[str]:
         for name, targets in TARGET_CASES
         if (got := library_first_target(name, targets)) != (want := first_target(name, targets))
     ]
+    found += packing_problems()
     from compressed_tensors.modeling.kvcache import QuantizedKVCache
 
     if "__getattr__" not in vars(QuantizedKVCache):

@@ -715,3 +715,18 @@ def test_lm_evals_templates_render_sandboxed_with_its_own_filters():
     with pytest.raises(jinja2.exceptions.SecurityError):
         apply_template("{{ cycler.__init__.__globals__ }}", {})
     assert apply_template("{{ q | regex_replace('a+', 'b') }} {{ n + 1 }}\n", {"q": "caat", "n": 1}) == "cbt 2\n"
+
+
+def test_packing_agrees_with_compressed_tensors_and_a_changed_copy_is_found(monkeypatch):
+    """The torch-free packing rule the accounting holds num_bits to (compat/compressed_tensors_packing.py) is the
+    library's: the same words for every row of PACK_CASES, the same num_bits packed into int32 words and uint8
+    bytes; a copy that packs 16 bits into int32 words or rounds rows down, as the library does not, is found."""
+    from quantize.compat import compressed_tensors_packing as packing
+
+    assert ct.packing_problems() == []
+    assert ct.library_packed_width("I32", 100, 3) == packing.packed_width(100, 3, "I32") == 10  # dense: 300 bits
+    monkeypatch.setitem(packing.CONTAINERS, "I32", (32, tuple(range(1, 17)), "pack_to_int32", "int32 words"))
+    assert any("does not pack num_bits 16 into I32" in p for p in ct.packing_problems())
+    monkeypatch.undo()
+    monkeypatch.setattr(ct, "packed_width", lambda cols, bits, container: cols * bits // 32 if bits else 0)
+    assert any("a row of 100 3-bit values into 10 I32 words; packed_width says 9" in p for p in ct.problems())
