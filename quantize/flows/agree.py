@@ -67,15 +67,17 @@ def agree_many(
     from quantize.evaluate.tokens import check_same_tokens
 
     suite = open_suite(suite_path)
-    check_model_dir(baseline)
-    check_loadable(baseline)
+    if gguf_to_score(baseline) is None:  # a GGUF baseline is scored in llama.cpp, as a GGUF candidate is
+        check_model_dir(baseline)
+        check_loadable(baseline)
     found = [c for c in checkpoint_folders(given) if c.resolve() != baseline.resolve()]
     candidates, skipped = measurable(suite, baseline, found, lambda c: runtime(suite, trust_remote_code, c))
     base_id = identity_sha256(baseline)  # read once, not once per candidate
     results = []
     for n, c in enumerate(candidates, 1):
         with quiet_libraries(quiet), progress.stage(f"agree: checkpoint {n} of {len(candidates)} ({c.name})"):
-            if gguf_to_score(c) is not None:  # scored in llama.cpp: its tokens checked against the baseline's first
+            if gguf_to_score(c) is not None or gguf_to_score(baseline) is not None:  # either side in llama.cpp:
+                # every item's tokens checked against the other side's first
                 check_same_tokens(suite, baseline, c, trust_remote_code)
             # a LastModel per candidate: the baseline (loaded for its top-k only when the cache lacks it) and each
             # candidate are released before the next loads; the gc pass below frees anything a reference cycle held

@@ -464,6 +464,15 @@ def test_agree_measures_a_gguf_found_in_a_folder_of_outputs(llama_gguf, default_
     assert 0 < result.kl_mean < 0.05 and result.top1 > 0.8 and result.positions > 0
 
 
+def test_agree_takes_a_gguf_as_the_baseline(llama_gguf, default_folder, golden, tmp_path):
+    """docs/gate.md: `agree` takes a GGUF on either side; as the baseline it was exit 2 ("model ... is a file")."""
+    suite = suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", per_task=2)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
+        [(path, result)] = api.agree(suite, llama_gguf, [default_folder])
+    assert path == default_folder and 0 < result.kl_mean < 0.05 and result.top1 > 0.8
+
+
 # --- a GGUF split into parts --------------------------------------------------------------------------------
 
 
