@@ -479,9 +479,12 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
     context 2,048, batch 32). `project_params`: also project onto a model of that many parameters
     (`project_share`: the share of them in quantized linears; default the checkpoint's). `sweeps`: add the seed's
     exercises (`--sweep`). `kv` (`--layers/--kv-heads/--head-dim`) replaces the KV cache config.json describes;
-    `kv_bytes` (`--kv-bytes`) prices the checkpoint's own KV cache at that many bytes per element."""
+    `kv_bytes` (`--kv-bytes`, at most 64) prices the checkpoint's own KV cache at that many bytes per element.
+    config.json is read as transformers' config class for its model_type completes it (the layer types and defaults
+    the class derives; imports transformers, never remote code or the hub): a model_type the library does not know
+    is read as written, a value the class refuses is a UsageError naming it."""
     from quantize.checkpoint import ggufs
-    from quantize.checkpoint.loader import gguf_config
+    from quantize.checkpoint.loader import completed_config, gguf_config
     from quantize.cost import bounds
 
     work = workload or bounds.Workload()
@@ -499,6 +502,7 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
         kv=kv,
         kv_bytes=kv_bytes,
         gguf_config=config,
+        complete=completed_config,  # config.json as its transformers config class completes it
     )
     return _with_sweeps(result, work) if sweeps else result
 

@@ -155,9 +155,23 @@ def _formats(spec: str) -> dict[str, float]:
 
 
 def _checked_numbers(args: argparse.Namespace) -> None:
-    """--params finite and above 0, named as the flag (the API's message named its keyword: a review)."""
+    """--params, --project-params, --project-share and --kv-bytes in their ranges, named as the flag (the API's
+    message named its keyword, `kv_bytes`: a review); --kv-bytes 1e308 priced an Infinity cache, exit 0."""
+    from quantize.cost.bounds import MAX_KV_BYTES, MAX_PARAMETERS
+
     if args.params is not None and not (math.isfinite(args.params) and args.params > 0):
         raise UsageError(f"--params {args.params}: give a finite number above 0")
+    if args.project_params is not None and not (math.isfinite(args.project_params) and args.project_params > 0):
+        raise UsageError(f"--project-params {args.project_params}: give a finite number of parameters above 0")
+    if args.project_params is not None and args.project_params > MAX_PARAMETERS:
+        raise UsageError(f"--project-params {args.project_params:g}: give at most {MAX_PARAMETERS:g} parameters")
+    if args.project_share is not None and not (math.isfinite(args.project_share) and 0 <= args.project_share <= 1):
+        raise UsageError(f"--project-share {args.project_share}: give the share as a number from 0 to 1")
+    if args.kv_bytes is not None and not (math.isfinite(args.kv_bytes) and 0 < args.kv_bytes <= MAX_KV_BYTES):
+        raise UsageError(
+            f"--kv-bytes {args.kv_bytes}: give the bytes a K or V element takes, above 0 and at most {MAX_KV_BYTES} "
+            "(2 for a 16-bit cache, 1 for FP8)"
+        )
 
 
 def _routed(args: argparse.Namespace) -> tuple[Any, ...]:

@@ -5,7 +5,11 @@ the accounting by part).
 Every fact comes from a config.json field, checked against transformers' own config classes (5.17:
 Qwen3MoeConfig, Qwen2MoeConfig, MixtralConfig, OlmoeConfig, DeepseekV3Config, GptOssConfig, Gemma2Config,
 Gemma3TextConfig, Llama4TextConfig), never from the class name alone; `model_type` only supplies a family's
-default pattern where an older config.json leaves `layer_types` out.
+default pattern where an older config.json leaves `layer_types` out. The cost (`quantize cost --checkpoint`,
+api.decode_cost) reads config.json as transformers' config class completes it (checkpoint/loader.completed_config:
+the layer_types, per_layer_config and defaults the class derives, which a published config.json may leave out);
+the readers that run without transformers (inspect's accounting, the checks before a model loads, the report's
+decode column) read it as written. A shape field is at most MAX_SHAPE, a window at most MAX_WINDOW.
 
     KV values per token and layer:  MHA/GQA  2 × num_key_value_heads × head_dim
                                     MLA      kv_lora_rank + qk_rope_head_dim   (one latent, shared by all heads)
@@ -18,12 +22,15 @@ default pattern where an older config.json leaves `layer_types` out.
     MoE layer i:                    Qwen (mlp_only_layers, decoder_sparse_step): i ∉ mlp_only_layers and
                                         (i + 1) mod decoder_sparse_step = 0
                                     DeepSeek (first_k_dense_replace, moe_layer_freq): i ≥ k and i mod freq = 0
+                                    Kimi-Linear, DeepSeek-V3.2: mlp_layer_types[i] = "sparse"
+                                    LFM2-MoE (num_dense_layers): i ≥ num_dense_layers
                                     Llama 4: i ∈ moe_layers (else every interleave_moe_layer_step-th layer)
                                     otherwise (Mixtral, OLMoE, gpt-oss): every layer
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -134,14 +141,33 @@ def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return inner if isinstance(inner, dict) else cfg
 
 
-def _int(cfg: dict[str, Any], key: str, minimum: int = 1) -> int | None:
-    """An integer field >= minimum, None when absent or null, a UsageError naming it otherwise."""
+# the largest a config.json shape field (layers, heads, head or latent dimensions, hidden size, experts) or layer
+# index may be, and a window or chunk in tokens: far past any model, short of figures that overflow a float or
+# loops and lists that never end (num_key_value_heads 10**30 priced 7.9e35 bytes, head_dim 10**400 ended in
+# OverflowError and num_hidden_layers 10**12 in MemoryError, exit 3: a review)
+MAX_SHAPE = 100_000
+MAX_WINDOW = 2**40
+
+
+def _int(cfg: dict[str, Any], key: str, minimum: int = 1, maximum: int = MAX_SHAPE) -> int | None:
+    """An integer field from minimum to maximum, None when absent or null, a UsageError naming it otherwise."""
     v = cfg.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise UsageError(f"config.json's {key} is {v!r}; it must be a whole number >= {minimum}. Fix config.json")
+    if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
+        shown = repr(v) if not isinstance(v, int) or abs(v) < 10**30 else f"a {len(str(abs(v)))}-digit number"
+        raise UsageError(
+            f"config.json's {key} is {shown}; it must be a whole number from {minimum} to {maximum:,}. Fix config.json"
+        )
     return v
+
+
+def checked_layer_count(cfg: dict[str, Any]) -> None:
+    """num_hidden_layers and the layer list (of the config and of its text_config), at most MAX_SHAPE layers, before
+    a config class builds a list per layer from them (loader.completed_config)."""
+    for fields in (cfg, text_config(cfg)):
+        _int(fields, "num_hidden_layers")
+        _layer_list(fields)
 
 
 def _int_list(cfg: dict[str, Any], key: str) -> list[int] | None:
@@ -243,7 +269,7 @@ def _layer_list(text: dict[str, Any]) -> tuple[str, list[str]] | None:
             continue
         if not isinstance(v, list) or not v or not all(isinstance(t, str) for t in v):
             raise UsageError(f"config.json's {key} must list one layer type per layer; got {str(v)[:80]}")
-        return key, v
+        return key, _at_most_max_layers(key, v)
     linear = text.get("linear_attn_config")
     if isinstance(linear, dict) and isinstance(n := text.get("num_hidden_layers"), int):
         full, kda = linear.get("full_attn_layers"), linear.get("kda_layers")
@@ -257,8 +283,18 @@ def _layer_list(text: dict[str, Any]) -> tuple[str, list[str]] | None:
                 f"config.json's hybrid_override_pattern holds {''.join(bad)!r}; each character must be one of "
                 f"{''.join(HYBRID_PATTERN)}. Fix config.json"
             )
-        return "hybrid_override_pattern", [HYBRID_PATTERN[c] for c in pattern]
+        return "hybrid_override_pattern", _at_most_max_layers(
+            "hybrid_override_pattern", [HYBRID_PATTERN[c] for c in pattern]
+        )
     return None
+
+
+def _at_most_max_layers(key: str, types: list[str]) -> list[str]:
+    if len(types) > MAX_SHAPE:
+        raise UsageError(
+            f"config.json's {key} lists {len(types):,} layers; a model has at most {MAX_SHAPE:,}. Fix config.json"
+        )
+    return types
 
 
 def attention_layers(cfg: dict[str, Any]) -> tuple[AttentionLayer, ...]:
@@ -271,7 +307,7 @@ def attention_layers(cfg: dict[str, Any]) -> tuple[AttentionLayer, ...]:
     layer_types or keep the window off)."""
     text = text_config(cfg)
     n = layer_count(cfg)
-    window = _int(text, "sliding_window")
+    window = _int(text, "sliding_window", maximum=MAX_WINDOW)
     if (listed := _layer_list(text)) is not None:
         key, types = listed
         if len(types) != n:
@@ -301,7 +337,7 @@ def _chunked_layers(text: dict[str, Any], n: int) -> tuple[AttentionLayer, ...] 
     whose no_rope_layers entry is 1 (default: all but every no_rope_layer_interval-th, 4) attends in chunks of
     attention_chunk_size tokens, the others over the whole context. Published configs carry no layer_types: every
     layer was priced as full attention (at 32k, 2.3 times the cache transformers keeps). None for other families."""
-    if str(text.get("model_type")) not in ("llama4_text", "llama4") or _int(text, "attention_chunk_size") is None:
+    if str(text.get("model_type")) not in ("llama4_text", "llama4") or _windowed(text, "attention_chunk_size") is None:
         return None
     every = _int(text, "no_rope_layer_interval") or 4
     rope = text.get("no_rope_layers") or [int((i + 1) % every != 0) for i in range(n)]
@@ -310,6 +346,11 @@ def _chunked_layers(text: dict[str, Any], n: int) -> tuple[AttentionLayer, ...] 
             f"config.json's no_rope_layers is {str(rope)[:80]}, not one 0 or 1 per layer ({n}); fix config.json"
         )
     return tuple(_typed_layer(text, "chunked_attention") if r else _layer(None) for r in rope)
+
+
+def _windowed(text: dict[str, Any], key: str) -> int | None:
+    """A window or chunk size in tokens (sliding_window, attention_chunk_size)."""
+    return _int(text, key, maximum=MAX_WINDOW)
 
 
 def _layer(window: int | None) -> AttentionLayer:
@@ -321,7 +362,7 @@ def _typed_layer(text: dict[str, Any], kind: str) -> AttentionLayer:
         return AttentionLayer(kind, None)
     if kind in WINDOWED_LAYER_TYPES:
         key = WINDOWED_LAYER_TYPES[kind]
-        if (w := _int(text, key)) is None:
+        if (w := _windowed(text, key)) is None:
             raise UsageError(f"config.json's layer_types names {kind} layers but {key} is not set; fix config.json")
         return AttentionLayer(kind, w)
     raise UsageError(
@@ -476,10 +517,15 @@ def _mamba2_mamba_fields(text: dict[str, Any]) -> LayerCache:
     heads, state = _need(text, "mamba_n_heads", why), _need(text, "mamba_d_state", why)
     inner = _int(text, "mamba_d_ssm")
     if inner is None:
-        expand = text.get("mamba_expand")
-        if isinstance(expand, bool) or not isinstance(expand, int | float) or expand <= 0:
-            raise UsageError(f"config.json's mamba_expand is {expand!r}; it must be a positive number. Fix config.json")
-        inner = int(expand * _need(text, "hidden_size", why))
+        expand, hidden = text.get("mamba_expand"), _need(text, "hidden_size", why)
+        # finite first: NaN, inf and 1e308 × hidden_size ended in ValueError or OverflowError, exit 3 (a review)
+        ok = not isinstance(expand, bool) and isinstance(expand, int | float) and math.isfinite(expand) and expand > 0
+        if not ok or not 1 <= expand * hidden <= MAX_SHAPE:
+            raise UsageError(
+                f"config.json's mamba_expand is {expand!r}; it must be a finite number above 0 whose product with "
+                f"hidden_size ({hidden}), the Mamba intermediate size, is from 1 to {MAX_SHAPE:,}. Fix config.json"
+            )
+        inner = int(expand * hidden)
     hd = text.get("mamba_d_head")
     hd = inner // heads if hd == "auto" else _need(text, "mamba_d_head", why)
     return _mamba2(heads, hd, state, _need(text, "mamba_n_groups", why), _need(text, "mamba_d_conv", why), inner)
@@ -497,6 +543,7 @@ LINEAR_MIXERS = {
     "qwen3_next": _gated_deltanet,
     "qwen3_5_text": _gated_deltanet,
     "qwen3_5_moe_text": _gated_deltanet,
+    "olmo_hybrid": _gated_deltanet,  # OlmoHybridGatedDeltaNet: the same fields and shapes
     "kimi_linear": _kimi_delta,
     "nemotron_h": _mamba2_nemotron,
     "granitemoehybrid": _mamba2_mamba_fields,
@@ -724,6 +771,8 @@ def _moe_layers(text: dict[str, Any], n: int) -> tuple[tuple[int, ...], str]:
     if (dense := _int(text, "first_k_dense_replace", 0)) is not None:
         freq = _int(text, "moe_layer_freq") or 1
         return tuple(i for i in range(n) if i >= dense and i % freq == 0), ", first_k_dense_replace"
+    if (dense := _int(text, "num_dense_layers", 0)) is not None:  # LFM2-MoE (Lfm2MoeDecoderLayer: i >= it)
+        return tuple(range(dense, n)), ", num_dense_layers"
     if "decoder_sparse_step" in text or "mlp_only_layers" in text:
         step = _int(text, "decoder_sparse_step") or 1
         only = set(_int_list(text, "mlp_only_layers") or [])

@@ -20,7 +20,7 @@ from typing import Any
 
 from quantize import machine
 from quantize.cache import cache_dir
-from quantize.checkpoint import ggufs
+from quantize.checkpoint import architecture, ggufs
 from quantize.checkpoint.decompressed import load_decompressed
 from quantize.checkpoint.files import (
     check_loadable,
@@ -111,8 +111,18 @@ def gguf_config(gguf: Path) -> dict[str, Any] | None:
     """config.json as transformers' GGUF loader builds it from a GGUF's header (no tensor read; its own mapping of
     GGUF keys to config fields, compat/transformers.gguf_config), or None for an architecture it does not map.
     Read only where a GGUF's KV cache is not one figure per layer (ggufs.windowed_or_latent): which layers slide
-    is the family's config class's to say."""
-    return transformers_compat.gguf_config(gguf, ggufs.read_header(gguf).architecture)
+    is the family's config class's to say; completed by that class as config.json is (completed_config)."""
+    config = transformers_compat.gguf_config(gguf, ggufs.read_header(gguf).architecture)
+    return None if config is None else completed_config(config, f"{gguf}'s header")
+
+
+def completed_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
+    """config.json as its family's transformers config class completes it (compat/transformers.completed_config:
+    the fields the class derives or defaults, which a config.json may leave out), for the cost model's light
+    reader (architecture.cache_spec, moe_spec). The layer count is checked first (architecture.checked_layer_count):
+    the class builds a list per layer."""
+    architecture.checked_layer_count(config)
+    return transformers_compat.completed_config(config, where)
 
 
 def resolve_model(model: str | None) -> Path:

@@ -27,6 +27,12 @@
 - Each config class's `attribute_map` (the name a field is stored under, and the other names that set it), copied
   for the light readers in compat/transformers_config_names.py; `problems()` compares the copy with the classes.
 
+- config.json completed by its family's config class: `CONFIG_MAPPING[model_type](**config)` (what
+  `AutoConfig.from_pretrained` runs through `from_dict`, less the hub and remote code) and its `to_dict()`, which holds
+  every field the class derives in `__post_init__` or takes by default (`completed_config`: the cost model's reading).
+  Before that, the file's special floats decoded as `from_pretrained` decodes them: the private
+  `PreTrainedConfig._decode_special_floats` (save_pretrained writes infinity as `{"__float__": "Infinity"}`,
+  Nemotron-H's time_step_limit, and the class refuses the object); `problems()` checks it (CONFIG_FLOATS_READ).
 - A GGUF's header read as config.json: `modeling_gguf_pytorch_utils.load_gguf_checkpoint(path,
   return_tensors=False)["config"]` (no tensor read), for the architectures `integrations.ggml.GGUF_CONFIG_MAPPING`
   maps; `gguf_config` (the cost of a GGUF whose KV cache only the family's config class can lay out).
@@ -36,6 +42,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass, fields, is_dataclass
 from importlib import import_module
@@ -45,6 +52,7 @@ from typing import Any, NamedTuple
 
 from quantize.compat import outside
 from quantize.compat import transformers_config_names as config_names
+from quantize.errors import UsageError
 
 CHECKED = ((5, 17), (5, 18))  # [from, to): the versions the assumptions above were read on
 
@@ -94,8 +102,27 @@ def problems() -> list[str]:
     found += [
         f"PreTrainedModel.tie_weights takes no `{p}`" for p in ("missing_keys", "recompute_mapping") if p not in tie
     ]
-    found += _gguf_problems() + _conversion_problems() + _patch_problems()
+    found += _gguf_problems() + _conversion_problems() + _patch_problems() + _config_problems()
     return found + config_name_problems(sorted(config_names.ATTRIBUTE_MAPS)) + sliding_switch_problems()
+
+
+# what `_decode_special_floats` was read to do on 5.17: a tagged float back to the float, through dicts and lists
+CONFIG_FLOATS_READ = ({"a": [0.0, {"__float__": "Infinity"}]}, {"a": [0.0, float("inf")]})
+
+
+def _config_problems() -> list[str]:
+    """What no longer holds of `completed_config`'s reading: the special floats' decoder gone or other."""
+    from transformers import PreTrainedConfig
+
+    decode = getattr(PreTrainedConfig, "_decode_special_floats", None)
+    given, read = CONFIG_FLOATS_READ
+    try:
+        got = decode(copy.deepcopy(given)) if callable(decode) else "absent"
+    except Exception as e:  # whatever it raises is the change to report
+        got = f"{type(e).__name__}: {e}"
+    if got != read:
+        return [f"PreTrainedConfig._decode_special_floats({given}) gives {got!r}, read as {read}"]
+    return []
 
 
 def _gguf_problems() -> list[str]:
@@ -126,6 +153,39 @@ def gguf_config(path: Path, architecture: str | None) -> dict[str, Any] | None:
     library.setLevel(logging.ERROR)
     try:
         return dict(load_gguf_checkpoint(str(path), return_tensors=False)["config"])
+    finally:
+        library.setLevel(level)
+
+
+def completed_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:
+    """`config` (a config.json) as transformers' config class for its model_type holds it: the class built from it
+    (`CONFIG_MAPPING[model_type](**config)`, as `AutoConfig.from_pretrained` builds it; never remote code, never the
+    hub) and written back with `to_dict()`, so a field the class derives or defaults is there (Qwen3-Next's
+    layer_types from full_attention_interval, LFM2's from full_attn_idxs, Gemma 4's per_layer_config from
+    global_head_dim, a nested text_config's defaults). A model_type the library does not know (or none): `config`
+    unchanged. A value the class refuses: a UsageError naming `where` and the class's message. The library's
+    warnings about the values (its logger, Python warnings) are kept off the terminal: the cost is arithmetic."""
+    import logging
+    import warnings
+
+    from transformers import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        return config
+    cls = CONFIG_MAPPING[model_type]
+    library = logging.getLogger("transformers")
+    level = library.level
+    library.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return cls(**cls._decode_special_floats(copy.deepcopy(config))).to_dict()
+    except Exception as e:  # what the class raises on the file's values is the file's error
+        raise UsageError(
+            f"{where}: transformers' {cls.__name__} (model_type {model_type!r}) refuses it: "
+            f"{type(e).__name__}: {' '.join(str(e).split())[:300]}. Fix config.json"
+        ) from None
     finally:
         library.setLevel(level)
 

@@ -34,7 +34,7 @@ step can only be slower.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.accounting import BitsReport, bits_report, gguf_report
-from quantize.checkpoint.architecture import cache_spec, layer_count, moe_spec
+from quantize.checkpoint.architecture import MAX_SHAPE, cache_spec, layer_count, moe_spec
 from quantize.checkpoint.files import read_config
 from quantize.errors import UsageError
 
@@ -99,9 +99,9 @@ ROUTING_ASSUMPTION = (
 )
 
 
-# the most layers, KV heads or head dimensions a shape given by hand may hold: a figure per layer is built, and
-# `--layers 100000000000` grew without bound (models have tens to hundreds of layers)
-MAX_SHAPE = 100_000
+# the most layers, KV heads or head dimensions a shape given by hand may hold (as config.json's:
+# architecture.MAX_SHAPE): a figure per layer is built, and `--layers 100000000000` grew without bound (models have
+# tens to hundreds of layers)
 # what a workload and a model may be: far past any served today, short of a float's range (10**400 tokens, a
 # draft cost of 1e308 or 1e308 parameters ended in OverflowError or ZeroDivisionError, exit 3: a review)
 MAX_CONTEXT = 2**31
@@ -109,6 +109,8 @@ MAX_BATCH = 10**7
 MAX_GAMMA = 1_000
 MAX_DRAFT_COST = 1_000.0
 MAX_PARAMETERS = 1e15
+# bytes a K or V element may take (--kv-bytes, kv_bytes): a float64 is 8; 1e308 priced an Infinity cache, exit 0
+MAX_KV_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ class KVLayout:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_SHAPE:
                 raise UsageError(f"{flag} ({name}) = {v!r}: give a whole number from 1 to {MAX_SHAPE:,}")
-        check_positive(self.bytes_per_element, "--kv-bytes (bytes_per_element)")
+        check_kv_bytes(self.bytes_per_element, "--kv-bytes (bytes_per_element)")
 
     def bytes_per_sequence(self, context_tokens: int) -> float:
         # K and V: 2 × layers × kv_heads × head_dim × bytes, per token
@@ -293,6 +295,13 @@ def check_positive(value: Any, what: str, zero: bool = False) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or value < 0 or (value == 0 and not zero):
         raise UsageError(f"{what} = {value!r}: give a finite number {'of at least 0' if zero else 'above 0'}")
+
+
+def check_kv_bytes(value: Any, what: str) -> None:
+    """Bytes a KV element: a finite number above 0 and at most MAX_KV_BYTES, else a UsageError naming `what`."""
+    check_positive(value, what)
+    if value > MAX_KV_BYTES:
+        raise UsageError(f"{what} = {value!r}: give at most {MAX_KV_BYTES} bytes a K or V element (float64 is 8)")
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:
@@ -798,12 +807,18 @@ def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weight
 
 
 def measured_checkpoint(
-    checkpoint: Any, kv: KVLayout | None = None, kv_bytes: float | None = None, gguf_config: dict | None = None
+    checkpoint: Any,
+    kv: KVLayout | None = None,
+    kv_bytes: float | None = None,
+    gguf_config: dict | None = None,
+    complete: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> tuple[BitsReport, KVLayout | KVCache, tuple[RoutedExperts, ...]]:
     """A checkpoint's bits, KV cache and routed experts: a GGUF's from its header alone (gguf_kv_cache, with
-    `gguf_config` where its cache needs it), any other's from its safetensors headers and config.json. `kv` replaces
-    the KV cache they describe (the CLI's --layers/--kv-heads/--head-dim beside --checkpoint); `kv_bytes` prices
-    theirs at that many bytes a KV element."""
+    `gguf_config` where its cache needs it), any other's from its safetensors headers and config.json, read as
+    `complete` returns it (the API passes checkpoint/loader.completed_config: config.json with the fields its
+    transformers config class derives or defaults; cost itself imports no transformers), else as written. `kv`
+    replaces the KV cache they describe (the CLI's --layers/--kv-heads/--head-dim beside --checkpoint); `kv_bytes`
+    prices theirs at that many bytes a KV element."""
     if (f := ggufs.find(Path(checkpoint))) is not None:
         h = ggufs.check_model(ggufs.read_header(f))
         report = gguf_report(Path(checkpoint), h)
@@ -824,6 +839,8 @@ def measured_checkpoint(
         raise UsageError(
             f"{e}; without it the KV layout is unknown: use --params and --layers/--kv-heads/--head-dim"
         ) from None
+    if complete is not None:
+        cfg = complete(cfg)
     cache = kv or kv_layout_from_config(cfg, kv_bytes)
     return report, cache, routed_experts(cfg, report.expert_layers, str(checkpoint))
 
@@ -935,11 +952,15 @@ def checkpoint_cost(  # noqa: PLR0913 (one keyword per input `quantize cost --ch
     kv: KVLayout | None = None,
     kv_bytes: float | None = None,
     gguf_config: dict[str, Any] | None = None,
+    complete: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> TokenCost:
     """Bounds from a measured checkpoint's bytes (safetensors or GGUF); optionally a labelled projection onto a
     larger model. `kv` replaces the checkpoint's KV cache; `kv_bytes` prices its own at that element size;
-    `gguf_config`: the config transformers builds from a GGUF's header, for a cache not one figure per layer."""
-    report, kv, routed = measured_checkpoint(checkpoint, kv, kv_bytes, gguf_config)
+    `gguf_config`: the config transformers builds from a GGUF's header, for a cache not one figure per layer;
+    `complete`: config.json as read for the cost (measured_checkpoint)."""
+    if kv_bytes is not None:
+        check_kv_bytes(kv_bytes, "kv_bytes")
+    report, kv, routed = measured_checkpoint(checkpoint, kv, kv_bytes, gguf_config, complete)
     out = token_cost(
         report.parameters,
         {"measured": 8 * report.total_bytes / report.parameters},

@@ -151,9 +151,11 @@ class DecodeBounds(BaseModel):
 def decode_bounds(
     entry: Entry, baseline: Entry | None, hardware: cost.Hardware, batch: int, context: int, gamma: int = 4
 ) -> DecodeBounds:
-    """Decode-cost lower bounds from the entry's bytes, as `quantize cost --checkpoint` prices them (a GGUF from its
-    header alone: one whose cache is priced through the config transformers reads from it is not, since the report
-    loads nothing); empty, with the reason, when its KV layout is not known."""
+    """Decode-cost lower bounds from the entry's bytes, as `quantize cost --checkpoint` prices them, but for config.json
+    read as written, not completed by transformers' config class (the report imports no transformers: a config.json
+    leaving out layer types its class derives, Qwen3-Next's full_attention_interval say, is priced here as written),
+    and a GGUF from its header alone (one whose cache is priced through the config transformers reads from it is
+    not); empty, with the reason, when its KV layout is not known."""
     try:
         if ggufs.find(entry.path) is not None:
             report, kv, routed = cost.measured_checkpoint(Path(entry.path))

@@ -233,6 +233,20 @@ def test_a_changed_loader_is_found(monkeypatch):
     assert any("convert_and_load_state_dict_in_model takes" in p for p in found)
 
 
+def test_a_changed_special_float_decoder_is_found(monkeypatch):
+    """completed_config decodes save_pretrained's `{"__float__": "Infinity"}` with the private
+    PreTrainedConfig._decode_special_floats before the class reads the file (Nemotron-H's time_step_limit): a decoder
+    gone or other is found."""
+    from transformers import PreTrainedConfig
+
+    from quantize.compat import transformers as compat
+
+    monkeypatch.setattr(PreTrainedConfig, "_decode_special_floats", classmethod(lambda cls, obj: obj))
+    assert any("_decode_special_floats" in p for p in compat.problems())
+    monkeypatch.delattr(PreTrainedConfig, "_decode_special_floats")
+    assert any("gives 'absent'" in p for p in compat.problems())
+
+
 def test_the_copied_attribute_maps_are_the_config_classes_own(monkeypatch):
     """The light readers' copy of transformers' attribute maps equals the classes' on every family it holds and on
     every family the tests build (those absent from it map none of the names read); a map changed upstream, or a

@@ -393,8 +393,8 @@ def test_cli_prices_an_moe_without_a_checkpoint(capsys):
         (["--layers", "-80"], "--layers (layers) = -80"),
         (["--layers", "100000000000"], "--layers (layers) = 100000000000"),  # a figure a layer: memory without end
         (["--kv-heads", "0"], "--kv-heads (kv_heads) = 0"),
-        (["--kv-bytes", "inf"], "--kv-bytes (bytes_per_element) = inf"),
-        (["--kv-bytes", "nan"], "--kv-bytes (bytes_per_element) = nan"),
+        (["--kv-bytes", "inf"], "--kv-bytes inf"),
+        (["--kv-bytes", "nan"], "--kv-bytes nan"),
     ],
 )
 def test_a_kv_shape_that_is_no_cache_is_exit_2(flags, says, capsys):
