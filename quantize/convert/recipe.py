@@ -399,6 +399,13 @@ class _Quantized(_Recipe):
                 f"scheme {s.value} is compressed-tensors' preset with its own (symmetric) scales, so `symmetric: "
                 "false` would change nothing; remove it, or pick an int scheme (W4A16, W8A16, W8A8), which takes it"
             )
+        if "calibration" in self.model_fields_set and self.calibration is not None and not self.needs_calibration:
+            # read, recorded in the run's recipe and provenance, and used by nothing (a review)
+            raise ValueError(
+                f"method {self.method.value} with scheme {s.value if s else None} is data-free: a `calibration:` "
+                "section would be read and recorded, and change nothing it writes; remove it (or write "
+                "`calibration: null`), or choose a method that calibrates (gptq, awq, smoothquant) or a kv_cache"
+            )
         if self.kv_cache is not None and self.calibration is None:
             raise ValueError(
                 f"kv_cache {self.kv_cache.scheme.value} keeps static scales of K and V, measured on calibration "

@@ -185,6 +185,15 @@ def test_symmetric_false_is_refused_where_the_preset_fixes_its_scales(method, sc
     parse_recipe({"method": "rtn", "scheme": "W4A16", "group_size": 128, "symmetric": False})  # an int scheme takes it
 
 
+@pytest.mark.parametrize("method,scheme", [("rtn", "W8A16"), ("fp8", "FP8_DYNAMIC"), ("rtn", "NVFP4A16")])
+def test_a_calibration_a_data_free_scheme_would_ignore_is_refused(method, scheme):
+    """It was read, recorded in the run's recipe and provenance, and changed nothing (a review)."""
+    cal = {"source": "builtin:jargon", "samples": 4, "seq_len": 32}
+    assert "is data-free" in bad(method=method, scheme=scheme, group_size=..., calibration=cal)
+    parse_recipe({"method": method, "scheme": scheme, "calibration": None})  # null, or absent, is the data-free way
+    parse_recipe({"method": method, "scheme": scheme, "calibration": cal, "kv_cache": {"scheme": "FP8"}})
+
+
 def test_calibration_samples_positive():
     assert "calibration.samples" in bad(calibration={"samples": 0})
 

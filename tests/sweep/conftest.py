@@ -28,6 +28,12 @@ class Lab:
             f"name: w4\nmethod: rtn\nscheme: W4A16\ngroup_size: 32\ncalibration: null\nmodel: {tiny}\n"
             "dtype: bfloat16\n"  # not the machine's timing probe
         )
+        # a calibrated recipe, for matrix cells of calibration fields (a data-free one refuses a calibration)
+        self.gptq = base / "gptq.yaml"
+        self.gptq.write_text(
+            f"name: gptq\nmethod: gptq\nscheme: W4A16\ngroup_size: 32\nmodel: {tiny}\n"
+            "calibration: {source: builtin:jargon, samples: 8, seq_len: 32}\n"
+        )
 
     def recipe(self, file: str, name: str | None = None, scheme: str = "W8A16") -> Path:
         p = self.base / file

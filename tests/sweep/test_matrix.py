@@ -17,16 +17,17 @@ def test_a_2x2_matrix_is_four_named_cells_each_a_valid_recipe_of_its_values(lab)
     from quantize.convert.recipe import parse_recipe
 
     f = lab.sweep(
-        [lab.w4], matrix=f"  recipes: [{lab.w4}]\n  fields: {{group_size: [16, 32], calibration.samples: [8, 16]}}\n"
+        [lab.gptq],
+        matrix=f"  recipes: [{lab.gptq}]\n  fields: {{group_size: [16, 32], calibration.samples: [8, 16]}}\n",
     )
     spec, _ = load_sweep(f)
     found = candidates(spec)
     assert [c.name for c in found] == [
-        "w4",  # the base recipe listed in `recipes:` as well: a candidate of its own
-        "w4-group_size=16-samples=8",
-        "w4-group_size=16-samples=16",
-        "w4-group_size=32-samples=8",
-        "w4-group_size=32-samples=16",
+        "gptq",  # the base recipe listed in `recipes:` as well: a candidate of its own
+        "gptq-group_size=16-samples=8",
+        "gptq-group_size=16-samples=16",
+        "gptq-group_size=32-samples=8",
+        "gptq-group_size=32-samples=16",
     ]
     cell = found[4]
     assert cell.error is None and cell.needs_convert and cell.checkpoint == lab.base / "out" / cell.name
@@ -77,10 +78,10 @@ def test_a_bad_value_is_its_cells_exit_2_and_the_other_cells_stand(lab):
 def test_two_cells_of_one_name_refuse_the_sweep_naming_both(lab, no_cluster, capsys):
     (lab.base / "a").mkdir()
     (lab.base / "b").mkdir()
-    f = lab.sweep(matrix=f"  recipes: [{lab.w4}]\n  fields: {{calibration.source: [a/chat.jsonl, b/chat.jsonl]}}\n")
+    f = lab.sweep(matrix=f"  recipes: [{lab.gptq}]\n  fields: {{calibration.source: [a/chat.jsonl, b/chat.jsonl]}}\n")
     assert cli(["sweep", str(f)]) == 2
     err = capsys.readouterr().err
-    assert 'two candidates of this sweep are named "w4-source=chat"' in err
+    assert 'two candidates of this sweep are named "gptq-source=chat"' in err
     assert "calibration.source='a/chat.jsonl'" in err and "calibration.source='b/chat.jsonl'" in err
 
 
