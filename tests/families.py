@@ -219,3 +219,52 @@ def save_random(cfg, path: Path, seed: int = 0) -> Path:
     model.save_pretrained(path, safe_serialization=True)
     tokenizer_for(cfg.vocab_size).save_pretrained(path)
     return Path(path)
+
+
+# the tensors DeepSeek-V3's and GLM-4.5's published multi-token-prediction layer (model.layers.61, .92) holds beside a
+# decoder layer's: its embedding and output head (copies of the model's), the norms of the two inputs it joins (the
+# token's embedding, the decoder's last hidden state) and their projection back to hidden_size
+MTP_EXTRA = {
+    "embed_tokens.weight": ("vocab", "hidden"),
+    "enorm.weight": ("hidden",),
+    "hnorm.weight": ("hidden",),
+    "eh_proj.weight": ("hidden", "2hidden"),
+    "shared_head.norm.weight": ("hidden",),
+    "shared_head.head.weight": ("vocab", "hidden"),
+}
+
+
+def build_mtp(family: str, path: Path, seed: int = 0) -> tuple[Path, Path]:
+    """One seeded `family` model (an MTP family: DeepSeek-V3, GLM-4.5) saved twice under `path`: `decoder`, its 2
+    decoder layers alone (as transformers saves it), and `mtp`, the same bytes plus one multi-token-prediction layer
+    after them as the published checkpoints store it (layers.2: a decoder layer, here the seeded model's third, and
+    MTP_EXTRA), config.json declaring it (num_nextn_predict_layers 1). Both hold the same config.json and tokenizer.
+    Returns (decoder, mtp)."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    n, h, v = COMMON["num_hidden_layers"], COMMON["hidden_size"], COMMON["vocab_size"]
+    full = save_random(config(family, num_hidden_layers=n + 1), path / "full", seed)
+    cfg = json.loads((full / "config.json").read_text())
+    # per-layer lists (DeepSeek-V3.2's layer_types, mlp_layer_types) describe the decoder's layers alone
+    cfg |= {k: x[:n] for k, x in cfg.items() if isinstance(x, list) and len(x) == n + 1 and k.endswith("layer_types")}
+    cfg |= {"num_hidden_layers": n, "num_nextn_predict_layers": 1}
+    tensors = load_file(full / "model.safetensors")
+    g = torch.Generator().manual_seed(seed + 1)
+    sizes = {"hidden": h, "2hidden": 2 * h, "vocab": v}
+    extra = {
+        f"model.layers.{n}.{k}": torch.randn([sizes[d] for d in dims], generator=g).to(torch.bfloat16)
+        for k, dims in MTP_EXTRA.items()
+    }
+    out = []
+    for name, kept in (("decoder", {k: t for k, t in tensors.items() if f".layers.{n}." not in k}), ("mtp", tensors)):
+        folder = path / name
+        shutil.copytree(full, folder, ignore=shutil.ignore_patterns("model.safetensors", "config.json"))
+        save_file({**kept, **(extra if name == "mtp" else {})}, folder / "model.safetensors", metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        out.append(folder)
+    shutil.rmtree(full)
+    return out[0], out[1]

@@ -355,12 +355,19 @@ def _module_of(name: str) -> str:
 class _Count:
     """Bytes by role and by module, and logical parameters, tensor by tensor."""
 
-    def __init__(self, tensors: dict[str, TensorInfo], bits: set[int], linear_layers: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        tensors: dict[str, TensorInfo],
+        bits: set[int],
+        linear_layers: frozenset[int] = frozenset(),
+        mtp_from: int | None = None,
+    ):
         self.tensors = tensors
         self.names = set(tensors)
         # module -> the shape compressed-tensors stored beside its packed weight (`weight_shape`, read by bits_report)
         self.stored_shapes: dict[str, list[int]] = {}
         self.linear_layers = linear_layers  # layers config.json makes linear attention (architecture.part_of)
+        self.mtp_from = mtp_from  # the first multi-token-prediction layer config.json declares (architecture.part_of)
         self.bits = bits
         self.by_target: list[tuple[str, int]] = []
         self.args: list[tuple[str, dict[str, Any]]] = []  # (target, weights arguments) of the config groups
@@ -378,7 +385,7 @@ class _Count:
         row = self.modules.setdefault(_module_of(name), ModuleRow(_module_of(name), format="?"))
         row.bytes += t.nbytes
         row.roles[role] = row.roles.get(role, 0) + t.nbytes
-        part = self.parts[p := arch.part_of(row.module, role, self.linear_layers)]
+        part = self.parts[p := arch.part_of(row.module, role, self.linear_layers, self.mtp_from)]
         part.bytes += t.nbytes
         experts = self._experts(name, row.module, t) if p == "routed_experts" else None
         if experts is not None:
@@ -614,7 +621,8 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     tensors, header_read = all_tensors(files)
     cfg = read_config(ckpt, required=False)
     qc = _quant_config(ckpt, cfg)
-    count = _Count(tensors, _packed_bits(qc), arch.linear_attention_layers(cfg))
+    mtp_from = arch.mtp_start(cfg)
+    count = _Count(tensors, _packed_bits(qc), arch.linear_attention_layers(cfg), mtp_from)
     count.by_target = _bits_by_target(qc) if len(count.bits) > 1 else []
     count.stored_shapes = _stored_shapes(files, tensors)
     count.args = _config_weights(qc)
@@ -638,10 +646,17 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     if unknown:
         notes.append(f"{len(unknown)} tensor(s) of unknown role counted as unquantized: {', '.join(unknown[:5])}")
     tied_copy = _tied_copy(cfg, modules, by_role, notes)
-    tables = [
+    if (mtp := count.parts["mtp"]).bytes:
+        stored = sorted(
+            {i for n in tensors if (i := arch.layer_index(n)) is not None and mtp_from is not None and i >= mtp_from}
+        )
+        notes.append(mtp_note(cfg, stored, mtp.bytes, mtp.parameters))
+    tables = [  # the decoder's: an MTP layer's own embedding is not read by a plain decode step
         (n, t.nbytes, t.shape[0])
         for n, t in tensors.items()
-        if len(t.shape) == 2 and role_of(n, t, count.names) == "embedding"
+        if len(t.shape) == 2
+        and role_of(n, t, count.names) == "embedding"
+        and arch.part_of(_module_of(n), "embedding", mtp_from=mtp_from) != "mtp"
     ]
     if "_from" in qc:
         notes.append(f"bit width read from {qc['_from']} (config.json has no quantization_config)")
@@ -656,6 +671,17 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         gathered=gathered_tables(tables, by_role["lm_head"] > 0),
         **_bits_fields(total, params, q_bytes, q_params),
         **_table_fields(by_role, modules, count.parts, count.experts),
+    )
+
+
+def mtp_note(cfg: dict[str, Any], stored: list[int], nbytes: int, parameters: int) -> str:
+    """What the accounting says of the multi-token-prediction layers a checkpoint stores (`stored`, part `mtp`)."""
+    layers = arch.mtp_layers(cfg)
+    which = f"layer {stored[0]}" if len(stored) == 1 else f"layers {', '.join(map(str, stored))}"
+    return (
+        f"{which}: multi-token-prediction (MTP), as config.json declares (num_nextn_predict_layers {len(layers)} "
+        f"after num_hidden_layers {layers.start}): part `mtp` ({nbytes:,} bytes, {parameters:,} parameters), no "
+        "decoder layer; transformers' causal LM does not load it, and a plain decode step does not read it"
     )
 
 

@@ -26,6 +26,11 @@ decode column) read it as written. A shape field is at most MAX_SHAPE, a window 
                                     LFM2-MoE (num_dense_layers): i ≥ num_dense_layers
                                     Llama 4: i ∈ moe_layers (else every interleave_moe_layer_step-th layer)
                                     otherwise (Mixtral, OLMoE, gpt-oss): every layer
+    multi-token prediction (MTP):   layers num_hidden_layers .. num_hidden_layers + num_nextn_predict_layers − 1
+                                    (DeepSeek-V3/V3.2, GLM-4.5/4.6, GLM-4.7-Flash store them as `layers.N` after the
+                                    decoder's: DeepSeek-V3's layers.61) are part `mtp`, not decoder layers: no MoE
+                                    layer, no KV cache, not read by a plain decode step; transformers' causal LM
+                                    does not load them (its classes ignore them as unexpected tensors)
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ PARTS = (
     "embedding",
     "lm_head",
     "norm",
+    "mtp",  # the multi-token-prediction layers stored after the decoder's (mtp_layers): every tensor of them
     "other",
 )
 # Module name (the tensor name less its last component) -> part, first match wins; embeddings, the output layer
@@ -96,11 +102,17 @@ _EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)(?:\.|$)")
 LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def part_of(module: str, tensor_role: str, linear_layers: frozenset[int] = frozenset()) -> str:
+def part_of(
+    module: str, tensor_role: str, linear_layers: frozenset[int] = frozenset(), mtp_from: int | None = None
+) -> str:
     """The part of the model a tensor belongs to, from its module name and its accounting role (embedding,
     lm_head and norm roles name their part; a norm inside an attention block is a norm). An attention module of
     a layer in `linear_layers` (config.json's linear-attention layers: linear_attention_layers) is linear
-    attention: Kimi-Linear names both kinds `self_attn`."""
+    attention: Kimi-Linear names both kinds `self_attn`. Every tensor of a layer `layers.N` with N >= `mtp_from`
+    (config.json's num_hidden_layers where it declares multi-token-prediction layers: mtp_start) is `mtp`, its
+    experts, embedding and output head included: that layer is no decoder layer."""
+    if mtp_from is not None and (i := layer_index(module + ".")) is not None and i >= mtp_from:
+        return "mtp"
     if tensor_role in TENSOR_ROLE_PARTS:
         return TENSOR_ROLE_PARTS[tensor_role]
     for pattern, part in PART_RULES:
@@ -119,6 +131,39 @@ def linear_attention_layers(cfg: dict[str, Any]) -> frozenset[int]:
     except UsageError:
         return frozenset()
     return frozenset(i for i, k in enumerate(kinds) if k.kind == "linear_attention")
+
+
+def mtp_layers(cfg: dict[str, Any]) -> range:
+    """The layers config.json declares as multi-token prediction, stored after the decoder's: num_hidden_layers to
+    num_hidden_layers + num_nextn_predict_layers − 1 (MTP_KEYS, as the family's config class spells the field:
+    DeepSeek-V3's and GLM-4.5's classes store their `num_mtp_layers` under it; DeepSeek-V3.2's and GLM-4.7-Flash's
+    (deepseek_v32, glm4_moe_lite), which have no such field, keep it from config.json as written). Empty where
+    config.json declares none or gives no num_hidden_layers; a value that is not a whole number from 0 to MAX_SHAPE
+    is a UsageError naming it. Declared layers need not be stored: a checkpoint saved by transformers keeps the
+    field and drops the layers."""
+    return mtp_declaration(cfg)[1]
+
+
+def mtp_declaration(cfg: dict[str, Any]) -> tuple[str, range]:
+    """The config.json key that declares the multi-token-prediction layers (the first spelling where none does)
+    and the layers it declares (mtp_layers)."""
+    text = text_config(cfg)
+    found = _first_int(text, MTP_KEYS, 0)
+    n = _int(text, "num_hidden_layers")
+    if found is None:
+        return _spelled(text, MTP_KEYS)[0], range(0)
+    return found[0], range(0) if n is None else range(n, n + found[1])
+
+
+def mtp_start(cfg: dict[str, Any]) -> int | None:
+    """The first multi-token-prediction layer (part_of's `mtp_from`), None where config.json declares none or
+    declares them in a way mtp_layers refuses (the accounting by part must not fail: the checks before a load
+    refuse it, files.config_matches_headers)."""
+    try:
+        layers = mtp_layers(cfg) if cfg else range(0)
+    except UsageError:
+        return None
+    return layers.start if layers else None
 
 
 def expert_index(module: str) -> int | None:
@@ -197,9 +242,10 @@ def _spelled(cfg: dict[str, Any], names: tuple[str, ...]) -> list[str]:
 
 
 # the common names of the fields read (each family's spellings: _spelled): the routed experts per MoE layer, k
-# (experts per token), the per-layer type list
+# (experts per token), the multi-token-prediction layers after the decoder's, the per-layer type list
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
 TOP_K_KEYS = ("num_experts_per_tok",)
+MTP_KEYS = ("num_nextn_predict_layers",)
 LAYER_LIST_KEYS = ("layer_types",)
 # Nemotron-H's configuration_nemotron_h._pattern_to_list
 HYBRID_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}

@@ -20,7 +20,7 @@ from typing import Any
 
 from quantize import cache
 from quantize.checkpoint import ggufs
-from quantize.checkpoint.architecture import expert_problems, routed_experts, stored_per_expert
+from quantize.checkpoint.architecture import expert_problems, mtp_declaration, routed_experts, stored_per_expert
 from quantize.checkpoint.headers import all_tensors, check_shard_index
 from quantize.errors import UsageError
 from quantize.io import read_user_file, sha256_bytes, sha256_file, sha256_named
@@ -244,19 +244,30 @@ EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight")
 
 def config_matches_headers(checkpoint: Path) -> None:
     """What config.json implies, checked against the safetensors headers before a byte is allocated: the number
-    of decoder layers the weights hold, and the embedding's (vocab_size, hidden_size). A config that promises a
+    of layers the weights hold, and the embedding's (vocab_size, hidden_size). A config that promises a
     100,000-layer model or a 10⁹-token vocabulary over a small file is refused here, in milliseconds, naming
-    the tensor and both shapes, instead of growing to gigabytes in the model's constructor."""
+    the tensor and both shapes, instead of growing to gigabytes in the model's constructor. The layers are
+    num_hidden_layers decoder layers, and where config.json declares multi-token-prediction layers after them
+    (architecture.mtp_layers: DeepSeek-V3's layers.61) either those too or none of them: a checkpoint saved by
+    transformers keeps the declaration and drops the layers."""
     cfg = read_config(checkpoint, required=False)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     tensors, _ = all_tensors(safetensors_files(checkpoint))
     fix = "fix config.json, or the weights that go with it"
     layers = {int(m.group(1)) for n in tensors if (m := _LAYER.search(n))}
     want = text.get("num_hidden_layers")
-    if isinstance(want, int) and layers and want != max(layers) + 1:
+    key, mtp = mtp_declaration(cfg) if isinstance(want, int) else ("", range(0))
+    if isinstance(want, int) and layers and max(layers) + 1 not in {want, mtp.stop}:
+        declared = (
+            f"num_hidden_layers {want} and {len(mtp)} multi-token-prediction layer(s) after them "
+            f"({key} {len(mtp)}: layers.{want} to layers.{mtp.stop - 1}), so {want} or "
+            f"{mtp.stop} layers in all"
+            if mtp
+            else f"num_hidden_layers {want}"
+        )
         raise UsageError(
-            f"{checkpoint}: config.json says num_hidden_layers {want}, but the weights hold {max(layers) + 1} "
-            f"decoder layers (layers.0 to layers.{max(layers)}); {fix}"
+            f"{checkpoint}: config.json says {declared}, but the weights hold {max(layers) + 1} layers "
+            f"(layers.0 to layers.{max(layers)}); {fix}"
         )
     emb = next((t for n, t in sorted(tensors.items()) if n.endswith(EMBEDDINGS)), None)
     implied = [text.get("vocab_size"), text.get("hidden_size")]

@@ -154,12 +154,15 @@ def device(requested: str = "auto") -> str:
 def check_loading_info(path: Path, info: dict[str, Any]) -> None:
     """Strict loading: a weight the model expects and the checkpoint lacks would be randomly
     initialised, and a stored tensor the model does not expect is ignored; either means the weights
-    do not match config.json (typically a quantized checkpoint whose quantization_config is missing). One
-    exception: a stored bias the model has no place for that is all zeros (AutoGPTQ writes one for every
-    quantized linear) changes nothing, x W^T + 0, and is let go."""
+    do not match config.json (typically a quantized checkpoint whose quantization_config is missing). Two
+    exceptions: a stored bias the model has no place for that is all zeros (AutoGPTQ writes one for every
+    quantized linear) changes nothing, x W^T + 0, and is let go; and so are the tensors of the
+    multi-token-prediction layers config.json declares after the decoder's (mtp_tensors), which transformers'
+    causal LM has no place for by design (its DeepSeek-V3 and GLM-4.5 classes ignore them as unexpected)."""
     missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
     zero = _stored_zeros(path, [k for k in unexpected if k.endswith(".bias")])
-    unexpected = [k for k in unexpected if k not in zero]
+    mtp = set(mtp_tensors(path, unexpected))
+    unexpected = [k for k in unexpected if k not in zero and k not in mtp]
     mismatched = [str(m[0]) if isinstance(m, tuple) else str(m) for m in info.get("mismatched_keys") or []]
     if not (missing or unexpected or mismatched):
         return
@@ -175,6 +178,13 @@ def check_loading_info(path: Path, info: dict[str, Any]) -> None:
         "be partly random. If the checkpoint is quantized, its config.json needs the quantization_config of the "
         "tool that wrote it."
     )
+
+
+def mtp_tensors(path: Path, names: list[str]) -> list[str]:
+    """Those of `names` in a multi-token-prediction layer config.json declares (architecture.mtp_layers: layers.N
+    for N from num_hidden_layers to num_hidden_layers + num_nextn_predict_layers − 1), in order."""
+    layers = architecture.mtp_layers(read_config(path, required=False))
+    return sorted(n for n in names if (i := architecture.layer_index(n)) is not None and i in layers)
 
 
 def _stored_zeros(path: Path, names: list[str]) -> set[str]:

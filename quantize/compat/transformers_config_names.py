@@ -15,8 +15,10 @@ SLIDING_SWITCH, the families whose sliding window is off unless config.json swit
 from __future__ import annotations
 
 # the common names the light readers read (architecture.py): the routed experts per MoE layer, the experts each
-# token is routed to, the per-layer type list
-READ = ("num_local_experts", "num_experts", "num_experts_per_tok", "layer_types")
+# token is routed to, the per-layer type list, the multi-token-prediction layers stored after the decoder's (the
+# name DeepSeek's and GLM's config.json use, which DeepseekV3Config, Glm4MoeConfig and Step3p7TextConfig store
+# their `num_mtp_layers` under, and DeepseekV4Config and NemotronHConfig hold as a field of their own)
+READ = ("num_local_experts", "num_experts", "num_experts_per_tok", "layer_types", "num_nextn_predict_layers")
 
 # model_type -> {name: the attribute it is stored under}, for every entry touching READ (transformers 5.17)
 ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
@@ -25,7 +27,7 @@ ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "bamba": {"layer_types": "layers_block_type"},
     "deepseek_ocr2_text": {"num_experts": "n_routed_experts"},
     "deepseek_v2": {"num_experts": "n_routed_experts"},
-    "deepseek_v3": {"num_local_experts": "n_routed_experts"},
+    "deepseek_v3": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
     "deepseek_v32": {"num_local_experts": "n_routed_experts"},
     "deepseek_v4": {"num_local_experts": "n_routed_experts"},
     "dots1": {"num_local_experts": "n_routed_experts"},
@@ -33,7 +35,7 @@ ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "ernie4_5_vl_moe_text": {"num_experts": "moe_num_experts", "num_experts_per_tok": "moe_k"},
     "falcon_h1": {"layer_types": "layers_block_type"},
     "flex_olmo": {"num_local_experts": "num_experts"},
-    "glm4_moe": {"num_local_experts": "n_routed_experts"},
+    "glm4_moe": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
     "glm4_moe_lite": {"num_local_experts": "n_routed_experts"},
     "glm4v_moe_text": {"num_local_experts": "n_routed_experts"},
     "glm5_next_text": {"num_local_experts": "n_routed_experts"},
@@ -61,7 +63,11 @@ ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "qwen3_omni_moe_talker_text": {"num_experts": "num_local_experts"},
     "qwen3_vl_moe_text": {"num_experts": "num_local_experts"},
     "solar_open": {"num_local_experts": "n_routed_experts"},
-    "step3p5": {"moe_top_k": "num_experts_per_tok", "num_local_experts": "n_routed_experts"},
+    "step3p5": {
+        "moe_top_k": "num_experts_per_tok",
+        "num_local_experts": "n_routed_experts",
+        "num_mtp_layers": "num_nextn_predict_layers",
+    },
     "zamba": {"layer_types": "layers_block_type"},
     "zamba2": {"layer_types": "layers_block_type"},
 }

@@ -70,6 +70,10 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
         if cal
         else "| calibration | none (data-free) |",
         f"| layers kept at 16 bits | {len(meta.layer_plan.kept_16bit)} |",
+        *(
+            f"| not converted, not in this checkpoint | {', '.join(md_text(x) for x in g.layers)}: {md_text(g.why)} |"
+            for g in meta.layer_plan.not_converted
+        ),
         f"| wall time | {meta.time_seconds['total']:.0f} s |",
         "",
         "Bytes by role: " + ", ".join(f"{md_text(k)} {v:,}" for k, v in b.bytes_by_role.items()),

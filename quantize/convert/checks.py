@@ -9,13 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint import qdq
+from quantize.checkpoint.accounting import bits_report
+from quantize.checkpoint.architecture import LAYER_INDEX, layer_index, mtp_declaration
 from quantize.checkpoint.files import read_config, safetensors_files, side_file
 from quantize.checkpoint.headers import all_tensors, read_header
 from quantize.checkpoint.loader import check_against_meta, check_loading_info, load_model, meta_model
 from quantize.compat.transformers import dry_load
 from quantize.convert.plan import checkpoint_name
 from quantize.errors import RuntimeFailure, UsageError
-from quantize.records import FiniteCheck, LeftAt16
+from quantize.records import FiniteCheck, LeftAt16, NotConverted
 
 # the torch dtype a header's dtype names, for the meta tensors of the source check (a name not here is loaded as
 # bytes of its shape: only shapes and names decide what the check finds)
@@ -158,6 +160,35 @@ def left_at_16(
 
 
 SIXTEEN_BIT = ("BF16", "F16", "F32")
+
+
+def not_converted(source: Path, out: Path) -> list[NotConverted]:
+    """The multi-token-prediction layers of the source (architecture.mtp_layers) the saved checkpoint does not
+    hold, read from both folders' headers: transformers' causal LM does not load them (loader.check_loading_info
+    lets them go), so a conversion of the loaded model never holds them and saves the decoder alone, under the
+    source's config.json, which still declares them. Their bytes and parameters are the source's accounting's."""
+    key, layers = mtp_declaration(read_config(source))
+    if not layers:
+        return []
+    stored, _ = all_tensors(safetensors_files(source))
+    held = {layer_index(n) for n in all_tensors(safetensors_files(out))[0]}
+    gone = {i for n in stored if (i := layer_index(n)) in layers and i not in held}
+    if not gone:
+        return []
+    names = [n for n in stored if layer_index(n) in gone]
+    rows = [m for m in bits_report(source).modules if layer_index(m.module + ".") in gone]
+    return [
+        NotConverted(
+            why=f"multi-token-prediction (MTP) layer(s) config.json declares after the decoder's ({key} "
+            f"{len(layers)}): transformers' causal LM does not load them, so the conversion never held them; the "
+            "checkpoint stores the decoder alone under the same config.json, and an engine that drafts tokens with "
+            "MTP layers (speculative decoding) finds none in it",
+            layers=sorted({n[: m.end() - 1] for n in names if (m := LAYER_INDEX.search(n))}, key=layer_index),
+            tensors=len(names),
+            bytes=sum(stored[n].nbytes for n in names),
+            parameters=sum(m.parameters for m in rows),
+        )
+    ]
 
 
 def _renamed(name: str, renamings: list[tuple[str, str]]) -> str:

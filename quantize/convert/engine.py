@@ -40,6 +40,7 @@ from quantize.convert.card import model_card
 from quantize.convert.checks import (
     check_source,
     left_at_16,
+    not_converted,
     reload_check,
     streamed_finite_check,
     structure_check,
@@ -397,6 +398,9 @@ def _written(
             made.plan.stored_names,
             made.plan.renamed,
         )
+        layer_plan.not_converted = not_converted(made.model_dir, tmp)
+    # bits per weight are per parameter of the source the checkpoint holds: its MTP layers, not converted, are not
+    held = prov.source_params - sum(g.parameters for g in layer_plan.not_converted) if prov.source_params else None
     meta = RunRecord(
         created=made.started.isoformat(timespec="seconds"),
         recipe=recipe_ref(recipe, made.recipe_sha256, made.recipe_path),
@@ -420,7 +424,7 @@ def _written(
         time_seconds=dict(phases.seconds, total=phases.total()),
         memory=MemoryRecord(**memory_record()),
         finite_checks=finite,
-        bits=report.as_record(prov.source_params),
+        bits=report.as_record(held),
         memory_plan=made.mplan.record(),
     )
     return _saved(tmp, meta, recipe)

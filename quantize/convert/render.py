@@ -20,6 +20,7 @@ def run_text(name: str, out: Path, meta: RunRecord) -> str:
             f"{len(plan.kept_16bit)} kept at 16 bits",
             f"  wall time {meta.time_seconds['total']:.1f} s, peak memory {mib(meta.memory.peak_rss_bytes)}",
             *left_lines(plan),
+            *not_converted_lines(plan),
             *routing_lines(plan),
             *([plan_line(meta.memory_plan)] if meta.memory_plan else []),
             *(gguf_lines(meta.engine.gguf) if meta.engine.gguf else []),
@@ -60,6 +61,15 @@ def left_lines(plan: LayerPlanRecord) -> list[str]:
         f"  left at 16 bits: {len(g.tensors)} tensor(s), {mib(g.bytes)} ({g.bytes:,} bytes), e.g. {g.tensors[0]}: "
         f"{g.why}"
         for g in plan.left_16bit
+    ]
+
+
+def not_converted_lines(plan: LayerPlanRecord) -> list[str]:
+    """The source's layers the checkpoint does not hold (its MTP layers): which, how large, why."""
+    return [
+        f"  not converted: {', '.join(g.layers)} ({g.tensors} tensor(s), {mib(g.bytes)}, {g.parameters:,} "
+        f"parameters), not in the checkpoint: {g.why}"
+        for g in plan.not_converted
     ]
 
 

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.accounting import BitsReport, bits_report, gguf_report
-from quantize.checkpoint.architecture import MAX_SHAPE, cache_spec, layer_count, moe_spec
+from quantize.checkpoint.architecture import MAX_SHAPE, cache_spec, layer_count, layer_index, moe_spec, mtp_start
 from quantize.checkpoint.files import read_config
 from quantize.errors import UsageError
 
@@ -540,6 +540,17 @@ class CheckpointBytes(_Frozen):
     quantized_linear_bits_per_weight: float | None
 
 
+class NotRead(_Frozen):
+    """What a checkpoint stores that a plain decode step does not read: its multi-token-prediction layers (the
+    accounting's part `mtp`, checkpoint/architecture.mtp_layers), left out of the parameters and bytes priced."""
+
+    part: str
+    layers: list[int]
+    bytes: int
+    parameters: int
+    note: str
+
+
 class CostTable(_Frozen):
     """`quantize cost`: bounds per format for one model, hardware and workload."""
 
@@ -566,13 +577,14 @@ class TokenCost(CostTable):
     """The whole result: a measured checkpoint's bytes, a labelled projection, the exercises, when asked for."""
 
     checkpoint: CheckpointBytes | None = None
+    not_read: NotRead | None = None  # what the checkpoint stores that the bounds leave out (its MTP layers)
     projection: ProjectedCost | None = None
     sweeps: Sweeps | None = None
 
     def to_data(self) -> dict[str, Any]:
         """`quantize cost --json`: the parts not asked for are left out, not written as null."""
         return self.model_dump(
-            exclude={k for k in ("checkpoint", "projection", "sweeps", "moe") if getattr(self, k) is None}
+            exclude={k for k in ("checkpoint", "not_read", "projection", "sweeps", "moe") if getattr(self, k) is None}
         )
 
 
@@ -797,13 +809,53 @@ def _span(layers: list[int]) -> str:
     return ", ".join(map(str, layers[:8])) + (f", … ({len(layers)} layers)" if len(layers) > 8 else "")
 
 
-def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weights, int | None]:
+MTP_NOT_READ = "MTP layer(s) not read by a plain decode step"
+
+
+def not_read(report: BitsReport, config: dict[str, Any]) -> NotRead | None:
+    """The multi-token-prediction layers a checkpoint stores (the accounting's part `mtp`: config.json's
+    num_nextn_predict_layers after its num_hidden_layers), which a plain decode step does not read: the decoder
+    predicts the next token without them (they draft tokens for speculative decoding, a step of their own). None
+    where it stores none."""
+    part = report.bytes_by_part.get("mtp")
+    start = mtp_start(config)
+    if not part or not part["bytes"] or start is None:
+        return None
+    layers = sorted({i for m in report.modules if (i := layer_index(m.module + ".")) is not None and i >= start})
+    return NotRead(
+        part="mtp",
+        layers=layers,
+        bytes=part["bytes"],
+        parameters=part["parameters"],
+        note=f"{MTP_NOT_READ}: layer(s) {_span(layers)} ({part['bytes']:,} bytes, {part['parameters']:,} "
+        "parameters) left out of the parameters and bytes priced",
+    )
+
+
+def decode_figures(report: BitsReport, config: dict[str, Any]) -> tuple[int, int | None, NotRead | None]:
+    """The bytes and parameters a plain decode step reads of a checkpoint: all it stores less what it does not
+    read (not_read); the parameters None where they cannot be counted."""
+    left = not_read(report, config)
+    nbytes, params = (
+        (report.total_bytes, report.parameters)
+        if left is None
+        else (
+            report.total_bytes - left.bytes,
+            report.parameters - left.parameters if report.parameters else None,
+        )
+    )
+    return nbytes, params, left
+
+
+def checkpoint_weights(checkpoint: Path, config: dict[str, Any]) -> tuple[Weights, int | None, NotRead | None]:
     """A checkpoint's weights as a decode step reads them (its routed experts per MoE layer, from the headers and
-    config.json: routed_experts) and its active parameters (None when its parameters cannot be counted)."""
+    config.json: routed_experts; its MTP layers left out: not_read), its active parameters (None when its
+    parameters cannot be counted) and what it stores that a decode step does not read."""
     report = bits_report(checkpoint)
     routed = routed_experts(config, report.expert_layers, str(checkpoint))
-    active = active_parameter_count(report.parameters, routed) if report.parameters else None
-    return Weights(report.total_bytes, routed, tuple(report.gathered.values())), active
+    nbytes, params, left = decode_figures(report, config)
+    active = active_parameter_count(params, routed) if params else None
+    return Weights(nbytes, routed, tuple(report.gathered.values())), active, left
 
 
 def measured_checkpoint(
@@ -843,6 +895,11 @@ def measured_checkpoint(
         cfg = complete(cfg)
     cache = kv or kv_layout_from_config(cfg, kv_bytes)
     return report, cache, routed_experts(cfg, report.expert_layers, str(checkpoint))
+
+
+def _config_of(checkpoint: Any) -> dict[str, Any]:
+    """config.json as written, {} for a GGUF (whose parts hold no `mtp`) or a folder without one."""
+    return {} if ggufs.find(Path(checkpoint)) is not None else read_config(Path(checkpoint), required=False)
 
 
 # llama.cpp's default KV cache type is F16 (--cache-type-k/-v f16): 2 bytes per element
@@ -961,15 +1018,21 @@ def checkpoint_cost(  # noqa: PLR0913 (one keyword per input `quantize cost --ch
     if kv_bytes is not None:
         check_kv_bytes(kv_bytes, "kv_bytes")
     report, kv, routed = measured_checkpoint(checkpoint, kv, kv_bytes, gguf_config, complete)
+    nbytes, params, left = decode_figures(report, _config_of(checkpoint))
+    if not params:  # measured_checkpoint refused a checkpoint whose parameters it cannot count: all are MTP layers'
+        raise UsageError(
+            f"{checkpoint} stores multi-token-prediction layers alone (layers from config.json's num_hidden_layers "
+            "on), which a plain decode step does not read: there are no decoder weights to price"
+        )
     out = token_cost(
-        report.parameters,
-        {"measured": 8 * report.total_bytes / report.parameters},
+        params,
+        {"measured": 8 * nbytes / params},
         kv,
         hardware,
         work,
-        measured_bytes={"measured": Weights(report.total_bytes, routed, tuple(report.gathered.values()))},
+        measured_bytes={"measured": Weights(nbytes, routed, tuple(report.gathered.values()))},
         routed=routed,
-    )
+    ).model_copy(update={"not_read": left})
     measured = CheckpointBytes(
         path=str(checkpoint),
         total_bytes=report.total_bytes,

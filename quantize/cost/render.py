@@ -43,6 +43,8 @@ def _architecture(result: TokenCost) -> list[str]:
             f"tokens a step, 99% from {m.tokens_reading_99pct}",
             f"  assumes {m.assumption}",
         ]
+    if result.not_read is not None:
+        lines.append(f"  {result.not_read.note}")
     return lines
 
 

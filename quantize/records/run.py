@@ -97,6 +97,18 @@ class LeftAt16(Strict):
     bytes: int
 
 
+class NotConverted(Strict):
+    """Layers of the source the saved checkpoint does not hold, for one reason: the multi-token-prediction (MTP)
+    layers config.json declares after the decoder's (DeepSeek-V3's layers.61), which transformers' causal LM does
+    not load, so no conversion of a loaded model reaches them."""
+
+    why: str
+    layers: list[str]  # each layer's prefix as the source stores it (model.layers.61)
+    tensors: int  # tensors of those layers in the source
+    bytes: int  # their bytes in the source
+    parameters: int  # their parameters in the source (the accounting's); not in bits.source_parameters
+
+
 class LayerPlanRecord(Strict):
     quantized_layers: int
     by_group_size: dict[str, int]  # "per-channel" or the group size -> number of layers
@@ -107,6 +119,8 @@ class LayerPlanRecord(Strict):
     # fused experts no conversion reaches, a planned layer the backend did not quantize), by reason
     left_16bit: list[LeftAt16] = Field(default_factory=list)
     routing: list[ExpertRouting] = Field(default_factory=list)  # per MoE layer, from calibration (none: data-free)
+    # source layers the checkpoint does not hold (its MTP layers), by reason; none in records before 2026-12-07
+    not_converted: list[NotConverted] = Field(default_factory=list)
 
 
 class ImatrixRecord(Strict):

@@ -161,13 +161,16 @@ def decode_bounds(
             report, kv, routed = cost.measured_checkpoint(Path(entry.path))
             weights = cost.Weights(report.total_bytes, routed, tuple(report.gathered.values()))
             active = cost.active_parameter_count(report.parameters, routed) if routed else report.parameters
+            routed_or_left = bool(routed)
         else:
             cfg = read_config(Path(entry.path))
             kv = cost.kv_layout_from_config(cfg)
-            weights, active = cost.checkpoint_weights(Path(entry.path), cfg)  # an MoE reads k/E of its experts
+            # an MoE reads k/E of its experts; MTP layers are not read at all (cost.not_read)
+            weights, active, left = cost.checkpoint_weights(Path(entry.path), cfg)
+            routed_or_left = weights.routed or left is not None
     except UsageError as e:
         return DecodeBounds(not_computable=str(e))
-    m = cost.CostModel((active if weights.routed else None) or entry.parameters or 1, kv, hardware, context)
+    m = cost.CostModel((active if routed_or_left else None) or entry.parameters or 1, kv, hardware, context)
     out = DecodeBounds(
         batch1_ms=1000 * m.step_bound_s(weights, 1),
         batch_ms=1000 * m.step_bound_s(weights, batch),
