@@ -490,7 +490,7 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
     work = workload or bounds.Workload()
     config = None
     if kv is None and (f := ggufs.find(Path(checkpoint))) is not None:
-        h = ggufs.read_header(f)
+        h = ggufs.check_model(ggufs.read_header(f))  # its layer counts checked before transformers reads them
         if ggufs.windowed_or_latent(h) and ggufs.latent_shape(h) is None:  # a latent cache is priced from the header
             config = gguf_config(f)  # transformers' reading of the header: cost itself imports no transformers
     result = bounds.checkpoint_cost(

@@ -6,10 +6,11 @@ alignment, then the tensor data. Everything here comes from that header: no tens
 size answers in a fraction of a second (walking the vocabulary's strings is most of it), and every count and
 offset is checked against the file's size before it is used (a forged count is refused, never allocated or looped
 over past the file's end; counts far past any real file's are refused outright: MAX_ENTRIES, MAX_TENSORS,
-MAX_WALKED). The format's names come from the
-`gguf` package (imported when a GGUF is read, not with this module): value and ggml types, each type's block layout
-(GGML_QUANT_SIZES: elements per block, bytes per block), the metadata keys (gguf.Keys) and the tensor names of each
-architecture (gguf.constants.TENSOR_NAMES, MODEL_TENSORS), from which a tensor's role and part of the model follow.
+MAX_WALKED, MAX_NESTED; a numeric array is kept only as long as a per-layer one, MAX_KEPT items in all). The format's
+names come from the `gguf` package (imported when a GGUF is read, not with this module): value and ggml types, each
+type's block layout (GGML_QUANT_SIZES: elements per block, bytes per block), the metadata keys (gguf.Keys) and the
+tensor names of each architecture (gguf.constants.TENSOR_NAMES, MODEL_TENSORS), from which a tensor's role and part
+of the model follow.
 
 The layout rules are llama.cpp's own (ggml/src/gguf.cpp): each tensor's offset is a multiple of the alignment and
 equals the padded sizes of the tensors before it, each row holds whole blocks, and its bytes are
@@ -72,11 +73,23 @@ _SCALARS = {
     "INT64": "q",
     "FLOAT64": "d",
 }
-MAX_KEPT_ARRAY = 1 << 16  # numeric arrays up to this length are kept (per-layer head counts); longer ones skipped
+# llama.cpp's LLAMA_MAX_LAYERS (src/llama-hparams.h; llama-cpp-python exposes no such constant): its load_hparams
+# asserts 0 < block_count <= it (a GGML_ASSERT: the process aborts), and its per-layer arrays hold that many entries
+# at most. tests/compat/test_llama_cpp.py holds the installed llama.cpp to it.
+LLAMA_MAX_LAYERS = 512
+# numeric arrays are kept as lists up to this length: the arrays read here are per-layer values (head counts), and
+# llama.cpp takes none longer; a longer one (a vocabulary's scores and token types) is skipped, only its length kept
+MAX_KEPT_ARRAY = LLAMA_MAX_LAYERS
+# numeric array items kept, all arrays together: a real GGUF keeps a few per-layer arrays (a tiny vocabulary's
+# scores too); a forged header of thousands of short arrays is refused at once instead of kept item by item
+MAX_KEPT = 1 << 16
 # items of metadata arrays of strings or arrays, all arrays together: each is walked (its length says where the next
 # starts), about a microsecond apiece; real vocabularies hold up to ~300k tokens and as many merges, so 4M leaves
 # room, and a forged count past it is refused at once instead of walked for seconds
 MAX_WALKED = 1 << 22
+# arrays inside arrays, all together: each is walked (several microseconds apiece), and llama.cpp reads none (its
+# gguf.cpp refuses an array of arrays as an invalid type), so a few suffice for a GGUF written by other tools
+MAX_NESTED = 1 << 10
 # a real GGUF has tens of metadata entries and at most a few thousand tensors; counts past these are refused at once
 MAX_ENTRIES = 1 << 16
 MAX_TENSORS = 1 << 18
@@ -113,6 +126,8 @@ class GGUFHeader:
     alignment: int
     metadata: dict[str, Any]  # scalars and strings by key; a numeric array up to MAX_KEPT_ARRAY values as a list
     tensors: list[GGUFTensor] = field(default_factory=list)
+    # every metadata array's item type (GGUFValueType's name) and length by key, kept or not
+    arrays: dict[str, tuple[str, int]] = field(default_factory=dict)
     # a split GGUF's files in llama.cpp's load order, `path` first; () for a GGUF in one file. Joined, file_bytes and
     # header_bytes are the parts' sums, tensors every part's (each offset into its own part's data section), and
     # version, data_start, alignment and metadata the first part's (the one llama.cpp reads the model's keys from)
@@ -161,7 +176,8 @@ def find(checkpoint: str | Path) -> Path | None:
     """The GGUF file a checkpoint path names, or None when it is no GGUF checkpoint (a safetensors one): the path
     itself when it is named `*.gguf` (whatever it is: a FIFO so named is refused when read) or is a file starting
     with "GGUF"; in a folder with no safetensors file, its one `*.gguf` (several: a UsageError naming them; one
-    linked outside the folder: refused unless QUANTIZE_ALLOW_SYMLINKS=1, as for safetensors)."""
+    linked outside the folder: refused unless QUANTIZE_ALLOW_SYMLINKS=1, as for safetensors; none in a folder itself
+    named `*.gguf`: a UsageError saying so)."""
     p = Path(checkpoint)
     if not p.is_dir():
         return p if p.suffix.lower() == SUFFIX or _has_magic(p) else None
@@ -172,6 +188,11 @@ def find(checkpoint: str | Path) -> Path | None:
     if any(n.endswith(".safetensors") or n.endswith(".safetensors.index.json") for n in names):
         return None
     found = [p / n for n in names if n.lower().endswith(SUFFIX)]
+    if not found and p.suffix.lower() == SUFFIX:
+        raise UsageError(
+            f"{p} is a folder named like a GGUF file, holding no .gguf (nor .safetensors) file; a GGUF checkpoint is "
+            "the .gguf file itself, or a folder holding one: pass that"
+        )
     if len(found) > 1 and (first := _first_of_split(found)) is not None:
         return _contained(p, first)
     if len(found) > 1:
@@ -292,6 +313,9 @@ class _Cursor:
         self.buf, self.size, self.order, self.bad = buf, size, order, bad
         self.pos = 0
         self.walked = 0  # items of metadata arrays of strings or arrays so far (MAX_WALKED)
+        self.nested = 0  # arrays inside arrays so far (MAX_NESTED)
+        self.kept = 0  # numeric array items kept so far (MAX_KEPT)
+        self.arrays: dict[str, tuple[str, int]] = {}  # each top-level array's item type and length (GGUFHeader.arrays)
 
     def take(self, n: int, what: str) -> int:
         """Advance over n bytes; returns where they start."""
@@ -458,7 +482,7 @@ def _parse(gguf: Any, path: Path, buf: Any, size: int, bad: _Invalid) -> GGUFHea
     header_bytes = cur.pos
     data_start = -(-header_bytes // alignment) * alignment
     tensors = _tensors(infos, data_start, size, alignment, bad)
-    return GGUFHeader(path, size, version, header_bytes, data_start, alignment, metadata, tensors)
+    return GGUFHeader(path, size, version, header_bytes, data_start, alignment, metadata, tensors, arrays=cur.arrays)
 
 
 def _metadata(gguf: Any, cur: _Cursor, count: int) -> dict[str, Any]:
@@ -479,13 +503,19 @@ def _value_type(gguf: Any, cur: _Cursor, raw: int, key: str) -> Any:
 
 
 def _value(gguf: Any, cur: _Cursor, raw: int, key: str, depth: int) -> Any:
-    """One metadata value: a scalar or a string as itself, a numeric array (up to MAX_KEPT_ARRAY) as a list, any
-    other array skipped over (its items checked to lie inside the file)."""
+    """One metadata value: a scalar or a string as itself, an array as _array reads it."""
     t = _value_type(gguf, cur, raw, key)
     if t.name in _SCALARS:
         return cur.scalar(_SCALARS[t.name], f"the value of {key!r}")
     if t == gguf.GGUFValueType.STRING:
         return cur.text(f"the value of {key!r}")
+    return _array(gguf, cur, key, depth)
+
+
+def _array(gguf: Any, cur: _Cursor, key: str, depth: int) -> list[Any] | None:
+    """A top-level numeric array of up to MAX_KEPT_ARRAY items as a list (MAX_KEPT items in all); any other array
+    skipped over, its items checked to lie inside the file, its strings and arrays counted (_walk) before one is
+    walked. A top-level array's item type and length go into cur.arrays, kept or not."""
     if depth >= MAX_ARRAY_DEPTH:
         raise cur.bad(f"metadata {key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep")
     item = _value_type(gguf, cur, cur.scalar("I", f"the item type of {key!r}"), key)
@@ -496,25 +526,43 @@ def _value(gguf: Any, cur: _Cursor, raw: int, key: str, depth: int) -> Any:
             f"metadata {key!r} declares {n:,} items of at least {smallest} bytes at byte {cur.pos}, more than the "
             f"{cur.size - cur.pos:,} bytes left in the file"
         )
+    if depth == 0:
+        cur.arrays[key] = (item.name, n)
     if item.name in _SCALARS:
         start = cur.take(n * smallest, f"the items of {key!r}")
-        return (
-            list(struct.unpack_from(f"{cur.order}{n}{_SCALARS[item.name]}", cur.buf, start))
-            if n <= MAX_KEPT_ARRAY
-            else None
-        )
+        if depth or n > MAX_KEPT_ARRAY:
+            return None
+        cur.kept += n
+        if cur.kept > MAX_KEPT:
+            raise cur.bad(
+                f"metadata {key!r} brings its numeric arrays of up to {MAX_KEPT_ARRAY} items to {cur.kept:,} items; "
+                f"more than {MAX_KEPT:,} are not read (a real GGUF holds a few per-layer arrays)"
+            )
+        return list(struct.unpack_from(f"{cur.order}{n}{_SCALARS[item.name]}", cur.buf, start))
+    _walk(cur, key, n, nested=item == gguf.GGUFValueType.ARRAY)
+    for _ in range(n):
+        if item == gguf.GGUFValueType.STRING:
+            cur.take(cur.scalar("Q", f"a string's length in {key!r}"), f"a string of {key!r}")
+        else:
+            _array(gguf, cur, key, depth + 1)
+    return None
+
+
+def _walk(cur: _Cursor, key: str, n: int, nested: bool) -> None:
+    """Count n strings or arrays about to be walked, refused past MAX_WALKED (and arrays past MAX_NESTED)."""
+    if nested:
+        cur.nested += n
+        if cur.nested > MAX_NESTED:
+            raise cur.bad(
+                f"metadata {key!r} brings its arrays inside arrays to {cur.nested:,}; more than {MAX_NESTED:,} are "
+                "not read (llama.cpp reads no array of arrays)"
+            )
     cur.walked += n
     if cur.walked > MAX_WALKED:
         raise cur.bad(
             f"metadata {key!r} brings its arrays to {cur.walked:,} strings or arrays; more than {MAX_WALKED:,} are "
             "not read (a real vocabulary holds a few hundred thousand)"
         )
-    for _ in range(n):
-        if item == gguf.GGUFValueType.STRING:
-            cur.take(cur.scalar("Q", f"a string's length in {key!r}"), f"a string of {key!r}")
-        else:
-            _value(gguf, cur, item.value, key, depth + 1)
-    return None
 
 
 @dataclass(frozen=True)
@@ -737,14 +785,15 @@ def check_model(h: GGUFHeader) -> GGUFHeader:
     UsageError naming what the file is and what to pass instead: a LoRA adapter, a multimodal projector and an
     importance matrix are GGUF files too (gguf.GGUFType), which llama.cpp reads beside a model only when asked, and
     as a model stops on with a message about its vocabulary. Scoring, a gguf recipe's source and `quantize cost`
-    take a model; `inspect` reads any GGUF. Returns `h`."""
+    take a model; `inspect` reads any GGUF. A model's layer counts are checked as llama.cpp checks them
+    (check_layers) before anything is sized by them. Returns `h`."""
     import gguf
 
     kind = h.metadata.get(gguf.Keys.General.TYPE, gguf.GGUFType.MODEL)
     if h.architecture == gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ]:
         kind = gguf.GGUFType.MMPROJ
     if kind == gguf.GGUFType.MODEL:
-        return h
+        return check_layers(h)
     what = {
         gguf.GGUFType.ADAPTER: (
             "a LoRA adapter, which llama.cpp applies to a base model only when asked. Merge it into its base model "
@@ -759,6 +808,44 @@ def check_model(h: GGUFHeader) -> GGUFHeader:
         ),
     }.get(kind, f"no model (a model's {gguf.Keys.General.TYPE} is {gguf.GGUFType.MODEL!r}). Pass a model's GGUF")
     raise UsageError(f"{h.path} is a GGUF of {gguf.Keys.General.TYPE} {kind!r}, {what}")
+
+
+def _shown(h: GGUFHeader, key: str) -> str:
+    """A metadata value for a message: an array not kept by its item type and length."""
+    value = h.metadata.get(key)
+    if key in h.arrays and not isinstance(value, list):
+        item, n = h.arrays[key]
+        return f"an array of {n:,} {item}"
+    return str(value)[:80]
+
+
+def check_layers(h: GGUFHeader) -> GGUFHeader:
+    """The counts llama.cpp's load_hparams checks for every architecture, where the header sets them: a block count
+    of 1 to LLAMA_MAX_LAYERS (else it aborts), and `{arch}.feed_forward_length`, `attention.head_count` and
+    `attention.head_count_kv` given as arrays holding one entry per block (get_key_or_arr refuses another length).
+    A UsageError naming the key otherwise, before the KV cache (or anything else sized by a count of layers) is
+    built from them; a header without a block count is left to what reads it. Returns `h`."""
+    import gguf
+
+    arch = h.architecture
+    blocks_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
+    if arch is None or blocks_key not in h.metadata:
+        return h
+    blocks = h.metadata[blocks_key]
+    if not _whole(blocks, 1) or blocks > LLAMA_MAX_LAYERS:
+        raise UsageError(
+            f"{h.path}: {blocks_key} is {_shown(h, blocks_key)}; llama.cpp loads a model of 1 to {LLAMA_MAX_LAYERS} "
+            f"blocks (its LLAMA_MAX_LAYERS) and aborts on any other count. {FIX[0].upper()}{FIX[1:]}"
+        )
+    for k in (gguf.Keys.LLM.FEED_FORWARD_LENGTH, gguf.Keys.Attention.HEAD_COUNT, gguf.Keys.Attention.HEAD_COUNT_KV):
+        key = k.format(arch=arch)
+        if key in h.arrays and (n := h.arrays[key][1]) != blocks:
+            raise UsageError(
+                f"{h.path}: {key} is {_shown(h, key) if n <= 8 else f'an array of {n:,} entries'}, not one entry per "
+                f"block ({blocks_key} {blocks}); llama.cpp refuses a per-layer array of another length. "
+                f"{FIX[0].upper()}{FIX[1:]}"
+            )
+    return h
 
 
 def context_length(h: GGUFHeader) -> int | None:
@@ -802,7 +889,8 @@ def latent_shape(h: GGUFHeader) -> LatentShape | None:
     deepseek2), else None: kv_lora_rank + `{arch}.rope.dimension_count` (the key's rope part, which llama.cpp's
     converter writes from qk_rope_head_dim) values a token, + `{arch}.attention.indexer.key_length` where set, in
     each of `block_count` − `nextn_predict_layers` layers (the multi-token-prediction layers decode nothing), as
-    config.json's MLA is priced (checkpoint/architecture.cache_spec). A rank without a rope count is refused."""
+    config.json's MLA is priced (checkpoint/architecture.cache_spec). A rank without a rope count, or as many
+    multi-token-prediction layers as blocks or more, is refused."""
     import gguf
 
     arch = h.architecture or ""
@@ -823,6 +911,12 @@ def latent_shape(h: GGUFHeader) -> LatentShape | None:
             f"{missing.format(arch=arch)}; its KV cache is unknown. Pass --params and --layers/--kv-heads/--head-dim"
         )
     nextn = value(keys.LLM.NEXTN_PREDICT_LAYERS) or 0
+    if nextn >= blocks:
+        raise UsageError(
+            f"{h.path}: {keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch)} is {nextn}, not fewer than its {blocks} "
+            f"blocks ({keys.LLM.BLOCK_COUNT.format(arch=arch)}): the multi-token-prediction layers are among the "
+            f"blocks, so no layer would decode. {FIX[0].upper()}{FIX[1:]}"
+        )
     index = value(keys.Attention.Indexer.KEY_LENGTH) or 0
     formula = f"kv_lora_rank {rank} + rope dimension_count {rope}" + (f" + indexer key_length {index}" if index else "")
     formula += f" [{arch}.attention.kv_lora_rank, {arch}.rope.dimension_count"
@@ -873,7 +967,16 @@ def attention_shape(h: GGUFHeader) -> AttentionShape:
         )
     heads = whole(keys.Attention.HEAD_COUNT)
     dims = (keys.Attention.KEY_LENGTH, keys.Attention.VALUE_LENGTH)
-    head_dim = whole(keys.LLM.EMBEDDING_LENGTH) // heads if any(key(k) not in h.metadata for k in dims) else None
+    head_dim = None
+    if absent := [key(k) for k in dims if key(k) not in h.metadata]:
+        embedding = whole(keys.LLM.EMBEDDING_LENGTH)
+        head_dim = embedding // heads
+        if head_dim < 1:
+            raise UsageError(
+                f"{h.path} sets no {' / '.join(absent)}, and the default head size llama.cpp takes in its place, "
+                f"{key(keys.LLM.EMBEDDING_LENGTH)} {embedding} / {key(keys.Attention.HEAD_COUNT)} {heads}, is 0; the "
+                f"KV cache needs a head size of at least 1. {BY_HAND}"
+            )
     return AttentionShape(
         layers=whole(keys.LLM.BLOCK_COUNT),
         kv_heads=whole(keys.Attention.HEAD_COUNT_KV, heads),

@@ -911,7 +911,8 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
     kv_heads × (key_length + value_length) values per layer, GGUF_KV_BYTES bytes each. A header whose cache is not
     one figure per layer (ggufs.windowed_or_latent: a sliding window, KV heads per layer) is priced
     layer by layer from `config`, the config.json transformers builds from the header (checkpoint/loader.gguf_config,
-    which the caller reads: cost imports no transformers), as kv_layout_from_config prices any; without one (an
+    which the caller reads: cost imports no transformers), as kv_layout_from_config prices any (a per-layer head
+    count the config keeps unread is refused naming the GGUF key: _header_config_layout); without one (an
     architecture transformers does not map), KV heads per layer and nothing else are priced from the header
     (ggufs.per_layer_shape: refused where a recurrent state is declared too), anything else is refused
     (UsageError) naming it. A latent (MLA) cache is priced
@@ -927,7 +928,7 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
                 "the KV cache of its attention layers, which llama.cpp sizes by a rule of its own that quantize does "
                 f"not restate, and transformers maps no config for it. {ggufs.BY_HAND}"
             )
-        cache = kv_layout_from_config(config, GGUF_KV_BYTES)
+        cache = _header_config_layout(h, config)
         return replace(
             cache,
             formula=f"{cache.formula} [a recurrent state ({', '.join(state)}); the layers of transformers' "
@@ -959,7 +960,7 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
                 f"config transformers reads from a GGUF, and transformers maps no config for architecture "
                 f"{h.architecture!r}. {ggufs.BY_HAND}"
             )
-        cache = kv_layout_from_config(config, GGUF_KV_BYTES)
+        cache = _header_config_layout(h, config)
         return replace(
             cache,
             formula=f"{cache.formula} [{', '.join(special)}; the layers of transformers' "
@@ -975,6 +976,25 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
         bytes_per_element=GGUF_KV_BYTES,
         formula=f"kv_heads {s.kv_heads} × (key_length {s.key_length} + value_length {s.value_length}) [{s.keys}]",
     )
+
+
+def _header_config_layout(h: ggufs.GGUFHeader, config: dict[str, Any]) -> KVCache:
+    """kv_layout_from_config on the config transformers built from a GGUF's header, once no per-layer head count of
+    the header reached it as is: transformers' loader copies such an array into its config field unread (but for
+    the families it reads one of, as LFM2's), where the config's reading takes one number for every layer. That is
+    refused naming the GGUF key: the config is no config.json the user can fix."""
+    import gguf
+
+    arch = h.architecture or ""
+    for k in (gguf.Keys.Attention.HEAD_COUNT, gguf.Keys.Attention.HEAD_COUNT_KV):
+        heads = h.metadata.get(k.format(arch=arch))
+        if isinstance(heads, list) and (carried := [f for f, v in config.items() if v == heads]):
+            raise UsageError(
+                f"{h.path}: {k.format(arch=arch)} is {str(heads)[:80]}, one entry per block, and transformers' "
+                f"{config.get('model_type')} config read from the GGUF keeps it unread in {carried[0]}, where one "
+                f"number for every layer is meant, so its KV cache is not priced from that config. {ggufs.BY_HAND}"
+            )
+    return kv_layout_from_config(config, GGUF_KV_BYTES)
 
 
 def gguf_routed_experts(h: ggufs.GGUFHeader, expert_layers: Sequence[Any]) -> tuple[RoutedExperts, ...]:

@@ -280,7 +280,7 @@ def test_kv_heads_per_layer_of_an_unmapped_architecture_are_priced_from_the_head
     "meta,says",
     [
         ({"ssm.state_size": 16, "ssm.conv_kernel": 4}, "openelm.ssm.conv_kernel, openelm.ssm.state_size"),
-        ({"attention.head_count_kv": [1, 2]}, "not one whole number per block (3)"),
+        ({"attention.head_count_kv": [1, 2]}, "is [1, 2], not one entry per block (openelm.block_count 3)"),
         ({"attention.key_length": 0}, "sets no openelm.attention.key_length"),
     ],
 )
@@ -376,6 +376,91 @@ def test_cost_refuses_a_gguf_without_tensors(tmp_path, capsys):
     assert "holds no tensors" in capsys.readouterr().err
 
 
+def _blocks(path: Path, shape: str, blocks: int) -> Path:
+    """A GGUF of `blocks` blocks (one block's tensors stored) read by each way cost prices a KV cache: plain
+    attention (llama), a sliding window through transformers' config (gemma3), a latent cache (deepseek2)."""
+    tensors = [("token_embd.weight", T.Q8_0, (64, 256)), ("blk.0.attn_q.weight", T.Q8_0, (256, 256))]
+    meta = {"attention.head_count": 4, "attention.head_count_kv": 1, "attention.key_length": 64}
+    meta |= {"attention.value_length": 64, "feed_forward_length": 512, "context_length": 4096}
+    meta |= {"attention.sliding_window": 512} if shape == "gemma3" else {}
+    meta |= {"attention.kv_lora_rank": 32, "rope.dimension_count": 16} if shape == "deepseek2" else {}
+    return write_gguf(path, tensors, shape, block_count=blocks, embedding_length=256, **meta)
+
+
+@pytest.mark.parametrize(
+    "shape,blocks", [("llama", 0), ("llama", 513), ("llama", 2**32 - 1), ("gemma3", 513), ("deepseek2", 2**32 - 1)]
+)
+def test_a_block_count_llama_cpp_refuses_is_refused_before_the_cache_is_built(tmp_path, capsys, shape, blocks):
+    """llama.cpp aborts on a model of no block or more than LLAMA_MAX_LAYERS (tests/compat checks the installed
+    one): refused naming the key, before a layer is laid out (before: 2^32 - 1 blocks were a MemoryError, exit 3,
+    a million 58 s and 1.3 GB, 513 priced), and before scoring hands the file to llama.cpp."""
+    from quantize.evaluate.engine import gguf_to_score
+
+    path = _blocks(tmp_path / "m.gguf", shape, blocks)
+    assert main(["cost", "--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{shape}.block_count is {blocks}; llama.cpp loads a model of 1 to {ggufs.LLAMA_MAX_LAYERS}" in err, err
+    with pytest.raises(UsageError, match="LLAMA_MAX_LAYERS"):
+        gguf_to_score(path)
+    assert main(["cost", "--checkpoint", str(_blocks(tmp_path / "ok.gguf", shape, ggufs.LLAMA_MAX_LAYERS))]) == 0
+
+
+def two_blocks(path: Path, arch: str, kv_heads: list[int]) -> Path:
+    """Two blocks of 4 query heads and `kv_heads` (a per-layer array) KV heads."""
+    tensors = [("token_embd.weight", T.Q8_0, (64, 256))]
+    tensors += [(f"blk.{i}.attn_q.weight", T.Q8_0, (256, 256)) for i in range(2)]
+    meta = {"attention.head_count": 4, "attention.head_count_kv": kv_heads}
+    return write_gguf(path, tensors, arch, block_count=2, embedding_length=256, **meta)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "openelm"])
+def test_a_per_layer_head_count_of_another_length_is_refused(tmp_path, capsys, arch):
+    """head_count_kv [2] for 2 blocks: llama.cpp refuses a per-layer array of another length; before, transformers'
+    reading (one item: its number) priced 2 heads in every layer, exit 0."""
+    path = two_blocks(tmp_path / "o.gguf", arch, [2])
+    assert main(["cost", "--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{arch}.attention.head_count_kv is [2], not one entry per block ({arch}.block_count 2)" in err, err
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_per_layer_head_count_transformers_keeps_unread_names_the_gguf_key(tmp_path, capsys, arch):
+    """head_count_kv [2, 4] for 2 blocks of a family transformers maps: its config keeps the list as
+    num_key_value_heads, which the config's reading refuses; the message names the header's key, not a config.json
+    (there is none)."""
+    path = two_blocks(tmp_path / "o.gguf", arch, [2, 4])
+    assert main(["cost", "--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{arch}.attention.head_count_kv is [2, 4], one entry per block" in err and "config.json" not in err, err
+    assert "num_key_value_heads" in err and "--layers/--kv-heads/--head-dim" in err, err
+
+
+def test_a_latent_gguf_of_no_decode_layer_is_refused(tmp_path, capsys):
+    """nextn_predict_layers 5 of 2 blocks: before, priced as 2 - 5 layers (`layers: 0`, no KV bytes), exit 0."""
+    tensors = [("token_embd.weight", T.Q8_0, (64, 64))]
+    meta = {"attention.kv_lora_rank": 32, "rope.dimension_count": 16}
+    for nextn in (5, 2):
+        path = write_gguf(tmp_path / "d.gguf", tensors, "deepseek2", block_count=2, nextn_predict_layers=nextn, **meta)
+        assert main(["cost", "--checkpoint", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert f"deepseek2.nextn_predict_layers is {nextn}, not fewer than its 2 blocks" in err, err
+
+
+def test_a_head_size_of_0_is_named_not_called_missing(tmp_path, capsys):
+    """head_count 128 over an embedding of 64, no key_length: llama.cpp's default head size is 64 // 128 = 0; before,
+    the message said key_length "is missing"."""
+    path = write_gguf(
+        tmp_path / "m.gguf",
+        [("token_embd.weight", T.Q8_0, (64, 64))],
+        block_count=2,
+        embedding_length=64,
+        **{"attention.head_count": 128},
+    )
+    assert main(["cost", "--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "llama.embedding_length 64 / llama.attention.head_count 128, is 0" in err and "missing" not in err, err
+
+
 def test_cost_refuses_a_gguf_without_its_shape(tmp_path, capsys):
     path = write_gguf(tmp_path / "m.gguf", [("blk.0.ffn_up.weight", T.Q4_0, (8, 256))])
     assert main(["cost", "--checkpoint", str(path)]) == 2
@@ -422,6 +507,18 @@ def test_two_ggufs_in_a_folder_are_refused_naming_them(tmp_path, capsys):
     assert main(["inspect", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "2 GGUF files (a.gguf, b.gguf)" in err and "Traceback" not in err
+
+
+def test_a_folder_named_like_a_gguf_file_is_called_a_folder(tmp_path, capsys):
+    """Before: "holds no .safetensors file ... quantize reads safetensors only" for `inspect x.gguf/`."""
+    (folder := tmp_path / "x.gguf").mkdir()
+    (folder / "tokenizer.json").write_text("{}")
+    for argv in (["inspect", str(folder)], ["cost", "--checkpoint", str(folder)]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{folder} is a folder named like a GGUF file" in err and "safetensors only" not in err, err
+    g = llama(folder / "m.gguf")
+    assert ggufs.find(folder) == g  # one inside: that one, as for any folder
 
 
 def test_a_folder_with_safetensors_is_not_a_gguf(tmp_path):
@@ -481,9 +578,12 @@ FORGED = {
         _preamble(0, 1) + _kv(b"k", ARR, struct.pack("<IQ", STR, 5 * 2**20)) + b"\0" * (8 * 5 * 2**20),
         "more than 4,194,304 are not read",
     ),
-    "5M empty arrays": (
-        _preamble(0, 1) + _kv(b"k", ARR, struct.pack("<IQ", ARR, 5 * 2**20)) + struct.pack("<IQ", U8, 0) * 5 * 2**20,
-        "more than 4,194,304 are not read",
+    # under MAX_WALKED: each array inside an array walked, ~20 s, before MAX_NESTED
+    "4M empty arrays": (
+        _preamble(0, 1)
+        + _kv(b"k", ARR, struct.pack("<IQ", ARR, 2**22 - 10))
+        + struct.pack("<IQ", U8, 0) * (2**22 - 10),
+        "more than 1,024 are not read (llama.cpp reads no array of arrays)",
     ),
     "array of 2^62 bytes": (_preamble(0, 1) + _kv(b"k", ARR, struct.pack("<IQ", U8, 2**62)), "items"),
     "unknown value type": (_preamble(0, 1) + _kv(b"k", 77, b"\0" * 8), "value type 77"),
@@ -525,6 +625,60 @@ def test_a_malformed_gguf_is_exit_2_in_under_a_second(tmp_path, capsys, case):
     err = capsys.readouterr().err
     assert "Traceback" not in err and "failed:" not in err
     assert str(path) in err and says in err, err
+
+
+def _sparse_arrays(path: Path, keys: int, length: int, declared: int | None = None) -> Path:
+    """A header of `keys` metadata arrays of `length` UINT8 zeros each, the zeros left as holes of a sparse file
+    (nothing written, nothing on disk); `declared`: the metadata count the preamble gives (more: the rest missing)."""
+    with path.open("wb") as f:
+        f.write(_preamble(0, keys if declared is None else declared))
+        for i in range(keys):
+            f.write(_string(f"k{i}".encode()) + struct.pack("<IIQ", ARR, U8, length))
+            f.seek(length, os.SEEK_CUR)
+        f.truncate()
+    return path
+
+
+def test_numeric_arrays_longer_than_a_per_layer_one_are_not_kept(tmp_path):
+    """Before, every numeric array of up to 65,536 items was kept as a Python list: a review's header of 2,048 such
+    keys took 1.24 GB, 16,384 of them a MemoryError (exit 3). Now one longer than llama.cpp's per-layer arrays is
+    skipped (its type and length kept): 64 arrays of 65,536 allocate nothing near their 32 MB of lists."""
+    import tracemalloc
+
+    path = _sparse_arrays(tmp_path / "long.gguf", 64, 1 << 16)
+    tracemalloc.start()
+    try:
+        h = ggufs._read_header(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak  # kept: 64 lists of 65,536 pointers, 32 MB
+    assert h.metadata["k63"] is None and h.arrays["k63"] == ("UINT8", 1 << 16)
+    per_layer = ggufs._read_header(_sparse_arrays(tmp_path / "short.gguf", 1, ggufs.MAX_KEPT_ARRAY))
+    assert per_layer.metadata["k0"] == [0] * ggufs.MAX_KEPT_ARRAY  # a per-layer array of the most layers: kept
+
+
+def test_kept_arrays_past_their_total_are_refused_where_they_pass_it(tmp_path, capsys):
+    """Arrays short enough to keep, more of them than MAX_KEPT items in all: refused at the array that passes it,
+    before the reader goes on (the header declares one entry more than it holds; before, it kept every list and
+    then stopped on the truncation)."""
+    keys = ggufs.MAX_KEPT // ggufs.MAX_KEPT_ARRAY + 1
+    path = _sparse_arrays(tmp_path / "kept.gguf", keys, ggufs.MAX_KEPT_ARRAY, declared=keys + 1)
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"metadata 'k{keys - 1}' brings its numeric arrays" in err and f"more than {ggufs.MAX_KEPT:,}" in err, err
+
+
+def test_arrays_inside_arrays_past_their_cap_are_refused_before_the_walk(tmp_path, capsys):
+    """One more array inside arrays than MAX_NESTED, then a truncated tensor info: refused for the count, not
+    walked to the truncation."""
+    n = ggufs.MAX_NESTED + 1
+    raw = _preamble(1, 1) + _kv(b"k", ARR, struct.pack("<IQ", ARR, n)) + struct.pack("<IQ", U8, 0) * n
+    path = tmp_path / "nested.gguf"
+    path.write_bytes(raw + _string(b"t") + struct.pack("<I", 1))
+    assert main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"arrays inside arrays to {n:,}; more than {ggufs.MAX_NESTED:,}" in err, err
 
 
 def test_every_truncation_of_a_written_gguf_is_exit_2(tmp_path, capsys):

@@ -61,3 +61,44 @@ def test_the_converter_is_unpacked_of_the_installed_version():
     """Fails loudly when llama-cpp-python moves without its converter: `make gguf-env` unpacks the one of its
     source distribution (convert/hf_to_gguf.py runs it)."""
     assert compat.converter_problems() == []
+
+
+# a child process loads a GGUF with llama.cpp (abort included): the model's load, as scoring starts it
+LOAD = "import sys, llama_cpp as l; l.llama_model_load_from_file(sys.argv[1].encode(), l.llama_model_default_params())"
+
+
+def test_llama_cpps_layer_limits_are_the_ones_restated(tmp_path):
+    """checkpoint/ggufs.py restates llama.cpp's LLAMA_MAX_LAYERS (no binding exposes it) and its rule that a
+    per-layer array holds one entry per block. Fails loudly when the installed llama.cpp moves either: a model of
+    LLAMA_MAX_LAYERS blocks gets past its hyperparameters (to the missing vocabulary), one more aborts the process
+    on the limit, and a head_count_kv array of another length is refused as such."""
+    import os
+    import subprocess
+    import sys
+
+    from gguf import GGUFWriter
+
+    from quantize.checkpoint import ggufs
+
+    def load(blocks: int, kv_heads: int | list[int] = 1) -> subprocess.CompletedProcess:
+        path = tmp_path / f"m{blocks}.gguf"
+        w = GGUFWriter(str(path), "llama")
+        w.add_block_count(blocks)
+        w.add_embedding_length(64)
+        w.add_feed_forward_length(128)
+        w.add_head_count(4)
+        w.add_head_count_kv(kv_heads)
+        w.add_context_length(256)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        env = {**os.environ, "GGML_NO_BACKTRACE": "1"}  # ggml's abort prints its assertion, no debugger's backtrace
+        return subprocess.run([sys.executable, "-c", LOAD, str(path)], capture_output=True, text=True, env=env)
+
+    most, more = load(ggufs.LLAMA_MAX_LAYERS), load(ggufs.LLAMA_MAX_LAYERS + 1)
+    assert most.returncode == 0 and "error loading model vocabulary" in most.stderr, most.stderr[-2000:]
+    assert more.returncode != 0 and "LLAMA_MAX_LAYERS" in more.stderr, more.stderr[-2000:]
+    short = load(2, [1])
+    assert "head_count_kv has wrong array length; expected 2, got 1" in short.stderr, short.stderr[-2000:]
