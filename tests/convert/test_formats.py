@@ -175,9 +175,9 @@ def test_the_scorer_runs_the_quantized_kv_cache(tmp_path, tiny_model, capsys, kv
 
     from quantize.checkpoint.loader import LastModel
 
-    names = {"dyn": {}, "kv": {"kv_cache": {"scheme": kv}}}
+    names = {"dyn": {"calibration": None}, "kv": {"kv_cache": {"scheme": kv}, "calibration": CAL}}
     for name, extra in names.items():
-        recipe = write_recipe(tmp_path, tiny_model, name, method="fp8", scheme="FP8_DYNAMIC", calibration=CAL, **extra)
+        recipe = write_recipe(tmp_path, tiny_model, name, method="fp8", scheme="FP8_DYNAMIC", **extra)
         run_ok(recipe, capsys)
     a, b = (load_file(str(tmp_path / "out" / n / "model.safetensors")) for n in names)
     assert all(torch.equal(a[k], b[k]) for k in a)  # the weights are the same
