@@ -993,3 +993,21 @@ def attention_shape(h: GGUFHeader) -> AttentionShape:
             )
         ),
     )
+
+
+def unread_per_layer_heads(h: GGUFHeader, config: dict[str, Any]) -> None:
+    """Refuse the config transformers built from a GGUF's header where a per-layer head count of the header reached
+    it as is: transformers' loader copies such an array into its config field unread (but for the families it reads
+    one of, as LFM2's), where the config's reading takes one number for every layer. Named by the GGUF key: the
+    config is no config.json the user can fix (and its config class, completing it, would refuse the list as one)."""
+    import gguf
+
+    arch = h.architecture or ""
+    for k in (gguf.Keys.Attention.HEAD_COUNT, gguf.Keys.Attention.HEAD_COUNT_KV):
+        heads = h.metadata.get(k.format(arch=arch))
+        if isinstance(heads, list) and (carried := [f for f, v in config.items() if v == heads]):
+            raise UsageError(
+                f"{h.path}: {k.format(arch=arch)} is {str(heads)[:80]}, one entry per block, and transformers' "
+                f"{config.get('model_type')} config read from the GGUF keeps it unread in {carried[0]}, where one "
+                f"number for every layer is meant, so its KV cache is not priced from that config. {BY_HAND}"
+            )

@@ -112,8 +112,12 @@ def gguf_config(gguf: Path) -> dict[str, Any] | None:
     GGUF keys to config fields, compat/transformers.gguf_config), or None for an architecture it does not map.
     Read only where a GGUF's KV cache is not one figure per layer (ggufs.windowed_or_latent): which layers slide
     is the family's config class's to say; completed by that class as config.json is (completed_config)."""
-    config = transformers_compat.gguf_config(gguf, ggufs.read_header(gguf).architecture)
-    return None if config is None else completed_config(config, f"{gguf}'s header")
+    h = ggufs.read_header(gguf)
+    config = transformers_compat.gguf_config(gguf, h.architecture)
+    if config is None:
+        return None
+    ggufs.unread_per_layer_heads(h, config)  # before the class, which refuses such a list as one number
+    return completed_config(config, f"{gguf}'s header")
 
 
 def completed_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:

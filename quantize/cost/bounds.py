@@ -980,20 +980,8 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
 
 def _header_config_layout(h: ggufs.GGUFHeader, config: dict[str, Any]) -> KVCache:
     """kv_layout_from_config on the config transformers built from a GGUF's header, once no per-layer head count of
-    the header reached it as is: transformers' loader copies such an array into its config field unread (but for
-    the families it reads one of, as LFM2's), where the config's reading takes one number for every layer. That is
-    refused naming the GGUF key: the config is no config.json the user can fix."""
-    import gguf
-
-    arch = h.architecture or ""
-    for k in (gguf.Keys.Attention.HEAD_COUNT, gguf.Keys.Attention.HEAD_COUNT_KV):
-        heads = h.metadata.get(k.format(arch=arch))
-        if isinstance(heads, list) and (carried := [f for f, v in config.items() if v == heads]):
-            raise UsageError(
-                f"{h.path}: {k.format(arch=arch)} is {str(heads)[:80]}, one entry per block, and transformers' "
-                f"{config.get('model_type')} config read from the GGUF keeps it unread in {carried[0]}, where one "
-                f"number for every layer is meant, so its KV cache is not priced from that config. {ggufs.BY_HAND}"
-            )
+    the header reached it as is (ggufs.unread_per_layer_heads)."""
+    ggufs.unread_per_layer_heads(h, config)
     return kv_layout_from_config(config, GGUF_KV_BYTES)
 
 
@@ -1083,7 +1071,7 @@ def checkpoint_cost(  # noqa: PLR0913 (one keyword per input `quantize cost --ch
             update={
                 "checkpoint": measured,
                 "projection": ProjectedCost(
-                    **proj.model_dump(exclude={"checkpoint", "projection", "sweeps"}), projection=label
+                    **proj.model_dump(exclude={"checkpoint", "not_read", "projection", "sweeps"}), projection=label
                 ),
             }
         )
