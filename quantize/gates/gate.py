@@ -459,7 +459,20 @@ def decide(
     v = verdict_of(policy, base, side(cand), results)
     if checked is not None:
         v.notes.append(prompts_note(base, cand, checked))
+    v.notes += unjudged_non_finite(policy, cand)
     return v
+
+
+def unjudged_non_finite(policy: Policy, cand: ScoreDoc) -> list[str]:
+    """A note for each task the candidate computes NaN or infinity on that no rule of the policy judges: scored,
+    not evidence for any rule, and not to be passed over in silence (a review)."""
+    judged = {r.task for r in policy.rules if not isinstance(r, AgreementRule)}
+    return [
+        f"the candidate computes NaN or infinity on {len(ids)} item(s) of {task} (e.g. {', '.join(ids[:3])}), a task "
+        "no rule of this policy judges"
+        for task, ids in sorted(cand.non_finite().items())
+        if task not in judged
+    ]
 
 
 def prompts_note(base: ScoreDoc, cand: ScoreDoc, checked: int) -> str:

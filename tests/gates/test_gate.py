@@ -230,6 +230,16 @@ def test_a_prompt_hash_on_one_side_only_is_exit_2():
         judge(pol, base, cand)
 
 
+def test_nan_on_a_task_no_rule_judges_is_named_in_the_notes(policy):
+    acc, prose = baseline(n=100)
+    cand = result(acc, prose, sha="b")
+    cand["tasks"]["t_prose"]["items"][2].update(ll=float("nan"), score=float("nan"))
+    one_task = policy.model_copy(update={"rules": [r for r in policy.rules if r.task == "t_acc"]})
+    v = judge(one_task, result(acc, prose), cand)
+    assert [n for n in v.notes if "NaN or infinity on 1 item(s) of t_prose" in n and "no rule" in n]
+    assert not [n for n in judge(policy, result(acc, prose), cand).notes if "no rule" in n]  # judged: its rule's
+
+
 def test_junit_has_one_case_per_rule(policy):
     acc, prose = baseline()
     cand = [0.0 if i < 200 else s for i, s in enumerate(acc)]
