@@ -634,7 +634,13 @@ def cache_spec(cfg: dict[str, Any]) -> CacheSpec:
             f"(it knows the mixers of {', '.join(LINEAR_MIXERS)}); pass --layers/--kv-heads/--head-dim "
             "(beside --checkpoint: they replace its KV cache) to price a uniform cache instead"
         )
-    shared_from = len(kinds) - (_int(text, "num_kv_shared_layers", 0) or 0)
+    shared = _int(text, "num_kv_shared_layers", 0) or 0
+    if shared >= len(kinds):  # every layer reading an earlier layer's cache: no layer would hold one (a review)
+        raise UsageError(
+            f"config.json's num_kv_shared_layers is {shared}, but the model has {len(kinds)} layers: the layers that "
+            "share an earlier layer's KV cache must leave at least one that keeps its own. Fix config.json"
+        )
+    shared_from = len(kinds) - shared
     layouts, layers = set(), []
     for i, layer in enumerate(kinds):
         state = mixer(text) if layer.kind in ("linear_attention", "hybrid") and mixer is not None else None

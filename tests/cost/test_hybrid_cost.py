@@ -16,6 +16,7 @@ import pytest
 
 from quantize.cli import main
 from quantize.cost import bounds as cost
+from quantize.errors import UsageError
 
 KV, STATE, CONV = 2, 4, 2  # bytes a value
 GQA_TOKEN = 2 * 2 * 32  # K and V: 2 KV heads × head_dim 32 = 128 values a token
@@ -98,6 +99,14 @@ def test_gemma4_kv_shared_layers_keep_no_cache_of_their_own():
     kv = cost.kv_layout_from_config(cfg)
     assert [layer.bytes for layer in kv.layer_bytes(2048)] == [GQA_TOKEN * 16 * KV, 2 * 2 * 64 * 2048 * KV, 0, 0]
     assert kv.kinds[2:] == ("shared_kv", "shared_kv")
+
+
+def test_kv_shared_layers_that_leave_no_cache_are_refused():
+    """num_kv_shared_layers 100 on 4 layers priced every layer's KV as 0 (a review)."""
+    cfg = json.loads(families.config("gemma4_text", num_kv_shared_layers=2).to_json_string(use_diff=True))
+    for shared in (4, 100):
+        with pytest.raises(UsageError, match=f"num_kv_shared_layers is {shared}, but the model has 4 layers"):
+            cost.kv_layout_from_config({**cfg, "num_kv_shared_layers": shared})
 
 
 def test_falcon_h1_state_is_stated():
