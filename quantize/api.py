@@ -434,6 +434,7 @@ def write_report(
     the CLI's. Every cached figure is found by the checkpoints' identities: weights identified by Hub blob names
     are read back first (checkpoint/files.BlobCheck), and a name that lies raises UsageError naming the blob."""
     from quantize.checkpoint.files import BlobCheck, checkpoint_folders
+    from quantize.checkpoint.loader import completed_config
     from quantize.report.collect import collect, report_suite
     from quantize.report.render import check_target
     from quantize.report.render import write_report as render_report
@@ -447,7 +448,7 @@ def write_report(
     names = BlobCheck([*folders, *([Path(baseline)] if baseline is not None else [])])
     try:
         base, pol = Path(baseline) if baseline is not None else None, None if policy is None else os.fspath(policy)
-        entries = collect(folders, suite_path, base, pol, hw)
+        entries = collect(folders, suite_path, base, pol, hw, complete=completed_config)
     finally:
         names.wait()  # before anything is written: no report shows scores found under a name that lies
     return render_report(entries, Path(out), x, suite_path, hardware)

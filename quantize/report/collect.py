@@ -16,6 +16,7 @@ quantize.json whose recorded weights are not the folder's is not read (`Entry.re
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,14 +149,20 @@ class DecodeBounds(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
-def decode_bounds(
-    entry: Entry, baseline: Entry | None, hardware: cost.Hardware, batch: int, context: int, gamma: int = 4
+def decode_bounds(  # the report's settings, and the config completion the API passes in
+    entry: Entry,
+    baseline: Entry | None,
+    hardware: cost.Hardware,
+    batch: int,
+    context: int,
+    gamma: int = 4,
+    complete: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> DecodeBounds:
-    """Decode-cost lower bounds from the entry's bytes, as `quantize cost --checkpoint` prices them, but for config.json
-    read as written, not completed by transformers' config class (the report imports no transformers: a config.json
-    leaving out layer types its class derives, Qwen3-Next's full_attention_interval say, is priced here as written),
-    and a GGUF from its header alone (one whose cache is priced through the config transformers reads from it is
-    not); empty, with the reason, when its KV layout is not known."""
+    """Decode-cost lower bounds from the entry's bytes, as `quantize cost --checkpoint` prices them: config.json read
+    as `complete` returns it (the API passes checkpoint/loader.completed_config, the fields its transformers config
+    class derives or defaults: the report itself imports no transformers; without it, as written), and a GGUF from
+    its header alone (one whose cache is priced through the config transformers reads from it is not); empty, with
+    the reason, when its KV layout is not known."""
     try:
         if ggufs.find(entry.path) is not None:
             report, kv, routed = cost.measured_checkpoint(Path(entry.path))
@@ -164,6 +171,7 @@ def decode_bounds(
             routed_or_left = bool(routed)
         else:
             cfg = read_config(Path(entry.path))
+            cfg = complete(cfg) if complete is not None else cfg
             kv = cost.kv_layout_from_config(cfg)
             # an MoE reads k/E of its experts; MTP layers are not read at all (cost.not_read)
             weights, active, left = cost.checkpoint_weights(Path(entry.path), cfg)
@@ -340,7 +348,7 @@ def agreement_outcome(policy: Policy, agreement: AgreementResult) -> str:
     return "regression" if "regression" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
 
 
-def collect(
+def collect(  # noqa: PLR0913  # the report's settings, and the config completion the API passes in
     checkpoints: list[Path],
     suite_path: str,
     baseline: Path | None,
@@ -348,7 +356,9 @@ def collect(
     hardware: cost.Hardware,
     batch: int = 32,
     context: int = 2048,
+    complete: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> list[Entry]:
+    """The report's entries (`complete`: how config.json is completed for the decode bounds, decode_bounds)."""
     paths: list[Path] = []  # each folder once, however it is spelled (the baseline listed among the candidates too)
     for p in [*(p for p in [baseline] if p), *checkpoints]:
         if all(p.resolve() != q.resolve() for q in paths):
@@ -372,7 +382,7 @@ def collect(
             e.agreement = cache.lookup_agreement(suite, base.sha256, e.sha256, own, base_run)
             if policy:
                 settle_verdict(e, base, policy, suite, needs_agr, base_file)
-        e.decode = decode_bounds(e, base, hardware, batch, context)
+        e.decode = decode_bounds(e, base, hardware, batch, context, complete=complete)
     return entries
 
 

@@ -147,11 +147,36 @@ def test_report_opens_in_headless_chromium(checkpoints, tmp_path):
     assert proc.returncode == 0 and "Bytes versus accuracy" in proc.stdout and "<table>" in proc.stdout
 
 
+def test_the_decode_column_prices_config_json_as_quantize_cost_does(tmp_path):
+    """A Qwen3-Next config.json without layer_types (as published: full_attention_interval) was priced as full
+    attention on every layer with no state by the report, where `quantize cost` completes it through its class."""
+    import families
+
+    from quantize import api
+    from quantize.checkpoint.loader import completed_config
+    from quantize.cost.bounds import HARDWARE
+    from quantize.report.collect import collect
+
+    ckpt = families.build("qwen3_next", tmp_path / "qn")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg.pop("layer_types")
+    (ckpt / "config.json").write_text(json.dumps(cfg | {"full_attention_interval": 2}))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\n")
+    [entry] = collect([ckpt], str(suite), None, None, HARDWARE["seed"], complete=completed_config)
+    theirs = api.decode_cost(ckpt).to_data()["formats"]["measured"]  # at the report's batch 32 and context 2,048
+    assert entry.decode.batch1_ms == pytest.approx(theirs["batch1_step_bound_ms"], rel=1e-9)
+    assert entry.decode.batch_ms == pytest.approx(theirs["batch_step_bound_ms"], rel=1e-9)
+    plain = collect([ckpt], str(suite), None, None, HARDWARE["seed"])[0].decode  # config.json as written
+    assert plain.batch_ms > entry.decode.batch_ms  # as written: every layer full attention, 2,048 tokens of KV each
+
+
 def test_a_checkpoint_without_a_kv_layout_has_no_decode_bounds_and_the_report_goes_on(tiny_model, tmp_path, capsys):
     cfg = json.loads((tiny_model / "config.json").read_text())
     shutil.copytree(tiny_model, tmp_path / "no-heads")
+    # a family transformers does not know (its config class would fill num_attention_heads in with its default)
     (tmp_path / "no-heads" / "config.json").write_text(
-        json.dumps({k: v for k, v in cfg.items() if k != "num_attention_heads"})
+        json.dumps({k: v for k, v in cfg.items() if k != "num_attention_heads"} | {"model_type": "custom_llama"})
     )
     suite = tmp_path / "s.yaml"
     suite.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\n")
