@@ -737,7 +737,8 @@ def gguf_report(checkpoint: Path, h: ggufs.GGUFHeader) -> BitsReport:
     tensor's bytes hold its scales inside each block, so its role is `payload` and its bits per weight are the
     type's own (Q4_0: 18 bytes per 32 weights = 4.5)."""
     patterns = ggufs.name_patterns(h.architecture)
-    roles = [(t, ggufs.role_of(t, patterns)) for t in h.tensors]
+    mtp = ggufs.mtp_blocks(h)
+    roles = [(t, ggufs.role_of(t, patterns, mtp.start if mtp else None)) for t in h.tensors]
     by_role = dict.fromkeys(ROLES, 0)
     parts = {p: PartRow() for p in arch.PARTS}
     modules: dict[str, ModuleRow] = {}
@@ -767,6 +768,8 @@ def gguf_report(checkpoint: Path, h: ggufs.GGUFHeader) -> BitsReport:
         if unknown
         else []
     ) + ([matrix] if (matrix := ggufs.imatrix_note(h)) else [])
+    if parts["mtp"].bytes:
+        notes.append(gguf_mtp_note(h, ggufs.mtp_stored(h), parts["mtp"].bytes, parts["mtp"].parameters))
     return BitsReport(
         checkpoint=str(checkpoint),
         format=_gguf_format(h),
@@ -779,9 +782,28 @@ def gguf_report(checkpoint: Path, h: ggufs.GGUFHeader) -> BitsReport:
         ggml_types=_ggml_types(h.tensors),
         padding_bytes=h.padding_bytes,
         gathered=gathered_tables(
-            [(t.name, t.nbytes, t.dims[-1]) for t, r in roles if r.role == "embedding" and len(t.dims) == 2],
+            [
+                (t.name, t.nbytes, t.dims[-1])
+                for t, r in roles
+                if r.role == "embedding" and r.part != "mtp" and len(t.dims) == 2
+            ],
             by_role["lm_head"] > 0,
         ),
+    )
+
+
+def gguf_mtp_note(h: ggufs.GGUFHeader, stored: list[int], nbytes: int, parameters: int) -> str:
+    """What the accounting says of the multi-token-prediction blocks a GGUF stores (`stored`, part `mtp`), as
+    mtp_note says it of config.json's."""
+    import gguf
+
+    arch, blocks = h.architecture or "", ggufs.mtp_blocks(h)
+    which = f"block {stored[0]}" if len(stored) == 1 else f"blocks {', '.join(map(str, stored))}"
+    return (
+        f"{which}: multi-token-prediction (MTP), as the header declares "
+        f"({gguf.Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch)} {len(blocks)} of "
+        f"{gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)} {blocks.stop}): part `mtp` ({nbytes:,} bytes, "
+        f"{parameters:,} parameters), no decoder layer; a plain decode step does not read it"
     )
 
 

@@ -659,9 +659,10 @@ def name_patterns(architecture: str | None) -> list[tuple[re.Pattern[str], str]]
     return [(re.compile(re.escape(TENSOR_NAMES[k]).replace(r"\{bid\}", r"(\d+)") + "$"), k.name) for k in kinds]
 
 
-def role_of(t: GGUFTensor, patterns: list[tuple[re.Pattern[str], str]]) -> TensorRole:
+def role_of(t: GGUFTensor, patterns: list[tuple[re.Pattern[str], str]], mtp_from: int | None = None) -> TensorRole:
     """A tensor's role and part from the MODEL_TENSOR its name is (a bias by its `.bias` suffix; a linear weight is
-    `payload` when block-quantized, `linear_kept` when stored as floats)."""
+    `payload` when block-quantized, `linear_kept` when stored as floats). Every tensor of a block N >= `mtp_from`
+    (the header's first multi-token-prediction block: mtp_blocks) is part `mtp`, its experts included."""
     base, _, suffix = t.name.rpartition(".")
     base = base or suffix
     kind, layer = None, None
@@ -683,7 +684,33 @@ def role_of(t: GGUFTensor, patterns: list[tuple[re.Pattern[str], str]]) -> Tenso
         role = "payload" if t.quantized else "linear_kept"
     else:
         role = "other"
-    return TensorRole(role, _part(kind, role), layer, kind)
+    part = "mtp" if mtp_from is not None and layer is not None and layer >= mtp_from else _part(kind, role)
+    return TensorRole(role, part, layer, kind)
+
+
+def mtp_blocks(h: GGUFHeader) -> range:
+    """The blocks a header declares multi-token prediction (MTP): the last `{arch}.nextn_predict_layers` of its
+    `{arch}.block_count`, as llama.cpp's converter keeps DeepSeek-V3/V3.2's and GLM-4.5's MTP layers (blk.N for N
+    from block_count − nextn on; a plain decode step does not read them). Empty where the header declares none, or
+    declares counts that are not whole numbers with fewer MTP layers than blocks (the accounting by part must not
+    fail: latent_shape refuses such a count where a cache is priced)."""
+    import gguf
+
+    arch = h.architecture or ""
+    blocks = h.metadata.get(gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch))
+    nextn = h.metadata.get(gguf.Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch))
+    if not (_whole(blocks, 1) and _whole(nextn, 1)) or nextn >= blocks:
+        return range(0)
+    return range(blocks - nextn, blocks)
+
+
+def mtp_stored(h: GGUFHeader) -> list[int]:
+    """The multi-token-prediction blocks (mtp_blocks) that hold a tensor of the header, in order."""
+    declared = mtp_blocks(h)
+    if not declared:
+        return []
+    patterns = name_patterns(h.architecture)
+    return sorted({r.layer for t in h.tensors if (r := role_of(t, patterns, declared.start)).part == "mtp"})
 
 
 def _part(kind: str, role: str) -> str:

@@ -812,16 +812,19 @@ def _span(layers: list[int]) -> str:
 MTP_NOT_READ = "MTP layer(s) not read by a plain decode step"
 
 
-def not_read(report: BitsReport, config: dict[str, Any]) -> NotRead | None:
+def not_read(report: BitsReport, config: dict[str, Any], stored: list[int] | None = None) -> NotRead | None:
     """The multi-token-prediction layers a checkpoint stores (the accounting's part `mtp`: config.json's
-    num_nextn_predict_layers after its num_hidden_layers), which a plain decode step does not read: the decoder
-    predicts the next token without them (they draft tokens for speculative decoding, a step of their own). None
-    where it stores none."""
+    num_nextn_predict_layers after its num_hidden_layers, a GGUF's last nextn_predict_layers blocks), which a plain
+    decode step does not read: the decoder predicts the next token without them (they draft tokens for speculative
+    decoding, a step of their own). `stored`: the MTP layers, where the caller read them (a GGUF's:
+    ggufs.mtp_stored), else report.modules' from config.json's num_hidden_layers on. None where it stores none."""
     part = report.bytes_by_part.get("mtp")
-    start = mtp_start(config)
+    start = mtp_start(config) if stored is None else 0
     if not part or not part["bytes"] or start is None:
         return None
-    layers = sorted({i for m in report.modules if (i := layer_index(m.module + ".")) is not None and i >= start})
+    if stored is None:
+        stored = sorted({i for m in report.modules if (i := layer_index(m.module + ".")) is not None and i >= start})
+    layers = stored
     return NotRead(
         part="mtp",
         layers=layers,
@@ -832,10 +835,12 @@ def not_read(report: BitsReport, config: dict[str, Any]) -> NotRead | None:
     )
 
 
-def decode_figures(report: BitsReport, config: dict[str, Any]) -> tuple[int, int | None, NotRead | None]:
+def decode_figures(
+    report: BitsReport, config: dict[str, Any], stored: list[int] | None = None
+) -> tuple[int, int | None, NotRead | None]:
     """The bytes and parameters a plain decode step reads of a checkpoint: all it stores less what it does not
-    read (not_read); the parameters None where they cannot be counted."""
-    left = not_read(report, config)
+    read (not_read, `stored` passed on); the parameters None where they cannot be counted."""
+    left = not_read(report, config, stored)
     nbytes, params = (
         (report.total_bytes, report.parameters)
         if left is None
@@ -897,9 +902,12 @@ def measured_checkpoint(
     return report, cache, routed_experts(cfg, report.expert_layers, str(checkpoint))
 
 
-def _config_of(checkpoint: Any) -> dict[str, Any]:
-    """config.json as written, {} for a GGUF (whose parts hold no `mtp`) or a folder without one."""
-    return {} if ggufs.find(Path(checkpoint)) is not None else read_config(Path(checkpoint), required=False)
+def checkpoint_decode_figures(checkpoint: Any, report: BitsReport) -> tuple[int, int | None, NotRead | None]:
+    """decode_figures of a measured checkpoint (measured_checkpoint's report): a GGUF's MTP blocks read from its
+    header (ggufs.mtp_stored), any other's MTP layers from config.json as written (none without one)."""
+    if (f := ggufs.find(Path(checkpoint))) is not None:
+        return decode_figures(report, {}, ggufs.mtp_stored(ggufs.read_header(f)))
+    return decode_figures(report, read_config(Path(checkpoint), required=False))
 
 
 # llama.cpp's default KV cache type is F16 (--cache-type-k/-v f16): 2 bytes per element
@@ -987,7 +995,8 @@ def _header_config_layout(h: ggufs.GGUFHeader, config: dict[str, Any]) -> KVCach
 
 def gguf_routed_experts(h: ggufs.GGUFHeader, expert_layers: Sequence[Any]) -> tuple[RoutedExperts, ...]:
     """A GGUF's routed experts per MoE layer: bytes and parameters from its fused expert tensors (ffn_*_exps), E and
-    k from `{arch}.expert_count` and `{arch}.expert_used_count`; the two must agree, as for config.json."""
+    k from `{arch}.expert_count` and `{arch}.expert_used_count`; the two must agree, as for config.json. Its MTP
+    blocks' experts are part `mtp` (ggufs.mtp_blocks), in no expert layer."""
     import gguf
 
     arch = h.architecture or "?"
@@ -1026,11 +1035,12 @@ def checkpoint_cost(  # noqa: PLR0913 (one keyword per input `quantize cost --ch
     if kv_bytes is not None:
         check_kv_bytes(kv_bytes, "kv_bytes")
     report, kv, routed = measured_checkpoint(checkpoint, kv, kv_bytes, gguf_config, complete)
-    nbytes, params, left = decode_figures(report, _config_of(checkpoint))
+    nbytes, params, left = checkpoint_decode_figures(checkpoint, report)
     if not params:  # measured_checkpoint refused a checkpoint whose parameters it cannot count: all are MTP layers'
         raise UsageError(
             f"{checkpoint} stores multi-token-prediction layers alone (layers from config.json's num_hidden_layers "
-            "on), which a plain decode step does not read: there are no decoder weights to price"
+            "on, a GGUF's last nextn_predict_layers blocks), which a plain decode step does not read: there are no "
+            "decoder weights to price"
         )
     out = token_cost(
         params,

@@ -166,9 +166,10 @@ def decode_bounds(  # the report's settings, and the config completion the API p
     try:
         if ggufs.find(entry.path) is not None:
             report, kv, routed = cost.measured_checkpoint(Path(entry.path))
-            weights = cost.Weights(report.total_bytes, routed, tuple(report.gathered.values()))
-            active = cost.active_parameter_count(report.parameters, routed) if routed else report.parameters
-            routed_or_left = bool(routed)
+            nbytes, params, left = cost.checkpoint_decode_figures(Path(entry.path), report)  # less its MTP blocks
+            weights = cost.Weights(nbytes, routed, tuple(report.gathered.values()))
+            active = cost.active_parameter_count(params, routed) if routed and params else params
+            routed_or_left = bool(routed) or left is not None
         else:
             cfg = read_config(Path(entry.path))
             cfg = complete(cfg) if complete is not None else cfg

@@ -809,3 +809,83 @@ def test_a_ggufs_token_table_is_looked_up_where_an_output_layer_is_stored(tmp_pa
     assert r.gathered == ({"token_embd.weight": (table, 64)} if output else {})
     w = bounds.Weights(r.total_bytes, (), tuple(r.gathered.values()))
     assert w.read_bytes(1) == pytest.approx(r.total_bytes - (table - table / 64 if output else 0))
+
+
+# --- multi-token-prediction blocks -------------------------------------------------------------------
+
+
+def nextn_gguf(path: Path, arch: str, mtp: int) -> Path:
+    """Two MoE decoder blocks, then `mtp` multi-token-prediction blocks as llama.cpp's converter keeps DeepSeek-V3's
+    and GLM-4.5's (the last `{arch}.nextn_predict_layers` of `{arch}.block_count`: a decoder block's tensors and the
+    nextn.* ones, gguf's NEXTN_* names); mtp 0 is the same GGUF without them. deepseek2 with a latent cache (which
+    leaves the MTP blocks out: ggufs.latent_shape), glm4moe with one KV head count."""
+    tensors = [("token_embd.weight", T.Q8_0, (64, 64)), ("output.weight", T.Q8_0, (64, 64))]
+    for i in range(2 + mtp):
+        tensors += [(f"blk.{i}.attn_norm.weight", T.F32, (64,))]
+        tensors += [(f"blk.{i}.attn_q.weight", T.Q8_0, (64, 64)), (f"blk.{i}.attn_kv_a_mqa.weight", T.Q8_0, (48, 64))]
+        tensors += [(f"blk.{i}.ffn_gate_inp.weight", T.F32, (4, 64))]
+        tensors += [(f"blk.{i}.ffn_{n}_exps.weight", T.Q4_0, (4, 32, 64)) for n in ("gate", "up", "down")]
+        if i >= 2:
+            tensors += [(f"blk.{i}.nextn.{n}.weight", T.F32, (64,)) for n in ("enorm", "hnorm", "shared_head_norm")]
+            tensors += [(f"blk.{i}.nextn.eh_proj.weight", T.Q8_0, (64, 128))]
+            tensors += [(f"blk.{i}.nextn.{n}.weight", T.Q8_0, (64, 64)) for n in ("embed_tokens", "shared_head_head")]
+    meta = {"attention.head_count": 4, "attention.head_count_kv": 1, "expert_count": 4, "expert_used_count": 2}
+    meta |= {"attention.kv_lora_rank": 32, "rope.dimension_count": 16} if arch == "deepseek2" else {}
+    meta |= {"nextn_predict_layers": mtp} if mtp else {}
+    return write_gguf(path, tensors, arch, block_count=2 + mtp, embedding_length=64, **meta)
+
+
+@pytest.mark.parametrize("arch", ["deepseek2", "glm4moe"])
+def test_a_ggufs_nextn_blocks_are_part_mtp_and_no_expert_layer(tmp_path, arch, capsys):
+    """Every tensor of the MTP block (its experts, its nextn.* head and embedding) is part `mtp`, by hand from the
+    gguf package's reader; every other part, the expert layers and the looked-up tables are the decoder's. The old
+    code listed block 2 in expert_layers and its tensors among attention, router, routed experts and other."""
+    decoder, mtp = nextn_gguf(tmp_path / "d.gguf", arch, 0), nextn_gguf(tmp_path / "m.gguf", arch, 1)
+    d, m = api.inspect(decoder), api.inspect(mtp)
+    block = [t for t in GGUFReader(mtp).tensors if t.name.startswith("blk.2.")]
+    assert m.bytes_by_part["mtp"]["bytes"] == sum(int(t.n_bytes) for t in block)
+    assert m.bytes_by_part["mtp"]["parameters"] == sum(int(t.n_elements) for t in block)
+    assert {p: r for p, r in m.bytes_by_part.items() if p != "mtp"} == d.bytes_by_part
+    assert m.expert_layers == d.expert_layers and [e.layer for e in m.expert_layers] == [0, 1]
+    assert m.gathered == d.gathered and m.total_bytes == d.total_bytes + m.bytes_by_part["mtp"]["bytes"]
+    assert main(["inspect", str(mtp), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [e["layer"] for e in shown["expert_layers"]] == [0, 1] and "mtp" in shown["bytes_by_part"]
+    assert any(n.startswith(f"block 2: multi-token-prediction (MTP), as the header declares ({arch}.") for n in m.notes)
+
+
+def test_the_decode_cost_of_a_gguf_leaves_its_nextn_blocks_out_and_says_so(tmp_path, capsys):
+    """`quantize cost --checkpoint X.gguf` prices the GGUF with an MTP block as the same GGUF without it
+    (parameters, active parameters, every format's bounds, the MoE layers, the latent cache), and names what it
+    left out. The old code priced block 2 as a third MoE layer (its experts k/E of them, the rest dense)."""
+    decoder, mtp = nextn_gguf(tmp_path / "d.gguf", "deepseek2", 0), nextn_gguf(tmp_path / "m.gguf", "deepseek2", 1)
+    assert main(["cost", "--checkpoint", str(decoder), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main(["cost", "--checkpoint", str(mtp), "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)
+    for k in ("parameters", "active_parameters", "formats", "moe", "kv_bytes_per_sequence"):
+        assert a[k] == b[k], k
+    part = api.inspect(mtp).bytes_by_part["mtp"]
+    assert "not_read" not in a
+    assert {k: b["not_read"][k] for k in ("part", "layers", "bytes", "parameters")} == {
+        "part": "mtp",
+        "layers": [2],
+        "bytes": part["bytes"],
+        "parameters": part["parameters"],
+    }
+    assert b["checkpoint"]["total_bytes"] == api.inspect(mtp).total_bytes  # the checkpoint's own figures stay
+    assert main(["cost", "--checkpoint", str(mtp)]) == 0
+    assert "MTP layer(s) not read by a plain decode step: layer(s) 2" in capsys.readouterr().out
+
+
+def test_the_reports_decode_bounds_leave_a_ggufs_nextn_blocks_out(tmp_path):
+    """`quantize report`'s decode column prices the GGUF with an MTP block as the same GGUF without it, as
+    `quantize cost` does (the old code read the MTP block's bytes every step)."""
+    from quantize.report.collect import Entry, decode_bounds
+
+    out = []
+    for path in (nextn_gguf(tmp_path / "d.gguf", "deepseek2", 0), nextn_gguf(tmp_path / "m.gguf", "deepseek2", 1)):
+        r = api.inspect(path)
+        entry = Entry(str(path), "x", "-", "-", r.total_bytes, r.parameters, 16.0, None, r.bytes_by_role, "0" * 64)
+        out.append(decode_bounds(entry, None, bounds.HARDWARE["seed"], batch=4, context=100))
+    assert out[0].batch1_ms is not None and out[0] == out[1]
