@@ -469,3 +469,32 @@ def tiny_gate(base: Path) -> tuple[Path, Path]:
         "  - {task: core_facts, metric: acc, margin: 0.9}\n  - {agreement: kl, max: 5.0}\n"
     )
     return suite, policy
+
+
+def assert_priced_as_its_decoder(decoder, mtp, layer: int, capsys) -> None:
+    """`quantize cost --checkpoint` prices a checkpoint with an MTP layer (`mtp`) as the same model without it
+    (`decoder`): parameters, active parameters, every format's bounds, the MoE layers, the KV cache; and names what
+    it left out: the accounting's `mtp` part, its bytes and parameters, while the checkpoint's own figures stay."""
+    import json
+
+    from quantize.checkpoint.accounting import bits_report
+    from quantize.cli import main
+
+    assert main(["cost", "--checkpoint", str(decoder), "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main(["cost", "--checkpoint", str(mtp), "--json"]) == 0
+    b = json.loads(capsys.readouterr().out)
+    for k in ("parameters", "active_parameters", "formats", "moe", "kv_bytes_per_sequence"):
+        assert a[k] == b[k], k
+    report = bits_report(mtp)
+    part = report.bytes_by_part["mtp"]
+    assert "not_read" not in a
+    assert {k: b["not_read"][k] for k in ("part", "layers", "bytes", "parameters")} == {
+        "part": "mtp",
+        "layers": [layer],
+        "bytes": part["bytes"],
+        "parameters": part["parameters"],
+    }
+    assert b["checkpoint"]["total_bytes"] == report.total_bytes
+    assert main(["cost", "--checkpoint", str(mtp)]) == 0
+    assert f"MTP layer(s) not read by a plain decode step: layer(s) {layer}" in capsys.readouterr().out

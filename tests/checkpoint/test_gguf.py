@@ -24,6 +24,8 @@ from quantize.cost import bounds
 from quantize.errors import UsageError
 from quantize.io import sha256_bytes, sha256_file
 
+from conftest import assert_priced_as_its_decoder
+
 # (tensor name, ggml type, (rows, cols)): a llama block with its linears in every type the tests cover
 T = GGMLQuantizationType
 QUANTIZABLE = {T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
@@ -859,23 +861,7 @@ def test_the_decode_cost_of_a_gguf_leaves_its_nextn_blocks_out_and_says_so(tmp_p
     (parameters, active parameters, every format's bounds, the MoE layers, the latent cache), and names what it
     left out. The old code priced block 2 as a third MoE layer (its experts k/E of them, the rest dense)."""
     decoder, mtp = nextn_gguf(tmp_path / "d.gguf", "deepseek2", 0), nextn_gguf(tmp_path / "m.gguf", "deepseek2", 1)
-    assert main(["cost", "--checkpoint", str(decoder), "--json"]) == 0
-    a = json.loads(capsys.readouterr().out)
-    assert main(["cost", "--checkpoint", str(mtp), "--json"]) == 0
-    b = json.loads(capsys.readouterr().out)
-    for k in ("parameters", "active_parameters", "formats", "moe", "kv_bytes_per_sequence"):
-        assert a[k] == b[k], k
-    part = api.inspect(mtp).bytes_by_part["mtp"]
-    assert "not_read" not in a
-    assert {k: b["not_read"][k] for k in ("part", "layers", "bytes", "parameters")} == {
-        "part": "mtp",
-        "layers": [2],
-        "bytes": part["bytes"],
-        "parameters": part["parameters"],
-    }
-    assert b["checkpoint"]["total_bytes"] == api.inspect(mtp).total_bytes  # the checkpoint's own figures stay
-    assert main(["cost", "--checkpoint", str(mtp)]) == 0
-    assert "MTP layer(s) not read by a plain decode step: layer(s) 2" in capsys.readouterr().out
+    assert_priced_as_its_decoder(decoder, mtp, 2, capsys)
 
 
 def test_the_reports_decode_bounds_leave_a_ggufs_nextn_blocks_out(tmp_path):

@@ -27,6 +27,8 @@ from quantize.cost.bounds import HARDWARE
 from quantize.errors import UsageError
 from quantize.report.collect import Entry, decode_bounds
 
+from conftest import assert_priced_as_its_decoder
+
 FAMILIES = ("deepseek_v3", "glm4_moe", "deepseek_v32")  # deepseek_v32's config class has no MTP field of its own
 N = COMMON["num_hidden_layers"]
 
@@ -73,23 +75,7 @@ def test_the_decode_cost_leaves_the_mtp_layer_out_and_says_so(pair, family, caps
     format's bounds, the MoE layers), and names what it left out: the `mtp` part's bytes and parameters. The old code
     priced the MTP layer's experts as dense parameters every step (934,920 active parameters against 497,284)."""
     decoder, mtp = pair(family)
-    assert main(["cost", "--checkpoint", str(decoder), "--json"]) == 0
-    a = json.loads(capsys.readouterr().out)
-    assert main(["cost", "--checkpoint", str(mtp), "--json"]) == 0
-    b = json.loads(capsys.readouterr().out)
-    for k in ("parameters", "active_parameters", "formats", "moe", "kv_bytes_per_sequence"):
-        assert a[k] == b[k], k
-    part = bits_report(mtp).bytes_by_part["mtp"]
-    assert "not_read" not in a
-    assert {k: b["not_read"][k] for k in ("part", "layers", "bytes", "parameters")} == {
-        "part": "mtp",
-        "layers": [N],
-        "bytes": part["bytes"],
-        "parameters": part["parameters"],
-    }
-    assert b["checkpoint"]["total_bytes"] == bits_report(mtp).total_bytes  # the checkpoint's own figures stay
-    assert main(["cost", "--checkpoint", str(mtp)]) == 0
-    assert "MTP layer(s) not read by a plain decode step: layer(s) 2" in capsys.readouterr().out
+    assert_priced_as_its_decoder(decoder, mtp, N, capsys)
 
 
 def test_the_reports_decode_bounds_leave_the_mtp_layer_out(pair):
