@@ -160,6 +160,24 @@ def exact_patterns(types: dict[str, str]) -> dict[str, str]:
     return {"^" + "".join("\\" + c if c in ECMA_SYNTAX else c for c in n) + "$": kind for n, kind in types.items()}
 
 
+FLOAT_TYPES = ("F32", "F16", "BF16")  # ggml types that keep a weight at 16 or 32 bits
+
+
+def _left_why(by: tuple[str, str] | None, type_name: str) -> str:
+    """Why linear weights were stored at 16 or 32 bits: a tensor_types pattern asked for that, or llama.cpp stored
+    them so whatever a pattern asked (it quantizes no MoE router, ffn_gate_inp, though a pattern names it: a
+    review's quantize.json said the pattern had asked for the F32 it stored)."""
+    if by is None:
+        return f"stored at 16 or 32 bits by llama.cpp in a {type_name} file"
+    pattern, kind = by
+    if kind.upper() in FLOAT_TYPES:
+        return f"tensor_types asked {kind} for them (pattern {pattern!r})"
+    return (
+        f"stored at 16 or 32 bits by llama.cpp although tensor_types asked {kind} for them (pattern {pattern!r}): "
+        "llama.cpp's quantizer keeps such tensors unquantized"
+    )
+
+
 def layer_plan(h: ggufs.GGUFHeader, type_name: str, asked: dict[str, tuple[str, str]] | None = None) -> LayerPlanRecord:
     """The layer plan of a GGUF llama.cpp wrote, read back from its header: its block-quantized weights
     (`quantized_layers`) by elements per block, those given a type of smaller blocks than the file type's own
@@ -189,9 +207,7 @@ def layer_plan(h: ggufs.GGUFHeader, type_name: str, asked: dict[str, tuple[str, 
         schemes=dict(Counter(t.ggml_type for t, _ in weights).most_common()),
         left_16bit=[
             LeftAt16(
-                why=f"tensor_types asked {by[1]} for them (pattern {by[0]!r})"
-                if by is not None
-                else f"stored at 16 or 32 bits by llama.cpp in a {type_name} file",
+                why=_left_why(by, type_name),
                 tensors=[t.name for t in group],
                 bytes=sum(t.nbytes for t in group),
             )

@@ -649,6 +649,17 @@ def test_tensor_types_give_the_tensors_they_match_their_type(llama_cpp, f16, tmp
     assert "tensor_types: pattern 'blk\\\\.99\\\\.' matched no tensor" in meta.engine.gguf.notes
 
 
+def test_a_tensor_llama_cpp_kept_at_16_bits_though_a_pattern_asked_a_type_says_so():
+    """A review: `tensor_types: {ffn: TQ1_0}` on an MoE left its routers (ffn_gate_inp, which llama.cpp's quantizer
+    never quantizes) at F32, and quantize.json said the pattern had asked for that."""
+    from quantize.convert.gguf import _left_why
+
+    assert _left_why(("ffn", "F16"), "Q4_K_M") == "tensor_types asked F16 for them (pattern 'ffn')"
+    why = _left_why(("ffn", "TQ1_0"), "Q4_K_M")
+    assert why.startswith("stored at 16 or 32 bits by llama.cpp although tensor_types asked TQ1_0")
+    assert _left_why(None, "Q4_K_M") == "stored at 16 or 32 bits by llama.cpp in a Q4_K_M file"
+
+
 def test_a_pattern_that_cannot_finish_is_exit_2_before_anything_is_quantized(llama_cpp, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(gguf_rules, "MATCH_SECONDS", 1)
     recipe = recipe_file(tmp_path, "Q4_K_M", tensor_types={r"^([a-z0-9_.]+)+X$": "Q8_0"})
