@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quantize.checkpoint import architecture as arch
 from quantize.checkpoint import ggufs
-from quantize.checkpoint.files import read_config, safetensors_files, side_file
+from quantize.checkpoint.files import index_matches_headers, read_config, safetensors_files, side_file
 from quantize.checkpoint.headers import DTYPE_BITS, TensorInfo, all_tensors, small_ints
 from quantize.compat import compressed_tensors_packing as packing
 from quantize.compat import compressed_tensors_targets as ct
@@ -619,6 +619,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         return gguf_report(ckpt, ggufs.read_header(gguf_file))
     files = safetensors_files(ckpt)
     tensors, header_read = all_tensors(files)
+    index_matches_headers(ckpt, tensors)  # a stored tensor the index leaves out is one no loader reads (run: exit 2)
     cfg = read_config(ckpt, required=False)
     qc = _quant_config(ckpt, cfg)
     mtp_from = arch.mtp_start(cfg)

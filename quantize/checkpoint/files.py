@@ -278,6 +278,14 @@ def config_matches_headers(checkpoint: Path) -> None:
         )
 
 
+def index_matches_headers(checkpoint: Path, tensors: dict[str, Any]) -> None:
+    """The shard index, where there is one, against its shards' tensors (`tensors`: all_tensors of
+    safetensors_files, which read and checked the index): headers.check_shard_index."""
+    if (index := Path(checkpoint) / SAFE_INDEX).is_file():
+        weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES))["weight_map"]
+        check_shard_index(index, weight_map, tensors)
+
+
 def index_and_experts_match_headers(checkpoint: Path) -> None:
     """The shard index against its shards' headers (headers.check_shard_index) and the routed experts' tensors
     against config.json (architecture.expert_problems), from the headers alone, before torch is imported: a tensor
@@ -286,9 +294,7 @@ def index_and_experts_match_headers(checkpoint: Path) -> None:
     stopped on it with exit 3 after seconds. An expert quantized unlike its fellows is refused on every layout: the
     engines read one scheme for a layer's experts (expert_problems), whatever our per-expert loader could read."""
     tensors, _ = all_tensors(safetensors_files(checkpoint))
-    if (index := Path(checkpoint) / SAFE_INDEX).is_file():  # read and checked by safetensors_files just above
-        weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES))["weight_map"]
-        check_shard_index(index, weight_map, tensors)
+    index_matches_headers(checkpoint, tensors)
     shapes = {n: (t.shape, t.dtype) for n, t in tensors.items()}
     cfg = read_config(checkpoint, required=False)
     if problems := expert_problems(cfg, shapes):

@@ -258,6 +258,25 @@ def test_sharded_checkpoint_via_index(tmp_path):
     assert len(r.files) == 2 and r.parameters == 48 and r.total_bytes == 96
 
 
+def test_a_stored_tensor_the_index_leaves_out_is_refused_as_run_refuses_it(tmp_path):
+    """A review: inspect counted a tensor no loader reads (the index does not name it) where `quantize run` refused
+    the folder (files.index_and_experts_match_headers): one reading of the index for both."""
+    save_file({"a.weight": torch.zeros(4, 8, dtype=torch.bfloat16)}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"b.weight": torch.zeros(2, 8, dtype=torch.bfloat16)}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    weight_map = {"a.weight": "model-00001-of-00002.safetensors", "x.weight": "model-00002-of-00002.safetensors"}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(UsageError, match="names tensor 'x.weight' in model-00002-of-00002.safetensors, but no shard"):
+        bits_report(tmp_path)
+    weight_map = {"a.weight": "model-00001-of-00002.safetensors", "b.weight": "model-00002-of-00002.safetensors"}
+    save_file(
+        {"a.weight": torch.zeros(4, 8, dtype=torch.bfloat16), "x.weight": torch.zeros(1, dtype=torch.bfloat16)},
+        str(tmp_path / "model-00001-of-00002.safetensors"),
+    )
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(UsageError, match="holds tensor 'x.weight', which .* does not name"):
+        bits_report(tmp_path)
+
+
 def test_reads_only_headers(tmp_path):
     t = {"a.weight": torch.zeros(1024, 1024, dtype=torch.bfloat16)}
     r = bits_report(write_ckpt(tmp_path, t))
