@@ -333,6 +333,13 @@ def perplexity_rule(
     bi, ci = _paired(base, cand, rule.task, sample=look is not None)
     # per item: negative log-likelihood and its unit count (words or bytes of a document; 1 target otherwise)
     w = [units(b, rule.metric) for b in bi]
+    if other := [b.id for b, c, n in zip(bi, ci, w, strict=True) if units(c, rule.metric) != n]:
+        what = "bytes" if rule.metric == "byte_perplexity" else "words"
+        raise UsageError(
+            f"{rule.task}: {len(other)} document(s) count other {what} on the two sides (e.g. {', '.join(other[:3])}):"
+            " one document has one length, so the two sides did not score the same text. Score both with the same "
+            "suite and golden set"
+        )
     nll_b = [-b.ll for b in bi]
     nll_c = [-c.ll for c in ci]
     clusters = [b.cluster for b in bi]

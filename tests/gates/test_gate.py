@@ -217,6 +217,15 @@ def test_a_sequential_looks_perplexity_weighs_each_stratum_as_the_golden_set_doe
     assert r.verdict == "regression"
 
 
+def test_a_document_of_another_length_on_one_side_is_exit_2(policy):
+    """A review: the candidate's words (5 or 1e9) were ignored and the baseline's used."""
+    acc, prose = baseline(n=100)
+    cand = result(acc, prose, sha="b")
+    cand["tasks"]["t_prose"]["items"][4]["words"] = 5
+    with pytest.raises(UsageError, match="t_prose: 1 document.s. count other words on the two sides .e.g. p0004"):
+        judge(policy, result(acc, prose), cand)
+
+
 def test_a_prompt_hash_on_one_side_only_is_exit_2():
     acc, prose = baseline(n=100)
     base, cand = result(acc, prose), result(acc, prose, sha="b")
