@@ -145,12 +145,12 @@ def _formats(spec: str) -> dict[str, float]:
             value = float(bits)
         except ValueError:
             value = math.nan
-        out[name.strip()] = value
         if not name.strip() or not (math.isfinite(value) and value > 0):
             raise UsageError(
                 f"--formats expects name=bits pairs like bf16=16,int4_g128=4.15 (a name, and bits per weight "
                 f"above 0); got {part!r}"
             )
+        out[name.strip()] = value
     return out
 
 

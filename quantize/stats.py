@@ -24,7 +24,7 @@ Stratified sample (items drawn within strata h of the baseline's margin, n_h of 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -173,6 +173,14 @@ def stratified(
         vc += (w * sc_h) ** 2
         v += (w * se_h) ** 2
     return mean, math.sqrt(vp), math.sqrt(vc), math.sqrt(v)
+
+
+def design_weights(strata: Sequence[str], population: dict[str, int]) -> list[float]:
+    """Each sampled item's design weight w_i = N_h / n_h for its stratum h (`strata`, one per item): N_h the items
+    of h in the golden set (`population`), n_h those of h in the sample; Σ_{i∈h} w_i = N_h, so a weighted sum
+    estimates the whole set's (bootstrap_ppl_ratio's `weights`)."""
+    drawn = Counter(strata)
+    return [population[h] / drawn[h] for h in strata]
 
 
 def obf_spending(t: float, alpha: float) -> float:

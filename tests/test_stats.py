@@ -113,7 +113,9 @@ def test_design_weights_make_a_stratified_sample_estimate_the_whole_sets_ratio()
     cand = [b + d for b, d in zip(base, diffs, strict=True)]
     clusters = [str(i) for i in range(200)]
     plain = stats.bootstrap_ppl_ratio(base, cand, [1.0] * 200, clusters, 0.05)[0]
-    weighted = stats.bootstrap_ppl_ratio(base, cand, [1.0] * 200, clusters, 0.05, weights=[1.0] * 100 + [3.0] * 100)
+    weights = stats.design_weights(["at_risk"] * 100 + ["stable"] * 100, {"at_risk": 100, "stable": 300})
+    assert weights == [1.0] * 100 + [3.0] * 100  # N_h / n_h
+    weighted = stats.bootstrap_ppl_ratio(base, cand, [1.0] * 200, clusters, 0.05, weights=weights)
     assert plain == pytest.approx(math.exp(0.05)) and weighted[0] == pytest.approx(math.exp(0.075))
     assert weighted[1] <= weighted[0] <= weighted[2]
 

@@ -8,7 +8,6 @@ the batch size is recorded but may differ (an A/A run at another batch size must
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -328,7 +327,7 @@ def perplexity_rule(
 ) -> PerplexityResult:
     """A sequential look's items are a stratified sample of the task's (documents: one stratum; context/target
     items: by the baseline's margin, the items at risk all drawn): each item weighs N_h / n_h of its stratum in
-    every sum (design_weights), so the ratio is the whole set's; the bootstrap's quantiles are taken at the look's
+    every sum (stats.design_weights), so the ratio is the whole set's; the bootstrap's quantiles are taken at the look's
     nominal level."""
     bi, ci = _paired(base, cand, rule.task, sample=look is not None)
     # per item: negative log-likelihood and its unit count (words or bytes of a document; 1 target otherwise)
@@ -344,7 +343,7 @@ def perplexity_rule(
     nll_c = [-c.ll for c in ci]
     clusters = [b.cluster for b in bi]
     level = alpha if look is None else look.level
-    dw = design_weights([b.id for b in bi], look.strata[rule.task], look.population[rule.task]) if look else None
+    dw = stats.design_weights([look.strata[rule.task][b.id] for b in bi], look.population[rule.task]) if look else None
     ppl_ratio, ppl_lo, ppl_hi = stats.bootstrap_ppl_ratio(nll_b, nll_c, w, clusters, level, seed=seed, weights=dw)
     dw = dw or [1.0] * len(w)
     total_w = sum(x * y for x, y in zip(w, dw, strict=True))
@@ -369,13 +368,6 @@ def perplexity_rule(
         rule=label, task=rule.task, metric=rule.metric, verdict=verdict, evidence=ev, look=look.index if look else None
     )
     return non_finite_is_regression(result, non_finite_items(cand.tasks[rule.task]))
-
-
-def design_weights(ids: list[str], strata: dict[str, str], population: dict[str, int]) -> list[float]:
-    """Each sampled item's design weight N_h / n_h: the items of its stratum h in the golden set over those of h in
-    the sample."""
-    drawn = Counter(strata[i] for i in ids)
-    return [population[strata[i]] / drawn[strata[i]] for i in ids]
 
 
 def _exp(x: float) -> float:
