@@ -187,9 +187,9 @@ def read_samples(suite: OpenSuite, path: str | Path) -> ScoreDoc:
         try:
             tasks[task] = task_scores(kind, versions[task], items, figures, filt)
         except ValidationError as e:  # a figure no model computes: a log-likelihood above 0, a score of 0.5
-            err, loc = e.errors()[0], e.errors()[0]["loc"]
-            at = loc.index("items") + 1 if "items" in loc and loc.index("items") + 1 < len(loc) else None
-            where = loc[at] if at is not None else None
+            err = e.errors()[0]
+            loc = list(err["loc"])  # (output type, "items", index, field) where an item's field is refused
+            where = loc[loc.index("items") + 1] if "items" in loc[:-1] else None
             raise UsageError(
                 f"lm-eval samples file {run.samples[task]}: {task}"
                 + (f" item {items[where]['id']}" if isinstance(where, int) and where < len(items) else "")
