@@ -179,3 +179,71 @@ def test_a_file_to_file_backend_registered_alone_converts_through_the_engines_fi
     assert meta.source_model.parameters == 134_515_008 and "copy" in meta.time_seconds
     card = (tmp_path / "o" / "README.md").read_text()
     assert "library_name: gguf" in card and "Copying" in card and "Read it with any GGUF reader." in card
+
+
+@pytest.mark.parametrize(
+    "stages,why",
+    [
+        ({"quant_stage": {"quant_modifiers": {"NoSuchModifier": {"targets": ["Linear"]}}}}, "NoSuchModifier"),
+        (
+            {"quant_stage": {"quant_modifiers": {"QuantizationModifier": {"targets": ["Linear"], "scheme": "NOPE"}}}},
+            "scheme",
+        ),
+        (
+            {"quant_stage": {"quant_modifiers": {"QuantizationModifier": {"targetz": ["Linear"], "scheme": "W8A16"}}}},
+            "targetz",
+        ),
+        ({"quant_stage": {"quant_modifiers": {}}}, "holds no llm-compressor modifier"),
+        ({"quant_stage": 5}, "'quant_stage', which llm-compressor skips"),
+        ({"quant": {"quant_modifiers": {"QuantizationModifier": {}}}}, "'quant', which llm-compressor skips"),
+        ({"quant_stage": {"quant": {"QuantizationModifier": {}}}}, "'quant_stage.quant', which llm-compressor skips"),
+        ({"quant_stage": {"quant_modifiers": {"QuantizationModifier": 3}}}, "llm-compressor rejects"),
+    ],
+    ids=[
+        "unknown-modifier",
+        "unknown-scheme",
+        "unknown-field",
+        "no-modifier",
+        "stage-not-a-mapping",
+        "stage-name",
+        "group-name",
+        "modifier-not-a-mapping",
+    ],
+)
+def test_a_verbatim_recipe_llm_compressor_rejects_is_exit_2_before_the_load(
+    tmp_path, tiny_model, capsys, monkeypatch, stages, why
+):
+    """llm-compressor parsed `stages:` only inside oneshot, after the model loaded (exit 2 then); a recipe of no
+    modifiers quantized nothing and exited 0."""
+
+    def no_load(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("the model loaded before the recipe was checked")
+
+    monkeypatch.setattr(LLMCompressorBackend, "load", no_load)
+    cal = {"source": "builtin:jargon", "samples": 2, "seq_len": 16}
+    recipe = _recipe(tmp_path, tiny_model, backend="llmcompressor", method="llmcompressor", stages=stages)
+    data = yaml.safe_load(recipe.read_text())
+    del data["scheme"]
+    recipe.write_text(yaml.safe_dump(data | {"calibration": cal}))
+    assert main(["run", str(recipe)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert why in err and "`stages:`" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_verbatim_recipe_llm_compressor_parses_is_kept_as_given():
+    from quantize.convert.backends.llmcompressor.modifiers import checked_verbatim
+
+    stages = {"quant_stage": {"quant_modifiers": {"QuantizationModifier": {"targets": ["Linear"], "scheme": "FP8"}}}}
+    assert yaml.safe_load(checked_verbatim(stages)) == stages
+
+
+def test_llm_compressor_still_skips_the_keys_checked_verbatim_refuses():
+    """checked_verbatim restates which keys llm-compressor's Recipe.from_dict reads: if it starts reading a stage
+    or group named otherwise, this fails and the refusal must go."""
+    from llmcompressor.recipe import Recipe as Parsed
+
+    mod = {"QuantizationModifier": {"targets": ["Linear"], "scheme": "FP8"}}
+    assert len(Parsed.create_instance(yaml.safe_dump({"quant_stage": {"quant_modifiers": mod}})).modifiers) == 1
+    for skipped in ({"quant": {"quant_modifiers": mod}}, {"quant_stage": {"quant": mod}}):
+        assert Parsed.create_instance(yaml.safe_dump(skipped)).modifiers == []

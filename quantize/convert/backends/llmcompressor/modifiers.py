@@ -10,6 +10,7 @@ import yaml
 
 from quantize.convert.plan import LayerPlan
 from quantize.convert.recipe import FORMATS, WEIGHT_ONLY_INT, GPTQRecipe, KVCacheScheme, Method, Recipe, Scheme
+from quantize.errors import UsageError
 
 # Presets of compressed-tensors used as-is (activation settings included); the 2026 formats are all presets.
 PRESET = {Scheme.W8A8: "W8A8", Scheme.FP8: "FP8", Scheme.FP8_DYNAMIC: "FP8_DYNAMIC"} | {s: s.value for s in FORMATS}
@@ -44,10 +45,50 @@ def kv_cache_args(scheme: KVCacheScheme) -> Any:
     return QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True, dynamic=False)
 
 
+def checked_verbatim(stages: dict[str, Any]) -> str:
+    """A verbatim `stages:` recipe as YAML, parsed by llm-compressor's own recipe model (`Recipe.create_instance`,
+    no model needed) before the model loads: an unknown modifier, a field a modifier does not take or a scheme it
+    does not know was exit 2 only after the load (oneshot parses it there). llm-compressor reads only the `*_stage`
+    keys (and `args`) and, in each, its `*_modifiers` groups (Recipe.from_dict) and skips any other key without a
+    word: a stage named otherwise quantized nothing and the run said it had converted, so such keys are refused."""
+    from llmcompressor.recipe import Recipe as Parsed
+
+    skipped = [k for k, v in stages.items() if k != "args" and not (k.endswith("_stage") and isinstance(v, dict))]
+    skipped += [
+        f"{k}.{g}"
+        for k, v in stages.items()
+        if k.endswith("_stage") and isinstance(v, dict)
+        for g, m in v.items()
+        if not (g.endswith("_modifiers") and isinstance(m, dict))
+    ]
+    if skipped:
+        raise UsageError(
+            f"the recipe's verbatim `stages:` has {', '.join(map(repr, skipped[:5]))}, which llm-compressor skips "
+            "without reading: it reads a mapping under each key ending in `_stage`, and in it the mappings under keys "
+            "ending in `_modifiers` (e.g. {quant_stage: {quant_modifiers: {QuantizationModifier: {targets: [Linear], "
+            "scheme: FP8_DYNAMIC, ignore: [lm_head]}}}}); rename or remove them"
+        )
+    text = yaml.safe_dump(stages, sort_keys=False)
+    try:
+        parsed = Parsed.create_instance(text)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # pydantic's ValidationError is a ValueError
+        raise UsageError(
+            f"llm-compressor rejects the recipe's verbatim `stages:`: {str(e).strip()[:600]}. Fix the stage's "
+            "modifiers as llm-compressor's recipe format writes them (e.g. {quant_stage: {quant_modifiers: "
+            "{QuantizationModifier: {targets: [Linear], scheme: FP8_DYNAMIC, ignore: [lm_head]}}}})"
+        ) from None
+    if not parsed.modifiers:
+        raise UsageError(
+            "the recipe's verbatim `stages:` holds no llm-compressor modifier, so nothing would be quantized; put "
+            "them in a stage (e.g. {quant_stage: {quant_modifiers: {QuantizationModifier: {...}}}})"
+        )
+    return text
+
+
 def compile_modifiers(recipe: Recipe, plan: LayerPlan) -> list[Any] | str:
-    """The llm-compressor recipe for this recipe: modifier objects, or YAML for a verbatim recipe."""
+    """The llm-compressor recipe for this recipe: modifier objects, or YAML for a verbatim recipe (checked_verbatim)."""
     if recipe.method is Method.llmcompressor:
-        return yaml.safe_dump(recipe.stages, sort_keys=False)
+        return checked_verbatim(recipe.stages)
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
 
