@@ -6,7 +6,8 @@ SmolLM2); and the same model with a vocabulary llama.cpp aborts on. Used by test
 tests/evaluate/test_llamacpp.py and benchmarks/imatrix_reference.py. And, for a Hugging Face checkpoint that
 llama.cpp's converter writes (tests/convert/test_hf_to_gguf.py, benchmarks/hf_to_gguf_roundtrip.py), SmolLM2's
 tokenizer files rebuilt from that GGUF's vocabulary as SmolLM2's own tokenizer.json has it: byte-level BPE, digits
-split one by one."""
+split one by one. And a GGUF with multi-token-prediction blocks that llama.cpp loads (loadable_nextn_gguf: the KV
+cache it allocates for them, tests/checkpoint/test_gguf.py)."""
 
 from __future__ import annotations
 
@@ -163,4 +164,85 @@ def _write(
     w.close()
     if split and (parts := len(w.tensors)) > 1:
         return path.with_name(SHARD_NAME_FORMAT.format(path.stem, 1, parts))
+    return path
+
+
+# the sentencepiece-style vocabulary of byteless_vocabulary_gguf: enough to load a model (no text is tokenized)
+_PIECES = ["<unk>", "<s>", "</s>", "\u2581a", "\u2581b", "a", "b"]
+
+
+def loadable_nextn_gguf(path: Path, arch: str, mtp: int, stored: bool = True, layers: int = 2) -> Path:
+    """A GGUF llama.cpp loads of `layers` decoder blocks and then `mtp` multi-token-prediction blocks, the last
+    `{arch}.nextn_predict_layers` of `{arch}.block_count` (F32, hidden 64, 4 query and 2 KV heads of 16):
+    `glm4moe` as llama.cpp's converter writes GLM-4.5 (a dense first block, then MoE blocks of 4 experts, 2 used,
+    and a shared expert; each MTP block a decoder block and its nextn.* head), or `llama` (dense blocks). `stored`
+    False writes the MTP blocks' count but none of their tensors (a trunk whose head was left out)."""
+    from gguf import GGUFWriter
+
+    hidden, heads, kv_heads, ff, experts = 64, 4, 2, 32, 4
+    head = hidden // heads
+    w = GGUFWriter(str(path), arch)
+    w.add_context_length(4096)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers + mtp)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(head)
+    if arch == "glm4moe":
+        w.add_expert_count(experts)
+        w.add_expert_used_count(2)
+        w.add_expert_shared_count(1)
+        w.add_expert_feed_forward_length(ff)
+        w.add_leading_dense_block_count(1)
+    if mtp:
+        w.add_nextn_predict_layers(mtp)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(_PIECES)
+    w.add_token_scores([0.0] * len(_PIECES))
+    w.add_token_types([2, 3, 3, 1, 1, 1, 1])
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    rng = np.random.default_rng(0)
+
+    def f32(name: str, *shape: int) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+
+    f32("token_embd.weight", len(_PIECES), hidden)
+    f32("output_norm.weight", hidden)
+    f32("output.weight", len(_PIECES), hidden)
+    for i in range(layers + (mtp if stored else 0)):
+        b = f"blk.{i}."
+        f32(b + "attn_norm.weight", hidden)
+        f32(b + "attn_q.weight", hidden, hidden)
+        f32(b + "attn_k.weight", kv_heads * head, hidden)
+        f32(b + "attn_v.weight", kv_heads * head, hidden)
+        f32(b + "attn_output.weight", hidden, hidden)
+        if arch == "glm4moe":
+            f32(b + "post_attention_norm.weight", hidden)
+        else:
+            f32(b + "ffn_norm.weight", hidden)
+        if arch != "glm4moe" or i == 0:
+            f32(b + "ffn_gate.weight", ff, hidden)
+            f32(b + "ffn_up.weight", ff, hidden)
+            f32(b + "ffn_down.weight", hidden, ff)
+        else:
+            f32(b + "ffn_gate_inp.weight", experts, hidden)
+            f32(b + "exp_probs_b.bias", experts)
+            for n in ("gate", "up"):
+                f32(b + f"ffn_{n}_exps.weight", experts, ff, hidden)
+                f32(b + f"ffn_{n}_shexp.weight", ff, hidden)
+            f32(b + "ffn_down_exps.weight", experts, hidden, ff)
+            f32(b + "ffn_down_shexp.weight", hidden, ff)
+        if i >= layers:
+            f32(b + "nextn.eh_proj.weight", hidden, 2 * hidden)
+            for n in ("enorm", "hnorm", "shared_head_norm"):
+                f32(b + f"nextn.{n}.weight", hidden)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
     return path

@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from quantize.compat.transformers_config_names import SLIDING_SWITCH, spellings
+from quantize.compat.transformers_config_names import OWN_LAYER_TYPES, SLIDING_SWITCH, spellings
 from quantize.errors import UsageError
 
 # --- parts of a model, by tensor name -----------------------------------------------------------
@@ -344,16 +344,20 @@ def _at_most_max_layers(key: str, types: list[str]) -> list[str]:
 
 
 def attention_layers(cfg: dict[str, Any]) -> tuple[AttentionLayer, ...]:
-    """Each layer's attention kind and window: `layer_types`, else `sliding_window_pattern` or the family's
-    pattern, else a `sliding_window` every layer uses (Mistral), else full attention everywhere. A family whose
-    config class switches the window with `use_sliding_window` (SLIDING_SWITCH: Qwen2, Qwen3, their MoE and VL
-    text models) keeps none unless config.json sets it true, and then slides from layer max_window_layers on (the
-    class's default where config.json has none) where the class has that field (Qwen2's rule; Qwen2-MoE's class
-    slides odd layers below it instead, and SmolLM3's its layers without RoPE: their published configs list
-    layer_types or keep the window off)."""
+    """Each layer's attention kind and window: `layer_types` (a window read only where a layer slides or chunks:
+    Qwen2-MoE's class stores sliding_window 0 while its window is switched off, and lists every layer full
+    attention), else `sliding_window_pattern` or the family's pattern, else a `sliding_window` every layer uses
+    (Mistral), else full attention everywhere. A family whose config class switches the window with
+    `use_sliding_window` (SLIDING_SWITCH: Qwen2, Qwen3, their MoE and VL text models, SmolLM3) keeps none unless
+    config.json sets it true, and then slides from layer max_window_layers on (the class's default where config.json
+    has none) where the class does so (Qwen2's rule), every layer where it has no max_window_layers (Qwen3-MoE). A
+    family whose class derives its layer_types by a rule of its own (OWN_LAYER_TYPES: Qwen2-MoE slides layers 0, 2,
+    4, ... below max_window_layers, SmolLM3 its layers without RoPE) switched on without layer_types is a
+    UsageError: which layers slide is the class's to say. The cost reads config.json as the class completes it
+    (loader.completed_config), which lists them; read as written, Qwen2's rule priced other layers than the ones
+    transformers' cache slides."""
     text = text_config(cfg)
     n = layer_count(cfg)
-    window = _int(text, "sliding_window", maximum=MAX_WINDOW)
     if (listed := _layer_list(text)) is not None:
         key, types = listed
         if len(types) != n:
@@ -365,16 +369,25 @@ def attention_layers(cfg: dict[str, Any]) -> tuple[AttentionLayer, ...]:
         return chunked
     if str(text.get("model_type")) in EVERY_LAYER_HYBRID:
         return (AttentionLayer(EVERY_LAYER_HYBRID[str(text.get("model_type"))], None),) * n
+    window = _int(text, "sliding_window", maximum=MAX_WINDOW)
     pattern = _int(text, "sliding_window_pattern") or FAMILY_SLIDING_PATTERN.get(str(text.get("model_type")))
     if window is not None and pattern is not None:
         return tuple(_layer(window) if (i + 1) % pattern else _layer(None) for i in range(n))
     switch, family = text.get("use_sliding_window"), str(text.get("model_type"))
+    rule = SLIDING_SWITCH.get(family)
+    if switch is True and rule == OWN_LAYER_TYPES:
+        raise UsageError(
+            f"config.json (model_type {family!r}) switches its sliding window on (use_sliding_window true) and lists "
+            "no layer_types: which layers slide is its transformers config class's own rule, which this reader of "
+            "config.json as written does not restate. `quantize cost` reads config.json as that class completes "
+            "it; here, list the layer_types the class derives in config.json"
+        )
     if window is None or switch is False or (switch is None and family in SLIDING_SWITCH):
         return (_layer(None),) * n
     first = None
-    if switch is True and (family not in SLIDING_SWITCH or SLIDING_SWITCH[family] is not None):
+    if switch is True and (family not in SLIDING_SWITCH or rule is not None):
         first = _int(text, "max_window_layers", 0)
-        first = SLIDING_SWITCH.get(family) if first is None else first
+        first = rule if first is None and isinstance(rule, int) else first
     return tuple(_layer(window if first is None or i >= first else None) for i in range(n))
 
 

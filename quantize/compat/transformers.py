@@ -214,20 +214,55 @@ def config_name_problems(model_types: list[str]) -> list[str]:
     ]
 
 
+# the switched-on config each class with a `use_sliding_window` field is built from (library_switches): its layers
+# and window, and the max_window_layers given where the class has that field, other than every default
+SWITCH_PROBE = {"num_hidden_layers": 8, "sliding_window": 16, "max_window_layers": 3}
+
+
 def library_switches() -> dict[str, int | str | None]:
-    """Every family of transformers' CONFIG_MAPPING whose config class has a `use_sliding_window` field: its
-    `max_window_layers` default (None: no such field), or the switch's default where it is not False
-    (compat/transformers_config_names.py's SLIDING_SWITCH assumes a window off unless switched on)."""
+    """Every family of transformers' CONFIG_MAPPING whose config class has a `use_sliding_window` field: which layers
+    the class slides switched on (SWITCH_PROBE), as compat/transformers_config_names.py's SLIDING_SWITCH says it: its
+    `max_window_layers` default where it slides the layers from max_window_layers on (Qwen2's rule), None where it
+    has no such field and slides every layer, config_names.OWN_LAYER_TYPES where its layer_types follow neither;
+    the switch's default where it is not False (SLIDING_SWITCH assumes a window off unless switched on), and what the
+    class raised where it cannot be built so. The layers a class slides are its layer_types, else (no such field)
+    every layer while a window is set, as transformers' cache reads a config
+    (cache_utils.get_layer_types_and_kwargs)."""
+    import logging
+    import warnings
+
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     out: dict[str, int | str | None] = {}
-    for m in CONFIG_MAPPING.keys():  # noqa: SIM118 (a lazy mapping: iterating it is not its keys)
-        cls = CONFIG_MAPPING[m]
-        have = {f.name: f for f in fields(cls)} if is_dataclass(cls) else {}
-        if (switch := have.get("use_sliding_window")) is None:
-            continue
-        first = have.get("max_window_layers")
-        out[m] = (first.default if first else None) if switch.default is False else f"default {switch.default!r}"
+    library = logging.getLogger("transformers")
+    level = library.level
+    library.setLevel(logging.ERROR)
+    try:
+        for m in CONFIG_MAPPING.keys():  # noqa: SIM118 (a lazy mapping: iterating it is not its keys)
+            cls = CONFIG_MAPPING[m]
+            have = {f.name: f for f in fields(cls)} if is_dataclass(cls) else {}
+            if (switch := have.get("use_sliding_window")) is None:
+                continue
+            if switch.default is not False:
+                out[m] = f"default {switch.default!r}"
+                continue
+            first = have.get("max_window_layers")
+            probe = {k: v for k, v in SWITCH_PROBE.items() if k != "max_window_layers" or first}
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    built = cls(**probe, use_sliding_window=True)
+            except Exception as e:  # what the class raises is the change to report
+                out[m] = f"{type(e).__name__} built switched on: {e}"[:160]
+                continue
+            n, start = SWITCH_PROBE["num_hidden_layers"], SWITCH_PROBE["max_window_layers"] if first else 0
+            slid = getattr(built, "layer_types", None) or (
+                ["sliding_attention" if built.sliding_window is not None else "full_attention"] * n
+            )
+            qwen2 = ["sliding_attention" if i >= start else "full_attention" for i in range(n)]
+            out[m] = (first.default if first else None) if slid == qwen2 else config_names.OWN_LAYER_TYPES
+    finally:
+        library.setLevel(level)
     return out
 
 

@@ -9,7 +9,8 @@ from config.json without importing transformers (its config classes import torch
 2-core machine), so the maps of the fields they read are copied here as data: every `attribute_map` entry of
 transformers 5.17's CONFIG_MAPPING whose name or stored name is one of READ. `problems()` in compat/transformers.py
 compares them with the library's classes (`library_maps` there), so a change upstream fails tests/compat. So is
-SLIDING_SWITCH, the families whose sliding window is off unless config.json switches it on (`library_switches`).
+SLIDING_SWITCH, the families whose sliding window is off unless config.json switches it on, and which layers each
+class slides once it is (`library_switches`: each class built switched on).
 """
 
 from __future__ import annotations
@@ -73,21 +74,29 @@ ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
 }
 
 
-# model_type -> its config class's default `max_window_layers` (None: the class has no such field, its window is
-# on every layer), for every family whose config class switches its sliding window with a `use_sliding_window`
-# field (default False in each: a config.json without the field keeps no window whatever its `sliding_window`
-# says, as the class's __post_init__ drops it); transformers 5.17
-SLIDING_SWITCH: dict[str, int | None] = {
+# SLIDING_SWITCH's value for a family whose config class, switched on, derives its own layer_types by a rule other
+# than Qwen2's (transformers 5.17: Qwen2-MoE's slides layers 0, 2, 4, ... below max_window_layers, SmolLM3's the
+# layers its no_rope_layers leave without RoPE): which layers slide is the class's to say, and a reader without
+# transformers cannot say it (architecture.attention_layers refuses such a config.json as written)
+OWN_LAYER_TYPES = "own layer_types"
+
+# model_type -> which layers its config class slides when config.json switches the window on: from the class's
+# default `max_window_layers` on (Qwen2's rule: that default), every layer (None: the class has no such field), or
+# by a rule of its own (OWN_LAYER_TYPES), for every family whose config class switches its sliding window with a
+# `use_sliding_window` field (default False in each: a config.json without the field keeps no window whatever its
+# `sliding_window` says, as the class's __post_init__ drops it or derives full-attention layer_types); transformers
+# 5.17, each class built switched on and its layer_types compared with the rules (compat/transformers.py)
+SLIDING_SWITCH: dict[str, int | str | None] = {
     "deepseek_ocr2_encoder": 28,
     "qwen2": 28,
     "qwen2_5_omni_talker": 28,
     "qwen2_5_omni_text": 28,
     "qwen2_5_vl_text": 80,
-    "qwen2_moe": 28,
+    "qwen2_moe": OWN_LAYER_TYPES,
     "qwen2_vl_text": 80,
     "qwen3": 28,
     "qwen3_moe": None,
-    "smollm3": None,
+    "smollm3": OWN_LAYER_TYPES,
 }
 
 

@@ -915,6 +915,34 @@ GGUF_KV_BYTES = 2
 
 
 def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> KVCache:
+    """A GGUF's KV cache in the layers llama.cpp keeps one for (_header_cache): its decode layers, the blocks before
+    the multi-token-prediction ones (ggufs.mtp_blocks: the last `{arch}.nextn_predict_layers` of
+    `{arch}.block_count`), which llama.cpp reads as the model's layers (its hparams.n_layer(), block_count less
+    nextn_predict_layers, for every architecture) and gives no KV cache in a decode context (its KV cache "filters"
+    them: tests/checkpoint/test_gguf.py compares with the cache llama.cpp allocates). A GGUF of MTP blocks alone
+    (nextn_predict_layers = block_count, a draft model) keeps its cache in every block, as llama.cpp does (and
+    mtp_blocks declares none). A GLM-4.5-Air GGUF's MTP block was priced as a decode layer's cache, 47 layers of it
+    for its 46 (issue #58)."""
+    cache = _header_cache(h, config)
+    mtp = ggufs.mtp_blocks(h)
+    if not mtp or len(cache.kinds) <= mtp.start:  # none declared, or left out already (ggufs.latent_shape)
+        return cache
+    n = mtp.start
+    kinds = cache.kinds[:n]
+    return replace(
+        cache,
+        values_per_token=max(cache.layer_values[:n] or (cache.values_per_token,)),
+        kinds=kinds,
+        windows=cache.windows[:n],
+        layer_values=cache.layer_values[:n],
+        state_bytes=cache.state_bytes[:n],
+        layer_formulas=tuple(f for f in cache.layer_formulas if f.split(": ")[0] in kinds),
+        formula=f"{cache.formula} [{len(cache.kinds)} blocks less {len(mtp)} multi-token-prediction "
+        f"({h.architecture}.nextn_predict_layers), which llama.cpp keeps no KV cache for]",
+    )
+
+
+def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> KVCache:
     """A GGUF's KV cache from its metadata (ggufs.attention_shape): every layer holds the whole context, each token
     kv_heads × (key_length + value_length) values per layer, GGUF_KV_BYTES bytes each. A header whose cache is not
     one figure per layer (ggufs.windowed_or_latent: a sliding window, KV heads per layer) is priced

@@ -62,6 +62,44 @@ def test_a_switched_window_is_the_config_classes_own(model_type, extra):
 
 
 @pytest.mark.parametrize(
+    "model_type,extra",
+    [
+        ("qwen2_moe", {"max_window_layers": 4}),  # slides layers 0 and 2 (Qwen2's rule: 4 and 5)
+        ("qwen2_moe", {}),  # the class's max_window_layers 28: layers 0, 2, 4 (Qwen2's rule: none)
+        ("smollm3", {}),  # slides its layer without RoPE, 3 (read before as sliding every layer)
+        ("smollm3", {"no_rope_layers": [1, 0, 1, 1, 0, 1]}),
+    ],
+)
+def test_a_class_with_its_own_switched_window_rule_is_read_through_the_class(model_type, extra):
+    """Qwen2-MoE's and SmolLM3's classes, switched on (use_sliding_window true) without layer_types, derive
+    layer_types by rules of their own: read as written, Qwen2's rule priced other layers as sliding than the ones
+    transformers' cache slides; now refused as written, naming the switch, and read from config.json as the class
+    completes it (what `quantize cost` reads): the layers and window of the cache transformers builds for it."""
+    from transformers import AutoConfig
+    from transformers.cache_utils import DynamicCache
+
+    from quantize.checkpoint.loader import completed_config
+
+    cfg = {**GQA, "model_type": model_type, "sliding_window": 64, "use_sliding_window": True, **extra}
+    with pytest.raises(UsageError, match="use_sliding_window true"):
+        arch.attention_layers(cfg)
+    kept = [getattr(layer, "sliding_window", None) for layer in DynamicCache(config=AutoConfig.for_model(**cfg)).layers]
+    assert windows(completed_config(cfg)) == kept and 64 in kept and None in kept
+
+
+def test_a_window_the_class_switches_off_is_no_window():
+    """Qwen2-MoE's class stores sliding_window 0 while use_sliding_window is false (Qwen1.5-MoE's config.json, a
+    checkpoint transformers saves): read through the class, every layer full attention, as transformers' cache keeps
+    it; the cost of every such checkpoint was refused ("config.json's sliding_window is 0")."""
+    from quantize.checkpoint.loader import completed_config
+
+    cfg = completed_config({**GQA, "model_type": "qwen2_moe", "sliding_window": 32768, "use_sliding_window": False})
+    assert cfg["sliding_window"] == 0 and windows(cfg) == [None] * GQA["num_hidden_layers"]
+    with pytest.raises(UsageError, match="sliding_window is 0"):  # a layer that slides still needs a window
+        windows({**cfg, "layer_types": ["sliding_attention"] * GQA["num_hidden_layers"]})
+
+
+@pytest.mark.parametrize(
     "extra",
     [{}, {"no_rope_layers": [1, 0, 1, 1, 0, 1]}, {"no_rope_layer_interval": 3}],
     ids=["default-interval", "listed", "interval-3"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import time
 from pathlib import Path
@@ -856,12 +857,41 @@ def test_a_ggufs_nextn_blocks_are_part_mtp_and_no_expert_layer(tmp_path, arch, c
     assert any(n.startswith(f"block 2: multi-token-prediction (MTP), as the header declares ({arch}.") for n in m.notes)
 
 
-def test_the_decode_cost_of_a_gguf_leaves_its_nextn_blocks_out_and_says_so(tmp_path, capsys):
+@pytest.mark.parametrize("arch", ["deepseek2", "glm4moe"])
+def test_the_decode_cost_of_a_gguf_leaves_its_nextn_blocks_out_and_says_so(tmp_path, capsys, arch):
     """`quantize cost --checkpoint X.gguf` prices the GGUF with an MTP block as the same GGUF without it
-    (parameters, active parameters, every format's bounds, the MoE layers, the latent cache), and names what it
-    left out. The old code priced block 2 as a third MoE layer (its experts k/E of them, the rest dense)."""
-    decoder, mtp = nextn_gguf(tmp_path / "d.gguf", "deepseek2", 0), nextn_gguf(tmp_path / "m.gguf", "deepseek2", 1)
+    (parameters, active parameters, every format's bounds, the MoE layers, the KV cache: deepseek2's latent, glm4moe's
+    one KV head count), and names what it left out. The old code priced block 2 as a third MoE layer (its experts
+    k/E of them, the rest dense), and then glm4moe's block 2 as a third layer of KV cache (issue #58)."""
+    decoder, mtp = nextn_gguf(tmp_path / "d.gguf", arch, 0), nextn_gguf(tmp_path / "m.gguf", arch, 1)
     assert_priced_as_its_decoder(decoder, mtp, 2, capsys)
+
+
+LLAMA_KV = re.compile(r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells, +(\d+) layers")
+
+
+@pytest.mark.parametrize("arch,stored", [("glm4moe", True), ("llama", False)], ids=["glm4moe", "llama-trunk"])
+def test_a_ggufs_kv_cache_is_the_one_llama_cpp_allocates_without_its_nextn_blocks(tmp_path, arch, stored):
+    """The KV cache cost prices for a GGUF of 2 decoder blocks and 1 multi-token-prediction block is the one
+    llama.cpp itself allocates for a 2048-token context, layer count and bytes (its log: 2 layers of 2 KV heads ×
+    (16 + 16) values a token at F16, 0.25 MiB each): GLM-4.5's form (the block stored), and a `llama` GGUF declaring
+    the block without storing it (llama.cpp reads nextn_predict_layers for every architecture). The old code priced
+    3 layers, 0.75 MiB."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make gguf-env`")
+    from gguf_models import loadable_nextn_gguf
+
+    from quantize.quiet import llama_log
+
+    path = loadable_nextn_gguf(tmp_path / "m.gguf", arch, mtp=1, stored=stored)
+    context = 2048
+    c = api.decode_cost(path, workload=bounds.Workload(context_tokens=context))
+    with llama_log() as log:
+        llama_cpp.Llama(str(path), n_ctx=context, n_threads=1, verbose=True).close()
+        said = LLAMA_KV.findall(log.read_text())
+    assert len(said) == 1, said
+    mib, cells, layers = said[0]
+    assert (int(cells), int(layers)) == (context, c.kv_layout["kv_layers"]) == (context, 2)
+    assert float(mib) * 2**20 == c.kv_bytes_per_sequence
 
 
 def test_the_reports_decode_bounds_leave_a_ggufs_nextn_blocks_out(tmp_path):

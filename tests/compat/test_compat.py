@@ -274,6 +274,20 @@ def test_the_copied_sliding_switches_are_the_config_classes_own(monkeypatch):
     assert [p.split(":")[0] for p in compat.sliding_switch_problems()] == ["qwen3's config class"]
 
 
+@pytest.mark.parametrize("model_type", ["qwen2_moe", "smollm3"])
+def test_a_class_sliding_other_layers_than_qwen2s_rule_is_found(model_type, monkeypatch):
+    """Qwen2-MoE's class, switched on, slides layers 0, 2, 4, ... below max_window_layers and SmolLM3's its layers
+    without RoPE: a copy reading them by Qwen2's rule (slide from max_window_layers on), as the old one did for
+    Qwen2-MoE (its max_window_layers default 28), or as sliding every layer, is found."""
+    from quantize.compat import transformers as compat
+    from quantize.compat import transformers_config_names as copy
+
+    assert compat.library_switches()[model_type] == copy.OWN_LAYER_TYPES
+    for read_as in (28, None):
+        monkeypatch.setattr(copy, "SLIDING_SWITCH", {**copy.SLIDING_SWITCH, model_type: read_as})
+        assert [p.split(":")[0] for p in compat.sliding_switch_problems()] == [f"{model_type}'s config class"]
+
+
 def test_target_matching_agrees_with_compressed_tensors():
     """The torch-free copy the accounting uses picks, on every case, the target compressed-tensors' own
     `match_targets` puts first (exact names, then `re:` patterns in sorted order), and matches a name as its

@@ -48,6 +48,14 @@ GEMMA4 = dict(
     tie_word_embeddings=True,
 )
 LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=16)
+QWEN2_MOE = dict(
+    model_type="qwen2_moe",
+    max_window_layers=21,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=64,
+)
 
 CASES = {
     # Qwen3-Next-80B-A3B's config.json: every full_attention_interval-th layer full attention, no layer_types
@@ -124,6 +132,9 @@ CASES = {
     ),
     # OLMo-hybrid with the class's default layer pattern: Gated DeltaNet, the last layer of four full attention
     "olmo_hybrid_defaults": dict(COMMON, **LINEAR, model_type="olmo_hybrid", linear_conv_kernel_dim=4),
+    # Qwen1.5-MoE-A2.7B's config.json: its window switched off, which the class stores as sliding_window 0 (the cost
+    # refused it: "config.json's sliding_window is 0")
+    "qwen2_moe_window_off": dict(COMMON, **QWEN2_MOE, use_sliding_window=False, sliding_window=32768),
 }
 
 
@@ -176,6 +187,35 @@ def test_cost_prices_the_cache_transformers_keeps(case, tmp_path, capsys):
     assert priced == kept
     assert out["kv_bytes_per_sequence"] == sum(kept)
     assert [m["layer"] for m in (out.get("moe") or {}).get("layers", [])] == expert_layers
+
+
+WINDOW = 4  # fewer tokens than TOKENS: a sliding layer's cache is full
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        dict(COMMON, **QWEN2_MOE, num_hidden_layers=6, use_sliding_window=True, sliding_window=WINDOW),
+        dict(COMMON, model_type="smollm3", num_hidden_layers=8, use_sliding_window=True, sliding_window=WINDOW),
+    ],
+    ids=["qwen2_moe", "smollm3"],
+)
+def test_a_switched_on_window_slides_the_layers_transformers_slides(raw, tmp_path, capsys):
+    """config.json with use_sliding_window true and no layer_types: Qwen2-MoE's class slides layers 0, 2, 4 below
+    max_window_layers, SmolLM3's its layers without RoPE (3, 7), not Qwen2's rule (from max_window_layers on, or
+    every layer). The layers whose cache transformers' own model keeps at fewer than the TOKENS tokens seen are the
+    ones priced at the window, each at WINDOW tokens where transformers keeps one fewer (docs/cost.md); the others
+    hold every token, byte for byte."""
+    ckpt, cfg = hub_checkpoint(raw, tmp_path / raw["model_type"])
+    kept, _ = cache_kept(cfg, TOKENS)
+    assert main(["cost", "--checkpoint", str(ckpt), "--context", str(TOKENS), "--json"]) == 0
+    priced = json.loads(capsys.readouterr().out)["kv_bytes_per_layer"]
+    full = max(kept)  # a layer holding all TOKENS tokens
+    slid = [i for i, b in enumerate(kept) if b < full]
+    assert slid and [b for b in kept if b < full] == [full * (WINDOW - 1) // TOKENS] * len(slid)
+    assert [i for i, layer in enumerate(priced) if layer["tokens_held"] < TOKENS] == slid
+    expected = [full * WINDOW // TOKENS if i in slid else b for i, b in enumerate(kept)]
+    assert [layer["bytes"] for layer in priced] == expected
 
 
 def test_qwen3_next_state_is_constant_and_attention_grows(tmp_path, capsys):
