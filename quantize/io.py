@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import stat
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -168,12 +169,19 @@ def recover(target: Path, complete: Callable[[Path], bool]) -> Path | None:
 @contextmanager
 def atomic_file(path: Path) -> Iterator[Path]:
     """Yield a temporary path beside `path` (same suffix, for writers that insist on one); on success
-    it replaces `path` in one rename, on failure it is removed."""
+    it replaces `path` in one rename, on failure it is removed. The temporary file is created here, exclusively and
+    under a name no one can guess (mkstemp), before any writer opens it: a predictable `.NAME.tmp-PID` name let a
+    link planted under it in a folder others can write (a checkpoint's, beside its README.md) turn the write into
+    one through the link, to any file the user can write (a review). It gets the mode a plain open() gives."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    fd, name = tempfile.mkstemp(prefix=f".{path.stem}.tmp-{os.getpid()}-", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
         yield tmp
+        if stat.S_ISREG(os.lstat(tmp).st_mode):  # mkstemp's 0600 -> what open() would give; a link is never followed
+            os.chmod(tmp, 0o666 & ~_umask())
         tmp.replace(path)
     except OSError as e:
         if e.errno in FULL:

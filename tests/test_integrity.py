@@ -1259,3 +1259,30 @@ def test_a_full_disk_names_the_output_and_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeFailure, match="f.json"), atomic_file(tmp_path / "f.json"):
         raise OSError(errno.ENOSPC, "No space left on device")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_link_planted_beside_an_atomic_file_is_not_written_through(tmp_path):
+    """`.README.tmp-PID.md` was a name anyone could plant a link under (a checkpoint folder others can write): `quantize
+    card` then wrote the card through it into the link's target, any file the user can write (a review)."""
+    import os
+
+    from quantize.io import atomic_file, write_text_atomic
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("untouched")
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    pid = os.getpid()
+    for name in (f".README.tmp-{pid}.md", f".README.tmp-{pid}-.md", f".README.tmp-{pid}"):
+        (folder / name).symlink_to(victim)
+    write_text_atomic(folder / "README.md", "the card\n")
+    assert victim.read_text() == "untouched"
+    card = folder / "README.md"
+    assert not card.is_symlink() and card.read_text() == "the card\n"
+    mask = os.umask(0)
+    os.umask(mask)
+    assert card.stat().st_mode & 0o777 == 0o666 & ~mask  # mkstemp's 0600 is not what a published file should have
+    with atomic_file(folder / "gate.json") as tmp:
+        assert tmp.parent == folder and tmp.is_file() and not tmp.is_symlink()
+        tmp.write_text("{}")
+    assert sorted(p.name for p in folder.iterdir() if not p.is_symlink()) == ["README.md", "gate.json"]
