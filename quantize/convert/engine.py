@@ -30,7 +30,16 @@ from typing import NamedTuple
 
 from quantize import records
 from quantize.checkpoint import accounting
-from quantize.checkpoint.files import check_identity, hf_path, identity_sha256, missing_packages, weights_sha256
+from quantize.checkpoint.files import (
+    check_identity,
+    hf_path,
+    identity_sha256,
+    missing_packages,
+    quant_method,
+    read_config,
+    side_file,
+    weights_sha256,
+)
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, resolve_model
 from quantize.convert import memory
 from quantize.convert.backends import backend_for, backend_named, check, converts_files
@@ -85,6 +94,8 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
             "remove the link or choose another `output:` (or --output)"
         )
     model_dir = backend.source(recipe) if converts_files(type(backend)) else resolve_model(recipe.model)
+    if not converts_files(type(backend)):
+        check_unquantized(model_dir)
     # the longest name written beside it, `.NAME.offload-PID`: a 250-byte name failed with "File name too long"
     # when its temporary folder was made, after the conversion (a review)
     if (longest := len(f".{out.name}.offload-{2**22}".encode())) > NAME_MAX:
@@ -117,6 +128,20 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
             f"output {out} exists and is not a quantize checkpoint; refusing to replace it even with --force"
         )
     return model_dir
+
+
+def check_unquantized(model_dir: Path) -> None:
+    """A loaded-model backend quantizes a checkpoint of float weights: one already quantized (config.json's
+    quantization_config, or a quantizer's side file) loaded as its quantizer's modules, which no modifier takes,
+    and ended in exit 3 after the load on both paths (an FP8 output given as `model:`: "'Linear' object has no
+    attribute 'weight'" in memory, a float8 kernel error streamed: a review)."""
+    if (qc := read_config(model_dir).get("quantization_config")) or side_file(model_dir) is not None:
+        method = quant_method(model_dir) or "a quantization_config"
+        raise UsageError(
+            f"model {model_dir} is already quantized ({method}{'' if qc else ', from its side file'}); quantize "
+            "converts a checkpoint of 16- or 32-bit float weights. Give the recipe's `model:` the unquantized "
+            "checkpoint this one was made from"
+        )
 
 
 def complete_output(folder: Path) -> bool:

@@ -500,3 +500,23 @@ def test_the_sources_hash_is_its_bytes_never_a_file_beside_them(tmp_path, tiny_m
     meta = run_ok(recipe, capsys)
     assert meta["source_model"]["weights_sha256"] == weights_sha256(model) != "f" * 64
     assert source_weights(load_recipe(recipe)[0], None) == weights_sha256(model)
+
+
+@pytest.mark.parametrize("how", ["config", "side-file"])
+@pytest.mark.parametrize("streaming", ["on", "off"])
+def test_an_already_quantized_model_is_refused_before_anything_loads(tmp_path, tiny_model, capsys, how, streaming):
+    """An FP8 output given as `model:` ended in exit 3 after the load on both paths (a review): no modifier takes a
+    quantizer's modules."""
+    src = tmp_path / "quantized"
+    shutil.copytree(tiny_model, src)
+    if how == "config":
+        cfg = json.loads((src / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "float-quantized"}
+        (src / "config.json").write_text(json.dumps(cfg))
+    else:
+        (src / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128}))
+    recipe = write_recipe(tmp_path, src, "again", method="fp8", scheme="FP8_DYNAMIC", streaming=streaming)
+    assert main(["run", str(recipe), "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "is already quantized" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
