@@ -471,10 +471,11 @@ def tiny_gate(base: Path) -> tuple[Path, Path]:
     return suite, policy
 
 
-def assert_priced_as_its_decoder(decoder, mtp, layer: int, capsys) -> None:
+def assert_priced_as_its_decoder(decoder, mtp, layer: int | None, capsys, prefixes: tuple[str, ...] = ()) -> None:
     """`quantize cost --checkpoint` prices a checkpoint with an MTP layer (`mtp`) as the same model without it
     (`decoder`): parameters, active parameters, every format's bounds, the MoE layers, the KV cache; and names what
-    it left out: the accounting's `mtp` part, its bytes and parameters, while the checkpoint's own figures stay."""
+    it left out: the accounting's `mtp` part (its layer `layer` after the decoder's, or its `prefixes`: `mtp`), its
+    bytes and parameters, while the checkpoint's own figures stay."""
     import json
 
     from quantize.checkpoint.accounting import bits_report
@@ -489,12 +490,14 @@ def assert_priced_as_its_decoder(decoder, mtp, layer: int, capsys) -> None:
     report = bits_report(mtp)
     part = report.bytes_by_part["mtp"]
     assert "not_read" not in a
-    assert {k: b["not_read"][k] for k in ("part", "layers", "bytes", "parameters")} == {
+    assert {k: b["not_read"][k] for k in ("part", "layers", "prefixes", "bytes", "parameters")} == {
         "part": "mtp",
-        "layers": [layer],
+        "layers": [] if layer is None else [layer],
+        "prefixes": list(prefixes),
         "bytes": part["bytes"],
         "parameters": part["parameters"],
     }
     assert b["checkpoint"]["total_bytes"] == report.total_bytes
     assert main(["cost", "--checkpoint", str(mtp)]) == 0
-    assert f"MTP layer(s) not read by a plain decode step: layer(s) {layer}" in capsys.readouterr().out
+    which = f"layer(s) {layer}" if layer is not None else ", ".join(f"{p}.*" for p in prefixes)
+    assert f"MTP layer(s) not read by a plain decode step: {which} (" in capsys.readouterr().out

@@ -268,3 +268,44 @@ def build_mtp(family: str, path: Path, seed: int = 0) -> tuple[Path, Path]:
         out.append(folder)
     shutil.rmtree(full)
     return out[0], out[1]
+
+
+# the tensors Qwen3-Next's and Qwen3.5's published MTP module holds under its own prefix `mtp.` beside its decoder
+# layers (mtp.layers.0: a full-attention decoder layer): the projection of the joined embedding and hidden state back
+# to hidden_size, the norms of the two and the module's final norm (config.json: mtp_num_hidden_layers)
+MTP_PREFIXED_EXTRA = {
+    "fc.weight": ("hidden", "2hidden"),
+    "norm.weight": ("hidden",),
+    "pre_fc_norm_embedding.weight": ("hidden",),
+    "pre_fc_norm_hidden.weight": ("hidden",),
+}
+
+
+def build_mtp_prefixed(family: str, path: Path, declared: bool = True, seed: int = 0) -> tuple[Path, Path]:
+    """One seeded `family` model (an MTP family storing its module under `mtp.`: Qwen3-Next, Qwen3.5) saved twice
+    under `path`: `decoder`, as transformers saves it, and `mtp`, the same bytes plus the MTP module as the published
+    checkpoints store it (mtp.layers.0: seeded tensors of the shapes of the decoder's last layer, a full-attention
+    one; and MTP_PREFIXED_EXTRA), config.json declaring it (mtp_num_hidden_layers 1) where `declared`. Returns
+    (decoder, mtp)."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    decoder = build(family, path / "decoder", seed)
+    cfg = json.loads((decoder / "config.json").read_text())
+    n, h = cfg["num_hidden_layers"], cfg["hidden_size"]
+    tensors = load_file(decoder / "model.safetensors")
+    last = f"model.layers.{n - 1}."
+    shapes = {f"layers.0.{k.removeprefix(last)}": list(t.shape) for k, t in tensors.items() if k.startswith(last)}
+    sizes = {"hidden": h, "2hidden": 2 * h}
+    shapes |= {k: [sizes[d] for d in dims] for k, dims in MTP_PREFIXED_EXTRA.items()}
+    g = torch.Generator().manual_seed(seed + 1)
+    extra = {f"mtp.{k}": torch.randn(s, generator=g).to(torch.bfloat16) for k, s in sorted(shapes.items())}
+    mtp = path / "mtp"
+    shutil.copytree(decoder, mtp)
+    save_file({**tensors, **extra}, mtp / "model.safetensors", metadata={"format": "pt"})
+    if declared:
+        (mtp / "config.json").write_text(json.dumps(cfg | {"mtp_num_hidden_layers": 1}, indent=2, sort_keys=True))
+    return decoder, mtp

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -360,14 +361,14 @@ class _Count:
         tensors: dict[str, TensorInfo],
         bits: set[int],
         linear_layers: frozenset[int] = frozenset(),
-        mtp_from: int | None = None,
+        mtp: arch.Mtp | None = None,
     ):
         self.tensors = tensors
         self.names = set(tensors)
         # module -> the shape compressed-tensors stored beside its packed weight (`weight_shape`, read by bits_report)
         self.stored_shapes: dict[str, list[int]] = {}
         self.linear_layers = linear_layers  # layers config.json makes linear attention (architecture.part_of)
-        self.mtp_from = mtp_from  # the first multi-token-prediction layer config.json declares (architecture.part_of)
+        self.mtp = mtp  # the multi-token-prediction module config.json describes (architecture.part_of)
         self.bits = bits
         self.by_target: list[tuple[str, int]] = []
         self.args: list[tuple[str, dict[str, Any]]] = []  # (target, weights arguments) of the config groups
@@ -385,7 +386,7 @@ class _Count:
         row = self.modules.setdefault(_module_of(name), ModuleRow(_module_of(name), format="?"))
         row.bytes += t.nbytes
         row.roles[role] = row.roles.get(role, 0) + t.nbytes
-        part = self.parts[p := arch.part_of(row.module, role, self.linear_layers, self.mtp_from)]
+        part = self.parts[p := arch.part_of(row.module, role, self.linear_layers, self.mtp)]
         part.bytes += t.nbytes
         experts = self._experts(name, row.module, t) if p == "routed_experts" else None
         if experts is not None:
@@ -622,8 +623,8 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     index_matches_headers(ckpt, tensors)  # a stored tensor the index leaves out is one no loader reads (run: exit 2)
     cfg = read_config(ckpt, required=False)
     qc = _quant_config(ckpt, cfg)
-    mtp_from = arch.mtp_start(cfg)
-    count = _Count(tensors, _packed_bits(qc), arch.linear_attention_layers(cfg), mtp_from)
+    mtp_module = arch.mtp_of(cfg)
+    count = _Count(tensors, _packed_bits(qc), arch.linear_attention_layers(cfg), mtp_module)
     count.by_target = _bits_by_target(qc) if len(count.bits) > 1 else []
     count.stored_shapes = _stored_shapes(files, tensors)
     count.args = _config_weights(qc)
@@ -648,16 +649,13 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         notes.append(f"{len(unknown)} tensor(s) of unknown role counted as unquantized: {', '.join(unknown[:5])}")
     tied_copy = _tied_copy(cfg, modules, by_role, notes)
     if (mtp := count.parts["mtp"]).bytes:
-        stored = sorted(
-            {i for n in tensors if (i := arch.layer_index(n)) is not None and mtp_from is not None and i >= mtp_from}
-        )
-        notes.append(mtp_note(cfg, stored, mtp.bytes, mtp.parameters))
+        notes.append(mtp_note(cfg, mtp_parts(mtp_module, tensors), mtp.bytes, mtp.parameters))
     tables = [  # the decoder's: an MTP layer's own embedding is not read by a plain decode step
         (n, t.nbytes, t.shape[0])
         for n, t in tensors.items()
         if len(t.shape) == 2
         and role_of(n, t, count.names) == "embedding"
-        and arch.part_of(_module_of(n), "embedding", mtp_from=mtp_from) != "mtp"
+        and arch.part_of(_module_of(n), "embedding", mtp=mtp_module) != "mtp"
     ]
     if "_from" in qc:
         notes.append(f"bit width read from {qc['_from']} (config.json has no quantization_config)")
@@ -675,14 +673,36 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
     )
 
 
-def mtp_note(cfg: dict[str, Any], stored: list[int], nbytes: int, parameters: int) -> str:
-    """What the accounting says of the multi-token-prediction layers a checkpoint stores (`stored`, part `mtp`)."""
-    layers = arch.mtp_layers(cfg)
-    which = f"layer {stored[0]}" if len(stored) == 1 else f"layers {', '.join(map(str, stored))}"
+def mtp_parts(mtp: arch.Mtp, names: Iterable[str]) -> tuple[list[int], list[str]]:
+    """The multi-token-prediction module's parts among tensor `names`: its layers after the decoder's (their
+    indices) and its prefixes of their own (`mtp`), each in order."""
+    held = [n for n in names if mtp.holds(n)]
+    layers = sorted({i for n in held if mtp.in_layers(n) and (i := arch.layer_index(n)) is not None})
+    return layers, sorted({mtp.prefix(n) for n in held if mtp.in_prefix(n)})
+
+
+def mtp_note(cfg: dict[str, Any], stored: tuple[list[int], list[str]], nbytes: int, parameters: int) -> str:
+    """What the accounting says of the multi-token-prediction module a checkpoint stores (`stored`: mtp_parts, part
+    `mtp`): its layers after the decoder's, as config.json declares them, and its tensors under a prefix of their
+    own, as the family's transformers model ignores them."""
+    layers, prefixes = stored
+    said = []
+    if layers:
+        declared = arch.mtp_layers(cfg)
+        which = f"layer {layers[0]}" if len(layers) == 1 else f"layers {', '.join(map(str, layers))}"
+        said.append(
+            f"{which}: multi-token-prediction (MTP), as config.json declares (num_nextn_predict_layers "
+            f"{len(declared)} after num_hidden_layers {declared.start})"
+        )
+    if prefixes:
+        mtp = arch.mtp_of(cfg)
+        said.append(
+            f"{', '.join(p + '.*' for p in prefixes)}: multi-token-prediction (MTP) module, as transformers' "
+            f"{mtp.family} model ignores it ({', '.join(p.pattern for p in mtp.patterns)})"
+        )
     return (
-        f"{which}: multi-token-prediction (MTP), as config.json declares (num_nextn_predict_layers {len(layers)} "
-        f"after num_hidden_layers {layers.start}): part `mtp` ({nbytes:,} bytes, {parameters:,} parameters), no "
-        "decoder layer; transformers' causal LM does not load it, and a plain decode step does not read it"
+        f"{'; '.join(said)}: part `mtp` ({nbytes:,} bytes, {parameters:,} parameters), no decoder layer; "
+        "transformers' causal LM does not load it, and a plain decode step does not read it"
     )
 
 

@@ -31,6 +31,10 @@ decode column) read it as written. A shape field is at most MAX_SHAPE, a window 
                                     decoder's: DeepSeek-V3's layers.61) are part `mtp`, not decoder layers: no MoE
                                     layer, no KV cache, not read by a plain decode step; transformers' causal LM
                                     does not load them (its classes ignore them as unexpected tensors)
+                                    stored under a prefix of their own (Qwen3-Next's and Qwen3.5's `mtp.*`,
+                                    Nemotron-H's, MiMo's `model.mtp.*`): every tensor whose name a pattern of the
+                                    family's model's `_keys_to_ignore_on_load_unexpected` mentioning mtp matches
+                                    (MTP_UNEXPECTED, by model_type) is part `mtp` the same way
 """
 
 from __future__ import annotations
@@ -39,9 +43,9 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from quantize.compat.transformers_config_names import OWN_LAYER_TYPES, SLIDING_SWITCH, spellings
+from quantize.compat.transformers_config_names import MTP_UNEXPECTED, OWN_LAYER_TYPES, SLIDING_SWITCH, spellings
 from quantize.errors import UsageError
 
 # --- parts of a model, by tensor name -----------------------------------------------------------
@@ -102,16 +106,15 @@ _EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)(?:\.|$)")
 LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def part_of(
-    module: str, tensor_role: str, linear_layers: frozenset[int] = frozenset(), mtp_from: int | None = None
-) -> str:
+def part_of(module: str, tensor_role: str, linear_layers: frozenset[int] = frozenset(), mtp: Mtp | None = None) -> str:
     """The part of the model a tensor belongs to, from its module name and its accounting role (embedding,
     lm_head and norm roles name their part; a norm inside an attention block is a norm). An attention module of
     a layer in `linear_layers` (config.json's linear-attention layers: linear_attention_layers) is linear
-    attention: Kimi-Linear names both kinds `self_attn`. Every tensor of a layer `layers.N` with N >= `mtp_from`
-    (config.json's num_hidden_layers where it declares multi-token-prediction layers: mtp_start) is `mtp`, its
-    experts, embedding and output head included: that layer is no decoder layer."""
-    if mtp_from is not None and (i := layer_index(module + ".")) is not None and i >= mtp_from:
+    attention: Kimi-Linear names both kinds `self_attn`. Every tensor of the multi-token-prediction module `mtp`
+    (config.json's: mtp_of) is `mtp`, its experts, embedding and output head included: a layer `layers.N` with N >=
+    num_hidden_layers where config.json declares MTP layers, or a tensor under the family's MTP prefix (`mtp.*`);
+    it is no decoder layer."""
+    if mtp is not None and mtp.holds(module + "."):
         return "mtp"
     if tensor_role in TENSOR_ROLE_PARTS:
         return TENSOR_ROLE_PARTS[tensor_role]
@@ -156,7 +159,7 @@ def mtp_declaration(cfg: dict[str, Any]) -> tuple[str, range]:
 
 
 def mtp_start(cfg: dict[str, Any]) -> int | None:
-    """The first multi-token-prediction layer (part_of's `mtp_from`), None where config.json declares none or
+    """The first multi-token-prediction layer (Mtp.layers_from), None where config.json declares none or
     declares them in a way mtp_layers refuses (the accounting by part must not fail: the checks before a load
     refuse it, files.config_matches_headers)."""
     try:
@@ -164,6 +167,46 @@ def mtp_start(cfg: dict[str, Any]) -> int | None:
     except UsageError:
         return None
     return layers.start if layers else None
+
+
+class Mtp(NamedTuple):
+    """Where a checkpoint's multi-token-prediction (MTP) module is stored, as config.json tells: decoder layers from
+    `layers_from` on (mtp_start: DeepSeek-V3's layers.61), and/or the tensors under a prefix of their own that
+    transformers' model of the family (`family`, config.json's model_type) ignores by `patterns` (MTP_UNEXPECTED,
+    matched as transformers matches them: re.search on the stored name; Qwen3-Next's `^mtp.*`)."""
+
+    layers_from: int | None = None
+    patterns: tuple[re.Pattern[str], ...] = ()
+    family: str = ""
+
+    def in_layers(self, name: str) -> bool:
+        """Whether tensor `name` is in an MTP layer stored after the decoder's (`layers.N`, N >= layers_from)."""
+        return self.layers_from is not None and (i := layer_index(name)) is not None and i >= self.layers_from
+
+    def in_prefix(self, name: str) -> bool:
+        """Whether tensor `name` is under the family's MTP prefix (a pattern matches it), not in such a layer."""
+        return not self.in_layers(name) and any(p.search(name) for p in self.patterns)
+
+    def holds(self, name: str) -> bool:
+        return self.in_layers(name) or self.in_prefix(name)
+
+    def prefix(self, name: str) -> str:
+        """The MTP module's part that tensor `name` (one it holds) is in: its layer (`model.layers.61`), or the
+        shortest leading part of the name a pattern matches, read with a dot after it (`mtp`, `model.mtp_layers`)."""
+        if self.in_layers(name) and (m := LAYER_INDEX.search(name)):
+            return name[: m.end() - 1]
+        parts = name.split(".")
+        heads = (".".join(parts[:k]) for k in range(1, len(parts) + 1))
+        return next((h for h in heads if any(p.search(h + ".") for p in self.patterns)), name)
+
+
+def mtp_of(cfg: dict[str, Any]) -> Mtp:
+    """The MTP module config.json describes (Mtp): its layers after the decoder's (mtp_start) and the prefix
+    patterns of its family (config.json's model_type, and its text_config's), none of either where it gives none."""
+    families = [c.get("model_type") for c in (cfg, text_config(cfg))] if cfg else []
+    known = [f for f in dict.fromkeys(families) if isinstance(f, str) and f in MTP_UNEXPECTED]
+    patterns = tuple(re.compile(p) for f in known for p in MTP_UNEXPECTED[f])
+    return Mtp(mtp_start(cfg), patterns, known[0] if known else "")
 
 
 def expert_index(module: str) -> int | None:

@@ -20,7 +20,7 @@ from typing import Any
 
 from quantize import cache
 from quantize.checkpoint import ggufs
-from quantize.checkpoint.architecture import expert_problems, mtp_declaration, routed_experts, stored_per_expert
+from quantize.checkpoint.architecture import expert_problems, mtp_declaration, mtp_of, routed_experts, stored_per_expert
 from quantize.checkpoint.headers import all_tensors, check_shard_index
 from quantize.errors import UsageError
 from quantize.io import read_user_file, sha256_bytes, sha256_file, sha256_named
@@ -249,10 +249,13 @@ def config_matches_headers(checkpoint: Path) -> None:
     the tensor and both shapes, instead of growing to gigabytes in the model's constructor. The layers are
     num_hidden_layers decoder layers, and where config.json declares multi-token-prediction layers after them
     (architecture.mtp_layers: DeepSeek-V3's layers.61) either those too or none of them: a checkpoint saved by
-    transformers keeps the declaration and drops the layers."""
+    transformers keeps the declaration and drops the layers. The tensors of an MTP module stored under a prefix of its
+    own (architecture.mtp_of: Qwen3-Next's `mtp.layers.0`) are neither decoder layers nor the embedding."""
     cfg = read_config(checkpoint, required=False)
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     tensors, _ = all_tensors(safetensors_files(checkpoint))
+    prefixed = mtp_of(cfg).in_prefix
+    tensors = {n: t for n, t in tensors.items() if not prefixed(n)}
     fix = "fix config.json, or the weights that go with it"
     layers = {int(m.group(1)) for n in tensors if (m := _LAYER.search(n))}
     want = text.get("num_hidden_layers")

@@ -161,8 +161,9 @@ def check_loading_info(path: Path, info: dict[str, Any]) -> None:
     do not match config.json (typically a quantized checkpoint whose quantization_config is missing). Two
     exceptions: a stored bias the model has no place for that is all zeros (AutoGPTQ writes one for every
     quantized linear) changes nothing, x W^T + 0, and is let go; and so are the tensors of the
-    multi-token-prediction layers config.json declares after the decoder's (mtp_tensors), which transformers'
-    causal LM has no place for by design (its DeepSeek-V3 and GLM-4.5 classes ignore them as unexpected)."""
+    multi-token-prediction layers config.json declares after the decoder's, and the MTP module under its family's
+    prefix (mtp_tensors), which transformers' causal LM has no place for by design (its DeepSeek-V3 and GLM-4.5
+    classes ignore layers.61 / .92, its Qwen3-Next class `mtp.*`, as unexpected)."""
     missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
     zero = _stored_zeros(path, [k for k in unexpected if k.endswith(".bias")])
     mtp = set(mtp_tensors(path, unexpected))
@@ -186,9 +187,12 @@ def check_loading_info(path: Path, info: dict[str, Any]) -> None:
 
 def mtp_tensors(path: Path, names: list[str]) -> list[str]:
     """Those of `names` in a multi-token-prediction layer config.json declares (architecture.mtp_layers: layers.N
-    for N from num_hidden_layers to num_hidden_layers + num_nextn_predict_layers − 1), in order."""
-    layers = architecture.mtp_layers(read_config(path, required=False))
-    return sorted(n for n in names if (i := architecture.layer_index(n)) is not None and i in layers)
+    for N from num_hidden_layers to num_hidden_layers + num_nextn_predict_layers − 1) or under its family's MTP
+    prefix (architecture.mtp_of: `mtp.*`, which the model's ignore patterns let go, but not on every path: a
+    compressed-tensors reload reports them), in order."""
+    cfg = read_config(path, required=False)
+    layers, prefixed = architecture.mtp_layers(cfg), architecture.mtp_of(cfg).in_prefix
+    return sorted(n for n in names if ((i := architecture.layer_index(n)) is not None and i in layers) or prefixed(n))
 
 
 def _stored_zeros(path: Path, names: list[str]) -> set[str]:

@@ -27,6 +27,12 @@
 - Each config class's `attribute_map` (the name a field is stored under, and the other names that set it), copied
   for the light readers in compat/transformers_config_names.py; `problems()` compares the copy with the classes.
 
+- Each family model's `_keys_to_ignore_on_load_unexpected` patterns that name a multi-token-prediction module
+  stored under a prefix of its own (`mtp.*`: Qwen3-Next, Qwen3.5, Nemotron-H), which
+  `_adjust_missing_and_unexpected_keys` drops from the unexpected keys (re.search on each stored name): copied for
+  the light readers as transformers_config_names.MTP_UNEXPECTED; `problems()` compares the copy with the classes
+  (library_mtp_patterns).
+
 - config.json completed by its family's config class: `CONFIG_MAPPING[model_type](**config)` (what
   `AutoConfig.from_pretrained` runs through `from_dict`, less the hub and remote code) and its `to_dict()`, which holds
   every field the class derives in `__post_init__` or takes by default (`completed_config`: the cost model's reading).
@@ -103,7 +109,8 @@ def problems() -> list[str]:
         f"PreTrainedModel.tie_weights takes no `{p}`" for p in ("missing_keys", "recompute_mapping") if p not in tie
     ]
     found += _gguf_problems() + _conversion_problems() + _patch_problems() + _config_problems()
-    return found + config_name_problems(sorted(config_names.ATTRIBUTE_MAPS)) + sliding_switch_problems()
+    found += config_name_problems(sorted(config_names.ATTRIBUTE_MAPS)) + sliding_switch_problems()
+    return found + mtp_pattern_problems()
 
 
 # what `_decode_special_floats` was read to do on 5.17: a tagged float back to the float, through dicts and lists
@@ -274,6 +281,43 @@ def sliding_switch_problems() -> list[str]:
         f"{copied.get(m, 'absent')}"
         for m in sorted({*library, *copied})
         if library.get(m, "absent") != copied.get(m, "absent")
+    ]
+
+
+def library_mtp_patterns() -> dict[str, tuple[str, ...]]:
+    """Every family (model_type) whose causal LM or image-text-to-text model in transformers' auto mappings ignores
+    stored tensors by a `_keys_to_ignore_on_load_unexpected` pattern mentioning "mtp", and those patterns, in the
+    sorted order (a class may hold them as a set). Only the modeling modules whose source names both are imported
+    (1-2 s, not every family's)."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    wanted: dict[str, set[str]] = {}
+    auto = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    for mapping in auto:
+        for model_type, name in mapping.items():
+            wanted.setdefault(name, set()).add(model_type)
+    out: dict[str, tuple[str, ...]] = {}
+    for f in sorted((Path(transformers.__file__).parent / "models").glob("*/modeling_*.py")):
+        text = f.read_text(encoding="utf-8")
+        if "_keys_to_ignore_on_load_unexpected" not in text or "mtp" not in text:
+            continue
+        module = import_module(f"transformers.models.{f.parent.name}.{f.stem}")
+        for name, model_types in wanted.items():
+            cls = vars(module).get(name)
+            ignored = getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ()
+            patterns = tuple(sorted(p for p in ignored if "mtp" in p))
+            out |= dict.fromkeys(model_types, patterns) if patterns else {}
+    return dict(sorted(out.items()))
+
+
+def mtp_pattern_problems() -> list[str]:
+    """Where MTP_UNEXPECTED differs from the library's models (library_mtp_patterns)."""
+    library, copied = library_mtp_patterns(), config_names.MTP_UNEXPECTED
+    return [
+        f"{m}'s model ignores {library.get(m, ())} as its MTP module, the copy {copied.get(m, ())}"
+        for m in sorted({*library, *copied})
+        if library.get(m, ()) != copied.get(m, ())
     ]
 
 

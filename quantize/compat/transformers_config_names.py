@@ -10,7 +10,8 @@ from config.json without importing transformers (its config classes import torch
 transformers 5.17's CONFIG_MAPPING whose name or stored name is one of READ. `problems()` in compat/transformers.py
 compares them with the library's classes (`library_maps` there), so a change upstream fails tests/compat. So is
 SLIDING_SWITCH, the families whose sliding window is off unless config.json switches it on, and which layers each
-class slides once it is (`library_switches`: each class built switched on).
+class slides once it is (`library_switches`: each class built switched on), and MTP_UNEXPECTED, the stored names
+each family's model ignores as its multi-token-prediction module (`library_mtp_patterns`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,36 @@ SLIDING_SWITCH: dict[str, int | str | None] = {
     "qwen3": 28,
     "qwen3_moe": None,
     "smollm3": OWN_LAYER_TYPES,
+}
+
+
+# model_type -> the patterns of its causal LM's (or image-text-to-text model's) `_keys_to_ignore_on_load_unexpected`
+# that name a multi-token-prediction (MTP) module stored under a prefix of its own (`mtp.*`, `model.mtp.*`,
+# `model.mtp_layers.*`), beside the decoder's layers: transformers matches each with re.search against a stored name
+# and drops a match from the unexpected keys, so its model never holds that module (transformers 5.17: the classes
+# of MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES with a pattern mentioning
+# "mtp"; DeepSeek's and GLM's `model.layers.61`-style patterns name no prefix: architecture.mtp_layers reads those)
+MTP_UNEXPECTED: dict[str, tuple[str, ...]] = {
+    "deepseek_v4": (r"(^|\.)mtp\..*",),
+    "ernie4_5_moe": ("mtp",),
+    "exaone4_5": ("mtp.*",),
+    "exaone_moe": ("mtp.*",),
+    "hy_v4": (r"model\.mtp_layers\..*",),
+    "inkling_mm_model": (r"model\.mtp\..*",),
+    "inkling_text": (r"model\.mtp\..*",),
+    "longcat_flash": (r"model\.mtp.*",),
+    "mimo_v2_flash": (r"^model\.mtp\.",),
+    "minimax_m3_vl": (r"(^|\.)mtp\..*",),
+    "minimax_m3_vl_text": (r"(^|\.)mtp\..*",),
+    "nemotron_h": ("mtp.*",),
+    "olmo_hybrid": ("^mtp.*",),
+    "qwen3_5": ("^mtp.*",),
+    "qwen3_5_moe": ("^mtp.*",),
+    "qwen3_5_moe_text": ("^mtp.*",),
+    "qwen3_5_text": ("^mtp.*",),
+    "qwen3_next": ("^mtp.*",),
+    "qwen4_exp": ("^mtp.*",),
+    "qwen4_exp_text": ("^mtp.*",),
 }
 
 

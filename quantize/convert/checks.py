@@ -10,7 +10,7 @@ from typing import Any
 
 from quantize.checkpoint import qdq
 from quantize.checkpoint.accounting import bits_report
-from quantize.checkpoint.architecture import LAYER_INDEX, layer_index, mtp_declaration
+from quantize.checkpoint.architecture import Mtp, mtp_declaration, mtp_of
 from quantize.checkpoint.files import read_config, safetensors_files, side_file
 from quantize.checkpoint.headers import all_tensors, read_header
 from quantize.checkpoint.loader import check_against_meta, check_loading_info, load_model, meta_model
@@ -135,9 +135,10 @@ def left_at_16(
 ) -> list[LeftAt16]:
     """What the saved checkpoint stores at 16 bits of what the recipe's targets cover, by reason, read from its
     headers: a layer the plan kept (its reason), a tensor no conversion reached (`kept` names a parameter), and
-    a planned layer stored as a plain 16-bit weight with no scale (the backend skipped it). The plan names modules
-    as transformers' model does; each tensor is listed by the name the file stores it under (Mixtral's and
-    MiniMax-M2's routers as `block_sparse_moe.gate`, where the model says `mlp.gate`)."""
+    a planned layer stored as a plain 16-bit weight with no scale (the backend skipped it), and the weights (2-D and
+    up) of a multi-token-prediction module the backend's save copied from the source as stored (MTP_COPIED). The
+    plan names modules as transformers' model does; each tensor is listed by the name the file stores it under
+    (Mixtral's and MiniMax-M2's routers as `block_sparse_moe.gate`, where the model says `mlp.gate`)."""
     found, _ = all_tensors(safetensors_files(out))
     as_stored = {_renamed(k, renamed or []): k for k in found}  # the model's name (as transformers loads) -> the file's
     stored = {name: found[k] for name, k in as_stored.items()}
@@ -156,39 +157,81 @@ def left_at_16(
         for t in (name, f"{name}.weight"):
             if t in stored and stored[t].dtype in SIXTEEN_BIT:
                 add(why, t)
+    mtp = mtp_of(read_config(out, required=False))
+    copied = [
+        t
+        for n, t in sorted(found.items())
+        if mtp.holds(n) and n.endswith(".weight") and len(t.shape) >= 2 and t.dtype in SIXTEEN_BIT
+    ]
+    if copied:
+        by[MTP_COPIED] = ([t.name for t in copied], sum(t.nbytes for t in copied))
     return [LeftAt16(why=why, tensors=names, bytes=nbytes) for why, (names, nbytes) in by.items()]
+
+
+MTP_COPIED = (
+    "multi-token-prediction (MTP) module (part `mtp`): transformers' causal LM does not load it, so no conversion "
+    "reached it; the backend's save copied it from the source as stored (llm-compressor copies a source's `mtp.*` "
+    "tensors where config.json declares MTP layers, and its quantization_config ignores them)"
+)
 
 
 SIXTEEN_BIT = ("BF16", "F16", "F32")
 
 
 def not_converted(source: Path, out: Path) -> list[NotConverted]:
-    """The multi-token-prediction layers of the source (architecture.mtp_layers) the saved checkpoint does not
-    hold, read from both folders' headers: transformers' causal LM does not load them (loader.check_loading_info
-    lets them go), so a conversion of the loaded model never holds them and saves the decoder alone, under the
-    source's config.json, which still declares them. Their bytes and parameters are the source's accounting's."""
-    key, layers = mtp_declaration(read_config(source))
-    if not layers:
-        return []
+    """The parts of the source's multi-token-prediction module (architecture.mtp_of: its layers after the decoder's,
+    its tensors under a prefix of their own) the saved checkpoint does not hold, read from both folders' headers:
+    transformers' causal LM does not load them (it ignores a family's `mtp.*` tensors; loader.check_loading_info lets
+    the declared layers go), so a conversion of the loaded model never holds them and saves the decoder alone, under
+    the source's config.json, which still declares them, unless the backend's save copies them from the source
+    (left_at_16: MTP_COPIED). One row for the layers, one for the prefixes; their bytes and parameters are the
+    source's accounting's."""
+    cfg = read_config(source)
+    mtp = mtp_of(cfg)
     stored, _ = all_tensors(safetensors_files(source))
-    held = {layer_index(n) for n in all_tensors(safetensors_files(out))[0]}
-    gone = {i for n in stored if (i := layer_index(n)) in layers and i not in held}
-    if not gone:
+    if not any(mtp.holds(n) for n in stored):
         return []
-    names = [n for n in stored if layer_index(n) in gone]
-    rows = [m for m in bits_report(source).modules if layer_index(m.module + ".") in gone]
-    return [
-        NotConverted(
-            why=f"multi-token-prediction (MTP) layer(s) config.json declares after the decoder's ({key} "
-            f"{len(layers)}): transformers' causal LM does not load them, so the conversion never held them; the "
-            "checkpoint stores the decoder alone under the same config.json, and an engine that drafts tokens with "
-            "MTP layers (speculative decoding) finds none in it",
-            layers=sorted({n[: m.end() - 1] for n in names if (m := LAYER_INDEX.search(n))}, key=layer_index),
-            tensors=len(names),
-            bytes=sum(stored[n].nbytes for n in names),
-            parameters=sum(m.parameters for m in rows),
-        )
-    ]
+    held = {mtp.prefix(n) for n in all_tensors(safetensors_files(out))[0] if mtp.holds(n)}
+    modules = bits_report(source).modules
+    key, layers = mtp_declaration(cfg)
+    rows = []
+    for in_part, why in (
+        (
+            mtp.in_layers,
+            f"multi-token-prediction (MTP) layer(s) config.json declares after the decoder's ({key} {len(layers)}): "
+            "transformers' causal LM does not load them, so the conversion never held them; the checkpoint stores "
+            "the decoder alone under the same config.json, and an engine that drafts tokens with MTP layers "
+            "(speculative decoding) finds none in it",
+        ),
+        (
+            mtp.in_prefix,
+            f"multi-token-prediction (MTP) module stored under a prefix of its own: transformers' {mtp.family} model "
+            f"does not load it (it ignores {', '.join(p.pattern for p in mtp.patterns)}), so the conversion never "
+            "held it, and the backend's save did not copy it from the source; the checkpoint stores the decoder "
+            "alone under the same config.json, and an engine that drafts tokens with MTP layers (speculative "
+            "decoding) finds none in it",
+        ),
+    ):
+        names = [n for n in stored if in_part(n) and mtp.prefix(n) not in held]
+        if names:
+            gone = {mtp.prefix(n) for n in names}
+            rows.append(_not_converted(why, mtp, gone, names, stored, modules))
+    return rows
+
+
+def _not_converted(
+    why: str, mtp: Mtp, gone: set[str], names: list[str], stored: dict[str, Any], modules: list[Any]
+) -> NotConverted:
+    """One not_converted row: the MTP parts `gone` (prefixes), their tensors `names` in the source (`stored`) and
+    their parameters by the source's accounting (`modules`)."""
+    rows = [m for m in modules if mtp.holds(m.module + ".") and mtp.prefix(m.module + ".") in gone]
+    return NotConverted(
+        why=why,
+        layers=sorted(gone, key=lambda p: (len(p), p)),
+        tensors=len(names),
+        bytes=sum(stored[n].nbytes for n in names),
+        parameters=sum(m.parameters for m in rows),
+    )
 
 
 def _renamed(name: str, renamings: list[tuple[str, str]]) -> str:

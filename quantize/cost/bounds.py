@@ -42,8 +42,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from quantize.checkpoint import ggufs
-from quantize.checkpoint.accounting import BitsReport, bits_report, gguf_report
-from quantize.checkpoint.architecture import MAX_SHAPE, cache_spec, layer_count, layer_index, moe_spec, mtp_start
+from quantize.checkpoint.accounting import BitsReport, bits_report, gguf_report, mtp_parts
+from quantize.checkpoint.architecture import MAX_SHAPE, cache_spec, layer_count, moe_spec, mtp_of
 from quantize.checkpoint.files import read_config
 from quantize.errors import UsageError
 
@@ -541,11 +541,12 @@ class CheckpointBytes(_Frozen):
 
 
 class NotRead(_Frozen):
-    """What a checkpoint stores that a plain decode step does not read: its multi-token-prediction layers (the
-    accounting's part `mtp`, checkpoint/architecture.mtp_layers), left out of the parameters and bytes priced."""
+    """What a checkpoint stores that a plain decode step does not read: its multi-token-prediction module (the
+    accounting's part `mtp`, checkpoint/architecture.mtp_of), left out of the parameters and bytes priced."""
 
     part: str
-    layers: list[int]
+    layers: list[int]  # its layers stored after the decoder's (DeepSeek-V3's 61)
+    prefixes: list[str] = []  # its tensors under a prefix of their own, by prefix (Qwen3-Next's `mtp`)
     bytes: int
     parameters: int
     note: str
@@ -813,24 +814,29 @@ MTP_NOT_READ = "MTP layer(s) not read by a plain decode step"
 
 
 def not_read(report: BitsReport, config: dict[str, Any], stored: list[int] | None = None) -> NotRead | None:
-    """The multi-token-prediction layers a checkpoint stores (the accounting's part `mtp`: config.json's
-    num_nextn_predict_layers after its num_hidden_layers, a GGUF's last nextn_predict_layers blocks), which a plain
-    decode step does not read: the decoder predicts the next token without them (they draft tokens for speculative
-    decoding, a step of their own). `stored`: the MTP layers, where the caller read them (a GGUF's:
-    ggufs.mtp_stored), else report.modules' from config.json's num_hidden_layers on. None where it stores none."""
+    """The multi-token-prediction module a checkpoint stores (the accounting's part `mtp`: config.json's
+    num_nextn_predict_layers after its num_hidden_layers, or its family's `mtp.*` tensors; a GGUF's last
+    nextn_predict_layers blocks), which a plain decode step does not read: the decoder predicts the next token
+    without it (it drafts tokens for speculative decoding, a step of its own). `stored`: the MTP layers, where the
+    caller read them (a GGUF's: ggufs.mtp_stored), else report.modules' as config.json describes them
+    (accounting.mtp_parts). None where it stores none."""
     part = report.bytes_by_part.get("mtp")
-    start = mtp_start(config) if stored is None else 0
-    if not part or not part["bytes"] or start is None:
+    if not part or not part["bytes"]:
         return None
+    prefixes: list[str] = []
     if stored is None:
-        stored = sorted({i for m in report.modules if (i := layer_index(m.module + ".")) is not None and i >= start})
-    layers = stored
+        stored, prefixes = mtp_parts(mtp_of(config), (m.module + "." for m in report.modules))
+        if not stored and not prefixes:
+            return None
+    which = [f"layer(s) {_span(stored)}"] if stored else []
+    which += [", ".join(f"{p}.*" for p in prefixes)] if prefixes else []
     return NotRead(
         part="mtp",
-        layers=layers,
+        layers=stored,
+        prefixes=prefixes,
         bytes=part["bytes"],
         parameters=part["parameters"],
-        note=f"{MTP_NOT_READ}: layer(s) {_span(layers)} ({part['bytes']:,} bytes, {part['parameters']:,} "
+        note=f"{MTP_NOT_READ}: {' and '.join(which)} ({part['bytes']:,} bytes, {part['parameters']:,} "
         "parameters) left out of the parameters and bytes priced",
     )
 

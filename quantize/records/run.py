@@ -99,11 +99,12 @@ class LeftAt16(Strict):
 
 class NotConverted(Strict):
     """Layers of the source the saved checkpoint does not hold, for one reason: the multi-token-prediction (MTP)
-    layers config.json declares after the decoder's (DeepSeek-V3's layers.61), which transformers' causal LM does
-    not load, so no conversion of a loaded model reaches them."""
+    layers config.json declares after the decoder's (DeepSeek-V3's layers.61), or the MTP module its family stores
+    under a prefix of its own (Qwen3-Next's `mtp.*`), which transformers' causal LM does not load, so no conversion
+    of a loaded model reaches them."""
 
     why: str
-    layers: list[str]  # each layer's prefix as the source stores it (model.layers.61)
+    layers: list[str]  # each layer's prefix as the source stores it (model.layers.61), or the module's (mtp)
     tensors: int  # tensors of those layers in the source
     bytes: int  # their bytes in the source
     parameters: int  # their parameters in the source (the accounting's); not in bits.source_parameters

@@ -288,6 +288,22 @@ def test_a_class_sliding_other_layers_than_qwen2s_rule_is_found(model_type, monk
         assert [p.split(":")[0] for p in compat.sliding_switch_problems()] == [f"{model_type}'s config class"]
 
 
+def test_the_copied_mtp_prefixes_are_the_models_own(monkeypatch):
+    """MTP_UNEXPECTED equals the MTP patterns of transformers' models' `_keys_to_ignore_on_load_unexpected`
+    (Qwen3-Next's `^mtp.*` among them); a family dropped from the copy, or a pattern changed upstream, is found."""
+    from transformers import Qwen3NextForCausalLM
+
+    from quantize.compat import transformers as compat
+    from quantize.compat import transformers_config_names as copy
+
+    assert compat.mtp_pattern_problems() == []
+    assert copy.MTP_UNEXPECTED["qwen3_next"] == ("^mtp.*",)
+    monkeypatch.setattr(copy, "MTP_UNEXPECTED", {k: v for k, v in copy.MTP_UNEXPECTED.items() if k != "nemotron_h"})
+    monkeypatch.setattr(Qwen3NextForCausalLM, "_keys_to_ignore_on_load_unexpected", [r"^model\.mtp\."])
+    found = compat.mtp_pattern_problems()
+    assert [p.split("'s model")[0] for p in found] == ["nemotron_h", "qwen3_next"]
+
+
 def test_target_matching_agrees_with_compressed_tensors():
     """The torch-free copy the accounting uses picks, on every case, the target compressed-tensors' own
     `match_targets` puts first (exact names, then `re:` patterns in sorted order), and matches a name as its

@@ -50,3 +50,62 @@ def test_an_mtp_checkpoint_converts_to_its_decoders_checkpoint_and_says_what_it_
     assert meta["mtp"].source_model.parameters == meta["decoder"].source_model.parameters + left.parameters
     assert "not converted: model.layers.2 (" in said["mtp"] and "not converted" not in said["decoder"]
     assert "not converted, not in this checkpoint | model.layers.2:" in (out["mtp"] / "README.md").read_text()
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_prefixed_mtp_module_is_kept_as_copied_or_said_not_converted(tmp_path, declared, capsys):
+    """Qwen3-Next's MTP module under `mtp.` (tests/families.build_mtp_prefixed), which transformers' model ignores.
+    Declared (config.json's mtp_num_hidden_layers), llm-compressor's save copies it from the source into a shard of
+    its own: the run exits 0 with one layout (the shard index, model.safetensors its first shard), the decoder's
+    tensors are those its decoder-only twin converts to, and left_16bit lists the module's weights, the file's own
+    bytes. Undeclared, nothing copies it: the checkpoint is the twin's byte for byte, and layer_plan.not_converted
+    names it. The old code ended the declared run in exit 3 ("holds both model.safetensors and
+    model.safetensors.index.json"), and said nothing of the module on either."""
+    from families import build_mtp_prefixed
+
+    decoder, mtp = build_mtp_prefixed("qwen3_next", tmp_path / "src", declared=declared)
+    out, meta = {}, {}
+    for name, src in (("decoder", decoder), ("mtp", mtp)):
+        rfile = tmp_path / f"{name}.yaml"
+        out[name] = tmp_path / "out" / name
+        rfile.write_text(yaml.safe_dump({"name": name, "model": str(src), "output": str(out[name]), **FP8}))
+        assert main(["run", str(rfile)]) == 0
+        meta[name] = records.read(RunRecord, out[name] / "quantize.json")
+    said = capsys.readouterr().out
+    source = {n: t for n, t in all_tensors(safetensors_files(mtp))[0].items() if n.startswith("mtp.")}
+    part = bits_report(mtp).bytes_by_part["mtp"]
+    held = all_tensors(safetensors_files(out["mtp"]))[0]
+    twin = all_tensors(safetensors_files(out["decoder"]))[0]
+    assert meta["decoder"].layer_plan.not_converted == []
+    assert not any("multi-token-prediction" in g.why for g in meta["decoder"].layer_plan.left_16bit)
+    if declared:
+        import torch
+        from safetensors.torch import load_file
+
+        assert not (out["mtp"] / "model.safetensors").exists()  # the index's layout alone
+        mine = {k: v for f in safetensors_files(out["mtp"]) for k, v in load_file(f).items() if k in twin}
+        theirs = load_file(out["decoder"] / "model.safetensors")
+        assert set(held) - set(twin) == set(source) and mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k], theirs[k]) for k in mine)
+        assert {n: (t.shape, t.dtype, t.nbytes) for n, t in held.items() if n.startswith("mtp.")} == {
+            n: (t.shape, t.dtype, t.nbytes) for n, t in source.items()
+        }
+        [copied] = [g for g in meta["mtp"].layer_plan.left_16bit if "multi-token-prediction" in g.why]
+        weights = {n: t for n, t in held.items() if n.startswith("mtp.") and n.endswith(".weight") and len(t.shape) > 1}
+        assert (sorted(copied.tensors), copied.bytes) == (sorted(weights), sum(t.nbytes for t in weights.values()))
+        assert meta["mtp"].layer_plan.not_converted == []
+        assert bits_report(out["mtp"]).bytes_by_part["mtp"]["bytes"] == part["bytes"]
+        assert "multi-token-prediction (MTP) module (part `mtp`)" in said
+    else:
+        for f in ("model.safetensors", "config.json"):
+            assert (out["mtp"] / f).read_bytes() == (out["decoder"] / f).read_bytes(), f
+        [left] = meta["mtp"].layer_plan.not_converted
+        assert (left.layers, left.tensors, left.bytes, left.parameters) == (
+            ["mtp"],
+            len(source),
+            part["bytes"],
+            part["parameters"],
+        )
+        assert "does not load it" in left.why and "^mtp.*" in left.why
+        assert meta["mtp"].bits == meta["decoder"].bits
+        assert not any("multi-token-prediction" in g.why for g in meta["mtp"].layer_plan.left_16bit)

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
-from quantize.checkpoint.files import identity_view, read_config, safetensors_files
+from quantize.checkpoint.files import SAFE_INDEX, SAFE_WEIGHTS, identity_view, read_config, safetensors_files
 from quantize.checkpoint.loader import load_model
 from quantize.compat.compressed_tensors import seq_length_without_a_cache
 from quantize.compat.llmcompressor import (
@@ -149,12 +149,15 @@ class LLMCompressorBackend:
         """save_pretrained, compressed; an MoE's per-expert layers then renamed to the names its family's
         checkpoints use where llm-compressor's differ (Mixtral's w1/w3/w2: plan.expert_checkpoint_names), so
         transformers 5 merges them into its fused experts on reload, and their `re:` targets written to match the
-        module by both its names (transformers' `.mlp.`, the checkpoint's and vLLM's `.block_sparse_moe.`)."""
+        module by both its names (transformers' `.mlp.`, the checkpoint's and vLLM's `.block_sparse_moe.`). A shard
+        of the source's MTP module that llm-compressor's save adds beside a single model.safetensors is made one
+        layout with it (_single_file_indexed)."""
         from llmcompressor.modeling.moe.linearize import get_linearized_moes, repack_moe
 
         if get_linearized_moes(model) and not per_expert_loader(model.config.model_type):
             repack_moe(model)  # experts at 16 bits (plan._fused_only), fused again as the family's loader reads
         model.save_pretrained(folder, save_compressed=True)
+        _single_file_indexed(folder)
         if names := expert_checkpoint_names(model.config.model_type):
             _rename_experts(folder, names, renamings(model.config.model_type))
 
@@ -208,6 +211,28 @@ class LLMCompressorBackend:
 
         reset_session()
         gc.collect()
+
+
+def _single_file_indexed(folder: Path) -> None:
+    """Where config.json declares MTP layers (`mtp_num_hidden_layers`, `num_mtp_layers`), llm-compressor's save
+    copies the source's `mtp.*` tensors, which transformers' model does not load, into a shard of their own
+    (compressed_tensors.utils.save_mtp_tensors_to_checkpoint: model_mtp.safetensors) and writes a shard index naming
+    it and the shards save_pretrained wrote. Beside a model saved as one model.safetensors, that is a folder
+    transformers reads as model.safetensors alone and an index-following loader (vLLM) by its index, which
+    files.loaded_weights refuses as two models. model.safetensors becomes the index's first shard
+    (model-00001-of-N.safetensors, as save_pretrained names shards) and the index follows it: one layout, the
+    index's, read by both."""
+    single, index = folder / SAFE_WEIGHTS, folder / SAFE_INDEX
+    if not (single.is_file() and index.is_file()):
+        return
+    data = json.loads(index.read_text())
+    shards = sorted(set(data["weight_map"].values()))
+    if shards == [SAFE_WEIGHTS] or SAFE_WEIGHTS not in shards:
+        return
+    name = f"model-00001-of-{len(shards):05d}.safetensors"
+    single.rename(folder / name)
+    data["weight_map"] = {k: name if v == SAFE_WEIGHTS else v for k, v in data["weight_map"].items()}
+    index.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def _rename_experts(folder: Path, names: dict[str, str], renamed: list[tuple[str, str]]) -> None:
