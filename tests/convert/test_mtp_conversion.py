@@ -109,3 +109,25 @@ def test_a_prefixed_mtp_module_is_kept_as_copied_or_said_not_converted(tmp_path,
         assert "does not load it" in left.why and "^mtp.*" in left.why
         assert meta["mtp"].bits == meta["decoder"].bits
         assert not any("multi-token-prediction" in g.why for g in meta["mtp"].layer_plan.left_16bit)
+
+
+def test_the_streamed_path_keeps_a_prefixed_mtp_module_as_model_free_ptq_copies_it(tmp_path):
+    """Streamed (model_free_ptq, shard by shard), a dense Qwen3.5's `mtp.*` module is copied as stored, no target
+    naming it: the structure check lets it be (the old code ended in exit 3, "15 tensor(s) the model does not have,
+    e.g. mtp.fc.weight"), and left_16bit lists its weights, the file's own bytes."""
+    from families import build_mtp_prefixed
+
+    _, mtp = build_mtp_prefixed("qwen3_5_text", tmp_path / "src")
+    rfile, out = tmp_path / "r.yaml", tmp_path / "out"
+    rfile.write_text(yaml.safe_dump({"name": "s", "model": str(mtp), "output": str(out), "streaming": "on", **FP8}))
+    assert main(["run", str(rfile)]) == 0
+    meta = records.read(RunRecord, out / "quantize.json")
+    assert meta.memory_plan.path == "streamed"
+    held = all_tensors(safetensors_files(out))[0]
+    weights = {n: t for n, t in held.items() if n.startswith("mtp.") and n.endswith(".weight") and len(t.shape) > 1}
+    [copied] = [g for g in meta.layer_plan.left_16bit if "multi-token-prediction" in g.why]
+    assert weights and (sorted(copied.tensors), copied.bytes) == (
+        sorted(weights),
+        sum(t.nbytes for t in weights.values()),
+    )
+    assert meta.layer_plan.not_converted == []
