@@ -35,7 +35,7 @@ _TORCH_DTYPES = {
 }
 
 
-def check_source(model_dir: Path, trust_remote_code: bool) -> None:
+def check_source(model_dir: Path, trust_remote_code: bool, streamed: bool = False) -> None:
     """The source against config.json before a weight is read or converted, on every path (in memory, offloaded,
     streamed: engine.convert calls it once, before it takes any): the checks the loader makes before it allocates
     (loader.check_against_meta: a shape config.json does not imply, integers where the model holds floats), then the
@@ -44,7 +44,9 @@ def check_source(model_dir: Path, trust_remote_code: bool) -> None:
     weight the checkpoint lacks, a renamed tensor of another shape, or tensors that do not merge into the model's
     fused ones. Each is the user's to fix: UsageError (exit 2) naming the tensor, never the conversion's exit 3
     after the work. A quantized source stores other names and dtypes by design (its quantizer maps them) and is
-    left to the loader, as check_against_meta leaves it."""
+    left to the loader, as check_against_meta leaves it. `streamed`: the run takes the streamed path, which writes
+    every stored tensor as it is; a stored tensor the model ties to another (a tied embedding's `lm_head.weight`
+    saved beside it) is refused there (streamed_tied_copies)."""
     import torch
 
     check_against_meta(model_dir, trust_remote_code)
@@ -52,7 +54,9 @@ def check_source(model_dir: Path, trust_remote_code: bool) -> None:
         return
     tensors, _ = all_tensors(safetensors_files(model_dir))
     stored = {n: (t.shape, getattr(torch, _TORCH_DTYPES.get(t.dtype, "uint8"))) for n, t in tensors.items()}
-    found = dry_load(meta_model(model_dir, trust_remote_code), stored)
+    model = meta_model(model_dir, trust_remote_code)
+    tied = _aliases(model)  # before the dry load, which unties a pair stored twice (it cannot compare meta values)
+    found = dry_load(model, stored)
     fix = "fix config.json, or the weights that go with it"
     if found.conversion:
         key, why = next(iter(found.conversion.items()))
@@ -63,6 +67,29 @@ def check_source(model_dir: Path, trust_remote_code: bool) -> None:
             f"{model_dir}: the stored tensor loaded as {key} has shape {have}, and config.json implies {want}; {fix}"
         )
     check_loading_info(model_dir, {"missing_keys": found.missing, "unexpected_keys": found.unexpected})
+    if streamed:
+        streamed_tied_copies(model_dir, tied, set(stored))
+
+
+def _aliases(model: Any) -> set[str]:
+    """The names of a model's tied parameters but the first (named_parameters lists a tied parameter once)."""
+    return {n for n, _ in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
+
+
+def streamed_tied_copies(model_dir: Path, aliases: set[str], stored: set[str]) -> None:
+    """A stored tensor the model holds as a tie to another parameter (`aliases`: the tie's names but the first,
+    from the model config.json builds): transformers ties it on load where the copy
+    equals its parameter (and keeps both where they differ), save_pretrained then writes it once; the streamed path
+    copies every stored tensor as it is, and its output failed the structure check after the whole conversion,
+    exit 3 (a tied embedding with `lm_head.weight` saved beside it: a review). Refused before converting."""
+    if copies := sorted(aliases & stored):
+        raise UsageError(
+            f"{model_dir} stores {', '.join(copies[:3])}, which config.json ties to another weight (e.g. "
+            "tie_word_embeddings): transformers decides on load whether the stored copy is tied, and the streamed "
+            "path, which writes each stored tensor as it is, cannot. Set `streaming: off` (a calibrated recipe short "
+            "of memory can offload its weights: `offload: on`), or remove the stored copy (or set "
+            "tie_word_embeddings false in config.json if it is not a copy)"
+        )
 
 
 def first_nonfinite_module(model: Any, input_ids: Any) -> str | None:

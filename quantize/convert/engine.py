@@ -211,7 +211,7 @@ def convert(
     mplan = memory.plan(recipe, model_dir, max_memory, out=out)
     calibration_after_the_plan(recipe, model_dir)
     with quiet_libraries(quiet), offload_folder(out, mplan) as offload_dir:
-        check_source(model_dir, recipe.trust_remote_code)  # one pre-load check for every path
+        check_source(model_dir, recipe.trust_remote_code, mplan.path == "streamed")  # one pre-load check, all paths
         if mplan.path == "streamed":
             return _convert_streamed(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan)
         return _convert(recipe, recipe_sha256, recipe_path, model_dir, out, force, mplan, offload_dir)

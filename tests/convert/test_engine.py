@@ -520,3 +520,29 @@ def test_an_already_quantized_model_is_refused_before_anything_loads(tmp_path, t
     err = " ".join(capsys.readouterr().err.split())
     assert "is already quantized" in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stored_copy_of_a_tied_weight_is_refused_before_streaming_and_converts_in_memory(
+    tmp_path, tiny_model, capsys
+):
+    """A tied embedding with `lm_head.weight` saved beside it: the streamed path wrote the copy and failed its own
+    structure check after the whole conversion, exit 3, where the in-memory path converts (a review)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "tied"
+    shutil.copytree(tiny_model, src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    tensors = load_file(src / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    fields = dict(method="fp8", scheme="FP8_DYNAMIC", calibration=None)
+    assert main(["run", str(write_recipe(tmp_path, src, "on", streaming="on", **fields)), "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "stores lm_head.weight, which config.json ties" in err and "streaming: off" in err, err
+    assert not (tmp_path / "out" / "on").exists()
+    meta = run_ok(write_recipe(tmp_path, src, "off", streaming="off", **fields), capsys)
+    assert meta["memory_plan"]["path"] == "in-memory"
+    with safe_open(tmp_path / "out" / "off" / "model.safetensors", "pt") as f:
+        assert "lm_head.weight" not in set(f.keys())  # transformers tied the equal copy: saved once, as the embedding
