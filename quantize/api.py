@@ -492,7 +492,8 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
     config = None
     if kv is None and (f := ggufs.find(Path(checkpoint))) is not None:
         h = ggufs.check_model(ggufs.read_header(f))  # its layer counts checked before transformers reads them
-        if ggufs.windowed_or_latent(h) and ggufs.latent_shape(h) is None:  # a latent cache is priced from the header
+        # a latent cache, and heads per layer with nothing else declared, are priced from the header alone
+        if ggufs.windowed_or_latent(h) and ggufs.latent_shape(h) is None and ggufs.per_layer_shape(h) is None:
             config = gguf_config(f)  # transformers' reading of the header: cost itself imports no transformers
     result = bounds.checkpoint_cost(
         Path(checkpoint),

@@ -6,8 +6,8 @@ SmolLM2); and the same model with a vocabulary llama.cpp aborts on. Used by test
 tests/evaluate/test_llamacpp.py and benchmarks/imatrix_reference.py. And, for a Hugging Face checkpoint that
 llama.cpp's converter writes (tests/convert/test_hf_to_gguf.py, benchmarks/hf_to_gguf_roundtrip.py), SmolLM2's
 tokenizer files rebuilt from that GGUF's vocabulary as SmolLM2's own tokenizer.json has it: byte-level BPE, digits
-split one by one. And a GGUF with multi-token-prediction blocks that llama.cpp loads (loadable_nextn_gguf: the KV
-cache it allocates for them, tests/checkpoint/test_gguf.py)."""
+split one by one. And GGUFs that llama.cpp loads, of multi-token-prediction blocks or heads given per layer
+(loadable_gguf: the KV cache it allocates for them, tests/checkpoint/test_gguf.py)."""
 
 from __future__ import annotations
 
@@ -171,23 +171,42 @@ def _write(
 _PIECES = ["<unk>", "<s>", "</s>", "\u2581a", "\u2581b", "a", "b"]
 
 
-def loadable_nextn_gguf(path: Path, arch: str, mtp: int, stored: bool = True, layers: int = 2) -> Path:
+def loadable_gguf(
+    path: Path,
+    arch: str,
+    mtp: int = 0,
+    stored: bool = True,
+    layers: int = 2,
+    heads: int | list[int] = 4,
+    kv_heads: int | list[int] | None = 2,
+    **meta: int | list[int],
+) -> Path:
     """A GGUF llama.cpp loads of `layers` decoder blocks and then `mtp` multi-token-prediction blocks, the last
-    `{arch}.nextn_predict_layers` of `{arch}.block_count` (F32, hidden 64, 4 query and 2 KV heads of 16):
-    `glm4moe` as llama.cpp's converter writes GLM-4.5 (a dense first block, then MoE blocks of 4 experts, 2 used,
-    and a shared expert; each MTP block a decoder block and its nextn.* head), or `llama` (dense blocks). `stored`
-    False writes the MTP blocks' count but none of their tensors (a trunk whose head was left out)."""
+    `{arch}.nextn_predict_layers` of `{arch}.block_count` (F32, hidden 64, `heads` query and `kv_heads` KV heads of 16:
+    numbers, or per-layer arrays written as such, `kv_heads` None writing no head_count_kv): `glm4moe` as llama.cpp's
+    converter writes GLM-4.5 (a dense first block, then MoE blocks of 4 experts, 2 used, and a shared expert; each
+    MTP block a decoder block and its nextn.* head), `llama` (dense blocks, every layer's attention as wide as layer
+    0's: llama.cpp's `llama` takes no other), or `deci` as llama.cpp's converter writes a Nemotron-NAS model
+    (DeciLM): each layer's attention as wide as its own heads, a layer of no KV heads only an output projection
+    (llama.cpp's linear attention), one of no heads no attention. `stored` False writes the MTP blocks' count but
+    none of their tensors (a trunk whose head was left out). `meta`: more `{arch}.KEY` numbers or arrays, written
+    as given (headers llama.cpp refuses)."""
     from gguf import GGUFWriter
 
-    hidden, heads, kv_heads, ff, experts = 64, 4, 2, 32, 4
-    head = hidden // heads
+    hidden, ff, experts, head = 64, 32, 4, 16
+    blocks = layers + mtp
+    q = heads if isinstance(heads, list) else [heads] * blocks
+    kv = kv_heads if isinstance(kv_heads, list) else q if kv_heads is None else [kv_heads] * blocks
     w = GGUFWriter(str(path), arch)
     w.add_context_length(4096)
     w.add_embedding_length(hidden)
-    w.add_block_count(layers + mtp)
+    w.add_block_count(blocks)
     w.add_feed_forward_length(ff)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
+    for key, value in {"attention.head_count": heads, "attention.head_count_kv": kv_heads, **meta}.items():
+        if isinstance(value, list):
+            w.add_array(f"{arch}.{key}", value)
+        elif value is not None:
+            w.add_uint32(f"{arch}.{key}", value)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(head)
     if arch == "glm4moe":
@@ -216,27 +235,7 @@ def loadable_nextn_gguf(path: Path, arch: str, mtp: int, stored: bool = True, la
     f32("output.weight", len(_PIECES), hidden)
     for i in range(layers + (mtp if stored else 0)):
         b = f"blk.{i}."
-        f32(b + "attn_norm.weight", hidden)
-        f32(b + "attn_q.weight", hidden, hidden)
-        f32(b + "attn_k.weight", kv_heads * head, hidden)
-        f32(b + "attn_v.weight", kv_heads * head, hidden)
-        f32(b + "attn_output.weight", hidden, hidden)
-        if arch == "glm4moe":
-            f32(b + "post_attention_norm.weight", hidden)
-        else:
-            f32(b + "ffn_norm.weight", hidden)
-        if arch != "glm4moe" or i == 0:
-            f32(b + "ffn_gate.weight", ff, hidden)
-            f32(b + "ffn_up.weight", ff, hidden)
-            f32(b + "ffn_down.weight", hidden, ff)
-        else:
-            f32(b + "ffn_gate_inp.weight", experts, hidden)
-            f32(b + "exp_probs_b.bias", experts)
-            for n in ("gate", "up"):
-                f32(b + f"ffn_{n}_exps.weight", experts, ff, hidden)
-                f32(b + f"ffn_{n}_shexp.weight", ff, hidden)
-            f32(b + "ffn_down_exps.weight", experts, hidden, ff)
-            f32(b + "ffn_down_shexp.weight", hidden, ff)
+        _block(f32, b, arch, *((q[i], kv[i]) if arch == "deci" else (q[0], kv[0])), dense=i == 0)
         if i >= layers:
             f32(b + "nextn.eh_proj.weight", hidden, 2 * hidden)
             for n in ("enorm", "hnorm", "shared_head_norm"):
@@ -246,3 +245,33 @@ def loadable_nextn_gguf(path: Path, arch: str, mtp: int, stored: bool = True, la
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _block(f32: Callable[..., None], b: str, arch: str, n_q: int, n_kv: int, dense: bool) -> None:
+    """loadable_gguf's decoder block `b` (hidden 64, heads of 16): attention of `n_q` query and `n_kv` KV heads (no KV
+    head: an output projection alone; neither: none), then a dense MLP (32) or, for glm4moe but its `dense` first
+    block, GLM-4.5's routed experts (4, of 32) with a shared one."""
+    hidden, ff, experts, head = 64, 32, 4, 16
+    moe = arch == "glm4moe" and not dense
+    if n_kv:
+        f32(b + "attn_norm.weight", hidden)
+        f32(b + "attn_q.weight", n_q * head, hidden)
+        f32(b + "attn_k.weight", n_kv * head, hidden)
+        f32(b + "attn_v.weight", n_kv * head, hidden)
+        f32(b + "attn_output.weight", hidden, n_q * head)
+    elif n_q:
+        f32(b + "attn_norm.weight", hidden)
+        f32(b + "attn_output.weight", hidden, hidden)
+    f32(b + ("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight"), hidden)
+    if not moe:
+        f32(b + "ffn_gate.weight", ff, hidden)
+        f32(b + "ffn_up.weight", ff, hidden)
+        f32(b + "ffn_down.weight", hidden, ff)
+        return
+    f32(b + "ffn_gate_inp.weight", experts, hidden)
+    f32(b + "exp_probs_b.bias", experts)
+    for n in ("gate", "up"):
+        f32(b + f"ffn_{n}_exps.weight", experts, ff, hidden)
+        f32(b + f"ffn_{n}_shexp.weight", ff, hidden)
+    f32(b + "ffn_down_exps.weight", experts, hidden, ff)
+    f32(b + "ffn_down_shexp.weight", hidden, ff)

@@ -693,7 +693,7 @@ def mtp_blocks(h: GGUFHeader) -> range:
     `{arch}.block_count`, as llama.cpp's converter keeps DeepSeek-V3/V3.2's and GLM-4.5's MTP layers (blk.N for N
     from block_count − nextn on; a plain decode step does not read them). Empty where the header declares none, or
     declares counts that are not whole numbers with fewer MTP layers than blocks (the accounting by part must not
-    fail: latent_shape refuses such a count where a cache is priced)."""
+    fail: check_layers refuses more MTP layers than blocks where a model is read, latent_shape as many)."""
     import gguf
 
     arch = h.architecture or ""
@@ -735,7 +735,7 @@ def _part(kind: str, role: str) -> str:
 def windowed_or_latent(h: GGUFHeader) -> list[str]:
     """The metadata keys the header holds that make its KV cache other than one MHA/GQA figure per layer: a sliding
     window (`{arch}.attention.sliding_window`), a latent cache (`kv_lora_rank`, `key_length_mla`: latent_shape
-    prices it), or a per-layer array of KV heads."""
+    prices it), or a per-layer array of KV heads (per_layer_shape prices it, where nothing else is declared)."""
     import gguf
 
     arch = h.architecture or ""
@@ -749,7 +749,8 @@ def windowed_or_latent(h: GGUFHeader) -> list[str]:
 
 @dataclass(frozen=True)
 class PerLayerShape:
-    """A KV cache whose heads vary by layer (`{arch}.attention.head_count_kv` an array), from the header alone."""
+    """A KV cache whose heads are given per layer (`{arch}.attention.head_count` or `head_count_kv` an array), from
+    the header alone (per_layer_shape)."""
 
     kv_heads: tuple[int, ...]  # per layer; 0: a layer that keeps no KV cache
     key_length: int
@@ -769,37 +770,75 @@ def recurrent_state_keys(h: GGUFHeader) -> list[str]:
 
 
 def per_layer_shape(h: GGUFHeader) -> PerLayerShape | None:
-    """The KV cache of a header whose `{arch}.attention.head_count_kv` is one entry per block and that declares
-    neither a window nor a latent cache (windowed_or_latent), else None: layer l keeps kv_heads[l] ×
-    (key_length + value_length) values a token, none where kv_heads[l] is 0. Refused (UsageError) where the header
-    also sizes a recurrent state (recurrent_state_keys: llama.cpp's rule per family, not read here), where it sets
-    no key_length/value_length (the head size would depend on which layer's head count divides the embedding), or
-    where the array is not one whole number per block."""
+    """The KV cache of a header whose `{arch}.attention.head_count` or `head_count_kv` is an array (one entry per
+    block: check_layers) and that declares nothing else shaping its cache (no window nor latent cache:
+    windowed_or_latent; no recurrent state: recurrent_state_keys), else None. Read as llama.cpp's load_hparams reads
+    them for every architecture: layer l's KV heads are head_count_kv[l] (head_count[l] where head_count_kv is
+    absent; a number: the same in every layer), each key_length + value_length values (absent: embedding_length /
+    head_count[0], its n_embd / n_head()), so layer l keeps kv_heads[l] × (key_length + value_length) values a token,
+    none where kv_heads[l] is 0: the cache llama.cpp allocates (with flash attention; without it llama.cpp pads
+    every layer's V to the widest layer's, so this is the lower bound). Refused (UsageError) where llama.cpp cannot
+    load it: a head count not one whole number per block, a key_length/value_length that is not one whole number
+    (llama.cpp refuses an array), no embedding_length to take a head size from, and no query head in layer 0 (then
+    llama.cpp takes every head as 0 values wide, key_length unread, and refuses any layer's attention weights)."""
     import gguf
 
     arch = h.architecture or ""
-    a = gguf.Keys.Attention
-    kv_key, blocks = a.HEAD_COUNT_KV.format(arch=arch), h.metadata.get(gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch))
-    heads = h.metadata.get(kv_key)
-    if not isinstance(heads, list) or [k for k in windowed_or_latent(h) if k != kv_key]:
+    a, meta = gguf.Keys.Attention, h.metadata
+    heads_key, kv_key = a.HEAD_COUNT.format(arch=arch), a.HEAD_COUNT_KV.format(arch=arch)
+    if not any(isinstance(meta.get(k), list) for k in (heads_key, kv_key)):
         return None
-    if state := recurrent_state_keys(h):
+    if [k for k in windowed_or_latent(h) if k != kv_key] or recurrent_state_keys(h):
+        return None
+    blocks_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
+    blocks = meta.get(blocks_key)
+
+    def per_block(key: str) -> list[int]:
+        v = meta.get(key)
+        if isinstance(v, list) and len(v) == blocks and all(_whole(n, 0) for n in v):
+            return v
+        if not isinstance(v, list) and _whole(v, 0) and _whole(blocks, 1):
+            return [v] * blocks
         raise UsageError(
-            f"{h.path}: its layers keep a KV cache of {kv_key} heads each and a fixed recurrent state "
-            f"({', '.join(state)}), which llama.cpp sizes by a rule of its architecture {arch!r} that quantize does "
-            f"not restate. {BY_HAND}"
+            f"{h.path}: {key} is {_shown(h, key)}, not one whole number per block ({blocks_key} {blocks}). "
+            f"{FIX[0].upper()}{FIX[1:]}"
         )
-    if len(heads) != blocks or not all(_whole(n, 0) for n in heads):
-        raise UsageError(f"{h.path}: {kv_key} is {str(heads)[:80]}, not one whole number per block ({blocks}). {FIX}")
-    lengths = [h.metadata.get(k.format(arch=arch)) for k in (a.KEY_LENGTH, a.VALUE_LENGTH)]
-    if not all(_whole(n, 1) for n in lengths):
+
+    if heads_key not in meta or not (heads := per_block(heads_key))[0]:
+        said = "is absent" if heads_key not in meta else f"is {_shown(h, heads_key)}, no head in layer 0"
         raise UsageError(
-            f"{h.path}: its KV heads vary by layer ({kv_key}) and it sets no {a.KEY_LENGTH.format(arch=arch)} / "
-            f"{a.VALUE_LENGTH.format(arch=arch)}, so its head size is not read from the header. {BY_HAND}"
+            f"{h.path}: {heads_key} {said}: llama.cpp then takes every head as 0 values wide (its n_head() is 0; "
+            f"{a.KEY_LENGTH.format(arch=arch)} is not read) and refuses the attention weights of every layer that has "
+            f"them. {FIX[0].upper()}{FIX[1:]}"
         )
+    kv_heads = per_block(kv_key) if kv_key in meta else heads
+    read = [f"{kv_key}, per block" if isinstance(meta.get(kv_key), list) else kv_key]
+    read += [f"{heads_key}, per block"] if isinstance(meta.get(heads_key), list) else []
+    read = read if kv_key in meta else [f"{kv_key} absent: {heads_key}, per block"]
+    lengths = []
+    for k in (a.KEY_LENGTH.format(arch=arch), a.VALUE_LENGTH.format(arch=arch)):
+        if k in meta and not _whole(meta[k], 1):
+            raise UsageError(
+                f"{h.path}: {k} is {_shown(h, k)}; llama.cpp reads one head size, a whole number of at least 1, for "
+                f"every layer (it refuses an array). {FIX[0].upper()}{FIX[1:]}"
+            )
+        if k in meta:
+            lengths.append(meta[k])
+            continue
+        e_key = gguf.Keys.LLM.EMBEDDING_LENGTH.format(arch=arch)
+        embedding = meta.get(e_key)
+        if not _whole(embedding, 1) or embedding // heads[0] < 1:
+            raise UsageError(
+                f"{h.path} sets no {k}, and the default head size llama.cpp takes in its place, {e_key} "
+                f"{_shown(h, e_key)} / {heads_key}[0] {heads[0]}, is no whole number of at least 1. {BY_HAND}"
+            )
+        lengths.append(embedding // heads[0])
+        read.append(f"{k} absent: embedding_length / head_count[0]")
     k, v = lengths
-    formula = f"kv_heads[layer] {min(heads)}-{max(heads)} × (key_length {k} + value_length {v}) [{kv_key}, per block]"
-    return PerLayerShape(kv_heads=tuple(heads), key_length=k, value_length=v, formula=formula)
+    lo, hi = min(kv_heads), max(kv_heads)
+    formula = f"kv_heads[layer] {lo if lo == hi else f'{lo}-{hi}'} × (key_length {k} + value_length {v})"
+    formula += f" [{'; '.join(read)}]"
+    return PerLayerShape(kv_heads=tuple(kv_heads), key_length=k, value_length=v, formula=formula)
 
 
 def _whole(v: Any, least: int) -> bool:
@@ -849,9 +888,11 @@ def _shown(h: GGUFHeader, key: str) -> str:
 def check_layers(h: GGUFHeader) -> GGUFHeader:
     """The counts llama.cpp's load_hparams checks for every architecture, where the header sets them: a block count
     of 1 to LLAMA_MAX_LAYERS (else it aborts), and `{arch}.feed_forward_length`, `attention.head_count` and
-    `attention.head_count_kv` given as arrays holding one entry per block (get_key_or_arr refuses another length).
-    A UsageError naming the key otherwise, before the KV cache (or anything else sized by a count of layers) is
-    built from them; a header without a block count is left to what reads it. Returns `h`."""
+    `attention.head_count_kv` given as arrays holding one entry per block (get_key_or_arr refuses another length),
+    and no more `{arch}.nextn_predict_layers` (multi-token-prediction blocks, among the blocks) than blocks (else it
+    aborts: GGML_ASSERT(n_layer_nextn <= n_layer_all)). A UsageError naming the key otherwise, before the KV cache
+    (or anything else sized by a count of layers) is built from them; a header without a block count is left to
+    what reads it. Returns `h`."""
     import gguf
 
     arch = h.architecture
@@ -872,6 +913,13 @@ def check_layers(h: GGUFHeader) -> GGUFHeader:
                 f"block ({blocks_key} {blocks}); llama.cpp refuses a per-layer array of another length. "
                 f"{FIX[0].upper()}{FIX[1:]}"
             )
+    nextn_key = gguf.Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch)
+    if nextn_key in h.metadata and not (_whole(nextn := h.metadata[nextn_key], 0) and nextn <= blocks):
+        raise UsageError(
+            f"{h.path}: {nextn_key} is {_shown(h, nextn_key)}, not a count of 0 to its {blocks} blocks ({blocks_key}): "
+            "the multi-token-prediction blocks are the last of the blocks, and llama.cpp aborts on more "
+            f"(n_layer_nextn <= n_layer_all). {FIX[0].upper()}{FIX[1:]}"
+        )
     return h
 
 
@@ -965,8 +1013,8 @@ class AttentionShape:
 def attention_shape(h: GGUFHeader) -> AttentionShape:
     """Layers, KV heads and head dims from `{arch}.block_count`, `{arch}.attention.head_count(_kv)`,
     `{arch}.attention.key_length`/`value_length` (default: embedding_length / head_count, as llama.cpp defaults
-    them). A per-layer head count, a sliding window or a latent (MLA) cache is refused: its KV bytes are not one
-    figure per layer here yet."""
+    them). A per-layer head count (per_layer_shape's), a sliding window or a latent (MLA) cache is refused: its KV
+    bytes are not one figure per layer."""
     import gguf
 
     arch = h.architecture
@@ -1020,21 +1068,3 @@ def attention_shape(h: GGUFHeader) -> AttentionShape:
             )
         ),
     )
-
-
-def unread_per_layer_heads(h: GGUFHeader, config: dict[str, Any]) -> None:
-    """Refuse the config transformers built from a GGUF's header where a per-layer head count of the header reached
-    it as is: transformers' loader copies such an array into its config field unread (but for the families it reads
-    one of, as LFM2's), where the config's reading takes one number for every layer. Named by the GGUF key: the
-    config is no config.json the user can fix (and its config class, completing it, would refuse the list as one)."""
-    import gguf
-
-    arch = h.architecture or ""
-    for k in (gguf.Keys.Attention.HEAD_COUNT, gguf.Keys.Attention.HEAD_COUNT_KV):
-        heads = h.metadata.get(k.format(arch=arch))
-        if isinstance(heads, list) and (carried := [f for f, v in config.items() if v == heads]):
-            raise UsageError(
-                f"{h.path}: {k.format(arch=arch)} is {str(heads)[:80]}, one entry per block, and transformers' "
-                f"{config.get('model_type')} config read from the GGUF keeps it unread in {carried[0]}, where one "
-                f"number for every layer is meant, so its KV cache is not priced from that config. {BY_HAND}"
-            )

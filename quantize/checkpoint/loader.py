@@ -110,14 +110,35 @@ def prepare_default_model(force: bool = False, quiet: bool = False) -> Path:
 def gguf_config(gguf: Path) -> dict[str, Any] | None:
     """config.json as transformers' GGUF loader builds it from a GGUF's header (no tensor read; its own mapping of
     GGUF keys to config fields, compat/transformers.gguf_config), or None for an architecture it does not map.
-    Read only where a GGUF's KV cache is not one figure per layer (ggufs.windowed_or_latent): which layers slide
-    is the family's config class's to say; completed by that class as config.json is (completed_config)."""
+    Read only where a GGUF's KV cache is neither one figure per layer nor priced from the header alone (a sliding
+    window, a recurrent state beside per-layer heads: api.decode_cost): which layers slide is the family's config
+    class's to say; completed by that class as config.json is (completed_config). A per-layer head count of the
+    header that reaches the config unread is refused here, the one place a config is read from a header
+    (_unread_per_layer_heads), before the config class, which would refuse the list without naming the key."""
     h = ggufs.read_header(gguf)
     config = transformers_compat.gguf_config(gguf, h.architecture)
     if config is None:
         return None
-    ggufs.unread_per_layer_heads(h, config)  # before the class, which refuses such a list as one number
+    _unread_per_layer_heads(h, config)
     return completed_config(config, f"{gguf}'s header")
+
+
+def _unread_per_layer_heads(h: ggufs.GGUFHeader, config: dict[str, Any]) -> None:
+    """Refuse the config transformers built from a GGUF's header where a per-layer head count of the header reached
+    it as is: transformers' loader copies such an array into its config field unread (but for the families it reads
+    one of, as LFM2's), where the config's reading takes one number for every layer. Named by the GGUF key: the
+    config is no config.json the user can fix (and its config class, completing it, would refuse the list as one)."""
+    import gguf
+
+    arch = h.architecture or ""
+    for k in (gguf.Keys.Attention.HEAD_COUNT, gguf.Keys.Attention.HEAD_COUNT_KV):
+        heads = h.metadata.get(k.format(arch=arch))
+        if isinstance(heads, list) and (carried := [f for f, v in config.items() if v == heads]):
+            raise UsageError(
+                f"{h.path}: {k.format(arch=arch)} is {str(heads)[:80]}, one entry per block, and transformers' "
+                f"{config.get('model_type')} config read from the GGUF keeps it unread in {carried[0]}, where one "
+                f"number for every layer is meant, so its KV cache is not priced from that config. {ggufs.BY_HAND}"
+            )
 
 
 def completed_config(config: dict[str, Any], where: str = "config.json") -> dict[str, Any]:

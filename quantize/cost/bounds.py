@@ -949,20 +949,22 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
 
 
 def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> KVCache:
-    """A GGUF's KV cache from its metadata (ggufs.attention_shape): every layer holds the whole context, each token
-    kv_heads × (key_length + value_length) values per layer, GGUF_KV_BYTES bytes each. A header whose cache is not
-    one figure per layer (ggufs.windowed_or_latent: a sliding window, KV heads per layer) is priced
+    """A GGUF's KV cache from its metadata, as llama.cpp allocates it, GGUF_KV_BYTES bytes an element. Every layer
+    holds the whole context, each token kv_heads × (key_length + value_length) values per layer
+    (ggufs.attention_shape); where the header gives `{arch}.attention.head_count` or `head_count_kv` per layer and
+    nothing else shaping the cache, layer l holds kv_heads[l] of them, none where it has no KV head
+    (ggufs.per_layer_shape: llama.cpp's rule for every architecture, the header's arrays read as it reads them; a
+    Nemotron-NAS `deci` GGUF, or any whose family transformers maps, was refused: issue #58). A latent (MLA) cache
+    is priced from the header alone (ggufs.latent_shape), as config.json's MLA is (architecture.cache_spec). A
+    header whose cache is laid out by its family's code (a sliding window: ggufs.windowed_or_latent) is priced
     layer by layer from `config`, the config.json transformers builds from the header (checkpoint/loader.gguf_config,
-    which the caller reads: cost imports no transformers), as kv_layout_from_config prices any (a per-layer head
-    count the config keeps unread is refused naming the GGUF key: _header_config_layout); without one (an
-    architecture transformers does not map), KV heads per layer and nothing else are priced from the header
-    (ggufs.per_layer_shape: refused where a recurrent state is declared too), anything else is refused
-    (UsageError) naming it. A latent (MLA) cache is priced
-    from the header alone (ggufs.latent_shape), as config.json's MLA is (architecture.cache_spec): `config` is not
-    read for it. A header that also sizes a recurrent state (ggufs.recurrent_state_keys: Gated DeltaNet, Mamba2, KDA,
-    short convolutions) is priced only through `config` (its layer types and state), else refused: its one
-    head_count_kv number, or its MLA keys, describe its attention layers alone (a review's Qwen3-Next GGUF was priced
-    as attention in all four layers, a Kimi-Linear one as MLA in all, a Falcon-H1 one without its Mamba state)."""
+    which the caller reads, refusing a per-layer head count it keeps unread: cost imports no transformers), as
+    kv_layout_from_config prices any; without one (an architecture transformers does not map) it is refused
+    (UsageError) naming what it declares. A header that also sizes a recurrent state (ggufs.recurrent_state_keys:
+    Gated DeltaNet, Mamba2, KDA, short convolutions) is priced only through `config` (its layer types and state),
+    else refused: its head counts, or its MLA keys, describe its attention layers alone (a review's Qwen3-Next GGUF
+    was priced as attention in all four layers, a Kimi-Linear one as MLA in all, a Falcon-H1 one without its Mamba
+    state)."""
     if state := ggufs.recurrent_state_keys(h):
         if config is None:
             raise UsageError(
@@ -970,7 +972,7 @@ def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
                 "the KV cache of its attention layers, which llama.cpp sizes by a rule of its own that quantize does "
                 f"not restate, and transformers maps no config for it. {ggufs.BY_HAND}"
             )
-        cache = _header_config_layout(h, config)
+        cache = kv_layout_from_config(config, GGUF_KV_BYTES)
         return replace(
             cache,
             formula=f"{cache.formula} [a recurrent state ({', '.join(state)}); the layers of transformers' "
@@ -985,7 +987,7 @@ def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
             bytes_per_element=GGUF_KV_BYTES,
             formula=latent.formula,
         )
-    if config is None and (per := ggufs.per_layer_shape(h)) is not None:
+    if (per := ggufs.per_layer_shape(h)) is not None:
         return KVCache(
             attention="MHA/GQA",
             values_per_token=max(per.kv_heads) * (per.key_length + per.value_length),
@@ -1002,7 +1004,7 @@ def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
                 f"config transformers reads from a GGUF, and transformers maps no config for architecture "
                 f"{h.architecture!r}. {ggufs.BY_HAND}"
             )
-        cache = _header_config_layout(h, config)
+        cache = kv_layout_from_config(config, GGUF_KV_BYTES)
         return replace(
             cache,
             formula=f"{cache.formula} [{', '.join(special)}; the layers of transformers' "
@@ -1018,13 +1020,6 @@ def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
         bytes_per_element=GGUF_KV_BYTES,
         formula=f"kv_heads {s.kv_heads} × (key_length {s.key_length} + value_length {s.value_length}) [{s.keys}]",
     )
-
-
-def _header_config_layout(h: ggufs.GGUFHeader, config: dict[str, Any]) -> KVCache:
-    """kv_layout_from_config on the config transformers built from a GGUF's header, once no per-layer head count of
-    the header reached it as is (ggufs.unread_per_layer_heads)."""
-    ggufs.unread_per_layer_heads(h, config)
-    return kv_layout_from_config(config, GGUF_KV_BYTES)
 
 
 def gguf_routed_experts(h: ggufs.GGUFHeader, expert_layers: Sequence[Any]) -> tuple[RoutedExperts, ...]:
@@ -1064,7 +1059,8 @@ def checkpoint_cost(  # noqa: PLR0913 (one keyword per input `quantize cost --ch
 ) -> TokenCost:
     """Bounds from a measured checkpoint's bytes (safetensors or GGUF); optionally a labelled projection onto a
     larger model. `kv` replaces the checkpoint's KV cache; `kv_bytes` prices its own at that element size;
-    `gguf_config`: the config transformers builds from a GGUF's header, for a cache not one figure per layer;
+    `gguf_config`: the config transformers builds from a GGUF's header (checkpoint/loader.gguf_config), for a cache
+    its family's code lays out (a sliding window, a recurrent state);
     `complete`: config.json as read for the cost (measured_checkpoint)."""
     if kv_bytes is not None:
         check_kv_bytes(kv_bytes, "kv_bytes")

@@ -232,7 +232,7 @@ def test_cost_of_a_written_gguf(tmp_path):
 
 
 def windowed(path: Path, arch: str, layers: int = 12, **meta: int) -> Path:
-    """Attention layers of 4 query heads and 1 KV head of 64, a sliding window of 512 declared."""
+    """Attention layers of 4 query heads and 1 KV head of 64, a sliding window of 512 declared; `meta` overrides."""
     tensors = [("token_embd.weight", T.Q8_0, (64, 256)), ("output_norm.weight", T.F32, (256,))]
     for i in range(layers):
         tensors += [(f"blk.{i}.attn_q.weight", T.Q8_0, (256, 256))]
@@ -240,7 +240,7 @@ def windowed(path: Path, arch: str, layers: int = 12, **meta: int) -> Path:
     heads = {"attention.head_count": 4, "attention.head_count_kv": 1, "attention.key_length": 64}
     heads |= {"attention.value_length": 64, "attention.sliding_window": 512, "feed_forward_length": 512}
     shape = {"block_count": layers, "embedding_length": 256, "context_length": 32768}
-    return write_gguf(path, tensors, arch, **shape, **heads, **meta)
+    return write_gguf(path, tensors, arch, **(shape | heads | meta))
 
 
 @pytest.mark.parametrize("context", [2048, 32768])
@@ -271,12 +271,16 @@ def per_layer(path: Path, arch: str = "openelm", **meta: int | list[int]) -> Pat
 
 
 @pytest.mark.parametrize("context", [2048, 32768])
-def test_kv_heads_per_layer_of_an_unmapped_architecture_are_priced_from_the_header(tmp_path, context):
-    """Layer l keeps kv_heads[l] × (64 + 64) values a token, 2 bytes each (F16); the layer without KV heads none."""
-    c = api.decode_cost(per_layer(tmp_path / "o.gguf"), workload=bounds.Workload(context_tokens=context))
+@pytest.mark.parametrize("arch", ["openelm", "deci", "llama"])
+def test_kv_heads_per_layer_are_priced_from_the_header_whatever_the_family(tmp_path, context, arch):
+    """Layer l keeps kv_heads[l] × (64 + 64) values a token, 2 bytes each (F16); the layer without KV heads none:
+    llama.cpp's rule for every architecture (its load_hparams), whether transformers' GGUF loader maps the family
+    (deci, llama: before, refused because that config kept the array unread) or not (openelm). llama.cpp's `llama`
+    lays every layer's attention out as wide as layer 0's, so it allocates this cache and does not run the model."""
+    c = api.decode_cost(per_layer(tmp_path / "o.gguf", arch), workload=bounds.Workload(context_tokens=context))
     assert c.kv_bytes_per_sequence == (1 + 2 + 0) * (64 + 64) * context * 2
     assert c.kv_layout["kv_layers"] == 2 and c.kv_layout["values_per_token_by_layer"] == [128, 256, 0]
-    assert "openelm.attention.head_count_kv, per block" in c.kv_layout["values_formula"]
+    assert f"{arch}.attention.head_count_kv, per block" in c.kv_layout["values_formula"]
 
 
 @pytest.mark.parametrize(
@@ -284,12 +288,15 @@ def test_kv_heads_per_layer_of_an_unmapped_architecture_are_priced_from_the_head
     [
         ({"ssm.state_size": 16, "ssm.conv_kernel": 4}, "openelm.ssm.conv_kernel, openelm.ssm.state_size"),
         ({"attention.head_count_kv": [1, 2]}, "is [1, 2], not one entry per block (openelm.block_count 3)"),
-        ({"attention.key_length": 0}, "sets no openelm.attention.key_length"),
+        ({"attention.key_length": 0}, "openelm.attention.key_length is 0; llama.cpp reads one head size"),
+        ({"attention.value_length": [64] * 3}, "openelm.attention.value_length is [64, 64, 64]; llama.cpp reads one"),
+        ({"attention.head_count": [0, 4, 4]}, "openelm.attention.head_count is [0, 4, 4], no head in layer 0"),
     ],
 )
 def test_kv_heads_per_layer_the_header_cannot_price_are_refused(tmp_path, capsys, meta, says):
     """A recurrent state beside the KV heads (llama.cpp's rule per family: not restated), an array that is not one
-    entry per block, or no head size: exit 2 naming it, as before for any per-layer array."""
+    entry per block, a head size of 0 or given per layer (llama.cpp refuses an array), or no query head in layer 0
+    (llama.cpp then takes every head as 0 values wide): exit 2 naming it."""
     assert main(["cost", "--checkpoint", str(per_layer(tmp_path / "o.gguf", **meta))]) == 2
     err = capsys.readouterr().err
     assert says in err and ("--layers/--kv-heads/--head-dim" in err or "re-convert" in err), err
@@ -426,27 +433,50 @@ def test_a_per_layer_head_count_of_another_length_is_refused(tmp_path, capsys, a
     assert f"{arch}.attention.head_count_kv is [2], not one entry per block ({arch}.block_count 2)" in err, err
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_a_per_layer_head_count_transformers_keeps_unread_names_the_gguf_key(tmp_path, capsys, arch):
-    """head_count_kv [2, 4] for 2 blocks of a family transformers maps: its config keeps the list as
-    num_key_value_heads, which the config's reading refuses; the message names the header's key, not a config.json
-    (there is none)."""
-    path = two_blocks(tmp_path / "o.gguf", arch, [2, 4])
+def test_a_per_layer_head_count_transformers_keeps_unread_names_the_gguf_key(tmp_path, capsys):
+    """head_count_kv per layer beside a sliding window (Gemma 3: which layers slide is its config class's to say):
+    transformers' config keeps the list as num_key_value_heads, which the config's reading refuses; the message
+    names the header's key, not a config.json (there is none)."""
+    kv = [1, 2] * 6
+    path = windowed(tmp_path / "g.gguf", "gemma3", **{"attention.head_count_kv": kv})
     assert main(["cost", "--checkpoint", str(path)]) == 2
     err = capsys.readouterr().err
-    assert f"{arch}.attention.head_count_kv is [2, 4], one entry per block" in err and "config.json" not in err, err
+    assert f"gemma3.attention.head_count_kv is {kv}, one entry per block" in err and "config.json" not in err, err
     assert "num_key_value_heads" in err and "--layers/--kv-heads/--head-dim" in err, err
 
 
-def test_a_latent_gguf_of_no_decode_layer_is_refused(tmp_path, capsys):
-    """nextn_predict_layers 5 of 2 blocks: before, priced as 2 - 5 layers (`layers: 0`, no KV bytes), exit 0."""
+@pytest.mark.parametrize(
+    "nextn,says", [(5, "is 5, not a count of 0 to its 2 blocks"), (2, "is 2, not fewer than its 2 blocks")]
+)
+def test_a_latent_gguf_of_no_decode_layer_is_refused(tmp_path, capsys, nextn, says):
+    """nextn_predict_layers 5 or 2 of 2 blocks: before, 5 was priced as 2 - 5 layers (`layers: 0`, no KV bytes),
+    exit 0; more than the blocks is refused for every architecture (check_layers), as many by the latent cache."""
     tensors = [("token_embd.weight", T.Q8_0, (64, 64))]
     meta = {"attention.kv_lora_rank": 32, "rope.dimension_count": 16}
-    for nextn in (5, 2):
-        path = write_gguf(tmp_path / "d.gguf", tensors, "deepseek2", block_count=2, nextn_predict_layers=nextn, **meta)
-        assert main(["cost", "--checkpoint", str(path)]) == 2
-        err = capsys.readouterr().err
-        assert f"deepseek2.nextn_predict_layers is {nextn}, not fewer than its 2 blocks" in err, err
+    path = write_gguf(tmp_path / "d.gguf", tensors, "deepseek2", block_count=2, nextn_predict_layers=nextn, **meta)
+    assert main(["cost", "--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"deepseek2.nextn_predict_layers {says}" in err, err
+
+
+@pytest.mark.parametrize("arch", ["llama", "glm4moe", "deepseek2"])
+def test_more_nextn_blocks_than_blocks_are_refused_for_every_architecture(tmp_path, capsys, arch):
+    """nextn_predict_layers 3 of 2 blocks, which llama.cpp aborts on whatever the architecture (its load_hparams:
+    tests/compat/test_llama_cpp.py): exit 2 naming the key, and refused before scoring hands the file to llama.cpp.
+    Before, llama and glm4moe were priced as 2 decode layers, exit 0 (mtp_blocks declared none), and deepseek2's
+    message said only that no layer would decode."""
+    from quantize.evaluate.engine import gguf_to_score
+
+    tensors = [("token_embd.weight", T.Q8_0, (64, 64)), ("blk.0.attn_q.weight", T.Q8_0, (64, 64))]
+    meta = {"attention.head_count": 4, "attention.head_count_kv": 1, "nextn_predict_layers": 3}
+    meta |= {"attention.kv_lora_rank": 32, "rope.dimension_count": 16} if arch == "deepseek2" else {}
+    path = write_gguf(tmp_path / "m.gguf", tensors, arch, block_count=2, embedding_length=64, **meta)
+    assert main(["cost", "--checkpoint", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{arch}.nextn_predict_layers is 3, not a count of 0 to its 2 blocks ({arch}.block_count)" in err, err
+    assert "n_layer_nextn <= n_layer_all" in err, err
+    with pytest.raises(UsageError, match="nextn_predict_layers"):
+        gguf_to_score(path)
 
 
 def test_a_head_size_of_0_is_named_not_called_missing(tmp_path, capsys):
@@ -867,7 +897,24 @@ def test_the_decode_cost_of_a_gguf_leaves_its_nextn_blocks_out_and_says_so(tmp_p
     assert_priced_as_its_decoder(decoder, mtp, 2, capsys)
 
 
-LLAMA_KV = re.compile(r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells, +(\d+) layers")
+LLAMA_KV = re.compile(
+    r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells, +(\d+) layers.*K \(f16\): +([0-9.]+) MiB, "
+    r"V \(f16\): +([0-9.]+) MiB"
+)
+
+
+def llama_cpp_kv(path: Path, context: int, flash_attn: bool = False) -> tuple[int, int, int, int, int]:
+    """The KV cache llama.cpp allocates for `path` at `context` tokens, from its log: bytes (its MiB, printed to 2
+    decimals: the tests choose sizes it prints exactly), cells, layers, K bytes, V bytes."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make gguf-env`")
+    from quantize.quiet import llama_log
+
+    with llama_log() as log:
+        llama_cpp.Llama(str(path), n_ctx=context, n_threads=1, verbose=True, flash_attn=flash_attn).close()
+        said = LLAMA_KV.findall(log.read_text())
+    assert len(said) == 1, said
+    mib, cells, layers, k, v = said[0]
+    return round(float(mib) * 2**20), int(cells), int(layers), round(float(k) * 2**20), round(float(v) * 2**20)
 
 
 @pytest.mark.parametrize("arch,stored", [("glm4moe", True), ("llama", False)], ids=["glm4moe", "llama-trunk"])
@@ -877,21 +924,71 @@ def test_a_ggufs_kv_cache_is_the_one_llama_cpp_allocates_without_its_nextn_block
     (16 + 16) values a token at F16, 0.25 MiB each): GLM-4.5's form (the block stored), and a `llama` GGUF declaring
     the block without storing it (llama.cpp reads nextn_predict_layers for every architecture). The old code priced
     3 layers, 0.75 MiB."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make gguf-env`")
-    from gguf_models import loadable_nextn_gguf
+    from gguf_models import loadable_gguf
 
-    from quantize.quiet import llama_log
-
-    path = loadable_nextn_gguf(tmp_path / "m.gguf", arch, mtp=1, stored=stored)
+    path = loadable_gguf(tmp_path / "m.gguf", arch, mtp=1, stored=stored)
     context = 2048
     c = api.decode_cost(path, workload=bounds.Workload(context_tokens=context))
-    with llama_log() as log:
-        llama_cpp.Llama(str(path), n_ctx=context, n_threads=1, verbose=True).close()
-        said = LLAMA_KV.findall(log.read_text())
-    assert len(said) == 1, said
-    mib, cells, layers = said[0]
-    assert (int(cells), int(layers)) == (context, c.kv_layout["kv_layers"]) == (context, 2)
-    assert float(mib) * 2**20 == c.kv_bytes_per_sequence
+    nbytes, cells, layers, _, _ = llama_cpp_kv(path, context)
+    assert (cells, layers) == (context, c.kv_layout["kv_layers"]) == (context, 2)
+    assert nbytes == c.kv_bytes_per_sequence
+
+
+@pytest.mark.parametrize(
+    "arch,heads,kv_heads",
+    [
+        # Nemotron-NAS: GQA of 2 and of 1 KV head, a linear-attention layer (no KV head) and one of no attention
+        ("deci", [4, 4, 4, 0], [2, 0, 1, 0]),
+        # query heads per layer and no head_count_kv: each layer's KV heads are its query heads
+        ("deci", [4, 2, 0], None),
+        # a plain llama GGUF with its KV heads given per layer (llama.cpp's llama takes them all as wide as layer 0's)
+        ("llama", 4, [2, 2]),
+    ],
+    ids=["deci-kv-per-layer", "deci-heads-per-layer", "llama-kv-array"],
+)
+def test_a_ggufs_per_layer_heads_are_the_kv_cache_llama_cpp_allocates(tmp_path, arch, heads, kv_heads):
+    """Heads given per layer (`{arch}.attention.head_count` / `head_count_kv` arrays) are priced as llama.cpp
+    allocates them, layer l kv_heads[l] × (16 + 16) values a token at F16, 8192 tokens (0.25 MiB of K per KV head,
+    sizes its log prints exactly): with flash attention, the bytes, K and V, and the layers (a layer of no KV head
+    is one, of 0 bytes); without it, the same K and at least the bytes priced (llama.cpp then pads every layer's V
+    to the widest layer's: the cost is the lower bound). Before, every one was refused (exit 2): transformers'
+    config of deci and llama kept the array unread, and a head_count array was no positive whole number."""
+    from gguf_models import loadable_gguf
+
+    layers = len(heads if isinstance(heads, list) else kv_heads)
+    path = loadable_gguf(tmp_path / "m.gguf", arch, layers=layers, heads=heads, kv_heads=kv_heads)
+    context = 8192
+    c = api.decode_cost(path, workload=bounds.Workload(context_tokens=context))
+    kv = kv_heads or heads
+    assert c.kv_bytes_per_sequence == sum(kv) * (16 + 16) * context * 2
+    nbytes, cells, n, k, v = llama_cpp_kv(path, context, flash_attn=True)
+    assert (nbytes, k, v) == (c.kv_bytes_per_sequence, c.kv_bytes_per_sequence // 2, c.kv_bytes_per_sequence // 2)
+    assert (cells, n) == (context, c.kv_layout["layers"]) == (context, layers)
+    nbytes, _, _, k, v = llama_cpp_kv(path, context, flash_attn=False)
+    assert k == c.kv_bytes_per_sequence // 2 and nbytes >= c.kv_bytes_per_sequence
+    assert v == layers * max(kv) * 16 * context * 2
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,meta,says",
+    [
+        ([0, 4], [0, 2], {}, "deci.attention.head_count is [0, 4], no head in layer 0"),
+        (4, [2, 1], {"attention.key_length": [16, 16]}, "deci.attention.key_length is [16, 16]; llama.cpp reads one"),
+    ],
+    ids=["no-head-in-layer-0", "key-length-per-layer"],
+)
+def test_per_layer_heads_llama_cpp_does_not_load_are_refused(tmp_path, capsys, heads, kv_heads, meta, says):
+    """Where llama.cpp refuses the file (no query head in layer 0: it takes every head as 0 values wide and refuses
+    layer 1's attention weights; a head size given per layer: an array where it reads one number), cost refuses it
+    too, exit 2 naming the key."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed: `make gguf-env`")
+    from gguf_models import loadable_gguf
+
+    path = loadable_gguf(tmp_path / "m.gguf", "deci", heads=heads, kv_heads=kv_heads, **meta)
+    with pytest.raises(ValueError, match="Failed to load model"):
+        llama_cpp.Llama(str(path), n_ctx=256, n_threads=1, verbose=False)
+    assert main(["cost", "--checkpoint", str(path)]) == 2
+    assert says in capsys.readouterr().err
 
 
 def test_the_reports_decode_bounds_leave_a_ggufs_nextn_blocks_out(tmp_path):

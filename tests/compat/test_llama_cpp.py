@@ -68,10 +68,12 @@ LOAD = "import sys, llama_cpp as l; l.llama_model_load_from_file(sys.argv[1].enc
 
 
 def test_llama_cpps_layer_limits_are_the_ones_restated(tmp_path):
-    """checkpoint/ggufs.py restates llama.cpp's LLAMA_MAX_LAYERS (no binding exposes it) and its rule that a
-    per-layer array holds one entry per block. Fails loudly when the installed llama.cpp moves either: a model of
-    LLAMA_MAX_LAYERS blocks gets past its hyperparameters (to the missing vocabulary), one more aborts the process
-    on the limit, and a head_count_kv array of another length is refused as such."""
+    """checkpoint/ggufs.py restates llama.cpp's LLAMA_MAX_LAYERS (no binding exposes it), its rule that a per-layer
+    array holds one entry per block, and its rule that the multi-token-prediction blocks are no more than the blocks
+    (check_layers). Fails loudly when the installed llama.cpp moves any: a model of LLAMA_MAX_LAYERS blocks gets past
+    its hyperparameters (to the missing vocabulary), one more aborts the process on the limit, a head_count_kv array
+    of another length is refused as such, and nextn_predict_layers past block_count aborts the process (as many as
+    the blocks gets past them)."""
     import os
     import subprocess
     import sys
@@ -80,8 +82,8 @@ def test_llama_cpps_layer_limits_are_the_ones_restated(tmp_path):
 
     from quantize.checkpoint import ggufs
 
-    def load(blocks: int, kv_heads: int | list[int] = 1) -> subprocess.CompletedProcess:
-        path = tmp_path / f"m{blocks}.gguf"
+    def load(blocks: int, kv_heads: int | list[int] = 1, nextn: int = 0) -> subprocess.CompletedProcess:
+        path = tmp_path / f"m{blocks}-{nextn}.gguf"
         w = GGUFWriter(str(path), "llama")
         w.add_block_count(blocks)
         w.add_embedding_length(64)
@@ -90,6 +92,8 @@ def test_llama_cpps_layer_limits_are_the_ones_restated(tmp_path):
         w.add_head_count_kv(kv_heads)
         w.add_context_length(256)
         w.add_layer_norm_rms_eps(1e-5)
+        if nextn:
+            w.add_nextn_predict_layers(nextn)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
@@ -102,3 +106,7 @@ def test_llama_cpps_layer_limits_are_the_ones_restated(tmp_path):
     assert more.returncode != 0 and "LLAMA_MAX_LAYERS" in more.stderr, more.stderr[-2000:]
     short = load(2, [1])
     assert "head_count_kv has wrong array length; expected 2, got 1" in short.stderr, short.stderr[-2000:]
+    as_many, past = load(2, nextn=2), load(2, nextn=3)
+    assert as_many.returncode == 0 and "error loading model vocabulary" in as_many.stderr, as_many.stderr[-2000:]
+    assert past.returncode != 0, past.stderr[-2000:]
+    assert "GGML_ASSERT(hparams.n_layer_nextn <= hparams.n_layer_all) failed" in past.stderr, past.stderr[-2000:]
