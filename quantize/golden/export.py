@@ -5,13 +5,16 @@ from the YAML), so a team runs lm-eval against its own engine (vLLM, SGLang, an 
 exactly the items quantize scores, and gates lm-eval's own samples (`quantize gate POLICY --candidate RESULTS`,
 quantize/evaluate/samples.py).
 
-The folder is written whole or not at all (a temporary folder beside OUT, renamed into place); an existing OUT is
-refused unless `force`, and even then only a folder that holds nothing but what an export writes (task YAMLs and
-data/*.jsonl) is replaced.
+The folder is written whole or not at all (a temporary folder beside OUT, renamed into place), with a record of
+its own (EXPORT_RECORD: every file it wrote and its sha256); an existing OUT is refused unless `force`, and even
+then only an earlier export is replaced: a folder whose record reads and whose files are exactly the recorded
+ones, unchanged. A folder of the user's own YAML files (recipes) looked like an export to the earlier rule (task
+YAMLs and data/*.jsonl) and was deleted by `--force` (a review).
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import tempfile
 from dataclasses import dataclass
@@ -24,10 +27,12 @@ from quantize.config import parse_yaml
 from quantize.errors import UsageError
 from quantize.golden.items import MAX_ITEM_BYTES, MAX_SET_FILE_BYTES
 from quantize.golden.manifest import HINT, GoldenSet, data_files, lm_eval_tasks, scored_split
-from quantize.io import atomic_dir, read_user_file, user_lines
+from quantize.io import atomic_dir, read_user_file, sha256_file, user_lines
 from quantize.names import checked
 
 MAX_TASK_YAML_BYTES = 2**20  # a YAML lm_eval_tasks wrote: a few hundred bytes
+EXPORT_RECORD = "quantize-export.json"  # what an export wrote (lm-eval's --include_path reads only its YAMLs)
+MAX_RECORD_BYTES = 2**20
 
 
 @dataclass(frozen=True)
@@ -73,29 +78,56 @@ def export_tasks(
                     if split == scored_split(cfg):  # the items lm-eval scores (a freeze may score validation)
                         counts[cfg["task"]] = n
             (tmp / src.name).write_text(yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        _write_record(tmp, golden)
     m = golden.manifest
     return Exported(out, {t: counts[t] for t in tasks}, f"{m.name}/{m.version}", ids is not None, *run)
 
 
+def _written(folder: Path) -> dict[str, str]:
+    """Every file an export holds, by its path in the folder, and its sha256: the task YAMLs and data/*.jsonl."""
+    files = [*sorted(folder.glob("*.yaml")), *sorted((folder / "data").glob("*.jsonl"))]
+    return {f.relative_to(folder).as_posix(): sha256_file(f) for f in files}
+
+
+def _write_record(folder: Path, golden: GoldenSet) -> None:
+    m = golden.manifest
+    record = {"written_by": "quantize golden export", "golden": f"{m.name}/{m.version}", "files": _written(folder)}
+    (folder / EXPORT_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
 def _check_out(out: Path, force: bool) -> None:
-    """OUT may be written: absent, or with `force` a folder holding only what an export writes."""
+    """OUT may be written: absent, or with `force` an earlier export (module docstring): its record reads, and it
+    holds exactly the files the record lists (regular files, no links, nothing else), each unchanged."""
     if not (out.exists() or out.is_symlink()):
         return
     if not force:
         raise UsageError(f"{out} exists; choose another folder, or pass --force to replace an earlier export there")
     if out.is_symlink() or not out.is_dir():
         raise UsageError(f"{out} is not a folder an export wrote (a file or a link); --force replaces only those")
-    foreign = [
-        p.name
-        for p in out.iterdir()
-        if not (p.is_file() and p.suffix == ".yaml")
-        and not (p.name == "data" and p.is_dir() and all(f.suffix == ".jsonl" for f in p.iterdir()))
-    ]
-    if foreign:
-        raise UsageError(
-            f"{out} holds {', '.join(sorted(foreign)[:3])}, which no export writes (an export holds task YAMLs and "
-            "data/*.jsonl): --force replaces only an earlier export. Choose another folder"
-        )
+    why = "--force replaces only an earlier export of quantize's. Choose another folder"
+    try:
+        raw = read_user_file(out / EXPORT_RECORD, "export record", MAX_RECORD_BYTES, follow_links=False)
+        record = json.loads(raw.decode("utf-8"))
+    except (UsageError, ValueError):  # unreadable, not UTF-8, not JSON: no export of ours
+        record = None
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict):
+        raise UsageError(f"{out} holds no export record ({EXPORT_RECORD}) that reads: no export wrote it; {why}")
+    held = {
+        p.relative_to(out).as_posix()
+        for p in [*out.iterdir(), *((out / "data").iterdir() if _plain_dir(out / "data") else [])]
+        if p.name != EXPORT_RECORD and not (p.name == "data" and p.parent == out and _plain_dir(p))
+    }
+    if foreign := sorted(held - set(files)):
+        raise UsageError(f"{out} holds {', '.join(foreign[:3])}, which its export did not write; {why}")
+    for name, digest in files.items():
+        f = out / name
+        if f.is_symlink() or not f.is_file() or sha256_file(f) != digest:
+            raise UsageError(f"{out}/{name} is not the file its export wrote (changed, gone or a link); {why}")
+
+
+def _plain_dir(p: Path) -> bool:
+    return p.is_dir() and not p.is_symlink()
 
 
 def _copy(src: Path, dst: Path, golden: GoldenSet) -> int:

@@ -114,8 +114,33 @@ def test_an_existing_out_is_refused_and_force_replaces_only_an_export(world, tmp
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     assert main(["golden", "export", str(smoke), str(mine), "--force"]) == 2
-    assert "notes.txt" in capsys.readouterr().err and (mine / "notes.txt").read_text() == "keep me"
+    assert "no export record" in capsys.readouterr().err and (mine / "notes.txt").read_text() == "keep me"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left beside
+
+
+def test_force_replaces_no_folder_of_the_users_own_yaml_files(world, tmp_path, capsys):
+    """A folder of recipes (YAMLs only) looked like an export to the earlier rule, and `--force` deleted it (a
+    review). Only a folder holding exactly what its export record lists, unchanged, is replaced."""
+    _, _, full, smoke = world
+    mine = tmp_path / "recipes"
+    shutil.copytree(ROOT / "recipes", mine)
+    before = sorted(p.name for p in mine.iterdir())
+    assert main(["golden", "export", str(smoke), str(mine), "--force"]) == 2
+    assert "no export record" in " ".join(capsys.readouterr().err.split())
+    assert sorted(p.name for p in mine.iterdir()) == before
+    out = tmp_path / "tasks"
+    exported(full, out, capsys)
+    edited = next(out.glob("*.yaml"))
+    edited.write_text(edited.read_text() + "# my note\n")
+    assert main(["golden", "export", str(smoke), str(out), "--force"]) == 2  # an export the user edited since
+    assert "is not the file its export wrote" in capsys.readouterr().err and "# my note" in edited.read_text()
+    (out / "extra.yaml").write_text("task: mine\n")
+    edited.write_text(edited.read_text().replace("# my note\n", ""))
+    assert main(["golden", "export", str(smoke), str(out), "--force"]) == 2
+    assert "extra.yaml, which its export did not write" in " ".join(capsys.readouterr().err.split())
+    (out / "extra.yaml").unlink()
+    exported(smoke, out, capsys, "--force")  # the export as written: replaced
+    assert len((out / "data" / "core_facts.test.jsonl").read_text().splitlines()) == 3
 
 
 def test_a_bad_suite_is_exit_2_before_anything_is_written(tmp_path, capsys):
