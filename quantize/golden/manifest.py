@@ -237,12 +237,12 @@ def _check_data_files(
 ) -> list[str]:
     """Every data/ file hashed as it streams; a task's items and few-shot examples checked on the way
     (quantize/golden/items.py), and the smoke ids against the items found."""
-    roles: dict[str, tuple[str, str]] = {}
+    roles: dict[str, list[tuple[str, str]]] = {}  # a file two tasks read is checked for each (a review: one kept)
     problems = []
     for task, e in sorted(entries.items()):
-        roles[e.data] = ("items", task)
+        roles.setdefault(e.data, []).append(("items", task))
         if e.fewshot is not None:
-            roles[e.fewshot] = ("fewshot", task)
+            roles.setdefault(e.fewshot, []).append(("fewshot", task))
         elif e.fewshot_ids:
             problems.append(f"MANIFEST.json: task {task} lists fewshot_ids but no fewshot file")
     by_task = {c.get("task"): c for c in configs.values() if isinstance(c, dict) and isinstance(c.get("task"), str)}
@@ -252,25 +252,43 @@ def _check_data_files(
         if problem := _listed_problem(root, name):
             problems.append(problem)
             continue
-        role, task = roles.get(name, ("", ""))
-        try:
-            with user_lines(root / name, "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT) as lines:
-                if role == "items":
-                    rules = _rules(task, entries[task], by_task.get(task) or {}, problems)
-                    found = items.check_items(lines, name, rules)
-                    missing = [i for i in manifest.smoke_ids.get(task, []) if items.id_key(i) not in found.ids]
-                    if missing:
-                        problems.append(f"MANIFEST.json: smoke_ids of {task} name {missing[0]!r}, no item of {name}")
-                elif role == "fewshot":
-                    found = items.check_fewshot(lines, name, entries[task].fewshot_ids)
-                else:
-                    lines.drain()
-                    found = None
-                problems += _digest_problems(name, entry, lines.hexdigest(), lines.newlines)
-                problems += found.lines() if found else []
-        except UsageError as e:
-            problems.append(f"{name}: {e}")
+        readers = roles.get(name) or [("", "")]
+        for n, (role, task) in enumerate(readers):
+            try:
+                with user_lines(
+                    root / name, "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT
+                ) as lines:
+                    found = _read_as(lines, name, role, task, manifest, entries, by_task.get(task) or {}, problems)
+                    if n == 0:  # the bytes are the same whichever task reads them
+                        problems += _digest_problems(name, entry, lines.hexdigest(), lines.newlines)
+                    said = found.lines() if found else []
+                    problems += [f"{p} (read as {task}'s {role})" for p in said] if len(readers) > 1 else said
+            except UsageError as e:
+                problems.append(f"{name}: {e}")
     return problems
+
+
+def _read_as(  # noqa: PLR0913 (the file, what it is to a task, and the manifest's and the task's rules for it)
+    lines: Any,
+    name: str,
+    role: str,
+    task: str,
+    manifest: Manifest,
+    entries: dict[str, TaskEntry],
+    cfg: dict[str, Any],
+    problems: list[str],
+) -> Any:
+    """A data file checked as one task reads it (`role`: its items or its few-shot examples; "": no task reads it,
+    only hashed); what the check found, or None."""
+    if role == "items":
+        found = items.check_items(lines, name, _rules(task, entries[task], cfg, problems))
+        if missing := [i for i in manifest.smoke_ids.get(task, []) if items.id_key(i) not in found.ids]:
+            problems.append(f"MANIFEST.json: smoke_ids of {task} name {missing[0]!r}, no item of {name}")
+        return found
+    if role == "fewshot":
+        return items.check_fewshot(lines, name, entries[task].fewshot_ids)
+    lines.drain()
+    return None
 
 
 def _rules(task: str, entry: TaskEntry, cfg: dict[str, Any], problems: list[str]) -> items.TaskRules:

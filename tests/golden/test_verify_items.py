@@ -247,3 +247,13 @@ def test_a_set_whose_config_shares_an_object_is_written_without_aliases(tmp_path
     write_version(tmp_path / "s" / "v1", [task], sources={}, builder={})
     assert "&id" not in (tmp_path / "s" / "v1" / "tasks" / "shared.yaml").read_text()
     verify(tmp_path / "s" / "v1")
+
+
+def test_a_data_file_two_tasks_read_is_checked_as_each_reads_it(tmp_path, capsys):
+    """Two tasks reading one data file, each by its own id field: the check kept one task per file (the last), so
+    ids duplicated under the other task's field verified, and its gate paired 2 of 3 items (a review)."""
+    root = tmp_path / "s" / "v1"
+    shutil.copytree(ROOT / "tests" / "data" / "shared-file-golden" / "s" / "v1", root)
+    refused(root, capsys, "id 'a' (field 'id') is already used on line 1", "(read as s_b's items)")
+    edit_line(root, "data/s_greedy.jsonl", 2, lambda d: {**d, "id": "c"})
+    assert main(["golden", "verify", str(root)]) == 0, capsys.readouterr().err
