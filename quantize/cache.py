@@ -71,7 +71,7 @@ def read_memo(path: Path | None, field: str) -> Any:
     if path is None or not path.exists():
         return None
     try:  # a regular file of at most MEMO_BYTES (a FIFO in its place blocked `quantize cost --hardware local`)
-        return json.loads(read_user_file(path, "cache memo", MEMO_BYTES)).get(field)
+        return json.loads(read_user_file(path, "cache memo", MEMO_BYTES).decode("utf-8")).get(field)
     except (OSError, ValueError, AttributeError, UsageError):
         return None
 

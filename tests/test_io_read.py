@@ -1,12 +1,15 @@
 """The one way to read a file a user names (quantize/io.read_user_file): regular files only, size-capped, links
 refused where asked, strict UTF-8 with the bad byte's line and column."""
 
+import json
 import os
 
 import pytest
 
 from quantize.errors import UsageError
 from quantize.io import decode_text, read_user_file, read_user_text
+
+from conftest import ROOT
 
 
 def test_a_regular_file_is_read_whole(tmp_path):
@@ -99,3 +102,29 @@ def test_a_fifo_is_never_hashed(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(UsageError, match="not a regular file"):
         sha256_user_file(tmp_path / "pipe", "golden source file", 100)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-16-le"])
+def test_json_a_user_names_is_utf_8_or_refused(tmp_path, encoding):
+    """json.loads(bytes) detects UTF-16 and UTF-32 itself: a verdict re-encoded was published by `card`, a
+    manifest re-encoded verified, while the tools that read the same files as text (transformers' config.json
+    reader, the Hub) read UTF-8 (a review)."""
+    import shutil
+
+    from quantize import records
+    from quantize.checkpoint.files import read_json_object
+    from quantize.golden.manifest import verify
+    from quantize.records import Verdict
+
+    f = tmp_path / "x.json"
+    f.write_bytes(json.dumps({"a": 1}).encode(encoding))
+    with pytest.raises(UsageError, match="not valid JSON"):
+        read_json_object(f, "re-save it")
+    with pytest.raises(UsageError, match="not valid JSON"):
+        records.read(Verdict, f)
+    root = tmp_path / "core" / "v1"
+    shutil.copytree(ROOT / "golden" / "core" / "v1", root)
+    manifest = root / "MANIFEST.json"
+    manifest.write_bytes(manifest.read_text(encoding="utf-8").encode(encoding))
+    with pytest.raises(UsageError, match="not JSON"):
+        verify(root)

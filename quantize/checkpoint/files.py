@@ -108,7 +108,7 @@ def loaded_weights(checkpoint: Path) -> list[Path]:
 def indexed_shards(checkpoint: Path, index: Path) -> list[Path]:
     """The shards a shard index's weight_map names, each a file name in the checkpoint's folder, each present."""
     try:
-        weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES))["weight_map"]
+        weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES).decode("utf-8"))["weight_map"]
     except (UnicodeDecodeError, ValueError, RecursionError, KeyError, TypeError) as e:
         raise UsageError(f"{index} is not a valid shard index ({str(e)[:200]}); re-save the checkpoint") from None
     if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
@@ -197,7 +197,7 @@ def read_config(checkpoint: Path, required: bool = True) -> dict[str, Any]:
 def read_json_object(path: Path, fix: str) -> dict[str, Any]:
     """A JSON file holding an object, or a UsageError naming the file and `fix`."""
     try:
-        data = json.loads(read_user_file(path, "checkpoint file", MAX_JSON_BYTES, hint=fix))
+        data = json.loads(read_user_file(path, "checkpoint file", MAX_JSON_BYTES, hint=fix).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
         raise UsageError(f"{path} is not valid JSON ({str(e)[:200]}); {fix}") from None
     if not isinstance(data, dict):
@@ -285,7 +285,7 @@ def index_matches_headers(checkpoint: Path, tensors: dict[str, Any]) -> None:
     """The shard index, where there is one, against its shards' tensors (`tensors`: all_tensors of
     safetensors_files, which read and checked the index): headers.check_shard_index."""
     if (index := Path(checkpoint) / SAFE_INDEX).is_file():
-        weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES))["weight_map"]
+        weight_map = json.loads(read_user_file(index, "shard index", MAX_JSON_BYTES).decode("utf-8"))["weight_map"]
         check_shard_index(index, weight_map, tensors)
 
 
@@ -519,7 +519,9 @@ def _vocabulary_sha256(path: str, _files: tuple[tuple[str, str], ...]) -> str | 
         vocab = tokenizers.Tokenizer.from_str(raw.decode("utf-8")).get_vocab(with_added_tokens=True)
         cfg_path = checkpoint / "tokenizer_config.json"
         cfg = (
-            json.loads(read_user_file(cfg_path, "tokenizer_config.json", MAX_JSON_BYTES)) if cfg_path.is_file() else {}
+            json.loads(read_user_file(cfg_path, "tokenizer_config.json", MAX_JSON_BYTES).decode("utf-8"))
+            if cfg_path.is_file()
+            else {}
         )
     except (KeyboardInterrupt, SystemExit):
         raise

@@ -163,7 +163,7 @@ def verify(path: str | Path) -> GoldenSet:
         raise UsageError(f"golden set {root} failed verification: {outside}")
     raw = read_user_file(mpath, "golden-set manifest", MAX_MANIFEST_BYTES, hint=hint)
     try:
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8"))  # strictly: json.loads(bytes) also takes UTF-16 and UTF-32
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise UsageError(f"{mpath} is not a valid manifest: not JSON ({str(e)[:200]}); {hint}") from None
     manifest = validate(Manifest, data, str(mpath), "golden-set manifest", Wording(regenerate=hint))

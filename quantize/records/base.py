@@ -159,7 +159,7 @@ def read(model: type[R], path: Path) -> R:
 def loads(model: type[R], raw: bytes, path: Path) -> R:
     """A record from the bytes of its file (for a reader that also hashes them: one read)."""
     try:
-        data = json.loads(raw)
+        data = json.loads(raw.decode("utf-8"))  # strictly: json.loads(bytes) also takes UTF-16 and UTF-32
     except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: bad JSON, or an over-long integer
         raise UsageError(f"{path} is not a {model.WHAT}: not valid JSON ({str(e)[:200]}); {model.REGENERATE}") from None
     return parse(model, data, str(path))
