@@ -26,6 +26,7 @@ from __future__ import annotations
 import platform
 import re
 import shlex
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +84,43 @@ OFFLINE_ROUTES = (
 )
 
 
+MAX_INCLUDE_YAMLS = 10_000  # task YAMLs in an --include-path folder (lm-eval's own tasks are about 8,000)
+MAX_INCLUDE_YAML_BYTES = 2**20  # one task YAML: a few hundred bytes to a few KB
+
+
+def check_include_path(folder: Path) -> None:
+    """Every file lm-eval's task index will read from an --include-path folder (its `**/*.yaml`, as
+    lm_eval.tasks._index walks it) is a regular file of at most MAX_INCLUDE_YAML_BYTES, and there are at most
+    MAX_INCLUDE_YAMLS of them: a FIFO named t.yaml blocked the freeze in lm-eval's open forever (a review)."""
+    for n, p in enumerate(folder.glob("**/*.yaml")):
+        if n >= MAX_INCLUDE_YAMLS:
+            raise UsageError(
+                f"--include-path {folder} holds more than {MAX_INCLUDE_YAMLS:,} task YAMLs; give the folder of the "
+                "tasks to freeze"
+            )
+        try:
+            st = p.stat()
+        except OSError as e:
+            raise UsageError(f"--include-path {folder}: {p} cannot be read ({e.strerror}); remove or fix it") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_INCLUDE_YAML_BYTES:
+            what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size:,} bytes"
+            raise UsageError(
+                f"--include-path {folder}: {p} is {what}; lm-eval reads every *.yaml there as a task (regular files "
+                f"of at most {MAX_INCLUDE_YAML_BYTES:,} bytes): remove it, or give a folder holding only task YAMLs"
+            )
+
+
 def _task_manager(names: list[str], include_path: Path | None) -> Any:
     """lm-eval's task index: the --include-path folder added to lm-eval's own tasks, as lm-eval's own
     --include_path adds it (a name the folder defines wins). lm-eval's index of its own tasks takes seconds, so
     it is built only when a name is not in the folder."""
-    from lm_eval.tasks import TaskManager
-
     if include_path is not None:
         if not include_path.is_dir():
             raise UsageError(f"--include-path {include_path} is not a folder of lm-eval task YAMLs")
+        check_include_path(include_path)
+    from lm_eval.tasks import TaskManager
+
+    if include_path is not None:
         tm = TaskManager(include_path=str(include_path), include_defaults=False)
         if all(n in tm.all_tasks for n in names):
             return tm

@@ -565,3 +565,27 @@ def test_golden_new_into_a_link_or_below_a_file_is_exit_2_before_reading(tmp_pat
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err, err
     assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize("planted", ["fifo", "folder", "oversize"])
+def test_freeze_refuses_an_include_path_lm_eval_could_not_read_safely(user, tmp_path, capsys, planted):
+    """A FIFO named t.yaml in --include-path blocked the freeze inside lm-eval's open forever (a review)."""
+    import os
+    import shutil
+
+    _, tasks, _, _, _ = user
+    mine = tmp_path / "tasks"
+    shutil.copytree(tasks, mine)
+    bad = mine / "sub" / "t.yaml"
+    bad.parent.mkdir()
+    if planted == "fifo":
+        os.mkfifo(bad)
+    elif planted == "folder":
+        bad.mkdir()
+    else:
+        bad.write_text("task: t\n" + "#" * 2**20)
+    out = tmp_path / "g" / "v1"
+    assert main(["golden", "freeze", "--task", "u_gen", "--include-path", str(mine), "--out", str(out)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert str(bad) in err and "lm-eval reads every *.yaml there as a task" in err, err
+    assert not (tmp_path / "g").exists()
