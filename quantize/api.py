@@ -28,7 +28,7 @@ import os
 import reprlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from inspect import signature
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -480,7 +480,8 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
     context 2,048, batch 32). `project_params`: also project onto a model of that many parameters
     (`project_share`: the share of them in quantized linears; default the checkpoint's). `sweeps`: add the seed's
     exercises (`--sweep`). `kv` (`--layers/--kv-heads/--head-dim`) replaces the KV cache config.json describes;
-    `kv_bytes` (`--kv-bytes`, at most 64) prices the checkpoint's own KV cache at that many bytes per element.
+    `kv_bytes` (`--kv-bytes`, at most 64) prices the KV cache at that many bytes per element (`kv`'s too, as the
+    command line does). `project_share` needs `project_params`; the workload is checked before anything is read.
     config.json is read as transformers' config class for its model_type completes it (the layer types and defaults
     the class derives; imports transformers, never remote code or the hub): a model_type the library does not know
     is read as written, a value the class refuses is a UsageError naming it."""
@@ -489,6 +490,20 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
     from quantize.cost import bounds
 
     work = workload or bounds.Workload()
+    work.check()  # before the checkpoint is read and transformers imported (a review: a batch of 0 was refused after)
+    if project_share is not None and project_params is None:  # as the command line refuses it (a review: ignored)
+        raise UsageError(
+            "quantize.decode_cost: `project_share` is the projected model's share in quantized linears; give "
+            "`project_params` too"
+        )
+    if project_params is not None and project_params > bounds.MAX_PARAMETERS:
+        raise UsageError(
+            f"quantize.decode_cost: `project_params` {project_params:g}; give at most {bounds.MAX_PARAMETERS:g}"
+        )
+    if kv_bytes is not None:
+        bounds.check_kv_bytes(kv_bytes, "quantize.decode_cost: `kv_bytes`")
+    if kv is not None and kv_bytes is not None:  # the command line's --kv-bytes prices its --layers cache too
+        kv = replace(kv, bytes_per_element=kv_bytes)
     config = None
     if kv is None and (f := ggufs.find(Path(checkpoint))) is not None:
         h = ggufs.check_model(ggufs.read_header(f))  # its layer counts checked before transformers reads them

@@ -111,6 +111,8 @@ MAX_DRAFT_COST = 1_000.0
 MAX_PARAMETERS = 1e15
 # bytes a K or V element may take (--kv-bytes, kv_bytes): a float64 is 8; 1e308 priced an Infinity cache, exit 0
 MAX_KV_BYTES = 64
+MAX_BITS_PER_WEIGHT = 64  # a format's bits per weight: float64's (1e300 overflowed the bytes to inf: a review)
+MAX_STEP_MS = 1e9  # a measured plain step, about 11.6 days (1e308 priced an Infinity iteration: a review)
 
 
 @dataclass(frozen=True)
@@ -219,13 +221,15 @@ class RoutedExperts:
     parameters: int
 
     def __post_init__(self) -> None:
-        """1 <= k <= E <= MAX_SHAPE, bytes and parameters finite and not negative: E = 0 divided by zero, and k > E
-        made more parameters active than the model has (a review)."""
+        """1 <= k <= E <= MAX_SHAPE, E <= parameters (each expert holds one at least), bytes finite and not
+        negative: E = 0 divided by zero, k > E made more parameters active than the model has, and experts of no
+        parameters divided by zero in moe_cost (a review; the command line's --routed-params refused them)."""
         whole = all(type(v) is int for v in (self.layer, self.experts, self.top_k, self.parameters))
-        if not whole or not 1 <= self.top_k <= self.experts <= MAX_SHAPE or self.parameters < 0 or self.layer < 0:
+        if not whole or not 1 <= self.top_k <= self.experts <= min(MAX_SHAPE, self.parameters) or self.layer < 0:
             raise UsageError(
                 f"routed experts of layer {self.layer!r}: need whole numbers 1 <= top_k ({self.top_k!r}) <= experts "
-                f"({self.experts!r}) <= {MAX_SHAPE:,}, parameters ({self.parameters!r}) >= 0 and a layer >= 0"
+                f"({self.experts!r}) <= {MAX_SHAPE:,}, parameters ({self.parameters!r}) at least one per expert, and "
+                "a layer >= 0"
             )
         check_positive(self.bytes, f"routed experts of layer {self.layer}: bytes", zero=True)
 
@@ -631,6 +635,10 @@ class Workload:
         if self.draft_cost > MAX_DRAFT_COST:
             raise UsageError(f"draft cost c = {self.draft_cost:g}: give a step-time ratio up to {MAX_DRAFT_COST:g}")
         check_positive(self.plain_step_ms, "plain step (ms)")
+        if self.plain_step_ms > MAX_STEP_MS:
+            raise UsageError(
+                f"plain step = {self.plain_step_ms:g} ms: give a measured step of at most {MAX_STEP_MS:g} ms"
+            )
 
 
 def token_cost(
@@ -652,6 +660,10 @@ def token_cost(
             "active parameters would be negative; give the routed experts' parameters as part of the model's"
         )
     work.check()
+    for name, bits in format_bits.items():
+        check_positive(bits, f"format {name}: bits per weight")
+        if bits > MAX_BITS_PER_WEIGHT:
+            raise UsageError(f"format {name}: {bits:g} bits per weight; give at most {MAX_BITS_PER_WEIGHT} (float64's)")
     active = active_parameter_count(round(parameters), routed) if routed else round(parameters)
     model = CostModel(active, kv, hardware, work.context_tokens)
     measured_bytes = measured_bytes or {}
@@ -686,7 +698,7 @@ def moe_cost(routed: Sequence[RoutedExperts], batch: int) -> MoECost:
     """The routed experts' figures under uniform routing (ROUTING_ASSUMPTION): per layer, the expected share of
     expert bytes a batch-1 and a batch-B step read, and the tokens per step that read half, 90% and 99% of
     them (the point past which batching stops amortizing expert reads)."""
-    total = sum(r.bytes for r in routed)
+    total = sum(r.bytes for r in routed)  # above 0: each expert holds a parameter, each format bits above 0
 
     def share(tokens: int) -> float:
         return sum(r.bytes * expected_experts_read(r.experts, r.top_k, tokens) / r.experts for r in routed) / total

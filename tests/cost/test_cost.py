@@ -522,3 +522,42 @@ def test_a_decode_step_reads_a_row_of_an_embedding_table_it_only_looks_up(tmp_pa
     looked_up = table - table / 4096 if head else 0
     assert row["batch1_weight_read_bytes"] == pytest.approx(total - looked_up)
     assert row["batch_weight_read_bytes"] == pytest.approx(total - (table - 8 * table / 4096 if head else 0))
+
+
+def test_the_api_refuses_what_the_command_line_refuses(tmp_path, tiny_model):
+    """A review's API repros: experts of no parameters divided by zero (fewer parameters than experts passed),
+    1e300 bits per weight overflowed, a 1e308 ms step priced an Infinity iteration, project_share without
+    project_params was ignored, kv_bytes beside kv was ignored, and a batch of 0 was refused only after the
+    checkpoint was read."""
+    import quantize
+
+    for params in (0, 3):
+        with pytest.raises(UsageError, match="at least one per expert"):
+            cost.RoutedExperts(0, 8, 2, 0.0, params)
+    with pytest.raises(UsageError, match="at most 64"):
+        cost.token_cost(1e9, {"x": 1e300}, KV, SEED, cost.Workload())
+    with pytest.raises(UsageError, match="plain step"):
+        cost.token_cost(1e9, {"bf16": 16}, KV, SEED, cost.Workload(plain_step_ms=1e308, gamma=1000, draft_cost=1000))
+    with pytest.raises(UsageError, match="give `project_params` too"):
+        quantize.decode_cost(tiny_model, project_share=0.5)
+    with pytest.raises(UsageError, match="`project_params` 1e\\+16"):
+        quantize.decode_cost(tiny_model, project_params=1e16)
+    with pytest.raises(UsageError, match="batch"):
+        quantize.decode_cost(tmp_path / "nothing here", workload=cost.Workload(batch=0))
+    kv = cost.KVLayout(2, 2, 2, 2)
+    both = quantize.decode_cost(tiny_model, kv=kv, kv_bytes=1).kv_bytes_per_sequence
+    assert both == quantize.decode_cost(tiny_model, kv=cost.KVLayout(2, 2, 2, 1)).kv_bytes_per_sequence
+    assert both * 2 == quantize.decode_cost(tiny_model, kv=kv).kv_bytes_per_sequence
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["--params", "1e15", "--formats", "x=1e300"], "at most 64"),
+        (["--plain-step-ms", "1e308", "--gamma", "1000", "--draft-cost", "1000"], "plain step"),
+    ],
+)
+def test_numbers_past_what_the_cost_can_hold_are_exit_2(capsys, argv, says):
+    assert main(["cost", *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err
