@@ -938,8 +938,9 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
     `{arch}.block_count`), which llama.cpp reads as the model's layers (its hparams.n_layer(), block_count less
     nextn_predict_layers, for every architecture) and gives no KV cache in a decode context (its KV cache "filters"
     them: tests/checkpoint/test_gguf.py compares with the cache llama.cpp allocates). A GGUF of MTP blocks alone
-    (nextn_predict_layers = block_count, a draft model) keeps its cache in every block, as llama.cpp does (and
-    mtp_blocks declares none). A GLM-4.5-Air GGUF's MTP block was priced as a decode layer's cache, 47 layers of it
+    (nextn_predict_layers = block_count) is priced with a cache in every block (mtp_blocks declares none): the
+    llama.cpp llama-cpp-python 0.3.36 vendors loads no decode layer from it (measured on a `llama` one: "wrong
+    number of tensors"), so there is no cache of its own to compare with. A GLM-4.5-Air GGUF's MTP block was priced as a decode layer's cache, 47 layers of it
     for its 46 (issue #58)."""
     cache = _header_cache(h, config)
     mtp = ggufs.mtp_blocks(h)
