@@ -266,6 +266,41 @@ def group_config(tasks: list[str]) -> dict[str, Any]:
     return {"group": GROUP, "task": tasks, "metadata": {"version": TASK_VERSION}}
 
 
+SOURCES = ("jargon", "devil", "analogies", "wordnet", "quiz")  # what build_core reads, by its record's names
+QUIZ_DIR = "usr/share/games/bsdgames/quiz"
+
+
+def check_sources_record(meta: Any, record: Path) -> None:
+    """fetch_sources.sh's record: an object naming each source build_core reads (SOURCES), each with its `files`
+    (paths inside the folder) and a sha256 for every one of them, the quiz files the facts read among them. A list,
+    a string, a source missing or a file without its sha256 was exit 3 (AttributeError, TypeError, KeyError), and
+    a record of empty sha256 maps built from files nothing checked (a review)."""
+
+    def bad(why: str) -> UsageError:
+        return UsageError(f"{record}: {why}; {src.HINT}")
+
+    if not isinstance(meta, dict):
+        raise bad(f"holds a JSON {type(meta).__name__}, not an object of sources")
+    for name, s in meta.items():
+        files = s.get("files") if isinstance(s, dict) else None
+        digests = s.get("sha256") if isinstance(s, dict) else None
+        if not (isinstance(files, list) and files and all(isinstance(f, str) and f for f in files)):
+            raise bad(f"source {name!r} lists no `files` (a list of paths inside the sources folder)")
+        if not isinstance(digests, dict) or not all(
+            isinstance(d, str) and re.fullmatch(r"[0-9a-f]{64}", d) for d in digests.values()
+        ):
+            raise bad(f"source {name!r}'s `sha256` is not an object of file paths to sha256 hex digests")
+        if unchecked := [f for f in files if f not in digests]:
+            raise bad(f"source {name!r}'s file {unchecked[0]} has no sha256: nothing would check what is read")
+        if outside := [f for f in digests if Path(f).is_absolute() or ".." in Path(f).parts]:
+            raise bad(f"source {name!r} names {outside[0]!r}, a path outside the sources folder")
+    if missing := [n for n in SOURCES if n not in meta]:
+        raise bad(f"names no source {', '.join(missing)} (build_core reads {', '.join(SOURCES)})")
+    quiz = {f"{QUIZ_DIR}/{t[0]}" for t in FACT_TEMPLATES + REVERSE_FACT_TEMPLATES}
+    if unrecorded := sorted(quiz - set(meta["quiz"]["sha256"])):
+        raise bad(f"source 'quiz' records no sha256 for {unrecorded[0]}, which the facts read")
+
+
 def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | None = None) -> Manifest:
     """Build golden/core/<version> from a folder made by fetch_sources.sh (sizes from the version's name)."""
     sizes = sizes or Sizes.for_version(out.name)
@@ -274,6 +309,7 @@ def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | No
         meta = json.loads(read_user_text(record, "golden sources record", 2**20, hint=src.HINT))
     except (ValueError, RecursionError) as e:
         raise UsageError(f"{record} is not JSON ({str(e)[:120]}); {src.HINT}") from None
+    check_sources_record(meta, record)
     x = sources_dir / "x"
     for s in meta.values():  # the sources must be the ones recorded
         for f, digest in s["sha256"].items():
@@ -282,7 +318,7 @@ def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | No
                     f"source file {x / f} does not match the sha256 recorded in {sources_dir / 'sources.json'}; "
                     "fetch the sources again (golden/core/fetch_sources.sh)"
                 )
-    quiz_dir = x / "usr/share/games/bsdgames/quiz"
+    quiz_dir = x / QUIZ_DIR
     docs = prose_documents(x / meta["jargon"]["files"][0], x / meta["devil"]["files"][0])
     cloze, prose = build_cloze_and_prose(docs, seed, sizes.cloze, sizes.prose)
     data = {

@@ -57,7 +57,9 @@ def _clean(text: str) -> str:
 def jargon_entries(path: Path) -> list[tuple[str, str]]:
     """(headword, text) for every glossary entry of the Jargon File 4.4.7 (jargon.txt.gz)."""
     lines = _text(path).splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("   :abbrev:"))
+    start = next((i for i, line in enumerate(lines) if line.startswith("   :abbrev:")), None)
+    if start is None:
+        raise UsageError(f"golden source file {path} has no `   :abbrev:` entry: it is not the Jargon File; {HINT}")
     out: list[tuple[str, list[str]]] = []
     for line in lines[start:]:
         if line.strip() == JARGON_END:
@@ -132,23 +134,32 @@ def analogies(path: Path) -> dict[str, list[tuple[str, str, str, str]]]:
     """Mikolov et al.'s word analogies by section: a : b :: c : d."""
     out: dict[str, list[tuple[str, str, str, str]]] = {}
     section = ""
-    for line in _text(path).splitlines():
+    for n, line in enumerate(_text(path).splitlines(), 1):
         if line.startswith(":"):
             section = line[1:].strip()
             out[section] = []
         elif line.strip():
-            a, b, c, d = line.split()
-            out[section].append((a, b, c, d))
+            if len(words := line.split()) != 4 or section not in out:
+                raise UsageError(
+                    f"golden source file {path} line {n}: {line[:80]!r} is not four words of an analogy under a "
+                    f"`: section` line; {HINT}"
+                )
+            out[section].append((words[0], words[1], words[2], words[3]))
     return out
 
 
 def wordnet_nouns(path: Path, min_len: int = 4, max_len: int = 7, min_senses: int = 3) -> list[str]:
     """Common single-word nouns from WordNet's index.noun (lemma, synset count >= min_senses)."""
     words = []
-    for line in _text(path).splitlines():
+    for n, line in enumerate(_text(path).splitlines(), 1):
         if line.startswith(" "):
             continue
         parts = line.split()
+        if len(parts) < 3 or not parts[2].isdigit():
+            raise UsageError(
+                f"golden source file {path} line {n}: {line[:80]!r} is not an index.noun line (lemma, part of "
+                f"speech, synset count, ...); {HINT}"
+            )
         lemma, senses = parts[0], int(parts[2])
         if lemma.isalpha() and lemma.islower() and min_len <= len(lemma) <= max_len and senses >= min_senses:
             words.append(lemma)

@@ -184,3 +184,68 @@ def test_a_subsets_data_is_one_path_per_content(built, tmp_path, monkeypatch):
     other = data(tmp_path / "c", {"core_kv": kv[1:3]})
     assert one == again != other and Path(one).is_relative_to(tmp_path / "qcache")
     assert len(Path(one).read_text().splitlines()) == 2
+
+
+def _resealed(root: Path, name: str, text: str) -> None:
+    """Write a source file and record its sha256, as a fetch of another file would."""
+    import hashlib
+    import json
+
+    (root / "x" / name).write_text(text)
+    meta = json.loads((root / "sources.json").read_text())
+    for s in meta.values():
+        if name in s["sha256"]:
+            s["sha256"][name] = hashlib.sha256(text.encode()).hexdigest()
+    (root / "sources.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize(
+    "change,says",
+    [
+        (lambda m: [m], "holds a JSON list"),
+        (lambda m: {**m, "devil": "x"}, "source 'devil' lists no `files`"),
+        (lambda m: {k: v for k, v in m.items() if k != "devil"}, "names no source devil"),
+        (lambda m: {k: {**v, "sha256": {}} for k, v in m.items()}, "has no sha256: nothing would check"),
+        (lambda m: {**m, "quiz": {**m["quiz"], "files": m["quiz"]["files"][:1]}}, "records no sha256 for"),
+        (
+            lambda m: {**m, "extra": {"files": ["../x"], "sha256": {"../x": "0" * 64}}},
+            "a path outside the sources folder",
+        ),
+    ],
+    ids=["list", "string-source", "missing-source", "empty-sha256", "quiz-unrecorded", "outside"],
+)
+def test_a_sources_record_that_is_not_fetch_sources_is_exit_2(tmp_path, capsys, change, says):
+    """A list, a string value or a missing source ended in exit 3 (AttributeError, TypeError, KeyError); empty
+    sha256 maps built from files nothing checked, exit 0 (a review)."""
+    import json
+
+    from quantize.cli import main
+
+    root = make_sources(tmp_path / "src")
+    meta = json.loads((root / "sources.json").read_text())
+    new = change(meta)
+    if isinstance(new, dict) and "quiz" in new and new["quiz"] is not meta["quiz"]:
+        new["quiz"]["sha256"] = {f: meta["quiz"]["sha256"][f] for f in new["quiz"]["files"]}
+    (root / "sources.json").write_text(json.dumps(new))
+    assert main(["golden", "build", str(tmp_path / "out" / "core" / "v9"), "--sources", str(root)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert says in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "name,text,says",
+    [
+        ("gensim/questions-words.txt", ": s\na b c\n", "line 2: 'a b c' is not four words"),
+        ("gensim/questions-words.txt", "a b c d\n", "line 1: 'a b c d' is not four words"),
+        ("usr/share/wordnet/index.noun", "word n many 1\n", "line 1: 'word n many 1' is not an index.noun line"),
+    ],
+)
+def test_a_source_file_of_another_shape_is_exit_2_naming_its_line(tmp_path, capsys, name, text, says):
+    from quantize.cli import main
+
+    root = make_sources(tmp_path / "src")
+    _resealed(root, name, text)
+    assert main(["golden", "build", str(tmp_path / "out" / "core" / "v9"), "--sources", str(root)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert says in err and "Traceback" not in err, err
