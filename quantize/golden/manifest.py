@@ -172,6 +172,7 @@ def verify(path: str | Path) -> GoldenSet:
     tasks = sorted((n, e) for n, e in files.items() if n.startswith("tasks/"))
     problems = [p for name, e in tasks for p in _check_task_file(root, name, e, configs)]
     entries = task_entries(root, manifest, configs)
+    problems += smoke_problems(manifest, entries)
     problems += _check_data_files(root, manifest, entries, configs)
     problems += _outside_reads(root, manifest, configs)
     problems += _entries_are_what_lm_eval_reads(root, entries, configs)
@@ -230,6 +231,18 @@ def _check_task_file(root: Path, name: str, entry: FileEntry, configs: dict[str,
     except UsageError as e:
         problems.append(f"{name}: not plain YAML a golden set can check ({str(e)[:120]})")
     return problems
+
+
+def smoke_problems(manifest: Manifest, entries: dict[str, TaskEntry]) -> list[str]:
+    """The smoke subset names tasks of the set, each with one item at least: `smoke_ids: {core_cloze: []}` verified,
+    then a smoke run scored no item of it and lm-eval stopped with exit 3, and a task the set does not have was
+    accepted and never read (a review)."""
+    unknown = [t for t in manifest.smoke_ids if t not in entries]
+    empty = [t for t, ids in manifest.smoke_ids.items() if t in entries and not ids]
+    return [f"MANIFEST.json: smoke_ids names task {t}, which the set does not have" for t in unknown] + [
+        f"MANIFEST.json: smoke_ids of {t} is empty; list one item at least, or leave the task out of smoke_ids"
+        for t in empty
+    ]
 
 
 def _check_data_files(

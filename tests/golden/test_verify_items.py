@@ -257,3 +257,20 @@ def test_a_data_file_two_tasks_read_is_checked_as_each_reads_it(tmp_path, capsys
     refused(root, capsys, "id 'a' (field 'id') is already used on line 1", "(read as s_b's items)")
     edit_line(root, "data/s_greedy.jsonl", 2, lambda d: {**d, "id": "c"})
     assert main(["golden", "verify", str(root)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "change,says",
+    [
+        (lambda s: {**s, "core_cloze": []}, "smoke_ids of core_cloze is empty"),
+        (lambda s: {**s, "core_nothing": ["x"]}, "smoke_ids names task core_nothing, which the set does not have"),
+    ],
+)
+def test_a_smoke_subset_of_no_item_or_of_no_task_is_refused(tmp_path, capsys, change, says):
+    """`smoke_ids: {core_cloze: []}` verified, then a smoke run stopped inside lm-eval, exit 3; a task the set does
+    not have was accepted (a review)."""
+    root = copy_set(tmp_path, "core/v1")
+    m = json.loads((root / "MANIFEST.json").read_text())
+    m["smoke_ids"] = change(m["smoke_ids"])
+    (root / "MANIFEST.json").write_text(json.dumps(m, indent=2))
+    refused(root, capsys, says)
