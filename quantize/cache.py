@@ -31,8 +31,19 @@ from quantize.io import read_user_file, sha256_bytes, sha256_file, sha256_json, 
 
 
 def cache_dir() -> Path:
-    """$QUANTIZE_CACHE, default ~/.cache/quantize: the default model, scores and agreement results."""
-    return Path(os.environ.get("QUANTIZE_CACHE") or Path.home() / ".cache" / "quantize")
+    """$QUANTIZE_CACHE, default ~/.cache/quantize: the default model, scores and agreement results. An absolute
+    path: a relative one (or a `~` the shell left unexpanded, as in a quoted value) named a different folder from
+    every working folder, and `quantize model path` printed it as given (a review)."""
+    given = os.environ.get("QUANTIZE_CACHE")
+    if not given:
+        return Path.home() / ".cache" / "quantize"
+    try:
+        return Path(given).expanduser().absolute()
+    except RuntimeError:  # ~name of no user
+        raise UsageError(
+            f"QUANTIZE_CACHE={given!r}: {given.split('/')[0]} names no user of this machine; set QUANTIZE_CACHE to a "
+            "folder path"
+        ) from None
 
 
 def content_path(folder: str, sha256: str, suffix: str) -> Path:

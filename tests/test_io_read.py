@@ -128,3 +128,23 @@ def test_json_a_user_names_is_utf_8_or_refused(tmp_path, encoding):
     manifest.write_bytes(manifest.read_text(encoding="utf-8").encode(encoding))
     with pytest.raises(UsageError, match="not JSON"):
         verify(root)
+
+
+def test_the_cache_folder_is_absolute_whatever_quantize_cache_says(tmp_path, monkeypatch, capsys):
+    """A relative QUANTIZE_CACHE (or a `~` a quoted value keeps) named another folder from every working folder, and
+    `quantize model path` printed it as given (a review)."""
+    from pathlib import Path
+
+    from quantize.cache import cache_dir
+    from quantize.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QUANTIZE_CACHE", "rel/cache")
+    assert cache_dir() == tmp_path / "rel" / "cache"
+    assert main(["model", "path"]) == 0
+    assert Path(capsys.readouterr().out.strip()).is_absolute()
+    monkeypatch.setenv("QUANTIZE_CACHE", "~/qc")
+    assert cache_dir() == Path.home() / "qc"
+    monkeypatch.setenv("QUANTIZE_CACHE", "~no-such-user-here/qc")
+    with pytest.raises(UsageError, match="names no user"):
+        cache_dir()
