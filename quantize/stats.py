@@ -106,10 +106,17 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 
 def n_required(sd: float, margin: float, alpha: float, power: float) -> int:
-    """Items for a non-inferiority test with margin m to reach the power when the true Δ is 0."""
-    if margin <= 0 or not math.isfinite(sd):
+    """Items for a non-inferiority test with margin m to reach the power when the true Δ is 0:
+    n = ⌈(z₁₋α + z_power)² · sd² / m²⌉. math.inf where that is no finite number: m ≤ 0, an sd that is not finite,
+    an α so small that z₁₋α is infinite (1 − α rounds to 1), a margin so small that m² underflows to 0 (1e-300)
+    or a quotient past the largest float; no number of items resolves such a margin."""
+    if not margin > 0 or not math.isfinite(sd):
         return math.inf  # type: ignore[return-value]
-    return math.ceil((z(1 - alpha) + z(power)) ** 2 * sd**2 / margin**2)
+    try:
+        n = (z(1 - alpha) + z(power)) ** 2 * sd**2 / margin**2
+    except (ZeroDivisionError, OverflowError):  # m² underflowed to 0; a square past the largest float
+        return math.inf  # type: ignore[return-value]
+    return math.ceil(n) if math.isfinite(n) else math.inf  # type: ignore[return-value]
 
 
 def min_detectable(sd: float, n: int, alpha: float, power: float) -> float:

@@ -58,6 +58,19 @@ def test_n_required_formula():
     assert stats.n_required(math.sqrt(f), 0.02, 0.05, 0.8) == math.ceil((1.6448536 + 0.8416212) ** 2 * f / 0.0004)
 
 
+def test_n_required_is_inf_where_its_formula_gives_no_finite_number():
+    """m² of 1e-300 underflows to 0 (ZeroDivisionError), z of 1 − 1e-300 is infinite (ceil of inf raised), a huge sd
+    squares past the largest float (OverflowError): each is no number of items, as m ≤ 0 already was."""
+    assert stats.n_required(0.5, 1e-300, 0.05, 0.8) == math.inf
+    assert stats.n_required(0.5, 0.02, 1e-300, 0.8) == math.inf
+    assert stats.n_required(1e200, 0.02, 0.05, 0.8) == math.inf
+    assert stats.n_required(0.5, float("nan"), 0.05, 0.8) == math.inf
+    m = 1e-9  # tiny but representable: still the formula's number
+    assert stats.n_required(0.5, m, 0.05, 0.8) == math.ceil((stats.z(0.95) + stats.z(0.8)) ** 2 * 0.25 / m**2)
+    r = stats.noninferiority([0.0] * 8 + [1.0, -1.0], [str(i) for i in range(10)], 1e-300, 0.05, 0.8)
+    assert r.n_needed == math.inf and r.verdict == "inconclusive"
+
+
 def test_noninferiority_pass_regression_inconclusive():
     rng = random.Random(2)
     same = [0.0] * 900 + [1.0] * 50 + [-1.0] * 50  # Δ = 0, 10% flips

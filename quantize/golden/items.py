@@ -28,6 +28,8 @@ from quantize.io import UserLines
 
 MAX_ITEM_BYTES = 16 * 2**20  # one item, one line: a long document or few-shot context is kilobytes
 MAX_SET_FILE_BYTES = 16 * 2**30  # one data file, streamed: the cap stops a file that never ends, not a large set
+# the most items one task can hold: its data file at the cap, every item the shortest JSON object with an id
+MAX_TASK_ITEMS = MAX_SET_FILE_BYTES // len(b'{"":0}\n')
 SHOWN = 3  # problems listed per file; the rest are counted
 # the fields a frozen few-shot item pins its prompt in (written by quantize/golden/prompts.py; this module imports
 # no lm-eval, so every reader of a golden set can verify it)

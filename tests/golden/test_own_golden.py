@@ -447,6 +447,35 @@ def test_golden_size_reports_flip_rates_and_items_needed(user, tiny_model, tmp_p
     assert "flip rate" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--margin", "1e-300"], "--margin 1e-300 is finer than one item"),  # m² underflowed: ZeroDivisionError
+        (["--margin", "1e-10"], "--margin 1e-10 is finer than one item"),  # past any golden set's items
+        (["--alpha", "1e-300"], "--alpha 1e-300: 1 − alpha rounds to 1"),  # z infinite: OverflowError in ceil
+    ],
+)
+def test_golden_size_refuses_a_margin_no_golden_set_resolves_before_scoring(
+    user, tiny_model, tmp_path, capsys, monkeypatch, flags, named
+):
+    import quantize.flows.size as size
+
+    def no_scoring(*a, **k):
+        raise AssertionError("scored before the margin was checked")
+
+    monkeypatch.setattr(size, "load_scores", no_scoring)
+    _, _, _, _, suite = user
+    argv = ["golden", "size", str(suite), "--baseline", str(tiny_model), "--candidate", str(tiny_model), *flags]
+    assert main(argv) == 2
+    assert named in capsys.readouterr().err
+    from quantize.golden.items import MAX_SET_FILE_BYTES, MAX_TASK_ITEMS
+
+    # the bound is one item of the largest task: a data file at its cap, every line the shortest item with an id
+    shortest = json.dumps({"": 0}, separators=(",", ":")) + "\n"
+    assert MAX_SET_FILE_BYTES // len(shortest.encode()) == MAX_TASK_ITEMS
+    size.check_computable(2 / MAX_TASK_ITEMS, 0.05, 0.8)  # one item more resolves: no refusal
+
+
 # --- the shipped demo sets ----------------------------------------------------------------------------
 
 
