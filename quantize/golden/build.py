@@ -328,7 +328,31 @@ def build_core(sources_dir: Path, out: Path, seed: int = 1234, sizes: Sizes | No
         "kv": build_kv(src.wordnet_nouns(x / meta["wordnet"]["files"][0]), seed, sizes.kv, sizes.kv_own_clusters),
         "prose": prose,
     }
+    check_items_found(data, meta, sizes)
     return write_version(out, data, meta, seed, sizes)
+
+
+SOURCES = {"facts": ["quiz"], "cloze": ["jargon", "devil"], "analogy": ["analogies"], "kv": ["wordnet"]}
+SOURCES["prose"] = SOURCES["cloze"]
+
+
+def check_items_found(data: dict[str, list[dict[str, Any]]], meta: dict[str, Any], sizes: Sizes) -> None:
+    """Before anything is written: every task holds items. A task with none verified and was scored until lm-eval
+    stopped on its empty split (StopIteration, exit 3); its sources are named instead."""
+    for name, found in data.items():
+        if found:
+            continue
+        files = "; ".join(f"{k}: {', '.join(meta[k]['files'])}" for k in SOURCES[name])
+        why = (
+            f" (cloze items are cut from the documents core_prose leaves, which takes up to {sizes.prose} of 120 to "
+            "400 words, and need a sentence end after 25 words)"
+            if name == "cloze"
+            else ""
+        )
+        raise UsageError(
+            f"golden build: task {GROUP}_{name} would hold no items: its sources ({files}) gave none{why}. Every task "
+            "of a golden set needs items: fetch the full sources (golden/core/fetch_sources.sh DIR) and build again"
+        )
 
 
 def write_version(

@@ -295,6 +295,8 @@ def _read_as(  # noqa: PLR0913 (the file, what it is to a task, and the manifest
     only hashed); what the check found, or None."""
     if role == "items":
         found = items.check_items(lines, name, _rules(task, entries[task], cfg, problems))
+        if not found.ids and not found.lines():  # lm-eval stops on an empty split (StopIteration)
+            problems.append(f"{name}: task {task} holds no items; every task of a golden set needs items")
         if missing := [i for i in manifest.smoke_ids.get(task, []) if items.id_key(i) not in found.ids]:
             problems.append(f"MANIFEST.json: smoke_ids of {task} name {missing[0]!r}, no item of {name}")
         return found

@@ -114,6 +114,17 @@ def test_builder_refuses_to_overwrite_a_version(built):
     assert build_main(["--sources", str(built[0]), "--out", str(built[1])]) == 2
 
 
+def test_builder_refuses_a_task_its_sources_give_no_items(tmp_path, capsys):
+    """v3 takes v2's sizes: 200 prose documents take every document of the small sources, leaving none for cloze,
+    whose data file was written empty (and verified)."""
+    src = make_sources(tmp_path / "src")
+    out = tmp_path / "core" / "v3"
+    assert main(["golden", "build", str(out), "--sources", str(src)]) == 2
+    err = capsys.readouterr().err
+    assert "task core_cloze would hold no items" in err and "usr/share/doc/jargon-text/jargon.txt.gz" in err
+    assert not out.parent.exists()  # refused before anything was written
+
+
 def test_task_yamls_load_in_lm_eval(built, tmp_path):
     from lm_eval.tasks import TaskManager
 

@@ -185,6 +185,23 @@ def test_smoke_ids_must_name_items(tmp_path, capsys):
     refused(root, capsys, "smoke_ids of core_facts name 'facts-99999'")
 
 
+def test_a_task_with_no_items_is_refused_by_verify_and_by_scoring(tmp_path, capsys):
+    """A resealed empty data file verified, and a gate on it ended in lm-eval's StopIteration (exit 3)."""
+    from quantize.evaluate.suite import open_suite
+
+    from conftest import suite_file
+
+    root = copy_set(tmp_path, "core/v2")
+    (root / "data/kv.jsonl").write_bytes(b"")
+    m = json.loads((root / "MANIFEST.json").read_text())
+    m["smoke_ids"]["core_kv"] = []  # no smoke id left naming a missing item: the empty task alone is wrong
+    (root / "MANIFEST.json").write_text(json.dumps(m))
+    reseal(root)
+    refused(root, capsys, "data/kv.jsonl: task core_kv holds no items")
+    with pytest.raises(UsageError, match="task core_kv holds no items"):
+        open_suite(suite_file(tmp_path / "suite.yaml", root))
+
+
 def test_scoring_refuses_what_verify_refuses(tmp_path):
     """Scoring opens its suite through verify: a duplicate id is exit 2 before any model loads."""
     from quantize.evaluate.suite import open_suite
