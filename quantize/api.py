@@ -291,8 +291,9 @@ def agree(
 ) -> list[tuple[Path, AgreementResult]]:
     """`quantize agree`: each candidate's token agreement (KL, top-1) with the baseline on the suite's agreement
     items. A folder of checkpoints (such as outputs/) stands for every checkpoint inside it; a candidate that
-    cannot be measured against this baseline is left out with a QuantizeWarning saying why (`agreement` returns
-    those lines instead)."""
+    cannot be measured against this baseline (not loadable here with nothing cached, or another tokenizer: checked
+    before anything is measured) is left out with a QuantizeWarning saying why (`agreement` returns those lines
+    instead); a lone candidate named so raises UsageError."""
     a = agreement(suite, baseline, candidates, trust_remote_code=trust_remote_code, quiet=quiet)
     for line in a.skipped:
         warnings.warn(line, QuantizeWarning, stacklevel=3)  # the caller's line, past _takes' wrapper

@@ -489,6 +489,58 @@ def test_a_tokenizer_json_the_tokenizers_library_panics_on_has_no_known_vocabula
     assert vocabulary_sha256(tmp_path) is None
 
 
+def _agree_setup(tiny_model: Path, tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """A smoke suite with one agreement item per task, and a tiny model of another vocabulary; measuring the
+    agreement of any candidate fails the test (a refusal must come first)."""
+    import quantize.evaluate.agreement as agreement
+
+    from conftest import make_tiny_llama
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        f"golden: {Path(__file__).parent.parent / 'golden' / 'core' / 'v2'}\nsubset: smoke\n"
+        "agreement: {per_task: 1, top_k: 5}\n"
+    )
+    other = make_tiny_llama(tmp_path / "outs" / "b-vocab", vocab_size=1024)
+    real = agreement.agreement_scores
+
+    def measured(suite, baseline, candidate, *a, **k):
+        assert candidate != other, "the other vocabulary was measured"
+        return real(suite, baseline, candidate, *a, **k)
+
+    monkeypatch.setattr(agreement, "agreement_scores", measured)
+    return suite, other
+
+
+def test_agree_refuses_a_candidate_of_another_tokenizer_before_measuring(tiny_model, tmp_path, monkeypatch):
+    """The gate refuses two vocabularies up front; agree measured the whole candidate, then check_positions' ValueError
+    was exit 3. Now a lone such candidate is exit 2 naming it, before anything is measured (as the gate's check)."""
+    import quantize
+
+    suite, other = _agree_setup(tiny_model, tmp_path, monkeypatch)
+    with pytest.raises(quantize.UsageError, match=f"{tiny_model} and {other} have different tokenizers"):
+        quantize.agree(suite, tiny_model, [other])
+
+
+def test_agree_over_a_folder_leaves_out_a_candidate_of_another_tokenizer(tiny_model, tmp_path, monkeypatch, capsys):
+    """In a folder of outputs, such a candidate is left out with a QuantizeWarning (the CLI: a line on stderr), as
+    the docs promise for any candidate that cannot be measured, and the others are measured."""
+    import shutil
+
+    import quantize
+    from quantize.cli import main
+
+    suite, other = _agree_setup(tiny_model, tmp_path, monkeypatch)
+    shutil.copytree(tiny_model, other.parent / "a-copy")
+    with pytest.warns(quantize.QuantizeWarning, match=f"{other}: not measured: .* different tokenizers"):
+        results = quantize.agree(suite, tiny_model, [other.parent])
+    assert [p.name for p, _ in results] == ["a-copy"]
+    assert main(["agree", str(suite), str(other.parent), "--baseline", str(tiny_model), "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "b-vocab: not measured" in err and "different tokenizers" in err and "a-copy" in out
+
+
 def test_agree_over_a_folder_skips_a_checkpoint_without_weights(tiny_model, tmp_path, capsys, monkeypatch):
     """A folder holding one checkpoint without weights stopped `agree` at it (exit 2: the Hub blob check listed
     its weights first), where the others should be measured and it skipped."""

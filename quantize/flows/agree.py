@@ -15,6 +15,7 @@ from quantize.evaluate import cache
 from quantize.evaluate.engine import gguf_to_score
 from quantize.evaluate.score import runtime
 from quantize.evaluate.suite import OpenSuite, open_suite
+from quantize.flows.gate import other_tokenizer
 from quantize.quiet import quiet_libraries
 from quantize.records import AgreementResult
 
@@ -31,7 +32,9 @@ def measurable(
     suite: OpenSuite, baseline: Path, found: list[Path], run: Callable[[Path], cache.Runtime]
 ) -> tuple[list[Path], list[str]]:
     """The candidates this environment can measure, or whose result is cached; one of several that can be
-    neither is skipped with the reason (a folder of outputs), a lone one is the user's error."""
+    neither is skipped with the reason (a folder of outputs), a lone one is the user's error. So is, before
+    anything is measured, one whose tokenizer differs from the baseline's (the gate's check,
+    gate.other_tokenizer): agreement over two vocabularies means nothing, cached or not."""
     candidates, skipped = [], []
     for c in found:
         try:
@@ -49,8 +52,28 @@ def measurable(
             if cached is None:
                 skipped.append(f"{c}: not measured here: {e}")
                 continue
+        else:
+            if (why := _other_tokenizer(baseline, c)) is not None:
+                if len(found) == 1:
+                    raise UsageError(f"{why}: {AGREE_NEEDS_ONE_VOCABULARY}")
+                skipped.append(f"{c}: not measured: {why}")
+                continue
         candidates.append(c)
     return candidates, skipped
+
+
+AGREE_NEEDS_ONE_VOCABULARY = (
+    "token agreement (KL, top-1, Σ min over the baseline's top-k) compares the two models' distributions token by "
+    "token, which two vocabularies do not share. Measure a candidate that keeps its baseline's tokenizer"
+)
+
+
+def _other_tokenizer(baseline: Path, candidate: Path) -> str | None:
+    """gate.other_tokenizer for two checkpoint folders; None where either side is a GGUF (its tokens are compared
+    with the other side's, item by item, before it is measured: evaluate/tokens.py)."""
+    if gguf_to_score(baseline) is not None or gguf_to_score(candidate) is not None:
+        return None
+    return other_tokenizer(baseline, candidate)
 
 
 def agree_many(

@@ -110,15 +110,24 @@ def comparison_notes(
     if a != b:
         diff = ", ".join(f"{k} {a[k]} vs {b[k]}" for k in a if a[k] != b[k])
         notes.append(f"baseline and candidate are different architectures ({diff}): not one model at two precisions")
-    if not same_vocabulary(baseline, candidate):
+    if (different := other_tokenizer(baseline, candidate)) is not None:
         if not policy.allow_different_tokenizer:
             raise UsageError(
-                f"{baseline} and {candidate} have different tokenizers (vocabularies differ): their per-item scores "
-                "and token agreement cannot be paired. Gate a candidate that keeps its baseline's tokenizer, or set "
-                "`allow_different_tokenizer: true` in the policy (agreement rules still need one vocabulary)"
+                f"{different}: their per-item scores and token agreement cannot be paired. Gate a candidate that keeps "
+                "its baseline's tokenizer, or set `allow_different_tokenizer: true` in the policy (agreement rules "
+                "still need one vocabulary)"
             )
         notes.append("baseline and candidate have different tokenizers (allowed by the policy)")
     return notes, False
+
+
+def other_tokenizer(baseline: Path, candidate: Path) -> str | None:
+    """Before any scoring, where two checkpoint folders (scored in transformers: a GGUF's tokens are compared item by
+    item, evaluate/tokens.py) map tokens to other ids: the sentence saying so, else None. The gate's and `agree`'s
+    one check (loader.same_vocabulary)."""
+    if same_vocabulary(baseline, candidate):
+        return None
+    return f"{baseline} and {candidate} have different tokenizers (vocabularies differ)"
 
 
 def load_scores(
