@@ -373,18 +373,21 @@ def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
     `exit_code` is the CLI's: 0 pass, 1 rejected or inconclusive); a rejection is a verdict, not an exception.
     Each side is a checkpoint folder, a GGUF, a score file, or lm-eval's output folder of a run with --log_samples
     on the tasks `golden_export` writes (what any engine computed: quantize/evaluate/samples.py; no agreement rules).
-    `junit`: also write JUnit XML there (checked writable before anything is scored); `card`: write the verdict
-    into the candidate folder's model card (its README checked before anything is scored).
+    `junit`: also write JUnit XML there, checked before anything is scored and again before writing: a new path, or
+    a JUnit file the gate wrote (nothing else is replaced: not a link, not a file inside either checkpoint or the
+    golden set; flows/gate.check_verdict_files); `card`: write the verdict into the candidate folder's model card
+    (its README checked before anything is scored).
     `trust_cached_candidate`: read the candidate's scores from the cache instead of computing them (docs/reliability.md,
     "What a restored cache may supply"; the verdict records which). `on_verdict`: called with the verdict before
     the JUnit file or the card is written (the CLI prints it there: a write that fails hides no verdict)."""
-    from quantize.flows.gate import run_gate, save_verdict
-    from quantize.io import check_writable
+    from quantize.flows.gate import check_verdict_files, run_gate, save_verdict
     from quantize.quiet import quiet_libraries
 
     _gguf_ready(baseline, candidate)
-    if junit is not None:
-        check_writable(Path(junit), "--junit")
+    sides = (Path(baseline), Path(candidate))
+    junit_file = ("--junit", Path(junit)) if junit is not None else None
+    if junit_file is not None:
+        check_verdict_files(policy, sides, junit_file, None)
     if card:
         from quantize.evaluate.samples import looks_like_samples
         from quantize.report.card import check_card
@@ -406,6 +409,8 @@ def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
         )
     if on_verdict is not None:
         on_verdict(v)
+    if junit_file is not None:  # a file put there while the gate ran is not replaced either
+        check_verdict_files(policy, sides, junit_file, None)
     save_verdict(v, Path(junit) if junit is not None else None, card=Path(candidate) if card else None)
     return v
 

@@ -219,6 +219,53 @@ def check_writable(path: Path, what: str) -> None:
         raise UsageError(f"{what} {path} cannot be written (permissions); give another path")
 
 
+def check_output_file(
+    path: Path,
+    what: str,
+    ours: Callable[[bytes], bool],
+    kind: str,
+    apart: Iterable[tuple[str, Path]] = (),
+) -> None:
+    """Before any work: `path` can take a file this command writes, and writing it there loses nothing. The rule
+    `report --out` keeps for its folder (report/render.check_target: an existing target is replaced only where it
+    is recognisably the command's own), for one file: it is no link (the rename would replace the link, which was
+    named for what it points to); it lies inside (or is) none of `apart`, (what, path) pairs such as the checkpoints
+    compared and the golden set, links resolved (a JUnit file named CANDIDATE/model.safetensors replaced the
+    candidate's weights); check_writable holds; and where it exists it is a regular file of at most 64 MiB that
+    `ours` recognises from its bytes as `kind`, a file this command wrote before (read without following a link).
+    Anything else (weights, a policy, another tool's report) is never replaced. Each refusal is a UsageError naming
+    `what` (the flag), the path and what to do."""
+    path = Path(path)
+    if path.is_symlink():
+        raise UsageError(f"{what} {path} is a symbolic link, which is never written through; name a new file")
+    check_writable(path, what)
+    try:
+        where = path.parent.resolve() / path.name
+    except (OSError, RuntimeError):  # a link loop above it: check_writable found its folder; nothing to compare
+        where = None
+    for name, p in apart:
+        try:
+            folder = Path(p).resolve()
+        except (OSError, RuntimeError):
+            continue
+        if where is not None and (where == folder or where.is_relative_to(folder)):
+            raise UsageError(
+                f"{what} {path} is {'' if where == folder else 'inside '}{name} {p}, which this command only reads; "
+                "name a path outside it"
+            )
+    if not (path.exists() or path.is_symlink()):
+        return
+    try:
+        raw: bytes | None = read_user_file(path, what, 64 * 2**20, follow_links=False)
+    except UsageError:  # larger than any output of ours, a pipe, unreadable: not a file this command wrote
+        raw = None
+    if raw is None or not ours(raw):
+        raise UsageError(
+            f"{what} {path} exists and is not {kind}, the only file replaced there; name a new path, or move that "
+            "file away first"
+        )
+
+
 def sha256_json(data: Any) -> str:
     """sha256 of JSON with sorted keys: the hash of a settings mapping or a cache key's parts."""
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

@@ -1157,6 +1157,54 @@ def test_an_unwritable_junit_path_is_refused_before_any_scoring(world, tiny_mode
     assert not (tmp_path / "cold" / "scores").exists()  # nothing was scored
 
 
+def test_junit_replaces_only_a_junit_file_the_gate_wrote(world, tiny_model, tmp_path, capsys, monkeypatch):
+    """`--junit CANDIDATE/model.safetensors` exited 0 with the candidate's weights replaced by JUnit XML, and
+    `--junit POLICY` replaced the policy. Now each path that is not a new file outside the checkpoints and the golden
+    set, or a JUnit file the gate wrote, is exit 2 before anything is scored, and the file is left as it was."""
+    import quantize
+    import quantize.flows.gate as flows_gate
+
+    _, suite, lenient, _ = world
+    policy = tmp_path / "policy.yaml"
+    shutil.copyfile(lenient, policy)
+    cand = tmp_path / "cand"
+    shutil.copytree(tiny_model, cand)
+    golden = Path(suite).parent / "golden" / "v1"
+    (tmp_path / "pytest.xml").write_text('<?xml version="1.0"?>\n<testsuite name="pytest" tests="0"/>\n')
+    (tmp_path / "link.xml").symlink_to(tmp_path / "pytest.xml")
+    before = {p: p.read_bytes() for p in (cand / "model.safetensors", policy, tmp_path / "pytest.xml")}
+    real_gate = flows_gate.run_gate
+
+    def no_gate(*_a, **_k):
+        raise AssertionError("scored before the JUnit path was checked")
+
+    monkeypatch.setattr(flows_gate, "run_gate", no_gate)
+    argv = ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(cand), "-q", "--junit"]
+    for junit, said in [
+        (cand / "model.safetensors", "inside the candidate checkpoint"),
+        (cand / "gate.xml", "inside the candidate checkpoint"),  # a new file inside is refused too
+        (tiny_model / "gate.xml", "inside the baseline checkpoint"),
+        (golden / "gate.xml", "inside the policy's golden set"),
+        (policy, "exists and is not a JUnit file the gate wrote"),
+        (tmp_path / "pytest.xml", "exists and is not a JUnit file the gate wrote"),  # another tool's JUnit
+        (tmp_path / "link.xml", "is a symbolic link"),
+    ]:
+        assert main([*argv, str(junit)]) == 2, junit
+        assert said in capsys.readouterr().err, junit
+    with pytest.raises(UsageError, match="inside the candidate checkpoint"):
+        quantize.gate(policy, tiny_model, cand, junit=cand / "model.safetensors")
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (cand / "gate.xml").exists() and not (golden / "gate.xml").exists()
+    monkeypatch.setattr(flows_gate, "run_gate", real_gate)
+    junit = tmp_path / "gate.xml"
+    assert main([*argv, str(junit)]) == 0  # a new path
+    first = junit.read_bytes()
+    junit.write_bytes(first.replace(b'tests="3"', b'tests="0"'))  # an earlier run's file: replaced
+    assert junit.read_bytes() != first
+    assert main([*argv, str(junit)]) == 0 and junit.read_bytes() == first
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".gate")] == []  # no temporary file left
+
+
 def test_the_verdict_names_an_a_a_check_and_another_architecture(world, tiny_model, tmp_path, capsys):
     from conftest import make_tiny_llama
 

@@ -23,6 +23,10 @@ A model id is fetched with huggingface_hub.snapshot_download, safetensors, JSON,
 does not hash to its name is exit 2 and no verdict, whatever `reread-weights` says (that input only moves the
 check before the scoring). Everything after the downloads runs offline.
 
+The JUnit and verdict paths are checked before the downloads and again before the gate scores and writes
+(flows/gate.check_verdict_files): an existing file is replaced only where the gate wrote it (an earlier run's
+gate.xml or gate.json), never a link or a path inside either checkpoint or the golden set.
+
 Written, in this order: the verdict as text on stdout and in Markdown appended to $GITHUB_STEP_SUMMARY (every name
 escaped: quantize/tables.py), then the JUnit file, the verdict record and the card, then `verdict=` and `exit-code=`
 lines appended to $GITHUB_OUTPUT; a failure writing a file is reported after the verdict, never instead of it.
@@ -40,7 +44,6 @@ from pathlib import Path
 
 from quantize.errors import EXIT_RUNTIME, EXIT_USAGE, RuntimeFailure, UsageError
 from quantize.gates.render import render_markdown, render_text
-from quantize.io import check_writable
 from quantize.records import JUNIT_FILE, VERDICT_FILE
 from quantize.report.card import check_card
 from quantize.tables import md_text, printable
@@ -146,19 +149,19 @@ def _failed(env: Mapping[str, str], message: str, code: int, why: str = "") -> i
 
 
 def run(env: Mapping[str, str]) -> int:
-    from quantize.flows.gate import run_gate, save_verdict
+    from quantize.flows.gate import check_verdict_files, run_gate, save_verdict
 
-    junit = Path(_input(env, "QUANTIZE_JUNIT", "junit", JUNIT_FILE))
-    verdict_path = Path(_input(env, "QUANTIZE_VERDICT", "verdict", VERDICT_FILE))
-    check_writable(junit, "QUANTIZE_JUNIT")
-    check_writable(verdict_path, "QUANTIZE_VERDICT")
+    junit = ("QUANTIZE_JUNIT", Path(_input(env, "QUANTIZE_JUNIT", "junit", JUNIT_FILE)))
+    verdict_path = ("QUANTIZE_VERDICT", Path(_input(env, "QUANTIZE_VERDICT", "verdict", VERDICT_FILE)))
     policy = _input(env, "QUANTIZE_POLICY", "policy")
     if not policy:
         raise UsageError("the action's `policy` input is empty; give a gate policy file, e.g. gates/ci.yaml")
+    check_verdict_files(policy, (), junit, verdict_path)  # before any download: no link, no file of another kind
     revision = _input(env, "QUANTIZE_BASELINE_REVISION", "baseline-revision")
     baseline = resolve(_input(env, "QUANTIZE_BASELINE", "baseline"), revision, "baseline")
     revision = _input(env, "QUANTIZE_CANDIDATE_REVISION", "candidate-revision")
     candidate = resolve(_input(env, "QUANTIZE_CANDIDATE", "candidate"), revision, "candidate")
+    check_verdict_files(policy, (baseline, candidate), junit, verdict_path)  # nor a path inside either checkpoint
     card = _input(env, "QUANTIZE_CARD", "card", "false").lower()
     if card not in ("true", "false"):
         raise UsageError(f"the action's `card` input is {card!r}; give true or false")
@@ -170,7 +173,8 @@ def run(env: Mapping[str, str]) -> int:
     print(render_text(v), flush=True)  # the verdict first: a failure writing a file below hides nothing
     _append(env.get("GITHUB_STEP_SUMMARY"), render_markdown(v))
     try:
-        save_verdict(v, junit, verdict_path, candidate if card == "true" else None)
+        check_verdict_files(policy, (baseline, candidate), junit, verdict_path)  # a file put there meanwhile
+        save_verdict(v, junit[1], verdict_path[1], candidate if card == "true" else None)
     except (UsageError, RuntimeFailure) as e:
         return _failed(env, f"{e.says}: {e}", e.exit_code, "the verdict above stands; writing its files failed")
     _append(env.get("GITHUB_OUTPUT"), f"verdict={v.verdict}\nexit-code={v.exit_code}\n")

@@ -19,14 +19,14 @@ from quantize.evaluate import cache
 from quantize.evaluate.engine import gguf_to_score
 from quantize.evaluate.samples import find_run, looks_like_samples, read_samples, run_identity, suite_items
 from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
-from quantize.evaluate.suite import OpenSuite, open_suite
+from quantize.evaluate.suite import OpenSuite, load_suite, open_suite
 from quantize.gates.gate import check_rules, comparable_settings, decide
 from quantize.gates.policy import AccuracyRule, AgreementRule, Policy, load_policy
-from quantize.gates.render import render_junit
+from quantize.gates.render import is_gate_junit, render_junit
 from quantize.golden.manifest import item_id
-from quantize.io import sha256_file, write_text_atomic
+from quantize.io import check_output_file, sha256_file, write_text_atomic
 from quantize.kinds import KINDS
-from quantize.records import ScoreDoc, SideRef, Verdict, to_json
+from quantize.records import ScoreDoc, SideRef, Verdict, is_verdict_file, to_json
 from quantize.report.card import add_verdict
 
 
@@ -236,6 +236,30 @@ def save_verdict(v: Verdict, junit: Path | None = None, record: Path | None = No
         write_text_atomic(record, to_json(v))
     if card is not None:
         add_verdict(card, v, str(record) if record is not None else "the verdict")
+
+
+def check_verdict_files(
+    policy_path: str | Path, sides: tuple[Path, ...], junit: tuple[str, Path] | None, record: tuple[str, Path] | None
+) -> None:
+    """Before any scoring (and again before writing): the JUnit file and the verdict record a user names, each
+    (its flag, its path), may be written there (io.check_output_file): no link, nothing inside the checkpoints
+    compared (`sides`) or the policy's golden set, and an existing file only where it is one the gate wrote
+    (gates/render.is_gate_junit, records.is_verdict_file): `--junit CANDIDATE/model.safetensors` replaced the
+    candidate's weights, `--junit POLICY.yaml` the policy. The policy is read for its golden set (a bad one is
+    the exit 2 the gate gives)."""
+    golden = load_suite(load_policy(policy_path).suite)[0].golden
+    apart = [(f"the {w} checkpoint", p) for w, p in zip(("baseline", "candidate"), sides, strict=False)]
+    apart.append(("the policy's golden set", Path(golden)))
+    if junit is not None and record is not None and junit[1].absolute() == record[1].absolute():
+        raise UsageError(
+            f"{junit[0]} and {record[0]} are one path, {junit[1]}: the verdict would replace the JUnit XML"
+        )
+    for given, ours, kind in (
+        (junit, is_gate_junit, "a JUnit file the gate wrote"),
+        (record, is_verdict_file, "a verdict the gate wrote"),
+    ):
+        if given is not None:
+            check_output_file(given[1], given[0], ours, kind, apart)
 
 
 def score_baseline(policy_path: str | Path, baseline: Path) -> bool:

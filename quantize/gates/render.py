@@ -163,6 +163,17 @@ def render_text(v: Verdict) -> str:
     return "\n".join(lines)
 
 
+JUNIT_SUITE = "quantize gate "  # how every testsuite render_junit writes is named: the policy follows
+
+
+def is_gate_junit(raw: bytes) -> bool:
+    """Whether `raw` is a JUnit file `render_junit` wrote (what `--junit` may replace): it begins as every one does,
+    ElementTree's XML declaration, then a testsuite named "quantize gate POLICY". Another tool's JUnit XML (a test
+    run's results) is not ours to replace; nothing is parsed (an XML file a user names is not expanded here)."""
+    probe = ET.tostring(ET.Element("testsuite", name=JUNIT_SUITE), encoding="unicode", xml_declaration=True)
+    return raw.startswith(probe[: probe.index(JUNIT_SUITE) + len(JUNIT_SUITE)].encode())
+
+
 def render_junit(v: Verdict) -> str:
     """JUnit XML: a test case per rule; a regression, or an inconclusive rule that fails closed, is a failure.
     ElementTree escapes markup; names and reasons go through `printable` too, so that none holds a control character
@@ -173,7 +184,7 @@ def render_junit(v: Verdict) -> str:
 
     suite = ET.Element(
         "testsuite",
-        name=f"quantize gate {printable(v.policy)}",
+        name=f"{JUNIT_SUITE}{printable(v.policy)}",
         tests=str(len(v.rules)),
         failures=str(sum(failing(r.verdict) for r in v.rules)),
         errors="0",

@@ -110,6 +110,7 @@ from quantize.records.verdict import (
     UntestedResult,
     Verdict,
     VerdictProvenance,
+    is_verdict_file,
 )
 
 __all__ = [
@@ -183,6 +184,7 @@ __all__ = [
     "VerdictProvenance",
     "VocabularyOverlap",
     "finite_or_named",
+    "is_verdict_file",
     "loads",
     "non_finite_fields",
     "non_finite_items",

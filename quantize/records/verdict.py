@@ -4,6 +4,7 @@ sides, and how a sequential gate ran."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -238,3 +239,14 @@ class Verdict(Record):
             ),
             None,
         )
+
+
+def is_verdict_file(raw: bytes) -> bool:
+    """Whether `raw` is a verdict record the gate wrote, of this schema or an earlier one (what the GitHub Action's
+    `verdict` path may replace): a JSON object holding `schema_version` and every field a Verdict requires."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return False
+    required = {"schema_version", *(n for n, f in Verdict.model_fields.items() if f.is_required())}
+    return isinstance(data, dict) and required <= data.keys()

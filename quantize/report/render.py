@@ -564,7 +564,8 @@ def check_target(target: Path) -> None:
     first existing parent is a writable folder, and where it exists it is an empty folder or an earlier report's:
     regular files of the report's own names (REPORT_FILES) and nothing else, since the whole folder is replaced.
     A folder that also holds a user's files is refused (a report.md among them was taken as proof of a report,
-    and the folder replaced with everything in it)."""
+    and the folder replaced with everything in it). io.check_output_file keeps the same rule for one file (the
+    gate's JUnit and verdict)."""
     target = Path(target)
     if target.name in ("", ".", "..") or target.resolve() == Path.cwd().resolve():
         raise UsageError(f"--out {target} is not a folder the report can replace; name a new folder (--out report)")

@@ -112,6 +112,40 @@ def test_bad_input_is_exit_2_and_the_summary_says_what_to_fix(golden, tiny_model
     assert not (tmp_path / "gate.json").exists()
 
 
+def test_the_junit_and_verdict_paths_replace_only_the_gates_own_files(golden, tiny_model, tmp_path, monkeypatch):
+    """The action wrote its JUnit and verdict wherever the inputs said, over any file (the policy, a checkpoint's
+    weights). Now such a path is exit 2 before the gate runs, the file unchanged; a second run over the first
+    run's gate.xml and gate.json replaces them."""
+    policy = _policy(tmp_path, "lenient", 0.5)
+    shutil.copytree(golden / "golden", tmp_path / "golden")
+    cand = tmp_path / "cand"
+    shutil.copytree(tiny_model, cand)
+    before = {p: p.read_bytes() for p in (policy, cand / "model.safetensors")}
+    real_gate = flows_gate.run_gate
+
+    def no_gate(*_a: Any, **_k: Any) -> Verdict:
+        raise AssertionError("the gate ran before its output paths were checked")
+
+    monkeypatch.setattr(flows_gate, "run_gate", no_gate)
+    for change, said in [
+        ({"QUANTIZE_VERDICT": str(policy)}, "QUANTIZE_VERDICT"),
+        ({"QUANTIZE_JUNIT": str(cand / "model.safetensors")}, "is not a JUnit file the gate wrote"),
+        ({"QUANTIZE_JUNIT": str(cand / "gate.xml")}, "inside the candidate checkpoint"),
+        ({"QUANTIZE_JUNIT": str(tmp_path / "gate.json")}, "are one path"),
+    ]:
+        env = _env(tmp_path, policy, str(tiny_model), str(cand)) | change
+        assert action.main(env) == 2
+        assert md_text(said) in (tmp_path / "summary.md").read_text(), change
+    assert {p: p.read_bytes() for p in before} == before and not (cand / "gate.xml").exists()
+    monkeypatch.setattr(flows_gate, "run_gate", real_gate)
+    env = _env(tmp_path, policy, str(tiny_model), str(cand))
+    assert action.main(env) == 0
+    first = {p: p.read_bytes() for p in (tmp_path / "gate.xml", tmp_path / "gate.json")}
+    (tmp_path / "gate.json").write_text((tmp_path / "gate.json").read_text().replace('"pass"', '"inconclusive"'))
+    assert action.main(env) == 0
+    assert {p: p.read_bytes() for p in first} == first
+
+
 def test_a_trailing_newline_is_dropped_from_every_input(golden, tiny_model, tmp_path, hub, monkeypatch):
     """What a YAML `|` block leaves (`candidate: |` then the id on its own line): one trailing newline, dropped, and
     the gate runs on what the inputs name; a Hub id with it was exit 3 (huggingface_hub's validation), a path exit 2.
