@@ -696,7 +696,8 @@ def golden_size(  # one keyword per flag of `quantize golden size`
 @_takes(checkpoint=PATH, verdict=PATH)
 def card(checkpoint: PathLike, verdict: PathLike) -> Path:
     """`quantize card`: a saved verdict (gate.json) written into the candidate's model card (model-index results
-    and a section); a verdict of another checkpoint raises UsageError. Returns the card's path."""
+    and a section); a verdict of another checkpoint, or one whose rules' outcomes do not follow from their own
+    evidence by the gate's decision (records/verdict.py), raises UsageError. Returns the card's path."""
     from quantize import records
     from quantize.records import Verdict
     from quantize.report.card import add_verdict

@@ -9,6 +9,7 @@ For items i = 1..n scored by baseline and candidate on the same golden items:
     clustered SE = √( G/(G−1) · (1/n²) · Σ_c (Σ_{i∈c} (Dᵢ − Δ))² )   over G clusters
     SE = max(paired SE, clustered SE) when items share clusters (G < n), else the paired SE
     LB = Δ − z₁₋α·SE: pass if LB > −m; regression if Δ + z₁₋α·SE < 0 and Δ < −m; else inconclusive
+                   (the decision is records.noninferiority_outcome: the gate's, and what a verdict record is held to)
     n needed ≈ (z₁₋α + z₁₋β)² · σ_D² / m²
 
 Sequential design (a gate that looks at the evidence after each stage of items):
@@ -31,7 +32,7 @@ from itertools import pairwise
 
 from scipy import stats as sps
 
-from quantize.records import RuleOutcome
+from quantize.records import RuleOutcome, noninferiority_outcome
 
 
 def z(p: float) -> float:
@@ -271,13 +272,7 @@ def noninferiority(  # noqa: PLR0913 (the formula's inputs: D, clusters, m, α, 
     lo, hi = delta - q * se, delta + q * se
     if right_wrong:  # a difference of two proportions lies in [−1, 1]; so do its bounds
         lo, hi = max(lo, -1.0), min(hi, 1.0)
-    verdict: RuleOutcome
-    if lo > -margin:
-        verdict = "pass"
-    elif hi < 0 and delta < -margin:
-        verdict = "regression"
-    else:
-        verdict = "inconclusive"
+    verdict = noninferiority_outcome(delta, lo, hi, margin)
     sd = se * math.sqrt(n) if math.isfinite(se) else math.inf
     return Comparison(
         n=n,

@@ -22,6 +22,11 @@ unless asked for) is docs/reliability.md's trust model, which quantize/flows/gat
                                                                unit, golden manifest, suite, per_task, top_k,
                                                                device kind, dtype, library_versions); sealed
                                                                (.sha256) and holding its whole key
+    verdicts   $QUANTIZE_CACHE/verdicts/SHA256.json         a verdict a gate run with this cache decided, as
+                                                             `to_json` writes it read back, named by the sha256
+                                                             of those bytes: what makes a gate.json beside a
+                                                             candidate the report's and a sweep's evidence
+                                                             (`holds_verdict`; docs/reliability.md)
 
 The runtime (`Runtime`) is what changes a computed number besides the checkpoint and the suite's text: the device
 kind the model ran on (kernels differ between a CPU and an accelerator), the dtype it was loaded in (the suite's
@@ -43,13 +48,13 @@ from pathlib import Path
 from typing import Any
 
 from quantize import machine, records
-from quantize.cache import cache_dir, checked_bytes, digest_path, seal_record
+from quantize.cache import cache_dir, checked_bytes, content_path, digest_path, seal_record
 from quantize.errors import UsageError
 from quantize.evaluate.engine import llamacpp_engine, llamacpp_version
 from quantize.evaluate.suite import DEVICE_KINDS, OpenSuite, device_kind
-from quantize.io import sha256_json
+from quantize.io import read_user_file, sha256_bytes, sha256_json, write_text_atomic
 from quantize.kinds import KINDS
-from quantize.records import AgreementResult, ScoreDoc, SensitivityRecord
+from quantize.records import AgreementResult, ScoreDoc, SensitivityRecord, Verdict
 
 
 def lm_eval_version() -> str:
@@ -367,3 +372,38 @@ def lookup_sensitivity(key: str) -> SensitivityRecord | None:
 def store_sensitivity(record: SensitivityRecord) -> None:
     """A sensitivity entry sealed (`seal_record`)."""
     seal_record(sensitivity_path(record.key), record, True)
+
+
+def _verdict_text(v: Verdict) -> tuple[str, Path]:
+    """A verdict's JSON as a reader of its file gets it back (`to_json` of the record read from `to_json`'s bytes:
+    one form whoever wrote the file, an indented copy or a re-dumped one alike), and where the cache keeps it."""
+    text = records.to_json(records.loads(Verdict, records.to_json(v).encode("utf-8"), Path("the gate's verdict")))
+    return text, content_path("verdicts", sha256_bytes(text.encode("utf-8")), ".json")
+
+
+def store_verdict(v: Verdict) -> None:
+    """Keep a verdict the gate decided (quantize/flows/gate.py run_gate, after its blob check held): the one
+    mark by which a gate.json read later is known for a gate's own decision and not a file anyone wrote
+    (`holds_verdict`). A cache that cannot be written keeps nothing: a gate.json of that verdict is then not taken
+    as evidence (the report decides from cached scores or shows none; a sweep gates the candidate again)."""
+    text, path = _verdict_text(v)
+    try:
+        if not path.is_file():
+            write_text_atomic(path, text)
+    except OSError:
+        pass
+
+
+def holds_verdict(v: Verdict) -> bool:
+    """Whether a gate run with this cache decided exactly this verdict (`store_verdict`): its every field, the
+    identities, policy, rules, evidence and outcome among them. A gate.json edited after the gate, written by
+    hand, or copied from a machine whose cache this is not, is not held. The cache is what vouches: whoever can
+    write it can also write the cached scores the report decides from (docs/reliability.md)."""
+    text, path = _verdict_text(v)
+    data = text.encode("utf-8")
+    if not path.exists():
+        return False
+    try:  # a regular file of those bytes: a FIFO or a larger file in its place holds nothing, and is not read
+        return read_user_file(path, "cached verdict", len(data)) == data
+    except (OSError, UsageError):
+        return False

@@ -294,7 +294,8 @@ def run_gate(
     The candidate is scored in this run (in full or in stages), never read from the cache, unless
     `trust_cached_candidate` (--trust-cached-candidate): a restored cache supplies the baseline's evidence only
     (docs/reliability.md). Weights identified by Hub blob names are read back in a background thread while the
-    gate scores (files.BlobCheck): a name that lies is exit 2 and no verdict."""
+    gate scores (files.BlobCheck): a name that lies is exit 2 and no verdict. The verdict is kept in the cache
+    (evaluate/cache.py store_verdict): a gate.json is the report's and a sweep's evidence only as a gate's own."""
     policy, suite = open_policy(policy_path)  # a bad suite or golden set is a usage error before any scoring
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
@@ -309,6 +310,7 @@ def run_gate(
     names.wait()
     if store is not None:  # the candidate's computed evidence, kept for the report once its identity holds
         store()
+    cache.store_verdict(v)  # what makes a gate.json of it evidence for the report and a sweep (holds_verdict)
     return v
 
 

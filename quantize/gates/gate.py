@@ -27,7 +27,6 @@ from quantize.records import (
     GateOutcome,
     PerplexityEvidence,
     PerplexityResult,
-    RuleOutcome,
     RuleResult,
     ScoreDoc,
     ScoreProvenance,
@@ -35,6 +34,7 @@ from quantize.records import (
     SideRef,
     Verdict,
     VerdictProvenance,
+    limit_outcome,
     non_finite_fields,
     non_finite_items,
 )
@@ -349,9 +349,7 @@ def perplexity_rule(
     total_w = sum(x * y for x, y in zip(w, dw, strict=True))
     nll_b = [x * y for x, y in zip(nll_b, dw, strict=True)]
     nll_c = [x * y for x, y in zip(nll_c, dw, strict=True)]
-    verdict: RuleOutcome = (
-        "pass" if ppl_hi <= rule.max_ratio else "regression" if ppl_lo > rule.max_ratio else "inconclusive"
-    )
+    verdict = limit_outcome(ppl_lo, ppl_hi, at_most=rule.max_ratio)
     ev = PerplexityEvidence(
         n=len(bi),
         clusters=len(set(clusters)),
@@ -398,13 +396,11 @@ def agreement_rule(
         lo, hi = min(lo, wilson[0]), max(hi, wilson[1])
     if rule.agreement is not AgreementMetric.kl and math.isfinite(lo) and math.isfinite(hi):
         lo, hi = max(lo, 0.0), min(hi, 1.0)
-    verdict: RuleOutcome
+    verdict = limit_outcome(lo, hi, at_most=rule.max, at_least=rule.min)
     if rule.agreement is AgreementMetric.kl:
-        verdict = "pass" if hi <= rule.max else "regression" if lo > rule.max else "inconclusive"
         # p-value of H0 "within the limit" (value <= max) against H1 "beyond it"
         p_reg = float(stats.sps.norm.cdf((rule.max - value) / se)) if se > 0 else float(value <= rule.max)
     else:
-        verdict = "pass" if lo >= rule.min else "regression" if hi < rule.min else "inconclusive"
         p_reg = float(stats.sps.norm.cdf((value - rule.min) / se)) if se > 0 else float(value >= rule.min)
     ev = AgreementEvidence(
         value=value,

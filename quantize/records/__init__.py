@@ -18,7 +18,8 @@ their index and re-exports every name, so importers say `from quantize.records i
     sweep.py        SweepRecord       OUTPUT/sweep-NAME/sweep.json                `quantize sweep` (every task and
                                                                                   attempt)
                     SweepPlan         sweep --plan --json (nothing is written)    `quantize sweep --plan`
-    base.py         Record, the names more than one record uses (outcomes, CheckpointRef, GoldenRef, AgreementMetric),
+    base.py         Record, the names more than one record uses (outcomes and how a rule's bounds decide one,
+                    CheckpointRef, GoldenRef, AgreementMetric),
                     and the one writer and reader: to_json, write, read, loads, parse
 
 Every record carries `schema_version`; `read` refuses a file of another version, or with an unknown or
@@ -38,8 +39,10 @@ from quantize.records.base import (
     Record,
     RuleOutcome,
     finite_or_named,
+    limit_outcome,
     loads,
     non_finite_fields,
+    noninferiority_outcome,
     parse,
     read,
     to_json,
@@ -185,9 +188,11 @@ __all__ = [
     "VocabularyOverlap",
     "finite_or_named",
     "is_verdict_file",
+    "limit_outcome",
     "loads",
     "non_finite_fields",
     "non_finite_items",
+    "noninferiority_outcome",
     "parse",
     "read",
     "to_json",

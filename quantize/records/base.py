@@ -1,8 +1,8 @@
 """What every record shares: `Record` (its `schema_version`, the names its messages use, whether it may hold
-NaN or infinity, the most a file of it is read from), the names more than one record uses (outcomes, the
-references to a checkpoint and a golden set, the agreement metrics), and the one writer and reader of every
-record. A name one record alone uses lives in that record's module; a name two records use lives here, so each
-record's module imports this one and no other record's (tests/test_layers.py)."""
+NaN or infinity, the most a file of it is read from), the names more than one record uses (outcomes and how a
+rule's bounds decide one, the references to a checkpoint and a golden set, the agreement metrics), and the one
+writer and reader of every record. A name one record alone uses lives in that record's module; a name two records
+use lives here, so each record's module imports this one and no other record's (tests/test_layers.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,38 @@ from quantize.io import read_user_file, sha256_bytes, write_text_atomic
 # One vocabulary for outcomes: a rule's, and the policy's as a whole.
 RuleOutcome = Literal["pass", "regression", "inconclusive"]
 GateOutcome = Literal["pass", "rejected", "inconclusive"]
+
+
+# How a rule's bounds decide its outcome: the gate's one decision (quantize/stats.py noninferiority, the accuracy
+# rules; quantize/gates/gate.py, the perplexity and agreement rules), kept beside the outcomes so that a verdict
+# record is held to it (records/verdict.py) without a record importing the statistics.
+
+
+def noninferiority_outcome(delta: float, lower: float, upper: float, margin: float) -> RuleOutcome:
+    """A non-inferiority comparison's outcome from its estimate Δ and one-sided bounds (quantize/stats.py's module
+    docstring): pass when the lower bound is above −m; a regression when the upper bound is below 0 and Δ below −m;
+    else inconclusive. Bounds that are not finite give inconclusive here; the gate makes such evidence a regression
+    (gates/gate.non_finite_is_regression), and a verdict record holds it to that."""
+    if lower > -margin:
+        return "pass"
+    if upper < 0 and delta < -margin:
+        return "regression"
+    return "inconclusive"
+
+
+def limit_outcome(
+    lower: float, upper: float, at_most: float | None = None, at_least: float | None = None
+) -> RuleOutcome:
+    """An interval's outcome against a one-sided limit: `at_most` (a perplexity rule's max_ratio, a KL rule's max):
+    pass when the upper bound is within it, a regression when the lower bound is beyond it; `at_least` (a top-1 or
+    Σ min(p, q) rule's min): pass when the lower bound reaches it, a regression when the upper bound falls short;
+    else inconclusive."""
+    if (at_most is None) == (at_least is None):
+        raise ValueError(f"a one-sided limit is at_most or at_least, not both or neither ({at_most}, {at_least})")
+    if at_most is not None:
+        return "pass" if upper <= at_most else "regression" if lower > at_most else "inconclusive"
+    assert at_least is not None
+    return "pass" if lower >= at_least else "regression" if upper < at_least else "inconclusive"
 
 
 class Strict(BaseModel):

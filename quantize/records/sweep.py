@@ -67,7 +67,7 @@ class PlannedCandidate(Strict):
     recipe: str | None  # the recipe file converted (a matrix cell's: written when it runs)
     matrix: dict[str, Any] | None  # a matrix cell's values by recipe field
     todo: Literal["convert and gate", "gate", "done", "refused"]
-    message: str  # why refused; the earlier verdict when done
+    message: str  # why refused; the earlier verdict when done; why its gate.json is not taken as done (gated again)
 
 
 class SweepPlan(Record):

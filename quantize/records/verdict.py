@@ -18,7 +18,9 @@ from quantize.records.base import (
     Record,
     RuleOutcome,
     Strict,
+    limit_outcome,
     non_finite_fields,
+    noninferiority_outcome,
 )
 
 # A verdict saved beside its candidate, and its JUnit XML: the names `make gate-all`, a sweep's and a search's gates
@@ -48,6 +50,13 @@ class AccuracyEvidence(Strict):
     items_needed: int | float | None  # float only for inf (no variance estimate)
     items_needed_at_estimate: int | float | None
 
+    def outcome(self) -> RuleOutcome:
+        """What Δ and the bounds give against the margin, by the gate's own decision."""
+        return noninferiority_outcome(self.delta, self.lower_bound, self.upper_bound, self.margin)
+
+    def judged(self) -> str:
+        return f"Δ {self.delta}, bounds [{self.lower_bound}, {self.upper_bound}] against margin {self.margin}"
+
 
 class PerplexityEvidence(Strict):
     n: int
@@ -60,6 +69,13 @@ class PerplexityEvidence(Strict):
     max_ratio: float
     alpha: float
     interval: str
+
+    def outcome(self) -> RuleOutcome:
+        """What the ratio's bounds give against max_ratio, by the gate's own decision."""
+        return limit_outcome(self.lower_bound, self.upper_bound, at_most=self.max_ratio)
+
+    def judged(self) -> str:
+        return f"ratio bounds [{self.lower_bound}, {self.upper_bound}] against max_ratio {self.max_ratio}"
 
 
 class AgreementEvidence(Strict):
@@ -78,6 +94,23 @@ class AgreementEvidence(Strict):
     clusters: int
     kl_p99: float | None = None
     note: str
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> AgreementEvidence:
+        if (self.max is None) == (self.min is None):
+            raise ValueError(
+                f"agreement evidence holds max {self.max} and min {self.min}: the gate records one limit, `max` for "
+                "KL and `min` for top-1 and Σ min(p, q)"
+            )
+        return self
+
+    def outcome(self) -> RuleOutcome:
+        """What the bounds give against the rule's limit, by the gate's own decision."""
+        return limit_outcome(self.lower_bound, self.upper_bound, at_most=self.max, at_least=self.min)
+
+    def judged(self) -> str:
+        limit = f"max {self.max}" if self.max is not None else f"min {self.min}"
+        return f"bounds [{self.lower_bound}, {self.upper_bound}] against {limit}"
 
 
 class _RuleResult(Strict):
@@ -203,19 +236,16 @@ class Verdict(Record):
 
     @model_validator(mode="after")
     def _outcome_of_its_rules(self) -> Verdict:
-        """The outcome is what its rules give, as the gate decides it (gates/gate.verdict_of): a rule holding
-        non-finite evidence (or marked `non_finite`) is a regression; any regression rejects, with exit code 1;
+        """The outcome is what its rules give, and each rule's what its own evidence gives, as the gate decides
+        them (gates/gate.verdict_of, and the rule's decision function): any regression rejects, with exit code 1;
         else any inconclusive rule makes it inconclusive (exit 0 or 1, as the policy's fail_on_inconclusive said);
-        else it passes, with exit code 0. A file that says otherwise was not written by the gate as it stands (a
-        verdict of pass above a regression) and is refused wherever it is read (the report, a card, a sweep)."""
-        for r in self.rules:
-            if r.kind == "untested" or r.verdict == "regression":
-                continue
-            if r.non_finite or (bad := non_finite_fields(r.evidence.model_dump())):
-                raise ValueError(
-                    f"rule {r.rule} is {r.verdict} on evidence that is not finite ({r.non_finite or bad[0]}), and the "
-                    "gate makes non-finite evidence a regression"
-                )
+        else it passes, with exit code 0. A rule holding non-finite evidence (or marked `non_finite`) is a
+        regression; any other rule's outcome is its recorded bounds against its recorded limit by the function the
+        gate decides it with (records/base.py: noninferiority_outcome, limit_outcome). A file that says otherwise
+        was not written by the gate as it stands (a verdict of pass above a regression, a rule of pass whose lower
+        bound is past its margin) and is refused wherever it is read (the report, a card, a sweep). Whether the
+        bounds are the ones the items give is not checked here: a gate.json beside a candidate is evidence only
+        where the cache holds it as a gate's own decision (quantize/evaluate/cache.py `holds_verdict`)."""
         outcomes = {r.verdict for r in self.rules}
         expected = "rejected" if "regression" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
         codes = {"rejected": (1,), "inconclusive": (0, 1), "pass": (0,)}[expected]
@@ -224,6 +254,20 @@ class Verdict(Record):
                 f"its verdict {self.verdict} (exit code {self.exit_code}) is not what its rules give "
                 f"({expected}, exit code {' or '.join(map(str, codes))})"
             )
+        for r in self.rules:
+            if r.kind == "untested":
+                continue
+            if r.non_finite or (bad := non_finite_fields(r.evidence.model_dump())):
+                if r.verdict != "regression":
+                    raise ValueError(
+                        f"rule {r.rule} is {r.verdict} on evidence that is not finite ({r.non_finite or bad[0]}), and "
+                        "the gate makes non-finite evidence a regression"
+                    )
+            elif r.verdict != (given := r.evidence.outcome()):
+                raise ValueError(
+                    f"rule {r.rule} is {r.verdict}, and its own evidence gives {given} ({r.evidence.judged()}, by the "
+                    "gate's decision)"
+                )
         return self
 
     def accuracy_evidence(self, task: str, metrics: tuple[str, ...] | None = None) -> AccuracyEvidence | None:

@@ -5,9 +5,11 @@ judged it in stages, with the gate's evidence (each rule's Δ, bounds and items)
 
 The verdict is the one the gate gave and saved beside the candidate (gate.json, `quantize gate --json`), when it
 names this policy (its rules, tasks, metrics and limits as the file says them now, and a pinned baseline score file),
-the checkpoint's identity and the baseline's as they are now, this golden set and this suite's settings; a gate.json
-that does not is kept with the reason (`Entry.verdict_stale`: stale when the checkpoint changed since), never shown
-as the verdict. Only where none is saved does the report decide from cached full scores (the fixed design),
+the checkpoint's identity and the baseline's as they are now, this golden set and this suite's settings, and is a
+gate's own decision: one a gate run with this cache kept there, byte for byte (evaluate/cache.py holds_verdict; a
+file in the candidate's folder is otherwise only what whoever wrote the folder claims). A gate.json that does not
+is kept with the reason (`Entry.verdict_stale`: stale when the checkpoint changed since), never shown as the
+verdict. Only where none is saved does the report decide from cached full scores (the fixed design),
 labelled as recomputed, and only where the gate would have decided from them: not against a baseline score file
 other than the policy's pin, not where the two sides' vocabularies differ or cannot be read without loading (the
 gate loads both tokenizers; the report reads tokenizer.json with the tokenizers library), not where a side is a GGUF
@@ -24,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from quantize import records
+from quantize.cache import shared_path
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.accounting import bits_report
 from quantize.checkpoint.files import (
@@ -204,11 +207,13 @@ def read_saved(path: Path) -> Verdict | None:
 
 
 def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id: str) -> str | None:
-    """Why a saved verdict is not this policy's on this pair, golden set and suite, or None when it is. Identities
-    are the ones computed now from the files: a candidate changed since it was gated makes the verdict stale. The
-    suite: its settings as the gate compared them (gate.comparable_settings, recorded in the verdict since it
-    holds `suite_settings`; an older verdict is held to its suite's path), and a baseline score file the policy
-    pins. Task versions are the golden set's (its manifest hash covers the task files)."""
+    """Why a saved verdict is not this policy's on this pair, golden set and suite, or not a gate's own decision, or
+    None when it is both. Identities are the ones computed now from the files: a candidate changed since it was
+    gated makes the verdict stale. The suite: its settings as the gate compared them (gate.comparable_settings,
+    recorded in the verdict since it holds `suite_settings`; an older verdict is held to its suite's path), and a
+    baseline score file the policy pins. Task versions are the golden set's (its manifest hash covers the task
+    files). A gate's own: the cache holds it as a gate run with it decided it (evaluate/cache.py holds_verdict), so
+    a gate.json forged beside a candidate (another candidate's pass with the identity changed) is not evidence."""
     p = v.provenance
     was = p.candidate.checkpoint.identity_sha256
     if was != cand_id:
@@ -244,6 +249,12 @@ def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id
             f"other baseline scores: {VERDICT_FILE} read the baseline's scores from "
             f"{(p.score_files.get('baseline') or 'no file')[:12]}, the policy pins {pin[:12]}"
         )
+    if not cache.holds_verdict(v):
+        return (
+            f"not a gate's own decision: no gate run with this cache ({shared_path()}) decided this {VERDICT_FILE} "
+            "as it reads (one written or edited by hand, copied from another machine, or written before gates kept "
+            "their verdicts in the cache, 2026-12-07)"
+        )
     return None
 
 
@@ -274,13 +285,6 @@ def rules_changed(v: Verdict, policy: Policy) -> str | None:
         if then != now:
             return f"rule {r.rule} was judged at (limit, α) {then}, the policy now says {now}"
     return None
-
-
-def saved_verdict(path: Path, policy: Policy, suite: Any, base_id: str, cand_id: str) -> Verdict | None:
-    """A verdict saved beside the checkpoint, when it is this policy's on this pair and golden set: a sequential
-    gate scores a sample, so there are no full scores to decide from again."""
-    v = read_saved(path)
-    return v if v is not None and saved_mismatch(v, policy, suite, base_id, cand_id) is None else None
 
 
 def settle_verdict(

@@ -732,9 +732,10 @@ def evidence_section(
         "staged gate at the look that decided it, or the last one taken, with that look's critical value) and the "
         "items they rest on (n of the task's N for a staged gate, which scores a sample). A saved verdict "
         f"({VERDICT_FILE} beside the checkpoint, "
-        "checked against this report's policy and both checkpoints' identities as they are now) is shown as saved; "
-        "one decided here from cached full scores is labelled recomputed (fixed design); "
-        f"a {VERDICT_FILE} that no longer matches is never shown as the verdict.",
+        "checked against this report's policy and both checkpoints' identities as they are now, and held by the "
+        "cache as a gate's own decision) is shown as saved; one decided here from cached full scores is labelled "
+        f"recomputed (fixed design); a {VERDICT_FILE} that no longer matches, or that no gate decided with this "
+        "cache, is never shown as the verdict.",
         "Verdicts from: " + "; ".join(sources) + ".",
     ]
     return text, evidence_rows(points), "evidence.png" in images

@@ -13,7 +13,9 @@ bytes are the same on every run, so a cell converted before is recognised by the
 A candidate is done when its records are whole and valid for this sweep: a converted checkpoint whose
 quantize.json reads and whose weights hash to what it records, from the same recipe bytes; a gate.json beside it
 that is this policy's verdict on this baseline and this candidate (identities and golden set checked, as the
-report checks it). A second run of the same sweep, after a killed driver, skips what is done.
+report checks it) and a gate's own decision, which the cache holds (a gate.json anyone else wrote there, a NaN
+copy's forged pass among them, is gated again). A second run of the same sweep, after a killed driver, skips what
+is done.
 """
 
 from __future__ import annotations
@@ -289,17 +291,25 @@ def write_cells(cands: list[Candidate]) -> None:
 
 
 def settle_done(cands: list[Candidate], policy: Policy, suite, baseline: Path) -> None:
-    """Mark the candidates whose verdict is already written and valid (module docstring)."""
-    from quantize.report.collect import saved_verdict
+    """Mark the candidates whose verdict is already written and valid (module docstring); a gate.json that is not
+    is a note on its candidate (why), which is gated again and its file replaced."""
+    from quantize.report.collect import read_saved, saved_mismatch
 
     base_id = identity_sha256(baseline)
     for c in cands:
         if c.error is not None or c.needs_convert or c.checkpoint is None:
             continue
         try:
-            c.verdict = saved_verdict(c.checkpoint, policy, suite, base_id, identity_sha256(c.checkpoint))
+            saved = read_saved(c.checkpoint)
         except UsageError as e:  # a verdict that does not read is not done: gated again, and replaced
             c.notes.append(f"its {VERDICT_FILE} was not read ({str(e)[:200]}); gating again")
+            continue
+        if saved is None:
+            continue
+        if (why := saved_mismatch(saved, policy, suite, base_id, identity_sha256(c.checkpoint))) is None:
+            c.verdict = saved
+        else:
+            c.notes.append(f"its {VERDICT_FILE} is not this sweep's verdict ({why[:300]}); gating again")
 
 
 def tasks_of(spec: SweepSpec, c: Candidate, baseline: str, clean: bool) -> tuple[TaskSpec | None, TaskSpec | None]:

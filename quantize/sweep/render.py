@@ -56,6 +56,7 @@ def plan_text(p: SweepPlan) -> str:
     ]
     lines = [text_table(rows, ["candidate", "to do", "folder", "matrix cell"]), ""]
     lines += [printable(f"{c.name} (refused, exit 2): {c.message}") for c in p.candidates if c.todo == "refused"]
+    lines += [printable(f"{c.name} ({c.todo}): {c.message}") for c in p.candidates if "gate" in c.todo and c.message]
     tasks = [
         [t.task, ", ".join(t.after) or "-", ", ".join(f"{k}={v}" for k, v in t.resources.items())] for t in p.tasks
     ]

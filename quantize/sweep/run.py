@@ -151,6 +151,8 @@ def run_sweep(
             say(f"refused   {c.name} (exit 2): {c.error}")
         elif c.verdict is not None:
             say(f"skipped   {c.name}: converted and gated in an earlier run ({c.verdict.verdict})")
+        for note in c.notes:
+            say(f"note      {c.name}: {note}")
     write_cells(plan.candidates)
     ex = Executor(state, spec.max_retries, say, execute)
     _, per = _graph(ex, spec, plan, clean)
@@ -201,7 +203,8 @@ def describe(plan: Plan, clean: bool = False) -> SweepPlan:
                 recipe=c.recipe,
                 matrix=c.cell,
                 todo=todo,
-                message=c.error or (f"gated in an earlier run: {c.verdict.verdict}" if c.verdict else ""),
+                message=c.error
+                or (f"gated in an earlier run: {c.verdict.verdict}" if c.verdict else "; ".join(c.notes)),
             )
         )
         assert todo in ("refused", "done") or gate is not None

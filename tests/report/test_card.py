@@ -107,6 +107,40 @@ def test_a_non_finite_figure_is_no_model_index_number(policy, tiny_model, tmp_pa
     assert "| `core_facts acc` | regression (candidate accuracy) |" in text
 
 
+@pytest.mark.parametrize(
+    "rule,bound,past",
+    [
+        ("core_facts acc", "lower_bound", lambda ev: -ev["margin"] - 0.4),  # a review's forge1.json: -0.9 vs -0.5
+        ("core_prose perplexity", "upper_bound", lambda ev: ev["max_ratio"] + 1.0),
+        ("agreement kl", "upper_bound", lambda ev: ev["max"] + 1.0),
+    ],
+)
+def test_a_rule_passed_above_bounds_that_break_its_limit_is_not_published(
+    verdict, tiny_model, tmp_path, capsys, rule, bound, past
+):
+    """A verdict file named to `card --verdict` whose rule says pass while its own bound is past the rule's limit
+    was published into model-index. Each rule's outcome must be what its evidence gives by the gate's decision: exit
+    2 naming the rule and the outcome its bounds give, and no card written."""
+    forged = json.loads(json.dumps(verdict))
+    r = next(r for r in forged["rules"] if r["rule"] == rule)
+    assert r["verdict"] == "pass"
+    ev = r["evidence"]
+    ev[bound] = past(ev)
+    (tmp_path / "v.json").write_text(json.dumps(forged))
+    cand = _candidate(tiny_model, tmp_path)
+    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 2
+    assert not (cand / "README.md").exists()
+    from quantize.records import limit_outcome, noninferiority_outcome
+
+    gives = (
+        noninferiority_outcome(ev["delta"], ev["lower_bound"], ev["upper_bound"], ev["margin"])
+        if "margin" in ev
+        else limit_outcome(ev["lower_bound"], ev["upper_bound"], at_most=ev.get("max_ratio", ev.get("max")))
+    )
+    assert gives != "pass"  # what the gate decides from these bounds, named in the refusal
+    assert f"rule {rule} is pass, and its own evidence gives {gives}" in capsys.readouterr().err
+
+
 # --- what the card writer reads, when it checks it, and what it writes (issue #41) --------------------------------
 
 SECRET = "HF_TOKEN=hf_not_a_real_token_but_a_canary"
@@ -238,7 +272,9 @@ def test_an_agreement_only_verdict_publishes_its_agreement_and_no_empty_block(ve
     cand = _candidate(tiny_model, tmp_path)
     v = json.loads(json.dumps(verdict))
     kl = next(r for r in v["rules"] if r["kind"] == "agreement")
-    kl["verdict"] = "regression"
+    kl["verdict"] = "regression"  # as a far KL gives it: its lower bound past the rule's max
+    kl["evidence"].update(value=kl["evidence"]["max"] + 0.4, lower_bound=kl["evidence"]["max"] + 0.3)
+    kl["evidence"]["upper_bound"] = kl["evidence"]["max"] + 0.5
     why = "the gate stopped at a regression before this rule's task was scored"
     v["rules"] = [
         {"kind": "untested", "rule": r["rule"], "task": r["task"], "reason": why}

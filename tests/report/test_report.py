@@ -302,12 +302,18 @@ def test_a_staged_rejection_stays_rejected_when_full_scores_would_pass(
 ):
     """The verdict CI gave is the report's: cached full scores that pass under the fixed design do not turn a
     staged gate's saved rejection into a pass; without gate.json the same scores are decided again, labelled so."""
+    from quantize.evaluate.cache import store_verdict
+
     _, suite, _ = checkpoints
     rejected = copy.deepcopy(staged[2])
     rejected.update(verdict="rejected", exit_code=1)
+    # a staged rejection as the gate records one: a drop past the margin, its bounds below 0 (a rule's outcome
+    # must be what its own bounds give)
     rejected["rules"][0]["verdict"] = "regression"
+    rejected["rules"][0]["evidence"].update(delta=-0.8, lower_bound=-0.95, upper_bound=-0.65)
     shutil.copytree(staged[0] / "cache", tmp_path / "cache")
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    store_verdict(records.parse(records.Verdict, rejected, "test"))  # kept as a staged gate that rejected keeps it
     score(open_suite(suite), staged[0] / "fp8")  # the candidate's full scores, cached
     rows, _, _ = _report_with(staged, tiny_model, tmp_path, monkeypatch, rejected)
     assert rows["fp8"]["gate"] == "REJECTED"
@@ -321,6 +327,45 @@ def test_a_staged_rejection_stays_rejected_when_full_scores_would_pass(
     again = json.loads((out / "report.json").read_text())
     row = dict(zip(again["table"]["head"], again["table"]["rows"][1], strict=True))
     assert row["gate"] == "PASS" and row["verdict from"] == "recomputed from cached full scores (fixed design)"
+
+
+def test_a_pass_copied_beside_a_nan_copy_is_neither_the_reports_verdict_nor_a_sweeps_done(
+    staged, tiny_model, tmp_path, monkeypatch, capsys
+):
+    """A review's repro: a NaN-weight copy of a gated candidate, its gate.json copied beside it with only the
+    candidate identity set to the copy's (what anyone who can write the folder can do), showed PASS in the report
+    ("saved verdict") and was done in a sweep, never gated. A gate.json is evidence only as a gate's own decision,
+    which the cache the gate ran with holds: the forged one is named and not shown, and a sweep gates the copy
+    again; the genuine one beside the candidate it judged stays the report's verdict and the sweep's done."""
+    from conftest import nan_copy
+
+    root, pol, saved = staged
+    shutil.copytree(root / "cache", tmp_path / "cache")  # the cache the staged gate ran with
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    good, bad = tmp_path / "c" / "fp8", tmp_path / "c" / "nan"
+    for folder in (good, bad):
+        shutil.copytree(root / "fp8", folder)
+    nan_copy(root / "fp8" / "model.safetensors", bad / "model.safetensors")
+    forged = copy.deepcopy(saved)
+    forged["provenance"]["candidate"]["checkpoint"]["identity_sha256"] = identity_sha256(bad)
+    records.write(bad / "gate.json", records.parse(records.Verdict, forged, "forged"))
+    records.write(good / "gate.json", records.parse(records.Verdict, saved, "saved"))
+    out = tmp_path / "rep"
+    args = ["report", str(good), str(bad), "--baseline", str(tiny_model), "--policy", str(pol), "--out", str(out)]
+    assert main(args) == 0
+    rows = _rows(out)
+    assert rows["fp8"]["gate"] == "PASS" and rows["fp8"]["verdict from"].startswith("saved verdict (gate.json")
+    assert rows["nan"]["gate"] == "no verdict" and rows["nan"]["facts"] == "not scored"
+    assert rows["nan"]["verdict from"].startswith("gate.json not shown: not a gate's own decision: no gate run with")
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        f"name: t\nmodel: {tiny_model}\ncheckpoints: [{good}, {bad}]\npolicy: {pol}\noutput: {tmp_path / 'out'}\n"
+    )
+    capsys.readouterr()
+    assert main(["sweep", str(sweep), "--plan", "--json"]) == 0
+    plan = {c["name"]: c for c in json.loads(capsys.readouterr().out)["candidates"]}
+    assert plan["fp8"]["todo"] == "done" and plan["nan"]["todo"] == "gate"
+    assert "its gate.json is not this sweep's verdict (not a gate's own decision" in plan["nan"]["message"]
 
 
 def test_a_gate_json_for_another_candidate_identity_is_stale_not_the_verdict(staged, tiny_model, tmp_path, monkeypatch):
@@ -369,7 +414,9 @@ def test_a_staged_pass_shows_its_delta_bounds_and_items_as_a_cell_and_a_point(
     assert f"<td>{html.escape(cell)}</td>" in page and "<h2>The gate's evidence</h2>" in page
 
 
-def test_a_saved_verdict_is_the_reports_only_for_this_policy_pair_and_golden_set(staged, checkpoints, tiny_model):
+def test_a_saved_verdict_is_the_reports_only_for_this_policy_pair_and_golden_set(
+    staged, checkpoints, tiny_model, monkeypatch
+):
     """The identities a gate.json names are the ones the report computes from the files; each other difference
     is named, the candidate's first (stale: changed since it was gated)."""
     from quantize.checkpoint.files import identity_sha256
@@ -377,6 +424,7 @@ def test_a_saved_verdict_is_the_reports_only_for_this_policy_pair_and_golden_set
     from quantize.report.collect import saved_mismatch
 
     root, pol, saved = staged
+    monkeypatch.setenv("QUANTIZE_CACHE", str(root / "cache"))  # where the staged gate kept its verdict
     v, policy, suite = records.parse(records.Verdict, saved, "test"), load_policy(pol), open_suite(checkpoints[1])
     base_id, cand_id = identity_sha256(tiny_model), identity_sha256(root / "fp8")
     assert saved_mismatch(v, policy, suite, base_id, cand_id) is None
@@ -564,7 +612,7 @@ def test_another_vocabulary_gets_no_verdict_from_the_report(scored, checkpoints,
     assert row["gate"] == "no verdict" and "another vocabulary than the baseline's" in row["verdict from"]
 
 
-def test_a_saved_verdict_of_another_task_suite_setting_or_pin_is_stale(staged, checkpoints, tiny_model):
+def test_a_saved_verdict_of_another_task_suite_setting_or_pin_is_stale(staged, checkpoints, tiny_model, monkeypatch):
     """A rule renamed to judge another task kept its label; a suite of other settings (max_length) on the same
     golden set, or another suite file (an older verdict, without recorded settings), and a baseline score file
     other than a pin, each made a saved verdict the report's. Each is stale now, named."""
@@ -572,6 +620,7 @@ def test_a_saved_verdict_of_another_task_suite_setting_or_pin_is_stale(staged, c
     from quantize.report.collect import saved_mismatch
 
     root, pol, saved = staged
+    monkeypatch.setenv("QUANTIZE_CACHE", str(root / "cache"))  # where the staged gate kept its verdict
     v, policy, suite = records.parse(records.Verdict, saved, "test"), load_policy(pol), open_suite(checkpoints[1])
     ids = identity_sha256(tiny_model), identity_sha256(root / "fp8")
     assert v.provenance.suite_settings and saved_mismatch(v, policy, suite, *ids) is None
@@ -592,20 +641,26 @@ def test_a_saved_verdict_of_another_task_suite_setting_or_pin_is_stale(staged, c
 
 
 def test_a_verdict_that_contradicts_its_rules_is_refused_wherever_it_is_read(staged):
-    """A hand-edited gate.json saying pass above a regression (or above NaN evidence) was shown as PASS and put
-    in a model card; the record refuses it (exit 2 where it is read)."""
+    """A hand-edited gate.json saying pass above a regression (or above NaN evidence, or a rule's pass above its
+    own bounds past the margin) was shown as PASS and put in a model card; the record refuses it (exit 2 where it
+    is read)."""
     from quantize.errors import UsageError
 
     forged = copy.deepcopy(staged[2])
     forged["rules"][0]["verdict"] = "regression"
     with pytest.raises(UsageError, match="is not what its rules give"):
         records.parse(records.Verdict, forged, "gate.json")
+    past = copy.deepcopy(staged[2])  # a pass whose own lower bound is past the margin (a review's forge1.json)
+    past["rules"][0]["evidence"]["lower_bound"] = -past["rules"][0]["evidence"]["margin"] - 0.4
+    with pytest.raises(UsageError, match="rule core_facts acc is pass, and its own evidence gives inconclusive"):
+        records.parse(records.Verdict, past, "gate.json")
     nan = copy.deepcopy(staged[2])
     nan["rules"][0]["evidence"]["delta"] = "NaN"
     with pytest.raises(UsageError, match="not finite"):
         records.parse(records.Verdict, nan, "gate.json")
     inconclusive = copy.deepcopy(staged[2])
     inconclusive["rules"][0]["verdict"] = "inconclusive"
+    inconclusive["rules"][0]["evidence"]["lower_bound"] = -0.6  # past the margin, the upper bound above 0
     for code in (0, 1):  # as fail_on_inconclusive said
         assert records.parse(records.Verdict, {**inconclusive, "verdict": "inconclusive", "exit_code": code}, "t")
 
