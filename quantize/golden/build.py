@@ -266,12 +266,12 @@ def group_config(tasks: list[str]) -> dict[str, Any]:
     return {"group": GROUP, "task": tasks, "metadata": {"version": TASK_VERSION}}
 
 
-SOURCES = ("jargon", "devil", "analogies", "wordnet", "quiz")  # what build_core reads, by its record's names
+RECORDED = ("jargon", "devil", "analogies", "wordnet", "quiz")  # what build_core reads, by its record's names
 QUIZ_DIR = "usr/share/games/bsdgames/quiz"
 
 
 def check_sources_record(meta: Any, record: Path) -> None:
-    """fetch_sources.sh's record: an object naming each source build_core reads (SOURCES), each with its `files`
+    """fetch_sources.sh's record: an object naming each source build_core reads (RECORDED), each with its `files`
     (paths inside the folder) and a sha256 for every one of them, the quiz files the facts read among them. A list,
     a string, a source missing or a file without its sha256 was exit 3 (AttributeError, TypeError, KeyError), and
     a record of empty sha256 maps built from files nothing checked (a review)."""
@@ -294,8 +294,8 @@ def check_sources_record(meta: Any, record: Path) -> None:
             raise bad(f"source {name!r}'s file {unchecked[0]} has no sha256: nothing would check what is read")
         if outside := [f for f in digests if Path(f).is_absolute() or ".." in Path(f).parts]:
             raise bad(f"source {name!r} names {outside[0]!r}, a path outside the sources folder")
-    if missing := [n for n in SOURCES if n not in meta]:
-        raise bad(f"names no source {', '.join(missing)} (build_core reads {', '.join(SOURCES)})")
+    if missing := [n for n in RECORDED if n not in meta]:
+        raise bad(f"names no source {', '.join(missing)} (build_core reads {', '.join(RECORDED)})")
     quiz = {f"{QUIZ_DIR}/{t[0]}" for t in FACT_TEMPLATES + REVERSE_FACT_TEMPLATES}
     if unrecorded := sorted(quiz - set(meta["quiz"]["sha256"])):
         raise bad(f"source 'quiz' records no sha256 for {unrecorded[0]}, which the facts read")
