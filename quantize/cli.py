@@ -1,6 +1,6 @@
-"""The `quantize` command line: parse, call one function of the Python API (quantize/api.py: every command but
-`card`, `golden build`/`freeze`/`size` and `model`, which call their stage's one function), print what that
-stage renders from the record it returns, and map exceptions to exit codes (quantize/errors.py). No domain logic
+"""The `quantize` command line: parse, call one function of the Python API (quantize/api.py: every command has
+one), print what its stage renders from the record it returns, and map exceptions to exit codes
+(quantize/errors.py; a refusal of the API naming a keyword is worded with the flag that gave it). No domain logic
 and no text of a result lives here.
 
 Exit codes: 0 ok, 1 gate rejected, 2 bad input, 3 runtime failure, 130 interrupted (143 SIGTERM, 129 SIGHUP).
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import math
 import os
@@ -23,25 +22,25 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from quantize import machine
 from quantize.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_REJECTED,
     EXIT_RUNTIME,
-    EXIT_USAGE,
+    KeywordError,
     QuantizeWarning,
     RuntimeFailure,
     UsageError,
+    path_error,
 )
 
-# OS errors that say a path given on the command line or in a file cannot name a file.
-BAD_PATH = {errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.EISDIR}
 # Commands that write an output folder (atomically): only these can promise to leave nothing half-written.
 WRITES_OUTPUT = {"run", "report", "model", "golden new", "golden freeze", "golden export", "search"}
 
 
 def _offline() -> None:
+    """The CLI runs offline (the user's own setting kept): huggingface_hub and datasets read these once, when first
+    imported, which is after this. The API sets none of them (compat/hub.py: golden_freeze goes offline itself)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -254,13 +253,17 @@ def cmd_model(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from quantize import api
 
-    doc, cached = api.scored(  # a bad suite is exit 2 before lm-eval is imported
-        args.suite, args.checkpoint, refresh=args.refresh, trust_remote_code=args.trust_remote_code, quiet=args.quiet
-    )
-    from quantize.evaluate.render import non_finite_warnings, score_text
+    with _printed_warnings("eval"):  # a task with non-finite items, one line each
+        doc, cached = api.scored(  # a bad suite is exit 2 before lm-eval is imported
+            args.suite,
+            args.checkpoint,
+            refresh=args.refresh,
+            trust_remote_code=args.trust_remote_code,
+            quiet=args.quiet,
+        )
+    from quantize.evaluate.render import score_text
     from quantize.records import to_json
 
-    _warn("eval", non_finite_warnings(doc))
     if args.json:
         print(to_json(doc) if args.items else json.dumps(doc.summary(), indent=2, default=str))
     else:
@@ -451,6 +454,50 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 # --- the parser ----------------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, keeping how each of its arguments is spelled on the command line (`spelled`: its dest
+    to "--max-memory", or "RECIPE" for a positional), which `set_defaults` hands to the command's namespace: a
+    refusal of the API naming the keyword a flag's value went to is reworded with the flag (`_worded`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.spelled: dict[str, str] = {}  # before argparse's __init__, which adds -h
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        flag = max(action.option_strings, key=len, default=None)
+        self.spelled[action.dest] = flag or (action.metavar if isinstance(action.metavar, str) else action.dest.upper())
+        return action
+
+    def set_defaults(self, **kwargs: Any) -> None:
+        super().set_defaults(spelled=self.spelled, **kwargs)
+
+
+# The API's keywords that a command passes a flag's value to under another name than the flag's dest (every other
+# keyword is its flag's dest): `golden build PATH` is golden_build's `out`.
+KEYWORD_DESTS = {
+    "golden build": {"out": "path"},
+    "golden new": {"item_type": "type"},
+    "golden freeze": {"tasks": "task"},
+    "cost": {"parameters": "params"},
+}
+
+
+def _worded(args: argparse.Namespace, e: UsageError | RuntimeFailure) -> str:
+    """The message of a refusal, where the API named the keyword a flag's value was passed to: with the flag
+    instead (`quantize search --budget 40`: "--budget takes ...; got 40.0", not "quantize.run_search: `budget`")."""
+    if not isinstance(e, KeywordError):
+        return str(e)
+    command = f"{args.command} {getattr(args, 'action', '')}".strip()
+    flag = getattr(args, "spelled", {}).get(KEYWORD_DESTS.get(command, {}).get(e.keyword, e.keyword))
+    if flag is None:
+        return str(e)
+    v = e.value
+    return e.for_flag(
+        flag, " ".join(map(str, v)) if isinstance(v, list | tuple) else repr(v) if isinstance(v, str) else str(v)
+    )
 
 
 def _flag_parents() -> dict[str, argparse.ArgumentParser]:
@@ -679,9 +726,7 @@ def _memory_size(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     flags = _flag_parents()
-    p = argparse.ArgumentParser(
-        prog="quantize", description="Recipe-driven LLM quantization with true bits-per-weight accounting."
-    )
+    p = _Parser(prog="quantize", description="Recipe-driven LLM quantization with true bits-per-weight accounting.")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser(
@@ -849,18 +894,18 @@ def _main(argv: list[str] | None) -> int:
 
         os.environ[REREAD] = "1"
     try:
-        machine.threads()  # a bad OMP_NUM_THREADS is the user's to fix (exit 2), before torch reads it
+        # every command calls the API, whose boundary refuses a bad OMP_NUM_THREADS and a path that names no file
         return args.fn(args)
     except (UsageError, RuntimeFailure) as e:
-        print(f"quantize {args.command}: {e.says}: {e}", file=sys.stderr)
+        print(f"quantize {args.command}: {e.says}: {_worded(args, e)}", file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:  # the reader of our output closed it (`| head`): nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except OSError as e:
-        if e.errno in BAD_PATH:  # the path the user gave cannot name a file: their input, not our failure
-            print(f"quantize {args.command}: error: {e.strerror}: {e.filename!s:.200}; check the path", file=sys.stderr)
-            return EXIT_USAGE
+        if (bad := path_error(e)) is not None:  # the path the user gave cannot name a file: the API's own rule
+            print(f"quantize {args.command}: {bad.says}: {bad}", file=sys.stderr)
+            return bad.exit_code
         return _unexpected(args.command, e)
     except KeyboardInterrupt as e:
         command = f"{args.command} {getattr(args, 'action', '')}".strip()

@@ -3,6 +3,8 @@ the CLI prints, bad input as the CLI's UsageError, and importing it costs no hea
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import warnings
@@ -114,6 +116,8 @@ BAD_CALLS = [
     ("budget", "run_search('search.yaml', budget='7.5')"),
     ("budget", "run_search('search.yaml', budget=10**400)"),  # past a float: math.isfinite overflowed
     ("max_memory", "run('recipe.yaml', max_memory=10**400)"),
+    ("max_memory", "run('recipe.yaml', max_memory='9' * 400)"),  # int(float(...)) overflowed
+    ("max_memory", "run('recipe.yaml', max_memory=1e300)"),  # passed, and the plan counted on it
     ("margin", "golden_size('suite.yaml', 'base', 'cand', margin=10**400, alpha=0.05, power=0.8)"),
     ("max_parallel", "run_sweep('sweep.yaml', max_parallel='4')"),
     ("address", "plan_sweep('sweep.yaml', address=5)"),
@@ -137,6 +141,8 @@ for _, call in {BAD_CALLS!r}:
     try:
         eval(call)
         out[call] = ["returned", ""]
+    except quantize.UsageError as e:  # a KeywordError, naming the keyword; an unknown keyword, a plain one
+        out[call] = ["UsageError", str(e)]
     except Exception as e:
         out[call] = [type(e).__name__, str(e)]
 heavy = sorted(m for m in ("torch", "transformers", "lm_eval", "ray") if m in sys.modules)
@@ -220,3 +226,167 @@ def test_freezing_into_an_existing_version_is_refused_before_lm_eval_is_imported
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert run.stdout.split("\n")[:2] == ["refused True", "[]"], run.stdout + run.stderr[-1000:]
+
+
+RTN = {"name": "rtn8", "method": "rtn", "scheme": "W8A16", "group_size": 64}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("name", "../../escaped", "a path separator"),  # ran, and wrote outputs/../../escaped
+        ("scheme", "W9A16", "scheme"),  # KeyError
+        ("group_size", -1, "power of two"),  # pydantic's ValidationError from compressed-tensors' own args
+        ("model", 5, "model"),  # TypeError
+    ],
+)
+def test_a_recipe_object_edited_after_parse_recipe_is_validated_again_as_a_file_is(
+    tmp_path, monkeypatch, tiny_model, field, value, says
+):
+    monkeypatch.chdir(tmp_path)
+    recipe = parse_recipe({**RTN, "model": str(tiny_model)})
+    setattr(recipe, field, value)  # pydantic checks no assignment
+    with pytest.raises(
+        quantize.UsageError, match=f"the Recipe given to quantize.run is not a valid recipe:(.|\n)*{says}"
+    ):
+        quantize.run(recipe, output=None if field == "name" else tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written anywhere under it
+
+
+def test_a_model_constructed_recipe_is_validated_as_a_file_is(tmp_path, tiny_model):
+    """model_construct skips every validator; run checks it as it would check the same fields in a file."""
+    built = type(parse_recipe({**RTN, "model": str(tiny_model)})).model_construct(
+        **{**RTN, "model": str(tiny_model), "group_size": 3}
+    )
+    with pytest.raises(quantize.UsageError, match="group_size = 3: group_size must be a power of two"):
+        quantize.run(built, output=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_memory_size_too_large_to_hold_is_refused_naming_the_flag_field_or_keyword(tmp_path, tiny_model, capsys):
+    """`int(float("9" * 400))` overflowed: a traceback from argparse's type, a raw OverflowError from the API and
+    exit 3 from a recipe's field. A size past 16 EiB is refused in each, named as there."""
+    from quantize.cli import main
+
+    huge = "9" * 400
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: r\nmethod: rtn\nscheme: W8A16\nmodel: {tiny_model}\noutput: {tmp_path / 'out'}\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", str(recipe), "--max-memory", huge])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --max-memory:" in err and "16 EiB" in err and "Traceback" not in err
+    for too_much in (huge, f"{2**64 + 1}", 2**64 + 1, 1e300):
+        with pytest.raises(quantize.UsageError, match="`max_memory` takes .*at most 16 EiB"):
+            quantize.run(recipe, max_memory=too_much)
+    recipe.write_text(recipe.read_text() + f"max_memory: '{huge}GB'\n")
+    assert main(["run", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "max_memory" in err and "16 EiB" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda long: quantize.inspect(long),
+        lambda long: quantize.cache_key(long),
+        lambda long: quantize.golden_verify(long),
+        lambda long: quantize.plan_sweep(long),
+        lambda long: quantize.decode_cost(long),
+    ],
+    ids=["inspect", "cache_key", "golden_verify", "plan_sweep", "decode_cost"],
+)
+def test_a_path_that_cannot_name_a_file_is_a_usage_error_in_the_api_as_on_the_command_line(tmp_path, call):
+    """The CLI mapped ENAMETOOLONG (and ELOOP, ENOTDIR, EISDIR) to exit 2 at its top; the API raised OSError."""
+    with pytest.raises(quantize.UsageError, match="File name too long: .*; check the path"):
+        call(str(tmp_path / ("x" * 300)))
+
+
+def test_a_bad_omp_num_threads_is_refused_by_every_api_call(monkeypatch, tiny_model):
+    """machine.threads() was checked only by the CLI's main: inspect answered and run converted regardless."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "abc")
+    for call in (lambda: quantize.inspect(tiny_model), lambda: quantize.default_model()):
+        with pytest.raises(quantize.UsageError, match="OMP_NUM_THREADS is 'abc'"):
+            call()
+
+
+def test_numpy_numbers_reach_the_writers_as_python_numbers(tmp_path):
+    """INT takes numbers.Integral, which numpy's int64 is; json and yaml then refused it after the checks."""
+    np = pytest.importorskip("numpy")
+    source = tmp_path / "gen.jsonl"
+    source.write_text('{"prompt": "2+2=", "answer": "4"}\n{"prompt": "1+2=", "answer": "3"}\n')
+    m = quantize.golden_new(
+        tmp_path / "g" / "v1", source, "generate", stop=[np.str_("\n")], max_gen_toks=np.int64(5), seed=np.int64(3)
+    )
+    assert type(m.seed) is int and quantize.golden_verify(tmp_path / "g" / "v1").path == tmp_path / "g" / "v1"
+    assert "max_gen_toks: 5" in next((tmp_path / "g" / "v1" / "tasks").iterdir()).read_text()
+
+
+def test_default_model_refuses_force_without_prepare():
+    """force=True was ignored without prepare (the folder returned unconverted), as `quantize model path --force`."""
+    with pytest.raises(quantize.UsageError, match="`force` converts the default model again"):
+        quantize.default_model(force=True)
+
+
+def test_the_table_of_docs_api_lists_every_parameter_of_each_function():
+    """The table left out `quiet` of seven functions and decode_cost's `kv` and `kv_bytes`."""
+    import inspect
+    import re
+
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| [^|]* \| `quantize\.(\w+)\((.*?)\)`", text, re.M)
+    assert {name for name, _ in rows} == set(quantize.api.__all__) - {"Converted", "CacheKey"}
+    for name, listed in rows:
+        documented = [p.split("=")[0].strip() for p in listed.split(",") if p.strip() not in ("*", "")]
+        assert documented == list(inspect.signature(getattr(quantize, name)).parameters), name
+
+
+FREEZE_BESIDE_A_HUB = """
+import http.server, json, os, sys, threading
+seen = []
+class Hub(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        seen.append(self.path)
+        self.send_response(404); self.end_headers()
+    do_HEAD = do_GET
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+os.environ["HF_ENDPOINT"] = f"http://127.0.0.1:{server.server_address[1]}"
+import quantize
+try:
+    quantize.golden_freeze(["hub_only"], "g/v1", include_path="tasks")
+    said = "returned"
+except quantize.UsageError as e:
+    said = str(e)
+print(json.dumps({"said": said, "seen": seen}))
+"""
+
+
+def test_golden_freeze_reads_the_hubs_datasets_offline_as_its_message_says(tmp_path):
+    """The API set no offline variable (only cli._offline did): golden_freeze asked the Hub (here a local server
+    standing for it) for the dataset, then said "Freezing runs offline". It now runs offline for the call, and the
+    process's environment is left as it was."""
+    (tmp_path / "tasks").mkdir()
+    task = {
+        "task": "hub_only",
+        "dataset_path": "someone/not-in-any-cache",
+        "output_type": "multiple_choice",
+        "test_split": "test",
+        "doc_to_text": "{{q}}",
+        "doc_to_choice": "{{c}}",
+        "doc_to_target": 0,
+    }
+    (tmp_path / "tasks" / "hub_only.yaml").write_text(yaml.safe_dump(task))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", FREEZE_BESIDE_A_HUB], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(run.stdout.splitlines()[-1])
+    assert found["seen"] == [] and "Freezing runs offline" in found["said"], found

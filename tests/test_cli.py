@@ -202,3 +202,51 @@ def test_a_device_or_fifo_given_as_a_checkpoint_is_named_as_such(tmp_path, capsy
     for path in ("/dev/null", str(fifo)):
         assert main(["inspect", path]) == 2
         assert f"{path} is not a regular file or a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["search", "SPEC", "--budget", "40"], "--budget takes bits per weight between 1 and 32"),
+        (["run", "RECIPE", "-o", ""], "--output takes a path"),
+        (["eval", "", "CKPT"], "SUITE takes a path"),
+        (["golden", "new", "OUT", "--from", "SRC", "--type", "greedy", "--task", ""], "--task takes a non-empty str"),
+        (["golden", "build", "", "--sources", "SRC"], "PATH takes a path"),
+        (["golden", "freeze", "--task", "t", "--out", ""], "--out takes a path"),
+        (["sweep", "SPEC", "--plan", "--address", ""], "--address takes a non-empty str"),
+        (["cost", "--checkpoint", "CKPT", "--hardware", ""], "--hardware takes a non-empty str"),
+        (["model", "path", "--force"], "--force converts the default model again"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else None,
+)
+def test_a_flag_passed_to_the_api_is_named_as_the_flag_not_the_keyword(tmp_path, argv, flag, capsys):
+    """The API's refusal named its keyword (`quantize.run_search: \\`budget\\` takes ...`) for a value the CLI passed
+    it straight from a flag: the CLI names the flag (or the positional, as its usage writes it)."""
+    argv = [str(tmp_path / a) if a in ("SPEC", "RECIPE", "CKPT", "OUT", "SRC") else a for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "quantize." not in err and "Traceback" not in err, err
+
+
+def test_every_keyword_the_cli_renames_is_a_flag_of_its_command_and_a_keyword_of_the_api():
+    """KEYWORD_DESTS, the map beside the parser, names only flags that exist and keywords the API has."""
+    import inspect
+
+    import quantize
+    from quantize.cli import KEYWORD_DESTS, build_parser
+
+    functions = {"golden build": "golden_build", "golden new": "golden_new", "golden freeze": "golden_freeze"}
+    parser = build_parser()
+    for command, renamed in KEYWORD_DESTS.items():
+        spelled = _spelled(parser, command)
+        function = functions.get(command, "token_cost")
+        for keyword, dest in renamed.items():
+            assert dest in spelled, (command, dest)
+            assert keyword in inspect.signature(getattr(quantize, function)).parameters, (command, keyword)
+
+
+def _spelled(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """A command's flags as the CLI spells them (its subparser's `spelled` default)."""
+    for word in command.split():
+        parser = next(a for a in parser._subparsers._group_actions).choices[word]  # argparse's own tree, in a test
+    return parser.get_default("spelled")

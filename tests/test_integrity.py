@@ -67,6 +67,24 @@ def test_eval_of_a_nan_checkpoint_warns_and_records_the_values(world, capsys):
     assert len(summary["tasks"]["core_prose"]["non_finite"]) == summary["tasks"]["core_prose"]["n"]
 
 
+def test_scoring_a_nan_checkpoint_through_the_api_warns_as_the_cli_prints(world):
+    """quantize.score and scored returned the NaN scores without a word, where `quantize eval` printed a warning per
+    task: the API warns (QuantizeWarning) with the same lines, fresh or from the cache."""
+    import warnings
+
+    import quantize
+    from quantize.evaluate.render import non_finite_warnings
+
+    _, suite, _, bad = world
+    for call in (quantize.scored, quantize.score, quantize.scored):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found = call(suite, bad)
+        doc = found if isinstance(found, ScoreDoc) else found.doc
+        lines = [str(w.message) for w in caught if issubclass(w.category, quantize.QuantizeWarning)]
+        assert lines == non_finite_warnings(doc) and any("core_prose" in line for line in lines)
+
+
 def test_a_nan_candidate_is_a_regression_even_when_inconclusive_would_pass(world, tiny_model, capsys):
     """It passed before (exit 0): "ratio nan [nan, nan]" and "kl nan ± nan" came out inconclusive."""
     _, _, lenient, bad = world

@@ -24,6 +24,8 @@ A GGUF recipe (`method: gguf`, backend llamacpp) names llama.cpp's file type ins
 from __future__ import annotations
 
 import re
+import reprlib
+from decimal import Decimal
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
@@ -127,18 +129,27 @@ SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 SIZE_UNITS |= {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
+MAX_SIZE = 2**64  # bytes: what a 64-bit address space holds; a larger size is a typo, and past a float's range
+
+
 def parse_size(value: Any) -> int:
-    """A memory size: bytes as an integer, or a number with a unit (12GB, 12GiB, 12G = 12 GiB, 500MB)."""
+    """A memory size: bytes as an integer, or a number with a unit (12GB, 12GiB, 12G = 12 GiB, 500MB), counted
+    exactly (Decimal: a float of 400 digits was infinity, and int() of it an OverflowError) and at most MAX_SIZE;
+    anything else is a ValueError saying what a size is (the caller names the flag or field)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        n = value
+        n = Decimal(value)
     else:
         m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value) if isinstance(value, str) else None
         if m is None or m.group(2).lower() not in SIZE_UNITS:
             raise ValueError(f"{value!r} is not a memory size; write bytes, or e.g. 12GB, 12GiB, 500MB")
-        n = int(float(m.group(1)) * SIZE_UNITS[m.group(2).lower()])
-    if n <= 0:
+        n = Decimal(m.group(1)) * SIZE_UNITS[m.group(2).lower()]
+    if n > MAX_SIZE:
+        raise ValueError(
+            f"{reprlib.repr(value)} is more memory than a 64-bit machine addresses (16 EiB); write e.g. 12GB"
+        )
+    if int(n) <= 0:
         raise ValueError(f"{value!r} is not a memory size above zero")
-    return n
+    return int(n)
 
 
 class _Fields(BaseModel):

@@ -30,6 +30,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from quantize.compat import hub
 from quantize.config import MAX_YAML_BYTES
 from quantize.errors import UsageError
 from quantize.golden.manifest import Manifest
@@ -144,12 +145,14 @@ def load_tasks(names: list[str], include_path: Path | None) -> dict[str, Any]:
                 f"--task {name}: no such task {where}{hint} (a task YAML's `task:` names it; pass its folder "
                 "with --include-path)"
             )
-    try:
-        loaded = get_task_dict(names, tm)
-    except (OSError, ValueError, ConnectionError, ImportError, KeyError) as e:
-        raise UsageError(
-            f"lm-eval could not load {', '.join(names)}: {type(e).__name__}: {str(e)[:300]}. {OFFLINE_ROUTES}"
-        ) from None
+    with hub.offline() as off:  # offline for an API call too, which no variable set before the imports says
+        try:
+            loaded = get_task_dict(names, tm)
+        except (OSError, ValueError, ConnectionError, ImportError, KeyError) as e:
+            routes = OFFLINE_ROUTES if off else "The Hub's libraries were online, as the environment says"
+            raise UsageError(
+                f"lm-eval could not load {', '.join(names)}: {type(e).__name__}: {str(e)[:300]}. {routes}"
+            ) from None
     leaves: dict[str, Any] = {}
 
     def walk(d: dict[Any, Any]) -> None:
