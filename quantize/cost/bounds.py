@@ -940,8 +940,8 @@ def gguf_kv_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
     them: tests/checkpoint/test_gguf.py compares with the cache llama.cpp allocates). A GGUF of MTP blocks alone
     (nextn_predict_layers = block_count) is priced with a cache in every block (mtp_blocks declares none): the
     llama.cpp llama-cpp-python 0.3.36 vendors loads no decode layer from it (measured on a `llama` one: "wrong
-    number of tensors"), so there is no cache of its own to compare with. A GLM-4.5-Air GGUF's MTP block was priced as a decode layer's cache, 47 layers of it
-    for its 46 (issue #58)."""
+    number of tensors"), so there is no cache of its own to compare with. A GLM-4.5-Air GGUF's MTP block was
+    priced as a decode layer's cache, 47 layers of it for its 46 (issue #58)."""
     cache = _header_cache(h, config)
     mtp = ggufs.mtp_blocks(h)
     if not mtp or len(cache.kinds) <= mtp.start:  # none declared, or left out already (ggufs.latent_shape)

@@ -1,22 +1,29 @@
 """Which engine scores a checkpoint, decided before anything heavy is imported: a GGUF (checkpoint/ggufs.find) is
 scored in llama.cpp (quantize/evaluate/llamacpp.py, through llama-cpp-python: the `gguf` extra, `make gguf-env`),
-every other checkpoint in transformers by the suite's backend. Light: it imports neither llama.cpp nor lm-eval."""
+every other checkpoint in transformers by the suite's backend; and what our two engines record of the tokens they
+scored per item (ScoredTokens), hashed into each item's score record. Light: it imports neither llama.cpp nor
+lm-eval."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from quantize.checkpoint import ggufs
 from quantize.errors import UsageError
 from quantize.evaluate.suite import Backend, LlamaCppSettings, Suite
+from quantize.io import sha256_bytes
 from quantize.machine import llamacpp_build, llamacpp_variables
 
 DISTRIBUTION = "llama_cpp_python"
 INSTALL = "`make gguf-env` (llama-cpp-python 0.3.36, built from its source distribution: README, GGUF)"
 # the revision of what our llama.cpp model (evaluate/llamacpp.py) computes from the engine's logits: part of
-# `llamacpp_engine`, so cached scores move with it
-LLAMACPP_REVISION = 1
+# `llamacpp_engine`, so cached scores move with it. 2: every item records the hash of the tokens it scored
+# (ScoredTokens); its numbers are 1's, but the key moves, so every entry served carries the hashes
+LLAMACPP_REVISION = 2
 
 
 def llamacpp_version() -> str | None:
@@ -62,3 +69,33 @@ def llamacpp_engine(suite: Suite) -> str:
     ours = f"llamacpp-{LLAMACPP_REVISION} llama-cpp-python {llamacpp_version()}"
     switches = f" env {v}" if (v := llamacpp_variables()) else ""
     return f"{ours} threads {s.n_threads} n_batch {s.n_batch} build {llamacpp_build()}{switches}"
+
+
+class ScoredTokens:
+    """What an engine of ours (evaluate/lm.py, evaluate/llamacpp.py) scored of each item, recorded as it scores: per
+    (task, document), each request's token ids as the engine fed them, in lm-eval's request order (its `idx`). A
+    log-likelihood request is its row (the context as the context window cut it, then the continuation) and the
+    continuation's tokens; a rolling document, each window's row and targets; a generation, the prompt's ids as cut
+    to leave room for the answer. `take` gives each item's hash (`tokens_sha256`), the score file's per-item
+    `tokens_sha256`: two sides whose hashes differ scored other tokens (another tokenizer, another prefix token,
+    another context window cutting a long item), whatever their prompts' text (quantize/gates/gate.py
+    `token_differences`)."""
+
+    def __init__(self) -> None:
+        self.items: dict[tuple[str, int], list[tuple[int, tuple[tuple[int, ...], ...]]]] = {}
+
+    def add(self, request: Any, *ids: Sequence[int]) -> None:
+        """One request's token sequences (lm-eval's Instance: its task_name, doc_id and idx)."""
+        key = (request.task_name, request.doc_id)
+        self.items.setdefault(key, []).append((request.idx, tuple(tuple(int(t) for t in x) for x in ids)))
+
+    def take(self) -> dict[tuple[str, int], str]:
+        """Each item's hash since the last `take` (which it forgets: an engine is kept for every stage of a gate)."""
+        out = {k: tokens_sha256([ids for _, ids in sorted(v, key=lambda r: r[0])]) for k, v in self.items.items()}
+        self.items = {}
+        return out
+
+
+def tokens_sha256(requests: Sequence[Sequence[Sequence[int]]]) -> str:
+    """The hash of one item's requests' token sequences, in request order (ScoredTokens)."""
+    return sha256_bytes(json.dumps([[list(x) for x in r] for r in requests], separators=(",", ":")).encode())

@@ -12,6 +12,8 @@ token sequence; this model turns them into what lm-eval asks for, as quantize/ev
                    tokens before the C scored ones, S = the last C
     log-likelihood Σ log_softmax(logits)[target] over S's positions (float64 on the float32 logits llama.cpp
                    returns), is_greedy when every target is its position's argmax
+    recorded       each request's row and targets per item, as evaluate/lm.py records them (engine.ScoredTokens): a
+                   folder and its GGUF that tokenize alike give each item one hash
 
 One item's continuations that share P are scored from one evaluation of P: P is decoded from position 0 (the
 cache cleared), then each S is decoded after it (the positions past P removed first, llama.cpp's own
@@ -50,6 +52,7 @@ from quantize.checkpoint import ggufs
 from quantize.checkpoint.llama_vocab import check_vocabulary
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.evaluate.engine import ScoredTokens
 from quantize.evaluate.lm import Row, rolling_rows, row
 from quantize.machine import check_loaded_build
 from quantize.quiet import llama_log, llama_said
@@ -98,6 +101,7 @@ class LlamaCppLM(TemplateLM):
         bos = self.llm.token_bos()
         self._eot = self.llm.token_eos()
         self._prefix = bos if bos >= 0 else self._eot
+        self.scored = ScoredTokens()  # each item's tokens as scored, hashed into its score record
         _OPEN.add(self)
 
     def _load(self, n_ctx: int) -> None:
@@ -172,11 +176,12 @@ class LlamaCppLM(TemplateLM):
         for r in requests:
             ctx, cont = lm_eval_compat.encode_request(self, *r.args)
             rows.append(row(ctx, cont, self.max_length))
+            self.scored.add(r, rows[-1].prefix + rows[-1].suffix, rows[-1].targets)
         return self.score_rows(rows)
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Each document's log-likelihood: the sum over lm-eval's rolling windows, each window a row."""
-        windows = rolling_rows(self, requests)
+        windows = rolling_rows(self, requests, self.scored)
         sums = [0.0] * len(requests)
         for (d, _, _), (ll, _) in zip(windows, self.score_rows([r for _, _, r in windows]), strict=True):
             sums[d] += ll
@@ -231,6 +236,7 @@ class LlamaCppLM(TemplateLM):
             until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
             max_gen = int(kwargs.pop("max_gen_toks"))
             prompt = self.tok_encode(context)[-max(1, self.max_length - max_gen) :]
+            self.scored.add(r, prompt)
             self.fit(min(self.max_length, len(prompt) + max_gen))
             text = self.greedy(prompt, max_gen, until)
             out.append(postprocess_generated_text(generation=text, stop=until, think_end_token=None))

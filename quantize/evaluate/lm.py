@@ -16,6 +16,8 @@ extension point (`lm_eval.api.registry.register_model`, a `TemplateLM` whose `lo
                    C tokens are predicted at inp's last C positions. P = inp[:-C] (the prefix), S = inp[-C:]
     log-likelihood Σ log_softmax(logits)[target] over those C positions (log_softmax in float32), is_greedy when
                    every target is its position's argmax
+    recorded       each request's row (P + S) and targets, per item (engine.ScoredTokens): the hash of its tokens in
+                   its score record, which a gate compares with the other side's
 
 The requests are grouped by (task, document, P): one item's continuations that share a context. A group of one
 continuation (or with an empty P) is a whole row, P + S; a larger group shares P, except in a model that rounds
@@ -96,6 +98,7 @@ from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.rounding import rounds_activations
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import UsageError
+from quantize.evaluate.engine import ScoredTokens
 
 NAME = "quantize-kv"
 QUANTUM = 8  # packed: rows and prefixes are padded to a multiple of this many tokens
@@ -216,6 +219,7 @@ class PrefixLM(TemplateLM):
         # a model that rounds activations, or whose layers keep a state or an indexer's keys, runs every request as
         # one whole row (module docstring)
         self.share = shares_contexts(self.model.config, self.model.modules())
+        self.scored = ScoredTokens()  # each item's tokens as scored, hashed into its score record
 
     @property
     def eot_token_id(self) -> int:
@@ -248,12 +252,13 @@ class PrefixLM(TemplateLM):
         for r in requests:
             ctx, cont = lm_eval_compat.encode_request(self.hf, *r.args)
             rows.append(row(ctx, cont, self.max_length))
+            self.scored.add(r, rows[-1].prefix + rows[-1].suffix, rows[-1].targets)
         # one item's continuations that share a context form a group (module docstring)
         return self.score_rows(rows, [(r.task_name, r.doc_id) for r in requests])
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         """Each document's log-likelihood: the sum over lm-eval's rolling windows, each window scored alone."""
-        windows = rolling_rows(self, requests)
+        windows = rolling_rows(self, requests, self.scored)
         rows, owners = [r for _, _, r in windows], [(d, w) for d, w, _ in windows]
         sums = [0.0] * len(requests)
         for (d, _), (ll, _) in zip(owners, self.score_rows(rows, owners), strict=True):
@@ -427,6 +432,7 @@ class PrefixLM(TemplateLM):
             ids, mask = self.hf.tok_batch_encode(
                 [context], left_truncate_len=self.max_length - max_gen, truncation=self.hf.truncation
             )
+            self.scored.add(r, ids[0][mask[0].bool()].tolist())  # one prompt: its mask holds no padding
             ids, mask = ids.to(self.device), mask.to(self.device)
             with torch.no_grad():
                 gen = self.model.generate(
@@ -443,10 +449,10 @@ class PrefixLM(TemplateLM):
         return out
 
 
-def rolling_rows(lm: Any, requests: list[Any]) -> list[tuple[int, int, Row]]:
+def rolling_rows(lm: Any, requests: list[Any], scored: ScoredTokens | None = None) -> list[tuple[int, int, Row]]:
     """(document, window, row) of every document of `requests` (lm-eval's loglikelihood_rolling requests): lm-eval's
     rolling windows (`get_rolling_token_windows`, `make_disjoint_window`, context length 1) over `lm`'s tokens, with
-    its prefix token and max length, each window a row."""
+    its prefix token and max length, each window a row; `scored` records each document's rows and targets."""
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
     out = []
@@ -457,7 +463,10 @@ def rolling_rows(lm: Any, requests: list[Any]) -> list[tuple[int, int, Row]]:
             max_seq_len=lm.max_length,
             context_len=1,
         )
-        out += [(d, w, row(*make_disjoint_window(window), lm.max_length)) for w, window in enumerate(windows)]
+        rows = [row(*make_disjoint_window(window), lm.max_length) for window in windows]
+        out += [(d, w, x) for w, x in enumerate(rows)]
+        if scored is not None:
+            scored.add(r, *(seq for x in rows for seq in (x.prefix + x.suffix, x.targets)))
     return out
 
 

@@ -20,7 +20,7 @@ from quantize.evaluate.engine import gguf_to_score
 from quantize.evaluate.samples import find_run, looks_like_samples, read_samples, run_identity, suite_items
 from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
 from quantize.evaluate.suite import OpenSuite, load_suite, open_suite
-from quantize.gates.gate import check_rules, comparable_settings, decide
+from quantize.gates.gate import check_rules, comparable_settings, decide, tokens_note
 from quantize.gates.policy import AccuracyRule, AgreementRule, Policy, load_policy
 from quantize.gates.render import is_gate_junit, render_junit
 from quantize.golden.manifest import item_id
@@ -88,7 +88,9 @@ def comparison_notes(
     tokenizations mean nothing) unless the policy allows it (`allow_different_tokenizer: true`). Where a side is
     a GGUF (scored in llama.cpp), every item's tokens are compared before anything is scored
     (evaluate/tokens.py): one difference is exit 2, whatever the policy. Returns the notes and whether the two
-    sides' tokens were compared (then their engines may differ: gate.check_provenance)."""
+    sides' tokens were compared (then their engines may differ: gate.check_provenance). A side that is a score file
+    or lm-eval's samples has no tokenizer to read: the items' recorded token hashes are compared once the scores are
+    in (gates/gate.check_provenance, `files_tokens_note`)."""
     if not (is_checkpoint(baseline) and is_checkpoint(candidate)):
         return [], False
 
@@ -391,12 +393,14 @@ def _gate(
                 )
         with progress.stage("gate: decision"):
             v = decide(policy, base, cand, agreement, across_engines)
+        v.notes += files_tokens_note(paths, base, cand)  # in stages, run_sequential's
         cand_file = scores_sha256(suite, cand_path, cand_id, run) if cached else None
         if computed:
             store = functools.partial(_keep, suite, cand, agreement, (run, base_run))
     v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
-    scored = "computed" if cand_file is None else "cache"
-    v.provenance.candidate_scores = scored if is_checkpoint(cand_path) else "file"
+    v.provenance.candidate_scores = (
+        ("computed" if cand_file is None else "cache") if is_checkpoint(cand_path) else "file"
+    )
     if v.provenance.candidate_scores == "cache":
         v.notes.append(
             "the candidate's scores were read from the score cache (--trust-cached-candidate), not computed in this "
@@ -404,6 +408,15 @@ def _gate(
         )
     v.notes += notes + samples_notes(policy, base_path, cand_path, v)
     return v, store
+
+
+def files_tokens_note(paths: tuple[Path, Path], base: ScoreDoc, cand: ScoreDoc | None) -> list[str]:
+    """Where a side is a score file or lm-eval's samples (no tokenizer the gate could read), what the verdict says
+    of the items' tokens: compared by their recorded hashes (gates/gate.check_provenance refused a difference), or
+    not compared, and why."""
+    if cand is None or all(is_checkpoint(p) for p in paths):
+        return []
+    return [tokens_note(base, cand)]
 
 
 def samples_notes(policy: Policy, base_path: Path, cand_path: Path, v: Verdict) -> list[str]:
@@ -520,6 +533,7 @@ def run_sequential(
     v = verdict_of(policy, base, candidate, results, record)
     if cand is not None and base.provenance.samples is not None:  # each look checked the prompts (check_provenance)
         v.notes.append(prompts_note(base, cand, same_prompts(base, cand)))
+    v.notes += files_tokens_note(paths, base, cand)
     return v
 
 

@@ -109,23 +109,43 @@ def comparable_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in settings.items() if k not in SUITE_SETTINGS_IGNORED}
 
 
-def check_provenance(base: ScoreDoc, cand: ScoreDoc, across_engines: bool = False) -> int | None:
+def check_provenance(
+    base: ScoreDoc, cand: ScoreDoc, across_engines: bool = False, allow_different_tokenizer: bool = False
+) -> int | None:
     """Two score documents may be compared: every MUST_MATCH field and suite setting alike (ENGINE_FIELDS
-    excepted `across_engines`: the caller checked both sides' tokens of every item). A side read from lm-eval's
-    samples (`provenance.samples`: another engine's numbers, quantize/evaluate/samples.py) may differ in
-    ENGINE_FIELDS too, but only after `same_prompts` found every item both sides scored on one prompt: that check
-    runs here first, and only its pass relaxes the fields. A side scored in llama.cpp (dtype `gguf`) is compared
-    only where its tokens were (`across_engines`), or with itself. Returns the items it checked (None: it did not
-    run)."""
+    excepted `across_engines`: the caller checked both sides' tokens of every item). Where the caller did not, the
+    items' recorded token hashes are compared (`token_differences`): one item scored on other tokens is exit 2
+    naming the items, unless the policy allows different tokenizers (`allow_different_tokenizer`, never for a side
+    scored in llama.cpp); where every item both sides scored has one hash on both, a side scored in llama.cpp may
+    differ in ENGINE_FIELDS as after the caller's check. A side read from lm-eval's samples (`provenance.samples`:
+    another engine's numbers, quantize/evaluate/samples.py) may differ in ENGINE_FIELDS too, but only after
+    `same_prompts` found every item both sides scored on one prompt: that check runs here first, and only its pass
+    relaxes the fields. A side scored in llama.cpp (dtype `gguf`) is compared only where its tokens were (by the
+    caller or by their hashes), or with itself. Returns the items whose prompts it checked (None: it did not)."""
     pb, pc = base.provenance, cand.provenance
     checked = None
     one = pb.checkpoint.identity_sha256 == pc.checkpoint.identity_sha256
-    if not across_engines and LLAMACPP_DTYPE in (pb.dtype, pc.dtype) and not one:
+    llamacpp = LLAMACPP_DTYPE in (pb.dtype, pc.dtype)
+    if not across_engines and (diff := token_differences(base, cand)) is not None:
+        if diff and (llamacpp or not allow_different_tokenizer):
+            named = "; ".join(f"{t}: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}" for t, ids in diff.items())
+            allow = "" if llamacpp else ", or set `allow_different_tokenizer: true` in the policy"
+            raise UsageError(
+                f"the baseline {pb.checkpoint.path} and the candidate {pc.checkpoint.path} were scored on other tokens "
+                f"for {sum(map(len, diff.values()))} item(s) ({named}; their score records' token hashes differ: "
+                "another tokenizer, prefix token or context window), so a paired comparison would measure their "
+                "tokenizers, not their weights. Gate a candidate that keeps its baseline's tokenizer, scored with the "
+                f"same suite{allow}"
+            )
+        across_engines = llamacpp and not diff and not one  # one GGUF's two scorings: ENGINE_FIELDS alike
+    if not across_engines and llamacpp and not one:
         raise UsageError(
-            "a side scored in llama.cpp is paired with a score file or lm-eval samples, whose items' tokens cannot be "
-            "compared with its own (a GGUF tokenizes with its own vocabulary: one that adds a BOS token scores other "
-            "sequences on the same prompts). Pass both checkpoints (the GGUF and the folder or GGUF it is gated "
-            "against): the gate compares every item's tokens first"
+            "a side scored in llama.cpp is paired with a score file or lm-eval samples, and a side records no token "
+            "hashes (a file written before they were recorded, or computed by another engine), so their items' "
+            "tokens cannot be compared (a GGUF tokenizes with its own vocabulary: one that adds a BOS token scores "
+            "other sequences on the same prompts). Score such a file again with `quantize eval SUITE CHECKPOINT "
+            "--json --items`, or pass both checkpoints (the GGUF and the folder or GGUF it is gated against): the "
+            "gate compares every item's tokens first"
         )
     if not across_engines and (pb.samples is not None or pc.samples is not None):
         checked = same_prompts(base, cand)  # raises on one item scored on another prompt, or with none recorded
@@ -143,6 +163,49 @@ def check_provenance(base: ScoreDoc, cand: ScoreDoc, across_engines: bool = Fals
             "Score both with the same suite, golden set and lm-eval version."
         )
     return checked
+
+
+def token_differences(base: ScoreDoc, cand: ScoreDoc) -> dict[str, list[str]] | None:
+    """Per task both sides scored, the items both scored whose recorded token hashes (`tokens_sha256`: the token
+    ids the engine scored, quantize/evaluate/engine.ScoredTokens) differ, in id order; None where either side
+    records no hash for one of those items (a file written before hashes were recorded, lm-eval's samples, a
+    backend that records none): then nothing is compared."""
+    out = {}
+    for task in sorted(set(base.tasks) & set(cand.tasks)):
+        b = {i.id: i.tokens_sha256 for i in base.tasks[task].items}
+        c = {i.id: i.tokens_sha256 for i in cand.tasks[task].items}
+        both = sorted(set(b) & set(c))
+        if any(b[i] is None or c[i] is None for i in both):
+            return None
+        if other := [i for i in both if b[i] != c[i]]:
+            out[task] = other
+    return out
+
+
+def tokens_note(base: ScoreDoc, cand: ScoreDoc) -> str:
+    """What the verdict says of the tokens where a side is a score file (no checkpoint whose tokenizer the gate
+    could read): compared by their hashes, or not, and why."""
+    diff = token_differences(base, cand)
+    shared = set(base.tasks) & set(cand.tasks)
+    if diff is None:
+        lacking = [
+            name
+            for name, doc in (("baseline", base), ("candidate", cand))
+            if any(i.tokens_sha256 is None for t in doc.tasks.values() for i in t.items)
+        ]
+        return (
+            f"the {' and the '.join(lacking)} {'sides record' if len(lacking) > 1 else 'side records'} no token "
+            "hashes (a score file written before they were recorded, lm-eval's samples, or a backend that records "
+            "none): whether both sides scored the same tokens was not checked; score such a file again with "
+            "`quantize eval SUITE CHECKPOINT --json --items`"
+        )
+    n = sum(len({i.id for i in base.tasks[t].items} & {i.id for i in cand.tasks[t].items}) for t in shared)
+    if diff:
+        return (
+            f"baseline and candidate were scored on other tokens for {sum(map(len, diff.values()))} of {n} items "
+            "(their token hashes differ; allowed by the policy's `allow_different_tokenizer`)"
+        )
+    return f"both sides scored the same tokens on all {n} items they share (their score records' token hashes)"
 
 
 def same_prompts(base: ScoreDoc, cand: ScoreDoc) -> int:
@@ -449,7 +512,7 @@ def decide(
     policy: Policy, base: ScoreDoc, cand: ScoreDoc, agreement: AgreementResult | None, across_engines: bool = False
 ) -> Verdict:
     """The verdict of the policy's rules on two score documents (`across_engines`: check_provenance's)."""
-    checked = check_provenance(base, cand, across_engines)
+    checked = check_provenance(base, cand, across_engines, policy.allow_different_tokenizer)
     results = [rule_result(policy, i, base, cand, agreement) for i in range(len(policy.rules))]
     v = verdict_of(policy, base, side(cand), results)
     if checked is not None:

@@ -253,8 +253,11 @@ def run(
     k = 0
     for k in range(len(seq.looks)):
         cand = score({t: plans[t].draws[k] for t in open_tasks(policy, decided)})
-        if k == 0:  # the sample covers the rules' tasks: their versions must match (a full score file has more)
-            check_provenance(_only(base, cand.tasks), _only(cand, cand.tasks), across_engines)
+        # the sample covers the rules' tasks: their versions must match (a full score file has more), and each
+        # look's new items their baseline's tokens
+        check_provenance(
+            _only(base, cand.tasks), _only(cand, cand.tasks), across_engines, policy.allow_different_tokenizer
+        )
         step(policy, base, cand, look(plans, k, bounds), k == len(seq.looks) - 1, decided, latest)
         if settled(policy, decided):
             break

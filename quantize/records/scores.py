@@ -74,6 +74,9 @@ class _Item(Strict):
     # for each filter pipeline but the "none" one (quantize/kinds.py, item_metrics)
     metrics: dict[str, float] = Field(default_factory=dict)
     prompt_sha256: str | None = None  # lm-eval's hash of the item's (first) prompt: both sides must have the same
+    # the hash of the token ids our engine scored (quantize/evaluate/engine.ScoredTokens); None where the file
+    # predates it (before 2026-12-07), or lm-eval's HFLM, vLLM or samples computed the item
+    tokens_sha256: str | None = None
 
     _ll = field_validator("ll")(log_probability)
 
@@ -118,6 +121,7 @@ class GenerationItem(Strict):
     response: str  # the response after the task's filters, cut at 200 characters
     metrics: dict[str, float] = Field(default_factory=dict)  # as _Item's: exact_match@strict-match, ...
     prompt_sha256: str | None = None
+    tokens_sha256: str | None = None  # as _Item's
 
     _right = field_validator("score")(right_or_wrong)
 

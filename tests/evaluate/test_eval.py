@@ -333,6 +333,9 @@ def test_staged_scoring_matches_full_scoring_and_scores_each_item_once(setup, ti
     assert [i.id for i in second.tasks["core_facts"].items] == order["core_facts"][:9]
     for i in second.tasks["core_facts"].items:
         assert i.score == ref[i.id].score and i.ll == pytest.approx(ref[i.id].ll, abs=1e-4)
+        assert i.tokens_sha256 == ref[i.id].tokens_sha256 is not None  # an item's tokens, whatever else a stage holds
+    prose = {i.id: i.tokens_sha256 for i in full.tasks["core_prose"].items}
+    assert [i.tokens_sha256 for i in first.tasks["core_prose"].items] == [prose[i] for i in order["core_prose"][:2]]
 
 
 def test_staged_agreement_matches_the_full_agreement_and_scores_each_item_once(setup, tiny_model, tmp_path):
@@ -500,3 +503,37 @@ def test_a_suite_dtype_or_seed_torch_or_numpy_refuse_is_exit_2_before_any_load(
     assert main(["eval", str(suite), str(tiny_model)]) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+def test_each_item_records_the_hash_of_the_tokens_it_scored(setup, tiny_model, tmp_path):
+    """An item's `tokens_sha256` is the hash of the rows its engine scored: lm-eval's requests as the cross-engine
+    check tokenizes them (evaluate/tokens.py, HFLM's tokenization on a meta-device model), each cut into its row.
+    A copy of the checkpoint whose tokenizer maps two words to each other's ids (a score file cannot show its
+    tokenizer) moves the hashes of exactly the items that hold either word, and of no other."""
+    import shutil
+
+    from quantize.evaluate import tokens
+    from quantize.evaluate.engine import tokens_sha256
+    from quantize.evaluate.lm import row
+
+    _, suite_path, _, _ = setup
+    suite = open_suite(suite_path)
+    doc, _ = score(suite, tiny_model)
+    (window, _), given = tokens.item_tokens(suite, tokens.encoder_of(suite, tiny_model))
+    facts = {i.id: i.tokens_sha256 for i in doc.tasks["core_facts"].items}
+    for item, parts in given["core_facts"].items():
+        rows = [row(parts[k], parts[k + 1], window) for k in range(0, len(parts), 2)]
+        assert facts[item] == tokens_sha256([(r.prefix + r.suffix, r.targets) for r in rows])
+    assert all(i.tokens_sha256 for t in doc.tasks.values() for i in t.items)
+    other = tmp_path / "swapped"
+    shutil.copytree(tiny_model, other)
+    spec = json.loads((other / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    vocab["the"], vocab["of"] = vocab["of"], vocab["the"]
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    theirs, _ = score(suite, other)
+    moved = tokens.differences(given, tokens.item_tokens(suite, tokens.encoder_of(suite, other))[1])
+    assert moved  # the words are common
+    for task, t in doc.tasks.items():
+        mine = {i.id: i.tokens_sha256 for i in theirs.tasks[task].items}
+        assert sorted(i.id for i in t.items if i.tokens_sha256 != mine[i.id]) == moved.get(task, [])

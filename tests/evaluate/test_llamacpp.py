@@ -419,6 +419,26 @@ def test_the_token_check_passes_the_same_vocabulary_and_names_a_difference(
         tokens.check_same_tokens(suite, default_folder, llama_gguf)
 
 
+def test_both_engines_record_one_hash_for_one_items_tokens(llama_gguf, default_folder, golden, tmp_path):
+    """The default model's folder (transformers, our scorer) and its GGUF (llama.cpp) tokenize every item alike (the
+    check above): the token hashes their score records carry agree item by item, so a score file of either side
+    pairs with the other (gates/gate.check_provenance), where before a GGUF's score file paired with nothing else."""
+    from quantize.checkpoint.loader import LastModel
+    from quantize.evaluate.samples import suite_items
+    from quantize.evaluate.score import Staged
+
+    suite = open_suite(
+        suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", extra="tasks: [core_facts, core_prose]\n")
+    )
+    order = {t: list(suite_items(suite, t)) for t in suite.tasks}
+    asked = {"core_facts": order["core_facts"][:6], "core_prose": order["core_prose"][:1]}
+    hashes = []
+    for ckpt in (default_folder, llama_gguf):
+        doc = Staged(suite, ckpt, order, LastModel()).score(asked)
+        hashes.append({(t, i.id): i.tokens_sha256 for t, ts in doc.tasks.items() for i in ts.items})
+    assert len(hashes[0]) == 7 and None not in hashes[0].values() and hashes[0] == hashes[1]
+
+
 def test_the_token_check_compares_the_prefix_token(llama_gguf, golden, tmp_path):
     """The token that predicts a rolling document's first token (BOS, else EOS) is part of what two sides must
     share: a copy of the tiny MoE whose header names another BOS, identical otherwise, passed the item-by-item check

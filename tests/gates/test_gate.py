@@ -496,3 +496,93 @@ def test_a_candidate_past_a_floats_perplexity_is_rejected_not_a_crash(policy):
     v = judge(policy, result(acc, prose), result(acc, [x * 1000 for x in prose], sha="b"), None)
     assert v.verdict == "rejected" and v.rules[1].verdict == "regression"
     assert "not finite" in (v.rules[1].non_finite or "")
+
+
+def hashed(doc: dict, differ: tuple[int, ...] = (), missing: bool = False) -> dict:
+    """`doc` (on the golden items) with every item's token hash as our engines record them, one text on both sides,
+    but for the facts items at positions `differ` (scored on other tokens); `missing`: no hashes at all (a file
+    written before they were recorded)."""
+    for task, t in doc["tasks"].items():
+        for n, i in enumerate(t["items"]):
+            other = task == "core_facts" and n in differ
+            i["tokens_sha256"] = None if missing else sha256_hex(f"{i['id']} {'other' if other else 'same'}")
+    return doc
+
+
+def sha256_hex(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def llamacpp_side(doc: dict) -> dict:
+    """`doc` as a GGUF's scores in llama.cpp record their provenance."""
+    doc["provenance"].update(backend="llamacpp", dtype="gguf", engine="llamacpp-2 llama-cpp-python 0.3.36 build x")
+    return doc
+
+
+def gate_files(tmp_path, capsys, base: dict, cand: dict, allow: bool = False) -> tuple[int, dict | None, str]:
+    """`quantize gate --json` on two score files of score_file_setup's suite (facts and prose judged): exit code,
+    the verdict (None on exit 2) and stderr."""
+    pol, _ = score_file_setup(tmp_path)
+    extra = "allow_different_tokenizer: true\n" if allow else ""
+    pol.write_text(extra + pol.read_text() + "  - {task: core_prose, metric: perplexity, max_ratio: 1.5}\n")
+    for name, doc in (("b.json", base), ("c.json", cand)):
+        (tmp_path / name).write_text(json.dumps(doc))
+    code = main(
+        ["gate", str(pol), "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json"), "--json"]
+    )
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, (json.loads(out) if code != 2 else None), err
+
+
+def token_sides(tmp_path, differ=(), base_missing=False, cand_missing=False) -> tuple[dict, dict]:
+    """A baseline and a candidate score file on score_file_setup's golden items, the same numbers, hashed."""
+    _, prov = score_file_setup(tmp_path)
+    acc, prose = baseline()
+    tasks = ("core_facts", "core_prose")
+    suite = tmp_path / "suite.yaml"
+    base = hashed(on_golden(result(acc, prose, tasks=tasks, prov=prov), suite), missing=base_missing)
+    cand = on_golden(result(acc, prose, sha="b", tasks=tasks, prov=prov), suite)
+    return base, hashed(cand, differ, missing=cand_missing)
+
+
+def test_score_files_scored_on_other_tokens_are_exit_2_naming_the_items(tmp_path, capsys):
+    """The issue's repro: a baseline's score file and a candidate whose tokenizer splits " the" otherwise (one merge
+    removed from tokenizer.json, the vocabulary unchanged) were paired, and the verdict measured the tokenizers
+    (prose perplexity ratio 1.79 on the default model's own weights). Each item records the hash of the tokens its
+    engine scored: a side without a checkpoint is compared by them."""
+    base, cand = token_sides(tmp_path, differ=(0, 5))
+    code, _, err = gate_files(tmp_path, capsys, base, cand)
+    ids = [i["id"] for i in cand["tasks"]["core_facts"]["items"]]
+    assert code == 2 and "scored on other tokens for 2 item(s)" in err
+    assert f"core_facts: {', '.join(sorted([ids[0], ids[5]]))}" in err and "allow_different_tokenizer" in err
+    code, v, _ = gate_files(tmp_path, capsys, base, cand, allow=True)  # the policy's consent, said in the verdict
+    assert code in (0, 1) and any("other tokens for 2 of" in n and "allowed by the policy" in n for n in v["notes"])
+    base, cand = token_sides(tmp_path)
+    code, v, _ = gate_files(tmp_path, capsys, base, cand)
+    n = len(base["tasks"]["core_facts"]["items"]) + len(base["tasks"]["core_prose"]["items"])
+    assert code == 0 and f"both sides scored the same tokens on all {n} items" in " ".join(v["notes"])
+
+
+def test_a_score_file_without_token_hashes_falls_back_and_says_so(tmp_path, capsys):
+    """A file written before hashes were recorded pairs as before, with a note saying the tokens were not compared;
+    a side scored in llama.cpp still pairs only where its tokens were compared."""
+    base, cand = token_sides(tmp_path, base_missing=True)
+    code, v, _ = gate_files(tmp_path, capsys, base, cand)
+    assert code == 0 and any("the baseline side records no token hashes" in n for n in v["notes"])
+    code, _, err = gate_files(tmp_path, capsys, llamacpp_side(base), cand)
+    assert code == 2 and "a side records no token hashes" in err
+
+
+def test_a_score_file_scored_in_llama_cpp_pairs_where_its_token_hashes_agree(tmp_path, capsys):
+    """A GGUF's score file was refused beside any other side but itself (its tokens could not be compared); its
+    items' token hashes compare them now, and then its engine fields may differ, as after the checkpoints' check.
+    One item scored on other tokens is exit 2 whatever the policy allows."""
+    base, cand = token_sides(tmp_path)
+    code, v, _ = gate_files(tmp_path, capsys, llamacpp_side(base), cand)
+    assert code == 0 and any("same tokens on all" in n for n in v["notes"])
+    base, cand = token_sides(tmp_path, differ=(3,))
+    code, _, err = gate_files(tmp_path, capsys, llamacpp_side(base), cand, allow=True)
+    assert code == 2 and "scored on other tokens for 1 item(s)" in err and "allow_different_tokenizer" not in err

@@ -374,3 +374,23 @@ def test_a_sample_of_another_task_version_is_refused(tmp_path):
     prov = cand.provenance.model_copy(update={"task_versions": {"t_acc": 2.0, "t_prose": 1.0}})
     with pytest.raises(UsageError, match="task_versions"):
         sq.run(policy, base, None, _from_file(cand.model_copy(update={"provenance": prov}), []))
+
+
+def test_each_looks_items_are_held_to_their_baselines_tokens(tmp_path):
+    """The token hashes of a baseline's score file are compared with every look's items, not the first look's alone:
+    an item drawn first at look 2 and scored on other tokens is exit 2 there."""
+    from quantize.errors import UsageError
+
+    policy = _policy(tmp_path)
+    base, cand = _docs()
+    for doc in (base, cand):
+        for t in doc.tasks.values():
+            for i in t.items:
+                i.tokens_sha256 = f"{i.id:0>64}"
+    draws = sq.plan(policy.sequential, base, sq.rule_tasks(policy), base.provenance.seed)["t_acc"].draws
+    late = sorted(set(draws[1]) - set(draws[0]))[0]
+    next(i for i in cand.tasks["t_acc"].items if i.id == late).tokens_sha256 = "f" * 64
+    asked: list = []
+    with pytest.raises(UsageError, match=f"scored on other tokens for 1 item.s. .t_acc: {late};"):
+        sq.run(policy, base, None, _from_file(cand, asked))
+    assert len(asked) == 2  # found at the look that drew it
