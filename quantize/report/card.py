@@ -132,7 +132,8 @@ def read_card(checkpoint: Path) -> tuple[dict[str, Any], str]:
     fix = "replace it with a regular file (a link is never followed), or remove it: the gate writes the card"
     raw = read_user_file(path, "the model card", MAX_CARD_BYTES, follow_links=False, hint=fix)
     # a byte-order mark (some editors write one) is not part of the text: the front matter starts after it
-    text = decode_text(raw, f"the model card {path}").removeprefix("\ufeff")
+    # CRLF lines are read as LF (the card is written with LF: a CRLF card kept a stray `\r` line: a review)
+    text = decode_text(raw, f"the model card {path}").removeprefix("\ufeff").replace("\r\n", "\n")
     m = REGEX_YAML_BLOCK.search(text)
     _check_markers(text if m is None else text[m.end() :], path)
     if m is None:

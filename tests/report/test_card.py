@@ -324,3 +324,14 @@ def test_a_card_saved_with_a_byte_order_mark_keeps_its_front_matter(tmp_path):
     (tmp_path / "README.md").write_bytes("\ufeff---\nlicense: mit\nbase_model: org/model\n---\n\n# Hi\n".encode())
     data, body = read_card(tmp_path)
     assert data == {"license": "mit", "base_model": "org/model"} and body.strip() == "# Hi"
+
+
+def test_a_card_with_crlf_lines_is_rewritten_without_a_stray_carriage_return(verdict, tiny_model, tmp_path):
+    """A README.md written with CRLF line ends kept a `\\r` line between its body and the verdict (a review)."""
+    cand = _candidate(tiny_model, tmp_path)
+    (cand / "README.md").write_bytes(b"---\r\nlicense: mit\r\n---\r\n\r\nMy model.\r\nLine two.\r\n")
+    (tmp_path / "v.json").write_text(json.dumps(verdict))
+    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
+    raw = (cand / "README.md").read_bytes()
+    assert b"\r" not in raw and b"My model.\nLine two.\n\n<!--" in raw, raw[:300]
+    assert ModelCard.load(cand / "README.md").data.license == "mit"
