@@ -32,7 +32,10 @@ A saved dataset's files are read the one safe way (quantize/io.py) before any li
 state.json and dataset_info.json as regular files of at most 16 MiB, strictly UTF-8 JSON of the shapes save_to_disk
 writes (each field that is not is named); every split folder and data file they name must lie inside the folder once
 links are followed; each data-*.arrow file is opened non-blocking, checked to be a regular file of at most 64 GiB
-with fstat on that descriptor, and memory-mapped from it (a FIFO there had hung `quantize run`).
+with fstat on that descriptor, and memory-mapped from it (a FIFO there had hung `quantize run`); its record batches
+are views of the mapping (a compressed one, which save_to_disk never writes, is refused unread: pyarrow would
+decompress it whole), and a batch is checked in full (offsets inside their data, UTF-8) when a row of it is first
+read. A parquet file's one column is decoded a batch at a time, at most MAX_FILE_BYTES decoded.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import math
 import os
 import random
 import statistics
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -70,6 +74,7 @@ BUILTIN = {
 HELD_OUT = "builtin:jargon-heldout"
 HELD_OUT_FILE = "jargon-heldout.jsonl"
 MAX_FILE_BYTES = 1 << 30  # a .txt/.jsonl/.parquet source is read whole; a saved dataset is memory-mapped instead
+PARQUET_BATCH_ROWS = 256  # a parquet column is decoded this many rows at a time, its decoded bytes counted
 TOO_BIG = "use a part of it, or save it with datasets' save_to_disk and give that folder (read memory-mapped)"
 KINDS = "a .txt, .jsonl or .parquet file, a folder saved by datasets' save_to_disk, or builtin:jargon"
 TEXT_TYPES = ("string", "large_string")
@@ -254,24 +259,62 @@ def _check_arrow(schema: Any, given: MixtureSource, where: str, what: str) -> tu
     return kind, column
 
 
-def _parquet(path: Path, given: MixtureSource, where: str) -> tuple[str, str, list[Any]]:
+def _parquet(path: Path, given: MixtureSource, where: str) -> tuple[str, str, int, Callable[[int], Any]]:
+    """A parquet file's one column, decoded a batch at a time within MAX_FILE_BYTES (the footer's sizes checked
+    first): a 564-byte file whose 800 rows repeat one dictionary value decoded to 1 GB, 2.8 GB of memory as Python
+    strings (a review). Rows stay Arrow values until the packing reads them; empty ones (null, '', []) are left out."""
+    import bisect
+
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     raw = read_user_file(path, where, MAX_FILE_BYTES, hint=TOO_BIG)
+    unreadable = (pa.ArrowException, OSError)
+
+    def refuse(e: BaseException) -> UsageError:
+        return UsageError(f"{where}: {path} is not a readable parquet file ({str(e)[:200]}); give a parquet file")
+
     try:
-        table = pq.ParquetFile(pa.BufferReader(raw)).read()  # not read_table: pyarrow.dataset imports pandas, 0.5 s
-        table.validate(full=True)  # strings UTF-8: to_pylist raised UnicodeDecodeError, exit 3 (a review)
-    except (pa.ArrowException, OSError) as e:
-        raise UsageError(
-            f"{where}: {path} is not a readable parquet file ({str(e)[:200]}); give a parquet file"
-        ) from None
-    kind, column = _check_arrow(table.schema, given, where, str(path))
-    values = table.column(column).to_pylist()
-    for n, value in enumerate(values):  # a null inside a typed conversation (a message, a role, a content)
-        if value:  # an empty row (null, '', []) is skipped
-            _check_value(value, kind, column, where, f"{path}, row {n}")
-    return kind, column, values
+        pf = pq.ParquetFile(pa.BufferReader(raw))  # not read_table: pyarrow.dataset imports pandas, 0.5 s
+        schema, meta = pf.schema_arrow, pf.metadata
+    except unreadable as e:
+        raise refuse(e) from None
+    kind, column = _check_arrow(schema, given, where, str(path))
+    too_big = (
+        f"{where}: {path}, column {column!r} decodes to more than {MAX_FILE_BYTES:,} bytes, the bound on a file "
+        f"source (the file is {len(raw):,} bytes); {TOO_BIG}"
+    )
+    leaves = [j for j in range(meta.num_columns) if meta.schema.column(j).path.split(".")[0] == column]
+    groups = range(meta.num_row_groups)
+    claimed = sum(meta.row_group(r).column(j).total_uncompressed_size for r in groups for j in leaves)
+    if claimed > MAX_FILE_BYTES:
+        raise UsageError(too_big)
+    chunks, keep, starts, decoded = [], [], [0], 0
+    try:
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[column], use_threads=False):
+            arr = batch.column(0)
+            if (decoded := decoded + arr.nbytes) > MAX_FILE_BYTES:
+                raise UsageError(too_big)
+            arr.validate(full=True)  # strings UTF-8: to_pylist raised UnicodeDecodeError, exit 3 (a review)
+            length = pc.binary_length(arr) if kind == "text" else pc.list_value_length(arr)
+            mask = pc.fill_null(pc.greater(length, 0), False).to_numpy(zero_copy_only=False)
+            keep.append(np.flatnonzero(mask) + starts[-1])
+            chunks.append(arr)
+            starts.append(starts[-1] + len(arr))
+    except unreadable as e:
+        raise refuse(e) from None
+    rows = np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64)
+
+    def value(i: int) -> Any:
+        k = bisect.bisect_right(starts, i) - 1
+        return chunks[k][i - starts[k]].as_py()
+
+    if kind == "chat":  # a null inside a typed conversation (a message, a role, a content), one row at a time
+        for i in rows:
+            _check_value(value(int(i)), kind, column, where, f"{path}, row {i}")
+    return kind, column, len(rows), lambda n: value(int(rows[n]))
 
 
 def _brief(value: Any) -> str:
@@ -387,9 +430,43 @@ def _split_folder(path: Path, given: MixtureSource, where: str) -> Path:
     return folder
 
 
-def _arrow_table(path: Path, where: str) -> Any:
-    """A data-*.arrow file (an Arrow IPC stream, as save_to_disk writes it), memory-mapped from the descriptor the
-    safe open checked (a regular file within ARROW_BYTES): no library opens the path itself."""
+def _ipc_compressed(metadata: Any) -> bool:
+    """Whether an IPC message's header (a RecordBatch, or a DictionaryBatch's) declares its body compressed. pyarrow
+    decompresses such a body whole into memory when it reads the batch and offers no way to ask before; the header
+    is a flatbuffer (Arrow's format/Message.fbs: Message field 2 is the header, RecordBatch field 3 `compression`,
+    DictionaryBatch field 1 its RecordBatch), which pyarrow has verified when it read the message."""
+    import struct
+
+    buf = memoryview(metadata).cast("B")
+
+    def table(at: int) -> int:  # the table an offset at `at` points to
+        return at + struct.unpack_from("<I", buf, at)[0]
+
+    def field(t: int, n: int) -> int:  # position of field n of the table at t, or 0 where absent
+        vtable = t - struct.unpack_from("<i", buf, t)[0]
+        size = struct.unpack_from("<H", buf, vtable)[0]
+        off = struct.unpack_from("<H", buf, vtable + 4 + 2 * n)[0] if 4 + 2 * n < size else 0
+        return t + off if off else 0
+
+    message = table(0)
+    kind, header = field(message, 1), field(message, 2)
+    if not kind or not header:
+        return False
+    batch = table(header)
+    if buf[kind] == 2:  # a DictionaryBatch: its RecordBatch `data`
+        if not (data := field(batch, 1)):
+            return False
+        batch = table(data)
+    return field(batch, 3) != 0
+
+
+def _arrow_batches(path: Path, where: str) -> tuple[Any, list[Any]]:
+    """A data-*.arrow file (an Arrow IPC stream, as save_to_disk writes it) as its schema and record batches,
+    memory-mapped from the descriptor the safe open checked (a regular file within ARROW_BYTES): no library opens
+    the path itself. Each batch is a zero-copy view of the mapping: a compressed body (which save_to_disk never
+    writes, and which pyarrow would decompress whole into memory: a 98 KB file took 1.1 GB) is refused before it is
+    read, so the bytes decoded are the file's own. Each batch's layout is checked (buffer sizes); its offsets and
+    text only when a row of it is read (`_saved_dataset`)."""
     import mmap
 
     import pyarrow as pa
@@ -401,21 +478,36 @@ def _arrow_table(path: Path, where: str) -> Any:
             mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except OSError as e:
             raise UsageError(f"{where}: saved dataset file {path} cannot be mapped ({e.strerror})") from None
+    batches = []
     try:
-        table = pa.ipc.open_stream(pa.py_buffer(mapped)).read_all()
-        table.validate()
-    except (pa.ArrowException, OSError, ValueError) as e:
+        reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(mapped))
+        schema = pa.ipc.read_schema(reader.read_next_message())
+        for message in reader:
+            if message.type != "record batch" or _ipc_compressed(message.metadata):
+                what = "a compressed record batch" if message.type == "record batch" else f"a {message.type} message"
+                break
+            batch = pa.ipc.read_record_batch(message, schema)
+            batch.validate()
+            batches.append(batch)
+        else:
+            what = None
+    except (pa.ArrowException, OSError, ValueError, IndexError, StopIteration, struct.error) as e:
         raise UsageError(
             f"{where}: saved dataset file {path} is not an Arrow stream as save_to_disk writes ({str(e)[:160]}); "
             f"{SAVE_AGAIN}"
         ) from None
-    return table
+    if what is not None:
+        raise UsageError(
+            f"{where}: saved dataset file {path} holds {what}, which save_to_disk does not write (its record batches "
+            f"are read memory-mapped, uncompressed: the bytes decoded are the file's own); {SAVE_AGAIN}"
+        )
+    return schema, batches
 
 
 def _saved_dataset(path: Path, given: MixtureSource, where: str) -> tuple[str, str, int, Callable[[int], Any]]:
     """A folder written by save_to_disk: a Dataset (state.json, dataset_info.json, data files) or a DatasetDict
     (dataset_dict.json and a folder per split), each file checked, then its data files memory-mapped (pyarrow)."""
-    import pyarrow as pa
+    import bisect
 
     fields = where.removesuffix(".source")
     one = any(os.path.lexists(path / name) for name in ("state.json", "dataset_info.json"))
@@ -428,28 +520,43 @@ def _saved_dataset(path: Path, given: MixtureSource, where: str) -> tuple[str, s
     if one and given.split is not None:
         raise UsageError(f"{fields}.split = {given.split!r}: {path} holds one Dataset, not splits; remove split")
     files = _data_files(path if one else _split_folder(path, given, where), where)
-    tables = [_arrow_table(f, where) for f in files]
-    schema = tables[0].schema
-    for f, t in zip(files[1:], tables[1:], strict=True):
-        if not t.schema.equals(schema):
+    read = [_arrow_batches(f, where) for f in files]
+    schema = read[0][0]
+    for f, (s, _) in zip(files[1:], read[1:], strict=True):
+        if not s.equals(schema):
             raise UsageError(
                 f"{where}: saved dataset file {f} holds other columns than {files[0].name} "
-                f"({t.schema.to_string(show_schema_metadata=False)[:200]}); {SAVE_AGAIN}"
+                f"({s.to_string(show_schema_metadata=False)[:200]}); {SAVE_AGAIN}"
             )
     kind, column = _check_arrow(schema, given, where, str(path))
-    col = pa.chunked_array([c for t in tables for c in t.column(column).chunks], type=schema.field(column).type)
+    index = schema.get_field_index(column)
+    chunks = [(f, b.column(index)) for f, (_, batches) in zip(files, read, strict=True) for b in batches]
+    starts = [0]
+    for _, c in chunks:
+        starts.append(starts[-1] + len(c))
+    checked: set[int] = set()
 
     def row(i: int) -> Any:
-        """Row i as Python: validate() checks the layout, not the strings' UTF-8, and a full check would read
-        every mapped byte; a row that does not decode is named here (it was exit 3, in a review)."""
-        try:
-            return col[i].as_py()
-        except UnicodeDecodeError:
-            raise UsageError(
-                f"{where}: saved dataset {path}, row {i} of column {column!r} is not UTF-8 text; {SAVE_AGAIN}"
-            ) from None
+        """Row i as Python. Its record batch is checked whole first, offsets and UTF-8 (`validate(full=True)`): its
+        layout alone was checked when the file was read, and offsets out of their data crashed the process (SIGSEGV,
+        a review's forged file) while text that does not decode was exit 3; each batch once, only those read."""
+        import pyarrow as pa
 
-    return kind, column, len(col), row
+        k = bisect.bisect_right(starts, i) - 1
+        f, chunk = chunks[k]
+        if k not in checked:
+            try:
+                chunk.validate(full=True)
+            except pa.ArrowException as e:
+                raise UsageError(
+                    f"{where}: saved dataset file {f}: column {column!r} of rows {starts[k]} to {starts[k + 1] - 1} "
+                    f"(one record batch; Arrow counts its slots from row {starts[k]}) is not valid Arrow data "
+                    f"({str(e)[:160]}); {SAVE_AGAIN}"
+                ) from None
+            checked.add(k)
+        return chunk[i - starts[k]].as_py()
+
+    return kind, column, starts[-1], row
 
 
 def _doc_to_text(template: Any, doc: dict[str, Any]) -> str:
@@ -527,9 +634,9 @@ def open_source(given: MixtureSource, where: str) -> Source:
         docs = [d for d in (d.strip() for d in text.split("\n\n")) if d]
         return Source(given, where, description, "text", None, len(docs), docs.__getitem__)
     if path.suffix == ".parquet":
-        kind, column, values = _parquet(path, given, where)
-    else:  # .jsonl, and the shipped text
-        kind, column, values = _jsonl(path, given, where)
+        kind, column, rows, row = _parquet(path, given, where)
+        return Source(given, where, description, kind, column, rows, row)
+    kind, column, values = _jsonl(path, given, where)  # .jsonl, and the shipped text
     values = [v for v in values if v]  # empty rows go before the shuffle, so the seed's order is over documents
     return Source(given, where, description, kind, column, len(values), values.__getitem__)
 
