@@ -722,9 +722,10 @@ def golden_freeze(  # one keyword per flag of `quantize golden freeze`
     pinned per item (`fewshot_seed`: lm-eval's own default when None)."""
     from quantize.golden.freeze import LM_EVAL_FEWSHOT_SEED, freeze
     from quantize.golden.version import check_new_version
+    from quantize.io import expand_user
     from quantize.quiet import quiet_libraries
 
-    include = Path(include_path).expanduser() if include_path else None
+    include = expand_user(include_path, "--include-path") if include_path else None
     shots = LM_EVAL_FEWSHOT_SEED if fewshot_seed is None else fewshot_seed
     check_new_version(Path(out))  # an existing version, or a name that is no path part: before lm-eval is imported
     with quiet_libraries(True):

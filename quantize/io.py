@@ -439,6 +439,20 @@ def decode_text(raw: bytes, origin: str) -> str:
         ) from None
 
 
+def expand_user(path: str | Path, field: str) -> Path:
+    """`path` with a leading ~ or ~USER made that home folder (Path.expanduser). One naming a user this machine
+    does not have (or ~ with no home folder known) is a UsageError naming `field`: expanduser's RuntimeError was
+    exit 3."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        head = str(path).split("/", 1)[0]
+        raise UsageError(
+            f"{field} = {str(path)!r}: {head} names no home folder on this machine (no such user, or no HOME); "
+            "give the path without ~, or ~/... for your own home folder"
+        ) from None
+
+
 def read_user_text(path: str | Path, what: str, max_bytes: int, *, follow_links: bool = True, hint: str = "") -> str:
     """`read_user_file`, then `decode_text`: the text of a file a user names, strictly decoded."""
     return decode_text(read_user_file(path, what, max_bytes, follow_links=follow_links, hint=hint), f"{what} {path}")

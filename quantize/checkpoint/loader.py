@@ -38,7 +38,7 @@ from quantize.checkpoint.files import (
 from quantize.checkpoint.headers import all_tensors
 from quantize.compat import transformers as transformers_compat
 from quantize.errors import UsageError
-from quantize.io import atomic_dir, sha256_bytes, sha256_file
+from quantize.io import atomic_dir, expand_user, sha256_bytes, sha256_file
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the GGUF was made from
@@ -161,7 +161,7 @@ def resolve_model(model: str | None) -> Path:
                 "or set `model:` in the recipe to a local checkpoint folder."
             )
         return path
-    path = Path(model).expanduser()
+    path = expand_user(model, "model")
     check_model_dir(path)
     return path
 

@@ -21,7 +21,9 @@ Documents are shuffled with the recipe's seed, tokenized, joined with EOS and cu
 `seq_len` tokens: X is (samples, seq_len) int64. A mixture packs floor(weight share × samples) rows from each
 source (the rows left go to the largest remainders), then shuffles the rows with the seed. The sha256 of X's
 bytes (int64, little-endian, row-major) identifies the data. `check_calibration` checks before a model loads: a
-missing path, a folder that is not a saved dataset, a split, task or column that does not exist, conversations
+missing path (or ~USER of no user), a folder that is not a saved dataset, a split, task or column that does not
+exist, a split on a file, a mixture source that gets no rows (before any source is read; one named twice is read
+once), a golden task's doc_to_text that raises, conversations
 that are not role/content lists or hold no content (JSONL line by line, parquet row by row; a saved dataset by its
 column's type), a chat source for a checkpoint without a chat template, mixture weights whose sum is not finite;
 then, with the checkpoint's tokenizer read from its files (`FileTokenizer`: no model, no torch), it packs every
@@ -40,6 +42,7 @@ read. A parquet file's one column is decoded a batch at a time, at most MAX_FILE
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -56,7 +59,7 @@ from typing import Any, Literal
 from quantize.convert.recipe import Calibration, MixtureSource
 from quantize.errors import UsageError
 from quantize.golden.manifest import read_items, verify
-from quantize.io import open_user_file, read_user_file, read_user_text, sha256_bytes, user_lines
+from quantize.io import expand_user, open_user_file, read_user_file, read_user_text, sha256_bytes, user_lines
 from quantize.records import CalibrationRecord, CalibrationSourceRecord, TokenSpread, VocabularyOverlap
 
 BUILTIN = {
@@ -135,7 +138,7 @@ def source_path(source: str, where: str = "calibration.source") -> tuple[Path, s
             )
         name, desc = BUILTIN[source]
         return Path(str(resources.files("quantize") / "data" / name)), desc
-    p = Path(source).expanduser()
+    p = expand_user(source, where)
     if p.is_dir() and (p / "MANIFEST.json").is_file():
         return p, f"golden set {p}"
     if p.is_dir():
@@ -559,6 +562,19 @@ def _saved_dataset(path: Path, given: MixtureSource, where: str) -> tuple[str, s
     return kind, column, starts[-1], row
 
 
+def _template_errors() -> tuple[type[BaseException], ...]:
+    """What a template raises on data it does not take: its own errors (a syntax error, `raise_exception`), a Python
+    error inside it (`question + 1`), or memory it cannot have (`'x' * 2**40`); a recursion is said apart."""
+    import jinja2
+
+    return (jinja2.TemplateError, TypeError, ValueError, LookupError, ArithmeticError, AttributeError, MemoryError)
+
+
+def _error(e: BaseException) -> str:
+    """An exception for a message: its type, and its text where it has one (a MemoryError has none)."""
+    return f"{type(e).__name__}: {str(e)[:200]}" if str(e) else type(e).__name__
+
+
 def _doc_to_text(template: Any, doc: dict[str, Any]) -> str:
     """lm-eval's doc_to_text of one item: the value of the field it names, else the Jinja template rendered
     (sandboxed, undefined names an error)."""
@@ -572,8 +588,8 @@ def _doc_to_text(template: Any, doc: dict[str, Any]) -> str:
 
 
 def _golden(path: Path, given: MixtureSource, where: str) -> tuple[int, Callable[[int], Any], str]:
-    """The items of one task of a golden-set version (verified against its manifest), as doc_to_text renders them."""
-    import jinja2
+    """The items of one task of a golden-set version (verified against its manifest), as doc_to_text renders them;
+    a doc_to_text that does not parse or raises on an item (a Jinja or Python error) is refused naming the item."""
     import yaml
 
     fields = where.removesuffix(".source")
@@ -601,10 +617,10 @@ def _golden(path: Path, given: MixtureSource, where: str) -> tuple[int, Callable
     for n, doc in enumerate(items):
         try:
             texts.append(_doc_to_text(template, doc))
-        except jinja2.TemplateError as e:
+        except (*_template_errors(), RecursionError) as e:
             raise UsageError(
-                f"{where}: item {n} of task {given.task} does not render through doc_to_text {template[:80]!r} "
-                f"({str(e)[:160]}); use another task"
+                f"{where}: item {n} of task {given.task} of {path} does not render through doc_to_text "
+                f"{template[:80]!r} ({_error(e)}); fix the task's doc_to_text, or use another task"
             ) from None
     texts = [t for t in texts if t]
     return len(texts), texts.__getitem__, f"golden set {path}, task {given.task} (doc_to_text)"
@@ -624,6 +640,12 @@ def open_source(given: MixtureSource, where: str) -> Source:
     if path.is_dir():
         kind, column, rows, row = _saved_dataset(path, given, where)
         return Source(given, where, description, kind, column, rows, row)
+    if given.split is not None:  # a setting that changes nothing is refused, not recorded
+        raise UsageError(
+            f"{where.removesuffix('.source')}.split = {given.split!r}: {given.source!r} is "
+            f"{'a built-in source' if given.source.startswith('builtin:') else 'a file'}, which has no splits; remove "
+            "split (it names a split of a DatasetDict folder saved by save_to_disk)"
+        )
     if path.suffix == ".txt" and not given.source.startswith("builtin:"):
         if given.text_field or given.messages_field:
             raise UsageError(
@@ -845,8 +867,8 @@ def check_calibration(cal: Calibration, model_dir: Path, tokenizer: FileTokenize
         golden_texts(cal.overlap_with, "calibration.overlap_with")
     model_dir = Path(model_dir)
     sources = []
-    for i, given in enumerate(cal.sources()):
-        src = open_source(given, _where(cal, i))
+    for src in _open_sources(cal):
+        given = src.given
         if src.rows == 0:
             raise UsageError(f"{src.where} = {given.source!r} holds no rows; give a source with text")
         if src.kind == "chat" and (chat_template(model_dir) if tokenizer is None else tokenizer.template) is None:
@@ -856,9 +878,24 @@ def check_calibration(cal: Calibration, model_dir: Path, tokenizer: FileTokenize
         _pack_sources(tokenizer, cal, sources, str(model_dir))
 
 
+def _open_sources(cal: Calibration) -> list[Source]:
+    """Each source of the calibration opened (`open_source`), a source a mixture names more than once (the same path
+    and fields) opened once and shared: 1,500 entries of one source were 1,500 copies of it (3.3 GB, 202 s)."""
+    opened: dict[tuple[Any, ...], Source] = {}
+    out = []
+    for i, given in enumerate(cal.sources()):
+        key = (given.source, given.text_field, given.messages_field, given.split, given.task)
+        if key not in opened:
+            opened[key] = open_source(given, _where(cal, i))
+        out.append(dataclasses.replace(opened[key], given=given, where=_where(cal, i)))
+    return out
+
+
 def _check_weights(cal: Calibration) -> None:
     """A mixture's weights are shares of their sum: each finite and above 0 (the schema's rule, for a Calibration
-    built without it), and the sum finite too (1e308 + 1e308 is infinity, and every share would be NaN)."""
+    built without it), and the sum finite too (1e308 + 1e308 is infinity, and every share would be NaN); and each
+    source gets a row of the samples (one that gets none is read, recorded and changes nothing), checked before any
+    source is opened."""
     weights = [s.weight for s in cal.sources()]
     for i, w in enumerate(weights):
         if not (math.isfinite(w) and w > 0):
@@ -867,6 +904,20 @@ def _check_weights(cal: Calibration) -> None:
         raise UsageError(
             f"calibration.mixture: the weights ({', '.join(f'{w:g}' for w in weights[:8])}) sum to "
             f"{sum(weights)}; a weight is a share relative to the others, so scale them down (e.g. 0.7 and 0.3)"
+        )
+    if cal.mixture is not None and 0 in (rows := shares(weights, cal.samples)):
+        i = rows.index(0)
+        if len(weights) > cal.samples:
+            raise UsageError(
+                f"calibration.mixture: {len(weights):,} sources for calibration.samples = {cal.samples} rows, and each "
+                f"source needs a row of its own (calibration.mixture.{i}, {cal.mixture[i].source!r}, would get none "
+                f"and change nothing); give samples of at least {len(weights):,}, or fewer sources"
+            )
+        raise UsageError(
+            f"calibration.mixture.{i}.weight = {weights[i]:g} gives {cal.mixture[i].source!r} 0 of the "
+            f"calibration.samples = {cal.samples} rows (each source's share of the rows, rounded down, the rows left "
+            "going to the largest remainders), so it would be read and recorded and change nothing; raise "
+            "calibration.samples or its weight, or remove it from the mixture"
         )
 
 
@@ -895,22 +946,21 @@ def _render(tokenizer: Any, src: Source, value: Any, i: int) -> tuple[list[int],
 
 def _chat_text(tokenizer: Any, src: Source, messages: list[dict[str, str]], i: int) -> str:
     """A conversation rendered through the chat template; a template that does not parse, or raises on it (its
-    `raise_exception`, or a Python error inside), is the checkpoint's to fix: a UsageError naming the row."""
-    import jinja2
-
+    `raise_exception`, a Python error inside, memory it cannot have), is the checkpoint's to fix: a UsageError naming
+    the row."""
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False)
-    except (jinja2.TemplateError, TypeError, ValueError, LookupError, ArithmeticError, AttributeError) as e:
-        raise UsageError(
-            f"{src.where} = {src.given.source!r}: the checkpoint's chat template does not render row {i} of column "
-            f"{src.column!r} (starting {json.dumps(messages[0])[:80]}): {type(e).__name__}: {str(e)[:200]}; fix the "
-            "template (chat_template.jinja, or tokenizer_config.json's chat_template), or read a text column with "
-            "text_field"
-        ) from None
     except RecursionError:
         raise UsageError(
             f"{src.where} = {src.given.source!r}: the checkpoint's chat template recurses without end on row {i} of "
             f"column {src.column!r}; fix the template"
+        ) from None
+    except _template_errors() as e:
+        raise UsageError(
+            f"{src.where} = {src.given.source!r}: the checkpoint's chat template does not render row {i} of column "
+            f"{src.column!r} (starting {json.dumps(messages[0])[:80]}): {_error(e)}; fix the "
+            "template (chat_template.jinja, or tokenizer_config.json's chat_template), or read a text column with "
+            "text_field"
         ) from None
 
 
@@ -981,7 +1031,8 @@ def pack_calibration(tokenizer: Any, cal: Calibration) -> tuple[Any, Calibration
     (a GGUF recipe's importance matrix is computed in llama.cpp from these rows)."""
     import numpy as np
 
-    sources = [open_source(g, _where(cal, i)) for i, g in enumerate(cal.sources())]
+    _check_weights(cal)
+    sources = _open_sources(cal)
     rows, packed, template_sha = _pack_sources(tokenizer, cal, sources, "the loaded tokenizer")
     mixed = cal.mixture is not None
     blocks = [

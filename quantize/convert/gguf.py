@@ -41,6 +41,7 @@ from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import check_model_dir
 from quantize.checkpoint.loader import find_gguf
 from quantize.errors import RuntimeFailure, UsageError
+from quantize.io import expand_user
 from quantize.machine import python_child
 from quantize.records import LayerPlanRecord, LeftAt16
 
@@ -98,7 +99,7 @@ def source_gguf(model: str | None) -> Path:
     if model is None:
         found = find_gguf()
     else:
-        path = Path(model).expanduser()
+        path = expand_user(model, "model")
         if not path.exists():
             raise UsageError(
                 f"model: {model} does not exist. A gguf recipe converts a GGUF in llama.cpp: set `model:` to a .gguf "

@@ -31,6 +31,7 @@ from quantize.convert.gguf import source_gguf
 from quantize.convert.recipe import FILE_METHODS, load_recipe
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, RuntimeFailure, UsageError
 from quantize.gates.render import headline
+from quantize.io import expand_user
 from quantize.quiet import quiet_libraries
 from quantize.records import JUNIT_FILE, VERDICT_FILE, RunRecord, TaskKind
 
@@ -108,7 +109,8 @@ def prepare_recipe(recipe_path: str, model: str | None, output: Path | None = No
         if recipe.model is None:
             same = resolve_model(None).resolve() == resolve_model(model).resolve()
         else:
-            same = model is not None and Path(recipe.model).expanduser().resolve() == Path(model).expanduser().resolve()
+            mine = expand_user(recipe.model, f"{recipe_path}: model")
+            same = model is not None and mine.resolve() == expand_user(model, "model").resolve()
         if not same:
             raise UsageError(
                 f"recipe {recipe_path} converts a GGUF (method {recipe.method.value}), and a sweep gates it against "

@@ -4,6 +4,7 @@ were exit 3. Each is exit 2 before any model loads, naming the field, the value 
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 from convert.test_calibration import FP8, no_model_load, refused
 from convert.test_engine import write_recipe
 
+from quantize.cli import main
 from quantize.convert import calibration
 from quantize.convert.calibration import read_documents
 
@@ -139,3 +141,118 @@ def test_a_parquet_sources_documents_are_its_non_empty_rows_in_order(tmp_path):
     ]
     pq.write_table(pa.table({"text": texts}), str(tmp_path / "t.parquet"), row_group_size=100)
     assert read_documents(str(tmp_path / "t.parquet")) == [t for t in texts if t]
+
+
+def golden_with(tmp_path: Path, doc_to_text: str) -> Path:
+    """golden/std/v1 with arc_easy's doc_to_text replaced, its manifest's hash of the task YAML made to match."""
+    import shutil
+
+    import yaml
+
+    from quantize.io import sha256_bytes
+
+    folder = tmp_path / "gold"
+    shutil.copytree(ROOT / "golden" / "std" / "v1", folder)
+    task = folder / "tasks" / "arc_easy.yaml"
+    cfg = yaml.safe_load(task.read_text())
+    task.write_text(yaml.safe_dump({**cfg, "doc_to_text": doc_to_text}))
+    manifest = json.loads((folder / "MANIFEST.json").read_text())
+    manifest["files"]["tasks/arc_easy.yaml"]["sha256"] = sha256_bytes(task.read_bytes())
+    (folder / "MANIFEST.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def test_a_doc_to_text_that_raises_a_python_error_is_exit_2(tmp_path, tiny_model, capsys, monkeypatch):
+    """Only Jinja's own errors were caught: `question + 1` (a TypeError) was exit 3, as a source and as overlap_with."""
+    no_model_load(monkeypatch)
+    gold = golden_with(tmp_path, "{{ question + 1 }}")
+    for fields, where in (
+        ({"source": str(gold), "task": "arc_easy"}, "calibration.source"),
+        ({"overlap_with": str(gold)}, "calibration.overlap_with"),
+    ):
+        err = refused(tmp_path, tiny_model, capsys, fields)
+        assert f"{where}: item 0 of task arc_easy of {gold} does not render through doc_to_text" in err, err
+        assert "TypeError: can only concatenate str" in err and "fix the task's doc_to_text" in err
+
+
+def test_a_chat_template_that_runs_out_of_memory_is_exit_2(tmp_path, tiny_model, capsys, monkeypatch):
+    """`'x' * 2**40` raises MemoryError, which was not caught: exit 3."""
+    from convert.test_calibration import chat_checkpoint
+
+    no_model_load(monkeypatch)
+    model = chat_checkpoint(tmp_path, tiny_model, "{{ 'x' * 2**40 }}")
+    err = refused(tmp_path, model, capsys, {"source": "builtin:jargon-chat"})
+    assert "calibration.source = 'builtin:jargon-chat': the checkpoint's chat template does not render row" in err
+    assert "MemoryError; fix the template" in err
+
+
+NO_USER = "~quantize-no-such-user-s42"
+
+
+def test_a_home_folder_of_no_user_is_exit_2_naming_the_field(tmp_path, tiny_model, capsys, monkeypatch):
+    """Path.expanduser raises RuntimeError for ~USER of no user: exit 3, for a source and for the model."""
+    from quantize.checkpoint.loader import resolve_model
+    from quantize.convert.gguf import source_gguf
+    from quantize.errors import UsageError
+
+    no_model_load(monkeypatch)
+    err = refused(tmp_path, tiny_model, capsys, {"source": f"{NO_USER}/x.jsonl"})
+    assert f"calibration.source = '{NO_USER}/x.jsonl': {NO_USER} names no home folder" in err, err
+    recipe = write_recipe(tmp_path, Path(f"{NO_USER}/m"), "nouser", **FP8)
+    assert main(["run", str(recipe), "--quiet"]) == 2
+    assert f"model = '{NO_USER}/m': {NO_USER} names no home folder" in capsys.readouterr().err
+    for resolve in (resolve_model, source_gguf):
+        with pytest.raises(UsageError, match=f"model = '{NO_USER}/m.gguf'"):
+            resolve(f"{NO_USER}/m.gguf")
+
+
+def test_split_on_a_file_or_builtin_source_is_exit_2(tmp_path, tiny_model, capsys, monkeypatch):
+    """`split` was accepted, did nothing and was recorded; only a DatasetDict folder has splits."""
+    no_model_load(monkeypatch)
+    (tmp_path / "t.jsonl").write_text('{"text": "the hacker wrote a program"}\n')
+    for source, what in (("builtin:jargon", "a built-in source"), (str(tmp_path / "t.jsonl"), "a file")):
+        err = refused(tmp_path, tiny_model, capsys, {"source": source, "split": "test"})
+        assert f"calibration.split = 'test': '{source}' is {what}, which has no splits; remove split" in err, err
+    mix = [{"source": "builtin:jargon", "weight": 1}, {"source": "builtin:jargon", "weight": 1, "split": "x"}]
+    err = refused(tmp_path, tiny_model, capsys, {"mixture": mix})
+    assert "calibration.mixture.1.split = 'x': 'builtin:jargon' is a built-in source" in err, err
+
+
+def test_a_mixture_source_that_gets_no_rows_is_exit_2(tmp_path, tiny_model, capsys, monkeypatch):
+    """A source whose share rounds to 0 rows was read and recorded (a chat template's sha and a 0.0% line) and
+    changed nothing; 1,500 entries for 1 row took 202 s and 3.3 GB before the load: refused before any is read."""
+    no_model_load(monkeypatch)
+    mix = [{"source": "builtin:jargon", "weight": 1}, {"source": "builtin:jargon-chat", "weight": 0.1}]
+    err = refused(tmp_path, tiny_model, capsys, {"mixture": mix, "samples": 4})
+    assert "calibration.mixture.1.weight = 0.1 gives 'builtin:jargon-chat' 0 of the calibration.samples = 4" in err
+    opened = []
+    monkeypatch.setattr(calibration, "open_source", lambda *a: opened.append(a) or pytest.fail("a source was read"))
+    many = [{"source": "builtin:jargon", "weight": 1} for _ in range(1500)]
+    recipe = write_recipe(tmp_path, tiny_model, "many", **FP8, calibration={"mixture": many, "samples": 1})
+    assert main(["run", str(recipe), "--quiet"]) == 2  # not `refused`: PyYAML takes 2 s to read 1,500 entries
+    err = capsys.readouterr().err
+    assert "calibration.mixture: 1,500 sources for calibration.samples = 1 rows" in err, err
+    assert "give samples of at least 1,500, or fewer sources" in err and not opened
+
+
+def test_a_source_a_mixture_names_twice_is_opened_once(tmp_path, tiny_model, monkeypatch):
+    """Each entry was opened and held on its own; the same path and fields now share one opening (the packing,
+    each entry's own seeded order and rows, is unchanged)."""
+    from transformers import AutoTokenizer
+
+    from quantize.convert.calibration import check_calibration, pack_calibration
+    from quantize.convert.recipe import Calibration
+
+    opened = []
+    real = calibration.open_source
+    monkeypatch.setattr(calibration, "open_source", lambda given, where: opened.append(where) or real(given, where))
+    (tmp_path / "t.jsonl").write_text('{"text": "the hacker wrote a program for the system and the user ran it"}\n' * 3)
+    mix = [{"source": "builtin:jargon", "weight": 1}] * 3 + [{"source": str(tmp_path / "t.jsonl"), "weight": 1}]
+    cal = Calibration(mixture=mix, samples=4, seq_len=16)
+    check_calibration(Calibration(mixture=mix[:3], samples=4, seq_len=16), tiny_model)
+    assert opened == ["calibration.mixture.0.source"]
+    opened.clear()
+    x, record = pack_calibration(AutoTokenizer.from_pretrained(str(tiny_model)), cal)
+    assert opened == ["calibration.mixture.0.source", "calibration.mixture.3.source"]
+    assert [s.samples for s in record.sources] == [1, 1, 1, 1] and x.shape == (4, 16)
+    assert len({tuple(row) for row in x.tolist()}) == 4  # each entry packed in an order of its own
