@@ -288,11 +288,12 @@ def sha256_named(named: Iterable[tuple[str, str]]) -> str:
 
 @contextmanager
 def open_user_file(
-    path: str | Path, what: str, max_bytes: int, *, follow_links: bool = True, hint: str = ""
+    path: str | Path, what: str, max_bytes: int, *, follow_links: bool = True, hint: str = "", too_big: str = ""
 ) -> Iterator[BinaryIO]:
     """A file a user (or a checkpoint) names, opened the one safe way (`read_user_file` says which); yields the open
     binary file for a reader that streams it (`UserLines`). Only the size on opening is checked here: a reader
-    that streams stops at `max_bytes` itself."""
+    that streams stops at `max_bytes` itself. `hint` ends every refusal, `too_big` only the one of a file too
+    large (what to do with a large file says nothing to one who named a FIFO)."""
     p = Path(path)
     tail = f"; {hint}" if hint else ""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow_links else os.O_NOFOLLOW)
@@ -317,20 +318,23 @@ def open_user_file(
             raise UsageError(f"{what} {p} is a folder, not a file{tail}")
         if not stat.S_ISREG(st.st_mode):
             raise UsageError(f"{what} {p} is not a regular file (a pipe, a device or a socket); give a file{tail}")
-        raise UsageError(f"{what} {p} is {st.st_size:,} bytes; at most {max_bytes:,} are read here{tail}")
+        big = f"; {too_big}" if too_big else ""
+        raise UsageError(f"{what} {p} is {st.st_size:,} bytes; at most {max_bytes:,} are read here{tail}{big}")
     with os.fdopen(fd, "rb", buffering=2**20) as fh:  # 1 MiB: a large JSONL is read by line twice as fast
         yield fh
 
 
-def read_user_file(path: str | Path, what: str, max_bytes: int, *, follow_links: bool = True, hint: str = "") -> bytes:
+def read_user_file(
+    path: str | Path, what: str, max_bytes: int, *, follow_links: bool = True, hint: str = "", too_big: str = ""
+) -> bytes:
     """The bytes of a file a user (or a checkpoint) names, read the one safe way: it must be a regular file (a
     FIFO, a device, a socket or a folder is refused without being read: reading a FIFO blocks, /dev/zero never
     ends), at most `max_bytes` long (checked on the open file before reading, and again while reading, so a file
     that grows is cut off), and with `follow_links=False` not a symbolic link itself (O_NOFOLLOW: a README linked to
     /proc/self/environ is refused, never read). The file is opened non-blocking and checked with fstat on the
     same descriptor, so nothing can be swapped in between the check and the read.
-    Every refusal is a UsageError naming `what`, the path and what to do (`hint`)."""
-    with open_user_file(path, what, max_bytes, follow_links=follow_links, hint=hint) as fh:
+    Every refusal is a UsageError naming `what`, the path and what to do (`hint`; `too_big` for a file too large)."""
+    with open_user_file(path, what, max_bytes, follow_links=follow_links, hint=hint, too_big=too_big) as fh:
         # the size it has, plus one byte to see it grew (a read of max_bytes would allocate max_bytes), then the rest
         parts = [fh.read(os.fstat(fh.fileno()).st_size + 1)]
         size = len(parts[0])
@@ -339,7 +343,7 @@ def read_user_file(path: str | Path, what: str, max_bytes: int, *, follow_links:
             size += len(more)
         raw = b"".join(parts)
     if len(raw) > max_bytes:
-        tail = f"; {hint}" if hint else ""
+        tail = "".join(f"; {h}" for h in (hint, too_big) if h)
         raise UsageError(f"{what} {path} is more than {max_bytes:,} bytes; at most {max_bytes:,} are read here{tail}")
     return raw
 
@@ -418,10 +422,17 @@ class UserLines:
 
 @contextmanager
 def user_lines(
-    path: str | Path, what: str, max_bytes: int, max_line: int, *, follow_links: bool = True, hint: str = ""
+    path: str | Path,
+    what: str,
+    max_bytes: int,
+    max_line: int,
+    *,
+    follow_links: bool = True,
+    hint: str = "",
+    too_big: str = "",
 ) -> Iterator[UserLines]:
     """`open_user_file`, read as `UserLines` (origin: `what` and the path)."""
-    with open_user_file(path, what, max_bytes, follow_links=follow_links, hint=hint) as fh:
+    with open_user_file(path, what, max_bytes, follow_links=follow_links, hint=hint, too_big=too_big) as fh:
         yield UserLines(fh, f"{what} {path}", max_bytes, max_line)
 
 
@@ -453,6 +464,9 @@ def expand_user(path: str | Path, field: str) -> Path:
         ) from None
 
 
-def read_user_text(path: str | Path, what: str, max_bytes: int, *, follow_links: bool = True, hint: str = "") -> str:
+def read_user_text(
+    path: str | Path, what: str, max_bytes: int, *, follow_links: bool = True, hint: str = "", too_big: str = ""
+) -> str:
     """`read_user_file`, then `decode_text`: the text of a file a user names, strictly decoded."""
-    return decode_text(read_user_file(path, what, max_bytes, follow_links=follow_links, hint=hint), f"{what} {path}")
+    raw = read_user_file(path, what, max_bytes, follow_links=follow_links, hint=hint, too_big=too_big)
+    return decode_text(raw, f"{what} {path}")

@@ -186,6 +186,11 @@ def _bad_messages(value: Any) -> str | None:
     return None
 
 
+def _empty(value: Any) -> bool:
+    """An empty row, skipped in every kind of table: null, '' or [] (a 0 or false is a value, of the wrong type)."""
+    return value is None or (isinstance(value, str | list) and not value)
+
+
 def _check_value(value: Any, kind: str, column: str, where: str, origin: str) -> None:
     if kind == "chat":
         if (why := _bad_messages(value)) is not None:
@@ -202,7 +207,7 @@ def _check_value(value: Any, kind: str, column: str, where: str, origin: str) ->
 
 def _jsonl(path: Path, given: MixtureSource, where: str) -> tuple[str, str, list[Any]]:
     objects = []
-    with user_lines(path, f"{where}: calibration source", MAX_FILE_BYTES, MAX_FILE_BYTES, hint=TOO_BIG) as lines:
+    with user_lines(path, f"{where}: calibration source", MAX_FILE_BYTES, MAX_FILE_BYTES, too_big=TOO_BIG) as lines:
         for n, raw in lines:  # strict UTF-8 line by line (quantize/io.py)
             line = lines.text(n, raw)
             if not line.strip():
@@ -228,7 +233,8 @@ def _jsonl(path: Path, given: MixtureSource, where: str) -> tuple[str, str, list
     for n, obj in objects:
         if column not in obj:
             raise UsageError(f"{where}: {path}:{n} has no {column!r} key; add it, or remove that line")
-        _check_value(obj[column], kind, column, where, f"{path}:{n}")
+        if not _empty(obj[column]):  # skipped, as a table's empty rows are
+            _check_value(obj[column], kind, column, where, f"{path}:{n}")
         values.append(obj[column])
     return kind, column, values
 
@@ -273,7 +279,7 @@ def _parquet(path: Path, given: MixtureSource, where: str) -> tuple[str, str, in
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    raw = read_user_file(path, where, MAX_FILE_BYTES, hint=TOO_BIG)
+    raw = read_user_file(path, where, MAX_FILE_BYTES, too_big=TOO_BIG)
     unreadable = (pa.ArrowException, OSError)
 
     def refuse(e: BaseException) -> UsageError:
@@ -652,14 +658,14 @@ def open_source(given: MixtureSource, where: str) -> Source:
                 f"{where} = {given.source!r} is a .txt file, read whole as blank-line separated documents: it has "
                 "no columns, so remove text_field/messages_field (or give a .jsonl or .parquet file)"
             )
-        text = read_user_text(path, where, MAX_FILE_BYTES, hint=TOO_BIG)
+        text = read_user_text(path, where, MAX_FILE_BYTES, too_big=TOO_BIG)
         docs = [d for d in (d.strip() for d in text.split("\n\n")) if d]
         return Source(given, where, description, "text", None, len(docs), docs.__getitem__)
     if path.suffix == ".parquet":
         kind, column, rows, row = _parquet(path, given, where)
         return Source(given, where, description, kind, column, rows, row)
     kind, column, values = _jsonl(path, given, where)  # .jsonl, and the shipped text
-    values = [v for v in values if v]  # empty rows go before the shuffle, so the seed's order is over documents
+    values = [v for v in values if not _empty(v)]  # empty rows go before the shuffle: the seed orders documents
     return Source(given, where, description, kind, column, len(values), values.__getitem__)
 
 

@@ -256,3 +256,37 @@ def test_a_source_a_mixture_names_twice_is_opened_once(tmp_path, tiny_model, mon
     assert opened == ["calibration.mixture.0.source", "calibration.mixture.3.source"]
     assert [s.samples for s in record.sources] == [1, 1, 1, 1] and x.shape == (4, 16)
     assert len({tuple(row) for row in x.tolist()}) == 4  # each entry packed in an order of its own
+
+
+def test_a_fifo_source_is_not_told_to_use_a_part_of_it(tmp_path, tiny_model, capsys, monkeypatch):
+    """The size hint ("use a part of it, or save it with save_to_disk") ended every refusal of a file source, a FIFO's
+    too; it ends only the refusal of a file too large now."""
+    no_model_load(monkeypatch)
+    for name in ("pipe.txt", "pipe.parquet", "pipe.jsonl"):
+        os.mkfifo(tmp_path / name)
+        err = refused(tmp_path, tiny_model, capsys, {"source": str(tmp_path / name)})
+        assert f"{tmp_path / name} is not a regular file (a pipe, a device or a socket); give a file" in err, err
+        assert "use a part of it" not in err
+    monkeypatch.setattr(calibration, "MAX_FILE_BYTES", 16)
+    (tmp_path / "big.txt").write_text("the hacker wrote a program\n")
+    err = refused(tmp_path, tiny_model, capsys, {"source": str(tmp_path / "big.txt")})
+    assert "big.txt is 27 bytes; at most 16 are read here; use a part of it, or save it" in err, err
+
+
+def test_an_empty_jsonl_row_is_skipped_as_a_tables_is(tmp_path):
+    """{"messages": []} was refused in JSONL while parquet and saved datasets skip an empty row; null, "" and [] are
+    now skipped in every kind of table (a row of the wrong type is still refused)."""
+    from quantize.convert.calibration import open_source
+    from quantize.convert.recipe import MixtureSource
+    from quantize.errors import UsageError
+
+    chat = [{"role": "user", "content": "the hacker"}]
+    rows = [{"messages": chat}, {"messages": []}, {"messages": None}, {"messages": chat}]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    src = open_source(MixtureSource(source=str(tmp_path / "c.jsonl"), weight=1), "calibration.source")
+    assert src.kind == "chat" and [src.row(i) for i in range(src.rows)] == [chat, chat]
+    (tmp_path / "t.jsonl").write_text('{"text": "a"}\n{"text": ""}\n{"text": null}\n{"text": "b"}\n')
+    assert read_documents(str(tmp_path / "t.jsonl")) == ["a", "b"]
+    (tmp_path / "n.jsonl").write_text('{"text": "a"}\n{"text": 0}\n')
+    with pytest.raises(UsageError, match="n.jsonl:2, column 'text' holds a int, not text"):
+        read_documents(str(tmp_path / "n.jsonl"))
