@@ -108,6 +108,7 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
 MXFP4 = "mxfp4 g32"  # transformers' MXFP4 experts: FP4 E2M1 values, an E8M0 scale per 32
 # Module names of an output layer that a config can tie to the input embeddings.
 LM_HEADS = ("lm_head", "embed_out", "output")
+UNTIED = "output layer untied:"  # how the note of an output layer a conversion untied begins (untied_head)
 # Payload tensors whose last (compressed-tensors, AWQ) or first (GPTQ) axis is packed: into int32 words (int
 # weights), or two FP4 E2M1 values a byte (uint8: compressed-tensors' nvfp4/mxfp4 pack-quantized). How
 # compressed-tensors packs, and which num_bits go into which words, is compat/compressed_tensors_packing's.
@@ -333,15 +334,20 @@ def module_bits(module: str, targets: list[tuple[str, int]]) -> int | None:
 
 
 def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:
-    for pattern, role in ROLE_RULES:
-        if pattern.search(name):
-            return role
+    """A tensor's role, by its name (ROLE_RULES, first match) and, for a `.weight`, its dtype and neighbours: an
+    8-bit weight stored beside its scale is a quantized linear's payload whatever its module (checked first: a
+    quantized lm_head, `ignore: []`, was role `lm_head`, its payload counted as an unquantized head's and its
+    parameters left out of the quantized linears')."""
     if name.endswith(".weight"):
         module = name[: -len(".weight")]
         if tensor.dtype in LOW_PRECISION_WEIGHT and (
             f"{module}.weight_scale" in names or f"{module}.weight_scale_inv" in names
         ):
             return "payload"  # int-quantized / float-quantized: the weight itself is the 8-bit payload
+    for pattern, role in ROLE_RULES:
+        if pattern.search(name):
+            return role
+    if name.endswith(".weight"):
         return "linear_kept" if len(tensor.shape) == 2 else "other"
     return "other"
 
@@ -597,6 +603,27 @@ def _tied_copy(cfg: dict[str, Any], modules: dict[str, ModuleRow], by_role: dict
     return tied_copy
 
 
+def untied_head(source: Path, report: BitsReport) -> tuple[int, str | None]:
+    """An output layer the conversion stored of its own where the source stores none (its config ties it to the
+    input embeddings, and the recipe quantized it: `ignore: []`; llm-compressor unties the pair to quantize the head,
+    and save_pretrained writes tie_word_embeddings false): its parameters, which the output holds and the source
+    did not, and the note saying so; (0, None) otherwise. Read from both folders' safetensors headers."""
+    stored = {_module_of(n) for n in all_tensors(safetensors_files(source))[0]}
+    heads = [m for m in report.modules if m.module.rsplit(".", 1)[-1] in LM_HEADS and m.module not in stored]
+    if not heads:
+        return 0, None
+    tied = read_config(Path(report.checkpoint), required=False).get("tie_word_embeddings")
+    params, nbytes = sum(m.parameters for m in heads), sum(m.bytes for m in heads)
+    return params, (
+        f"{UNTIED} the source stores no {heads[0].module} of its own (its config ties the output layer to the input "
+        f"embeddings) and the recipe quantizes it (not in `ignore`), so this checkpoint stores {heads[0].module} "
+        f"({nbytes:,} bytes, {params:,} parameters: a quantized copy of the embeddings) and its config.json has "
+        f"tie_word_embeddings {json.dumps(tied)}: bits per weight divide by its parameters too, the source's "
+        f"{report.parameters - params:,} plus these. Add "
+        f"'{heads[0].module}' to the recipe's `ignore` to keep the output layer tied"
+    )
+
+
 def _stored_shapes(files: list[Path], tensors: dict[str, TensorInfo]) -> dict[str, list[int]]:
     """Module -> the shape compressed-tensors' pack-quantized compressor stored beside its packed weight
     (`weight_shape`, int64, one value a dimension): the few bytes of tensor data the accounting reads. An empty or
@@ -667,7 +694,7 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         header_bytes_read=header_read,
         notes=notes,
         tied_copy_parameters=tied_copy,
-        gathered=gathered_tables(tables, by_role["lm_head"] > 0),
+        gathered=gathered_tables(tables, count.parts["lm_head"].bytes > 0),
         **_bits_fields(total, params, q_bytes, q_params),
         **_table_fields(by_role, modules, count.parts, count.experts),
     )

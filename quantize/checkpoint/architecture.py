@@ -99,6 +99,9 @@ PART_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"(^|\.)mixer(\.|$)", "mamba"),
         (r"(^|\.)(self_attn|attention|attn)(\.|$)", "attention"),
         (r"(^|\.)(mlp|feed_forward|ffn|block_sparse_moe)(\.|$)", "mlp"),
+        # the output layer's module (accounting.LM_HEADS): its tensors other than an unquantized weight (role
+        # lm_head) are part lm_head too, a quantized head's payload, scales and activation scales (`ignore: []`)
+        (r"(^|\.)(lm_head|embed_out|output)$", "lm_head"),
     ]
 ]
 TENSOR_ROLE_PARTS = {"embedding": "embedding", "lm_head": "lm_head", "norm": "norm"}

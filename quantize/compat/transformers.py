@@ -43,6 +43,14 @@
   return_tensors=False)["config"]` (no tensor read), for the architectures `integrations.ggml.GGUF_CONFIG_MAPPING`
   maps; `gguf_config` (the cost of a GGUF whose KV cache only the family's config class can lay out).
 
+- The names `save_pretrained` writes a model's tensors under: `core_model_loading.revert_weight_conversion(model,
+  state_dict)` reverses the model's conversion mapping (the one it was loaded with, `model._weight_conversions`,
+  else `conversion_mapping.get_model_conversion_mapping(model, add_legacy=False)` less its `PrefixChange`s), each
+  transform's `reverse_transform()`, in reverse order, and renames every key with `rename_source_key(key,
+  renamings, converters, reverse=True)`. `saved_names` runs that renaming alone (no tensor, no converter): the
+  stored name of a module transformers renames on load (Nemotron-H's `model.` stored `backbone.`, Kimi-Linear's
+  `self_attn.forget_gate.f_a_proj` stored `self_attn.f_a_proj`); `problems()` checks it on Mixtral (SAVED_READ).
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
 
@@ -110,7 +118,44 @@ def problems() -> list[str]:
     ]
     found += _gguf_problems() + _conversion_problems() + _patch_problems() + _config_problems()
     found += config_name_problems(sorted(config_names.ATTRIBUTE_MAPS)) + sliding_switch_problems()
-    return found + mtp_pattern_problems()
+    return found + mtp_pattern_problems() + _saved_name_problems()
+
+
+# a Mixtral module's name in memory and as save_pretrained writes it on 5.17 (its `.block_sparse_moe.` renaming)
+SAVED_READ = ("model.layers.0.mlp.gate.weight", "model.layers.0.block_sparse_moe.gate.weight")
+
+
+def _saved_name_problems() -> list[str]:
+    """What no longer holds of `saved_names`' reading: the functions gone, or Mixtral's gate saved otherwise."""
+    import torch
+    from transformers import AutoModelForCausalLM, MixtralConfig
+
+    tiny = dict(hidden_size=16, intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, vocab_size=32)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(MixtralConfig(num_hidden_layers=1, num_local_experts=2, **tiny))
+        got = saved_names(model, [SAVED_READ[0]])[SAVED_READ[0]]
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        return [f"the renaming save_pretrained applies to tensor names is not as read ({type(e).__name__}: {e})"]
+    if got != SAVED_READ[1]:
+        return [f"save_pretrained writes Mixtral's {SAVED_READ[0]} as {got}, read as {SAVED_READ[1]}"]
+    return []
+
+
+def saved_names(model: Any, names: list[str]) -> dict[str, str]:
+    """Each of `names` (tensor names of `model`, a transformers model, as it holds them) as save_pretrained writes
+    it: the renamings of the model's conversion mapping reversed, as `revert_weight_conversion` applies them (the
+    module docstring); a name no renaming touches is itself."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange, WeightRenaming, rename_source_key
+
+    conversions = getattr(model, "_weight_conversions", None)
+    if conversions is None:
+        mapping = get_model_conversion_mapping(model, add_legacy=False)
+        conversions = [c for c in mapping if not isinstance(c, PrefixChange)]
+    reverse = [c.reverse_transform() for c in conversions[::-1]]
+    renamings = [c for c in reverse if isinstance(c, WeightRenaming)]
+    return {n: rename_source_key(n, renamings, [], reverse=True)[0] for n in names}
 
 
 # what `_decode_special_floats` was read to do on 5.17: a tagged float back to the float, through dicts and lists

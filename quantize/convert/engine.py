@@ -424,8 +424,15 @@ def _written(
             made.plan.renamed,
         )
         layer_plan.not_converted = not_converted(made.model_dir, tmp)
-    # bits per weight are per parameter of the source the checkpoint holds: its MTP layers, not converted, are not
-    held = prov.source_params - sum(g.parameters for g in layer_plan.not_converted) if prov.source_params else None
+    # bits per weight are per parameter of the source the checkpoint holds: its MTP layers, not converted, are not;
+    # an output layer the conversion untied from the embeddings to quantize it is (the checkpoint's own, as inspect)
+    untied, note = accounting.untied_head(made.model_dir, report)
+    held = (
+        prov.source_params - sum(g.parameters for g in layer_plan.not_converted) + untied
+        if prov.source_params
+        else None
+    )
+    report.notes += [note] if note else []
     meta = RunRecord(
         created=made.started.isoformat(timespec="seconds"),
         recipe=recipe_ref(recipe, made.recipe_sha256, made.recipe_path),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from quantize.checkpoint.accounting import UNTIED
 from quantize.checkpoint.render import mib
 from quantize.records import CalibrationRecord, GGUFConversion, LayerPlanRecord, MemoryPlanRecord, RunRecord
 
@@ -20,6 +21,7 @@ def run_text(name: str, out: Path, meta: RunRecord) -> str:
             f"{len(plan.kept_16bit)} kept at 16 bits",
             f"  wall time {meta.time_seconds['total']:.1f} s, peak memory {mib(meta.memory.peak_rss_bytes)}",
             *left_lines(plan),
+            *(f"  note: {n}" for n in b.notes if n.startswith(UNTIED)),
             *not_converted_lines(plan),
             *routing_lines(plan),
             *([plan_line(meta.memory_plan)] if meta.memory_plan else []),

@@ -5,6 +5,7 @@ each converts, or is refused before anything loads for a reason of the format, t
 
 from __future__ import annotations
 
+import math
 import re
 from importlib.metadata import version
 from pathlib import Path
@@ -19,6 +20,7 @@ from quantize.checkpoint.files import safetensors_files
 from quantize.checkpoint.headers import all_tensors
 from quantize.cli import main
 from quantize.convert.plan import NOT_LINEAR, ROUTER_REASON
+from quantize.convert.render import run_text
 from quantize.records import RunRecord
 
 from conftest import ROOT
@@ -38,11 +40,16 @@ def source(tmp_path_factory):
     return get
 
 
-def run(tmp_path: Path, source: Path, recipe: str, capsys) -> tuple[int, str, Path]:
-    """`quantize run` of the shipped recipe pointed at `source`: exit code, stderr, output folder."""
+DROP = object()  # a `run` change that removes the field
+
+
+def run(tmp_path: Path, source: Path, recipe: str, capsys, **changes) -> tuple[int, str, Path]:
+    """`quantize run` of the shipped recipe pointed at `source` (with `changes` to its fields, DROP removing one): exit
+    code, stderr, output folder."""
     data = yaml.safe_load((ROOT / "recipes" / f"{recipe}.yaml").read_text())
     out = tmp_path / recipe
     path = tmp_path / f"{recipe}.yaml"
+    data = {k: v for k, v in (data | changes).items() if v is not DROP}
     path.write_text(yaml.safe_dump(data | {"model": str(source), "output": str(out)}))
     code = main(["run", str(path), "--quiet"])
     return code, capsys.readouterr().err, out
@@ -54,6 +61,19 @@ def stored_at_16(out: Path) -> dict[str, str]:
     found, _ = all_tensors(safetensors_files(out))
     names = set(found)
     return {name: role_of(name, t, names) for name, t in found.items() if t.dtype in ("BF16", "F16", "F32")}
+
+
+def unmatched_quantized(out: Path) -> list[str]:
+    """The modules the checkpoint stores quantized (a weight_scale beside them) that no config-group target of its
+    config.json names by their stored name, as compressed-tensors matches a name (compat's copy of its rule)."""
+    from quantize.checkpoint.files import read_config
+    from quantize.compat.compressed_tensors_targets import first_target
+
+    groups = read_config(out)["quantization_config"]["config_groups"].values()
+    targets = [t for g in groups for t in g["targets"]]
+    found, _ = all_tensors(safetensors_files(out))
+    quantized = {n.removesuffix(".weight_scale") for n in found if n.endswith(".weight_scale")}
+    return sorted(m for m in quantized if first_target(m, targets) is None)
 
 
 def left(meta: RunRecord) -> dict[str, str]:
@@ -110,6 +130,9 @@ def test_kimi_linear_converts_and_reads_back_its_merged_convolutions(tmp_path, s
 
     code, err, out = run(tmp_path, source("kimi_linear"), "fp8-e4m3", capsys)
     assert code == 0, err
+    # every quantized module is named by a config group under the name the file stores it by (vLLM's and inspect's
+    # reading; transformers' self_attn.forget_gate.f_a_proj is stored self_attn.f_a_proj)
+    assert not unmatched_quantized(out)
     ours, _ = load_model(out, False)
     theirs = AutoModelForCausalLM.from_pretrained(str(source("kimi_linear")))
     for i in (0, 2):  # the KDA layers (families.MIXED)
@@ -268,3 +291,61 @@ def test_gemma_4_static_scales_are_calibrated_for_its_per_layer_projection(tmp_p
     assert weight.abs().max() <= 448 and (weight.abs() < 448).float().mean() > 0.5  # not saturated wholesale
     code, err, _ = run(tmp_path, source("gemma4_text"), "nvfp4", capsys)
     assert code == 0, err
+
+
+def test_an_override_on_a_renamed_family_is_read_back_by_inspect(tmp_path, source, capsys):
+    """Nemotron-H stores its decoder as `backbone.*`, which transformers renames `model.*` on load; the config groups
+    named the modules by the model's names only, so with an override's second bit width `quantize inspect` could
+    not tell which group a stored tensor was in: "cannot unpack ... bit widths [4, 8]", parameters unknown, part
+    mamba at 499.885 bits a weight. The targets now match both names: inspect counts each packed weight as the
+    source's shape, at its group's width."""
+    src = source("nemotron_h")
+    overrides = [{"targets": [r"re:.*mixer\.(in|out)_proj$"], "scheme": "W8A16"}]
+    rtn = dict(method="rtn", calibration=None, act_order=DROP, dampening_frac=DROP)  # data-free: seconds, not a minute
+    code, err, out = run(tmp_path, src, "gptq-w4a16-g128", capsys, overrides=overrides, **rtn)
+    assert code == 0, err
+    report = bits_report(out)
+    assert not [n for n in report.notes if "cannot unpack" in n], report.notes
+    assert not unmatched_quantized(out)
+    # the count from the headers: each packed weight holds its source weight's parameters
+    stored, _ = all_tensors(safetensors_files(src))
+    packed = [n.removesuffix("_packed") for n in all_tensors(safetensors_files(out))[0] if n.endswith(".weight_packed")]
+    expected = sum(math.prod(stored[n].shape) for n in packed)
+    assert report.quantized_linear_parameters == expected
+    assert report.parameters == sum(math.prod(t.shape) for t in stored.values())
+    widths = {m.module: m.format.split()[0] for m in report.modules if m.format.startswith("int")}
+    assert widths["backbone.layers.0.mixer.in_proj"] == "int8" and widths["backbone.layers.1.mixer.q_proj"] == "int4"
+    meta = records.read(RunRecord, out / "quantize.json")
+    assert meta.bits.quantized_linear_parameters == expected  # the run's summary figure, too
+
+
+def test_a_quantized_output_layer_is_counted_and_its_untie_said(tmp_path, source, capsys):
+    """Gemma 4 ties its output layer to the embeddings; with `ignore: []` the conversion quantizes lm_head, which
+    llm-compressor unties (config.json: tie_word_embeddings false). inspect counted the head as an unquantized one
+    ("lm head 8.000 bits, of which scales 0"), its scale in part `other`, its parameters out of the quantized
+    linears'; quantize.json divided by the source's parameters and inspect by the checkpoint's (9.044 against
+    8.656); and nothing said the output was untied. Now the head's payload and scales are counted as any quantized
+    linear's, both figures agree, and the run says it untied the head."""
+    from quantize.checkpoint.accounting import UNTIED  # here: the old code has none, and the other tests run on it
+
+    src = source("gemma4_text")
+    code, err, out = run(tmp_path, src, "fp8-e4m3", capsys, ignore=[])
+    assert code == 0, err
+    found, _ = all_tensors(safetensors_files(out))
+    report = bits_report(out)
+    head = {n: t for n, t in found.items() if n.startswith("lm_head.")}
+    assert set(head) == {"lm_head.weight", "lm_head.weight_scale"}
+    part = report.bytes_by_part["lm_head"]
+    assert part["bytes"] == sum(t.nbytes for t in head.values())
+    assert part["parameters"] == math.prod(head["lm_head.weight"].shape)
+    assert part["metadata_bytes"] == head["lm_head.weight_scale"].nbytes
+    assert "other" not in report.bytes_by_part or report.bytes_by_part["other"]["metadata_bytes"] == 0
+    fp8 = [n for n, t in found.items() if t.dtype == "F8_E4M3" and n.endswith(".weight")]
+    assert "lm_head.weight" in fp8
+    assert report.quantized_linear_parameters == sum(math.prod(found[n].shape) for n in fp8)
+    meta = records.read(RunRecord, out / "quantize.json")
+    assert meta.bits.bits_per_weight == report.bits_per_weight
+    assert meta.bits.source_parameters == report.parameters
+    assert meta.bits.quantized_linear_parameters == report.quantized_linear_parameters
+    assert any(n.startswith(UNTIED) for n in meta.bits.notes), meta.bits.notes
+    assert UNTIED in run_text("fp8-e4m3", out, meta)  # the run's summary says it

@@ -23,6 +23,7 @@ from quantize.compat.llmcompressor import (
     model_free_ptq_pt,
     weights_observed,
 )
+from quantize.compat.transformers import saved_names
 from quantize.convert.backends.base import CalibrationDtype, Job
 from quantize.convert.backends.llmcompressor.kvcache import check_kv_cache
 from quantize.convert.backends.llmcompressor.mappings import check_mappings
@@ -149,7 +150,8 @@ class LLMCompressorBackend:
         """save_pretrained, compressed; an MoE's per-expert layers then renamed to the names its family's
         checkpoints use where llm-compressor's differ (Mixtral's w1/w3/w2: plan.expert_checkpoint_names), so
         transformers 5 merges them into its fused experts on reload, and their `re:` targets written to match the
-        module by both its names (transformers' `.mlp.`, the checkpoint's and vLLM's `.block_sparse_moe.`). A shard
+        module by both its names (transformers' `.mlp.`, the checkpoint's and vLLM's `.block_sparse_moe.`); every
+        other target naming a module transformers renames on load, too (_targets_by_both_names). A shard
         of the source's MTP module that llm-compressor's save adds beside a single model.safetensors is made one
         layout with it (_single_file_indexed)."""
         from llmcompressor.modeling.moe.linearize import get_linearized_moes, repack_moe
@@ -160,6 +162,7 @@ class LLMCompressorBackend:
         _single_file_indexed(folder)
         if names := expert_checkpoint_names(model.config.model_type):
             _rename_experts(folder, names, renamings(model.config.model_type))
+        _targets_by_both_names(folder, model)
 
     def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
         """A data-free recipe shard by shard: `model_free_ptq` with the same config groups (the layer plan's
@@ -260,16 +263,62 @@ def _rename_experts(folder: Path, names: dict[str, str], renamed: list[tuple[str
     (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
+def _targets_by_both_names(folder: Path, model: Any) -> None:
+    """config.json's config-group targets that name one module (a name, or llm-compressor's `re:^name$` for an
+    expert) whose stored name differs from the model's (compat.transformers.saved_names: Nemotron-H's `model.`
+    stored `backbone.`, Kimi-Linear's `self_attn.forget_gate.f_a_proj` stored `self_attn.f_a_proj`) rewritten as
+    `re:^(?:model's|stored)$`: transformers matches targets against the modules of the model it builds (its
+    compressed-tensors quantizer: apply_quantization_config over named_modules), vLLM against the checkpoint's names
+    (mapped by the model's own hf_to_vllm_mapper), and `quantize inspect` reads the stored names. Written by the
+    model's names alone, the group of a stored tensor was unknown to inspect (an override's second bit width: "cannot
+    unpack"), and Kimi-Linear's forget-gate projections matched no target in vLLM. The ignore list is left as
+    compressed-tensors writes it (the checkpoint's names)."""
+    import re
+
+    cfg = read_config(folder)
+    groups = list(((cfg.get("quantization_config") or {}).get("config_groups") or {}).values())
+    named = {t: n for g in groups for t in g.get("targets") or [] if (n := _one_module(t)) is not None}
+    saved = saved_names(model, [f"{n}.weight" for n in named.values()])
+    changed = False
+    for g in groups:
+        targets = []
+        for t in g.get("targets") or []:
+            n = named.get(t)
+            stored = saved[f"{n}.weight"].removesuffix(".weight") if n is not None else n
+            if n is not None and stored != n:
+                t, changed = f"re:^(?:{re.escape(n)}|{re.escape(stored)})$", True
+            targets.append(t)
+        g["targets"] = targets
+    if changed:
+        (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def _one_module(target: str) -> str | None:
+    """The module a target names alone: itself (a name, or a class name, which no renaming touches), or the name a
+    `re:^...$` pattern matches literally (llm-compressor's per-expert targets); None for any other pattern."""
+    import re
+
+    if not target.startswith("re:"):
+        return target
+    body = target.removeprefix("re:^").removesuffix("$")
+    if not (target.startswith("re:^") and target.endswith("$")):
+        return None
+    name = re.sub(r"\\(.)", r"\1", body)
+    return name if re.escape(name) == body else None
+
+
 def both_names(target: str, renamed: list[tuple[str, str]]) -> str:
     """A `re:` target that matches its module by the model's name and by the checkpoint's: each renamed part
-    (checkpoint, model) becomes an alternation of the two. Other targets are returned as they are."""
+    (checkpoint, model) becomes an alternation of the two, the checkpoint's as the regex transformers matches stored
+    names with (Kimi-Linear's `\\.block_sparse_moe\\.`; escaped again, it matched a stored backslash, so no target
+    named Kimi-Linear's stored experts). Other targets are returned as they are."""
     import re
 
     if not target.startswith("re:"):
         return target
     for stored, model in renamed:
-        mine, theirs = re.escape(model), re.escape(stored)
-        target = target.replace(mine, f"(?:{mine}|{theirs})")
+        mine = re.escape(model)
+        target = target.replace(mine, f"(?:{mine}|{stored})")
     return target
 
 
