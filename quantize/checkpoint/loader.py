@@ -346,6 +346,8 @@ def load_model(
         from_accelerate(model)
     if dtype not in (None, "auto") and offload_dir is None:
         _dense_in(model, dtype)
+    elif offload_dir is None and _dequantized(path):
+        _dense_in(model, model.config.dtype, only=_DECOMPRESSED)  # "auto": the dtype transformers built the model in
     if on is not None:
         model = model.to(on)
     model.eval()
@@ -394,16 +396,23 @@ def _dequantized(path: Path) -> dict[str, Any]:
     return {"quantization_config": CompressedTensorsConfig(dequantize=True)}
 
 
-def _dense_in(model: Any, dtype: Any) -> None:
+_DECOMPRESSED = "bfloat16"  # the dtype compressed-tensors decompresses FP4 weights into, whatever the model's
+
+
+def _dense_in(model: Any, dtype: Any, only: str | None = None) -> None:
     """Dense weights and biases in the dtype asked for. compressed-tensors decompresses an FP4 checkpoint
     (NVFP4, MXFP4) into bf16 whatever dtype the model was loaded in, and a float32 activation then meets a bf16
     weight in F.linear ("expected m1 and m2 to have the same dtype"); quantization parameters (scales, 8-bit
-    payloads) keep their own dtypes."""
+    payloads) keep their own dtypes. `only`: cast only the weights in that dtype (a load with dtype "auto" of a
+    float32 or float16 model: the decompressed FP4 weights, while a module the model class keeps in float32 stays
+    as transformers built it)."""
     import torch
 
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype  # "float32", as from_pretrained takes it
+    only_dtype = getattr(torch, only) if only is not None else None
     for name, p in model.named_parameters():
-        if name.endswith((".weight", ".bias")) and p.is_floating_point() and p.element_size() >= 2 and p.dtype != dtype:
+        dense = name.endswith((".weight", ".bias")) and p.is_floating_point() and p.element_size() >= 2
+        if dense and p.dtype != dtype and only_dtype in (None, p.dtype):
             p.data = p.data.to(dtype)
 
 

@@ -9,10 +9,12 @@ from importlib import metadata
 from pathlib import Path
 
 from quantize import cache
-from quantize.checkpoint.files import read_config, safetensors_files, write_config
+from quantize.checkpoint.files import SAFE_INDEX, read_config, read_json_object, safetensors_files, write_config
+from quantize.checkpoint.headers import all_tensors, read_header
 from quantize.checkpoint.loader import device
 from quantize.convert.backends import calibration_default
 from quantize.convert.recipe import Recipe
+from quantize.errors import UsageError
 
 # Float tensors that stay float32 whatever the model's dtype (compressed-tensors' global scales).
 KEEP_FP32 = (".weight_global_scale", ".input_global_scale")
@@ -110,9 +112,86 @@ def suggestion(src: str) -> str | None:
     )
 
 
+# safetensors' names of the floating dtypes a model is built in (transformers' get_state_dict_dtype passes over
+# float8 and float4 tensors), as torch names them
+FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
 def source_dtype(model_dir: Path) -> str:
+    """The dtype transformers' `from_pretrained(dtype="auto")` builds the model in, and so the dtype the in-memory
+    path loads, quantizes and saves every floating tensor in (but the modules the model class keeps in float32,
+    its `_keep_in_fp32_modules_strict`): config.json's `dtype` (or the older `torch_dtype`), else the shard index's
+    metadata `dtype`, else the dtype of the first floating tensor (float8 and float4 passed over) of the first
+    weight file, names in sorted order, else float32 (modeling_utils._get_dtype and get_state_dict_dtype in
+    transformers 5.17; tests/convert/test_dtypes.py holds them to a load). Read from config.json and the headers."""
     cfg = read_config(model_dir)
-    return str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+    if named := cfg.get("dtype") or cfg.get("torch_dtype"):
+        return str(named)
+    files = sorted(safetensors_files(model_dir), key=lambda f: f.name)
+    index = model_dir / SAFE_INDEX
+    if model_dir.is_dir() and index.is_file():
+        metadata = read_json_object(index, "fix or remove the shard index").get("metadata")
+        if isinstance(metadata, dict) and metadata.get("dtype") in FLOATS.values():
+            return str(metadata["dtype"])
+    found, _, _ = read_header(files[0])
+    return next((FLOATS[found[n].dtype] for n in sorted(found) if found[n].dtype in FLOATS), "float32")
+
+
+def stored_dtypes(model_dir: Path) -> dict[str, list[str]]:
+    """The checkpoint's floating tensors (16 bits and up) by the dtype they are stored in, read from its headers:
+    {"bfloat16": [names, sorted], ...}."""
+    found, _ = all_tensors(safetensors_files(model_dir))
+    by: dict[str, list[str]] = {}
+    for name in sorted(found):
+        if (dtype := FLOATS.get(found[name].dtype)) is not None:
+            by.setdefault(dtype, []).append(name)
+    return by
+
+
+def check_narrowing(model_dir: Path, recipe_dtype: str | None) -> None:
+    """Refuse, before anything loads, a run that would cast a stored bfloat16 or float32 tensor to float16, where a
+    value beyond ±65504 becomes inf with no error: a model whose own dtype (`source_dtype`: config.json's, else the
+    first tensor's) is float16 while some tensor is stored wider (transformers casts it on load, the in-memory path
+    saves it so, and the output's config.json says float16 on both paths), or a recipe's `dtype: float16` for such a
+    checkpoint. Decided from config.json and the headers only, never by reading values: a checkpoint whose values
+    would fit is refused too, and its fix is as cheap (say the dtype it is stored in)."""
+    src = source_dtype(model_dir)
+    if "float16" not in (src, recipe_dtype):
+        return
+    wider = {d: names for d, names in stored_dtypes(model_dir).items() if d in ("bfloat16", "float32", "float64")}
+    if not wider:
+        return
+    dtype, names = max(wider.items(), key=lambda kv: len(kv[1]))
+    count = sum(len(n) for n in wider.values())
+    stored = f"{count} of its floating tensors are stored in {' and '.join(sorted(wider))} (e.g. {names[0]}, {dtype})"
+    if recipe_dtype == "float16" and src != "float16":
+        raise UsageError(
+            f"dtype: float16 in the recipe, and model {model_dir} is {src}: {stored}. Loading casts them to float16, "
+            "where a value beyond ±65504 becomes inf with no error. Remove `dtype:` from the recipe (the checkpoint's "
+            f"own {src}), or set it to bfloat16 or float32"
+        )
+    cfg = read_config(model_dir)
+    said = "config.json's `dtype`" if cfg.get("dtype") or cfg.get("torch_dtype") else "its first floating tensor"
+    raise UsageError(
+        f'model {model_dir}: its dtype is float16 ({said}, as transformers\' from_pretrained(dtype="auto") picks it), '
+        f"but {stored}. Loading casts them to float16, where a value beyond ±65504 becomes inf with no error, and "
+        f'the output would say float16 on either path. Set config.json\'s "dtype" to the dtype the weights are '
+        f"stored in ({dtype}), or store them in float16 yourself if their values fit"
+    )
+
+
+def written_dtype(folder: Path) -> str:
+    """What a written checkpoint stores its floating tensors of 16 bits and up in, read from its headers (the
+    record's `saved_dtype`): the dtype of most of them, then any other with its count and an example, as
+    "bfloat16 (float32: 3 tensors, e.g. model.layers.1.mlp.gate.e_score_correction_bias)". Compressed-tensors'
+    float32 global scales (KEEP_FP32), float32 in every FP4 checkpoint, are left out."""
+    kept = {d: [n for n in names if not n.endswith(KEEP_FP32)] for d, names in stored_dtypes(folder).items()}
+    by = {d: names for d, names in kept.items() if names}
+    if not by:
+        return "none"
+    order = sorted(by, key=lambda d: (-len(by[d]), d))
+    others = [f"{d}: {len(by[d])} tensor{'s' if len(by[d]) > 1 else ''}, e.g. {by[d][0]}" for d in order[1:]]
+    return f"{order[0]} ({'; '.join(others)})" if others else order[0]
 
 
 def cast_saved_floats(folder: Path, dtype: str) -> None:

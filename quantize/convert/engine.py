@@ -54,7 +54,7 @@ from quantize.convert.checks import (
     streamed_finite_check,
     structure_check,
 )
-from quantize.convert.dtypes import calibration_dtype, cast_saved_floats, source_dtype
+from quantize.convert.dtypes import calibration_dtype, cast_saved_floats, check_narrowing, source_dtype, written_dtype
 from quantize.convert.plan import LayerPlan, plan_layers
 from quantize.convert.provenance import Phases, library_versions, memory_record, peak_rss_bytes
 from quantize.convert.recipe import Method, Recipe, resolved_dict
@@ -96,6 +96,7 @@ def preflight(recipe: Recipe, out: Path, force: bool) -> Path:
     model_dir = backend.source(recipe) if converts_files(type(backend)) else resolve_model(recipe.model)
     if not converts_files(type(backend)):
         check_unquantized(model_dir)
+        check_narrowing(model_dir, recipe.dtype)  # a cast to float16 that would overflow, refused from the headers
     # the longest name written beside it, `.NAME.offload-PID`: a 250-byte name failed with "File name too long"
     # when its temporary folder was made, after the conversion (a review)
     if (longest := len(f".{out.name}.offload-{2**22}".encode())) > NAME_MAX:
@@ -315,7 +316,7 @@ def _convert(  # noqa: PLR0913 (convert's inputs, the plan and where it offloads
             tmp,
             phases,
             Made(recipe, recipe_sha256, recipe_path, model_dir, started, plan, seed, mplan),
-            Provenance(source_hash, source_params, save_dtype, ran, work_dtype, dtype_reason),
+            Provenance(source_hash, source_params, ran, work_dtype, dtype_reason),
             calib.record if calib else None,
             finite,
         )
@@ -343,7 +344,6 @@ def _convert_streamed(
     with phases("plan"):
         plan = plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe, backend.linearizes_experts)
         prepared = backend.prepare(recipe, plan)
-        save_dtype = source_dtype(model_dir)
         source_hash = weights_sha256(model_dir)
         source_params = accounting.parameter_count(model_dir)
         held = identity_sha256(model_dir)  # before the stream: check_identity holds the output to it
@@ -369,7 +369,7 @@ def _convert_streamed(
             tmp,
             phases,
             Made(recipe, recipe_sha256, recipe_path, model_dir, started, plan, seed, mplan),
-            Provenance(source_hash, source_params, save_dtype, ran, "auto", reason),
+            Provenance(source_hash, source_params, ran, "auto", reason),
             None,
             finite,
         )
@@ -391,12 +391,11 @@ class Made(NamedTuple):
 
 
 class Provenance(NamedTuple):
-    """What the run found and did: the source's weights hash and parameters, the dtype saved, what ran, and the
-    calibration dtype with its reason."""
+    """What the run found and did: the source's weights hash and parameters, what ran, and the calibration dtype
+    with its reason (the dtype saved is read from the output's headers: dtypes.written_dtype)."""
 
     source_hash: str | None
     source_params: int | None
-    save_dtype: str
     ran: str
     work_dtype: str
     dtype_reason: str
@@ -449,7 +448,7 @@ def _written(
             backend=recipe.backend,
             modifiers=prov.ran,
             calibration_dtype=prov.work_dtype,
-            saved_dtype=prov.save_dtype,
+            saved_dtype=written_dtype(tmp),
             calibration_dtype_reason=prov.dtype_reason,
         ),
         versions=library_versions(),
