@@ -158,12 +158,13 @@ def check_narrowing(model_dir: Path, recipe_dtype: str | None) -> None:
     src = source_dtype(model_dir)
     if "float16" not in (src, recipe_dtype):
         return
-    wider = {d: names for d, names in stored_dtypes(model_dir).items() if d in ("bfloat16", "float32", "float64")}
+    every = stored_dtypes(model_dir)
+    wider = {d: names for d, names in every.items() if d in ("bfloat16", "float32", "float64")}
     if not wider:
         return
     dtype, names = max(wider.items(), key=lambda kv: len(kv[1]))
-    count = sum(len(n) for n in wider.values())
-    stored = f"{count} of its floating tensors are stored in {' and '.join(sorted(wider))} (e.g. {names[0]}, {dtype})"
+    count, total = sum(len(n) for n in wider.values()), sum(len(n) for n in every.values())
+    stored = f"{count} of its {total} floating tensors are stored in {' and '.join(sorted(wider))} (e.g. {names[0]})"
     if recipe_dtype == "float16" and src != "float16":
         raise UsageError(
             f"dtype: float16 in the recipe, and model {model_dir} is {src}: {stored}. Loading casts them to float16, "
