@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from quantize.compat.transformers import conversions, quantized_per_expert
+from quantize.compat.transformers import Conversion, conversions, quantized_per_expert
 
 # llm-compressor's per-expert layers, by the fused tensor transformers 5 merges them into on load
 _FUSED = {".experts.gate_up_proj": ("gate_proj", "up_proj"), ".experts.down_proj": ("down_proj",)}
@@ -31,6 +31,8 @@ def expert_checkpoint_names(model_type: str) -> dict[str, str]:
     merges per-expert tensors with on load: the names a saved per-expert checkpoint must use to reload."""
     names: dict[str, str] = {}
     for conv in conversions(model_type):
+        if not _merges_per_expert(conv):
+            continue
         for target in conv.targets:
             for fused, projs in _FUSED.items():
                 if target.endswith(fused) and len(conv.sources) == len(projs):
@@ -58,12 +60,20 @@ def checkpoint_name(name: str, names: dict[str, str]) -> str:
 
 def per_expert_loader(model_type: str) -> bool:
     """Whether transformers 5 reads a per-expert compressed-tensors checkpoint of this family: its conversion
-    mapping merges per-expert tensors into the fused experts (Qwen, OLMoE, DeepSeek, Mixtral), or its quantizer
-    swaps the fused experts for per-expert layers before the load (Llama 4: compat.transformers.
-    quantized_per_expert); not gpt-oss, whose checkpoints are fused."""
-    if any(t.endswith(fused) for conv in conversions(model_type) for t in conv.targets for fused in _FUSED):
+    mapping merges per-expert tensors (`experts.*.gate_proj.weight`, Mixtral's `experts.*.w1.weight`) into the
+    fused experts (Qwen, OLMoE, DeepSeek, Mixtral, Nemotron-H), or its quantizer swaps the fused experts for
+    per-expert layers before the load (Llama 4: compat.transformers.quantized_per_expert); not gpt-oss, whose
+    checkpoints are fused, nor Granite 4, whose mapping only renames its stored fused tensors
+    (`block_sparse_moe.input_linear.weight` to `experts.gate_up_proj`): a renaming whose target is the fused
+    experts reads no per-expert tensor."""
+    if any(_merges_per_expert(conv) for conv in conversions(model_type)):
         return True
     return quantized_per_expert(model_type)
+
+
+def _merges_per_expert(conv: Conversion) -> bool:
+    """Whether a conversion merges per-expert tensors (every source an `experts.*.<proj>.weight` pattern) into one."""
+    return not conv.renaming and bool(conv.sources) and all(_PER_EXPERT_SOURCE.search(s) for s in conv.sources)
 
 
 class ModelNames:
