@@ -2,7 +2,8 @@
 
 transformers 5 builds an MoE's experts as fused 3-D tensors, and reads a compressed-tensors checkpoint's
 per-expert tensors into them only for a few formats (integrations.compressed_tensors.DecompressExperts, 5.17: FP8
-with per-channel or per-tensor scales, packed integer weights with scales), with one scheme for all experts and
+with per-channel or per-tensor scales, MXFP4 and symmetric packed integer weights; not NVFP4's global scale nor a
+zero point: transformers_reading), with one scheme for all experts and
 without the experts' activation quantization (its fused experts are no Linear a scheme can sit on). This loader
 reads any format on any family llm-compressor linearizes, as transformers reads a dense compressed-tensors
 model, step by step:
@@ -29,12 +30,15 @@ compute.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint.expert_names import ModelNames
 from quantize.checkpoint.files import hf_path, read_config, safetensors_files
+from quantize.compat.compressed_tensors_targets import first_target
 from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
+from quantize.compat.transformers import expert_reading
 from quantize.errors import UsageError
 
 
@@ -67,6 +71,33 @@ def load_decompressed(path: Path, trust_remote_code: bool = False, dtype: Any = 
         compressor.decompress_model(model)
     model.config.quantization_config = ct
     return model, info
+
+
+def transformers_reading(path: Path) -> str | None:
+    """Whether transformers' own loader reads this per-expert checkpoint's experts as stored (a checkpoint files.
+    reads_per_expert accepts): None where the first routed expert's weight it dequantizes is the one
+    compressed-tensors' decompression gives (the layer's experts share one scheme: architecture.expert_problems), else
+    why not (compat.transformers.expert_reading: on 5.17 NVFP4's global scale and an asymmetric scheme's zero point
+    are not read). Reads that expert's tensors alone."""
+    from compressed_tensors.quantization import QuantizationConfig
+    from safetensors import safe_open
+
+    cfg = read_config(path)
+    names = ModelNames(str(cfg["model_type"]))
+    config = QuantizationConfig.model_validate(cfg["quantization_config"])
+    groups = {names.target(t): g for g in config.config_groups.values() for t in g.targets}
+    for f in safetensors_files(path):
+        with safe_open(str(f), "pt") as st:
+            keys = list(st.keys())
+            first = next((m.group(0) for n in keys if (m := re.match(r".*\.experts\.\d+\.\w+(?=\.)", n))), None)
+            if first is None:
+                continue
+            target = first_target(names.tensor(f"{first}.weight").removesuffix(".weight"), groups)
+            if target is None:
+                return None  # its experts are not quantized: stored as transformers reads any weight
+            stored = {n: st.get_tensor(n) for n in keys if n.startswith(f"{first}.")}
+            return expert_reading(str(cfg["model_type"]), dict(cfg["quantization_config"]), stored, groups[target])
+    return None
 
 
 def _meta_model(path: Path, trust_remote_code: bool, dtype: Any) -> Any:

@@ -24,6 +24,16 @@
   reads it as data (the layout a conversion writes: plan.py, the backend's save); `problems()` checks it as read
   (PATCHED_READ).
 
+- How it reads a per-expert compressed-tensors MoE checkpoint's quantized experts: `quantizers.
+  quantizer_compressed_tensors.CompressedTensorsHfQuantizer(config)`, its `validate_environment()` and
+  `update_weight_conversions(conversions)` (which stored tensors each expert converter reads: on 5.17 `weight` and
+  `weight_scale` for FP8, `weight_packed`, `weight_scale`, `weight_shape` for the rest), and the converter's first op,
+  `integrations.compressed_tensors.DecompressExperts`, whose `convert(input_dict, source_patterns=,
+  target_patterns=)` dequantizes them. `expert_reading` runs exactly that on one stored expert and compares it with
+  compressed-tensors' own decompression (decompressed.transformers_reading: quantize.json's reload stage, the model
+  card); `problems()` checks the names and signatures (_expert_reading_problems); tests/compat/
+  test_transformers_experts.py pins what 5.17 makes of FP8, NVFP4A16 and asymmetric experts.
+
 - Each config class's `attribute_map` (the name a field is stored under, and the other names that set it), copied
   for the light readers in compat/transformers_config_names.py; `problems()` compares the copy with the classes.
 
@@ -117,6 +127,7 @@ def problems() -> list[str]:
         f"PreTrainedModel.tie_weights takes no `{p}`" for p in ("missing_keys", "recompute_mapping") if p not in tie
     ]
     found += _gguf_problems() + _conversion_problems() + _patch_problems() + _config_problems()
+    found += _expert_reading_problems()
     found += config_name_problems(sorted(config_names.ATTRIBUTE_MAPS)) + sliding_switch_problems()
     return found + mtp_pattern_problems() + _saved_name_problems()
 
@@ -432,6 +443,87 @@ def conversions(model_type: str) -> list[Conversion]:
         )
         for c in get_checkpoint_conversion_mapping(model_type) or []
     ]
+
+
+def _expert_reading_problems() -> list[str]:
+    """What no longer holds of expert_reading's use of transformers' compressed-tensors loader."""
+    try:
+        from transformers.integrations.compressed_tensors import DecompressExperts
+        from transformers.quantizers.quantizer_compressed_tensors import CompressedTensorsHfQuantizer
+    except ImportError as e:
+        return [f"transformers' compressed-tensors loader is not where expert_reading reads it ({e})"]
+    found = [
+        f"CompressedTensorsHfQuantizer has no `{m}`"
+        for m in ("update_weight_conversions", "validate_environment")
+        if not callable(getattr(CompressedTensorsHfQuantizer, m, None))
+    ]
+    convert = inspect.signature(DecompressExperts.convert).parameters
+    found += [
+        f"DecompressExperts.convert takes no `{p}`" for p in ("input_dict", "source_patterns") if p not in convert
+    ]
+    return found
+
+
+def expert_reading(
+    model_type: str, quantization_config: dict[str, Any], stored: dict[str, Any], scheme: Any
+) -> str | None:
+    """What transformers' loader makes of one routed expert of a per-expert compressed-tensors checkpoint of
+    `model_type` (`stored`: every tensor of one expert projection, by the name the file stores it under, e.g.
+    `model.layers.1.mlp.experts.0.down_proj.weight_packed`): None where the weight it dequantizes equals, to its
+    bf16 rounding, what compressed-tensors' own decompression gives of all those tensors under `scheme` (the
+    checkpoint's for that module); else why not, in a sentence (its error, and the stored tensors it does not
+    read). It runs transformers' own code: the experts' converters of the family's conversion mapping as its
+    compressed-tensors quantizer rewrites them (`CompressedTensorsHfQuantizer.update_weight_conversions`: which
+    stored tensors each reads) and their first op, `integrations.compressed_tensors.DecompressExperts`, on these
+    tensors; on 5.17 it reads `weight` and `weight_scale` of FP8 experts and `weight_packed`, `weight_scale`,
+    `weight_shape` of the others, so an NVFP4 expert's global scale and an asymmetric one's zero point are dropped
+    (EXPERTS_MISREAD, tests/compat)."""
+    import re
+
+    import torch
+    from compressed_tensors.compressors import BaseCompressor
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.integrations.compressed_tensors import DecompressExperts
+    from transformers.quantizers.quantizer_compressed_tensors import CompressedTensorsHfQuantizer
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+
+    module = next(iter(stored)).rpartition(".")[0]
+    quantizer = CompressedTensorsHfQuantizer(CompressedTensorsConfig.from_dict(copy.deepcopy(quantization_config)))
+    quantizer.validate_environment()  # as from_pretrained calls it: the kernel path this machine takes
+    converters = quantizer.update_weight_conversions(get_checkpoint_conversion_mapping(model_type) or [])
+    for conv in converters:
+        ops = list(getattr(conv, "operations", []))
+        if not ops or not isinstance(ops[0], DecompressExperts):
+            continue
+        read = {
+            src: [name] for src in conv.source_patterns for name in stored if re.search(src.replace("*", ".*"), name)
+        }
+        if not any(n.startswith(f"{module}.weight") for names in read.values() for n in names):
+            continue  # another projection's converter
+        unread = sorted(n.rpartition(".")[2] for n in stored if not any(n in names for names in read.values()))
+        dropped = f"; it does not read the stored {', '.join(unread)}" if unread else ""
+        try:
+            got = ops[0].convert(
+                {src: [stored[n] for n in names] for src, names in read.items()},
+                source_patterns=conv.source_patterns,
+                target_patterns=conv.target_patterns,
+                full_layer_name=module,
+            )
+        except Exception as e:  # whatever the library raises on these tensors is its reading of them
+            return f"its loader fails on them ({type(e).__name__}: {str(e).strip()[:160]}){dropped}"
+        weights = [v[0] for v in got.values() if isinstance(v, torch.Tensor) and v.ndim == 3]
+        if len(weights) != 1:  # it read no weight (an int8 `weight` where it looks for `weight_packed`)
+            return f"its loader dequantizes no weight from them, and the load fails{dropped}"
+        theirs = weights[0]
+        state = {n.rpartition(".")[2]: t for n, t in stored.items()}
+        ours = BaseCompressor.get_value_from_registry(scheme.format).decompress(state, scheme)["weight"]
+        ours = ours.to(torch.bfloat16).float()
+        gap = float((theirs.float() - ours).abs().max())
+        if gap > 2**-7 * float(ours.abs().max()):  # more than bf16's rounding of the largest weight
+            largest = float(ours.abs().max())
+            return f"the weight it dequantizes is up to {gap:.3g} off the stored one (largest {largest:.3g}){dropped}"
+        return None
+    return "no converter of its compressed-tensors quantizer reads these tensors"
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,10 @@ def library_version(dist: str, versions: dict[str, str | None]) -> str:
         return "(version unknown)"
 
 
-def model_card(meta: RunRecord, base_model: str | None) -> str:
-    """base_model: the Hub id of the source model when known (the front matter names it)."""
+def model_card(meta: RunRecord, base_model: str | None, experts_misread: str | None = None) -> str:
+    """base_model: the Hub id of the source model when known (the front matter names it); experts_misread: why
+    transformers' own loader does not read the checkpoint's routed experts as stored (decompressed.
+    transformers_reading), where it does not: the card then says so instead of sending the reader to it."""
     from huggingface_hub import ModelCard, ModelCardData
 
     b, cal = meta.bits, meta.calibration
@@ -46,6 +48,12 @@ def model_card(meta: RunRecord, base_model: str | None) -> str:
     load = (
         note if files else f"Load with `transformers.AutoModelForCausalLM.from_pretrained` {note} or serve with vLLM."
     )
+    if experts_misread is not None and not files:
+        load = (
+            f"Serve with vLLM, or score with quantize's own loader (`quantize eval`): transformers "
+            f"{md_text(library_version('transformers', meta.versions))}'s `from_pretrained` misreads this checkpoint's "
+            f"routed experts ({md_text(experts_misread)}; docs/moe.md)."
+        )
     code = lambda text: markdown_cell(md_code(text))  # noqa: E731  # a code span inside a table cell
     lines = [
         f"# {md_text(meta.label)}",

@@ -11,7 +11,8 @@ from typing import Any
 from quantize.checkpoint import qdq
 from quantize.checkpoint.accounting import bits_report
 from quantize.checkpoint.architecture import Mtp, mtp_declaration, mtp_of
-from quantize.checkpoint.files import read_config, safetensors_files, side_file
+from quantize.checkpoint.decompressed import transformers_reading
+from quantize.checkpoint.files import read_config, reads_per_expert, safetensors_files, side_file
 from quantize.checkpoint.headers import all_tensors, read_header
 from quantize.checkpoint.loader import check_against_meta, check_loading_info, load_model, meta_model
 from quantize.compat.transformers import dry_load
@@ -140,9 +141,10 @@ def check_finite(model: Any, input_ids: Any, stage: str) -> FiniteCheck:
 
 
 def reload_check(path: Path, probe: Any, trust_remote_code: bool) -> FiniteCheck:
-    """Reload the saved checkpoint with plain transformers (safetensors only) and check its logits are finite.
-    The checkpoint is our own output: a refusal to load it (its weights do not match config.json) is our bug,
-    a RuntimeFailure naming the reason, never the user's bad input."""
+    """Reload the saved checkpoint (safetensors only) through loader.load_model, the loader `eval` and the gate
+    score it with, and check its logits are finite; the record's stage names that loader (reloaded_with). The
+    checkpoint is our own output: a refusal to load it (its weights do not match config.json) is our bug, a
+    RuntimeFailure naming the reason, never the user's bad input."""
     try:
         model, _ = load_model(path, trust_remote_code)
     except UsageError as e:
@@ -150,7 +152,27 @@ def reload_check(path: Path, probe: Any, trust_remote_code: bool) -> FiniteCheck
             f"the checkpoint this run wrote does not reload: {e} This is quantize's failure, not your input's; "
             "nothing was kept. Report it with the recipe and the model's config.json"
         ) from None
-    return check_finite(model, probe, "after reloading the saved checkpoint with transformers")
+    return check_finite(model, probe, f"after reloading the saved checkpoint with {reloaded_with(path)}")
+
+
+def reloaded_with(path: Path) -> str:
+    """The loader load_model reads a checkpoint with, in words: transformers, or, for a compressed-tensors MoE
+    stored per expert (files.reads_per_expert), quantize's own per-expert loader, with what transformers makes of
+    the experts (decompressed.transformers_reading: their weights as stored, or why not)."""
+    if not reads_per_expert(path):
+        return "transformers"
+    theirs = f"transformers {_version('transformers')}"
+    if (why := transformers_reading(path)) is None:
+        said = f"{theirs} reads its expert weights as stored, without their activation quantization"
+    else:
+        said = f"{theirs} misreads its routed experts: {why}"
+    return f"quantize's per-expert loader (checkpoint/decompressed.py; {said})"
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import version
+
+    return version(dist)
 
 
 def left_at_16(

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 from quantize import records
 from quantize.checkpoint import accounting
+from quantize.checkpoint.decompressed import transformers_reading
 from quantize.checkpoint.files import (
     check_identity,
     hf_path,
@@ -37,6 +38,7 @@ from quantize.checkpoint.files import (
     missing_packages,
     quant_method,
     read_config,
+    reads_per_expert,
     side_file,
     weights_sha256,
 )
@@ -470,7 +472,11 @@ def recipe_ref(recipe: Recipe, sha256: str, path: str) -> RecipeRef:
 def _saved(tmp: Path, meta: RunRecord, recipe: Recipe) -> RunRecord:
     """quantize.json and the model card written into the output's temporary folder."""
     records.write(tmp / "quantize.json", meta)
-    (tmp / "README.md").write_text(model_card(meta, DEFAULT_MODEL_HUB_ID if recipe.model is None else None))
+    # a per-expert MoE checkpoint: what transformers' own loader makes of its experts (a file-to-file backend's GGUF
+    # is no transformers checkpoint)
+    files = converts_files(backend_named(recipe.backend))
+    misread = transformers_reading(tmp) if not files and reads_per_expert(tmp) else None
+    (tmp / "README.md").write_text(model_card(meta, DEFAULT_MODEL_HUB_ID if recipe.model is None else None, misread))
     return meta
 
 

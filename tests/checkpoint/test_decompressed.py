@@ -7,7 +7,8 @@ models (tests/moe_models.py, tests/families.py) converted by `quantize run`:
   compute as transformers' do (that rounding, and without the experts' dynamic activation quantization, which
   transformers' fused experts drop and ours keep);
 - a layout transformers misreads (one expert stored at 16 bits among FP8 ones) is read as stored;
-- the formats transformers cannot reload on experts (NVFP4, NVFP4A16, FP8 static, FP8 block) convert, pass the
+- the formats transformers misreads or drops part of on experts (NVFP4, NVFP4A16, FP8 static's input scales, FP8
+  block past one block: docs/moe.md) convert, pass the
   reload check through our loader, hold the dequantization compressed-tensors itself gives of the stored tensors,
   and are scored by `quantize eval` and a gate."""
 

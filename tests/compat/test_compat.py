@@ -508,6 +508,8 @@ INTERNAL = (
     "transformers.core_model_loading",  # from_pretrained's state-dict loading and its transforms
     "llmcompressor.pipelines.cache",  # the calibration pipelines' activation cache
     "transformers.quantizers.base",  # the fused-experts classes a quantizer swaps for per-expert layers
+    "transformers.quantizers.quantizer_compressed_tensors",  # which stored expert tensors its converters read
+    "transformers.integrations.compressed_tensors",  # DecompressExperts: how it dequantizes per-expert tensors
     "compressed_tensors.quantization.lifecycle",  # fake quantization's and initialization's implementation
 )
 
