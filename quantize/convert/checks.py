@@ -47,7 +47,8 @@ def check_source(model_dir: Path, trust_remote_code: bool, streamed: bool = Fals
     after the work. A quantized source stores other names and dtypes by design (its quantizer maps them) and is
     left to the loader, as check_against_meta leaves it. `streamed`: the run takes the streamed path, which writes
     every stored tensor as it is; a stored tensor the model ties to another (a tied embedding's `lm_head.weight`
-    saved beside it) is refused there (streamed_tied_copies)."""
+    saved beside it) is refused there (streamed_tied_copies), and so is a stored name transformers renames on load
+    (streamed_renames)."""
     import torch
 
     check_against_meta(model_dir, trust_remote_code)
@@ -57,6 +58,7 @@ def check_source(model_dir: Path, trust_remote_code: bool, streamed: bool = Fals
     stored = {n: (t.shape, getattr(torch, _TORCH_DTYPES.get(t.dtype, "uint8"))) for n, t in tensors.items()}
     model = meta_model(model_dir, trust_remote_code)
     tied = _aliases(model)  # before the dry load, which unties a pair stored twice (it cannot compare meta values)
+    params = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     found = dry_load(model, stored)
     fix = "fix config.json, or the weights that go with it"
     if found.conversion:
@@ -70,6 +72,7 @@ def check_source(model_dir: Path, trust_remote_code: bool, streamed: bool = Fals
     check_loading_info(model_dir, {"missing_keys": found.missing, "unexpected_keys": found.unexpected})
     if streamed:
         streamed_tied_copies(model_dir, tied, set(stored))
+        streamed_renames(model_dir, params, set(stored))
 
 
 def _aliases(model: Any) -> set[str]:
@@ -90,6 +93,23 @@ def streamed_tied_copies(model_dir: Path, aliases: set[str], stored: set[str]) -
             "path, which writes each stored tensor as it is, cannot. Set `streaming: off` (a calibrated recipe short "
             "of memory can offload its weights: `offload: on`), or remove the stored copy (or set "
             "tie_word_embeddings false in config.json if it is not a copy)"
+        )
+
+
+def streamed_renames(model_dir: Path, params: set[str], stored: set[str]) -> None:
+    """A stored tensor of a name the model does not hold (`params`: the meta-device model's parameter names), which
+    transformers renames on load (Nemotron-H's `backbone.*` to `model.*`, its conversion mapping): the in-memory
+    path saves the model's names back as the family stores them, the streamed path writes the stored names as they
+    are, and its structure check then failed after the whole conversion, exit 3 (a dense Nemotron-H: a review).
+    The multi-token-prediction module the model ignores (mtp_of) is written as stored on purpose. Refused before
+    converting."""
+    mtp = mtp_of(read_config(model_dir))
+    if renamed := sorted(n for n in stored - params if not mtp.holds(n)):
+        raise UsageError(
+            f"{model_dir} stores {', '.join(renamed[:2])}{' ...' if len(renamed) > 2 else ''} under names transformers "
+            "renames when it loads the model; the streamed path writes each stored tensor under its stored name and "
+            "cannot follow the renaming. Set `streaming: off` (a calibrated recipe short of memory can offload its "
+            "weights: `offload: on`)"
         )
 
 

@@ -361,3 +361,26 @@ def test_a_streamed_run_copies_nothing_of_the_source_folder_but_what_its_identit
     assert not names & {"notes.txt", ".git", ".git/objects/pack", "weights.sha256", "pipe"}, names
     assert "HF_TOKEN" not in "".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= names
+
+
+def test_a_family_transformers_renames_on_load_is_refused_before_streaming(tmp_path, capsys):
+    """A dense Nemotron-H stores `backbone.*`, which transformers renames `model.*` on load: the streamed path wrote
+    the stored names and its own structure check failed after the whole conversion, exit 3 (a review); in memory it
+    converts."""
+    import families
+
+    src = tmp_path / "nemotron"
+    cfg = families.config("nemotron_h", layers_block_type=["mamba", "attention", "mlp", "mlp"])
+    families.save_random(cfg, src)
+    data = json.loads((src / "config.json").read_text())
+    dense = {k: v for k, v in data.items() if "expert" not in k and k not in ("moe_intermediate_size", "n_group")}
+    (src / "config.json").write_text(json.dumps(dense))
+    rfile = tmp_path / "r.yaml"
+    fields = {"model": str(src), "output": str(tmp_path / "out" / "on"), "streaming": "on", **SCHEMES["fp8-dynamic"]}
+    rfile.write_text(yaml.safe_dump(fields))
+    assert main(["run", str(rfile), "--quiet"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "stores backbone." in err and "under names transformers renames" in err, err
+    assert not (tmp_path / "out" / "on").exists()
+    _, meta = run(tmp_path, src, "off", streaming="off", **SCHEMES["fp8-dynamic"])
+    assert meta.memory_plan.path == "in-memory"
