@@ -27,7 +27,7 @@ from typing import Any
 
 from quantize import records
 from quantize.errors import RuntimeFailure, UsageError
-from quantize.io import read_user_file, sha256_bytes, sha256_file, sha256_json, write_text_atomic
+from quantize.io import expand_user, read_user_file, sha256_bytes, sha256_file, sha256_json, write_text_atomic
 
 
 def cache_dir() -> Path:
@@ -35,15 +35,7 @@ def cache_dir() -> Path:
     path: a relative one (or a `~` the shell left unexpanded, as in a quoted value) named a different folder from
     every working folder, and `quantize model path` printed it as given (a review)."""
     given = os.environ.get("QUANTIZE_CACHE")
-    if not given:
-        return Path.home() / ".cache" / "quantize"
-    try:
-        return Path(given).expanduser().absolute()
-    except RuntimeError:  # ~name of no user
-        raise UsageError(
-            f"QUANTIZE_CACHE={given!r}: {given.split('/')[0]} names no user of this machine; set QUANTIZE_CACHE to a "
-            "folder path"
-        ) from None
+    return expand_user(given, "QUANTIZE_CACHE").absolute() if given else Path.home() / ".cache" / "quantize"
 
 
 def content_path(folder: str, sha256: str, suffix: str) -> Path:

@@ -356,6 +356,12 @@ def side_file(path: Path) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
+def is_quantized(path: Path) -> bool:
+    """Whether the checkpoint is quantized already: config.json has a quantization_config, or a pre-integration
+    quantizer left its side file (SIDE_CONFIGS)."""
+    return bool(read_config(path).get("quantization_config")) or side_file(path) is not None
+
+
 def quant_method(path: Path) -> str | None:
     """The checkpoint's quantization method (config.json's quantization_config, else a side file), lower case."""
     qc = read_config(path).get("quantization_config") or {}

@@ -27,11 +27,11 @@ from quantize.checkpoint.files import (
     check_model_dir,
     hf_path,
     index_and_experts_match_headers,
+    is_quantized,
     loadable_view,
     read_config,
     reads_per_expert,
     safetensors_files,
-    side_file,
     tokenizer_files,
     weights_sha256,
 )
@@ -266,7 +266,7 @@ def check_against_meta(path: Path, trust_remote_code: bool) -> None:
     model holds floating-point weights (a cast would invent values), is refused naming the tensor, the shape in
     the file and the one the config implies. Quantized checkpoints store other names and dtypes by design (the
     quantizer maps them); their layer count and embedding are checked in check_model_dir."""
-    if read_config(path).get("quantization_config") or side_file(path) is not None:
+    if is_quantized(path):
         return
     expected = meta_model(path, trust_remote_code).state_dict()
     tensors, _ = all_tensors(safetensors_files(path))

@@ -12,7 +12,7 @@ from quantize.checkpoint import qdq
 from quantize.checkpoint.accounting import bits_report
 from quantize.checkpoint.architecture import Mtp, mtp_declaration, mtp_of
 from quantize.checkpoint.decompressed import transformers_reading
-from quantize.checkpoint.files import read_config, reads_per_expert, safetensors_files, side_file
+from quantize.checkpoint.files import read_config, reads_per_expert, safetensors_files
 from quantize.checkpoint.headers import all_tensors, read_header
 from quantize.checkpoint.loader import check_against_meta, check_loading_info, load_model, meta_model
 from quantize.compat.transformers import dry_load
@@ -44,16 +44,13 @@ def check_source(model_dir: Path, trust_remote_code: bool, streamed: bool = Fals
     transformers' renamings and per-expert merges, tied weights): a stored tensor the model has no place for, a
     weight the checkpoint lacks, a renamed tensor of another shape, or tensors that do not merge into the model's
     fused ones. Each is the user's to fix: UsageError (exit 2) naming the tensor, never the conversion's exit 3
-    after the work. A quantized source stores other names and dtypes by design (its quantizer maps them) and is
-    left to the loader, as check_against_meta leaves it. `streamed`: the run takes the streamed path, which writes
-    every stored tensor as it is; a stored tensor the model ties to another (a tied embedding's `lm_head.weight`
-    saved beside it) is refused there (streamed_tied_copies), and so is a stored name transformers renames on load
-    (streamed_renames)."""
+    after the work. A quantized source never reaches it (engine.preflight refuses one: check_unquantized).
+    `streamed`: the run takes the streamed path, which writes every stored tensor as it is; a stored tensor the
+    model ties to another (a tied embedding's `lm_head.weight` saved beside it) is refused there
+    (streamed_tied_copies), and so is a stored name transformers renames on load (streamed_renames)."""
     import torch
 
     check_against_meta(model_dir, trust_remote_code)
-    if read_config(model_dir).get("quantization_config") or side_file(model_dir) is not None:
-        return
     tensors, _ = all_tensors(safetensors_files(model_dir))
     stored = {n: (t.shape, getattr(torch, _TORCH_DTYPES.get(t.dtype, "uint8"))) for n, t in tensors.items()}
     model = meta_model(model_dir, trust_remote_code)

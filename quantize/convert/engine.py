@@ -35,11 +35,11 @@ from quantize.checkpoint.files import (
     check_identity,
     hf_path,
     identity_sha256,
+    is_quantized,
     missing_packages,
     quant_method,
     read_config,
     reads_per_expert,
-    side_file,
     weights_sha256,
 )
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, resolve_model
@@ -138,10 +138,11 @@ def check_unquantized(model_dir: Path) -> None:
     quantization_config, or a quantizer's side file) loaded as its quantizer's modules, which no modifier takes,
     and ended in exit 3 after the load on both paths (an FP8 output given as `model:`: "'Linear' object has no
     attribute 'weight'" in memory, a float8 kernel error streamed: a review)."""
-    if (qc := read_config(model_dir).get("quantization_config")) or side_file(model_dir) is not None:
+    if is_quantized(model_dir):
         method = quant_method(model_dir) or "a quantization_config"
+        side = "" if read_config(model_dir).get("quantization_config") else ", from its side file"
         raise UsageError(
-            f"model {model_dir} is already quantized ({method}{'' if qc else ', from its side file'}); quantize "
+            f"model {model_dir} is already quantized ({method}{side}); quantize "
             "converts a checkpoint of 16- or 32-bit float weights. Give the recipe's `model:` the unquantized "
             "checkpoint this one was made from"
         )
