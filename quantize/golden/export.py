@@ -14,13 +14,15 @@ YAMLs and data/*.jsonl) and was deleted by `--force` (a review).
 
 from __future__ import annotations
 
-import json
+import re
 import shlex
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from quantize.compat.lm_eval import sandboxed_metrics
 from quantize.config import parse_yaml
@@ -33,6 +35,28 @@ from quantize.names import checked
 MAX_TASK_YAML_BYTES = 2**20  # a YAML lm_eval_tasks wrote: a few hundred bytes
 EXPORT_RECORD = "quantize-export.json"  # what an export wrote (lm-eval's --include_path reads only its YAMLs)
 MAX_RECORD_BYTES = 2**20
+WRITTEN = re.compile(r"(?!\.)[^/\\]+\.yaml|data/(?!\.)[^/\\]+\.jsonl")  # the paths an export writes, in the folder
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+class ExportRecord(BaseModel):
+    """EXPORT_RECORD: what `golden export` wrote into the folder (each file by its path there, and its sha256), and
+    of which golden set. A path is one an export writes (a task YAML, data/*.jsonl): a record naming another (`../x`)
+    does not read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    written_by: Literal["quantize golden export"] = "quantize golden export"
+    golden: str
+    files: dict[str, str]
+
+    @field_validator("files")
+    @classmethod
+    def _written(cls, files: dict[str, str]) -> dict[str, str]:
+        for name, digest in files.items():
+            if not (WRITTEN.fullmatch(name) and SHA256.fullmatch(digest)):
+                raise ValueError(f"{name!r}: {digest!r} is no file an export writes and its sha256")
+        return files
 
 
 @dataclass(frozen=True)
@@ -91,8 +115,8 @@ def _written(folder: Path) -> dict[str, str]:
 
 def _write_record(folder: Path, golden: GoldenSet) -> None:
     m = golden.manifest
-    record = {"written_by": "quantize golden export", "golden": f"{m.name}/{m.version}", "files": _written(folder)}
-    (folder / EXPORT_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    record = ExportRecord(golden=f"{m.name}/{m.version}", files=_written(folder))
+    (folder / EXPORT_RECORD).write_text(record.model_dump_json(indent=2) + "\n", encoding="utf-8")
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -107,12 +131,11 @@ def _check_out(out: Path, force: bool) -> None:
     why = "--force replaces only an earlier export of quantize's. Choose another folder"
     try:
         raw = read_user_file(out / EXPORT_RECORD, "export record", MAX_RECORD_BYTES, follow_links=False)
-        record = json.loads(raw.decode("utf-8"))
-    except (UsageError, ValueError):  # unreadable, not UTF-8, not JSON: no export of ours
-        record = None
-    files = record.get("files") if isinstance(record, dict) else None
-    if not isinstance(files, dict):
-        raise UsageError(f"{out} holds no export record ({EXPORT_RECORD}) that reads: no export wrote it; {why}")
+        files = ExportRecord.model_validate_json(raw.decode("utf-8")).files
+    except (UsageError, ValueError):  # unreadable, not UTF-8, not the record (ValidationError): no export of ours
+        raise UsageError(
+            f"{out} holds no export record ({EXPORT_RECORD}) that reads: no export wrote it; {why}"
+        ) from None
     held = {
         p.relative_to(out).as_posix()
         for p in [*out.iterdir(), *((out / "data").iterdir() if _plain_dir(out / "data") else [])]

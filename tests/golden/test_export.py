@@ -5,6 +5,7 @@ suite's seed."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -139,6 +140,14 @@ def test_force_replaces_no_folder_of_the_users_own_yaml_files(world, tmp_path, c
     assert main(["golden", "export", str(smoke), str(out), "--force"]) == 2
     assert "extra.yaml, which its export did not write" in " ".join(capsys.readouterr().err.split())
     (out / "extra.yaml").unlink()
+    record = out / "quantize-export.json"
+    kept = record.read_text()
+    forged = json.loads(kept)
+    forged["files"]["../outside.yaml"] = forged["files"].pop(edited.name)
+    record.write_text(json.dumps(forged))
+    assert main(["golden", "export", str(smoke), str(out), "--force"]) == 2  # a record naming a path out of the folder
+    assert "no export record" in capsys.readouterr().err
+    record.write_text(kept)
     exported(smoke, out, capsys, "--force")  # the export as written: replaced
     assert len((out / "data" / "core_facts.test.jsonl").read_text().splitlines()) == 3
 
