@@ -50,6 +50,23 @@ DTYPE_BITS = {
     "F6_E3M2": 6,
 }
 
+# The torch dtype (its attribute name) safetensors reads each of these stored dtypes as, for the ones the project
+# builds meta tensors from (tests/checkpoint/test_headers.py holds each to what safetensors writes for it), and the
+# floating ones among them a model is built in (transformers' get_state_dict_dtype passes over float8 and float4).
+TORCH_NAMES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+FLOATS = {k: TORCH_NAMES[k] for k in ("F64", "F32", "F16", "BF16")}
+
 
 @dataclass
 class TensorInfo:

@@ -13,27 +13,12 @@ from quantize.checkpoint.accounting import bits_report
 from quantize.checkpoint.architecture import Mtp, mtp_declaration, mtp_of
 from quantize.checkpoint.decompressed import transformers_reading
 from quantize.checkpoint.files import read_config, reads_per_expert, safetensors_files
-from quantize.checkpoint.headers import all_tensors, read_header
+from quantize.checkpoint.headers import TORCH_NAMES, all_tensors, read_header
 from quantize.checkpoint.loader import check_against_meta, check_loading_info, load_model, meta_model
 from quantize.compat.transformers import dry_load
 from quantize.convert.plan import checkpoint_name
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.records import FiniteCheck, LeftAt16, NotConverted
-
-# the torch dtype a header's dtype names, for the meta tensors of the source check (a name not here is loaded as
-# bytes of its shape: only shapes and names decide what the check finds)
-_TORCH_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
 
 
 def check_source(model_dir: Path, trust_remote_code: bool, streamed: bool = False) -> None:
@@ -52,7 +37,8 @@ def check_source(model_dir: Path, trust_remote_code: bool, streamed: bool = Fals
 
     check_against_meta(model_dir, trust_remote_code)
     tensors, _ = all_tensors(safetensors_files(model_dir))
-    stored = {n: (t.shape, getattr(torch, _TORCH_DTYPES.get(t.dtype, "uint8"))) for n, t in tensors.items()}
+    # a dtype not in TORCH_NAMES is loaded as bytes of its shape: only shapes and names decide what the check finds
+    stored = {n: (t.shape, getattr(torch, TORCH_NAMES.get(t.dtype, "uint8"))) for n, t in tensors.items()}
     model = meta_model(model_dir, trust_remote_code)
     tied = _aliases(model)  # before the dry load, which unties a pair stored twice (it cannot compare meta values)
     params = {n for n, _ in model.named_parameters(remove_duplicate=False)}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from quantize import cache
 from quantize.checkpoint.files import SAFE_INDEX, read_config, read_json_object, safetensors_files, write_config
-from quantize.checkpoint.headers import all_tensors, read_header
+from quantize.checkpoint.headers import FLOATS, all_tensors, read_header
 from quantize.checkpoint.loader import device
 from quantize.convert.backends import calibration_default
 from quantize.convert.recipe import Recipe
@@ -110,11 +110,6 @@ def suggestion(src: str) -> str | None:
         f"bf16 matmuls run {speedup:.2f}x the speed of float32 on this CPU ({when}): `dtype: float32` in the recipe "
         "would calibrate faster here (and write other bytes than the default)"
     )
-
-
-# safetensors' names of the floating dtypes a model is built in (transformers' get_state_dict_dtype passes over
-# float8 and float4 tensors), as torch names them
-FLOATS = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 def source_dtype(model_dir: Path) -> str:

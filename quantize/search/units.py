@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint.files import safetensors_files
-from quantize.checkpoint.headers import read_header
+from quantize.checkpoint.headers import FLOATS, read_header
 from quantize.convert.plan import divisor_group
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Indivisible, RTNRecipe, Scheme
 from quantize.errors import UsageError
@@ -85,9 +85,6 @@ class Layout:
 
     def budget_bytes(self, bits: float) -> int:
         return math.floor(bits * self.source_parameters / 8)
-
-
-FLOATS = ("F64", "F32", "F16", "BF16")  # safetensors' floating dtypes: what a save dtype converts
 
 
 def layout(model: Any, model_dir: Path, base: RTNRecipe, options: list[str], unit: str) -> Layout:

@@ -585,3 +585,16 @@ def test_inspect_states_the_experts_share(moe_models, capsys):
     text = capsys.readouterr().out
     share = bits_report(moe_models["qwen3_moe"]).routed_expert_share
     assert f"routed experts hold {100 * share:.2f}% of the bytes (2 MoE layer(s), 8 experts each)" in text
+
+
+def test_each_torch_name_is_the_dtype_safetensors_writes_under_that_stored_name(tmp_path):
+    """headers.TORCH_NAMES (the meta tensors of the source check, the floating dtypes a model is built in) against
+    safetensors itself: a tensor of each torch dtype is stored under the name the table maps to it, read back."""
+    from quantize.checkpoint.headers import FLOATS, TORCH_NAMES
+
+    tensors = {stored: torch.zeros(2, dtype=getattr(torch, name)) for stored, name in TORCH_NAMES.items()}
+    save_file(tensors, str(tmp_path / "t.safetensors"))
+    found, _, _ = read_header(tmp_path / "t.safetensors")
+    assert {n: t.dtype for n, t in found.items()} == {stored: stored for stored in TORCH_NAMES}
+    assert all(getattr(torch, name).is_floating_point for name in FLOATS.values())
+    assert all(not getattr(torch, TORCH_NAMES[s]).is_floating_point for s in set(TORCH_NAMES) - set(FLOATS))

@@ -13,10 +13,10 @@ import yaml
 
 from quantize import records
 from quantize.checkpoint.files import safetensors_files
-from quantize.checkpoint.headers import all_tensors
+from quantize.checkpoint.headers import FLOATS, all_tensors
 from quantize.cli import main
 from quantize.convert import engine
-from quantize.convert.dtypes import FLOATS, source_dtype
+from quantize.convert.dtypes import source_dtype
 from quantize.records import RunRecord
 
 NORMS = r"layernorm\.weight$"  # the tiny Llama's per-layer norms (model.norm.weight aside)
