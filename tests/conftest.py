@@ -123,6 +123,17 @@ def nan_copy(src: Path, dst: Path) -> Path:
 
 # --- golden-set sources: a few lines of each Debian/PyPI file the builder reads ------------------
 
+# A task whose dataset only the Hub holds (no local copy, no cache): what freezing offline meets
+HUB_ONLY_TASK = {
+    "task": "hub_only",
+    "dataset_path": "someone/not-in-any-cache",
+    "output_type": "multiple_choice",
+    "test_split": "test",
+    "doc_to_text": "{{q}}",
+    "doc_to_choice": "{{c}}",
+    "doc_to_target": 0,
+}
+
 QUIZ = {
     "africa": "Kenya:Nairobi\nEgypt:Cairo\nGhana:Accra\nMali:Bamako\nChad:N'Djamena\n",
     "america": "Peru:Lima\nChile:Santiago\nColombia:Bogot'\ba\nCuba:Havana\n",

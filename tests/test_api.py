@@ -18,7 +18,7 @@ from quantize.convert.recipe import parse_recipe
 from quantize.golden.build import Sizes
 from quantize.records import RunRecord, ScoreDoc, Verdict
 
-from conftest import ROOT, small_golden, suite_file
+from conftest import HUB_ONLY_TASK, ROOT, small_golden, suite_file
 
 SIZES = Sizes(facts=24, cloze=12, analogy=6, kv=9, prose=4, smoke=3)
 
@@ -369,16 +369,7 @@ def test_golden_freeze_reads_the_hubs_datasets_offline_as_its_message_says(tmp_p
     standing for it) for the dataset, then said "Freezing runs offline". It now runs offline for the call, and the
     process's environment is left as it was."""
     (tmp_path / "tasks").mkdir()
-    task = {
-        "task": "hub_only",
-        "dataset_path": "someone/not-in-any-cache",
-        "output_type": "multiple_choice",
-        "test_split": "test",
-        "doc_to_text": "{{q}}",
-        "doc_to_choice": "{{c}}",
-        "doc_to_target": 0,
-    }
-    (tmp_path / "tasks" / "hub_only.yaml").write_text(yaml.safe_dump(task))
+    (tmp_path / "tasks" / "hub_only.yaml").write_text(yaml.safe_dump(HUB_ONLY_TASK))
     env = {
         k: v
         for k, v in os.environ.items()

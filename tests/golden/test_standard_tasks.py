@@ -16,7 +16,7 @@ from quantize.cli import main
 from quantize.evaluate.suite import open_suite
 from quantize.golden.manifest import verify
 
-from conftest import frozen_set, lm_eval_direct
+from conftest import HUB_ONLY_TASK, frozen_set, lm_eval_direct
 
 WORDS = [
     "the",
@@ -297,16 +297,7 @@ def test_a_dataset_this_machine_cannot_read_offline_names_the_two_routes(tmp_pat
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     mine = tmp_path / "tasks"
     mine.mkdir()
-    cfg = {
-        "task": "hub_only",
-        "dataset_path": "someone/not-in-any-cache",
-        "output_type": "multiple_choice",
-        "test_split": "test",
-        "doc_to_text": "{{q}}",
-        "doc_to_choice": "{{c}}",
-        "doc_to_target": 0,
-    }
-    (mine / "hub_only.yaml").write_text(json.dumps(cfg))
+    (mine / "hub_only.yaml").write_text(json.dumps(HUB_ONLY_TASK))
     out = tmp_path / "g" / "v1"
     assert main(["golden", "freeze", "--task", "hub_only", "--include-path", str(mine), "--out", str(out)]) == 2
     err = capsys.readouterr().err
