@@ -1,11 +1,12 @@
-"""The output kinds a golden-set task can have (lm-eval's `output_type`), in one registry: each kind's
-records, how an item is read from lm-eval's sample, the task summary, the baseline's margin on an item (the
-sequential gate's stratum), the metrics a rule may name, the metrics an item's score is, its headline figure for
-display, and the template `golden new` writes a user's items of (its `--type` name, the JSONL fields, the lm-eval
-task config). Evaluation, gates, `golden new`, the CLI and the report read what a kind is here; adding a kind
-touches this module and its records (quantize/records/scores.py). What lm-eval does with a kind's requests is lm-eval's:
-the agreement measure (evaluate/agreement.py) reads lm-eval's request types, and `golden verify` checks a
-multiple-choice task's answers against its choices (golden/manifest.py); a kind that needs either adds it there.
+"""The output kinds a golden-set task can have (lm-eval's `output_type`), in one registry: each kind's records, how
+an item is read from lm-eval's sample, the task summary, the baseline's margin on an item (the sequential gate's
+stratum), the metrics a rule may name, the metrics an item's score is, its headline figure for display (`headline`:
+none where an item is not finite), and the template `golden new` writes a user's items of (its `--type` name, the
+JSONL fields, the lm-eval task config). Evaluation, gates, `golden new`, the CLI and the report read what a kind is
+here; adding a kind touches this module and its records (quantize/records/scores.py). What lm-eval does with a
+kind's requests is lm-eval's: the agreement measure (evaluate/agreement.py) reads lm-eval's request types, and
+`golden verify` checks a multiple-choice task's answers against its choices (golden/manifest.py); a kind that needs
+either adds it there.
 
     multiple_choice        score = acc (0/1): the gold choice has the highest log-likelihood; lls of every choice
     loglikelihood          score = 1 if the target is the greedy continuation; ll = log p(target | context)
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from quantize.records import (
@@ -33,17 +34,25 @@ from quantize.records import (
     GreedyTask,
     RollingTask,
     TaskScores,
+    non_finite_items,
 )
 
 
 @dataclass(frozen=True)
 class Headline:
-    """The figure a kind is shown by: its name, value and standard error (None: none is estimated)."""
+    """The figure a kind is shown by: its name, value and standard error (None: none is estimated). A task whose
+    items hold NaN or infinity has none (`headline`): value NaN, no SE, and `non_finite` of its `n` items."""
 
     metric: str
     value: float
     se: float | None
     higher_is_better: bool
+    non_finite: int = 0  # items holding NaN or infinity: the figure is no score
+    n: int = 0  # the task's items (set where non_finite is)
+
+    def text(self, spec: str = ".4f") -> str:
+        """The value as `spec` formats it, or "non-finite (k of n items)"."""
+        return f"non-finite ({self.non_finite} of {self.n} items)" if self.non_finite else format(self.value, spec)
 
 
 # lm-eval's metrics of a rolling-perplexity task, as every golden set writes them
@@ -80,7 +89,7 @@ class Kind:
     scored_as: tuple[str, ...]  # the metrics an item's `score` is (the rest are its item_metrics)
     item: Callable[[dict[str, Any]], dict[str, Any]]  # an item's own fields from one lm-eval sample
     summary: Callable[[list[dict[str, Any]], str | None], dict[str, Any]]  # task figures from its items
-    headline: Callable[[Any], Headline]  # from the task record
+    headline: Callable[[Any], Headline]  # from the task record as computed; shown through `headline(task)`
     margin: Callable[[Any], float | None] = lambda item: None  # the baseline's margin on an item (None: no stratum)
     one_filter: bool = False  # lm-eval writes a sample per filter pipeline: the first pipeline's are kept
     template: Template | None = None  # how `golden new` writes items of this kind (None: it does not)
@@ -292,6 +301,16 @@ OUTPUT_TYPES = tuple(KINDS)
 
 def kind_of(task: TaskScores) -> Kind:
     return KINDS[task.output_type]
+
+
+def headline(task: TaskScores) -> Headline:
+    """A task's headline figure, as every display, report and card shows it: its kind's, or none where an item holds
+    NaN or infinity (a broken checkpoint): lm-eval's argmax over NaN log-likelihoods picks the first choice, so
+    its accuracy (1.0 where the gold is the first) is no score. The records keep what was computed."""
+    h = kind_of(task).headline(task)
+    if bad := non_finite_items(task):
+        return replace(h, value=math.nan, se=None, non_finite=len(bad), n=task.n)
+    return h
 
 
 def kind_of_item(item: object) -> Kind | None:

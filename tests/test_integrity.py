@@ -4,6 +4,7 @@ a NaN candidate passed a policy that did not fail closed, and `eval` printed nan
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -97,6 +98,53 @@ def test_a_nan_candidate_is_a_regression_even_when_inconclusive_would_pass(world
         assert by[rule].p_regression is None  # no test was run on NaN: no p-value to adjust
     assert main(["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(bad), "--quiet"]) == 1
     assert "not finite: the candidate computes NaN or infinity" in capsys.readouterr().out
+
+
+def test_eval_shows_no_figure_for_a_task_holding_non_finite_items(world, capsys):
+    """The table read "core_analogy acc 1.0000 ± 0.0000" under the warning: lm-eval's argmax over NaN
+    log-likelihoods picks the first choice, and the gold is often first. A task with any non-finite item shows
+    "non-finite (k of n items)", and no figure of lm-eval's beside it; its records keep what was computed."""
+    _, suite, _, bad = world
+    assert main(["eval", str(suite), str(bad), "--json", "--items", "--quiet"]) == 0
+    doc = records.parse(ScoreDoc, json.loads(capsys.readouterr().out), "stdout")
+    assert main(["eval", str(suite), str(bad), "--quiet"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[3:] if line.strip()}
+    bad_tasks = doc.non_finite()
+    assert bad_tasks and any(math.isfinite(doc.tasks[t].acc) for t in bad_tasks if hasattr(doc.tasks[t], "acc"))
+    for task, ids in bad_tasks.items():
+        d = doc.tasks[task]
+        assert f"non-finite ({len(ids)} of {d.n} items)" in rows[task], rows[task]
+        if hasattr(d, "acc"):  # the computed accuracy stays in the record, and out of the table
+            assert math.isfinite(d.acc) and f"{d.acc:.4f}" not in rows[task]
+    from quantize.kinds import headline  # what every display reads
+
+    for task, ids in bad_tasks.items():
+        d = doc.tasks[task]
+        h = headline(d)
+        assert math.isnan(h.value) and h.se is None and (h.non_finite, h.n) == (len(ids), d.n)
+
+
+def test_a_card_for_a_nan_candidate_publishes_no_figure_of_it(world, tiny_model, tmp_path, capsys):
+    """`gate --card` on a NaN copy published "core_facts acc 0.2917" (finite: lm-eval's argmax over NaN) into
+    model-index beside a regression verdict. A rule the gate marked non-finite is in the card's section only,
+    with no candidate figure, and the sweep's one-line headline says why the rule failed."""
+    from huggingface_hub import ModelCard
+
+    from quantize.gates.render import headline
+
+    _, _, lenient, bad = world
+    cand = tmp_path / "nan-card"
+    shutil.copytree(bad, cand)
+    args = ["gate", str(lenient), "--baseline", str(tiny_model), "--candidate", str(cand), "--json", "--quiet"]
+    assert main([*args, "--card"]) == 1
+    v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    facts = next(r for r in v.rules if r.rule == "core_facts acc")
+    assert facts.non_finite and math.isfinite(facts.evidence.candidate)  # the figure the card published
+    card = ModelCard.load(cand / "README.md")
+    assert not card.data.eval_results  # every rule of this verdict is non-finite
+    row = next(line for line in card.text.splitlines() if line.startswith("| `core_facts acc`"))
+    assert f"{facts.evidence.candidate:.4f}" not in row and "| non-finite |" in row
+    assert "core_facts acc regression (non-finite)" in headline(v)
 
 
 def test_a_nan_baseline_is_the_user_s_input_to_fix(world, tiny_model, capsys):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quantize.kinds import kind_of
+from quantize.kinds import headline, kind_of
 from quantize.records import AgreementResult, ScoreDoc
 from quantize.tables import counted, printable
 from quantize.tables import text_table as table
@@ -19,12 +19,12 @@ def score_text(doc: ScoreDoc, cached: bool) -> str:
         took += f"; on {printable(p.cpu)}, {counted(p.threads or 0, 'thread')}"
     rows = []
     for task, d in doc.tasks.items():
-        h = kind_of(d).headline(d)
-        se = f"± {h.se:.4f}" if h.se is not None else ("" if not kind_of(d).right_wrong else "± -")
+        h = headline(d)  # none where an item is not finite (lm-eval's acc over NaN log-likelihoods is no score)
+        se = f"± {h.se:.4f}" if h.se is not None else ("" if not kind_of(d).right_wrong or h.non_finite else "± -")
         chance = f"{d.chance:.2f}" if hasattr(d, "chance") else ""
-        rows.append([task, h.metric, f"{h.value:.4f}", se, d.n, chance, f"v{d.version}"])
+        rows.append([task, h.metric, h.text(), se, d.n, chance, f"v{d.version}"])
         for name, value in getattr(d, "metrics", {}).items():  # the task's other per-item metrics (acc_norm, ...)
-            rows.append(["", name, f"{value:.4f}", "", d.n, "", ""])
+            rows.append(["", name, "non-finite" if h.non_finite else f"{value:.4f}", "", d.n, "", ""])
     return (
         f"{p.checkpoint.path}  (identity {p.checkpoint.identity_sha256[:12]}; golden {p.golden.name}/"
         f"{p.golden.version}; lm-eval {p.lm_eval_version}; {took})\n"

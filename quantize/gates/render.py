@@ -63,8 +63,19 @@ def fails_closed(v: Verdict) -> str:
 
 
 def failed_rules(v: Verdict) -> list[str]:
-    """The rules that did not pass, each with its outcome: "core_kv acc regression"."""
-    return [f"{r.rule} {r.verdict}" for r in v.rules if r.verdict not in ("pass", "untested")]
+    """The rules that did not pass, each with its outcome: "core_kv acc regression", "core_kv acc regression
+    (non-finite)" where the candidate computes NaN or infinity (no drop was measured: there is no figure)."""
+    return [
+        f"{r.rule} {r.verdict}" + (" (non-finite)" if getattr(r, "non_finite", None) else "")
+        for r in v.rules
+        if r.verdict not in ("pass", "untested")
+    ]
+
+
+def _candidate(r: Any, figure: str) -> str:
+    """A rule's candidate figure as shown, or "non-finite" where the gate marked its evidence so: over NaN
+    log-likelihoods lm-eval's accuracy is its argmax's first choice, a finite number that is no score."""
+    return "non-finite" if getattr(r, "non_finite", None) else figure
 
 
 def headline(v: Verdict) -> str:
@@ -107,7 +118,8 @@ def render_text(v: Verdict) -> str:
         if isinstance(r, AccuracyResult):
             e = r.evidence
             lines.append(
-                f"    {printable(r.metric or 'acc')} {e.baseline:.4f} -> {e.candidate:.4f}  Δ = {e.delta:+.4f}  "
+                f"    {printable(r.metric or 'acc')} {e.baseline:.4f} -> {_candidate(r, f'{e.candidate:.4f}')}  "
+                f"Δ = {e.delta:+.4f}  "
                 f"SE {e.se:.4f} "
                 f"(paired {e.se_paired:.4f}, clustered {_fmt(e.se_clustered)})  n = {e.n}, {e.clusters} clusters"
             )
@@ -132,7 +144,8 @@ def render_text(v: Verdict) -> str:
         elif isinstance(r, PerplexityResult):
             e = r.evidence
             lines.append(
-                f"    perplexity {e.baseline_perplexity:.3f} -> {e.candidate_perplexity:.3f}  ratio {e.ratio:.4f} "
+                f"    perplexity {e.baseline_perplexity:.3f} -> {_candidate(r, f'{e.candidate_perplexity:.3f}')}  "
+                f"ratio {e.ratio:.4f} "
                 f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}] vs max {e.max_ratio}  n = {e.n} ({e.interval})"
             )
         else:
@@ -254,16 +267,18 @@ def _md_row(r: Any) -> list[str]:
     if isinstance(r, UntestedResult):
         return [rule, "untested", "-", "-", "-", "-", md_text(r.reason)]
     e = r.evidence
+    measured = not r.non_finite  # else no candidate figure, change or bounds: the verdict cell says why
     if isinstance(r, AccuracyResult):
-        bounds = f"[{e.lower_bound:+.4f}, {e.upper_bound:+.4f}]"
-        base, cand = f"{e.baseline:.4f}", f"{e.candidate:.4f}"
-        return [rule, verdict, base, cand, f"{e.delta:+.4f}", bounds, f"Δ ≥ −{e.margin}"]
+        bounds = f"[{e.lower_bound:+.4f}, {e.upper_bound:+.4f}]" if measured else "-"
+        base, cand = f"{e.baseline:.4f}", _candidate(r, f"{e.candidate:.4f}")
+        return [rule, verdict, base, cand, f"{e.delta:+.4f}" if measured else "-", bounds, f"Δ ≥ −{e.margin}"]
     if isinstance(r, PerplexityResult):
-        bounds = f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}]"
-        base, cand = f"{e.baseline_perplexity:.3f}", f"{e.candidate_perplexity:.3f}"
-        return [rule, verdict, base, cand, f"×{e.ratio:.4f}", bounds, f"ratio ≤ {e.max_ratio}"]
+        bounds = f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}]" if measured else "-"
+        base, cand = f"{e.baseline_perplexity:.3f}", _candidate(r, f"{e.candidate_perplexity:.3f}")
+        return [rule, verdict, base, cand, f"×{e.ratio:.4f}" if measured else "-", bounds, f"ratio ≤ {e.max_ratio}"]
     limit = f"≤ {e.max}" if e.max is not None else f"≥ {e.min}"
-    return [rule, verdict, "-", f"{e.value:.4f}", "-", f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}]", limit]
+    bounds = f"[{e.lower_bound:.4f}, {e.upper_bound:.4f}]" if measured else "-"
+    return [rule, verdict, "-", _candidate(r, f"{e.value:.4f}"), "-", bounds, limit]
 
 
 def render_markdown(v: Verdict) -> str:

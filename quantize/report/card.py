@@ -8,8 +8,11 @@ baseline's value, the change, the rule's limit and outcome, and `source: quantiz
 of its own for a baseline; its `source` needs a URL, and the mark in `args` is how a later verdict finds the entries
 to replace). An agreement rule (mean KL, top-1, Σ min(p, q) against the baseline) has the golden set's prompts as
 its dataset (config `agreement`), the measured value, and under `args` its bounds, limit and outcome and the
-baseline's identity. A rule whose figures are not finite has no number to publish, and a rule never tested has
-none: both appear in the human section only. The card is rewritten whole and atomically; a card quantize wrote
+baseline's identity. A rule whose figures are not finite has no number to publish, nor has a rule the gate marked
+`non_finite` (the candidate computes NaN on its task's items: lm-eval's argmax over NaN log-likelihoods picks the
+first choice, so its accuracy, 1.0 where the gold is first, is finite and no score), and a rule never tested has
+none: these appear in the human section only, as the regression the verdict says they are (the card is written,
+not refused: a rejected verdict is one to publish). The card is rewritten whole and atomically; a card quantize wrote
 before keeps its text, and an earlier verdict's section and results are replaced, not stacked.
 
 What is read: README.md only as a regular file inside the checkpoint (a symbolic link is refused, never followed:
@@ -69,7 +72,7 @@ def eval_results(v: Verdict) -> list[Any]:
             args |= {"max": a.max} if a.max is not None else {"min": a.min}
         else:
             continue  # an untested rule has no figure
-        if not all(math.isfinite(x) for x in (value, *args.values())):
+        if r.non_finite or not all(math.isfinite(x) for x in (value, *args.values())):
             continue  # a non-finite figure is a regression the section shows; never a number in the front matter
         if isinstance(r, AgreementRuleResult):  # the golden prompts, against the baseline (no task of its own)
             task = "agreement"

@@ -11,13 +11,13 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
 from quantize.io import atomic_dir, unwritable_parent
-from quantize.kinds import KINDS, kind_of
+from quantize.kinds import KINDS, headline, kind_of
 from quantize.records import (
     VERDICT_FILE,
     AccuracyResult,
@@ -28,7 +28,6 @@ from quantize.records import (
     UntestedResult,
     Verdict,
     finite_or_named,
-    non_finite_items,
 )
 from quantize.report.collect import Entry
 from quantize.report.fields import field_rows, fields_figure, varied_fields
@@ -131,9 +130,9 @@ def value(e: Entry, key: str) -> tuple[float, float] | None:
         a = e.agreement
         return (a.kl_mean, a.kl_se) if a and math.isfinite(a.kl_mean) and math.isfinite(a.kl_se) else None
     d = task_scores(e, kind)
-    if d is None or non_finite_items(d):  # a NaN item's task has no figure to plot (its cell says so)
+    if d is None:
         return None
-    h = kind_of(d).headline(d)
+    h = headline(d)  # a NaN item's task has no figure to plot (its cell says so)
     return (h.value, h.se or 0.0) if math.isfinite(h.value) else None
 
 
@@ -293,6 +292,8 @@ def evidence_cell(v: Verdict | None, task: str) -> str | None:
         return None
     if isinstance(r, UntestedResult):
         return "untested (the gate stopped before this task)"
+    if r.non_finite:  # NaN items or evidence: the change measured over them is no figure
+        return f"non-finite ({r.non_finite})"
     e = r.evidence
     if isinstance(r, AccuracyResult):
         return f"Δ {e.delta:+.3f} [{e.lower_bound:+.3f}, {e.upper_bound:+.3f}], n {_items_of(v, task, e.n)}"
@@ -328,6 +329,13 @@ def _look(v: Verdict, r: AccuracyResult | PerplexityResult | AgreementRuleResult
 
 
 def rule_point(e: Entry, r: AccuracyResult | PerplexityResult | AgreementRuleResult) -> RulePoint:
+    """The rule's measured change and bounds; NaN (no point, "non-finite" in the table) where the gate marked its
+    evidence non-finite: a change over NaN log-likelihoods (lm-eval's argmax picks the first choice) is no figure."""
+    p = _rule_point(e, r)
+    return replace(p, value=math.nan, lower=math.nan, upper=math.nan) if r.non_finite else p
+
+
+def _rule_point(e: Entry, r: AccuracyResult | PerplexityResult | AgreementRuleResult) -> RulePoint:
     v = e.verdict
     assert v is not None
     ev = r.evidence
@@ -397,6 +405,9 @@ def evidence_rows(points: list[RulePoint]) -> tuple[list[str], list[list[str]]]:
     for p in points:
         f = fmt[p.kind]
         change = {"accuracy": "Δ ", "perplexity": "ratio ×"}.get(p.kind, "") + format(p.value, f)
+        bounds = f"[{format(p.lower, f)}, {format(p.upper, f)}]"
+        if math.isnan(p.value):
+            change, bounds = "non-finite", "-"
         passes = (
             f"Δ ≥ {p.limit:g}"
             if p.kind == "accuracy"
@@ -405,9 +416,7 @@ def evidence_rows(points: list[RulePoint]) -> tuple[list[str], list[list[str]]]:
             else f"{'≤' if p.reference == 0.0 else '≥'} {p.limit:g}"
         )
         items = f"{p.n:,}" + (f" of {p.items_total:,}" if p.items_total is not None else "")
-        rows.append(
-            [p.label, p.rule, p.outcome, change, f"[{format(p.lower, f)}, {format(p.upper, f)}]", passes, items, p.look]
-        )
+        rows.append([p.label, p.rule, p.outcome, change, bounds, passes, items, p.look])
     return head, rows
 
 
@@ -528,16 +537,16 @@ def table_rows(entries: list[Entry]) -> tuple[list[str], list[list[str]]]:
             d = task_scores(e, t)
             if d is None:
                 r.append(evidence_cell(e.verdict, t) or "not scored")
-            elif bad := non_finite_items(d):
-                r.append(f"not finite ({counted(len(bad), 'item')} NaN or infinite)")
+            elif (h := headline(d)).non_finite:
+                r.append(h.text())
             elif not kind_of(d).right_wrong:
-                r.append(f"{kind_of(d).headline(d).value:.4f} bpb")
+                r.append(f"{h.value:.4f} bpb")
             else:
                 # the rule on the figure shown (acc; a generation task's exact_match), not acc_norm's beside it
                 ev = e.verdict.accuracy_evidence(t, ("acc", "exact_match")) if e.verdict else None
                 delta = f" (Δ {ev.delta:+.3f}, LB {ev.lower_bound:+.3f}{_staged_n(e.verdict, t, ev.n)})" if ev else ""
-                se = f" ± {d.acc_se:.3f}" if d.acc_se is not None else ""
-                r.append(f"{d.acc:.3f}{se}{delta}")
+                se = f" ± {h.se:.3f}" if h.se is not None else ""
+                r.append(f"{h.value:.3f}{se}{delta}")
         a = e.agreement
         r += [
             ("0" if e.is_baseline else _f(a and a.kl_mean, ".4f")),

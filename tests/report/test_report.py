@@ -667,8 +667,10 @@ def test_a_verdict_that_contradicts_its_rules_is_refused_wherever_it_is_read(sta
 
 def test_a_nan_candidate_shows_no_figures_and_report_json_stays_json(checkpoints, tiny_model, tmp_path, monkeypatch):
     """A candidate with NaN everywhere read "1.000 ± 0.000", was plotted at the top of the Pareto panels, and
-    report.json held bare NaN tokens. Its cells say not finite, no point is plotted for it, the evidence row
-    names the reason, report.json parses strictly."""
+    report.json held bare NaN tokens. Its cells say non-finite (k of n items), no point is plotted for it, the
+    evidence row names the reason and shows no change (it read "Δ +0.0417", lm-eval's argmax over NaN against the
+    baseline, plotted as a point), report.json parses strictly."""
+    from quantize.records import non_finite_items
     from quantize.report.render import value
 
     from conftest import nan_copy
@@ -679,17 +681,22 @@ def test_a_nan_candidate_shows_no_figures_and_report_json_stays_json(checkpoints
     shutil.copytree(tiny_model, bad)
     nan_copy(tiny_model / "model.safetensors", bad / "model.safetensors")
     for c in (tiny_model, bad):
-        score(open_suite(suite), c)
+        facts = score(open_suite(suite), c).doc.tasks["core_facts"]
     pol = tmp_path / "p.yaml"
     pol.write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.2}}\n")
     out = tmp_path / "rep"
     assert main(["report", str(bad), "--baseline", str(tiny_model), "--policy", str(pol), "--out", str(out)]) == 0
     row = _rows(out)["nan"]
-    assert row["gate"] == "REJECTED" and row["facts"].startswith("not finite (")
+    bad_items = non_finite_items(facts)  # the NaN copy's scores, as computed
+    assert bad_items and row["gate"] == "REJECTED"
+    assert row["facts"] == f"non-finite ({len(bad_items)} of {facts.n} items)"
     text = (out / "report.json").read_text()
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"report.json holds {c}"))
     [point] = data["evidence"]
     assert point["outcome"].startswith("regression (the candidate computes NaN")
+    assert point["value"] == point["lower"] == point["upper"] == "NaN"  # no change measured over NaN
+    [evidence_row] = [line for line in (out / "report.md").read_text().splitlines() if "core\\_facts acc" in line]
+    assert [c.strip() for c in evidence_row.split("|")][4:6] == ["non-finite", "\\-"]  # change, bounds
     from quantize.cost.bounds import HARDWARE
     from quantize.report.collect import collect
 
