@@ -72,6 +72,17 @@
   library's conversion inside it. Where the guard does not hold (the method no longer reads `text_config`: fixed
   upstream), it leaves the method as it is.
 
+- llm-compressor's compressed save (`transformers.compression.compressed_tensors_utils.modify_save_pretrained`,
+  which `save_pretrained(save_compressed=True)` runs) copies the source's multi-token-prediction tensors, which
+  transformers' model does not load, where the model's text config declares MTP layers (`num_mtp_layers` or
+  `mtp_num_hidden_layers`, read with getattr): compressed-tensors' `save_mtp_tensors_to_checkpoint(source,
+  folder)` copies every stored tensor whose name starts with `mtp` into a shard of its own and adds `re:^mtp.*` to
+  the quantization_config's ignore. Nothing else is copied: a DeepSeek-V3's `model.layers.61` (its declared MTP
+  layer) or an undeclared `mtp.*` module is not in the saved checkpoint. `mtp_copied(config)` says whether the save
+  copies for this config, so that the streamed path (model_free_ptq copies every stored tensor) writes what the
+  in-memory path's save writes (backends/llmcompressor.stream); `problems()` checks the condition in the save's
+  source (MTP_DECLARED) and the function's default prefix.
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
 
@@ -122,6 +133,34 @@ def problems() -> list[str]:
     # mappings
     if "linearize_moe(self.model)" not in inspect.getsource(Oneshot.apply_recipe_modifiers):
         found.append("oneshot no longer linearizes fused experts before its modifiers resolve their mappings")
+    return found + _mtp_problems()
+
+
+# the text-config fields whose value makes llm-compressor's save copy the source's `mtp*` tensors (module docstring)
+MTP_DECLARED = ("num_mtp_layers", "mtp_num_hidden_layers")
+MTP_PREFIX = "mtp"  # save_mtp_tensors_to_checkpoint's default `mtp_prefix`, as the save calls it
+
+
+def mtp_copied(config: Any) -> bool:
+    """Whether llm-compressor's compressed save of a model with this (transformers) config copies the source's
+    tensors under MTP_PREFIX into the checkpoint (the module docstring)."""
+    text = config.get_text_config()
+    return any(getattr(text, f, 0) for f in MTP_DECLARED)
+
+
+def _mtp_problems() -> list[str]:
+    """What no longer holds of `mtp_copied`: the save's condition or its call, or the copy's default prefix."""
+    from compressed_tensors.utils import save_mtp_tensors_to_checkpoint
+    from llmcompressor.transformers.compression import compressed_tensors_utils
+
+    source = inspect.getsource(compressed_tensors_utils.modify_save_pretrained)
+    found = [f"llm-compressor's save no longer reads `{f}` to copy MTP tensors" for f in MTP_DECLARED]
+    found = [w for w, f in zip(found, MTP_DECLARED, strict=True) if f not in source]
+    if "save_mtp_tensors_to_checkpoint(model.name_or_path, save_dir)" not in source:
+        found.append("llm-compressor's save no longer copies MTP tensors with save_mtp_tensors_to_checkpoint")
+    prefix = inspect.signature(save_mtp_tensors_to_checkpoint).parameters.get("mtp_prefix")
+    if prefix is None or prefix.default != MTP_PREFIX:
+        found.append(f"save_mtp_tensors_to_checkpoint's mtp_prefix is no longer {MTP_PREFIX!r} by default")
     return found
 
 

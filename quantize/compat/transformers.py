@@ -61,6 +61,13 @@
   stored name of a module transformers renames on load (Nemotron-H's `model.` stored `backbone.`, Kimi-Linear's
   `self_attn.forget_gate.f_a_proj` stored `self_attn.f_a_proj`); `problems()` checks it on Mixtral (SAVED_READ).
 
+- The dtype `from_pretrained(dtype=...)` loads each tensor in: the requested dtype, but the modules the class keeps
+  in float32 (`_keep_in_fp32_modules_strict` for bfloat16 and float16, `_keep_in_fp32_modules` for float16), which
+  it reads through the model's private `_get_dtype_plan(dtype)` and hands `convert_and_load_state_dict_in_model` as
+  LoadStateDictConfig's `dtype` and `dtype_plan`. `loaded_dtypes` runs that on a meta-device model (no weight
+  read): the dtype the in-memory path holds and saves each tensor in, which the streamed path and a float32
+  calibration's cast write too (convert/dtypes.held_dtypes); `problems()` checks the names (_dtype_plan_problems).
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on any).
 """
 
@@ -129,7 +136,7 @@ def problems() -> list[str]:
     found += _gguf_problems() + _conversion_problems() + _patch_problems() + _config_problems()
     found += _expert_reading_problems()
     found += config_name_problems(sorted(config_names.ATTRIBUTE_MAPS)) + sliding_switch_problems()
-    return found + mtp_pattern_problems() + _saved_name_problems()
+    return found + mtp_pattern_problems() + _saved_name_problems() + _dtype_plan_problems()
 
 
 # a Mixtral module's name in memory and as save_pretrained writes it on 5.17 (its `.block_sparse_moe.` renaming)
@@ -565,3 +572,51 @@ def dry_load(model: Any, stored: dict[str, tuple[list[int], Any]]) -> DryLoad:
         mismatched=sorted((str(k), list(a), list(b)) for k, a, b in info.mismatched_keys),
         conversion={k: str(v).strip().splitlines()[-1] for k, v in sorted(info.conversion_errors.items())},
     )
+
+
+def loaded_dtypes(model: Any, stored: dict[str, tuple[list[int], Any]], dtype: Any) -> dict[str, Any]:
+    """The torch dtype `from_pretrained(dtype=dtype)` holds each of `model`'s tensors in once it has loaded `stored`
+    (name -> (shape, torch dtype), as dry_load takes them; `model` built on the meta device, in any dtype: it is
+    cast to `dtype` first, as from_pretrained builds it in that dtype), keyed by the model's
+    names: `dtype`, but where the class keeps a module in float32 (its `_keep_in_fp32_modules_strict` for bfloat16
+    and float16, `_keep_in_fp32_modules` for float16), the dtype plan `from_pretrained` reads from the model's
+    private `_get_dtype_plan(dtype)` and hands the loader as LoadStateDictConfig's `dtype` and `dtype_plan`. This is
+    the dtype the in-memory path saves each tensor in (tests/convert/test_streaming.py holds it to a real load).
+    Nothing is read or allocated; the model is left holding meta tensors."""
+    import torch
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import convert_and_load_state_dict_in_model
+    from transformers.modeling_utils import LoadStateDictConfig
+    from transformers.utils import logging as hf_logging
+
+    model.to(dtype)  # built in it, as from_pretrained builds the model (the loader keeps a parameter's dtype)
+    state = {name: torch.empty(shape, dtype=t, device="meta") for name, (shape, t) in stored.items()}
+    config = LoadStateDictConfig(
+        weight_mapping=get_model_conversion_mapping(model),
+        device_map={"": "meta"},
+        dtype=dtype,
+        dtype_plan=model._get_dtype_plan(dtype),  # noqa: SLF001 (from_pretrained's own call, the module docstring)
+    )
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        convert_and_load_state_dict_in_model(model, state, config)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return {name: t.dtype for name, t in model.state_dict().items()}
+
+
+def _dtype_plan_problems() -> list[str]:
+    """What no longer holds of `loaded_dtypes`' reading: the dtype plan gone or re-signed, the loader's config
+    without its dtype fields."""
+    from transformers import PreTrainedModel
+    from transformers.modeling_utils import LoadStateDictConfig
+
+    found = []
+    plan = getattr(PreTrainedModel, "_get_dtype_plan", None)
+    if not callable(plan) or list(inspect.signature(plan).parameters) != ["self", "dtype"]:
+        found.append("PreTrainedModel._get_dtype_plan(self, dtype) is gone or re-signed")
+    have = {f.name for f in fields(LoadStateDictConfig)}
+    found += [f"LoadStateDictConfig has no `{f}`" for f in ("dtype", "dtype_plan") if f not in have]
+    return found

@@ -223,8 +223,8 @@ def left_at_16(
 MTP_COPIED = (
     "multi-token-prediction (MTP) module (part `mtp`): transformers' causal LM does not load it, so no conversion "
     "reached it; the backend copied it from the source as stored (llm-compressor's save copies a source's `mtp.*` "
-    "tensors where config.json declares MTP layers, and its quantization_config ignores them; its streamed "
-    "model_free_ptq copies every tensor no target names)"
+    "tensors where config.json declares MTP layers, and its quantization_config ignores them; the streamed path "
+    "keeps them where that save would)"
 )
 
 

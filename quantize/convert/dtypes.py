@@ -11,7 +11,8 @@ from pathlib import Path
 from quantize import cache
 from quantize.checkpoint.files import SAFE_INDEX, read_config, read_json_object, safetensors_files, write_config
 from quantize.checkpoint.headers import FLOATS, all_tensors, read_header
-from quantize.checkpoint.loader import device
+from quantize.checkpoint.loader import device, meta_model
+from quantize.compat.transformers import loaded_dtypes, saved_names
 from quantize.convert.backends import calibration_default
 from quantize.convert.recipe import Recipe
 from quantize.errors import UsageError
@@ -190,23 +191,65 @@ def written_dtype(folder: Path) -> str:
     return f"{order[0]} ({'; '.join(others)})" if others else order[0]
 
 
-def cast_saved_floats(folder: Path, dtype: str) -> None:
-    """Cast the float32 tensors of a checkpoint calibrated in float32 to the source model's dtype.
-
-    The packed integers were computed from float32 weights and scales, so they are exact; the cast
-    rounds scales, norms and embeddings to the dtype the source model had, as a bf16 run would."""
+def held_dtypes(model_dir: Path, trust_remote_code: bool, dtype: str) -> dict[str, str]:
+    """The dtype the in-memory path holds and saves each of the source's tensors in when it loads the model in
+    `dtype` (its source_dtype, `from_pretrained(dtype="auto")`): `dtype`, but the modules the model class keeps in
+    float32 (compat.transformers.loaded_dtypes: its `_keep_in_fp32_modules_strict`, DeepSeek-V3's
+    e_score_correction_bias), keyed by the names save_pretrained writes (compat.transformers.saved_names). A stored
+    tensor the model does not hold (a multi-token-prediction module a save copies from the source) keeps the dtype
+    it is stored in. Read from config.json and the headers on a meta-device model: nothing is allocated."""
     import torch
+
+    stored, _ = all_tensors(safetensors_files(model_dir))
+    model = meta_model(model_dir, trust_remote_code)
+    held = loaded_dtypes(
+        model, {n: (t.shape, getattr(torch, TORCH_NAMES[t.dtype])) for n, t in stored.items()}, getattr(torch, dtype)
+    )
+    named = saved_names(model, list(held))
+    found = {n: TORCH_NAMES[t.dtype] for n, t in stored.items() if t.dtype in TORCH_NAMES}
+    return found | {named[n]: str(t).removeprefix("torch.") for n, t in held.items() if t.is_floating_point}
+
+
+# safetensors' dtype names as torch names them, those a float checkpoint may store (FLOATS and the float8s)
+TORCH_NAMES = FLOATS | {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def cast_saved_floats(folder: Path, dtype: str, held: dict[str, str] | None = None) -> list[str]:
+    """Cast the floating tensors (16 bits and up) of a written checkpoint to the dtype the in-memory path saves
+    them in: `held`'s for the tensors it names (held_dtypes: the source dtype, but the modules the model keeps in
+    float32 and the tensors it does not load), `dtype` (the source's) for the others, which the quantization made
+    (its scales); compressed-tensors' float32 global scales (KEEP_FP32) are left as they are. Files with nothing
+    to cast are not rewritten, and one file is in memory at a time. Returns the names cast.
+
+    After a float32 calibration: the packed integers were computed from float32 weights and scales, so they are
+    exact; the cast rounds scales, norms and embeddings to the dtype the source model had, as a bf16 run would,
+    and keeps in float32 what a bf16 run keeps in float32 (before 2026-12-07 every float32 tensor was cast, those
+    too). After a streamed conversion, which writes each tensor in the dtype it is stored in: a norm a bf16
+    checkpoint stores in float32 is written bf16, as the in-memory path's load makes it."""
+    import torch
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    target = getattr(torch, dtype)
+    held = held or {}
+    cast = []
     for f in safetensors_files(folder):
-        tensors = load_file(str(f))
-        cast = {
-            k: (v.to(target) if v.dtype == torch.float32 and not k.endswith(KEEP_FP32) else v)
-            for k, v in tensors.items()
+        with safe_open(str(f), framework="pt") as st:
+            dtypes = {k: st.get_slice(k).get_dtype() for k in st.keys()}  # noqa: SIM118
+        todo = {
+            k: target
+            for k, d in dtypes.items()
+            if d in FLOATS and not k.endswith(KEEP_FP32) and (target := held.get(k, dtype)) != FLOATS[d]
         }
-        save_file(cast, str(f), metadata={"format": "pt"})
+        if not todo:
+            continue
+        tensors = load_file(str(f))
+        for k, target in todo.items():
+            tensors[k] = tensors[k].to(getattr(torch, target))
+        save_file(tensors, str(f), metadata={"format": "pt"})
+        cast += sorted(todo)
     cfg = read_config(folder)
-    cfg["dtype"] = dtype
-    cfg.pop("torch_dtype", None)
-    write_config(folder, cfg)
+    if cfg.get("dtype") != dtype or "torch_dtype" in cfg:
+        cfg["dtype"] = dtype
+        cfg.pop("torch_dtype", None)
+        write_config(folder, cfg)
+    return cast

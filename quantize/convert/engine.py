@@ -56,7 +56,14 @@ from quantize.convert.checks import (
     streamed_finite_check,
     structure_check,
 )
-from quantize.convert.dtypes import calibration_dtype, cast_saved_floats, check_narrowing, source_dtype, written_dtype
+from quantize.convert.dtypes import (
+    calibration_dtype,
+    cast_saved_floats,
+    check_narrowing,
+    held_dtypes,
+    source_dtype,
+    written_dtype,
+)
 from quantize.convert.plan import LayerPlan, plan_layers
 from quantize.convert.provenance import Phases, library_versions, memory_record, peak_rss_bytes
 from quantize.convert.recipe import Method, Recipe, resolved_dict
@@ -302,8 +309,8 @@ def _convert(  # noqa: PLR0913 (convert's inputs, the plan and where it offloads
         with phases("save"):
             backend.save(model, tmp)
             tok.save_pretrained(tmp)
-            if work_dtype != "auto" and save_dtype != work_dtype:
-                cast_saved_floats(tmp, save_dtype)
+            if work_dtype != "auto" and save_dtype != work_dtype:  # as a load in the source's dtype holds them
+                cast_saved_floats(tmp, save_dtype, held_dtypes(model_dir, recipe.trust_remote_code, save_dtype))
         with phases("reload-check"):
             del model  # the quantized model in memory goes before a second copy loads
             backend.release()
@@ -345,7 +352,8 @@ def _convert_streamed(
     started = dt.datetime.now(dt.UTC)
     backend = backend_for(recipe)
     with phases("plan"):
-        plan = plan_layers(meta_model(model_dir, recipe.trust_remote_code), recipe, backend.linearizes_experts)
+        meta = meta_model(model_dir, recipe.trust_remote_code)
+        plan = plan_layers(meta, recipe, backend.linearizes_experts)
         prepared = backend.prepare(recipe, plan)
         source_hash = weights_sha256(model_dir)
         source_params = accounting.parameter_count(model_dir)
@@ -354,9 +362,12 @@ def _convert_streamed(
     torch.manual_seed(seed)
     with atomic_dir(out, replace=force) as tmp:
         with phases("quantize"):
-            ran = backend.stream(model_dir, tmp, prepared)
+            ran = backend.stream(model_dir, tmp, prepared, meta)
             for stale in ("quantize.json", "README.md"):  # copied from a source that is itself a quantize output
                 (tmp / stale).unlink(missing_ok=True)
+        with phases("save"):  # each tensor in the dtype the in-memory path's load holds it in, as that path saves it
+            save_dtype = source_dtype(model_dir)
+            cast_saved_floats(tmp, save_dtype, held_dtypes(model_dir, recipe.trust_remote_code, save_dtype))
         with phases("reload-check"):
             structure_check(
                 tmp, model_dir, {n for names in plan.groups.values() for n in names}, recipe.trust_remote_code
@@ -366,7 +377,11 @@ def _convert_streamed(
                 tok = AutoTokenizer.from_pretrained(hf_path(model_dir), trust_remote_code=recipe.trust_remote_code)
                 probe = torch.tensor([tok("The quick brown fox jumps over the lazy dog.")["input_ids"]])
                 finite.append(reload_check(tmp, probe, recipe.trust_remote_code))
-        reason = "streamed shard by shard (model_free_ptq): each tensor in the checkpoint's own dtype"
+        reason = (
+            "streamed shard by shard (model_free_ptq): each tensor quantized in the dtype it is stored in, then saved "
+            "in the dtype the in-memory path's load holds it in (the checkpoint's own dtype, float32 where the model "
+            "keeps a module in float32)"
+        )
         check_identity(model_dir, held)  # the source read is the one recorded, or nothing is placed
         meta = _written(
             tmp,

@@ -13,7 +13,9 @@ its peak on each path, from the safetensors headers and config.json alone, again
     streamed    data-free schemes its backend `streams` only (llm-compressor's `model_free_ptq`), one safetensors
                 shard at a time (engine._convert_streamed): per worker a shard, its output, float32 working copies
                 of its largest tensor (and, for the FP4 formats, fused partners read from other shards), plus the
-                libraries
+                libraries; after it, an output shard is rewritten where a tensor's dtype is cast to the one the
+                in-memory path saves or an MTP tensor that path leaves out is taken out (one shard at a time, within
+                the same terms)
 
 After the conversion, on every path, its output is checked in a phase of its own: the full reload (transformers
 loads the output, decompressing it into the model while its files stay mapped, and runs a probe: reload_terms)

@@ -87,25 +87,43 @@ def test_saved_dtype_is_read_from_the_output_where_config_json_names_no_dtype(tm
         assert record(tmp_path, name).engine.saved_dtype == FLOATS[written["model.embed_tokens.weight"]]
 
 
-def test_a_mixed_dtype_source_differs_between_the_paths_only_where_the_docs_say(tmp_path, tiny_model):
-    """float32 norms in a bfloat16 checkpoint: in memory (transformers' load) they are cast to bfloat16, streamed
-    they stay float32 (docs/recipes.md); each record says what its output stores, and every other tensor is the
-    same bytes on both paths."""
+def test_a_mixed_dtype_source_is_saved_in_the_same_dtypes_on_every_path(tmp_path, tiny_model):
+    """float32 norms in a bfloat16 checkpoint: the in-memory path's load (transformers' from_pretrained in the
+    checkpoint's dtype) holds them in bfloat16 and saves them so, after a float32 calibration too (cast_saved_floats);
+    the streamed path wrote each tensor in the dtype it is stored in, so they stayed float32 (issue 57; this test
+    asserted that difference, then documented). Now every tensor's dtype in the headers is the same on the three,
+    the streamed and in-memory files are the same bytes, and each record says bfloat16."""
     from test_streaming import tensors
 
     folder = variant(tiny_model, tmp_path / "mixed", "bfloat16", {NORMS: "float32"})
     fields = dict(method="fp8", scheme="FP8_DYNAMIC")
     assert run(tmp_path, folder, "on", streaming="on", **fields) == 0
     assert run(tmp_path, folder, "off", streaming="off", **fields) == 0
-    on, off = tensors(tmp_path / "out" / "on"), tensors(tmp_path / "out" / "off")
+    assert run(tmp_path, folder, "f32", streaming="off", dtype="float32", **fields) == 0
     norms = {n for n, d in stored(folder).items() if d == "F32"}
-    assert norms and set(on) == set(off)
-    assert {n for n in on if on[n] != off[n]} == norms
-    assert {stored(tmp_path / "out" / "on")[n] for n in norms} == {"F32"}
-    assert {stored(tmp_path / "out" / "off")[n] for n in norms} == {"BF16"}
-    assert record(tmp_path, "off").engine.saved_dtype == "bfloat16"
-    first = sorted(norms)[0]
-    assert record(tmp_path, "on").engine.saved_dtype == f"bfloat16 (float32: {len(norms)} tensors, e.g. {first})"
+    on, off, f32 = (stored(tmp_path / "out" / name) for name in ("on", "off", "f32"))
+    assert norms and on == off == f32
+    assert {off[n] for n in norms} == {"BF16"}  # what transformers' load made of them
+    assert tensors(tmp_path / "out" / "on") == tensors(tmp_path / "out" / "off")
+    assert {record(tmp_path, name).engine.saved_dtype for name in ("on", "off", "f32")} == {"bfloat16"}
+    assert record(tmp_path, "f32").engine.calibration_dtype == "float32"
+
+
+def test_a_float32_calibration_keeps_in_float32_what_the_model_keeps_in_float32(tmp_path):
+    """DeepSeek-V3 keeps its router's e_score_correction_bias in float32 (its class's _keep_in_fp32_modules_strict):
+    loaded in bf16 and saved, it is F32. After a float32 calibration (`dtype: float32`) cast_saved_floats cast every
+    float32 tensor to bf16, that one too (issue 57); now it keeps what the bf16 run keeps, tensor for tensor."""
+    import families
+
+    src = families.build("deepseek_v3", tmp_path / "ds")
+    fields = dict(method="fp8", scheme="FP8_DYNAMIC", streaming="off")
+    assert run(tmp_path, src, "auto", **fields) == 0
+    assert run(tmp_path, src, "f32", dtype="float32", **fields) == 0
+    auto, f32 = stored(tmp_path / "out" / "auto"), stored(tmp_path / "out" / "f32")
+    kept = {n for n, d in auto.items() if d == "F32"}
+    assert kept and all(n.endswith("e_score_correction_bias") for n in kept)
+    assert f32 == auto
+    assert record(tmp_path, "f32").engine.saved_dtype == record(tmp_path, "auto").engine.saved_dtype
 
 
 @pytest.mark.parametrize(

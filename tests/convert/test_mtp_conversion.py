@@ -7,6 +7,8 @@ weights hold 3 decoder layers ... fix config.json")."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from families import build_mtp
@@ -131,3 +133,49 @@ def test_the_streamed_path_keeps_a_prefixed_mtp_module_as_model_free_ptq_copies_
         sum(t.nbytes for t in weights.values()),
     )
     assert meta.layer_plan.not_converted == []
+
+
+def _mtp_sources(tmp_path, form: str):
+    """The MTP checkpoint of each form: `declared`, a dense Qwen3.5's `mtp.*` module with mtp_num_hidden_layers;
+    `undeclared`, the same module with no field declaring it; `layers`, an MTP layer after the decoder's
+    (model.layers.2, num_nextn_predict_layers 1) as DeepSeek-V3 stores it, on a dense Llama: every family whose
+    class declares that form is a mixture of experts, which the streamed path refuses, and config.json's field is
+    read as written (architecture.mtp_layers)."""
+    from families import build_mtp, build_mtp_prefixed
+
+    if form == "layers":
+        return build_mtp("llama", tmp_path / "src")[1]
+    return build_mtp_prefixed("qwen3_5_text", tmp_path / "src", declared=form == "declared")[1]
+
+
+@pytest.mark.parametrize("form", ["declared", "undeclared", "layers"])
+def test_the_streamed_and_in_memory_paths_keep_the_same_mtp_tensors(tmp_path, form):
+    """Both paths write the MTP tensors llm-compressor's save copies (a declared `mtp.*` module, in a shard of its
+    own, `re:^mtp.*` in the ignore list) and drop the others with the same not_converted note: the streamed path's
+    model_free_ptq copied every stored tensor, so it kept an undeclared `mtp.*` module and a `model.layers.2` MTP
+    layer the in-memory path left out (issue 57). The outputs hold the same tensors, the same quantization_config
+    and the same records of what was left at 16 bits or not converted."""
+    src = _mtp_sources(tmp_path, form)
+    out, meta = {}, {}
+    for streaming in ("on", "off"):
+        rfile = tmp_path / f"{streaming}.yaml"
+        out[streaming] = tmp_path / "out" / streaming
+        fields = {"name": form, "model": str(src), "output": str(out[streaming]), "streaming": streaming, **FP8}
+        rfile.write_text(yaml.safe_dump(fields))
+        assert main(["run", str(rfile), "--quiet"]) == 0
+        meta[streaming] = records.read(RunRecord, out[streaming] / "quantize.json")
+    assert meta["on"].memory_plan.path == "streamed" and meta["off"].memory_plan.path == "in-memory"
+    held = {s: all_tensors(safetensors_files(out[s]))[0] for s in out}
+    assert {n: (t.shape, t.dtype) for n, t in held["on"].items()} == {
+        n: (t.shape, t.dtype) for n, t in held["off"].items()
+    }
+    assert sorted(p.name for p in out["on"].glob("*.safetensors*")) == sorted(
+        p.name for p in out["off"].glob("*.safetensors*")
+    )
+    qc = {s: json.loads((out[s] / "config.json").read_text())["quantization_config"] for s in out}
+    assert qc["on"] == qc["off"]
+    assert meta["on"].layer_plan.left_16bit == meta["off"].layer_plan.left_16bit
+    assert meta["on"].layer_plan.not_converted == meta["off"].layer_plan.not_converted
+    kept = any(n.startswith("mtp.") for n in held["on"])
+    assert kept == (form == "declared") and ("re:^mtp.*" in qc["on"]["ignore"]) == kept
+    assert bool(meta["on"].layer_plan.not_converted) == (not kept)

@@ -73,6 +73,25 @@ def test_a_streamed_recipe_writes_the_in_memory_paths_bytes(tmp_path, tiny_model
     assert reload.max_abs_logit is not None and rs.memory_plan.reload == "full"
 
 
+def test_a_streamed_config_json_ignores_what_the_in_memory_save_lists(tmp_path, tiny_model):
+    """An ignore of `lm_head` and a pattern: the in-memory path's save (compressed-tensors' QuantizationConfig.
+    from_pretrained) lists every Linear left unquantized by name, layer by layer; the streamed output wrote the
+    recipe's list as given (issue 57), so vLLM, compressed-tensors and inspect read two lists from one recipe. Now
+    the two config.json files are the same bytes, and the list is compressed-tensors' own reading of the in-memory
+    model (every module of a quantized type no config group holds)."""
+    fp8 = dict(SCHEMES["fp8-dynamic"], ignore=["lm_head", "re:.*layers.0.*"])
+    streamed, rs = run(tmp_path, tiny_model, "on", streaming="on", **fp8)
+    loaded, rm = run(tmp_path, tiny_model, "off", streaming="off", **fp8)
+    assert rs.memory_plan.path == "streamed" and rm.memory_plan.path == "in-memory"
+    assert (streamed / "config.json").read_bytes() == (loaded / "config.json").read_bytes()
+    ignore = json.loads((streamed / "config.json").read_text())["quantization_config"]["ignore"]
+    held = tensors(loaded)
+    unquantized = {n.removesuffix(".weight") for n in held if n.endswith(".weight") and f"{n}_scale" not in held}
+    layer0 = {n for n in unquantized if n.startswith("model.layers.0.") and "layernorm" not in n}
+    assert set(ignore) == layer0 | {"lm_head"} and len(layer0) == 7  # q, k, v, o, gate, up, down
+    assert rs.bits == rm.bits and rs.layer_plan == rm.layer_plan
+
+
 def test_a_sharded_source_streams_to_a_sharded_output(tmp_path):
     """Six decoder layers, one a shard; --max-memory leaves room for a shard (the plan's streamed conversion) but not
     for the whole model, so `auto` streams and the reload is left out."""

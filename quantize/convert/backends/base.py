@@ -123,9 +123,11 @@ class ConversionBackend(Protocol):
 
     def save(self, model: Any, folder: Path) -> None: ...
 
-    def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
+    def stream(self, model_dir: Path, folder: Path, prepared: Any, model: Any) -> str:
         """Convert a data-free recipe shard by shard from model_dir into folder, never the whole model in memory
-        (only a recipe in `streams`, where memory.plan chooses it); returns what ran, as `quantize` does."""
+        (only a recipe in `streams`, where memory.plan chooses it); `model` is the meta-device model the layer plan
+        was made on (no weights), which it may alter. Writes what the in-memory path's save writes but the tensors'
+        dtypes (the engine casts those after: dtypes.cast_saved_floats). Returns what ran, as `quantize` does."""
         ...
 
     def release(self) -> None:

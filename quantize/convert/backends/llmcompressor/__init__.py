@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar
 
+from quantize.checkpoint.architecture import mtp_of
 from quantize.checkpoint.files import SAFE_INDEX, SAFE_WEIGHTS, identity_view, read_config, safetensors_files
 from quantize.checkpoint.loader import load_model
 from quantize.compat.compressed_tensors import seq_length_without_a_cache
@@ -21,6 +22,7 @@ from quantize.compat.llmcompressor import (
     global_scales_shared,
     linearize,
     model_free_ptq_pt,
+    mtp_copied,
     weights_observed,
 )
 from quantize.compat.transformers import saved_names
@@ -164,16 +166,18 @@ class LLMCompressorBackend:
             _rename_experts(folder, names, renamings(model.config.model_type))
         _targets_by_both_names(folder, model)
 
-    def stream(self, model_dir: Path, folder: Path, prepared: Any) -> str:
+    def stream(self, model_dir: Path, folder: Path, prepared: Any, model: Any) -> str:
         """A data-free recipe shard by shard: `model_free_ptq` with the same config groups (the layer plan's
         names as targets) and ignore list as `oneshot`, so the stored tensors are the same bytes. Each shard is
         written with save_pretrained's header metadata ({"format": "pt"}) and config.json as save_pretrained writes
-        it (sorted keys, the empty sparsity_config compressed-tensors adds), so a single-file output's
-        model.safetensors and config.json are byte-identical to the in-memory path's
-        (tests/convert/test_streaming.py), and recipe.yaml as save_pretrained writes it; a source of one file gives
-        one file and no shard index (model_free_ptq writes one anyway; without it the folder is laid out as the
-        in-memory path's). Returns what ran (as
-        `quantize` does), serialized before model_free_ptq, which sets the format on the config groups it is given."""
+        it (sorted keys, the empty sparsity_config compressed-tensors adds, and the ignore list its save writes:
+        _ignore_as_saved), so a single-file output's model.safetensors and config.json are byte-identical to the
+        in-memory path's (tests/convert/test_streaming.py), and recipe.yaml as save_pretrained writes it; a source of
+        one file gives one file and no shard index (model_free_ptq writes one anyway; without it the folder is laid
+        out as the in-memory path's). The source's multi-token-prediction tensors, which model_free_ptq copies
+        whatever they are, are kept only where the in-memory path's save copies them (_mtp_as_saved). `model` is the
+        meta-device model of the layer plan. Returns what ran (as `quantize` does), serialized before
+        model_free_ptq, which sets the format on the config groups it is given."""
         from compressed_tensors.quantization import QuantizationConfig, QuantizationStatus
         from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
@@ -184,6 +188,7 @@ class LLMCompressorBackend:
             ignore=list(modifier.ignore),
             quantization_status=QuantizationStatus.INITIALIZED,
         )
+        ignore = _ignore_as_saved(model, config)
         try:
             # model_free_ptq copies every other file of the folder it reads into the output (recursively, through
             # links: a link to a secret arrived as a file holding it, .git was copied, a FIFO was exit 3): it reads
@@ -202,8 +207,10 @@ class LLMCompressorBackend:
             (folder / SAFE_WEIGHTS_INDEX_NAME).unlink(missing_ok=True)
         cfg = read_config(folder)
         cfg["quantization_config"].setdefault("sparsity_config", {})
+        cfg["quantization_config"]["ignore"] = ignore
         (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
         (folder / "recipe.yaml").write_text(ran)
+        _mtp_as_saved(model_dir, folder, model.config)
         return ran
 
     def release(self) -> None:
@@ -214,6 +221,56 @@ class LLMCompressorBackend:
 
         reset_session()
         gc.collect()
+
+
+def _ignore_as_saved(model: Any, config: Any) -> list[str]:
+    """config.json's quantization_config `ignore` as the in-memory path's save writes it for `config`: compressed-
+    tensors' own QuantizationConfig.from_pretrained, run on `model` (the meta-device model, no weights) once the
+    config is applied to it (apply_quantization_config), lists every module of a type some group quantizes that no
+    group does, by name (the model's modules in order, then mapped to the checkpoint's names). model_free_ptq wrote
+    the recipe's ignore as given (`lm_head`, `re:.*layers.0.*`): a consumer read another list from the same
+    recipe's two outputs (issue 57)."""
+    import copy
+
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
+
+    apply_quantization_config(model, copy.deepcopy(config))
+    saved = QuantizationConfig.from_pretrained(model)
+    return list(saved.ignore) if saved is not None else list(config.ignore)
+
+
+def _mtp_as_saved(model_dir: Path, folder: Path, config: Any) -> None:
+    """The source's multi-token-prediction tensors (architecture.mtp_of: layers after the decoder's, or a prefix the
+    family's model ignores) in the streamed output as the in-memory path's save leaves them: model_free_ptq copies
+    every stored tensor, so they are taken out of its shards (a shard left empty goes, and the shard index follows),
+    then copied back by compressed-tensors' own save_mtp_tensors_to_checkpoint where llm-compressor's save calls it
+    (compat.llmcompressor.mtp_copied: a declared `mtp.*` module, which it writes in a shard of its own and adds
+    `re:^mtp.*` to the ignore list), laid out as that path lays it out (_single_file_indexed). What neither writes
+    (a DeepSeek-V3's `model.layers.61`, an undeclared `mtp.*`) is said in quantize.json's not_converted, as on the
+    in-memory path. Before: the streamed output kept every MTP tensor as stored and the in-memory one dropped them."""
+    from compressed_tensors.utils import save_mtp_tensors_to_checkpoint
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    mtp = mtp_of(read_config(folder))
+    index = folder / SAFE_INDEX
+    for f in safetensors_files(folder):
+        with safe_open(str(f), framework="pt") as st:
+            names = list(st.keys())
+        if not (gone := {n for n in names if mtp.holds(n)}):
+            continue
+        if kept := [n for n in names if n not in gone]:
+            tensors = load_file(str(f))
+            save_file({n: tensors[n] for n in kept}, str(f), metadata={"format": "pt"})
+        else:
+            f.unlink()
+        if index.is_file():
+            data = json.loads(index.read_text())
+            data["weight_map"] = {k: v for k, v in data["weight_map"].items() if k not in gone}
+            index.write_text(json.dumps(data, indent=2) + "\n")
+    if mtp_copied(config):
+        save_mtp_tensors_to_checkpoint(str(model_dir), str(folder))
+        _single_file_indexed(folder)
 
 
 def _single_file_indexed(folder: Path) -> None:
