@@ -51,8 +51,9 @@ DTYPE_BITS = {
 }
 
 # The torch dtype (its attribute name) safetensors reads each of these stored dtypes as, for the ones the project
-# builds meta tensors from (tests/checkpoint/test_headers.py holds each to what safetensors writes for it), and the
-# floating ones among them a model is built in (transformers' get_state_dict_dtype passes over float8 and float4).
+# builds meta tensors from (another is read as bytes of its shape; tests/checkpoint/test_accounting.py holds each
+# to what safetensors writes for it), and the floating ones of 16 bits and up, those a model is built in
+# (transformers' get_state_dict_dtype passes over float8 and float4).
 TORCH_NAMES = {
     "F64": "float64",
     "F32": "float32",
@@ -64,6 +65,8 @@ TORCH_NAMES = {
     "I8": "int8",
     "U8": "uint8",
     "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
 }
 FLOATS = {k: TORCH_NAMES[k] for k in ("F64", "F32", "F16", "BF16")}
 

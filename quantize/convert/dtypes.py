@@ -10,7 +10,7 @@ from pathlib import Path
 
 from quantize import cache
 from quantize.checkpoint.files import SAFE_INDEX, read_config, read_json_object, safetensors_files, write_config
-from quantize.checkpoint.headers import FLOATS, all_tensors, read_header
+from quantize.checkpoint.headers import FLOATS, TORCH_NAMES, all_tensors, read_header
 from quantize.checkpoint.loader import device, meta_model
 from quantize.compat.transformers import loaded_dtypes, saved_names
 from quantize.convert.backends import calibration_default
@@ -203,15 +203,13 @@ def held_dtypes(model_dir: Path, trust_remote_code: bool, dtype: str) -> dict[st
     stored, _ = all_tensors(safetensors_files(model_dir))
     model = meta_model(model_dir, trust_remote_code)
     held = loaded_dtypes(
-        model, {n: (t.shape, getattr(torch, TORCH_NAMES[t.dtype])) for n, t in stored.items()}, getattr(torch, dtype)
+        model,
+        {n: (t.shape, getattr(torch, TORCH_NAMES.get(t.dtype, "uint8"))) for n, t in stored.items()},
+        getattr(torch, dtype),
     )
     named = saved_names(model, list(held))
     found = {n: TORCH_NAMES[t.dtype] for n, t in stored.items() if t.dtype in TORCH_NAMES}
     return found | {named[n]: str(t).removeprefix("torch.") for n, t in held.items() if t.is_floating_point}
-
-
-# safetensors' dtype names as torch names them, those a float checkpoint may store (FLOATS and the float8s)
-TORCH_NAMES = FLOATS | {"F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 
 
 def cast_saved_floats(folder: Path, dtype: str, held: dict[str, str] | None = None) -> list[str]:
