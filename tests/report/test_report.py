@@ -769,3 +769,58 @@ def test_a_gguf_candidate_gets_the_decode_bounds_quantize_cost_gives_it(tmp_path
     cost = decode_cost(g, hardware="seed")
     assert cost.formats["measured"].batch1_step_bound_ms == pytest.approx(bounds.batch1_ms, rel=1e-9)
     assert cost.formats["measured"].batch_step_bound_ms == pytest.approx(bounds.batch_ms, rel=1e-9)
+
+
+def test_a_verdict_on_a_score_file_is_never_the_reports_verdict(staged, tiny_model, tmp_path, monkeypatch, capsys):
+    """A review's repro: a gate whose baseline is a score file the user wrote (another candidate's scores
+    relabelled with the baseline's identity would do) was kept in the cache as a gate's own decision, so `report`
+    and a sweep showed its PASS. Its numbers are the file's writer's: the gate decides it, the cache does not keep
+    it, and the report names why it is not shown; the same pair gated on the checkpoints is the report's."""
+    from quantize.evaluate.cache import holds_verdict
+
+    root, pol, _ = staged
+    shutil.copytree(root / "cache", tmp_path / "cache")
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    cand = tmp_path / "c" / "fp8"
+    shutil.copytree(root / "fp8", cand)
+    suite = yaml.safe_load(pol.read_text())["suite"]
+    capsys.readouterr()
+    assert main(["eval", suite, str(tiny_model), "--json", "--items", "--quiet"]) == 0
+    (tmp_path / "base.json").write_text(capsys.readouterr().out)
+    gate = ["gate", str(pol), "--candidate", str(cand), "--json"]
+    assert main([*gate, "--baseline", str(tmp_path / "base.json")]) == 0
+    v = records.loads(records.Verdict, capsys.readouterr().out.encode(), Path("gate"))
+    assert v.verdict == "pass" and v.provenance.baseline_scores == "file" and not v.provenance.own_evidence()
+    assert not holds_verdict(v)
+    records.write(cand / "gate.json", v)
+    out = tmp_path / "rep"
+    assert main(["report", str(cand), "--baseline", str(tiny_model), "--policy", str(pol), "--out", str(out)]) == 0
+    row = _rows(out)["fp8"]
+    assert row["verdict from"].startswith("gate.json not shown: not a gate's own evidence: gate.json was decided on")
+    capsys.readouterr()
+    assert main([*gate, "--baseline", str(tiny_model)]) == 0  # the checkpoints themselves: the gate's own
+    v = records.loads(records.Verdict, capsys.readouterr().out.encode(), Path("gate"))
+    assert v.provenance.baseline_scores == "checkpoint" and holds_verdict(v)
+
+
+def test_a_saved_verdict_counts_only_under_the_settings_of_the_policy_that_decided_it(
+    staged, tiny_model, tmp_path, monkeypatch
+):
+    """A review's repro: a pass decided under `allow_different_tokenizer: true` was shown by a report whose policy
+    (same name, same rules) does not allow it; the report compared the rules alone. Every setting counts:
+    allowing other tokenizers, power, fail_on_inconclusive each make the saved verdict another policy's."""
+    _, pol, saved = staged
+    base = pol.read_text()
+    for i, extra in enumerate(("allow_different_tokenizer: true\n", "power: 0.9\n", "fail_on_inconclusive: false\n")):
+        other = tmp_path / f"pol{i}.yaml"
+        other.write_text(f"name: {saved['policy']}\n" + base + extra)
+        shutil.copy(other, pol.parent / other.name)  # beside the original: the same relative suite path
+        rows, _, _ = _report_with(staged, tiny_model, tmp_path, monkeypatch, saved)
+        assert rows["fp8"]["gate"] == "PASS"  # the premise: under the policy that decided it, the saved pass
+        cand = tmp_path / "cands" / "fp8"
+        out = tmp_path / f"other{i}"
+        args = ["report", str(cand), "--baseline", str(tiny_model), "--policy", str(pol.parent / other.name)]
+        assert main([*args, "--out", str(out)]) == 0
+        said = _rows(out)["fp8"]["verdict from"]
+        assert said.startswith("gate.json not shown: policy") and extra.split(":")[0] in said, said
+        shutil.rmtree(tmp_path / "cands")
