@@ -191,15 +191,86 @@ HYBRID = {
     ),
 }
 FAMILIES = {**DENSE, **MOE, **HYBRID}
+# Attention kinds whose decode cache transformers keeps in a cache class of the family's own, built for the cost
+# model's measured tests (tests/cost/test_cache_measured.py), not among FAMILIES (the evaluation tests run every one
+# of those): MiniMax alternates full attention with lightning (linear) attention, whose state is heads × head_dim²;
+# DeepSeek-V4 mixes a sliding window with compressed attention (CSA, with an indexer, and HCA) at rates 4 and 8,
+# small enough that a few dozen tokens close windows of both
+CACHE_KINDS = {
+    "minimax": dict(EXPERTS, num_hidden_layers=4, num_local_experts=4, block_size=8),
+    "deepseek_v4": dict(
+        EXPERTS,
+        num_hidden_layers=4,
+        layer_types=[
+            "sliding_attention",
+            "compressed_sparse_attention",
+            "heavily_compressed_attention",
+            "compressed_sparse_attention",
+        ],
+        mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+        num_key_value_heads=1,
+        head_dim=64,
+        partial_rotary_factor=0.25,
+        q_lora_rank=64,
+        sliding_window=64,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+        index_n_heads=2,
+        index_head_dim=32,
+        index_topk=4,
+        o_groups=2,
+        o_lora_rank=32,
+        n_routed_experts=4,  # its class maps COMMON's intermediate_size to moe_intermediate_size
+        hc_mult=2,
+        num_nextn_predict_layers=0,
+    ),
+}
 
 
 def config(family: str, **overrides):
     """The transformers config of `family` (a model_type of FAMILIES) at the tiny shapes."""
     from transformers import AutoConfig
 
-    if family not in FAMILIES:
-        raise KeyError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
-    return AutoConfig.for_model(family, **{**COMMON, **FAMILIES[family], **overrides})
+    known = {**FAMILIES, **CACHE_KINDS}
+    if family not in known:
+        raise KeyError(f"unknown family {family!r}; one of {', '.join(known)}")
+    return AutoConfig.for_model(family, **{**COMMON, **known[family], **overrides})
+
+
+def _tensors_held(obj, seen: set[int]):
+    """Every tensor reachable from a transformers cache object (its attributes, and theirs where they are objects of
+    transformers: the cache layers; their dicts and lists), once each; a 0-dimensional tensor is bookkeeping
+    (DynamicSlidingWindowLayer keeps its window size as one), no data."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if id(obj) not in seen and obj.dim() > 0:
+            seen.add(id(obj))
+            yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors_held(value, seen)
+    elif isinstance(obj, list | tuple):
+        for value in obj:
+            yield from _tensors_held(value, seen)
+    elif type(obj).__module__.startswith("transformers.") and hasattr(obj, "__dict__"):
+        yield from _tensors_held(vars(obj), seen)
+
+
+def cache_bytes(cache, layers: int) -> list[int]:
+    """The bytes a transformers cache object holds for each of a model's `layers` layers, numel × element_size of
+    every tensor counted once (DeepSeek-V4's compressed layers keep their keys as their values): its layer's
+    (cache.layers[i]: keys and values, convolution and recurrent states, a compressor's dicts) and MiniMaxCache's
+    linear_cache[i] (the lightning-attention state, kept outside the layers). Every tensor the cache holds must be
+    one layer's: a state kept elsewhere would go unmeasured (asserted)."""
+    seen: set[int] = set()
+    held = [0] * layers
+    for i in range(layers):
+        mine = [cache.layers[i]] if i < len(cache.layers) else []
+        linear = getattr(cache, "linear_cache", [])
+        mine += [linear[i]] if i < len(linear) else []
+        held[i] = sum(t.numel() * t.element_size() for t in _tensors_held(mine, seen))
+    assert not list(_tensors_held(cache, seen)), "the cache holds tensors of no layer"
+    return held
 
 
 def build(family: str, path: Path, seed: int = 0) -> Path:

@@ -17,12 +17,18 @@ decode column) read it as written. A shape field is at most MAX_SHAPE, a window 
                                     chunked attention (Llama 4) of chunk c: min(context, c)
     per-layer heads:                Gemma 4's per_layer_config (its full-attention layers' head_dim, KV heads)
     sparse attention (DeepSeek-V3.2): MLA + index_head_dim (the indexer's own key cache)
-    fixed state per sequence:       linear attention, Mamba2, short convolution: LINEAR_MIXERS by model_type
+    compressed attention (DeepSeek-V4's compressed_sparse_attention, heavily_compressed_attention): one shared K=V
+                                    head of head_dim up to sliding_window tokens, plus an entry of head_dim (and of
+                                    index_head_dim, CSA's indexer) per compress_rates[type] tokens, and the tokens
+                                    awaiting their window (COMPRESSED_LAYERS: DeepseekV4HCACache, DeepseekV4CSACache)
+    fixed state per sequence:       linear attention (Gated DeltaNet, Kimi Delta Attention, MiniMax's lightning
+                                    attention), Mamba2, short convolution: LINEAR_MIXERS by model_type
                                     (shapes of each family's modeling code, checked against its cache tensors)
     MoE layer i:                    Qwen (mlp_only_layers, decoder_sparse_step): i ∉ mlp_only_layers and
                                         (i + 1) mod decoder_sparse_step = 0
                                     DeepSeek (first_k_dense_replace, moe_layer_freq): i ≥ k and i mod freq = 0
-                                    Kimi-Linear, DeepSeek-V3.2: mlp_layer_types[i] = "sparse"
+                                    Kimi-Linear, DeepSeek-V3.2: mlp_layer_types[i] = "sparse"; DeepSeek-V4: "moe"
+                                        or "hash_moe"
                                     LFM2-MoE (num_dense_layers): i ≥ num_dense_layers
                                     Llama 4: i ∈ moe_layers (else every interleave_moe_layer_step-th layer)
                                     otherwise (Mixtral, OLMoE, gpt-oss): every layer
@@ -293,12 +299,22 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts")
 TOP_K_KEYS = ("num_experts_per_tok",)
 MTP_KEYS = ("num_nextn_predict_layers",)
 LAYER_LIST_KEYS = ("layer_types",)
+# the mlp_layer_types entries of a routed-expert layer: Kimi-Linear's and DeepSeek-V3.2's "sparse" (beside "dense"),
+# DeepSeek-V4's "moe" and "hash_moe" (DEEPSEEK_V4_MLP_LAYER_TYPES: experts picked by a router or by a table of the
+# token id, k of them a token either way)
+MOE_MLP_LAYER_TYPES = ("sparse", "moe", "hash_moe")
 # Nemotron-H's configuration_nemotron_h._pattern_to_list
 HYBRID_PATTERN = {"M": "linear_attention", "E": "moe", "*": "full_attention", "-": "mlp"}
 # sliding-window layer pattern of a family whose older config.json has no `layer_types`: layer i slides unless
 # (i + 1) is a multiple of it (the default each config class's __post_init__ fills in)
 FAMILY_SLIDING_PATTERN = {"gemma2": 2, "gemma3_text": 6, "gemma3": 6, "gpt_oss": 2}
-WINDOWED_LAYER_TYPES = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size"}
+WINDOWED_LAYER_TYPES = {
+    "sliding_attention": "sliding_window",
+    "chunked_attention": "attention_chunk_size",
+    # DeepSeek-V4's compressed attention keeps a sliding window beside its compressed entries (COMPRESSED_LAYERS)
+    "compressed_sparse_attention": "sliding_window",
+    "heavily_compressed_attention": "sliding_window",
+}
 # layer types (transformers' names, configuration_utils and the config classes) that hold the whole context or a
 # fixed state: attention over the whole context (DeepSeek-V3.2's sparse attention reads top-k tokens but keeps
 # them all), a recurrent/state-space/convolution mixer (its state: LINEAR_MIXERS), and layers with no mixer
@@ -515,7 +531,9 @@ def _gqa(text: dict[str, Any]) -> KVSpec:
 
 # Bytes of a recurrent or state-space state: float32; of a convolution state (the layer's last inputs): 2, the
 # 16-bit model dtype. That is what transformers 5.17's cache holds for a bf16 model of Qwen3-Next, Kimi-Linear,
-# Nemotron-H, Granite 4, Falcon-H1 and LFM2 (checked on their tiny models when this was written); Nemotron-H
+# Nemotron-H, Granite 4, Falcon-H1 and LFM2 (checked on their tiny models when this was written). MiniMax's
+# lightning-attention state and DeepSeek-V4's pending compressor tokens are kept in the model's dtype: 2 bytes too
+# (tests/cost/test_cache_measured.py measures them); Nemotron-H
 # names its SSM state's dtype (mamba_ssm_cache_dtype), read where config.json gives it. A serving engine may keep
 # other dtypes: these are the figures priced, and the output says them.
 STATE_BYTES = 4
@@ -524,9 +542,24 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 @dataclass(frozen=True)
+class Compressor:
+    """A compressed-attention layer's compressor (DeepSeek-V4): one entry of `entry_values` KV values per `rate`
+    source tokens; the source tokens past the last closed window wait in a buffer, `pending_values` each (their kv and
+    gate projections, in the model's dtype); `overlap_values` more (the last closed window's share of the next
+    entry, CSA's overlapping windows, in the model's dtype) once a window has closed. At c tokens: c // rate
+    entries, c mod rate tokens pending."""
+
+    rate: int
+    entry_values: int
+    pending_values: int
+    overlap_values: int = 0
+
+
+@dataclass(frozen=True)
 class LayerCache:
     """What one layer keeps per sequence while decoding: KV values per token (up to `window` tokens; None: the
-    whole context), and a fixed state (recurrent/SSM values and convolution values, constant in context)."""
+    whole context), a fixed state (recurrent/SSM values, convolution values, and values held in the model's 16-bit
+    dtype such as MiniMax's lightning-attention state: constant in context), and a compressor (DeepSeek-V4)."""
 
     kind: str
     kv_values: int = 0
@@ -534,6 +567,8 @@ class LayerCache:
     state_values: int = 0
     conv_values: int = 0
     formula: str = ""
+    dtype_state_values: int = 0  # a fixed state kept in the model's dtype, priced at CONV_BYTES a value
+    compressor: Compressor | None = None
 
 
 @dataclass(frozen=True)
@@ -643,6 +678,20 @@ def _short_conv(text: dict[str, Any]) -> LayerCache:
     return LayerCache("short_conv", conv_values=kernel * hidden, formula=f"conv {kernel}×{hidden}")
 
 
+def _lightning(text: dict[str, Any]) -> LayerCache:
+    """MiniMax's lightning attention (modeling_minimax.MiniMaxLightningAttention): the running K^T V of each head,
+    num_attention_heads × head_dim × head_dim (head_dim: hidden_size / num_attention_heads where unset), kept in the
+    model's dtype (MiniMaxCache.linear_cache); no convolution."""
+    why = "the lightning attention state"
+    heads = _need(text, "num_attention_heads", why)
+    d = _int(text, "head_dim") or _need(text, "hidden_size", why) // heads
+    return LayerCache(
+        "lightning_attention",
+        dtype_state_values=heads * d * d,
+        formula=f"state {heads}×{d}×{d} (num_attention_heads × head_dim², model dtype)",
+    )
+
+
 # model_type -> the mixer its linear_attention (or hybrid) layers run: each one's state, from its modeling code
 LINEAR_MIXERS = {
     "qwen3_next": _gated_deltanet,
@@ -655,7 +704,43 @@ LINEAR_MIXERS = {
     "falcon_h1": _mamba2_mamba_fields,
     "lfm2": _short_conv,
     "lfm2_moe": _short_conv,
+    "minimax": _lightning,
 }
+
+
+def _compressed(text: dict[str, Any], kind: str, window: int | None) -> LayerCache:
+    """DeepSeek-V4's compressed attention (modeling_deepseek_v4): a sliding window of one shared K=V head of head_dim
+    (DeepseekV4HCACache keeps its keys as its values, and DeepseekV4Attention.kv_proj projects to head_dim alone), and
+    a compressor of rate m = compress_rates[kind]. Heavily compressed attention (DeepseekV4HCACompressor): an entry of
+    head_dim per m tokens, each pending token its kv and gate projections (2 × head_dim). Compressed sparse attention
+    (DeepseekV4CSACompressor and its DeepseekV4Indexer, which compresses its own keys at index_head_dim over the same
+    windows): an entry of head_dim + index_head_dim per m tokens; both project two overlapping series (Ca, Cb), so a
+    pending token is 2 × 2 × (head_dim + index_head_dim) values and the last window's Ca kv and gate, 2 × m ×
+    (head_dim + index_head_dim), stay once a window has closed (DeepseekV4CSACache.overlap_kv / overlap_gate)."""
+    why = f"the {kind} cache"
+    d = _need(text, "head_dim", why)
+    rates = text.get("compress_rates")
+    rate = rates.get(kind) if isinstance(rates, dict) else None
+    if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= MAX_WINDOW:
+        raise UsageError(
+            f"config.json's compress_rates gives {kind} layers {str(rate)[:40]}; it must give each compressed layer "
+            f"type its tokens per compressed entry, a whole number from 1 to {MAX_WINDOW:,}. Fix config.json"
+        )
+    if kind == "compressed_sparse_attention":
+        index = _need(text, "index_head_dim", why)
+        entry, pending, overlap = d + index, 2 * 2 * (d + index), 2 * rate * (d + index)
+        parts = f"head_dim {d} + index_head_dim {index}"
+    else:
+        entry, pending, overlap, parts = d, 2 * d, 0, f"head_dim {d}"
+    formula = (
+        f"K=V head_dim {d} (window {window}); an entry of {parts} per {rate} tokens; pending tokens {pending} values"
+        + (f" each, overlap {overlap}" if overlap else " each")
+    )
+    return LayerCache(kind, d, window, formula=formula, compressor=Compressor(rate, entry, pending, overlap))
+
+
+# the layer types of DeepseekV4Config's DEEPSEEK_V4_LAYER_TYPES that compress (its sliding_attention is a window)
+COMPRESSED_LAYERS = ("compressed_sparse_attention", "heavily_compressed_attention")
 
 
 def _attention_values(text: dict[str, Any], layer: int) -> tuple[str, int, str]:
@@ -681,8 +766,9 @@ def _attention_values(text: dict[str, Any], layer: int) -> tuple[str, int, str]:
 def cache_spec(cfg: dict[str, Any]) -> CacheSpec:
     """The decode cache config.json describes, layer by layer (attention_layers): an attention layer's KV
     (_attention_values) up to its window; a linear-attention, state-space or convolution layer's fixed state
-    (LINEAR_MIXERS, by model_type); a Falcon-H1 layer both; an MLP/MoE-only layer (Nemotron-H) nothing; a
-    Gemma 4 layer past num_hidden_layers − num_kv_shared_layers reads an earlier layer's cache and keeps none."""
+    (LINEAR_MIXERS, by model_type); a Falcon-H1 layer both; a DeepSeek-V4 compressed-attention layer its window and
+    its compressor's entries (_compressed); an MLP/MoE-only layer (Nemotron-H) nothing; a Gemma 4 layer past
+    num_hidden_layers − num_kv_shared_layers reads an earlier layer's cache and keeps none."""
     text = text_config(cfg)
     kinds = attention_layers(cfg)
     family = str(text.get("model_type"))
@@ -708,6 +794,10 @@ def cache_spec(cfg: dict[str, Any]) -> CacheSpec:
             continue
         if i >= shared_from:
             layers.append(LayerCache("shared_kv", formula="reads an earlier layer's KV cache"))
+            continue
+        if layer.kind in COMPRESSED_LAYERS:
+            layouts.add("K=V window + compressed KV")
+            layers.append(_compressed(text, layer.kind, layer.window))
             continue
         layout, values, formula = _attention_values(text, i)
         layouts.add(layout)
@@ -868,8 +958,8 @@ def _width_problem(name: str, tensor: tuple[list[int], str], text: dict[str, Any
 def _moe_layers(text: dict[str, Any], n: int) -> tuple[tuple[int, ...], str]:
     """Which layers route to experts, by the family's fields (module docstring)."""
     types = text.get("mlp_layer_types")
-    if isinstance(types, list) and len(types) == n:  # Kimi-Linear, DeepSeek-V3.2: "dense" or "sparse"
-        return tuple(i for i, t in enumerate(types) if t == "sparse"), ", mlp_layer_types"
+    if isinstance(types, list) and len(types) == n:  # Kimi-Linear, DeepSeek-V3.2, DeepSeek-V4 (MOE_MLP_LAYER_TYPES)
+        return tuple(i for i, t in enumerate(types) if t in MOE_MLP_LAYER_TYPES), ", mlp_layer_types"
     if (listed := _layer_list(text)) is not None and "moe" in listed[1]:  # Nemotron-H: a layer is one block
         return tuple(i for i, t in enumerate(listed[1]) if t == "moe"), f", {listed[0]}"
     if (start := _int(text, "moe_layer_start_index", 0)) is not None:  # ERNIE 4.5 (Ernie4_5_MoeDecoderLayer)

@@ -22,7 +22,8 @@ KV bytes per sequence = Σ_layers (values_l × tokens_held_l × bytes_per_elemen
 values_l = 2 × kv_heads_l × head_dim_l (MHA/GQA, each layer its own) or kv_lora_rank + qk_rope_head_dim (MLA,
 plus index_head_dim for an indexer's keys), 0 for a layer without attention; tokens_held = context, or
 min(context, window) for a sliding-window or chunked layer; state_l the fixed bytes of a recurrent, state-space
-or convolution layer, constant in the context (checkpoint/architecture.cache_spec).
+or convolution layer, constant in the context (checkpoint/architecture.cache_spec); a compressed-attention layer
+(DeepSeek-V4) adds its compressor's entries, one per rate tokens, and the tokens awaiting their window.
 
     E[tokens per target step] = (1 − α^(γ+1)) / (1 − α)
     speedup                   = E[tokens] / (γ·c + verify_ratio)
@@ -43,7 +44,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.accounting import BitsReport, bits_report, gguf_report, mtp_parts
-from quantize.checkpoint.architecture import MAX_SHAPE, cache_spec, layer_count, moe_spec, mtp_of
+from quantize.checkpoint.architecture import (
+    CONV_BYTES,
+    MAX_SHAPE,
+    CacheSpec,
+    Compressor,
+    LayerCache,
+    cache_spec,
+    layer_count,
+    moe_spec,
+    mtp_of,
+)
 from quantize.checkpoint.files import read_config
 from quantize.errors import UsageError
 
@@ -166,18 +177,39 @@ class KVCache:
     state_bytes: tuple[float, ...] = ()  # per layer fixed state bytes; (): none
     state_dtype: str = ""
     layer_formulas: tuple[str, ...] = ()  # each kind of layer's cache, once: "kind: formula"
+    compressors: tuple[Compressor | None, ...] = ()  # per layer, a compressed-attention layer's (DeepSeek-V4); ()
+    activation_bytes: float = CONV_BYTES  # bytes a value a compressor keeps pending, in the model's dtype
 
     def _values(self) -> tuple[int, ...]:
         return self.layer_values or (self.values_per_token,) * len(self.kinds)
 
     def layer_bytes(self, context_tokens: int) -> list[LayerKV]:
-        """bytes of layer l = values_l × min(context, window_l) × bytes_per_element + its fixed state bytes."""
+        """bytes of layer l = values_l × min(context, window_l) × bytes_per_element + its fixed state bytes, and for
+        a compressed-attention layer (rate m) entry_values × (context // m) × bytes_per_element + pending_values ×
+        (context mod m) × activation_bytes + overlap_values × activation_bytes once context >= m."""
         out = []
         states = self.state_bytes or (0.0,) * len(self.kinds)
-        for i, (kind, w, v, st) in enumerate(zip(self.kinds, self.windows, self._values(), states, strict=True)):
+        compressors = self.compressors or (None,) * len(self.kinds)
+        layers = zip(self.kinds, self.windows, self._values(), states, compressors, strict=True)
+        for i, (kind, w, v, st, comp) in enumerate(layers):
             held = (context_tokens if w is None else min(context_tokens, w)) if v else 0
             kv = v * held * self.bytes_per_element
-            out.append(LayerKV(layer=i, attention=kind, tokens_held=held, bytes=kv + st, kv_bytes=kv, state_bytes=st))
+            entries = 0
+            if comp is not None:
+                entries, pending = divmod(context_tokens, comp.rate)
+                kv += comp.entry_values * entries * self.bytes_per_element
+                kv += (comp.pending_values * pending + (comp.overlap_values if entries else 0)) * self.activation_bytes
+            out.append(
+                LayerKV(
+                    layer=i,
+                    attention=kind,
+                    tokens_held=held,
+                    bytes=kv + st,
+                    kv_bytes=kv,
+                    state_bytes=st,
+                    compressed_entries=entries,
+                )
+            )
         return out
 
     def bytes_per_sequence(self, context_tokens: int) -> float:
@@ -188,7 +220,12 @@ class KVCache:
         return float(sum(self.state_bytes))
 
     def describe(self) -> dict[str, Any]:
-        windowed = [w for w, v in zip(self.windows, self._values(), strict=True) if w is not None and v]
+        compressors = self.compressors or (None,) * len(self.kinds)
+        windowed = [
+            w
+            for w, v, c in zip(self.windows, self._values(), compressors, strict=True)
+            if w is not None and v and not c
+        ]
         out = {
             "attention": self.attention,
             "layers": len(self.windows),
@@ -205,6 +242,8 @@ class KVCache:
             out["state_layers"] = sum(1 for b in self.state_bytes if b)
             out["state_bytes_per_sequence"] = self.state_bytes_per_sequence()
             out["state_dtype"] = self.state_dtype
+        if any(compressors):
+            out["compressed_layers"] = sum(1 for c in compressors if c)
         if self.layer_formulas:
             out["layer_formulas"] = list(self.layer_formulas)
         return out
@@ -509,8 +548,9 @@ class LayerKV(_Frozen):
     attention: str  # full_attention, sliding_attention, chunked_attention, gated_deltanet, mamba2, short_conv, ...
     tokens_held: int  # the context, or min(context, window); 0 for a layer without a KV cache
     bytes: float  # kv_bytes + state_bytes
-    kv_bytes: float | None = None  # grows with the context up to the window
+    kv_bytes: float | None = None  # grows with the context up to the window; a compressor's entries and pending tokens
     state_bytes: float = 0.0  # recurrent / SSM / convolution state, constant in the context
+    compressed_entries: int = 0  # a compressed-attention layer's entries (DeepSeek-V4), within kv_bytes
 
 
 class ExpertLayerCost(_Frozen):
@@ -760,8 +800,9 @@ def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float | Non
     """The decode cache config.json describes, layer by layer (checkpoint/architecture.cache_spec): each attention
     layer's KV with its own head sizes (MHA/GQA or MLA, an indexer's keys; sliding-window and chunked layers hold
     at most their window), each recurrent, state-space or convolution layer's fixed state (architecture.STATE_BYTES
-    per state value, CONV_BYTES per convolution value); KV bytes per element: given, else the checkpoint's own
-    (kv_bytes)."""
+    per state value, CONV_BYTES per convolution value or value of a state kept in the model's dtype: MiniMax's
+    lightning attention), each compressed-attention layer's compressor (DeepSeek-V4: its entries at the KV's bytes,
+    its pending tokens at CONV_BYTES); KV bytes per element: given, else the checkpoint's own (kv_bytes)."""
     bytes_per_element = kv_bytes(config) if bytes_per_element is None else bytes_per_element
     spec = cache_spec(config)
     values = tuple(layer.kv_values for layer in spec.layers)
@@ -776,10 +817,34 @@ def kv_layout_from_config(config: dict[str, Any], bytes_per_element: float | Non
         formula=" | ".join(kv_formulas) or "no layer holds a KV cache",
         layer_values=values,
         state_bytes=tuple(
-            float(layer.state_values * spec.state_bytes + layer.conv_values * spec.conv_bytes) for layer in spec.layers
+            float(
+                layer.state_values * spec.state_bytes + (layer.conv_values + layer.dtype_state_values) * spec.conv_bytes
+            )
+            for layer in spec.layers
         ),
-        state_dtype=f"state {spec.state_dtype} ({spec.state_bytes} bytes), convolution {spec.conv_bytes} bytes",
-        layer_formulas=formulas if any(layer.state_values or layer.conv_values for layer in spec.layers) else (),
+        state_dtype=_state_dtype(spec),
+        layer_formulas=formulas if any(_keeps_more_than_kv(layer) for layer in spec.layers) else (),
+        compressors=tuple(layer.compressor for layer in spec.layers),
+        activation_bytes=spec.conv_bytes,
+    )
+
+
+def _keeps_more_than_kv(layer: LayerCache) -> bool:
+    return bool(layer.state_values or layer.conv_values or layer.dtype_state_values or layer.compressor)
+
+
+def _state_dtype(spec: CacheSpec) -> str:
+    """The dtypes the cache's fixed state is priced at, of the kinds of state it holds."""
+    kinds = [
+        f"state {spec.state_dtype} ({spec.state_bytes} bytes)" if any(x.state_values for x in spec.layers) else "",
+        f"convolution {spec.conv_bytes} bytes" if any(x.conv_values for x in spec.layers) else "",
+        f"lightning-attention state {spec.conv_bytes} bytes (the model's 16-bit dtype)"
+        if any(x.dtype_state_values for x in spec.layers)
+        else "",
+    ]
+    return (
+        ", ".join(k for k in kinds if k)
+        or f"state {spec.state_dtype} ({spec.state_bytes} bytes), convolution {spec.conv_bytes} bytes"
     )
 
 

@@ -28,6 +28,12 @@ def _architecture(result: TokenCost) -> list[str]:
             f"  KV cache {kv['attention']}: {kv['values_formula']} = {values}{held}, {kv['bytes_per_element']:g} "
             f"byte(s) each{windowed}"
         )
+        if kv.get("compressed_layers"):
+            lines.append(
+                f"  compressed attention in {kv['compressed_layers']} of {kv['layers']} layers: a K=V window, an "
+                "entry per compress rate tokens and the tokens awaiting their window (kv_layout.layer_formulas), "
+                "included above"
+            )
         if kv.get("state_layers"):
             lines.append(
                 f"  fixed state (constant in the context) of {kv['state_layers']} layer(s): "

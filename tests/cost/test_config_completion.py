@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 
+import families
 import pytest
 
 from quantize.cli import main
@@ -132,6 +133,27 @@ CASES = {
     ),
     # OLMo-hybrid with the class's default layer pattern: Gated DeltaNet, the last layer of four full attention
     "olmo_hybrid_defaults": dict(COMMON, **LINEAR, model_type="olmo_hybrid", linear_conv_kernel_dim=4),
+    # DeepSeek-V4's legacy compress_ratios (0 sliding, 4 compressed sparse, 128 heavily compressed attention) and
+    # the class's default compress_rates: refused before (issue #57), and priced as sliding windows alone before that
+    "deepseek_v4_compress_ratios": dict(
+        COMMON,
+        model_type="deepseek_v4",
+        num_key_value_heads=1,
+        head_dim=64,
+        q_lora_rank=64,
+        qk_rope_head_dim=16,
+        sliding_window=16,
+        compress_ratios=[0, 4, 128, 4],
+        o_groups=2,
+        o_lora_rank=32,
+        index_n_heads=2,
+        index_head_dim=32,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        hc_mult=2,
+    ),
+    # MiniMax with the class's default layers: full attention, then lightning (linear) attention, alternately
+    "minimax_defaults": dict(COMMON, model_type="minimax", num_local_experts=4, num_experts_per_tok=2),
     # Qwen1.5-MoE-A2.7B's config.json: its window switched off, which the class stores as sliding_window 0 (the cost
     # refused it: "config.json's sliding_window is 0")
     "qwen2_moe_window_off": dict(COMMON, **QWEN2_MOE, use_sliding_window=False, sliding_window=32768),
@@ -156,8 +178,8 @@ def hub_checkpoint(raw: dict, path):
 
 
 def cache_kept(cfg, tokens: int) -> tuple[list[int], list[int]]:
-    """The bytes transformers' own bf16 model keeps for one sequence of `tokens` tokens, layer by layer (keys,
-    values, convolution and recurrent states), and the layers holding routed experts."""
+    """The bytes transformers' own bf16 model keeps for one sequence of `tokens` tokens, layer by layer (every tensor
+    its cache holds: families.cache_bytes), and the layers holding routed experts."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -166,13 +188,7 @@ def cache_kept(cfg, tokens: int) -> tuple[list[int], list[int]]:
     ids = torch.randint(2, cfg.get_text_config().vocab_size, (1, tokens))
     with torch.no_grad():
         cache = model(input_ids=ids, use_cache=True).past_key_values
-    kept = []
-    for layer in cache.layers:
-        tensors = [getattr(layer, n, None) for n in ("keys", "values")]
-        for n in ("conv_states", "recurrent_states"):
-            held = getattr(layer, n, None)
-            tensors += list(held.values()) if isinstance(held, dict) else [held]
-        kept.append(sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor)))
+    kept = families.cache_bytes(cache, cfg.get_text_config().num_hidden_layers)
     experts = sorted({int(n.split(".layers.")[1].split(".")[0]) for n in model.state_dict() if ".experts." in n})
     return kept, experts
 
@@ -245,28 +261,12 @@ def one_tensor_checkpoint(raw: dict, path):
 @pytest.mark.parametrize(
     "raw,says",
     [
-        # DeepSeek-V4's legacy compress_ratios: the class makes them compressed-attention layers, which the cost
-        # model cannot price (priced as sliding windows alone before): refused as the 5.17 form is
-        (
-            dict(
-                COMMON,
-                model_type="deepseek_v4",
-                num_key_value_heads=1,
-                head_dim=64,
-                q_lora_rank=64,
-                qk_rope_head_dim=16,
-                sliding_window=16,
-                compress_ratios=[0, 4, 128, 4],
-            ),
-            "compressed_sparse_attention",
-        ),
-        # MiniMax's class default alternates lightning (linear) attention: its state is unknown here (priced as
-        # four attention layers before)
-        (dict(COMMON, model_type="minimax", num_local_experts=4, num_experts_per_tok=2), "linear_attention"),
+        # a linear-attention layer of a family whose mixer the cost model does not know: its state is not guessed
+        (dict(COMMON, model_type="llama", layer_types=["linear_attention", "full_attention"] * 2), "linear_attention"),
         # the class's own refusal, named with config.json
         (dict(COMMON, model_type="qwen3_next", layer_types=["full_attention"] * 3), "Qwen3NextConfig"),
     ],
-    ids=["deepseek_v4_compress_ratios", "minimax_defaults", "class_refuses"],
+    ids=["unknown_mixer", "class_refuses"],
 )
 def test_what_the_class_completes_but_cannot_be_priced_is_refused(raw, says, tmp_path, capsys):
     assert main(["cost", "--checkpoint", str(one_tensor_checkpoint(raw, tmp_path / "c"))]) == 2
