@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,6 +67,7 @@ def memo_path(folder: str, prefix: str, depends: Any) -> Path | None:
     return cache_dir() / folder / f"{prefix}{sha256_json({'boot': boot, **depends})}.json"
 
 
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 MEMO_BYTES = 2**20  # a memo is a few lines of JSON
 
 
@@ -133,18 +135,44 @@ def digest_path(entry: Path) -> Path:
     return entry.with_suffix(".sha256")
 
 
+DIGEST_BYTES = 256  # 64 hex digits and a newline, as `seal` writes them
+
+
+def read_digest(entry: Path, fix: str, what: str = "file") -> str | None:
+    """The sha256 in the digest beside a sealed entry; None where there is none (nor a regular file in its place:
+    nothing vouches for the entry). It is read the one safe way (quantize/io.read_user_file: a regular file of at
+    most DIGEST_BYTES, opened without blocking) and decoded strictly; anything but one sha256 (64 lowercase
+    hexadecimal digits, as `seal` writes it) is a digest changed after it was written: exit 2 naming the entry and
+    `fix`, as a digest the entry does not hash to is (bytes 0xff 0xfe in a restored cache's digest were exit 3, a
+    UnicodeDecodeError). Its bytes are never shown: a link in its place may name any file."""
+    digest = digest_path(entry)
+    if not digest.is_file():
+        return None
+    raw = read_user_file(digest, f"cached {what} {entry}: its digest", DIGEST_BYTES, hint=fix)
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        text = ""
+    if not SHA256_HEX.fullmatch(text):
+        raise UsageError(
+            f"cached {what} {entry}: its digest {digest.name} holds no sha256 ({len(raw)} bytes, not 64 lowercase "
+            f"hexadecimal digits): it was changed after it was written; {fix}"
+        )
+    return text
+
+
 def checked_bytes(entry: Path, fix: str, what: str = "file") -> bytes | None:
     """A cache entry's bytes (a score file, a baseline top-k, a comparison), served only beside a digest they hash
     to: None when the entry or its digest is missing (nothing vouches for it: computed again and replaced), exit 2
-    naming the file and `fix` when they differ. The caller parses these bytes, not the file again."""
-    digest = digest_path(entry)
-    if not entry.is_file() or not digest.is_file():
+    naming the file and `fix` when they differ or the digest holds no sha256 (`read_digest`). The caller parses
+    these bytes, not the file again."""
+    if not entry.is_file() or (expected := read_digest(entry, fix, what)) is None:
         return None
     raw = entry.read_bytes()
-    if (found := sha256_bytes(raw)) != digest.read_text().strip():
+    if (found := sha256_bytes(raw)) != expected:
         raise UsageError(
-            f"cached {what} {entry} does not hash to the sha256 in {digest.name} (sha256 {found}): it was changed "
-            f"after it was written; {fix}"
+            f"cached {what} {entry} does not hash to the sha256 in {digest_path(entry).name} (sha256 {found}): it "
+            f"was changed after it was written; {fix}"
         )
     return raw
 

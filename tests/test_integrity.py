@@ -315,6 +315,47 @@ def test_another_checkpoints_scores_under_a_candidates_key_are_refused(world, ti
         forged.with_suffix(".sha256").write_text(saved[1])
 
 
+@pytest.mark.parametrize(
+    "digest",
+    [b"\xff\xfe", b"not a digest\n", b"ab" * 32 + b" " * 300, b"AB" * 32 + b"\n"],
+    ids=["not-utf8", "not-hex", "too-long", "upper-case"],
+)
+def test_a_digest_holding_no_sha256_is_exit_2_never_exit_3(world, tiny_model, tmp_path, capsys, digest):
+    """A review: b"\\xff\\xfe" in a restored cache's score digest was `failed: UnicodeDecodeError`, exit 3, from
+    `quantize eval` and from the report (which reads the digest to choose a runtime); the digest was read whole
+    with no size cap. It is the cache's own file, sealed by us: anything but one sha256 is an entry that does not
+    hold, exit 2 naming it and --refresh, as a digest the file does not hash to is; --refresh seals it again."""
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.evaluate import cache
+    from quantize.evaluate.score import runtime
+    from quantize.evaluate.suite import open_suite
+    from quantize.io import sha256_file
+
+    _, suite, _, _ = world
+    assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
+    p = _entry(suite, tiny_model)
+    sealed = p.with_suffix(".sha256")
+    saved = p.read_bytes(), sealed.read_bytes()
+    capsys.readouterr()
+    try:
+        sealed.write_bytes(digest)
+        assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert str(p) in err and "--refresh" in err and "failed" not in err and "Traceback" not in err
+        report = ["report", str(tiny_model), "--suite", str(suite), "--out", str(tmp_path / "r")]
+        assert main(report) == 2
+        err = capsys.readouterr().err
+        assert str(p) in err and "--refresh" in err and "failed" not in err
+        s = open_suite(suite)
+        with pytest.raises(UsageError, match="--refresh"):
+            cache.score_file_sha256(s, identity_sha256(tiny_model), runtime(s, False, tiny_model))
+        assert main(["eval", str(suite), str(tiny_model), "--refresh", "--quiet"]) == 0
+        assert sealed.read_text() == f"{sha256_file(p)}\n"  # scored again, and sealed
+    finally:
+        p.write_bytes(saved[0])
+        sealed.write_bytes(saved[1])
+
+
 def test_an_entry_without_its_digest_is_never_served_but_scored_again(world, tiny_model, capsys):
     """Entries from before digests (or copied without one) carry no claim: a miss, scored again and replaced."""
     _, suite, _, _ = world

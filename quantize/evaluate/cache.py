@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize import machine, records
-from quantize.cache import cache_dir, checked_bytes, content_path, digest_path, seal_record
+from quantize.cache import cache_dir, checked_bytes, content_path, read_digest, seal_record
 from quantize.errors import UsageError
 from quantize.evaluate.engine import llamacpp_engine, llamacpp_version
 from quantize.evaluate.suite import DEVICE_KINDS, OpenSuite, device_kind
@@ -210,6 +210,9 @@ def score_key(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str:
     return sha256_json([*parts, "runtime", *run.key(), "scorer", scorer_id(suite), "libraries", *library_versions()])
 
 
+REFRESH = "score it again with `quantize eval SUITE CHECKPOINT --refresh` (or delete the file)"
+
+
 def score_path(suite: OpenSuite, ckpt_id: str, run: Runtime) -> Path:
     return cache_dir() / "scores" / f"{score_key(suite, ckpt_id, run)[:32]}.json"
 
@@ -219,8 +222,7 @@ def lookup_scores(suite: OpenSuite, ckpt_id: str, run: Runtime) -> ScoreDoc | No
     the entry has no digest beside it (written before entries were hashed, or copied without it: nothing vouches for
     it, so it is scored again and replaced)."""
     p = score_path(suite, ckpt_id, run)
-    refresh = "score it again with `quantize eval SUITE CHECKPOINT --refresh` (or delete the file)"
-    if (raw := checked_bytes(p, refresh, "score file")) is None:
+    if (raw := checked_bytes(p, REFRESH, "score file")) is None:
         return None
     doc = records.loads(ScoreDoc, raw, p)
     key = score_key(suite, ckpt_id, run)
@@ -228,10 +230,10 @@ def lookup_scores(suite: OpenSuite, ckpt_id: str, run: Runtime) -> ScoreDoc | No
         raise UsageError(
             f"cached score file {p} holds another checkpoint's or suite's scores (its key "
             f"{doc.key[:16]}, identity {doc.provenance.checkpoint.identity_sha256[:16]}, {ran(doc)}; asked for "
-            f"{key[:16]}, {ckpt_id[:16]}, {run}); {refresh}"
+            f"{key[:16]}, {ckpt_id[:16]}, {run}); {REFRESH}"
         )
     if wrong := summary_mismatches(doc):
-        raise UsageError(f"cached score file {p} does not add up: {'; '.join(wrong[:3])}; {refresh}")
+        raise UsageError(f"cached score file {p} does not add up: {'; '.join(wrong[:3])}; {REFRESH}")
     return doc
 
 
@@ -260,9 +262,10 @@ def summary_mismatches(doc: ScoreDoc) -> list[str]:
 
 
 def score_file_sha256(suite: OpenSuite, ckpt_id: str, run: Runtime) -> str | None:
-    """The sha256 of a checkpoint's cached score file (checked by lookup_scores), or None when there is none."""
-    digest = digest_path(score_path(suite, ckpt_id, run))
-    return digest.read_text().strip() if digest.is_file() else None
+    """The sha256 of a checkpoint's cached score file as its digest says (the file checked against it by
+    lookup_scores), or None when there is none; a digest that holds no sha256 is exit 2 (quantize/cache.py
+    `read_digest`), as a file that does not hash to it is."""
+    return read_digest(score_path(suite, ckpt_id, run), REFRESH, "score file")
 
 
 def store_scores(suite: OpenSuite, doc: ScoreDoc, replace: bool = True) -> None:

@@ -116,19 +116,21 @@ def check_provenance(
     excepted `across_engines`: the caller checked both sides' tokens of every item). Where the caller did not, the
     items' recorded token hashes are compared (`token_differences`): one item scored on other tokens is exit 2
     naming the items, unless the policy allows different tokenizers (`allow_different_tokenizer`, never for a side
-    scored in llama.cpp); where every item both sides scored has one hash on both, a side scored in llama.cpp may
-    differ in ENGINE_FIELDS as after the caller's check. A side read from lm-eval's samples (`provenance.samples`:
-    another engine's numbers, quantize/evaluate/samples.py) may differ in ENGINE_FIELDS too, but only after
-    `same_prompts` found every item both sides scored on one prompt: that check runs here first, and only its pass
-    relaxes the fields. A side scored in llama.cpp (dtype `gguf`) is compared only where its tokens were (by the
-    caller or by their hashes), or with itself. Returns the items whose prompts it checked (None: it did not)."""
+    scored in llama.cpp), and a side that records hashes for only some of them is exit 2 naming the others
+    (`check_hashed`, whatever the policy allows); where every item both sides scored has one hash on both, a side
+    scored in llama.cpp may differ in ENGINE_FIELDS as after the caller's check. A side read from lm-eval's samples
+    (`provenance.samples`: another engine's numbers, quantize/evaluate/samples.py) may differ in ENGINE_FIELDS too,
+    but only after `same_prompts` found every item both sides scored on one prompt: that check runs here first, and
+    only its pass relaxes the fields. A side scored in llama.cpp (dtype `gguf`) is compared only where its tokens
+    were (by the caller or by their hashes), or with itself. Returns the items whose prompts it checked (None: it
+    did not)."""
     pb, pc = base.provenance, cand.provenance
     checked = None
     one = pb.checkpoint.identity_sha256 == pc.checkpoint.identity_sha256
     llamacpp = LLAMACPP_DTYPE in (pb.dtype, pc.dtype)
     if not across_engines and (diff := token_differences(base, cand)) is not None:
         if diff and (llamacpp or not allow_different_tokenizer):
-            named = "; ".join(f"{t}: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}" for t, ids in diff.items())
+            named = named_items(diff)
             allow = "" if llamacpp else ", or set `allow_different_tokenizer: true` in the policy"
             raise UsageError(
                 f"the baseline {pb.checkpoint.path} and the candidate {pc.checkpoint.path} were scored on other tokens "
@@ -167,19 +169,57 @@ def check_provenance(
 
 def token_differences(base: ScoreDoc, cand: ScoreDoc) -> dict[str, list[str]] | None:
     """Per task both sides scored, the items both scored whose recorded token hashes (`tokens_sha256`: the token
-    ids the engine scored, quantize/evaluate/engine.ScoredTokens) differ, in id order; None where either side
-    records no hash for one of those items (a file written before hashes were recorded, lm-eval's samples, a
-    backend that records none): then nothing is compared."""
+    ids the engine scored, quantize/evaluate/engine.ScoredTokens) differ, in id order; None where a side records
+    no hash at all (a file written before hashes were recorded, lm-eval's samples, a backend that records none):
+    then nothing is compared. A side that records hashes but not for every item both sides scored is refused
+    (`check_hashed`): our engines record one for every item or for none."""
+    check_hashed(base, cand)
+    if not records_hashes(base) or not records_hashes(cand):
+        return None
     out = {}
     for task in sorted(set(base.tasks) & set(cand.tasks)):
         b = {i.id: i.tokens_sha256 for i in base.tasks[task].items}
         c = {i.id: i.tokens_sha256 for i in cand.tasks[task].items}
-        both = sorted(set(b) & set(c))
-        if any(b[i] is None or c[i] is None for i in both):
-            return None
-        if other := [i for i in both if b[i] != c[i]]:
+        if other := [i for i in sorted(set(b) & set(c)) if b[i] != c[i]]:
             out[task] = other
     return out
+
+
+def records_hashes(doc: ScoreDoc) -> bool:
+    """Whether any item of a score document records the hash of its tokens."""
+    return any(i.tokens_sha256 is not None for t in doc.tasks.values() for i in t.items)
+
+
+def check_hashed(base: ScoreDoc, cand: ScoreDoc) -> None:
+    """A side that records token hashes records one for every item both sides scored. quantize eval records one
+    for every item it scores (a document without one is a bug of ours: evaluate/score.py) or, where nothing is
+    recorded, for none; a side with some is a file edited or put together from others, and its items without a
+    hash are exactly the ones that would escape the comparison (before 2026-12-07 one such item turned it off for
+    every item). A UsageError names the side and the items."""
+    shared = sorted(set(base.tasks) & set(cand.tasks))
+    for name, doc, other in (("baseline", base, cand), ("candidate", cand, base)):
+        if not records_hashes(doc):
+            continue
+        missing = {}
+        for task in shared:
+            theirs = {i.id for i in other.tasks[task].items}
+            if ids := sorted(i.id for i in doc.tasks[task].items if i.id in theirs and i.tokens_sha256 is None):
+                missing[task] = ids
+        if missing:
+            named = named_items(missing)
+            raise UsageError(
+                f"the {name}'s scores (of {doc.provenance.checkpoint.path}) record the hash of the tokens scored "
+                f"(`tokens_sha256`) for some items but not for {sum(map(len, missing.values()))} item(s) the other "
+                f"side scored too ({named}). quantize eval records one for every item, or none (a file written "
+                "before they were recorded, lm-eval's samples, a backend that records none), so these scores were "
+                "edited or put together from others, and whether those items were scored on the same tokens cannot "
+                "be checked. Score that side again with `quantize eval SUITE CHECKPOINT --json --items`"
+            )
+
+
+def named_items(ids: dict[str, list[str]]) -> str:
+    """Items per task as an error names them: the first five ids of each."""
+    return "; ".join(f"{t}: {', '.join(i[:5])}{' ...' if len(i) > 5 else ''}" for t, i in ids.items())
 
 
 def tokens_note(base: ScoreDoc, cand: ScoreDoc) -> str:
@@ -188,11 +228,7 @@ def tokens_note(base: ScoreDoc, cand: ScoreDoc) -> str:
     diff = token_differences(base, cand)
     shared = set(base.tasks) & set(cand.tasks)
     if diff is None:
-        lacking = [
-            name
-            for name, doc in (("baseline", base), ("candidate", cand))
-            if any(i.tokens_sha256 is None for t in doc.tasks.values() for i in t.items)
-        ]
+        lacking = [name for name, doc in (("baseline", base), ("candidate", cand)) if not records_hashes(doc)]
         return (
             f"the {' and the '.join(lacking)} {'sides record' if len(lacking) > 1 else 'side records'} no token "
             "hashes (a score file written before they were recorded, lm-eval's samples, or a backend that records "

@@ -576,6 +576,32 @@ def test_a_score_file_without_token_hashes_falls_back_and_says_so(tmp_path, caps
     assert code == 2 and "a side records no token hashes" in err
 
 
+def test_a_side_that_hashes_only_some_items_is_exit_2_naming_the_others(tmp_path, capsys):
+    """A review: one baseline item's hash set to null turned the token comparison off for every item, and the note
+    said the baseline side recorded no token hashes (it recorded 39 of 40): a candidate whose pre-tokenizer differed
+    passed. Our engines record a hash for every item or for none: a side with some is refused, naming the items
+    without one (the ones that would escape the comparison), whatever the policy allows."""
+    base, cand = token_sides(tmp_path, differ=(1,))
+    facts = base["tasks"]["core_facts"]["items"]
+    facts[4]["tokens_sha256"] = None
+    for allow in (False, True):
+        code, _, err = gate_files(tmp_path, capsys, base, cand, allow=allow)
+        assert code == 2 and "the baseline's scores" in err and "not for 1 item(s)" in err
+        assert f"core_facts: {facts[4]['id']}" in err and "--json --items" in err
+    base, cand = token_sides(tmp_path)
+    prose = cand["tasks"]["core_prose"]["items"]
+    for i in (0, 2):
+        prose[i]["tokens_sha256"] = None
+    code, _, err = gate_files(tmp_path, capsys, base, cand)
+    assert code == 2 and "the candidate's scores" in err and "not for 2 item(s)" in err
+    assert f"core_prose: {', '.join(sorted([prose[0]['id'], prose[2]['id']]))}" in err
+    for t in cand["tasks"].values():  # none recorded on that side: paired as a file from before hashes, and said
+        for i in t["items"]:
+            i["tokens_sha256"] = None
+    code, v, _ = gate_files(tmp_path, capsys, base, cand)
+    assert code == 0 and any("the candidate side records no token hashes" in n for n in v["notes"])
+
+
 def test_a_score_file_scored_in_llama_cpp_pairs_where_its_token_hashes_agree(tmp_path, capsys):
     """A GGUF's score file was refused beside any other side but itself (its tokens could not be compared); its
     items' token hashes compare them now, and then its engine fields may differ, as after the checkpoints' check.
