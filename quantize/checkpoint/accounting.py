@@ -352,6 +352,12 @@ def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:
     return "other"
 
 
+def metadata_only(row: ModuleRow | ModuleBits) -> bool:
+    """Whether a module holds only bytes that are no parameters (METADATA_ROLES: a quantized KV cache's k_scale and
+    v_scale on an attention module whose projections are modules of their own): no format, no bits per weight."""
+    return bool(row.roles) and set(row.roles) <= set(METADATA_ROLES)
+
+
 def _module_of(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else name
 
@@ -659,6 +665,9 @@ def bits_report(checkpoint: str | Path) -> BitsReport:
         count.add(name, t)
     modules, by_role, notes = count.modules, count.by_role, count.notes
     for row in modules.values():
+        if metadata_only(row):  # a quantized KV cache's scales on its attention module: their role names the row
+            row.format = "+".join(row.roles)
+            continue
         if row.format == MXFP4:
             continue  # its group is the format's own
         if "payload" in row.roles and (b := _block(row, count.args)):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from quantize.checkpoint.accounting import BitsReport
+from quantize.checkpoint.accounting import BitsReport, metadata_only
+from quantize.records import ModuleBits
 from quantize.tables import text_table as table
 
 
@@ -44,10 +45,15 @@ def inspect_text(r: BitsReport, modules: bool = False) -> str:
     if r.ggml_types:
         lines += ["", _ggml_table(r)]
     if modules:
-        rows = [[m.module, m.format, f"{m.parameters:,}", f"{m.bytes:,}", _fmt(m.bits_per_weight)] for m in r.modules]
+        rows = [[m.module, m.format, f"{m.parameters:,}", f"{m.bytes:,}", _module_bits(m)] for m in r.modules]
         lines += ["", table(rows, ["module", "format", "parameters", "bytes", "bits/weight"])]
     lines += [f"  note: {note}" for note in r.notes]
     return "\n".join(lines)
+
+
+def _module_bits(m: ModuleBits) -> str:
+    """A module row's bits per weight: `-` for one holding no parameters, only metadata (a KV cache's scales)."""
+    return "-" if metadata_only(m) else _fmt(m.bits_per_weight)
 
 
 def _parts_table(r: BitsReport) -> str:

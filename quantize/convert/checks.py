@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint import qdq
-from quantize.checkpoint.accounting import bits_report
-from quantize.checkpoint.architecture import Mtp, mtp_declaration, mtp_of
+from quantize.checkpoint.accounting import METADATA_ROLES, bits_report, role_of
+from quantize.checkpoint.architecture import Mtp, mtp_declaration, mtp_of, part_of
 from quantize.checkpoint.decompressed import transformers_reading
 from quantize.checkpoint.files import read_config, reads_per_expert, safetensors_files
 from quantize.checkpoint.headers import TORCH_NAMES, all_tensors, read_header
 from quantize.checkpoint.loader import check_against_meta, check_loading_info, load_model, meta_model
 from quantize.compat.transformers import dry_load
-from quantize.convert.plan import checkpoint_name
+from quantize.convert.plan import NOT_LINEAR, ROUTER_REASON, checkpoint_name
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.records import FiniteCheck, LeftAt16, NotConverted
 
@@ -185,12 +185,13 @@ def left_at_16(
     stored_names: dict[str, str] | None = None,
     renamed: list[tuple[str, str]] | None = None,
 ) -> list[LeftAt16]:
-    """What the saved checkpoint stores at 16 bits of what the recipe's targets cover, by reason, read from its
-    headers: a layer the plan kept (its reason), a tensor no conversion reached (`kept` names a parameter), and
-    a planned layer stored as a plain 16-bit weight with no scale (the backend skipped it), and the weights (2-D and
-    up) of a multi-token-prediction module the backend's save copied from the source as stored (MTP_COPIED). The
-    plan names modules as transformers' model does; each tensor is listed by the name the file stores it under
-    (Mixtral's and MiniMax-M2's routers as `block_sparse_moe.gate`, where the model says `mlp.gate`)."""
+    """What the saved checkpoint stores at 16 bits, by reason, read from its headers: a layer the plan kept (its
+    reason), a tensor no conversion reached (`kept` names a parameter), a planned layer stored as a plain 16-bit
+    weight with no scale (the backend skipped it), the weights (2-D and up) of a multi-token-prediction module the
+    backend's save copied from the source as stored (MTP_COPIED), then every other tensor stored at 16 bits but the
+    exempt ones (_the_rest, exempt_at_16). The plan names modules as transformers' model does; each tensor is
+    listed by the name the file stores it under (Mixtral's and MiniMax-M2's routers as `block_sparse_moe.gate`,
+    where the model says `mlp.gate`)."""
     found, _ = all_tensors(safetensors_files(out))
     as_stored = {_renamed(k, renamed or []): k for k in found}  # the model's name (as transformers loads) -> the file's
     stored = {name: found[k] for name, k in as_stored.items()}
@@ -217,7 +218,73 @@ def left_at_16(
     ]
     if copied:
         by[MTP_COPIED] = ([t.name for t in copied], sum(t.nbytes for t in copied))
+    _the_rest(found, as_stored, by, mtp)
     return [LeftAt16(why=why, tensors=names, bytes=nbytes) for why, (names, nbytes) in by.items()]
+
+
+def _the_rest(
+    found: dict[str, Any],
+    as_stored: dict[str, str],
+    by: dict[str, tuple[list[str], int]],
+    mtp: Mtp,
+) -> None:
+    """left_at_16's last pass: every other tensor the file stores at 16 bits but the exempt ones (exempt_at_16),
+    with its reason: a listed layer's (a tensor of a module whose weight is listed: a convolution's bias, the
+    kernel's; a kept layer's bias, the layer's; gpt-oss's fused experts' `*_bias`, their tensor's), a router's for
+    a tensor of a router (the accounting's part `router`: GLM-4-MoE's `mlp.gate.e_score_correction_bias`, and
+    MiniMax-M2's `block_sparse_moe.e_score_correction_bias`, the routing-correction bias the MoE block holds
+    itself), MTP_COPIED for the rest of a multi-token-prediction module the save copied, the plan's reason for its
+    accounting role (NOT_LINEAR: a buffer the plan's parameters leave out), else NO_RULE with that role. Each is
+    listed by the name the file stores it under."""
+    names = set(found)
+    model_of = {k: m for m, k in as_stored.items()}
+    listed: set[str] = set()
+    reason: dict[str, str] = {}  # a listed layer (as stored, and as the model names it) or fused tensor -> why
+    for why, (tensors, _) in by.items():
+        for t in tensors:
+            listed.add(t)
+            for n in (t, model_of.get(t, t)):
+                reason.setdefault(n.removesuffix(".weight") if n.endswith(".weight") else f"{n}_bias", why)
+    for t, info in sorted(found.items()):
+        if t in listed or info.dtype not in SIXTEEN_BIT or exempt_at_16(t, info, names):
+            continue
+        model = model_of.get(t, t)
+        why = next((reason[k] for k in (_module(t), _module(model), t, model) if k in reason), None)
+        if why is None and mtp.holds(t):
+            why = MTP_COPIED
+        elif why is None:
+            role = role_of(t, info, names)
+            router = part_of(_module(t), role, mtp=mtp) == "router"
+            why = ROUTER_REASON if router else NOT_LINEAR.get(role, NO_RULE.format(role=role))
+        tensors, nbytes = by.get(why, ([], 0))
+        by[why] = ([*tensors, t], nbytes + info.nbytes)
+
+
+def _module(name: str) -> str:
+    return name.rpartition(".")[0]
+
+
+# the accounting's roles (checkpoint/accounting.role_of) of tensors a checkpoint stores at 16 bits that left_at_16
+# does not list: norms, the model's input and output embeddings (a per-layer embedding is listed, by the plan:
+# NOT_LINEAR), and a quantized layer's metadata (scales, zero points, input scales, a KV cache's scales)
+EXEMPT_ROLES = ("norm", "embedding", "lm_head", *METADATA_ROLES)
+
+
+def exempt_at_16(name: str, t: Any, names: set[str]) -> bool:
+    """Whether a tensor the checkpoint stores at 16 bits is one left_at_16 does not list: a norm, an input or output
+    embedding, a quantized layer's metadata (EXEMPT_ROLES), or the bias of a layer stored quantized (its weight
+    beside a scale: compressed-tensors' schemes quantize a Linear's weight and keep its bias as the source's)."""
+    role = role_of(name, t, names)
+    if role in EXEMPT_ROLES:
+        return True
+    module = _module(name)
+    return role == "bias" and any(f"{module}.{s}" in names for s in ("weight_scale", "weight_scale_inv"))
+
+
+NO_RULE = (
+    "no rule of quantize's plan names it (its role in the accounting: {role}): no conversion reached it, so it is "
+    "stored as the source stores it"
+)
 
 
 MTP_COPIED = (

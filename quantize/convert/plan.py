@@ -12,8 +12,9 @@ expert tensor that llm-compressor cannot convert is listed as kept, with the rea
 Parameters no Linear holds, which compressed-tensors' schemes (Linear weights) cannot reach, are listed too where
 they are a weight of the model's computation rather than a norm or its input/output embeddings: a recurrent or
 state-space mixer's own parameters (A_log, D, dt_bias), a causal convolution's kernel, a per-layer input embedding
-(Gemma 4), by their role in the accounting (checkpoint/accounting.role_of), under the names the checkpoint stores
-them by where transformers merges several into one on load (Kimi-Linear's q/k/v_conv1d)."""
+(Gemma 4), a per-head or per-layer scalar (gpt-oss's sinks, Gemma 4's layer_scalar), by their role in the
+accounting (checkpoint/accounting.role_of), under the names the checkpoint stores them by where transformers merges
+several into one on load (Kimi-Linear's q/k/v_conv1d)."""
 
 from __future__ import annotations
 
@@ -98,17 +99,22 @@ NOT_LINEAR = {
     f"Linear); {STORED_AS_IS}",
     "embedding": "a per-layer input embedding (an Embedding looked up beside the input embeddings, no Linear); "
     f"{STORED_AS_IS}",
+    "scalar": "a per-head or per-layer scalar the computation adds or multiplies (gpt-oss's attention sinks, Gemma "
+    f"4's layer_scalar: no Linear's weight); {STORED_AS_IS}",
 }
 
 
 def _not_linear(model: Any, plan: LayerPlan) -> None:
     """Parameters no Linear holds that are a weight of the computation (NOT_LINEAR, by the accounting's role of
-    their name), listed as left at 16 bits under the names the checkpoint stores them by."""
+    their name), listed as left at 16 bits under the names the checkpoint stores them by; a buffer the checkpoint
+    stores (persistent: Gemma 4's layer_scalar) too."""
     import torch
 
     names = ModelNames(plan.model_type)
     own = {id(m) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None}
-    for name, p in model.named_parameters():
+    stored = set(model.state_dict())  # parameters and persistent buffers
+    buffers = [(n, b) for n, b in model.named_buffers() if n in stored]
+    for name, p in [*model.named_parameters(), *buffers]:
         module = model.get_submodule(name.rpartition(".")[0])
         if isinstance(module, torch.nn.Linear) or id(module) in own or name in plan.unconverted:
             continue

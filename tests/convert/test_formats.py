@@ -127,6 +127,18 @@ def test_a_quantized_kv_cache_is_recorded_and_its_scales_have_their_own_role(tmp
     assert len(kv) == 2 * 2  # a k_scale and a v_scale per layer
     assert report.bytes_by_role["kv_scale"] == sum(t.numel() * t.element_size() for t in kv)
     assert report.parameters == bits_report(tiny_model).parameters
+    # inspect --modules shows each attention module, which holds only the scales, as their holder (it was format
+    # "?", bits "unknown": a row of unknown role)
+    holders = [m for m in report.modules if "kv_scale" in m.roles]
+    assert len(holders) == 2 and all(m.module.endswith("self_attn") for m in holders)
+    assert all(m.format == "kv_scale" and m.parameters == 0 and m.bytes == m.roles["kv_scale"] for m in holders)
+    assert sum(m.bytes for m in holders) == report.bytes_by_role["kv_scale"]
+    assert not [m.module for m in report.modules if m.format.startswith("?")]
+    assert main(["inspect", "--modules", str(tmp_path / "out" / "kv")]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [r[1:] for r in rows if r and r[0] in {m.module for m in holders}] == [
+        ["kv_scale", "0", f"{m.bytes:,}", "-"] for m in holders
+    ]
 
 
 @pytest.mark.parametrize(

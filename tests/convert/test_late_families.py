@@ -15,7 +15,7 @@ import yaml
 from families import HYBRID, build
 
 from quantize import records
-from quantize.checkpoint.accounting import bits_report, role_of
+from quantize.checkpoint.accounting import METADATA_ROLES, bits_report, role_of
 from quantize.checkpoint.files import safetensors_files
 from quantize.checkpoint.headers import all_tensors
 from quantize.cli import main
@@ -61,6 +61,19 @@ def stored_at_16(out: Path) -> dict[str, str]:
     found, _ = all_tensors(safetensors_files(out))
     names = set(found)
     return {name: role_of(name, t, names) for name, t in found.items() if t.dtype in ("BF16", "F16", "F32")}
+
+
+def exempt_at_16(out: Path) -> set[str]:
+    """The 16- or 32-bit tensors left_16bit need not list, as docs/moe.md says: norms, the input and output
+    embeddings, the quantized layers' metadata (scales, a KV cache's scales), and the bias of a layer stored
+    quantized (its weight beside a scale), by their accounting role."""
+    found, _ = all_tensors(safetensors_files(out))
+    exempt_roles = ("norm", "embedding", "lm_head", *METADATA_ROLES)
+    return {
+        n
+        for n, role in stored_at_16(out).items()
+        if role in exempt_roles or (role == "bias" and f"{n.rpartition('.')[0]}.weight_scale" in found)
+    }
 
 
 def unmatched_quantized(out: Path) -> list[str]:
@@ -121,6 +134,18 @@ def test_left_at_16_bits_is_what_the_file_stores(tmp_path, source, capsys, famil
     meta = records.read(RunRecord, out / "quantize.json")
     listed, stored = left(meta), stored_at_16(out)
     assert set(listed) <= set(stored)  # nothing is listed that the file does not store at 16 bits
+    # everything else the file stores at 16 bits is listed (before: Falcon-H1's mamba.conv1d.bias, GLM-4-MoE's
+    # mlp.gate.e_score_correction_bias and MiniMax-M2's block_sparse_moe.e_score_correction_bias were not); of the
+    # exempt ones only a per-layer embedding (the plan's) and an output layer the recipe ignores are
+    exempt = exempt_at_16(out)
+    assert set(listed) == (set(stored) - exempt) | {n for n in listed if stored[n] in ("embedding", "lm_head")}
+    for name in listed:
+        module = name.rpartition(".")[0]
+        if name.endswith(".bias") and f"{module}.weight" in listed:  # a kept layer's bias: the layer's reason
+            assert listed[name] == listed[f"{module}.weight"], name
+        if name.endswith("e_score_correction_bias"):  # a routing-correction bias: a router's
+            assert listed[name] == ROUTER_REASON, name
+    assert not [n for n, why in listed.items() if why.startswith("no rule")]  # each has a reason of the plan's
     for name, role in stored.items():
         if role in ("state", "conv"):
             assert listed.get(name) == NOT_LINEAR[role], name
@@ -134,8 +159,10 @@ def test_left_at_16_bits_is_what_the_file_stores(tmp_path, source, capsys, famil
         assert all(kept.get(f"model.layers.{i}.block_sparse_moe.router") == ROUTER_REASON for i in range(4))
         # listed as the file stores it (the model's block_sparse_moe.router.weight, renamed by transformers on load)
         assert all(listed.get(f"model.layers.{i}.block_sparse_moe.router.layer.weight") for i in range(4))
-    # the summary's "kept at 16 bits" counts them (before: "0 kept at 16 bits" beside unlisted 16-bit weights)
-    assert len(meta.layer_plan.kept_16bit) >= len([n for n in listed if listed[n] != "in the recipe's ignore list"])
+    # the summary's "kept at 16 bits" counts them (before: "0 kept at 16 bits" beside unlisted 16-bit weights): each
+    # reason listed but the ignore list's is a kept entry's (a kept layer's bias is listed, not counted apart)
+    kept = meta.layer_plan.kept_16bit
+    assert set(listed.values()) - {"in the recipe's ignore list"} <= set(kept.values())
 
 
 def test_kimi_linear_converts_and_reads_back_its_merged_convolutions(tmp_path, source, capsys):

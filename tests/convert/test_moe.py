@@ -189,9 +189,13 @@ def test_an_moe_converts_with_its_experts_quantized_and_reloads(tmp_path, moe_di
     assert set(left) == ROUTER_OR_IGNORED
     part = "block_sparse_moe" if family == "mixtral" else "mlp"
     routers = [f"model.layers.{i}.{part}.gate.weight" for i in range(2) if not (family == "deepseek_v3" and i == 0)]
-    assert left[ROUTER_REASON].tensors == routers and left[ROUTER_REASON].bytes == 2 * 4 * 64 * len(routers)
+    # with DeepSeek-V3's routing-correction bias on its router (before: left out), a router's too
+    corrections = ["model.layers.1.mlp.gate.e_score_correction_bias"] if family == "deepseek_v3" else []
+    assert left[ROUTER_REASON].tensors == routers + corrections
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert {t for g in left.values() for t in g.tensors} <= set(f.keys())
+        held = sum(f.get_tensor(t).nbytes for t in corrections)
+    assert left[ROUTER_REASON].bytes == 2 * 4 * 64 * len(routers) + held
     if method == "gptq":  # calibration: every expert of every MoE layer saw tokens, counted from the router
         assert meta.layer_plan.routing
         for r in meta.layer_plan.routing:
@@ -225,10 +229,10 @@ def test_fused_only_experts_are_refused_quantized_and_kept_fused_when_ignored(tm
     assert torch.isfinite(logits).all()
     meta = records.read(RunRecord, out / "quantize.json")
     [fused] = [g for g in meta.layer_plan.left_16bit if "only fused" in g.why]
-    assert sorted(fused.tensors) == sorted(
-        f"model.layers.{i}.mlp.experts.{p}" for i in range(2) for p in ("gate_up_proj", "down_proj")
-    )
-    assert fused.bytes == bits_report(out).bytes_by_part["routed_experts"]["bytes"] - 2 * 4 * (2 * 64 + 64) * 2
+    # the fused experts' biases with them (before: left out, their bytes unsaid)
+    projections = [f"{p}{b}" for p in ("gate_up_proj", "down_proj") for b in ("", "_bias")]
+    assert sorted(fused.tensors) == sorted(f"model.layers.{i}.mlp.experts.{p}" for i in range(2) for p in projections)
+    assert fused.bytes == bits_report(out).bytes_by_part["routed_experts"]["bytes"]
 
 
 @pytest.mark.parametrize(
