@@ -390,11 +390,7 @@ def store_verdict(v: Verdict) -> None:
     """Keep a verdict the gate decided (quantize/flows/gate.py run_gate, after its blob check held): the one
     mark by which a gate.json read later is known for a gate's own decision and not a file anyone wrote
     (`holds_verdict`). A cache that cannot be written keeps nothing: a gate.json of that verdict is then not taken
-    as evidence (the report decides from cached scores or shows none; a sweep gates the candidate again). A verdict
-    whose baseline or candidate was read from a score file the user gave (VerdictProvenance.own_evidence) is not
-    kept: its numbers are that file's writer's."""
-    if not v.provenance.own_evidence():  # a side read from a score file: the file's writer's numbers
-        return
+    as evidence (the report decides from cached scores or shows none; a sweep gates the candidate again)."""
     text, path = _verdict_text(v)
     try:
         if not path.is_file():
@@ -408,8 +404,6 @@ def holds_verdict(v: Verdict) -> bool:
     identities, policy, rules, evidence and outcome among them. A gate.json edited after the gate, written by
     hand, or copied from a machine whose cache this is not, is not held. The cache is what vouches: whoever can
     write it can also write the cached scores the report decides from (docs/reliability.md)."""
-    if not v.provenance.own_evidence():  # never stored so, whatever a cache written by hand holds
-        return False
     text, path = _verdict_text(v)
     data = text.encode("utf-8")
     if not path.exists():

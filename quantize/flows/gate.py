@@ -20,7 +20,7 @@ from quantize.evaluate.engine import gguf_to_score
 from quantize.evaluate.samples import find_run, looks_like_samples, read_samples, run_identity, suite_items
 from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
 from quantize.evaluate.suite import OpenSuite, load_suite, open_suite
-from quantize.gates.gate import check_rules, comparable_settings, decide, token_differences, tokens_note
+from quantize.gates.gate import check_rules, comparable_settings, decide, tokens_note
 from quantize.gates.policy import AccuracyRule, AgreementRule, Policy, load_policy
 from quantize.gates.render import is_gate_junit, render_junit
 from quantize.golden.manifest import item_id
@@ -312,9 +312,7 @@ def run_gate(
     names.wait()
     if store is not None:  # the candidate's computed evidence, kept for the report once its identity holds
         store()
-    # what makes a gate.json of it evidence for the report and a sweep (holds_verdict): only a verdict on evidence
-    # this gate computed or read from its cache, never on a score file anyone could have written (own_evidence)
-    cache.store_verdict(v)
+    cache.store_verdict(v)  # what makes a gate.json of it evidence for the report and a sweep (holds_verdict)
     return v
 
 
@@ -399,38 +397,25 @@ def _gate(
         cand_file = scores_sha256(suite, cand_path, cand_id, run) if cached else None
         if computed:
             store = functools.partial(_keep, suite, cand, agreement, (run, base_run))
-    _record_sources(v, policy, paths, (base_file, cand_file))
-    v.notes += notes + samples_notes(policy, base_path, cand_path, v)
-    return v, store
-
-
-def _record_sources(v: Verdict, policy: Policy, paths: tuple[Path, Path], files: tuple[str | None, str | None]) -> None:
-    """Where each side's evidence came from and the policy's settings, in the verdict's provenance: what the
-    report, a sweep and the cache read to know a gate's own decision (VerdictProvenance.own_evidence)."""
-    (base_path, cand_path), (base_file, cand_file) = paths, files
-    p = v.provenance
-    p.score_files = {"baseline": base_file, "candidate": cand_file}
-    p.baseline_scores = "checkpoint" if is_checkpoint(base_path) else "file"
-    p.candidate_scores = ("computed" if cand_file is None else "cache") if is_checkpoint(cand_path) else "file"
-    p.policy_settings = policy.settings()
-    if p.candidate_scores == "cache":
+    v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
+    v.provenance.candidate_scores = (
+        ("computed" if cand_file is None else "cache") if is_checkpoint(cand_path) else "file"
+    )
+    if v.provenance.candidate_scores == "cache":
         v.notes.append(
             "the candidate's scores were read from the score cache (--trust-cached-candidate), not computed in this "
             "run: the verdict is as good as whoever wrote that cache"
         )
+    v.notes += notes + samples_notes(policy, base_path, cand_path, v)
+    return v, store
 
 
 def files_tokens_note(paths: tuple[Path, Path], base: ScoreDoc, cand: ScoreDoc | None) -> list[str]:
-    """What the verdict says of the items' tokens. Where a side is a score file or lm-eval's samples (no tokenizer
-    the gate could read): compared by their recorded hashes (gates/gate.check_provenance refused a difference
-    unless the policy allows one), or not compared, and why. Two checkpoints: nothing where every item's tokens
-    are alike, and how many differ where the policy's `allow_different_tokenizer` let them (the comparison then
-    includes the tokenizers' effect)."""
-    if cand is None:
+    """Where a side is a score file or lm-eval's samples (no tokenizer the gate could read), what the verdict says
+    of the items' tokens: compared by their recorded hashes (gates/gate.check_provenance refused a difference), or
+    not compared, and why."""
+    if cand is None or all(is_checkpoint(p) for p in paths):
         return []
-    if all(is_checkpoint(p) for p in paths):  # compared before scoring, or allowed to differ: said where they did
-        diff = token_differences(base, cand)
-        return [tokens_note(base, cand)] if diff else []
     return [tokens_note(base, cand)]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -182,13 +182,6 @@ class Policy(BaseModel):
         kl = next((r.max for r in agree if r.agreement.value == "kl"), None)
         top1 = next((r.min for r in agree if r.agreement.value == "top1"), None)
         return kl, top1
-
-    def settings(self) -> dict[str, Any]:
-        """Every setting that decides a verdict, as JSON: all fields but the suite's path (the suite is held to by
-        its settings and golden set, wherever the policy file was read from) and the baseline score file's pin (a
-        check, held to by the score file the verdict recorded). A saved verdict counts for this policy only where
-        it recorded the same (report/collect.saved_mismatch)."""
-        return self.model_dump(mode="json", exclude={"suite", "baseline_scores_sha256"})
 
     def label(self, i: int) -> str:
         r = self.rules[i]

@@ -195,24 +195,6 @@ class VerdictProvenance(Strict):
     # "cache" (a restored cache's entry, only on --trust-cached-candidate), "file" (a score file given); None in a
     # verdict written before the gate said so (docs/reliability.md, "What a restored cache may supply")
     candidate_scores: Literal["computed", "cache", "file"] | None = None
-    # where the baseline's scores came from: "checkpoint" (scored in this run or read from the score cache), "file"
-    # (a score file or lm-eval's samples given); None in a verdict written before the gate said so (2026-12-07)
-    baseline_scores: Literal["checkpoint", "file"] | None = None
-    # every setting of the policy that decided it but its suite's path (gates/policy.Policy.settings): what the
-    # report and a sweep hold a saved verdict to; None in a verdict written before the gate recorded it
-    policy_settings: dict[str, Any] | None = None
-
-    def own_evidence(self) -> bool:
-        """Whether both sides' evidence is the gate's own: the baseline a checkpoint (scored or read from the score
-        cache), the candidate computed in the run or read from the cache (--trust-cached-candidate), and the
-        policy's settings recorded. A verdict over a score file is the file's writer's word on the numbers: the
-        gate decides it, but it is never kept as evidence for the report, a sweep or a card
-        (quantize/evaluate/cache.py store_verdict, holds_verdict)."""
-        return (
-            self.baseline_scores == "checkpoint"
-            and self.candidate_scores in ("computed", "cache")
-            and self.policy_settings is not None
-        )
 
 
 class SequentialRecord(Strict):

@@ -213,9 +213,7 @@ def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id
     recorded in the verdict since it holds `suite_settings`; an older verdict is held to its suite's path), and a
     baseline score file the policy pins. Task versions are the golden set's (its manifest hash covers the task
     files). A gate's own: the cache holds it as a gate run with it decided it (evaluate/cache.py holds_verdict), so
-    a gate.json forged beside a candidate (another candidate's pass with the identity changed) is not evidence, nor
-    a verdict on a score file given to the gate (VerdictProvenance.own_evidence), and the policy: every setting
-    recorded (Policy.settings: allow_different_tokenizer, sequential, power, fail_on_inconclusive among them)."""
+    a gate.json forged beside a candidate (another candidate's pass with the identity changed) is not evidence."""
     p = v.provenance
     was = p.candidate.checkpoint.identity_sha256
     if was != cand_id:
@@ -234,16 +232,6 @@ def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id
         )
     if changed := rules_changed(v, policy):
         return f"policy {policy.name} changed since it was gated: {changed}"
-    if not p.own_evidence():
-        return (
-            f"not a gate's own evidence: {VERDICT_FILE} was decided on a score file given to the gate (its numbers are "
-            "that file's writer's), or written before gates recorded where their evidence came from (2026-12-07); "
-            "gate the checkpoints themselves"
-        )
-    now = policy.settings()
-    if p.policy_settings != now:
-        diff = sorted(k for k in set(now) | set(p.policy_settings) if now.get(k) != p.policy_settings.get(k))
-        return f"policy {policy.name} changed since it was gated: {', '.join(diff)}"
     if p.golden.manifest_sha256 != suite.golden.manifest_sha256:
         return (
             f"another golden set's: {VERDICT_FILE} was on {p.golden.name}/{p.golden.version} "
