@@ -22,7 +22,8 @@ unless asked for) is docs/reliability.md's trust model, which quantize/flows/gat
                                                                unit, golden manifest, suite, per_task, top_k,
                                                                device kind, dtype, library_versions); sealed
                                                                (.sha256) and holding its whole key
-    verdicts   $QUANTIZE_CACHE/verdicts/SHA256.json         a verdict a gate run with this cache decided, as
+    verdicts   $QUANTIZE_CACHE/verdicts/SHA256.json         a verdict a gate run with this cache decided on two
+                                                             checkpoints' evidence (`file_side`), as
                                                              `to_json` writes it read back, named by the sha256
                                                              of those bytes: what makes a gate.json beside a
                                                              candidate the report's and a sweep's evidence
@@ -386,11 +387,33 @@ def _verdict_text(v: Verdict) -> tuple[str, Path]:
     return text, content_path("verdicts", sha256_bytes(text.encode("utf-8")), ".json")
 
 
+def file_side(v: Verdict) -> str | None:
+    """Why a verdict is not a gate's own decision on two checkpoints, from its provenance: a side's scores read from a
+    score file or lm-eval's samples named on the command line (whose numbers and identity are whatever the user
+    wrote: another checkpoint's scores relabelled with the baseline's identity passed a rejected candidate), or a
+    baseline whose origin the verdict does not record (written before the gate recorded it); None where both sides'
+    evidence was computed here or read from the score cache under its trust model (docs/reliability.md)."""
+    p = v.provenance
+    for side, came, ours in (
+        ("candidate", p.candidate_scores, ("computed", "cache")),
+        ("baseline", p.baseline_scores, ("checkpoint",)),
+    ):
+        if came is None:
+            return f"it does not record where the {side}'s scores came from (written before the gate said so)"
+        if came not in ours:
+            return f"the {side}'s scores came from a file named on the gate's command line"
+    return None
+
+
 def store_verdict(v: Verdict) -> None:
     """Keep a verdict the gate decided (quantize/flows/gate.py run_gate, after its blob check held): the one
     mark by which a gate.json read later is known for a gate's own decision and not a file anyone wrote
-    (`holds_verdict`). A cache that cannot be written keeps nothing: a gate.json of that verdict is then not taken
-    as evidence (the report decides from cached scores or shows none; a sweep gates the candidate again)."""
+    (`holds_verdict`). Only a verdict on two checkpoints' evidence is kept (`file_side`): a gate over a score file
+    the user named decides on the user's numbers, and is the user's claim, not the gate's. A cache that cannot be
+    written keeps nothing: a gate.json of that verdict is then not taken as evidence (the report decides from
+    cached scores or shows none; a sweep gates the candidate again)."""
+    if file_side(v) is not None:
+        return
     text, path = _verdict_text(v)
     try:
         if not path.is_file():
@@ -403,7 +426,10 @@ def holds_verdict(v: Verdict) -> bool:
     """Whether a gate run with this cache decided exactly this verdict (`store_verdict`): its every field, the
     identities, policy, rules, evidence and outcome among them. A gate.json edited after the gate, written by
     hand, or copied from a machine whose cache this is not, is not held. The cache is what vouches: whoever can
-    write it can also write the cached scores the report decides from (docs/reliability.md)."""
+    write it can also write the cached scores the report decides from (docs/reliability.md). A verdict over a
+    score file the user named (`file_side`) is never held, whatever an older version kept in the cache."""
+    if file_side(v) is not None:
+        return False
     text, path = _verdict_text(v)
     data = text.encode("utf-8")
     if not path.exists():

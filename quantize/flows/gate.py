@@ -20,7 +20,7 @@ from quantize.evaluate.engine import gguf_to_score
 from quantize.evaluate.samples import find_run, looks_like_samples, read_samples, run_identity, suite_items
 from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
 from quantize.evaluate.suite import OpenSuite, load_suite, open_suite
-from quantize.gates.gate import check_rules, comparable_settings, decide, tokens_note
+from quantize.gates.gate import check_rules, comparable_settings, decide, other_tokens_note, tokens_note
 from quantize.gates.policy import AccuracyRule, AgreementRule, Policy, load_policy
 from quantize.gates.render import is_gate_junit, render_junit
 from quantize.golden.manifest import item_id
@@ -297,7 +297,9 @@ def run_gate(
     `trust_cached_candidate` (--trust-cached-candidate): a restored cache supplies the baseline's evidence only
     (docs/reliability.md). Weights identified by Hub blob names are read back in a background thread while the
     gate scores (files.BlobCheck): a name that lies is exit 2 and no verdict. The verdict is kept in the cache
-    (evaluate/cache.py store_verdict): a gate.json is the report's and a sweep's evidence only as a gate's own."""
+    (evaluate/cache.py store_verdict) where both sides are checkpoints (scored here, or read from the score cache
+    under its trust model), never where a side is a score file or lm-eval's samples named here: a gate.json is the
+    report's and a sweep's evidence only as a gate's own on the checkpoints themselves."""
     policy, suite = open_policy(policy_path)  # a bad suite or golden set is a usage error before any scoring
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
@@ -312,7 +314,9 @@ def run_gate(
     names.wait()
     if store is not None:  # the candidate's computed evidence, kept for the report once its identity holds
         store()
-    cache.store_verdict(v)  # what makes a gate.json of it evidence for the report and a sweep (holds_verdict)
+    # what makes a gate.json of it evidence for the report and a sweep (holds_verdict): only a verdict on two
+    # checkpoints' evidence is kept, never one over a score file the user named (cache.checkpoints_evidence)
+    cache.store_verdict(v)
     return v
 
 
@@ -398,8 +402,9 @@ def _gate(
         if computed:
             store = functools.partial(_keep, suite, cand, agreement, (run, base_run))
     v.provenance.score_files = {"baseline": base_file, "candidate": cand_file}
-    v.provenance.candidate_scores = (
-        ("computed" if cand_file is None else "cache") if is_checkpoint(cand_path) else "file"
+    v.provenance.candidate_scores, v.provenance.baseline_scores = (
+        ("computed" if cand_file is None else "cache") if is_checkpoint(cand_path) else "file",
+        "checkpoint" if is_checkpoint(base_path) else "file",  # a score file or lm-eval's samples: the user's
     )
     if v.provenance.candidate_scores == "cache":
         v.notes.append(
@@ -412,10 +417,13 @@ def _gate(
 
 def files_tokens_note(paths: tuple[Path, Path], base: ScoreDoc, cand: ScoreDoc | None) -> list[str]:
     """Where a side is a score file or lm-eval's samples (no tokenizer the gate could read), what the verdict says
-    of the items' tokens: compared by their recorded hashes (gates/gate.check_provenance refused a difference), or
-    not compared, and why."""
-    if cand is None or all(is_checkpoint(p) for p in paths):
+    of the items' tokens: compared by their recorded hashes (gates/gate.check_provenance refused a difference unless
+    the policy allows different tokenizers), or not compared, and why. Two checkpoints: a note only where their items
+    were scored on other tokens (allowed by the policy: gates/gate.other_tokens_note)."""
+    if cand is None:
         return []
+    if all(is_checkpoint(p) for p in paths):
+        return other_tokens_note(base, cand)
     return [tokens_note(base, cand)]
 
 

@@ -244,6 +244,13 @@ def tokens_note(base: ScoreDoc, cand: ScoreDoc) -> str:
     return f"both sides scored the same tokens on all {n} items they share (their score records' token hashes)"
 
 
+def other_tokens_note(base: ScoreDoc, cand: ScoreDoc) -> list[str]:
+    """Where two checkpoints' items were scored on other tokens (a tokenizer that splits text otherwise over one
+    vocabulary, which the policy's `allow_different_tokenizer` let check_provenance pass): the note saying in how
+    many items; else nothing. A verdict on such a pair says so, whoever decided it (the gate, the report)."""
+    return [tokens_note(base, cand)] if token_differences(base, cand) else []
+
+
 def same_prompts(base: ScoreDoc, cand: ScoreDoc) -> int:
     """Every item both sides scored (in every task both scored) records lm-eval's prompt hash on both sides, and
     the two are equal: what lets a side computed by another engine (lm-eval's samples) be paired with this one.
@@ -619,6 +626,7 @@ def verdict_of(
         seed=pb.seed,
         suite=pb.suite.path,
         suite_settings=comparable_settings(pb.suite.settings),
+        policy_settings=policy.settings(),
     )
     return Verdict(
         policy=policy.name or "policy",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
@@ -175,6 +175,12 @@ class Policy(BaseModel):
                 )
             seen[key] = i
         return self
+
+    def settings(self) -> dict[str, Any]:
+        """The policy as it decides, as a verdict records it (provenance.policy_settings): every field, its rules'
+        names (their labels) among them, but its name (the verdict's `policy`) and its suite's path (the verdict
+        holds the suite's settings and golden set, wherever the file lies)."""
+        return self.model_dump(mode="json", exclude={"name", "suite"})
 
     def agreement_limits(self) -> tuple[float | None, float | None]:
         """(the largest mean KL, the smallest top-1 agreement) the policy's agreement rules allow; None: no rule."""

@@ -195,6 +195,15 @@ class VerdictProvenance(Strict):
     # "cache" (a restored cache's entry, only on --trust-cached-candidate), "file" (a score file given); None in a
     # verdict written before the gate said so (docs/reliability.md, "What a restored cache may supply")
     candidate_scores: Literal["computed", "cache", "file"] | None = None
+    # where the baseline's scores came from: "checkpoint" (scored here from the checkpoint, or read from the score
+    # cache under its identity), "file" (a score file or lm-eval's samples named on the command line); None in a
+    # verdict written before the gate said so, or decided by the report (docs/reliability.md, "What a saved verdict
+    # is worth": only a verdict on two checkpoints' evidence is kept as a gate's own)
+    baseline_scores: Literal["checkpoint", "file"] | None = None
+    # the policy as the gate applied it (gates/policy.Policy.settings: every field that can change a verdict, all but
+    # its name and its suite's path); None in a verdict written before it said so. The report and a sweep hold a
+    # saved verdict to it
+    policy_settings: dict[str, Any] | None = None
 
 
 class SequentialRecord(Strict):

@@ -4,16 +4,20 @@ Nothing here scores a model: a checkpoint without cached scores appears as "not 
 judged it in stages, with the gate's evidence (each rule's Δ, bounds and items).
 
 The verdict is the one the gate gave and saved beside the candidate (gate.json, `quantize gate --json`), when it
-names this policy (its rules, tasks, metrics and limits as the file says them now, and a pinned baseline score file),
-the checkpoint's identity and the baseline's as they are now, this golden set and this suite's settings, and is a
-gate's own decision: one a gate run with this cache kept there, byte for byte (evaluate/cache.py holds_verdict; a
-file in the candidate's folder is otherwise only what whoever wrote the folder claims). A gate.json that does not
+names this policy (its rules, tasks, metrics and limits as the file says them now, every other setting that can change
+a verdict as the gate recorded the policy, and a pinned baseline score file), the checkpoint's identity and the
+baseline's as they are now, this golden set and this suite's settings, and is a gate's own decision on the two
+checkpoints: one a gate run with this cache kept there, byte for byte (evaluate/cache.py holds_verdict; a file in the
+candidate's folder is otherwise only what whoever wrote the folder claims), and never one whose gate read a side from
+a score file named on its command line (evaluate/cache.py file_side). A gate.json that does not
 is kept with the reason (`Entry.verdict_stale`: stale when the checkpoint changed since), never shown as the
 verdict. Only where none is saved does the report decide from cached full scores (the fixed design),
 labelled as recomputed, and only where the gate would have decided from them: not against a baseline score file
 other than the policy's pin, not where the two sides' vocabularies differ or cannot be read without loading (the
 gate loads both tokenizers; the report reads tokenizer.json with the tokenizers library), not where a side is a GGUF
-(the gate compares both sides' tokens of every item first); there `Entry.verdict_withheld` says why. A
+(the gate compares both sides' tokens of every item first), not where the gate would refuse the two score records
+(items scored on other tokens, other provenance: gates/gate.check_provenance); there `Entry.verdict_withheld` says
+why, and the rest of the report is written. A
 quantize.json whose recorded weights are not the folder's is not read (`Entry.record_stale`)."""
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from quantize.cost import bounds as cost
 from quantize.errors import UsageError
 from quantize.evaluate import cache
 from quantize.evaluate.suite import open_suite
-from quantize.gates.gate import agreement_rule, check_rules, comparable_settings, decide
+from quantize.gates.gate import agreement_rule, check_rules, comparable_settings, decide, other_tokens_note
 from quantize.gates.policy import AccuracyRule, AgreementRule, PerplexityRule, Policy, load_policy
 from quantize.records import (
     VERDICT_FILE,
@@ -209,11 +213,14 @@ def read_saved(path: Path) -> Verdict | None:
 def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id: str) -> str | None:
     """Why a saved verdict is not this policy's on this pair, golden set and suite, or not a gate's own decision, or
     None when it is both. Identities are the ones computed now from the files: a candidate changed since it was
-    gated makes the verdict stale. The suite: its settings as the gate compared them (gate.comparable_settings,
+    gated makes the verdict stale. The policy: its rules (`rules_changed`), then every setting as the gate recorded
+    it (`policy_changed`). The suite: its settings as the gate compared them (gate.comparable_settings,
     recorded in the verdict since it holds `suite_settings`; an older verdict is held to its suite's path), and a
     baseline score file the policy pins. Task versions are the golden set's (its manifest hash covers the task
-    files). A gate's own: the cache holds it as a gate run with it decided it (evaluate/cache.py holds_verdict), so
-    a gate.json forged beside a candidate (another candidate's pass with the identity changed) is not evidence."""
+    files). A gate's own: its gate read both sides from the checkpoints or the score cache, not from a file named on
+    its command line (evaluate/cache.py file_side), and the cache holds it as a gate run with it decided it
+    (holds_verdict), so a gate.json forged beside a candidate (another candidate's pass with the identity changed) is
+    not evidence, nor is a gate's verdict over a relabelled score file."""
     p = v.provenance
     was = p.candidate.checkpoint.identity_sha256
     if was != cand_id:
@@ -230,7 +237,7 @@ def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id
         return (
             f"another policy's: {VERDICT_FILE} is policy {v.policy}'s verdict, the report's --policy is {policy.name}"
         )
-    if changed := rules_changed(v, policy):
+    if changed := rules_changed(v, policy) or policy_changed(v, policy):
         return f"policy {policy.name} changed since it was gated: {changed}"
     if p.golden.manifest_sha256 != suite.golden.manifest_sha256:
         return (
@@ -248,6 +255,11 @@ def saved_mismatch(v: Verdict, policy: Policy, suite: Any, base_id: str, cand_id
         return (
             f"other baseline scores: {VERDICT_FILE} read the baseline's scores from "
             f"{(p.score_files.get('baseline') or 'no file')[:12]}, the policy pins {pin[:12]}"
+        )
+    if (why := cache.file_side(v)) is not None:
+        return (
+            f"not a gate's own decision on the checkpoints: {why}; run "
+            "`quantize gate` on the two checkpoints (with --json > CANDIDATE/gate.json, the report shows its verdict)"
         )
     if not cache.holds_verdict(v):
         return (
@@ -287,6 +299,23 @@ def rules_changed(v: Verdict, policy: Policy) -> str | None:
     return None
 
 
+def policy_changed(v: Verdict, policy: Policy) -> str | None:
+    """How the policy as it decides now (Policy.settings, e.g. `allow_different_tokenizer:`, `sequential:`,
+    `power:`, `fail_on_inconclusive:`) differs from the one the saved verdict records (provenance.policy_settings),
+    or None when it is the same; a verdict that records none (written before it did) cannot be held to it, and is
+    named so. A baseline pin is held to the score file the verdict read instead (saved_mismatch): a pin added since,
+    of that very file, leaves the verdict as it was."""
+    then, now = v.provenance.policy_settings, policy.settings()
+    if then is None:
+        return f"{VERDICT_FILE} does not record the policy it applied (written before verdicts did); gate it again"
+    pin = "baseline_scores_sha256"  # refuses evidence, never changes a verdict: held to the file read (saved_mismatch)
+    diff = [k for k in sorted(set(then) | set(now)) if k != pin and then.get(k) != now.get(k)]
+    if not diff:
+        return None
+    said = "; ".join(f"{k} {then.get(k)!r} then, {now.get(k)!r} now" for k in diff)
+    return f"{VERDICT_FILE} was decided under other settings: {said[:400]}"
+
+
 def settle_verdict(
     e: Entry, base: Entry, policy: Policy, suite: Any, needs_agreement: bool, base_file: str | None = None
 ) -> None:
@@ -305,10 +334,16 @@ def settle_verdict(
         assert e.scores is not None and base.scores is not None
         e.verdict_withheld = withheld(e, base, policy, base_file)
         if e.verdict_withheld is None:
-            e.verdict, e.verdict_origin = decide(policy, base.scores, e.scores, e.agreement), "recomputed"
-            if e.sha256 == base.sha256:
-                e.verdict.notes.append("baseline and candidate are one checkpoint: an A/A check")
-            return
+            try:  # the gate's own refusal of these scores (other tokens, other provenance) is this entry's alone
+                v = decide(policy, base.scores, e.scores, e.agreement)
+            except UsageError as err:
+                e.verdict_withheld = f"the gate refuses to decide from these scores: {err}"
+            else:
+                v.notes += other_tokens_note(base.scores, e.scores)
+                if e.sha256 == base.sha256:
+                    v.notes.append("baseline and candidate are one checkpoint: an A/A check")
+                e.verdict, e.verdict_origin = v, "recomputed"
+                return
     if e.agreement and needs_agreement:
         e.agreement_outcome = agreement_outcome(policy, e.agreement)
 

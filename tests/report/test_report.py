@@ -769,3 +769,165 @@ def test_a_gguf_candidate_gets_the_decode_bounds_quantize_cost_gives_it(tmp_path
     cost = decode_cost(g, hardware="seed")
     assert cost.formats["measured"].batch1_step_bound_ms == pytest.approx(bounds.batch1_ms, rel=1e-9)
     assert cost.formats["measured"].batch_step_bound_ms == pytest.approx(bounds.batch_ms, rel=1e-9)
+
+
+def test_a_gate_over_a_score_file_is_not_a_saved_verdict_for_the_report_or_a_sweep(
+    scored, checkpoints, tiny_model, tmp_path, monkeypatch, capsys
+):
+    """A review's repro: a gate whose baseline is a score file the user wrote (a candidate's own scores, relabelled
+    with the baseline's identity) passed, and its verdict was kept in the cache as a gate's own, so the report showed
+    the candidate PASS ("saved verdict") and a sweep took it as done. A gate over a score file (either side) keeps
+    nothing; a verdict an older version kept so is not held either; the report decides from cached scores instead."""
+    from quantize.evaluate import cache
+    from quantize.io import write_text_atomic
+
+    root, pol = scored
+    _, suite, outs = checkpoints
+    shutil.copytree(root / "cache", tmp_path / "cache")
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    cand = tmp_path / "c" / "w4"
+    shutil.copytree(outs["w4"], cand)
+    own = score(open_suite(suite), cand).doc  # its honest scores (cached)
+    base_ref = score(open_suite(suite), tiny_model).doc.provenance.checkpoint
+    forged = own.model_copy(update={"provenance": own.provenance.model_copy(update={"checkpoint": base_ref})})
+    records.write(tmp_path / "forged.json", forged)
+    records.write(tmp_path / "w4.json", own)
+    verdicts = tmp_path / "cache" / "verdicts"
+    for base_side, cand_side, which in (
+        (tmp_path / "forged.json", cand, "baseline"),
+        (tiny_model, tmp_path / "w4.json", "candidate"),
+    ):
+        capsys.readouterr()
+        assert main(["gate", str(pol), "--baseline", str(base_side), "--candidate", str(cand_side), "--json"]) == 0
+        printed = capsys.readouterr().out
+        v = records.parse(records.Verdict, json.loads(printed), "gate")
+        assert v.verdict == "pass" and v.provenance.candidate.checkpoint.identity_sha256 == identity_sha256(cand)
+        assert not verdicts.exists() or not list(verdicts.iterdir())  # nothing kept as a gate's own
+        (cand / "gate.json").write_text(printed)
+        # what an older version kept: the same bytes under the cache's name for them
+        text, path = cache._verdict_text(v)
+        write_text_atomic(path, text)
+        assert not cache.holds_verdict(v)
+        out = tmp_path / f"rep-{which}"
+        assert main(["report", str(cand), "--baseline", str(tiny_model), "--policy", str(pol), "--out", str(out)]) == 0
+        row = _rows(out)["w4"]
+        assert row["verdict from"].startswith("recomputed from cached full scores")
+        assert (
+            f"not a gate's own decision on the checkpoints: the {which}'s scores came from a file"
+            in (row["verdict from"])
+        )
+        sweep = tmp_path / "sweep.yaml"
+        sweep.write_text(f"name: t\nmodel: {tiny_model}\ncheckpoints: [{cand}]\npolicy: {pol}\noutput: {tmp_path}/o\n")
+        capsys.readouterr()
+        assert main(["sweep", str(sweep), "--plan", "--json"]) == 0
+        plan = json.loads(capsys.readouterr().out)["candidates"][0]
+        assert plan["todo"] == "gate" and f"the {which}'s scores came from a file" in plan["message"]
+        shutil.rmtree(verdicts)
+    # the gate on the two checkpoints keeps its verdict, and the report shows it as saved
+    capsys.readouterr()
+    main(["gate", str(pol), "--baseline", str(tiny_model), "--candidate", str(cand), "--json"])
+    (cand / "gate.json").write_text(capsys.readouterr().out)
+    out = tmp_path / "rep-checkpoints"
+    assert main(["report", str(cand), "--baseline", str(tiny_model), "--policy", str(pol), "--out", str(out)]) == 0
+    assert _rows(out)["w4"]["verdict from"].startswith("saved verdict (gate.json")
+
+
+def test_a_saved_verdict_is_held_to_every_policy_setting_that_can_change_it(
+    staged, checkpoints, tiny_model, monkeypatch
+):
+    """The report compared a saved verdict's rules and α only: a pass under `allow_different_tokenizer: true`, with
+    another `sequential:` design, power or fail_on_inconclusive, was shown under a policy without them. The verdict
+    records the policy as the gate applied it, and the report holds it to the whole of it."""
+    from quantize.gates.policy import Sequential, load_policy
+    from quantize.report.collect import saved_mismatch
+
+    root, pol, saved = staged
+    monkeypatch.setenv("QUANTIZE_CACHE", str(root / "cache"))
+    v, policy, suite = records.parse(records.Verdict, saved, "test"), load_policy(pol), open_suite(checkpoints[1])
+    ids = identity_sha256(tiny_model), identity_sha256(root / "fp8")
+    assert saved_mismatch(v, policy, suite, *ids) is None
+    for field, value in (
+        ("allow_different_tokenizer", not policy.allow_different_tokenizer),
+        ("sequential", None),
+        ("sequential", Sequential(looks=[0.2, 1.0])),
+        ("power", 0.9),
+        ("fail_on_inconclusive", not policy.fail_on_inconclusive),
+    ):
+        other = policy.model_copy(update={field: value})
+        why = saved_mismatch(v, other, suite, *ids)
+        assert why is not None and why.startswith(f"policy {policy.name} changed since it was gated") and field in why
+    assert v.provenance.policy_settings == policy.settings()
+    older = v.provenance.model_copy(update={"policy_settings": None})
+    assert "does not record the policy it applied" in saved_mismatch(
+        v.model_copy(update={"provenance": older}), policy, suite, *ids
+    )
+
+
+@pytest.fixture
+def tokx(scored, checkpoints, tiny_model, tmp_path, monkeypatch) -> tuple[Path, Path, int]:
+    """A copy of the baseline whose tokenizer splits on whitespace only (one vocabulary, other tokens), scored in a
+    copy of `scored`'s cache; `scored`'s policy under the same name allowing other tokenizers; and the number of items
+    the two sides scored on other tokens (their score records' token hashes)."""
+    from quantize.gates.gate import token_differences
+
+    root, pol = scored
+    _, suite, _ = checkpoints
+    shutil.copytree(root / "cache", tmp_path / "cache")
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    tokx = tmp_path / "tokx"
+    shutil.copytree(tiny_model, tokx)
+    tok = json.loads((tokx / "tokenizer.json").read_text())
+    tok["pre_tokenizer"] = {"type": "WhitespaceSplit"}
+    (tokx / "tokenizer.json").write_text(json.dumps(tok))
+    diff = token_differences(score(open_suite(suite), tiny_model).doc, score(open_suite(suite), tokx).doc)
+    k = sum(map(len, diff.values()))
+    assert k > 0  # the premise: some items tokenize otherwise
+    (tmp_path / "allow").mkdir()
+    allow = tmp_path / "allow" / pol.name  # the same policy name, allowing other tokenizers
+    allow.write_text(pol.read_text() + "allow_different_tokenizer: true\n")
+    return tokx, allow, k
+
+
+def test_a_verdict_on_a_tokenizer_that_splits_text_otherwise_names_the_items(tokx, tiny_model, tmp_path, capsys):
+    """Under `allow_different_tokenizer: true` the gate passed a tokenizer that splits text otherwise over one
+    vocabulary, and its verdict said nothing of the tokens (the gate and the report's own verdict alike): both name
+    the items scored on other tokens."""
+    cand, allow, k = tokx
+    capsys.readouterr()
+    main(["gate", str(allow), "--baseline", str(tiny_model), "--candidate", str(cand), "--json"])
+    v = json.loads(capsys.readouterr().out)
+    assert any(f"scored on other tokens for {k} of" in n and "allow_different_tokenizer" in n for n in v["notes"])
+    out = tmp_path / "rep"
+    assert main(["report", str(cand), "--baseline", str(tiny_model), "--policy", str(allow), "--out", str(out)]) == 0
+    entry = next(e for e in json.loads((out / "report.json").read_text())["entries"] if e["label"] == "tokx")
+    assert entry["verdict"] is not None
+    assert any(f"scored on other tokens for {k} of" in n for n in entry["verdict"]["notes"])
+
+
+def test_a_candidate_scored_on_other_tokens_is_withheld_and_the_report_written(
+    tokx, scored, checkpoints, tiny_model, tmp_path, capsys
+):
+    """The report under a policy that does not allow other tokenizers exited 2 with the gate's message and wrote
+    nothing, whatever the other candidates. Now it withholds that candidate's verdict with the gate's reason and
+    writes the rest; a verdict saved by a gate under a policy allowing them is not shown (another policy setting's)."""
+    cand, allow, k = tokx
+    _, pol = scored
+    _, _, outs = checkpoints
+    args = ["report", str(outs["w4"]), str(cand), "--baseline", str(tiny_model), "--policy", str(pol)]
+    for saved in (False, True):
+        if saved:
+            capsys.readouterr()
+            main(["gate", str(allow), "--baseline", str(tiny_model), "--candidate", str(cand), "--json"])
+            (cand / "gate.json").write_text(capsys.readouterr().out)
+        out = tmp_path / f"rep-{saved}"
+        assert main([*args, "--out", str(out)]) == 0
+        rows = _rows(out)
+        assert rows["w4"]["gate"] == "PASS" and rows["tokx"]["gate"] == "no verdict"
+        assert (
+            "not decided from the cached scores: the gate refuses to decide from these scores: the baseline "
+            in (rows["tokx"]["verdict from"])
+        )
+        assert f"scored on other tokens for {k} item(s)" in rows["tokx"]["verdict from"]
+        stale = "gate.json not shown: policy p changed since it was gated: "
+        assert (stale in rows["tokx"]["verdict from"]) == saved
+        assert ("allow_different_tokenizer True then, False now" in rows["tokx"]["verdict from"]) == saved
