@@ -764,13 +764,27 @@ def golden_size(  # one keyword per flag of `quantize golden size`
 @_takes(checkpoint=PATH, verdict=PATH)
 def card(checkpoint: PathLike, verdict: PathLike) -> Path:
     """`quantize card`: a saved verdict (gate.json) written into the candidate's model card (model-index results
-    and a section); a verdict of another checkpoint, or one whose rules' outcomes do not follow from their own
-    evidence by the gate's decision (records/verdict.py), raises UsageError. Returns the card's path."""
+    and a section); a verdict of another checkpoint, one whose rules' outcomes or figures do not follow from their
+    own evidence by the gate's decision (records/verdict.py), or one no gate run with this cache decided (the cache
+    does not hold it: evaluate/cache.py holds_verdict, as the report reads a saved verdict) raises UsageError.
+    Returns the card's path."""
     from quantize import records
+    from quantize.cache import shared_path
+    from quantize.evaluate import cache
     from quantize.records import Verdict
     from quantize.report.card import add_verdict
 
-    return add_verdict(Path(checkpoint), records.read(Verdict, verdict), str(verdict))
+    v = records.read(Verdict, verdict)
+    if not cache.holds_verdict(v):  # a file's figures are whoever wrote it's claim: model-index publishes a gate's
+        raise UsageError(
+            f"{verdict} is not a gate's own decision: no gate run with this cache ({shared_path()}) decided this "
+            "verdict as it reads (one written or edited by hand, copied from another machine, or written before "
+            "gates kept their verdicts in the cache, 2026-12-07), and the card publishes its figures in "
+            "model-index. Gate the checkpoint with --card (`quantize gate POLICY --baseline B --candidate CKPT "
+            "--card`; the action's `card: true`), or run `quantize card` with the cache of the gate that decided "
+            "it (QUANTIZE_CACHE)"
+        )
+    return add_verdict(Path(checkpoint), v, str(verdict))
 
 
 @_takes(prepare=BOOL, force=BOOL)

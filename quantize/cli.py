@@ -893,6 +893,7 @@ def _main(argv: list[str] | None) -> int:
         from quantize.checkpoint.files import REREAD
 
         os.environ[REREAD] = "1"
+    earlier = _earlier_report(args)
     try:
         # every command calls the API, whose boundary refuses a bad OMP_NUM_THREADS and a path that names no file
         return args.fn(args)
@@ -910,11 +911,26 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt as e:
         command = f"{args.command} {getattr(args, 'action', '')}".strip()
         left = "; nothing was left at the output path" if {command, args.command} & WRITES_OUTPUT else ""
+        if earlier is not None:  # the report replaces a folder only once it is written whole (io.atomic_dir)
+            left = f"; nothing of this run was left, and the earlier report at {earlier} was kept as it was"
         how = f"stopped by {e.args[0]}" if isinstance(e, Signalled) else "interrupted"
         print(f"quantize {args.command}: {how}{left}", file=sys.stderr)
         return e.exit_code if isinstance(e, Signalled) else EXIT_INTERRUPTED
     except Exception as e:
         return _unexpected(args.command, e)
+
+
+def _earlier_report(args: argparse.Namespace) -> str | None:
+    """`report --out DIR` where DIR holds something (an earlier report; any other content is refused before anything
+    is written): DIR, which an interrupt leaves as it was. None for every other command."""
+    out = getattr(args, "out", None) if args.command == "report" else None
+    if not out or os.path.islink(out) or not os.path.isdir(out):
+        return None
+    try:
+        with os.scandir(out) as found:
+            return out if any(found) else None
+    except OSError:
+        return None
 
 
 def _unexpected(command: str, e: BaseException) -> int:

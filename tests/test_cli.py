@@ -250,3 +250,26 @@ def _spelled(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
     for word in command.split():
         parser = next(a for a in parser._subparsers._group_actions).choices[word]  # argparse's own tree, in a test
     return parser.get_default("spelled")
+
+
+def test_an_interrupted_report_says_the_earlier_report_was_kept(monkeypatch, capsys, tmp_path):
+    """SIGINT during `report` with an earlier report in --out said "nothing was left at the output path" while the
+    earlier report was (rightly) kept (a review): it says so. A new --out keeps the plain promise."""
+    import quantize.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["report"]
+    sub.set_defaults(fn=interrupted)
+    earlier = tmp_path / "rep"
+    earlier.mkdir()
+    (earlier / "report.md").write_text("# an earlier report\n")
+    assert cli.main(["report", "c", "--out", str(earlier)]) == 130
+    err = capsys.readouterr().err
+    assert f"the earlier report at {earlier} was kept" in err and "nothing was left at the output path" not in err
+    assert cli.main(["report", "c", "--out", str(tmp_path / "new")]) == 130
+    err = capsys.readouterr().err
+    assert "nothing was left at the output path" in err and "earlier report" not in err

@@ -9,7 +9,8 @@ The folder is written whole or not at all (a temporary folder beside OUT, rename
 its own (EXPORT_RECORD: every file it wrote and its sha256); an existing OUT is refused unless `force`, and even
 then only an earlier export is replaced: a folder whose record reads and whose files are exactly the recorded
 ones, unchanged. A folder of the user's own YAML files (recipes) looked like an export to the earlier rule (task
-YAMLs and data/*.jsonl) and was deleted by `--force` (a review).
+YAMLs and data/*.jsonl) and was deleted by `--force` (a review). An OUT inside a golden-set version (a folder
+holding its MANIFEST.json, at any depth above OUT) is refused: a version is immutable.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from quantize.compat.lm_eval import sandboxed_metrics
 from quantize.config import parse_yaml
 from quantize.errors import UsageError
 from quantize.golden.items import MAX_ITEM_BYTES, MAX_SET_FILE_BYTES
-from quantize.golden.manifest import HINT, GoldenSet, data_files, lm_eval_tasks, scored_split
+from quantize.golden.manifest import HINT, MANIFEST_FILE, GoldenSet, data_files, lm_eval_tasks, scored_split
 from quantize.io import atomic_dir, read_user_file, sha256_file, user_lines
 from quantize.names import checked
 
@@ -85,6 +86,7 @@ def export_tasks(
     (what the printed command runs); `ids`: the smoke subset's ids per task, or None for every item; `run`: the
     suite's seed and context window (max_length, None: the model's), which the printed commands pass on."""
     out = Path(out)
+    _not_in_a_golden_set(out)
     _check_out(out, force)
     final = out.resolve()
     with tempfile.TemporaryDirectory(prefix="quantize-export-") as scratch, atomic_dir(out, replace=force) as tmp:
@@ -117,6 +119,19 @@ def _write_record(folder: Path, golden: GoldenSet) -> None:
     m = golden.manifest
     record = ExportRecord(golden=f"{m.name}/{m.version}", files=_written(folder))
     (folder / EXPORT_RECORD).write_text(record.model_dump_json(indent=2) + "\n", encoding="utf-8")
+
+
+def _not_in_a_golden_set(out: Path) -> None:
+    """OUT is no golden-set version, nor inside one (a folder holding its MANIFEST.json, at any depth above OUT): a
+    version is immutable, and an export written into it was files its MANIFEST does not list (a review's
+    `golden export suite.yaml golden/v1/x`)."""
+    where = out.resolve()  # links and `..` resolved: the folder the export would be written in
+    for folder in (where, *where.parents):
+        if (folder / MANIFEST_FILE).is_file():
+            raise UsageError(
+                f"{out} is inside the golden-set version {folder} (it holds {MANIFEST_FILE}), and a version is "
+                "immutable: an export there would add files its manifest does not list. Choose a folder outside it"
+            )
 
 
 def _check_out(out: Path, force: bool) -> None:

@@ -25,6 +25,7 @@ from quantize.golden.items import MAX_ITEM_BYTES, MAX_SET_FILE_BYTES
 from quantize.io import atomic_file, read_user_file, sha256_bytes, sha256_file, user_lines
 from quantize.kinds import KINDS, OUTPUT_TYPES, metric_name
 
+MANIFEST_FILE = "MANIFEST.json"  # what makes a folder a golden-set version
 MAX_MANIFEST_BYTES = 16 * 2**20  # a MANIFEST: hashes, smoke ids and few-shot ids, kilobytes to a megabyte
 HINT = "restore the version folder from version control"
 

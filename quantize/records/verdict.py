@@ -5,6 +5,7 @@ sides, and how a sequential gate ran."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -57,6 +58,19 @@ class AccuracyEvidence(Strict):
     def judged(self) -> str:
         return f"Δ {self.delta}, bounds [{self.lower_bound}, {self.upper_bound}] against margin {self.margin}"
 
+    def inconsistent(self) -> str | None:
+        """Where its figures disagree with one another as the gate computes them (Δ is the candidate's mean less
+        the baseline's, the bounds Δ ∓ q·SE, clipped to [-1, 1]), or None: a candidate of 0.99 above a baseline of
+        0.25 and a Δ of +0.0 was published in model-index (a review)."""
+        if not _close(self.candidate - self.baseline, self.delta):
+            return (
+                f"candidate {self.candidate} − baseline {self.baseline} is {self.candidate - self.baseline}, and its "
+                f"Δ is {self.delta}"
+            )
+        if not _within(self.delta, self.lower_bound, self.upper_bound):
+            return f"its Δ {self.delta} lies outside its own bounds [{self.lower_bound}, {self.upper_bound}]"
+        return None
+
 
 class PerplexityEvidence(Strict):
     n: int
@@ -76,6 +90,17 @@ class PerplexityEvidence(Strict):
 
     def judged(self) -> str:
         return f"ratio bounds [{self.lower_bound}, {self.upper_bound}] against max_ratio {self.max_ratio}"
+
+    def inconsistent(self) -> str | None:
+        """Where its figures disagree as the gate computes them (the ratio is the candidate's perplexity over the
+        baseline's: both are e to the same sums' means), or None. The bootstrap's percentile bounds need not hold
+        the point estimate, and are not held to it."""
+        if not _close(self.candidate_perplexity, self.ratio * self.baseline_perplexity):
+            return (
+                f"candidate perplexity {self.candidate_perplexity} over baseline perplexity "
+                f"{self.baseline_perplexity} is not its ratio {self.ratio}"
+            )
+        return None
 
 
 class AgreementEvidence(Strict):
@@ -111,6 +136,26 @@ class AgreementEvidence(Strict):
     def judged(self) -> str:
         limit = f"max {self.max}" if self.max is not None else f"min {self.min}"
         return f"bounds [{self.lower_bound}, {self.upper_bound}] against {limit}"
+
+    def inconsistent(self) -> str | None:
+        """Where its value lies outside its own bounds (value ∓ q·SE, widened to Wilson's for top-1, clipped to
+        [0, 1] for a share: they hold the value), or None."""
+        if not _within(self.value, self.lower_bound, self.upper_bound):
+            return f"its value {self.value} lies outside its own bounds [{self.lower_bound}, {self.upper_bound}]"
+        return None
+
+
+# How far a verdict's figures may differ from what they follow from: float rounding of sums of thousands of items
+# (a mean of differences against a difference of means), relative to the figures' size, never a real change
+TOLERANCE = 1e-9
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=TOLERANCE)
+
+
+def _within(x: float, lower: float, upper: float) -> bool:
+    return lower - TOLERANCE * max(1.0, abs(lower)) <= x <= upper + TOLERANCE * max(1.0, abs(upper))
 
 
 class _RuleResult(Strict):
@@ -250,11 +295,15 @@ class Verdict(Record):
         else any inconclusive rule makes it inconclusive (exit 0 or 1, as the policy's fail_on_inconclusive said);
         else it passes, with exit code 0. A rule holding non-finite evidence (or marked `non_finite`) is a
         regression; any other rule's outcome is its recorded bounds against its recorded limit by the function the
-        gate decides it with (records/base.py: noninferiority_outcome, limit_outcome). A file that says otherwise
-        was not written by the gate as it stands (a verdict of pass above a regression, a rule of pass whose lower
-        bound is past its margin) and is refused wherever it is read (the report, a card, a sweep). Whether the
-        bounds are the ones the items give is not checked here: a gate.json beside a candidate is evidence only
-        where the cache holds it as a gate's own decision (quantize/evaluate/cache.py `holds_verdict`)."""
+        gate decides it with (records/base.py: noninferiority_outcome, limit_outcome), and its figures follow from
+        one another as the gate computes them, within float rounding (each evidence's `inconsistent`: an accuracy
+        rule's Δ is candidate − baseline and lies within its bounds, a perplexity rule's ratio is the candidate's
+        perplexity over the baseline's, an agreement rule's value lies within its bounds). A file that says
+        otherwise was not written by the gate as it stands (a verdict of pass above a regression, a rule of pass
+        whose lower bound is past its margin, a candidate of 0.99 with a Δ of +0.0 over a baseline of 0.25) and is
+        refused wherever it is read (the report, a card, a sweep). Whether the figures are the ones the items give
+        is not checked here: a gate.json beside a candidate is evidence only where the cache holds it as a gate's
+        own decision (quantize/evaluate/cache.py `holds_verdict`), and `quantize card` publishes only such a one."""
         outcomes = {r.verdict for r in self.rules}
         expected = "rejected" if "regression" in outcomes else "inconclusive" if "inconclusive" in outcomes else "pass"
         codes = {"rejected": (1,), "inconclusive": (0, 1), "pass": (0,)}[expected]
@@ -272,6 +321,11 @@ class Verdict(Record):
                         f"rule {r.rule} is {r.verdict} on evidence that is not finite ({r.non_finite or bad[0]}), and "
                         "the gate makes non-finite evidence a regression"
                     )
+            elif why := r.evidence.inconsistent():
+                raise ValueError(
+                    f"rule {r.rule}'s evidence does not hold together: {why}, and the gate records figures that "
+                    "follow from one another (a file edited after its gate)"
+                )
             elif r.verdict != (given := r.evidence.outcome()):
                 raise ValueError(
                     f"rule {r.rule} is {r.verdict}, and its own evidence gives {given} ({r.evidence.judged()}, by the "

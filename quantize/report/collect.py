@@ -22,6 +22,7 @@ quantize.json whose recorded weights are not the folder's is not read (`Entry.re
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +131,22 @@ def _entry(path: Path) -> Entry:
         record_stale=record_stale,
         rounds_activations=ggufs.find(path) is None and stored_rounds_activations(path),  # a GGUF: llama.cpp's
     )
+
+
+def unique_labels(entries: list[Entry]) -> list[Entry]:
+    """Every entry's label made one no other entry has: a label two folders share (a copy of a checkpoint, its
+    recipe name from quantize.json; two folders of one name) gets its folder's name (where that is not the label
+    itself), then, where that still
+    collides, its path as given. Two rows, plot points and evidence lines of one name read as one checkpoint twice
+    (a review). Returns `entries`, relabelled in place."""
+    given = [e.label for e in entries]
+    named = lambda e, was: was if Path(e.path).name == was else f"{was} ({Path(e.path).name})"  # noqa: E731
+    for widen in (named, lambda e, was: f"{was} ({e.path})"):
+        counts = Counter(e.label for e in entries)
+        for e, was in zip(entries, given, strict=True):
+            if counts[e.label] > 1:
+                e.label = widen(e, was)
+    return entries
 
 
 class DecodeBounds(BaseModel):
@@ -403,7 +420,7 @@ def collect(  # noqa: PLR0913  # the report's settings, and the config completio
     for p in [*(p for p in [baseline] if p), *checkpoints]:
         if all(p.resolve() != q.resolve() for q in paths):
             paths.append(p)
-    entries = [_entry(p) for p in paths]
+    entries = unique_labels([_entry(p) for p in paths])
     base = entries[0] if baseline else None
     if base:
         base.is_baseline = True

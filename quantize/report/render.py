@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.errors import UsageError
-from quantize.io import atomic_dir, unwritable_parent
+from quantize.io import atomic_dir, read_user_file, unwritable_parent
 from quantize.kinds import KINDS, headline, kind_of
 from quantize.records import (
     VERDICT_FILE,
@@ -568,12 +568,36 @@ REPORT_FILES = frozenset(
 )
 
 
+# the keys of report.json (_write): a file of other content is no report this tool wrote
+REPORT_KEYS = frozenset({"table", "entries", "images", "evidence", "fields"})
+MAX_REPORT_JSON_BYTES = 2**28  # a report of thousands of checkpoints: megabytes
+
+
+def _is_report_json(path: Path) -> bool:
+    """Whether `path` is a report.json this tool wrote: a regular file (not a link), a JSON object of exactly the
+    keys _write writes, its table a head and rows, its entries and images lists."""
+    try:
+        data = json.loads(read_user_file(path, "report.json", MAX_REPORT_JSON_BYTES, follow_links=False))
+    except (UsageError, OSError, ValueError, RecursionError):
+        return False
+    return (
+        isinstance(data, dict)
+        and data.keys() == REPORT_KEYS
+        and isinstance(data["table"], dict)
+        and data["table"].keys() == {"head", "rows"}
+        and isinstance(data["entries"], list)
+        and isinstance(data["images"], list)
+    )
+
+
 def check_target(target: Path) -> None:
     """Before anything is read: `--out` can take a report. It names a folder (not `.` or `..`), is not a link, its
-    first existing parent is a writable folder, and where it exists it is an empty folder or an earlier report's:
-    regular files of the report's own names (REPORT_FILES) and nothing else, since the whole folder is replaced.
-    A folder that also holds a user's files is refused (a report.md among them was taken as proof of a report,
-    and the folder replaced with everything in it). io.check_output_file keeps the same rule for one file (the
+    first existing parent is a writable folder, and where it exists it is an empty folder or an earlier report,
+    recognised by its content: a report.json that reads as the report record this tool writes (_is_report_json),
+    and every other entry a regular file of the report's own names (REPORT_FILES), since the whole folder is
+    replaced. A folder that also holds a user's files is refused (a report.md among them was taken as proof of a
+    report, and the folder replaced with everything in it), and so is one of a report's names alone (the user's
+    own report.md of notes was replaced: a review). io.check_output_file keeps the same rule for one file (the
     gate's JUnit and verdict)."""
     target = Path(target)
     if target.name in ("", ".", "..") or target.resolve() == Path.cwd().resolve():
@@ -584,11 +608,19 @@ def check_target(target: Path) -> None:
         if not target.is_dir():
             raise UsageError(f"--out {target} is a file; name a new folder (an earlier report folder is replaced)")
         with os.scandir(target) as found:
-            other = sorted(e.name for e in found if e.name not in REPORT_FILES or not e.is_file(follow_symlinks=False))
+            entries = list(found)
+        other = sorted(e.name for e in entries if e.name not in REPORT_FILES or not e.is_file(follow_symlinks=False))
         if other:
             raise UsageError(
                 f"--out {target} holds files that are not an earlier report's ({', '.join(other[:5])}"
                 f"{', ...' if len(other) > 5 else ''}), and the report replaces the whole folder; choose a new folder"
+            )
+        if entries and not _is_report_json(target / "report.json"):
+            names = ", ".join(sorted(e.name for e in entries)[:5])
+            raise UsageError(
+                f"--out {target} holds {names} but no report.json this tool wrote (a JSON object of the report's "
+                "keys), so it is not an earlier report, and the report replaces the whole folder; choose a new "
+                "folder (or move those files away)"
             )
         return
     if (parent := unwritable_parent(target)) is not None:

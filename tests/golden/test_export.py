@@ -157,3 +157,18 @@ def test_a_bad_suite_is_exit_2_before_anything_is_written(tmp_path, capsys):
     bad.write_text("golden: nowhere/v1\n")
     assert main(["golden", "export", str(bad), str(tmp_path / "out")]) == 2
     assert "MANIFEST" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("inside", ["x", "deep/er/x", "."])
+def test_an_export_inside_a_golden_set_version_is_refused(world, tmp_path, capsys, inside):
+    """A version is immutable: `golden export suite.yaml golden/v1/x` wrote into it (a review), at any depth."""
+    _, golden, _, _ = world
+    mine = tmp_path / "golden" / "v1"
+    shutil.copytree(golden, mine)
+    suite = suite_file(tmp_path / "suite.yaml", mine)
+    before = sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*"))
+    assert main(["golden", "export", str(suite), str(mine / inside), "--force"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"inside the golden-set version {mine.resolve()}" in err and "MANIFEST.json" in err
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == before
+    assert main(["golden", "verify", str(mine)]) == 0

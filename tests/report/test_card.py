@@ -99,7 +99,7 @@ def test_a_non_finite_figure_is_no_model_index_number(policy, tiny_model, tmp_pa
     facts["verdict"], facts["non_finite"] = "regression", "candidate accuracy"
     verdict["verdict"], verdict["exit_code"] = "rejected", 1  # what its rules give (a pass above them is refused)
     (tmp_path / "v.json").write_text(json.dumps(verdict))
-    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
+    assert main(["card", str(cand), "--verdict", str(_gates_own(tmp_path / "v.json"))]) == 0
     text = (cand / "README.md").read_text()
     card = ModelCard.load(cand / "README.md")
     assert [r.task_name for r in card.data.eval_results] == ["core_prose", "agreement"]
@@ -162,6 +162,16 @@ def _candidate(tiny_model, tmp_path):
     cand = tmp_path / "cand"
     shutil.copytree(tiny_model, cand)
     return cand
+
+
+def _gates_own(path):
+    """Keep the verdict at `path` in the cache as a gate run with it would (evaluate/cache.py store_verdict): a
+    verdict edited here to shape the card stands for one a gate decided; `card` publishes no other."""
+    from quantize import records
+    from quantize.evaluate import cache
+
+    cache.store_verdict(records.read(Verdict, path))
+    return path
 
 
 def _no_scoring(monkeypatch):
@@ -283,7 +293,7 @@ def test_an_agreement_only_verdict_publishes_its_agreement_and_no_empty_block(ve
     ] + [kl]
     v["verdict"], v["exit_code"] = "rejected", 1
     (tmp_path / "v.json").write_text(json.dumps(v))
-    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
+    assert main(["card", str(cand), "--verdict", str(_gates_own(tmp_path / "v.json"))]) == 0
     text = (cand / "README.md").read_text()
     card = ModelCard.load(cand / "README.md")
     [r] = card.data.eval_results
@@ -306,7 +316,7 @@ def test_names_in_the_card_are_escaped(verdict, tiny_model, tmp_path):
     v["policy"] = "ok\n# PASS <script>alert(1)</script>"
     v["rules"][0]["rule"] = "x | pass |\n## PASS"
     (tmp_path / "v.json").write_text(json.dumps(v))
-    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 0
+    assert main(["card", str(cand), "--verdict", str(_gates_own(tmp_path / "v.json"))]) == 0
     body = ModelCard.load(cand / "README.md").text
     assert [line for line in body.splitlines() if line.startswith("#")] == [
         "## Quality gate: pass",
@@ -335,3 +345,61 @@ def test_a_card_with_crlf_lines_is_rewritten_without_a_stray_carriage_return(ver
     raw = (cand / "README.md").read_bytes()
     assert b"\r" not in raw and b"My model.\nLine two.\n\n<!--" in raw, raw[:300]
     assert ModelCard.load(cand / "README.md").data.license == "mit"
+
+
+@pytest.mark.parametrize(
+    "rule,edit,says",
+    [
+        # a review's forged.json: the candidate's accuracy raised to 0.99, Δ (+0.0), bounds and outcome left
+        ("core_facts acc", lambda ev: ev.update(candidate=0.99), "candidate 0.99 − baseline"),
+        ("core_prose perplexity", lambda ev: ev.update(candidate_perplexity=ev["baseline_perplexity"] / 2), "ratio"),
+        ("agreement kl", lambda ev: ev.update(value=ev["upper_bound"] + 0.1), "outside its own bounds"),
+    ],
+)
+def test_a_verdict_whose_figures_do_not_follow_from_one_another_is_refused(
+    verdict, tiny_model, tmp_path, capsys, rule, edit, says
+):
+    """`card --verdict forged.json` published a candidate of 0.99 above a baseline of 0.25 with a Δ of +0.0 into
+    model-index (a review): a verdict's figures must follow from one another as the gate computes them, wherever it
+    is read; exit 2 naming the rule, and no card written, even for a verdict the cache holds."""
+    forged = json.loads(json.dumps(verdict))
+    edit(next(r for r in forged["rules"] if r["rule"] == rule)["evidence"])
+    (tmp_path / "v.json").write_text(json.dumps(forged))
+    cand = _candidate(tiny_model, tmp_path)
+    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"rule {rule}'s evidence does not hold together" in err and says in err and "Traceback" not in err
+    assert not (cand / "README.md").exists()
+    with pytest.raises(ValueError, match="does not hold together"):
+        parse(Verdict, forged, "v.json")
+
+
+def test_the_gates_own_figures_hold_together(verdict):
+    """What the gate wrote reads back (the figures' check allows float rounding, not a change): a review's repro."""
+    v = parse(Verdict, verdict, "v.json")
+    assert [r.evidence.inconsistent() for r in v.rules] == [None, None, None]
+
+
+def test_a_verdict_no_gate_decided_with_this_cache_publishes_nothing(verdict, tiny_model, tmp_path, capsys):
+    """A verdict whose figures hold together but that no gate run with this cache decided (written by hand to read
+    0.99, copied from another machine) went into model-index: `card` publishes only a gate's own decision (the cache
+    holds it, as the report reads a saved verdict); otherwise exit 2 saying how to publish one, and no card."""
+    forged = json.loads(json.dumps(verdict))
+    ev = next(r for r in forged["rules"] if r["rule"] == "core_facts acc")["evidence"]
+    shift = 0.99 - ev["candidate"]
+    ev.update(candidate=0.99, delta=ev["delta"] + shift)
+    ev.update(lower_bound=ev["lower_bound"] + shift, upper_bound=ev["upper_bound"] + shift)
+    (tmp_path / "v.json").write_text(json.dumps(forged))
+    parse(Verdict, forged, "v.json")  # a record that reads: only the cache tells it from a gate's
+    cand = _candidate(tiny_model, tmp_path)
+    assert main(["card", str(cand), "--verdict", str(tmp_path / "v.json")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "is not a gate's own decision" in err and "--card" in err and not (cand / "README.md").exists()
+    # the gate's own verdict, re-dumped (as `gate --json` printed it), is published
+    (tmp_path / "own.json").write_text(json.dumps(verdict, indent=4))
+    assert main(["card", str(cand), "--verdict", str(tmp_path / "own.json")]) == 0
+    [facts] = [r for r in ModelCard.load(cand / "README.md").data.eval_results if r.task_name == "core_facts"]
+    assert (
+        facts.metric_value
+        == next(r for r in verdict["rules"] if r["rule"] == "core_facts acc")["evidence"]["candidate"]
+    )

@@ -308,9 +308,11 @@ def test_a_staged_rejection_stays_rejected_when_full_scores_would_pass(
     rejected = copy.deepcopy(staged[2])
     rejected.update(verdict="rejected", exit_code=1)
     # a staged rejection as the gate records one: a drop past the margin, its bounds below 0 (a rule's outcome
-    # must be what its own bounds give)
+    # must be what its own bounds give, and Δ the candidate's accuracy less the baseline's)
     rejected["rules"][0]["verdict"] = "regression"
-    rejected["rules"][0]["evidence"].update(delta=-0.8, lower_bound=-0.95, upper_bound=-0.65)
+    rejected["rules"][0]["evidence"].update(
+        candidate=0.1, baseline=0.9, delta=-0.8, lower_bound=-0.95, upper_bound=-0.65
+    )
     shutil.copytree(staged[0] / "cache", tmp_path / "cache")
     monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
     store_verdict(records.parse(records.Verdict, rejected, "test"))  # kept as a staged gate that rejected keeps it
@@ -563,6 +565,46 @@ def test_a_folder_of_the_users_is_never_replaced_by_a_report(checkpoints, tmp_pa
     rep = tmp_path / "rep"
     for _ in range(2):
         assert main(["report", str(outs["w4"]), "--suite", str(suite), "--out", str(rep)]) == 0
+
+
+def test_a_folder_of_report_names_alone_is_no_earlier_report(checkpoints, tmp_path, capsys):
+    """--out holding only the user's own report.md ("my notes") was replaced (a review): an earlier report is known by
+    its content, a report.json that reads as the one this tool writes. Such a folder is exit 2, kept as it was."""
+    _, suite, outs = checkpoints
+    notes = tmp_path / "o1"
+    notes.mkdir()
+    (notes / "report.md").write_text("my notes\n")
+    other = tmp_path / "o2"
+    other.mkdir()
+    (other / "report.md").write_text("my notes\n")
+    (other / "report.json").write_text(json.dumps({"table": "mine"}))
+    for out in (notes, other):
+        assert main(["report", str(outs["w4"]), "--suite", str(suite), "--out", str(out)]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert "no report.json this tool wrote" in err and "Traceback" not in err
+        assert (out / "report.md").read_text() == "my notes\n"
+    rep = tmp_path / "rep"
+    assert main(["report", str(outs["w4"]), "--suite", str(suite), "--out", str(rep)]) == 0
+    (rep / "report.md").write_text("my notes\n")  # an earlier report, however its Markdown reads now: replaced
+    assert main(["report", str(outs["w4"]), "--suite", str(suite), "--out", str(rep)]) == 0
+    assert (rep / "report.md").read_text() != "my notes\n"
+
+
+def test_two_folders_of_one_label_are_two_rows_of_two_names(checkpoints, tmp_path):
+    """A copy of a result folder (one identity, one recipe name in quantize.json) showed as two rows of one label in
+    the tables and plots (a review): a shared label gets the folder's name, then its path where that collides."""
+    _, suite, outs = checkpoints
+    copy = tmp_path / "w4-copy"
+    shutil.copytree(outs["w4"], copy)
+    again = tmp_path / "elsewhere" / "w4"  # a second copy whose folder name is the first's
+    shutil.copytree(outs["w4"], again)
+    out = tmp_path / "rep"
+    assert main(["report", str(outs["w4"]), str(copy), str(again), "--suite", str(suite), "--out", str(out)]) == 0
+    data = json.loads((out / "report.json").read_text())
+    labels = [r[0] for r in data["table"]["rows"]]
+    assert labels == [e["label"] for e in data["entries"]] and len(set(labels)) == 3
+    assert labels[1] == "w4 (w4-copy)" and str(again) in labels[2] and str(outs["w4"]) in labels[0]
+    assert [e["path"] for e in data["entries"]] == [str(outs["w4"]), str(copy), str(again)]
 
 
 def test_a_pinned_baseline_score_file_holds_for_the_reports_verdicts_too(scored, checkpoints, tiny_model, tmp_path):
