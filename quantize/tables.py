@@ -54,6 +54,17 @@ def printable(text: object) -> str:
     return _CONTROL.sub(esc, str(text))
 
 
+CONTINUED = "  | "  # what starts each line after a message's first (printable_lines)
+
+
+def printable_lines(text: object) -> str:
+    """A message written on several lines (a command to run on a line of its own) with its line breaks kept: each
+    line `printable`, every line after the first starting with CONTINUED, so the message reads as written while no
+    line of it, a planted name's "\n# PASS" included, starts at the margin, where a row or a progress line would."""
+    first, *rest = str(text).rstrip("\n").split("\n")
+    return "\n".join([printable(first), *(CONTINUED + printable(line) for line in rest)])
+
+
 def md_text(text: object) -> str:
     """`text` as Markdown that renders as exactly these characters (CommonMark and GitHub's): on one line
     (`printable`), with every character that could start markup backslash-escaped (pipes included: a table cell)."""

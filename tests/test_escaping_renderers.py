@@ -28,6 +28,7 @@ def _lines_starting(text: str, prefix: str) -> list[str]:
 
 def test_sweep_text_keeps_a_planted_name_on_its_line():
     from quantize.sweep.render import sweep_text
+    from quantize.tables import CONTINUED
 
     cand = CandidateRecord(
         name=PLANTED,
@@ -52,8 +53,55 @@ def test_sweep_text_keeps_a_planted_name_on_its_line():
     )
     text = sweep_text(r)
     assert not _lines_starting(text, "# PASS")  # before: a line "# PASS" of its own, per place the name went
-    # shown as its characters: the row, the rules' line (name and rule), the message's (name and message), the note
-    assert text.count("evil|name`x`<script>\\n# PASS") == 6
+    # shown as its characters: the row, the rules' line (name and rule), the message's name, the note
+    assert text.count("evil|name`x`<script>\\n# PASS") == 5
+    # the message keeps its line breaks (tables.printable_lines), its next line marked as its continuation
+    assert f"failed: evil|name`x`<script>\n{CONTINUED}# PASS" in text
+
+
+def test_a_refusal_written_on_several_lines_reads_as_written_in_the_sweeps_text(tmp_path, monkeypatch, capsys):
+    """The default model's refusal ("... Run:" and the commands on lines of their own, checkpoint/loader.py) in the
+    sweep's table text and its progress line: each line of it on a line, marked as the message's continuation.
+    Before, both printed a literal "Run:\\n    pip install ..." (a review's repro)."""
+    from quantize.checkpoint.loader import resolve_model
+    from quantize.cluster.executor import say_to_stderr
+    from quantize.errors import UsageError
+    from quantize.sweep.render import sweep_text
+    from quantize.tables import CONTINUED
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(UsageError) as e:
+        resolve_model(None)
+    said = str(e.value)
+    want = [f"{CONTINUED}{line}" for line in said.splitlines()[1:]]
+    assert len(want) >= 2
+    cand = CandidateRecord(
+        name="q8",
+        source="r.yaml",
+        checkpoint=None,
+        bits_per_weight=None,
+        verdict=None,
+        failed_rules=[],
+        exit_code=2,
+        message=said,
+        wall_seconds=None,
+        nodes=[],
+    )
+    r = SweepRecord.model_construct(
+        resolved={"policy": "p.yaml", "recipes": ["r.yaml"], "output": "/tmp/out", "name": "s"},
+        candidates=[cand],
+        tasks=[],
+        nodes=[],
+        wall_seconds=0.0,
+        report=None,
+        notes=[],
+    )
+    say_to_stderr("sweep")(f"refused   q8 (exit 2): {said}")
+    for text, first in ((sweep_text(r), "q8 (exit 2): "), (capsys.readouterr().err, "quantize sweep: refused   q8")):
+        assert "\\n" not in text
+        lines = text.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(first))
+        assert lines[at].endswith(said.splitlines()[0]) and lines[at + 1 : at + 1 + len(want)] == want
 
 
 def _search_report(name: str) -> SearchReport:

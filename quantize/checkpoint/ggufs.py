@@ -10,7 +10,9 @@ MAX_WALKED, MAX_NESTED; a numeric array is kept only as long as a per-layer one,
 names come from the `gguf` package (imported when a GGUF is read, not with this module): value and ggml types, each
 type's block layout (GGML_QUANT_SIZES: elements per block, bytes per block), the metadata keys (gguf.Keys) and the
 tensor names of each architecture (gguf.constants.TENSOR_NAMES, MODEL_TENSORS), from which a tensor's role and part
-of the model follow.
+of the model follow. A tensor of a ggml type id the installed gguf package does not know is refused as a file newer
+than the package reads (upgrade gguf, or write another type), not as a damaged file: llama.cpp writes new types
+(Q2_0 is 42) before a gguf release names them.
 
 The layout rules are llama.cpp's own (ggml/src/gguf.cpp): each tensor's offset is a multiple of the alignment and
 equals the padded sizes of the tensors before it, each row holds whole blocks, and its bytes are
@@ -44,6 +46,7 @@ import re
 import stat
 import struct
 from dataclasses import dataclass, field, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +294,14 @@ def _kept_sha256(path: str, _stat_key: tuple[int, ...]) -> str:
 
 def _sha256(path: str) -> str:
     return sha256_user_file(Path(path), "GGUF file", MAX_GGUF_BYTES, hint=FIX)
+
+
+def gguf_version() -> str:
+    """The installed gguf package's version, as messages name it."""
+    try:
+        return metadata.version("gguf")
+    except metadata.PackageNotFoundError:
+        return "version unknown"
 
 
 # --- the header -----------------------------------------------------------------------------------
@@ -603,8 +614,11 @@ def _tensors(infos: list[_Info], data_start: int, size: int, alignment: int, bad
             t = gguf.GGMLQuantizationType(info.raw_type)
             block_size, type_size = gguf.GGML_QUANT_SIZES[t]
         except (ValueError, KeyError):
-            raise bad(
-                f"tensor {info.name!r} has ggml type {info.raw_type}, which this gguf package does not know"
+            raise UsageError(
+                f"{bad.path}: tensor {info.name!r} has ggml type {info.raw_type}, which the installed gguf package "
+                f"({gguf_version()}) does not know: the file is newer than this gguf package reads (llama.cpp "
+                "writes types before the gguf package names them). Upgrade it (`pip install -U gguf`), or write "
+                "the GGUF in another type"
             ) from None
         if info.dims[0] % block_size:
             raise bad(

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from quantize.cluster.spec import SLOT, Resources
 from quantize.errors import EXIT_OK, EXIT_RUNTIME
 from quantize.io import write_text_atomic
-from quantize.tables import printable
+from quantize.tables import printable, printable_lines
 
 WATCH_SECONDS = 1.0  # how often the driver looks for new start marks while tasks run (a directory listing)
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")  # set to each task's num_cpus
@@ -297,5 +297,6 @@ def state_folder(root: Path) -> Path:
 
 def say_to_stderr(command: str) -> Callable[[str], None]:
     """Progress lines on stderr, each as `quantize COMMAND: LINE`, control characters escaped (a line names
-    users' files and quotes task messages: a name holding an escape sequence must not drive the terminal)."""
-    return lambda line: print(f"quantize {command}: {printable(line)}", file=sys.stderr, flush=True)
+    users' files and quotes task messages: a name holding an escape sequence must not drive the terminal); a
+    message's own line breaks are kept, each line after the first marked as its continuation (`printable_lines`)."""
+    return lambda line: print(f"quantize {command}: {printable_lines(line)}", file=sys.stderr, flush=True)

@@ -16,6 +16,11 @@
 - `lm_eval.api.registry.metric_registry`: the metrics lm-eval defines; any other name in a task's metric_list is
   looked up with HF evaluate's `load`, which imports a Python file of that name or path (`registered_metrics`).
 
+- `lm_eval.loggers.utils.get_git_commit_hash`: the results' `git_hash`, from `git describe --always` run through
+  that module's `subprocess.check_output` in the working folder, git's stderr left on ours; outside a git
+  repository every scoring run printed "fatal: not a git repository". `quiet_git` hands that module, while lm-eval
+  runs, a `subprocess` whose check_output sends a child's stderr to /dev/null.
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on
 any); the functions below are the only callers of those names.
 """
@@ -24,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import subprocess
+import types
 from collections.abc import Iterator
 from importlib.metadata import version
 from typing import Any
@@ -56,6 +63,11 @@ def problems() -> list[str]:
         found.append("lm_eval.utils.env is no longer a jinja2 Environment (sandbox_templates replaces it)")
     elif "env" not in lm_eval.utils.apply_template.__code__.co_names:
         found.append("lm_eval.utils.apply_template no longer renders with the module's env (sandbox_templates)")
+    if not _git_through_subprocess():
+        found.append(
+            "lm_eval's get_git_commit_hash no longer runs git through lm_eval.loggers.utils.subprocess.check_output "
+            "(quiet_git)"
+        )
     for (module, cls, method), want in SIGNATURES.items():
         if module == NEEDS_VLLM and importlib.util.find_spec("vllm") is None:
             continue
@@ -157,3 +169,45 @@ def templates_refused(where: str) -> Iterator[None]:
             f"{where}: a task template tried to reach Python ({str(e)[:200]}); a golden set's templates are data "
             "rendered in a sandbox. Fix the task YAML's doc_to_text/doc_to_target/doc_to_choice"
         ) from None
+
+
+def _git_through_subprocess() -> bool:
+    """The evaluator's git_hash comes from lm_eval.loggers.utils.get_git_commit_hash, which calls its module's
+    `subprocess.check_output` (quiet_git's assumption)."""
+    import lm_eval.evaluator
+    import lm_eval.loggers.utils
+
+    fn = lm_eval.loggers.utils.get_git_commit_hash
+    names = getattr(getattr(fn, "__code__", None), "co_names", ())
+    return (
+        getattr(lm_eval.evaluator, "get_git_commit_hash", None) is fn
+        and {"subprocess", "check_output"} <= set(names)
+        and getattr(lm_eval.loggers.utils, "subprocess", None) is subprocess
+    )
+
+
+@contextlib.contextmanager
+def quiet_git() -> Iterator[None]:
+    """While the block runs lm-eval, its `git describe --always` (the results' git_hash, get_git_commit_hash) says
+    nothing on our stderr: lm_eval.loggers.utils's `subprocess` is one whose check_output sends a child's stderr to
+    /dev/null where the call gives none. The command, its output and lm-eval's fallback where git fails are lm-eval's
+    own, so the recorded git_hash is what it was; outside CHECKED, or where problems() finds the call changed,
+    lm-eval is left as it is (git's line printed, nothing else wrong)."""
+    import lm_eval.loggers.utils
+
+    if outside("lm-eval", version("lm_eval"), CHECKED) or not _git_through_subprocess():
+        yield
+        return
+
+    def check_output(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("stderr", subprocess.DEVNULL)
+        return subprocess.check_output(*args, **kwargs)
+
+    quiet = types.ModuleType(subprocess.__name__)
+    quiet.__dict__.update(vars(subprocess))
+    quiet.check_output = check_output  # type: ignore[attr-defined]
+    lm_eval.loggers.utils.subprocess = quiet
+    try:
+        yield
+    finally:
+        lm_eval.loggers.utils.subprocess = subprocess

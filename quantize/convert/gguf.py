@@ -34,6 +34,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,13 @@ def block_size(ggml_type: str) -> int | None:
         return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[ggml_type]][0]
     except KeyError:
         return None
+
+
+def unreadable(names: Iterable[str]) -> set[str]:
+    """The file types among `names` whose tensors the installed gguf package cannot size (its GGML_QUANT_SIZES does
+    not know their default tensor type, `block_size`): llama.cpp writes them, and this project, which reads every
+    GGUF's header through that package (checkpoint/ggufs.py), could not read the file back."""
+    return {n for n in names if block_size(default_tensor_type(n)) is None}
 
 
 def source_gguf(model: str | None) -> Path:

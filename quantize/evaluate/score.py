@@ -277,7 +277,7 @@ def evaluate_suite(suite: OpenSuite, model: dict[str, Any], tasks: list[str], **
     with tempfile.TemporaryDirectory(prefix="quantize-tasks-") as tmp:
         ids = golden.manifest.smoke_ids if s.subset == "smoke" else None
         include = lm_eval_tasks(golden, Path(tmp), ids, lm_eval_compat.sandboxed_metrics())
-        with lm_eval_compat.templates_refused(f"golden set {golden.path}"):
+        with lm_eval_compat.templates_refused(f"golden set {golden.path}"), lm_eval_compat.quiet_git():
             return simple_evaluate(
                 **model,
                 tasks=tasks,

@@ -1,12 +1,13 @@
 """`quantize sweep` as text: one row per candidate, then what the sweep wrote. Names the sweep file chose (the
 candidates', the rules', the paths) and the messages that quote them are printed through tables.py (`text_table`,
-`printable`): on one line, every control character shown as its escape."""
+`printable`): on one line, every control character shown as its escape; a candidate's message keeps its own line
+breaks, each line after its first marked as its continuation (`printable_lines`: "Run:" and the command under it)."""
 
 from __future__ import annotations
 
 from quantize.records import SweepPlan, SweepRecord
 from quantize.sweep.spec import SweepSpec
-from quantize.tables import printable, text_table
+from quantize.tables import printable, printable_lines, text_table
 
 SHOWN = {"pass": "PASS", "rejected": "REJECTED", "inconclusive": "INCONCLUSIVE", None: "-"}
 
@@ -30,7 +31,7 @@ def sweep_text(r: SweepRecord) -> str:
         if c.failed_rules:
             lines.append(printable(f"{c.name}: {', '.join(c.failed_rules)}"))
         if c.exit_code > 1:
-            lines.append(printable(f"{c.name} (exit {c.exit_code}): {c.message}"))
+            lines.append(printable(f"{c.name} (exit {c.exit_code}): ") + printable_lines(c.message))
     scored = [s for t in r.tasks for s in t.scored if t.kind == "baseline"]
     retried = sum(max(0, len(t.attempts) - 1) for t in r.tasks)
     lines += [
@@ -55,8 +56,16 @@ def plan_text(p: SweepPlan) -> str:
         for c in p.candidates
     ]
     lines = [text_table(rows, ["candidate", "to do", "folder", "matrix cell"]), ""]
-    lines += [printable(f"{c.name} (refused, exit 2): {c.message}") for c in p.candidates if c.todo == "refused"]
-    lines += [printable(f"{c.name} ({c.todo}): {c.message}") for c in p.candidates if "gate" in c.todo and c.message]
+    lines += [
+        printable(f"{c.name} (refused, exit 2): ") + printable_lines(c.message)
+        for c in p.candidates
+        if c.todo == "refused"
+    ]
+    lines += [
+        printable(f"{c.name} ({c.todo}): ") + printable_lines(c.message)
+        for c in p.candidates
+        if "gate" in c.todo and c.message
+    ]
     tasks = [
         [t.task, ", ".join(t.after) or "-", ", ".join(f"{k}={v}" for k, v in t.resources.items())] for t in p.tasks
     ]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize import records
+from quantize.checkpoint import ggufs
 from quantize.checkpoint.accounting import bits_report
 from quantize.checkpoint.loader import resolve_model
 from quantize.cluster.connect import import_ray, on_cluster
@@ -53,6 +54,7 @@ from quantize.records import (
 from quantize.sweep.plan import Candidate, candidates, settle_done, tasks_of, write_cells
 from quantize.sweep.spec import MAX_PARALLEL, SweepSpec, load_sweep
 from quantize.sweep.tasks import TaskSpec, execute
+from quantize.tables import printable
 
 
 def _graph(
@@ -148,7 +150,7 @@ def run_sweep(
     state = state_folder(plan.home / "state")
     for c in plan.candidates:
         if c.error:
-            say(f"refused   {c.name} (exit 2): {c.error}")
+            say(f"refused   {printable(c.name)} (exit 2): {c.error}")
         elif c.verdict is not None:
             say(f"skipped   {c.name}: converted and gated in an earlier run ({c.verdict.verdict})")
         for note in c.notes:
@@ -287,9 +289,20 @@ def _candidate_record(c: Candidate, conv: Track | None, gate: Track | None) -> C
     )
 
 
+def _written(ckpt: Path | None) -> bool:
+    """`ckpt` holds a conversion's output: a safetensors checkpoint (config.json) or a GGUF (a `method: gguf`
+    recipe's folder: model.gguf beside its card and quantize.json, ggufs.find)."""
+    if ckpt is None or (ckpt / "config.json").is_file():
+        return ckpt is not None
+    try:
+        return ggufs.find(ckpt) is not None
+    except UsageError:
+        return False
+
+
 def _bits(ckpt: Path | None) -> Any:
-    """The checkpoint's BitsReport, None when there is none or it does not read."""
-    if ckpt is None or not (ckpt / "config.json").is_file():
+    """The checkpoint's BitsReport (a GGUF's from its header), None when there is none or it does not read."""
+    if not _written(ckpt):
         return None
 
     try:
@@ -330,9 +343,7 @@ def _report(record: SweepRecord, home: Path, spec: SweepSpec) -> SweepRecord:
     from quantize.report.collect import collect, report_suite
     from quantize.report.render import write_report
 
-    folders = [
-        Path(c.checkpoint) for c in record.candidates if c.checkpoint and (Path(c.checkpoint) / "config.json").is_file()
-    ]
+    folders = [Path(c.checkpoint) for c in record.candidates if c.checkpoint and _written(Path(c.checkpoint))]
     out = home / "report"
     try:
         suite = report_suite(None, spec.policy)

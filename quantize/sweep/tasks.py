@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from quantize import records
 from quantize.checkpoint.files import weights_sha256
-from quantize.checkpoint.loader import resolve_model
+from quantize.checkpoint.loader import default_model_dir, resolve_model
 from quantize.cluster.executor import THREAD_VARIABLES, Outcome, mark_start
 from quantize.convert.engine import complete_output, convert, tidy_leftovers
 from quantize.convert.gguf import source_gguf
@@ -106,8 +106,10 @@ def prepare_recipe(recipe_path: str, model: str | None, output: Path | None = No
     default, or the very path the task names as its model (a GGUF search's tries, gated against that source)."""
     recipe, sha = load_recipe(recipe_path)
     if recipe.method in FILE_METHODS:
-        if recipe.model is None:
-            same = resolve_model(None).resolve() == resolve_model(model).resolve()
+        if recipe.model is None:  # compared before the default model is resolved: its refusal is not the reason
+            same = model is None or expand_user(model, "model").resolve() == default_model_dir().resolve()
+            if same:
+                resolve_model(model)  # prepared (the default model's refusal says how)
         else:
             mine = expand_user(recipe.model, f"{recipe_path}: model")
             same = model is not None and mine.resolve() == expand_user(model, "model").resolve()

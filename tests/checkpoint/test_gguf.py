@@ -628,7 +628,10 @@ FORGED = {
     "duplicate key": (_preamble(0, 2) + _kv(b"k", U32, b"\0" * 4) * 2, "appears twice"),
     "alignment 3": (_preamble(0, 1) + _kv(b"general.alignment", U32, struct.pack("<I", 3)), "power of two"),
     "1000 dimensions": (_preamble(1, 0) + _string(b"t") + struct.pack("<I", 1000) + b"\0" * 64, "1000 dimensions"),
-    "unknown ggml type": (_aligned(_preamble(1, 0) + _info(b"t", (32,), 4242, 0), b"\0" * 128), "ggml type 4242"),
+    "unknown ggml type": (  # newer than the gguf package (llama.cpp's Q2_0, 42, in gguf 0.19.0), not damaged
+        _aligned(_preamble(1, 0) + _info(b"t", (32,), 4242, 0), b"\0" * 128),
+        "newer than this gguf package reads",
+    ),
     "row not whole blocks": (
         _aligned(_preamble(1, 0) + _info(b"t", (33,), T.Q4_0.value, 0), b"\0" * 64),
         "not a multiple of the 32-element block",

@@ -775,3 +775,40 @@ def test_packing_agrees_with_compressed_tensors_and_a_changed_copy_is_found(monk
     monkeypatch.undo()
     monkeypatch.setattr(ct, "packed_width", lambda cols, bits, container: cols * bits // 32 if bits else 0)
     assert any("a row of 100 3-bit values into 10 I32 words; packed_width says 9" in p for p in ct.problems())
+
+
+def test_lm_evals_git_describe_says_nothing_on_stderr_and_records_the_same_hash(tmp_path, monkeypatch, capfd):
+    """lm-eval's results' git_hash runs `git describe --always` in the working folder: outside a git repository
+    every scoring run printed git's "fatal: not a git repository" (a review's repro). Under compat's quiet_git the
+    call prints nothing and returns what lm-eval's own call returns, in a repository (this checkout, where it is
+    one) and outside one."""
+    import shutil
+    import subprocess
+
+    import lm_eval.loggers.utils
+
+    from quantize.compat import lm_eval as compat
+
+    from conftest import ROOT
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed: lm-eval's call fails quietly without it")
+    for where in (tmp_path, ROOT):
+        monkeypatch.chdir(where)
+        plain = lm_eval.loggers.utils.get_git_commit_hash()
+        loud = capfd.readouterr().err
+        with compat.quiet_git():
+            quiet = lm_eval.loggers.utils.get_git_commit_hash()
+        assert quiet == plain and capfd.readouterr().err == ""
+        if where == tmp_path:
+            assert "not a git repository" in loud  # what it silences
+    assert lm_eval.loggers.utils.subprocess is subprocess  # put back
+
+
+def test_a_changed_git_hash_call_is_found(monkeypatch):
+    import lm_eval.evaluator
+
+    from quantize.compat import lm_eval as compat
+
+    monkeypatch.setattr(lm_eval.evaluator, "get_git_commit_hash", lambda: "x")
+    assert any("get_git_commit_hash" in p for p in compat.problems())

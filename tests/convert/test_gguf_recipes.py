@@ -758,3 +758,66 @@ def test_the_tensor_types_refused_without_a_matrix_are_those_llama_cpp_refuses(l
     assert refused_by_llama == refused_here and {"IQ2_XXS", "IQ1_S"} <= refused_here
     cal = {"samples": 4, "seq_len": 64}
     check(parse_recipe({"method": "gguf", "type": "Q8_0", "tensor_types": {"attn_q": "IQ2_XXS"}, "calibration": cal}))
+
+
+def test_the_file_types_refused_as_unreadable_are_those_the_gguf_package_cannot_read_back(
+    llama_cpp, source, tmp_path, capsys
+):
+    """Each file type llama.cpp writes without an importance matrix, written from a tiny GGUF of rows of whole
+    256-blocks and read back through the gguf package: the ones it cannot read (a ggml type it does not know: Q2_0,
+    type 42, in gguf 0.19.0, as a file newer than it reads) are the ones refused before anything loads, and the
+    refusal of an unknown type offers none of them. Before, Q2_0 passed the check, converted, and the run refused
+    its own output as 'not a valid GGUF file ... Re-download' (a review's repro)."""
+    from gguf_models import tiny_moe_gguf
+
+    from quantize.convert.backends.llamacpp import quantize_file
+
+    src = tiny_moe_gguf(tmp_path / "m.gguf", source, hidden=256, ff=512)
+    known = gguf_rules.ftype_names(llama_cpp)
+    unreadable = set()
+    for name, value in known.items():
+        if name in gguf_rules.IMATRIX | gguf_rules.UNWRITTEN:
+            continue
+        out = tmp_path / f"{name}.gguf"
+        quantize_file(src, out, value, 2, False)
+        try:
+            ggufs.read_header(out)
+        except UsageError as e:
+            assert "newer than this gguf package reads" in str(e) and "not a valid GGUF" not in str(e), (name, e)
+            unreadable.add(name)
+    assert unreadable == gguf_rules.unreadable(known)
+    assert not unreadable & set(offered_types())
+    for name in sorted(unreadable):
+        assert f"type = '{name}'" in refused_by_check(name) and "does not know" in refused_by_check(name)
+    for name in sorted(unreadable)[:1]:  # the run: exit 2 before anything is written
+        assert main(["run", str(recipe_file(tmp_path, name))]) == 2
+        err = capsys.readouterr().err
+        assert "the installed gguf package" in err and "Traceback" not in err and not (tmp_path / name).exists()
+
+
+def refused_by_check(type_name: str) -> str:
+    with pytest.raises(UsageError) as e:
+        check(parse_recipe({"method": "gguf", "type": type_name}))
+    return str(e.value)
+
+
+def offered_types() -> list[str]:
+    """The file types the refusal of an unknown `type:` offers."""
+    return refused_by_check("Q4_K_X").split("no importance matrix: ")[1].split(" (")[0].split(", ")
+
+
+def test_a_file_type_whose_tensor_type_the_gguf_package_cannot_size_is_refused_and_not_offered(llama_cpp, monkeypatch):
+    """The same refusal whatever the installed versions: Q6_K taken out of the gguf package's GGML_QUANT_SIZES, a
+    Q6_K recipe is refused naming the package, and neither the list of valid file types nor the tensor types
+    offered name Q6_K."""
+    import gguf
+
+    from quantize.convert.backends.llamacpp import tensor_types
+
+    assert check(parse_recipe({"method": "gguf", "type": "Q6_K"})) is None
+    monkeypatch.delitem(gguf.GGML_QUANT_SIZES, gguf.GGMLQuantizationType.Q6_K)
+    msg = refused_by_check("Q6_K")
+    assert "type = 'Q6_K'" in msg and "ggml type Q6_K" in msg and "the installed gguf package" in msg
+    offered = offered_types()
+    assert "Q6_K" not in offered and "Q8_0" in offered
+    assert "Q6_K" not in tensor_types(gguf_rules.ftype_names(llama_cpp))

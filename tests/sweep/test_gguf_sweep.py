@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from quantize import records
+from quantize.checkpoint.accounting import bits_report
 from quantize.cli import main as cli
 from quantize.errors import UsageError
 from quantize.records import RunRecord, SweepRecord, Verdict
@@ -23,11 +24,17 @@ RULES = "rules:\n  - {task: core_facts, metric: acc, margin: 0.5}\n  - {agreemen
 Q8 = "name: q8\nmethod: gguf\nbackend: llamacpp\ntype: Q8_0\n"  # no model: the default model's own GGUF
 
 
-def test_a_gguf_recipe_of_another_model_than_the_default_is_refused_in_a_sweep(tmp_path, tiny_model):
+def test_a_gguf_recipe_of_another_model_than_the_default_is_refused_in_a_sweep(tmp_path, tiny_model, monkeypatch):
+    """The sweep's model is compared with the default model's folder before the default model is resolved: where
+    it is not prepared, the refusal of another model says so, not that the default model is unprepared (before, a
+    review's repro: the sweep's refusal was about `make model`, which would not have let it run)."""
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "empty-cache"))  # the default model not prepared
     recipe = tmp_path / "q8.yaml"
     recipe.write_text(Q8)
     with pytest.raises(UsageError, match="only where both are the default model .* the sweep's .*tiny"):
         prepare_recipe(str(recipe), str(tiny_model))
+    with pytest.raises(UsageError, match="the default model .* is not prepared"):  # the sweep's model the default
+        prepare_recipe(str(recipe), None)
     recipe.write_text(Q8 + f"model: {tmp_path / 'other.gguf'}\n")
     with pytest.raises(UsageError, match="this recipe's `model:` is .*other.gguf"):
         prepare_recipe(str(recipe), None)
@@ -66,3 +73,30 @@ def test_a_sweep_converts_and_gates_a_gguf_recipe_as_the_gate_does_alone(tmp_pat
     kl = [r.evidence.value for r in got.rules if r.kind == "agreement"]
     assert kl == pytest.approx([r.evidence.value for r in alone.rules if r.kind == "agreement"], rel=1e-6)
     assert 0 < kl[0] < 0.5  # llama.cpp's Q8_0 of the Q4_1 weights against transformers' bfloat16: close, not equal
+    # its bits and bytes, read from the GGUF's header as `quantize inspect` reads them, and the report lists it
+    # (before, both looked for config.json, which a GGUF's folder does not hold: "-" and a report without it)
+    bits = bits_report(folder)
+    assert candidate.total_bytes == bits.total_bytes > 0 and candidate.bits_per_weight == bits.bits_per_weight
+    assert rec.report is not None
+    assert f"| {candidate.name} | gguf | Q8\\_0 |" in (Path(rec.report) / "report.md").read_text()
+
+
+def test_a_gguf_output_folder_records_the_bits_of_its_header(tmp_path):
+    """A `method: gguf` output folder (model.gguf beside its card and quantize.json, no config.json): the sweep
+    records its bytes and bits per weight as the gguf package's own reader counts the file's tensors. Before, the
+    sweep looked for config.json: no bits ("-" in its table; its report's row: the end-to-end test above)."""
+    from gguf import GGUFReader
+    from gguf_models import loadable_gguf
+
+    from quantize.sweep import run
+
+    folder = tmp_path / "q"
+    folder.mkdir()
+    loadable_gguf(folder / "model.gguf", "llama")
+    (folder / "README.md").write_text("a card")
+    (folder / "quantize.json").write_text("{}")
+    tensors = GGUFReader(folder / "model.gguf").tensors
+    total, params = sum(int(t.n_bytes) for t in tensors), sum(int(t.n_elements) for t in tensors)
+    bits = run._bits(folder)
+    assert bits is not None and bits.total_bytes == total and bits.bits_per_weight == pytest.approx(8 * total / params)
+    assert run._bits(tmp_path) is None  # a folder of no checkpoint

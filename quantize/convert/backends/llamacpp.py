@@ -50,6 +50,7 @@ from quantize.convert.gguf import (
     ftype_names,
     layer_plan,
     source_gguf,
+    unreadable,
 )
 from quantize.convert.recipe import Calibration, GGUFRecipe, Method, Recipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
@@ -113,17 +114,26 @@ class LlamaCppBackend:
 
         known = ftype_names(llama_cpp)
         given = recipe.type
+        unread = unreadable(known)
         if given not in known:
             return (
                 f"type = {given!r} is not a file type llama.cpp writes (llama-cpp-python {_version()}); choose "
                 f"one of its {FTYPE_PREFIX}* names that need no importance matrix: "
-                f"{', '.join(sorted(set(known) - IMATRIX - UNWRITTEN))} (the GGUFs people publish: "
+                f"{', '.join(sorted(set(known) - IMATRIX - UNWRITTEN - unread))} (the GGUFs people publish: "
                 f"{', '.join(PUBLISHED)})"
             )
         if given in UNWRITTEN:
             return (
                 f"type = {given!r}: llama.cpp names this file type but its quantizer does not write it ('invalid "
                 f"output file type'); choose another, e.g. {', '.join(PUBLISHED)}"
+            )
+        if given in unread:
+            return (
+                f"type = {given!r}: llama.cpp (llama-cpp-python {_version()}) writes this file type's tensors as ggml "
+                f"type {default_tensor_type(given)}, which the installed gguf package ({ggufs.gguf_version()}) does "
+                "not know, and every GGUF is read back through it (its bits, its layer plan, its scores): the file "
+                "written could not be used. Upgrade the gguf package (`pip install -U gguf`), or choose another "
+                f"type, e.g. {', '.join(PUBLISHED)}; nothing was loaded"
             )
         if given in IMATRIX and recipe.calibration is None:
             return (
@@ -407,12 +417,10 @@ def _metadata(values: dict[str, int | str]) -> tuple[Any, list[Any]]:
 
 def tensor_types(ftypes: dict[str, int]) -> list[str]:
     """The ggml types a tensor can be given (a recipe's `tensor_types:`): the default tensor type
-    (convert/gguf.default_tensor_type) of each file type llama.cpp writes, where the gguf package names it, and the
-    float types."""
-    import gguf
-
-    named = set(gguf.GGMLQuantizationType.__members__)
-    return sorted(({default_tensor_type(n) for n in set(ftypes) - UNWRITTEN} & named) | {"F32", "F16", "BF16"})
+    (convert/gguf.default_tensor_type) of each file type llama.cpp writes, where the gguf package can size it
+    (convert/gguf.unreadable), and the float types."""
+    readable = set(ftypes) - UNWRITTEN - unreadable(ftypes)
+    return sorted({default_tensor_type(n) for n in readable} | {"F32", "F16", "BF16"})
 
 
 def _tensor_overrides(overrides: dict[str, str]) -> tuple[Any, list[Any]]:
