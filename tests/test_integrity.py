@@ -100,6 +100,31 @@ def test_a_nan_candidate_is_a_regression_even_when_inconclusive_would_pass(world
     assert "not finite: the candidate computes NaN or infinity" in capsys.readouterr().out
 
 
+def test_a_nan_candidate_is_a_regression_on_a_generation_task(world, tiny_model, capsys):
+    """It passed (exit 0, exact_match 0 -> 0, no warning): a generated item carries no log-likelihood, and the NaN
+    model's empty answers scored as the finite model's wrong ones. Each generated item now records the
+    log-likelihood of its tokens (`generated_ll`), NaN where its logits were."""
+    from conftest import ROOT
+
+    base, _, _, bad = world
+    suite = base / "answers.yaml"
+    suite.write_text(f"golden: {ROOT / 'golden' / 'answers' / 'v1'}\nsubset: smoke\nbatch_size: 8\n")
+    policy = base / "answers-policy.yaml"
+    policy.write_text(f"suite: {suite}\nrules:\n  - {{task: answers_facts, metric: exact_match, margin: 0.2}}\n")
+    assert main(["eval", str(suite), str(bad), "--json", "--items", "--quiet"]) == 0
+    out = capsys.readouterr()
+    doc = records.parse(ScoreDoc, json.loads(out.out), "stdout")
+    items = doc.tasks["answers_facts"].items
+    assert all(math.isnan(i.generated_ll) for i in items) and len(doc.non_finite()["answers_facts"]) == len(items)
+    assert "answers_facts" in out.err and "NaN or infinity" in out.err
+    assert main(["eval", str(suite), str(tiny_model), "--json", "--items", "--quiet"]) == 0
+    finite = records.parse(ScoreDoc, json.loads(capsys.readouterr().out), "stdout")
+    assert all(i.generated_ll < 0 for i in finite.tasks["answers_facts"].items) and not finite.non_finite()
+    code = main(["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(bad), "--json", "--quiet"])
+    (rule,) = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout").rules
+    assert code == 1 and rule.verdict == "regression" and rule.non_finite and rule.p_regression is None
+
+
 def test_eval_shows_no_figure_for_a_task_holding_non_finite_items(world, capsys):
     """The table read "core_analogy acc 1.0000 ± 0.0000" under the warning: lm-eval's argmax over NaN
     log-likelihoods picks the first choice, and the gold is often first. A task with any non-finite item shows

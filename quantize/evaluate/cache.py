@@ -104,8 +104,11 @@ def library_versions() -> tuple[tuple[str, str], ...]:
 # each request a whole row alone; before, such a model failed in transformers' cache copy or (Falcon-H1) scored
 # 0.02 nats from stock HFLM. Every other checkpoint's numbers are 7's. 9: every item records the hash of the tokens
 # it scored (evaluate/engine.ScoredTokens), which a gate compares where a side is a score file; the numbers are 8's,
-# but the key moves, so every entry served carries the hashes.
-SCORER_REVISION = 9
+# but the key moves, so every entry served carries the hashes. 10: a generated item records the log-likelihood of
+# its generated tokens (`generated_ll`, from each step's raw logits: NaN where they were, which a gate counts as a
+# regression; before, a NaN model's empty answers scored as a finite model's wrong ones and passed an exact_match
+# rule); the answers and every other number are 9's, but the key moves, so every entry served carries it.
+SCORER_REVISION = 10
 
 
 def scorer_id(suite: OpenSuite) -> str:

@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from quantize.checkpoint import ggufs
 from quantize.errors import UsageError
@@ -22,8 +22,11 @@ DISTRIBUTION = "llama_cpp_python"
 INSTALL = "`make gguf-env` (llama-cpp-python 0.3.36, built from its source distribution: README, GGUF)"
 # the revision of what our llama.cpp model (evaluate/llamacpp.py) computes from the engine's logits: part of
 # `llamacpp_engine`, so cached scores move with it. 2: every item records the hash of the tokens it scored
-# (ScoredTokens); its numbers are 1's, but the key moves, so every entry served carries the hashes
-LLAMACPP_REVISION = 2
+# (ScoredTokens); its numbers are 1's, but the key moves, so every entry served carries the hashes. 3: a generated
+# item records the log-likelihood of its greedy tokens (`generated_ll`: NaN where a step's logits were not finite,
+# which a gate counts as a regression; before, a NaN model's empty answers scored as a finite model's wrong ones);
+# the answers are 2's, but the key moves, so every entry served carries it
+LLAMACPP_REVISION = 3
 
 
 def llamacpp_version() -> str | None:
@@ -71,6 +74,14 @@ def llamacpp_engine(suite: Suite) -> str:
     return f"{ours} threads {s.n_threads} n_batch {s.n_batch} build {llamacpp_build()}{switches}"
 
 
+class Recorded(NamedTuple):
+    """What an engine of ours recorded of one item (ScoredTokens.take)."""
+
+    tokens_sha256: str  # the hash of its requests' token ids (`tokens_sha256`)
+    # Σ over its generations of log p(each generated token | what precedes it), None where it generated nothing
+    generated_ll: float | None = None
+
+
 class ScoredTokens:
     """What an engine of ours (evaluate/lm.py, evaluate/llamacpp.py) scored of each item, recorded as it scores: per
     (task, document), each request's token ids as the engine fed them, in lm-eval's request order (its `idx`). A
@@ -79,20 +90,33 @@ class ScoredTokens:
     to leave room for the answer. `take` gives each item's hash (`tokens_sha256`), the score file's per-item
     `tokens_sha256`: two sides whose hashes differ scored other tokens (another tokenizer, another prefix token,
     another context window cutting a long item), whatever their prompts' text (quantize/gates/gate.py
-    `token_differences`)."""
+    `token_differences`). A generation also records the log-likelihood of the tokens it generated (`generated`),
+    the item's `generated_ll`: greedy tokens have finite ones, so a non-finite sum says a step's logits were NaN or
+    infinite (a broken checkpoint, whose answer is no answer)."""
 
     def __init__(self) -> None:
         self.items: dict[tuple[str, int], list[tuple[int, tuple[tuple[int, ...], ...]]]] = {}
+        self.lls: dict[tuple[str, int], float] = {}
 
     def add(self, request: Any, *ids: Sequence[int]) -> None:
         """One request's token sequences (lm-eval's Instance: its task_name, doc_id and idx)."""
         key = (request.task_name, request.doc_id)
         self.items.setdefault(key, []).append((request.idx, tuple(tuple(int(t) for t in x) for x in ids)))
 
-    def take(self) -> dict[tuple[str, int], str]:
-        """Each item's hash since the last `take` (which it forgets: an engine is kept for every stage of a gate)."""
-        out = {k: tokens_sha256([ids for _, ids in sorted(v, key=lambda r: r[0])]) for k, v in self.items.items()}
-        self.items = {}
+    def generated(self, request: Any, ll: float) -> None:
+        """The log-likelihood of one generate_until request's generated tokens (each from the logits that chose it:
+        NaN or infinite where a step's logits were not finite), summed into its item's."""
+        key = (request.task_name, request.doc_id)
+        self.lls[key] = self.lls.get(key, 0.0) + float(ll)
+
+    def take(self) -> dict[tuple[str, int], Recorded]:
+        """What each item recorded since the last `take` (which it forgets: an engine is kept for every stage of a
+        gate): its hash and, for a generated item, the log-likelihood of what it generated."""
+        out = {
+            k: Recorded(tokens_sha256([ids for _, ids in sorted(v, key=lambda r: r[0])]), self.lls.get(k))
+            for k, v in self.items.items()
+        }
+        self.items, self.lls = {}, {}
         return out
 
 

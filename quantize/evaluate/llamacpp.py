@@ -32,7 +32,9 @@ and the tiny MoE's rows of 201 and 500 tokens gave bit-identical logits with con
 
 Document perplexity: lm-eval's rolling windows, each window a row, summed per document. Generation: greedy, one
 request at a time, the argmax of the last position's logits appended until an end-of-sequence token, a stop
-sequence of lm-eval's (`handle_stop_sequences`) or `max_gen_toks`, post-processed as HFLM's. Agreement's
+sequence of lm-eval's (`handle_stop_sequences`) or `max_gen_toks`, post-processed as HFLM's; the log-probability
+of each token chosen, from the logits that chose it, is summed into the item's `generated_ll` (engine.ScoredTokens:
+non-finite where a step's logits were, a broken GGUF's answers counted as non-finite evidence). Agreement's
 logits (quantize/evaluate/agreement.py) come from the same object (`logits`): one load serves both.
 """
 
@@ -238,25 +240,31 @@ class LlamaCppLM(TemplateLM):
             prompt = self.tok_encode(context)[-max(1, self.max_length - max_gen) :]
             self.scored.add(r, prompt)
             self.fit(min(self.max_length, len(prompt) + max_gen))
-            text = self.greedy(prompt, max_gen, until)
+            text, ll = self.greedy(prompt, max_gen, until)
+            self.scored.generated(r, ll)
             out.append(postprocess_generated_text(generation=text, stop=until, think_end_token=None))
         return out
 
-    def greedy(self, prompt: list[int], max_gen: int, until: list[str]) -> str:
+    def greedy(self, prompt: list[int], max_gen: int, until: list[str]) -> tuple[str, float]:
         """The greedy continuation of `prompt`: at most `max_gen` tokens, ended by an end-of-sequence token or once
-        the text holds a stop sequence."""
+        the text holds a stop sequence; and Σ log p of every token chosen (the end-of-sequence token included, as
+        transformers' generate counts it), from the logits that chose it: NaN or infinite where a step's logits
+        were not finite (`answer`)."""
         self.llm.reset()
         self.llm.eval(prompt)
         made: list[int] = []
+        ll = 0.0
         while len(made) < max_gen and len(prompt) + len(made) < self.max_length:
-            tok = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+            logits = np.asarray(self.llm.scores[self.llm.n_tokens - 1], dtype=np.float32)
+            tok = int(np.argmax(logits))
+            ll += answer(logits[None], [tok])[0]
             if tok == self.eot_token_id:
                 break
             made.append(tok)
             if any(s in self.tok_decode(made) for s in until):
                 break
             self.llm.eval([tok])
-        return self.tok_decode(made)
+        return self.tok_decode(made), ll
 
 
 def answer(logits: np.ndarray, targets: Sequence[int]) -> tuple[float, bool]:

@@ -78,7 +78,10 @@ cache does not expand), so on those families every request is a whole row, alone
 Document perplexity: lm-eval's rolling windows (`lm_eval.utils.get_rolling_token_windows`,
 `make_disjoint_window`, context length 1), each window a whole row, every document's windows in one call,
 summed per document. Generation: one request at a time (batch 1, no padding), greedy through transformers'
-`generate` with lm-eval's stop criteria and post-processing, as HFLM's `generate_until` runs a batch.
+`generate` with lm-eval's stop criteria and post-processing, as HFLM's `generate_until` runs a batch; each step's raw
+logits (`output_logits`) give the log-likelihood of the generated tokens (`generated_ll`), recorded per item
+(engine.ScoredTokens): NaN or infinite where a step's logits were not finite, so a broken checkpoint's empty
+answers are non-finite evidence, not a finite model's wrong ones.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ from quantize.checkpoint import architecture
 from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.rounding import rounds_activations
 from quantize.compat import lm_eval as lm_eval_compat
-from quantize.errors import UsageError
+from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate.engine import ScoredTokens
 
 NAME = "quantize-kv"
@@ -434,17 +437,22 @@ class PrefixLM(TemplateLM):
             )
             self.scored.add(r, ids[0][mask[0].bool()].tolist())  # one prompt: its mask holds no padding
             ids, mask = ids.to(self.device), mask.to(self.device)
+            max_length = kwargs.pop("max_length", ids.shape[1] + max_gen)
+            # the raw logits of every step, to record what was generated from (generated_ll); the tokens are the same
+            kwargs.update(output_logits=True, return_dict_in_generate=True)
             with torch.no_grad():
                 gen = self.model.generate(
                     input_ids=ids,
                     attention_mask=mask,
-                    max_length=kwargs.pop("max_length", ids.shape[1] + max_gen),
+                    max_length=max_length,
                     stopping_criteria=stop_sequences_criteria(self.tokenizer, until, ids.shape[1], 1),
                     pad_token_id=self.tokenizer.pad_token_id,
                     use_cache=True,
                     **kwargs,
                 )
-            text = self.hf.tok_decode(gen[0, ids.shape[1] :].tolist())
+            made = gen.sequences[0, ids.shape[1] :]
+            self.scored.generated(r, generated_ll(gen.logits, made))
+            text = self.hf.tok_decode(made.tolist())
             out.append(postprocess_generated_text(generation=text, stop=until, think_end_token=None))
         return out
 
@@ -490,6 +498,18 @@ def _width(n: int, quantum: int = QUANTUM) -> int:
     """A packed row's padded width: its length rounded up to a multiple of `quantum`, a function of the row
     alone."""
     return -(-n // quantum) * quantum
+
+
+def generated_ll(logits: Sequence[Any], made: Any) -> float:
+    """Σ log p(token) of the tokens `made` (T,), each from its step's raw logits (T tensors (1, V), transformers'
+    `output_logits`; log_softmax in float32): finite wherever the logits are (a greedy or sampled token has a
+    finite logit), NaN or infinite where a step's logits held NaN or +∞ (a broken checkpoint, its answer no
+    answer: ScoredTokens)."""
+    if len(logits) != len(made):
+        raise RuntimeFailure(f"generate returned logits for {len(logits)} steps and {len(made)} tokens: a bug of ours")
+    if not len(made):
+        return 0.0
+    return float(sum(torch.log_softmax(x[0].float(), dim=-1)[t] for x, t in zip(logits, made, strict=True)))
 
 
 def _answer(logits: Any, targets: tuple[int, ...]) -> tuple[float, bool]:

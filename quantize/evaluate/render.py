@@ -37,8 +37,8 @@ def non_finite_warnings(doc: ScoreDoc) -> list[str]:
     counts them as a regression."""
     return [
         f"warning: {task}: {len(ids)} of {doc.tasks[task].n} item(s) scored NaN or infinity "
-        f"(e.g. {', '.join(ids[:3])}); the checkpoint computes non-finite log-likelihoods: recorded as such, "
-        "and a gate counts them as a regression"
+        f"(e.g. {', '.join(ids[:3])}); the checkpoint computes non-finite log-likelihoods (or generates from "
+        "non-finite logits): recorded as such, and a gate counts them as a regression"
         for task, ids in doc.non_finite().items()
     ]
 

@@ -36,7 +36,7 @@ from quantize.checkpoint.rounding import stored_rounds_activations
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure
 from quantize.evaluate import cache
-from quantize.evaluate.engine import ScoredTokens, gguf_to_score, llamacpp_settings
+from quantize.evaluate.engine import Recorded, ScoredTokens, gguf_to_score, llamacpp_settings
 from quantize.evaluate.suite import Backend, OpenSuite, Suite
 from quantize.golden.manifest import item_id as golden_item_id
 from quantize.golden.manifest import lm_eval_tasks
@@ -139,13 +139,15 @@ def item_records(
     output_type: str,
     samples: list[dict[str, Any]],
     key: tuple[str, str | None],
-    tokens: dict[int, str] | None = None,
+    tokens: dict[int, Recorded] | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Per-item records from lm-eval's samples (the kind's fields, quantize/kinds.py), and the filter the score
     was matched after where lm-eval writes one sample per filter pipeline (the task's first); every pipeline's
-    per-item metrics are kept in `metrics`, lm-eval's hash of the prompt in `prompt_sha256`, and the hash of the
-    tokens the engine scored (`tokens`: per document, engine.ScoredTokens; None: a backend that records none) in
-    `tokens_sha256`. `key`: the item fields holding the stable id and the cluster (golden.item_key)."""
+    per-item metrics are kept in `metrics`, lm-eval's hash of the prompt in `prompt_sha256`, and what the engine
+    recorded (`tokens`: per document, engine.ScoredTokens; None: a backend that records none): the hash of the
+    tokens it scored in `tokens_sha256`, and a generated item's log-likelihood of its generated tokens in
+    `generated_ll` (non-finite where its logits were). `key`: the item fields holding the stable id and the
+    cluster (golden.item_key)."""
     kind = KINDS[output_type]
     filt = None
     by_doc: dict[int, list[dict[str, Any]]] = {}
@@ -158,13 +160,16 @@ def item_records(
         group = by_doc[doc]
         s = next(x for x in group if x["filter"] == filt) if filt is not None else group[0]
         item_id, cluster = golden_item_id(s["doc"], key)
-        extra = {
+        rec = tokens.get(doc) if tokens is not None else None
+        if tokens is not None and rec is None:
+            raise RuntimeFailure(f"document {doc} ({item_id}) was scored with no tokens recorded: a bug of ours")
+        extra: dict[str, Any] = {
             "metrics": item_metrics(group, kind.metrics),
             "prompt_sha256": s.get("prompt_hash"),
-            "tokens_sha256": tokens.get(doc) if tokens is not None else None,
+            "tokens_sha256": rec.tokens_sha256 if rec is not None else None,
         }
-        if tokens is not None and extra["tokens_sha256"] is None:
-            raise RuntimeFailure(f"document {doc} ({item_id}) was scored with no tokens recorded: a bug of ours")
+        if rec is not None and rec.generated_ll is not None:
+            extra["generated_ll"] = rec.generated_ll
         out.append({"id": item_id, "cluster": cluster, **kind.item(s), **extra})
     return out, filt
 
@@ -327,13 +332,13 @@ def run_lm_eval(
     check_identity(ckpt, ref.identity_sha256)  # what loaded and was scored is what the identity names
     check_threads(ckpt, run)
     wall = time.perf_counter() - t0
-    hashes = scored.take() if isinstance(scored, ScoredTokens) else None
+    took = scored.take() if isinstance(scored, ScoredTokens) else None
     task_docs = {}
     for task in tasks:
         cfg = r["configs"][task]
         # a request's doc_id counts the documents scored; a sample's is lm-eval's `indices[doc_id]` under `samples=`
         ids = samples[task] if samples is not None else None
-        tokens = {ids[d] if ids else d: h for (t, d), h in hashes.items() if t == task} if hashes is not None else None
+        tokens = {ids[d] if ids else d: h for (t, d), h in took.items() if t == task} if took is not None else None
         items, filt = item_records(cfg["output_type"], r["samples"][task], golden.item_key(task), tokens)
         lm_results = {k: v for k, v in r["results"][task].items() if k != "alias" and isinstance(v, (int, float))}
         task_docs[task] = task_scores(cfg["output_type"], cfg["metadata"]["version"], items, lm_results, filt)

@@ -114,7 +114,10 @@ class DocumentItem(_Item):
         return self.words
 
 
-class GenerationItem(Strict):
+class GenerationItem(OmitsUnset):
+    # a file that predates generated_ll keeps its bytes (OmitsUnset)
+    OMITTED_WHEN_NONE = ("generated_ll",)
+
     id: str
     cluster: str
     score: float  # exact match (0/1) of the filtered response
@@ -122,8 +125,15 @@ class GenerationItem(Strict):
     metrics: dict[str, float] = Field(default_factory=dict)  # as _Item's: exact_match@strict-match, ...
     prompt_sha256: str | None = None
     tokens_sha256: str | None = None  # as _Item's
+    # Σ log p(each generated token | prompt and the tokens before it), from the logits that chose it (our engines,
+    # quantize/evaluate/engine.ScoredTokens): finite for any model whose logits are, NaN or infinite where a step's
+    # logits were not (a broken checkpoint: its response is no answer, and the item is non-finite evidence, as a
+    # NaN log-likelihood is). None where the file predates it (scorer revision 10, llama.cpp's 3), or lm-eval's
+    # HFLM, vLLM or samples computed the item
+    generated_ll: float | None = None
 
     _right = field_validator("score")(right_or_wrong)
+    _ll = field_validator("generated_ll")(lambda v: v if v is None else log_probability(v))
 
 
 class _AccuracyTask(Strict):

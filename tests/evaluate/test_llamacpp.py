@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 
-from quantize import api, machine
+from quantize import api, machine, records
 from quantize.checkpoint import ggufs
 from quantize.cli import main
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import engine
 from quantize.evaluate.suite import load_suite, open_suite
 from quantize.evaluate.tokens import differences
+from quantize.records import ScoreDoc
 
 from conftest import quantize_child, suite_file
 
@@ -370,8 +371,45 @@ def test_the_probe_child_runs_this_package_whatever_folder_it_starts_in(llama_gg
 
 
 def test_greedy_generation_stops_at_a_stop_sequence(lm):
-    text = lm.greedy(lm.tok_encode("The capital of France is"), 12, ["."])
+    """The text is the greedy one; its log-likelihood (an item's `generated_ll`) is the tokens' as a row scored
+    whole gives it (`logits`, `answer`)."""
+    from quantize.evaluate.llamacpp import answer
+
+    prompt = lm.tok_encode("The capital of France is")
+    text, ll = lm.greedy(prompt, 12, ["."])
     assert "Paris" in text and text.count(".") <= 1
+    made = lm.tok_encode(text, add_special_tokens=False)
+    assert ll == pytest.approx(answer(lm.logits(prompt + made, len(prompt)), made)[0], abs=1e-6) and ll < 0
+
+
+def test_a_nan_gguf_is_a_regression_on_a_generation_task(llama_gguf, tmp_path, isolated_cache, capsys):
+    """A GGUF computing NaN logits generates empty answers, which scored as a finite model's wrong ones: exact
+    match 0 -> 0 passed the gate. Each generated item records the log-likelihood of its tokens, NaN here."""
+    from gguf import GGUFReader
+    from gguf_models import tiny_moe_gguf
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "nan").mkdir()
+    base = tiny_moe_gguf(tmp_path / "base" / "m.gguf", llama_gguf)
+    bad = tmp_path / "nan" / "m.gguf"
+    bad.write_bytes(base.read_bytes())
+    r = GGUFReader(bad, "r+")
+    next(t for t in r.tensors if t.name == "output_norm.weight").data[0] = np.nan  # every logit NaN
+    r.data.flush()
+    del r
+    suite = tmp_path / "answers.yaml"
+    suite.write_text(f"golden: {ROOT / 'golden' / 'answers' / 'v1'}\nsubset: smoke\n")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"suite: {suite}\nrules:\n  - {{task: answers_facts, metric: exact_match, margin: 0.2}}\n")
+    docs = {}
+    for name, g in (("base", base), ("nan", bad)):
+        assert main(["eval", str(suite), str(g), "--json", "--items", "--quiet"]) == 0
+        docs[name] = records.parse(ScoreDoc, json.loads(capsys.readouterr().out), "stdout")
+    lls = {k: [i.generated_ll for i in d.tasks["answers_facts"].items] for k, d in docs.items()}
+    assert all(x < 0 for x in lls["base"]) and all(math.isnan(x) for x in lls["nan"])
+    code = main(["gate", str(policy), "--baseline", str(base), "--candidate", str(bad), "--json", "--quiet"])
+    (rule,) = json.loads(capsys.readouterr().out)["rules"]
+    assert code == 1 and rule["verdict"] == "regression" and rule["non_finite"]
 
 
 def test_eval_of_a_gguf_keys_its_engine(llama_gguf, golden, tmp_path, isolated_cache, monkeypatch):

@@ -188,6 +188,43 @@ def test_document_perplexity_and_generation_equal_stock_hflm(loaded):
     assert all(theirs_g)
 
 
+def test_a_generation_records_the_log_likelihood_of_the_tokens_it_generated(loaded):
+    """Each generated item's `generated_ll` (engine.ScoredTokens) is Σ log p of the tokens it generated, as a plain
+    forward pass over the prompt and those tokens gives them, and its text is still stock HFLM's; a model with a
+    NaN weight records NaN (a gate's regression), where before nothing was recorded and its empty answers read as
+    a finite model's wrong ones."""
+    import copy
+
+    import torch
+    from lm_eval.api.instance import Instance
+
+    model, tok = loaded
+    rng = np.random.default_rng(5)
+    kwargs = [{"max_gen_toks": 5}, {"until": ["."], "max_gen_toks": 3}]
+    gens = [
+        Instance("generate_until", {}, (words(tok, rng, n), kw), 0, metadata=("t", d, 1))
+        for d, (n, kw) in enumerate(zip((4, 20), kwargs, strict=True))
+    ]
+    lm = ours(loaded, max_length=32)
+    assert lm.generate_until(gens, disable_tqdm=True) == stock(loaded, max_length=32).generate_until(gens)
+    got = lm.scored.take()
+    for d, kw in enumerate(kwargs):
+        (prompt,) = lm.hf.tok_batch_encode([gens[d].args[0]], left_truncate_len=32 - kw["max_gen_toks"])[0]
+        with torch.no_grad():
+            seq = model.generate(prompt[None], max_new_tokens=kw["max_gen_toks"], do_sample=False)[0]
+            lp = torch.log_softmax(model(seq[None]).logits[0].float(), dim=-1)
+        n = len(prompt)
+        want = float(sum(lp[i - 1, seq[i]] for i in range(n, len(seq))))
+        assert got[("t", d)].generated_ll == pytest.approx(want, abs=TOL) and want < 0
+    broken = copy.deepcopy(model)  # one NaN in a late MLP weight: every logit after it is NaN
+    next(w for name, w in broken.named_parameters() if name.endswith("layers.1.mlp.down_proj.weight")).data[0, 0] = (
+        float("nan")
+    )
+    lm = ours((broken, tok), max_length=32)
+    lm.generate_until(gens, disable_tqdm=True)
+    assert all(np.isnan(r.generated_ll) for r in lm.scored.take().values())
+
+
 def test_it_is_lm_evals_registered_model():
     """lm-eval finds it by name through its public registry (`--model quantize-kv`)."""
     from lm_eval.api.model import LM
