@@ -333,6 +333,12 @@ def module_bits(module: str, targets: list[tuple[str, int]]) -> int | None:
     return None if t is None else bits[t]
 
 
+def scaled(module: str, names: set[str]) -> bool:
+    """Whether the file stores a weight scale for `module` (compressed-tensors' `weight_scale`, a block-FP8
+    checkpoint's `weight_scale_inv`): its weight is stored quantized."""
+    return f"{module}.weight_scale" in names or f"{module}.weight_scale_inv" in names
+
+
 def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:
     """A tensor's role, by its name (ROLE_RULES, first match) and, for a `.weight`, its dtype and neighbours: an
     8-bit weight stored beside its scale is a quantized linear's payload whatever its module (checked first: a
@@ -340,9 +346,7 @@ def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:
     parameters left out of the quantized linears')."""
     if name.endswith(".weight"):
         module = name[: -len(".weight")]
-        if tensor.dtype in LOW_PRECISION_WEIGHT and (
-            f"{module}.weight_scale" in names or f"{module}.weight_scale_inv" in names
-        ):
+        if tensor.dtype in LOW_PRECISION_WEIGHT and scaled(module, names):
             return "payload"  # int-quantized / float-quantized: the weight itself is the 8-bit payload
     for pattern, role in ROLE_RULES:
         if pattern.search(name):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from quantize.checkpoint import qdq
-from quantize.checkpoint.accounting import METADATA_ROLES, bits_report, role_of
+from quantize.checkpoint.accounting import METADATA_ROLES, bits_report, role_of, scaled
 from quantize.checkpoint.architecture import Mtp, mtp_declaration, mtp_of, part_of
 from quantize.checkpoint.decompressed import transformers_reading
 from quantize.checkpoint.files import read_config, reads_per_expert, safetensors_files
@@ -277,8 +277,7 @@ def exempt_at_16(name: str, t: Any, names: set[str]) -> bool:
     role = role_of(name, t, names)
     if role in EXEMPT_ROLES:
         return True
-    module = _module(name)
-    return role == "bias" and any(f"{module}.{s}" in names for s in ("weight_scale", "weight_scale_inv"))
+    return role == "bias" and scaled(_module(name), names)
 
 
 NO_RULE = (
