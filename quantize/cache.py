@@ -161,14 +161,20 @@ def read_digest(entry: Path, fix: str, what: str = "file") -> str | None:
     return text
 
 
+MAX_ENTRY_BYTES = 8 * 2**30  # a score file or comparison is kilobytes to megabytes; a baseline top-k, k values per
+# position of the golden set, reaches gigabytes only for sets of millions of tokens
+
+
 def checked_bytes(entry: Path, fix: str, what: str = "file") -> bytes | None:
     """A cache entry's bytes (a score file, a baseline top-k, a comparison), served only beside a digest they hash
     to: None when the entry or its digest is missing (nothing vouches for it: computed again and replaced), exit 2
-    naming the file and `fix` when they differ or the digest holds no sha256 (`read_digest`). The caller parses
-    these bytes, not the file again."""
+    naming the file and `fix` when they differ or the digest holds no sha256 (`read_digest`). The entry is read the
+    one safe way (quantize/io.read_user_file: a regular file, checked on the descriptor it is read from, of at most
+    MAX_ENTRY_BYTES; anything else in its place is exit 2 naming it and `fix`). The caller parses these bytes, not
+    the file again."""
     if not entry.is_file() or (expected := read_digest(entry, fix, what)) is None:
         return None
-    raw = entry.read_bytes()
+    raw = read_user_file(entry, f"cached {what}", MAX_ENTRY_BYTES, hint=fix)
     if (found := sha256_bytes(raw)) != expected:
         raise UsageError(
             f"cached {what} {entry} does not hash to the sha256 in {digest_path(entry).name} (sha256 {found}): it "

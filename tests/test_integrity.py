@@ -796,9 +796,11 @@ def test_a_corrupt_baseline_top_k_is_named_not_a_crash(world, tiny_model, capsys
         p.write_bytes(kept)
 
 
-def test_agreement_entries_are_served_only_beside_a_digest_they_match(world, tiny_model, capsys):
+def test_agreement_entries_are_served_only_beside_a_digest_they_match(world, tiny_model, tmp_path, capsys):
     """The baseline's top-k (which every gate reads) and a stored comparison (`quantize agree`) are checked on
-    read like score files: a changed byte is named (exit 2), an entry without its digest is measured again."""
+    read like score files: a changed byte is named (exit 2), an entry without its digest is measured again. The
+    candidate is a copy of the baseline (one identity: `agree` leaves out a candidate that is the baseline's own
+    folder, so on that folder it measured nothing and this test held only after tests that had stored both)."""
     from quantize.cache import digest_path, seal
     from quantize.checkpoint.files import identity_sha256
     from quantize.evaluate import cache
@@ -808,7 +810,8 @@ def test_agreement_entries_are_served_only_beside_a_digest_they_match(world, tin
     _, suite, lenient, _ = world
     s = open_suite(suite)
     sha, run = identity_sha256(tiny_model), runtime(s, False, tiny_model)
-    assert main(["agree", str(suite), "--baseline", str(tiny_model), str(tiny_model), "-q"]) == 0
+    copy = shutil.copytree(tiny_model, tmp_path / "copy")
+    assert main(["agree", str(suite), "--baseline", str(tiny_model), str(copy), "-q"]) == 0
     topk, cmp = cache.baseline_topk_path(s, sha, run), cache.agreement_path(s, sha, sha, run)
     assert digest_path(topk).is_file() and digest_path(cmp).is_file()
     saved = {f: f.read_bytes() for f in (topk, cmp, digest_path(topk), digest_path(cmp))}
@@ -1466,3 +1469,20 @@ def test_a_link_planted_beside_an_atomic_file_is_not_written_through(tmp_path):
         assert tmp.parent == folder and tmp.is_file() and not tmp.is_symlink()
         tmp.write_text("{}")
     assert sorted(p.name for p in folder.iterdir() if not p.is_symlink()) == ["README.md", "gate.json"]
+
+
+def test_a_cache_entry_is_read_capped_and_as_a_regular_file(tmp_path, monkeypatch):
+    """A second reading (session 43): `checked_bytes` read a cache entry whole with `read_bytes`, no cap, after an
+    `is_file` check on the path (not the descriptor read). It is read as every file here is: a regular file of at
+    most MAX_ENTRY_BYTES, exit 2 naming the entry and the fix beyond it; an entry under the cap is served."""
+    from quantize import cache
+    from quantize.io import sha256_bytes
+
+    entry = tmp_path / "scores.json"
+    entry.write_bytes(b"x" * 100)
+    cache.digest_path(entry).write_text(sha256_bytes(entry.read_bytes()) + "\n")
+    assert cache.checked_bytes(entry, "rerun with --refresh", "score file") == b"x" * 100
+    monkeypatch.setattr(cache, "MAX_ENTRY_BYTES", 99)
+    with pytest.raises(UsageError, match="--refresh") as e:
+        cache.checked_bytes(entry, "rerun with --refresh", "score file")
+    assert str(entry) in str(e.value) and "at most 99 are read" in str(e.value)
