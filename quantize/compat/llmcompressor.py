@@ -116,7 +116,7 @@ def problems() -> list[str]:
     if not callable(getattr(model_free, "save_file", None)):
         found.append("llmcompressor.entrypoints.model_free no longer writes its shards through its own save_file")
     params = inspect.signature(model_free.model_free_ptq).parameters
-    found += [f"model_free_ptq takes no `{p}`" for p in ("config", "max_workers") if p not in params]
+    found += [f"model_free_ptq takes no `{p}`" for p in ("config", "max_workers", "converter") if p not in params]
     profiler = getattr(model_free, "TensorProfiler", None)
     if profiler is None or "catch_exception" not in inspect.signature(profiler).parameters:
         found.append("llmcompressor.entrypoints.model_free no longer profiles through TensorProfiler(catch_exception)")
@@ -463,10 +463,11 @@ class NotLinearizable(Exception):
         self.experts_class, self.why = experts_class, why
 
 
-def model_free_ptq_pt(model_dir: Path, folder: Path, config: Any) -> None:
-    """llm-compressor's `model_free_ptq(model_dir, folder, config=config, max_workers=1)`, every shard written with
-    save_pretrained's header metadata ({"format": "pt"}), and a shard's failed validation raised as its own
-    exception (not printed as a traceback and swallowed)."""
+def model_free_ptq_pt(model_dir: Path, folder: Path, config: Any, converter: Any = None) -> None:
+    """llm-compressor's `model_free_ptq(model_dir, folder, config=config, max_workers=1, converter=converter)` (a
+    compressed-tensors Converter run on each shard's tensors before the quantization: its public parameter), every
+    shard written with save_pretrained's header metadata ({"format": "pt"}), and a shard's failed validation raised
+    as its own exception (not printed as a traceback and swallowed)."""
     from functools import partial
     from unittest import mock
 
@@ -478,4 +479,4 @@ def model_free_ptq_pt(model_dir: Path, folder: Path, config: Any) -> None:
         mock.patch.object(model_free, "save_file", partial(save_file, metadata=PT)),
         mock.patch.object(model_free, "TensorProfiler", raising),
     ):
-        model_free.model_free_ptq(str(model_dir), str(folder), config=config, max_workers=1)
+        model_free.model_free_ptq(str(model_dir), str(folder), config=config, max_workers=1, converter=converter)

@@ -222,8 +222,9 @@ def cast_saved_floats(folder: Path, dtype: str, held: dict[str, str] | None = No
     After a float32 calibration: the packed integers were computed from float32 weights and scales, so they are
     exact; the cast rounds scales, norms and embeddings to the dtype the source model had, as a bf16 run would,
     and keeps in float32 what a bf16 run keeps in float32 (before 2026-12-07 every float32 tensor was cast, those
-    too). After a streamed conversion, which writes each tensor in the dtype it is stored in: a norm a bf16
-    checkpoint stores in float32 is written bf16, as the in-memory path's load makes it."""
+    too). After a streamed conversion, whose stored tensors the backend cast to `held`'s dtypes before quantizing
+    them (its `stream`), only what the quantization made in another dtype is left to cast (nothing, measured on the
+    tests' tiny Llama: its scales come out in their weight's dtype)."""
     import torch
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file

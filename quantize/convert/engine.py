@@ -358,16 +358,17 @@ def _convert_streamed(
         source_hash = weights_sha256(model_dir)
         source_params = accounting.parameter_count(model_dir)
         held = identity_sha256(model_dir)  # before the stream: check_identity holds the output to it
+        save_dtype = source_dtype(model_dir)
+        as_loaded = held_dtypes(model_dir, recipe.trust_remote_code, save_dtype)  # each tensor as the load holds it
     seed = recipe.calibration.seed if recipe.calibration else 0
     torch.manual_seed(seed)
     with atomic_dir(out, replace=force) as tmp:
         with phases("quantize"):
-            ran = backend.stream(model_dir, tmp, prepared, meta)
+            ran = backend.stream(model_dir, tmp, prepared, meta, as_loaded)  # quantized from those values
             for stale in ("quantize.json", "README.md"):  # copied from a source that is itself a quantize output
                 (tmp / stale).unlink(missing_ok=True)
         with phases("save"):  # each tensor in the dtype the in-memory path's load holds it in, as that path saves it
-            save_dtype = source_dtype(model_dir)
-            cast_saved_floats(tmp, save_dtype, held_dtypes(model_dir, recipe.trust_remote_code, save_dtype))
+            cast_saved_floats(tmp, save_dtype, as_loaded)  # what the quantization made in another dtype, if anything
         with phases("reload-check"):
             structure_check(
                 tmp, model_dir, {n for names in plan.groups.values() for n in names}, recipe.trust_remote_code
@@ -378,9 +379,9 @@ def _convert_streamed(
                 probe = torch.tensor([tok("The quick brown fox jumps over the lazy dog.")["input_ids"]])
                 finite.append(reload_check(tmp, probe, recipe.trust_remote_code))
         reason = (
-            "streamed shard by shard (model_free_ptq): each tensor quantized in the dtype it is stored in, then saved "
-            "in the dtype the in-memory path's load holds it in (the checkpoint's own dtype, float32 where the model "
-            "keeps a module in float32)"
+            "streamed shard by shard (model_free_ptq): each tensor cast to the dtype the in-memory path's load holds "
+            "it in (the checkpoint's own dtype, float32 where the model keeps a module in float32), then quantized "
+            "and saved in it"
         )
         check_identity(model_dir, held)  # the source read is the one recorded, or nothing is placed
         meta = _written(

@@ -73,6 +73,43 @@ def test_a_streamed_recipe_writes_the_in_memory_paths_bytes(tmp_path, tiny_model
     assert reload.max_abs_logit is not None and rs.memory_plan.reload == "full"
 
 
+WIDE = "model.layers.1.self_attn.q_proj.weight"  # the one Linear weight a bf16 checkpoint stores in float32
+
+
+def _float32_weight(t):
+    """WIDE in float32, with values bf16 cannot hold (the bf16 weight nudged by a seeded relative 1e-3)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    w = t[WIDE].float()
+    t[WIDE] = w * (1 + 1e-3 * torch.randn(w.shape, generator=g))
+
+
+@pytest.mark.parametrize("name", list(SCHEMES))
+def test_a_float32_weight_in_a_bf16_checkpoint_is_quantized_from_the_same_values_on_both_paths(
+    tmp_path, tiny_model, name
+):
+    """The in-memory load (from_pretrained in the checkpoint's dtype) holds a float32-stored weight in bf16 and
+    quantizes that; the streamed path quantized the float32 values as stored, so its integers and scales differed
+    in the last bit (issue 57). Now it casts each tensor to the dtype the load holds it in (dtypes.held_dtypes)
+    before quantizing: every tensor, this one's packed values and scales too, is the same dtype, shape and bytes."""
+    import torch
+    from safetensors import safe_open
+
+    src = edited_copy(tiny_model, tmp_path / "wide", _float32_weight)
+    with safe_open(str(src / "model.safetensors"), framework="pt") as st:
+        w = st.get_tensor(WIDE)
+    assert w.dtype == torch.float32 and not torch.equal(w, w.bfloat16().float())  # bf16 cannot hold it
+    streamed, rs = run(tmp_path, src, f"{name}-on", streaming="on", **SCHEMES[name])
+    loaded, rm = run(tmp_path, src, f"{name}-off", streaming="off", **SCHEMES[name])
+    assert rs.memory_plan.path == "streamed" and rm.memory_plan.path == "in-memory"
+    got, want = tensors(streamed), tensors(loaded)
+    assert got.keys() == want.keys()
+    assert {k for k in got if got[k] != want[k]} == set()
+    assert (streamed / "model.safetensors").read_bytes() == (loaded / "model.safetensors").read_bytes()
+    assert rs.weights_sha256 == rm.weights_sha256
+
+
 def test_a_streamed_config_json_ignores_what_the_in_memory_save_lists(tmp_path, tiny_model):
     """An ignore of `lm_head` and a pattern: the in-memory path's save (compressed-tensors' QuantizationConfig.
     from_pretrained) lists every Linear left unquantized by name, layer by layer; the streamed output wrote the

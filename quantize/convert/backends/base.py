@@ -123,11 +123,14 @@ class ConversionBackend(Protocol):
 
     def save(self, model: Any, folder: Path) -> None: ...
 
-    def stream(self, model_dir: Path, folder: Path, prepared: Any, model: Any) -> str:
+    def stream(self, model_dir: Path, folder: Path, prepared: Any, model: Any, held: dict[str, str]) -> str:
         """Convert a data-free recipe shard by shard from model_dir into folder, never the whole model in memory
         (only a recipe in `streams`, where memory.plan chooses it); `model` is the meta-device model the layer plan
-        was made on (no weights), which it may alter. Writes what the in-memory path's save writes but the tensors'
-        dtypes (the engine casts those after: dtypes.cast_saved_floats). Returns what ran, as `quantize` does."""
+        was made on (no weights), which it may alter. Each stored tensor is quantized from its values in the dtype
+        `held` names for it (dtypes.held_dtypes: the dtype the in-memory path's load holds it in), so the quantized
+        values are that path's. Writes what the in-memory path's save writes but the dtypes of what the quantization
+        made and the tensors `held` does not name (the engine casts those after: dtypes.cast_saved_floats). Returns
+        what ran, as `quantize` does."""
         ...
 
     def release(self) -> None:

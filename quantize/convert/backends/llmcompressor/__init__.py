@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from quantize.checkpoint.architecture import mtp_of
 from quantize.checkpoint.files import SAFE_INDEX, SAFE_WEIGHTS, identity_view, read_config, safetensors_files
+from quantize.checkpoint.headers import FLOATS
 from quantize.checkpoint.loader import load_model
 from quantize.compat.compressed_tensors import seq_length_without_a_cache
 from quantize.compat.llmcompressor import (
@@ -166,9 +167,10 @@ class LLMCompressorBackend:
             _rename_experts(folder, names, renamings(model.config.model_type))
         _targets_by_both_names(folder, model)
 
-    def stream(self, model_dir: Path, folder: Path, prepared: Any, model: Any) -> str:
+    def stream(self, model_dir: Path, folder: Path, prepared: Any, model: Any, held: dict[str, str]) -> str:
         """A data-free recipe shard by shard: `model_free_ptq` with the same config groups (the layer plan's
-        names as targets) and ignore list as `oneshot`, so the stored tensors are the same bytes. Each shard is
+        names as targets) and ignore list as `oneshot`, each tensor cast first to the dtype the in-memory path's load
+        holds it in (`held`: _AsLoaded), so the stored tensors are the same bytes. Each shard is
         written with save_pretrained's header metadata ({"format": "pt"}) and config.json as save_pretrained writes
         it (sorted keys, the empty sparsity_config compressed-tensors adds, and the ignore list its save writes:
         _ignore_as_saved), so a single-file output's model.safetensors and config.json are byte-identical to the
@@ -195,7 +197,8 @@ class LLMCompressorBackend:
             # a view holding only the weights and the files the identity covers
             with tempfile.TemporaryDirectory(prefix="quantize-stream-") as tmp:
                 view = identity_view(model_dir, Path(tmp) / "source")
-                model_free_ptq_pt(view, folder, config)  # every shard with save_pretrained's header metadata
+                # every shard with save_pretrained's header metadata, its tensors cast as the in-memory load holds them
+                model_free_ptq_pt(view, folder, config, _AsLoaded(held))
         except (ValueError, KeyError, RuntimeError) as e:
             raise RuntimeFailure(
                 f"llm-compressor's model_free_ptq failed: {type(e).__name__}: {str(e)[:500]}. The source passed "
@@ -221,6 +224,40 @@ class LLMCompressorBackend:
 
         reset_session()
         gc.collect()
+
+
+class _AsLoaded:
+    """A compressed-tensors Converter (the protocol of model_free_ptq's `converter`, which it runs on each shard's
+    tensors before its own quantization): every floating tensor of 16 bits and up cast to the dtype the in-memory
+    path's load holds it in (`held`: dtypes.held_dtypes, keyed by stored name; a tensor it does not name is left as
+    stored). That load (from_pretrained in the checkpoint's dtype) rounds a weight a bf16 checkpoint stores in
+    float32 to bf16 and quantizes that; model_free_ptq quantized the float32 values, so the packed values and scales
+    could differ in the last bit (issue 57). Names, dependencies and the quantization config are left as they are.
+    One tensor is replaced at a time, so a shard is held once plus one cast tensor."""
+
+    def __init__(self, held: dict[str, str]):
+        self.held = held
+
+    def process(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        for name in list(tensors):
+            t, target = tensors[name], self.held.get(name)
+            if target in FLOATS.values() and str(t.dtype).removeprefix("torch.") in FLOATS.values():
+                tensors[name] = t.to(getattr(torch, target))  # a no-op where it already is
+        return tensors
+
+    def validate(self, tensors: dict[str, Any]) -> dict[str, Any]:
+        return self.process(tensors)  # a dtype cast runs on the meta device model_free_ptq validates on
+
+    def update_config(self, config: Any) -> Any:
+        return config
+
+    def update_model_config(self, model_config: dict) -> dict:
+        return model_config
+
+    def get_dependencies(self, weight_name: str) -> set[str]:
+        return set()
 
 
 def _ignore_as_saved(model: Any, config: Any) -> list[str]:
