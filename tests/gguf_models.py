@@ -34,6 +34,12 @@ def tiny_moe_gguf(
     beside `path`; the first part's path is returned). `forged` (kv_heads, used, k_heads): another KV head count
     (the tensors shaped for it), experts used per token, or attn_k shaped for that many KV heads against the
     header: headers llama.cpp stops on."""
+    tokenizer, vocab = _copied_vocabulary(vocabulary)
+    return _write(path, tokenizer, vocab, layers, hidden, ff, experts, seed, split, **forged)
+
+
+def _copied_vocabulary(vocabulary: Path) -> tuple[Callable[[Any], None], int]:
+    """What writes `vocabulary`'s tokenizer (a GGUF's: tokens, merges, special ids) into a GGUFWriter, and its size."""
     from gguf import GGUFReader
 
     fields = GGUFReader(vocabulary).fields
@@ -49,7 +55,61 @@ def tiny_moe_gguf(
         w.add_eos_token_id(fields["tokenizer.ggml.eos_token_id"].contents())
         w.add_add_bos_token(False)
 
-    return _write(path, tokenizer, len(tokens), layers, hidden, ff, experts, seed, split, **forged)
+    return tokenizer, len(tokens)
+
+
+def tiny_mamba_gguf(path: Path, vocabulary: Path, layers: int = 2, hidden: int = 64, seed: int = 0) -> Path:
+    """A loadable Mamba (selective state-space) GGUF at `path` with `vocabulary`'s tokenizer, as llama.cpp's
+    converter writes one (`mamba`: its tensors named by the gguf package's map for the architecture; the inner size
+    twice the hidden, as llama.cpp requires; A stored as -exp(A_log), the convolution kernel 2-D): the projections
+    F16, the state-space parameters (`ssm_a`, `ssm_d`), the convolution and the biases F32, seeded. Its time-step
+    rank is 32 so that every projection's rows hold whole 32-blocks (Q8_0 writes them all)."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    inner, state, conv, rank = 2 * hidden, 16, 4, 32
+    tokenizer, vocab = _copied_vocabulary(vocabulary)
+    w = GGUFWriter(str(path), "mamba")
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(layers)
+    w.add_ssm_conv_kernel(conv)
+    w.add_ssm_inner_size(inner)
+    w.add_ssm_state_size(state)
+    w.add_ssm_time_step_rank(rank)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_ssm_dt_b_c_rms(False)
+    w.add_file_type(1)  # MOSTLY_F16
+    tokenizer(w)
+    rng = np.random.default_rng(seed)
+
+    def f16(name: str, *shape: int, scale: float = 0.1) -> None:
+        data = (rng.standard_normal(shape) * scale).astype(np.float16)
+        w.add_tensor(name, data, raw_dtype=GGMLQuantizationType.F16)
+
+    def f32(name: str, data: np.ndarray) -> None:
+        w.add_tensor(name, data.astype(np.float32), raw_dtype=GGMLQuantizationType.F32)
+
+    f16("token_embd.weight", vocab, hidden, scale=1.0)
+    f32("output_norm.weight", np.ones(hidden))
+    for i in range(layers):
+        b = f"blk.{i}."
+        f32(b + "attn_norm.weight", np.ones(hidden))
+        f16(b + "ssm_in.weight", 2 * inner, hidden)
+        f32(b + "ssm_conv1d.weight", rng.standard_normal((inner, conv)) * 0.1)
+        f32(b + "ssm_conv1d.bias", rng.standard_normal(inner) * 0.1)
+        f16(b + "ssm_x.weight", rank + 2 * state, inner)
+        f16(b + "ssm_dt.weight", inner, rank)
+        f32(b + "ssm_dt.bias", np.log(np.expm1(np.full(inner, 0.01))))
+        f32(b + "ssm_a", -np.tile(np.arange(1, state + 1, dtype=np.float64), (inner, 1)))
+        f32(b + "ssm_d", np.ones(inner))
+        f16(b + "ssm_out.weight", hidden, inner)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def smollm2_tokenizer_files(vocabulary: Path, folder: Path) -> Path:

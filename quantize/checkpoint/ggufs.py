@@ -675,15 +675,16 @@ def name_patterns(architecture: str | None) -> list[tuple[re.Pattern[str], str]]
 
 def role_of(t: GGUFTensor, patterns: list[tuple[re.Pattern[str], str]], mtp_from: int | None = None) -> TensorRole:
     """A tensor's role and part from the MODEL_TENSOR its name is (a bias by its `.bias` suffix; a linear weight is
-    `payload` when block-quantized, `linear_kept` when stored as floats). Every tensor of a block N >= `mtp_from`
-    (the header's first multi-token-prediction block: mtp_blocks) is part `mtp`, its experts included."""
+    `payload` when block-quantized, `linear_kept` when stored as floats). A name that is a MODEL_TENSOR's whole,
+    with no suffix (llama.cpp's `blk.N.ssm_a` and `blk.N.ssm_d`, a Mamba's state-space parameters), is no weight:
+    role `other` but for a norm, an embedding or the output layer. Every tensor of a block N >= `mtp_from` (the
+    header's first multi-token-prediction block: mtp_blocks) is part `mtp`, its experts included."""
     base, _, suffix = t.name.rpartition(".")
     base = base or suffix
-    kind, layer = None, None
-    for pattern, k in patterns:
-        if m := pattern.match(base):
-            kind, layer = k, (int(m.group(1)) if m.groups() else None)
-            break
+    kind, layer = _kind(base, patterns)
+    if kind is None and base != t.name:
+        kind, layer = _kind(t.name, patterns)
+        suffix = None
     if kind is None:
         return TensorRole("other", "other", layer, None)
     if "NORM" in kind:
@@ -694,12 +695,20 @@ def role_of(t: GGUFTensor, patterns: list[tuple[re.Pattern[str], str]], mtp_from
         role = "embedding"
     elif suffix == "bias":
         role = "bias"
-    elif len(t.dims) >= 2:
+    elif suffix is not None and len(t.dims) >= 2:
         role = "payload" if t.quantized else "linear_kept"
     else:
         role = "other"
     part = "mtp" if mtp_from is not None and layer is not None and layer >= mtp_from else _part(kind, role)
     return TensorRole(role, part, layer, kind)
+
+
+def _kind(name: str, patterns: list[tuple[re.Pattern[str], str]]) -> tuple[str | None, int | None]:
+    """The MODEL_TENSOR `name` is (the first of `patterns` that matches it) and its block, or (None, None)."""
+    for pattern, k in patterns:
+        if m := pattern.match(name):
+            return k, (int(m.group(1)) if m.groups() else None)
+    return None, None
 
 
 def mtp_blocks(h: GGUFHeader) -> range:

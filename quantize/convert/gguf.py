@@ -173,7 +173,7 @@ FLOAT_TYPES = ("F32", "F16", "BF16")  # ggml types that keep a weight at 16 or 3
 
 
 def _left_why(by: tuple[str, str] | None, type_name: str) -> str:
-    """Why linear weights were stored at 16 or 32 bits: a tensor_types pattern asked for that, or llama.cpp stored
+    """Why tensors were stored at 16 or 32 bits: a tensor_types pattern asked for that, or llama.cpp stored
     them so whatever a pattern asked (it quantizes no MoE router, ffn_gate_inp, though a pattern names it: a
     review's quantize.json said the pattern had asked for the F32 it stored)."""
     if by is None:
@@ -191,7 +191,8 @@ def layer_plan(h: ggufs.GGUFHeader, type_name: str, asked: dict[str, tuple[str, 
     """The layer plan of a GGUF llama.cpp wrote, read back from its header: its block-quantized weights
     (`quantized_layers`) by elements per block, those given a type of smaller blocks than the file type's own
     (`adjusted`: llama.cpp's fallback where a row holds no whole block), every 2-D weight's ggml type (`schemes`),
-    and linear weights it stored at 16 or 32 bits (`kept_16bit`, `left_16bit`), each with why: the recipe's
+    the linear weights it stored at 16 or 32 bits (`kept_16bit`), and every tensor it stored as F32, F16 or BF16
+    but the exempt ones (`left_16bit`, as the function left_16bit says), each with why: the recipe's
     `tensor_types` pattern that asked for it (`asked`: tensor name -> (pattern, type), the first pattern that
     matches as first_patterns found it, the assignment llama.cpp was handed), else llama.cpp's own choice. Names
     are the GGUF's tensor names."""
@@ -214,25 +215,61 @@ def layer_plan(h: ggufs.GGUFHeader, type_name: str, asked: dict[str, tuple[str, 
         adjusted={t.name: t.block_size for t in payload if own is not None and t.block_size < own},
         kept_16bit={t.name: why(t) for t in kept},
         schemes=dict(Counter(t.ggml_type for t, _ in weights).most_common()),
-        left_16bit=[
-            LeftAt16(
-                why=_left_why(by, type_name),
-                tensors=[t.name for t in group],
-                bytes=sum(t.nbytes for t in group),
-            )
-            for by, group in _by_pattern(kept, asked).items()
-        ],
+        left_16bit=left_16bit(h, type_name, asked),
     )
 
 
-def _by_pattern(
-    tensors: list[ggufs.GGUFTensor], asked: dict[str, tuple[str, str]]
-) -> dict[tuple[str, str] | None, list[ggufs.GGUFTensor]]:
-    """Tensors grouped by the `tensor_types` pattern (and type) that asked for each (None: no pattern), in order."""
-    out: dict[tuple[str, str] | None, list[ggufs.GGUFTensor]] = {}
-    for t in tensors:
-        out.setdefault(asked.get(t.name), []).append(t)
-    return out
+# the MODEL_TENSORs (gguf.constants) of the model's input embeddings and its output layer: exempt from left_16bit
+# where llama.cpp chose their type (a per-layer embedding, PER_LAYER_TOKEN_EMBD, is listed)
+EXEMPT_KINDS = ("TOKEN_EMBD", "POS_EMBD", "TOKEN_TYPES", "OUTPUT")
+
+
+def left_16bit(h: ggufs.GGUFHeader, type_name: str, asked: dict[str, tuple[str, str]]) -> list[LeftAt16]:
+    """Every tensor of the GGUF stored as F32, F16 or BF16 (FLOAT_TYPES), by reason, but the exempt ones, as the
+    safetensors path's left_at_16 exempts theirs (convert/checks.exempt_at_16): a norm (role `norm`: a MODEL_TENSOR
+    whose name has NORM), the model's input embeddings and output layer (EXEMPT_KINDS) unless a `tensor_types`
+    pattern asked a type for them, and the bias of a layer whose weight is block-quantized (its `.weight` beside
+    it). Roles and kinds are ggufs.role_of's, from the gguf package's tensor names. Each tensor's reason: the
+    pattern that asked for it (`asked`, _left_why), else a bias goes with its layer's weight where that is listed,
+    else llama.cpp's own choice of its type, saying its MODEL_TENSOR and role in the accounting where it is no linear
+    weight (a name that is no tensor name of the gguf package's: no rule names it, role `other`)."""
+    patterns = ggufs.name_patterns(h.architecture)
+    stored = {t.name: t for t in h.tensors}
+    roles = {t.name: ggufs.role_of(t, patterns) for t in h.tensors if t.ggml_type in FLOAT_TYPES}
+    own = _left_why(None, type_name)
+
+    def exempt(t: ggufs.GGUFTensor, r: ggufs.TensorRole) -> bool:
+        if r.role == "norm":
+            return True
+        if r.kind in EXEMPT_KINDS:
+            return t.name not in asked
+        weight = stored.get(f"{t.name.rpartition('.')[0]}.weight")
+        return r.role == "bias" and weight is not None and weight.quantized
+
+    def own_reason(t: ggufs.GGUFTensor, r: ggufs.TensorRole) -> str:
+        if t.name in asked:
+            return _left_why(asked[t.name], type_name)
+        if r.role == "linear_kept":
+            return own
+        if r.kind is None:
+            return (
+                f"{own}; no tensor name the gguf package gives its architectures names it (no rule names it: role "
+                f"{r.role} in the accounting)"
+            )
+        return f"{own} (a {r.kind} tensor of the gguf package's names: role {r.role} in the accounting)"
+
+    left = [t for t in h.tensors if t.name in roles and not exempt(t, roles[t.name])]
+    reason = {t.name: own_reason(t, roles[t.name]) for t in left if roles[t.name].role != "bias" or t.name in asked}
+    for t in left:
+        if t.name not in reason:  # a bias: its listed layer's reason, else its own
+            reason[t.name] = reason.get(f"{t.name.rpartition('.')[0]}.weight") or own_reason(t, roles[t.name])
+    groups: dict[str, list[ggufs.GGUFTensor]] = {}
+    for t in left:
+        groups.setdefault(reason[t.name], []).append(t)
+    return [
+        LeftAt16(why=why, tensors=[t.name for t in group], bytes=sum(t.nbytes for t in group))
+        for why, group in groups.items()
+    ]
 
 
 def _match(given: dict[str, list[str]]) -> None:

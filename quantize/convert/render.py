@@ -58,7 +58,7 @@ def gguf_lines(g: GGUFConversion) -> list[str]:
 
 
 def left_lines(plan: LayerPlanRecord) -> list[str]:
-    """Every weight the recipe's targets cover that the checkpoint stores at 16 bits: which, how many bytes, why."""
+    """Every tensor the checkpoint stores at 16 bits but the exempt ones (LeftAt16): which, how many bytes, why."""
     return [
         f"  left at 16 bits: {len(g.tensors)} tensor(s), {mib(g.bytes)} ({g.bytes:,} bytes), e.g. {g.tensors[0]}: "
         f"{g.why}"

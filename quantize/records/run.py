@@ -90,7 +90,8 @@ class ExpertRouting(Strict):
 
 
 class LeftAt16(Strict):
-    """Weights the recipe's targets cover that the saved checkpoint stores at 16 bits, for one reason."""
+    """Tensors the saved checkpoint stores at 16 (or 32) bits, for one reason: every such tensor but the exempt ones
+    (convert/checks.exempt_at_16 for a safetensors checkpoint, convert/gguf.left_16bit for a GGUF)."""
 
     why: str
     tensors: list[str]  # as the file stores them
@@ -116,8 +117,9 @@ class LayerPlanRecord(Strict):
     adjusted: dict[str, int]  # layers given a smaller group than the recipe's -> their group
     kept_16bit: dict[str, str]  # layer -> why it stayed at 16 bits
     schemes: dict[str, int] = Field(default_factory=dict)  # overrides: scheme -> number of layers given it
-    # what the saved checkpoint stores at 16 bits of what the targets cover (routers and layers the plan keeps,
-    # fused experts no conversion reaches, a planned layer the backend did not quantize), by reason
+    # what the saved checkpoint stores at 16 bits but the exempt tensors (routers and layers the plan keeps, fused
+    # experts no conversion reaches, a planned layer the backend did not quantize, parameters no Linear holds), by
+    # reason
     left_16bit: list[LeftAt16] = Field(default_factory=list)
     routing: list[ExpertRouting] = Field(default_factory=list)  # per MoE layer, from calibration (none: data-free)
     # source layers the checkpoint does not hold (its MTP layers), by reason; none in records before 2026-12-07

@@ -649,6 +649,77 @@ def test_tensor_types_give_the_tensors_they_match_their_type(llama_cpp, f16, tmp
     assert "tensor_types: pattern 'blk\\\\.99\\\\.' matched no tensor" in meta.engine.gguf.notes
 
 
+def float_tensors(path: Path, overrides: dict[str, str]) -> tuple[dict[str, int], set[str]]:
+    """The tensors a GGUF stores as F32, F16 or BF16, by the gguf package's reader (name -> bytes), and those of them
+    left_16bit exempts: a norm (llama.cpp's norm tensors are named `*norm*`), the input embeddings and the output
+    layer (the gguf package's TOKEN_EMBD, POS_EMBD, TOKEN_TYPES and OUTPUT names) unless one of the recipe's
+    `overrides` patterns matches them, and the bias of a layer whose weight is block-quantized."""
+    from gguf import GGML_QUANT_SIZES, GGUFReader
+    from gguf.constants import MODEL_TENSOR, TENSOR_NAMES
+
+    tensors = GGUFReader(path).tensors
+    floats = {t.name: int(t.n_bytes) for t in tensors if t.tensor_type.name in gguf_rules.FLOAT_TYPES}
+    blocked = {t.name for t in tensors if GGML_QUANT_SIZES[t.tensor_type][0] > 1}
+    ends = {TENSOR_NAMES[k] + ".weight" for k in (MODEL_TENSOR.TOKEN_EMBD, MODEL_TENSOR.POS_EMBD, MODEL_TENSOR.OUTPUT)}
+    ends.add(TENSOR_NAMES[MODEL_TENSOR.TOKEN_TYPES] + ".weight")
+    exempt = {
+        n
+        for n in floats
+        if "norm" in n
+        or (n in ends and not any(re.search(p, n) for p in overrides))
+        or (n.endswith(".bias") and n.removesuffix(".bias") + ".weight" in blocked)
+    }
+    return floats, exempt
+
+
+@pytest.mark.parametrize(
+    "model,type_name,overrides",
+    [
+        ("mamba", "Q8_0", {}),
+        ("moe", "Q4_K_M", {"token_embd": "F16", "ffn_up_exps": "F16", r"blk\.1\.attn_norm": "Q8_0"}),
+    ],
+)
+def test_left_16bit_is_every_float_tensor_of_the_file_but_the_exempt_ones(
+    llama_cpp, source, tmp_path, capsys, model, type_name, overrides
+):
+    """Issue 58: the GGUF layer plan listed only 2-D linear weights of role `linear_kept`; a Mamba's state-space
+    parameters (`ssm_a`, `ssm_d`, stored F32 whatever the file type), its convolution's bias, and a token embedding
+    a pattern asked F16 for were stored at 16 or 32 bits unmentioned. Now `left_16bit` is the file's F32/F16/BF16
+    tensors (the gguf package's reader) less the exempt ones (float_tensors), each once, its bytes the reader's;
+    a bias goes with its layer, and a bias of a quantized layer (Mamba's dt bias beside its Q8_0 ssm_dt) is exempt.
+    The two GGUFs are tests/gguf_models.py's: a Mamba as llama.cpp's converter writes one, and the MoE (3-D
+    experts, one of them asked F16; a norm a pattern names stays exempt)."""
+    from gguf_models import tiny_mamba_gguf, tiny_moe_gguf
+
+    write = tiny_mamba_gguf if model == "mamba" else tiny_moe_gguf
+    gguf_file = write(tmp_path / f"{model}.gguf", source)
+    recipe = recipe_file(
+        tmp_path, type_name, model=str(gguf_file), **({"tensor_types": overrides} if overrides else {})
+    )
+    assert main(["run", str(recipe), "--quiet"]) == 0, capsys.readouterr().err
+    out = tmp_path / type_name
+    floats, exempt = float_tensors(out / "model.gguf", overrides)
+    left = records.read(RunRecord, out / "quantize.json").layer_plan.left_16bit
+    listed = [n for g in left for n in g.tensors]
+    assert len(listed) == len(set(listed)) and set(listed) == set(floats) - exempt
+    assert all(g.bytes == sum(floats[n] for n in g.tensors) for g in left)
+    why = {n: g.why for g in left for n in g.tensors}
+    if model == "mamba":  # and `inspect` knows ssm_a and ssm_d, suffix-less names, as the gguf package's own
+        from quantize.checkpoint.accounting import gguf_report
+
+        notes = gguf_report(out / "model.gguf", ggufs.read_header(out / "model.gguf")).notes
+        assert not any("not named by the gguf package" in note for note in notes), notes
+        assert {n for n in exempt if n.endswith(".bias")} == {f"blk.{i}.ssm_dt.bias" for i in range(2)}
+        for i in range(2):
+            assert {f"blk.{i}.ssm_a", f"blk.{i}.ssm_d"} <= set(listed)
+            assert why[f"blk.{i}.ssm_conv1d.bias"] == why[f"blk.{i}.ssm_conv1d.weight"]
+            assert "SSM_A tensor" in why[f"blk.{i}.ssm_a"] and "role other" in why[f"blk.{i}.ssm_a"]
+    else:
+        assert why["token_embd.weight"] == "tensor_types asked F16 for them (pattern 'token_embd')"
+        assert {f"blk.{i}.ffn_up_exps.weight" for i in range(2)} <= set(listed)
+        assert "blk.1.attn_norm.weight" in exempt and "blk.0.ffn_gate_inp.weight" in listed
+
+
 def test_a_tensor_llama_cpp_kept_at_16_bits_though_a_pattern_asked_a_type_says_so():
     """A review: `tensor_types: {ffn: TQ1_0}` on an MoE left its routers (ffn_gate_inp, which llama.cpp's quantizer
     never quantizes) at F32, and quantize.json said the pattern had asked for that."""
