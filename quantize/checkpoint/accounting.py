@@ -82,7 +82,7 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
             "embedding",  # `embeddings`: Nemotron-H; `embed_tokens_per_layer`: Gemma 4's per-layer inputs
         ),
         (r"(^|\.)(lm_head|embed_out|output)\.weight$", "lm_head"),
-        (r"(norm|ln_\w+|ln\d*)[^.]*\.weight$", "norm"),
+        (r"(norm|ln_\w+|ln\d*)[^.]*\.(weight|bias)$", "norm"),  # a LayerNorm's bias too (DeepSeek-V3.2's indexer)
         (r"\.bias$", "bias"),
         (r"\.experts\.\w+_bias$", "bias"),  # fused experts' biases (gpt-oss)
         # a router's bias on its expert choice: DeepSeek-V3's `gate.`, ERNIE 4.5's `moe_statics.`, MiniMax-M2's on

@@ -145,3 +145,13 @@ def test_kimi_linear_attention_layers_are_told_from_its_mla_layers(reports):
     }
     assert {p for n, p in parts.items() if ".layers.0." in n or ".layers.2." in n} == {"linear_attention"}
     assert {p for n, p in parts.items() if ".layers.1." in n or ".layers.3." in n} == {"attention"}
+
+
+def test_a_layer_norms_bias_is_a_norm(reports):
+    """A review (r3, session 44): DeepSeek-V3.2's indexer LayerNorm (`self_attn.indexer.k_norm`) has a bias; the
+    norm rule matched `.weight` only, so its bias was role `bias` and `left_16bit` listed it with the catch-all
+    "no rule of quantize's plan names it" while its weight was exempt as a norm."""
+    roles = _roles(reports["deepseek_v32"][1])
+    found = {n: r for n, r in roles.items() if ".indexer.k_norm." in n}
+    assert {n.rsplit(".", 1)[1] for n in found} == {"weight", "bias"}
+    assert set(found.values()) == {"norm"}
