@@ -7,8 +7,10 @@ A `matrix:` makes one candidate per cell: each base recipe's YAML with the cell'
 paths, named BASE-FIELD=VALUE-... (a field by its last part unless two fields share it; a path value by its
 file's stem, a `builtin:` source by its name, a list or mapping by its place in the values, 1-based), validated
 as a recipe (a bad cell is its candidate's exit 2). A field that is not in a base recipe's schema stops the sweep
-(exit 2 naming it). The cell's recipe is written to OUTPUT/sweep-NAME/recipes/CELL.yaml when it is converted; its
-bytes are the same on every run, so a cell converted before is recognised by them.
+(exit 2 naming it), as do two cells of one base whose recipes read alike (validated, every default filled in:
+`symmetric: [true, 1]` or `[true, "yes"]` is one value listed twice). The cell's recipe is written to
+OUTPUT/sweep-NAME/recipes/CELL.yaml when it is converted; its bytes are the same on every run, so a cell converted
+before is recognised by them.
 
 A candidate is done when its records are whole and valid for this sweep: a converted checkpoint whose
 quantize.json reads and whose weights hash to what it records, from the same recipe bytes; a gate.json beside it
@@ -21,6 +23,7 @@ is done.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import types
@@ -32,7 +35,7 @@ from typing import Any
 from quantize.checkpoint.files import identity_sha256
 from quantize.config import MAX_YAML_BYTES, parse_yaml
 from quantize.convert.backends import check
-from quantize.convert.recipe import parse_recipe
+from quantize.convert.recipe import parse_recipe, resolved_dict
 from quantize.errors import UsageError
 from quantize.gates.policy import Policy
 from quantize.io import read_user_file, sha256_bytes, write_text_atomic
@@ -117,7 +120,9 @@ OWN = {"name", "output", "model"}  # what a cell takes from the sweep: its name,
 
 
 def cells(spec: SweepSpec) -> list[Candidate]:
-    """Every base recipe × every combination of the matrix's values, in the order given (module docstring)."""
+    """Every base recipe × every combination of the matrix's values, in the order given (module docstring). Two cells
+    of one base that are one recipe as a run reads it (the field's values differ only as written) are a UsageError
+    naming the field and the values: the sweep would convert and gate that recipe twice."""
     if spec.matrix is None:
         return []
 
@@ -133,14 +138,51 @@ def cells(spec: SweepSpec) -> list[Candidate]:
             continue
         for f in fields:
             check_field(type(base), f, path)
+        seen: dict[str, tuple[Candidate, dict[str, Any]]] = {}  # a recipe as a run reads it: its first cell
         for combo in itertools.product(*(enumerate(spec.matrix.fields[f], 1) for f in fields)):
             values = {f: v for f, (_, v) in zip(fields, combo, strict=True)}
             shown_as = [f"{short[f]}={_value_text(v, i)}" for f, (i, v) in zip(fields, combo, strict=True)]
-            out.append(_cell(spec, path, raw, values, "-".join([str(base.name), *shown_as])))
+            c, settings = _cell(spec, path, raw, values, "-".join([str(base.name), *shown_as]))
+            if settings is not None:
+                key = json.dumps(settings, sort_keys=True)
+                if (first := seen.setdefault(key, (c, settings)))[0] is not c:
+                    raise UsageError(_same_recipe(path, first[0], c, first[1]))
+            out.append(c)
     return out
 
 
-def _cell(spec: SweepSpec, base: str, raw: Any, values: dict[str, Any], name: str) -> Candidate:
+def _same_recipe(base: str, first: Candidate, again: Candidate, settings: dict[str, Any]) -> str:
+    """Two cells of one base whose recipes read alike (`symmetric: [true, 1]`, `[true, "yes", "on"]`: one boolean
+    as the recipe model reads each): the fields whose values differ, as written and as read."""
+    assert first.cell is not None and again.cell is not None
+    differ = [f for f in first.cell if _written(first.cell[f]) != _written(again.cell[f])] or list(first.cell)
+
+    def read(path: str) -> Any:
+        v: Any = settings
+        for part in path.split("."):
+            v = v.get(part) if isinstance(v, dict) else None
+        return v
+
+    said = "; ".join(
+        f"{f} {_written(first.cell[f])} and {_written(again.cell[f])} are both {_written(read(f))}" for f in differ
+    )
+    return (
+        f"matrix.fields: {' and '.join(differ)} list{'s' if len(differ) == 1 else ''} one value twice as recipe "
+        f"{base} reads {'it' if len(differ) == 1 else 'them'} ({said}): cells {shown(first.name)} and "
+        f"{shown(again.name)} are one recipe, which the sweep would convert and gate twice. List each value once"
+    )
+
+
+def _written(v: Any) -> str:
+    """A value as YAML's flow style writes it (`true`, `32.0`, `"yes"`)."""
+    return json.dumps(v, ensure_ascii=False, default=str)
+
+
+def _cell(
+    spec: SweepSpec, base: str, raw: Any, values: dict[str, Any], name: str
+) -> tuple[Candidate, dict[str, Any] | None]:
+    """The cell's candidate, and its recipe as a run reads it less its name (resolved_dict: every default filled in,
+    every value as the recipe model took it), to find two cells that are one recipe; None where it is refused."""
     import copy
 
     import yaml
@@ -157,14 +199,16 @@ def _cell(spec: SweepSpec, base: str, raw: Any, values: dict[str, Any], name: st
         check(recipe)  # what its backend runs, as the conversion's preflight checks it
         weights = source_weights(recipe, spec.model)
     except UsageError as e:
-        return Candidate(name, source, None, None, error=str(e), cell=values)
+        return Candidate(name, source, None, None, error=str(e), cell=values), None
     recipe_file = spec.home / "recipes" / f"{data['name']}.yaml"
     text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
     c = Candidate(
         str(recipe.name), source, str(recipe_file), Path(spec.output) / str(recipe.name), cell=values, recipe_text=text
     )
     c.recipe_sha256, c.source_weights = sha256_bytes(text.encode("utf-8")), weights
-    return c
+    settings = resolved_dict(recipe)
+    settings.pop("name", None)
+    return c, settings
 
 
 def _set(data: dict[str, Any], path: str, value: Any) -> None:

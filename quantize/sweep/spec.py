@@ -66,8 +66,9 @@ class Matrix(BaseModel):
                 )
             if not 1 <= len(values) <= MAX_VALUES:
                 raise ValueError(f"{path} takes 1 to {MAX_VALUES} values, and {len(values)} were given")
-            # equal as a recipe reads them: 32 and 32.0 are one group size (two cells converting alike); a boolean
-            # is not the number 1 or 0
+            # equal as Python compares them, a boolean apart from a number (a field here has no type yet: a number's
+            # 1 is not `true`); plan.cells compares each cell's recipe as the recipe model reads it (`symmetric:
+            # [true, 1]`), once the base recipes are read
             pairs = ((a, b) for i, a in enumerate(values) for b in values[:i])
             if any(a == b and isinstance(a, bool) == isinstance(b, bool) for a, b in pairs):
                 raise ValueError(f"{path} lists one value twice ({values!r}): list each once")

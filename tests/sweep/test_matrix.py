@@ -85,6 +85,54 @@ def test_two_cells_of_one_name_refuse_the_sweep_naming_both(lab, no_cluster, cap
     assert "calibration.source='a/chat.jsonl'" in err and "calibration.source='b/chat.jsonl'" in err
 
 
+@pytest.mark.parametrize(
+    "field,values,twice",
+    [
+        ("symmetric", "[true, 1]", ("true", "1")),  # a boolean field takes 1, "yes" and "on" as true (pydantic)
+        ("symmetric", '[false, true, "yes", "on"]', ("true", '"yes"')),
+        ("group_size", '[16, "32", 32]', ('"32"', "32")),  # a number written as text is that number
+        ("calibration.samples", '[8, "8"]', ("8", '"8"')),
+    ],
+)
+def test_values_the_recipe_reads_alike_are_one_value_listed_twice(lab, no_cluster, capsys, field, values, twice):
+    """`symmetric: [true, 1]` planned two cells converting one recipe (values were compared as YAML gives them):
+    refused before anything runs, naming the field and both values, as `[32, 32.0]` is; values that differ as the
+    recipe reads them (true and false) are cells of their own."""
+    import yaml
+
+    from quantize.convert.recipe import parse_recipe
+
+    base = lab.gptq if field.startswith("calibration.") else lab.w4
+    read = []
+    for v in twice:  # the premise, from the recipe model itself: the two values are one recipe
+        data = yaml.safe_load(base.read_text())
+        leaf = data["calibration"] if field.startswith("calibration.") else data
+        leaf[field.rsplit(".", 1)[-1]] = yaml.safe_load(v)
+        read.append(parse_recipe(data).model_dump())
+    assert read[0] == read[1]
+    f = lab.sweep(matrix=f"  recipes: [{base}]\n  fields: {{{field}: {values}}}\n")
+    assert cli(["sweep", str(f), "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert f"matrix.fields: {field} lists one value twice as recipe {base} reads it ({field} {twice[0]} and " in err
+    assert f"{twice[0]} and {twice[1]} are both" in err and "List each value once" in err, err
+    with pytest.raises(UsageError, match="convert and gate twice"):
+        candidates(load_sweep(f)[0])
+    assert not (lab.base / "out").exists()
+
+
+def test_values_the_recipe_reads_apart_are_cells_and_a_refused_value_is_no_duplicate(lab):
+    """The duplicate is found among cells two fields deep (`symmetric` twice under each group size); true and false,
+    or a value the recipe refuses beside a good one, are no duplicate."""
+    f = lab.sweep(matrix=f"  recipes: [{lab.w4}]\n  fields: {{group_size: [16, 32], symmetric: [true, 1]}}\n")
+    with pytest.raises(UsageError) as e:
+        candidates(load_sweep(f)[0])
+    assert '"w4-group_size=16-symmetric=true" and "w4-group_size=16-symmetric=1"' in str(e.value)
+    assert "(symmetric true and 1 are both true)" in str(e.value)
+    f = lab.sweep(matrix=f"  recipes: [{lab.w4}]\n  fields: {{symmetric: [true, false, maybe, maybe2]}}\n")
+    found = candidates(load_sweep(f)[0])
+    assert [c.error is None for c in found] == [True, True, False, False]
+
+
 def test_a_matrix_of_too_many_cells_is_refused(lab):
     values = list(range(1, 17))
     f = lab.sweep(
@@ -238,7 +286,8 @@ def test_a_2x2_matrix_sweep_runs_to_four_verdicts_in_sweep_json_and_the_report(l
 
 def test_a_value_listed_twice_is_refused_as_a_recipe_would_read_them():
     """`[32, 32.0]` made two cells converting one recipe (values were compared by repr); `[true, 1]` are a boolean
-    and a number, two values."""
+    and a number, two values to the matrix alone, which knows no field's type (the plan compares them as the recipe
+    reads them: test_values_the_recipe_reads_alike_are_one_value_listed_twice)."""
     from pydantic import ValidationError
 
     from quantize.sweep.spec import Matrix
