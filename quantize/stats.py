@@ -30,14 +30,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
-from scipy import stats as sps
-
 from quantize.records import RuleOutcome, noninferiority_outcome
+
+
+def _sps():  # scipy.stats, imported when a statistic is computed: 2-3 s that a refused input never pays
+    from scipy import stats
+
+    return stats
 
 
 def z(p: float) -> float:
     """Standard normal quantile."""
-    return float(sps.norm.ppf(p))
+    return float(_sps().norm.ppf(p))
 
 
 def paired_se(d: Sequence[float]) -> float:
@@ -91,7 +95,7 @@ def mcnemar_exact(b: int, c: int) -> float:
     n = b + c
     if n == 0:
         return 1.0
-    return float(min(1.0, 2 * sps.binom.cdf(min(b, c), n, 0.5)))
+    return float(min(1.0, 2 * _sps().binom.cdf(min(b, c), n, 0.5)))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -196,7 +200,7 @@ def obf_spending(t: float, alpha: float) -> float:
     as 2·(1 − Φ)(·) so that an early look's tiny α(t) is not rounded to 0."""
     if t <= 0:
         return 0.0
-    return float(2 * sps.norm.sf(z(1 - alpha / 2) / math.sqrt(min(t, 1.0))))
+    return float(2 * _sps().norm.sf(z(1 - alpha / 2) / math.sqrt(min(t, 1.0))))
 
 
 MIN_LOOK_SPEND = 1e-4  # the least alpha a look after the first may spend: ten times the joint normal's accuracy
@@ -220,7 +224,7 @@ def sequential_bounds(looks: Sequence[float], alpha: float) -> list[float]:
     for k, tk in enumerate(t):
         target = obf_spending(tk, alpha) - spent
         if k == 0:
-            c = float(sps.norm.isf(target))
+            c = float(_sps().norm.isf(target))
         elif target < MIN_LOOK_SPEND:
             raise ValueError(
                 f"look {k + 1} at {tk} spends {target:.1e} of alpha {alpha} (O'Brien-Fleming spends almost nothing "
@@ -230,9 +234,9 @@ def sequential_bounds(looks: Sequence[float], alpha: float) -> list[float]:
         else:
             ts = np.asarray(t[: k + 1])
             cov = np.sqrt(np.minimum.outer(ts, ts) / np.maximum.outer(ts, ts))
-            prev = sps.multivariate_normal(mean=np.zeros(k), cov=cov[:k, :k], seed=0)
-            full = sps.multivariate_normal(mean=np.zeros(k + 1), cov=cov, seed=0)
-            p_prev = float(prev.cdf(np.asarray(bounds))) if k > 1 else float(sps.norm.cdf(bounds[0]))
+            prev = _sps().multivariate_normal(mean=np.zeros(k), cov=cov[:k, :k], seed=0)
+            full = _sps().multivariate_normal(mean=np.zeros(k + 1), cov=cov, seed=0)
+            p_prev = float(prev.cdf(np.asarray(bounds))) if k > 1 else float(_sps().norm.cdf(bounds[0]))
 
             def excess(c: float, p_prev: float = p_prev, full=full, target: float = target) -> float:
                 # P(no crossing before k) − P(no crossing through k) = P(first crossing at k)
@@ -296,7 +300,7 @@ def drop_p(delta: float, se: float) -> float:
     (significantly worse, Δ + z·SE < 0, with the estimate beyond the margin)."""
     if not math.isfinite(se) or se == 0:
         return 0.0 if delta < 0 else 1.0
-    return float(sps.norm.cdf(delta / se))
+    return float(_sps().norm.cdf(delta / se))
 
 
 def bootstrap_ppl_ratio(  # noqa: PLR0913 (the formula's inputs: NLLs, units, clusters, α, draws, seed, wᵢ)
@@ -340,7 +344,7 @@ def bootstrap_ppl_ratio(  # noqa: PLR0913 (the formula's inputs: NLLs, units, cl
         # two infinite neighbours interpolate to inf − inf = NaN: that quantile is infinite
         lo, hi = np.nan_to_num(np.quantile(ratios, [alpha, 1 - alpha]), nan=np.inf)
         if alpha * iters < MIN_TAIL_DRAWS and np.isfinite(ratios).all():
-            c, sd = float(sps.norm.isf(alpha)), float(np.log(ratios).std(ddof=1))
+            c, sd = float(_sps().norm.isf(alpha)), float(np.log(ratios).std(ddof=1))
             lo, hi = point * math.exp(-c * sd), point * math.exp(c * sd)
     return point, float(lo), float(hi)
 

@@ -561,3 +561,19 @@ def test_agree_over_a_folder_skips_a_checkpoint_without_weights(tiny_model, tmp_
     assert main(["agree", str(suite), str(folder), "--baseline", str(tiny_model), "--quiet"]) == 0
     out, err = capsys.readouterr()
     assert "b-noweights: not measured here" in err and "a-copy" in out
+
+
+@pytest.mark.parametrize("argv", [["gate", "{p}", "--baseline", "b", "--candidate", "c"], ["cache-key", "{p}"]])
+def test_a_refused_policy_is_answered_before_scipy_is_imported(tmp_path, argv):
+    """A review (r4, session 44): `gate` and `cache-key` imported scipy.stats (2-3 s) through quantize.stats
+    before reading the policy, so even a FIFO's refusal took 3-4 s on a loaded machine. Statistics import scipy
+    when they compute one."""
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "policy.yaml"
+    os.mkfifo(fifo)
+    args = [a.replace("{p}", str(fifo)) for a in argv]
+    code = f"import sys\nfrom quantize.cli import main\nrc = main({args!r})\nprint(rc, 'scipy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.split() == ["2", "False"] and "not a regular file" in out.stderr

@@ -588,7 +588,7 @@ def test_an_own_module_imported_in_a_function_loads_a_slow_library():
 
 def test_a_needless_lazy_import_is_caught():
     light = "def f():\n    from quantize.io import sha256_json\n"
-    heavy = "def f():\n    from quantize.evaluate.lm import PrefixLM\n    from quantize.stats import paired_se\n"
+    heavy = "def f():\n    from quantize.evaluate.lm import PrefixLM\n    from quantize.evaluate.llamacpp import LlamaCppLM\n"
     hidden = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from quantize.io import sha256_json\n"
 
     def planted(module: str, source: str) -> list[str]:
@@ -598,6 +598,6 @@ def test_a_needless_lazy_import_is_caught():
         "quantize.sweep.plan:2 imports quantize.io in a function: it loads no heavy library, so it belongs at the "
         "top of the module"
     ]
-    assert planted("quantize.sweep.plan", heavy) == []  # lm loads torch; stats scipy
+    assert planted("quantize.sweep.plan", heavy) == []  # lm loads torch; llamacpp llama_cpp
     assert planted("quantize.sweep.plan", hidden) == []  # never runs
     assert planted(LAZY_UNCHECKED[0], light) == []  # not checked yet

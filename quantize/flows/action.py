@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from quantize.errors import EXIT_RUNTIME, EXIT_USAGE, RuntimeFailure, UsageError
+from quantize.flows.gate import check_verdict_files, run_gate, save_verdict
 from quantize.gates.render import render_markdown, render_text
 from quantize.records import JUNIT_FILE, VERDICT_FILE
 from quantize.report.card import check_card
@@ -149,8 +150,6 @@ def _failed(env: Mapping[str, str], message: str, code: int, why: str = "") -> i
 
 
 def run(env: Mapping[str, str]) -> int:
-    from quantize.flows.gate import check_verdict_files, run_gate, save_verdict
-
     junit = ("QUANTIZE_JUNIT", Path(_input(env, "QUANTIZE_JUNIT", "junit", JUNIT_FILE)))
     verdict_path = ("QUANTIZE_VERDICT", Path(_input(env, "QUANTIZE_VERDICT", "verdict", VERDICT_FILE)))
     policy = _input(env, "QUANTIZE_POLICY", "policy")

@@ -12,6 +12,7 @@ from quantize import progress
 from quantize.checkpoint.files import check_loadable, check_model_dir, checkpoint_folders, identity_sha256
 from quantize.errors import UsageError
 from quantize.evaluate import cache
+from quantize.evaluate.agreement import agreement_scores
 from quantize.evaluate.engine import gguf_to_score
 from quantize.evaluate.score import runtime
 from quantize.evaluate.suite import OpenSuite, open_suite
@@ -86,7 +87,6 @@ def agree_many(
 ) -> Agreement:
     """Every candidate measured against the baseline; `before_store` is called before anything measured is cached
     (api.agreement: the identities' Hub blob names checked)."""
-    from quantize.evaluate.agreement import agreement_scores
     from quantize.evaluate.tokens import check_same_tokens
 
     suite = open_suite(suite_path)

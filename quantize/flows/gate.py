@@ -16,11 +16,23 @@ from quantize.checkpoint.files import BlobCheck, architecture, check_loadable, c
 from quantize.checkpoint.loader import LastModel, same_vocabulary
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
+from quantize.evaluate.agreement import StagedAgreement, agreement_scores, baseline_topk_cached, measure_agreement
 from quantize.evaluate.engine import gguf_to_score
 from quantize.evaluate.samples import find_run, looks_like_samples, read_samples, run_identity, suite_items
 from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
 from quantize.evaluate.suite import OpenSuite, load_suite, open_suite
-from quantize.gates.gate import check_rules, comparable_settings, decide, other_tokens_note, tokens_note
+from quantize.gates import sequential as sq
+from quantize.gates.gate import (
+    check_rules,
+    comparable_settings,
+    decide,
+    other_tokens_note,
+    prompts_note,
+    same_prompts,
+    side,
+    tokens_note,
+    verdict_of,
+)
 from quantize.gates.policy import AccuracyRule, AgreementRule, Policy, load_policy
 from quantize.gates.render import is_gate_junit, render_junit
 from quantize.golden.manifest import item_id
@@ -267,8 +279,6 @@ def check_verdict_files(
 def score_baseline(policy_path: str | Path, baseline: Path) -> bool:
     """A baseline's full scores on the policy's suite, and its top-k where the policy has agreement rules, into the
     cache (what every later gate against it reads). Returns whether its scores were there already."""
-    from quantize.evaluate.agreement import baseline_topk_cached
-
     policy, suite = open_policy(policy_path)
     models = LastModel(False)
     names = BlobCheck([baseline])  # a Hub blob whose name lies: nothing cached under the identity it borrowed
@@ -363,8 +373,6 @@ def _gate(
         and not all(isinstance(r, AgreementRule) for r in policy.rules)
     )
     if needs_agreement:  # before the candidate loads; in stages StagedAgreement then finds it in the cache
-        from quantize.evaluate.agreement import baseline_topk_cached
-
         with progress.stage(f"gate: baseline top-k ({base_path.name})") as st:
             baseline_topk_cached(
                 suite, base_path, base.provenance.checkpoint.identity_sha256, models, before_store=names.wait
@@ -483,8 +491,6 @@ def candidate_agreement(
 ) -> records.AgreementResult:
     """The candidate's agreement with the baseline, through the gate's one loader: measured here, or with
     `from_cache` read from the cache where it is there (and cached, after `before_store`: the blob check)."""
-    from quantize.evaluate.agreement import agreement_scores, measure_agreement
-
     (base_path, cand_path), base_id = paths, base.provenance.checkpoint.identity_sha256
     if not from_cache:
         return measure_agreement(suite, base_path, cand_path, (base_id, cand_id), models)
@@ -506,10 +512,7 @@ def run_sequential(
     look by look, at no cost; its agreement is always measured here, in stages (quantize/evaluate/agreement.py
     `StagedAgreement`). `flags`: (whether agreement rules need it, `from_cache`, whether the two sides' engines may
     differ: gate.check_provenance's `across_engines`)."""
-    from quantize.gates import sequential as sq
-
     needs_agreement, from_cache, across_engines = flags
-    from quantize.gates.gate import prompts_note, same_prompts, side, verdict_of
 
     assert policy.sequential is not None
     tasks = sq.rule_tasks(policy)
@@ -517,8 +520,6 @@ def run_sequential(
     staged = Staged(suite, cand_path, {t: [i.id for i in base.tasks[t].items] for t in tasks}, models, from_cache)
     agreement = None
     if needs_agreement:
-        from quantize.evaluate.agreement import StagedAgreement
-
         ids = (base.provenance.checkpoint.identity_sha256, staged.ref.identity_sha256)
         agreement = StagedAgreement(suite, base_path, cand_path, ids, models, policy.sequential.looks)
     looks = len(policy.sequential.looks)

@@ -41,8 +41,10 @@ from quantize.convert.backends.llamacpp import importance_matrix, sixteen_bit
 from quantize.convert.recipe import WEIGHT_ONLY_INT, GGUFRecipe, Scheme
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
+from quantize.evaluate.agreement import LlamaCppScorer, Scorer, baseline_topk, compare, requests
 from quantize.evaluate.engine import llamacpp_engine
 from quantize.evaluate.score import llamacpp_lm
+from quantize.flows.gate import open_policy
 from quantize.io import unwritable_parent, write_text_atomic
 from quantize.quiet import quiet_libraries
 from quantize.records import (
@@ -83,8 +85,6 @@ def preflight(
     spec_path: str, budgets: list[float] | None, policy_path: str | None = None
 ) -> tuple[SearchRecipe, str, Any, Any, Path, Layout, list[float]]:
     """Everything checkable before a model loads."""
-    from quantize.flows.gate import open_policy
-
     spec, sha = load_search(spec_path)
     check(spec.base)  # what its backend runs, as each try's conversion checks it
     if policy_path:
@@ -212,8 +212,6 @@ class Search:
     def split_requests(self) -> None:
         """The suite's agreement items: `measure.per_task` of each task for the sensitivities, the next
         `holdout_per_task` held out for the allocations measured later."""
-        from quantize.evaluate.agreement import requests
-
         m, seen = self.spec.measure, Counter[str]()
         for r in requests(self.suite.golden, self.suite.agreement_tasks, m.per_task + m.holdout_per_task):
             (self.sens_reqs if seen[r.task] < m.per_task else self.held_reqs).append(r)
@@ -284,13 +282,9 @@ class GGUFSearch(Search):
         return search_gguf.try_recipe(self.spec, self.model_dir, alloc, self.lay, self.files.keep, out)
 
     def llama_scorer(self, gguf: Path) -> Any:
-        from quantize.evaluate.agreement import LlamaCppScorer
-
         return LlamaCppScorer(llamacpp_lm(self.suite.suite, gguf, self.models))
 
     def agreement(self, alloc: dict[str, str], reqs: list[Any], base: Any, alone: bool = False) -> dict:
-        from quantize.evaluate.agreement import compare
-
         assert self.files is not None
         written = self.files.write(alloc, alone)
         try:
@@ -362,8 +356,6 @@ def measure_gguf_sensitivity(s: GGUFSearch, quiet: bool) -> None:
     items, in llama.cpp (cached under the source's identity, the settings and llama.cpp's version)."""
     from tqdm import tqdm
 
-    from quantize.evaluate.agreement import baseline_topk
-
     assert s.f16 is not None
     m = s.spec.measure
     s.split_requests()
@@ -394,8 +386,6 @@ def measure_gguf_sensitivity(s: GGUFSearch, quiet: bool) -> None:
 def measure_sensitivity(s: Search, models: Any, quiet: bool) -> None:
     """Each unit quantized alone, mean KL to the baseline on the sensitivity items (cached); the baseline's
     top-k on the held-out items for the allocations measured later."""
-    from quantize.evaluate.agreement import Scorer, baseline_topk
-
     m, suite = s.spec.measure, s.suite
     on = device(suite.suite.device)
     dtype = suite.suite.model_dtype(on)

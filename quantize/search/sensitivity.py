@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantize.compat.compressed_tensors import fake_quantize
 from quantize.convert.recipe import WEIGHT_ONLY_INT, Scheme
+from quantize.evaluate.agreement import compare
 from quantize.search.units import Unit
 
 if TYPE_CHECKING:
@@ -70,8 +71,6 @@ def measure(
     scorer: Any, reqs: list[Any], base_topk: BaselineTopK, model: Any, units: list[Unit], alloc: dict[str, str]
 ) -> dict[str, float]:
     """Mean KL (lower bound) and top-1 agreement of the model with `alloc` applied."""
-    from quantize.evaluate.agreement import compare
-
     with quantized(model, units, alloc):
         r = compare(scorer, reqs, base_topk)
     return {"kl": r["kl_mean"], "kl_se": r["kl_se"], "top1": r["top1"]}

@@ -37,10 +37,12 @@ from quantize.config import MAX_YAML_BYTES, parse_yaml
 from quantize.convert.backends import check
 from quantize.convert.recipe import parse_recipe, resolved_dict
 from quantize.errors import UsageError
+from quantize.flows.gate import check_target
 from quantize.gates.policy import Policy
 from quantize.io import read_user_file, sha256_bytes, write_text_atomic
 from quantize.names import checked, key, shown, unique
 from quantize.records import VERDICT_FILE, Verdict
+from quantize.report.collect import read_saved, saved_mismatch
 from quantize.sweep.spec import SweepSpec
 from quantize.sweep.tasks import TaskSpec, converted, prepare_recipe, source_weights
 
@@ -100,8 +102,6 @@ def _of_checkpoint(i: int, folder: str) -> Candidate:
     c = Candidate(name, folder, None, Path(folder))
     try:
         c.name = checked(name, f"checkpoints[{i}] ({folder}): its folder's name", "rename the folder, or link to it")
-        from quantize.flows.gate import check_target
-
         check_target(c.checkpoint, "a sweep gates checkpoint folders, not score files")
     except UsageError as e:
         c.error = str(e)
@@ -337,8 +337,6 @@ def write_cells(cands: list[Candidate]) -> None:
 def settle_done(cands: list[Candidate], policy: Policy, suite, baseline: Path) -> None:
     """Mark the candidates whose verdict is already written and valid (module docstring); a gate.json that is not
     is a note on its candidate (why), which is gated again and its file replaced."""
-    from quantize.report.collect import read_saved, saved_mismatch
-
     base_id = identity_sha256(baseline)
     for c in cands:
         if c.error is not None or c.needs_convert or c.checkpoint is None:

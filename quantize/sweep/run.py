@@ -41,6 +41,7 @@ from quantize.config import validate
 from quantize.convert.dtypes import machine_bf16_speedup
 from quantize.cost import bounds
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, UsageError
+from quantize.flows.gate import check_target, open_policy
 from quantize.gates.render import failed_rules
 from quantize.records import (
     AttemptRecord,
@@ -51,6 +52,8 @@ from quantize.records import (
     SweepRecord,
     SweepTaskRecord,
 )
+from quantize.report.collect import collect, report_suite
+from quantize.report.render import write_report
 from quantize.sweep.plan import Candidate, candidates, settle_done, tasks_of, write_cells
 from quantize.sweep.spec import MAX_PARALLEL, SweepSpec, load_sweep
 from quantize.sweep.tasks import TaskSpec, execute
@@ -111,7 +114,6 @@ def plan_sweep(path: str | Path, address: str | None = None, max_parallel: int |
             "raise resources.KIND.num_cpus, or give the tasks a custom resource its nodes offer (resources.KIND."
             "resources)"
         )
-    from quantize.flows.gate import check_target, open_policy
 
     policy, suite = open_policy(spec.policy)
     baseline = resolve_model(spec.model)
@@ -340,8 +342,6 @@ def _record(
 def _report(record: SweepRecord, home: Path, spec: SweepSpec) -> SweepRecord:
     """The report over every candidate that has a checkpoint, with the baseline and the policy's verdicts, as
     `quantize report` draws it; a report that cannot be drawn is a note, not a lost sweep."""
-    from quantize.report.collect import collect, report_suite
-    from quantize.report.render import write_report
 
     folders = [Path(c.checkpoint) for c in record.candidates if c.checkpoint and _written(Path(c.checkpoint))]
     out = home / "report"

@@ -30,6 +30,7 @@ from quantize.convert.engine import complete_output, convert, tidy_leftovers
 from quantize.convert.gguf import source_gguf
 from quantize.convert.recipe import FILE_METHODS, load_recipe
 from quantize.errors import EXIT_OK, EXIT_RUNTIME, RuntimeFailure, UsageError
+from quantize.flows.gate import run_gate, save_verdict, score_baseline, scored_here
 from quantize.gates.render import headline
 from quantize.io import expand_user
 from quantize.quiet import quiet_libraries
@@ -85,7 +86,6 @@ def execute(task: TaskSpec, state: Path, node: str = "local", host: str = "local
         except Exception as e:  # our bug or the environment's: the others go on; the log has the traceback
             traceback.print_exc()
             code, message, record = EXIT_RUNTIME, f"failed: {type(e).__name__}: {str(e)[:500]}", None
-    from quantize.flows.gate import scored_here
 
     return Outcome(
         pid=pid,
@@ -187,8 +187,6 @@ def run_convert(task: TaskSpec) -> tuple[int, str, str | None]:
 def run_baseline(task: TaskSpec) -> tuple[int, str, str | None]:
     """The baseline's full scores (and its top-k where the policy has agreement rules) into the cache, where every
     gate task reads them: scored once for the whole sweep."""
-    from quantize.flows.gate import score_baseline
-
     with quiet_libraries(True):
         cached = score_baseline(task.policy, Path(task.baseline))
     return EXIT_OK, "scores from the cache" if cached else "scored", None
@@ -197,8 +195,6 @@ def run_baseline(task: TaskSpec) -> tuple[int, str, str | None]:
 def gate_candidate(task: TaskSpec) -> Any:
     """`quantize gate POLICY --baseline B --candidate C --junit C/gate.xml --json > C/gate.json`, each file whole;
     returns the Verdict."""
-    from quantize.flows.gate import run_gate, save_verdict
-
     assert task.checkpoint is not None
     cand = Path(task.checkpoint)
     with quiet_libraries(True):
