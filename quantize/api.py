@@ -666,10 +666,14 @@ def cache_key(policy: PathLike) -> CacheKey:
 @_takes(path=PATH)
 def golden_verify(path: PathLike) -> GoldenSet:
     """`quantize golden verify`: every file of a golden version checked against its MANIFEST, and its items
-    (JSON per line, unique ids, answers inside their choices, few-shot pins); a mismatch raises UsageError."""
+    (JSON per line, unique ids, answers inside their choices, few-shot pins), then each task's templates rendered
+    on its first item as lm-eval renders them (golden/templates.py); a mismatch raises UsageError."""
     from quantize.golden.manifest import verify
+    from quantize.golden.templates import check_templates
 
-    return verify(path)
+    golden = verify(path)
+    check_templates(golden)
+    return golden
 
 
 @_takes(suite=PATH, out=PATH, force=BOOL)

@@ -59,6 +59,7 @@ STAGES = (
     "quantize.cli",
 )
 FOUNDATION = (
+    "patterns",
     "errors",
     "config",
     "io",

@@ -158,9 +158,11 @@ def sandboxed_metrics() -> set[str]:
 
 @contextlib.contextmanager
 def templates_refused(where: str) -> Iterator[None]:
-    """A template the sandbox stopped (jinja2's SecurityError, raised from inside lm-eval while it builds a task's
-    requests) as the UsageError it is: the golden set's fault, named, not a failure of ours."""
-    from jinja2.exceptions import SecurityError
+    """A template that fails inside lm-eval while it builds a task's requests (jinja2's TemplateError: the sandbox's
+    SecurityError, a variable the item lacks, a template that does not parse) as the UsageError it is: the golden
+    set's fault, named, not a failure of ours. (golden/templates.check_templates renders each task's templates on
+    its first item before a model loads and names the task and the field; this names the set, for an item after.)"""
+    from jinja2.exceptions import SecurityError, TemplateError
 
     try:
         yield
@@ -168,6 +170,11 @@ def templates_refused(where: str) -> Iterator[None]:
         raise UsageError(
             f"{where}: a task template tried to reach Python ({str(e)[:200]}); a golden set's templates are data "
             "rendered in a sandbox. Fix the task YAML's doc_to_text/doc_to_target/doc_to_choice"
+        ) from None
+    except TemplateError as e:
+        raise UsageError(
+            f"{where}: a task template failed on an item ({type(e).__name__}: {str(e)[:200]}). Fix the task YAML's "
+            "doc_to_text/doc_to_target/doc_to_choice: a field name of the items, or a Jinja template over them"
         ) from None
 
 

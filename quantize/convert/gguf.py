@@ -29,10 +29,7 @@ blocks have no fallback for rows of 576): that is said as llama.cpp says it, exi
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,9 +38,9 @@ from typing import Any
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import check_model_dir
 from quantize.checkpoint.loader import find_gguf
-from quantize.errors import RuntimeFailure, UsageError
+from quantize.errors import UsageError
 from quantize.io import expand_user
-from quantize.machine import python_child
+from quantize.patterns import SlowPattern, searched
 from quantize.records import LayerPlanRecord, LeftAt16
 
 FTYPE_PREFIX = "LLAMA_FTYPE_MOSTLY_"
@@ -131,31 +128,19 @@ def source_gguf(model: str | None) -> Path:
 
 def first_patterns(names: list[str], patterns: list[str]) -> dict[str, str]:
     """Each tensor name a `tensor_types` pattern matches (re.search) -> the first that does, as llama-quantize's
-    --tensor-type takes them. Searched in a child process (`python -m quantize.convert.gguf`) under MATCH_SECONDS: a
+    --tensor-type takes them. Searched in a child process under MATCH_SECONDS (quantize/patterns.searched): a
     pattern with a repetition inside a repetition ((a+)+, (.*)*) backtracks exponentially on a name it does not
     match, and would hang the run here and in llama.cpp's std::regex alike, so it is a UsageError naming it. llama.cpp
     is then handed each matched name as an exact pattern (exact_patterns), never the recipe's."""
-    if not patterns:
-        return {}
-    command, env = python_child(__name__)
-    given = json.dumps({"names": names, "patterns": patterns})
     try:
-        done = subprocess.run(
-            command, input=given, capture_output=True, text=True, timeout=MATCH_SECONDS, check=False, env=env
-        )
-        out = done.stdout
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
-        slow = patterns[len(out.splitlines())]
+        matched = searched(patterns, names, MATCH_SECONDS)
+    except SlowPattern as e:
         raise UsageError(
-            f"tensor_types: pattern {slow!r} took more than {MATCH_SECONDS} s to search the model's {len(names)} "
+            f"tensor_types: pattern {e.pattern!r} took more than {MATCH_SECONDS} s to search the model's {len(names)} "
             "tensor names. A repetition inside a repetition (such as (a+)+ or (.*)*) backtracks exponentially on a "
             "name it does not match, and llama.cpp's regular expressions would take as long for every tensor: "
             "write it without nested repetition (e.g. blk\\.[0-9]+\\.ffn_down); nothing was quantized"
         ) from None
-    matched = [json.loads(line) for line in out.splitlines()]
-    if done.returncode != 0 or len(matched) != len(patterns):
-        raise RuntimeFailure(f"the tensor_types pattern search failed (exit {done.returncode}): {done.stderr[-500:]}")
     first: dict[str, str] = {}
     for pattern, hits in zip(patterns, matched, strict=True):
         for i in hits:
@@ -270,15 +255,3 @@ def left_16bit(h: ggufs.GGUFHeader, type_name: str, asked: dict[str, tuple[str, 
         LeftAt16(why=why, tensors=[t.name for t in group], bytes=sum(t.nbytes for t in group))
         for why, group in groups.items()
     ]
-
-
-def _match(given: dict[str, list[str]]) -> None:
-    """The child of first_patterns: for each pattern in order, one line of the indices of the names it matches."""
-    names = given["names"]
-    for pattern in given["patterns"]:
-        rx = re.compile(pattern)
-        print(json.dumps([i for i, n in enumerate(names) if rx.search(n)]), flush=True)
-
-
-if __name__ == "__main__":
-    _match(json.loads(sys.stdin.read()))

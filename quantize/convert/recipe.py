@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapt
 from quantize.compat.compressed_tensors import PRESET_WEIGHT_GROUP
 from quantize.config import Wording, load_yaml, validate
 from quantize.names import PathPart, PathText, checked
+from quantize.patterns import compile_pattern
 
 
 class Method(str, Enum):
@@ -278,17 +279,13 @@ class _Named(BaseModel):
     output: PathText | None = Field(None, description="output folder; default outputs/<name>")
 
 
-def module_patterns(names: list[str]) -> list[str]:
-    """Module names and `re:<regex>` patterns (compressed-tensors' form), each regex compiled here: `re:(q_proj`
-    was exit 3 from the layer plan, after the recipe was taken (a review)."""
+def module_patterns(names: list[str], field: str) -> list[str]:
+    """Module names and `re:<regex>` patterns (compressed-tensors' form), each regex compiled here (quantize/patterns.py
+    compile_pattern, naming `field`): `re:(q_proj` was exit 3 from the layer plan, after the recipe was taken, and
+    `re:a{99999999999}` (OverflowError) still was (reviews)."""
     for name in names:
         if name.startswith("re:"):
-            try:
-                re.compile(name[3:])
-            except re.error as e:
-                raise ValueError(
-                    f"{name!r} is not a regular expression ({e}); write it as Python's re module reads it"
-                ) from None
+            compile_pattern(name[3:], field, name)
     return names
 
 
@@ -330,12 +327,12 @@ class _Recipe(_Named):
     def _targets(cls, t: list[str]) -> list[str]:
         if not t:
             raise ValueError("targets is empty, so nothing would be quantized; use [Linear]")
-        return module_patterns(t)
+        return module_patterns(t, "targets")
 
     @field_validator("ignore")
     @classmethod
     def _ignore(cls, t: list[str]) -> list[str]:
-        return module_patterns(t)
+        return module_patterns(t, "ignore")
 
     @property
     def scheme_or_none(self) -> Scheme | None:
@@ -440,7 +437,7 @@ class LayerOverride(BaseModel):
     @field_validator("targets")
     @classmethod
     def _targets(cls, t: list[str]) -> list[str]:
-        return module_patterns(t)
+        return module_patterns(t, "targets")
 
 
 class GroupedRecipe(_Quantized):
@@ -628,10 +625,7 @@ class GGUFRecipe(_Named):
         for pattern, kind in v.items():
             if not isinstance(pattern, str) or not 0 < len(pattern) <= MAX_PATTERN:
                 raise ValueError(f"pattern {str(pattern)[:80]!r} must be text of 1 to {MAX_PATTERN} characters")
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"pattern {pattern!r} is not a regular expression ({e})") from None
+            compile_pattern(pattern, "tensor_types")
             if re.search(r"\(\?[^:=!]", pattern):
                 raise ValueError(
                     f"pattern {pattern!r} uses a group syntax llama.cpp's regular expressions (ECMAScript) do not "

@@ -34,12 +34,13 @@ from quantize.checkpoint.loader import LastModel
 from quantize.checkpoint.loader import device as pick_device
 from quantize.checkpoint.rounding import stored_rounds_activations
 from quantize.compat import lm_eval as lm_eval_compat
-from quantize.errors import RuntimeFailure
+from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
 from quantize.evaluate.engine import Recorded, ScoredTokens, gguf_to_score, llamacpp_settings
 from quantize.evaluate.suite import Backend, OpenSuite, Suite
+from quantize.golden.manifest import GoldenSet, lm_eval_tasks
 from quantize.golden.manifest import item_id as golden_item_id
-from quantize.golden.manifest import lm_eval_tasks
+from quantize.golden.templates import check_templates
 from quantize.kinds import KINDS, item_metrics
 from quantize.records import (
     CheckpointRef,
@@ -299,6 +300,17 @@ def evaluate_suite(suite: OpenSuite, model: dict[str, Any], tasks: list[str], **
             )
 
 
+TEMPLATES_CHECKED: set[tuple[str, tuple[str, ...]]] = set()  # (manifest sha256, tasks) checked in this process
+
+
+def templates_checked(golden: GoldenSet, tasks: list[str]) -> None:
+    """golden/templates.check_templates, once per set and tasks in a process (a gate scores a set many times)."""
+    key = (golden.manifest_sha256, tuple(tasks))
+    if key not in TEMPLATES_CHECKED:
+        check_templates(golden, tasks)
+        TEMPLATES_CHECKED.add(key)
+
+
 @reported
 def run_lm_eval(
     suite: OpenSuite, ckpt: Path, ref: CheckpointRef, models: LastModel, samples: dict[str, list[int]] | None = None
@@ -311,6 +323,7 @@ def run_lm_eval(
     device = "cpu" if gguf is not None else pick_device(s.device)
     run = runtime(suite, models.trust_remote_code, ckpt, device)
     t0 = time.perf_counter()
+    templates_checked(golden, tasks)  # a template lm-eval cannot render is exit 2 naming it, before the load
     # loaded before lm-eval runs: a checkpoint that does not load strictly is the user's to fix (exit 2)
     model = lm_eval_model(s, ckpt, device, models)
     # our engines record what they score per item (engine.ScoredTokens); lm-eval's HFLM and vLLM record nothing
@@ -327,6 +340,8 @@ def run_lm_eval(
                 batch_size=s.batch_size,
                 device=device,
             )
+    except UsageError:  # the set's or the checkpoint's (a template, a blob): a ValueError, not lm-eval's failure
+        raise
     except (OSError, ValueError) as e:
         raise RuntimeFailure(f"lm-eval could not score {ckpt}: {e}") from e
     check_identity(ckpt, ref.identity_sha256)  # what loaded and was scored is what the identity names

@@ -10,8 +10,8 @@ One JSON object per line, of one item type (the templates of the kinds registry,
 and optionally "id" (stable; default: <task>-<line>) and "cluster" (items that share one are not
 independent; default: every item its own). The file is checked whole before anything is written:
 the first bad line (not UTF-8, over 64 KiB, not a JSON object, a missing or empty field, a field of
-another item type, an answer not among the choices, a duplicate id) is one message naming the line,
-exit 2, and no folder.
+another item type, an answer not among the choices, a duplicate id, a key written twice in one object) is
+one message naming the line, exit 2, and no folder.
 """
 
 from __future__ import annotations
@@ -30,9 +30,17 @@ from quantize.golden.manifest import Manifest
 from quantize.golden.version import TaskFiles, check_new_version, write_version
 from quantize.io import user_lines
 from quantize.kinds import Template, templates
+from quantize.patterns import SlowPattern, compile_pattern, searched
 
 MAX_LINE = 64 * 1024
 MAX_FILE = 256 * 2**20
+# --regex searched under a time limit (Generation.check_speed): over the first answers and over runs of RUN of
+# one character then a NUL, on which a nested repetition backtracks through 2**RUN splits and a sound regex takes
+# microseconds
+SPEED_SECONDS = 5
+MAX_SPEED_ANSWERS = 1000
+RUN = 48
+RUN_CHARACTERS = "a0 \n."
 
 OPTIONAL = ("id", "cluster")
 
@@ -124,6 +132,25 @@ def _choice_index(a: Any, choices: list[str], where: str) -> int:
     )
 
 
+class _DuplicateKey(Exception):
+    """A key written twice in one JSON object (not a ValueError, which read_items reads as JSON that does not parse)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads's object_pairs_hook: an object, unless a key is written twice in it (json keeps the last, as
+    PyYAML would, and the project's YAML loader refuses that too)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def read_items(path: Path, kind: str, task: str) -> tuple[list[dict[str, Any]], str]:
     """Every line of the file as a checked item, with ids and clusters filled in, and the sha256 of the bytes read
     (one pass: the file hashed is the file checked). The file is read the one safe way (quantize/io.py: a regular
@@ -136,7 +163,12 @@ def read_items(path: Path, kind: str, task: str) -> tuple[list[dict[str, Any]], 
             if not line.strip():
                 raise UsageError(f"{where} is empty; remove it (one JSON object per line)")
             try:
-                obj = json.loads(line)
+                obj = json.loads(line, object_pairs_hook=_unique_keys)
+            except _DuplicateKey as e:
+                raise UsageError(
+                    f"{where} writes the key {json.dumps(e.key)[:80]} twice in one object, and only the last would "
+                    "count; keep one"
+                ) from None
             except (ValueError, RecursionError) as e:
                 raise UsageError(f"{where} is not valid JSON ({str(e)[:120]}); one JSON object per line") from None
             item = check_item(kind, obj, where)
@@ -171,18 +203,30 @@ class Generation:
         if not template(kind).generation and (self.regex is not None or self.stop):
             generating = [name for name, k in templates().items() if k.template and k.template.generation]
             raise UsageError(f"--regex and --stop apply to --type {' or '.join(generating)} only")
-        if self.regex is not None:
-            try:
-                if re.compile(self.regex).groups > 1:
-                    raise UsageError(
-                        f"--regex {self.regex!r} has several groups; use one group around the answer, or none"
-                    )
-            except re.error as e:
-                raise UsageError(f"--regex {self.regex!r} is not a valid regular expression: {e}") from None
+        if self.regex is not None and compile_pattern(self.regex, "--regex").groups > 1:
+            raise UsageError(f"--regex {self.regex!r} has several groups; use one group around the answer, or none")
         if "" in self.stop:  # an empty stop sequence ends every answer before its first character
             raise UsageError("--stop '': a stop sequence is at least one character (the default stops at a newline)")
         if self.max_gen_toks < 1 or self.max_gen_toks > 4096:
             raise UsageError(f"--max-gen-toks {self.max_gen_toks}: give 1..4096 tokens")
+
+    def check_speed(self, answers: list[str]) -> None:
+        """lm-eval runs `regex` on every generated answer: one that backtracks exponentially (a repetition inside a
+        repetition, (a+)+$) would hang every scoring of the set. It is searched, as a gguf recipe's tensor_types
+        are (quantize/patterns.searched), over the items' answers (the first MAX_SPEED_ANSWERS) and over a run of
+        each of its own characters and a few common ones, under SPEED_SECONDS; one that runs past is refused."""
+        if self.regex is None:
+            return
+        runs = [c * RUN + "\0" for c in sorted(set(self.regex) | set(RUN_CHARACTERS))]
+        try:
+            searched([self.regex], runs + answers[:MAX_SPEED_ANSWERS], SPEED_SECONDS)
+        except SlowPattern:
+            raise UsageError(
+                f"--regex {self.regex!r} took more than {SPEED_SECONDS} s to search a few short texts. A repetition "
+                "inside a repetition (such as (a+)+ or (.*)*) backtracks exponentially on a text it does not match, "
+                "and lm-eval runs the regex on every generated answer: write it without nested repetition (e.g. "
+                "([0-9]+) in place of ([0-9]+)+); nothing was written"
+            ) from None
 
     def argv(self, kind: str) -> list[str]:
         """The flags that rebuild this generation setting (the manifest's builder command)."""
@@ -207,12 +251,14 @@ def new_version(
         raise UsageError(f"{what}: a task name is a letter, then letters, digits, '_' or '-' (at most 64){fix}")
     gen.check(kind)
     items, digest = read_items(Path(source), kind, task)
+    config = shape.config(gen.regex, list(gen.stop) or ["\n"], gen.max_gen_toks)
+    gen.check_speed([str(it[config["doc_to_target"]]) for it in items[:MAX_SPEED_ANSWERS]] if shape.generation else [])
     clustered = "cluster" in items[0]
     tf = TaskFiles(
         name=task,
         output_type=templates()[kind].output_type,
         items=items,
-        config=shape.config(gen.regex, list(gen.stop) or ["\n"], gen.max_gen_toks),
+        config=config,
         id_field="id",
         cluster_field="cluster" if clustered else None,
         source={"file": str(source), "sha256": digest},

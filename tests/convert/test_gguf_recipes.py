@@ -56,6 +56,8 @@ def test_tensor_types_keep_their_order_and_are_checked_as_patterns_and_type_name
     r = parse_recipe({"method": "gguf", "type": "Q4_K_M", "tensor_types": {"ffn_down": "q6_k", r"blk\.[0-3]\.": "F16"}})
     assert list(r.tensor_types.items()) == [("ffn_down", "Q6_K"), (r"blk\.[0-3]\.", "F16")]
     assert "is not a regular expression" in refused(tensor_types={"[": "Q8_0"})
+    assert "the repetition number is too large" in refused(tensor_types={"a{99999999999}": "Q8_0"})
+    assert "groups nested too deeply" in refused(tensor_types={"(" * 600 + "a" + ")" * 600: "Q8_0"})
     assert "do not read alike" in refused(tensor_types={"(?P<n>ffn)": "Q8_0"})
     assert "do not read alike" in refused(tensor_types={"(?i)ffn": "Q8_0"})
     assert "is not a ggml type name" in refused(tensor_types={"ffn": "Q8 0"})

@@ -143,6 +143,10 @@ def test_empty_targets_refused():
     [
         ({"targets": ["re:(q_proj"]}, "'re:(q_proj' is not a regular expression"),
         ({"ignore": ["lm_head", "re:*"]}, "'re:*' is not a regular expression"),
+        # OverflowError and RecursionError from re.compile, not re.error: exit 3 (a review)
+        ({"targets": ["re:a{99999999999}"]}, "targets: 're:a{99999999999}' is not a regular expression"),
+        ({"ignore": ["re:" + "(" * 600 + "a" + ")" * 600]}, "groups nested too deeply"),
+        ({"overrides": [{"targets": ["re:a{4294967296}"], "scheme": "keep"}]}, "the repetition number is too large"),
         (
             {"overrides": [{"targets": ["re:mlp\\.(up"], "scheme": "keep"}]},
             "overrides.0.targets",
@@ -163,6 +167,9 @@ def test_empty_targets_refused():
     ids=[
         "targets-regex",
         "ignore-regex",
+        "targets-regex-overflow",
+        "ignore-regex-recursion",
+        "override-regex-overflow",
         "override-regex",
         "seed-past-torch",
         "verbatim-without-calibration",

@@ -3,6 +3,7 @@ on a copy of golden/answers/v1 edited and its MANIFEST resealed, as anyone who e
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from quantize.compat.lm_eval import sandboxed_metrics
 from quantize.errors import UsageError
 from quantize.golden.manifest import lm_eval_tasks, verify
 
-from conftest import ROOT
+from conftest import ROOT, suite_file
 
 TASK = "tasks/answers_facts.yaml"
 
@@ -178,3 +179,67 @@ def test_a_task_version_of_nan_is_refused(tmp_path, capsys):
     (root / "MANIFEST.json").write_text(json.dumps(m))
     assert main(["golden", "verify", str(root)]) == 2
     assert "task_version" in capsys.readouterr().err
+
+
+BAD_TEMPLATES = {
+    "{{ cycler.__init__.__globals__ }}": "tried to reach Python",
+    "{{ nope }}": "names what the item does not hold ('nope' is undefined",
+    "{{ answer ": "is not a Jinja template that parses",
+}
+
+
+@pytest.mark.parametrize("template", list(BAD_TEMPLATES))
+def test_a_template_lm_eval_cannot_render_is_exit_2_in_verify_naming_the_field(tmp_path, capsys, template):
+    """A doc_to_target that reaches Python, names a variable the items lack or does not parse verified (the hashes
+    hold), then ended scoring in exit 3 after the model loaded (a review's repro). `golden verify` renders each
+    template on the task's first item as lm-eval does: exit 2 naming the set, the task and the field."""
+    root = edited(tmp_path, lambda c: c.update(doc_to_target=template))
+    verify(root)  # the files are what the manifest says
+    assert main(["golden", "verify", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"golden set {root}: task answers_facts's doc_to_target" in err
+    assert BAD_TEMPLATES[template] in err
+
+
+def test_scoring_refuses_a_template_lm_eval_cannot_render_before_the_model_loads(tmp_path, monkeypatch, tiny_model):
+    """Scoring a set whose template fails is exit 2 naming it, and the checkpoint is never loaded: it was exit 3
+    ("lm-eval could not score"), the UsageError rewrapped after the load."""
+    from quantize.checkpoint.loader import LastModel
+    from quantize.evaluate import score
+    from quantize.evaluate.suite import open_suite
+    from quantize.records import CheckpointRef
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "qcache"))
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(score, "lm_eval_model", loaded)
+    for i, template in enumerate(BAD_TEMPLATES):
+        root = edited(tmp_path / str(i), lambda c, t=template: c.update(doc_to_target=t))
+        suite = open_suite(suite_file(tmp_path / f"suite{i}.yaml", root))
+        ref = CheckpointRef(path=str(tiny_model), weights_sha256="0" * 64, identity_sha256="0" * 64)
+        with pytest.raises(
+            UsageError, match=f"task answers_facts's doc_to_target .*{re.escape(BAD_TEMPLATES[template])}"
+        ):
+            score.run_lm_eval(suite, tiny_model, ref, LastModel(False))
+
+
+def test_a_template_that_fails_on_a_later_item_is_exit_2_naming_the_set(tmp_path):
+    """A template that renders on the first item but not on another fails inside lm-eval: a UsageError naming the
+    set (jinja2's UndefinedError was exit 3)."""
+    from jinja2 import Environment, StrictUndefined
+
+    from quantize.compat.lm_eval import templates_refused
+
+    template = Environment(undefined=StrictUndefined).from_string("{{ nope }}")
+    failed = "golden set X: a task template failed on an item \\(UndefinedError"
+    with pytest.raises(UsageError, match=failed), templates_refused("golden set X"):
+        template.render()
+
+
+def test_the_shipped_sets_templates_render(tmp_path):
+    from quantize.golden.templates import check_templates
+
+    for root in sorted((ROOT / "golden").glob("*/v*")):
+        check_templates(verify(root))

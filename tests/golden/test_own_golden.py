@@ -293,6 +293,11 @@ BAD = [
         '{"question": "q", "choices": ["a", "b"], "answer": 0, "id": "x\\u00a0"}\n',
         "already used on line 1",
     ),
+    (  # json.loads keeps the last of a key written twice, silently (a review); the YAML loader refuses it too
+        "a key twice",
+        '{"question": "q", "question": "r", "choices": ["a", "b"], "answer": 0}\n',
+        'line 1 writes the key "question" twice in one object',
+    ),
 ]
 
 
@@ -307,12 +312,27 @@ def test_golden_new_refuses_bad_input_with_one_message_and_writes_nothing(tmp_pa
     assert not out.exists() and not (tmp_path / "faq").exists()
 
 
-def test_golden_new_refuses_a_bad_regex_and_options_of_another_type(tmp_path, capsys):
+def test_golden_new_refuses_a_bad_regex_and_options_of_another_type(tmp_path, capsys, monkeypatch):
+    import quantize
+    from quantize.golden import new
+
     src = tmp_path / "items.jsonl"
     src.write_text(_jsonl(GOOD["generate"]))
     out = tmp_path / "g" / "v1"
-    assert main(["golden", "new", str(out), "--from", str(src), "--type", "generate", "--regex", "(a"]) == 2
-    assert "not a valid regular expression" in capsys.readouterr().err
+    # re.compile raises OverflowError for a count over its limit and RecursionError for deep nesting: exit 3 before
+    nested = "(" * 600 + "a" + ")" * 600
+    for regex, says in (("(a", "missing )"), ("a{99999999999}", "too large"), (nested, "nested too deeply")):
+        assert main(["golden", "new", str(out), "--from", str(src), "--type", "generate", "--regex", regex]) == 2
+        err = capsys.readouterr().err
+        assert f"--regex: {regex[:40]!r}"[:-1] in err and "is not a regular expression" in err
+        assert says in err and "Traceback" not in err
+        with pytest.raises(UsageError, match="is not a regular expression"):
+            quantize.golden_new(out, src, "generate", regex=regex)
+    # a nested repetition backtracks exponentially on the generated answers lm-eval runs it on: refused, as a gguf
+    # recipe's tensor_types are (quantize/patterns.searched)
+    monkeypatch.setattr(new, "SPEED_SECONDS", 1)
+    assert main(["golden", "new", str(out), "--from", str(src), "--type", "generate", "--regex", "(a+)+$"]) == 2
+    assert "'(a+)+$' took more than 1 s" in capsys.readouterr().err
     assert main(["golden", "new", str(out), "--from", str(src), "--type", "greedy", "--regex", "(a)"]) == 2
     assert "apply to --type generate only" in capsys.readouterr().err
     # an empty stop sequence ends every answer before it starts (it was written as `until: ['']`)
