@@ -589,7 +589,10 @@ def test_an_own_module_imported_in_a_function_loads_a_slow_library():
 
 def test_a_needless_lazy_import_is_caught():
     light = "def f():\n    from quantize.io import sha256_json\n"
-    heavy = "def f():\n    from quantize.evaluate.lm import PrefixLM\n    from quantize.evaluate.llamacpp import LlamaCppLM\n"
+    heavy = (
+        "def f():\n    from quantize.evaluate.lm import PrefixLM\n"
+        "    from quantize.evaluate.llamacpp import LlamaCppLM\n"
+    )
     hidden = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from quantize.io import sha256_json\n"
 
     def planted(module: str, source: str) -> list[str]:
