@@ -44,6 +44,16 @@ def z(p: float) -> float:
     return float(_sps().norm.ppf(p))
 
 
+def phi(x: float) -> float:
+    """Standard normal distribution function Φ(x)."""
+    return float(_sps().norm.cdf(x))
+
+
+def phi_upper(x: float) -> float:
+    """Standard normal upper tail 1 − Φ(x), computed without the cancellation of subtracting Φ(x) from 1."""
+    return float(_sps().norm.sf(x))
+
+
 def paired_se(d: Sequence[float]) -> float:
     n = len(d)
     if n < 2:

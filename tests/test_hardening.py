@@ -509,7 +509,9 @@ def _agree_setup(tiny_model: Path, tmp_path: Path, monkeypatch) -> tuple[Path, P
         assert candidate != other, "the other vocabulary was measured"
         return real(suite, baseline, candidate, *a, **k)
 
-    monkeypatch.setattr(agreement, "agreement_scores", measured)
+    import quantize.flows.agree as flows_agree
+
+    monkeypatch.setattr(flows_agree, "agreement_scores", measured)  # agree's own name for it
     return suite, other
 
 

@@ -291,7 +291,7 @@ class Look:
     @property
     def level(self) -> float:
         """The nominal one-sided level of the bound, 1 − Φ(c_k) (the bootstrap's quantile)."""
-        return float(stats.sps.norm.sf(self.bound))
+        return stats.phi_upper(self.bound)
 
 
 def _paired(base: ScoreDoc, cand: ScoreDoc, task: str, sample: bool = False) -> tuple[list[Any], list[Any]]:
@@ -505,9 +505,9 @@ def agreement_rule(
     verdict = limit_outcome(lo, hi, at_most=rule.max, at_least=rule.min)
     if rule.agreement is AgreementMetric.kl:
         # p-value of H0 "within the limit" (value <= max) against H1 "beyond it"
-        p_reg = float(stats.sps.norm.cdf((rule.max - value) / se)) if se > 0 else float(value <= rule.max)
+        p_reg = stats.phi((rule.max - value) / se) if se > 0 else float(value <= rule.max)
     else:
-        p_reg = float(stats.sps.norm.cdf((value - rule.min) / se)) if se > 0 else float(value >= rule.min)
+        p_reg = stats.phi((value - rule.min) / se) if se > 0 else float(value >= rule.min)
     ev = AgreementEvidence(
         value=value,
         se_clustered=se,

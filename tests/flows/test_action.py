@@ -22,7 +22,6 @@ from quantize.cli import main as cli
 from quantize.errors import UsageError
 from quantize.evaluate import cache
 from quantize.flows import action
-from quantize.flows import gate as flows_gate
 from quantize.flows.gate import open_policy
 from quantize.golden.build import Sizes
 from quantize.io import sha256_file
@@ -121,12 +120,12 @@ def test_the_junit_and_verdict_paths_replace_only_the_gates_own_files(golden, ti
     cand = tmp_path / "cand"
     shutil.copytree(tiny_model, cand)
     before = {p: p.read_bytes() for p in (policy, cand / "model.safetensors")}
-    real_gate = flows_gate.run_gate
+    real_gate = action.run_gate
 
     def no_gate(*_a: Any, **_k: Any) -> Verdict:
         raise AssertionError("the gate ran before its output paths were checked")
 
-    monkeypatch.setattr(flows_gate, "run_gate", no_gate)
+    monkeypatch.setattr(action, "run_gate", no_gate)
     for change, said in [
         ({"QUANTIZE_VERDICT": str(policy)}, "QUANTIZE_VERDICT"),
         ({"QUANTIZE_JUNIT": str(cand / "model.safetensors")}, "is not a JUnit file the gate wrote"),
@@ -137,7 +136,7 @@ def test_the_junit_and_verdict_paths_replace_only_the_gates_own_files(golden, ti
         assert action.main(env) == 2
         assert md_text(said) in (tmp_path / "summary.md").read_text(), change
     assert {p: p.read_bytes() for p in before} == before and not (cand / "gate.xml").exists()
-    monkeypatch.setattr(flows_gate, "run_gate", real_gate)
+    monkeypatch.setattr(action, "run_gate", real_gate)
     env = _env(tmp_path, policy, str(tiny_model), str(cand))
     assert action.main(env) == 0
     first = {p: p.read_bytes() for p in (tmp_path / "gate.xml", tmp_path / "gate.json")}
@@ -160,7 +159,7 @@ def test_a_trailing_newline_is_dropped_from_every_input(golden, tiny_model, tmp_
         ran.append(args)
         raise UsageError("stopped by the test")
 
-    monkeypatch.setattr(flows_gate, "run_gate", gate)
+    monkeypatch.setattr(action, "run_gate", gate)
     assert action.main(env) == 2 and "stopped by the test" in (tmp_path / "summary.md").read_text()
     assert ran == [(str(policy), tiny_model, hub)]
 
@@ -176,7 +175,7 @@ def test_a_trailing_newline_is_dropped_from_every_input(golden, tiny_model, tmp_
     ],
 )
 def test_a_control_character_in_an_input_is_exit_2_naming_it(golden, tiny_model, tmp_path, monkeypatch, change, names):
-    monkeypatch.setattr(flows_gate, "run_gate", _no_gate)
+    monkeypatch.setattr(action, "run_gate", _no_gate)
     env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), str(tiny_model)) | change
     assert action.main(env) == 2
     summary = (tmp_path / "summary.md").read_text()
@@ -199,7 +198,7 @@ def test_a_linked_card_is_refused_before_the_gate_runs(golden, tiny_model, tmp_p
     shutil.copytree(tiny_model, cand)
     (tmp_path / "environ").write_text("HF_TOKEN=hf_canary_of_the_action_test\n")
     (cand / "README.md").symlink_to(tmp_path / "environ")
-    monkeypatch.setattr(flows_gate, "run_gate", _no_gate)
+    monkeypatch.setattr(action, "run_gate", _no_gate)
     env = _env(tmp_path, _policy(golden, "lenient", 0.5), str(tiny_model), str(cand), QUANTIZE_CARD="true")
     assert action.main(env) == 2
     summary = (tmp_path / "summary.md").read_text()
@@ -224,7 +223,7 @@ def test_the_verdict_reaches_the_summary_when_the_card_then_fails(golden, tiny_m
         (cand / "README.md").symlink_to(tmp_path / "environ")
         return v
 
-    monkeypatch.setattr(flows_gate, "run_gate", gate_then_swap)
+    monkeypatch.setattr(action, "run_gate", gate_then_swap)
     capsys.readouterr()
     assert action.main(env | {"QUANTIZE_CARD": "true"}) == 2
     summary = (tmp_path / "summary.md").read_text()
