@@ -557,9 +557,12 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
     command line does). `project_share` needs `project_params`; the workload is checked before anything is read.
     config.json is read as transformers' config class for its model_type completes it (the layer types and defaults
     the class derives; imports transformers, never remote code or the hub): a model_type the library does not know
-    is read as written, a value the class refuses is a UsageError naming it."""
+    is read as written, a value the class refuses is a UsageError naming it. A safetensors checkpoint's tensors are
+    then held to the model config.json describes, built on the meta device, as `run` and `eval` hold them
+    (checkpoint/loader.check_against_meta, a quantized one's float tensors too): a stored shape config.json does not
+    imply is a UsageError naming the tensor, before any figure."""
     from quantize.checkpoint import ggufs
-    from quantize.checkpoint.loader import completed_config, gguf_config
+    from quantize.checkpoint.loader import check_priced_checkpoint, completed_config, gguf_config
     from quantize.cost import bounds
 
     work = workload or bounds.Workload()
@@ -593,6 +596,7 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
         kv_bytes=kv_bytes,
         gguf_config=config,
         complete=completed_config,  # config.json as its transformers config class completes it
+        check=check_priced_checkpoint,  # the stored shapes against the model it describes, as run and eval check them
     )
     return _with_sweeps(result, work) if sweeps else result
 

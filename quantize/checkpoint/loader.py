@@ -35,7 +35,7 @@ from quantize.checkpoint.files import (
     tokenizer_files,
     weights_sha256,
 )
-from quantize.checkpoint.headers import all_tensors
+from quantize.checkpoint.headers import FLOATS, all_tensors
 from quantize.compat import transformers as transformers_compat
 from quantize.errors import UsageError
 from quantize.io import atomic_dir, expand_user, sha256_bytes, sha256_file
@@ -264,25 +264,52 @@ def check_against_meta(path: Path, trust_remote_code: bool) -> None:
     """Before any weight is allocated: the model config.json describes, built on the meta device (shapes, no
     memory), against the safetensors headers, tensor by tensor: a shape that differs, or integers stored where the
     model holds floating-point weights (a cast would invent values), is refused naming the tensor, the shape in
-    the file and the one the config implies. Quantized checkpoints store other names and dtypes by design (the
-    quantizer maps them); their layer count and embedding are checked in check_model_dir."""
-    if is_quantized(path):
-        return
-    expected = meta_model(path, trust_remote_code).state_dict()
+    the file and the one the config implies. A tensor is matched under the name the model holds it by and the name
+    save_pretrained writes it under (compat/transformers.saved_names: Nemotron-H's `backbone.` for `model.`). A
+    quantized checkpoint stores other names and dtypes by design (the quantizer maps them): of its tensors, those
+    stored under a name the model holds, in a float dtype of 8 bits or more (an FP8 weight keeps its name and
+    shape; the norms, biases, embeddings, convolutions and A_log a format leaves in 16 bits, which carry the head
+    counts), are compared by shape; integers (a packed int4 `weight_packed`, an int8 `weight`) and sub-byte floats
+    are not. Its layer count and embedding are checked in check_model_dir."""
+    quantized = is_quantized(path)
+    expected = stored_shapes(meta_model(path, trust_remote_code))
     tensors, _ = all_tensors(safetensors_files(path))
     for name, t in sorted(tensors.items()):
         if (want := expected.get(name)) is None:
             continue  # an unexpected tensor: the strict load names it (check_loading_info)
+        floating = t.dtype in FLOATS or t.dtype.startswith("F8_")
+        if quantized and not floating:
+            continue  # the quantizer's own layout
         if t.shape != list(want.shape):
             raise UsageError(
                 f"{path}: tensor {name} has shape {t.shape} in {t.file}, and config.json implies {list(want.shape)}; "
-                "fix config.json, or the weights that go with it"
+                "fix config.json (a field its transformers config class spells otherwise is not read, and the class's "
+                "default stands in), or the weights that go with it"
             )
         if want.dtype.is_floating_point and not t.dtype.startswith(("F", "BF")):
             raise UsageError(
                 f"{path}: tensor {name} is stored as {t.dtype} (integers) where the model holds floating-point "
                 "weights; quantize does not cast it (that would invent values): re-save the checkpoint in a float dtype"
             )
+
+
+def stored_shapes(model: Any) -> dict[str, Any]:
+    """The meta-device `model`'s tensors (shape and dtype), each under the name the model holds it by and under the
+    name save_pretrained writes it under (compat/transformers.saved_names), where the two differ; a model's own
+    name wins."""
+    held = model.state_dict()
+    saved = transformers_compat.saved_names(model, list(held))
+    return {**{saved[n]: t for n, t in held.items()}, **held}
+
+
+def check_priced_checkpoint(path: Path) -> None:
+    """`quantize cost --checkpoint`'s check of a safetensors checkpoint against its config.json: check_against_meta,
+    as run and eval check it (never remote code), where transformers has a causal-LM class for config.json's
+    model_type; the cost reads another's config.json as written (completed_config), with nothing to compare."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if read_config(path, required=False).get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        check_against_meta(path, trust_remote_code=False)
 
 
 # the memory accelerate may give the offloaded model's weights on the CPU: next to nothing, so every decoder

@@ -952,13 +952,16 @@ def measured_checkpoint(
     kv_bytes: float | None = None,
     gguf_config: dict | None = None,
     complete: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    check: Callable[[Path], None] | None = None,
 ) -> tuple[BitsReport, KVLayout | KVCache, tuple[RoutedExperts, ...]]:
     """A checkpoint's bits, KV cache and routed experts: a GGUF's from its header alone (gguf_kv_cache, with
     `gguf_config` where its cache needs it), any other's from its safetensors headers and config.json, read as
     `complete` returns it (the API passes checkpoint/loader.completed_config: config.json with the fields its
-    transformers config class derives or defaults; cost itself imports no transformers), else as written. `kv`
-    replaces the KV cache they describe (the CLI's --layers/--kv-heads/--head-dim beside --checkpoint); `kv_bytes`
-    prices theirs at that many bytes a KV element."""
+    transformers config class derives or defaults; cost itself imports no transformers), else as written; `check`
+    (the API passes checkpoint/loader.check_priced_checkpoint) then holds the stored tensors' shapes to the model
+    that config.json describes, before anything is priced (after config.json's own refusals). `kv` replaces the KV
+    cache they describe (the CLI's --layers/--kv-heads/--head-dim beside --checkpoint); `kv_bytes` prices theirs at
+    that many bytes a KV element."""
     if (f := ggufs.find(Path(checkpoint))) is not None:
         h = ggufs.check_model(ggufs.read_header(f))
         report = gguf_report(Path(checkpoint), h)
@@ -982,7 +985,10 @@ def measured_checkpoint(
     if complete is not None:
         cfg = complete(cfg)
     cache = kv or kv_layout_from_config(cfg, kv_bytes)
-    return report, cache, routed_experts(cfg, report.expert_layers, str(checkpoint))
+    routed = routed_experts(cfg, report.expert_layers, str(checkpoint))
+    if check is not None:  # after config.json's own refusals, before a figure
+        check(Path(checkpoint))
+    return report, cache, routed
 
 
 def checkpoint_decode_figures(checkpoint: Any, report: BitsReport) -> tuple[int, int | None, NotRead | None]:
@@ -1134,15 +1140,16 @@ def checkpoint_cost(  # noqa: PLR0913 (one keyword per input `quantize cost --ch
     kv_bytes: float | None = None,
     gguf_config: dict[str, Any] | None = None,
     complete: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    check: Callable[[Path], None] | None = None,
 ) -> TokenCost:
     """Bounds from a measured checkpoint's bytes (safetensors or GGUF); optionally a labelled projection onto a
     larger model. `kv` replaces the checkpoint's KV cache; `kv_bytes` prices its own at that element size;
     `gguf_config`: the config transformers builds from a GGUF's header (checkpoint/loader.gguf_config), for a cache
     its family's code lays out (a sliding window, a recurrent state);
-    `complete`: config.json as read for the cost (measured_checkpoint)."""
+    `complete`: config.json as read for the cost; `check`: the stored shapes held to it (measured_checkpoint)."""
     if kv_bytes is not None:
         check_kv_bytes(kv_bytes, "kv_bytes")
-    report, kv, routed = measured_checkpoint(checkpoint, kv, kv_bytes, gguf_config, complete)
+    report, kv, routed = measured_checkpoint(checkpoint, kv, kv_bytes, gguf_config, complete, check)
     nbytes, params, left = checkpoint_decode_figures(checkpoint, report)
     if not params:  # measured_checkpoint refused a checkpoint whose parameters it cannot count: all are MTP layers'
         raise UsageError(

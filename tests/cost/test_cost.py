@@ -505,7 +505,8 @@ def _embedded(folder, vocab: int, head: bool):
         t["lm_head.weight"] = torch.zeros(vocab, 64, dtype=torch.bfloat16)
     save_file(t, str(folder / "model.safetensors"))
     cfg = {"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}
-    (folder / "config.json").write_text(json.dumps(cfg | {"hidden_size": 64, "tie_word_embeddings": not head}))
+    cfg |= {"hidden_size": 64, "vocab_size": vocab, "tie_word_embeddings": not head}  # shapes the weights hold
+    (folder / "config.json").write_text(json.dumps(cfg))
     return folder
 
 
