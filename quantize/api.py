@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from quantize.errors import KeywordError, QuantizeWarning, RuntimeFailure, UsageError, path_error
+from quantize.names import path_problem
 
 if TYPE_CHECKING:
     from quantize.checkpoint.accounting import BitsReport
@@ -154,6 +155,13 @@ def _between(lo: float, hi: float, says: str) -> Takes:
 
 
 PATH = Takes("a path (a non-empty str or an os.PathLike)", _is_path)
+# a path written to: the rule an `output:` field follows (names.path_problem), so `--output $'a\nb'` is refused as
+# `output: "a\nb"` is, not converted into a folder whose name holds a newline
+OUTPUT = Takes(
+    "an output path (a non-empty str or an os.PathLike): text UTF-8 can encode (no lone surrogate, which a byte "
+    'that is not UTF-8 becomes) and no control character (a newline, a tab, NUL); docs/reliability.md, "Names"',
+    lambda v: _is_path(v) and path_problem(os.fspath(v)) is None,
+)
 PATHS = Takes(
     "a list of paths (a str or an os.PathLike each), at least one; put a single path in a list",
     lambda v: _is_list(v, _is_path) and len(v) > 0,
@@ -234,7 +242,7 @@ class Converted:
     record: RunRecord
 
 
-@_takes(recipe=RECIPE, output=PATH.or_none(), force=BOOL, clean=BOOL, max_memory=SIZE, quiet=BOOL)
+@_takes(recipe=RECIPE, output=OUTPUT.or_none(), force=BOOL, clean=BOOL, max_memory=SIZE, quiet=BOOL)
 def run(
     recipe: PathLike | Recipe,
     *,
@@ -417,7 +425,7 @@ def _folders(find: Callable[[list[str]], list[Path]], given: list[str]) -> list[
     policy=PATH,
     baseline=PATH,
     candidate=PATH,
-    junit=PATH.or_none(),
+    junit=OUTPUT.or_none(),
     card=BOOL,
     trust_remote_code=BOOL,
     trust_cached_candidate=BOOL,
@@ -484,7 +492,7 @@ def gate(  # noqa: PLR0913  # one keyword per flag of `quantize gate`
 
 @_takes(
     checkpoints=PATHS,
-    out=PATH,
+    out=OUTPUT,
     baseline=PATH.or_none(),
     policy=PATH.or_none(),
     suite=PATH.or_none(),
@@ -680,7 +688,7 @@ def golden_verify(path: PathLike) -> GoldenSet:
     return golden
 
 
-@_takes(suite=PATH, out=PATH, force=BOOL)
+@_takes(suite=PATH, out=OUTPUT, force=BOOL)
 def golden_export(suite: PathLike, out: PathLike, *, force: bool = False) -> Exported:
     """`quantize golden export`: the suite's golden tasks (its smoke subset, where it takes one) written atomically
     into `out` as a standalone lm-eval task folder, data included, for lm-eval runs against any engine whose samples
@@ -696,7 +704,7 @@ def golden_export(suite: PathLike, out: PathLike, *, force: bool = False) -> Exp
     return export_tasks(opened.golden, Path(out), opened.tasks, ids, (s.seed, s.max_length), force)
 
 
-@_takes(sources=PATH, out=PATH, seed=INT)
+@_takes(sources=PATH, out=OUTPUT, seed=INT)
 def golden_build(sources: PathLike, out: PathLike, *, seed: int = 1234) -> Manifest:
     """`quantize golden build`: the project's core golden set from a folder written by
     golden/core/fetch_sources.sh, into a new version folder `out` (an existing version raises UsageError)."""
@@ -709,7 +717,7 @@ def golden_build(sources: PathLike, out: PathLike, *, seed: int = 1234) -> Manif
     tasks=Takes(
         "a non-empty list of lm-eval task names; put a single one in a list", lambda v: TEXTS.ok(v) and len(v) > 0
     ),
-    out=PATH,
+    out=OUTPUT,
     include_path=PATH.or_none(),
     id_field=TEXT.or_none(),
     cluster_field=TEXT.or_none(),
@@ -812,7 +820,7 @@ def default_model(*, prepare: bool = False, force: bool = False) -> Path:
 
 
 @_takes(
-    out=PATH,
+    out=OUTPUT,
     source=PATH,
     item_type=TEXT,
     task=TEXT.or_none(),

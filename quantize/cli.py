@@ -149,6 +149,11 @@ def _formats(spec: str) -> dict[str, float]:
                 f"--formats expects name=bits pairs like bf16=16,int4_g128=4.15 (a name, and bits per weight "
                 f"above 0); got {part!r}"
             )
+        if name.strip() in out:  # a dict would keep the last: one row of the table silently lost
+            raise UsageError(
+                f"--formats names {name.strip()!r} twice ({name.strip()}={out[name.strip()]:g} and {part.strip()}): "
+                "each format is one row of the table; give each name once"
+            )
         out[name.strip()] = value
     return out
 

@@ -113,19 +113,31 @@ def _part(value: str) -> str:
 PathPart = Annotated[str, AfterValidator(_part)]
 
 
-def _path(value: str) -> str:
-    """A whole path a user writes (an `output:` folder): any parts, but text a file system can hold."""
+def path_problem(value: str) -> str | None:
+    """Why `value` cannot be a whole path a user chooses for an output (a file system may hold it, but it is no
+    path to write to: a newline in a folder's name, or bytes that are not UTF-8, which Python holds as lone
+    surrogates and which fail later, where the path is written into a record), or None when it can: the one rule
+    for an `output:` field (PathText) and for every output flag (api.OUTPUT: `run --output`, `report --out`, the
+    golden commands' outputs, `gate --junit`)."""
     if not value:
-        raise ValueError("an empty path names no folder; give a folder, e.g. outputs")
+        return "is empty: an empty path names no folder; give a folder, e.g. outputs"
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(
-            f"this path holds U+{ord(value[e.start]):04X}, a lone surrogate: it is not a file name"
-        ) from None
+        return (
+            f"holds U+{ord(value[e.start]):04X}, a lone surrogate (a YAML escape like \\ud800, or a byte that is not "
+            "UTF-8 in a command-line argument): it is not a file name"
+        )
     if bad := sorted({c for c in value if unicodedata.category(c) == "Cc"}):
         shown_bad = ", ".join(f"U+{ord(c):04X}" for c in bad[:5])
-        raise ValueError(f"this path holds control characters ({shown_bad}), which no folder name should hold")
+        return f"holds control characters ({shown_bad}), which no folder name should hold"
+    return None
+
+
+def _path(value: str) -> str:
+    """A whole path a user writes (an `output:` folder): any parts, but text a file system can hold."""
+    if (why := path_problem(value)) is not None:
+        raise ValueError(f"this path {why}")
     return value
 
 

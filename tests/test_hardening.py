@@ -13,7 +13,7 @@ import pytest
 
 from quantize.cli import main
 
-from conftest import ROOT
+from conftest import ROOT, make_tiny_llama
 
 
 def run(capsys, *argv: str) -> tuple[int, str]:
@@ -59,6 +59,75 @@ def test_a_suite_with_an_unknown_device(tmp_path, capsys, tiny_model):
     s.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\ndevice: banana\n")
     code, err = run(capsys, "eval", str(s), str(tiny_model))
     assert code == 2 and "device" in err and "banana" in err
+
+
+@pytest.mark.parametrize("command", ["eval", "agree"])
+def test_a_suite_device_this_machine_lacks_is_exit_2_before_any_model_loads(
+    tmp_path, capsys, tiny_model, monkeypatch, command
+):
+    """`device: cuda` on a machine without CUDA (the tests hide any GPU: conftest) was exit 3, "Torch not compiled
+    with CUDA enabled", after the model loaded and lm-eval started (a review): exit 2 naming the field, the value
+    and what to do, and no model loaded."""
+    from quantize.checkpoint.loader import LastModel
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded onto a device this machine lacks")
+
+    monkeypatch.setattr(LastModel, "get", no_load)
+    s = tmp_path / "s.yaml"
+    s.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\nsubset: smoke\ndevice: cuda\n")
+    if command == "eval":
+        code, err = run(capsys, "eval", str(s), str(tiny_model))
+    else:  # the baseline's top-k is computed first: its model is the first to load
+        other = make_tiny_llama(tmp_path / "other", seed=1)
+        code, err = run(capsys, "agree", str(s), str(other), "--baseline", str(tiny_model))
+    assert code == 2, err
+    assert f"suite {s}: `device:` 'cuda' names a device this machine lacks" in err and "`device: cpu`" in err
+
+
+@pytest.mark.parametrize("device", ["cuda:99999999999999999999", "cuda:01", "cuda:-1", "cuda:1000"])
+def test_a_suite_device_index_torch_cannot_hold_is_refused_when_the_suite_is_read(tmp_path, capsys, tiny_model, device):
+    """`cuda:99999999999999999999` passed the suite's check and was exit 3 from torch ("Could not parse device
+    index"); torch holds an index in 8 bits."""
+    s = tmp_path / "s.yaml"
+    s.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\ndevice: '{device}'\n")
+    code, err = run(capsys, "eval", str(s), str(tiny_model))
+    assert code == 2 and "device" in err and device in err and "0 to 999" in err, err
+
+
+def test_an_index_past_the_devices_torch_counts_is_refused(monkeypatch):
+    """The check reads torch's own count (torch.accelerator): here two CUDA devices, as torch would say on such a
+    machine; cuda:1 is one of them, cuda:2 is not, and another kind is not either."""
+    import torch
+
+    from quantize.checkpoint.loader import usable_device
+    from quantize.errors import UsageError
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a: torch.device("cuda"))
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 2)
+    assert usable_device("cuda:1", "suite s.yaml: `device:`") == "cuda:1"
+    assert usable_device("cuda", "suite s.yaml: `device:`") == "cuda"
+    assert usable_device("auto", "suite s.yaml: `device:`") == "cuda"
+    assert usable_device("cpu", "suite s.yaml: `device:`") == "cpu"
+    with pytest.raises(
+        UsageError,
+        match=r"'cuda:2' names a device this machine lacks \(torch finds 2 cuda device\(s\) "
+        r"here, indices 0 to 1\)",
+    ):
+        usable_device("cuda:2", "suite s.yaml: `device:`")
+    with pytest.raises(UsageError, match="finds no xpu device: its accelerator here is cuda"):
+        usable_device("xpu", "suite s.yaml: `device:`")
+
+
+@pytest.mark.parametrize("field", ["tasks: []", "agreement: {tasks: []}"])
+def test_an_empty_task_list_is_refused_not_read_as_every_task(tmp_path, capsys, tiny_model, field):
+    """`tasks: []` scored every task, as leaving it out does, under another cache key (a review)."""
+    s = tmp_path / "s.yaml"
+    s.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\n{field}\n")
+    code, err = run(capsys, "eval", str(s), str(tiny_model))
+    name = "agreement.tasks" if "agreement" in field else "tasks"
+    assert code == 2 and f"an empty list names no task; leave `{name}` out" in err, err
 
 
 def test_a_suites_golden_path_is_resolved_beside_the_suite_not_in_the_current_folder(tmp_path, monkeypatch):
@@ -240,6 +309,55 @@ def test_an_output_name_too_long_for_its_temporary_folders_is_refused_before_con
     code, err = run(capsys, "run", str(recipe(tmp_path, tiny_model, tmp_path / ("o" * 240))))
     assert code == 2 and "its name is 240 bytes" in err and time.perf_counter() - t0 < 2, err
     assert list(tmp_path.glob(".o*")) == []
+
+
+@pytest.mark.parametrize("bad", ["a\nb", "x\udcff"], ids=["newline", "not-utf8"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "RECIPE", "--output", "OUT"],
+        ["report", "CKPT", "--out", "OUT"],
+        ["gate", "POLICY", "--baseline", "CKPT", "--candidate", "CKPT", "--junit", "OUT"],
+        ["golden", "export", "SUITE", "OUT"],
+        ["golden", "new", "OUT", "--from", "ITEMS", "--type", "multiple_choice"],
+        ["golden", "freeze", "--task", "t", "--out", "OUT"],
+        ["golden", "build", "OUT", "--sources", "CKPT"],
+    ],
+    ids=lambda v: " ".join(v[:2]),
+)
+def test_an_output_flag_follows_the_output_fields_rule(tmp_path, capsys, tiny_model, argv, bad):
+    """`run --output $'a\\nb'` converted into a folder whose name held a newline (exit 0), and a byte that is not
+    UTF-8 (a lone surrogate in Python) was exit 3 from the preflight (a review): every output flag is held to the rule
+    of a recipe's `output:` (names.path_problem), exit 2 naming the flag, before anything is read or written."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"golden: {ROOT / 'golden' / 'core' / 'v1'}\nsubset: smoke\n")
+    (tmp_path / "p.yaml").write_text(f"suite: {suite}\nrules:\n  - {{task: core_facts, margin: 0.5}}\n")
+    (tmp_path / "items.jsonl").write_text(
+        "".join(json.dumps({"question": f"q{i}", "choices": ["a", "b"], "answer": i % 2}) + "\n" for i in range(30))
+    )
+    out = tmp_path / "o" / bad
+    given = {
+        "RECIPE": str(recipe(tmp_path, tiny_model, tmp_path / "unused")),
+        "CKPT": str(tiny_model),
+        "POLICY": str(tmp_path / "p.yaml"),
+        "SUITE": str(suite),
+        "ITEMS": str(tmp_path / "items.jsonl"),
+        "OUT": str(out if argv[:2] != ["golden", "new"] and argv[:2] != ["golden", "build"] else out / "set" / "v1"),
+    }
+    t0 = time.perf_counter()
+    code, err = run(capsys, *(given.get(a, a) for a in argv))
+    flag = argv[argv.index("OUT") - 1] if argv[argv.index("OUT") - 1].startswith("--") else None
+    assert code == 2 and (flag or ("PATH" if argv[1] == "build" else "OUT")) + " takes an output path" in err, err
+    assert time.perf_counter() - t0 < 5 and not (tmp_path / "o").exists() and not (tmp_path / "unused").exists()
+
+
+def test_the_api_holds_an_output_keyword_to_the_same_rule(tmp_path, tiny_model):
+    import quantize
+    from quantize.errors import KeywordError
+
+    with pytest.raises(KeywordError, match="`output` takes None or an output path"):
+        quantize.run(recipe(tmp_path, tiny_model, tmp_path / "unused"), output=tmp_path / "a\nb")
+    assert not (tmp_path / "a\nb").exists() and not (tmp_path / "unused").exists()
 
 
 def test_leftovers_of_killed_runs_are_reported_then_cleaned(tmp_path, capsys, tiny_model):

@@ -168,12 +168,39 @@ def resolve_model(model: str | None) -> Path:
 
 def device(requested: str = "auto") -> str:
     """The one place a device is chosen: `requested` unless "auto", else the accelerator torch
-    finds (cuda, xpu, mps, ...), else cpu."""
+    finds (cuda, xpu, mps, ...), else cpu. Not checked against this machine: what keys cached numbers (a
+    suite's device kind), which a machine without that device still reads; a model is loaded only on
+    `usable_device`."""
     if requested != "auto":
         return requested
     import torch
 
     return torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
+
+
+def usable_device(requested: str, field: str) -> str:
+    """device(requested), refused (exit 2) where this machine lacks it, before a model is loaded onto it: a kind
+    other than the accelerator torch finds here, or an index at or past torch's count of its devices (torch's
+    own answers, torch.accelerator). `field`: where the request was written, e.g. "suite s.yaml: `device:`"."""
+    on = device(requested)
+    if on == "cpu":
+        return on
+    import torch
+
+    kind, _, index = on.partition(":")
+    here = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    count = torch.accelerator.device_count() if here is not None and here.type == kind else 0
+    if count and (not index or int(index) < count):
+        return on
+    if count:
+        has = f"torch finds {count} {kind} device(s) here, indices 0 to {count - 1}"
+    else:
+        found = f"its accelerator here is {here.type}" if here is not None else "it finds no accelerator here"
+        has = f"torch {torch.__version__} finds no {kind} device: {found}"
+    raise UsageError(
+        f"{field} {requested!r} names a device this machine lacks ({has}); set `device: cpu` (or `auto`: the "
+        "accelerator torch finds, else cpu), or run on a machine with that device"
+    )
 
 
 def check_loading_info(path: Path, info: dict[str, Any]) -> None:

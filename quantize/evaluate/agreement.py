@@ -31,7 +31,7 @@ from quantize import progress
 from quantize.cache import checked_bytes, claimed, seal
 from quantize.checkpoint import qdq
 from quantize.checkpoint.files import check_identity, identity_sha256
-from quantize.checkpoint.loader import LastModel, device
+from quantize.checkpoint.loader import LastModel, usable_device
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate import cache
@@ -536,7 +536,7 @@ def _scorer(suite: OpenSuite, checkpoint: Path, models: LastModel) -> Scorer | V
     s = suite.suite
     if (gguf := gguf_to_score(checkpoint, s)) is not None:
         return LlamaCppScorer(llamacpp_lm(s, gguf, models))
-    on = device(s.device)
+    on = usable_device(s.device, f"suite {suite.path}: `device:`")
     if s.backend is Backend.vllm:
         return VLLMScorer(vllm_lm(s, checkpoint, on, models), s.agreement.top_k)
     model, tok = models.get(checkpoint, dtype=s.model_dtype(on), on=on)  # as lm-eval scores it

@@ -30,7 +30,7 @@ from quantize.checkpoint.files import (
     loadable_view,
     weights_sha256,
 )
-from quantize.checkpoint.loader import LastModel
+from quantize.checkpoint.loader import LastModel, usable_device
 from quantize.checkpoint.loader import device as pick_device
 from quantize.checkpoint.rounding import stored_rounds_activations
 from quantize.compat import lm_eval as lm_eval_compat
@@ -320,7 +320,7 @@ def run_lm_eval(
     s, golden = suite.suite, suite.golden
     tasks = [t for t in suite.tasks if samples is None or samples.get(t)]
     gguf = gguf_to_score(ckpt, s)
-    device = "cpu" if gguf is not None else pick_device(s.device)
+    device = "cpu" if gguf is not None else usable_device(s.device, f"suite {suite.path}: `device:`")
     run = runtime(suite, models.trust_remote_code, ckpt, device)
     t0 = time.perf_counter()
     templates_checked(golden, tasks)  # a template lm-eval cannot render is exit 2 naming it, before the load

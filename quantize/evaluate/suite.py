@@ -23,6 +23,14 @@ from quantize.io import sha256_json
 DEVICE_KINDS = ("cpu", "cuda", "xpu", "npu", "mps")
 
 
+def named_tasks(tasks: list[str] | None, leave_out: str) -> list[str] | None:
+    """A suite's task list: None (left out) or a non-empty list. An empty list would read as "every task" (the
+    default, which it falls back to) while keying other cached scores than leaving the field out: refused."""
+    if tasks is not None and not tasks:
+        raise ValueError(f"an empty list names no task; {leave_out}, or list the tasks")
+    return tasks
+
+
 def device_kind(device: str) -> str:
     """A device without its index: "cuda:1" -> "cuda"."""
     return device.split(":")[0]
@@ -62,6 +70,11 @@ class Agreement(BaseModel):
     per_task: int = Field(40, ge=1)
     top_k: int = Field(20, ge=1, le=1000)
 
+    @field_validator("tasks")
+    @classmethod
+    def _tasks(cls, tasks: list[str] | None) -> list[str] | None:
+        return named_tasks(tasks, "leave `agreement.tasks` out to measure agreement on the tasks the suite scores")
+
 
 class Suite(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -87,11 +100,22 @@ class Suite(BaseModel):
     llamacpp: LlamaCppSettings | None = Field(None, description="a GGUF's engine settings; default: the section's own")
     agreement: Agreement = Field(default_factory=Agreement)
 
+    @field_validator("tasks")
+    @classmethod
+    def _tasks(cls, tasks: list[str] | None) -> list[str] | None:
+        return named_tasks(tasks, "leave `tasks` out to score every task of the golden set")
+
     @field_validator("device")
     @classmethod
     def _device(cls, d: str) -> str:
-        if not re.fullmatch(r"auto|cpu|mps|(cuda|xpu|npu)(:\d+)?", d):
-            raise ValueError(f"device must be auto, cpu, mps, or cuda/xpu/npu with an optional :index, got {d!r}")
+        # an index as torch parses one (no sign, no leading zero) and of at most 3 digits: torch holds an index in
+        # 8 bits ("cuda:99999999999999999999" does not parse, "cuda:128" wraps to -128); whether this machine has
+        # the device is checked where a model is loaded on it (checkpoint/loader.usable_device)
+        if not re.fullmatch(r"auto|cpu|mps|(cuda|xpu|npu)(:(0|[1-9][0-9]{0,2}))?", d):
+            raise ValueError(
+                f"device must be auto, cpu, mps, or cuda/xpu/npu with an optional :index (0 to 999, no leading "
+                f"zero), got {d!r}"
+            )
         return d
 
     @model_validator(mode="after")

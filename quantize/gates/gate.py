@@ -624,7 +624,7 @@ def verdict_of(
         task_versions=pb.task_versions,
         lm_eval_version=pb.lm_eval_version,
         seed=pb.seed,
-        suite=pb.suite.path,
+        suite=policy.suite,  # the policy's file, not the one whose equal settings first cached the baseline's scores
         suite_settings=comparable_settings(pb.suite.settings),
         policy_settings=policy.settings(),
     )

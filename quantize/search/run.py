@@ -32,7 +32,7 @@ import yaml
 from quantize import records
 from quantize.checkpoint.accounting import bits_report
 from quantize.checkpoint.files import BlobCheck, identity_sha256
-from quantize.checkpoint.loader import LastModel, device, meta_model, resolve_model
+from quantize.checkpoint.loader import LastModel, meta_model, resolve_model, usable_device
 from quantize.cluster.connect import import_ray, on_cluster
 from quantize.cluster.executor import Executor, say_to_stderr, state_folder
 from quantize.convert import imatrix
@@ -387,7 +387,7 @@ def measure_sensitivity(s: Search, models: Any, quiet: bool) -> None:
     """Each unit quantized alone, mean KL to the baseline on the sensitivity items (cached); the baseline's
     top-k on the held-out items for the allocations measured later."""
     m, suite = s.spec.measure, s.suite
-    on = device(suite.suite.device)
+    on = usable_device(suite.suite.device, f"suite {suite.path}: `device:`")
     dtype = suite.suite.model_dtype(on)
     s.model, tok = models.get(s.model_dir, dtype=dtype, on=on)
     s.scorer = Scorer(s.model, tok, suite.suite.batch_size, suite.suite.max_length)

@@ -453,6 +453,8 @@ BIG = "1" + "0" * 400
         # named as the API's keywords, or an empty format name taken (a review)
         (["--formats", "bf16=nan"], "--formats expects name=bits pairs"),
         (["--formats", "=16"], "got '=16'"),
+        # the last of two kept, silently (a review)
+        (["--formats", "bf16=16,int4=4.15, bf16=8"], "--formats names 'bf16' twice (bf16=16 and bf16=8)"),
         (["--params", "nan"], "--params nan: give a finite number above 0"),
     ],
     ids=[
@@ -466,6 +468,7 @@ BIG = "1" + "0" * 400
         "share-alone",
         "format-nan",
         "format-unnamed",
+        "format-twice",
         "params-nan",
     ],
 )

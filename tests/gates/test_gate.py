@@ -364,6 +364,26 @@ def test_gate_on_score_files(tmp_path, capsys):
     assert parse(Verdict, out, "stdout").rules[0].evidence.flips_right_to_wrong > 0
 
 
+def test_the_verdict_names_the_policys_suite_not_the_file_that_scored_the_baseline(tmp_path, capsys):
+    """Scores keyed by equal settings are shared by every suite file that holds them: a baseline first scored under
+    another file (its provenance names that file) gave a verdict, and a model card, naming that file as the suite
+    (a review). The verdict names the suite its policy names; the scores keep their own provenance."""
+    pol, prov = score_file_setup(tmp_path)
+    first = tmp_path / "first" / "suite.yaml"
+    first.parent.mkdir()
+    first.write_text((tmp_path / "suite.yaml").read_text())  # the same settings in another file
+    prov["suite"]["path"] = str(first)
+    acc, prose = baseline()
+    tasks = ("core_facts", "core_prose")
+    suite = tmp_path / "suite.yaml"
+    (tmp_path / "b.json").write_text(json.dumps(on_golden(result(acc, prose, tasks=tasks, prov=prov), suite)))
+    (tmp_path / "c.json").write_text(json.dumps(on_golden(result(acc, prose, sha="b", tasks=tasks, prov=prov), suite)))
+    argv = ["gate", str(pol), "--baseline", str(tmp_path / "b.json"), "--candidate", str(tmp_path / "c.json")]
+    assert main([*argv, "--json"]) == 0
+    v = parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    assert v.provenance.suite == load_policy(pol).suite == str(suite)
+
+
 def test_score_files_of_another_suite_are_refused(tmp_path, capsys):
     """Scores from a suite with other settings (here: a smoke subset) cannot be judged by this policy."""
     pol, prov = score_file_setup(tmp_path)
