@@ -11,6 +11,7 @@ import functools
 import json
 import os
 import re
+import stat
 import tempfile
 import threading
 import time
@@ -545,15 +546,54 @@ def architecture(checkpoint: Path) -> dict[str, Any]:
 
 
 def identity_sha256(checkpoint: Path) -> str:
-    """The checkpoint's identity: sha256 over its weights hash (the files a load reads: safetensors_files) and every
-    file of IDENTITY_FILES and CHAT_TEMPLATES it has. Scores are cached and compared under this hash, so the same
-    weights under another config or tokenizer are another checkpoint; what a load reads beyond them (a PEFT
-    adapter, another weight layout) is refused where it is resolved, and check_identity holds a load to it."""
+    """The checkpoint's identity: sha256 over its weights hash (the files a load reads: safetensors_files, or a
+    GGUF's parts) and every file of IDENTITY_FILES and CHAT_TEMPLATES it has. Scores are cached and compared under
+    this hash, so the same weights under another config or tokenizer are another checkpoint; what a load reads
+    beyond them (a PEFT adapter, another weight layout) is refused where it is resolved, and check_identity holds a
+    load to it. Each file's stat keys (_file_key) are taken before its bytes are hashed (or its hash is served from
+    a memo) and kept, the first time this process takes the identity of this folder (_HELD), for
+    check_identity."""
     checkpoint = Path(checkpoint)
+    stats = {os.path.abspath(f): _file_key(f) for f in identity_paths(checkpoint)}
     parts = [b"weights " + weights_sha256(checkpoint).encode()]
     for name in identity_files(checkpoint):
         parts.append(f"\n{name} ".encode() + sha256_file(checkpoint / name).encode())
-    return sha256_bytes(b"".join(parts))
+    identity = sha256_bytes(b"".join(parts))
+    with _HELD_LOCK:
+        key = (os.path.realpath(checkpoint), identity)
+        if key not in _HELD:
+            while len(_HELD) >= MAX_HELD:
+                del _HELD[next(iter(_HELD))]  # the oldest: its check falls back to hashing again
+            _HELD[key] = stats
+    return identity
+
+
+def identity_paths(checkpoint: Path) -> list[Path]:
+    """The files an identity covers: the weight files a load reads (safetensors_files, or a GGUF's every part:
+    ggufs.weight_files) and identity_files."""
+    checkpoint = Path(checkpoint)
+    weights = ggufs.weight_files(checkpoint)
+    found = list(weights) if weights is not None else safetensors_files(checkpoint)
+    return found + [checkpoint / name for name in identity_files(checkpoint)]
+
+
+# The stat keys of the files each identity was taken from, per (the folder's real path, identity), kept from the
+# first time this process took that identity (a later taking, after the files were rewritten to the same bytes,
+# keeps the first: it does not excuse what happened in between); dropped when check_identity refuses.
+_HELD: dict[tuple[str, str], dict[str, tuple[Any, ...] | None]] = {}
+_HELD_LOCK = threading.Lock()
+MAX_HELD = 4096
+
+
+def _file_key(f: Path) -> tuple[Any, ...] | None:
+    """A file's stat keys (_stat_key) as found through any link, and the link's own where it is one (a Hub snapshot's
+    link pointed at another blob and back moves the link's inode and ctime, not the blob's); None where it cannot be
+    stat'ed (gone)."""
+    try:
+        st, lst = os.stat(f), os.lstat(f)
+    except OSError:
+        return None
+    return (_stat_key(st), _stat_key(lst) if stat.S_ISLNK(lst.st_mode) else None)
 
 
 def identity_view(checkpoint: Path, folder: Path) -> Path:
@@ -642,12 +682,32 @@ def hf_path(path: str | os.PathLike[str]) -> str:
 
 
 def check_identity(checkpoint: Path, identity: str) -> None:
-    """After a load and the work on what it loaded: the checkpoint still has the identity its evidence is filed
-    under. A weight file replaced (a rename) or written in place between the hash and the load, or during the work,
-    changes its inode or ctime (which no user-space call sets back), so its hash is taken again (weights_sha256) and
-    differs; the evidence is then withheld, exit 2. Unchanged files cost a stat each and the small side files'
-    hashes."""
+    """After a load and the work on what it loaded: the checkpoint is still the files its identity was taken from.
+    Every file the identity covers must have the stat keys it had when identity_sha256 took the identity in this
+    process (device, inode, size, mtime and ctime, a link's own too: _file_key): a file replaced (a rename) or written
+    in place since then moves its inode or ctime, which no user-space call sets back, and the evidence is withheld,
+    exit 2, naming the file, whatever its bytes are now. Its hash is not taken again to excuse it: weights renamed
+    aside for the load and put back, or a GGUF (scored from a memory map of the file) written in place and restored,
+    hash to the identity again while what was loaded was other weights. Then the identity is taken again (a file
+    added, such as a tokenizer file, is no held file): another identity is exit 2 too. An identity this process did
+    not take is held to its hash alone. Unchanged files cost a stat each and the small side files' hashes."""
+    checkpoint = Path(checkpoint)
+    key = (os.path.realpath(checkpoint), identity)
+    with _HELD_LOCK:
+        held = _HELD.get(key, {})
+    moved = next((f for f, was in held.items() if _file_key(Path(f)) != was), None)
+    if moved is not None:
+        with _HELD_LOCK:
+            _HELD.pop(key, None)  # refused once: a run after the writing stops takes the identity afresh
+        raise UsageError(
+            f"{checkpoint} changed while it was being read: {moved} was replaced or written (its inode, size, mtime "
+            f"or ctime moved) after the identity {identity[:16]} was taken from it, so what was loaded may not be what "
+            "the identity names, even where its bytes are the same again. Nothing was kept and no verdict is given: "
+            "run again once the folder is no longer being written"
+        )
     if (now := identity_sha256(checkpoint)) != identity:
+        with _HELD_LOCK:
+            _HELD.pop(key, None)
         raise UsageError(
             f"{checkpoint} changed while it was being read: its identity was {identity[:16]} when it was hashed and "
             f"is {now[:16]} now (a weight, config or tokenizer file was replaced or rewritten), so what was loaded "

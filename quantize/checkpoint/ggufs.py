@@ -258,12 +258,23 @@ def weights_sha256(checkpoint: str | Path) -> str | None:
     refused unread). The identity (files.identity_sha256) adds the folder's config, tokenizer and chat-template files
     to it. Each file's sha256 is memoized in the process while its device, inode, size, mtime and ctime stay (as
     files.weights_sha256 memoizes a folder's): a scoring run asks for it several times, and a file replaced or
-    written in place (its ctime moves, whatever else is put back) is hashed again."""
+    written in place (its ctime moves, whatever else is put back) is hashed again. Hashed again to the same bytes
+    (written and put back), it is still refused by files.check_identity, which holds a load to the stat keys its
+    identity was taken with (a GGUF is scored from a memory map of the file, so a write during scoring reaches the
+    loaded model)."""
+    parts = weight_files(checkpoint)
+    if parts is None:
+        return None
+    return sha256_bytes("".join(f"{p.name} {_file_sha256(p)}\n" for p in parts).encode())
+
+
+def weight_files(checkpoint: str | Path) -> tuple[Path, ...] | None:
+    """The files llama.cpp loads for a GGUF checkpoint (its one file, or a split GGUF's every part in load order:
+    read_header), None for any other checkpoint."""
     f = find(checkpoint)
     if f is None:
         return None
-    parts = read_header(f).files if _stat_key(f) is not None else (f,)  # not a regular file: the read refuses it
-    return sha256_bytes("".join(f"{p.name} {_file_sha256(p)}\n" for p in parts).encode())
+    return read_header(f).files if _stat_key(f) is not None else (f,)  # not a regular file: the read refuses it
 
 
 def _stat_key(path: Path) -> tuple[int, ...] | None:

@@ -181,6 +181,80 @@ def test_a_load_after_a_rename_is_refused(ckpt, tmp_path):
     assert identity[:16] in str(e.value)
 
 
+def _renamed_aside_and_back(ckpt: Path, tmp_path: Path) -> None:
+    """Clean weights loaded in the NaN file's place and the NaN file put back: the same inode and bytes."""
+    nan = ckpt / "model.safetensors"
+    nan.rename(tmp_path / "aside")
+    shutil.copyfile(tmp_path / "clean.safetensors", nan)
+    nan.unlink()
+    (tmp_path / "aside").rename(nan)
+
+
+def _written_and_restored(ckpt: Path, tmp_path: Path) -> None:
+    """The weights written in place and their bytes, atime and mtime put back: only the ctime moved."""
+    f = ckpt / "model.safetensors"
+    st, was = f.stat(), f.read_bytes()
+    with f.open("r+b") as fh:
+        fh.write(b"\xff" * 64)
+    f.write_bytes(was)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _config_rewritten(ckpt: Path, tmp_path: Path) -> None:
+    """config.json written again with the bytes it had (a file besides the weights)."""
+    (ckpt / "config.json").write_bytes((ckpt / "config.json").read_bytes())
+
+
+@pytest.mark.parametrize("change", [_renamed_aside_and_back, _written_and_restored, _config_rewritten])
+def test_a_file_changed_and_put_back_is_refused_though_it_hashes_the_same(ckpt, tmp_path, change):
+    """A review's wrong pass: NaN weights hashed, clean ones renamed in for the load and the NaN file put back (or a
+    file written in place and restored): the identity taken again was the same, so the check passed and the clean
+    evidence was filed under the NaN identity. The check holds each file to the stat keys the identity was taken
+    with, names the file, and does not hash again to excuse it; refused once, the identity is taken afresh."""
+    shutil.copyfile(ckpt / "model.safetensors", tmp_path / "clean.safetensors")
+    nan_copy(tmp_path / "clean.safetensors", ckpt / "model.safetensors")
+    identity = files.identity_sha256(ckpt)
+    files.check_identity(ckpt, identity)  # unchanged: holds
+    changed = "config.json" if change is _config_rewritten else "model.safetensors"
+    time.sleep(0.02)  # past the kernel's coarse timestamp tick since the files were written
+    change(ckpt, tmp_path)
+    assert files.identity_sha256(ckpt) == identity  # the bytes are the ones hashed: a hash cannot tell
+    with pytest.raises(UsageError, match="changed while it was being read") as e:
+        files.check_identity(ckpt, identity)
+    assert f"{ckpt / changed} was replaced or written" in str(e.value) and identity[:16] in str(e.value)
+    files.check_identity(ckpt, files.identity_sha256(ckpt))  # a run after the writing stopped: held afresh
+
+
+def test_a_hub_link_pointed_elsewhere_and_back_is_refused(tmp_path, tiny_model, monkeypatch):
+    """A Hub snapshot's weights are identified by their blob's name through a link: the link pointed at another
+    blob for the load and back moves the link's own stat keys, not the blob's."""
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    repo = tmp_path / "models--org--tiny"
+    snap = repo / "snapshots" / "rev"
+    snap.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for f in tiny_model.iterdir():
+        if f.is_file():
+            blob = repo / "blobs" / files.sha256_file(f)
+            shutil.copyfile(f, blob)
+            (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    other = repo / "blobs" / ("0" * 64)
+    nan_copy(tiny_model / "model.safetensors", other)
+    identity = files.identity_sha256(snap)
+    assert files.hub_blobs(snap)  # identified by the blob's name
+    files.check_identity(snap, identity)
+    link = snap / "model.safetensors"
+    target = os.readlink(link)
+    time.sleep(0.02)
+    link.unlink()
+    link.symlink_to(os.path.relpath(other, snap))
+    link.unlink()
+    link.symlink_to(target)
+    assert files.identity_sha256(snap) == identity
+    with pytest.raises(UsageError, match=f"{re.escape(str(link))} was replaced or written"):
+        files.check_identity(snap, identity)
+
+
 def test_an_unchanged_check_reads_no_weight_byte(ckpt, monkeypatch):
     identity = files.identity_sha256(ckpt)
     read = []

@@ -456,6 +456,62 @@ def test_weights_replaced_between_hash_and_load_give_no_verdict_and_no_cache_ent
     assert not cache.score_path(open_suite(suite), nan_id, run).exists()
 
 
+def _restored_around_load(monkeypatch, folder: Path, clean: Path) -> None:
+    """The one loader, with `folder`'s weights renamed aside, `clean` copied in for the load, and the file renamed
+    aside put back once it loaded (its inode and bytes the ones hashed): what a writer timed to the load does."""
+    from quantize.checkpoint import loader
+
+    real = loader.load_model
+
+    def load_model(path, *args, **kwargs):
+        if Path(path).resolve() != folder.resolve():
+            return real(path, *args, **kwargs)
+        aside = folder.parent / "aside.safetensors"
+        (folder / "model.safetensors").rename(aside)
+        shutil.copyfile(clean, folder / "model.safetensors")
+        try:
+            return real(path, *args, **kwargs)
+        finally:
+            (folder / "model.safetensors").unlink()
+            aside.rename(folder / "model.safetensors")
+
+    monkeypatch.setattr(loader, "load_model", load_model)
+
+
+@pytest.mark.parametrize("command", ["gate", "eval", "agree"])
+def test_weights_changed_for_the_load_and_put_back_give_no_verdict_and_no_cache_entry(
+    setup, tiny_model, tmp_path, monkeypatch, capsys, command
+):
+    """A review's wrong pass: a NaN folder hashed, its file renamed aside and clean weights copied in for the load,
+    the NaN file put back after it. The identity taken again hashed the same bytes, so the gate passed naming the
+    NaN identity and cached the clean scores and agreement under it (for `eval`, `agree` and
+    `--trust-cached-candidate`). Now the files are held to the stat keys the identity was taken with: exit 2,
+    naming the file, nothing kept."""
+    from quantize.checkpoint.files import identity_sha256
+
+    _, suite, _, policy = setup
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    cand = shutil.copytree(tiny_model, tmp_path / "cand")
+    clean = shutil.copyfile(cand / "model.safetensors", tmp_path / "clean.safetensors")
+    nan_copy(clean, cand / "model.safetensors")
+    nan_id = identity_sha256(cand)
+    _restored_around_load(monkeypatch, cand, clean)
+    argv = {
+        "gate": ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(cand)],
+        "eval": ["eval", str(suite), str(cand)],
+        "agree": ["agree", str(suite), str(cand), "--baseline", str(tiny_model)],
+    }[command]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{cand / 'model.safetensors'} was replaced or written" in err and nan_id[:16] in err
+    assert identity_sha256(cand) == nan_id  # the NaN bytes are back: only their stat keys tell
+    opened = open_suite(suite)
+    run = runtime(opened, False, cand)
+    assert not cache.score_path(opened, nan_id, run).exists()
+    assert not list((tmp_path / "cache").rglob(f"*{nan_id[:16]}*.json"))  # no agreement (its .lock may stay)
+
+
 def test_a_gate_shows_its_stages_on_stderr_and_nothing_under_quiet(setup, tiny_model, tmp_path, monkeypatch, capsys):
     """Issue #56: stderr not a terminal (a log, CI): one line per stage start and end, with the looks and their
     items; the verdict alone on stdout; nothing of it under --quiet."""

@@ -658,3 +658,51 @@ def test_a_gguf_llama_cpp_stops_on_is_exit_2_before_it_loads_here(llama_gguf, tm
     recipe.write_text(f"method: gguf\ntype: Q8_0\nmodel: {g}\noutput: {tmp_path / 'out'}\n")
     assert main(["run", str(recipe), "--quiet"]) == 2
     assert says in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_gguf_written_in_place_during_scoring_and_restored_is_refused(
+    llama_gguf, golden, tmp_path, isolated_cache, monkeypatch
+):
+    """llama.cpp scores a GGUF from a memory map of the file: a write into the file while it scores changes the
+    loaded model's logits, and can be undone in place (bytes, atime and mtime put back) with no rename. The
+    identity taken again hashed the restored bytes and the scores of the written model were kept under the clean
+    identity. The file's ctime moved, which check_identity holds it to: exit 2, naming the file, nothing cached."""
+    from gguf import GGUFReader
+    from gguf_models import tiny_moe_gguf
+
+    from quantize.checkpoint.files import identity_sha256
+    from quantize.evaluate import cache
+    from quantize.evaluate.llamacpp import LlamaCppLM
+    from quantize.evaluate.score import runtime
+
+    (tmp_path / "m").mkdir()
+    g = tiny_moe_gguf(tmp_path / "m" / "m.gguf", llama_gguf)
+    norm = next(t for t in GGUFReader(g).tensors if t.name == "output_norm.weight")
+    at, width = int(norm.data_offset), int(norm.n_bytes)
+    identity = identity_sha256(g)
+    real, seen = LlamaCppLM.score_rows, []
+
+    def written_while_scoring(self, rows):
+        st, was = g.stat(), g.read_bytes()[at : at + width]
+        with g.open("r+b") as fh:  # in place: the mapped pages the loaded model reads
+            fh.seek(at)
+            fh.write(np.full(width // 4, np.nan, dtype=np.float32).tobytes())
+        try:
+            out = real(self, rows)
+            seen.extend(ll for ll, _ in out)
+            return out
+        finally:
+            with g.open("r+b") as fh:
+                fh.seek(at)
+                fh.write(was)
+            os.utime(g, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    monkeypatch.setattr(LlamaCppLM, "score_rows", written_while_scoring)
+    suite = suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", extra="tasks: [core_facts]\n")
+    with pytest.raises(UsageError, match="changed while it was being read") as e:
+        api.scored(suite, g)
+    assert f"{g} was replaced or written" in str(e.value) and identity[:16] in str(e.value)
+    assert seen and all(math.isnan(x) for x in seen)  # the loaded model read the written bytes
+    assert identity_sha256(g) == identity  # its bytes are back: only its ctime tells
+    opened = open_suite(suite)
+    assert not cache.score_path(opened, identity, runtime(opened, False, g)).exists()
