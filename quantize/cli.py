@@ -326,7 +326,7 @@ def cmd_agree(args: argparse.Namespace) -> int:
     a = api.agreement(
         args.suite, args.baseline, args.candidates, trust_remote_code=args.trust_remote_code, quiet=args.quiet
     )
-    for line in a.skipped:
+    for line in [*a.skipped, *a.non_finite]:
         print(line, file=sys.stderr)
     if args.json:
         _print_json([{"checkpoint": str(c), "agreement": r.model_dump()} for c, r in a.results])

@@ -27,15 +27,19 @@ def tiny_moe_gguf(
     experts: int = 4,
     seed: int = 0,
     split: int = 0,
+    embedding: str = "F16",
+    output: str | None = None,
     **forged: int,
 ) -> Path:
     """A loadable MoE GGUF at `path` with `vocabulary`'s tokenizer (a GGUF's: the default model's). `split`: at
     most that many tensors a file, as the gguf package's writer splits a GGUF (PATH-00001-of-0000N.gguf and on,
-    beside `path`; the first part's path is returned). `forged` (kv_heads, used, k_heads): another KV head count
+    beside `path`; the first part's path is returned). `embedding`: token_embd's ggml type; `output`: an output head of
+    its own (`output.weight`) of that type, else the embedding is the head; a block type is quantized by the gguf
+    package (gguf.quants.quantize: Q8_0, Q4_0, ...). `forged` (kv_heads, used, k_heads): another KV head count
     (the tensors shaped for it), experts used per token, or attn_k shaped for that many KV heads against the
     header: headers llama.cpp stops on."""
     tokenizer, vocab = _copied_vocabulary(vocabulary)
-    return _write(path, tokenizer, vocab, layers, hidden, ff, experts, seed, split, **forged)
+    return _write(path, tokenizer, vocab, layers, hidden, ff, experts, seed, split, embedding, output, **forged)
 
 
 def _copied_vocabulary(vocabulary: Path) -> tuple[Callable[[Any], None], int]:
@@ -174,6 +178,8 @@ def _write(
     experts: int,
     seed: int,
     split: int = 0,
+    embedding: str = "F16",
+    output: str | None = None,
     kv_heads: int = 2,
     used: int = 2,
     k_heads: int | None = None,
@@ -205,7 +211,15 @@ def _write(
     def f32(name: str, data: np.ndarray) -> None:
         w.add_tensor(name, data.astype(np.float32), raw_dtype=GGMLQuantizationType.F32)
 
-    f16("token_embd.weight", (vocab, hidden), 1.0)
+    def typed(name: str, shape: tuple[int, ...], ggml_type: str) -> None:
+        from gguf.quants import quantize
+
+        qtype = GGMLQuantizationType[ggml_type]
+        w.add_tensor(name, quantize(rng.standard_normal(shape).astype(np.float32), qtype), raw_dtype=qtype)
+
+    typed("token_embd.weight", (vocab, hidden), embedding)
+    if output is not None:
+        typed("output.weight", (vocab, hidden), output)
     f32("output_norm.weight", np.ones(hidden))
     for i in range(layers):
         f32(f"blk.{i}.attn_norm.weight", np.ones(hidden))

@@ -50,6 +50,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from quantize import cache
 from quantize.errors import UsageError
 from quantize.io import open_user_file, sha256_bytes, sha256_user_file
 
@@ -305,6 +306,87 @@ def _kept_sha256(path: str, _stat_key: tuple[int, ...]) -> str:
 
 def _sha256(path: str) -> str:
     return sha256_user_file(Path(path), "GGUF file", MAX_GGUF_BYTES, hint=FIX)
+
+
+# --- what the tensors store -----------------------------------------------------------------------
+
+# elements dequantized at a time (float32: 16 MiB, whatever the model's size): a tensor is scanned a chunk of whole
+# rows at a time, so memory does not grow with the model
+SCAN_ELEMENTS = 1 << 22
+# 1 (2026-12-08): every tensor whose type gguf.quants.dequantize reads; kept in the identity memo under it
+NON_FINITE_SCAN_VERSION = 1
+
+
+def non_finite_tensors(checkpoint: str | Path) -> list[str]:
+    """The names of the tensors of a GGUF checkpoint whose stored values are not all finite (NaN or ±infinity), in
+    name order; [] for a GGUF whose every value is finite and for any other checkpoint. Every tensor of every file
+    (a split GGUF's every part) is dequantized by the gguf package itself (gguf.quants.dequantize: F32 and F16
+    viewed, BF16 and every block type through its block layout, so a NaN scale of a Q4_K block is found as a NaN
+    weight is), SCAN_ELEMENTS at a time; integer tensors hold no NaN, and a type the installed gguf package cannot
+    dequantize is not scanned. llama.cpp can hide such a value (it rounds an activation to 8 bits before a Q8_0
+    matrix, where a NaN element becomes a finite one; a NaN embedding row of a token no item holds is never read),
+    so a gate makes it non-finite evidence whatever the scores say. Each file's result is memoized in the process
+    and in the identity memo on disk ($QUANTIZE_CACHE/identity/, under the file's stat key and this machine's boot
+    id, as a folder's weights hash is: files.lookup_weights_hash), so a scoring run, a gate and a report scan a
+    file once per boot."""
+    f = find(checkpoint)
+    if f is None:
+        return []
+    return sorted(name for part in read_header(f).files for name in _file_non_finite(part))
+
+
+def _file_non_finite(path: Path) -> tuple[str, ...]:
+    """One GGUF file's tensors storing non-finite values (non_finite_tensors), memoized under its stat key."""
+    if (key := _stat_key(path)) is None:
+        return _scan(path)  # not kept: the read refuses whatever it is
+    return _kept_non_finite(str(path.resolve()), key)
+
+
+@functools.lru_cache(maxsize=64)
+def _kept_non_finite(path: str, key: tuple[int, ...]) -> tuple[str, ...]:
+    memo = cache.memo_path("identity", "gguf-finite-", {"file": [path, *key], "v": NON_FINITE_SCAN_VERSION})
+    found = cache.read_memo(memo, "non_finite_tensors")
+    if isinstance(found, list) and all(isinstance(n, str) for n in found):
+        return tuple(found)
+    names = _scan(Path(path))
+    cache.write_memo(memo, {"non_finite_tensors": list(names)})
+    return names
+
+
+def _scan(path: Path) -> tuple[str, ...]:
+    """The tensors of one GGUF file (its own header's) whose dequantized values are not all finite."""
+    import gguf
+
+    h = _one_header(path)
+    with open_user_file(path, "GGUF file", MAX_GGUF_BYTES, hint=FIX) as fh:
+        if os.fstat(fh.fileno()).st_size != h.file_bytes:
+            raise _Invalid(path)("it changed while it was read")
+        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return tuple(t.name for t in h.tensors if not _finite(gguf, buf, h.data_start + t.offset, t))
+
+
+def _finite(gguf: Any, buf: Any, start: int, t: GGUFTensor) -> bool:
+    """Whether every value tensor `t` stores (its bytes at `start` of the mapped file) is finite, read a chunk of
+    whole rows at a time; True for a type gguf.quants.dequantize does not read (integers, or one newer than it)."""
+    import numpy as np
+
+    qtype = gguf.GGMLQuantizationType[t.ggml_type]
+    if not t.elements:
+        return True
+    row = t.dims[0] // t.block_size * t.type_size  # bytes a row: whole blocks (_tensors checked it)
+    step = max(1, SCAN_ELEMENTS // t.dims[0])
+    for first in range(0, t.nbytes // row, step):
+        rows = min(step, t.nbytes // row - first)
+        data = np.frombuffer(buf, np.uint8, rows * row, start + first * row).reshape(rows, row)
+        try:
+            values = gguf.quants.dequantize(data, qtype)
+        except NotImplementedError:  # integers (no NaN), or a type this gguf package does not dequantize
+            return True
+        finite = bool(np.isfinite(values).all())
+        del data, values  # no view of the map outlives it (closing a map with one raises BufferError)
+        if not finite:
+            return False
+    return True
 
 
 def gguf_version() -> str:

@@ -34,8 +34,16 @@ def score_text(doc: ScoreDoc, cached: bool) -> str:
 
 def non_finite_warnings(doc: ScoreDoc) -> list[str]:
     """One warning per task whose items hold NaN or infinity: the scores are recorded as computed, and a gate
-    counts them as a regression."""
-    return [
+    counts them as a regression. Before them, one for a GGUF storing NaN or infinity in a tensor (its scores may
+    be finite: llama.cpp rounds some activations to 8 bits, and a NaN element becomes a finite one)."""
+    stored = [
+        f"warning: {doc.provenance.checkpoint.path} stores NaN or infinity in {len(bad)} tensor(s) "
+        f"({', '.join(bad[:5])}{f' and {len(bad) - 5} more' if len(bad) > 5 else ''}); its scores are recorded as "
+        "computed, and a gate counts every rule on it as a regression"
+        for bad in [doc.provenance.checkpoint.non_finite_tensors]
+        if bad
+    ]
+    return stored + [
         f"warning: {task}: {len(ids)} of {doc.tasks[task].n} item(s) scored NaN or infinity "
         f"(e.g. {', '.join(ids[:3])}); the checkpoint computes non-finite log-likelihoods (or generates from "
         "non-finite logits): recorded as such, and a gate counts them as a regression"

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 
 from quantize import progress
 from quantize.cache import claimed
-from quantize.checkpoint import qdq
+from quantize.checkpoint import ggufs, qdq
 from quantize.checkpoint.files import (
     check_identity,
     check_loadable,
@@ -205,7 +205,7 @@ def score(
     models = models or LastModel(trust_remote_code)
     ckpt = Path(checkpoint)
     check_scorable(suite, ckpt)
-    ref = CheckpointRef(path=str(ckpt), weights_sha256=weights_sha256(ckpt), identity_sha256=identity_sha256(ckpt))
+    ref = checkpoint_ref(ckpt)
     if not use_cache:
         doc = run_lm_eval(suite, ckpt, ref, models)
         SCORED_HERE.append(ref.identity_sha256)
@@ -213,17 +213,37 @@ def score(
     run = runtime(suite, models.trust_remote_code, ckpt)
     if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, run)) is not None:
         progress.note("read from the cache")
-        return Scored(found, True)
+        return Scored(with_ref(found, ref), True)
     with claimed(cache.score_path(suite, ref.identity_sha256, run)):
         # another process may have scored it while this one waited for the claim
         if not refresh and (found := cache.lookup_scores(suite, ref.identity_sha256, run)) is not None:
-            return Scored(found, True)
+            return Scored(with_ref(found, ref), True)
         doc = run_lm_eval(suite, ckpt, ref, models)
         if before_store is not None:
             before_store()
         cache.store_scores(suite, doc)
     SCORED_HERE.append(ref.identity_sha256)
     return Scored(doc, False)
+
+
+def checkpoint_ref(ckpt: Path) -> CheckpointRef:
+    """What a score file records of the checkpoint scored: its path, weights hash and identity, and a GGUF's tensors
+    storing NaN or infinity (ggufs.non_finite_tensors: llama.cpp may compute finite numbers from them)."""
+    return CheckpointRef(
+        path=str(ckpt),
+        weights_sha256=weights_sha256(ckpt),
+        identity_sha256=identity_sha256(ckpt),
+        non_finite_tensors=ggufs.non_finite_tensors(ckpt) or None,
+    )
+
+
+def with_ref(doc: ScoreDoc, ref: CheckpointRef) -> ScoreDoc:
+    """Cached scores of the checkpoint `ref` names, carrying its non-finite tensors as scanned here (an entry
+    written before they were recorded, of the same identity, holds none)."""
+    if doc.provenance.checkpoint.non_finite_tensors == ref.non_finite_tensors:
+        return doc
+    checkpoint = doc.provenance.checkpoint.model_copy(update={"non_finite_tensors": ref.non_finite_tensors})
+    return doc.model_copy(update={"provenance": doc.provenance.model_copy(update={"checkpoint": checkpoint})})
 
 
 def runtime(suite: OpenSuite, trust_remote_code: bool, checkpoint: Path, device: str | None = None) -> cache.Runtime:
@@ -398,12 +418,11 @@ class Staged:
     ) -> None:
         check_scorable(suite, checkpoint)
         self.suite, self.ckpt, self.models = suite, checkpoint, models
-        self.ref = CheckpointRef(
-            path=str(checkpoint), weights_sha256=weights_sha256(checkpoint), identity_sha256=identity_sha256(checkpoint)
-        )
+        self.ref = checkpoint_ref(checkpoint)
         self.index = {t: {i: n for n, i in enumerate(ids)} for t, ids in order.items()}
         run = runtime(suite, models.trust_remote_code, checkpoint)
-        self.full = cache.lookup_scores(suite, self.ref.identity_sha256, run) if from_cache else None
+        full = cache.lookup_scores(suite, self.ref.identity_sha256, run) if from_cache else None
+        self.full = with_ref(full, self.ref) if full is not None else None
         self.items: dict[str, dict[str, dict[str, Any]]] = {t: {} for t in order}
         self.meta: dict[str, tuple[str, float | str, str | None]] = {}
         self._last: ScoreDoc | None = None

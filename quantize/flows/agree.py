@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantize import progress
+from quantize.checkpoint import ggufs
 from quantize.checkpoint.files import check_loadable, check_model_dir, checkpoint_folders, identity_sha256
 from quantize.errors import UsageError
 from quantize.evaluate import cache
@@ -27,6 +28,8 @@ class Agreement:
     baseline: Path
     results: list[tuple[Path, AgreementResult]]
     skipped: list[str]  # one line per checkpoint that could not be measured here and had nothing cached
+    # one warning per checkpoint measured whose GGUF stores NaN or infinity (its agreement may be finite all the same)
+    non_finite: list[str] = field(default_factory=list)
 
 
 def measurable(
@@ -109,4 +112,17 @@ def agree_many(
             )
             results.append((c, result))
         gc.collect()
-    return Agreement(suite, baseline, results, skipped)
+    return Agreement(suite, baseline, results, skipped, [w for c, _ in results if (w := stored_non_finite(c))])
+
+
+def stored_non_finite(checkpoint: Path) -> str | None:
+    """The warning for a checkpoint whose GGUF stores NaN or infinity in a tensor (ggufs.non_finite_tensors), else
+    None: llama.cpp can compute finite distributions from it (a NaN element of an activation rounded to 8 bits
+    before a Q8_0 matrix becomes finite), so its agreement says nothing of it, and a gate fails every rule on it."""
+    if not (bad := ggufs.non_finite_tensors(checkpoint)):
+        return None
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+    return (
+        f"warning: {checkpoint} stores NaN or infinity in {len(bad)} tensor(s) ({', '.join(bad[:5])}{more}): its "
+        "agreement is measured as computed, and a gate counts every rule on it as a regression"
+    )

@@ -367,6 +367,24 @@ def non_finite_is_regression(result: R, candidate_items: list[str] | None = None
     return result.model_copy(update={"verdict": "regression", "p_regression": None, "non_finite": why})
 
 
+def stored_non_finite(result: RuleResult, tensors: list[str] | None) -> RuleResult:
+    """A rule on a candidate whose weights store NaN or infinity (a GGUF's `tensors`: ggufs.non_finite_tensors) is a
+    regression with no p-value, whatever its evidence: llama.cpp can compute finite numbers from such weights (it
+    rounds an activation to 8 bits before a Q8_0 matrix, where a NaN element becomes a finite one), so the scores
+    alone would pass them. Non-finite evidence, as non_finite_is_regression's."""
+    if not tensors:
+        return result
+    why = f"the candidate stores NaN or infinity in {len(tensors)} tensor(s) ({named_tensors(tensors)})"
+    if result.non_finite:
+        why = f"{result.non_finite}; {why}"
+    return result.model_copy(update={"verdict": "regression", "p_regression": None, "non_finite": why})
+
+
+def named_tensors(names: list[str]) -> str:
+    """Tensors as a reason names them: the first five, and how many more."""
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 def accuracy_rule(
     rule: AccuracyRule,
     label: str,
@@ -605,7 +623,15 @@ def verdict_of(
 ) -> Verdict:
     """The gate's verdict from its rules' results: any regression rejects; any inconclusive fails closed when
     the policy says so; Holm-adjusted p-values of regression beside each. `candidate`: the candidate side (a
-    sequential gate stopped by an agreement regression has scored none of its items)."""
+    sequential gate stopped by an agreement regression has scored none of its items). A candidate GGUF storing NaN
+    or infinity in a tensor fails every rule (`stored_non_finite`); a baseline doing so is refused."""
+    if bad := base.provenance.checkpoint.non_finite_tensors:
+        raise UsageError(
+            f"the baseline {base.provenance.checkpoint.path} stores NaN or infinite values in {len(bad)} tensor(s) "
+            f"({named_tensors(bad)}): a gate needs a baseline whose weights are finite. Check the baseline checkpoint "
+            "(`quantize eval` names the tensors), or gate against another one"
+        )
+    results = [stored_non_finite(r, candidate.checkpoint.non_finite_tensors) for r in results]
     with_p = [r for r in results if r.p_regression is not None]
     for r, adj in zip(with_p, stats.holm([r.p_regression for r in with_p]), strict=True):
         r.p_holm = adj

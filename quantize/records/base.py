@@ -95,10 +95,16 @@ R = TypeVar("R", bound=Record)
 # --- names more than one record uses ----------------------------------------------------------------
 
 
-class CheckpointRef(Strict):
+class CheckpointRef(OmitsUnset):
+    # a checkpoint whose stored values are all finite writes no non_finite_tensors: its files keep their bytes
+    OMITTED_WHEN_NONE = ("non_finite_tensors",)
+
     path: str
     weights_sha256: str
     identity_sha256: str  # weights, config, tokenizer, chat template, generation defaults (checkpoint/files.py)
+    # a GGUF's tensors storing NaN or infinity (checkpoint/ggufs.non_finite_tensors): non-finite evidence, which
+    # fails every rule of a gate on it (gates/gate.verdict_of) whatever its scores say; None where none does
+    non_finite_tensors: list[str] | None = None
 
 
 class GoldenRef(Strict):

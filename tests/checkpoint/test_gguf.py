@@ -1005,3 +1005,60 @@ def test_the_reports_decode_bounds_leave_a_ggufs_nextn_blocks_out(tmp_path):
         entry = Entry(str(path), "x", "-", "-", r.total_bytes, r.parameters, 16.0, None, r.bytes_by_role, "0" * 64)
         out.append(decode_bounds(entry, None, bounds.HARDWARE["seed"], batch=4, context=100))
     assert out[0].batch1_ms is not None and out[0] == out[1]
+
+
+# --- what the tensors store -----------------------------------------------------------------------
+
+
+def _forged(src: Path, dst: Path, name: str, change) -> Path:
+    """A copy of `src` at `dst` with `change` applied to tensor `name`'s data (the gguf package's reader, in place)."""
+    dst.write_bytes(src.read_bytes())
+    r = GGUFReader(dst, "r+")
+    change(next(t for t in r.tensors if t.name == name))
+    r.data.flush()
+    del r
+    return dst
+
+
+def _nan_scale(t) -> None:
+    """The first block of the tensor's last row given a NaN f16 scale: ggml's K-quant and Q8_0 blocks start with it
+    (block_q4_K's d, block_q8_0's d); the test checks with the gguf package's own dequantization that it is one."""
+    t.data[-1, :2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+    assert np.isnan(gguf.quants.dequantize(np.array(t.data[-1:]), t.tensor_type)).any()
+    assert np.isfinite(gguf.quants.dequantize(np.array(t.data[:-1]), t.tensor_type)).all()
+
+
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("output_norm.weight", lambda t: t.data.__setitem__(5, np.nan)),  # F32
+        ("blk.1.attn_k.weight", lambda t: t.data.__setitem__((0, 3), np.inf)),  # F16
+        ("blk.0.attn_q.weight", _nan_scale),  # Q4_K: a block's scale, not an element
+        ("token_embd.weight", _nan_scale),  # Q8_0: a row no text may ever read
+    ],
+)
+def test_a_tensor_storing_nan_or_infinity_is_named(tmp_path, isolated_cache, name, change):
+    """ggufs.non_finite_tensors dequantizes every tensor with the gguf package (a Q4_K block whose scale is NaN is
+    found as an F32 NaN is), names only the tensors that store a non-finite value, and keeps a file's result in the
+    identity memo, scanned again once the file is written."""
+    tensors = [("token_embd.weight", T.Q8_0, (64, 256)), ("output_norm.weight", T.F32, (256,))]
+    tensors += [(f"blk.{i}.attn_q.weight", T.Q4_K, (256, 256)) for i in range(2)]
+    tensors += [(f"blk.{i}.attn_k.weight", T.F16, (64, 256)) for i in range(2)]
+    clean = write_gguf(tmp_path / "clean.gguf", tensors)
+    (tmp_path / "bad").mkdir()
+    bad = _forged(clean, tmp_path / "bad" / "m.gguf", name, change)
+    assert ggufs.non_finite_tensors(clean) == []
+    assert ggufs.non_finite_tensors(tmp_path / "bad") == [name]  # a folder holding it, as a checkpoint is named
+    assert len(list((isolated_cache / "identity").glob("gguf-finite-*.json"))) == 2
+    ggufs._kept_non_finite.cache_clear()
+    assert ggufs.non_finite_tensors(bad) == [name]  # from the memo on disk
+    _forged(clean, bad, name, lambda t: None)  # written again: clean bytes, a new ctime
+    assert ggufs.non_finite_tensors(bad) == []
+
+
+def test_the_scan_reads_a_chunk_of_rows_at_a_time(tmp_path, isolated_cache, monkeypatch):
+    """A NaN in the last chunk of a tensor read in many chunks is found; memory does not grow with the tensor."""
+    monkeypatch.setattr(ggufs, "SCAN_ELEMENTS", 256 * 3)  # 3 rows a chunk: 22 chunks of the 64-row embedding
+    clean = write_gguf(tmp_path / "clean.gguf", [("token_embd.weight", T.Q8_0, (64, 256))])
+    bad = _forged(clean, tmp_path / "bad.gguf", "token_embd.weight", _nan_scale)
+    assert ggufs.non_finite_tensors(clean) == [] and ggufs.non_finite_tensors(bad) == ["token_embd.weight"]

@@ -412,6 +412,71 @@ def test_a_nan_gguf_is_a_regression_on_a_generation_task(llama_gguf, tmp_path, i
     assert code == 1 and rule["verdict"] == "regression" and rule["non_finite"]
 
 
+def _nan_element(t) -> None:
+    t.data[len(t.data) - 1] = np.nan
+
+
+def _nan_scale(t) -> None:
+    """The last row's first block given a NaN f16 scale (block_q8_0 starts with it: checked with the gguf package's
+    own dequantization): the row of the vocabulary's last token, which no item's text holds."""
+    from gguf.quants import dequantize
+
+    t.data[-1, :2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+    assert np.isnan(dequantize(np.array(t.data[-1:]), t.tensor_type)).any()
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "finite"),
+    [
+        ("output_norm.weight", lambda t: t.data.__setitem__(0, 1.001), True),  # passes as before
+        ("output_norm.weight", _nan_element, False),  # F32, before the Q8_0 head
+        ("token_embd.weight", _nan_scale, False),  # a Q8_0 block's scale
+    ],
+)
+def test_a_gguf_storing_nan_fails_every_rule_whatever_its_scores(
+    llama_gguf, golden, tmp_path, isolated_cache, capsys, name, change, finite
+):
+    """A GGUF storing NaN where llama.cpp computes finite numbers from it (it rounds the activation to 8 bits before a
+    Q8_0 head, and a NaN element becomes finite; an embedding row no text reads) passed a gate with finite scores and
+    no note. Its tensors are scanned (checkpoint/ggufs.non_finite_tensors): every rule is a regression naming them,
+    eval warns, agree warns; a finite change passes as before."""
+    from gguf import GGUFReader
+    from gguf_models import tiny_moe_gguf
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "cand").mkdir()
+    base = tiny_moe_gguf(tmp_path / "base" / "m.gguf", llama_gguf, embedding="Q8_0", output="Q8_0")
+    cand = tmp_path / "cand" / "m.gguf"
+    cand.write_bytes(base.read_bytes())
+    r = GGUFReader(cand, "r+")
+    change(next(t for t in r.tensors if t.name == name))
+    r.data.flush()
+    del r
+    suite = suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", per_task=2, extra="tasks: [core_facts]\n")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n  - {{agreement: kl, max: 1.0}}\n"
+    )
+    assert main(["eval", str(suite), str(cand), "--json", "--items", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    doc = records.parse(ScoreDoc, json.loads(out), "stdout")
+    assert not doc.non_finite()  # llama.cpp's numbers are finite: only the scan sees the NaN
+    assert doc.provenance.checkpoint.non_finite_tensors == (None if finite else [name])
+    assert (f"stores NaN or infinity in 1 tensor(s) ({name})" in err) != finite
+    code = main(["gate", str(policy), "--baseline", str(base), "--candidate", str(cand), "--json", "--quiet"])
+    rules = json.loads(capsys.readouterr().out)["rules"]
+    if finite:
+        assert code == 0 and all(r["verdict"] == "pass" and not r.get("non_finite") for r in rules)
+        return
+    assert code == 1 and len(rules) == 2
+    assert all(r["verdict"] == "regression" and name in r["non_finite"] for r in rules)
+    assert main(["agree", str(suite), str(cand), "--baseline", str(base), "--json", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    [measured] = json.loads(out)
+    assert math.isfinite(measured["agreement"]["kl_mean"])  # finite: only the warning says what it stores
+    assert f"stores NaN or infinity in 1 tensor(s) ({name})" in err
+
+
 def test_eval_of_a_gguf_keys_its_engine(llama_gguf, golden, tmp_path, isolated_cache, monkeypatch):
     suite = suite_file(tmp_path / "s.yaml", golden / "golden" / "v1", extra="tasks: [core_facts]\n")
     first = api.scored(suite, llama_gguf)
