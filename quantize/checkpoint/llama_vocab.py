@@ -14,8 +14,10 @@ child captures nothing itself); its result is kept per file (device, inode, size
 Before scoring or quantizing, the child then loads the whole model with a small context too (`model=True`): some
 headers pass every check of ours and stop llama.cpp on an assertion while it builds the model or reserves the
 context's graph (KV heads that do not divide the heads, more experts used than stored), which also ended the
-process. The child runs with GGML_NO_BACKTRACE, so no debugger is started, and imports this process's quantize
-(never a `quantize/` folder in the working directory).
+process. Its refusal quotes llama.cpp's reason, then says what is true of it (ADVICE): where llama.cpp's own
+converter wrote the file, converting again writes the same file (a limitation of llama.cpp for that model), so the
+safetensors checkpoint is scored in transformers instead. The child runs with GGML_NO_BACKTRACE, so no debugger
+is started, and imports this process's quantize (never a `quantize/` folder in the working directory).
 """
 
 from __future__ import annotations
@@ -54,8 +56,19 @@ STAGES = {
         "wrote tokens llama.cpp's tokenizer cannot use); convert the model again, or check its tokenizer files"
     ),
     "model": (
-        "cannot load the model or make a context for it: its tensors' shapes or its hyperparameters (heads, KV heads, "
-        "experts) are not what its architecture needs; convert the model again with llama.cpp's converter"
+        "cannot load the model or make a context for it: llama.cpp's loader refuses this file (its tensors' shapes "
+        "or its hyperparameters: heads, KV heads, experts, are not what llama.cpp's code for its architecture needs)"
+    ),
+}
+# said after llama.cpp's own reason: when llama.cpp's converter wrote the file, converting again writes the same one
+# (seen on tiny OLMoE, GraniteMoeHybrid and Nemotron-H checkpoints through llama-cpp-python 0.3.36's converter: a
+# tensor of another shape than the loader asks, a tensor it looks for in a layer the converter wrote without it)
+ADVICE = {
+    "model": (
+        "If llama.cpp's own converter wrote this file, converting again writes the same one: llama.cpp cannot run "
+        "this model as its converter writes it (a limitation of llama.cpp for this model), so score the safetensors "
+        "checkpoint (its Hugging Face folder, scored in transformers by the default `backend: quantize`) instead; if "
+        "another tool wrote it, write it with llama.cpp's converter (a gguf recipe whose `model:` is the folder)"
     ),
 }
 WHY = re.compile(r"error|assert|fail|terminate|what\(\)|exception", re.IGNORECASE)
@@ -122,9 +135,10 @@ def _checked(path: str, model: bool, _stat_key: tuple[int, ...]) -> None:
         else f"exited {done.returncode}"
     )
     reached = (done.stdout.split() or ["vocabulary"])[-1]
+    advice = f". {ADVICE[reached]}" if reached in ADVICE else ""
     raise UsageError(
         f"{path}: llama.cpp {STAGES.get(reached, STAGES['vocabulary'])}. A child process that tried it {how}; "
-        f"llama.cpp said: {said}"
+        f"llama.cpp said: {said}{advice}"
     )
 
 

@@ -23,6 +23,12 @@ asked (benchmarks/server_samples.py `--fixed`), never by `quantize` itself.
   the version beside them (`converter_version`). `converter_problems` finds them there, of the installed version,
   with the command-line options convert/hf_to_gguf.py passes (its child process runs the script).
 
+- `llama_cpp.llama_model_is_recurrent` / `llama_model_is_hybrid` (llama.h's `llama_model_is_recurrent`,
+  `llama_model_is_hybrid`, through llama-cpp-python's low-level bindings, which `Llama.reset` itself calls):
+  whether a model's memory holds a recurrent state (Mamba's, RWKV's; a hybrid's short-convolution or state-space
+  layers beside attention: LFM2, Falcon-H1), which llama.cpp cannot cut part-way (`llama_memory_seq_rm` refuses a
+  partial cut, and the next decode returns -1). `memory_rewinds` asks them; `problems` names either missing.
+
 `problems()` lists every guarded assumption that does not hold in the installed version (tests/compat fails on
 any); `patch_echo` refuses to run while there is one, never half-patching another version, and the importance
 matrix (convert/imatrix.py) is refused while `tensor_problems()` finds one.
@@ -35,6 +41,7 @@ import functools
 import inspect
 import sys
 import textwrap
+import warnings
 from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from pathlib import Path
@@ -111,7 +118,34 @@ def problems() -> list[str]:
         for old, _new in PATCHES
         if src.count(old) != 1
     ]
+    out += [f"llama_cpp.{name} is missing" for name in MEMORY_KINDS if not hasattr(_low_level(), name)]
     return out + tensor_problems()
+
+
+MEMORY_KINDS = ("llama_model_is_recurrent", "llama_model_is_hybrid")  # llama.h: a memory that cannot be cut part-way
+
+
+def _low_level() -> Any:
+    import llama_cpp
+
+    return llama_cpp
+
+
+def memory_rewinds(model: Any) -> bool:
+    """Whether llama.cpp can cut the memory of `model` (a `Llama.model` pointer) back to any earlier position: an
+    attention-only KV cache can, a recurrent or hybrid memory cannot (MEMORY_KINDS). Where llama-cpp-python lacks
+    either function (a version outside CHECKED), a warning, and False: decoding every sequence from an empty memory
+    is right for any model."""
+    lib = _low_level()
+    if not all(hasattr(lib, name) for name in MEMORY_KINDS):
+        warnings.warn(
+            f"llama-cpp-python {version(DISTRIBUTION)} lacks {' or '.join(MEMORY_KINDS)}: every row is decoded from an "
+            "empty memory (quantize/compat/llama_cpp.py)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    return not any(bool(getattr(lib, name)(model)) for name in MEMORY_KINDS)
 
 
 def patch_echo() -> None:

@@ -17,7 +17,12 @@ token sequence; this model turns them into what lm-eval asks for, as quantize/ev
 
 One item's continuations that share P are scored from one evaluation of P: P is decoded from position 0 (the
 cache cleared), then each S is decoded after it (the positions past P removed first, llama.cpp's own
-`kv_cache_seq_rm`), as llama.cpp's server reuses a prompt's cache. Nothing is shared between items and one
+`kv_cache_seq_rm`), as llama.cpp's server reuses a prompt's cache. That rewind needs a memory llama.cpp can cut
+part-way, an attention-only KV cache: a recurrent or hybrid model's memory (Mamba's state, LFM2's short
+convolutions, Falcon-H1's state-space layers: `llama_model_is_recurrent` / `llama_model_is_hybrid`,
+quantize/compat/llama_cpp.memory_rewinds) holds one state per sequence, which llama.cpp refuses to cut (its next
+decode returned -1, exit 3). For such a model every row is decoded whole from an empty memory (P + S in one
+evaluation), as a fresh load would decode it. Nothing is shared between items and one
 sequence is decoded at a time, so an item's numbers depend on its own tokens, the GGUF and the engine settings
 alone: threads and `n_batch` (the chunk a sequence is decoded in: its positions' floats depend on where the chunks
 fall, so it is fixed) are the suite's `llamacpp:` section, recorded in the provenance and the cache key with the
@@ -52,6 +57,7 @@ from lm_eval.api.registry import register_model
 
 from quantize.checkpoint import ggufs
 from quantize.checkpoint.llama_vocab import check_vocabulary
+from quantize.compat import llama_cpp as compat
 from quantize.compat import lm_eval as lm_eval_compat
 from quantize.errors import RuntimeFailure, UsageError
 from quantize.evaluate.engine import ScoredTokens
@@ -100,6 +106,7 @@ class LlamaCppLM(TemplateLM):
         self.seed, self.vocab_only = seed, vocab_only
         check_vocabulary(self.gguf, model=not vocab_only)  # what llama.cpp aborts on is exit 2, not a SIGABRT here
         self._load(min(self._max_length, FIRST_CONTEXT))
+        self.rewinds = compat.memory_rewinds(self.llm.model)  # False: every row decoded whole (module docstring)
         bos = self.llm.token_bos()
         self._eot = self.llm.token_eos()
         self._prefix = bos if bos >= 0 else self._eot
@@ -192,11 +199,15 @@ class LlamaCppLM(TemplateLM):
     def score_rows(self, rows: list[Row]) -> list[tuple[float, bool]]:
         """(log-likelihood, is_greedy) per row, in order; consecutive rows with one prefix share its evaluation
         (module docstring: within an item, since lm-eval lists an item's requests together), any other prefix is
-        evaluated afresh."""
+        evaluated afresh; a model whose memory cannot be cut part-way (`rewinds` False) decodes every row whole
+        from an empty memory."""
         out = []
         evaluated: tuple[int, ...] | None = None
         self.fit(max((len(r.prefix) + len(r.suffix) for r in rows), default=0))
         for r in rows:
+            if not self.rewinds:
+                out.append(answer(self.row_logits(r), r.targets))
+                continue
             if r.prefix != evaluated:
                 self.llm.reset()
                 if r.prefix:
@@ -210,6 +221,13 @@ class LlamaCppLM(TemplateLM):
         self.llm.n_tokens = at
         self.llm.eval(list(suffix))
         return np.array(self.llm.scores[at : at + len(suffix)], dtype=np.float32)
+
+    def row_logits(self, r: Row) -> np.ndarray:
+        """The logits (C, V) at the row's suffix positions, the row decoded whole from an empty memory."""
+        at = len(r.prefix)
+        self.llm.reset()  # llama-cpp-python clears a recurrent or hybrid memory here (llama_memory_clear)
+        self.llm.eval(list(r.prefix + r.suffix))
+        return np.array(self.llm.scores[at : at + len(r.suffix)], dtype=np.float32)
 
     def logits(self, tokens: Sequence[int], first: int) -> np.ndarray:
         """The logits (P, V) of a whole sequence at positions first - 1 .. len - 2 (those predicting tokens

@@ -110,3 +110,25 @@ def test_llama_cpps_layer_limits_are_the_ones_restated(tmp_path):
     assert as_many.returncode == 0 and "error loading model vocabulary" in as_many.stderr, as_many.stderr[-2000:]
     assert past.returncode != 0, past.stderr[-2000:]
     assert "GGML_ASSERT(hparams.n_layer_nextn <= hparams.n_layer_all) failed" in past.stderr, past.stderr[-2000:]
+
+
+def test_a_recurrent_or_hybrid_memory_is_one_llama_cpp_cannot_rewind(smollm2, tmp_path, monkeypatch):
+    """`memory_rewinds` is llama.cpp's own answer (llama_model_is_recurrent / llama_model_is_hybrid): True for the
+    default model's attention-only KV cache, False for a Mamba; without either function, a warning and False
+    (every row decoded from an empty memory, right for any model)."""
+    from types import SimpleNamespace
+
+    from gguf_models import tiny_mamba_gguf
+    from llama_cpp import Llama
+
+    mamba = tiny_mamba_gguf(tmp_path / "mamba.gguf", smollm2)
+    seen = {}
+    for name, path in (("attention", smollm2), ("mamba", mamba)):
+        llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
+        seen[name] = compat.memory_rewinds(llm.model)
+        llm.close()
+    assert seen == {"attention": True, "mamba": False}
+    monkeypatch.setattr(compat, "_low_level", lambda: SimpleNamespace(llama_model_is_recurrent=lambda _m: False))
+    with pytest.warns(RuntimeWarning, match="llama_model_is_hybrid"):
+        assert compat.memory_rewinds(None) is False
+    assert "llama_cpp.llama_model_is_hybrid is missing" in compat.problems()

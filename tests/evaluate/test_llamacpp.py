@@ -324,6 +324,68 @@ def test_a_rows_numbers_are_its_own(lm):
     assert alone[0][0] > alone[1][0]  # the model knows its capitals
 
 
+@pytest.fixture(scope="module")
+def mamba(llama_gguf, tmp_path_factory):
+    """A tiny Mamba GGUF (a recurrent memory: llama.cpp cannot cut its state part-way) in the scorer."""
+    from gguf_models import tiny_mamba_gguf
+
+    from quantize.evaluate.llamacpp import LlamaCppLM
+
+    g = tiny_mamba_gguf(tmp_path_factory.mktemp("mamba") / "m.gguf", llama_gguf)
+    model = LlamaCppLM(g, n_threads=2, n_batch=64, max_length=256)
+    yield model
+    model.close()
+
+
+def fresh_logits(gguf: Path, tokens: list[int], n_batch: int = 64) -> np.ndarray:
+    """Every position's logits of `tokens` from a model loaded afresh (its memory never used before)."""
+    from llama_cpp import Llama
+
+    llm = Llama(
+        model_path=str(gguf), n_ctx=256, n_batch=n_batch, n_ubatch=n_batch, n_threads=2, logits_all=True, verbose=False
+    )
+    try:
+        llm.eval(tokens)
+        return np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+def test_a_recurrent_models_rows_are_each_scored_as_a_fresh_decode_of_the_row(mamba):
+    """A recurrent (or hybrid: LFM2, Falcon-H1) memory cannot be rewound to the shared prefix: the second
+    continuation of an item was `llama_decode returned -1` (exit 3). Each row is decoded whole from an empty
+    memory: its numbers are a freshly loaded model's for that row, whatever was scored before it."""
+    from quantize.evaluate.llamacpp import answer
+    from quantize.evaluate.lm import row
+
+    enc = mamba.tok_encode
+    ctx = enc("Question: what is the capital of France?\nAnswer:")
+    conts = [enc(" Paris", add_special_tokens=False), enc(" the city of Lyon", add_special_tokens=False)]
+    other = row(enc("A different context, longer than the first one by a few words."), enc(" x"), mamba.max_length)
+    rows = [row(ctx, c, mamba.max_length) for c in conts]
+    together = mamba.score_rows([other, *rows, other])
+    alone = [mamba.score_rows([r])[0] for r in rows]
+    assert together[1:3] == alone and together[0] == together[3]
+    for r, got in zip([other, *rows], [together[0], *alone], strict=True):
+        logits = fresh_logits(mamba.gguf, list(r.prefix + r.suffix))
+        assert got == answer(logits[len(r.prefix) :], r.targets) and math.isfinite(got[0])
+    assert not mamba.rewinds
+
+
+def test_a_recurrent_models_agreement_logits_and_generation_start_from_an_empty_memory(mamba, lm):
+    """Agreement's logits and greedy generation decode from an empty memory too (llama-cpp-python's reset clears a
+    recurrent state): a whole sequence's logits are a fresh load's, whatever ran before; each generated token is
+    the argmax of the logits that chose it."""
+    tokens = mamba.tok_encode("The quick brown fox jumps over the lazy dog, and then it runs away.")
+    mamba.greedy(tokens[:5], 4, [])  # a generation before: its state must not leak
+    assert np.array_equal(mamba.logits(tokens, 3), fresh_logits(mamba.gguf, tokens)[2:-1])
+    chosen: list[int] = []
+    for _ in range(3):  # each token the argmax of a fresh load's last logits (no end of sequence: a seeded model)
+        chosen.append(int(np.argmax(fresh_logits(mamba.gguf, tokens + chosen)[-1])))
+    assert mamba.eot_token_id not in chosen and mamba.greedy(tokens, 3, [])[0] == mamba.tok_decode(chosen)
+    assert lm.rewinds  # an attention-only KV cache keeps its shared prefix
+
+
 def test_loading_a_gguf_prints_nothing_of_llama_cpps_own(llama_gguf, capfd):
     """A vocabulary-only load (the token check's, before every cross-engine gate and agreement) made a context whose
     warning, `n_ctx_seq (8192) > n_ctx_train (0)`, reached the terminal once per checkpoint: llama.cpp's lines go
@@ -719,6 +781,10 @@ def test_a_gguf_llama_cpp_stops_on_is_exit_2_before_it_loads_here(llama_gguf, tm
     assert main(["eval", str(suite), str(g), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "cannot load the model or make a context for it" in err and says in err and "Traceback" not in err
+    # after llama.cpp's reason, what is true of it: converting again with llama.cpp's converter (which may have
+    # written it: r2's OLMoE) writes the same file, so the safetensors checkpoint is scored in transformers instead
+    assert err.index(says) < err.index("If llama.cpp's own converter wrote this file, converting again writes the same")
+    assert "score the safetensors checkpoint" in err and "convert the model again" not in err
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"method: gguf\ntype: Q8_0\nmodel: {g}\noutput: {tmp_path / 'out'}\n")
     assert main(["run", str(recipe), "--quiet"]) == 2
