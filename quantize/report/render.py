@@ -164,6 +164,8 @@ def plot_pareto(entries: list[Entry], out: Path, axis: str) -> list[str]:
     xlabel = "total tensor size (MiB)" if axis == "bytes" else "true bits per weight (whole model)"
     for ax, (key, label, hib) in zip(axes.flat, ms, strict=False):
         pts = [(x_of(e, axis), v, e) for e in entries if (v := value(e, key)) is not None]
+        if not pts:
+            ax.text(0.5, 0.5, "no finite figure", ha="center", va="center", fontsize=8, transform=ax.transAxes)
         for x, (y, se), e in pts:
             ax.errorbar(
                 x,
@@ -430,6 +432,8 @@ def _n_of(p: RulePoint) -> str:
 def _annotate(ax: Any, labels: list[tuple[float, float, str]], heights: list[float]) -> None:
     """Labels to the right of their points; labels of points at about the same size spread apart; `heights` (with
     the points) bound the vertical span. The Pareto and the evidence plots label theirs with it."""
+    if not labels:  # a panel with no finite figure (every entry's non-finite: its cells say so)
+        return
     xs, ys = [a for a, _, _ in labels], [b for _, b, _ in labels]
     lo, hi = min(ys + heights), max(ys + heights)
     x_span, y_span = (max(xs) - min(xs)) or 1.0, (hi - lo) or 1.0

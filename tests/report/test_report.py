@@ -973,3 +973,20 @@ def test_a_candidate_scored_on_other_tokens_is_withheld_and_the_report_written(
         stale = "gate.json not shown: policy p changed since it was gated: "
         assert (stale in rows["tokx"]["verdict from"]) == saved
         assert ("allow_different_tokenizer True then, False now" in rows["tokx"]["verdict from"]) == saved
+
+
+def test_a_report_of_checkpoints_with_no_finite_figure_is_drawn(tiny_model, tmp_path, monkeypatch):
+    """A review (r5, session 44): `quantize report` of a checkpoint whose scores are all NaN, without a baseline,
+    was exit 3 (`min() arg is an empty sequence` labelling a task's panel, which had no point). The panel
+    says it has no finite figure and the report is written."""
+    from conftest import ROOT, nan_copy
+
+    monkeypatch.setenv("QUANTIZE_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "nan"
+    shutil.copytree(tiny_model, bad)
+    nan_copy(tiny_model / "model.safetensors", bad / "model.safetensors")
+    smoke = str(ROOT / "evaluate" / "smoke.yaml")
+    assert main(["eval", smoke, str(bad), "-q"]) == 0  # its scores: NaN, cached
+    out = tmp_path / "rep"
+    assert main(["report", str(bad), "--suite", smoke, "--out", str(out)]) == 0
+    assert (out / "report.md").is_file() and "nan" in _rows(out)
