@@ -110,6 +110,51 @@ PART_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"(^|\.)(lm_head|embed_out|output)$", "lm_head"),
     ]
 ]
+# Tensor-name suffix -> role (accounting.ROLES), first match wins: the safetensors accounting's (accounting.role_of),
+# here so that ggufs names a GGUF tensor's role by the names it is converted from (ggufs._source_role). Covers
+# compressed-tensors (weight_packed, weight_scale, weight_zero_point, weight_g_idx, weight_shape), GPTQ and AWQ
+# formats (qweight, qzeros, scales, g_idx) and FP8 checkpoints.
+ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(p), r)
+    for p, r in [
+        (r"\.(weight_packed|qweight)$", "payload"),
+        (r"\.(weight_scale|scales|weight_global_scale|weight_scale_inv)$", "scale"),
+        (r"\.(weight_zero_point|qzeros)$", "zero_point"),
+        (r"\.(weight_g_idx|g_idx)$", "group_index"),
+        (r"\.(k_scale|v_scale|k_zero_point|v_zero_point)$", "kv_scale"),  # a quantized KV cache's scales
+        (
+            r"\.(weight_shape|input_scale|input_zero_point|input_global_scale|output_scale|output_zero_point)$",
+            "quant_meta",
+        ),
+        (
+            r"(^|\.)(embed_tokens|wte|wpe|word_embeddings|embed_positions|tok_embeddings|embeddings|"
+            r"embed_tokens_per_layer)\.weight$",
+            "embedding",  # `embeddings`: Nemotron-H; `embed_tokens_per_layer`: Gemma 4's per-layer inputs
+        ),
+        (r"(^|\.)(lm_head|embed_out|output)\.weight$", "lm_head"),
+        (r"(norm|ln_\w+|ln\d*)[^.]*\.(weight|bias)$", "norm"),  # a LayerNorm's bias too (DeepSeek-V3.2's indexer)
+        (r"\.bias$", "bias"),
+        (r"\.experts\.\w+_bias$", "bias"),  # fused experts' biases (gpt-oss)
+        # a router's bias on its expert choice: DeepSeek-V3's `gate.`, ERNIE 4.5's `moe_statics.`, MiniMax-M2's on
+        # the MoE block itself
+        (r"(^|\.)e_score_correction_bias$", "bias"),
+        # per-head or per-layer scalars the computation adds or multiplies: gpt-oss's attention sinks (one logit a
+        # head), Gemma 4's layer_scalar
+        (r"\.(sinks|layer_scalar)$", "scalar"),
+        # Granite 4's routed experts as saved: one 3-D tensor of E experts each for the input and output linears
+        (r"(^|\.)block_sparse_moe\.(input_linear|output_linear)\.weight$", "linear_kept"),
+        # transformers' MXFP4 experts (gpt-oss as published, quant_method mxfp4): FP4 values two a byte in blocks of
+        # 32 (`*_blocks`, U8 [..., blocks, 16]) and an E8M0 scale a block (`*_scales`)
+        (r"\.experts\.\w+_blocks$", "payload"),
+        (r"\.experts\.\w+_scales$", "scale"),
+        (r"\.experts\.(gate_up_proj|gate_proj|up_proj|down_proj)$", "linear_kept"),  # fused experts, unquantized
+        # a recurrent or state-space mixer's own parameters: Mamba2's A_log, D and dt_bias (Nemotron-H, Falcon-H1,
+        # Granite 4), Gated DeltaNet's A_log and dt_bias (Qwen3-Next, Qwen3.5), Kimi Delta Attention's forget gate
+        (r"\.(A_log|D|dt_bias)$", "state"),
+        # a causal convolution's kernel (a 3-D weight): Mamba2's and the linear attentions' conv1d, LFM2's conv
+        (r"(^|\.)(conv1d|conv|\w+_conv1d)\.weight$", "conv"),
+    ]
+]
 TENSOR_ROLE_PARTS = {"embedding": "embedding", "lm_head": "lm_head", "norm": "norm"}
 _EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)(?:\.|$)")
 LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")

@@ -32,8 +32,9 @@ so `read_header` does the same: the first part's header joined with every other 
 checked as llama.cpp checks it (its index, no tensor twice, the declared tensor count), and refused (UsageError)
 where llama.cpp would refuse to load it, before it is opened. The identity (weights_sha256) hashes every part.
 
-This module imports no other checkpoint module, so files.py may import it (for `weights_sha256`) without a cycle;
-accounting.gguf_report turns a header into the BitsReport `quantize inspect` prints.
+This module imports no other checkpoint module but architecture (the safetensors side's rules for a tensor's role and
+part, which name a GGUF tensor's by the names it is converted from: role_of), so files.py may import it (for
+`weights_sha256`) without a cycle; accounting.gguf_report turns a header into the BitsReport `quantize inspect` prints.
 """
 
 from __future__ import annotations
@@ -45,12 +46,14 @@ import os
 import re
 import stat
 import struct
+from collections.abc import Container
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from quantize import cache
+from quantize.checkpoint import architecture
 from quantize.errors import UsageError
 from quantize.io import open_user_file, sha256_bytes, sha256_user_file
 
@@ -752,31 +755,96 @@ class TensorRole:
 
 
 _EMBEDDINGS = ("TOKEN_EMBD", "POS_EMBD", "TOKEN_TYPES", "PER_LAYER_TOKEN_EMBD")
+# the roles of the safetensors accounting (architecture.ROLE_RULES) a GGUF tensor takes from the names its kind is
+# converted from (_source_role): a recurrent mixer's own parameters and a causal convolution's kernel
+_SOURCE_ROLES = ("state", "conv")
+# the parts of a mixer part_of may name a kind of the gguf package's state-space group (SSM_*) by: Kimi Delta
+# Attention's tensors come from `self_attn` modules, which the safetensors side makes linear attention by its layer
+# (architecture.linear_attention_layers); a GGUF's SSM_* tensors are a recurrent layer's whatever their module
+_STATE_SPACE_PARTS = {"attention": "linear_attention"}
+
+Patterns = list[tuple[re.Pattern[str], str, str | None]]
 
 
-def name_patterns(architecture: str | None) -> list[tuple[re.Pattern[str], str]]:
-    """(pattern of a tensor's name less its suffix, MODEL_TENSOR name), for the architecture's tensors first
-    (gguf.constants.MODEL_TENSORS), then every tensor name the library knows."""
+def name_patterns(architecture: str | None) -> Patterns:
+    """(pattern of a tensor's name less its suffix, MODEL_TENSOR name, its part where _part cannot tell it from the
+    name), for the architecture's tensors first (gguf.constants.MODEL_TENSORS), then every tensor name the library
+    knows. The third is a recurrent mixer's part (_mixer_parts): None for the kinds _part names and for those of
+    another architecture."""
     import gguf
     from gguf.constants import MODEL_ARCH_NAMES, MODEL_TENSORS, TENSOR_NAMES
 
     arch = next((a for a, n in MODEL_ARCH_NAMES.items() if n == architecture), None)
     kinds = list(MODEL_TENSORS.get(arch, [])) if arch is not None else []
+    mixers = _mixer_parts(tuple(k.name for k in kinds))
     kinds += [k for k in gguf.MODEL_TENSOR if k not in kinds and k in TENSOR_NAMES]
-    return [(re.compile(re.escape(TENSOR_NAMES[k]).replace(r"\{bid\}", r"(\d+)") + "$"), k.name) for k in kinds]
+    return [
+        (re.compile(re.escape(TENSOR_NAMES[k]).replace(r"\{bid\}", r"(\d+)") + "$"), k.name, mixers.get(k.name))
+        for k in kinds
+    ]
 
 
-def role_of(t: GGUFTensor, patterns: list[tuple[re.Pattern[str], str]], mtp_from: int | None = None) -> TensorRole:
+def _sources(kind: str) -> tuple[str, ...]:
+    """The Hugging Face module names the gguf package converts into tensors of `kind` (gguf.TensorNameMap: the
+    names convert_hf_to_gguf.py maps), a block's `{bid}` as block 0."""
+    import gguf
+    from gguf.tensor_mapping import TensorNameMap
+
+    k = gguf.MODEL_TENSOR[kind]
+    names = (*TensorNameMap.mappings_cfg.get(k, ()), *TensorNameMap.block_mappings_cfg.get(k, ()))
+    return tuple(n.replace("{bid}", "0") for n in names)
+
+
+@functools.cache
+def _mixer_parts(kinds: tuple[str, ...]) -> dict[str, str]:
+    """The part of each of an architecture's `kinds` that _part leaves `other` (a state-space or short-convolution
+    mixer's), as the safetensors side's part_of names the modules the gguf package converts them from (_sources):
+    within each group of kinds (the MODEL_TENSOR name's first word: SSM, SHORTCONV, ...), the one part every kind's
+    sources may be, where there is one (Falcon-H1's SSM_D comes from Mamba modules alone, Qwen3-Next's SSM_BETA_ALPHA
+    from a linear attention's, LFM2's SHORTCONV_* from its short convolution); none where the sources disagree."""
+    mixer = [k for k in kinds if _part(k, "") == "other" and "NORM" not in k and k not in (*_EMBEDDINGS, "OUTPUT")]
+    groups: dict[str, set[str]] = {}
+    for k in mixer:
+        if seen := {architecture.part_of(n, "") for n in _sources(k)} - {"other"}:
+            group = k.split("_")[0]
+            groups[group] = groups[group] & seen if group in groups else seen
+    out = {}
+    for k in mixer:
+        if len(found := groups.get(k.split("_")[0], set())) == 1:
+            part = next(iter(found))
+            out[k] = _STATE_SPACE_PARTS.get(part, part) if k.startswith("SSM_") else part
+    return out
+
+
+@functools.cache
+def _source_role(kind: str, suffix: str | None) -> str | None:
+    """The role the safetensors accounting's ROLE_RULES give every name `kind` is converted from (_sources, with the
+    GGUF tensor's suffix), where it is one of _SOURCE_ROLES: `state` for SSM_A and SSM_D (Mamba's A_log, D), `conv`
+    for the convolutions' `.weight` (conv1d, LFM2's conv.conv); else None."""
+    roles = set()
+    for n in _sources(kind):
+        name = f"{n}.{suffix}" if suffix else n
+        roles.add(next((r for pattern, r in architecture.ROLE_RULES if pattern.search(name)), None))
+    roles.discard(None)
+    return roles.pop() if len(roles) == 1 and roles <= set(_SOURCE_ROLES) else None
+
+
+def role_of(t: GGUFTensor, patterns: Patterns, stored: Container[str], mtp_from: int | None = None) -> TensorRole:
     """A tensor's role and part from the MODEL_TENSOR its name is (a bias by its `.bias` suffix; a linear weight is
-    `payload` when block-quantized, `linear_kept` when stored as floats). A name that is a MODEL_TENSOR's whole,
-    with no suffix (llama.cpp's `blk.N.ssm_a` and `blk.N.ssm_d`, a Mamba's state-space parameters), is no weight:
-    role `other` but for a norm, an embedding or the output layer. Every tensor of a block N >= `mtp_from` (the
-    header's first multi-token-prediction block: mtp_blocks) is part `mtp`, its experts included."""
+    `payload` when block-quantized, `linear_kept` when stored as floats), as the safetensors accounting names the
+    tensors the gguf package converts into that kind (_source_role: a recurrent mixer's `state`, a convolution's
+    `conv`; _mixer_parts: the Mamba, linear-attention and short-convolution parts). A name that is a MODEL_TENSOR's
+    whole, with no suffix (llama.cpp's `blk.N.ssm_a` and `blk.N.ssm_d`, a Mamba's state-space parameters), is no
+    weight: its source's role, else `other` but for a norm, an embedding or the output layer. A recurrent mixer's
+    bias with no weight of its own among `stored` (the header's tensor names: llama.cpp's converter writes Mamba2's
+    and Gated DeltaNet's dt_bias as `ssm_dt.bias`, no `ssm_dt.weight` beside it) is `state`, as dt_bias is on the
+    safetensors side. Every tensor of a block N >= `mtp_from` (the header's first multi-token-prediction block:
+    mtp_blocks) is part `mtp`, its experts included."""
     base, _, suffix = t.name.rpartition(".")
     base = base or suffix
-    kind, layer = _kind(base, patterns)
+    kind, layer, mixer = _kind(base, patterns)
     if kind is None and base != t.name:
-        kind, layer = _kind(t.name, patterns)
+        kind, layer, mixer = _kind(t.name, patterns)
         suffix = None
     if kind is None:
         return TensorRole("other", "other", layer, None)
@@ -786,22 +854,28 @@ def role_of(t: GGUFTensor, patterns: list[tuple[re.Pattern[str], str]], mtp_from
         role = "lm_head"
     elif kind in _EMBEDDINGS:
         role = "embedding"
+    elif source := _source_role(kind, suffix):
+        role = source
     elif suffix == "bias":
-        role = "bias"
+        role = "state" if mixer and f"{base}.weight" not in stored else "bias"
     elif suffix is not None and len(t.dims) >= 2:
         role = "payload" if t.quantized else "linear_kept"
     else:
         role = "other"
-    part = "mtp" if mtp_from is not None and layer is not None and layer >= mtp_from else _part(kind, role)
+    if mtp_from is not None and layer is not None and layer >= mtp_from:
+        part = "mtp"
+    else:
+        part = mixer if mixer and role not in ("norm", "embedding", "lm_head") else _part(kind, role)
     return TensorRole(role, part, layer, kind)
 
 
-def _kind(name: str, patterns: list[tuple[re.Pattern[str], str]]) -> tuple[str | None, int | None]:
-    """The MODEL_TENSOR `name` is (the first of `patterns` that matches it) and its block, or (None, None)."""
-    for pattern, k in patterns:
+def _kind(name: str, patterns: Patterns) -> tuple[str | None, int | None, str | None]:
+    """The MODEL_TENSOR `name` is (the first of `patterns` that matches it), its block and its mixer's part (None
+    where _part names it), or (None, None, None)."""
+    for pattern, k, mixer in patterns:
         if m := pattern.match(name):
-            return k, (int(m.group(1)) if m.groups() else None)
-    return None, None
+            return k, (int(m.group(1)) if m.groups() else None), mixer
+    return None, None, None
 
 
 def mtp_blocks(h: GGUFHeader) -> range:
@@ -825,8 +899,8 @@ def mtp_stored(h: GGUFHeader) -> list[int]:
     declared = mtp_blocks(h)
     if not declared:
         return []
-    patterns = name_patterns(h.architecture)
-    return sorted({r.layer for t in h.tensors if (r := role_of(t, patterns, declared.start)).part == "mtp"})
+    patterns, stored = name_patterns(h.architecture), {t.name for t in h.tensors}
+    return sorted({r.layer for t in h.tensors if (r := role_of(t, patterns, stored, declared.start)).part == "mtp"})
 
 
 def _part(kind: str, role: str) -> str:
@@ -883,6 +957,50 @@ def recurrent_state_keys(h: GGUFHeader) -> list[str]:
     groups = [getattr(gguf.Keys, g, None) for g in ("SSM", "WKV", "KDA", "ShortConv")]
     found = (v.format(arch=arch) for g in groups if g is not None for n, v in vars(g).items() if not n.startswith("_"))
     return sorted(k for k in found if k in h.metadata)
+
+
+# bytes of an element of llama.cpp's recurrent state (its llama_memory_recurrent's R and S tensors: F32, its load log's
+# `R (f32)`, `S (f32)`), whatever the model's weights
+RECURRENT_STATE_BYTES = 4
+
+
+@dataclass(frozen=True)
+class RecurrentState:
+    """The fixed state llama.cpp keeps for a sequence in each recurrent layer (llama_memory_recurrent), from the
+    header alone: `r` values of its convolution state (R) and `s` of its state-space state (S), F32 each."""
+
+    r: int
+    s: int
+    formula: str
+
+
+def recurrent_state(h: GGUFHeader) -> RecurrentState | None:
+    """The state each short-convolution layer of a header keeps as llama.cpp sizes it (llama_hparams' n_embd_r and
+    n_embd_s), where the header declares a short convolution (`{arch}.shortconv.l_cache`, LFM2) and no other
+    recurrent state: R = embedding_length × (l_cache − 1) values (the last inputs but the one a step brings), no S,
+    F32 (RECURRENT_STATE_BYTES); else None. A Mamba state space (`{arch}.ssm.*`), RWKV's and Kimi's are not read
+    here: llama.cpp's rule for which of their layers keep a state is each family's code, not the header's. Which
+    layers keep the short convolution's is the caller's to say (llama.cpp: those of no KV head). A key the rule
+    reads that is no whole number is refused (UsageError)."""
+    import gguf
+
+    arch = h.architecture or ""
+    l_cache, embedding = gguf.Keys.ShortConv.L_CACHE.format(arch=arch), gguf.Keys.LLM.EMBEDDING_LENGTH.format(arch=arch)
+    if recurrent_state_keys(h) != [l_cache]:
+        return None
+    for k in (embedding, l_cache):
+        if not _whole(h.metadata.get(k), 1):
+            got = "is absent" if k not in h.metadata else f"is {_shown(h, k)}"
+            raise UsageError(
+                f"{h.path}: {k} {got}; llama.cpp sizes each short-convolution layer's state by it, a whole number of "
+                f"at least 1. {FIX[0].upper()}{FIX[1:]}"
+            )
+    n, cache = h.metadata[embedding], h.metadata[l_cache]
+    return RecurrentState(
+        r=n * (cache - 1),
+        s=0,
+        formula=f"R: embedding_length {n} × (shortconv.l_cache {cache} − 1) at F32 [llama.cpp's recurrent state]",
+    )
 
 
 def per_layer_shape(h: GGUFHeader) -> PerLayerShape | None:

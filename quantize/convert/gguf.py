@@ -183,7 +183,8 @@ def layer_plan(h: ggufs.GGUFHeader, type_name: str, asked: dict[str, tuple[str, 
     are the GGUF's tensor names."""
     asked = asked or {}
     patterns = ggufs.name_patterns(h.architecture)
-    weights = [(t, ggufs.role_of(t, patterns)) for t in h.tensors if len(t.dims) >= 2]
+    stored = {t.name for t in h.tensors}
+    weights = [(t, ggufs.role_of(t, patterns, stored)) for t in h.tensors if len(t.dims) >= 2]
     payload = [t for t, r in weights if r.role == "payload"]
     own = block_size(default_tensor_type(type_name))
     kept = [t for t, r in weights if r.role == "linear_kept"]
@@ -220,7 +221,7 @@ def left_16bit(h: ggufs.GGUFHeader, type_name: str, asked: dict[str, tuple[str, 
     weight (a name that is no tensor name of the gguf package's: no rule names it, role `other`)."""
     patterns = ggufs.name_patterns(h.architecture)
     stored = {t.name: t for t in h.tensors}
-    roles = {t.name: ggufs.role_of(t, patterns) for t in h.tensors if t.ggml_type in FLOAT_TYPES}
+    roles = {t.name: ggufs.role_of(t, patterns, stored) for t in h.tensors if t.ggml_type in FLOAT_TYPES}
     own = _left_why(None, type_name)
 
     def exempt(t: ggufs.GGUFTensor, r: ggufs.TensorRole) -> bool:

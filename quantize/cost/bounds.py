@@ -1045,10 +1045,13 @@ def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
     which the caller reads, refusing a per-layer head count it keeps unread: cost imports no transformers), as
     kv_layout_from_config prices any; without one (an architecture transformers does not map) it is refused
     (UsageError) naming what it declares. A header that also sizes a recurrent state (ggufs.recurrent_state_keys:
-    Gated DeltaNet, Mamba2, KDA, short convolutions) is priced only through `config` (its layer types and state),
-    else refused: its head counts, or its MLA keys, describe its attention layers alone (a review's Qwen3-Next GGUF
-    was priced as attention in all four layers, a Kimi-Linear one as MLA in all, a Falcon-H1 one without its Mamba
-    state)."""
+    Gated DeltaNet, Mamba2, KDA, short convolutions) is priced only through `config` (its layer types), each of
+    the config's state layers at the state llama.cpp allocates (ggufs.recurrent_state: a short convolution's, F32,
+    not transformers' conv cache), else refused, and refused with a config too where that state is another (Mamba,
+    RWKV, KDA: which of their layers keep one is each family's code in llama.cpp). Its head counts, or its MLA
+    keys, describe its attention layers alone (a review's Qwen3-Next GGUF was priced as attention in all four
+    layers, a Kimi-Linear one as MLA in all, a Falcon-H1 one without its Mamba state; an LFM2 one at transformers'
+    conv cache, L_cache × hidden at 2 bytes, where llama.cpp keeps (L_cache − 1) × hidden at F32)."""
     if state := ggufs.recurrent_state_keys(h):
         if config is None:
             raise UsageError(
@@ -1056,11 +1059,24 @@ def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
                 "the KV cache of its attention layers, which llama.cpp sizes by a rule of its own that quantize does "
                 f"not restate, and transformers maps no config for it. {ggufs.BY_HAND}"
             )
+        if (rs := ggufs.recurrent_state(h)) is None:
+            raise UsageError(
+                f"{h.path}: architecture {h.architecture!r} keeps a fixed recurrent state ({', '.join(state)}) that "
+                f"llama.cpp sizes by a rule quantize does not read from a header. {ggufs.BY_HAND}"
+            )
         cache = kv_layout_from_config(config, GGUF_KV_BYTES)
+        kinds = {k for k, b in zip(cache.kinds, cache.state_bytes, strict=True) if b}
         return replace(
             cache,
             formula=f"{cache.formula} [a recurrent state ({', '.join(state)}); the layers of transformers' "
             f"{config.get('model_type')} config read from the GGUF]",
+            state_bytes=tuple(
+                float((rs.r + rs.s) * ggufs.RECURRENT_STATE_BYTES) if b else 0.0 for b in cache.state_bytes
+            ),
+            state_dtype=f"F32, {ggufs.RECURRENT_STATE_BYTES} bytes: llama.cpp's recurrent state",
+            layer_formulas=tuple(
+                f"{f.split(': ')[0]}: {rs.formula}" if f.split(": ")[0] in kinds else f for f in cache.layer_formulas
+            ),
         )
     if (latent := ggufs.latent_shape(h)) is not None:
         return KVCache(

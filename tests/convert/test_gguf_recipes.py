@@ -715,7 +715,7 @@ def test_left_16bit_is_every_float_tensor_of_the_file_but_the_exempt_ones(
         for i in range(2):
             assert {f"blk.{i}.ssm_a", f"blk.{i}.ssm_d"} <= set(listed)
             assert why[f"blk.{i}.ssm_conv1d.bias"] == why[f"blk.{i}.ssm_conv1d.weight"]
-            assert "SSM_A tensor" in why[f"blk.{i}.ssm_a"] and "role other" in why[f"blk.{i}.ssm_a"]
+            assert "SSM_A tensor" in why[f"blk.{i}.ssm_a"] and "role state" in why[f"blk.{i}.ssm_a"]
     else:
         assert why["token_embd.weight"] == "tensor_types asked F16 for them (pattern 'token_embd')"
         assert {f"blk.{i}.ffn_up_exps.weight" for i in range(2)} <= set(listed)
