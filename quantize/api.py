@@ -222,12 +222,15 @@ def _boundary() -> Iterator[None]:
     """What holds for every call of the API, and so for every command of the CLI (each calls one of these
     functions): a bad OMP_NUM_THREADS is refused before anything runs (machine.threads: it sets the thread count
     every model load computes with), and an OS error saying that a path cannot name a file (too long, a loop of
-    links: errors.BAD_PATH) is the caller's input, a UsageError, not a failure of the work."""
+    links: errors.BAD_PATH) is the caller's input, a UsageError, not a failure of the work; the identities a call
+    takes are held to their files for that call (checkpoint/files.held_per_call)."""
     from quantize import machine
+    from quantize.checkpoint.files import held_per_call
 
     machine.threads()
     try:
-        yield
+        with held_per_call():  # identities held to their files within this call (files.check_identity)
+            yield
     except OSError as e:
         if (bad := path_error(e)) is not None:
             raise bad from None

@@ -583,6 +583,25 @@ def identity_paths(checkpoint: Path) -> list[Path]:
 _HELD: dict[tuple[str, str], dict[str, tuple[Any, ...] | None]] = {}
 _HELD_LOCK = threading.Lock()
 MAX_HELD = 4096
+_CALLS = [0]  # how deep in held_per_call this process is: the outermost call starts the table afresh
+
+
+@contextlib.contextmanager
+def held_per_call() -> Iterator[None]:
+    """One call of the API (every CLI command is one: api._boundary) holds the identities it takes to the files as
+    it found them; the next call starts afresh. A process that calls the API in a loop (run, gate, run again with
+    force into the same folder, gate) rewrites a folder with the same bytes between two calls: its second gate was
+    refused, naming a writer that did not exist (review r5). Within one call, nothing that took an identity earlier
+    excuses a change since (calls nested inside it keep the outer call's table)."""
+    with _HELD_LOCK:
+        if _CALLS[0] == 0:
+            _HELD.clear()
+        _CALLS[0] += 1
+    try:
+        yield
+    finally:
+        with _HELD_LOCK:
+            _CALLS[0] -= 1
 
 
 def _file_key(f: Path) -> tuple[Any, ...] | None:

@@ -225,6 +225,28 @@ def test_a_file_changed_and_put_back_is_refused_though_it_hashes_the_same(ckpt, 
     files.check_identity(ckpt, files.identity_sha256(ckpt))  # a run after the writing stopped: held afresh
 
 
+def test_each_api_call_holds_the_identities_it_takes_and_the_next_starts_afresh(ckpt, tmp_path):
+    """A review (r5, session 44): a process calling the API in a loop (run, gate, run again with force into the
+    same folder, which writes the same bytes, gate) had its second gate refused: the files' stat keys were held
+    from the first call for the life of the process. Each call holds what it takes (a change inside one call is
+    still refused, a call nested in it keeps its table); the next call starts afresh."""
+    from quantize.api import _boundary
+
+    f = ckpt / "model.safetensors"
+    with _boundary():
+        identity = files.identity_sha256(ckpt)
+        files.check_identity(ckpt, identity)
+    time.sleep(0.02)
+    _written_and_restored(ckpt, tmp_path)  # between two calls: a run with force writing the same bytes
+    with _boundary():
+        files.check_identity(ckpt, files.identity_sha256(ckpt))  # the next call: held to the files as it finds them
+        time.sleep(0.02)
+        with _boundary():  # a call nested in this one
+            os.chmod(f, 0o444)
+        with pytest.raises(UsageError, match="changed while it was being read"):
+            files.check_identity(ckpt, identity)
+
+
 def test_a_hub_link_pointed_elsewhere_and_back_is_refused(tmp_path, tiny_model, monkeypatch):
     """A Hub snapshot's weights are identified by their blob's name through a link: the link pointed at another
     blob for the load and back moves the link's own stat keys, not the blob's."""
