@@ -112,7 +112,8 @@ def agree_many(
             )
             results.append((c, result))
         gc.collect()
-    return Agreement(suite, baseline, results, skipped, [w for c, _ in results if (w := stored_non_finite(c))])
+    stored = [w for c in (baseline, *(c for c, _ in results)) if (w := stored_non_finite(c))]  # the baseline's too
+    return Agreement(suite, baseline, results, skipped, stored)
 
 
 def stored_non_finite(checkpoint: Path) -> str | None:

@@ -23,6 +23,7 @@ from quantize.evaluate.score import SCORED_HERE, Staged, runtime, score
 from quantize.evaluate.suite import OpenSuite, load_suite, open_suite
 from quantize.gates import sequential as sq
 from quantize.gates.gate import (
+    check_baseline_finite,
     check_rules,
     comparable_settings,
     decide,
@@ -313,6 +314,8 @@ def run_gate(
     policy, suite = open_policy(policy_path)  # a bad suite or golden set is a usage error before any scoring
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
+    if is_checkpoint(base_path):  # before anything is scored (verdict_of checks the scores' record again)
+        check_baseline_finite(str(base_path), ggufs.non_finite_tensors(base_path))
     names = BlobCheck([p for p in (base_path, cand_path) if is_checkpoint(p)])  # lm-eval's samples have no blobs
     try:
         v, store = _gate(

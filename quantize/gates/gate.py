@@ -367,6 +367,17 @@ def non_finite_is_regression(result: R, candidate_items: list[str] | None = None
     return result.model_copy(update={"verdict": "regression", "p_regression": None, "non_finite": why})
 
 
+def check_baseline_finite(path: str, bad: list[str] | None) -> None:
+    """A gate's baseline whose weights store NaN or infinity (a GGUF's tensors: ggufs.non_finite_tensors) is
+    refused, naming them: the flow checks it before anything is scored, verdict_of again on the scores it reads."""
+    if bad:
+        raise UsageError(
+            f"the baseline {path} stores NaN or infinite values in {len(bad)} tensor(s) ({named_tensors(bad)}): a "
+            "gate needs a baseline whose weights are finite. Check the baseline checkpoint (`quantize eval` names "
+            "the tensors), or gate against another one"
+        )
+
+
 def stored_non_finite(result: RuleResult, tensors: list[str] | None) -> RuleResult:
     """A rule on a candidate whose weights store NaN or infinity (a GGUF's `tensors`: ggufs.non_finite_tensors) is a
     regression with no p-value, whatever its evidence: llama.cpp can compute finite numbers from such weights (it
@@ -625,12 +636,7 @@ def verdict_of(
     the policy says so; Holm-adjusted p-values of regression beside each. `candidate`: the candidate side (a
     sequential gate stopped by an agreement regression has scored none of its items). A candidate GGUF storing NaN
     or infinity in a tensor fails every rule (`stored_non_finite`); a baseline doing so is refused."""
-    if bad := base.provenance.checkpoint.non_finite_tensors:
-        raise UsageError(
-            f"the baseline {base.provenance.checkpoint.path} stores NaN or infinite values in {len(bad)} tensor(s) "
-            f"({named_tensors(bad)}): a gate needs a baseline whose weights are finite. Check the baseline checkpoint "
-            "(`quantize eval` names the tensors), or gate against another one"
-        )
+    check_baseline_finite(base.provenance.checkpoint.path, base.provenance.checkpoint.non_finite_tensors)
     results = [stored_non_finite(r, candidate.checkpoint.non_finite_tensors) for r in results]
     with_p = [r for r in results if r.p_regression is not None]
     for r, adj in zip(with_p, stats.holm([r.p_regression for r in with_p]), strict=True):

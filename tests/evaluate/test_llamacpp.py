@@ -537,6 +537,18 @@ def test_a_gguf_storing_nan_fails_every_rule_whatever_its_scores(
     [measured] = json.loads(out)
     assert math.isfinite(measured["agreement"]["kl_mean"])  # finite: only the warning says what it stores
     assert f"stores NaN or infinity in 1 tensor(s) ({name})" in err
+    # as the baseline (review r5): agree warns of it too, and a gate refuses it before anything is scored
+    assert main(["agree", str(suite), str(base), "--baseline", str(cand), "--json", "--quiet"]) == 0
+    assert f"{cand} stores NaN or infinity in 1 tensor(s) ({name})" in capsys.readouterr().err
+    import quantize.flows.gate as flows_gate
+
+    def no_scoring(*_a, **_k):
+        raise AssertionError("scored a baseline that stores NaN")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(flows_gate, "load_scores", no_scoring)
+        assert main(["gate", str(policy), "--baseline", str(cand), "--candidate", str(base), "--quiet"]) == 2
+    assert f"the baseline {cand} stores NaN or infinite values in 1 tensor(s)" in capsys.readouterr().err
 
 
 def test_eval_of_a_gguf_keys_its_engine(llama_gguf, golden, tmp_path, isolated_cache, monkeypatch):
