@@ -89,6 +89,14 @@ class SearchRecipe(BaseModel):
             raise ValueError(f"options repeat a choice: {[getattr(o, 'value', o) for o in opts]}")
         return opts
 
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _a_number(cls, b: object) -> object:
+        """A budget is a number: pydantic reads `true` as 1.0 bits per weight (a review)."""
+        if any(isinstance(x, bool) for x in (b if isinstance(b, list) else [b])):
+            raise ValueError(f"budget {b!r} is not a number of bits per weight; give e.g. 7.5 (between 1 and 32)")
+        return b
+
     @field_validator("budget")
     @classmethod
     def _budget(cls, b: float | list[float]) -> float | list[float]:

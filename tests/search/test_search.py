@@ -396,3 +396,18 @@ def test_a_search_name_that_is_not_one_folder_name_is_refused(tmp_path, name, sa
     )
     with pytest.raises(UsageError, match=f"name = .*{says}"):
         load_search(p)
+
+
+@pytest.mark.parametrize("budget", ["true", "[8, true]"])
+def test_a_boolean_budget_is_refused_not_read_as_one_bit(tmp_path, budget):
+    """Found beside a sweep fix (session 44): `budget: true` was read as 1.0 bits per weight."""
+    from quantize.errors import UsageError
+    from quantize.search.spec import load_search
+
+    p = tmp_path / "s.yaml"
+    p.write_text(
+        f"name: s\nbase: {{method: rtn, scheme: W4A16, group_size: 128, calibration: null}}\n"
+        f"budget: {budget}\npolicy: p.yaml\n"
+    )
+    with pytest.raises(UsageError, match="is not a number of bits per weight"):
+        load_search(p)
