@@ -317,7 +317,7 @@ def _sha256(path: str) -> str:
 # rows at a time, so memory does not grow with the model
 SCAN_ELEMENTS = 1 << 22
 # 1 (2026-12-08): every tensor whose type gguf.quants.dequantize reads; kept in the identity memo under it
-NON_FINITE_SCAN_VERSION = 1
+NON_FINITE_SCAN_VERSION = 2  # 2: F64 tensors scanned
 
 
 def non_finite_tensors(checkpoint: str | Path) -> list[str]:
@@ -370,7 +370,8 @@ def _scan(path: Path) -> tuple[str, ...]:
 
 def _finite(gguf: Any, buf: Any, start: int, t: GGUFTensor) -> bool:
     """Whether every value tensor `t` stores (its bytes at `start` of the mapped file) is finite, read a chunk of
-    whole rows at a time; True for a type gguf.quants.dequantize does not read (integers, or one newer than it)."""
+    whole rows at a time; F64 viewed as little-endian float64 (gguf.quants.dequantize does not read it); True for
+    another type it does not read (integers, or one newer than it)."""
     import numpy as np
 
     qtype = gguf.GGMLQuantizationType[t.ggml_type]
@@ -383,8 +384,10 @@ def _finite(gguf: Any, buf: Any, start: int, t: GGUFTensor) -> bool:
         data = np.frombuffer(buf, np.uint8, rows * row, start + first * row).reshape(rows, row)
         try:
             values = gguf.quants.dequantize(data, qtype)
-        except NotImplementedError:  # integers (no NaN), or a type this gguf package does not dequantize
-            return True
+        except NotImplementedError:  # F64, integers (no NaN), Q8_1/Q8_K/Q1_0: what gguf 0.19 does not dequantize
+            if qtype != gguf.GGMLQuantizationType.F64:
+                return True
+            values = data.view("<f8")
         finite = bool(np.isfinite(values).all())
         del data, values  # no view of the map outlives it (closing a map with one raises BufferError)
         if not finite:

@@ -1035,6 +1035,7 @@ def _nan_scale(t) -> None:
         ("blk.1.attn_k.weight", lambda t: t.data.__setitem__((0, 3), np.inf)),  # F16
         ("blk.0.attn_q.weight", _nan_scale),  # Q4_K: a block's scale, not an element
         ("token_embd.weight", _nan_scale),  # Q8_0: a row no text may ever read
+        ("rope_freqs.weight", lambda t: t.data.__setitem__((0, 7), np.nan)),  # F64: gguf does not dequantize it (r5)
     ],
 )
 def test_a_tensor_storing_nan_or_infinity_is_named(tmp_path, isolated_cache, name, change):
@@ -1044,6 +1045,7 @@ def test_a_tensor_storing_nan_or_infinity_is_named(tmp_path, isolated_cache, nam
     tensors = [("token_embd.weight", T.Q8_0, (64, 256)), ("output_norm.weight", T.F32, (256,))]
     tensors += [(f"blk.{i}.attn_q.weight", T.Q4_K, (256, 256)) for i in range(2)]
     tensors += [(f"blk.{i}.attn_k.weight", T.F16, (64, 256)) for i in range(2)]
+    tensors += [("rope_freqs.weight", T.F64, (1, 32))]
     clean = write_gguf(tmp_path / "clean.gguf", tensors)
     (tmp_path / "bad").mkdir()
     bad = _forged(clean, tmp_path / "bad" / "m.gguf", name, change)
