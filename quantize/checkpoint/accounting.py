@@ -61,8 +61,6 @@ QUANT_ROLES = ("payload", "scale", "zero_point", "group_index", "quant_meta")
 # bytes that are not parameters: the quantized linears' metadata, and a quantized KV cache's scales
 METADATA_ROLES = (*QUANT_ROLES[1:], "kv_scale")
 
-# Tensor-name suffix -> role, first match wins (architecture.ROLE_RULES, where ggufs reads them too).
-ROLE_RULES = arch.ROLE_RULES
 MXFP4 = "mxfp4 g32"  # transformers' MXFP4 experts: FP4 E2M1 values, an E8M0 scale per 32
 # Module names of an output layer that a config can tie to the input embeddings.
 LM_HEADS = ("lm_head", "embed_out", "output")
@@ -298,17 +296,16 @@ def scaled(module: str, names: set[str]) -> bool:
 
 
 def role_of(name: str, tensor: TensorInfo, names: set[str]) -> str:
-    """A tensor's role, by its name (ROLE_RULES, first match) and, for a `.weight`, its dtype and neighbours: an
-    8-bit weight stored beside its scale is a quantized linear's payload whatever its module (checked first: a
-    quantized lm_head, `ignore: []`, was role `lm_head`, its payload counted as an unquantized head's and its
-    parameters left out of the quantized linears')."""
+    """A tensor's role, by its name (architecture.ROLE_RULES, first match: arch.rule_role) and, for a `.weight`,
+    its dtype and neighbours: an 8-bit weight stored beside its scale is a quantized linear's payload whatever its
+    module (checked first: a quantized lm_head, `ignore: []`, was role `lm_head`, its payload counted as an
+    unquantized head's and its parameters left out of the quantized linears')."""
     if name.endswith(".weight"):
         module = name[: -len(".weight")]
         if tensor.dtype in LOW_PRECISION_WEIGHT and scaled(module, names):
             return "payload"  # int-quantized / float-quantized: the weight itself is the 8-bit payload
-    for pattern, role in ROLE_RULES:
-        if pattern.search(name):
-            return role
+    if (role := arch.rule_role(name)) is not None:
+        return role
     if name.endswith(".weight"):
         return "linear_kept" if len(tensor.shape) == 2 else "other"
     return "other"
@@ -704,8 +701,8 @@ def mtp_note(cfg: dict[str, Any], stored: tuple[list[int], list[str]], nbytes: i
     )
 
 
-# the token embeddings an output layer can be tied to (ROLE_RULES' embedding names less the per-layer and position
-# tables, which no output layer reads)
+# the token embeddings an output layer can be tied to (architecture.ROLE_RULES' embedding names less the per-layer
+# and position tables, which no output layer reads)
 TOKEN_TABLE = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|embeddings|token_embd)\.weight$")
 
 

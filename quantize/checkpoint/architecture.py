@@ -155,6 +155,13 @@ ROLE_RULES: list[tuple[re.Pattern[str], str]] = [
         (r"(^|\.)(conv1d|conv|\w+_conv1d)\.weight$", "conv"),
     ]
 ]
+
+
+def rule_role(name: str) -> str | None:
+    """The role ROLE_RULES give a tensor's name (the first rule that matches), None where none does."""
+    return next((role for pattern, role in ROLE_RULES if pattern.search(name)), None)
+
+
 TENSOR_ROLE_PARTS = {"embedding": "embedding", "lm_head": "lm_head", "norm": "norm"}
 _EXPERT_INDEX = re.compile(r"(?:^|\.)experts\.(\d+)(?:\.|$)")
 LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")

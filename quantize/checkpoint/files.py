@@ -554,9 +554,10 @@ def identity_sha256(checkpoint: Path) -> str:
     a memo) and kept, the first time this process takes the identity of this folder (_HELD), for
     check_identity."""
     checkpoint = Path(checkpoint)
-    stats = {os.path.abspath(f): _file_key(f) for f in identity_paths(checkpoint)}
+    side = identity_files(checkpoint)
+    stats = {os.path.abspath(f): _file_key(f) for f in (*weight_paths(checkpoint), *(checkpoint / n for n in side))}
     parts = [b"weights " + weights_sha256(checkpoint).encode()]
-    for name in identity_files(checkpoint):
+    for name in side:
         parts.append(f"\n{name} ".encode() + sha256_file(checkpoint / name).encode())
     identity = sha256_bytes(b"".join(parts))
     with _HELD_LOCK:
@@ -568,13 +569,11 @@ def identity_sha256(checkpoint: Path) -> str:
     return identity
 
 
-def identity_paths(checkpoint: Path) -> list[Path]:
-    """The files an identity covers: the weight files a load reads (safetensors_files, or a GGUF's every part:
-    ggufs.weight_files) and identity_files."""
-    checkpoint = Path(checkpoint)
+def weight_paths(checkpoint: Path) -> list[Path]:
+    """The weight files a load reads, which weights_sha256 hashes: safetensors_files, or a GGUF's every part
+    (ggufs.weight_files)."""
     weights = ggufs.weight_files(checkpoint)
-    found = list(weights) if weights is not None else safetensors_files(checkpoint)
-    return found + [checkpoint / name for name in identity_files(checkpoint)]
+    return list(weights) if weights is not None else safetensors_files(checkpoint)
 
 
 # The stat keys of the files each identity was taken from, per (the folder's real path, identity), kept from the

@@ -827,7 +827,7 @@ def _source_role(kind: str, suffix: str | None) -> str | None:
     roles = set()
     for n in _sources(kind):
         name = f"{n}.{suffix}" if suffix else n
-        roles.add(next((r for pattern, r in architecture.ROLE_RULES if pattern.search(name)), None))
+        roles.add(architecture.rule_role(name))
     roles.discard(None)
     return roles.pop() if len(roles) == 1 and roles <= set(_SOURCE_ROLES) else None
 
