@@ -9,6 +9,7 @@ items are checked too (quantize/golden/items.py), line by line as each file is h
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -460,11 +461,12 @@ def task_config(root: Path, name: str) -> Any:
     return parse_yaml(read_user_file(root / name, "golden task file", MAX_YAML_BYTES, hint=HINT), str(root / name))
 
 
-def read_items(golden: GoldenSet, task: str) -> list[dict[str, Any]]:
-    """A task's items, read line by line (a verified set's lines are JSON objects)."""
+def read_items(golden: GoldenSet, task: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """A task's items (its first `limit` only, where given), read line by line (a verified set's lines are JSON
+    objects)."""
     path = golden.path / golden.entry(task).data
     with user_lines(path, "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT) as lines:
-        return [json.loads(lines.text(n, raw)) for n, raw in lines]
+        return [json.loads(lines.text(n, raw)) for n, raw in itertools.islice(lines, limit)]
 
 
 def item_id(doc: dict[str, Any], key: tuple[str, str | None]) -> tuple[str, str]:

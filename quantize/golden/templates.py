@@ -16,9 +16,7 @@ from typing import Any
 
 from quantize.compat.lm_eval import sandbox_templates
 from quantize.errors import UsageError
-from quantize.golden.items import MAX_ITEM_BYTES, MAX_SET_FILE_BYTES
-from quantize.golden.manifest import HINT, GoldenSet, task_config
-from quantize.io import user_lines
+from quantize.golden.manifest import HINT, GoldenSet, read_items, task_config
 
 # the task settings lm-eval's ConfigurableTask renders with lm_eval.utils.apply_template where they name no field of
 # the document (doc_to_text, doc_to_target, doc_to_choice, doc_to_prefix, and the description in fewshot_context)
@@ -27,11 +25,9 @@ TEMPLATE_FIELDS = ("description", "doc_to_text", "doc_to_target", "doc_to_choice
 
 def first_item(golden: GoldenSet, task: str) -> dict[str, Any]:
     """The first item of a verified task (verify: a JSON object per line, at least one)."""
-    path = golden.path / golden.entry(task).data
-    with user_lines(path, "golden data file", MAX_SET_FILE_BYTES, MAX_ITEM_BYTES, hint=HINT) as lines:
-        for n, raw in lines:
-            return json.loads(lines.text(n, raw))
-    raise UsageError(f"{path} holds no items; {HINT}")
+    if items := read_items(golden, task, limit=1):
+        return items[0]
+    raise UsageError(f"{golden.path / golden.entry(task).data} holds no items; {HINT}")
 
 
 def check_templates(golden: GoldenSet, tasks: list[str] | None = None) -> None:
