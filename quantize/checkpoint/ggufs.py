@@ -759,8 +759,9 @@ class TensorRole:
 
 _EMBEDDINGS = ("TOKEN_EMBD", "POS_EMBD", "TOKEN_TYPES", "PER_LAYER_TOKEN_EMBD")
 # the roles of the safetensors accounting (architecture.ROLE_RULES) a GGUF tensor takes from the names its kind is
-# converted from (_source_role): a recurrent mixer's own parameters and a causal convolution's kernel
-_SOURCE_ROLES = ("state", "conv")
+# converted from (_source_role): a recurrent mixer's own parameters, a causal convolution's kernel, and a per-head or
+# per-layer scalar the computation adds or multiplies (gpt-oss's attention sinks, a layer's output scale)
+_SOURCE_ROLES = ("state", "conv", "scalar")
 # the parts of a mixer part_of may name a kind of the gguf package's state-space group (SSM_*) by: Kimi Delta
 # Attention's tensors come from `self_attn` modules, which the safetensors side makes linear attention by its layer
 # (architecture.linear_attention_layers); a GGUF's SSM_* tensors are a recurrent layer's whatever their module
@@ -823,13 +824,15 @@ def _mixer_parts(kinds: tuple[str, ...]) -> dict[str, str]:
 def _source_role(kind: str, suffix: str | None) -> str | None:
     """The role the safetensors accounting's ROLE_RULES give every name `kind` is converted from (_sources, with the
     GGUF tensor's suffix), where it is one of _SOURCE_ROLES: `state` for SSM_A and SSM_D (Mamba's A_log, D), `conv`
-    for the convolutions' `.weight` (conv1d, LFM2's conv.conv); else None."""
-    roles = set()
-    for n in _sources(kind):
-        name = f"{n}.{suffix}" if suffix else n
-        roles.add(architecture.rule_role(name))
-    roles.discard(None)
-    return roles.pop() if len(roles) == 1 and roles <= set(_SOURCE_ROLES) else None
+    for the convolutions' `.weight` (conv1d, LFM2's conv.conv), `scalar` for ATTN_SINKS; else None. Where the names
+    with the suffix have no role, the names without it are asked: llama.cpp's converter appends `.weight` to a bare
+    parameter (gpt-oss's and Granite's `self_attn.sinks` become `blk.N.attn_sinks.weight`)."""
+
+    def role(suffixed: bool) -> str | None:
+        roles = {architecture.rule_role(f"{n}.{suffix}" if suffixed else n) for n in _sources(kind)} - {None}
+        return roles.pop() if len(roles) == 1 and roles <= set(_SOURCE_ROLES) else None
+
+    return (role(True) if suffix else None) or (role(False) if suffix in (None, "weight") else None)
 
 
 def role_of(t: GGUFTensor, patterns: Patterns, stored: Container[str], mtp_from: int | None = None) -> TensorRole:

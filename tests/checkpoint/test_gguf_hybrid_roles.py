@@ -95,6 +95,20 @@ def test_a_hybrid_gguf_is_accounted_by_part_and_role_as_its_safetensors_source(p
     assert roles["conv"] and (family == "lfm2" or roles["state"])
 
 
+def test_gpt_oss_attention_sinks_in_a_gguf_are_scalars_as_in_its_safetensors_source(converter, smollm2, tmp_path):
+    """gpt-oss's attention sinks (one logit a head, `self_attn.sinks`), which llama.cpp's converter writes as
+    `blk.N.attn_sinks.weight`, are role `scalar` in the GGUF as in the checkpoint it came from, and every role and part
+    holds the same parameters on both sides; the old code asked the accounting's rules for `self_attn.sinks.weight`,
+    a name no rule knows, and called them `other`."""
+    src, path = converted("gpt_oss", tmp_path, smollm2)
+    roles = safetensors_roles(src)
+    assert roles["scalar"] and gguf_roles(path) == roles
+    st, gg = accounting.bits_report(src), accounting.bits_report(path)
+    assert {p: r["parameters"] for p, r in gg.bytes_by_part.items() if r["parameters"]} == {
+        p: r["parameters"] for p, r in st.bytes_by_part.items() if r["parameters"]
+    }
+
+
 RECURRENT = re.compile(
     r"llama_memory_recurrent: size = +([0-9.]+) MiB \( *(\d+) cells, +(\d+) layers, +(\d+) seqs.*R \(f32\): +"
     r"([0-9.]+) MiB, S \(f32\): +([0-9.]+) MiB"
