@@ -595,8 +595,10 @@ def decode_cost(  # noqa: PLR0913  # one keyword per flag `quantize cost --check
     config = None
     if kv is None and (f := ggufs.find(Path(checkpoint))) is not None:
         h = ggufs.check_model(ggufs.read_header(f))  # its layer counts checked before transformers reads them
-        # a latent cache, and heads per layer with nothing else declared, are priced from the header alone
-        if ggufs.windowed_or_latent(h) and ggufs.latent_shape(h) is None and ggufs.per_layer_shape(h) is None:
+        # a latent cache, heads per layer with nothing else declared, and a Mamba2 hybrid's cache (llama.cpp's
+        # layout of its family) are priced from the header alone
+        alone = ggufs.latent_shape(h) is not None or ggufs.per_layer_shape(h) is not None or ggufs.mamba_layers(h)
+        if ggufs.windowed_or_latent(h) and not alone:
             config = gguf_config(f)  # transformers' reading of the header: cost itself imports no transformers
     result = bounds.checkpoint_cost(
         Path(checkpoint),

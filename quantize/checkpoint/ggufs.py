@@ -46,7 +46,7 @@ import os
 import re
 import stat
 import struct
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -984,8 +984,8 @@ def recurrent_state(h: GGUFHeader) -> RecurrentState | None:
     """The state each short-convolution layer of a header keeps as llama.cpp sizes it (llama_hparams' n_embd_r and
     n_embd_s), where the header declares a short convolution (`{arch}.shortconv.l_cache`, LFM2) and no other
     recurrent state: R = embedding_length × (l_cache − 1) values (the last inputs but the one a step brings), no S,
-    F32 (RECURRENT_STATE_BYTES); else None. A Mamba state space (`{arch}.ssm.*`), RWKV's and Kimi's are not read
-    here: llama.cpp's rule for which of their layers keep a state is each family's code, not the header's. Which
+    F32 (RECURRENT_STATE_BYTES); else None. A Mamba state space (`{arch}.ssm.*`: mamba_layers reads the Mamba2
+    hybrids'), RWKV's and Kimi's are not read here: which of their layers keep a state is each family's code. Which
     layers keep the short convolution's is the caller's to say (llama.cpp: those of no KV head). A key the rule
     reads that is no whole number is refused (UsageError)."""
     import gguf
@@ -1006,6 +1006,131 @@ def recurrent_state(h: GGUFHeader) -> RecurrentState | None:
         r=n * (cache - 1),
         s=0,
         formula=f"R: embedding_length {n} × (shortconv.l_cache {cache} − 1) at F32 [llama.cpp's recurrent state]",
+    )
+
+
+# the llama.cpp whose code mamba_layers follows: the one llama-cpp-python 0.3.36 vendors (vendor/llama.cpp/src)
+LLAMA_CPP_READ = "the llama.cpp llama-cpp-python 0.3.36 vendors"
+
+
+@dataclass(frozen=True)
+class MambaLayers:
+    """A Mamba2 hybrid's decode cache as llama.cpp allocates it, from the header alone (mamba_layers)."""
+
+    kv: PerLayerShape  # each block's KV heads where llama.cpp keeps a KV cache for it, else 0
+    recurrent: tuple[bool, ...]  # per block: llama.cpp keeps a Mamba2 state for it
+    state: RecurrentState  # the state of each such block
+    rule: str  # which blocks keep what, and where llama.cpp's code says so
+    refused: str  # why that llama.cpp does not load the GGUF at all; "" where the header shows no reason
+
+
+def _mamba2_rules() -> dict[str, tuple[Callable[[int, int], bool], Callable[[int, int], bool], str]]:
+    """architecture -> (is the block recurrent, given its KV heads and feed-forward length; does it keep a KV cache,
+    given the same; where llama.cpp says so), for the Mamba2 hybrids, as LLAMA_CPP_READ's code lays out their
+    memory: each family's load_arch_hparams (src/models/<family>.cpp) fills hparams.is_recr_impl, and
+    llama_model::create_memory (src/llama-model.cpp) gives its llama_memory_hybrid the layer filters of the KV cache
+    (filter_attn) and of the recurrent state (filter_recr); a null filter is llama_memory_hybrid's default
+    (src/llama-memory-hybrid.cpp: KV where !is_recr(il), state where is_recr(il))."""
+    import gguf
+
+    names, arch = gguf.MODEL_ARCH_NAMES, gguf.MODEL_ARCH
+    nemotron = (
+        lambda kv, ff: kv == 0 and ff == 0,
+        lambda kv, ff: kv != 0 and ff == 0,  # !is_recr(il) && n_ff(il) == 0
+        "a Mamba2 state in each block of no KV head and no feed-forward length, a KV cache in each other block of no "
+        "feed-forward length, neither in the rest (src/models/nemotron-h.cpp load_arch_hparams: is_recr = "
+        "n_head_kv(il) == 0 && n_ff(il) == 0; src/llama-model.cpp create_memory: NEMOTRON_H's filter_attn "
+        "!is_recr(il) && n_ff(il) == 0, filter_recr is_recr(il) && n_ff(il) == 0)",
+    )
+    return {
+        names[arch.FALCON_H1]: (
+            lambda kv, ff: True,
+            lambda kv, ff: True,
+            "a KV cache and a Mamba2 state in every block (src/models/falcon-h1.cpp load_arch_hparams: is_recr in "
+            "every layer; src/llama-model.cpp create_memory: FALCON_H1's filter_attn and filter_recr keep every layer)",
+        ),
+        names[arch.GRANITE_HYBRID]: (
+            lambda kv, ff: kv == 0,
+            lambda kv, ff: kv != 0,
+            "a Mamba2 state in each block of no KV head, a KV cache in the others (src/models/granite-hybrid.cpp "
+            "load_arch_hparams: is_recr = n_head_kv(il) == 0; llama_memory_hybrid's default filters)",
+        ),
+        names[arch.NEMOTRON_H]: nemotron,
+        names[arch.NEMOTRON_H_MOE]: nemotron,  # llama_model_nemotron_h_moe derives from llama_model_nemotron_h
+    }
+
+
+def mamba_layers(h: GGUFHeader) -> MambaLayers | None:
+    """The decode cache LLAMA_CPP_READ allocates for a Mamba2 hybrid's GGUF (Falcon-H1, Granite 4 `granitehybrid`,
+    Nemotron-H `nemotron_h`/`nemotron_h_moe`), from its header alone; None for another architecture. Which blocks
+    keep a KV cache and which a Mamba2 state is each family's code (_mamba2_rules), read from each block's KV heads
+    (`{arch}.attention.head_count_kv`, as per_layer_shape reads it) and feed-forward length
+    (`{arch}.feed_forward_length`, a number or one per block; absent: 0). A block keeping KV keeps kv_heads ×
+    (key_length + value_length) values a token, at the KV cache's type; one keeping a state keeps, whatever the
+    model's weights, F32 (RECURRENT_STATE_BYTES; llama_model::create_memory's GGML_TYPE_F32) values: its
+    convolution state R = (ssm.conv_kernel − 1) × (ssm.inner_size + 2 × ssm.group_count × ssm.state_size) and its
+    state-space state S = ssm.state_size × ssm.inner_size (src/llama-hparams.cpp n_embd_r, n_embd_s; one row of
+    each per sequence: src/llama-memory-recurrent.cpp), in the decode blocks only (the first block_count −
+    nextn_predict_layers: its n_layer()). An SSM key the sizes read that is not a whole number of at least 1 is
+    refused (UsageError: llama.cpp requires each). `refused` says where that llama.cpp cannot load the GGUF at all
+    because a block it takes as a Mamba2 layer stores no `ssm_in` weight, or one it takes as attention no `attn_q`
+    weight (its load_arch_tensors requires them: converter GGUFs of Granite 4 and Nemotron-H models from
+    transformers 5.17 are such, their layer kinds written as other head counts and feed-forward lengths)."""
+    import gguf
+
+    arch = h.architecture or ""
+    if (rule := _mamba2_rules().get(arch)) is None:
+        return None
+    is_recurrent, keeps_kv, said = rule
+    meta = h.metadata
+    sizes = {}
+    for name in ("CONV_KERNEL", "INNER_SIZE", "STATE_SIZE", "GROUP_COUNT"):
+        k = getattr(gguf.Keys.SSM, name).format(arch=arch)
+        if not _whole(meta.get(k), 1):
+            got = "is absent" if k not in meta else f"is {_shown(h, k)}"
+            raise UsageError(
+                f"{h.path}: {k} {got}; {LLAMA_CPP_READ} requires it and sizes each Mamba2 layer's state by it, a "
+                f"whole number of at least 1. {FIX[0].upper()}{FIX[1:]}"
+            )
+        sizes[name] = meta[k]
+    kernel, inner, state, groups = (sizes[n] for n in ("CONV_KERNEL", "INNER_SIZE", "STATE_SIZE", "GROUP_COUNT"))
+    shape = _head_shape(h)
+    blocks = len(shape.kv_heads)
+    ff_key = gguf.Keys.LLM.FEED_FORWARD_LENGTH.format(arch=arch)
+    ff = _per_block(h, ff_key) if ff_key in meta else [0] * blocks
+    decode = blocks - len(mtp_blocks(h))
+    recurrent = tuple(
+        i < decode and is_recurrent(kv, f) for i, (kv, f) in enumerate(zip(shape.kv_heads, ff, strict=True))
+    )
+    kv = tuple(n if keeps_kv(n, f) else 0 for n, f in zip(shape.kv_heads, ff, strict=True))
+    stored = {t.name for t in h.tensors}
+    refused = ""
+    for i in range(decode):
+        need = [gguf.MODEL_TENSOR.SSM_IN] if recurrent[i] else []
+        need += [gguf.MODEL_TENSOR.ATTN_Q] if keeps_kv(shape.kv_heads[i], ff[i]) else []
+        missing = [n for t in need if (n := f"{gguf.TENSOR_NAMES[t].format(bid=i)}.weight") not in stored]
+        if missing:
+            what = "a Mamba2 layer" if recurrent[i] else "an attention layer"
+            refused = (
+                f"{LLAMA_CPP_READ} does not load this GGUF (the figures are what it would allocate): it takes block "
+                f"{i} as {what} by its rule for {arch} ({ff_key} {ff[i]}, "
+                f"{gguf.Keys.Attention.HEAD_COUNT_KV.format(arch=arch)} {shape.kv_heads[i]}), which stores no "
+                f"{missing[0]}"
+            )
+            break
+    r, s = (kernel - 1) * (inner + 2 * groups * state), state * inner
+    return MambaLayers(
+        kv=replace(shape, kv_heads=kv),
+        recurrent=recurrent,
+        state=RecurrentState(
+            r=r,
+            s=s,
+            formula=f"R: (ssm.conv_kernel {kernel} − 1) × (ssm.inner_size {inner} + 2 × ssm.group_count {groups} × "
+            f"ssm.state_size {state}) + S: ssm.state_size {state} × ssm.inner_size {inner}, at F32 [llama.cpp's "
+            "recurrent state]",
+        ),
+        rule=f"{LLAMA_CPP_READ}: {said}",
+        refused=refused,
     )
 
 
@@ -1030,28 +1155,42 @@ def per_layer_shape(h: GGUFHeader) -> PerLayerShape | None:
         return None
     if [k for k in windowed_or_latent(h) if k != kv_key] or recurrent_state_keys(h):
         return None
-    blocks_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)
-    blocks = meta.get(blocks_key)
+    return _head_shape(h)
 
-    def per_block(key: str) -> list[int]:
-        v = meta.get(key)
-        if isinstance(v, list) and len(v) == blocks and all(_whole(n, 0) for n in v):
-            return v
-        if not isinstance(v, list) and _whole(v, 0) and _whole(blocks, 1):
-            return [v] * blocks
-        raise UsageError(
-            f"{h.path}: {key} is {_shown(h, key)}, not one whole number per block ({blocks_key} {blocks}). "
-            f"{FIX[0].upper()}{FIX[1:]}"
-        )
 
-    if heads_key not in meta or not (heads := per_block(heads_key))[0]:
+def _per_block(h: GGUFHeader, key: str) -> list[int]:
+    """A key llama.cpp reads one whole number per block of (its get_key_or_arr): an array of `{arch}.block_count`
+    whole numbers, or one number for every block; else refused (UsageError)."""
+    import gguf
+
+    blocks_key = gguf.Keys.LLM.BLOCK_COUNT.format(arch=h.architecture or "")
+    blocks, v = h.metadata.get(blocks_key), h.metadata.get(key)
+    if isinstance(v, list) and len(v) == blocks and all(_whole(n, 0) for n in v):
+        return v
+    if not isinstance(v, list) and _whole(v, 0) and _whole(blocks, 1):
+        return [v] * blocks
+    raise UsageError(
+        f"{h.path}: {key} is {_shown(h, key)}, not one whole number per block ({blocks_key} {blocks}). "
+        f"{FIX[0].upper()}{FIX[1:]}"
+    )
+
+
+def _head_shape(h: GGUFHeader) -> PerLayerShape:
+    """Each block's KV heads and the head sizes, read as llama.cpp's load_hparams reads them for every architecture
+    (per_layer_shape says how); refused (UsageError) where llama.cpp cannot load them."""
+    import gguf
+
+    arch = h.architecture or ""
+    a, meta = gguf.Keys.Attention, h.metadata
+    heads_key, kv_key = a.HEAD_COUNT.format(arch=arch), a.HEAD_COUNT_KV.format(arch=arch)
+    if heads_key not in meta or not (heads := _per_block(h, heads_key))[0]:
         said = "is absent" if heads_key not in meta else f"is {_shown(h, heads_key)}, no head in layer 0"
         raise UsageError(
             f"{h.path}: {heads_key} {said}: llama.cpp then takes every head as 0 values wide (its n_head() is 0; "
             f"{a.KEY_LENGTH.format(arch=arch)} is not read) and refuses the attention weights of every layer that has "
             f"them. {FIX[0].upper()}{FIX[1:]}"
         )
-    kv_heads = per_block(kv_key) if kv_key in meta else heads
+    kv_heads = _per_block(h, kv_key) if kv_key in meta else heads
     read = [f"{kv_key}, per block" if isinstance(meta.get(kv_key), list) else kv_key]
     read += [f"{heads_key}, per block"] if isinstance(meta.get(heads_key), list) else []
     read = read if kv_key in meta else [f"{kv_key} absent: {heads_key}, per block"]

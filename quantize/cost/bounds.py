@@ -179,6 +179,7 @@ class KVCache:
     layer_formulas: tuple[str, ...] = ()  # each kind of layer's cache, once: "kind: formula"
     compressors: tuple[Compressor | None, ...] = ()  # per layer, a compressed-attention layer's (DeepSeek-V4); ()
     activation_bytes: float = CONV_BYTES  # bytes a value a compressor keeps pending, in the model's dtype
+    note: str = ""  # what the figures stand for beyond the formula: an engine that does not load the checkpoint
 
     def _values(self) -> tuple[int, ...]:
         return self.layer_values or (self.values_per_token,) * len(self.kinds)
@@ -246,6 +247,8 @@ class KVCache:
             out["compressed_layers"] = sum(1 for c in compressors if c)
         if self.layer_formulas:
             out["layer_formulas"] = list(self.layer_formulas)
+        if self.note:
+            out["note"] = self.note
         return out
 
 
@@ -1047,11 +1050,48 @@ def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
     (UsageError) naming what it declares. A header that also sizes a recurrent state (ggufs.recurrent_state_keys:
     Gated DeltaNet, Mamba2, KDA, short convolutions) is priced only through `config` (its layer types), each of
     the config's state layers at the state llama.cpp allocates (ggufs.recurrent_state: a short convolution's, F32,
-    not transformers' conv cache), else refused, and refused with a config too where that state is another (Mamba,
+    not transformers' conv cache), else refused, and refused with a config too where that state is another (plain Mamba,
     RWKV, KDA: which of their layers keep one is each family's code in llama.cpp). Its head counts, or its MLA
     keys, describe its attention layers alone (a review's Qwen3-Next GGUF was priced as attention in all four
     layers, a Kimi-Linear one as MLA in all, a Falcon-H1 one without its Mamba state; an LFM2 one at transformers'
-    conv cache, L_cache × hidden at 2 bytes, where llama.cpp keeps (L_cache − 1) × hidden at F32)."""
+    conv cache, L_cache × hidden at 2 bytes, where llama.cpp keeps (L_cache − 1) × hidden at F32). A Mamba2
+    hybrid's (Falcon-H1, Granite 4, Nemotron-H) is priced from the header alone, as llama.cpp lays it out
+    (ggufs.mamba_layers: each family's rule for which blocks keep KV and which a Mamba2 state, the state at F32),
+    its note saying where that llama.cpp does not load the GGUF (a review's Falcon-H1 GGUF was refused)."""
+    if (mamba := ggufs.mamba_layers(h)) is not None:
+        kv, values = mamba.kv, [n * (mamba.kv.key_length + mamba.kv.value_length) for n in mamba.kv.kv_heads]
+        kinds = tuple(
+            {(True, True): "hybrid", (True, False): "mamba2", (False, True): "full_attention"}.get(
+                (r, bool(v)), "no_attention"
+            )
+            for r, v in zip(mamba.recurrent, values, strict=True)
+        )
+        state = float((mamba.state.r + mamba.state.s) * ggufs.RECURRENT_STATE_BYTES)
+        heads = sorted(set(kv.kv_heads) - {0}) or [0]
+        kv_formula = f"kv_heads {heads[0]}" if len(heads) == 1 else f"kv_heads[layer] {heads[0]}-{heads[-1]}"
+        kv_formula += f" × (key_length {kv.key_length} + value_length {kv.value_length})"
+        kv_formula = kv_formula if any(kv.kv_heads) else "no layer holds a KV cache"
+        return KVCache(
+            attention="MHA/GQA + Mamba2",
+            values_per_token=max(values),
+            kinds=kinds,
+            windows=(None,) * len(kinds),
+            bytes_per_element=GGUF_KV_BYTES,
+            formula=f"{kv_formula} [{mamba.rule}]",
+            layer_values=tuple(values),
+            state_bytes=tuple(state if r else 0.0 for r in mamba.recurrent),
+            state_dtype=f"F32, {ggufs.RECURRENT_STATE_BYTES} bytes: llama.cpp's recurrent state",
+            layer_formulas=tuple(
+                f"{k}: {f}"
+                for k, f in (
+                    ("hybrid", f"{kv_formula}; {mamba.state.formula}"),
+                    ("mamba2", mamba.state.formula),
+                    ("full_attention", kv_formula),
+                )
+                if k in kinds
+            ),
+            note=mamba.refused,
+        )
     if state := ggufs.recurrent_state_keys(h):
         if config is None:
             raise UsageError(

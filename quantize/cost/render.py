@@ -39,6 +39,8 @@ def _architecture(result: TokenCost) -> list[str]:
                 f"  fixed state (constant in the context) of {kv['state_layers']} layer(s): "
                 f"{kv['state_bytes_per_sequence']:,.0f} bytes per sequence ({kv['state_dtype']}), included above"
             )
+        if kv.get("note"):
+            lines.append(f"  note: {kv['note']}")
     if (m := result.moe) is not None:
         first = m.layers[0]
         lines += [

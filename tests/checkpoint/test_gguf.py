@@ -303,16 +303,26 @@ def test_kv_heads_per_layer_the_header_cannot_price_are_refused(tmp_path, capsys
 
 
 @pytest.mark.parametrize(
-    "arch,meta",
+    "arch,meta,says",
     [
         # Gated DeltaNet in three layers of four: one head_count_kv number, as llama.cpp's qwen3next writes it
-        ("qwen3next", {"attention.head_count_kv": 2, "full_attention_interval": 4, "ssm.state_size": 128}),
+        ("qwen3next", {"attention.head_count_kv": 2, "full_attention_interval": 4, "ssm.state_size": 128}, None),
         # Kimi Delta Attention beside MLA: the latent keys describe only the attention layers
-        ("kimi-linear", {"attention.head_count_kv": [0, 0, 0, 4], "attention.kv_lora_rank": 32, "kda.head_dim": 64}),
-        ("falcon-h1", {"attention.head_count_kv": 2, "ssm.state_size": 16, "ssm.conv_kernel": 4}),
+        (
+            "kimi-linear",
+            {"attention.head_count_kv": [0, 0, 0, 4], "attention.kv_lora_rank": 32, "kda.head_dim": 64},
+            None,
+        ),
+        # a Mamba2 hybrid is priced from its header as llama.cpp lays it out (ggufs.mamba_layers): one without
+        # the SSM sizes llama.cpp requires is refused naming the first it lacks
+        (
+            "falcon-h1",
+            {"attention.head_count_kv": 2, "ssm.state_size": 16, "ssm.conv_kernel": 4},
+            "ssm.inner_size is absent",
+        ),
     ],
 )
-def test_a_gguf_with_a_recurrent_state_is_not_priced_as_attention_alone(tmp_path, capsys, arch, meta):
+def test_a_gguf_with_a_recurrent_state_is_not_priced_as_attention_alone(tmp_path, capsys, arch, meta, says):
     """Hybrids whose header sizes a recurrent state: priced as plain attention (or MLA) in every layer, their state
     0, exit 0 (a review's repros); refused now where transformers maps no config for them, naming the state."""
     tensors = [("token_embd.weight", T.Q8_0, (64, 256))]
@@ -322,7 +332,9 @@ def test_a_gguf_with_a_recurrent_state_is_not_priced_as_attention_alone(tmp_path
     path = write_gguf(tmp_path / "h.gguf", tensors, arch, block_count=4, embedding_length=256, **meta)
     assert main(["cost", "--checkpoint", str(path), "--context", "32768"]) == 2
     err = capsys.readouterr().err
-    assert f"architecture {arch!r} keeps a fixed recurrent state ({arch}." in err and "--layers" in err, err
+    says = says and f"{arch}.{says}"
+    assert (says or f"architecture {arch!r} keeps a fixed recurrent state ({arch}.") in err, err
+    assert "--layers" in err or (says and "re-convert" in err), err
 
 
 @pytest.mark.parametrize("context", [2048, 32768])

@@ -165,3 +165,138 @@ def test_a_short_convolution_state_of_no_whole_length_is_refused(tmp_path, capsy
     assert main(["cost", "--checkpoint", str(path), "--context", "2048"]) == 2
     err = capsys.readouterr().err
     assert "lfm2.shortconv.l_cache is 0" in err and "Traceback" not in err
+
+
+# Mamba2 hybrids whose converter GGUFs llama.cpp loads, at shapes whose state its load log prints exactly (R and S
+# each a multiple of 0.25 MiB): Falcon-H1 (a KV cache and a Mamba2 state in every layer) and Nemotron-H with no MLP
+# layer (its Mamba layers keep a state, its attention layer KV, its MoE layer neither)
+LOADED_MAMBA2 = {
+    "falcon_h1": dict(mamba_d_head=64, mamba_d_ssm=256, mamba_d_state=64, mamba_n_groups=2, mamba_d_conv=33),
+    "nemotron_h": dict(
+        layers_block_type=["linear_attention", "full_attention", "moe", "linear_attention"],
+        mamba_head_dim=64,
+        ssm_state_size=128,
+        n_groups=1,
+        conv_kernel=65,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def loaded_mamba2(converter, smollm2, tmp_path_factory):
+    return {f: converted(f, tmp_path_factory.mktemp(f), smollm2, **kw)[1] for f, kw in LOADED_MAMBA2.items()}
+
+
+@pytest.mark.parametrize("context", [2048, 32768])
+@pytest.mark.parametrize("family", list(LOADED_MAMBA2))
+def test_a_mamba2_hybrid_ggufs_kv_and_state_are_the_ones_llama_cpp_allocates(loaded_mamba2, family, context):
+    """`quantize cost` of a Falcon-H1 or Nemotron-H GGUF prices the KV cache and the Mamba2 state llama.cpp
+    allocates for one sequence at that context (its load log: the KV cache's size and cells, the recurrent
+    memory's R (f32) and S (f32)), with no note (llama.cpp loads it). The old code refused both (exit 2)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from quantize.quiet import llama_log
+
+    path = loaded_mamba2[family]
+    c = api.decode_cost(path, workload=bounds.Workload(context_tokens=context))
+    with llama_log() as log:
+        llama_cpp.Llama(str(path), n_ctx=context, n_threads=1, verbose=True).close()
+        said = log.read_text()
+    ((_, cells, _, seqs, r, s),) = RECURRENT.findall(said)
+    assert (int(cells), int(seqs)) == (1, 1)  # one sequence's state
+    state_layers = [layer for layer in c.kv_bytes_per_layer if layer.state_bytes]
+    rs = ggufs.mamba_layers(ggufs.read_header(path)).state
+    assert len(state_layers) * rs.r * ggufs.RECURRENT_STATE_BYTES == round(float(r) * 2**20) > 0
+    assert len(state_layers) * rs.s * ggufs.RECURRENT_STATE_BYTES == round(float(s) * 2**20) > 0
+    state = sum(layer.state_bytes for layer in c.kv_bytes_per_layer)
+    assert state == round((float(r) + float(s)) * 2**20) == c.state_bytes_per_sequence
+    ((kv_mib, kv_cells, kv_layers),) = KV.findall(said)
+    assert int(kv_cells) == context and round(float(kv_mib) * 2**20) == c.kv_bytes_per_sequence - state
+    assert int(kv_layers) == sum(1 for layer in c.kv_bytes_per_layer if layer.kv_bytes)
+    assert "F32" in c.kv_layout["state_dtype"] and "note" not in c.kv_layout
+
+
+def _state_by_hand(path: Path) -> int:
+    """One Mamba2 layer's state in bytes, counted by hand from the GGUF's metadata as llama.cpp's n_embd_r and
+    n_embd_s size it: (conv_kernel − 1) × (inner_size + 2 × group_count × state_size) + state_size × inner_size,
+    4 bytes (F32) each."""
+    import gguf
+
+    h = ggufs.read_header(path)
+    names = ("CONV_KERNEL", "INNER_SIZE", "STATE_SIZE", "GROUP_COUNT")
+    m = {n: h.metadata[getattr(gguf.Keys.SSM, n).format(arch=h.architecture)] for n in names}
+    return 4 * (
+        (m["CONV_KERNEL"] - 1) * (m["INNER_SIZE"] + 2 * m["GROUP_COUNT"] * m["STATE_SIZE"])
+        + m["STATE_SIZE"] * m["INNER_SIZE"]
+    )
+
+
+@pytest.mark.parametrize("family", ["granitemoehybrid", "nemotron_h"])
+def test_a_mamba2_hybrid_gguf_llama_cpp_does_not_load_is_priced_by_its_rule_with_a_note(pairs, family):
+    """The converter's GGUFs of the tiny Granite 4 and Nemotron-H (with an MLP layer) models do not load in
+    llama.cpp 0.3.36 (its converter writes their layer kinds as head counts and feed-forward lengths that llama.cpp's
+    own rule then reads otherwise: it wants a Mamba layer's ssm_in where an attention or MLP block is stored). Their
+    cost is llama.cpp's rule read from the header, counted by hand here: a Mamba2 state in each block of no KV head
+    (Nemotron-H: and no feed-forward length), KV where the rule keeps it, at 2k and 32k, and the cost's note says
+    llama.cpp does not load the GGUF, naming the block. The old code refused both (exit 2)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import gguf
+
+    path = pairs[family][1]
+    with pytest.raises(ValueError):
+        llama_cpp.Llama(str(path), n_ctx=2048, n_threads=1, verbose=False)
+    h = ggufs.read_header(path)
+    key = gguf.Keys.Attention
+    arch = h.architecture
+    kv_heads = h.metadata[key.HEAD_COUNT_KV.format(arch=arch)]
+    ff = h.metadata[gguf.Keys.LLM.FEED_FORWARD_LENGTH.format(arch=arch)]
+    ff = ff if isinstance(ff, list) else [ff] * len(kv_heads)
+    nemotron = family == "nemotron_h"
+    mamba = [n == 0 and (f == 0 or not nemotron) for n, f in zip(kv_heads, ff, strict=True)]
+    attention = [not m and (f == 0 or not nemotron) for m, f in zip(mamba, ff, strict=True)]
+    head = h.metadata[gguf.Keys.LLM.EMBEDDING_LENGTH.format(arch=arch)] // h.metadata[key.HEAD_COUNT.format(arch=arch)]
+    width = sum(h.metadata.get(k.format(arch=arch), head) for k in (key.KEY_LENGTH, key.VALUE_LENGTH))
+    for context in (2048, 32768):
+        c = api.decode_cost(path, workload=bounds.Workload(context_tokens=context))
+        by_hand = [
+            (_state_by_hand(path) if m else 0) + (2 * n * width * context if a else 0)
+            for m, a, n in zip(mamba, attention, kv_heads, strict=True)
+        ]
+        assert [layer.bytes for layer in c.kv_bytes_per_layer] == by_hand and any(mamba)
+        assert c.kv_bytes_per_sequence == sum(by_hand)
+        note = c.kv_layout["note"]
+        first = next(
+            i for i, m in enumerate(mamba) if m and f"blk.{i}.ssm_in.weight" not in {t.name for t in h.tensors}
+        )
+        assert "does not load this GGUF" in note and f"blk.{first}.ssm_in.weight" in note
+
+
+def test_a_mamba2_state_key_of_no_whole_size_is_refused(tmp_path, capsys):
+    """`quantize cost` of a Nemotron-H header whose ssm.conv_kernel is 0 is refused, exit 2 naming the key and value
+    (llama.cpp requires a kernel to size the convolution state by), not priced."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from quantize.cli import main
+
+    path = tmp_path / "m.gguf"
+    w = GGUFWriter(str(path), "nemotron_h")
+    w.add_block_count(2)
+    w.add_context_length(256)
+    w.add_embedding_length(64)
+    w.add_feed_forward_length([0, 0])
+    w.add_head_count(2)
+    w.add_head_count_kv([0, 2])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_ssm_conv_kernel(0)
+    w.add_ssm_inner_size(128)
+    w.add_ssm_state_size(16)
+    w.add_ssm_group_count(1)
+    w.add_ssm_time_step_rank(4)
+    w.add_tensor("token_embd.weight", np.zeros((256, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert main(["cost", "--checkpoint", str(path), "--context", "2048"]) == 2
+    err = capsys.readouterr().err
+    assert "nemotron_h.ssm.conv_kernel is 0" in err and "Traceback" not in err
