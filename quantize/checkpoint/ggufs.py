@@ -52,7 +52,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from quantize import cache
+from quantize import cache, progress
 from quantize.checkpoint import architecture
 from quantize.errors import UsageError
 from quantize.io import open_user_file, sha256_bytes, sha256_user_file
@@ -318,6 +318,8 @@ def _sha256(path: str) -> str:
 SCAN_ELEMENTS = 1 << 22
 # 1 (2026-12-08): every tensor whose type gguf.quants.dequantize reads; kept in the identity memo under it
 NON_FINITE_SCAN_VERSION = 2  # 2: F64 tensors scanned
+# a file at least this large is scanned as a progress stage (its tensors counted): seconds a GiB on a 2-core CPU
+SCAN_SHOWN_BYTES = 1 << 28
 
 
 def non_finite_tensors(checkpoint: str | Path) -> list[str]:
@@ -357,15 +359,25 @@ def _kept_non_finite(path: str, key: tuple[int, ...]) -> tuple[str, ...]:
 
 
 def _scan(path: Path) -> tuple[str, ...]:
-    """The tensors of one GGUF file (its own header's) whose dequantized values are not all finite."""
+    """The tensors of one GGUF file (its own header's) whose dequantized values are not all finite; a file of at
+    least SCAN_SHOWN_BYTES is a progress stage, advanced a tensor at a time."""
+    import contextlib
+
     import gguf
 
     h = _one_header(path)
-    with open_user_file(path, "GGUF file", MAX_GGUF_BYTES, hint=FIX) as fh:
+    shown = h.file_bytes >= SCAN_SHOWN_BYTES
+    with (
+        open_user_file(path, "GGUF file", MAX_GGUF_BYTES, hint=FIX) as fh,
+        progress.stage(f"NaN scan of {path.name}", len(h.tensors), "tensors")
+        if shown
+        else contextlib.nullcontext() as st,
+    ):
         if os.fstat(fh.fileno()).st_size != h.file_bytes:
             raise _Invalid(path)("it changed while it was read")
         with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return tuple(t.name for t in h.tensors if not _finite(gguf, buf, h.data_start + t.offset, t))
+            tensors = progress.counted(st, h.tensors)
+            return tuple(t.name for t in tensors if not _finite(gguf, buf, h.data_start + t.offset, t))
 
 
 def _finite(gguf: Any, buf: Any, start: int, t: GGUFTensor) -> bool:

@@ -1076,3 +1076,25 @@ def test_the_scan_reads_a_chunk_of_rows_at_a_time(tmp_path, isolated_cache, monk
     clean = write_gguf(tmp_path / "clean.gguf", [("token_embd.weight", T.Q8_0, (64, 256))])
     bad = _forged(clean, tmp_path / "bad.gguf", "token_embd.weight", _nan_scale)
     assert ggufs.non_finite_tensors(clean) == [] and ggufs.non_finite_tensors(bad) == ["token_embd.weight"]
+
+
+def test_a_large_files_scan_is_a_progress_stage_counting_its_tensors(tmp_path, isolated_cache, monkeypatch):
+    """A GGUF of at least SCAN_SHOWN_BYTES is scanned as a progress stage (minutes on an 8B file: nothing was shown
+    before), its end line counting every tensor; a smaller one shows nothing."""
+    import io
+
+    from quantize import progress
+
+    tensors = [("token_embd.weight", T.Q8_0, (64, 256)), ("output_norm.weight", T.F32, (256,))]
+    path = write_gguf(tmp_path / "m.gguf", tensors)
+    out = io.StringIO()
+    with progress.shown(True, out, tty=False):
+        assert ggufs.non_finite_tensors(path) == []
+    assert out.getvalue() == ""
+    monkeypatch.setattr(ggufs, "SCAN_SHOWN_BYTES", path.stat().st_size)
+    path.write_bytes(path.read_bytes())  # written again: scanned again
+    with progress.shown(True, out, tty=False):
+        assert ggufs.non_finite_tensors(path) == []
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "quantize: NaN scan of m.gguf (2 tensors) ..."
+    assert re.match(r"quantize: NaN scan of m\.gguf: done, 2 tensors, ", lines[-1]), lines
