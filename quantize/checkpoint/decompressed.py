@@ -34,7 +34,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from quantize.checkpoint.expert_names import ModelNames
+from quantize.checkpoint.expert_names import ModelNames, per_expert_loader
 from quantize.checkpoint.files import hf_path, read_config, safetensors_files
 from quantize.compat.compressed_tensors_targets import first_target
 from quantize.compat.llmcompressor import NotLinearizable, linearized_on_meta
@@ -78,11 +78,17 @@ def transformers_reading(path: Path) -> str | None:
     reads_per_expert accepts): None where the first routed expert's weight it dequantizes is the one
     compressed-tensors' decompression gives (the layer's experts share one scheme: architecture.expert_problems), else
     why not (compat.transformers.expert_reading: on 5.17 NVFP4's global scale and an asymmetric scheme's zero point
-    are not read). Reads that expert's tensors alone."""
+    are not read; a family it reads only fused, Granite 4: expert_names.per_expert_loader, not at all). Reads that
+    expert's tensors alone."""
     from compressed_tensors.quantization import QuantizationConfig
     from safetensors import safe_open
 
     cfg = read_config(path)
+    if not per_expert_loader(str(cfg["model_type"])):
+        return (
+            "it has no per-expert loader for this family, whose routed experts it reads only as fused 3-D tensors: "
+            "from_pretrained would leave them missing, initialised at random"
+        )
     names = ModelNames(str(cfg["model_type"]))
     config = QuantizationConfig.model_validate(cfg["quantization_config"])
     groups = {names.target(t): g for g in config.config_groups.values() for t in g.targets}

@@ -312,6 +312,11 @@ def index_and_experts_match_headers(checkpoint: Path) -> None:
         )
 
 
+# how the reload stage of a checkpoint read by the per-expert loader names it (convert/checks.reloaded_with); the
+# run's summary repeats that stage, which says which loaders read the checkpoint (convert/render.run_text)
+PER_EXPERT_LOADER = "quantize's per-expert loader"
+
+
 def reads_per_expert(checkpoint: Path) -> bool:
     """Whether the per-expert loader (checkpoint/decompressed.py) reads a checkpoint: its quant_method is
     compressed-tensors, config.json declares routed experts (architecture.routed_experts) and its safetensors

@@ -23,10 +23,14 @@ def library_version(dist: str, versions: dict[str, str | None]) -> str:
         return "(version unknown)"
 
 
-def model_card(meta: RunRecord, base_model: str | None, experts_misread: str | None = None) -> str:
+def model_card(
+    meta: RunRecord, base_model: str | None, experts_misread: str | None = None, vllm_said: str | None = None
+) -> str:
     """base_model: the Hub id of the source model when known (the front matter names it); experts_misread: why
     transformers' own loader does not read the checkpoint's routed experts as stored (decompressed.
-    transformers_reading), where it does not: the card then says so instead of sending the reader to it."""
+    transformers_reading), where it does not: the card then says so instead of sending the reader to it;
+    vllm_said: what vLLM makes of them where quantize knows it from vLLM's source (checkpoint/vllm_reading.said: a
+    family transformers reads only fused), said in place of sending the reader to vLLM."""
     from huggingface_hub import ModelCard, ModelCardData
 
     b, cal = meta.bits, meta.calibration
@@ -49,8 +53,9 @@ def model_card(meta: RunRecord, base_model: str | None, experts_misread: str | N
         note if files else f"Load with `transformers.AutoModelForCausalLM.from_pretrained` {note} or serve with vLLM."
     )
     if experts_misread is not None and not files:
+        serve = f"{md_text(vllm_said)}; score it" if vllm_said else "Serve with vLLM, or score"
         load = (
-            f"Serve with vLLM, or score with quantize's own loader (`quantize eval`): transformers "
+            f"{serve} with quantize's own loader (`quantize eval`): transformers "
             f"{md_text(library_version('transformers', meta.versions))}'s `from_pretrained` misreads this checkpoint's "
             f"routed experts ({md_text(experts_misread)}; docs/moe.md)."
         )

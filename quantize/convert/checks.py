@@ -8,11 +8,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from quantize.checkpoint import qdq
+from quantize.checkpoint import qdq, vllm_reading
 from quantize.checkpoint.accounting import METADATA_ROLES, bits_report, role_of, scaled
 from quantize.checkpoint.architecture import Mtp, mtp_declaration, mtp_of, part_of
 from quantize.checkpoint.decompressed import transformers_reading
-from quantize.checkpoint.files import read_config, reads_per_expert, safetensors_files
+from quantize.checkpoint.files import PER_EXPERT_LOADER, read_config, reads_per_expert, safetensors_files
 from quantize.checkpoint.headers import TORCH_NAMES, all_tensors, read_header
 from quantize.checkpoint.loader import check_against_meta, check_loading_info, load_model, meta_model
 from quantize.compat.transformers import dry_load
@@ -161,7 +161,8 @@ def reload_check(path: Path, probe: Any, trust_remote_code: bool) -> FiniteCheck
 def reloaded_with(path: Path) -> str:
     """The loader load_model reads a checkpoint with, in words: transformers, or, for a compressed-tensors MoE
     stored per expert (files.reads_per_expert), quantize's own per-expert loader, with what transformers makes of
-    the experts (decompressed.transformers_reading: their weights as stored, or why not)."""
+    the experts (decompressed.transformers_reading: their weights as stored, or why not) and, for a family
+    transformers reads only fused, what vLLM does (vllm_reading.said, from its source: Granite 4)."""
     if not reads_per_expert(path):
         return "transformers"
     theirs = f"transformers {_version('transformers')}"
@@ -169,7 +170,10 @@ def reloaded_with(path: Path) -> str:
         said = f"{theirs} reads its expert weights as stored, without their activation quantization"
     else:
         said = f"{theirs} misreads its routed experts: {why}"
-    return f"quantize's per-expert loader (checkpoint/decompressed.py; {said})"
+    found, _ = all_tensors(safetensors_files(path))
+    if (vllm := vllm_reading.said(str(read_config(path)["model_type"]), list(found))) is not None:
+        said += f"; {vllm}"
+    return f"{PER_EXPERT_LOADER} (checkpoint/decompressed.py; {said})"
 
 
 def _version(dist: str) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from quantize import records
-from quantize.checkpoint import accounting
+from quantize.checkpoint import accounting, vllm_reading
 from quantize.checkpoint.decompressed import transformers_reading
 from quantize.checkpoint.files import (
     check_identity,
@@ -40,8 +40,10 @@ from quantize.checkpoint.files import (
     quant_method,
     read_config,
     reads_per_expert,
+    safetensors_files,
     weights_sha256,
 )
+from quantize.checkpoint.headers import all_tensors
 from quantize.checkpoint.loader import DEFAULT_MODEL_HUB_ID, meta_model, resolve_model
 from quantize.convert import memory
 from quantize.convert.backends import backend_for, backend_named, check, converts_files
@@ -492,8 +494,13 @@ def _saved(tmp: Path, meta: RunRecord, recipe: Recipe) -> RunRecord:
     # a per-expert MoE checkpoint: what transformers' own loader makes of its experts (a file-to-file backend's GGUF
     # is no transformers checkpoint)
     files = converts_files(backend_named(recipe.backend))
-    misread = transformers_reading(tmp) if not files and reads_per_expert(tmp) else None
-    (tmp / "README.md").write_text(model_card(meta, DEFAULT_MODEL_HUB_ID if recipe.model is None else None, misread))
+    per_expert = not files and reads_per_expert(tmp)
+    misread = transformers_reading(tmp) if per_expert else None
+    vllm = None
+    if per_expert:  # a family transformers reads only fused: what vLLM's source says it reads (vllm_reading)
+        vllm = vllm_reading.said(str(read_config(tmp)["model_type"]), list(all_tensors(safetensors_files(tmp))[0]))
+    hub_id = DEFAULT_MODEL_HUB_ID if recipe.model is None else None
+    (tmp / "README.md").write_text(model_card(meta, hub_id, misread, vllm))
     return meta
 
 

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantize.checkpoint import vllm_reading
 from quantize.checkpoint.accounting import role_of
 from quantize.checkpoint.architecture import moe_spec, part_of
 from quantize.checkpoint.expert_names import ModelNames, expert_checkpoint_names, per_expert_loader, renamings
@@ -186,28 +187,40 @@ def _moe(model: Any, recipe: Recipe, plan: LayerPlan, linearize: bool) -> None:
 
 
 def _fused_only(model: Any, plan: LayerPlan, planned: set[str]) -> None:
-    """A family whose checkpoints store its experts fused (transformers has no per-expert loader for it: gpt-oss)
-    with its experts to quantize: refused before loading. llm-compressor writes quantized experts per expert, a
-    layout quantize's own loader reads (checkpoint/decompressed.py) but that family's loaders do not (transformers
-    reads its experts only as fused 3-D tensors, with no quantized form), so the output would be a checkpoint only
-    quantize could score. With the experts in `ignore` they are written back fused, at 16 bits (backend save)."""
+    """A family whose checkpoints store its experts fused (transformers has no per-expert loader for it: gpt-oss,
+    Granite 4). With its experts in `ignore` they are written back fused, at 16 bits (the backend's save), as every
+    loader reads them. With them quantized llm-compressor writes them one per expert, a layout transformers does not
+    read for such a family (from_pretrained would leave its fused experts missing, initialised at random) and
+    quantize's own loader does (checkpoint/decompressed.py: the reload check, `eval`, the gate): written so where
+    vLLM reads it (vllm_reading.PER_EXPERT, read in its source: Granite 4), refused before loading where vLLM reads
+    nothing of it (gpt-oss), since no engine would serve it."""
     family = model.config.model_type
     if not plan.experts or per_expert_loader(family):
         return
-    plan.unconverted |= {
-        n: "routed experts of a family transformers reads only fused, kept at 16 bits (the recipe's ignore) and "
-        "written back fused"
-        for n in plan.fused
-    }
-    if quantized := sorted(n for n in planned if _is_expert(n, plan.experts)):
-        raise UsageError(
-            f"{family}: transformers {_version('transformers')} reads this family's routed experts only as fused "
-            f"3-D tensors, with no quantized form, and llm-compressor would write quantized experts (e.g. "
-            f"{quantized[0]}) one per expert: a layout quantize's own loader scores but this family's loaders do not "
-            "read, so the checkpoint would not serve. Add 're:.*\\.experts\\..*' to `ignore` to keep the experts "
-            "at 16 bits (the rest is quantized; the experts' bytes are recorded as left at 16 bits), or quantize "
-            "them with a tool whose output your serving engine reads"
-        )
+    quantized = sorted(n for n in planned if _is_expert(n, plan.experts))
+    if not quantized:
+        plan.unconverted |= {
+            n: "routed experts of a family transformers reads only fused, kept at 16 bits (the recipe's ignore) and "
+            "written back fused"
+            for n in plan.fused
+        }
+        return
+    reading = vllm_reading.PER_EXPERT.get(family)
+    if reading is not None and reading.reads:
+        return  # written per expert; the run's reload stage says which loaders read it (convert/checks.py)
+    vllm = (
+        f"; {vllm_reading.said(family, [])}"
+        if reading is not None
+        else "; what vLLM reads of it is not known here (checkpoint/vllm_reading.py has no reading of this family)"
+    )
+    raise UsageError(
+        f"{family}: llm-compressor would write this family's quantized experts one per expert (e.g. {quantized[0]}): "
+        f"transformers {_version('transformers')} reads its routed experts only as fused 3-D tensors, with no "
+        f"quantized form (from_pretrained would leave them missing, initialised at random){vllm}. Only quantize's "
+        "own loader is known to read such a checkpoint. Add 're:.*\\.experts\\..*' to "
+        "`ignore` to keep the experts at 16 bits (the rest is quantized; the experts' bytes are recorded as left at "
+        "16 bits), or quantize them with a tool whose output your serving engine reads"
+    )
 
 
 def _version(dist: str) -> str:

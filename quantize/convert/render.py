@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantize.checkpoint.accounting import UNTIED
+from quantize.checkpoint.files import PER_EXPERT_LOADER
 from quantize.checkpoint.render import mib
 from quantize.records import CalibrationRecord, GGUFConversion, LayerPlanRecord, MemoryPlanRecord, RunRecord
 
@@ -22,6 +23,8 @@ def run_text(name: str, out: Path, meta: RunRecord) -> str:
             f"  wall time {meta.time_seconds['total']:.1f} s, peak memory {mib(meta.memory.peak_rss_bytes)}",
             *left_lines(plan),
             *(f"  note: {n}" for n in b.notes if n.startswith(UNTIED)),
+            # read back by quantize's own loader: which loaders read the checkpoint, transformers' and vLLM's too
+            *(f"  note: checked {c.stage}" for c in meta.finite_checks if PER_EXPERT_LOADER in c.stage),
             *not_converted_lines(plan),
             *routing_lines(plan),
             *([plan_line(meta.memory_plan)] if meta.memory_plan else []),

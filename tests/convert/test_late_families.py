@@ -102,9 +102,9 @@ def loads_in_transformers(out: Path) -> None:
 
 
 # transformers reads Granite 4's routed experts only fused (its mapping renames block_sparse_moe.input_linear to
-# experts.gate_up_proj and merges nothing): its shipped recipes are refused with the experts targeted, so it converts
-# with them in `ignore`
-FUSED_ONLY = {"granitemoehybrid": {"ignore": ["lm_head", "re:.*\\.experts\\..*"]}}
+# experts.gate_up_proj and merges nothing): quantized, they are written per expert, which vLLM and quantize's own
+# loader read and transformers' does not; in `ignore`, they are written back fused
+GRANITE_KEPT = {"ignore": ["lm_head", "re:.*\\.experts\\..*"]}
 
 
 def left(meta: RunRecord) -> dict[str, str]:
@@ -127,10 +127,11 @@ def test_left_at_16_bits_is_what_the_file_stores(tmp_path, source, capsys, famil
     embedding the file stores at 16 bits is listed in left_16bit with its reason (before: none was, and the
     summary said nothing of them), every router too (Granite 4's `block_sparse_moe.router`, no Linear, was neither
     quantized nor listed), and everything listed is stored at 16 bits. transformers' own loader reads the output
-    with no key missing or unexpected (Granite 4's experts, written per expert, loaded at random: a review)."""
-    code, err, out = run(tmp_path, source(family), "fp8-e4m3", capsys, **FUSED_ONLY.get(family, {}))
+    with no key missing or unexpected, but Granite 4's, whose experts are written per expert (below)."""
+    code, err, out = run(tmp_path, source(family), "fp8-e4m3", capsys)
     assert code == 0, err
-    loads_in_transformers(out)
+    if family != "granitemoehybrid":  # Granite 4's quantized experts: read by our loader (the test below)
+        loads_in_transformers(out)
     meta = records.read(RunRecord, out / "quantize.json")
     listed, stored = left(meta), stored_at_16(out)
     assert set(listed) <= set(stored)  # nothing is listed that the file does not store at 16 bits
@@ -399,22 +400,91 @@ def test_a_quantized_output_layer_is_counted_and_its_untie_said(tmp_path, source
     assert UNTIED in run_text("fp8-e4m3", out, meta)  # the run's summary says it
 
 
-@pytest.mark.parametrize("recipe", ["fp8-e4m3", "nvfp4"])
-def test_granite_4_experts_are_refused_quantized_and_written_fused_when_ignored(tmp_path, source, capsys, recipe):
-    """transformers' Granite 4 mapping only renames the stored fused experts (block_sparse_moe.input_linear.weight to
-    experts.gate_up_proj), so it reads no per-expert checkpoint; quantize counted that renaming as a per-expert
-    merge, wrote the experts per expert and exited 0, and transformers loaded the experts at random (8 keys missing,
-    every expert tensor unexpected; our own per-expert loader read them, so the reload check passed). Now, as
-    gpt-oss: the experts targeted is exit 2 before loading, saying what to do; with them in `ignore` they are
-    written back fused, as the source stores them, and transformers reads the whole checkpoint."""
+def _in_memory_logits(monkeypatch) -> dict:
+    """Logits of the quantized model in memory on IDS, taken as the backend saves it (before save_pretrained
+    compresses it): {"logits": ...} once a run has saved."""
+    import torch
+
+    from quantize.convert.backends.llmcompressor import LLMCompressorBackend
+
+    got: dict = {}
+    save = LLMCompressorBackend.save
+
+    def saving(self, model, folder):
+        with torch.no_grad():
+            got["logits"] = model(input_ids=torch.tensor(IDS, device=model.device)).logits.float()
+        return save(self, model, folder)
+
+    monkeypatch.setattr(LLMCompressorBackend, "save", saving)
+    return got
+
+
+IDS = [[1, 5, 9, 2, 17, 33, 4, 8, 40, 3]]
+
+
+@pytest.mark.parametrize(
+    "recipe", ["fp8-e4m3", "nvfp4a16", pytest.param("gptq-w4a16-g128", marks=pytest.mark.slow)]
+)  # GPTQ: calibration through the sequential pipeline, about a minute here
+def test_granite_4_experts_are_quantized_and_read_by_our_loader(tmp_path, source, capsys, monkeypatch, recipe):
+    """transformers reads Granite 4's experts only fused (its mapping renames the stored block_sparse_moe.input_linear
+    and merges nothing), so every recipe quantizing them was refused, exit 2, as a layout "this family's loaders do
+    not read": false for vLLM, whose GraniteMoeHybridModel maps per-expert `experts.N.gate_proj.*` names onto its
+    fused experts (docs/vllm-loading.md Q9). Now the experts are quantized and written per expert, counted in the
+    bits, read back by quantize's own loader (the reload check, `eval`) with the in-memory quantized model's logits,
+    and the run says which loaders read it: not transformers' (its fused experts missing, at random), vLLM's (file
+    and function), ours."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from quantize.checkpoint.loader import load_model
+
+    in_memory = _in_memory_logits(monkeypatch)
+    code, err, out = run(tmp_path, source("granitemoehybrid"), recipe, capsys)
+    assert code == 0, err
+    found, _ = all_tensors(safetensors_files(out))
+    assert not [n for n in found if re.search(r"block_sparse_moe\.(input|output)_linear", n)]
+    scales = [n for n in found if re.search(r"\.experts\.\d+\.(gate|up|down)_proj\.weight_scale$", n)]
+    assert len(scales) == 4 * 4 * 3  # every expert's gate, up and down of the 4 MoE layers, quantized
+    experts = bits_report(out).bytes_by_part["routed_experts"]
+    assert 8 * experts["bytes"] / experts["parameters"] < (8.2 if recipe == "fp8-e4m3" else 5)
+    meta = records.read(RunRecord, out / "quantize.json")
+    [check] = meta.finite_checks
+    said = run_text(recipe, out, meta)
+    for text in (check.stage, said):  # which loaders read it, in quantize.json and in the run's summary
+        assert "quantize's per-expert loader" in text and "initialised at random" in text
+        assert "vLLM 0.34.0 reads it," in text and "granitemoehybrid.py, GraniteMoeHybridModel.get_expert_map" in text
+    assert "vLLM 0.34.0 reads it," in (out / "README.md").read_text().replace("\\", "")
+    # transformers' own loader leaves the fused experts missing (random): no path of ours may read it with that
+    _, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
+    assert [k for k in info["missing_keys"] if ".experts." in k]
+    ours, _ = load_model(out)
+    with torch.no_grad():
+        logits = ours(input_ids=torch.tensor(IDS)).logits.float()
+        source_model = AutoModelForCausalLM.from_pretrained(str(source("granitemoehybrid")), dtype=ours.dtype)
+        unquantized = source_model(input_ids=torch.tensor(IDS)).logits.float()
+    assert torch.equal(logits, in_memory["logits"])  # what the conversion computed, bit for bit
+    assert not torch.equal(logits, unquantized)  # and not the source's
+
+
+def test_granite_4_nvfp4_experts_say_what_vllm_does_not_read(tmp_path, source, capsys):
+    """NVFP4 with FP4 activations stores each expert's input_global_scale, a name vLLM 0.34.0's Granite 4 loader
+    does not move onto its experts' parameters (maybe_remap_moe_expert_param_name's list): the conversion runs (our
+    loader reads it), and the run says vLLM's load would stop there rather than that vLLM reads it."""
+    calibration = {"source": "builtin:jargon", "samples": 2, "seq_len": 32, "seed": 0}  # seconds, not a minute
+    code, err, out = run(tmp_path, source("granitemoehybrid"), "nvfp4", capsys, calibration=calibration)
+    assert code == 0, err
+    meta = records.read(RunRecord, out / "quantize.json")
+    said = run_text("nvfp4", out, meta)
+    assert "but not their input_global_scale" in said and "KeyError" in said and "vLLM 0.34.0 reads it," not in said
+
+
+def test_granite_4_experts_in_ignore_are_written_fused(tmp_path, source, capsys):
+    """With the experts in `ignore`, Granite 4's are written back fused, as the source stores them, and transformers
+    reads the whole checkpoint; the fused tensors are listed as left at 16 bits."""
     import torch
     from safetensors import safe_open
 
-    code, err, out = run(tmp_path, source("granitemoehybrid"), recipe, capsys)
-    assert code == 2, err
-    assert "granitemoehybrid: transformers" in err and "only as fused" in err and "to `ignore`" in err
-    assert not out.exists()
-    code, err, out = run(tmp_path, source("granitemoehybrid"), recipe, capsys, **FUSED_ONLY["granitemoehybrid"])
+    code, err, out = run(tmp_path, source("granitemoehybrid"), "fp8-e4m3", capsys, **GRANITE_KEPT)
     assert code == 0, err
     loads_in_transformers(out)
     found, _ = all_tensors(safetensors_files(out))

@@ -207,8 +207,9 @@ def test_an_moe_converts_with_its_experts_quantized_and_reloads(tmp_path, moe_di
 
 def test_fused_only_experts_are_refused_quantized_and_kept_fused_when_ignored(tmp_path, moe_dir, capsys):
     """gpt-oss: transformers reads its experts only as fused tensors, with no quantized form, and llm-compressor
-    writes quantized experts per expert (a layout only quantize's own loader reads), so quantizing them is refused
-    before loading (exit 2, saying what to do); with them in `ignore` the rest is
+    writes quantized experts per expert, which vLLM 0.34.0 does not read either (docs/vllm-loading.md Q8), so
+    quantizing them is refused before loading (exit 2, giving both engines' reasons, vLLM's file and function
+    too, and saying what to do); with them in `ignore` the rest is
     quantized, the experts are written back fused at 16 bits (llm-compressor's repack_moe), the checkpoint
     reloads, and the experts' bytes are listed as left at 16 bits."""
     import torch
@@ -217,7 +218,8 @@ def test_fused_only_experts_are_refused_quantized_and_kept_fused_when_ignored(tm
     model = moe_dir("gpt_oss")
     assert main(["run", str(recipe_file(tmp_path, model, "oss", **RECIPES["fp8"])), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "gpt_oss: transformers" in err and "only as fused" in err and "to `ignore`" in err
+    assert "gpt_oss: llm-compressor would write" in err and "only as fused" in err and "to `ignore`" in err
+    assert "vLLM 0.34.0 does not read its quantized experts" in err and "gpt_oss.py, GptOssModel" in err
     assert not (tmp_path / "out" / "oss").exists()
     ignore = ["lm_head", "re:.*\\.experts\\..*"]
     recipe = recipe_file(tmp_path, model, "oss-kept", **{**RECIPES["fp8"], "ignore": ignore})

@@ -154,12 +154,15 @@ class LLMCompressorBackend:
         checkpoints use where llm-compressor's differ (Mixtral's w1/w3/w2: plan.expert_checkpoint_names), so
         transformers 5 merges them into its fused experts on reload, and their `re:` targets written to match the
         module by both its names (transformers' `.mlp.`, the checkpoint's and vLLM's `.block_sparse_moe.`); every
-        other target naming a module transformers renames on load, too (_targets_by_both_names). A shard
+        other target naming a module transformers renames on load, too (_targets_by_both_names). The experts of a
+        family transformers reads only fused (gpt-oss, Granite 4) are fused again where none is quantized, and stay
+        per expert where one is (plan._fused_only). A shard
         of the source's MTP module that llm-compressor's save adds beside a single model.safetensors is made one
         layout with it (_single_file_indexed)."""
         from llmcompressor.modeling.moe.linearize import get_linearized_moes, repack_moe
 
-        if get_linearized_moes(model) and not per_expert_loader(model.config.model_type):
+        moes = get_linearized_moes(model)
+        if moes and not per_expert_loader(model.config.model_type) and not _quantized(moes):
             repack_moe(model)  # experts at 16 bits (plan._fused_only), fused again as the family's loader reads
         model.save_pretrained(folder, save_compressed=True)
         _single_file_indexed(folder)
@@ -224,6 +227,12 @@ class LLMCompressorBackend:
 
         reset_session()
         gc.collect()
+
+
+def _quantized(moes: list[tuple[str, Any]]) -> bool:
+    """Whether a quantization scheme sits on any expert of the linearized MoE modules (written per expert then:
+    plan._fused_only)."""
+    return any(getattr(m, "quantization_scheme", None) is not None for _, moe in moes for m in moe.modules())
 
 
 class _AsLoaded:
