@@ -1295,7 +1295,8 @@ def test_an_unwritable_junit_path_is_refused_before_any_scoring(world, tiny_mode
 def test_junit_replaces_only_a_junit_file_the_gate_wrote(world, tiny_model, tmp_path, capsys, monkeypatch):
     """`--junit CANDIDATE/model.safetensors` exited 0 with the candidate's weights replaced by JUnit XML, and
     `--junit POLICY` replaced the policy. Now each path that is not a new file outside the checkpoints and the golden
-    set, or a JUnit file the gate wrote, is exit 2 before anything is scored, and the file is left as it was."""
+    set (or CANDIDATE/gate.xml, its home beside the candidate, where `make demo` saves it), or a JUnit file the gate
+    wrote, is exit 2 before anything is scored, and the file is left as it was."""
     import quantize
     import quantize.flows.gate as flows_gate
 
@@ -1317,8 +1318,9 @@ def test_junit_replaces_only_a_junit_file_the_gate_wrote(world, tiny_model, tmp_
     argv = ["gate", str(policy), "--baseline", str(tiny_model), "--candidate", str(cand), "-q", "--junit"]
     for junit, said in [
         (cand / "model.safetensors", "inside the candidate checkpoint"),
-        (cand / "gate.xml", "inside the candidate checkpoint"),  # a new file inside is refused too
-        (tiny_model / "gate.xml", "inside the baseline checkpoint"),
+        (cand / "results.xml", "inside the candidate checkpoint"),  # a new file inside is refused too
+        (cand / "gate.json", "inside the candidate checkpoint"),  # the verdict's home, not the JUnit file's
+        (tiny_model / "gate.xml", "inside the baseline checkpoint"),  # the candidate's home only
         (golden / "gate.xml", "inside the policy's golden set"),
         (policy, "exists and is not a JUnit file the gate wrote"),
         (tmp_path / "pytest.xml", "exists and is not a JUnit file the gate wrote"),  # another tool's JUnit
@@ -1329,8 +1331,10 @@ def test_junit_replaces_only_a_junit_file_the_gate_wrote(world, tiny_model, tmp_
     with pytest.raises(UsageError, match="inside the candidate checkpoint"):
         quantize.gate(policy, tiny_model, cand, junit=cand / "model.safetensors")
     assert {p: p.read_bytes() for p in before} == before
-    assert not (cand / "gate.xml").exists() and not (golden / "gate.xml").exists()
+    assert not (cand / "results.xml").exists() and not (golden / "gate.xml").exists()
     monkeypatch.setattr(flows_gate, "run_gate", real_gate)
+    assert main([*argv, str(cand / "gate.xml")]) == 0  # its home beside the candidate (`make gate-these`)
+    assert (cand / "gate.xml").read_bytes().startswith(b"<?xml")
     junit = tmp_path / "gate.xml"
     assert main([*argv, str(junit)]) == 0  # a new path
     first = junit.read_bytes()

@@ -39,7 +39,7 @@ from quantize.gates.render import is_gate_junit, render_junit
 from quantize.golden.manifest import item_id
 from quantize.io import check_output_file, sha256_file, write_text_atomic
 from quantize.kinds import KINDS
-from quantize.records import ScoreDoc, SideRef, Verdict, is_verdict_file, to_json
+from quantize.records import JUNIT_FILE, VERDICT_FILE, ScoreDoc, SideRef, Verdict, is_verdict_file, to_json
 from quantize.report.card import add_verdict
 
 
@@ -260,8 +260,10 @@ def check_verdict_files(
     (its flag, its path), may be written there (io.check_output_file): no link, nothing inside the checkpoints
     compared (`sides`) or the policy's golden set, and an existing file only where it is one the gate wrote
     (gates/render.is_gate_junit, records.is_verdict_file): `--junit CANDIDATE/model.safetensors` replaced the
-    candidate's weights, `--junit POLICY.yaml` the policy. The policy is read for its golden set (a bad one is
-    the exit 2 the gate gives)."""
+    candidate's weights, `--junit POLICY.yaml` the policy. The one place inside a checkpoint each may be is its own
+    home beside a candidate folder, CANDIDATE/gate.xml (JUNIT_FILE) and CANDIDATE/gate.json (VERDICT_FILE): where
+    `make gate-these` and a sweep save a verdict and the report reads it; no loader reads a file of those names. The
+    policy is read for its golden set (a bad one is the exit 2 the gate gives)."""
     golden = load_suite(load_policy(policy_path).suite)[0].golden
     apart = [(f"the {w} checkpoint", p) for w, p in zip(("baseline", "candidate"), sides, strict=False)]
     apart.append(("the policy's golden set", Path(golden)))
@@ -269,12 +271,23 @@ def check_verdict_files(
         raise UsageError(
             f"{junit[0]} and {record[0]} are one path, {junit[1]}: the verdict would replace the JUnit XML"
         )
-    for given, ours, kind in (
-        (junit, is_gate_junit, "a JUnit file the gate wrote"),
-        (record, is_verdict_file, "a verdict the gate wrote"),
+    for given, ours, kind, home in (
+        (junit, is_gate_junit, "a JUnit file the gate wrote", JUNIT_FILE),
+        (record, is_verdict_file, "a verdict the gate wrote", VERDICT_FILE),
     ):
         if given is not None:
-            check_output_file(given[1], given[0], ours, kind, apart)
+            here = apart
+            if len(sides) > 1 and given[1].name == home and _same_folder(given[1].parent, sides[1]):
+                here = [a for a in apart if a[1] is not sides[1]]  # its home beside the candidate
+            check_output_file(given[1], given[0], ours, kind, here)
+
+
+def _same_folder(a: Path, b: str | Path) -> bool:
+    """Whether `a` and `b` are one folder, links resolved (False where either cannot be resolved or is none)."""
+    try:
+        return a.resolve().is_dir() and a.resolve() == Path(b).resolve()
+    except (OSError, RuntimeError):
+        return False
 
 
 def score_baseline(policy_path: str | Path, baseline: Path) -> bool:

@@ -129,13 +129,13 @@ def test_the_junit_and_verdict_paths_replace_only_the_gates_own_files(golden, ti
     for change, said in [
         ({"QUANTIZE_VERDICT": str(policy)}, "QUANTIZE_VERDICT"),
         ({"QUANTIZE_JUNIT": str(cand / "model.safetensors")}, "is not a JUnit file the gate wrote"),
-        ({"QUANTIZE_JUNIT": str(cand / "gate.xml")}, "inside the candidate checkpoint"),
+        ({"QUANTIZE_JUNIT": str(cand / "results.xml")}, "inside the candidate checkpoint"),
         ({"QUANTIZE_JUNIT": str(tmp_path / "gate.json")}, "are one path"),
     ]:
         env = _env(tmp_path, policy, str(tiny_model), str(cand)) | change
         assert action.main(env) == 2
         assert md_text(said) in (tmp_path / "summary.md").read_text(), change
-    assert {p: p.read_bytes() for p in before} == before and not (cand / "gate.xml").exists()
+    assert {p: p.read_bytes() for p in before} == before and not (cand / "results.xml").exists()
     monkeypatch.setattr(action, "run_gate", real_gate)
     env = _env(tmp_path, policy, str(tiny_model), str(cand))
     assert action.main(env) == 0
