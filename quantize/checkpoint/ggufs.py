@@ -1010,8 +1010,8 @@ def recurrent_state(h: GGUFHeader) -> RecurrentState | None:
         if not _whole(h.metadata.get(k), 1):
             got = "is absent" if k not in h.metadata else f"is {_shown(h, k)}"
             raise UsageError(
-                f"{h.path}: {k} {got}; llama.cpp sizes each short-convolution layer's state by it, a whole number of "
-                f"at least 1. {FIX[0].upper()}{FIX[1:]}"
+                f"{h.path}: {k} {got}; llama.cpp sizes each short-convolution layer's state by it, a whole number "
+                f"from 1 to {COUNT_LIMIT - 1:,} (32 bits). {FIX[0].upper()}{FIX[1:]}"
             )
     n, cache = h.metadata[embedding], h.metadata[l_cache]
     return RecurrentState(
@@ -1102,7 +1102,7 @@ def mamba_layers(h: GGUFHeader) -> MambaLayers | None:
             got = "is absent" if k not in meta else f"is {_shown(h, k)}"
             raise UsageError(
                 f"{h.path}: {k} {got}; {LLAMA_CPP_READ} requires it and sizes each Mamba2 layer's state by it, a "
-                f"whole number of at least 1. {FIX[0].upper()}{FIX[1:]}"
+                f"whole number from 1 to {COUNT_LIMIT - 1:,} (32 bits). {FIX[0].upper()}{FIX[1:]}"
             )
         sizes[name] = meta[k]
     kernel, inner, state, groups = (sizes[n] for n in ("CONV_KERNEL", "INNER_SIZE", "STATE_SIZE", "GROUP_COUNT"))
@@ -1110,6 +1110,8 @@ def mamba_layers(h: GGUFHeader) -> MambaLayers | None:
     blocks = len(shape.kv_heads)
     ff_key = gguf.Keys.LLM.FEED_FORWARD_LENGTH.format(arch=arch)
     ff = _per_block(h, ff_key) if ff_key in meta else [0] * blocks
+    nextn = meta.get(gguf.Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch))
+    _some_decode(h, blocks, nextn if _whole(nextn, 0) else 0)
     decode = blocks - len(mtp_blocks(h))
     recurrent = tuple(
         i < decode and is_recurrent(kv, f) for i, (kv, f) in enumerate(zip(shape.kv_heads, ff, strict=True))
@@ -1210,8 +1212,8 @@ def _head_shape(h: GGUFHeader) -> PerLayerShape:
     for k in (a.KEY_LENGTH.format(arch=arch), a.VALUE_LENGTH.format(arch=arch)):
         if k in meta and not _whole(meta[k], 1):
             raise UsageError(
-                f"{h.path}: {k} is {_shown(h, k)}; llama.cpp reads one head size, a whole number of at least 1, for "
-                f"every layer (it refuses an array). {FIX[0].upper()}{FIX[1:]}"
+                f"{h.path}: {k} is {_shown(h, k)}; llama.cpp reads one head size, a whole number from 1 to "
+                f"{COUNT_LIMIT - 1:,} (32 bits), for every layer (it refuses an array). {FIX[0].upper()}{FIX[1:]}"
             )
         if k in meta:
             lengths.append(meta[k])
@@ -1232,9 +1234,29 @@ def _head_shape(h: GGUFHeader) -> PerLayerShape:
     return PerLayerShape(kv_heads=tuple(kv_heads), key_length=k, value_length=v, formula=formula)
 
 
+def _some_decode(h: GGUFHeader, blocks: int, nextn: int) -> None:
+    """Refused (UsageError) where the header's multi-token-prediction blocks (`nextn`, `{arch}.nextn_predict_layers`)
+    are all its `blocks`: they are among the blocks, so no layer would decode (check_layers lets as many through,
+    which mtp_blocks reads as none)."""
+    import gguf
+
+    if nextn >= blocks:
+        arch = h.architecture or ""
+        raise UsageError(
+            f"{h.path}: {gguf.Keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch)} is {nextn}, not fewer than its "
+            f"{blocks} blocks ({gguf.Keys.LLM.BLOCK_COUNT.format(arch=arch)}): the multi-token-prediction layers are "
+            f"among the blocks, so no layer would decode. {FIX[0].upper()}{FIX[1:]}"
+        )
+
+
+COUNT_LIMIT = 2**32  # llama.cpp's hparams are 32-bit: every count and size _whole accepts is below this
+
+
 def _whole(v: Any, least: int) -> bool:
-    """Whether a metadata value is a whole number (not a bool) of at least `least`."""
-    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+    """Whether a metadata value is a whole number (not a bool) of at least `least` and below 2^32: llama.cpp reads
+    every count and size it builds a layer or a cache by as a 32-bit integer (uint32_t hparams; GGUFMeta's type check
+    refuses a 64-bit value), so a larger one is no file it loads, not a figure to price."""
+    return isinstance(v, int) and not isinstance(v, bool) and least <= v < COUNT_LIMIT
 
 
 def check_model(h: GGUFHeader) -> GGUFHeader:
@@ -1377,12 +1399,7 @@ def latent_shape(h: GGUFHeader) -> LatentShape | None:
             f"{missing.format(arch=arch)}; its KV cache is unknown. Pass --params and --layers/--kv-heads/--head-dim"
         )
     nextn = value(keys.LLM.NEXTN_PREDICT_LAYERS) or 0
-    if nextn >= blocks:
-        raise UsageError(
-            f"{h.path}: {keys.LLM.NEXTN_PREDICT_LAYERS.format(arch=arch)} is {nextn}, not fewer than its {blocks} "
-            f"blocks ({keys.LLM.BLOCK_COUNT.format(arch=arch)}): the multi-token-prediction layers are among the "
-            f"blocks, so no layer would decode. {FIX[0].upper()}{FIX[1:]}"
-        )
+    _some_decode(h, blocks, nextn)
     index = value(keys.Attention.Indexer.KEY_LENGTH) or 0
     formula = f"kv_lora_rank {rank} + rope dimension_count {rope}" + (f" + indexer key_length {index}" if index else "")
     formula += f" [{arch}.attention.kv_lora_rank, {arch}.rope.dimension_count"
@@ -1421,7 +1438,8 @@ def attention_shape(h: GGUFHeader) -> AttentionShape:
         if not _whole(v, 1):
             got = "is missing" if key(k) not in h.metadata else f"is {str(v)[:40]}"
             raise UsageError(
-                f"{h.path}: the metadata key {key(k)} {got}; the KV cache needs it as a positive whole number. "
+                f"{h.path}: the metadata key {key(k)} {got}; the KV cache needs it as a whole number from 1 to "
+                f"{COUNT_LIMIT - 1:,} (32 bits). "
                 f"{BY_HAND}"
             )
         return v

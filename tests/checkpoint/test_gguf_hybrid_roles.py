@@ -270,9 +270,21 @@ def test_a_mamba2_hybrid_gguf_llama_cpp_does_not_load_is_priced_by_its_rule_with
         assert "does not load this GGUF" in note and f"blk.{first}.ssm_in.weight" in note
 
 
-def test_a_mamba2_state_key_of_no_whole_size_is_refused(tmp_path, capsys):
-    """`quantize cost` of a Nemotron-H header whose ssm.conv_kernel is 0 is refused, exit 2 naming the key and value
-    (llama.cpp requires a kernel to size the convolution state by), not priced."""
+@pytest.mark.parametrize(
+    ("key", "value", "said"),
+    [
+        ("nemotron_h.ssm.conv_kernel", 0, "nemotron_h.ssm.conv_kernel is 0"),
+        # a 64-bit size llama.cpp's type check refuses: priced at 4e22 bytes before (r1)
+        ("nemotron_h.ssm.state_size", 2**64 - 1, f"nemotron_h.ssm.state_size is {2**64 - 1}"),
+        ("nemotron_h.ssm.state_size", 2**32, f"nemotron_h.ssm.state_size is {2**32}"),
+        # every block a multi-token-prediction block: priced as if none were before (r1)
+        ("nemotron_h.nextn_predict_layers", 2, "no layer would decode"),
+    ],
+)
+def test_a_mamba2_header_llama_cpp_would_not_size_a_state_by_is_refused(tmp_path, capsys, key, value, said):
+    """`quantize cost` of a Nemotron-H header whose SSM size is 0 or not a 32-bit count (llama.cpp reads each as a
+    uint32 and requires it) or whose multi-token-prediction blocks are all its blocks is refused, exit 2 naming the
+    key and value, not priced."""
     import numpy as np
     from gguf import GGUFWriter
 
@@ -287,11 +299,11 @@ def test_a_mamba2_state_key_of_no_whole_size_is_refused(tmp_path, capsys):
     w.add_head_count(2)
     w.add_head_count_kv([0, 2])
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_ssm_conv_kernel(0)
-    w.add_ssm_inner_size(128)
-    w.add_ssm_state_size(16)
-    w.add_ssm_group_count(1)
-    w.add_ssm_time_step_rank(4)
+    sizes = {"conv_kernel": 4, "inner_size": 128, "state_size": 16, "group_count": 1, "time_step_rank": 4}
+    for name, v in sizes.items():
+        if f"nemotron_h.ssm.{name}" != key:
+            w.add_uint32(f"nemotron_h.ssm.{name}", v)
+    (w.add_uint64 if value >= 2**32 else w.add_uint32)(key, value)
     w.add_tensor("token_embd.weight", np.zeros((256, 64), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -299,4 +311,4 @@ def test_a_mamba2_state_key_of_no_whole_size_is_refused(tmp_path, capsys):
     w.close()
     assert main(["cost", "--checkpoint", str(path), "--context", "2048"]) == 2
     err = capsys.readouterr().err
-    assert "nemotron_h.ssm.conv_kernel is 0" in err and "Traceback" not in err
+    assert said in err and "Traceback" not in err
