@@ -28,7 +28,8 @@ def model_card(
 ) -> str:
     """base_model: the Hub id of the source model when known (the front matter names it); experts_misread: why
     transformers' own loader does not read the checkpoint's routed experts as stored (decompressed.
-    transformers_reading), where it does not: the card then says so instead of sending the reader to it;
+    transformers_reading), where it does not: the card then says so instead of sending the reader to it, and its
+    front matter names no `library_name` (the Hub would show transformers' loading snippet for "transformers");
     vllm_said: what vLLM makes of them where quantize knows it from vLLM's source (checkpoint/vllm_reading.said: a
     family transformers reads only fused), said in place of sending the reader to vLLM."""
     from huggingface_hub import ModelCard, ModelCardData
@@ -42,7 +43,8 @@ def model_card(
     data = ModelCardData(
         base_model=base_model,
         base_model_relation="quantized" if base_model else None,
-        library_name=backend.card_library if files else "transformers",
+        # a checkpoint transformers misreads names no library: the Hub would offer its `from_pretrained` snippet
+        library_name=backend.card_library if files else None if experts_misread is not None else "transformers",
         pipeline_tag="text-generation",
         tags=tags,
     )

@@ -63,10 +63,12 @@ def test_transformers_reads_fp8_experts_and_misreads_nvfp4_and_asymmetric_ones(t
         _, info = AutoModelForCausalLM.from_pretrained(str(out), output_loading_info=True)
         assert not info["missing_keys"] and not info["unexpected_keys"]
         assert "reads its expert weights as stored" in stage and "Load with `transformers." in card
+        assert "\nlibrary_name: transformers\n" in card
         return
     assert why is not None and dropped in why, why
     assert "misreads its routed experts" in stage and dropped in stage
     assert "misreads this checkpoint's routed experts" in card and "Load with `transformers." not in card
+    assert "library_name" not in card.split("\n---\n")[0]  # no Hub snippet loading it with transformers
     if name == "w4a16-asym":
         assert "Asymmetric quant requires zero-point values" in why  # what its DecompressExperts raises
         with pytest.raises(RuntimeError, match="conversion of the weights"):  # the load stops, reporting it
