@@ -1083,8 +1083,9 @@ def mamba_layers(h: GGUFHeader) -> MambaLayers | None:
     convolution state R = (ssm.conv_kernel − 1) × (ssm.inner_size + 2 × ssm.group_count × ssm.state_size) and its
     state-space state S = ssm.state_size × ssm.inner_size (src/llama-hparams.cpp n_embd_r, n_embd_s; one row of
     each per sequence: src/llama-memory-recurrent.cpp), in the decode blocks only (the first block_count −
-    nextn_predict_layers: its n_layer()). An SSM key the sizes read that is not a whole number of at least 1 is
-    refused (UsageError: llama.cpp requires each). `refused` says where that llama.cpp cannot load the GGUF at all
+    nextn_predict_layers: its n_layer()). An SSM key the sizes read, or ssm.time_step_rank (read by the same
+    load_arch_hparams), that is not a 32-bit whole number of at least 1 is refused (UsageError: llama.cpp requires
+    each). `refused` says where that llama.cpp cannot load the GGUF at all
     because a block it takes as a Mamba2 layer stores no `ssm_in` weight, or one it takes as attention no `attn_q`
     weight (its load_arch_tensors requires them: converter GGUFs of Granite 4 and Nemotron-H models from
     transformers 5.17 are such, their layer kinds written as other head counts and feed-forward lengths)."""
@@ -1096,13 +1097,14 @@ def mamba_layers(h: GGUFHeader) -> MambaLayers | None:
     is_recurrent, keeps_kv, said = rule
     meta = h.metadata
     sizes = {}
-    for name in ("CONV_KERNEL", "INNER_SIZE", "STATE_SIZE", "GROUP_COUNT"):
+    for name in ("CONV_KERNEL", "INNER_SIZE", "STATE_SIZE", "GROUP_COUNT", "TIME_STEP_RANK"):
         k = getattr(gguf.Keys.SSM, name).format(arch=arch)
         if not _whole(meta.get(k), 1):
             got = "is absent" if k not in meta else f"is {_shown(h, k)}"
             raise UsageError(
-                f"{h.path}: {k} {got}; {LLAMA_CPP_READ} requires it and sizes each Mamba2 layer's state by it, a "
-                f"whole number from 1 to {COUNT_LIMIT - 1:,} (32 bits). {FIX[0].upper()}{FIX[1:]}"
+                f"{h.path}: {k} {got}; {LLAMA_CPP_READ} requires it (each family's load_arch_hparams reads it; the "
+                "first four ssm sizes size each Mamba2 layer's state), a whole number from 1 to "
+                f"{COUNT_LIMIT - 1:,} (32 bits). {FIX[0].upper()}{FIX[1:]}"
             )
         sizes[name] = meta[k]
     kernel, inner, state, groups = (sizes[n] for n in ("CONV_KERNEL", "INNER_SIZE", "STATE_SIZE", "GROUP_COUNT"))

@@ -279,12 +279,14 @@ def test_a_mamba2_hybrid_gguf_llama_cpp_does_not_load_is_priced_by_its_rule_with
         ("nemotron_h.ssm.state_size", 2**32, f"nemotron_h.ssm.state_size is {2**32}"),
         # every block a multi-token-prediction block: priced as if none were before (r1)
         ("nemotron_h.nextn_predict_layers", 2, "no layer would decode"),
+        # llama.cpp's load_arch_hparams requires it though no size reads it: priced, exit 0, before (r1)
+        ("nemotron_h.ssm.time_step_rank", None, "nemotron_h.ssm.time_step_rank is absent"),
     ],
 )
 def test_a_mamba2_header_llama_cpp_would_not_size_a_state_by_is_refused(tmp_path, capsys, key, value, said):
     """`quantize cost` of a Nemotron-H header whose SSM size is 0 or not a 32-bit count (llama.cpp reads each as a
-    uint32 and requires it) or whose multi-token-prediction blocks are all its blocks is refused, exit 2 naming the
-    key and value, not priced."""
+    uint32 and requires it), that lacks ssm.time_step_rank (required), or whose multi-token-prediction blocks are
+    all its blocks is refused, exit 2 naming the key and value, not priced."""
     import numpy as np
     from gguf import GGUFWriter
 
@@ -303,7 +305,8 @@ def test_a_mamba2_header_llama_cpp_would_not_size_a_state_by_is_refused(tmp_path
     for name, v in sizes.items():
         if f"nemotron_h.ssm.{name}" != key:
             w.add_uint32(f"nemotron_h.ssm.{name}", v)
-    (w.add_uint64 if value >= 2**32 else w.add_uint32)(key, value)
+    if value is not None:
+        (w.add_uint64 if value >= 2**32 else w.add_uint32)(key, value)
     w.add_tensor("token_embd.weight", np.zeros((256, 64), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
