@@ -1490,3 +1490,22 @@ def test_a_cache_entry_is_read_capped_and_as_a_regular_file(tmp_path, monkeypatc
     with pytest.raises(UsageError, match="--refresh") as e:
         cache.checked_bytes(entry, "rerun with --refresh", "score file")
     assert str(entry) in str(e.value) and "at most 99 are read" in str(e.value)
+
+
+def test_make_gate_these_saves_its_junit_file_where_the_gate_writes_it(tmp_path):
+    """`make gate-these` (so `make demo` and `make gate-all`) passes `--junit $d/gate.xml` for each candidate `$d`:
+    a path the gate's output check must accept before anything is scored. e0ecf1e refused it ("inside the candidate
+    checkpoint") and `make demo` ended in exit 2 at its three gates, found only by running it."""
+    import re
+
+    from quantize.flows.gate import check_verdict_files
+
+    root = Path(__file__).resolve().parent.parent
+    recipe = (root / "Makefile").read_text(encoding="utf-8").split("\ngate-these:", 1)[1].split("\n\n", 1)[0]
+    (junit,) = re.findall(r"--junit (\S+)", recipe)
+    base, cand = tmp_path / "base", tmp_path / "cand"
+    base.mkdir()
+    cand.mkdir()
+    path = Path(junit.replace("$$d", str(cand)))
+    check_verdict_files(root / "gates" / "ci.yaml", (base, cand), ("--junit", path), None)
+    assert path.parent == cand
