@@ -142,29 +142,37 @@ def test_an_lfm2_ggufs_short_convolution_state_is_the_one_llama_cpp_allocates(co
 def test_a_short_convolution_state_of_no_whole_length_is_refused(tmp_path, capsys):
     """`quantize cost` of an LFM2 header whose shortconv.l_cache is 0 (no whole length of at least 1) is refused,
     exit 2 naming the key, not priced as a state of no bytes, as the old code priced it."""
+    code, err = cost_of_header(tmp_path, capsys, "lfm2", 128, {"lfm2.shortconv.l_cache": 0})
+    assert code == 2 and "lfm2.shortconv.l_cache is 0" in err and "Traceback" not in err
+
+
+def cost_of_header(tmp_path: Path, capsys, arch: str, ff: int | list[int], keys: dict[str, int]) -> tuple[int, str]:
+    """`quantize cost --checkpoint` (2k context) of a two-block header of `arch` (64 wide, 2 heads, KV heads [0, 2],
+    feed-forward length `ff`) with the integer `keys` added (a 64-bit one where it needs 64 bits): exit code and
+    stderr."""
     import numpy as np
     from gguf import GGUFWriter
 
     from quantize.cli import main
 
     path = tmp_path / "m.gguf"
-    w = GGUFWriter(str(path), "lfm2")
+    w = GGUFWriter(str(path), arch)
     w.add_block_count(2)
     w.add_context_length(256)
     w.add_embedding_length(64)
-    w.add_feed_forward_length(128)
+    w.add_feed_forward_length(ff)
     w.add_head_count(2)
     w.add_head_count_kv([0, 2])
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_uint32("lfm2.shortconv.l_cache", 0)
+    for key, value in keys.items():
+        (w.add_uint64 if value >= 2**32 else w.add_uint32)(key, value)
     w.add_tensor("token_embd.weight", np.zeros((256, 64), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    assert main(["cost", "--checkpoint", str(path), "--context", "2048"]) == 2
-    err = capsys.readouterr().err
-    assert "lfm2.shortconv.l_cache is 0" in err and "Traceback" not in err
+    code = main(["cost", "--checkpoint", str(path), "--context", "2048"])
+    return code, capsys.readouterr().err
 
 
 # Mamba2 hybrids whose converter GGUFs llama.cpp loads, at shapes whose state its load log prints exactly (R and S
@@ -287,31 +295,7 @@ def test_a_mamba2_header_llama_cpp_would_not_size_a_state_by_is_refused(tmp_path
     """`quantize cost` of a Nemotron-H header whose SSM size is 0 or not a 32-bit count (llama.cpp reads each as a
     uint32 and requires it), that lacks ssm.time_step_rank (required), or whose multi-token-prediction blocks are
     all its blocks is refused, exit 2 naming the key and value, not priced."""
-    import numpy as np
-    from gguf import GGUFWriter
-
-    from quantize.cli import main
-
-    path = tmp_path / "m.gguf"
-    w = GGUFWriter(str(path), "nemotron_h")
-    w.add_block_count(2)
-    w.add_context_length(256)
-    w.add_embedding_length(64)
-    w.add_feed_forward_length([0, 0])
-    w.add_head_count(2)
-    w.add_head_count_kv([0, 2])
-    w.add_layer_norm_rms_eps(1e-5)
     sizes = {"conv_kernel": 4, "inner_size": 128, "state_size": 16, "group_count": 1, "time_step_rank": 4}
-    for name, v in sizes.items():
-        if f"nemotron_h.ssm.{name}" != key:
-            w.add_uint32(f"nemotron_h.ssm.{name}", v)
-    if value is not None:
-        (w.add_uint64 if value >= 2**32 else w.add_uint32)(key, value)
-    w.add_tensor("token_embd.weight", np.zeros((256, 64), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    assert main(["cost", "--checkpoint", str(path), "--context", "2048"]) == 2
-    err = capsys.readouterr().err
-    assert said in err and "Traceback" not in err
+    keys = {f"nemotron_h.ssm.{name}": v for name, v in sizes.items()} | {key: value}
+    code, err = cost_of_header(tmp_path, capsys, "nemotron_h", [0, 0], {k: v for k, v in keys.items() if v is not None})
+    assert code == 2 and said in err and "Traceback" not in err
