@@ -116,20 +116,25 @@ RECURRENT = re.compile(
 KV = re.compile(r"llama_kv_cache: size = +([0-9.]+) MiB \( *(\d+) cells, +(\d+) layers")
 
 
+def load_log(path: Path, context: int) -> str:
+    """What llama.cpp prints while it loads the GGUF at `context` tokens for one sequence (its memory sizes)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from quantize.quiet import llama_log
+
+    with llama_log() as log:
+        llama_cpp.Llama(str(path), n_ctx=context, n_threads=1, verbose=True).close()
+        return log.read_text()
+
+
 def test_an_lfm2_ggufs_short_convolution_state_is_the_one_llama_cpp_allocates(converter, smollm2, tmp_path):
     """The short convolution's state `quantize cost` prices for an LFM2 GGUF is the recurrent state llama.cpp
     allocates for it, from its load log: 2 convolution layers of hidden 128 × (L_cache 257 − 1) values at F32 (R:
     0.25 MiB, a size its log prints exactly; no S), and the KV cache of its 2 attention layers. The old code priced
     transformers' conv cache, hidden × L_cache values at 2 bytes (0.13 MiB)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from quantize.quiet import llama_log
-
     _, path = converted("lfm2", tmp_path, smollm2, conv_L_cache=257)
     context = 2048
     c = api.decode_cost(path, workload=bounds.Workload(context_tokens=context))
-    with llama_log() as log:
-        llama_cpp.Llama(str(path), n_ctx=context, n_threads=1, verbose=True).close()
-        said = log.read_text()
+    said = load_log(path, context)
     ((_, cells, _, seqs, r, s),) = RECURRENT.findall(said)
     assert (int(cells), int(seqs)) == (1, 1)  # one sequence's state
     state = sum(layer.state_bytes for layer in c.kv_bytes_per_layer)
@@ -201,14 +206,9 @@ def test_a_mamba2_hybrid_ggufs_kv_and_state_are_the_ones_llama_cpp_allocates(loa
     """`quantize cost` of a Falcon-H1 or Nemotron-H GGUF prices the KV cache and the Mamba2 state llama.cpp
     allocates for one sequence at that context (its load log: the KV cache's size and cells, the recurrent
     memory's R (f32) and S (f32)), with no note (llama.cpp loads it). The old code refused both (exit 2)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    from quantize.quiet import llama_log
-
     path = loaded_mamba2[family]
     c = api.decode_cost(path, workload=bounds.Workload(context_tokens=context))
-    with llama_log() as log:
-        llama_cpp.Llama(str(path), n_ctx=context, n_threads=1, verbose=True).close()
-        said = log.read_text()
+    said = load_log(path, context)
     ((_, cells, _, seqs, r, s),) = RECURRENT.findall(said)
     assert (int(cells), int(seqs)) == (1, 1)  # one sequence's state
     state_layers = [layer for layer in c.kv_bytes_per_layer if layer.state_bytes]
