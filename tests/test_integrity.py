@@ -179,6 +179,63 @@ def test_a_nan_baseline_is_the_user_s_input_to_fix(world, tiny_model, capsys):
     assert code == 2 and str(bad) in err and "baseline" in err and "NaN" in err
 
 
+@pytest.fixture(scope="module")
+def hidden_nan(tmp_path_factory):
+    """An untied tiny model and its copy with one NaN in the last row of `embed_tokens` (a token no item holds: the
+    scores stay finite), and a suite and policy of two scored tasks on the world's golden set."""
+    from safetensors.torch import load_file, save_file
+
+    from conftest import make_tiny_llama
+
+    base = tmp_path_factory.mktemp("hidden-nan")
+    clean = make_tiny_llama(base / "clean", tie_word_embeddings=False)
+    bad = base / "bad"
+    shutil.copytree(clean, bad)
+    t = load_file(str(bad / "model.safetensors"))
+    t["model.embed_tokens.weight"][-1, 0] = float("nan")
+    save_file(t, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    return clean, bad
+
+
+def test_a_safetensors_candidate_storing_nan_no_score_shows_fails_every_rule(world, hidden_nan, capsys):
+    """A NaN in an embedding row of a token no item holds left every score finite: `eval` said nothing and the
+    gate passed it (only a GGUF's tensors were scanned). Its files are scanned as a GGUF's are
+    (checkpoint/finite.py): eval records and warns of the tensor, every rule of a gate on it is a regression naming
+    it, and as a baseline it is refused before anything is scored; the clean model's score file is unchanged."""
+    import quantize.flows.gate as flows_gate
+
+    base, _, _, _ = world
+    clean, bad = hidden_nan
+    name = "model.embed_tokens.weight"
+    suite = suite_file(base / "hidden.yaml", base / "golden" / "v1", extra="tasks: [core_facts, core_prose]\n")
+    policy = base / "hidden-policy.yaml"
+    policy.write_text(
+        f"suite: {suite}\nrules:\n  - {{task: core_facts, metric: acc, margin: 0.5}}\n"
+        "  - {task: core_prose, metric: perplexity, max_ratio: 1.5}\n"
+    )
+    assert main(["eval", str(suite), str(clean), "--json", "--items", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert "non_finite_tensors" not in out and "NaN" not in err  # a clean checkpoint: no field written
+    assert main(["eval", str(suite), str(bad), "--json", "--items", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    doc = records.parse(ScoreDoc, json.loads(out), "stdout")
+    assert not doc.non_finite()  # every score finite: only the scan sees the NaN
+    assert doc.provenance.checkpoint.non_finite_tensors == [name]
+    assert f"{bad} stores NaN or infinity in 1 tensor(s) ({name})" in err
+    code = main(["gate", str(policy), "--baseline", str(clean), "--candidate", str(bad), "--json", "--quiet"])
+    v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
+    assert code == 1 and v.verdict == "rejected" and len(v.rules) == 2
+    assert all(r.verdict == "regression" and name in r.non_finite for r in v.rules)
+
+    def no_scoring(*_a, **_k):
+        raise AssertionError("scored a baseline that stores NaN")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(flows_gate, "load_scores", no_scoring)
+        assert main(["gate", str(policy), "--baseline", str(bad), "--candidate", str(clean), "--quiet"]) == 2
+    assert f"the baseline {bad} stores NaN or infinite values in 1 tensor(s) ({name})" in capsys.readouterr().err
+
+
 def test_other_records_still_refuse_non_finite_numbers(tmp_path):
     from quantize.errors import RuntimeFailure
     from quantize.records import SensitivityRecord
@@ -979,7 +1036,8 @@ def test_a_comparison_is_keyed_by_the_baselines_runtime_too(world):
 def test_a_forged_candidate_entry_is_not_served_unless_asked_for(world, tiny_model, tmp_path, capsys, design):
     """A NaN candidate passed both designs in 5-6 s on an entry with a consistent .sha256: the gate now scores the
     candidate in the run (rejected), and reads the cache for it only on --trust-cached-candidate, which the verdict
-    records."""
+    records. Served the forged clean scores, it is still rejected: its weights are scanned (checkpoint/finite.py),
+    and every rule names the tensor storing NaN."""
     _, suite, lenient, bad = world
     assert main(["eval", str(suite), str(tiny_model), "--quiet"]) == 0
     forged = _entry(suite, bad)
@@ -993,9 +1051,13 @@ def test_a_forged_candidate_entry_is_not_served_unless_asked_for(world, tiny_mod
         v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
         assert v.verdict == "rejected" and v.provenance.candidate_scores == "computed"
         assert v.provenance.score_files["candidate"] is None
-        assert main([*gate, "--json", "-q", "--trust-cached-candidate"]) == 0
+        assert main([*gate, "--json", "-q", "--trust-cached-candidate"]) == 1
         v = records.parse(Verdict, json.loads(capsys.readouterr().out), "stdout")
-        assert v.verdict == "pass" and v.provenance.candidate_scores == "cache"
+        assert v.verdict == "rejected" and v.provenance.candidate_scores == "cache"
+        assert all(
+            "stores NaN or infinity in 1 tensor(s) (model.layers.1.mlp.down_proj.weight)" in r.non_finite
+            for r in v.rules
+        )
         assert v.provenance.score_files["candidate"] == forged.with_suffix(".sha256").read_text().strip()
         assert any("--trust-cached-candidate" in n for n in v.notes)
     finally:

@@ -34,8 +34,9 @@ def score_text(doc: ScoreDoc, cached: bool) -> str:
 
 def non_finite_warnings(doc: ScoreDoc) -> list[str]:
     """One warning per task whose items hold NaN or infinity: the scores are recorded as computed, and a gate
-    counts them as a regression. Before them, one for a GGUF storing NaN or infinity in a tensor (its scores may
-    be finite: llama.cpp rounds some activations to 8 bits, and a NaN element becomes a finite one)."""
+    counts them as a regression. Before them, one for a checkpoint storing NaN or infinity in a tensor (its scores
+    may be finite: a NaN embedding row of a token no item holds is never read, and llama.cpp rounds some
+    activations to 8 bits, where a NaN element becomes a finite one)."""
     stored = [
         f"warning: {doc.provenance.checkpoint.path} stores NaN or infinity in {len(bad)} tensor(s) "
         f"({', '.join(bad[:5])}{f' and {len(bad) - 5} more' if len(bad) > 5 else ''}); its scores are recorded as "

@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 
 from quantize import progress
 from quantize.cache import claimed
-from quantize.checkpoint import ggufs, qdq
+from quantize.checkpoint import finite, qdq
 from quantize.checkpoint.files import (
     check_identity,
     check_loadable,
@@ -227,13 +227,14 @@ def score(
 
 
 def checkpoint_ref(ckpt: Path) -> CheckpointRef:
-    """What a score file records of the checkpoint scored: its path, weights hash and identity, and a GGUF's tensors
-    storing NaN or infinity (ggufs.non_finite_tensors: llama.cpp may compute finite numbers from them)."""
+    """What a score file records of the checkpoint scored: its path, weights hash and identity, and its tensors
+    storing NaN or infinity (finite.non_finite_tensors, a GGUF's or safetensors files': the scores may be finite
+    where the weights are not, as an embedding row no item reads)."""
     return CheckpointRef(
         path=str(ckpt),
         weights_sha256=weights_sha256(ckpt),
         identity_sha256=identity_sha256(ckpt),
-        non_finite_tensors=ggufs.non_finite_tensors(ckpt) or None,
+        non_finite_tensors=finite.non_finite_tensors(ckpt) or None,
     )
 
 

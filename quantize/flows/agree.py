@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantize import progress
-from quantize.checkpoint import ggufs
+from quantize.checkpoint import finite
 from quantize.checkpoint.files import check_loadable, check_model_dir, checkpoint_folders, identity_sha256
 from quantize.errors import UsageError
 from quantize.evaluate import cache
@@ -117,10 +117,11 @@ def agree_many(
 
 
 def stored_non_finite(checkpoint: Path) -> str | None:
-    """The warning for a checkpoint whose GGUF stores NaN or infinity in a tensor (ggufs.non_finite_tensors), else
-    None: llama.cpp can compute finite distributions from it (a NaN element of an activation rounded to 8 bits
-    before a Q8_0 matrix becomes finite), so its agreement says nothing of it, and a gate fails every rule on it."""
-    if not (bad := ggufs.non_finite_tensors(checkpoint)):
+    """The warning for a checkpoint that stores NaN or infinity in a tensor (finite.non_finite_tensors), else
+    None: its distributions can be finite where its weights are not (an embedding row of a token no item holds is
+    never read; llama.cpp rounds an activation to 8 bits before a Q8_0 matrix, where a NaN element becomes finite),
+    so its agreement says nothing of it, and a gate fails every rule on it."""
+    if not (bad := finite.non_finite_tensors(checkpoint)):
         return None
     more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
     return (

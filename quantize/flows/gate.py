@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from quantize import progress, records
-from quantize.checkpoint import ggufs
+from quantize.checkpoint import finite, ggufs
 from quantize.checkpoint.files import BlobCheck, architecture, check_loadable, check_model_dir, identity_sha256
 from quantize.checkpoint.loader import LastModel, same_vocabulary
 from quantize.errors import RuntimeFailure, UsageError
@@ -328,7 +328,7 @@ def run_gate(
     base_path, cand_path = Path(baseline), Path(candidate)
     needs_agreement = check_targets(policy, base_path, cand_path)
     if is_checkpoint(base_path):  # before anything is scored (verdict_of checks the scores' record again)
-        check_baseline_finite(str(base_path), ggufs.non_finite_tensors(base_path))
+        check_baseline_finite(str(base_path), finite.non_finite_tensors(base_path))
     names = BlobCheck([p for p in (base_path, cand_path) if is_checkpoint(p)])  # lm-eval's samples have no blobs
     try:
         v, store = _gate(

@@ -32,6 +32,7 @@ from quantize.records import (
     ScoreProvenance,
     SequentialRecord,
     SideRef,
+    UntestedResult,
     Verdict,
     VerdictProvenance,
     limit_outcome,
@@ -368,7 +369,7 @@ def non_finite_is_regression(result: R, candidate_items: list[str] | None = None
 
 
 def check_baseline_finite(path: str, bad: list[str] | None) -> None:
-    """A gate's baseline whose weights store NaN or infinity (a GGUF's tensors: ggufs.non_finite_tensors) is
+    """A gate's baseline whose weights store NaN or infinity (its tensors: checkpoint/finite.non_finite_tensors) is
     refused, naming them: the flow checks it before anything is scored, verdict_of again on the scores it reads."""
     if bad:
         raise UsageError(
@@ -379,11 +380,13 @@ def check_baseline_finite(path: str, bad: list[str] | None) -> None:
 
 
 def stored_non_finite(result: RuleResult, tensors: list[str] | None) -> RuleResult:
-    """A rule on a candidate whose weights store NaN or infinity (a GGUF's `tensors`: ggufs.non_finite_tensors) is a
-    regression with no p-value, whatever its evidence: llama.cpp can compute finite numbers from such weights (it
-    rounds an activation to 8 bits before a Q8_0 matrix, where a NaN element becomes a finite one), so the scores
-    alone would pass them. Non-finite evidence, as non_finite_is_regression's."""
-    if not tensors:
+    """A rule on a candidate whose weights store NaN or infinity (its `tensors`: checkpoint/finite.non_finite_tensors)
+    is a regression with no p-value, whatever its evidence: finite scores can come from such weights (an embedding
+    row of a token no item holds is never read; llama.cpp rounds an activation to 8 bits before a Q8_0 matrix, where
+    a NaN element becomes a finite one), so the scores alone would pass them. Non-finite evidence, as
+    non_finite_is_regression's. A rule a sequential gate never tested (UntestedResult: it stopped at an agreement
+    regression, which this makes a regression too) stays untested: it has no evidence to mark."""
+    if not tensors or isinstance(result, UntestedResult):
         return result
     why = f"the candidate stores NaN or infinity in {len(tensors)} tensor(s) ({named_tensors(tensors)})"
     if result.non_finite:
@@ -634,8 +637,9 @@ def verdict_of(
 ) -> Verdict:
     """The gate's verdict from its rules' results: any regression rejects; any inconclusive fails closed when
     the policy says so; Holm-adjusted p-values of regression beside each. `candidate`: the candidate side (a
-    sequential gate stopped by an agreement regression has scored none of its items). A candidate GGUF storing NaN
-    or infinity in a tensor fails every rule (`stored_non_finite`); a baseline doing so is refused."""
+    sequential gate stopped by an agreement regression has scored none of its items). A candidate storing NaN or
+    infinity in a tensor (a GGUF's or safetensors files') fails every rule (`stored_non_finite`); a baseline doing
+    so is refused."""
     check_baseline_finite(base.provenance.checkpoint.path, base.provenance.checkpoint.non_finite_tensors)
     results = [stored_non_finite(r, candidate.checkpoint.non_finite_tensors) for r in results]
     with_p = [r for r in results if r.p_regression is not None]

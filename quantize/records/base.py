@@ -102,8 +102,9 @@ class CheckpointRef(OmitsUnset):
     path: str
     weights_sha256: str
     identity_sha256: str  # weights, config, tokenizer, chat template, generation defaults (checkpoint/files.py)
-    # a GGUF's tensors storing NaN or infinity (checkpoint/ggufs.non_finite_tensors): non-finite evidence, which
-    # fails every rule of a gate on it (gates/gate.verdict_of) whatever its scores say; None where none does
+    # the tensors storing NaN or infinity (checkpoint/finite.non_finite_tensors: a GGUF's or safetensors files'):
+    # non-finite evidence, which fails every rule of a gate on it (gates/gate.verdict_of) whatever its scores say;
+    # None where none does
     non_finite_tensors: list[str] | None = None
 
 
