@@ -22,13 +22,10 @@ file once per boot; a file rewritten is read again.
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
-from quantize import cache, progress
+from quantize import progress
 from quantize.checkpoint import files, ggufs
 from quantize.checkpoint.headers import FLOATS, TORCH_NAMES, read_header
 from quantize.errors import UsageError
@@ -36,7 +33,7 @@ from quantize.io import open_user_file
 
 # elements read at a time (16 MiB as float32, 32 MiB as float64), whatever the tensor's size
 SCAN_ELEMENTS = 1 << 22
-# 1 (2026-12-09): every tensor of FLOAT_DTYPES; kept in the identity memo under it
+# 1 (2026-12-08): every tensor of FLOAT_DTYPES; kept in the identity memo under it
 SAFETENSORS_SCAN_VERSION = 1
 # safetensors' stored dtype -> the torch dtype it loads it as (its attribute name), for each one that can store a
 # non-finite value: headers.TORCH_NAMES' floating ones, and the two it does not list (held to what safetensors
@@ -56,37 +53,11 @@ def non_finite_tensors(checkpoint: str | Path) -> list[str]:
     checkpoint's every weight file its identity covers (files.weight_paths), each memoized under its stat key."""
     if ggufs.find(checkpoint) is not None:
         return ggufs.non_finite_tensors(checkpoint)
-    return sorted(name for f in files.weight_paths(Path(checkpoint)) for name in _file_non_finite(f))
-
-
-def _stat_key(path: Path) -> tuple[int, ...] | None:
-    """What a memo of the file is kept under: its device, inode, size, mtime and ctime (a file replaced or written
-    in place moves its ctime); None for anything but a regular file (never kept: the read says what is wrong)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _file_non_finite(path: Path) -> tuple[str, ...]:
-    """One safetensors file's tensors storing non-finite values, memoized under its stat key."""
-    if (key := _stat_key(path)) is None:
-        return _scan(path)  # not kept: the read refuses whatever it is
-    return _kept_non_finite(str(path.resolve()), key)
-
-
-@functools.lru_cache(maxsize=64)
-def _kept_non_finite(path: str, key: tuple[int, ...]) -> tuple[str, ...]:
-    memo = cache.memo_path("identity", "safetensors-finite-", {"file": [path, *key], "v": SAFETENSORS_SCAN_VERSION})
-    found = cache.read_memo(memo, "non_finite_tensors")
-    if isinstance(found, list) and all(isinstance(n, str) for n in found):
-        return tuple(found)
-    names = _scan(Path(path))
-    cache.write_memo(memo, {"non_finite_tensors": list(names)})
-    return names
+    return sorted(
+        name
+        for f in files.weight_paths(Path(checkpoint))
+        for name in ggufs.kept_scan(f, "safetensors", SAFETENSORS_SCAN_VERSION, _scan)
+    )
 
 
 def _scan(path: Path) -> tuple[str, ...]:

@@ -337,23 +337,29 @@ def non_finite_tensors(checkpoint: str | Path) -> list[str]:
     f = find(checkpoint)
     if f is None:
         return []
-    return sorted(name for part in read_header(f).files for name in _file_non_finite(part))
+    return sorted(
+        name for part in read_header(f).files for name in kept_scan(part, "gguf", NON_FINITE_SCAN_VERSION, _scan)
+    )
 
 
-def _file_non_finite(path: Path) -> tuple[str, ...]:
-    """One GGUF file's tensors storing non-finite values (non_finite_tensors), memoized under its stat key."""
+def kept_scan(path: Path, kind: str, version: int, scan: Callable[[Path], tuple[str, ...]]) -> tuple[str, ...]:
+    """One file's tensors storing non-finite values as `scan` finds them, memoized under its stat key (in the
+    process, and in the identity memo as `{kind}-finite-`, `version` the scan's): a GGUF's here, a safetensors
+    file's by checkpoint/finite.py. A file that is no regular file is scanned, not kept (the read refuses it)."""
     if (key := _stat_key(path)) is None:
-        return _scan(path)  # not kept: the read refuses whatever it is
-    return _kept_non_finite(str(path.resolve()), key)
+        return scan(path)
+    return _kept_scan(str(path.resolve()), key, kind, version, scan)
 
 
 @functools.lru_cache(maxsize=64)
-def _kept_non_finite(path: str, key: tuple[int, ...]) -> tuple[str, ...]:
-    memo = cache.memo_path("identity", "gguf-finite-", {"file": [path, *key], "v": NON_FINITE_SCAN_VERSION})
+def _kept_scan(
+    path: str, key: tuple[int, ...], kind: str, version: int, scan: Callable[[Path], tuple[str, ...]]
+) -> tuple[str, ...]:
+    memo = cache.memo_path("identity", f"{kind}-finite-", {"file": [path, *key], "v": version})
     found = cache.read_memo(memo, "non_finite_tensors")
     if isinstance(found, list) and all(isinstance(n, str) for n in found):
         return tuple(found)
-    names = _scan(Path(path))
+    names = scan(Path(path))
     cache.write_memo(memo, {"non_finite_tensors": list(names)})
     return names
 

@@ -9,15 +9,15 @@ import re
 
 import pytest
 
-from quantize.checkpoint import finite
+from quantize.checkpoint import finite, ggufs
 from quantize.errors import UsageError
 
 
 @pytest.fixture(autouse=True)
 def fresh(isolated_cache):
-    finite._kept_non_finite.cache_clear()
+    ggufs._kept_scan.cache_clear()
     yield
-    finite._kept_non_finite.cache_clear()
+    ggufs._kept_scan.cache_clear()
 
 
 def _save(path, tensors):
@@ -133,7 +133,7 @@ def test_the_memo_is_kept_and_a_rewritten_file_is_read_again(tmp_path, isolated_
     bad = _save(tmp_path / "m" / "model.safetensors", tensors)
     assert finite.non_finite_tensors(bad.parent) == ["model.norm.weight"]
     assert len(list((isolated_cache / "identity").glob("safetensors-finite-*.json"))) == 1
-    finite._kept_non_finite.cache_clear()
+    ggufs._kept_scan.cache_clear()
 
     def unread(path):
         raise AssertionError(f"read {path} again")
@@ -169,7 +169,6 @@ def test_a_large_files_scan_is_a_progress_stage_counting_its_tensors(tmp_path, m
     import io
 
     from quantize import progress
-    from quantize.checkpoint import ggufs
 
     f = _save(tmp_path / "m.safetensors", _clean())
     out = io.StringIO()

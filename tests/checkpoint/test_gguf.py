@@ -1064,7 +1064,7 @@ def test_a_tensor_storing_nan_or_infinity_is_named(tmp_path, isolated_cache, nam
     assert ggufs.non_finite_tensors(clean) == []
     assert ggufs.non_finite_tensors(tmp_path / "bad") == [name]  # a folder holding it, as a checkpoint is named
     assert len(list((isolated_cache / "identity").glob("gguf-finite-*.json"))) == 2
-    ggufs._kept_non_finite.cache_clear()
+    ggufs._kept_scan.cache_clear()
     assert ggufs.non_finite_tensors(bad) == [name]  # from the memo on disk
     _forged(clean, bad, name, lambda t: None)  # written again: clean bytes, a new ctime
     assert ggufs.non_finite_tensors(bad) == []
