@@ -371,8 +371,8 @@ def agree(
     items. A folder of checkpoints (such as outputs/) stands for every checkpoint inside it; a candidate that
     cannot be measured against this baseline (not loadable here with nothing cached, or another tokenizer: checked
     before anything is measured) is left out with a QuantizeWarning saying why (`agreement` returns those lines
-    instead); a lone candidate named so raises UsageError. A GGUF candidate storing NaN or infinity in a tensor is
-    measured, with a QuantizeWarning naming the tensors."""
+    instead); a lone candidate named so raises UsageError. A checkpoint (the baseline or a candidate) storing NaN or
+    infinity in a tensor is measured, with a QuantizeWarning naming the tensors."""
     a = agreement(suite, baseline, candidates, trust_remote_code=trust_remote_code, quiet=quiet)
     for line in [*a.skipped, *a.non_finite]:
         warnings.warn(line, QuantizeWarning, stacklevel=3)  # the caller's line, past _takes' wrapper
@@ -390,9 +390,10 @@ def agreement(
 ) -> Agreement:
     """`agree`'s whole record, what `quantize agree` prints from: `Agreement(suite, baseline, results, skipped,
     non_finite)`, the opened suite (its golden set and agreement settings), the results per candidate, one line per
-    candidate left out and one per GGUF measured that stores NaN or infinity in a tensor. Weights identified by Hub
-    blob names (the baseline's and every candidate's) are read back beside the measuring (checkpoint/files.BlobCheck):
-    a name that lies raises UsageError naming the blob, and nothing measured under it is stored or returned."""
+    candidate left out and one per checkpoint measured that stores NaN or infinity in a tensor. Weights identified
+    by Hub blob names (the baseline's and every candidate's) are read back beside the measuring
+    (checkpoint/files.BlobCheck): a name that lies raises UsageError naming the blob, and nothing measured under it
+    is stored or returned."""
     from quantize.checkpoint.files import BlobCheck, checkpoint_folders
     from quantize.flows.agree import agree_many
 

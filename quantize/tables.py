@@ -105,3 +105,8 @@ def html_code(text: object) -> str:
 def counted(n: int, noun: str) -> str:
     """`n` of a noun whose plural adds an s: "1 thread", "2 threads"."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def first_named(names: list[str], shown: int = 5) -> str:
+    """Names a message lists, the first `shown` of them and how many more: "a, b, c, d, e and 3 more"."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")

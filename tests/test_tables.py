@@ -11,7 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantize.tables import html_code, html_text, markdown_cell, markdown_table, md_code, md_text, printable
+from quantize.tables import (
+    first_named,
+    html_code,
+    html_text,
+    markdown_cell,
+    markdown_table,
+    md_code,
+    md_text,
+    printable,
+)
 
 NASTY = [
     "ok\n# PASS",
@@ -79,3 +88,9 @@ def test_markdown_table_escapes_every_cell():
 def test_html_helpers_escape_markup_and_quotes():
     assert html_text('<a href="x">\n') == "&lt;a href=&quot;x&quot;&gt;\\n"
     assert html_code("<script>") == "<code>&lt;script&gt;</code>"
+
+
+def test_first_named_lists_five_names_then_how_many_more():
+    assert first_named(["a", "b", "c", "d", "e"]) == "a, b, c, d, e"
+    assert first_named(list("abcdefg")) == "a, b, c, d, e and 2 more"
+    assert first_named(["x"]) == "x" and first_named(list("abc"), shown=2) == "a, b and 1 more"

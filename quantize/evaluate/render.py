@@ -6,7 +6,7 @@ from pathlib import Path
 
 from quantize.kinds import headline, kind_of
 from quantize.records import AgreementResult, ScoreDoc
-from quantize.tables import counted, printable
+from quantize.tables import counted, first_named, printable
 from quantize.tables import text_table as table
 
 
@@ -39,7 +39,7 @@ def non_finite_warnings(doc: ScoreDoc) -> list[str]:
     activations to 8 bits, where a NaN element becomes a finite one)."""
     stored = [
         f"warning: {doc.provenance.checkpoint.path} stores NaN or infinity in {len(bad)} tensor(s) "
-        f"({', '.join(bad[:5])}{f' and {len(bad) - 5} more' if len(bad) > 5 else ''}); its scores are recorded as "
+        f"({first_named(bad)}); its scores are recorded as "
         "computed, and a gate counts every rule on it as a regression"
         for bad in [doc.provenance.checkpoint.non_finite_tensors]
         if bad

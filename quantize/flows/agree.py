@@ -20,6 +20,7 @@ from quantize.evaluate.suite import OpenSuite, open_suite
 from quantize.flows.gate import other_tokenizer
 from quantize.quiet import quiet_libraries
 from quantize.records import AgreementResult
+from quantize.tables import first_named
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,8 @@ class Agreement:
     baseline: Path
     results: list[tuple[Path, AgreementResult]]
     skipped: list[str]  # one line per checkpoint that could not be measured here and had nothing cached
-    # one warning per checkpoint measured whose GGUF stores NaN or infinity (its agreement may be finite all the same)
+    # one warning per checkpoint measured (the baseline too) whose weights store NaN or infinity (its agreement may be
+    # finite all the same: stored_non_finite)
     non_finite: list[str] = field(default_factory=list)
 
 
@@ -123,8 +125,7 @@ def stored_non_finite(checkpoint: Path) -> str | None:
     so its agreement says nothing of it, and a gate fails every rule on it."""
     if not (bad := finite.non_finite_tensors(checkpoint)):
         return None
-    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
     return (
-        f"warning: {checkpoint} stores NaN or infinity in {len(bad)} tensor(s) ({', '.join(bad[:5])}{more}): its "
+        f"warning: {checkpoint} stores NaN or infinity in {len(bad)} tensor(s) ({first_named(bad)}): its "
         "agreement is measured as computed, and a gate counts every rule on it as a regression"
     )

@@ -39,6 +39,7 @@ from quantize.records import (
     non_finite_fields,
     non_finite_items,
 )
+from quantize.tables import first_named
 
 R = TypeVar("R", AccuracyResult, PerplexityResult, AgreementRuleResult)
 
@@ -373,7 +374,7 @@ def check_baseline_finite(path: str, bad: list[str] | None) -> None:
     refused, naming them: the flow checks it before anything is scored, verdict_of again on the scores it reads."""
     if bad:
         raise UsageError(
-            f"the baseline {path} stores NaN or infinite values in {len(bad)} tensor(s) ({named_tensors(bad)}): a "
+            f"the baseline {path} stores NaN or infinite values in {len(bad)} tensor(s) ({first_named(bad)}): a "
             "gate needs a baseline whose weights are finite. Check the baseline checkpoint (`quantize eval` names "
             "the tensors), or gate against another one"
         )
@@ -388,15 +389,10 @@ def stored_non_finite(result: RuleResult, tensors: list[str] | None) -> RuleResu
     regression, which this makes a regression too) stays untested: it has no evidence to mark."""
     if not tensors or isinstance(result, UntestedResult):
         return result
-    why = f"the candidate stores NaN or infinity in {len(tensors)} tensor(s) ({named_tensors(tensors)})"
+    why = f"the candidate stores NaN or infinity in {len(tensors)} tensor(s) ({first_named(tensors)})"
     if result.non_finite:
         why = f"{result.non_finite}; {why}"
     return result.model_copy(update={"verdict": "regression", "p_regression": None, "non_finite": why})
-
-
-def named_tensors(names: list[str]) -> str:
-    """Tensors as a reason names them: the first five, and how many more."""
-    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
 def accuracy_rule(
