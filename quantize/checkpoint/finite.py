@@ -21,7 +21,6 @@ file once per boot; a file rewritten is read again.
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -61,20 +60,17 @@ def non_finite_tensors(checkpoint: str | Path) -> list[str]:
 
 
 def _scan(path: Path) -> tuple[str, ...]:
-    """The floating tensors of one safetensors file whose values are not all finite, read in file order; a file of
-    at least ggufs.SCAN_SHOWN_BYTES is a progress stage, advanced a tensor at a time."""
+    """The floating tensors of one safetensors file whose values are not all finite, read in file order (its
+    progress: ggufs.scan_stage)."""
     import torch
 
     tensors, _, _ = read_header(path)
     scanned = sorted((t for t in tensors.values() if t.dtype in FLOAT_DTYPES and t.nbytes), key=lambda t: t.offset)
-    shown = path.stat().st_size >= ggufs.SCAN_SHOWN_BYTES
     fix = "re-save or re-download the checkpoint"
     buf = bytearray(SCAN_ELEMENTS * 8)  # the widest element: 8 bytes
     with (
         open_user_file(path, "safetensors file", MAX_WEIGHT_BYTES, hint=fix) as fh,
-        progress.stage(f"NaN scan of {path.name}", len(scanned), "tensors")
-        if shown
-        else contextlib.nullcontext() as st,
+        ggufs.scan_stage(path, path.stat().st_size, len(scanned)) as st,
     ):
         found = []
         for t in progress.counted(st, scanned):

@@ -39,6 +39,7 @@ part, which name a GGUF tensor's by the names it is converted from: role_of), so
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import mmap
@@ -364,20 +365,22 @@ def _kept_scan(
     return names
 
 
-def _scan(path: Path) -> tuple[str, ...]:
-    """The tensors of one GGUF file (its own header's) whose dequantized values are not all finite; a file of at
-    least SCAN_SHOWN_BYTES is a progress stage, advanced a tensor at a time."""
-    import contextlib
+def scan_stage(path: Path, nbytes: int, tensors: int) -> contextlib.AbstractContextManager[progress.Stage | None]:
+    """What a NaN scan of a file of `nbytes` holding `tensors` tensors shows (this one's, checkpoint/finite.py's): a
+    progress stage advanced a tensor at a time where the file is at least SCAN_SHOWN_BYTES, else nothing (None)."""
+    if nbytes >= SCAN_SHOWN_BYTES:
+        return progress.stage(f"NaN scan of {path.name}", tensors, "tensors")
+    return contextlib.nullcontext()
 
+
+def _scan(path: Path) -> tuple[str, ...]:
+    """The tensors of one GGUF file (its own header's) whose dequantized values are not all finite (scan_stage)."""
     import gguf
 
     h = _one_header(path)
-    shown = h.file_bytes >= SCAN_SHOWN_BYTES
     with (
         open_user_file(path, "GGUF file", MAX_GGUF_BYTES, hint=FIX) as fh,
-        progress.stage(f"NaN scan of {path.name}", len(h.tensors), "tensors")
-        if shown
-        else contextlib.nullcontext() as st,
+        scan_stage(path, h.file_bytes, len(h.tensors)) as st,
     ):
         if os.fstat(fh.fileno()).st_size != h.file_bytes:
             raise _Invalid(path)("it changed while it was read")
@@ -986,6 +989,7 @@ def recurrent_state_keys(h: GGUFHeader) -> list[str]:
 # bytes of an element of llama.cpp's recurrent state (its llama_memory_recurrent's R and S tensors: F32, its load log's
 # `R (f32)`, `S (f32)`), whatever the model's weights
 RECURRENT_STATE_BYTES = 4
+RECURRENT_STATE_DTYPE = f"F32, {RECURRENT_STATE_BYTES} bytes: llama.cpp's recurrent state"  # as `cost` states it
 
 
 @dataclass(frozen=True)
@@ -996,6 +1000,11 @@ class RecurrentState:
     r: int
     s: int
     formula: str
+
+    @property
+    def bytes(self) -> int:
+        """A layer's state for one sequence, R and S at RECURRENT_STATE_BYTES a value."""
+        return (self.r + self.s) * RECURRENT_STATE_BYTES
 
 
 def recurrent_state(h: GGUFHeader) -> RecurrentState | None:
@@ -1091,10 +1100,10 @@ def mamba_layers(h: GGUFHeader) -> MambaLayers | None:
     each per sequence: src/llama-memory-recurrent.cpp), in the decode blocks only (the first block_count −
     nextn_predict_layers: its n_layer()). An SSM key the sizes read, or ssm.time_step_rank (read by the same
     load_arch_hparams), that is not a 32-bit whole number of at least 1 is refused (UsageError: llama.cpp requires
-    each). `refused` says where that llama.cpp cannot load the GGUF at all
-    because a block it takes as a Mamba2 layer stores no `ssm_in` weight, or one it takes as attention no `attn_q`
-    weight (its load_arch_tensors requires them: converter GGUFs of Granite 4 and Nemotron-H models from
-    transformers 5.17 are such, their layer kinds written as other head counts and feed-forward lengths)."""
+    each). `refused` says where that llama.cpp cannot load the GGUF at all because a block it takes as a Mamba2 layer
+    stores no `ssm_in` weight, or one it takes as attention no `attn_q` weight (its load_arch_tensors requires them:
+    converter GGUFs of Granite 4 and Nemotron-H models from transformers 5.17 are such, their layer kinds written as
+    other head counts and feed-forward lengths)."""
     import gguf
 
     arch = h.architecture or ""

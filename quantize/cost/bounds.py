@@ -1066,7 +1066,7 @@ def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
             )
             for r, v in zip(mamba.recurrent, values, strict=True)
         )
-        state = float((mamba.state.r + mamba.state.s) * ggufs.RECURRENT_STATE_BYTES)
+        state = float(mamba.state.bytes)
         heads = sorted(set(kv.kv_heads) - {0}) or [0]
         kv_formula = f"kv_heads {heads[0]}" if len(heads) == 1 else f"kv_heads[layer] {heads[0]}-{heads[-1]}"
         kv_formula += f" × (key_length {kv.key_length} + value_length {kv.value_length})"
@@ -1080,7 +1080,7 @@ def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
             formula=f"{kv_formula} [{mamba.rule}]",
             layer_values=tuple(values),
             state_bytes=tuple(state if r else 0.0 for r in mamba.recurrent),
-            state_dtype=f"F32, {ggufs.RECURRENT_STATE_BYTES} bytes: llama.cpp's recurrent state",
+            state_dtype=ggufs.RECURRENT_STATE_DTYPE,
             layer_formulas=tuple(
                 f"{k}: {f}"
                 for k, f in (
@@ -1110,10 +1110,8 @@ def _header_cache(h: ggufs.GGUFHeader, config: dict[str, Any] | None = None) -> 
             cache,
             formula=f"{cache.formula} [a recurrent state ({', '.join(state)}); the layers of transformers' "
             f"{config.get('model_type')} config read from the GGUF]",
-            state_bytes=tuple(
-                float((rs.r + rs.s) * ggufs.RECURRENT_STATE_BYTES) if b else 0.0 for b in cache.state_bytes
-            ),
-            state_dtype=f"F32, {ggufs.RECURRENT_STATE_BYTES} bytes: llama.cpp's recurrent state",
+            state_bytes=tuple(float(rs.bytes) if b else 0.0 for b in cache.state_bytes),
+            state_dtype=ggufs.RECURRENT_STATE_DTYPE,
             layer_formulas=tuple(
                 f"{f.split(': ')[0]}: {rs.formula}" if f.split(": ")[0] in kinds else f for f in cache.layer_formulas
             ),
