@@ -512,3 +512,19 @@ def assert_priced_as_its_decoder(decoder, mtp, layer: int | None, capsys, prefix
     assert main(["cost", "--checkpoint", str(mtp)]) == 0
     which = f"layer(s) {layer}" if layer is not None else ", ".join(f"{p}.*" for p in prefixes)
     assert f"MTP layer(s) not read by a plain decode step: {which} (" in capsys.readouterr().out
+
+
+def gate_refused_before_scoring(policy: Path, baseline: Path, candidate: Path, capsys) -> str:
+    """`quantize gate` of the pair refused (exit 2) before either side is scored (scoring fails the test): its
+    stderr."""
+    import quantize.flows.gate as flows_gate
+    from quantize.cli import main
+
+    def no_scoring(*_a, **_k):
+        raise AssertionError(f"scored the baseline {baseline}, which the gate had to refuse first")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(flows_gate, "load_scores", no_scoring)
+        code = main(["gate", str(policy), "--baseline", str(baseline), "--candidate", str(candidate), "--quiet"])
+    assert code == 2
+    return capsys.readouterr().err
